@@ -1,0 +1,45 @@
+// Compile-time configuration: host/device qualifiers and the CUDA availability switch.
+#pragma once
+
+// SK_WITH_CUDA is 1 when CUDA's runtime headers may be used: in nvcc translation units, or in
+// host translation units built against the CUDA runtime (Meson's shardkit_dep defines
+// SHARDKIT_WITH_CUDA there). A plain g++ build with only -I include gets 0 and sees no CUDA.
+#if defined(__CUDACC__) || (defined(SHARDKIT_WITH_CUDA) && SHARDKIT_WITH_CUDA)
+#define SK_WITH_CUDA 1
+#else
+#define SK_WITH_CUDA 0
+#endif
+
+#if defined(__CUDACC__)
+#define SK_HOST_DEVICE __host__ __device__
+#define SK_DEVICE __device__
+#define SK_INLINE __forceinline__
+#else
+#define SK_HOST_DEVICE
+#define SK_DEVICE
+#define SK_INLINE inline __attribute__((always_inline))
+#endif
+
+// Loop unrolling hint for whichever compiler sees the loop: nvcc's device pass, or g++. nvcc's
+// host pass accepts neither spelling without a warning, so it gets none (host loops in .cu
+// files are not hot).
+#if defined(__CUDA_ARCH__)
+#define SK_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)
+#define SK_UNROLL
+#else
+#define SK_UNROLL _Pragma("GCC unroll 8")
+#endif
+
+// True inside device code only (the device pass of nvcc).
+#if defined(__CUDA_ARCH__)
+#define SK_DEVICE_CODE 1
+#else
+#define SK_DEVICE_CODE 0
+#endif
+
+namespace shardkit {
+
+inline constexpr bool kWithCuda = SK_WITH_CUDA != 0;
+
+}  // namespace shardkit

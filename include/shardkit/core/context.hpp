@@ -1,0 +1,123 @@
+// Context: everything one rank owns -- device, stream, allocators (with memory statistics),
+// random stream, and handles of later layers. No global mutable state: N ranks can be N threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <typeindex>
+
+#include "shardkit/core/allocator.hpp"
+#include "shardkit/core/cuda_allocator.hpp"
+#include "shardkit/core/cuda_stream.hpp"
+#include "shardkit/core/device.hpp"
+#include "shardkit/core/device_kernels.hpp"
+
+namespace shardkit {
+
+struct ContextOptions {
+  Device device = Device::cpu();
+  int rank = 0;
+  std::uint64_t seed = 0;  // seed of the context's random stream
+  // Device kernels; required for a CUDA device. kernels/core/tensor_kernels.cuh provides them
+  // (sk::make_cuda_context does the wiring).
+  const DeviceKernels* kernels = nullptr;
+};
+
+class Context {
+ public:
+  explicit Context(ContextOptions options = {})
+      : device_(options.device), rank_(options.rank), seed_(options.seed),
+        kernels_(options.kernels) {
+    check_device_usable(device_);
+    host_allocator_ = std::make_shared<HostAllocator>();
+    if (device_.is_cpu()) {
+      allocator_ = host_allocator_;
+      return;
+    }
+#if SK_WITH_CUDA
+    check(kernels_ != nullptr, "a CUDA Context needs its device kernels: create it with "
+                               "sk::make_cuda_context(device, rank) from "
+                               "<kernels/shardkit_cuda.cuh> in a .cu file");
+    stream_ = std::make_shared<CudaStream>(device_.index);
+    allocator_ = std::make_shared<CudaAllocator>(stream_);
+    host_allocator_ = std::make_shared<PinnedHostAllocator>();
+#endif
+  }
+
+  ~Context() {
+    resources_.clear();  // handles (cuBLAS, communicators...) may use the stream: release first
+  }
+
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Device device() const { return device_; }
+  int rank() const { return rank_; }
+
+  // Allocator for the context's device; its statistics are "the rank's memory".
+  Allocator& allocator() const { return *allocator_; }
+  const std::shared_ptr<Allocator>& allocator_ptr() const { return allocator_; }
+  // Host memory (pinned on CUDA contexts) for staging; counted separately.
+  Allocator& host_allocator() const { return *host_allocator_; }
+  const std::shared_ptr<Allocator>& host_allocator_ptr() const { return host_allocator_; }
+  MemoryStats& memory_stats() const { return allocator_->stats(); }
+
+  const DeviceKernels& kernels() const {
+    check<NotAvailable>(kernels_ != nullptr, "no device kernels in this context (", device_.str(),
+                        "); create it with sk::make_cuda_context from <kernels/shardkit_cuda.cuh>");
+    return *kernels_;
+  }
+
+#if SK_WITH_CUDA
+  cudaStream_t stream() const { return stream_ ? stream_->get() : nullptr; }
+#endif
+
+  // Waits until all work queued on the context's stream is done (no-op on the CPU).
+  void synchronize() const {
+#if SK_WITH_CUDA
+    if (stream_) stream_->synchronize();
+#endif
+  }
+
+  // The random stream: each fill takes the next `blocks` 128-bit Philox blocks, so successive
+  // fills draw fresh numbers and a given seed replays the same sequence on any device.
+  std::uint64_t seed() const { return seed_; }
+  void manual_seed(std::uint64_t seed) {
+    seed_ = seed;
+    rng_offset_ = 0;
+  }
+  std::uint64_t take_random_blocks(std::uint64_t blocks) {
+    const std::uint64_t first = rng_offset_;
+    rng_offset_ += blocks;
+    return first;
+  }
+
+  // One object of type T per context (cuBLAS/cuDNN handles, communicators...), made on first use
+  // by `make()` -> std::shared_ptr<T>. Lets upper layers hang state here without core knowing them.
+  template <class T, class Make>
+  T& resource(Make&& make) {
+    std::lock_guard lock(resources_mutex_);
+    auto& slot = resources_[std::type_index(typeid(T))];
+    if (!slot) slot = std::shared_ptr<void>(make());
+    return *static_cast<T*>(slot.get());
+  }
+
+ private:
+  Device device_;
+  int rank_;
+  std::uint64_t seed_;
+  std::uint64_t rng_offset_ = 0;
+  const DeviceKernels* kernels_;
+#if SK_WITH_CUDA
+  std::shared_ptr<CudaStream> stream_;  // shared with the allocator, which frees on it
+#endif
+  std::shared_ptr<Allocator> host_allocator_;
+  std::shared_ptr<Allocator> allocator_;
+  std::mutex resources_mutex_;
+  std::map<std::type_index, std::shared_ptr<void>> resources_;
+};
+
+}  // namespace shardkit

@@ -1,0 +1,135 @@
+// Element types: the DType enum, its sizes and names, the C++ type of each, and dispatch on it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/float16.hpp"
+
+namespace shardkit {
+
+enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8 };
+
+inline constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
+                                       DType::i32, DType::i64, DType::u8};
+
+constexpr std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f16:
+    case DType::bf16:
+      return 2;
+    case DType::u8:
+      return 1;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::u8: return "u8";
+  }
+  return "?";
+}
+
+constexpr bool is_floating(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
+}
+
+// Accepts our short names and the PyTorch / VISSL spellings ("float32", "float16", "bfloat16"...).
+inline DType parse_dtype(std::string_view name) {
+  struct Alias {
+    std::string_view name;
+    DType dtype;
+  };
+  static constexpr Alias kAliases[] = {
+      {"f32", DType::f32},  {"float32", DType::f32}, {"float", DType::f32},
+      {"f64", DType::f64},  {"float64", DType::f64}, {"double", DType::f64},
+      {"f16", DType::f16},  {"float16", DType::f16}, {"half", DType::f16},
+      {"bf16", DType::bf16}, {"bfloat16", DType::bf16},
+      {"i32", DType::i32},  {"int32", DType::i32},   {"i64", DType::i64},
+      {"int64", DType::i64}, {"u8", DType::u8},      {"uint8", DType::u8}};
+  for (const auto& alias : kAliases)
+    if (alias.name == name) return alias.dtype;
+  fail<InvalidArgument>("unknown dtype '", name,
+                        "'; use one of f32, f64, f16, bf16, i32, i64, u8 (or float32, float16, "
+                        "bfloat16, ...)");
+}
+
+// The C++ storage type of each DType, and back.
+template <DType D> struct DTypeTraits;
+template <> struct DTypeTraits<DType::f32> { using type = float; };
+template <> struct DTypeTraits<DType::f64> { using type = double; };
+template <> struct DTypeTraits<DType::f16> { using type = Half; };
+template <> struct DTypeTraits<DType::bf16> { using type = BFloat16; };
+template <> struct DTypeTraits<DType::i32> { using type = std::int32_t; };
+template <> struct DTypeTraits<DType::i64> { using type = std::int64_t; };
+template <> struct DTypeTraits<DType::u8> { using type = std::uint8_t; };
+
+template <DType D>
+using dtype_type = typename DTypeTraits<D>::type;
+
+template <class T>
+struct DTypeOf {
+  static_assert(sizeof(T) == 0,
+                "no shardkit DType for this C++ type: use float, double, sk::Half, sk::BFloat16, "
+                "int32_t, int64_t or uint8_t");
+};
+template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
+template <> struct DTypeOf<Half> { static constexpr DType value = DType::f16; };
+template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::bf16; };
+template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
+template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
+template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::u8; };
+
+template <class T>
+inline constexpr DType dtype_of = DTypeOf<std::remove_cv_t<T>>::value;
+
+// Calls fn(T{}) -- a value of the storage type, used only for its type -- for a run-time dtype:
+//   visit_dtype(t.dtype(), [&](auto tag) { using T = decltype(tag); ... });
+template <class Fn>
+decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::f16: return fn(Half{});
+    case DType::bf16: return fn(BFloat16{});
+    case DType::i32: return fn(std::int32_t{});
+    case DType::i64: return fn(std::int64_t{});
+    case DType::u8: return fn(std::uint8_t{});
+  }
+  fail<InvalidArgument>("invalid dtype value ", static_cast<int>(dtype));
+}
+
+// Converts between any storage type through double (exact for every value but i64 beyond 2^53).
+// f64 -> f16/bf16 rounds through f32 first, as PyTorch's c10::Half(double) does.
+template <class To, class From>
+SK_HOST_DEVICE SK_INLINE To convert_value(From value) {
+  double wide;
+  if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>)
+    wide = static_cast<double>(value.to_float());
+  else
+    wide = static_cast<double>(value);
+  if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>)
+    return To(static_cast<float>(wide));
+  else
+    return static_cast<To>(wide);
+}
+
+}  // namespace shardkit

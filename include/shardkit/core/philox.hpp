@@ -1,0 +1,91 @@
+// Counter-based random numbers (Philox4x32-10, Salmon et al. 2011) and the element rules that
+// turn them into uniform and normal values. Element i of a fill depends only on (seed, counter
+// base, i), never on the device or the tensor's strides, so CPU and GPU initialise alike.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "shardkit/core/config.hpp"
+
+namespace shardkit {
+
+struct PhiloxBlock {
+  std::uint32_t v[4];
+};
+
+namespace detail {
+
+SK_HOST_DEVICE SK_INLINE void mul_hi_lo(std::uint32_t a, std::uint32_t b, std::uint32_t& hi,
+                                        std::uint32_t& lo) {
+  const std::uint64_t product = static_cast<std::uint64_t>(a) * b;
+  hi = static_cast<std::uint32_t>(product >> 32);
+  lo = static_cast<std::uint32_t>(product);
+}
+
+}  // namespace detail
+
+// Ten rounds of Philox4x32 on `counter` with the 64-bit key (key0, key1).
+SK_HOST_DEVICE SK_INLINE PhiloxBlock philox4x32_10(PhiloxBlock counter, std::uint32_t key0,
+                                                   std::uint32_t key1) {
+  constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  SK_UNROLL
+  for (int round = 0; round < 10; ++round) {
+    std::uint32_t hi0, lo0, hi1, lo1;
+    detail::mul_hi_lo(kMul0, counter.v[0], hi0, lo0);
+    detail::mul_hi_lo(kMul1, counter.v[2], hi1, lo1);
+    counter = PhiloxBlock{{hi1 ^ counter.v[1] ^ key0, lo1, hi0 ^ counter.v[3] ^ key1, lo0}};
+    key0 += kWeyl0;
+    key1 += kWeyl1;
+  }
+  return counter;
+}
+
+// The 128-bit block number `block` of the stream keyed by `seed`.
+SK_HOST_DEVICE SK_INLINE PhiloxBlock philox_block(std::uint64_t seed, std::uint64_t block) {
+  return philox4x32_10(PhiloxBlock{{static_cast<std::uint32_t>(block),
+                                    static_cast<std::uint32_t>(block >> 32), 0u, 0u}},
+                       static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+}
+
+// A 32-bit word as a double strictly inside (0, 1): exact, so no log(0) in Box-Muller.
+SK_HOST_DEVICE SK_INLINE double word_to_unit(std::uint32_t word) {
+  return (static_cast<double>(word) + 0.5) * (1.0 / 4294967296.0);
+}
+
+enum class RandomKind : std::uint8_t { uniform, normal };
+
+// What a random fill draws: uniform on [a, b) or normal with mean a and standard deviation b,
+// from the stream `seed`, starting at 128-bit block `counter_base`.
+struct RandomSpec {
+  RandomKind kind = RandomKind::uniform;
+  double a = 0.0;
+  double b = 1.0;
+  std::uint64_t seed = 0;
+  std::uint64_t counter_base = 0;
+
+  // Blocks a fill of `count` elements consumes: 4 uniforms or 2 normals per block.
+  SK_HOST_DEVICE std::uint64_t blocks_for(std::uint64_t count) const {
+    return kind == RandomKind::uniform ? (count + 3) / 4 : (count + 1) / 2;
+  }
+
+  // The value of element `index` (row-major position in the tensor), in double.
+  // Uniform: a + (b - a)·u with one correctly rounded fma, so CPU and GPU agree bit for bit.
+  // Normal: Box-Muller in double; log/cos may differ by an ulp between CPU and GPU libraries,
+  // which rounding to f32 almost always hides.
+  SK_HOST_DEVICE double value_at(std::uint64_t index) const {
+    if (kind == RandomKind::uniform) {
+      const PhiloxBlock block = philox_block(seed, counter_base + index / 4);
+      const double unit = word_to_unit(block.v[index % 4]);
+      return fma(b - a, unit, a);
+    }
+    const PhiloxBlock block = philox_block(seed, counter_base + index / 2);
+    const unsigned lane = 2u * static_cast<unsigned>(index % 2);
+    const double radius = sqrt(-2.0 * log(word_to_unit(block.v[lane])));
+    const double angle = 6.283185307179586476925286766559 * word_to_unit(block.v[lane + 1]);
+    return fma(b, radius * cos(angle), a);
+  }
+};
+
+}  // namespace shardkit

@@ -1,0 +1,220 @@
+// Tensor: a strided view (shape, strides, element offset, dtype) of a Storage. Views share the
+// storage; flat parameter buffers hand out each parameter as a view of one allocation.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/storage.hpp"
+
+namespace shardkit {
+
+using Shape = std::vector<std::int64_t>;
+
+inline std::int64_t shape_numel(const Shape& shape) {
+  return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
+}
+
+inline std::string shape_str(const Shape& shape) {
+  std::ostringstream out;
+  out << '[';
+  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << ']';
+  return out.str();
+}
+
+// Row-major (C order) strides of a shape, in elements.
+inline Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  std::int64_t stride = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return strides;
+}
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: no storage
+
+  // A contiguous tensor over `storage` starting at element `offset`.
+  Tensor(std::shared_ptr<Storage> storage, Shape shape, DType dtype, std::int64_t offset = 0)
+      : Tensor(std::move(storage), shape, contiguous_strides(shape), dtype, offset) {}
+
+  Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, DType dtype,
+         std::int64_t offset)
+      : storage_(std::move(storage)),
+        shape_(std::move(shape)),
+        strides_(std::move(strides)),
+        offset_(offset),
+        dtype_(dtype) {
+    check(storage_ != nullptr, "Tensor needs a storage; got none");
+    check(shape_.size() == strides_.size(), "Tensor shape ", shape_str(shape_), " and strides ",
+          shape_str(strides_), " differ in rank");
+    check(offset_ >= 0, "Tensor offset must be >= 0, got ", offset_);
+    for (std::size_t i = 0; i < shape_.size(); ++i)
+      check(shape_[i] >= 0, "Tensor shape ", shape_str(shape_), " has a negative size at dim ", i);
+    check_fits_storage();
+  }
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape_.size()); }
+  std::int64_t size(std::int64_t d) const { return shape_[static_cast<std::size_t>(wrap_dim(d))]; }
+  std::int64_t stride(std::int64_t d) const {
+    return strides_[static_cast<std::size_t>(wrap_dim(d))];
+  }
+  std::int64_t offset() const { return offset_; }
+  std::int64_t numel() const { return shape_numel(shape_); }
+  std::size_t element_size() const { return dtype_size(dtype_); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(); }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  bool is_contiguous() const {
+    std::int64_t expected = 1;
+    for (std::size_t i = shape_.size(); i-- > 0;) {
+      if (shape_[i] == 1) continue;  // a size-1 dim's stride never matters
+      if (strides_[i] != expected) return false;
+      expected *= shape_[i];
+    }
+    return true;
+  }
+
+  bool shares_storage(const Tensor& other) const {
+    return storage_ && storage_ == other.storage_;
+  }
+
+  // Address of element [0, 0, ...].
+  void* data_ptr() const {
+    check(defined(), "data_ptr() of an undefined tensor");
+    return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(element_size());
+  }
+
+  template <class T>
+  T* data() const {
+    check(dtype_of<T> == dtype_, "Tensor::data<", dtype_name(dtype_of<T>), ">() on a ",
+          dtype_name(dtype_), " tensor; ask for the tensor's own element type");
+    return static_cast<T*>(data_ptr());
+  }
+
+  // Same elements, new shape (one entry may be -1 to infer it). Needs a contiguous tensor.
+  Tensor view(Shape shape) const {
+    check(is_contiguous(), "view(", shape_str(shape), ") of a non-contiguous tensor with shape ",
+          shape_str(shape_), " and strides ", shape_str(strides_),
+          "; make it contiguous first (sk::contiguous)");
+    std::int64_t known = 1;
+    int inferred = -1;
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      if (shape[i] == -1) {
+        check(inferred < 0, "view(", shape_str(shape), "): only one dimension may be -1");
+        inferred = static_cast<int>(i);
+      } else {
+        check(shape[i] >= 0, "view(", shape_str(shape), "): sizes must be >= 0 or -1");
+        known *= shape[i];
+      }
+    }
+    if (inferred >= 0) {
+      check(known > 0 && numel() % known == 0, "view(", shape_str(shape), ") cannot infer -1 for ",
+            numel(), " elements");
+      shape[static_cast<std::size_t>(inferred)] = numel() / known;
+    }
+    check(shape_numel(shape) == numel(), "view(", shape_str(shape), ") has ", shape_numel(shape),
+          " elements but the tensor ", shape_str(shape_), " has ", numel());
+    return Tensor(storage_, std::move(shape), dtype_, offset_);
+  }
+
+  // Elements [start, end) of dimension `d`, every `step`-th one.
+  Tensor slice(std::int64_t d, std::int64_t start, std::int64_t end, std::int64_t step = 1) const {
+    d = wrap_dim(d);
+    const auto index = static_cast<std::size_t>(d);
+    check(step > 0, "slice step must be > 0, got ", step);
+    check(0 <= start && start <= end && end <= shape_[index], "slice [", start, ", ", end,
+          ") of dim ", d, " is outside the size ", shape_[index], " of tensor ",
+          shape_str(shape_));
+    Shape shape = shape_, strides = strides_;
+    shape[index] = (end - start + step - 1) / step;
+    strides[index] *= step;
+    return Tensor(storage_, std::move(shape), std::move(strides), dtype_,
+                  offset_ + start * strides_[index]);
+  }
+
+  // Removes dimension `d`, keeping index `i` of it.
+  Tensor select(std::int64_t d, std::int64_t i) const {
+    d = wrap_dim(d);
+    const auto index = static_cast<std::size_t>(d);
+    check(0 <= i && i < shape_[index], "select index ", i, " out of range for dim ", d,
+          " of size ", shape_[index]);
+    Shape shape = shape_, strides = strides_;
+    shape.erase(shape.begin() + d);
+    strides.erase(strides.begin() + d);
+    return Tensor(storage_, std::move(shape), std::move(strides), dtype_,
+                  offset_ + i * strides_[index]);
+  }
+
+  Tensor transpose(std::int64_t d0, std::int64_t d1) const {
+    d0 = wrap_dim(d0);
+    d1 = wrap_dim(d1);
+    Shape shape = shape_, strides = strides_;
+    std::swap(shape[static_cast<std::size_t>(d0)], shape[static_cast<std::size_t>(d1)]);
+    std::swap(strides[static_cast<std::size_t>(d0)], strides[static_cast<std::size_t>(d1)]);
+    return Tensor(storage_, std::move(shape), std::move(strides), dtype_, offset_);
+  }
+
+  // A contiguous view of `shape` starting `first` elements into this contiguous tensor: how a
+  // flat buffer hands out one parameter.
+  Tensor flat_view(std::int64_t first, Shape shape) const {
+    check(is_contiguous(), "flat_view of a non-contiguous tensor ", shape_str(shape_));
+    const std::int64_t count = shape_numel(shape);
+    check(first >= 0 && count >= 0 && first + count <= numel(), "flat_view of ", count,
+          " elements at ", first, " does not fit in a tensor of ", numel(), " elements");
+    return Tensor(storage_, std::move(shape), dtype_, offset_ + first);
+  }
+
+  std::string str() const {
+    std::ostringstream out;
+    out << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape_) << ", "
+        << device().str() << ")";
+    return out.str();
+  }
+
+ private:
+  std::int64_t wrap_dim(std::int64_t d) const {
+    const auto rank = dim();
+    check(-rank <= d && d < rank, "dimension ", d, " out of range for a tensor of rank ", rank);
+    return d < 0 ? d + rank : d;
+  }
+
+  // Every reachable element must lie inside the storage: a wrong view is caught at creation,
+  // not as memory corruption later.
+  void check_fits_storage() const {
+    if (numel() == 0) return;
+    std::int64_t last = offset_;
+    for (std::size_t i = 0; i < shape_.size(); ++i) {
+      check(strides_[i] >= 0, "negative strides are not supported (dim ", i, ")");
+      last += (shape_[i] - 1) * strides_[i];
+    }
+    const auto capacity =
+        static_cast<std::int64_t>(storage_->bytes() / dtype_size(dtype_));
+    check(last < capacity, "tensor view ", shape_str(shape_), " with strides ",
+          shape_str(strides_), " at offset ", offset_, " reaches element ", last,
+          " but its storage holds ", capacity, " ", dtype_name(dtype_), " elements");
+  }
+
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  Shape strides_;
+  std::int64_t offset_ = 0;
+  DType dtype_ = DType::f32;
+};
+
+}  // namespace shardkit

@@ -1,0 +1,218 @@
+// Creating, filling, copying and moving tensors: CPU loops here, CUDA through the context's
+// device kernels and the CUDA runtime. Every function takes the rank's Context.
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include "shardkit/core/context.hpp"
+#include "shardkit/core/strided_loop.hpp"
+#include "shardkit/core/tensor.hpp"
+
+namespace shardkit {
+
+namespace detail {
+
+inline void check_on_context(const Context& ctx, const Tensor& t, const char* op) {
+  check(t.defined(), op, ": the tensor is undefined");
+  check(t.device().is_cpu() || t.device() == ctx.device(), op, ": tensor on ", t.device().str(),
+        " used with a context on ", ctx.device().str(), "; move it with sk::to_device first");
+}
+
+inline Allocator& allocator_for(const Context& ctx, Device device) {
+  if (device == ctx.device()) return ctx.allocator();
+  check(device.is_cpu(), "cannot allocate on ", device.str(), " from a context on ",
+        ctx.device().str(), "; use that device's own context");
+  return ctx.host_allocator();
+}
+
+inline const std::shared_ptr<Allocator>& allocator_ptr_for(const Context& ctx, Device device) {
+  (void)allocator_for(ctx, device);  // validates
+  return device == ctx.device() ? ctx.allocator_ptr() : ctx.host_allocator_ptr();
+}
+
+}  // namespace detail
+
+// Uninitialised tensor on `device` (default: the context's), counted under `category`.
+inline Tensor empty(Context& ctx, Shape shape, DType dtype,
+                    MemoryCategory category = MemoryCategory::other) {
+  const auto bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  return Tensor(std::make_shared<Storage>(ctx.allocator_ptr(), bytes, category), std::move(shape),
+                dtype);
+}
+
+inline Tensor empty_on(Context& ctx, Device device, Shape shape, DType dtype,
+                       MemoryCategory category = MemoryCategory::other) {
+  const auto bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  return Tensor(std::make_shared<Storage>(detail::allocator_ptr_for(ctx, device), bytes, category),
+                std::move(shape), dtype);
+}
+
+inline void fill(Context& ctx, const Tensor& t, double value) {
+  detail::check_on_context(ctx, t, "fill");
+  if (t.device().is_cuda()) return ctx.kernels().fill(ctx, t, value);
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* data = static_cast<T*>(t.data_ptr());
+    const T converted = convert_value<T>(value);
+    detail::for_each_element(t.shape(), t.strides(), t.strides(),
+                             [&](std::int64_t, std::int64_t at, std::int64_t) { data[at] = converted; });
+  });
+}
+
+inline Tensor full(Context& ctx, Shape shape, DType dtype, double value,
+                   MemoryCategory category = MemoryCategory::other) {
+  Tensor t = empty(ctx, std::move(shape), dtype, category);
+  fill(ctx, t, value);
+  return t;
+}
+
+inline Tensor zeros(Context& ctx, Shape shape, DType dtype,
+                    MemoryCategory category = MemoryCategory::other) {
+  return full(ctx, std::move(shape), dtype, 0.0, category);
+}
+
+namespace detail {
+
+inline void copy_on_host(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    if (dst.nbytes() > 0) std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    return;
+  }
+  visit_dtype(dst.dtype(), [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    visit_dtype(src.dtype(), [&](auto src_tag) {
+      using S = decltype(src_tag);
+      D* out = static_cast<D*>(dst.data_ptr());
+      const S* in = static_cast<const S*>(src.data_ptr());
+      for_each_element(dst.shape(), dst.strides(), src.strides(),
+                       [&](std::int64_t, std::int64_t d, std::int64_t s) {
+                         out[d] = convert_value<D>(in[s]);
+                       });
+    });
+  });
+}
+
+}  // namespace detail
+
+inline Tensor contiguous(Context& ctx, const Tensor& t);
+
+// dst = src, elementwise. Same shape; any strides. Dtypes may differ on one device (the values
+// are converted); between host and device they must match. Copies between host and device
+// return when the data has arrived.
+inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
+  detail::check_on_context(ctx, dst, "copy (destination)");
+  detail::check_on_context(ctx, src, "copy (source)");
+  check(dst.shape() == src.shape(), "copy: destination shape ", shape_str(dst.shape()),
+        " differs from source shape ", shape_str(src.shape()));
+  if (dst.numel() == 0) return;
+  const bool dst_cuda = dst.device().is_cuda(), src_cuda = src.device().is_cuda();
+  if (!dst_cuda && !src_cuda) return detail::copy_on_host(dst, src);
+  if (dst_cuda && src_cuda) return ctx.kernels().copy(ctx, dst, src);
+#if SK_WITH_CUDA
+  check(dst.dtype() == src.dtype(), "copy between host and device needs equal dtypes, got ",
+        dtype_name(src.dtype()), " -> ", dtype_name(dst.dtype()),
+        "; convert on one side first (sk::copy into a tensor of the wanted dtype)");
+  // Transfers move contiguous bytes: stage non-contiguous sides through contiguous temporaries.
+  const Tensor packed_src = contiguous(ctx, src);
+  const Tensor packed_dst = dst.is_contiguous() ? dst : empty_on(ctx, dst.device(), dst.shape(), dst.dtype());
+  CudaDeviceGuard guard(ctx.device().index);
+  SK_CUDA_CHECK(cudaMemcpyAsync(packed_dst.data_ptr(), packed_src.data_ptr(), dst.nbytes(),
+                                cudaMemcpyDefault, ctx.stream()));
+  ctx.synchronize();
+  if (!dst.is_contiguous()) copy(ctx, dst, packed_dst);
+#else
+  fail<NotAvailable>("copy to or from ", (dst_cuda ? dst : src).device().str(),
+                     " in a build without CUDA; rebuild with -Dcuda=enabled");
+#endif
+}
+
+// `t` itself if already contiguous, else a contiguous copy on the same device.
+inline Tensor contiguous(Context& ctx, const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor out = empty_on(ctx, t.device(), t.shape(), t.dtype(), t.storage()->category());
+  copy(ctx, out, t);
+  return out;
+}
+
+inline Tensor clone(Context& ctx, const Tensor& t) {
+  Tensor out = empty_on(ctx, t.device(), t.shape(), t.dtype(), t.storage()->category());
+  copy(ctx, out, t);
+  return out;
+}
+
+// A copy of `t` on `device` (the context's device or the CPU), contiguous, same category.
+inline Tensor to_device(Context& ctx, const Tensor& t, Device device) {
+  Tensor out = empty_on(ctx, device, t.shape(), t.dtype(), t.storage()->category());
+  copy(ctx, out, t);
+  return out;
+}
+
+// A copy of `t` converted to `dtype`, on the same device.
+inline Tensor cast(Context& ctx, const Tensor& t, DType dtype) {
+  Tensor out = empty_on(ctx, t.device(), t.shape(), dtype, t.storage()->category());
+  copy(ctx, out, t);
+  return out;
+}
+
+// A tensor on the context's device holding `values` (row-major), shaped `shape`.
+template <class T>
+Tensor from_vector(Context& ctx, const std::vector<T>& values, Shape shape,
+                   MemoryCategory category = MemoryCategory::other) {
+  check(shape_numel(shape) == static_cast<std::int64_t>(values.size()), "from_vector: ",
+        values.size(), " values do not fill shape ", shape_str(shape));
+  auto host_storage = Storage::borrow(const_cast<T*>(values.data()), values.size() * sizeof(T),
+                                      Device::cpu());
+  const Tensor host(host_storage, shape, dtype_of<T>);
+  Tensor out = empty(ctx, std::move(shape), dtype_of<T>, category);
+  copy(ctx, out, host);
+  return out;
+}
+
+// The elements of `t` in row-major order, on the host (waits for the device).
+template <class T>
+std::vector<T> to_vector(Context& ctx, const Tensor& t) {
+  check(dtype_of<T> == t.dtype(), "to_vector<", dtype_name(dtype_of<T>), "> of a ",
+        dtype_name(t.dtype()), " tensor; ask for its own element type or cast first");
+  std::vector<T> values(static_cast<std::size_t>(t.numel()));
+  auto host_storage = Storage::borrow(values.data(), values.size() * sizeof(T), Device::cpu());
+  copy(ctx, Tensor(host_storage, t.shape(), t.dtype()), t);
+  return values;
+}
+
+namespace detail {
+
+inline void random_fill(Context& ctx, const Tensor& t, RandomSpec spec, const char* op) {
+  check_on_context(ctx, t, op);
+  check(is_floating(t.dtype()), op, " needs a floating-point tensor, got ", dtype_name(t.dtype()));
+  spec.seed = ctx.seed();
+  spec.counter_base = ctx.take_random_blocks(spec.blocks_for(static_cast<std::uint64_t>(t.numel())));
+  if (t.device().is_cuda()) return ctx.kernels().random(ctx, t, spec);
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
+                  std::is_same_v<T, BFloat16>) {
+      T* data = static_cast<T*>(t.data_ptr());
+      for_each_element(t.shape(), t.strides(), t.strides(),
+                       [&](std::int64_t index, std::int64_t at, std::int64_t) {
+                         data[at] = convert_value<T>(spec.value_at(static_cast<std::uint64_t>(index)));
+                       });
+    }
+  });
+}
+
+}  // namespace detail
+
+// Uniform on [low, high), from the context's counter-based stream (same numbers on any device).
+inline void uniform_(Context& ctx, const Tensor& t, double low, double high) {
+  check(low <= high, "uniform_: low ", low, " is above high ", high);
+  detail::random_fill(ctx, t, RandomSpec{RandomKind::uniform, low, high, 0, 0}, "uniform_");
+}
+
+// Normal with `mean` and `stddev`, from the context's counter-based stream.
+inline void normal_(Context& ctx, const Tensor& t, double mean, double stddev) {
+  check(stddev >= 0, "normal_: stddev must be >= 0, got ", stddev);
+  detail::random_fill(ctx, t, RandomSpec{RandomKind::normal, mean, stddev, 0, 0}, "normal_");
+}
+
+}  // namespace shardkit

@@ -1,0 +1,5 @@
+// The shardkit host API: compiles with plain g++ (no CUDA headers unless SHARDKIT_WITH_CUDA=1).
+// Device code lives in <shardkit/kernels.cuh>, for .cu translation units.
+#pragma once
+
+#include "shardkit/core/core.hpp"

@@ -1,0 +1,143 @@
+// CUDA kernels behind the core tensor operations (fill, strided/casting copy, Philox fills), the
+// DeviceKernels table that carries them, and the way to make a CUDA Context.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+
+#include "shardkit/core/cuda_check.hpp"
+#include "shardkit/core/tensor_ops.hpp"
+
+namespace shardkit::cuda {
+
+inline constexpr int kMaxDims = 8;
+inline constexpr int kThreadsPerBlock = 256;
+
+// Maps a row-major element index to an element offset in a strided tensor; passed by value.
+struct StridedIndexer {
+  int rank = 0;
+  bool contiguous = true;
+  std::int64_t shape[kMaxDims] = {};
+  std::int64_t strides[kMaxDims] = {};
+
+  SK_DEVICE SK_INLINE std::int64_t offset(std::int64_t index) const {
+    if (contiguous) return index;
+    std::int64_t at = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      at += (index % shape[d]) * strides[d];
+      index /= shape[d];
+    }
+    return at;
+  }
+};
+
+inline StridedIndexer make_indexer(const Tensor& t) {
+  check(t.dim() <= kMaxDims, "CUDA tensor kernels handle up to ", kMaxDims, " dimensions, got ",
+        t.dim(), " for ", t.str(), "; reshape (view) it to fewer dimensions");
+  StridedIndexer indexer;
+  indexer.rank = static_cast<int>(t.dim());
+  indexer.contiguous = t.is_contiguous();
+  for (int d = 0; d < indexer.rank; ++d) {
+    indexer.shape[d] = t.shape()[static_cast<std::size_t>(d)];
+    indexer.strides[d] = t.strides()[static_cast<std::size_t>(d)];
+  }
+  return indexer;
+}
+
+inline unsigned grid_for(std::int64_t n) {
+  const std::int64_t blocks = (n + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, 65536));
+}
+
+template <class T>
+__global__ void fill_kernel(T* data, StridedIndexer indexer, std::int64_t n, T value) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    data[indexer.offset(i)] = value;
+}
+
+template <class D, class S>
+__global__ void copy_kernel(D* dst, StridedIndexer dst_indexer, const S* src,
+                            StridedIndexer src_indexer, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    dst[dst_indexer.offset(i)] = convert_value<D>(src[src_indexer.offset(i)]);
+}
+
+template <class T>
+__global__ void random_kernel(T* data, StridedIndexer indexer, std::int64_t n, RandomSpec spec) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    data[indexer.offset(i)] = convert_value<T>(spec.value_at(static_cast<std::uint64_t>(i)));
+}
+
+inline void fill(Context& ctx, const Tensor& t, double value) {
+  const std::int64_t n = t.numel();
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    fill_kernel<T><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+        static_cast<T*>(t.data_ptr()), make_indexer(t), n, convert_value<T>(value));
+    SK_CUDA_CHECK_LAUNCH("fill_kernel");
+  });
+}
+
+inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
+  const std::int64_t n = dst.numel();
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    SK_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(),
+                                  cudaMemcpyDeviceToDevice, ctx.stream()));
+    return;
+  }
+  visit_dtype(dst.dtype(), [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    visit_dtype(src.dtype(), [&](auto src_tag) {
+      using S = decltype(src_tag);
+      copy_kernel<D, S><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+          static_cast<D*>(dst.data_ptr()), make_indexer(dst),
+          static_cast<const S*>(src.data_ptr()), make_indexer(src), n);
+      SK_CUDA_CHECK_LAUNCH("copy_kernel");
+    });
+  });
+}
+
+inline void random(Context& ctx, const Tensor& t, const RandomSpec& spec) {
+  const std::int64_t n = t.numel();
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
+                  std::is_same_v<T, BFloat16>) {
+      random_kernel<T><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+          static_cast<T*>(t.data_ptr()), make_indexer(t), n, spec);
+      SK_CUDA_CHECK_LAUNCH("random_kernel");
+    }
+  });
+}
+
+// The table a CUDA Context calls through. Constant: no global mutable state.
+inline const DeviceKernels* device_kernels() {
+  static constexpr DeviceKernels kTable{&cuda::fill, &cuda::copy, &cuda::random};
+  return &kTable;
+}
+
+}  // namespace shardkit::cuda
+
+namespace shardkit {
+
+// Options for a Context on CUDA GPU `device`, wired to the kernels above:
+//   sk::Context ctx(sk::cuda_context_options(0));
+inline ContextOptions cuda_context_options(int device, int rank = 0, std::uint64_t seed = 0) {
+  return ContextOptions{Device::cuda(device), rank, seed, cuda::device_kernels()};
+}
+
+inline std::unique_ptr<Context> make_cuda_context(int device, int rank = 0,
+                                                  std::uint64_t seed = 0) {
+  return std::make_unique<Context>(cuda_context_options(device, rank, seed));
+}
+
+}  // namespace shardkit

@@ -1,0 +1,5 @@
+// Everything shardkit offers to .cu translation units: the host API plus the CUDA kernels.
+#pragma once
+
+#include "shardkit/shardkit.hpp"
+#include "kernels/core/tensor_kernels.cuh"

@@ -1,0 +1,91 @@
+// Errors: the hierarchy, messages that name the thing and the fix, and the library check macros.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/config.hpp"
+
+#if SK_WITH_CUDA
+#include "shardkit/core/cublas_check.hpp"
+#include "shardkit/core/cuda_check.hpp"
+#include "shardkit/core/cudnn_check.hpp"
+#include "shardkit/core/device.hpp"
+#include "shardkit/core/nccl_check.hpp"
+#endif
+
+namespace sk = shardkit;
+
+namespace {
+
+template <class E, class Fn>
+std::string message_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("expected an exception");
+  return {};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("every shardkit exception is an sk::Error and a std::exception") {
+  CHECK_THROWS_AS(sk::fail<sk::InvalidArgument>("x"), sk::Error);
+  CHECK_THROWS_AS(sk::fail<sk::OutOfMemory>("x"), sk::Error);
+  CHECK_THROWS_AS(sk::fail<sk::TimeoutError>("x"), sk::Error);
+  CHECK_THROWS_AS(throw sk::CudaError("x", 1), sk::LibraryError);
+  CHECK_THROWS_AS(sk::fail<sk::StateError>("x"), std::exception);
+}
+
+TEST_CASE("check() concatenates the message parts and throws the requested type") {
+  CHECK_NOTHROW(sk::check(true, "never"));
+  const auto text = message_of<sk::InvalidArgument>(
+      [] { sk::check(false, "bucket size is ", 0, "; pass a positive number of bytes"); });
+  CHECK(text == "bucket size is 0; pass a positive number of bytes");
+  CHECK_THROWS_AS(sk::check<sk::StateError>(false, "late"), sk::StateError);
+}
+
+#ifndef NDEBUG
+TEST_CASE("SK_ASSERT names the violated invariant and its place") {
+  const auto text = message_of<sk::Error>([] { SK_ASSERT(1 + 1 == 3); });
+  CHECK(contains(text, "1 + 1 == 3"));
+  CHECK(contains(text, "test_error.cpp:"));
+}
+#endif
+
+#if SK_WITH_CUDA
+TEST_CASE("SK_CUDA_CHECK throws CudaError with place, call and CUDA's message") {
+  CHECK_NOTHROW(SK_CUDA_CHECK(cudaSuccess));
+  try {
+    SK_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL("no throw");
+  } catch (const sk::CudaError& e) {
+    const std::string text = e.what();
+    CHECK(e.code() == cudaErrorInvalidValue);
+    CHECK(contains(text, "test_error.cpp:"));
+    CHECK(contains(text, "`cudaErrorInvalidValue`"));
+    CHECK(contains(text, "cudaErrorInvalidValue: invalid argument"));
+  }
+  // The check resets the runtime's last error: the next query is clean. (Without a driver every
+  // runtime call answers "insufficient driver", so this can only be seen on a GPU machine.)
+  if (shardkit::cuda_device_count() > 0) CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("SK_CUBLAS_CHECK, SK_CUDNN_CHECK and SK_NCCL_CHECK carry the library's status text") {
+  const auto cublas = message_of<sk::CublasError>(
+      [] { SK_CUBLAS_CHECK(CUBLAS_STATUS_NOT_INITIALIZED); });
+  CHECK(contains(cublas, "cuBLAS call `CUBLAS_STATUS_NOT_INITIALIZED` failed with status 1"));
+  const auto cudnn = message_of<sk::CudnnError>([] { SK_CUDNN_CHECK(CUDNN_STATUS_BAD_PARAM); });
+  CHECK(contains(cudnn, "CUDNN_STATUS_BAD_PARAM"));
+  const auto nccl = message_of<sk::NcclError>([] { SK_NCCL_CHECK(ncclInvalidArgument); });
+  CHECK(contains(nccl, "invalid argument"));
+  CHECK_NOTHROW(SK_NCCL_CHECK(ncclInProgress));  // non-blocking communicators answer this
+}
+#endif
+

@@ -1,0 +1,157 @@
+// f16 and bf16 conversions, checked exhaustively: every one of the 65 536 bit patterns of each
+// format (NaN, inf, subnormals included), every rounding midpoint between neighbours, and large
+// samples of floats against independent references.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+
+#include "shardkit/core/float16.hpp"
+
+namespace sk = shardkit;
+
+namespace {
+
+// Value of a binary16 pattern from its fields, computed independently in double.
+double half_reference(std::uint16_t h) {
+  const int sign = (h & 0x8000) ? -1 : 1;
+  const int exponent = (h >> 10) & 0x1f;
+  const int mantissa = h & 0x3ff;
+  if (exponent == 0x1f)
+    return mantissa ? std::numeric_limits<double>::quiet_NaN()
+                    : sign * std::numeric_limits<double>::infinity();
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+}
+
+double bf16_reference(std::uint16_t b) {
+  const int sign = (b & 0x8000) ? -1 : 1;
+  const int exponent = (b >> 7) & 0xff;
+  const int mantissa = b & 0x7f;
+  if (exponent == 0xff)
+    return mantissa ? std::numeric_limits<double>::quiet_NaN()
+                    : sign * std::numeric_limits<double>::infinity();
+  if (exponent == 0) return sign * std::ldexp(mantissa, -133);
+  return sign * std::ldexp(128 + mantissa, exponent - 134);
+}
+
+}  // namespace
+
+TEST_CASE("f16 -> f32 is exact for all 65536 patterns; f32 -> f16 gives the pattern back") {
+  int nan_count = 0;
+  for (std::uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    const float value = sk::half_bits_to_float(h);
+    const double reference = half_reference(h);
+    if (std::isnan(reference)) {
+      ++nan_count;
+      REQUIRE(std::isnan(value));
+      REQUIRE(std::signbit(value) == bool(h & 0x8000));
+      const auto back = sk::float_to_half_bits(value);
+      REQUIRE(((back >> 10) & 0x1f) == 0x1f);  // still NaN,
+      REQUIRE((back & 0x3ff) != 0);
+      REQUIRE((back & 0x200) != 0);            // quiet,
+      REQUIRE((back & 0x8000) == (h & 0x8000));  // same sign
+      if (h & 0x200) REQUIRE(back == h);       // quiet NaNs keep their payload
+      continue;
+    }
+    REQUIRE(static_cast<double>(value) == reference);
+    REQUIRE(std::signbit(value) == bool(h & 0x8000));
+    REQUIRE(sk::float_to_half_bits(value) == h);
+  }
+  CHECK(nan_count == 2 * 1023);
+}
+
+TEST_CASE("f32 -> f16 rounds every midpoint between neighbouring halves to even") {
+  for (std::uint32_t h = 0; h < 0x7c00; ++h) {
+    const double low = half_reference(static_cast<std::uint16_t>(h));
+    const double high = (h + 1 == 0x7c00) ? 65536.0 : half_reference(static_cast<std::uint16_t>(h + 1));
+    const auto midpoint = static_cast<float>((low + high) / 2);  // exact in float
+    REQUIRE(static_cast<double>(midpoint) == (low + high) / 2);
+    const std::uint16_t even = (h & 1) ? static_cast<std::uint16_t>(h + 1) : static_cast<std::uint16_t>(h);
+    for (std::uint16_t sign : {std::uint16_t{0}, std::uint16_t{0x8000}}) {
+      const float m = sign ? -midpoint : midpoint;
+      REQUIRE(sk::float_to_half_bits(m) == (even | sign));
+      const float above = std::nextafter(m, sign ? -INFINITY : INFINITY);
+      const float below = std::nextafter(m, 0.0f);
+      REQUIRE(sk::float_to_half_bits(above) == ((h + 1) | sign));
+      REQUIRE(sk::float_to_half_bits(below) == (h | sign));
+    }
+  }
+  CHECK(sk::float_to_half_bits(65519.996f) == 0x7bff);
+  CHECK(sk::float_to_half_bits(65520.0f) == 0x7c00);
+  CHECK(sk::float_to_half_bits(std::numeric_limits<float>::max()) == 0x7c00);
+  CHECK(sk::float_to_half_bits(-std::numeric_limits<float>::infinity()) == 0xfc00);
+  CHECK(sk::float_to_half_bits(std::numeric_limits<float>::denorm_min()) == 0x0000);
+  CHECK(sk::float_to_half_bits(-0.0f) == 0x8000);
+}
+
+#if defined(__FLT16_MAX__) && !defined(__CUDACC__)
+TEST_CASE("f32 -> f16 equals the compiler's _Float16 conversion on 4.3 million floats") {
+  for (std::uint64_t bits = 0; bits <= 0xffffffffull; bits += 997) {
+    const float value = sk::bits_to_float(static_cast<std::uint32_t>(bits));
+    if (std::isnan(value)) continue;
+    const _Float16 reference = static_cast<_Float16>(value);
+    std::uint16_t reference_bits;
+    std::memcpy(&reference_bits, &reference, 2);
+    REQUIRE(sk::float_to_half_bits(value) == reference_bits);
+  }
+}
+#endif
+
+TEST_CASE("bf16 -> f32 is exact for all 65536 patterns; f32 -> bf16 gives the pattern back") {
+  for (std::uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    const auto b = static_cast<std::uint16_t>(bits);
+    const float value = sk::bf16_bits_to_float(b);
+    const double reference = bf16_reference(b);
+    if (std::isnan(reference)) {
+      REQUIRE(std::isnan(value));
+      const auto back = sk::float_to_bf16_bits(value);
+      REQUIRE(((back >> 7) & 0xff) == 0xff);
+      REQUIRE((back & 0x40) != 0);  // quiet
+      REQUIRE((back & 0x8000) == (b & 0x8000));
+      continue;
+    }
+    REQUIRE(static_cast<double>(value) == reference);
+    REQUIRE(sk::float_to_bf16_bits(value) == b);
+  }
+}
+
+TEST_CASE("f32 -> bf16 rounds every midpoint to even, and random floats to nearest") {
+  for (std::uint32_t b = 0; b < 0x7f80; ++b) {
+    const double low = bf16_reference(static_cast<std::uint16_t>(b));
+    const double high = (b + 1 == 0x7f80) ? std::ldexp(1.0, 128) : bf16_reference(static_cast<std::uint16_t>(b + 1));
+    const auto midpoint = static_cast<float>((low + high) / 2);
+    REQUIRE(static_cast<double>(midpoint) == (low + high) / 2);
+    const std::uint32_t even = (b & 1) ? b + 1 : b;
+    REQUIRE(sk::float_to_bf16_bits(midpoint) == even);
+    REQUIRE(sk::float_to_bf16_bits(-midpoint) == (even | 0x8000));
+    REQUIRE(sk::float_to_bf16_bits(std::nextafter(midpoint, INFINITY)) == b + 1);
+    REQUIRE(sk::float_to_bf16_bits(std::nextafter(midpoint, 0.0f)) == b);
+  }
+  // Random floats against "the nearer of the two neighbours, ties to even", done in double.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 1000000; ++i) {
+    const std::uint32_t bits = rng();
+    const float value = sk::bits_to_float(bits);
+    if (std::isnan(value) || std::isinf(value)) continue;
+    const auto truncated = static_cast<std::uint16_t>(bits >> 16);
+    const double a = std::fabs(bf16_reference(truncated));
+    const double b = std::fabs(((truncated & 0x7fff) + 1 == 0x7f80)
+                                   ? std::ldexp(1.0, 128)
+                                   : bf16_reference(static_cast<std::uint16_t>(truncated + 1)));
+    const double x = std::fabs(static_cast<double>(value));
+    std::uint16_t expected = truncated;
+    if (x - a > b - x || (x - a == b - x && (truncated & 1))) expected = static_cast<std::uint16_t>(truncated + 1);
+    REQUIRE(sk::float_to_bf16_bits(value) == expected);
+  }
+}
+
+TEST_CASE("Half and BFloat16 wrap the conversions") {
+  CHECK(sk::Half(1.0f).bits == 0x3c00);
+  CHECK(sk::Half::from_bits(0xc000).to_float() == -2.0f);
+  CHECK(static_cast<float>(sk::BFloat16(3.0f)) == 3.0f);
+  CHECK(sk::BFloat16::from_bits(0x3f80).to_float() == 1.0f);
+}

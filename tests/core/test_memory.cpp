@@ -1,0 +1,101 @@
+// Allocators and memory statistics: alignment, current/peak per category, reset, failures.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/core/allocator.hpp"
+#include "shardkit/core/storage.hpp"
+
+namespace sk = shardkit;
+using sk::MemoryCategory;
+
+TEST_CASE("host allocations are 64-byte aligned and counted per category") {
+  sk::HostAllocator allocator;
+  auto& stats = allocator.stats();
+  void* params = allocator.allocate(1000, MemoryCategory::parameters);
+  void* grads = allocator.allocate(3000, MemoryCategory::gradients);
+  CHECK(reinterpret_cast<std::uintptr_t>(params) % 64 == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(grads) % 64 == 0);
+  CHECK(stats.current(MemoryCategory::parameters) == 1000);
+  CHECK(stats.current(MemoryCategory::gradients) == 3000);
+  CHECK(stats.current(MemoryCategory::optimizer_state) == 0);
+  CHECK(stats.current_total() == 4000);
+  CHECK(stats.peak_total() == 4000);
+
+  allocator.deallocate(grads, 3000, MemoryCategory::gradients);
+  CHECK(stats.current_total() == 1000);
+  CHECK(stats.peak_total() == 4000);  // the peak remembers
+  CHECK(stats.peak(MemoryCategory::gradients) == 3000);
+
+  void* state = allocator.allocate(2000, MemoryCategory::optimizer_state);
+  CHECK(stats.peak_total() == 4000);  // 3000 < 4000: no new peak
+  CHECK(stats.snapshot().allocations == 2);
+
+  stats.reset_peak();
+  CHECK(stats.peak_total() == 3000);
+  CHECK(stats.peak(MemoryCategory::gradients) == 0);
+  CHECK(stats.peak(MemoryCategory::optimizer_state) == 2000);
+
+  allocator.deallocate(state, 2000, MemoryCategory::optimizer_state);
+  allocator.deallocate(params, 1000, MemoryCategory::parameters);
+  CHECK(stats.current_total() == 0);
+  CHECK(stats.snapshot().allocations == 0);
+}
+
+TEST_CASE("zero-byte allocations return nullptr and count nothing") {
+  sk::HostAllocator allocator;
+  CHECK(allocator.allocate(0, MemoryCategory::other) == nullptr);
+  allocator.deallocate(nullptr, 0, MemoryCategory::other);
+  CHECK(allocator.stats().snapshot().allocations == 0);
+}
+
+TEST_CASE("an impossible allocation throws OutOfMemory naming the size and category") {
+  sk::HostAllocator allocator;
+  try {
+    allocator.allocate(std::size_t{1} << 62, MemoryCategory::activations);
+    FAIL("no throw");
+  } catch (const sk::OutOfMemory& e) {
+    const std::string text = e.what();
+    CHECK(text.find("4611686018427387904 bytes") != std::string::npos);
+    CHECK(text.find("activations") != std::string::npos);
+    CHECK(text.find("cpu") != std::string::npos);
+  }
+  CHECK(allocator.stats().current_total() == 0);
+}
+
+TEST_CASE("concurrent allocation from many threads keeps exact counts") {
+  sk::HostAllocator allocator;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        const std::size_t bytes = 64 * static_cast<std::size_t>(1 + (i + t) % 7);
+        void* p = allocator.allocate(bytes, MemoryCategory::communication);
+        allocator.deallocate(p, bytes, MemoryCategory::communication);
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  const auto snapshot = allocator.stats().snapshot();
+  CHECK(snapshot.current_total == 0);
+  CHECK(snapshot.allocations == 0);
+  CHECK(snapshot.peak_of(MemoryCategory::communication) >= 64);
+  CHECK(snapshot.peak_total <= 4 * 7 * 64);
+}
+
+TEST_CASE("storage frees through its allocator; borrowed storage is neither freed nor counted") {
+  auto allocator = std::make_shared<sk::HostAllocator>();
+  {
+    sk::Storage storage(allocator, 512, MemoryCategory::parameters);
+    CHECK(storage.owns_memory());
+    CHECK(allocator->stats().current(MemoryCategory::parameters) == 512);
+  }
+  CHECK(allocator->stats().current_total() == 0);
+  std::vector<float> mine(16, 1.0f);
+  auto borrowed = sk::Storage::borrow(mine.data(), mine.size() * sizeof(float), sk::Device::cpu());
+  CHECK_FALSE(borrowed->owns_memory());
+  CHECK(borrowed->data() == mine.data());
+}

@@ -1,0 +1,131 @@
+// Tensors: views and slices share storage, flat views, contiguous copies, fills, casting copies,
+// bad views rejected with clear messages.
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "shardkit/core/tensor_ops.hpp"
+
+namespace sk = shardkit;
+
+namespace {
+
+std::vector<float> iota(int n, float start = 0.5f) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("empty tensors: shape, strides, bytes and category accounting") {
+  sk::Context ctx;
+  auto t = sk::empty(ctx, {2, 3, 4}, sk::DType::f32, sk::MemoryCategory::parameters);
+  CHECK(t.numel() == 24);
+  CHECK(t.nbytes() == 96);
+  CHECK(t.strides() == sk::Shape{12, 4, 1});
+  CHECK(t.is_contiguous());
+  CHECK(t.device() == sk::Device::cpu());
+  CHECK(ctx.memory_stats().current(sk::MemoryCategory::parameters) == 96);
+  t = sk::Tensor();
+  CHECK(ctx.memory_stats().current(sk::MemoryCategory::parameters) == 0);
+}
+
+TEST_CASE("views share storage and see each other's writes") {
+  sk::Context ctx;
+  auto base = sk::from_vector(ctx, iota(12), {3, 4});
+  auto flat = base.view({-1});
+  CHECK(flat.shape() == sk::Shape{12});
+  CHECK(flat.shares_storage(base));
+  sk::fill(ctx, flat.slice(0, 4, 8), 9.0);  // the whole second row of base
+  auto values = sk::to_vector<float>(ctx, base);
+  for (int i = 0; i < 12; ++i) CHECK(values[i] == ((i >= 4 && i < 8) ? 9.0f : i + 0.5f));
+  CHECK(ctx.memory_stats().snapshot().allocations == 1);  // no view allocated anything
+}
+
+TEST_CASE("slices, select and transpose give strided views with the right elements") {
+  sk::Context ctx;
+  auto base = sk::from_vector(ctx, iota(24, 0.0f), {2, 3, 4});
+  auto column = base.select(2, 1);  // [2, 3], elements 1, 5, 9, 13, 17, 21
+  CHECK(column.shape() == sk::Shape{2, 3});
+  CHECK_FALSE(column.is_contiguous());
+  CHECK(sk::to_vector<float>(ctx, column) == std::vector<float>{1, 5, 9, 13, 17, 21});
+  auto stepped = base.slice(2, 0, 4, 2);  // every other element of the last dim
+  CHECK(sk::to_vector<float>(ctx, stepped.select(0, 1)) == std::vector<float>{12, 14, 16, 18, 20, 22});
+  auto transposed = base.select(0, 0).transpose(0, 1);  // [4, 3]
+  CHECK(sk::to_vector<float>(ctx, transposed) ==
+        std::vector<float>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11});
+  auto packed = sk::contiguous(ctx, transposed);
+  CHECK(packed.is_contiguous());
+  CHECK_FALSE(packed.shares_storage(base));
+  CHECK(sk::to_vector<float>(ctx, packed) == sk::to_vector<float>(ctx, transposed));
+}
+
+TEST_CASE("flat views hand out parameters of one buffer") {
+  sk::Context ctx;
+  auto flat = sk::empty(ctx, {10 + 6 + 4}, sk::DType::f32, sk::MemoryCategory::parameters);
+  auto weight = flat.flat_view(0, {2, 5});
+  auto bias = flat.flat_view(10, {6});
+  auto scale = flat.flat_view(16, {2, 2});
+  sk::fill(ctx, weight, 1.0);
+  sk::fill(ctx, bias, 2.0);
+  sk::fill(ctx, scale, 3.0);
+  auto all = sk::to_vector<float>(ctx, flat);
+  for (int i = 0; i < 20; ++i) CHECK(all[i] == (i < 10 ? 1.0f : i < 16 ? 2.0f : 3.0f));
+  CHECK(weight.shares_storage(scale));
+  CHECK(scale.data<float>() == flat.data<float>() + 16);
+  CHECK_THROWS_AS(flat.flat_view(18, {3}), sk::InvalidArgument);
+}
+
+TEST_CASE("copy converts dtypes on the host and accepts any strides") {
+  sk::Context ctx;
+  auto source = sk::from_vector(ctx, std::vector<double>{1.5, -2.25, 3.0, 65504.0, 1e-8, -0.0}, {2, 3});
+  auto halves = sk::cast(ctx, source, sk::DType::f16);
+  auto bits = sk::to_vector<sk::Half>(ctx, halves);
+  CHECK(bits[0].bits == 0x3e00);
+  CHECK(bits[3].bits == 0x7bff);
+  CHECK(bits[4].bits == sk::float_to_half_bits(1e-8f));
+  CHECK(bits[5].bits == 0x8000);
+  auto back = sk::cast(ctx, sk::cast(ctx, source, sk::DType::f32).transpose(0, 1), sk::DType::f64);
+  CHECK(sk::to_vector<double>(ctx, back) ==
+        std::vector<double>{1.5, 65504.0, -2.25, static_cast<float>(1e-8), 3.0, -0.0});
+  auto ints = sk::cast(ctx, source, sk::DType::i64);
+  CHECK(sk::to_vector<std::int64_t>(ctx, ints) == std::vector<std::int64_t>{1, -2, 3, 65504, 0, 0});
+}
+
+TEST_CASE("bad tensor use gets errors that name the shapes and the fix") {
+  sk::Context ctx;
+  auto t = sk::empty(ctx, {4, 6}, sk::DType::f32);
+  auto check_message = [](auto&& fn, const std::string& part) {
+    try {
+      fn();
+      FAIL("no throw");
+    } catch (const sk::InvalidArgument& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(part) != std::string::npos, e.what());
+    }
+  };
+  check_message([&] { (void)t.view({5, 5}); }, "has 25 elements but the tensor [4, 6] has 24");
+  check_message([&] { (void)t.transpose(0, 1).view({24}); }, "make it contiguous first");
+  check_message([&] { (void)t.slice(1, 2, 7); }, "slice [2, 7) of dim 1 is outside the size 6");
+  check_message([&] { (void)t.select(3, 0); }, "dimension 3 out of range for a tensor of rank 2");
+  check_message([&] { (void)t.data<double>(); }, "data<f64>() on a f32 tensor");
+  check_message([&] { sk::copy(ctx, t, sk::empty(ctx, {6, 4}, sk::DType::f32)); },
+                "destination shape [4, 6] differs from source shape [6, 4]");
+  check_message([&] { (void)sk::to_vector<double>(ctx, t); }, "to_vector<f64> of a f32 tensor");
+  check_message([&] { (void)sk::Tensor(t.storage(), {5, 5}, sk::DType::f32); },
+                "its storage holds 24 f32 elements");
+  check_message([&] { (void)sk::from_vector(ctx, std::vector<float>(5), {2, 3}); },
+                "5 values do not fill shape [2, 3]");
+}
+
+TEST_CASE("zero-element and zero-dimensional tensors") {
+  sk::Context ctx;
+  auto none = sk::zeros(ctx, {0, 5}, sk::DType::f32);
+  CHECK(none.numel() == 0);
+  CHECK(sk::to_vector<float>(ctx, none).empty());
+  auto scalar = sk::full(ctx, {}, sk::DType::f64, 2.5);
+  CHECK(scalar.numel() == 1);
+  CHECK(sk::to_vector<double>(ctx, scalar) == std::vector<double>{2.5});
+}
