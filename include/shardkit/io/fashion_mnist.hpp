@@ -1,0 +1,62 @@
+// Fashion-MNIST from Debian's dataset-fashion-mnist package (gzip IDX files).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "shardkit/io/idx_file.hpp"
+
+namespace shardkit::io {
+
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+inline constexpr const char* kFashionMnistClasses[10] = {
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+// Images as u8 [count, rows, cols] and labels 0..9.
+struct ImageDataset {
+  std::int64_t count = 0;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::uint8_t> labels;
+
+  std::int64_t pixels_per_image() const { return rows * cols; }
+  const std::uint8_t* image(std::int64_t i) const {
+    return pixels.data() + i * pixels_per_image();
+  }
+};
+
+// split: "train" (60 000 images) or "t10k" (10 000). Missing files get an error that says
+// how to install them.
+inline ImageDataset load_fashion_mnist(const std::string& split,
+                                       const std::string& dir = kFashionMnistDir) {
+  check(split == "train" || split == "t10k", "Fashion-MNIST split must be 'train' or 't10k', got '",
+        split, "'");
+  const std::string images_path = dir + "/" + split + "-images-idx3-ubyte.gz";
+  const std::string labels_path = dir + "/" + split + "-labels-idx1-ubyte.gz";
+  for (const auto& path : {images_path, labels_path})
+    check<IoError>(std::filesystem::exists(path), "Fashion-MNIST file '", path,
+                   "' is missing; install it with: apt-get install dataset-fashion-mnist "
+                   "(or pass the folder that holds the .gz files)");
+  IdxArray images = read_idx(images_path);
+  IdxArray labels = read_idx(labels_path);
+  check<IoError>(images.dims.size() == 3, "'", images_path, "' should hold [count, rows, cols] images, has ",
+                 images.dims.size(), " dimensions");
+  check<IoError>(labels.dims.size() == 1 && labels.dims[0] == images.dims[0], "'", labels_path,
+                 "' has ", labels.dims.empty() ? 0 : labels.dims[0], " labels for ", images.dims[0],
+                 " images");
+  for (auto label : labels.data)
+    check<IoError>(label < 10, "'", labels_path, "' holds label ", int{label}, "; expected 0..9");
+  ImageDataset dataset;
+  dataset.count = images.dims[0];
+  dataset.rows = images.dims[1];
+  dataset.cols = images.dims[2];
+  dataset.pixels = std::move(images.data);
+  dataset.labels = std::move(labels.data);
+  return dataset;
+}
+
+}  // namespace shardkit::io

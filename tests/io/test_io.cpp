@@ -1,0 +1,140 @@
+// IDX reading (synthetic files, corrupt files, the real Fashion-MNIST) and the sampler.
+#include <doctest/doctest.h>
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "shardkit/io/io.hpp"
+
+namespace sk = shardkit;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir() {
+  auto dir = fs::temp_directory_path() / ("shardkit_io_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+void write_gz(const fs::path& path, const std::vector<unsigned char>& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) == static_cast<int>(bytes.size()));
+  gzclose(f);
+}
+
+std::vector<unsigned char> idx_bytes(std::vector<std::uint32_t> dims, const std::vector<unsigned char>& data) {
+  std::vector<unsigned char> out{0, 0, 0x08, static_cast<unsigned char>(dims.size())};
+  for (auto d : dims)
+    for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<unsigned char>(d >> shift));
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+std::string io_error(const fs::path& path) {
+  try {
+    sk::io::read_idx(path.string());
+  } catch (const sk::IoError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("read_idx reads gzip and plain IDX files") {
+  const auto dir = temp_dir();
+  std::vector<unsigned char> data(2 * 3 * 4);
+  std::iota(data.begin(), data.end(), 7);
+  write_gz(dir / "a.gz", idx_bytes({2, 3, 4}, data));
+  const auto array = sk::io::read_idx((dir / "a.gz").string());
+  CHECK(array.dims == std::vector<std::int64_t>{2, 3, 4});
+  CHECK(array.data == std::vector<std::uint8_t>(data.begin(), data.end()));
+  {
+    const auto raw = idx_bytes({5}, {9, 8, 7, 6, 5});
+    FILE* f = std::fopen((dir / "plain.idx").c_str(), "wb");
+    std::fwrite(raw.data(), 1, raw.size(), f);
+    std::fclose(f);
+  }
+  CHECK(sk::io::read_idx((dir / "plain.idx").string()).data == std::vector<std::uint8_t>{9, 8, 7, 6, 5});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("corrupt IDX files get errors that name the file and the problem") {
+  const auto dir = temp_dir();
+  write_gz(dir / "short.gz", idx_bytes({10}, {1, 2, 3}));
+  CHECK(io_error(dir / "short.gz").find("ends early or is corrupt while reading the data") != std::string::npos);
+  write_gz(dir / "magic.gz", {1, 2, 8, 1, 0, 0, 0, 1, 5});
+  CHECK(io_error(dir / "magic.gz").find("is not an IDX file") != std::string::npos);
+  write_gz(dir / "type.gz", {0, 0, 0x0d, 1, 0, 0, 0, 1, 5, 5, 5, 5});
+  CHECK(io_error(dir / "type.gz").find("only unsigned bytes") != std::string::npos);
+  write_gz(dir / "long.gz", idx_bytes({2}, {1, 2, 3}));
+  CHECK(io_error(dir / "long.gz").find("bytes after its 2 data elements") != std::string::npos);
+  CHECK(io_error(dir / "absent.gz").find("cannot open") != std::string::npos);
+  try {
+    sk::io::load_fashion_mnist("train", dir.string());
+    FAIL("no throw");
+  } catch (const sk::IoError& e) {
+    CHECK(std::string(e.what()).find("apt-get install dataset-fashion-mnist") != std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the real Fashion-MNIST: 60 000 + 10 000 28x28 images, 10 balanced classes") {
+  const auto train = sk::io::load_fashion_mnist("train");
+  const auto test = sk::io::load_fashion_mnist("t10k");
+  CHECK(train.count == 60000);
+  CHECK(test.count == 10000);
+  CHECK(train.rows == 28);
+  CHECK(train.cols == 28);
+  std::array<int, 10> per_class{};
+  for (auto label : train.labels) ++per_class[label];
+  for (int c : per_class) CHECK(c == 6000);
+  // Real images: not blank, full 0..255 range used.
+  const auto [low, high] = std::minmax_element(train.pixels.begin(), train.pixels.end());
+  CHECK(*low == 0);
+  CHECK(*high == 255);
+}
+
+TEST_CASE("stateful sampler: VISSL's contiguous blocks, shared permutation, dropped tail") {
+  const std::int64_t size = 103;
+  const int world = 4;
+  std::set<std::int64_t> seen;
+  std::vector<std::int64_t> rank0;
+  for (int r = 0; r < world; ++r) {
+    sk::io::StatefulDistributedSampler sampler(size, world, r, 5, 17);
+    sampler.set_epoch(3);
+    const auto indices = sampler.indices();
+    CHECK(indices.size() == 25);  // 103 - 103 mod 4 = 100, / 4
+    for (auto i : indices) {
+      CHECK(i >= r * 25);
+      CHECK(i < (r + 1) * 25);
+      seen.insert(i);
+    }
+    if (r == 0) rank0 = indices;
+    for (std::size_t k = 0; k < indices.size(); ++k) CHECK(indices[k] - r * 25 == rank0[k]);
+  }
+  CHECK(seen.size() == 100);  // indices 100..102 dropped, nothing repeated
+  CHECK(*seen.rbegin() == 99);
+
+  sk::io::StatefulDistributedSampler sampler(size, world, 1, 5, 17);
+  sampler.set_epoch(3);
+  const auto full = sampler.indices();
+  CHECK_FALSE(std::is_sorted(full.begin(), full.end()));
+  sampler.set_epoch(4);
+  CHECK(sampler.indices() != full);
+  sampler.set_epoch(3);
+  sampler.set_start_iter(2);  // resume after two batches of 5
+  CHECK(sampler.indices() == std::vector<std::int64_t>(full.begin() + 10, full.end()));
+  sampler.set_start_iter(9);
+  CHECK(sampler.indices().empty());
+  CHECK_THROWS_AS(sk::io::StatefulDistributedSampler(3, 4, 0, 1), sk::InvalidArgument);
+  CHECK_THROWS_AS(sk::io::StatefulDistributedSampler(10, 2, 2, 1), sk::InvalidArgument);
+}
