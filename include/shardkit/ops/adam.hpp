@@ -1,0 +1,100 @@
+// Fused Adam and AdamW (PyTorch semantics): bias correction, eps added to sqrt(v_hat), L2
+// weight decay (Adam) or decoupled decay (AdamW), unscale folded in, and an optional f16/bf16
+// copy of the updated parameter written in the same pass.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/ops/functor.hpp"
+
+namespace shardkit::ops {
+
+struct AdamOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool decoupled_weight_decay = false;  // true: AdamW
+  std::int64_t step = 1;                // this step's number, from 1 (bias correction)
+  float inv_grad_scale = 1.0f;
+};
+
+inline void validate(const AdamOptions& o) {
+  check(o.lr >= 0, "Adam lr must be >= 0, got ", o.lr);
+  check(o.beta1 >= 0 && o.beta1 < 1, "Adam beta1 must be in [0, 1), got ", o.beta1);
+  check(o.beta2 >= 0 && o.beta2 < 1, "Adam beta2 must be in [0, 1), got ", o.beta2);
+  check(o.eps >= 0, "Adam eps must be >= 0, got ", o.eps);
+  check(o.weight_decay >= 0, "Adam weight_decay must be >= 0, got ", o.weight_decay);
+  check(o.step >= 1, "Adam step counts from 1 (the first update is step 1), got ", o.step);
+}
+
+// Operands: 0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq (f32; the moments start at 0, as
+// PyTorch's state does), 4 low-precision copy (Low).
+template <class Low = void>
+struct AdamFunctor {
+  static constexpr int kDepth = 5;
+  using Types = TypeList<float, float, float, float, low_storage_t<Low>>;
+  static constexpr unsigned kReads = 0b01111u;
+  static constexpr unsigned kWrites = 0b01101u | (std::is_void_v<Low> ? 0u : 0b10000u);
+  static constexpr int kSums = 0;
+
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float l2_decay = 0;          // Adam: g += l2_decay · w
+  float param_keep = 1;        // AdamW: w *= 1 - lr · weight_decay
+  float step_size = 0;         // lr / (1 - beta1^step)
+  float bias_correction2_sqrt = 1;  // sqrt(1 - beta2^step)
+  float inv_grad_scale = 1;
+
+  struct Segment {};
+  SK_HOST_DEVICE SK_INLINE Segment segment(std::int64_t) const { return {}; }
+
+  SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment&,
+                                           double (&)[1]) const {
+    float w = x[0];
+    float g = x[1] * inv_grad_scale;
+    if (l2_decay != 0.0f) g += l2_decay * w;
+    if (param_keep != 1.0f) w *= param_keep;
+    const float m = beta1 * x[2] + (1.0f - beta1) * g;
+    const float v = beta2 * x[3] + (1.0f - beta2) * g * g;
+    const float denom = sqrtf(v) / bias_correction2_sqrt + eps;
+    w -= step_size * m / denom;
+    x[0] = w;
+    x[2] = m;
+    x[3] = v;
+    if constexpr (!std::is_void_v<Low>) x[4] = w;
+  }
+};
+
+template <class Low>
+AdamFunctor<Low> make_adam_functor(const AdamOptions& o) {
+  AdamFunctor<Low> f;
+  f.beta1 = o.beta1;
+  f.beta2 = o.beta2;
+  f.eps = o.eps;
+  f.l2_decay = o.decoupled_weight_decay ? 0.0f : o.weight_decay;
+  f.param_keep = o.decoupled_weight_decay ? 1.0f - o.lr * o.weight_decay : 1.0f;
+  // As PyTorch: the corrections in double (Python floats), then used as f32 scalars.
+  const double step = static_cast<double>(o.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(o.beta1), step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(o.beta2), step);
+  f.step_size = static_cast<float>(static_cast<double>(o.lr) / bc1);
+  f.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  f.inv_grad_scale = o.inv_grad_scale;
+  return f;
+}
+
+template <class Fn>
+void visit_adam_functor(const AdamOptions& o, DType low, Fn&& fn) {
+  if (low == DType::f16) return fn(make_adam_functor<Half>(o));
+  if (low == DType::bf16) return fn(make_adam_functor<BFloat16>(o));
+  check(low == DType::f32, "low-precision parameter copies must be f16 or bf16, got ",
+        dtype_name(low));
+  return fn(make_adam_functor<void>(o));
+}
+
+}  // namespace shardkit::ops

@@ -1,0 +1,89 @@
+// Element access for fused ops: every operand is loaded as float and stored from float,
+// whatever its storage type (f32, f16, bf16). Stores to f16/bf16 round to nearest even and give
+// exactly the bits of core/float16.hpp, on the host and in device code.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "shardkit/core/config.hpp"
+#include "shardkit/core/float16.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace shardkit::ops {
+
+// Operand storage types fused ops accept.
+template <class T>
+inline constexpr bool is_element_type_v =
+    std::is_same_v<T, float> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+SK_HOST_DEVICE SK_INLINE std::uint16_t to_half_bits(float value) {
+#if SK_DEVICE_CODE
+  // The hardware conversion rounds exactly like ours (tests/core proves it on all patterns);
+  // only NaN payloads may differ, so NaNs take the integer path.
+  if (value != value) return float_to_half_bits(value);
+  return __half_as_ushort(__float2half_rn(value));
+#else
+  return float_to_half_bits(value);
+#endif
+}
+
+SK_HOST_DEVICE SK_INLINE float from_half_bits(std::uint16_t bits) {
+#if SK_DEVICE_CODE
+  // The hardware widening is exact; NaNs keep their payload through the integer path.
+  if ((bits & 0x7c00u) == 0x7c00u && (bits & 0x3ffu) != 0) return half_bits_to_float(bits);
+  return __half2float(__ushort_as_half(bits));
+#else
+  return half_bits_to_float(bits);
+#endif
+}
+
+template <class T>
+SK_HOST_DEVICE SK_INLINE float load_element(const T* p) {
+  if constexpr (std::is_same_v<T, float>)
+    return *p;
+  else if constexpr (std::is_same_v<T, Half>)
+    return from_half_bits(p->bits);
+  else
+    return bf16_bits_to_float(p->bits);
+}
+
+template <class T>
+SK_HOST_DEVICE SK_INLINE void store_element(T* p, float value) {
+  if constexpr (std::is_same_v<T, float>)
+    *p = value;
+  else if constexpr (std::is_same_v<T, Half>)
+    p->bits = to_half_bits(value);
+  else
+    p->bits = float_to_bf16_bits(value);
+}
+
+// Storage types of a functor's operands, by position.
+template <class... Ts>
+struct TypeList {
+  static constexpr int size = sizeof...(Ts);
+};
+
+template <int I, class List>
+struct TypeAt;
+template <class T, class... Ts>
+struct TypeAt<0, TypeList<T, Ts...>> {
+  using type = T;
+};
+template <int I, class T, class... Ts>
+struct TypeAt<I, TypeList<T, Ts...>> {
+  using type = typename TypeAt<I - 1, TypeList<Ts...>>::type;
+};
+
+template <int I, class List>
+using type_at = typename TypeAt<I, List>::type;
+
+// Low-precision copy option of the optimizer functors: `void` for none.
+template <class Low>
+using low_storage_t = std::conditional_t<std::is_void_v<Low>, float, Low>;
+
+}  // namespace shardkit::ops

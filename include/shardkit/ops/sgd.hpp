@@ -1,0 +1,127 @@
+// Fused SGD (PyTorch semantics, ../shared/REFERENCE.md): weight decay, momentum with PyTorch's
+// first-step rule, dampening, nesterov, an unscale of the gradient folded in, and an optional
+// f16/bf16 copy of the updated parameter written in the same pass.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/ops/functor.hpp"
+
+namespace shardkit::ops {
+
+struct SgdOptions {
+  float lr = 0.01f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+  // PyTorch's momentum buffer does not exist before the first step: then buf <- g (no
+  // dampening) and the buffer is written, never read.
+  bool first_step = true;
+  // Gradients are multiplied by this first (1 / loss scale).
+  float inv_grad_scale = 1.0f;
+};
+
+inline void validate(const SgdOptions& o) {
+  check(o.lr >= 0, "SGD lr must be >= 0, got ", o.lr);
+  check(o.momentum >= 0, "SGD momentum must be >= 0, got ", o.momentum);
+  check(o.weight_decay >= 0, "SGD weight_decay must be >= 0, got ", o.weight_decay);
+  check(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+        "SGD nesterov needs momentum > 0 and dampening 0 (as PyTorch), got momentum ",
+        o.momentum, " and dampening ", o.dampening);
+}
+
+// The gradient the SGD rule uses, per span: g' = grad·g + param·w. Plain SGD: (inv_grad_scale,
+// weight_decay) everywhere; LARC: per-tensor values from larc.hpp.
+struct SgdCoefficients {
+  float grad = 1.0f;
+  float param = 0.0f;
+};
+
+enum class MomentumMode : std::uint8_t { none, first_step, running };
+
+inline MomentumMode momentum_mode(const SgdOptions& o) {
+  if (o.momentum == 0) return MomentumMode::none;
+  return o.first_step ? MomentumMode::first_step : MomentumMode::running;
+}
+
+// Operands: 0 param (f32), 1 grad (f32), 2 momentum buffer (f32), 3 low-precision copy (Low).
+template <MomentumMode Mode, class Low = void>
+struct SgdFunctor {
+  static constexpr int kDepth = 4;
+  using Types = TypeList<float, float, float, low_storage_t<Low>>;
+  static constexpr unsigned kReads = 0b0011u | (Mode == MomentumMode::running ? 0b0100u : 0u);
+  static constexpr unsigned kWrites = 0b0001u | (Mode != MomentumMode::none ? 0b0100u : 0u) |
+                                      (std::is_void_v<Low> ? 0u : 0b1000u);
+  static constexpr int kSums = 0;
+
+  float lr = 0;
+  float momentum = 0;
+  float dampening_complement = 1;  // 1 - dampening
+  bool nesterov = false;
+  SgdCoefficients uniform{};
+  const SgdCoefficients* per_segment = nullptr;  // when set, overrides `uniform` per span
+
+  using Segment = SgdCoefficients;
+  SK_HOST_DEVICE SK_INLINE Segment segment(std::int64_t index) const {
+    return per_segment != nullptr ? per_segment[index] : uniform;
+  }
+
+  SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment& c,
+                                           double (&)[1]) const {
+    float g = c.grad * x[1];
+    // Skipped, not multiplied by 0, when there is no decay: an inf parameter must not turn
+    // the gradient into NaN (PyTorch skips the add too).
+    if (c.param != 0.0f) g += c.param * x[0];
+    float d = g;
+    if constexpr (Mode == MomentumMode::first_step) {
+      x[2] = g;
+      if (nesterov) d = g + momentum * g;
+    } else if constexpr (Mode == MomentumMode::running) {
+      const float buf = momentum * x[2] + dampening_complement * g;
+      x[2] = buf;
+      d = nesterov ? g + momentum * buf : buf;
+    }
+    x[0] = x[0] - lr * d;
+    if constexpr (!std::is_void_v<Low>) x[3] = x[0];
+  }
+};
+
+template <MomentumMode Mode, class Low>
+SgdFunctor<Mode, Low> make_sgd_functor(const SgdOptions& o, const SgdCoefficients* per_segment) {
+  SgdFunctor<Mode, Low> f;
+  f.lr = o.lr;
+  f.momentum = o.momentum;
+  f.dampening_complement = 1.0f - o.dampening;
+  f.nesterov = o.nesterov;
+  f.uniform = SgdCoefficients{o.inv_grad_scale, o.weight_decay};
+  f.per_segment = per_segment;
+  return f;
+}
+
+// Calls fn(functor) with the SgdFunctor instantiation the run-time options select. `low` is the
+// dtype of the low-precision copies (f32 = none).
+template <class Fn>
+void visit_sgd_functor(const SgdOptions& o, DType low, const SgdCoefficients* per_segment,
+                       Fn&& fn) {
+  auto with_low = [&]<class Low>() {
+    switch (momentum_mode(o)) {
+      case MomentumMode::none:
+        return fn(make_sgd_functor<MomentumMode::none, Low>(o, per_segment));
+      case MomentumMode::first_step:
+        return fn(make_sgd_functor<MomentumMode::first_step, Low>(o, per_segment));
+      case MomentumMode::running:
+        return fn(make_sgd_functor<MomentumMode::running, Low>(o, per_segment));
+    }
+  };
+  if (low == DType::f16) return with_low.template operator()<Half>();
+  if (low == DType::bf16) return with_low.template operator()<BFloat16>();
+  check(low == DType::f32, "low-precision parameter copies must be f16 or bf16, got ",
+        dtype_name(low));
+  return with_low.template operator()<void>();
+}
+
+}  // namespace shardkit::ops

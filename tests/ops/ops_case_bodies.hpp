@@ -1,0 +1,326 @@
+// Bodies of the fused-op test cases, templated over the backend (see ops_cases.hpp).
+#pragma once
+
+#include "ops_cases.hpp"
+
+namespace ops_test {
+
+// SGD over flat-buffer segments for `steps` steps against the float64 reference; new random
+// gradients each step, the first step writes a NaN-poisoned momentum buffer.
+template <class B>
+void sgd_case(B& b, ops::SgdOptions o, sk::DType low, std::int64_t gap, int steps = 3) {
+  const Layout layout(edge_sizes(), gap);
+  const auto n = layout.total;
+  auto w0 = random_values(n, 1.0, 2.0, 1);
+  Flat<B> w(b, w0, layout), buf(b, kNaNs(static_cast<std::size_t>(n)), layout);
+  SgdReference ref{widen(w0), std::vector<double>(static_cast<std::size_t>(n), 0.0)};
+  const std::vector<double> grad_coef(layout.count(), o.inv_grad_scale),
+      param_coef(layout.count(), o.weight_decay);
+  for (int step = 0; step < steps; ++step) {
+    o.first_step = step == 0;
+    const auto g0 = random_values(n, 0.5, 1.5, 100 + static_cast<std::uint32_t>(step));
+    Flat<B> g(b, g0, layout);
+    Flat<B> copy(b, kNaNs(static_cast<std::size_t>(n)), layout, low == sk::DType::f32 ? sk::DType::f16 : low);
+    ops::SgdTensors t{w.views, g.views, buf.views, {}};
+    if (low != sk::DType::f32) t.low_copies = copy.views;
+    b.sgd_step(o, t);
+    ref.step(widen(g0), o, layout, grad_coef, param_coef);
+    const auto got_w = w.values(b);
+    const double err = check_close(got_w, ref.w, layout, "param");
+    if (o.momentum != 0) check_close(buf.values(b), ref.buf, layout, "momentum");
+    if (low != sk::DType::f32) {
+      // The copy holds exactly the rounded bits of the updated f32 parameter.
+      const auto bits = copy.bits16(b);
+      for (std::size_t tsr = 0; tsr < layout.count(); ++tsr)
+        for (std::int64_t i = 0; i < layout.sizes[tsr]; ++i) {
+          const auto at = static_cast<std::size_t>(layout.offsets[tsr] + i);
+          const auto want = low == sk::DType::f16 ? sk::float_to_half_bits(got_w[at])
+                                                  : sk::float_to_bf16_bits(got_w[at]);
+          REQUIRE(bits[at] == want);
+        }
+    }
+    MESSAGE("sgd step " << step << " worst relative error " << err);
+  }
+}
+
+// LARC-SGD, both as the fused step and as norms -> coefficients -> SGD; includes a tensor of
+// zero parameters and one of zero gradients (the zero-norm rule).
+template <class B>
+void larc_case(B& b, ops::LarcOptions larc, bool composed, std::int64_t gap,
+               std::vector<std::int64_t> sizes = edge_sizes(), float inv_scale = 0.25f) {
+  sizes.push_back(77);  // zero parameters
+  sizes.push_back(78);  // zero gradients
+  const Layout layout(sizes, gap);
+  const auto n = layout.total;
+  const std::size_t zero_w = layout.count() - 2, zero_g = layout.count() - 1;
+  auto w0 = random_values(n, 1.0, 2.0, 7);
+  for (std::int64_t i = 0; i < layout.sizes[zero_w]; ++i) w0[static_cast<std::size_t>(layout.offsets[zero_w] + i)] = 0.0f;
+  Flat<B> w(b, w0, layout), buf(b, kNaNs(static_cast<std::size_t>(n)), layout);
+  SgdReference ref{widen(w0), std::vector<double>(static_cast<std::size_t>(n), 0.0)};
+  ops::SgdOptions o;
+  o.lr = 0.5f;
+  o.momentum = 0.9f;
+  o.dampening = 0.1f;
+  o.inv_grad_scale = inv_scale;
+  for (int step = 0; step < 3; ++step) {
+    o.first_step = step == 0;
+    auto g0 = random_values(n, 0.5, 1.5, 200 + static_cast<std::uint32_t>(step));
+    for (std::int64_t i = 0; i < layout.sizes[zero_g]; ++i) g0[static_cast<std::size_t>(layout.offsets[zero_g] + i)] = 0.0f;
+    Flat<B> g(b, g0, layout);
+    const ops::SgdTensors t{w.views, g.views, buf.views, {}};
+    // Reference coefficients from the exact sums of the current values.
+    std::vector<double> wsq, gsq, grad_coef(layout.count()), param_coef(layout.count());
+    sums_reference(w.values(b), layout, wsq);
+    sums_reference(g0, layout, gsq);
+    for (std::size_t i = 0; i < layout.count(); ++i)
+      larc_reference(wsq[i], gsq[i], larc, o.lr, inv_scale, grad_coef[i], param_coef[i]);
+    if (step == 0) {  // later steps have moved the zero parameters off zero
+      CHECK(grad_coef[zero_w] == inv_scale);
+      CHECK(param_coef[zero_w] == 0.0);
+    }
+    CHECK(grad_coef[zero_g] == inv_scale);
+    CHECK(param_coef[zero_g] == 0.0);
+    if (composed) {
+      const auto count = static_cast<std::int64_t>(layout.count());
+      auto sums = b.zeros({2, count}, sk::DType::f64);
+      auto coefficients = b.zeros({count, 2}, sk::DType::f32);
+      b.segment_sums_of_squares(w.views, g.views, sums);
+      b.larc_coefficients(larc, o.lr, inv_scale, sums, coefficients);
+      ops::SgdOptions plain = o;
+      plain.inv_grad_scale = 1.0f;
+      b.sgd_step(plain, t, coefficients);
+    } else {
+      b.larc_sgd_step(o, larc, t);
+    }
+    ref.step(widen(g0), o, layout, grad_coef, param_coef);
+    const double err = check_close(w.values(b), ref.w, layout, "param");
+    check_close(buf.values(b), ref.buf, layout, "momentum");
+    MESSAGE("larc step " << step << " worst relative error " << err);
+  }
+}
+
+template <class B>
+void sums_case(B& b, std::int64_t gap) {
+  const Layout layout(edge_sizes(), gap);
+  const auto x0 = random_values(layout.total, 0.5, 1.5, 31);
+  const auto y0 = random_values(layout.total, 0.5, 1.5, 32);
+  Flat<B> x(b, x0, layout), y(b, y0, layout);
+  const auto count = static_cast<std::int64_t>(layout.count());
+  auto one = b.zeros({1, count}, sk::DType::f64), two = b.zeros({2, count}, sk::DType::f64),
+       again = b.zeros({2, count}, sk::DType::f64);
+  b.fill(one, -1.0);
+  b.fill(two, -1.0);
+  b.segment_sums_of_squares(x.views, std::span<const sk::Tensor>{}, one);
+  b.segment_sums_of_squares(x.views, y.views, two);
+  b.segment_sums_of_squares(x.views, y.views, again);
+  sk::Context host;
+  const auto s1 = sk::to_vector<double>(host, b.download(one));
+  const auto s2 = sk::to_vector<double>(host, b.download(two));
+  const auto s3 = sk::to_vector<double>(host, b.download(again));
+  CHECK(std::memcmp(s2.data(), s3.data(), s2.size() * sizeof(double)) == 0);  // run to run
+  std::vector<double> rx, ry;
+  sums_reference(x0, layout, rx);
+  sums_reference(y0, layout, ry);
+  for (std::size_t t = 0; t < layout.count(); ++t) {
+    CHECK(s1[t] == s2[t]);  // same order whether one or two lists are summed
+    CHECK(rel_error(s2[t], rx[t]) <= 1e-13);
+    CHECK(rel_error(s2[layout.count() + t], ry[t]) <= 1e-13);
+  }
+}
+
+template <class B>
+void unscale_case(B& b, std::int64_t gap) {
+  const Layout layout(edge_sizes(), gap);
+  const float inv = 1.0f / 1024.0f;
+  const auto g0 = random_values(layout.total, 0.5, 1.5, 41);
+  const auto count = static_cast<std::int64_t>(layout.count());
+  {
+    Flat<B> g(b, g0, layout);
+    auto found = b.zeros({1}, sk::DType::f32);
+    auto sums = b.zeros({1, count}, sk::DType::f64);
+    b.unscale_and_check(inv, g.views, found, sums);
+    sk::Context host;
+    CHECK(sk::to_vector<float>(host, b.download(found))[0] == 0.0f);
+    const auto got = g.values(b);
+    std::vector<float> unscaled(g0.size());
+    for (std::size_t i = 0; i < g0.size(); ++i) unscaled[i] = g0[i] * inv;
+    for (std::size_t t = 0; t < layout.count(); ++t)
+      for (std::int64_t i = 0; i < layout.sizes[t]; ++i) {
+        const auto at = static_cast<std::size_t>(layout.offsets[t] + i);
+        REQUIRE(got[at] == unscaled[at]);  // one f32 multiply, exactly as the reference
+      }
+    std::vector<double> want;
+    sums_reference(unscaled, layout, want);
+    const auto s = sk::to_vector<double>(host, b.download(sums));
+    for (std::size_t t = 0; t < layout.count(); ++t) CHECK(rel_error(s[t], want[t]) <= 1e-13);
+  }
+  for (float bad : {INFINITY, -INFINITY, NAN, 3e38f}) {  // 3e38 / 1024 is finite: no flag
+    auto poisoned = g0;
+    poisoned[static_cast<std::size_t>(layout.offsets[10] + 5)] = bad;
+    Flat<B> g(b, poisoned, layout);
+    auto found = b.zeros({1}, sk::DType::f32);
+    b.unscale_and_check(inv, g.views, found);
+    sk::Context host;
+    CHECK(sk::to_vector<float>(host, b.download(found))[0] == (std::isfinite(bad) ? 0.0f : 1.0f));
+  }
+}
+
+// Casts f32 <-> f16/bf16, bit-exact against core/float16.hpp, including NaN payloads, infinities,
+// subnormals, overflow and ties.
+template <class B>
+void cast_case(B& b, std::int64_t gap) {
+  const Layout layout(edge_sizes(), gap);
+  auto src = random_values(layout.total, 1e-9, 7e4, 51);
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, 1e-8f,
+                            5.9604645e-8f, 2.9802322e-8f, 1.0009765625f + 0x1p-11f, 3.4e38f,
+                            sk::bits_to_float(0x7fa00001u), sk::bits_to_float(0x3f808000u)};
+  for (std::size_t i = 0; i < std::size(specials); ++i) src[static_cast<std::size_t>(layout.offsets[14]) + i] = specials[i];
+  for (auto dtype : {sk::DType::f16, sk::DType::bf16}) {
+    Flat<B> from(b, src, layout);
+    Flat<B> to(b, kNaNs(src.size()), layout, dtype);
+    b.cast(from.views, to.views);
+    const auto bits = to.bits16(b);
+    for (std::size_t t = 0; t < layout.count(); ++t)
+      for (std::int64_t i = 0; i < layout.sizes[t]; ++i) {
+        const auto at = static_cast<std::size_t>(layout.offsets[t] + i);
+        REQUIRE(bits[at] == (dtype == sk::DType::f16 ? sk::float_to_half_bits(src[at])
+                                                     : sk::float_to_bf16_bits(src[at])));
+      }
+    // And back: every 16-bit pattern widens exactly.
+    std::vector<std::int64_t> sizes{65536};
+    const Layout all(sizes, gap);
+    sk::Context host;
+    std::vector<std::uint16_t> patterns(static_cast<std::size_t>(all.total), 0);
+    for (std::uint32_t p = 0; p < 65536; ++p) patterns[static_cast<std::size_t>(all.offsets[0]) + p] = static_cast<std::uint16_t>(p);
+    const sk::Tensor hp(sk::Storage::borrow(patterns.data(), patterns.size() * 2, sk::Device::cpu()),
+                        {all.total}, dtype);
+    const auto dev = b.upload(sk::clone(host, hp));
+    Flat<B> wide(b, kNaNs(patterns.size()), all);
+    const std::vector<sk::Tensor> narrow{dev.flat_view(all.offsets[0], {65536})};
+    b.cast(narrow, wide.views);
+    const auto got = wide.values(b);
+    for (std::uint32_t p = 0; p < 65536; ++p) {
+      const float want = dtype == sk::DType::f16 ? sk::half_bits_to_float(static_cast<std::uint16_t>(p))
+                                                 : sk::bf16_bits_to_float(static_cast<std::uint16_t>(p));
+      REQUIRE(sk::float_to_bits(got[static_cast<std::size_t>(all.offsets[0]) + p]) == sk::float_to_bits(want));
+    }
+  }
+}
+
+template <class B>
+void adam_case(B& b, bool adamw, sk::DType low, std::int64_t gap) {
+  const Layout layout(edge_sizes(), gap);
+  const auto n = static_cast<std::size_t>(layout.total);
+  auto w0 = random_values(layout.total, 1.0, 2.0, 61);
+  Flat<B> w(b, w0, layout), m(b, std::vector<float>(n, 0.0f), layout),
+      v(b, std::vector<float>(n, 0.0f), layout);
+  std::vector<double> rw = widen(w0), rm(n, 0.0), rv(n, 0.0);
+  ops::AdamOptions o;
+  o.lr = 1e-2f;
+  o.weight_decay = 0.05f;
+  o.decoupled_weight_decay = adamw;
+  o.inv_grad_scale = 0.5f;
+  for (int step = 1; step <= 3; ++step) {
+    o.step = step;
+    const auto g0 = random_values(layout.total, 0.5, 1.5, 300 + static_cast<std::uint32_t>(step));
+    Flat<B> g(b, g0, layout);
+    Flat<B> copy(b, kNaNs(n), layout, low == sk::DType::f32 ? sk::DType::f16 : low);
+    ops::AdamTensors t{w.views, g.views, m.views, v.views, {}};
+    if (low != sk::DType::f32) t.low_copies = copy.views;
+    b.adam_step(o, t);
+    const double bc1 = 1 - std::pow(double(o.beta1), step), bc2 = 1 - std::pow(double(o.beta2), step);
+    for (std::size_t tsr = 0; tsr < layout.count(); ++tsr)
+      for (std::int64_t i = 0; i < layout.sizes[tsr]; ++i) {
+        const auto at = static_cast<std::size_t>(layout.offsets[tsr] + i);
+        double gg = g0[at] * double(o.inv_grad_scale);
+        if (adamw) rw[at] *= 1 - double(o.lr) * o.weight_decay;
+        else gg += double(o.weight_decay) * rw[at];
+        rm[at] = o.beta1 * rm[at] + (1 - double(o.beta1)) * gg;
+        rv[at] = o.beta2 * rv[at] + (1 - double(o.beta2)) * gg * gg;
+        rw[at] -= double(o.lr) / bc1 * rm[at] / (std::sqrt(rv[at]) / std::sqrt(bc2) + o.eps);
+      }
+    const auto got_w = w.values(b);
+    const double err = check_close(got_w, rw, layout, "param");
+    check_close(m.values(b), rm, layout, "exp_avg");
+    check_close(v.values(b), rv, layout, "exp_avg_sq");
+    if (low != sk::DType::f32) {
+      const auto bits = copy.bits16(b);
+      for (std::size_t tsr = 0; tsr < layout.count(); ++tsr)
+        for (std::int64_t i = 0; i < layout.sizes[tsr]; ++i) {
+          const auto at = static_cast<std::size_t>(layout.offsets[tsr] + i);
+          REQUIRE(bits[at] == (low == sk::DType::f16 ? sk::float_to_half_bits(got_w[at])
+                                                     : sk::float_to_bf16_bits(got_w[at])));
+        }
+    }
+    MESSAGE("adam step " << step << " worst relative error " << err);
+  }
+}
+
+// inf/NaN in gradients: plain SGD spoils exactly the elements it touches; LARC, whose rate
+// depends on the whole tensor's norm, spoils the tensor as apex does (reference the same rule).
+template <class B>
+void nonfinite_case(B& b, bool with_larc) {
+  const Layout layout({5, 9000, 33, 4}, 1);
+  const auto n = layout.total;
+  const auto w0 = random_values(n, 1.0, 2.0, 71);
+  auto g0 = random_values(n, 0.5, 1.5, 72);
+  g0[static_cast<std::size_t>(layout.offsets[1] + 17)] = INFINITY;
+  g0[static_cast<std::size_t>(layout.offsets[2] + 3)] = NAN;
+  Flat<B> w(b, w0, layout), g(b, g0, layout), buf(b, kNaNs(static_cast<std::size_t>(n)), layout);
+  ops::SgdOptions o;
+  o.lr = 0.1f;
+  o.momentum = 0.9f;
+  SgdReference ref{widen(w0), std::vector<double>(static_cast<std::size_t>(n), 0.0)};
+  std::vector<double> grad_coef(layout.count(), 1.0), param_coef(layout.count(), 0.0);
+  const ops::SgdTensors t{w.views, g.views, buf.views, {}};
+  if (with_larc) {
+    ops::LarcOptions larc;
+    larc.weight_decay = 1e-4f;
+    std::vector<double> wsq, gsq;
+    sums_reference(w0, layout, wsq);
+    sums_reference(g0, layout, gsq);
+    for (std::size_t i = 0; i < layout.count(); ++i)
+      larc_reference(wsq[i], gsq[i], larc, o.lr, 1.0, grad_coef[i], param_coef[i]);
+    b.larc_sgd_step(o, larc, t);
+  } else {
+    o.weight_decay = 1e-4f;
+    std::fill(param_coef.begin(), param_coef.end(), 1e-4);
+    b.sgd_step(o, t);
+  }
+  ref.step(widen(g0), o, layout, grad_coef, param_coef);
+  const auto got = w.values(b);
+  for (std::size_t tsr = 0; tsr < layout.count(); ++tsr)
+    for (std::int64_t i = 0; i < layout.sizes[tsr]; ++i) {
+      const auto at = static_cast<std::size_t>(layout.offsets[tsr] + i);
+      REQUIRE(std::isnan(got[at]) == std::isnan(ref.w[at]));
+      REQUIRE(std::isinf(got[at]) == std::isinf(ref.w[at]));
+      if (std::isfinite(ref.w[at])) REQUIRE(rel_error(got[at], ref.w[at]) <= kF32Tolerance);
+    }
+}
+
+template <class B>
+void argument_errors_case(B& b) {
+  const Layout layout({10, 20}, 0);
+  Flat<B> w(b, random_values(layout.total, 1, 2, 1), layout), g(b, random_values(layout.total, 1, 2, 2), layout);
+  Flat<B> half(b, random_values(layout.total, 1, 2, 3), layout, sk::DType::f16);
+  ops::SgdOptions o;
+  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{w.views, half.views, {}, {}}), sk::InvalidArgument);
+  const std::vector<sk::Tensor> one{w.views[0]};
+  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{one, g.views, {}, {}}), sk::InvalidArgument);
+  const std::vector<sk::Tensor> swapped{w.views[1], w.views[0]};
+  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{swapped, g.views, {}, {}}), sk::InvalidArgument);
+  o.momentum = 0.9f;
+  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{w.views, g.views, {}, {}}), sk::InvalidArgument);
+  o.nesterov = true;
+  o.dampening = 0.1f;
+  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{w.views, g.views, w.views, {}}), sk::InvalidArgument);
+  ops::SgdOptions decayed;
+  decayed.weight_decay = 0.1f;
+  CHECK_THROWS_AS(b.larc_sgd_step(decayed, ops::LarcOptions{}, ops::SgdTensors{w.views, g.views, {}, {}}),
+                  sk::InvalidArgument);
+  CHECK_THROWS_AS(b.cast(w.views, g.views), sk::InvalidArgument);  // f32 -> f32 is no fused cast
+  // Empty lists are a no-op.
+  b.sgd_step(ops::SgdOptions{}, ops::SgdTensors{});
+}
+
+}  // namespace ops_test

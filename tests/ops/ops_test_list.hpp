@@ -1,0 +1,99 @@
+// The fused-op test cases as doctest cases over `Backend` (defined by the including file), so
+// the CPU and the CUDA executables run the same list. Gap 0: aligned segments; gap 1: every
+// segment at an unaligned offset inside its flat buffer.
+#pragma once
+
+#include "ops_case_bodies.hpp"
+
+namespace ops_test {
+
+TEST_CASE("SGD without momentum, with weight decay and unscale, matches float64") {
+  Backend b;
+  ops::SgdOptions o;
+  o.lr = 0.1f;
+  o.weight_decay = 0.01f;
+  o.inv_grad_scale = 0.125f;
+  for (std::int64_t gap : {0, 1}) sgd_case(b, o, sk::DType::f32, gap);
+}
+
+TEST_CASE("SGD with momentum and dampening: first-step rule, then running buffer") {
+  Backend b;
+  ops::SgdOptions o;
+  o.lr = 0.05f;
+  o.momentum = 0.9f;
+  o.dampening = 0.25f;
+  o.weight_decay = 1e-3f;
+  for (std::int64_t gap : {0, 1, 3}) sgd_case(b, o, sk::DType::f32, gap);
+}
+
+TEST_CASE("SGD with nesterov and low-precision copies written in the same pass") {
+  Backend b;
+  ops::SgdOptions o;
+  o.lr = 0.05f;
+  o.momentum = 0.8f;
+  o.nesterov = true;
+  o.inv_grad_scale = 2.0f;
+  for (auto low : {sk::DType::f16, sk::DType::bf16})
+    for (std::int64_t gap : {0, 1}) sgd_case(b, o, low, gap, 2);
+}
+
+TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors") {
+  Backend b;
+  for (bool clip : {false, true})
+    for (bool composed : {false, true}) {
+      ops::LarcOptions larc;
+      larc.clip = clip;
+      larc.trust_coefficient = clip ? 0.02f : 0.001f;
+      larc.weight_decay = 1e-4f;
+      CAPTURE(clip);
+      CAPTURE(composed);
+      larc_case(b, larc, composed, composed ? 1 : 0);
+    }
+}
+
+TEST_CASE("LARC-SGD over 300 small tensors: several launches per pass") {
+  Backend b;
+  std::vector<std::int64_t> sizes;
+  std::mt19937 gen(5);
+  for (int i = 0; i < 300; ++i) sizes.push_back(1 + static_cast<std::int64_t>(gen() % 400));
+  ops::LarcOptions larc;
+  larc.weight_decay = 1e-3f;
+  larc_case(b, larc, false, 1, sizes, 1.0f);
+  larc_case(b, larc, true, 0, sizes, 1.0f);
+}
+
+TEST_CASE("segmented sums of squares are deterministic and exact to double rounding") {
+  Backend b;
+  for (std::int64_t gap : {0, 1}) sums_case(b, gap);
+}
+
+TEST_CASE("unscale + finite check: exact unscale, norms, inf and NaN raise the flag") {
+  Backend b;
+  for (std::int64_t gap : {0, 1}) unscale_case(b, gap);
+}
+
+TEST_CASE("casts f32 <-> f16/bf16 are bit-exact with the host conversions") {
+  Backend b;
+  for (std::int64_t gap : {0, 1}) cast_case(b, gap);
+}
+
+TEST_CASE("Adam and AdamW match float64, with and without low-precision copies") {
+  Backend b;
+  adam_case(b, false, sk::DType::f32, 0);
+  adam_case(b, true, sk::DType::f32, 1);
+  adam_case(b, false, sk::DType::bf16, 1);
+  adam_case(b, true, sk::DType::f16, 0);
+}
+
+TEST_CASE("inf and NaN gradients propagate as in PyTorch/apex") {
+  Backend b;
+  nonfinite_case(b, false);
+  nonfinite_case(b, true);
+}
+
+TEST_CASE("bad arguments throw InvalidArgument naming the problem") {
+  Backend b;
+  argument_errors_case(b);
+}
+
+}  // namespace ops_test
