@@ -240,7 +240,7 @@ void apply(Context& ctx, const F& op, const SpanList<F::kDepth>& spans, double* 
       partials = workspace.data<double>();
     }
   }
-  Batch batch;
+  Batch batch{};  // zeroed: unused slots are copied into the kernel parameters too
   std::int64_t first_chunk = 0;
   auto launch = [&] {
     const int chunks = batch.chunk_begin[batch.count];
