@@ -1,0 +1,234 @@
+// Fused optimizer steps, casts and the unscale pass on the GPU over ResNet-50's 161 tensors and
+// a flat 2^28-element buffer, next to the unfused LARC-SGD (per-tensor norm, scale and SGD
+// launches). CUDA-event timing (manual time); pct_of_copy against cudaMemcpyAsync of the same
+// bytes in this run. Exits 0 with a note when no GPU is usable.
+#include "bench_common.hpp"
+#include "bench_ops_common.hpp"
+
+#include <cstdio>
+#include <map>
+
+#include "kernels/ops/ops.cuh"
+#include "kernels/shardkit_cuda.cuh"
+
+namespace sk = shardkit;
+namespace ops = shardkit::ops;
+namespace bench = shardkit::bench;
+
+namespace {
+
+constexpr std::int64_t kFlatElements = std::int64_t{1} << 28;
+
+sk::Context& context() {
+  static std::unique_ptr<sk::Context> ctx = sk::make_cuda_context(0, 0, 5);
+  return *ctx;
+}
+
+bench::OpsWorkload& workload(bool flat, bool adam = false) {
+  static std::map<int, std::unique_ptr<bench::OpsWorkload>> cache;
+  const int key = (flat ? 1 : 0) + (adam ? 2 : 0);
+  auto& slot = cache[key];
+  if (!slot) slot = std::make_unique<bench::OpsWorkload>(context(), flat, kFlatElements, adam);
+  return *slot;
+}
+
+template <class Op>
+void time_on_stream(benchmark::State& state, Op&& op) {
+  auto& ctx = context();
+  cudaEvent_t start, stop;
+  SK_CUDA_CHECK(cudaEventCreate(&start));
+  SK_CUDA_CHECK(cudaEventCreate(&stop));
+  op();  // warm-up
+  for (auto _ : state) {
+    SK_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
+    op();
+    SK_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
+    SK_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    SK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms / 1e3);
+  }
+  SK_CUDA_CHECK(cudaEventDestroy(start));
+  SK_CUDA_CHECK(cudaEventDestroy(stop));
+}
+
+// Device copy bandwidth (read + write) of `bytes`, median of 10 after a warm-up, cached.
+double device_copy_ceiling(std::size_t bytes) {
+  static std::map<std::size_t, double> cache;
+  if (auto it = cache.find(bytes); it != cache.end()) return it->second;
+  auto& ctx = context();
+  auto a = sk::empty(ctx, {static_cast<std::int64_t>(bytes)}, sk::DType::u8);
+  auto b = sk::empty(ctx, {static_cast<std::int64_t>(bytes)}, sk::DType::u8);
+  cudaEvent_t start, stop;
+  SK_CUDA_CHECK(cudaEventCreate(&start));
+  SK_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int i = 0; i < 11; ++i) {
+    SK_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
+    SK_CUDA_CHECK(cudaMemcpyAsync(b.data_ptr(), a.data_ptr(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
+    SK_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
+    SK_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    SK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i > 0) times.push_back(ms);
+  }
+  SK_CUDA_CHECK(cudaEventDestroy(start));
+  SK_CUDA_CHECK(cudaEventDestroy(stop));
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return cache[bytes] = 2.0 * static_cast<double>(bytes) / (times[times.size() / 2] / 1e3);
+}
+
+void report(benchmark::State& state, double bytes_per_param, std::int64_t params) {
+  const double bytes = bytes_per_param * static_cast<double>(params);
+  bench::report_bandwidth(state, bytes, device_copy_ceiling(static_cast<std::size_t>(bytes / 2)));
+}
+
+ops::SgdOptions sgd_options() {
+  ops::SgdOptions o;
+  o.lr = 1e-3f;
+  o.momentum = 0.9f;
+  o.first_step = false;
+  return o;
+}
+
+ops::LarcOptions larc_options() {
+  ops::LarcOptions l;
+  l.trust_coefficient = 0.001f;
+  l.clip = false;
+  l.weight_decay = 1e-6f;
+  return l;
+}
+
+void BM_gpu_copy(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  auto& ctx = context();
+  time_on_stream(state, [&] {
+    for (std::size_t t = 0; t < w.w.size(); ++t)
+      SK_CUDA_CHECK(cudaMemcpyAsync(w.buf[t].data_ptr(), w.w[t].data_ptr(), w.w[t].nbytes(),
+                                    cudaMemcpyDeviceToDevice, ctx.stream()));
+  });
+  report(state, 8, w.params);
+}
+
+void BM_gpu_sgd_momentum(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  const auto o = sgd_options();
+  time_on_stream(state, [&] { ops::cuda::sgd_step(context(), o, {w.w, w.g, w.buf, {}}); });
+  report(state, bench::kSgdMomentumBytes, w.params);
+}
+
+void BM_gpu_sgd_momentum_bf16_copy(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  const auto o = sgd_options();
+  time_on_stream(state, [&] { ops::cuda::sgd_step(context(), o, {w.w, w.g, w.buf, w.low}); });
+  report(state, bench::kSgdBf16CopyBytes, w.params);
+}
+
+void BM_gpu_larc_sgd_fused(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  const auto o = sgd_options();
+  const auto l = larc_options();
+  time_on_stream(state, [&] { ops::cuda::larc_sgd_step(context(), o, l, {w.w, w.g, w.buf, {}}); });
+  report(state, bench::kLarcSgdBytes, w.params);
+}
+
+// The LARC scaling as its own pass, as apex does it eagerly: g <- a·g + b·w, rewriting g.
+struct ScaleGradFunctor {
+  static constexpr int kDepth = 2;
+  using Types = ops::TypeList<float, float>;
+  static constexpr unsigned kReads = 0b11u;
+  static constexpr unsigned kWrites = 0b10u;
+  static constexpr int kSums = 0;
+  const ops::SgdCoefficients* coefficients = nullptr;
+  using Segment = ops::SgdCoefficients;
+  SK_HOST_DEVICE Segment segment(std::int64_t) const { return *coefficients; }
+  SK_HOST_DEVICE void operator()(float (&x)[2], const Segment& c, double (&)[1]) const {
+    x[1] = c.grad * x[1] + c.param * x[0];
+  }
+};
+
+// Unfused: per tensor a norm launch for w and one for g, a coefficient launch and a scale pass
+// over g; then per tensor an SGD launch: what eager apex LARC + torch SGD amounts to.
+void BM_gpu_larc_sgd_unfused(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  auto& ctx = context();
+  const auto o = sgd_options();
+  const auto l = larc_options();
+  const auto n = w.w.size();
+  std::vector<sk::Tensor> sums, coefficients;
+  for (std::size_t t = 0; t < n; ++t) {
+    sums.push_back(sk::empty(ctx, {2, 1}, sk::DType::f64));
+    coefficients.push_back(sk::empty(ctx, {1, 2}, sk::DType::f32));
+  }
+  const std::span<const sk::Tensor> none;
+  time_on_stream(state, [&] {
+    for (std::size_t t = 0; t < n; ++t) {
+      const std::span<const sk::Tensor> wt(&w.w[t], 1), gt(&w.g[t], 1);
+      ops::cuda::segment_sums_of_squares(ctx, wt, none, sums[t].slice(0, 0, 1));
+      ops::cuda::segment_sums_of_squares(ctx, gt, none, sums[t].slice(0, 1, 2));
+      ops::cuda::larc_coefficients(ctx, l, o.lr, 1.0f, sums[t], coefficients[t]);
+      ScaleGradFunctor scale;
+      scale.coefficients = static_cast<const ops::SgdCoefficients*>(coefficients[t].data_ptr());
+      ops::SpanList<2> span(1);
+      span[0].data = {w.w[t].data_ptr(), w.g[t].data_ptr()};
+      span[0].size = w.w[t].numel();
+      ops::cuda::apply(ctx, scale, span);
+    }
+    for (std::size_t t = 0; t < n; ++t) {
+      const std::span<const sk::Tensor> wt(&w.w[t], 1), gt(&w.g[t], 1), bt(&w.buf[t], 1);
+      ops::cuda::sgd_step(ctx, o, {wt, gt, bt, {}});
+    }
+  });
+  report(state, bench::kLarcSgdBytes, w.params);
+}
+
+void BM_gpu_adamw(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0, true);
+  ops::AdamOptions o;
+  o.decoupled_weight_decay = true;
+  o.weight_decay = 0.01f;
+  o.step = 10;
+  time_on_stream(state, [&] { ops::cuda::adam_step(context(), o, {w.w, w.g, w.m, w.v, {}}); });
+  report(state, bench::kAdamBytes, w.params);
+}
+
+void BM_gpu_cast_f32_to_bf16(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  time_on_stream(state, [&] { ops::cuda::cast(context(), w.w, w.low); });
+  report(state, bench::kCastBytes, w.params);
+}
+
+void BM_gpu_unscale_and_check(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  auto& ctx = context();
+  auto found = sk::zeros(ctx, {1}, sk::DType::f32);
+  auto sums = sk::empty(ctx, {1, static_cast<std::int64_t>(w.g.size())}, sk::DType::f64);
+  time_on_stream(state, [&] { ops::cuda::unscale_and_check(ctx, 1.0f, w.g, found, sums); });
+  report(state, bench::kUnscaleBytes, w.params);
+}
+
+void workloads_arg(benchmark::internal::Benchmark* b) {
+  b->ArgName("flat")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace
+
+BENCHMARK(BM_gpu_copy)->Apply(workloads_arg);
+BENCHMARK(BM_gpu_sgd_momentum)->Apply(workloads_arg);
+BENCHMARK(BM_gpu_sgd_momentum_bf16_copy)->Apply(workloads_arg);
+BENCHMARK(BM_gpu_larc_sgd_fused)->Apply(workloads_arg);
+BENCHMARK(BM_gpu_larc_sgd_unfused)->Apply(workloads_arg);
+BENCHMARK(BM_gpu_adamw)->Apply(workloads_arg);
+BENCHMARK(BM_gpu_cast_f32_to_bf16)->Apply(workloads_arg);
+BENCHMARK(BM_gpu_unscale_and_check)->Apply(workloads_arg);
+
+int main(int argc, char** argv) {
+  if (sk::cuda_device_count() == 0) {
+    std::printf("no usable CUDA GPU: GPU benchmarks not run\n");
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
