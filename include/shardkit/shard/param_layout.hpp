@@ -2,6 +2,7 @@
 // offset, numel, trainable), with every parameter's start aligned for vector loads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -49,6 +50,38 @@ class ParamLayout {
       numel_ += numel;
     }
     padded_numel_ = offset;
+  }
+
+  // Explicit placement: parameter i starts at offsets[i]; the buffer holds `total` elements.
+  // Parameters must not overlap or run past `total` (a ShardPlan reorders and pads this way).
+  ParamLayout(const std::vector<ParamSpec>& specs, const std::vector<std::int64_t>& offsets,
+              std::int64_t total, std::int64_t alignment)
+      : alignment_(alignment) {
+    check(specs.size() == offsets.size(), "ParamLayout: ", specs.size(), " parameters but ",
+          offsets.size(), " offsets");
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const auto& spec = specs[i];
+      check(!spec.name.empty(), "parameter #", i, " has an empty name");
+      const auto [it, inserted] = index_.emplace(spec.name, i);
+      check(inserted, "parameter name '", spec.name, "' appears twice (#", it->second, " and #", i,
+            "); names must be unique");
+      const std::int64_t numel = shape_numel(spec.shape);
+      slots_.push_back(ParamSlot{spec.name, spec.shape, offsets[i], numel, spec.trainable});
+      numel_ += numel;
+      if (spec.trainable) trainable_numel_ += numel;
+    }
+    std::vector<const ParamSlot*> by_offset;
+    for (const auto& slot : slots_) by_offset.push_back(&slot);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](auto* a, auto* b) { return a->offset < b->offset; });
+    std::int64_t end = 0;
+    for (const auto* slot : by_offset) {
+      check(slot->offset >= end, "ParamLayout: parameter '", slot->name, "' at offset ",
+            slot->offset, " overlaps the parameter before it (which ends at ", end, ")");
+      end = slot->offset + slot->numel;
+    }
+    check(end <= total, "ParamLayout: parameters reach element ", end, " beyond the total ", total);
+    padded_numel_ = total;
   }
 
   std::size_t size() const { return slots_.size(); }
