@@ -1,0 +1,176 @@
+// CPU convolution and GEMM: im2col + Eigen matrix products (f32 and f64), one image at a time
+// so the column buffer stays small; 1x1 stride-1 unpadded convolutions skip im2col entirely.
+#pragma once
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "shardkit/autograd/cpu_kernels.hpp"
+
+namespace shardkit::autograd {
+
+// Geometry of a 2-D convolution (NCHW input, OIHW weight).
+struct ConvGeometry {
+  std::int64_t batch = 0, in_channels = 0, height = 0, width = 0;
+  std::int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
+  std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+  std::int64_t out_h = 0, out_w = 0;
+
+  std::int64_t patch() const { return in_channels * kernel_h * kernel_w; }
+  std::int64_t out_plane() const { return out_h * out_w; }
+  bool is_pointwise() const {
+    return kernel_h == 1 && kernel_w == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 &&
+           pad_w == 0;
+  }
+};
+
+namespace cpu {
+
+template <class T>
+using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using MatrixMap = Eigen::Map<RowMatrix<T>>;
+template <class T>
+using ConstMatrixMap = Eigen::Map<const RowMatrix<T>>;
+
+// C = alpha * op(A) op(B) + beta * C on contiguous row-major matrices.
+inline void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b,
+                 const Tensor& c, double alpha, double beta) {
+  visit_real(c.dtype(), "gemm", [&](auto tag) {
+    using T = decltype(tag);
+    ConstMatrixMap<T> A(static_cast<const T*>(a.data_ptr()), a.size(0), a.size(1));
+    ConstMatrixMap<T> B(static_cast<const T*>(b.data_ptr()), b.size(0), b.size(1));
+    MatrixMap<T> C(static_cast<T*>(c.data_ptr()), c.size(0), c.size(1));
+    const T al = static_cast<T>(alpha);
+    auto run = [&](const auto& opa, const auto& opb) {
+      if (beta == 0) {
+        C.noalias() = al * (opa * opb);
+      } else {
+        if (beta != 1) C *= static_cast<T>(beta);
+        C.noalias() += al * (opa * opb);
+      }
+    };
+    if (!transpose_a && !transpose_b) run(A, B);
+    if (!transpose_a && transpose_b) run(A, B.transpose());
+    if (transpose_a && !transpose_b) run(A.transpose(), B);
+    if (transpose_a && transpose_b) run(A.transpose(), B.transpose());
+  });
+}
+
+// One image [C, H, W] -> columns [C*KH*KW, OH*OW]; padding reads as zero.
+template <class T>
+void im2col(const T* image, const ConvGeometry& g, T* col) {
+  const std::int64_t OHW = g.out_plane();
+  for (std::int64_t c = 0; c < g.in_channels; ++c)
+    for (std::int64_t kh = 0; kh < g.kernel_h; ++kh)
+      for (std::int64_t kw = 0; kw < g.kernel_w; ++kw) {
+        T* row = col + ((c * g.kernel_h + kh) * g.kernel_w + kw) * OHW;
+        for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
+          const std::int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
+          T* out = row + oh * g.out_w;
+          if (ih < 0 || ih >= g.height) {
+            std::fill(out, out + g.out_w, T(0));
+            continue;
+          }
+          const T* in = image + (c * g.height + ih) * g.width;
+          for (std::int64_t ow = 0; ow < g.out_w; ++ow) {
+            const std::int64_t iw = ow * g.stride_w - g.pad_w + kw * g.dilation_w;
+            out[ow] = (iw >= 0 && iw < g.width) ? in[iw] : T(0);
+          }
+        }
+      }
+}
+
+// The adjoint of im2col: columns are added back into the image (which the caller zeroed).
+template <class T>
+void col2im(const T* col, const ConvGeometry& g, T* image) {
+  const std::int64_t OHW = g.out_plane();
+  for (std::int64_t c = 0; c < g.in_channels; ++c)
+    for (std::int64_t kh = 0; kh < g.kernel_h; ++kh)
+      for (std::int64_t kw = 0; kw < g.kernel_w; ++kw) {
+        const T* row = col + ((c * g.kernel_h + kh) * g.kernel_w + kw) * OHW;
+        for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
+          const std::int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
+          if (ih < 0 || ih >= g.height) continue;
+          T* out = image + (c * g.height + ih) * g.width;
+          const T* in = row + oh * g.out_w;
+          for (std::int64_t ow = 0; ow < g.out_w; ++ow) {
+            const std::int64_t iw = ow * g.stride_w - g.pad_w + kw * g.dilation_w;
+            if (iw >= 0 && iw < g.width) out[iw] += in[ow];
+          }
+        }
+      }
+}
+
+inline void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& y,
+                           const ConvGeometry& g) {
+  visit_real(x.dtype(), "conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    T* out = static_cast<T*>(y.data_ptr());
+    ConstMatrixMap<T> W(static_cast<const T*>(weight.data_ptr()), g.out_channels, g.patch());
+    std::vector<T> col(g.is_pointwise() ? 0 : static_cast<std::size_t>(g.patch() * g.out_plane()));
+    for (std::int64_t n = 0; n < g.batch; ++n) {
+      const T* image = in + n * g.in_channels * g.height * g.width;
+      const T* columns = image;
+      if (!g.is_pointwise()) {
+        im2col(image, g, col.data());
+        columns = col.data();
+      }
+      ConstMatrixMap<T> C(columns, g.patch(), g.out_plane());
+      MatrixMap<T> Y(out + n * g.out_channels * g.out_plane(), g.out_channels, g.out_plane());
+      Y.noalias() = W * C;
+    }
+  });
+}
+
+// grad_x (optional) and grad_weight (optional, overwritten) of a convolution.
+inline void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& grad_y,
+                            const Tensor& grad_x, const Tensor& grad_weight,
+                            const ConvGeometry& g) {
+  visit_real(x.dtype(), "conv2d backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    const T* gy = static_cast<const T*>(grad_y.data_ptr());
+    ConstMatrixMap<T> W(static_cast<const T*>(weight.data_ptr()), g.out_channels, g.patch());
+    const std::size_t col_size = static_cast<std::size_t>(g.patch() * g.out_plane());
+    std::vector<T> col(g.is_pointwise() ? 0 : col_size);
+    std::vector<T> grad_col(grad_x.defined() && !g.is_pointwise() ? col_size : 0);
+    const std::int64_t image_size = g.in_channels * g.height * g.width;
+    if (grad_weight.defined()) {
+      MatrixMap<T> GW(static_cast<T*>(grad_weight.data_ptr()), g.out_channels, g.patch());
+      GW.setZero();
+    }
+    for (std::int64_t n = 0; n < g.batch; ++n) {
+      ConstMatrixMap<T> GY(gy + n * g.out_channels * g.out_plane(), g.out_channels, g.out_plane());
+      if (grad_weight.defined()) {
+        const T* columns = in + n * image_size;
+        if (!g.is_pointwise()) {
+          im2col(in + n * image_size, g, col.data());
+          columns = col.data();
+        }
+        ConstMatrixMap<T> C(columns, g.patch(), g.out_plane());
+        MatrixMap<T> GW(static_cast<T*>(grad_weight.data_ptr()), g.out_channels, g.patch());
+        GW.noalias() += GY * C.transpose();
+      }
+      if (grad_x.defined()) {
+        T* gx = static_cast<T*>(grad_x.data_ptr()) + n * image_size;
+        if (g.is_pointwise()) {
+          MatrixMap<T> GX(gx, g.patch(), g.out_plane());
+          GX.noalias() = W.transpose() * GY;
+        } else {
+          MatrixMap<T> GC(grad_col.data(), g.patch(), g.out_plane());
+          GC.noalias() = W.transpose() * GY;
+          std::fill(gx, gx + image_size, T(0));
+          col2im(grad_col.data(), g, gx);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace cpu
+}  // namespace shardkit::autograd

@@ -1,0 +1,317 @@
+// CPU implementations of the autograd function table (device_table.hpp): f32 and f64, with
+// sums and statistics accumulated in double.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "shardkit/autograd/device_table.hpp"
+
+namespace shardkit::autograd::cpu {
+
+// Calls fn(T{}) for f32/f64; half types are a GPU compute path.
+template <class Fn>
+decltype(auto) visit_real(DType dtype, const char* op, Fn&& fn) {
+  if (dtype == DType::f32) return fn(float{});
+  if (dtype == DType::f64) return fn(double{});
+  fail<InvalidArgument>(op, " on the CPU computes in f32 or f64, got ", dtype_name(dtype),
+                        "; f16/bf16 compute is a GPU path -- cast to f32 on the CPU");
+}
+
+inline void pointwise(Context&, Pointwise op, const Tensor& out, const Tensor& a, const Tensor& b,
+                      double alpha, double beta) {
+  visit_real(out.dtype(), "pointwise op", [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out.data_ptr());
+    const T* x = static_cast<const T*>(a.data_ptr());
+    const T* y = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
+    const std::int64_t n = out.numel();
+    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
+    switch (op) {
+      case Pointwise::axpby:
+        if (y == nullptr || beta == 0)
+          for (std::int64_t i = 0; i < n; ++i) o[i] = al * x[i];
+        else
+          for (std::int64_t i = 0; i < n; ++i) o[i] = al * x[i] + be * y[i];
+        break;
+      case Pointwise::mul:
+        for (std::int64_t i = 0; i < n; ++i) o[i] = al * x[i] * y[i];
+        break;
+      case Pointwise::relu:
+        for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] > T(0) ? x[i] : T(0);
+        break;
+      case Pointwise::relu_backward:
+        for (std::int64_t i = 0; i < n; ++i) o[i] = y[i] > T(0) ? x[i] : T(0);
+        break;
+    }
+  });
+}
+
+inline void channel_sum(Context&, const Tensor& x, const Tensor& out, std::int64_t outer,
+                        std::int64_t channels, std::int64_t inner) {
+  visit_real(x.dtype(), "channel_sum", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    visit_real(out.dtype(), "channel_sum", [&](auto out_tag) {
+      using O = decltype(out_tag);
+      O* o = static_cast<O*>(out.data_ptr());
+      for (std::int64_t c = 0; c < channels; ++c) {
+        double sum = 0;
+        for (std::int64_t n = 0; n < outer; ++n) {
+          const T* row = in + (n * channels + c) * inner;
+          for (std::int64_t i = 0; i < inner; ++i) sum += row[i];
+        }
+        o[c] = static_cast<O>(sum);
+      }
+    });
+  });
+}
+
+inline void channel_bias_add(Context&, const Tensor& y, const Tensor& bias, std::int64_t outer,
+                             std::int64_t channels, std::int64_t inner) {
+  visit_real(y.dtype(), "bias add", [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(y.data_ptr());
+    const T* b = static_cast<const T*>(bias.data_ptr());
+    for (std::int64_t n = 0; n < outer; ++n)
+      for (std::int64_t c = 0; c < channels; ++c) {
+        T* row = o + (n * channels + c) * inner;
+        for (std::int64_t i = 0; i < inner; ++i) row[i] += b[c];
+      }
+  });
+}
+
+inline void softmax_forward(Context&, const Tensor& x, const Tensor& y, std::int64_t rows,
+                            std::int64_t cols, bool log) {
+  visit_real(x.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    T* out = static_cast<T*>(y.data_ptr());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = in + r * cols;
+      T* yr = out + r * cols;
+      const double max = *std::max_element(xr, xr + cols);
+      double sum = 0;
+      for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - max);
+      const double log_sum = std::log(sum);
+      for (std::int64_t c = 0; c < cols; ++c)
+        yr[c] = static_cast<T>(log ? xr[c] - max - log_sum : std::exp(xr[c] - max) / sum);
+    }
+  });
+}
+
+inline void softmax_backward(Context&, const Tensor& y, const Tensor& grad_y, const Tensor& grad_x,
+                             std::int64_t rows, std::int64_t cols, bool log) {
+  visit_real(y.dtype(), log ? "log_softmax backward" : "softmax backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* out = static_cast<const T*>(y.data_ptr());
+    const T* gy = static_cast<const T*>(grad_y.data_ptr());
+    T* gx = static_cast<T*>(grad_x.data_ptr());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t at = r * cols;
+      double dot = 0;
+      for (std::int64_t c = 0; c < cols; ++c)
+        dot += log ? double(gy[at + c]) : double(gy[at + c]) * out[at + c];
+      for (std::int64_t c = 0; c < cols; ++c)
+        gx[at + c] = static_cast<T>(log ? gy[at + c] - std::exp(double(out[at + c])) * dot
+                                        : out[at + c] * (gy[at + c] - dot));
+    }
+  });
+}
+
+inline void l2_normalize_forward(Context&, const Tensor& x, const Tensor& y, const Tensor& norms,
+                                 std::int64_t rows, std::int64_t cols, double eps) {
+  visit_real(x.dtype(), "l2_normalize", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    T* out = static_cast<T*>(y.data_ptr());
+    T* nr = static_cast<T*>(norms.data_ptr());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double sq = 0;
+      for (std::int64_t c = 0; c < cols; ++c) sq += double(in[r * cols + c]) * in[r * cols + c];
+      const double norm = std::sqrt(sq);
+      nr[r] = static_cast<T>(norm);
+      const double denom = std::max(norm, eps);
+      for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = static_cast<T>(in[r * cols + c] / denom);
+    }
+  });
+}
+
+inline void l2_normalize_backward(Context&, const Tensor& y, const Tensor& norms,
+                                  const Tensor& grad_y, const Tensor& grad_x, std::int64_t rows,
+                                  std::int64_t cols, double eps) {
+  visit_real(y.dtype(), "l2_normalize backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* out = static_cast<const T*>(y.data_ptr());
+    const T* nr = static_cast<const T*>(norms.data_ptr());
+    const T* gy = static_cast<const T*>(grad_y.data_ptr());
+    T* gx = static_cast<T*>(grad_x.data_ptr());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t at = r * cols;
+      const double norm = nr[r];
+      if (norm <= eps) {  // y = x / eps: a plain scaling
+        for (std::int64_t c = 0; c < cols; ++c) gx[at + c] = static_cast<T>(gy[at + c] / eps);
+        continue;
+      }
+      double dot = 0;
+      for (std::int64_t c = 0; c < cols; ++c) dot += double(gy[at + c]) * out[at + c];
+      for (std::int64_t c = 0; c < cols; ++c)
+        gx[at + c] = static_cast<T>((gy[at + c] - out[at + c] * dot) / norm);
+    }
+  });
+}
+
+inline void cross_entropy_forward(Context& ctx, const Tensor& x, const Tensor& target,
+                                  const Tensor& log_probs, const Tensor& loss, std::int64_t rows,
+                                  std::int64_t cols) {
+  softmax_forward(ctx, x, log_probs, rows, cols, true);
+  visit_real(x.dtype(), "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    const T* lp = static_cast<const T*>(log_probs.data_ptr());
+    double total = 0;
+    if (target.dtype() == DType::i64) {
+      const auto* labels = static_cast<const std::int64_t*>(target.data_ptr());
+      for (std::int64_t r = 0; r < rows; ++r) total -= lp[r * cols + labels[r]];
+    } else {
+      const T* t = static_cast<const T*>(target.data_ptr());
+      for (std::int64_t i = 0; i < rows * cols; ++i) total -= double(t[i]) * lp[i];
+    }
+    *static_cast<T*>(loss.data_ptr()) = static_cast<T>(total / static_cast<double>(rows));
+  });
+}
+
+inline void cross_entropy_backward(Context&, const Tensor& log_probs, const Tensor& target,
+                                   const Tensor& grad_loss, const Tensor& grad_x,
+                                   std::int64_t rows, std::int64_t cols) {
+  visit_real(log_probs.dtype(), "cross_entropy backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* lp = static_cast<const T*>(log_probs.data_ptr());
+    T* gx = static_cast<T*>(grad_x.data_ptr());
+    const double scale = double(*static_cast<const T*>(grad_loss.data_ptr())) / double(rows);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t at = r * cols;
+      if (target.dtype() == DType::i64) {
+        const std::int64_t label = static_cast<const std::int64_t*>(target.data_ptr())[r];
+        for (std::int64_t c = 0; c < cols; ++c)
+          gx[at + c] = static_cast<T>(scale * (std::exp(double(lp[at + c])) - (c == label ? 1.0 : 0.0)));
+      } else {
+        const T* t = static_cast<const T*>(target.data_ptr()) + at;
+        double mass = 0;
+        for (std::int64_t c = 0; c < cols; ++c) mass += t[c];
+        for (std::int64_t c = 0; c < cols; ++c)
+          gx[at + c] = static_cast<T>(scale * (std::exp(double(lp[at + c])) * mass - t[c]));
+      }
+    }
+  });
+}
+
+// PyTorch's adaptive pooling window of output index i: [floor(i*in/out), ceil((i+1)*in/out)).
+inline std::int64_t adaptive_start(std::int64_t i, std::int64_t in, std::int64_t out) {
+  return (i * in) / out;
+}
+inline std::int64_t adaptive_end(std::int64_t i, std::int64_t in, std::int64_t out) {
+  return ((i + 1) * in + out - 1) / out;
+}
+
+inline void adaptive_avg_pool_forward(Context&, const Tensor& x, const Tensor& y) {
+  visit_real(x.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    const std::int64_t planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3);
+    const std::int64_t OH = y.size(2), OW = y.size(3);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    T* out = static_cast<T*>(y.data_ptr());
+    for (std::int64_t p = 0; p < planes; ++p)
+      for (std::int64_t oh = 0; oh < OH; ++oh)
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          const auto h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+          const auto w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+          double sum = 0;
+          for (auto h = h0; h < h1; ++h)
+            for (auto w = w0; w < w1; ++w) sum += in[(p * H + h) * W + w];
+          out[(p * OH + oh) * OW + ow] = static_cast<T>(sum / double((h1 - h0) * (w1 - w0)));
+        }
+  });
+}
+
+inline void adaptive_avg_pool_backward(Context&, const Tensor& grad_y, const Tensor& grad_x) {
+  visit_real(grad_y.dtype(), "adaptive_avg_pool2d backward", [&](auto tag) {
+    using T = decltype(tag);
+    const std::int64_t planes = grad_x.size(0) * grad_x.size(1), H = grad_x.size(2),
+                       W = grad_x.size(3);
+    const std::int64_t OH = grad_y.size(2), OW = grad_y.size(3);
+    const T* gy = static_cast<const T*>(grad_y.data_ptr());
+    T* gx = static_cast<T*>(grad_x.data_ptr());
+    std::fill(gx, gx + grad_x.numel(), T(0));
+    for (std::int64_t p = 0; p < planes; ++p)
+      for (std::int64_t oh = 0; oh < OH; ++oh)
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          const auto h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+          const auto w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+          const T g = static_cast<T>(gy[(p * OH + oh) * OW + ow] / double((h1 - h0) * (w1 - w0)));
+          for (auto h = h0; h < h1; ++h)
+            for (auto w = w0; w < w1; ++w) gx[(p * H + h) * W + w] += g;
+        }
+  });
+}
+
+inline void batch_norm_eval_backward(Context&, const Tensor& x, const Tensor& grad_y,
+                                     const Tensor& weight, const Tensor& mean, const Tensor& var,
+                                     double eps, const Tensor& grad_x, const Tensor& grad_y_xhat,
+                                     std::int64_t outer, std::int64_t channels,
+                                     std::int64_t inner) {
+  visit_real(x.dtype(), "batch_norm backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    const T* gy = static_cast<const T*>(grad_y.data_ptr());
+    const T* w = static_cast<const T*>(weight.data_ptr());
+    const T* m = static_cast<const T*>(mean.data_ptr());
+    const T* v = static_cast<const T*>(var.data_ptr());
+    T* gx = grad_x.defined() ? static_cast<T*>(grad_x.data_ptr()) : nullptr;
+    T* gxh = static_cast<T*>(grad_y_xhat.data_ptr());
+    for (std::int64_t n = 0; n < outer; ++n)
+      for (std::int64_t c = 0; c < channels; ++c) {
+        const double invstd = 1.0 / std::sqrt(double(v[c]) + eps);
+        const std::int64_t at = (n * channels + c) * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          if (gx) gx[at + i] = static_cast<T>(gy[at + i] * w[c] * invstd);
+          gxh[at + i] = static_cast<T>(gy[at + i] * (in[at + i] - m[c]) * invstd);
+        }
+      }
+  });
+}
+
+}  // namespace shardkit::autograd::cpu
+
+namespace shardkit::autograd {
+
+inline const AutogradKernels& cpu_kernels() {
+  static constexpr AutogradKernels kTable{
+      &cpu::pointwise,
+      &cpu::channel_sum,
+      &cpu::channel_bias_add,
+      &cpu::softmax_forward,
+      &cpu::softmax_backward,
+      &cpu::l2_normalize_forward,
+      &cpu::l2_normalize_backward,
+      &cpu::cross_entropy_forward,
+      &cpu::cross_entropy_backward,
+      &cpu::adaptive_avg_pool_forward,
+      &cpu::adaptive_avg_pool_backward,
+      &cpu::batch_norm_eval_backward,
+  };
+  return kTable;
+}
+
+inline const AutogradKernels& kernels_for(Context& ctx, const Tensor& t) {
+  if (t.device().is_cpu()) return cpu_kernels();
+  const AutogradKernels* table = cuda_kernel_slot(ctx).table;
+  check<NotAvailable>(table != nullptr, "autograd on ", t.device().str(),
+                      " needs its CUDA kernels: call sk::autograd::install_cuda_kernels(ctx) from "
+                      "a .cu file that includes <kernels/shardkit_cuda.cuh> (or create the "
+                      "context with sk::autograd::make_cuda_context)");
+  return *table;
+}
+
+}  // namespace shardkit::autograd

@@ -1,0 +1,391 @@
+// cuBLAS and cuDNN for the heavy autograd ops on a CUDA context: per-context handles on the
+// context's stream, RAII descriptors, a growing workspace, convolution algorithms chosen once per
+// shape and cached, and the calls themselves (GEMM, convolution, batch-norm, max-pooling).
+// Host code only (library calls, no kernels); compiled when SK_WITH_CUDA.
+#pragma once
+
+#include "shardkit/core/config.hpp"
+
+#if SK_WITH_CUDA
+
+#include <cublas_v2.h>
+#include <cudnn.h>
+
+#include <array>
+#include <map>
+#include <memory>
+
+#include "shardkit/autograd/cpu_conv.hpp"
+#include "shardkit/autograd/cpu_norm_pool.hpp"
+#include "shardkit/core/cublas_check.hpp"
+#include "shardkit/core/cudnn_check.hpp"
+#include "shardkit/core/tensor_ops.hpp"
+
+namespace shardkit::autograd::cuda {
+
+struct ConvAlgorithms {
+  cudnnConvolutionFwdAlgo_t forward{};
+  cudnnConvolutionBwdDataAlgo_t backward_data{};
+  cudnnConvolutionBwdFilterAlgo_t backward_filter{};
+  std::size_t forward_bytes = 0, backward_data_bytes = 0, backward_filter_bytes = 0;
+};
+
+// One per context (Context::resource): handles bound to the context's stream, the workspace,
+// and the convolution algorithm cache keyed by geometry and dtype.
+class Libraries {
+ public:
+  explicit Libraries(Context& ctx) : device_(ctx.device().index) {
+    CudaDeviceGuard guard(device_);
+    SK_CUBLAS_CHECK(cublasCreate(&blas_));
+    SK_CUBLAS_CHECK(cublasSetStream(blas_, ctx.stream()));
+    SK_CUDNN_CHECK(cudnnCreate(&dnn_));
+    SK_CUDNN_CHECK(cudnnSetStream(dnn_, ctx.stream()));
+  }
+  ~Libraries() {
+    CudaDeviceGuard guard(device_);
+    cudnnDestroy(dnn_);
+    cublasDestroy(blas_);
+  }
+  Libraries(const Libraries&) = delete;
+  Libraries& operator=(const Libraries&) = delete;
+
+  cublasHandle_t blas() const { return blas_; }
+  cudnnHandle_t dnn() const { return dnn_; }
+
+  // TF32 tensor cores for f32 GEMM and convolution: faster, ~1e-3 relative error. Off by
+  // default so f32 matches the CPU to 1e-4; PyTorch's convolutions default to on.
+  bool allow_tf32 = false;
+  // Largest workspace an algorithm may ask for.
+  std::size_t workspace_limit = std::size_t{1} << 30;
+
+  // A scratch buffer of at least `bytes` (stream-ordered, so reuse across calls is safe).
+  void* workspace(Context& ctx, std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    if (!workspace_.defined() || workspace_.nbytes() < bytes)
+      workspace_ = empty(ctx, {static_cast<std::int64_t>(bytes)}, DType::u8, MemoryCategory::other);
+    return workspace_.data_ptr();
+  }
+
+  std::map<std::array<std::int64_t, 16>, ConvAlgorithms> conv_algorithms;
+
+ private:
+  int device_;
+  cublasHandle_t blas_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  Tensor workspace_;
+};
+
+inline Libraries& libraries(Context& ctx) {
+  return ctx.resource<Libraries>([&ctx] { return std::make_shared<Libraries>(ctx); });
+}
+
+inline cudnnDataType_t cudnn_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f64: return CUDNN_DATA_DOUBLE;
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: break;
+  }
+  fail<InvalidArgument>("cuDNN ops take f32, f64, f16 or bf16 tensors, got ", dtype_name(dtype));
+}
+
+// alpha = 1, beta = 0 (or 1) in the scalar type cuDNN wants: double for double data, else float.
+struct Blend {
+  float f[3] = {1.0f, 0.0f, 1.0f};
+  double d[3] = {1.0, 0.0, 1.0};
+  bool wide;
+  explicit Blend(DType dtype) : wide(dtype == DType::f64) {}
+  const void* one() const { return wide ? static_cast<const void*>(&d[0]) : &f[0]; }
+  const void* zero() const { return wide ? static_cast<const void*>(&d[1]) : &f[1]; }
+};
+
+class TensorDesc {
+ public:
+  TensorDesc(DType dtype, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+    SK_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc_));
+    SK_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, cudnn_type(dtype),
+                                              int(n), int(c), int(h), int(w)));
+  }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(desc_); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  cudnnTensorDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnTensorDescriptor_t desc_ = nullptr;
+};
+
+class FilterDesc {
+ public:
+  FilterDesc(DType dtype, std::int64_t k, std::int64_t c, std::int64_t h, std::int64_t w) {
+    SK_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_));
+    SK_CUDNN_CHECK(cudnnSetFilter4dDescriptor(desc_, cudnn_type(dtype), CUDNN_TENSOR_NCHW, int(k),
+                                              int(c), int(h), int(w)));
+  }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(desc_); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+  cudnnFilterDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnFilterDescriptor_t desc_ = nullptr;
+};
+
+class ConvDesc {
+ public:
+  ConvDesc(const ConvGeometry& g, DType dtype, bool allow_tf32) {
+    SK_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc_));
+    // Half types accumulate in f32; double in double.
+    const cudnnDataType_t compute = dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    SK_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        desc_, int(g.pad_h), int(g.pad_w), int(g.stride_h), int(g.stride_w), int(g.dilation_h),
+        int(g.dilation_w), CUDNN_CROSS_CORRELATION, compute));
+    cudnnMathType_t math = CUDNN_TENSOR_OP_MATH;
+    if (dtype == DType::f32) math = allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    if (dtype == DType::f64) math = CUDNN_DEFAULT_MATH;
+    SK_CUDNN_CHECK(cudnnSetConvolutionMathType(desc_, math));
+  }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(desc_); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+  cudnnConvolutionDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnConvolutionDescriptor_t desc_ = nullptr;
+};
+
+// The descriptors of one convolution, and its algorithms (looked up once per shape).
+struct ConvPlan {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+  ConvAlgorithms algorithms;
+
+  ConvPlan(Context& ctx, const ConvGeometry& g, DType dtype)
+      : x(dtype, g.batch, g.in_channels, g.height, g.width),
+        y(dtype, g.batch, g.out_channels, g.out_h, g.out_w),
+        w(dtype, g.out_channels, g.in_channels, g.kernel_h, g.kernel_w),
+        conv(g, dtype, libraries(ctx).allow_tf32) {
+    auto& libs = libraries(ctx);
+    const std::array<std::int64_t, 16> key{
+        g.batch,    g.in_channels, g.height,   g.width,    g.out_channels, g.kernel_h,
+        g.kernel_w, g.stride_h,    g.stride_w, g.pad_h,    g.pad_w,        g.dilation_h,
+        g.dilation_w, static_cast<std::int64_t>(dtype), libs.allow_tf32 ? 1 : 0, 0};
+    if (auto it = libs.conv_algorithms.find(key); it != libs.conv_algorithms.end()) {
+      algorithms = it->second;
+      return;
+    }
+    algorithms = choose(libs);
+    libs.conv_algorithms.emplace(key, algorithms);
+  }
+
+ private:
+  // cuDNN's heuristics, best first; the first that succeeds within the workspace limit wins
+  // (what PyTorch does with cudnn.benchmark off).
+  ConvAlgorithms choose(Libraries& libs) {
+    ConvAlgorithms a;
+    constexpr int kMax = 16;
+    int count = 0;
+    bool found = false;
+    cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
+    SK_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(libs.dnn(), x.get(), w.get(), conv.get(),
+                                                          y.get(), kMax, &count, fwd));
+    for (int i = 0; i < count && !found; ++i)
+      if (fwd[i].status == CUDNN_STATUS_SUCCESS && fwd[i].memory <= libs.workspace_limit) {
+        a.forward = fwd[i].algo;
+        a.forward_bytes = fwd[i].memory;
+        found = true;
+      }
+    check<NotAvailable>(found, "cuDNN offers no forward convolution algorithm for this shape within ",
+                      libs.workspace_limit, " workspace bytes; raise workspace_limit");
+    found = false;
+    cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
+    SK_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        libs.dnn(), w.get(), y.get(), conv.get(), x.get(), kMax, &count, data));
+    for (int i = 0; i < count && !found; ++i)
+      if (data[i].status == CUDNN_STATUS_SUCCESS && data[i].memory <= libs.workspace_limit) {
+        a.backward_data = data[i].algo;
+        a.backward_data_bytes = data[i].memory;
+        found = true;
+      }
+    check<NotAvailable>(found, "cuDNN offers no backward-data algorithm for this shape within ",
+                      libs.workspace_limit, " workspace bytes; raise workspace_limit");
+    found = false;
+    cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
+    SK_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        libs.dnn(), x.get(), y.get(), conv.get(), w.get(), kMax, &count, filter));
+    for (int i = 0; i < count && !found; ++i)
+      if (filter[i].status == CUDNN_STATUS_SUCCESS && filter[i].memory <= libs.workspace_limit) {
+        a.backward_filter = filter[i].algo;
+        a.backward_filter_bytes = filter[i].memory;
+        found = true;
+      }
+    check<NotAvailable>(found, "cuDNN offers no backward-filter algorithm for this shape within ",
+                      libs.workspace_limit, " workspace bytes; raise workspace_limit");
+    return a;
+  }
+};
+
+inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& y,
+                           const ConvGeometry& g) {
+  CudaDeviceGuard guard(ctx.device().index);
+  auto& libs = libraries(ctx);
+  ConvPlan plan(ctx, g, x.dtype());
+  const Blend blend(x.dtype());
+  void* ws = libs.workspace(ctx, plan.algorithms.forward_bytes);
+  SK_CUDNN_CHECK(cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), x.data_ptr(),
+                                         plan.w.get(), weight.data_ptr(), plan.conv.get(),
+                                         plan.algorithms.forward, ws,
+                                         plan.algorithms.forward_bytes, blend.zero(), plan.y.get(),
+                                         y.data_ptr()));
+}
+
+inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& weight,
+                            const Tensor& grad_y, const Tensor& grad_x, const Tensor& grad_weight,
+                            const ConvGeometry& g) {
+  CudaDeviceGuard guard(ctx.device().index);
+  auto& libs = libraries(ctx);
+  ConvPlan plan(ctx, g, x.dtype());
+  const Blend blend(x.dtype());
+  if (grad_x.defined()) {
+    void* ws = libs.workspace(ctx, plan.algorithms.backward_data_bytes);
+    SK_CUDNN_CHECK(cudnnConvolutionBackwardData(
+        libs.dnn(), blend.one(), plan.w.get(), weight.data_ptr(), plan.y.get(),
+        grad_y.data_ptr(), plan.conv.get(), plan.algorithms.backward_data, ws,
+        plan.algorithms.backward_data_bytes, blend.zero(), plan.x.get(), grad_x.data_ptr()));
+  }
+  if (grad_weight.defined()) {
+    void* ws = libs.workspace(ctx, plan.algorithms.backward_filter_bytes);
+    SK_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+        libs.dnn(), blend.one(), plan.x.get(), x.data_ptr(), plan.y.get(), grad_y.data_ptr(),
+        plan.conv.get(), plan.algorithms.backward_filter, ws,
+        plan.algorithms.backward_filter_bytes, blend.zero(), plan.w.get(),
+        grad_weight.data_ptr()));
+  }
+}
+
+// Row-major C = alpha op(A) op(B) + beta C through column-major cuBLAS: C^T = op(B)^T op(A)^T.
+inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& b,
+                 bool transpose_b, const Tensor& c, double alpha, double beta) {
+  CudaDeviceGuard guard(ctx.device().index);
+  auto& libs = libraries(ctx);
+  const int m = int(c.size(1)), n = int(c.size(0));
+  const int k = int(transpose_a ? a.size(0) : a.size(1));
+  cudaDataType_t type = CUDA_R_32F;
+  cublasComputeType_t compute = libs.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  switch (c.dtype()) {
+    case DType::f32: break;
+    case DType::f16: type = CUDA_R_16F; compute = CUBLAS_COMPUTE_32F; break;
+    case DType::bf16: type = CUDA_R_16BF; compute = CUBLAS_COMPUTE_32F; break;
+    case DType::f64: type = CUDA_R_64F; compute = CUBLAS_COMPUTE_64F; break;
+    default: fail<InvalidArgument>("gemm takes f32, f64, f16 or bf16, got ", dtype_name(c.dtype()));
+  }
+  const float alpha_f = float(alpha), beta_f = float(beta);
+  const void* alpha_p = c.dtype() == DType::f64 ? static_cast<const void*>(&alpha) : &alpha_f;
+  const void* beta_p = c.dtype() == DType::f64 ? static_cast<const void*>(&beta) : &beta_f;
+  SK_CUBLAS_CHECK(cublasGemmEx(libs.blas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, alpha_p,
+                               b.data_ptr(), type, int(b.size(1)), a.data_ptr(), type,
+                               int(a.size(1)), beta_p, c.data_ptr(), type, int(c.size(1)), compute,
+                               CUBLAS_GEMM_DEFAULT));
+}
+
+// Batch-norm over channels of x viewed as [outer, channels, inner, 1]. Statistics tensors
+// (weight, bias, running and saved) are f32 for half data, else x's dtype -- cuDNN's rule.
+inline void batch_norm_train_forward(Context& ctx, const Tensor& x, const Tensor& weight,
+                                     const Tensor& bias, const Tensor& running_mean,
+                                     const Tensor& running_var, double momentum, double eps,
+                                     const Tensor& y, const Tensor& save_mean,
+                                     const Tensor& save_invstd, std::int64_t outer,
+                                     std::int64_t channels, std::int64_t inner) {
+  CudaDeviceGuard guard(ctx.device().index);
+  auto& libs = libraries(ctx);
+  TensorDesc xd(x.dtype(), outer, channels, inner, 1);
+  TensorDesc sd(accumulator_dtype(x.dtype()), 1, channels, 1, 1);
+  const Blend blend(x.dtype());
+  SK_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+      libs.dnn(), CUDNN_BATCHNORM_SPATIAL, blend.one(), blend.zero(), xd.get(), x.data_ptr(),
+      xd.get(), y.data_ptr(), sd.get(), weight.data_ptr(), bias.data_ptr(), momentum,
+      running_mean.defined() ? running_mean.data_ptr() : nullptr,
+      running_var.defined() ? running_var.data_ptr() : nullptr, eps, save_mean.data_ptr(),
+      save_invstd.data_ptr()));
+}
+
+inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor& weight,
+                                    const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                    double eps, const Tensor& y, std::int64_t outer,
+                                    std::int64_t channels, std::int64_t inner) {
+  CudaDeviceGuard guard(ctx.device().index);
+  auto& libs = libraries(ctx);
+  TensorDesc xd(x.dtype(), outer, channels, inner, 1);
+  TensorDesc sd(accumulator_dtype(x.dtype()), 1, channels, 1, 1);
+  const Blend blend(x.dtype());
+  SK_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+      libs.dnn(), CUDNN_BATCHNORM_SPATIAL, blend.one(), blend.zero(), xd.get(), x.data_ptr(),
+      xd.get(), y.data_ptr(), sd.get(), weight.data_ptr(), bias.data_ptr(), mean.data_ptr(),
+      var.data_ptr(), eps));
+}
+
+inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tensor& grad_y,
+                                      const Tensor& weight, const Tensor& save_mean,
+                                      const Tensor& save_invstd, double eps,
+                                      const Tensor& grad_x, const Tensor& grad_weight,
+                                      const Tensor& grad_bias, std::int64_t outer,
+                                      std::int64_t channels, std::int64_t inner) {
+  CudaDeviceGuard guard(ctx.device().index);
+  auto& libs = libraries(ctx);
+  TensorDesc xd(x.dtype(), outer, channels, inner, 1);
+  TensorDesc sd(accumulator_dtype(x.dtype()), 1, channels, 1, 1);
+  const Blend blend(x.dtype());
+  SK_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+      libs.dnn(), CUDNN_BATCHNORM_SPATIAL, blend.one(), blend.zero(), blend.one(), blend.zero(),
+      xd.get(), x.data_ptr(), xd.get(), grad_y.data_ptr(), xd.get(), grad_x.data_ptr(), sd.get(),
+      weight.data_ptr(), grad_weight.data_ptr(), grad_bias.data_ptr(), eps, save_mean.data_ptr(),
+      save_invstd.data_ptr()));
+}
+
+class PoolDesc {
+ public:
+  explicit PoolDesc(const cpu::PoolGeometry& p) {
+    SK_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&desc_));
+    SK_CUDNN_CHECK(cudnnSetPooling2dDescriptor(desc_, CUDNN_POOLING_MAX, CUDNN_PROPAGATE_NAN,
+                                               int(p.kernel_h), int(p.kernel_w), int(p.pad_h),
+                                               int(p.pad_w), int(p.stride_h), int(p.stride_w)));
+  }
+  ~PoolDesc() { cudnnDestroyPoolingDescriptor(desc_); }
+  PoolDesc(const PoolDesc&) = delete;
+  PoolDesc& operator=(const PoolDesc&) = delete;
+  cudnnPoolingDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnPoolingDescriptor_t desc_ = nullptr;
+};
+
+inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y,
+                             const cpu::PoolGeometry& p) {
+  CudaDeviceGuard guard(ctx.device().index);
+  PoolDesc pd(p);
+  TensorDesc xd(x.dtype(), x.size(0), x.size(1), x.size(2), x.size(3));
+  TensorDesc yd(y.dtype(), y.size(0), y.size(1), y.size(2), y.size(3));
+  const Blend blend(x.dtype());
+  SK_CUDNN_CHECK(cudnnPoolingForward(libraries(ctx).dnn(), pd.get(), blend.one(), xd.get(),
+                                     x.data_ptr(), blend.zero(), yd.get(), y.data_ptr()));
+}
+
+inline void max_pool_backward(Context& ctx, const Tensor& x, const Tensor& y,
+                              const Tensor& grad_y, const Tensor& grad_x,
+                              const cpu::PoolGeometry& p) {
+  CudaDeviceGuard guard(ctx.device().index);
+  PoolDesc pd(p);
+  TensorDesc xd(x.dtype(), x.size(0), x.size(1), x.size(2), x.size(3));
+  TensorDesc yd(y.dtype(), y.size(0), y.size(1), y.size(2), y.size(3));
+  const Blend blend(x.dtype());
+  SK_CUDNN_CHECK(cudnnPoolingBackward(libraries(ctx).dnn(), pd.get(), blend.one(), yd.get(),
+                                      y.data_ptr(), yd.get(), grad_y.data_ptr(), xd.get(),
+                                      x.data_ptr(), blend.zero(), xd.get(), grad_x.data_ptr()));
+}
+
+}  // namespace shardkit::autograd::cuda
+
+#endif  // SK_WITH_CUDA

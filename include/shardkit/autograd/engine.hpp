@@ -1,0 +1,164 @@
+// The backward pass: walks the nodes reachable from a root in reverse creation order (ready
+// nodes first by highest sequence number, as PyTorch does), accumulates gradients, frees saved
+// activations as it goes unless asked to retain them, and fires each leaf's grad-ready hooks
+// the moment no further gradient can reach that leaf in this pass.
+#pragma once
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "shardkit/autograd/functional.hpp"
+#include "shardkit/autograd/tape.hpp"
+
+namespace shardkit::autograd {
+
+struct BackwardOptions {
+  // Keep saved activations so that the graph can be walked again.
+  bool retain_graph = false;
+};
+
+// Gradients of leaves collected instead of accumulated (checkpoint recomputation hands them to
+// the outer pass, which accumulates them and fires the hooks).
+using LeafGradients = std::unordered_map<const VariableImpl*, Tensor>;
+
+namespace detail {
+
+inline void accumulate_leaf(Context& ctx, VariableImpl& leaf, const Tensor& grad,
+                            LeafGradients* capture) {
+  if (capture != nullptr) {
+    auto [it, inserted] = capture->try_emplace(&leaf, grad);
+    if (!inserted) it->second = fn::add(ctx, it->second, grad);
+    return;
+  }
+  if (!leaf.grad.defined()) {
+    // A fresh buffer: `grad` may be shared with other consumers of the same gradient.
+    leaf.grad = empty_on(ctx, leaf.data.device(), leaf.data.shape(), leaf.data.dtype(),
+                         MemoryCategory::gradients);
+    copy(ctx, leaf.grad, grad);
+    return;
+  }
+  fn::accumulate(ctx, leaf.grad, grad);
+}
+
+inline void fire_grad_ready(VariableImpl& leaf, const std::shared_ptr<VariableImpl>& owner) {
+  if (leaf.grad_ready_hooks.empty()) return;
+  Variable v = Variable::from_impl(owner);
+  for (auto& hook : leaf.grad_ready_hooks) hook(v);
+}
+
+}  // namespace detail
+
+// Runs the backward pass from `root` with gradient `grad_root` (default: 1 for a one-element
+// root). With `capture`, leaf gradients are returned there and hooks do not fire.
+inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
+                         BackwardOptions options, LeafGradients* capture = nullptr) {
+  check(root.defined(), "backward of an undefined variable");
+  check(root.requires_grad(), "backward of a ", shape_str(root.shape()),
+        " tensor that does not require grad: no parameter or input that requires grad "
+        "contributed to it (was it computed under NoGradGuard, or from detached values?)");
+  if (!grad_root.defined()) {
+    check(root.numel() == 1, "backward of a non-scalar output ", shape_str(root.shape()),
+          " needs an explicit gradient of that shape");
+    grad_root = full(ctx, root.shape(), root.dtype(), 1.0, MemoryCategory::activations);
+    if (root.device().is_cpu() != grad_root.device().is_cpu())
+      grad_root = to_device(ctx, grad_root, root.device());
+  }
+  check(grad_root.shape() == root.shape(), "backward: gradient shape ",
+        shape_str(grad_root.shape()), " differs from the output shape ", shape_str(root.shape()));
+
+  if (root.is_leaf()) {
+    detail::accumulate_leaf(ctx, *root.impl(), grad_root, capture);
+    if (capture == nullptr) detail::fire_grad_ready(*root.impl(), root.impl_ptr());
+    return;
+  }
+
+  // Discover the graph: how many edges point at each node and leaf from reachable nodes.
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_map<VariableImpl*, int> leaf_uses;
+  std::vector<Node*> stack{root.grad_fn().get()};
+  std::unordered_set<Node*> seen{root.grad_fn().get()};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    check<StateError>(!node->released, "backward through the graph a second time: the saved "
+                      "activations of '", node->name(), "'",
+                      node->module_path.empty() ? "" : " (module '" + node->module_path + "')",
+                      " were freed by the first backward; pass retain_graph = true to the first "
+                      "backward, or run the forward again");
+    for (const Edge& edge : node->edges) {
+      if (edge.node) {
+        ++dependencies[edge.node.get()];
+        if (seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+      } else if (edge.leaf) {
+        ++leaf_uses[edge.leaf.get()];
+      }
+    }
+  }
+
+  auto later_first = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+  std::unordered_map<Node*, Tensor> pending;
+  pending[root.grad_fn().get()] = grad_root;
+  ready.push(root.grad_fn().get());
+
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    Tensor grad = std::move(pending[node]);
+    pending.erase(node);
+    std::vector<Tensor> grads;
+    if (grad.defined()) {
+      grads = node->apply(ctx, grad);
+      SK_ASSERT(grads.size() == node->edges.size());
+    } else {
+      grads.resize(node->edges.size());  // nothing flows, but dependants still count down
+    }
+    if (!options.retain_graph) {
+      node->release_saved();
+      node->released = true;
+    }
+    for (std::size_t i = 0; i < node->edges.size(); ++i) {
+      const Edge& edge = node->edges[i];
+      if (edge.node) {
+        Node* next = edge.node.get();
+        if (grads[i].defined()) {
+          auto [it, inserted] = pending.try_emplace(next, grads[i]);
+          if (!inserted) it->second = it->second.defined() ? fn::add(ctx, it->second, grads[i]) : grads[i];
+        } else {
+          pending.try_emplace(next, Tensor());
+        }
+        if (--dependencies[next] == 0) ready.push(next);
+      } else if (edge.leaf) {
+        if (grads[i].defined()) detail::accumulate_leaf(ctx, *edge.leaf, grads[i], capture);
+        if (--leaf_uses[edge.leaf.get()] == 0 && capture == nullptr)
+          detail::fire_grad_ready(*edge.leaf, edge.leaf);
+      }
+    }
+  }
+}
+
+// loss.backward(): gradients of every leaf that requires grad, accumulated into leaf.grad().
+inline void backward(Context& ctx, const Variable& root, const Tensor& grad = Tensor(),
+                     BackwardOptions options = {}) {
+  run_backward(ctx, root, grad, options);
+}
+
+// Frees the saved activations of the graph behind `root` without running backward (a forward
+// whose result will not be differentiated after all).
+inline void release_graph(const Variable& root) {
+  if (!root.defined() || root.is_leaf()) return;
+  std::vector<Node*> stack{root.grad_fn().get()};
+  std::unordered_set<Node*> seen{root.grad_fn().get()};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    node->release_saved();
+    node->released = true;
+    for (const Edge& edge : node->edges)
+      if (edge.node && seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+  }
+}
+
+}  // namespace shardkit::autograd

@@ -1,0 +1,74 @@
+// Tensor-level math without autograd, dispatched by device: element-wise ops through the
+// function table, GEMM/convolution/batch-norm/pooling through Eigen (CPU) or cuBLAS/cuDNN.
+// Results are new contiguous tensors counted as activations.
+#pragma once
+
+#include "shardkit/autograd/cpu_conv.hpp"
+#include "shardkit/autograd/cpu_kernels.hpp"
+#include "shardkit/autograd/cpu_norm_pool.hpp"
+#include "shardkit/autograd/cuda_libraries.hpp"
+#include "shardkit/core/tensor_ops.hpp"
+
+namespace shardkit::autograd::fn {
+
+inline Tensor new_like(Context& ctx, const Tensor& like, Shape shape, DType dtype,
+                       MemoryCategory category = MemoryCategory::activations) {
+  return empty_on(ctx, like.device(), std::move(shape), dtype, category);
+}
+inline Tensor new_like(Context& ctx, const Tensor& like) {
+  return new_like(ctx, like, like.shape(), like.dtype());
+}
+
+inline Tensor pointwise(Context& ctx, Pointwise op, const Tensor& a, const Tensor& b,
+                        double alpha = 1, double beta = 1) {
+  Tensor out = new_like(ctx, a);
+  kernels_for(ctx, a).pointwise(ctx, op, out, a, b, alpha, beta);
+  return out;
+}
+
+inline Tensor add(Context& ctx, const Tensor& a, const Tensor& b) {
+  return pointwise(ctx, Pointwise::axpby, a, b, 1, 1);
+}
+inline Tensor scale(Context& ctx, const Tensor& a, double alpha) {
+  return pointwise(ctx, Pointwise::axpby, a, Tensor(), alpha, 0);
+}
+inline Tensor mul(Context& ctx, const Tensor& a, const Tensor& b) {
+  return pointwise(ctx, Pointwise::mul, a, b, 1, 0);
+}
+
+// dst += src in place (same shape; src converted to dst's dtype first when they differ).
+inline void accumulate(Context& ctx, const Tensor& dst, const Tensor& src) {
+  Tensor s = src.dtype() == dst.dtype() ? contiguous(ctx, src) : cast(ctx, src, dst.dtype());
+  if (dst.is_contiguous()) {
+    kernels_for(ctx, dst).pointwise(ctx, Pointwise::axpby, dst, dst, s, 1, 1);
+    return;
+  }
+  Tensor sum = add(ctx, contiguous(ctx, dst), s);
+  copy(ctx, dst, sum);
+}
+
+inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& b,
+                 bool transpose_b, const Tensor& c, double alpha = 1, double beta = 0) {
+  if (c.device().is_cpu()) return cpu::gemm(a, transpose_a, b, transpose_b, c, alpha, beta);
+#if SK_WITH_CUDA
+  cuda::gemm(ctx, a, transpose_a, b, transpose_b, c, alpha, beta);
+#endif
+}
+
+inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& y,
+                           const ConvGeometry& g) {
+  if (x.device().is_cpu()) return cpu::conv2d_forward(x, w, y, g);
+#if SK_WITH_CUDA
+  cuda::conv2d_forward(ctx, x, w, y, g);
+#endif
+}
+
+inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& gy,
+                            const Tensor& gx, const Tensor& gw, const ConvGeometry& g) {
+  if (x.device().is_cpu()) return cpu::conv2d_backward(x, w, gy, gx, gw, g);
+#if SK_WITH_CUDA
+  cuda::conv2d_backward(ctx, x, w, gy, gx, gw, g);
+#endif
+}
+
+}  // namespace shardkit::autograd::fn

@@ -1,0 +1,139 @@
+// Differentiable element-wise and shape ops: add, mul, relu, flatten, reshape, cast, identity.
+#pragma once
+
+#include "shardkit/autograd/engine.hpp"
+
+namespace shardkit::autograd {
+
+namespace detail {
+
+inline void check_same_shape(Context& ctx, const char* op, const Variable& a, const Variable& b) {
+  check(a.defined() && b.defined(), op, ": an input is undefined", module_suffix(ctx));
+  check(a.shape() == b.shape(), op, ": shapes ", shape_str(a.shape()), " and ",
+        shape_str(b.shape()), " differ", module_suffix(ctx),
+        "; both operands need the same shape (no broadcasting)");
+  check(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
+        dtype_name(b.dtype()), " differ", module_suffix(ctx), "; cast one first");
+  check(a.device() == b.device(), op, ": operands on ", a.device().str(), " and ",
+        b.device().str(), module_suffix(ctx));
+}
+
+struct AddNode final : Node {
+  const char* name() const override { return "add"; }
+  std::vector<Tensor> apply(Context&, const Tensor& g) override { return {g, g}; }
+};
+
+struct MulNode final : Node {
+  Tensor a, b;
+  const char* name() const override { return "mul"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+    return {edges[0].valid() ? fn::mul(ctx, g, b) : Tensor(),
+            edges[1].valid() ? fn::mul(ctx, g, a) : Tensor()};
+  }
+  void release_saved() override { a = b = Tensor(); }
+};
+
+struct ReluNode final : Node {
+  Tensor y;
+  const char* name() const override { return "relu"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+    return {fn::pointwise(ctx, Pointwise::relu_backward, g, y, 1, 0)};
+  }
+  void release_saved() override { y = Tensor(); }
+};
+
+struct ViewNode final : Node {
+  Shape input_shape;
+  const char* name() const override { return "reshape"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+    return {contiguous(ctx, g).view(input_shape)};
+  }
+};
+
+struct CastNode final : Node {
+  DType input_dtype = DType::f32;
+  const char* name() const override { return "cast"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+    return {cast(ctx, g, input_dtype)};
+  }
+};
+
+struct IdentityNode final : Node {
+  std::function<void(const Tensor&)> on_grad;  // sees the gradient passing through
+  const char* name() const override { return "identity"; }
+  std::vector<Tensor> apply(Context&, const Tensor& g) override {
+    if (on_grad) on_grad(g);
+    return {g};
+  }
+};
+
+inline Tensor contiguous_data(Context& ctx, const Variable& v) { return contiguous(ctx, v.data()); }
+
+}  // namespace detail
+
+inline Variable add(Context& ctx, const Variable& a, const Variable& b) {
+  detail::check_same_shape(ctx, "add", a, b);
+  Tensor y = fn::add(ctx, detail::contiguous_data(ctx, a), detail::contiguous_data(ctx, b));
+  if (!needs_grad(ctx, {&a, &b})) return Variable(std::move(y));
+  return record(ctx, std::make_shared<detail::AddNode>(), {&a, &b}, std::move(y));
+}
+
+inline Variable mul(Context& ctx, const Variable& a, const Variable& b) {
+  detail::check_same_shape(ctx, "mul", a, b);
+  Tensor ad = detail::contiguous_data(ctx, a), bd = detail::contiguous_data(ctx, b);
+  Tensor y = fn::mul(ctx, ad, bd);
+  if (!needs_grad(ctx, {&a, &b})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::MulNode>();
+  if (b.requires_grad()) node->a = ad;
+  if (a.requires_grad()) node->b = bd;
+  return record(ctx, node, {&a, &b}, std::move(y));
+}
+
+inline Variable relu(Context& ctx, const Variable& x) {
+  check(x.defined(), "relu: the input is undefined", module_suffix(ctx));
+  Tensor y = fn::pointwise(ctx, Pointwise::relu, detail::contiguous_data(ctx, x), Tensor(), 1, 0);
+  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::ReluNode>();
+  node->y = y;
+  return record(ctx, node, {&x}, std::move(y));
+}
+
+// Same elements, new shape (one entry may be -1).
+inline Variable reshape(Context& ctx, const Variable& x, Shape shape) {
+  check(x.defined(), "reshape: the input is undefined", module_suffix(ctx));
+  Tensor y = detail::contiguous_data(ctx, x).view(std::move(shape));
+  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::ViewNode>();
+  node->input_shape = x.shape();
+  return record(ctx, node, {&x}, std::move(y));
+}
+
+// [N, d1, d2, ...] -> [N, d1*d2*...] (torch.flatten(x, 1)).
+inline Variable flatten(Context& ctx, const Variable& x) {
+  check(x.defined() && x.dim() >= 1, "flatten: needs a tensor with a batch dimension",
+        module_suffix(ctx));
+  return reshape(ctx, x, {x.size(0), -1});
+}
+
+// Converts to `dtype` (e.g. f16 activations into an f32 batch-norm); gradients convert back.
+inline Variable cast(Context& ctx, const Variable& x, DType dtype) {
+  check(x.defined(), "cast: the input is undefined", module_suffix(ctx));
+  if (x.dtype() == dtype) return x;
+  Tensor y = fn::new_like(ctx, x.data(), x.shape(), dtype);
+  copy(ctx, y, x.data());
+  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::CastNode>();
+  node->input_dtype = x.dtype();
+  return record(ctx, node, {&x}, std::move(y));
+}
+
+// Passes x through; `on_grad` sees the gradient flowing back through this point (module
+// backward hooks are built on it).
+inline Variable identity_with_hook(Context& ctx, const Variable& x,
+                                   std::function<void(const Tensor&)> on_grad) {
+  auto node = std::make_shared<detail::IdentityNode>();
+  node->on_grad = std::move(on_grad);
+  return record(ctx, node, {&x}, x.data());
+}
+
+}  // namespace shardkit::autograd

@@ -1,0 +1,96 @@
+// Differentiable 2-D convolution (NCHW, OIHW weights, stride/padding/dilation, optional bias):
+// im2col + Eigen on the CPU, cuDNN (forward, backward-data, backward-filter) on the GPU.
+#pragma once
+
+#include "shardkit/autograd/ops_basic.hpp"
+
+namespace shardkit::autograd {
+
+struct Conv2dOptions {
+  std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+
+  static Conv2dOptions make(std::int64_t stride, std::int64_t padding, std::int64_t dilation = 1) {
+    return {stride, stride, padding, padding, dilation, dilation};
+  }
+};
+
+namespace detail {
+
+struct Conv2dNode final : Node {
+  Tensor x, weight;
+  ConvGeometry geometry;
+  bool has_bias = false;
+  const char* name() const override { return "conv2d"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+    Tensor g = contiguous(ctx, gy);
+    std::vector<Tensor> grads(edges.size());
+    if (edges[0].valid()) grads[0] = fn::new_like(ctx, g, x.shape(), x.dtype());
+    if (edges[1].valid()) grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype());
+    if (grads[0].defined() || grads[1].defined())
+      fn::conv2d_backward(ctx, x, weight, g, grads[0], grads[1], geometry);
+    if (has_bias && edges[2].valid()) {
+      grads[2] = fn::new_like(ctx, g, {geometry.out_channels}, weight.dtype());
+      kernels_for(ctx, g).channel_sum(ctx, g, grads[2], geometry.batch, geometry.out_channels,
+                                      geometry.out_plane());
+    }
+    return grads;
+  }
+  void release_saved() override { x = weight = Tensor(); }
+};
+
+}  // namespace detail
+
+inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
+                       const Variable& bias = Variable(), Conv2dOptions o = {}) {
+  check(x.defined() && weight.defined(), "conv2d: input or weight undefined", module_suffix(ctx));
+  check(x.dim() == 4, "conv2d: input ", shape_str(x.shape()), " is not [N, C, H, W]",
+        module_suffix(ctx));
+  check(weight.dim() == 4 && weight.size(1) == x.size(1), "conv2d: input ", shape_str(x.shape()),
+        " does not match weight ", shape_str(weight.shape()), module_suffix(ctx),
+        "; the weight must be [out, ", x.size(1), ", kh, kw] (check in_channels)");
+  check(x.dtype() == weight.dtype(), "conv2d: input dtype ", dtype_name(x.dtype()),
+        " differs from weight dtype ", dtype_name(weight.dtype()), module_suffix(ctx));
+  check(o.stride_h > 0 && o.stride_w > 0 && o.dilation_h > 0 && o.dilation_w > 0 &&
+            o.pad_h >= 0 && o.pad_w >= 0,
+        "conv2d: strides and dilations must be > 0 and paddings >= 0", module_suffix(ctx));
+  ConvGeometry g;
+  g.batch = x.size(0);
+  g.in_channels = x.size(1);
+  g.height = x.size(2);
+  g.width = x.size(3);
+  g.out_channels = weight.size(0);
+  g.kernel_h = weight.size(2);
+  g.kernel_w = weight.size(3);
+  g.stride_h = o.stride_h;
+  g.stride_w = o.stride_w;
+  g.pad_h = o.pad_h;
+  g.pad_w = o.pad_w;
+  g.dilation_h = o.dilation_h;
+  g.dilation_w = o.dilation_w;
+  g.out_h = (g.height + 2 * g.pad_h - g.dilation_h * (g.kernel_h - 1) - 1) / g.stride_h + 1;
+  g.out_w = (g.width + 2 * g.pad_w - g.dilation_w * (g.kernel_w - 1) - 1) / g.stride_w + 1;
+  check(g.out_h > 0 && g.out_w > 0, "conv2d: input ", shape_str(x.shape()),
+        " is smaller than the kernel ", shape_str(weight.shape()), " with this padding",
+        module_suffix(ctx));
+  const bool has_bias = bias.defined();
+  if (has_bias)
+    check(bias.shape() == Shape{g.out_channels} && bias.dtype() == x.dtype(), "conv2d: bias ",
+          shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()),
+          module_suffix(ctx));
+  Tensor xd = contiguous(ctx, x.data()), wd = contiguous(ctx, weight.data());
+  Tensor y = fn::new_like(ctx, xd, {g.batch, g.out_channels, g.out_h, g.out_w}, x.dtype());
+  fn::conv2d_forward(ctx, xd, wd, y, g);
+  if (has_bias)
+    kernels_for(ctx, y).channel_bias_add(ctx, y, contiguous(ctx, bias.data()), g.batch,
+                                         g.out_channels, g.out_plane());
+  if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::Conv2dNode>();
+  node->x = xd;
+  node->weight = wd;
+  node->geometry = g;
+  node->has_bias = has_bias;
+  if (has_bias) return record(ctx, node, {&x, &weight, &bias}, std::move(y));
+  return record(ctx, node, {&x, &weight}, std::move(y));
+}
+
+}  // namespace shardkit::autograd

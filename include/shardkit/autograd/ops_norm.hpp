@@ -1,0 +1,140 @@
+// Differentiable batch-norm over dim 1 of [N, C, ...] (BatchNorm1d and 2d): training mode with
+// batch statistics and running-statistics update, evaluation mode with the running statistics.
+// CPU loops accumulate in double; cuDNN on the GPU keeps statistics in f32 for half data.
+#pragma once
+
+#include "shardkit/autograd/ops_basic.hpp"
+
+namespace shardkit::autograd {
+
+struct BatchNormOptions {
+  bool training = true;
+  double momentum = 0.1;  // PyTorch's: running = (1 - momentum) running + momentum batch
+  double eps = 1e-5;
+  // Off while checkpointing recomputes a segment: the statistics were folded in already.
+  bool update_running_stats = true;
+};
+
+namespace detail {
+
+struct BatchNormShape {
+  std::int64_t outer, channels, inner;
+};
+
+struct BatchNormNode final : Node {
+  Tensor x, weight, mean, invstd_or_var;  // training: saved mean/invstd; eval: running mean/var
+  BatchNormShape s{};
+  bool training = true;
+  double eps = 1e-5;
+  const char* name() const override { return "batch_norm"; }
+
+  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+    Tensor g = contiguous(ctx, gy);
+    const DType stat = weight.dtype();
+    Tensor gx = edges[0].valid() || g.device().is_cuda() ? fn::new_like(ctx, g) : Tensor();
+    Tensor gw = fn::new_like(ctx, g, {s.channels}, stat), gb = fn::new_like(ctx, g, {s.channels}, stat);
+    if (training) {
+      if (g.device().is_cpu()) {
+        cpu::batch_norm_train_backward(x, g, weight, mean, invstd_or_var, gx, gw, gb, s.outer,
+                                       s.channels, s.inner);
+      } else {
+#if SK_WITH_CUDA
+        cuda::batch_norm_train_backward(ctx, x, g, weight, mean, invstd_or_var, eps, gx, gw, gb,
+                                        s.outer, s.channels, s.inner);
+#endif
+      }
+    } else {
+      const auto& k = kernels_for(ctx, g);
+      Tensor g_xhat = fn::new_like(ctx, g);
+      k.batch_norm_eval_backward(ctx, x, g, weight, mean, invstd_or_var, eps, gx, g_xhat, s.outer,
+                                 s.channels, s.inner);
+      k.channel_sum(ctx, g_xhat, gw, s.outer, s.channels, s.inner);
+      k.channel_sum(ctx, g, gb, s.outer, s.channels, s.inner);
+    }
+    return {edges[0].valid() ? gx : Tensor(), gw, gb};
+  }
+  void release_saved() override { x = weight = mean = invstd_or_var = Tensor(); }
+};
+
+}  // namespace detail
+
+// running_mean / running_var: buffers updated in place in training mode (may be undefined in
+// training mode: then nothing is tracked). Statistics tensors (weight, bias, running) must have
+// the accumulator dtype: x's own for f32/f64, f32 for f16/bf16.
+inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weight,
+                           const Variable& bias, const Tensor& running_mean,
+                           const Tensor& running_var, BatchNormOptions o = {}) {
+  check(x.defined() && weight.defined() && bias.defined(),
+        "batch_norm: input, weight or bias undefined", module_suffix(ctx));
+  check(x.dim() >= 2, "batch_norm: input ", shape_str(x.shape()),
+        " needs at least [N, C]", module_suffix(ctx));
+  const std::int64_t channels = x.size(1);
+  check(weight.shape() == Shape{channels} && bias.shape() == Shape{channels}, "batch_norm: input ",
+        shape_str(x.shape()), " has ", channels, " channels but weight is ",
+        shape_str(weight.shape()), " and bias ", shape_str(bias.shape()), module_suffix(ctx),
+        "; check num_features");
+  const DType stat = accumulator_dtype(x.dtype());
+  check(weight.dtype() == stat && bias.dtype() == stat, "batch_norm: weight/bias are ",
+        dtype_name(weight.dtype()), " but a ", dtype_name(x.dtype()), " input needs ",
+        dtype_name(stat), " statistics", module_suffix(ctx), "; cast them");
+  const bool track = running_mean.defined();
+  if (track || !o.training)
+    check(running_mean.defined() && running_var.defined() &&
+              running_mean.shape() == Shape{channels} && running_var.shape() == Shape{channels} &&
+              running_mean.dtype() == stat && running_var.dtype() == stat,
+          "batch_norm: running statistics must be two ", dtype_name(stat), " tensors of shape [",
+          channels, "]", module_suffix(ctx));
+  detail::BatchNormShape s{x.size(0), channels, x.numel() / std::max<std::int64_t>(1, x.size(0) * channels)};
+  if (o.training)
+    check(s.outer * s.inner > 1, "batch_norm: training needs more than one value per channel, got input ",
+          shape_str(x.shape()), module_suffix(ctx), "; use a batch larger than 1 or eval()");
+  check(!x.device().is_cuda() || o.eps >= 1e-5, "batch_norm: eps ", o.eps,
+        " is below cuDNN's minimum 1e-5", module_suffix(ctx));
+
+  Tensor xd = contiguous(ctx, x.data());
+  Tensor wd = contiguous(ctx, weight.data()), bd = contiguous(ctx, bias.data());
+  Tensor y = fn::new_like(ctx, xd);
+  Tensor saved_a, saved_b;
+  if (o.training) {
+    saved_a = fn::new_like(ctx, xd, {channels}, stat);
+    saved_b = fn::new_like(ctx, xd, {channels}, stat);
+    const Tensor rm = o.update_running_stats && track ? running_mean : Tensor();
+    const Tensor rv = o.update_running_stats && track ? running_var : Tensor();
+    if (xd.device().is_cpu()) {
+      cpu::batch_norm_train_forward(xd, wd, bd, rm, rv, o.momentum, o.eps, y, saved_a, saved_b,
+                                    s.outer, s.channels, s.inner);
+    } else {
+#if SK_WITH_CUDA
+      cuda::batch_norm_train_forward(ctx, xd, wd, bd, rm, rv, o.momentum, o.eps, y, saved_a,
+                                     saved_b, s.outer, s.channels, s.inner);
+#endif
+    }
+  } else {
+    if (xd.device().is_cpu()) {
+      cpu::batch_norm_eval_forward(xd, wd, bd, running_mean, running_var, o.eps, y, s.outer,
+                                   s.channels, s.inner);
+    } else {
+#if SK_WITH_CUDA
+      cuda::batch_norm_eval_forward(ctx, xd, wd, bd, running_mean, running_var, o.eps, y, s.outer,
+                                    s.channels, s.inner);
+#endif
+    }
+  }
+  if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::BatchNormNode>();
+  node->x = xd;
+  node->weight = wd;
+  node->s = s;
+  node->training = o.training;
+  node->eps = o.eps;
+  if (o.training) {
+    node->mean = saved_a;
+    node->invstd_or_var = saved_b;
+  } else {  // the buffers may change before backward runs: keep today's values
+    node->mean = clone(ctx, running_mean);
+    node->invstd_or_var = clone(ctx, running_var);
+  }
+  return record(ctx, node, {&x, &weight, &bias}, std::move(y));
+}
+
+}  // namespace shardkit::autograd

@@ -1,0 +1,99 @@
+// Differentiable pooling: max-pool (CPU loops with saved argmax; cuDNN on the GPU) and adaptive
+// average pool (PyTorch's windows; function-table kernels on both devices).
+#pragma once
+
+#include "shardkit/autograd/ops_basic.hpp"
+
+namespace shardkit::autograd {
+
+namespace detail {
+
+struct MaxPoolNode final : Node {
+  Tensor x, y, argmax;  // CPU keeps argmax only; cuDNN's backward wants x and y
+  Shape input_shape;
+  DType dtype = DType::f32;
+  cpu::PoolGeometry p;
+  const char* name() const override { return "max_pool2d"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+    Tensor g = contiguous(ctx, gy);
+    Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
+    if (g.device().is_cpu()) {
+      cpu::max_pool_backward(g, argmax, gx);
+    } else {
+#if SK_WITH_CUDA
+      cuda::max_pool_backward(ctx, x, y, g, gx, p);
+#endif
+    }
+    return {gx};
+  }
+  void release_saved() override { x = y = argmax = Tensor(); }
+};
+
+struct AdaptiveAvgPoolNode final : Node {
+  Shape input_shape;
+  DType dtype = DType::f32;
+  const char* name() const override { return "adaptive_avg_pool2d"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+    Tensor g = contiguous(ctx, gy);
+    Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
+    kernels_for(ctx, g).adaptive_avg_pool_backward(ctx, g, gx);
+    return {gx};
+  }
+};
+
+}  // namespace detail
+
+inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
+                           std::int64_t stride, std::int64_t padding = 0) {
+  check(x.defined() && x.dim() == 4, "max_pool2d: input ",
+        x.defined() ? shape_str(x.shape()) : "undefined", " is not [N, C, H, W]", module_suffix(ctx));
+  check(kernel > 0 && stride > 0 && padding >= 0 && 2 * padding <= kernel, "max_pool2d: kernel ",
+        kernel, ", stride ", stride, ", padding ", padding,
+        " invalid (need kernel, stride > 0 and padding <= kernel / 2)", module_suffix(ctx));
+  cpu::PoolGeometry p{kernel, kernel, stride, stride, padding, padding};
+  const std::int64_t OH = (x.size(2) + 2 * padding - kernel) / stride + 1;
+  const std::int64_t OW = (x.size(3) + 2 * padding - kernel) / stride + 1;
+  check(OH > 0 && OW > 0, "max_pool2d: input ", shape_str(x.shape()), " is smaller than the kernel ",
+        kernel, module_suffix(ctx));
+  Tensor xd = contiguous(ctx, x.data());
+  Tensor y = fn::new_like(ctx, xd, {x.size(0), x.size(1), OH, OW}, x.dtype());
+  Tensor argmax;
+  if (xd.device().is_cpu()) {
+    argmax = fn::new_like(ctx, xd, y.shape(), DType::i64);
+    cpu::max_pool_forward(xd, y, argmax, p);
+  } else {
+#if SK_WITH_CUDA
+    cuda::max_pool_forward(ctx, xd, y, p);
+#endif
+  }
+  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::MaxPoolNode>();
+  node->p = p;
+  node->input_shape = x.shape();
+  node->dtype = x.dtype();
+  if (xd.device().is_cpu()) {
+    node->argmax = argmax;
+  } else {
+    node->x = xd;
+    node->y = y;
+  }
+  return record(ctx, node, {&x}, std::move(y));
+}
+
+inline Variable adaptive_avg_pool2d(Context& ctx, const Variable& x, std::int64_t out_h,
+                                    std::int64_t out_w) {
+  check(x.defined() && x.dim() == 4, "adaptive_avg_pool2d: input ",
+        x.defined() ? shape_str(x.shape()) : "undefined", " is not [N, C, H, W]", module_suffix(ctx));
+  check(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output size ", out_h, "x", out_w,
+        " must be positive", module_suffix(ctx));
+  Tensor xd = contiguous(ctx, x.data());
+  Tensor y = fn::new_like(ctx, xd, {x.size(0), x.size(1), out_h, out_w}, x.dtype());
+  kernels_for(ctx, xd).adaptive_avg_pool_forward(ctx, xd, y);
+  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::AdaptiveAvgPoolNode>();
+  node->input_shape = x.shape();
+  node->dtype = x.dtype();
+  return record(ctx, node, {&x}, std::move(y));
+}
+
+}  // namespace shardkit::autograd

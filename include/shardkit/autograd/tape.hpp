@@ -1,0 +1,135 @@
+// The reverse-mode tape of one Context: grad mode, the creation order of recorded nodes, the
+// module path under construction (for errors), and the recompute flag of checkpointing.
+// It lives in the Context's resource slot, so N ranks as N threads each have their own.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardkit/autograd/node.hpp"
+
+namespace shardkit::autograd {
+
+class Tape {
+ public:
+  bool grad_enabled() const { return grad_enabled_; }
+  void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
+
+  // True while activation checkpointing recomputes a segment: modules with side effects on
+  // their buffers (batch-norm running statistics) must not apply them a second time.
+  bool recomputing() const { return recomputing_; }
+  void set_recomputing(bool value) { recomputing_ = value; }
+
+  std::uint64_t next_sequence_nr() { return next_sequence_nr_++; }
+  std::uint64_t nodes_recorded() const { return next_sequence_nr_; }
+
+  // Path of the module whose forward is running ("layer1.0.conv1"), empty outside modules.
+  const std::string& module_path() const {
+    static const std::string kNone;
+    return module_paths_.empty() ? kNone : module_paths_.back();
+  }
+  void push_module(std::string path) { module_paths_.push_back(std::move(path)); }
+  void pop_module() {
+    if (!module_paths_.empty()) module_paths_.pop_back();
+  }
+
+ private:
+  bool grad_enabled_ = true;
+  bool recomputing_ = false;
+  std::uint64_t next_sequence_nr_ = 0;
+  std::vector<std::string> module_paths_;
+};
+
+inline Tape& tape(Context& ctx) {
+  return ctx.resource<Tape>([] { return std::make_shared<Tape>(); });
+}
+
+// Records nothing while alive (evaluation, optimizer steps, the forward of a checkpoint).
+class NoGradGuard {
+ public:
+  explicit NoGradGuard(Context& ctx) : tape_(tape(ctx)), previous_(tape_.grad_enabled()) {
+    tape_.set_grad_enabled(false);
+  }
+  ~NoGradGuard() { tape_.set_grad_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  Tape& tape_;
+  bool previous_;
+};
+
+// Sets grad mode and the recompute flag for a scope (checkpoint recomputation).
+class RecomputeGuard {
+ public:
+  explicit RecomputeGuard(Context& ctx)
+      : tape_(tape(ctx)), grad_(tape_.grad_enabled()), recomputing_(tape_.recomputing()) {
+    tape_.set_grad_enabled(true);
+    tape_.set_recomputing(true);
+  }
+  ~RecomputeGuard() {
+    tape_.set_grad_enabled(grad_);
+    tape_.set_recomputing(recomputing_);
+  }
+  RecomputeGuard(const RecomputeGuard&) = delete;
+  RecomputeGuard& operator=(const RecomputeGuard&) = delete;
+
+ private:
+  Tape& tape_;
+  bool grad_, recomputing_;
+};
+
+// The module path shown in errors for the scope of one module's forward.
+class ModuleScope {
+ public:
+  ModuleScope(Context& ctx, std::string path) : tape_(tape(ctx)) {
+    tape_.push_module(std::move(path));
+  }
+  ~ModuleScope() { tape_.pop_module(); }
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  Tape& tape_;
+};
+
+// " (in module 'layer1.0.conv1')" or "" -- appended to op errors.
+inline std::string module_suffix(Context& ctx) {
+  const auto& path = tape(ctx).module_path();
+  return path.empty() ? std::string() : " (in module '" + path + "')";
+}
+
+// True when the op must record a node: grad mode is on and some input wants a gradient.
+inline bool needs_grad(Context& ctx, std::initializer_list<const Variable*> inputs) {
+  if (!tape(ctx).grad_enabled()) return false;
+  for (const Variable* v : inputs)
+    if (v != nullptr && v->defined() && v->requires_grad()) return true;
+  return false;
+}
+
+// Wires `node` to its inputs and returns the output variable it produces.
+inline Variable record(Context& ctx, std::shared_ptr<Node> node,
+                       std::initializer_list<const Variable*> inputs, Tensor output) {
+  auto& t = tape(ctx);
+  node->sequence_nr = t.next_sequence_nr();
+  node->module_path = t.module_path();
+  node->edges.clear();
+  for (const Variable* v : inputs) {
+    Edge edge;
+    if (v != nullptr && v->defined() && v->requires_grad()) {
+      if (v->is_leaf())
+        edge.leaf = v->impl_ptr();
+      else
+        edge.node = v->grad_fn();
+    }
+    node->edges.push_back(std::move(edge));
+  }
+  Variable out(std::move(output), true);
+  out.impl()->grad_fn = std::move(node);
+  return out;
+}
+
+}  // namespace shardkit::autograd
