@@ -31,14 +31,20 @@ std::array<double, kSumSlots<F>> apply_range(const F& op, const typename F::Segm
     double lanes[F::kSums][kSumLanes] = {};
     std::int64_t i = lo;
     for (; i + kSumLanes <= hi; i += kSumLanes) {
-      SK_UNROLL
+      // Lane l takes element i + l: a fixed-count inner loop the vectoriser maps onto SIMD
+      // lanes without reassociating any sum.
       for (int l = 0; l < kSumLanes; ++l) {
         float x[F::kDepth];
         double sums[F::kSums];
         load_operands<F>(x, data, i + l);
         op(x, segment, sums);
         store_operands<F>(x, data, i + l);
-        for (int k = 0; k < F::kSums; ++k) lanes[k][l] += sums[k];
+        if constexpr (F::kSums == 1) {
+          lanes[0][l] += sums[0];
+        } else {
+          lanes[0][l] += sums[0];
+          lanes[1][l] += sums[1];
+        }
       }
     }
     for (int l = 0; i < hi; ++i, ++l) {
@@ -50,9 +56,10 @@ std::array<double, kSumSlots<F>> apply_range(const F& op, const typename F::Segm
       for (int k = 0; k < F::kSums; ++k) lanes[k][l] += sums[k];
     }
     for (int k = 0; k < F::kSums; ++k) {
-      const double* a = lanes[k];
-      total[static_cast<std::size_t>(k)] =
-          ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+      double* a = lanes[k];
+      for (int width = kSumLanes / 2; width > 0; width /= 2)  // a fixed pairwise tree
+        for (int l = 0; l < width; ++l) a[l] += a[l + width];
+      total[static_cast<std::size_t>(k)] = a[0];
     }
   }
   return total;

@@ -17,6 +17,21 @@ inline void check_cpu(const Context& ctx, const char* op) {
   check(ctx.device().is_cpu(), op, ": sk::ops::cpu needs a CPU context, got ",
         ctx.device().str(), "; use sk::ops::cuda from <kernels/ops/ops.cuh>");
 }
+// Sums of squares of operands 0 and 1 of a span, one operand after the other: the same bits
+// as SumOfSquaresFunctor<2> (each operand keeps its own lanes), but single-operand loops
+// vectorise fully where the paired one does not.
+template <int Depth>
+std::array<double, 2> sums_of_pair(const Span<Depth>& span) {
+  std::array<double, 2> out{};
+  for (int k = 0; k < 2; ++k) {
+    Span<1> one;
+    one.data = {span.data[static_cast<std::size_t>(k)]};
+    one.size = span.size;
+    out[static_cast<std::size_t>(k)] = apply_span(SumOfSquaresFunctor<1>{}, one, 0)[0];
+  }
+  return out;
+}
+
 }  // namespace detail
 
 // SGD over all parameters with the options' weight decay and unscale.
@@ -60,7 +75,12 @@ inline void segment_sums_of_squares(Context& ctx, std::span<const Tensor> first,
         {OperandList{first, DType::f32, "first"}, OperandList{second, DType::f32, "second"}},
         {true, true});
     check_result_tensor(ctx, sums, DType::f64, {2, n}, "segment_sums_of_squares", "sums");
-    apply(SumOfSquaresFunctor<2>{}, spans, sums.data<double>());
+    double* out = sums.data<double>();
+    for (std::size_t s = 0; s < spans.size(); ++s) {
+      const auto pair = detail::sums_of_pair(spans[s]);
+      out[s] = pair[0];
+      out[static_cast<std::size_t>(n) + s] = pair[1];
+    }
   }
 }
 
@@ -97,12 +117,8 @@ inline void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOpt
   visit_sgd_functor(
       options, low_copy_dtype(tensors.low_copies, "larc_sgd_step"), nullptr,
       [&](auto op) {
-        const SumOfSquaresFunctor<2> norms;
         for (std::size_t s = 0; s < spans.size(); ++s) {
-          Span<2> pair;
-          pair.data = {spans[s].data[0], spans[s].data[1]};
-          pair.size = spans[s].size;
-          const auto sumsq = apply_span(norms, pair, static_cast<std::int64_t>(s));
+          const auto sumsq = detail::sums_of_pair(spans[s]);
           op.uniform = ops::larc_coefficients(sumsq[0], sumsq[1], larc, options.lr,
                                               options.inv_grad_scale);
           apply_span(op, spans[s], static_cast<std::int64_t>(s));
