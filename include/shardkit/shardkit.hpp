@@ -3,3 +3,4 @@
 #pragma once
 
 #include "shardkit/core/core.hpp"
+#include "shardkit/comm/comm.hpp"

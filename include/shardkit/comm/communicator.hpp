@@ -1,0 +1,331 @@
+// Communicator: the one interface every backend (local threads, MPI processes, NCCL GPUs)
+// implements. Public calls check what this rank can check (dtype, sizes, root, aliasing), count
+// the traffic, then hand normalised buffers to the backend.
+//
+// Every rank of a communicator must issue the same calls in the same order with the same
+// counts, dtypes, roots and ops (NCCL's rule). The local backend checks that across ranks; MPI
+// and NCCL cannot do so cheaply, and a mismatch there is undefined (MPI usually reports a
+// truncation error, NCCL may hang until the timeout).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "shardkit/comm/buffer.hpp"
+#include "shardkit/comm/comm_stats.hpp"
+#include "shardkit/comm/reduction.hpp"
+#include "shardkit/comm/work.hpp"
+#include "shardkit/core/error.hpp"
+
+namespace shardkit::comm {
+
+// A communicator gave up (a timeout, or a failure on another rank); it cannot be used again.
+class CommunicatorAborted : public StateError {
+ public:
+  using StateError::StateError;
+};
+
+struct CommOptions {
+  // How long a call may wait for the other ranks before it throws sk::TimeoutError and the
+  // communicator is aborted. Covers the wait for peers, not the local data movement.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+class Communicator;
+
+// Batches the calls made while it lives (NCCL group semantics: one launch for many calls; the
+// v-collectives use it internally). Other backends already run calls asynchronously.
+class GroupScope {
+ public:
+  explicit GroupScope(Communicator& comm);
+  GroupScope(const GroupScope&) = delete;
+  GroupScope& operator=(const GroupScope&) = delete;
+  // Ends the group; throws the backend's error. The destructor ends it too, but swallows
+  // errors while an exception is already propagating.
+  void end();
+  ~GroupScope() noexcept(false);
+
+ private:
+  Communicator* comm_;
+  int uncaught_at_start_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string_view backend() const = 0;
+  const CommOptions& options() const { return options_; }
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_.reset(); }
+
+  // data <- reduction of every rank's data.
+  Work all_reduce(const Buffer& data, ReduceOp op = ReduceOp::sum) {
+    return all_reduce(data, data, op);
+  }
+  // recv (>= send.count elements) <- reduction of every rank's send. recv may be send.
+  Work all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op = ReduceOp::sum) {
+    const std::string_view call = "all_reduce";
+    check_call(call, send);
+    check_pair(call, send, recv, send.count, "send.count");
+    check_same_or_disjoint(call, send, recv.first(send.count));
+    return counted(CollectiveKind::all_reduce, send.nbytes(),
+                   [&] { return do_all_reduce(send, recv.first(send.count), op); });
+  }
+  // At `root`, recv <- reduction of every rank's send; other ranks may pass an empty recv.
+  Work reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op = ReduceOp::sum) {
+    const std::string_view call = "reduce";
+    check_call(call, send);
+    check_root(call, root);
+    Buffer out;
+    if (rank_ == root) {
+      check_pair(call, send, recv, send.count, "send.count");
+      out = recv.first(send.count);
+      check_same_or_disjoint(call, send, out);
+    } else {
+      out = Buffer();
+      out.dtype = send.dtype;
+      out.device = send.device;
+    }
+    return counted(CollectiveKind::reduce, send.nbytes(),
+                   [&] { return do_reduce(send, out, root, op); });
+  }
+  // data <- root's data, on every rank.
+  Work broadcast(const Buffer& data, int root) {
+    const std::string_view call = "broadcast";
+    check_call(call, data);
+    check_root(call, root);
+    return counted(CollectiveKind::broadcast, data.nbytes(),
+                   [&] { return do_broadcast(data, root); });
+  }
+  // recv[r*count, (r+1)*count) <- rank r's send (count = send.count). In place when
+  // send is exactly recv's segment of this rank (NCCL's form).
+  Work all_gather(const Buffer& send, const Buffer& recv) {
+    const std::string_view call = "all_gather";
+    check_call(call, send);
+    const std::size_t total = send.count * static_cast<std::size_t>(size_);
+    check_pair(call, send, recv, total, "size() x send.count");
+    const Buffer out = recv.first(total);
+    check_in_place_or_disjoint(call, send, out, send.count, "send", "recv");
+    return counted(CollectiveKind::all_gather, out.nbytes(),
+                   [&] { return do_all_gather(send, out); });
+  }
+  // recv (count = recv.count) <- reduction over ranks of their send[rank*count, (rank+1)*count).
+  // In place when recv is exactly send's segment of this rank (NCCL's form).
+  Work reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op = ReduceOp::sum) {
+    const std::string_view call = "reduce_scatter";
+    check_call(call, recv);
+    const std::size_t total = recv.count * static_cast<std::size_t>(size_);
+    check_pair(call, recv, send, total, "size() x recv.count", "send");
+    const Buffer in = send.first(total);
+    check_in_place_or_disjoint(call, recv, in, recv.count, "recv", "send");
+    return counted(CollectiveKind::reduce_scatter, in.nbytes(),
+                   [&] { return do_reduce_scatter(in, recv, op); });
+  }
+  // Per-owner broadcast of an unevenly partitioned buffer: data holds sum(counts) elements,
+  // rank r owns the segment of counts[r] elements after counts[0..r); afterwards every rank
+  // holds every owner's segment. (ZeRO-1 parameter sync over a size-balanced partition.)
+  Work all_gather_v(const Buffer& data, std::span<const std::size_t> counts) {
+    const std::string_view call = "all_gather_v";
+    check_call(call, data);
+    const std::size_t total = check_counts(call, counts);
+    check(data.count >= total, where(call), ": data holds ", data.count, " ",
+          dtype_name(data.dtype), " elements but the counts add up to ", total,
+          "; pass a buffer covering every owner's segment");
+    const Buffer whole = data.first(total);
+    return counted(CollectiveKind::all_gather_v, whole.nbytes(),
+                   [&] { return do_all_gather_v(whole, counts); });
+  }
+  // Per-owner reduce of an unevenly partitioned buffer: send holds sum(counts) elements; rank r
+  // receives the reduction of every rank's segment r into recv (>= counts[rank] elements). In
+  // place when recv is exactly send's own segment. (ZeRO-2 gradient reduce to owners.)
+  Work reduce_scatter_v(const Buffer& send, const Buffer& recv, std::span<const std::size_t> counts,
+                        ReduceOp op = ReduceOp::sum) {
+    const std::string_view call = "reduce_scatter_v";
+    check_call(call, send);
+    const std::size_t total = check_counts(call, counts);
+    check(send.count >= total, where(call), ": send holds ", send.count, " ",
+          dtype_name(send.dtype), " elements but the counts add up to ", total,
+          "; pass a buffer covering every owner's segment");
+    const std::size_t own = counts[static_cast<std::size_t>(rank_)];
+    check_pair(call, send, recv, own, "counts[rank]");
+    const Buffer in = send.first(total), out = recv.first(own);
+    const std::size_t offset =
+        std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
+    if (overlaps(in, out))
+      check(out.data == in.slice(offset, own).data, where(call),
+            ": recv overlaps send but is not this rank's segment (element ", offset,
+            " of send); pass disjoint buffers, or recv = send + offset for the in-place form");
+    return counted(CollectiveKind::reduce_scatter_v, in.nbytes(),
+                   [&] { return do_reduce_scatter_v(in, out, counts, op); });
+  }
+  // Returns when every rank has reached the barrier (throws TimeoutError otherwise).
+  void barrier() {
+    check_usable("barrier");
+    check<StateError>(
+        group_depth_ == 0, where("barrier"),
+        ": a barrier inside a group scope would wait for itself; end the group first");
+    do_barrier();
+    stats_.record(CollectiveKind::barrier, 0, size_);
+  }
+
+  GroupScope group() { return GroupScope(*this); }
+
+  // Collective over all ranks: ranks passing the same colour form a new communicator, ranked by
+  // (key, old rank). A negative colour takes no part and gets nullptr. The child keeps this
+  // communicator's options and counts its own traffic.
+  std::unique_ptr<Communicator> split(int color, int key) {
+    check_usable("split");
+    check<StateError>(group_depth_ == 0, where("split"),
+                      ": split inside a group scope cannot complete; end the group first");
+    return do_split(color, key);
+  }
+
+  // Keeps `owner` alive as long as this communicator (e.g. the MPI session it was built on).
+  void attach(std::shared_ptr<void> owner) { attached_.push_back(std::move(owner)); }
+
+ protected:
+  Communicator(int rank, int size, CommOptions options)
+      : rank_(rank), size_(size), options_(options) {
+    check(size >= 1 && rank >= 0 && rank < size, "communicator rank ", rank,
+          " is outside a world of ", size, " ranks");
+    check(options.timeout.count() > 0, "communicator timeout must be positive, got ",
+          options.timeout.count(), " ms");
+  }
+
+  // "all_reduce on rank 2 of 4 (local)": the prefix of every message about a call.
+  std::string where(std::string_view call) const {
+    return shardkit::detail::concat(call, " on rank ", rank_, " of ", size_, " (", backend(), ")");
+  }
+
+  // Non-empty when the communicator was aborted; calls then throw CommunicatorAborted.
+  virtual std::string aborted_reason() const { return {}; }
+
+  virtual Work do_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
+  virtual Work do_reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op) = 0;
+  virtual Work do_broadcast(const Buffer& data, int root) = 0;
+  virtual Work do_all_gather(const Buffer& send, const Buffer& recv) = 0;
+  virtual Work do_reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
+  virtual Work do_all_gather_v(const Buffer& data, std::span<const std::size_t> counts) = 0;
+  virtual Work do_reduce_scatter_v(const Buffer& send, const Buffer& recv,
+                                   std::span<const std::size_t> counts, ReduceOp op) = 0;
+  virtual void do_barrier() = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
+  virtual void do_group_start() {}
+  virtual void do_group_end() {}
+
+  int group_depth() const { return group_depth_; }
+
+ private:
+  // Counts a call once the backend accepted it (a rejected call moved nothing).
+  template <class Issue>
+  Work counted(CollectiveKind kind, std::size_t payload_bytes, Issue&& issue) {
+    Work work = issue();
+    stats_.record(kind, payload_bytes, size_);
+    return work;
+  }
+
+  friend class GroupScope;
+
+  void check_usable(std::string_view call) const {
+    const std::string reason = aborted_reason();
+    if (!reason.empty())
+      fail<CommunicatorAborted>(where(call), ": the communicator was aborted (", reason,
+                                "); create a new one");
+  }
+
+  void check_call(std::string_view call, const Buffer& main) const {
+    check_usable(call);
+    check(is_comm_dtype(main.dtype), where(call), ": dtype ", dtype_name(main.dtype),
+          " is not supported; collectives move f32, f64, f16 or bf16");
+  }
+
+  void check_root(std::string_view call, int root) const {
+    check(root >= 0 && root < size_, where(call), ": root ", root,
+          " is out of range; pass a rank in [0, ", size_, ")");
+  }
+
+  // `other` must match `main`'s dtype and device and hold at least `needed` elements.
+  void check_pair(std::string_view call, const Buffer& main, const Buffer& other,
+                  std::size_t needed, std::string_view needed_name,
+                  std::string_view other_name = "recv") const {
+    check(other.dtype == main.dtype, where(call), ": ", other_name, " is ", dtype_name(other.dtype),
+          " but the data is ", dtype_name(main.dtype), "; pass buffers of one dtype");
+    check(other.device == main.device, where(call), ": ", other_name, " is on ", other.device.str(),
+          " but the data is on ", main.device.str(), "; pass buffers on one device");
+    check(other.count >= needed, where(call), ": ", other_name, " holds ", other.count, " ",
+          dtype_name(other.dtype), " elements but needs ", needed_name, " = ", needed,
+          "; pass a bigger buffer");
+  }
+
+  void check_same_or_disjoint(std::string_view call, const Buffer& a, const Buffer& b) const {
+    check(a.data == b.data || !overlaps(a, b), where(call),
+          ": send and recv partly overlap; pass the same buffer (in place) or disjoint ones");
+  }
+
+  // The in-place form: `part` is exactly segment `rank` (of `part_count`) of `whole`.
+  void check_in_place_or_disjoint(std::string_view call, const Buffer& part, const Buffer& whole,
+                                  std::size_t part_count, std::string_view part_name,
+                                  std::string_view whole_name) const {
+    if (!overlaps(part, whole)) return;
+    const Buffer own = whole.slice(part_count * static_cast<std::size_t>(rank_), part_count);
+    check(part.data == own.data, where(call), ": ", part_name, " overlaps ", whole_name,
+          " but is not this rank's segment (element ", part_count * static_cast<std::size_t>(rank_),
+          "); pass disjoint buffers, or ", part_name, " = ", whole_name,
+          " + rank x count for the "
+          "in-place form");
+  }
+
+  std::size_t check_counts(std::string_view call, std::span<const std::size_t> counts) const {
+    check(counts.size() == static_cast<std::size_t>(size_), where(call), ": ", counts.size(),
+          " counts given for ", size_, " ranks; pass one count per rank");
+    return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  }
+
+  int rank_;
+  int size_;
+  CommOptions options_;
+  CommStats stats_;
+  int group_depth_ = 0;
+  std::vector<std::shared_ptr<void>> attached_;
+};
+
+inline GroupScope::GroupScope(Communicator& comm)
+    : comm_(&comm), uncaught_at_start_(std::uncaught_exceptions()) {
+  comm.check_usable("group");
+  comm.do_group_start();
+  ++comm.group_depth_;
+}
+
+inline void GroupScope::end() {
+  if (comm_ == nullptr) return;
+  Communicator* comm = std::exchange(comm_, nullptr);
+  --comm->group_depth_;
+  comm->do_group_end();
+}
+
+inline GroupScope::~GroupScope() noexcept(false) {
+  if (comm_ == nullptr) return;
+  if (std::uncaught_exceptions() > uncaught_at_start_) {
+    try {
+      end();
+    } catch (...) {  // the exception already propagating says more
+    }
+    return;
+  }
+  end();
+}
+
+}  // namespace shardkit::comm

@@ -1,0 +1,156 @@
+// LocalCommunicator: one rank of a LocalWorld (N ranks as N threads of one process, each with
+// its own Context). Reductions run in rank order, so results are bitwise reproducible.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/comm/local_world.hpp"
+#include "shardkit/core/context.hpp"
+
+namespace shardkit::comm {
+
+namespace detail {
+
+// A host call in flight: waits on the world.
+class LocalWorkState final : public WorkState {
+ public:
+  LocalWorkState(std::shared_ptr<LocalWorld> world, std::shared_ptr<LocalOp> op, int rank,
+                 std::chrono::milliseconds timeout)
+      : world_(std::move(world)), op_(std::move(op)), rank_(rank), timeout_(timeout) {}
+  void wait() override { world_->wait(*op_, rank_, timeout_); }
+  bool test() override { return world_->test(*op_); }
+  void on_drop() noexcept override { world_->drop(*op_, rank_); }
+
+ private:
+  std::shared_ptr<LocalWorld> world_;
+  std::shared_ptr<LocalOp> op_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+};
+
+#if SK_WITH_CUDA
+// A device call: already ordered on the rank's stream; wait() also blocks the host until done.
+class EventWorkState final : public WorkState {
+ public:
+  explicit EventWorkState(std::shared_ptr<CudaEvent> done) : done_(std::move(done)) {}
+  void wait() override { done_->synchronize(); }
+  bool test() override { return done_->query(); }
+
+ private:
+  std::shared_ptr<CudaEvent> done_;
+};
+#endif
+
+}  // namespace detail
+
+class LocalCommunicator final : public Communicator {
+ public:
+  // Rank `rank` of `world`; every rank of the world needs its own communicator (and Context).
+  LocalCommunicator(Context& ctx, std::shared_ptr<LocalWorld> world, int rank,
+                    CommOptions options = {})
+      : Communicator(rank, checked(world)->size(), options), ctx_(ctx), world_(std::move(world)) {}
+
+  // A world of one rank: every collective is a copy (what a program run without a launcher gets).
+  static std::unique_ptr<LocalCommunicator> single(Context& ctx, CommOptions options = {}) {
+    return std::make_unique<LocalCommunicator>(ctx, std::make_shared<LocalWorld>(1), 0, options);
+  }
+
+  std::string_view backend() const override { return "local"; }
+  const std::shared_ptr<LocalWorld>& world() const { return world_; }
+  // Fails every pending and later call of this world (and its splits) with `reason`.
+  void abort(const std::string& reason) { world_->abort(reason); }
+
+ protected:
+  std::string aborted_reason() const override { return world_->aborted_reason(); }
+
+  Work do_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    return submit(make_post(CollectiveKind::all_reduce, send, recv, op));
+  }
+  Work do_reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op) override {
+    return submit(make_post(CollectiveKind::reduce, send, recv, op, root));
+  }
+  Work do_broadcast(const Buffer& data, int root) override {
+    return submit(make_post(CollectiveKind::broadcast, data, data, ReduceOp::sum, root));
+  }
+  Work do_all_gather(const Buffer& send, const Buffer& recv) override {
+    return submit(make_post(CollectiveKind::all_gather, send, recv));
+  }
+  Work do_reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
+    return submit(make_post(CollectiveKind::reduce_scatter, send, recv, op));
+  }
+  Work do_all_gather_v(const Buffer& data, std::span<const std::size_t> counts) override {
+    return submit(make_post(CollectiveKind::all_gather_v, data, data, ReduceOp::sum, 0, counts));
+  }
+  Work do_reduce_scatter_v(const Buffer& send, const Buffer& recv,
+                           std::span<const std::size_t> counts, ReduceOp op) override {
+    return submit(make_post(CollectiveKind::reduce_scatter_v, send, recv, op, 0, counts));
+  }
+  void do_barrier() override {
+    auto op = world_->post(rank(), next_sequence_++, "barrier",
+                           make_post(CollectiveKind::barrier, {}, {}), nullptr);
+    world_->wait(*op, rank(), options().timeout);
+  }
+  std::unique_ptr<Communicator> do_split(int color, int key) override {
+    LocalPost post;
+    post.is_split = true;
+    post.color = color;
+    post.key = key;
+    auto op = world_->post(rank(), next_sequence_++, "split", std::move(post), nullptr);
+    world_->wait(*op, rank(), options().timeout);
+    const auto index = static_cast<std::size_t>(rank());
+    if (!op->split_worlds[index]) return nullptr;
+    return std::make_unique<LocalCommunicator>(ctx_, op->split_worlds[index],
+                                               op->split_ranks[index], options());
+  }
+
+ private:
+  static const std::shared_ptr<LocalWorld>& checked(const std::shared_ptr<LocalWorld>& world) {
+    check(world != nullptr, "LocalCommunicator needs a LocalWorld; got none");
+    return world;
+  }
+
+  static LocalPost make_post(CollectiveKind kind, const Buffer& send, const Buffer& recv,
+                             ReduceOp op = ReduceOp::sum, int root = 0,
+                             std::span<const std::size_t> counts = {}) {
+    LocalPost post;
+    post.kind = kind;
+    post.send = send;
+    post.recv = recv;
+    post.op = op;
+    post.root = root;
+    post.counts.assign(counts.begin(), counts.end());
+    return post;
+  }
+
+  Work submit(LocalPost post) {
+    const std::string call(collective_name(post.kind));
+    if (post.send.device.is_cuda()) {
+#if SK_WITH_CUDA
+      check(post.send.device == ctx_.device(), where(call), ": buffers on ", post.send.device.str(),
+            " but this rank's context is on ", ctx_.device().str(),
+            "; device collectives run on the context's stream: use that GPU's memory");
+      auto ready = std::make_shared<CudaEvent>(ctx_.device().index);
+      ready->record(ctx_.stream());
+      auto op = world_->post(rank(), next_sequence_++, call, std::move(post), ready);
+      world_->wait(*op, rank(), options().timeout);
+      CudaDeviceGuard guard(ctx_.device().index);
+      SK_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), op->done->get(), 0));
+      return Work(std::make_shared<detail::EventWorkState>(op->done));
+#else
+      fail<NotAvailable>(where(call), ": buffers on ", post.send.device.str(),
+                         " in a build without CUDA; pass host memory");
+#endif
+    }
+    auto op = world_->post(rank(), next_sequence_++, call, std::move(post), nullptr);
+    return Work(
+        std::make_shared<detail::LocalWorkState>(world_, std::move(op), rank(), options().timeout));
+  }
+
+  Context& ctx_;
+  std::shared_ptr<LocalWorld> world_;
+  std::uint64_t next_sequence_ = 0;
+};
+
+}  // namespace shardkit::comm

@@ -1,0 +1,330 @@
+// LocalWorld: the state the N thread-ranks of one local communicator share. Each call gets a
+// sequence number per rank; the i-th calls of all ranks meet in one LocalOp. When the last rank
+// posts, the op is checked across ranks and then carried out:
+// - host memory: by the world's worker thread, so a call returns at once and the rank computes
+//   while the collective runs (what DDP's overlap of backward and all-reduce needs);
+// - device memory: queued on the world's CUDA stream by the last rank to arrive, after every
+//   rank's stream reached the call (events), and every rank's stream waits for the result. The
+//   host side of a device call is a rendezvous: it returns once every rank has issued it.
+// A rank that waits longer than the timeout for the others aborts the world (and its splits):
+// every later call, on every rank, throws CommunicatorAborted instead of hanging.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/comm/cuda_event.hpp"
+#include "shardkit/comm/device_comm_kernels.hpp"
+#include "shardkit/comm/local_host_ops.hpp"
+#include "shardkit/comm/local_validation.hpp"
+#include "shardkit/comm/transfer_plan.hpp"
+
+#if SK_WITH_CUDA
+#include "shardkit/core/cuda_stream.hpp"
+#endif
+
+namespace shardkit::comm {
+
+class LocalWorld;
+
+// One call of a local world, met by every rank.
+struct LocalOp {
+  enum class Phase { posting, queued, done, failed };
+
+  std::string name;  // "all_reduce #12"
+  std::vector<LocalPost> posts;
+  std::vector<char> arrived;
+  int arrived_count = 0;
+  Phase phase = Phase::posting;
+  std::exception_ptr error;
+  // split: each old rank's new world (null for a negative colour) and rank in it
+  std::vector<std::shared_ptr<LocalWorld>> split_worlds;
+  std::vector<int> split_ranks;
+#if SK_WITH_CUDA
+  std::vector<std::shared_ptr<CudaEvent>> ready;  // each rank's stream reached the call
+  std::shared_ptr<CudaEvent> done;                // the world's stream finished it
+#endif
+};
+
+class LocalWorld {
+ public:
+  // `kernels`: the device reduction table (kernels/comm/reduce_kernels.cuh); only needed to
+  // reduce device memory over more than one rank.
+  explicit LocalWorld(int size, const DeviceCommKernels* kernels = nullptr)
+      : size_(size), kernels_(kernels) {
+    check(size >= 1, "a local world needs at least 1 rank, got ", size);
+  }
+
+  ~LocalWorld() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  LocalWorld(const LocalWorld&) = delete;
+  LocalWorld& operator=(const LocalWorld&) = delete;
+
+  int size() const { return size_; }
+  const DeviceCommKernels* kernels() const { return kernels_; }
+
+  std::string aborted_reason() const {
+    std::lock_guard lock(mutex_);
+    return aborted_;
+  }
+
+  // Adds rank's part of call `sequence`. `ready` (device calls) is recorded on the rank's stream.
+  std::shared_ptr<LocalOp> post(int rank, std::uint64_t sequence, std::string_view call,
+                                LocalPost post, [[maybe_unused]] std::shared_ptr<void> ready) {
+    std::unique_lock lock(mutex_);
+    if (!aborted_.empty())
+      fail<CommunicatorAborted>(call, " #", sequence, " on rank ", rank,
+                                " (local): the world was aborted (", aborted_, ")");
+    auto& slot = ops_[sequence];
+    if (!slot) {
+      slot = std::make_shared<LocalOp>();
+      slot->name = shardkit::detail::concat(call, " #", sequence);
+      slot->posts.resize(static_cast<std::size_t>(size_));
+      slot->arrived.assign(static_cast<std::size_t>(size_), 0);
+#if SK_WITH_CUDA
+      slot->ready.resize(static_cast<std::size_t>(size_));
+#endif
+    }
+    std::shared_ptr<LocalOp> op = slot;
+    const auto index = static_cast<std::size_t>(rank);
+    SK_ASSERT(!op->arrived[index]);
+    op->posts[index] = std::move(post);
+    op->arrived[index] = 1;
+#if SK_WITH_CUDA
+    op->ready[index] = std::static_pointer_cast<CudaEvent>(ready);
+#endif
+    if (++op->arrived_count == size_) {
+      ops_.erase(sequence);
+      if (op->phase == LocalOp::Phase::posting) start(op);
+    }
+    cv_.notify_all();
+    return op;
+  }
+
+  // Until the op is complete; throws its error. The timeout covers the wait for the other ranks
+  // to post; once all have, the data movement itself is always waited for.
+  void wait(LocalOp& op, int rank, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      if (op.phase == LocalOp::Phase::done) return;
+      if (op.phase == LocalOp::Phase::failed) std::rethrow_exception(op.error);
+      if (op.arrived_count == size_) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (cv_.wait_until(lock, deadline) != std::cv_status::timeout || op.arrived_count == size_ ||
+          op.phase != LocalOp::Phase::posting)
+        continue;
+      std::string missing;
+      for (int r = 0; r < size_; ++r)
+        if (!op.arrived[static_cast<std::size_t>(r)])
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      const std::string message =
+          shardkit::detail::concat(op.name, " on rank ", rank, " (local) timed out after ",
+                                   timeout.count(), " ms: rank(s) ", missing,
+                                   " never called it; check that every rank issues the same "
+                                   "calls, or raise CommOptions::timeout");
+      auto children = abort_locked(message);
+      lock.unlock();
+      abort_children(children, message);
+      throw TimeoutError(message);
+    }
+  }
+
+  // True once complete; throws the op's error.
+  bool test(const LocalOp& op) const {
+    std::lock_guard lock(mutex_);
+    if (op.phase == LocalOp::Phase::failed) std::rethrow_exception(op.error);
+    return op.phase == LocalOp::Phase::done;
+  }
+
+  // A rank let go of its Work: cancel the op if it has not started (so its buffers are never
+  // touched), otherwise let it finish first.
+  void drop(LocalOp& op, int rank) noexcept {
+    std::unique_lock lock(mutex_);
+    if (op.phase == LocalOp::Phase::posting) {
+      op.phase = LocalOp::Phase::failed;
+      op.error = std::make_exception_ptr(StateError(shardkit::detail::concat(
+          op.name, " (local): rank ", rank,
+          " dropped its Work before every rank had called it, "
+          "so the call was cancelled; keep each Work until wait() returns")));
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return op.phase != LocalOp::Phase::queued; });
+  }
+
+  // Fails every pending call and every later one, here and in the worlds split from this one.
+  void abort(const std::string& reason) {
+    std::unique_lock lock(mutex_);
+    if (!aborted_.empty()) return;
+    auto children = abort_locked(reason);
+    lock.unlock();
+    abort_children(children, reason);
+  }
+
+ private:
+  std::vector<std::shared_ptr<LocalWorld>> abort_locked(const std::string& reason) {
+    aborted_ = reason;
+    for (auto& [sequence, op] : ops_) {
+      if (op->phase != LocalOp::Phase::posting) continue;
+      op->phase = LocalOp::Phase::failed;
+      op->error = std::make_exception_ptr(CommunicatorAborted(
+          shardkit::detail::concat(op->name, " (local): the world was aborted (", reason, ")")));
+    }
+    cv_.notify_all();
+    std::vector<std::shared_ptr<LocalWorld>> children;
+    for (auto& weak : children_)
+      if (auto child = weak.lock()) children.push_back(std::move(child));
+    return children;
+  }
+
+  static void abort_children(const std::vector<std::shared_ptr<LocalWorld>>& children,
+                             const std::string& reason) {
+    for (const auto& child : children) child->abort(reason);
+  }
+
+  // Every rank has posted `op`; called with the lock held.
+  void start(const std::shared_ptr<LocalOp>& op) {
+    try {
+      validate_local_posts(op->posts, op->name);
+      const LocalPost& first = op->posts[0];
+      if (first.is_split) {
+        split(*op);
+        op->phase = LocalOp::Phase::done;
+      } else if (first.kind == CollectiveKind::barrier) {
+        op->phase = LocalOp::Phase::done;
+      } else if (first.send.device.is_cuda()) {
+        run_on_device(*op);
+        op->phase = LocalOp::Phase::done;
+      } else {
+        op->phase = LocalOp::Phase::queued;
+        queue_.push_back(op);
+        if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+      }
+    } catch (...) {
+      op->phase = LocalOp::Phase::failed;
+      op->error = std::current_exception();
+    }
+  }
+
+  void split(LocalOp& op) {
+    std::map<int, std::vector<std::pair<int, int>>> groups;  // colour -> (key, old rank)
+    for (int r = 0; r < size_; ++r) {
+      const LocalPost& post = op.posts[static_cast<std::size_t>(r)];
+      if (post.color >= 0) groups[post.color].emplace_back(post.key, r);
+    }
+    op.split_worlds.assign(static_cast<std::size_t>(size_), nullptr);
+    op.split_ranks.assign(static_cast<std::size_t>(size_), -1);
+    for (auto& [color, members] : groups) {
+      std::sort(members.begin(), members.end());
+      auto world = std::make_shared<LocalWorld>(static_cast<int>(members.size()), kernels_);
+      children_.push_back(world);
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        const auto old_rank = static_cast<std::size_t>(members[i].second);
+        op.split_worlds[old_rank] = world;
+        op.split_ranks[old_rank] = static_cast<int>(i);
+      }
+    }
+  }
+
+  void run_on_device([[maybe_unused]] LocalOp& op) {
+#if SK_WITH_CUDA
+    const int device = op.posts[0].send.device.index;
+    CudaDeviceGuard guard(device);
+    if (!stream_) stream_ = std::make_unique<CudaStream>(device);
+    check(stream_->device() == device, "local ", op.name,
+          ": this world already moved memory of cuda:", stream_->device(),
+          " and now got buffers on cuda:", device, "; a local world reduces the memory of one GPU");
+    const cudaStream_t stream = stream_->get();
+    for (const auto& ready : op.ready) SK_CUDA_CHECK(cudaStreamWaitEvent(stream, ready->get(), 0));
+    const TransferPlan plan = plan_transfers(op.posts);
+    for (const CopyStep& c : plan.copies)
+      SK_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream));
+    const std::size_t esize = dtype_size(plan.dtype);
+    for (const ReduceStep& step : plan.reductions) {
+      if (step.sources.size() == 1) {  // one rank: the result is the input, bit for bit
+        for (void* dst : step.destinations)
+          if (dst != step.sources[0])
+            SK_CUDA_CHECK(cudaMemcpyAsync(dst, step.sources[0], step.count * esize,
+                                          cudaMemcpyDeviceToDevice, stream));
+        continue;
+      }
+      check<NotAvailable>(
+          kernels_ != nullptr, "local ", op.name, ": reducing device memory over ", size_,
+          " ranks needs the reduction kernel; build the world with "
+          "sk::comm::cuda::device_comm_kernels() from <kernels/comm/reduce_kernels.cuh> "
+          "(sk::comm::cuda_run_options does it for run_ranks)");
+      DeviceReduceParams params;
+      params.source_count = static_cast<int>(step.sources.size());
+      params.destination_count = static_cast<int>(step.destinations.size());
+      std::copy(step.sources.begin(), step.sources.end(), params.sources);
+      std::copy(step.destinations.begin(), step.destinations.end(), params.destinations);
+      params.count = step.count;
+      params.dtype = plan.dtype;
+      params.op = plan.op;
+      kernels_->reduce(stream, params);
+    }
+    op.done = std::make_shared<CudaEvent>(device);
+    op.done->record(stream);
+#else
+    fail<NotAvailable>("local ", op.name, ": device buffers in a build without CUDA");
+#endif
+  }
+
+  void worker_loop() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::shared_ptr<LocalOp> op = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        run_plan_on_host(plan_transfers(op->posts));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      op->phase = error ? LocalOp::Phase::failed : LocalOp::Phase::done;
+      op->error = error;
+      cv_.notify_all();
+    }
+  }
+
+  const int size_;
+  const DeviceCommKernels* const kernels_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, std::shared_ptr<LocalOp>> ops_;  // calls some rank has not posted yet
+  std::deque<std::shared_ptr<LocalOp>> queue_;             // host calls ready to run
+  std::vector<std::weak_ptr<LocalWorld>> children_;
+  std::string aborted_;
+  bool stopping_ = false;
+  std::thread worker_;
+#if SK_WITH_CUDA
+  std::unique_ptr<CudaStream> stream_;
+#endif
+};
+
+}  // namespace shardkit::comm

@@ -1,0 +1,62 @@
+// run_ranks(N, fn): runs fn(ctx, comm) on N threads, one per rank, each with its own Context
+// and a LocalCommunicator of one shared world. How tests, benchmarks and samples get N ranks
+// without a cluster.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "shardkit/comm/local_communicator.hpp"
+#include "shardkit/core/context.hpp"
+
+namespace shardkit::comm {
+
+struct RunRanksOptions {
+  Device device = Device::cpu();                    // every rank's context; ranks share a GPU
+  const DeviceKernels* kernels = nullptr;           // core's table, needed for a CUDA device
+  const DeviceCommKernels* comm_kernels = nullptr;  // reductions over device memory
+  CommOptions comm;
+  std::uint64_t seed = 0;  // rank r's context is seeded seed + r
+};
+
+// Returns when every rank has returned. When a rank throws, the world is aborted at once (the
+// others fail fast instead of waiting for the timeout) and, after all ranks end, the first
+// error by rank that is not a consequence of that abort is rethrown.
+template <class Fn>
+void run_ranks(int n, Fn&& fn, const RunRanksOptions& options = {}) {
+  check(n >= 1, "run_ranks needs at least 1 rank, got ", n);
+  auto world = std::make_shared<LocalWorld>(n, options.comm_kernels);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<char> secondary(static_cast<std::size_t>(n), 0);
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const auto index = static_cast<std::size_t>(r);
+      try {
+        Context ctx(ContextOptions{options.device, r, options.seed + static_cast<std::uint64_t>(r),
+                                   options.kernels});
+        LocalCommunicator comm(ctx, world, r, options.comm);
+        fn(ctx, static_cast<Communicator&>(comm));
+      } catch (const CommunicatorAborted&) {
+        errors[index] = std::current_exception();
+        secondary[index] = 1;
+      } catch (const std::exception& e) {
+        errors[index] = std::current_exception();
+        world->abort(shardkit::detail::concat("rank ", r, " failed: ", e.what()));
+      } catch (...) {
+        errors[index] = std::current_exception();
+        world->abort(shardkit::detail::concat("rank ", r, " failed with a non-standard exception"));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::size_t r = 0; r < errors.size(); ++r)
+      if (errors[r] && (pass == 1 || !secondary[r])) std::rethrow_exception(errors[r]);
+}
+
+}  // namespace shardkit::comm

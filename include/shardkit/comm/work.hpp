@@ -1,0 +1,63 @@
+// Work: the handle an asynchronous collective returns. wait() blocks until the call is complete
+// from the host's point of view (its buffers may be read or reused); test() asks without
+// blocking. Device collectives are also stream-ordered: later work on the rank's stream sees
+// the result without any wait().
+#pragma once
+
+#include <memory>
+#include <utility>
+
+namespace shardkit::comm {
+
+// What a backend puts behind a Work.
+class WorkState {
+ public:
+  virtual ~WorkState() = default;
+  virtual void wait() = 0;  // throws the call's error (TimeoutError, InvalidArgument...)
+  virtual bool test() = 0;  // true once complete; throws like wait() when it failed
+  // The last Work handle went away before wait() returned true: the backend makes sure its
+  // buffers are no longer touched afterwards (finish the call, or cancel it if it never
+  // started). Must not throw.
+  virtual void on_drop() noexcept {}
+};
+
+// Move-only: exactly one owner decides when the buffers are free again.
+class [[nodiscard]] Work {
+ public:
+  Work() = default;  // an already complete call
+  explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+  Work(Work&& other) noexcept : state_(std::move(other.state_)), waited_(other.waited_) {}
+  Work& operator=(Work&& other) noexcept {
+    if (this != &other) {
+      release();
+      state_ = std::move(other.state_);
+      waited_ = other.waited_;
+    }
+    return *this;
+  }
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work() { release(); }
+
+  void wait() {
+    if (!state_ || waited_) return;
+    state_->wait();
+    waited_ = true;
+  }
+  bool test() {
+    if (!state_ || waited_) return true;
+    waited_ = state_->test();
+    return waited_;
+  }
+
+ private:
+  void release() noexcept {
+    if (state_ && !waited_) state_->on_drop();
+    state_.reset();
+  }
+
+  std::shared_ptr<WorkState> state_;
+  bool waited_ = false;
+};
+
+}  // namespace shardkit::comm

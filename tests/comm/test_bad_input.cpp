@@ -1,0 +1,198 @@
+// Bad input: mismatches between ranks (caught by the local backend when the last rank posts),
+// and what each rank can check alone (root, sizes, dtypes, aliasing): clear errors that name
+// the call, the rank and the sizes; never memory corruption.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "shardkit/comm/run_ranks.hpp"
+#include "shardkit/core/tensor_ops.hpp"
+
+namespace sk = shardkit;
+namespace comm = shardkit::comm;
+
+namespace {
+
+// Runs `call` on every rank of a local world and returns each rank's error message ("" if none).
+std::vector<std::string> errors_of(
+    int n, const std::function<void(sk::Context&, comm::Communicator&)>& call) {
+  std::vector<std::string> messages(static_cast<std::size_t>(n));
+  comm::run_ranks(n, [&](sk::Context& ctx, comm::Communicator& c) {
+    try {
+      call(ctx, c);
+    } catch (const sk::InvalidArgument& e) {
+      messages[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+    // The communicator stays usable after a rejected call.
+    std::vector<float> one{1.0f};
+    c.all_reduce(one).wait();
+    CHECK(one[0] == static_cast<float>(c.size()));
+  });
+  return messages;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("mismatched counts, dtypes, roots, ops and calls between ranks fail on every rank") {
+  SUBCASE("count") {
+    const auto errors = errors_of(3, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> data(c.rank() == 1 ? 1001 : 1000, 1.0f);
+      c.all_reduce(data).wait();
+    });
+    for (const auto& e : errors) {
+      CAPTURE(e);
+      CHECK(contains(e, "all_reduce #0"));
+      CHECK(contains(e, "rank 1 passed a count of 1001 but rank 0 passed 1000"));
+    }
+  }
+  SUBCASE("dtype") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> f(10, 1.0f);
+      std::vector<double> d(10, 1.0);
+      if (c.rank() == 0)
+        c.broadcast(f, 0).wait();
+      else
+        c.broadcast(d, 0).wait();
+    });
+    for (const auto& e : errors)
+      CHECK(contains(e, "rank 1 passed dtype f64 but rank 0 passed f32"));
+  }
+  SUBCASE("root") {
+    const auto errors = errors_of(4, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> f(10, 1.0f);
+      c.broadcast(f, c.rank() == 3 ? 1 : 0).wait();
+    });
+    for (const auto& e : errors) CHECK(contains(e, "rank 3 passed root 1 but rank 0 passed 0"));
+  }
+  SUBCASE("op") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> f(10, 1.0f);
+      c.all_reduce(f, c.rank() == 0 ? comm::ReduceOp::sum : comm::ReduceOp::max).wait();
+    });
+    for (const auto& e : errors) CHECK(contains(e, "rank 1 passed op max but rank 0 passed sum"));
+  }
+  SUBCASE("call") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> f(10, 1.0f), g(20);
+      if (c.rank() == 0)
+        c.all_reduce(f).wait();
+      else
+        c.all_gather(f, g).wait();
+    });
+    for (const auto& e : errors) {
+      CHECK(contains(e, "rank 1 passed the call all_gather but rank 0 passed all_reduce"));
+      CHECK(contains(e, "same order"));
+    }
+  }
+  SUBCASE("per-owner counts") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> f(10, 1.0f);
+      const std::vector<std::size_t> counts =
+          c.rank() == 0 ? std::vector<std::size_t>{4, 6} : std::vector<std::size_t>{5, 5};
+      c.all_gather_v(f, counts).wait();
+    });
+    for (const auto& e : errors)
+      CHECK(contains(e, "rank 1 passed counts [5, 5] but rank 0 passed [4, 6]"));
+  }
+}
+
+TEST_CASE("what one rank can check is rejected at the call, naming the rank and sizes") {
+  SUBCASE("root out of range") {
+    const auto errors = errors_of(4, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> f(10, 1.0f);
+      c.broadcast(f, 4).wait();
+    });
+    for (int r = 0; r < 4; ++r) {
+      const auto& e = errors[static_cast<std::size_t>(r)];
+      CHECK(contains(
+          e, "broadcast on rank " + std::to_string(r) + " of 4 (local): root 4 is out of range"));
+      CHECK(contains(e, "[0, 4)"));
+    }
+  }
+  SUBCASE("all_gather output too small") {
+    const auto errors = errors_of(3, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> send(10, 1.0f), recv(29);
+      c.all_gather(send, recv).wait();
+    });
+    for (const auto& e : errors)
+      CHECK(contains(e, "recv holds 29 f32 elements but needs size() x send.count = 30"));
+  }
+  SUBCASE("reduce_scatter input too small") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<double> send(15, 1.0), recv(8);
+      c.reduce_scatter(send, recv).wait();
+    });
+    for (const auto& e : errors)
+      CHECK(contains(e, "send holds 15 f64 elements but needs size() x recv.count = 16"));
+  }
+  SUBCASE("all_reduce output too small, dtype or device differ") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> send(10, 1.0f), small(9);
+      std::vector<double> other(10);
+      try {
+        c.all_reduce(send, small).wait();
+      } catch (const sk::InvalidArgument& e) {
+        CHECK(contains(e.what(), "recv holds 9 f32 elements but needs send.count = 10"));
+      }
+      try {
+        c.all_reduce(send, other).wait();
+      } catch (const sk::InvalidArgument& e) {
+        CHECK(contains(e.what(), "recv is f64 but the data is f32"));
+      }
+      comm::Buffer on_gpu(other.data(), 10, sk::DType::f32, sk::Device::cuda(0));
+      c.all_reduce(send, on_gpu).wait();
+    });
+    for (const auto& e : errors) CHECK(contains(e, "recv is on cuda:0 but the data is on cpu"));
+  }
+  SUBCASE("per-owner counts of the wrong length or beyond the buffer") {
+    const auto errors = errors_of(3, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> data(10, 1.0f);
+      const std::vector<std::size_t> two{5, 5};
+      try {
+        c.all_gather_v(data, two).wait();
+      } catch (const sk::InvalidArgument& e) {
+        CHECK(contains(e.what(), "2 counts given for 3 ranks"));
+      }
+      const std::vector<std::size_t> big{4, 4, 4};
+      c.reduce_scatter_v(data, data, big).wait();
+    });
+    for (const auto& e : errors)
+      CHECK(contains(e, "send holds 10 f32 elements but the counts add up to 12"));
+  }
+  SUBCASE("overlapping buffers other than the in-place forms") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> data(40, 1.0f);
+      comm::Buffer whole(data);
+      try {
+        c.all_reduce(whole.slice(0, 20), whole.slice(10, 20)).wait();
+      } catch (const sk::InvalidArgument& e) {
+        CHECK(contains(e.what(), "send and recv partly overlap"));
+      }
+      // all_gather in place must use this rank's own segment
+      const std::size_t wrong = c.rank() == 0 ? 10 : 0;
+      c.all_gather(whole.slice(wrong, 10), whole.slice(0, 20)).wait();
+    });
+    for (const auto& e : errors)
+      CHECK(contains(e, "send overlaps recv but is not this rank's segment"));
+  }
+  SUBCASE("unsupported dtype and non-contiguous tensors") {
+    const auto errors = errors_of(2, [](sk::Context& ctx, comm::Communicator& c) {
+      std::vector<std::int32_t> ints(4, 1);
+      try {
+        c.all_reduce(ints).wait();
+      } catch (const sk::InvalidArgument& e) {
+        CHECK(contains(e.what(), "dtype i32 is not supported"));
+      }
+      auto t = sk::zeros(ctx, {4, 6}, sk::DType::f32);
+      c.all_reduce(t.transpose(0, 1)).wait();
+    });
+    for (const auto& e : errors) CHECK(contains(e, "non-contiguous"));
+  }
+}

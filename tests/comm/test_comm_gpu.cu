@@ -1,0 +1,121 @@
+// comm on a CUDA GPU: the local backend over device memory (ranks share the GPU; device copies
+// plus the reduction kernel) against the same fixed-order reference as the CPU, bit for bit;
+// stream ordering without wait(); and NCCL at world size 1 (NCCL refuses two ranks on one GPU),
+// including a non-blocking init that times out when the second rank never comes.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collective_matrix.hpp"
+#include "kernels/shardkit_cuda.cuh"
+
+namespace sk = shardkit;
+namespace comm = shardkit::comm;
+
+namespace {
+
+std::string joined(const std::vector<std::string>& failures) {
+  std::string out;
+  for (std::size_t i = 0; i < failures.size() && i < 5; ++i) out += failures[i] + "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("local collectives over device memory equal the fixed-order reference bit for bit") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    CAPTURE(n);
+    std::mutex mutex;
+    std::vector<std::string> failures;
+    comm::run_ranks(
+        n,
+        [&](sk::Context& ctx, comm::Communicator& c) {
+          REQUIRE(ctx.device().is_cuda());
+          auto mine = comm::testing::run_all_dtypes(ctx, c);
+          std::lock_guard lock(mutex);
+          failures.insert(failures.end(), mine.begin(), mine.end());
+        },
+        comm::cuda_run_options(0));
+    CHECK_MESSAGE(failures.empty(), joined(failures));
+  }
+}
+
+TEST_CASE("device collectives are stream-ordered: a later kernel sees the result without wait()") {
+  std::vector<float> seen(3);
+  comm::run_ranks(
+      3,
+      [&](sk::Context& ctx, comm::Communicator& c) {
+        auto grads = sk::full(ctx, {4097}, sk::DType::f32, c.rank() + 1.0);
+        {
+          comm::Work work = c.all_reduce(grads, comm::ReduceOp::sum);
+        }                                                     // dropped: stream order suffices
+        auto doubled = sk::cast(ctx, grads, sk::DType::f64);  // queued on the same stream
+        seen[static_cast<std::size_t>(c.rank())] =
+            static_cast<float>(sk::to_vector<double>(ctx, doubled)[4096]);
+      },
+      comm::cuda_run_options(0));
+  CHECK(seen == std::vector<float>{6.0f, 6.0f, 6.0f});
+}
+
+TEST_CASE("NCCL at world size 1: every collective, groups, split, barrier and counters") {
+  auto ctx = sk::make_cuda_context(0);
+  const ncclUniqueId id = comm::NcclCommunicator::unique_id();
+  comm::NcclCommunicator nccl(*ctx, id, 0, 1);
+  CHECK(nccl.backend() == "nccl");
+  CHECK(nccl.size() == 1);
+  comm::testing::MatrixConfig config;
+  config.exact_order = false;
+  config.reduced_precision_wire = true;
+  const auto failures = comm::testing::run_all_dtypes(*ctx, nccl, config);
+  CHECK_MESSAGE(failures.empty(), joined(failures));
+
+  auto a = sk::full(*ctx, {100}, sk::DType::f32, 2.0);
+  auto b = sk::full(*ctx, {50}, sk::DType::bf16, 3.0);
+  std::vector<comm::Work> works;
+  {
+    auto group = nccl.group();
+    works.push_back(nccl.all_reduce(a));
+    works.push_back(nccl.all_reduce(b, comm::ReduceOp::max));
+  }
+  for (auto& w : works) w.wait();
+  CHECK(sk::to_vector<float>(*ctx, a)[99] == 2.0f);
+  nccl.barrier();
+
+  auto child = nccl.split(0, 0);
+  REQUIRE(child != nullptr);
+  CHECK(child->size() == 1);
+  CHECK(nccl.split(-1, 0) == nullptr);
+  CHECK(nccl.stats().of(comm::CollectiveKind::barrier).calls == 1);
+  CHECK(nccl.stats().total_bus_bytes() == 0);  // nothing leaves a single rank
+
+  std::vector<float> host(4, 1.0f);
+  CHECK_THROWS_WITH_AS(nccl.all_reduce(host).wait(), doctest::Contains("NCCL moves device memory"),
+                       sk::InvalidArgument);
+}
+
+TEST_CASE("make_communicator with RANK=0 WORLD_SIZE=1 on a GPU context builds NCCL") {
+  auto ctx = sk::make_cuda_context(0);
+  auto c = comm::make_communicator(*ctx, {}, [](const char* name) -> std::optional<std::string> {
+    if (std::string(name) == "RANK") return "0";
+    if (std::string(name) == "WORLD_SIZE") return "1";
+    return std::nullopt;
+  });
+  CHECK(c->backend() == "nccl");
+  auto x = sk::full(*ctx, {10}, sk::DType::f16, 1.5);
+  c->all_reduce(x, comm::ReduceOp::avg).wait();
+  CHECK(sk::to_vector<sk::Half>(*ctx, x)[3].to_float() == 1.5f);
+}
+
+TEST_CASE("NCCL init waiting for a rank that never comes times out and aborts") {
+  auto ctx = sk::make_cuda_context(0);
+  const ncclUniqueId id = comm::NcclCommunicator::unique_id();
+  comm::CommOptions options;
+  options.timeout = std::chrono::milliseconds(500);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(comm::NcclCommunicator(*ctx, id, 0, 2, options),
+                       doctest::Contains("NCCL init of rank 0 of 2"), sk::TimeoutError);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}

@@ -1,0 +1,268 @@
+// Local backend behaviour beyond results: asynchronous calls that overlap with computation,
+// dropped Work, group scopes, barriers, sub-communicators, timeouts and error propagation.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <latch>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/comm/run_ranks.hpp"
+
+namespace sk = shardkit;
+namespace comm = shardkit::comm;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double elapsed_ms(Clock::time_point since) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - since).count();
+}
+
+comm::RunRanksOptions with_timeout(std::chrono::milliseconds timeout) {
+  comm::RunRanksOptions options;
+  options.comm.timeout = timeout;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("a local all_reduce returns at once and completes while the rank computes") {
+  std::vector<double> call_ms(2), computed(2);
+  std::vector<char> ready_after_call(2), correct(2);
+  comm::run_ranks(2, [&](sk::Context&, comm::Communicator& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    if (c.rank() == 1) std::this_thread::sleep_for(150ms);  // a slow peer
+    std::vector<float> grads(1 << 16, static_cast<float>(c.rank() + 1));
+    const auto start = Clock::now();
+    comm::Work work = c.all_reduce(grads);
+    call_ms[r] = elapsed_ms(start);
+    ready_after_call[r] = work.test();
+    double sum = 0;  // "backward of the next layer", overlapping the collective
+    for (int i = 0; i < 100000; ++i) sum += i * 0.5;
+    computed[r] = sum;
+    work.wait();
+    correct[r] = std::all_of(grads.begin(), grads.end(), [](float v) { return v == 3.0f; });
+  });
+  CHECK(call_ms[0] < 100.0);        // did not wait for the slow rank 1
+  CHECK(ready_after_call[0] == 0);  // rank 1 had not called yet
+  CHECK(computed[0] > 0);
+  CHECK(correct[0] == 1);
+  CHECK(correct[1] == 1);
+}
+
+TEST_CASE("several outstanding local calls can be waited for in any order") {
+  std::vector<char> ok(3);
+  comm::run_ranks(3, [&](sk::Context&, comm::Communicator& c) {
+    std::vector<std::vector<double>> buckets(4, std::vector<double>(999, c.rank() + 1.0));
+    std::vector<comm::Work> works;
+    for (auto& b : buckets) works.push_back(c.all_reduce(b, comm::ReduceOp::max));
+    for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
+    bool good = true;
+    for (auto& b : buckets)
+      good &= std::all_of(b.begin(), b.end(), [](double v) { return v == 3.0; });
+    ok[static_cast<std::size_t>(c.rank())] = good;
+  });
+  CHECK(ok == std::vector<char>{1, 1, 1});
+}
+
+TEST_CASE("dropping a Work before every rank called cancels the call instead of racing it") {
+  std::latch dropped(1);
+  std::string rank1_error;
+  comm::run_ranks(2, [&](sk::Context&, comm::Communicator& c) {
+    std::vector<float> data(100, 1.0f);
+    if (c.rank() == 0) {
+      { comm::Work abandoned = c.all_reduce(data); }  // e.g. an exception unwound the caller
+      dropped.count_down();
+      CHECK(std::all_of(data.begin(), data.end(), [](float v) { return v == 1.0f; }));
+      return;
+    }
+    dropped.wait();
+    try {
+      c.all_reduce(data).wait();
+    } catch (const sk::StateError& e) {
+      rank1_error = e.what();
+    }
+  });
+  CHECK(rank1_error.find("all_reduce #0") != std::string::npos);
+  CHECK(rank1_error.find("rank 0 dropped its Work") != std::string::npos);
+}
+
+TEST_CASE("group scopes batch calls; barrier and split refuse to run inside one") {
+  std::vector<char> ok(4);
+  comm::run_ranks(4, [&](sk::Context&, comm::Communicator& c) {
+    std::vector<float> a(33, 1.0f), b(17, 2.0f), gathered(4 * 5);
+    std::vector<float> piece(5, static_cast<float>(c.rank()));
+    std::vector<comm::Work> works;
+    {
+      auto group = c.group();
+      works.push_back(c.all_reduce(a));
+      works.push_back(c.all_reduce(b, comm::ReduceOp::avg));
+      works.push_back(c.all_gather(piece, gathered));
+      CHECK_THROWS_AS(c.barrier(), sk::StateError);
+      CHECK_THROWS_AS((void)c.split(0, 0), sk::StateError);
+    }
+    for (auto& w : works) w.wait();
+    bool good = std::all_of(a.begin(), a.end(), [](float v) { return v == 4.0f; }) &&
+                std::all_of(b.begin(), b.end(), [](float v) { return v == 2.0f; });
+    for (int i = 0; i < 20; ++i)
+      good &= gathered[static_cast<std::size_t>(i)] == static_cast<float>(i / 5);
+    ok[static_cast<std::size_t>(c.rank())] = good;
+  });
+  CHECK(ok == std::vector<char>{1, 1, 1, 1});
+}
+
+TEST_CASE("no rank leaves a local barrier before every rank reached it") {
+  std::atomic<int> arrived{0};
+  std::vector<int> seen(5);
+  comm::run_ranks(5, [&](sk::Context&, comm::Communicator& c) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * c.rank()));
+    arrived.fetch_add(1);
+    c.barrier();
+    seen[static_cast<std::size_t>(c.rank())] = arrived.load();
+  });
+  CHECK(seen == std::vector<int>(5, 5));
+}
+
+TEST_CASE("split makes sub-communicators ranked by key, with their own traffic and counters") {
+  struct Seen {
+    int size = 0, rank = 0, sum = 0, nested_size = 0, nested_sum = 0;
+    bool excluded_null = false;
+    std::uint64_t child_calls = 0, parent_calls = 0;
+    float parent_after = 0;
+  };
+  std::vector<Seen> seen(8);
+  comm::run_ranks(8, [&](sk::Context&, comm::Communicator& c) {
+    Seen& s = seen[static_cast<std::size_t>(c.rank())];
+    // colours 0, 1, 2 by rank % 3 (sizes 3, 3, 2); key -rank reverses the order
+    auto child = c.split(c.rank() % 3, -c.rank());
+    REQUIRE(child != nullptr);
+    s.size = child->size();
+    s.rank = child->rank();
+    std::vector<double> value{static_cast<double>(c.rank())};
+    child->all_reduce(value).wait();
+    s.sum = static_cast<int>(value[0]);
+    // a split of the split, and a negative colour that opts out
+    auto nested = child->split(child->rank() == 0 ? -1 : 0, child->rank());
+    s.excluded_null = child->rank() == 0 ? nested == nullptr : nested != nullptr;
+    if (nested) {
+      std::vector<double> one{1.0};
+      nested->all_reduce(one).wait();
+      s.nested_size = nested->size();
+      s.nested_sum = static_cast<int>(one[0]);
+    }
+    s.child_calls = child->stats().of(comm::CollectiveKind::all_reduce).calls;
+    std::vector<float> parent_value{1.0f};
+    c.all_reduce(parent_value).wait();  // the parent still works
+    s.parent_after = parent_value[0];
+    s.parent_calls = c.stats().of(comm::CollectiveKind::all_reduce).calls;
+  });
+  for (int r = 0; r < 8; ++r) {
+    const Seen& s = seen[static_cast<std::size_t>(r)];
+    CAPTURE(r);
+    const int color = r % 3;
+    std::vector<int> members;
+    for (int q = 0; q < 8; ++q)
+      if (q % 3 == color) members.push_back(q);
+    CHECK(s.size == static_cast<int>(members.size()));
+    // key = -rank: the highest old rank becomes rank 0
+    const auto position = std::find(members.begin(), members.end(), r) - members.begin();
+    CHECK(s.rank == static_cast<int>(members.size()) - 1 - static_cast<int>(position));
+    int sum = 0;
+    for (int q : members) sum += q;
+    CHECK(s.sum == sum);
+    CHECK(s.excluded_null);
+    if (s.rank != 0) {
+      CHECK(s.nested_size == static_cast<int>(members.size()) - 1);
+      CHECK(s.nested_sum == s.nested_size);
+    }
+    CHECK(s.child_calls == 1);
+    CHECK(s.parent_calls == 1);
+    CHECK(s.parent_after == 8.0f);
+  }
+}
+
+TEST_CASE("a rank that never arrives turns into a TimeoutError naming the call and the rank") {
+  std::vector<std::string> errors(3);
+  std::vector<double> waited(3);
+  comm::run_ranks(
+      3,
+      [&](sk::Context&, comm::Communicator& c) {
+        const auto r = static_cast<std::size_t>(c.rank());
+        std::vector<float> data(10, 1.0f);
+        if (c.rank() == 2) {  // stuck elsewhere for longer than the timeout
+          std::this_thread::sleep_for(500ms);
+          try {
+            c.all_reduce(data).wait();
+          } catch (const comm::CommunicatorAborted& e) {
+            errors[r] = e.what();
+          }
+          return;
+        }
+        const auto start = Clock::now();
+        try {
+          c.all_reduce(data).wait();
+        } catch (const sk::TimeoutError& e) {
+          errors[r] = e.what();
+        } catch (const comm::CommunicatorAborted& e) {  // the other waiter timed out first
+          errors[r] = std::string("aborted: ") + e.what();
+        }
+        waited[r] = elapsed_ms(start);
+      },
+      with_timeout(200ms));
+  int timeouts = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(errors[r].find("all_reduce #0") != std::string::npos);
+    CHECK(errors[r].find("rank(s) 2 never called it") != std::string::npos);
+    timeouts += errors[r].rfind("aborted: ", 0) != 0;
+    CHECK(waited[r] >= 150.0);
+    CHECK(waited[r] < 450.0);  // well before rank 2 shows up
+  }
+  CHECK(timeouts >= 1);
+  CHECK(errors[2].find("aborted") != std::string::npos);
+  CHECK(errors[2].find("timed out") != std::string::npos);
+}
+
+TEST_CASE("a barrier with a missing rank times out too, and aborts the sub-communicators") {
+  std::vector<std::string> errors(2);
+  comm::run_ranks(
+      2,
+      [&](sk::Context&, comm::Communicator& c) {
+        auto child = c.split(0, c.rank());
+        if (c.rank() == 1) {
+          std::this_thread::sleep_for(400ms);
+          return;
+        }
+        try {
+          c.barrier();
+        } catch (const sk::TimeoutError& e) {
+          errors[0] = e.what();
+        }
+        std::vector<float> x(3, 1.0f);
+        CHECK_THROWS_AS(child->all_reduce(x).wait(), comm::CommunicatorAborted);
+      },
+      with_timeout(200ms));
+  CHECK(errors[0].find("barrier #1") != std::string::npos);
+  CHECK(errors[0].find("rank(s) 1") != std::string::npos);
+}
+
+TEST_CASE("run_ranks rethrows the failing rank's own error and does not wait for the timeout") {
+  const auto start = Clock::now();
+  std::string message;
+  try {
+    comm::run_ranks(4, [&](sk::Context&, comm::Communicator& c) {
+      if (c.rank() == 2) sk::fail<sk::InvalidArgument>("rank 2 found a bad batch");
+      std::vector<float> x(8, 1.0f);
+      c.all_reduce(x).wait();  // would wait 5 minutes for rank 2 without the abort
+    });
+  } catch (const sk::InvalidArgument& e) {
+    message = e.what();
+  }
+  CHECK(message == "rank 2 found a bad batch");
+  CHECK(elapsed_ms(start) < 2000.0);
+}

@@ -1,0 +1,160 @@
+// MPI backend under mpirun (meson runs it with -np 4): make_communicator from the launcher's
+// environment, the collective matrix on the world and on splits of sizes 1, 2 and 3, overlap,
+// timeouts, local checks and counters. Each process runs doctest; the exit code is the worst
+// of all ranks, so a failure on any rank fails the test.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective_matrix.hpp"
+#include "shardkit/comm/bootstrap.hpp"
+#include "shardkit/comm/mpi_communicator.hpp"
+
+#if !(defined(SHARDKIT_WITH_MPI) && SHARDKIT_WITH_MPI)
+#error \
+    "test_mpi.cpp needs SHARDKIT_WITH_MPI (Meson defines it through shardkit_dep when MPI is found)"
+#endif
+
+namespace sk = shardkit;
+namespace comm = shardkit::comm;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string joined(const std::vector<std::string>& failures) {
+  std::string out;
+  for (std::size_t i = 0; i < failures.size() && i < 5; ++i) out += failures[i] + "\n";
+  return out;
+}
+
+comm::CommOptions short_timeout(std::chrono::milliseconds timeout) {
+  comm::CommOptions options;
+  options.timeout = timeout;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("make_communicator under mpirun builds the MPI backend with the launcher's ranks") {
+  sk::Context ctx;
+  auto c = comm::make_communicator(ctx, short_timeout(30s));
+  const auto launch = comm::detect_launch();
+  CHECK(c->backend() == "mpi");
+  CHECK(launch.kind == comm::LaunchKind::mpi);
+  CHECK(c->rank() == launch.rank);
+  CHECK(c->size() == launch.size);
+  CHECK(c->size() == comm::MpiSession::world_size());
+}
+
+TEST_CASE("MPI collectives match the reference on the world and on splits of sizes 1, 2, 3") {
+  sk::Context ctx;
+  auto world = comm::MpiCommunicator::world(ctx, short_timeout(60s));
+  comm::testing::MatrixConfig config;
+  config.exact_order = false;  // MPI picks its own reduction order
+  auto failures = comm::testing::run_all_dtypes(ctx, *world, config);
+  CHECK_MESSAGE(failures.empty(), joined(failures));
+
+  // sizes 3 + 1 (ranks 0-2 and 3), then 2 + 2 (even / odd)
+  auto three_one = world->split(world->rank() < 3 ? 0 : 1, world->rank());
+  REQUIRE(three_one != nullptr);
+  CHECK(three_one->size() == (world->rank() < 3 ? 3 : 1));
+  failures = comm::testing::run_all_dtypes(ctx, *three_one, config);
+  CHECK_MESSAGE(failures.empty(), joined(failures));
+
+  auto pairs = world->split(world->rank() % 2, -world->rank());
+  REQUIRE(pairs != nullptr);
+  CHECK(pairs->size() == 2);
+  CHECK(pairs->rank() == (world->rank() < 2 ? 1 : 0));  // key -rank: the higher rank first
+  failures = comm::testing::run_all_dtypes(ctx, *pairs, config);
+  CHECK_MESSAGE(failures.empty(), joined(failures));
+
+  CHECK(world->split(-1, 0) == nullptr);
+}
+
+TEST_CASE("an MPI all_reduce returns before a late rank arrives and completes afterwards") {
+  sk::Context ctx;
+  auto c = comm::MpiCommunicator::world(ctx, short_timeout(30s));
+  c->barrier();
+  if (c->rank() == 0) std::this_thread::sleep_for(200ms);
+  std::vector<double> grads(1 << 16, c->rank() + 1.0);
+  const auto start = std::chrono::steady_clock::now();
+  comm::Work work = c->all_reduce(grads, comm::ReduceOp::avg);
+  const double call_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (c->rank() != 0) {
+    CHECK(call_ms < 100.0);
+    CHECK_FALSE(work.test());  // rank 0 is still asleep
+  }
+  work.wait();
+  const double mean = (c->size() + 1) / 2.0;
+  CHECK(std::all_of(grads.begin(), grads.end(), [&](double v) { return v == mean; }));
+}
+
+TEST_CASE("a rank that arrives after the timeout turns the MPI barrier into a TimeoutError") {
+  sk::Context ctx;
+  auto session = std::make_shared<comm::MpiSession>();
+  {
+    comm::MpiCommunicator c(ctx, session, MPI_COMM_WORLD, short_timeout(200ms));
+    if (c.rank() == c.size() - 1) {
+      std::this_thread::sleep_for(600ms);
+      c.barrier();  // the others posted long ago: completes at once
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      std::string message;
+      try {
+        c.barrier();
+      } catch (const sk::TimeoutError& e) {
+        message = e.what();
+      }
+      const double waited =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      CHECK(message.find("barrier #0") != std::string::npos);
+      CHECK(message.find("timed out after 200 ms") != std::string::npos);
+      CHECK(waited >= 190.0);
+      CHECK(waited < 550.0);
+      std::vector<float> x(4, 1.0f);
+      CHECK_THROWS_AS(c.all_reduce(x).wait(), comm::CommunicatorAborted);
+    }
+  }  // the destructor completes the orphaned barrier once the late rank joined
+  comm::MpiCommunicator after(ctx, session, MPI_COMM_WORLD, short_timeout(30s));
+  after.barrier();
+}
+
+TEST_CASE("the MPI backend rejects what it can check locally, by name") {
+  sk::Context ctx;
+  auto c = comm::MpiCommunicator::world(ctx, short_timeout(30s));
+  std::vector<float> data(10, 1.0f), small(10);
+  const std::string bad_root = "root " + std::to_string(c->size()) + " is out of range";
+  CHECK_THROWS_WITH_AS(c->broadcast(data, c->size()).wait(), doctest::Contains(bad_root.c_str()),
+                       sk::InvalidArgument);
+  const std::string too_small = "recv holds 10 f32 elements but needs size() x send.count = " +
+                                std::to_string(10 * c->size());
+  CHECK_THROWS_WITH_AS(c->all_gather(data, small).wait(), doctest::Contains(too_small.c_str()),
+                       sk::InvalidArgument);
+  comm::Buffer device(data.data(), data.size(), sk::DType::f32, sk::Device::cuda(0));
+  CHECK_THROWS_WITH_AS(c->all_reduce(device).wait(), doctest::Contains("moves host memory"),
+                       sk::InvalidArgument);
+  c->all_reduce(data).wait();  // still usable
+  CHECK(data[0] == static_cast<float>(c->size()));
+  CHECK(c->stats().of(comm::CollectiveKind::all_reduce).calls == 1);
+  const auto n = static_cast<std::uint64_t>(c->size());
+  CHECK(c->stats().of(comm::CollectiveKind::all_reduce).bus_bytes == 40 * 2 * (n - 1) / n);
+}
+
+int main(int argc, char** argv) {
+  auto session = std::make_shared<comm::MpiSession>(&argc, &argv);
+  int result = 0;
+  {
+    doctest::Context context(argc, argv);
+    result = context.run();
+  }
+  int worst = 0;
+  SK_MPI_CHECK(MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  return worst;
+}
