@@ -149,15 +149,16 @@ TEST_CASE("memory per rank follows the stage: state and gradients shrink to the 
   const auto ddp = train(world, Stage::ddp, OptimizerKind::adamw, PartitionKind::greedy, 2);
   const auto oss = train(world, Stage::oss, OptimizerKind::adamw, PartitionKind::greedy, 2);
   const auto sdp = train(world, Stage::sdp, OptimizerKind::adamw, PartitionKind::greedy, 2);
-  const auto full = plan.layout().padded_numel() * 4;
+  const auto params_bytes = plan.layout().padded_numel() * 4;  // frozen ones included
+  const auto grads_bytes = plan.trainable_end() * 4;
   for (int r = 0; r < world; ++r) {
     const auto R = static_cast<std::size_t>(r);
     const auto owned = plan.numel(r) * 4;
     using C = sk::MemoryCategory;
-    CHECK(ddp.memory[R].current_of(C::parameters) == full);
-    CHECK(ddp.memory[R].current_of(C::gradients) == full);
+    CHECK(ddp.memory[R].current_of(C::parameters) == params_bytes);
+    CHECK(ddp.memory[R].current_of(C::gradients) == grads_bytes);
     CHECK(ddp.memory[R].current_of(C::optimizer_state) == 2 * plan.trainable_end() * 4);
-    CHECK(oss.memory[R].current_of(C::gradients) == full);
+    CHECK(oss.memory[R].current_of(C::gradients) == grads_bytes);
     CHECK(oss.memory[R].current_of(C::optimizer_state) == 2 * owned);
     CHECK(sdp.memory[R].current_of(C::gradients) == owned);
     CHECK(sdp.memory[R].current_of(C::optimizer_state) == 2 * owned);

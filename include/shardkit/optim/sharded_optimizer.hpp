@@ -71,15 +71,18 @@ class ShardedOptimizer {
       state_b_ = zeros(ctx, {region_numel}, DType::f32, MemoryCategory::optimizer_state);
   }
 
-  // One step. `params` is the whole flat parameter buffer; `grads` holds the gradients of the
-  // region (its element 0 is flat element region_begin). `lr` overrides the configured rate
-  // (schedules); `inv_grad_scale` unscales loss-scaled gradients.
-  void step(const Tensor& params, const Tensor& grads, float lr, float inv_grad_scale = 1.0f) {
-    std::vector<Tensor> p, g, a, b;
+  // One step. `params` is the whole flat parameter buffer; `grads` holds one gradient view per
+  // piece, in pieces() order. `lr` overrides the configured rate (schedules); `inv_grad_scale`
+  // unscales loss-scaled gradients.
+  void step(const Tensor& params, const std::vector<Tensor>& grads, float lr,
+            float inv_grad_scale = 1.0f) {
+    check(grads.size() == pieces_.size(), "ShardedOptimizer::step: ", grads.size(),
+          " gradients for ", pieces_.size(), " pieces; pass one per piece, in pieces() order");
+    std::vector<Tensor> p, a, b;
+    const std::vector<Tensor>& g = grads;
     for (const auto& piece : pieces_) {
       p.push_back(params.slice(0, piece.flat_begin, piece.flat_begin + piece.numel()));
       const std::int64_t at = piece.flat_begin - region_begin_;
-      g.push_back(grads.slice(0, at, at + piece.numel()));
       if (state_a_.defined()) a.push_back(state_a_.slice(0, at, at + piece.numel()));
       if (state_b_.defined()) b.push_back(state_b_.slice(0, at, at + piece.numel()));
     }

@@ -61,6 +61,7 @@ class DataParallel {
                                               : shard::GradSync::all_reduce,
                   options.buckets),
         optimizer_(make_optimizer(optimizer)) {
+    for (const auto& piece : optimizer_.pieces()) piece_grads_.push_back(bucketer_.piece_grad(piece));
     check_same_parameters_everywhere();
   }
 
@@ -103,13 +104,8 @@ class DataParallel {
     check<StateError>(bucketer_.finished(),
                       "optimizer step before the gradients are finished: call finish() after "
                       "the (synchronised) backward, then step()");
-    const int rank = comm_->rank();
-    if (options_.stage == Stage::ddp) {
-      optimizer_.step(params_.flat(), bucketer_.full_grads(), lr, inv_grad_scale);
-      return;
-    }
-    optimizer_.step(params_.flat(), bucketer_.owned_grads(), lr, inv_grad_scale);
-    sync_parameters(rank);
+    optimizer_.step(params_.flat(), piece_grads_, lr, inv_grad_scale);
+    if (options_.stage != Stage::ddp) sync_parameters(comm_->rank());
   }
 
   const optim::ShardedOptimizer<Ops>& optimizer() const { return optimizer_; }
@@ -173,6 +169,7 @@ class DataParallel {
   shard::FlatBuffer params_;
   shard::GradBucketer bucketer_;
   optim::ShardedOptimizer<Ops> optimizer_;
+  std::vector<Tensor> piece_grads_;  // the averaged gradient of each piece the optimizer updates
 };
 
 }  // namespace shardkit::parallel

@@ -1,15 +1,18 @@
 // GradBucketer: the user's backward adds each gradient into grad(i) and calls ready(i), in any
 // order; buckets go out asynchronously the moment all their gradients are ready.
 //
-// Buckets are contiguous ranges of the flat gradient buffer formed in reverse layout order (the
-// order a backward usually produces them), identical on every rank, and are launched strictly
-// in bucket order, so every rank issues the same collectives in the same order (NCCL's rule).
+// Buckets take parameters in reverse registration order (the order a backward produces their
+// gradients) up to bucket_bytes, identical on every rank, and are launched strictly in bucket
+// order, so every rank issues the same collectives in the same order (NCCL's rule). Inside a
+// bucket, parameters sit in flat-buffer order, so each rank's part of a bucket is contiguous and
+// in rank order: one reduce_scatter_v per bucket reduces every part to its owner.
 //
-//   all_reduce (DDP, OSS): a persistent full gradient buffer; each bucket is averaged in place.
-//   reduce_scatter (SDP): a rank keeps only the gradients of the range it owns. A bucket's
-//     gradients live in a transient buffer (MemoryCategory::communication) allocated when the
-//     backward first asks for one of its gradients; reduce_scatter_v averages each rank's part
-//     straight into that rank's owned gradients, and the buffer is freed once the call is done.
+//   all_reduce (DDP, OSS): a persistent full gradient buffer laid out bucket after bucket; each
+//     bucket is averaged in place (no copies).
+//   reduce_scatter (SDP): a rank keeps only the gradients it owns, laid out bucket after bucket.
+//     A bucket's gradients live in a transient buffer (MemoryCategory::communication) allocated
+//     when the backward first asks for one of its gradients; reduce_scatter_v averages each
+//     rank's part straight into that rank's owned gradients, and the buffer is freed once done.
 //
 // Gradients may travel in f16/bf16 (wire_dtype): the bucket is cast for the wire and back.
 #pragma once
@@ -30,21 +33,26 @@ enum class GradSync { all_reduce, reduce_scatter };
 struct BucketerOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's 25 MiB
   DType wire_dtype = DType::f32;                       // f16 / bf16 halve the traffic
+  // Buckets in flight at once: launching one more first waits for the oldest. Bounds SDP's
+  // transient memory to about (max_in_flight + the buckets being filled) x bucket_bytes.
+  int max_in_flight = 2;
 };
 
 class GradBucketer {
  public:
   struct Bucket {
-    std::int64_t begin = 0;  // flat-buffer elements [begin, end)
-    std::int64_t end = 0;
-    std::vector<std::size_t> params;  // layout indices
-    int pending = 0;                  // gradients not yet marked ready in this backward
+    std::vector<std::size_t> params;     // layout indices, in flat-buffer order
+    std::vector<std::int64_t> position;  // where each parameter starts inside the bucket
+    std::vector<std::size_t> counts;     // elements of the bucket owned by each rank
+    std::int64_t numel = 0;
+    std::int64_t base = 0;        // all_reduce: offset of the bucket in the full buffer
+    std::int64_t own_offset = 0;  // reduce_scatter: offset of this rank's part in owned_grads()
+    int pending = 0;              // gradients not yet marked ready in this backward
     bool launched = false;
     comm::Work work;
     Tensor buffer;  // the bucket's gradients (a view of the full buffer, or transient)
     Tensor wire;    // low-precision copy on the wire, when wire_dtype is not f32
     Tensor wire_out;
-    std::int64_t numel() const { return end - begin; }
   };
 
   GradBucketer(Context& ctx, comm::Communicator& comm, const ShardPlan& plan, GradSync sync,
@@ -52,19 +60,20 @@ class GradBucketer {
       : ctx_(&ctx), comm_(&comm), plan_(&plan), sync_(sync), options_(options) {
     check(options.bucket_bytes > 0, "bucket size is 0 bytes; pass a positive size (PyTorch DDP ",
           "uses 25 MiB, FairScale SDP 2^23 elements)");
+    check(options.max_in_flight >= 1, "max_in_flight must be >= 1 bucket, got ",
+          options.max_in_flight);
     check(options.wire_dtype == DType::f32 || options.wire_dtype == DType::f16 ||
               options.wire_dtype == DType::bf16,
           "gradients can travel as f32, f16 or bf16, not ", dtype_name(options.wire_dtype));
     check(comm.size() == plan.world_size(), "the shard plan is for ", plan.world_size(),
           " ranks but the communicator has ", comm.size());
-    const auto& layout = plan.layout();
-    if (sync_ == GradSync::all_reduce) {
-      full_ = zeros(ctx, {layout.padded_numel()}, DType::f32, MemoryCategory::gradients);
-    } else {
-      owned_ = zeros(ctx, {plan.numel(comm.rank())}, DType::f32, MemoryCategory::gradients);
-    }
     make_buckets();
-    ready_.assign(layout.size(), false);
+    if (sync_ == GradSync::all_reduce) {
+      full_ = zeros(ctx, {total_numel_}, DType::f32, MemoryCategory::gradients);
+    } else {
+      owned_ = zeros(ctx, {owned_numel_}, DType::f32, MemoryCategory::gradients);
+    }
+    ready_.assign(plan.layout().size(), false);
   }
 
   GradBucketer(const GradBucketer&) = delete;
@@ -73,12 +82,12 @@ class GradBucketer {
   // Where backward adds (+=) parameter i's gradient for this backward.
   Tensor grad(std::size_t i) {
     const auto& slot = slot_of(i, "grad");
-    if (sync_ == GradSync::all_reduce) return full_.flat_view(slot.offset, slot.shape);
     Bucket& bucket = buckets_[bucket_of_[i]];
-    if (!bucket.buffer.defined()) {
-      bucket.buffer = zeros(*ctx_, {bucket.numel()}, DType::f32, MemoryCategory::communication);
-    }
-    return bucket.buffer.flat_view(slot.offset - bucket.begin, slot.shape);
+    const std::int64_t at = position_of_[i];
+    if (sync_ == GradSync::all_reduce) return full_.flat_view(bucket.base + at, slot.shape);
+    if (!bucket.buffer.defined())
+      bucket.buffer = zeros(*ctx_, {bucket.numel}, DType::f32, MemoryCategory::communication);
+    return bucket.buffer.flat_view(at, slot.shape);
   }
 
   // Marks parameter i's gradient final for this backward; launches every bucket that is now
@@ -88,13 +97,12 @@ class GradBucketer {
     check(!ready_[i], "the gradient of '", slot.name,
           "' was marked ready twice in one backward; mark each parameter once, then finish()");
     ready_[i] = true;
-    Bucket& bucket = buckets_[bucket_of_[i]];
-    --bucket.pending;
+    --buckets_[bucket_of_[i]].pending;
     if (sync_enabled_) launch_ready_buckets();
   }
 
-  // Waits for every bucket. Afterwards the reduced gradients are in full_grads() (all_reduce)
-  // or owned_grads() (reduce_scatter). Throws if a trainable parameter was never marked.
+  // Waits for every bucket. Afterwards the averaged gradients of this rank's pieces are in
+  // piece_grad(). Throws if a trainable parameter was never marked.
   void finish() {
     for (std::size_t i = 0; i < ready_.size(); ++i)
       if (plan_->layout()[i].trainable && !ready_[i])
@@ -104,17 +112,15 @@ class GradBucketer {
                          "gradient: mark it too, or freeze it)");
     if (sync_enabled_) {
       launch_ready_buckets();
-      for (auto& bucket : buckets_) complete(bucket);
+      while (next_complete_ < buckets_.size()) complete(buckets_[next_complete_++]);
       finished_ = true;
     }
     // Next backward: everything pending again. (Without sync, buckets keep their buffers and
     // the next backward adds to them: gradient accumulation.)
     std::fill(ready_.begin(), ready_.end(), false);
-    for (auto& bucket : buckets_) {
-      bucket.pending = static_cast<int>(bucket.params.size());
-      bucket.launched = false;
-    }
+    for (auto& bucket : buckets_) bucket.pending = static_cast<int>(bucket.params.size());
     next_launch_ = 0;
+    next_complete_ = 0;
   }
 
   // True once finish() has completed a synchronised backward since the last zero_grad().
@@ -123,7 +129,7 @@ class GradBucketer {
   // no_sync: gradients accumulate locally, nothing is communicated, until sync is re-enabled;
   // the next synchronised backward then reduces the accumulated sums.
   void set_sync(bool enabled) {
-    check<StateError>(std::all_of(ready_.begin(), ready_.end(), [](bool r) { return !r; }),
+    check<StateError>(std::none_of(ready_.begin(), ready_.end(), [](bool r) { return r; }),
                       "switch gradient sync only between backwards (after finish())");
     sync_enabled_ = enabled;
   }
@@ -133,30 +139,34 @@ class GradBucketer {
   void zero_grad() {
     if (full_.defined()) fill(*ctx_, full_, 0.0);
     if (owned_.defined()) fill(*ctx_, owned_, 0.0);
-    for (auto& bucket : buckets_)
-      if (sync_ == GradSync::reduce_scatter) bucket.buffer = Tensor();
+    if (sync_ == GradSync::reduce_scatter)
+      for (auto& bucket : buckets_) bucket.buffer = Tensor();
     finished_ = false;
   }
 
-  // all_reduce mode: the whole averaged gradient buffer (layout offsets).
-  const Tensor& full_grads() const {
-    check<StateError>(full_.defined(), "full_grads(): this bucketer reduces to owners (SDP) and "
-                                       "keeps only owned_grads()");
-    return full_;
-  }
-  // The averaged gradients of this rank's range [plan.begin(rank), plan.end(rank)).
-  Tensor owned_grads() const {
-    if (owned_.defined()) return owned_;
+  // The averaged gradient of a piece this rank updates (after finish()). all_reduce: any
+  // piece; reduce_scatter: only pieces this rank owns.
+  Tensor piece_grad(const ParamPiece& piece) const {
+    const Bucket& bucket = buckets_[bucket_of_[piece.param]];
+    const std::int64_t at = position_of_[piece.param] + piece.param_begin;
+    if (sync_ == GradSync::all_reduce) return full_.slice(0, bucket.base + at, bucket.base + at + piece.numel());
     const int rank = comm_->rank();
-    return full_.slice(0, plan_->begin(rank), plan_->end(rank));
+    std::int64_t part_start = 0;
+    for (int r = 0; r < rank; ++r) part_start += static_cast<std::int64_t>(bucket.counts[static_cast<std::size_t>(r)]);
+    const std::int64_t own = static_cast<std::int64_t>(bucket.counts[static_cast<std::size_t>(rank)]);
+    check(at >= part_start && at + piece.numel() <= part_start + own, "piece_grad: '",
+          plan_->layout()[piece.param].name, "' elements [", piece.param_begin, ", ",
+          piece.param_end, ") are not owned by rank ", rank, "; under SDP a rank keeps only its own");
+    const std::int64_t offset = bucket.own_offset + (at - part_start);
+    return owned_.slice(0, offset, offset + piece.numel());
   }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   GradSync sync() const { return sync_; }
-  // Largest bucket in bytes of f32: the memory budget to declare for transient buffers.
+  // Largest bucket in bytes of f32: the size of one transient buffer.
   std::size_t largest_bucket_bytes() const {
     std::int64_t largest = 0;
-    for (const auto& b : buckets_) largest = std::max(largest, b.numel());
+    for (const auto& b : buckets_) largest = std::max(largest, b.numel);
     return static_cast<std::size_t>(largest) * 4;
   }
 
@@ -169,55 +179,70 @@ class GradBucketer {
     return slot;
   }
 
+  // A parameter's extent: its elements plus the alignment padding after it.
+  std::int64_t extent_of(std::size_t i) const {
+    const std::int64_t a = plan_->layout().alignment();
+    return (plan_->layout()[i].numel + a - 1) / a * a;
+  }
+
   void make_buckets() {
     const auto& layout = plan_->layout();
-    const auto& order = plan_->trainable_in_layout_order();
     bucket_of_.assign(layout.size(), 0);
+    position_of_.assign(layout.size(), 0);
     const auto capacity = static_cast<std::int64_t>(options_.bucket_bytes / 4);
-    // Walk backwards; a parameter's extent runs to the next parameter (or the sharded end),
-    // so buckets tile [0, trainable_end) and padding is reduced along (it is zero).
-    std::int64_t extent_end = plan_->trainable_end();
-    for (std::size_t k = order.size(); k-- > 0;) {
-      const std::size_t i = order[k];
-      const std::int64_t begin = layout[i].offset;
-      const bool fits = !buckets_.empty() && buckets_.back().end - begin <= capacity;
-      if (!fits) buckets_.push_back(Bucket{begin, extent_end, {}, 0, false, {}, {}, {}, {}});
-      Bucket& bucket = buckets_.back();
-      bucket.begin = begin;
-      bucket.params.push_back(i);
-      ++bucket.pending;
-      bucket_of_[i] = buckets_.size() - 1;
-      extent_end = begin;
+    // Reverse registration order: layout indices are registration indices.
+    for (std::size_t i = layout.size(); i-- > 0;) {
+      if (!layout[i].trainable) continue;
+      const std::int64_t extent = extent_of(i);
+      if (buckets_.empty() || (buckets_.back().numel > 0 && buckets_.back().numel + extent > capacity))
+        buckets_.emplace_back();
+      buckets_.back().params.push_back(i);
+      buckets_.back().numel += extent;
     }
-    // Leading padding before the first parameter never exists (offsets start at 0).
-  }
-
-  std::vector<std::size_t> counts_for(const Bucket& bucket) const {
-    std::vector<std::size_t> counts;
-    for (int r = 0; r < plan_->world_size(); ++r) {
-      const std::int64_t lo = std::max(bucket.begin, plan_->begin(r));
-      const std::int64_t hi = std::min(bucket.end, plan_->end(r));
-      counts.push_back(static_cast<std::size_t>(std::max<std::int64_t>(0, hi - lo)));
-    }
-    return counts;
-  }
-
-  // Where this rank's part of `bucket` (`own` elements) starts inside owned_grads().
-  std::int64_t own_offset(const Bucket& bucket, std::int64_t own) const {
-    if (own == 0) return 0;
     const int rank = comm_->rank();
-    return std::max(bucket.begin, plan_->begin(rank)) - plan_->begin(rank);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      Bucket& bucket = buckets_[b];
+      std::sort(bucket.params.begin(), bucket.params.end(),
+                [&](std::size_t x, std::size_t y) { return layout[x].offset < layout[y].offset; });
+      bucket.counts.assign(static_cast<std::size_t>(plan_->world_size()), 0);
+      std::int64_t at = 0;
+      for (auto i : bucket.params) {
+        bucket.position.push_back(at);
+        bucket_of_[i] = b;
+        position_of_[i] = at;
+        // Split the extent over the ranks whose flat ranges it overlaps (a flat plan may cut it).
+        const std::int64_t begin = layout[i].offset, end = begin + extent_of(i);
+        for (std::int64_t e = begin; e < end;) {
+          const int owner = plan_->rank_of_element(e);
+          const std::int64_t stop = std::min(end, plan_->end(owner));
+          bucket.counts[static_cast<std::size_t>(owner)] += static_cast<std::size_t>(stop - e);
+          e = stop;
+        }
+        at += extent_of(i);
+      }
+      bucket.pending = static_cast<int>(bucket.params.size());
+      bucket.base = total_numel_;
+      total_numel_ += bucket.numel;
+      bucket.own_offset = owned_numel_;
+      owned_numel_ += static_cast<std::int64_t>(bucket.counts[static_cast<std::size_t>(rank)]);
+    }
   }
 
   void launch_ready_buckets() {
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0)
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+      // Free what has finished (without blocking), and keep at most max_in_flight going.
+      while (next_complete_ < next_launch_ &&
+             (buckets_[next_complete_].work.test() ||
+              static_cast<int>(next_launch_ - next_complete_) >= options_.max_in_flight))
+        complete(buckets_[next_complete_++]);
       launch(buckets_[next_launch_++]);
+    }
   }
 
   void launch(Bucket& bucket) {
     const bool low = options_.wire_dtype != DType::f32;
     if (sync_ == GradSync::all_reduce) {
-      bucket.buffer = full_.slice(0, bucket.begin, bucket.end);
+      bucket.buffer = full_.slice(0, bucket.base, bucket.base + bucket.numel);
       if (low) {
         bucket.wire = cast_for_wire(bucket.buffer);
         bucket.work = comm_->all_reduce(bucket.wire, comm::ReduceOp::avg);
@@ -225,19 +250,16 @@ class GradBucketer {
         bucket.work = comm_->all_reduce(bucket.buffer, comm::ReduceOp::avg);
       }
     } else {
-      if (!bucket.buffer.defined())  // no gradient asked for: all zero
-        bucket.buffer = zeros(*ctx_, {bucket.numel()}, DType::f32, MemoryCategory::communication);
-      const auto counts = counts_for(bucket);
-      const int rank = comm_->rank();
-      const auto own = static_cast<std::int64_t>(counts[static_cast<std::size_t>(rank)]);
-      const std::int64_t own_begin = own_offset(bucket, own);
-      const Tensor target = owned_.slice(0, own_begin, own_begin + own);
+      if (!bucket.buffer.defined())  // no gradient was asked for: all zero
+        bucket.buffer = zeros(*ctx_, {bucket.numel}, DType::f32, MemoryCategory::communication);
+      const auto own = static_cast<std::int64_t>(bucket.counts[static_cast<std::size_t>(comm_->rank())]);
+      const Tensor target = owned_.slice(0, bucket.own_offset, bucket.own_offset + own);
       if (low) {
         bucket.wire = cast_for_wire(bucket.buffer);
         bucket.wire_out = empty(*ctx_, {own}, options_.wire_dtype, MemoryCategory::communication);
-        bucket.work = comm_->reduce_scatter_v(bucket.wire, bucket.wire_out, counts, comm::ReduceOp::avg);
+        bucket.work = comm_->reduce_scatter_v(bucket.wire, bucket.wire_out, bucket.counts, comm::ReduceOp::avg);
       } else {
-        bucket.work = comm_->reduce_scatter_v(bucket.buffer, target, counts, comm::ReduceOp::avg);
+        bucket.work = comm_->reduce_scatter_v(bucket.buffer, target, bucket.counts, comm::ReduceOp::avg);
       }
     }
     bucket.launched = true;
@@ -251,17 +273,15 @@ class GradBucketer {
 
   void complete(Bucket& bucket) {
     if (!bucket.launched) return;
+    bucket.launched = false;
     bucket.work.wait();
     if (sync_ == GradSync::all_reduce) {
       if (bucket.wire.defined()) copy(*ctx_, bucket.buffer, bucket.wire);
-      bucket.buffer = Tensor();  // a view: nothing freed
-    } else {
-      if (bucket.wire_out.defined() && bucket.wire_out.numel() > 0) {
-        const std::int64_t own_begin = own_offset(bucket, bucket.wire_out.numel());
-        copy(*ctx_, owned_.slice(0, own_begin, own_begin + bucket.wire_out.numel()), bucket.wire_out);
-      }
-      bucket.buffer = Tensor();  // transient: freed now
+    } else if (bucket.wire_out.defined() && bucket.wire_out.numel() > 0) {
+      copy(*ctx_, owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.wire_out.numel()),
+           bucket.wire_out);
     }
+    bucket.buffer = Tensor();  // a view of the full buffer, or a transient buffer freed now
     bucket.wire = Tensor();
     bucket.wire_out = Tensor();
   }
@@ -271,12 +291,16 @@ class GradBucketer {
   const ShardPlan* plan_;
   GradSync sync_;
   BucketerOptions options_;
-  Tensor full_;   // all_reduce: every gradient
-  Tensor owned_;  // reduce_scatter: this rank's range only
   std::vector<Bucket> buckets_;
-  std::vector<std::size_t> bucket_of_;
+  std::vector<std::size_t> bucket_of_;     // per parameter
+  std::vector<std::int64_t> position_of_;  // per parameter, inside its bucket
+  std::int64_t total_numel_ = 0;           // every bucket
+  std::int64_t owned_numel_ = 0;           // this rank's parts of every bucket
+  Tensor full_;   // all_reduce: every gradient, bucket after bucket
+  Tensor owned_;  // reduce_scatter: this rank's parts, bucket after bucket
   std::vector<bool> ready_;
-  std::size_t next_launch_ = 0;
+  std::size_t next_launch_ = 0;    // buckets [0, next_launch_) are launched
+  std::size_t next_complete_ = 0;  // buckets [0, next_complete_) are complete
   bool sync_enabled_ = true;
   bool finished_ = false;
 };

@@ -1,0 +1,55 @@
+// ShardPlan: rank ranges are contiguous and in rank order, every trainable element is owned
+// exactly once, frozen parameters sit after the sharded range.
+#include <doctest/doctest.h>
+
+#include <random>
+
+#include "shardkit/shard/shard_plan.hpp"
+
+namespace sk = shardkit;
+using namespace sk::shard;
+
+TEST_CASE("greedy and flat plans: contiguous rank ranges covering each parameter once") {
+  std::mt19937 rng(9);
+  for (auto kind : {PartitionKind::greedy, PartitionKind::flat})
+    for (int world : {1, 2, 3, 4, 8}) {
+      std::vector<ParamSpec> specs;
+      for (int i = 0; i < 17; ++i) {
+        std::string name = "p";
+        name += std::to_string(i);
+        specs.push_back({name, {1 + static_cast<std::int64_t>(rng() % 300)}, i != 5});
+      }
+      const ShardPlan plan(specs, world, kind);
+      CHECK(plan.begin(0) == 0);
+      for (int r = 0; r + 1 < world; ++r) CHECK(plan.end(r) == plan.begin(r + 1));
+      CHECK(plan.end(world - 1) == plan.trainable_end());
+      std::vector<std::int64_t> covered(specs.size(), 0);
+      for (int r = 0; r < world; ++r)
+        for (const auto& piece : plan.pieces(r)) {
+          const auto& slot = plan.layout()[piece.param];
+          CHECK(piece.flat_begin == slot.offset + piece.param_begin);
+          CHECK(piece.flat_begin >= plan.begin(r));
+          CHECK(piece.flat_begin + piece.numel() <= plan.end(r));
+          covered[piece.param] += piece.numel();
+        }
+      for (std::size_t i = 0; i < specs.size(); ++i)
+        CHECK(covered[i] == (specs[i].trainable ? sk::shape_numel(specs[i].shape) : 0));
+      CHECK(plan.layout()[5].offset >= plan.trainable_end());  // the frozen one
+      if (kind == PartitionKind::greedy) {
+        CHECK_FALSE(plan.any_parameter_spans_ranks());
+        CHECK(plan.imbalance() < 0.35);
+      } else {
+        for (int r = 0; r + 1 < world; ++r) CHECK(plan.numel(r) == plan.numel(r + 1));
+      }
+    }
+}
+
+TEST_CASE("the flat plan straddles parameters and pads the last range") {
+  const ShardPlan plan({{"a", {100}}, {"b", {100}}}, 3, PartitionKind::flat);
+  CHECK(plan.numel(0) == plan.numel(2));
+  CHECK(plan.trainable_end() == 3 * plan.numel(0));
+  CHECK(plan.any_parameter_spans_ranks());
+  CHECK(plan.rank_of_element(0) == 0);
+  CHECK(plan.rank_of_element(plan.trainable_end() - 1) == 2);
+  CHECK_THROWS_AS(plan.rank_of_element(plan.trainable_end()), sk::InvalidArgument);
+}
