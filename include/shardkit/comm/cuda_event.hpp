@@ -22,7 +22,10 @@ class CudaEvent {
 
   cudaEvent_t get() const { return event_; }
   int device() const { return device_; }
-  void record(cudaStream_t stream) { SK_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+  void record(cudaStream_t stream) {
+    CudaDeviceGuard guard(device_);
+    SK_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
   // True once the work recorded before the event has finished; throws that work's error.
   bool query() const {
     const cudaError_t status = cudaEventQuery(event_);
