@@ -19,19 +19,9 @@ struct BackwardOptions {
   bool retain_graph = false;
 };
 
-// Gradients of leaves collected instead of accumulated (checkpoint recomputation hands them to
-// the outer pass, which accumulates them and fires the hooks).
-using LeafGradients = std::unordered_map<const VariableImpl*, Tensor>;
-
 namespace detail {
 
-inline void accumulate_leaf(Context& ctx, VariableImpl& leaf, const Tensor& grad,
-                            LeafGradients* capture) {
-  if (capture != nullptr) {
-    auto [it, inserted] = capture->try_emplace(&leaf, grad);
-    if (!inserted) it->second = fn::add(ctx, it->second, grad);
-    return;
-  }
+inline void accumulate_leaf(Context& ctx, VariableImpl& leaf, const Tensor& grad) {
   if (!leaf.grad.defined()) {
     // A fresh buffer: `grad` may be shared with other consumers of the same gradient.
     leaf.grad = empty_on(ctx, leaf.data.device(), leaf.data.shape(), leaf.data.dtype(),
@@ -51,9 +41,10 @@ inline void fire_grad_ready(VariableImpl& leaf, const std::shared_ptr<VariableIm
 }  // namespace detail
 
 // Runs the backward pass from `root` with gradient `grad_root` (default: 1 for a one-element
-// root). With `capture`, leaf gradients are returned there and hooks do not fire.
+// root). Without `fire_hooks` (checkpoint recomputation) leaf gradients are accumulated but
+// the grad-ready hooks are left to the outer pass, which knows when a leaf is complete.
 inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
-                         BackwardOptions options, LeafGradients* capture = nullptr) {
+                         BackwardOptions options, bool fire_hooks = true) {
   check(root.defined(), "backward of an undefined variable");
   check(root.requires_grad(), "backward of a ", shape_str(root.shape()),
         " tensor that does not require grad: no parameter or input that requires grad "
@@ -69,8 +60,8 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
         shape_str(grad_root.shape()), " differs from the output shape ", shape_str(root.shape()));
 
   if (root.is_leaf()) {
-    detail::accumulate_leaf(ctx, *root.impl(), grad_root, capture);
-    if (capture == nullptr) detail::fire_grad_ready(*root.impl(), root.impl_ptr());
+    detail::accumulate_leaf(ctx, *root.impl(), grad_root);
+    if (fire_hooks) detail::fire_grad_ready(*root.impl(), root.impl_ptr());
     return;
   }
 
@@ -131,8 +122,8 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
         }
         if (--dependencies[next] == 0) ready.push(next);
       } else if (edge.leaf) {
-        if (grads[i].defined()) detail::accumulate_leaf(ctx, *edge.leaf, grads[i], capture);
-        if (--leaf_uses[edge.leaf.get()] == 0 && capture == nullptr)
+        if (grads[i].defined()) detail::accumulate_leaf(ctx, *edge.leaf, grads[i]);
+        if (--leaf_uses[edge.leaf.get()] == 0 && fire_hooks)
           detail::fire_grad_ready(*edge.leaf, edge.leaf);
       }
     }

@@ -25,11 +25,12 @@ struct Conv2dNode final : Node {
     Tensor g = contiguous(ctx, gy);
     std::vector<Tensor> grads(edges.size());
     if (edges[0].valid()) grads[0] = fn::new_like(ctx, g, x.shape(), x.dtype());
-    if (edges[1].valid()) grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype());
+    if (edges[1].valid()) grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype(), MemoryCategory::gradients);
     if (grads[0].defined() || grads[1].defined())
       fn::conv2d_backward(ctx, x, weight, g, grads[0], grads[1], geometry);
     if (has_bias && edges[2].valid()) {
-      grads[2] = fn::new_like(ctx, g, {geometry.out_channels}, weight.dtype());
+      grads[2] = fn::new_like(ctx, g, {geometry.out_channels}, weight.dtype(),
+                               MemoryCategory::gradients);
       kernels_for(ctx, g).channel_sum(ctx, g, grads[2], geometry.batch, geometry.out_channels,
                                       geometry.out_plane());
     }

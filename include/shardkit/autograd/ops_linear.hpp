@@ -19,11 +19,11 @@ struct LinearNode final : Node {
       fn::gemm(ctx, g, false, weight, false, grads[0]);
     }
     if (edges[1].valid()) {  // grad_W = g^T x
-      grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype());
+      grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype(), MemoryCategory::gradients);
       fn::gemm(ctx, g, true, x, false, grads[1]);
     }
     if (has_bias && edges[2].valid()) {  // grad_b = column sums of g
-      grads[2] = fn::new_like(ctx, g, {weight.size(0)}, weight.dtype());
+      grads[2] = fn::new_like(ctx, g, {weight.size(0)}, weight.dtype(), MemoryCategory::gradients);
       kernels_for(ctx, g).channel_sum(ctx, g, grads[2], g.size(0), g.size(1), 1);
     }
     return grads;

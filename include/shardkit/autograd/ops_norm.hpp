@@ -32,7 +32,9 @@ struct BatchNormNode final : Node {
     Tensor g = contiguous(ctx, gy);
     const DType stat = weight.dtype();
     Tensor gx = edges[0].valid() || g.device().is_cuda() ? fn::new_like(ctx, g) : Tensor();
-    Tensor gw = fn::new_like(ctx, g, {s.channels}, stat), gb = fn::new_like(ctx, g, {s.channels}, stat);
+    // Parameter gradients count as gradients, not activations, while they wait to be accumulated.
+    Tensor gw = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
+    Tensor gb = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
     if (training) {
       if (g.device().is_cpu()) {
         cpu::batch_norm_train_backward(x, g, weight, mean, invstd_or_var, gx, gw, gb, s.outer,

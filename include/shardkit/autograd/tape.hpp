@@ -111,8 +111,9 @@ inline bool needs_grad(Context& ctx, std::initializer_list<const Variable*> inpu
 }
 
 // Wires `node` to its inputs and returns the output variable it produces.
-inline Variable record(Context& ctx, std::shared_ptr<Node> node,
-                       std::initializer_list<const Variable*> inputs, Tensor output) {
+template <class Inputs>
+Variable record_inputs(Context& ctx, std::shared_ptr<Node> node, const Inputs& inputs,
+                       Tensor output) {
   auto& t = tape(ctx);
   node->sequence_nr = t.next_sequence_nr();
   node->module_path = t.module_path();
@@ -130,6 +131,11 @@ inline Variable record(Context& ctx, std::shared_ptr<Node> node,
   Variable out(std::move(output), true);
   out.impl()->grad_fn = std::move(node);
   return out;
+}
+
+inline Variable record(Context& ctx, std::shared_ptr<Node> node,
+                       std::initializer_list<const Variable*> inputs, Tensor output) {
+  return record_inputs(ctx, std::move(node), inputs, std::move(output));
 }
 
 }  // namespace shardkit::autograd

@@ -1,0 +1,194 @@
+// Module: named parameters, buffers and children with PyTorch's state-dict names
+// ("layer1.0.conv1.weight"), train/eval mode, and forward-pre/post and backward-pre/post hooks
+// (FSDP gathers before a unit's forward and frees after; the bucketer listens to backward).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/autograd/autograd.hpp"
+
+namespace shardkit::nn {
+
+using autograd::Variable;
+
+class Module;
+using ForwardPreHook = std::function<void(Module&, const Variable& input)>;
+using ForwardHook = std::function<void(Module&, const Variable& input, const Variable& output)>;
+// grad_output: the gradient arriving at the module's output (before its backward runs).
+using BackwardPreHook = std::function<void(Module&, const Tensor& grad_output)>;
+// grad_input: the gradient leaving through the module's input (its backward is done).
+using BackwardHook = std::function<void(Module&, const Tensor& grad_input)>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual const char* type_name() const = 0;
+  virtual Variable forward(Context& ctx, const Variable& x) = 0;
+
+  // Runs forward with this module's path in errors, and its hooks. Backward hooks hold a
+  // pointer to the module: keep it alive until the backward pass is over.
+  Variable operator()(Context& ctx, const Variable& input) {
+    autograd::ModuleScope scope(ctx, path().empty() ? type_name() : path());
+    for (auto& hook : forward_pre_hooks_) hook(*this, input);
+    const bool grad = autograd::tape(ctx).grad_enabled();
+    Variable x = input;
+    if (grad && !backward_hooks_.empty())
+      x = autograd::identity_with_hook(ctx, x, [this](const Tensor& g) {
+        for (auto& hook : backward_hooks_) hook(*this, g);
+      });
+    Variable y = forward(ctx, x);
+    if (grad && !backward_pre_hooks_.empty() && y.requires_grad())
+      y = autograd::identity_with_hook(ctx, y, [this](const Tensor& g) {
+        for (auto& hook : backward_pre_hooks_) hook(*this, g);
+      });
+    for (auto& hook : forward_hooks_) hook(*this, input, y);
+    return y;
+  }
+
+  // Dotted path from the root ("layer1.0.conv1"); empty for the root itself.
+  std::string path() const {
+    if (parent_ == nullptr) return {};
+    const std::string above = parent_->path();
+    return above.empty() ? name_ : above + "." + name_;
+  }
+
+  // Parameters and buffers in PyTorch's order: own entries first, then each child's.
+  std::vector<std::pair<std::string, Variable>> named_parameters() const {
+    std::vector<std::pair<std::string, Variable>> out;
+    collect_parameters("", out);
+    return out;
+  }
+  std::vector<Variable> parameters() const {
+    std::vector<Variable> out;
+    for (auto& [name, p] : named_parameters()) out.push_back(p);
+    return out;
+  }
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const {
+    std::vector<std::pair<std::string, Tensor>> out;
+    collect_buffers("", out);
+    return out;
+  }
+  // Parameters and buffers by state-dict name, each module's parameters before its buffers.
+  std::vector<std::pair<std::string, Tensor>> state_dict() const {
+    std::vector<std::pair<std::string, Tensor>> out;
+    collect_state("", out);
+    return out;
+  }
+  std::int64_t parameter_count() const {
+    std::int64_t n = 0;
+    for (auto& [name, p] : named_parameters()) n += p.numel();
+    return n;
+  }
+
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
+  // Every module below (and including) this one with its path, depth first.
+  std::vector<std::pair<std::string, Module*>> named_modules() {
+    std::vector<std::pair<std::string, Module*>> out;
+    collect_modules("", out);
+    return out;
+  }
+
+  void train(bool on = true) {
+    training_ = on;
+    for (auto& [name, child] : children_) child->train(on);
+  }
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  void zero_grad() {
+    for (auto& p : parameters()) p.clear_grad();
+  }
+
+  void register_forward_pre_hook(ForwardPreHook hook) { forward_pre_hooks_.push_back(std::move(hook)); }
+  void register_forward_hook(ForwardHook hook) { forward_hooks_.push_back(std::move(hook)); }
+  void register_backward_pre_hook(BackwardPreHook hook) { backward_pre_hooks_.push_back(std::move(hook)); }
+  void register_backward_hook(BackwardHook hook) { backward_hooks_.push_back(std::move(hook)); }
+  bool has_hooks() const {
+    return !forward_pre_hooks_.empty() || !forward_hooks_.empty() || !backward_pre_hooks_.empty() ||
+           !backward_hooks_.empty();
+  }
+  void clear_hooks() {
+    forward_pre_hooks_.clear();
+    forward_hooks_.clear();
+    backward_pre_hooks_.clear();
+    backward_hooks_.clear();
+  }
+
+ protected:
+  Variable register_parameter(std::string name, Tensor value) {
+    check_new_name(name);
+    Variable p(std::move(value), true, name);
+    params_.emplace_back(std::move(name), p);
+    return p;
+  }
+  Tensor register_buffer(std::string name, Tensor value) {
+    check_new_name(name);
+    buffers_.emplace_back(std::move(name), value);
+    return value;
+  }
+  template <class M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    check_new_name(name);
+    check(module != nullptr && module->parent_ == nullptr, "register_module('", name,
+          "'): the module is null or already has a parent");
+    module->parent_ = this;
+    module->name_ = name;
+    children_.emplace_back(std::move(name), module);
+    return module;
+  }
+
+ private:
+  void check_new_name(const std::string& name) const {
+    check(!name.empty() && name.find('.') == std::string::npos, "module entry name '", name,
+          "' must be non-empty and contain no '.'");
+    for (auto& [n, p] : params_) check(n != name, "duplicate entry '", name, "' in ", type_name());
+    for (auto& [n, b] : buffers_) check(n != name, "duplicate entry '", name, "' in ", type_name());
+    for (auto& [n, c] : children_) check(n != name, "duplicate entry '", name, "' in ", type_name());
+  }
+  static std::string join(const std::string& prefix, const std::string& name) {
+    return prefix.empty() ? name : prefix + "." + name;
+  }
+  void collect_parameters(const std::string& prefix,
+                          std::vector<std::pair<std::string, Variable>>& out) const {
+    for (auto& [name, p] : params_) out.emplace_back(join(prefix, name), p);
+    for (auto& [name, child] : children_) child->collect_parameters(join(prefix, name), out);
+  }
+  void collect_buffers(const std::string& prefix,
+                       std::vector<std::pair<std::string, Tensor>>& out) const {
+    for (auto& [name, b] : buffers_) out.emplace_back(join(prefix, name), b);
+    for (auto& [name, child] : children_) child->collect_buffers(join(prefix, name), out);
+  }
+  void collect_state(const std::string& prefix,
+                     std::vector<std::pair<std::string, Tensor>>& out) const {
+    for (auto& [name, p] : params_) out.emplace_back(join(prefix, name), p.data());
+    for (auto& [name, b] : buffers_) out.emplace_back(join(prefix, name), b);
+    for (auto& [name, child] : children_) child->collect_state(join(prefix, name), out);
+  }
+  void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out) {
+    out.emplace_back(prefix, this);
+    for (auto& [name, child] : children_) child->collect_modules(join(prefix, name), out);
+  }
+
+  Module* parent_ = nullptr;
+  std::string name_;
+  bool training_ = true;
+  std::vector<std::pair<std::string, Variable>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<ForwardPreHook> forward_pre_hooks_;
+  std::vector<ForwardHook> forward_hooks_;
+  std::vector<BackwardPreHook> backward_pre_hooks_;
+  std::vector<BackwardHook> backward_hooks_;
+};
+
+}  // namespace shardkit::nn

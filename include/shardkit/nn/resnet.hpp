@@ -1,0 +1,157 @@
+// ResNet-18/34/50 in torchvision's layout (state-dict names conv1.weight, layer1.0.bn2.bias,
+// layer2.0.downsample.0.weight, fc.weight...), with a small-image stem option (3x3 stride-1
+// conv, no max-pool) for 28x28 and 32x32 inputs. The network is a Sequential of its top-level
+// children, so it can be split into checkpointed segments.
+#pragma once
+
+#include <vector>
+
+#include "shardkit/nn/sequential.hpp"
+
+namespace shardkit::nn {
+
+enum class ResNetInit {
+  pytorch_default,  // each layer's reset_parameters (kaiming_uniform a=sqrt(5), BN 1/0)
+  torchvision,      // plus torchvision's kaiming_normal fan_out on convs
+};
+
+struct ResNetOptions {
+  std::int64_t num_classes = 1000;  // 0: no fc (a trunk for a projection head)
+  bool small_image_stem = false;
+  DType dtype = DType::f32;
+  ResNetInit init = ResNetInit::pytorch_default;
+  bool zero_init_residual = false;  // last BN of each block starts at 0 (torchvision option)
+  bool batch_norm_f32 = false;      // f16/bf16 activations through f32 batch-norm
+};
+
+namespace detail {
+
+inline std::shared_ptr<Conv2d> conv(Context& ctx, std::int64_t in, std::int64_t out,
+                                    std::int64_t kernel, std::int64_t stride,
+                                    const ResNetOptions& o) {
+  auto c = std::make_shared<Conv2d>(ctx, in, out, kernel, stride, kernel / 2, false, o.dtype);
+  if (o.init == ResNetInit::torchvision) init::kaiming_normal_fan_out_(ctx, c->weight.data());
+  return c;
+}
+
+inline std::shared_ptr<BatchNorm> bn(Context& ctx, std::int64_t channels, const ResNetOptions& o) {
+  return std::make_shared<BatchNorm>(ctx, channels, 2, o.dtype, 1e-5, 0.1, o.batch_norm_f32);
+}
+
+}  // namespace detail
+
+class BasicBlock : public Module {
+ public:
+  static constexpr std::int64_t kExpansion = 1;
+  BasicBlock(Context& ctx, std::int64_t in, std::int64_t planes, std::int64_t stride,
+             const ResNetOptions& o) {
+    conv1 = register_module("conv1", detail::conv(ctx, in, planes, 3, stride, o));
+    bn1 = register_module("bn1", detail::bn(ctx, planes, o));
+    relu = register_module("relu", std::make_shared<ReLU>());
+    conv2 = register_module("conv2", detail::conv(ctx, planes, planes, 3, 1, o));
+    bn2 = register_module("bn2", detail::bn(ctx, planes, o));
+    if (o.zero_init_residual) fill(ctx, bn2->weight.data(), 0.0);
+    if (stride != 1 || in != planes) {
+      downsample = register_module("downsample", std::make_shared<Sequential>());
+      downsample->push_back(detail::conv(ctx, in, planes, 1, stride, o));
+      downsample->push_back(detail::bn(ctx, planes, o));
+    }
+  }
+  const char* type_name() const override { return "BasicBlock"; }
+  Variable forward(Context& ctx, const Variable& x) override {
+    Variable out = (*relu)(ctx, (*bn1)(ctx, (*conv1)(ctx, x)));
+    out = (*bn2)(ctx, (*conv2)(ctx, out));
+    const Variable identity = downsample ? (*downsample)(ctx, x) : x;
+    return (*relu)(ctx, autograd::add(ctx, out, identity));
+  }
+  std::shared_ptr<Conv2d> conv1, conv2;
+  std::shared_ptr<BatchNorm> bn1, bn2;
+  std::shared_ptr<ReLU> relu;
+  std::shared_ptr<Sequential> downsample;
+};
+
+class Bottleneck : public Module {
+ public:
+  static constexpr std::int64_t kExpansion = 4;
+  Bottleneck(Context& ctx, std::int64_t in, std::int64_t planes, std::int64_t stride,
+             const ResNetOptions& o) {
+    const std::int64_t out = planes * kExpansion;
+    conv1 = register_module("conv1", detail::conv(ctx, in, planes, 1, 1, o));
+    bn1 = register_module("bn1", detail::bn(ctx, planes, o));
+    conv2 = register_module("conv2", detail::conv(ctx, planes, planes, 3, stride, o));  // v1.5
+    bn2 = register_module("bn2", detail::bn(ctx, planes, o));
+    conv3 = register_module("conv3", detail::conv(ctx, planes, out, 1, 1, o));
+    bn3 = register_module("bn3", detail::bn(ctx, out, o));
+    relu = register_module("relu", std::make_shared<ReLU>());
+    if (o.zero_init_residual) fill(ctx, bn3->weight.data(), 0.0);
+    if (stride != 1 || in != out) {
+      downsample = register_module("downsample", std::make_shared<Sequential>());
+      downsample->push_back(detail::conv(ctx, in, out, 1, stride, o));
+      downsample->push_back(detail::bn(ctx, out, o));
+    }
+  }
+  const char* type_name() const override { return "Bottleneck"; }
+  Variable forward(Context& ctx, const Variable& x) override {
+    Variable y = (*relu)(ctx, (*bn1)(ctx, (*conv1)(ctx, x)));
+    y = (*relu)(ctx, (*bn2)(ctx, (*conv2)(ctx, y)));
+    y = (*bn3)(ctx, (*conv3)(ctx, y));
+    const Variable identity = downsample ? (*downsample)(ctx, x) : x;
+    return (*relu)(ctx, autograd::add(ctx, y, identity));
+  }
+  std::shared_ptr<Conv2d> conv1, conv2, conv3;
+  std::shared_ptr<BatchNorm> bn1, bn2, bn3;
+  std::shared_ptr<ReLU> relu;
+  std::shared_ptr<Sequential> downsample;
+};
+
+class ResNet : public Sequential {
+ public:
+  const char* type_name() const override { return "ResNet"; }
+  std::int64_t feature_dim = 0;  // channels entering avgpool/fc
+};
+
+namespace detail {
+
+template <class Block>
+std::shared_ptr<ResNet> build_resnet(Context& ctx, const std::vector<int>& blocks,
+                                     const ResNetOptions& o) {
+  check(o.num_classes >= 0, "ResNet: num_classes ", o.num_classes, " must be >= 0");
+  auto net = std::make_shared<ResNet>();
+  if (o.small_image_stem)
+    net->add("conv1", conv(ctx, 3, 64, 3, 1, o));
+  else
+    net->add("conv1", conv(ctx, 3, 64, 7, 2, o));
+  net->add("bn1", bn(ctx, 64, o));
+  net->add("relu", std::make_shared<ReLU>());
+  if (!o.small_image_stem) net->add("maxpool", std::make_shared<MaxPool2d>(3, 2, 1));
+  std::int64_t in = 64;
+  const std::int64_t planes[] = {64, 128, 256, 512};
+  for (std::size_t stage = 0; stage < 4; ++stage) {
+    auto layer = std::make_shared<Sequential>();
+    for (int b = 0; b < blocks[stage]; ++b) {
+      const std::int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+      layer->push_back(std::make_shared<Block>(ctx, in, planes[stage], stride, o));
+      in = planes[stage] * Block::kExpansion;
+    }
+    net->add("layer" + std::to_string(stage + 1), layer);
+  }
+  net->add("avgpool", std::make_shared<AdaptiveAvgPool2d>(1, 1));
+  net->add("flatten", std::make_shared<Flatten>());
+  if (o.num_classes > 0) net->add("fc", std::make_shared<Linear>(ctx, in, o.num_classes, true, o.dtype));
+  net->feature_dim = in;
+  return net;
+}
+
+}  // namespace detail
+
+inline std::shared_ptr<ResNet> resnet18(Context& ctx, const ResNetOptions& o = {}) {
+  return detail::build_resnet<BasicBlock>(ctx, {2, 2, 2, 2}, o);
+}
+inline std::shared_ptr<ResNet> resnet34(Context& ctx, const ResNetOptions& o = {}) {
+  return detail::build_resnet<BasicBlock>(ctx, {3, 4, 6, 3}, o);
+}
+inline std::shared_ptr<ResNet> resnet50(Context& ctx, const ResNetOptions& o = {}) {
+  return detail::build_resnet<Bottleneck>(ctx, {3, 4, 6, 3}, o);
+}
+
+}  // namespace shardkit::nn

@@ -1,0 +1,185 @@
+// Modules: state-dict names, parameter counts against torchvision, initialisation, forward and
+// backward shapes, hooks, module paths in errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "shardkit/nn/nn.hpp"
+
+namespace sk = shardkit;
+namespace ag = shardkit::autograd;
+namespace nn = shardkit::nn;
+using ag::Variable;
+
+namespace {
+
+Variable random_input(sk::Context& ctx, sk::Shape shape) {
+  sk::Tensor t = sk::empty(ctx, std::move(shape), sk::DType::f32, sk::MemoryCategory::activations);
+  sk::normal_(ctx, t, 0.0, 1.0);
+  return Variable(t);
+}
+
+bool has_name(const std::vector<std::pair<std::string, sk::Tensor>>& entries, const std::string& name) {
+  for (auto& [n, t] : entries)
+    if (n == name) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("ResNet parameter counts and state-dict layout match torchvision") {
+  sk::Context ctx({.seed = 31});
+  auto r18 = nn::resnet18(ctx);
+  CHECK(r18->parameter_count() == 11'689'512);
+  CHECK(r18->named_parameters().size() == 62);
+  const auto sd18 = r18->state_dict();
+  CHECK(sd18.size() == 122);
+  CHECK(sd18.front().first == "conv1.weight");
+  CHECK(sd18[1].first == "bn1.weight");
+  CHECK(sd18[3].first == "bn1.running_mean");
+  CHECK(sd18[5].first == "bn1.num_batches_tracked");
+  CHECK(sd18[6].first == "layer1.0.conv1.weight");
+  CHECK(has_name(sd18, "layer2.0.downsample.0.weight"));
+  CHECK(has_name(sd18, "layer2.0.downsample.1.running_var"));
+  CHECK(!has_name(sd18, "layer1.0.downsample.0.weight"));
+  CHECK(sd18.back().first == "fc.bias");
+  CHECK(sd18.back().second.shape() == sk::Shape{1000});
+
+  auto r50 = nn::resnet50(ctx);
+  CHECK(r50->parameter_count() == 25'557'032);
+  CHECK(r50->named_parameters().size() == 161);
+  CHECK(r50->state_dict().size() == 320);
+  CHECK(has_name(r50->state_dict(), "layer4.2.conv3.weight"));
+
+  nn::ResNetOptions small;
+  small.num_classes = 10;
+  small.small_image_stem = true;
+  auto cifar = nn::resnet18(ctx, small);
+  // 3x3 stem (1728 instead of 9408 weights) and a 10-class fc.
+  CHECK(cifar->parameter_count() == 11'689'512 - 9408 + 1728 - 513 * 1000 + 513 * 10);
+  CHECK(!has_name(cifar->state_dict(), "maxpool"));
+}
+
+TEST_CASE("default initialisation follows PyTorch and is reproducible by seed") {
+  sk::Context a({.seed = 7}), b({.seed = 7});
+  nn::Conv2d conv(a, 16, 32, 3, 1, 1, true);
+  nn::Conv2d again(b, 16, 32, 3, 1, 1, true);
+  const auto w = sk::to_vector<float>(a, conv.weight.data());
+  const double bound = 1.0 / std::sqrt(16.0 * 9.0);
+  double max_abs = 0;
+  for (float v : w) max_abs = std::max(max_abs, std::abs(double(v)));
+  CHECK(max_abs <= bound);
+  CHECK(max_abs > 0.9 * bound);  // 4608 draws come close to the bound
+  CHECK(w == sk::to_vector<float>(b, again.weight.data()));
+  nn::BatchNorm bn(a, 8);
+  CHECK(sk::to_vector<float>(a, bn.weight.data()) == std::vector<float>(8, 1.0f));
+  CHECK(sk::to_vector<float>(a, bn.bias.data()) == std::vector<float>(8, 0.0f));
+  CHECK(sk::to_vector<float>(a, bn.running_var) == std::vector<float>(8, 1.0f));
+}
+
+TEST_CASE("ResNet forward and backward shapes (small images)") {
+  sk::Context ctx({.seed = 32});
+  SUBCASE("resnet18, small-image stem") {
+    nn::ResNetOptions o;
+    o.num_classes = 10;
+    o.small_image_stem = true;
+    auto net = nn::resnet18(ctx, o);
+    auto x = random_input(ctx, {2, 3, 16, 16});
+    x.set_requires_grad(true);
+    auto logits = (*net)(ctx, x);
+    CHECK(logits.shape() == sk::Shape{2, 10});
+    auto loss = ag::cross_entropy(ctx, logits, sk::from_vector<std::int64_t>(ctx, {3, 9}, {2}));
+    ag::backward(ctx, loss);
+    CHECK(x.grad().shape() == x.shape());
+    for (auto& [name, p] : net->named_parameters()) {
+      CAPTURE(name);
+      REQUIRE(p.grad().defined());
+      CHECK(p.grad().shape() == p.shape());
+    }
+    auto bn = std::dynamic_pointer_cast<nn::BatchNorm>(net->children()[1].second);
+    REQUIRE(bn);
+    CHECK(sk::to_vector<std::int64_t>(ctx, bn->num_batches_tracked)[0] == 1);
+  }
+  SUBCASE("resnet50, ImageNet stem, 1000 classes") {
+    auto net = nn::resnet50(ctx);
+    auto x = random_input(ctx, {2, 3, 32, 32});
+    auto logits = (*net)(ctx, x);
+    CHECK(logits.shape() == sk::Shape{2, 1000});
+    ag::backward(ctx, ag::cross_entropy(ctx, logits, sk::from_vector<std::int64_t>(ctx, {3, 999}, {2})));
+    for (auto& [name, p] : net->named_parameters()) {
+      CAPTURE(name);
+      REQUIRE(p.grad().defined());
+    }
+  }
+  SUBCASE("eval mode uses and keeps the running statistics") {
+    nn::ResNetOptions o;
+    o.num_classes = 4;
+    o.small_image_stem = true;
+    auto net = nn::resnet18(ctx, o);
+    net->eval();
+    auto x = random_input(ctx, {1, 3, 8, 8});  // batch 1 is fine in eval mode
+    auto before = sk::to_vector<float>(ctx, net->state_dict()[3].second);
+    auto y1 = (*net)(ctx, x);
+    auto y2 = (*net)(ctx, x);
+    CHECK(sk::to_vector<float>(ctx, y1.data()) == sk::to_vector<float>(ctx, y2.data()));
+    CHECK(sk::to_vector<float>(ctx, net->state_dict()[3].second) == before);
+  }
+}
+
+TEST_CASE("module hooks: forward pre/post, backward pre/post") {
+  sk::Context ctx({.seed = 33});
+  auto head = nn::mlp_head(ctx, 6, 8, 3);
+  std::vector<std::string> events;
+  auto& linear = head->at(0);
+  linear.register_forward_pre_hook([&](nn::Module& m, const Variable& in) {
+    events.push_back("pre:" + m.path() + sk::shape_str(in.shape()));
+  });
+  linear.register_forward_hook([&](nn::Module&, const Variable&, const Variable& out) {
+    events.push_back("post" + sk::shape_str(out.shape()));
+  });
+  linear.register_backward_pre_hook([&](nn::Module&, const sk::Tensor& g) {
+    events.push_back("bwd-pre" + sk::shape_str(g.shape()));
+  });
+  linear.register_backward_hook([&](nn::Module&, const sk::Tensor& g) {
+    events.push_back("bwd-post" + sk::shape_str(g.shape()));
+  });
+  dynamic_cast<nn::Linear&>(head->at(3)).weight.register_grad_ready_hook(
+      [&](Variable&) { events.push_back("ready:3.weight"); });
+  auto y = (*head)(ctx, random_input(ctx, {4, 6}));
+  ag::backward(ctx, ag::cross_entropy(ctx, y, sk::from_vector<std::int64_t>(ctx, {0, 1, 2, 0}, {4})));
+  const std::vector<std::string> expected{"pre:0[4, 6]", "post[4, 8]", "ready:3.weight",
+                                          "bwd-pre[4, 8]", "bwd-post[4, 6]"};
+  CHECK(events == expected);
+}
+
+TEST_CASE("errors name the op, both shapes and the module path") {
+  sk::Context ctx({.seed = 34});
+  nn::ResNetOptions o;
+  o.num_classes = 10;
+  o.small_image_stem = true;
+  auto net = nn::resnet18(ctx, o);
+  try {
+    (void)(*net)(ctx, random_input(ctx, {2, 1, 8, 8}));
+    FAIL("a 1-channel image went into a 3-channel stem");
+  } catch (const sk::InvalidArgument& e) {
+    const std::string what = e.what();
+    CHECK(what.find("conv2d") != std::string::npos);
+    CHECK(what.find("[2, 1, 8, 8]") != std::string::npos);
+    CHECK(what.find("[64, 3, 3, 3]") != std::string::npos);
+    CHECK(what.find("module 'conv1'") != std::string::npos);
+  }
+  auto outer = std::make_shared<nn::Sequential>();
+  outer->add("trunk", std::make_shared<nn::Linear>(ctx, 5, 7));
+  outer->add("head", nn::mlp_head(ctx, 6, 8, 3));
+  try {
+    (void)(*outer)(ctx, random_input(ctx, {4, 5}));
+    FAIL("7 features went into a 6-feature head");
+  } catch (const sk::InvalidArgument& e) {
+    const std::string what = e.what();
+    CHECK(what.find("linear: input [4, 7] does not match weight [8, 6]") != std::string::npos);
+    CHECK(what.find("module 'head.0'") != std::string::npos);
+  }
+  CHECK_THROWS_WITH_AS((*nn::mlp_head(ctx, 6, 8, 3))(ctx, random_input(ctx, {1, 6})),
+                       doctest::Contains("more than one value per channel"), sk::InvalidArgument);
+}
