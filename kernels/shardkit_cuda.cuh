@@ -4,3 +4,4 @@
 #include "shardkit/shardkit.hpp"
 #include "kernels/core/tensor_kernels.cuh"
 #include "kernels/comm/reduce_kernels.cuh"
+#include "kernels/autograd/autograd_kernels.cuh"

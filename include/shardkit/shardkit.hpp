@@ -4,3 +4,5 @@
 
 #include "shardkit/core/core.hpp"
 #include "shardkit/comm/comm.hpp"
+#include "shardkit/autograd/autograd.hpp"
+#include "shardkit/nn/nn.hpp"

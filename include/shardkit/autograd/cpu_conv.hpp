@@ -2,6 +2,8 @@
 // so the column buffer stays small; 1x1 stride-1 unpadded convolutions skip im2col entirely.
 #pragma once
 
+// Eigen must be a system include for nvcc (its nvcc-only pragmas would warn in g++ under
+// -Werror); Meson's eigen_dep is marked so.
 #include <Eigen/Core>
 
 #include <algorithm>

@@ -52,6 +52,8 @@ inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& 
   if (c.device().is_cpu()) return cpu::gemm(a, transpose_a, b, transpose_b, c, alpha, beta);
 #if SK_WITH_CUDA
   cuda::gemm(ctx, a, transpose_a, b, transpose_b, c, alpha, beta);
+#else
+  (void)ctx;  // the CPU branch above returned; a CUDA tensor cannot exist in this build
 #endif
 }
 
@@ -60,6 +62,8 @@ inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const
   if (x.device().is_cpu()) return cpu::conv2d_forward(x, w, y, g);
 #if SK_WITH_CUDA
   cuda::conv2d_forward(ctx, x, w, y, g);
+#else
+  (void)ctx;  // the CPU branch above returned; a CUDA tensor cannot exist in this build
 #endif
 }
 
@@ -68,6 +72,8 @@ inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, cons
   if (x.device().is_cpu()) return cpu::conv2d_backward(x, w, gy, gx, gw, g);
 #if SK_WITH_CUDA
   cuda::conv2d_backward(ctx, x, w, gy, gx, gw, g);
+#else
+  (void)ctx;  // the CPU branch above returned; a CUDA tensor cannot exist in this build
 #endif
 }
 

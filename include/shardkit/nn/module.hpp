@@ -137,14 +137,14 @@ class Module {
     return value;
   }
   template <class M>
-  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> child) {
     check_new_name(name);
-    check(module != nullptr && module->parent_ == nullptr, "register_module('", name,
+    check(child != nullptr && child->parent_ == nullptr, "register_module('", name,
           "'): the module is null or already has a parent");
-    module->parent_ = this;
-    module->name_ = name;
-    children_.emplace_back(std::move(name), module);
-    return module;
+    child->parent_ = this;
+    child->name_ = name;
+    children_.emplace_back(std::move(name), child);
+    return child;
   }
 
  private:

@@ -1,0 +1,202 @@
+// CUDA against CPU on the same inputs for every op (f32 <= 1e-4 relative, f16 <= 1e-2), and a
+// ResNet-18 training step built from the same seed on both devices. Skipped (77) without a GPU.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/nn/nn.hpp"
+
+namespace sk = shardkit;
+namespace ag = shardkit::autograd;
+namespace nn = shardkit::nn;
+using ag::Variable;
+
+namespace {
+
+using Build = std::function<Variable(sk::Context&, const std::vector<Variable>&)>;
+
+struct Outcome {
+  std::vector<float> output;
+  std::vector<std::vector<float>> grads;
+};
+
+std::vector<float> as_floats(sk::Context& ctx, const sk::Tensor& t) {
+  return sk::to_vector<float>(ctx, sk::cast(ctx, sk::contiguous(ctx, t), sk::DType::f32));
+}
+
+// Deterministic pseudo-random values in [-1, 1), rounded to `dtype` so both devices see the
+// same numbers.
+std::vector<float> pattern(std::int64_t n, std::uint32_t salt, sk::DType dtype) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  std::uint32_t s = 2654435761u * (salt + 1);
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>(s >> 8) / float(1u << 24) * 2.0f - 1.0f;
+    if (dtype == sk::DType::f16) x = sk::Half(x).to_float();
+    if (dtype == sk::DType::bf16) x = sk::BFloat16(x).to_float();
+  }
+  return v;
+}
+
+Outcome run(sk::Context& ctx, const std::vector<sk::Shape>& shapes, sk::DType dtype, const Build& build) {
+  std::vector<Variable> inputs;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    auto host = pattern(sk::shape_numel(shapes[i]), static_cast<std::uint32_t>(i), dtype);
+    sk::Tensor t = sk::cast(ctx, sk::from_vector(ctx, host, shapes[i]), dtype);
+    inputs.emplace_back(t, true);
+  }
+  Variable out = build(ctx, inputs);
+  auto g = pattern(out.numel(), 99, out.dtype());
+  ag::backward(ctx, out, sk::cast(ctx, sk::from_vector(ctx, g, out.shape()), out.dtype()));
+  Outcome o;
+  o.output = as_floats(ctx, out.data());
+  for (auto& in : inputs) o.grads.push_back(in.grad().defined() ? as_floats(ctx, in.grad()) : std::vector<float>{});
+  return o;
+}
+
+double relative_error(const std::vector<float>& reference, const std::vector<float>& value) {
+  REQUIRE(reference.size() == value.size());
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    diff += (double(reference[i]) - value[i]) * (double(reference[i]) - value[i]);
+    norm += double(reference[i]) * reference[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+}  // namespace
+
+namespace {
+
+// Full comparison with gradients: both sides in f32 or the GPU in f16 against a CPU f32 run on
+// the same rounded inputs.
+void compare_with_grads(const char* name, const std::vector<sk::Shape>& shapes, const Build& build,
+                        double f32_tolerance = 1e-4) {
+  sk::Context cpu({.seed = 1});
+  auto gpu = ag::make_cuda_context(0, 0, 1);
+  for (sk::DType dtype : {sk::DType::f32, sk::DType::f16}) {
+    CAPTURE(name);
+    CAPTURE(sk::dtype_name(dtype));
+    const double tolerance = dtype == sk::DType::f32 ? f32_tolerance : 1e-2;
+    // pattern() already rounds to dtype, so the CPU f32 run below sees the GPU's values.
+    std::vector<Variable> cpu_inputs;
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      cpu_inputs.emplace_back(sk::from_vector(cpu, pattern(sk::shape_numel(shapes[i]), static_cast<std::uint32_t>(i), dtype), shapes[i]), true);
+    Variable cpu_out = build(cpu, cpu_inputs);
+    auto g = pattern(cpu_out.numel(), 99, dtype);
+    ag::backward(cpu, cpu_out, sk::from_vector(cpu, g, cpu_out.shape()));
+    const Outcome device = run(*gpu, shapes, dtype, build);
+    CHECK(relative_error(as_floats(cpu, cpu_out.data()), device.output) <= tolerance);
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(cpu_inputs[i].grad().defined() == !device.grads[i].empty());
+      if (device.grads[i].empty()) continue;
+      CHECK(relative_error(as_floats(cpu, cpu_inputs[i].grad()), device.grads[i]) <= tolerance);
+    }
+  }
+}
+
+// Batch-norm statistics are f32 for half inputs: cast weight and bias inside the op.
+Variable bn(sk::Context& c, const std::vector<Variable>& v, bool training) {
+  const sk::DType stat = ag::accumulator_dtype(v[0].dtype());
+  const std::int64_t channels = v[0].size(1);
+  ag::BatchNormOptions o;
+  o.training = training;
+  sk::Tensor mean = sk::full(c, {channels}, stat, 0.1), var = sk::full(c, {channels}, stat, 1.5);
+  return ag::batch_norm(c, v[0], ag::cast(c, v[1], stat), ag::cast(c, v[2], stat), mean, var, o);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
+  compare_with_grads("add", {{3, 7}, {3, 7}}, [](sk::Context& c, const auto& v) { return ag::add(c, v[0], v[1]); });
+  compare_with_grads("mul", {{3, 7}, {3, 7}}, [](sk::Context& c, const auto& v) { return ag::mul(c, v[0], v[1]); });
+  compare_with_grads("relu", {{5, 300}}, [](sk::Context& c, const auto& v) { return ag::relu(c, v[0]); });
+  compare_with_grads("linear", {{8, 32}, {16, 32}, {16}},
+                     [](sk::Context& c, const auto& v) { return ag::linear(c, v[0], v[1], v[2]); });
+  compare_with_grads("matmul", {{8, 32}, {32, 12}},
+                     [](sk::Context& c, const auto& v) { return ag::matmul(c, v[0], v[1]); });
+  compare_with_grads("conv3x3", {{2, 8, 9, 9}, {16, 8, 3, 3}}, [](sk::Context& c, const auto& v) {
+    return ag::conv2d(c, v[0], v[1], Variable(), ag::Conv2dOptions::make(1, 1));
+  });
+  compare_with_grads("conv7x7 s2", {{2, 3, 20, 20}, {8, 3, 7, 7}, {8}}, [](sk::Context& c, const auto& v) {
+    return ag::conv2d(c, v[0], v[1], v[2], ag::Conv2dOptions::make(2, 3));
+  });
+  compare_with_grads("conv1x1 s2", {{2, 16, 8, 8}, {32, 16, 1, 1}}, [](sk::Context& c, const auto& v) {
+    return ag::conv2d(c, v[0], v[1], Variable(), ag::Conv2dOptions::make(2, 0));
+  });
+  compare_with_grads("batch_norm train 2d", {{4, 6, 5, 5}, {6}, {6}},
+                     [](sk::Context& c, const auto& v) { return bn(c, v, true); });
+  compare_with_grads("batch_norm train 1d", {{16, 6}, {6}, {6}},
+                     [](sk::Context& c, const auto& v) { return bn(c, v, true); });
+  compare_with_grads("batch_norm eval", {{4, 6, 5, 5}, {6}, {6}},
+                     [](sk::Context& c, const auto& v) { return bn(c, v, false); });
+  compare_with_grads("max_pool", {{2, 4, 11, 11}},
+                     [](sk::Context& c, const auto& v) { return ag::max_pool2d(c, v[0], 3, 2, 1); });
+  compare_with_grads("adaptive_avg_pool 1x1", {{2, 4, 7, 7}},
+                     [](sk::Context& c, const auto& v) { return ag::adaptive_avg_pool2d(c, v[0], 1, 1); });
+  compare_with_grads("adaptive_avg_pool 3x2", {{2, 4, 7, 5}},
+                     [](sk::Context& c, const auto& v) { return ag::adaptive_avg_pool2d(c, v[0], 3, 2); });
+  compare_with_grads("softmax", {{6, 1000}}, [](sk::Context& c, const auto& v) { return ag::softmax(c, v[0]); });
+  compare_with_grads("log_softmax", {{6, 1000}}, [](sk::Context& c, const auto& v) { return ag::log_softmax(c, v[0]); });
+  compare_with_grads("l2_normalize", {{6, 128}}, [](sk::Context& c, const auto& v) { return ag::l2_normalize(c, v[0]); });
+  compare_with_grads("cross_entropy hard", {{6, 10}}, [](sk::Context& c, const auto& v) {
+    return ag::cross_entropy(c, v[0], sk::from_vector<std::int64_t>(c, {0, 9, 3, 3, 5, 1}, {6}));
+  });
+  compare_with_grads("cross_entropy soft", {{6, 10}, {6, 10}}, [](sk::Context& c, const auto& v) {
+    sk::Tensor target = ag::softmax(c, v[1].detach()).data();
+    return ag::cross_entropy(c, v[0], target);
+  });
+}
+
+TEST_CASE("ResNet-18 training step: same seed, same parameters, matching loss and gradients") {
+  sk::Context cpu({.seed = 5});
+  auto gpu = ag::make_cuda_context(0, 0, 5);
+  nn::ResNetOptions o;
+  o.num_classes = 10;
+  o.small_image_stem = true;
+  auto on_cpu = nn::resnet18(cpu, o);
+  auto on_gpu = nn::resnet18(*gpu, o);
+  auto images = pattern(4 * 3 * 16 * 16, 7, sk::DType::f32);
+  auto step = [&](sk::Context& c, nn::ResNet& net) {
+    auto logits = net(c, Variable(sk::from_vector(c, images, {4, 3, 16, 16})));
+    auto loss = ag::cross_entropy(c, logits, sk::from_vector<std::int64_t>(c, {1, 2, 3, 4}, {4}));
+    ag::backward(c, loss);
+    return sk::to_vector<float>(c, loss.data())[0];
+  };
+  const float cpu_loss = step(cpu, *on_cpu), gpu_loss = step(*gpu, *on_gpu);
+  CHECK(std::abs(cpu_loss - gpu_loss) <= 1e-4 * std::abs(cpu_loss));
+  auto cpu_params = on_cpu->named_parameters();
+  auto gpu_params = on_gpu->named_parameters();
+  for (std::size_t i = 0; i < cpu_params.size(); ++i) {
+    CAPTURE(cpu_params[i].first);
+    CHECK(sk::to_vector<float>(cpu, cpu_params[i].second.data()) ==
+          sk::to_vector<float>(*gpu, gpu_params[i].second.data()));
+    // A deep chain of f32 reductions in different orders: 1e-3 for the whole network.
+    CHECK(relative_error(sk::to_vector<float>(cpu, cpu_params[i].second.grad()),
+                         sk::to_vector<float>(*gpu, gpu_params[i].second.grad())) <= 1e-3);
+  }
+}
+
+TEST_CASE("checkpointing on the GPU gives the same gradients") {
+  auto gradients = [](int segments) {
+    auto gpu = ag::make_cuda_context(0, 0, 9);
+    nn::ResNetOptions o;
+    o.num_classes = 10;
+    o.small_image_stem = true;
+    auto net = nn::resnet18(*gpu, o);
+    net->set_checkpoint_segments(segments);
+    auto images = pattern(4 * 3 * 16 * 16, 3, sk::DType::f32);
+    auto logits = (*net)(*gpu, Variable(sk::from_vector(*gpu, images, {4, 3, 16, 16})));
+    ag::backward(*gpu, ag::cross_entropy(*gpu, logits, sk::from_vector<std::int64_t>(*gpu, {1, 2, 3, 4}, {4})));
+    std::vector<std::vector<float>> grads;
+    for (auto& p : net->parameters()) grads.push_back(sk::to_vector<float>(*gpu, p.grad()));
+    return grads;
+  };
+  // cuDNN's backward-filter algorithms may sum in a different order from run to run.
+  const auto plain = gradients(0), checkpointed = gradients(4);
+  REQUIRE(plain.size() == checkpointed.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) CHECK(relative_error(plain[i], checkpointed[i]) <= 1e-5);
+}
