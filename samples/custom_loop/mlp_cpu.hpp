@@ -82,23 +82,21 @@ class MlpCpu {
     return static_cast<float>(loss / static_cast<double>(batch));
   }
 
-  // Backward from the last forward: writes (or, with accumulate, adds) each gradient into
-  // `grads` and calls ready(i) as soon as gradient i is final -- last layer first.
-  void backward(const sk::shard::FlatBuffer& params, const sk::shard::FlatBuffer& grads,
-                const std::function<void(std::size_t)>& ready, bool accumulate = false) {
+  // Backward from the last forward: adds each parameter's gradient into grad_of(i) and calls
+  // ready(i) as soon as gradient i is final -- last layer first, as autograd would.
+  void backward(const sk::shard::FlatBuffer& params,
+                const std::function<sk::Tensor(std::size_t)>& grad_of,
+                const std::function<void(std::size_t)>& ready) {
     const auto layers = widths_.size() - 1;
     Matrix delta = logit_grad_;
     for (std::size_t l = layers; l-- > 0;) {
-      MatrixMap dw(grads[2 * l].data<float>(), widths_[l + 1], widths_[l]);
-      VectorMap db(grads[2 * l + 1].data<float>(), widths_[l + 1]);
-      if (accumulate) {
-        dw.noalias() += delta.transpose() * activations_[l];
-        db += delta.colwise().sum();
-      } else {
-        dw.noalias() = delta.transpose() * activations_[l];
-        db = delta.colwise().sum();
-      }
+      const sk::Tensor weight_grad = grad_of(2 * l);
+      MatrixMap dw(weight_grad.data<float>(), widths_[l + 1], widths_[l]);
+      dw.noalias() += delta.transpose() * activations_[l];
       ready(2 * l);
+      const sk::Tensor bias_grad = grad_of(2 * l + 1);
+      VectorMap db(bias_grad.data<float>(), widths_[l + 1]);
+      db += delta.colwise().sum();
       ready(2 * l + 1);
       if (l == 0) break;
       ConstMatrixMap w(params[2 * l].data<float>(), widths_[l + 1], widths_[l]);

@@ -245,9 +245,9 @@ class GradBucketer {
       bucket.buffer = full_.slice(0, bucket.base, bucket.base + bucket.numel);
       if (low) {
         bucket.wire = cast_for_wire(bucket.buffer);
-        bucket.work = comm_->all_reduce(bucket.wire, comm::ReduceOp::avg);
+        assign(bucket.work, comm_->all_reduce(bucket.wire, comm::ReduceOp::avg));
       } else {
-        bucket.work = comm_->all_reduce(bucket.buffer, comm::ReduceOp::avg);
+        assign(bucket.work, comm_->all_reduce(bucket.buffer, comm::ReduceOp::avg));
       }
     } else {
       if (!bucket.buffer.defined())  // no gradient was asked for: all zero
@@ -257,12 +257,18 @@ class GradBucketer {
       if (low) {
         bucket.wire = cast_for_wire(bucket.buffer);
         bucket.wire_out = empty(*ctx_, {own}, options_.wire_dtype, MemoryCategory::communication);
-        bucket.work = comm_->reduce_scatter_v(bucket.wire, bucket.wire_out, bucket.counts, comm::ReduceOp::avg);
+        assign(bucket.work, comm_->reduce_scatter_v(bucket.wire, bucket.wire_out, bucket.counts, comm::ReduceOp::avg));
       } else {
-        bucket.work = comm_->reduce_scatter_v(bucket.buffer, target, bucket.counts, comm::ReduceOp::avg);
+        assign(bucket.work, comm_->reduce_scatter_v(bucket.buffer, target, bucket.counts, comm::ReduceOp::avg));
       }
     }
     bucket.launched = true;
+  }
+
+  // (Work is [[nodiscard]], and nvcc flags the discarded result of its move-assignment.)
+  static void assign(comm::Work& slot, comm::Work&& work) {
+    comm::Work& assigned = (slot = std::move(work));
+    (void)assigned;
   }
 
   Tensor cast_for_wire(const Tensor& values) {

@@ -1,7 +1,9 @@
-// The shard layer: flat parameter buffers, partitions of parameters over ranks, flat splits.
+// The shard layer: flat parameter buffers, partitions, shard plans, gradient buckets.
 #pragma once
 
 #include "shardkit/shard/flat_buffer.hpp"
 #include "shardkit/shard/flat_split.hpp"
+#include "shardkit/shard/grad_bucketer.hpp"
 #include "shardkit/shard/param_layout.hpp"
 #include "shardkit/shard/partition.hpp"
+#include "shardkit/shard/shard_plan.hpp"
