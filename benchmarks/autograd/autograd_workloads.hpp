@@ -1,0 +1,93 @@
+// The workloads of the autograd benchmarks, shared by the CPU and GPU executables: one forward +
+// backward of a conv / batch-norm / linear layer at ResNet shapes, and a ResNet-18 training step.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <functional>
+#include <memory>
+
+#include "shardkit/nn/nn.hpp"
+
+namespace shardkit::bench::autograd_workloads {
+
+namespace ag = shardkit::autograd;
+namespace nn = shardkit::nn;
+
+inline ag::Variable random_variable(Context& ctx, Shape shape, bool requires_grad) {
+  Tensor t = empty(ctx, std::move(shape), DType::f32, MemoryCategory::activations);
+  uniform_(ctx, t, -1, 1);
+  return ag::Variable(t, requires_grad);
+}
+
+// A prepared step: run() does one forward + backward; flops is its arithmetic (multiply-adds x2).
+struct Workload {
+  std::function<void()> run;
+  double flops = 0;
+};
+
+// conv2d fwd + bwd-data + bwd-filter: 3x the forward's 2*N*OC*OH*OW*C*K*K.
+inline Workload conv_workload(Context& ctx, std::int64_t n, std::int64_t c, std::int64_t hw,
+                              std::int64_t oc, std::int64_t k, std::int64_t stride) {
+  auto x = std::make_shared<ag::Variable>(random_variable(ctx, {n, c, hw, hw}, true));
+  auto w = std::make_shared<ag::Variable>(random_variable(ctx, {oc, c, k, k}, true));
+  const auto o = ag::Conv2dOptions::make(stride, k / 2);
+  const std::int64_t out = (hw + 2 * (k / 2) - k) / stride + 1;
+  auto grad = std::make_shared<Tensor>(full(ctx, {n, oc, out, out}, DType::f32, 1e-3));
+  Workload wl;
+  wl.run = [&ctx, x, w, o, grad] {
+    x->clear_grad();
+    w->clear_grad();
+    ag::backward(ctx, ag::conv2d(ctx, *x, *w, ag::Variable(), o), *grad);
+  };
+  wl.flops = 3.0 * 2.0 * double(n * oc * out * out) * double(c * k * k);
+  return wl;
+}
+
+inline Workload batch_norm_workload(Context& ctx, std::int64_t n, std::int64_t c, std::int64_t hw) {
+  auto x = std::make_shared<ag::Variable>(random_variable(ctx, {n, c, hw, hw}, true));
+  auto bn = std::make_shared<nn::BatchNorm>(ctx, c);
+  auto grad = std::make_shared<Tensor>(full(ctx, {n, c, hw, hw}, DType::f32, 1e-3));
+  Workload wl;
+  wl.run = [&ctx, x, bn, grad] {
+    x->clear_grad();
+    bn->zero_grad();
+    ag::backward(ctx, (*bn)(ctx, *x), *grad);
+  };
+  wl.flops = 10.0 * double(n * c * hw * hw);  // ~4 forward + ~6 backward per element
+  return wl;
+}
+
+inline Workload linear_workload(Context& ctx, std::int64_t n, std::int64_t in, std::int64_t out) {
+  auto x = std::make_shared<ag::Variable>(random_variable(ctx, {n, in}, true));
+  auto layer = std::make_shared<nn::Linear>(ctx, in, out);
+  auto grad = std::make_shared<Tensor>(full(ctx, {n, out}, DType::f32, 1e-3));
+  Workload wl;
+  wl.run = [&ctx, x, layer, grad] {
+    x->clear_grad();
+    layer->zero_grad();
+    ag::backward(ctx, (*layer)(ctx, *x), *grad);
+  };
+  wl.flops = 3.0 * 2.0 * double(n * in * out);
+  return wl;
+}
+
+// One ResNet-18 training step (forward, cross-entropy, backward; no optimizer) on `batch`
+// images of `hw` x `hw`: the small-image stem for hw <= 64, ImageNet's otherwise.
+inline Workload resnet18_step(Context& ctx, std::int64_t batch, std::int64_t hw,
+                              std::int64_t classes) {
+  nn::ResNetOptions o;
+  o.num_classes = classes;
+  o.small_image_stem = hw <= 64;
+  std::shared_ptr<nn::ResNet> net = nn::resnet18(ctx, o);
+  auto images = std::make_shared<ag::Variable>(random_variable(ctx, {batch, 3, hw, hw}, false));
+  auto labels = std::make_shared<Tensor>(zeros(ctx, {batch}, DType::i64));
+  Workload wl;
+  wl.run = [&ctx, net, images, labels] {
+    net->zero_grad();
+    ag::backward(ctx, ag::cross_entropy(ctx, (*net)(ctx, *images), *labels));
+  };
+  return wl;
+}
+
+}  // namespace shardkit::bench::autograd_workloads

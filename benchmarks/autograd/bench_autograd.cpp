@@ -1,0 +1,95 @@
+// Autograd on the CPU: forward + backward of conv / batch-norm / linear at ResNet shapes
+// (GFLOP/s, and % of an Eigen GEMM of the same precision measured in the same run), and a
+// ResNet-18 training step (images/s).
+#include <Eigen/Core>
+
+#include <chrono>
+
+#include "autograd_workloads.hpp"
+
+namespace sk = shardkit;
+namespace wl = shardkit::bench::autograd_workloads;
+
+namespace {
+
+// The compute ceiling: GFLOP/s of a 512^3 f32 Eigen GEMM, median of 9, measured once.
+double gemm_ceiling() {
+  static double ceiling = 0;
+  if (ceiling > 0) return ceiling;
+  Eigen::MatrixXf a = Eigen::MatrixXf::Random(512, 512), b = Eigen::MatrixXf::Random(512, 512), c(512, 512);
+  std::vector<double> seconds;
+  for (int i = 0; i < 10; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    c.noalias() = a * b;
+    benchmark::DoNotOptimize(c.data());
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    if (i > 0) seconds.push_back(elapsed.count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  return ceiling = 2.0 * 512 * 512 * 512 / seconds[seconds.size() / 2];
+}
+
+void run_flops(benchmark::State& state, wl::Workload w) {
+  w.run();  // warm-up
+  for (auto _ : state) w.run();
+  using benchmark::Counter;
+  state.counters["GFLOPs"] = Counter(w.flops / 1e9, Counter::kIsIterationInvariantRate);
+  state.counters["pct_of_gemm"] = Counter(w.flops * 100.0 / gemm_ceiling(), Counter::kIsIterationInvariantRate);
+}
+
+void BM_conv_fwd_bwd(benchmark::State& state) {
+  sk::Context ctx({.seed = 1});
+  run_flops(state, wl::conv_workload(ctx, state.range(0), state.range(1), state.range(2),
+                                     state.range(3), state.range(4), state.range(5)));
+}
+// {N, C, HW, OC, K, stride}: ResNet-18 stem at 112 px, layer1/layer3 3x3, a strided 3x3,
+// ResNet-50's 1x1 expansion.
+BENCHMARK(BM_conv_fwd_bwd)
+    ->ArgNames({"N", "C", "HW", "OC", "K", "S"})
+    ->Args({8, 3, 112, 64, 7, 2})
+    ->Args({8, 64, 56, 64, 3, 1})
+    ->Args({8, 128, 56, 128, 3, 2})
+    ->Args({8, 256, 14, 256, 3, 1})
+    ->Args({8, 64, 56, 256, 1, 1})
+    ->Unit(benchmark::kMillisecond);
+
+void BM_batch_norm_fwd_bwd(benchmark::State& state) {
+  sk::Context ctx({.seed = 2});
+  run_flops(state, wl::batch_norm_workload(ctx, state.range(0), state.range(1), state.range(2)));
+  const double bytes = 5.0 * 4.0 * double(state.range(0) * state.range(1) * state.range(2) * state.range(2));
+  state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_batch_norm_fwd_bwd)
+    ->ArgNames({"N", "C", "HW"})
+    ->Args({8, 64, 56})
+    ->Args({8, 256, 14})
+    ->Unit(benchmark::kMillisecond);
+
+void BM_linear_fwd_bwd(benchmark::State& state) {
+  sk::Context ctx({.seed = 3});
+  run_flops(state, wl::linear_workload(ctx, state.range(0), state.range(1), state.range(2)));
+}
+BENCHMARK(BM_linear_fwd_bwd)
+    ->ArgNames({"N", "in", "out"})
+    ->Args({64, 512, 1000})    // ResNet-18 fc
+    ->Args({64, 2048, 1000})   // ResNet-50 fc
+    ->Unit(benchmark::kMillisecond);
+
+void BM_resnet18_train_step(benchmark::State& state) {
+  sk::Context ctx({.seed = 4});
+  auto w = wl::resnet18_step(ctx, state.range(0), state.range(1), state.range(1) <= 64 ? 10 : 1000);
+  w.run();
+  for (auto _ : state) w.run();
+  state.counters["images_per_s"] =
+      benchmark::Counter(double(state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_resnet18_train_step)
+    ->ArgNames({"batch", "HW"})
+    ->Args({32, 32})   // CIFAR-sized, small-image stem
+    ->Args({8, 224})   // ImageNet-sized
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,108 @@
+// Autograd on the GPU (cuDNN / cuBLAS / own kernels), timed with CUDA events: the same workloads
+// as bench_autograd (conv / batch-norm / linear fwd+bwd at ResNet shapes, ResNet-18 training
+// step) at GPU-sized batches. Exits 0 with a note when no GPU is usable.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+
+#include "autograd_workloads.hpp"
+#include "kernels/shardkit_cuda.cuh"
+
+namespace sk = shardkit;
+namespace wl = shardkit::bench::autograd_workloads;
+
+namespace {
+
+// Times w.run() with CUDA events on the context's stream.
+void time_workload(benchmark::State& state, sk::Context& ctx, const wl::Workload& w, double items) {
+  cudaEvent_t start, stop;
+  SK_CUDA_CHECK(cudaEventCreate(&start));
+  SK_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) w.run();  // warm-up: algorithm choice, pool growth
+  ctx.synchronize();
+  for (auto _ : state) {
+    SK_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
+    w.run();
+    SK_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
+    SK_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    SK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms / 1e3);
+  }
+  using benchmark::Counter;
+  if (w.flops > 0) state.counters["TFLOPs"] = Counter(w.flops / 1e12, Counter::kIsIterationInvariantRate);
+  if (items > 0) state.counters["images_per_s"] = Counter(items, Counter::kIsIterationInvariantRate);
+  SK_CUDA_CHECK(cudaEventDestroy(start));
+  SK_CUDA_CHECK(cudaEventDestroy(stop));
+}
+
+// TF32 on, as PyTorch's cuDNN convolutions default to, so the figures compare with its eager mode.
+std::unique_ptr<sk::Context> gpu_context(benchmark::State&) {
+  auto ctx = sk::autograd::make_cuda_context(0, 0, 1);
+  sk::autograd::cuda::libraries(*ctx).allow_tf32 = true;
+  return ctx;
+}
+
+void BM_conv_fwd_bwd_gpu(benchmark::State& state) {
+  auto ctx = gpu_context(state);
+  time_workload(state, *ctx,
+                wl::conv_workload(*ctx, state.range(0), state.range(1), state.range(2),
+                                  state.range(3), state.range(4), state.range(5)),
+                0);
+}
+BENCHMARK(BM_conv_fwd_bwd_gpu)
+    ->ArgNames({"N", "C", "HW", "OC", "K", "S"})
+    ->Args({64, 3, 224, 64, 7, 2})
+    ->Args({64, 64, 56, 64, 3, 1})
+    ->Args({64, 128, 56, 128, 3, 2})
+    ->Args({64, 256, 14, 256, 3, 1})
+    ->Args({64, 64, 56, 256, 1, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_batch_norm_fwd_bwd_gpu(benchmark::State& state) {
+  auto ctx = gpu_context(state);
+  time_workload(state, *ctx, wl::batch_norm_workload(*ctx, state.range(0), state.range(1), state.range(2)), 0);
+}
+BENCHMARK(BM_batch_norm_fwd_bwd_gpu)
+    ->ArgNames({"N", "C", "HW"})
+    ->Args({64, 64, 56})
+    ->Args({64, 256, 14})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_linear_fwd_bwd_gpu(benchmark::State& state) {
+  auto ctx = gpu_context(state);
+  time_workload(state, *ctx, wl::linear_workload(*ctx, state.range(0), state.range(1), state.range(2)), 0);
+}
+BENCHMARK(BM_linear_fwd_bwd_gpu)
+    ->ArgNames({"N", "in", "out"})
+    ->Args({256, 512, 1000})
+    ->Args({256, 2048, 1000})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_resnet18_train_step_gpu(benchmark::State& state) {
+  auto ctx = gpu_context(state);
+  const std::int64_t batch = state.range(0), hw = state.range(1);
+  time_workload(state, *ctx, wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000), double(batch));
+}
+BENCHMARK(BM_resnet18_train_step_gpu)
+    ->ArgNames({"batch", "HW"})
+    ->Args({256, 32})
+    ->Args({64, 224})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (sk::cuda_device_count() == 0) {
+    std::printf("no usable CUDA GPU: the autograd GPU benchmarks need one\n");
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
