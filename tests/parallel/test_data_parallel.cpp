@@ -249,3 +249,84 @@ TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backw
       CHECK(max_relative_difference(accumulated[static_cast<std::size_t>(r)], direct[static_cast<std::size_t>(r)]) < 1e-6);
   }
 }
+
+TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact") {
+  const int world = 3;
+  const auto exact = train(world, Stage::ddp, OptimizerKind::sgd, PartitionKind::greedy, 1);
+  std::vector<std::vector<float>> got(world);
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::DataParallelOptions options;
+    options.stage = Stage::oss;
+    options.broadcast_fp16 = true;
+    options.buckets.bucket_bytes = 2048;
+    DataParallel<sk::optim::CpuOps> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+    for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
+    dp.broadcast_parameters(0);
+    dp.zero_grad();
+    fake_backward(dp, comm.rank(), 0);
+    dp.finish();
+    dp.step(0.05f);
+    const auto& plan = dp.plan();
+    const auto& layout = plan.layout();
+    for (std::size_t i = 0; i < layout.size(); ++i) {
+      const auto mine = sk::to_vector<float>(ctx, dp.param(i));
+      // The spec-order offset of parameter i in `exact`.
+      std::size_t at = 0;
+      for (std::size_t j = 0; j < i; ++j) at += static_cast<std::size_t>(layout[j].numel);
+      const bool own = layout[i].trainable && plan.rank_of_element(layout[i].offset) == comm.rank();
+      for (std::size_t e = 0; e < mine.size(); ++e) {
+        const float reference = exact.params[0][at + e];
+        if (!layout[i].trainable || own)
+          CHECK(mine[e] == reference);  // the owner's master: exact f32 (frozen: untouched)
+        else
+          CHECK(mine[e] == sk::half_bits_to_float(sk::float_to_half_bits(reference)));  // f16 wire
+      }
+    }
+    got[static_cast<std::size_t>(comm.rank())] = sk::to_vector<float>(ctx, dp.params().flat());
+  });
+  CHECK(got[0] != got[1]);  // each rank is exact on its own range only
+}
+
+TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
+  const int world = 4;
+  const auto reference = train(world, Stage::sdp, OptimizerKind::sgd, PartitionKind::greedy, 5);
+  for (auto wire : {sk::DType::f16, sk::DType::bf16}) {
+    for (auto stage : {Stage::ddp, Stage::sdp}) {
+      std::vector<std::vector<float>> got(world);
+      sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        sk::parallel::DataParallelOptions options;
+        options.stage = stage;
+        options.buckets.bucket_bytes = 2048;
+        options.buckets.wire_dtype = wire;
+        DataParallel<sk::optim::CpuOps> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+        for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
+        dp.broadcast_parameters(0);
+        for (int s = 0; s < 5; ++s) {
+          dp.zero_grad();
+          fake_backward(dp, comm.rank(), s);
+          dp.finish();
+          dp.step(0.05f * (1.0f - 0.02f * static_cast<float>(s)));
+        }
+        auto& mine = got[static_cast<std::size_t>(comm.rank())];
+        for (std::size_t i = 0; i < dp.params().size(); ++i) {
+          const auto v = sk::to_vector<float>(ctx, dp.param(i));
+          mine.insert(mine.end(), v.begin(), v.end());
+        }
+      });
+      // Norm-wise: one rounding of each averaged gradient to 11 (f16) or 8 (bf16) bits.
+      const double tolerance = wire == sk::DType::f16 ? 1e-3 : 1e-2;
+      for (int r = 0; r < world; ++r) {
+        const auto& a = got[static_cast<std::size_t>(r)];
+        const auto& b = reference.params[0];
+        double num = 0, den = 0;
+        for (std::size_t e = 0; e < a.size(); ++e) {
+          num += (static_cast<double>(a[e]) - b[e]) * (static_cast<double>(a[e]) - b[e]);
+          den += static_cast<double>(b[e]) * b[e];
+        }
+        const double diff = std::sqrt(num / den);
+        CHECK_MESSAGE(diff <= tolerance, sk::dtype_name(wire), " ", sk::parallel::stage_name(stage), " ", diff);
+        CHECK(diff > 0);  // the wire really was narrower
+      }
+    }
+  }
+}
