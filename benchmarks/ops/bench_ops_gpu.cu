@@ -2,7 +2,7 @@
 // a flat 2^28-element buffer, next to the unfused LARC-SGD (per-tensor norm, scale and SGD
 // launches). CUDA-event timing (manual time); pct_of_copy against cudaMemcpyAsync of the same
 // bytes in this run. Exits 0 with a note when no GPU is usable.
-#include "bench_common.hpp"
+#include "bench_common_gpu.cuh"
 #include "bench_ops_common.hpp"
 
 #include <cstdio>
@@ -34,53 +34,12 @@ bench::OpsWorkload& workload(bool flat, bool adam = false) {
 
 template <class Op>
 void time_on_stream(benchmark::State& state, Op&& op) {
-  auto& ctx = context();
-  cudaEvent_t start, stop;
-  SK_CUDA_CHECK(cudaEventCreate(&start));
-  SK_CUDA_CHECK(cudaEventCreate(&stop));
-  op();  // warm-up
-  for (auto _ : state) {
-    SK_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
-    op();
-    SK_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
-    SK_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    SK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms / 1e3);
-  }
-  SK_CUDA_CHECK(cudaEventDestroy(start));
-  SK_CUDA_CHECK(cudaEventDestroy(stop));
-}
-
-// Device copy bandwidth (read + write) of `bytes`, median of 10 after a warm-up, cached.
-double device_copy_ceiling(std::size_t bytes) {
-  static std::map<std::size_t, double> cache;
-  if (auto it = cache.find(bytes); it != cache.end()) return it->second;
-  auto& ctx = context();
-  auto a = sk::empty(ctx, {static_cast<std::int64_t>(bytes)}, sk::DType::u8);
-  auto b = sk::empty(ctx, {static_cast<std::int64_t>(bytes)}, sk::DType::u8);
-  cudaEvent_t start, stop;
-  SK_CUDA_CHECK(cudaEventCreate(&start));
-  SK_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int i = 0; i < 11; ++i) {
-    SK_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
-    SK_CUDA_CHECK(cudaMemcpyAsync(b.data_ptr(), a.data_ptr(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
-    SK_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
-    SK_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    SK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i > 0) times.push_back(ms);
-  }
-  SK_CUDA_CHECK(cudaEventDestroy(start));
-  SK_CUDA_CHECK(cudaEventDestroy(stop));
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return cache[bytes] = 2.0 * static_cast<double>(bytes) / (times[times.size() / 2] / 1e3);
+  bench::time_on_stream(state, context(), std::forward<Op>(op));
 }
 
 void report(benchmark::State& state, double bytes_per_param, std::int64_t params) {
   const double bytes = bytes_per_param * static_cast<double>(params);
-  bench::report_bandwidth(state, bytes, device_copy_ceiling(static_cast<std::size_t>(bytes / 2)));
+  bench::report_bandwidth(state, bytes, bench::device_copy_bytes_per_second(context(), static_cast<std::size_t>(bytes / 2)));
 }
 
 ops::SgdOptions sgd_options() {

@@ -1,12 +1,11 @@
 // Partitions: ownership, balance against the optimum on small cases, determinism, FairScale's
-// rule for comparison, and the even flat split's segments.
+// rule for comparison. (The flat split is ShardPlan's: test_shard_plan.cpp.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <numeric>
 #include <random>
 
-#include "shardkit/shard/flat_split.hpp"
 #include "shardkit/shard/partition.hpp"
 #include "workloads/resnet50_params.hpp"
 
@@ -89,35 +88,6 @@ TEST_CASE("imbalance, more ranks than parameters, and bad input") {
   CHECK(greedy_partition({}, 4).imbalance() == 0.0);
   CHECK_THROWS_AS(greedy_partition({1, 2}, 0), sk::InvalidArgument);
   CHECK_THROWS_AS(greedy_partition({1, -2}, 2), sk::InvalidArgument);
-}
-
-TEST_CASE("the even flat split covers every parameter element exactly once") {
-  std::mt19937 rng(3);
-  for (int world : {1, 2, 3, 4, 8}) {
-    std::vector<ParamSpec> specs;
-    for (int i = 0; i < 13; ++i) {
-      std::string name = "p";  // (not "p" + to_string: g++ 12 -O3 warns falsely, -Wrestrict)
-      name += std::to_string(i);
-      specs.push_back({name, {1 + static_cast<std::int64_t>(rng() % 97)}});
-    }
-    const ParamLayout layout(specs, 4);
-    const auto split = even_flat_split(layout, world);
-    CHECK(split.shard_numel == (layout.padded_numel() + world - 1) / world);
-    CHECK(split.padded_total >= layout.padded_numel());
-    std::vector<std::int64_t> covered(layout.size(), 0);
-    for (const auto& shard : split.shards) {
-      CHECK(shard.end - shard.begin == split.shard_numel);
-      for (const auto& seg : shard.segments) {
-        const auto& slot = layout[seg.param];
-        // The segment's flat position is inside the shard and matches the parameter's offset.
-        CHECK(shard.begin + seg.shard_offset == slot.offset + seg.param_begin);
-        CHECK(seg.shard_offset >= 0);
-        CHECK(seg.shard_offset + seg.numel() <= split.shard_numel);
-        covered[seg.param] += seg.numel();
-      }
-    }
-    for (std::size_t i = 0; i < layout.size(); ++i) CHECK(covered[i] == layout[i].numel);
-  }
 }
 
 TEST_CASE("ResNet-50's 161 tensors on 8 ranks: imbalance at most 2% (FairScale's rule: ~30%)") {

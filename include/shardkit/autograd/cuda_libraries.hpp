@@ -14,6 +14,8 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <tuple>
+#include <utility>
 
 #include "shardkit/autograd/cpu_conv.hpp"
 #include "shardkit/autograd/cpu_norm_pool.hpp"
@@ -156,6 +158,16 @@ class ConvDesc {
 };
 
 // The descriptors of one convolution, and its algorithms (looked up once per shape).
+// The first algorithm cuDNN ranked that ran and fits the workspace limit, with its workspace.
+template <class Perf>
+auto first_within_limit(const Perf* ranked, int count, std::size_t limit, const char* what) {
+  for (int i = 0; i < count; ++i)
+    if (ranked[i].status == CUDNN_STATUS_SUCCESS && ranked[i].memory <= limit)
+      return std::make_pair(ranked[i].algo, ranked[i].memory);
+  fail<NotAvailable>("cuDNN offers no ", what, " algorithm for this shape within ", limit,
+                     " workspace bytes; raise workspace_limit");
+}
+
 struct ConvPlan {
   TensorDesc x, y;
   FilterDesc w;
@@ -187,42 +199,20 @@ struct ConvPlan {
     ConvAlgorithms a;
     constexpr int kMax = 16;
     int count = 0;
-    bool found = false;
     cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(libs.dnn(), x.get(), w.get(), conv.get(),
                                                           y.get(), kMax, &count, fwd));
-    for (int i = 0; i < count && !found; ++i)
-      if (fwd[i].status == CUDNN_STATUS_SUCCESS && fwd[i].memory <= libs.workspace_limit) {
-        a.forward = fwd[i].algo;
-        a.forward_bytes = fwd[i].memory;
-        found = true;
-      }
-    check<NotAvailable>(found, "cuDNN offers no forward convolution algorithm for this shape within ",
-                      libs.workspace_limit, " workspace bytes; raise workspace_limit");
-    found = false;
+    std::tie(a.forward, a.forward_bytes) = first_within_limit(fwd, count, libs.workspace_limit, "forward convolution");
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         libs.dnn(), w.get(), y.get(), conv.get(), x.get(), kMax, &count, data));
-    for (int i = 0; i < count && !found; ++i)
-      if (data[i].status == CUDNN_STATUS_SUCCESS && data[i].memory <= libs.workspace_limit) {
-        a.backward_data = data[i].algo;
-        a.backward_data_bytes = data[i].memory;
-        found = true;
-      }
-    check<NotAvailable>(found, "cuDNN offers no backward-data algorithm for this shape within ",
-                      libs.workspace_limit, " workspace bytes; raise workspace_limit");
-    found = false;
+    std::tie(a.backward_data, a.backward_data_bytes) =
+        first_within_limit(data, count, libs.workspace_limit, "backward-data");
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         libs.dnn(), x.get(), y.get(), conv.get(), w.get(), kMax, &count, filter));
-    for (int i = 0; i < count && !found; ++i)
-      if (filter[i].status == CUDNN_STATUS_SUCCESS && filter[i].memory <= libs.workspace_limit) {
-        a.backward_filter = filter[i].algo;
-        a.backward_filter_bytes = filter[i].memory;
-        found = true;
-      }
-    check<NotAvailable>(found, "cuDNN offers no backward-filter algorithm for this shape within ",
-                      libs.workspace_limit, " workspace bytes; raise workspace_limit");
+    std::tie(a.backward_filter, a.backward_filter_bytes) =
+        first_within_limit(filter, count, libs.workspace_limit, "backward-filter");
     return a;
   }
 };

@@ -163,13 +163,6 @@ class GradBucketer {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   GradSync sync() const { return sync_; }
-  // Largest bucket in bytes of f32: the size of one transient buffer.
-  std::size_t largest_bucket_bytes() const {
-    std::int64_t largest = 0;
-    for (const auto& b : buckets_) largest = std::max(largest, b.numel);
-    return static_cast<std::size_t>(largest) * 4;
-  }
-
  private:
   const ParamSlot& slot_of(std::size_t i, const char* call) const {
     check(i < plan_->layout().size(), call, "(", i, "): no such parameter; there are ",

@@ -2,7 +2,6 @@
 #pragma once
 
 #include "shardkit/shard/flat_buffer.hpp"
-#include "shardkit/shard/flat_split.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
 #include "shardkit/shard/param_layout.hpp"
 #include "shardkit/shard/partition.hpp"
