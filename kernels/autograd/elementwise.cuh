@@ -1,0 +1,133 @@
+// Element-wise and per-channel autograd kernels: pointwise ops (axpby, mul, relu and its
+// backward), per-channel sums and bias add, and batch-norm's eval-mode backward.
+#pragma once
+
+#include "kernels/autograd/common.cuh"
+
+namespace shardkit::autograd::cuda_kernels {
+
+#define SK_GRID_LOOP(i, n)                                                          \
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += std::int64_t{gridDim.x} * blockDim.x)
+
+template <class T>
+__global__ void pointwise_kernel(Pointwise op, T* out, const T* a, const T* b, std::int64_t n,
+                                 Acc<T> alpha, Acc<T> beta) {
+  using A = Acc<T>;
+  SK_GRID_LOOP(i, n) {
+    const A x = load<A>(a, i);
+    A r = 0;
+    switch (op) {
+      case Pointwise::axpby: r = b == nullptr ? alpha * x : alpha * x + beta * load<A>(b, i); break;
+      case Pointwise::mul: r = alpha * x * load<A>(b, i); break;
+      case Pointwise::relu: r = x > A(0) ? x : A(0); break;
+      case Pointwise::relu_backward: r = load<A>(b, i) > A(0) ? x : A(0); break;
+    }
+    store(out, i, r);
+  }
+}
+
+template <class T, class O>
+__global__ void channel_sum_kernel(const T* x, O* out, std::int64_t outer, std::int64_t channels,
+                                   std::int64_t inner) {
+  using A = Acc<T>;
+  const std::int64_t c = blockIdx.x;
+  A sum = 0;
+  for (std::int64_t j = threadIdx.x; j < outer * inner; j += blockDim.x) {
+    const std::int64_t o = j / inner, i = j % inner;
+    sum += load<A>(x, (o * channels + c) * inner + i);
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) store(out, c, sum);
+}
+
+template <class T>
+__global__ void channel_bias_add_kernel(T* y, const T* bias, std::int64_t n, std::int64_t channels,
+                                        std::int64_t inner) {
+  using A = Acc<T>;
+  SK_GRID_LOOP(i, n) { store(y, i, load<A>(y, i) + load<A>(bias, (i / inner) % channels)); }
+}
+
+template <class T, class S>
+__global__ void batch_norm_eval_backward_kernel(const T* x, const T* gy, const S* weight,
+                                                const S* mean, const S* var, Acc<T> eps, T* gx,
+                                                T* gy_xhat, std::int64_t n, std::int64_t channels,
+                                                std::int64_t inner) {
+  using A = Acc<T>;
+  SK_GRID_LOOP(i, n) {
+    const std::int64_t c = (i / inner) % channels;
+    const A invstd = A(1) / sqrt(load<A>(var, c) + eps);
+    const A g = load<A>(gy, i);
+    if (gx != nullptr) store(gx, i, g * load<A>(weight, c) * invstd);
+    store(gy_xhat, i, g * (load<A>(x, i) - load<A>(mean, c)) * invstd);
+  }
+}
+
+#undef SK_GRID_LOOP
+
+inline void pointwise(Context& ctx, Pointwise op, const Tensor& out, const Tensor& a,
+                      const Tensor& b, double alpha, double beta) {
+  const std::int64_t n = out.numel();
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_floating(out.dtype(), "pointwise op", [&](auto tag) {
+    using T = decltype(tag);
+    const T* bp = b.defined() && !(op == Pointwise::axpby && beta == 0) ? static_cast<const T*>(b.data_ptr()) : nullptr;
+    pointwise_kernel<T><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+        op, static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()), bp, n,
+        Acc<T>(alpha), Acc<T>(beta));
+    SK_CUDA_CHECK_LAUNCH("pointwise_kernel");
+  });
+}
+
+inline void channel_sum(Context& ctx, const Tensor& x, const Tensor& out, std::int64_t outer,
+                        std::int64_t channels, std::int64_t inner) {
+  if (channels == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_floating(x.dtype(), "channel_sum", [&](auto tag) {
+    using T = decltype(tag);
+    visit_floating(out.dtype(), "channel_sum", [&](auto out_tag) {
+      using O = decltype(out_tag);
+      channel_sum_kernel<T, O><<<row_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<O*>(out.data_ptr()), outer, channels, inner);
+      SK_CUDA_CHECK_LAUNCH("channel_sum_kernel");
+    });
+  });
+}
+
+inline void channel_bias_add(Context& ctx, const Tensor& y, const Tensor& bias, std::int64_t outer,
+                             std::int64_t channels, std::int64_t inner) {
+  const std::int64_t n = outer * channels * inner;
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_floating(y.dtype(), "bias add", [&](auto tag) {
+    using T = decltype(tag);
+    channel_bias_add_kernel<T><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+        static_cast<T*>(y.data_ptr()), static_cast<const T*>(bias.data_ptr()), n, channels, inner);
+    SK_CUDA_CHECK_LAUNCH("channel_bias_add_kernel");
+  });
+}
+
+inline void batch_norm_eval_backward(Context& ctx, const Tensor& x, const Tensor& grad_y,
+                                     const Tensor& weight, const Tensor& mean, const Tensor& var,
+                                     double eps, const Tensor& grad_x, const Tensor& grad_y_xhat,
+                                     std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+  const std::int64_t n = outer * channels * inner;
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_floating(x.dtype(), "batch_norm backward", [&](auto tag) {
+    using T = decltype(tag);
+    visit_floating(weight.dtype(), "batch_norm backward", [&](auto stat_tag) {
+      using S = decltype(stat_tag);
+      batch_norm_eval_backward_kernel<T, S><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<const T*>(grad_y.data_ptr()),
+          static_cast<const S*>(weight.data_ptr()), static_cast<const S*>(mean.data_ptr()),
+          static_cast<const S*>(var.data_ptr()), Acc<T>(eps),
+          grad_x.defined() ? static_cast<T*>(grad_x.data_ptr()) : nullptr,
+          static_cast<T*>(grad_y_xhat.data_ptr()), n, channels, inner);
+      SK_CUDA_CHECK_LAUNCH("batch_norm_eval_backward_kernel");
+    });
+  });
+}
+
+}  // namespace shardkit::autograd::cuda_kernels
