@@ -9,115 +9,20 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/comm/run_ranks.hpp"
+#include "dp_test_model.hpp"
 #include "shardkit/optim/cpu_backend.hpp"
-#include "shardkit/parallel/data_parallel.hpp"
 
 namespace sk = shardkit;
-using sk::parallel::DataParallel;
-using sk::parallel::Stage;
-using sk::shard::PartitionKind;
-using sk::optim::OptimizerKind;
-
-namespace {
-
-// Uneven sizes, a frozen parameter, and counts that do not divide by 3, 4 or 8.
-std::vector<sk::shard::ParamSpec> model_specs() {
-  return {{"embed.weight", {37, 11}}, {"block.0.weight", {64, 37}}, {"block.0.bias", {64}},
-          {"frozen.scale", {5}, false}, {"block.1.weight", {19, 64}}, {"block.1.bias", {19}},
-          {"head.weight", {3, 19}},     {"head.bias", {3}},           {"tiny", {1}}};
-}
-
-sk::optim::OptimizerConfig config_for(OptimizerKind kind) {
-  sk::optim::OptimizerConfig c;
-  c.kind = kind;
-  c.sgd.momentum = 0.9f;
-  c.sgd.weight_decay = 1e-4f;
-  c.sgd.dampening = 0.1f;
-  c.larc.trust_coefficient = 0.001f;
-  c.larc.clip = false;
-  c.adam.weight_decay = 0.01f;
-  return c;
-}
-
-// A deterministic "backward": gradient i of rank r at step s = 0.5·w + noise(seed r, s, i),
-// added into grad(i), marked ready last parameter first (and the middle ones swapped).
-void fake_backward(DataParallel<sk::optim::CpuOps>& dp, int rank, int step) {
-  const auto& layout = dp.plan().layout();
-  std::vector<std::size_t> order;
-  for (std::size_t i = layout.size(); i-- > 0;)
-    if (layout[i].trainable) order.push_back(i);
-  if (order.size() > 3) std::swap(order[1], order[2]);
-  for (auto i : order) {
-    sk::Context noise_ctx({.seed = 1000003ull * static_cast<std::uint64_t>(rank + 1) + 7919ull * static_cast<std::uint64_t>(step) + i});
-    auto noise = sk::empty(noise_ctx, dp.param(i).shape(), sk::DType::f32);
-    sk::normal_(noise_ctx, noise, 0.0, 1.0);
-    const auto g = dp.grad(i);
-    const float* w = dp.param(i).data<float>();
-    const float* n = noise.data<float>();
-    float* out = g.data<float>();
-    for (std::int64_t e = 0; e < g.numel(); ++e) out[e] += 0.5f * w[e] + n[e];
-    dp.ready(i);
-  }
-}
-
-struct RunResult {
-  std::vector<std::vector<float>> params;  // per rank, every parameter in spec order
-  std::vector<sk::MemorySnapshot> memory;  // per rank, after the last step
-};
-
-RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partition,
-                int steps = 20, std::size_t bucket_bytes = 2048) {
-  RunResult result;
-  result.params.resize(static_cast<std::size_t>(world));
-  result.memory.resize(static_cast<std::size_t>(world));
-  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::DataParallelOptions options;
-    options.stage = stage;
-    options.partition = partition;
-    options.buckets.bucket_bytes = bucket_bytes;
-    DataParallel<sk::optim::CpuOps> dp(ctx, comm, model_specs(), config_for(kind), options);
-    // Every rank initialises differently; the broadcast makes them equal (as DDP does).
-    for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
-    dp.broadcast_parameters(0);
-    for (int s = 0; s < steps; ++s) {
-      dp.zero_grad();
-      fake_backward(dp, comm.rank(), s);
-      dp.finish();
-      const float lr = kind == OptimizerKind::larc_sgd ? 0.5f : 0.05f;
-      dp.step(lr * (1.0f - 0.02f * static_cast<float>(s)));
-    }
-    auto& mine = result.params[static_cast<std::size_t>(comm.rank())];
-    for (std::size_t i = 0; i < dp.params().size(); ++i) {
-      const auto v = sk::to_vector<float>(ctx, dp.param(i));
-      mine.insert(mine.end(), v.begin(), v.end());
-    }
-    result.memory[static_cast<std::size_t>(comm.rank())] = ctx.memory_stats().snapshot();
-  });
-  return result;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) /
-                                std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
-  return worst;
-}
-
-}  // namespace
+using namespace dp_test;
+using Cpu = sk::optim::CpuOps;
 
 TEST_CASE("OSS and SDP equal DDP bitwise after 20 steps (greedy partition)") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {1, 2, 3, 4, 8}) {
-      const auto ddp = train(world, Stage::ddp, kind, PartitionKind::greedy);
+      const auto ddp = train<Cpu>(world, Stage::ddp, kind, PartitionKind::greedy);
       for (int r = 1; r < world; ++r) REQUIRE(bitwise_equal(ddp.params[static_cast<std::size_t>(r)], ddp.params[0]));
       for (auto stage : {Stage::oss, Stage::sdp}) {
-        const auto sharded = train(world, stage, kind, PartitionKind::greedy);
+        const auto sharded = train<Cpu>(world, stage, kind, PartitionKind::greedy);
         for (int r = 0; r < world; ++r)
           CHECK_MESSAGE(bitwise_equal(sharded.params[static_cast<std::size_t>(r)], ddp.params[0]),
                         sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
@@ -130,8 +35,8 @@ TEST_CASE("OSS and SDP equal DDP bitwise after 20 steps (greedy partition)") {
 TEST_CASE("with the flat split (parameters straddle ranks) SGD/AdamW stay bitwise, LARC within 1e-6") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {2, 3, 8}) {
-      const auto ddp = train(world, Stage::ddp, kind, PartitionKind::flat);
-      const auto sdp = train(world, Stage::sdp, kind, PartitionKind::flat);
+      const auto ddp = train<Cpu>(world, Stage::ddp, kind, PartitionKind::flat);
+      const auto sdp = train<Cpu>(world, Stage::sdp, kind, PartitionKind::flat);
       for (int r = 0; r < world; ++r) {
         const auto& mine = sdp.params[static_cast<std::size_t>(r)];
         if (kind == OptimizerKind::larc_sgd)
@@ -146,9 +51,9 @@ TEST_CASE("with the flat split (parameters straddle ranks) SGD/AdamW stay bitwis
 TEST_CASE("memory per rank follows the stage: state and gradients shrink to the owned share") {
   const int world = 4;
   const auto plan = sk::shard::ShardPlan(model_specs(), world, PartitionKind::greedy);
-  const auto ddp = train(world, Stage::ddp, OptimizerKind::adamw, PartitionKind::greedy, 2);
-  const auto oss = train(world, Stage::oss, OptimizerKind::adamw, PartitionKind::greedy, 2);
-  const auto sdp = train(world, Stage::sdp, OptimizerKind::adamw, PartitionKind::greedy, 2);
+  const auto ddp = train<Cpu>(world, Stage::ddp, OptimizerKind::adamw, PartitionKind::greedy, 2);
+  const auto oss = train<Cpu>(world, Stage::oss, OptimizerKind::adamw, PartitionKind::greedy, 2);
+  const auto sdp = train<Cpu>(world, Stage::sdp, OptimizerKind::adamw, PartitionKind::greedy, 2);
   const auto params_bytes = plan.layout().padded_numel() * 4;  // frozen ones included
   const auto grads_bytes = plan.trainable_end() * 4;
   for (int r = 0; r < world; ++r) {
@@ -176,7 +81,7 @@ TEST_CASE("bad use gets clear errors") {
     }
   };
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    DataParallel<sk::optim::CpuOps> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
+    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
     dp.ready(0);
     expect([&] { dp.ready(0); }, "marked ready twice in one backward");
     expect([&] { dp.finish(); }, "'block.0.weight' was never marked ready");
@@ -184,14 +89,14 @@ TEST_CASE("bad use gets clear errors") {
     expect([&] { (void)dp.grad(3); }, "'frozen.scale'): the parameter is frozen");
     sk::parallel::DataParallelOptions zero;
     zero.buckets.bucket_bytes = 0;
-    expect([&] { DataParallel<sk::optim::CpuOps>(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), zero); },
+    expect([&] { DataParallel<Cpu>(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), zero); },
            "bucket size is 0 bytes");
   });
   expect([&] {
     sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
       auto specs = model_specs();
       if (comm.rank() == 1) specs[2].shape = {65};
-      DataParallel<sk::optim::CpuOps> dp(ctx, comm, specs, config_for(OptimizerKind::sgd));
+      DataParallel<Cpu> dp(ctx, comm, specs, config_for(OptimizerKind::sgd));
     });
   }, "the parameter list differs between ranks");
 }
@@ -207,18 +112,18 @@ TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backw
         sk::parallel::DataParallelOptions options;
         options.stage = stage;
         options.buckets.bucket_bytes = 4096;
-        DataParallel<sk::optim::CpuOps> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+        DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
         for (std::size_t i = 0; i < dp.params().size(); ++i) sk::fill(ctx, dp.param(i), 0.25);
         dp.zero_grad();
         if (variant == 0) {
           {
             auto scope = dp.no_sync();
             for (int micro = 0; micro < 2; ++micro) {
-              fake_backward(dp, comm.rank(), micro);
+              fake_backward(dp, ctx, comm.rank(), micro);
               dp.finish();
             }
           }
-          fake_backward(dp, comm.rank(), 2);
+          fake_backward(dp, ctx, comm.rank(), 2);
           dp.finish();
         } else {
           // One backward adding the three contributions into the same gradient buffers.
@@ -252,18 +157,18 @@ TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backw
 
 TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact") {
   const int world = 3;
-  const auto exact = train(world, Stage::ddp, OptimizerKind::sgd, PartitionKind::greedy, 1);
+  const auto exact = train<Cpu>(world, Stage::ddp, OptimizerKind::sgd, PartitionKind::greedy, 1);
   std::vector<std::vector<float>> got(world);
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     sk::parallel::DataParallelOptions options;
     options.stage = Stage::oss;
     options.broadcast_fp16 = true;
     options.buckets.bucket_bytes = 2048;
-    DataParallel<sk::optim::CpuOps> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
     for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
     dp.broadcast_parameters(0);
     dp.zero_grad();
-    fake_backward(dp, comm.rank(), 0);
+    fake_backward(dp, ctx, comm.rank(), 0);
     dp.finish();
     dp.step(0.05f);
     const auto& plan = dp.plan();
@@ -289,7 +194,7 @@ TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact")
 
 TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
   const int world = 4;
-  const auto reference = train(world, Stage::sdp, OptimizerKind::sgd, PartitionKind::greedy, 5);
+  const auto reference = train<Cpu>(world, Stage::sdp, OptimizerKind::sgd, PartitionKind::greedy, 5);
   for (auto wire : {sk::DType::f16, sk::DType::bf16}) {
     for (auto stage : {Stage::ddp, Stage::sdp}) {
       std::vector<std::vector<float>> got(world);
@@ -298,12 +203,12 @@ TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
         options.stage = stage;
         options.buckets.bucket_bytes = 2048;
         options.buckets.wire_dtype = wire;
-        DataParallel<sk::optim::CpuOps> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+        DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
         for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
         dp.broadcast_parameters(0);
         for (int s = 0; s < 5; ++s) {
           dp.zero_grad();
-          fake_backward(dp, comm.rank(), s);
+          fake_backward(dp, ctx, comm.rank(), s);
           dp.finish();
           dp.step(0.05f * (1.0f - 0.02f * static_cast<float>(s)));
         }

@@ -2,4 +2,5 @@
 #pragma once
 
 #include "shardkit/optim/cpu_backend.hpp"
+#include "shardkit/optim/optimizer_state.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"

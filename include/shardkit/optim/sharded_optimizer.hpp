@@ -122,9 +122,17 @@ class ShardedOptimizer {
   }
 
   std::int64_t steps() const { return steps_; }
+  // Resuming from a checkpoint: the step count drives SGD's first-step rule and Adam's bias
+  // correction, so it travels with the state (OptimizerState::steps).
+  void set_steps(std::int64_t steps) {
+    check(steps >= 0, "ShardedOptimizer::set_steps: steps must be >= 0, got ", steps);
+    steps_ = steps;
+  }
+  std::int64_t region_begin() const { return region_begin_; }
   const OptimizerConfig& config() const { return config_; }
   const std::vector<shard::ParamPiece>& pieces() const { return pieces_; }
-  // Momentum (SGD) or exp_avg (Adam) over the region; undefined without state.
+  // Momentum (SGD) or exp_avg (Adam) over the region; undefined without state. The handles
+  // share the storage: DataParallel::load_optimizer_state() writes through them.
   const Tensor& state_a() const { return state_a_; }
   const Tensor& state_b() const { return state_b_; }
 

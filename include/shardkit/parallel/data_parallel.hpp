@@ -9,14 +9,20 @@
 //        the owner's f32 master stays exact -- FairScale rounds it; we do not).
 //   sdp: gradients reduced to their owners (reduce_scatter_v per bucket); a rank keeps only its
 //        range's gradients plus transient bucket buffers; then as oss.
+//
+// consolidate_optimizer_state() gathers the whole optimizer state on one rank, by parameter
+// name; load_optimizer_state() re-shards it for any stage, partition or world size.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/optim/optimizer_state.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/shard/flat_buffer.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
@@ -109,6 +115,121 @@ class DataParallel {
   }
 
   const optim::ShardedOptimizer<Ops>& optimizer() const { return optimizer_; }
+
+  // The whole optimizer state on `recipient`, an empty OptimizerState on the other ranks
+  // (FairScale's consolidate_state_dict). Collective: every rank calls it. Under oss/sdp each
+  // owner broadcasts its range in turn, so a rank holds at most one other range at a time,
+  // never the whole state; only the recipient keeps what it receives (on the host).
+  optim::OptimizerState consolidate_optimizer_state(int recipient = 0) {
+    check(recipient >= 0 && recipient < comm_->size(), "consolidate_optimizer_state: recipient ",
+          recipient, " is not a rank of this ", comm_->size(), "-rank job; pass 0..",
+          comm_->size() - 1);
+    const bool here = comm_->rank() == recipient;
+    const auto& layout = plan_.layout();
+    optim::OptimizerState out;
+    std::vector<std::size_t> entry_of(layout.size(), 0);  // layout index -> out.params index
+    const Tensor* buffers[2] = {&optimizer_.state_a(), &optimizer_.state_b()};
+    if (here) {
+      out.kind = optimizer_.config().kind;
+      out.steps = optimizer_.steps();
+      for (std::size_t i = 0; i < layout.size(); ++i) {
+        if (!layout[i].trainable) continue;
+        entry_of[i] = out.params.size();
+        optim::ParamOptimizerState entry{layout[i].name, layout[i].shape, {}, {}};
+        const auto n = static_cast<std::size_t>(layout[i].numel);
+        if (buffers[0]->defined()) entry.buffer_a.resize(n);
+        if (buffers[1]->defined()) entry.buffer_b.resize(n);
+        out.params.push_back(std::move(entry));
+      }
+    }
+    // A range [region_begin, ...) of the flat buffer's state, cut back into its parameters.
+    auto scatter = [&](const std::vector<shard::ParamPiece>& pieces, std::int64_t region_begin,
+                       int which, const std::vector<float>& region) {
+      for (const auto& piece : pieces) {
+        auto& entry = out.params[entry_of[piece.param]];
+        auto& dst = which == 0 ? entry.buffer_a : entry.buffer_b;
+        std::copy_n(region.begin() + (piece.flat_begin - region_begin), piece.numel(),
+                    dst.begin() + piece.param_begin);
+      }
+    };
+    for (int which = 0; which < 2; ++which) {
+      if (!buffers[which]->defined()) continue;
+      if (options_.stage == Stage::ddp) {  // every rank holds everything: nothing to send
+        if (here) scatter(optimizer_.pieces(), 0, which, to_vector<float>(*ctx_, *buffers[which]));
+        continue;
+      }
+      for (int owner = 0; owner < comm_->size(); ++owner) {
+        const std::int64_t count = plan_.numel(owner);
+        if (count == 0) continue;
+        const Tensor range = comm_->rank() == owner
+                                 ? *buffers[which]
+                                 : empty(*ctx_, {count}, DType::f32, MemoryCategory::communication);
+        comm_->broadcast(range, owner).wait();
+        if (here) scatter(plan_.pieces(owner), plan_.begin(owner), which, to_vector<float>(*ctx_, range));
+      }
+    }
+    return out;
+  }
+
+  // Takes this rank's share of a whole optimizer state (from consolidate_optimizer_state, on any
+  // stage, partition or world size). Every rank passes the whole state, as with PyTorch's
+  // load_state_dict under FairScale's OSS; parameters are matched by name.
+  void load_optimizer_state(const optim::OptimizerState& state) {
+    const auto& config = optimizer_.config();
+    check(state.kind == config.kind, "load_optimizer_state: the state is for ",
+          optim::optimizer_kind_name(state.kind), " but this optimizer is ",
+          optim::optimizer_kind_name(config.kind),
+          "; build the optimizer the checkpoint was written with");
+    check(state.steps >= 0, "load_optimizer_state: steps is ", state.steps, "; it must be >= 0");
+    const auto& layout = plan_.layout();
+    std::unordered_map<std::string_view, const optim::ParamOptimizerState*> by_name;
+    for (const auto& entry : state.params) by_name.emplace(entry.name, &entry);
+    std::vector<const optim::ParamOptimizerState*> entry_of(layout.size(), nullptr);
+    std::size_t trainable = 0;
+    const Tensor* buffers[2] = {&optimizer_.state_a(), &optimizer_.state_b()};
+    // Checked on every rank for every parameter, so all ranks fail alike, before any write.
+    for (std::size_t i = 0; i < layout.size(); ++i) {
+      if (!layout[i].trainable) continue;
+      ++trainable;
+      const auto found = by_name.find(layout[i].name);
+      check(found != by_name.end(), "load_optimizer_state: the state has no entry for parameter '",
+            layout[i].name, "'; it was written for a different model");
+      const auto& entry = *found->second;
+      check(entry.shape == layout[i].shape, "load_optimizer_state: parameter '", layout[i].name,
+            "' has shape ", shape_str(layout[i].shape), " here but ", shape_str(entry.shape),
+            " in the state; it was written for a different model");
+      for (int which = 0; which < 2; ++which) {
+        const auto& src = which == 0 ? entry.buffer_a : entry.buffer_b;
+        const auto name = optim::state_buffer_name(config.kind, which);
+        if (!buffers[which]->defined()) {
+          check(src.empty(), "load_optimizer_state: the state has a ", name, " for '", entry.name,
+                "' but this optimizer keeps none (momentum 0?); configure it as when it was saved");
+        } else {
+          check(src.empty() ? state.steps == 0 : src.size() == static_cast<std::size_t>(layout[i].numel),
+                "load_optimizer_state: '", entry.name, "' has ", src.size(), " ", name,
+                " values; expected ", layout[i].numel, " (or none before the first step)");
+        }
+      }
+      entry_of[i] = &entry;
+    }
+    check(state.params.size() == trainable, "load_optimizer_state: the state has ",
+          state.params.size(), " parameters, this model ", trainable,
+          " trainable ones; it was written for a different model");
+    for (int which = 0; which < 2; ++which) {
+      if (!buffers[which]->defined()) continue;
+      fill(*ctx_, *buffers[which], 0.0);  // what a state saved before the first step means
+      for (const auto& piece : optimizer_.pieces()) {
+        const auto& src = which == 0 ? entry_of[piece.param]->buffer_a : entry_of[piece.param]->buffer_b;
+        if (src.empty()) continue;
+        const std::int64_t at = piece.flat_begin - optimizer_.region_begin();
+        auto host = Storage::borrow(const_cast<float*>(src.data() + piece.param_begin),
+                                    static_cast<std::size_t>(piece.numel()) * sizeof(float), Device::cpu());
+        copy(*ctx_, buffers[which]->slice(0, at, at + piece.numel()),
+             Tensor(host, {piece.numel()}, DType::f32));
+      }
+    }
+    optimizer_.set_steps(state.steps);
+  }
 
  private:
   optim::ShardedOptimizer<Ops> make_optimizer(const optim::OptimizerConfig& config) {

@@ -1,0 +1,214 @@
+// Optimizer-state consolidation (FairScale's OSS.consolidate_state_dict) and re-sharding: the
+// state gathered on one rank equals DDP's full state, and a job resumed from it -- with another
+// stage, partition or world size -- continues exactly as if it had never stopped.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "dp_test_model.hpp"
+#include "shardkit/optim/cpu_backend.hpp"
+
+namespace sk = shardkit;
+using namespace dp_test;
+using Cpu = sk::optim::CpuOps;
+using sk::optim::OptimizerState;
+
+namespace {
+
+struct Checkpoint {
+  std::vector<float> params;  // every parameter in spec order (as all_params)
+  OptimizerState state;       // consolidated on `recipient`
+};
+
+struct Job {
+  int world = 1;
+  Stage stage = Stage::ddp;
+  PartitionKind partition = PartitionKind::greedy;
+};
+
+// Steps [first, first + count) of `job`, starting from `from` (or a fresh initialisation), and
+// the checkpoint of the end (parameters from rank 0, optimizer state consolidated on `recipient`).
+Checkpoint run(const Job& job, OptimizerKind kind, int first, int count, const Checkpoint* from,
+               int recipient = 0) {
+  Checkpoint out;
+  sk::comm::run_ranks(job.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::DataParallelOptions options;
+    options.stage = job.stage;
+    options.partition = job.partition;
+    options.buckets.bucket_bytes = 2048;
+    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(kind), options);
+    if (from == nullptr) {
+      for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
+      dp.broadcast_parameters(0);
+    } else {
+      std::int64_t at = 0;
+      for (std::size_t i = 0; i < dp.params().size(); ++i) {
+        const auto n = dp.param(i).numel();
+        const std::vector<float> values(from->params.begin() + at, from->params.begin() + at + n);
+        sk::copy(ctx, dp.param(i), sk::from_vector(ctx, values, dp.param(i).shape()));
+        at += n;
+      }
+      dp.load_optimizer_state(from->state);
+    }
+    for (int s = first; s < first + count; ++s) {
+      dp.zero_grad();
+      fake_backward(dp, ctx, comm.rank(), s);
+      dp.finish();
+      dp.step(lr_at(kind, s));
+    }
+    auto state = dp.consolidate_optimizer_state(recipient);
+    if (comm.rank() == recipient) {
+      out.state = std::move(state);
+      out.params = all_params(dp, ctx);
+    } else {
+      CHECK(state.empty());  // only the recipient holds the whole state
+    }
+  });
+  return out;
+}
+
+bool states_equal(const OptimizerState& a, const OptimizerState& b, double tolerance) {
+  if (a.kind != b.kind || a.steps != b.steps || a.params.size() != b.params.size()) return false;
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    const auto &x = a.params[i], &y = b.params[i];
+    if (x.name != y.name || x.shape != y.shape) return false;
+    if (tolerance == 0 ? !(bitwise_equal(x.buffer_a, y.buffer_a) && bitwise_equal(x.buffer_b, y.buffer_b))
+                       : (max_relative_difference(x.buffer_a, y.buffer_a) > tolerance ||
+                          max_relative_difference(x.buffer_b, y.buffer_b) > tolerance))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("the state consolidated on one rank equals DDP's full optimizer state") {
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+    for (int world : {1, 3, 4}) {
+      const auto ddp = run({world, Stage::ddp, PartitionKind::greedy}, kind, 0, 10, nullptr);
+      REQUIRE(ddp.state.steps == 10);
+      REQUIRE(ddp.state.params.size() == 8);  // the trainable ones, registration order
+      CHECK(ddp.state.params[0].name == "embed.weight");
+      CHECK(ddp.state.params[3].name == "block.1.weight");  // frozen.scale has no state
+      CHECK(ddp.state.params[0].buffer_a.size() == 37u * 11u);
+      CHECK(ddp.state.params[0].buffer_b.empty() == (kind != OptimizerKind::adamw));
+      for (auto partition : {PartitionKind::greedy, PartitionKind::flat}) {
+        for (auto stage : {Stage::oss, Stage::sdp}) {
+          const int recipient = world - 1;
+          const auto sharded = run({world, stage, partition}, kind, 0, 10, nullptr, recipient);
+          // The flat split completes LARC norms by an all-reduce: equal to rounding, not bitwise.
+          const double tolerance = kind == OptimizerKind::larc_sgd && partition == PartitionKind::flat ? 1e-5 : 0;
+          CHECK_MESSAGE(states_equal(sharded.state, ddp.state, tolerance),
+                        sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
+                        " ", sk::shard::partition_kind_name(partition), " world ", world);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a job resumed from a consolidated state continues as if it had never stopped") {
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+    CAPTURE(sk::optim::optimizer_kind_name(kind));
+    // Uninterrupted: 20 steps of OSS on 3 ranks.
+    const Job oss3{3, Stage::oss, PartitionKind::greedy};
+    const auto whole = run(oss3, kind, 0, 20, nullptr);
+    // Interrupted after 10; resumed as SDP on 3 ranks with the other partition.
+    const auto half = run(oss3, kind, 0, 10, nullptr);
+    const auto resumed = run({3, Stage::sdp, PartitionKind::flat}, kind, 10, 10, &half);
+    const double tolerance = kind == OptimizerKind::larc_sgd ? 1e-6 : 0;
+    if (tolerance == 0) {
+      CHECK(bitwise_equal(resumed.params, whole.params));
+    } else {
+      CHECK(max_relative_difference(resumed.params, whole.params) <= tolerance);
+    }
+    CHECK(states_equal(resumed.state, whole.state, tolerance == 0 ? 0 : 1e-5));
+    // World size changes (3 -> 2, 3 -> 4): every stage resumes to DDP's result on that world.
+    for (int world : {2, 4}) {
+      const auto ddp = run({world, Stage::ddp, PartitionKind::greedy}, kind, 10, 5, &half);
+      for (auto stage : {Stage::oss, Stage::sdp}) {
+        const auto got = run({world, stage, PartitionKind::greedy}, kind, 10, 5, &half);
+        CHECK_MESSAGE(bitwise_equal(got.params, ddp.params), sk::parallel::stage_name(stage), " world ", world);
+        CHECK(states_equal(got.state, ddp.state, 0));
+      }
+    }
+  }
+}
+
+TEST_CASE("without the state, a resumed Adam or momentum run differs (the test can fail)") {
+  const Job oss3{3, Stage::oss, PartitionKind::greedy};
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    const auto whole = run(oss3, kind, 0, 12, nullptr);
+    auto half = run(oss3, kind, 0, 10, nullptr);
+    half.state.steps = 0;  // as if only the parameters had been saved
+    for (auto& p : half.state.params) {
+      p.buffer_a.clear();
+      p.buffer_b.clear();
+    }
+    const auto resumed = run(oss3, kind, 10, 2, &half);
+    CHECK(max_relative_difference(resumed.params, whole.params) > 1e-4);
+  }
+}
+
+TEST_CASE("consolidation holds at most one other rank's range at a time") {
+  const int world = 4;
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::DataParallelOptions options;
+    options.stage = Stage::oss;
+    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::adamw), options);
+    dp.zero_grad();
+    fake_backward(dp, ctx, comm.rank(), 0);
+    dp.finish();
+    dp.step(0.01f);
+    ctx.memory_stats().reset_peak();
+    (void)dp.consolidate_optimizer_state(0);
+    std::int64_t largest_range = 0;
+    for (int r = 0; r < world; ++r) largest_range = std::max(largest_range, dp.plan().numel(r));
+    const auto peak = ctx.memory_stats().snapshot().peak_of(sk::MemoryCategory::communication);
+    CHECK(peak > 0);
+    CHECK(peak <= largest_range * 4);
+  });
+}
+
+TEST_CASE("loading a state that does not fit gets a clear error") {
+  const auto saved = run({2, Stage::oss, PartitionKind::greedy}, OptimizerKind::sgd, 0, 2, nullptr);
+  const auto sgd = config_for(OptimizerKind::sgd);
+  auto expect = [&](const OptimizerState& state, const sk::optim::OptimizerConfig& config,
+                    const std::string& part) {
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      sk::parallel::DataParallelOptions options;
+      options.stage = Stage::sdp;
+      DataParallel<Cpu> dp(ctx, comm, model_specs(), config, options);
+      try {
+        dp.load_optimizer_state(state);
+        FAIL("no throw");
+      } catch (const sk::InvalidArgument& e) {
+        CHECK_MESSAGE(std::string(e.what()).find(part) != std::string::npos, e.what());
+      }
+    });
+  };
+  expect(saved.state, config_for(OptimizerKind::adamw), "the state is for sgd but this optimizer is adamw");
+  auto missing = saved.state;
+  missing.params.erase(missing.params.begin() + 2);
+  expect(missing, sgd, "no entry for parameter 'block.0.bias'");
+  auto extra = saved.state;
+  extra.params.push_back(extra.params.back());
+  extra.params.back().name = "ghost";
+  expect(extra, sgd, "the state has 9 parameters, this model 8 trainable ones");
+  auto reshaped = saved.state;
+  reshaped.params[1].shape = {37, 64};
+  expect(reshaped, sgd, "'block.0.weight' has shape [64, 37] here but [37, 64]");
+  auto short_buffer = saved.state;
+  short_buffer.params[4].buffer_a.pop_back();
+  expect(short_buffer, sgd, "'block.1.bias' has 18 momentum_buffer values; expected 19");
+  auto no_momentum = sgd;
+  no_momentum.sgd.momentum = 0;  // keeps no buffer
+  expect(saved.state, no_momentum, "keeps none");
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
+    CHECK_THROWS_WITH_AS((void)dp.consolidate_optimizer_state(2),
+                         doctest::Contains("recipient 2 is not a rank of this 2-rank job"),
+                         sk::InvalidArgument);
+  });
+}
