@@ -81,6 +81,18 @@ std::vector<float> all_params(DataParallel<Ops>& dp, sk::Context& ctx) {
   return out;
 }
 
+// Every rank initialises differently (the broadcast then makes them equal, as DDP does). The
+// values come from the host, so CPU and GPU runs start from the same parameters.
+template <class Ops>
+void init_differently(DataParallel<Ops>& dp, sk::Context& ctx, int rank) {
+  sk::Context host({.seed = 4242ull + static_cast<std::uint64_t>(rank)});
+  for (std::size_t i = 0; i < dp.params().size(); ++i) {
+    auto values = sk::empty(host, dp.param(i).shape(), sk::DType::f32);
+    sk::uniform_(host, values, -0.5, 0.5);
+    sk::copy(ctx, dp.param(i), values);
+  }
+}
+
 struct RunResult {
   std::vector<std::vector<float>> params;  // per rank, every parameter in spec order
   std::vector<sk::MemorySnapshot> memory;  // per rank, after the last step
@@ -99,8 +111,7 @@ RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partit
     options.partition = partition;
     options.buckets.bucket_bytes = bucket_bytes;
     DataParallel<Ops> dp(ctx, comm, model_specs(), config_for(kind), options);
-    // Every rank initialises differently; the broadcast makes them equal (as DDP does).
-    for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
+    init_differently(dp, ctx, comm.rank());
     dp.broadcast_parameters(0);
     for (int s = 0; s < steps; ++s) {
       dp.zero_grad();

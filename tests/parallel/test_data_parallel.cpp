@@ -165,7 +165,7 @@ TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact")
     options.broadcast_fp16 = true;
     options.buckets.bucket_bytes = 2048;
     DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
-    for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
+    init_differently(dp, ctx, comm.rank());
     dp.broadcast_parameters(0);
     dp.zero_grad();
     fake_backward(dp, ctx, comm.rank(), 0);
@@ -204,7 +204,7 @@ TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
         options.buckets.bucket_bytes = 2048;
         options.buckets.wire_dtype = wire;
         DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
-        for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
+        init_differently(dp, ctx, comm.rank());
         dp.broadcast_parameters(0);
         for (int s = 0; s < 5; ++s) {
           dp.zero_grad();

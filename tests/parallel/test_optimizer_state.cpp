@@ -39,7 +39,7 @@ Checkpoint run(const Job& job, OptimizerKind kind, int first, int count, const C
     options.buckets.bucket_bytes = 2048;
     DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(kind), options);
     if (from == nullptr) {
-      for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
+      init_differently(dp, ctx, comm.rank());
       dp.broadcast_parameters(0);
     } else {
       std::int64_t at = 0;
