@@ -3,10 +3,12 @@
 // stage, partition or world size -- continues exactly as if it had never stopped.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "dp_test_model.hpp"
+#include "shardkit/io/optimizer_state_file.hpp"
 #include "shardkit/optim/cpu_backend.hpp"
 
 namespace sk = shardkit;
@@ -211,4 +213,37 @@ TEST_CASE("loading a state that does not fit gets a clear error") {
                          doctest::Contains("recipient 2 is not a rank of this 2-rank job"),
                          sk::InvalidArgument);
   });
+}
+
+TEST_CASE("the consolidated state survives a safetensors file, and a job resumes from it") {
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("shardkit_optimizer_state_" + std::to_string(::getpid()) + ".safetensors")).string();
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    const Job oss3{3, Stage::oss, PartitionKind::greedy};
+    const auto whole = run(oss3, kind, 0, 14, nullptr);
+    auto half = run(oss3, kind, 0, 10, nullptr);
+    sk::io::save_optimizer_state(path, half.state);
+    const auto loaded = sk::io::load_optimizer_state(path);
+    CHECK(states_equal(loaded, half.state, 0));
+    half.state = loaded;
+    const auto resumed = run({2, Stage::sdp, PartitionKind::flat}, kind, 10, 4, &half);
+    const auto reference = run({2, Stage::ddp, PartitionKind::greedy}, kind, 10, 4, &half);
+    CHECK(bitwise_equal(resumed.params, reference.params));
+    CHECK(!bitwise_equal(resumed.params, whole.params));  // 2 ranks see other data than 3
+  }
+  // Stateless parameters (SGD without momentum) keep their names and shapes.
+  auto config = config_for(OptimizerKind::sgd);
+  config.sgd.momentum = 0;
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    DataParallel<Cpu> dp(ctx, comm, model_specs(), config);
+    auto state = dp.consolidate_optimizer_state(0);
+    if (comm.rank() == 0) sk::io::save_optimizer_state(path, state);
+    comm.barrier();
+    const auto loaded = sk::io::load_optimizer_state(path);
+    CHECK(loaded.params.size() == 8);
+    CHECK(loaded.params[1].shape == sk::Shape{64, 37});
+    CHECK(loaded.params[1].buffer_a.empty());
+    dp.load_optimizer_state(loaded);
+  });
+  std::filesystem::remove(path);
 }

@@ -1,0 +1,147 @@
+// safetensors: round trips of every dtype, a file written by hand exactly as the format's
+// specification lays it out (as other tools write it), atomic replacement, and corrupt files.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "shardkit/io/safetensors.hpp"
+
+namespace sk = shardkit;
+namespace fs = std::filesystem;
+using sk::io::NamedBytes;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("shardkit_safetensors_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+void write_raw(const fs::path& path, const std::string& header, const std::vector<unsigned char>& data) {
+  std::ofstream out(path, std::ios::binary);
+  const std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
+  out << header;
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+std::vector<unsigned char> bytes_of(const std::vector<float>& values) {
+  std::vector<unsigned char> out(values.size() * 4);
+  std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+std::string load_error(const fs::path& path) {
+  try {
+    (void)sk::io::load_safetensors(path.string());
+  } catch (const sk::IoError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("every dtype round-trips with its shape, in file order, with metadata") {
+  const auto path = scratch("round_trip.safetensors");
+  std::vector<NamedBytes> tensors = {
+      NamedBytes::of<float>("z.weight", {2, 3}, {0.5f, -1.25f, 3e-8f, 7.0f, -0.0f, 1e30f}),
+      NamedBytes::of<double>("a.f64", {2}, {3.141592653589793, -2.5e-300}),
+      NamedBytes::of<std::int64_t>("steps", {1}, {1234567890123}),
+      NamedBytes::of<std::int32_t>("i32", {3}, {-1, 0, 2147483647}),
+      NamedBytes::of<std::uint8_t>("labels", {4}, {0, 9, 255, 3}),
+      NamedBytes::of<float>("empty", {0, 4}, {}),
+      NamedBytes::of<float>("scalar", {}, {42.0f}),
+  };
+  NamedBytes half{"h", sk::DType::f16, {2}, std::vector<std::byte>{std::byte{0x00}, std::byte{0x3c}, std::byte{0x00}, std::byte{0xc0}}};
+  tensors.push_back(half);
+  sk::io::save_safetensors(path.string(), tensors, {{"format", "pt"}, {"note", "hello"}});
+  const auto back = sk::io::load_safetensors(path.string());
+  REQUIRE(back.tensors.size() == tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    CHECK(back.tensors[i].name == tensors[i].name);
+    CHECK(back.tensors[i].dtype == tensors[i].dtype);
+    CHECK(back.tensors[i].shape == tensors[i].shape);
+    CHECK(back.tensors[i].bytes == tensors[i].bytes);
+  }
+  CHECK(back.metadata.at("note") == "hello");
+  CHECK(back.find("steps")->values<std::int64_t>() == std::vector<std::int64_t>{1234567890123});
+  // The header is padded so the data starts 8-byte aligned, as the format recommends.
+  std::ifstream in(path, std::ios::binary);
+  std::uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  CHECK(n % 8 == 0);
+  // Nothing temporary is left beside the file.
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(path.parent_path()))
+    files += entry.path().filename().string().find("round_trip") != std::string::npos;
+  CHECK(files == 1);
+}
+
+TEST_CASE("a file laid out by hand as the specification says (as other tools write it) loads") {
+  const auto path = scratch("by_hand.safetensors");
+  // Keys in writer order (not sorted), dtype before shape, no padding: all allowed.
+  const std::string header =
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("a":{"dtype":"F32","shape":[1,1],"data_offsets":[8,12]}})";
+  write_raw(path, header, bytes_of({1.5f, -2.0f, 0.25f}));
+  const auto file = sk::io::load_safetensors(path.string());
+  REQUIRE(file.tensors.size() == 2);
+  CHECK(file.tensors[0].name == "b");  // data order
+  CHECK(file.tensors[0].values<float>() == std::vector<float>{1.5f, -2.0f});
+  CHECK(file.find("a")->shape == sk::Shape{1, 1});
+  CHECK(file.find("a")->values<float>() == std::vector<float>{0.25f});
+  CHECK(file.metadata.at("format") == "pt");
+}
+
+TEST_CASE("saving replaces an existing file whole, and a failed save leaves nothing behind") {
+  const auto path = scratch("replace.safetensors");
+  sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("w", {3}, {1, 2, 3})});
+  sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("v", {2}, {4, 5})});
+  const auto file = sk::io::load_safetensors(path.string());
+  REQUIRE(file.tensors.size() == 1);
+  CHECK(file.tensors[0].name == "v");
+
+  const auto missing_dir = scratch("no_such_dir") / "x.safetensors";
+  CHECK_THROWS_WITH_AS(sk::io::save_safetensors(missing_dir.string(), {NamedBytes::of<float>("w", {1}, {1})}),
+                       doctest::Contains("cannot open"), sk::IoError);
+  CHECK_THROWS_WITH_AS(sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("w", {1}, {1}),
+                                                                NamedBytes::of<float>("w", {1}, {2})}),
+                       doctest::Contains("tensor name 'w' appears twice"), sk::InvalidArgument);
+  CHECK(sk::io::load_safetensors(path.string()).tensors[0].name == "v");  // the old file survives
+}
+
+TEST_CASE("corrupt or foreign files get errors that name the file and the problem") {
+  const auto path = scratch("corrupt.safetensors");
+  sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("w", {4}, {1, 2, 3, 4})});
+  const auto good_size = fs::file_size(path);
+  fs::resize_file(path, good_size - 3);
+  CHECK(load_error(path).find("data_offsets outside") != std::string::npos);
+
+  write_raw(path, "{not json", {});
+  CHECK(load_error(path).find("not valid JSON") != std::string::npos);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", bytes_of({1, 2}));
+  CHECK(load_error(path).find("covers 8 bytes but its shape [3] of f32 needs 12") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            bytes_of({1, 2}));
+  CHECK(load_error(path).find("overlapping or holed") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", bytes_of({1, 2}));
+  CHECK(load_error(path).find("the tensors cover 4 of 8 data bytes") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", bytes_of({1, 2}));
+  CHECK(load_error(path).find("dtype 'C64'") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", bytes_of({1}));
+  CHECK(load_error(path).find("malformed header entry") != std::string::npos);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "\xff\xff\xff\xff\xff\xff\xff\x7f{}";
+  }
+  CHECK(load_error(path).find("its header claims") != std::string::npos);
+  CHECK(load_error(scratch("absent.safetensors")).find("cannot open") != std::string::npos);
+}
