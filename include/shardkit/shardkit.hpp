@@ -11,3 +11,4 @@
 #include "shardkit/io/io.hpp"
 #include "shardkit/autograd/autograd.hpp"
 #include "shardkit/nn/nn.hpp"
+#include "shardkit/io/module_checkpoint.hpp"
