@@ -1,58 +1,40 @@
 // A multi-layer perceptron with hand-written forward and backward on the CPU (Eigen), the way a
 // user of shardkit writes their own model: parameters and gradients are views into flat
-// buffers, and backward reports each gradient the moment it is final.
+// buffers, and backward reports each gradient the moment it is final. mlp_gpu.cuh is the same
+// model on a GPU behind the same interface; CpuDevice (below) and GpuDevice bundle each MLP with
+// what the training loop (train.hpp) needs on that device.
 #pragma once
 
 #include <Eigen/Core>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
-#include <shardkit/shardkit.hpp>
-#include <shardkit/shard/shard.hpp>
+#include <shardkit/comm/comm.hpp>
+#include <shardkit/optim/cpu_backend.hpp>
+
+#include "mlp.hpp"
 
 namespace custom_loop {
-
-namespace sk = shardkit;
 
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MatrixMap = Eigen::Map<Matrix>;
 using ConstMatrixMap = Eigen::Map<const Matrix>;
 using VectorMap = Eigen::Map<Eigen::RowVectorXf>;
 
-// Parameters of an MLP with the given widths (e.g. {784, 1024, 1024, 10}), in PyTorch's
-// naming and registration order: fc1.weight, fc1.bias, fc2.weight, ...
-inline std::vector<sk::shard::ParamSpec> mlp_param_specs(const std::vector<std::int64_t>& widths) {
-  std::vector<sk::shard::ParamSpec> specs;
-  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
-    const std::string prefix = "fc" + std::to_string(l + 1);
-    specs.push_back({prefix + ".weight", {widths[l + 1], widths[l]}});
-    specs.push_back({prefix + ".bias", {widths[l + 1]}});
-  }
-  return specs;
-}
-
-// torch.nn.Linear's default initialisation: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-inline void init_mlp(sk::Context& ctx, const sk::shard::FlatBuffer& params) {
-  for (std::size_t i = 0; i < params.size(); i += 2) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(params[i].size(1)));
-    sk::uniform_(ctx, params[i], -bound, bound);
-    sk::uniform_(ctx, params[i + 1], -bound, bound);
-  }
-}
-
 class MlpCpu {
  public:
-  explicit MlpCpu(std::vector<std::int64_t> widths) : widths_(std::move(widths)) {}
+  MlpCpu(sk::Context& /*ctx*/, std::vector<std::int64_t> widths) : widths_(std::move(widths)) {}
 
-  // Forward on a batch x [B, widths[0]]; keeps the activations for backward. Returns the mean
-  // cross-entropy loss and counts correct predictions into `correct`.
-  float forward(const sk::shard::FlatBuffer& params, const Matrix& x,
-                const std::vector<std::uint8_t>& labels, int* correct = nullptr) {
+  // Forward on a batch [B, widths[0]]; keeps the activations for backward, the mean
+  // cross-entropy loss (loss()) and the number of correct predictions (correct()).
+  void forward(const sk::shard::FlatBuffer& params, const Batch& batch) {
+    check_batch(widths_, batch);
     const auto layers = widths_.size() - 1;
     activations_.assign(layers + 1, Matrix());
-    activations_[0] = x;
+    activations_[0] = ConstMatrixMap(batch.pixels.data(), batch.rows, batch.features);
     for (std::size_t l = 0; l < layers; ++l) {
       ConstMatrixMap w(params[2 * l].data<float>(), widths_[l + 1], widths_[l]);
       Eigen::Map<const Eigen::RowVectorXf> b(params[2 * l + 1].data<float>(), widths_[l + 1]);
@@ -62,12 +44,13 @@ class MlpCpu {
       activations_[l + 1] = std::move(z);
     }
     // Softmax cross-entropy, stable form; keep softmax - onehot as the logits' gradient.
+    const auto& labels = batch.labels;
     const Matrix& logits = activations_[layers];
-    const auto batch = logits.rows();
-    logit_grad_.resize(batch, logits.cols());
+    const auto rows = logits.rows();
+    logit_grad_.resize(rows, logits.cols());
     double loss = 0;
     int hits = 0;
-    for (Eigen::Index r = 0; r < batch; ++r) {
+    for (Eigen::Index r = 0; r < rows; ++r) {
       Eigen::Index best;
       const float max = logits.row(r).maxCoeff(&best);
       const Eigen::RowVectorXf shifted = logits.row(r).array() - max;
@@ -77,10 +60,13 @@ class MlpCpu {
       logit_grad_(r, labels[static_cast<std::size_t>(r)]) -= 1.0f;
       hits += best == labels[static_cast<std::size_t>(r)];
     }
-    logit_grad_ /= static_cast<float>(batch);
-    if (correct) *correct += hits;
-    return static_cast<float>(loss / static_cast<double>(batch));
+    logit_grad_ /= static_cast<float>(rows);
+    loss_ = static_cast<float>(loss / static_cast<double>(rows));
+    correct_ = hits;
   }
+
+  float loss() const { return loss_; }
+  int correct() const { return correct_; }
 
   // Backward from the last forward: adds each parameter's gradient into grad_of(i) and calls
   // ready(i) as soon as gradient i is final -- last layer first, as autograd would.
@@ -110,6 +96,20 @@ class MlpCpu {
   std::vector<std::int64_t> widths_;
   std::vector<Matrix> activations_;
   Matrix logit_grad_;
+  float loss_ = 0;
+  int correct_ = 0;
+};
+
+// The CPU for the training loop: the optimizer backend, the model, and how ranks get their
+// contexts (threads of this process, or one process per rank under mpirun, over MPI).
+struct CpuDevice {
+  static constexpr const char* name = "cpu";
+  using Ops = sk::optim::CpuOps;
+  using Mlp = MlpCpu;
+  static sk::comm::RunRanksOptions run_options() { return {}; }
+  static sk::ContextOptions mpi_context(const sk::comm::LaunchInfo& launch, std::uint64_t seed) {
+    return {.rank = launch.rank, .seed = seed};
+  }
 };
 
 }  // namespace custom_loop
