@@ -9,6 +9,8 @@
 //      dp.ready(i); dp.finish() waits for the communication; dp.step() updates (train.hpp).
 //   4. The ZeRO stage is a flag: ddp (plain data parallel), oss (ZeRO-1: optimizer state
 //      sharded), sdp (ZeRO-2: gradients too). The results are DDP's; the memory is not.
+//   5. Checkpoints (checkpoint.hpp): --checkpoint DIR saves the parameters and the optimizer
+//      state (consolidated on rank 0 under oss/sdp) atomically; --resume DIR continues exactly.
 //
 // Ranks are threads of this process by default (--ranks N; on a GPU they share it); under
 // mpirun each process is one rank, over MPI on the CPU and NCCL on GPUs. The last line printed
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -47,6 +50,10 @@ struct Flags {
   std::string data_dir = sk::io::kFashionMnistDir;
   std::string device = "auto";
   bool skip_without_gpu = false;
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  std::string resume_dir;
+  int stop_after = 0;
 };
 
 float default_lr(sk::optim::OptimizerKind kind) {
@@ -84,6 +91,17 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
   app.add_flag("--skip-without-gpu", flags.skip_without_gpu,
                "for test harnesses: with --device gpu, exit 77 (skipped) when no GPU can be used");
+  app.add_option("--checkpoint", flags.checkpoint_dir,
+                 "folder to save model.safetensors and optimizer.safetensors in (at the end, and "
+                 "every --checkpoint-every steps)");
+  app.add_option("--checkpoint-every", flags.checkpoint_every, "steps between checkpoints (0: at the end only)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--resume", flags.resume_dir, "continue from the checkpoint in this folder (any stage or rank count)")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--stop-after", flags.stop_after,
+                 "end this run after so many steps, as a preempted job would (the schedule still "
+                 "spans the whole run; resume it with --resume)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -121,6 +139,11 @@ int main(int argc, char** argv) {
     setup.max_steps = flags.max_steps;
     setup.batch = flags.batch;
     setup.seed = flags.seed;
+    setup.checkpoint_dir = flags.checkpoint_dir;
+    setup.checkpoint_every = flags.checkpoint_every;
+    setup.resume_dir = flags.resume_dir;
+    setup.stop_after = flags.stop_after;
+    if (!setup.checkpoint_dir.empty()) std::filesystem::create_directories(setup.checkpoint_dir);
 
     // --- train: every rank runs train.hpp's loop on the chosen device -------------------------
     const custom_loop::Results results = custom_loop::train_on(device, setup);
@@ -157,6 +180,7 @@ int main(int argc, char** argv) {
         {"device", results.device},      {"steps", results.steps},
         {"batch_per_rank", flags.batch}, {"test_accuracy", results.test_accuracy},
         {"final_loss_rank0", rank0.last_loss},
+        {"params_fnv1a", results.params_fnv1a},
         {"seconds", seconds},
         {"bus_bytes_per_step_rank0", rank0.bus_bytes_per_step},
         {"memory_bytes_per_rank", memory}};

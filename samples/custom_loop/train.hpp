@@ -21,6 +21,7 @@
 #include <shardkit/io/io.hpp>
 #include <shardkit/parallel/data_parallel.hpp>
 
+#include "checkpoint.hpp"
 #include "mlp.hpp"
 
 namespace custom_loop {
@@ -38,6 +39,10 @@ struct Setup {
   std::int64_t max_steps = 0;  // 0: whole epochs
   std::int64_t batch = 64;     // per rank
   std::uint64_t seed = 1;
+  std::string checkpoint_dir;         // save here every checkpoint_every steps and at the end
+  std::int64_t checkpoint_every = 0;  // 0: at the end only
+  std::string resume_dir;             // continue from the checkpoint here
+  std::int64_t stop_after = 0;        // end this run after so many steps (0: run to the end)
 };
 
 struct RankReport {
@@ -53,7 +58,15 @@ struct Results {
   std::int64_t steps = 0;
   double test_accuracy = 0;
   std::vector<RankReport> ranks;  // under mpirun: this process's rank only
+  std::uint64_t params_fnv1a = 0;
 };
+
+inline std::uint64_t fnv1a(const std::vector<float>& values) {
+  std::uint64_t hash = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (std::size_t i = 0; i < values.size() * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return hash;
+}
 
 // Images as rows of normalised pixels (Fashion-MNIST's mean 0.2860, std 0.3530).
 inline void batch_images(const sk::io::ImageDataset& data, const std::vector<std::int64_t>& indices,
@@ -89,13 +102,20 @@ void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, 
   const std::int64_t total_steps = s.max_steps > 0 ? std::min(s.max_steps, steps_per_epoch * s.epochs)
                                                    : steps_per_epoch * s.epochs;
   Batch batch;
-  std::int64_t step = 0;
+  std::int64_t step = s.resume_dir.empty() ? 0 : load_checkpoint(s.resume_dir, ctx, dp);
+  // --stop-after ends this run early, as a preempted job would; the schedule still spans the
+  // whole run, so a resumed run continues it exactly.
+  const std::int64_t run_end = s.stop_after > 0 ? std::min(total_steps, step + s.stop_after) : total_steps;
+  const std::int64_t run_begin = step;
+  std::int64_t checkpoint_bus_bytes = 0;
   comm.reset_stats();
-  for (int epoch = 0; step < total_steps; ++epoch) {
+  for (std::int64_t epoch = step / steps_per_epoch; step < run_end; ++epoch) {
     sampler.set_epoch(epoch);
+    const std::int64_t first_batch = step % steps_per_epoch;  // > 0 only when resuming mid-epoch
+    sampler.set_start_iter(first_batch);
     const auto indices = sampler.indices();
-    for (std::int64_t b = 0; b < steps_per_epoch && step < total_steps; ++b, ++step) {
-      batch_images(*s.train, indices, static_cast<std::size_t>(b * s.batch),
+    for (std::int64_t b = first_batch; b < steps_per_epoch && step < run_end; ++b, ++step) {
+      batch_images(*s.train, indices, static_cast<std::size_t>((b - first_batch) * s.batch),
                    static_cast<std::size_t>(s.batch), batch);
       dp.zero_grad();
       mlp.forward(dp.params(), batch);
@@ -107,13 +127,19 @@ void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, 
       dp.step(s.lr * 0.5f * (1.0f + std::cos(3.14159265f * progress)));
       // Reading the loss waits for the GPU: only when it is printed.
       if (rank == 0 && (step % 100 == 0 || step + 1 == total_steps))
-        std::printf("step %5lld/%lld  epoch %d  loss %.4f\n", static_cast<long long>(step),
-                    static_cast<long long>(total_steps), epoch, mlp.loss());
+        std::printf("step %5lld/%lld  epoch %lld  loss %.4f\n", static_cast<long long>(step),
+                    static_cast<long long>(total_steps), static_cast<long long>(epoch), mlp.loss());
+      const bool periodic = s.checkpoint_every > 0 && (step + 1) % s.checkpoint_every == 0;
+      if (!s.checkpoint_dir.empty() && (periodic || step + 1 == run_end)) {
+        const auto before = comm.stats().total_bus_bytes();  // not counted as training traffic
+        save_checkpoint(s.checkpoint_dir, ctx, dp);
+        checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
+      }
     }
   }
-  const double loss = mlp.loss();  // of the last step
-  const double bus_bytes = static_cast<double>(comm.stats().total_bus_bytes()) /
-                           static_cast<double>(std::max<std::int64_t>(1, total_steps));
+  const double loss = step > run_begin ? mlp.loss() : 0.0;  // of the last step
+  const double bus_bytes = static_cast<double>(comm.stats().total_bus_bytes() - checkpoint_bus_bytes) /
+                           static_cast<double>(std::max<std::int64_t>(1, run_end - run_begin));
   // Every rank holds the full parameters after a step: rank 0 evaluates.
   double accuracy = 0;
   if (rank == 0) {
@@ -135,7 +161,9 @@ void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, 
   if (results.ranks.size() <= slot) results.ranks.resize(slot + 1);
   results.ranks[slot] = RankReport{ctx.memory_stats().snapshot(), bus_bytes, loss};
   results.world = comm.size();
-  if (rank == 0) results.test_accuracy = accuracy, results.steps = total_steps;
+  if (rank == 0) results.test_accuracy = accuracy, results.steps = step;
+  // A fingerprint of the final parameters (FNV-1a of their bytes), to compare runs exactly.
+  if (rank == 0) results.params_fnv1a = fnv1a(sk::to_vector<float>(ctx, dp.params().flat()));
 }
 
 // The ranks: threads of this process, or this process under mpirun.

@@ -15,17 +15,6 @@
 
 namespace shardkit::io {
 
-// The host bytes of any tensor on the context's device (any dtype, any strides).
-inline NamedBytes host_bytes(Context& ctx, std::string name, const Tensor& t) {
-  NamedBytes out{std::move(name), t.dtype(), t.shape(),
-                 std::vector<std::byte>(static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()))};
-  if (!out.bytes.empty()) {
-    auto host = Storage::borrow(out.bytes.data(), out.bytes.size(), Device::cpu());
-    copy(ctx, Tensor(host, t.shape(), t.dtype()), t);
-  }
-  return out;
-}
-
 inline void save_module(const std::string& path, Context& ctx, const nn::Module& module,
                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
   std::vector<NamedBytes> tensors;
@@ -75,10 +64,8 @@ inline LoadReport load_module(const std::string& path, Context& ctx, nn::Module&
   }
   for (const auto& [name, target] : state) {
     const auto found = by_name.find(name);
-    if (found == by_name.end() || found->second->bytes.empty()) continue;
-    const NamedBytes& t = *found->second;
-    auto host = Storage::borrow(const_cast<std::byte*>(t.bytes.data()), t.bytes.size(), Device::cpu());
-    copy(ctx, target, Tensor(host, t.shape, t.dtype));
+    if (found == by_name.end()) continue;
+    copy_to_tensor(ctx, *found->second, target);
   }
   return report;
 }

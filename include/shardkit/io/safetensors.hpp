@@ -27,6 +27,7 @@
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/tensor.hpp"
+#include "shardkit/core/tensor_ops.hpp"
 
 namespace shardkit::io {
 
@@ -55,6 +56,27 @@ struct NamedBytes {
     return out;
   }
 };
+
+// The host bytes of any tensor on the context's device (any dtype, any strides).
+inline NamedBytes host_bytes(Context& ctx, std::string name, const Tensor& t) {
+  NamedBytes out{std::move(name), t.dtype(), t.shape(),
+                 std::vector<std::byte>(static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()))};
+  if (!out.bytes.empty()) {
+    auto host = Storage::borrow(out.bytes.data(), out.bytes.size(), Device::cpu());
+    copy(ctx, Tensor(host, t.shape(), t.dtype()), t);
+  }
+  return out;
+}
+
+// Copies a file's tensor into `target` (on the context's device); dtype and shape must match.
+inline void copy_to_tensor(Context& ctx, const NamedBytes& from, const Tensor& target) {
+  check(from.dtype == target.dtype() && from.shape == target.shape(), "'", from.name, "' is ",
+        dtype_name(from.dtype), shape_str(from.shape), " in the file but ", dtype_name(target.dtype()),
+        shape_str(target.shape()), " here");
+  if (from.bytes.empty()) return;
+  auto host = Storage::borrow(const_cast<std::byte*>(from.bytes.data()), from.bytes.size(), Device::cpu());
+  copy(ctx, target, Tensor(host, from.shape, from.dtype));
+}
 
 struct SafetensorsContents {
   std::vector<NamedBytes> tensors;             // in file order

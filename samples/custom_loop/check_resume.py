@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""The custom loop's checkpoints, end to end: a run stopped after 13 of 30 steps and resumed under
+another ZeRO stage ends with the same parameters, bit for bit (FNV-1a of their bytes), as a run
+that never stopped; a torn checkpoint (files from different steps) is refused.
+Usage: check_resume.py PATH/TO/custom_loop"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+BASE = ["--ranks", "3", "--max-steps", "30", "--hidden", "128", "--device", "cpu",
+        "--optimizer", "adamw"]
+
+
+def run(binary, *extra):
+    out = subprocess.run([binary, *BASE, *extra], capture_output=True, text=True)
+    if out.returncode != 0:
+        print(out.stdout, out.stderr)
+        raise SystemExit(f"custom_loop {' '.join(extra)} exited {out.returncode}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    binary = sys.argv[1]
+    folder = tempfile.mkdtemp(prefix="shardkit_resume_")
+    try:
+        straight = run(binary, "--stage", "oss")
+        stopped = run(binary, "--stage", "oss", "--stop-after", "13", "--checkpoint", folder)
+        resumed = run(binary, "--stage", "sdp", "--resume", folder)
+        print(f"straight {straight['params_fnv1a']}  stopped at 13 {stopped['params_fnv1a']}  "
+              f"resumed {resumed['params_fnv1a']}")
+        ok = (stopped["steps"] == 13 and resumed["steps"] == 30 and
+              resumed["params_fnv1a"] == straight["params_fnv1a"] and
+              stopped["params_fnv1a"] != straight["params_fnv1a"])
+        # Tear it: the optimizer state of step 14 beside the model of step 13.
+        torn = os.path.join(folder, "torn")
+        shutil.copytree(folder, torn, ignore=shutil.ignore_patterns("torn"))
+        later = os.path.join(folder, "later")
+        run(binary, "--stage", "oss", "--resume", folder, "--stop-after", "1", "--checkpoint", later)
+        shutil.copy(os.path.join(later, "optimizer.safetensors"), torn)
+        out = subprocess.run([binary, *BASE, "--resume", torn], capture_output=True, text=True)
+        refused = out.returncode == 1 and "is torn: model.safetensors is from step 13" in out.stderr
+        print("torn checkpoint:", out.stderr.strip())
+        return 0 if ok and refused else 1
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
