@@ -3,13 +3,17 @@
 #pragma once
 
 #include "kernels/autograd/common.cuh"
+#include "shardkit/autograd/tape.hpp"
 
 namespace shardkit::autograd::cuda_kernels {
 
-// One block per row: log-softmax of the row and the row's loss.
+// One block per row: log-softmax of the row and the row's loss. A hard label outside [0, cols)
+// must not index the row, so its loss becomes NaN and *bad_label keeps max(rows - row) over the
+// bad rows: 0 when every label is valid, else the first bad row whatever order blocks run in.
 template <class T>
 __global__ void cross_entropy_rows_kernel(const T* x, const void* target, bool hard, T* log_probs,
-                                          Acc<T>* row_loss, std::int64_t cols) {
+                                          Acc<T>* row_loss, std::int64_t cols,
+                                          unsigned long long* bad_label) {
   using A = Acc<T>;
   const std::int64_t at = blockIdx.x * cols;
   A max = -INFINITY;
@@ -31,7 +35,12 @@ __global__ void cross_entropy_rows_kernel(const T* x, const void* target, bool h
   if (threadIdx.x == 0) {
     if (hard) {
       const std::int64_t label = static_cast<const std::int64_t*>(target)[blockIdx.x];
-      loss = -(load<A>(x, at + label) - max - log_sum);
+      if (label >= 0 && label < cols) {
+        loss = -(load<A>(x, at + label) - max - log_sum);
+      } else {
+        loss = A(NAN);
+        atomicMax(bad_label, static_cast<unsigned long long>(gridDim.x - blockIdx.x));
+      }
     }
     row_loss[blockIdx.x] = loss;
   }
@@ -67,23 +76,50 @@ __global__ void cross_entropy_backward_kernel(const T* log_probs, const void* ta
   }
 }
 
+// Hard labels are on the device here (cross_entropy wants the target beside the logits), out of
+// reach of the host-side range check the CPU path does. The rows kernel flags the first bad row
+// instead, and reading that flag back costs one stream synchronisation per forward: the price of
+// an InvalidArgument at the call rather than a NaN loss found steps later.
+inline void check_hard_labels(Context& ctx, const Tensor& bad_label, const Tensor& target,
+                              std::int64_t rows, std::int64_t cols) {
+  unsigned long long flag = 0;
+  SK_CUDA_CHECK(cudaMemcpyAsync(&flag, bad_label.data_ptr(), sizeof(flag), cudaMemcpyDeviceToHost,
+                                ctx.stream()));
+  ctx.synchronize();
+  if (flag == 0) return;
+  const std::int64_t row = rows - static_cast<std::int64_t>(flag);
+  std::int64_t label = 0;
+  SK_CUDA_CHECK(cudaMemcpyAsync(&label, static_cast<const std::int64_t*>(target.data_ptr()) + row,
+                                sizeof(label), cudaMemcpyDeviceToHost, ctx.stream()));
+  ctx.synchronize();
+  fail<InvalidArgument>("cross_entropy: target class ", label, " at row ", row, " is outside [0, ",
+                        cols, ")", module_suffix(ctx));
+}
+
 inline void cross_entropy_forward(Context& ctx, const Tensor& x, const Tensor& target,
                                   const Tensor& log_probs, const Tensor& loss, std::int64_t rows,
                                   std::int64_t cols) {
   CudaDeviceGuard guard(ctx.device().index);
   const bool hard = target.dtype() == DType::i64;
+  Tensor bad_label;
+  if (hard) {
+    bad_label = empty(ctx, {1}, DType::i64, MemoryCategory::activations);
+    SK_CUDA_CHECK(cudaMemsetAsync(bad_label.data_ptr(), 0, sizeof(std::int64_t), ctx.stream()));
+  }
   visit_floating(x.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     using A = Acc<T>;
     Tensor row_loss = empty(ctx, {rows}, dtype_of<A>, MemoryCategory::activations);
     cross_entropy_rows_kernel<T><<<row_grid(rows), kThreadsPerBlock, 0, ctx.stream()>>>(
         static_cast<const T*>(x.data_ptr()), target.data_ptr(), hard,
-        static_cast<T*>(log_probs.data_ptr()), static_cast<A*>(row_loss.data_ptr()), cols);
+        static_cast<T*>(log_probs.data_ptr()), static_cast<A*>(row_loss.data_ptr()), cols,
+        hard ? static_cast<unsigned long long*>(bad_label.data_ptr()) : nullptr);
     SK_CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel");
     mean_kernel<A><<<1, kThreadsPerBlock, 0, ctx.stream()>>>(
         static_cast<const A*>(row_loss.data_ptr()), static_cast<A*>(loss.data_ptr()), rows);
     SK_CUDA_CHECK_LAUNCH("mean_kernel");
   });
+  if (hard) check_hard_labels(ctx, bad_label, target, rows, cols);
 }
 
 inline void cross_entropy_backward(Context& ctx, const Tensor& log_probs, const Tensor& target,

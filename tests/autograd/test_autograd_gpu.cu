@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 
 #include "kernels/shardkit_cuda.cuh"
 #include "shardkit/nn/nn.hpp"
@@ -149,6 +150,23 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
     sk::Tensor target = ag::softmax(c, v[1].detach()).data();
     return ag::cross_entropy(c, v[0], target);
   });
+}
+
+TEST_CASE("cross_entropy on the GPU rejects class labels outside [0, classes), as on the CPU") {
+  auto gpu = ag::make_cuda_context(0, 0, 3);
+  Variable logits(sk::from_vector(*gpu, pattern(4 * 10, 1, sk::DType::f32), {4, 10}), true);
+  const std::int64_t huge = std::int64_t{1} << 40;
+  for (std::int64_t bad : {std::int64_t{10}, std::int64_t{-1}, huge}) {
+    CAPTURE(bad);
+    // Rows 1 and 3 are bad: the first one is reported, whatever order the blocks ran in.
+    auto labels = sk::from_vector<std::int64_t>(*gpu, {0, bad, 9, bad}, {4});
+    const std::string expected =
+        "cross_entropy: target class " + std::to_string(bad) + " at row 1 is outside [0, 10)";
+    CHECK_THROWS_WITH_AS(ag::cross_entropy(*gpu, logits, labels), expected.c_str(), sk::InvalidArgument);
+  }
+  // The context stays usable: valid labels still give a finite loss.
+  auto loss = ag::cross_entropy(*gpu, logits, sk::from_vector<std::int64_t>(*gpu, {0, 9, 9, 3}, {4}));
+  CHECK(std::isfinite(sk::to_vector<float>(*gpu, loss.data())[0]));
 }
 
 TEST_CASE("ResNet-18 training step: same seed, same parameters, matching loss and gradients") {
