@@ -1,6 +1,7 @@
 // Autograd on the CPU: forward + backward of conv / batch-norm / linear at ResNet shapes
 // (GFLOP/s, and % of an Eigen GEMM of the same precision measured in the same run), and a
-// ResNet-18 training step (images/s).
+// ResNet-18 training step (images/s). resnet18_torch_peer.py is PyTorch's side of that step;
+// compare_torch_cpu.sh runs both and prints the ratio.
 #include <Eigen/Core>
 
 #include <chrono>

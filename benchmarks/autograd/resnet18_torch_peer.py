@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""PyTorch eager peer of the ResNet-18 training step in bench_autograd (CPU) and
+bench_autograd_gpu (GPU): the same network, batch, image size, classes, stem and step, timed the
+same way, so the ratio between the two means something.
+
+The step matches autograd_workloads.hpp's resnet18_step: parameters' gradients set to None
+(our zero_grad clears them), forward in training mode (batch statistics), cross-entropy against
+all-zero labels, backward. No optimizer, as in ours; --sgd adds torch.optim.SGD's step for
+reference. Inputs are uniform in [-1, 1); the small-image stem (3x3 stride-1 conv, no max-pool)
+and 10 classes are used for images of 64 px or less, the ImageNet stem and 1000 classes otherwise.
+
+Timing: CPU, --warmup steps (default 1: bench_autograd runs one before timing) then --iters
+steps timed one by one with perf_counter, on --threads threads (default 1: bench_autograd is
+single-threaded). GPU: cudnn.benchmark on, TF32 on for convolutions and matmuls (as
+bench_autograd_gpu sets for cuDNN and cuBLAS), 3 warm-up steps as bench_autograd_gpu, each step
+timed with CUDA events on the current stream. Reports median and mean ms/step and images/s
+(batch / median).
+
+Install: Debian/Ubuntu `sudo apt-get install python3-torch` (1.13, CPU only) and run it with
+/usr/bin/python3; a GPU machine's python3 with a CUDA build of PyTorch (`pip install torch`)
+runs --device cuda. torchvision is used when present, else the same BasicBlock ResNet-18 built
+here from torch.nn.
+
+  /usr/bin/python3 benchmarks/autograd/resnet18_torch_peer.py                  # CPU configs
+  python3 benchmarks/autograd/resnet18_torch_peer.py --device cuda --json      # GPU configs
+  ... --config 32x32 --iters 5                                                 # one config
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+# The configurations of BM_resnet18_train_step (CPU) and BM_resnet18_train_step_gpu:
+# (batch, image size).
+CONFIGS = {"cpu": [(32, 32), (8, 224)], "cuda": [(256, 32), (64, 224)]}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--config", action="append", metavar="BATCHxHW",
+                   help="batch x image size, e.g. 32x32; repeatable (default: the bench's configs)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads on the CPU (default 1)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (default: 1 CPU, 3 GPU)")
+    p.add_argument("--iters", type=int, help="timed steps (default: 5 CPU, 20 GPU)")
+    p.add_argument("--sgd", action="store_true", help="add an SGD step (ours has no optimizer)")
+    p.add_argument("--json", action="store_true", help="also print one JSON line per config")
+    return p.parse_args()
+
+
+args = parse_args()
+if args.device == "cpu":
+    # OpenMP and BLAS pools size themselves when torch loads: fix them before the import.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:
+    # A note, not a failure: scripts/gpu-check runs this wherever python3 may lack PyTorch.
+    print(f"resnet18_torch_peer: no PyTorch for {sys.executable} (see the install note at the top)")
+    sys.exit(0)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inplanes, planes, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
+                                            nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + identity)
+
+
+class ResNet18(nn.Module):
+    """torchvision's resnet18 layout (same parameter names), optionally with the small-image stem."""
+
+    def __init__(self, num_classes, small_image_stem):
+        super().__init__()
+        if small_image_stem:
+            self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        else:
+            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.Identity() if small_image_stem else nn.MaxPool2d(3, 2, 1)
+        inplanes = 64
+        for i, planes in enumerate((64, 128, 256, 512)):
+            stride = 1 if i == 0 else 2
+            setattr(self, f"layer{i + 1}", nn.Sequential(BasicBlock(inplanes, planes, stride),
+                                                         BasicBlock(planes, planes, 1)))
+            inplanes = planes
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def build_model(num_classes, small_image_stem):
+    try:
+        import torchvision
+    except ImportError:
+        return ResNet18(num_classes, small_image_stem), "plain torch.nn"
+    model = torchvision.models.resnet18(num_classes=num_classes)
+    if small_image_stem:
+        model.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        model.maxpool = nn.Identity()
+    return model, f"torchvision {torchvision.__version__}"
+
+
+def measure(device, batch, hw):
+    classes = 10 if hw <= 64 else 1000
+    small_stem = hw <= 64
+    model, source = build_model(classes, small_stem)
+    model = model.to(device).train()
+    images = torch.empty(batch, 3, hw, hw, device=device).uniform_(-1, 1)
+    labels = torch.zeros(batch, dtype=torch.long, device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if args.sgd else None
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(images), labels).backward()
+        if optimizer is not None:
+            optimizer.step()
+
+    gpu = device.type == "cuda"
+    warmup = args.warmup if args.warmup is not None else (3 if gpu else 1)
+    iters = args.iters if args.iters is not None else (20 if gpu else 5)
+    for _ in range(warmup):
+        step()
+    times_ms = []
+    if gpu:
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(iters):
+            start.record()
+            step()
+            stop.record()
+            stop.synchronize()
+            times_ms.append(start.elapsed_time(stop))
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            step()
+            times_ms.append((time.perf_counter() - t0) * 1e3)
+    median = statistics.median(times_ms)
+    return {
+        "peer": "pytorch", "torch": torch.__version__, "model": source, "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if gpu else None,
+        "threads": None if gpu else torch.get_num_threads(), "batch": batch, "hw": hw,
+        "classes": classes, "stem": "small" if small_stem else "imagenet", "sgd": args.sgd,
+        "warmup": warmup, "iters": iters, "ms_median": median,
+        "ms_mean": statistics.fmean(times_ms), "ms_min": min(times_ms),
+        "images_per_s": batch * 1e3 / median,
+    }
+
+
+def main():
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print(f"resnet18_torch_peer: torch {torch.__version__} has no usable CUDA device")
+            return 0
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        device = torch.device("cuda")
+    else:
+        torch.set_num_threads(args.threads)
+        torch.set_num_interop_threads(1)
+        device = torch.device("cpu")
+    configs = CONFIGS[args.device]
+    if args.config:
+        configs = [tuple(int(v) for v in c.lower().split("x")) for c in args.config]
+    torch.manual_seed(0)
+    for batch, hw in configs:
+        r = measure(device, batch, hw)
+        where = r["gpu"] if r["gpu"] else f"{r['threads']} thread(s)"
+        print(f"pytorch {r['torch']} ({r['model']}) ResNet-18 step, batch {batch}, {hw}x{hw}, "
+              f"{r['stem']} stem, {r['classes']} classes, {where}: {r['ms_median']:.1f} ms/step "
+              f"median (mean {r['ms_mean']:.1f}, {r['iters']} steps), "
+              f"{r['images_per_s']:.2f} images/s", flush=True)
+        if args.json:
+            print("JSON " + json.dumps(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
