@@ -161,4 +161,8 @@ TEST_CASE("shape errors name the op and both shapes") {
                        sk::InvalidArgument);
   CHECK_THROWS_WITH_AS(ag::backward(ctx, ag::mul(ctx, a, a)), doctest::Contains("non-scalar"),
                        sk::InvalidArgument);
+  auto empty_batch = random_variable(ctx, {0, 3}, -1, 1);
+  CHECK_THROWS_WITH_AS(ag::cross_entropy(ctx, empty_batch, sk::empty(ctx, {0}, sk::DType::i64)),
+                       doctest::Contains("logits [0, 3] hold no rows or no classes"),
+                       sk::InvalidArgument);
 }

@@ -103,6 +103,11 @@ inline Variable cross_entropy(Context& ctx, const Variable& logits, const Tensor
         module_suffix(ctx));
   check(target.defined(), "cross_entropy: target undefined", module_suffix(ctx));
   const std::int64_t rows = logits.size(0), cols = logits.size(1);
+  // PyTorch answers an empty batch with a NaN mean; a NaN loss poisons a run silently, so we
+  // refuse it on every device (and the GPU kernels never see an empty grid).
+  check(rows > 0 && cols > 0, "cross_entropy: logits ", shape_str(logits.shape()),
+        " hold no rows or no classes, so there is no mean loss", module_suffix(ctx),
+        "; skip empty batches (e.g. the last, partial one) before the loss");
   if (target.dtype() == DType::i64) {
     check(target.shape() == Shape{rows}, "cross_entropy: class-index target ",
           shape_str(target.shape()), " does not match logits ", shape_str(logits.shape()),
