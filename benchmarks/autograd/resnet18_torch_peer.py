@@ -58,71 +58,13 @@ if args.device == "cpu":
 
 try:
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
 except ImportError:
     # A note, not a failure: scripts/gpu-check runs this wherever python3 may lack PyTorch.
     print(f"resnet18_torch_peer: no PyTorch for {sys.executable} (see the install note at the top)")
     sys.exit(0)
 
-
-class BasicBlock(nn.Module):
-    def __init__(self, inplanes, planes, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
-                                            nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.relu(out + identity)
-
-
-class ResNet18(nn.Module):
-    """torchvision's resnet18 layout (same parameter names), optionally with the small-image stem."""
-
-    def __init__(self, num_classes, small_image_stem):
-        super().__init__()
-        if small_image_stem:
-            self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-        else:
-            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.Identity() if small_image_stem else nn.MaxPool2d(3, 2, 1)
-        inplanes = 64
-        for i, planes in enumerate((64, 128, 256, 512)):
-            stride = 1 if i == 0 else 2
-            setattr(self, f"layer{i + 1}", nn.Sequential(BasicBlock(inplanes, planes, stride),
-                                                         BasicBlock(planes, planes, 1)))
-            inplanes = planes
-        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(512, num_classes)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-def build_model(num_classes, small_image_stem):
-    try:
-        import torchvision
-    except ImportError:
-        return ResNet18(num_classes, small_image_stem), "plain torch.nn"
-    model = torchvision.models.resnet18(num_classes=num_classes)
-    if small_image_stem:
-        model.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-        model.maxpool = nn.Identity()
-    return model, f"torchvision {torchvision.__version__}"
+from torch_resnet18 import build_model  # noqa: E402  (after the torch check)
 
 
 def measure(device, batch, hw):

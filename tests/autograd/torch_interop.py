@@ -16,7 +16,6 @@ import tempfile
 
 try:
     import torch
-    import torch.nn as nn
 except ImportError:
     # Debian's python3-torch lives under /usr/bin/python3, which may not be the python3 on PATH.
     if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
@@ -25,6 +24,10 @@ except ImportError:
             os.execv("/usr/bin/python3", ["/usr/bin/python3", __file__] + sys.argv[1:])
     print("torch_interop: no PyTorch for any python3 here (apt-get install python3-torch): skipped")
     sys.exit(77)
+
+# The same torchvision-layout ResNet-18 the benchmark peer measures.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "autograd"))
+from torch_resnet18 import ResNet18  # noqa: E402
 
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
@@ -47,48 +50,6 @@ def load_safetensors(path):
     return out
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, inplanes, planes, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
-                                            nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        return self.relu(self.bn2(self.conv2(out)) + identity)
-
-
-class ResNet18SmallStem(nn.Module):
-    """torchvision's resnet18 with the CIFAR stem: conv1 3x3 stride 1, no max-pool."""
-
-    def __init__(self, classes):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        inplanes = 64
-        for i, planes in enumerate([64, 128, 256, 512]):
-            stride = 1 if i == 0 else 2
-            setattr(self, f"layer{i + 1}", nn.Sequential(BasicBlock(inplanes, planes, stride),
-                                                         BasicBlock(planes, planes, 1)))
-            inplanes = planes
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, classes)
-
-    def forward(self, x):
-        x = self.relu(self.bn1(self.conv1(x)))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
 def main():
     fixture = sys.argv[1]
     folder = tempfile.mkdtemp(prefix="shardkit_torch_interop_")
@@ -98,7 +59,7 @@ def main():
         io = load_safetensors(os.path.join(folder, "io.safetensors"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    model = ResNet18SmallStem(10)
+    model = ResNet18(10, small_image_stem=True)
     ours, theirs = set(state), set(model.state_dict())
     if ours != theirs:
         print("state-dict names differ; only ours:", sorted(ours - theirs)[:8],
