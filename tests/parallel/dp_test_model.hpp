@@ -125,6 +125,59 @@ RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partit
   return result;
 }
 
+struct Checkpoint {
+  std::vector<float> params;  // every parameter in spec order (as all_params)
+  sk::optim::OptimizerState state;  // consolidated on `recipient`
+};
+
+struct Job {
+  int world = 1;
+  Stage stage = Stage::ddp;
+  PartitionKind partition = PartitionKind::greedy;
+};
+
+// Steps [first, first + count) of `job`, starting from `from` (or a fresh initialisation), and
+// the checkpoint of the end (parameters from rank 0, optimizer state consolidated on `recipient`).
+template <class Ops>
+Checkpoint run(const Job& job, OptimizerKind kind, int first, int count, const Checkpoint* from,
+               int recipient = 0, const sk::comm::RunRanksOptions& ranks = {}) {
+  Checkpoint out;
+  sk::comm::run_ranks(job.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::DataParallelOptions options;
+    options.stage = job.stage;
+    options.partition = job.partition;
+    options.buckets.bucket_bytes = 2048;
+    DataParallel<Ops> dp(ctx, comm, model_specs(), config_for(kind), options);
+    if (from == nullptr) {
+      init_differently(dp, ctx, comm.rank());
+      dp.broadcast_parameters(0);
+    } else {
+      std::int64_t at = 0;
+      for (std::size_t i = 0; i < dp.params().size(); ++i) {
+        const auto n = dp.param(i).numel();
+        const std::vector<float> values(from->params.begin() + at, from->params.begin() + at + n);
+        sk::copy(ctx, dp.param(i), sk::from_vector(ctx, values, dp.param(i).shape()));
+        at += n;
+      }
+      dp.load_optimizer_state(from->state);
+    }
+    for (int s = first; s < first + count; ++s) {
+      dp.zero_grad();
+      fake_backward(dp, ctx, comm.rank(), s);
+      dp.finish();
+      dp.step(lr_at(kind, s));
+    }
+    auto state = dp.consolidate_optimizer_state(recipient);
+    if (comm.rank() == recipient) {
+      out.state = std::move(state);
+      out.params = all_params(dp, ctx);
+    } else {
+      CHECK(state.empty());  // only the recipient holds the whole state
+    }
+  }, ranks);
+  return out;
+}
+
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

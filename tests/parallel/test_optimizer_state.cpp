@@ -18,58 +18,6 @@ using sk::optim::OptimizerState;
 
 namespace {
 
-struct Checkpoint {
-  std::vector<float> params;  // every parameter in spec order (as all_params)
-  OptimizerState state;       // consolidated on `recipient`
-};
-
-struct Job {
-  int world = 1;
-  Stage stage = Stage::ddp;
-  PartitionKind partition = PartitionKind::greedy;
-};
-
-// Steps [first, first + count) of `job`, starting from `from` (or a fresh initialisation), and
-// the checkpoint of the end (parameters from rank 0, optimizer state consolidated on `recipient`).
-Checkpoint run(const Job& job, OptimizerKind kind, int first, int count, const Checkpoint* from,
-               int recipient = 0) {
-  Checkpoint out;
-  sk::comm::run_ranks(job.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::DataParallelOptions options;
-    options.stage = job.stage;
-    options.partition = job.partition;
-    options.buckets.bucket_bytes = 2048;
-    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(kind), options);
-    if (from == nullptr) {
-      init_differently(dp, ctx, comm.rank());
-      dp.broadcast_parameters(0);
-    } else {
-      std::int64_t at = 0;
-      for (std::size_t i = 0; i < dp.params().size(); ++i) {
-        const auto n = dp.param(i).numel();
-        const std::vector<float> values(from->params.begin() + at, from->params.begin() + at + n);
-        sk::copy(ctx, dp.param(i), sk::from_vector(ctx, values, dp.param(i).shape()));
-        at += n;
-      }
-      dp.load_optimizer_state(from->state);
-    }
-    for (int s = first; s < first + count; ++s) {
-      dp.zero_grad();
-      fake_backward(dp, ctx, comm.rank(), s);
-      dp.finish();
-      dp.step(lr_at(kind, s));
-    }
-    auto state = dp.consolidate_optimizer_state(recipient);
-    if (comm.rank() == recipient) {
-      out.state = std::move(state);
-      out.params = all_params(dp, ctx);
-    } else {
-      CHECK(state.empty());  // only the recipient holds the whole state
-    }
-  });
-  return out;
-}
-
 bool states_equal(const OptimizerState& a, const OptimizerState& b, double tolerance) {
   if (a.kind != b.kind || a.steps != b.steps || a.params.size() != b.params.size()) return false;
   for (std::size_t i = 0; i < a.params.size(); ++i) {
@@ -88,7 +36,7 @@ bool states_equal(const OptimizerState& a, const OptimizerState& b, double toler
 TEST_CASE("the state consolidated on one rank equals DDP's full optimizer state") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {1, 3, 4}) {
-      const auto ddp = run({world, Stage::ddp, PartitionKind::greedy}, kind, 0, 10, nullptr);
+      const auto ddp = run<Cpu>({world, Stage::ddp, PartitionKind::greedy}, kind, 0, 10, nullptr);
       REQUIRE(ddp.state.steps == 10);
       REQUIRE(ddp.state.params.size() == 8);  // the trainable ones, registration order
       CHECK(ddp.state.params[0].name == "embed.weight");
@@ -98,7 +46,7 @@ TEST_CASE("the state consolidated on one rank equals DDP's full optimizer state"
       for (auto partition : {PartitionKind::greedy, PartitionKind::flat}) {
         for (auto stage : {Stage::oss, Stage::sdp}) {
           const int recipient = world - 1;
-          const auto sharded = run({world, stage, partition}, kind, 0, 10, nullptr, recipient);
+          const auto sharded = run<Cpu>({world, stage, partition}, kind, 0, 10, nullptr, recipient);
           // The flat split completes LARC norms by an all-reduce: equal to rounding, not bitwise.
           const double tolerance = kind == OptimizerKind::larc_sgd && partition == PartitionKind::flat ? 1e-5 : 0;
           CHECK_MESSAGE(states_equal(sharded.state, ddp.state, tolerance),
@@ -115,10 +63,10 @@ TEST_CASE("a job resumed from a consolidated state continues as if it had never 
     CAPTURE(sk::optim::optimizer_kind_name(kind));
     // Uninterrupted: 20 steps of OSS on 3 ranks.
     const Job oss3{3, Stage::oss, PartitionKind::greedy};
-    const auto whole = run(oss3, kind, 0, 20, nullptr);
+    const auto whole = run<Cpu>(oss3, kind, 0, 20, nullptr);
     // Interrupted after 10; resumed as SDP on 3 ranks with the other partition.
-    const auto half = run(oss3, kind, 0, 10, nullptr);
-    const auto resumed = run({3, Stage::sdp, PartitionKind::flat}, kind, 10, 10, &half);
+    const auto half = run<Cpu>(oss3, kind, 0, 10, nullptr);
+    const auto resumed = run<Cpu>({3, Stage::sdp, PartitionKind::flat}, kind, 10, 10, &half);
     const double tolerance = kind == OptimizerKind::larc_sgd ? 1e-6 : 0;
     if (tolerance == 0) {
       CHECK(bitwise_equal(resumed.params, whole.params));
@@ -128,9 +76,9 @@ TEST_CASE("a job resumed from a consolidated state continues as if it had never 
     CHECK(states_equal(resumed.state, whole.state, tolerance == 0 ? 0 : 1e-5));
     // World size changes (3 -> 2, 3 -> 4): every stage resumes to DDP's result on that world.
     for (int world : {2, 4}) {
-      const auto ddp = run({world, Stage::ddp, PartitionKind::greedy}, kind, 10, 5, &half);
+      const auto ddp = run<Cpu>({world, Stage::ddp, PartitionKind::greedy}, kind, 10, 5, &half);
       for (auto stage : {Stage::oss, Stage::sdp}) {
-        const auto got = run({world, stage, PartitionKind::greedy}, kind, 10, 5, &half);
+        const auto got = run<Cpu>({world, stage, PartitionKind::greedy}, kind, 10, 5, &half);
         CHECK_MESSAGE(bitwise_equal(got.params, ddp.params), sk::parallel::stage_name(stage), " world ", world);
         CHECK(states_equal(got.state, ddp.state, 0));
       }
@@ -141,14 +89,14 @@ TEST_CASE("a job resumed from a consolidated state continues as if it had never 
 TEST_CASE("without the state, a resumed Adam or momentum run differs (the test can fail)") {
   const Job oss3{3, Stage::oss, PartitionKind::greedy};
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-    const auto whole = run(oss3, kind, 0, 12, nullptr);
-    auto half = run(oss3, kind, 0, 10, nullptr);
+    const auto whole = run<Cpu>(oss3, kind, 0, 12, nullptr);
+    auto half = run<Cpu>(oss3, kind, 0, 10, nullptr);
     half.state.steps = 0;  // as if only the parameters had been saved
     for (auto& p : half.state.params) {
       p.buffer_a.clear();
       p.buffer_b.clear();
     }
-    const auto resumed = run(oss3, kind, 10, 2, &half);
+    const auto resumed = run<Cpu>(oss3, kind, 10, 2, &half);
     CHECK(max_relative_difference(resumed.params, whole.params) > 1e-4);
   }
 }
@@ -174,7 +122,7 @@ TEST_CASE("consolidation holds at most one other rank's range at a time") {
 }
 
 TEST_CASE("loading a state that does not fit gets a clear error") {
-  const auto saved = run({2, Stage::oss, PartitionKind::greedy}, OptimizerKind::sgd, 0, 2, nullptr);
+  const auto saved = run<Cpu>({2, Stage::oss, PartitionKind::greedy}, OptimizerKind::sgd, 0, 2, nullptr);
   const auto sgd = config_for(OptimizerKind::sgd);
   auto expect = [&](const OptimizerState& state, const sk::optim::OptimizerConfig& config,
                     const std::string& part) {
@@ -220,14 +168,14 @@ TEST_CASE("the consolidated state survives a safetensors file, and a job resumes
                      ("shardkit_optimizer_state_" + std::to_string(::getpid()) + ".safetensors")).string();
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
     const Job oss3{3, Stage::oss, PartitionKind::greedy};
-    const auto whole = run(oss3, kind, 0, 14, nullptr);
-    auto half = run(oss3, kind, 0, 10, nullptr);
+    const auto whole = run<Cpu>(oss3, kind, 0, 14, nullptr);
+    auto half = run<Cpu>(oss3, kind, 0, 10, nullptr);
     sk::io::save_optimizer_state(path, half.state);
     const auto loaded = sk::io::load_optimizer_state(path);
     CHECK(states_equal(loaded, half.state, 0));
     half.state = loaded;
-    const auto resumed = run({2, Stage::sdp, PartitionKind::flat}, kind, 10, 4, &half);
-    const auto reference = run({2, Stage::ddp, PartitionKind::greedy}, kind, 10, 4, &half);
+    const auto resumed = run<Cpu>({2, Stage::sdp, PartitionKind::flat}, kind, 10, 4, &half);
+    const auto reference = run<Cpu>({2, Stage::ddp, PartitionKind::greedy}, kind, 10, 4, &half);
     CHECK(bitwise_equal(resumed.params, reference.params));
     CHECK(!bitwise_equal(resumed.params, whole.params));  // 2 ranks see other data than 3
   }

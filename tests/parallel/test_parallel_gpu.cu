@@ -72,37 +72,17 @@ TEST_CASE("device memory per rank follows the stage") {
 
 TEST_CASE("on the GPU, the consolidated state equals DDP's and a resumed SDP job continues") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-    auto consolidated = [&](Stage stage, const sk::optim::OptimizerState* from, int first, int steps) {
-      sk::optim::OptimizerState out;
-      std::vector<float> params;
-      sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        sk::parallel::DataParallelOptions options;
-        options.stage = stage;
-        options.buckets.bucket_bytes = 2048;
-        DataParallel<Gpu> dp(ctx, comm, model_specs(), config_for(kind), options);
-        init_differently(dp, ctx, comm.rank());
-        dp.broadcast_parameters(0);
-        if (from != nullptr) dp.load_optimizer_state(*from);
-        for (int s = first; s < first + steps; ++s) {
-          dp.zero_grad();
-          fake_backward(dp, ctx, comm.rank(), s);
-          dp.finish();
-          dp.step(lr_at(kind, s));
-        }
-        auto state = dp.consolidate_optimizer_state(0);
-        if (comm.rank() == 0) out = std::move(state);
-      }, sk::comm::cuda_run_options(0));
-      return out;
-    };
-    const auto ddp = consolidated(Stage::ddp, nullptr, 0, 5);
-    const auto oss = consolidated(Stage::oss, nullptr, 0, 5);
+    const auto gpu = sk::comm::cuda_run_options(0);
+    const auto ddp = run<Gpu>({3, Stage::ddp}, kind, 0, 5, nullptr, 0, gpu).state;
+    const auto oss_checkpoint = run<Gpu>({3, Stage::oss}, kind, 0, 5, nullptr, 0, gpu);
+    const auto& oss = oss_checkpoint.state;
     REQUIRE(ddp.params.size() == oss.params.size());
     for (std::size_t i = 0; i < ddp.params.size(); ++i) {
       CHECK(max_relative_difference(oss.params[i].buffer_a, ddp.params[i].buffer_a) <= 1e-6);
       CHECK(max_relative_difference(oss.params[i].buffer_b, ddp.params[i].buffer_b) <= 1e-6);
     }
     // Loading moves the state onto the device and carries the step count.
-    const auto resumed = consolidated(Stage::sdp, &oss, 5, 1);
+    const auto resumed = run<Gpu>({3, Stage::sdp}, kind, 5, 1, &oss_checkpoint, 0, gpu).state;
     CHECK(resumed.steps == 6);
   }
 }

@@ -30,12 +30,6 @@ struct OptimizerState {
   std::vector<ParamOptimizerState> params;  // trainable parameters, in registration order
 
   bool empty() const { return params.empty(); }
-
-  const ParamOptimizerState* find(std::string_view name) const {
-    for (const auto& p : params)
-      if (p.name == name) return &p;
-    return nullptr;
-  }
 };
 
 // PyTorch's names of the two buffers, for printing and for mapping onto torch checkpoints.
