@@ -1,7 +1,7 @@
 // Model-state memory and communication per rank for DDP, OSS (ZeRO-1) and SDP (ZeRO-2) on
 // ResNet-50's parameter list, measured from the allocator's and the communicator's counters
 // after real training steps (N ranks as threads, local communicator), beside the formulas of
-// REFERENCE.md for f32 training: params 4Ψ, grads 4Ψ, optimizer state KΨ (K = 4 for SGD with
+// docs/semantics.md for f32 training: params 4Ψ, grads 4Ψ, optimizer state KΨ (K = 4 for SGD with
 // momentum, 8 for Adam).
 //
 //   DDP  (4 + 4 + K)Ψ          OSS  (4 + 4)Ψ + KΨ/N          SDP  4Ψ + (4 + K)Ψ/N

@@ -1,4 +1,4 @@
-// Traffic counters (nccl-tests' bus bytes, and the ZeRO volume ratios of REFERENCE.md), launch
+// Traffic counters (nccl-tests' bus bytes, and the ZeRO volume ratios of docs/semantics.md), launch
 // detection from the environment, and make_communicator without a launcher.
 #include <doctest/doctest.h>
 
@@ -56,7 +56,7 @@ TEST_CASE("counters record calls, message bytes and bus bytes per collective kin
   }
 }
 
-TEST_CASE("counted volumes reproduce REFERENCE.md: ZeRO-3 sends 1.5x what DDP sends") {
+TEST_CASE("counted volumes reproduce the ZeRO paper: ZeRO-3 sends 1.5x what DDP sends") {
   // Psi gradients/parameters, N = 4 ranks, fp32. DDP: one all-reduce of the gradients.
   // ZeRO-3: all-gather parameters for forward and for backward, reduce-scatter gradients.
   constexpr std::size_t kPsi = 4096;

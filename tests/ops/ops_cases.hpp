@@ -118,7 +118,7 @@ inline const std::vector<float> kNaNs(std::size_t n) {
   return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
 }
 
-// float64 SGD reference on flat vectors, per REFERENCE.md; coefficients per segment.
+// float64 SGD reference on flat vectors, per docs/semantics.md; coefficients per segment.
 struct SgdReference {
   std::vector<double> w, buf;
   void step(const std::vector<double>& g, const ops::SgdOptions& o, const Layout& layout,
@@ -138,7 +138,7 @@ struct SgdReference {
   }
 };
 
-// LARC coefficients of one tensor in float64 (apex's rule, REFERENCE.md).
+// LARC coefficients of one tensor in float64 (apex's rule, docs/semantics.md).
 inline void larc_reference(double wsq, double gsq, const ops::LarcOptions& l, double lr,
                            double inv_scale, double& grad_coef, double& param_coef) {
   const double wn = std::sqrt(wsq), gn = std::sqrt(gsq) * inv_scale;

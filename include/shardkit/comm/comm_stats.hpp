@@ -1,5 +1,5 @@
 // Per-communicator counters: calls, message bytes and bus bytes per collective kind, so that a
-// benchmark can compare what a ZeRO stage sends with the formulas in REFERENCE.md.
+// benchmark can compare what a ZeRO stage sends with the ZeRO formulas (docs/semantics.md).
 //
 // Accounting (the same on every backend, counted when a call is issued on this rank):
 // - payload_bytes: the message size S as nccl-tests names it -- all_reduce, reduce, broadcast:
@@ -10,7 +10,7 @@
 //   1 for broadcast and reduce (nccl-tests' busbw factors), and 0 when n = 1 (nothing leaves
 //   the rank). Integer bytes, rounded down. bus_bytes / time is nccl-tests' busbw.
 //   So DDP's gradient all-reduce of Psi elements counts 2 Psi (n-1)/n elements, and ZeRO-3's
-//   all-gather + all-gather + reduce-scatter 3 Psi (n-1)/n, as REFERENCE.md states.
+//   all-gather + all-gather + reduce-scatter 3 Psi (n-1)/n, as the ZeRO paper states.
 // - Bytes are in the caller's dtype. A backend that widens f16/bf16 to f32 on the wire (MPI
 //   does, to sum in f32) sends twice that; the counters stay comparable across backends.
 #pragma once

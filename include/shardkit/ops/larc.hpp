@@ -1,4 +1,4 @@
-// LARC (apex.parallel.LARC, ../shared/REFERENCE.md) as per-tensor SGD coefficients: from a
+// LARC (apex.parallel.LARC, docs/semantics.md) as per-tensor SGD coefficients: from a
 // tensor's sums of squares of parameter and gradient, the factors of g' = grad·g + param·w.
 // LARC takes the optimizer's weight decay over: run the SGD rule with weight_decay 0.
 #pragma once

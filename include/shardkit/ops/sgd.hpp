@@ -1,4 +1,4 @@
-// Fused SGD (PyTorch semantics, ../shared/REFERENCE.md): weight decay, momentum with PyTorch's
+// Fused SGD (PyTorch semantics, docs/semantics.md): weight decay, momentum with PyTorch's
 // first-step rule, dampening, nesterov, an unscale of the gradient folded in, and an optional
 // f16/bf16 copy of the updated parameter written in the same pass.
 #pragma once

@@ -57,7 +57,7 @@ class ShardedOptimizer {
       : ctx_(&ctx), plan_(&plan), pieces_(std::move(pieces)), region_begin_(region_begin),
         config_(config), norm_comm_(norm_comm) {
     if (config_.kind == OptimizerKind::larc_sgd) {
-      // LARC takes the weight decay over (REFERENCE.md): the wrapped SGD runs without it.
+      // LARC takes the weight decay over (docs/semantics.md): the wrapped SGD runs without it.
       if (config_.larc.weight_decay == 0) config_.larc.weight_decay = config_.sgd.weight_decay;
       config_.sgd.weight_decay = 0;
       ops::validate(config_.larc);
