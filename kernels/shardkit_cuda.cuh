@@ -4,6 +4,5 @@
 #include "shardkit/shardkit.hpp"
 #include "kernels/core/tensor_kernels.cuh"
 #include "kernels/comm/reduce_kernels.cuh"
-#include "kernels/ops/ops.cuh"
-#include "kernels/optim/cuda_backend.cuh"
+#include "kernels/ops/cuda_backend.cuh"
 #include "kernels/autograd/autograd_kernels.cuh"

@@ -72,14 +72,14 @@ void BM_copy(benchmark::State& state) {
 void BM_sgd_momentum(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
-  for (auto _ : state) ops::cpu::sgd_step(context(), o, {w.w, w.g, w.buf, {}});
+  for (auto _ : state) ops::sgd_step<ops::Cpu>(context(), o, {w.w, w.g, w.buf, {}});
   report(state, bench::kSgdMomentumBytes, w.params);
 }
 
 void BM_sgd_momentum_bf16_copy(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
-  for (auto _ : state) ops::cpu::sgd_step(context(), o, {w.w, w.g, w.buf, w.low});
+  for (auto _ : state) ops::sgd_step<ops::Cpu>(context(), o, {w.w, w.g, w.buf, w.low});
   report(state, bench::kSgdBf16CopyBytes, w.params);
 }
 
@@ -88,7 +88,7 @@ void BM_larc_sgd_fused(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
   const auto l = larc_options();
-  for (auto _ : state) ops::cpu::larc_sgd_step(context(), o, l, {w.w, w.g, w.buf, {}});
+  for (auto _ : state) ops::larc_sgd_step<ops::Cpu>(context(), o, l, {w.w, w.g, w.buf, {}});
   report(state, bench::kLarcSgdBytes, w.params);
 }
 
@@ -102,9 +102,9 @@ void BM_larc_sgd_composed(benchmark::State& state) {
   auto sums = sk::empty(ctx, {2, n}, sk::DType::f64);
   auto coefficients = sk::empty(ctx, {n, 2}, sk::DType::f32);
   for (auto _ : state) {
-    ops::cpu::segment_sums_of_squares(ctx, w.w, w.g, sums);
-    ops::cpu::larc_coefficients(ctx, l, o.lr, 1.0f, sums, coefficients);
-    ops::cpu::sgd_step(ctx, o, {w.w, w.g, w.buf, {}}, coefficients);
+    ops::segment_sums_of_squares<ops::Cpu>(ctx, w.w, w.g, sums);
+    ops::larc_coefficients<ops::Cpu>(ctx, l, o.lr, 1.0f, sums, coefficients);
+    ops::sgd_step<ops::Cpu>(ctx, o, {w.w, w.g, w.buf, {}}, coefficients);
   }
   report(state, bench::kLarcSgdBytes, w.params);
 }
@@ -149,13 +149,13 @@ void BM_adamw(benchmark::State& state) {
   o.decoupled_weight_decay = true;
   o.weight_decay = 0.01f;
   o.step = 10;
-  for (auto _ : state) ops::cpu::adam_step(context(), o, {w.w, w.g, w.m, w.v, {}});
+  for (auto _ : state) ops::adam_step<ops::Cpu>(context(), o, {w.w, w.g, w.m, w.v, {}});
   report(state, bench::kAdamBytes, w.params);
 }
 
 void BM_cast_f32_to_bf16(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
-  for (auto _ : state) ops::cpu::cast(context(), w.w, w.low);
+  for (auto _ : state) ops::cast<ops::Cpu>(context(), w.w, w.low);
   report(state, bench::kCastBytes, w.params);
 }
 
@@ -164,7 +164,7 @@ void BM_unscale_and_check(benchmark::State& state) {
   auto& ctx = context();
   auto found = sk::zeros(ctx, {1}, sk::DType::f32);
   auto sums = sk::empty(ctx, {1, static_cast<std::int64_t>(w.g.size())}, sk::DType::f64);
-  for (auto _ : state) ops::cpu::unscale_and_check(ctx, 1.0f, w.g, found, sums);
+  for (auto _ : state) ops::unscale_and_check<ops::Cpu>(ctx, 1.0f, w.g, found, sums);
   report(state, bench::kUnscaleBytes, w.params);
 }
 

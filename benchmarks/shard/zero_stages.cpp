@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "shardkit/comm/run_ranks.hpp"
-#include "shardkit/optim/cpu_backend.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/data_parallel.hpp"
 #include "workloads/resnet50_params.hpp"
 
@@ -50,7 +50,7 @@ Measured measure(Stage stage, sk::optim::OptimizerKind kind, int world) {
     sk::parallel::DataParallelOptions options;
     options.stage = stage;
     options.buckets.bucket_bytes = std::size_t{1} << 23;  // 8 MiB: ResNet-50 in ~13 buckets
-    sk::parallel::DataParallel<sk::optim::CpuOps> dp(ctx, comm, resnet50_specs(), config, options);
+    sk::parallel::DataParallel<sk::ops::Cpu> dp(ctx, comm, resnet50_specs(), config, options);
     for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.1, 0.1);
     for (int step = 0; step < 2; ++step) {  // the second step shows the steady state
       comm.reset_stats();

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <shardkit/comm/comm.hpp>
-#include <shardkit/optim/cpu_backend.hpp>
+#include <shardkit/ops/cpu_backend.hpp>
 
 #include "mlp.hpp"
 
@@ -104,7 +104,7 @@ class MlpCpu {
 // contexts (threads of this process, or one process per rank under mpirun, over MPI).
 struct CpuDevice {
   static constexpr const char* name = "cpu";
-  using Ops = sk::optim::CpuOps;
+  using Ops = sk::ops::Cpu;
   using Mlp = MlpCpu;
   static sk::comm::RunRanksOptions run_options() { return {}; }
   static sk::ContextOptions mpi_context(const sk::comm::LaunchInfo& launch, std::uint64_t seed) {

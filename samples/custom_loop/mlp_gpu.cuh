@@ -17,7 +17,7 @@
 
 #include <kernels/comm/reduce_kernels.cuh>
 #include <kernels/core/tensor_kernels.cuh>
-#include <kernels/optim/cuda_backend.cuh>
+#include <kernels/ops/cuda_backend.cuh>
 #include <shardkit/autograd/cuda_libraries.hpp>
 #include <shardkit/comm/comm.hpp>
 #include <shardkit/core/cublas_check.hpp>
@@ -223,12 +223,12 @@ class MlpGpu {
   sk::Tensor labels_, stats_;            // stats_: {mean loss, correct predictions}
 };
 
-// The GPU for the training loop (train.hpp): CudaOps for DataParallel, MlpGpu, and CUDA
+// The GPU for the training loop (train.hpp): sk::ops::Cuda for DataParallel, MlpGpu, and CUDA
 // contexts -- local ranks share GPU 0 (the in-process communicator over device memory); under
 // mpirun each process takes the GPU of its local rank and make_communicator gives it NCCL.
 struct GpuDevice {
   static constexpr const char* name = "gpu";
-  using Ops = sk::optim::CudaOps;
+  using Ops = sk::ops::Cuda;
   using Mlp = MlpGpu;
   static sk::comm::RunRanksOptions run_options() { return sk::comm::cuda_run_options(0); }
   static sk::ContextOptions mpi_context(const sk::comm::LaunchInfo& launch, std::uint64_t seed) {

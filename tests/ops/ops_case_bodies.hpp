@@ -20,10 +20,11 @@ void sgd_case(B& b, ops::SgdOptions o, sk::DType low, std::int64_t gap, int step
     o.first_step = step == 0;
     const auto g0 = random_values(n, 0.5, 1.5, 100 + static_cast<std::uint32_t>(step));
     Flat<B> g(b, g0, layout);
-    Flat<B> copy(b, kNaNs(static_cast<std::size_t>(n)), layout, low == sk::DType::f32 ? sk::DType::f16 : low);
+    Flat<B> copy(b, kNaNs(static_cast<std::size_t>(n)), layout,
+                 low == sk::DType::f32 ? sk::DType::f16 : low);
     ops::SgdTensors t{w.views, g.views, buf.views, {}};
     if (low != sk::DType::f32) t.low_copies = copy.views;
-    b.sgd_step(o, t);
+    ops::sgd_step<typename B::Ops>(b.ctx, o, t);
     ref.step(widen(g0), o, layout, grad_coef, param_coef);
     const auto got_w = w.values(b);
     const double err = check_close(got_w, ref.w, layout, "param");
@@ -54,7 +55,8 @@ void larc_case(B& b, ops::LarcOptions larc, bool composed, std::int64_t gap,
   const auto n = layout.total;
   const std::size_t zero_w = layout.count() - 2, zero_g = layout.count() - 1;
   auto w0 = random_values(n, 1.0, 2.0, 7);
-  for (std::int64_t i = 0; i < layout.sizes[zero_w]; ++i) w0[static_cast<std::size_t>(layout.offsets[zero_w] + i)] = 0.0f;
+  for (std::int64_t i = 0; i < layout.sizes[zero_w]; ++i)
+    w0[static_cast<std::size_t>(layout.offsets[zero_w] + i)] = 0.0f;
   Flat<B> w(b, w0, layout), buf(b, kNaNs(static_cast<std::size_t>(n)), layout);
   SgdReference ref{widen(w0), std::vector<double>(static_cast<std::size_t>(n), 0.0)};
   ops::SgdOptions o;
@@ -65,7 +67,8 @@ void larc_case(B& b, ops::LarcOptions larc, bool composed, std::int64_t gap,
   for (int step = 0; step < 3; ++step) {
     o.first_step = step == 0;
     auto g0 = random_values(n, 0.5, 1.5, 200 + static_cast<std::uint32_t>(step));
-    for (std::int64_t i = 0; i < layout.sizes[zero_g]; ++i) g0[static_cast<std::size_t>(layout.offsets[zero_g] + i)] = 0.0f;
+    for (std::int64_t i = 0; i < layout.sizes[zero_g]; ++i)
+      g0[static_cast<std::size_t>(layout.offsets[zero_g] + i)] = 0.0f;
     Flat<B> g(b, g0, layout);
     const ops::SgdTensors t{w.views, g.views, buf.views, {}};
     // Reference coefficients from the exact sums of the current values.
@@ -84,13 +87,13 @@ void larc_case(B& b, ops::LarcOptions larc, bool composed, std::int64_t gap,
       const auto count = static_cast<std::int64_t>(layout.count());
       auto sums = b.zeros({2, count}, sk::DType::f64);
       auto coefficients = b.zeros({count, 2}, sk::DType::f32);
-      b.segment_sums_of_squares(w.views, g.views, sums);
-      b.larc_coefficients(larc, o.lr, inv_scale, sums, coefficients);
+      ops::segment_sums_of_squares<typename B::Ops>(b.ctx, w.views, g.views, sums);
+      ops::larc_coefficients<typename B::Ops>(b.ctx, larc, o.lr, inv_scale, sums, coefficients);
       ops::SgdOptions plain = o;
       plain.inv_grad_scale = 1.0f;
-      b.sgd_step(plain, t, coefficients);
+      ops::sgd_step<typename B::Ops>(b.ctx, plain, t, coefficients);
     } else {
-      b.larc_sgd_step(o, larc, t);
+      ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, t);
     }
     ref.step(widen(g0), o, layout, grad_coef, param_coef);
     const double err = check_close(w.values(b), ref.w, layout, "param");
@@ -110,9 +113,9 @@ void sums_case(B& b, std::int64_t gap) {
        again = b.zeros({2, count}, sk::DType::f64);
   b.fill(one, -1.0);
   b.fill(two, -1.0);
-  b.segment_sums_of_squares(x.views, std::span<const sk::Tensor>{}, one);
-  b.segment_sums_of_squares(x.views, y.views, two);
-  b.segment_sums_of_squares(x.views, y.views, again);
+  ops::segment_sums_of_squares<typename B::Ops>(b.ctx, x.views, std::span<const sk::Tensor>{}, one);
+  ops::segment_sums_of_squares<typename B::Ops>(b.ctx, x.views, y.views, two);
+  ops::segment_sums_of_squares<typename B::Ops>(b.ctx, x.views, y.views, again);
   sk::Context host;
   const auto s1 = sk::to_vector<double>(host, b.download(one));
   const auto s2 = sk::to_vector<double>(host, b.download(two));
@@ -138,7 +141,7 @@ void unscale_case(B& b, std::int64_t gap) {
     Flat<B> g(b, g0, layout);
     auto found = b.zeros({1}, sk::DType::f32);
     auto sums = b.zeros({1, count}, sk::DType::f64);
-    b.unscale_and_check(inv, g.views, found, sums);
+    ops::unscale_and_check<typename B::Ops>(b.ctx, inv, g.views, found, sums);
     sk::Context host;
     CHECK(sk::to_vector<float>(host, b.download(found))[0] == 0.0f);
     const auto got = g.values(b);
@@ -159,7 +162,7 @@ void unscale_case(B& b, std::int64_t gap) {
     poisoned[static_cast<std::size_t>(layout.offsets[10] + 5)] = bad;
     Flat<B> g(b, poisoned, layout);
     auto found = b.zeros({1}, sk::DType::f32);
-    b.unscale_and_check(inv, g.views, found);
+    ops::unscale_and_check<typename B::Ops>(b.ctx, inv, g.views, found);
     sk::Context host;
     CHECK(sk::to_vector<float>(host, b.download(found))[0] == (std::isfinite(bad) ? 0.0f : 1.0f));
   }
@@ -171,14 +174,26 @@ template <class B>
 void cast_case(B& b, std::int64_t gap) {
   const Layout layout(edge_sizes(), gap);
   auto src = random_values(layout.total, 1e-9, 7e4, 51);
-  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, 1e-8f,
-                            5.9604645e-8f, 2.9802322e-8f, 1.0009765625f + 0x1p-11f, 3.4e38f,
-                            sk::bits_to_float(0x7fa00001u), sk::bits_to_float(0x3f808000u)};
-  for (std::size_t i = 0; i < std::size(specials); ++i) src[static_cast<std::size_t>(layout.offsets[14]) + i] = specials[i];
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            INFINITY,
+                            -INFINITY,
+                            NAN,
+                            65504.0f,
+                            65520.0f,
+                            1e-8f,
+                            5.9604645e-8f,
+                            2.9802322e-8f,
+                            1.0009765625f + 0x1p-11f,
+                            3.4e38f,
+                            sk::bits_to_float(0x7fa00001u),
+                            sk::bits_to_float(0x3f808000u)};
+  for (std::size_t i = 0; i < std::size(specials); ++i)
+    src[static_cast<std::size_t>(layout.offsets[14]) + i] = specials[i];
   for (auto dtype : {sk::DType::f16, sk::DType::bf16}) {
     Flat<B> from(b, src, layout);
     Flat<B> to(b, kNaNs(src.size()), layout, dtype);
-    b.cast(from.views, to.views);
+    ops::cast<typename B::Ops>(b.ctx, from.views, to.views);
     const auto bits = to.bits16(b);
     for (std::size_t t = 0; t < layout.count(); ++t)
       for (std::int64_t i = 0; i < layout.sizes[t]; ++i) {
@@ -191,18 +206,22 @@ void cast_case(B& b, std::int64_t gap) {
     const Layout all(sizes, gap);
     sk::Context host;
     std::vector<std::uint16_t> patterns(static_cast<std::size_t>(all.total), 0);
-    for (std::uint32_t p = 0; p < 65536; ++p) patterns[static_cast<std::size_t>(all.offsets[0]) + p] = static_cast<std::uint16_t>(p);
-    const sk::Tensor hp(sk::Storage::borrow(patterns.data(), patterns.size() * 2, sk::Device::cpu()),
-                        {all.total}, dtype);
+    for (std::uint32_t p = 0; p < 65536; ++p)
+      patterns[static_cast<std::size_t>(all.offsets[0]) + p] = static_cast<std::uint16_t>(p);
+    const sk::Tensor hp(
+        sk::Storage::borrow(patterns.data(), patterns.size() * 2, sk::Device::cpu()), {all.total},
+        dtype);
     const auto dev = b.upload(sk::clone(host, hp));
     Flat<B> wide(b, kNaNs(patterns.size()), all);
     const std::vector<sk::Tensor> narrow{dev.flat_view(all.offsets[0], {65536})};
-    b.cast(narrow, wide.views);
+    ops::cast<typename B::Ops>(b.ctx, narrow, wide.views);
     const auto got = wide.values(b);
     for (std::uint32_t p = 0; p < 65536; ++p) {
-      const float want = dtype == sk::DType::f16 ? sk::half_bits_to_float(static_cast<std::uint16_t>(p))
-                                                 : sk::bf16_bits_to_float(static_cast<std::uint16_t>(p));
-      REQUIRE(sk::float_to_bits(got[static_cast<std::size_t>(all.offsets[0]) + p]) == sk::float_to_bits(want));
+      const float want = dtype == sk::DType::f16
+                             ? sk::half_bits_to_float(static_cast<std::uint16_t>(p))
+                             : sk::bf16_bits_to_float(static_cast<std::uint16_t>(p));
+      REQUIRE(sk::float_to_bits(got[static_cast<std::size_t>(all.offsets[0]) + p]) ==
+              sk::float_to_bits(want));
     }
   }
 }
@@ -227,14 +246,17 @@ void adam_case(B& b, bool adamw, sk::DType low, std::int64_t gap) {
     Flat<B> copy(b, kNaNs(n), layout, low == sk::DType::f32 ? sk::DType::f16 : low);
     ops::AdamTensors t{w.views, g.views, m.views, v.views, {}};
     if (low != sk::DType::f32) t.low_copies = copy.views;
-    b.adam_step(o, t);
-    const double bc1 = 1 - std::pow(double(o.beta1), step), bc2 = 1 - std::pow(double(o.beta2), step);
+    ops::adam_step<typename B::Ops>(b.ctx, o, t);
+    const double bc1 = 1 - std::pow(double(o.beta1), step),
+                 bc2 = 1 - std::pow(double(o.beta2), step);
     for (std::size_t tsr = 0; tsr < layout.count(); ++tsr)
       for (std::int64_t i = 0; i < layout.sizes[tsr]; ++i) {
         const auto at = static_cast<std::size_t>(layout.offsets[tsr] + i);
         double gg = g0[at] * double(o.inv_grad_scale);
-        if (adamw) rw[at] *= 1 - double(o.lr) * o.weight_decay;
-        else gg += double(o.weight_decay) * rw[at];
+        if (adamw)
+          rw[at] *= 1 - double(o.lr) * o.weight_decay;
+        else
+          gg += double(o.weight_decay) * rw[at];
         rm[at] = o.beta1 * rm[at] + (1 - double(o.beta1)) * gg;
         rv[at] = o.beta2 * rv[at] + (1 - double(o.beta2)) * gg * gg;
         rw[at] -= double(o.lr) / bc1 * rm[at] / (std::sqrt(rv[at]) / std::sqrt(bc2) + o.eps);
@@ -281,11 +303,11 @@ void nonfinite_case(B& b, bool with_larc) {
     sums_reference(g0, layout, gsq);
     for (std::size_t i = 0; i < layout.count(); ++i)
       larc_reference(wsq[i], gsq[i], larc, o.lr, 1.0, grad_coef[i], param_coef[i]);
-    b.larc_sgd_step(o, larc, t);
+    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, t);
   } else {
     o.weight_decay = 1e-4f;
     std::fill(param_coef.begin(), param_coef.end(), 1e-4);
-    b.sgd_step(o, t);
+    ops::sgd_step<typename B::Ops>(b.ctx, o, t);
   }
   ref.step(widen(g0), o, layout, grad_coef, param_coef);
   const auto got = w.values(b);
@@ -301,26 +323,38 @@ void nonfinite_case(B& b, bool with_larc) {
 template <class B>
 void argument_errors_case(B& b) {
   const Layout layout({10, 20}, 0);
-  Flat<B> w(b, random_values(layout.total, 1, 2, 1), layout), g(b, random_values(layout.total, 1, 2, 2), layout);
+  Flat<B> w(b, random_values(layout.total, 1, 2, 1), layout),
+      g(b, random_values(layout.total, 1, 2, 2), layout);
   Flat<B> half(b, random_values(layout.total, 1, 2, 3), layout, sk::DType::f16);
   ops::SgdOptions o;
-  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{w.views, half.views, {}, {}}), sk::InvalidArgument);
+  CHECK_THROWS_AS(
+      ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{w.views, half.views, {}, {}}),
+      sk::InvalidArgument);
   const std::vector<sk::Tensor> one{w.views[0]};
-  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{one, g.views, {}, {}}), sk::InvalidArgument);
+  CHECK_THROWS_AS(ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{one, g.views, {}, {}}),
+                  sk::InvalidArgument);
   const std::vector<sk::Tensor> swapped{w.views[1], w.views[0]};
-  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{swapped, g.views, {}, {}}), sk::InvalidArgument);
+  CHECK_THROWS_AS(
+      ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{swapped, g.views, {}, {}}),
+      sk::InvalidArgument);
   o.momentum = 0.9f;
-  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{w.views, g.views, {}, {}}), sk::InvalidArgument);
+  CHECK_THROWS_AS(
+      ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{w.views, g.views, {}, {}}),
+      sk::InvalidArgument);
   o.nesterov = true;
   o.dampening = 0.1f;
-  CHECK_THROWS_AS(b.sgd_step(o, ops::SgdTensors{w.views, g.views, w.views, {}}), sk::InvalidArgument);
+  CHECK_THROWS_AS(
+      ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{w.views, g.views, w.views, {}}),
+      sk::InvalidArgument);
   ops::SgdOptions decayed;
   decayed.weight_decay = 0.1f;
-  CHECK_THROWS_AS(b.larc_sgd_step(decayed, ops::LarcOptions{}, ops::SgdTensors{w.views, g.views, {}, {}}),
+  CHECK_THROWS_AS(ops::larc_sgd_step<typename B::Ops>(b.ctx, decayed, ops::LarcOptions{},
+                                                      ops::SgdTensors{w.views, g.views, {}, {}}),
                   sk::InvalidArgument);
-  CHECK_THROWS_AS(b.cast(w.views, g.views), sk::InvalidArgument);  // f32 -> f32 is no fused cast
+  CHECK_THROWS_AS(ops::cast<typename B::Ops>(b.ctx, w.views, g.views),
+                  sk::InvalidArgument);  // f32 -> f32 is no fused cast
   // Empty lists are a no-op.
-  b.sgd_step(ops::SgdOptions{}, ops::SgdTensors{});
+  ops::sgd_step<typename B::Ops>(b.ctx, ops::SgdOptions{}, ops::SgdTensors{});
 }
 
 }  // namespace ops_test

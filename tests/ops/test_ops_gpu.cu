@@ -1,29 +1,22 @@
 // Fused ops on a CUDA GPU: the same cases as the CPU executable (float64 references, poisoned
 // outputs, edge sizes, unaligned segments), plus GPU-against-CPU runs of the same step.
 #include "cpu_backend.hpp"
-#include "kernels/ops/ops.cuh"
+#include "kernels/ops/cuda_backend.cuh"
 #include "kernels/shardkit_cuda.cuh"
 
 namespace ops_test {
 
 struct CudaBackend {
+  using Ops = ops::Cuda;
   std::unique_ptr<sk::Context> owned = sk::make_cuda_context(0, 0, 1);
   sk::Context& ctx = *owned;
 
   sk::Tensor upload(const sk::Tensor& host) { return sk::to_device(ctx, host, ctx.device()); }
   sk::Tensor download(const sk::Tensor& t) { return sk::to_device(ctx, t, sk::Device::cpu()); }
-  sk::Tensor zeros(sk::Shape shape, sk::DType dtype) { return sk::zeros(ctx, std::move(shape), dtype); }
-  void fill(const sk::Tensor& t, double value) { sk::fill(ctx, t, value); }
-
-  template <class... A> void sgd_step(A&&... a) { ops::cuda::sgd_step(ctx, a...); }
-  template <class... A> void larc_sgd_step(A&&... a) { ops::cuda::larc_sgd_step(ctx, a...); }
-  template <class... A> void adam_step(A&&... a) { ops::cuda::adam_step(ctx, a...); }
-  template <class... A> void cast(A&&... a) { ops::cuda::cast(ctx, a...); }
-  template <class... A> void unscale_and_check(A&&... a) { ops::cuda::unscale_and_check(ctx, a...); }
-  template <class... A> void larc_coefficients(A&&... a) { ops::cuda::larc_coefficients(ctx, a...); }
-  template <class... A> void segment_sums_of_squares(A&&... a) {
-    ops::cuda::segment_sums_of_squares(ctx, a...);
+  sk::Tensor zeros(sk::Shape shape, sk::DType dtype) {
+    return sk::zeros(ctx, std::move(shape), dtype);
   }
+  void fill(const sk::Tensor& t, double value) { sk::fill(ctx, t, value); }
 };
 
 using Backend = CudaBackend;
@@ -47,8 +40,10 @@ TEST_CASE("LARC-SGD on the GPU equals the CPU run of the same steps") {
     const auto g0 = random_values(layout.total, 0.5, 1.5, 92 + static_cast<std::uint32_t>(step));
     Flat<CpuBackend> gc(cpu, g0, layout);
     Flat<CudaBackend> gg(gpu, g0, layout);
-    cpu.larc_sgd_step(o, larc, ops::SgdTensors{wc.views, gc.views, bc.views, {}});
-    gpu.larc_sgd_step(o, larc, ops::SgdTensors{wg.views, gg.views, bg.views, {}});
+    ops::larc_sgd_step<ops::Cpu>(cpu.ctx, o, larc,
+                                 ops::SgdTensors{wc.views, gc.views, bc.views, {}});
+    ops::larc_sgd_step<ops::Cuda>(gpu.ctx, o, larc,
+                                  ops::SgdTensors{wg.views, gg.views, bg.views, {}});
     check_close(wg.values(gpu), widen(wc.values(cpu)), layout, "param (GPU vs CPU)");
     check_close(bg.values(gpu), widen(bc.values(cpu)), layout, "momentum (GPU vs CPU)");
   }

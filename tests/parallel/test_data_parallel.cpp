@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "dp_test_model.hpp"
-#include "shardkit/optim/cpu_backend.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::optim::CpuOps;
+using Cpu = sk::ops::Cpu;
 
 TEST_CASE("OSS and SDP equal DDP bitwise after 20 steps (greedy partition)") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {

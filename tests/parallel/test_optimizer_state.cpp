@@ -9,11 +9,11 @@
 
 #include "dp_test_model.hpp"
 #include "shardkit/io/optimizer_state_file.hpp"
-#include "shardkit/optim/cpu_backend.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::optim::CpuOps;
+using Cpu = sk::ops::Cpu;
 using sk::optim::OptimizerState;
 
 namespace {

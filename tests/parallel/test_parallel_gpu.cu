@@ -1,6 +1,6 @@
 // DDP, OSS (ZeRO-1) and SDP (ZeRO-2) on a CUDA GPU: ranks are threads sharing the one GPU over
 // the in-process communicator over device memory (NCCL refuses two ranks on one GPU), with the
-// fused CUDA optimizer kernels (CudaOps). OSS and SDP equal DDP to 1e-6 after 20 steps, GPU DDP
+// fused CUDA optimizer kernels (sk::ops::Cuda). OSS and SDP equal DDP to 1e-6 after 20 steps, GPU DDP
 // equals CPU DDP to rounding, memory per rank follows the stage, and the optimizer state
 // consolidates and resumes on the device.
 #include <doctest/doctest.h>
@@ -9,12 +9,12 @@
 
 #include "dp_test_model.hpp"
 #include "kernels/shardkit_cuda.cuh"
-#include "shardkit/optim/cpu_backend.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::optim::CpuOps;
-using Gpu = sk::optim::CudaOps;
+using Cpu = sk::ops::Cpu;
+using Gpu = sk::ops::Cuda;
 
 namespace {
 

@@ -10,7 +10,7 @@
 
 #include "shardkit/comm/mpi_communicator.hpp"
 #include "shardkit/core/mpi_check.hpp"
-#include "shardkit/optim/cpu_backend.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/data_parallel.hpp"
 
 namespace sk = shardkit;
@@ -37,7 +37,7 @@ std::vector<float> train(Stage stage, sk::optim::OptimizerKind kind, sk::shard::
   options.stage = stage;
   options.partition = partition;
   options.buckets.bucket_bytes = 1024;
-  sk::parallel::DataParallel<sk::optim::CpuOps> dp(ctx, *comm, specs(), config, options);
+  sk::parallel::DataParallel<sk::ops::Cpu> dp(ctx, *comm, specs(), config, options);
   ctx.manual_seed(static_cast<std::uint64_t>(comm->rank()) + 5);  // different on every rank
   for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
   dp.broadcast_parameters(0);

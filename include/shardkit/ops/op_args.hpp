@@ -1,5 +1,5 @@
-// The tensor arguments of the fused ops and their checking, shared by the CPU entry points
-// (cpu_ops.hpp) and the CUDA ones (kernels/ops/ops.cuh): both accept exactly the same calls.
+// The tensor arguments of the fused ops and their checking, shared by the entry points of every
+// backend (fused_ops.hpp).
 #pragma once
 
 #include <span>
@@ -39,25 +39,23 @@ inline SpanList<4> sgd_spans(const Context& ctx, const SgdOptions& o, const SgdT
   validate(o);
   const bool with_momentum = o.momentum != 0;
   const std::span<const Tensor> none;
-  return make_spans<4>(ctx, "sgd_step",
-                       {OperandList{t.params, DType::f32, "params"},
-                        OperandList{t.grads, DType::f32, "grads"},
-                        OperandList{with_momentum ? t.momentum : none, DType::f32, "momentum"},
-                        OperandList{t.low_copies, low_copy_dtype(t.low_copies, "sgd_step"),
-                                    "low_copies"}},
-                       {true, true, with_momentum, false});
+  return make_spans<4>(
+      ctx, "sgd_step",
+      {OperandList{t.params, DType::f32, "params"}, OperandList{t.grads, DType::f32, "grads"},
+       OperandList{with_momentum ? t.momentum : none, DType::f32, "momentum"},
+       OperandList{t.low_copies, low_copy_dtype(t.low_copies, "sgd_step"), "low_copies"}},
+      {true, true, with_momentum, false});
 }
 
 inline SpanList<5> adam_spans(const Context& ctx, const AdamOptions& o, const AdamTensors& t) {
   validate(o);
-  return make_spans<5>(ctx, "adam_step",
-                       {OperandList{t.params, DType::f32, "params"},
-                        OperandList{t.grads, DType::f32, "grads"},
-                        OperandList{t.exp_avg, DType::f32, "exp_avg"},
-                        OperandList{t.exp_avg_sq, DType::f32, "exp_avg_sq"},
-                        OperandList{t.low_copies, low_copy_dtype(t.low_copies, "adam_step"),
-                                    "low_copies"}},
-                       {true, true, true, true, false});
+  return make_spans<5>(
+      ctx, "adam_step",
+      {OperandList{t.params, DType::f32, "params"}, OperandList{t.grads, DType::f32, "grads"},
+       OperandList{t.exp_avg, DType::f32, "exp_avg"},
+       OperandList{t.exp_avg_sq, DType::f32, "exp_avg_sq"},
+       OperandList{t.low_copies, low_copy_dtype(t.low_copies, "adam_step"), "low_copies"}},
+      {true, true, true, true, false});
 }
 
 // Checks a tensor of per-span results: dtype, shape and device.
@@ -91,7 +89,8 @@ inline SpanList<2> cast_spans(const Context& ctx, std::span<const Tensor> src,
                          (to == DType::f32 && (from == DType::f16 || from == DType::bf16));
   check(supported, "cast: ", dtype_name(from), " -> ", dtype_name(to),
         " is not a fused cast; use f32 <-> f16 or f32 <-> bf16 (sk::copy converts any pair)");
-  return make_spans<2>(ctx, "cast", {OperandList{src, from, "sources"}, OperandList{dst, to, "destinations"}},
+  return make_spans<2>(ctx, "cast",
+                       {OperandList{src, from, "sources"}, OperandList{dst, to, "destinations"}},
                        {true, true});
 }
 

@@ -1,13 +1,16 @@
 // The fused-ops layer: element functors (SGD, LARC coefficients, Adam/AdamW, casts, sums of
-// squares, unscale) and their CPU entry points. CUDA entry points: kernels/ops/ops.cuh.
+// squares, unscale), their entry points over a backend tag, and the CPU backend. The CUDA
+// backend: kernels/ops/cuda_backend.cuh.
 #pragma once
 
 #include "shardkit/ops/adam.hpp"
+#include "shardkit/ops/backend.hpp"
 #include "shardkit/ops/cast.hpp"
 #include "shardkit/ops/cpu_apply.hpp"
-#include "shardkit/ops/cpu_ops.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/ops/element.hpp"
 #include "shardkit/ops/functor.hpp"
+#include "shardkit/ops/fused_ops.hpp"
 #include "shardkit/ops/larc.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/op_args.hpp"

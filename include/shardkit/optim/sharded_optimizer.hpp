@@ -13,6 +13,7 @@
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/adam.hpp"
+#include "shardkit/ops/fused_ops.hpp"
 #include "shardkit/ops/larc.hpp"
 #include "shardkit/ops/op_args.hpp"
 #include "shardkit/ops/sgd.hpp"
@@ -24,16 +25,21 @@ enum class OptimizerKind { sgd, larc_sgd, adam, adamw };
 
 inline std::string_view optimizer_kind_name(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::sgd: return "sgd";
-    case OptimizerKind::larc_sgd: return "larc_sgd";
-    case OptimizerKind::adam: return "adam";
-    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd:
+      return "sgd";
+    case OptimizerKind::larc_sgd:
+      return "larc_sgd";
+    case OptimizerKind::adam:
+      return "adam";
+    case OptimizerKind::adamw:
+      return "adamw";
   }
   return "?";
 }
 
 inline OptimizerKind parse_optimizer_kind(std::string_view name) {
-  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adam, OptimizerKind::adamw})
+  for (auto kind :
+       {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adam, OptimizerKind::adamw})
     if (optimizer_kind_name(kind) == name) return kind;
   fail<InvalidArgument>("unknown optimizer '", name, "'; use sgd, larc_sgd, adam or adamw");
 }
@@ -45,17 +51,21 @@ struct OptimizerConfig {
   ops::AdamOptions adam;  // adam, adamw
 };
 
-template <class Ops>
+template <class Backend>
 class ShardedOptimizer {
  public:
   // `pieces` lie inside flat-buffer elements [region_begin, region_begin + region_numel); the
   // state covers that region. `norm_comm` completes LARC norms of parameters spanning ranks
   // (nullptr when every parameter is whole here).
-  ShardedOptimizer(Context& ctx, const shard::ShardPlan& plan, std::vector<shard::ParamPiece> pieces,
-                   std::int64_t region_begin, std::int64_t region_numel, OptimizerConfig config,
-                   comm::Communicator* norm_comm)
-      : ctx_(&ctx), plan_(&plan), pieces_(std::move(pieces)), region_begin_(region_begin),
-        config_(config), norm_comm_(norm_comm) {
+  ShardedOptimizer(Context& ctx, const shard::ShardPlan& plan,
+                   std::vector<shard::ParamPiece> pieces, std::int64_t region_begin,
+                   std::int64_t region_numel, OptimizerConfig config, comm::Communicator* norm_comm)
+      : ctx_(&ctx),
+        plan_(&plan),
+        pieces_(std::move(pieces)),
+        region_begin_(region_begin),
+        config_(config),
+        norm_comm_(norm_comm) {
     if (config_.kind == OptimizerKind::larc_sgd) {
       // LARC takes the weight decay over (docs/semantics.md): the wrapped SGD runs without it.
       if (config_.larc.weight_decay == 0) config_.larc.weight_decay = config_.sgd.weight_decay;
@@ -63,7 +73,8 @@ class ShardedOptimizer {
       ops::validate(config_.larc);
     }
     if (config_.kind == OptimizerKind::adamw) config_.adam.decoupled_weight_decay = true;
-    const bool two_states = config_.kind == OptimizerKind::adam || config_.kind == OptimizerKind::adamw;
+    const bool two_states =
+        config_.kind == OptimizerKind::adam || config_.kind == OptimizerKind::adamw;
     const bool one_state = !two_states && config_.sgd.momentum != 0;
     if (one_state || two_states)
       state_a_ = zeros(ctx, {region_numel}, DType::f32, MemoryCategory::optimizer_state);
@@ -89,7 +100,7 @@ class ShardedOptimizer {
     ++steps_;
     if (pieces_.empty()) {  // more ranks than parameters: nothing to update here, but the
       if (config_.kind == OptimizerKind::larc_sgd && norm_comm_ != nullptr)  // norm all-reduce
-        (void)larc_coefficients(p, g, lr, inv_grad_scale);                 // is collective
+        (void)larc_coefficients(p, g, lr, inv_grad_scale);                   // is collective
       return;
     }
     switch (config_.kind) {
@@ -98,7 +109,7 @@ class ShardedOptimizer {
         o.lr = lr;
         o.first_step = steps_ == 1;
         o.inv_grad_scale = inv_grad_scale;
-        Ops::sgd_step(*ctx_, o, ops::SgdTensors{p, g, a, {}});
+        ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, {}});
         break;
       }
       case OptimizerKind::larc_sgd: {
@@ -106,7 +117,7 @@ class ShardedOptimizer {
         o.lr = lr;
         o.first_step = steps_ == 1;
         const Tensor coefficients = larc_coefficients(p, g, lr, inv_grad_scale);
-        Ops::sgd_step(*ctx_, o, ops::SgdTensors{p, g, a, {}}, coefficients);
+        ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, {}}, coefficients);
         break;
       }
       case OptimizerKind::adam:
@@ -115,7 +126,7 @@ class ShardedOptimizer {
         o.lr = lr;
         o.step = steps_;
         o.inv_grad_scale = inv_grad_scale;
-        Ops::adam_step(*ctx_, o, ops::AdamTensors{p, g, a, b, {}});
+        ops::adam_step<Backend>(*ctx_, o, ops::AdamTensors{p, g, a, b, {}});
         break;
       }
     }
@@ -144,7 +155,7 @@ class ShardedOptimizer {
     std::vector<double> piece_values(static_cast<std::size_t>(2 * n), 0.0);
     if (n > 0) {
       const Tensor piece_sums = empty(*ctx_, {2, n}, DType::f64, MemoryCategory::other);
-      Ops::segment_sums_of_squares(*ctx_, p, g, piece_sums);
+      ops::segment_sums_of_squares<Backend>(*ctx_, p, g, piece_sums);
       piece_values = to_vector<double>(*ctx_, piece_sums);
     }
     // Add the pieces of each parameter, then (if needed) over ranks, on the host: 2 x P values.
@@ -167,7 +178,7 @@ class ShardedOptimizer {
     }
     const Tensor sums = from_vector(*ctx_, per_piece, {2, n});
     const Tensor coefficients = empty(*ctx_, {n, 2}, DType::f32, MemoryCategory::other);
-    Ops::larc_coefficients(*ctx_, config_.larc, lr, inv_grad_scale, sums, coefficients);
+    ops::larc_coefficients<Backend>(*ctx_, config_.larc, lr, inv_grad_scale, sums, coefficients);
     return coefficients;
   }
 

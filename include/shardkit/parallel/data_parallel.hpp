@@ -54,7 +54,7 @@ struct DataParallelOptions {
   bool broadcast_fp16 = false;  // oss/sdp: parameters travel as f16 after the step
 };
 
-template <class Ops>
+template <class Backend>
 class DataParallel {
  public:
   DataParallel(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
@@ -114,7 +114,7 @@ class DataParallel {
     if (options_.stage != Stage::ddp) sync_parameters(comm_->rank());
   }
 
-  const optim::ShardedOptimizer<Ops>& optimizer() const { return optimizer_; }
+  const optim::ShardedOptimizer<Backend>& optimizer() const { return optimizer_; }
 
   // The whole optimizer state on `recipient`, an empty OptimizerState on the other ranks
   // (FairScale's consolidate_state_dict). Collective: every rank calls it. Under oss/sdp each
@@ -232,7 +232,7 @@ class DataParallel {
   }
 
  private:
-  optim::ShardedOptimizer<Ops> make_optimizer(const optim::OptimizerConfig& config) {
+  optim::ShardedOptimizer<Backend> make_optimizer(const optim::OptimizerConfig& config) {
     const int rank = comm_->rank();
     if (options_.stage == Stage::ddp) {
       std::vector<shard::ParamPiece> all;
@@ -240,11 +240,11 @@ class DataParallel {
         const auto& slot = plan_.layout()[i];
         all.push_back(shard::ParamPiece{i, 0, slot.numel, slot.offset});
       }
-      return optim::ShardedOptimizer<Ops>(*ctx_, plan_, std::move(all), 0, plan_.trainable_end(),
+      return optim::ShardedOptimizer<Backend>(*ctx_, plan_, std::move(all), 0, plan_.trainable_end(),
                                           config, nullptr);
     }
     comm::Communicator* norms = plan_.any_parameter_spans_ranks() ? comm_ : nullptr;
-    return optim::ShardedOptimizer<Ops>(*ctx_, plan_, plan_.pieces(rank), plan_.begin(rank),
+    return optim::ShardedOptimizer<Backend>(*ctx_, plan_, plan_.pieces(rank), plan_.begin(rank),
                                         plan_.numel(rank), config, norms);
   }
 
@@ -289,7 +289,7 @@ class DataParallel {
   shard::ShardPlan plan_;
   shard::FlatBuffer params_;
   shard::GradBucketer bucketer_;
-  optim::ShardedOptimizer<Ops> optimizer_;
+  optim::ShardedOptimizer<Backend> optimizer_;
   std::vector<Tensor> piece_grads_;  // the averaged gradient of each piece the optimizer updates
 };
 

@@ -1,0 +1,47 @@
+// What a fused-op backend is: the launcher that applies an element functor (functor.hpp) over
+// spans on one kind of device, plus the few per-tensor steps that are not element-wise. The
+// fused ops (fused_ops.hpp) are written once over a backend given as a compile-time tag:
+//
+//   sk::ops::sgd_step<sk::ops::Cpu>(ctx, options, tensors);   //
+//   include/shardkit/ops/cpu_backend.hpp sk::ops::sgd_step<sk::ops::Cuda>(ctx, options, tensors);
+//   // kernels/ops/cuda_backend.cuh (nvcc)
+//
+// The same tag is the template argument of the optimizer and the data-parallel engines.
+#pragma once
+
+#include <concepts>
+#include <string_view>
+
+#include "shardkit/core/context.hpp"
+#include "shardkit/core/tensor.hpp"
+#include "shardkit/ops/larc.hpp"
+
+namespace shardkit::ops {
+
+// A backend B provides, as static members:
+//   name                                   "cpu", "cuda"
+//   check_context(ctx, op)                 throws unless ctx is on B's kind of device
+//   apply(ctx, functor, spans)             runs a functor without sums
+//   apply_sums(ctx, functor, spans, sums, found_nonfinite)
+//                                          a summing functor: sums f64 [kSums, n] on ctx's
+//                                          device; found_nonfinite (f32 [1], optional) is set to
+//                                          1 when a sum is inf or NaN
+//   larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients)
+//                                          per-tensor LARC factors from whole-tensor sums
+//   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale)
+//                                          LARC-SGD over whole tensors, in the order that
+//                                          reuses the device's cache best
+template <class B>
+concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t) {
+  { B::name } -> std::convertible_to<std::string_view>;
+  B::check_context(ctx, "op");
+  B::larc_coefficients(ctx, larc, 1.0f, 1.0f, t, t);
+};
+
+// The message of the static_assert every entry point makes: what B must be.
+#define SK_REQUIRE_OPS_BACKEND(B, op)                                                     \
+  static_assert(::shardkit::ops::OpsBackend<B>, op                                        \
+                ": the backend must be sk::ops::Cpu (<shardkit/ops/cpu_backend.hpp>) or " \
+                "sk::ops::Cuda (<kernels/ops/cuda_backend.cuh>, from a .cu file)")
+
+}  // namespace shardkit::ops

@@ -1,0 +1,160 @@
+// The fused ops, one entry point each, over a backend tag (backend.hpp): the arguments are
+// checked and turned into spans here, once; the backend only launches.
+//
+//   sgd_step<B>                 SGD over many tensors (weight decay, momentum, unscale, and an
+//                               optional f16/bf16 copy of the result, in one pass)
+//   sgd_step<B>(..., coefficients)   the same with per-tensor (grad, param) factors (LARC)
+//   segment_sums_of_squares<B>  per-span sums of squares (pieces of L2 norms)
+//   larc_coefficients<B>        per-tensor LARC factors from whole-tensor sums
+//   larc_sgd_step<B>            LARC-SGD where every tensor is whole here
+//   adam_step<B>                Adam / AdamW
+//   cast<B>                     f32 <-> f16 / bf16
+//   unscale_and_check<B>        g *= 1/scale, with the finite check and the norms in the pass
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "shardkit/core/tensor_ops.hpp"
+#include "shardkit/ops/backend.hpp"
+#include "shardkit/ops/cast.hpp"
+#include "shardkit/ops/norms.hpp"
+#include "shardkit/ops/op_args.hpp"
+
+namespace shardkit::ops {
+
+// SGD over all parameters with the options' weight decay and unscale.
+template <class B>
+void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors) {
+  SK_REQUIRE_OPS_BACKEND(B, "sgd_step");
+  B::check_context(ctx, "sgd_step");
+  const auto spans = sgd_spans(ctx, options, tensors);
+  visit_sgd_functor(options, low_copy_dtype(tensors.low_copies, "sgd_step"), nullptr,
+                    [&](const auto& op) { B::apply(ctx, op, spans); });
+}
+
+// SGD with per-parameter gradient coefficients (f32 [n, 2] on the context's device, e.g. from
+// larc_coefficients): the rule uses g' = c[i][0]·g + c[i][1]·w, so options.weight_decay and
+// inv_grad_scale must already be folded into them (both at their neutral values here).
+template <class B>
+void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors,
+              const Tensor& coefficients) {
+  SK_REQUIRE_OPS_BACKEND(B, "sgd_step");
+  B::check_context(ctx, "sgd_step");
+  check(options.weight_decay == 0 && options.inv_grad_scale == 1,
+        "sgd_step with coefficients: fold weight_decay and inv_grad_scale into the coefficients "
+        "(larc_coefficients does) and leave them at 0 and 1 in the options");
+  const auto spans = sgd_spans(ctx, options, tensors);
+  const auto* per_segment = coefficients_data(ctx, coefficients, spans.size(), "sgd_step");
+  visit_sgd_functor(options, low_copy_dtype(tensors.low_copies, "sgd_step"), per_segment,
+                    [&](const auto& op) { B::apply(ctx, op, spans); });
+}
+
+// Sums of squares per span: sums is f64 [1, n] for one list, [2, n] with a second list (e.g.
+// params and grads in one pass). Partial sums, to be added over the segments of one tensor
+// (and over ranks) before the square root.
+template <class B>
+void segment_sums_of_squares(Context& ctx, std::span<const Tensor> first,
+                             std::span<const Tensor> second, const Tensor& sums) {
+  SK_REQUIRE_OPS_BACKEND(B, "segment_sums_of_squares");
+  B::check_context(ctx, "segment_sums_of_squares");
+  const auto n = static_cast<std::int64_t>(first.size());
+  if (second.empty()) {
+    const auto spans = make_spans<1>(ctx, "segment_sums_of_squares",
+                                     {OperandList{first, DType::f32, "tensors"}}, {true});
+    check_result_tensor(ctx, sums, DType::f64, {1, n}, "segment_sums_of_squares", "sums");
+    if (n > 0) B::apply_sums(ctx, SumOfSquaresFunctor<1>{}, spans, sums, Tensor());
+  } else {
+    const auto spans = make_spans<2>(
+        ctx, "segment_sums_of_squares",
+        {OperandList{first, DType::f32, "first"}, OperandList{second, DType::f32, "second"}},
+        {true, true});
+    check_result_tensor(ctx, sums, DType::f64, {2, n}, "segment_sums_of_squares", "sums");
+    if (n > 0) B::apply_sums(ctx, SumOfSquaresFunctor<2>{}, spans, sums, Tensor());
+  }
+}
+
+// LARC coefficients per parameter from whole-tensor sums (f64 [2, n]: params' then grads'
+// sums of squares, already added over segments and ranks) into f32 [n, 2].
+template <class B>
+void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float inv_grad_scale,
+                       const Tensor& sums, const Tensor& coefficients) {
+  SK_REQUIRE_OPS_BACKEND(B, "larc_coefficients");
+  B::check_context(ctx, "larc_coefficients");
+  validate(larc);
+  check(sums.dim() == 2 && sums.size(0) == 2, "larc_coefficients: sums must be f64 [2, n], got ",
+        sums.str());
+  const auto n = sums.size(1);
+  check_result_tensor(ctx, sums, DType::f64, {2, n}, "larc_coefficients", "sums");
+  check_result_tensor(ctx, coefficients, DType::f32, {n, 2}, "larc_coefficients", "coefficients");
+  if (n > 0) B::larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients);
+}
+
+// LARC-SGD where every tensor lies whole in this process (no shards). options.weight_decay must
+// be 0: LARC takes larc.weight_decay over.
+template <class B>
+void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& larc,
+                   const SgdTensors& tensors) {
+  SK_REQUIRE_OPS_BACKEND(B, "larc_sgd_step");
+  B::check_context(ctx, "larc_sgd_step");
+  validate(larc);
+  check(options.weight_decay == 0, "larc_sgd_step: LARC takes weight decay over; pass it as ",
+        "LarcOptions::weight_decay and leave SgdOptions::weight_decay at 0 (got ",
+        options.weight_decay, ")");
+  const auto spans = sgd_spans(ctx, options, tensors);
+  if (spans.empty()) return;
+  SgdOptions plain = options;
+  plain.inv_grad_scale = 1.0f;  // folded into the coefficients
+  visit_sgd_functor(
+      plain, low_copy_dtype(tensors.low_copies, "larc_sgd_step"), nullptr,
+      [&](auto op) { B::larc_sgd(ctx, op, spans, larc, options.lr, options.inv_grad_scale); });
+}
+
+template <class B>
+void adam_step(Context& ctx, const AdamOptions& options, const AdamTensors& tensors) {
+  SK_REQUIRE_OPS_BACKEND(B, "adam_step");
+  B::check_context(ctx, "adam_step");
+  const auto spans = adam_spans(ctx, options, tensors);
+  visit_adam_functor(options, low_copy_dtype(tensors.low_copies, "adam_step"),
+                     [&](const auto& op) { B::apply(ctx, op, spans); });
+}
+
+// dst[i] = src[i] converted: f32 -> f16/bf16 (round to nearest even) or f16/bf16 -> f32.
+template <class B>
+void cast(Context& ctx, std::span<const Tensor> src, std::span<const Tensor> dst) {
+  SK_REQUIRE_OPS_BACKEND(B, "cast");
+  B::check_context(ctx, "cast");
+  DType from, to;
+  const auto spans = cast_spans(ctx, src, dst, from, to);
+  if (from == DType::f32 && to == DType::f16)
+    return B::apply(ctx, CastFunctor<float, Half>{}, spans);
+  if (from == DType::f32) return B::apply(ctx, CastFunctor<float, BFloat16>{}, spans);
+  if (from == DType::f16) return B::apply(ctx, CastFunctor<Half, float>{}, spans);
+  B::apply(ctx, CastFunctor<BFloat16, float>{}, spans);
+}
+
+// The loss scaler's pass: grads *= inv_scale; found_nonfinite (f32 [1]) is set to 1 when any
+// unscaled gradient is inf or NaN and left alone otherwise (zero it first; several calls
+// accumulate, as PyTorch's found_inf does). If `sums` is defined (f64 [1, n]) it receives each
+// span's sum of squares of the unscaled gradients: the gradient norms, for free.
+template <class B>
+void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> grads,
+                       const Tensor& found_nonfinite, const Tensor& sums = Tensor()) {
+  SK_REQUIRE_OPS_BACKEND(B, "unscale_and_check");
+  B::check_context(ctx, "unscale_and_check");
+  const auto spans =
+      make_spans<1>(ctx, "unscale_and_check", {OperandList{grads, DType::f32, "grads"}}, {true});
+  const auto n = static_cast<std::int64_t>(spans.size());
+  check_result_tensor(ctx, found_nonfinite, DType::f32, {1}, "unscale_and_check",
+                      "found_nonfinite");
+  Tensor out = sums;
+  if (sums.defined())
+    check_result_tensor(ctx, sums, DType::f64, {1, n}, "unscale_and_check", "sums");
+  else
+    out = empty(ctx, {1, n}, DType::f64);
+  UnscaleFunctor op;
+  op.inv_scale = inv_scale;
+  if (n > 0) B::apply_sums(ctx, op, spans, out, found_nonfinite);
+}
+
+}  // namespace shardkit::ops

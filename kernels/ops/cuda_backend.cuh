@@ -1,0 +1,95 @@
+// The CUDA backend of the fused ops (the twin of include/shardkit/ops/cpu_backend.hpp): the
+// functors run through the multi-tensor launcher on the context's stream. Every call is
+// asynchronous; results land in device tensors. Include from .cu files only.
+#pragma once
+
+#include <string_view>
+
+#include "kernels/ops/multi_tensor_apply.cuh"
+#include "shardkit/ops/backend.hpp"
+#include "shardkit/ops/fused_ops.hpp"
+#include "shardkit/ops/sgd.hpp"
+
+namespace shardkit::ops {
+
+namespace cuda {
+
+// One thread per tensor: sums (f64 [2, n], read from the back when `reversed`) -> coefficients.
+__global__ void larc_coefficients_kernel(const double* sums, std::int64_t n, bool reversed,
+                                         LarcOptions larc, float lr, float inv_grad_scale,
+                                         SgdCoefficients* out) {
+  const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (i >= n) return;
+  const std::int64_t at = reversed ? n - 1 - i : i;
+  out[i] = ops::larc_coefficients(sums[at], sums[n + at], larc, lr, inv_grad_scale);
+}
+
+inline void launch_larc_coefficients(Context& ctx, const double* sums, std::int64_t n,
+                                     bool reversed, const LarcOptions& larc, float lr,
+                                     float inv_grad_scale, SgdCoefficients* out) {
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  larc_coefficients_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(sums, n, reversed, larc, lr,
+                                                                  inv_grad_scale, out);
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::larc_coefficients_kernel");
+}
+
+}  // namespace cuda
+
+struct Cuda {
+  static constexpr std::string_view name = "cuda";
+
+  static void check_context(const Context& ctx, const char* op) {
+    check(ctx.device().is_cuda(), op, "<sk::ops::Cuda> needs a CUDA context, got ",
+          ctx.device().str(), "; use sk::ops::Cpu for the CPU");
+  }
+
+  template <class F>
+  static void apply(Context& ctx, const F& op, const SpanList<F::kDepth>& spans) {
+    static_assert(F::kSums == 0, "summing functors go through apply_sums");
+    cuda::apply(ctx, op, spans);
+  }
+
+  template <class F>
+  static void apply_sums(Context& ctx, const F& op, const SpanList<F::kDepth>& spans,
+                         const Tensor& sums, const Tensor& found_nonfinite) {
+    static_assert(F::kSums > 0, "apply_sums needs a summing functor");
+    cuda::apply(ctx, op, spans, sums.data<double>(),
+                found_nonfinite.defined() ? found_nonfinite.data<float>() : nullptr);
+  }
+
+  static void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr,
+                                float inv_grad_scale, const Tensor& sums,
+                                const Tensor& coefficients) {
+    cuda::launch_larc_coefficients(ctx, sums.data<double>(), sums.size(1), false, larc, lr,
+                                   inv_grad_scale,
+                                   static_cast<SgdCoefficients*>(coefficients.data_ptr()));
+  }
+
+  // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.
+  // The norms pass walks the tensors last to first, so the update's first reads find the L2
+  // holding what it needs.
+  template <class Sgd>
+  static void larc_sgd(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
+                       float lr, float inv_grad_scale) {
+    const auto n = static_cast<std::int64_t>(spans.size());
+    SpanList<2> reversed(spans.size());
+    for (std::size_t s = 0; s < spans.size(); ++s) {
+      const auto& span = spans[spans.size() - 1 - s];
+      reversed[s].data = {span.data[0], span.data[1]};
+      reversed[s].size = span.size;
+    }
+    Tensor sums = empty(ctx, {2, n}, DType::f64);
+    Tensor coefficients = empty(ctx, {n, 2}, DType::f32);
+    cuda::apply(ctx, SumOfSquaresFunctor<2>{}, reversed, sums.data<double>());
+    cuda::launch_larc_coefficients(ctx, sums.data<double>(), n, true, larc, lr, inv_grad_scale,
+                                   static_cast<SgdCoefficients*>(coefficients.data_ptr()));
+    op.per_segment = static_cast<const SgdCoefficients*>(coefficients.data_ptr());
+    cuda::apply(ctx, op, spans);
+  }
+};
+
+static_assert(OpsBackend<Cuda>);
+
+}  // namespace shardkit::ops
