@@ -1,8 +1,7 @@
-// Everything shardkit offers to .cu translation units: the host API plus the CUDA kernels.
+// Everything shardkit offers to .cu translation units: the host API, the CUDA kernels of every
+// layer, the CUDA ops backend, and the one way to make a CUDA Context (cuda_context.cuh).
 #pragma once
 
-#include "shardkit/shardkit.hpp"
-#include "kernels/core/tensor_kernels.cuh"
-#include "kernels/comm/reduce_kernels.cuh"
+#include "kernels/cuda_context.cuh"
 #include "kernels/ops/cuda_backend.cuh"
-#include "kernels/autograd/autograd_kernels.cuh"
+#include "shardkit/shardkit.hpp"

@@ -38,7 +38,7 @@ void time_workload(benchmark::State& state, sk::Context& ctx, const wl::Workload
 
 // TF32 on, as PyTorch's cuDNN convolutions default to, so the figures compare with its eager mode.
 std::unique_ptr<sk::Context> gpu_context(benchmark::State&) {
-  auto ctx = sk::autograd::make_cuda_context(0, 0, 1);
+  auto ctx = sk::make_cuda_context(0, 0, 1);
   sk::autograd::cuda::libraries(*ctx).allow_tf32 = true;
   return ctx;
 }

@@ -1,11 +1,10 @@
-// The CUDA side of autograd's function table: the table itself and how a CUDA Context gets it.
+// The CUDA side of autograd's function table (a CUDA Context gets it from
+// kernels/cuda_context.cuh with the other layers' tables).
 // The kernels behind it live one concept per file beside this one (common, elementwise, rowwise,
 // cross_entropy, pooling); including this header still brings them all. Half types load and
 // store as f16/bf16 and compute in f32; double stays double. Reductions are deterministic (one
 // block per row or channel, fixed tree order), so repeated runs give the same bits.
 #pragma once
-
-#include <memory>
 
 #include "kernels/autograd/common.cuh"
 #include "kernels/autograd/cross_entropy.cuh"
@@ -19,23 +18,20 @@ namespace shardkit::autograd {
 inline const AutogradKernels* cuda_kernels_table() {
   namespace k = cuda_kernels;
   static constexpr AutogradKernels kTable{
-      &k::pointwise,           &k::channel_sum,           &k::channel_bias_add,
-      &k::softmax_forward,     &k::softmax_backward,      &k::l2_normalize_forward,
-      &k::l2_normalize_backward, &k::cross_entropy_forward, &k::cross_entropy_backward,
-      &k::adaptive_avg_pool_forward, &k::adaptive_avg_pool_backward,
+      &k::pointwise,
+      &k::channel_sum,
+      &k::channel_bias_add,
+      &k::softmax_forward,
+      &k::softmax_backward,
+      &k::l2_normalize_forward,
+      &k::l2_normalize_backward,
+      &k::cross_entropy_forward,
+      &k::cross_entropy_backward,
+      &k::adaptive_avg_pool_forward,
+      &k::adaptive_avg_pool_backward,
       &k::batch_norm_eval_backward,
   };
   return &kTable;
-}
-
-// Gives a CUDA context its autograd kernels (call once, from a .cu file).
-inline void install_cuda_kernels(Context& ctx) { cuda_kernel_slot(ctx).table = cuda_kernels_table(); }
-
-// A CUDA context ready for autograd: sk::make_cuda_context plus install_cuda_kernels.
-inline std::unique_ptr<Context> make_cuda_context(int device, int rank = 0, std::uint64_t seed = 0) {
-  auto ctx = shardkit::make_cuda_context(device, rank, seed);
-  install_cuda_kernels(*ctx);
-  return ctx;
 }
 
 }  // namespace shardkit::autograd

@@ -46,19 +46,3 @@ inline const DeviceCommKernels* device_comm_kernels() {
 }
 
 }  // namespace shardkit::comm::cuda
-
-namespace shardkit::comm {
-
-// run_ranks options for N ranks sharing CUDA GPU `device`, with core's and comm's kernels:
-//   sk::comm::run_ranks(4, fn, sk::comm::cuda_run_options(0));
-inline RunRanksOptions cuda_run_options(int device, CommOptions comm = {}, std::uint64_t seed = 0) {
-  RunRanksOptions options;
-  options.device = Device::cuda(device);
-  options.kernels = shardkit::cuda::device_kernels();
-  options.comm_kernels = cuda::device_comm_kernels();
-  options.comm = comm;
-  options.seed = seed;
-  return options;
-}
-
-}  // namespace shardkit::comm

@@ -1,9 +1,8 @@
 // CUDA kernels behind the core tensor operations (fill, strided/casting copy, Philox fills), the
-// DeviceKernels table that carries them, and the way to make a CUDA Context.
+// DeviceKernels table that carries them (a CUDA Context gets it from kernels/cuda_context.cuh).
 #pragma once
 
 #include <algorithm>
-#include <memory>
 
 #include "shardkit/core/cuda_check.hpp"
 #include "shardkit/core/tensor_ops.hpp"
@@ -126,18 +125,3 @@ inline const DeviceKernels* device_kernels() {
 }
 
 }  // namespace shardkit::cuda
-
-namespace shardkit {
-
-// Options for a Context on CUDA GPU `device`, wired to the kernels above:
-//   sk::Context ctx(sk::cuda_context_options(0));
-inline ContextOptions cuda_context_options(int device, int rank = 0, std::uint64_t seed = 0) {
-  return ContextOptions{Device::cuda(device), rank, seed, cuda::device_kernels()};
-}
-
-inline std::unique_ptr<Context> make_cuda_context(int device, int rank = 0,
-                                                  std::uint64_t seed = 0) {
-  return std::make_unique<Context>(cuda_context_options(device, rank, seed));
-}
-
-}  // namespace shardkit

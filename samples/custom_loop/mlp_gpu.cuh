@@ -15,8 +15,7 @@
 #include <functional>
 #include <vector>
 
-#include <kernels/comm/reduce_kernels.cuh>
-#include <kernels/core/tensor_kernels.cuh>
+#include <kernels/cuda_context.cuh>
 #include <kernels/ops/cuda_backend.cuh>
 #include <shardkit/autograd/cuda_libraries.hpp>
 #include <shardkit/comm/comm.hpp>

@@ -76,7 +76,7 @@ namespace {
 void compare_with_grads(const char* name, const std::vector<sk::Shape>& shapes, const Build& build,
                         double f32_tolerance = 1e-4) {
   sk::Context cpu({.seed = 1});
-  auto gpu = ag::make_cuda_context(0, 0, 1);
+  auto gpu = sk::make_cuda_context(0, 0, 1);
   for (sk::DType dtype : {sk::DType::f32, sk::DType::f16}) {
     CAPTURE(name);
     CAPTURE(sk::dtype_name(dtype));
@@ -153,7 +153,7 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
 }
 
 TEST_CASE("cross_entropy on the GPU rejects class labels outside [0, classes), as on the CPU") {
-  auto gpu = ag::make_cuda_context(0, 0, 3);
+  auto gpu = sk::make_cuda_context(0, 0, 3);
   Variable logits(sk::from_vector(*gpu, pattern(4 * 10, 1, sk::DType::f32), {4, 10}), true);
   const std::int64_t huge = std::int64_t{1} << 40;
   for (std::int64_t bad : {std::int64_t{10}, std::int64_t{-1}, huge}) {
@@ -171,7 +171,7 @@ TEST_CASE("cross_entropy on the GPU rejects class labels outside [0, classes), a
 
 TEST_CASE("ResNet-18 training step: same seed, same parameters, matching loss and gradients") {
   sk::Context cpu({.seed = 5});
-  auto gpu = ag::make_cuda_context(0, 0, 5);
+  auto gpu = sk::make_cuda_context(0, 0, 5);
   nn::ResNetOptions o;
   o.num_classes = 10;
   o.small_image_stem = true;
@@ -200,7 +200,7 @@ TEST_CASE("ResNet-18 training step: same seed, same parameters, matching loss an
 
 TEST_CASE("checkpointing on the GPU gives the same gradients") {
   auto gradients = [](int segments) {
-    auto gpu = ag::make_cuda_context(0, 0, 9);
+    auto gpu = sk::make_cuda_context(0, 0, 9);
     nn::ResNetOptions o;
     o.num_classes = 10;
     o.small_image_stem = true;

@@ -306,11 +306,10 @@ inline const AutogradKernels& cpu_kernels() {
 
 inline const AutogradKernels& kernels_for(Context& ctx, const Tensor& t) {
   if (t.device().is_cpu()) return cpu_kernels();
-  const AutogradKernels* table = cuda_kernel_slot(ctx).table;
+  const AutogradKernels* table = ctx.kernel_tables().autograd;
   check<NotAvailable>(table != nullptr, "autograd on ", t.device().str(),
-                      " needs its CUDA kernels: call sk::autograd::install_cuda_kernels(ctx) from "
-                      "a .cu file that includes <kernels/shardkit_cuda.cuh> (or create the "
-                      "context with sk::autograd::make_cuda_context)");
+                      " needs its CUDA kernels: create the context with sk::make_cuda_context "
+                      "(or sk::cuda_context_options) from <kernels/cuda_context.cuh>");
   return *table;
 }
 

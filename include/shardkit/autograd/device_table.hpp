@@ -1,7 +1,7 @@
 // The function table behind autograd's element-wise and row-wise kernels. The CPU table lives in
-// cpu_kernels.hpp; the CUDA table in kernels/autograd/autograd_kernels.cuh (nvcc only), installed
-// into a Context with sk::autograd::install_cuda_kernels(ctx). Host code calls through the table,
-// so the same op runs on either device and host headers never see a kernel launch.
+// cpu_kernels.hpp; the CUDA table in kernels/autograd/autograd_kernels.cuh (nvcc only), which a
+// CUDA Context carries from its creation (kernels/cuda_context.cuh). Host code calls through the
+// table, so the same op runs on either device and host headers never see a kernel launch.
 #pragma once
 
 #include <cstdint>
@@ -60,15 +60,6 @@ struct AutogradKernels {
                                    double eps, const Tensor& grad_x, const Tensor& grad_y_xhat,
                                    std::int64_t outer, std::int64_t channels, std::int64_t inner);
 };
-
-// Where a CUDA context keeps its table (installed by install_cuda_kernels).
-struct CudaKernelSlot {
-  const AutogradKernels* table = nullptr;
-};
-
-inline CudaKernelSlot& cuda_kernel_slot(Context& ctx) {
-  return ctx.resource<CudaKernelSlot>([] { return std::make_shared<CudaKernelSlot>(); });
-}
 
 // The dtype that sums and statistics are kept in: f32 for half types, else the dtype itself.
 constexpr DType accumulator_dtype(DType dtype) {

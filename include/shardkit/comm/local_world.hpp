@@ -59,7 +59,7 @@ struct LocalOp {
 
 class LocalWorld {
  public:
-  // `kernels`: the device reduction table (kernels/comm/reduce_kernels.cuh); only needed to
+  // `kernels`: the device reduction table (CudaKernelTables::comm); only needed to
   // reduce device memory over more than one rank.
   explicit LocalWorld(int size, const DeviceCommKernels* kernels = nullptr)
       : size_(size), kernels_(kernels) {
@@ -272,7 +272,7 @@ class LocalWorld {
       check<NotAvailable>(
           kernels_ != nullptr, "local ", op.name, ": reducing device memory over ", size_,
           " ranks needs the reduction kernel; build the world with "
-          "sk::comm::cuda::device_comm_kernels() from <kernels/comm/reduce_kernels.cuh> "
+          "the comm table of sk::cuda_kernel_tables() from <kernels/cuda_context.cuh> "
           "(sk::comm::cuda_run_options does it for run_ranks)");
       DeviceReduceParams params;
       params.source_count = static_cast<int>(step.sources.size());

@@ -15,9 +15,10 @@
 namespace shardkit::comm {
 
 struct RunRanksOptions {
-  Device device = Device::cpu();                    // every rank's context; ranks share a GPU
-  const DeviceKernels* kernels = nullptr;           // core's table, needed for a CUDA device
-  const DeviceCommKernels* comm_kernels = nullptr;  // reductions over device memory
+  Device device = Device::cpu();  // every rank's context; ranks share a GPU
+  // The contexts' device-code tables (needed for a CUDA device; the comm table reduces device
+  // memory): sk::comm::cuda_run_options from <kernels/cuda_context.cuh> fills them.
+  CudaKernelTables kernels{};
   CommOptions comm;
   std::uint64_t seed = 0;  // rank r's context is seeded seed + r
 };
@@ -28,7 +29,7 @@ struct RunRanksOptions {
 template <class Fn>
 void run_ranks(int n, Fn&& fn, const RunRanksOptions& options = {}) {
   check(n >= 1, "run_ranks needs at least 1 rank, got ", n);
-  auto world = std::make_shared<LocalWorld>(n, options.comm_kernels);
+  auto world = std::make_shared<LocalWorld>(n, options.kernels.comm);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   std::vector<char> secondary(static_cast<std::size_t>(n), 0);
   std::vector<std::thread> threads;

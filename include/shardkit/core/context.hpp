@@ -21,15 +21,17 @@ struct ContextOptions {
   Device device = Device::cpu();
   int rank = 0;
   std::uint64_t seed = 0;  // seed of the context's random stream
-  // Device kernels; required for a CUDA device. kernels/core/tensor_kernels.cuh provides them
-  // (sk::make_cuda_context does the wiring).
-  const DeviceKernels* kernels = nullptr;
+  // Device-code tables; required for a CUDA device. sk::cuda_context_options / make_cuda_context
+  // from <kernels/cuda_context.cuh> fill them.
+  CudaKernelTables kernels{};
 };
 
 class Context {
  public:
   explicit Context(ContextOptions options = {})
-      : device_(options.device), rank_(options.rank), seed_(options.seed),
+      : device_(options.device),
+        rank_(options.rank),
+        seed_(options.seed),
         kernels_(options.kernels) {
     check_device_usable(device_);
     host_allocator_ = std::make_shared<HostAllocator>();
@@ -38,9 +40,10 @@ class Context {
       return;
     }
 #if SK_WITH_CUDA
-    check(kernels_ != nullptr, "a CUDA Context needs its device kernels: create it with "
-                               "sk::make_cuda_context(device, rank) from "
-                               "<kernels/shardkit_cuda.cuh> in a .cu file");
+    check(kernels_.tensor != nullptr,
+          "a CUDA Context needs its device kernels: create it with "
+          "sk::make_cuda_context(device, rank) from "
+          "<kernels/cuda_context.cuh> in a .cu file");
     stream_ = std::make_shared<CudaStream>(device_.index);
     allocator_ = std::make_shared<CudaAllocator>(stream_);
     host_allocator_ = std::make_shared<PinnedHostAllocator>();
@@ -66,10 +69,13 @@ class Context {
   MemoryStats& memory_stats() const { return allocator_->stats(); }
 
   const DeviceKernels& kernels() const {
-    check<NotAvailable>(kernels_ != nullptr, "no device kernels in this context (", device_.str(),
-                        "); create it with sk::make_cuda_context from <kernels/shardkit_cuda.cuh>");
-    return *kernels_;
+    check<NotAvailable>(kernels_.tensor != nullptr, "no device kernels in this context (",
+                        device_.str(),
+                        "); create it with sk::make_cuda_context from <kernels/cuda_context.cuh>");
+    return *kernels_.tensor;
   }
+  // The device-code tables of every layer (null entries on a CPU context).
+  const CudaKernelTables& kernel_tables() const { return kernels_; }
 
 #if SK_WITH_CUDA
   cudaStream_t stream() const { return stream_ ? stream_->get() : nullptr; }
@@ -110,7 +116,7 @@ class Context {
   int rank_;
   std::uint64_t seed_;
   std::uint64_t rng_offset_ = 0;
-  const DeviceKernels* kernels_;
+  CudaKernelTables kernels_;
 #if SK_WITH_CUDA
   std::shared_ptr<CudaStream> stream_;  // shared with the allocator, which frees on it
 #endif

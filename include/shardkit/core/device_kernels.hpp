@@ -10,6 +10,14 @@ namespace shardkit {
 class Context;
 class Tensor;
 
+// Forward declarations only: core carries the tables of upper layers without knowing them.
+namespace comm {
+struct DeviceCommKernels;
+}
+namespace autograd {
+struct AutogradKernels;
+}
+
 struct DeviceKernels {
   // Sets every element of a device tensor (any strides) to `value`, converted to its dtype.
   void (*fill)(Context& ctx, const Tensor& tensor, double value);
@@ -18,6 +26,15 @@ struct DeviceKernels {
   void (*copy)(Context& ctx, const Tensor& dst, const Tensor& src);
   // Fills a floating-point device tensor from the counter-based stream described by `spec`.
   void (*random)(Context& ctx, const Tensor& tensor, const RandomSpec& spec);
+};
+
+// Every table of device code a CUDA Context carries, one per layer that launches kernels.
+// kernels/cuda_context.cuh fills them all (sk::cuda_context_options / sk::make_cuda_context):
+// the one way to get a CUDA context.
+struct CudaKernelTables {
+  const DeviceKernels* tensor = nullptr;                // core: fill, copy, random
+  const comm::DeviceCommKernels* comm = nullptr;        // local collectives over device memory
+  const autograd::AutogradKernels* autograd = nullptr;  // autograd's element-wise and row ops
 };
 
 }  // namespace shardkit
