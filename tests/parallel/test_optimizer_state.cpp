@@ -23,10 +23,11 @@ bool states_equal(const OptimizerState& a, const OptimizerState& b, double toler
   for (std::size_t i = 0; i < a.params.size(); ++i) {
     const auto &x = a.params[i], &y = b.params[i];
     if (x.name != y.name || x.shape != y.shape) return false;
-    if (tolerance == 0 ? !(bitwise_equal(x.buffer_a, y.buffer_a) && bitwise_equal(x.buffer_b, y.buffer_b))
-                       : (max_relative_difference(x.buffer_a, y.buffer_a) > tolerance ||
-                          max_relative_difference(x.buffer_b, y.buffer_b) > tolerance))
-      return false;
+    if (x.buffers.size() != y.buffers.size()) return false;
+    for (const auto& [name, values] : x.buffers)
+      if (tolerance == 0 ? !bitwise_equal(values, y.buffer(name))
+                         : max_relative_difference(values, y.buffer(name)) > tolerance)
+        return false;
   }
   return true;
 }
@@ -41,14 +42,16 @@ TEST_CASE("the state consolidated on one rank equals DDP's full optimizer state"
       REQUIRE(ddp.state.params.size() == 8);  // the trainable ones, registration order
       CHECK(ddp.state.params[0].name == "embed.weight");
       CHECK(ddp.state.params[3].name == "block.1.weight");  // frozen.scale has no state
-      CHECK(ddp.state.params[0].buffer_a.size() == 37u * 11u);
-      CHECK(ddp.state.params[0].buffer_b.empty() == (kind != OptimizerKind::adamw));
+      const bool adam = kind == OptimizerKind::adamw;
+      CHECK(ddp.state.params[0].buffer(adam ? "exp_avg" : "momentum_buffer").size() == 37u * 11u);
+      CHECK(ddp.state.params[0].buffer("exp_avg_sq").empty() == !adam);
       for (auto partition : {PartitionKind::greedy, PartitionKind::flat}) {
         for (auto stage : {Stage::oss, Stage::sdp}) {
           const int recipient = world - 1;
           const auto sharded = run<Cpu>({world, stage, partition}, kind, 0, 10, nullptr, recipient);
           // The flat split completes LARC norms by an all-reduce: equal to rounding, not bitwise.
-          const double tolerance = kind == OptimizerKind::larc_sgd && partition == PartitionKind::flat ? 1e-5 : 0;
+          const double tolerance =
+              kind == OptimizerKind::larc_sgd && partition == PartitionKind::flat ? 1e-5 : 0;
           CHECK_MESSAGE(states_equal(sharded.state, ddp.state, tolerance),
                         sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
                         " ", sk::shard::partition_kind_name(partition), " world ", world);
@@ -79,7 +82,8 @@ TEST_CASE("a job resumed from a consolidated state continues as if it had never 
       const auto ddp = run<Cpu>({world, Stage::ddp, PartitionKind::greedy}, kind, 10, 5, &half);
       for (auto stage : {Stage::oss, Stage::sdp}) {
         const auto got = run<Cpu>({world, stage, PartitionKind::greedy}, kind, 10, 5, &half);
-        CHECK_MESSAGE(bitwise_equal(got.params, ddp.params), sk::parallel::stage_name(stage), " world ", world);
+        CHECK_MESSAGE(bitwise_equal(got.params, ddp.params), sk::parallel::stage_name(stage),
+                      " world ", world);
         CHECK(states_equal(got.state, ddp.state, 0));
       }
     }
@@ -93,8 +97,7 @@ TEST_CASE("without the state, a resumed Adam or momentum run differs (the test c
     auto half = run<Cpu>(oss3, kind, 0, 10, nullptr);
     half.state.steps = 0;  // as if only the parameters had been saved
     for (auto& p : half.state.params) {
-      p.buffer_a.clear();
-      p.buffer_b.clear();
+      p.buffers.clear();
     }
     const auto resumed = run<Cpu>(oss3, kind, 10, 2, &half);
     CHECK(max_relative_difference(resumed.params, whole.params) > 1e-4);
@@ -122,7 +125,8 @@ TEST_CASE("consolidation holds at most one other rank's range at a time") {
 }
 
 TEST_CASE("loading a state that does not fit gets a clear error") {
-  const auto saved = run<Cpu>({2, Stage::oss, PartitionKind::greedy}, OptimizerKind::sgd, 0, 2, nullptr);
+  const auto saved =
+      run<Cpu>({2, Stage::oss, PartitionKind::greedy}, OptimizerKind::sgd, 0, 2, nullptr);
   const auto sgd = config_for(OptimizerKind::sgd);
   auto expect = [&](const OptimizerState& state, const sk::optim::OptimizerConfig& config,
                     const std::string& part) {
@@ -138,7 +142,8 @@ TEST_CASE("loading a state that does not fit gets a clear error") {
       }
     });
   };
-  expect(saved.state, config_for(OptimizerKind::adamw), "the state is for sgd but this optimizer is adamw");
+  expect(saved.state, config_for(OptimizerKind::adamw),
+         "the state is for sgd but this optimizer is adamw");
   auto missing = saved.state;
   missing.params.erase(missing.params.begin() + 2);
   expect(missing, sgd, "no entry for parameter 'block.0.bias'");
@@ -150,7 +155,7 @@ TEST_CASE("loading a state that does not fit gets a clear error") {
   reshaped.params[1].shape = {37, 64};
   expect(reshaped, sgd, "'block.0.weight' has shape [64, 37] here but [37, 64]");
   auto short_buffer = saved.state;
-  short_buffer.params[4].buffer_a.pop_back();
+  short_buffer.params[4].buffers["momentum_buffer"].pop_back();
   expect(short_buffer, sgd, "'block.1.bias' has 18 momentum_buffer values; expected 19");
   auto no_momentum = sgd;
   no_momentum.sgd.momentum = 0;  // keeps no buffer
@@ -165,7 +170,8 @@ TEST_CASE("loading a state that does not fit gets a clear error") {
 
 TEST_CASE("the consolidated state survives a safetensors file, and a job resumes from it") {
   const auto path = (std::filesystem::temp_directory_path() /
-                     ("shardkit_optimizer_state_" + std::to_string(::getpid()) + ".safetensors")).string();
+                     ("shardkit_optimizer_state_" + std::to_string(::getpid()) + ".safetensors"))
+                        .string();
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
     const Job oss3{3, Stage::oss, PartitionKind::greedy};
     const auto whole = run<Cpu>(oss3, kind, 0, 14, nullptr);
@@ -190,7 +196,7 @@ TEST_CASE("the consolidated state survives a safetensors file, and a job resumes
     const auto loaded = sk::io::load_optimizer_state(path);
     CHECK(loaded.params.size() == 8);
     CHECK(loaded.params[1].shape == sk::Shape{64, 37});
-    CHECK(loaded.params[1].buffer_a.empty());
+    CHECK(loaded.params[1].buffers.empty());
     dp.load_optimizer_state(loaded);
   });
   std::filesystem::remove(path);

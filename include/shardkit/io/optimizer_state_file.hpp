@@ -16,14 +16,9 @@ inline constexpr std::string_view kOptimizerStateFormat = "shardkit.optimizer_st
 
 inline void save_optimizer_state(const std::string& path, const optim::OptimizerState& state) {
   std::vector<NamedBytes> tensors;
-  for (const auto& p : state.params) {
-    for (int which = 0; which < 2; ++which) {
-      const auto& buffer = which == 0 ? p.buffer_a : p.buffer_b;
-      if (buffer.empty()) continue;
-      tensors.push_back(NamedBytes::of(p.name + "." + std::string(optim::state_buffer_name(state.kind, which)),
-                                       p.shape, buffer));
-    }
-  }
+  for (const auto& p : state.params)
+    for (const auto& [name, buffer] : p.buffers)
+      if (!buffer.empty()) tensors.push_back(NamedBytes::of(p.name + "." + name, p.shape, buffer));
   // Every trainable parameter by name and shape, in registration order (JSON inside the
   // string-only metadata): stateless ones too (before the first step, SGD without momentum),
   // so a load can still check that the model matches.
@@ -60,15 +55,13 @@ inline optim::OptimizerState load_optimizer_state(const std::string& path) {
       optim::ParamOptimizerState p;
       p.name = entry.at("name").get<std::string>();
       p.shape = entry.at("shape").get<Shape>();
-      for (int which = 0; which < 2; ++which) {
-        const auto buffer_name = optim::state_buffer_name(state.kind, which);
-        if (buffer_name.empty()) continue;
+      for (const auto buffer_name : optim::possible_state_buffers(state.kind)) {
         const NamedBytes* t = file.find(p.name + "." + std::string(buffer_name));
         if (t == nullptr) continue;
         check<IoError>(t->dtype == DType::f32 && t->shape == p.shape, "'", path, "': '", t->name,
                        "' is ", dtype_name(t->dtype), shape_str(t->shape), "; expected f32",
                        shape_str(p.shape));
-        (which == 0 ? p.buffer_a : p.buffer_b) = t->values<float>();
+        p.buffers[std::string(buffer_name)] = t->values<float>();
       }
       state.params.push_back(std::move(p));
     }

@@ -1,10 +1,11 @@
-// ShardedOptimizer: SGD, LARC-SGD, Adam or AdamW over the pieces of the flat parameter buffer
-// that one rank updates, with optimizer state for those pieces only (MemoryCategory::
-// optimizer_state). Under DDP the pieces are every parameter; under OSS/SDP the rank's range.
+// ShardedOptimizer: SGD, LARC-SGD, Adam or AdamW over the pieces of parameters one rank
+// updates (a PieceTable row), with optimizer state for those pieces only (MemoryCategory::
+// optimizer_state). Under DDP the pieces are every parameter; under OSS/SDP the rank's range of
+// the flat buffer; under FSDP the rank's shard of every unit.
 //
 // LARC needs each parameter's whole norm. Pieces of one parameter are summed here, and when a
-// parameter spans ranks (flat partition) one small all-reduce of per-parameter partial sums
-// completes them, so LARC under every stage equals LARC under DDP.
+// parameter spans ranks one small all-reduce of per-parameter partial sums completes them, so
+// LARC under every stage is LARC of whole tensors.
 #pragma once
 
 #include <string_view>
@@ -17,7 +18,7 @@
 #include "shardkit/ops/larc.hpp"
 #include "shardkit/ops/op_args.hpp"
 #include "shardkit/ops/sgd.hpp"
-#include "shardkit/shard/shard_plan.hpp"
+#include "shardkit/shard/piece_table.hpp"
 
 namespace shardkit::optim {
 
@@ -44,6 +45,10 @@ inline OptimizerKind parse_optimizer_kind(std::string_view name) {
   fail<InvalidArgument>("unknown optimizer '", name, "'; use sgd, larc_sgd, adam or adamw");
 }
 
+inline bool is_adam(OptimizerKind kind) {
+  return kind == OptimizerKind::adam || kind == OptimizerKind::adamw;
+}
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::sgd;
   ops::SgdOptions sgd;    // sgd, larc_sgd (lr is set per step)
@@ -51,21 +56,39 @@ struct OptimizerConfig {
   ops::AdamOptions adam;  // adam, adamw
 };
 
+// PyTorch's names of the state buffers an optimizer keeps per parameter, in order.
+inline std::vector<std::string_view> state_buffer_names(const OptimizerConfig& config) {
+  if (is_adam(config.kind)) return {"exp_avg", "exp_avg_sq"};
+  if (config.sgd.momentum != 0) return {"momentum_buffer"};
+  return {};
+}
+
+// One state buffer of a rank: its PyTorch name and its values over the rank's state range.
+struct StateBuffer {
+  std::string_view name;
+  Tensor values;
+};
+
 template <class Backend>
 class ShardedOptimizer {
+  SK_REQUIRE_OPS_BACKEND(Backend, "ShardedOptimizer<Backend>");
+
  public:
-  // `pieces` lie inside flat-buffer elements [region_begin, region_begin + region_numel); the
-  // state covers that region. `norm_comm` completes LARC norms of parameters spanning ranks
-  // (nullptr when every parameter is whole here).
-  ShardedOptimizer(Context& ctx, const shard::ShardPlan& plan,
-                   std::vector<shard::ParamPiece> pieces, std::int64_t region_begin,
-                   std::int64_t region_numel, OptimizerConfig config, comm::Communicator* norm_comm)
+  // Updates the pieces `table.pieces(rank)`; `piece_params[k]` is the f32 view of piece k's
+  // parameter elements. `norm_comm` completes LARC norms of parameters spanning ranks (nullptr
+  // when every parameter is whole on one rank).
+  ShardedOptimizer(Context& ctx, const shard::PieceTable& table, int rank,
+                   std::vector<Tensor> piece_params, OptimizerConfig config,
+                   comm::Communicator* norm_comm)
       : ctx_(&ctx),
-        plan_(&plan),
-        pieces_(std::move(pieces)),
-        region_begin_(region_begin),
+        table_(&table),
+        rank_(rank),
+        piece_params_(std::move(piece_params)),
         config_(config),
         norm_comm_(norm_comm) {
+    check(piece_params_.size() == table.pieces(rank).size(),
+          "ShardedOptimizer: ", piece_params_.size(), " parameter views for ",
+          table.pieces(rank).size(), " pieces; pass one per piece, in the table's order");
     if (config_.kind == OptimizerKind::larc_sgd) {
       // LARC takes the weight decay over (docs/semantics.md): the wrapped SGD runs without it.
       if (config_.larc.weight_decay == 0) config_.larc.weight_decay = config_.sgd.weight_decay;
@@ -73,32 +96,27 @@ class ShardedOptimizer {
       ops::validate(config_.larc);
     }
     if (config_.kind == OptimizerKind::adamw) config_.adam.decoupled_weight_decay = true;
-    const bool two_states =
-        config_.kind == OptimizerKind::adam || config_.kind == OptimizerKind::adamw;
-    const bool one_state = !two_states && config_.sgd.momentum != 0;
-    if (one_state || two_states)
-      state_a_ = zeros(ctx, {region_numel}, DType::f32, MemoryCategory::optimizer_state);
-    if (two_states)
-      state_b_ = zeros(ctx, {region_numel}, DType::f32, MemoryCategory::optimizer_state);
+    for (auto name : state_buffer_names(config_))
+      buffers_.push_back(StateBuffer{name, zeros(ctx, {table.state_numel(rank)}, DType::f32,
+                                                 MemoryCategory::optimizer_state)});
   }
 
-  // One step. `params` is the whole flat parameter buffer; `grads` holds one gradient view per
-  // piece, in pieces() order. `lr` overrides the configured rate (schedules); `inv_grad_scale`
-  // unscales loss-scaled gradients.
-  void step(const Tensor& params, const std::vector<Tensor>& grads, float lr,
-            float inv_grad_scale = 1.0f) {
-    check(grads.size() == pieces_.size(), "ShardedOptimizer::step: ", grads.size(),
-          " gradients for ", pieces_.size(), " pieces; pass one per piece, in pieces() order");
-    std::vector<Tensor> p, a, b;
-    const std::vector<Tensor>& g = grads;
-    for (const auto& piece : pieces_) {
-      p.push_back(params.slice(0, piece.flat_begin, piece.flat_begin + piece.numel()));
-      const std::int64_t at = piece.flat_begin - region_begin_;
-      if (state_a_.defined()) a.push_back(state_a_.slice(0, at, at + piece.numel()));
-      if (state_b_.defined()) b.push_back(state_b_.slice(0, at, at + piece.numel()));
+  // One step. `grads` holds one gradient view per piece, in pieces() order. `lr` overrides the
+  // configured rate (schedules); `inv_grad_scale` unscales loss-scaled gradients.
+  void step(const std::vector<Tensor>& grads, float lr, float inv_grad_scale = 1.0f) {
+    const auto& pieces = this->pieces();
+    check(grads.size() == pieces.size(), "ShardedOptimizer::step: ", grads.size(),
+          " gradients for ", pieces.size(), " pieces; pass one per piece, in pieces() order");
+    std::vector<Tensor> a, b;
+    for (const auto& piece : pieces) {
+      const std::int64_t at = piece.state_offset;
+      if (buffers_.size() > 0) a.push_back(buffers_[0].values.slice(0, at, at + piece.numel()));
+      if (buffers_.size() > 1) b.push_back(buffers_[1].values.slice(0, at, at + piece.numel()));
     }
+    const std::vector<Tensor>& p = piece_params_;
+    const std::vector<Tensor>& g = grads;
     ++steps_;
-    if (pieces_.empty()) {  // more ranks than parameters: nothing to update here, but the
+    if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
       if (config_.kind == OptimizerKind::larc_sgd && norm_comm_ != nullptr)  // norm all-reduce
         (void)larc_coefficients(p, g, lr, inv_grad_scale);                   // is collective
       return;
@@ -139,19 +157,23 @@ class ShardedOptimizer {
     check(steps >= 0, "ShardedOptimizer::set_steps: steps must be >= 0, got ", steps);
     steps_ = steps;
   }
-  std::int64_t region_begin() const { return region_begin_; }
+  Context& context() const { return *ctx_; }
+  int rank() const { return rank_; }
+  const shard::PieceTable& table() const { return *table_; }
   const OptimizerConfig& config() const { return config_; }
-  const std::vector<shard::ParamPiece>& pieces() const { return pieces_; }
-  // Momentum (SGD) or exp_avg (Adam) over the region; undefined without state. The handles
-  // share the storage: DataParallel::load_optimizer_state() writes through them.
-  const Tensor& state_a() const { return state_a_; }
-  const Tensor& state_b() const { return state_b_; }
+  const std::vector<shard::OwnedPiece>& pieces() const { return table_->pieces(rank_); }
+  const std::vector<Tensor>& piece_params() const { return piece_params_; }
+  // The state buffers over this rank's state range, by PyTorch's names (momentum_buffer;
+  // exp_avg and exp_avg_sq); none without state. The handles share the storage:
+  // load_optimizer_state() writes through them.
+  const std::vector<StateBuffer>& state_buffers() const { return buffers_; }
 
  private:
   // Per-piece [n, 2] coefficients from whole-parameter sums of squares.
   Tensor larc_coefficients(const std::vector<Tensor>& p, const std::vector<Tensor>& g, float lr,
                            float inv_grad_scale) {
-    const auto n = static_cast<std::int64_t>(pieces_.size());
+    const auto& pieces = this->pieces();
+    const auto n = static_cast<std::int64_t>(pieces.size());
     std::vector<double> piece_values(static_cast<std::size_t>(2 * n), 0.0);
     if (n > 0) {
       const Tensor piece_sums = empty(*ctx_, {2, n}, DType::f64, MemoryCategory::other);
@@ -159,11 +181,11 @@ class ShardedOptimizer {
       piece_values = to_vector<double>(*ctx_, piece_sums);
     }
     // Add the pieces of each parameter, then (if needed) over ranks, on the host: 2 x P values.
-    const std::size_t count = plan_->layout().size();
+    const std::size_t count = table_->params().size();
     std::vector<double> whole(2 * count, 0.0);
-    for (std::size_t s = 0; s < pieces_.size(); ++s) {
-      whole[pieces_[s].param] += piece_values[s];
-      whole[count + pieces_[s].param] += piece_values[static_cast<std::size_t>(n) + s];
+    for (std::size_t s = 0; s < pieces.size(); ++s) {
+      whole[pieces[s].param] += piece_values[s];
+      whole[count + pieces[s].param] += piece_values[static_cast<std::size_t>(n) + s];
     }
     if (norm_comm_ != nullptr) {
       Tensor on_device = from_vector(*ctx_, whole, {static_cast<std::int64_t>(2 * count)});
@@ -172,9 +194,9 @@ class ShardedOptimizer {
     }
     if (n == 0) return Tensor();
     std::vector<double> per_piece(static_cast<std::size_t>(2 * n));
-    for (std::size_t s = 0; s < pieces_.size(); ++s) {
-      per_piece[s] = whole[pieces_[s].param];
-      per_piece[static_cast<std::size_t>(n) + s] = whole[count + pieces_[s].param];
+    for (std::size_t s = 0; s < pieces.size(); ++s) {
+      per_piece[s] = whole[pieces[s].param];
+      per_piece[static_cast<std::size_t>(n) + s] = whole[count + pieces[s].param];
     }
     const Tensor sums = from_vector(*ctx_, per_piece, {2, n});
     const Tensor coefficients = empty(*ctx_, {n, 2}, DType::f32, MemoryCategory::other);
@@ -183,12 +205,12 @@ class ShardedOptimizer {
   }
 
   Context* ctx_;
-  const shard::ShardPlan* plan_;
-  std::vector<shard::ParamPiece> pieces_;
-  std::int64_t region_begin_;
+  const shard::PieceTable* table_;
+  int rank_;
+  std::vector<Tensor> piece_params_;
   OptimizerConfig config_;
   comm::Communicator* norm_comm_;
-  Tensor state_a_, state_b_;
+  std::vector<StateBuffer> buffers_;
   std::int64_t steps_ = 0;
 };
 
