@@ -24,9 +24,8 @@
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/optim/optimizer_state.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
-#include "shardkit/shard/flat_buffer.hpp"
+#include "shardkit/parallel/flat_param_group.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
-#include "shardkit/shard/shard_plan.hpp"
 
 namespace shardkit::parallel {
 
@@ -62,33 +61,32 @@ class DataParallel {
  public:
   DataParallel(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
                optim::OptimizerConfig optimizer, DataParallelOptions options = {})
-      : ctx_(&ctx),
-        comm_(&comm),
+      : comm_(&comm),
         options_(options),
-        plan_(specs, comm.size(), options.partition),
-        params_(ctx, plan_.layout(), DType::f32, MemoryCategory::parameters),
-        bucketer_(ctx, comm, plan_,
+        group_(ctx, comm, specs, options.partition),
+        bucketer_(ctx, comm, group_.plan(),
                   options.stage == Stage::sdp ? shard::GradSync::reduce_scatter
                                               : shard::GradSync::all_reduce,
                   options.buckets),
-        table_(shard::PieceTable::of_plan(plan_, options.stage == Stage::ddp)),
-        pieces_(my_pieces()),
-        optimizer_(make_optimizer(optimizer)) {
+        table_(shard::PieceTable::of_plan(group_.plan(), options.stage == Stage::ddp)),
+        pieces_(group_.updated_pieces(options.stage == Stage::ddp)),
+        optimizer_(ctx, table_, comm.rank(), group_.piece_params(pieces_), optimizer,
+                   table_.any_parameter_spans_ranks() ? &comm : nullptr) {
     for (const auto& piece : pieces_) piece_grads_.push_back(bucketer_.piece_grad(piece));
-    check_same_parameters_everywhere();
+    group_.check_same_everywhere();
   }
 
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
   Stage stage() const { return options_.stage; }
-  const shard::ShardPlan& plan() const { return plan_; }
-  const shard::FlatBuffer& params() const { return params_; }
-  const Tensor& param(std::size_t i) const { return params_[i]; }
+  const shard::ShardPlan& plan() const { return group_.plan(); }
+  const shard::FlatBuffer& params() const { return group_.params(); }
+  const Tensor& param(std::size_t i) const { return group_.param(i); }
   comm::Communicator& communicator() const { return *comm_; }
 
   // Makes every rank's parameters equal to `root`'s (after each rank initialised its own).
-  void broadcast_parameters(int root = 0) { comm_->broadcast(params_.flat(), root).wait(); }
+  void broadcast_parameters(int root = 0) { group_.broadcast(root); }
 
   // Backward side: add the gradient of parameter i into grad(i), then ready(i).
   Tensor grad(std::size_t i) { return bucketer_.grad(i); }
@@ -116,7 +114,7 @@ class DataParallel {
                       "optimizer step before the gradients are finished: call finish() after "
                       "the (synchronised) backward, then step()");
     optimizer_.step(piece_grads_, lr, inv_grad_scale);
-    if (options_.stage != Stage::ddp) sync_parameters(comm_->rank());
+    if (options_.stage != Stage::ddp) group_.all_gather_owned(options_.broadcast_fp16);
   }
 
   const optim::ShardedOptimizer<Backend>& optimizer() const { return optimizer_; }
@@ -134,68 +132,9 @@ class DataParallel {
   }
 
  private:
-  // The pieces this rank updates: every trainable parameter under DDP, the rank's range of the
-  // plan otherwise; in the order of the PieceTable's row for this rank.
-  std::vector<shard::ParamPiece> my_pieces() const {
-    if (options_.stage != Stage::ddp) return plan_.pieces(comm_->rank());
-    std::vector<shard::ParamPiece> all;
-    for (auto i : plan_.trainable_in_layout_order()) {
-      const auto& slot = plan_.layout()[i];
-      all.push_back(shard::ParamPiece{i, 0, slot.numel, slot.offset});
-    }
-    return all;
-  }
-
-  optim::ShardedOptimizer<Backend> make_optimizer(const optim::OptimizerConfig& config) {
-    std::vector<Tensor> views;
-    for (const auto& piece : pieces_)
-      views.push_back(params_.flat().slice(0, piece.flat_begin, piece.flat_begin + piece.numel()));
-    comm::Communicator* norms = table_.any_parameter_spans_ranks() ? comm_ : nullptr;
-    return optim::ShardedOptimizer<Backend>(*ctx_, table_, comm_->rank(), std::move(views), config,
-                                            norms);
-  }
-
-  // Owners send their updated ranges to everyone: one all_gather_v over the rank-ordered ranges.
-  void sync_parameters(int rank) {
-    const auto counts = plan_.counts();
-    const Tensor trainable = params_.flat().slice(0, 0, plan_.trainable_end());
-    if (!options_.broadcast_fp16) {
-      comm_->all_gather_v(trainable, counts).wait();
-      return;
-    }
-    // f16 on the wire only: every rank's f32 master of its own range stays exact.
-    Tensor wire = empty(*ctx_, {plan_.trainable_end()}, DType::f16, MemoryCategory::communication);
-    copy(*ctx_, wire.slice(0, plan_.begin(rank), plan_.end(rank)),
-         trainable.slice(0, plan_.begin(rank), plan_.end(rank)));
-    comm_->all_gather_v(wire, counts).wait();
-    for (int r = 0; r < comm_->size(); ++r)
-      if (r != rank && plan_.numel(r) > 0)
-        copy(*ctx_, trainable.slice(0, plan_.begin(r), plan_.end(r)),
-             wire.slice(0, plan_.begin(r), plan_.end(r)));
-  }
-
-  // A parameter list that differs between ranks would make every collective wrong: compare
-  // layout fingerprints (as two exact 32-bit halves in f64) with a max and a min all-reduce.
-  void check_same_parameters_everywhere() {
-    const std::uint64_t print = plan_.layout().fingerprint();
-    std::vector<double> values = {
-        static_cast<double>(print >> 32), static_cast<double>(print & 0xffffffffu),
-        -static_cast<double>(print >> 32), -static_cast<double>(print & 0xffffffffu)};
-    Tensor t = from_vector(*ctx_, values, {4});
-    comm_->all_reduce(t, comm::ReduceOp::max).wait();
-    const auto reduced = to_vector<double>(*ctx_, t);
-    check(reduced[0] == -reduced[2] && reduced[1] == -reduced[3],
-          "the parameter list differs between ranks (names, shapes, order or trainable flags): "
-          "rank ",
-          comm_->rank(), " has ", plan_.layout().size(), " parameters with fingerprint ", print,
-          "; build the same model on every rank");
-  }
-
-  Context* ctx_;
   comm::Communicator* comm_;
   DataParallelOptions options_;
-  shard::ShardPlan plan_;
-  shard::FlatBuffer params_;
+  FlatParamGroup group_;
   shard::GradBucketer bucketer_;
   shard::PieceTable table_;
   std::vector<shard::ParamPiece> pieces_;  // what this rank updates, in table order
