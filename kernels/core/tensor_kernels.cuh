@@ -63,6 +63,18 @@ __global__ void copy_kernel(D* dst, StridedIndexer dst_indexer, const S* src,
     dst[dst_indexer.offset(i)] = convert_value<D>(src[src_indexer.offset(i)]);
 }
 
+template <class D, class S>
+__global__ void add_kernel(D* dst, StridedIndexer dst_indexer, const S* src,
+                           StridedIndexer src_indexer, std::int64_t n) {
+  using Acc = std::conditional_t<std::is_same_v<D, double>, double, float>;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t d = dst_indexer.offset(i);
+    dst[d] = convert_value<D>(convert_value<Acc>(dst[d]) +
+                              convert_value<Acc>(convert_value<D>(src[src_indexer.offset(i)])));
+  }
+}
+
 template <class T>
 __global__ void random_kernel(T* data, StridedIndexer indexer, std::int64_t n, RandomSpec spec) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -96,9 +108,25 @@ inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
     visit_dtype(src.dtype(), [&](auto src_tag) {
       using S = decltype(src_tag);
       copy_kernel<D, S><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
-          static_cast<D*>(dst.data_ptr()), make_indexer(dst),
-          static_cast<const S*>(src.data_ptr()), make_indexer(src), n);
+          static_cast<D*>(dst.data_ptr()), make_indexer(dst), static_cast<const S*>(src.data_ptr()),
+          make_indexer(src), n);
       SK_CUDA_CHECK_LAUNCH("copy_kernel");
+    });
+  });
+}
+
+inline void add(Context& ctx, const Tensor& dst, const Tensor& src) {
+  const std::int64_t n = dst.numel();
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_dtype(dst.dtype(), [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    visit_dtype(src.dtype(), [&](auto src_tag) {
+      using S = decltype(src_tag);
+      add_kernel<D, S><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+          static_cast<D*>(dst.data_ptr()), make_indexer(dst), static_cast<const S*>(src.data_ptr()),
+          make_indexer(src), n);
+      SK_CUDA_CHECK_LAUNCH("add_kernel");
     });
   });
 }
@@ -120,7 +148,7 @@ inline void random(Context& ctx, const Tensor& t, const RandomSpec& spec) {
 
 // The table a CUDA Context calls through. Constant: no global mutable state.
 inline const DeviceKernels* device_kernels() {
-  static constexpr DeviceKernels kTable{&cuda::fill, &cuda::copy, &cuda::random};
+  static constexpr DeviceKernels kTable{&cuda::fill, &cuda::copy, &cuda::add, &cuda::random};
   return &kTable;
 }
 

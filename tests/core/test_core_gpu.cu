@@ -1,4 +1,4 @@
-// Core layer on a CUDA GPU: kernels against the CPU path (fill, strided and casting copies,
+// Core layer on a CUDA GPU: kernels against the CPU path (fill, strided and casting copies, add_,
 // Philox fills bit-equal to the CPU), host<->device copies, device memory accounting, and the
 // device-side f16/bf16 conversions against the host ones on all 65 536 patterns.
 #include <doctest/doctest.h>
@@ -30,14 +30,34 @@ TEST_CASE("Philox fills on the GPU equal the CPU's: uniform bit for bit, normal 
     sk::normal_(*gpu, on_gpu, 0.0, 1.0);
     auto a = sk::to_vector<double>(cpu, sk::cast(cpu, on_cpu, sk::DType::f64));
     auto b = sk::to_vector<double>(*gpu, sk::cast(*gpu, on_gpu, sk::DType::f64));
-    const double ulp = dtype == sk::DType::f64 ? 0x1p-52 : dtype == sk::DType::f32 ? 0x1p-23
-                       : dtype == sk::DType::f16 ? 0x1p-10 : 0x1p-7;
+    const double ulp = dtype == sk::DType::f64   ? 0x1p-52
+                       : dtype == sk::DType::f32 ? 0x1p-23
+                       : dtype == sk::DType::f16 ? 0x1p-10
+                                                 : 0x1p-7;
     int differing = 0;
     for (std::size_t i = 0; i < a.size(); ++i) {
       REQUIRE(std::fabs(a[i] - b[i]) <= 2 * ulp * std::max(1.0, std::fabs(a[i])));
       differing += a[i] != b[i];
     }
     CHECK(differing < static_cast<int>(a.size() / 1000));
+  }
+}
+
+TEST_CASE("add_ on the GPU equals the CPU path bit for bit (strided, converting)") {
+  sk::Context cpu({.seed = 5});
+  auto gpu = sk::make_cuda_context(0);
+  for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16}) {
+    auto dst = sk::empty(cpu, {33, 65}, sk::DType::f32);
+    auto src = sk::empty(cpu, {65, 33}, dtype);
+    sk::normal_(cpu, dst, 0.0, 1.0);
+    sk::normal_(cpu, src, 0.0, 1.0);
+    auto dst_gpu = sk::to_device(*gpu, dst, gpu->device());
+    auto src_gpu = sk::to_device(*gpu, src, gpu->device());
+    sk::add_(cpu, dst, src.transpose(0, 1));
+    sk::add_(*gpu, dst_gpu, src_gpu.transpose(0, 1));
+    auto back = sk::to_device(*gpu, dst_gpu, sk::Device::cpu());
+    CHECK_MESSAGE(std::memcmp(back.data_ptr(), dst.data_ptr(), dst.nbytes()) == 0,
+                  sk::dtype_name(dtype));
   }
 }
 
@@ -109,8 +129,10 @@ __global__ void convert_all_patterns(std::uint16_t* ours_half, std::uint16_t* hw
 TEST_CASE("device f16/bf16 conversions equal the host ones and the hardware's") {
   // Inputs: every half value, every bf16 value, and 2^20 random floats.
   std::vector<float> inputs;
-  for (std::uint32_t b = 0; b < 65536; ++b) inputs.push_back(sk::half_bits_to_float(static_cast<std::uint16_t>(b)));
-  for (std::uint32_t b = 0; b < 65536; ++b) inputs.push_back(sk::bf16_bits_to_float(static_cast<std::uint16_t>(b)));
+  for (std::uint32_t b = 0; b < 65536; ++b)
+    inputs.push_back(sk::half_bits_to_float(static_cast<std::uint16_t>(b)));
+  for (std::uint32_t b = 0; b < 65536; ++b)
+    inputs.push_back(sk::bf16_bits_to_float(static_cast<std::uint16_t>(b)));
   sk::Context cpu({.seed = 8});
   auto noise = sk::empty(cpu, {1 << 20}, sk::DType::f32);
   sk::normal_(cpu, noise, 0.0, 1e4);
@@ -137,9 +159,9 @@ TEST_CASE("device f16/bf16 conversions equal the host ones and the hardware's") 
   SK_CUDA_CHECK(cudaMemcpy(h_ours_bf16.data(), ours_bf16, n * 2, cudaMemcpyDeviceToHost));
   SK_CUDA_CHECK(cudaMemcpy(h_hw_bf16.data(), hw_bf16, n * 2, cudaMemcpyDeviceToHost));
   SK_CUDA_CHECK(cudaMemcpy(h_half_to_f32.data(), half_to_f32, 65536 * 4, cudaMemcpyDeviceToHost));
-  for (void* p : {static_cast<void*>(ours_half), static_cast<void*>(hw_half),
-                  static_cast<void*>(ours_bf16), static_cast<void*>(hw_bf16),
-                  static_cast<void*>(half_to_f32)})
+  for (void* p :
+       {static_cast<void*>(ours_half), static_cast<void*>(hw_half), static_cast<void*>(ours_bf16),
+        static_cast<void*>(hw_bf16), static_cast<void*>(half_to_f32)})
     SK_CUDA_CHECK(cudaFree(p));
 
   for (int i = 0; i < n; ++i) {

@@ -53,7 +53,8 @@ TEST_CASE("slices, select and transpose give strided views with the right elemen
   CHECK_FALSE(column.is_contiguous());
   CHECK(sk::to_vector<float>(ctx, column) == std::vector<float>{1, 5, 9, 13, 17, 21});
   auto stepped = base.slice(2, 0, 4, 2);  // every other element of the last dim
-  CHECK(sk::to_vector<float>(ctx, stepped.select(0, 1)) == std::vector<float>{12, 14, 16, 18, 20, 22});
+  CHECK(sk::to_vector<float>(ctx, stepped.select(0, 1)) ==
+        std::vector<float>{12, 14, 16, 18, 20, 22});
   auto transposed = base.select(0, 0).transpose(0, 1);  // [4, 3]
   CHECK(sk::to_vector<float>(ctx, transposed) ==
         std::vector<float>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11});
@@ -81,7 +82,8 @@ TEST_CASE("flat views hand out parameters of one buffer") {
 
 TEST_CASE("copy converts dtypes on the host and accepts any strides") {
   sk::Context ctx;
-  auto source = sk::from_vector(ctx, std::vector<double>{1.5, -2.25, 3.0, 65504.0, 1e-8, -0.0}, {2, 3});
+  auto source =
+      sk::from_vector(ctx, std::vector<double>{1.5, -2.25, 3.0, 65504.0, 1e-8, -0.0}, {2, 3});
   auto halves = sk::cast(ctx, source, sk::DType::f16);
   auto bits = sk::to_vector<sk::Half>(ctx, halves);
   CHECK(bits[0].bits == 0x3e00);
@@ -93,6 +95,21 @@ TEST_CASE("copy converts dtypes on the host and accepts any strides") {
         std::vector<double>{1.5, 65504.0, -2.25, static_cast<float>(1e-8), 3.0, -0.0});
   auto ints = sk::cast(ctx, source, sk::DType::i64);
   CHECK(sk::to_vector<std::int64_t>(ctx, ints) == std::vector<std::int64_t>{1, -2, 3, 65504, 0, 0});
+}
+
+TEST_CASE("add_ adds in place: any strides, the source converted to the destination's dtype") {
+  sk::Context ctx;
+  auto dst = sk::from_vector(ctx, iota(6), {2, 3});
+  const std::vector<float> src_values{0.25f, -1.0f, 2.0f, 1e-3f, 3.5f, -0.5f};
+  auto src = sk::cast(ctx, sk::from_vector(ctx, src_values, {3, 2}), sk::DType::f16);
+  sk::add_(ctx, dst, src.transpose(0, 1));
+  const auto got = sk::to_vector<float>(ctx, dst);
+  const float h_1e3 = sk::half_bits_to_float(sk::float_to_half_bits(1e-3f));
+  // dst[i][j] += src[j][i]
+  CHECK(got == std::vector<float>{0.5f + 0.25f, 1.5f + 2.0f, 2.5f + 3.5f, 3.5f - 1.0f, 4.5f + h_1e3,
+                                  5.5f - 0.5f});
+  CHECK_THROWS_WITH_AS(sk::add_(ctx, dst, src), doctest::Contains("differs from source shape"),
+                       sk::InvalidArgument);
 }
 
 TEST_CASE("bad tensor use gets errors that name the shapes and the fix") {
@@ -111,13 +128,22 @@ TEST_CASE("bad tensor use gets errors that name the shapes and the fix") {
   check_message([&] { (void)t.slice(1, 2, 7); }, "slice [2, 7) of dim 1 is outside the size 6");
   check_message([&] { (void)t.select(3, 0); }, "dimension 3 out of range for a tensor of rank 2");
   check_message([&] { (void)t.data<double>(); }, "data<f64>() on a f32 tensor");
-  check_message([&] { sk::copy(ctx, t, sk::empty(ctx, {6, 4}, sk::DType::f32)); },
-                "destination shape [4, 6] differs from source shape [6, 4]");
+  check_message(
+      [&] {
+        sk::copy(ctx, t, sk::empty(ctx, {6, 4}, sk::DType::f32));
+      },
+      "destination shape [4, 6] differs from source shape [6, 4]");
   check_message([&] { (void)sk::to_vector<double>(ctx, t); }, "to_vector<f64> of a f32 tensor");
-  check_message([&] { (void)sk::Tensor(t.storage(), {5, 5}, sk::DType::f32); },
-                "its storage holds 24 f32 elements");
-  check_message([&] { (void)sk::from_vector(ctx, std::vector<float>(5), {2, 3}); },
-                "5 values do not fill shape [2, 3]");
+  check_message(
+      [&] {
+        (void)sk::Tensor(t.storage(), {5, 5}, sk::DType::f32);
+      },
+      "its storage holds 24 f32 elements");
+  check_message(
+      [&] {
+        (void)sk::from_vector(ctx, std::vector<float>(5), {2, 3});
+      },
+      "5 values do not fill shape [2, 3]");
 }
 
 TEST_CASE("zero-element and zero-dimensional tensors") {

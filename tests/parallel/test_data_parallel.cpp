@@ -20,7 +20,8 @@ TEST_CASE("OSS and SDP equal DDP bitwise after 20 steps (greedy partition)") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {1, 2, 3, 4, 8}) {
       const auto ddp = train<Cpu>(world, Stage::ddp, kind, PartitionKind::greedy);
-      for (int r = 1; r < world; ++r) REQUIRE(bitwise_equal(ddp.params[static_cast<std::size_t>(r)], ddp.params[0]));
+      for (int r = 1; r < world; ++r)
+        REQUIRE(bitwise_equal(ddp.params[static_cast<std::size_t>(r)], ddp.params[0]));
       for (auto stage : {Stage::oss, Stage::sdp}) {
         const auto sharded = train<Cpu>(world, stage, kind, PartitionKind::greedy);
         for (int r = 0; r < world; ++r)
@@ -32,7 +33,8 @@ TEST_CASE("OSS and SDP equal DDP bitwise after 20 steps (greedy partition)") {
   }
 }
 
-TEST_CASE("with the flat split (parameters straddle ranks) SGD/AdamW stay bitwise, LARC within 1e-6") {
+TEST_CASE(
+    "with the flat split (parameters straddle ranks) SGD/AdamW stay bitwise, LARC within 1e-6") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {2, 3, 8}) {
       const auto ddp = train<Cpu>(world, Stage::ddp, kind, PartitionKind::flat);
@@ -89,16 +91,19 @@ TEST_CASE("bad use gets clear errors") {
     expect([&] { (void)dp.grad(3); }, "'frozen.scale'): the parameter is frozen");
     sk::parallel::DataParallelOptions zero;
     zero.buckets.bucket_bytes = 0;
-    expect([&] { DataParallel<Cpu>(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), zero); },
-           "bucket size is 0 bytes");
+    expect(
+        [&] { DataParallel<Cpu>(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), zero); },
+        "bucket size is 0 bytes");
   });
-  expect([&] {
-    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-      auto specs = model_specs();
-      if (comm.rank() == 1) specs[2].shape = {65};
-      DataParallel<Cpu> dp(ctx, comm, specs, config_for(OptimizerKind::sgd));
-    });
-  }, "the parameter list differs between ranks");
+  expect(
+      [&] {
+        sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+          auto specs = model_specs();
+          if (comm.rank() == 1) specs[2].shape = {65};
+          DataParallel<Cpu> dp(ctx, comm, specs, config_for(OptimizerKind::sgd));
+        });
+      },
+      "the parameter list differs between ranks");
 }
 
 TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backward") {
@@ -131,12 +136,15 @@ TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backw
           for (int micro = 0; micro < 3; ++micro)
             for (std::size_t i = 0; i < layout.size(); ++i) {
               if (!layout[i].trainable) continue;
-              sk::Context noise_ctx({.seed = 1000003ull * static_cast<std::uint64_t>(comm.rank() + 1) + 7919ull * static_cast<std::uint64_t>(micro) + i});
+              sk::Context noise_ctx(
+                  {.seed = 1000003ull * static_cast<std::uint64_t>(comm.rank() + 1) +
+                           7919ull * static_cast<std::uint64_t>(micro) + i});
               auto noise = sk::empty(noise_ctx, dp.param(i).shape(), sk::DType::f32);
               sk::normal_(noise_ctx, noise, 0.0, 1.0);
               const auto g = dp.grad(i);
               const float* n = noise.data<float>();
-              for (std::int64_t e = 0; e < g.numel(); ++e) g.data<float>()[e] += 0.5f * 0.25f + n[e];
+              for (std::int64_t e = 0; e < g.numel(); ++e)
+                g.data<float>()[e] += 0.5f * 0.25f + n[e];
             }
           for (std::size_t i = layout.size(); i-- > 0;)
             if (layout[i].trainable) dp.ready(i);
@@ -151,8 +159,72 @@ TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backw
       });
     }
     for (int r = 0; r < world; ++r)
-      CHECK(max_relative_difference(accumulated[static_cast<std::size_t>(r)], direct[static_cast<std::size_t>(r)]) < 1e-6);
+      CHECK(max_relative_difference(accumulated[static_cast<std::size_t>(r)],
+                                    direct[static_cast<std::size_t>(r)]) < 1e-6);
   }
+}
+
+TEST_CASE("synchronised accumulation adds each backward's average: A + avg(g), every stage alike") {
+  // Two synchronised backwards without zero_grad between them. Every stage must hold
+  // avg(g1) + avg(g2) -- what FSDP's sharded accumulation computes -- bitwise the same, and
+  // within rounding of the hand-computed sum of the averages.
+  const int world = 3;
+  std::vector<std::vector<float>> per_stage;
+  for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp}) {
+    for (auto partition : {PartitionKind::greedy, PartitionKind::flat}) {
+      std::vector<float> rank0;
+      sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        sk::parallel::DataParallelOptions options;
+        options.stage = stage;
+        options.partition = partition;
+        options.buckets.bucket_bytes = 2048;
+        DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+        init_differently(dp, ctx, 0);
+        dp.zero_grad();
+        for (int micro = 0; micro < 2; ++micro) {
+          fake_backward(dp, ctx, comm.rank(), micro);
+          dp.finish();
+        }
+        dp.step(0.1f);
+        if (comm.rank() == 0) rank0 = all_params(dp, ctx);
+      });
+      per_stage.push_back(rank0);
+    }
+  }
+  for (std::size_t k = 1; k < per_stage.size(); ++k)
+    CHECK(bitwise_equal(per_stage[k], per_stage[0]));
+
+  // The same update from gradients averaged by hand: w - lr * (avg(g1) + avg(g2) + wd * w) on
+  // the first SGD step (momentum buffer = gradient).
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
+    init_differently(dp, ctx, 0);
+    const auto w = all_params(dp, ctx);
+    const auto& layout = dp.plan().layout();
+    std::vector<float> expected;
+    for (std::size_t i = 0; i < layout.size(); ++i) {
+      const auto wi = sk::to_vector<float>(ctx, dp.param(i));
+      std::vector<double> g(wi.size(), 0.0);
+      for (int micro = 0; micro < 2; ++micro) {
+        std::vector<double> avg(wi.size(), 0.0);
+        for (int r = 0; r < world; ++r) {
+          sk::Context noise_ctx({.seed = 1000003ull * static_cast<std::uint64_t>(r + 1) +
+                                         7919ull * static_cast<std::uint64_t>(micro) + i});
+          auto noise = sk::empty(noise_ctx, dp.param(i).shape(), sk::DType::f32);
+          sk::normal_(noise_ctx, noise, 0.0, 1.0);
+          for (std::size_t e = 0; e < wi.size(); ++e)
+            avg[e] += (0.5 * wi[e] + noise.data<float>()[e]) / world;
+        }
+        for (std::size_t e = 0; e < wi.size(); ++e) g[e] += avg[e];
+      }
+      for (std::size_t e = 0; e < wi.size(); ++e)
+        expected.push_back(
+            layout[i].trainable ? static_cast<float>(wi[e] - 0.1 * (g[e] + 1e-4 * wi[e])) : wi[e]);
+    }
+    CHECK(w.size() == expected.size());
+    // (f32 rounding of two averages; an overwritten first backward would be off by O(1))
+    CHECK(max_relative_difference(per_stage[0], expected) < 1e-4);
+  });
 }
 
 TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact") {
@@ -194,7 +266,8 @@ TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact")
 
 TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
   const int world = 4;
-  const auto reference = train<Cpu>(world, Stage::sdp, OptimizerKind::sgd, PartitionKind::greedy, 5);
+  const auto reference =
+      train<Cpu>(world, Stage::sdp, OptimizerKind::sgd, PartitionKind::greedy, 5);
   for (auto wire : {sk::DType::f16, sk::DType::bf16}) {
     for (auto stage : {Stage::ddp, Stage::sdp}) {
       std::vector<std::vector<float>> got(world);
@@ -229,7 +302,8 @@ TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
           den += static_cast<double>(b[e]) * b[e];
         }
         const double diff = std::sqrt(num / den);
-        CHECK_MESSAGE(diff <= tolerance, sk::dtype_name(wire), " ", sk::parallel::stage_name(stage), " ", diff);
+        CHECK_MESSAGE(diff <= tolerance, sk::dtype_name(wire), " ", sk::parallel::stage_name(stage),
+                      " ", diff);
         CHECK(diff > 0);  // the wire really was narrower
       }
     }

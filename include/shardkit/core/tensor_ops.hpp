@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "shardkit/core/context.hpp"
@@ -55,8 +56,9 @@ inline void fill(Context& ctx, const Tensor& t, double value) {
     using T = decltype(tag);
     T* data = static_cast<T*>(t.data_ptr());
     const T converted = convert_value<T>(value);
-    detail::for_each_element(t.shape(), t.strides(), t.strides(),
-                             [&](std::int64_t, std::int64_t at, std::int64_t) { data[at] = converted; });
+    detail::for_each_element(
+        t.shape(), t.strides(), t.strides(),
+        [&](std::int64_t, std::int64_t at, std::int64_t) { data[at] = converted; });
   });
 }
 
@@ -85,10 +87,9 @@ inline void copy_on_host(const Tensor& dst, const Tensor& src) {
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.data_ptr());
       const S* in = static_cast<const S*>(src.data_ptr());
-      for_each_element(dst.shape(), dst.strides(), src.strides(),
-                       [&](std::int64_t, std::int64_t d, std::int64_t s) {
-                         out[d] = convert_value<D>(in[s]);
-                       });
+      for_each_element(
+          dst.shape(), dst.strides(), src.strides(),
+          [&](std::int64_t, std::int64_t d, std::int64_t s) { out[d] = convert_value<D>(in[s]); });
     });
   });
 }
@@ -115,7 +116,8 @@ inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
         "; convert on one side first (sk::copy into a tensor of the wanted dtype)");
   // Transfers move contiguous bytes: stage non-contiguous sides through contiguous temporaries.
   const Tensor packed_src = contiguous(ctx, src);
-  const Tensor packed_dst = dst.is_contiguous() ? dst : empty_on(ctx, dst.device(), dst.shape(), dst.dtype());
+  const Tensor packed_dst =
+      dst.is_contiguous() ? dst : empty_on(ctx, dst.device(), dst.shape(), dst.dtype());
   CudaDeviceGuard guard(ctx.device().index);
   SK_CUDA_CHECK(cudaMemcpyAsync(packed_dst.data_ptr(), packed_src.data_ptr(), dst.nbytes(),
                                 cudaMemcpyDefault, ctx.stream()));
@@ -125,6 +127,35 @@ inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
   fail<NotAvailable>("copy to or from ", (dst_cuda ? dst : src).device().str(),
                      " in a build without CUDA; rebuild with -Dcuda=enabled");
 #endif
+}
+
+// dst += src, elementwise, on one device. Same shape, any strides; src is converted to dst's
+// dtype, the sum is formed in f32 (f64 for f64 tensors) and rounded once. How gradients that
+// arrive in pieces (accumulation, reductions landing beside their target) are added.
+inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
+  detail::check_on_context(ctx, dst, "add_ (destination)");
+  detail::check_on_context(ctx, src, "add_ (source)");
+  check(dst.shape() == src.shape(), "add_: destination shape ", shape_str(dst.shape()),
+        " differs from source shape ", shape_str(src.shape()));
+  check(dst.device() == src.device(), "add_: destination on ", dst.device().str(),
+        " but source on ", src.device().str(), "; copy one side over first");
+  if (dst.numel() == 0) return;
+  if (dst.device().is_cuda()) return ctx.kernels().add(ctx, dst, src);
+  visit_dtype(dst.dtype(), [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    using Acc = std::conditional_t<std::is_same_v<D, double>, double, float>;
+    visit_dtype(src.dtype(), [&](auto src_tag) {
+      using S = decltype(src_tag);
+      D* out = static_cast<D*>(dst.data_ptr());
+      const S* in = static_cast<const S*>(src.data_ptr());
+      detail::for_each_element(dst.shape(), dst.strides(), src.strides(),
+                               [&](std::int64_t, std::int64_t d, std::int64_t s) {
+                                 out[d] =
+                                     convert_value<D>(convert_value<Acc>(out[d]) +
+                                                      convert_value<Acc>(convert_value<D>(in[s])));
+                               });
+    });
+  });
 }
 
 // `t` itself if already contiguous, else a contiguous copy on the same device.
@@ -159,10 +190,10 @@ inline Tensor cast(Context& ctx, const Tensor& t, DType dtype) {
 template <class T>
 Tensor from_vector(Context& ctx, const std::vector<T>& values, Shape shape,
                    MemoryCategory category = MemoryCategory::other) {
-  check(shape_numel(shape) == static_cast<std::int64_t>(values.size()), "from_vector: ",
-        values.size(), " values do not fill shape ", shape_str(shape));
-  auto host_storage = Storage::borrow(const_cast<T*>(values.data()), values.size() * sizeof(T),
-                                      Device::cpu());
+  check(shape_numel(shape) == static_cast<std::int64_t>(values.size()),
+        "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
+  auto host_storage =
+      Storage::borrow(const_cast<T*>(values.data()), values.size() * sizeof(T), Device::cpu());
   const Tensor host(host_storage, shape, dtype_of<T>);
   Tensor out = empty(ctx, std::move(shape), dtype_of<T>, category);
   copy(ctx, out, host);
@@ -186,7 +217,8 @@ inline void random_fill(Context& ctx, const Tensor& t, RandomSpec spec, const ch
   check_on_context(ctx, t, op);
   check(is_floating(t.dtype()), op, " needs a floating-point tensor, got ", dtype_name(t.dtype()));
   spec.seed = ctx.seed();
-  spec.counter_base = ctx.take_random_blocks(spec.blocks_for(static_cast<std::uint64_t>(t.numel())));
+  spec.counter_base =
+      ctx.take_random_blocks(spec.blocks_for(static_cast<std::uint64_t>(t.numel())));
   if (t.device().is_cuda()) return ctx.kernels().random(ctx, t, spec);
   visit_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -195,7 +227,8 @@ inline void random_fill(Context& ctx, const Tensor& t, RandomSpec spec, const ch
       T* data = static_cast<T*>(t.data_ptr());
       for_each_element(t.shape(), t.strides(), t.strides(),
                        [&](std::int64_t index, std::int64_t at, std::int64_t) {
-                         data[at] = convert_value<T>(spec.value_at(static_cast<std::uint64_t>(index)));
+                         data[at] =
+                             convert_value<T>(spec.value_at(static_cast<std::uint64_t>(index)));
                        });
     }
   });

@@ -11,6 +11,12 @@
 //     each rank's part straight into that rank's owned gradients, and the buffer is freed once
 //     done.
 //
+// Accumulation over synchronised backwards (no zero_grad between them) adds the average of the
+// new local gradients to the averages already held: A + avg(g), exactly as a sharded
+// accumulation computes it, never avg(A + g) (which rounds differently). Once the buffers hold
+// averages, a backward's gradients therefore go to transient bucket buffers whose reduction is
+// added in. Local accumulation (no_sync) sums before the one reduction: avg(g1 + g2).
+//
 // Gradients may travel in f16/bf16 (wire_dtype): the bucket is cast for the wire and back.
 #pragma once
 
@@ -42,7 +48,7 @@ struct BucketState {
   bool launched = false;
   Tensor buffer;  // the bucket's gradients (a view of the full buffer, or transient)
   Tensor wire;    // low-precision copy on the wire, when wire_dtype is not f32
-  Tensor wire_out;
+  Tensor out;     // where the reduction lands when that is not its final place
 };
 
 // How a bucket's gradients are stored and reduced.
@@ -55,7 +61,15 @@ class GradSyncStrategy {
   virtual void complete(std::size_t b, BucketState& state) = 0;
   // The averaged gradient of a piece this rank updates (after the backward is finished).
   virtual Tensor piece_grad(const ParamPiece& piece) const = 0;
+  // Clears the gradients; afterwards a reduction lands in place again.
   virtual void zero(std::vector<BucketState>& states) = 0;
+  // The buffers hold averaged gradients of an earlier synchronised backward: the next
+  // reductions are added to them.
+  void set_holds_averages(bool value) { holds_averages_ = value; }
+  bool holds_averages() const { return holds_averages_; }
+
+ private:
+  bool holds_averages_ = false;
 };
 
 namespace detail {
@@ -83,12 +97,17 @@ class AllReduceGrads final : public GradSyncStrategy {
         wire_dtype_(wire_dtype),
         full_(zeros(ctx, {plan.total_numel()}, DType::f32, MemoryCategory::gradients)) {}
 
-  Tensor grad(std::size_t b, BucketState&, std::int64_t at, const Shape& shape) override {
-    return full_.flat_view(plan_->buckets()[b].base + at, shape);
+  Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
+    if (!holds_averages()) return full_.flat_view(plan_->buckets()[b].base + at, shape);
+    if (!state.buffer.defined()) state.buffer = transient(b);
+    return state.buffer.flat_view(at, shape);
   }
   void launch(std::size_t b, BucketState& state) override {
     const GradBucket& bucket = plan_->buckets()[b];
-    state.buffer = full_.slice(0, bucket.base, bucket.base + bucket.numel);
+    if (!holds_averages())
+      state.buffer = full_.slice(0, bucket.base, bucket.base + bucket.numel);
+    else if (!state.buffer.defined())
+      state.buffer = transient(b);  // nothing was asked: all zero
     if (wire_dtype_ != DType::f32) {
       state.wire = detail::cast_for_wire(*ctx_, state.buffer, wire_dtype_);
       detail::assign_work(state.work, comm_->all_reduce(state.wire, comm::ReduceOp::avg));
@@ -96,17 +115,31 @@ class AllReduceGrads final : public GradSyncStrategy {
       detail::assign_work(state.work, comm_->all_reduce(state.buffer, comm::ReduceOp::avg));
     }
   }
-  void complete(std::size_t, BucketState& state) override {
-    if (state.wire.defined()) copy(*ctx_, state.buffer, state.wire);
+  void complete(std::size_t b, BucketState& state) override {
+    const GradBucket& bucket = plan_->buckets()[b];
+    const Tensor target = full_.slice(0, bucket.base, bucket.base + bucket.numel);
+    const Tensor& reduced = state.wire.defined() ? state.wire : state.buffer;
+    if (!holds_averages()) {
+      if (state.wire.defined()) copy(*ctx_, target, reduced);
+    } else {
+      add_(*ctx_, target, reduced);
+    }
   }
   Tensor piece_grad(const ParamPiece& piece) const override {
     const GradBucket& bucket = plan_->buckets()[plan_->bucket_of(piece.param)];
     const std::int64_t at = bucket.base + plan_->position_of(piece.param) + piece.param_begin;
     return full_.slice(0, at, at + piece.numel());
   }
-  void zero(std::vector<BucketState>&) override { fill(*ctx_, full_, 0.0); }
+  void zero(std::vector<BucketState>& states) override {
+    fill(*ctx_, full_, 0.0);
+    for (auto& state : states) state.buffer = Tensor();
+  }
 
  private:
+  Tensor transient(std::size_t b) const {
+    return zeros(*ctx_, {plan_->buckets()[b].numel}, DType::f32, MemoryCategory::communication);
+  }
+
   Context* ctx_;
   comm::Communicator* comm_;
   const BucketPlan* plan_;
@@ -132,21 +165,24 @@ class ReduceScatterGrads final : public GradSyncStrategy {
     const GradBucket& bucket = plan_->buckets()[b];
     if (!state.buffer.defined()) state.buffer = transient(b);  // nothing was asked: all zero
     const Tensor target = owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel);
-    if (wire_dtype_ != DType::f32) {
-      state.wire = detail::cast_for_wire(*ctx_, state.buffer, wire_dtype_);
-      state.wire_out = empty(*ctx_, {bucket.own_numel}, wire_dtype_, MemoryCategory::communication);
-      detail::assign_work(state.work, comm_->reduce_scatter_v(state.wire, state.wire_out,
-                                                              bucket.counts, comm::ReduceOp::avg));
-    } else {
-      detail::assign_work(state.work, comm_->reduce_scatter_v(state.buffer, target, bucket.counts,
-                                                              comm::ReduceOp::avg));
-    }
+    const Tensor& send =
+        wire_dtype_ != DType::f32
+            ? (state.wire = detail::cast_for_wire(*ctx_, state.buffer, wire_dtype_))
+            : state.buffer;
+    if (wire_dtype_ != DType::f32 || holds_averages())
+      state.out = empty(*ctx_, {bucket.own_numel}, send.dtype(), MemoryCategory::communication);
+    detail::assign_work(state.work,
+                        comm_->reduce_scatter_v(send, state.out.defined() ? state.out : target,
+                                                bucket.counts, comm::ReduceOp::avg));
   }
   void complete(std::size_t b, BucketState& state) override {
     const GradBucket& bucket = plan_->buckets()[b];
-    if (state.wire_out.defined() && state.wire_out.numel() > 0)
-      copy(*ctx_, owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel),
-           state.wire_out);
+    if (!state.out.defined() || state.out.numel() == 0) return;
+    const Tensor target = owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel);
+    if (holds_averages())
+      add_(*ctx_, target, state.out);
+    else
+      copy(*ctx_, target, state.out);
   }
   Tensor piece_grad(const ParamPiece& piece) const override {
     const std::int64_t offset = plan_->owned_offset_of(piece);
@@ -218,6 +254,7 @@ class GradBucketer {
     if (sync_enabled_) {
       schedule_.drain([&](std::size_t b) { launch(b); }, [&](std::size_t b) { complete(b); });
       finished_ = true;
+      strategy_->set_holds_averages(true);
     }
     // Next backward: everything pending again. (Without sync, buckets keep their buffers and
     // the next backward adds to them: gradient accumulation.)
@@ -240,6 +277,7 @@ class GradBucketer {
   // Clears the gradients for the next accumulation window.
   void zero_grad() {
     strategy_->zero(states_);
+    strategy_->set_holds_averages(false);
     finished_ = false;
   }
 
@@ -290,7 +328,7 @@ class GradBucketer {
     strategy_->complete(b, state);
     state.buffer = Tensor();  // a view of the full buffer, or a transient buffer freed now
     state.wire = Tensor();
-    state.wire_out = Tensor();
+    state.out = Tensor();
   }
 
   const ShardPlan* plan_;
