@@ -1,6 +1,7 @@
 // Modules: state-dict names, parameter counts against torchvision, initialisation, forward and
 // backward shapes, hooks, module paths in errors.
 #include <doctest/doctest.h>
+#include <algorithm>
 
 #include <cmath>
 #include <string>
@@ -20,7 +21,8 @@ Variable random_input(sk::Context& ctx, sk::Shape shape) {
   return Variable(t);
 }
 
-bool has_name(const std::vector<std::pair<std::string, sk::Tensor>>& entries, const std::string& name) {
+bool has_name(const std::vector<std::pair<std::string, sk::Tensor>>& entries,
+              const std::string& name) {
   for (auto& [n, t] : entries)
     if (n == name) return true;
   return false;
@@ -106,7 +108,8 @@ TEST_CASE("ResNet forward and backward shapes (small images)") {
     auto x = random_input(ctx, {2, 3, 32, 32});
     auto logits = (*net)(ctx, x);
     CHECK(logits.shape() == sk::Shape{2, 1000});
-    ag::backward(ctx, ag::cross_entropy(ctx, logits, sk::from_vector<std::int64_t>(ctx, {3, 999}, {2})));
+    ag::backward(ctx,
+                 ag::cross_entropy(ctx, logits, sk::from_vector<std::int64_t>(ctx, {3, 999}, {2})));
     for (auto& [name, p] : net->named_parameters()) {
       CAPTURE(name);
       REQUIRE(p.grad().defined());
@@ -144,13 +147,25 @@ TEST_CASE("module hooks: forward pre/post, backward pre/post") {
   linear.register_backward_hook([&](nn::Module&, const sk::Tensor& g) {
     events.push_back("bwd-post" + sk::shape_str(g.shape()));
   });
-  dynamic_cast<nn::Linear&>(head->at(3)).weight.register_grad_ready_hook(
-      [&](Variable&) { events.push_back("ready:3.weight"); });
+  dynamic_cast<nn::Linear&>(head->at(3)).weight.register_grad_ready_hook([&](Variable&) {
+    events.push_back("ready:3.weight");
+  });
   auto y = (*head)(ctx, random_input(ctx, {4, 6}));
-  ag::backward(ctx, ag::cross_entropy(ctx, y, sk::from_vector<std::int64_t>(ctx, {0, 1, 2, 0}, {4})));
+  ag::backward(ctx,
+               ag::cross_entropy(ctx, y, sk::from_vector<std::int64_t>(ctx, {0, 1, 2, 0}, {4})));
   const std::vector<std::string> expected{"pre:0[4, 6]", "post[4, 8]", "ready:3.weight",
                                           "bwd-pre[4, 8]", "bwd-post[4, 6]"};
   CHECK(events == expected);
+
+  // Removing hooks by id: only the named one goes.
+  events.clear();
+  const auto id = linear.register_forward_pre_hook(
+      [&](nn::Module&, const Variable&) { events.push_back("second pre"); });
+  CHECK(linear.remove_hook(id));
+  CHECK_FALSE(linear.remove_hook(id));
+  (void)(*head)(ctx, random_input(ctx, {4, 6}));
+  CHECK(events.front() == "pre:0[4, 6]");
+  CHECK(std::find(events.begin(), events.end(), "second pre") == events.end());
 }
 
 TEST_CASE("errors name the op, both shapes and the module path") {

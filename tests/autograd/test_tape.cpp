@@ -19,7 +19,8 @@ std::vector<double> values(sk::Context& ctx, const sk::Tensor& t) {
 }
 
 // loss = cross_entropy(linear(relu(linear(x, w1)), w2), labels)
-Variable two_layer_loss(sk::Context& ctx, const Variable& x, const Variable& w1, const Variable& w2) {
+Variable two_layer_loss(sk::Context& ctx, const Variable& x, const Variable& w1,
+                        const Variable& w2) {
   auto labels = sk::from_vector<std::int64_t>(ctx, {0, 2, 1}, {3});
   return ag::cross_entropy(ctx, ag::linear(ctx, ag::relu(ctx, ag::linear(ctx, x, w1)), w2), labels);
 }
@@ -35,7 +36,8 @@ TEST_CASE("gradients accumulate over backward passes until cleared") {
   ag::backward(ctx, two_layer_loss(ctx, x, w1, w2));
   const auto twice = values(ctx, w1.grad());
   REQUIRE(once.size() == twice.size());
-  for (std::size_t i = 0; i < once.size(); ++i) CHECK(twice[i] == doctest::Approx(2 * once[i]).epsilon(1e-12));
+  for (std::size_t i = 0; i < once.size(); ++i)
+    CHECK(twice[i] == doctest::Approx(2 * once[i]).epsilon(1e-12));
   CHECK(!x.grad().defined());  // inputs that do not require grad get none
   w1.clear_grad();
   ag::backward(ctx, two_layer_loss(ctx, x, w1, w2));
@@ -78,9 +80,8 @@ TEST_CASE("saved activations are freed by backward unless retained") {
   auto w1 = random_variable(ctx, {128, 32}, -1, 1), w2 = random_variable(ctx, {3, 128}, -1, 1);
   auto& stats = ctx.memory_stats();
   const auto before = stats.current(sk::MemoryCategory::activations);
-  auto loss = ag::cross_entropy(
-      ctx, ag::linear(ctx, ag::relu(ctx, ag::linear(ctx, x, w1)), w2),
-      sk::zeros(ctx, {64}, sk::DType::i64));
+  auto loss = ag::cross_entropy(ctx, ag::linear(ctx, ag::relu(ctx, ag::linear(ctx, x, w1)), w2),
+                                sk::zeros(ctx, {64}, sk::DType::i64));
   const auto held = stats.current(sk::MemoryCategory::activations) - before;
   CHECK(held >= 64 * 128 * 8);  // at least the hidden activation is kept for backward
   ag::backward(ctx, loss, sk::Tensor(), {.retain_graph = true});
@@ -120,6 +121,45 @@ TEST_CASE("grad-ready hooks fire once per backward, with the final gradient, in 
   CHECK(seen[1] == values(ctx, w1.grad()));
 }
 
+TEST_CASE("a grad provider receives every accumulation; end-of-backward callbacks run once") {
+  sk::Context ctx({.seed = 12});
+  auto x = random_variable(ctx, {3, 4}, -1, 1, false);
+  auto w1 = random_variable(ctx, {5, 4}, -1, 1), w2 = random_variable(ctx, {3, 5}, -1, 1);
+  ag::backward(ctx, two_layer_loss(ctx, x, w1, w2));
+  const auto expected = values(ctx, w1.grad());
+  w1.clear_grad();
+
+  // The provider's buffer starts with values of its own: backward adds into it, and leaves the
+  // leaf's grad() alone.
+  auto bucket = sk::full(ctx, {5, 4}, sk::DType::f64, 0.5);
+  int asked = 0;
+  w1.set_grad_provider([&] {
+    ++asked;
+    return bucket;
+  });
+  std::vector<std::string> events;
+  w1.register_grad_ready_hook([&](Variable&) {
+    events.push_back("ready");
+    ag::tape(ctx).queue_callback([&] {
+      events.push_back("end");
+      ag::tape(ctx).queue_callback([&] { events.push_back("queued by a callback"); });
+    });
+  });
+  ag::backward(ctx, two_layer_loss(ctx, x, w1, w2));
+  CHECK(asked == 1);
+  CHECK_FALSE(w1.grad().defined());
+  const auto got = values(ctx, bucket);
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(0.5 + expected[i]));
+  CHECK(events == std::vector<std::string>{"ready", "end", "queued by a callback"});
+  CHECK(ag::tape(ctx).backward_depth() == 0);
+  CHECK_THROWS_AS(ag::tape(ctx).queue_callback([] {}), sk::StateError);
+
+  w1.set_grad_provider([&] { return sk::zeros(ctx, {4, 5}, sk::DType::f64); });
+  CHECK_THROWS_WITH(ag::backward(ctx, two_layer_loss(ctx, x, w1, w2)),
+                    doctest::Contains("returned a [4, 5] tensor for a [5, 4] parameter"));
+  CHECK(ag::tape(ctx).backward_depth() == 0);  // a failed backward leaves the tape usable
+}
+
 TEST_CASE("ranks as threads have independent tapes and identical results") {
   auto run = [](std::uint64_t seed, std::vector<double>& grad) {
     sk::Context ctx({.seed = seed});
@@ -152,7 +192,8 @@ TEST_CASE("ranks as threads have independent tapes and identical results") {
 TEST_CASE("shape errors name the op and both shapes") {
   sk::Context ctx({.seed = 16});
   auto a = random_variable(ctx, {2, 3}, -1, 1), b = random_variable(ctx, {3, 2}, -1, 1);
-  CHECK_THROWS_WITH_AS(ag::add(ctx, a, b), doctest::Contains("add: shapes [2, 3] and [3, 2] differ"),
+  CHECK_THROWS_WITH_AS(ag::add(ctx, a, b),
+                       doctest::Contains("add: shapes [2, 3] and [3, 2] differ"),
                        sk::InvalidArgument);
   CHECK_THROWS_WITH_AS(ag::matmul(ctx, a, a), doctest::Contains("matmul: shapes [2, 3] and [2, 3]"),
                        sk::InvalidArgument);

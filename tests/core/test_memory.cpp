@@ -99,3 +99,26 @@ TEST_CASE("storage frees through its allocator; borrowed storage is neither free
   CHECK_FALSE(borrowed->owns_memory());
   CHECK(borrowed->data() == mine.data());
 }
+
+TEST_CASE("released storage gives its bytes back, refuses access with the reason, comes back") {
+  auto allocator = std::make_shared<sk::HostAllocator>();
+  auto storage = std::make_shared<sk::Storage>(allocator, 1024, MemoryCategory::communication);
+  storage->release("unit 'layer1' is not gathered; call gather() first");
+  CHECK(storage->released());
+  CHECK(allocator->stats().current(MemoryCategory::communication) == 0);
+  CHECK(allocator->stats().peak(MemoryCategory::communication) == 1024);
+  CHECK_THROWS_WITH_AS((void)storage->data(), doctest::Contains("unit 'layer1' is not gathered"),
+                       sk::StateError);
+  storage->release("twice is harmless");
+  storage->materialize();
+  CHECK_FALSE(storage->released());
+  CHECK(storage->data() != nullptr);
+  CHECK(allocator->stats().current(MemoryCategory::communication) == 1024);
+  storage->release("freed again before destruction");
+  storage.reset();  // the destructor must not free twice
+  CHECK(allocator->stats().current_total() == 0);
+
+  std::vector<float> mine(4, 1.0f);
+  auto borrowed = sk::Storage::borrow(mine.data(), mine.size() * sizeof(float), sk::Device::cpu());
+  CHECK_THROWS_AS(borrowed->release("x"), sk::StateError);
+}

@@ -4,6 +4,7 @@
 // the moment no further gradient can reach that leaf in this pass.
 #pragma once
 
+#include <exception>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -22,6 +23,13 @@ struct BackwardOptions {
 namespace detail {
 
 inline void accumulate_leaf(Context& ctx, VariableImpl& leaf, const Tensor& grad) {
+  if (leaf.grad_provider) {
+    const Tensor into = leaf.grad_provider();
+    check(into.shape() == leaf.data.shape(), "the grad provider of '", leaf.name, "' returned a ",
+          shape_str(into.shape()), " tensor for a ", shape_str(leaf.data.shape()), " parameter");
+    fn::accumulate(ctx, into, grad);
+    return;
+  }
   if (!leaf.grad.defined()) {
     // A fresh buffer: `grad` may be shared with other consumers of the same gradient.
     leaf.grad = empty_on(ctx, leaf.data.device(), leaf.data.shape(), leaf.data.dtype(),
@@ -37,6 +45,24 @@ inline void fire_grad_ready(VariableImpl& leaf, const std::shared_ptr<VariableIm
   Variable v = Variable::from_impl(owner);
   for (auto& hook : leaf.grad_ready_hooks) hook(v);
 }
+
+// Counts a backward pass on the tape for its whole extent, so that callbacks queued during it
+// run when the outermost one ends.
+class BackwardScope {
+ public:
+  explicit BackwardScope(Context& ctx) : tape_(tape(ctx)), exceptions_(std::uncaught_exceptions()) {
+    tape_.enter_backward();
+  }
+  ~BackwardScope() noexcept(false) {
+    tape_.exit_backward(std::uncaught_exceptions() > exceptions_);
+  }
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+
+ private:
+  Tape& tape_;
+  int exceptions_;
+};
 
 }  // namespace detail
 
@@ -58,6 +84,7 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
   }
   check(grad_root.shape() == root.shape(), "backward: gradient shape ",
         shape_str(grad_root.shape()), " differs from the output shape ", shape_str(root.shape()));
+  detail::BackwardScope scope(ctx);
 
   if (root.is_leaf()) {
     detail::accumulate_leaf(ctx, *root.impl(), grad_root);
@@ -73,8 +100,10 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
-    check<StateError>(!node->released, "backward through the graph a second time: the saved "
-                      "activations of '", node->name(), "'",
+    check<StateError>(!node->released,
+                      "backward through the graph a second time: the saved "
+                      "activations of '",
+                      node->name(), "'",
                       node->module_path.empty() ? "" : " (module '" + node->module_path + "')",
                       " were freed by the first backward; pass retain_graph = true to the first "
                       "backward, or run the forward again");
@@ -116,7 +145,8 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
         Node* next = edge.node.get();
         if (grads[i].defined()) {
           auto [it, inserted] = pending.try_emplace(next, grads[i]);
-          if (!inserted) it->second = it->second.defined() ? fn::add(ctx, it->second, grads[i]) : grads[i];
+          if (!inserted)
+            it->second = it->second.defined() ? fn::add(ctx, it->second, grads[i]) : grads[i];
         } else {
           pending.try_emplace(next, Tensor());
         }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -23,6 +24,40 @@ class Tape {
   bool recomputing() const { return recomputing_; }
   void set_recomputing(bool value) { recomputing_ = value; }
 
+  // Backward passes running now (checkpoint recomputation nests one inside another).
+  int backward_depth() const { return backward_depth_; }
+  // Runs `callback` when the outermost backward pass now running ends (PyTorch's
+  // queue_callback): the sharded wrappers wait for their last reductions there.
+  void queue_callback(std::function<void()> callback) {
+    check<StateError>(backward_depth_ > 0,
+                      "queue_callback outside a backward pass: callbacks "
+                      "run when the running backward ends; call it from a hook");
+    callbacks_.push_back(std::move(callback));
+  }
+  void enter_backward() { ++backward_depth_; }
+  // Leaves a backward pass; the outermost one runs the queued callbacks (those queued while
+  // they run included), or drops them when it ends by an exception.
+  void exit_backward(bool failed) {
+    if (--backward_depth_ > 0) return;
+    if (failed) {
+      callbacks_.clear();
+      return;
+    }
+    ++backward_depth_;  // callbacks may queue more, and run as part of this backward
+    for (std::size_t i = 0; i < callbacks_.size(); ++i) {
+      auto callback = std::move(callbacks_[i]);
+      try {
+        callback();
+      } catch (...) {
+        callbacks_.clear();
+        --backward_depth_;
+        throw;
+      }
+    }
+    callbacks_.clear();
+    --backward_depth_;
+  }
+
   std::uint64_t next_sequence_nr() { return next_sequence_nr_++; }
   std::uint64_t nodes_recorded() const { return next_sequence_nr_; }
 
@@ -41,6 +76,8 @@ class Tape {
   bool recomputing_ = false;
   std::uint64_t next_sequence_nr_ = 0;
   std::vector<std::string> module_paths_;
+  int backward_depth_ = 0;
+  std::vector<std::function<void()>> callbacks_;
 };
 
 inline Tape& tape(Context& ctx) {

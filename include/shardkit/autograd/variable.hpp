@@ -19,6 +19,12 @@ class Variable;
 // gradient bucketer (DDP/SDP) and FSDP's reduce-scatter start from here.
 using GradReadyHook = std::function<void(Variable&)>;
 
+// Where a leaf's gradient goes, decided by its owner at each accumulation instead of a tensor
+// the leaf keeps: the sharded wrappers hand out a view of the bucket (or unit) buffer that is
+// current for this backward, so gradients land there with no extra copy and the leaf holds
+// nothing between backwards.
+using GradProvider = std::function<Tensor()>;
+
 struct VariableImpl {
   Tensor data;
   Tensor grad;  // leaves: accumulated over backward passes until zero_grad()/clear_grad()
@@ -26,6 +32,7 @@ struct VariableImpl {
   std::shared_ptr<Node> grad_fn;  // the producer; null for leaves
   std::string name;
   std::vector<GradReadyHook> grad_ready_hooks;
+  GradProvider grad_provider;
 };
 
 class Variable {
@@ -57,8 +64,8 @@ class Variable {
   // Lets the caller choose where the gradient lives (e.g. a view into a flat gradient buffer);
   // backward accumulates into it in place.
   void set_grad(Tensor grad) {
-    check(!grad.defined() || grad.shape() == checked().data.shape(), "set_grad of '",
-          impl_->name, "': gradient shape ", shape_str(grad.shape()), " differs from the value's ",
+    check(!grad.defined() || grad.shape() == checked().data.shape(), "set_grad of '", impl_->name,
+          "': gradient shape ", shape_str(grad.shape()), " differs from the value's ",
           shape_str(impl_->data.shape()));
     checked().grad = std::move(grad);
   }
@@ -90,6 +97,14 @@ class Variable {
     impl_->grad_ready_hooks.push_back(std::move(hook));
   }
   void clear_grad_ready_hooks() { checked().grad_ready_hooks.clear(); }
+
+  // Backward adds this leaf's gradient into provider() (asked at every accumulation) rather than
+  // into grad(); an empty provider restores the default.
+  void set_grad_provider(GradProvider provider) {
+    check(is_leaf(), "a grad provider belongs on a leaf (parameter); '", impl_->name,
+          "' was produced by an operation");
+    impl_->grad_provider = std::move(provider);
+  }
 
   // Same values, cut from the graph: a leaf that does not require grad.
   Variable detach() const { return Variable(data(), false, checked().name); }

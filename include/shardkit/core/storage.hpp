@@ -1,8 +1,14 @@
 // Storage: one block of memory on one device, owned (freed through its allocator) or borrowed.
+// An owned storage can give its memory back while tensors still view it (release) and get it
+// again later (materialize): how FSDP frees a unit's gathered parameters after its forward while
+// the autograd graph still refers to them, and re-gathers them for the backward. Touching a
+// released storage's data throws, naming why it was released.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "shardkit/core/allocator.hpp"
 
@@ -25,12 +31,36 @@ class Storage {
   }
 
   ~Storage() {
-    if (allocator_) allocator_->deallocate(data_, bytes_, category_);
+    if (allocator_ && !released_) allocator_->deallocate(data_, bytes_, category_);
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return data_; }
+  void* data() const {
+    if (released_) [[unlikely]]
+      fail<StateError>("use of memory that was released: ", release_reason_);
+    return data_;
+  }
+  // Frees the memory (the allocator's counters drop now); `reason` is what data() will say if
+  // anything touches it before materialize() -- name the owner and the fix.
+  void release(std::string reason) {
+    check<StateError>(owns_memory(),
+                      "release() of borrowed memory: only owned storage can be "
+                      "freed early");
+    if (released_) return;
+    allocator_->deallocate(data_, bytes_, category_);
+    data_ = nullptr;
+    released_ = true;
+    release_reason_ = std::move(reason);
+  }
+  // Allocates the same number of bytes again (contents undefined) for the views to use.
+  void materialize() {
+    if (!released_) return;
+    data_ = allocator_->allocate(bytes_, category_);
+    released_ = false;
+    release_reason_.clear();
+  }
+  bool released() const { return released_; }
   std::size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   MemoryCategory category() const { return category_; }
@@ -45,6 +75,8 @@ class Storage {
   std::size_t bytes_ = 0;
   Device device_;
   MemoryCategory category_;
+  bool released_ = false;
+  std::string release_reason_;
 };
 
 }  // namespace shardkit

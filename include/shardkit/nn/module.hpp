@@ -3,6 +3,8 @@
 // (FSDP gathers before a unit's forward and frees after; the bucketer listens to backward).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,6 +24,8 @@ using ForwardHook = std::function<void(Module&, const Variable& input, const Var
 using BackwardPreHook = std::function<void(Module&, const Tensor& grad_output)>;
 // grad_input: the gradient leaving through the module's input (its backward is done).
 using BackwardHook = std::function<void(Module&, const Tensor& grad_input)>;
+// Names one registered hook of one module, for remove_hook (PyTorch's RemovableHandle).
+using HookId = std::uint64_t;
 
 class Module {
  public:
@@ -37,19 +41,19 @@ class Module {
   // pointer to the module: keep it alive until the backward pass is over.
   Variable operator()(Context& ctx, const Variable& input) {
     autograd::ModuleScope scope(ctx, path().empty() ? type_name() : path());
-    for (auto& hook : forward_pre_hooks_) hook(*this, input);
+    for (auto& [id, hook] : forward_pre_hooks_) hook(*this, input);
     const bool grad = autograd::tape(ctx).grad_enabled();
     Variable x = input;
     if (grad && !backward_hooks_.empty())
       x = autograd::identity_with_hook(ctx, x, [this](const Tensor& g) {
-        for (auto& hook : backward_hooks_) hook(*this, g);
+        for (auto& [id, hook] : backward_hooks_) hook(*this, g);
       });
     Variable y = forward(ctx, x);
     if (grad && !backward_pre_hooks_.empty() && y.requires_grad())
       y = autograd::identity_with_hook(ctx, y, [this](const Tensor& g) {
-        for (auto& hook : backward_pre_hooks_) hook(*this, g);
+        for (auto& [id, hook] : backward_pre_hooks_) hook(*this, g);
       });
-    for (auto& hook : forward_hooks_) hook(*this, input, y);
+    for (auto& [id, hook] : forward_hooks_) hook(*this, input, y);
     return y;
   }
 
@@ -109,10 +113,20 @@ class Module {
     for (auto& p : parameters()) p.clear_grad();
   }
 
-  void register_forward_pre_hook(ForwardPreHook hook) { forward_pre_hooks_.push_back(std::move(hook)); }
-  void register_forward_hook(ForwardHook hook) { forward_hooks_.push_back(std::move(hook)); }
-  void register_backward_pre_hook(BackwardPreHook hook) { backward_pre_hooks_.push_back(std::move(hook)); }
-  void register_backward_hook(BackwardHook hook) { backward_hooks_.push_back(std::move(hook)); }
+  // Each returns an id for remove_hook. Hooks run in registration order.
+  HookId register_forward_pre_hook(ForwardPreHook hook) {
+    return add(forward_pre_hooks_, std::move(hook));
+  }
+  HookId register_forward_hook(ForwardHook hook) { return add(forward_hooks_, std::move(hook)); }
+  HookId register_backward_pre_hook(BackwardPreHook hook) {
+    return add(backward_pre_hooks_, std::move(hook));
+  }
+  HookId register_backward_hook(BackwardHook hook) { return add(backward_hooks_, std::move(hook)); }
+  // Removes one hook (of any kind); false when this module has no hook with that id.
+  bool remove_hook(HookId id) {
+    return erase(forward_pre_hooks_, id) || erase(forward_hooks_, id) ||
+           erase(backward_pre_hooks_, id) || erase(backward_hooks_, id);
+  }
   bool has_hooks() const {
     return !forward_pre_hooks_.empty() || !forward_hooks_.empty() || !backward_pre_hooks_.empty() ||
            !backward_hooks_.empty();
@@ -148,12 +162,27 @@ class Module {
   }
 
  private:
+  template <class Hook>
+  HookId add(std::vector<std::pair<HookId, Hook>>& hooks, Hook hook) {
+    hooks.emplace_back(++last_hook_id_, std::move(hook));
+    return last_hook_id_;
+  }
+  template <class Hook>
+  static bool erase(std::vector<std::pair<HookId, Hook>>& hooks, HookId id) {
+    const auto it =
+        std::find_if(hooks.begin(), hooks.end(), [&](auto& h) { return h.first == id; });
+    if (it == hooks.end()) return false;
+    hooks.erase(it);
+    return true;
+  }
+
   void check_new_name(const std::string& name) const {
     check(!name.empty() && name.find('.') == std::string::npos, "module entry name '", name,
           "' must be non-empty and contain no '.'");
     for (auto& [n, p] : params_) check(n != name, "duplicate entry '", name, "' in ", type_name());
     for (auto& [n, b] : buffers_) check(n != name, "duplicate entry '", name, "' in ", type_name());
-    for (auto& [n, c] : children_) check(n != name, "duplicate entry '", name, "' in ", type_name());
+    for (auto& [n, c] : children_)
+      check(n != name, "duplicate entry '", name, "' in ", type_name());
   }
   static std::string join(const std::string& prefix, const std::string& name) {
     return prefix.empty() ? name : prefix + "." + name;
@@ -174,7 +203,8 @@ class Module {
     for (auto& [name, b] : buffers_) out.emplace_back(join(prefix, name), b);
     for (auto& [name, child] : children_) child->collect_state(join(prefix, name), out);
   }
-  void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out) {
+  void collect_modules(const std::string& prefix,
+                       std::vector<std::pair<std::string, Module*>>& out) {
     out.emplace_back(prefix, this);
     for (auto& [name, child] : children_) child->collect_modules(join(prefix, name), out);
   }
@@ -185,10 +215,11 @@ class Module {
   std::vector<std::pair<std::string, Variable>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
-  std::vector<ForwardPreHook> forward_pre_hooks_;
-  std::vector<ForwardHook> forward_hooks_;
-  std::vector<BackwardPreHook> backward_pre_hooks_;
-  std::vector<BackwardHook> backward_hooks_;
+  HookId last_hook_id_ = 0;
+  std::vector<std::pair<HookId, ForwardPreHook>> forward_pre_hooks_;
+  std::vector<std::pair<HookId, ForwardHook>> forward_hooks_;
+  std::vector<std::pair<HookId, BackwardPreHook>> backward_pre_hooks_;
+  std::vector<std::pair<HookId, BackwardHook>> backward_hooks_;
 };
 
 }  // namespace shardkit::nn
