@@ -35,9 +35,9 @@ std::vector<sk::shard::ParamSpec> resnet50_specs() {
 }
 
 struct Measured {
-  double model_state = 0;    // params + grads + optimizer state, bytes, max over ranks
-  double bucket_peak = 0;    // communication buffers' peak, bytes, max over ranks
-  double bus_bytes = 0;      // per step, rank 0
+  double model_state = 0;  // params + grads + optimizer state, bytes, max over ranks
+  double bucket_peak = 0;  // communication buffers' peak, bytes, max over ranks
+  double bus_bytes = 0;    // per step, rank 0
 };
 
 Measured measure(Stage stage, sk::optim::OptimizerKind kind, int world) {
@@ -66,8 +66,9 @@ Measured measure(Stage stage, sk::optim::OptimizerKind kind, int world) {
     const auto snap = ctx.memory_stats().snapshot();
     using C = sk::MemoryCategory;
     auto& mine = per_rank[static_cast<std::size_t>(comm.rank())];
-    mine.model_state = static_cast<double>(snap.current_of(C::parameters) + snap.current_of(C::gradients) +
-                                           snap.current_of(C::optimizer_state));
+    mine.model_state =
+        static_cast<double>(snap.current_of(C::parameters) + snap.current_of(C::gradients) +
+                            snap.current_of(C::optimizer_state));
     mine.bucket_peak = static_cast<double>(snap.peak_of(C::communication));
     mine.bus_bytes = static_cast<double>(comm.stats().total_bus_bytes());
   });
@@ -80,12 +81,7 @@ Measured measure(Stage stage, sk::optim::OptimizerKind kind, int world) {
 }
 
 double formula_memory(Stage stage, double psi, double k, int n) {
-  switch (stage) {
-    case Stage::ddp: return (4 + 4 + k) * psi;
-    case Stage::oss: return 8 * psi + k * psi / n;
-    case Stage::sdp: return 4 * psi + (4 + k) * psi / n;
-  }
-  return 0;
+  return sk::parallel::zero_model_state_bytes(stage, psi, k, n);
 }
 
 double formula_bus_bytes(Stage stage, double psi, int n) {
@@ -97,10 +93,13 @@ double formula_bus_bytes(Stage stage, double psi, int n) {
 
 int main() {
   const double psi = static_cast<double>(sk::workloads::kResNet50Params);
-  std::printf("ResNet-50, Ψ = %.0f f32 parameters; model-state MB per rank (max over ranks) and\n"
-              "bus MB per step, measured vs formula. Buckets 8 MiB.\n\n", psi);
+  std::printf(
+      "ResNet-50, Ψ = %.0f f32 parameters; model-state MB per rank (max over ranks) and\n"
+      "bus MB per step, measured vs formula. Buckets 8 MiB.\n\n",
+      psi);
   std::printf("%-9s %-5s %3s %12s %12s %7s %12s %11s %11s %7s\n", "optimizer", "stage", "N",
-              "measured MB", "formula MB", "diff %", "buckets MB", "bus MB", "formula MB", "diff %");
+              "measured MB", "formula MB", "diff %", "buckets MB", "bus MB", "formula MB",
+              "diff %");
   for (auto kind : {sk::optim::OptimizerKind::sgd, sk::optim::OptimizerKind::adam}) {
     const double k = kind == sk::optim::OptimizerKind::sgd ? 4 : 8;
     for (int n : {2, 4, 8})

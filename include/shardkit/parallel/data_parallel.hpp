@@ -25,29 +25,10 @@
 #include "shardkit/optim/optimizer_state.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
+#include "shardkit/parallel/stage.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
 
 namespace shardkit::parallel {
-
-enum class Stage { ddp, oss, sdp };
-
-inline std::string_view stage_name(Stage stage) {
-  switch (stage) {
-    case Stage::ddp:
-      return "ddp";
-    case Stage::oss:
-      return "oss";
-    case Stage::sdp:
-      return "sdp";
-  }
-  return "?";
-}
-
-inline Stage parse_stage(std::string_view name) {
-  for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp})
-    if (stage_name(stage) == name) return stage;
-  fail<InvalidArgument>("unknown ZeRO stage '", name, "'; use ddp, oss (ZeRO-1) or sdp (ZeRO-2)");
-}
 
 struct DataParallelOptions {
   Stage stage = Stage::ddp;
@@ -62,7 +43,7 @@ class DataParallel {
   DataParallel(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
                optim::OptimizerConfig optimizer, DataParallelOptions options = {})
       : comm_(&comm),
-        options_(options),
+        options_(checked(options)),
         group_(ctx, comm, specs, options.partition),
         bucketer_(ctx, comm, group_.plan(),
                   options.stage == Stage::sdp ? shard::GradSync::reduce_scatter
@@ -132,6 +113,13 @@ class DataParallel {
   }
 
  private:
+  static DataParallelOptions checked(DataParallelOptions options) {
+    check(options.stage != Stage::fsdp,
+          "DataParallel runs ddp, oss and sdp; for fsdp (ZeRO-3) "
+          "use parallel::Fsdp (custom loops) or ShardedModule with Stage::fsdp");
+    return options;
+  }
+
   comm::Communicator* comm_;
   DataParallelOptions options_;
   FlatParamGroup group_;

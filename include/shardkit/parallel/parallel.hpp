@@ -1,4 +1,7 @@
-// The parallel layer: DDP, OSS (ZeRO-1) and SDP (ZeRO-2) for custom training loops.
+// The parallel layer: DDP, OSS (ZeRO-1), SDP (ZeRO-2) for custom training loops (DataParallel)
+// and for nn::Module (ShardedModule).
 #pragma once
 
 #include "shardkit/parallel/data_parallel.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
+#include "shardkit/parallel/stage.hpp"

@@ -1,0 +1,173 @@
+// ShardedModule: trains an nn::Module under a ZeRO stage -- the module-level entry point, as
+// PyTorch's DistributedDataParallel / FairScale's ShardedDataParallel and FSDP wrap a module.
+//
+//   ShardedModule<ops::Cpu> model(ctx, comm, net, optimizer_config, {.stage = Stage::sdp});
+//   auto loss = criterion(model(ctx, x));
+//   autograd::backward(ctx, loss);  // gradients reduced while backward runs
+//   model.step(lr);                 // sharded optimizer step, parameters back in sync
+//   model.zero_grad();
+//
+// The module's parameters move into flat buffers and stay Variables viewing them (FairScale's
+// FlattenParamsWrapper idea), so names, state_dict(), hooks, train()/eval() and activation
+// checkpointing work unchanged. Each parameter's gradient goes straight into its bucket's
+// storage (a grad provider), its grad-ready hook feeds the bucketer, and the end of the backward
+// waits for the last bucket. Parameters the loss did not reach count as zero gradients.
+//
+// Buffers (batch-norm running statistics): rank 0's are broadcast when the module is wrapped
+// and, with broadcast_buffers (default, as PyTorch DDP), before every training-mode forward:
+// after each step every rank holds rank 0's statistics, which were updated from rank 0's batch
+// only. Without broadcast_buffers each rank keeps statistics of its own batches.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardkit/nn/module.hpp"
+#include "shardkit/parallel/data_parallel.hpp"
+
+namespace shardkit::parallel {
+
+struct ShardedModuleOptions {
+  Stage stage = Stage::ddp;
+  // oss/sdp: the even flat split (padded, FSDP-style) holds exactly 1/N of the state on every
+  // rank; greedy keeps whole parameters per rank (FairScale's OSS) at a cost on the most loaded.
+  shard::PartitionKind partition = shard::PartitionKind::flat;
+  shard::BucketerOptions buckets;
+  bool broadcast_buffers = true;
+  bool broadcast_fp16 = false;  // oss/sdp: updated parameters travel as f16
+};
+
+// The parameter specs of a module: state-dict names, shapes, trainable = requires_grad.
+inline std::vector<shard::ParamSpec> module_param_specs(const nn::Module& module) {
+  std::vector<shard::ParamSpec> specs;
+  for (const auto& [name, p] : module.named_parameters()) {
+    check(p.dtype() == DType::f32, "parameter '", name, "' is ", dtype_name(p.dtype()),
+          "; sharded modules keep f32 parameters (build the model in f32)");
+    specs.push_back(shard::ParamSpec{name, p.shape(), p.requires_grad()});
+  }
+  return specs;
+}
+
+// Makes every rank's module buffers equal to rank `root`'s. Integer buffers (batch counts)
+// travel as f64, exact below 2^53.
+inline void broadcast_module_buffers(Context& ctx, nn::Module& module, comm::Communicator& comm,
+                                     int root = 0) {
+  for (const auto& [name, buffer] : module.named_buffers()) {
+    if (buffer.numel() == 0) continue;
+    if (is_floating(buffer.dtype())) {
+      comm.broadcast(buffer, root).wait();
+      continue;
+    }
+    Tensor wire = cast(ctx, buffer, DType::f64);
+    comm.broadcast(wire, root).wait();
+    copy(ctx, buffer, wire);
+  }
+}
+
+template <class Backend>
+class ShardedModule {
+ public:
+  ShardedModule(Context& ctx, comm::Communicator& comm, std::shared_ptr<nn::Module> module,
+                optim::OptimizerConfig optimizer, ShardedModuleOptions options = {})
+      : ctx_(&ctx), comm_(&comm), module_(checked_module(std::move(module))), options_(options) {
+    check(options.stage != Stage::fsdp, "ShardedModule: this version wraps modules for ddp, oss and sdp; choose one of those");
+    DataParallelOptions dp;
+    dp.stage = options.stage;
+    dp.partition = options.partition;
+    dp.buckets = options.buckets;
+    dp.broadcast_fp16 = options.broadcast_fp16;
+    engine_ = std::make_unique<DataParallel<Backend>>(ctx, comm, module_param_specs(*module_),
+                                                      optimizer, dp);
+    bind_parameters();
+    engine_->broadcast_parameters(0);
+    broadcast_module_buffers(ctx, *module_, comm);
+  }
+
+  ~ShardedModule() { unbind(); }
+  ShardedModule(const ShardedModule&) = delete;
+  ShardedModule& operator=(const ShardedModule&) = delete;
+
+  // The module's forward; in training mode first rank 0's buffers (broadcast_buffers).
+  autograd::Variable operator()(Context& ctx, const autograd::Variable& input) {
+    if (options_.broadcast_buffers && module_->is_training())
+      broadcast_module_buffers(ctx, *module_, *comm_);
+    return (*module_)(ctx, input);
+  }
+
+  // Updates the parameters with the averaged gradients of the synchronised backwards since
+  // zero_grad(); `lr` is this step's rate (schedules live in the training loop).
+  void step(float lr, float inv_grad_scale = 1.0f) { engine_->step(lr, inv_grad_scale); }
+
+  void zero_grad() {
+    engine_->zero_grad();
+    for (auto& p : params_) p.clear_grad();
+  }
+
+  // Gradient accumulation: while the returned scope lives, backwards sum gradients locally and
+  // communicate nothing; the next synchronised backward reduces the sums.
+  [[nodiscard]] auto no_sync() { return engine_->no_sync(); }
+
+  nn::Module& module() const { return *module_; }
+  Stage stage() const { return options_.stage; }
+  DataParallel<Backend>& engine() { return *engine_; }
+  comm::Communicator& communicator() const { return *comm_; }
+
+ private:
+  static std::shared_ptr<nn::Module> checked_module(std::shared_ptr<nn::Module> module) {
+    check(module != nullptr, "ShardedModule: no module given");
+    return module;
+  }
+
+  // Parameter i becomes a view of flat-buffer slot i (values kept); its gradients go to the
+  // bucketer and its readiness starts the bucket's reduction.
+  void bind_parameters() {
+    for (const auto& [name, p] : module_->named_parameters()) params_.push_back(p);
+    ready_.assign(params_.size(), false);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i];
+      copy(*ctx_, engine_->param(i), p.data());
+      p.set_data(engine_->param(i));
+      p.clear_grad();
+      if (!p.requires_grad()) continue;
+      p.set_grad_provider([this, i] { return engine_->grad(i); });
+      p.register_grad_ready_hook([this, i](autograd::Variable&) { on_grad_ready(i); });
+    }
+  }
+  void unbind() {
+    for (auto& p : params_) {
+      p.set_grad_provider({});
+      p.clear_grad_ready_hooks();
+    }
+  }
+
+  void on_grad_ready(std::size_t i) {
+    if (!in_backward_) {
+      in_backward_ = true;
+      autograd::tape(*ctx_).queue_callback([this] { end_backward(); });
+    }
+    ready_[i] = true;
+    engine_->ready(i);
+  }
+
+  // Runs once when the outermost backward ends: parameters the loss did not reach contribute
+  // zero gradients; then wait for every bucket.
+  void end_backward() {
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].requires_grad() && !ready_[i]) engine_->ready(i);
+    engine_->finish();
+    std::fill(ready_.begin(), ready_.end(), false);
+    in_backward_ = false;
+  }
+
+  Context* ctx_;
+  comm::Communicator* comm_;
+  std::shared_ptr<nn::Module> module_;
+  ShardedModuleOptions options_;
+  std::unique_ptr<DataParallel<Backend>> engine_;
+  std::vector<autograd::Variable> params_;  // named_parameters() order = layout index
+  std::vector<bool> ready_;
+  bool in_backward_ = false;
+};
+
+}  // namespace shardkit::parallel

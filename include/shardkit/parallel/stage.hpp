@@ -1,0 +1,58 @@
+// The ZeRO stages by what each rank keeps of the model states (parameters P, gradients G,
+// optimizer state S; N ranks):
+//
+//   ddp   P, G, S whole on every rank (PyTorch DDP)
+//   oss   S sharded (ZeRO-1, FairScale OSS)
+//   sdp   S and G sharded (ZeRO-2, FairScale ShardedDataParallel)
+//   fsdp  S, G and P sharded; parameters gathered unit by unit around their use (ZeRO-3,
+//         FairScale / PyTorch FullyShardedDataParallel)
+#pragma once
+
+#include <string_view>
+
+#include "shardkit/core/error.hpp"
+
+namespace shardkit::parallel {
+
+enum class Stage { ddp, oss, sdp, fsdp };
+
+inline constexpr Stage kAllStages[] = {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp};
+
+inline std::string_view stage_name(Stage stage) {
+  switch (stage) {
+    case Stage::ddp:
+      return "ddp";
+    case Stage::oss:
+      return "oss";
+    case Stage::sdp:
+      return "sdp";
+    case Stage::fsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+inline Stage parse_stage(std::string_view name) {
+  for (auto stage : kAllStages)
+    if (stage_name(stage) == name) return stage;
+  fail<InvalidArgument>("unknown ZeRO stage '", name,
+                        "'; use ddp, oss (ZeRO-1), sdp (ZeRO-2) or fsdp (ZeRO-3)");
+}
+
+// Model-state bytes per rank by the ZeRO accounting (docs/semantics.md): f32 parameters and
+// gradients (4 bytes each) and k bytes of optimizer state per parameter, psi parameters.
+inline double zero_model_state_bytes(Stage stage, double psi, double k, int n) {
+  switch (stage) {
+    case Stage::ddp:
+      return (4 + 4 + k) * psi;
+    case Stage::oss:
+      return 8 * psi + k * psi / n;
+    case Stage::sdp:
+      return 4 * psi + (4 + k) * psi / n;
+    case Stage::fsdp:
+      return (8 + k) * psi / n;
+  }
+  return 0;
+}
+
+}  // namespace shardkit::parallel
