@@ -23,7 +23,7 @@ using sk::shard::PartitionKind;
 
 // Uneven sizes, a frozen parameter, and counts that do not divide by 3, 4 or 8.
 inline std::vector<sk::shard::ParamSpec> model_specs() {
-  return {{"embed.weight", {37, 11}}, {"block.0.weight", {64, 37}}, {"block.0.bias", {64}},
+  return {{"embed.weight", {37, 11}},   {"block.0.weight", {64, 37}}, {"block.0.bias", {64}},
           {"frozen.scale", {5}, false}, {"block.1.weight", {19, 64}}, {"block.1.bias", {19}},
           {"head.weight", {3, 19}},     {"head.bias", {3}},           {"tiny", {1}}};
 }
@@ -105,28 +105,31 @@ RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partit
   RunResult result;
   result.params.resize(static_cast<std::size_t>(world));
   result.memory.resize(static_cast<std::size_t>(world));
-  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::DataParallelOptions options;
-    options.stage = stage;
-    options.partition = partition;
-    options.buckets.bucket_bytes = bucket_bytes;
-    DataParallel<Ops> dp(ctx, comm, model_specs(), config_for(kind), options);
-    init_differently(dp, ctx, comm.rank());
-    dp.broadcast_parameters(0);
-    for (int s = 0; s < steps; ++s) {
-      dp.zero_grad();
-      fake_backward(dp, ctx, comm.rank(), s);
-      dp.finish();
-      dp.step(lr_at(kind, s));
-    }
-    result.params[static_cast<std::size_t>(comm.rank())] = all_params(dp, ctx);
-    result.memory[static_cast<std::size_t>(comm.rank())] = ctx.memory_stats().snapshot();
-  }, ranks);
+  sk::comm::run_ranks(
+      world,
+      [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        sk::parallel::DataParallelOptions options;
+        options.stage = stage;
+        options.partition = partition;
+        options.buckets.bucket_bytes = bucket_bytes;
+        DataParallel<Ops> dp(ctx, comm, model_specs(), config_for(kind), options);
+        init_differently(dp, ctx, comm.rank());
+        dp.broadcast_parameters(0);
+        for (int s = 0; s < steps; ++s) {
+          dp.zero_grad();
+          fake_backward(dp, ctx, comm.rank(), s);
+          dp.finish();
+          dp.step(lr_at(kind, s));
+        }
+        result.params[static_cast<std::size_t>(comm.rank())] = all_params(dp, ctx);
+        result.memory[static_cast<std::size_t>(comm.rank())] = ctx.memory_stats().snapshot();
+      },
+      ranks);
   return result;
 }
 
 struct Checkpoint {
-  std::vector<float> params;  // every parameter in spec order (as all_params)
+  std::vector<float> params;        // every parameter in spec order (as all_params)
   sk::optim::OptimizerState state;  // consolidated on `recipient`
 };
 
@@ -142,39 +145,43 @@ template <class Ops>
 Checkpoint run(const Job& job, OptimizerKind kind, int first, int count, const Checkpoint* from,
                int recipient = 0, const sk::comm::RunRanksOptions& ranks = {}) {
   Checkpoint out;
-  sk::comm::run_ranks(job.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::DataParallelOptions options;
-    options.stage = job.stage;
-    options.partition = job.partition;
-    options.buckets.bucket_bytes = 2048;
-    DataParallel<Ops> dp(ctx, comm, model_specs(), config_for(kind), options);
-    if (from == nullptr) {
-      init_differently(dp, ctx, comm.rank());
-      dp.broadcast_parameters(0);
-    } else {
-      std::int64_t at = 0;
-      for (std::size_t i = 0; i < dp.params().size(); ++i) {
-        const auto n = dp.param(i).numel();
-        const std::vector<float> values(from->params.begin() + at, from->params.begin() + at + n);
-        sk::copy(ctx, dp.param(i), sk::from_vector(ctx, values, dp.param(i).shape()));
-        at += n;
-      }
-      dp.load_optimizer_state(from->state);
-    }
-    for (int s = first; s < first + count; ++s) {
-      dp.zero_grad();
-      fake_backward(dp, ctx, comm.rank(), s);
-      dp.finish();
-      dp.step(lr_at(kind, s));
-    }
-    auto state = dp.consolidate_optimizer_state(recipient);
-    if (comm.rank() == recipient) {
-      out.state = std::move(state);
-      out.params = all_params(dp, ctx);
-    } else {
-      CHECK(state.empty());  // only the recipient holds the whole state
-    }
-  }, ranks);
+  sk::comm::run_ranks(
+      job.world,
+      [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        sk::parallel::DataParallelOptions options;
+        options.stage = job.stage;
+        options.partition = job.partition;
+        options.buckets.bucket_bytes = 2048;
+        DataParallel<Ops> dp(ctx, comm, model_specs(), config_for(kind), options);
+        if (from == nullptr) {
+          init_differently(dp, ctx, comm.rank());
+          dp.broadcast_parameters(0);
+        } else {
+          std::int64_t at = 0;
+          for (std::size_t i = 0; i < dp.params().size(); ++i) {
+            const auto n = dp.param(i).numel();
+            const std::vector<float> values(from->params.begin() + at,
+                                            from->params.begin() + at + n);
+            sk::copy(ctx, dp.param(i), sk::from_vector(ctx, values, dp.param(i).shape()));
+            at += n;
+          }
+          dp.load_optimizer_state(from->state);
+        }
+        for (int s = first; s < first + count; ++s) {
+          dp.zero_grad();
+          fake_backward(dp, ctx, comm.rank(), s);
+          dp.finish();
+          dp.step(lr_at(kind, s));
+        }
+        auto state = dp.consolidate_optimizer_state(recipient);
+        if (comm.rank() == recipient) {
+          out.state = std::move(state);
+          out.params = all_params(dp, ctx);
+        } else {
+          CHECK(state.empty());  // only the recipient holds the whole state
+        }
+      },
+      ranks);
   return out;
 }
 

@@ -38,11 +38,13 @@ inline std::shared_ptr<nn::Sequential> mlp(sk::Context& ctx, std::uint64_t seed,
   return net;
 }
 
-// ResNet-18 with the small-image stem, for 8x8 inputs; parameters as built (seeded context).
+// ResNet-18 (torchvision's layout and names) 8 channels wide with the small-image stem, for
+// 8x8 inputs; parameters from a seeded stream.
 inline std::shared_ptr<nn::ResNet> small_resnet(sk::Context& ctx, std::uint64_t seed) {
   nn::ResNetOptions o;
   o.num_classes = 5;
   o.small_image_stem = true;
+  o.base_channels = 8;
   sk::Context host({.seed = seed});
   auto net = nn::resnet18(ctx, o);
   for (auto& p : net->parameters()) {

@@ -19,11 +19,12 @@ using sk::parallel::Stage;
 namespace {
 
 std::vector<sk::shard::ParamSpec> specs() {
-  return {{"a.weight", {33, 17}}, {"a.bias", {33}}, {"b.weight", {7, 33}}, {"b.bias", {7}},
-          {"c", {129}}, {"d", {1}}};
+  return {{"a.weight", {33, 17}}, {"a.bias", {33}}, {"b.weight", {7, 33}},
+          {"b.bias", {7}},        {"c", {129}},     {"d", {1}}};
 }
 
-std::vector<float> train(Stage stage, sk::optim::OptimizerKind kind, sk::shard::PartitionKind partition) {
+std::vector<float> train(Stage stage, sk::optim::OptimizerKind kind,
+                         sk::shard::PartitionKind partition) {
   sk::Context ctx;
   auto comm = sk::comm::MpiCommunicator::world(ctx);
   sk::optim::OptimizerConfig config;
@@ -44,7 +45,8 @@ std::vector<float> train(Stage stage, sk::optim::OptimizerKind kind, sk::shard::
   for (int step = 0; step < 20; ++step) {
     dp.zero_grad();
     for (std::size_t i = dp.params().size(); i-- > 0;) {
-      sk::Context noise_ctx({.seed = 7919ull * static_cast<std::uint64_t>(step) + 104729ull * static_cast<std::uint64_t>(comm->rank()) + i});
+      sk::Context noise_ctx({.seed = 7919ull * static_cast<std::uint64_t>(step) +
+                                     104729ull * static_cast<std::uint64_t>(comm->rank()) + i});
       auto noise = sk::empty(noise_ctx, dp.param(i).shape(), sk::DType::f32);
       sk::normal_(noise_ctx, noise, 0.0, 1.0);
       const auto g = dp.grad(i);
@@ -66,7 +68,8 @@ std::vector<float> train(Stage stage, sk::optim::OptimizerKind kind, sk::shard::
 double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) /
+                                std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
   return worst;
 }
 

@@ -2,10 +2,18 @@
 // rank's storage of it with one view per parameter, the pieces this rank's optimizer updates,
 // and the collectives that keep the ranks' copies in step. DataParallel is one group under a
 // stage policy; FSDP is one group per unit.
+//
+// Residency::replicated (ddp, oss, sdp): every rank keeps the whole flat buffer, counted as
+// parameters. Residency::sharded (fsdp): a rank keeps only its even 1/N shard (parameters);
+// the whole buffer (communication) exists between gather() and release(), and the parameter
+// views keep naming it while it is released (core/storage.hpp), so touching them then fails
+// with the reason given to release().
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
@@ -14,15 +22,36 @@
 
 namespace shardkit::parallel {
 
+// Ranks compare a fingerprint (as two exact 32-bit halves in f64) with one max all-reduce of
+// the values and their negatives; `what` says what differs and how to fix it.
+inline void check_same_fingerprint(Context& ctx, comm::Communicator& comm, std::uint64_t print,
+                                   std::string_view what) {
+  std::vector<double> values = {
+      static_cast<double>(print >> 32), static_cast<double>(print & 0xffffffffu),
+      -static_cast<double>(print >> 32), -static_cast<double>(print & 0xffffffffu)};
+  Tensor t = from_vector(ctx, values, {4});
+  comm.all_reduce(t, comm::ReduceOp::max).wait();
+  const auto reduced = to_vector<double>(ctx, t);
+  check(reduced[0] == -reduced[2] && reduced[1] == -reduced[3], what, " (rank ", comm.rank(),
+        " has fingerprint ", print, ")");
+}
+
+enum class Residency { replicated, sharded };
+
 class FlatParamGroup {
  public:
-  // Every rank keeps the whole flat buffer (ddp, oss, sdp), counted as parameters.
   FlatParamGroup(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
-                 shard::PartitionKind partition)
+                 shard::PartitionKind partition, Residency residency = Residency::replicated)
       : ctx_(&ctx),
         comm_(&comm),
-        plan_(specs, comm.size(), partition),
-        params_(ctx, plan_.layout(), DType::f32, MemoryCategory::parameters) {}
+        residency_(residency),
+        plan_(specs, comm.size(), checked_partition(partition, residency)),
+        params_(ctx, plan_.layout(), DType::f32,
+                residency == Residency::replicated ? MemoryCategory::parameters
+                                                   : MemoryCategory::communication) {
+    if (residency == Residency::sharded)
+      shard_ = zeros(ctx, {plan_.numel(comm.rank())}, DType::f32, MemoryCategory::parameters);
+  }
 
   FlatParamGroup(const FlatParamGroup&) = delete;
   FlatParamGroup& operator=(const FlatParamGroup&) = delete;
@@ -42,15 +71,44 @@ class FlatParamGroup {
     }
     return all;
   }
+  // Sharded: views of the shard, which the optimizer updates in place.
   std::vector<Tensor> piece_params(const std::vector<shard::ParamPiece>& pieces) const {
     std::vector<Tensor> views;
+    const std::int64_t base = sharded() ? plan_.begin(comm_->rank()) : 0;
+    const Tensor& values = sharded() ? shard_ : params_.flat();
     for (const auto& piece : pieces)
-      views.push_back(params_.flat().slice(0, piece.flat_begin, piece.flat_begin + piece.numel()));
+      views.push_back(
+          values.slice(0, piece.flat_begin - base, piece.flat_begin - base + piece.numel()));
     return views;
   }
 
-  // Makes every rank's parameters equal to `root`'s.
-  void broadcast(int root) { comm_->broadcast(params_.flat(), root).wait(); }
+  bool sharded() const { return residency_ == Residency::sharded; }
+  // This rank's shard of the flat buffer (sharded residency).
+  const Tensor& shard() const { return shard_; }
+
+  // Makes every rank's parameters equal to `root`'s. Sharded: from the gathered buffer (fill
+  // it with gather_from_values() first), and the shard takes this rank's range.
+  void broadcast(int root) {
+    comm_->broadcast(params_.flat(), root).wait();
+    if (sharded()) copy_range_to_shard();
+  }
+
+  // Sharded residency. gather(): the whole buffer back (this rank's shard copied in, the others
+  // all-gathered); the returned work completes it (wait before use: prefetch overlaps it).
+  [[nodiscard]] comm::Work gather() {
+    params_.flat().storage()->materialize();
+    const int rank = comm_->rank();
+    copy(*ctx_, params_.flat().slice(0, plan_.begin(rank), plan_.end(rank)), shard_);
+    return comm_->all_gather_v(params_.flat().slice(0, 0, plan_.trainable_end()), plan_.counts());
+  }
+  // Frees the whole buffer; `reason` is what a later use of a parameter view says.
+  void release(std::string reason) { params_.flat().storage()->release(std::move(reason)); }
+  bool gathered() const { return !params_.flat().storage()->released(); }
+  // After the caller wrote full values into the gathered buffer: take this rank's range.
+  void copy_range_to_shard() {
+    const int rank = comm_->rank();
+    copy(*ctx_, shard_, params_.flat().slice(0, plan_.begin(rank), plan_.end(rank)));
+  }
 
   // Owners send their updated ranges to everyone: one all_gather_v over the rank-ordered
   // ranges. With `f16_wire` only the wire is f16: every rank's f32 master of its own range
@@ -73,29 +131,28 @@ class FlatParamGroup {
              wire.slice(0, plan_.begin(r), plan_.end(r)));
   }
 
-  // A parameter list that differs between ranks would make every collective wrong: compare
-  // layout fingerprints (as two exact 32-bit halves in f64) with a max all-reduce of the values
-  // and their negatives.
+  // A parameter list that differs between ranks would make every collective wrong.
   void check_same_everywhere() {
-    const std::uint64_t print = plan_.layout().fingerprint();
-    std::vector<double> values = {
-        static_cast<double>(print >> 32), static_cast<double>(print & 0xffffffffu),
-        -static_cast<double>(print >> 32), -static_cast<double>(print & 0xffffffffu)};
-    Tensor t = from_vector(*ctx_, values, {4});
-    comm_->all_reduce(t, comm::ReduceOp::max).wait();
-    const auto reduced = to_vector<double>(*ctx_, t);
-    check(reduced[0] == -reduced[2] && reduced[1] == -reduced[3],
-          "the parameter list differs between ranks (names, shapes, order or trainable flags): "
-          "rank ",
-          comm_->rank(), " has ", plan_.layout().size(), " parameters with fingerprint ", print,
-          "; build the same model on every rank");
+    check_same_fingerprint(*ctx_, *comm_, plan_.layout().fingerprint(),
+                           "the parameter list differs between ranks (names, shapes, order or "
+                           "trainable flags); build the same model on every rank");
   }
 
  private:
+  static shard::PartitionKind checked_partition(shard::PartitionKind partition,
+                                                Residency residency) {
+    check(residency == Residency::replicated || partition == shard::PartitionKind::flat,
+          "sharded parameters (fsdp) use the even flat split; got the ",
+          shard::partition_kind_name(partition), " partition");
+    return partition;
+  }
+
   Context* ctx_;
   comm::Communicator* comm_;
+  Residency residency_;
   shard::ShardPlan plan_;
   shard::FlatBuffer params_;
+  Tensor shard_;  // sharded residency: this rank's range, the master copy
 };
 
 }  // namespace shardkit::parallel

@@ -25,6 +25,7 @@
 
 #include "shardkit/nn/module.hpp"
 #include "shardkit/parallel/data_parallel.hpp"
+#include "shardkit/parallel/fsdp.hpp"
 
 namespace shardkit::parallel {
 
@@ -36,6 +37,7 @@ struct ShardedModuleOptions {
   shard::BucketerOptions buckets;
   bool broadcast_buffers = true;
   bool broadcast_fp16 = false;  // oss/sdp: updated parameters travel as f16
+  FsdpOptions fsdp;             // fsdp: units, resharding, prefetch (its buckets: `buckets`)
 };
 
 // The parameter specs of a module: state-dict names, shapes, trainable = requires_grad.
@@ -71,7 +73,13 @@ class ShardedModule {
   ShardedModule(Context& ctx, comm::Communicator& comm, std::shared_ptr<nn::Module> module,
                 optim::OptimizerConfig optimizer, ShardedModuleOptions options = {})
       : ctx_(&ctx), comm_(&comm), module_(checked_module(std::move(module))), options_(options) {
-    check(options.stage != Stage::fsdp, "ShardedModule: this version wraps modules for ddp, oss and sdp; choose one of those");
+    if (options.stage == Stage::fsdp) {
+      FsdpOptions fsdp = options.fsdp;
+      fsdp.buckets = options.buckets;
+      fsdp_ = std::make_unique<Fsdp<Backend>>(ctx, comm, *module_, optimizer, fsdp);
+      broadcast_module_buffers(ctx, *module_, comm);
+      return;
+    }
     DataParallelOptions dp;
     dp.stage = options.stage;
     dp.partition = options.partition;
@@ -97,20 +105,42 @@ class ShardedModule {
 
   // Updates the parameters with the averaged gradients of the synchronised backwards since
   // zero_grad(); `lr` is this step's rate (schedules live in the training loop).
-  void step(float lr, float inv_grad_scale = 1.0f) { engine_->step(lr, inv_grad_scale); }
+  void step(float lr, float inv_grad_scale = 1.0f) {
+    if (fsdp_) return fsdp_->step(lr, inv_grad_scale);
+    engine_->step(lr, inv_grad_scale);
+  }
 
   void zero_grad() {
+    if (fsdp_) return fsdp_->zero_grad();
     engine_->zero_grad();
     for (auto& p : params_) p.clear_grad();
   }
 
   // Gradient accumulation: while the returned scope lives, backwards sum gradients locally and
   // communicate nothing; the next synchronised backward reduces the sums.
-  [[nodiscard]] auto no_sync() { return engine_->no_sync(); }
+  class NoSync {
+   public:
+    explicit NoSync(ShardedModule& m) : module_(&m) { module_->set_sync(false); }
+    ~NoSync() { module_->set_sync(true); }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    ShardedModule* module_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
   nn::Module& module() const { return *module_; }
   Stage stage() const { return options_.stage; }
-  DataParallel<Backend>& engine() { return *engine_; }
+  // The engine behind the stage: DataParallel (ddp/oss/sdp) or Fsdp.
+  DataParallel<Backend>& engine() {
+    check<StateError>(engine_ != nullptr, "engine(): this module runs fsdp; use fsdp()");
+    return *engine_;
+  }
+  Fsdp<Backend>& fsdp() {
+    check<StateError>(fsdp_ != nullptr, "fsdp(): this module runs ", stage_name(options_.stage));
+    return *fsdp_;
+  }
   comm::Communicator& communicator() const { return *comm_; }
 
  private:
@@ -134,6 +164,11 @@ class ShardedModule {
       p.register_grad_ready_hook([this, i](autograd::Variable&) { on_grad_ready(i); });
     }
   }
+  void set_sync(bool enabled) {
+    if (fsdp_) return fsdp_->set_sync(enabled);
+    engine_->bucketer().set_sync(enabled);
+  }
+
   void unbind() {
     for (auto& p : params_) {
       p.set_grad_provider({});
@@ -165,6 +200,7 @@ class ShardedModule {
   std::shared_ptr<nn::Module> module_;
   ShardedModuleOptions options_;
   std::unique_ptr<DataParallel<Backend>> engine_;
+  std::unique_ptr<Fsdp<Backend>> fsdp_;
   std::vector<autograd::Variable> params_;  // named_parameters() order = layout index
   std::vector<bool> ready_;
   bool in_backward_ = false;

@@ -1,0 +1,291 @@
+// FSDP (ZeRO-3) against DDP over the local communicator: the same model, batches and optimizer
+// give bitwise the same parameters and buffers after training, for MLPs and a small ResNet-18,
+// any unit split, checkpointing, resharding on or off, prefetch depths, accumulation both ways
+// and frozen parameters; memory per rank follows the ZeRO-3 formula; bad input is named.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dp_test_model.hpp"
+#include "module_test_model.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
+
+namespace sk = shardkit;
+using namespace module_test;
+using Cpu = sk::ops::Cpu;
+using sk::optim::OptimizerKind;
+using sk::parallel::Stage;
+
+namespace {
+
+enum class Model { mlp, resnet };
+enum class Accumulation { none, no_sync, sharded };
+
+struct Run {
+  Model model = Model::mlp;
+  OptimizerKind kind = OptimizerKind::sgd;
+  int world = 2;
+  int steps = 20;
+  int checkpoint_segments = 0;
+  Accumulation accumulation = Accumulation::none;
+  sk::parallel::FsdpOptions fsdp;
+};
+
+float lr_at(OptimizerKind kind, int step) {
+  return (kind == OptimizerKind::larc_sgd ? 0.5f : 0.05f) *
+         (1.0f - 0.02f * static_cast<float>(step));
+}
+
+struct Outcome {
+  std::vector<float> values;  // rank 0: parameters then f32 buffers
+  int max_gathered = 0;
+  sk::MemorySnapshot memory;  // rank 0 after the last step
+};
+
+Outcome train(Stage stage, const Run& run) {
+  Outcome out;
+  sk::comm::run_ranks(run.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    const auto seed = 300 + static_cast<std::uint64_t>(comm.rank());
+    std::shared_ptr<nn::Sequential> net;
+    if (run.model == Model::mlp)
+      net = mlp(ctx, seed);
+    else
+      net = small_resnet(ctx, seed);
+    net->set_checkpoint_segments(run.checkpoint_segments);
+    sk::parallel::ShardedModuleOptions options;
+    options.stage = stage;
+    options.buckets.bucket_bytes = 4096;
+    options.fsdp = run.fsdp;
+    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(run.kind), options);
+    const sk::Shape shape = run.model == Model::mlp ? sk::Shape{6, 12} : sk::Shape{3, 3, 8, 8};
+    const std::int64_t classes = run.model == Model::mlp ? 7 : 5;
+    const int micro_batches = run.accumulation == Accumulation::none ? 1 : 2;
+    for (int s = 0; s < run.steps; ++s) {
+      model.zero_grad();
+      for (int m = 0; m < micro_batches; ++m) {
+        auto b = batch(ctx, shape, classes, comm.rank(), s * 2 + m);
+        const bool local = run.accumulation == Accumulation::no_sync && m + 1 < micro_batches;
+        if (local) {
+          auto scope = model.no_sync();
+          ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+        } else {
+          ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+        }
+      }
+      model.step(lr_at(run.kind, s));
+    }
+    if (comm.rank() == 0) out.memory = ctx.memory_stats().snapshot();
+    if (comm.rank() == 0 && stage == Stage::fsdp)
+      out.max_gathered = model.fsdp().max_gathered_units();  // (before gathering everything)
+    std::vector<float> values;
+    if (stage == Stage::fsdp) {
+      auto full = model.fsdp().full_params();  // collective: every rank gathers
+      values = module_values(ctx, *net);
+    } else {
+      values = module_values(ctx, *net);
+    }
+    if (comm.rank() != 0) return;
+    out.values = std::move(values);
+  });
+  return out;
+}
+
+std::string describe(const Run& run) {
+  return std::string(run.model == Model::mlp ? "mlp" : "resnet18") + " " +
+         std::string(sk::optim::optimizer_kind_name(run.kind)) + " N=" + std::to_string(run.world) +
+         " segments=" + std::to_string(run.checkpoint_segments) +
+         " reshard=" + std::to_string(run.fsdp.reshard_after_forward) +
+         " prefetch=" + std::to_string(run.fsdp.prefetch) +
+         " accumulation=" + std::to_string(static_cast<int>(run.accumulation));
+}
+
+void check_matches_ddp(const Run& run) {
+  Run ddp_run = run;
+  // DDP's counterpart of sharded accumulation: two synchronised backwards (A + avg(g)).
+  const auto ddp = train(Stage::ddp, ddp_run);
+  const auto fsdp = train(Stage::fsdp, run);
+  if (run.kind == OptimizerKind::larc_sgd) {
+    // Per-parameter norms summed over shard segments round differently from one pass.
+    CHECK_MESSAGE(dp_test::max_relative_difference(fsdp.values, ddp.values) < 1e-5, describe(run));
+  } else {
+    CHECK_MESSAGE(dp_test::bitwise_equal(fsdp.values, ddp.values), describe(run));
+  }
+  // Resharding after forward bounds the units gathered at once (the root unit aside).
+  if (run.fsdp.reshard_after_forward)
+    CHECK_MESSAGE(fsdp.max_gathered <= run.fsdp.prefetch + 1, describe(run), " gathered ",
+                  fsdp.max_gathered);
+}
+
+sk::parallel::FsdpOptions mlp_units() {
+  sk::parallel::FsdpOptions o;
+  o.wrap.unit_paths = {"0", "3"};  // the root unit keeps batch-norm and the last linear
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("FSDP equals DDP bitwise on an MLP: optimizers, world sizes, unit splits") {
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw, OptimizerKind::larc_sgd}) {
+    for (int world : {1, 2, 3, 4, 8}) {
+      Run run;
+      run.kind = kind;
+      run.world = world;
+      run.fsdp = mlp_units();
+      check_matches_ddp(run);
+    }
+  }
+  Run by_size;
+  by_size.world = 3;
+  by_size.fsdp.wrap.min_num_params = 200;  // wraps "0" (520) and "3" (943, its bias frozen)
+  check_matches_ddp(by_size);
+  Run root_only;
+  root_only.world = 4;
+  check_matches_ddp(root_only);
+}
+
+TEST_CASE("FSDP equals DDP bitwise: checkpointing, resharding, prefetch, accumulation") {
+  for (int segments : {0, 2}) {
+    for (bool reshard : {true, false}) {
+      for (int prefetch : {0, 2}) {
+        Run run;
+        run.world = 3;
+        run.steps = 8;
+        run.checkpoint_segments = segments;
+        run.fsdp = mlp_units();
+        run.fsdp.reshard_after_forward = reshard;
+        run.fsdp.prefetch = prefetch;
+        check_matches_ddp(run);
+      }
+    }
+  }
+  for (auto accumulation : {Accumulation::no_sync, Accumulation::sharded}) {
+    Run run;
+    run.world = 4;
+    run.steps = 8;
+    run.kind = OptimizerKind::adamw;
+    run.accumulation = accumulation;
+    run.fsdp = mlp_units();
+    check_matches_ddp(run);
+  }
+}
+
+TEST_CASE("FSDP equals DDP bitwise on a small ResNet-18 with batch-norm, one unit per block") {
+  sk::parallel::FsdpOptions blocks;
+  for (int layer = 1; layer <= 4; ++layer)
+    for (int b = 0; b < 2; ++b)
+      blocks.wrap.unit_paths.push_back("layer" + std::to_string(layer) + "." + std::to_string(b));
+  for (int segments : {0, 3}) {
+    Run run;
+    run.model = Model::resnet;
+    run.world = 2;
+    run.steps = 4;
+    run.checkpoint_segments = segments;
+    run.fsdp = blocks;
+    run.fsdp.prefetch = 1;
+    check_matches_ddp(run);
+  }
+}
+
+TEST_CASE("FSDP model state per rank follows the ZeRO-3 formula (plus padding)") {
+  // AdamW: k = 8 bytes of state per parameter. Each unit's flat parameter is padded to a
+  // multiple of N x 16 elements; frozen parameters stay whole.
+  for (int world : {2, 4}) {
+    Run run;
+    run.kind = OptimizerKind::adamw;
+    run.world = world;
+    run.steps = 2;
+    run.fsdp = mlp_units();
+    const auto fsdp = train(Stage::fsdp, run);
+    sk::Context ctx;
+    auto net = mlp(ctx, 1);
+    double psi = 0, frozen = 0;
+    for (auto& p : net->parameters())
+      (p.requires_grad() ? psi : frozen) += static_cast<double>(p.numel());
+    const double formula = sk::parallel::zero_model_state_bytes(Stage::fsdp, psi, 8, world);
+    const auto& m = fsdp.memory;
+    const double model_state =
+        static_cast<double>(m.current_of(sk::MemoryCategory::parameters) +
+                            m.current_of(sk::MemoryCategory::gradients) +
+                            m.current_of(sk::MemoryCategory::optimizer_state)) -
+        4 * frozen;
+    // The module's own buffers (batch-norm statistics) count as parameters too.
+    double buffers = 0;
+    for (auto& [name, b] : net->named_buffers()) buffers += static_cast<double>(b.nbytes());
+    const double padding = 3.0 /*units*/ * 16 * world * (4 + 4 + 8);
+    CHECK(model_state - buffers >= formula);
+    CHECK(model_state - buffers <= formula + padding);
+    CHECK(m.current_of(sk::MemoryCategory::communication) == 0);  // nothing left gathered
+  }
+}
+
+TEST_CASE(
+    "FSDP bad input: tied weights, a policy that wraps nothing, unknown units, use outside the "
+    "gathered window") {
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto config = dp_test::config_for(OptimizerKind::sgd);
+    sk::parallel::ShardedModuleOptions options;
+    options.stage = Stage::fsdp;
+    {
+      auto net = mlp(ctx, 1);
+      options.fsdp.wrap.min_num_params = 100000;
+      CHECK_THROWS_WITH(sk::parallel::ShardedModule<Cpu>(ctx, comm, net, config, options),
+                        doctest::Contains("min_num_params = 100000 wraps no module: the largest "
+                                          "sub-module has 943 parameters"));
+      options.fsdp.wrap.min_num_params = 0;
+      options.fsdp.wrap.unit_paths = {"7"};
+      CHECK_THROWS_WITH(sk::parallel::ShardedModule<Cpu>(ctx, comm, net, config, options),
+                        doctest::Contains("FSDP unit '7' names no module of the model"));
+      options.fsdp.wrap.unit_paths = {"0"};
+    }
+    {
+      // Tied weights: a second parameter over the first one's memory.
+      struct Tied : nn::Module {
+        ag::Variable encoder, decoder;
+        explicit Tied(sk::Context& c) {
+          encoder = register_parameter("encoder", sk::full(c, {4, 4}, sk::DType::f32, 0.5));
+          decoder = register_parameter("decoder", encoder.data());
+        }
+        const char* type_name() const override { return "Tied"; }
+        ag::Variable forward(sk::Context& c, const ag::Variable& x) override {
+          return ag::linear(c, ag::linear(c, x, encoder), decoder);
+        }
+      };
+      auto tied = std::make_shared<Tied>(ctx);
+      sk::parallel::ShardedModuleOptions plain;
+      plain.stage = Stage::fsdp;
+      CHECK_THROWS_WITH(
+          sk::parallel::ShardedModule<Cpu>(ctx, comm, tied, config, plain),
+          doctest::Contains("parameters 'encoder' and 'decoder' share memory (tied weights)"));
+    }
+    {
+      auto net = mlp(ctx, 1);
+      sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, config, options);
+      auto& weight = dynamic_cast<nn::Linear&>(net->at(0)).weight;
+      CHECK_THROWS_WITH_AS((void)sk::to_vector<float>(ctx, weight.data()),
+                           doctest::Contains("the parameters of FSDP unit '0' are not gathered"),
+                           sk::StateError);
+      auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      model.step(0.1f);
+      {
+        auto full = model.fsdp().full_params();
+        CHECK(sk::to_vector<float>(ctx, weight.data()).size() == 12 * 40);
+      }
+    }
+  });
+  // A module tree that differs between ranks is refused before any unit's collective.
+  CHECK_THROWS_WITH(sk::comm::run_ranks(2,
+                                        [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+                                          auto net = mlp(ctx, 1, /*with_frozen=*/comm.rank() == 0);
+                                          sk::parallel::ShardedModuleOptions options;
+                                          options.stage = Stage::fsdp;
+                                          options.fsdp.wrap.unit_paths = {"0"};
+                                          sk::parallel::ShardedModule<Cpu> model(
+                                              ctx, comm, net,
+                                              dp_test::config_for(OptimizerKind::sgd), options);
+                                        }),
+                    doctest::Contains("module tree or its FSDP units differ between ranks"));
+}
