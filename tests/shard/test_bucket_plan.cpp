@@ -135,6 +135,27 @@ TEST_CASE("the schedule launches strictly in bucket order, within max_in_flight"
   }
 }
 
+TEST_CASE("collect completes finished buckets in order without launching or blocking") {
+  BucketSchedule schedule({1, 1, 1}, 3);
+  std::vector<std::size_t> launched, completed;
+  auto launch = [&](std::size_t b) { launched.push_back(b); };
+  auto complete = [&](std::size_t b) { completed.push_back(b); };
+  for (std::size_t b = 0; b < 3; ++b) {
+    schedule.ready(b);
+    schedule.advance(launch, complete, [](std::size_t) { return false; });
+  }
+  CHECK(launched.size() == 3);
+  CHECK(completed.empty());
+  // Bucket 1 finished but bucket 0 did not: nothing completes out of order.
+  schedule.collect(complete, [](std::size_t b) { return b == 1; });
+  CHECK(completed.empty());
+  schedule.collect(complete, [](std::size_t b) { return b <= 1; });
+  CHECK(completed == std::vector<std::size_t>{0, 1});
+  schedule.drain(launch, complete);
+  CHECK(completed == std::vector<std::size_t>{0, 1, 2});
+  CHECK(launched.size() == 3);
+}
+
 TEST_CASE("the schedule refuses extra ready marks and an unfinished round") {
   BucketSchedule schedule({2, 1}, 2);
   schedule.ready(1);

@@ -96,11 +96,14 @@ class FlatParamGroup {
   // Sharded residency. gather(): the whole buffer back (this rank's shard copied in, the others
   // all-gathered); the returned work completes it (wait before use: prefetch overlaps it).
   [[nodiscard]] comm::Work gather() {
-    params_.flat().storage()->materialize();
+    materialize();
     const int rank = comm_->rank();
     copy(*ctx_, params_.flat().slice(0, plan_.begin(rank), plan_.end(rank)), shard_);
     return comm_->all_gather_v(params_.flat().slice(0, 0, plan_.trainable_end()), plan_.counts());
   }
+  // The whole buffer's memory back, its values undefined (to be written whole, then
+  // broadcast).
+  void materialize() { params_.flat().storage()->materialize(); }
   // Frees the whole buffer; `reason` is what a later use of a parameter view says.
   void release(std::string reason) { params_.flat().storage()->release(std::move(reason)); }
   bool gathered() const { return !params_.flat().storage()->released(); }

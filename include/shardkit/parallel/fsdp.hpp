@@ -1,6 +1,8 @@
 // Fsdp: ZeRO-3 over an nn::Module -- every rank keeps 1/N of each unit's flat parameter (f32
 // master), of its gradient and of its optimizer state; full parameters exist only around
-// their use. One step (docs/design.md has the picture):
+// their use. The units and their mechanics are an FsdpEngine (fsdp_engine.hpp, also what
+// custom loops use); this file drives it from module hooks. One step (docs/design.md has the
+// picture):
 //
 //   forward   unit u's forward-pre hook waits for (or starts) u's all-gather and starts the
 //             next `prefetch` units' gathers in the recorded forward order; its forward hook
@@ -30,11 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/optim/sharded_optimizer.hpp"
-#include "shardkit/parallel/flat_param_group.hpp"
+#include "shardkit/parallel/fsdp_engine.hpp"
 #include "shardkit/parallel/fsdp_units.hpp"
-#include "shardkit/shard/grad_bucketer.hpp"
-#include "shardkit/shard/piece_table.hpp"
 
 namespace shardkit::parallel {
 
@@ -50,11 +49,7 @@ class Fsdp {
  public:
   Fsdp(Context& ctx, comm::Communicator& comm, nn::Module& root, optim::OptimizerConfig optimizer,
        FsdpOptions options = {})
-      : ctx_(&ctx),
-        comm_(&comm),
-        root_(&root),
-        options_(checked(options)),
-        table_(comm.size(), false) {
+      : ctx_(&ctx), root_(&root), options_(checked(options)) {
     std::map<std::string, autograd::Variable> by_name;
     for (const auto& [name, p] : root.named_parameters()) {
       check(p.dtype() == DType::f32, "parameter '", name, "' is ", dtype_name(p.dtype()),
@@ -62,50 +57,49 @@ class Fsdp {
       by_name.emplace(name, p);
     }
     const auto specs = plan_fsdp_units(root, options_.wrap);
-    check_same_units(specs);
-    std::vector<Tensor> piece_params;
+    check_same_units(ctx, comm, specs, by_name);
+    std::vector<FsdpUnitParams> engine_units;
     for (const auto& spec : specs) {
-      auto unit = std::make_unique<Unit>();
-      unit->path = spec.path;
-      unit->module = spec.module;
-      std::vector<shard::ParamSpec> trainable;
+      FsdpUnitParams unit{spec.path.empty() ? std::string("<root>") : spec.path, {}};
+      std::vector<autograd::Variable> params;
       for (const auto& name : spec.params) {
         const auto& p = by_name.at(name);
         if (!p.requires_grad()) continue;  // frozen: stays whole on every rank
-        trainable.push_back(shard::ParamSpec{name, p.shape(), true});
-        unit->params.push_back(p);
+        unit.params.push_back(shard::ParamSpec{name, p.shape(), true});
+        params.push_back(p);
       }
-      if (unit->params.empty()) continue;
-      unit->group = std::make_unique<FlatParamGroup>(
-          ctx, comm, trainable, shard::PartitionKind::flat, Residency::sharded);
-      unit->bucketer = std::make_unique<shard::GradBucketer>(
-          ctx, comm, unit->group->plan(), shard::GradSync::reduce_scatter, options_.buckets);
-      unit->pieces = unit->group->updated_pieces(false);
-      table_.append_plan(unit->group->plan(), false);
-      for (auto& view : unit->group->piece_params(unit->pieces)) piece_params.push_back(view);
-      for (const auto& piece : unit->pieces)
-        piece_grads_.push_back(unit->bucketer->piece_grad(piece));
-      unit->ready.assign(unit->params.size(), false);
-      units_.push_back(std::move(unit));
+      if (params.empty()) continue;
+      engine_units.push_back(std::move(unit));
+      modules_.push_back(spec.module);
+      for (auto& p : params) params_.push_back(p);
+      if (spec.path.empty()) root_unit_ = modules_.size() - 1;
     }
-    check(!units_.empty(), "FSDP: the model has no trainable parameter to shard");
-    root_unit_ = units_.back()->path.empty() ? units_.back().get() : nullptr;
-    optimizer_ = std::make_unique<optim::ShardedOptimizer<Backend>>(
-        ctx, table_, comm.rank(), std::move(piece_params), optimizer,
-        table_.any_parameter_spans_ranks() ? &comm : nullptr);
-    for (auto& unit : units_) bind(*unit);
+    check(!engine_units.empty(), "FSDP: the model has no trainable parameter to shard");
+    engine_ = std::make_unique<FsdpEngine<Backend>>(ctx, comm, std::move(engine_units), optimizer,
+                                                    options_.buckets);
+    // The module's values become rank 0's, sharded; each parameter then views its unit's
+    // gathered buffer (freed until a forward gathers it).
+    engine_->set_full_params([&](std::size_t i, const Tensor& view) {
+      copy(ctx, view, params_[i].data());
+      params_[i].set_data(view);
+      params_[i].clear_grad();
+    });
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      params_[i].set_grad_provider([this, i] { return engine_->grad(i); });
+      params_[i].register_grad_ready_hook([this, i](autograd::Variable&) { on_grad_ready(i); });
+    }
+    for (std::size_t u = 0; u < modules_.size(); ++u) bind_hooks(u);
     // Frozen parameters are replicated: rank 0's values everywhere, like the sharded ones.
     for (const auto& [name, p] : root.named_parameters())
       if (!p.requires_grad() && p.numel() > 0) comm.broadcast(p.data(), 0).wait();
   }
 
   ~Fsdp() {
-    for (auto& unit : units_) {
-      for (auto id : unit->hooks) unit->module->remove_hook(id);
-      for (auto& p : unit->params) {
-        p.set_grad_provider({});
-        p.clear_grad_ready_hooks();
-      }
+    for (std::size_t u = 0; u < modules_.size(); ++u)
+      for (auto id : hooks_[u]) modules_[u]->remove_hook(id);
+    for (auto& p : params_) {
+      p.set_grad_provider({});
+      p.clear_grad_ready_hooks();
     }
   }
   Fsdp(const Fsdp&) = delete;
@@ -113,85 +107,36 @@ class Fsdp {
 
   // Updates every unit's shard with the averaged gradients of the synchronised backwards since
   // zero_grad().
-  void step(float lr, float inv_grad_scale = 1.0f) {
-    for (auto& unit : units_)
-      check<StateError>(unit->bucketer->finished(),
-                        "FSDP step before a synchronised backward "
-                        "finished the gradients of unit '",
-                        unit_name(*unit),
-                        "'; run the "
-                        "backward (outside no_sync) first");
-    optimizer_->step(piece_grads_, lr, inv_grad_scale);
-  }
+  void step(float lr, float inv_grad_scale = 1.0f) { engine_->step(lr, inv_grad_scale); }
+  void zero_grad() { engine_->zero_grad(); }
+  void set_sync(bool enabled) { engine_->set_sync(enabled); }
 
-  void zero_grad() {
-    for (auto& unit : units_) unit->bucketer->zero_grad();
-  }
-
-  void set_sync(bool enabled) {
-    for (auto& unit : units_) unit->bucketer->set_sync(enabled);
-  }
-
-  // Custom-loop use and inspection: gather a unit's full parameters / free them again.
-  std::size_t unit_count() const { return units_.size(); }
-  const std::string& unit_path(std::size_t u) const { return units_.at(u)->path; }
-  const FlatParamGroup& group(std::size_t u) const { return *units_.at(u)->group; }
-  void gather(std::size_t u) { ensure_gathered(*units_.at(u)); }
-  void release(std::size_t u) { release_unit(*units_.at(u)); }
+  // The engine (units, gather/release, optimizer) and the module each unit belongs to.
+  FsdpEngine<Backend>& engine() { return *engine_; }
+  const FsdpEngine<Backend>& engine() const { return *engine_; }
+  std::size_t unit_count() const { return engine_->unit_count(); }
   // FSDP's summon_full_params: every unit gathered while the scope lives (to read or write
   // the module's parameters between steps); written values go back to the shards at exit.
-  class FullParams {
-   public:
-    explicit FullParams(Fsdp& fsdp) : fsdp_(&fsdp) {
-      for (auto& unit : fsdp_->units_) fsdp_->ensure_gathered(*unit);
-    }
-    ~FullParams() {
-      for (auto& unit : fsdp_->units_) {
-        unit->group->copy_range_to_shard();
-        fsdp_->release_unit(*unit);
-      }
-    }
-    FullParams(const FullParams&) = delete;
-    FullParams& operator=(const FullParams&) = delete;
-
-   private:
-    Fsdp* fsdp_;
-  };
-  [[nodiscard]] FullParams full_params() { return FullParams(*this); }
+  [[nodiscard]] typename FsdpEngine<Backend>::FullParams full_params() {
+    return engine_->full_params();
+  }
 
   // The most units gathered at once since construction (the root unit not counted).
   int max_gathered_units() const { return max_gathered_; }
-  const optim::ShardedOptimizer<Backend>& optimizer() const { return *optimizer_; }
+  const optim::ShardedOptimizer<Backend>& optimizer() const { return engine_->optimizer(); }
 
  private:
-  struct Unit {
-    std::string path;
-    nn::Module* module = nullptr;
-    std::vector<autograd::Variable> params;  // trainable, in flat-layout order
-    std::unique_ptr<FlatParamGroup> group;
-    std::unique_ptr<shard::GradBucketer> bucketer;
-    std::vector<shard::ParamPiece> pieces;
-    std::vector<bool> ready;
-    std::size_t ready_count = 0;
-    comm::Work pending;  // an all-gather started ahead of use (prefetch)
-    bool gathering = false;
-    std::vector<nn::HookId> hooks;
-  };
-
   static FsdpOptions checked(FsdpOptions options) {
     check(options.prefetch >= 0, "FSDP prefetch depth ", options.prefetch, " must be >= 0");
     return options;
   }
-  static std::string unit_name(const Unit& unit) {
-    return unit.path.empty() ? std::string("<root>") : unit.path;
-  }
-  bool is_root(const Unit& unit) const { return &unit == root_unit_; }
+  bool is_root(std::size_t u) const { return u == root_unit_; }
 
-  // Every rank must have the same units with the same parameters, or collectives would pair up
-  // wrongly: compare one fingerprint of all unit paths and parameter names before any of them.
-  void check_same_units(const std::vector<FsdpUnitSpec>& specs) {
-    std::map<std::string, autograd::Variable> by_name;
-    for (const auto& [name, p] : root_->named_parameters()) by_name.emplace(name, p);
+  // Every rank must have the same units with the same parameters, frozen ones included, or
+  // collectives would pair up wrongly: one fingerprint before any of them.
+  static void check_same_units(Context& ctx, comm::Communicator& comm,
+                               const std::vector<FsdpUnitSpec>& specs,
+                               const std::map<std::string, autograd::Variable>& by_name) {
     std::vector<shard::ParamSpec> all;
     for (const auto& spec : specs) {
       all.push_back(shard::ParamSpec{"unit:" + spec.path, {1}, false});
@@ -200,116 +145,85 @@ class Fsdp {
         all.push_back(shard::ParamSpec{name, p.shape(), p.requires_grad()});
       }
     }
-    check_same_fingerprint(*ctx_, *comm_, shard::ParamLayout(all).fingerprint(),
+    check_same_fingerprint(ctx, comm, shard::ParamLayout(all).fingerprint(),
                            "the module tree or its FSDP units differ between ranks (paths, "
                            "parameter names, shapes or frozen flags); build the same model and "
                            "wrap policy on every rank");
   }
 
-  void bind(Unit& unit) {
-    // Values: this rank's module values into the gathered buffer, rank 0's broadcast, the
-    // shard keeps this rank's range; then the parameters view the buffer and it is freed.
-    // (Layout index i is unit.params[i]: a plan's layout keeps the specs' order.)
-    for (std::size_t i = 0; i < unit.params.size(); ++i) {
-      copy(*ctx_, unit.group->param(i), unit.params[i].data());
-      unit.params[i].set_data(unit.group->param(i));
-      unit.params[i].clear_grad();
-    }
-    unit.group->broadcast(0);
-    release_unit(unit);
-
-    for (std::size_t i = 0; i < unit.params.size(); ++i) {
-      unit.params[i].set_grad_provider([this, &unit, i] { return unit.bucketer->grad(i); });
-      unit.params[i].register_grad_ready_hook(
-          [this, &unit, i](autograd::Variable&) { on_grad_ready(unit, i); });
-    }
-    nn::Module& m = *unit.module;
-    unit.hooks.push_back(m.register_forward_pre_hook(
-        [this, &unit](nn::Module&, const autograd::Variable&) { pre_forward(unit); }));
-    unit.hooks.push_back(
-        m.register_forward_hook([this, &unit](nn::Module&, const autograd::Variable&,
-                                              const autograd::Variable&) { post_forward(unit); }));
-    unit.hooks.push_back(m.register_backward_pre_hook(
-        [this, &unit](nn::Module&, const Tensor&) { pre_backward(unit); }));
+  void bind_hooks(std::size_t u) {
+    nn::Module& m = *modules_[u];
+    hooks_.resize(modules_.size());
+    auto& ids = hooks_[u];
+    ids.push_back(m.register_forward_pre_hook(
+        [this, u](nn::Module&, const autograd::Variable&) { pre_forward(u); }));
+    ids.push_back(
+        m.register_forward_hook([this, u](nn::Module&, const autograd::Variable&,
+                                          const autograd::Variable&) { post_forward(u); }));
+    ids.push_back(
+        m.register_backward_pre_hook([this, u](nn::Module&, const Tensor&) { pre_backward(u); }));
     // Post-backward: the gradient leaving through the unit's input means its backward is done
     // (also inside a checkpoint's recomputed backward, where grad-ready hooks wait for the
     // outer pass). Units whose input needs no gradient free at their last grad-ready instead.
-    unit.hooks.push_back(m.register_backward_hook(
-        [this, &unit](nn::Module&, const Tensor&) { release_unit(unit); }));
+    ids.push_back(
+        m.register_backward_hook([this, u](nn::Module&, const Tensor&) { engine_->release(u); }));
   }
 
   // --- gather / release -------------------------------------------------------------------
-  void start_gather(Unit& unit) {
-    if (unit.group->gathered() || unit.gathering) return;
-    shard::detail::assign_work(unit.pending, unit.group->gather());
-    unit.gathering = true;
-    count_gathered();
-  }
-  void ensure_gathered(Unit& unit) {
-    start_gather(unit);
-    if (unit.gathering) {
-      unit.pending.wait();
-      unit.gathering = false;
-    }
-  }
-  void release_unit(Unit& unit) {
-    if (unit.gathering) {  // a prefetch nobody used: complete it before freeing its buffer
-      unit.pending.wait();
-      unit.gathering = false;
-    }
-    unit.group->release("the parameters of FSDP unit '" + unit_name(unit) +
-                        "' are not gathered: they exist only during the unit's forward and "
-                        "backward; run the module (its hooks gather them), or call gather() in "
-                        "a custom loop");
-  }
-  void count_gathered() {
+  void start_gather(std::size_t u) {
+    engine_->start_gather(u);
     int gathered = 0;
-    for (auto& unit : units_)
-      if (!is_root(*unit) && (unit->group->gathered() || unit->gathering)) ++gathered;
+    for (std::size_t k = 0; k < engine_->unit_count(); ++k)
+      if (!is_root(k) && engine_->holds_full(k)) ++gathered;
     max_gathered_ = std::max(max_gathered_, gathered);
   }
-  void prefetch_after(const Unit& unit, const std::vector<Unit*>& order) {
+  void ensure_gathered(std::size_t u) {
+    start_gather(u);
+    engine_->gather(u);
+  }
+  void prefetch_after(std::size_t u, const std::vector<std::size_t>& order) {
     if (options_.prefetch == 0) return;
-    auto it = std::find(order.begin(), order.end(), &unit);
+    auto it = std::find(order.begin(), order.end(), u);
     if (it == order.end()) return;
-    for (int k = 0; k < options_.prefetch && ++it != order.end(); ++k) start_gather(**it);
+    for (int k = 0; k < options_.prefetch && ++it != order.end(); ++k) start_gather(*it);
   }
 
   // --- hooks ------------------------------------------------------------------------------
-  void pre_forward(Unit& unit) {
+  void pre_forward(std::size_t u) {
     auto& tape = autograd::tape(*ctx_);
     if (!tape.recomputing() && !order_recorded_ &&
-        std::find(forward_order_.begin(), forward_order_.end(), &unit) == forward_order_.end())
-      forward_order_.push_back(&unit);
-    ensure_gathered(unit);
-    if (order_recorded_ && !tape.recomputing()) prefetch_after(unit, forward_order_);
+        std::find(forward_order_.begin(), forward_order_.end(), u) == forward_order_.end())
+      forward_order_.push_back(u);
+    ensure_gathered(u);
+    if (order_recorded_ && !tape.recomputing()) prefetch_after(u, forward_order_);
   }
-  void post_forward(Unit& unit) {
+  void post_forward(std::size_t u) {
     // (During checkpoint recomputation too: the recomputed graph's backward-pre hook gathers the
     // unit again when its backward comes, so a segment of many units never holds them all.)
     auto& tape = autograd::tape(*ctx_);
-    if (is_root(unit)) {
+    if (is_root(u)) {
       if (tape.recomputing()) return;
       if (!forward_order_.empty()) order_recorded_ = true;
       if (!tape.grad_enabled())  // no backward follows: free everything
-        for (auto& u : units_) release_unit(*u);
+        for (std::size_t k = 0; k < engine_->unit_count(); ++k) engine_->release(k);
       return;
     }
-    if (options_.reshard_after_forward || !tape.grad_enabled()) release_unit(unit);
+    if (options_.reshard_after_forward || !tape.grad_enabled()) engine_->release(u);
   }
-  void pre_backward(Unit& unit) {
+  void pre_backward(std::size_t u) {
     begin_backward();
-    ensure_gathered(unit);
+    engine_->poll_reductions();
+    ensure_gathered(u);
     if (order_recorded_) {
-      std::vector<Unit*> reverse(forward_order_.rbegin(), forward_order_.rend());
-      prefetch_after(unit, reverse);
+      std::vector<std::size_t> reverse(forward_order_.rbegin(), forward_order_.rend());
+      prefetch_after(u, reverse);
     }
   }
-  void on_grad_ready(Unit& unit, std::size_t i) {
+  void on_grad_ready(std::size_t i) {
     begin_backward();
-    unit.ready[i] = true;
-    unit.bucketer->ready(i);
-    if (++unit.ready_count == unit.params.size()) release_unit(unit);  // post-backward
+    engine_->ready(i);
+    const std::size_t u = engine_->unit_of(i);
+    if (engine_->unit_ready(u)) engine_->release(u);  // post-backward
   }
   void begin_backward() {
     if (in_backward_) return;
@@ -319,28 +233,23 @@ class Fsdp {
   // Parameters the loss did not reach contribute zero gradients; wait for every reduction;
   // free what is still gathered (the root, units without a backward-pre hook).
   void end_backward() {
-    for (auto& unit : units_) {
-      for (std::size_t i = 0; i < unit->params.size(); ++i)
-        if (!unit->ready[i]) unit->bucketer->ready(i);
-      unit->bucketer->finish();
-      std::fill(unit->ready.begin(), unit->ready.end(), false);
-      unit->ready_count = 0;
-    }
-    for (auto& unit : units_) release_unit(*unit);
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!engine_->is_ready(i)) engine_->ready(i);
+    engine_->finish();
+    for (std::size_t u = 0; u < engine_->unit_count(); ++u) engine_->release(u);
     order_recorded_ = order_recorded_ || !forward_order_.empty();
     in_backward_ = false;
   }
 
   Context* ctx_;
-  comm::Communicator* comm_;
   nn::Module* root_;
   FsdpOptions options_;
-  shard::PieceTable table_;
-  std::vector<std::unique_ptr<Unit>> units_;
-  Unit* root_unit_ = nullptr;
-  std::vector<Tensor> piece_grads_;
-  std::unique_ptr<optim::ShardedOptimizer<Backend>> optimizer_;
-  std::vector<Unit*> forward_order_;  // units by first forward-pre hook, recorded once
+  std::unique_ptr<FsdpEngine<Backend>> engine_;
+  std::vector<nn::Module*> modules_;            // per unit: whose hooks gather it
+  std::vector<std::vector<nn::HookId>> hooks_;  // per unit
+  std::vector<autograd::Variable> params_;      // engine parameter order
+  std::size_t root_unit_ = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> forward_order_;  // units by first forward-pre hook, recorded once
   bool order_recorded_ = false;
   bool in_backward_ = false;
   int max_gathered_ = 0;

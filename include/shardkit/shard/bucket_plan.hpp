@@ -160,6 +160,13 @@ class BucketSchedule {
     }
   }
 
+  // Completes, in order, the launched buckets that already finished (done(b) must not block),
+  // launching nothing: frees their buffers while the caller works elsewhere.
+  template <class Complete, class Done>
+  void collect(Complete&& complete, Done&& done) {
+    while (next_complete_ < next_launch_ && done(next_complete_)) complete(next_complete_++);
+  }
+
   // The end of a round: every bucket must be ready; launches the rest and completes everything.
   template <class Launch, class Complete>
   void drain(Launch&& launch, Complete&& complete) {

@@ -242,6 +242,14 @@ class GradBucketer {
     if (sync_enabled_) advance();
   }
 
+  // Completes the launched buckets whose reductions are done, in order, freeing their
+  // transient buffers (never blocks). FSDP calls it as the backward moves through other units,
+  // so a unit's last buckets do not stay allocated until the end of the backward.
+  void poll() {
+    schedule_.collect([&](std::size_t b) { complete(b); },
+                      [&](std::size_t b) { return states_[b].work.test(); });
+  }
+
   // Waits for every bucket. Afterwards the averaged gradients of this rank's pieces are in
   // piece_grad(). Throws if a trainable parameter was never marked.
   void finish() {
