@@ -24,7 +24,8 @@ fs::path scratch(const std::string& name) {
   return dir / name;
 }
 
-void write_raw(const fs::path& path, const std::string& header, const std::vector<unsigned char>& data) {
+void write_raw(const fs::path& path, const std::string& header,
+               const std::vector<unsigned char>& data) {
   std::ofstream out(path, std::ios::binary);
   const std::uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
@@ -60,7 +61,11 @@ TEST_CASE("every dtype round-trips with its shape, in file order, with metadata"
       NamedBytes::of<float>("empty", {0, 4}, {}),
       NamedBytes::of<float>("scalar", {}, {42.0f}),
   };
-  NamedBytes half{"h", sk::DType::f16, {2}, std::vector<std::byte>{std::byte{0x00}, std::byte{0x3c}, std::byte{0x00}, std::byte{0xc0}}};
+  NamedBytes half{
+      "h",
+      sk::DType::f16,
+      {2},
+      std::vector<std::byte>{std::byte{0x00}, std::byte{0x3c}, std::byte{0x00}, std::byte{0xc0}}};
   tensors.push_back(half);
   sk::io::save_safetensors(path.string(), tensors, {{"format", "pt"}, {"note", "hello"}});
   const auto back = sk::io::load_safetensors(path.string());
@@ -110,11 +115,13 @@ TEST_CASE("saving replaces an existing file whole, and a failed save leaves noth
   CHECK(file.tensors[0].name == "v");
 
   const auto missing_dir = scratch("no_such_dir") / "x.safetensors";
-  CHECK_THROWS_WITH_AS(sk::io::save_safetensors(missing_dir.string(), {NamedBytes::of<float>("w", {1}, {1})}),
-                       doctest::Contains("cannot open"), sk::IoError);
-  CHECK_THROWS_WITH_AS(sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("w", {1}, {1}),
-                                                                NamedBytes::of<float>("w", {1}, {2})}),
-                       doctest::Contains("tensor name 'w' appears twice"), sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      sk::io::save_safetensors(missing_dir.string(), {NamedBytes::of<float>("w", {1}, {1})}),
+      doctest::Contains("cannot open"), sk::IoError);
+  CHECK_THROWS_WITH_AS(
+      sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("w", {1}, {1}),
+                                               NamedBytes::of<float>("w", {1}, {2})}),
+      doctest::Contains("tensor name 'w' appears twice"), sk::InvalidArgument);
   CHECK(sk::io::load_safetensors(path.string()).tensors[0].name == "v");  // the old file survives
 }
 
@@ -128,9 +135,12 @@ TEST_CASE("corrupt or foreign files get errors that name the file and the proble
   write_raw(path, "{not json", {});
   CHECK(load_error(path).find("not valid JSON") != std::string::npos);
   write_raw(path, R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", bytes_of({1, 2}));
-  CHECK(load_error(path).find("covers 8 bytes but its shape [3] of f32 needs 12") != std::string::npos);
-  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-            bytes_of({1, 2}));
+  CHECK(load_error(path).find("covers 8 bytes but its shape [3] of f32 needs 12") !=
+        std::string::npos);
+  write_raw(
+      path,
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      bytes_of({1, 2}));
   CHECK(load_error(path).find("overlapping or holed") != std::string::npos);
   write_raw(path, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", bytes_of({1, 2}));
   CHECK(load_error(path).find("the tensors cover 4 of 8 data bytes") != std::string::npos);
@@ -144,4 +154,75 @@ TEST_CASE("corrupt or foreign files get errors that name the file and the proble
   }
   CHECK(load_error(path).find("its header claims") != std::string::npos);
   CHECK(load_error(scratch("absent.safetensors")).find("cannot open") != std::string::npos);
+}
+
+TEST_CASE("the streaming writer takes any tensor's bytes in any order; the reader any range") {
+  const auto path = scratch("stream.safetensors");
+  {
+    sk::io::SafetensorsWriter writer(
+        path.string(),
+        {{"a", sk::DType::f32, {4}}, {"empty", sk::DType::f32, {0}}, {"b", sk::DType::i64, {2}}},
+        {{"format", "pt"}});
+    const float a_tail[] = {3, 4};
+    const float a_head[] = {1, 2};
+    const std::int64_t b[] = {-7, 1LL << 40};
+    writer.write("a", 8, a_tail, sizeof a_tail);  // the second half first
+    writer.write("b", 0, b, sizeof b);
+    writer.write("a", 0, a_head, sizeof a_head);
+    CHECK_FALSE(fs::exists(path));  // nothing visible before commit()
+    writer.commit();
+  }
+  const sk::io::SafetensorsReader reader(path.string());
+  CHECK(reader.metadata().at("format") == "pt");
+  REQUIRE(reader.find("a") != nullptr);
+  float middle[2] = {};
+  reader.read(*reader.find("a"), 4, middle, sizeof middle);
+  CHECK(middle[0] == 2.0f);
+  CHECK(middle[1] == 3.0f);
+  CHECK(reader.read(*reader.find("b")).values<std::int64_t>() ==
+        std::vector<std::int64_t>{-7, 1LL << 40});
+  CHECK(reader.find("empty")->bytes() == 0);
+  CHECK_THROWS_WITH(reader.read(*reader.find("a"), 12, middle, sizeof middle),
+                    doctest::Contains("reading bytes [12, 20) of tensor 'a', which has 16"));
+  // The same bytes as the whole-file writer would give.
+  const auto whole = scratch("stream_whole.safetensors");
+  sk::io::save_safetensors(
+      whole.string(),
+      {NamedBytes::of<float>("a", {4}, {1, 2, 3, 4}), NamedBytes::of<float>("empty", {0}, {}),
+       NamedBytes::of<std::int64_t>("b", {2}, {-7, 1LL << 40})},
+      {{"format", "pt"}});
+  std::ifstream x(path, std::ios::binary), y(whole, std::ios::binary);
+  CHECK(std::string(std::istreambuf_iterator<char>(x), {}) ==
+        std::string(std::istreambuf_iterator<char>(y), {}));
+}
+
+TEST_CASE("a streamed file is refused until complete, and an abandoned one leaves nothing") {
+  const auto path = scratch("partial.safetensors");
+  {
+    sk::io::SafetensorsWriter writer(path.string(), {{"a", sk::DType::f32, {4}}});
+    const float head[] = {1, 2};
+    writer.write("a", 0, head, sizeof head);
+    CHECK_THROWS_WITH_AS(writer.commit(), doctest::Contains("tensor 'a' got 8 of its 16 bytes"),
+                         sk::StateError);
+    CHECK_THROWS_WITH(writer.write("a", 12, head, sizeof head),
+                      doctest::Contains("writing bytes [12, 20) of tensor 'a', which has 16"));
+    CHECK_THROWS_WITH(writer.write("c", 0, head, 4), doctest::Contains("no tensor 'c'"));
+  }
+  CHECK_FALSE(fs::exists(path));
+  for (const auto& entry : fs::directory_iterator(path.parent_path()))
+    CHECK(entry.path().filename().string().find("partial") == std::string::npos);
+}
+
+TEST_CASE("zero-size tensors may share an offset with a neighbour in any name order") {
+  const auto path = scratch("zero_size.safetensors");
+  // "z" is empty at offset 4, after "a" and at the start of "b": both orders of the keys.
+  write_raw(path,
+            R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+            R"("z":{"dtype":"F32","shape":[2,0,3],"data_offsets":[4,4]},)"
+            R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+            bytes_of({1, 2}));
+  const auto file = sk::io::load_safetensors(path.string());
+  REQUIRE(file.tensors.size() == 3);
+  CHECK(file.find("b")->values<float>() == std::vector<float>{2});
+  CHECK(file.find("z")->shape == sk::Shape{2, 0, 3});
 }

@@ -5,6 +5,14 @@
 // Writing is atomic: the file is written beside the target under a temporary name, flushed to
 // disk, then renamed over the target, so a crash leaves either the old file or the new one,
 // never a torn one. Reading validates everything the header claims before trusting it.
+//
+//   SafetensorsWriter  the header first (every tensor's name, dtype and shape are known up
+//                      front), then any tensor's bytes at any offset, in any order, as they
+//                      arrive: a checkpoint streams through it without the whole state in
+//                      memory. commit() makes the file appear.
+//   SafetensorsReader  the validated header, then any byte range of any tensor: a rank
+//                      reads only the pieces it needs from another rank's checkpoint file.
+//   save_safetensors / load_safetensors  whole files in memory, over the two.
 #pragma once
 
 #include <fcntl.h>
@@ -20,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,7 +49,8 @@ struct NamedBytes {
 
   template <class T>
   static NamedBytes of(std::string name, Shape shape, const std::vector<T>& values) {
-    NamedBytes out{std::move(name), dtype_of<T>, std::move(shape), std::vector<std::byte>(values.size() * sizeof(T))};
+    NamedBytes out{std::move(name), dtype_of<T>, std::move(shape),
+                   std::vector<std::byte>(values.size() * sizeof(T))};
     check(shape_numel(out.shape) == static_cast<std::int64_t>(values.size()), "safetensors entry '",
           out.name, "': ", values.size(), " values do not fill shape ", shape_str(out.shape));
     if (!values.empty()) std::memcpy(out.bytes.data(), values.data(), out.bytes.size());
@@ -59,8 +69,9 @@ struct NamedBytes {
 
 // The host bytes of any tensor on the context's device (any dtype, any strides).
 inline NamedBytes host_bytes(Context& ctx, std::string name, const Tensor& t) {
-  NamedBytes out{std::move(name), t.dtype(), t.shape(),
-                 std::vector<std::byte>(static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()))};
+  NamedBytes out{
+      std::move(name), t.dtype(), t.shape(),
+      std::vector<std::byte>(static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()))};
   if (!out.bytes.empty()) {
     auto host = Storage::borrow(out.bytes.data(), out.bytes.size(), Device::cpu());
     copy(ctx, Tensor(host, t.shape(), t.dtype()), t);
@@ -71,15 +82,16 @@ inline NamedBytes host_bytes(Context& ctx, std::string name, const Tensor& t) {
 // Copies a file's tensor into `target` (on the context's device); dtype and shape must match.
 inline void copy_to_tensor(Context& ctx, const NamedBytes& from, const Tensor& target) {
   check(from.dtype == target.dtype() && from.shape == target.shape(), "'", from.name, "' is ",
-        dtype_name(from.dtype), shape_str(from.shape), " in the file but ", dtype_name(target.dtype()),
-        shape_str(target.shape()), " here");
+        dtype_name(from.dtype), shape_str(from.shape), " in the file but ",
+        dtype_name(target.dtype()), shape_str(target.shape()), " here");
   if (from.bytes.empty()) return;
-  auto host = Storage::borrow(const_cast<std::byte*>(from.bytes.data()), from.bytes.size(), Device::cpu());
+  auto host =
+      Storage::borrow(const_cast<std::byte*>(from.bytes.data()), from.bytes.size(), Device::cpu());
   copy(ctx, target, Tensor(host, from.shape, from.dtype));
 }
 
 struct SafetensorsContents {
-  std::vector<NamedBytes> tensors;             // in file order
+  std::vector<NamedBytes> tensors;              // in file order
   std::map<std::string, std::string> metadata;  // the header's "__metadata__" (strings only)
 
   const NamedBytes* find(std::string_view name) const {
@@ -93,18 +105,26 @@ namespace detail {
 
 inline std::string_view safetensors_dtype(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::f16: return "F16";
-    case DType::bf16: return "BF16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::f16:
+      return "F16";
+    case DType::bf16:
+      return "BF16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
   }
   return "?";
 }
 
-inline DType dtype_from_safetensors(std::string_view name, const std::string& path, const std::string& tensor) {
+inline DType dtype_from_safetensors(std::string_view name, const std::string& path,
+                                    const std::string& tensor) {
   for (auto dtype : kAllDTypes)
     if (safetensors_dtype(dtype) == name) return dtype;
   fail<IoError>("'", path, "': tensor '", tensor, "' has dtype '", name,
@@ -114,8 +134,11 @@ inline DType dtype_from_safetensors(std::string_view name, const std::string& pa
 // Closes on scope exit; write_all/sync report errno with the file's name.
 class PosixFile {
  public:
-  PosixFile(const std::string& path, int flags) : path_(path), fd_(::open(path.c_str(), flags, 0644)) {
-    check<IoError>(fd_ >= 0, "cannot open '", path, "' for writing: ", std::strerror(errno));
+  PosixFile(const std::string& path, int flags)
+      : path_(path), fd_(::open(path.c_str(), flags, 0644)) {
+    check<IoError>(fd_ >= 0, "cannot open '", path, "' for ",
+                   (flags & (O_WRONLY | O_RDWR)) ? "writing" : "reading", ": ",
+                   std::strerror(errno));
   }
   ~PosixFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -123,19 +146,40 @@ class PosixFile {
   PosixFile(const PosixFile&) = delete;
   PosixFile& operator=(const PosixFile&) = delete;
 
-  void write_all(const void* data, std::size_t bytes) {
-    const auto* at = static_cast<const char*>(data);
+  // Writes all `bytes` at file offset `at` (pwrite: no shared file position).
+  void write_at(std::uint64_t at, const void* data, std::size_t bytes) {
+    const auto* from = static_cast<const char*>(data);
     while (bytes > 0) {
-      const ssize_t wrote = ::write(fd_, at, bytes);
+      const ssize_t wrote = ::pwrite(fd_, from, bytes, static_cast<off_t>(at));
       if (wrote < 0 && errno == EINTR) continue;
       check<IoError>(wrote > 0, "writing '", path_, "' failed: ", std::strerror(errno),
                      " (is the disk full?)");
-      at += wrote;
+      from += wrote;
+      at += static_cast<std::uint64_t>(wrote);
       bytes -= static_cast<std::size_t>(wrote);
     }
   }
+  // Reads all `bytes` at file offset `at`; a short file is an error naming `what`.
+  void read_at(std::uint64_t at, void* data, std::size_t bytes, std::string_view what) const {
+    auto* to = static_cast<char*>(data);
+    while (bytes > 0) {
+      const ssize_t got = ::pread(fd_, to, bytes, static_cast<off_t>(at));
+      if (got < 0 && errno == EINTR) continue;
+      check<IoError>(got >= 0, "reading '", path_, "' failed: ", std::strerror(errno));
+      check<IoError>(got > 0, "'", path_, "' ends early inside ", what);
+      to += got;
+      at += static_cast<std::uint64_t>(got);
+      bytes -= static_cast<std::size_t>(got);
+    }
+  }
+  std::uint64_t size() const {
+    const off_t end = ::lseek(fd_, 0, SEEK_END);
+    check<IoError>(end >= 0, "cannot size '", path_, "': ", std::strerror(errno));
+    return static_cast<std::uint64_t>(end);
+  }
   void sync_and_close() {
-    check<IoError>(::fsync(fd_) == 0, "flushing '", path_, "' to disk failed: ", std::strerror(errno));
+    check<IoError>(::fsync(fd_) == 0, "flushing '", path_,
+                   "' to disk failed: ", std::strerror(errno));
     const int fd = fd_;
     fd_ = -1;
     check<IoError>(::close(fd) == 0, "closing '", path_, "' failed: ", std::strerror(errno));
@@ -148,135 +192,260 @@ class PosixFile {
 
 }  // namespace detail
 
+// One tensor as a file's header describes it: dtype, shape and the byte range of its data
+// (relative to the start of the data section).
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::uint64_t begin = 0;  // data section offsets: [begin, end)
+  std::uint64_t end = 0;
+  std::uint64_t bytes() const { return end - begin; }
+};
+
+// Streams a safetensors file: the header (every tensor's name, dtype and shape) goes out when
+// the writer is made; write() puts bytes of one tensor at an offset inside it, in any order;
+// commit() checks that every byte was written, flushes, and renames the file into place.
+// Destroyed without commit(), the temporary file is removed and the target is untouched.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, std::vector<TensorInfo> tensors,
+                    const std::map<std::string, std::string>& metadata = {})
+      : path_(std::move(path)),
+        temporary_(path_ + ".tmp." + std::to_string(::getpid())),
+        tensors_(std::move(tensors)) {
+    nlohmann::json header = nlohmann::json::object();
+    std::uint64_t offset = 0;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      auto& t = tensors_[i];
+      check(!t.name.empty() && t.name != "__metadata__", "safetensors '", path_,
+            "': a tensor name may be neither empty nor '__metadata__'");
+      check(!header.contains(t.name), "safetensors '", path_, "': tensor name '", t.name,
+            "' appears twice; names must be unique");
+      t.begin = offset;
+      t.end = offset + static_cast<std::uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype);
+      offset = t.end;
+      header[t.name] = {{"dtype", std::string(detail::safetensors_dtype(t.dtype))},
+                        {"shape", t.shape},
+                        {"data_offsets", {t.begin, t.end}}};
+      index_.emplace(t.name, i);
+    }
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    data_start_ = 8 + text.size();
+    unsigned char length_bytes[8];
+    for (int i = 0; i < 8; ++i)
+      length_bytes[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+    written_.assign(tensors_.size(), 0);
+    file_ =
+        std::make_unique<detail::PosixFile>(temporary_, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
+    file_->write_at(0, length_bytes, 8);
+    file_->write_at(8, text.data(), text.size());
+  }
+  ~SafetensorsWriter() {
+    if (committed_) return;
+    file_.reset();
+    std::error_code ignored;
+    std::filesystem::remove(temporary_, ignored);  // never leave a half-written file behind
+  }
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  const std::string& path() const { return path_; }
+  const TensorInfo& info(std::string_view name) const { return tensors_[index_of(name)]; }
+
+  // Bytes [offset, offset + bytes) of tensor `name`'s data.
+  void write(std::string_view name, std::uint64_t offset, const void* data, std::size_t bytes) {
+    const std::size_t i = index_of(name);
+    const TensorInfo& t = tensors_[i];
+    check(offset <= t.bytes() && bytes <= t.bytes() - offset, "safetensors '", path_,
+          "': writing bytes [", offset, ", ", offset + bytes, ") of tensor '", t.name,
+          "', which has ", t.bytes());
+    file_->write_at(data_start_ + t.begin + offset, data, bytes);
+    written_[i] += bytes;
+  }
+  void write(const NamedBytes& t) {
+    const TensorInfo& target = info(t.name);
+    check(t.dtype == target.dtype && t.shape == target.shape, "safetensors '", path_, "': tensor '",
+          t.name, "' is ", dtype_name(t.dtype), shape_str(t.shape), " but the header says ",
+          dtype_name(target.dtype), shape_str(target.shape));
+    write(t.name, 0, t.bytes.data(), t.bytes.size());
+  }
+
+  // Every tensor must be complete; then flush, rename into place, and sync the folder.
+  void commit() {
+    check<StateError>(!committed_, "safetensors '", path_, "' was committed already");
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      check<StateError>(written_[i] == tensors_[i].bytes(), "safetensors '", path_, "': tensor '",
+                        tensors_[i].name, "' got ", written_[i], " of its ", tensors_[i].bytes(),
+                        " bytes; write all of it before commit()");
+    file_->sync_and_close();
+    std::error_code error;
+    std::filesystem::rename(temporary_, path_, error);
+    check<IoError>(!error, "replacing '", path_, "' with the new file failed: ", error.message());
+    committed_ = true;
+    // Make the rename itself durable: sync the directory that holds the file.
+    const std::filesystem::path target(path_);
+    const auto folder =
+        target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+    const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0) {
+      (void)::fsync(dir);
+      ::close(dir);
+    }
+  }
+
+ private:
+  std::size_t index_of(std::string_view name) const {
+    const auto found = index_.find(std::string(name));
+    check(found != index_.end(), "safetensors '", path_, "': no tensor '", name,
+          "' in the header this writer was made with");
+    return found->second;
+  }
+
+  std::string path_;
+  std::string temporary_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::size_t> index_;
+  std::vector<std::uint64_t> written_;
+  std::uint64_t data_start_ = 0;
+  std::unique_ptr<detail::PosixFile> file_;
+  bool committed_ = false;
+};
+
+// Reads a safetensors file's header, validated (every tensor's range inside the data, ranges
+// tiling the data section exactly, sizes matching shapes), and any byte range of any tensor.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::string path)
+      : path_(std::move(path)), file_(path_, O_RDONLY | O_CLOEXEC) {
+    const std::uint64_t file_size = file_.size();
+    unsigned char length_bytes[8] = {};
+    check<IoError>(file_size >= 8, "'", path_,
+                   "' is not a safetensors file: it is shorter than its 8-byte header length");
+    file_.read_at(0, length_bytes, 8, "the header length");
+    std::uint64_t length = 0;
+    for (int i = 0; i < 8; ++i) length |= std::uint64_t{length_bytes[i]} << (8 * i);
+    check<IoError>(length <= file_size - 8 && length <= (std::uint64_t{100} << 20), "'", path_,
+                   "' is not a safetensors file or is truncated: its header claims ", length,
+                   " bytes of a ", file_size, "-byte file");
+    std::string text(length, '\0');
+    file_.read_at(8, text.data(), text.size(), "the header");
+    data_start_ = 8 + length;
+    parse(text, file_size - 8 - length);
+  }
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The metadata value `key`, or an IoError saying the file lacks it (`why`: what wrote it).
+  const std::string& meta(const std::string& key, std::string_view why) const {
+    const auto found = metadata_.find(key);
+    check<IoError>(found != metadata_.end(), "'", path_, "' lacks the metadata '", key, "': ", why);
+    return found->second;
+  }
+  // In data (file) order.
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find(std::string_view name) const {
+    const auto found = index_.find(std::string(name));
+    return found == index_.end() ? nullptr : &tensors_[found->second];
+  }
+
+  // Bytes [offset, offset + bytes) of tensor `t`'s data (t from tensors() or find()).
+  void read(const TensorInfo& t, std::uint64_t offset, void* data, std::size_t bytes) const {
+    check(offset <= t.bytes() && bytes <= t.bytes() - offset, "'", path_, "': reading bytes [",
+          offset, ", ", offset + bytes, ") of tensor '", t.name, "', which has ", t.bytes());
+    file_.read_at(data_start_ + t.begin + offset, data, bytes, "tensor '" + t.name + "'");
+  }
+  NamedBytes read(const TensorInfo& t) const {
+    NamedBytes out{t.name, t.dtype, t.shape, std::vector<std::byte>(t.bytes())};
+    read(t, 0, out.bytes.data(), out.bytes.size());
+    return out;
+  }
+
+ private:
+  void parse(const std::string& text, std::uint64_t data_size) {
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      fail<IoError>("'", path_, "' has a header that is not valid JSON: ", e.what());
+    }
+    check<IoError>(header.is_object(), "'", path_, "': the header is not a JSON object");
+    try {
+      for (const auto& [name, entry] : header.items()) {
+        if (name == "__metadata__") {
+          for (const auto& [key, value] : entry.items()) metadata_[key] = value.get<std::string>();
+          continue;
+        }
+        TensorInfo t;
+        t.name = name;
+        t.dtype = detail::dtype_from_safetensors(entry.at("dtype").get<std::string>(), path_, name);
+        t.shape = entry.at("shape").get<Shape>();
+        const auto offsets = entry.at("data_offsets").get<std::vector<std::uint64_t>>();
+        check<IoError>(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size,
+                       "'", path_, "': tensor '", name, "' has data_offsets outside the ",
+                       data_size, "-byte data section (truncated file?)");
+        for (auto d : t.shape)
+          check<IoError>(d >= 0, "'", path_, "': tensor '", name, "' has a negative dimension");
+        t.begin = offsets[0];
+        t.end = offsets[1];
+        check<IoError>(
+            t.bytes() == static_cast<std::uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype),
+            "'", path_, "': tensor '", name, "' covers ", t.bytes(), " bytes but its shape ",
+            shape_str(t.shape), " of ", dtype_name(t.dtype), " needs ",
+            shape_numel(t.shape) * static_cast<std::int64_t>(dtype_size(t.dtype)));
+        tensors_.push_back(std::move(t));
+      }
+    } catch (const nlohmann::json::exception& e) {
+      fail<IoError>("'", path_, "' has a malformed header entry: ", e.what());
+    }
+    // The format forbids overlaps and holes: the ranges must tile the data section exactly.
+    // (Zero-size tensors sort before a neighbour at the same offset.)
+    std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    std::uint64_t expected = 0;
+    for (const auto& t : tensors_) {
+      check<IoError>(t.begin == expected, "'", path_, "': tensor '", t.name, "' starts at byte ",
+                     t.begin, " of the data, expected ", expected,
+                     " (overlapping or holed data section)");
+      expected = t.end;
+    }
+    check<IoError>(expected == data_size, "'", path_, "': the tensors cover ", expected, " of ",
+                   data_size, " data bytes");
+    for (std::size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
+  }
+
+  std::string path_;
+  detail::PosixFile file_;
+  std::uint64_t data_start_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
 // Writes `tensors` (names unique) and string `metadata` to `path`, atomically.
 inline void save_safetensors(const std::string& path, const std::vector<NamedBytes>& tensors,
                              const std::map<std::string, std::string>& metadata = {}) {
-  nlohmann::json header = nlohmann::json::object();
-  std::uint64_t offset = 0;
+  std::vector<TensorInfo> infos;
   for (const auto& t : tensors) {
-    check(!t.name.empty() && t.name != "__metadata__", "save_safetensors '", path,
-          "': a tensor name may be neither empty nor '__metadata__'");
-    check(!header.contains(t.name), "save_safetensors '", path, "': tensor name '", t.name,
-          "' appears twice; names must be unique");
-    check(static_cast<std::int64_t>(t.bytes.size()) == shape_numel(t.shape) * static_cast<std::int64_t>(dtype_size(t.dtype)),
+    check(static_cast<std::int64_t>(t.bytes.size()) ==
+              shape_numel(t.shape) * static_cast<std::int64_t>(dtype_size(t.dtype)),
           "save_safetensors '", path, "': tensor '", t.name, "' has ", t.bytes.size(),
           " bytes for shape ", shape_str(t.shape), " of ", dtype_name(t.dtype));
-    header[t.name] = {{"dtype", std::string(detail::safetensors_dtype(t.dtype))},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+    infos.push_back(TensorInfo{t.name, t.dtype, t.shape});
   }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const std::uint64_t length = text.size();
-  unsigned char length_bytes[8];
-  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(length >> (8 * i));
-
-  const std::filesystem::path target(path);
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  try {
-    detail::PosixFile file(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
-    file.write_all(length_bytes, 8);
-    file.write_all(text.data(), text.size());
-    for (const auto& t : tensors) file.write_all(t.bytes.data(), t.bytes.size());
-    file.sync_and_close();
-    std::error_code error;
-    std::filesystem::rename(temporary, target, error);
-    check<IoError>(!error, "replacing '", path, "' with the new file failed: ", error.message());
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);  // never leave a half-written file behind
-    throw;
-  }
-  // Make the rename itself durable: sync the directory that holds the file.
-  const auto folder = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    (void)::fsync(dir);
-    ::close(dir);
-  }
+  SafetensorsWriter writer(path, std::move(infos), metadata);
+  for (const auto& t : tensors) writer.write(t);
+  writer.commit();
 }
 
 inline SafetensorsContents load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check<IoError>(in.good(), "cannot open '", path, "' for reading");
-  in.seekg(0, std::ios::end);
-  const auto file_size = static_cast<std::uint64_t>(in.tellg());
-  in.seekg(0);
-  unsigned char length_bytes[8] = {};
-  check<IoError>(file_size >= 8 && in.read(reinterpret_cast<char*>(length_bytes), 8),
-                 "'", path, "' is not a safetensors file: it is shorter than its 8-byte header length");
-  std::uint64_t length = 0;
-  for (int i = 0; i < 8; ++i) length |= std::uint64_t{length_bytes[i]} << (8 * i);
-  check<IoError>(length <= file_size - 8 && length <= (std::uint64_t{100} << 20), "'", path,
-                 "' is not a safetensors file or is truncated: its header claims ", length,
-                 " bytes of a ", file_size, "-byte file");
-  std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
-  const std::uint64_t data_size = file_size - 8 - length;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail<IoError>("'", path, "' has a header that is not valid JSON: ", e.what());
-  }
-  check<IoError>(header.is_object(), "'", path, "': the header is not a JSON object");
-
+  const SafetensorsReader reader(path);
   SafetensorsContents out;
-  struct Range {
-    std::uint64_t begin, end;
-    std::size_t index;
-  };
-  std::vector<Range> ranges;
-  try {
-    for (const auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") {
-        for (const auto& [key, value] : entry.items()) out.metadata[key] = value.get<std::string>();
-        continue;
-      }
-      NamedBytes t;
-      t.name = name;
-      t.dtype = detail::dtype_from_safetensors(entry.at("dtype").get<std::string>(), path, name);
-      t.shape = entry.at("shape").get<Shape>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<std::uint64_t>>();
-      check<IoError>(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size,
-                     "'", path, "': tensor '", name, "' has data_offsets outside the ", data_size,
-                     "-byte data section (truncated file?)");
-      for (auto d : t.shape) check<IoError>(d >= 0, "'", path, "': tensor '", name, "' has a negative dimension");
-      check<IoError>(offsets[1] - offsets[0] == static_cast<std::uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype),
-                     "'", path, "': tensor '", name, "' covers ", offsets[1] - offsets[0],
-                     " bytes but its shape ", shape_str(t.shape), " of ", dtype_name(t.dtype), " needs ",
-                     shape_numel(t.shape) * static_cast<std::int64_t>(dtype_size(t.dtype)));
-      ranges.push_back({offsets[0], offsets[1], out.tensors.size()});
-      out.tensors.push_back(std::move(t));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    fail<IoError>("'", path, "' has a malformed header entry: ", e.what());
-  }
-  // The format forbids overlaps and holes: the ranges must tile the data section exactly.
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  std::uint64_t expected = 0;
-  for (const auto& r : ranges) {
-    check<IoError>(r.begin == expected, "'", path, "': tensor '", out.tensors[r.index].name,
-                   "' starts at byte ", r.begin, " of the data, expected ", expected,
-                   " (overlapping or holed data section)");
-    expected = r.end;
-  }
-  check<IoError>(expected == data_size, "'", path, "': the tensors cover ", expected, " of ",
-                 data_size, " data bytes");
-  // The ranges tile the data section in order: read each tensor straight into its own bytes.
-  std::vector<NamedBytes> ordered;
-  ordered.reserve(ranges.size());
-  for (const auto& r : ranges) {
-    NamedBytes& t = out.tensors[r.index];
-    t.bytes.resize(r.end - r.begin);
-    in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-    check<IoError>(static_cast<std::uint64_t>(in.gcount()) == t.bytes.size(), "'", path,
-                   "' ends early inside tensor '", t.name, "'");
-    ordered.push_back(std::move(t));  // file (data) order; the JSON object is sorted by name
-  }
-  out.tensors = std::move(ordered);
+  out.metadata = reader.metadata();
+  for (const auto& t : reader.tensors()) out.tensors.push_back(reader.read(t));
   return out;
 }
 
