@@ -2,9 +2,10 @@
 // functions over a sharded optimizer (which knows its PieceTable and rank) and a communicator:
 //
 //   consolidate_optimizer_state(optimizer, comm, recipient)  the whole state on `recipient`, by
-//       parameter name; an empty OptimizerState on the other ranks. Collective. Owners
-//       broadcast their state ranges in turn, so a rank holds at most one other range at a
-//       time, never the whole state; only the recipient keeps what it receives (on the host).
+//       parameter name; an empty OptimizerState on the other ranks. Collective, over
+//       stream_pieces: owners send their pieces in turn, chunk by chunk, so a rank holds at
+//       most one chunk of another rank's state at a time; only the recipient keeps what it
+//       receives (on the host).
 //   load_optimizer_state(optimizer, state)  takes this rank's share of a whole state written
 //       under any stage, partition or world size; every rank passes the whole state (as with
 //       PyTorch's load_state_dict under FairScale's OSS). Everything is checked on every rank
@@ -22,6 +23,90 @@
 
 namespace shardkit::optim {
 
+// Streams values the ranks hold per piece of `table` to `recipient`, in chunks of at most
+// `chunk_numel` elements: `held` is this rank's one 1-D f32 view per piece of
+// table.pieces(comm.rank()) (parameter values, or one optimizer state buffer). On the
+// recipient, sink(piece, offset, values, count) receives elements [offset, offset + count) of
+// the piece (offset from piece.param_begin), on the host. Collective: owners send their pieces
+// in rank order, chunk by chunk (one broadcast each), so no rank ever holds more than one
+// chunk beyond its own values. A replicated table (DDP) has everything on the recipient: no
+// traffic. What full checkpoints and consolidation stand on.
+template <class Sink>
+void stream_pieces(Context& ctx, comm::Communicator& comm, const shard::PieceTable& table,
+                   const std::vector<Tensor>& held, int recipient, Sink&& sink,
+                   std::int64_t chunk_numel = std::int64_t{1} << 22) {
+  check(recipient >= 0 && recipient < comm.size(), "stream_pieces: recipient ", recipient,
+        " is not a rank of this ", comm.size(), "-rank job; pass 0..", comm.size() - 1);
+  check(table.world_size() == comm.size(), "stream_pieces: the table is sharded over ",
+        table.world_size(), " ranks but the communicator has ", comm.size());
+  check(held.size() == table.pieces(comm.rank()).size(), "stream_pieces: ", held.size(),
+        " views for ", table.pieces(comm.rank()).size(), " pieces; pass one per piece");
+  check(chunk_numel > 0, "stream_pieces: chunk_numel must be > 0, got ", chunk_numel);
+  const bool here = comm.rank() == recipient;
+  auto own = [&] {
+    const auto& pieces = table.pieces(comm.rank());
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const auto values = to_vector<float>(ctx, held[k]);
+      sink(pieces[k], std::int64_t{0}, values.data(), pieces[k].numel());
+    }
+  };
+  if (table.replicated()) {
+    if (here) own();
+    return;
+  }
+  struct Segment {
+    std::size_t piece;
+    std::int64_t offset, count;
+  };
+  for (int owner = 0; owner < comm.size(); ++owner) {
+    if (owner == recipient) {  // the recipient holds its own pieces: nothing to send
+      if (here) own();
+      continue;
+    }
+    const auto& pieces = table.pieces(owner);
+    std::size_t k = 0;
+    std::int64_t within = 0;
+    while (k < pieces.size()) {
+      std::vector<Segment> segments;
+      std::int64_t total = 0;
+      while (k < pieces.size() && total < chunk_numel) {
+        const std::int64_t take = std::min(pieces[k].numel() - within, chunk_numel - total);
+        if (take > 0) segments.push_back({k, within, take});
+        total += take;
+        within += take;
+        if (within == pieces[k].numel()) ++k, within = 0;
+      }
+      if (total == 0) continue;
+      const Tensor chunk = empty(ctx, {total}, DType::f32, MemoryCategory::communication);
+      if (comm.rank() == owner) {
+        std::int64_t at = 0;
+        for (const auto& s : segments) {
+          copy(ctx, chunk.slice(0, at, at + s.count),
+               held[s.piece].slice(0, s.offset, s.offset + s.count));
+          at += s.count;
+        }
+      }
+      comm.broadcast(chunk, owner).wait();
+      if (!here) continue;
+      const auto values = to_vector<float>(ctx, chunk);
+      std::int64_t at = 0;
+      for (const auto& s : segments) {
+        sink(pieces[s.piece], s.offset, values.data() + at, s.count);
+        at += s.count;
+      }
+    }
+  }
+}
+
+// This rank's views of one state buffer, one per piece (the `held` of stream_pieces).
+inline std::vector<Tensor> state_views(const std::vector<shard::OwnedPiece>& pieces,
+                                       const Tensor& buffer) {
+  std::vector<Tensor> out;
+  for (const auto& piece : pieces)
+    out.push_back(buffer.slice(0, piece.state_offset, piece.state_offset + piece.numel()));
+  return out;
+}
+
 template <class Backend>
 OptimizerState consolidate_optimizer_state(const ShardedOptimizer<Backend>& optimizer,
                                            comm::Communicator& comm, int recipient = 0) {
@@ -30,7 +115,6 @@ OptimizerState consolidate_optimizer_state(const ShardedOptimizer<Backend>& opti
   const auto& table = optimizer.table();
   check(table.world_size() == comm.size(), "consolidate_optimizer_state: the optimizer is sharded ",
         "over ", table.world_size(), " ranks but the communicator has ", comm.size());
-  Context& ctx = optimizer.context();
   const bool here = comm.rank() == recipient;
   OptimizerState out;
   const auto& buffers = optimizer.state_buffers();
@@ -44,28 +128,14 @@ OptimizerState consolidate_optimizer_state(const ShardedOptimizer<Backend>& opti
       out.params.push_back(std::move(entry));
     }
   }
-  // One owner's state range, cut back into its parameters.
-  auto scatter = [&](int owner, std::string_view name, const std::vector<float>& range) {
-    for (const auto& piece : table.pieces(owner)) {
-      auto& dst = out.params[piece.param].buffers.find(name)->second;
-      std::copy_n(range.begin() + piece.state_offset, piece.numel(),
-                  dst.begin() + piece.param_begin);
-    }
-  };
   for (const auto& buffer : buffers) {
-    if (table.replicated()) {  // every rank holds everything: nothing to send
-      if (here) scatter(comm.rank(), buffer.name, to_vector<float>(ctx, buffer.values));
-      continue;
-    }
-    for (int owner = 0; owner < comm.size(); ++owner) {
-      const std::int64_t count = table.state_numel(owner);
-      if (count == 0) continue;
-      const Tensor range = comm.rank() == owner
-                               ? buffer.values
-                               : empty(ctx, {count}, DType::f32, MemoryCategory::communication);
-      comm.broadcast(range, owner).wait();
-      if (here) scatter(owner, buffer.name, to_vector<float>(ctx, range));
-    }
+    stream_pieces(optimizer.context(), comm, table, state_views(optimizer.pieces(), buffer.values),
+                  recipient,
+                  [&](const shard::OwnedPiece& piece, std::int64_t offset, const float* values,
+                      std::int64_t count) {
+                    auto& dst = out.params[piece.param].buffers.find(buffer.name)->second;
+                    std::copy_n(values, count, dst.begin() + piece.param_begin + offset);
+                  });
   }
   return out;
 }
