@@ -5,7 +5,10 @@
 // the recipient is what save_optimizer_state() writes.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "shardkit/io/safetensors.hpp"
 #include "shardkit/optim/optimizer_state.hpp"
@@ -14,59 +17,92 @@ namespace shardkit::io {
 
 inline constexpr std::string_view kOptimizerStateFormat = "shardkit.optimizer_state.v1";
 
+// The trainable parameters a state covers, by name and shape, in registration order.
+using ParamShapes = std::vector<std::pair<std::string, Shape>>;
+
+// The metadata of an optimizer-state file: format, optimizer kind, step count, and every
+// trainable parameter by name and shape (JSON inside the string-only metadata) -- stateless
+// ones too (before the first step, SGD without momentum), so a load can still check that the
+// model matches.
+inline std::map<std::string, std::string> optimizer_state_metadata(optim::OptimizerKind kind,
+                                                                   std::int64_t steps,
+                                                                   const ParamShapes& params) {
+  nlohmann::json parameters = nlohmann::json::array();
+  for (const auto& [name, shape] : params) parameters.push_back({{"name", name}, {"shape", shape}});
+  return {{"format", std::string(kOptimizerStateFormat)},
+          {"optimizer", std::string(optim::optimizer_kind_name(kind))},
+          {"steps", std::to_string(steps)},
+          {"parameters", parameters.dump()}};
+}
+
+// What optimizer_state_metadata() wrote (the format key aside), read back and checked.
+struct OptimizerFileInfo {
+  optim::OptimizerKind kind = optim::OptimizerKind::sgd;
+  std::int64_t steps = 0;
+  ParamShapes params;
+};
+
+inline std::int64_t parse_count(const SafetensorsReader& file, const std::string& key) {
+  const std::string& text = file.meta(key, "it was not written by shardkit");
+  std::size_t used = 0;
+  std::int64_t value = -1;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  check<IoError>(used == text.size() && !text.empty() && value >= 0, "'", file.path(),
+                 "': metadata '", key, "' is '", text, "', not a count");
+  return value;
+}
+
+inline OptimizerFileInfo parse_optimizer_metadata(const SafetensorsReader& file) {
+  OptimizerFileInfo info;
+  info.kind = optim::parse_optimizer_kind(file.meta("optimizer", "it was not written by shardkit"));
+  info.steps = parse_count(file, "steps");
+  try {
+    for (const auto& entry :
+         nlohmann::json::parse(file.meta("parameters", "it was not written by shardkit")))
+      info.params.emplace_back(entry.at("name").get<std::string>(), entry.at("shape").get<Shape>());
+  } catch (const nlohmann::json::exception& e) {
+    fail<IoError>("'", file.path(), "': metadata 'parameters' is malformed: ", e.what());
+  }
+  return info;
+}
+
 inline void save_optimizer_state(const std::string& path, const optim::OptimizerState& state) {
   std::vector<NamedBytes> tensors;
-  for (const auto& p : state.params)
+  ParamShapes params;
+  for (const auto& p : state.params) {
+    params.emplace_back(p.name, p.shape);
     for (const auto& [name, buffer] : p.buffers)
       if (!buffer.empty()) tensors.push_back(NamedBytes::of(p.name + "." + name, p.shape, buffer));
-  // Every trainable parameter by name and shape, in registration order (JSON inside the
-  // string-only metadata): stateless ones too (before the first step, SGD without momentum),
-  // so a load can still check that the model matches.
-  nlohmann::json parameters = nlohmann::json::array();
-  for (const auto& p : state.params) parameters.push_back({{"name", p.name}, {"shape", p.shape}});
-  save_safetensors(path, tensors,
-                   {{"format", std::string(kOptimizerStateFormat)},
-                    {"optimizer", std::string(optim::optimizer_kind_name(state.kind))},
-                    {"steps", std::to_string(state.steps)},
-                    {"parameters", parameters.dump()}});
+  }
+  save_safetensors(path, tensors, optimizer_state_metadata(state.kind, state.steps, params));
 }
 
 inline optim::OptimizerState load_optimizer_state(const std::string& path) {
-  const auto file = load_safetensors(path);
-  auto meta = [&](const char* key) -> const std::string& {
-    const auto found = file.metadata.find(key);
-    check<IoError>(found != file.metadata.end(), "'", path, "' lacks the metadata '", key,
-                   "': it was not written by save_optimizer_state");
-    return found->second;
-  };
-  check<IoError>(meta("format") == kOptimizerStateFormat, "'", path, "' holds '", meta("format"),
+  const SafetensorsReader file(path);
+  const std::string& format = file.meta("format", "it was not written by save_optimizer_state");
+  check<IoError>(format == kOptimizerStateFormat, "'", path, "' holds '", format,
                  "', not an optimizer state (", kOptimizerStateFormat, ")");
+  const auto info = parse_optimizer_metadata(file);
   optim::OptimizerState state;
-  state.kind = optim::parse_optimizer_kind(meta("optimizer"));
-  try {
-    state.steps = std::stoll(meta("steps"));
-  } catch (const std::exception&) {
-    fail<IoError>("'", path, "': metadata 'steps' is '", meta("steps"), "', not a number");
-  }
-  nlohmann::json parameters;
-  try {
-    parameters = nlohmann::json::parse(meta("parameters"));
-    for (const auto& entry : parameters) {
-      optim::ParamOptimizerState p;
-      p.name = entry.at("name").get<std::string>();
-      p.shape = entry.at("shape").get<Shape>();
-      for (const auto buffer_name : optim::possible_state_buffers(state.kind)) {
-        const NamedBytes* t = file.find(p.name + "." + std::string(buffer_name));
-        if (t == nullptr) continue;
-        check<IoError>(t->dtype == DType::f32 && t->shape == p.shape, "'", path, "': '", t->name,
-                       "' is ", dtype_name(t->dtype), shape_str(t->shape), "; expected f32",
-                       shape_str(p.shape));
-        p.buffers[std::string(buffer_name)] = t->values<float>();
-      }
-      state.params.push_back(std::move(p));
+  state.kind = info.kind;
+  state.steps = info.steps;
+  for (const auto& [name, shape] : info.params) {
+    optim::ParamOptimizerState p;
+    p.name = name;
+    p.shape = shape;
+    for (const auto buffer_name : optim::possible_state_buffers(state.kind)) {
+      const TensorInfo* t = file.find(p.name + "." + std::string(buffer_name));
+      if (t == nullptr) continue;
+      check<IoError>(t->dtype == DType::f32 && t->shape == p.shape, "'", path, "': '", t->name,
+                     "' is ", dtype_name(t->dtype), shape_str(t->shape), "; expected f32",
+                     shape_str(p.shape));
+      p.buffers[std::string(buffer_name)] = file.read(*t).values<float>();
     }
-  } catch (const nlohmann::json::exception& e) {
-    fail<IoError>("'", path, "': metadata 'parameters' is malformed: ", e.what());
+    state.params.push_back(std::move(p));
   }
   return state;
 }

@@ -26,6 +26,7 @@
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
 #include "shardkit/parallel/stage.hpp"
+#include "shardkit/parallel/training_state.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
 
 namespace shardkit::parallel {
@@ -104,6 +105,22 @@ class DataParallel {
   // (FairScale's consolidate_state_dict; optim/consolidation.hpp). Collective.
   optim::OptimizerState consolidate_optimizer_state(int recipient = 0) {
     return optim::consolidate_optimizer_state(optimizer_, *comm_, recipient);
+  }
+
+  // What checkpoints save and load (io/checkpoint.hpp): the optimizer's pieces and state,
+  // frozen parameters (whole on every rank), and the parameter sync after a load.
+  TrainingState<Backend> training_state() {
+    TrainingState<Backend> state;
+    state.optimizer = &optimizer_;
+    state.comm = comm_;
+    const auto& layout = group_.plan().layout();
+    for (std::size_t i = 0; i < layout.size(); ++i)
+      if (!layout[i].trainable) state.replicated.emplace_back(layout[i].name, group_.param(i));
+    state.after_load = [this] {
+      if (options_.stage != Stage::ddp) group_.all_gather_owned(false);
+    };
+    state.stage = std::string(stage_name(options_.stage));
+    return state;
   }
 
   // Takes this rank's share of a whole optimizer state (from consolidate_optimizer_state, on any

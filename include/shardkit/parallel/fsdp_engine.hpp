@@ -29,6 +29,7 @@
 
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
+#include "shardkit/parallel/training_state.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
 #include "shardkit/shard/piece_table.hpp"
 
@@ -230,6 +231,21 @@ class FsdpEngine {
 
   const optim::ShardedOptimizer<Backend>& optimizer() const { return *optimizer_; }
   optim::ShardedOptimizer<Backend>& optimizer() { return *optimizer_; }
+
+  // What checkpoints save and load (io/checkpoint.hpp): the shards and their optimizer state.
+  // A load writes the shards; units gathered at that moment (inside full_params()) are
+  // gathered again so their full values are the loaded ones.
+  TrainingState<Backend> training_state() {
+    TrainingState<Backend> state;
+    state.optimizer = optimizer_.get();
+    state.comm = comm_;
+    state.after_load = [this] {
+      for (auto& unit : units_)
+        if (unit->group->gathered()) unit->group->gather().wait();
+    };
+    state.stage = "fsdp";
+    return state;
+  }
   const shard::PieceTable& table() const { return table_; }
   comm::Communicator& communicator() const { return *comm_; }
 

@@ -143,6 +143,19 @@ class ShardedModule {
   }
   comm::Communicator& communicator() const { return *comm_; }
 
+  // What checkpoints save and load (io/checkpoint.hpp): the engine's state, plus the module's
+  // buffers and (fsdp) its frozen parameters, whole on every rank, by state-dict names.
+  TrainingState<Backend> training_state() {
+    TrainingState<Backend> state =
+        fsdp_ ? fsdp_->engine().training_state() : engine_->training_state();
+    if (fsdp_)
+      for (const auto& [name, p] : module_->named_parameters())
+        if (!p.requires_grad()) state.replicated.emplace_back(name, p.data());
+    for (const auto& [name, buffer] : module_->named_buffers())
+      state.replicated.emplace_back(name, buffer);
+    return state;
+  }
+
  private:
   static std::shared_ptr<nn::Module> checked_module(std::shared_ptr<nn::Module> module) {
     check(module != nullptr, "ShardedModule: no module given");

@@ -1,0 +1,365 @@
+// Training checkpoints of any stage, loadable into any stage and any world size:
+//
+//   save_checkpoint(dir, state, {.layout = full})     rank 0 writes model.safetensors (every
+//       parameter whole, with PyTorch's state-dict names, plus buffers) and
+//       optimizer.safetensors (every state buffer whole). The owners' pieces stream to rank
+//       0's writer chunk by chunk (optim::stream_pieces), each written straight to its place in
+//       the file: no rank ever holds more than one chunk beyond its own shards -- the
+//       full-state-dict OOM that FairScale and PyTorch users report cannot happen here.
+//   save_checkpoint(dir, state, {.layout = sharded})  every rank writes its own pieces to its
+//       own file, with the metadata needed to put them back (checkpoint_source.hpp); no
+//       traffic beyond agreeing on the checkpoint's id.
+//   load_checkpoint(dir, state)  either layout: every rank reads exactly the elements it holds
+//       (its pieces of the parameters and of their state, and the replicated tensors) from
+//       whichever files hold them; everything is checked on every rank before anything is
+//       written, so all ranks fail alike and nothing is half-loaded.
+//
+// Every file is written atomically (temporary file, fsync, rename, folder fsync) and carries
+// the checkpoint's id, so files of two saves never load together. Collective: every rank calls
+// both functions. `state` comes from DataParallel, FsdpEngine or ShardedModule's
+// training_state().
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "shardkit/io/checkpoint_source.hpp"
+#include "shardkit/optim/consolidation.hpp"
+#include "shardkit/parallel/training_state.hpp"
+
+namespace shardkit::io {
+
+struct CheckpointOptions {
+  CheckpointLayout layout = CheckpointLayout::full;
+  // The caller's metadata (epoch, sampler position, ...), returned by load_checkpoint. Keys
+  // "format", "optimizer", "steps", "parameters", "pieces" and "shardkit.*" are reserved.
+  std::map<std::string, std::string> metadata;
+  std::int64_t chunk_numel = std::int64_t{1} << 22;  // full layout: elements per streamed chunk
+};
+
+// What load_checkpoint found.
+struct LoadedCheckpoint {
+  CheckpointLayout layout = CheckpointLayout::full;
+  int world_size = 0;  // of the run that saved it
+  std::string stage;   // of the run that saved it
+  std::int64_t steps = 0;
+  std::map<std::string, std::string> metadata;  // the caller's, as given to save_checkpoint
+};
+
+namespace detail {
+
+// A random id that every rank agrees on (rank 0's, broadcast as two exact 32-bit halves).
+inline std::string agree_on_checkpoint_id(Context& ctx, comm::Communicator& comm) {
+  std::vector<double> halves(2, 0.0);
+  if (comm.rank() == 0) {
+    std::random_device device;
+    halves = {static_cast<double>(device()), static_cast<double>(device())};
+  }
+  Tensor t = from_vector(ctx, halves, {2});
+  comm.broadcast(t, 0).wait();
+  halves = to_vector<double>(ctx, t);
+  char id[32];
+  std::snprintf(id, sizeof id, "%08x%08x", static_cast<unsigned>(halves[0]),
+                static_cast<unsigned>(halves[1]));
+  return id;
+}
+
+template <class Backend>
+ParamShapes trainable_params(const parallel::TrainingState<Backend>& state) {
+  ParamShapes out;
+  for (const auto& p : state.optimizer->table().params()) out.emplace_back(p.name, p.shape);
+  return out;
+}
+
+template <class Backend>
+void check_state(const parallel::TrainingState<Backend>& state, const char* call) {
+  check(state.optimizer != nullptr && state.comm != nullptr, call,
+        ": the training state has no optimizer or communicator; take it from training_state()");
+}
+
+inline void remove_quietly(const std::filesystem::path& path) {
+  std::error_code ignored;
+  std::filesystem::remove(path, ignored);
+}
+
+// After a complete save: files of the other layout or of other world sizes in the folder are
+// stale; remove them so the folder holds one checkpoint.
+inline void remove_stale_files(const std::string& dir, CheckpointLayout kept, int world) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const auto name = entry.path().filename().string();
+    int rank = -1, shard_world = -1;
+    if (parse_shard_file_name(name, rank, shard_world)) {
+      if (kept == CheckpointLayout::full || shard_world != world) stale.push_back(entry.path());
+    } else if (kept == CheckpointLayout::sharded &&
+               (name == kFullModelFile || name == kFullOptimizerFile)) {
+      stale.push_back(entry.path());
+    }
+  }
+  for (const auto& path : stale) remove_quietly(path);
+}
+
+template <class Backend>
+std::map<std::string, std::string> common_metadata(const parallel::TrainingState<Backend>& state,
+                                                   const std::string& id,
+                                                   const CheckpointOptions& options) {
+  std::map<std::string, std::string> meta;
+  for (const auto& [key, value] : options.metadata) {
+    check(!is_reserved_checkpoint_key(key), "save_checkpoint: metadata key '", key,
+          "' is reserved; name it otherwise (e.g. 'train.", key, "')");
+    meta[key] = value;
+  }
+  meta["shardkit.checkpoint"] = id;
+  meta["shardkit.steps"] = std::to_string(state.optimizer->steps());
+  meta["shardkit.stage"] = state.stage;
+  meta["shardkit.world_size"] = std::to_string(state.comm->size());
+  return meta;
+}
+
+template <class Backend>
+void save_full(const std::string& dir, parallel::TrainingState<Backend>& state,
+               const std::string& id, const CheckpointOptions& options) {
+  auto& optimizer = *state.optimizer;
+  auto& comm = *state.comm;
+  Context& ctx = optimizer.context();
+  const auto& table = optimizer.table();
+  const bool writer = comm.rank() == 0;
+  const auto& buffers = optimizer.state_buffers();
+  std::unique_ptr<SafetensorsWriter> model_file, optimizer_file;
+  if (writer) {
+    std::vector<TensorInfo> model_tensors, optimizer_tensors;
+    for (const auto& p : table.params()) {
+      model_tensors.push_back(TensorInfo{p.name, DType::f32, p.shape});
+      for (const auto& buffer : buffers)
+        optimizer_tensors.push_back(
+            TensorInfo{p.name + "." + std::string(buffer.name), DType::f32, p.shape});
+    }
+    for (const auto& [name, t] : state.replicated)
+      model_tensors.push_back(TensorInfo{name, t.dtype(), t.shape()});
+    auto model_meta = common_metadata(state, id, options);
+    model_meta["format"] = "pt";  // what safetensors.torch expects of a state dict
+    auto optimizer_meta = optimizer_state_metadata(optimizer.config().kind, optimizer.steps(),
+                                                   trainable_params(state));
+    optimizer_meta["shardkit.checkpoint"] = id;
+    const std::filesystem::path folder(dir);
+    model_file = std::make_unique<SafetensorsWriter>((folder / kFullModelFile).string(),
+                                                     std::move(model_tensors), model_meta);
+    optimizer_file = std::make_unique<SafetensorsWriter>(
+        (folder / kFullOptimizerFile).string(), std::move(optimizer_tensors), optimizer_meta);
+  }
+  auto sink_into = [&](SafetensorsWriter* file, const std::string& suffix) {
+    return [&table, file, suffix](const shard::OwnedPiece& piece, std::int64_t offset,
+                                  const float* values, std::int64_t count) {
+      file->write(table.params()[piece.param].name + suffix,
+                  static_cast<std::uint64_t>(piece.param_begin + offset) * sizeof(float), values,
+                  static_cast<std::size_t>(count) * sizeof(float));
+    };
+  };
+  optim::stream_pieces(ctx, comm, table, optimizer.piece_params(), 0,
+                       sink_into(model_file.get(), ""), options.chunk_numel);
+  for (const auto& buffer : buffers)
+    optim::stream_pieces(ctx, comm, table, optim::state_views(optimizer.pieces(), buffer.values), 0,
+                         sink_into(optimizer_file.get(), "." + std::string(buffer.name)),
+                         options.chunk_numel);
+  if (!writer) return;
+  for (const auto& [name, t] : state.replicated) model_file->write(host_bytes(ctx, name, t));
+  optimizer_file->commit();
+  model_file->commit();
+}
+
+template <class Backend>
+void save_sharded(const std::string& dir, parallel::TrainingState<Backend>& state,
+                  const std::string& id, const CheckpointOptions& options) {
+  auto& optimizer = *state.optimizer;
+  auto& comm = *state.comm;
+  Context& ctx = optimizer.context();
+  const auto& table = optimizer.table();
+  // Each element once: a replicated table (DDP) is saved by rank 0 alone.
+  const bool saves_pieces = !table.replicated() || comm.rank() == 0;
+  const auto& pieces = optimizer.pieces();
+  std::vector<TensorInfo> tensors;
+  std::vector<NamedBytes> values;
+  nlohmann::json listed = nlohmann::json::array();
+  auto add_piece = [&](const shard::OwnedPiece& piece, const std::string& buffer,
+                       const Tensor& view) {
+    const auto& param = table.params()[piece.param].name;
+    const std::string name = param + (buffer.empty() ? "" : "." + buffer) + "[" +
+                             std::to_string(piece.param_begin) + ":" +
+                             std::to_string(piece.param_end) + "]";
+    listed.push_back({{"tensor", name},
+                      {"param", param},
+                      {"buffer", buffer},
+                      {"begin", piece.param_begin},
+                      {"end", piece.param_end}});
+    tensors.push_back(TensorInfo{name, DType::f32, {piece.numel()}});
+    values.push_back(host_bytes(ctx, name, view));
+  };
+  if (saves_pieces) {
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      add_piece(pieces[k], "", optimizer.piece_params()[k]);
+      for (const auto& buffer : optimizer.state_buffers()) {
+        const Tensor& b = buffer.values;
+        add_piece(pieces[k], std::string(buffer.name),
+                  b.slice(0, pieces[k].state_offset, pieces[k].state_offset + pieces[k].numel()));
+      }
+    }
+  }
+  if (comm.rank() == 0)
+    for (const auto& [name, t] : state.replicated) {
+      listed.push_back({{"tensor", name}, {"whole", true}});
+      tensors.push_back(TensorInfo{name, t.dtype(), t.shape()});
+      values.push_back(host_bytes(ctx, name, t));
+    }
+  auto meta = common_metadata(state, id, options);
+  for (auto& [key, value] : optimizer_state_metadata(optimizer.config().kind, optimizer.steps(),
+                                                     trainable_params(state)))
+    meta[key] = value;
+  meta["format"] = std::string(kShardedCheckpointFormat);
+  meta["shardkit.rank"] = std::to_string(comm.rank());
+  meta["pieces"] = listed.dump();
+  SafetensorsWriter file(
+      (std::filesystem::path(dir) / shard_file_name(comm.rank(), comm.size())).string(),
+      std::move(tensors), meta);
+  for (const auto& v : values) file.write(v);
+  file.commit();
+}
+
+}  // namespace detail
+
+template <class Backend>
+void save_checkpoint(const std::string& dir, parallel::TrainingState<Backend> state,
+                     const CheckpointOptions& options = {}) {
+  detail::check_state(state, "save_checkpoint");
+  auto& comm = *state.comm;
+  Context& ctx = state.optimizer->context();
+  if (comm.rank() == 0) std::filesystem::create_directories(dir);
+  const std::string id = detail::agree_on_checkpoint_id(ctx, comm);  // (after the folder exists)
+  if (options.layout == CheckpointLayout::full)
+    detail::save_full(dir, state, id, options);
+  else
+    detail::save_sharded(dir, state, id, options);
+  comm.barrier();  // every file of this checkpoint is in place
+  if (comm.rank() == 0) detail::remove_stale_files(dir, options.layout, comm.size());
+  comm.barrier();
+}
+
+template <class Backend>
+LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState<Backend> state) {
+  detail::check_state(state, "load_checkpoint");
+  auto& optimizer = *state.optimizer;
+  Context& ctx = optimizer.context();
+  const CheckpointSource source(dir);
+  const auto& config = optimizer.config();
+  const std::string where = "the checkpoint in '" + dir + "'";
+  check<IoError>(source.optimizer_kind() == config.kind, where, " is for ",
+                 optim::optimizer_kind_name(source.optimizer_kind()), " but this optimizer is ",
+                 optim::optimizer_kind_name(config.kind),
+                 "; build the optimizer the checkpoint was written with");
+
+  // Names and shapes: the trainable parameters, then the replicated tensors.
+  auto joined = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (std::size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", " : "") + names[i];
+    if (names.size() > 8) out += ", ... (" + std::to_string(names.size()) + " in all)";
+    return out;
+  };
+  std::map<std::string, Shape> saved(source.params().begin(), source.params().end());
+  std::vector<std::string> missing, unexpected;
+  for (const auto& p : optimizer.table().params()) {
+    const auto found = saved.find(p.name);
+    if (found == saved.end()) {
+      missing.push_back(p.name);
+      continue;
+    }
+    check<IoError>(found->second == p.shape, where, ": parameter '", p.name, "' is ",
+                   shape_str(found->second), " there but ", shape_str(p.shape),
+                   " here; build the model the checkpoint was written from");
+    saved.erase(found);
+  }
+  for (const auto& [name, shape] : saved) unexpected.push_back(name);
+  std::map<std::string, PieceSource> whole = source.replicated();
+  for (const auto& [name, t] : state.replicated) {
+    const auto found = whole.find(name);
+    if (found == whole.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    const TensorInfo& info = *found->second.tensor;
+    check<IoError>(info.dtype == t.dtype() && info.shape == t.shape(), where, ": '", name, "' is ",
+                   dtype_name(info.dtype), shape_str(info.shape), " there but ",
+                   dtype_name(t.dtype()), shape_str(t.shape()),
+                   " here; build the model the checkpoint was written from");
+    whole.erase(found);
+  }
+  for (const auto& [name, source_piece] : whole) unexpected.push_back(name);
+  check<IoError>(missing.empty() && unexpected.empty(), where,
+                 " does not fit this model: missing [", joined(missing), "], unexpected [",
+                 joined(unexpected), "]; build the model the checkpoint was written from");
+
+  // Every element this rank holds must be there (state buffers may be absent before the
+  // first step: they are zeros then).
+  const auto& buffers = optimizer.state_buffers();
+  for (const auto buffer : optim::possible_state_buffers(config.kind)) {
+    const bool kept = std::any_of(buffers.begin(), buffers.end(),
+                                  [&](const optim::StateBuffer& b) { return b.name == buffer; });
+    check<IoError>(kept || !source.has_state_buffer(std::string(buffer)), where, " has ", buffer,
+                   " state but this optimizer keeps none (momentum 0?); configure it as when it "
+                   "was saved");
+  }
+  const auto& table = optimizer.table();
+  for (const auto& piece : optimizer.pieces()) {
+    const auto& name = table.params()[piece.param].name;
+    check<IoError>(
+        CheckpointSource::covers(source.pieces(name), piece.param_begin, piece.param_end), where,
+        " lacks elements [", piece.param_begin, ", ", piece.param_end, ") of '", name,
+        "' (a shard file is missing or damaged)");
+    for (const auto& buffer : buffers) {
+      const auto& list = source.pieces(name, std::string(buffer.name));
+      check<IoError>((list.empty() && source.steps() == 0) ||
+                         CheckpointSource::covers(list, piece.param_begin, piece.param_end),
+                     where, " lacks ", buffer.name, " elements [", piece.param_begin, ", ",
+                     piece.param_end, ") of '", name, "'");
+    }
+  }
+
+  // Write: this rank's pieces, their state, the replicated tensors.
+  std::vector<float> host;
+  auto put = [&](const std::vector<PieceSource>& list, const shard::OwnedPiece& piece,
+                 const Tensor& target) {
+    host.resize(static_cast<std::size_t>(piece.numel()));
+    CheckpointSource::read_range(list, piece.param_begin, piece.param_end, host.data());
+    auto borrowed = Storage::borrow(host.data(), host.size() * sizeof(float), Device::cpu());
+    copy(ctx, target, Tensor(borrowed, {piece.numel()}, DType::f32));
+  };
+  const auto& pieces = optimizer.pieces();
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    const auto& name = table.params()[pieces[k].param].name;
+    put(source.pieces(name), pieces[k], optimizer.piece_params()[k]);
+    for (const auto& buffer : buffers) {
+      const Tensor target = buffer.values.slice(0, pieces[k].state_offset,
+                                                pieces[k].state_offset + pieces[k].numel());
+      const auto& list = source.pieces(name, std::string(buffer.name));
+      if (list.empty())
+        fill(ctx, target, 0.0);
+      else
+        put(list, pieces[k], target);
+    }
+  }
+  for (const auto& [name, t] : state.replicated) {
+    const PieceSource& p = source.replicated().at(name);
+    copy_to_tensor(ctx, p.file->read(*p.tensor), t);
+  }
+  optimizer.set_steps(source.steps());
+  if (state.after_load) state.after_load();
+  return LoadedCheckpoint{source.layout(), source.world_size(), source.stage(), source.steps(),
+                          source.metadata()};
+}
+
+}  // namespace shardkit::io

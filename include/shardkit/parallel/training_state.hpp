@@ -1,0 +1,36 @@
+// TrainingState: what a checkpoint saves and restores of a sharded training run, whatever the
+// stage -- the one view io/checkpoint.hpp works on, so a checkpoint written under one stage
+// and world size loads under any other.
+//
+//   optimizer   its PieceTable says which elements of which trainable parameter this rank
+//               updates; piece_params() are those elements' values, state_buffers() their
+//               optimizer state, steps() the step count. Under DDP the table is replicated
+//               (every rank holds everything); under OSS/SDP a rank's pieces are its range of
+//               the flat buffer; under FSDP its shard of every unit.
+//   replicated  tensors every rank holds whole and alike, by name: module buffers (batch-norm
+//               statistics), frozen parameters. Rank 0 saves them; every rank loads them.
+//   after_load  called once a load has written this rank's pieces: makes the ranks' copies of
+//               the parameters agree again (OSS/SDP all-gather the owners' ranges; DDP and
+//               FSDP need nothing: every rank wrote all it holds).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/optim/sharded_optimizer.hpp"
+
+namespace shardkit::parallel {
+
+template <class Backend>
+struct TrainingState {
+  optim::ShardedOptimizer<Backend>* optimizer = nullptr;
+  comm::Communicator* comm = nullptr;
+  std::vector<std::pair<std::string, Tensor>> replicated;
+  std::function<void()> after_load;
+  std::string stage;  // recorded in checkpoints, for people and tools that inspect them
+};
+
+}  // namespace shardkit::parallel

@@ -1,0 +1,290 @@
+// Training checkpoints (io/checkpoint.hpp) across stages and world sizes: a checkpoint written
+// under any stage, N ranks, full or sharded, loads exactly into any stage on M ranks; a run
+// stopped and resumed under another stage continues bit for bit; a full save streams through
+// bounded chunks; the full model file is a plain state dict; bad checkpoints are named.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dp_test_model.hpp"
+#include "module_test_model.hpp"
+#include "shardkit/io/checkpoint.hpp"
+#include "shardkit/io/module_checkpoint.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/optim/consolidation.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
+
+namespace sk = shardkit;
+namespace fs = std::filesystem;
+using namespace module_test;
+using Cpu = sk::ops::Cpu;
+using sk::io::CheckpointLayout;
+using sk::optim::OptimizerKind;
+using sk::parallel::Stage;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  auto dir =
+      fs::temp_directory_path() / ("shardkit_checkpoints_" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+struct Where {
+  Stage stage;
+  int world;
+};
+
+std::string describe(Where w) {
+  return std::string(sk::parallel::stage_name(w.stage)) + "/" + std::to_string(w.world);
+}
+
+// What rank 0 sees of a run: the module's parameters and buffers, the consolidated optimizer
+// state, the step count.
+struct Snapshot {
+  std::vector<float> values;
+  sk::optim::OptimizerState state;
+};
+
+struct Job {
+  Where where;
+  OptimizerKind kind = OptimizerKind::adamw;
+  int first_step = 0;  // batches and learning rates continue from here
+  int steps = 3;
+  std::uint64_t seed = 300;  // of the initial parameters
+  std::string load_from;
+  std::string save_to;
+  sk::io::CheckpointOptions save;
+  std::map<std::string, std::string>* loaded_metadata = nullptr;
+};
+
+sk::parallel::ShardedModuleOptions options_for(Stage stage) {
+  sk::parallel::ShardedModuleOptions options;
+  options.stage = stage;
+  options.buckets.bucket_bytes = 4096;
+  options.fsdp.wrap.unit_paths = {"0", "3"};
+  return options;
+}
+
+Snapshot run(const Job& job) {
+  Snapshot out;
+  sk::comm::run_ranks(job.where.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, job.seed + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(job.kind),
+                                           options_for(job.where.stage));
+    if (!job.load_from.empty()) {
+      const auto loaded = sk::io::load_checkpoint(job.load_from, model.training_state());
+      if (comm.rank() == 0 && job.loaded_metadata != nullptr)
+        *job.loaded_metadata = loaded.metadata;
+    }
+    for (int s = job.first_step; s < job.first_step + job.steps; ++s) {
+      model.zero_grad();
+      auto b = batch(ctx, {6, 12}, 7, comm.rank(), s);
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      model.step(dp_test::lr_at(job.kind, s));
+    }
+    if (!job.save_to.empty())
+      sk::io::save_checkpoint(job.save_to, model.training_state(), job.save);
+    auto state = sk::optim::consolidate_optimizer_state(*model.training_state().optimizer, comm, 0);
+    std::vector<float> values;
+    if (job.where.stage == Stage::fsdp) {
+      auto full = model.fsdp().full_params();
+      values = module_values(ctx, *net);
+    } else {
+      values = module_values(ctx, *net);
+    }
+    if (comm.rank() != 0) return;
+    out.values = std::move(values);
+    out.state = std::move(state);
+  });
+  return out;
+}
+
+// By parameter name: FSDP's units order the parameters differently from the module.
+bool same_state(const sk::optim::OptimizerState& a, const sk::optim::OptimizerState& b) {
+  if (a.kind != b.kind || a.steps != b.steps || a.params.size() != b.params.size()) return false;
+  std::map<std::string, const sk::optim::ParamOptimizerState*> by_name;
+  for (const auto& p : b.params) by_name[p.name] = &p;
+  for (const auto& p : a.params) {
+    const auto found = by_name.find(p.name);
+    if (found == by_name.end() || found->second->buffers != p.buffers) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint of any stage and world size loads exactly into any other") {
+  const Where sources[] = {{Stage::fsdp, 4}, {Stage::sdp, 3}, {Stage::oss, 2}, {Stage::ddp, 1}};
+  const Where targets[] = {
+      {Stage::ddp, 1}, {Stage::sdp, 3}, {Stage::fsdp, 2}, {Stage::oss, 4}, {Stage::fsdp, 3}};
+  for (auto kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
+    for (auto layout : {CheckpointLayout::full, CheckpointLayout::sharded}) {
+      for (const auto& from : sources) {
+        const auto dir = scratch("any_to_any");
+        Job save;
+        save.where = from;
+        save.kind = kind;
+        save.save_to = dir.string();
+        save.save.layout = layout;
+        const auto saved = run(save);
+        REQUIRE(saved.state.steps == 3);
+        for (const auto& to : targets) {
+          Job load;
+          load.where = to;
+          load.kind = kind;
+          load.steps = 0;
+          load.seed = 999;  // other initial values: the load must overwrite every one
+          load.load_from = dir.string();
+          const auto loaded = run(load);
+          const std::string what = std::string(sk::io::checkpoint_layout_name(layout)) + " " +
+                                   describe(from) + " -> " + describe(to) + " " +
+                                   std::string(sk::optim::optimizer_kind_name(kind));
+          CHECK_MESSAGE(dp_test::bitwise_equal(loaded.values, saved.values), what);
+          CHECK_MESSAGE(same_state(loaded.state, saved.state), what);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a run stopped and resumed under another stage continues bit for bit") {
+  for (auto kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
+    Job whole;
+    whole.where = {Stage::fsdp, 3};
+    whole.kind = kind;
+    whole.steps = 6;
+    const auto uninterrupted = run(whole);
+    for (auto layout : {CheckpointLayout::sharded, CheckpointLayout::full}) {
+      for (auto resume_stage : {Stage::sdp, Stage::ddp, Stage::fsdp}) {
+        const auto dir = scratch("resume");
+        Job first = whole;
+        first.steps = 3;
+        first.save_to = dir.string();
+        first.save.layout = layout;
+        first.save.metadata = {{"epoch", "0"}, {"sampler.start_iter", "3"}};
+        (void)run(first);
+        std::map<std::string, std::string> metadata;
+        Job second = whole;
+        second.where.stage = resume_stage;
+        second.first_step = 3;
+        second.steps = 3;
+        second.seed = 5;
+        second.load_from = dir.string();
+        second.loaded_metadata = &metadata;
+        const auto resumed = run(second);
+        const std::string what = std::string(sk::io::checkpoint_layout_name(layout)) + " fsdp -> " +
+                                 std::string(sk::parallel::stage_name(resume_stage));
+        CHECK_MESSAGE(dp_test::bitwise_equal(resumed.values, uninterrupted.values), what);
+        CHECK_MESSAGE(same_state(resumed.state, uninterrupted.state), what);
+        CHECK(metadata ==
+              std::map<std::string, std::string>{{"epoch", "0"}, {"sampler.start_iter", "3"}});
+      }
+    }
+  }
+}
+
+TEST_CASE("a full save streams through bounded chunks, and its model file is a state dict") {
+  const auto dir = scratch("streamed");
+  const int world = 3;
+  std::vector<float> reference;
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 40 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ShardedModule<Cpu> model(
+        ctx, comm, net, dp_test::config_for(OptimizerKind::adamw), options_for(Stage::fsdp));
+    auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
+    ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+    model.step(0.05f);
+    ctx.memory_stats().reset_peak();
+    sk::io::CheckpointOptions options;
+    options.chunk_numel = 7;  // every piece split over several chunks
+    sk::io::save_checkpoint(dir.string(), model.training_state(), options);
+    // Beyond its shards a rank held at most one chunk, never a unit or the model.
+    const auto peak = ctx.memory_stats().snapshot().peak_of(sk::MemoryCategory::communication);
+    CHECK(peak <= 7 * 4);
+    auto full = model.fsdp().full_params();
+    if (comm.rank() == 0) reference = module_values(ctx, *net);
+  });
+  // The model file loads into a plain, unwrapped module by name (PyTorch's load_state_dict).
+  sk::Context ctx;
+  auto plain = mlp(ctx, 77);
+  sk::io::load_module((dir / "model.safetensors").string(), ctx, *plain, /*strict=*/true);
+  CHECK(dp_test::bitwise_equal(module_values(ctx, *plain), reference));
+  CHECK(sk::io::load_optimizer_state((dir / "optimizer.safetensors").string()).steps == 1);
+}
+
+TEST_CASE("checkpoints that do not fit or do not belong together are refused by name") {
+  const auto dir = scratch("bad");
+  auto save = [&](Where where, CheckpointLayout layout, const std::string& to, int steps = 1) {
+    Job job;
+    job.where = where;
+    job.steps = steps;
+    job.save_to = to;
+    job.save.layout = layout;
+    (void)run(job);
+  };
+  auto load_error = [&](const std::string& from, OptimizerKind kind = OptimizerKind::adamw,
+                        bool other_model = false) -> std::string {
+    std::string message = "no error";
+    try {
+      sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        std::shared_ptr<nn::Sequential> net = mlp(ctx, 1);
+        if (other_model) net->push_back(std::make_shared<nn::Linear>(ctx, 7, 2));
+        sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(kind),
+                                               options_for(Stage::sdp));
+        (void)sk::io::load_checkpoint(from, model.training_state());
+      });
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    return message;
+  };
+  const auto a = (dir / "a").string(), b = (dir / "b").string();
+  save({Stage::fsdp, 2}, CheckpointLayout::sharded, a, 1);
+  save({Stage::fsdp, 2}, CheckpointLayout::sharded, b, 2);
+  CHECK(load_error(a) == "no error");
+  // A shard of another save.
+  fs::copy_file(fs::path(b) / "shard-00001-of-00002.safetensors",
+                fs::path(a) / "shard-00001-of-00002.safetensors",
+                fs::copy_options::overwrite_existing);
+  CHECK(load_error(a).find("mixes two saves") != std::string::npos);
+  fs::remove(fs::path(a) / "shard-00001-of-00002.safetensors");
+  CHECK(load_error(a).find("lacks shard-00001-of-00002.safetensors") != std::string::npos);
+  // Another optimizer, another model.
+  CHECK(load_error(b, OptimizerKind::sgd).find("is for adamw but this optimizer is sgd") !=
+        std::string::npos);
+  CHECK(load_error(b, OptimizerKind::adamw, true)
+            .find("does not fit this model: missing [6.weight, 6.bias]") != std::string::npos);
+  // A torn full pair: the optimizer file of another save.
+  const auto c = (dir / "c").string(), d = (dir / "d").string();
+  save({Stage::ddp, 2}, CheckpointLayout::full, c, 1);
+  save({Stage::ddp, 2}, CheckpointLayout::full, d, 2);
+  fs::copy_file(fs::path(d) / "optimizer.safetensors", fs::path(c) / "optimizer.safetensors",
+                fs::copy_options::overwrite_existing);
+  CHECK(load_error(c).find("is torn") != std::string::npos);
+  CHECK(load_error((dir / "none").string()).find("no checkpoint folder") != std::string::npos);
+  // Saving another layout into a folder replaces what was there.
+  save({Stage::oss, 2}, CheckpointLayout::full, b, 3);
+  CHECK_FALSE(fs::exists(fs::path(b) / "shard-00000-of-00002.safetensors"));
+  CHECK(load_error(b) == "no error");
+  // Reserved metadata keys.
+  CHECK_THROWS_WITH(sk::comm::run_ranks(1,
+                                        [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+                                          auto net = mlp(ctx, 1);
+                                          sk::parallel::ShardedModule<Cpu> model(
+                                              ctx, comm, net,
+                                              dp_test::config_for(OptimizerKind::sgd),
+                                              options_for(Stage::ddp));
+                                          sk::io::CheckpointOptions o;
+                                          o.metadata = {{"steps", "4"}};
+                                          sk::io::save_checkpoint(d, model.training_state(), o);
+                                        }),
+                    doctest::Contains("metadata key 'steps' is reserved"));
+}
