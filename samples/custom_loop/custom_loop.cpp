@@ -4,13 +4,18 @@
 //      distributed sampler.
 //   2. An MLP whose forward and backward we write ourselves: mlp_cpu.hpp (Eigen) on the CPU,
 //      mlp_gpu.cuh (cuBLAS plus kernels of our own) on a GPU. --device picks (devices.hpp).
-//   3. sk::parallel::DataParallel owns the flat parameter buffer, the gradient buckets and the
-//      sharded optimizer: our backward adds each gradient into dp.grad(i) and calls
-//      dp.ready(i); dp.finish() waits for the communication; dp.step() updates (train.hpp).
+//   3. sk::parallel::DataParallel (ddp, oss, sdp) or sk::parallel::FsdpEngine (fsdp) owns the
+//      flat parameter buffers, the gradient buckets and the sharded optimizer: our backward adds
+//      each gradient into engine.grad(i) and calls engine.ready(i); engine.finish() waits for
+//      the communication; engine.step() updates (train.hpp). Under fsdp each layer is a unit
+//      whose parameters exist whole only while the layer runs.
 //   4. The ZeRO stage is a flag: ddp (plain data parallel), oss (ZeRO-1: optimizer state
-//      sharded), sdp (ZeRO-2: gradients too). The results are DDP's; the memory is not.
-//   5. Checkpoints (checkpoint.hpp): --checkpoint DIR saves the parameters and the optimizer
-//      state (consolidated on rank 0 under oss/sdp) atomically; --resume DIR continues exactly.
+//      sharded), sdp (ZeRO-2: gradients too), fsdp (ZeRO-3: parameters too). The results are
+//      DDP's; the memory is not.
+//   5. Checkpoints (sk::io::save_checkpoint): --checkpoint DIR saves the parameters and the
+//      optimizer state atomically, whole (streamed to rank 0) or one file per rank
+//      (--checkpoint-layout sharded); --resume DIR continues exactly, under any stage and rank
+//      count.
 //
 // Ranks are threads of this process by default (--ranks N; on a GPU they share it); under
 // mpirun each process is one rank, over MPI on the CPU and NCCL on GPUs. The last line printed
@@ -18,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cstdio>
@@ -26,7 +32,6 @@
 
 #include <shardkit/comm/comm.hpp>
 #include <shardkit/io/io.hpp>
-#include <shardkit/parallel/data_parallel.hpp>
 
 #include "devices.hpp"
 
@@ -37,7 +42,7 @@ namespace {
 struct Flags {
   std::string stage = "sdp";
   std::string optimizer = "sgd";
-  std::string partition = "greedy";
+  std::string partition = "flat";
   int ranks = 2;
   int epochs = 1;
   int max_steps = 0;  // 0: whole epochs
@@ -52,6 +57,7 @@ struct Flags {
   bool skip_without_gpu = false;
   std::string checkpoint_dir;
   int checkpoint_every = 0;
+  std::string checkpoint_layout = "full";
   std::string resume_dir;
   int stop_after = 0;
 };
@@ -69,11 +75,13 @@ float default_lr(sk::optim::OptimizerKind kind) {
 int main(int argc, char** argv) {
   Flags flags;
   CLI::App app{"shardkit custom training loop: an MLP on Fashion-MNIST, sharded with ZeRO"};
-  app.add_option("--stage", flags.stage, "ddp, oss (ZeRO-1) or sdp (ZeRO-2)")
-      ->check(CLI::IsMember({"ddp", "oss", "sdp"}));
+  app.add_option("--stage", flags.stage, "ddp, oss (ZeRO-1), sdp (ZeRO-2) or fsdp (ZeRO-3)")
+      ->check(CLI::IsMember({"ddp", "oss", "sdp", "fsdp"}));
   app.add_option("--optimizer", flags.optimizer, "sgd, larc_sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "larc_sgd", "adam", "adamw"}));
-  app.add_option("--partition", flags.partition, "greedy (whole parameters) or flat (even split)")
+  app.add_option("--partition", flags.partition,
+                 "oss/sdp: flat (even split, exactly 1/N per rank) or greedy (whole parameters, "
+                 "FairScale's OSS)")
       ->check(CLI::IsMember({"greedy", "flat"}));
   app.add_option("--ranks", flags.ranks, "ranks as threads of this process (ignored under mpirun)")
       ->check(CLI::Range(1, 64));
@@ -96,6 +104,10 @@ int main(int argc, char** argv) {
                  "every --checkpoint-every steps)");
   app.add_option("--checkpoint-every", flags.checkpoint_every, "steps between checkpoints (0: at the end only)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-layout", flags.checkpoint_layout,
+                 "full (model.safetensors + optimizer.safetensors, gathered on rank 0) or "
+                 "sharded (one file per rank)")
+      ->check(CLI::IsMember({"full", "sharded"}));
   app.add_option("--resume", flags.resume_dir, "continue from the checkpoint in this folder (any stage or rank count)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--stop-after", flags.stop_after,
@@ -141,6 +153,8 @@ int main(int argc, char** argv) {
     setup.seed = flags.seed;
     setup.checkpoint_dir = flags.checkpoint_dir;
     setup.checkpoint_every = flags.checkpoint_every;
+    setup.checkpoint_layout = flags.checkpoint_layout == "sharded" ? sk::io::CheckpointLayout::sharded
+                                                                    : sk::io::CheckpointLayout::full;
     setup.resume_dir = flags.resume_dir;
     setup.stop_after = flags.stop_after;
     if (!setup.checkpoint_dir.empty()) std::filesystem::create_directories(setup.checkpoint_dir);
@@ -160,18 +174,28 @@ int main(int argc, char** argv) {
                 under_mpi ? "; this process's rank only" : "");
     std::printf("%4s %12s %12s %16s %14s\n", "rank", "parameters", "gradients", "optimizer_state", "communication");
     nlohmann::json memory = nlohmann::json::array();
+    using C = sk::MemoryCategory;
+    sk::MemorySnapshot most;  // per category, the most loaded rank's figure
     for (std::size_t r = 0; r < results.ranks.size(); ++r) {
       const auto& m = results.ranks[r].memory;
-      using C = sk::MemoryCategory;
       std::printf("%4zu %12.2f %12.2f %16.2f %6.2f [%5.2f]\n", r, m.current_of(C::parameters) / 1e6,
                   m.current_of(C::gradients) / 1e6, m.current_of(C::optimizer_state) / 1e6,
                   m.current_of(C::communication) / 1e6, m.peak_of(C::communication) / 1e6);
+      for (auto c : sk::kAllMemoryCategories) {
+        const auto i = static_cast<std::size_t>(c);
+        most.current[i] = std::max(most.current[i], m.current[i]);
+        most.peak[i] = std::max(most.peak[i], m.peak[i]);
+      }
       nlohmann::json row;
       for (auto c : sk::kAllMemoryCategories)
         row[std::string(sk::memory_category_name(c))] = m.current_of(c);
       row["peak_total"] = m.peak_total;
       memory.push_back(row);
     }
+    if (results.ranks.size() > 1)
+      std::printf(" max %12.2f %12.2f %16.2f %6.2f [%5.2f]\n", most.current_of(C::parameters) / 1e6,
+                  most.current_of(C::gradients) / 1e6, most.current_of(C::optimizer_state) / 1e6,
+                  most.current_of(C::communication) / 1e6, most.peak_of(C::communication) / 1e6);
     const custom_loop::RankReport rank0 = results.ranks.empty() ? custom_loop::RankReport{} : results.ranks[0];
     nlohmann::json summary = {
         {"sample", "custom_loop"},       {"stage", flags.stage},

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,15 +37,27 @@ inline std::vector<sk::shard::ParamSpec> mlp_param_specs(const std::vector<std::
   return specs;
 }
 
-// torch.nn.Linear's default initialisation: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-// Philox fills give the same numbers on either device.
-inline void init_mlp(sk::Context& ctx, const sk::shard::FlatBuffer& params) {
-  for (std::size_t i = 0; i < params.size(); i += 2) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(params[i].size(1)));
-    sk::uniform_(ctx, params[i], -bound, bound);
-    sk::uniform_(ctx, params[i + 1], -bound, bound);
-  }
+// torch.nn.Linear's default initialisation of parameter i (fcL.weight or fcL.bias): U(-1/sqrt(fan_in),
+// 1/sqrt(fan_in)). Called for i = 0, 1, 2, ... in order, Philox fills give the same numbers on
+// either device and under every ZeRO stage.
+inline void init_mlp_param(sk::Context& ctx, const std::vector<std::int64_t>& widths,
+                           std::size_t i, const sk::Tensor& param) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(widths[i / 2]));
+  sk::uniform_(ctx, param, -bound, bound);
 }
+
+// How the MLPs reach their parameters. param(i) is parameter i's full values; enter(layer,
+// pass) and leave(layer, pass) bracket each use of a layer's parameters, so that FSDP can
+// gather them just before and free them just after (train.hpp); under DDP/OSS/SDP every
+// parameter stays whole and they do nothing. Layer l holds parameters 2l and 2l + 1.
+enum class Pass { forward, backward };
+
+template <class P>
+concept MlpParams = requires(P& p, std::size_t i, Pass pass) {
+  { p.param(i) } -> std::convertible_to<sk::Tensor>;
+  p.enter(i, pass);
+  p.leave(i, pass);
+};
 
 // Checks a batch before either device touches its memory. A label outside [0, classes) would
 // index past the logits, so it is named together with the valid range.

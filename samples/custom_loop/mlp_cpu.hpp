@@ -30,16 +30,20 @@ class MlpCpu {
 
   // Forward on a batch [B, widths[0]]; keeps the activations for backward, the mean
   // cross-entropy loss (loss()) and the number of correct predictions (correct()).
-  void forward(const sk::shard::FlatBuffer& params, const Batch& batch) {
+  template <MlpParams Params>
+  void forward(Params& params, const Batch& batch) {
     check_batch(widths_, batch);
     const auto layers = widths_.size() - 1;
     activations_.assign(layers + 1, Matrix());
     activations_[0] = ConstMatrixMap(batch.pixels.data(), batch.rows, batch.features);
     for (std::size_t l = 0; l < layers; ++l) {
-      ConstMatrixMap w(params[2 * l].data<float>(), widths_[l + 1], widths_[l]);
-      Eigen::Map<const Eigen::RowVectorXf> b(params[2 * l + 1].data<float>(), widths_[l + 1]);
+      params.enter(l, Pass::forward);
+      ConstMatrixMap w(params.param(2 * l).template data<float>(), widths_[l + 1], widths_[l]);
+      Eigen::Map<const Eigen::RowVectorXf> b(params.param(2 * l + 1).template data<float>(),
+                                             widths_[l + 1]);
       Matrix z = activations_[l] * w.transpose();
       z.rowwise() += b;
+      params.leave(l, Pass::forward);
       if (l + 1 < layers) z = z.cwiseMax(0.0f);  // ReLU on hidden layers
       activations_[l + 1] = std::move(z);
     }
@@ -70,12 +74,13 @@ class MlpCpu {
 
   // Backward from the last forward: adds each parameter's gradient into grad_of(i) and calls
   // ready(i) as soon as gradient i is final -- last layer first, as autograd would.
-  void backward(const sk::shard::FlatBuffer& params,
-                const std::function<sk::Tensor(std::size_t)>& grad_of,
+  template <MlpParams Params>
+  void backward(Params& params, const std::function<sk::Tensor(std::size_t)>& grad_of,
                 const std::function<void(std::size_t)>& ready) {
     const auto layers = widths_.size() - 1;
     Matrix delta = logit_grad_;
     for (std::size_t l = layers; l-- > 0;) {
+      params.enter(l, Pass::backward);
       const sk::Tensor weight_grad = grad_of(2 * l);
       MatrixMap dw(weight_grad.data<float>(), widths_[l + 1], widths_[l]);
       dw.noalias() += delta.transpose() * activations_[l];
@@ -84,9 +89,13 @@ class MlpCpu {
       VectorMap db(bias_grad.data<float>(), widths_[l + 1]);
       db += delta.colwise().sum();
       ready(2 * l + 1);
-      if (l == 0) break;
-      ConstMatrixMap w(params[2 * l].data<float>(), widths_[l + 1], widths_[l]);
+      if (l == 0) {
+        params.leave(l, Pass::backward);
+        break;
+      }
+      ConstMatrixMap w(params.param(2 * l).template data<float>(), widths_[l + 1], widths_[l]);
       Matrix previous = delta * w;
+      params.leave(l, Pass::backward);
       previous.array() *= (activations_[l].array() > 0.0f).cast<float>();  // ReLU'
       delta = std::move(previous);
     }

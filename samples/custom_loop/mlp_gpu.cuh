@@ -134,7 +134,8 @@ class MlpGpu {
 
   // Forward on a batch [B, widths[0]] (normalised on the host, copied here); keeps the
   // activations for backward. Loss and hits stay on the device until loss() / correct().
-  void forward(const sk::shard::FlatBuffer& params, const Batch& batch) {
+  template <MlpParams Params>
+  void forward(Params& params, const Batch& batch) {
     check_batch(widths_, batch);
     sk::CudaDeviceGuard guard(ctx_->device().index);
     const auto rows = batch.rows;
@@ -151,11 +152,14 @@ class MlpGpu {
     for (std::size_t l = 0; l < layers; ++l) {
       const auto in = widths_[l], out = widths_[l + 1];
       float* z = activations_[l + 1].data<float>();
+      params.enter(l, Pass::forward);
       gemm_row_major(blas_, false, true, int(rows), int(out), int(in), 1.0f,  // z = a · wᵀ
-                     activations_[l].data<float>(), params[2 * l].data<float>(), 0.0f, z);
+                     activations_[l].data<float>(), params.param(2 * l).template data<float>(),
+                     0.0f, z);
       kernels::bias_relu<<<kernels::blocks_for(rows * out), kernels::kThreads, 0, ctx_->stream()>>>(
-          z, params[2 * l + 1].data<float>(), rows, out, l + 1 < layers);
+          z, params.param(2 * l + 1).template data<float>(), rows, out, l + 1 < layers);
       SK_CUDA_CHECK_LAUNCH("bias_relu");
+      params.leave(l, Pass::forward);  // stream-ordered: frees after the kernels that read it
     }
     kernels::softmax_cross_entropy<<<1, kernels::kThreads, 0, ctx_->stream()>>>(
         activations_[layers].data<float>(), labels_.data<std::uint8_t>(), rows,
@@ -169,8 +173,8 @@ class MlpGpu {
 
   // Backward from the last forward, as MlpCpu's: adds each gradient into grad_of(i) (beta = 1
   // in cuBLAS, += in our kernel) and calls ready(i) once it is queued -- last layer first.
-  void backward(const sk::shard::FlatBuffer& params,
-                const std::function<sk::Tensor(std::size_t)>& grad_of,
+  template <MlpParams Params>
+  void backward(Params& params, const std::function<sk::Tensor(std::size_t)>& grad_of,
                 const std::function<void(std::size_t)>& ready) {
     sk::CudaDeviceGuard guard(ctx_->device().index);
     const auto rows = rows_;
@@ -178,6 +182,7 @@ class MlpGpu {
     for (std::size_t l = layers; l-- > 0;) {
       const auto in = widths_[l], out = widths_[l + 1];
       const float* delta = deltas_[l + 1].data<float>();
+      params.enter(l, Pass::backward);
       gemm_row_major(blas_, true, false, int(out), int(in), int(rows), 1.0f,  // dw += δᵀ · a
                      delta, activations_[l].data<float>(), 1.0f, grad_of(2 * l).data<float>());
       ready(2 * l);
@@ -185,10 +190,14 @@ class MlpGpu {
           grad_of(2 * l + 1).data<float>(), delta, rows, out);
       SK_CUDA_CHECK_LAUNCH("add_column_sums");
       ready(2 * l + 1);
-      if (l == 0) break;
+      if (l == 0) {
+        params.leave(l, Pass::backward);
+        break;
+      }
       float* previous = deltas_[l].data<float>();
       gemm_row_major(blas_, false, false, int(rows), int(in), int(out), 1.0f,  // δ' = δ · w
-                     delta, params[2 * l].data<float>(), 0.0f, previous);
+                     delta, params.param(2 * l).template data<float>(), 0.0f, previous);
+      params.leave(l, Pass::backward);
       kernels::relu_backward<<<kernels::blocks_for(rows * in), kernels::kThreads, 0, ctx_->stream()>>>(
           previous, activations_[l].data<float>(), rows * in);
       SK_CUDA_CHECK_LAUNCH("relu_backward");

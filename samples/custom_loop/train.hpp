@@ -1,11 +1,15 @@
-// The training loop of the custom-loop sample, written once for both devices: Device is
-// CpuDevice (mlp_cpu.hpp) or GpuDevice (mlp_gpu.cuh), which bring the MLP, the optimizer backend
-// and how ranks get their contexts. Every rank:
+// The training loop of the custom-loop sample, written once for both devices and every ZeRO
+// stage: Device is CpuDevice (mlp_cpu.hpp) or GpuDevice (mlp_gpu.cuh), which bring the MLP, the
+// optimizer backend and how ranks get their contexts; Engine is DataParallel (ddp, oss, sdp)
+// or FsdpEngine (fsdp, one unit per layer). Every rank:
 //
 //   1. takes its part of Fashion-MNIST from VISSL's stateful distributed sampler;
-//   2. runs the MLP's forward and hand-written backward; the backward adds each gradient into
-//      dp.grad(i) and calls dp.ready(i), so finished buckets communicate while it goes on;
-//   3. dp.finish() waits for the communication, dp.step() updates (sharded by the ZeRO stage).
+//   2. runs the MLP's forward and hand-written backward; under fsdp each layer's parameters are
+//      gathered just before its use (the next layer's gather started ahead) and freed after;
+//      the backward adds each gradient into engine.grad(i) and calls engine.ready(i), so
+//      finished buckets communicate while it goes on;
+//   3. engine.finish() waits for the communication, engine.step() updates (sharded by the
+//      stage).
 //
 // Rank 0 then evaluates on the test set. Free of Eigen (see mlp.hpp): nvcc compiles this too.
 #pragma once
@@ -13,15 +17,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <mutex>
+#include <type_traits>
 #include <string>
 #include <vector>
 
 #include <shardkit/comm/comm.hpp>
 #include <shardkit/io/io.hpp>
 #include <shardkit/parallel/data_parallel.hpp>
+#include <shardkit/parallel/fsdp_engine.hpp>
 
-#include "checkpoint.hpp"
 #include "mlp.hpp"
 
 namespace custom_loop {
@@ -32,7 +38,7 @@ struct Setup {
   const sk::io::ImageDataset* test = nullptr;
   std::vector<std::int64_t> widths;
   sk::optim::OptimizerConfig optimizer;
-  sk::parallel::DataParallelOptions parallel;
+  sk::parallel::DataParallelOptions parallel;  // .stage fsdp: FsdpEngine, its buckets
   float lr = 0;
   int ranks = 1;  // threads of this process; ignored under mpirun
   int epochs = 1;
@@ -41,6 +47,7 @@ struct Setup {
   std::uint64_t seed = 1;
   std::string checkpoint_dir;         // save here every checkpoint_every steps and at the end
   std::int64_t checkpoint_every = 0;  // 0: at the end only
+  sk::io::CheckpointLayout checkpoint_layout = sk::io::CheckpointLayout::full;
   std::string resume_dir;             // continue from the checkpoint here
   std::int64_t stop_after = 0;        // end this run after so many steps (0: run to the end)
 };
@@ -85,24 +92,103 @@ inline void batch_images(const sk::io::ImageDataset& data, const std::vector<std
   }
 }
 
-// What every rank runs.
-template <class Device>
-void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, Results& results,
-                std::mutex& results_mutex) {
+// How the MLP reaches the parameters (the MlpParams of mlp.hpp). Resident: every parameter is
+// whole (DataParallel; or FsdpEngine inside full_params()). Gathered: FSDP, one unit per layer,
+// gathered before the layer's use with the next layer's gather started ahead, freed after.
+template <class Engine>
+struct ResidentParams {
+  Engine* engine;
+  sk::Tensor param(std::size_t i) const { return engine->param(i); }
+  void enter(std::size_t, Pass) {}
+  void leave(std::size_t, Pass) {}
+};
+
+template <class Ops>
+struct GatheredParams {
+  sk::parallel::FsdpEngine<Ops>* engine;
+  sk::Tensor param(std::size_t i) const { return engine->param(i); }
+  void enter(std::size_t layer, Pass pass) {
+    engine->gather(layer);
+    const std::size_t next = pass == Pass::forward ? layer + 1 : layer - 1;  // (wraps at 0)
+    if (next < engine->unit_count()) engine->start_gather(next);
+  }
+  void leave(std::size_t layer, Pass) { engine->release(layer); }
+};
+
+// The engine of a stage, built and initialised alike on every rank: every parameter from the
+// seeded initialiser, then rank 0's values everywhere.
+template <class Ops>
+std::unique_ptr<sk::parallel::DataParallel<Ops>> make_engine(
+    const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm,
+    std::type_identity<sk::parallel::DataParallel<Ops>>) {
+  auto dp = std::make_unique<sk::parallel::DataParallel<Ops>>(ctx, comm, mlp_param_specs(s.widths),
+                                                              s.optimizer, s.parallel);
+  for (std::size_t i = 0; i < dp->params().size(); ++i) init_mlp_param(ctx, s.widths, i, dp->param(i));
+  dp->broadcast_parameters(0);
+  return dp;
+}
+
+template <class Ops>
+std::unique_ptr<sk::parallel::FsdpEngine<Ops>> make_engine(
+    const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm,
+    std::type_identity<sk::parallel::FsdpEngine<Ops>>) {
+  const auto specs = mlp_param_specs(s.widths);
+  std::vector<sk::parallel::FsdpUnitParams> units;  // unit l: fc(l+1).weight and .bias
+  for (std::size_t i = 0; i < specs.size(); i += 2)
+    units.push_back({"fc" + std::to_string(i / 2 + 1), {specs[i], specs[i + 1]}});
+  auto fsdp = std::make_unique<sk::parallel::FsdpEngine<Ops>>(ctx, comm, std::move(units),
+                                                              s.optimizer, s.parallel.buckets);
+  fsdp->set_full_params([&](std::size_t i, const sk::Tensor& view) {
+    init_mlp_param(ctx, s.widths, i, view);
+  });
+  return fsdp;
+}
+
+template <class Ops>
+ResidentParams<sk::parallel::DataParallel<Ops>> training_params(sk::parallel::DataParallel<Ops>& dp) {
+  return {&dp};
+}
+template <class Ops>
+GatheredParams<Ops> training_params(sk::parallel::FsdpEngine<Ops>& fsdp) {
+  return {&fsdp};
+}
+
+// Runs `body` with every parameter whole and readable (collective under fsdp).
+template <class Ops, class Body>
+void with_full_params(sk::parallel::DataParallel<Ops>& dp, Body&& body) {
+  body(ResidentParams<sk::parallel::DataParallel<Ops>>{&dp});
+}
+template <class Ops, class Body>
+void with_full_params(sk::parallel::FsdpEngine<Ops>& fsdp, Body&& body) {
+  auto scope = fsdp.full_params();
+  body(ResidentParams<sk::parallel::FsdpEngine<Ops>>{&fsdp});
+}
+
+// What every rank runs, under one engine.
+template <class Device, class Engine>
+void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm,
+                     Results& results, std::mutex& results_mutex) {
   const int rank = comm.rank();
-  sk::parallel::DataParallel<typename Device::Ops> dp(ctx, comm, mlp_param_specs(s.widths),
-                                                      s.optimizer, s.parallel);
   ctx.manual_seed(s.seed);
-  init_mlp(ctx, dp.params());
-  dp.broadcast_parameters(0);  // every rank starts from rank 0's initialisation
+  auto engine = make_engine(s, ctx, comm, std::type_identity<Engine>{});
   typename Device::Mlp mlp(ctx, s.widths);
+  auto params = training_params(*engine);
 
   sk::io::StatefulDistributedSampler sampler(s.train->count, comm.size(), rank, s.batch, s.seed);
   const std::int64_t steps_per_epoch = sampler.samples_per_rank() / s.batch;
   const std::int64_t total_steps = s.max_steps > 0 ? std::min(s.max_steps, steps_per_epoch * s.epochs)
                                                    : steps_per_epoch * s.epochs;
   Batch batch;
-  std::int64_t step = s.resume_dir.empty() ? 0 : load_checkpoint(s.resume_dir, ctx, dp);
+  std::int64_t step = 0;
+  if (!s.resume_dir.empty()) {  // the sampler position follows from the step count
+    const auto loaded = sk::io::load_checkpoint(s.resume_dir, engine->training_state());
+    step = loaded.steps;
+    if (rank == 0)
+      std::printf("resumed from %s at step %lld (%s checkpoint of a %d-rank %s run)\n",
+                  s.resume_dir.c_str(), static_cast<long long>(step),
+                  std::string(sk::io::checkpoint_layout_name(loaded.layout)).c_str(),
+                  loaded.world_size, loaded.stage.c_str());
+  }
   // --stop-after ends this run early, as a preempted job would; the schedule still spans the
   // whole run, so a resumed run continues it exactly.
   const std::int64_t run_end = s.stop_after > 0 ? std::min(total_steps, step + s.stop_after) : total_steps;
@@ -117,14 +203,14 @@ void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, 
     for (std::int64_t b = first_batch; b < steps_per_epoch && step < run_end; ++b, ++step) {
       batch_images(*s.train, indices, static_cast<std::size_t>((b - first_batch) * s.batch),
                    static_cast<std::size_t>(s.batch), batch);
-      dp.zero_grad();
-      mlp.forward(dp.params(), batch);
-      mlp.backward(dp.params(), [&](std::size_t i) { return dp.grad(i); },
-                   [&](std::size_t i) { dp.ready(i); });
-      dp.finish();
+      engine->zero_grad();
+      mlp.forward(params, batch);
+      mlp.backward(params, [&](std::size_t i) { return engine->grad(i); },
+                   [&](std::size_t i) { engine->ready(i); });
+      engine->finish();
       // Cosine decay over the run.
       const float progress = static_cast<float>(step) / static_cast<float>(total_steps);
-      dp.step(s.lr * 0.5f * (1.0f + std::cos(3.14159265f * progress)));
+      engine->step(s.lr * 0.5f * (1.0f + std::cos(3.14159265f * progress)));
       // Reading the loss waits for the GPU: only when it is printed.
       if (rank == 0 && (step % 100 == 0 || step + 1 == total_steps))
         std::printf("step %5lld/%lld  epoch %lld  loss %.4f\n", static_cast<long long>(step),
@@ -132,7 +218,13 @@ void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, 
       const bool periodic = s.checkpoint_every > 0 && (step + 1) % s.checkpoint_every == 0;
       if (!s.checkpoint_dir.empty() && (periodic || step + 1 == run_end)) {
         const auto before = comm.stats().total_bus_bytes();  // not counted as training traffic
-        save_checkpoint(s.checkpoint_dir, ctx, dp);
+        sk::io::CheckpointOptions options;
+        options.layout = s.checkpoint_layout;
+        sk::io::save_checkpoint(s.checkpoint_dir, engine->training_state(), options);
+        if (rank == 0)
+          std::printf("checkpoint: step %lld saved to %s (%s)\n", static_cast<long long>(step + 1),
+                      s.checkpoint_dir.c_str(),
+                      std::string(sk::io::checkpoint_layout_name(s.checkpoint_layout)).c_str());
         checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
       }
     }
@@ -140,9 +232,13 @@ void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, 
   const double loss = step > run_begin ? mlp.loss() : 0.0;  // of the last step
   const double bus_bytes = static_cast<double>(comm.stats().total_bus_bytes() - checkpoint_bus_bytes) /
                            static_cast<double>(std::max<std::int64_t>(1, run_end - run_begin));
-  // Every rank holds the full parameters after a step: rank 0 evaluates.
+  const sk::MemorySnapshot memory = ctx.memory_stats().snapshot();  // before gathering for the test
+  // Rank 0 evaluates with every parameter whole (gathered on every rank under fsdp), and takes
+  // a fingerprint of the final parameters (FNV-1a of their bytes in parameter order).
   double accuracy = 0;
-  if (rank == 0) {
+  std::uint64_t fingerprint = 0;
+  with_full_params(*engine, [&](auto whole) {
+    if (rank != 0) return;
     const auto& test = *s.test;
     std::int64_t correct = 0;
     std::vector<std::int64_t> all(static_cast<std::size_t>(test.count));
@@ -150,20 +246,36 @@ void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, 
     for (std::int64_t first = 0; first < test.count; first += 500) {
       const auto count = static_cast<std::size_t>(std::min<std::int64_t>(500, test.count - first));
       batch_images(test, all, static_cast<std::size_t>(first), count, batch);
-      mlp.forward(dp.params(), batch);
+      mlp.forward(whole, batch);
       correct += mlp.correct();
     }
     accuracy = static_cast<double>(correct) / static_cast<double>(test.count);
-  }
+    std::vector<float> values;
+    for (std::size_t i = 0; i < 2 * (s.widths.size() - 1); ++i) {
+      const auto v = sk::to_vector<float>(ctx, whole.param(i));
+      values.insert(values.end(), v.begin(), v.end());
+    }
+    fingerprint = fnv1a(values);
+  });
   std::lock_guard lock(results_mutex);
   // Under mpirun this process only knows its own rank: it reports that one (rank 0 prints).
   const auto slot = static_cast<std::size_t>(results.backend == "mpi" ? 0 : rank);
   if (results.ranks.size() <= slot) results.ranks.resize(slot + 1);
-  results.ranks[slot] = RankReport{ctx.memory_stats().snapshot(), bus_bytes, loss};
+  results.ranks[slot] = RankReport{memory, bus_bytes, loss};
   results.world = comm.size();
   if (rank == 0) results.test_accuracy = accuracy, results.steps = step;
-  // A fingerprint of the final parameters (FNV-1a of their bytes), to compare runs exactly.
-  if (rank == 0) results.params_fnv1a = fnv1a(sk::to_vector<float>(ctx, dp.params().flat()));
+  if (rank == 0) results.params_fnv1a = fingerprint;
+}
+
+// What every rank runs: the stage picks the engine.
+template <class Device>
+void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, Results& results,
+                std::mutex& results_mutex) {
+  using Ops = typename Device::Ops;
+  if (s.parallel.stage == sk::parallel::Stage::fsdp)
+    train_rank_with<Device, sk::parallel::FsdpEngine<Ops>>(s, ctx, comm, results, results_mutex);
+  else
+    train_rank_with<Device, sk::parallel::DataParallel<Ops>>(s, ctx, comm, results, results_mutex);
 }
 
 // The ranks: threads of this process, or this process under mpirun.

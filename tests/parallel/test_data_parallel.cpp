@@ -234,6 +234,7 @@ TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact")
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     sk::parallel::DataParallelOptions options;
     options.stage = Stage::oss;
+    options.partition = PartitionKind::greedy;  // whole parameters: each has one owner
     options.broadcast_fp16 = true;
     options.buckets.bucket_bytes = 2048;
     DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);

@@ -33,7 +33,9 @@ namespace shardkit::parallel {
 
 struct DataParallelOptions {
   Stage stage = Stage::ddp;
-  shard::PartitionKind partition = shard::PartitionKind::greedy;
+  // The even flat split (padded, FSDP-style) holds exactly 1/N of the state on every rank;
+  // greedy keeps whole parameters per rank (FairScale's OSS) at a cost on the most loaded.
+  shard::PartitionKind partition = shard::PartitionKind::flat;
   shard::BucketerOptions buckets;
   bool broadcast_fp16 = false;  // oss/sdp: parameters travel as f16 after the step
 };
