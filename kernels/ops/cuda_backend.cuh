@@ -3,7 +3,9 @@
 // asynchronous; results land in device tensors. Include from .cu files only.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "kernels/ops/multi_tensor_apply.cuh"
 #include "shardkit/ops/backend.hpp"
@@ -33,6 +35,50 @@ inline void launch_larc_coefficients(Context& ctx, const double* sums, std::int6
   larc_coefficients_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(sums, n, reversed, larc, lr,
                                                                   inv_grad_scale, out);
   SK_CUDA_CHECK_LAUNCH("ops::cuda::larc_coefficients_kernel");
+}
+
+// One thread per leaf of every span: spans_at[s] is the first leaf of span s (spans_at[n] the
+// total), data[s] and size[s] its elements.
+__global__ void leaf_sums_kernel(const float* const* data, const std::int64_t* size,
+                                 const std::int64_t* spans_at, int n, double* leaves) {
+  const std::int64_t leaf = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (leaf >= spans_at[n]) return;
+  int lo = 0, hi = n;  // the span holding this leaf: spans_at[lo] <= leaf < spans_at[lo + 1]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (spans_at[mid] <= leaf)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const std::int64_t first = (leaf - spans_at[lo]) * kNormLeaf;
+  const std::int64_t left = size[lo] - first;
+  leaves[leaf] =
+      leaf_sum_of_squares(data[lo] + first, static_cast<int>(left < kNormLeaf ? left : kNormLeaf));
+}
+
+inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, double* leaves) {
+  const int n = static_cast<int>(spans.size());
+  if (n == 0) return;
+  // The span table travels as one small device buffer: pointers, sizes, first leaves.
+  std::vector<std::int64_t> table(static_cast<std::size_t>(3 * n + 1));
+  std::int64_t total = 0;
+  for (int s = 0; s < n; ++s) {
+    table[static_cast<std::size_t>(s)] = static_cast<std::int64_t>(
+        reinterpret_cast<std::uintptr_t>(spans[static_cast<std::size_t>(s)].data[0]));
+    table[static_cast<std::size_t>(n + s)] = spans[static_cast<std::size_t>(s)].size;
+    table[static_cast<std::size_t>(2 * n + s)] = total;
+    total += norm_leaves(spans[static_cast<std::size_t>(s)].size);
+  }
+  table[static_cast<std::size_t>(3 * n)] = total;
+  if (total == 0) return;
+  Tensor on_device = from_vector(ctx, table, {3 * n + 1});
+  const auto* t = on_device.data<std::int64_t>();
+  CudaDeviceGuard guard(ctx.device().index);
+  const auto blocks = static_cast<unsigned>((total + kThreads - 1) / kThreads);
+  leaf_sums_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(reinterpret_cast<const float* const*>(t),
+                                                          t + n, t + 2 * n, n, leaves);
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::leaf_sums_kernel");
 }
 
 }  // namespace cuda
@@ -65,6 +111,10 @@ struct Cuda {
     cuda::launch_larc_coefficients(ctx, sums.data<double>(), sums.size(1), false, larc, lr,
                                    inv_grad_scale,
                                    static_cast<SgdCoefficients*>(coefficients.data_ptr()));
+  }
+
+  static void leaf_sums_of_squares(Context& ctx, const SpanList<1>& spans, double* leaves) {
+    cuda::launch_leaf_sums(ctx, spans, leaves);
   }
 
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.

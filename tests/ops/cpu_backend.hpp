@@ -8,6 +8,7 @@ namespace ops_test {
 
 struct CpuBackend {
   using Ops = ops::Cpu;
+  static constexpr double leaf_tolerance = 0;  // the same function, the same bits
   sk::Context ctx;
 
   sk::Tensor upload(const sk::Tensor& host) { return sk::clone(ctx, host); }

@@ -131,6 +131,36 @@ void sums_case(B& b, std::int64_t gap) {
   }
 }
 
+// Leaf sums (norm_tree.hpp) of every segment, leaf after leaf, against the host function
+// (bitwise on the CPU; on a GPU the device may round the squares' sums in the last bit) and
+// against float64.
+template <class B>
+void leaf_sums_case(B& b, std::int64_t gap, double tolerance) {
+  const Layout layout(edge_sizes(), gap);
+  const auto x0 = random_values(layout.total, 0.25, 1.5, 33);
+  Flat<B> x(b, x0, layout);
+  std::int64_t total = 0;
+  for (std::size_t t = 0; t < layout.count(); ++t) total += ops::norm_leaves(layout.sizes[t]);
+  auto leaves = b.zeros({total}, sk::DType::f64);
+  b.fill(leaves, -1.0);
+  ops::leaf_sums_of_squares<typename B::Ops>(b.ctx, x.views, leaves);
+  sk::Context host;
+  const auto got = sk::to_vector<double>(host, b.download(leaves));
+  std::size_t at = 0;
+  for (std::size_t t = 0; t < layout.count(); ++t) {
+    const float* values = x0.data() + layout.offsets[t];
+    for (std::int64_t lo = 0; lo < layout.sizes[t]; lo += ops::kNormLeaf, ++at) {
+      const auto count = static_cast<int>(std::min(ops::kNormLeaf, layout.sizes[t] - lo));
+      const double expected = ops::leaf_sum_of_squares(values + lo, count);
+      double exact = 0;
+      for (int i = 0; i < count; ++i) exact += static_cast<double>(values[lo + i]) * values[lo + i];
+      CHECK(rel_error(got[at], expected) <= tolerance);
+      CHECK(rel_error(got[at], exact) <= 4e-15);
+    }
+  }
+  CHECK(at == got.size());
+}
+
 template <class B>
 void unscale_case(B& b, std::int64_t gap) {
   const Layout layout(edge_sizes(), gap);

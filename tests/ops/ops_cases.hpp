@@ -69,7 +69,8 @@ inline double rel_error(double got, double want) {
 
 // Checks every element of each segment against the reference; returns the largest error.
 inline double check_close(const std::vector<float>& got, const std::vector<double>& want,
-                          const Layout& layout, const char* what, double tolerance = kF32Tolerance) {
+                          const Layout& layout, const char* what,
+                          double tolerance = kF32Tolerance) {
   double worst = 0;
   for (std::size_t t = 0; t < layout.count(); ++t)
     for (std::int64_t i = 0; i < layout.sizes[t]; ++i) {
@@ -92,7 +93,8 @@ template <class Backend>
 struct Flat {
   sk::Tensor buffer;
   std::vector<sk::Tensor> views;
-  Flat(Backend& b, const std::vector<float>& values, const Layout& layout, sk::DType dtype = sk::DType::f32) {
+  Flat(Backend& b, const std::vector<float>& values, const Layout& layout,
+       sk::DType dtype = sk::DType::f32) {
     sk::Context host;
     auto h = sk::from_vector(host, values, {static_cast<std::int64_t>(values.size())});
     buffer = b.upload(dtype == sk::DType::f32 ? h : sk::cast(host, h, dtype));

@@ -37,6 +37,11 @@ TEST_CASE("SGD with nesterov and low-precision copies written in the same pass")
     for (std::int64_t gap : {0, 1}) sgd_case(b, o, low, gap, 2);
 }
 
+TEST_CASE("leaf sums of squares (split-invariant norms): every leaf, short last leaves") {
+  Backend b;
+  for (std::int64_t gap : {0, 1, 5}) leaf_sums_case(b, gap, Backend::leaf_tolerance);
+}
+
 TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors") {
   Backend b;
   for (bool clip : {false, true})

@@ -4,6 +4,7 @@
 // and frozen parameters; memory per rank follows the ZeRO-3 formula; bad input is named.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ struct Run {
   int steps = 20;
   int checkpoint_segments = 0;
   Accumulation accumulation = Accumulation::none;
+  double clip = 0;  // clip_grad_norm's max_norm before each step (0: none)
   sk::parallel::FsdpOptions fsdp;
 };
 
@@ -43,6 +45,7 @@ struct Outcome {
   std::vector<float> values;  // rank 0: parameters then f32 buffers
   int max_gathered = 0;
   sk::MemorySnapshot memory;  // rank 0 after the last step
+  std::vector<double> norms;  // rank 0: clip_grad_norm's result per step
 };
 
 Outcome train(Stage stage, const Run& run) {
@@ -75,6 +78,10 @@ Outcome train(Stage stage, const Run& run) {
           ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
         }
       }
+      if (run.clip > 0) {
+        const double norm = model.clip_grad_norm(run.clip);
+        if (comm.rank() == 0) out.norms.push_back(norm);
+      }
       model.step(lr_at(run.kind, s));
     }
     if (comm.rank() == 0) out.memory = ctx.memory_stats().snapshot();
@@ -99,7 +106,8 @@ std::string describe(const Run& run) {
          " segments=" + std::to_string(run.checkpoint_segments) +
          " reshard=" + std::to_string(run.fsdp.reshard_after_forward) +
          " prefetch=" + std::to_string(run.fsdp.prefetch) +
-         " accumulation=" + std::to_string(static_cast<int>(run.accumulation));
+         " accumulation=" + std::to_string(static_cast<int>(run.accumulation)) +
+         " clip=" + std::to_string(run.clip);
 }
 
 void check_matches_ddp(const Run& run) {
@@ -107,12 +115,9 @@ void check_matches_ddp(const Run& run) {
   // DDP's counterpart of sharded accumulation: two synchronised backwards (A + avg(g)).
   const auto ddp = train(Stage::ddp, ddp_run);
   const auto fsdp = train(Stage::fsdp, run);
-  if (run.kind == OptimizerKind::larc_sgd) {
-    // Per-parameter norms summed over shard segments round differently from one pass.
-    CHECK_MESSAGE(dp_test::max_relative_difference(fsdp.values, ddp.values) < 1e-5, describe(run));
-  } else {
-    CHECK_MESSAGE(dp_test::bitwise_equal(fsdp.values, ddp.values), describe(run));
-  }
+  // LARC too: its per-parameter norms have the same bits whatever the split.
+  CHECK_MESSAGE(dp_test::bitwise_equal(fsdp.values, ddp.values), describe(run));
+  CHECK_MESSAGE(fsdp.norms == ddp.norms, describe(run));  // (bitwise: doubles compared exactly)
   // Resharding after forward bounds the units gathered at once (the root unit aside).
   if (run.fsdp.reshard_after_forward)
     CHECK_MESSAGE(fsdp.max_gathered <= run.fsdp.prefetch + 1, describe(run), " gathered ",
@@ -170,6 +175,39 @@ TEST_CASE("FSDP equals DDP bitwise: checkpointing, resharding, prefetch, accumul
     run.fsdp = mlp_units();
     check_matches_ddp(run);
   }
+}
+
+TEST_CASE("clip_grad_norm: the same norm and the same clipped steps under every stage") {
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd}) {
+    Run run;
+    run.kind = kind;
+    run.world = 3;
+    run.steps = 6;
+    run.clip = 0.2;  // below the gradients' norms here: every step is clipped
+    run.fsdp = mlp_units();
+    check_matches_ddp(run);
+    const auto clipped = train(Stage::fsdp, run);
+    for (double norm : clipped.norms) CHECK(norm > run.clip);
+    Run plain = run;
+    plain.clip = 0;
+    CHECK_FALSE(dp_test::bitwise_equal(train(Stage::fsdp, plain).values, clipped.values));
+    for (auto stage : {Stage::oss, Stage::sdp}) CHECK(train(stage, run).norms == clipped.norms);
+  }
+  // The norm itself: one rank's gradients against a float64 sum, before the step.
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 5);
+    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                           options);
+    auto b = batch(ctx, {6, 12}, 7, 0, 0);
+    ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+    double exact = 0;
+    for (const auto& g : model.engine().piece_grads())  // ddp: every parameter whole
+      for (float v : sk::to_vector<float>(ctx, g)) exact += double(v) * v;
+    const double norm = model.clip_grad_norm(1e9);
+    CHECK(std::abs(norm - std::sqrt(exact)) <= 1e-12 * std::sqrt(exact));
+    CHECK_THROWS_WITH(model.clip_grad_norm(0), doctest::Contains("max_norm must be > 0"));
+  });
 }
 
 TEST_CASE("FSDP equals DDP bitwise on a small ResNet-18 with batch-norm, one unit per block") {

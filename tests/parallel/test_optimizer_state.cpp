@@ -49,10 +49,7 @@ TEST_CASE("the state consolidated on one rank equals DDP's full optimizer state"
         for (auto stage : {Stage::oss, Stage::sdp}) {
           const int recipient = world - 1;
           const auto sharded = run<Cpu>({world, stage, partition}, kind, 0, 10, nullptr, recipient);
-          // The flat split completes LARC norms by an all-reduce: equal to rounding, not bitwise.
-          const double tolerance =
-              kind == OptimizerKind::larc_sgd && partition == PartitionKind::flat ? 1e-5 : 0;
-          CHECK_MESSAGE(states_equal(sharded.state, ddp.state, tolerance),
+          CHECK_MESSAGE(states_equal(sharded.state, ddp.state, 0),
                         sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
                         " ", sk::shard::partition_kind_name(partition), " world ", world);
         }
@@ -70,13 +67,8 @@ TEST_CASE("a job resumed from a consolidated state continues as if it had never 
     // Interrupted after 10; resumed as SDP on 3 ranks with the other partition.
     const auto half = run<Cpu>(oss3, kind, 0, 10, nullptr);
     const auto resumed = run<Cpu>({3, Stage::sdp, PartitionKind::flat}, kind, 10, 10, &half);
-    const double tolerance = kind == OptimizerKind::larc_sgd ? 1e-6 : 0;
-    if (tolerance == 0) {
-      CHECK(bitwise_equal(resumed.params, whole.params));
-    } else {
-      CHECK(max_relative_difference(resumed.params, whole.params) <= tolerance);
-    }
-    CHECK(states_equal(resumed.state, whole.state, tolerance == 0 ? 0 : 1e-5));
+    CHECK(bitwise_equal(resumed.params, whole.params));
+    CHECK(states_equal(resumed.state, whole.state, 0));
     // World size changes (3 -> 2, 3 -> 4): every stage resumes to DDP's result on that world.
     for (int world : {2, 4}) {
       const auto ddp = run<Cpu>({world, Stage::ddp, PartitionKind::greedy}, kind, 10, 5, &half);

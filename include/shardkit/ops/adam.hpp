@@ -44,9 +44,9 @@ struct AdamFunctor {
   static constexpr int kSums = 0;
 
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float l2_decay = 0;          // Adam: g += l2_decay · w
-  float param_keep = 1;        // AdamW: w *= 1 - lr · weight_decay
-  float step_size = 0;         // lr / (1 - beta1^step)
+  float l2_decay = 0;               // Adam: g += l2_decay · w
+  float param_keep = 1;             // AdamW: w *= 1 - lr · weight_decay
+  float step_size = 0;              // lr / (1 - beta1^step)
   float bias_correction2_sqrt = 1;  // sqrt(1 - beta2^step)
   float inv_grad_scale = 1;
 

@@ -15,6 +15,7 @@
 #include "shardkit/core/context.hpp"
 #include "shardkit/core/tensor.hpp"
 #include "shardkit/ops/larc.hpp"
+#include "shardkit/ops/spans.hpp"
 
 namespace shardkit::ops {
 
@@ -28,14 +29,19 @@ namespace shardkit::ops {
 //                                          1 when a sum is inf or NaN
 //   larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients)
 //                                          per-tensor LARC factors from whole-tensor sums
+//   leaf_sums_of_squares(ctx, spans, leaves)
+//                                          every span's leaf sums (norm_tree.hpp), one span
+//                                          after the other, into leaves (f64, on ctx's device)
 //   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale)
 //                                          LARC-SGD over whole tensors, in the order that
 //                                          reuses the device's cache best
 template <class B>
-concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t) {
+concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
+                              const SpanList<1>& spans, double* leaves) {
   { B::name } -> std::convertible_to<std::string_view>;
   B::check_context(ctx, "op");
   B::larc_coefficients(ctx, larc, 1.0f, 1.0f, t, t);
+  B::leaf_sums_of_squares(ctx, spans, leaves);
 };
 
 // The message of the static_assert every entry point makes: what B must be.

@@ -16,8 +16,7 @@ inline constexpr int kSumLanes = 8;
 // Applies `op` to elements [lo, hi) of a span; when it sums, returns the lanes' pairwise total.
 template <class F>
 std::array<double, kSumSlots<F>> apply_range(const F& op, const typename F::Segment& segment,
-                                             void* const* data, std::int64_t lo,
-                                             std::int64_t hi) {
+                                             void* const* data, std::int64_t lo, std::int64_t hi) {
   std::array<double, kSumSlots<F>> total{};
   if constexpr (F::kSums == 0) {
     for (std::int64_t i = lo; i < hi; ++i) {
@@ -92,7 +91,8 @@ void apply(const F& op, const SpanList<Depth>& spans, double* sums) {
   for (std::size_t s = 0; s < n; ++s) {
     const auto span_sums = apply_span(op, spans[s], static_cast<std::int64_t>(s));
     if constexpr (F::kSums > 0)
-      for (int k = 0; k < F::kSums; ++k) sums[static_cast<std::size_t>(k) * n + s] = span_sums[static_cast<std::size_t>(k)];
+      for (int k = 0; k < F::kSums; ++k)
+        sums[static_cast<std::size_t>(k) * n + s] = span_sums[static_cast<std::size_t>(k)];
   }
 }
 

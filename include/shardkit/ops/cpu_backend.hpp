@@ -7,6 +7,7 @@
 
 #include "shardkit/ops/backend.hpp"
 #include "shardkit/ops/cpu_apply.hpp"
+#include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/sgd.hpp"
 
@@ -55,6 +56,16 @@ struct Cpu {
     auto* out = static_cast<SgdCoefficients*>(coefficients.data_ptr());
     for (std::int64_t i = 0; i < n; ++i)
       out[i] = ops::larc_coefficients(s[i], s[n + i], larc, lr, inv_grad_scale);
+  }
+
+  static void leaf_sums_of_squares(Context&, const SpanList<1>& spans, double* leaves) {
+    for (const auto& span : spans) {
+      const auto* x = static_cast<const float*>(span.data[0]);
+      std::int64_t at = 0;
+      for (; at + kNormLeaf <= span.size; at += kNormLeaf)
+        *leaves++ = leaf_sum_of_squares(x + at, static_cast<int>(kNormLeaf));
+      if (at < span.size) *leaves++ = leaf_sum_of_squares(x + at, static_cast<int>(span.size - at));
+    }
   }
 
   // Per tensor: norms, coefficients and update back to back, so the update's reads of a tensor

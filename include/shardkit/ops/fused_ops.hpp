@@ -5,6 +5,8 @@
 //                               optional f16/bf16 copy of the result, in one pass)
 //   sgd_step<B>(..., coefficients)   the same with per-tensor (grad, param) factors (LARC)
 //   segment_sums_of_squares<B>  per-span sums of squares (pieces of L2 norms)
+//   leaf_sums_of_squares<B>     per-leaf sums of squares: the split-invariant norms of
+//                               norm_tree.hpp start from them
 //   larc_coefficients<B>        per-tensor LARC factors from whole-tensor sums
 //   larc_sgd_step<B>            LARC-SGD where every tensor is whole here
 //   adam_step<B>                Adam / AdamW
@@ -18,6 +20,7 @@
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/backend.hpp"
 #include "shardkit/ops/cast.hpp"
+#include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/op_args.hpp"
 
@@ -72,6 +75,21 @@ void segment_sums_of_squares(Context& ctx, std::span<const Tensor> first,
     check_result_tensor(ctx, sums, DType::f64, {2, n}, "segment_sums_of_squares", "sums");
     if (n > 0) B::apply_sums(ctx, SumOfSquaresFunctor<2>{}, spans, sums, Tensor());
   }
+}
+
+// The leaf sums of squares of norm_tree.hpp: tensor t contributes norm_leaves(t.numel()) sums
+// (leaf_sum_of_squares of its elements [16k, 16k + 16)), the tensors one after the other, into
+// `leaves` (f64 [total leaves]). Each tensor is read as flat as it lies (contiguous).
+template <class B>
+void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> tensors, const Tensor& leaves) {
+  SK_REQUIRE_OPS_BACKEND(B, "leaf_sums_of_squares");
+  B::check_context(ctx, "leaf_sums_of_squares");
+  const auto spans = make_spans<1>(ctx, "leaf_sums_of_squares",
+                                   {OperandList{tensors, DType::f32, "tensors"}}, {true});
+  std::int64_t total = 0;
+  for (const auto& span : spans) total += norm_leaves(span.size);
+  check_result_tensor(ctx, leaves, DType::f64, {total}, "leaf_sums_of_squares", "leaves");
+  if (total > 0) B::leaf_sums_of_squares(ctx, spans, leaves.data<double>());
 }
 
 // LARC coefficients per parameter from whole-tensor sums (f64 [2, n]: params' then grads'

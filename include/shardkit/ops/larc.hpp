@@ -14,7 +14,7 @@ struct LarcOptions {
   float trust_coefficient = 0.02f;  // apex's default; SwAV/VISSL use 0.001
   bool clip = true;                 // apex's default; SwAV/VISSL use false
   float eps = 1e-8f;
-  float weight_decay = 0.0f;        // the wrapped optimizer's decay, taken over by LARC
+  float weight_decay = 0.0f;  // the wrapped optimizer's decay, taken over by LARC
 };
 
 inline void validate(const LarcOptions& o) {

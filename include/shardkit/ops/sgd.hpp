@@ -30,8 +30,8 @@ inline void validate(const SgdOptions& o) {
   check(o.momentum >= 0, "SGD momentum must be >= 0, got ", o.momentum);
   check(o.weight_decay >= 0, "SGD weight_decay must be >= 0, got ", o.weight_decay);
   check(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
-        "SGD nesterov needs momentum > 0 and dampening 0 (as PyTorch), got momentum ",
-        o.momentum, " and dampening ", o.dampening);
+        "SGD nesterov needs momentum > 0 and dampening 0 (as PyTorch), got momentum ", o.momentum,
+        " and dampening ", o.dampening);
 }
 
 // The gradient the SGD rule uses, per span: g' = grad·g + param·w. Plain SGD: (inv_grad_scale,
@@ -54,8 +54,8 @@ struct SgdFunctor {
   static constexpr int kDepth = 4;
   using Types = TypeList<float, float, float, low_storage_t<Low>>;
   static constexpr unsigned kReads = 0b0011u | (Mode == MomentumMode::running ? 0b0100u : 0u);
-  static constexpr unsigned kWrites = 0b0001u | (Mode != MomentumMode::none ? 0b0100u : 0u) |
-                                      (std::is_void_v<Low> ? 0u : 0b1000u);
+  static constexpr unsigned kWrites =
+      0b0001u | (Mode != MomentumMode::none ? 0b0100u : 0u) | (std::is_void_v<Low> ? 0u : 0b1000u);
   static constexpr int kSums = 0;
 
   float lr = 0;

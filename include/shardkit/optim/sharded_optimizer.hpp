@@ -3,11 +3,13 @@
 // optimizer_state). Under DDP the pieces are every parameter; under OSS/SDP the rank's range of
 // the flat buffer; under FSDP the rank's shard of every unit.
 //
-// LARC needs each parameter's whole norm. Pieces of one parameter are summed here, and when a
-// parameter spans ranks one small all-reduce of per-parameter partial sums completes them, so
-// LARC under every stage is LARC of whole tensors.
+// LARC needs each parameter's whole norm: ParamNorms forms it from the pieces, with the same
+// bits however the parameter is split (one small all_gather_v when pieces sit on several
+// ranks), so LARC under every stage is bitwise LARC of whole tensors.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <string_view>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "shardkit/ops/larc.hpp"
 #include "shardkit/ops/op_args.hpp"
 #include "shardkit/ops/sgd.hpp"
+#include "shardkit/optim/param_norms.hpp"
 #include "shardkit/shard/piece_table.hpp"
 
 namespace shardkit::optim {
@@ -75,8 +78,8 @@ class ShardedOptimizer {
 
  public:
   // Updates the pieces `table.pieces(rank)`; `piece_params[k]` is the f32 view of piece k's
-  // parameter elements. `norm_comm` completes LARC norms of parameters spanning ranks (nullptr
-  // when every parameter is whole on one rank).
+  // parameter elements. `norm_comm` joins the table's ranks for norms of parameters split
+  // over them (nullptr: one rank, or a replicated table).
   ShardedOptimizer(Context& ctx, const shard::PieceTable& table, int rank,
                    std::vector<Tensor> piece_params, OptimizerConfig config,
                    comm::Communicator* norm_comm)
@@ -85,7 +88,7 @@ class ShardedOptimizer {
         rank_(rank),
         piece_params_(std::move(piece_params)),
         config_(config),
-        norm_comm_(norm_comm) {
+        norms_(ctx, table, rank, norm_comm) {
     check(piece_params_.size() == table.pieces(rank).size(),
           "ShardedOptimizer: ", piece_params_.size(), " parameter views for ",
           table.pieces(rank).size(), " pieces; pass one per piece, in the table's order");
@@ -107,6 +110,8 @@ class ShardedOptimizer {
     const auto& pieces = this->pieces();
     check(grads.size() == pieces.size(), "ShardedOptimizer::step: ", grads.size(),
           " gradients for ", pieces.size(), " pieces; pass one per piece, in pieces() order");
+    inv_grad_scale *= clip_coefficient_;  // from clip_grad_norm, for this step only
+    clip_coefficient_ = 1.0f;
     std::vector<Tensor> a, b;
     for (const auto& piece : pieces) {
       const std::int64_t at = piece.state_offset;
@@ -117,8 +122,8 @@ class ShardedOptimizer {
     const std::vector<Tensor>& g = grads;
     ++steps_;
     if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
-      if (config_.kind == OptimizerKind::larc_sgd && norm_comm_ != nullptr)  // norm all-reduce
-        (void)larc_coefficients(p, g, lr, inv_grad_scale);                   // is collective
+      if (config_.kind == OptimizerKind::larc_sgd)  // norms' exchange may be collective
+        (void)larc_coefficients(p, g, lr, inv_grad_scale);
       return;
     }
     switch (config_.kind) {
@@ -150,6 +155,31 @@ class ShardedOptimizer {
     }
   }
 
+  // torch.nn.utils.clip_grad_norm_ over the whole model (docs/semantics.md): the L2 norm of
+  // every parameter's gradient (`grads` as for step(), times inv_grad_scale), exact under every
+  // stage -- per-parameter norms from ParamNorms, added in the order of the parameters' names
+  // -- and returned; when it exceeds max_norm, the next step() scales the gradients by
+  // max_norm / (norm + 1e-6) in its fused pass. Collective when the table is sharded.
+  double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm,
+                        float inv_grad_scale = 1.0f) {
+    check(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+    const auto sums = norms_.sums({grads})[0];
+    if (by_name_.empty()) {
+      for (std::size_t p = 0; p < table_->params().size(); ++p) by_name_.push_back(p);
+      std::sort(by_name_.begin(), by_name_.end(), [&](std::size_t a, std::size_t b) {
+        return table_->params()[a].name < table_->params()[b].name;
+      });
+    }
+    double total = 0;
+    for (auto p : by_name_) total += sums[p];
+    const double norm = std::sqrt(total) * static_cast<double>(inv_grad_scale);
+    const double coefficient = max_norm / (norm + 1e-6);
+    // (A NaN or inf norm gives a NaN coefficient, as PyTorch's does: the step then shows it.)
+    clip_coefficient_ =
+        coefficient < 1.0 || std::isnan(coefficient) ? static_cast<float>(coefficient) : 1.0f;
+    return norm;
+  }
+
   std::int64_t steps() const { return steps_; }
   // Resuming from a checkpoint: the step count drives SGD's first-step rule and Adam's bias
   // correction, so it travels with the state (OptimizerState::steps).
@@ -174,29 +204,12 @@ class ShardedOptimizer {
                            float inv_grad_scale) {
     const auto& pieces = this->pieces();
     const auto n = static_cast<std::int64_t>(pieces.size());
-    std::vector<double> piece_values(static_cast<std::size_t>(2 * n), 0.0);
-    if (n > 0) {
-      const Tensor piece_sums = empty(*ctx_, {2, n}, DType::f64, MemoryCategory::other);
-      ops::segment_sums_of_squares<Backend>(*ctx_, p, g, piece_sums);
-      piece_values = to_vector<double>(*ctx_, piece_sums);
-    }
-    // Add the pieces of each parameter, then (if needed) over ranks, on the host: 2 x P values.
-    const std::size_t count = table_->params().size();
-    std::vector<double> whole(2 * count, 0.0);
-    for (std::size_t s = 0; s < pieces.size(); ++s) {
-      whole[pieces[s].param] += piece_values[s];
-      whole[count + pieces[s].param] += piece_values[static_cast<std::size_t>(n) + s];
-    }
-    if (norm_comm_ != nullptr) {
-      Tensor on_device = from_vector(*ctx_, whole, {static_cast<std::int64_t>(2 * count)});
-      norm_comm_->all_reduce(on_device, comm::ReduceOp::sum).wait();
-      whole = to_vector<double>(*ctx_, on_device);
-    }
+    const auto whole = norms_.sums({p, g});  // collective when parameters span ranks
     if (n == 0) return Tensor();
     std::vector<double> per_piece(static_cast<std::size_t>(2 * n));
     for (std::size_t s = 0; s < pieces.size(); ++s) {
-      per_piece[s] = whole[pieces[s].param];
-      per_piece[static_cast<std::size_t>(n) + s] = whole[count + pieces[s].param];
+      per_piece[s] = whole[0][pieces[s].param];
+      per_piece[static_cast<std::size_t>(n) + s] = whole[1][pieces[s].param];
     }
     const Tensor sums = from_vector(*ctx_, per_piece, {2, n});
     const Tensor coefficients = empty(*ctx_, {n, 2}, DType::f32, MemoryCategory::other);
@@ -209,7 +222,9 @@ class ShardedOptimizer {
   int rank_;
   std::vector<Tensor> piece_params_;
   OptimizerConfig config_;
-  comm::Communicator* norm_comm_;
+  ParamNorms<Backend> norms_;
+  std::vector<std::size_t> by_name_;  // table parameters in the order of their names
+  float clip_coefficient_ = 1.0f;     // set by clip_grad_norm, used by the next step
   std::vector<StateBuffer> buffers_;
   std::int64_t steps_ = 0;
 };

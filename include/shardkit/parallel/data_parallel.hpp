@@ -54,8 +54,7 @@ class DataParallel {
                   options.buckets),
         table_(shard::PieceTable::of_plan(group_.plan(), options.stage == Stage::ddp)),
         pieces_(group_.updated_pieces(options.stage == Stage::ddp)),
-        optimizer_(ctx, table_, comm.rank(), group_.piece_params(pieces_), optimizer,
-                   table_.any_parameter_spans_ranks() ? &comm : nullptr) {
+        optimizer_(ctx, table_, comm.rank(), group_.piece_params(pieces_), optimizer, &comm) {
     for (const auto& piece : pieces_) piece_grads_.push_back(bucketer_.piece_grad(piece));
     group_.check_same_everywhere();
   }
@@ -101,7 +100,20 @@ class DataParallel {
     if (options_.stage != Stage::ddp) group_.all_gather_owned(options_.broadcast_fp16);
   }
 
+  // torch.nn.utils.clip_grad_norm_ after the backward: the gradients' global L2 norm (exact,
+  // the same bits under every stage) is returned, and the next step() scales them by
+  // max_norm / (norm + 1e-6) when that is below 1. Collective.
+  double clip_grad_norm(double max_norm) {
+    check<StateError>(bucketer_.finished(),
+                      "clip_grad_norm before the gradients are finished: call finish() after "
+                      "the backward, then clip_grad_norm(), then step()");
+    return optimizer_.clip_grad_norm(piece_grads_, max_norm);
+  }
+
   const optim::ShardedOptimizer<Backend>& optimizer() const { return optimizer_; }
+  // After finish(): the averaged gradient of each piece this rank updates (optimizer().pieces()
+  // order; under ddp, every trainable parameter whole).
+  const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
 
   // The whole optimizer state on `recipient`, an empty OptimizerState on the other ranks
   // (FairScale's consolidate_state_dict; optim/consolidation.hpp). Collective.

@@ -74,8 +74,7 @@ class FsdpEngine {
     }
     check(!units_.empty(), "FSDP: no unit to shard; give at least one unit with parameters");
     optimizer_ = std::make_unique<optim::ShardedOptimizer<Backend>>(
-        ctx, table_, comm.rank(), std::move(piece_params), optimizer,
-        table_.any_parameter_spans_ranks() ? &comm : nullptr);
+        ctx, table_, comm.rank(), std::move(piece_params), optimizer, &comm);
     check_same_everywhere();
   }
 
@@ -227,6 +226,14 @@ class FsdpEngine {
                         "unit '",
                         unit->name, "'; run the backward (outside no_sync) and finish() first");
     optimizer_->step(piece_grads_, lr, inv_grad_scale);
+  }
+
+  // torch.nn.utils.clip_grad_norm_ after the backward (see DataParallel::clip_grad_norm).
+  double clip_grad_norm(double max_norm) {
+    check<StateError>(finished(),
+                      "clip_grad_norm before a synchronised backward finished the gradients; "
+                      "run the backward and finish() first");
+    return optimizer_->clip_grad_norm(piece_grads_, max_norm);
   }
 
   const optim::ShardedOptimizer<Backend>& optimizer() const { return *optimizer_; }

@@ -110,6 +110,14 @@ class ShardedModule {
     engine_->step(lr, inv_grad_scale);
   }
 
+  // torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) between the backward and
+  // step(): returns the gradients' global L2 norm (exact and the same under every stage, frozen
+  // parameters having none); the next step() applies the clipping in its fused pass.
+  double clip_grad_norm(double max_norm) {
+    if (fsdp_) return fsdp_->clip_grad_norm(max_norm);
+    return engine_->clip_grad_norm(max_norm);
+  }
+
   void zero_grad() {
     if (fsdp_) return fsdp_->zero_grad();
     engine_->zero_grad();

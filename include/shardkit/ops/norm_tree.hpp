@@ -1,0 +1,108 @@
+// Sums of squares that do not depend on how a tensor is split: the norms LARC and gradient
+// clipping need, equal bit for bit whether a rank holds the whole tensor (DDP) or a piece of it
+// (OSS/SDP flat split, FSDP shards).
+//
+// A tensor of n elements is cut into leaves of kNormLeaf elements (the last one may be short).
+// A leaf's sum of squares is formed in one fixed order (leaf_sum_of_squares, the same on every
+// device). Leaves combine along one fixed binary tree: node (level l, index j) covers leaves
+// [j·2^l, (j+1)·2^l) and its value is left child + right child, leaves past the end counting
+// as 0 (x + 0 = x exactly). The norm is the root's value.
+//
+// A rank that holds leaves [lo, hi) computes the largest nodes that lie wholly inside (its
+// cover: at most ~2·log2(hi - lo) of them, found by a binary counter that forms every value
+// along the tree); the ranks exchange their covers; anyone can then finish the tree. Since
+// every node is formed by the same additions whoever forms it, the root has the same bits for
+// every split, and for no split at all.
+//
+// Needs pieces that start on a leaf boundary: shard plans align every parameter and every
+// rank's range to 16 elements (shard_plan.hpp), and kNormLeaf is 16.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/config.hpp"
+#include "shardkit/core/error.hpp"
+
+namespace shardkit::ops {
+
+inline constexpr std::int64_t kNormLeaf = 16;
+
+inline std::int64_t norm_leaves(std::int64_t numel) { return (numel + kNormLeaf - 1) / kNormLeaf; }
+
+// The sum of squares of x[0..count) (count <= kNormLeaf; missing elements count as 0), in
+// double (squares of floats are exact there) and in one fixed order: four groups of four
+// (x0² + x1²) + (x2² + x3²), then (g0 + g1) + (g2 + g3).
+SK_HOST_DEVICE SK_INLINE double leaf_sum_of_squares(const float* x, int count) {
+  double q[kNormLeaf];
+  SK_UNROLL
+  for (int i = 0; i < kNormLeaf; ++i) {
+    const double v = i < count ? static_cast<double>(x[i]) : 0.0;
+    q[i] = v * v;
+  }
+  double g[4];
+  SK_UNROLL
+  for (int k = 0; k < 4; ++k) g[k] = (q[4 * k] + q[4 * k + 1]) + (q[4 * k + 2] + q[4 * k + 3]);
+  return (g[0] + g[1]) + (g[2] + g[3]);
+}
+
+struct NormNode {
+  int level = 0;
+  std::int64_t index = 0;
+  friend bool operator<(const NormNode& a, const NormNode& b) {
+    return a.level != b.level ? a.level < b.level : a.index < b.index;
+  }
+  friend bool operator==(const NormNode& a, const NormNode& b) = default;
+};
+
+// The cover of leaves [lo, hi): the largest tree nodes wholly inside, left to right. With
+// `leaf_values` (the sums of leaves lo, lo + 1, ...) their values go to `values`, each formed
+// along the tree.
+inline std::vector<NormNode> norm_cover(std::int64_t lo, std::int64_t hi,
+                                        const double* leaf_values = nullptr,
+                                        std::vector<double>* values = nullptr) {
+  // A binary counter: at most one pending node per level and index parity, so 128 slots hold
+  // any tensor below 2^64 leaves.
+  NormNode nodes[128];
+  double sums[128];
+  int top = 0;
+  std::vector<NormNode> out;
+  for (std::int64_t i = lo; i < hi; ++i) {
+    nodes[top] = {0, i};
+    sums[top] = leaf_values != nullptr ? leaf_values[i - lo] : 0.0;
+    ++top;
+    // A right child completes its parent when the left sibling is just below it.
+    while (top >= 2) {
+      const NormNode right = nodes[top - 1], left = nodes[top - 2];
+      if (left.level != right.level || left.index % 2 != 0 || right.index != left.index + 1) break;
+      sums[top - 2] = sums[top - 2] + sums[top - 1];
+      nodes[top - 2] = {left.level + 1, left.index / 2};
+      --top;
+    }
+    SK_ASSERT(top < 127);
+  }
+  out.assign(nodes, nodes + top);
+  if (values != nullptr) values->assign(sums, sums + top);
+  return out;
+}
+
+// The root's value for a tensor of `leaves` leaves, given the values of nodes that cover them
+// all (the covers of every piece). Throws if a leaf is covered by none.
+inline double norm_root(std::int64_t leaves, const std::map<NormNode, double>& known) {
+  if (leaves == 0) return 0.0;
+  int top = 0;
+  while ((std::int64_t{1} << top) < leaves) ++top;
+  auto value = [&](auto&& self, int level, std::int64_t index) -> double {
+    if ((index << level) >= leaves) return 0.0;  // wholly past the end
+    const auto found = known.find({level, index});
+    if (found != known.end()) return found->second;
+    check<StateError>(level > 0, "norm tree: leaf ", index, " of ", leaves,
+                      " is covered by no piece; every piece of the tensor must report");
+    return self(self, level - 1, 2 * index) + self(self, level - 1, 2 * index + 1);
+  };
+  return value(value, top, 0);
+}
+
+}  // namespace shardkit::ops

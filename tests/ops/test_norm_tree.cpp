@@ -1,0 +1,85 @@
+// The split-invariant norm tree (ops/norm_tree.hpp): covers are the largest nodes inside a leaf
+// range; the root has the same bits however the leaves are split among pieces (and with no
+// split), is within rounding of the float64 sum, and a missing piece is named.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "shardkit/ops/norm_tree.hpp"
+
+namespace ops = shardkit::ops;
+
+namespace {
+
+// The root of `leaves` leaf values cut into pieces at `cuts` (leaf indices, ascending).
+double root_of(const std::vector<double>& leaves, const std::vector<std::int64_t>& cuts) {
+  std::map<ops::NormNode, double> known;
+  std::int64_t lo = 0;
+  std::vector<std::int64_t> ends = cuts;
+  ends.push_back(static_cast<std::int64_t>(leaves.size()));
+  for (auto hi : ends) {
+    std::vector<double> values;
+    const auto nodes = ops::norm_cover(lo, hi, leaves.data() + lo, &values);
+    for (std::size_t k = 0; k < nodes.size(); ++k) known[nodes[k]] = values[k];
+    lo = hi;
+  }
+  return ops::norm_root(static_cast<std::int64_t>(leaves.size()), known);
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+TEST_CASE("a cover is the largest aligned nodes inside the range, left to right") {
+  const auto nodes = ops::norm_cover(3, 13);
+  const std::vector<ops::NormNode> expected = {{0, 3}, {2, 1}, {2, 2}, {0, 12}};
+  CHECK(nodes == expected);
+  CHECK(ops::norm_cover(0, 8) == std::vector<ops::NormNode>{{3, 0}});
+  CHECK(ops::norm_cover(5, 5).empty());
+}
+
+TEST_CASE("the root has the same bits for every split, and is the sum of squares") {
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  for (std::int64_t n : {1, 15, 16, 17, 255, 1000, 4099, 70001}) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (auto& v : x) v = value(gen) * (gen() % 7 == 0 ? 1e-3f : 1.0f);
+    std::vector<double> leaves;
+    for (std::int64_t lo = 0; lo < n; lo += ops::kNormLeaf)
+      leaves.push_back(ops::leaf_sum_of_squares(
+          x.data() + lo, static_cast<int>(std::min(ops::kNormLeaf, n - lo))));
+    const auto count = static_cast<std::int64_t>(leaves.size());
+    const double whole = root_of(leaves, {});
+    double exact = 0;
+    for (float v : x) exact += static_cast<double>(v) * v;
+    CHECK(std::abs(whole - exact) <= 1e-13 * exact);
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<std::int64_t> cuts;
+      for (std::int64_t c = 1; c < count; ++c)
+        if (gen() % static_cast<unsigned>(std::max<std::int64_t>(2, count / 3)) == 0)
+          cuts.push_back(c);
+      CAPTURE(n);
+      CAPTURE(cuts.size());
+      CHECK(same_bits(root_of(leaves, cuts), whole));
+    }
+    std::vector<std::int64_t> every;  // one leaf per piece
+    for (std::int64_t c = 1; c < count; ++c) every.push_back(c);
+    CHECK(same_bits(root_of(leaves, every), whole));
+  }
+}
+
+TEST_CASE("a leaf that no piece covers is named") {
+  std::map<ops::NormNode, double> known;
+  std::vector<double> values;
+  const std::vector<double> leaves(10, 1.0);
+  const auto nodes = ops::norm_cover(0, 6, leaves.data(), &values);
+  for (std::size_t k = 0; k < nodes.size(); ++k) known[nodes[k]] = values[k];
+  CHECK_THROWS_WITH(ops::norm_root(10, known),
+                    doctest::Contains("leaf 6 of 10 is covered by no piece"));
+  CHECK(ops::norm_root(6, known) == 6.0);
+  CHECK(ops::norm_root(0, {}) == 0.0);
+}
