@@ -1,15 +1,21 @@
-// DDP, OSS (ZeRO-1) and SDP (ZeRO-2) on a CUDA GPU: ranks are threads sharing the one GPU over
-// the in-process communicator over device memory (NCCL refuses two ranks on one GPU), with the
-// fused CUDA optimizer kernels (sk::ops::Cuda). OSS and SDP equal DDP to 1e-6 after 20 steps, GPU DDP
+// The ZeRO stages on a CUDA GPU: ranks are threads sharing the one GPU over the in-process
+// communicator over device memory (NCCL refuses two ranks on one GPU), with the fused CUDA
+// optimizer kernels (sk::ops::Cuda). OSS and SDP equal DDP to 1e-6 after 20 steps, GPU DDP
 // equals CPU DDP to rounding, memory per rank follows the stage, and the optimizer state
-// consolidates and resumes on the device.
+// consolidates and resumes on the device. FSDP over modules (cuBLAS/cuDNN autograd) equals DDP
+// to 1e-6 and the CPU's FSDP to rounding, and its sharded checkpoint loads on the CPU.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "dp_test_model.hpp"
 #include "kernels/shardkit_cuda.cuh"
+#include "module_test_model.hpp"
+#include "shardkit/io/checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
 
 namespace sk = shardkit;
 using namespace dp_test;
@@ -18,7 +24,8 @@ using Gpu = sk::ops::Cuda;
 
 namespace {
 
-RunResult train_gpu(int world, Stage stage, OptimizerKind kind, PartitionKind partition, int steps = 20) {
+RunResult train_gpu(int world, Stage stage, OptimizerKind kind, PartitionKind partition,
+                    int steps = 20) {
   return train<Gpu>(world, stage, kind, partition, steps, 2048, sk::comm::cuda_run_options(0));
 }
 
@@ -34,8 +41,10 @@ TEST_CASE("on the GPU, OSS and SDP equal DDP to 1e-6 after 20 steps, every world
         for (auto stage : {Stage::oss, Stage::sdp}) {
           const auto sharded = train_gpu(world, stage, kind, partition);
           for (int r = 0; r < world; ++r)
-            CHECK_MESSAGE(max_relative_difference(sharded.params[static_cast<std::size_t>(r)], ddp.params[0]) <= 1e-6,
-                          sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage), " ",
+            CHECK_MESSAGE(max_relative_difference(sharded.params[static_cast<std::size_t>(r)],
+                                                  ddp.params[0]) <= 1e-6,
+                          sk::optim::optimizer_kind_name(kind), " ",
+                          sk::parallel::stage_name(stage), " ",
                           sk::shard::partition_kind_name(partition), " world ", world, " rank ", r);
         }
       }
@@ -86,4 +95,79 @@ TEST_CASE("on the GPU, the consolidated state equals DDP's and a resumed SDP job
     const auto resumed = run<Gpu>({3, Stage::sdp}, kind, 5, 1, &oss_checkpoint, 0, gpu).state;
     CHECK(resumed.steps == 6);
   }
+}
+
+namespace {
+
+// A module trained under `stage` on the device of `options` (CPU when default), N ranks:
+// rank 0's parameters and buffers afterwards. `save_to` / `load_from`: a sharded checkpoint.
+template <class Backend>
+std::vector<float> train_module(int world, Stage stage, OptimizerKind kind, int steps,
+                                sk::comm::RunRanksOptions options = {},
+                                const std::string& save_to = {},
+                                const std::string& load_from = {}) {
+  std::vector<float> out;
+  sk::comm::run_ranks(
+      world,
+      [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        auto net = module_test::mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
+        sk::parallel::ShardedModuleOptions o;
+        o.stage = stage;
+        o.buckets.bucket_bytes = 4096;
+        o.fsdp.wrap.unit_paths = {"0", "3"};
+        sk::parallel::ShardedModule<Backend> model(ctx, comm, net, config_for(kind), o);
+        if (!load_from.empty()) (void)sk::io::load_checkpoint(load_from, model.training_state());
+        for (int s = 0; s < steps; ++s) {
+          model.zero_grad();
+          auto b = module_test::batch(ctx, {6, 12}, 7, comm.rank(), s);
+          sk::autograd::backward(ctx, sk::autograd::cross_entropy(ctx, model(ctx, b.x), b.labels));
+          model.step(lr_at(kind, s));
+        }
+        if (!save_to.empty()) {
+          sk::io::CheckpointOptions c;
+          c.layout = sk::io::CheckpointLayout::sharded;
+          sk::io::save_checkpoint(save_to, model.training_state(), c);
+        }
+        std::vector<float> values;
+        if (stage == Stage::fsdp) {
+          auto full = model.fsdp().full_params();
+          values = module_test::module_values(ctx, *net);
+        } else {
+          values = module_test::module_values(ctx, *net);
+        }
+        if (comm.rank() == 0) out = std::move(values);
+      },
+      options);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("on the GPU, FSDP over a module equals DDP and the CPU's FSDP") {
+  const auto gpu = sk::comm::cuda_run_options(0);
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+    for (int world : {1, 2, 3}) {
+      const auto ddp = train_module<Gpu>(world, Stage::ddp, kind, 10, gpu);
+      const auto fsdp = train_module<Gpu>(world, Stage::fsdp, kind, 10, gpu);
+      CHECK_MESSAGE(max_relative_difference(fsdp, ddp) <= 1e-6,
+                    sk::optim::optimizer_kind_name(kind), " world ", world);
+      MESSAGE(sk::optim::optimizer_kind_name(kind), " world ", world, ": FSDP and DDP ",
+              bitwise_equal(fsdp, ddp) ? "bitwise equal" : "equal to rounding");
+    }
+    const auto cpu = train_module<Cpu>(2, Stage::fsdp, kind, 10);
+    const auto on_gpu = train_module<Gpu>(2, Stage::fsdp, kind, 10, gpu);
+    CHECK_MESSAGE(max_relative_difference(on_gpu, cpu) <= 1e-5,
+                  sk::optim::optimizer_kind_name(kind));
+  }
+}
+
+TEST_CASE("a sharded checkpoint written by FSDP on the GPU loads under DDP on the CPU, exactly") {
+  const auto dir = std::filesystem::temp_directory_path() / "shardkit_gpu_checkpoint";
+  std::filesystem::remove_all(dir);
+  const auto saved = train_module<Gpu>(3, Stage::fsdp, OptimizerKind::adamw, 4,
+                                       sk::comm::cuda_run_options(0), dir.string());
+  const auto loaded =
+      train_module<Cpu>(2, Stage::ddp, OptimizerKind::adamw, 0, {}, {}, dir.string());
+  CHECK(bitwise_equal(loaded, saved));
+  std::filesystem::remove_all(dir);
 }

@@ -1,17 +1,25 @@
-// DDP, OSS and SDP through MPI with real processes (meson runs it with mpirun -np 4): after 20
-// steps OSS and SDP parameters equal DDP's on every rank. Each process runs doctest; the exit
-// code is the worst over ranks.
+// The stages through MPI with real processes (meson runs it with mpirun -np 4): after 20 steps
+// OSS and SDP parameters equal DDP's on every rank; FSDP over a module equals DDP; a sharded
+// checkpoint written by 4 processes under FSDP loads under SDP. Each process runs doctest; the
+// exit code is the worst over ranks.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <string>
 #include <vector>
 
+#include "dp_test_model.hpp"
+#include "module_test_model.hpp"
 #include "shardkit/comm/mpi_communicator.hpp"
 #include "shardkit/core/mpi_check.hpp"
+#include "shardkit/io/checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/data_parallel.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
 
 namespace sk = shardkit;
 using sk::parallel::Stage;
@@ -95,6 +103,84 @@ TEST_CASE("through MPI, OSS and SDP equal DDP after 20 steps") {
       comm->broadcast(root, 0).wait();
       CHECK(std::memcmp(root.data(), ddp.data(), ddp.size() * sizeof(float)) == 0);
     }
+}
+
+namespace {
+
+// A module trained under `stage` over MPI: every rank's view of the parameters and buffers
+// afterwards (gathered under fsdp). With `save_to` / `load_from`: a sharded checkpoint after
+// (before) training.
+std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int steps,
+                                const std::string& save_to = {},
+                                const std::string& load_from = {}) {
+  sk::Context ctx;
+  auto comm = sk::comm::MpiCommunicator::world(ctx);
+  auto net = module_test::mlp(ctx, 300 + static_cast<std::uint64_t>(comm->rank()));
+  sk::parallel::ShardedModuleOptions options;
+  options.stage = stage;
+  options.buckets.bucket_bytes = 4096;
+  options.fsdp.wrap.unit_paths = {"0", "3"};
+  sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, *comm, net, dp_test::config_for(kind),
+                                                  options);
+  if (!load_from.empty()) (void)sk::io::load_checkpoint(load_from, model.training_state());
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    auto b = module_test::batch(ctx, {6, 12}, 7, comm->rank(), s);
+    sk::autograd::backward(ctx, sk::autograd::cross_entropy(ctx, model(ctx, b.x), b.labels));
+    model.step(dp_test::lr_at(kind, s));
+  }
+  if (!save_to.empty()) {
+    sk::io::CheckpointOptions o;
+    o.layout = sk::io::CheckpointLayout::sharded;
+    sk::io::save_checkpoint(save_to, model.training_state(), o);
+  }
+  if (stage != Stage::fsdp) return module_test::module_values(ctx, *net);
+  auto full = model.fsdp().full_params();
+  return module_test::module_values(ctx, *net);
+}
+
+// A scratch folder every process agrees on (rank 0 makes it, its path is broadcast).
+std::string shared_scratch() {
+  char path[512] = {};
+  int rank = 0;
+  SK_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  if (rank == 0) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "shardkit_mpi_XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    std::strncpy(path, pattern.c_str(), sizeof path - 1);
+  }
+  SK_MPI_CHECK(MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD));
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "through MPI, FSDP over a module equals DDP, and its sharded checkpoint loads under SDP") {
+  for (auto kind : {sk::optim::OptimizerKind::sgd, sk::optim::OptimizerKind::larc_sgd,
+                    sk::optim::OptimizerKind::adamw}) {
+    const auto ddp = train_module(Stage::ddp, kind, 10);
+    const auto fsdp = train_module(Stage::fsdp, kind, 10);
+    REQUIRE(fsdp.size() == ddp.size());
+    CHECK_MESSAGE(max_relative_difference(fsdp, ddp) <= 1e-5, sk::optim::optimizer_kind_name(kind));
+  }
+  const auto dir = shared_scratch();
+  const auto kind = sk::optim::OptimizerKind::adamw;
+  const auto saved = train_module(Stage::fsdp, kind, 4, dir);
+  const auto loaded = train_module(Stage::sdp, kind, 0, {}, dir);
+  int rank = 0;
+  SK_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  // Parameters agree on every rank; the batch-norm statistics are rank 0's in the checkpoint
+  // (each rank's last forward updated its own: DDP's broadcast_buffers semantics).
+  sk::Context host;
+  std::size_t params = 0;
+  for (const auto& p : module_test::mlp(host, 1)->parameters())
+    params += static_cast<std::size_t>(p.numel());
+  const std::size_t compared = rank == 0 ? saved.size() : params;
+  REQUIRE(loaded.size() == saved.size());
+  CHECK(std::memcmp(saved.data(), loaded.data(), compared * sizeof(float)) == 0);
+  SK_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  if (rank == 0) std::filesystem::remove_all(dir);
 }
 
 int main(int argc, char** argv) {
