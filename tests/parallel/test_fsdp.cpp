@@ -44,8 +44,9 @@ float lr_at(OptimizerKind kind, int step) {
 struct Outcome {
   std::vector<float> values;  // rank 0: parameters then f32 buffers
   int max_gathered = 0;
-  sk::MemorySnapshot memory;  // rank 0 after the last step
-  std::vector<double> norms;  // rank 0: clip_grad_norm's result per step
+  sk::MemorySnapshot memory;          // rank 0 after the last step
+  std::vector<double> norms;          // rank 0: clip_grad_norm's result per step
+  std::uint64_t reduce_scatters = 0;  // rank 0: reduce_scatter_v collectives over the run
 };
 
 Outcome train(Stage stage, const Run& run) {
@@ -85,6 +86,8 @@ Outcome train(Stage stage, const Run& run) {
       model.step(lr_at(run.kind, s));
     }
     if (comm.rank() == 0) out.memory = ctx.memory_stats().snapshot();
+    if (comm.rank() == 0)
+      out.reduce_scatters = comm.stats().of(sk::comm::CollectiveKind::reduce_scatter_v).calls;
     if (comm.rank() == 0 && stage == Stage::fsdp)
       out.max_gathered = model.fsdp().max_gathered_units();  // (before gathering everything)
     std::vector<float> values;
@@ -175,6 +178,22 @@ TEST_CASE("FSDP equals DDP bitwise: checkpointing, resharding, prefetch, accumul
     run.fsdp = mlp_units();
     check_matches_ddp(run);
   }
+}
+
+TEST_CASE("small units' reduce-scatters travel together: the same bits, fewer collectives") {
+  Run run;
+  run.world = 3;
+  run.steps = 5;
+  run.kind = OptimizerKind::adamw;
+  run.fsdp = mlp_units();  // three units of one 4 KiB bucket each
+  run.fsdp.coalesce_bytes = 0;
+  const auto alone = train(Stage::fsdp, run);
+  run.fsdp.coalesce_bytes = sk::parallel::kDefaultCoalesceBytes;
+  const auto together = train(Stage::fsdp, run);
+  CHECK(dp_test::bitwise_equal(together.values, alone.values));
+  CHECK(alone.reduce_scatters == 3 * 5);
+  CHECK(together.reduce_scatters == 5);  // one per backward
+  check_matches_ddp(run);
 }
 
 TEST_CASE("clip_grad_norm: the same norm and the same clipped steps under every stage") {

@@ -42,6 +42,9 @@ struct FsdpOptions {
   bool reshard_after_forward = true;
   int prefetch = 1;                // units gathered ahead, forward and backward (0: none)
   shard::BucketerOptions buckets;  // per unit: bucket_bytes, wire (reduce) dtype, in flight
+  // Buckets smaller than this, of any unit, are reduce-scattered together (FairScale's
+  // bucket_cap_mb, 25 MiB); 0: each alone.
+  std::size_t coalesce_bytes = kDefaultCoalesceBytes;
 };
 
 template <class Backend>
@@ -76,7 +79,7 @@ class Fsdp {
     }
     check(!engine_units.empty(), "FSDP: the model has no trainable parameter to shard");
     engine_ = std::make_unique<FsdpEngine<Backend>>(ctx, comm, std::move(engine_units), optimizer,
-                                                    options_.buckets);
+                                                    options_.buckets, options_.coalesce_bytes);
     // The module's values become rank 0's, sharded; each parameter then views its unit's
     // gathered buffer (freed until a forward gathers it).
     engine_->set_full_params([&](std::size_t i, const Tensor& view) {

@@ -42,12 +42,20 @@ struct FsdpUnitParams {
   std::vector<shard::ParamSpec> params;
 };
 
+inline constexpr std::size_t kDefaultCoalesceBytes = std::size_t{25} << 20;  // FairScale's
+
 template <class Backend>
 class FsdpEngine {
  public:
+  // `coalesce_bytes` (FairScale's bucket_cap_mb): gradient buckets smaller than this, of any
+  // unit, are reduce-scattered together up to this size (one collective for many small units);
+  // 0 sends each bucket alone.
   FsdpEngine(Context& ctx, comm::Communicator& comm, std::vector<FsdpUnitParams> units,
-             optim::OptimizerConfig optimizer, shard::BucketerOptions buckets = {})
+             optim::OptimizerConfig optimizer, shard::BucketerOptions buckets = {},
+             std::size_t coalesce_bytes = kDefaultCoalesceBytes)
       : ctx_(&ctx), comm_(&comm), table_(comm.size(), false) {
+    if (coalesce_bytes > 0)
+      coalescer_ = std::make_unique<shard::ReduceScatterCoalescer>(ctx, comm, coalesce_bytes);
     std::vector<Tensor> piece_params;
     for (auto& spec : units) {
       check(!spec.params.empty(), "FSDP unit '", spec.name,
@@ -60,8 +68,9 @@ class FsdpEngine {
       unit->first_param = index_.size();
       unit->group = std::make_unique<FlatParamGroup>(
           ctx, comm, spec.params, shard::PartitionKind::flat, Residency::sharded);
-      unit->bucketer = std::make_unique<shard::GradBucketer>(
-          ctx, comm, unit->group->plan(), shard::GradSync::reduce_scatter, buckets);
+      unit->bucketer = std::make_unique<shard::GradBucketer>(ctx, comm, unit->group->plan(),
+                                                             shard::GradSync::reduce_scatter,
+                                                             buckets, coalescer_.get());
       unit->pieces = unit->group->updated_pieces(false);
       table_.append_plan(unit->group->plan(), false);
       for (auto& view : unit->group->piece_params(unit->pieces)) piece_params.push_back(view);
@@ -316,6 +325,7 @@ class FsdpEngine {
   Context* ctx_;
   comm::Communicator* comm_;
   shard::PieceTable table_;
+  std::unique_ptr<shard::ReduceScatterCoalescer> coalescer_;  // before the units' bucketers
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<ParamIndex> index_;
   std::vector<Tensor> piece_grads_;

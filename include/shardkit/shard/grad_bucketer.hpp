@@ -5,11 +5,12 @@
 //
 //   AllReduceGrads (DDP, OSS): a persistent full gradient buffer laid out bucket after bucket;
 //     each bucket is averaged in place (no copies).
-//   ReduceScatterGrads (SDP): a rank keeps only the gradients it owns, laid out bucket after
-//     bucket. A bucket's gradients live in a transient buffer (MemoryCategory::communication)
-//     allocated when the backward first asks for one of its gradients; reduce_scatter_v averages
-//     each rank's part straight into that rank's owned gradients, and the buffer is freed once
-//     done.
+//   ReduceScatterGrads (SDP, FSDP): a rank keeps only the gradients it owns, laid out bucket
+//     after bucket. A bucket's gradients live in a transient buffer (MemoryCategory::
+//     communication) allocated when the backward first asks for one of its gradients;
+//     reduce_scatter_v averages each rank's part straight into that rank's owned gradients, and
+//     the buffer is freed once done. With a coalescer (FSDP), small buckets of many bucketers
+//     travel together (reduce_scatter_coalescer.hpp).
 //
 // Accumulation over synchronised backwards (no zero_grad between them) adds the average of the
 // new local gradients to the averages already held: A + avg(g), exactly as a sharded
@@ -29,6 +30,7 @@
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/shard/bucket_plan.hpp"
+#include "shardkit/shard/reduce_scatter_coalescer.hpp"
 
 namespace shardkit::shard {
 
@@ -150,11 +152,12 @@ class AllReduceGrads final : public GradSyncStrategy {
 class ReduceScatterGrads final : public GradSyncStrategy {
  public:
   ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const BucketPlan& plan,
-                     DType wire_dtype)
+                     DType wire_dtype, ReduceScatterCoalescer* coalescer)
       : ctx_(&ctx),
         comm_(&comm),
         plan_(&plan),
         wire_dtype_(wire_dtype),
+        coalescer_(coalescer),
         owned_(zeros(ctx, {plan.owned_numel()}, DType::f32, MemoryCategory::gradients)) {}
 
   Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
@@ -171,9 +174,13 @@ class ReduceScatterGrads final : public GradSyncStrategy {
             : state.buffer;
     if (wire_dtype_ != DType::f32 || holds_averages())
       state.out = empty(*ctx_, {bucket.own_numel}, send.dtype(), MemoryCategory::communication);
-    detail::assign_work(state.work,
-                        comm_->reduce_scatter_v(send, state.out.defined() ? state.out : target,
-                                                bucket.counts, comm::ReduceOp::avg));
+    const Tensor& recv = state.out.defined() ? state.out : target;
+    if (coalescer_ != nullptr && send.nbytes() < coalescer_->capacity_bytes())
+      detail::assign_work(state.work,
+                          coalescer_->submit(send, recv, bucket.counts, comm::ReduceOp::avg));
+    else
+      detail::assign_work(state.work,
+                          comm_->reduce_scatter_v(send, recv, bucket.counts, comm::ReduceOp::avg));
   }
   void complete(std::size_t b, BucketState& state) override {
     const GradBucket& bucket = plan_->buckets()[b];
@@ -202,13 +209,16 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   comm::Communicator* comm_;
   const BucketPlan* plan_;
   DType wire_dtype_;
-  Tensor owned_;  // this rank's parts, bucket after bucket
+  ReduceScatterCoalescer* coalescer_;  // small buckets go out with others (nullptr: alone)
+  Tensor owned_;                       // this rank's parts, bucket after bucket
 };
 
 class GradBucketer {
  public:
+  // `coalescer` (reduce_scatter only, optional): buckets smaller than its capacity are reduced
+  // together with other bucketers' (FSDP's many units).
   GradBucketer(Context& ctx, comm::Communicator& comm, const ShardPlan& plan, GradSync sync,
-               BucketerOptions options = {})
+               BucketerOptions options = {}, ReduceScatterCoalescer* coalescer = nullptr)
       : plan_(&plan),
         sync_(sync),
         buckets_(checked_plan(plan, comm, options), comm.rank(), capacity(options)),
@@ -217,7 +227,8 @@ class GradBucketer {
     if (sync == GradSync::all_reduce)
       strategy_ = std::make_unique<AllReduceGrads>(ctx, comm, buckets_, options.wire_dtype);
     else
-      strategy_ = std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, options.wire_dtype);
+      strategy_ =
+          std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, options.wire_dtype, coalescer);
     ready_.assign(plan.layout().size(), false);
   }
 
