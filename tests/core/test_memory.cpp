@@ -122,3 +122,25 @@ TEST_CASE("released storage gives its bytes back, refuses access with the reason
   auto borrowed = sk::Storage::borrow(mine.data(), mine.size() * sizeof(float), sk::Device::cpu());
   CHECK_THROWS_AS(borrowed->release("x"), sk::StateError);
 }
+
+TEST_CASE("the host allocator caches large blocks for their next use, within its bound") {
+  sk::HostAllocator allocator(std::size_t{8} << 20);
+  using C = sk::MemoryCategory;
+  void* first = allocator.allocate(3 << 20, C::communication);
+  allocator.deallocate(first, 3 << 20, C::communication);
+  CHECK(allocator.stats().current(C::communication) == 0);  // cached is not in use
+  CHECK(allocator.cached_bytes() == (3u << 20));
+  void* again = allocator.allocate((3 << 20) - 100, C::gradients);  // the same rounded size
+  CHECK(again == first);
+  CHECK(allocator.cached_bytes() == 0);
+  allocator.deallocate(again, (3 << 20) - 100, C::gradients);
+  // Small blocks are not cached; beyond the bound, frees go to the system.
+  void* small = allocator.allocate(1000, C::other);
+  allocator.deallocate(small, 1000, C::other);
+  CHECK(allocator.cached_bytes() == (3u << 20));
+  void* big = allocator.allocate(6 << 20, C::other);
+  allocator.deallocate(big, 6 << 20, C::other);
+  CHECK(allocator.cached_bytes() == (3u << 20));  // 3 + 6 MiB would pass the 8 MiB bound
+  allocator.release_cached();
+  CHECK(allocator.cached_bytes() == 0);
+}
