@@ -43,7 +43,7 @@ struct FsdpOptions {
   int prefetch = 1;                // units gathered ahead, forward and backward (0: none)
   shard::BucketerOptions buckets;  // per unit: bucket_bytes, wire (reduce) dtype, in flight
   // Buckets smaller than this, of any unit, are reduce-scattered together (FairScale's
-  // bucket_cap_mb, 25 MiB); 0: each alone.
+  // bucket_cap_mb; 4 MiB here, see kDefaultCoalesceBytes); 0: each alone.
   std::size_t coalesce_bytes = kDefaultCoalesceBytes;
 };
 

@@ -42,7 +42,11 @@ struct FsdpUnitParams {
   std::vector<shard::ParamSpec> params;
 };
 
-inline constexpr std::size_t kDefaultCoalesceBytes = std::size_t{25} << 20;  // FairScale's
+// Small units' gradient buckets are held until this many bytes go out together; held buckets
+// and the staging copy cost up to twice this in transient memory, so the default is smaller
+// than FairScale's bucket_cap_mb (25): it gathers the tiny units (norms, biases, heads) whose
+// collectives are all latency, and leaves units of megabytes alone.
+inline constexpr std::size_t kDefaultCoalesceBytes = std::size_t{4} << 20;
 
 template <class Backend>
 class FsdpEngine {

@@ -21,12 +21,13 @@ class FlatBuffer {
       : layout_(&layout), flat_(empty(ctx, {layout.padded_numel()}, dtype, category)) {
     fill(ctx, flat_, 0.0);
     views_.reserve(layout.size());
-    for (const auto& slot : layout.slots()) views_.push_back(flat_.flat_view(slot.offset, slot.shape));
+    for (const auto& slot : layout.slots())
+      views_.push_back(flat_.flat_view(slot.offset, slot.shape));
   }
 
   bool defined() const { return flat_.defined(); }
   const ParamLayout& layout() const { return *layout_; }
-  const Tensor& flat() const { return flat_; }                  // the whole buffer, 1-D
+  const Tensor& flat() const { return flat_; }  // the whole buffer, 1-D
   const Tensor& operator[](std::size_t i) const { return views_[i]; }
   const Tensor& at(const std::string& name) const { return views_[layout_->index_of(name)]; }
   std::size_t size() const { return views_.size(); }

@@ -88,9 +88,9 @@ class ParamLayout {
   const ParamSlot& operator[](std::size_t i) const { return slots_[i]; }
   const std::vector<ParamSlot>& slots() const { return slots_; }
   std::int64_t alignment() const { return alignment_; }
-  std::int64_t numel() const { return numel_; }                  // sum of parameter sizes
+  std::int64_t numel() const { return numel_; }  // sum of parameter sizes
   std::int64_t trainable_numel() const { return trainable_numel_; }
-  std::int64_t padded_numel() const { return padded_numel_; }    // flat buffer length
+  std::int64_t padded_numel() const { return padded_numel_; }  // flat buffer length
 
   std::size_t index_of(const std::string& name) const {
     const auto it = index_.find(name);
@@ -127,7 +127,9 @@ class ParamLayout {
   }
 
  private:
-  std::int64_t round_up(std::int64_t n) const { return (n + alignment_ - 1) / alignment_ * alignment_; }
+  std::int64_t round_up(std::int64_t n) const {
+    return (n + alignment_ - 1) / alignment_ * alignment_;
+  }
 
   std::int64_t alignment_;
   std::vector<ParamSlot> slots_;

@@ -14,8 +14,8 @@ namespace shardkit::shard {
 
 struct Partition {
   int world_size = 1;
-  std::vector<int> owner;                   // owner[i]: the rank that owns parameter i
-  std::vector<std::int64_t> load;           // elements owned per rank
+  std::vector<int> owner;                           // owner[i]: the rank that owns parameter i
+  std::vector<std::int64_t> load;                   // elements owned per rank
   std::vector<std::vector<std::size_t>> params_of;  // parameter indices per rank, ascending
 
   // max load / mean load - 1: 0 is perfect balance. 0 when there is nothing to place.

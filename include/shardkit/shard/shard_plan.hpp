@@ -33,7 +33,9 @@ struct ParamPiece {
   std::int64_t param_end = 0;
   std::int64_t flat_begin = 0;
   std::int64_t numel() const { return param_end - param_begin; }
-  bool whole(std::int64_t param_numel) const { return param_begin == 0 && param_end == param_numel; }
+  bool whole(std::int64_t param_numel) const {
+    return param_begin == 0 && param_end == param_numel;
+  }
 };
 
 class ShardPlan {
@@ -47,7 +49,8 @@ class ShardPlan {
 
     // Registration order of the trainable parameters, then of the frozen ones.
     std::vector<std::size_t> trainable, frozen;
-    for (std::size_t i = 0; i < specs.size(); ++i) (specs[i].trainable ? trainable : frozen).push_back(i);
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      (specs[i].trainable ? trainable : frozen).push_back(i);
     std::vector<std::int64_t> sizes;
     for (auto i : trainable) sizes.push_back(shape_numel(specs[i].shape));
 
@@ -118,7 +121,9 @@ class ShardPlan {
     for (int r = 0; r < world_size_; ++r) out.push_back(static_cast<std::size_t>(numel(r)));
     return out;
   }
-  const std::vector<ParamPiece>& pieces(int rank) const { return pieces_[static_cast<std::size_t>(rank)]; }
+  const std::vector<ParamPiece>& pieces(int rank) const {
+    return pieces_[static_cast<std::size_t>(rank)];
+  }
 
   int rank_of_element(std::int64_t element) const {
     check(element >= 0 && element < trainable_end_, "element ", element,
@@ -152,7 +157,8 @@ class ShardPlan {
       total += v;
       max = std::max(max, v);
     }
-    return total == 0 ? 0.0 : static_cast<double>(max) * world_size_ / static_cast<double>(total) - 1.0;
+    return total == 0 ? 0.0
+                      : static_cast<double>(max) * world_size_ / static_cast<double>(total) - 1.0;
   }
 
  private:

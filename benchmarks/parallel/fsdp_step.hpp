@@ -1,0 +1,113 @@
+// The FSDP / DDP step-time ratio on ResNet-18 (torchvision layout, small-image stem, 32x32
+// images): the same training step -- forward, backward, reduction, optimizer -- under DDP and
+// under FSDP with one unit per BasicBlock, prefetch depth 0, 1 and 2, and without resharding.
+// N ranks are threads of this process (local communicator; on a GPU they share it). Each
+// configuration: 2 warm-up steps, then `steps` timed ones; the median step is reported, with
+// the ratio to DDP's median in the same run. Written once for both backends: fsdp_step.cpp
+// (CPU) and fsdp_step_gpu.cu (CUDA) are its two mains.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "shardkit/comm/run_ranks.hpp"
+#include "shardkit/nn/nn.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
+
+namespace shardkit::bench::fsdp_step {
+
+struct Config {
+  std::string name;
+  parallel::Stage stage = parallel::Stage::ddp;
+  int prefetch = 1;
+  bool reshard = true;
+};
+
+struct Workload {
+  int world = 2;
+  std::int64_t batch = 8;  // per rank
+  std::int64_t side = 32;
+  int steps = 5;
+};
+
+inline std::vector<Config> configs() {
+  using parallel::Stage;
+  return {{"ddp", Stage::ddp},
+          {"fsdp prefetch 0", Stage::fsdp, 0},
+          {"fsdp prefetch 1", Stage::fsdp, 1},
+          {"fsdp prefetch 2", Stage::fsdp, 2},
+          {"fsdp no reshard", Stage::fsdp, 1, false}};
+}
+
+// Median step time in seconds over `w.steps` steps (rank 0's clock; every rank steps alike).
+// `synchronize(ctx)` waits for the device before the clock is read.
+template <class Backend, class Synchronize>
+double median_step(const Config& config, const Workload& w, comm::RunRanksOptions options,
+                   Synchronize&& synchronize) {
+  std::vector<double> times;
+  comm::run_ranks(
+      w.world,
+      [&](Context& ctx, comm::Communicator& comm) {
+        nn::ResNetOptions o;
+        o.num_classes = 10;
+        o.small_image_stem = true;
+        auto net = nn::resnet18(ctx, o);
+        optim::OptimizerConfig optimizer;
+        optimizer.kind = optim::OptimizerKind::sgd;
+        optimizer.sgd.momentum = 0.9f;
+        parallel::ShardedModuleOptions s;
+        s.stage = config.stage;
+        s.fsdp.prefetch = config.prefetch;
+        s.fsdp.reshard_after_forward = config.reshard;
+        for (int layer = 1; layer <= 4; ++layer)
+          for (int b = 0; b < 2; ++b)
+            s.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer) + "." +
+                                             std::to_string(b));
+        parallel::ShardedModule<Backend> model(ctx, comm, net, optimizer, s);
+        auto x = empty(ctx, {w.batch, 3, w.side, w.side}, DType::f32, MemoryCategory::activations);
+        normal_(ctx, x, 0.0, 1.0);
+        std::vector<std::int64_t> classes;
+        for (std::int64_t i = 0; i < w.batch; ++i) classes.push_back((i * 7 + comm.rank()) % 10);
+        const auto labels = from_vector(ctx, classes, {w.batch});
+        for (int step = 0; step < w.steps + 2; ++step) {
+          comm.barrier();
+          synchronize(ctx);
+          const auto start = std::chrono::steady_clock::now();
+          model.zero_grad();
+          auto loss = autograd::cross_entropy(ctx, model(ctx, autograd::Variable(x)), labels);
+          autograd::backward(ctx, loss);
+          model.step(0.01f);
+          synchronize(ctx);
+          const double seconds =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          if (comm.rank() == 0 && step >= 2) times.push_back(seconds);
+        }
+      },
+      options);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+template <class Backend, class Synchronize>
+void run_all(const char* device, const Workload& w, comm::RunRanksOptions options,
+             Synchronize&& synchronize) {
+  std::printf(
+      "ResNet-18 (small-image stem), %lld images of %lldx%lld per rank, %d ranks as threads on "
+      "the %s; SGD with momentum; FSDP units: the 8 BasicBlocks + the root. Median of %d "
+      "steps.\n\n",
+      static_cast<long long>(w.batch), static_cast<long long>(w.side),
+      static_cast<long long>(w.side), w.world, device, w.steps);
+  std::printf("%-17s %12s %12s\n", "configuration", "step ms", "/ ddp");
+  double ddp = 0;
+  for (const auto& config : configs()) {
+    const double t = median_step<Backend>(config, w, options, synchronize);
+    if (config.stage == parallel::Stage::ddp) ddp = t;
+    std::printf("%-17s %12.2f %12.3f\n", config.name.c_str(), 1e3 * t, t / ddp);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace shardkit::bench::fsdp_step

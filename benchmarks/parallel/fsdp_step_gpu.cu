@@ -1,0 +1,26 @@
+// The FSDP / DDP step-time ratio on a GPU (fsdp_step.hpp): ranks are threads sharing GPU 0
+// over the in-process communicator on device memory; the clock waits for the stream. Exits 0
+// with a note when no GPU is usable. Usage: fsdp_step_gpu [ranks] [images per rank] [steps]
+#include <cstdio>
+#include <cstdlib>
+
+#include "fsdp_step.hpp"
+#include "kernels/shardkit_cuda.cuh"
+
+int main(int argc, char** argv) {
+  namespace sk = shardkit;
+  namespace fs = shardkit::bench::fsdp_step;
+  if (sk::cuda_device_count() == 0) {
+    std::printf("fsdp_step_gpu: no usable CUDA GPU: nothing to measure\n");
+    return 0;
+  }
+  fs::Workload w;
+  w.batch = 64;
+  w.steps = 10;
+  if (argc > 1) w.world = std::atoi(argv[1]);
+  if (argc > 2) w.batch = std::atoll(argv[2]);
+  if (argc > 3) w.steps = std::atoi(argv[3]);
+  fs::run_all<sk::ops::Cuda>("GPU", w, sk::comm::cuda_run_options(0),
+                             [](sk::Context& ctx) { ctx.synchronize(); });
+  return 0;
+}
