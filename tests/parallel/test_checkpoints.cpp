@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -287,4 +288,50 @@ TEST_CASE("checkpoints that do not fit or do not belong together are refused by 
                                           sk::io::save_checkpoint(d, model.training_state(), o);
                                         }),
                     doctest::Contains("metadata key 'steps' is reserved"));
+}
+
+TEST_CASE("state_dict(): the full state dict under every stage, gathered one unit at a time") {
+  std::vector<std::vector<float>> per_stage;
+  for (auto stage : {Stage::ddp, Stage::sdp, Stage::fsdp}) {
+    sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = mlp(ctx, 60 + static_cast<std::uint64_t>(comm.rank()));
+      sk::parallel::ShardedModule<Cpu> model(
+          ctx, comm, net, dp_test::config_for(OptimizerKind::adamw), options_for(stage));
+      auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      model.step(0.05f);
+      ctx.memory_stats().reset_peak();
+      const auto dict = model.state_dict();  // rank 0 only
+      const auto everywhere = model.state_dict(/*rank0_only=*/false);
+      CHECK(everywhere.size() == net->state_dict().size());
+      if (stage == Stage::fsdp) {  // never more than the largest unit at a time
+        std::int64_t largest = 0;
+        const auto& engine = model.fsdp().engine();
+        for (std::size_t u = 0; u < engine.unit_count(); ++u)
+          largest = std::max(largest, engine.group(u).plan().trainable_end());
+        const auto peak = ctx.memory_stats().snapshot().peak_of(sk::MemoryCategory::communication);
+        CHECK(peak > 0);
+        CHECK(peak <= largest * 4);
+      }
+      if (comm.rank() != 0) {
+        CHECK(dict.empty());
+        return;
+      }
+      const auto names = net->state_dict();
+      REQUIRE(dict.size() == names.size());
+      std::vector<float> values;
+      for (std::size_t i = 0; i < dict.size(); ++i) {
+        const auto& [name, t] = dict[i];
+        CHECK(name == names[i].first);  // the module's state-dict order
+        CHECK(t.device().is_cpu());
+        if (t.dtype() != sk::DType::f32) continue;
+        const auto v = sk::to_vector<float>(ctx, t);
+        values.insert(values.end(), v.begin(), v.end());
+      }
+      per_stage.push_back(values);
+    });
+  }
+  REQUIRE(per_stage.size() == 3);
+  CHECK(dp_test::bitwise_equal(per_stage[1], per_stage[0]));
+  CHECK(dp_test::bitwise_equal(per_stage[2], per_stage[0]));
 }

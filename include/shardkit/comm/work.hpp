@@ -60,4 +60,11 @@ class [[nodiscard]] Work {
   bool waited_ = false;
 };
 
+// slot = std::move(work), for handles kept in members. (Work is [[nodiscard]], and nvcc flags
+// the discarded result of its move-assignment.)
+inline void assign(Work& slot, Work&& work) {
+  Work& assigned = (slot = std::move(work));
+  (void)assigned;
+}
+
 }  // namespace shardkit::comm

@@ -128,7 +128,7 @@ class FsdpEngine {
   void start_gather(std::size_t u) {
     Unit& unit = unit_at(u);
     if (unit.group->gathered() || unit.gathering) return;
-    shard::detail::assign_work(unit.pending, unit.group->gather());
+    comm::assign(unit.pending, unit.group->gather());
     unit.gathering = true;
   }
   // Unit u's full parameters, gathered (waits for a prefetch in flight).

@@ -19,8 +19,10 @@
 // only. Without broadcast_buffers each rank keeps statistics of its own batches.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardkit/nn/module.hpp"
@@ -150,6 +152,41 @@ class ShardedModule {
     return *fsdp_;
   }
   comm::Communicator& communicator() const { return *comm_; }
+
+  // The module's full state dict (parameters and buffers by state-dict name, PyTorch's
+  // state_dict()) as host copies. Under fsdp the parameters are gathered one unit at a time,
+  // so a rank never holds more than one unit beyond its shards and the copies; with
+  // `rank0_only` (PyTorch's FullStateDictConfig(rank0_only=True), the default) only rank 0
+  // receives them and the others return an empty list. Collective under fsdp.
+  std::vector<std::pair<std::string, Tensor>> state_dict(bool rank0_only = true) {
+    Context host_ctx;
+    const bool keep = !rank0_only || comm_->rank() == 0;
+    std::map<std::string, Tensor> copies;
+    auto take = [&](const std::string& name, const Tensor& t) {
+      if (!keep) return;
+      Tensor host = empty(host_ctx, t.shape(), t.dtype());
+      copy(*ctx_, host, t);
+      copies.emplace(name, std::move(host));
+    };
+    if (fsdp_) {
+      auto& engine = fsdp_->engine();
+      for (std::size_t u = 0; u < engine.unit_count(); ++u) {
+        const bool was_gathered = engine.holds_full(u);
+        engine.gather(u);
+        const auto& group = engine.group(u);
+        for (std::size_t i = 0; i < group.plan().layout().size(); ++i)
+          take(group.plan().layout()[i].name, group.param(i));
+        if (!was_gathered) engine.release(u);
+      }
+    }
+    // Buffers and frozen parameters (and under ddp/oss/sdp everything: whole on every rank).
+    for (const auto& [name, t] : module_->state_dict())
+      if (!copies.count(name)) take(name, t);
+    std::vector<std::pair<std::string, Tensor>> out;
+    if (!keep) return out;
+    for (const auto& [name, t] : module_->state_dict()) out.emplace_back(name, copies.at(name));
+    return out;
+  }
 
   // What checkpoints save and load (io/checkpoint.hpp): the engine's state, plus the module's
   // buffers and (fsdp) its frozen parameters, whole on every rank, by state-dict names.

@@ -76,12 +76,6 @@ class GradSyncStrategy {
 
 namespace detail {
 
-inline void assign_work(comm::Work& slot, comm::Work&& work) {
-  // (Work is [[nodiscard]], and nvcc flags the discarded result of its move-assignment.)
-  comm::Work& assigned = (slot = std::move(work));
-  (void)assigned;
-}
-
 inline Tensor cast_for_wire(Context& ctx, const Tensor& values, DType wire_dtype) {
   Tensor wire = empty(ctx, values.shape(), wire_dtype, MemoryCategory::communication);
   copy(ctx, wire, values);
@@ -112,9 +106,9 @@ class AllReduceGrads final : public GradSyncStrategy {
       state.buffer = transient(b);  // nothing was asked: all zero
     if (wire_dtype_ != DType::f32) {
       state.wire = detail::cast_for_wire(*ctx_, state.buffer, wire_dtype_);
-      detail::assign_work(state.work, comm_->all_reduce(state.wire, comm::ReduceOp::avg));
+      comm::assign(state.work, comm_->all_reduce(state.wire, comm::ReduceOp::avg));
     } else {
-      detail::assign_work(state.work, comm_->all_reduce(state.buffer, comm::ReduceOp::avg));
+      comm::assign(state.work, comm_->all_reduce(state.buffer, comm::ReduceOp::avg));
     }
   }
   void complete(std::size_t b, BucketState& state) override {
@@ -176,11 +170,10 @@ class ReduceScatterGrads final : public GradSyncStrategy {
       state.out = empty(*ctx_, {bucket.own_numel}, send.dtype(), MemoryCategory::communication);
     const Tensor& recv = state.out.defined() ? state.out : target;
     if (coalescer_ != nullptr && send.nbytes() < coalescer_->capacity_bytes())
-      detail::assign_work(state.work,
-                          coalescer_->submit(send, recv, bucket.counts, comm::ReduceOp::avg));
+      comm::assign(state.work, coalescer_->submit(send, recv, bucket.counts, comm::ReduceOp::avg));
     else
-      detail::assign_work(state.work,
-                          comm_->reduce_scatter_v(send, recv, bucket.counts, comm::ReduceOp::avg));
+      comm::assign(state.work,
+                   comm_->reduce_scatter_v(send, recv, bucket.counts, comm::ReduceOp::avg));
   }
   void complete(std::size_t b, BucketState& state) override {
     const GradBucket& bucket = plan_->buckets()[b];

@@ -103,7 +103,7 @@ class ReduceScatterCoalescer {
       }
       const auto own = static_cast<std::int64_t>(counts[static_cast<std::size_t>(comm.rank())]);
       result = empty(*ctx, {own}, dtype, MemoryCategory::communication);
-      work = comm.reduce_scatter_v(staging, result, counts, op);
+      comm::assign(work, comm.reduce_scatter_v(staging, result, counts, op));
       launched = true;
     }
     // After the collective: each call's part of this rank's result into its recv.
