@@ -39,7 +39,8 @@ inline void launch_larc_coefficients(Context& ctx, const double* sums, std::int6
 
 // One thread per leaf of every span: spans_at[s] is the first leaf of span s (spans_at[n] the
 // total), data[s] and size[s] its elements.
-__global__ void leaf_sums_kernel(const float* const* data, const std::int64_t* size,
+template <class T>
+__global__ void leaf_sums_kernel(const T* const* data, const std::int64_t* size,
                                  const std::int64_t* spans_at, int n, double* leaves) {
   const std::int64_t leaf = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (leaf >= spans_at[n]) return;
@@ -57,7 +58,7 @@ __global__ void leaf_sums_kernel(const float* const* data, const std::int64_t* s
       leaf_sum_of_squares(data[lo] + first, static_cast<int>(left < kNormLeaf ? left : kNormLeaf));
 }
 
-inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, double* leaves) {
+inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, DType dtype, double* leaves) {
   const int n = static_cast<int>(spans.size());
   if (n == 0) return;
   // The span table travels as one small device buffer: pointers, sizes, first leaves.
@@ -76,8 +77,16 @@ inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, double* lea
   const auto* t = on_device.data<std::int64_t>();
   CudaDeviceGuard guard(ctx.device().index);
   const auto blocks = static_cast<unsigned>((total + kThreads - 1) / kThreads);
-  leaf_sums_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(reinterpret_cast<const float* const*>(t),
-                                                          t + n, t + 2 * n, n, leaves);
+  auto launch = [&]<class T>() {
+    leaf_sums_kernel<T><<<blocks, kThreads, 0, ctx.stream()>>>(reinterpret_cast<const T* const*>(t),
+                                                               t + n, t + 2 * n, n, leaves);
+  };
+  if (dtype == DType::f16)
+    launch.template operator()<Half>();
+  else if (dtype == DType::bf16)
+    launch.template operator()<BFloat16>();
+  else
+    launch.template operator()<float>();
   SK_CUDA_CHECK_LAUNCH("ops::cuda::leaf_sums_kernel");
 }
 
@@ -113,8 +122,9 @@ struct Cuda {
                                    static_cast<SgdCoefficients*>(coefficients.data_ptr()));
   }
 
-  static void leaf_sums_of_squares(Context& ctx, const SpanList<1>& spans, double* leaves) {
-    cuda::launch_leaf_sums(ctx, spans, leaves);
+  static void leaf_sums_of_squares(Context& ctx, const SpanList<1>& spans, DType dtype,
+                                   double* leaves) {
+    cuda::launch_leaf_sums(ctx, spans, dtype, leaves);
   }
 
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.

@@ -7,8 +7,18 @@ namespace ops_test {
 
 // SGD over flat-buffer segments for `steps` steps against the float64 reference; new random
 // gradients each step, the first step writes a NaN-poisoned momentum buffer.
+// f32 values rounded to `dtype` (f16 / bf16) and back: what a low-precision buffer holds.
+inline std::vector<float> rounded_to(sk::DType dtype, std::vector<float> values) {
+  for (auto& v : values)
+    v = dtype == sk::DType::f16 ? sk::half_bits_to_float(sk::float_to_half_bits(v))
+                                : sk::bf16_bits_to_float(sk::float_to_bf16_bits(v));
+  return values;
+}
+
+// With `low_grads`, the gradients are stored in `low` too (mixed precision).
 template <class B>
-void sgd_case(B& b, ops::SgdOptions o, sk::DType low, std::int64_t gap, int steps = 3) {
+void sgd_case(B& b, ops::SgdOptions o, sk::DType low, std::int64_t gap, int steps = 3,
+              bool low_grads = false) {
   const Layout layout(edge_sizes(), gap);
   const auto n = layout.total;
   auto w0 = random_values(n, 1.0, 2.0, 1);
@@ -18,8 +28,9 @@ void sgd_case(B& b, ops::SgdOptions o, sk::DType low, std::int64_t gap, int step
       param_coef(layout.count(), o.weight_decay);
   for (int step = 0; step < steps; ++step) {
     o.first_step = step == 0;
-    const auto g0 = random_values(n, 0.5, 1.5, 100 + static_cast<std::uint32_t>(step));
-    Flat<B> g(b, g0, layout);
+    auto g0 = random_values(n, 0.5, 1.5, 100 + static_cast<std::uint32_t>(step));
+    if (low_grads) g0 = rounded_to(low, g0);
+    Flat<B> g(b, g0, layout, low_grads ? low : sk::DType::f32);
     Flat<B> copy(b, kNaNs(static_cast<std::size_t>(n)), layout,
                  low == sk::DType::f32 ? sk::DType::f16 : low);
     ops::SgdTensors t{w.views, g.views, buf.views, {}};
@@ -257,7 +268,7 @@ void cast_case(B& b, std::int64_t gap) {
 }
 
 template <class B>
-void adam_case(B& b, bool adamw, sk::DType low, std::int64_t gap) {
+void adam_case(B& b, bool adamw, sk::DType low, std::int64_t gap, bool low_grads = false) {
   const Layout layout(edge_sizes(), gap);
   const auto n = static_cast<std::size_t>(layout.total);
   auto w0 = random_values(layout.total, 1.0, 2.0, 61);
@@ -271,8 +282,9 @@ void adam_case(B& b, bool adamw, sk::DType low, std::int64_t gap) {
   o.inv_grad_scale = 0.5f;
   for (int step = 1; step <= 3; ++step) {
     o.step = step;
-    const auto g0 = random_values(layout.total, 0.5, 1.5, 300 + static_cast<std::uint32_t>(step));
-    Flat<B> g(b, g0, layout);
+    auto g0 = random_values(layout.total, 0.5, 1.5, 300 + static_cast<std::uint32_t>(step));
+    if (low_grads) g0 = rounded_to(low, g0);
+    Flat<B> g(b, g0, layout, low_grads ? low : sk::DType::f32);
     Flat<B> copy(b, kNaNs(n), layout, low == sk::DType::f32 ? sk::DType::f16 : low);
     ops::AdamTensors t{w.views, g.views, m.views, v.views, {}};
     if (low != sk::DType::f32) t.low_copies = copy.views;

@@ -37,6 +37,28 @@ TEST_CASE("SGD with nesterov and low-precision copies written in the same pass")
     for (std::int64_t gap : {0, 1}) sgd_case(b, o, low, gap, 2);
 }
 
+TEST_CASE("mixed precision: SGD and Adam read f16/bf16 gradients, update the f32 master") {
+  Backend b;
+  ops::SgdOptions o;
+  o.lr = 0.05f;
+  o.momentum = 0.9f;
+  o.weight_decay = 1e-3f;
+  o.inv_grad_scale = 0.25f;
+  for (auto low : {sk::DType::f16, sk::DType::bf16})
+    for (std::int64_t gap : {0, 1}) {
+      CAPTURE(sk::dtype_name(low));
+      sgd_case(b, o, low, gap, 3, /*low_grads=*/true);
+      adam_case(b, /*adamw=*/true, low, gap, /*low_grads=*/true);
+    }
+  // Low-precision gradients without a copy of their dtype are refused by name.
+  Flat<Backend> w(b, std::vector<float>(8, 1.0f), Layout({8}, 0));
+  Flat<Backend> g(b, std::vector<float>(8, 1.0f), Layout({8}, 0), sk::DType::bf16);
+  Flat<Backend> m(b, std::vector<float>(8, 0.0f), Layout({8}, 0));
+  CHECK_THROWS_WITH(ops::sgd_step<typename Backend::Ops>(b.ctx, o, {w.views, g.views, m.views, {}}),
+                    doctest::Contains("gradients in bf16 go with low-precision copies of the same "
+                                      "dtype"));
+}
+
 TEST_CASE("leaf sums of squares (split-invariant norms): every leaf, short last leaves") {
   Backend b;
   for (std::int64_t gap : {0, 1, 5}) leaf_sums_case(b, gap, Backend::leaf_tolerance);

@@ -94,6 +94,13 @@ TEST_CASE("bad use gets clear errors") {
     expect(
         [&] { DataParallel<Cpu>(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), zero); },
         "bucket size is 0 bytes");
+    // A 16-bit wire of the other 16-bit format loses range or precision silently.
+    sk::parallel::DataParallelOptions mixed;
+    mixed.buckets.grad_dtype = sk::DType::bf16;
+    mixed.buckets.wire_dtype = sk::DType::f16;
+    expect(
+        [&] { DataParallel<Cpu>(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), mixed); },
+        "gradients kept in bf16 cannot travel as f16: that loses range");
   });
   expect(
       [&] {

@@ -33,12 +33,13 @@ inline void validate(const AdamOptions& o) {
   check(o.step >= 1, "Adam step counts from 1 (the first update is step 1), got ", o.step);
 }
 
-// Operands: 0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq (f32; the moments start at 0, as
-// PyTorch's state does), 4 low-precision copy (Low).
-template <class Low = void>
+// Operands: 0 param, 1 grad (Grad: f32, or the copy's dtype under mixed precision), 2 exp_avg,
+// 3 exp_avg_sq (f32; the moments start at 0, as PyTorch's state does), 4 low-precision copy
+// (Low).
+template <class Low = void, class Grad = float>
 struct AdamFunctor {
   static constexpr int kDepth = 5;
-  using Types = TypeList<float, float, float, float, low_storage_t<Low>>;
+  using Types = TypeList<float, Grad, float, float, low_storage_t<Low>>;
   static constexpr unsigned kReads = 0b01111u;
   static constexpr unsigned kWrites = 0b01101u | (std::is_void_v<Low> ? 0u : 0b10000u);
   static constexpr int kSums = 0;
@@ -70,9 +71,9 @@ struct AdamFunctor {
   }
 };
 
-template <class Low>
-AdamFunctor<Low> make_adam_functor(const AdamOptions& o) {
-  AdamFunctor<Low> f;
+template <class Low, class Grad>
+AdamFunctor<Low, Grad> make_adam_functor(const AdamOptions& o) {
+  AdamFunctor<Low, Grad> f;
   f.beta1 = o.beta1;
   f.beta2 = o.beta2;
   f.eps = o.eps;
@@ -89,12 +90,9 @@ AdamFunctor<Low> make_adam_functor(const AdamOptions& o) {
 }
 
 template <class Fn>
-void visit_adam_functor(const AdamOptions& o, DType low, Fn&& fn) {
-  if (low == DType::f16) return fn(make_adam_functor<Half>(o));
-  if (low == DType::bf16) return fn(make_adam_functor<BFloat16>(o));
-  check(low == DType::f32, "low-precision parameter copies must be f16 or bf16, got ",
-        dtype_name(low));
-  return fn(make_adam_functor<void>(o));
+void visit_adam_functor(const AdamOptions& o, DType grad, DType low, Fn&& fn) {
+  visit_grad_and_low(grad, low, "adam_step",
+                     [&]<class Grad, class Low>() { return fn(make_adam_functor<Low, Grad>(o)); });
 }
 
 }  // namespace shardkit::ops

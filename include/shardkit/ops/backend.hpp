@@ -29,9 +29,10 @@ namespace shardkit::ops {
 //                                          1 when a sum is inf or NaN
 //   larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients)
 //                                          per-tensor LARC factors from whole-tensor sums
-//   leaf_sums_of_squares(ctx, spans, leaves)
-//                                          every span's leaf sums (norm_tree.hpp), one span
-//                                          after the other, into leaves (f64, on ctx's device)
+//   leaf_sums_of_squares(ctx, spans, dtype, leaves)
+//                                          every span's leaf sums (norm_tree.hpp; elements of
+//                                          `dtype`), one span after the other, into leaves (f64,
+//                                          on ctx's device)
 //   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale)
 //                                          LARC-SGD over whole tensors, in the order that
 //                                          reuses the device's cache best
@@ -41,7 +42,7 @@ concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tenso
   { B::name } -> std::convertible_to<std::string_view>;
   B::check_context(ctx, "op");
   B::larc_coefficients(ctx, larc, 1.0f, 1.0f, t, t);
-  B::leaf_sums_of_squares(ctx, spans, leaves);
+  B::leaf_sums_of_squares(ctx, spans, DType::f32, leaves);
 };
 
 // The message of the static_assert every entry point makes: what B must be.

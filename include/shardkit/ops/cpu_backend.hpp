@@ -58,14 +58,21 @@ struct Cpu {
       out[i] = ops::larc_coefficients(s[i], s[n + i], larc, lr, inv_grad_scale);
   }
 
-  static void leaf_sums_of_squares(Context&, const SpanList<1>& spans, double* leaves) {
-    for (const auto& span : spans) {
-      const auto* x = static_cast<const float*>(span.data[0]);
-      std::int64_t at = 0;
-      for (; at + kNormLeaf <= span.size; at += kNormLeaf)
-        *leaves++ = leaf_sum_of_squares(x + at, static_cast<int>(kNormLeaf));
-      if (at < span.size) *leaves++ = leaf_sum_of_squares(x + at, static_cast<int>(span.size - at));
-    }
+  static void leaf_sums_of_squares(Context&, const SpanList<1>& spans, DType dtype,
+                                   double* leaves) {
+    auto run = [&]<class T>() {
+      for (const auto& span : spans) {
+        const auto* x = static_cast<const T*>(span.data[0]);
+        std::int64_t at = 0;
+        for (; at + kNormLeaf <= span.size; at += kNormLeaf)
+          *leaves++ = leaf_sum_of_squares(x + at, static_cast<int>(kNormLeaf));
+        if (at < span.size)
+          *leaves++ = leaf_sum_of_squares(x + at, static_cast<int>(span.size - at));
+      }
+    };
+    if (dtype == DType::f16) return run.template operator()<Half>();
+    if (dtype == DType::bf16) return run.template operator()<BFloat16>();
+    run.template operator()<float>();
   }
 
   // Per tensor: norms, coefficients and update back to back, so the update's reads of a tensor

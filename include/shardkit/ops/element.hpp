@@ -7,6 +7,8 @@
 #include <type_traits>
 
 #include "shardkit/core/config.hpp"
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
 #include "shardkit/core/float16.hpp"
 
 #if defined(__CUDACC__)
@@ -85,5 +87,26 @@ using type_at = typename TypeAt<I, List>::type;
 // Low-precision copy option of the optimizer functors: `void` for none.
 template <class Low>
 using low_storage_t = std::conditional_t<std::is_void_v<Low>, float, Low>;
+
+// The optimizer functors' (gradient storage, low-precision copy) pairs: f32 gradients with or
+// without a copy, or -- under mixed precision -- gradients in the copy's dtype. Calls
+// fn.template operator()<Grad, Low>() for the pair the dtypes name.
+template <class Fn>
+decltype(auto) visit_grad_and_low(DType grad, DType low, const char* op, Fn&& fn) {
+  if (grad == DType::f32) {
+    if (low == DType::f16) return fn.template operator()<float, Half>();
+    if (low == DType::bf16) return fn.template operator()<float, BFloat16>();
+    check(low == DType::f32, op, ": low-precision parameter copies must be f16 or bf16, got ",
+          dtype_name(low));
+    return fn.template operator()<float, void>();
+  }
+  check((grad == DType::f16 || grad == DType::bf16) && low == grad, op, ": gradients in ",
+        dtype_name(grad),
+        " go with low-precision copies of the same dtype (mixed precision: "
+        "the compute copy and its gradients share a dtype), got copies in ",
+        dtype_name(low));
+  if (grad == DType::f16) return fn.template operator()<Half, Half>();
+  return fn.template operator()<BFloat16, BFloat16>();
+}
 
 }  // namespace shardkit::ops

@@ -32,7 +32,8 @@ void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors
   SK_REQUIRE_OPS_BACKEND(B, "sgd_step");
   B::check_context(ctx, "sgd_step");
   const auto spans = sgd_spans(ctx, options, tensors);
-  visit_sgd_functor(options, low_copy_dtype(tensors.low_copies, "sgd_step"), nullptr,
+  visit_sgd_functor(options, grad_dtype(tensors.grads, "sgd_step"),
+                    low_copy_dtype(tensors.low_copies, "sgd_step"), nullptr,
                     [&](const auto& op) { B::apply(ctx, op, spans); });
 }
 
@@ -49,7 +50,8 @@ void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors
         "(larc_coefficients does) and leave them at 0 and 1 in the options");
   const auto spans = sgd_spans(ctx, options, tensors);
   const auto* per_segment = coefficients_data(ctx, coefficients, spans.size(), "sgd_step");
-  visit_sgd_functor(options, low_copy_dtype(tensors.low_copies, "sgd_step"), per_segment,
+  visit_sgd_functor(options, grad_dtype(tensors.grads, "sgd_step"),
+                    low_copy_dtype(tensors.low_copies, "sgd_step"), per_segment,
                     [&](const auto& op) { B::apply(ctx, op, spans); });
 }
 
@@ -79,17 +81,19 @@ void segment_sums_of_squares(Context& ctx, std::span<const Tensor> first,
 
 // The leaf sums of squares of norm_tree.hpp: tensor t contributes norm_leaves(t.numel()) sums
 // (leaf_sum_of_squares of its elements [16k, 16k + 16)), the tensors one after the other, into
-// `leaves` (f64 [total leaves]). Each tensor is read as flat as it lies (contiguous).
+// `leaves` (f64 [total leaves]). Each tensor is read as flat as it lies (contiguous); f32, or
+// f16 / bf16 (mixed-precision gradients; their values are exact in f32).
 template <class B>
 void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> tensors, const Tensor& leaves) {
   SK_REQUIRE_OPS_BACKEND(B, "leaf_sums_of_squares");
   B::check_context(ctx, "leaf_sums_of_squares");
-  const auto spans = make_spans<1>(ctx, "leaf_sums_of_squares",
-                                   {OperandList{tensors, DType::f32, "tensors"}}, {true});
+  const DType dtype = grad_dtype(tensors, "leaf_sums_of_squares");
+  const auto spans =
+      make_spans<1>(ctx, "leaf_sums_of_squares", {OperandList{tensors, dtype, "tensors"}}, {true});
   std::int64_t total = 0;
   for (const auto& span : spans) total += norm_leaves(span.size);
   check_result_tensor(ctx, leaves, DType::f64, {total}, "leaf_sums_of_squares", "leaves");
-  if (total > 0) B::leaf_sums_of_squares(ctx, spans, leaves.data<double>());
+  if (total > 0) B::leaf_sums_of_squares(ctx, spans, dtype, leaves.data<double>());
 }
 
 // LARC coefficients per parameter from whole-tensor sums (f64 [2, n]: params' then grads'
@@ -119,12 +123,15 @@ void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& l
   check(options.weight_decay == 0, "larc_sgd_step: LARC takes weight decay over; pass it as ",
         "LarcOptions::weight_decay and leave SgdOptions::weight_decay at 0 (got ",
         options.weight_decay, ")");
+  check(grad_dtype(tensors.grads, "larc_sgd_step") == DType::f32,
+        "larc_sgd_step takes f32 gradients; under mixed precision the sharded optimizer forms "
+        "LARC's norms (ParamNorms) and calls sgd_step with coefficients");
   const auto spans = sgd_spans(ctx, options, tensors);
   if (spans.empty()) return;
   SgdOptions plain = options;
   plain.inv_grad_scale = 1.0f;  // folded into the coefficients
   visit_sgd_functor(
-      plain, low_copy_dtype(tensors.low_copies, "larc_sgd_step"), nullptr,
+      plain, DType::f32, low_copy_dtype(tensors.low_copies, "larc_sgd_step"), nullptr,
       [&](auto op) { B::larc_sgd(ctx, op, spans, larc, options.lr, options.inv_grad_scale); });
 }
 
@@ -133,7 +140,8 @@ void adam_step(Context& ctx, const AdamOptions& options, const AdamTensors& tens
   SK_REQUIRE_OPS_BACKEND(B, "adam_step");
   B::check_context(ctx, "adam_step");
   const auto spans = adam_spans(ctx, options, tensors);
-  visit_adam_functor(options, low_copy_dtype(tensors.low_copies, "adam_step"),
+  visit_adam_functor(options, grad_dtype(tensors.grads, "adam_step"),
+                     low_copy_dtype(tensors.low_copies, "adam_step"),
                      [&](const auto& op) { B::apply(ctx, op, spans); });
 }
 
@@ -160,8 +168,9 @@ void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> gr
                        const Tensor& found_nonfinite, const Tensor& sums = Tensor()) {
   SK_REQUIRE_OPS_BACKEND(B, "unscale_and_check");
   B::check_context(ctx, "unscale_and_check");
+  const DType dtype = grad_dtype(grads, "unscale_and_check");
   const auto spans =
-      make_spans<1>(ctx, "unscale_and_check", {OperandList{grads, DType::f32, "grads"}}, {true});
+      make_spans<1>(ctx, "unscale_and_check", {OperandList{grads, dtype, "grads"}}, {true});
   const auto n = static_cast<std::int64_t>(spans.size());
   check_result_tensor(ctx, found_nonfinite, DType::f32, {1}, "unscale_and_check",
                       "found_nonfinite");
@@ -170,9 +179,15 @@ void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> gr
     check_result_tensor(ctx, sums, DType::f64, {1, n}, "unscale_and_check", "sums");
   else
     out = empty(ctx, {1, n}, DType::f64);
-  UnscaleFunctor op;
-  op.inv_scale = inv_scale;
-  if (n > 0) B::apply_sums(ctx, op, spans, out, found_nonfinite);
+  if (n == 0) return;
+  auto run = [&]<class Grad>() {
+    UnscaleFunctor<Grad> op;
+    op.inv_scale = inv_scale;
+    B::apply_sums(ctx, op, spans, out, found_nonfinite);
+  };
+  if (dtype == DType::f16) return run.template operator()<Half>();
+  if (dtype == DType::bf16) return run.template operator()<BFloat16>();
+  run.template operator()<float>();
 }
 
 }  // namespace shardkit::ops

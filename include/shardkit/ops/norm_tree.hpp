@@ -25,6 +25,7 @@
 
 #include "shardkit/core/config.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/ops/element.hpp"
 
 namespace shardkit::ops {
 
@@ -35,11 +36,12 @@ inline std::int64_t norm_leaves(std::int64_t numel) { return (numel + kNormLeaf 
 // The sum of squares of x[0..count) (count <= kNormLeaf; missing elements count as 0), in
 // double (squares of floats are exact there) and in one fixed order: four groups of four
 // (x0² + x1²) + (x2² + x3²), then (g0 + g1) + (g2 + g3).
-SK_HOST_DEVICE SK_INLINE double leaf_sum_of_squares(const float* x, int count) {
+template <class T>
+SK_HOST_DEVICE SK_INLINE double leaf_sum_of_squares(const T* x, int count) {
   double q[kNormLeaf];
   SK_UNROLL
   for (int i = 0; i < kNormLeaf; ++i) {
-    const double v = i < count ? static_cast<double>(x[i]) : 0.0;
+    const double v = i < count ? static_cast<double>(load_element(x + i)) : 0.0;
     q[i] = v * v;
   }
   double g[4];

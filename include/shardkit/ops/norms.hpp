@@ -38,10 +38,12 @@ struct SumOfSquaresFunctor {
 };
 
 // g <- g · inv_scale, summing the squares of the unscaled values. The sum is finite exactly
-// when every unscaled gradient is, so one pass gives the finite check and the norm.
+// when every unscaled gradient is, so one pass gives the finite check and the norm. Gradients
+// in f32, or f16/bf16 under mixed precision (scaled, unscaled and stored in that dtype).
+template <class Grad = float>
 struct UnscaleFunctor {
   static constexpr int kDepth = 1;
-  using Types = TypeList<float>;
+  using Types = TypeList<Grad>;
   static constexpr unsigned kReads = 1u;
   static constexpr unsigned kWrites = 1u;
   static constexpr int kSums = 1;

@@ -14,7 +14,7 @@ namespace shardkit::ops {
 // One tensor per parameter in each list; flat-buffer segments are views (Tensor::flat_view).
 struct SgdTensors {
   std::span<const Tensor> params;      // f32, updated
-  std::span<const Tensor> grads;       // f32, read
+  std::span<const Tensor> grads;       // f32 (or the low copies' dtype), read
   std::span<const Tensor> momentum;    // f32; needed when momentum != 0, else ignored
   std::span<const Tensor> low_copies;  // optional f16 or bf16 copies of the updated params
 };
@@ -35,13 +35,23 @@ inline DType low_copy_dtype(std::span<const Tensor> low_copies, const char* op) 
   return low;
 }
 
+// The gradients' dtype: f32, or (mixed precision) f16 / bf16 like the low-precision copies.
+inline DType grad_dtype(std::span<const Tensor> grads, const char* op) {
+  if (grads.empty()) return DType::f32;
+  const DType dtype = grads[0].dtype();
+  check(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16, op,
+        ": gradients must be f32, f16 or bf16, got ", dtype_name(dtype));
+  return dtype;
+}
+
 inline SpanList<4> sgd_spans(const Context& ctx, const SgdOptions& o, const SgdTensors& t) {
   validate(o);
   const bool with_momentum = o.momentum != 0;
   const std::span<const Tensor> none;
   return make_spans<4>(
       ctx, "sgd_step",
-      {OperandList{t.params, DType::f32, "params"}, OperandList{t.grads, DType::f32, "grads"},
+      {OperandList{t.params, DType::f32, "params"},
+       OperandList{t.grads, grad_dtype(t.grads, "sgd_step"), "grads"},
        OperandList{with_momentum ? t.momentum : none, DType::f32, "momentum"},
        OperandList{t.low_copies, low_copy_dtype(t.low_copies, "sgd_step"), "low_copies"}},
       {true, true, with_momentum, false});
@@ -51,7 +61,8 @@ inline SpanList<5> adam_spans(const Context& ctx, const AdamOptions& o, const Ad
   validate(o);
   return make_spans<5>(
       ctx, "adam_step",
-      {OperandList{t.params, DType::f32, "params"}, OperandList{t.grads, DType::f32, "grads"},
+      {OperandList{t.params, DType::f32, "params"},
+       OperandList{t.grads, grad_dtype(t.grads, "adam_step"), "grads"},
        OperandList{t.exp_avg, DType::f32, "exp_avg"},
        OperandList{t.exp_avg_sq, DType::f32, "exp_avg_sq"},
        OperandList{t.low_copies, low_copy_dtype(t.low_copies, "adam_step"), "low_copies"}},

@@ -48,11 +48,12 @@ inline MomentumMode momentum_mode(const SgdOptions& o) {
   return o.first_step ? MomentumMode::first_step : MomentumMode::running;
 }
 
-// Operands: 0 param (f32), 1 grad (f32), 2 momentum buffer (f32), 3 low-precision copy (Low).
-template <MomentumMode Mode, class Low = void>
+// Operands: 0 param (f32), 1 grad (Grad: f32, or the copy's dtype under mixed precision),
+// 2 momentum buffer (f32), 3 low-precision copy (Low).
+template <MomentumMode Mode, class Low = void, class Grad = float>
 struct SgdFunctor {
   static constexpr int kDepth = 4;
-  using Types = TypeList<float, float, float, low_storage_t<Low>>;
+  using Types = TypeList<float, Grad, float, low_storage_t<Low>>;
   static constexpr unsigned kReads = 0b0011u | (Mode == MomentumMode::running ? 0b0100u : 0u);
   static constexpr unsigned kWrites =
       0b0001u | (Mode != MomentumMode::none ? 0b0100u : 0u) | (std::is_void_v<Low> ? 0u : 0b1000u);
@@ -90,9 +91,10 @@ struct SgdFunctor {
   }
 };
 
-template <MomentumMode Mode, class Low>
-SgdFunctor<Mode, Low> make_sgd_functor(const SgdOptions& o, const SgdCoefficients* per_segment) {
-  SgdFunctor<Mode, Low> f;
+template <MomentumMode Mode, class Low, class Grad>
+SgdFunctor<Mode, Low, Grad> make_sgd_functor(const SgdOptions& o,
+                                             const SgdCoefficients* per_segment) {
+  SgdFunctor<Mode, Low, Grad> f;
   f.lr = o.lr;
   f.momentum = o.momentum;
   f.dampening_complement = 1.0f - o.dampening;
@@ -102,26 +104,21 @@ SgdFunctor<Mode, Low> make_sgd_functor(const SgdOptions& o, const SgdCoefficient
   return f;
 }
 
-// Calls fn(functor) with the SgdFunctor instantiation the run-time options select. `low` is the
-// dtype of the low-precision copies (f32 = none).
+// Calls fn(functor) with the SgdFunctor instantiation the run-time options select. `grad` is
+// the gradients' dtype and `low` the dtype of the low-precision copies (f32 = none).
 template <class Fn>
-void visit_sgd_functor(const SgdOptions& o, DType low, const SgdCoefficients* per_segment,
-                       Fn&& fn) {
-  auto with_low = [&]<class Low>() {
+void visit_sgd_functor(const SgdOptions& o, DType grad, DType low,
+                       const SgdCoefficients* per_segment, Fn&& fn) {
+  visit_grad_and_low(grad, low, "sgd_step", [&]<class Grad, class Low>() {
     switch (momentum_mode(o)) {
       case MomentumMode::none:
-        return fn(make_sgd_functor<MomentumMode::none, Low>(o, per_segment));
+        return fn(make_sgd_functor<MomentumMode::none, Low, Grad>(o, per_segment));
       case MomentumMode::first_step:
-        return fn(make_sgd_functor<MomentumMode::first_step, Low>(o, per_segment));
+        return fn(make_sgd_functor<MomentumMode::first_step, Low, Grad>(o, per_segment));
       case MomentumMode::running:
-        return fn(make_sgd_functor<MomentumMode::running, Low>(o, per_segment));
+        return fn(make_sgd_functor<MomentumMode::running, Low, Grad>(o, per_segment));
     }
-  };
-  if (low == DType::f16) return with_low.template operator()<Half>();
-  if (low == DType::bf16) return with_low.template operator()<BFloat16>();
-  check(low == DType::f32, "low-precision parameter copies must be f16 or bf16, got ",
-        dtype_name(low));
-  return with_low.template operator()<void>();
+  });
 }
 
 }  // namespace shardkit::ops

@@ -18,7 +18,8 @@
 // averages, a backward's gradients therefore go to transient bucket buffers whose reduction is
 // added in. Local accumulation (no_sync) sums before the one reduction: avg(g1 + g2).
 //
-// Gradients may travel in f16/bf16 (wire_dtype): the bucket is cast for the wire and back.
+// Gradients are kept in grad_dtype (f32, or the compute dtype under mixed precision) and may
+// travel in another wire_dtype: the bucket is cast for the wire and back.
 #pragma once
 
 #include <algorithm>
@@ -38,7 +39,13 @@ enum class GradSync { all_reduce, reduce_scatter };
 
 struct BucketerOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's 25 MiB
-  DType wire_dtype = DType::f32;                     // f16 / bf16 halve the traffic
+  // Gradients are kept in grad_dtype: f32, or under mixed precision the compute dtype (f16 /
+  // bf16: the gradients autograd forms for low-precision parameters). They travel in
+  // wire_dtype: grad_dtype itself; f32 to reduce low-precision gradients without rounding
+  // the sums (FairScale's fp32_reduce_scatter); or, for f32 gradients, f16 / bf16 to halve the
+  // traffic (rounded on the wire, kept f32 here).
+  DType grad_dtype = DType::f32;
+  DType wire_dtype = DType::f32;
   // Buckets in flight at once: launching one more first waits for the oldest. Bounds SDP's
   // transient memory to about (max_in_flight + the buckets being filled) x bucket_bytes.
   int max_in_flight = 2;
@@ -86,12 +93,14 @@ inline Tensor cast_for_wire(Context& ctx, const Tensor& values, DType wire_dtype
 
 class AllReduceGrads final : public GradSyncStrategy {
  public:
-  AllReduceGrads(Context& ctx, comm::Communicator& comm, const BucketPlan& plan, DType wire_dtype)
+  AllReduceGrads(Context& ctx, comm::Communicator& comm, const BucketPlan& plan, DType grad_dtype,
+                 DType wire_dtype)
       : ctx_(&ctx),
         comm_(&comm),
         plan_(&plan),
+        grad_dtype_(grad_dtype),
         wire_dtype_(wire_dtype),
-        full_(zeros(ctx, {plan.total_numel()}, DType::f32, MemoryCategory::gradients)) {}
+        full_(zeros(ctx, {plan.total_numel()}, grad_dtype, MemoryCategory::gradients)) {}
 
   Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
     if (!holds_averages()) return full_.flat_view(plan_->buckets()[b].base + at, shape);
@@ -104,7 +113,7 @@ class AllReduceGrads final : public GradSyncStrategy {
       state.buffer = full_.slice(0, bucket.base, bucket.base + bucket.numel);
     else if (!state.buffer.defined())
       state.buffer = transient(b);  // nothing was asked: all zero
-    if (wire_dtype_ != DType::f32) {
+    if (wire_dtype_ != grad_dtype_) {
       state.wire = detail::cast_for_wire(*ctx_, state.buffer, wire_dtype_);
       comm::assign(state.work, comm_->all_reduce(state.wire, comm::ReduceOp::avg));
     } else {
@@ -133,12 +142,13 @@ class AllReduceGrads final : public GradSyncStrategy {
 
  private:
   Tensor transient(std::size_t b) const {
-    return zeros(*ctx_, {plan_->buckets()[b].numel}, DType::f32, MemoryCategory::communication);
+    return zeros(*ctx_, {plan_->buckets()[b].numel}, grad_dtype_, MemoryCategory::communication);
   }
 
   Context* ctx_;
   comm::Communicator* comm_;
   const BucketPlan* plan_;
+  DType grad_dtype_;
   DType wire_dtype_;
   Tensor full_;  // every gradient, bucket after bucket
 };
@@ -146,13 +156,14 @@ class AllReduceGrads final : public GradSyncStrategy {
 class ReduceScatterGrads final : public GradSyncStrategy {
  public:
   ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const BucketPlan& plan,
-                     DType wire_dtype, ReduceScatterCoalescer* coalescer)
+                     DType grad_dtype, DType wire_dtype, ReduceScatterCoalescer* coalescer)
       : ctx_(&ctx),
         comm_(&comm),
         plan_(&plan),
+        grad_dtype_(grad_dtype),
         wire_dtype_(wire_dtype),
         coalescer_(coalescer),
-        owned_(zeros(ctx, {plan.owned_numel()}, DType::f32, MemoryCategory::gradients)) {}
+        owned_(zeros(ctx, {plan.owned_numel()}, grad_dtype, MemoryCategory::gradients)) {}
 
   Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
     if (!state.buffer.defined()) state.buffer = transient(b);
@@ -163,10 +174,10 @@ class ReduceScatterGrads final : public GradSyncStrategy {
     if (!state.buffer.defined()) state.buffer = transient(b);  // nothing was asked: all zero
     const Tensor target = owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel);
     const Tensor& send =
-        wire_dtype_ != DType::f32
+        wire_dtype_ != grad_dtype_
             ? (state.wire = detail::cast_for_wire(*ctx_, state.buffer, wire_dtype_))
             : state.buffer;
-    if (wire_dtype_ != DType::f32 || holds_averages())
+    if (wire_dtype_ != grad_dtype_ || holds_averages())
       state.out = empty(*ctx_, {bucket.own_numel}, send.dtype(), MemoryCategory::communication);
     const Tensor& recv = state.out.defined() ? state.out : target;
     if (coalescer_ != nullptr && send.nbytes() < coalescer_->capacity_bytes())
@@ -195,12 +206,13 @@ class ReduceScatterGrads final : public GradSyncStrategy {
 
  private:
   Tensor transient(std::size_t b) const {
-    return zeros(*ctx_, {plan_->buckets()[b].numel}, DType::f32, MemoryCategory::communication);
+    return zeros(*ctx_, {plan_->buckets()[b].numel}, grad_dtype_, MemoryCategory::communication);
   }
 
   Context* ctx_;
   comm::Communicator* comm_;
   const BucketPlan* plan_;
+  DType grad_dtype_;
   DType wire_dtype_;
   ReduceScatterCoalescer* coalescer_;  // small buckets go out with others (nullptr: alone)
   Tensor owned_;                       // this rank's parts, bucket after bucket
@@ -218,10 +230,11 @@ class GradBucketer {
         schedule_(buckets_.items_per_bucket(), options.max_in_flight),
         states_(buckets_.buckets().size()) {
     if (sync == GradSync::all_reduce)
-      strategy_ = std::make_unique<AllReduceGrads>(ctx, comm, buckets_, options.wire_dtype);
+      strategy_ = std::make_unique<AllReduceGrads>(ctx, comm, buckets_, options.grad_dtype,
+                                                   options.wire_dtype);
     else
-      strategy_ =
-          std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, options.wire_dtype, coalescer);
+      strategy_ = std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, options.grad_dtype,
+                                                       options.wire_dtype, coalescer);
     ready_.assign(plan.layout().size(), false);
   }
 
@@ -305,9 +318,20 @@ class GradBucketer {
                                        const BucketerOptions& options) {
     check(options.bucket_bytes > 0, "bucket size is 0 bytes; pass a positive size (PyTorch DDP ",
           "uses 25 MiB, FairScale SDP 2^23 elements)");
+    check(options.grad_dtype == DType::f32 || options.grad_dtype == DType::f16 ||
+              options.grad_dtype == DType::bf16,
+          "gradients are kept as f32, f16 or bf16, not ", dtype_name(options.grad_dtype));
     check(options.wire_dtype == DType::f32 || options.wire_dtype == DType::f16 ||
               options.wire_dtype == DType::bf16,
           "gradients can travel as f32, f16 or bf16, not ", dtype_name(options.wire_dtype));
+    // A 16-bit wire of the other 16-bit format would round (f16 -> bf16 loses mantissa) or
+    // overflow (bf16 -> f16 loses range) without anyone asking for it.
+    check(options.grad_dtype == DType::f32 || options.wire_dtype == DType::f32 ||
+              options.wire_dtype == options.grad_dtype,
+          "gradients kept in ", dtype_name(options.grad_dtype), " cannot travel as ",
+          dtype_name(options.wire_dtype), ": that loses ",
+          options.grad_dtype == DType::bf16 ? "range (f16 overflows at 65504)" : "precision",
+          " silently; reduce in ", dtype_name(options.grad_dtype), " or in f32");
     check(comm.size() == plan.world_size(), "the shard plan is for ", plan.world_size(),
           " ranks but the communicator has ", comm.size());
     return plan;
