@@ -136,8 +136,11 @@ std::unique_ptr<sk::parallel::FsdpEngine<Ops>> make_engine(
   std::vector<sk::parallel::FsdpUnitParams> units;  // unit l: fc(l+1).weight and .bias
   for (std::size_t i = 0; i < specs.size(); i += 2)
     units.push_back({"fc" + std::to_string(i / 2 + 1), {specs[i], specs[i + 1]}});
+  sk::parallel::FsdpEngineOptions options;
+  options.buckets = s.parallel.buckets;
+  options.precision = s.parallel.precision;
   auto fsdp = std::make_unique<sk::parallel::FsdpEngine<Ops>>(ctx, comm, std::move(units),
-                                                              s.optimizer, s.parallel.buckets);
+                                                              s.optimizer, options);
   fsdp->set_full_params([&](std::size_t i, const sk::Tensor& view) {
     init_mlp_param(ctx, s.widths, i, view);
   });

@@ -197,4 +197,21 @@ inline double max_relative_difference(const std::vector<float>& a, const std::ve
   return worst;
 }
 
+// Two optimizer states alike: kind, steps, names, shapes, and every buffer (bitwise for
+// tolerance 0).
+inline bool states_equal(const sk::optim::OptimizerState& a, const sk::optim::OptimizerState& b,
+                         double tolerance) {
+  if (a.kind != b.kind || a.steps != b.steps || a.params.size() != b.params.size()) return false;
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    const auto &x = a.params[i], &y = b.params[i];
+    if (x.name != y.name || x.shape != y.shape) return false;
+    if (x.buffers.size() != y.buffers.size()) return false;
+    for (const auto& [name, values] : x.buffers)
+      if (tolerance == 0 ? !bitwise_equal(values, y.buffer(name))
+                         : max_relative_difference(values, y.buffer(name)) > tolerance)
+        return false;
+  }
+  return true;
+}
+
 }  // namespace dp_test

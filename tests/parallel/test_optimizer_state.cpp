@@ -16,24 +16,6 @@ using namespace dp_test;
 using Cpu = sk::ops::Cpu;
 using sk::optim::OptimizerState;
 
-namespace {
-
-bool states_equal(const OptimizerState& a, const OptimizerState& b, double tolerance) {
-  if (a.kind != b.kind || a.steps != b.steps || a.params.size() != b.params.size()) return false;
-  for (std::size_t i = 0; i < a.params.size(); ++i) {
-    const auto &x = a.params[i], &y = b.params[i];
-    if (x.name != y.name || x.shape != y.shape) return false;
-    if (x.buffers.size() != y.buffers.size()) return false;
-    for (const auto& [name, values] : x.buffers)
-      if (tolerance == 0 ? !bitwise_equal(values, y.buffer(name))
-                         : max_relative_difference(values, y.buffer(name)) > tolerance)
-        return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 TEST_CASE("the state consolidated on one rank equals DDP's full optimizer state") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {1, 3, 4}) {

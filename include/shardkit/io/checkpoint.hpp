@@ -1,7 +1,9 @@
 // Training checkpoints of any stage, loadable into any stage and any world size:
 //
 //   save_checkpoint(dir, state, {.layout = full})     rank 0 writes model.safetensors (every
-//       parameter whole, with PyTorch's state-dict names, plus buffers) and
+//       parameter whole in f32 -- under mixed precision the f32 master, so a checkpoint does
+//       not depend on the precision it was trained in --, with PyTorch's state-dict names,
+//       plus buffers) and
 //       optimizer.safetensors (every state buffer whole). The owners' pieces stream to rank
 //       0's writer chunk by chunk (optim::stream_pieces), each written straight to its place in
 //       the file: no rank ever holds more than one chunk beyond its own shards -- the
@@ -162,7 +164,7 @@ void save_full(const std::string& dir, parallel::TrainingState<Backend>& state,
                   static_cast<std::size_t>(count) * sizeof(float));
     };
   };
-  optim::stream_pieces(ctx, comm, table, optimizer.piece_params(), 0,
+  optim::stream_pieces(ctx, comm, table, optimizer.master_params(), 0,
                        sink_into(model_file.get(), ""), options.chunk_numel);
   for (const auto& buffer : buffers)
     optim::stream_pieces(ctx, comm, table, optim::state_views(optimizer.pieces(), buffer.values), 0,
@@ -203,7 +205,7 @@ void save_sharded(const std::string& dir, parallel::TrainingState<Backend>& stat
   };
   if (saves_pieces) {
     for (std::size_t k = 0; k < pieces.size(); ++k) {
-      add_piece(pieces[k], "", optimizer.piece_params()[k]);
+      add_piece(pieces[k], "", optimizer.master_params()[k]);
       for (const auto& buffer : optimizer.state_buffers()) {
         const Tensor& b = buffer.values;
         add_piece(pieces[k], std::string(buffer.name),
@@ -292,8 +294,12 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState
       continue;
     }
     const TensorInfo& info = *found->second.tensor;
-    check<IoError>(info.dtype == t.dtype() && info.shape == t.shape(), where, ": '", name, "' is ",
-                   dtype_name(info.dtype), shape_str(info.shape), " there but ",
+    // An f32 tensor loads into an f16/bf16 one (a run of another precision): rounded, as the
+    // compute copies are.
+    const bool converts =
+        info.dtype == DType::f32 && (t.dtype() == DType::f16 || t.dtype() == DType::bf16);
+    check<IoError>((info.dtype == t.dtype() || converts) && info.shape == t.shape(), where, ": '",
+                   name, "' is ", dtype_name(info.dtype), shape_str(info.shape), " there but ",
                    dtype_name(t.dtype()), shape_str(t.shape()),
                    " here; build the model the checkpoint was written from");
     whole.erase(found);
@@ -341,7 +347,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState
   const auto& pieces = optimizer.pieces();
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const auto& name = table.params()[pieces[k].param].name;
-    put(source.pieces(name), pieces[k], optimizer.piece_params()[k]);
+    put(source.pieces(name), pieces[k], optimizer.master_params()[k]);
     for (const auto& buffer : buffers) {
       const Tensor target = buffer.values.slice(0, pieces[k].state_offset,
                                                 pieces[k].state_offset + pieces[k].numel());
@@ -354,9 +360,18 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState
   }
   for (const auto& [name, t] : state.replicated) {
     const PieceSource& p = source.replicated().at(name);
-    copy_to_tensor(ctx, p.file->read(*p.tensor), t);
+    const NamedBytes bytes = p.file->read(*p.tensor);
+    if (bytes.dtype == t.dtype()) {
+      copy_to_tensor(ctx, bytes, t);
+      continue;
+    }
+    Context host;  // f32 -> f16/bf16: through an f32 tensor, rounded by the copy
+    Tensor wide = empty(host, t.shape(), bytes.dtype);
+    copy_to_tensor(host, bytes, wide);
+    copy(ctx, t, wide);
   }
   optimizer.set_steps(source.steps());
+  optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
   if (state.after_load) state.after_load();
   return LoadedCheckpoint{source.layout(), source.world_size(), source.stage(), source.steps(),
                           source.metadata()};

@@ -57,19 +57,18 @@ class ParamNorms {
   std::vector<std::vector<double>> sums(const std::vector<std::vector<Tensor>>& operands) {
     const auto& pieces = table_->pieces(rank_);
     const std::size_t n_ops = operands.size();
-    std::vector<Tensor> all;
+    // Leaf sums of each operand list (one dtype each: f32 masters, f16/bf16 gradients).
+    std::vector<double> leaves;
     for (const auto& views : operands) {
       check(views.size() == pieces.size(), "ParamNorms::sums: ", views.size(), " views for ",
             pieces.size(), " pieces; pass one per piece");
-      all.insert(all.end(), views.begin(), views.end());
-    }
-    std::vector<double> leaves;
-    if (!all.empty()) {
       std::int64_t total = 0;
-      for (const auto& t : all) total += ops::norm_leaves(t.numel());
+      for (const auto& t : views) total += ops::norm_leaves(t.numel());
+      if (total == 0) continue;
       const Tensor on_device = empty(*ctx_, {total}, DType::f64, MemoryCategory::other);
-      ops::leaf_sums_of_squares<Backend>(*ctx_, all, on_device);
-      leaves = to_vector<double>(*ctx_, on_device);
+      ops::leaf_sums_of_squares<Backend>(*ctx_, views, on_device);
+      const auto values = to_vector<double>(*ctx_, on_device);
+      leaves.insert(leaves.end(), values.begin(), values.end());
     }
     // This rank's cover values, operand after operand, piece after piece.
     std::vector<double> mine;

@@ -77,9 +77,13 @@ class ShardedOptimizer {
   SK_REQUIRE_OPS_BACKEND(Backend, "ShardedOptimizer<Backend>");
 
  public:
-  // Updates the pieces `table.pieces(rank)`; `piece_params[k]` is the f32 view of piece k's
-  // parameter elements. `norm_comm` joins the table's ranks for norms of parameters split
-  // over them (nullptr: one rank, or a replicated table).
+  // Updates the pieces `table.pieces(rank)`; `piece_params[k]` views piece k's parameter
+  // elements. f32 views are the parameters themselves. f16/bf16 views are the compute copy of
+  // mixed precision: the optimizer then keeps an f32 master of its pieces (MemoryCategory::
+  // optimizer_state, as the ZeRO paper counts it; laid out like the state buffers), starting
+  // from the copy's values (set_master for exact ones), updates the master and writes the
+  // rounded copy in the same fused pass. `norm_comm` joins the table's ranks for norms of
+  // parameters split over them (nullptr: one rank, or a replicated table).
   ShardedOptimizer(Context& ctx, const shard::PieceTable& table, int rank,
                    std::vector<Tensor> piece_params, OptimizerConfig config,
                    comm::Communicator* norm_comm)
@@ -99,6 +103,25 @@ class ShardedOptimizer {
       ops::validate(config_.larc);
     }
     if (config_.kind == OptimizerKind::adamw) config_.adam.decoupled_weight_decay = true;
+    const DType dtype = piece_params_.empty() ? DType::f32 : piece_params_[0].dtype();
+    for (const auto& p : piece_params_)
+      check(p.dtype() == dtype &&
+                (dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16),
+            "ShardedOptimizer: parameter views are f32, or all f16 / all bf16 (mixed "
+            "precision), got ",
+            dtype_name(p.dtype()), " beside ", dtype_name(dtype));
+    if (dtype == DType::f32) {
+      master_ = piece_params_;
+    } else {
+      master_buffer_ =
+          zeros(ctx, {table.state_numel(rank)}, DType::f32, MemoryCategory::optimizer_state);
+      const auto& pieces = table.pieces(rank);
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
+        master_.push_back(master_buffer_.slice(0, pieces[k].state_offset,
+                                               pieces[k].state_offset + pieces[k].numel()));
+        copy(ctx, master_.back(), piece_params_[k]);
+      }
+    }
     for (auto name : state_buffer_names(config_))
       buffers_.push_back(StateBuffer{name, zeros(ctx, {table.state_numel(rank)}, DType::f32,
                                                  MemoryCategory::optimizer_state)});
@@ -118,8 +141,10 @@ class ShardedOptimizer {
       if (buffers_.size() > 0) a.push_back(buffers_[0].values.slice(0, at, at + piece.numel()));
       if (buffers_.size() > 1) b.push_back(buffers_[1].values.slice(0, at, at + piece.numel()));
     }
-    const std::vector<Tensor>& p = piece_params_;
+    const std::vector<Tensor>& p = master_;
     const std::vector<Tensor>& g = grads;
+    const std::vector<Tensor> none;
+    const std::vector<Tensor>& low = mixed_precision() ? piece_params_ : none;
     ++steps_;
     if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
       if (config_.kind == OptimizerKind::larc_sgd)  // norms' exchange may be collective
@@ -132,7 +157,7 @@ class ShardedOptimizer {
         o.lr = lr;
         o.first_step = steps_ == 1;
         o.inv_grad_scale = inv_grad_scale;
-        ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, {}});
+        ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, low});
         break;
       }
       case OptimizerKind::larc_sgd: {
@@ -140,7 +165,7 @@ class ShardedOptimizer {
         o.lr = lr;
         o.first_step = steps_ == 1;
         const Tensor coefficients = larc_coefficients(p, g, lr, inv_grad_scale);
-        ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, {}}, coefficients);
+        ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, low}, coefficients);
         break;
       }
       case OptimizerKind::adam:
@@ -149,7 +174,7 @@ class ShardedOptimizer {
         o.lr = lr;
         o.step = steps_;
         o.inv_grad_scale = inv_grad_scale;
-        ops::adam_step<Backend>(*ctx_, o, ops::AdamTensors{p, g, a, b, {}});
+        ops::adam_step<Backend>(*ctx_, o, ops::AdamTensors{p, g, a, b, low});
         break;
       }
     }
@@ -192,7 +217,33 @@ class ShardedOptimizer {
   const shard::PieceTable& table() const { return *table_; }
   const OptimizerConfig& config() const { return config_; }
   const std::vector<shard::OwnedPiece>& pieces() const { return table_->pieces(rank_); }
+  // The views given at construction: the parameters, or under mixed precision their compute
+  // copy.
   const std::vector<Tensor>& piece_params() const { return piece_params_; }
+  // The f32 values the optimizer updates (what checkpoints save): piece_params() itself, or
+  // under mixed precision the f32 master.
+  const std::vector<Tensor>& master_params() const { return master_; }
+  bool mixed_precision() const { return master_buffer_.defined(); }
+  DType compute_dtype() const {
+    return piece_params_.empty() ? DType::f32 : piece_params_[0].dtype();
+  }
+  // Mixed precision: piece k's master takes exact f32 values (a view of piece k's elements).
+  void set_master(std::size_t k, const Tensor& values) {
+    check(k < master_.size(), "ShardedOptimizer::set_master: no piece ", k);
+    copy(*ctx_, master_[k], values);
+    if (mixed_precision()) copy(*ctx_, piece_params_[k], master_[k]);
+  }
+  // After the masters were written (a checkpoint load): the compute copies take their rounded
+  // values. Nothing to do without mixed precision.
+  void copy_masters_to_params() {
+    if (!mixed_precision()) return;
+    for (std::size_t k = 0; k < master_.size(); ++k) copy(*ctx_, piece_params_[k], master_[k]);
+  }
+  // After the compute copies were written (e.g. broadcast): the masters take their values.
+  void copy_params_to_masters() {
+    if (!mixed_precision()) return;
+    for (std::size_t k = 0; k < master_.size(); ++k) copy(*ctx_, master_[k], piece_params_[k]);
+  }
   // The state buffers over this rank's state range, by PyTorch's names (momentum_buffer;
   // exp_avg and exp_avg_sq); none without state. The handles share the storage:
   // load_optimizer_state() writes through them.
@@ -221,6 +272,8 @@ class ShardedOptimizer {
   const shard::PieceTable* table_;
   int rank_;
   std::vector<Tensor> piece_params_;
+  Tensor master_buffer_;        // mixed precision: the f32 master of this rank's pieces
+  std::vector<Tensor> master_;  // per piece: views of it, or piece_params_ without
   OptimizerConfig config_;
   ParamNorms<Backend> norms_;
   std::vector<std::size_t> by_name_;  // table parameters in the order of their names

@@ -12,6 +12,12 @@
 //
 // consolidate_optimizer_state() gathers the whole optimizer state on one rank, by parameter
 // name; load_optimizer_state() re-shards it for any stage, partition or world size.
+//
+// Mixed precision (options.precision, mixed_precision.hpp): param(i) is the f16/bf16 compute
+// copy, whole on every rank; gradients are kept in it and reduced in reduce_dtype; the f32
+// master lives in the optimizer for the pieces this rank updates (every piece under ddp,
+// the rank's range under oss/sdp), and after a step the owners' rounded copies are
+// all-gathered in the compute dtype. Initialise with set_full_params (exact f32 masters).
 #pragma once
 
 #include <algorithm>
@@ -25,6 +31,7 @@
 #include "shardkit/optim/optimizer_state.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
+#include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/parallel/training_state.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
@@ -36,8 +43,9 @@ struct DataParallelOptions {
   // The even flat split (padded, FSDP-style) holds exactly 1/N of the state on every rank;
   // greedy keeps whole parameters per rank (FairScale's OSS) at a cost on the most loaded.
   shard::PartitionKind partition = shard::PartitionKind::flat;
-  shard::BucketerOptions buckets;
-  bool broadcast_fp16 = false;  // oss/sdp: parameters travel as f16 after the step
+  shard::BucketerOptions buckets;  // grad_dtype and wire_dtype follow `precision` when it is on
+  bool broadcast_fp16 = false;     // oss/sdp, f32: parameters travel as f16 after the step
+  MixedPrecision precision;        // off (f32) by default
 };
 
 template <class Backend>
@@ -47,11 +55,12 @@ class DataParallel {
                optim::OptimizerConfig optimizer, DataParallelOptions options = {})
       : comm_(&comm),
         options_(checked(options)),
-        group_(ctx, comm, specs, options.partition),
+        group_(ctx, comm, specs, options.partition, Residency::replicated,
+               options_.precision.param_dtype),
         bucketer_(ctx, comm, group_.plan(),
                   options.stage == Stage::sdp ? shard::GradSync::reduce_scatter
                                               : shard::GradSync::all_reduce,
-                  options.buckets),
+                  options_.buckets),
         table_(shard::PieceTable::of_plan(group_.plan(), options.stage == Stage::ddp)),
         pieces_(group_.updated_pieces(options.stage == Stage::ddp)),
         optimizer_(ctx, table_, comm.rank(), group_.piece_params(pieces_), optimizer, &comm) {
@@ -69,7 +78,25 @@ class DataParallel {
   comm::Communicator& communicator() const { return *comm_; }
 
   // Makes every rank's parameters equal to `root`'s (after each rank initialised its own).
-  void broadcast_parameters(int root = 0) { group_.broadcast(root); }
+  // Under mixed precision the masters then take the compute copy's (rounded) values: use
+  // set_full_params for exact ones.
+  void broadcast_parameters(int root = 0) {
+    group_.broadcast(root);
+    optimizer_.copy_params_to_masters();
+  }
+
+  // Sets every parameter from exact f32 values: fill(i, view) writes parameter i (an f32 view,
+  // spec order) on every rank, then rank `root`'s values hold everywhere -- the f32 masters
+  // exactly, the compute copy rounded under mixed precision. Collective.
+  template <class Fill>
+  void set_full_params(Fill&& fill, int root = 0) {
+    group_.set_from_f32(
+        fill,
+        [&](std::size_t k, const Tensor& values) {
+          if (optimizer_.mixed_precision()) optimizer_.set_master(k, values);
+        },
+        pieces_, root);
+  }
 
   // Backward side: add the gradient of parameter i into grad(i), then ready(i).
   Tensor grad(std::size_t i) { return bucketer_.grad(i); }
@@ -130,7 +157,7 @@ class DataParallel {
     const auto& layout = group_.plan().layout();
     for (std::size_t i = 0; i < layout.size(); ++i)
       if (!layout[i].trainable) state.replicated.emplace_back(layout[i].name, group_.param(i));
-    state.after_load = [this] {
+    state.after_load = [this] {  // (the optimizer wrote the owners' compute copies)
       if (options_.stage != Stage::ddp) group_.all_gather_owned(false);
     };
     state.stage = std::string(stage_name(options_.stage));
@@ -147,7 +174,18 @@ class DataParallel {
   static DataParallelOptions checked(DataParallelOptions options) {
     check(options.stage != Stage::fsdp,
           "DataParallel runs ddp, oss and sdp; for fsdp (ZeRO-3) "
-          "use parallel::Fsdp (custom loops) or ShardedModule with Stage::fsdp");
+          "use parallel::FsdpEngine (custom loops) or ShardedModule with Stage::fsdp");
+    validate(options.precision);
+    if (options.precision.enabled()) {
+      check(!options.broadcast_fp16,
+            "broadcast_fp16 is for f32 training; under mixed precision "
+            "the parameters already travel in ",
+            dtype_name(options.precision.param_dtype));
+      options.buckets.grad_dtype = options.precision.param_dtype;
+      options.buckets.wire_dtype = options.precision.reduce_dtype;
+    } else if (options.precision.reduce_dtype != DType::f32) {
+      options.buckets.wire_dtype = options.precision.reduce_dtype;  // f32 training, 16-bit wire
+    }
     return options;
   }
 

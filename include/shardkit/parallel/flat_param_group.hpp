@@ -3,6 +3,9 @@
 // and the collectives that keep the ranks' copies in step. DataParallel is one group under a
 // stage policy; FSDP is one group per unit.
 //
+// The buffer's dtype is the compute dtype: f32, or f16/bf16 under mixed precision (the f32
+// master then lives in the sharded optimizer, for the pieces each rank updates).
+//
 // Residency::replicated (ddp, oss, sdp): every rank keeps the whole flat buffer, counted as
 // parameters. Residency::sharded (fsdp): a rank keeps only its even 1/N shard (parameters);
 // the whole buffer (communication) exists between gather() and release(), and the parameter
@@ -41,17 +44,45 @@ enum class Residency { replicated, sharded };
 class FlatParamGroup {
  public:
   FlatParamGroup(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
-                 shard::PartitionKind partition, Residency residency = Residency::replicated)
+                 shard::PartitionKind partition, Residency residency = Residency::replicated,
+                 DType dtype = DType::f32)
       : ctx_(&ctx),
         comm_(&comm),
         residency_(residency),
         plan_(specs, comm.size(), checked_partition(partition, residency)),
-        params_(ctx, plan_.layout(), DType::f32,
+        params_(ctx, plan_.layout(), dtype,
                 residency == Residency::replicated ? MemoryCategory::parameters
                                                    : MemoryCategory::communication) {
     if (residency == Residency::sharded)
-      shard_ = zeros(ctx, {plan_.numel(comm.rank())}, DType::f32, MemoryCategory::parameters);
+      shard_ = zeros(ctx, {plan_.numel(comm.rank())}, dtype, MemoryCategory::parameters);
   }
+
+  DType dtype() const { return params_.dtype(); }
+
+  // Sets every parameter from exact f32 values on every rank: fill(i, view) writes parameter i
+  // into an f32 view, rank `root`'s values are broadcast, and the group keeps them in its
+  // dtype (rounded under mixed precision); master(k, values) receives the f32 values of
+  // updated piece k (`pieces`, e.g. for the optimizer's master; without mixed precision they
+  // are the buffer's own). The whole buffer must be there (gathered). Without mixed precision
+  // the values go straight into the buffer.
+  template <class Fill, class Master>
+  void set_from_f32(Fill&& fill, Master&& master, const std::vector<shard::ParamPiece>& pieces,
+                    int root) {
+    const Tensor& flat = params_.flat();
+    const bool low = flat.dtype() != DType::f32;
+    Tensor wide =
+        low ? zeros(*ctx_, flat.shape(), DType::f32, MemoryCategory::communication) : flat;
+    if (!low) fill_zero();  // the padding too: no undefined bytes anywhere
+    const auto& layout = plan_.layout();
+    for (std::size_t i = 0; i < layout.size(); ++i)
+      fill(i, wide.flat_view(layout[i].offset, layout[i].shape));
+    comm_->broadcast(wide, root).wait();
+    for (std::size_t k = 0; k < pieces.size(); ++k)
+      master(k, wide.slice(0, pieces[k].flat_begin, pieces[k].flat_begin + pieces[k].numel()));
+    if (low) copy(*ctx_, flat, wide);
+    if (sharded()) copy_range_to_shard();
+  }
+  void fill_zero() { fill(*ctx_, params_.flat(), 0.0); }
 
   FlatParamGroup(const FlatParamGroup&) = delete;
   FlatParamGroup& operator=(const FlatParamGroup&) = delete;
@@ -120,7 +151,7 @@ class FlatParamGroup {
     const int rank = comm_->rank();
     const auto counts = plan_.counts();
     const Tensor trainable = params_.flat().slice(0, 0, plan_.trainable_end());
-    if (!f16_wire) {
+    if (!f16_wire || trainable.dtype() != DType::f32) {  // (a 16-bit buffer travels as it is)
       comm_->all_gather_v(trainable, counts).wait();
       return;
     }

@@ -45,6 +45,7 @@ struct FsdpOptions {
   // Buckets smaller than this, of any unit, are reduce-scattered together (FairScale's
   // bucket_cap_mb; 4 MiB here, see kDefaultCoalesceBytes); 0: each alone.
   std::size_t coalesce_bytes = kDefaultCoalesceBytes;
+  MixedPrecision precision;  // (ShardedModule sets it from its own options)
 };
 
 template <class Backend>
@@ -78,8 +79,12 @@ class Fsdp {
       if (spec.path.empty()) root_unit_ = modules_.size() - 1;
     }
     check(!engine_units.empty(), "FSDP: the model has no trainable parameter to shard");
+    FsdpEngineOptions engine_options;
+    engine_options.buckets = options_.buckets;
+    engine_options.coalesce_bytes = options_.coalesce_bytes;
+    engine_options.precision = options_.precision;
     engine_ = std::make_unique<FsdpEngine<Backend>>(ctx, comm, std::move(engine_units), optimizer,
-                                                    options_.buckets, options_.coalesce_bytes);
+                                                    engine_options);
     // The module's values become rank 0's, sharded; each parameter then views its unit's
     // gathered buffer (freed until a forward gathers it).
     engine_->set_full_params([&](std::size_t i, const Tensor& view) {

@@ -18,6 +18,12 @@
 // (MemoryCategory::communication) and freed once reduced. Accumulation: synchronised backwards
 // add each one's average into the shard (A + avg(g)); no_sync() keeps full local gradients
 // (the whole model's f32 gradients on every rank) and reduces their sum once.
+//
+// Mixed precision (options.precision): each rank keeps its shard of the compute copy (f16 /
+// bf16) and the optimizer the f32 master of it; units are gathered in the compute dtype,
+// gradients kept in it and reduce-scattered in reduce_dtype; the fused step updates the
+// master and writes the rounded shard. full_params() is then for reading (writes would not
+// reach the masters): set values with set_full_params.
 #pragma once
 
 #include <algorithm>
@@ -29,6 +35,7 @@
 
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
+#include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/training_state.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
 #include "shardkit/shard/piece_table.hpp"
@@ -48,18 +55,30 @@ struct FsdpUnitParams {
 // collectives are all latency, and leaves units of megabytes alone.
 inline constexpr std::size_t kDefaultCoalesceBytes = std::size_t{4} << 20;
 
+struct FsdpEngineOptions {
+  shard::BucketerOptions buckets;  // per unit (grad_dtype and wire_dtype follow `precision`)
+  // FairScale's bucket_cap_mb: gradient buckets smaller than this, of any unit, are
+  // reduce-scattered together up to this size (one collective for many small units); 0 sends
+  // each bucket alone.
+  std::size_t coalesce_bytes = kDefaultCoalesceBytes;
+  MixedPrecision precision;  // off (f32) by default
+};
+
 template <class Backend>
 class FsdpEngine {
  public:
-  // `coalesce_bytes` (FairScale's bucket_cap_mb): gradient buckets smaller than this, of any
-  // unit, are reduce-scattered together up to this size (one collective for many small units);
-  // 0 sends each bucket alone.
   FsdpEngine(Context& ctx, comm::Communicator& comm, std::vector<FsdpUnitParams> units,
-             optim::OptimizerConfig optimizer, shard::BucketerOptions buckets = {},
-             std::size_t coalesce_bytes = kDefaultCoalesceBytes)
+             optim::OptimizerConfig optimizer, FsdpEngineOptions options = {})
       : ctx_(&ctx), comm_(&comm), table_(comm.size(), false) {
-    if (coalesce_bytes > 0)
-      coalescer_ = std::make_unique<shard::ReduceScatterCoalescer>(ctx, comm, coalesce_bytes);
+    validate(options.precision);
+    shard::BucketerOptions buckets = options.buckets;
+    if (options.precision.enabled() || options.precision.reduce_dtype != DType::f32) {
+      buckets.grad_dtype = options.precision.param_dtype;
+      buckets.wire_dtype = options.precision.reduce_dtype;
+    }
+    if (options.coalesce_bytes > 0)
+      coalescer_ =
+          std::make_unique<shard::ReduceScatterCoalescer>(ctx, comm, options.coalesce_bytes);
     std::vector<Tensor> piece_params;
     for (auto& spec : units) {
       check(!spec.params.empty(), "FSDP unit '", spec.name,
@@ -70,12 +89,14 @@ class FsdpEngine {
       auto unit = std::make_unique<Unit>();
       unit->name = spec.name;
       unit->first_param = index_.size();
-      unit->group = std::make_unique<FlatParamGroup>(
-          ctx, comm, spec.params, shard::PartitionKind::flat, Residency::sharded);
+      unit->group =
+          std::make_unique<FlatParamGroup>(ctx, comm, spec.params, shard::PartitionKind::flat,
+                                           Residency::sharded, options.precision.param_dtype);
       unit->bucketer = std::make_unique<shard::GradBucketer>(ctx, comm, unit->group->plan(),
                                                              shard::GradSync::reduce_scatter,
                                                              buckets, coalescer_.get());
       unit->pieces = unit->group->updated_pieces(false);
+      unit->first_piece = piece_grads_.size();
       table_.append_plan(unit->group->plan(), false);
       for (auto& view : unit->group->piece_params(unit->pieces)) piece_params.push_back(view);
       for (const auto& piece : unit->pieces)
@@ -108,17 +129,21 @@ class FsdpEngine {
     return units_[at.unit]->group->param(at.local);
   }
 
-  // Sets every unit's full parameters: fill(i, view) writes parameter i on every rank, then
-  // rank `root`'s values are broadcast and each rank keeps its shard. One unit is whole at a
-  // time. Collective.
+  // Sets every unit's full parameters from exact f32 values: fill(i, view) writes parameter i
+  // (an f32 view) on every rank, then rank `root`'s values are broadcast and each rank keeps
+  // its shard -- and under mixed precision the exact f32 master of it, the shard rounded. One
+  // unit is whole at a time. Collective.
   template <class Fill>
   void set_full_params(Fill&& fill, int root = 0) {
     for (auto& unit : units_) {
       unit->group->materialize();
-      fill_zero(*unit);  // the padding too: shards never hold undefined bytes
-      for (std::size_t i = 0; i < unit->ready.size(); ++i)
-        fill(unit->first_param + i, unit->group->param(i));
-      unit->group->broadcast(root);
+      unit->group->set_from_f32(
+          [&](std::size_t i, const Tensor& view) { fill(unit->first_param + i, view); },
+          [&](std::size_t k, const Tensor& values) {
+            if (optimizer_->mixed_precision())
+              optimizer_->set_master(unit->first_piece + k, values);
+          },
+          unit->pieces, root);
       release_unit(*unit);
     }
   }
@@ -156,8 +181,9 @@ class FsdpEngine {
       for (std::size_t u = 0; u < engine_->unit_count(); ++u) engine_->gather(u);
     }
     ~FullParams() {
+      const bool writeback = !engine_->optimizer_->mixed_precision();  // (see the top)
       for (auto& unit : engine_->units_) {
-        unit->group->copy_range_to_shard();
+        if (writeback) unit->group->copy_range_to_shard();
         engine_->release_unit(*unit);
       }
     }
@@ -273,6 +299,7 @@ class FsdpEngine {
   struct Unit {
     std::string name;
     std::size_t first_param = 0;
+    std::size_t first_piece = 0;  // its pieces' first index in the optimizer's piece list
     std::unique_ptr<FlatParamGroup> group;
     std::unique_ptr<shard::GradBucketer> bucketer;
     std::vector<shard::ParamPiece> pieces;
@@ -302,7 +329,6 @@ class FsdpEngine {
            "' are not gathered: they exist only during the unit's forward and backward; run "
            "the module (its hooks gather them), or call gather() in a custom loop";
   }
-  void fill_zero(Unit& unit) { fill(*ctx_, unit.group->params().flat(), 0.0); }
   void release_unit(Unit& unit) {
     if (unit.gathering) {  // a prefetch nobody used: complete it before freeing its buffer
       unit.pending.wait();

@@ -39,18 +39,20 @@ inline Stage parse_stage(std::string_view name) {
                         "'; use ddp, oss (ZeRO-1), sdp (ZeRO-2) or fsdp (ZeRO-3)");
 }
 
-// Model-state bytes per rank by the ZeRO accounting (docs/semantics.md): f32 parameters and
-// gradients (4 bytes each) and k bytes of optimizer state per parameter, psi parameters.
-inline double zero_model_state_bytes(Stage stage, double psi, double k, int n) {
+// Model-state bytes per rank by the ZeRO accounting (docs/semantics.md): parameters and
+// gradients of `bytes` each (4 in f32 training; 2 under mixed precision, where the f32 master
+// counts in the optimizer state) and k bytes of optimizer state per parameter (f32 Adam 8;
+// mixed-precision Adam 12, the master included), psi parameters, n ranks.
+inline double zero_model_state_bytes(Stage stage, double psi, double k, int n, double bytes = 4) {
   switch (stage) {
     case Stage::ddp:
-      return (4 + 4 + k) * psi;
+      return (2 * bytes + k) * psi;
     case Stage::oss:
-      return 8 * psi + k * psi / n;
+      return 2 * bytes * psi + k * psi / n;
     case Stage::sdp:
-      return 4 * psi + (4 + k) * psi / n;
+      return bytes * psi + (bytes + k) * psi / n;
     case Stage::fsdp:
-      return (8 + k) * psi / n;
+      return (2 * bytes + k) * psi / n;
   }
   return 0;
 }

@@ -1,0 +1,331 @@
+// Mixed precision under every stage: with a bf16 or f16 compute copy (gradients in it, f32
+// masters in the optimizer), OSS, SDP and FSDP equal DDP of the same precision bit for bit --
+// masters, compute copies and optimizer state; masters start exact; model state per rank
+// follows the ZeRO paper's (2 + 2 + K)Ψ accounting; checkpoints move between precisions; bad
+// policies are named.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dp_test_model.hpp"
+#include "shardkit/io/checkpoint.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/optim/consolidation.hpp"
+#include "shardkit/parallel/data_parallel.hpp"
+#include "shardkit/parallel/fsdp_engine.hpp"
+
+namespace sk = shardkit;
+using namespace dp_test;
+using Cpu = sk::ops::Cpu;
+using sk::parallel::FsdpEngine;
+using sk::parallel::MixedPrecision;
+
+namespace {
+
+// Every trainable parameter of model_specs() (the frozen one left out: FSDP units hold
+// trainable parameters only), in three units.
+std::vector<sk::shard::ParamSpec> trainable_specs() {
+  std::vector<sk::shard::ParamSpec> out;
+  for (const auto& s : model_specs())
+    if (s.trainable) out.push_back(s);
+  return out;
+}
+
+std::vector<sk::parallel::FsdpUnitParams> units_of(const std::vector<sk::shard::ParamSpec>& specs) {
+  std::vector<sk::parallel::FsdpUnitParams> units(3);
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    units[i * 3 / specs.size()].params.push_back(specs[i]);
+  for (std::size_t u = 0; u < units.size(); ++u) units[u].name = "unit" + std::to_string(u);
+  return units;
+}
+
+// Exact f32 initial values of parameter i (the same on every rank: rank 0's hold anyway).
+void init_value(sk::Context& ctx, std::size_t i, const sk::Tensor& view) {
+  sk::Context values({.seed = 900 + i});
+  auto t = sk::empty(values, view.shape(), sk::DType::f32);
+  sk::uniform_(values, t, -0.5, 0.5);
+  sk::copy(ctx, view, t);
+}
+
+// A "backward" in the compute precision: g = 0.5·w + noise(rank, step, i) from the compute
+// copy, rounded into the gradient storage.
+void add_gradient(sk::Context& ctx, const sk::Tensor& param, const sk::Tensor& grad, int rank,
+                  int step, std::size_t i) {
+  sk::Context noise_ctx({.seed = 1000003ull * static_cast<std::uint64_t>(rank + 1) +
+                                 7919ull * static_cast<std::uint64_t>(step) + i});
+  auto noise = sk::empty(noise_ctx, param.shape(), sk::DType::f32);
+  sk::normal_(noise_ctx, noise, 0.0, 1.0);
+  const auto w = sk::to_vector<float>(ctx, sk::cast(ctx, param, sk::DType::f32));
+  std::vector<float> g(w.size());
+  const float* n = noise.data<float>();
+  for (std::size_t e = 0; e < g.size(); ++e) g[e] = 0.5f * w[e] + n[e];
+  sk::add_(ctx, grad, sk::from_vector(ctx, g, param.shape()));
+}
+
+struct Outcome {
+  std::vector<float> masters;  // rank 0: every parameter's f32 master, table order by name
+  std::vector<float> compute;  // rank 0: the compute copies (as f32), parameter order
+  sk::optim::OptimizerState state;
+  sk::MemorySnapshot memory;  // rank 0, after the last step
+};
+
+// Rank 0's masters, by parameter (streamed from their owners).
+template <class Optimizer>
+std::vector<float> gather_masters(sk::Context& ctx, sk::comm::Communicator& comm,
+                                  const Optimizer& optimizer) {
+  const auto& table = optimizer.table();
+  std::vector<std::vector<float>> by_param(table.params().size());
+  for (std::size_t p = 0; p < by_param.size(); ++p)
+    by_param[p].resize(static_cast<std::size_t>(table.params()[p].numel));
+  sk::optim::stream_pieces(
+      ctx, comm, table, optimizer.master_params(), 0,
+      [&](const sk::shard::OwnedPiece& piece, std::int64_t offset, const float* values,
+          std::int64_t count) {
+        std::copy_n(values, count, by_param[piece.param].begin() + piece.param_begin + offset);
+      });
+  std::vector<float> out;
+  for (const auto& v : by_param) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+Outcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
+                  MixedPrecision precision, int steps) {
+  Outcome out;
+  const auto specs = trainable_specs();
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    const int rank = comm.rank();
+    auto record = [&](auto& engine, auto&& compute_values) {
+      auto masters = gather_masters(ctx, comm, engine.optimizer());
+      auto state = sk::optim::consolidate_optimizer_state(engine.optimizer(), comm, 0);
+      auto compute = compute_values();
+      if (rank != 0) return;
+      out.masters = std::move(masters);
+      out.state = std::move(state);
+      out.compute = std::move(compute);
+      out.memory = ctx.memory_stats().snapshot();
+    };
+    if (stage == sk::parallel::Stage::fsdp) {
+      sk::parallel::FsdpEngineOptions options;
+      options.buckets.bucket_bytes = 1024;
+      options.precision = precision;
+      FsdpEngine<Cpu> engine(ctx, comm, units_of(specs), config_for(kind), options);
+      engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
+      for (int s = 0; s < steps; ++s) {
+        engine.zero_grad();
+        for (std::size_t u = engine.unit_count(); u-- > 0;) {  // backward order
+          engine.gather(u);
+          for (std::size_t i = engine.param_count(); i-- > 0;)
+            if (engine.unit_of(i) == u) {
+              add_gradient(ctx, engine.param(i), engine.grad(i), rank, s, i);
+              engine.ready(i);
+            }
+          engine.release(u);
+        }
+        engine.finish();
+        engine.step(lr_at(kind, s));
+      }
+      const auto memory = ctx.memory_stats().snapshot();
+      record(engine, [&] {
+        std::vector<float> values;
+        auto full = engine.full_params();
+        for (std::size_t i = 0; i < engine.param_count(); ++i) {
+          const auto v = sk::to_vector<float>(ctx, sk::cast(ctx, engine.param(i), sk::DType::f32));
+          values.insert(values.end(), v.begin(), v.end());
+        }
+        return values;
+      });
+      if (rank == 0) out.memory = memory;
+      return;
+    }
+    sk::parallel::DataParallelOptions options;
+    options.stage = stage;
+    options.buckets.bucket_bytes = 1024;
+    options.precision = precision;
+    DataParallel<Cpu> dp(ctx, comm, specs, config_for(kind), options);
+    dp.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
+    for (int s = 0; s < steps; ++s) {
+      dp.zero_grad();
+      for (std::size_t i = specs.size(); i-- > 0;) {
+        add_gradient(ctx, dp.param(i), dp.grad(i), rank, s, i);
+        dp.ready(i);
+      }
+      dp.finish();
+      dp.step(lr_at(kind, s));
+    }
+    const auto memory = ctx.memory_stats().snapshot();
+    record(dp, [&] {
+      std::vector<float> values;
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        const auto v = sk::to_vector<float>(ctx, sk::cast(ctx, dp.param(i), sk::DType::f32));
+        values.insert(values.end(), v.begin(), v.end());
+      }
+      return values;
+    });
+    if (rank == 0) out.memory = memory;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision: OSS, SDP and FSDP equal DDP of the same precision bit for bit") {
+  using sk::parallel::Stage;
+  for (auto dtype : {sk::DType::bf16, sk::DType::f16}) {
+    for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+      for (int world : {1, 2, 3, 4}) {
+        const auto precision = MixedPrecision::of(dtype);
+        const auto ddp = run_mixed(Stage::ddp, kind, world, precision, 6);
+        for (auto stage : {Stage::oss, Stage::sdp, Stage::fsdp}) {
+          const auto other = run_mixed(stage, kind, world, precision, 6);
+          const std::string what = std::string(sk::dtype_name(dtype)) + " " +
+                                   std::string(sk::optim::optimizer_kind_name(kind)) + " " +
+                                   std::string(sk::parallel::stage_name(stage)) +
+                                   " N=" + std::to_string(world);
+          CHECK_MESSAGE(bitwise_equal(other.masters, ddp.masters), what);
+          CHECK_MESSAGE(bitwise_equal(other.compute, ddp.compute), what);
+          CHECK_MESSAGE(states_equal(other.state, ddp.state, 0), what);
+        }
+      }
+    }
+  }
+  // bf16 gradients reduced in f32 (FairScale's fp32_reduce_scatter): the stages agree too.
+  const MixedPrecision fp32_reduce{sk::DType::bf16, sk::DType::f32};
+  const auto ddp = run_mixed(Stage::ddp, OptimizerKind::adamw, 3, fp32_reduce, 6);
+  for (auto stage : {Stage::oss, Stage::sdp, Stage::fsdp}) {
+    const auto other = run_mixed(stage, OptimizerKind::adamw, 3, fp32_reduce, 6);
+    CHECK(bitwise_equal(other.masters, ddp.masters));
+  }
+  // (The local communicator already sums 16-bit values in f32 and rounds once, so here
+  // reducing in bf16 gives these same bits; NCCL's bf16 reductions round as they go.)
+  CHECK(bitwise_equal(ddp.masters, run_mixed(Stage::ddp, OptimizerKind::adamw, 3,
+                                             MixedPrecision::of(sk::DType::bf16), 6)
+                                       .masters));
+  // The compute copy is the rounded master, and mixed precision is not f32 training.
+  const auto bf16 =
+      run_mixed(Stage::ddp, OptimizerKind::adamw, 2, MixedPrecision::of(sk::DType::bf16), 6);
+  const auto f32 = run_mixed(Stage::ddp, OptimizerKind::adamw, 2, MixedPrecision{}, 6);
+  REQUIRE(bf16.compute.size() == bf16.masters.size());
+  for (std::size_t e = 0; e < bf16.masters.size(); ++e)
+    REQUIRE(bf16.compute[e] == sk::bf16_bits_to_float(sk::float_to_bf16_bits(bf16.masters[e])));
+  CHECK_FALSE(bitwise_equal(bf16.masters, f32.masters));
+  double diff = 0, norm = 0;  // norm-wise: near-zero elements may differ in sign
+  for (std::size_t e = 0; e < f32.masters.size(); ++e) {
+    diff += std::pow(double(bf16.masters[e]) - f32.masters[e], 2);
+    norm += std::pow(double(f32.masters[e]), 2);
+  }
+  CHECK(std::sqrt(diff / norm) < 0.02);
+}
+
+TEST_CASE("mixed-precision model state per rank follows the ZeRO paper's (2 + 2 + K)Ψ, K = 12") {
+  using sk::parallel::Stage;
+  const int world = 4;
+  double psi = 0;
+  for (const auto& s : trainable_specs()) psi += static_cast<double>(sk::shape_numel(s.shape));
+  using C = sk::MemoryCategory;
+  for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+    const auto run =
+        run_mixed(stage, OptimizerKind::adamw, world, MixedPrecision::of(sk::DType::bf16), 2);
+    const auto& m = run.memory;
+    const double measured =
+        static_cast<double>(m.current_of(C::parameters) + m.current_of(C::gradients) +
+                            m.current_of(C::optimizer_state));
+    const double formula = sk::parallel::zero_model_state_bytes(stage, psi, 12, world, 2);
+    // Padding: each parameter aligned to 16 elements, each range (unit) to N x 16; 16 bytes of
+    // model state per element at most.
+    const double padding = (8.0 * 16 + 3.0 * world * 16) * 16;
+    CAPTURE(sk::parallel::stage_name(stage));
+    CHECK(measured >= formula);
+    CHECK(measured <= formula + padding);
+    CHECK(m.current_of(C::parameters) < m.current_of(C::optimizer_state));  // 2 vs 4 + 8 bytes
+  }
+}
+
+TEST_CASE("checkpoints move between precisions: masters are f32, compute copies follow") {
+  using sk::parallel::Stage;
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardkit_mixed_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto specs = trainable_specs();
+  std::vector<float> saved_masters;
+  // bf16 FSDP on 3 ranks saves; an f32 SDP run on 2 loads exactly the masters.
+  sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::FsdpEngineOptions options;
+    options.precision = MixedPrecision::of(sk::DType::bf16);
+    FsdpEngine<Cpu> engine(ctx, comm, units_of(specs), config_for(OptimizerKind::adamw), options);
+    engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
+    engine.zero_grad();
+    for (std::size_t u = engine.unit_count(); u-- > 0;) {
+      engine.gather(u);
+      for (std::size_t i = engine.param_count(); i-- > 0;)
+        if (engine.unit_of(i) == u) {
+          add_gradient(ctx, engine.param(i), engine.grad(i), comm.rank(), 0, i);
+          engine.ready(i);
+        }
+      engine.release(u);
+    }
+    engine.finish();
+    engine.step(0.01f);
+    sk::io::CheckpointOptions o;
+    o.layout = sk::io::CheckpointLayout::sharded;
+    sk::io::save_checkpoint(dir.string(), engine.training_state(), o);
+    auto masters = gather_masters(ctx, comm, engine.optimizer());
+    if (comm.rank() == 0) saved_masters = std::move(masters);
+  });
+  for (auto precision : {MixedPrecision{}, MixedPrecision::of(sk::DType::f16)}) {
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      sk::parallel::DataParallelOptions options;
+      options.stage = Stage::sdp;
+      options.precision = precision;
+      DataParallel<Cpu> dp(ctx, comm, specs, config_for(OptimizerKind::adamw), options);
+      (void)sk::io::load_checkpoint(dir.string(), dp.training_state());
+      const auto masters = gather_masters(ctx, comm, dp.optimizer());
+      if (comm.rank() != 0) return;
+      CHECK(bitwise_equal(masters, saved_masters));
+      // The compute copy is the master rounded to this run's precision.
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        const auto v = sk::to_vector<float>(ctx, sk::cast(ctx, dp.param(i), sk::DType::f32));
+        for (float x : v) {
+          const float m = saved_masters[at++];
+          const float want =
+              precision.enabled() ? sk::half_bits_to_float(sk::float_to_half_bits(m)) : m;
+          REQUIRE(x == want);
+        }
+      }
+    });
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("mixed-precision policies that lose information silently are refused by name") {
+  auto error_of = [](MixedPrecision precision, bool broadcast_fp16 = false) -> std::string {
+    try {
+      sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        sk::parallel::DataParallelOptions options;
+        options.stage = sk::parallel::Stage::oss;
+        options.precision = precision;
+        options.broadcast_fp16 = broadcast_fp16;
+        DataParallel<Cpu> dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
+      });
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  CHECK(error_of({sk::DType::bf16, sk::DType::f16})
+            .find("gradients computed in bf16 cannot be reduced in f16 (that loses range") !=
+        std::string::npos);
+  CHECK(error_of({sk::DType::f16, sk::DType::bf16}).find("loses precision") != std::string::npos);
+  CHECK(error_of({sk::DType::bf16, sk::DType::bf16, sk::DType::bf16})
+            .find("buffer_dtype bf16 is not supported") != std::string::npos);
+  CHECK(error_of(MixedPrecision::of(sk::DType::bf16), true)
+            .find("broadcast_fp16 is for f32 training") != std::string::npos);
+  CHECK(error_of({sk::DType::f64, sk::DType::f64}).find("param_dtype must be f32, f16 or bf16") !=
+        std::string::npos);
+  // Reducing bf16 gradients in f32 (FairScale's fp32_reduce_scatter) is fine.
+  CHECK(error_of({sk::DType::bf16, sk::DType::f32}) == "no error");
+}
