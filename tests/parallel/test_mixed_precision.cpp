@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,10 @@ void init_value(sk::Context& ctx, std::size_t i, const sk::Tensor& view) {
   sk::copy(ctx, view, t);
 }
 
-// A "backward" in the compute precision: g = 0.5·w + noise(rank, step, i) from the compute
-// copy, rounded into the gradient storage.
+// A "backward" in the compute precision: g = (0.5·w + noise(rank, step, i)) · scale from the
+// compute copy, rounded into the gradient storage; `poison` puts an inf in element 0.
 void add_gradient(sk::Context& ctx, const sk::Tensor& param, const sk::Tensor& grad, int rank,
-                  int step, std::size_t i) {
+                  int step, std::size_t i, double scale = 1, bool poison = false) {
   sk::Context noise_ctx({.seed = 1000003ull * static_cast<std::uint64_t>(rank + 1) +
                                  7919ull * static_cast<std::uint64_t>(step) + i});
   auto noise = sk::empty(noise_ctx, param.shape(), sk::DType::f32);
@@ -62,11 +63,24 @@ void add_gradient(sk::Context& ctx, const sk::Tensor& param, const sk::Tensor& g
   const auto w = sk::to_vector<float>(ctx, sk::cast(ctx, param, sk::DType::f32));
   std::vector<float> g(w.size());
   const float* n = noise.data<float>();
-  for (std::size_t e = 0; e < g.size(); ++e) g[e] = 0.5f * w[e] + n[e];
+  for (std::size_t e = 0; e < g.size(); ++e) g[e] = static_cast<float>((0.5 * w[e] + n[e]) * scale);
+  if (poison) g[0] = std::numeric_limits<float>::infinity();
   sk::add_(ctx, grad, sk::from_vector(ctx, g, param.shape()));
 }
 
+// Dynamic loss scaling in a run: the scaler's options, and one rank's gradient poisoned (an
+// inf) at one step.
+struct Scaling {
+  bool enabled = false;
+  sk::optim::LossScalerOptions options;
+  int poison_rank = -1;
+  int poison_step = -1;
+  int omit_step = -1;  // no backward, no step at all, the scale backed off (the reference)
+};
+
 struct Outcome {
+  std::vector<bool> stepped;  // per step: taken (true) or skipped
+  double final_scale = 0;
   std::vector<float> masters;  // rank 0: every parameter's f32 master, table order by name
   std::vector<float> compute;  // rank 0: the compute copies (as f32), parameter order
   sk::optim::OptimizerState state;
@@ -93,11 +107,27 @@ std::vector<float> gather_masters(sk::Context& ctx, sk::comm::Communicator& comm
 }
 
 Outcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
-                  MixedPrecision precision, int steps) {
+                  MixedPrecision precision, int steps, Scaling scaling = {}) {
   Outcome out;
   const auto specs = trainable_specs();
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     const int rank = comm.rank();
+    sk::optim::DynamicLossScaler scaler(scaling.options);
+    auto omitted = [&](int s) {
+      if (s != scaling.omit_step) return false;
+      scaler.update(true);
+      if (rank == 0) out.stepped.push_back(false);
+      return true;
+    };
+    auto scale_of = [&] { return scaling.enabled ? scaler.scale() : 1.0; };
+    auto poisoned = [&](int s, std::size_t i) {
+      return rank == scaling.poison_rank && s == scaling.poison_step && i == 1;
+    };
+    auto take_step = [&](auto& engine, int s) {
+      const bool stepped = scaling.enabled ? engine.step(lr_at(kind, s), scaler)
+                                           : (engine.step(lr_at(kind, s)), true);
+      if (rank == 0) out.stepped.push_back(stepped);
+    };
     auto record = [&](auto& engine, auto&& compute_values) {
       auto masters = gather_masters(ctx, comm, engine.optimizer());
       auto state = sk::optim::consolidate_optimizer_state(engine.optimizer(), comm, 0);
@@ -107,6 +137,7 @@ Outcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
       out.state = std::move(state);
       out.compute = std::move(compute);
       out.memory = ctx.memory_stats().snapshot();
+      out.final_scale = scaler.scale();
     };
     if (stage == sk::parallel::Stage::fsdp) {
       sk::parallel::FsdpEngineOptions options;
@@ -115,18 +146,20 @@ Outcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
       FsdpEngine<Cpu> engine(ctx, comm, units_of(specs), config_for(kind), options);
       engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
       for (int s = 0; s < steps; ++s) {
+        if (omitted(s)) continue;
         engine.zero_grad();
         for (std::size_t u = engine.unit_count(); u-- > 0;) {  // backward order
           engine.gather(u);
           for (std::size_t i = engine.param_count(); i-- > 0;)
             if (engine.unit_of(i) == u) {
-              add_gradient(ctx, engine.param(i), engine.grad(i), rank, s, i);
+              add_gradient(ctx, engine.param(i), engine.grad(i), rank, s, i, scale_of(),
+                           poisoned(s, i));
               engine.ready(i);
             }
           engine.release(u);
         }
         engine.finish();
-        engine.step(lr_at(kind, s));
+        take_step(engine, s);
       }
       const auto memory = ctx.memory_stats().snapshot();
       record(engine, [&] {
@@ -148,13 +181,14 @@ Outcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
     DataParallel<Cpu> dp(ctx, comm, specs, config_for(kind), options);
     dp.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
     for (int s = 0; s < steps; ++s) {
+      if (omitted(s)) continue;
       dp.zero_grad();
       for (std::size_t i = specs.size(); i-- > 0;) {
-        add_gradient(ctx, dp.param(i), dp.grad(i), rank, s, i);
+        add_gradient(ctx, dp.param(i), dp.grad(i), rank, s, i, scale_of(), poisoned(s, i));
         dp.ready(i);
       }
       dp.finish();
-      dp.step(lr_at(kind, s));
+      take_step(dp, s);
     }
     const auto memory = ctx.memory_stats().snapshot();
     record(dp, [&] {
@@ -328,4 +362,89 @@ TEST_CASE("mixed-precision policies that lose information silently are refused b
         std::string::npos);
   // Reducing bf16 gradients in f32 (FairScale's fp32_reduce_scatter) is fine.
   CHECK(error_of({sk::DType::bf16, sk::DType::f32}) == "no error");
+}
+
+TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, under every stage") {
+  using sk::parallel::Stage;
+  Scaling scaling;
+  scaling.enabled = true;
+  scaling.options.init_scale = 1024;
+  scaling.options.growth_interval = 3;
+  scaling.poison_rank = 1;
+  scaling.poison_step = 2;
+  const auto f16 = MixedPrecision::of(sk::DType::f16);
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    const auto ddp = run_mixed(Stage::ddp, kind, 3, f16, 7, scaling);
+    // Steps 0, 1 taken; 2 skipped (scale 1024 -> 512); 3, 4, 5 taken (-> 1024 after three);
+    // 6 taken.
+    CHECK(ddp.stepped == std::vector<bool>{true, true, false, true, true, true, true});
+    CHECK(ddp.final_scale == 1024);
+    CHECK(ddp.state.steps == 6);  // the skipped step does not count
+    for (auto stage : {Stage::oss, Stage::sdp, Stage::fsdp}) {
+      const auto other = run_mixed(stage, kind, 3, f16, 7, scaling);
+      CAPTURE(sk::parallel::stage_name(stage));
+      CHECK(other.stepped == ddp.stepped);
+      CHECK(bitwise_equal(other.masters, ddp.masters));
+      CHECK(states_equal(other.state, ddp.state, 0));
+    }
+    // The skipped step left everything as it was: equal to a run that never ran step 2.
+    Scaling omitted = scaling;
+    omitted.poison_rank = -1;
+    omitted.omit_step = 2;
+    const auto reference = run_mixed(Stage::sdp, kind, 3, f16, 7, omitted);
+    CHECK(reference.stepped == ddp.stepped);
+    CHECK(bitwise_equal(reference.masters, ddp.masters));
+    CHECK(states_equal(reference.state, ddp.state, 0));
+    // And the poisoned step is not a no-op by accident: without loss scaling it is taken.
+    Scaling off;
+    off.poison_rank = 1;
+    off.poison_step = 2;
+    const auto unscaled = run_mixed(Stage::ddp, kind, 3, f16, 7, off);
+    CHECK_FALSE(bitwise_equal(unscaled.masters, ddp.masters));
+  }
+}
+
+TEST_CASE("the loss scaler follows GradScaler's rules and refuses bad settings") {
+  sk::optim::DynamicLossScaler scaler(
+      {.init_scale = 8, .growth_factor = 2, .backoff_factor = 0.5, .growth_interval = 2});
+  scaler.update(false);
+  CHECK(scaler.scale() == 8);
+  CHECK(scaler.growth_tracker() == 1);
+  scaler.update(false);
+  CHECK(scaler.scale() == 16);
+  CHECK(scaler.growth_tracker() == 0);
+  scaler.update(false);
+  scaler.update(true);
+  CHECK(scaler.scale() == 8);
+  CHECK(scaler.growth_tracker() == 0);
+  CHECK(sk::optim::DynamicLossScaler().scale() == 65536);
+  CHECK_THROWS_WITH(sk::optim::DynamicLossScaler({.init_scale = 0}),
+                    doctest::Contains("init_scale must be a positive finite number"));
+  CHECK_THROWS_WITH(sk::optim::DynamicLossScaler({.backoff_factor = 1.5}),
+                    doctest::Contains("backoff_factor must be in (0, 1)"));
+  CHECK_THROWS_WITH(scaler.load(4, 7), doctest::Contains("growth tracker of 7 is outside [0, 2)"));
+}
+
+TEST_CASE("the loss scaler's state travels with the checkpoint") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardkit_scaler_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::DataParallelOptions options;
+    options.stage = sk::parallel::Stage::sdp;
+    options.precision = MixedPrecision::of(sk::DType::f16);
+    DataParallel<Cpu> dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
+    sk::optim::DynamicLossScaler scaler;
+    scaler.load(512, 7);
+    auto state = dp.training_state();
+    state.scaler = &scaler;
+    sk::io::save_checkpoint(dir.string(), state);
+    sk::optim::DynamicLossScaler fresh;
+    auto again = dp.training_state();
+    again.scaler = &fresh;
+    (void)sk::io::load_checkpoint(dir.string(), again);
+    CHECK(fresh.scale() == 512);
+    CHECK(fresh.growth_tracker() == 7);
+  });
+  std::filesystem::remove_all(dir);
 }

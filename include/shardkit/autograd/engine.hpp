@@ -166,6 +166,13 @@ inline void backward(Context& ctx, const Variable& root, const Tensor& grad = Te
   run_backward(ctx, root, grad, options);
 }
 
+// (loss · scale).backward() without forming the product: the seed gradient is `scale`
+// (torch.cuda.amp.GradScaler.scale(loss).backward(); scale from optim::DynamicLossScaler).
+inline void backward(Context& ctx, const Variable& root, double scale,
+                     BackwardOptions options = {}) {
+  run_backward(ctx, root, full(ctx, root.shape(), root.dtype(), scale), options);
+}
+
 // Frees the saved activations of the graph behind `root` without running backward (a forward
 // whose result will not be differentiated after all).
 inline void release_graph(const Variable& root) {

@@ -122,6 +122,13 @@ std::map<std::string, std::string> common_metadata(const parallel::TrainingState
   meta["shardkit.steps"] = std::to_string(state.optimizer->steps());
   meta["shardkit.stage"] = state.stage;
   meta["shardkit.world_size"] = std::to_string(state.comm->size());
+  meta["shardkit.precision"] = std::string(dtype_name(state.optimizer->compute_dtype()));
+  if (state.scaler != nullptr) {
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%.17g", state.scaler->scale());
+    meta["shardkit.loss_scale"] = scale;
+    meta["shardkit.growth_tracker"] = std::to_string(state.scaler->growth_tracker());
+  }
   return meta;
 }
 
@@ -372,6 +379,10 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState
   }
   optimizer.set_steps(source.steps());
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
+  // The loss scaler's state, when both the checkpoint and this run have one (a run without
+  // loss scaling has none to save; a run that gains one starts from its initial scale).
+  if (state.scaler != nullptr && source.loss_scale() > 0)
+    state.scaler->load(source.loss_scale(), source.growth_tracker());
   if (state.after_load) state.after_load();
   return LoadedCheckpoint{source.layout(), source.world_size(), source.stage(), source.steps(),
                           source.metadata()};

@@ -110,6 +110,9 @@ class CheckpointSource {
   optim::OptimizerKind optimizer_kind() const { return kind_; }
   // The trainable parameters, by name and shape, in the order they were saved.
   const ParamShapes& params() const { return params_; }
+  // The loss scaler's state at save time (scale 0: the run had no scaler).
+  double loss_scale() const { return loss_scale_; }
+  std::int64_t growth_tracker() const { return growth_tracker_; }
   // The caller's metadata given at save time.
   const std::map<std::string, std::string>& metadata() const { return user_; }
 
@@ -200,6 +203,19 @@ class CheckpointSource {
       if (!trainable.count(t.name)) whole_.emplace(t.name, whole(model, t));
     for (const auto& [key, value] : model.metadata())
       if (!is_reserved_checkpoint_key(key)) user_[key] = value;
+    read_scaler(model);
+  }
+
+  void read_scaler(const SafetensorsReader& file) {
+    const auto scale = file.metadata().find("shardkit.loss_scale");
+    if (scale == file.metadata().end()) return;
+    try {
+      loss_scale_ = std::stod(scale->second);
+    } catch (const std::exception&) {
+      fail<IoError>("'", file.path(), "': metadata 'shardkit.loss_scale' is '", scale->second,
+                    "', not a number");
+    }
+    growth_tracker_ = parse_count(file, "shardkit.growth_tracker");
   }
 
   void open_sharded(int world, std::vector<std::pair<int, std::string>> files) {
@@ -227,6 +243,7 @@ class CheckpointSource {
         params_ = info.params;
         for (const auto& [key, value] : file.metadata())
           if (!is_reserved_checkpoint_key(key)) user_[key] = value;
+        read_scaler(file);
       }
       check<IoError>(id == id_ && steps == steps_, "the sharded checkpoint in '", dir_,
                      "' mixes two saves: ", shard_file_name(0, world), " is from save ", id_,
@@ -283,6 +300,8 @@ class CheckpointSource {
   std::map<std::pair<std::string, std::string>, std::vector<PieceSource>> pieces_;
   std::map<std::string, PieceSource> whole_;
   std::map<std::string, std::string> user_;
+  double loss_scale_ = 0;
+  std::int64_t growth_tracker_ = 0;
 };
 
 }  // namespace shardkit::io

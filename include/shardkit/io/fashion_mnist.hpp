@@ -24,9 +24,7 @@ struct ImageDataset {
   std::vector<std::uint8_t> labels;
 
   std::int64_t pixels_per_image() const { return rows * cols; }
-  const std::uint8_t* image(std::int64_t i) const {
-    return pixels.data() + i * pixels_per_image();
-  }
+  const std::uint8_t* image(std::int64_t i) const { return pixels.data() + i * pixels_per_image(); }
 };
 
 // split: "train" (60 000 images) or "t10k" (10 000). Missing files get an error that says
@@ -43,8 +41,9 @@ inline ImageDataset load_fashion_mnist(const std::string& split,
                    "(or pass the folder that holds the .gz files)");
   IdxArray images = read_idx(images_path);
   IdxArray labels = read_idx(labels_path);
-  check<IoError>(images.dims.size() == 3, "'", images_path, "' should hold [count, rows, cols] images, has ",
-                 images.dims.size(), " dimensions");
+  check<IoError>(images.dims.size() == 3, "'", images_path,
+                 "' should hold [count, rows, cols] images, has ", images.dims.size(),
+                 " dimensions");
   check<IoError>(labels.dims.size() == 1 && labels.dims[0] == images.dims[0], "'", labels_path,
                  "' has ", labels.dims.empty() ? 0 : labels.dims[0], " labels for ", images.dims[0],
                  " images");

@@ -39,8 +39,8 @@ class GzFile {
       if (got <= 0) {
         int code = 0;
         const char* message = gzerror(file_, &code);
-        fail<IoError>("'", path, "' ends early or is corrupt while reading ", what, " (zlib: ",
-                      code == Z_OK ? "unexpected end of file" : message, ")");
+        fail<IoError>("'", path, "' ends early or is corrupt while reading ", what,
+                      " (zlib: ", code == Z_OK ? "unexpected end of file" : message, ")");
       }
       cursor += got;
       bytes -= static_cast<std::size_t>(got);
@@ -75,7 +75,8 @@ inline IdxArray read_idx(const std::string& path) {
   check<IoError>(header[2] == 0x08, "'", path, "' holds IDX type 0x", std::to_string(header[2]),
                  "; only unsigned bytes (0x08) are supported");
   const int rank = header[3];
-  check<IoError>(rank >= 1 && rank <= 4, "'", path, "' claims ", rank, " dimensions; expected 1 to 4");
+  check<IoError>(rank >= 1 && rank <= 4, "'", path, "' claims ", rank,
+                 " dimensions; expected 1 to 4");
   IdxArray array;
   std::int64_t total = 1;
   for (int d = 0; d < rank; ++d) {

@@ -30,7 +30,8 @@ struct LoadReport {
 // Copies the file's tensors into the module's parameters and buffers (on its device). With
 // `strict` (PyTorch's default) missing or unexpected names are an error; otherwise they are
 // reported. A shape or dtype that differs is always an error: nothing is converted silently.
-inline LoadReport load_module(const std::string& path, Context& ctx, nn::Module& module, bool strict = true) {
+inline LoadReport load_module(const std::string& path, Context& ctx, nn::Module& module,
+                              bool strict = true) {
   const auto file = load_safetensors(path);
   std::unordered_map<std::string, const NamedBytes*> by_name;
   for (const auto& t : file.tensors) by_name.emplace(t.name, &t);
@@ -50,8 +51,9 @@ inline LoadReport load_module(const std::string& path, Context& ctx, nn::Module&
     return out;
   };
   check<IoError>(!strict || (report.missing.empty() && report.unexpected.empty()), "'", path,
-                 "' does not match the module: missing [", joined(report.missing), "], unexpected [",
-                 joined(report.unexpected), "]; load with strict = false to take what matches");
+                 "' does not match the module: missing [", joined(report.missing),
+                 "], unexpected [", joined(report.unexpected),
+                 "]; load with strict = false to take what matches");
   // Check everything before the first write, so a bad file leaves the module as it was.
   for (const auto& [name, target] : state) {
     const auto found = by_name.find(name);

@@ -21,13 +21,16 @@ class StatefulDistributedSampler {
  public:
   StatefulDistributedSampler(std::int64_t dataset_size, int world_size, int rank,
                              std::int64_t batch_size, std::uint64_t seed = 0)
-      : dataset_size_(dataset_size), world_size_(world_size), rank_(rank),
-        batch_size_(batch_size), seed_(seed) {
+      : dataset_size_(dataset_size),
+        world_size_(world_size),
+        rank_(rank),
+        batch_size_(batch_size),
+        seed_(seed) {
     check(world_size >= 1, "sampler: world size must be >= 1, got ", world_size);
     check(rank >= 0 && rank < world_size, "sampler: rank ", rank, " outside [0, ", world_size, ")");
     check(batch_size >= 1, "sampler: batch size must be >= 1, got ", batch_size);
-    check(dataset_size >= world_size, "sampler: ", dataset_size, " samples cannot feed ", world_size,
-          " ranks; use fewer ranks or more data");
+    check(dataset_size >= world_size, "sampler: ", dataset_size, " samples cannot feed ",
+          world_size, " ranks; use fewer ranks or more data");
   }
 
   void set_epoch(std::int64_t epoch) { epoch_ = epoch; }
@@ -37,7 +40,9 @@ class StatefulDistributedSampler {
     start_iter_ = start_iter;
   }
 
-  std::int64_t samples_per_rank() const { return (dataset_size_ - dataset_size_ % world_size_) / world_size_; }
+  std::int64_t samples_per_rank() const {
+    return (dataset_size_ - dataset_size_ % world_size_) / world_size_;
+  }
   std::int64_t epoch() const { return epoch_; }
   std::int64_t start_iter() const { return start_iter_; }
 

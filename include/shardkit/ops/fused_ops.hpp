@@ -12,6 +12,7 @@
 //   adam_step<B>                Adam / AdamW
 //   cast<B>                     f32 <-> f16 / bf16
 //   unscale_and_check<B>        g *= 1/scale, with the finite check and the norms in the pass
+//   check_finite<B>             whether every element is finite (one read pass)
 #pragma once
 
 #include <span>
@@ -94,6 +95,30 @@ void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> tensors, const T
   for (const auto& span : spans) total += norm_leaves(span.size);
   check_result_tensor(ctx, leaves, DType::f64, {total}, "leaf_sums_of_squares", "leaves");
   if (total > 0) B::leaf_sums_of_squares(ctx, spans, dtype, leaves.data<double>());
+}
+
+// Whether every element of `tensors` (f32, f16 or bf16) is finite: found_nonfinite (f32 [1],
+// on the context's device) is set to 1 when one is not, and left alone otherwise (zero it
+// first). One read pass (sums of squares, which are non-finite exactly when an element is):
+// the loss scaler's check of loss-scaled gradients, which the optimizer then unscales in its
+// own pass.
+template <class B>
+void check_finite(Context& ctx, std::span<const Tensor> tensors, const Tensor& found_nonfinite) {
+  SK_REQUIRE_OPS_BACKEND(B, "check_finite");
+  B::check_context(ctx, "check_finite");
+  const DType dtype = grad_dtype(tensors, "check_finite");
+  const auto spans =
+      make_spans<1>(ctx, "check_finite", {OperandList{tensors, dtype, "tensors"}}, {true});
+  check_result_tensor(ctx, found_nonfinite, DType::f32, {1}, "check_finite", "found_nonfinite");
+  const auto n = static_cast<std::int64_t>(spans.size());
+  if (n == 0) return;
+  const Tensor sums = empty(ctx, {1, n}, DType::f64, MemoryCategory::other);
+  auto run = [&]<class T>() {
+    B::apply_sums(ctx, SumOfSquaresFunctor<1, T>{}, spans, sums, found_nonfinite);
+  };
+  if (dtype == DType::f16) return run.template operator()<Half>();
+  if (dtype == DType::bf16) return run.template operator()<BFloat16>();
+  run.template operator()<float>();
 }
 
 // LARC coefficients per parameter from whole-tensor sums (f64 [2, n]: params' then grads'

@@ -12,12 +12,13 @@
 
 namespace shardkit::ops {
 
-// Sums of squares of Depth f32 operands (1: one tensor list; 2: params and grads at once).
-template <int Depth>
+// Sums of squares of Depth operands (1: one tensor list, stored as T -- f32, or f16/bf16
+// gradients; 2: f32 params and grads at once).
+template <int Depth, class T = float>
 struct SumOfSquaresFunctor {
   static_assert(Depth == 1 || Depth == 2, "sums of squares of one or two operands");
   static constexpr int kDepth = Depth;
-  using Types = std::conditional_t<Depth == 1, TypeList<float>, TypeList<float, float>>;
+  using Types = std::conditional_t<Depth == 1, TypeList<T>, TypeList<float, float>>;
   static constexpr unsigned kReads = (1u << Depth) - 1u;
   static constexpr unsigned kWrites = 0;
   static constexpr int kSums = Depth;

@@ -186,7 +186,7 @@ class ShardedOptimizer {
   // -- and returned; when it exceeds max_norm, the next step() scales the gradients by
   // max_norm / (norm + 1e-6) in its fused pass. Collective when the table is sharded.
   double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm,
-                        float inv_grad_scale = 1.0f) {
+                        float inv_grad_scale = 1.0f) {  // (1 / the loss scale, if any)
     check(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
     const auto sums = norms_.sums({grads})[0];
     if (by_name_.empty()) {
@@ -204,6 +204,9 @@ class ShardedOptimizer {
         coefficient < 1.0 || std::isnan(coefficient) ? static_cast<float>(coefficient) : 1.0f;
     return norm;
   }
+
+  // A skipped step (loss scaling found an overflow): forget clip_grad_norm's coefficient.
+  void discard_clip() { clip_coefficient_ = 1.0f; }
 
   std::int64_t steps() const { return steps_; }
   // Resuming from a checkpoint: the step count drives SGD's first-step rule and Adam's bias

@@ -28,6 +28,7 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/optim/consolidation.hpp"
+#include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/optim/optimizer_state.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
@@ -130,11 +131,31 @@ class DataParallel {
   // torch.nn.utils.clip_grad_norm_ after the backward: the gradients' global L2 norm (exact,
   // the same bits under every stage) is returned, and the next step() scales them by
   // max_norm / (norm + 1e-6) when that is below 1. Collective.
-  double clip_grad_norm(double max_norm) {
+  // (With a loss scaler, pass its inv_scale(): the norm is of the unscaled gradients.)
+  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
     check<StateError>(bucketer_.finished(),
                       "clip_grad_norm before the gradients are finished: call finish() after "
                       "the backward, then clip_grad_norm(), then step()");
-    return optimizer_.clip_grad_norm(piece_grads_, max_norm);
+    return optimizer_.clip_grad_norm(piece_grads_, max_norm, inv_grad_scale);
+  }
+
+  // The loss-scaled step (f16 mixed precision, optim/loss_scaler.hpp): every rank skips a step
+  // whose gradients are not finite on some rank (nothing changes but the scale), else steps
+  // with the gradients unscaled in the fused pass. Returns whether it stepped. Collective.
+  bool step(float lr, optim::DynamicLossScaler& scaler) {
+    check<StateError>(bucketer_.finished(),
+                      "optimizer step before the gradients are finished: call finish() after "
+                      "the (synchronised) backward, then step()");
+    const bool finite =
+        scaler.template grads_finite<Backend>(optimizer_.context(), comm_, piece_grads_);
+    const float inv_scale = scaler.inv_scale();
+    scaler.update(!finite);
+    if (!finite) {
+      optimizer_.discard_clip();
+      return false;
+    }
+    step(lr, inv_scale);
+    return true;
   }
 
   const optim::ShardedOptimizer<Backend>& optimizer() const { return optimizer_; }

@@ -117,7 +117,10 @@ class Fsdp {
   // zero_grad().
   void step(float lr, float inv_grad_scale = 1.0f) { engine_->step(lr, inv_grad_scale); }
   void zero_grad() { engine_->zero_grad(); }
-  double clip_grad_norm(double max_norm) { return engine_->clip_grad_norm(max_norm); }
+  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
+    return engine_->clip_grad_norm(max_norm, inv_grad_scale);
+  }
+  bool step(float lr, optim::DynamicLossScaler& scaler) { return engine_->step(lr, scaler); }
   void set_sync(bool enabled) { engine_->set_sync(enabled); }
 
   // The engine (units, gather/release, optimizer) and the module each unit belongs to.

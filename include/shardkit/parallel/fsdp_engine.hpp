@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
@@ -268,11 +269,30 @@ class FsdpEngine {
   }
 
   // torch.nn.utils.clip_grad_norm_ after the backward (see DataParallel::clip_grad_norm).
-  double clip_grad_norm(double max_norm) {
+  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
     check<StateError>(finished(),
                       "clip_grad_norm before a synchronised backward finished the gradients; "
                       "run the backward and finish() first");
-    return optimizer_->clip_grad_norm(piece_grads_, max_norm);
+    return optimizer_->clip_grad_norm(piece_grads_, max_norm, inv_grad_scale);
+  }
+
+  // The loss-scaled step (see DataParallel::step(lr, scaler)): skipped on every rank when some
+  // rank's gradient shard is not finite. Returns whether it stepped. Collective.
+  bool step(float lr, optim::DynamicLossScaler& scaler) {
+    for (const auto& unit : units_)
+      check<StateError>(unit->bucketer->finished(),
+                        "FSDP step before a synchronised backward finished the gradients of "
+                        "unit '",
+                        unit->name, "'; run the backward (outside no_sync) and finish() first");
+    const bool finite = scaler.template grads_finite<Backend>(*ctx_, comm_, piece_grads_);
+    const float inv_scale = scaler.inv_scale();
+    scaler.update(!finite);
+    if (!finite) {
+      optimizer_->discard_clip();
+      return false;
+    }
+    optimizer_->step(piece_grads_, lr, inv_scale);
+    return true;
   }
 
   const optim::ShardedOptimizer<Backend>& optimizer() const { return *optimizer_; }

@@ -115,9 +115,18 @@ class ShardedModule {
   // torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) between the backward and
   // step(): returns the gradients' global L2 norm (exact and the same under every stage, frozen
   // parameters having none); the next step() applies the clipping in its fused pass.
-  double clip_grad_norm(double max_norm) {
-    if (fsdp_) return fsdp_->clip_grad_norm(max_norm);
-    return engine_->clip_grad_norm(max_norm);
+  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
+    if (fsdp_) return fsdp_->clip_grad_norm(max_norm, inv_grad_scale);
+    return engine_->clip_grad_norm(max_norm, inv_grad_scale);
+  }
+
+  // The loss-scaled step (f16 mixed precision): after autograd::backward(ctx, loss,
+  // scaler.scale()), every rank skips a step whose gradients overflowed on some rank, else
+  // steps with them unscaled; the scale follows (optim/loss_scaler.hpp). Returns whether it
+  // stepped.
+  bool step(float lr, optim::DynamicLossScaler& scaler) {
+    if (fsdp_) return fsdp_->step(lr, scaler);
+    return engine_->step(lr, scaler);
   }
 
   void zero_grad() {

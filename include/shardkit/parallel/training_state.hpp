@@ -12,6 +12,7 @@
 //   after_load  called once a load has written this rank's pieces: makes the ranks' copies of
 //               the parameters agree again (OSS/SDP all-gather the owners' ranges; DDP and
 //               FSDP need nothing: every rank wrote all it holds).
+//   scaler      the dynamic loss scaler, when the run has one (the caller sets it).
 #pragma once
 
 #include <functional>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 
 namespace shardkit::parallel {
@@ -31,6 +33,9 @@ struct TrainingState {
   std::vector<std::pair<std::string, Tensor>> replicated;
   std::function<void()> after_load;
   std::string stage;  // recorded in checkpoints, for people and tools that inspect them
+  // The loss scaler, if the run has one (set it before saving or loading): its scale and
+  // growth tracker travel with the checkpoint.
+  optim::DynamicLossScaler* scaler = nullptr;
 };
 
 }  // namespace shardkit::parallel
