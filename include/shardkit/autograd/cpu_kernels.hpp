@@ -1,5 +1,5 @@
 // CPU implementations of the autograd function table (device_table.hpp): f32 and f64, with
-// sums and statistics accumulated in double.
+// sums and statistics accumulated in double; f16/bf16 tensors compute in f32 (cpu_widen.hpp).
 #pragma once
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "shardkit/autograd/cpu_widen.hpp"
 #include "shardkit/autograd/device_table.hpp"
 
 namespace shardkit::autograd::cpu {
@@ -134,7 +135,8 @@ inline void l2_normalize_forward(Context&, const Tensor& x, const Tensor& y, con
       const double norm = std::sqrt(sq);
       nr[r] = static_cast<T>(norm);
       const double denom = std::max(norm, eps);
-      for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = static_cast<T>(in[r * cols + c] / denom);
+      for (std::int64_t c = 0; c < cols; ++c)
+        out[r * cols + c] = static_cast<T>(in[r * cols + c] / denom);
     }
   });
 }
@@ -183,8 +185,8 @@ inline void cross_entropy_forward(Context& ctx, const Tensor& x, const Tensor& t
 }
 
 inline void cross_entropy_backward(Context&, const Tensor& log_probs, const Tensor& target,
-                                   const Tensor& grad_loss, const Tensor& grad_x,
-                                   std::int64_t rows, std::int64_t cols) {
+                                   const Tensor& grad_loss, const Tensor& grad_x, std::int64_t rows,
+                                   std::int64_t cols) {
   visit_real(log_probs.dtype(), "cross_entropy backward", [&](auto tag) {
     using T = decltype(tag);
     const T* lp = static_cast<const T*>(log_probs.data_ptr());
@@ -195,7 +197,8 @@ inline void cross_entropy_backward(Context&, const Tensor& log_probs, const Tens
       if (target.dtype() == DType::i64) {
         const std::int64_t label = static_cast<const std::int64_t*>(target.data_ptr())[r];
         for (std::int64_t c = 0; c < cols; ++c)
-          gx[at + c] = static_cast<T>(scale * (std::exp(double(lp[at + c])) - (c == label ? 1.0 : 0.0)));
+          gx[at + c] =
+              static_cast<T>(scale * (std::exp(double(lp[at + c])) - (c == label ? 1.0 : 0.0)));
       } else {
         const T* t = static_cast<const T*>(target.data_ptr()) + at;
         double mass = 0;
@@ -286,20 +289,110 @@ inline void batch_norm_eval_backward(Context&, const Tensor& x, const Tensor& gr
 
 namespace shardkit::autograd {
 
+// Each entry computes f16/bf16 tensors in f32 (cpu::in_f32), the others as they are.
 inline const AutogradKernels& cpu_kernels() {
+  using cpu::in_f32;
   static constexpr AutogradKernels kTable{
-      &cpu::pointwise,
-      &cpu::channel_sum,
-      &cpu::channel_bias_add,
-      &cpu::softmax_forward,
-      &cpu::softmax_backward,
-      &cpu::l2_normalize_forward,
-      &cpu::l2_normalize_backward,
-      &cpu::cross_entropy_forward,
-      &cpu::cross_entropy_backward,
-      &cpu::adaptive_avg_pool_forward,
-      &cpu::adaptive_avg_pool_backward,
-      &cpu::batch_norm_eval_backward,
+      [](Context& c, Pointwise op, const Tensor& out, const Tensor& a, const Tensor& b,
+         double alpha, double beta) {
+        in_f32(
+            c,
+            [&](const auto& o, const auto& x, const auto& y) {
+              cpu::pointwise(c, op, o, x, y, alpha, beta);
+            },
+            out, a, b);
+      },
+      [](Context& c, const Tensor& x, const Tensor& out, std::int64_t outer, std::int64_t channels,
+         std::int64_t inner) {
+        in_f32(
+            c,
+            [&](const auto& a, const auto& o) {
+              cpu::channel_sum(c, a, o, outer, channels, inner);
+            },
+            x, out);
+      },
+      [](Context& c, const Tensor& y, const Tensor& bias, std::int64_t outer, std::int64_t channels,
+         std::int64_t inner) {
+        in_f32(
+            c,
+            [&](const auto& a, const auto& b) {
+              cpu::channel_bias_add(c, a, b, outer, channels, inner);
+            },
+            y, bias);
+      },
+      [](Context& c, const Tensor& x, const Tensor& y, std::int64_t rows, std::int64_t cols,
+         bool log) {
+        in_f32(
+            c,
+            [&](const auto& a, const auto& b) { cpu::softmax_forward(c, a, b, rows, cols, log); },
+            x, y);
+      },
+      [](Context& c, const Tensor& y, const Tensor& gy, const Tensor& gx, std::int64_t rows,
+         std::int64_t cols, bool log) {
+        in_f32(
+            c,
+            [&](const auto& a, const auto& b, const auto& d) {
+              cpu::softmax_backward(c, a, b, d, rows, cols, log);
+            },
+            y, gy, gx);
+      },
+      [](Context& c, const Tensor& x, const Tensor& y, const Tensor& norms, std::int64_t rows,
+         std::int64_t cols, double eps) {
+        in_f32(
+            c,
+            [&](const auto& a, const auto& b, const auto& n) {
+              cpu::l2_normalize_forward(c, a, b, n, rows, cols, eps);
+            },
+            x, y, norms);
+      },
+      [](Context& c, const Tensor& y, const Tensor& norms, const Tensor& gy, const Tensor& gx,
+         std::int64_t rows, std::int64_t cols, double eps) {
+        in_f32(
+            c,
+            [&](const auto& a, const auto& n, const auto& b, const auto& d) {
+              cpu::l2_normalize_backward(c, a, n, b, d, rows, cols, eps);
+            },
+            y, norms, gy, gx);
+      },
+      [](Context& c, const Tensor& x, const Tensor& target, const Tensor& log_probs,
+         const Tensor& loss, std::int64_t rows, std::int64_t cols) {
+        in_f32(
+            c,
+            [&](const auto& a, const auto& t, const auto& l, const auto& s) {
+              cpu::cross_entropy_forward(c, a, t, l, s, rows, cols);
+            },
+            x, target, log_probs, loss);
+      },
+      [](Context& c, const Tensor& log_probs, const Tensor& target, const Tensor& grad_loss,
+         const Tensor& gx, std::int64_t rows, std::int64_t cols) {
+        in_f32(
+            c,
+            [&](const auto& l, const auto& t, const auto& g, const auto& d) {
+              cpu::cross_entropy_backward(c, l, t, g, d, rows, cols);
+            },
+            log_probs, target, grad_loss, gx);
+      },
+      [](Context& c, const Tensor& x, const Tensor& y) {
+        in_f32(
+            c, [&](const auto& a, const auto& b) { cpu::adaptive_avg_pool_forward(c, a, b); }, x,
+            y);
+      },
+      [](Context& c, const Tensor& gy, const Tensor& gx) {
+        in_f32(
+            c, [&](const auto& a, const auto& b) { cpu::adaptive_avg_pool_backward(c, a, b); }, gy,
+            gx);
+      },
+      [](Context& c, const Tensor& x, const Tensor& gy, const Tensor& weight, const Tensor& mean,
+         const Tensor& var, double eps, const Tensor& gx, const Tensor& g_xhat, std::int64_t outer,
+         std::int64_t channels, std::int64_t inner) {
+        in_f32(
+            c,
+            [&](const auto& a, const auto& b, const auto& w, const auto& m, const auto& v,
+                const auto& d, const auto& h) {
+              cpu::batch_norm_eval_backward(c, a, b, w, m, v, eps, d, h, outer, channels, inner);
+            },
+            x, gy, weight, mean, var, gx, g_xhat);
+      },
   };
   return kTable;
 }

@@ -47,7 +47,8 @@ inline void batch_norm_train_forward(const Tensor& x, const Tensor& weight, cons
       const double scale = w[c] * invstd, shift = b[c] - mean * scale;
       for (std::int64_t n = 0; n < outer; ++n) {
         const std::int64_t at = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) out[at + i] = static_cast<T>(in[at + i] * scale + shift);
+        for (std::int64_t i = 0; i < inner; ++i)
+          out[at + i] = static_cast<T>(in[at + i] * scale + shift);
       }
       if (running_mean.defined()) {
         T* rm = static_cast<T*>(running_mean.data_ptr());
@@ -76,7 +77,8 @@ inline void batch_norm_eval_forward(const Tensor& x, const Tensor& weight, const
       for (std::int64_t c = 0; c < channels; ++c) {
         const double scale = w[c] / std::sqrt(double(v[c]) + eps), shift = b[c] - m[c] * scale;
         const std::int64_t at = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) out[at + i] = static_cast<T>(in[at + i] * scale + shift);
+        for (std::int64_t i = 0; i < inner; ++i)
+          out[at + i] = static_cast<T>(in[at + i] * scale + shift);
       }
   });
 }
@@ -107,7 +109,8 @@ inline void batch_norm_train_backward(const Tensor& x, const Tensor& grad_y, con
         }
       }
       const double sum_gxhat = sum_gx * invstd;
-      if (grad_weight.defined()) static_cast<T*>(grad_weight.data_ptr())[c] = static_cast<T>(sum_gxhat);
+      if (grad_weight.defined())
+        static_cast<T*>(grad_weight.data_ptr())[c] = static_cast<T>(sum_gxhat);
       if (grad_bias.defined()) static_cast<T*>(grad_bias.data_ptr())[c] = static_cast<T>(sum_g);
       if (!grad_x.defined()) continue;
       T* gx = static_cast<T*>(grad_x.data_ptr());

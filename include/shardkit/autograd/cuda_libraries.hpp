@@ -83,11 +83,16 @@ inline Libraries& libraries(Context& ctx) {
 
 inline cudnnDataType_t cudnn_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return CUDNN_DATA_FLOAT;
-    case DType::f64: return CUDNN_DATA_DOUBLE;
-    case DType::f16: return CUDNN_DATA_HALF;
-    case DType::bf16: return CUDNN_DATA_BFLOAT16;
-    default: break;
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f64:
+      return CUDNN_DATA_DOUBLE;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      break;
   }
   fail<InvalidArgument>("cuDNN ops take f32, f64, f16 or bf16 tensors, got ", dtype_name(dtype));
 }
@@ -106,8 +111,8 @@ class TensorDesc {
  public:
   TensorDesc(DType dtype, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
     SK_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc_));
-    SK_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, cudnn_type(dtype),
-                                              int(n), int(c), int(h), int(w)));
+    SK_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, cudnn_type(dtype), int(n),
+                                              int(c), int(h), int(w)));
   }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(desc_); }
   TensorDesc(const TensorDesc&) = delete;
@@ -180,10 +185,22 @@ struct ConvPlan {
         w(dtype, g.out_channels, g.in_channels, g.kernel_h, g.kernel_w),
         conv(g, dtype, libraries(ctx).allow_tf32) {
     auto& libs = libraries(ctx);
-    const std::array<std::int64_t, 16> key{
-        g.batch,    g.in_channels, g.height,   g.width,    g.out_channels, g.kernel_h,
-        g.kernel_w, g.stride_h,    g.stride_w, g.pad_h,    g.pad_w,        g.dilation_h,
-        g.dilation_w, static_cast<std::int64_t>(dtype), libs.allow_tf32 ? 1 : 0, 0};
+    const std::array<std::int64_t, 16> key{g.batch,
+                                           g.in_channels,
+                                           g.height,
+                                           g.width,
+                                           g.out_channels,
+                                           g.kernel_h,
+                                           g.kernel_w,
+                                           g.stride_h,
+                                           g.stride_w,
+                                           g.pad_h,
+                                           g.pad_w,
+                                           g.dilation_h,
+                                           g.dilation_w,
+                                           static_cast<std::int64_t>(dtype),
+                                           libs.allow_tf32 ? 1 : 0,
+                                           0};
     if (auto it = libs.conv_algorithms.find(key); it != libs.conv_algorithms.end()) {
       algorithms = it->second;
       return;
@@ -202,7 +219,8 @@ struct ConvPlan {
     cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(libs.dnn(), x.get(), w.get(), conv.get(),
                                                           y.get(), kMax, &count, fwd));
-    std::tie(a.forward, a.forward_bytes) = first_within_limit(fwd, count, libs.workspace_limit, "forward convolution");
+    std::tie(a.forward, a.forward_bytes) =
+        first_within_limit(fwd, count, libs.workspace_limit, "forward convolution");
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         libs.dnn(), w.get(), y.get(), conv.get(), x.get(), kMax, &count, data));
@@ -226,9 +244,8 @@ inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& weight, 
   void* ws = libs.workspace(ctx, plan.algorithms.forward_bytes);
   SK_CUDNN_CHECK(cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), x.data_ptr(),
                                          plan.w.get(), weight.data_ptr(), plan.conv.get(),
-                                         plan.algorithms.forward, ws,
-                                         plan.algorithms.forward_bytes, blend.zero(), plan.y.get(),
-                                         y.data_ptr()));
+                                         plan.algorithms.forward, ws, plan.algorithms.forward_bytes,
+                                         blend.zero(), plan.y.get(), y.data_ptr()));
 }
 
 inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& weight,
@@ -241,23 +258,22 @@ inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& weight,
   if (grad_x.defined()) {
     void* ws = libs.workspace(ctx, plan.algorithms.backward_data_bytes);
     SK_CUDNN_CHECK(cudnnConvolutionBackwardData(
-        libs.dnn(), blend.one(), plan.w.get(), weight.data_ptr(), plan.y.get(),
-        grad_y.data_ptr(), plan.conv.get(), plan.algorithms.backward_data, ws,
-        plan.algorithms.backward_data_bytes, blend.zero(), plan.x.get(), grad_x.data_ptr()));
+        libs.dnn(), blend.one(), plan.w.get(), weight.data_ptr(), plan.y.get(), grad_y.data_ptr(),
+        plan.conv.get(), plan.algorithms.backward_data, ws, plan.algorithms.backward_data_bytes,
+        blend.zero(), plan.x.get(), grad_x.data_ptr()));
   }
   if (grad_weight.defined()) {
     void* ws = libs.workspace(ctx, plan.algorithms.backward_filter_bytes);
     SK_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
         libs.dnn(), blend.one(), plan.x.get(), x.data_ptr(), plan.y.get(), grad_y.data_ptr(),
-        plan.conv.get(), plan.algorithms.backward_filter, ws,
-        plan.algorithms.backward_filter_bytes, blend.zero(), plan.w.get(),
-        grad_weight.data_ptr()));
+        plan.conv.get(), plan.algorithms.backward_filter, ws, plan.algorithms.backward_filter_bytes,
+        blend.zero(), plan.w.get(), grad_weight.data_ptr()));
   }
 }
 
 // Row-major C = alpha op(A) op(B) + beta C through column-major cuBLAS: C^T = op(B)^T op(A)^T.
-inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& b,
-                 bool transpose_b, const Tensor& c, double alpha, double beta) {
+inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b,
+                 const Tensor& c, double alpha, double beta) {
   CudaDeviceGuard guard(ctx.device().index);
   auto& libs = libraries(ctx);
   const int m = int(c.size(1)), n = int(c.size(0));
@@ -265,20 +281,30 @@ inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& 
   cudaDataType_t type = CUDA_R_32F;
   cublasComputeType_t compute = libs.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   switch (c.dtype()) {
-    case DType::f32: break;
-    case DType::f16: type = CUDA_R_16F; compute = CUBLAS_COMPUTE_32F; break;
-    case DType::bf16: type = CUDA_R_16BF; compute = CUBLAS_COMPUTE_32F; break;
-    case DType::f64: type = CUDA_R_64F; compute = CUBLAS_COMPUTE_64F; break;
-    default: fail<InvalidArgument>("gemm takes f32, f64, f16 or bf16, got ", dtype_name(c.dtype()));
+    case DType::f32:
+      break;
+    case DType::f16:
+      type = CUDA_R_16F;
+      compute = CUBLAS_COMPUTE_32F;
+      break;
+    case DType::bf16:
+      type = CUDA_R_16BF;
+      compute = CUBLAS_COMPUTE_32F;
+      break;
+    case DType::f64:
+      type = CUDA_R_64F;
+      compute = CUBLAS_COMPUTE_64F;
+      break;
+    default:
+      fail<InvalidArgument>("gemm takes f32, f64, f16 or bf16, got ", dtype_name(c.dtype()));
   }
   const float alpha_f = float(alpha), beta_f = float(beta);
   const void* alpha_p = c.dtype() == DType::f64 ? static_cast<const void*>(&alpha) : &alpha_f;
   const void* beta_p = c.dtype() == DType::f64 ? static_cast<const void*>(&beta) : &beta_f;
-  SK_CUBLAS_CHECK(cublasGemmEx(libs.blas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, alpha_p,
-                               b.data_ptr(), type, int(b.size(1)), a.data_ptr(), type,
-                               int(a.size(1)), beta_p, c.data_ptr(), type, int(c.size(1)), compute,
-                               CUBLAS_GEMM_DEFAULT));
+  SK_CUBLAS_CHECK(cublasGemmEx(
+      libs.blas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      m, n, k, alpha_p, b.data_ptr(), type, int(b.size(1)), a.data_ptr(), type, int(a.size(1)),
+      beta_p, c.data_ptr(), type, int(c.size(1)), compute, CUBLAS_GEMM_DEFAULT));
 }
 
 // Batch-norm over channels of x viewed as [outer, channels, inner, 1]. Statistics tensors
@@ -319,10 +345,10 @@ inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor&
 
 inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tensor& grad_y,
                                       const Tensor& weight, const Tensor& save_mean,
-                                      const Tensor& save_invstd, double eps,
-                                      const Tensor& grad_x, const Tensor& grad_weight,
-                                      const Tensor& grad_bias, std::int64_t outer,
-                                      std::int64_t channels, std::int64_t inner) {
+                                      const Tensor& save_invstd, double eps, const Tensor& grad_x,
+                                      const Tensor& grad_weight, const Tensor& grad_bias,
+                                      std::int64_t outer, std::int64_t channels,
+                                      std::int64_t inner) {
   CudaDeviceGuard guard(ctx.device().index);
   auto& libs = libraries(ctx);
   TensorDesc xd(x.dtype(), outer, channels, inner, 1);
@@ -363,9 +389,8 @@ inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y,
                                      x.data_ptr(), blend.zero(), yd.get(), y.data_ptr()));
 }
 
-inline void max_pool_backward(Context& ctx, const Tensor& x, const Tensor& y,
-                              const Tensor& grad_y, const Tensor& grad_x,
-                              const cpu::PoolGeometry& p) {
+inline void max_pool_backward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& grad_y,
+                              const Tensor& grad_x, const cpu::PoolGeometry& p) {
   CudaDeviceGuard guard(ctx.device().index);
   PoolDesc pd(p);
   TensorDesc xd(x.dtype(), x.size(0), x.size(1), x.size(2), x.size(3));

@@ -1,5 +1,6 @@
 // Tensor-level math without autograd, dispatched by device: element-wise ops through the
-// function table, GEMM/convolution/batch-norm/pooling through Eigen (CPU) or cuBLAS/cuDNN.
+// function table, GEMM/convolution/batch-norm/pooling through Eigen (CPU; f16/bf16 computed in
+// f32, cpu_widen.hpp) or cuBLAS/cuDNN.
 // Results are new contiguous tensors counted as activations.
 #pragma once
 
@@ -47,9 +48,15 @@ inline void accumulate(Context& ctx, const Tensor& dst, const Tensor& src) {
   copy(ctx, dst, sum);
 }
 
-inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& b,
-                 bool transpose_b, const Tensor& c, double alpha = 1, double beta = 0) {
-  if (c.device().is_cpu()) return cpu::gemm(a, transpose_a, b, transpose_b, c, alpha, beta);
+inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b,
+                 const Tensor& c, double alpha = 1, double beta = 0) {
+  if (c.device().is_cpu())
+    return cpu::in_f32(
+        ctx,
+        [&](const Tensor& x, const Tensor& y, const Tensor& z) {
+          cpu::gemm(x, transpose_a, y, transpose_b, z, alpha, beta);
+        },
+        a, b, c);
 #if SK_WITH_CUDA
   cuda::gemm(ctx, a, transpose_a, b, transpose_b, c, alpha, beta);
 #else
@@ -59,7 +66,11 @@ inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& 
 
 inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& y,
                            const ConvGeometry& g) {
-  if (x.device().is_cpu()) return cpu::conv2d_forward(x, w, y, g);
+  if (x.device().is_cpu())
+    return cpu::in_f32(
+        ctx,
+        [&](const Tensor& a, const Tensor& b, const Tensor& c) { cpu::conv2d_forward(a, b, c, g); },
+        x, w, y);
 #if SK_WITH_CUDA
   cuda::conv2d_forward(ctx, x, w, y, g);
 #else
@@ -69,7 +80,13 @@ inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const
 
 inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& gy,
                             const Tensor& gx, const Tensor& gw, const ConvGeometry& g) {
-  if (x.device().is_cpu()) return cpu::conv2d_backward(x, w, gy, gx, gw, g);
+  if (x.device().is_cpu())
+    return cpu::in_f32(
+        ctx,
+        [&](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d, const Tensor& e) {
+          cpu::conv2d_backward(a, b, c, d, e, g);
+        },
+        x, w, gy, gx, gw);
 #if SK_WITH_CUDA
   cuda::conv2d_backward(ctx, x, w, gy, gx, gw, g);
 #else

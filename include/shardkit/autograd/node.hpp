@@ -37,7 +37,7 @@ class Node {
 
   std::vector<Edge> edges;
   std::uint64_t sequence_nr = 0;  // creation order on the context's tape; backward runs it reversed
-  std::string module_path;         // module that recorded the node, for error messages
+  std::string module_path;        // module that recorded the node, for error messages
   bool released = false;
 };
 

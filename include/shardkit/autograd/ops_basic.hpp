@@ -14,8 +14,8 @@ inline void check_same_shape(Context& ctx, const char* op, const Variable& a, co
         "; both operands need the same shape (no broadcasting)");
   check(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
         dtype_name(b.dtype()), " differ", module_suffix(ctx), "; cast one first");
-  check(a.device() == b.device(), op, ": operands on ", a.device().str(), " and ",
-        b.device().str(), module_suffix(ctx));
+  check(a.device() == b.device(), op, ": operands on ", a.device().str(), " and ", b.device().str(),
+        module_suffix(ctx));
 }
 
 struct AddNode final : Node {

@@ -25,12 +25,13 @@ struct Conv2dNode final : Node {
     Tensor g = contiguous(ctx, gy);
     std::vector<Tensor> grads(edges.size());
     if (edges[0].valid()) grads[0] = fn::new_like(ctx, g, x.shape(), x.dtype());
-    if (edges[1].valid()) grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype(), MemoryCategory::gradients);
+    if (edges[1].valid())
+      grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype(), MemoryCategory::gradients);
     if (grads[0].defined() || grads[1].defined())
       fn::conv2d_backward(ctx, x, weight, g, grads[0], grads[1], geometry);
     if (has_bias && edges[2].valid()) {
-      grads[2] = fn::new_like(ctx, g, {geometry.out_channels}, weight.dtype(),
-                               MemoryCategory::gradients);
+      grads[2] =
+          fn::new_like(ctx, g, {geometry.out_channels}, weight.dtype(), MemoryCategory::gradients);
       kernels_for(ctx, g).channel_sum(ctx, g, grads[2], geometry.batch, geometry.out_channels,
                                       geometry.out_plane());
     }
@@ -51,8 +52,8 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
         "; the weight must be [out, ", x.size(1), ", kh, kw] (check in_channels)");
   check(x.dtype() == weight.dtype(), "conv2d: input dtype ", dtype_name(x.dtype()),
         " differs from weight dtype ", dtype_name(weight.dtype()), module_suffix(ctx));
-  check(o.stride_h > 0 && o.stride_w > 0 && o.dilation_h > 0 && o.dilation_w > 0 &&
-            o.pad_h >= 0 && o.pad_w >= 0,
+  check(o.stride_h > 0 && o.stride_w > 0 && o.dilation_h > 0 && o.dilation_w > 0 && o.pad_h >= 0 &&
+            o.pad_w >= 0,
         "conv2d: strides and dilations must be > 0 and paddings >= 0", module_suffix(ctx));
   ConvGeometry g;
   g.batch = x.size(0);

@@ -1,6 +1,10 @@
 // Differentiable batch-norm over dim 1 of [N, C, ...] (BatchNorm1d and 2d): training mode with
 // batch statistics and running-statistics update, evaluation mode with the running statistics.
 // CPU loops accumulate in double; cuDNN on the GPU keeps statistics in f32 for half data.
+// Batch-norm always computes in f32 for f16/bf16 inputs (apex O1 and VISSL keep it so): the
+// running statistics must be f32, and f16/bf16 weight and bias (a mixed-precision compute
+// copy) are widened to f32 for the computation -- their gradients come back in f32 and are
+// rounded where they are accumulated.
 #pragma once
 
 #include "shardkit/autograd/ops_basic.hpp"
@@ -37,8 +41,13 @@ struct BatchNormNode final : Node {
     Tensor gb = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
     if (training) {
       if (g.device().is_cpu()) {
-        cpu::batch_norm_train_backward(x, g, weight, mean, invstd_or_var, gx, gw, gb, s.outer,
-                                       s.channels, s.inner);
+        cpu::in_f32(
+            ctx,
+            [&](const Tensor& a, const Tensor& b, const Tensor& d) {
+              cpu::batch_norm_train_backward(a, b, weight, mean, invstd_or_var, d, gw, gb, s.outer,
+                                             s.channels, s.inner);
+            },
+            x, g, gx);
       } else {
 #if SK_WITH_CUDA
         cuda::batch_norm_train_backward(ctx, x, g, weight, mean, invstd_or_var, eps, gx, gw, gb,
@@ -68,17 +77,18 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
                            const Tensor& running_var, BatchNormOptions o = {}) {
   check(x.defined() && weight.defined() && bias.defined(),
         "batch_norm: input, weight or bias undefined", module_suffix(ctx));
-  check(x.dim() >= 2, "batch_norm: input ", shape_str(x.shape()),
-        " needs at least [N, C]", module_suffix(ctx));
+  check(x.dim() >= 2, "batch_norm: input ", shape_str(x.shape()), " needs at least [N, C]",
+        module_suffix(ctx));
   const std::int64_t channels = x.size(1);
   check(weight.shape() == Shape{channels} && bias.shape() == Shape{channels}, "batch_norm: input ",
         shape_str(x.shape()), " has ", channels, " channels but weight is ",
         shape_str(weight.shape()), " and bias ", shape_str(bias.shape()), module_suffix(ctx),
         "; check num_features");
   const DType stat = accumulator_dtype(x.dtype());
-  check(weight.dtype() == stat && bias.dtype() == stat, "batch_norm: weight/bias are ",
-        dtype_name(weight.dtype()), " but a ", dtype_name(x.dtype()), " input needs ",
-        dtype_name(stat), " statistics", module_suffix(ctx), "; cast them");
+  check((weight.dtype() == stat || weight.dtype() == x.dtype()) && bias.dtype() == weight.dtype(),
+        "batch_norm: weight/bias are ", dtype_name(weight.dtype()), "/", dtype_name(bias.dtype()),
+        " but a ", dtype_name(x.dtype()), " input needs ", dtype_name(stat), " (or ",
+        dtype_name(x.dtype()), ") ones", module_suffix(ctx), "; cast them");
   const bool track = running_mean.defined();
   if (track || !o.training)
     check(running_mean.defined() && running_var.defined() &&
@@ -86,15 +96,20 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
               running_mean.dtype() == stat && running_var.dtype() == stat,
           "batch_norm: running statistics must be two ", dtype_name(stat), " tensors of shape [",
           channels, "]", module_suffix(ctx));
-  detail::BatchNormShape s{x.size(0), channels, x.numel() / std::max<std::int64_t>(1, x.size(0) * channels)};
+  detail::BatchNormShape s{x.size(0), channels,
+                           x.numel() / std::max<std::int64_t>(1, x.size(0) * channels)};
   if (o.training)
-    check(s.outer * s.inner > 1, "batch_norm: training needs more than one value per channel, got input ",
+    check(s.outer * s.inner > 1,
+          "batch_norm: training needs more than one value per channel, got input ",
           shape_str(x.shape()), module_suffix(ctx), "; use a batch larger than 1 or eval()");
   check(!x.device().is_cuda() || o.eps >= 1e-5, "batch_norm: eps ", o.eps,
         " is below cuDNN's minimum 1e-5", module_suffix(ctx));
 
   Tensor xd = contiguous(ctx, x.data());
-  Tensor wd = contiguous(ctx, weight.data()), bd = contiguous(ctx, bias.data());
+  // (f16/bf16 weight and bias are widened: the statistics and the affine map are f32.)
+  Tensor wd =
+      weight.dtype() == stat ? contiguous(ctx, weight.data()) : cast(ctx, weight.data(), stat);
+  Tensor bd = bias.dtype() == stat ? contiguous(ctx, bias.data()) : cast(ctx, bias.data(), stat);
   Tensor y = fn::new_like(ctx, xd);
   Tensor saved_a, saved_b;
   if (o.training) {
@@ -103,8 +118,13 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
     const Tensor rm = o.update_running_stats && track ? running_mean : Tensor();
     const Tensor rv = o.update_running_stats && track ? running_var : Tensor();
     if (xd.device().is_cpu()) {
-      cpu::batch_norm_train_forward(xd, wd, bd, rm, rv, o.momentum, o.eps, y, saved_a, saved_b,
-                                    s.outer, s.channels, s.inner);
+      cpu::in_f32(
+          ctx,
+          [&](const Tensor& a, const Tensor& b) {
+            cpu::batch_norm_train_forward(a, wd, bd, rm, rv, o.momentum, o.eps, b, saved_a, saved_b,
+                                          s.outer, s.channels, s.inner);
+          },
+          xd, y);
     } else {
 #if SK_WITH_CUDA
       cuda::batch_norm_train_forward(ctx, xd, wd, bd, rm, rv, o.momentum, o.eps, y, saved_a,
@@ -113,8 +133,13 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
     }
   } else {
     if (xd.device().is_cpu()) {
-      cpu::batch_norm_eval_forward(xd, wd, bd, running_mean, running_var, o.eps, y, s.outer,
-                                   s.channels, s.inner);
+      cpu::in_f32(
+          ctx,
+          [&](const Tensor& a, const Tensor& b) {
+            cpu::batch_norm_eval_forward(a, wd, bd, running_mean, running_var, o.eps, b, s.outer,
+                                         s.channels, s.inner);
+          },
+          xd, y);
     } else {
 #if SK_WITH_CUDA
       cuda::batch_norm_eval_forward(ctx, xd, wd, bd, running_mean, running_var, o.eps, y, s.outer,

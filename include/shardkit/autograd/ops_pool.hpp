@@ -18,7 +18,9 @@ struct MaxPoolNode final : Node {
     Tensor g = contiguous(ctx, gy);
     Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
     if (g.device().is_cpu()) {
-      cpu::max_pool_backward(g, argmax, gx);
+      cpu::in_f32(
+          ctx, [&](const Tensor& a, const Tensor& b) { cpu::max_pool_backward(a, argmax, b); }, g,
+          gx);
     } else {
 #if SK_WITH_CUDA
       cuda::max_pool_backward(ctx, x, y, g, gx, p);
@@ -46,21 +48,24 @@ struct AdaptiveAvgPoolNode final : Node {
 inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
                            std::int64_t stride, std::int64_t padding = 0) {
   check(x.defined() && x.dim() == 4, "max_pool2d: input ",
-        x.defined() ? shape_str(x.shape()) : "undefined", " is not [N, C, H, W]", module_suffix(ctx));
+        x.defined() ? shape_str(x.shape()) : "undefined", " is not [N, C, H, W]",
+        module_suffix(ctx));
   check(kernel > 0 && stride > 0 && padding >= 0 && 2 * padding <= kernel, "max_pool2d: kernel ",
         kernel, ", stride ", stride, ", padding ", padding,
         " invalid (need kernel, stride > 0 and padding <= kernel / 2)", module_suffix(ctx));
   cpu::PoolGeometry p{kernel, kernel, stride, stride, padding, padding};
   const std::int64_t OH = (x.size(2) + 2 * padding - kernel) / stride + 1;
   const std::int64_t OW = (x.size(3) + 2 * padding - kernel) / stride + 1;
-  check(OH > 0 && OW > 0, "max_pool2d: input ", shape_str(x.shape()), " is smaller than the kernel ",
-        kernel, module_suffix(ctx));
+  check(OH > 0 && OW > 0, "max_pool2d: input ", shape_str(x.shape()),
+        " is smaller than the kernel ", kernel, module_suffix(ctx));
   Tensor xd = contiguous(ctx, x.data());
   Tensor y = fn::new_like(ctx, xd, {x.size(0), x.size(1), OH, OW}, x.dtype());
   Tensor argmax;
   if (xd.device().is_cpu()) {
     argmax = fn::new_like(ctx, xd, y.shape(), DType::i64);
-    cpu::max_pool_forward(xd, y, argmax, p);
+    cpu::in_f32(
+        ctx, [&](const Tensor& a, const Tensor& b) { cpu::max_pool_forward(a, b, argmax, p); }, xd,
+        y);
   } else {
 #if SK_WITH_CUDA
     cuda::max_pool_forward(ctx, xd, y, p);
@@ -83,7 +88,8 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
 inline Variable adaptive_avg_pool2d(Context& ctx, const Variable& x, std::int64_t out_h,
                                     std::int64_t out_w) {
   check(x.defined() && x.dim() == 4, "adaptive_avg_pool2d: input ",
-        x.defined() ? shape_str(x.shape()) : "undefined", " is not [N, C, H, W]", module_suffix(ctx));
+        x.defined() ? shape_str(x.shape()) : "undefined", " is not [N, C, H, W]",
+        module_suffix(ctx));
   check(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output size ", out_h, "x", out_w,
         " must be positive", module_suffix(ctx));
   Tensor xd = contiguous(ctx, x.data());

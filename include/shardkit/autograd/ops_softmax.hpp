@@ -54,7 +54,8 @@ struct CrossEntropyNode final : Node {
   const char* name() const override { return "cross_entropy"; }
   std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
     Tensor gx = fn::new_like(ctx, log_probs);
-    kernels_for(ctx, log_probs).cross_entropy_backward(ctx, log_probs, target, g, gx, r.rows, r.cols);
+    kernels_for(ctx, log_probs)
+        .cross_entropy_backward(ctx, log_probs, target, g, gx, r.rows, r.cols);
     return {gx};
   }
   void release_saved() override { log_probs = target = Tensor(); }
@@ -75,8 +76,12 @@ inline Variable softmax_impl(Context& ctx, const Variable& x, bool log) {
 
 }  // namespace detail
 
-inline Variable softmax(Context& ctx, const Variable& x) { return detail::softmax_impl(ctx, x, false); }
-inline Variable log_softmax(Context& ctx, const Variable& x) { return detail::softmax_impl(ctx, x, true); }
+inline Variable softmax(Context& ctx, const Variable& x) {
+  return detail::softmax_impl(ctx, x, false);
+}
+inline Variable log_softmax(Context& ctx, const Variable& x) {
+  return detail::softmax_impl(ctx, x, true);
+}
 
 // x / max(|x|_2, eps) over the last dimension (torch.nn.functional.normalize(x, dim=-1)).
 inline Variable l2_normalize(Context& ctx, const Variable& x, double eps = 1e-12) {
@@ -121,9 +126,10 @@ inline Variable cross_entropy(Context& ctx, const Variable& logits, const Tensor
     }
   } else {
     check(target.shape() == logits.shape() && target.dtype() == logits.dtype(),
-          "cross_entropy: soft target ", shape_str(target.shape()), " (", dtype_name(target.dtype()),
-          ") does not match logits ", shape_str(logits.shape()), " (", dtype_name(logits.dtype()),
-          ")", module_suffix(ctx), "; pass i64 class indices [N] or probabilities like the logits");
+          "cross_entropy: soft target ", shape_str(target.shape()), " (",
+          dtype_name(target.dtype()), ") does not match logits ", shape_str(logits.shape()), " (",
+          dtype_name(logits.dtype()), ")", module_suffix(ctx),
+          "; pass i64 class indices [N] or probabilities like the logits");
   }
   Tensor xd = contiguous(ctx, logits.data());
   Tensor td = contiguous(ctx, target);
