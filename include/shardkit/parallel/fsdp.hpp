@@ -87,19 +87,23 @@ class Fsdp {
                                                     engine_options);
     // The module's values become rank 0's, sharded; each parameter then views its unit's
     // gathered buffer (freed until a forward gathers it).
-    engine_->set_full_params([&](std::size_t i, const Tensor& view) {
-      copy(ctx, view, params_[i].data());
-      params_[i].set_data(view);
-      params_[i].clear_grad();
-    });
+    engine_->set_full_params(
+        [&](std::size_t i, const Tensor& view) { copy(ctx, view, params_[i].data()); });
     for (std::size_t i = 0; i < params_.size(); ++i) {
+      params_[i].set_data(engine_->param(i));  // (the compute copy under mixed precision)
+      params_[i].clear_grad();
       params_[i].set_grad_provider([this, i] { return engine_->grad(i); });
       params_[i].register_grad_ready_hook([this, i](autograd::Variable&) { on_grad_ready(i); });
     }
     for (std::size_t u = 0; u < modules_.size(); ++u) bind_hooks(u);
-    // Frozen parameters are replicated: rank 0's values everywhere, like the sharded ones.
-    for (const auto& [name, p] : root.named_parameters())
-      if (!p.requires_grad() && p.numel() > 0) comm.broadcast(p.data(), 0).wait();
+    // Frozen parameters are replicated: rank 0's values everywhere, like the sharded ones, in
+    // the compute dtype.
+    for (auto& [name, p] : root.named_parameters()) {
+      if (p.requires_grad() || p.numel() == 0) continue;
+      if (p.dtype() != options_.precision.param_dtype)
+        p.set_data(cast(ctx, p.data(), options_.precision.param_dtype));
+      comm.broadcast(p.data(), 0).wait();
+    }
   }
 
   ~Fsdp() {

@@ -40,6 +40,10 @@ struct ShardedModuleOptions {
   bool broadcast_buffers = true;
   bool broadcast_fp16 = false;  // oss/sdp: updated parameters travel as f16
   FsdpOptions fsdp;             // fsdp: units, resharding, prefetch (its buckets: `buckets`)
+  // Mixed precision (mixed_precision.hpp): the module's parameters become the f16/bf16 compute
+  // copy, inputs are cast to it at the module's entrance, buffers and batch-norm stay f32, and
+  // the optimizer keeps f32 masters. Off by default.
+  MixedPrecision precision;
 };
 
 // The parameter specs of a module: state-dict names, shapes, trainable = requires_grad.
@@ -78,6 +82,7 @@ class ShardedModule {
     if (options.stage == Stage::fsdp) {
       FsdpOptions fsdp = options.fsdp;
       fsdp.buckets = options.buckets;
+      fsdp.precision = options.precision;
       fsdp_ = std::make_unique<Fsdp<Backend>>(ctx, comm, *module_, optimizer, fsdp);
       broadcast_module_buffers(ctx, *module_, comm);
       return;
@@ -87,10 +92,10 @@ class ShardedModule {
     dp.partition = options.partition;
     dp.buckets = options.buckets;
     dp.broadcast_fp16 = options.broadcast_fp16;
+    dp.precision = options.precision;
     engine_ = std::make_unique<DataParallel<Backend>>(ctx, comm, module_param_specs(*module_),
                                                       optimizer, dp);
     bind_parameters();
-    engine_->broadcast_parameters(0);
     broadcast_module_buffers(ctx, *module_, comm);
   }
 
@@ -98,10 +103,15 @@ class ShardedModule {
   ShardedModule(const ShardedModule&) = delete;
   ShardedModule& operator=(const ShardedModule&) = delete;
 
-  // The module's forward; in training mode first rank 0's buffers (broadcast_buffers).
+  // The module's forward; in training mode first rank 0's buffers (broadcast_buffers). Under
+  // mixed precision a floating-point input is cast to the compute dtype first (PyTorch FSDP's
+  // cast_root_forward_inputs).
   autograd::Variable operator()(Context& ctx, const autograd::Variable& input) {
     if (options_.broadcast_buffers && module_->is_training())
       broadcast_module_buffers(ctx, *module_, *comm_);
+    const DType compute = options_.precision.param_dtype;
+    if (options_.precision.enabled() && is_floating(input.dtype()) && input.dtype() != compute)
+      return (*module_)(ctx, autograd::cast(ctx, input, compute));
     return (*module_)(ctx, input);
   }
 
@@ -218,12 +228,15 @@ class ShardedModule {
 
   // Parameter i becomes a view of flat-buffer slot i (values kept); its gradients go to the
   // bucketer and its readiness starts the bucket's reduction.
+  // Rank 0's f32 values become the engine's (exact masters under mixed precision), and every
+  // parameter a view of the engine's buffer (the compute copy).
   void bind_parameters() {
     for (const auto& [name, p] : module_->named_parameters()) params_.push_back(p);
     ready_.assign(params_.size(), false);
+    engine_->set_full_params(
+        [&](std::size_t i, const Tensor& view) { copy(*ctx_, view, params_[i].data()); });
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = params_[i];
-      copy(*ctx_, engine_->param(i), p.data());
       p.set_data(engine_->param(i));
       p.clear_grad();
       if (!p.requires_grad()) continue;
