@@ -3,7 +3,8 @@
 another ZeRO stage ends with the same parameters, bit for bit (FNV-1a of their bytes), as a run
 that never stopped -- FSDP's sharded checkpoint resumed under SDP, and OSS's full checkpoint
 resumed under FSDP; a torn checkpoint (files from different saves) is refused. First, the four
-stages trained straight through end with the same parameters, bit for bit.
+stages trained straight through end with the same parameters, bit for bit, and DDP and FSDP
+agree in bf16 and f16 mixed precision too.
 Usage: check_resume.py PATH/TO/custom_loop"""
 import json
 import os
@@ -33,6 +34,12 @@ def main():
                   for stage in ("ddp", "sdp", "fsdp")}
         print("straight runs:", stages, "oss", straight["params_fnv1a"])
         same_stages = all(h == straight["params_fnv1a"] for h in stages.values())
+        # Mixed precision: the stages agree within each precision too (f16 with loss scaling).
+        for precision in ("bf16", "f16"):
+            hashes = {stage: run(binary, "--stage", stage, "--precision", precision)["params_fnv1a"]
+                      for stage in ("ddp", "fsdp")}
+            print(precision, hashes)
+            same_stages = same_stages and hashes["ddp"] == hashes["fsdp"] != straight["params_fnv1a"]
         sharded = os.path.join(folder, "sharded")
         stopped = run(binary, "--stage", "fsdp", "--stop-after", "13", "--checkpoint", sharded,
                       "--checkpoint-layout", "sharded")

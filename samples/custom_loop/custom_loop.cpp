@@ -58,6 +58,7 @@ struct Flags {
   std::string checkpoint_dir;
   int checkpoint_every = 0;
   std::string checkpoint_layout = "full";
+  std::string precision = "f32";
   std::string resume_dir;
   int stop_after = 0;
 };
@@ -79,6 +80,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ddp", "oss", "sdp", "fsdp"}));
   app.add_option("--optimizer", flags.optimizer, "sgd, larc_sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "larc_sgd", "adam", "adamw"}));
+  app.add_option("--precision", flags.precision,
+                 "f32, or mixed precision with an f16 (loss-scaled) or bf16 compute copy: f32 "
+                 "masters and optimizer state, gradients reduced in the compute dtype")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("--partition", flags.partition,
                  "oss/sdp: flat (even split, exactly 1/N per rank) or greedy (whole parameters, "
                  "FairScale's OSS)")
@@ -145,6 +150,9 @@ int main(int argc, char** argv) {
     options.partition = flags.partition == "flat" ? sk::shard::PartitionKind::flat : sk::shard::PartitionKind::greedy;
     options.buckets.bucket_bytes = static_cast<std::size_t>(flags.bucket_mb * (1 << 20));
     options.broadcast_fp16 = flags.broadcast_fp16;
+    if (flags.precision != "f32")
+      options.precision = sk::parallel::MixedPrecision::of(
+          flags.precision == "f16" ? sk::DType::f16 : sk::DType::bf16);
 
     setup.ranks = flags.ranks;
     setup.epochs = flags.epochs;
@@ -200,6 +208,7 @@ int main(int argc, char** argv) {
     nlohmann::json summary = {
         {"sample", "custom_loop"},       {"stage", flags.stage},
         {"optimizer", flags.optimizer},  {"partition", flags.partition},
+        {"precision", flags.precision},
         {"ranks", results.world},        {"backend", results.backend},
         {"device", results.device},      {"steps", results.steps},
         {"batch_per_rank", flags.batch}, {"test_accuracy", results.test_accuracy},

@@ -38,8 +38,10 @@ class MlpCpu {
     activations_[0] = ConstMatrixMap(batch.pixels.data(), batch.rows, batch.features);
     for (std::size_t l = 0; l < layers; ++l) {
       params.enter(l, Pass::forward);
-      ConstMatrixMap w(params.param(2 * l).template data<float>(), widths_[l + 1], widths_[l]);
-      Eigen::Map<const Eigen::RowVectorXf> b(params.param(2 * l + 1).template data<float>(),
+      // (Held while the maps use them: under mixed precision they are f32 copies.)
+      const sk::Tensor weight = params.param(2 * l), bias = params.param(2 * l + 1);
+      ConstMatrixMap w(weight.template data<float>(), widths_[l + 1], widths_[l]);
+      Eigen::Map<const Eigen::RowVectorXf> b(bias.template data<float>(),
                                              widths_[l + 1]);
       Matrix z = activations_[l] * w.transpose();
       z.rowwise() += b;
@@ -93,7 +95,8 @@ class MlpCpu {
         params.leave(l, Pass::backward);
         break;
       }
-      ConstMatrixMap w(params.param(2 * l).template data<float>(), widths_[l + 1], widths_[l]);
+      const sk::Tensor weight = params.param(2 * l);
+      ConstMatrixMap w(weight.template data<float>(), widths_[l + 1], widths_[l]);
       Matrix previous = delta * w;
       params.leave(l, Pass::backward);
       previous.array() *= (activations_[l].array() > 0.0f).cast<float>();  // ReLU'

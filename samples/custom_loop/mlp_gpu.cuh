@@ -153,11 +153,13 @@ class MlpGpu {
       const auto in = widths_[l], out = widths_[l + 1];
       float* z = activations_[l + 1].data<float>();
       params.enter(l, Pass::forward);
+      // (Held until the kernels are queued: under mixed precision they are f32 copies, freed
+      // in stream order after them.)
+      const sk::Tensor weight = params.param(2 * l), bias = params.param(2 * l + 1);
       gemm_row_major(blas_, false, true, int(rows), int(out), int(in), 1.0f,  // z = a · wᵀ
-                     activations_[l].data<float>(), params.param(2 * l).template data<float>(),
-                     0.0f, z);
+                     activations_[l].data<float>(), weight.template data<float>(), 0.0f, z);
       kernels::bias_relu<<<kernels::blocks_for(rows * out), kernels::kThreads, 0, ctx_->stream()>>>(
-          z, params.param(2 * l + 1).template data<float>(), rows, out, l + 1 < layers);
+          z, bias.template data<float>(), rows, out, l + 1 < layers);
       SK_CUDA_CHECK_LAUNCH("bias_relu");
       params.leave(l, Pass::forward);  // stream-ordered: frees after the kernels that read it
     }
@@ -195,8 +197,9 @@ class MlpGpu {
         break;
       }
       float* previous = deltas_[l].data<float>();
+      const sk::Tensor weight = params.param(2 * l);
       gemm_row_major(blas_, false, false, int(rows), int(in), int(out), 1.0f,  // δ' = δ · w
-                     delta, params.param(2 * l).template data<float>(), 0.0f, previous);
+                     delta, weight.template data<float>(), 0.0f, previous);
       params.leave(l, Pass::backward);
       kernels::relu_backward<<<kernels::blocks_for(rows * in), kernels::kThreads, 0, ctx_->stream()>>>(
           previous, activations_[l].data<float>(), rows * in);

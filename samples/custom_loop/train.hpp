@@ -95,10 +95,17 @@ inline void batch_images(const sk::io::ImageDataset& data, const std::vector<std
 // How the MLP reaches the parameters (the MlpParams of mlp.hpp). Resident: every parameter is
 // whole (DataParallel; or FsdpEngine inside full_params()). Gathered: FSDP, one unit per layer,
 // gathered before the layer's use with the next layer's gather started ahead, freed after.
+// Under mixed precision the parameters are an f16/bf16 compute copy; the hand-written MLP
+// computes in f32, so it reads an f32 copy of each (what its GEMMs would widen to anyway).
+inline sk::Tensor as_f32(sk::Context& ctx, const sk::Tensor& t) {
+  return t.dtype() == sk::DType::f32 ? t : sk::cast(ctx, t, sk::DType::f32);
+}
+
 template <class Engine>
 struct ResidentParams {
   Engine* engine;
-  sk::Tensor param(std::size_t i) const { return engine->param(i); }
+  sk::Context* ctx;
+  sk::Tensor param(std::size_t i) const { return as_f32(*ctx, engine->param(i)); }
   void enter(std::size_t, Pass) {}
   void leave(std::size_t, Pass) {}
 };
@@ -106,7 +113,8 @@ struct ResidentParams {
 template <class Ops>
 struct GatheredParams {
   sk::parallel::FsdpEngine<Ops>* engine;
-  sk::Tensor param(std::size_t i) const { return engine->param(i); }
+  sk::Context* ctx;
+  sk::Tensor param(std::size_t i) const { return as_f32(*ctx, engine->param(i)); }
   void enter(std::size_t layer, Pass pass) {
     engine->gather(layer);
     const std::size_t next = pass == Pass::forward ? layer + 1 : layer - 1;  // (wraps at 0)
@@ -123,8 +131,9 @@ std::unique_ptr<sk::parallel::DataParallel<Ops>> make_engine(
     std::type_identity<sk::parallel::DataParallel<Ops>>) {
   auto dp = std::make_unique<sk::parallel::DataParallel<Ops>>(ctx, comm, mlp_param_specs(s.widths),
                                                               s.optimizer, s.parallel);
-  for (std::size_t i = 0; i < dp->params().size(); ++i) init_mlp_param(ctx, s.widths, i, dp->param(i));
-  dp->broadcast_parameters(0);
+  dp->set_full_params([&](std::size_t i, const sk::Tensor& view) {  // exact f32 masters
+    init_mlp_param(ctx, s.widths, i, view);
+  });
   return dp;
 }
 
@@ -148,23 +157,58 @@ std::unique_ptr<sk::parallel::FsdpEngine<Ops>> make_engine(
 }
 
 template <class Ops>
-ResidentParams<sk::parallel::DataParallel<Ops>> training_params(sk::parallel::DataParallel<Ops>& dp) {
-  return {&dp};
+ResidentParams<sk::parallel::DataParallel<Ops>> training_params(sk::Context& ctx,
+                                                                sk::parallel::DataParallel<Ops>& dp) {
+  return {&dp, &ctx};
 }
 template <class Ops>
-GatheredParams<Ops> training_params(sk::parallel::FsdpEngine<Ops>& fsdp) {
-  return {&fsdp};
+GatheredParams<Ops> training_params(sk::Context& ctx, sk::parallel::FsdpEngine<Ops>& fsdp) {
+  return {&fsdp, &ctx};
 }
+
+// Where the MLP adds gradient i. In f32, the engine's own gradient storage. Under mixed
+// precision the MLP's f32 gradient goes to a scratch tensor, and ready(i) adds it into the
+// engine's f16/bf16 storage, times the loss scale for f16 (the scaled backward a GradScaler
+// user runs), before marking it ready.
+template <class Engine>
+class GradientSink {
+ public:
+  GradientSink(sk::Context& ctx, Engine& engine, std::size_t count)
+      : ctx_(&ctx), engine_(&engine), scratch_(count) {}
+  sk::Tensor grad(std::size_t i) {
+    const sk::Tensor target = engine_->grad(i);
+    if (target.dtype() == sk::DType::f32) return target;
+    scratch_[i] = sk::zeros(*ctx_, target.shape(), sk::DType::f32, sk::MemoryCategory::gradients);
+    return scratch_[i];
+  }
+  void ready(std::size_t i, double scale) {
+    if (scratch_[i].defined()) {
+      if (scale != 1) {  // (the ops layer's multiply-and-check pass, by `scale`)
+        sk::Tensor found = sk::zeros(*ctx_, {1}, sk::DType::f32);
+        sk::ops::unscale_and_check<typename Engine::Ops>(
+            *ctx_, static_cast<float>(scale), std::vector<sk::Tensor>{scratch_[i]}, found);
+      }
+      sk::add_(*ctx_, engine_->grad(i), scratch_[i]);
+      scratch_[i] = sk::Tensor();
+    }
+    engine_->ready(i);
+  }
+
+ private:
+  sk::Context* ctx_;
+  Engine* engine_;
+  std::vector<sk::Tensor> scratch_;
+};
 
 // Runs `body` with every parameter whole and readable (collective under fsdp).
 template <class Ops, class Body>
-void with_full_params(sk::parallel::DataParallel<Ops>& dp, Body&& body) {
-  body(ResidentParams<sk::parallel::DataParallel<Ops>>{&dp});
+void with_full_params(sk::Context& ctx, sk::parallel::DataParallel<Ops>& dp, Body&& body) {
+  body(ResidentParams<sk::parallel::DataParallel<Ops>>{&dp, &ctx});
 }
 template <class Ops, class Body>
-void with_full_params(sk::parallel::FsdpEngine<Ops>& fsdp, Body&& body) {
+void with_full_params(sk::Context& ctx, sk::parallel::FsdpEngine<Ops>& fsdp, Body&& body) {
   auto scope = fsdp.full_params();
-  body(ResidentParams<sk::parallel::FsdpEngine<Ops>>{&fsdp});
+  body(ResidentParams<sk::parallel::FsdpEngine<Ops>>{&fsdp, &ctx});
 }
 
 // What every rank runs, under one engine.
@@ -175,7 +219,11 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   ctx.manual_seed(s.seed);
   auto engine = make_engine(s, ctx, comm, std::type_identity<Engine>{});
   typename Device::Mlp mlp(ctx, s.widths);
-  auto params = training_params(*engine);
+  auto params = training_params(ctx, *engine);
+  GradientSink<Engine> gradients(ctx, *engine, 2 * (s.widths.size() - 1));
+  // f16 needs loss scaling (GradScaler's defaults); bf16 has f32's range.
+  const bool scaled = s.parallel.precision.param_dtype == sk::DType::f16;
+  sk::optim::DynamicLossScaler scaler;
 
   sk::io::StatefulDistributedSampler sampler(s.train->count, comm.size(), rank, s.batch, s.seed);
   const std::int64_t steps_per_epoch = sampler.samples_per_rank() / s.batch;
@@ -208,12 +256,17 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
                    static_cast<std::size_t>(s.batch), batch);
       engine->zero_grad();
       mlp.forward(params, batch);
-      mlp.backward(params, [&](std::size_t i) { return engine->grad(i); },
-                   [&](std::size_t i) { engine->ready(i); });
+      const double scale = scaled ? scaler.scale() : 1.0;
+      mlp.backward(params, [&](std::size_t i) { return gradients.grad(i); },
+                   [&](std::size_t i) { gradients.ready(i, scale); });
       engine->finish();
       // Cosine decay over the run.
       const float progress = static_cast<float>(step) / static_cast<float>(total_steps);
-      engine->step(s.lr * 0.5f * (1.0f + std::cos(3.14159265f * progress)));
+      const float lr = s.lr * 0.5f * (1.0f + std::cos(3.14159265f * progress));
+      if (scaled)
+        (void)engine->step(lr, scaler);  // an overflowing step is skipped on every rank
+      else
+        engine->step(lr);
       // Reading the loss waits for the GPU: only when it is printed.
       if (rank == 0 && (step % 100 == 0 || step + 1 == total_steps))
         std::printf("step %5lld/%lld  epoch %lld  loss %.4f\n", static_cast<long long>(step),
@@ -240,7 +293,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   // a fingerprint of the final parameters (FNV-1a of their bytes in parameter order).
   double accuracy = 0;
   std::uint64_t fingerprint = 0;
-  with_full_params(*engine, [&](auto whole) {
+  with_full_params(ctx, *engine, [&](auto whole) {
     if (rank != 0) return;
     const auto& test = *s.test;
     std::int64_t correct = 0;

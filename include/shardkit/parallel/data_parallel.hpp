@@ -52,6 +52,8 @@ struct DataParallelOptions {
 template <class Backend>
 class DataParallel {
  public:
+  using Ops = Backend;
+
   DataParallel(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
                optim::OptimizerConfig optimizer, DataParallelOptions options = {})
       : comm_(&comm),

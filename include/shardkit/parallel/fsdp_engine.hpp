@@ -68,6 +68,8 @@ struct FsdpEngineOptions {
 template <class Backend>
 class FsdpEngine {
  public:
+  using Ops = Backend;
+
   FsdpEngine(Context& ctx, comm::Communicator& comm, std::vector<FsdpUnitParams> units,
              optim::OptimizerConfig optimizer, FsdpEngineOptions options = {})
       : ctx_(&ctx), comm_(&comm), table_(comm.size(), false) {
