@@ -12,6 +12,8 @@
 //   3Ψ(N-1)/N·4 with reshard_after_forward (gather for forward and again for backward, one
 //   reduce-scatter), 2Ψ(N-1)/N·4 without.
 //
+// A third table: the same under bf16 mixed precision (Adam), against (2 + 2 + 12)Ψ.
+//
 // FSDP units: every Bottleneck block (16) plus the root (stem, fc). The root unit stays gathered
 // from its forward into its backward (its backward comes first), so FSDP's traffic with
 // resharding is 3Ψ minus one all-gather of the root (fc.weight, 8% of Ψ: -2.7%). Batch-norm
@@ -49,6 +51,7 @@ struct Measured {
 struct Config {
   Stage stage;
   bool reshard = true;
+  sk::DType precision = sk::DType::f32;  // bf16: mixed precision (f32 masters in the optimizer)
 };
 
 struct Batch {
@@ -70,6 +73,8 @@ Measured measure(Config config, sk::optim::OptimizerKind kind, int world, Batch 
     options.broadcast_buffers = false;
     options.buckets.bucket_bytes = std::size_t{1} << 23;  // 8 MiB
     options.fsdp.reshard_after_forward = config.reshard;
+    if (config.precision != sk::DType::f32)
+      options.precision = sk::parallel::MixedPrecision::of(config.precision);
     for (int layer = 1; layer <= 4; ++layer)
       for (int b = 0; b < (layer == 1 ? 3 : layer == 2 ? 4 : layer == 3 ? 6 : 3); ++b)
         options.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer) + "." +
@@ -154,6 +159,26 @@ int main(int argc, char** argv) {
                     100 * (m.bus_bytes - fb) / fb);
         std::fflush(stdout);
       }
+    }
+  }
+  // Mixed precision (bf16 compute copy and gradients, f32 master, Adam): the ZeRO paper's own
+  // accounting, 2 + 2 bytes of parameters and gradients and K = 12 of optimizer state.
+  std::printf(
+      "\nMixed precision (bf16), Adam: the ZeRO paper's (2 + 2 + K)Ψ with K = 12 (f32 master, "
+      "exp_avg,\nexp_avg_sq):\n\n");
+  std::printf("%-9s %-9s %3s %12s %12s %7s %9s\n", "precision", "stage", "N", "measured MB",
+              "formula MB", "diff %", "vs DDP");
+  for (int n : {2, 4, 8}) {
+    double ddp = 0;
+    for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+      const Config config{stage, true, sk::DType::bf16};
+      const Measured m = measure(config, sk::optim::OptimizerKind::adam, n, Batch{2, 32});
+      if (stage == Stage::ddp) ddp = m.model_state;
+      const double f = sk::parallel::zero_model_state_bytes(stage, psi, 12, n, 2);
+      std::printf("%-9s %-9s %3d %12.1f %12.1f %7.2f %8.2fx\n", "bf16",
+                  std::string(sk::parallel::stage_name(stage)).c_str(), n, m.model_state / 1e6,
+                  f / 1e6, 100 * (m.model_state - f) / f, ddp / m.model_state);
+      std::fflush(stdout);
     }
   }
   for (const auto& config : configs)
