@@ -26,25 +26,27 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """torchvision's resnet18 layout (same parameter names), optionally with the small-image stem."""
+    """torchvision's resnet18 layout (same parameter names), optionally with the small-image stem
+    and narrower (base_channels instead of 64)."""
 
-    def __init__(self, num_classes, small_image_stem):
+    def __init__(self, num_classes, small_image_stem, base_channels=64):
         super().__init__()
+        c = base_channels
         if small_image_stem:
-            self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            self.conv1 = nn.Conv2d(3, c, 3, 1, 1, bias=False)
         else:
-            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
+            self.conv1 = nn.Conv2d(3, c, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.Identity() if small_image_stem else nn.MaxPool2d(3, 2, 1)
-        inplanes = 64
-        for i, planes in enumerate((64, 128, 256, 512)):
+        inplanes = c
+        for i, planes in enumerate((c, 2 * c, 4 * c, 8 * c)):
             stride = 1 if i == 0 else 2
             setattr(self, f"layer{i + 1}", nn.Sequential(BasicBlock(inplanes, planes, stride),
                                                          BasicBlock(planes, planes, 1)))
             inplanes = planes
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(512, num_classes)
+        self.fc = nn.Linear(8 * c, num_classes)
 
     def forward(self, x):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))

@@ -1,14 +1,114 @@
-// Writes the fixture of torch_interop.py: a small-stem ResNet-18 (10 classes) whose batch-norm
-// statistics were moved by one training forward, saved with io::save_module, plus an input
-// batch and our eval-mode logits for it. PyTorch then loads the model and must agree.
+// Writes the fixtures of torch_interop.py into OUT_DIR:
+//  - model.safetensors, io.safetensors: a small-stem ResNet-18 (10 classes) whose batch-norm
+//    statistics were moved by one training forward, saved with io::save_module, plus an input
+//    batch and our eval-mode logits for it. PyTorch then loads the model and must agree.
+//  - mixed.safetensors: the initial weights of a narrower ResNet-18 ("init.<name>"), a few
+//    training batches, and the losses of our training steps on them in f32 and in bf16 mixed
+//    precision (ShardedModule, DDP at world size 1, SGD with momentum and weight decay).
+//    PyTorch repeats the steps in f32 and under bf16 autocast from the same weights. The
+//    trained parameters (f32 masters) are the full checkpoints ours_f32/ and ours_bf16/.
 #include <cstdio>
 #include <string>
+#include <vector>
 
+#include "shardkit/comm/run_ranks.hpp"
+#include "shardkit/io/checkpoint.hpp"
 #include "shardkit/io/module_checkpoint.hpp"
 #include "shardkit/nn/nn.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
+
+namespace {
+
+constexpr int kSteps = 8;
+constexpr std::int64_t kBatch = 16;
+constexpr float kLr = 0.01f;
+
+std::shared_ptr<sk::nn::ResNet> narrow_resnet(sk::Context& ctx) {
+  sk::nn::ResNetOptions o;
+  o.num_classes = 10;
+  o.small_image_stem = true;
+  o.base_channels = 16;
+  auto net = sk::nn::resnet18(ctx, o);
+  sk::Context host({.seed = 2024});
+  for (auto& p : net->parameters()) {
+    auto values = sk::empty(host, p.shape(), sk::DType::f32);
+    sk::uniform_(host, values, -0.1, 0.1);
+    sk::copy(ctx, p.data(), values);
+  }
+  return net;
+}
+
+// Per-step losses of kSteps SGD steps on `images` / `labels` with the compute copy in `dtype`.
+// Saves a full checkpoint of the result (f32 masters under model.safetensors) into `out_dir`.
+std::vector<float> train_losses(const sk::Tensor& images, const sk::Tensor& labels, sk::DType dtype,
+                                const std::string& out_dir) {
+  std::vector<float> losses;
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = narrow_resnet(ctx);
+    sk::optim::OptimizerConfig config;
+    config.sgd.momentum = 0.9f;
+    config.sgd.weight_decay = 1e-4f;
+    sk::parallel::ShardedModuleOptions options;
+    options.stage = sk::parallel::Stage::ddp;
+    options.precision = sk::parallel::MixedPrecision::of(dtype);
+    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, config, options);
+    for (std::int64_t s = 0; s < kSteps; ++s) {
+      model.zero_grad();
+      auto x = sk::empty(ctx, {kBatch, 3, 16, 16}, sk::DType::f32);
+      sk::copy(ctx, x, images.select(0, s));
+      auto y = sk::empty(ctx, {kBatch}, sk::DType::i64);
+      sk::copy(ctx, y, labels.select(0, s));
+      auto loss = ag::cross_entropy(ctx, model(ctx, ag::Variable(x)), y);
+      losses.push_back(sk::to_vector<float>(ctx, loss.data())[0]);
+      ag::backward(ctx, loss);
+      model.step(kLr);
+    }
+    sk::io::save_checkpoint(out_dir, model.training_state());
+  });
+  return losses;
+}
+
+void write_mixed_fixture(const std::string& dir) {
+  sk::Context ctx({.seed = 12});
+  auto images = sk::empty(ctx, {kSteps, kBatch, 3, 16, 16}, sk::DType::f32);
+  sk::normal_(ctx, images, 0, 1);
+  std::vector<std::int64_t> label_values;
+  for (std::int64_t i = 0; i < kSteps * kBatch; ++i) label_values.push_back((i * 7 + 3) % 10);
+  auto labels = sk::from_vector(ctx, label_values, {kSteps, kBatch});
+  // A learnable task: each image is noise plus its class's pattern, so the gradients carry a
+  // signal that bf16 rounding perturbs rather than noise it swamps.
+  {
+    auto patterns = sk::empty(ctx, {10, 3 * 16 * 16}, sk::DType::f32);
+    sk::normal_(ctx, patterns, 0, 1);
+    const auto p = sk::to_vector<float>(ctx, patterns);
+    auto x = sk::to_vector<float>(ctx, images);
+    const std::size_t per_image = 3 * 16 * 16;
+    for (std::size_t i = 0; i < label_values.size(); ++i)
+      for (std::size_t j = 0; j < per_image; ++j)
+        x[i * per_image + j] += p[static_cast<std::size_t>(label_values[i]) * per_image + j];
+    images = sk::from_vector(ctx, x, {kSteps, kBatch, 3, 16, 16});
+  }
+  const auto f32 = train_losses(images, labels, sk::DType::f32, dir + "/ours_f32");
+  const auto bf16 = train_losses(images, labels, sk::DType::bf16, dir + "/ours_bf16");
+  std::vector<sk::io::NamedBytes> out;
+  auto net = narrow_resnet(ctx);
+  for (const auto& [name, t] : net->state_dict())
+    out.push_back(sk::io::host_bytes(ctx, "init." + name, t));
+  out.push_back(sk::io::host_bytes(ctx, "images", images));
+  out.push_back(sk::io::host_bytes(ctx, "labels", labels));
+  out.push_back(sk::io::host_bytes(ctx, "loss_f32", sk::from_vector(ctx, f32, {kSteps})));
+  out.push_back(sk::io::host_bytes(ctx, "loss_bf16", sk::from_vector(ctx, bf16, {kSteps})));
+  out.push_back(
+      sk::io::host_bytes(ctx, "lr_momentum_weight_decay",
+                         sk::from_vector(ctx, std::vector<float>{kLr, 0.9f, 1e-4f}, {3})));
+  sk::io::save_safetensors(dir + "/mixed.safetensors", out);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -35,8 +135,9 @@ int main(int argc, char** argv) {
     sk::io::save_module(dir + "/model.safetensors", ctx, *net);
     sk::io::save_safetensors(dir + "/io.safetensors", {sk::io::host_bytes(ctx, "images", images),
                                                        sk::io::host_bytes(ctx, "logits", logits)});
-    std::printf("wrote %s/model.safetensors (%zu tensors) and io.safetensors\n", dir.c_str(),
-                net->state_dict().size());
+    write_mixed_fixture(dir);
+    std::printf("wrote %s/model.safetensors (%zu tensors), io.safetensors, mixed.safetensors\n",
+                dir.c_str(), net->state_dict().size());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_fixture: %s\n", e.what());

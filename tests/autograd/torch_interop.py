@@ -5,6 +5,9 @@ eval-mode logits equal ours. Proves names, shapes, weight layouts and batch-norm
 onto torchvision. The file is read here from the format's specification (8-byte little-endian
 header length, JSON header, raw data) with no safetensors package: a second, independent reader.
 
+Then our f32 and bf16 mixed-precision SGD steps of a narrower ResNet-18 against PyTorch's f32
+and bf16-autocast steps from the same weights on the same batches (compare_mixed_precision).
+
 Exit 77 (skipped) when no python3 at hand has PyTorch (Debian: apt-get install python3-torch)."""
 import json
 import os
@@ -50,6 +53,90 @@ def load_safetensors(path):
     return out
 
 
+def torch_losses(fixture, autocast):
+    """The fixture's SGD steps in PyTorch from the same weights: f32, or f32 parameters under
+    torch.autocast("cpu", torch.bfloat16) (PyTorch's CPU mixed precision)."""
+    torch.manual_seed(0)
+    model = ResNet18(10, small_image_stem=True, base_channels=16)
+    model.load_state_dict({k[len("init."):]: v for k, v in fixture.items() if k.startswith("init.")},
+                          strict=True)
+    model.train()
+    lr, momentum, weight_decay = fixture["lr_momentum_weight_decay"].tolist()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                                weight_decay=weight_decay)
+    losses = []
+    for images, labels in zip(fixture["images"], fixture["labels"]):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(images)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+        losses.append(loss.item())
+        loss.backward()
+        optimizer.step()
+    return torch.tensor(losses), {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def compare_mixed_precision(fixture, ours_f32_params, ours_bf16_params):
+    """Our bf16 mixed-precision steps against PyTorch's bf16 autocast. The two round different
+    things (we keep a bf16 compute copy of the weights and store activations in bf16; autocast
+    casts weights per op and keeps some ops' outputs f32), so they cannot agree bit for bit:
+    the test asks that our bf16 run is as close to PyTorch's bf16 run as the two bf16 runs are
+    to f32, i.e. that both make errors of the size bf16 rounding makes, and that our f32 run
+    equals PyTorch's."""
+    ours_f32, ours_bf16 = fixture["loss_f32"].double(), fixture["loss_bf16"].double()
+    torch_f32, torch_f32_params = torch_losses(fixture, autocast=False)
+    torch_bf16, torch_bf16_params = torch_losses(fixture, autocast=True)
+    torch_f32, torch_bf16 = torch_f32.double(), torch_bf16.double()
+
+    def rel(a, b):
+        return ((a - b).abs() / b.abs()).max().item()
+
+    # The training's net change to the parameters, all of them in one vector.
+    init = {k[len("init."):]: v for k, v in fixture.items() if k.startswith("init.")}
+
+    def update(params):
+        return torch.cat([(params[k].double() - init[k].double()).flatten() for k in sorted(torch_f32_params)])
+
+    def rel_update(a, b):
+        return ((update(a) - update(b)).norm() / update(b).norm()).item()
+
+    upd_f32_gap = rel_update(ours_f32_params, torch_f32_params)
+    upd_cross = rel_update(ours_bf16_params, torch_bf16_params)
+    upd_ours_err = rel_update(ours_bf16_params, torch_f32_params)
+    upd_torch_err = rel_update(torch_bf16_params, torch_f32_params)
+
+    f32_gap = rel(ours_f32, torch_f32)
+    cross = rel(ours_bf16, torch_bf16)
+    ours_err, torch_err = rel(ours_bf16, torch_f32), rel(torch_bf16, torch_f32)
+    print("per-step losses (f32 torch / ours bf16 / torch bf16 autocast):",
+          " ".join(f"{a:.4f}/{b:.4f}/{c:.4f}" for a, b, c in zip(torch_f32.tolist(),
+                                                               ours_bf16.tolist(),
+                                                               torch_bf16.tolist())))
+    print(f"max relative loss difference over {len(ours_f32)} steps: ours f32 vs torch f32 "
+          f"{f32_gap:.2e}; ours bf16 vs torch bf16 autocast {cross:.2e}; vs f32: ours bf16 "
+          f"{ours_err:.2e}, torch bf16 {torch_err:.2e}")
+    print(f"relative difference of the parameter updates (L2): ours f32 vs torch f32 "
+          f"{upd_f32_gap:.2e}; ours bf16 vs torch bf16 autocast {upd_cross:.2e}; vs f32: ours "
+          f"bf16 {upd_ours_err:.2e}, torch bf16 {upd_torch_err:.2e}")
+    ok = True
+    if not f32_gap <= 1e-4:
+        print("FAIL: our f32 training steps differ from PyTorch's")
+        ok = False
+    if not cross <= 2 * max(ours_err, torch_err) + 1e-3:
+        print("FAIL: our bf16 steps are further from PyTorch's bf16 autocast than bf16 rounding explains")
+        ok = False
+    if not upd_f32_gap <= 1e-3:
+        print("FAIL: our f32 parameter updates differ from PyTorch's")
+        ok = False
+    if not upd_cross <= 2 * max(upd_ours_err, upd_torch_err) + 1e-3:
+        print("FAIL: our bf16 updates are further from PyTorch's bf16 autocast than bf16 rounding explains")
+        ok = False
+    if not ours_err <= 0.05:
+        print("FAIL: our bf16 losses are more than 5% from f32")
+        ok = False
+    return ok
+
+
 def main():
     fixture = sys.argv[1]
     folder = tempfile.mkdtemp(prefix="shardkit_torch_interop_")
@@ -57,6 +144,9 @@ def main():
         subprocess.run([fixture, folder], check=True)
         state = load_safetensors(os.path.join(folder, "model.safetensors"))
         io = load_safetensors(os.path.join(folder, "io.safetensors"))
+        mixed = load_safetensors(os.path.join(folder, "mixed.safetensors"))
+        ours_f32 = load_safetensors(os.path.join(folder, "ours_f32", "model.safetensors"))
+        ours_bf16 = load_safetensors(os.path.join(folder, "ours_bf16", "model.safetensors"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     model = ResNet18(10, small_image_stem=True)
@@ -77,7 +167,7 @@ def main():
     if not diff <= 1e-4 * scale + 1e-7:
         print("FAIL: PyTorch's logits differ from ours")
         return 1
-    return 0
+    return 0 if compare_mixed_precision(mixed, ours_f32, ours_bf16) else 1
 
 
 if __name__ == "__main__":
