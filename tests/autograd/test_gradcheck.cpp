@@ -36,6 +36,7 @@ TEST_CASE("element-wise and shape ops") {
   auto a = random_variable(ctx, {2, 3, 4}, -1, 1), b = random_variable(ctx, {2, 3, 4}, -1, 1);
   expect_gradients(ctx, {a, b}, [&](const auto& v) { return ag::add(ctx, v[0], v[1]); });
   expect_gradients(ctx, {a, b}, [&](const auto& v) { return ag::mul(ctx, v[0], v[1]); });
+  expect_gradients(ctx, {a}, [&](const auto& v) { return ag::scale(ctx, v[0], -2.5); });
   // The same variable on both sides: gradients from two edges must add up.
   expect_gradients(ctx, {a}, [&](const auto& v) { return ag::mul(ctx, v[0], v[0]); });
   auto r = random_away_from_zero(ctx, {2, 3, 4}, 0.05, 1);

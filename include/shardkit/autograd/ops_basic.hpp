@@ -1,5 +1,8 @@
-// Differentiable element-wise and shape ops: add, mul, relu, flatten, reshape, cast, identity.
+// Differentiable element-wise and shape ops: add, mul, scale, relu, flatten, reshape, cast,
+// identity.
 #pragma once
+
+#include <cmath>
 
 #include "shardkit/autograd/engine.hpp"
 
@@ -31,6 +34,14 @@ struct MulNode final : Node {
             edges[1].valid() ? fn::mul(ctx, g, a) : Tensor()};
   }
   void release_saved() override { a = b = Tensor(); }
+};
+
+struct ScaleNode final : Node {
+  double alpha = 1;
+  const char* name() const override { return "scale"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+    return {fn::scale(ctx, contiguous(ctx, g), alpha)};
+  }
 };
 
 struct ReluNode final : Node {
@@ -87,6 +98,17 @@ inline Variable mul(Context& ctx, const Variable& a, const Variable& b) {
   if (b.requires_grad()) node->a = ad;
   if (a.requires_grad()) node->b = bd;
   return record(ctx, node, {&a, &b}, std::move(y));
+}
+
+// alpha * x (a temperature, a loss weight).
+inline Variable scale(Context& ctx, const Variable& x, double alpha) {
+  check(x.defined(), "scale: the input is undefined", module_suffix(ctx));
+  check(std::isfinite(alpha), "scale: factor ", alpha, " is not finite", module_suffix(ctx));
+  Tensor y = fn::scale(ctx, detail::contiguous_data(ctx, x), alpha);
+  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  auto node = std::make_shared<detail::ScaleNode>();
+  node->alpha = alpha;
+  return record(ctx, node, {&x}, std::move(y));
 }
 
 inline Variable relu(Context& ctx, const Variable& x) {

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The SwAV loss in PyTorch, written from the published algorithm (Caron et al. 2020, with
+VISSL's distributed Sinkhorn-Knopp), against ours: runs swav_fixture (argv[1]), which writes
+every rank's embeddings, prototypes and queue and our loss and gradients, for 1 and 4 ranks
+with and without the queue; recomputes them here (ranks emulated in one process: an
+all-reduce is a sum over the ranks' tensors) and asks for agreement within 1e-5.
+
+Exit 77 (skipped) when no python3 at hand has PyTorch (Debian: apt-get install python3-torch)."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+except ImportError:
+    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
+        probe = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True)
+        if probe.returncode == 0:
+            os.execv("/usr/bin/python3", ["/usr/bin/python3", __file__] + sys.argv[1:])
+    print("swav_torch: no PyTorch for any python3 here (apt-get install python3-torch): skipped")
+    sys.exit(77)
+
+CROPS, ASSIGN, TEMPERATURE, EPSILON, ITERS = 4, (0, 1), 0.1, 0.05, 3
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (length,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + length])
+    data = blob[8 + length:]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        assert entry["dtype"] == "F32", entry
+        begin, end = entry["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(entry["shape"])
+    return out
+
+
+def sinkhorn(scores_per_rank):
+    """Codes of each rank's rows: Q = exp(S / eps) over all ranks' rows, normalised to total 1;
+    ITERS times every prototype's total (all ranks) to 1/K, then every sample's to 1/N; each
+    sample's code normalised to 1."""
+    with torch.no_grad():
+        k = scores_per_rank[0].shape[1]
+        n = sum(s.shape[0] for s in scores_per_rank)
+        shift = max((s / EPSILON).max() for s in scores_per_rank)
+        qs = [torch.exp(s / EPSILON - shift) for s in scores_per_rank]
+        total = sum(q.sum() for q in qs)
+        qs = [q / total for q in qs]
+        for _ in range(ITERS):
+            per_prototype = sum(q.sum(dim=0) for q in qs)
+            qs = [q * (1.0 / k) / per_prototype for q in qs]
+            qs = [q * (1.0 / n) / q.sum(dim=1, keepdim=True) for q in qs]
+        return [q / q.sum(dim=1, keepdim=True) for q in qs]
+
+
+def swav_losses(zs, prototypes, queues):
+    """Each rank's loss: for every assignment crop, the other crops predict its codes through
+    log_softmax(scores / tau); averaged over the predicting crops and the assignment crops."""
+    b = zs[0].shape[0] // CROPS
+    scores = [z @ prototypes.t() for z in zs]
+    losses = [0.0 for _ in zs]
+    for i, crop in enumerate(ASSIGN):
+        rows = [s[crop * b:(crop + 1) * b].detach() for s in scores]
+        if queues is not None:  # the queue's rows after the batch's, scored with the prototypes
+            rows = [torch.cat([r, q[i] @ prototypes.detach().t()]) for r, q in zip(rows, queues)]
+        codes = [c[:b] for c in sinkhorn(rows)]
+        for r, s in enumerate(scores):
+            term = 0.0
+            for p in range(CROPS):
+                if p == crop:
+                    continue
+                log_p = torch.log_softmax(s[p * b:(p + 1) * b] / TEMPERATURE, dim=1)
+                term = term - (codes[r] * log_p).sum(dim=1).mean()
+            losses[r] = losses[r] + term / (CROPS - 1)
+    return [loss / len(ASSIGN) for loss in losses]
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="shardkit_swav_torch_") as folder:
+        path = os.path.join(folder, "swav.safetensors")
+        subprocess.run([sys.argv[1], path], check=True)
+        t = load_safetensors(path)
+    torch.set_default_dtype(torch.float64)
+    worst = 0.0
+    for name in ("w1", "w1q", "w4", "w4q"):
+        world = 4 if name.startswith("w4") else 1
+        zs = [t[f"{name}.z.{r}"].double().requires_grad_() for r in range(world)]
+        prototypes = t[f"{name}.prototypes"].double().requires_grad_()
+        queues = [t[f"{name}.queue.{r}"].double() for r in range(world)] if name.endswith("q") else None
+        # Gradients per rank (each rank's loss on its own, as before DDP averages them).
+        for r in range(world):
+            losses = swav_losses(zs, prototypes, queues)
+            grad_z, grad_c = torch.autograd.grad(losses[r], [zs[r], prototypes])
+            for what, theirs, ours in (("loss", losses[r].detach(), t[f"{name}.loss.{r}"]),
+                                       ("grad_z", grad_z, t[f"{name}.grad_z.{r}"]),
+                                       ("grad_c", grad_c, t[f"{name}.grad_c.{r}"])):
+                ours = ours.double().reshape(theirs.shape)
+                error = ((ours - theirs).abs().max() / theirs.abs().max()).item()
+                worst = max(worst, error)
+                if not error <= 1e-5:
+                    print(f"FAIL: {name} rank {r} {what}: relative error {error:.3g}")
+                    return 1
+    print(f"torch {torch.__version__}: SwAV loss and gradients (embeddings, prototypes) for 1 and 4 "
+          f"ranks, with and without the queue: worst relative difference {worst:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,386 @@
+// The SwAV sample's algorithm against float64 references written here from the published
+// algorithm: distributed Sinkhorn-Knopp (1 and 4 ranks, f32 and f64, hard assignment), the
+// swapped-prediction loss and its gradients with respect to the embeddings and the prototypes,
+// and the queue (VISSL's length rounding, start, ordering).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "shardkit/comm/run_ranks.hpp"
+#include "sinkhorn.hpp"
+#include "swav_loss.hpp"
+
+namespace sk = shardkit;
+namespace ag = shardkit::autograd;
+
+namespace {
+
+std::vector<double> random_values(std::uint64_t seed, std::size_t n, double low, double high) {
+  const sk::RandomSpec spec{sk::RandomKind::uniform, low, high, seed, 0};
+  std::vector<double> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = spec.value_at(i);
+  return out;
+}
+
+// Rows of unit length (the embedding is L2-normalised).
+std::vector<double> unit_rows(std::uint64_t seed, std::int64_t rows, std::int64_t dim) {
+  auto v = random_values(seed, static_cast<std::size_t>(rows * dim), -1, 1);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double s = 0;
+    for (std::int64_t d = 0; d < dim; ++d) s += v[r * dim + d] * v[r * dim + d];
+    for (std::int64_t d = 0; d < dim; ++d) v[r * dim + d] /= std::sqrt(s);
+  }
+  return v;
+}
+
+// Sinkhorn-Knopp on the whole [n, k] score matrix: Q = exp(S / eps) / sum; `iters` times scale
+// every prototype's column to total 1/k, then every sample's row to 1/n; rows normalised to 1.
+std::vector<double> reference_sinkhorn(const std::vector<double>& scores, std::int64_t n,
+                                       std::int64_t k, double eps, int iters) {
+  std::vector<double> q(scores.size());
+  double total = 0;
+  for (std::size_t i = 0; i < q.size(); ++i) total += q[i] = std::exp(scores[i] / eps);
+  for (auto& x : q) x /= total;
+  for (int it = 0; it < iters; ++it) {
+    for (std::int64_t j = 0; j < k; ++j) {
+      double s = 0;
+      for (std::int64_t b = 0; b < n; ++b) s += q[b * k + j];
+      for (std::int64_t b = 0; b < n; ++b) q[b * k + j] *= (1.0 / k) / s;
+    }
+    for (std::int64_t b = 0; b < n; ++b) {
+      double s = 0;
+      for (std::int64_t j = 0; j < k; ++j) s += q[b * k + j];
+      for (std::int64_t j = 0; j < k; ++j) q[b * k + j] *= (1.0 / n) / s;
+    }
+  }
+  for (std::int64_t b = 0; b < n; ++b) {
+    double s = 0;
+    for (std::int64_t j = 0; j < k; ++j) s += q[b * k + j];
+    for (std::int64_t j = 0; j < k; ++j) q[b * k + j] /= s;
+  }
+  return q;
+}
+
+std::vector<double> matmul_t(const std::vector<double>& a, const std::vector<double>& b,
+                             std::int64_t rows, std::int64_t cols, std::int64_t inner) {
+  std::vector<double> out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      double s = 0;
+      for (std::int64_t d = 0; d < inner; ++d) s += a[r * inner + d] * b[c * inner + d];
+      out[r * cols + c] = s;
+    }
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("distributed Sinkhorn-Knopp: every rank's codes are its rows of the global solution") {
+  const std::int64_t b = 6, k = 10;
+  for (int world : {1, 4}) {
+    const auto scores = random_values(41, static_cast<std::size_t>(world * b * k), -1, 1);
+    for (bool f64 : {false, true}) {
+      CAPTURE(world);
+      CAPTURE(f64);
+      sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        const std::int64_t at = comm.rank() * b * k;
+        std::vector<float> mine(scores.begin() + at, scores.begin() + at + b * k);
+        swav::SinkhornOptions options;
+        options.use_double_precision = f64;
+        const auto codes = swav::distributed_sinkhorn(
+            std::span<const float>(mine), b, k, world, options,
+            [&](auto v, sk::comm::ReduceOp op) { swav::all_reduce_host(ctx, comm, v, op); });
+        // The reference works on the f32 scores too.
+        std::vector<double> f32_scores(scores.size());
+        for (std::size_t i = 0; i < scores.size(); ++i)
+          f32_scores[i] = static_cast<float>(scores[i]);
+        const auto ref = reference_sinkhorn(f32_scores, world * b, k, 0.05, 3);
+        const std::vector<double> my_ref(ref.begin() + at, ref.begin() + at + b * k);
+        CHECK(max_abs_diff(codes, my_ref) < (f64 ? 1e-7 : 2e-6));
+        for (std::int64_t r = 0; r < b; ++r) {
+          double s = 0;
+          for (std::int64_t j = 0; j < k; ++j) s += codes[r * k + j];
+          CHECK(s == doctest::Approx(1.0).epsilon(1e-6));
+        }
+      });
+    }
+  }
+  // Equipartition over all ranks' samples: run long enough, every prototype gets n/k of the
+  // mass (3 iterations only approach it at epsilon 0.05).
+  const int world = 4;
+  const auto scores = random_values(47, static_cast<std::size_t>(world * b * k), -1, 1);
+  std::vector<double> mass(k, 0.0);
+  std::mutex lock;
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    const std::int64_t at = comm.rank() * b * k;
+    std::vector<float> mine(scores.begin() + at, scores.begin() + at + b * k);
+    swav::SinkhornOptions options;
+    options.num_iters = 200;
+    const auto codes = swav::distributed_sinkhorn(
+        std::span<const float>(mine), b, k, world, options,
+        [&](auto v, sk::comm::ReduceOp op) { swav::all_reduce_host(ctx, comm, v, op); });
+    std::lock_guard guard(lock);
+    for (std::int64_t r = 0; r < b; ++r)
+      for (std::int64_t j = 0; j < k; ++j) mass[j] += codes[r * k + j];
+  });
+  for (double m : mass) CHECK(m == doctest::Approx(double(world * b) / k).epsilon(0.01));
+}
+
+TEST_CASE("Sinkhorn-Knopp: hard assignment, VISSL's safeguards, and bad arguments") {
+  const std::int64_t b = 5, k = 7;
+  const auto scores = random_values(43, b * k, -1, 1);
+  std::vector<float> f(scores.begin(), scores.end());
+  auto none = [](auto, sk::comm::ReduceOp) {};
+  swav::SinkhornOptions soft, hard;
+  hard.hard_assignment = true;
+  const auto s = swav::distributed_sinkhorn(std::span<const float>(f), b, k, 1, soft, none);
+  const auto h = swav::distributed_sinkhorn(std::span<const float>(f), b, k, 1, hard, none);
+  for (std::int64_t r = 0; r < b; ++r) {
+    const auto best = std::max_element(s.begin() + r * k, s.begin() + (r + 1) * k) - s.begin();
+    for (std::int64_t j = 0; j < k; ++j) CHECK(h[r * k + j] == (r * k + j == best ? 1.0f : 0.0f));
+  }
+  // Scores far apart: exp underflows for most entries in f32 without VISSL's max shift; with it
+  // the codes stay finite and sum to 1.
+  std::vector<float> wide(f);
+  for (auto& x : wide) x *= 40;
+  const auto w = swav::distributed_sinkhorn(std::span<const float>(wide), b, k, 1, soft, none);
+  for (float x : w) CHECK(std::isfinite(x));
+  CHECK_THROWS_WITH(swav::distributed_sinkhorn(std::span<const float>(f), b, k + 1, 1, soft, none),
+                    doctest::Contains("do not form [5, 8]"));
+  swav::SinkhornOptions bad;
+  bad.epsilon = 0;
+  CHECK_THROWS_WITH(swav::distributed_sinkhorn(std::span<const float>(f), b, k, 1, bad, none),
+                    doctest::Contains("epsilon 0 must be positive"));
+}
+
+namespace {
+
+// One rank's inputs: embeddings [V*B, D] (unit rows) and the shared prototypes [K, D].
+struct LossCase {
+  int world = 1, crops = 4;
+  std::int64_t b = 5, d = 8, k = 12;
+  std::vector<int> assign{0, 1};
+  std::int64_t queue = 0;  // local queue length
+};
+
+struct LossResult {
+  double loss;
+  std::vector<float> grad_z, grad_c;
+};
+
+// Our loss on every rank; rank r's embeddings from seed 100 + r, prototypes from seed 99. With a
+// queue, every rank's queue is filled from seed 200 + r before the call.
+std::vector<LossResult> run_ours(const LossCase& c, bool f64 = false) {
+  std::vector<LossResult> out(static_cast<std::size_t>(c.world));
+  const auto protos = unit_rows(99, c.k, c.d);
+  sk::comm::run_ranks(c.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    const auto z = unit_rows(100 + static_cast<std::uint64_t>(comm.rank()), c.crops * c.b, c.d);
+    ag::Variable zv(
+        sk::from_vector(ctx, std::vector<float>(z.begin(), z.end()), {c.crops * c.b, c.d}), true);
+    ag::Variable cv(
+        sk::from_vector(ctx, std::vector<float>(protos.begin(), protos.end()), {c.k, c.d}), true);
+    swav::SwavLossConfig config;
+    config.num_crops = c.crops;
+    config.crops_for_assign = c.assign;
+    config.use_double_precision = f64;
+    config.local_queue_length = c.queue;
+    swav::SwavLoss loss_fn(config, c.d, c.k, comm.rank(), 5);
+    if (c.queue) {
+      const auto q = unit_rows(200 + static_cast<std::uint64_t>(comm.rank()),
+                               static_cast<std::int64_t>(c.assign.size()) * c.queue, c.d);
+      loss_fn.queue().assign(q.begin(), q.end());
+    }
+    auto scores = ag::linear(ctx, zv, cv);
+    auto loss = loss_fn(ctx, comm, zv, scores, cv.data());
+    ag::backward(ctx, loss);
+    auto& r = out[static_cast<std::size_t>(comm.rank())];
+    r.loss = sk::to_vector<float>(ctx, loss.data())[0];
+    r.grad_z = sk::to_vector<float>(ctx, zv.grad());
+    r.grad_c = sk::to_vector<float>(ctx, cv.grad());
+  });
+  return out;
+}
+
+// The same in float64: loss_r = mean over assignment crops i of mean over crops p != c_i of
+// mean over samples of -sum_j q_i[j] log softmax(s_p / tau)[j]; gradients by hand.
+std::vector<LossResult> run_reference(const LossCase& c) {
+  const double tau = 0.1;
+  const auto protos = unit_rows(99, c.k, c.d);
+  std::vector<std::vector<double>> z(c.world), s(c.world), qs(c.world);
+  for (int r = 0; r < c.world; ++r) {
+    z[r] = unit_rows(100 + static_cast<std::uint64_t>(r), c.crops * c.b, c.d);
+    for (auto& x : z[r]) x = static_cast<float>(x);  // our inputs are f32
+    s[r] = matmul_t(z[r], protos, c.crops * c.b, c.k, c.d);
+    if (c.queue) {
+      auto q = unit_rows(200 + static_cast<std::uint64_t>(r),
+                         static_cast<std::int64_t>(c.assign.size()) * c.queue, c.d);
+      for (auto& x : q) x = static_cast<float>(x);
+      qs[r] = matmul_t(q, protos, static_cast<std::int64_t>(c.assign.size()) * c.queue, c.k, c.d);
+    }
+  }
+  std::vector<LossResult> out(static_cast<std::size_t>(c.world));
+  std::vector<std::vector<double>> grad_s(c.world, std::vector<double>(c.crops * c.b * c.k, 0.0));
+  std::vector<double> losses(c.world, 0.0);
+  const double per_term = 1.0 / (double(c.assign.size()) * (c.crops - 1) * c.b);
+  for (std::size_t i = 0; i < c.assign.size(); ++i) {
+    const int crop = c.assign[i];
+    // The global Sinkhorn matrix: rank by rank, the batch's rows then the queue's.
+    const std::int64_t per_rank = c.b + c.queue;
+    std::vector<double> m;
+    for (int r = 0; r < c.world; ++r) {
+      m.insert(m.end(), s[r].begin() + crop * c.b * c.k, s[r].begin() + (crop + 1) * c.b * c.k);
+      if (c.queue)
+        m.insert(m.end(), qs[r].begin() + i * c.queue * c.k,
+                 qs[r].begin() + (i + 1) * c.queue * c.k);
+    }
+    const auto codes = reference_sinkhorn(m, c.world * per_rank, c.k, 0.05, 3);
+    for (int r = 0; r < c.world; ++r)
+      for (int p = 0; p < c.crops; ++p) {
+        if (p == crop) continue;
+        for (std::int64_t n = 0; n < c.b; ++n) {
+          const double* q = codes.data() + (r * per_rank + n) * c.k;
+          const double* row = s[r].data() + (p * c.b + n) * c.k;
+          double mx = -1e300;
+          for (std::int64_t j = 0; j < c.k; ++j) mx = std::max(mx, row[j] / tau);
+          double sum = 0;
+          for (std::int64_t j = 0; j < c.k; ++j) sum += std::exp(row[j] / tau - mx);
+          for (std::int64_t j = 0; j < c.k; ++j) {
+            const double log_p = row[j] / tau - mx - std::log(sum);
+            losses[r] -= per_term * q[j] * log_p;
+            grad_s[r][(p * c.b + n) * c.k + j] += per_term * (std::exp(log_p) - q[j]) / tau;
+          }
+        }
+      }
+  }
+  for (int r = 0; r < c.world; ++r) {
+    auto& o = out[static_cast<std::size_t>(r)];
+    o.loss = losses[r];
+    for (std::int64_t row = 0; row < c.crops * c.b; ++row)
+      for (std::int64_t dd = 0; dd < c.d; ++dd) {
+        double g = 0;
+        for (std::int64_t j = 0; j < c.k; ++j) g += grad_s[r][row * c.k + j] * protos[j * c.d + dd];
+        o.grad_z.push_back(static_cast<float>(g));
+      }
+    for (std::int64_t j = 0; j < c.k; ++j)
+      for (std::int64_t dd = 0; dd < c.d; ++dd) {
+        double g = 0;
+        for (std::int64_t row = 0; row < c.crops * c.b; ++row)
+          g += grad_s[r][row * c.k + j] * z[r][row * c.d + dd];
+        o.grad_c.push_back(static_cast<float>(g));
+      }
+  }
+  return out;
+}
+
+void check_close(const std::vector<float>& a, const std::vector<float>& b, double tol) {
+  REQUIRE(a.size() == b.size());
+  double scale = 0, worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, double(std::abs(b[i])));
+    worst = std::max(worst, double(std::abs(a[i] - b[i])));
+  }
+  CHECK(worst <= tol * scale);
+}
+
+}  // namespace
+
+TEST_CASE("the SwAV loss and its gradients equal a float64 reference, 1 and 4 ranks, queue") {
+  for (int world : {1, 4}) {
+    for (std::int64_t queue : {std::int64_t{0}, std::int64_t{7}}) {
+      for (auto assign : {std::vector<int>{0, 1}, std::vector<int>{2}}) {
+        LossCase c;
+        c.world = world;
+        c.queue = queue;
+        c.assign = assign;
+        CAPTURE(world);
+        CAPTURE(queue);
+        CAPTURE(assign.size());
+        const auto ours = run_ours(c);
+        const auto ref = run_reference(c);
+        for (int r = 0; r < world; ++r) {
+          CHECK(ours[r].loss == doctest::Approx(ref[r].loss).epsilon(1e-6));
+          check_close(ours[r].grad_z, ref[r].grad_z, 1e-5);
+          check_close(ours[r].grad_c, ref[r].grad_c, 1e-5);
+        }
+        const auto ours64 = run_ours(c, true);
+        for (int r = 0; r < world; ++r) {
+          CHECK(ours64[r].loss == doctest::Approx(ref[r].loss).epsilon(1e-7));
+          check_close(ours64[r].grad_c, ref[r].grad_c, 1e-6);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the queue: VISSL's length rounding, start iteration and newest-first order") {
+  // 3840 rounded down to a multiple of the global batch 4 x 64 x 3 = 768: 3840 / 3 per rank.
+  CHECK(swav::local_queue_length(3840, 64, 3) == 1280);
+  CHECK(swav::local_queue_length(1000, 64, 4) == 192);  // 768 / 4
+  CHECK(swav::local_queue_length(100, 64, 4) == 0);     // shorter than one global batch
+
+  sk::Context ctx({.seed = 3});
+  sk::comm::run_ranks(1, [&](sk::Context& rctx, sk::comm::Communicator& comm) {
+    const std::int64_t b = 3, d = 4, k = 5, lq = 5;
+    swav::SwavLossConfig config;
+    config.num_crops = 3;
+    config.local_queue_length = lq;
+    config.queue_start_iter = 1;
+    swav::SwavLoss loss_fn(config, d, k, 0, 9);
+    const auto start = loss_fn.queue();
+    REQUIRE(start.size() == 2 * lq * d);
+    for (float x : start) CHECK(std::abs(x) <= 1.0 / std::sqrt(d / 3.0) + 1e-6);
+    auto make = [&](std::uint64_t seed) {
+      const auto z = unit_rows(seed, 3 * b, d);
+      return ag::Variable(
+          sk::from_vector(rctx, std::vector<float>(z.begin(), z.end()), {3 * b, d}));
+    };
+    const auto c = unit_rows(8, k, d);
+    ag::Variable cv(sk::from_vector(rctx, std::vector<float>(c.begin(), c.end()), {k, d}));
+    // Iteration 0 < start_iter: the queue is neither used nor filled.
+    auto z0 = make(1);
+    CHECK_FALSE(loss_fn.uses_queue());
+    (void)loss_fn(rctx, comm, z0, ag::linear(rctx, z0, cv), cv.data());
+    CHECK(loss_fn.queue() == start);
+    CHECK(loss_fn.uses_queue());
+    auto z1 = make(2);
+    (void)loss_fn(rctx, comm, z1, ag::linear(rctx, z1, cv), cv.data());
+    const auto e = sk::to_vector<float>(rctx, z1.data());
+    const auto& q = loss_fn.queue();
+    for (int i = 0; i < 2; ++i) {  // crops_for_assign {0, 1}
+      const float* head = q.data() + i * lq * d;
+      for (std::int64_t x = 0; x < b * d; ++x) CHECK(head[x] == e[i * b * d + x]);
+      // The old front moved back by the batch; the oldest rows fell out.
+      for (std::int64_t x = 0; x < (lq - b) * d; ++x)
+        CHECK(head[b * d + x] == start[i * lq * d + x]);
+    }
+  });
+  (void)ctx;
+}
+
+TEST_CASE("the SwAV loss refuses bad settings by name") {
+  swav::SwavLossConfig c;
+  c.num_crops = 1;
+  CHECK_THROWS_WITH(swav::SwavLoss(c, 4, 4, 0, 1), doctest::Contains("num_crops 1"));
+  c.num_crops = 4;
+  c.crops_for_assign = {0, 4};
+  CHECK_THROWS_WITH(swav::SwavLoss(c, 4, 4, 0, 1), doctest::Contains("crop 4, outside [0, 4)"));
+  c.crops_for_assign = {0};
+  c.temperature = 0;
+  CHECK_THROWS_WITH(swav::SwavLoss(c, 4, 4, 0, 1), doctest::Contains("temperature 0"));
+}
