@@ -9,7 +9,10 @@
 #include <mutex>
 #include <vector>
 
+#include "loader.hpp"
+#include "multicrop.hpp"
 #include "shardkit/comm/run_ranks.hpp"
+#include "shardkit/io/stateful_sampler.hpp"
 #include "sinkhorn.hpp"
 #include "swav_loss.hpp"
 
@@ -383,4 +386,112 @@ TEST_CASE("the SwAV loss refuses bad settings by name") {
   c.crops_for_assign = {0};
   c.temperature = 0;
   CHECK_THROWS_WITH(swav::SwavLoss(c, 4, 4, 0, 1), doctest::Contains("temperature 0"));
+}
+
+namespace {
+
+sk::io::ImageDataset random_images(std::int64_t count, std::int64_t side) {
+  sk::io::ImageDataset d;
+  d.count = count;
+  d.rows = d.cols = side;
+  const auto v = random_values(77, static_cast<std::size_t>(count * side * side), 0, 256);
+  for (double x : v) d.pixels.push_back(static_cast<std::uint8_t>(std::min(255.0, x)));
+  d.labels.assign(static_cast<std::size_t>(count), 0);
+  return d;
+}
+
+std::vector<swav::MultiCropBatch> all_batches(swav::MultiCropLoader& loader, std::int64_t epoch,
+                                              std::vector<std::int64_t> indices, std::int64_t batch,
+                                              std::int64_t first = 0) {
+  loader.start_epoch(epoch, std::move(indices), batch, first);
+  std::vector<swav::MultiCropBatch> out;
+  while (auto b = loader.next()) out.push_back(std::move(*b));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("multi-crop: a crop depends only on (seed, epoch, image, crop)") {
+  const auto data = random_images(40, 28);
+  swav::MultiCropConfig config;  // 2 x 24 + 4 x 12
+  sk::io::StatefulDistributedSampler sampler(40, 1, 0, 6, 5);
+  sampler.set_epoch(2);
+  swav::MultiCropLoader one(data, config, 5, 1, 1), three(data, config, 5, 3, 4);
+  const auto a = all_batches(one, 2, sampler.indices(), 6);
+  const auto b = all_batches(three, 2, sampler.indices(), 6);
+  REQUIRE(a.size() == 6);  // 40 / 6, the partial batch dropped
+  REQUIRE(b.size() == a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].number == std::int64_t(i));
+    CHECK(a[i].images == b[i].images);
+    REQUIRE(a[i].groups.size() == 2);
+    CHECK(a[i].groups[0].size() == 2 * 6 * 24 * 24);
+    CHECK(a[i].groups[1].size() == 4 * 6 * 12 * 12);
+    CHECK(a[i].groups == b[i].groups);
+  }
+  // Resumed at batch 3 (the sampler's start_iter): the same crops as batches 3.. of the run.
+  sampler.set_start_iter(3);
+  const auto resumed = all_batches(one, 2, sampler.indices(), 6, 3);
+  REQUIRE(resumed.size() == 3);
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    CHECK(resumed[i].number == a[i + 3].number);
+    CHECK(resumed[i].groups == a[i + 3].groups);
+  }
+  // Another epoch draws other crops of the same images.
+  const auto other = all_batches(one, 3, sampler.indices(), 6, 3);
+  CHECK(other[0].groups != resumed[0].groups);
+}
+
+TEST_CASE("multi-crop transforms: whole-image crop, flip, blur, boxes, bad settings") {
+  const auto data = random_images(3, 28);
+  swav::MultiCropConfig plain;
+  plain.num_crops = {1};
+  plain.size_crops = {28};
+  plain.crop_scales = {{1.0, 1.0}};
+  plain.flip_p = 0;
+  plain.color_strength = 0;
+  plain.blur_p = 0;
+  std::vector<float> out(28 * 28), flipped(28 * 28);
+  swav::make_crop(plain, 1, 0, 2, 0, data.image(2), 28, 28, out.data());
+  // The whole image, normalised: (pixel / 255 - mean) / std.
+  double worst = 0;
+  for (int i = 0; i < 28 * 28; ++i)
+    worst = std::max(worst, std::abs(out[i] - (data.image(2)[i] / 255.0 - plain.mean) / plain.std));
+  CHECK(worst < 1e-5);
+  auto mirror = plain;
+  mirror.flip_p = 1;
+  swav::make_crop(mirror, 1, 0, 2, 0, data.image(2), 28, 28, flipped.data());
+  for (int y = 0; y < 28; ++y)
+    for (int x = 0; x < 28; ++x) CHECK(flipped[y * 28 + x] == out[y * 28 + 27 - x]);
+  // Blur keeps a constant image constant and smooths a random one.
+  std::vector<float> flat(16 * 16, 0.3f);
+  swav::gaussian_blur(flat.data(), 16, 1.5);
+  for (float v : flat) CHECK(v == doctest::Approx(0.3f).epsilon(1e-5));
+  auto blurred = out;
+  swav::gaussian_blur(blurred.data(), 28, 1.0);
+  auto variance = [](const std::vector<float>& v) {
+    double m = 0, s = 0;
+    for (float x : v) m += x;
+    m /= double(v.size());
+    for (float x : v) s += (x - m) * (x - m);
+    return s / double(v.size());
+  };
+  CHECK(variance(blurred) < 0.5 * variance(out));
+  // Boxes lie inside the image with areas in the scale range (or are the centred fallback).
+  for (int i = 0; i < 200; ++i) {
+    swav::CropRandom rng(3, 0, i, 1);
+    const auto box = swav::random_resized_box(rng, 28, 28, {0.05, 0.14});
+    CHECK(box.top >= 0);
+    CHECK(box.left >= 0);
+    CHECK(box.top + box.height <= 28);
+    CHECK(box.left + box.width <= 28);
+    const double area = double(box.height * box.width) / (28.0 * 28.0);
+    CHECK(area <= 0.14 + 0.05);  // rounding of the sides
+  }
+  swav::MultiCropConfig bad;
+  bad.size_crops = {24};
+  CHECK_THROWS_WITH(bad.validate(), doctest::Contains("one entry per crop size"));
+  bad = {};
+  bad.crop_scales[1] = {0.3, 0.1};
+  CHECK_THROWS_WITH(bad.validate(), doctest::Contains("crop_scales[1] = [0.3, 0.1]"));
 }

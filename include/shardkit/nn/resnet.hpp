@@ -25,6 +25,7 @@ struct ResNetOptions {
   // Channels of the stem and the first stage (torchvision: 64); the stages double it. Smaller
   // values give the same architecture at a fraction of the cost (tests, CPU benchmarks).
   std::int64_t base_channels = 64;
+  std::int64_t in_channels = 3;  // 1 for grayscale images (Fashion-MNIST)
 };
 
 namespace detail {
@@ -120,12 +121,13 @@ std::shared_ptr<ResNet> build_resnet(Context& ctx, const std::vector<int>& block
                                      const ResNetOptions& o) {
   check(o.num_classes >= 0, "ResNet: num_classes ", o.num_classes, " must be >= 0");
   check(o.base_channels > 0, "ResNet: base_channels ", o.base_channels, " must be > 0");
+  check(o.in_channels > 0, "ResNet: in_channels ", o.in_channels, " must be > 0");
   const std::int64_t c = o.base_channels;
   auto net = std::make_shared<ResNet>();
   if (o.small_image_stem)
-    net->add("conv1", conv(ctx, 3, c, 3, 1, o));
+    net->add("conv1", conv(ctx, o.in_channels, c, 3, 1, o));
   else
-    net->add("conv1", conv(ctx, 3, c, 7, 2, o));
+    net->add("conv1", conv(ctx, o.in_channels, c, 7, 2, o));
   net->add("bn1", bn(ctx, c, o));
   net->add("relu", std::make_shared<ReLU>());
   if (!o.small_image_stem) net->add("maxpool", std::make_shared<MaxPool2d>(3, 2, 1));

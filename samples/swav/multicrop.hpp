@@ -1,0 +1,225 @@
+// Multi-crop augmentation of grayscale images (docs/swav.md, "Data"): VISSL's
+// ImgPilToMultiCrop -> RandomHorizontalFlip -> ImgPilColorDistortion -> ImgPilGaussianBlur ->
+// ToTensor -> Normalize, for one-channel images. Every random draw of crop c of image i in
+// epoch e comes from a Philox stream keyed by (seed, epoch, image, crop), so a crop does not
+// depend on the thread that makes it or on where a run resumed.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/philox.hpp"
+
+namespace swav {
+
+namespace sk = shardkit;
+
+struct MultiCropConfig {
+  // One entry per crop size, large first: how many crops, their side, their area range.
+  std::vector<int> num_crops{2, 4};
+  std::vector<int> size_crops{24, 12};
+  std::vector<std::array<double, 2>> crop_scales{{0.14, 1.0}, {0.05, 0.14}};
+  double flip_p = 0.5;          // RandomHorizontalFlip
+  double color_strength = 1.0;  // ImgPilColorDistortion; 0 turns it off
+  double color_p = 0.8;         // probability of the jitter (VISSL: 0.8)
+  double blur_p = 0.5;          // ImgPilGaussianBlur
+  double blur_radius_min = 0.1, blur_radius_max = 2.0;
+  double mean = 0.2860, std = 0.3530;  // Fashion-MNIST's pixel statistics in [0, 1]
+
+  int total_crops() const {
+    int n = 0;
+    for (int c : num_crops) n += c;
+    return n;
+  }
+  // The size group of crop `crop` (crops are numbered large first).
+  std::size_t group_of(int crop) const {
+    for (std::size_t g = 0; g < num_crops.size(); ++g) {
+      if (crop < num_crops[g]) return g;
+      crop -= num_crops[g];
+    }
+    sk::fail<sk::InvalidArgument>("multi-crop: crop index out of range");
+  }
+  void validate() const {
+    sk::check(!num_crops.empty() && num_crops.size() == size_crops.size() &&
+                  num_crops.size() == crop_scales.size(),
+              "ImgPilToMultiCrop: num_crops (", num_crops.size(), " entries), size_crops (",
+              size_crops.size(), ") and crop_scales (", crop_scales.size(),
+              ") must have one entry per crop size");
+    for (std::size_t g = 0; g < num_crops.size(); ++g) {
+      sk::check(num_crops[g] >= 1 && size_crops[g] >= 4, "ImgPilToMultiCrop: size group ", g,
+                " has ", num_crops[g], " crops of side ", size_crops[g],
+                "; each group needs >= 1 crop of side >= 4");
+      sk::check(
+          crop_scales[g][0] > 0 && crop_scales[g][0] <= crop_scales[g][1] && crop_scales[g][1] <= 1,
+          "ImgPilToMultiCrop: crop_scales[", g, "] = [", crop_scales[g][0], ", ", crop_scales[g][1],
+          "] must satisfy 0 < min <= max <= 1");
+    }
+    sk::check(std > 0, "Normalize: std ", std, " must be positive");
+    sk::check(blur_radius_min > 0 && blur_radius_min <= blur_radius_max,
+              "ImgPilGaussianBlur: radius_min ", blur_radius_min, " and radius_max ",
+              blur_radius_max, " must satisfy 0 < min <= max");
+  }
+};
+
+// Uniform draws of one crop: Philox keyed by a mix of (seed, epoch, image, crop).
+class CropRandom {
+ public:
+  CropRandom(std::uint64_t seed, std::int64_t epoch, std::int64_t image, int crop)
+      : key_(mix(
+            mix(mix(seed, static_cast<std::uint64_t>(epoch)), static_cast<std::uint64_t>(image)),
+            static_cast<std::uint64_t>(crop))) {}
+  double uniform() {  // [0, 1)
+    if (lane_ == 4) {
+      block_ = sk::philox_block(key_, counter_++);
+      lane_ = 0;
+    }
+    return sk::word_to_unit(block_.v[lane_++]);
+  }
+  double uniform(double low, double high) { return low + (high - low) * uniform(); }
+  // An integer in [low, high).
+  std::int64_t integer(std::int64_t low, std::int64_t high) {
+    return low + std::min<std::int64_t>(static_cast<std::int64_t>(uniform() * double(high - low)),
+                                        high - low - 1);
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t a, std::uint64_t b) {  // splitmix64 of a combination
+    std::uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E5Full;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  std::uint64_t key_;
+  std::uint64_t counter_ = 0;
+  sk::PhiloxBlock block_{};
+  int lane_ = 4;
+};
+
+struct CropBox {
+  std::int64_t top, left, height, width;
+};
+
+// torchvision's RandomResizedCrop.get_params: up to 10 tries of an area in `scale` and an
+// aspect ratio log-uniform in [3/4, 4/3]; else the largest centred crop of a valid ratio.
+inline CropBox random_resized_box(CropRandom& rng, std::int64_t rows, std::int64_t cols,
+                                  std::array<double, 2> scale) {
+  const double area = double(rows * cols);
+  const double log_lo = std::log(3.0 / 4.0), log_hi = std::log(4.0 / 3.0);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * rng.uniform(scale[0], scale[1]);
+    const double ratio = std::exp(rng.uniform(log_lo, log_hi));
+    const auto w = static_cast<std::int64_t>(std::lround(std::sqrt(target * ratio)));
+    const auto h = static_cast<std::int64_t>(std::lround(std::sqrt(target / ratio)));
+    if (w > 0 && w <= cols && h > 0 && h <= rows) {
+      const std::int64_t top = rng.integer(0, rows - h + 1);
+      const std::int64_t left = rng.integer(0, cols - w + 1);
+      return {top, left, h, w};
+    }
+  }
+  const double in_ratio = double(cols) / double(rows);
+  std::int64_t w = cols, h = rows;
+  if (in_ratio < 3.0 / 4.0)
+    h = std::lround(double(w) / (3.0 / 4.0));
+  else if (in_ratio > 4.0 / 3.0)
+    w = std::lround(double(h) * (4.0 / 3.0));
+  return {(rows - h) / 2, (cols - w) / 2, h, w};
+}
+
+// Bilinear resize of the box to side x side, half-pixel centres (align_corners = False).
+inline void resize_box(const std::uint8_t* image, std::int64_t cols, const CropBox& box, int side,
+                       float* out) {
+  const double sy = double(box.height) / side, sx = double(box.width) / side;
+  for (int y = 0; y < side; ++y) {
+    const double fy = std::clamp((y + 0.5) * sy - 0.5, 0.0, double(box.height - 1));
+    const auto y0 = static_cast<std::int64_t>(fy);
+    const std::int64_t y1 = std::min(y0 + 1, box.height - 1);
+    const double wy = fy - double(y0);
+    for (int x = 0; x < side; ++x) {
+      const double fx = std::clamp((x + 0.5) * sx - 0.5, 0.0, double(box.width - 1));
+      const auto x0 = static_cast<std::int64_t>(fx);
+      const std::int64_t x1 = std::min(x0 + 1, box.width - 1);
+      const double wx = fx - double(x0);
+      auto at = [&](std::int64_t r, std::int64_t c) {
+        return double(image[(box.top + r) * cols + box.left + c]) / 255.0;
+      };
+      const double top = at(y0, x0) * (1 - wx) + at(y0, x1) * wx;
+      const double bottom = at(y1, x0) * (1 - wx) + at(y1, x1) * wx;
+      out[y * side + x] = static_cast<float>(top * (1 - wy) + bottom * wy);
+    }
+  }
+}
+
+// Separable Gaussian blur of standard deviation sigma (PIL's radius), edges clamped.
+inline void gaussian_blur(float* pixels, int side, double sigma) {
+  const int radius = std::max(1, static_cast<int>(std::ceil(3 * sigma)));
+  std::vector<double> kernel(static_cast<std::size_t>(2 * radius + 1));
+  double sum = 0;
+  for (int i = -radius; i <= radius; ++i)
+    sum += kernel[static_cast<std::size_t>(i + radius)] = std::exp(-0.5 * i * i / (sigma * sigma));
+  for (double& k : kernel) k /= sum;
+  std::vector<float> tmp(static_cast<std::size_t>(side * side));
+  for (int pass = 0; pass < 2; ++pass) {
+    const float* src = pass == 0 ? pixels : tmp.data();
+    float* dst = pass == 0 ? tmp.data() : pixels;
+    for (int y = 0; y < side; ++y)
+      for (int x = 0; x < side; ++x) {
+        double acc = 0;
+        for (int i = -radius; i <= radius; ++i) {
+          const int yy = pass == 0 ? y : std::clamp(y + i, 0, side - 1);
+          const int xx = pass == 0 ? std::clamp(x + i, 0, side - 1) : x;
+          acc += kernel[static_cast<std::size_t>(i + radius)] * src[yy * side + xx];
+        }
+        dst[y * side + x] = static_cast<float>(acc);
+      }
+  }
+}
+
+// Crop `crop` of `image` (u8, rows x cols) in `epoch`, written normalised into `out`
+// (side x side of the crop's size group).
+inline void make_crop(const MultiCropConfig& config, std::uint64_t seed, std::int64_t epoch,
+                      std::int64_t image_index, int crop, const std::uint8_t* image,
+                      std::int64_t rows, std::int64_t cols, float* out) {
+  CropRandom rng(seed, epoch, image_index, crop);
+  const std::size_t group = config.group_of(crop);
+  const int side = config.size_crops[group];
+  const CropBox box = random_resized_box(rng, rows, cols, config.crop_scales[group]);
+  resize_box(image, cols, box, side, out);
+  const std::span<float> px(out, static_cast<std::size_t>(side * side));
+  if (rng.uniform() < config.flip_p)
+    for (int y = 0; y < side; ++y) std::reverse(out + y * side, out + (y + 1) * side);
+  // Colour distortion of a grayscale image: brightness and contrast jitter (saturation and hue
+  // have nothing to change, grayscale conversion neither), in a random order.
+  const double jitter = 0.8 * config.color_strength;
+  if (config.color_strength > 0 && rng.uniform() < config.color_p) {
+    const double brightness = rng.uniform(std::max(0.0, 1 - jitter), 1 + jitter);
+    const double contrast = rng.uniform(std::max(0.0, 1 - jitter), 1 + jitter);
+    const bool brightness_first = rng.uniform() < 0.5;
+    auto apply_brightness = [&] {
+      for (float& v : px) v = std::clamp(static_cast<float>(v * brightness), 0.0f, 1.0f);
+    };
+    auto apply_contrast = [&] {
+      double mean = 0;
+      for (float v : px) mean += v;
+      mean /= double(px.size());
+      for (float& v : px)
+        v = std::clamp(static_cast<float>((v - mean) * contrast + mean), 0.0f, 1.0f);
+    };
+    if (brightness_first) {
+      apply_brightness();
+      apply_contrast();
+    } else {
+      apply_contrast();
+      apply_brightness();
+    }
+  }
+  if (rng.uniform() < config.blur_p)
+    gaussian_blur(out, side, rng.uniform(config.blur_radius_min, config.blur_radius_max));
+  for (float& v : px) v = static_cast<float>((v - config.mean) / config.std);
+}
+
+}  // namespace swav
