@@ -37,6 +37,9 @@ TEST_CASE("element-wise and shape ops") {
   expect_gradients(ctx, {a, b}, [&](const auto& v) { return ag::add(ctx, v[0], v[1]); });
   expect_gradients(ctx, {a, b}, [&](const auto& v) { return ag::mul(ctx, v[0], v[1]); });
   expect_gradients(ctx, {a}, [&](const auto& v) { return ag::scale(ctx, v[0], -2.5); });
+  auto c = random_variable(ctx, {1, 3, 4}, -1, 1);
+  expect_gradients(ctx, {a, c, b}, [&](const auto& v) { return ag::cat(ctx, {v[0], v[1], v[2]}); });
+  expect_gradients(ctx, {a}, [&](const auto& v) { return ag::cat(ctx, {v[0], v[0]}); });
   // The same variable on both sides: gradients from two edges must add up.
   expect_gradients(ctx, {a}, [&](const auto& v) { return ag::mul(ctx, v[0], v[0]); });
   auto r = random_away_from_zero(ctx, {2, 3, 4}, 0.05, 1);
@@ -50,7 +53,8 @@ TEST_CASE("linear and matmul") {
   sk::Context ctx({.seed = 3});
   auto x = random_variable(ctx, {5, 4}, -1, 1), w = random_variable(ctx, {3, 4}, -1, 1);
   auto b = random_variable(ctx, {3}, -1, 1);
-  expect_gradients(ctx, {x, w, b}, [&](const auto& v) { return ag::linear(ctx, v[0], v[1], v[2]); });
+  expect_gradients(ctx, {x, w, b},
+                   [&](const auto& v) { return ag::linear(ctx, v[0], v[1], v[2]); });
   expect_gradients(ctx, {x, w}, [&](const auto& v) { return ag::linear(ctx, v[0], v[1]); });
   auto m = random_variable(ctx, {4, 6}, -1, 1);
   expect_gradients(ctx, {x, m}, [&](const auto& v) { return ag::matmul(ctx, v[0], v[1]); });
@@ -66,11 +70,11 @@ TEST_CASE("conv2d: padded, strided, dilated, pointwise, with bias") {
   const Case cases[] = {
       {{2, 3, 5, 5}, {4, 3, 3, 3}, ag::Conv2dOptions::make(1, 1), false},
       {{2, 3, 7, 6}, {4, 3, 3, 3}, ag::Conv2dOptions::make(2, 1), true},
-      {{1, 2, 9, 9}, {3, 2, 7, 7}, ag::Conv2dOptions::make(2, 3), false},  // ResNet stem shape
-      {{2, 4, 4, 4}, {3, 4, 1, 1}, ag::Conv2dOptions::make(1, 0), true},   // pointwise fast path
-      {{2, 4, 5, 5}, {3, 4, 1, 1}, ag::Conv2dOptions::make(2, 0), false},  // strided downsample
+      {{1, 2, 9, 9}, {3, 2, 7, 7}, ag::Conv2dOptions::make(2, 3), false},     // ResNet stem shape
+      {{2, 4, 4, 4}, {3, 4, 1, 1}, ag::Conv2dOptions::make(1, 0), true},      // pointwise fast path
+      {{2, 4, 5, 5}, {3, 4, 1, 1}, ag::Conv2dOptions::make(2, 0), false},     // strided downsample
       {{1, 2, 7, 7}, {2, 2, 3, 3}, ag::Conv2dOptions::make(1, 2, 2), false},  // dilated
-      {{1, 2, 6, 5}, {2, 2, 2, 3}, {2, 1, 0, 1, 1, 1}, true},                  // asymmetric
+      {{1, 2, 6, 5}, {2, 2, 2, 3}, {2, 1, 0, 1, 1, 1}, true},                 // asymmetric
   };
   for (const auto& c : cases) {
     CAPTURE(sk::shape_str(c.x));
@@ -99,7 +103,8 @@ TEST_CASE("batch_norm in training and evaluation mode, 2d and 1d") {
   expect_gradients(ctx, {x2, w, b}, [&](const auto& v) {
     return ag::batch_norm(ctx, v[0], v[1], v[2], sk::Tensor(), sk::Tensor(), train);
   });
-  auto mean = random_variable(ctx, {3}, -0.5, 0.5, false), var = random_variable(ctx, {3}, 0.5, 2, false);
+  auto mean = random_variable(ctx, {3}, -0.5, 0.5, false),
+       var = random_variable(ctx, {3}, 0.5, 2, false);
   ag::BatchNormOptions eval;
   eval.training = false;
   expect_gradients(ctx, {x4, w, b}, [&](const auto& v) {
@@ -112,8 +117,10 @@ TEST_CASE("pooling") {
   auto x = random_variable(ctx, {2, 2, 7, 7}, -1, 1);
   expect_gradients(ctx, {x}, [&](const auto& v) { return ag::max_pool2d(ctx, v[0], 3, 2, 1); });
   expect_gradients(ctx, {x}, [&](const auto& v) { return ag::max_pool2d(ctx, v[0], 2, 2, 0); });
-  expect_gradients(ctx, {x}, [&](const auto& v) { return ag::adaptive_avg_pool2d(ctx, v[0], 1, 1); });
-  expect_gradients(ctx, {x}, [&](const auto& v) { return ag::adaptive_avg_pool2d(ctx, v[0], 3, 4); });
+  expect_gradients(ctx, {x},
+                   [&](const auto& v) { return ag::adaptive_avg_pool2d(ctx, v[0], 1, 1); });
+  expect_gradients(ctx, {x},
+                   [&](const auto& v) { return ag::adaptive_avg_pool2d(ctx, v[0], 3, 4); });
 }
 
 TEST_CASE("softmax, log_softmax, l2_normalize, cross_entropy") {
@@ -128,7 +135,8 @@ TEST_CASE("softmax, log_softmax, l2_normalize, cross_entropy") {
   auto soft = ag::softmax(ctx, random_variable(ctx, {4, 5}, -1, 1, false)).data();
   expect_gradients(ctx, {x}, [&](const auto& v) { return ag::cross_entropy(ctx, v[0], soft); });
   auto unnormalised = random_variable(ctx, {4, 5}, 0, 1, false).data();
-  expect_gradients(ctx, {x}, [&](const auto& v) { return ag::cross_entropy(ctx, v[0], unnormalised); });
+  expect_gradients(ctx, {x},
+                   [&](const auto& v) { return ag::cross_entropy(ctx, v[0], unnormalised); });
 }
 
 TEST_CASE("a small network end to end") {

@@ -3,6 +3,7 @@
 // activation checkpointing too; buffers follow DDP's broadcast_buffers semantics.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -130,4 +131,91 @@ TEST_CASE(
     CHECK_THROWS_WITH(sk::parallel::ShardedModule<Cpu>(ctx, comm, net, {}),
                       doctest::Contains("parameter '0.weight' is f64"));
   });
+}
+
+namespace {
+
+// A head like SwAV's: Linear(12 -> 32) -> ReLU -> prototypes Linear(32 -> 10, no bias), rows of
+// the prototypes re-normalised after every step; the prototypes' gradient zeroed in the first
+// `frozen` steps. Rank 0's values of every parameter after `steps` steps.
+std::vector<float> prototypes_run(int world, Stage stage, OptimizerKind kind, int frozen,
+                                  sk::DType dtype = sk::DType::f32, int steps = 4) {
+  std::vector<float> out;
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(ctx, 12, 32));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::Linear>(ctx, 32, 10, false));
+    sk::Context init({.seed = 5});
+    for (auto& p : net->parameters()) {
+      auto v = sk::empty(init, p.shape(), sk::DType::f32);
+      sk::uniform_(init, v, -0.5, 0.5);
+      sk::copy(ctx, p.data(), v);
+    }
+    sk::parallel::ShardedModuleOptions options;
+    options.stage = stage;
+    options.buckets.bucket_bytes = 512;
+    options.fsdp.wrap.unit_paths = {"2"};
+    options.precision = sk::parallel::MixedPrecision::of(dtype);
+    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(kind), options);
+    std::vector<float> before;
+    for (int s = 0; s < steps; ++s) {
+      model.zero_grad();
+      auto b = batch(ctx, {6, 12}, 10, comm.rank(), s);
+      auto loss = ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
+      ag::backward(ctx, loss);
+      if (s < frozen) model.zero_grad_of("2.weight");
+      model.step(0.1f);
+      model.normalize_rows("2.weight");
+    }
+    auto dict = model.state_dict(true);
+    if (comm.rank() != 0) return;
+    for (const auto& [name, t] : dict) {
+      const auto v = sk::to_vector<float>(ctx, sk::cast(ctx, t, sk::DType::f32));
+      out.insert(out.end(), v.begin(), v.end());
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("normalize_rows and zero_grad_of: exact and alike under every stage") {
+  for (auto dtype : {sk::DType::f32, sk::DType::bf16}) {
+    for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd}) {
+      const auto ddp = prototypes_run(3, Stage::ddp, kind, 0, dtype);
+      // The prototypes (the last 10 x 32 values) have unit rows.
+      REQUIRE(ddp.size() == 12 * 32 + 32 + 32 * 10);
+      for (int r = 0; r < 10; ++r) {
+        double s = 0;
+        for (int c = 0; c < 32; ++c) s += double(ddp[416 + r * 32 + c]) * ddp[416 + r * 32 + c];
+        CHECK(std::sqrt(s) == doctest::Approx(1.0).epsilon(dtype == sk::DType::f32 ? 1e-6 : 1e-2));
+      }
+      for (auto stage : {Stage::oss, Stage::sdp, Stage::fsdp}) {
+        CAPTURE(sk::parallel::stage_name(stage));
+        CHECK(prototypes_run(3, stage, kind, 0, dtype) == ddp);
+      }
+    }
+  }
+  // Frozen for all 4 steps under LARC: the prototypes keep their (normalised) start.
+  for (auto stage : {Stage::ddp, Stage::sdp, Stage::fsdp}) {
+    const auto frozen = prototypes_run(2, stage, OptimizerKind::larc_sgd, 4);
+    const auto once = prototypes_run(2, stage, OptimizerKind::larc_sgd, 1);
+    const auto moving = prototypes_run(2, stage, OptimizerKind::larc_sgd, 0);
+    const std::vector<float> protos(frozen.begin() + 416, frozen.end());
+    const auto start = prototypes_run(2, stage, OptimizerKind::larc_sgd, 0, sk::DType::f32, 0);
+    for (int r = 0; r < 10; ++r) {
+      double norm = 0;
+      for (int c = 0; c < 32; ++c)
+        norm += double(start[416 + r * 32 + c]) * start[416 + r * 32 + c];
+      for (int c = 0; c < 32; ++c)
+        CHECK(protos[r * 32 + c] ==
+              doctest::Approx(start[416 + r * 32 + c] / std::sqrt(norm)).epsilon(1e-6));
+    }
+    CHECK(protos != std::vector<float>(moving.begin() + 416, moving.end()));
+    CHECK(protos != std::vector<float>(once.begin() + 416, once.end()));
+    // The rest of the network trained all the same.
+    CHECK(std::vector<float>(frozen.begin(), frozen.begin() + 416) !=
+          std::vector<float>(moving.begin(), moving.begin() + 416));
+  }
 }

@@ -1,4 +1,4 @@
-// Differentiable element-wise and shape ops: add, mul, scale, relu, flatten, reshape, cast,
+// Differentiable element-wise and shape ops: add, mul, scale, relu, flatten, reshape, cat, cast,
 // identity.
 #pragma once
 
@@ -58,6 +58,20 @@ struct ViewNode final : Node {
   const char* name() const override { return "reshape"; }
   std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
     return {contiguous(ctx, g).view(input_shape)};
+  }
+};
+
+struct CatNode final : Node {
+  std::vector<std::int64_t> rows;  // each input's extent along dim 0
+  const char* name() const override { return "cat"; }
+  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+    std::vector<Tensor> out;
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      out.push_back(edges[i].valid() ? contiguous(ctx, g.slice(0, at, at + rows[i])) : Tensor());
+      at += rows[i];
+    }
+    return out;
   }
 };
 
@@ -135,6 +149,38 @@ inline Variable flatten(Context& ctx, const Variable& x) {
   check(x.defined() && x.dim() >= 1, "flatten: needs a tensor with a batch dimension",
         module_suffix(ctx));
   return reshape(ctx, x, {x.size(0), -1});
+}
+
+// The inputs stacked along dimension 0 (torch.cat(xs, 0)); the other dimensions must agree.
+inline Variable cat(Context& ctx, const std::vector<Variable>& xs) {
+  check(!xs.empty(), "cat: no inputs", module_suffix(ctx));
+  std::int64_t total = 0;
+  for (const auto& x : xs) {
+    check(x.defined() && x.dim() >= 1, "cat: an input is undefined or 0-d", module_suffix(ctx));
+    Shape rest_x(x.shape().begin() + 1, x.shape().end());
+    Shape rest_0(xs[0].shape().begin() + 1, xs[0].shape().end());
+    check(rest_x == rest_0 && x.dtype() == xs[0].dtype() && x.device() == xs[0].device(),
+          "cat: input ", shape_str(x.shape()), " (", dtype_name(x.dtype()), ") does not stack on ",
+          shape_str(xs[0].shape()), " (", dtype_name(xs[0].dtype()), ")", module_suffix(ctx),
+          "; all but the first dimension, the dtype and the device must agree");
+    total += x.size(0);
+  }
+  Shape shape = xs[0].shape();
+  shape[0] = total;
+  Tensor y = fn::new_like(ctx, xs[0].data(), shape, xs[0].dtype());
+  auto node = std::make_shared<detail::CatNode>();
+  std::int64_t at = 0;
+  std::vector<const Variable*> inputs;
+  for (const auto& x : xs) {
+    copy(ctx, y.slice(0, at, at + x.size(0)), x.data());
+    at += x.size(0);
+    node->rows.push_back(x.size(0));
+    inputs.push_back(&x);
+  }
+  bool any = false;
+  for (const auto* x : inputs) any = any || needs_grad(ctx, {x});
+  if (!any) return Variable(std::move(y));
+  return record_inputs(ctx, node, inputs, std::move(y));
 }
 
 // Converts to `dtype` (e.g. f16 activations into an f32 batch-norm); gradients convert back.

@@ -298,6 +298,8 @@ class FsdpEngine {
   }
 
   const optim::ShardedOptimizer<Backend>& optimizer() const { return *optimizer_; }
+  // After finish(): the averaged gradient of each piece this rank updates (its shards).
+  const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
   optim::ShardedOptimizer<Backend>& optimizer() { return *optimizer_; }
 
   // What checkpoints save and load (io/checkpoint.hpp): the shards and their optimizer state.

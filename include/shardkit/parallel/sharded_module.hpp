@@ -28,6 +28,7 @@
 #include "shardkit/nn/module.hpp"
 #include "shardkit/parallel/data_parallel.hpp"
 #include "shardkit/parallel/fsdp.hpp"
+#include "shardkit/parallel/param_rows.hpp"
 
 namespace shardkit::parallel {
 
@@ -205,6 +206,23 @@ class ShardedModule {
     if (!keep) return out;
     for (const auto& [name, t] : module_->state_dict()) out.emplace_back(name, copies.at(name));
     return out;
+  }
+
+  // Row-wise L2 normalisation of a trainable 2-D parameter after a step (SwAV's prototypes),
+  // exact and alike under every stage (parallel/param_rows.hpp). Collective.
+  void normalize_rows(const std::string& name, double eps = 1e-12) {
+    auto state = training_state();
+    parallel::normalize_rows(*ctx_, state, name, eps);
+  }
+
+  // Sets a parameter's averaged gradient to 0 between the backward and the step (VISSL's
+  // TEMP_FROZEN_PARAMS_ITER_MAP; see parallel/param_rows.hpp for what that equals).
+  void zero_grad_of(const std::string& name) {
+    if (fsdp_)
+      parallel::zero_grad_of(*ctx_, fsdp_->engine().optimizer(), fsdp_->engine().piece_grads(),
+                             name);
+    else
+      parallel::zero_grad_of(*ctx_, engine_->optimizer(), engine_->piece_grads(), name);
   }
 
   // What checkpoints save and load (io/checkpoint.hpp): the engine's state, plus the module's

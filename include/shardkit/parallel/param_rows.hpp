@@ -1,0 +1,98 @@
+// Changes to one trainable parameter outside the optimizer's rule, under any stage, on the
+// pieces each rank updates:
+//
+//   normalize_rows   w[r] <- w[r] / max(|w[r]|_2, eps) for every row of a 2-D parameter
+//                    (SwAV's prototypes after each step; torch.nn.functional.normalize). The
+//                    row norms come from 16-element leaf sums of squares (ops/norm_tree.hpp's
+//                    leaf order) exchanged once, so they have the same bits whether a rank holds
+//                    the whole row (DDP) or a piece of it (OSS/SDP flat split, FSDP shards).
+//                    Writes the f32 masters, rounds the compute copies from them, and makes the
+//                    ranks agree again (OSS/SDP: the parameter all-gather; DDP and FSDP: none).
+//   zero_grad_of     the parameter's averaged gradient is set to 0 before the step (VISSL's
+//                    frozen parameters; with LARC a zero gradient leaves the parameter, its
+//                    momentum and its weight decay untouched, as apex's zero-norm rule says).
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "shardkit/ops/norm_tree.hpp"
+#include "shardkit/parallel/training_state.hpp"
+
+namespace shardkit::parallel {
+
+namespace detail {
+
+inline std::size_t table_param(const shard::PieceTable& table, const std::string& name,
+                               const char* op) {
+  for (std::size_t p = 0; p < table.params().size(); ++p)
+    if (table.params()[p].name == name) return p;
+  std::string known;
+  for (const auto& p : table.params()) known += (known.empty() ? "" : ", ") + p.name;
+  fail<InvalidArgument>(op, ": no trainable parameter '", name, "' (frozen parameters have no ",
+                        "pieces); trainable ones: ", known);
+}
+
+}  // namespace detail
+
+template <class Backend>
+void normalize_rows(Context& ctx, TrainingState<Backend>& state, const std::string& name,
+                    double eps = 1e-12) {
+  auto& optimizer = *state.optimizer;
+  const auto& table = optimizer.table();
+  const std::size_t p = detail::table_param(table, name, "normalize_rows");
+  const auto& param = table.params()[p];
+  check(param.shape.size() == 2, "normalize_rows: '", name, "' has shape ", shape_str(param.shape),
+        "; rows need a 2-D parameter");
+  const std::int64_t cols = param.shape[1];
+  check(cols % ops::kNormLeaf == 0, "normalize_rows: rows of '", name, "' hold ", cols,
+        " elements; exact norms under sharding need a multiple of ", ops::kNormLeaf,
+        " (e.g. an embedding dimension of 128)");
+  // This rank's leaves (others stay 0; every leaf lies in exactly one rank's pieces).
+  std::vector<double> leaves(static_cast<std::size_t>(param.numel / ops::kNormLeaf), 0.0);
+  const auto& pieces = optimizer.pieces();
+  std::vector<std::vector<float>> values(pieces.size());
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    if (pieces[k].param != p) continue;
+    values[k] = to_vector<float>(ctx, optimizer.master_params()[k]);
+    for (std::int64_t e = 0; e < pieces[k].numel(); e += ops::kNormLeaf)
+      leaves[static_cast<std::size_t>((pieces[k].param_begin + e) / ops::kNormLeaf)] =
+          ops::leaf_sum_of_squares(values[k].data() + e, ops::kNormLeaf);
+  }
+  if (!table.replicated() && table.world_size() > 1) {
+    Tensor t = from_vector(ctx, leaves, {static_cast<std::int64_t>(leaves.size())});
+    state.comm->all_reduce(t, comm::ReduceOp::sum).wait();  // x + 0 + ... + 0: exact
+    leaves = to_vector<double>(ctx, t);
+  }
+  const std::int64_t per_row = cols / ops::kNormLeaf;
+  std::vector<double> scale(static_cast<std::size_t>(param.shape[0]));
+  for (std::size_t r = 0; r < scale.size(); ++r) {
+    double sum = 0;
+    for (std::int64_t j = 0; j < per_row; ++j)
+      sum += leaves[r * static_cast<std::size_t>(per_row) + static_cast<std::size_t>(j)];
+    scale[r] = std::max(std::sqrt(sum), eps);
+  }
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    if (pieces[k].param != p) continue;
+    auto& v = values[k];
+    for (std::int64_t e = 0; e < pieces[k].numel(); ++e)
+      v[static_cast<std::size_t>(e)] =
+          static_cast<float>(double(v[static_cast<std::size_t>(e)]) /
+                             scale[static_cast<std::size_t>((pieces[k].param_begin + e) / cols)]);
+    copy(ctx, optimizer.master_params()[k], from_vector(ctx, v, {pieces[k].numel()}));
+  }
+  optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
+  if (state.after_load) state.after_load();
+}
+
+template <class Backend>
+void zero_grad_of(Context& ctx, const optim::ShardedOptimizer<Backend>& optimizer,
+                  const std::vector<Tensor>& piece_grads, const std::string& name) {
+  const std::size_t p = detail::table_param(optimizer.table(), name, "zero_grad_of");
+  const auto& pieces = optimizer.pieces();
+  for (std::size_t k = 0; k < pieces.size(); ++k)
+    if (pieces[k].param == p) fill(ctx, piece_grads[k], 0.0);
+}
+
+}  // namespace shardkit::parallel
