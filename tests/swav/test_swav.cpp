@@ -4,8 +4,12 @@
 // and the queue (VISSL's length rounding, start, ordering).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <vector>
 
@@ -14,6 +18,7 @@
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/io/stateful_sampler.hpp"
 #include "sinkhorn.hpp"
+#include "swav_config.hpp"
 #include "swav_loss.hpp"
 
 namespace sk = shardkit;
@@ -494,4 +499,139 @@ TEST_CASE("multi-crop transforms: whole-image crop, flip, blur, boxes, bad setti
   bad = {};
   bad.crop_scales[1] = {0.3, 0.1};
   CHECK_THROWS_WITH(bad.validate(), doctest::Contains("crop_scales[1] = [0.3, 0.1]"));
+}
+
+namespace {
+
+swav::SwavConfig config_of(const std::vector<std::string>& overrides, const std::string& yaml = "",
+                           int world = 2) {
+  swav::ConfigTree tree(swav::kDefaultsYaml);
+  if (!yaml.empty()) {
+    const auto path = std::filesystem::temp_directory_path() /
+                      ("shardkit_swav_config_" + std::to_string(::getpid()) + ".yaml");
+    std::ofstream(path) << yaml;
+    tree.merge_file(path.string());
+    std::filesystem::remove(path);
+  }
+  for (const auto& o : overrides) tree.apply_override(o);
+  return swav::read_swav_config(tree, world);
+}
+
+}  // namespace
+
+TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that name the fix") {
+  using sk::parallel::Stage;
+  const auto d = config_of({});
+  CHECK(d.stage == Stage::ddp);
+  CHECK(d.optimizer.kind == sk::optim::OptimizerKind::larc_sgd);
+  CHECK(d.loss.num_crops == 6);
+  CHECK(d.base_channels == 16);
+  // The ZeRO snippet (OPTIMIZER.name zero with a nested base optimizer), under `config:`.
+  const auto zero = config_of({}, R"(config:
+  OPTIMIZER:
+    name: zero
+    base_optimizer:
+      name: sgd
+      use_larc: False
+      larc_config:
+        clip: False
+        trust_coefficient: 0.001
+        eps: 0.00000001
+      weight_decay: 0.000001
+      momentum: 0.9
+      nesterov: False
+)");
+  CHECK(zero.stage == Stage::oss);
+  CHECK(zero.optimizer.kind == sk::optim::OptimizerKind::sgd);
+  CHECK(zero.optimizer.sgd.weight_decay == doctest::Approx(1e-6));
+  // AMP, LARC, the stateful sampler and activation checkpointing snippets.
+  const auto amp = config_of({}, R"(
+MODEL:
+  AMP_PARAMS:
+    USE_AMP: True
+    AMP_ARGS: {"opt_level": "O1"}
+  ACTIVATION_CHECKPOINTING:
+    USE_ACTIVATION_CHECKPOINTING: True
+    NUM_ACTIVATION_CHECKPOINTING_SPLITS: 8
+DISTRIBUTED:
+  MANUAL_GRADIENT_REDUCTION: True
+DATA:
+  TRAIN:
+    USE_STATEFUL_DISTRIBUTED_SAMPLER: True
+  TEST:
+    USE_STATEFUL_DISTRIBUTED_SAMPLER: True
+OPTIMIZER:
+  name: "sgd"
+  use_larc: True
+  larc_config:
+    clip: False
+    eps: 1e-08
+    trust_coefficient: 0.001
+)");
+  CHECK(amp.precision.param_dtype == sk::DType::f16);
+  CHECK(amp.loss_scaling);
+  CHECK(amp.checkpoint_splits == 8);
+  CHECK(amp.optimizer.larc.trust_coefficient == doctest::Approx(0.001));
+  // Stages from VISSL's switches, overrides in VISSL's form.
+  CHECK(config_of({"config.OPTIMIZER.use_zero=True"}).stage == Stage::oss);
+  CHECK(config_of({"config.MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}).stage == Stage::sdp);
+  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}).stage == Stage::fsdp);
+  CHECK(config_of({"config.OPTIMIZER.num_epochs=3"}).num_epochs == 3);
+  CHECK(config_of({"config.LOSS.swav_loss.crops_for_assign=[0]"}).loss.crops_for_assign ==
+        std::vector<int>{0});
+  // Queue: VISSL's rounding to the global batch (2 ranks x 32).
+  const auto q = config_of({"config.LOSS.swav_loss.queue.queue_length=300"});
+  CHECK(q.queue_length == 256);
+  CHECK(q.loss.local_queue_length == 128);
+  // Errors name the key, the value and the fix.
+  CHECK_THROWS_WITH(config_of({"config.OPTIMIZER.num_epoch=2"}),
+                    doctest::Contains("unknown config key config.OPTIMIZER.num_epoch (= 2); the "
+                                      "nearest valid key is config.OPTIMIZER.num_epochs"));
+  CHECK_THROWS_WITH(config_of({"config.OPTIMIZER.num_epochs=two"}),
+                    doctest::Contains("config.OPTIMIZER.num_epochs = two is a string; it must be "
+                                      "an integer"));
+  CHECK_THROWS_WITH(config_of({"config.OPTIMIZER.use_larc=1.5"}),
+                    doctest::Contains("must be a boolean"));
+  CHECK_THROWS_WITH(config_of({"OPTIMIZER.num_epochs=2"}), doctest::Contains("not an override"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.AMP_PARAMS.AMP_ARGS={\"opt_level\": \"O3\"}",
+                               "config.MODEL.AMP_PARAMS.USE_AMP=True"}),
+                    doctest::Contains("O3 keeps no f32 masters"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.HEAD.PARAMS=[[\"swav_head\", {\"dims\": [64, 128, "
+                               "64], \"use_bn\": True, \"num_clusters\": [100]}]]"}),
+                    doctest::Contains("this trunk gives 128 features"));
+  CHECK_THROWS_WITH(config_of({"config.DATA.TRAIN.TRANSFORMS=[{name: RandomCrop}]"}),
+                    doctest::Contains("not a transform this trainer implements"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.SHARDED_DDP_SETUP.USE_SDP=True",
+                               "config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}),
+                    doctest::Contains("not both"));
+}
+
+TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {
+  // Defaults: linear 0.03 -> 0.3 over the first 10%, then cosine 0.3 -> 0.0003 (fixed: at the
+  // global position).
+  const auto d = config_of({});
+  CHECK(d.lr.rate(0, 1000, 100) == doctest::Approx(0.03));
+  CHECK(d.lr.rate(50, 1000, 100) == doctest::Approx(0.165));
+  const double where = 0.5;
+  CHECK(d.lr.rate(500, 1000, 100) ==
+        doctest::Approx(0.0003 + 0.5 * (0.3 - 0.0003) * (1 + std::cos(3.14159265358979 * where))));
+  CHECK(d.lr.rate(999, 1000, 100) == doctest::Approx(0.0003).epsilon(0.01));
+  // Per epoch: constant within an epoch.
+  const auto e = config_of({"config.OPTIMIZER.param_schedulers.lr.update_interval=epoch"});
+  CHECK(e.lr.rate(150, 1000, 100) == e.lr.rate(100, 1000, 100));
+  // Auto-scaling (VISSL's swav_8node example, scaled down): base 0.3 at 256; 2 ranks x 64 =
+  // 128 -> 0.15; the warm-up would start at 0.3 x 128/256 = 0.15 >= its end on one node, so it
+  // is dropped and the cosine covers the whole run from 0.15 to 0.15 x 0.001.
+  const auto a = config_of({"config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.auto_scale=True",
+                            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64"});
+  REQUIRE(a.lr.parts.size() == 1);
+  CHECK(a.lr.rate(0, 1000, 100) == doctest::Approx(0.15));
+  CHECK(a.lr.rate(1000, 1000, 100) == doctest::Approx(0.00015));
+  // On 4 nodes the warm-up stays: from the per-node scaled rate to the global one.
+  const auto n = config_of({"config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.auto_scale=True",
+                            "config.DISTRIBUTED.NUM_NODES=4"},
+                           "", 8);
+  REQUIRE(n.lr.parts.size() == 2);
+  CHECK(n.lr.rate(0, 1000, 100) == doctest::Approx(0.3 * 64 / 256));
+  CHECK(n.lr.parts[0].end_value == doctest::Approx(0.3 * 256 / 256));
 }

@@ -1,0 +1,463 @@
+// The SwAV trainer's settings, read from a VISSL-style configuration (config_tree.hpp,
+// swav_defaults.hpp) and completed the way VISSL's infer_and_assert_hydra_config does: the
+// ZeRO stage from OPTIMIZER.name / use_zero, SHARDED_DDP_SETUP.USE_SDP and
+// FSDP_CONFIG.AUTO_SETUP_FSDP; the precision from AMP_PARAMS; the loss's crops, prototypes and
+// queue length from the data and head settings; the learning rate scaled by the global batch.
+// Combinations this trainer does not implement are errors that say so.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config_tree.hpp"
+#include "lr_schedule.hpp"
+#include "multicrop.hpp"
+#include "shardkit/optim/sharded_optimizer.hpp"
+#include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/stage.hpp"
+#include "swav_defaults.hpp"
+#include "swav_loss.hpp"
+
+namespace swav {
+
+struct SwavConfig {
+  std::uint64_t seed = 0;
+  int log_frequency = 10;
+  std::string device = "auto";
+  // Data
+  std::string train_dir, test_dir;
+  std::int64_t train_limit = -1, test_limit = -1;
+  std::int64_t batch_size = 32, test_batch_size = 256;
+  int workers = 2;
+  MultiCropConfig crops;
+  // Model
+  int depth = 18;
+  std::int64_t base_channels = 16;
+  bool small_image_stem = true, zero_init_residual = false;
+  std::int64_t head_in = 128, head_hidden = 128, embedding_dim = 64, prototypes = 100;
+  bool head_bn = true;
+  double bn_eps = 1e-5, bn_momentum = 0.1;
+  std::vector<std::pair<std::string, std::int64_t>> frozen;  // parameter -> iterations
+  int checkpoint_splits = 0;                                 // 0: no activation checkpointing
+  // Parallelism and precision
+  int ranks = 2;
+  shardkit::parallel::Stage stage = shardkit::parallel::Stage::ddp;
+  shardkit::parallel::MixedPrecision precision;
+  bool loss_scaling = false;  // f16: dynamic loss scaling
+  std::int64_t fsdp_wrap_threshold = 0;
+  bool reshard_after_forward = true;
+  double bucket_cap_mb = 0;
+  // Loss
+  SwavLossConfig loss;
+  std::int64_t queue_length = 0;  // global, after VISSL's rounding
+  // Optimizer
+  shardkit::optim::OptimizerConfig optimizer;
+  int num_epochs = 1;
+  LrSchedule lr;
+  // Checkpoints, evaluation, metrics
+  std::string checkpoint_dir;
+  bool auto_resume = true, overwrite_existing = false, consolidated = false;
+  int checkpoint_every_epochs = 1;
+  std::int64_t checkpoint_every_iters = -1;
+  int knn_topk = 200;
+  double knn_sigma = 0.07;
+  int knn_every_epochs = 0;
+  std::int64_t memory_bank_limit = -1;
+  std::string export_dir, metrics_path;
+  std::int64_t max_iterations = -1;
+};
+
+namespace detail {
+
+inline ConfigError bad(const std::string& key, const std::string& value, const std::string& fix) {
+  return ConfigError("config." + key + " = " + value + ": " + fix);
+}
+
+inline MultiCropConfig read_transforms(const ConfigTree& c) {
+  MultiCropConfig m;
+  bool multicrop = false;
+  const YAML::Node list = c.at("DATA.TRAIN.TRANSFORMS");
+  std::vector<std::string> seen;
+  // Transforms this trainer applies to one-channel images, and the keys each may carry.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> known{
+      {"ImgPilToMultiCrop", {"total_num_crops", "size_crops", "num_crops", "crop_scales"}},
+      {"RandomHorizontalFlip", {"p"}},
+      {"ImgPilColorDistortion", {"strength"}},
+      {"ImgPilGaussianBlur", {"p", "radius_min", "radius_max"}},
+      {"ToTensor", {}},
+      {"Normalize", {"mean", "std"}}};
+  m.flip_p = 0;
+  m.color_strength = 0;
+  m.blur_p = 0;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node t = list[i];
+    const std::string where = "DATA.TRAIN.TRANSFORMS[" + std::to_string(i) + "]";
+    if (!t.IsMap() || !t["name"])
+      throw bad(where, ::swav::detail::text_of(t), "each transform is a map with a name");
+    const std::string name = t["name"].as<std::string>();
+    auto it = std::find_if(known.begin(), known.end(), [&](auto& k) { return k.first == name; });
+    if (it == known.end()) {
+      std::string names;
+      for (const auto& k : known) names += (names.empty() ? "" : ", ") + k.first;
+      throw bad(where + ".name", name, "not a transform this trainer implements; use " + names);
+    }
+    for (const auto& kv : t) {
+      const std::string key = kv.first.as<std::string>();
+      if (key != "name" && std::find(it->second.begin(), it->second.end(), key) == it->second.end())
+        throw bad(where + "." + key, ::swav::detail::text_of(kv.second),
+                  "not a parameter of " + name);
+    }
+    try {
+      if (name == "ImgPilToMultiCrop") {
+        multicrop = true;
+        m.size_crops = t["size_crops"].as<std::vector<int>>();
+        m.num_crops = t["num_crops"].as<std::vector<int>>();
+        m.crop_scales.clear();
+        for (const auto& s : t["crop_scales"]) {
+          const auto pair = s.as<std::vector<double>>();
+          if (pair.size() != 2)
+            throw bad(where + ".crop_scales", ::swav::detail::text_of(s),
+                      "each scale is [min, max]");
+          m.crop_scales.push_back({pair[0], pair[1]});
+        }
+        if (t["total_num_crops"] && t["total_num_crops"].as<int>() != m.total_crops())
+          throw bad(where + ".total_num_crops", t["total_num_crops"].as<std::string>(),
+                    "must equal the sum of num_crops (" + std::to_string(m.total_crops()) + ")");
+      } else if (name == "RandomHorizontalFlip") {
+        m.flip_p = t["p"] ? t["p"].as<double>() : 0.5;
+      } else if (name == "ImgPilColorDistortion") {
+        m.color_strength = t["strength"] ? t["strength"].as<double>() : 1.0;
+      } else if (name == "ImgPilGaussianBlur") {
+        m.blur_p = t["p"] ? t["p"].as<double>() : 0.5;
+        if (t["radius_min"]) m.blur_radius_min = t["radius_min"].as<double>();
+        if (t["radius_max"]) m.blur_radius_max = t["radius_max"].as<double>();
+      } else if (name == "Normalize") {
+        const auto mean = t["mean"].as<std::vector<double>>();
+        const auto std = t["std"].as<std::vector<double>>();
+        if (mean.size() != 1 || std.size() != 1)
+          throw bad(where, ::swav::detail::text_of(t),
+                    "Fashion-MNIST has one channel: give one mean and one std");
+        m.mean = mean[0];
+        m.std = std[0];
+      }
+    } catch (const YAML::Exception& e) {
+      throw bad(where, ::swav::detail::text_of(t),
+                std::string("a value has the wrong type (") + e.what() + ")");
+    }
+  }
+  if (!multicrop)
+    throw bad("DATA.TRAIN.TRANSFORMS", ::swav::detail::text_of(list),
+              "SwAV needs an ImgPilToMultiCrop transform (the crops it compares)");
+  m.validate();
+  return m;
+}
+
+inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
+  Schedule s;
+  s.name = n["name"].as<std::string>();
+  if (s.name != "constant" && s.name != "linear" && s.name != "cosine")
+    throw bad(where + ".name", s.name, "use constant, linear or cosine (or composite above them)");
+  if (n["start_value"]) s.start_value = n["start_value"].as<double>();
+  if (n["end_value"]) s.end_value = n["end_value"].as<double>();
+  if (n["value"]) s.value = n["value"].as<double>();
+  return s;
+}
+
+// VISSL's get_scaled_lr_scheduler on one scheduler.
+inline void scale_schedule(Schedule& s, double scaled) {
+  if (s.name == "cosine") {
+    const double decay = s.end_value / s.start_value;
+    s.start_value = scaled;
+    s.end_value = scaled * decay;
+  } else if (s.name == "linear") {
+    s.end_value = scaled;
+  } else {
+    s.value = scaled;
+  }
+}
+
+inline LrSchedule read_lr(const ConfigTree& c, int world, std::int64_t batch, int procs_per_node,
+                          int nodes) {
+  const std::string base = "OPTIMIZER.param_schedulers.lr";
+  LrSchedule lr;
+  const std::string name = c.get<std::string>(base + ".name");
+  const std::string interval = c.get<std::string>(base + ".update_interval");
+  if (interval != "step" && interval != "epoch")
+    throw bad(base + ".update_interval", interval, "use step or epoch");
+  lr.per_step = interval == "step";
+  if (name == "composite") {
+    const YAML::Node parts = c.at(base + ".schedulers");
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      lr.parts.push_back(read_schedule(parts[i], base + ".schedulers[" + std::to_string(i) + "]"));
+    lr.lengths = c.get<std::vector<double>>(base + ".lengths");
+    const auto scaling = c.get<std::vector<std::string>>(base + ".interval_scaling");
+    lr.rescaled.clear();
+    for (const auto& s : scaling) {
+      if (s != "rescaled" && s != "fixed")
+        throw bad(base + ".interval_scaling", s, "use rescaled or fixed for each part");
+      lr.rescaled.push_back(s == "rescaled");
+    }
+    if (lr.parts.empty() || lr.lengths.size() != lr.parts.size() ||
+        lr.rescaled.size() != lr.parts.size())
+      throw bad(base, ::swav::detail::text_of(c.at(base)),
+                "a composite needs as many lengths and interval_scaling entries as schedulers");
+    double total = 0;
+    for (double l : lr.lengths) total += l;
+    if (std::abs(total - 1.0) > 1e-6)
+      throw bad(base + ".lengths", ::swav::detail::text_of(c.at(base + ".lengths")),
+                "the lengths must sum to 1");
+  } else {
+    YAML::Node single = c.at(base);
+    lr.parts.push_back(read_schedule(single, base));
+  }
+  if (c.get<bool>(base + ".auto_lr_scaling.auto_scale")) {
+    const double base_value = c.get<double>(base + ".auto_lr_scaling.base_value");
+    const double base_batch = c.get<double>(base + ".auto_lr_scaling.base_lr_batch_size");
+    const std::string type = c.get<std::string>(base + ".auto_lr_scaling.scaling_type");
+    if (type != "linear" && type != "sqrt")
+      throw bad(base + ".auto_lr_scaling.scaling_type", type, "use linear or sqrt");
+    double factor = double(batch * world) / base_batch;
+    if (type == "sqrt") factor = std::sqrt(factor);
+    const double scaled = base_value * factor;
+    for (auto& p : lr.parts) scale_schedule(p, scaled);
+    if (name == "composite") {
+      // resolve_linear_schedule: a linear part is a warm-up from the per-node scaled rate; on
+      // one node a warm-up that does not rise is dropped.
+      const double start = base_value * double(batch * procs_per_node) / base_batch;
+      for (std::size_t i = 0; i < lr.parts.size(); ++i) {
+        if (lr.parts[i].name != "linear") continue;
+        lr.parts[i].start_value = start;
+        if (nodes == 1 && start <= lr.parts[i].end_value && lr.parts.size() > 1) {
+          const double freed = lr.lengths[i];
+          lr.parts.erase(lr.parts.begin() + static_cast<std::ptrdiff_t>(i));
+          lr.lengths.erase(lr.lengths.begin() + static_cast<std::ptrdiff_t>(i));
+          lr.rescaled.erase(lr.rescaled.begin() + static_cast<std::ptrdiff_t>(i));
+          for (auto& l : lr.lengths) l /= (1.0 - freed);
+          break;
+        }
+      }
+      if (lr.parts.size() == 1) {
+        lr.lengths = {1.0};
+        lr.rescaled = {true};
+      }
+    }
+  }
+  return lr;
+}
+
+inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
+                                                       const std::string& base) {
+  shardkit::optim::OptimizerConfig o;
+  const std::string name = c.get<std::string>(base + ".name");
+  if (name != "sgd")
+    throw bad(base + ".name", name, "the SwAV trainer implements sgd (with use_larc for LARC)");
+  o.sgd.momentum = c.get<float>(base + ".momentum");
+  o.sgd.nesterov = c.get<bool>(base + ".nesterov");
+  o.sgd.weight_decay = c.get<float>(base + ".weight_decay");
+  if (c.get<bool>(base + ".use_larc")) {
+    o.kind = shardkit::optim::OptimizerKind::larc_sgd;
+    o.larc.clip = c.get<bool>(base + ".larc_config.clip");
+    o.larc.eps = c.get<float>(base + ".larc_config.eps");
+    o.larc.trust_coefficient = c.get<float>(base + ".larc_config.trust_coefficient");
+  }
+  return o;
+}
+
+}  // namespace detail
+
+// `world` is the number of ranks that will train (local ranks or the launcher's).
+inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
+  using shardkit::DType;
+  using shardkit::parallel::Stage;
+  SwavConfig s;
+  s.seed = c.get<std::uint64_t>("SEED_VALUE");
+  s.log_frequency = c.get<int>("LOG_FREQUENCY");
+  s.device = c.get<std::string>("MACHINE.DEVICE");
+  if (s.device != "cpu" && s.device != "gpu" && s.device != "auto")
+    throw detail::bad("MACHINE.DEVICE", s.device, "use cpu, gpu or auto");
+  // Data
+  for (const char* split : {"TRAIN", "TEST"}) {
+    const std::string k = std::string("DATA.") + split;
+    const auto sources = c.get<std::vector<std::string>>(k + ".DATA_SOURCES");
+    if (sources != std::vector<std::string>{"fashion_mnist"})
+      throw detail::bad(k + ".DATA_SOURCES", detail::text_of(c.at(k + ".DATA_SOURCES")),
+                        "this trainer reads [fashion_mnist] (Debian's dataset-fashion-mnist)");
+    const auto paths = c.get<std::vector<std::string>>(k + ".DATA_PATHS");
+    if (paths.size() != 1)
+      throw detail::bad(k + ".DATA_PATHS", detail::text_of(c.at(k + ".DATA_PATHS")),
+                        "give one folder holding the Fashion-MNIST .gz files");
+    if (!c.get<bool>(k + ".USE_STATEFUL_DISTRIBUTED_SAMPLER"))
+      throw detail::bad(k + ".USE_STATEFUL_DISTRIBUTED_SAMPLER", "False",
+                        "this trainer always uses VISSL's stateful sampler (it makes resuming "
+                        "mid-epoch exact); set True");
+    (split == std::string("TRAIN") ? s.train_dir : s.test_dir) = paths[0];
+  }
+  s.train_limit = c.get<std::int64_t>("DATA.TRAIN.DATA_LIMIT");
+  s.test_limit = c.get<std::int64_t>("DATA.TEST.DATA_LIMIT");
+  s.batch_size = c.get<std::int64_t>("DATA.TRAIN.BATCHSIZE_PER_REPLICA");
+  s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA");
+  if (s.batch_size < 1)
+    throw detail::bad("DATA.TRAIN.BATCHSIZE_PER_REPLICA", std::to_string(s.batch_size),
+                      "must be >= 1");
+  if (!c.get<bool>("DATA.TRAIN.DROP_LAST"))
+    throw detail::bad("DATA.TRAIN.DROP_LAST", "False",
+                      "SwAV needs equal batches on every rank (distributed Sinkhorn); set True");
+  if (c.get<std::string>("DATA.TRAIN.COLLATE_FUNCTION") != "multicrop_collator")
+    throw detail::bad("DATA.TRAIN.COLLATE_FUNCTION",
+                      c.get<std::string>("DATA.TRAIN.COLLATE_FUNCTION"),
+                      "SwAV uses multicrop_collator");
+  s.workers = c.get<int>("DATA.NUM_DATALOADER_WORKERS");
+  s.crops = detail::read_transforms(c);
+  // Model
+  if (c.get<std::string>("MODEL.TRUNK.NAME") != "resnet")
+    throw detail::bad("MODEL.TRUNK.NAME", c.get<std::string>("MODEL.TRUNK.NAME"),
+                      "this trainer builds resnet trunks");
+  s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
+  if (s.depth != 18 && s.depth != 34 && s.depth != 50)
+    throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth), "use 18, 34 or 50");
+  const double width = c.get<double>("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
+  s.base_channels = static_cast<std::int64_t>(std::lround(64 * width));
+  if (s.base_channels < 1 || std::abs(64 * width - double(s.base_channels)) > 1e-9)
+    throw detail::bad(
+        "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER", std::to_string(width),
+        "64 x WIDTH_MULTIPLIER must be a whole number of channels (e.g. 0.125, 0.25, 1)");
+  s.small_image_stem = c.get<bool>("MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM");
+  s.zero_init_residual = c.get<bool>("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
+  const std::int64_t trunk_out = (s.depth == 50 ? 32 : 8) * s.base_channels;
+  const YAML::Node heads = c.at("MODEL.HEAD.PARAMS");
+  if (heads.size() != 1 || !heads[0].IsSequence() || heads[0].size() != 2 ||
+      heads[0][0].as<std::string>() != "swav_head")
+    throw detail::bad("MODEL.HEAD.PARAMS", detail::text_of(heads),
+                      "give one head: [[\"swav_head\", {\"dims\": [...], \"use_bn\": True, "
+                      "\"num_clusters\": [K]}]]");
+  const YAML::Node head = heads[0][1];
+  for (const auto& kv : head) {
+    const std::string key = kv.first.as<std::string>();
+    if (key != "dims" && key != "use_bn" && key != "num_clusters")
+      throw detail::bad("MODEL.HEAD.PARAMS[0][1]." + key, detail::text_of(kv.second),
+                        "swav_head takes dims, use_bn and num_clusters");
+  }
+  const auto dims = head["dims"].as<std::vector<std::int64_t>>();
+  const auto clusters = head["num_clusters"].as<std::vector<std::int64_t>>();
+  if (dims.size() != 3 || dims[0] != trunk_out)
+    throw detail::bad("MODEL.HEAD.PARAMS[0][1].dims", detail::text_of(head["dims"]),
+                      "give [trunk features, hidden, embedding]; this trunk gives " +
+                          std::to_string(trunk_out) + " features");
+  if (clusters.size() != 1 || clusters[0] < 2)
+    throw detail::bad("MODEL.HEAD.PARAMS[0][1].num_clusters", detail::text_of(head["num_clusters"]),
+                      "give one prototype count >= 2 (one set of prototypes)");
+  s.head_in = dims[0];
+  s.head_hidden = dims[1];
+  s.embedding_dim = dims[2];
+  s.prototypes = clusters[0];
+  s.head_bn = head["use_bn"] ? head["use_bn"].as<bool>() : true;
+  s.bn_eps = c.get<double>("MODEL.HEAD.BATCHNORM_EPS");
+  s.bn_momentum = c.get<double>("MODEL.HEAD.BATCHNORM_MOMENTUM");
+  for (const auto& entry : c.at("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP")) {
+    if (!entry.IsSequence() || entry.size() != 2)
+      throw detail::bad("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", detail::text_of(entry),
+                        "each entry is ['module.heads.0.prototypes0.weight', iterations]");
+    std::string name = entry[0].as<std::string>();
+    if (name.rfind("module.", 0) == 0) name = name.substr(7);  // VISSL's DDP prefix
+    s.frozen.emplace_back(name, entry[1].as<std::int64_t>());
+  }
+  if (c.get<bool>("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN"))
+    throw detail::bad("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "True",
+                      "SyncBatchNorm is not implemented yet in this trainer: batch-norm statistics "
+                      "are per rank (set False)");
+  if (c.get<bool>("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"))
+    s.checkpoint_splits =
+        c.get<int>("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS");
+  // Stage (VISSL: OPTIMIZER.name zero or use_zero -> ZeRO-1; USE_SDP -> ZeRO-2; AUTO_SETUP_FSDP
+  // -> ZeRO-3).
+  const std::string opt_name = c.get<std::string>("OPTIMIZER.name");
+  const bool zero = opt_name == "zero" || c.get<bool>("OPTIMIZER.use_zero");
+  const bool sdp = c.get<bool>("MODEL.SHARDED_DDP_SETUP.USE_SDP");
+  const bool fsdp = c.get<bool>("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP");
+  if (sdp && fsdp)
+    throw detail::bad("MODEL.SHARDED_DDP_SETUP.USE_SDP", "True",
+                      "choose SDP or FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), not both");
+  s.stage = fsdp ? Stage::fsdp : sdp ? Stage::sdp : zero ? Stage::oss : Stage::ddp;
+  s.optimizer =
+      detail::read_optimizer(c, opt_name == "zero" ? "OPTIMIZER.base_optimizer" : "OPTIMIZER");
+  if (!c.get<bool>("OPTIMIZER.regularize_bn") || !c.get<bool>("OPTIMIZER.regularize_bias"))
+    if (s.optimizer.sgd.weight_decay != 0)
+      throw detail::bad("OPTIMIZER.regularize_bn", "False",
+                        "per-parameter weight decay is not implemented yet: batch-norm and bias "
+                        "parameters get the weight decay like every other (set regularize_bn and "
+                        "regularize_bias True, as SwAV does, or weight_decay 0)");
+  for (const auto& [name, iters] : s.frozen)
+    if (iters > 0 && s.optimizer.kind != shardkit::optim::OptimizerKind::larc_sgd &&
+        s.optimizer.sgd.weight_decay != 0)
+      throw detail::bad("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", name,
+                        "freezing zeroes the gradient, which equals VISSL's skip only under LARC "
+                        "(no decay for a zero gradient) or without weight decay; set "
+                        "OPTIMIZER.use_larc True or weight_decay 0");
+  s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
+  s.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
+  s.bucket_cap_mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb");
+  // Precision (apex O1/O2 and PyTorch AMP keep f32 masters and scale the loss dynamically).
+  if (c.get<bool>("MODEL.AMP_PARAMS.USE_AMP")) {
+    const std::string level = c.at("MODEL.AMP_PARAMS.AMP_ARGS")["opt_level"].as<std::string>();
+    if (level != "O1" && level != "O2")
+      throw detail::bad("MODEL.AMP_PARAMS.AMP_ARGS.opt_level", level,
+                        "use O1 or O2 (f32 masters, f16 compute, dynamic loss scaling); O3 keeps "
+                        "no f32 masters, which shardkit does not do");
+    const std::string dtype = c.get<std::string>("MODEL.AMP_PARAMS.COMPUTE_DTYPE");
+    if (dtype != "float16" && dtype != "bfloat16")
+      throw detail::bad("MODEL.AMP_PARAMS.COMPUTE_DTYPE", dtype, "use float16 or bfloat16");
+    s.precision =
+        shardkit::parallel::MixedPrecision::of(dtype == "float16" ? DType::f16 : DType::bf16);
+    if (s.stage == Stage::fsdp && c.get<bool>("MODEL.FSDP_CONFIG.fp32_reduce_scatter"))
+      s.precision.reduce_dtype = DType::f32;
+    s.loss_scaling = dtype == "float16";
+  }
+  // Loss
+  if (c.get<std::string>("LOSS.name") != "swav_loss")
+    throw detail::bad("LOSS.name", c.get<std::string>("LOSS.name"),
+                      "this trainer trains swav_loss");
+  if (!c.get<bool>("LOSS.swav_loss.normalize_last_layer"))
+    throw detail::bad("LOSS.swav_loss.normalize_last_layer", "False",
+                      "the prototypes are always re-normalised after each step here");
+  s.loss.num_crops = s.crops.total_crops();
+  s.loss.crops_for_assign = c.get<std::vector<int>>("LOSS.swav_loss.crops_for_assign");
+  s.loss.temperature = c.get<double>("LOSS.swav_loss.temperature");
+  s.loss.epsilon = c.get<double>("LOSS.swav_loss.epsilon");
+  s.loss.num_iters = c.get<int>("LOSS.swav_loss.num_iters");
+  s.loss.use_double_precision = c.get<bool>("LOSS.swav_loss.use_double_precision");
+  s.loss.temp_hard_assignment_iters = c.get<int>("LOSS.swav_loss.temp_hard_assignment_iters");
+  s.loss.queue_start_iter = c.get<std::int64_t>("LOSS.swav_loss.queue.start_iter");
+  s.loss.local_queue_length = local_queue_length(
+      c.get<std::int64_t>("LOSS.swav_loss.queue.queue_length"), s.batch_size, world);
+  s.queue_length = s.loss.local_queue_length * world;
+  // Optimizer, schedule
+  s.num_epochs = c.get<int>("OPTIMIZER.num_epochs");
+  if (s.num_epochs < 1)
+    throw detail::bad("OPTIMIZER.num_epochs", std::to_string(s.num_epochs), "must be >= 1");
+  s.lr = detail::read_lr(c, world, s.batch_size, c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE"),
+                         c.get<int>("DISTRIBUTED.NUM_NODES"));
+  s.ranks = c.get<int>("DISTRIBUTED.NUM_NODES") * c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE");
+  // Checkpoints, evaluation, metrics
+  s.checkpoint_dir = c.get<std::string>("CHECKPOINT.DIR");
+  s.auto_resume = c.get<bool>("CHECKPOINT.AUTO_RESUME");
+  s.overwrite_existing = c.get<bool>("CHECKPOINT.OVERWRITE_EXISTING");
+  s.checkpoint_every_epochs = c.get<int>("CHECKPOINT.CHECKPOINT_FREQUENCY");
+  s.checkpoint_every_iters = c.get<std::int64_t>("CHECKPOINT.CHECKPOINT_ITER_FREQUENCY");
+  const std::string layout = c.get<std::string>("CHECKPOINT.LAYOUT");
+  if (layout != "sharded" && layout != "consolidated")
+    throw detail::bad("CHECKPOINT.LAYOUT", layout, "use sharded or consolidated");
+  s.consolidated = layout == "consolidated";
+  s.knn_topk = c.get<int>("NEAREST_NEIGHBOR.TOPK");
+  s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");
+  s.knn_every_epochs = c.get<int>("NEAREST_NEIGHBOR.FREQUENCY");
+  s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
+  s.export_dir = c.get<std::string>("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS");
+  s.metrics_path = c.get<std::string>("METRICS.JSONL");
+  if (s.metrics_path.empty()) s.metrics_path = s.checkpoint_dir + "/metrics.jsonl";
+  s.max_iterations = c.get<std::int64_t>("MAX_ITERATIONS");
+  return s;
+}
+
+}  // namespace swav

@@ -1,0 +1,178 @@
+// The SwAV trainer's configuration keys and their defaults, in VISSL's names and structure
+// (vissl/config/defaults.yaml, the subset this trainer implements, sized for Fashion-MNIST on a
+// CPU). Every key a config file or override may set is here; config_tree.hpp refuses others.
+// Keys marked "ours" are not VISSL's; docs/swav.md lists them.
+#pragma once
+
+namespace swav {
+
+inline constexpr const char* kDefaultsYaml = R"yaml(
+SEED_VALUE: 0
+LOG_FREQUENCY: 10
+MACHINE:
+  DEVICE: auto                      # cpu | gpu | auto (ours: the GPU when built with CUDA and present)
+DATA:
+  NUM_DATALOADER_WORKERS: 2         # per rank
+  TRAIN:
+    DATA_SOURCES: [fashion_mnist]
+    DATA_PATHS: [/usr/share/datasets/fashion-mnist]
+    DATA_LIMIT: -1
+    BATCHSIZE_PER_REPLICA: 32
+    DROP_LAST: True
+    USE_STATEFUL_DISTRIBUTED_SAMPLER: True
+    COLLATE_FUNCTION: multicrop_collator
+    TRANSFORMS:
+      - name: ImgPilToMultiCrop
+        total_num_crops: 6
+        size_crops: [24, 12]
+        num_crops: [2, 4]
+        crop_scales: [[0.14, 1], [0.05, 0.14]]
+      - name: RandomHorizontalFlip
+        p: 0.5
+      - name: ImgPilColorDistortion
+        strength: 1.0
+      - name: ImgPilGaussianBlur
+        p: 0.5
+        radius_min: 0.1
+        radius_max: 2.0
+      - name: ToTensor
+      - name: Normalize
+        mean: [0.2860]
+        std: [0.3530]
+  TEST:
+    DATA_SOURCES: [fashion_mnist]
+    DATA_PATHS: [/usr/share/datasets/fashion-mnist]
+    DATA_LIMIT: -1
+    BATCHSIZE_PER_REPLICA: 256
+    USE_STATEFUL_DISTRIBUTED_SAMPLER: True
+MODEL:
+  TRUNK:
+    NAME: resnet
+    RESNETS:
+      DEPTH: 18
+      WIDTH_MULTIPLIER: 0.25        # base channels = 64 x this (ours: fractions allowed)
+      ZERO_INIT_RESIDUAL: False
+      SMALL_IMAGE_STEM: True        # ours: 3x3 stride-1 stem without max-pool, for 28x28 images
+  HEAD:
+    PARAMS: [["swav_head", {"dims": [128, 128, 64], "use_bn": True, "num_clusters": [100]}]]
+    BATCHNORM_EPS: 1.0e-5
+    BATCHNORM_MOMENTUM: 0.1
+  TEMP_FROZEN_PARAMS_ITER_MAP: []
+  SYNC_BN_CONFIG:
+    CONVERT_BN_TO_SYNC_BN: False
+    SYNC_BN_TYPE: pytorch
+    GROUP_SIZE: -1
+  AMP_PARAMS:
+    USE_AMP: False
+    AMP_TYPE: apex
+    AMP_ARGS: {"opt_level": "O1", "keep_batchnorm_fp32": True, "master_weights": True, "loss_scale": "dynamic"}
+    COMPUTE_DTYPE: float16          # ours: float16 (with dynamic loss scaling) or bfloat16
+  ACTIVATION_CHECKPOINTING:
+    USE_ACTIVATION_CHECKPOINTING: False
+    NUM_ACTIVATION_CHECKPOINTING_SPLITS: 2
+  SHARDED_DDP_SETUP:
+    USE_SDP: False
+    reduce_buffer_size: -1
+  FSDP_CONFIG:
+    AUTO_SETUP_FSDP: False
+    AUTO_WRAP_THRESHOLD: 0
+    AMP_TYPE: "01"
+    FORCE_SYNC_CUDA: False
+    flatten_parameters: True
+    mixed_precision: True
+    fp32_reduce_scatter: False
+    compute_dtype: float32
+    bucket_cap_mb: 0
+    reshard_after_forward: True
+    clear_autocast_cache: True
+    verbose: True
+LOSS:
+  name: swav_loss
+  swav_loss:
+    temperature: 0.1
+    use_double_precision: False
+    normalize_last_layer: True
+    num_iters: 3
+    epsilon: 0.05
+    crops_for_assign: [0, 1]
+    temp_hard_assignment_iters: 0
+    embedding_dim: 128
+    num_crops: 2
+    num_prototypes: [3000]
+    output_dir: .
+    queue:
+      queue_length: 0
+      start_iter: 0
+      local_queue_length: 0
+OPTIMIZER:
+  name: sgd
+  use_zero: False
+  use_larc: True
+  larc_config:
+    clip: False
+    eps: 1.0e-8
+    trust_coefficient: 0.001
+  weight_decay: 1.0e-6
+  momentum: 0.9
+  nesterov: False
+  num_epochs: 1
+  regularize_bn: True
+  regularize_bias: True
+  base_optimizer:
+    name: sgd
+    use_larc: False
+    larc_config:
+      clip: False
+      eps: 1.0e-8
+      trust_coefficient: 0.001
+    weight_decay: 1.0e-6
+    momentum: 0.9
+    nesterov: False
+  param_schedulers:
+    lr:
+      auto_lr_scaling:
+        auto_scale: False
+        base_value: 0.3
+        base_lr_batch_size: 256
+        scaling_type: linear
+      name: composite
+      schedulers:
+        - name: linear
+          start_value: 0.03
+          end_value: 0.3
+        - name: cosine
+          start_value: 0.3
+          end_value: 0.0003
+      interval_scaling: [rescaled, fixed]
+      update_interval: step
+      lengths: [0.1, 0.9]
+      start_value: 0.3
+      end_value: 0.0003
+      value: 0.3
+DISTRIBUTED:
+  BACKEND: nccl
+  NUM_NODES: 1
+  NUM_PROC_PER_NODE: 2              # local ranks as threads (ignored under mpirun / torchrun)
+  INIT_METHOD: tcp
+  RUN_ID: auto
+  MANUAL_GRADIENT_REDUCTION: False
+CHECKPOINT:
+  DIR: ./swav_checkpoints
+  AUTO_RESUME: True
+  CHECKPOINT_FREQUENCY: 1           # epochs
+  CHECKPOINT_ITER_FREQUENCY: -1     # iterations (-1: off)
+  OVERWRITE_EXISTING: False
+  LAYOUT: sharded                   # ours: sharded (a file per rank) | consolidated (one model file)
+NEAREST_NEIGHBOR:
+  TOPK: 200
+  SIGMA: 0.07
+  L2_NORM_FEATS: True
+  FREQUENCY: 0                      # ours: every N epochs (0: at the end only)
+  MEMORY_BANK_LIMIT: -1             # ours: first N training images as the memory bank (-1: all)
+  EXPORT_EMBEDDINGS: ""             # ours: a folder for train/test embeddings as safetensors
+METRICS:
+  JSONL: ""                         # ours: metrics file (default: CHECKPOINT.DIR/metrics.jsonl)
+MAX_ITERATIONS: -1                  # ours: stop after this many iterations (-1: all epochs)
+)yaml";
+
+}  // namespace swav
