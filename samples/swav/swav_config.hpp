@@ -395,6 +395,9 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
                         "freezing zeroes the gradient, which equals VISSL's skip only under LARC "
                         "(no decay for a zero gradient) or without weight decay; set "
                         "OPTIMIZER.use_larc True or weight_decay 0");
+  if (!c.get<bool>("MODEL.FSDP_CONFIG.flatten_parameters"))
+    throw detail::bad("MODEL.FSDP_CONFIG.flatten_parameters", "False",
+                      "shardkit's FSDP units are always flat parameters; set True");
   s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
   s.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
   s.bucket_cap_mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -93,13 +94,17 @@ class SwavLoss {
   // training state (checkpoints save it per rank).
   std::vector<float>& queue() { return queue_; }
 
+  // Scores of queued embeddings ([rows, D] f32 on the context) with the current prototypes
+  // ([rows, K]); the trainer runs the prototypes layer without gradient, as VISSL's
+  // compute_queue_scores does.
+  using QueueScorer = std::function<sk::Tensor(const sk::Tensor&)>;
+
   // The loss of this rank's batch. `embedding` [V*B, D] (normalised, crops stacked in crop
-  // order), `scores` [V*B, K] = embedding x prototypes^T, `prototypes` [K, D] the current
-  // prototype weights (for the queue's scores). Advances the iteration and, when the queue is in
-  // use, pushes this batch's assignment-crop embeddings into it.
+  // order), `scores` [V*B, K] = embedding x prototypes^T. Advances the iteration and, when the
+  // queue is in use, pushes this batch's assignment-crop embeddings into it.
   ag::Variable operator()(sk::Context& ctx, sk::comm::Communicator& comm,
                           const ag::Variable& embedding, const ag::Variable& scores,
-                          const sk::Tensor& prototypes) {
+                          const QueueScorer& score_queue) {
     const int v = config_.num_crops;
     sk::check(scores.dim() == 2 && scores.size(0) % v == 0 && scores.size(1) == prototypes_,
               "swav_loss: scores ", sk::shape_str(scores.shape()), " are not [", v,
@@ -110,7 +115,7 @@ class SwavLoss {
     const auto host_scores =
         sk::to_vector<float>(ctx, sk::cast(ctx, scores.data(), sk::DType::f32));
     std::vector<float> queue_scores;
-    if (queue) queue_scores = score_queue(ctx, prototypes);
+    if (queue) queue_scores = scores_of_queue(ctx, score_queue);
 
     // Targets of every crop row: the sum of the codes that predict it (crop p's rows get the
     // codes of every assignment crop other than p). Cross-entropy is linear in its target, so
@@ -155,24 +160,14 @@ class SwavLoss {
   }
 
  private:
-  // queue rows x prototypes^T, [crops_for_assign][lq][K].
-  std::vector<float> score_queue(sk::Context& ctx, const sk::Tensor& prototypes) const {
-    const auto c = sk::to_vector<float>(ctx, sk::cast(ctx, prototypes, sk::DType::f32));
-    sk::check(static_cast<std::int64_t>(c.size()) == prototypes_ * dim_, "swav_loss: prototypes ",
-              sk::shape_str(prototypes.shape()), " are not [", prototypes_, ", ", dim_, "]");
+  // The queue's scores, [crops_for_assign][lq][K].
+  std::vector<float> scores_of_queue(sk::Context& ctx, const QueueScorer& score_queue) const {
     const std::int64_t rows =
         static_cast<std::int64_t>(config_.crops_for_assign.size()) * config_.local_queue_length;
-    std::vector<float> out(static_cast<std::size_t>(rows * prototypes_));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float* e = queue_.data() + r * dim_;
-      for (std::int64_t j = 0; j < prototypes_; ++j) {
-        const float* w = c.data() + j * dim_;
-        float s = 0;
-        for (std::int64_t d = 0; d < dim_; ++d) s += e[d] * w[d];
-        out[static_cast<std::size_t>(r * prototypes_ + j)] = s;
-      }
-    }
-    return out;
+    const sk::Tensor scores = score_queue(sk::from_vector(ctx, queue_, {rows, dim_}));
+    sk::check(scores.shape() == sk::Shape{rows, prototypes_}, "swav_loss: queue scores ",
+              sk::shape_str(scores.shape()), " are not [", rows, ", ", prototypes_, "]");
+    return sk::to_vector<float>(ctx, sk::cast(ctx, scores, sk::DType::f32));
   }
 
   // Newest first: shift the queue down by the batch and put the batch's embeddings on top.

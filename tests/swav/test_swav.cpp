@@ -26,6 +26,14 @@ namespace ag = shardkit::autograd;
 
 namespace {
 
+// The queue's scorer: the prototypes as a bias-free linear layer, without gradient.
+swav::SwavLoss::QueueScorer scorer_of(sk::Context& ctx, const ag::Variable& prototypes) {
+  return [&ctx, prototypes](const sk::Tensor& e) {
+    ag::NoGradGuard no_grad(ctx);
+    return ag::linear(ctx, ag::Variable(e), prototypes).data();
+  };
+}
+
 std::vector<double> random_values(std::uint64_t seed, std::size_t n, double low, double high) {
   const sk::RandomSpec spec{sk::RandomKind::uniform, low, high, seed, 0};
   std::vector<double> out(n);
@@ -215,7 +223,7 @@ std::vector<LossResult> run_ours(const LossCase& c, bool f64 = false) {
       loss_fn.queue().assign(q.begin(), q.end());
     }
     auto scores = ag::linear(ctx, zv, cv);
-    auto loss = loss_fn(ctx, comm, zv, scores, cv.data());
+    auto loss = loss_fn(ctx, comm, zv, scores, scorer_of(ctx, cv));
     ag::backward(ctx, loss);
     auto& r = out[static_cast<std::size_t>(comm.rank())];
     r.loss = sk::to_vector<float>(ctx, loss.data())[0];
@@ -363,11 +371,11 @@ TEST_CASE("the queue: VISSL's length rounding, start iteration and newest-first 
     // Iteration 0 < start_iter: the queue is neither used nor filled.
     auto z0 = make(1);
     CHECK_FALSE(loss_fn.uses_queue());
-    (void)loss_fn(rctx, comm, z0, ag::linear(rctx, z0, cv), cv.data());
+    (void)loss_fn(rctx, comm, z0, ag::linear(rctx, z0, cv), scorer_of(rctx, cv));
     CHECK(loss_fn.queue() == start);
     CHECK(loss_fn.uses_queue());
     auto z1 = make(2);
-    (void)loss_fn(rctx, comm, z1, ag::linear(rctx, z1, cv), cv.data());
+    (void)loss_fn(rctx, comm, z1, ag::linear(rctx, z1, cv), scorer_of(rctx, cv));
     const auto e = sk::to_vector<float>(rctx, z1.data());
     const auto& q = loss_fn.queue();
     for (int i = 0; i < 2; ++i) {  // crops_for_assign {0, 1}
@@ -634,4 +642,29 @@ TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-
   REQUIRE(n.lr.parts.size() == 2);
   CHECK(n.lr.rate(0, 1000, 100) == doctest::Approx(0.3 * 64 / 256));
   CHECK(n.lr.parts[0].end_value == doctest::Approx(0.3 * 256 / 256));
+}
+
+TEST_CASE("every shipped config reads, alone and on top of the quick one") {
+  using sk::parallel::Stage;
+  const std::string dir = SWAV_CONFIGS;
+  auto read = [&](const std::vector<std::string>& files) {
+    swav::ConfigTree tree(swav::kDefaultsYaml);
+    for (const auto& f : files) tree.merge_file(dir + "/" + f);
+    return swav::read_swav_config(tree, 2);
+  };
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    CAPTURE(name);
+    CHECK_NOTHROW((void)read({name}));
+    CHECK_NOTHROW((void)read({"quick_cpu.yaml", name}));
+    ++count;
+  }
+  CHECK(count >= 5);
+  CHECK(read({"quick_cpu.yaml", "zero1_oss.yaml"}).stage == Stage::oss);
+  CHECK(read({"quick_cpu.yaml", "zero2_sdp.yaml"}).stage == Stage::sdp);
+  const auto fsdp = read({"quick_cpu.yaml", "zero3_fsdp.yaml"});
+  CHECK(fsdp.stage == Stage::fsdp);
+  CHECK(fsdp.precision.param_dtype == sk::DType::bf16);
+  CHECK(fsdp.checkpoint_splits == 8);
 }

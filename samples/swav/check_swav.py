@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Short SwAV runs that must agree bit for bit (the parameters' FNV-1a fingerprint the trainer
+prints): ddp, oss, sdp and fsdp, without and with activation checkpointing; a run killed with
+SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
+equals the run that never stopped. Usage: check_swav.py path/to/swav"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+TINY = [
+    "config.DATA.TRAIN.DATA_LIMIT=320",
+    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
+    "config.DATA.TEST.DATA_LIMIT=60",
+    "config.DATA.TEST.BATCHSIZE_PER_REPLICA=32",
+    "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT=120",
+    "config.NEAREST_NEIGHBOR.TOPK=20",
+    "config.DATA.NUM_DATALOADER_WORKERS=1",
+    "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 4, size_crops: [16, 8],"
+    " num_crops: [2, 2], crop_scales: [[0.3, 1], [0.1, 0.3]]}, {name: RandomHorizontalFlip, p: 0.5},"
+    " {name: ImgPilColorDistortion, strength: 1.0}, {name: ImgPilGaussianBlur, p: 0.5,"
+    " radius_min: 0.1, radius_max: 2.0}, {name: ToTensor}, {name: Normalize, mean: [0.286],"
+    " std: [0.353]}]",
+    "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.125",
+    'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [64, 32, 32], "use_bn": True, "num_clusters": [20]}]]',
+    "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight', 3]]",
+    "config.LOSS.swav_loss.queue.queue_length=32",
+    "config.LOSS.swav_loss.queue.start_iter=2",
+    "config.LOG_FREQUENCY=2",
+]
+STAGES = {
+    "ddp": [],
+    "oss": ["config.OPTIMIZER.use_zero=True"],
+    "sdp": ["config.MODEL.SHARDED_DDP_SETUP.USE_SDP=True"],
+    "fsdp": ["config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"],
+}
+CHECKPOINTING = ["config.MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+                 "config.MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=3"]
+
+
+def run(swav, folder, extra, kill_after=None):
+    args = [swav] + TINY + [f"config.CHECKPOINT.DIR={folder}"] + extra
+    if kill_after is None:
+        out = subprocess.run(args, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(out.stdout, out.stderr)
+            raise SystemExit(f"FAIL: swav exited {out.returncode}: {' '.join(extra)}")
+        found = re.search(r"fingerprint ([0-9a-f]{16})", out.stdout)
+        if not found:
+            raise SystemExit(f"FAIL: no fingerprint in the output:\n{out.stdout}")
+        return found.group(1), out.stdout
+    # Run until the checkpoint of iteration `kill_after` is reported, then SIGKILL.
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        if f"(iteration {kill_after})" in line:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+    process.wait()
+    if process.returncode != -signal.SIGKILL:
+        raise SystemExit(f"FAIL: the run to kill ended on its own ({process.returncode})")
+    return None, None
+
+
+def main():
+    swav = sys.argv[1]
+    work = tempfile.mkdtemp(prefix="shardkit_check_swav_")
+    try:
+        steps = ["config.MAX_ITERATIONS=6"]
+        prints = {}
+        for stage, flags in STAGES.items():
+            for checkpointing in (False, True):
+                name = stage + (" + checkpointing" if checkpointing else "")
+                folder = os.path.join(work, name.replace(" + ", "_"))
+                prints[name], _ = run(swav, folder, steps + flags + (CHECKPOINTING if checkpointing else []))
+                print(f"{name:<26} {prints[name]}")
+        if len(set(prints.values())) != 1:
+            raise SystemExit("FAIL: the stages' parameters differ")
+        print("every stage, with and without activation checkpointing: the same parameters bit for bit")
+        # Mixed precision (bf16; f16 with dynamic loss scaling): ZeRO-3 equals DDP.
+        for dtype in ("bfloat16", "float16"):
+            amp = ["config.MODEL.AMP_PARAMS.USE_AMP=True", f"config.MODEL.AMP_PARAMS.COMPUTE_DTYPE={dtype}"]
+            ddp, _ = run(swav, os.path.join(work, f"ddp_{dtype}"), steps + amp)
+            fsdp, _ = run(swav, os.path.join(work, f"fsdp_{dtype}"), steps + amp + STAGES["fsdp"])
+            print(f"{dtype}: ddp {ddp}, fsdp {fsdp}")
+            if ddp != fsdp or ddp == prints["ddp"]:
+                raise SystemExit(f"FAIL: {dtype} fsdp differs from ddp (or equals the f32 run)")
+
+        # Kill mid-epoch (20 iterations per epoch here), resume, compare.
+        longer = ["config.MAX_ITERATIONS=12", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"]
+        reference, _ = run(swav, os.path.join(work, "uninterrupted"), longer + STAGES["sdp"])
+        for first, second in (("sdp", "sdp"), ("fsdp", "oss")):
+            folder = os.path.join(work, f"killed_{first}_{second}")
+            run(swav, folder, longer + STAGES[first], kill_after=8)
+            resumed, output = run(swav, folder, longer + STAGES[second])
+            if "resumed from" not in output:
+                raise SystemExit(f"FAIL: the second run did not resume:\n{output}")
+            print(f"killed under {first} after the checkpoint of iteration 8, resumed under "
+                  f"{second}: {resumed}")
+            if resumed != reference:
+                raise SystemExit(f"FAIL: resumed {resumed} != uninterrupted {reference}")
+        print(f"resumed runs equal the uninterrupted one ({reference})")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,472 @@
+// One rank of the SwAV trainer (docs/swav.md, "The trainer"): multi-crop batches from the
+// loader, the trunk once per crop size through the sharded module (ddp / oss / sdp / fsdp),
+// head and prototypes on all crops together, the SwAV loss, LARC-SGD under the schedule, the
+// prototypes frozen for their first iterations and re-normalised after each step; progress
+// lines, a JSONL metrics file, step-folder checkpoints that resume mid-epoch on any stage and
+// world size, and weighted kNN evaluation beside the raw-pixel kNN.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "knn.hpp"
+#include "loader.hpp"
+#include "shardkit/io/checkpoint_steps.hpp"
+#include "shardkit/io/fashion_mnist.hpp"
+#include "shardkit/io/safetensors.hpp"
+#include "shardkit/io/stateful_sampler.hpp"
+#include "shardkit/optim/loss_scaler.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
+#include "swav_config.hpp"
+#include "swav_loss.hpp"
+#include "swav_model.hpp"
+
+namespace swav {
+
+// The data every rank reads (shared by the local ranks of one process).
+struct Datasets {
+  sk::io::ImageDataset train, test;
+  std::int64_t bank_size = 0;  // the kNN memory bank: the first bank_size training images
+};
+
+inline sk::io::ImageDataset first_images(sk::io::ImageDataset d, std::int64_t limit) {
+  if (limit < 0 || limit >= d.count) return d;
+  d.count = limit;
+  d.pixels.resize(static_cast<std::size_t>(limit * d.pixels_per_image()));
+  d.labels.resize(static_cast<std::size_t>(limit));
+  return d;
+}
+
+inline Datasets load_datasets(const SwavConfig& c) {
+  Datasets d;
+  d.train = first_images(sk::io::load_fashion_mnist("train", c.train_dir), c.train_limit);
+  d.test = first_images(sk::io::load_fashion_mnist("t10k", c.test_dir), c.test_limit);
+  d.bank_size =
+      c.memory_bank_limit < 0 ? d.train.count : std::min(c.memory_bank_limit, d.train.count);
+  return d;
+}
+
+// What a run reports (rank 0's view).
+struct RunReport {
+  std::int64_t iterations = 0, start_iteration = 0;
+  std::vector<double> losses;  // mean over ranks, per logged step
+  double knn_init = -1, knn = -1, raw_knn = -1;
+  double train_seconds = 0, data_wait_seconds = 0, images_per_second = 0;
+  std::int64_t peak_bytes = 0;  // the largest per-rank peak
+  std::uint64_t fingerprint = 0;
+  bool resumed = false;
+};
+
+template <class Backend>
+class SwavTrainer {
+ public:
+  SwavTrainer(const SwavConfig& c, sk::Context& ctx, sk::comm::Communicator& comm,
+              const Datasets& data, std::FILE* log)
+      : c_(c),
+        ctx_(&ctx),
+        comm_(&comm),
+        data_(&data),
+        log_(comm.rank() == 0 ? log : nullptr),
+        model_(std::make_shared<SwavModel>(ctx, c)),
+        loss_(c.loss, c.embedding_dim, c.prototypes, comm.rank(), c.seed) {
+    sk::parallel::ShardedModuleOptions o;
+    o.stage = c.stage;
+    o.precision = c.precision;
+    if (c.bucket_cap_mb > 0)
+      o.buckets.bucket_bytes = static_cast<std::size_t>(c.bucket_cap_mb * (1 << 20));
+    o.fsdp.reshard_after_forward = c.reshard_after_forward;
+    if (c.stage == sk::parallel::Stage::fsdp) {
+      sk::check(c.fsdp_wrap_threshold == 0,
+                "config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD = ", c.fsdp_wrap_threshold,
+                ": this trainer makes every residual block of the trunk an FSDP unit (the head "
+                "and prototypes stay in the root unit); set 0");
+      for (const auto& [path, module] : model_->trunk->named_modules())
+        if (path.rfind("layer", 0) == 0 && std::count(path.begin(), path.end(), '.') == 1)
+          o.fsdp.wrap.unit_paths.push_back("trunk." + path);
+    }
+    sharded_ =
+        std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, c.optimizer, o);
+    sampler_ = std::make_unique<sk::io::StatefulDistributedSampler>(
+        data.train.count, comm.size(), comm.rank(), c.batch_size, c.seed);
+    sk::check(sampler_->samples_per_rank() >= c.batch_size,
+              "DATA.TRAIN.BATCHSIZE_PER_REPLICA = ", c.batch_size, " exceeds the ",
+              sampler_->samples_per_rank(),
+              " training images per rank; use a smaller batch or more data");
+    loader_ = std::make_unique<MultiCropLoader>(data.train, c.crops, c.seed, c.workers, 2);
+  }
+
+  RunReport run() {
+    RunReport report;
+    const std::int64_t per_epoch = sampler_->samples_per_rank() / c_.batch_size;
+    const std::int64_t total = per_epoch * c_.num_epochs;
+    std::int64_t epoch = 0, batch_in_epoch = 0;
+    if (auto found = resume_point()) {
+      const auto state = load(*found);
+      iteration_ = state.iteration;
+      epoch = state.epoch;
+      batch_in_epoch = state.batch;
+      report.resumed = true;
+    } else {
+      report.knn_init = evaluate(report);  // the same network at initialisation
+      log_metrics({{"iteration", 0}, {"knn_init", report.knn_init}, {"raw_knn", report.raw_knn}});
+    }
+    report.start_iteration = iteration_;
+    const std::int64_t last = c_.max_iterations >= 0 ? std::min(total, c_.max_iterations) : total;
+    const auto begin = std::chrono::steady_clock::now();
+    auto last_log = begin;
+    std::int64_t last_log_iteration = iteration_;
+    for (; epoch < c_.num_epochs && iteration_ < last; ++epoch, batch_in_epoch = 0) {
+      sampler_->set_epoch(epoch);
+      sampler_->set_start_iter(batch_in_epoch);
+      loader_->start_epoch(epoch, sampler_->indices(), c_.batch_size, batch_in_epoch);
+      while (iteration_ < last) {
+        auto batch = loader_->next();
+        if (!batch) break;
+        const double loss = step(*batch, c_.lr.rate(iteration_, total, per_epoch));
+        ++iteration_;
+        batch_in_epoch = batch->number + 1;
+        if (iteration_ % c_.log_frequency == 0 || iteration_ == last) {
+          const auto now = std::chrono::steady_clock::now();
+          const double seconds = std::chrono::duration<double>(now - last_log).count();
+          const double mean_loss = mean_over_ranks(loss);
+          const double images =
+              double((iteration_ - last_log_iteration) * c_.batch_size * comm_->size());
+          const double elapsed = std::chrono::duration<double>(now - begin).count();
+          const double eta =
+              elapsed / double(iteration_ - report.start_iteration) * double(last - iteration_);
+          const std::int64_t peak = max_over_ranks(ctx_->memory_stats().peak_total());
+          report.losses.push_back(mean_loss);
+          report.images_per_second = images / seconds;
+          report.peak_bytes = peak;
+          say("epoch %lld/%d  step %lld/%lld  loss %.4f  lr %.5f  %.1f img/s  ETA %s  "
+              "mem/rank %.1f MB (max)  data wait %.1f%%\n",
+              static_cast<long long>(epoch + 1), c_.num_epochs, static_cast<long long>(iteration_),
+              static_cast<long long>(last), mean_loss, c_.lr.rate(iteration_ - 1, total, per_epoch),
+              images / seconds, duration(eta).c_str(), double(peak) / 1e6,
+              100.0 * loader_->waited_seconds() / std::max(elapsed, 1e-9));
+          log_metrics({{"iteration", iteration_},
+                       {"epoch", epoch},
+                       {"loss", mean_loss},
+                       {"lr", c_.lr.rate(iteration_ - 1, total, per_epoch)},
+                       {"images_per_second", images / seconds},
+                       {"peak_bytes_per_rank", peak},
+                       {"stage", std::string(sk::parallel::stage_name(c_.stage))}});
+          last_log = now;
+          last_log_iteration = iteration_;
+        }
+        if (c_.checkpoint_every_iters > 0 && iteration_ % c_.checkpoint_every_iters == 0)
+          save(epoch, batch_in_epoch);
+      }
+      const bool epoch_done = batch_in_epoch >= per_epoch;
+      if (!epoch_done) break;  // stopped by MAX_ITERATIONS inside the epoch
+      if (c_.checkpoint_every_epochs > 0 && (epoch + 1) % c_.checkpoint_every_epochs == 0)
+        save(epoch + 1, 0);
+      if (c_.knn_every_epochs > 0 && (epoch + 1) % c_.knn_every_epochs == 0 &&
+          epoch + 1 < c_.num_epochs) {
+        const double knn = evaluate(report);
+        say("epoch %lld: kNN top-1 %.2f%%\n", static_cast<long long>(epoch + 1), 100 * knn);
+        log_metrics({{"epoch", epoch + 1}, {"iteration", iteration_}, {"knn", knn}});
+      }
+    }
+    report.train_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    report.data_wait_seconds = loader_->waited_seconds();
+    report.iterations = iteration_;
+    report.knn = evaluate(report, true);
+    log_metrics({{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}});
+    report.fingerprint = fingerprint();
+    return report;
+  }
+
+ private:
+  // One training step; returns this rank's loss.
+  double step(const MultiCropBatch& batch, double lr) {
+    auto& ctx = *ctx_;
+    sharded_->zero_grad();
+    std::vector<ag::Variable> features;
+    for (std::size_t g = 0; g < batch.groups.size(); ++g) {
+      const std::int64_t side = c_.crops.size_crops[g];
+      const std::int64_t n = c_.crops.num_crops[g] * c_.batch_size;
+      const sk::Tensor x = sk::from_vector(ctx, batch.groups[g], {n, 1, side, side});
+      features.push_back((*sharded_)(ctx, ag::Variable(x)));
+    }
+    const ag::Variable f = features.size() == 1 ? features[0] : ag::cat(ctx, features);
+    SwavHead& head = model_->head();
+    const ag::Variable z = head(ctx, f);
+    const ag::Variable scores = (*head.prototypes0)(ctx, z);
+    const sk::DType compute = c_.precision.param_dtype;
+    const ag::Variable loss = loss_(ctx, *comm_, z, scores, [&](const sk::Tensor& e) {
+      ag::NoGradGuard no_grad(ctx);
+      return (*head.prototypes0)(ctx, ag::cast(ctx, ag::Variable(e), compute)).data();
+    });
+    const double value = sk::to_vector<float>(ctx, loss.data())[0];
+    if (c_.loss_scaling)
+      ag::backward(ctx, loss, scaler_.scale());
+    else
+      ag::backward(ctx, loss);
+    for (const auto& [name, iterations] : c_.frozen)
+      if (iteration_ < iterations) sharded_->zero_grad_of(name);
+    if (c_.loss_scaling)
+      (void)sharded_->step(static_cast<float>(lr), scaler_);
+    else
+      sharded_->step(static_cast<float>(lr));
+    sharded_->normalize_rows(SwavModel::kPrototypes);  // VISSL: after every update
+    return value;
+  }
+
+  // --- evaluation ------------------------------------------------------------------------
+  // Trunk features (the kNN's embedding: the trunk's pooled output) of the first `count`
+  // images of `d`, on every rank: each rank runs an equal share (padded) and the shares are
+  // all-gathered. Collective (under fsdp every forward is).
+  std::vector<float> features(const sk::io::ImageDataset& d, std::int64_t count) {
+    auto& ctx = *ctx_;
+    const int world = comm_->size();
+    const std::int64_t share = (count + world - 1) / world;
+    const std::int64_t first = comm_->rank() * share;
+    // Whole images at the large crops' side (VISSL evaluates at the training resolution:
+    // Resize + CenterCrop to the large crop size), normalised like the crops.
+    const std::int64_t dim = c_.head_in, side = c_.crops.size_crops[0];
+    std::vector<float> mine(static_cast<std::size_t>(share * dim));
+    sk::autograd::NoGradGuard no_grad(ctx);
+    for (std::int64_t b0 = 0; b0 < share; b0 += c_.test_batch_size) {
+      const std::int64_t n = std::min(c_.test_batch_size, share - b0);
+      std::vector<float> pixels(static_cast<std::size_t>(n * side * side));
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t image = std::min(first + b0 + i, count - 1);  // pad with the last
+        float* out = pixels.data() + i * side * side;
+        resize_box(d.image(image), d.cols, CropBox{0, 0, d.rows, d.cols}, static_cast<int>(side),
+                   out);
+        for (std::int64_t k = 0; k < side * side; ++k)
+          out[k] = static_cast<float>((out[k] - c_.crops.mean) / c_.crops.std);
+      }
+      const sk::Tensor x = sk::from_vector(ctx, pixels, {n, 1, side, side});
+      const auto f = sk::to_vector<float>(
+          ctx, sk::cast(ctx, (*sharded_)(ctx, ag::Variable(x)).data(), sk::DType::f32));
+      std::copy(f.begin(), f.end(), mine.begin() + b0 * dim);
+    }
+    sk::Tensor local = sk::from_vector(ctx, mine, {share * dim});
+    sk::Tensor all = sk::empty(ctx, {world * share * dim}, sk::DType::f32);
+    comm_->all_gather(local, all).wait();
+    auto out = sk::to_vector<float>(ctx, all);
+    out.resize(static_cast<std::size_t>(count * dim));
+    return out;
+  }
+
+  // Weighted kNN top-1 on the test set with the memory bank; the queries are split over the
+  // ranks and the counts summed. Also fills the raw-pixel figure once.
+  double evaluate(RunReport& report, bool final_eval = false) {
+    const auto& d = *data_;
+    model_->eval();
+    sk::parallel::broadcast_module_buffers(*ctx_, *model_, *comm_);  // rank 0's statistics
+    auto bank = features(d.train, d.bank_size);
+    auto test = features(d.test, d.test.count);
+    model_->train();
+    l2_normalize_rows(bank, c_.head_in);
+    l2_normalize_rows(test, c_.head_in);
+    const std::vector<std::uint8_t> bank_labels(d.train.labels.begin(),
+                                                d.train.labels.begin() + d.bank_size);
+    const double knn = knn_accuracy(bank, bank_labels, test, c_.head_in);
+    if (report.raw_knn < 0) {
+      auto raw = [&](const sk::io::ImageDataset& set, std::int64_t count) {
+        std::vector<float> f(set.pixels.begin(),
+                             set.pixels.begin() + count * set.pixels_per_image());
+        for (float& v : f) v = static_cast<float>((v / 255.0 - c_.crops.mean) / c_.crops.std);
+        l2_normalize_rows(f, set.pixels_per_image());
+        return f;
+      };
+      report.raw_knn = knn_accuracy(raw(d.train, d.bank_size), bank_labels,
+                                    raw(d.test, d.test.count), d.test.pixels_per_image());
+      say("raw-pixel kNN (k %d, sigma %g, memory bank %lld images): %.2f%%\n", c_.knn_topk,
+          c_.knn_sigma, static_cast<long long>(d.bank_size), 100 * report.raw_knn);
+    }
+    say("%s kNN top-1 on %lld test images: %.2f%% (raw pixels %.2f%%)\n",
+        report.knn_init < 0 && !final_eval ? "initial network:" : "trunk features:",
+        static_cast<long long>(d.test.count), 100 * knn, 100 * report.raw_knn);
+    if (final_eval && !c_.export_dir.empty() && comm_->rank() == 0) {
+      std::filesystem::create_directories(c_.export_dir);
+      sk::Context host;
+      auto as_tensor = [&](const std::vector<float>& f, std::int64_t rows) {
+        return sk::from_vector(host, f, {rows, c_.head_in});
+      };
+      auto labels = [&](const std::vector<std::uint8_t>& l) {
+        return sk::from_vector(host, std::vector<std::int64_t>(l.begin(), l.end()),
+                               {static_cast<std::int64_t>(l.size())});
+      };
+      sk::io::save_safetensors(
+          c_.export_dir + "/embeddings.safetensors",
+          {sk::io::host_bytes(host, "train_features", as_tensor(bank, d.bank_size)),
+           sk::io::host_bytes(host, "train_labels", labels(bank_labels)),
+           sk::io::host_bytes(host, "test_features", as_tensor(test, d.test.count)),
+           sk::io::host_bytes(host, "test_labels", labels(d.test.labels))});
+      say("embeddings written to %s/embeddings.safetensors\n", c_.export_dir.c_str());
+    }
+    return knn;
+  }
+
+  double knn_accuracy(const std::vector<float>& bank, const std::vector<std::uint8_t>& labels,
+                      const std::vector<float>& queries, std::int64_t dim) {
+    const std::int64_t n = data_->test.count, world = comm_->size();
+    const std::int64_t share = (n + world - 1) / world;
+    const std::int64_t first = std::min(n, comm_->rank() * share),
+                       last = std::min(n, first + share);
+    std::vector<double> correct{double(knn_correct(bank, labels, queries, data_->test.labels, dim,
+                                                   first, last, c_.knn_topk, c_.knn_sigma))};
+    all_reduce_host(*ctx_, *comm_, std::span<double>(correct), sk::comm::ReduceOp::sum);
+    return correct[0] / double(n);
+  }
+
+  // --- checkpoints -----------------------------------------------------------------------
+  struct Position {
+    std::int64_t iteration = 0, epoch = 0, batch = 0;
+  };
+
+  std::optional<std::string> resume_point() {
+    const auto latest = sk::io::latest_checkpoint(c_.checkpoint_dir);
+    if (latest && !c_.auto_resume && !c_.overwrite_existing)
+      sk::fail<ConfigError>("config.CHECKPOINT.DIR = ", c_.checkpoint_dir,
+                            " holds a checkpoint, and AUTO_RESUME is False; set "
+                            "CHECKPOINT.AUTO_RESUME=True to continue it, "
+                            "CHECKPOINT.OVERWRITE_EXISTING=True to start afresh over it, or "
+                            "choose another CHECKPOINT.DIR");
+    if (!c_.auto_resume) return std::nullopt;
+    return latest;
+  }
+
+  sk::parallel::TrainingState<Backend> state() {
+    auto s = sharded_->training_state();
+    if (c_.loss_scaling) s.scaler = &scaler_;
+    return s;
+  }
+
+  std::string queue_file(const std::string& folder) const {
+    char name[64];
+    std::snprintf(name, sizeof name, "/queue-%05d-of-%05d.safetensors", comm_->rank(),
+                  comm_->size());
+    return folder + name;
+  }
+
+  void save(std::int64_t epoch, std::int64_t batch) {
+    sk::io::CheckpointOptions o;
+    o.layout = c_.consolidated ? sk::io::CheckpointLayout::full : sk::io::CheckpointLayout::sharded;
+    o.metadata = {{"swav.iteration", std::to_string(iteration_)},
+                  {"swav.epoch", std::to_string(epoch)},
+                  {"swav.batch_in_epoch", std::to_string(batch)},
+                  {"swav.loss_iteration", std::to_string(loss_.iteration())}};
+    auto s = state();
+    const auto folder = sk::io::save_step_checkpoint(
+        c_.checkpoint_dir, iteration_, s, o, [&](const std::string& dir) {
+          if (c_.loss.local_queue_length == 0) return;
+          sk::Context host;
+          const std::int64_t rows = static_cast<std::int64_t>(c_.loss.crops_for_assign.size()) *
+                                    c_.loss.local_queue_length;
+          sk::io::save_safetensors(
+              queue_file(dir),
+              {sk::io::host_bytes(host, "queue",
+                                  sk::from_vector(host, loss_.queue(), {rows, c_.embedding_dim}))});
+        });
+    say("checkpoint: %s (iteration %lld)\n", folder.c_str(), static_cast<long long>(iteration_));
+  }
+
+  Position load(const std::string& folder) {
+    auto s = state();
+    const auto loaded = sk::io::load_checkpoint(folder, s);
+    auto number = [&](const char* key) {
+      const auto it = loaded.metadata.find(key);
+      sk::check<sk::IoError>(it != loaded.metadata.end(), "checkpoint '", folder,
+                             "' lacks the SwAV trainer's '", key,
+                             "' entry; it was not written by this trainer");
+      return std::stoll(it->second);
+    };
+    Position p{number("swav.iteration"), number("swav.epoch"), number("swav.batch_in_epoch")};
+    loss_.set_iteration(number("swav.loss_iteration"));
+    if (c_.loss.local_queue_length > 0) {
+      const std::string file = queue_file(folder);
+      if (std::filesystem::exists(file)) {
+        sk::Context host;
+        const auto contents = sk::io::load_safetensors(file);
+        const auto& q = contents.tensors.at(0);
+        sk::check<sk::IoError>(q.bytes.size() == loss_.queue().size() * sizeof(float), "'", file,
+                               "' holds a queue of another length; resume with the queue settings "
+                               "the checkpoint was written with");
+        std::memcpy(loss_.queue().data(), q.bytes.data(), q.bytes.size());
+      } else {
+        sk::check<sk::IoError>(!loss_.uses_queue(), "checkpoint '", folder,
+                               "' has no queue for rank ", comm_->rank(), " of ", comm_->size(),
+                               " (written by another world size?); the SwAV queue is per rank, as "
+                               "in VISSL: resume on the world size it was written with");
+      }
+    }
+    say("resumed from %s: iteration %lld, epoch %lld, batch %lld (written by %d ranks, %s)\n",
+        folder.c_str(), static_cast<long long>(p.iteration), static_cast<long long>(p.epoch + 1),
+        static_cast<long long>(p.batch), loaded.world_size, loaded.stage.c_str());
+    return p;
+  }
+
+  // --- reporting -------------------------------------------------------------------------
+  double mean_over_ranks(double v) {
+    std::vector<double> x{v};
+    all_reduce_host(*ctx_, *comm_, std::span<double>(x), sk::comm::ReduceOp::sum);
+    return x[0] / comm_->size();
+  }
+  std::int64_t max_over_ranks(std::int64_t v) {
+    std::vector<double> x{double(v)};
+    all_reduce_host(*ctx_, *comm_, std::span<double>(x), sk::comm::ReduceOp::max);
+    return static_cast<std::int64_t>(x[0]);
+  }
+  static std::string duration(double seconds) {
+    char text[32];
+    const auto s = static_cast<long long>(seconds + 0.5);
+    std::snprintf(text, sizeof text, "%lldm%02llds", s / 60, s % 60);
+    return text;
+  }
+  template <class... Args>
+  void say(const char* format, Args... args) {
+    if (log_ == nullptr) return;
+    std::fprintf(log_, format, args...);
+    std::fflush(log_);
+  }
+  void log_metrics(nlohmann::json line) {
+    if (comm_->rank() != 0 || c_.metrics_path.empty()) return;
+    const auto parent = std::filesystem::path(c_.metrics_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    std::ofstream(c_.metrics_path, std::ios::app) << line.dump() << "\n";
+  }
+  // FNV-1a over every parameter's f32 value (masters' compute copies), in state-dict order.
+  std::uint64_t fingerprint() {
+    std::uint64_t h = 1469598103934665603ull;
+    for (const auto& [name, t] : sharded_->state_dict(false)) {
+      if (!sk::is_floating(t.dtype())) continue;
+      const auto v = sk::to_vector<float>(*ctx_, sk::cast(*ctx_, t, sk::DType::f32));
+      const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+      for (std::size_t i = 0; i < v.size() * sizeof(float); ++i)
+        h = (h ^ bytes[i]) * 1099511628211ull;
+    }
+    return h;
+  }
+
+  SwavConfig c_;
+  sk::Context* ctx_;
+  sk::comm::Communicator* comm_;
+  const Datasets* data_;
+  std::FILE* log_;
+  std::shared_ptr<SwavModel> model_;
+  std::unique_ptr<sk::parallel::ShardedModule<Backend>> sharded_;
+  SwavLoss loss_;
+  sk::optim::DynamicLossScaler scaler_;
+  std::unique_ptr<sk::io::StatefulDistributedSampler> sampler_;
+  std::unique_ptr<MultiCropLoader> loader_;
+  std::int64_t iteration_ = 0;
+};
+
+}  // namespace swav
