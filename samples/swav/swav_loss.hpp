@@ -193,4 +193,13 @@ class SwavLoss {
   std::vector<float> queue_;
 };
 
+// A queue scorer for prototypes held as a weight variable [K, D]: the bias-free linear layer,
+// run without gradient.
+inline SwavLoss::QueueScorer prototype_scorer(sk::Context& ctx, const ag::Variable& prototypes) {
+  return [&ctx, prototypes](const sk::Tensor& embeddings) {
+    ag::NoGradGuard no_grad(ctx);
+    return ag::linear(ctx, ag::Variable(embeddings), prototypes).data();
+  };
+}
+
 }  // namespace swav

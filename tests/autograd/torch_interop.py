@@ -2,55 +2,26 @@
 """Our ResNet-18 checkpoint in PyTorch: runs torch_fixture (argv[1]), loads its safetensors file
 into a torchvision-layout ResNet-18 with load_state_dict(strict=True), and checks that PyTorch's
 eval-mode logits equal ours. Proves names, shapes, weight layouts and batch-norm buffers map
-onto torchvision. The file is read here from the format's specification (8-byte little-endian
-header length, JSON header, raw data) with no safetensors package: a second, independent reader.
+onto torchvision. The files are read with tests/torch_support.py's reader (no safetensors package).
 
 Then our f32 and bf16 mixed-precision SGD steps of a narrower ResNet-18 against PyTorch's f32
 and bf16-autocast steps from the same weights on the same batches (compare_mixed_precision).
 
 Exit 77 (skipped) when no python3 at hand has PyTorch (Debian: apt-get install python3-torch)."""
-import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-except ImportError:
-    # Debian's python3-torch lives under /usr/bin/python3, which may not be the python3 on PATH.
-    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
-        probe = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True)
-        if probe.returncode == 0:
-            os.execv("/usr/bin/python3", ["/usr/bin/python3", __file__] + sys.argv[1:])
-    print("torch_interop: no PyTorch for any python3 here (apt-get install python3-torch): skipped")
-    sys.exit(77)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_support import load_safetensors, require_torch  # noqa: E402
+
+torch = require_torch("torch_interop", __file__)
 
 # The same torchvision-layout ResNet-18 the benchmark peer measures.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "autograd"))
 from torch_resnet18 import ResNet18  # noqa: E402
-
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (length,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + length])
-    data = blob[8 + length:]
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        t = torch.frombuffer(bytearray(data[begin:end]), dtype=DTYPES[entry["dtype"]]) if end > begin \
-            else torch.empty(0, dtype=DTYPES[entry["dtype"]])
-        out[name] = t.reshape(entry["shape"])
-    return out
 
 
 def torch_losses(fixture, autocast):

@@ -15,14 +15,6 @@ namespace ag = shardkit::autograd;
 
 namespace {
 
-// The queue's scorer: the prototypes as a bias-free linear layer, without gradient.
-swav::SwavLoss::QueueScorer scorer_of(sk::Context& ctx, const ag::Variable& prototypes) {
-  return [&ctx, prototypes](const sk::Tensor& e) {
-    ag::NoGradGuard no_grad(ctx);
-    return ag::linear(ctx, ag::Variable(e), prototypes).data();
-  };
-}
-
 constexpr std::int64_t kCrops = 4, kBatch = 6, kDim = 16, kPrototypes = 20, kQueue = 9;
 
 sk::Tensor unit_rows(sk::Context& ctx, std::int64_t rows, std::int64_t dim) {
@@ -73,7 +65,7 @@ int main(int argc, char** argv) {
           config.local_queue_length = queue;
           swav::SwavLoss loss_fn(config, kDim, kPrototypes, comm.rank(), 3);
           const auto scores = ag::linear(ctx, z, c);
-          const auto loss = loss_fn(ctx, comm, z, scores, scorer_of(ctx, c));
+          const auto loss = loss_fn(ctx, comm, z, scores, swav::prototype_scorer(ctx, c));
           ag::backward(ctx, loss);
           std::lock_guard guard(lock);
           if (queue) {

@@ -6,40 +6,17 @@ with and without the queue; recomputes them here (ranks emulated in one process:
 all-reduce is a sum over the ranks' tensors) and asks for agreement within 1e-5.
 
 Exit 77 (skipped) when no python3 at hand has PyTorch (Debian: apt-get install python3-torch)."""
-import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-except ImportError:
-    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
-        probe = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True)
-        if probe.returncode == 0:
-            os.execv("/usr/bin/python3", ["/usr/bin/python3", __file__] + sys.argv[1:])
-    print("swav_torch: no PyTorch for any python3 here (apt-get install python3-torch): skipped")
-    sys.exit(77)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_support import load_safetensors, require_torch  # noqa: E402
+
+torch = require_torch("swav_torch", __file__)
 
 CROPS, ASSIGN, TEMPERATURE, EPSILON, ITERS = 4, (0, 1), 0.1, 0.05, 3
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (length,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + length])
-    data = blob[8 + length:]
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        assert entry["dtype"] == "F32", entry
-        begin, end = entry["data_offsets"]
-        out[name] = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32).reshape(entry["shape"])
-    return out
 
 
 def sinkhorn(scores_per_rank):

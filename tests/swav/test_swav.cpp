@@ -26,14 +26,6 @@ namespace ag = shardkit::autograd;
 
 namespace {
 
-// The queue's scorer: the prototypes as a bias-free linear layer, without gradient.
-swav::SwavLoss::QueueScorer scorer_of(sk::Context& ctx, const ag::Variable& prototypes) {
-  return [&ctx, prototypes](const sk::Tensor& e) {
-    ag::NoGradGuard no_grad(ctx);
-    return ag::linear(ctx, ag::Variable(e), prototypes).data();
-  };
-}
-
 std::vector<double> random_values(std::uint64_t seed, std::size_t n, double low, double high) {
   const sk::RandomSpec spec{sk::RandomKind::uniform, low, high, seed, 0};
   std::vector<double> out(n);
@@ -223,7 +215,7 @@ std::vector<LossResult> run_ours(const LossCase& c, bool f64 = false) {
       loss_fn.queue().assign(q.begin(), q.end());
     }
     auto scores = ag::linear(ctx, zv, cv);
-    auto loss = loss_fn(ctx, comm, zv, scores, scorer_of(ctx, cv));
+    auto loss = loss_fn(ctx, comm, zv, scores, swav::prototype_scorer(ctx, cv));
     ag::backward(ctx, loss);
     auto& r = out[static_cast<std::size_t>(comm.rank())];
     r.loss = sk::to_vector<float>(ctx, loss.data())[0];
@@ -371,11 +363,11 @@ TEST_CASE("the queue: VISSL's length rounding, start iteration and newest-first 
     // Iteration 0 < start_iter: the queue is neither used nor filled.
     auto z0 = make(1);
     CHECK_FALSE(loss_fn.uses_queue());
-    (void)loss_fn(rctx, comm, z0, ag::linear(rctx, z0, cv), scorer_of(rctx, cv));
+    (void)loss_fn(rctx, comm, z0, ag::linear(rctx, z0, cv), swav::prototype_scorer(rctx, cv));
     CHECK(loss_fn.queue() == start);
     CHECK(loss_fn.uses_queue());
     auto z1 = make(2);
-    (void)loss_fn(rctx, comm, z1, ag::linear(rctx, z1, cv), scorer_of(rctx, cv));
+    (void)loss_fn(rctx, comm, z1, ag::linear(rctx, z1, cv), swav::prototype_scorer(rctx, cv));
     const auto e = sk::to_vector<float>(rctx, z1.data());
     const auto& q = loss_fn.queue();
     for (int i = 0; i < 2; ++i) {  // crops_for_assign {0, 1}
