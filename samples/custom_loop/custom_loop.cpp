@@ -25,8 +25,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -65,9 +65,12 @@ struct Flags {
 
 float default_lr(sk::optim::OptimizerKind kind) {
   switch (kind) {
-    case sk::optim::OptimizerKind::sgd: return 0.05f;
-    case sk::optim::OptimizerKind::larc_sgd: return 2.0f;  // LARC scales it by trust·‖w‖/‖g‖
-    default: return 1e-3f;
+    case sk::optim::OptimizerKind::sgd:
+      return 0.05f;
+    case sk::optim::OptimizerKind::larc_sgd:
+      return 2.0f;  // LARC scales it by trust·‖w‖/‖g‖
+    default:
+      return 1e-3f;
   }
 }
 
@@ -90,30 +93,36 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"greedy", "flat"}));
   app.add_option("--ranks", flags.ranks, "ranks as threads of this process (ignored under mpirun)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--epochs", flags.epochs, "passes over the training set")->check(CLI::Range(1, 1000));
+  app.add_option("--epochs", flags.epochs, "passes over the training set")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0: whole epochs)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--batch", flags.batch, "images per rank per step")->check(CLI::Range(1, 4096));
   app.add_option("--lr", flags.lr, "learning rate (default: 0.05 sgd, 2 larc_sgd, 1e-3 adam)");
-  app.add_option("--hidden", flags.hidden, "width of the two hidden layers")->check(CLI::Range(1, 16384));
-  app.add_option("--bucket-mb", flags.bucket_mb, "gradient bucket size in MiB")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", flags.hidden, "width of the two hidden layers")
+      ->check(CLI::Range(1, 16384));
+  app.add_option("--bucket-mb", flags.bucket_mb, "gradient bucket size in MiB")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--broadcast-fp16", flags.broadcast_fp16, "oss/sdp: send parameters as f16");
   app.add_option("--seed", flags.seed, "seed of initialisation and shuffling");
   app.add_option("--data-dir", flags.data_dir, "folder with the Fashion-MNIST .gz files");
-  app.add_option("--device", flags.device, "auto (the GPU if this build has CUDA and one is present), cpu or gpu")
+  app.add_option("--device", flags.device,
+                 "auto (the GPU if this build has CUDA and one is present), cpu or gpu")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
   app.add_flag("--skip-without-gpu", flags.skip_without_gpu,
                "for test harnesses: with --device gpu, exit 77 (skipped) when no GPU can be used");
   app.add_option("--checkpoint", flags.checkpoint_dir,
                  "folder to save model.safetensors and optimizer.safetensors in (at the end, and "
                  "every --checkpoint-every steps)");
-  app.add_option("--checkpoint-every", flags.checkpoint_every, "steps between checkpoints (0: at the end only)")
+  app.add_option("--checkpoint-every", flags.checkpoint_every,
+                 "steps between checkpoints (0: at the end only)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-layout", flags.checkpoint_layout,
                  "full (model.safetensors + optimizer.safetensors, gathered on rank 0) or "
                  "sharded (one file per rank)")
       ->check(CLI::IsMember({"full", "sharded"}));
-  app.add_option("--resume", flags.resume_dir, "continue from the checkpoint in this folder (any stage or rank count)")
+  app.add_option("--resume", flags.resume_dir,
+                 "continue from the checkpoint in this folder (any stage or rank count)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--stop-after", flags.stop_after,
                  "end this run after so many steps, as a preempted job would (the schedule still "
@@ -147,7 +156,8 @@ int main(int argc, char** argv) {
 
     auto& options = setup.parallel;
     options.stage = sk::parallel::parse_stage(flags.stage);
-    options.partition = flags.partition == "flat" ? sk::shard::PartitionKind::flat : sk::shard::PartitionKind::greedy;
+    options.partition = flags.partition == "flat" ? sk::shard::PartitionKind::flat
+                                                  : sk::shard::PartitionKind::greedy;
     options.buckets.bucket_bytes = static_cast<std::size_t>(flags.bucket_mb * (1 << 20));
     options.broadcast_fp16 = flags.broadcast_fp16;
     if (flags.precision != "f32")
@@ -161,26 +171,31 @@ int main(int argc, char** argv) {
     setup.seed = flags.seed;
     setup.checkpoint_dir = flags.checkpoint_dir;
     setup.checkpoint_every = flags.checkpoint_every;
-    setup.checkpoint_layout = flags.checkpoint_layout == "sharded" ? sk::io::CheckpointLayout::sharded
-                                                                    : sk::io::CheckpointLayout::full;
+    setup.checkpoint_layout = flags.checkpoint_layout == "sharded"
+                                  ? sk::io::CheckpointLayout::sharded
+                                  : sk::io::CheckpointLayout::full;
     setup.resume_dir = flags.resume_dir;
     setup.stop_after = flags.stop_after;
     if (!setup.checkpoint_dir.empty()) std::filesystem::create_directories(setup.checkpoint_dir);
 
     // --- train: every rank runs train.hpp's loop on the chosen device -------------------------
     const custom_loop::Results results = custom_loop::train_on(device, setup);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     // --- report (rank 0 of the job) ----------------------------------------------------------
     const bool under_mpi = results.backend == "mpi";
     if (under_mpi && sk::comm::detect_launch().rank != 0) return 0;
     std::printf("\ntest accuracy %.2f%% after %lld steps (%s, %s, %d ranks on the %s, %.1f s)\n",
                 100 * results.test_accuracy, static_cast<long long>(results.steps),
-                flags.stage.c_str(), flags.optimizer.c_str(), results.world,
-                results.device.c_str(), seconds);
-    std::printf("\nmemory per rank (MB, current after the last step; communication peak over the run in brackets%s):\n",
-                under_mpi ? "; this process's rank only" : "");
-    std::printf("%4s %12s %12s %16s %14s\n", "rank", "parameters", "gradients", "optimizer_state", "communication");
+                flags.stage.c_str(), flags.optimizer.c_str(), results.world, results.device.c_str(),
+                seconds);
+    std::printf(
+        "\nmemory per rank (MB, current after the last step; communication peak over the run in "
+        "brackets%s):\n",
+        under_mpi ? "; this process's rank only" : "");
+    std::printf("%4s %12s %12s %16s %14s\n", "rank", "parameters", "gradients", "optimizer_state",
+                "communication");
     nlohmann::json memory = nlohmann::json::array();
     using C = sk::MemoryCategory;
     sk::MemorySnapshot most;  // per category, the most loaded rank's figure
@@ -204,19 +219,24 @@ int main(int argc, char** argv) {
       std::printf(" max %12.2f %12.2f %16.2f %6.2f [%5.2f]\n", most.current_of(C::parameters) / 1e6,
                   most.current_of(C::gradients) / 1e6, most.current_of(C::optimizer_state) / 1e6,
                   most.current_of(C::communication) / 1e6, most.peak_of(C::communication) / 1e6);
-    const custom_loop::RankReport rank0 = results.ranks.empty() ? custom_loop::RankReport{} : results.ranks[0];
-    nlohmann::json summary = {
-        {"sample", "custom_loop"},       {"stage", flags.stage},
-        {"optimizer", flags.optimizer},  {"partition", flags.partition},
-        {"precision", flags.precision},
-        {"ranks", results.world},        {"backend", results.backend},
-        {"device", results.device},      {"steps", results.steps},
-        {"batch_per_rank", flags.batch}, {"test_accuracy", results.test_accuracy},
-        {"final_loss_rank0", rank0.last_loss},
-        {"params_fnv1a", results.params_fnv1a},
-        {"seconds", seconds},
-        {"bus_bytes_per_step_rank0", rank0.bus_bytes_per_step},
-        {"memory_bytes_per_rank", memory}};
+    const custom_loop::RankReport rank0 =
+        results.ranks.empty() ? custom_loop::RankReport{} : results.ranks[0];
+    nlohmann::json summary = {{"sample", "custom_loop"},
+                              {"stage", flags.stage},
+                              {"optimizer", flags.optimizer},
+                              {"partition", flags.partition},
+                              {"precision", flags.precision},
+                              {"ranks", results.world},
+                              {"backend", results.backend},
+                              {"device", results.device},
+                              {"steps", results.steps},
+                              {"batch_per_rank", flags.batch},
+                              {"test_accuracy", results.test_accuracy},
+                              {"final_loss_rank0", rank0.last_loss},
+                              {"params_fnv1a", results.params_fnv1a},
+                              {"seconds", seconds},
+                              {"bus_bytes_per_step_rank0", rank0.bus_bytes_per_step},
+                              {"memory_bytes_per_rank", memory}};
     std::printf("%s\n", summary.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -41,8 +41,7 @@ class MlpCpu {
       // (Held while the maps use them: under mixed precision they are f32 copies.)
       const sk::Tensor weight = params.param(2 * l), bias = params.param(2 * l + 1);
       ConstMatrixMap w(weight.template data<float>(), widths_[l + 1], widths_[l]);
-      Eigen::Map<const Eigen::RowVectorXf> b(bias.template data<float>(),
-                                             widths_[l + 1]);
+      Eigen::Map<const Eigen::RowVectorXf> b(bias.template data<float>(), widths_[l + 1]);
       Matrix z = activations_[l] * w.transpose();
       z.rowwise() += b;
       params.leave(l, Pass::forward);

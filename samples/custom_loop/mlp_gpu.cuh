@@ -34,7 +34,8 @@ inline unsigned blocks_for(std::int64_t n) {
 }
 
 // z[r, c] += b[c]; then ReLU on hidden layers. z is row-major [rows, cols].
-__global__ void bias_relu(float* z, const float* b, std::int64_t rows, std::int64_t cols, bool relu) {
+__global__ void bias_relu(float* z, const float* b, std::int64_t rows, std::int64_t cols,
+                          bool relu) {
   const std::int64_t n = rows * cols;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
@@ -52,7 +53,8 @@ __global__ void relu_backward(float* delta, const float* out, std::int64_t n) {
 
 // db[c] += sum over rows of delta[r, c]: one thread per column, rows added in order, so the
 // result does not depend on scheduling (neighbouring threads read neighbouring columns).
-__global__ void add_column_sums(float* db, const float* delta, std::int64_t rows, std::int64_t cols) {
+__global__ void add_column_sums(float* db, const float* delta, std::int64_t rows,
+                                std::int64_t cols) {
   const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (c >= cols) return;
   float sum = 0.0f;
@@ -113,7 +115,8 @@ __global__ void softmax_cross_entropy(const float* logits, const std::uint8_t* l
 // cuBLAS is column-major, and a row-major matrix read column-major is its transpose, so we ask
 // for Cᵀ = op(B)ᵀ · op(A)ᵀ: the operands swap places and nothing is copied or transposed.
 inline void gemm_row_major(cublasHandle_t blas, bool transpose_a, bool transpose_b, int m, int n,
-                           int k, float alpha, const float* a, const float* b, float beta, float* c) {
+                           int k, float alpha, const float* a, const float* b, float beta,
+                           float* c) {
   SK_CUBLAS_CHECK(cublasSgemm(blas, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                               transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
                               transpose_b ? k : n, a, transpose_a ? m : k, &beta, c, n));
@@ -129,7 +132,8 @@ class MlpGpu {
       sk::check(w > 0 && w <= (1 << 20), "layer width ", w, " is outside [1, 2^20]");
     // The context's cuBLAS handle (autograd's per-context resource, bound to ctx's stream).
     blas_ = sk::autograd::cuda::libraries(ctx).blas();
-    stats_ = sk::zeros(ctx, {2}, sk::DType::f32, sk::MemoryCategory::activations);  // no forward yet
+    stats_ =
+        sk::zeros(ctx, {2}, sk::DType::f32, sk::MemoryCategory::activations);  // no forward yet
   }
 
   // Forward on a batch [B, widths[0]] (normalised on the host, copied here); keeps the
@@ -164,8 +168,8 @@ class MlpGpu {
       params.leave(l, Pass::forward);  // stream-ordered: frees after the kernels that read it
     }
     kernels::softmax_cross_entropy<<<1, kernels::kThreads, 0, ctx_->stream()>>>(
-        activations_[layers].data<float>(), labels_.data<std::uint8_t>(), rows,
-        int(widths_.back()), deltas_[layers].data<float>(), stats_.data<float>());
+        activations_[layers].data<float>(), labels_.data<std::uint8_t>(), rows, int(widths_.back()),
+        deltas_[layers].data<float>(), stats_.data<float>());
     SK_CUDA_CHECK_LAUNCH("softmax_cross_entropy");
   }
 
@@ -201,8 +205,9 @@ class MlpGpu {
       gemm_row_major(blas_, false, false, int(rows), int(in), int(out), 1.0f,  // δ' = δ · w
                      delta, weight.template data<float>(), 0.0f, previous);
       params.leave(l, Pass::backward);
-      kernels::relu_backward<<<kernels::blocks_for(rows * in), kernels::kThreads, 0, ctx_->stream()>>>(
-          previous, activations_[l].data<float>(), rows * in);
+      kernels::
+          relu_backward<<<kernels::blocks_for(rows * in), kernels::kThreads, 0, ctx_->stream()>>>(
+              previous, activations_[l].data<float>(), rows * in);
       SK_CUDA_CHECK_LAUNCH("relu_backward");
     }
   }
@@ -217,9 +222,11 @@ class MlpGpu {
     activations_.assign(layers + 1, sk::Tensor());
     deltas_.assign(layers + 1, sk::Tensor());
     for (std::size_t l = 0; l <= layers; ++l) {
-      activations_[l] = sk::empty(*ctx_, {rows, widths_[l]}, sk::DType::f32, sk::MemoryCategory::activations);
+      activations_[l] =
+          sk::empty(*ctx_, {rows, widths_[l]}, sk::DType::f32, sk::MemoryCategory::activations);
       if (l > 0)  // the gradient of layer l's output, before its ReLU
-        deltas_[l] = sk::empty(*ctx_, {rows, widths_[l]}, sk::DType::f32, sk::MemoryCategory::activations);
+        deltas_[l] =
+            sk::empty(*ctx_, {rows, widths_[l]}, sk::DType::f32, sk::MemoryCategory::activations);
     }
     labels_ = sk::empty(*ctx_, {rows}, sk::DType::u8, sk::MemoryCategory::activations);
     rows_ = rows;
@@ -246,7 +253,8 @@ struct GpuDevice {
     const int gpus = sk::cuda_device_count();
     sk::check<sk::NotAvailable>(launch.local_rank < gpus, "local rank ", launch.local_rank,
                                 " needs a GPU of its own (NCCL puts one rank on one GPU) but this "
-                                "machine has ", gpus, "; start at most ", gpus,
+                                "machine has ",
+                                gpus, "; start at most ", gpus,
                                 " processes per machine, or use --device cpu");
     return sk::cuda_context_options(launch.local_rank, launch.rank, seed);
   }

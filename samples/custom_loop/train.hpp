@@ -19,8 +19,8 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <shardkit/comm/comm.hpp>
@@ -48,8 +48,8 @@ struct Setup {
   std::string checkpoint_dir;         // save here every checkpoint_every steps and at the end
   std::int64_t checkpoint_every = 0;  // 0: at the end only
   sk::io::CheckpointLayout checkpoint_layout = sk::io::CheckpointLayout::full;
-  std::string resume_dir;             // continue from the checkpoint here
-  std::int64_t stop_after = 0;        // end this run after so many steps (0: run to the end)
+  std::string resume_dir;       // continue from the checkpoint here
+  std::int64_t stop_after = 0;  // end this run after so many steps (0: run to the end)
 };
 
 struct RankReport {
@@ -71,7 +71,8 @@ struct Results {
 inline std::uint64_t fnv1a(const std::vector<float>& values) {
   std::uint64_t hash = 1469598103934665603ull;
   const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-  for (std::size_t i = 0; i < values.size() * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  for (std::size_t i = 0; i < values.size() * sizeof(float); ++i)
+    hash = (hash ^ bytes[i]) * 1099511628211ull;
   return hash;
 }
 
@@ -150,15 +151,14 @@ std::unique_ptr<sk::parallel::FsdpEngine<Ops>> make_engine(
   options.precision = s.parallel.precision;
   auto fsdp = std::make_unique<sk::parallel::FsdpEngine<Ops>>(ctx, comm, std::move(units),
                                                               s.optimizer, options);
-  fsdp->set_full_params([&](std::size_t i, const sk::Tensor& view) {
-    init_mlp_param(ctx, s.widths, i, view);
-  });
+  fsdp->set_full_params(
+      [&](std::size_t i, const sk::Tensor& view) { init_mlp_param(ctx, s.widths, i, view); });
   return fsdp;
 }
 
 template <class Ops>
-ResidentParams<sk::parallel::DataParallel<Ops>> training_params(sk::Context& ctx,
-                                                                sk::parallel::DataParallel<Ops>& dp) {
+ResidentParams<sk::parallel::DataParallel<Ops>> training_params(
+    sk::Context& ctx, sk::parallel::DataParallel<Ops>& dp) {
   return {&dp, &ctx};
 }
 template <class Ops>
@@ -227,8 +227,9 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
 
   sk::io::StatefulDistributedSampler sampler(s.train->count, comm.size(), rank, s.batch, s.seed);
   const std::int64_t steps_per_epoch = sampler.samples_per_rank() / s.batch;
-  const std::int64_t total_steps = s.max_steps > 0 ? std::min(s.max_steps, steps_per_epoch * s.epochs)
-                                                   : steps_per_epoch * s.epochs;
+  const std::int64_t total_steps = s.max_steps > 0
+                                       ? std::min(s.max_steps, steps_per_epoch * s.epochs)
+                                       : steps_per_epoch * s.epochs;
   Batch batch;
   std::int64_t step = 0;
   if (!s.resume_dir.empty()) {  // the sampler position follows from the step count
@@ -242,7 +243,8 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   }
   // --stop-after ends this run early, as a preempted job would; the schedule still spans the
   // whole run, so a resumed run continues it exactly.
-  const std::int64_t run_end = s.stop_after > 0 ? std::min(total_steps, step + s.stop_after) : total_steps;
+  const std::int64_t run_end =
+      s.stop_after > 0 ? std::min(total_steps, step + s.stop_after) : total_steps;
   const std::int64_t run_begin = step;
   std::int64_t checkpoint_bus_bytes = 0;
   comm.reset_stats();
@@ -257,8 +259,9 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
       engine->zero_grad();
       mlp.forward(params, batch);
       const double scale = scaled ? scaler.scale() : 1.0;
-      mlp.backward(params, [&](std::size_t i) { return gradients.grad(i); },
-                   [&](std::size_t i) { gradients.ready(i, scale); });
+      mlp.backward(
+          params, [&](std::size_t i) { return gradients.grad(i); },
+          [&](std::size_t i) { gradients.ready(i, scale); });
       engine->finish();
       // Cosine decay over the run.
       const float progress = static_cast<float>(step) / static_cast<float>(total_steps);
@@ -286,8 +289,9 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
     }
   }
   const double loss = step > run_begin ? mlp.loss() : 0.0;  // of the last step
-  const double bus_bytes = static_cast<double>(comm.stats().total_bus_bytes() - checkpoint_bus_bytes) /
-                           static_cast<double>(std::max<std::int64_t>(1, run_end - run_begin));
+  const double bus_bytes =
+      static_cast<double>(comm.stats().total_bus_bytes() - checkpoint_bus_bytes) /
+      static_cast<double>(std::max<std::int64_t>(1, run_end - run_begin));
   const sk::MemorySnapshot memory = ctx.memory_stats().snapshot();  // before gathering for the test
   // Rank 0 evaluates with every parameter whole (gathered on every rank under fsdp), and takes
   // a fingerprint of the final parameters (FNV-1a of their bytes in parameter order).
