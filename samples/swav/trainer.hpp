@@ -133,10 +133,12 @@ class SwavTrainer {
       while (iteration_ < last) {
         auto batch = loader_->next();
         if (!batch) break;
-        const double loss = step(*batch, c_.lr.rate(iteration_, total, per_epoch));
+        // The loss is read back (a device sync on the GPU) only on the steps that log it.
+        const bool logs = (iteration_ + 1) % c_.log_frequency == 0 || iteration_ + 1 == last;
+        const double loss = step(*batch, c_.lr.rate(iteration_, total, per_epoch), logs);
         ++iteration_;
         batch_in_epoch = batch->number + 1;
-        if (iteration_ % c_.log_frequency == 0 || iteration_ == last) {
+        if (logs) {
           const auto now = std::chrono::steady_clock::now();
           const double seconds = std::chrono::duration<double>(now - last_log).count();
           const double mean_loss = mean_over_ranks(loss);
@@ -190,8 +192,8 @@ class SwavTrainer {
   }
 
  private:
-  // One training step; returns this rank's loss.
-  double step(const MultiCropBatch& batch, double lr) {
+  // One training step; returns this rank's loss when `read_loss` (else 0).
+  double step(const MultiCropBatch& batch, double lr, bool read_loss) {
     auto& ctx = *ctx_;
     sharded_->zero_grad();
     std::vector<ag::Variable> features;
@@ -210,7 +212,7 @@ class SwavTrainer {
       ag::NoGradGuard no_grad(ctx);
       return (*head.prototypes0)(ctx, ag::cast(ctx, ag::Variable(e), compute)).data();
     });
-    const double value = sk::to_vector<float>(ctx, loss.data())[0];
+    const double value = read_loss ? sk::to_vector<float>(ctx, loss.data())[0] : 0.0;
     if (c_.loss_scaling)
       ag::backward(ctx, loss, scaler_.scale());
     else
