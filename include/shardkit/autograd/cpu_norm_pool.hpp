@@ -5,28 +5,23 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "shardkit/autograd/cpu_kernels.hpp"
 
 namespace shardkit::autograd::cpu {
 
-// Training: normalises with the batch statistics of each channel over (outer, inner), saves
-// mean and 1/sqrt(var + eps), and (when running_mean is defined) folds them into the running
-// statistics with PyTorch's momentum rule and the unbiased variance.
-inline void batch_norm_train_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                     const Tensor& running_mean, const Tensor& running_var,
-                                     double momentum, double eps, const Tensor& y,
-                                     const Tensor& save_mean, const Tensor& save_invstd,
-                                     std::int64_t outer, std::int64_t channels,
-                                     std::int64_t inner) {
+// Batch-norm in training mode, in pieces a synchronised batch-norm reuses across ranks: the
+// per-channel moments, the per-channel affine map, the gradient sums and the input gradient.
+// All statistics are double; x and y are f32 or f64.
+
+// mean[c] and m2[c] (the sum of squared deviations from the mean) of each channel over
+// (outer, inner), in two passes.
+inline void channel_moments(const Tensor& x, std::int64_t outer, std::int64_t channels,
+                            std::int64_t inner, double* mean, double* m2) {
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
-    T* out = static_cast<T*>(y.data_ptr());
-    const T* w = static_cast<const T*>(weight.data_ptr());
-    const T* b = static_cast<const T*>(bias.data_ptr());
-    T* sm = static_cast<T*>(save_mean.data_ptr());
-    T* si = static_cast<T*>(save_invstd.data_ptr());
     const double count = double(outer * inner);
     for (std::int64_t c = 0; c < channels; ++c) {
       double sum = 0;
@@ -34,31 +29,85 @@ inline void batch_norm_train_forward(const Tensor& x, const Tensor& weight, cons
         const T* row = in + (n * channels + c) * inner;
         for (std::int64_t i = 0; i < inner; ++i) sum += row[i];
       }
-      const double mean = sum / count;
+      const double mu = sum / count;
       double sq = 0;
       for (std::int64_t n = 0; n < outer; ++n) {
         const T* row = in + (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) sq += (row[i] - mean) * (row[i] - mean);
+        for (std::int64_t i = 0; i < inner; ++i) sq += (row[i] - mu) * (row[i] - mu);
       }
-      const double var = sq / count;
-      const double invstd = 1.0 / std::sqrt(var + eps);
-      sm[c] = static_cast<T>(mean);
-      si[c] = static_cast<T>(invstd);
-      const double scale = w[c] * invstd, shift = b[c] - mean * scale;
-      for (std::int64_t n = 0; n < outer; ++n) {
+      mean[c] = mu;
+      m2[c] = sq;
+    }
+  });
+}
+
+// y[o, c, i] = x[o, c, i] * scale[c] + shift[c]
+inline void channel_affine(const Tensor& x, const Tensor& y, const double* scale,
+                           const double* shift, std::int64_t outer, std::int64_t channels,
+                           std::int64_t inner) {
+  visit_real(x.dtype(), "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    T* out = static_cast<T*>(y.data_ptr());
+    for (std::int64_t n = 0; n < outer; ++n)
+      for (std::int64_t c = 0; c < channels; ++c) {
         const std::int64_t at = (n * channels + c) * inner;
         for (std::int64_t i = 0; i < inner; ++i)
-          out[at + i] = static_cast<T>(in[at + i] * scale + shift);
+          out[at + i] = static_cast<T>(in[at + i] * scale[c] + shift[c]);
       }
+  });
+}
+
+// Normalises x with the given statistics of each channel (count values per channel, possibly
+// over several ranks), saves mean and 1/sqrt(var + eps) in the statistics dtype, and (when
+// running_mean is defined) folds them into the running statistics with PyTorch's momentum rule
+// and the unbiased variance.
+inline void batch_norm_normalize(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 const Tensor& running_mean, const Tensor& running_var,
+                                 double momentum, double eps, const Tensor& y,
+                                 const Tensor& save_mean, const Tensor& save_invstd,
+                                 std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                                 double count, const double* mean, const double* m2) {
+  std::vector<double> scale(static_cast<std::size_t>(channels)),
+      shift(static_cast<std::size_t>(channels));
+  visit_real(x.dtype(), "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const T* w = static_cast<const T*>(weight.data_ptr());
+    const T* b = static_cast<const T*>(bias.data_ptr());
+    T* sm = static_cast<T*>(save_mean.data_ptr());
+    T* si = static_cast<T*>(save_invstd.data_ptr());
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const double var = m2[c] / count;
+      const double invstd = 1.0 / std::sqrt(var + eps);
+      sm[c] = static_cast<T>(mean[c]);
+      si[c] = static_cast<T>(invstd);
+      scale[static_cast<std::size_t>(c)] = w[c] * invstd;
+      shift[static_cast<std::size_t>(c)] = b[c] - mean[c] * scale[static_cast<std::size_t>(c)];
       if (running_mean.defined()) {
         T* rm = static_cast<T*>(running_mean.data_ptr());
         T* rv = static_cast<T*>(running_var.data_ptr());
-        const double unbiased = count > 1 ? sq / (count - 1) : var;
-        rm[c] = static_cast<T>((1 - momentum) * rm[c] + momentum * mean);
+        const double unbiased = count > 1 ? m2[c] / (count - 1) : var;
+        rm[c] = static_cast<T>((1 - momentum) * rm[c] + momentum * mean[c]);
         rv[c] = static_cast<T>((1 - momentum) * rv[c] + momentum * unbiased);
       }
     }
   });
+  channel_affine(x, y, scale.data(), shift.data(), outer, channels, inner);
+}
+
+// Training: normalises with the batch statistics of each channel over (outer, inner).
+inline void batch_norm_train_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                     const Tensor& running_mean, const Tensor& running_var,
+                                     double momentum, double eps, const Tensor& y,
+                                     const Tensor& save_mean, const Tensor& save_invstd,
+                                     std::int64_t outer, std::int64_t channels,
+                                     std::int64_t inner) {
+  std::vector<double> mean(static_cast<std::size_t>(channels)),
+      m2(static_cast<std::size_t>(channels));
+  channel_moments(x, outer, channels, inner, mean.data(), m2.data());
+  batch_norm_normalize(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean,
+                       save_invstd, outer, channels, inner, double(outer * inner), mean.data(),
+                       m2.data());
 }
 
 inline void batch_norm_eval_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -83,13 +132,41 @@ inline void batch_norm_eval_forward(const Tensor& x, const Tensor& weight, const
   });
 }
 
-// Training-mode backward through the batch statistics:
-//   grad_x = w * invstd / M * (M * g - sum(g) - xhat * sum(g * xhat)).
-inline void batch_norm_train_backward(const Tensor& x, const Tensor& grad_y, const Tensor& weight,
-                                      const Tensor& save_mean, const Tensor& save_invstd,
-                                      const Tensor& grad_x, const Tensor& grad_weight,
-                                      const Tensor& grad_bias, std::int64_t outer,
-                                      std::int64_t channels, std::int64_t inner) {
+// The sums training-mode backward needs, per channel: sum_g = sum(g) and
+// sum_gxhat = sum(g * (x - mean)) * invstd, with the saved statistics.
+inline void batch_norm_grad_sums(const Tensor& x, const Tensor& grad_y, const Tensor& save_mean,
+                                 const Tensor& save_invstd, std::int64_t outer,
+                                 std::int64_t channels, std::int64_t inner, double* sum_g,
+                                 double* sum_gxhat) {
+  visit_real(x.dtype(), "batch_norm backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    const T* gy = static_cast<const T*>(grad_y.data_ptr());
+    const T* sm = static_cast<const T*>(save_mean.data_ptr());
+    const T* si = static_cast<const T*>(save_invstd.data_ptr());
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const double mean = sm[c];
+      double sg = 0, sgx = 0;
+      for (std::int64_t n = 0; n < outer; ++n) {
+        const std::int64_t at = (n * channels + c) * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          sg += gy[at + i];
+          sgx += gy[at + i] * (in[at + i] - mean);
+        }
+      }
+      sum_g[c] = sg;
+      sum_gxhat[c] = sgx * double(si[c]);
+    }
+  });
+}
+
+// Training-mode input gradient through the batch statistics of `count` values per channel:
+//   grad_x = w * invstd / count * (count * g - sum_g - xhat * sum_gxhat).
+inline void batch_norm_input_grad(const Tensor& x, const Tensor& grad_y, const Tensor& weight,
+                                  const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& grad_x, std::int64_t outer, std::int64_t channels,
+                                  std::int64_t inner, double count, const double* sum_g,
+                                  const double* sum_gxhat) {
   visit_real(x.dtype(), "batch_norm backward", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
@@ -97,33 +174,51 @@ inline void batch_norm_train_backward(const Tensor& x, const Tensor& grad_y, con
     const T* w = static_cast<const T*>(weight.data_ptr());
     const T* sm = static_cast<const T*>(save_mean.data_ptr());
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
-    const double count = double(outer * inner);
+    T* gx = static_cast<T*>(grad_x.data_ptr());
     for (std::int64_t c = 0; c < channels; ++c) {
       const double mean = sm[c], invstd = si[c];
-      double sum_g = 0, sum_gx = 0;
-      for (std::int64_t n = 0; n < outer; ++n) {
-        const std::int64_t at = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) {
-          sum_g += gy[at + i];
-          sum_gx += gy[at + i] * (in[at + i] - mean);
-        }
-      }
-      const double sum_gxhat = sum_gx * invstd;
-      if (grad_weight.defined())
-        static_cast<T*>(grad_weight.data_ptr())[c] = static_cast<T>(sum_gxhat);
-      if (grad_bias.defined()) static_cast<T*>(grad_bias.data_ptr())[c] = static_cast<T>(sum_g);
-      if (!grad_x.defined()) continue;
-      T* gx = static_cast<T*>(grad_x.data_ptr());
       const double k = w[c] * invstd / count;
       for (std::int64_t n = 0; n < outer; ++n) {
         const std::int64_t at = (n * channels + c) * inner;
         for (std::int64_t i = 0; i < inner; ++i) {
           const double xhat = (in[at + i] - mean) * invstd;
-          gx[at + i] = static_cast<T>(k * (count * gy[at + i] - sum_g - xhat * sum_gxhat));
+          gx[at + i] = static_cast<T>(k * (count * gy[at + i] - sum_g[c] - xhat * sum_gxhat[c]));
         }
       }
     }
   });
+}
+
+// grad_weight[c] = sum_gxhat[c], grad_bias[c] = sum_g[c] (either may be undefined).
+inline void store_channel_grads(const double* sum_g, const double* sum_gxhat,
+                                const Tensor& grad_weight, const Tensor& grad_bias,
+                                std::int64_t channels) {
+  visit_real(grad_weight.defined() ? grad_weight.dtype() : grad_bias.dtype(), "batch_norm backward",
+             [&](auto tag) {
+               using T = decltype(tag);
+               for (std::int64_t c = 0; c < channels; ++c) {
+                 if (grad_weight.defined())
+                   static_cast<T*>(grad_weight.data_ptr())[c] = static_cast<T>(sum_gxhat[c]);
+                 if (grad_bias.defined())
+                   static_cast<T*>(grad_bias.data_ptr())[c] = static_cast<T>(sum_g[c]);
+               }
+             });
+}
+
+// Training-mode backward of one rank's batch: grad_weight = sum(g * xhat), grad_bias = sum(g).
+inline void batch_norm_train_backward(const Tensor& x, const Tensor& grad_y, const Tensor& weight,
+                                      const Tensor& save_mean, const Tensor& save_invstd,
+                                      const Tensor& grad_x, const Tensor& grad_weight,
+                                      const Tensor& grad_bias, std::int64_t outer,
+                                      std::int64_t channels, std::int64_t inner) {
+  std::vector<double> sum_g(static_cast<std::size_t>(channels)),
+      sum_gxhat(static_cast<std::size_t>(channels));
+  batch_norm_grad_sums(x, grad_y, save_mean, save_invstd, outer, channels, inner, sum_g.data(),
+                       sum_gxhat.data());
+  store_channel_grads(sum_g.data(), sum_gxhat.data(), grad_weight, grad_bias, channels);
+  if (grad_x.defined())
+    batch_norm_input_grad(x, grad_y, weight, save_mean, save_invstd, grad_x, outer, channels,
+                          inner, double(outer * inner), sum_g.data(), sum_gxhat.data());
 }
 
 struct PoolGeometry {
