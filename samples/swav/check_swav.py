@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Short SwAV runs that must agree bit for bit (the parameters' FNV-1a fingerprint the trainer
-prints): ddp, oss, sdp and fsdp, without and with activation checkpointing; a run killed with
+prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, and with
+SyncBatchNorm; bf16 and f16 fsdp equal to ddp; a run killed with
 SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
 equals the run that never stopped. Usage: check_swav.py path/to/swav"""
 import os
@@ -87,6 +88,18 @@ def main():
             print(f"{dtype}: ddp {ddp}, fsdp {fsdp}")
             if ddp != fsdp or ddp == prints["ddp"]:
                 raise SystemExit(f"FAIL: {dtype} fsdp differs from ddp (or equals the f32 run)")
+
+        # SyncBatchNorm over all ranks (GROUP_SIZE 0): every stage alike, and not per-rank BN.
+        sync = ["config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",
+                "config.MODEL.SYNC_BN_CONFIG.GROUP_SIZE=0"]
+        synced = {}
+        for stage, flags in STAGES.items():
+            extra = CHECKPOINTING if stage == "fsdp" else []  # recomputation re-syncs the same
+            synced[stage], _ = run(swav, os.path.join(work, f"sync_{stage}"),
+                                   steps + sync + flags + extra)
+        print(f"SyncBatchNorm: {synced}")
+        if len(set(synced.values())) != 1 or synced["ddp"] == prints["ddp"]:
+            raise SystemExit("FAIL: SyncBatchNorm differs between stages (or equals per-rank BN)")
 
         # Kill mid-epoch (20 iterations per epoch here), resume, compare.
         longer = ["config.MAX_ITERATIONS=12", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"]

@@ -41,6 +41,7 @@ struct SwavConfig {
   double bn_eps = 1e-5, bn_momentum = 0.1;
   std::vector<std::pair<std::string, std::int64_t>> frozen;  // parameter -> iterations
   int checkpoint_splits = 0;                                 // 0: no activation checkpointing
+  int sync_bn_group = 0;  // SyncBatchNorm over groups of this many consecutive ranks; 0: off
   // Parallelism and precision
   int ranks = 2;
   shardkit::parallel::Stage stage = shardkit::parallel::Stage::ddp;
@@ -363,10 +364,20 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
     if (name.rfind("module.", 0) == 0) name = name.substr(7);  // VISSL's DDP prefix
     s.frozen.emplace_back(name, entry[1].as<std::int64_t>());
   }
-  if (c.get<bool>("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN"))
-    throw detail::bad("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "True",
-                      "SyncBatchNorm is not implemented yet in this trainer: batch-norm statistics "
-                      "are per rank (set False)");
+  // VISSL's SYNC_BN_CONFIG.GROUP_SIZE: > 0 that many ranks, 0 the whole world, -1 the ranks of
+  // one node (NUM_PROC_PER_NODE). SYNC_BN_TYPE apex and pytorch compute the same statistics.
+  if (c.get<bool>("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN")) {
+    const auto type = c.get<std::string>("MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE");
+    if (type != "apex" && type != "pytorch")
+      throw detail::bad("MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE", type, "use apex or pytorch");
+    const int group = c.get<int>("MODEL.SYNC_BN_CONFIG.GROUP_SIZE");
+    if (group < -1)
+      throw detail::bad("MODEL.SYNC_BN_CONFIG.GROUP_SIZE", std::to_string(group),
+                        "use a group size > 0, 0 for all ranks, or -1 for the ranks of a node");
+    s.sync_bn_group = group > 0    ? std::min(group, world)
+                      : group == 0 ? world
+                                   : std::min(c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE"), world);
+  }
   if (c.get<bool>("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"))
     s.checkpoint_splits =
         c.get<int>("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS");

@@ -28,6 +28,7 @@
 #include "shardkit/io/stateful_sampler.hpp"
 #include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
+#include "shardkit/parallel/sync_batch_norm.hpp"
 #include "swav_config.hpp"
 #include "swav_loss.hpp"
 #include "swav_model.hpp"
@@ -95,6 +96,9 @@ class SwavTrainer {
         if (path.rfind("layer", 0) == 0 && std::count(path.begin(), path.end(), '.') == 1)
           o.fsdp.wrap.unit_paths.push_back("trunk." + path);
     }
+    if (c.sync_bn_group > 0)  // before wrapping: every rank splits the world (collective)
+      sk::parallel::convert_sync_batch_norm(
+          *model_, sk::parallel::sync_batch_norm_group(comm, c.sync_bn_group));
     sharded_ =
         std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, c.optimizer, o);
     sampler_ = std::make_unique<sk::io::StatefulDistributedSampler>(

@@ -7,6 +7,10 @@
 // rounded where they are accumulated.
 #pragma once
 
+#include <memory>
+#include <vector>
+
+#include "shardkit/autograd/batch_stats_group.hpp"
 #include "shardkit/autograd/ops_basic.hpp"
 
 namespace shardkit::autograd {
@@ -17,6 +21,13 @@ struct BatchNormOptions {
   double eps = 1e-5;
   // Off while checkpointing recomputes a segment: the statistics were folded in already.
   bool update_running_stats = true;
+  // Training mode with a group of more than one rank: the statistics are those of the group's
+  // whole batch (SyncBatchNorm; parallel/sync_batch_norm.hpp). Forward gathers every member's
+  // per-channel count, mean and squared deviations and combines them in rank order (Chan et
+  // al.'s pairwise update, exact and the same bits on every member); backward sums the two
+  // per-channel gradient sums over the group. As in PyTorch and apex, weight and bias get this
+  // rank's gradient only: data parallelism averages them as it averages every other gradient.
+  std::shared_ptr<BatchStatsGroup> sync;
 };
 
 namespace detail {
@@ -25,11 +36,42 @@ struct BatchNormShape {
   std::int64_t outer, channels, inner;
 };
 
+// The group's statistics of x[outer, C, inner] (f32/f64, CPU): mean and squared deviations per
+// channel, and the group's count per channel.
+inline double group_moments(Context& ctx, BatchStatsGroup& group, const Tensor& x,
+                            const BatchNormShape& s, std::vector<double>& mean,
+                            std::vector<double>& m2) {
+  const auto C = static_cast<std::size_t>(s.channels);
+  std::vector<double> local(1 + 2 * C);
+  local[0] = double(s.outer * s.inner);
+  cpu::channel_moments(x, s.outer, s.channels, s.inner, local.data() + 1, local.data() + 1 + C);
+  const auto all = to_vector<double>(
+      ctx, group.all_gather(ctx, from_vector(ctx, local, {static_cast<std::int64_t>(local.size())})));
+  double count = 0;
+  mean.assign(C, 0.0);
+  m2.assign(C, 0.0);
+  for (int r = 0; r < group.size(); ++r) {
+    const double* theirs = all.data() + static_cast<std::size_t>(r) * local.size();
+    const double n = theirs[0];
+    if (n == 0) continue;
+    const double total = count + n;
+    for (std::size_t c = 0; c < C; ++c) {
+      const double delta = theirs[1 + c] - mean[c];
+      mean[c] += delta * (n / total);
+      m2[c] += theirs[1 + C + c] + delta * delta * (count * n / total);
+    }
+    count = total;
+  }
+  return count;
+}
+
 struct BatchNormNode final : Node {
   Tensor x, weight, mean, invstd_or_var;  // training: saved mean/invstd; eval: running mean/var
   BatchNormShape s{};
   bool training = true;
   double eps = 1e-5;
+  std::shared_ptr<BatchStatsGroup> sync;  // set when the statistics were the group's
+  double group_count = 0;                 // values per channel over the group
   const char* name() const override { return "batch_norm"; }
 
   std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
@@ -39,7 +81,14 @@ struct BatchNormNode final : Node {
     // Parameter gradients count as gradients, not activations, while they wait to be accumulated.
     Tensor gw = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
     Tensor gb = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
-    if (training) {
+    if (training && sync) {
+      cpu::in_f32(
+          ctx,
+          [&](const Tensor& a, const Tensor& b, const Tensor& d) {
+            synced_backward(ctx, a, b, d, gw, gb);
+          },
+          x, g, gx);
+    } else if (training) {
       if (g.device().is_cpu()) {
         cpu::in_f32(
             ctx,
@@ -65,6 +114,24 @@ struct BatchNormNode final : Node {
     return {edges[0].valid() ? gx : Tensor(), gw, gb};
   }
   void release_saved() override { x = weight = mean = invstd_or_var = Tensor(); }
+
+ private:
+  // The input gradient needs the group's sums of g and g * xhat; weight and bias keep this
+  // rank's.
+  void synced_backward(Context& ctx, const Tensor& x32, const Tensor& g, const Tensor& gx,
+                       const Tensor& gw, const Tensor& gb) {
+    const auto C = static_cast<std::size_t>(s.channels);
+    std::vector<double> sums(2 * C);
+    cpu::batch_norm_grad_sums(x32, g, mean, invstd_or_var, s.outer, s.channels, s.inner,
+                              sums.data(), sums.data() + C);
+    cpu::store_channel_grads(sums.data(), sums.data() + C, gw, gb, s.channels);
+    Tensor group_sums = from_vector(ctx, sums, {static_cast<std::int64_t>(sums.size())});
+    sync->all_reduce_sum(ctx, group_sums);  // every member calls this, gx wanted or not
+    if (!gx.defined()) return;
+    const auto total = to_vector<double>(ctx, group_sums);
+    cpu::batch_norm_input_grad(x32, g, weight, mean, invstd_or_var, gx, s.outer, s.channels,
+                               s.inner, group_count, total.data(), total.data() + C);
+  }
 };
 
 }  // namespace detail
@@ -112,7 +179,27 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
   Tensor bd = bias.dtype() == stat ? contiguous(ctx, bias.data()) : cast(ctx, bias.data(), stat);
   Tensor y = fn::new_like(ctx, xd);
   Tensor saved_a, saved_b;
-  if (o.training) {
+  const bool synced = o.training && o.sync && o.sync->size() > 1;
+  double group_count = 0;
+  check(!synced || xd.device().is_cpu(), "batch_norm: synchronised batch-norm (SyncBatchNorm) ",
+        "runs on the CPU only so far; the input is on ", xd.device().str(), module_suffix(ctx),
+        "; keep per-rank statistics on the GPU (no sync group)");
+  if (synced) {
+    saved_a = fn::new_like(ctx, xd, {channels}, stat);
+    saved_b = fn::new_like(ctx, xd, {channels}, stat);
+    const Tensor rm = o.update_running_stats && track ? running_mean : Tensor();
+    const Tensor rv = o.update_running_stats && track ? running_var : Tensor();
+    cpu::in_f32(
+        ctx,
+        [&](const Tensor& a, const Tensor& b) {
+          std::vector<double> mean, m2;
+          group_count = detail::group_moments(ctx, *o.sync, a, s, mean, m2);
+          cpu::batch_norm_normalize(a, wd, bd, rm, rv, o.momentum, o.eps, b, saved_a, saved_b,
+                                    s.outer, s.channels, s.inner, group_count, mean.data(),
+                                    m2.data());
+        },
+        xd, y);
+  } else if (o.training) {
     saved_a = fn::new_like(ctx, xd, {channels}, stat);
     saved_b = fn::new_like(ctx, xd, {channels}, stat);
     const Tensor rm = o.update_running_stats && track ? running_mean : Tensor();
@@ -154,6 +241,10 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
   node->s = s;
   node->training = o.training;
   node->eps = o.eps;
+  if (synced) {
+    node->sync = o.sync;
+    node->group_count = group_count;
+  }
   if (o.training) {
     node->mean = saved_a;
     node->invstd_or_var = saved_b;

@@ -8,3 +8,4 @@
 #include "shardkit/parallel/fsdp_engine.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
 #include "shardkit/parallel/stage.hpp"
+#include "shardkit/parallel/sync_batch_norm.hpp"
