@@ -16,24 +16,29 @@ namespace shardkit::ops {
 
 namespace cuda {
 
-// One thread per tensor: sums (f64 [2, n], read from the back when `reversed`) -> coefficients.
+// One thread per tensor: sums (f64 [2, n], read from the back when `reversed`; [3, n] with
+// per-parameter decays when `per_param_decay`) -> coefficients.
 __global__ void larc_coefficients_kernel(const double* sums, std::int64_t n, bool reversed,
-                                         LarcOptions larc, float lr, float inv_grad_scale,
-                                         SgdCoefficients* out) {
+                                         bool per_param_decay, LarcOptions larc, float lr,
+                                         float inv_grad_scale, SgdCoefficients* out) {
   const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (i >= n) return;
   const std::int64_t at = reversed ? n - 1 - i : i;
-  out[i] = ops::larc_coefficients(sums[at], sums[n + at], larc, lr, inv_grad_scale);
+  out[i] = per_param_decay ? ops::larc_coefficients(sums[at], sums[n + at], larc, lr,
+                                                    inv_grad_scale, sums[2 * n + at])
+                           : ops::larc_coefficients(sums[at], sums[n + at], larc, lr,
+                                                    inv_grad_scale);
 }
 
 inline void launch_larc_coefficients(Context& ctx, const double* sums, std::int64_t n,
                                      bool reversed, const LarcOptions& larc, float lr,
-                                     float inv_grad_scale, SgdCoefficients* out) {
+                                     float inv_grad_scale, SgdCoefficients* out,
+                                     bool per_param_decay = false) {
   if (n == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
   const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-  larc_coefficients_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(sums, n, reversed, larc, lr,
-                                                                  inv_grad_scale, out);
+  larc_coefficients_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(
+      sums, n, reversed, per_param_decay, larc, lr, inv_grad_scale, out);
   SK_CUDA_CHECK_LAUNCH("ops::cuda::larc_coefficients_kernel");
 }
 
@@ -119,7 +124,8 @@ struct Cuda {
                                 const Tensor& coefficients) {
     cuda::launch_larc_coefficients(ctx, sums.data<double>(), sums.size(1), false, larc, lr,
                                    inv_grad_scale,
-                                   static_cast<SgdCoefficients*>(coefficients.data_ptr()));
+                                   static_cast<SgdCoefficients*>(coefficients.data_ptr()),
+                                   sums.size(0) == 3);
   }
 
   static void leaf_sums_of_squares(Context& ctx, const SpanList<1>& spans, DType dtype,

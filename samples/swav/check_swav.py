@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Short SwAV runs that must agree bit for bit (the parameters' FNV-1a fingerprint the trainer
-prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, and with
-SyncBatchNorm; bf16 and f16 fsdp equal to ddp; a run killed with
+prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, with
+SyncBatchNorm, and with batch-norm parameters and biases out of the weight decay; bf16 and f16 fsdp equal to ddp; a run killed with
 SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
 equals the run that never stopped. Usage: check_swav.py path/to/swav"""
 import os
@@ -100,6 +100,19 @@ def main():
         print(f"SyncBatchNorm: {synced}")
         if len(set(synced.values())) != 1 or synced["ddp"] == prints["ddp"]:
             raise SystemExit("FAIL: SyncBatchNorm differs between stages (or equals per-rank BN)")
+
+        # Batch-norm parameters and biases without weight decay (regularize_bn / regularize_bias
+        # False, a visible decay): every stage alike, and not the run that decays everything.
+        decay = sync + ["config.OPTIMIZER.weight_decay=0.05"]
+        groups = decay + ["config.OPTIMIZER.regularize_bn=False",
+                          "config.OPTIMIZER.regularize_bias=False"]
+        everything, _ = run(swav, os.path.join(work, "decay_all"), steps + decay)
+        grouped = {}
+        for stage, flags in STAGES.items():
+            grouped[stage], _ = run(swav, os.path.join(work, f"groups_{stage}"), steps + groups + flags)
+        print(f"no decay on batch-norm and biases: {grouped} (decay on all: {everything})")
+        if len(set(grouped.values())) != 1 or grouped["ddp"] == everything:
+            raise SystemExit("FAIL: the no-decay group differs between stages (or has no effect)")
 
         # Kill mid-epoch (20 iterations per epoch here), resume, compare.
         longer = ["config.MAX_ITERATIONS=12", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"]

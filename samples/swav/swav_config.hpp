@@ -42,6 +42,9 @@ struct SwavConfig {
   std::vector<std::pair<std::string, std::int64_t>> frozen;  // parameter -> iterations
   int checkpoint_splits = 0;                                 // 0: no activation checkpointing
   int sync_bn_group = 0;  // SyncBatchNorm over groups of this many consecutive ranks; 0: off
+  // VISSL's OPTIMIZER.regularize_bn / regularize_bias: False puts batch-norm parameters /
+  // Linear and Conv biases in a group without weight decay.
+  bool regularize_bn = true, regularize_bias = true;
   // Parallelism and precision
   int ranks = 2;
   shardkit::parallel::Stage stage = shardkit::parallel::Stage::ddp;
@@ -393,12 +396,8 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   s.stage = fsdp ? Stage::fsdp : sdp ? Stage::sdp : zero ? Stage::oss : Stage::ddp;
   s.optimizer =
       detail::read_optimizer(c, opt_name == "zero" ? "OPTIMIZER.base_optimizer" : "OPTIMIZER");
-  if (!c.get<bool>("OPTIMIZER.regularize_bn") || !c.get<bool>("OPTIMIZER.regularize_bias"))
-    if (s.optimizer.sgd.weight_decay != 0)
-      throw detail::bad("OPTIMIZER.regularize_bn", "False",
-                        "per-parameter weight decay is not implemented yet: batch-norm and bias "
-                        "parameters get the weight decay like every other (set regularize_bn and "
-                        "regularize_bias True, as SwAV does, or weight_decay 0)");
+  s.regularize_bn = c.get<bool>("OPTIMIZER.regularize_bn");
+  s.regularize_bias = c.get<bool>("OPTIMIZER.regularize_bias");
   for (const auto& [name, iters] : s.frozen)
     if (iters > 0 && s.optimizer.kind != shardkit::optim::OptimizerKind::larc_sgd &&
         s.optimizer.sgd.weight_decay != 0)

@@ -69,6 +69,25 @@ struct RunReport {
   bool resumed = false;
 };
 
+// VISSL's parameter groups: the trainable parameters that get no weight decay -- those of
+// batch-norm layers unless regularize_bn, the biases of Linear and Conv layers unless
+// regularize_bias.
+inline std::vector<std::string> unregularized_params(sk::nn::Module& model, bool regularize_bn,
+                                                     bool regularize_bias) {
+  std::vector<std::string> out;
+  for (const auto& [path, module] : model.named_modules()) {
+    const bool bn = dynamic_cast<sk::nn::BatchNorm*>(module) != nullptr;
+    const bool has_bias = dynamic_cast<sk::nn::Linear*>(module) != nullptr ||
+                          dynamic_cast<sk::nn::Conv2d*>(module) != nullptr;
+    for (const auto& [name, p] : module->named_parameters()) {
+      if (name.find('.') != std::string::npos || !p.requires_grad()) continue;  // own ones only
+      if ((bn && !regularize_bn) || (has_bias && name == "bias" && !regularize_bias))
+        out.push_back(path.empty() ? name : path + "." + name);
+    }
+  }
+  return out;
+}
+
 template <class Backend>
 class SwavTrainer {
  public:
@@ -99,8 +118,11 @@ class SwavTrainer {
     if (c.sync_bn_group > 0)  // before wrapping: every rank splits the world (collective)
       sk::parallel::convert_sync_batch_norm(
           *model_, sk::parallel::sync_batch_norm_group(comm, c.sync_bn_group));
+    sk::optim::OptimizerConfig optimizer = c.optimizer;
+    optimizer.no_weight_decay =
+        unregularized_params(*model_, c.regularize_bn, c.regularize_bias);
     sharded_ =
-        std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, c.optimizer, o);
+        std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, optimizer, o);
     sampler_ = std::make_unique<sk::io::StatefulDistributedSampler>(
         data.train.count, comm.size(), comm.rank(), c.batch_size, c.seed);
     sk::check(sampler_->samples_per_rank() >= c.batch_size,

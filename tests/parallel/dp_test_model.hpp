@@ -100,8 +100,9 @@ struct RunResult {
 
 // `steps` steps of `stage` on `world` ranks, from the same (rank 0's) initialisation.
 template <class Ops>
-RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partition, int steps = 20,
-                std::size_t bucket_bytes = 2048, const sk::comm::RunRanksOptions& ranks = {}) {
+RunResult train_with(int world, Stage stage, const sk::optim::OptimizerConfig& config,
+                     PartitionKind partition, int steps = 20, std::size_t bucket_bytes = 2048,
+                     const sk::comm::RunRanksOptions& ranks = {}) {
   RunResult result;
   result.params.resize(static_cast<std::size_t>(world));
   result.memory.resize(static_cast<std::size_t>(world));
@@ -112,20 +113,26 @@ RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partit
         options.stage = stage;
         options.partition = partition;
         options.buckets.bucket_bytes = bucket_bytes;
-        DataParallel<Ops> dp(ctx, comm, model_specs(), config_for(kind), options);
+        DataParallel<Ops> dp(ctx, comm, model_specs(), config, options);
         init_differently(dp, ctx, comm.rank());
         dp.broadcast_parameters(0);
         for (int s = 0; s < steps; ++s) {
           dp.zero_grad();
           fake_backward(dp, ctx, comm.rank(), s);
           dp.finish();
-          dp.step(lr_at(kind, s));
+          dp.step(lr_at(config.kind, s));
         }
         result.params[static_cast<std::size_t>(comm.rank())] = all_params(dp, ctx);
         result.memory[static_cast<std::size_t>(comm.rank())] = ctx.memory_stats().snapshot();
       },
       ranks);
   return result;
+}
+
+template <class Ops>
+RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partition, int steps = 20,
+                std::size_t bucket_bytes = 2048, const sk::comm::RunRanksOptions& ranks = {}) {
+  return train_with<Ops>(world, stage, config_for(kind), partition, steps, bucket_bytes, ranks);
 }
 
 struct Checkpoint {

@@ -317,3 +317,55 @@ TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
     }
   }
 }
+
+TEST_CASE("no_weight_decay: the named parameters train as without decay, the others as with it") {
+  // Each parameter's gradient depends on its own values only (fake_backward) and LARC's ratio on
+  // its own norms, so a run with a no-decay group must equal, parameter by parameter, a run with
+  // decay for all (the others) and one with decay for none (the group) -- bit for bit, on every
+  // stage and world size.
+  const std::vector<std::string> group = {"embed.weight", "block.0.bias", "head.bias", "tiny"};
+  const auto specs = model_specs();
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd}) {
+    auto with = config_for(kind);
+    with.sgd.weight_decay = 0.05f;  // large enough that leaving it out shows in every element
+    auto without = with;
+    without.sgd.weight_decay = 0;
+    auto grouped = with;
+    grouped.no_weight_decay = group;
+    for (int world : {1, 2, 3}) {
+      const auto all = train_with<Cpu>(world, Stage::ddp, with, PartitionKind::greedy, 8);
+      const auto none = train_with<Cpu>(world, Stage::ddp, without, PartitionKind::greedy, 8);
+      for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp}) {
+        const auto got = train_with<Cpu>(world, stage, grouped, PartitionKind::greedy, 8);
+        std::size_t at = 0;
+        for (const auto& spec : specs) {
+          const auto n = static_cast<std::size_t>(sk::shape_numel(spec.shape));
+          const bool exempt = std::find(group.begin(), group.end(), spec.name) != group.end();
+          const auto& want = exempt ? none.params[0] : all.params[0];
+          const std::vector<float> a(got.params[0].begin() + at, got.params[0].begin() + at + n),
+              b(want.begin() + at, want.begin() + at + n);
+          CHECK_MESSAGE(bitwise_equal(a, b), sk::optim::optimizer_kind_name(kind), " ",
+                        sk::parallel::stage_name(stage), " world ", world, " ", spec.name,
+                        exempt ? " (no decay)" : " (decay)");
+          if (spec.trainable && !exempt) {  // the decay really is there for the others
+            const std::vector<float> c(none.params[0].begin() + at,
+                                       none.params[0].begin() + at + n);
+            CHECK_FALSE(bitwise_equal(a, c));
+          }
+          at += n;
+        }
+      }
+    }
+  }
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto config = config_for(OptimizerKind::sgd);
+    config.no_weight_decay = {"block.7.bias"};
+    CHECK_THROWS_WITH(DataParallel<Cpu>(ctx, comm, model_specs(), config, {}),
+                      doctest::Contains("no_weight_decay names 'block.7.bias', which is not a "
+                                        "trainable parameter; trainable ones: embed.weight"));
+    config = config_for(OptimizerKind::adamw);
+    config.no_weight_decay = {"head.bias"};
+    CHECK_THROWS_WITH(DataParallel<Cpu>(ctx, comm, model_specs(), config, {}),
+                      doctest::Contains("sgd and larc_sgd only, not adamw"));
+  });
+}

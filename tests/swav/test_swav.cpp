@@ -583,6 +583,23 @@ OPTIMIZER:
   const auto q = config_of({"config.LOSS.swav_loss.queue.queue_length=300"});
   CHECK(q.queue_length == 256);
   CHECK(q.loss.local_queue_length == 128);
+  // SyncBatchNorm groups by VISSL's GROUP_SIZE rule (world 4, 2 ranks per node).
+  auto sync_group = [](const std::string& size) {
+    return config_of({"config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",
+                      "config.MODEL.SYNC_BN_CONFIG.GROUP_SIZE=" + size,
+                      "config.DISTRIBUTED.NUM_PROC_PER_NODE=2"},
+                     "", 4)
+        .sync_bn_group;
+  };
+  CHECK(sync_group("-1") == 2);
+  CHECK(sync_group("0") == 4);
+  CHECK(sync_group("3") == 3);
+  CHECK(config_of({}).sync_bn_group == 0);
+  CHECK_THROWS_WITH(sync_group("-2"), doctest::Contains("GROUP_SIZE = -2"));
+  // Parameter groups without weight decay (VISSL's regularize_bn / regularize_bias).
+  const auto groups = config_of({"config.OPTIMIZER.regularize_bn=False"});
+  CHECK_FALSE(groups.regularize_bn);
+  CHECK(groups.regularize_bias);
   // Errors name the key, the value and the fix.
   CHECK_THROWS_WITH(config_of({"config.OPTIMIZER.num_epoch=2"}),
                     doctest::Contains("unknown config key config.OPTIMIZER.num_epoch (= 2); the "

@@ -54,8 +54,11 @@ struct Cpu {
     const auto n = sums.size(1);
     const double* s = sums.data<double>();
     auto* out = static_cast<SgdCoefficients*>(coefficients.data_ptr());
+    const bool per_param_decay = sums.size(0) == 3;
     for (std::int64_t i = 0; i < n; ++i)
-      out[i] = ops::larc_coefficients(s[i], s[n + i], larc, lr, inv_grad_scale);
+      out[i] = per_param_decay
+                   ? ops::larc_coefficients(s[i], s[n + i], larc, lr, inv_grad_scale, s[2 * n + i])
+                   : ops::larc_coefficients(s[i], s[n + i], larc, lr, inv_grad_scale);
   }
 
   static void leaf_sums_of_squares(Context&, const SpanList<1>& spans, DType dtype,

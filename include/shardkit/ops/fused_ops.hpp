@@ -122,17 +122,19 @@ void check_finite(Context& ctx, std::span<const Tensor> tensors, const Tensor& f
 }
 
 // LARC coefficients per parameter from whole-tensor sums (f64 [2, n]: params' then grads'
-// sums of squares, already added over segments and ranks) into f32 [n, 2].
+// sums of squares, already added over segments and ranks) into f32 [n, 2]. With f64 [3, n],
+// row 2 is each parameter's weight decay in place of larc.weight_decay (no-decay groups).
 template <class B>
 void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float inv_grad_scale,
                        const Tensor& sums, const Tensor& coefficients) {
   SK_REQUIRE_OPS_BACKEND(B, "larc_coefficients");
   B::check_context(ctx, "larc_coefficients");
   validate(larc);
-  check(sums.dim() == 2 && sums.size(0) == 2, "larc_coefficients: sums must be f64 [2, n], got ",
+  check(sums.dim() == 2 && (sums.size(0) == 2 || sums.size(0) == 3),
+        "larc_coefficients: sums must be f64 [2, n] (or [3, n] with per-parameter decays), got ",
         sums.str());
   const auto n = sums.size(1);
-  check_result_tensor(ctx, sums, DType::f64, {2, n}, "larc_coefficients", "sums");
+  check_result_tensor(ctx, sums, DType::f64, {sums.size(0), n}, "larc_coefficients", "sums");
   check_result_tensor(ctx, coefficients, DType::f32, {n, 2}, "larc_coefficients", "coefficients");
   if (n > 0) B::larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients);
 }

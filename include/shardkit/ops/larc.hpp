@@ -25,16 +25,16 @@ inline void validate(const LarcOptions& o) {
 
 // `param_sumsq` and `grad_sumsq` are the whole tensor's sums of squares (all its segments, on
 // all ranks); the gradient's are of the stored (still loss-scaled) values, `inv_grad_scale`
-// unscales them. Computed in double from the exact sums; apex computes the same in f32.
+// unscales them. `decay` is this tensor's weight decay (o.weight_decay, or 0 for a parameter in
+// a no-decay group). Computed in double from the exact sums; apex computes the same in f32.
 SK_HOST_DEVICE SK_INLINE SgdCoefficients larc_coefficients(double param_sumsq, double grad_sumsq,
                                                            const LarcOptions& o, float lr,
-                                                           float inv_grad_scale) {
+                                                           float inv_grad_scale, double decay) {
   const double param_norm = sqrt(param_sumsq);
   const double grad_norm = sqrt(grad_sumsq) * static_cast<double>(inv_grad_scale);
   // The zero-norm rule: the gradient is left alone and gets no weight decay this step.
   // (A NaN norm compares unequal to 0 and flows on, as in apex.)
   if (!(param_norm != 0.0 && grad_norm != 0.0)) return SgdCoefficients{inv_grad_scale, 0.0f};
-  const double decay = o.weight_decay;
   double rate = static_cast<double>(o.trust_coefficient) * param_norm /
                 (grad_norm + param_norm * decay + static_cast<double>(o.eps));
   if (o.clip) {
@@ -43,6 +43,13 @@ SK_HOST_DEVICE SK_INLINE SgdCoefficients larc_coefficients(double param_sumsq, d
   }
   return SgdCoefficients{static_cast<float>(rate * inv_grad_scale),
                          static_cast<float>(rate * decay)};
+}
+
+SK_HOST_DEVICE SK_INLINE SgdCoefficients larc_coefficients(double param_sumsq, double grad_sumsq,
+                                                           const LarcOptions& o, float lr,
+                                                           float inv_grad_scale) {
+  return larc_coefficients(param_sumsq, grad_sumsq, o, lr, inv_grad_scale,
+                           static_cast<double>(o.weight_decay));
 }
 
 // The SGD options LARC runs with: the caller's, with the decay taken over.

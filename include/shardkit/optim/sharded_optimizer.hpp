@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -57,6 +58,11 @@ struct OptimizerConfig {
   ops::SgdOptions sgd;    // sgd, larc_sgd (lr is set per step)
   ops::LarcOptions larc;  // larc_sgd: takes sgd.weight_decay over
   ops::AdamOptions adam;  // adam, adamw
+  // Trainable parameters (state-dict names) that get no weight decay: PyTorch's parameter group
+  // with weight_decay 0, which VISSL builds for batch-norm parameters and biases when
+  // regularize_bn / regularize_bias are False. Under LARC the decay is also left out of the
+  // trust ratio, as apex's LARC reads it from the group. sgd and larc_sgd.
+  std::vector<std::string> no_weight_decay;
 };
 
 // PyTorch's names of the state buffers an optimizer keeps per parameter, in order.
@@ -103,6 +109,7 @@ class ShardedOptimizer {
       ops::validate(config_.larc);
     }
     if (config_.kind == OptimizerKind::adamw) config_.adam.decoupled_weight_decay = true;
+    set_decay_groups();
     const DType dtype = piece_params_.empty() ? DType::f32 : piece_params_[0].dtype();
     for (const auto& p : piece_params_)
       check(p.dtype() == dtype &&
@@ -156,8 +163,20 @@ class ShardedOptimizer {
         ops::SgdOptions o = config_.sgd;
         o.lr = lr;
         o.first_step = steps_ == 1;
-        o.inv_grad_scale = inv_grad_scale;
-        ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, low});
+        if (decay_.empty()) {
+          o.inv_grad_scale = inv_grad_scale;
+          ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, low});
+        } else {  // per-parameter decay: g' = inv_grad_scale·g + decay·w per piece
+          std::vector<float> c;
+          for (const auto& piece : pieces) {
+            c.push_back(inv_grad_scale);
+            c.push_back(static_cast<float>(decay_[piece.param]));
+          }
+          o.weight_decay = 0;
+          const Tensor coefficients =
+              from_vector(*ctx_, c, {static_cast<std::int64_t>(pieces.size()), 2});
+          ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, low}, coefficients);
+        }
         break;
       }
       case OptimizerKind::larc_sgd: {
@@ -260,15 +279,41 @@ class ShardedOptimizer {
     const auto n = static_cast<std::int64_t>(pieces.size());
     const auto whole = norms_.sums({p, g});  // collective when parameters span ranks
     if (n == 0) return Tensor();
-    std::vector<double> per_piece(static_cast<std::size_t>(2 * n));
+    const std::int64_t rows = decay_.empty() ? 2 : 3;  // row 2: per-parameter decays
+    std::vector<double> per_piece(static_cast<std::size_t>(rows * n));
     for (std::size_t s = 0; s < pieces.size(); ++s) {
       per_piece[s] = whole[0][pieces[s].param];
       per_piece[static_cast<std::size_t>(n) + s] = whole[1][pieces[s].param];
+      if (rows == 3) per_piece[static_cast<std::size_t>(2 * n) + s] = decay_[pieces[s].param];
     }
-    const Tensor sums = from_vector(*ctx_, per_piece, {2, n});
+    const Tensor sums = from_vector(*ctx_, per_piece, {rows, n});
     const Tensor coefficients = empty(*ctx_, {n, 2}, DType::f32, MemoryCategory::other);
     ops::larc_coefficients<Backend>(*ctx_, config_.larc, lr, inv_grad_scale, sums, coefficients);
     return coefficients;
+  }
+
+  // decay_[p]: table parameter p's weight decay, when config_.no_weight_decay names any.
+  void set_decay_groups() {
+    if (config_.no_weight_decay.empty()) return;
+    check(!is_adam(config_.kind), "ShardedOptimizer: no_weight_decay names ",
+          config_.no_weight_decay.size(), " parameters, but per-parameter weight decay is ",
+          "implemented for sgd and larc_sgd only, not ", optimizer_kind_name(config_.kind),
+          "; leave no_weight_decay empty");
+    const double decay = config_.kind == OptimizerKind::larc_sgd ? config_.larc.weight_decay
+                                                                 : config_.sgd.weight_decay;
+    const auto& params = table_->params();
+    decay_.assign(params.size(), decay);
+    for (const auto& name : config_.no_weight_decay) {
+      auto it = std::find_if(params.begin(), params.end(),
+                             [&](const auto& param) { return param.name == name; });
+      if (it == params.end()) {
+        std::string known;
+        for (const auto& param : params) known += (known.empty() ? "" : ", ") + param.name;
+        fail<InvalidArgument>("ShardedOptimizer: no_weight_decay names '", name,
+                              "', which is not a trainable parameter; trainable ones: ", known);
+      }
+      decay_[static_cast<std::size_t>(it - params.begin())] = 0.0;
+    }
   }
 
   Context* ctx_;
@@ -279,6 +324,7 @@ class ShardedOptimizer {
   std::vector<Tensor> master_;  // per piece: views of it, or piece_params_ without
   OptimizerConfig config_;
   ParamNorms<Backend> norms_;
+  std::vector<double> decay_;          // per table parameter; empty: one decay for all
   std::vector<std::size_t> by_name_;  // table parameters in the order of their names
   float clip_coefficient_ = 1.0f;     // set by clip_grad_norm, used by the next step
   std::vector<StateBuffer> buffers_;
