@@ -123,6 +123,8 @@ class SwavTrainer {
         unregularized_params(*model_, c.regularize_bn, c.regularize_bias);
     sharded_ =
         std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, optimizer, o);
+    // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.
+    sharded_->normalize_rows_after_step(SwavModel::kPrototypes);
     sampler_ = std::make_unique<sk::io::StatefulDistributedSampler>(
         data.train.count, comm.size(), comm.rank(), c.batch_size, c.seed);
     sk::check(sampler_->samples_per_rank() >= c.batch_size,
@@ -249,7 +251,6 @@ class SwavTrainer {
       (void)sharded_->step(static_cast<float>(lr), scaler_);
     else
       sharded_->step(static_cast<float>(lr));
-    sharded_->normalize_rows(SwavModel::kPrototypes);  // VISSL: after every update
     return value;
   }
 

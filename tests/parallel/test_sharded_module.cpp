@@ -139,7 +139,8 @@ namespace {
 // the prototypes re-normalised after every step; the prototypes' gradient zeroed in the first
 // `frozen` steps. Rank 0's values of every parameter after `steps` steps.
 std::vector<float> prototypes_run(int world, Stage stage, OptimizerKind kind, int frozen,
-                                  sk::DType dtype = sk::DType::f32, int steps = 4) {
+                                  sk::DType dtype = sk::DType::f32, int steps = 4,
+                                  bool in_step = false, std::uint64_t* all_gathers = nullptr) {
   std::vector<float> out;
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = std::make_shared<nn::Sequential>();
@@ -158,7 +159,8 @@ std::vector<float> prototypes_run(int world, Stage stage, OptimizerKind kind, in
     options.fsdp.wrap.unit_paths = {"2"};
     options.precision = sk::parallel::MixedPrecision::of(dtype);
     sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(kind), options);
-    std::vector<float> before;
+    if (in_step) model.normalize_rows_after_step("2.weight");
+    const auto gathers_before = comm.stats().of(sk::comm::CollectiveKind::all_gather_v).calls;
     for (int s = 0; s < steps; ++s) {
       model.zero_grad();
       auto b = batch(ctx, {6, 12}, 10, comm.rank(), s);
@@ -166,8 +168,10 @@ std::vector<float> prototypes_run(int world, Stage stage, OptimizerKind kind, in
       ag::backward(ctx, loss);
       if (s < frozen) model.zero_grad_of("2.weight");
       model.step(0.1f);
-      model.normalize_rows("2.weight");
+      if (!in_step) model.normalize_rows("2.weight");
     }
+    if (all_gathers != nullptr && comm.rank() == 0)
+      *all_gathers = comm.stats().of(sk::comm::CollectiveKind::all_gather_v).calls - gathers_before;
     auto dict = model.state_dict(true);
     if (comm.rank() != 0) return;
     for (const auto& [name, t] : dict) {
@@ -194,6 +198,15 @@ TEST_CASE("normalize_rows and zero_grad_of: exact and alike under every stage") 
       for (auto stage : {Stage::oss, Stage::sdp, Stage::fsdp}) {
         CAPTURE(sk::parallel::stage_name(stage));
         CHECK(prototypes_run(3, stage, kind, 0, dtype) == ddp);
+      }
+      // Inside the step: the same bits, and OSS/SDP gather the parameters once per step, not twice.
+      for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+        CAPTURE(sk::parallel::stage_name(stage));
+        std::uint64_t separate = 0, inside = 0;
+        CHECK(prototypes_run(3, stage, kind, 0, dtype, 4, false, &separate) == ddp);
+        CHECK(prototypes_run(3, stage, kind, 0, dtype, 4, true, &inside) == ddp);
+        if (stage == Stage::oss || stage == Stage::sdp)  // one parameter gather fewer per step
+          CHECK(separate == inside + 4);
       }
     }
   }

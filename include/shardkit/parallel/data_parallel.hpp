@@ -33,6 +33,7 @@
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/parallel/training_state.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
@@ -127,7 +128,18 @@ class DataParallel {
                       "optimizer step before the gradients are finished: call finish() after "
                       "the (synchronised) backward, then step()");
     optimizer_.step(piece_grads_, lr, inv_grad_scale);
+    for (const auto& rows : row_normalized_)
+      normalize_owned_rows(optimizer_.context(), optimizer_, comm_, rows.name, rows.eps);
     if (options_.stage != Stage::ddp) group_.all_gather_owned(options_.broadcast_fp16);
+  }
+
+  // From now on every applied step ends with w[r] <- w[r] / max(|w[r]|, eps) for each row of
+  // trainable 2-D parameter `name` (SwAV's prototypes; param_rows.hpp), on the owners' pieces
+  // before the parameter all-gather: exact and alike under every stage, with no extra
+  // collective beyond the row norms' small exchange.
+  void normalize_rows_after_step(const std::string& name, double eps = 1e-12) {
+    (void)detail::row_param(optimizer_.table(), name);
+    row_normalized_.push_back({name, eps});
   }
 
   // torch.nn.utils.clip_grad_norm_ after the backward: the gradients' global L2 norm (exact,
@@ -219,6 +231,7 @@ class DataParallel {
   shard::PieceTable table_;
   std::vector<shard::ParamPiece> pieces_;  // what this rank updates, in table order
   optim::ShardedOptimizer<Backend> optimizer_;
+  std::vector<RowNormalization> row_normalized_;  // normalize_rows_after_step
   std::vector<Tensor> piece_grads_;  // the averaged gradient of each piece the optimizer updates
 };
 

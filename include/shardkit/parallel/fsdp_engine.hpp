@@ -37,6 +37,7 @@
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/training_state.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
 #include "shardkit/shard/piece_table.hpp"
@@ -268,6 +269,14 @@ class FsdpEngine {
                         "unit '",
                         unit->name, "'; run the backward (outside no_sync) and finish() first");
     optimizer_->step(piece_grads_, lr, inv_grad_scale);
+    normalize_rows_of_step();
+  }
+
+  // As DataParallel::normalize_rows_after_step: every applied step re-normalises the rows of
+  // `name` on this rank's shards (the next forward gathers them).
+  void normalize_rows_after_step(const std::string& name, double eps = 1e-12) {
+    (void)detail::row_param(optimizer_->table(), name);
+    row_normalized_.push_back({name, eps});
   }
 
   // torch.nn.utils.clip_grad_norm_ after the backward (see DataParallel::clip_grad_norm).
@@ -294,6 +303,7 @@ class FsdpEngine {
       return false;
     }
     optimizer_->step(piece_grads_, lr, inv_scale);
+    normalize_rows_of_step();
     return true;
   }
 
@@ -384,6 +394,12 @@ class FsdpEngine {
   std::vector<ParamIndex> index_;
   std::vector<Tensor> piece_grads_;
   std::unique_ptr<optim::ShardedOptimizer<Backend>> optimizer_;
+  std::vector<RowNormalization> row_normalized_;  // normalize_rows_after_step
+
+  void normalize_rows_of_step() {
+    for (const auto& rows : row_normalized_)
+      normalize_owned_rows(*ctx_, *optimizer_, comm_, rows.name, rows.eps);
+  }
 };
 
 }  // namespace shardkit::parallel

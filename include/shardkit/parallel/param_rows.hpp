@@ -8,6 +8,9 @@
 //                    the whole row (DDP) or a piece of it (OSS/SDP flat split, FSDP shards).
 //                    Writes the f32 masters, rounds the compute copies from them, and makes the
 //                    ranks agree again (OSS/SDP: the parameter all-gather; DDP and FSDP: none).
+//                    The engines' normalize_rows_after_step runs it inside every applied step,
+//                    before the all-gather OSS/SDP do anyway (normalize_owned_rows): no second
+//                    gather.
 //   zero_grad_of     the parameter's averaged gradient is set to 0 before the step (VISSL's
 //                    frozen parameters; with LARC a zero gradient leaves the parameter, its
 //                    momentum and its weight decay untouched, as apex's zero-norm rule says).
@@ -34,21 +37,30 @@ inline std::size_t table_param(const shard::PieceTable& table, const std::string
                         "pieces); trainable ones: ", known);
 }
 
-}  // namespace detail
-
-template <class Backend>
-void normalize_rows(Context& ctx, TrainingState<Backend>& state, const std::string& name,
-                    double eps = 1e-12) {
-  auto& optimizer = *state.optimizer;
-  const auto& table = optimizer.table();
-  const std::size_t p = detail::table_param(table, name, "normalize_rows");
+// The table index of a parameter whose rows can be normalised exactly, or a clear error.
+inline std::size_t row_param(const shard::PieceTable& table, const std::string& name) {
+  const std::size_t p = table_param(table, name, "normalize_rows");
   const auto& param = table.params()[p];
   check(param.shape.size() == 2, "normalize_rows: '", name, "' has shape ", shape_str(param.shape),
         "; rows need a 2-D parameter");
+  check(param.shape[1] % ops::kNormLeaf == 0, "normalize_rows: rows of '", name, "' hold ",
+        param.shape[1], " elements; exact norms under sharding need a multiple of ",
+        ops::kNormLeaf, " (e.g. an embedding dimension of 128)");
+  return p;
+}
+
+}  // namespace detail
+
+// normalize_rows on this rank's pieces only: the ranks' copies of the parameter agree again
+// once the owners' ranges are gathered (OSS/SDP), or at once (DDP, FSDP). Collective when the
+// table is sharded (the row norms' leaves are exchanged).
+template <class Backend>
+void normalize_owned_rows(Context& ctx, optim::ShardedOptimizer<Backend>& optimizer,
+                          comm::Communicator* comm, const std::string& name, double eps = 1e-12) {
+  const auto& table = optimizer.table();
+  const std::size_t p = detail::row_param(table, name);
+  const auto& param = table.params()[p];
   const std::int64_t cols = param.shape[1];
-  check(cols % ops::kNormLeaf == 0, "normalize_rows: rows of '", name, "' hold ", cols,
-        " elements; exact norms under sharding need a multiple of ", ops::kNormLeaf,
-        " (e.g. an embedding dimension of 128)");
   // This rank's leaves (others stay 0; every leaf lies in exactly one rank's pieces).
   std::vector<double> leaves(static_cast<std::size_t>(param.numel / ops::kNormLeaf), 0.0);
   const auto& pieces = optimizer.pieces();
@@ -61,8 +73,9 @@ void normalize_rows(Context& ctx, TrainingState<Backend>& state, const std::stri
           ops::leaf_sum_of_squares(values[k].data() + e, ops::kNormLeaf);
   }
   if (!table.replicated() && table.world_size() > 1) {
+    check(comm != nullptr, "normalize_rows: '", name, "' is sharded but no communicator was given");
     Tensor t = from_vector(ctx, leaves, {static_cast<std::int64_t>(leaves.size())});
-    state.comm->all_reduce(t, comm::ReduceOp::sum).wait();  // x + 0 + ... + 0: exact
+    comm->all_reduce(t, comm::ReduceOp::sum).wait();  // x + 0 + ... + 0: exact
     leaves = to_vector<double>(ctx, t);
   }
   const std::int64_t per_row = cols / ops::kNormLeaf;
@@ -83,8 +96,20 @@ void normalize_rows(Context& ctx, TrainingState<Backend>& state, const std::stri
     copy(ctx, optimizer.master_params()[k], from_vector(ctx, v, {pieces[k].numel()}));
   }
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
+}
+
+template <class Backend>
+void normalize_rows(Context& ctx, TrainingState<Backend>& state, const std::string& name,
+                    double eps = 1e-12) {
+  normalize_owned_rows(ctx, *state.optimizer, state.comm, name, eps);
   if (state.after_load) state.after_load();
 }
+
+// The parameters an engine re-normalises inside its step (normalize_rows_after_step).
+struct RowNormalization {
+  std::string name;
+  double eps = 1e-12;
+};
 
 template <class Backend>
 void zero_grad_of(Context& ctx, const optim::ShardedOptimizer<Backend>& optimizer,

@@ -209,10 +209,20 @@ class ShardedModule {
   }
 
   // Row-wise L2 normalisation of a trainable 2-D parameter after a step (SwAV's prototypes),
-  // exact and alike under every stage (parallel/param_rows.hpp). Collective.
+  // exact and alike under every stage (parallel/param_rows.hpp). Collective. Under OSS/SDP
+  // this gathers the parameters again: normalize_rows_after_step does it inside the step.
   void normalize_rows(const std::string& name, double eps = 1e-12) {
     auto state = training_state();
     parallel::normalize_rows(*ctx_, state, name, eps);
+  }
+
+  // From now on every applied step ends with normalize_rows(name), done on the owners' pieces
+  // before the parameter all-gather the step makes anyway.
+  void normalize_rows_after_step(const std::string& name, double eps = 1e-12) {
+    if (fsdp_)
+      fsdp_->engine().normalize_rows_after_step(name, eps);
+    else
+      engine_->normalize_rows_after_step(name, eps);
   }
 
   // Sets a parameter's averaged gradient to 0 between the backward and the step (VISSL's
