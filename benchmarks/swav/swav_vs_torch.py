@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Images/s of a SwAV training step: shardkit's trainer against PyTorch (eager, CPU) running the
-same network and crops in the same run.
+"""Images/s of a SwAV training step: shardkit's trainer against PyTorch (eager) running the
+same network and crops in the same run, on the CPU or on a CUDA GPU.
 
-  swav_vs_torch.py path/to/swav [STEPS]
+  swav_vs_torch.py path/to/swav [STEPS] [--device cpu|cuda] [config.KEY=VALUE ...]
+
+On the GPU both run one rank with the whole batch of 64 (ours: config.MACHINE.DEVICE=gpu);
+config overrides pass through to ours (e.g. the dataset's folder on a machine without the
+package). SWAV_LD_LIBRARY_PATH, when set, is the library path ours runs with (gpu-check's
+CUDA libraries, which must not shadow PyTorch's own).
 
 Ours: `swav` with the quick CPU config (2 local ranks of 32 images, 2 x 24-pixel crops,
 ResNet-18 a quarter wide with one input channel, swav_head 128-128-64, 100 prototypes,
@@ -12,6 +17,7 @@ the same crop sizes, Sinkhorn-Knopp and the swapped-prediction loss, SGD with mo
 per-tensor norms add little). Ours also makes its crops on worker threads on the same two
 cores; PyTorch's reuses one random batch, so the ratio is, if anything, unfair to us. Prints
 both and the ratio."""
+import argparse
 import os
 import re
 import subprocess
@@ -60,12 +66,13 @@ def sinkhorn(scores, eps=0.05, iters=3):
         return (q * b).t()
 
 
-def torch_images_per_second(steps, batch=64):
+def torch_images_per_second(steps, device, batch=64):
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    model = Swav()
+    model = Swav().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-6)
-    crops = torch.randn(2 * batch, 1, 24, 24)
+    crops = torch.randn(2 * batch, 1, 24, 24, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     def step():
         opt.zero_grad()
         _, scores = model(crops)
@@ -80,32 +87,44 @@ def torch_images_per_second(steps, batch=64):
             model.prototypes.weight.copy_(F.normalize(model.prototypes.weight, dim=1))
     for _ in range(5):
         step()
+    sync()
     begin = time.perf_counter()
     for _ in range(steps):
         step()
+    sync()
     return steps * batch / (time.perf_counter() - begin)
 
 
-def ours_images_per_second(swav, steps):
+def ours_images_per_second(swav, steps, device, overrides):
     config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "samples", "swav",
                           "configs", "quick_cpu.yaml")
     folder = f"/tmp/shardkit_swav_bench_{os.getpid()}"
+    env = dict(os.environ)
+    if "SWAV_LD_LIBRARY_PATH" in env:
+        env["LD_LIBRARY_PATH"] = env["SWAV_LD_LIBRARY_PATH"]
     out = subprocess.run([swav, f"config={config}", f"config.CHECKPOINT.DIR={folder}",
                           f"config.MAX_ITERATIONS={steps}", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=-1",
                           "config.CHECKPOINT.CHECKPOINT_FREQUENCY=0",
                           "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT=200", "config.DATA.TEST.DATA_LIMIT=100",
-                          f"config.LOG_FREQUENCY={steps}"],
-                         capture_output=True, text=True, check=True)
+                          f"config.LOG_FREQUENCY={steps}"]
+                         + (["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
+                             "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64"] if device == "cuda"
+                            else ["config.MACHINE.DEVICE=cpu"]) + overrides,
+                         capture_output=True, text=True, check=True, env=env)
     subprocess.run(["rm", "-rf", folder])
     return float(re.search(r"\(([0-9.]+) img/s", out.stdout.splitlines()[-1]).group(1))
 
 
 def main():
-    swav = sys.argv[1]
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
-    ours = ours_images_per_second(swav, steps)
-    theirs = torch_images_per_second(steps)
-    print(f"SwAV step, 2 x 24px crops, global batch 64, 2 cores: shardkit {ours:.1f} img/s, "
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("swav")
+    parser.add_argument("steps", nargs="?", type=int, default=60)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args, overrides = parser.parse_known_args()
+    ours = ours_images_per_second(args.swav, args.steps, args.device, overrides)
+    theirs = torch_images_per_second(args.steps, args.device)
+    where = "2 cores" if args.device == "cpu" else torch.cuda.get_device_name()
+    print(f"SwAV step, 2 x 24px crops, global batch 64, {where}: shardkit {ours:.1f} img/s, "
           f"PyTorch {torch.__version__} eager {theirs:.1f} img/s, ratio {ours / theirs:.2f}")
     return 0
 

@@ -3,27 +3,26 @@
 //   swav config=samples/swav/configs/quick_cpu.yaml [config.KEY.PATH=VALUE ...]
 //
 // Self-supervised SwAV on Fashion-MNIST (a ResNet trunk on shardkit's autograd layer, every
-// ZeRO stage through ShardedModule, LARC-SGD, mixed precision, activation checkpointing, the
-// stateful sampler, step-folder checkpoints with AUTO_RESUME), evaluated by weighted kNN beside
-// the raw-pixel kNN. Ranks are threads of this process (DISTRIBUTED.NUM_PROC_PER_NODE); under
-// mpirun or with torchrun's variables each process is one rank. docs/swav.md has the details.
-#include <chrono>
+// ZeRO stage through ShardedModule, LARC-SGD, mixed precision, activation checkpointing,
+// SyncBatchNorm, the stateful sampler, step-folder checkpoints with AUTO_RESUME), evaluated by
+// weighted kNN beside the raw-pixel kNN. Ranks are threads of this process
+// (DISTRIBUTED.NUM_PROC_PER_NODE); under mpirun or with torchrun's variables each process is one
+// rank. The GPU is used when the build has CUDA and the machine has one (MACHINE.DEVICE auto),
+// or when asked (gpu). docs/swav.md has the details.
 #include <cstdio>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "shardkit/comm/comm.hpp"
+#include "ranks.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
-#include "trainer.hpp"
 
 namespace sk = shardkit;
 
 namespace {
 
-swav::SwavConfig configure(int argc, char** argv, swav::ConfigTree& tree, int world) {
-  // config=FILE arguments merge in order (a later file overrides an earlier one), then the
-  // config.KEY=VALUE overrides.
+// config=FILE arguments merge in order (a later file overrides an earlier one), then the
+// config.KEY=VALUE overrides.
+void merge_arguments(int argc, char** argv, swav::ConfigTree& tree) {
   std::vector<std::string> files, overrides;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -34,7 +33,22 @@ swav::SwavConfig configure(int argc, char** argv, swav::ConfigTree& tree, int wo
   }
   for (const auto& file : files) tree.merge_file(file);
   for (const auto& o : overrides) tree.apply_override(o);
-  return swav::read_swav_config(tree, world);
+}
+
+// MACHINE.DEVICE: gpu needs a CUDA build and a GPU; auto takes the GPU when both are there.
+bool use_gpu(const swav::SwavConfig& config) {
+  const bool available = SK_WITH_CUDA && sk::cuda_available();
+  if (config.device == "gpu")
+    sk::check<sk::NotAvailable>(available, "config.MACHINE.DEVICE = gpu: ",
+                                SK_WITH_CUDA ? "this machine has no CUDA GPU"
+                                             : "this build has no CUDA (configure with CUDA)",
+                                "; use cpu or auto");
+  if (config.device == "cpu" || !available) return false;
+  sk::check<sk::NotAvailable>(config.sync_bn_group == 0,
+                              "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN = True: "
+                              "SyncBatchNorm runs on the CPU only so far; set False on the GPU, "
+                              "or config.MACHINE.DEVICE=cpu");
+  return true;
 }
 
 }  // namespace
@@ -50,41 +64,34 @@ int main(int argc, char** argv) {
   try {
     const auto launch = sk::comm::detect_launch();
     const bool launched = launch.kind != sk::comm::LaunchKind::single;
-    // The world size first (the config's inference depends on it), then the full config.
-    swav::ConfigTree probe(swav::kDefaultsYaml);
-    const auto first = configure(argc, argv, probe, 1);
-    const int world = launched ? launch.size : first.ranks;
     swav::ConfigTree tree(swav::kDefaultsYaml);
-    const auto config = configure(argc, argv, tree, world);
-    if (config.device == "gpu")
-      sk::fail<sk::NotAvailable>(
-          "config.MACHINE.DEVICE = gpu: this build of the SwAV trainer runs on the CPU only so far "
-          "(its GPU path is not built yet); use cpu or auto");
+    merge_arguments(argc, argv, tree);
+    // The world size first: the config's inference (queue rounding, learning-rate scaling,
+    // SyncBatchNorm groups) depends on it.
+    const int world = launched ? launch.size : swav::configured_ranks(tree);
+    const auto config = swav::read_swav_config(tree, world);
+    const bool gpu = use_gpu(config);
     const bool lead = !launched || launch.rank == 0;
     if (lead)
       std::printf(
-          "SwAV on Fashion-MNIST: ResNet-%d (%lld base channels), %d x %s, %d ranks (%s), "
-          "stage %s, %s, %d epochs\n",
+          "SwAV on Fashion-MNIST: ResNet-%d (%lld base channels), %d x crops, %d ranks (%s, "
+          "%s), stage %s, %s%s, %d epochs\n",
           config.depth, static_cast<long long>(config.base_channels), config.crops.total_crops(),
-          "crops", world, launched ? "processes" : "threads",
+          world, launched ? "processes" : "threads", gpu ? "GPU" : "CPU",
           std::string(sk::parallel::stage_name(config.stage)).c_str(),
-          std::string(sk::dtype_name(config.precision.param_dtype)).c_str(), config.num_epochs);
+          std::string(sk::dtype_name(config.precision.param_dtype)).c_str(),
+          config.sync_bn_group > 0
+              ? (", SyncBatchNorm over " + std::to_string(config.sync_bn_group) + " ranks").c_str()
+              : "",
+          config.num_epochs);
     const auto data = swav::load_datasets(config);
     swav::RunReport report;
-    std::mutex lock;
-    auto body = [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-      swav::SwavTrainer<sk::ops::Cpu> trainer(config, ctx, comm, data, stdout);
-      auto r = trainer.run();
-      std::lock_guard guard(lock);
-      if (comm.rank() == 0) report = std::move(r);
-    };
-    if (launched) {
-      sk::Context ctx({.seed = config.seed});
-      auto comm = sk::comm::make_communicator(ctx);
-      body(ctx, *comm);
-    } else {
-      sk::comm::run_ranks(world, body);
-    }
+#if SK_WITH_CUDA
+    if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);
+#endif
+    if (!gpu)
+      report = swav::train_ranks<sk::ops::Cpu>(config, data, launch, world, {},
+                                               sk::ContextOptions{.seed = config.seed});
     if (!lead) return 0;
     std::printf(
         "done: %lld iterations in %.1f s (%.1f img/s, data wait %.1f%%); kNN top-1 %.2f%% "

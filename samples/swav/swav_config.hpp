@@ -271,6 +271,17 @@ inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
 
 }  // namespace detail
 
+// The ranks the config asks for: DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE (a launcher's world
+// size takes their place).
+inline int configured_ranks(const ConfigTree& c) {
+  const int nodes = c.get<int>("DISTRIBUTED.NUM_NODES");
+  const int per_node = c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE");
+  if (nodes < 1) throw detail::bad("DISTRIBUTED.NUM_NODES", std::to_string(nodes), "must be >= 1");
+  if (per_node < 1)
+    throw detail::bad("DISTRIBUTED.NUM_PROC_PER_NODE", std::to_string(per_node), "must be >= 1");
+  return nodes * per_node;
+}
+
 // `world` is the number of ranks that will train (local ranks or the launcher's).
 inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   using shardkit::DType;
@@ -451,7 +462,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
     throw detail::bad("OPTIMIZER.num_epochs", std::to_string(s.num_epochs), "must be >= 1");
   s.lr = detail::read_lr(c, world, s.batch_size, c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE"),
                          c.get<int>("DISTRIBUTED.NUM_NODES"));
-  s.ranks = c.get<int>("DISTRIBUTED.NUM_NODES") * c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE");
+  s.ranks = configured_ranks(c);
   // Checkpoints, evaluation, metrics
   s.checkpoint_dir = c.get<std::string>("CHECKPOINT.DIR");
   s.auto_resume = c.get<bool>("CHECKPOINT.AUTO_RESUME");

@@ -1,0 +1,56 @@
+// Weighted kNN (knn.hpp) on Eigen's matrix product.
+#include "knn.hpp"
+
+#include <Eigen/Dense>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+namespace swav {
+
+// How many of queries [first, last) the bank classifies correctly.
+std::int64_t knn_correct(const std::vector<float>& bank,
+                                const std::vector<std::uint8_t>& bank_labels,
+                                const std::vector<float>& queries,
+                                const std::vector<std::uint8_t>& query_labels, std::int64_t dim,
+                                std::int64_t first, std::int64_t last, int k, double sigma,
+                                int classes) {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const std::int64_t n = static_cast<std::int64_t>(bank_labels.size());
+  const Eigen::Map<const Matrix> b(bank.data(), n, dim);
+  const std::int64_t kk = std::min<std::int64_t>(k, n);
+  std::int64_t correct = 0;
+  std::vector<std::pair<float, std::int64_t>> top(static_cast<std::size_t>(kk));
+  constexpr std::int64_t kChunk = 64;
+  for (std::int64_t q0 = first; q0 < last; q0 += kChunk) {
+    const std::int64_t rows = std::min(kChunk, last - q0);
+    const Eigen::Map<const Matrix> q(queries.data() + q0 * dim, rows, dim);
+    const Matrix sim = q * b.transpose();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* s = sim.data() + r * n;
+      // The kk largest similarities (a min-heap of the best so far).
+      auto worse = [](const auto& a, const auto& c) { return a.first > c.first; };
+      std::size_t size = 0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        if (size < top.size()) {
+          top[size++] = {s[j], j};
+          std::push_heap(top.begin(), top.begin() + static_cast<std::ptrdiff_t>(size), worse);
+        } else if (s[j] > top.front().first) {
+          std::pop_heap(top.begin(), top.end(), worse);
+          top.back() = {s[j], j};
+          std::push_heap(top.begin(), top.end(), worse);
+        }
+      }
+      std::vector<double> votes(static_cast<std::size_t>(classes), 0.0);
+      for (std::size_t i = 0; i < size; ++i)
+        votes[bank_labels[static_cast<std::size_t>(top[i].second)]] +=
+            std::exp(double(top[i].first) / sigma);
+      const auto predicted = std::max_element(votes.begin(), votes.end()) - votes.begin();
+      if (predicted == query_labels[static_cast<std::size_t>(q0 + r)]) ++correct;
+    }
+  }
+  return correct;
+}
+
+}  // namespace swav

@@ -1,0 +1,46 @@
+// Runs the SwAV trainer on the ranks of this process and returns rank 0's report: local ranks
+// as threads sharing one device (run_ranks), or, under a launcher (mpirun, torchrun, SLURM),
+// this process as one rank of the launcher's world (MPI between CPU processes, NCCL between
+// GPUs: make_communicator chooses).
+#pragma once
+
+#include <cstdio>
+#include <mutex>
+#include <utility>
+
+#include "shardkit/comm/comm.hpp"
+#include "trainer.hpp"
+
+namespace swav {
+
+template <class Backend>
+RunReport train_ranks(const SwavConfig& config, const Datasets& data,
+                      const sk::comm::LaunchInfo& launch, int world,
+                      const sk::comm::RunRanksOptions& local_ranks,
+                      const sk::ContextOptions& process) {
+  RunReport report;
+  std::mutex lock;
+  auto body = [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    SwavTrainer<Backend> trainer(config, ctx, comm, data, stdout);
+    auto r = trainer.run();
+    std::lock_guard guard(lock);
+    if (comm.rank() == 0) report = std::move(r);
+  };
+  if (launch.kind != sk::comm::LaunchKind::single) {
+    sk::Context ctx(process);
+    auto comm = sk::comm::make_communicator(ctx);
+    body(ctx, *comm);
+  } else {
+    sk::comm::run_ranks(world, body, local_ranks);
+  }
+  return report;
+}
+
+#if SK_WITH_CUDA
+// train_ranks on CUDA GPUs: compiled by nvcc in swav_gpu.cu (the rest of the trainer stays with
+// the host compiler, whose Eigen keeps its SIMD).
+RunReport train_ranks_gpu(const SwavConfig& config, const Datasets& data,
+                          const sk::comm::LaunchInfo& launch, int world);
+#endif
+
+}  // namespace swav
