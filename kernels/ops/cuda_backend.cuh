@@ -24,10 +24,10 @@ __global__ void larc_coefficients_kernel(const double* sums, std::int64_t n, boo
   const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (i >= n) return;
   const std::int64_t at = reversed ? n - 1 - i : i;
-  out[i] = per_param_decay ? ops::larc_coefficients(sums[at], sums[n + at], larc, lr,
-                                                    inv_grad_scale, sums[2 * n + at])
-                           : ops::larc_coefficients(sums[at], sums[n + at], larc, lr,
-                                                    inv_grad_scale);
+  out[i] = per_param_decay
+               ? ops::larc_coefficients(sums[at], sums[n + at], larc, lr, inv_grad_scale,
+                                        sums[2 * n + at])
+               : ops::larc_coefficients(sums[at], sums[n + at], larc, lr, inv_grad_scale);
 }
 
 inline void launch_larc_coefficients(Context& ctx, const double* sums, std::int64_t n,
@@ -122,10 +122,9 @@ struct Cuda {
   static void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr,
                                 float inv_grad_scale, const Tensor& sums,
                                 const Tensor& coefficients) {
-    cuda::launch_larc_coefficients(ctx, sums.data<double>(), sums.size(1), false, larc, lr,
-                                   inv_grad_scale,
-                                   static_cast<SgdCoefficients*>(coefficients.data_ptr()),
-                                   sums.size(0) == 3);
+    cuda::launch_larc_coefficients(
+        ctx, sums.data<double>(), sums.size(1), false, larc, lr, inv_grad_scale,
+        static_cast<SgdCoefficients*>(coefficients.data_ptr()), sums.size(0) == 3);
   }
 
   static void leaf_sums_of_squares(Context& ctx, const SpanList<1>& spans, DType dtype,

@@ -11,11 +11,10 @@ namespace swav {
 
 // How many of queries [first, last) the bank classifies correctly.
 std::int64_t knn_correct(const std::vector<float>& bank,
-                                const std::vector<std::uint8_t>& bank_labels,
-                                const std::vector<float>& queries,
-                                const std::vector<std::uint8_t>& query_labels, std::int64_t dim,
-                                std::int64_t first, std::int64_t last, int k, double sigma,
-                                int classes) {
+                         const std::vector<std::uint8_t>& bank_labels,
+                         const std::vector<float>& queries,
+                         const std::vector<std::uint8_t>& query_labels, std::int64_t dim,
+                         std::int64_t first, std::int64_t last, int k, double sigma, int classes) {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const std::int64_t n = static_cast<std::int64_t>(bank_labels.size());
   const Eigen::Map<const Matrix> b(bank.data(), n, dim);

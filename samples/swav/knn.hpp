@@ -24,7 +24,8 @@ inline void l2_normalize_rows(std::vector<float>& features, std::int64_t dim) {
 
 // How many of queries [first, last) the bank classifies correctly (knn.cpp: compiled by the
 // host compiler, so Eigen keeps its SIMD in builds with the GPU path).
-std::int64_t knn_correct(const std::vector<float>& bank, const std::vector<std::uint8_t>& bank_labels,
+std::int64_t knn_correct(const std::vector<float>& bank,
+                         const std::vector<std::uint8_t>& bank_labels,
                          const std::vector<float>& queries,
                          const std::vector<std::uint8_t>& query_labels, std::int64_t dim,
                          std::int64_t first, std::int64_t last, int k, double sigma,

@@ -119,8 +119,7 @@ class SwavTrainer {
       sk::parallel::convert_sync_batch_norm(
           *model_, sk::parallel::sync_batch_norm_group(comm, c.sync_bn_group));
     sk::optim::OptimizerConfig optimizer = c.optimizer;
-    optimizer.no_weight_decay =
-        unregularized_params(*model_, c.regularize_bn, c.regularize_bias);
+    optimizer.no_weight_decay = unregularized_params(*model_, c.regularize_bn, c.regularize_bias);
     sharded_ =
         std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, optimizer, o);
     // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.

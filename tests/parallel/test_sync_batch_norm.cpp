@@ -55,8 +55,8 @@ BnResult run_bn(sk::Context& ctx, sk::DType dtype, int dims, const sk::Shape& sh
   auto f64 = [&](const sk::Tensor& t) {
     return sk::to_vector<double>(ctx, sk::cast(ctx, t, sk::DType::f64));
   };
-  return {f64(y.data()),         f64(in.grad()),          f64(bn.weight.grad()),
-          f64(bn.bias.grad()),   f64(bn.running_mean),    f64(bn.running_var)};
+  return {f64(y.data()),       f64(in.grad()),       f64(bn.weight.grad()),
+          f64(bn.bias.grad()), f64(bn.running_mean), f64(bn.running_var)};
 }
 
 void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol,
@@ -112,8 +112,8 @@ void check_against_concatenation(sk::DType dtype, int dims, const std::vector<st
       check_close(got.running_mean, want.running_mean, tol, "running_mean");
       check_close(got.running_var, want.running_var, tol, "running_var");
     }
-    INFO(sk::dtype_name(dtype), " BatchNorm", dims, "d, world ", world, ", group size ",
-         group_size, ", group from rank ", first);
+    INFO(sk::dtype_name(dtype), " BatchNorm", dims, "d, world ", world, ", group size ", group_size,
+         ", group from rank ", first);
     check_close(y, want.y, tol, "output");
     check_close(gx, want.grad_x, tol, "input gradient");
     check_close(gw, want.grad_w, tol, "weight gradient (summed over the group)");
@@ -127,7 +127,8 @@ TEST_CASE("SyncBatchNorm over a group equals batch-norm over the group's concate
   for (int dims : {1, 2}) {
     check_against_concatenation(sk::DType::f64, dims, {3, 5, 2, 4}, 4, 1e-12);
     check_against_concatenation(sk::DType::f64, dims, {4, 4}, 2, 1e-12);
-    check_against_concatenation(sk::DType::f64, dims, {2, 3, 4, 2, 5}, 2, 1e-12);  // {0,1} {2,3} {4}
+    check_against_concatenation(sk::DType::f64, dims, {2, 3, 4, 2, 5}, 2,
+                                1e-12);  // {0,1} {2,3} {4}
     check_against_concatenation(sk::DType::f32, dims, {3, 5, 2, 4}, 4, 2e-5);
     check_against_concatenation(sk::DType::bf16, dims, {4, 6, 2}, 3, 2e-2);
   }
@@ -165,9 +166,8 @@ std::vector<float> resnet_run(int world, sk::parallel::Stage stage) {
                 *net, sk::parallel::sync_batch_norm_group(comm, world)) == 20);
     sk::parallel::ShardedModuleOptions options;
     options.stage = stage;
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(
-                                                               sk::optim::OptimizerKind::sgd),
-                                           options);
+    sk::parallel::ShardedModule<Cpu> model(
+        ctx, comm, net, dp_test::config_for(sk::optim::OptimizerKind::sgd), options);
     for (int s = 0; s < kSyncSteps; ++s) {
       model.zero_grad();
       std::vector<ag::Variable> xs;

@@ -217,8 +217,8 @@ inline void batch_norm_train_backward(const Tensor& x, const Tensor& grad_y, con
                        sum_gxhat.data());
   store_channel_grads(sum_g.data(), sum_gxhat.data(), grad_weight, grad_bias, channels);
   if (grad_x.defined())
-    batch_norm_input_grad(x, grad_y, weight, save_mean, save_invstd, grad_x, outer, channels,
-                          inner, double(outer * inner), sum_g.data(), sum_gxhat.data());
+    batch_norm_input_grad(x, grad_y, weight, save_mean, save_invstd, grad_x, outer, channels, inner,
+                          double(outer * inner), sum_g.data(), sum_gxhat.data());
 }
 
 struct PoolGeometry {

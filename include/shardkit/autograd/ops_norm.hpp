@@ -46,7 +46,8 @@ inline double group_moments(Context& ctx, BatchStatsGroup& group, const Tensor& 
   local[0] = double(s.outer * s.inner);
   cpu::channel_moments(x, s.outer, s.channels, s.inner, local.data() + 1, local.data() + 1 + C);
   const auto all = to_vector<double>(
-      ctx, group.all_gather(ctx, from_vector(ctx, local, {static_cast<std::int64_t>(local.size())})));
+      ctx,
+      group.all_gather(ctx, from_vector(ctx, local, {static_cast<std::int64_t>(local.size())})));
   double count = 0;
   mean.assign(C, 0.0);
   m2.assign(C, 0.0);

@@ -324,7 +324,7 @@ class ShardedOptimizer {
   std::vector<Tensor> master_;  // per piece: views of it, or piece_params_ without
   OptimizerConfig config_;
   ParamNorms<Backend> norms_;
-  std::vector<double> decay_;          // per table parameter; empty: one decay for all
+  std::vector<double> decay_;         // per table parameter; empty: one decay for all
   std::vector<std::size_t> by_name_;  // table parameters in the order of their names
   float clip_coefficient_ = 1.0f;     // set by clip_grad_norm, used by the next step
   std::vector<StateBuffer> buffers_;

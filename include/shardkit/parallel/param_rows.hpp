@@ -44,8 +44,8 @@ inline std::size_t row_param(const shard::PieceTable& table, const std::string& 
   check(param.shape.size() == 2, "normalize_rows: '", name, "' has shape ", shape_str(param.shape),
         "; rows need a 2-D parameter");
   check(param.shape[1] % ops::kNormLeaf == 0, "normalize_rows: rows of '", name, "' hold ",
-        param.shape[1], " elements; exact norms under sharding need a multiple of ",
-        ops::kNormLeaf, " (e.g. an embedding dimension of 128)");
+        param.shape[1], " elements; exact norms under sharding need a multiple of ", ops::kNormLeaf,
+        " (e.g. an embedding dimension of 128)");
   return p;
 }
 

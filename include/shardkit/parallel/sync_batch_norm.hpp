@@ -46,8 +46,8 @@ class CommunicatorStatsGroup final : public autograd::BatchStatsGroup {
 // returns this rank's. Collective: every rank of `world` calls it.
 inline std::shared_ptr<CommunicatorStatsGroup> sync_batch_norm_group(comm::Communicator& world,
                                                                      int group_size) {
-  check(group_size >= 1, "sync_batch_norm_group: group_size ", group_size,
-        " must be at least 1 (", world.size(), " for the whole world)");
+  check(group_size >= 1, "sync_batch_norm_group: group_size ", group_size, " must be at least 1 (",
+        world.size(), " for the whole world)");
   const int color = world.rank() / group_size;
   return std::make_shared<CommunicatorStatsGroup>(
       std::shared_ptr<comm::Communicator>(world.split(color, world.rank())));
