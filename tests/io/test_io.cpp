@@ -26,11 +26,13 @@ fs::path temp_dir() {
 void write_gz(const fs::path& path, const std::vector<unsigned char>& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   REQUIRE(f != nullptr);
-  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) == static_cast<int>(bytes.size()));
+  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) ==
+          static_cast<int>(bytes.size()));
   gzclose(f);
 }
 
-std::vector<unsigned char> idx_bytes(std::vector<std::uint32_t> dims, const std::vector<unsigned char>& data) {
+std::vector<unsigned char> idx_bytes(std::vector<std::uint32_t> dims,
+                                     const std::vector<unsigned char>& data) {
   std::vector<unsigned char> out{0, 0, 0x08, static_cast<unsigned char>(dims.size())};
   for (auto d : dims)
     for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<unsigned char>(d >> shift));
@@ -63,14 +65,16 @@ TEST_CASE("read_idx reads gzip and plain IDX files") {
     std::fwrite(raw.data(), 1, raw.size(), f);
     std::fclose(f);
   }
-  CHECK(sk::io::read_idx((dir / "plain.idx").string()).data == std::vector<std::uint8_t>{9, 8, 7, 6, 5});
+  CHECK(sk::io::read_idx((dir / "plain.idx").string()).data ==
+        std::vector<std::uint8_t>{9, 8, 7, 6, 5});
   fs::remove_all(dir);
 }
 
 TEST_CASE("corrupt IDX files get errors that name the file and the problem") {
   const auto dir = temp_dir();
   write_gz(dir / "short.gz", idx_bytes({10}, {1, 2, 3}));
-  CHECK(io_error(dir / "short.gz").find("ends early or is corrupt while reading the data") != std::string::npos);
+  CHECK(io_error(dir / "short.gz").find("ends early or is corrupt while reading the data") !=
+        std::string::npos);
   write_gz(dir / "magic.gz", {1, 2, 8, 1, 0, 0, 0, 1, 5});
   CHECK(io_error(dir / "magic.gz").find("is not an IDX file") != std::string::npos);
   write_gz(dir / "type.gz", {0, 0, 0x0d, 1, 0, 0, 0, 1, 5, 5, 5, 5});
@@ -78,6 +82,11 @@ TEST_CASE("corrupt IDX files get errors that name the file and the problem") {
   write_gz(dir / "long.gz", idx_bytes({2}, {1, 2, 3}));
   CHECK(io_error(dir / "long.gz").find("bytes after its 2 data elements") != std::string::npos);
   CHECK(io_error(dir / "absent.gz").find("cannot open") != std::string::npos);
+  // Sizes whose product overflows 64 bits (4 x 2^32 - 1) are refused before any arithmetic wraps.
+  write_gz(dir / "huge.gz", {0,   0,   8,   4,   255, 255, 255, 255, 255, 255,
+                             255, 255, 255, 255, 255, 255, 255, 255, 255, 255});
+  CHECK(io_error(dir / "huge.gz").find("claims dimensions of more than 17179869184 elements") !=
+        std::string::npos);
   try {
     sk::io::load_fashion_mnist("train", dir.string());
     FAIL("no throw");

@@ -154,6 +154,23 @@ TEST_CASE("corrupt or foreign files get errors that name the file and the proble
   }
   CHECK(load_error(path).find("its header claims") != std::string::npos);
   CHECK(load_error(scratch("absent.safetensors")).find("cannot open") != std::string::npos);
+  // What the reference reader refuses, refused too (tests/io/safetensors_reference.py checks
+  // every verdict against it): a byte-order mark, NUL padding, numbers that are not
+  // non-negative integers, a byte count that overflows, metadata that is not strings.
+  write_raw(path, "\xEF\xBB\xBF{}", {});
+  CHECK(load_error(path).find("byte-order mark") != std::string::npos);
+  write_raw(path, std::string("{}\0\0", 4), {});
+  CHECK(load_error(path).find("holds a NUL byte at 2") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", bytes_of({1, 2}));
+  CHECK(load_error(path).find("tensor 'a' has shape entry 2.0, which is not a non-negative "
+                              "integer") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,1e1]}})", bytes_of({1, 2}));
+  CHECK(load_error(path).find("data_offsets entry 10.0") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[4611686018427387904,4,4],"data_offsets":[0,0]}})",
+            {});
+  CHECK(load_error(path).find("byte count overflows 64 bits") != std::string::npos);
+  write_raw(path, R"({"__metadata__":{"step":1}})", {});
+  CHECK(load_error(path).find("__metadata__ 'step' is 1, not a string") != std::string::npos);
 }
 
 TEST_CASE("the streaming writer takes any tensor's bytes in any order; the reader any range") {

@@ -78,15 +78,19 @@ inline IdxArray read_idx(const std::string& path) {
   check<IoError>(rank >= 1 && rank <= 4, "'", path, "' claims ", rank,
                  " dimensions; expected 1 to 4");
   IdxArray array;
+  // The element count, checked before each multiplication (four 32-bit sizes overflow 64 bits).
+  constexpr std::int64_t kLimit = std::int64_t{1} << 34;
   std::int64_t total = 1;
   for (int d = 0; d < rank; ++d) {
     unsigned char size[4];
     file.read(size, 4, path, "the dimensions");
-    array.dims.push_back(detail::big_endian_u32(size));
-    total *= array.dims.back();
+    const std::int64_t dim = detail::big_endian_u32(size);
+    array.dims.push_back(dim);
+    check<IoError>(dim == 0 || total <= kLimit / dim, "'", path,
+                   "' claims dimensions of more than ", kLimit, " elements in all (dimension ", d,
+                   " is ", dim, "); refusing a file that large");
+    total *= dim;
   }
-  check<IoError>(total <= (std::int64_t{1} << 34), "'", path, "' claims ", total,
-                 " elements; refusing a file that large");
   array.data.resize(static_cast<std::size_t>(total));
   file.read(array.data.data(), array.data.size(), path, "the data");
   check<IoError>(file.at_end(), "'", path, "' has bytes after its ", total, " data elements");

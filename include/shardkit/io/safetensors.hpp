@@ -318,6 +318,9 @@ class SafetensorsWriter {
 // tiling the data section exactly, sizes matching shapes), and any byte range of any tensor.
 class SafetensorsReader {
  public:
+  // The reference reader's limit on the header.
+  static constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+
   explicit SafetensorsReader(std::string path)
       : path_(std::move(path)), file_(path_, O_RDONLY | O_CLOEXEC) {
     const std::uint64_t file_size = file_.size();
@@ -327,9 +330,9 @@ class SafetensorsReader {
     file_.read_at(0, length_bytes, 8, "the header length");
     std::uint64_t length = 0;
     for (int i = 0; i < 8; ++i) length |= std::uint64_t{length_bytes[i]} << (8 * i);
-    check<IoError>(length <= file_size - 8 && length <= (std::uint64_t{100} << 20), "'", path_,
+    check<IoError>(length <= file_size - 8 && length <= kMaxHeaderBytes, "'", path_,
                    "' is not a safetensors file or is truncated: its header claims ", length,
-                   " bytes of a ", file_size, "-byte file");
+                   " bytes of a ", file_size, "-byte file (at most ", kMaxHeaderBytes, ")");
     std::string text(length, '\0');
     file_.read_at(8, text.data(), text.size(), "the header");
     data_start_ = 8 + length;
@@ -364,7 +367,24 @@ class SafetensorsReader {
   }
 
  private:
+  // A JSON number that is a non-negative integer (the reference reads usize: no fractions,
+  // no exponents, no signs), or a clear error naming the tensor and the field.
+  std::uint64_t unsigned_field(const nlohmann::json& value, const std::string& tensor,
+                               const char* field) const {
+    check<IoError>(value.is_number_unsigned(), "'", path_, "': tensor '", tensor, "' has ", field,
+                   " entry ", value.dump(), ", which is not a non-negative integer");
+    return value.get<std::uint64_t>();
+  }
+
   void parse(const std::string& text, std::uint64_t data_size) {
+    // As the reference reader: JSON with no byte-order mark (nlohmann would skip one) and no
+    // NUL byte (nlohmann would stop at one), whitespace around it allowed (writers pad with
+    // spaces).
+    check<IoError>(text.rfind("\xEF\xBB\xBF", 0) != 0, "'", path_,
+                   "': the header starts with a UTF-8 byte-order mark, which safetensors forbids");
+    check<IoError>(text.find('\0') == std::string::npos, "'", path_,
+                   "': the header holds a NUL byte at ", text.find('\0'),
+                   " (pad a header with spaces)");
     nlohmann::json header;
     try {
       header = nlohmann::json::parse(text);
@@ -375,26 +395,44 @@ class SafetensorsReader {
     try {
       for (const auto& [name, entry] : header.items()) {
         if (name == "__metadata__") {
-          for (const auto& [key, value] : entry.items()) metadata_[key] = value.get<std::string>();
+          check<IoError>(entry.is_object(), "'", path_,
+                         "': __metadata__ is not a map of strings to strings");
+          for (const auto& [key, value] : entry.items()) {
+            check<IoError>(value.is_string(), "'", path_, "': __metadata__ '", key, "' is ",
+                           value.dump(), ", not a string");
+            metadata_[key] = value.get<std::string>();
+          }
           continue;
         }
+        check<IoError>(entry.is_object(), "'", path_, "': tensor '", name,
+                       "' is not described by an object");
         TensorInfo t;
         t.name = name;
         t.dtype = detail::dtype_from_safetensors(entry.at("dtype").get<std::string>(), path_, name);
-        t.shape = entry.at("shape").get<Shape>();
-        const auto offsets = entry.at("data_offsets").get<std::vector<std::uint64_t>>();
-        check<IoError>(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size,
-                       "'", path_, "': tensor '", name, "' has data_offsets outside the ",
-                       data_size, "-byte data section (truncated file?)");
-        for (auto d : t.shape)
-          check<IoError>(d >= 0, "'", path_, "': tensor '", name, "' has a negative dimension");
-        t.begin = offsets[0];
-        t.end = offsets[1];
-        check<IoError>(
-            t.bytes() == static_cast<std::uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype),
-            "'", path_, "': tensor '", name, "' covers ", t.bytes(), " bytes but its shape ",
-            shape_str(t.shape), " of ", dtype_name(t.dtype), " needs ",
-            shape_numel(t.shape) * static_cast<std::int64_t>(dtype_size(t.dtype)));
+        const auto& shape = entry.at("shape");
+        check<IoError>(shape.is_array(), "'", path_, "': tensor '", name,
+                       "' has a shape that is not a list");
+        // The byte count, checked before any arithmetic can wrap.
+        std::uint64_t bytes = dtype_size(t.dtype);
+        for (const auto& d : shape) {
+          const std::uint64_t dim = unsigned_field(d, name, "shape");
+          check<IoError>(dim <= static_cast<std::uint64_t>(INT64_MAX), "'", path_, "': tensor '",
+                         name, "' has dimension ", dim, ", beyond what shardkit's shapes hold");
+          t.shape.push_back(static_cast<std::int64_t>(dim));
+          check<IoError>(!__builtin_mul_overflow(bytes, dim, &bytes), "'", path_, "': tensor '",
+                         name, "' has shape ", shape.dump(), " whose byte count overflows 64 bits");
+        }
+        const auto& offsets = entry.at("data_offsets");
+        check<IoError>(offsets.is_array() && offsets.size() == 2, "'", path_, "': tensor '", name,
+                       "' has data_offsets ", offsets.dump(), "; expected [begin, end]");
+        t.begin = unsigned_field(offsets[0], name, "data_offsets");
+        t.end = unsigned_field(offsets[1], name, "data_offsets");
+        check<IoError>(t.begin <= t.end && t.end <= data_size, "'", path_, "': tensor '", name,
+                       "' has data_offsets outside the ", data_size, "-byte data section ([",
+                       t.begin, ", ", t.end, "]; truncated file?)");
+        check<IoError>(t.bytes() == bytes, "'", path_, "': tensor '", name, "' covers ", t.bytes(),
+                       " bytes but its shape ", shape_str(t.shape), " of ", dtype_name(t.dtype),
+                       " needs ", bytes);
         tensors_.push_back(std::move(t));
       }
     } catch (const nlohmann::json::exception& e) {
