@@ -2,16 +2,21 @@
 """The custom loop's checkpoints, end to end: a run stopped after 13 of 30 steps and resumed under
 another ZeRO stage ends with the same parameters, bit for bit (FNV-1a of their bytes), as a run
 that never stopped -- FSDP's sharded checkpoint resumed under SDP, and OSS's full checkpoint
-resumed under FSDP; a torn checkpoint (files from different saves) is refused. First, the four
+resumed under FSDP; a torn checkpoint (files from different saves) is refused; a run
+checkpointing every step and killed at random moments (inside saves too) resumes from the
+newest complete step folder and still ends with the uninterrupted run's parameters. First, the four
 stages trained straight through end with the same parameters, bit for bit, and DDP and FSDP
 agree in bf16 and f16 mixed precision too.
 Usage: check_resume.py PATH/TO/custom_loop"""
 import json
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 BASE = ["--ranks", "3", "--max-steps", "30", "--hidden", "128", "--device", "cpu",
         "--optimizer", "adamw"]
@@ -23,6 +28,46 @@ def run(binary, *extra):
         print(out.stdout, out.stderr)
         raise SystemExit(f"custom_loop {' '.join(extra)} exited {out.returncode}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def latest_folder(checkpoints):
+    with open(os.path.join(checkpoints, "latest")) as f:
+        return os.path.join(checkpoints, f.read().strip())
+
+
+def kill_test(binary, folder, expected):
+    """Checkpoints after every step, SIGKILL at random moments (inside saves too), resume from
+    whatever is there: every resumed run must end with the uninterrupted run's parameters, and
+    no temporary file may outlive the next save."""
+    rng = random.Random(13)
+    checkpoints = os.path.join(folder, "killed")
+    args = [binary, *BASE, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1"]
+    resumed_from = []
+    def latest_step():
+        try:
+            return int(os.path.basename(latest_folder(checkpoints)).split("_")[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    for trial in range(6):
+        start = latest_step()
+        resume = ["--resume", checkpoints] if start > 0 else []
+        process = subprocess.Popen(args + resume, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Kill a few milliseconds after a random later save was published: mid-step or mid-save.
+        target = min(29, start + rng.randint(1, 6))
+        while latest_step() < target and process.poll() is None:
+            time.sleep(0.0005)
+        time.sleep(rng.uniform(0.0, 0.004))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        resumed_from.append(latest_step())
+    resume = ["--resume", checkpoints] if os.path.exists(os.path.join(checkpoints, "latest")) else []
+    final = run(binary, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1", *resume)
+    leftovers = [os.path.join(d, f) for d, _, files in os.walk(checkpoints) for f in files if ".tmp." in f]
+    print(f"killed 6 times at random moments (latest step after each kill: {resumed_from}); the last run "
+          f"resumed and ended with {final['params_fnv1a']} (uninterrupted {expected}); "
+          f"temporary files left: {leftovers}")
+    return final["params_fnv1a"] == expected and not leftovers
 
 
 def main():
@@ -56,15 +101,16 @@ def main():
               stopped["params_fnv1a"] != straight["params_fnv1a"])
         # Tear it: the optimizer state of step 14 beside the model of step 13.
         torn = os.path.join(folder, "torn")
-        shutil.copytree(full, torn)
+        shutil.copytree(latest_folder(full), torn)
         later = os.path.join(folder, "later")
         run(binary, "--stage", "oss", "--resume", full, "--stop-after", "1", "--checkpoint", later)
-        shutil.copy(os.path.join(later, "optimizer.safetensors"), torn)
+        shutil.copy(os.path.join(latest_folder(later), "optimizer.safetensors"), torn)
         out = subprocess.run([binary, *BASE, "--resume", torn], capture_output=True, text=True)
         refused = (out.returncode == 1 and "is torn: model.safetensors is from save" in out.stderr
                    and "(step 13)" in out.stderr and "(step 14)" in out.stderr)
         print("torn checkpoint:", out.stderr.strip())
-        return 0 if ok and refused else 1
+        killed_ok = kill_test(binary, folder, straight["params_fnv1a"])
+        return 0 if ok and refused and killed_ok else 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

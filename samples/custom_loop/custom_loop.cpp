@@ -12,10 +12,11 @@
 //   4. The ZeRO stage is a flag: ddp (plain data parallel), oss (ZeRO-1: optimizer state
 //      sharded), sdp (ZeRO-2: gradients too), fsdp (ZeRO-3: parameters too). The results are
 //      DDP's; the memory is not.
-//   5. Checkpoints (sk::io::save_checkpoint): --checkpoint DIR saves the parameters and the
-//      optimizer state atomically, whole (streamed to rank 0) or one file per rank
-//      (--checkpoint-layout sharded); --resume DIR continues exactly, under any stage and rank
-//      count.
+//   5. Checkpoints (sk::io::save_step_checkpoint): --checkpoint DIR saves the parameters and
+//      the optimizer state, whole (streamed to rank 0) or one file per rank (--checkpoint-layout
+//      sharded), as a step folder that becomes DIR/latest in one atomic rename once complete;
+//      --resume DIR continues exactly from the newest complete one, under any stage and rank
+//      count, however the previous run ended.
 //
 // Ranks are threads of this process by default (--ranks N; on a GPU they share it); under
 // mpirun each process is one rank, over MPI on the CPU and NCCL on GPUs. The last line printed
@@ -122,7 +123,8 @@ int main(int argc, char** argv) {
                  "sharded (one file per rank)")
       ->check(CLI::IsMember({"full", "sharded"}));
   app.add_option("--resume", flags.resume_dir,
-                 "continue from the checkpoint in this folder (any stage or rank count)")
+                 "continue from the newest complete checkpoint in this folder (DIR/latest), or "
+                 "from this checkpoint folder itself (any stage or rank count)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--stop-after", flags.stop_after,
                  "end this run after so many steps, as a preempted job would (the schedule still "

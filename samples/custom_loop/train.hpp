@@ -233,11 +233,15 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   Batch batch;
   std::int64_t step = 0;
   if (!s.resume_dir.empty()) {  // the sampler position follows from the step count
-    const auto loaded = sk::io::load_checkpoint(s.resume_dir, engine->training_state());
+    // A folder of step folders resumes from the one `latest` names (the newest complete save);
+    // any other folder is one checkpoint itself.
+    const auto latest = sk::io::latest_checkpoint(s.resume_dir);
+    const std::string from = latest ? *latest : s.resume_dir;
+    const auto loaded = sk::io::load_checkpoint(from, engine->training_state());
     step = loaded.steps;
     if (rank == 0)
       std::printf("resumed from %s at step %lld (%s checkpoint of a %d-rank %s run)\n",
-                  s.resume_dir.c_str(), static_cast<long long>(step),
+                  from.c_str(), static_cast<long long>(step),
                   std::string(sk::io::checkpoint_layout_name(loaded.layout)).c_str(),
                   loaded.world_size, loaded.stage.c_str());
   }
@@ -279,10 +283,13 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
         const auto before = comm.stats().total_bus_bytes();  // not counted as training traffic
         sk::io::CheckpointOptions options;
         options.layout = s.checkpoint_layout;
-        sk::io::save_checkpoint(s.checkpoint_dir, engine->training_state(), options);
+        auto state = engine->training_state();
+        // A step folder behind an atomic `latest`: a kill at any moment leaves a complete one.
+        const auto folder =
+            sk::io::save_step_checkpoint(s.checkpoint_dir, step + 1, state, options);
         if (rank == 0)
           std::printf("checkpoint: step %lld saved to %s (%s)\n", static_cast<long long>(step + 1),
-                      s.checkpoint_dir.c_str(),
+                      folder.c_str(),
                       std::string(sk::io::checkpoint_layout_name(s.checkpoint_layout)).c_str());
         checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
       }

@@ -70,6 +70,10 @@ std::string save_step_checkpoint(const std::string& dir, std::int64_t step,
     std::filesystem::create_directories(dir);
     std::filesystem::remove_all(folder);  // a save of this step that a crash left unfinished
     std::filesystem::create_directories(folder);
+    // A pointer update that a crash interrupted leaves latest.tmp.<pid>: clean it up.
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().filename().string().rfind("latest.tmp.", 0) == 0)
+        std::filesystem::remove(entry.path());
   }
   comm.barrier();
   save_checkpoint(folder.string(), state, options);

@@ -5,6 +5,7 @@
 
 #include "shardkit/io/checkpoint.hpp"
 #include "shardkit/io/checkpoint_source.hpp"
+#include "shardkit/io/checkpoint_steps.hpp"
 #include "shardkit/io/fashion_mnist.hpp"
 #include "shardkit/io/idx_file.hpp"
 #include "shardkit/io/optimizer_state_file.hpp"
