@@ -145,7 +145,7 @@ class SwavTrainer {
       batch_in_epoch = state.batch;
       report.resumed = true;
     } else {
-      report.knn_init = evaluate(report);  // the same network at initialisation
+      report.knn_init = evaluate(report, Evaluation::initial);  // the network at initialisation
       log_metrics({{"iteration", 0}, {"knn_init", report.knn_init}, {"raw_knn", report.raw_knn}});
     }
     report.start_iteration = iteration_;
@@ -203,7 +203,7 @@ class SwavTrainer {
         save(epoch + 1, 0);
       if (c_.knn_every_epochs > 0 && (epoch + 1) % c_.knn_every_epochs == 0 &&
           epoch + 1 < c_.num_epochs) {
-        const double knn = evaluate(report);
+        const double knn = evaluate(report, Evaluation::periodic);
         say("epoch %lld: kNN top-1 %.2f%%\n", static_cast<long long>(epoch + 1), 100 * knn);
         log_metrics({{"epoch", epoch + 1}, {"iteration", iteration_}, {"knn", knn}});
       }
@@ -212,7 +212,7 @@ class SwavTrainer {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     report.data_wait_seconds = loader_->waited_seconds();
     report.iterations = iteration_;
-    report.knn = evaluate(report, true);
+    report.knn = evaluate(report, Evaluation::final);
     log_metrics({{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}});
     report.fingerprint = fingerprint();
     return report;
@@ -293,7 +293,9 @@ class SwavTrainer {
 
   // Weighted kNN top-1 on the test set with the memory bank; the queries are split over the
   // ranks and the counts summed. Also fills the raw-pixel figure once.
-  double evaluate(RunReport& report, bool final_eval = false) {
+  enum class Evaluation { initial, periodic, final };
+  double evaluate(RunReport& report, Evaluation when) {
+    const bool final_eval = when == Evaluation::final;
     const auto& d = *data_;
     model_->eval();
     sk::parallel::broadcast_module_buffers(*ctx_, *model_, *comm_);  // rank 0's statistics
@@ -319,7 +321,7 @@ class SwavTrainer {
           c_.knn_sigma, static_cast<long long>(d.bank_size), 100 * report.raw_knn);
     }
     say("%s kNN top-1 on %lld test images: %.2f%% (raw pixels %.2f%%)\n",
-        report.knn_init < 0 && !final_eval ? "initial network:" : "trunk features:",
+        when == Evaluation::initial ? "initial network:" : "trunk features:",
         static_cast<long long>(d.test.count), 100 * knn, 100 * report.raw_knn);
     if (final_eval && !c_.export_dir.empty() && comm_->rank() == 0) {
       std::filesystem::create_directories(c_.export_dir);
