@@ -91,12 +91,6 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
   return worst;
 }
 
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
 }  // namespace
 
 TEST_CASE("distributed Sinkhorn-Knopp: every rank's codes are its rows of the global solution") {
