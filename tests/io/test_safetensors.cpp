@@ -1,12 +1,15 @@
 // safetensors: round trips of every dtype, a file written by hand exactly as the format's
-// specification lays it out (as other tools write it), atomic replacement, and corrupt files.
+// specification lays it out (as other tools write it), atomic replacement, corrupt files, and
+// the per-tensor checksums that catch a flipped bit.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -242,4 +245,106 @@ TEST_CASE("zero-size tensors may share an offset with a neighbour in any name or
   REQUIRE(file.tensors.size() == 3);
   CHECK(file.find("b")->values<float>() == std::vector<float>{2});
   CHECK(file.find("z")->shape == sk::Shape{2, 0, 3});
+}
+
+namespace {
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data names the tensor") {
+  const auto path = scratch("checksummed.safetensors");
+  std::vector<float> a(1000);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(static_cast<float>(i) * 0.37f);
+  const std::int64_t b[] = {-7, 1LL << 40, 3};
+  {
+    // Streamed in pieces out of order: the writer combines the pieces' CRCs.
+    sk::io::SafetensorsWriter writer(
+        path.string(),
+        {{"a", sk::DType::f32, {1000}}, {"empty", sk::DType::f32, {0}}, {"b", sk::DType::i64, {3}}},
+        {{"note", "kept"}});
+    writer.write("a", 2400, a.data() + 600, 1600);
+    writer.write("b", 0, b, sizeof b);
+    writer.write("a", 0, a.data(), 1200);
+    writer.write("a", 1200, a.data() + 300, 1200);
+    writer.commit();
+  }
+  const auto pristine = read_file(path);
+  {
+    const sk::io::SafetensorsReader reader(path.string());
+    // The checksum keys live in the tensors' infos, not among the caller's metadata.
+    CHECK(reader.metadata() == std::map<std::string, std::string>{{"note", "kept"}});
+    CHECK(reader.find("a")->crc32 == sk::io::crc32_of(a.data(), 4000));
+    CHECK(reader.find("b")->crc32 == sk::io::crc32_of(b, sizeof b));
+    CHECK(reader.find("empty")->crc32 == 0u);
+    CHECK(reader.verify_all() == 3);
+  }
+  // Flip one bit of every data byte of both tensors, one file at a time: each is caught on the
+  // first read of any part of its tensor, and names it; the other tensor still reads.
+  const std::uint64_t data_start = pristine.size() - 4000 - sizeof b;
+  std::uint64_t flips = 0;
+  for (std::uint64_t at = data_start; at < pristine.size(); at += 7) {
+    std::string damaged = pristine;
+    damaged[at] = static_cast<char>(damaged[at] ^ (1 << (at % 8)));
+    write_file(path, damaged);
+    const sk::io::SafetensorsReader reader(path.string());
+    const auto* hit = reader.find("a");
+    const auto* other = reader.find("b");
+    if (at - data_start >= hit->begin + hit->bytes() || at - data_start < hit->begin)
+      std::swap(hit, other);
+    const std::string expected = "tensor '" + hit->name + "' is corrupt";
+    float four[4];
+    CHECK_THROWS_WITH_AS(reader.read(*hit), doctest::Contains(expected.c_str()), sk::IoError);
+    CHECK_THROWS_WITH_AS(reader.read(*hit, 0, four, sizeof four),
+                         doctest::Contains(expected.c_str()), sk::IoError);
+    CHECK_NOTHROW(reader.read(*other));
+    CHECK_THROWS_WITH_AS(reader.verify_all(), doctest::Contains(expected.c_str()), sk::IoError);
+    ++flips;
+  }
+  CHECK(flips > 500);
+  // A file from another writer has no checksums and loads unchecked.
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", bytes_of({1, 2}));
+  {
+    const sk::io::SafetensorsReader reader(path.string());
+    CHECK_FALSE(reader.find("a")->crc32.has_value());
+    CHECK(reader.verify_all() == 0);
+    CHECK(reader.read(*reader.find("a")).values<float>() == std::vector<float>{1, 2});
+  }
+  // A checksum record that names no tensor, or is not 8 lowercase hex digits, is refused.
+  write_raw(path,
+            R"({"__metadata__":{"shardkit.crc32.x":"00000000"},)"
+            R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+            bytes_of({1, 2}));
+  CHECK_THROWS_WITH_AS(sk::io::SafetensorsReader(path.string()),
+                       doctest::Contains("records a checksum for tensor 'x', which it does not"),
+                       sk::IoError);
+  write_raw(path,
+            R"({"__metadata__":{"shardkit.crc32.a":"ABCDEF01"},)"
+            R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+            bytes_of({1, 2}));
+  CHECK_THROWS_WITH_AS(sk::io::SafetensorsReader(path.string()),
+                       doctest::Contains("the checksum of tensor 'a' is 'ABCDEF01'"), sk::IoError);
+}
+
+TEST_CASE("the writer owns the checksum keys and needs each byte written exactly once") {
+  const auto path = scratch("twice.safetensors");
+  CHECK_THROWS_WITH(sk::io::SafetensorsWriter(path.string(), {{"a", sk::DType::f32, {2}}},
+                                              {{"shardkit.crc32.a", "0"}}),
+                    doctest::Contains("metadata key 'shardkit.crc32.a' is reserved"));
+  sk::io::SafetensorsWriter writer(path.string(), {{"a", sk::DType::f32, {4}}});
+  const float two[] = {1, 2};
+  writer.write("a", 0, two, sizeof two);
+  writer.write("a", 0, two, sizeof two);  // the first half twice, the second half never
+  CHECK_THROWS_WITH_AS(writer.commit(),
+                       doctest::Contains("tensor 'a' got bytes from 0 while bytes from 8 were "
+                                         "missing or written twice"),
+                       sk::StateError);
 }

@@ -1,14 +1,17 @@
 // Training checkpoints (io/checkpoint.hpp) across stages and world sizes: a checkpoint written
 // under any stage, N ranks, full or sharded, loads exactly into any stage on M ranks; a run
 // stopped and resumed under another stage continues bit for bit; a full save streams through
-// bounded chunks; the full model file is a plain state dict; bad checkpoints are named.
+// bounded chunks; the full model file is a plain state dict; bad checkpoints are named, and a
+// flipped bit in any tensor is caught on load.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -288,6 +291,61 @@ TEST_CASE("checkpoints that do not fit or do not belong together are refused by 
                                           sk::io::save_checkpoint(d, model.training_state(), o);
                                         }),
                     doctest::Contains("metadata key 'steps' is reserved"));
+}
+
+TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, naming the tensor") {
+  const auto dir = scratch("flipped");
+  auto load_error = [&](const std::string& from) -> std::string {
+    try {
+      sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        auto net = mlp(ctx, 1);
+        sk::parallel::ShardedModule<Cpu> model(
+            ctx, comm, net, dp_test::config_for(OptimizerKind::adamw), options_for(Stage::sdp));
+        (void)sk::io::load_checkpoint(from, model.training_state());
+      });
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  std::mt19937 random(11);
+  int caught = 0;
+  for (const auto layout : {CheckpointLayout::full, CheckpointLayout::sharded}) {
+    const auto folder = (dir / std::string(sk::io::checkpoint_layout_name(layout))).string();
+    Job job;
+    job.where = {Stage::fsdp, 2};
+    job.save_to = folder;
+    job.save.layout = layout;
+    (void)run(job);
+    REQUIRE(load_error(folder) == "no error");
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      const auto path = entry.path();
+      std::vector<sk::io::TensorInfo> tensors;
+      std::uint64_t data_bytes = 0;
+      {
+        const sk::io::SafetensorsReader reader(path.string());
+        tensors = reader.tensors();
+        for (const auto& t : tensors) data_bytes = std::max(data_bytes, t.end);
+      }
+      std::ifstream in(path, std::ios::binary);
+      const std::string pristine(std::istreambuf_iterator<char>(in), {});
+      const std::uint64_t data_start = pristine.size() - data_bytes;
+      for (const auto& t : tensors) {
+        if (t.bytes() == 0) continue;
+        CAPTURE(t.name);
+        REQUIRE(t.crc32.has_value());
+        std::string damaged = pristine;
+        const auto at = data_start + t.begin + random() % t.bytes();
+        damaged[at] = static_cast<char>(damaged[at] ^ (1 << (random() % 8)));
+        std::ofstream(path, std::ios::binary | std::ios::trunc) << damaged;
+        CHECK(load_error(folder).find("tensor '" + t.name + "' is corrupt") != std::string::npos);
+        ++caught;
+      }
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << pristine;
+    }
+    CHECK(load_error(folder) == "no error");
+  }
+  CHECK(caught > 20);
 }
 
 TEST_CASE("state_dict(): the full state dict under every stage, gathered one unit at a time") {

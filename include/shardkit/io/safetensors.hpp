@@ -13,14 +13,23 @@
 //   SafetensorsReader  the validated header, then any byte range of any tensor: a rank
 //                      reads only the pieces it needs from another rank's checkpoint file.
 //   save_safetensors / load_safetensors  whole files in memory, over the two.
+//
+// Integrity: the writer records every tensor's CRC32 (zlib's) in the metadata as
+// "shardkit.crc32.<tensor>" = 8 hex digits, so any other reader still loads the file, and the
+// reader checks it the first time it reads any part of that tensor: a flipped bit is an error
+// naming the tensor, never a silently wrong value. Files from other writers have no checksums
+// and load unchecked.
 #pragma once
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -29,6 +38,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +76,15 @@ struct NamedBytes {
     return out;
   }
 };
+
+// The metadata key prefix under which the writer records each tensor's CRC32.
+inline constexpr std::string_view kCrc32Prefix = "shardkit.crc32.";
+
+// zlib's CRC32 of `bytes` bytes, continuing from `crc` (0 to start).
+inline std::uint32_t crc32_of(const void* data, std::size_t bytes, std::uint32_t crc = 0) {
+  return static_cast<std::uint32_t>(
+      ::crc32_z(crc, static_cast<const Bytef*>(data), static_cast<z_size_t>(bytes)));
+}
 
 // The host bytes of any tensor on the context's device (any dtype, any strides).
 inline NamedBytes host_bytes(Context& ctx, std::string name, const Tensor& t) {
@@ -200,12 +219,25 @@ struct TensorInfo {
   Shape shape;
   std::uint64_t begin = 0;  // data section offsets: [begin, end)
   std::uint64_t end = 0;
+  std::optional<std::uint32_t> crc32 =
+      std::nullopt;  // as the file records it (none: written elsewhere)
   std::uint64_t bytes() const { return end - begin; }
 };
 
+namespace detail {
+
+inline std::string crc32_hex(std::uint32_t crc) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", crc);
+  return text;
+}
+
+}  // namespace detail
+
 // Streams a safetensors file: the header (every tensor's name, dtype and shape) goes out when
 // the writer is made; write() puts bytes of one tensor at an offset inside it, in any order;
-// commit() checks that every byte was written, flushes, and renames the file into place.
+// commit() checks that every byte was written exactly once, writes the checksums into the
+// header (placeholders of the same width until then), flushes, and renames the file into place.
 // Destroyed without commit(), the temporary file is removed and the target is untouched.
 class SafetensorsWriter {
  public:
@@ -214,7 +246,11 @@ class SafetensorsWriter {
       : path_(std::move(path)),
         temporary_(path_ + ".tmp." + std::to_string(::getpid())),
         tensors_(std::move(tensors)) {
-    nlohmann::json header = nlohmann::json::object();
+    for (const auto& [key, value] : metadata)
+      check(key.rfind(kCrc32Prefix, 0) != 0, "safetensors '", path_, "': metadata key '", key,
+            "' is reserved for the checksums the writer records itself; rename it");
+    header_ = nlohmann::json::object();
+    auto& header = header_;
     std::uint64_t offset = 0;
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       auto& t = tensors_[i];
@@ -230,14 +266,16 @@ class SafetensorsWriter {
                         {"data_offsets", {t.begin, t.end}}};
       index_.emplace(t.name, i);
     }
-    if (!metadata.empty()) header["__metadata__"] = metadata;
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    header["__metadata__"] = metadata;
+    for (const auto& t : tensors_)
+      header["__metadata__"][std::string(kCrc32Prefix) + t.name] = detail::crc32_hex(0);
+    const std::string text = header_text();
     data_start_ = 8 + text.size();
     unsigned char length_bytes[8];
     for (int i = 0; i < 8; ++i)
       length_bytes[i] = static_cast<unsigned char>(text.size() >> (8 * i));
     written_.assign(tensors_.size(), 0);
+    chunks_.resize(tensors_.size());
     file_ =
         std::make_unique<detail::PosixFile>(temporary_, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
     file_->write_at(0, length_bytes, 8);
@@ -264,6 +302,7 @@ class SafetensorsWriter {
           "', which has ", t.bytes());
     file_->write_at(data_start_ + t.begin + offset, data, bytes);
     written_[i] += bytes;
+    if (bytes > 0) chunks_[i].push_back(Chunk{offset, bytes, crc32_of(data, bytes)});
   }
   void write(const NamedBytes& t) {
     const TensorInfo& target = info(t.name);
@@ -280,6 +319,29 @@ class SafetensorsWriter {
       check<StateError>(written_[i] == tensors_[i].bytes(), "safetensors '", path_, "': tensor '",
                         tensors_[i].name, "' got ", written_[i], " of its ", tensors_[i].bytes(),
                         " bytes; write all of it before commit()");
+    // Each tensor's CRC32 from the CRCs of the pieces it arrived in (zlib combines them
+    // without rereading), which must tile it exactly.
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      auto& chunks = chunks_[i];
+      std::sort(chunks.begin(), chunks.end(),
+                [](const Chunk& a, const Chunk& b) { return a.offset < b.offset; });
+      std::uint64_t at = 0;
+      std::uint32_t crc = 0;
+      for (const auto& c : chunks) {
+        check<StateError>(c.offset == at, "safetensors '", path_, "': tensor '", tensors_[i].name,
+                          "' got bytes from ", c.offset, " while bytes from ", at,
+                          " were missing or written twice; write each byte once");
+        crc =
+            static_cast<std::uint32_t>(::crc32_combine(crc, c.crc, static_cast<z_off_t>(c.bytes)));
+        at += c.bytes;
+      }
+      header_["__metadata__"][std::string(kCrc32Prefix) + tensors_[i].name] =
+          detail::crc32_hex(crc);
+    }
+    const std::string text = header_text();
+    check<StateError>(8 + text.size() == data_start_, "safetensors '", path_,
+                      "': the header changed size at commit()");  // (fixed-width checksums)
+    file_->write_at(8, text.data(), text.size());
     file_->sync_and_close();
     std::error_code error;
     std::filesystem::rename(temporary_, path_, error);
@@ -297,18 +359,31 @@ class SafetensorsWriter {
   }
 
  private:
+  struct Chunk {
+    std::uint64_t offset;
+    std::uint64_t bytes;
+    std::uint32_t crc;
+  };
+
   std::size_t index_of(std::string_view name) const {
     const auto found = index_.find(std::string(name));
     check(found != index_.end(), "safetensors '", path_, "': no tensor '", name,
           "' in the header this writer was made with");
     return found->second;
   }
+  std::string header_text() const {
+    std::string text = header_.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    return text;
+  }
 
   std::string path_;
   std::string temporary_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t> index_;
+  nlohmann::json header_;
   std::vector<std::uint64_t> written_;
+  std::vector<std::vector<Chunk>> chunks_;
   std::uint64_t data_start_ = 0;
   std::unique_ptr<detail::PosixFile> file_;
   bool committed_ = false;
@@ -316,6 +391,9 @@ class SafetensorsWriter {
 
 // Reads a safetensors file's header, validated (every tensor's range inside the data, ranges
 // tiling the data section exactly, sizes matching shapes), and any byte range of any tensor.
+// A tensor with a recorded checksum is verified whole the first time any of it is read (once per
+// reader; verify_all() checks every tensor up front); the checksum keys do not appear in
+// metadata(): they are in each TensorInfo.
 class SafetensorsReader {
  public:
   // The reference reader's limit on the header.
@@ -337,6 +415,7 @@ class SafetensorsReader {
     file_.read_at(8, text.data(), text.size(), "the header");
     data_start_ = 8 + length;
     parse(text, file_size - 8 - length);
+    verified_ = std::make_unique<std::atomic<bool>[]>(tensors_.size());
   }
 
   const std::string& path() const { return path_; }
@@ -354,16 +433,33 @@ class SafetensorsReader {
     return found == index_.end() ? nullptr : &tensors_[found->second];
   }
 
-  // Bytes [offset, offset + bytes) of tensor `t`'s data (t from tensors() or find()).
+  // Bytes [offset, offset + bytes) of tensor `t`'s data (t from tensors() or find()), after
+  // verifying its checksum.
   void read(const TensorInfo& t, std::uint64_t offset, void* data, std::size_t bytes) const {
     check(offset <= t.bytes() && bytes <= t.bytes() - offset, "'", path_, "': reading bytes [",
           offset, ", ", offset + bytes, ") of tensor '", t.name, "', which has ", t.bytes());
-    file_.read_at(data_start_ + t.begin + offset, data, bytes, "tensor '" + t.name + "'");
+    const std::size_t i = index_of(t);
+    const bool whole = offset == 0 && bytes == t.bytes();
+    if (!whole) verify(i);
+    read_raw(t, offset, data, bytes);
+    if (whole && !verified_[i].load(std::memory_order_acquire)) {
+      expect_checksum(t, crc32_of(data, bytes));  // (checked on the bytes just read)
+      verified_[i].store(true, std::memory_order_release);
+    }
   }
   NamedBytes read(const TensorInfo& t) const {
     NamedBytes out{t.name, t.dtype, t.shape, std::vector<std::byte>(t.bytes())};
     read(t, 0, out.bytes.data(), out.bytes.size());
     return out;
+  }
+  // Checks the checksum of every tensor that has one; returns how many had one.
+  std::size_t verify_all() const {
+    std::size_t checked = 0;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      verify(i);
+      checked += tensors_[i].crc32.has_value();
+    }
+    return checked;
   }
 
  private:
@@ -374,6 +470,36 @@ class SafetensorsReader {
     check<IoError>(value.is_number_unsigned(), "'", path_, "': tensor '", tensor, "' has ", field,
                    " entry ", value.dump(), ", which is not a non-negative integer");
     return value.get<std::uint64_t>();
+  }
+
+  std::size_t index_of(const TensorInfo& t) const {
+    const auto found = index_.find(t.name);
+    check(found != index_.end(), "'", path_, "' has no tensor '", t.name, "'");
+    return found->second;
+  }
+  void read_raw(const TensorInfo& t, std::uint64_t offset, void* data, std::size_t bytes) const {
+    file_.read_at(data_start_ + t.begin + offset, data, bytes, "tensor '" + t.name + "'");
+  }
+  void expect_checksum(const TensorInfo& t, std::uint32_t crc) const {
+    check<IoError>(!t.crc32 || *t.crc32 == crc, "'", path_, "': tensor '", t.name,
+                   "' is corrupt: its data's CRC32 is ", detail::crc32_hex(crc),
+                   " but the file records ", detail::crc32_hex(t.crc32.value_or(0)),
+                   " (a damaged copy or a failing disk; load another checkpoint)");
+  }
+  // Reads tensor i whole in bounded chunks and checks its checksum (once per reader).
+  void verify(std::size_t i) const {
+    const TensorInfo& t = tensors_[i];
+    if (!t.crc32 || verified_[i].load(std::memory_order_acquire)) return;
+    constexpr std::uint64_t kChunk = std::uint64_t{1} << 20;
+    std::vector<unsigned char> buffer(static_cast<std::size_t>(std::min(kChunk, t.bytes())));
+    std::uint32_t crc = 0;
+    for (std::uint64_t at = 0; at < t.bytes(); at += kChunk) {
+      const auto n = static_cast<std::size_t>(std::min(kChunk, t.bytes() - at));
+      read_raw(t, at, buffer.data(), n);
+      crc = crc32_of(buffer.data(), n, crc);
+    }
+    expect_checksum(t, crc);
+    verified_[i].store(true, std::memory_order_release);
   }
 
   void parse(const std::string& text, std::uint64_t data_size) {
@@ -392,6 +518,7 @@ class SafetensorsReader {
       fail<IoError>("'", path_, "' has a header that is not valid JSON: ", e.what());
     }
     check<IoError>(header.is_object(), "'", path_, "': the header is not a JSON object");
+    std::map<std::string, std::string> checksums;  // tensor -> recorded CRC32 (hex)
     try {
       for (const auto& [name, entry] : header.items()) {
         if (name == "__metadata__") {
@@ -400,7 +527,10 @@ class SafetensorsReader {
           for (const auto& [key, value] : entry.items()) {
             check<IoError>(value.is_string(), "'", path_, "': __metadata__ '", key, "' is ",
                            value.dump(), ", not a string");
-            metadata_[key] = value.get<std::string>();
+            if (key.rfind(kCrc32Prefix, 0) == 0)
+              checksums[key.substr(kCrc32Prefix.size())] = value.get<std::string>();
+            else
+              metadata_[key] = value.get<std::string>();
           }
           continue;
         }
@@ -453,6 +583,16 @@ class SafetensorsReader {
     check<IoError>(expected == data_size, "'", path_, "': the tensors cover ", expected, " of ",
                    data_size, " data bytes");
     for (std::size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
+    for (const auto& [name, hex] : checksums) {
+      const auto found = index_.find(name);
+      check<IoError>(found != index_.end(), "'", path_, "' records a checksum for tensor '", name,
+                     "', which it does not hold");
+      check<IoError>(
+          hex.size() == 8 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, "'",
+          path_, "': the checksum of tensor '", name, "' is '", hex,
+          "', not 8 lowercase hex digits");
+      tensors_[found->second].crc32 = static_cast<std::uint32_t>(std::stoul(hex, nullptr, 16));
+    }
   }
 
   std::string path_;
@@ -461,6 +601,7 @@ class SafetensorsReader {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t> index_;
   std::map<std::string, std::string> metadata_;
+  std::unique_ptr<std::atomic<bool>[]> verified_;  // per tensor, in tensors() order
 };
 
 // Writes `tensors` (names unique) and string `metadata` to `path`, atomically.
