@@ -79,6 +79,19 @@ inline ConfigError bad(const std::string& key, const std::string& value, const s
   return ConfigError("config." + key + " = " + value + ": " + fix);
 }
 
+// A value in a free-form part of the config (a transform, a schedule, the head's parameters,
+// the frozen-parameter map: the defaults cannot type-check those) as T, or a ConfigError
+// naming its key and what it must be.
+template <class T>
+T value_as(const YAML::Node& n, const std::string& key, const char* wanted) {
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    throw bad(key, n.IsDefined() ? ::swav::detail::text_of(n) : "(missing)",
+              std::string("must be ") + wanted);
+  }
+}
+
 inline MultiCropConfig read_transforms(const ConfigTree& c) {
   MultiCropConfig m;
   bool multicrop = false;
@@ -100,7 +113,7 @@ inline MultiCropConfig read_transforms(const ConfigTree& c) {
     const std::string where = "DATA.TRAIN.TRANSFORMS[" + std::to_string(i) + "]";
     if (!t.IsMap() || !t["name"])
       throw bad(where, ::swav::detail::text_of(t), "each transform is a map with a name");
-    const std::string name = t["name"].as<std::string>();
+    const std::string name = value_as<std::string>(t["name"], where + ".name", "a string");
     auto it = std::find_if(known.begin(), known.end(), [&](auto& k) { return k.first == name; });
     if (it == known.end()) {
       std::string names;
@@ -108,7 +121,7 @@ inline MultiCropConfig read_transforms(const ConfigTree& c) {
       throw bad(where + ".name", name, "not a transform this trainer implements; use " + names);
     }
     for (const auto& kv : t) {
-      const std::string key = kv.first.as<std::string>();
+      const std::string key = value_as<std::string>(kv.first, where, "a map with string keys");
       if (key != "name" && std::find(it->second.begin(), it->second.end(), key) == it->second.end())
         throw bad(where + "." + key, ::swav::detail::text_of(kv.second),
                   "not a parameter of " + name);
@@ -160,12 +173,12 @@ inline MultiCropConfig read_transforms(const ConfigTree& c) {
 
 inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
   Schedule s;
-  s.name = n["name"].as<std::string>();
+  s.name = value_as<std::string>(n["name"], where + ".name", "a scheduler name");
   if (s.name != "constant" && s.name != "linear" && s.name != "cosine")
     throw bad(where + ".name", s.name, "use constant, linear or cosine (or composite above them)");
-  if (n["start_value"]) s.start_value = n["start_value"].as<double>();
-  if (n["end_value"]) s.end_value = n["end_value"].as<double>();
-  if (n["value"]) s.value = n["value"].as<double>();
+  for (auto [key, value] : {std::pair{"start_value", &s.start_value},
+                            std::pair{"end_value", &s.end_value}, std::pair{"value", &s.value}})
+    if (n[key]) *value = value_as<double>(n[key], where + "." + key, "a number");
   return s;
 }
 
@@ -343,19 +356,22 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   const std::int64_t trunk_out = (s.depth == 50 ? 32 : 8) * s.base_channels;
   const YAML::Node heads = c.at("MODEL.HEAD.PARAMS");
   if (heads.size() != 1 || !heads[0].IsSequence() || heads[0].size() != 2 ||
-      heads[0][0].as<std::string>() != "swav_head")
+      !heads[0][0].IsScalar() || heads[0][0].Scalar() != "swav_head" || !heads[0][1].IsMap())
     throw detail::bad("MODEL.HEAD.PARAMS", detail::text_of(heads),
                       "give one head: [[\"swav_head\", {\"dims\": [...], \"use_bn\": True, "
                       "\"num_clusters\": [K]}]]");
   const YAML::Node head = heads[0][1];
   for (const auto& kv : head) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = detail::value_as<std::string>(kv.first, "MODEL.HEAD.PARAMS[0][1]",
+                                                          "a map with string keys");
     if (key != "dims" && key != "use_bn" && key != "num_clusters")
       throw detail::bad("MODEL.HEAD.PARAMS[0][1]." + key, detail::text_of(kv.second),
                         "swav_head takes dims, use_bn and num_clusters");
   }
-  const auto dims = head["dims"].as<std::vector<std::int64_t>>();
-  const auto clusters = head["num_clusters"].as<std::vector<std::int64_t>>();
+  const auto dims = detail::value_as<std::vector<std::int64_t>>(
+      head["dims"], "MODEL.HEAD.PARAMS[0][1].dims", "a list of three integers");
+  const auto clusters = detail::value_as<std::vector<std::int64_t>>(
+      head["num_clusters"], "MODEL.HEAD.PARAMS[0][1].num_clusters", "a list of one integer");
   if (dims.size() != 3 || dims[0] != trunk_out)
     throw detail::bad("MODEL.HEAD.PARAMS[0][1].dims", detail::text_of(head["dims"]),
                       "give [trunk features, hidden, embedding]; this trunk gives " +
@@ -367,16 +383,22 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   s.head_hidden = dims[1];
   s.embedding_dim = dims[2];
   s.prototypes = clusters[0];
-  s.head_bn = head["use_bn"] ? head["use_bn"].as<bool>() : true;
+  s.head_bn = head["use_bn"]
+                  ? detail::value_as<bool>(head["use_bn"], "MODEL.HEAD.PARAMS[0][1].use_bn",
+                                           "True or False")
+                  : true;
   s.bn_eps = c.get<double>("MODEL.HEAD.BATCHNORM_EPS");
   s.bn_momentum = c.get<double>("MODEL.HEAD.BATCHNORM_MOMENTUM");
   for (const auto& entry : c.at("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP")) {
     if (!entry.IsSequence() || entry.size() != 2)
       throw detail::bad("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", detail::text_of(entry),
                         "each entry is ['module.heads.0.prototypes0.weight', iterations]");
-    std::string name = entry[0].as<std::string>();
+    std::string name = detail::value_as<std::string>(entry[0], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP",
+                                                     "[parameter name, iterations]");
     if (name.rfind("module.", 0) == 0) name = name.substr(7);  // VISSL's DDP prefix
-    s.frozen.emplace_back(name, entry[1].as<std::int64_t>());
+    s.frozen.emplace_back(
+        name, detail::value_as<std::int64_t>(entry[1], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP",
+                                             "[parameter name, iterations]"));
   }
   // VISSL's SYNC_BN_CONFIG.GROUP_SIZE: > 0 that many ranks, 0 the whole world, -1 the ranks of
   // one node (NUM_PROC_PER_NODE). SYNC_BN_TYPE apex and pytorch compute the same statistics.
@@ -424,7 +446,9 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   s.bucket_cap_mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb");
   // Precision (apex O1/O2 and PyTorch AMP keep f32 masters and scale the loss dynamically).
   if (c.get<bool>("MODEL.AMP_PARAMS.USE_AMP")) {
-    const std::string level = c.at("MODEL.AMP_PARAMS.AMP_ARGS")["opt_level"].as<std::string>();
+    const std::string level =
+        detail::value_as<std::string>(c.at("MODEL.AMP_PARAMS.AMP_ARGS")["opt_level"],
+                                      "MODEL.AMP_PARAMS.AMP_ARGS.opt_level", "O1 or O2");
     if (level != "O1" && level != "O2")
       throw detail::bad("MODEL.AMP_PARAMS.AMP_ARGS.opt_level", level,
                         "use O1 or O2 (f32 masters, f16 compute, dynamic loss scaling); O3 keeps "

@@ -87,6 +87,11 @@ TEST_CASE("corrupt IDX files get errors that name the file and the problem") {
                              255, 255, 255, 255, 255, 255, 255, 255, 255, 255});
   CHECK(io_error(dir / "huge.gz").find("claims dimensions of more than 17179869184 elements") !=
         std::string::npos);
+  // A claim within the limit (2^33 elements) over three bytes fails at the end of the data,
+  // without reserving 8 GiB first (the fuzzer's first finding: memory follows the file).
+  write_gz(dir / "claim.gz", {0, 0, 8, 2, 0, 0, 0, 2, 255, 255, 255, 255, 1, 2, 3});
+  CHECK(io_error(dir / "claim.gz").find("ends early or is corrupt while reading the data") !=
+        std::string::npos);
   try {
     sk::io::load_fashion_mnist("train", dir.string());
     FAIL("no throw");

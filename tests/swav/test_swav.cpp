@@ -604,6 +604,15 @@ OPTIMIZER:
   CHECK_THROWS_WITH(config_of({"config.OPTIMIZER.use_larc=1.5"}),
                     doctest::Contains("must be a boolean"));
   CHECK_THROWS_WITH(config_of({"OPTIMIZER.num_epochs=2"}), doctest::Contains("not an override"));
+  // Free-form parts (the head's parameters, schedules, the frozen map) with values of the wrong
+  // type: a ConfigError naming the key, never yaml-cpp's own exception (a fuzzer finding).
+  CHECK_THROWS_WITH_AS(
+      config_of({R"(config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [128, "x", 32]}]])"}),
+      doctest::Contains("config.MODEL.HEAD.PARAMS[0][1].dims = [128, x, 32]: must be a list"),
+      swav::ConfigError);
+  CHECK_THROWS_WITH_AS(config_of({"config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[[a, b]]"}),
+                       doctest::Contains("config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP = b"),
+                       swav::ConfigError);
   CHECK_THROWS_WITH(config_of({"config.MODEL.AMP_PARAMS.AMP_ARGS={\"opt_level\": \"O3\"}",
                                "config.MODEL.AMP_PARAMS.USE_AMP=True"}),
                     doctest::Contains("O3 keeps no f32 masters"));

@@ -3,6 +3,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -91,8 +92,14 @@ inline IdxArray read_idx(const std::string& path) {
                    " is ", dim, "); refusing a file that large");
     total *= dim;
   }
-  array.data.resize(static_cast<std::size_t>(total));
-  file.read(array.data.data(), array.data.size(), path, "the data");
+  // In bounded chunks, so memory follows the bytes that are really there: a 20-byte file that
+  // claims 2^34 elements fails at its end instead of reserving 16 GiB first.
+  constexpr std::int64_t kChunk = std::int64_t{1} << 24;
+  for (std::int64_t at = 0; at < total; at += kChunk) {
+    const std::int64_t n = std::min(kChunk, total - at);
+    array.data.resize(static_cast<std::size_t>(at + n));
+    file.read(array.data.data() + at, static_cast<std::size_t>(n), path, "the data");
+  }
   check<IoError>(file.at_end(), "'", path, "' has bytes after its ", total, " data elements");
   return array;
 }
