@@ -85,29 +85,6 @@ void check_state(const parallel::TrainingState<Backend>& state, const char* call
         ": the training state has no optimizer or communicator; take it from training_state()");
 }
 
-inline void remove_quietly(const std::filesystem::path& path) {
-  std::error_code ignored;
-  std::filesystem::remove(path, ignored);
-}
-
-// After a complete save: files of the other layout or of other world sizes in the folder are
-// stale; remove them so the folder holds one checkpoint.
-inline void remove_stale_files(const std::string& dir, CheckpointLayout kept, int world) {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> stale;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const auto name = entry.path().filename().string();
-    int rank = -1, shard_world = -1;
-    if (parse_shard_file_name(name, rank, shard_world)) {
-      if (kept == CheckpointLayout::full || shard_world != world) stale.push_back(entry.path());
-    } else if (kept == CheckpointLayout::sharded &&
-               (name == kFullModelFile || name == kFullOptimizerFile)) {
-      stale.push_back(entry.path());
-    }
-  }
-  for (const auto& path : stale) remove_quietly(path);
-}
-
 template <class Backend>
 std::map<std::string, std::string> common_metadata(const parallel::TrainingState<Backend>& state,
                                                    const std::string& id,

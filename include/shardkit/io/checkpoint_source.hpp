@@ -65,6 +65,33 @@ inline bool is_reserved_checkpoint_key(const std::string& key) {
          key == "pieces" || key.rfind("shardkit.", 0) == 0;
 }
 
+namespace detail {
+
+inline void remove_quietly(const std::filesystem::path& path) {
+  std::error_code ignored;
+  std::filesystem::remove(path, ignored);
+}
+
+// After a complete save: files of the other layout or of other world sizes in the folder are
+// stale; remove them so the folder holds one checkpoint.
+inline void remove_stale_files(const std::string& dir, CheckpointLayout kept, int world) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const auto name = entry.path().filename().string();
+    int rank = -1, shard_world = -1;
+    if (parse_shard_file_name(name, rank, shard_world)) {
+      if (kept == CheckpointLayout::full || shard_world != world) stale.push_back(entry.path());
+    } else if (kept == CheckpointLayout::sharded &&
+               (name == kFullModelFile || name == kFullOptimizerFile)) {
+      stale.push_back(entry.path());
+    }
+  }
+  for (const auto& path : stale) remove_quietly(path);
+}
+
+}  // namespace detail
+
 // Elements [begin, end) of a tensor's flattened values, stored as tensor `tensor` of `file`
 // (whole tensors: begin 0, end numel).
 struct PieceSource {
@@ -115,7 +142,6 @@ class CheckpointSource {
   std::int64_t growth_tracker() const { return growth_tracker_; }
   // The caller's metadata given at save time.
   const std::map<std::string, std::string>& metadata() const { return user_; }
-
   // Where a parameter's values (`buffer` empty) or one of its state buffers are; empty when
   // the checkpoint has none.
   const std::vector<PieceSource>& pieces(const std::string& param,
