@@ -7,6 +7,9 @@
 //    precision (ShardedModule, DDP at world size 1, SGD with momentum and weight decay).
 //    PyTorch repeats the steps in f32 and under bf16 autocast from the same weights. The
 //    trained parameters (f32 masters) are the full checkpoints ours_f32/ and ours_bf16/.
+//  - ours_sharded/, sharded_io.safetensors: the narrow ResNet-18 after a few SGD steps under
+//    FSDP on two ranks, as a sharded checkpoint, and its eval-mode logits for the first batch
+//    (for the checkpoint tool's round trip through PyTorch, tests/io/check_ckpt_tool.py).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -72,6 +75,46 @@ std::vector<float> train_losses(const sk::Tensor& images, const sk::Tensor& labe
   return losses;
 }
 
+// A sharded FSDP checkpoint of the narrow ResNet-18 after kSteps / 2 steps on two ranks (both
+// see the same batches), and the trained model's eval-mode logits for the first batch.
+void write_sharded_fixture(const sk::Tensor& images, const sk::Tensor& labels,
+                           const std::string& dir) {
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = narrow_resnet(ctx);
+    sk::optim::OptimizerConfig config;
+    config.sgd.momentum = 0.9f;
+    config.sgd.weight_decay = 1e-4f;
+    sk::parallel::ShardedModuleOptions options;
+    options.stage = sk::parallel::Stage::fsdp;
+    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, config, options);
+    auto batch = [&](std::int64_t s) {
+      auto x = sk::empty(ctx, {kBatch, 3, 16, 16}, sk::DType::f32);
+      sk::copy(ctx, x, images.select(0, s));
+      return x;
+    };
+    for (std::int64_t s = 0; s < kSteps / 2; ++s) {
+      model.zero_grad();
+      auto y = sk::empty(ctx, {kBatch}, sk::DType::i64);
+      sk::copy(ctx, y, labels.select(0, s));
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, ag::Variable(batch(s))), y));
+      model.step(kLr);
+    }
+    sk::io::CheckpointOptions save;
+    save.layout = sk::io::CheckpointLayout::sharded;
+    sk::io::save_checkpoint(dir + "/ours_sharded", model.training_state(), save);
+    net->eval();
+    sk::Tensor logits;
+    {
+      ag::NoGradGuard no_grad(ctx);
+      logits = model(ctx, ag::Variable(batch(0))).data();
+    }
+    if (comm.rank() == 0)
+      sk::io::save_safetensors(
+          dir + "/sharded_io.safetensors",
+          {sk::io::host_bytes(ctx, "images", batch(0)), sk::io::host_bytes(ctx, "logits", logits)});
+  });
+}
+
 void write_mixed_fixture(const std::string& dir) {
   sk::Context ctx({.seed = 12});
   auto images = sk::empty(ctx, {kSteps, kBatch, 3, 16, 16}, sk::DType::f32);
@@ -94,6 +137,7 @@ void write_mixed_fixture(const std::string& dir) {
   }
   const auto f32 = train_losses(images, labels, sk::DType::f32, dir + "/ours_f32");
   const auto bf16 = train_losses(images, labels, sk::DType::bf16, dir + "/ours_bf16");
+  write_sharded_fixture(images, labels, dir);
   std::vector<sk::io::NamedBytes> out;
   auto net = narrow_resnet(ctx);
   for (const auto& [name, t] : net->state_dict())

@@ -18,6 +18,7 @@
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
 #include "shardkit/io/checkpoint.hpp"
+#include "shardkit/io/checkpoint_rewrite.hpp"
 #include "shardkit/io/module_checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/optim/consolidation.hpp"
@@ -346,6 +347,48 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
     CHECK(load_error(folder) == "no error");
   }
   CHECK(caught > 20);
+}
+
+TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the original did") {
+  const auto dir = scratch("rewritten");
+  const auto original = (dir / "original").string();
+  Job save;
+  save.where = {Stage::fsdp, 2};
+  save.save_to = original;
+  save.save.layout = CheckpointLayout::sharded;
+  save.save.metadata = {{"train.epoch", "3"}};
+  (void)run(save);
+  const auto full = (dir / "full").string(), three = (dir / "three").string(),
+             one = (dir / "one").string();
+  sk::io::consolidate_checkpoint(original, full);
+  sk::io::reshard_checkpoint(original, three, 3);
+  sk::io::reshard_checkpoint(full, one, 1);
+  auto load = [&](const std::string& from, std::map<std::string, std::string>* metadata) {
+    Job job;
+    job.where = {Stage::oss, 3};
+    job.steps = 0;
+    job.load_from = from;
+    job.loaded_metadata = metadata;
+    return run(job);
+  };
+  std::map<std::string, std::string> expected_metadata;
+  const Snapshot reference = load(original, &expected_metadata);
+  CHECK(expected_metadata.at("train.epoch") == "3");
+  for (const auto& from : {full, three, one}) {
+    CAPTURE(from);
+    std::map<std::string, std::string> metadata;
+    const Snapshot got = load(from, &metadata);
+    CHECK(got.values == reference.values);
+    CHECK(same_state(got.state, reference.state));
+    CHECK(metadata == expected_metadata);
+    const sk::io::CheckpointSource source(from);
+    CHECK(source.steps() == 3);
+    CHECK(source.stage() == "fsdp");
+  }
+  CHECK(sk::io::CheckpointSource(three).world_size() == 3);
+  CHECK(sk::io::CheckpointSource(three).files().size() == 3);
+  CHECK_THROWS_WITH(sk::io::reshard_checkpoint(original, original, 2),
+                    doctest::Contains("into the same folder would overwrite what it reads"));
 }
 
 TEST_CASE("state_dict(): the full state dict under every stage, gathered one unit at a time") {

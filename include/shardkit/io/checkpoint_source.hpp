@@ -142,6 +142,13 @@ class CheckpointSource {
   std::int64_t growth_tracker() const { return growth_tracker_; }
   // The caller's metadata given at save time.
   const std::map<std::string, std::string>& metadata() const { return user_; }
+  // All metadata of the model file (full) or rank 0's shard (sharded), reserved keys included.
+  const std::map<std::string, std::string>& saved_metadata() const {
+    return files_.front()->metadata();
+  }
+  // The files, model before optimizer (full) or by rank (sharded).
+  const std::vector<std::unique_ptr<SafetensorsReader>>& files() const { return files_; }
+
   // Where a parameter's values (`buffer` empty) or one of its state buffers are; empty when
   // the checkpoint has none.
   const std::vector<PieceSource>& pieces(const std::string& param,
