@@ -1,9 +1,11 @@
 // Local backend behaviour beyond results: asynchronous calls that overlap with computation,
-// dropped Work, group scopes, barriers, sub-communicators, timeouts and error propagation.
+// dropped Work, group scopes, barriers, sub-communicators, timeouts and error propagation (a
+// missing or failing rank, for every collective).
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <latch>
 #include <mutex>
 #include <string>
@@ -265,4 +267,95 @@ TEST_CASE("run_ranks rethrows the failing rank's own error and does not wait for
   }
   CHECK(message == "rank 2 found a bad batch");
   CHECK(elapsed_ms(start) < 2000.0);
+}
+
+TEST_CASE(
+    "every collective: survivors of a missing or failing rank get an error within "
+    "timeout + 1 s, naming the call and the rank") {
+  constexpr int kWorld = 3;
+  constexpr auto kTimeout = 200ms;
+  const std::vector<std::size_t> counts{2, 3, 1};
+  // One call of each collective on this rank's buffers.
+  const std::vector<std::pair<const char*, std::function<void(comm::Communicator&)>>> calls{
+      {"all_reduce",
+       [](comm::Communicator& c) {
+         std::vector<float> x(6, 1.0f);
+         c.all_reduce(x).wait();
+       }},
+      {"reduce",
+       [](comm::Communicator& c) {
+         std::vector<float> x(6, 1.0f), y(6);
+         c.reduce(x, y, 0).wait();
+       }},
+      {"broadcast",
+       [](comm::Communicator& c) {
+         std::vector<float> x(6, 1.0f);
+         c.broadcast(x, 0).wait();
+       }},
+      {"all_gather",
+       [](comm::Communicator& c) {
+         std::vector<float> x(2, 1.0f), y(2 * kWorld);
+         c.all_gather(x, y).wait();
+       }},
+      {"reduce_scatter",
+       [](comm::Communicator& c) {
+         std::vector<float> x(2 * kWorld, 1.0f), y(2);
+         c.reduce_scatter(x, y).wait();
+       }},
+      {"all_gather_v",
+       [&](comm::Communicator& c) {
+         std::vector<float> x(6, 1.0f);
+         c.all_gather_v(x, counts).wait();
+       }},
+      {"reduce_scatter_v",
+       [&](comm::Communicator& c) {
+         std::vector<float> x(6, 1.0f), y(counts[static_cast<std::size_t>(c.rank())]);
+         c.reduce_scatter_v(x, y, counts).wait();
+       }},
+      {"barrier", [](comm::Communicator& c) { c.barrier(); }},
+  };
+  for (const auto& [name, call] : calls) {
+    CAPTURE(name);
+    // Rank 2 never arrives (it returns without calling): the others time out or are aborted
+    // by the first that did, within the timeout plus a second, and the message names the
+    // call and the missing rank.
+    std::vector<std::string> errors(kWorld);
+    std::vector<double> waited(kWorld);
+    comm::run_ranks(
+        kWorld,
+        [&](sk::Context&, comm::Communicator& c) {
+          const auto r = static_cast<std::size_t>(c.rank());
+          if (c.rank() == 2) return;
+          const auto start = Clock::now();
+          try {
+            call(c);
+          } catch (const sk::TimeoutError& e) {
+            errors[r] = e.what();
+          } catch (const comm::CommunicatorAborted& e) {
+            errors[r] = e.what();
+          }
+          waited[r] = elapsed_ms(start);
+        },
+        with_timeout(kTimeout));
+    for (std::size_t r = 0; r < 2; ++r) {
+      CAPTURE(errors[r]);
+      CHECK(errors[r].find(name) != std::string::npos);
+      CHECK(errors[r].find("rank(s) 2") != std::string::npos);
+      CHECK(waited[r] < 200.0 + 1000.0);
+    }
+    // Rank 1 fails before the call: run_ranks aborts the world at once and rethrows rank 1's
+    // own error, not the survivors' aborts.
+    const auto start = Clock::now();
+    std::string message;
+    try {
+      comm::run_ranks(kWorld, [&](sk::Context&, comm::Communicator& c) {
+        if (c.rank() == 1) sk::fail<sk::StateError>("rank 1 ran out of data");
+        call(c);
+      });
+    } catch (const sk::StateError& e) {
+      message = e.what();
+    }
+    CHECK(message == "rank 1 ran out of data");
+    CHECK(elapsed_ms(start) < 1000.0);
+  }
 }
