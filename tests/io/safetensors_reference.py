@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """shardkit's safetensors reader against the reference one (the `safetensors` package): the same
-accept/reject verdict on every generated case, valid and malformed, and the same tensors
+accept/reject verdict on every generated case -- 60 valid files as the reference writer lays
+them out, 40 malformed classes written by hand, 160 random damages to valid files (a header
+byte, the length field, truncation, trailing bytes) -- and the same tensors
 (dtype, shape, bytes) and metadata where both accept. The only verdicts allowed to differ are
 dtypes shardkit does not hold (the reference reads F8 and friends; shardkit names the dtype).
 Exits 77 (skipped) without the package. Usage: safetensors_reference.py path/to/safetensors_verdict"""
@@ -98,6 +100,21 @@ def malformed_cases():
     return cases
 
 
+def mutant_case(rng, blob):
+    """One random damage to a valid file: a header byte replaced by a JSON-significant character,
+    the length field moved, the file cut short, or bytes appended."""
+    n = struct.unpack("<Q", blob[:8])[0]
+    kind = rng.randrange(4)
+    if kind == 0 and n > 0:
+        at = 8 + rng.randrange(n)
+        return blob[:at] + bytes([rng.choice(b'0123456789 ,"[]{}:e.-')]) + blob[at + 1:]
+    if kind == 1:
+        return struct.pack("<Q", max(0, n + rng.choice([-8, -1, 1, 8]))) + blob[8:]
+    if kind == 2:
+        return blob[:rng.randrange(len(blob))]
+    return blob + bytes(rng.randrange(256) for _ in range(rng.randint(1, 9)))
+
+
 def reference(blob):
     try:
         tensors = safetensors.deserialize(blob)
@@ -116,6 +133,8 @@ def main():
     rng = random.Random(20261123)
     cases = {f"valid {i}": valid_case(rng, rng.randint(0, 6)) for i in range(60)}
     cases.update(malformed_cases())
+    valid = [blob for name, blob in cases.items() if name.startswith("valid ")]
+    cases.update({f"mutant {i}": mutant_case(rng, rng.choice(valid)) for i in range(160)})
     failures, accepted, rejected = [], 0, 0
     with tempfile.TemporaryDirectory(prefix="shardkit_safetensors_") as folder:
         paths = []
