@@ -296,19 +296,26 @@ TEST_CASE("checkpoints that do not fit or do not belong together are refused by 
 
 TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, naming the tensor") {
   const auto dir = scratch("flipped");
-  auto load_error = [&](const std::string& from) -> std::string {
-    try {
-      sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        auto net = mlp(ctx, 1);
-        sk::parallel::ShardedModule<Cpu> model(
-            ctx, comm, net, dp_test::config_for(OptimizerKind::adamw), options_for(Stage::sdp));
+  // Each rank's own outcome: its error, or "no error".
+  auto rank_errors = [&](const std::string& from) {
+    std::vector<std::string> errors(2, "no error");
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = mlp(ctx, 1);
+      sk::parallel::ShardedModule<Cpu> model(
+          ctx, comm, net, dp_test::config_for(OptimizerKind::adamw), options_for(Stage::sdp));
+      try {
         (void)sk::io::load_checkpoint(from, model.training_state());
-      });
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    return "no error";
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    return errors;
   };
+  auto load_error = [&](const std::string& from) {
+    const auto errors = rank_errors(from);
+    return errors[0] != "no error" ? errors[0] : errors[1];
+  };
+  int only_one_rank_read_it = 0;
   std::mt19937 random(11);
   int caught = 0;
   for (const auto layout : {CheckpointLayout::full, CheckpointLayout::sharded}) {
@@ -339,7 +346,21 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
         const auto at = data_start + t.begin + random() % t.bytes();
         damaged[at] = static_cast<char>(damaged[at] ^ (1 << (random() % 8)));
         std::ofstream(path, std::ios::binary | std::ios::trunc) << damaged;
-        CHECK(load_error(folder).find("tensor '" + t.name + "' is corrupt") != std::string::npos);
+        // No rank loads silently: the ranks that read the tensor name it, the others are told
+        // which rank failed (so none trains on without the others).
+        const auto errors = rank_errors(folder);
+        int named = 0;
+        for (int r = 0; r < 2; ++r) {
+          const auto& e = errors[static_cast<std::size_t>(r)];
+          CAPTURE(e);
+          if (e.find("tensor '" + t.name + "' is corrupt") != std::string::npos) {
+            ++named;
+          } else {
+            CHECK(e.find("failed on rank(s) " + std::to_string(1 - r)) != std::string::npos);
+            ++only_one_rank_read_it;
+          }
+        }
+        CHECK(named >= 1);
         ++caught;
       }
       std::ofstream(path, std::ios::binary | std::ios::trunc) << pristine;
@@ -347,6 +368,7 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
     CHECK(load_error(folder) == "no error");
   }
   CHECK(caught > 20);
+  CHECK(only_one_rank_read_it > 0);  // (the sharded optimizer state is read by its owner only)
 }
 
 TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the original did") {

@@ -33,6 +33,14 @@ class CommunicatorAborted : public StateError {
   using StateError::StateError;
 };
 
+// Thrown on the ranks whose own part of a collective operation succeeded when another rank's
+// part failed (e.g. a rank that could not read its piece of a checkpoint): a consequence, like
+// an abort, so run_ranks reports the failing rank's own error first.
+class PeerFailed : public CommunicatorAborted {
+ public:
+  using CommunicatorAborted::CommunicatorAborted;
+};
+
 struct CommOptions {
   // How long a call may wait for the other ranks before it throws sk::TimeoutError and the
   // communicator is aborted. Covers the wait for peers, not the local data movement.

@@ -14,7 +14,8 @@
 //   load_checkpoint(dir, state)  either layout: every rank reads exactly the elements it holds
 //       (its pieces of the parameters and of their state, and the replicated tensors) from
 //       whichever files hold them; everything is checked on every rank before anything is
-//       written, so all ranks fail alike and nothing is half-loaded.
+//       written, and the ranks then agree on the outcome: a rank that met a corrupt or missing
+//       piece throws its error, every other rank a PeerFailed naming it -- none trains on.
 //
 // Every file is written atomically (temporary file, fsync, rename, folder fsync) and carries
 // the checkpoint's id, so files of two saves never load together. Collective: every rank calls
@@ -23,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -31,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardkit/comm/communicator.hpp"
 #include "shardkit/io/checkpoint_source.hpp"
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/parallel/training_state.hpp"
@@ -236,9 +239,32 @@ void save_checkpoint(const std::string& dir, parallel::TrainingState<Backend> st
   comm.barrier();
 }
 
+namespace detail {
+
+// After each rank's part of a load: every rank learns which ranks failed (one all-reduce of a
+// flag per rank), so no rank trains on while another holds no state. A rank that failed
+// rethrows its own error; the others throw PeerFailed naming the ranks that failed.
+inline void agree_on_load(Context& ctx, comm::Communicator& comm, const std::exception_ptr& error,
+                          const std::string& dir) {
+  std::vector<float> failed(static_cast<std::size_t>(comm.size()), 0.0f);
+  failed[static_cast<std::size_t>(comm.rank())] = error ? 1.0f : 0.0f;
+  Tensor flags = from_vector(ctx, failed, {comm.size()});
+  comm.all_reduce(flags).wait();
+  failed = to_vector<float>(ctx, flags);
+  if (error) std::rethrow_exception(error);
+  std::string ranks;
+  for (std::size_t r = 0; r < failed.size(); ++r)
+    if (failed[r] != 0.0f) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  if (!ranks.empty())
+    throw comm::PeerFailed(shardkit::detail::concat(
+        "loading the checkpoint in '", dir, "' failed on rank(s) ", ranks,
+        " (their errors say why); this rank's part loaded, but the run cannot go on without "
+        "theirs"));
+}
+
+// This rank's part of load_checkpoint: everything but the collective steps.
 template <class Backend>
-LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState<Backend> state) {
-  detail::check_state(state, "load_checkpoint");
+LoadedCheckpoint load_this_rank(const std::string& dir, parallel::TrainingState<Backend>& state) {
   auto& optimizer = *state.optimizer;
   Context& ctx = optimizer.context();
   const CheckpointSource source(dir);
@@ -360,9 +386,27 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState
   // loss scaling has none to save; a run that gains one starts from its initial scale).
   if (state.scaler != nullptr && source.loss_scale() > 0)
     state.scaler->load(source.loss_scale(), source.growth_tracker());
-  if (state.after_load) state.after_load();
   return LoadedCheckpoint{source.layout(), source.world_size(), source.stage(), source.steps(),
                           source.metadata()};
+}
+
+}  // namespace detail
+
+template <class Backend>
+LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState<Backend> state) {
+  detail::check_state(state, "load_checkpoint");
+  LoadedCheckpoint loaded;
+  std::exception_ptr error;
+  try {
+    loaded = detail::load_this_rank(dir, state);
+  } catch (const comm::CommunicatorAborted&) {
+    throw;  // the world is gone: nothing left to agree on
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree_on_load(state.optimizer->context(), *state.comm, error, dir);
+  if (state.after_load) state.after_load();
+  return loaded;
 }
 
 }  // namespace shardkit::io
