@@ -4,7 +4,8 @@ another ZeRO stage ends with the same parameters, bit for bit (FNV-1a of their b
 that never stopped -- FSDP's sharded checkpoint resumed under SDP, and OSS's full checkpoint
 resumed under FSDP; a torn checkpoint (files from different saves) is refused; a run
 checkpointing every step and killed at random moments (inside saves too) resumes from the
-newest complete step folder and still ends with the uninterrupted run's parameters. First, the four
+newest complete step folder and still ends with the uninterrupted run's parameters (12 kills
+here, half of them with a save in progress; SHARDKIT_KILLS=200 for a long run). First, the four
 stages trained straight through end with the same parameters, bit for bit, and DDP and FSDP
 agree in bf16 and f16 mixed precision too.
 Usage: check_resume.py PATH/TO/custom_loop"""
@@ -35,39 +36,67 @@ def latest_folder(checkpoints):
         return os.path.join(checkpoints, f.read().strip())
 
 
-def kill_test(binary, folder, expected):
-    """Checkpoints after every step, SIGKILL at random moments (inside saves too), resume from
-    whatever is there: every resumed run must end with the uninterrupted run's parameters, and
-    no temporary file may outlive the next save."""
+def kill_test(binary, folder, expected, kills):
+    """Checkpoints after every step and SIGKILLs the run `kills` times, alternately at a random
+    moment after a save was published and the moment a save is seen in progress (a temporary
+    file, or a step folder newer than `latest`); each restart resumes from whatever is there.
+    When a chain of restarts reaches the last step, it runs to the end and must end with the
+    uninterrupted run's parameters, with no temporary file left; then a new chain starts."""
     rng = random.Random(13)
     checkpoints = os.path.join(folder, "killed")
     args = [binary, *BASE, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1"]
-    resumed_from = []
+
     def latest_step():
         try:
             return int(os.path.basename(latest_folder(checkpoints)).split("_")[1])
         except (OSError, IndexError, ValueError):
             return 0
 
-    for trial in range(6):
+    def save_in_progress():
+        newest = latest_step()
+        for _, dirs, files in os.walk(checkpoints):
+            if any(".tmp." in f for f in files):
+                return True
+            if any(d.startswith("step_") and d[5:].isdigit() and int(d[5:]) > newest for d in dirs):
+                return True
+        return False
+
+    def finish_chain():
+        resume = ["--resume", checkpoints] if os.path.exists(os.path.join(checkpoints, "latest")) else []
+        final = run(binary, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1", *resume)
+        leftovers = [f for _, _, files in os.walk(checkpoints) for f in files if ".tmp." in f]
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        return final["params_fnv1a"] == expected and not leftovers
+
+    killed = during_save = chains = good_chains = 0
+    while killed < kills:
         start = latest_step()
+        if start >= 27:
+            chains += 1
+            good_chains += finish_chain()
+            continue
         resume = ["--resume", checkpoints] if start > 0 else []
         process = subprocess.Popen(args + resume, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # Kill a few milliseconds after a random later save was published: mid-step or mid-save.
-        target = min(29, start + rng.randint(1, 6))
-        while latest_step() < target and process.poll() is None:
-            time.sleep(0.0005)
-        time.sleep(rng.uniform(0.0, 0.004))
+        if killed % 2 == 0:
+            # A few milliseconds after a random later save was published: mid-step or mid-save.
+            target = start + rng.randint(1, 4)
+            while latest_step() < target and process.poll() is None:
+                time.sleep(0.0005)
+            time.sleep(rng.uniform(0.0, 0.004))
+        else:
+            # As soon as a save is under way, after at least one step of progress.
+            while process.poll() is None and not (latest_step() > start and save_in_progress()):
+                time.sleep(0.0002)
         process.send_signal(signal.SIGKILL)
         process.wait()
-        resumed_from.append(latest_step())
-    resume = ["--resume", checkpoints] if os.path.exists(os.path.join(checkpoints, "latest")) else []
-    final = run(binary, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1", *resume)
-    leftovers = [os.path.join(d, f) for d, _, files in os.walk(checkpoints) for f in files if ".tmp." in f]
-    print(f"killed 6 times at random moments (latest step after each kill: {resumed_from}); the last run "
-          f"resumed and ended with {final['params_fnv1a']} (uninterrupted {expected}); "
-          f"temporary files left: {leftovers}")
-    return final["params_fnv1a"] == expected and not leftovers
+        killed += 1
+        during_save += save_in_progress()
+    chains += 1
+    good_chains += finish_chain()
+    print(f"killed {killed} times ({during_save} with a save in progress: a temporary file or an "
+          f"unpublished step folder left behind); {good_chains} of {chains} chains of restarts ended "
+          f"with the uninterrupted run's parameters ({expected}) and no temporary file")
+    return good_chains == chains and during_save > 0
 
 
 def main():
@@ -109,7 +138,9 @@ def main():
         refused = (out.returncode == 1 and "is torn: model.safetensors is from save" in out.stderr
                    and "(step 13)" in out.stderr and "(step 14)" in out.stderr)
         print("torn checkpoint:", out.stderr.strip())
-        killed_ok = kill_test(binary, folder, straight["params_fnv1a"])
+        # CI kills 12 times; SHARDKIT_KILLS=200 for the long run docs/reliability.md reports.
+        killed_ok = kill_test(binary, folder, straight["params_fnv1a"],
+                              int(os.environ.get("SHARDKIT_KILLS", "12")))
         return 0 if ok and refused and killed_ok else 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)
