@@ -45,6 +45,14 @@ std::shared_ptr<sk::nn::ResNet> narrow_resnet(sk::Context& ctx) {
   return net;
 }
 
+// SGD with momentum 0.9 and weight decay 1e-4 (PyTorch's side repeats it).
+sk::optim::OptimizerConfig sgd_config() {
+  sk::optim::OptimizerConfig config;
+  config.sgd.momentum = 0.9f;
+  config.sgd.weight_decay = 1e-4f;
+  return config;
+}
+
 // Per-step losses of kSteps SGD steps on `images` / `labels` with the compute copy in `dtype`.
 // Saves a full checkpoint of the result (f32 masters under model.safetensors) into `out_dir`.
 std::vector<float> train_losses(const sk::Tensor& images, const sk::Tensor& labels, sk::DType dtype,
@@ -52,13 +60,10 @@ std::vector<float> train_losses(const sk::Tensor& images, const sk::Tensor& labe
   std::vector<float> losses;
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = narrow_resnet(ctx);
-    sk::optim::OptimizerConfig config;
-    config.sgd.momentum = 0.9f;
-    config.sgd.weight_decay = 1e-4f;
     sk::parallel::ShardedModuleOptions options;
     options.stage = sk::parallel::Stage::ddp;
     options.precision = sk::parallel::MixedPrecision::of(dtype);
-    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, config, options);
+    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, sgd_config(), options);
     for (std::int64_t s = 0; s < kSteps; ++s) {
       model.zero_grad();
       auto x = sk::empty(ctx, {kBatch, 3, 16, 16}, sk::DType::f32);
@@ -81,12 +86,9 @@ void write_sharded_fixture(const sk::Tensor& images, const sk::Tensor& labels,
                            const std::string& dir) {
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = narrow_resnet(ctx);
-    sk::optim::OptimizerConfig config;
-    config.sgd.momentum = 0.9f;
-    config.sgd.weight_decay = 1e-4f;
     sk::parallel::ShardedModuleOptions options;
     options.stage = sk::parallel::Stage::fsdp;
-    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, config, options);
+    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, sgd_config(), options);
     auto batch = [&](std::int64_t s) {
       auto x = sk::empty(ctx, {kBatch, 3, 16, 16}, sk::DType::f32);
       sk::copy(ctx, x, images.select(0, s));
