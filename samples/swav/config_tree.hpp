@@ -204,7 +204,12 @@ class ConfigTree {
 
   static void merge(YAML::Node target, const YAML::Node& source, const std::string& where) {
     for (const auto& kv : source) {
-      const std::string key = kv.first.as<std::string>();
+      // Keys are names; YAML also allows a map or a list as a key (`? {a: 1}: ...`).
+      if (!kv.first.IsScalar())
+        throw ConfigError("config key " + detail::text_of(kv.first) +
+                          (where.empty() ? "" : " under config." + where) +
+                          " is not a name; config keys are names such as OPTIMIZER or num_epochs");
+      const std::string key = kv.first.Scalar();
       const std::string path = where.empty() ? key : where + "." + key;
       bool known = false;
       for (const auto& t : target)

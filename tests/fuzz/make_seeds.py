@@ -84,6 +84,7 @@ def main():
         "typo": "config:\n  OPTIMZER:\n    num_epochs: 2\n",
         "wrong_type": "config:\n  OPTIMIZER:\n    num_epochs: [1, 2]\n",
         "ranks": "config:\n  DISTRIBUTED:\n    NUM_NODES: 2\n    NUM_PROC_PER_NODE: 3\n",
+        "complex_key": "config:\n ? DISTRIBUTED:\n    NUM_NODES: 2\n    NUM_PROC_PER_NODE: 3\n",
         "head_dims_not_integers": "config:\n  MODEL:\n    HEAD:\n      PARAMS: [[\"swav_head\", "
                                   "{\"dims\": [128, \"x\", 32], \"use_bn\": True, \"num_clusters\": [30]}]]\n",
     }

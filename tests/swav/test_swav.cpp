@@ -610,6 +610,11 @@ OPTIMIZER:
       config_of({R"(config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [128, "x", 32]}]])"}),
       doctest::Contains("config.MODEL.HEAD.PARAMS[0][1].dims = [128, x, 32]: must be a list"),
       swav::ConfigError);
+  // A map as a key (YAML's `? key` form): a ConfigError, not yaml-cpp's exception (a finding of
+  // the ten-minute fuzzing run).
+  CHECK_THROWS_WITH_AS(config_of({}, "config:\n ? DISTRIBUTED:\n    NUM_NODES: 2\n"),
+                       doctest::Contains("is not a name; config keys are names"),
+                       swav::ConfigError);
   CHECK_THROWS_WITH_AS(config_of({"config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[[a, b]]"}),
                        doctest::Contains("config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP = b"),
                        swav::ConfigError);
