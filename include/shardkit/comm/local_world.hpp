@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,49 @@
 namespace shardkit::comm {
 
 class LocalWorld;
+
+namespace detail {
+
+// Throws a new exception of the same kind and message as `error` (called under the world's
+// mutex). Every rank waiting on a failed op gets its own exception object: libstdc++ would
+// otherwise hand all of them the one object behind the exception_ptr and free it through a
+// reference count inside libstdc++, which ThreadSanitizer cannot see -- it reports the last
+// rank's destructor as racing with another rank's what().
+[[noreturn]] inline void throw_copy_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerFailed& e) {
+    throw PeerFailed(e.what());
+  } catch (const CommunicatorAborted& e) {
+    throw CommunicatorAborted(e.what());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(e.what());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(e.what());
+  } catch (const StateError& e) {
+    throw StateError(e.what());
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(e.what());
+  } catch (const NotAvailable& e) {
+    throw NotAvailable(e.what());
+  } catch (const IoError& e) {
+    throw IoError(e.what());
+  } catch (const CudaError& e) {
+    throw CudaError(e.what(), e.code());
+  } catch (const NcclError& e) {
+    throw NcclError(e.what(), e.code());
+  } catch (const LibraryError& e) {
+    throw LibraryError(e.what(), e.code());
+  } catch (const Error& e) {
+    throw Error(e.what());
+  } catch (const std::bad_alloc&) {
+    throw std::bad_alloc();
+  } catch (const std::exception& e) {
+    throw Error(e.what());
+  }
+}
+
+}  // namespace detail
 
 // One call of a local world, met by every rank.
 struct LocalOp {
@@ -126,7 +170,7 @@ class LocalWorld {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
       if (op.phase == LocalOp::Phase::done) return;
-      if (op.phase == LocalOp::Phase::failed) std::rethrow_exception(op.error);
+      if (op.phase == LocalOp::Phase::failed) detail::throw_copy_of(op.error);
       if (op.arrived_count == size_) {
         cv_.wait(lock);
         continue;
@@ -153,7 +197,7 @@ class LocalWorld {
   // True once complete; throws the op's error.
   bool test(const LocalOp& op) const {
     std::lock_guard lock(mutex_);
-    if (op.phase == LocalOp::Phase::failed) std::rethrow_exception(op.error);
+    if (op.phase == LocalOp::Phase::failed) detail::throw_copy_of(op.error);
     return op.phase == LocalOp::Phase::done;
   }
 
