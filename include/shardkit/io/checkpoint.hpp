@@ -179,14 +179,8 @@ void save_sharded(const std::string& dir, parallel::TrainingState<Backend>& stat
   auto add_piece = [&](const shard::OwnedPiece& piece, const std::string& buffer,
                        const Tensor& view) {
     const auto& param = table.params()[piece.param].name;
-    const std::string name = param + (buffer.empty() ? "" : "." + buffer) + "[" +
-                             std::to_string(piece.param_begin) + ":" +
-                             std::to_string(piece.param_end) + "]";
-    listed.push_back({{"tensor", name},
-                      {"param", param},
-                      {"buffer", buffer},
-                      {"begin", piece.param_begin},
-                      {"end", piece.param_end}});
+    const std::string name = piece_tensor_name(param, buffer, piece.param_begin, piece.param_end);
+    listed.push_back(piece_entry(param, buffer, piece.param_begin, piece.param_end));
     tensors.push_back(TensorInfo{name, DType::f32, {piece.numel()}});
     values.push_back(host_bytes(ctx, name, view));
   };

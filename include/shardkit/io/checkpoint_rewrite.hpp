@@ -163,20 +163,13 @@ inline void reshard_checkpoint(const std::string& from, const std::string& to, i
     }
     std::vector<TensorInfo> tensors;
     nlohmann::json listed = nlohmann::json::array();
-    auto piece_name = [](const std::string& param, const std::string& buffer, std::int64_t b,
-                         std::int64_t e) {
-      return param + (buffer.empty() ? "" : "." + buffer) + "[" + std::to_string(b) + ":" +
-             std::to_string(e) + "]";
-    };
     std::vector<std::string> kinds{""};
     kinds.insert(kinds.end(), buffers.begin(), buffers.end());
     for (const auto& [p, b, e] : owned)
       for (const auto& buffer : kinds) {
         const auto& param = source.params()[p].first;
-        const auto name = piece_name(param, buffer, b, e);
-        tensors.push_back(TensorInfo{name, DType::f32, {e - b}});
-        listed.push_back(
-            {{"tensor", name}, {"param", param}, {"buffer", buffer}, {"begin", b}, {"end", e}});
+        tensors.push_back(TensorInfo{piece_tensor_name(param, buffer, b, e), DType::f32, {e - b}});
+        listed.push_back(piece_entry(param, buffer, b, e));
       }
     if (r == 0)
       for (const auto& [name, piece] : source.replicated()) {
@@ -194,7 +187,7 @@ inline void reshard_checkpoint(const std::string& from, const std::string& to, i
       for (const auto& buffer : kinds) {
         const auto& param = source.params()[p].first;
         detail::copy_elements(source.pieces(param, buffer), b, e, file,
-                              piece_name(param, buffer, b, e), 0);
+                              piece_tensor_name(param, buffer, b, e), 0);
       }
     if (r == 0)
       for (const auto& [name, piece] : source.replicated())

@@ -92,6 +92,23 @@ inline void remove_stale_files(const std::string& dir, CheckpointLayout kept, in
 
 }  // namespace detail
 
+// A shard file's tensor of elements [begin, end) of `param`'s flattened values (`buffer`
+// empty) or of one of its state buffers: its name, and its entry in the file's "pieces"
+// metadata (what CheckpointSource reads back).
+inline std::string piece_tensor_name(const std::string& param, const std::string& buffer,
+                                     std::int64_t begin, std::int64_t end) {
+  return param + (buffer.empty() ? "" : "." + buffer) + "[" + std::to_string(begin) + ":" +
+         std::to_string(end) + "]";
+}
+inline nlohmann::json piece_entry(const std::string& param, const std::string& buffer,
+                                  std::int64_t begin, std::int64_t end) {
+  return {{"tensor", piece_tensor_name(param, buffer, begin, end)},
+          {"param", param},
+          {"buffer", buffer},
+          {"begin", begin},
+          {"end", end}};
+}
+
 // Elements [begin, end) of a tensor's flattened values, stored as tensor `tensor` of `file`
 // (whole tensors: begin 0, end numel).
 struct PieceSource {
