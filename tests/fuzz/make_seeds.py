@@ -28,8 +28,11 @@ def safetensors(tensors, metadata=None, checksums=True):
     if checksums:
         for name, _, _, raw in tensors:
             meta["shardkit.crc32." + name] = "%08x" % zlib.crc32(raw)
-    if meta:
+    if meta or checksums:
         header["__metadata__"] = meta
+    if checksums:  # the header's own CRC32, over its canonical JSON without this key
+        canonical = json.dumps(header, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        header["__metadata__"]["shardkit.header_crc32"] = "%08x" % zlib.crc32(canonical.encode())
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((8 - len(text) % 8) % 8)
     return struct.pack("<Q", len(text)) + text + data, text, len(data)
@@ -62,6 +65,7 @@ def main():
         "metadata_not_strings": b'{"__metadata__":{"k":1},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
         "overlap": b'{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}',
         "bad_checksum": b'{"__metadata__":{"shardkit.crc32.a":"zzzzzzzz"},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+        "bad_header_checksum": b'{"__metadata__":{"shardkit.header_crc32":"00000000"},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
     }
     for name, text in bad_headers.items():
         put("fuzz_safetensors_header", name + ".json", framed_header(text, 3))

@@ -310,6 +310,39 @@ TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data 
     ++flips;
   }
   CHECK(flips > 500);
+  // The header's own checksum: every single-bit flip anywhere in the length or the header text
+  // (names, shapes, offsets, checksums, metadata, padding) is refused when the file is opened.
+  std::uint64_t header_flips = 0, named_corrupt = 0;
+  for (std::uint64_t at = 0; at < data_start; ++at) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string damaged = pristine;
+      damaged[at] = static_cast<char>(damaged[at] ^ (1 << bit));
+      write_file(path, damaged);
+      std::string message;
+      try {
+        sk::io::SafetensorsReader reader(path.string());
+      } catch (const sk::IoError& e) {
+        message = e.what();
+      }
+      CAPTURE(at);
+      CAPTURE(bit);
+      CHECK_FALSE(message.empty());
+      named_corrupt += message.find("the header is corrupt") != std::string::npos;
+      ++header_flips;
+    }
+  }
+  CHECK(header_flips > 1000);
+  CHECK(named_corrupt > 50);  // those that still parse and pass the structural checks
+  // A changed digit in a metadata value (the step count a resume trusts) names the header.
+  {
+    std::string damaged = pristine;
+    const auto kept = damaged.find("\"kept\"");
+    REQUIRE(kept != std::string::npos);
+    damaged[kept + 1] = 'K';
+    write_file(path, damaged);
+    CHECK_THROWS_WITH_AS(sk::io::SafetensorsReader(path.string()),
+                         doctest::Contains("the header is corrupt: its CRC32 is"), sk::IoError);
+  }
   // A file from another writer has no checksums and loads unchecked.
   write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", bytes_of({1, 2}));
   {
@@ -339,6 +372,9 @@ TEST_CASE("the writer owns the checksum keys and needs each byte written exactly
   CHECK_THROWS_WITH(sk::io::SafetensorsWriter(path.string(), {{"a", sk::DType::f32, {2}}},
                                               {{"shardkit.crc32.a", "0"}}),
                     doctest::Contains("metadata key 'shardkit.crc32.a' is reserved"));
+  CHECK_THROWS_WITH(sk::io::SafetensorsWriter(path.string(), {{"a", sk::DType::f32, {2}}},
+                                              {{"shardkit.header_crc32", "0"}}),
+                    doctest::Contains("metadata key 'shardkit.header_crc32' is reserved"));
   sk::io::SafetensorsWriter writer(path.string(), {{"a", sk::DType::f32, {4}}});
   const float two[] = {1, 2};
   writer.write("a", 0, two, sizeof two);

@@ -17,7 +17,10 @@
 // Integrity: the writer records every tensor's CRC32 (zlib's) in the metadata as
 // "shardkit.crc32.<tensor>" = 8 hex digits, so any other reader still loads the file, and the
 // reader checks it the first time it reads any part of that tensor: a flipped bit is an error
-// naming the tensor, never a silently wrong value. Files from other writers have no checksums
+// naming the tensor, never a silently wrong value. The header itself -- names, shapes, offsets
+// and every metadata string -- is covered by "shardkit.header_crc32", the CRC32 of the header's
+// canonical JSON (keys sorted, no spaces) without that one key, checked when the file is opened:
+// a flipped digit in a step count is an error too. Files from other writers have no checksums
 // and load unchecked.
 #pragma once
 
@@ -79,6 +82,8 @@ struct NamedBytes {
 
 // The metadata key prefix under which the writer records each tensor's CRC32.
 inline constexpr std::string_view kCrc32Prefix = "shardkit.crc32.";
+// The metadata key under which the writer records the header's own CRC32.
+inline constexpr std::string_view kHeaderCrc32Key = "shardkit.header_crc32";
 
 // zlib's CRC32 of `bytes` bytes, continuing from `crc` (0 to start).
 inline std::uint32_t crc32_of(const void* data, std::size_t bytes, std::uint32_t crc = 0) {
@@ -232,6 +237,21 @@ inline std::string crc32_hex(std::uint32_t crc) {
   return text;
 }
 
+inline bool is_crc32_hex(const std::string& text) {
+  return text.size() == 8 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// The CRC32 the header records of itself: over its canonical JSON (nlohmann's dump of the parsed
+// object: keys sorted, no whitespace) with the header checksum key left out, so it does not
+// depend on how a writer spaced or ordered the header.
+inline std::uint32_t header_crc32(nlohmann::json header) {
+  if (auto metadata = header.find("__metadata__");
+      metadata != header.end() && metadata->is_object())
+    metadata->erase(std::string(kHeaderCrc32Key));
+  const std::string canonical = header.dump();
+  return crc32_of(canonical.data(), canonical.size());
+}
+
 }  // namespace detail
 
 // Streams a safetensors file: the header (every tensor's name, dtype and shape) goes out when
@@ -247,7 +267,8 @@ class SafetensorsWriter {
         temporary_(path_ + ".tmp." + std::to_string(::getpid())),
         tensors_(std::move(tensors)) {
     for (const auto& [key, value] : metadata)
-      check(key.rfind(kCrc32Prefix, 0) != 0, "safetensors '", path_, "': metadata key '", key,
+      check(key.rfind(kCrc32Prefix, 0) != 0 && key != kHeaderCrc32Key, "safetensors '", path_,
+            "': metadata key '", key,
             "' is reserved for the checksums the writer records itself; rename it");
     header_ = nlohmann::json::object();
     auto& header = header_;
@@ -269,12 +290,12 @@ class SafetensorsWriter {
     header["__metadata__"] = metadata;
     for (const auto& t : tensors_)
       header["__metadata__"][std::string(kCrc32Prefix) + t.name] = detail::crc32_hex(0);
+    header["__metadata__"][std::string(kHeaderCrc32Key)] = detail::crc32_hex(0);
     const std::string text = header_text();
     data_start_ = 8 + text.size();
     unsigned char length_bytes[8];
     for (int i = 0; i < 8; ++i)
       length_bytes[i] = static_cast<unsigned char>(text.size() >> (8 * i));
-    written_.assign(tensors_.size(), 0);
     chunks_.resize(tensors_.size());
     file_ =
         std::make_unique<detail::PosixFile>(temporary_, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
@@ -301,7 +322,6 @@ class SafetensorsWriter {
           "': writing bytes [", offset, ", ", offset + bytes, ") of tensor '", t.name,
           "', which has ", t.bytes());
     file_->write_at(data_start_ + t.begin + offset, data, bytes);
-    written_[i] += bytes;
     if (bytes > 0) chunks_[i].push_back(Chunk{offset, bytes, crc32_of(data, bytes)});
   }
   void write(const NamedBytes& t) {
@@ -315,10 +335,13 @@ class SafetensorsWriter {
   // Every tensor must be complete; then flush, rename into place, and sync the folder.
   void commit() {
     check<StateError>(!committed_, "safetensors '", path_, "' was committed already");
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
-      check<StateError>(written_[i] == tensors_[i].bytes(), "safetensors '", path_, "': tensor '",
-                        tensors_[i].name, "' got ", written_[i], " of its ", tensors_[i].bytes(),
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      std::uint64_t written = 0;
+      for (const auto& c : chunks_[i]) written += c.bytes;
+      check<StateError>(written == tensors_[i].bytes(), "safetensors '", path_, "': tensor '",
+                        tensors_[i].name, "' got ", written, " of its ", tensors_[i].bytes(),
                         " bytes; write all of it before commit()");
+    }
     // Each tensor's CRC32 from the CRCs of the pieces it arrived in (zlib combines them
     // without rereading), which must tile it exactly.
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
@@ -338,6 +361,8 @@ class SafetensorsWriter {
       header_["__metadata__"][std::string(kCrc32Prefix) + tensors_[i].name] =
           detail::crc32_hex(crc);
     }
+    header_["__metadata__"][std::string(kHeaderCrc32Key)] =
+        detail::crc32_hex(detail::header_crc32(header_));
     const std::string text = header_text();
     check<StateError>(8 + text.size() == data_start_, "safetensors '", path_,
                       "': the header changed size at commit()");  // (fixed-width checksums)
@@ -382,8 +407,7 @@ class SafetensorsWriter {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t> index_;
   nlohmann::json header_;
-  std::vector<std::uint64_t> written_;
-  std::vector<std::vector<Chunk>> chunks_;
+  std::vector<std::vector<Chunk>> chunks_;  // per tensor: the pieces written so far
   std::uint64_t data_start_ = 0;
   std::unique_ptr<detail::PosixFile> file_;
   bool committed_ = false;
@@ -519,6 +543,7 @@ class SafetensorsReader {
     }
     check<IoError>(header.is_object(), "'", path_, "': the header is not a JSON object");
     std::map<std::string, std::string> checksums;  // tensor -> recorded CRC32 (hex)
+    std::optional<std::string> header_checksum;    // the header's own recorded CRC32 (hex)
     try {
       for (const auto& [name, entry] : header.items()) {
         if (name == "__metadata__") {
@@ -527,7 +552,9 @@ class SafetensorsReader {
           for (const auto& [key, value] : entry.items()) {
             check<IoError>(value.is_string(), "'", path_, "': __metadata__ '", key, "' is ",
                            value.dump(), ", not a string");
-            if (key.rfind(kCrc32Prefix, 0) == 0)
+            if (key == kHeaderCrc32Key)
+              header_checksum = value.get<std::string>();
+            else if (key.rfind(kCrc32Prefix, 0) == 0)
               checksums[key.substr(kCrc32Prefix.size())] = value.get<std::string>();
             else
               metadata_[key] = value.get<std::string>();
@@ -587,11 +614,27 @@ class SafetensorsReader {
       const auto found = index_.find(name);
       check<IoError>(found != index_.end(), "'", path_, "' records a checksum for tensor '", name,
                      "', which it does not hold");
-      check<IoError>(
-          hex.size() == 8 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, "'",
-          path_, "': the checksum of tensor '", name, "' is '", hex,
-          "', not 8 lowercase hex digits");
+      check<IoError>(detail::is_crc32_hex(hex), "'", path_, "': the checksum of tensor '", name,
+                     "' is '", hex, "', not 8 lowercase hex digits");
       tensors_[found->second].crc32 = static_cast<std::uint32_t>(std::stoul(hex, nullptr, 16));
+    }
+    // Last, so that a damaged header still meets the structural checks above first. The writer
+    // records the header checksum beside the tensors' ones, so a file with tensor checksums but
+    // no header checksum has a damaged key (a flipped bit in "shardkit.header_crc32" would
+    // otherwise turn it into plain metadata and switch the check off).
+    check<IoError>(header_checksum.has_value() || checksums.empty(), "'", path_,
+                   "' records tensor checksums but no header checksum '", kHeaderCrc32Key,
+                   "': the header is corrupt (a damaged copy or a failing disk: load another "
+                   "checkpoint)");
+    if (header_checksum) {
+      check<IoError>(detail::is_crc32_hex(*header_checksum), "'", path_, "': the header checksum '",
+                     kHeaderCrc32Key, "' is '", *header_checksum, "', not 8 lowercase hex digits");
+      const std::uint32_t crc = detail::header_crc32(header);
+      check<IoError>(detail::crc32_hex(crc) == *header_checksum, "'", path_,
+                     "': the header is corrupt: its CRC32 is ", detail::crc32_hex(crc),
+                     " but the file records ", *header_checksum,
+                     " (a changed tensor name, shape, offset or metadata value; a damaged copy or "
+                     "a failing disk: load another checkpoint)");
     }
   }
 
