@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "one_of_each_call.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 
 namespace sk = shardkit;
@@ -274,46 +275,7 @@ TEST_CASE(
     "timeout + 1 s, naming the call and the rank") {
   constexpr int kWorld = 3;
   constexpr auto kTimeout = 200ms;
-  const std::vector<std::size_t> counts{2, 3, 1};
-  // One call of each collective on this rank's buffers.
-  const std::vector<std::pair<const char*, std::function<void(comm::Communicator&)>>> calls{
-      {"all_reduce",
-       [](comm::Communicator& c) {
-         std::vector<float> x(6, 1.0f);
-         c.all_reduce(x).wait();
-       }},
-      {"reduce",
-       [](comm::Communicator& c) {
-         std::vector<float> x(6, 1.0f), y(6);
-         c.reduce(x, y, 0).wait();
-       }},
-      {"broadcast",
-       [](comm::Communicator& c) {
-         std::vector<float> x(6, 1.0f);
-         c.broadcast(x, 0).wait();
-       }},
-      {"all_gather",
-       [](comm::Communicator& c) {
-         std::vector<float> x(2, 1.0f), y(2 * kWorld);
-         c.all_gather(x, y).wait();
-       }},
-      {"reduce_scatter",
-       [](comm::Communicator& c) {
-         std::vector<float> x(2 * kWorld, 1.0f), y(2);
-         c.reduce_scatter(x, y).wait();
-       }},
-      {"all_gather_v",
-       [&](comm::Communicator& c) {
-         std::vector<float> x(6, 1.0f);
-         c.all_gather_v(x, counts).wait();
-       }},
-      {"reduce_scatter_v",
-       [&](comm::Communicator& c) {
-         std::vector<float> x(6, 1.0f), y(counts[static_cast<std::size_t>(c.rank())]);
-         c.reduce_scatter_v(x, y, counts).wait();
-       }},
-      {"barrier", [](comm::Communicator& c) { c.barrier(); }},
-  };
+  const auto calls = comm::testing::one_of_each_call();
   for (const auto& [name, call] : calls) {
     CAPTURE(name);
     // Rank 2 never arrives (it returns without calling): the others time out or are aborted
@@ -327,8 +289,9 @@ TEST_CASE(
           const auto r = static_cast<std::size_t>(c.rank());
           if (c.rank() == 2) return;
           const auto start = Clock::now();
+          comm::testing::CallBuffers buffers;
           try {
-            call(c);
+            call(c, buffers);
           } catch (const sk::TimeoutError& e) {
             errors[r] = e.what();
           } catch (const comm::CommunicatorAborted& e) {
@@ -350,7 +313,8 @@ TEST_CASE(
     try {
       comm::run_ranks(kWorld, [&](sk::Context&, comm::Communicator& c) {
         if (c.rank() == 1) sk::fail<sk::StateError>("rank 1 ran out of data");
-        call(c);
+        comm::testing::CallBuffers buffers;
+        call(c, buffers);
       });
     } catch (const sk::StateError& e) {
       message = e.what();
