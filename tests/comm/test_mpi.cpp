@@ -6,12 +6,14 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "collective_matrix.hpp"
+#include "one_of_each_call.hpp"
 #include "shardkit/comm/bootstrap.hpp"
 #include "shardkit/comm/mpi_communicator.hpp"
 
@@ -124,6 +126,72 @@ TEST_CASE("a rank that arrives after the timeout turns the MPI barrier into a Ti
   }  // the destructor completes the orphaned barrier once the late rank joined
   comm::MpiCommunicator after(ctx, session, MPI_COMM_WORLD, short_timeout(30s));
   after.barrier();
+}
+
+TEST_CASE(
+    "every MPI collective: a survivor waiting on a missing rank gets a TimeoutError within "
+    "timeout + 1 s naming the call") {
+  sk::Context ctx;
+  auto session = std::make_shared<comm::MpiSession>();
+  constexpr auto kTimeout = 300ms;
+  for (const auto& [name, call] : comm::testing::one_of_each_call()) {
+    CAPTURE(name);
+    const int size = comm::MpiSession::world_size();
+    // The missing rank is one the others need data from: the root of a broadcast, the last
+    // rank otherwise. A reduce blocks only its root (the others' sends may complete alone); every
+    // other collective blocks every survivor.
+    const int missing = name == "broadcast" ? 0 : size - 1;
+    const bool is_missing = comm::MpiSession::world_rank() == missing;
+    comm::testing::CallBuffers buffers;  // outlives the communicator, which completes the call
+    {
+      // (The missing rank's own wait is long: once it joins, it needs the others' progress.)
+      comm::MpiCommunicator probe(ctx, session, MPI_COMM_WORLD,
+                                  short_timeout(is_missing ? 30000ms : kTimeout));
+      const bool must_time_out = name != "reduce" || probe.rank() == 0;
+      if (is_missing) {
+        // Stuck elsewhere for longer than the others' timeout; then it joins the call, so the
+        // others' orphaned requests complete.
+        std::this_thread::sleep_for(kTimeout + 400ms);
+        call(probe, buffers);
+      } else {
+        const auto start = std::chrono::steady_clock::now();
+        std::string message;
+        try {
+          call(probe, buffers);
+        } catch (const sk::TimeoutError& e) {
+          message = e.what();
+        }
+        const double waited =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count();
+        CAPTURE(message);
+        if (must_time_out) {
+          CHECK(message.rfind(name + " #0 on rank ", 0) == 0);
+          CHECK(message.find("(mpi) timed out after 300 ms") != std::string::npos);
+          CHECK(waited >= 290.0);
+          CHECK(waited < 300.0 + 1000.0);
+          std::vector<float> x(4, 1.0f);
+          CHECK_THROWS_AS(probe.all_reduce(x).wait(), comm::CommunicatorAborted);
+        }
+      }
+    }  // each survivor's destructor completes its orphaned request once the late rank joined
+    comm::MpiCommunicator after(ctx, session, MPI_COMM_WORLD, short_timeout(30s));
+    after.barrier();
+  }
+}
+
+// Run only by check_mpi_dead_rank.py (doctest --no-skip): a process that dies for real. Open MPI
+// (without the fault-tolerance extension) cannot report a dead peer to the survivors: its
+// launcher ends the whole job, which is what this checks from outside, long before the
+// survivors' own timeout.
+TEST_CASE("a rank killed during training ends the job through the launcher" * doctest::skip()) {
+  sk::Context ctx;
+  auto c = comm::MpiCommunicator::world(ctx, short_timeout(60s));
+  std::vector<float> grads(1 << 12, 1.0f);
+  c->all_reduce(grads).wait();  // a first step that completes
+  if (c->rank() == 1) std::raise(SIGKILL);
+  c->all_reduce(grads).wait();  // never completes: rank 1 is gone
+  FAIL("an all_reduce completed without rank 1");
 }
 
 TEST_CASE("the MPI backend rejects what it can check locally, by name") {
