@@ -3,6 +3,7 @@
 // without a cluster.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -21,7 +22,16 @@ struct RunRanksOptions {
   CudaKernelTables kernels{};
   CommOptions comm;
   std::uint64_t seed = 0;  // rank r's context is seeded seed + r
+  // Each rank's CPU threads; 0: an equal share of default_cpu_threads(), at least 1, so the
+  // ranks together use the machine's threads once.
+  int cpu_threads_per_rank = 0;
 };
+
+// The CPU threads each of `ranks` local ranks gets under `options`.
+inline int cpu_threads_per_rank(int ranks, const RunRanksOptions& options = {}) {
+  return options.cpu_threads_per_rank > 0 ? options.cpu_threads_per_rank
+                                          : std::max(1, default_cpu_threads() / ranks);
+}
 
 // Returns when every rank has returned. When a rank throws, the world is aborted at once (the
 // others fail fast instead of waiting for the timeout) and, after all ranks end, the first
@@ -30,6 +40,7 @@ template <class Fn>
 void run_ranks(int n, Fn&& fn, const RunRanksOptions& options = {}) {
   check(n >= 1, "run_ranks needs at least 1 rank, got ", n);
   auto world = std::make_shared<LocalWorld>(n, options.kernels.comm);
+  const int cpu_threads = cpu_threads_per_rank(n, options);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   std::vector<char> secondary(static_cast<std::size_t>(n), 0);
   std::vector<std::thread> threads;
@@ -39,7 +50,7 @@ void run_ranks(int n, Fn&& fn, const RunRanksOptions& options = {}) {
       const auto index = static_cast<std::size_t>(r);
       try {
         Context ctx(ContextOptions{options.device, r, options.seed + static_cast<std::uint64_t>(r),
-                                   options.kernels});
+                                   options.kernels, cpu_threads});
         LocalCommunicator comm(ctx, world, r, options.comm);
         fn(ctx, static_cast<Communicator&>(comm));
       } catch (const CommunicatorAborted&) {

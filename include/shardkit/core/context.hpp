@@ -14,6 +14,7 @@
 #include "shardkit/core/cuda_stream.hpp"
 #include "shardkit/core/device.hpp"
 #include "shardkit/core/device_kernels.hpp"
+#include "shardkit/core/thread_pool.hpp"
 
 namespace shardkit {
 
@@ -24,6 +25,10 @@ struct ContextOptions {
   // Device-code tables; required for a CUDA device. sk::cuda_context_options / make_cuda_context
   // from <kernels/cuda_context.cuh> fill them.
   CudaKernelTables kernels{};
+  // CPU threads for this rank's host-side ops (fused optimizer steps, casts, norms, copies);
+  // 0: default_cpu_threads() (SHARDKIT_NUM_THREADS, else every hardware thread). Results do not
+  // depend on it.
+  int cpu_threads = 0;
 };
 
 class Context {
@@ -32,7 +37,10 @@ class Context {
       : device_(options.device),
         rank_(options.rank),
         seed_(options.seed),
+        cpu_threads_(options.cpu_threads == 0 ? default_cpu_threads() : options.cpu_threads),
         kernels_(options.kernels) {
+    check(options.cpu_threads >= 0, "ContextOptions::cpu_threads is ", options.cpu_threads,
+          "; use a positive thread count, or 0 for the default");
     check_device_usable(device_);
     host_allocator_ = std::make_shared<HostAllocator>();
     if (device_.is_cpu()) {
@@ -88,6 +96,13 @@ class Context {
 #endif
   }
 
+  // The CPU threads of this rank's host-side ops (started on first use).
+  int cpu_threads() const { return cpu_threads_; }
+  ThreadPool& cpu_pool() {
+    std::call_once(pool_once_, [&] { pool_ = std::make_unique<ThreadPool>(cpu_threads_); });
+    return *pool_;
+  }
+
   // The random stream: each fill takes the next `blocks` 128-bit Philox blocks, so successive
   // fills draw fresh numbers and a given seed replays the same sequence on any device.
   std::uint64_t seed() const { return seed_; }
@@ -116,6 +131,9 @@ class Context {
   int rank_;
   std::uint64_t seed_;
   std::uint64_t rng_offset_ = 0;
+  int cpu_threads_;
+  std::once_flag pool_once_;
+  std::unique_ptr<ThreadPool> pool_;
   CudaKernelTables kernels_;
 #if SK_WITH_CUDA
   std::shared_ptr<CudaStream> stream_;  // shared with the allocator, which frees on it

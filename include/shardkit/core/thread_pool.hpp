@@ -1,0 +1,140 @@
+// ThreadPool: the CPU threads one rank's host-side work runs on (the fused optimizer steps,
+// casts, norms, copies). A fixed set of workers plus the calling thread; parallel_for splits a
+// range of tasks into contiguous blocks, one per thread, so which thread runs a task never
+// changes a result: work that sums does it per task and combines the tasks in order.
+//
+// Each Context owns one (ContextOptions::threads); ranks that run as threads in one process get
+// a share of the cores each (run_ranks), so N ranks do not start N x cores threads.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+
+namespace shardkit {
+
+// The default number of CPU threads of a rank: SHARDKIT_NUM_THREADS when set (a positive
+// integer), else the machine's hardware threads.
+inline int default_cpu_threads() {
+  if (const char* text = std::getenv("SHARDKIT_NUM_THREADS"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    check(end != nullptr && *end == '\0' && value >= 1 && value <= 4096,
+          "SHARDKIT_NUM_THREADS is '", text, "'; set it to a thread count from 1 to 4096");
+    return static_cast<int>(value);
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+class ThreadPool {
+ public:
+  // `threads` in all, the caller included (1: everything runs on the caller).
+  explicit ThreadPool(int threads) : threads_(threads) {
+    check(threads >= 1 && threads <= 4096, "a ThreadPool needs 1 to 4096 threads, got ", threads);
+    workers_.reserve(static_cast<std::size_t>(threads - 1));
+    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { work(t); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return threads_; }
+
+  // Runs fn(task) for every task in [0, tasks) and returns when all are done. Thread t takes
+  // the t-th contiguous block; fewer tasks than threads leave threads idle. An exception of
+  // any task is rethrown here (the first by block) after every block ended. Calls made from
+  // inside a task, or from a second thread while one runs, run on the calling thread alone.
+  template <class Fn>
+  void parallel_for(std::int64_t tasks, Fn&& fn) {
+    if (tasks <= 0) return;
+    std::unique_lock run_lock(run_mutex_, std::try_to_lock);
+    if (threads_ == 1 || tasks == 1 || inside_task() || !run_lock.owns_lock()) {
+      for (std::int64_t i = 0; i < tasks; ++i) fn(i);
+      return;
+    }
+    const int used = static_cast<int>(std::min<std::int64_t>(threads_, tasks));
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(used));
+    auto block = [&](int t) {
+      const std::int64_t lo = tasks * t / used, hi = tasks * (t + 1) / used;
+      try {
+        for (std::int64_t i = lo; i < hi; ++i) fn(i);
+      } catch (...) {
+        errors[static_cast<std::size_t>(t)] = std::current_exception();
+      }
+    };
+    {
+      std::lock_guard lock(mutex_);
+      job_ = block;
+      used_ = used;
+      pending_ = used - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    inside_task() = true;
+    block(0);
+    inside_task() = false;
+    {
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [&] { return pending_ == 0; });
+      job_ = nullptr;
+    }
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  static bool& inside_task() {
+    thread_local bool inside = false;
+    return inside;
+  }
+
+  void work(int t) {
+    inside_task() = true;
+    std::uint64_t seen = 0;
+    for (;;) {
+      std::function<void(int)> job;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+        if (t >= used_) continue;  // this call needs fewer threads
+        job = job_;
+      }
+      job(t);
+      {
+        std::lock_guard lock(mutex_);
+        if (--pending_ == 0) done_.notify_one();
+      }
+    }
+  }
+
+  int threads_;
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;  // one parallel_for at a time
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::function<void(int)> job_;
+  int used_ = 0;
+  int pending_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace shardkit
