@@ -6,3 +6,113 @@ using Backend = CpuBackend;
 }  // namespace ops_test
 
 #include "ops_test_list.hpp"
+
+// The CPU backend spreads chunks over the context's threads; which thread sums a chunk never
+// enters the arithmetic, so every op gives the same bits on any thread count.
+namespace {
+
+namespace sk = shardkit;
+namespace ops = shardkit::ops;
+
+struct ThreadedOpsRun {
+  std::vector<std::vector<float>> w, buf, m, v;
+  std::vector<double> sums, unscale_sums;
+};
+
+ThreadedOpsRun run_ops_on_threads(int threads, const std::vector<std::int64_t>& sizes) {
+  sk::Context ctx(sk::ContextOptions{.cpu_threads = threads});
+  std::mt19937 gen(42);
+  std::uniform_real_distribution<float> dist(0.5f, 1.5f);
+  auto make = [&](std::int64_t n) {
+    auto t = sk::empty(ctx, {n}, sk::DType::f32);
+    for (std::int64_t i = 0; i < n; ++i) t.data<float>()[i] = dist(gen);
+    return t;
+  };
+  std::vector<sk::Tensor> w, g, buf, m, v;
+  for (const auto n : sizes) {
+    w.push_back(make(n));
+    g.push_back(make(n));
+    buf.push_back(make(n));
+    m.push_back(make(n));
+    v.push_back(make(n));
+  }
+  const auto count = static_cast<std::int64_t>(sizes.size());
+  ops::SgdOptions o;
+  o.lr = 0.1f;
+  o.momentum = 0.9f;
+  ops::LarcOptions larc;
+  larc.weight_decay = 1e-4f;
+  ops::larc_sgd_step<ops::Cpu>(ctx, o, larc, {w, g, buf, {}});  // fused, first step
+  o.first_step = false;
+  auto sums = sk::zeros(ctx, {2, count}, sk::DType::f64);
+  auto coefficients = sk::zeros(ctx, {count, 2}, sk::DType::f32);
+  ops::segment_sums_of_squares<ops::Cpu>(ctx, w, g, sums);  // composed, running momentum
+  ops::larc_coefficients<ops::Cpu>(ctx, larc, o.lr, 1.0f, sums, coefficients);
+  ops::sgd_step<ops::Cpu>(ctx, o, {w, g, buf, {}}, coefficients);
+  ops::larc_sgd_step<ops::Cpu>(ctx, o, larc, {w, g, buf, {}});  // fused again
+  ops::AdamOptions adam;
+  adam.step = 3;
+  adam.weight_decay = 0.01f;
+  ops::adam_step<ops::Cpu>(ctx, adam, {w, g, m, v, {}});
+  auto found = sk::zeros(ctx, {1}, sk::DType::f32);
+  auto unscale_sums = sk::zeros(ctx, {1, count}, sk::DType::f64);
+  ops::unscale_and_check<ops::Cpu>(ctx, 0.5f, g, found, unscale_sums);
+
+  ThreadedOpsRun run;
+  auto values = [](const sk::Tensor& t) {
+    return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
+  };
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    run.w.push_back(values(w[i]));
+    run.buf.push_back(values(buf[i]));
+    run.m.push_back(values(m[i]));
+    run.v.push_back(values(v[i]));
+  }
+  run.sums.assign(sums.data<double>(), sums.data<double>() + 2 * count);
+  run.unscale_sums.assign(unscale_sums.data<double>(), unscale_sums.data<double>() + count);
+  return run;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("CPU ops (LARC fused and composed, SGD, Adam, sums, unscale): same bits on 1-5 threads") {
+  // Short spans, spans around the chunk size and the 8 sum lanes, and spans of many chunks.
+  const std::vector<std::int64_t> sizes = {1, 7, 8, 9, 100, 8191, 8192, 8193, 3, 50001, 70000, 5};
+  const auto one = run_ops_on_threads(1, sizes);
+  for (int threads : {2, 3, 5}) {
+    CAPTURE(threads);
+    const auto many = run_ops_on_threads(threads, sizes);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      CAPTURE(i);
+      CHECK(same_bits(many.w[i], one.w[i]));
+      CHECK(same_bits(many.buf[i], one.buf[i]));
+      CHECK(same_bits(many.m[i], one.m[i]));
+      CHECK(same_bits(many.v[i], one.v[i]));
+    }
+    CHECK(std::memcmp(many.sums.data(), one.sums.data(), one.sums.size() * sizeof(double)) == 0);
+    CHECK(std::memcmp(many.unscale_sums.data(), one.unscale_sums.data(),
+                      one.unscale_sums.size() * sizeof(double)) == 0);
+  }
+}
+
+TEST_CASE("the vectorised paired sum of squares has apply_range's bits, from any start") {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<float> a(300), b(300);
+  for (auto& x : a) x = dist(gen);
+  for (auto& x : b) x = dist(gen) * 1e-3f;
+  void* const data[2] = {a.data(), b.data()};
+  for (std::int64_t lo : {0, 1, 5, 8}) {
+    for (std::int64_t hi = lo; hi <= 300; hi += 13) {
+      CAPTURE(lo);
+      CAPTURE(hi);
+      const auto generic = ops::cpu::apply_range(ops::SumOfSquaresFunctor<2>{}, {}, data, lo, hi);
+      const auto paired = ops::cpu::sums_of_squares_pair(a.data(), b.data(), lo, hi);
+      CHECK(std::memcmp(generic.data(), paired.data(), sizeof paired) == 0);
+    }
+  }
+}

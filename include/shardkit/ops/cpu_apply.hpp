@@ -1,12 +1,19 @@
-// The CPU launcher: a functor applied over spans in plain loops the compiler vectorises. Sums
-// use 8 lanes per chunk, combined pairwise, then chunks in order: a fixed order, so the same
-// bits every run (and the loops need no -ffast-math to vectorise).
+// The CPU launcher: a functor applied over spans in plain loops the compiler vectorises, on the
+// context's thread pool. Spans are cut into chunks of kChunkElements from their start; each
+// chunk sums in 8 lanes combined pairwise, and a span's sum is its chunks' partials added in
+// chunk order. Which thread runs a chunk never enters the arithmetic, so the bits are the same
+// for any thread count (and the loops need no -ffast-math to vectorise).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
+#include "shardkit/core/thread_pool.hpp"
 #include "shardkit/ops/functor.hpp"
+#include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/spans.hpp"
 
 namespace shardkit::ops::cpu {
@@ -14,9 +21,16 @@ namespace shardkit::ops::cpu {
 inline constexpr int kSumLanes = 8;
 
 // Applies `op` to elements [lo, hi) of a span; when it sums, returns the lanes' pairwise total.
+// The functor, its segment and the operand pointers are taken by value: as locals, the stores
+// into the operands cannot alias them, so the loop keeps them in registers, hoists the rule's
+// branches on them, and vectorises (by reference, GCC reloads them every element and stays
+// scalar).
 template <class F>
-std::array<double, kSumSlots<F>> apply_range(const F& op, const typename F::Segment& segment,
-                                             void* const* data, std::int64_t lo, std::int64_t hi) {
+std::array<double, kSumSlots<F>> apply_range(const F op, const typename F::Segment segment,
+                                             void* const* operands, std::int64_t lo,
+                                             std::int64_t hi) {
+  void* data[F::kDepth];
+  for (int k = 0; k < F::kDepth; ++k) data[k] = operands[k];
   std::array<double, kSumSlots<F>> total{};
   if constexpr (F::kSums == 0) {
     for (std::int64_t i = lo; i < hi; ++i) {
@@ -64,35 +78,107 @@ std::array<double, kSumSlots<F>> apply_range(const F& op, const typename F::Segm
   return total;
 }
 
-// Applies `op` to one span (its index picks the functor's per-segment values) and returns the
-// span's sums: chunk partials added in chunk order.
-template <class F, int Depth>
-std::array<double, kSumSlots<F>> apply_span(const F& op, const Span<Depth>& span,
-                                            std::int64_t index) {
-  static_assert(check_functor<F>() && Depth == F::kDepth, "span depth must match the functor");
-  const auto segment = op.segment(index);
-  std::array<double, kSumSlots<F>> sums{};
-  if constexpr (F::kSums == 0) {
-    apply_range(op, segment, span.data.data(), 0, span.size);
-  } else {
-    for (std::int64_t lo = 0; lo < span.size; lo += kChunkElements) {
-      const std::int64_t hi = lo + kChunkElements < span.size ? lo + kChunkElements : span.size;
-      const auto partial = apply_range(op, segment, span.data.data(), lo, hi);
-      for (std::size_t k = 0; k < sums.size(); ++k) sums[k] += partial[k];
-    }
-  }
-  return sums;
+// One unit of parallel work: elements [lo, hi) of span `span`, at most kChunkElements.
+struct Chunk {
+  std::size_t span;
+  std::int64_t lo, hi;
+};
+
+// Appends the chunks of spans [first, last) in order.
+template <int Depth>
+void cut_into_chunks(const SpanList<Depth>& spans, std::size_t first, std::size_t last,
+                     std::vector<Chunk>& chunks) {
+  for (std::size_t s = first; s < last; ++s)
+    for (std::int64_t lo = 0; lo < spans[s].size; lo += kChunkElements)
+      chunks.push_back(Chunk{s, lo, std::min(lo + kChunkElements, spans[s].size)});
 }
 
-// Applies `op` over all spans; when it sums, writes span s's k-th sum to sums[k * n + s].
+namespace detail {
+// GCC/Clang vector types (nvcc's host pass accepts them too): four lanes of the sums at once,
+// whatever SIMD the -march allows (two SSE registers each without AVX).
+using F64x4 = double __attribute__((vector_size(32)));
+
+// (Element by element: GCC turns this into one vcvtps2pd, where __builtin_convertvector
+// splits it in halves.)
+inline F64x4 widen4(const float* p) { return F64x4{p[0], p[1], p[2], p[3]}; }
+}  // namespace detail
+
+// The sums of squares of two f32 operands over [lo, hi): apply_range's arithmetic for
+// SumOfSquaresFunctor<2> exactly -- 8 lanes per operand counted from lo, lane l adding the
+// squares of elements lo + l, lo + l + 8, ... in order, then a pairwise tree -- with the lanes
+// held as vectors (GCC's vectoriser leaves the generic loop's two interleaved sets of lanes
+// scalar). A square of a float is exact in double, so a fused multiply-add changes no bit.
+inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b, std::int64_t lo,
+                                                  std::int64_t hi) {
+  using detail::F64x4;
+  using detail::widen4;
+  F64x4 a_low{}, a_high{}, b_low{}, b_high{};  // lanes 0-3 and 4-7 of each operand
+  std::int64_t i = lo;
+  for (; i + kSumLanes <= hi; i += kSumLanes) {
+    const F64x4 x0 = widen4(a + i), x1 = widen4(a + i + 4);
+    const F64x4 y0 = widen4(b + i), y1 = widen4(b + i + 4);
+    a_low += x0 * x0;
+    a_high += x1 * x1;
+    b_low += y0 * y0;
+    b_high += y1 * y1;
+  }
+  double la[kSumLanes], lb[kSumLanes];
+  std::memcpy(la, &a_low, sizeof a_low);
+  std::memcpy(la + 4, &a_high, sizeof a_high);
+  std::memcpy(lb, &b_low, sizeof b_low);
+  std::memcpy(lb + 4, &b_high, sizeof b_high);
+  for (int l = 0; i < hi; ++i, ++l) {
+    const double x = a[i], y = b[i];
+    la[l] += x * x;
+    lb[l] += y * y;
+  }
+  for (int width = kSumLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) {
+      la[l] += la[l + width];
+      lb[l] += lb[l + width];
+    }
+  return {la[0], lb[0]};
+}
+
+// A chunk's sums (the paired f32 sum of squares through the loop above).
 template <class F, int Depth>
-void apply(const F& op, const SpanList<Depth>& spans, double* sums) {
+std::array<double, kSumSlots<F>> chunk_sums(const F& op, const Span<Depth>& span,
+                                            const typename F::Segment& segment, std::int64_t lo,
+                                            std::int64_t hi) {
+  if constexpr (std::is_same_v<F, SumOfSquaresFunctor<2>>) {
+    return sums_of_squares_pair(static_cast<const float*>(span.data[0]),
+                                static_cast<const float*>(span.data[1]), lo, hi);
+  } else {
+    return apply_range(op, segment, span.data.data(), lo, hi);
+  }
+}
+
+// Applies `op` over all spans, chunks spread over the pool's threads; when it sums, writes span
+// s's k-th sum to sums[k * n + s].
+template <class F, int Depth>
+void apply(ThreadPool& pool, const F& op, const SpanList<Depth>& spans, double* sums) {
+  static_assert(check_functor<F>() && Depth == F::kDepth, "span depth must match the functor");
   const auto n = spans.size();
-  for (std::size_t s = 0; s < n; ++s) {
-    const auto span_sums = apply_span(op, spans[s], static_cast<std::int64_t>(s));
-    if constexpr (F::kSums > 0)
-      for (int k = 0; k < F::kSums; ++k)
-        sums[static_cast<std::size_t>(k) * n + s] = span_sums[static_cast<std::size_t>(k)];
+  std::vector<Chunk> chunks;
+  chunks.reserve(static_cast<std::size_t>(total_chunks(spans)));
+  cut_into_chunks(spans, 0, n, chunks);
+  const auto tasks = static_cast<std::int64_t>(chunks.size());
+  if constexpr (F::kSums == 0) {
+    pool.parallel_for(tasks, [&](std::int64_t i) {
+      const Chunk& c = chunks[static_cast<std::size_t>(i)];
+      apply_range(op, op.segment(static_cast<std::int64_t>(c.span)), spans[c.span].data.data(),
+                  c.lo, c.hi);
+    });
+  } else {
+    std::vector<std::array<double, F::kSums>> partials(chunks.size());
+    pool.parallel_for(tasks, [&](std::int64_t i) {
+      const Chunk& c = chunks[static_cast<std::size_t>(i)];
+      partials[static_cast<std::size_t>(i)] =
+          chunk_sums(op, spans[c.span], op.segment(static_cast<std::int64_t>(c.span)), c.lo, c.hi);
+    });
+    for (std::size_t k = 0; k < F::kSums * n; ++k) sums[k] = 0.0;
+    for (std::size_t i = 0; i < chunks.size(); ++i)
+      for (std::size_t k = 0; k < F::kSums; ++k) sums[k * n + chunks[i].span] += partials[i][k];
   }
 }
 
