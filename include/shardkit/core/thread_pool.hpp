@@ -8,6 +8,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -82,16 +84,20 @@ class ThreadPool {
       std::lock_guard lock(mutex_);
       job_ = block;
       used_ = used;
-      pending_ = used - 1;
-      ++generation_;
+      pending_.store(used - 1, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     inside_task() = true;
     block(0);
     inside_task() = false;
-    {
+    // The others usually finish within microseconds of the caller: spin briefly before sleeping.
+    if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
       std::unique_lock lock(mutex_);
-      done_.wait(lock, [&] { return pending_ == 0; });
+      done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
+    {
+      std::lock_guard lock(mutex_);
       job_ = nullptr;
     }
     for (auto& e : errors)
@@ -104,23 +110,38 @@ class ThreadPool {
     return inside;
   }
 
+  // Polls `ready` for up to kSpin (a fused step issues a parallel_for every few hundred
+  // microseconds; waking a sleeping thread costs tens of microseconds on a VM). Returns
+  // whether it became true.
+  template <class Ready>
+  static bool spin_until(Ready&& ready) {
+    constexpr auto kSpin = std::chrono::microseconds(100);
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int polls = 0;; ++polls) {
+      if (ready()) return true;
+      if ((polls & 63) == 63 && std::chrono::steady_clock::now() >= until) return false;
+    }
+  }
+
   void work(int t) {
     inside_task() = true;
     std::uint64_t seen = 0;
     for (;;) {
+      spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
       std::function<void(int)> job;
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        wake_.wait(
+            lock, [&] { return stopping_ || generation_.load(std::memory_order_acquire) != seen; });
         if (stopping_) return;
-        seen = generation_;
+        seen = generation_.load(std::memory_order_acquire);
         if (t >= used_) continue;  // this call needs fewer threads
         job = job_;
       }
       job(t);
-      {
-        std::lock_guard lock(mutex_);
-        if (--pending_ == 0) done_.notify_one();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard lock(mutex_);  // so the caller cannot miss the notification
+        done_.notify_one();
       }
     }
   }
@@ -128,12 +149,12 @@ class ThreadPool {
   int threads_;
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one parallel_for at a time
-  std::mutex mutex_;
+  std::mutex mutex_;      // guards job_, used_, stopping_; orders the sleeps and wake-ups
   std::condition_variable wake_, done_;
   std::function<void(int)> job_;
   int used_ = 0;
-  int pending_ = 0;
-  std::uint64_t generation_ = 0;
+  std::atomic<int> pending_{0};               // workers still running this call's job
+  std::atomic<std::uint64_t> generation_{0};  // bumped once per call
   bool stopping_ = false;
 };
 
