@@ -12,13 +12,14 @@
 namespace shardkit::bench {
 
 // Times `op` with CUDA events on the context's stream, one op per benchmark iteration, after
-// one warm-up call.
+// one warm-up call; returns the mean seconds per iteration (for report_bandwidth).
 template <class Op>
-void time_on_stream(benchmark::State& state, Context& ctx, Op&& op) {
+double time_on_stream(benchmark::State& state, Context& ctx, Op&& op) {
   cudaEvent_t start, stop;
   SK_CUDA_CHECK(cudaEventCreate(&start));
   SK_CUDA_CHECK(cudaEventCreate(&stop));
   op();
+  double total_seconds = 0;
   for (auto _ : state) {
     SK_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
     op();
@@ -27,9 +28,12 @@ void time_on_stream(benchmark::State& state, Context& ctx, Op&& op) {
     float ms = 0;
     SK_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     state.SetIterationTime(ms / 1e3);
+    total_seconds += ms / 1e3;
   }
   SK_CUDA_CHECK(cudaEventDestroy(start));
   SK_CUDA_CHECK(cudaEventDestroy(stop));
+  return total_seconds /
+         static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
 }
 
 // Device-to-device copy bandwidth of `bytes` (read + write counted), median of 10 timed copies
@@ -45,7 +49,8 @@ inline double device_copy_bytes_per_second(Context& ctx, std::size_t bytes) {
   std::vector<float> times;
   for (int i = 0; i < 11; ++i) {
     SK_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
-    SK_CUDA_CHECK(cudaMemcpyAsync(b.data_ptr(), a.data_ptr(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
+    SK_CUDA_CHECK(
+        cudaMemcpyAsync(b.data_ptr(), a.data_ptr(), bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
     SK_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
     SK_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;

@@ -7,8 +7,10 @@
 #include <chrono>
 
 #include "autograd_workloads.hpp"
+#include "bench_common.hpp"
 
 namespace sk = shardkit;
+namespace bench = shardkit::bench;
 namespace wl = shardkit::bench::autograd_workloads;
 
 namespace {
@@ -17,7 +19,8 @@ namespace {
 double gemm_ceiling() {
   static double ceiling = 0;
   if (ceiling > 0) return ceiling;
-  Eigen::MatrixXf a = Eigen::MatrixXf::Random(512, 512), b = Eigen::MatrixXf::Random(512, 512), c(512, 512);
+  Eigen::MatrixXf a = Eigen::MatrixXf::Random(512, 512), b = Eigen::MatrixXf::Random(512, 512),
+                  c(512, 512);
   std::vector<double> seconds;
   for (int i = 0; i < 10; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -30,12 +33,16 @@ double gemm_ceiling() {
   return ceiling = 2.0 * 512 * 512 * 512 / seconds[seconds.size() / 2];
 }
 
-void run_flops(benchmark::State& state, wl::Workload w) {
+// Runs the workload as the benchmark loop; counters GFLOPs (per second) and pct_of_gemm as
+// plain numbers. Returns the seconds per iteration.
+double run_flops(benchmark::State& state, wl::Workload w) {
   w.run();  // warm-up
+  bench::LoopClock clock;
   for (auto _ : state) w.run();
-  using benchmark::Counter;
-  state.counters["GFLOPs"] = Counter(w.flops / 1e9, Counter::kIsIterationInvariantRate);
-  state.counters["pct_of_gemm"] = Counter(w.flops * 100.0 / gemm_ceiling(), Counter::kIsIterationInvariantRate);
+  const double seconds = clock.seconds_per_iteration(state);
+  state.counters["GFLOPs"] = w.flops / seconds / 1e9;
+  state.counters["pct_of_gemm"] = w.flops / seconds * 100.0 / gemm_ceiling();
+  return seconds;
 }
 
 void BM_conv_fwd_bwd(benchmark::State& state) {
@@ -56,9 +63,11 @@ BENCHMARK(BM_conv_fwd_bwd)
 
 void BM_batch_norm_fwd_bwd(benchmark::State& state) {
   sk::Context ctx({.seed = 2});
-  run_flops(state, wl::batch_norm_workload(ctx, state.range(0), state.range(1), state.range(2)));
-  const double bytes = 5.0 * 4.0 * double(state.range(0) * state.range(1) * state.range(2) * state.range(2));
-  state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  const double seconds = run_flops(
+      state, wl::batch_norm_workload(ctx, state.range(0), state.range(1), state.range(2)));
+  const double bytes =
+      5.0 * 4.0 * double(state.range(0) * state.range(1) * state.range(2) * state.range(2));
+  state.counters["GBps"] = bytes / seconds / 1e9;
 }
 BENCHMARK(BM_batch_norm_fwd_bwd)
     ->ArgNames({"N", "C", "HW"})
@@ -72,22 +81,22 @@ void BM_linear_fwd_bwd(benchmark::State& state) {
 }
 BENCHMARK(BM_linear_fwd_bwd)
     ->ArgNames({"N", "in", "out"})
-    ->Args({64, 512, 1000})    // ResNet-18 fc
-    ->Args({64, 2048, 1000})   // ResNet-50 fc
+    ->Args({64, 512, 1000})   // ResNet-18 fc
+    ->Args({64, 2048, 1000})  // ResNet-50 fc
     ->Unit(benchmark::kMillisecond);
 
 void BM_resnet18_train_step(benchmark::State& state) {
   sk::Context ctx({.seed = 4});
   auto w = wl::resnet18_step(ctx, state.range(0), state.range(1), state.range(1) <= 64 ? 10 : 1000);
   w.run();
+  bench::LoopClock clock;
   for (auto _ : state) w.run();
-  state.counters["images_per_s"] =
-      benchmark::Counter(double(state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["images_per_s"] = double(state.range(0)) / clock.seconds_per_iteration(state);
 }
 BENCHMARK(BM_resnet18_train_step)
     ->ArgNames({"batch", "HW"})
-    ->Args({32, 32})   // CIFAR-sized, small-image stem
-    ->Args({8, 224})   // ImageNet-sized
+    ->Args({32, 32})  // CIFAR-sized, small-image stem
+    ->Args({8, 224})  // ImageNet-sized
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0);
 

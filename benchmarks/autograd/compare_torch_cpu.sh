@@ -2,23 +2,26 @@
 # Our ResNet-18 training step (bench_autograd) and PyTorch's (resnet18_torch_peer.py) on this CPU,
 # back to back in one run so both see the same machine state, then the ratio.
 #
-#   benchmarks/autograd/compare_torch_cpu.sh [BUILD_DIR] [--reps N] [--config BATCHxHW] [--python PY]
+#   benchmarks/autograd/compare_torch_cpu.sh [BUILD_DIR] [--reps N] [--config BATCHxHW]
+#                                            [--threads T] [--python PY]
 #
 # BUILD_DIR (default build) holds benchmarks/autograd/bench_autograd. Each side times N steps
 # (default 5) after a warm-up step: ours as N repetitions of BM_resnet18_train_step (MinTime 2 s
 # gives one timed step per repetition at these sizes), the peer as N single-step timings; both
 # report the median. --config picks one configuration (32x32 or 8x224: batch x image size; default
-# both). Both sides run on one thread. PY defaults to /usr/bin/python3 when it has torch (Debian's
+# both). Both sides run on T threads (default 1): ours through SHARDKIT_NUM_THREADS, PyTorch's
+# through torch.set_num_threads. PY defaults to /usr/bin/python3 when it has torch (Debian's
 # python3-torch), else python3. The load average is printed first: other work on the cores skews
 # both sides, not necessarily alike.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=build reps=5 configs=() python=""
+build=build reps=5 configs=() python="" threads=1
 while (($#)); do
   case $1 in
     --reps) reps=$2; shift 2 ;;
     --config) configs+=("$2"); shift 2 ;;
     --python) python=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
     -*) echo "compare_torch_cpu: unknown option $1" >&2; exit 2 ;;
     *) build=$1; shift ;;
   esac
@@ -46,15 +49,15 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "== $(date -u '+%F %T') UTC, $(nproc) cores, load:$(uptime | sed 's/.*load average://')"
-echo "== ours: $bench --benchmark_filter='$filter' --benchmark_repetitions=$reps"
-"$bench" --benchmark_filter="$filter" --benchmark_repetitions="$reps" \
+echo "== ours: SHARDKIT_NUM_THREADS=$threads $bench --benchmark_filter='$filter' --benchmark_repetitions=$reps"
+SHARDKIT_NUM_THREADS=$threads "$bench" --benchmark_filter="$filter" --benchmark_repetitions="$reps" \
   --benchmark_report_aggregates_only=true --benchmark_out="$tmp/ours.json" --benchmark_out_format=json
-echo "== pytorch: $python $here/resnet18_torch_peer.py --threads 1 --iters $reps"
-"$python" "$here/resnet18_torch_peer.py" --threads 1 --warmup 1 --iters "$reps" --json \
+echo "== pytorch: $python $here/resnet18_torch_peer.py --threads $threads --iters $reps"
+"$python" "$here/resnet18_torch_peer.py" --threads "$threads" --warmup 1 --iters "$reps" --json \
   "${peer_configs[@]}" | tee "$tmp/peer.txt"
 echo "== load after:$(uptime | sed 's/.*load average://')"
 
-"$python" - "$tmp/ours.json" "$tmp/peer.txt" <<'PY'
+"$python" - "$tmp/ours.json" "$tmp/peer.txt" "$threads" <<'PY'
 import json, re, statistics, sys
 # The median aggregate where there are repetitions; with --reps 1 only the single run is there.
 medians, runs = {}, {}
@@ -74,13 +77,14 @@ for line in open(sys.argv[2]):
     if line.startswith("JSON "):
         r = json.loads(line[5:])
         peer[(r["batch"], r["hw"])] = r
-print("| ResNet-18 step | ours ms | ours img/s | PyTorch ms | PyTorch img/s | ours / PyTorch |")
-print("|---|---|---|---|---|---|")
+threads = sys.argv[3]
+print("| ResNet-18 step | threads | ours ms | ours img/s | PyTorch ms | PyTorch img/s | ours / PyTorch |")
+print("|---|---|---|---|---|---|---|")
 for key in sorted(ours, key=lambda k: -k[0]):
     if key not in peer:
         continue
     batch, hw = key
     o, p = ours[key], peer[key]["ms_median"]
-    print(f"| batch {batch}, {hw}x{hw} | {o:.0f} | {batch * 1e3 / o:.2f} | {p:.0f} | "
+    print(f"| batch {batch}, {hw}x{hw} | {threads} | {o:.0f} | {batch * 1e3 / o:.2f} | {p:.0f} | "
           f"{batch * 1e3 / p:.2f} | {p / o:.2f}x |")
 PY

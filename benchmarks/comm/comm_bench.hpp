@@ -77,7 +77,8 @@ inline void report_collective(benchmark::State& state, comm::CollectiveKind kind
   state.counters["algbw_GBps"] = algbw;
   state.counters["busbw_GBps"] = algbw * comm::bus_factor(kind, ranks).value();
   report_bandwidth(
-      state, static_cast<double>(bytes) * std::max(comm::bus_factor(kind, ranks).value(), 1e-9),
+      state, seconds,
+      static_cast<double>(bytes) * std::max(comm::bus_factor(kind, ranks).value(), 1e-9),
       host_copy_bytes_per_second(static_cast<std::size_t>(bytes)));
 }
 

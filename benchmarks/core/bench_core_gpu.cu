@@ -32,35 +32,38 @@ Buffers& buffers() {
 
 void BM_gpu_memcpy_ceiling(benchmark::State& state) {
   auto& s = buffers();
-  bench::time_on_stream(state, *s.ctx, [&] {
-    SK_CUDA_CHECK(cudaMemcpyAsync(s.b.data_ptr(), s.a.data_ptr(), s.a.nbytes(), cudaMemcpyDeviceToDevice, s.ctx->stream()));
+  const double seconds = bench::time_on_stream(state, *s.ctx, [&] {
+    SK_CUDA_CHECK(cudaMemcpyAsync(s.b.data_ptr(), s.a.data_ptr(), s.a.nbytes(),
+                                  cudaMemcpyDeviceToDevice, s.ctx->stream()));
   });
-  bench::report_bandwidth(state, 8.0 * kCount, s.ceiling());
+  bench::report_bandwidth(state, seconds, 8.0 * kCount, s.ceiling());
 }
 
 void BM_gpu_fill(benchmark::State& state) {
   auto& s = buffers();
-  bench::time_on_stream(state, *s.ctx, [&] { sk::fill(*s.ctx, s.b, 0.25); });
-  bench::report_bandwidth(state, 4.0 * kCount, s.ceiling());
+  const double seconds = bench::time_on_stream(state, *s.ctx, [&] { sk::fill(*s.ctx, s.b, 0.25); });
+  bench::report_bandwidth(state, seconds, 4.0 * kCount, s.ceiling());
 }
 
 void BM_gpu_copy_transposed(benchmark::State& state) {
   auto& s = buffers();
   const auto view = s.a.transpose(0, 1);
-  bench::time_on_stream(state, *s.ctx, [&] { sk::copy(*s.ctx, s.b, view); });
-  bench::report_bandwidth(state, 8.0 * kCount, s.ceiling());
+  const double seconds = bench::time_on_stream(state, *s.ctx, [&] { sk::copy(*s.ctx, s.b, view); });
+  bench::report_bandwidth(state, seconds, 8.0 * kCount, s.ceiling());
 }
 
 void BM_gpu_uniform(benchmark::State& state) {
   auto& s = buffers();
-  bench::time_on_stream(state, *s.ctx, [&] { sk::uniform_(*s.ctx, s.b, -1, 1); });
-  bench::report_bandwidth(state, 4.0 * kCount, s.ceiling());
+  const double seconds =
+      bench::time_on_stream(state, *s.ctx, [&] { sk::uniform_(*s.ctx, s.b, -1, 1); });
+  bench::report_bandwidth(state, seconds, 4.0 * kCount, s.ceiling());
 }
 
 void BM_gpu_cast_f32_to_bf16(benchmark::State& state) {
   auto& s = buffers();
-  bench::time_on_stream(state, *s.ctx, [&] { sk::copy(*s.ctx, s.half, s.a); });
-  bench::report_bandwidth(state, 6.0 * kCount, s.ceiling());
+  const double seconds =
+      bench::time_on_stream(state, *s.ctx, [&] { sk::copy(*s.ctx, s.half, s.a); });
+  bench::report_bandwidth(state, seconds, 6.0 * kCount, s.ceiling());
 }
 
 }  // namespace

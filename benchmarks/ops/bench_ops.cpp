@@ -1,11 +1,15 @@
-// Fused optimizer steps, casts and the unscale pass on the CPU (one thread), over ResNet-50's
-// 161 tensors and a flat buffer of 2^26 elements (2^28 would need 4 GiB per operand here), next
-// to the unfused LARC-SGD users run today. GBps = minimum bytes / time; pct_of_copy against a
-// memcpy of the same bytes in this run.
+// Fused optimizer steps, casts and the unscale pass on the CPU over ResNet-50's 161 tensors and
+// a flat buffer of 2^26 elements (2^28 would need 4 GiB per operand here), on 1 thread and on
+// every hardware thread (SHARDKIT_NUM_THREADS), next to the unfused LARC-SGD users run today
+// (one thread). GBps = minimum bytes / time; pct_of_copy against a memcpy on the same number of
+// threads, measured just before each benchmark. benchmarks/run runs this with repetitions
+// beside PyTorch's LARC + SGD (torch_larc_sgd.py) and tabulates both.
 #include "bench_common.hpp"
 #include "bench_ops_common.hpp"
 
 #include <cmath>
+#include <map>
+#include <memory>
 
 #include <shardkit/ops/ops.hpp>
 
@@ -19,26 +23,35 @@ constexpr std::int64_t kFlatElements = std::int64_t{1} << 26;
 
 bench::OpsWorkload& workload(bool flat, bool adam = false) {
   static sk::Context ctx({.seed = 11});
-  static bench::OpsWorkload resnet(ctx, false, 0, false), flat_buffer(ctx, true, kFlatElements);
-  static bench::OpsWorkload* resnet_adam = nullptr;
-  if (adam) {
-    if (!resnet_adam) resnet_adam = new bench::OpsWorkload(ctx, false, 0, true);
-    return *resnet_adam;
-  }
-  return flat ? flat_buffer : resnet;
+  static std::map<int, std::unique_ptr<bench::OpsWorkload>> cache;
+  auto& slot = cache[(flat ? 1 : 0) + (adam ? 2 : 0)];
+  if (!slot) slot = std::make_unique<bench::OpsWorkload>(ctx, flat, kFlatElements, adam);
+  return *slot;
 }
 
-sk::Context& context() {
-  static sk::Context ctx;
-  return ctx;
+// One context per thread count, so each benchmark runs on the threads its name says.
+sk::Context& context(int threads) {
+  static std::map<int, std::unique_ptr<sk::Context>> cache;
+  auto& slot = cache[threads];
+  if (!slot) slot = std::make_unique<sk::Context>(sk::ContextOptions{.cpu_threads = threads});
+  return *slot;
 }
 
-void report(benchmark::State& state, double bytes_per_param, std::int64_t params) {
+int threads_of(const benchmark::State& state) { return static_cast<int>(state.range(1)); }
+
+// Runs `step` as the benchmark loop and reports against a copy on the same threads.
+template <class Step>
+void run(benchmark::State& state, double bytes_per_param, std::int64_t params, Step&& step) {
   const double bytes = bytes_per_param * static_cast<double>(params);
-  bench::report_bandwidth(state, bytes,
-                          bench::host_copy_bytes_per_second(static_cast<std::size_t>(bytes / 2)));
-  state.counters["ms_per_step"] = benchmark::Counter(1e3, benchmark::Counter::kIsIterationInvariantRate |
-                                                               benchmark::Counter::kInvert);
+  const double ceiling =
+      bench::host_copy_bytes_per_second(static_cast<std::size_t>(bytes / 2), threads_of(state));
+  step();  // warm-up
+  bench::LoopClock clock;
+  for (auto _ : state) {
+    step();
+    benchmark::ClobberMemory();
+  }
+  bench::report_bandwidth(state, clock.seconds_per_iteration(state), bytes, ceiling);
 }
 
 ops::SgdOptions sgd_options() {
@@ -57,65 +70,58 @@ ops::LarcOptions larc_options() {
   return l;
 }
 
-void BM_copy(benchmark::State& state) {
-  const bool flat = state.range(0) != 0;
-  auto& w = workload(flat);
-  const auto bytes = static_cast<std::size_t>(w.params) * 4;
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  for (auto _ : state) {
-    std::memcpy(b.data(), a.data(), bytes);
-    benchmark::ClobberMemory();
-  }
-  report(state, 8, w.params);
-}
-
 void BM_sgd_momentum(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
+  auto& ctx = context(threads_of(state));
   const auto o = sgd_options();
-  for (auto _ : state) ops::sgd_step<ops::Cpu>(context(), o, {w.w, w.g, w.buf, {}});
-  report(state, bench::kSgdMomentumBytes, w.params);
+  run(state, bench::kSgdMomentumBytes, w.params, [&] {
+    ops::sgd_step<ops::Cpu>(ctx, o, {w.w, w.g, w.buf, {}});
+  });
 }
 
 void BM_sgd_momentum_bf16_copy(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
+  auto& ctx = context(threads_of(state));
   const auto o = sgd_options();
-  for (auto _ : state) ops::sgd_step<ops::Cpu>(context(), o, {w.w, w.g, w.buf, w.low});
-  report(state, bench::kSgdBf16CopyBytes, w.params);
+  run(state, bench::kSgdBf16CopyBytes, w.params, [&] {
+    ops::sgd_step<ops::Cpu>(ctx, o, {w.w, w.g, w.buf, w.low});
+  });
 }
 
-// Fused: per tensor, norms then update while the tensor is still in cache.
+// Fused: norms, coefficients and update per L2-sized batch of tensors.
 void BM_larc_sgd_fused(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
+  auto& ctx = context(threads_of(state));
   const auto o = sgd_options();
   const auto l = larc_options();
-  for (auto _ : state) ops::larc_sgd_step<ops::Cpu>(context(), o, l, {w.w, w.g, w.buf, {}});
-  report(state, bench::kLarcSgdBytes, w.params);
+  run(state, bench::kLarcSgdBytes, w.params, [&] {
+    ops::larc_sgd_step<ops::Cpu>(ctx, o, l, {w.w, w.g, w.buf, {}});
+  });
 }
 
 // Composed, as sharded training runs it: all norms (partials), coefficients, then the update.
 void BM_larc_sgd_composed(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
-  auto& ctx = context();
+  auto& ctx = context(threads_of(state));
   const auto o = sgd_options();
   const auto l = larc_options();
   const auto n = static_cast<std::int64_t>(w.w.size());
   auto sums = sk::empty(ctx, {2, n}, sk::DType::f64);
   auto coefficients = sk::empty(ctx, {n, 2}, sk::DType::f32);
-  for (auto _ : state) {
+  run(state, bench::kLarcSgdBytes, w.params, [&] {
     ops::segment_sums_of_squares<ops::Cpu>(ctx, w.w, w.g, sums);
     ops::larc_coefficients<ops::Cpu>(ctx, l, o.lr, 1.0f, sums, coefficients);
     ops::sgd_step<ops::Cpu>(ctx, o, {w.w, w.g, w.buf, {}}, coefficients);
-  }
-  report(state, bench::kLarcSgdBytes, w.params);
+  });
 }
 
-// What apex LARC + torch.optim.SGD do today, one pass per eager op: norm(w), norm(g),
-// g += wd·w, g *= rate per tensor; then buf = m·buf + g, w -= lr·buf per tensor.
+// What apex LARC + torch.optim.SGD do, one pass per eager op, in plain loops on one thread:
+// norm(w), norm(g), g += wd·w, g *= rate per tensor; then buf = m·buf + g, w -= lr·buf.
 void BM_larc_sgd_unfused(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
   const auto l = larc_options();
-  for (auto _ : state) {
+  run(state, bench::kLarcSgdBytes, w.params, [&] {
     for (std::size_t t = 0; t < w.w.size(); ++t) {
       float* p = w.w[t].data<float>();
       float* g = w.g[t].data<float>();
@@ -125,7 +131,8 @@ void BM_larc_sgd_unfused(benchmark::State& state) {
       for (std::int64_t i = 0; i < n; ++i) gsq += static_cast<double>(g[i]) * g[i];
       const double wn = std::sqrt(wsq), gn = std::sqrt(gsq);
       if (wn == 0 || gn == 0) continue;
-      const auto rate = static_cast<float>(l.trust_coefficient * wn / (gn + wn * l.weight_decay + l.eps));
+      const auto rate =
+          static_cast<float>(l.trust_coefficient * wn / (gn + wn * l.weight_decay + l.eps));
       for (std::int64_t i = 0; i < n; ++i) g[i] += l.weight_decay * p[i];
       for (std::int64_t i = 0; i < n; ++i) g[i] *= rate;
     }
@@ -138,49 +145,67 @@ void BM_larc_sgd_unfused(benchmark::State& state) {
       for (std::int64_t i = 0; i < n; ++i) b[i] += g[i];
       for (std::int64_t i = 0; i < n; ++i) p[i] -= o.lr * b[i];
     }
-    benchmark::ClobberMemory();
-  }
-  report(state, bench::kLarcSgdBytes, w.params);
+  });
 }
 
 void BM_adamw(benchmark::State& state) {
-  auto& w = workload(false, true);
+  auto& w = workload(state.range(0) != 0, true);
+  auto& ctx = context(threads_of(state));
   ops::AdamOptions o;
   o.decoupled_weight_decay = true;
   o.weight_decay = 0.01f;
   o.step = 10;
-  for (auto _ : state) ops::adam_step<ops::Cpu>(context(), o, {w.w, w.g, w.m, w.v, {}});
-  report(state, bench::kAdamBytes, w.params);
+  run(state, bench::kAdamBytes, w.params, [&] {
+    ops::adam_step<ops::Cpu>(ctx, o, {w.w, w.g, w.m, w.v, {}});
+  });
 }
 
 void BM_cast_f32_to_bf16(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
-  for (auto _ : state) ops::cast<ops::Cpu>(context(), w.w, w.low);
-  report(state, bench::kCastBytes, w.params);
+  auto& ctx = context(threads_of(state));
+  run(state, bench::kCastBytes, w.params, [&] { ops::cast<ops::Cpu>(ctx, w.w, w.low); });
 }
 
 void BM_unscale_and_check(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
-  auto& ctx = context();
+  auto& ctx = context(threads_of(state));
   auto found = sk::zeros(ctx, {1}, sk::DType::f32);
   auto sums = sk::empty(ctx, {1, static_cast<std::int64_t>(w.g.size())}, sk::DType::f64);
-  for (auto _ : state) ops::unscale_and_check<ops::Cpu>(ctx, 1.0f, w.g, found, sums);
-  report(state, bench::kUnscaleBytes, w.params);
+  run(state, bench::kUnscaleBytes, w.params,
+      [&] { ops::unscale_and_check<ops::Cpu>(ctx, 1.0f, w.g, found, sums); });
 }
 
-void workloads_arg(benchmark::internal::Benchmark* b) {
-  b->ArgName("flat")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+// {flat: 0 ResNet-50's tensors, 1 one flat buffer} x {threads: 1, every hardware thread}.
+void workloads_and_threads(benchmark::internal::Benchmark* b) {
+  const int all = sk::default_cpu_threads();
+  b->ArgNames({"flat", "threads"});
+  for (int flat : {0, 1}) {
+    b->Args({flat, 1});
+    if (all > 1) b->Args({flat, all});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+}
+
+void resnet50_and_threads(benchmark::internal::Benchmark* b) {
+  const int all = sk::default_cpu_threads();
+  b->ArgNames({"flat", "threads"})->Args({0, 1});
+  if (all > 1) b->Args({0, all});
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 }
 
 }  // namespace
 
-BENCHMARK(BM_copy)->Apply(workloads_arg);
-BENCHMARK(BM_sgd_momentum)->Apply(workloads_arg);
-BENCHMARK(BM_sgd_momentum_bf16_copy)->Apply(workloads_arg);
-BENCHMARK(BM_larc_sgd_fused)->Apply(workloads_arg);
-BENCHMARK(BM_larc_sgd_composed)->Apply(workloads_arg);
-BENCHMARK(BM_larc_sgd_unfused)->Apply(workloads_arg);
-BENCHMARK(BM_adamw)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
-BENCHMARK(BM_cast_f32_to_bf16)->Apply(workloads_arg);
-BENCHMARK(BM_unscale_and_check)->Apply(workloads_arg);
+BENCHMARK(BM_sgd_momentum)->Apply(workloads_and_threads);
+BENCHMARK(BM_sgd_momentum_bf16_copy)->Apply(workloads_and_threads);
+BENCHMARK(BM_larc_sgd_fused)->Apply(workloads_and_threads);
+BENCHMARK(BM_larc_sgd_composed)->Apply(workloads_and_threads);
+BENCHMARK(BM_larc_sgd_unfused)
+    ->ArgNames({"flat", "threads"})
+    ->Args({0, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(1.0);
+BENCHMARK(BM_adamw)->Apply(resnet50_and_threads);
+BENCHMARK(BM_cast_f32_to_bf16)->Apply(workloads_and_threads);
+BENCHMARK(BM_unscale_and_check)->Apply(workloads_and_threads);
 BENCHMARK_MAIN();

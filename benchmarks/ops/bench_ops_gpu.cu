@@ -33,13 +33,15 @@ bench::OpsWorkload& workload(bool flat, bool adam = false) {
 }
 
 template <class Op>
-void time_on_stream(benchmark::State& state, Op&& op) {
-  bench::time_on_stream(state, context(), std::forward<Op>(op));
+double time_on_stream(benchmark::State& state, Op&& op) {
+  return bench::time_on_stream(state, context(), std::forward<Op>(op));
 }
 
-void report(benchmark::State& state, double bytes_per_param, std::int64_t params) {
+void report(benchmark::State& state, double seconds, double bytes_per_param, std::int64_t params) {
   const double bytes = bytes_per_param * static_cast<double>(params);
-  bench::report_bandwidth(state, bytes, bench::device_copy_bytes_per_second(context(), static_cast<std::size_t>(bytes / 2)));
+  bench::report_bandwidth(
+      state, seconds, bytes,
+      bench::device_copy_bytes_per_second(context(), static_cast<std::size_t>(bytes / 2)));
 }
 
 ops::SgdOptions sgd_options() {
@@ -61,34 +63,40 @@ ops::LarcOptions larc_options() {
 void BM_gpu_copy(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   auto& ctx = context();
-  time_on_stream(state, [&] {
+  const double seconds = time_on_stream(state, [&] {
     for (std::size_t t = 0; t < w.w.size(); ++t)
       SK_CUDA_CHECK(cudaMemcpyAsync(w.buf[t].data_ptr(), w.w[t].data_ptr(), w.w[t].nbytes(),
                                     cudaMemcpyDeviceToDevice, ctx.stream()));
   });
-  report(state, 8, w.params);
+  report(state, seconds, 8, w.params);
 }
 
 void BM_gpu_sgd_momentum(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
-  time_on_stream(state, [&] { ops::sgd_step<ops::Cuda>(context(), o, {w.w, w.g, w.buf, {}}); });
-  report(state, bench::kSgdMomentumBytes, w.params);
+  const double seconds = time_on_stream(state, [&] {
+    ops::sgd_step<ops::Cuda>(context(), o, {w.w, w.g, w.buf, {}});
+  });
+  report(state, seconds, bench::kSgdMomentumBytes, w.params);
 }
 
 void BM_gpu_sgd_momentum_bf16_copy(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
-  time_on_stream(state, [&] { ops::sgd_step<ops::Cuda>(context(), o, {w.w, w.g, w.buf, w.low}); });
-  report(state, bench::kSgdBf16CopyBytes, w.params);
+  const double seconds = time_on_stream(state, [&] {
+    ops::sgd_step<ops::Cuda>(context(), o, {w.w, w.g, w.buf, w.low});
+  });
+  report(state, seconds, bench::kSgdBf16CopyBytes, w.params);
 }
 
 void BM_gpu_larc_sgd_fused(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
   const auto l = larc_options();
-  time_on_stream(state, [&] { ops::larc_sgd_step<ops::Cuda>(context(), o, l, {w.w, w.g, w.buf, {}}); });
-  report(state, bench::kLarcSgdBytes, w.params);
+  const double seconds = time_on_stream(state, [&] {
+    ops::larc_sgd_step<ops::Cuda>(context(), o, l, {w.w, w.g, w.buf, {}});
+  });
+  report(state, seconds, bench::kLarcSgdBytes, w.params);
 }
 
 // The LARC scaling as its own pass, as apex does it eagerly: g <- a·g + b·w, rewriting g.
@@ -120,7 +128,7 @@ void BM_gpu_larc_sgd_unfused(benchmark::State& state) {
     coefficients.push_back(sk::empty(ctx, {1, 2}, sk::DType::f32));
   }
   const std::span<const sk::Tensor> none;
-  time_on_stream(state, [&] {
+  const double seconds = time_on_stream(state, [&] {
     for (std::size_t t = 0; t < n; ++t) {
       const std::span<const sk::Tensor> wt(&w.w[t], 1), gt(&w.g[t], 1);
       ops::segment_sums_of_squares<ops::Cuda>(ctx, wt, none, sums[t].slice(0, 0, 1));
@@ -138,7 +146,7 @@ void BM_gpu_larc_sgd_unfused(benchmark::State& state) {
       ops::sgd_step<ops::Cuda>(ctx, o, {wt, gt, bt, {}});
     }
   });
-  report(state, bench::kLarcSgdBytes, w.params);
+  report(state, seconds, bench::kLarcSgdBytes, w.params);
 }
 
 void BM_gpu_adamw(benchmark::State& state) {
@@ -147,14 +155,17 @@ void BM_gpu_adamw(benchmark::State& state) {
   o.decoupled_weight_decay = true;
   o.weight_decay = 0.01f;
   o.step = 10;
-  time_on_stream(state, [&] { ops::adam_step<ops::Cuda>(context(), o, {w.w, w.g, w.m, w.v, {}}); });
-  report(state, bench::kAdamBytes, w.params);
+  const double seconds = time_on_stream(state, [&] {
+    ops::adam_step<ops::Cuda>(context(), o, {w.w, w.g, w.m, w.v, {}});
+  });
+  report(state, seconds, bench::kAdamBytes, w.params);
 }
 
 void BM_gpu_cast_f32_to_bf16(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
-  time_on_stream(state, [&] { ops::cast<ops::Cuda>(context(), w.w, w.low); });
-  report(state, bench::kCastBytes, w.params);
+  const double seconds =
+      time_on_stream(state, [&] { ops::cast<ops::Cuda>(context(), w.w, w.low); });
+  report(state, seconds, bench::kCastBytes, w.params);
 }
 
 void BM_gpu_unscale_and_check(benchmark::State& state) {
@@ -162,8 +173,9 @@ void BM_gpu_unscale_and_check(benchmark::State& state) {
   auto& ctx = context();
   auto found = sk::zeros(ctx, {1}, sk::DType::f32);
   auto sums = sk::empty(ctx, {1, static_cast<std::int64_t>(w.g.size())}, sk::DType::f64);
-  time_on_stream(state, [&] { ops::unscale_and_check<ops::Cuda>(ctx, 1.0f, w.g, found, sums); });
-  report(state, bench::kUnscaleBytes, w.params);
+  const double seconds = time_on_stream(
+      state, [&] { ops::unscale_and_check<ops::Cuda>(ctx, 1.0f, w.g, found, sums); });
+  report(state, seconds, bench::kUnscaleBytes, w.params);
 }
 
 void workloads_arg(benchmark::internal::Benchmark* b) {
