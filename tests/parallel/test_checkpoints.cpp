@@ -58,7 +58,7 @@ struct Snapshot {
   sk::optim::OptimizerState state;
 };
 
-struct Job {
+struct CheckpointJob {
   Where where;
   OptimizerKind kind = OptimizerKind::adamw;
   int first_step = 0;  // batches and learning rates continue from here
@@ -78,7 +78,7 @@ sk::parallel::ShardedModuleOptions options_for(Stage stage) {
   return options;
 }
 
-Snapshot run(const Job& job) {
+Snapshot run(const CheckpointJob& job) {
   Snapshot out;
   sk::comm::run_ranks(job.where.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, job.seed + static_cast<std::uint64_t>(comm.rank()));
@@ -134,7 +134,7 @@ TEST_CASE("a checkpoint of any stage and world size loads exactly into any other
     for (auto layout : {CheckpointLayout::full, CheckpointLayout::sharded}) {
       for (const auto& from : sources) {
         const auto dir = scratch("any_to_any");
-        Job save;
+        CheckpointJob save;
         save.where = from;
         save.kind = kind;
         save.save_to = dir.string();
@@ -142,7 +142,7 @@ TEST_CASE("a checkpoint of any stage and world size loads exactly into any other
         const auto saved = run(save);
         REQUIRE(saved.state.steps == 3);
         for (const auto& to : targets) {
-          Job load;
+          CheckpointJob load;
           load.where = to;
           load.kind = kind;
           load.steps = 0;
@@ -162,7 +162,7 @@ TEST_CASE("a checkpoint of any stage and world size loads exactly into any other
 
 TEST_CASE("a run stopped and resumed under another stage continues bit for bit") {
   for (auto kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
-    Job whole;
+    CheckpointJob whole;
     whole.where = {Stage::fsdp, 3};
     whole.kind = kind;
     whole.steps = 6;
@@ -170,14 +170,14 @@ TEST_CASE("a run stopped and resumed under another stage continues bit for bit")
     for (auto layout : {CheckpointLayout::sharded, CheckpointLayout::full}) {
       for (auto resume_stage : {Stage::sdp, Stage::ddp, Stage::fsdp}) {
         const auto dir = scratch("resume");
-        Job first = whole;
+        CheckpointJob first = whole;
         first.steps = 3;
         first.save_to = dir.string();
         first.save.layout = layout;
         first.save.metadata = {{"epoch", "0"}, {"sampler.start_iter", "3"}};
         (void)run(first);
         std::map<std::string, std::string> metadata;
-        Job second = whole;
+        CheckpointJob second = whole;
         second.where.stage = resume_stage;
         second.first_step = 3;
         second.steps = 3;
@@ -228,7 +228,7 @@ TEST_CASE("a full save streams through bounded chunks, and its model file is a s
 TEST_CASE("checkpoints that do not fit or do not belong together are refused by name") {
   const auto dir = scratch("bad");
   auto save = [&](Where where, CheckpointLayout layout, const std::string& to, int steps = 1) {
-    Job job;
+    CheckpointJob job;
     job.where = where;
     job.steps = steps;
     job.save_to = to;
@@ -320,7 +320,7 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
   int caught = 0;
   for (const auto layout : {CheckpointLayout::full, CheckpointLayout::sharded}) {
     const auto folder = (dir / std::string(sk::io::checkpoint_layout_name(layout))).string();
-    Job job;
+    CheckpointJob job;
     job.where = {Stage::fsdp, 2};
     job.save_to = folder;
     job.save.layout = layout;
@@ -374,7 +374,7 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
 TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the original did") {
   const auto dir = scratch("rewritten");
   const auto original = (dir / "original").string();
-  Job save;
+  CheckpointJob save;
   save.where = {Stage::fsdp, 2};
   save.save_to = original;
   save.save.layout = CheckpointLayout::sharded;
@@ -386,7 +386,7 @@ TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the
   sk::io::reshard_checkpoint(original, three, 3);
   sk::io::reshard_checkpoint(full, one, 1);
   auto load = [&](const std::string& from, std::map<std::string, std::string>* metadata) {
-    Job job;
+    CheckpointJob job;
     job.where = {Stage::oss, 3};
     job.steps = 0;
     job.load_from = from;

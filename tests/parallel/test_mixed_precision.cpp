@@ -81,7 +81,7 @@ struct Scaling {
   int omit_step = -1;  // no backward, no step at all, the scale backed off (the reference)
 };
 
-struct Outcome {
+struct PrecisionOutcome {
   std::vector<bool> stepped;  // per step: taken (true) or skipped
   double final_scale = 0;
   std::vector<float> masters;  // rank 0: every parameter's f32 master, table order by name
@@ -116,9 +116,9 @@ std::vector<float> gather_masters(sk::Context& ctx, sk::comm::Communicator& comm
   return out;
 }
 
-Outcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
-                  MixedPrecision precision, int steps, Scaling scaling = {}) {
-  Outcome out;
+PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
+                           MixedPrecision precision, int steps, Scaling scaling = {}) {
+  PrecisionOutcome out;
   const auto specs = trainable_specs();
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     const int rank = comm.rank();
