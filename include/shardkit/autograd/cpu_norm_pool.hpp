@@ -8,53 +8,76 @@
 #include <vector>
 
 #include "shardkit/autograd/cpu_kernels.hpp"
+#include "shardkit/core/thread_pool.hpp"
 
 namespace shardkit::autograd::cpu {
 
 // Batch-norm in training mode, in pieces a synchronised batch-norm reuses across ranks: the
 // per-channel moments, the per-channel affine map, the gradient sums and the input gradient.
 // All statistics are double; x and y are f32 or f64.
+//
+// Each piece runs on the context's thread pool, one channel (or one (n, c) plane) per task:
+// a channel's sums are made by one thread in a fixed order, so the bits do not depend on the
+// thread count. Sums run over eight independent double lanes (combined pairwise at the end)
+// so the compiler can vectorise them; a single running sum would be one dependent add chain.
+
+// sum over i < n of f(i), in eight lanes of doubles.
+template <class F>
+inline double lane_sum(std::int64_t n, F&& f) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += f(i + j);
+  double tail = 0;
+  for (; i < n; ++i) tail += f(i);
+  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7])) +
+         tail;
+}
 
 // mean[c] and m2[c] (the sum of squared deviations from the mean) of each channel over
 // (outer, inner), in two passes.
-inline void channel_moments(const Tensor& x, std::int64_t outer, std::int64_t channels,
-                            std::int64_t inner, double* mean, double* m2) {
+inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t outer,
+                            std::int64_t channels, std::int64_t inner, double* mean, double* m2) {
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
     const double count = double(outer * inner);
-    for (std::int64_t c = 0; c < channels; ++c) {
+    pool.parallel_for(channels, [&](std::int64_t c) {
       double sum = 0;
       for (std::int64_t n = 0; n < outer; ++n) {
         const T* row = in + (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) sum += row[i];
+        sum += lane_sum(inner, [row](std::int64_t i) { return double(row[i]); });
       }
       const double mu = sum / count;
       double sq = 0;
       for (std::int64_t n = 0; n < outer; ++n) {
         const T* row = in + (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) sq += (row[i] - mu) * (row[i] - mu);
+        sq += lane_sum(inner, [row, mu](std::int64_t i) {
+          const double d = double(row[i]) - mu;
+          return d * d;
+        });
       }
       mean[c] = mu;
       m2[c] = sq;
-    }
+    });
   });
 }
 
 // y[o, c, i] = x[o, c, i] * scale[c] + shift[c]
-inline void channel_affine(const Tensor& x, const Tensor& y, const double* scale,
+inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, const double* scale,
                            const double* shift, std::int64_t outer, std::int64_t channels,
                            std::int64_t inner) {
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
     T* out = static_cast<T*>(y.data_ptr());
-    for (std::int64_t n = 0; n < outer; ++n)
-      for (std::int64_t c = 0; c < channels; ++c) {
-        const std::int64_t at = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i)
-          out[at + i] = static_cast<T>(in[at + i] * scale[c] + shift[c]);
-      }
+    pool.parallel_for(outer * channels, [&](std::int64_t plane) {
+      const std::int64_t c = plane % channels, at = plane * inner;
+      const double a = scale[c], b = shift[c];
+      const T* src = in + at;
+      T* dst = out + at;
+      for (std::int64_t i = 0; i < inner; ++i) dst[i] = static_cast<T>(src[i] * a + b);
+    });
   });
 }
 
@@ -62,12 +85,13 @@ inline void channel_affine(const Tensor& x, const Tensor& y, const double* scale
 // over several ranks), saves mean and 1/sqrt(var + eps) in the statistics dtype, and (when
 // running_mean is defined) folds them into the running statistics with PyTorch's momentum rule
 // and the unbiased variance.
-inline void batch_norm_normalize(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                 const Tensor& running_mean, const Tensor& running_var,
-                                 double momentum, double eps, const Tensor& y,
-                                 const Tensor& save_mean, const Tensor& save_invstd,
-                                 std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                                 double count, const double* mean, const double* m2) {
+inline void batch_norm_normalize(ThreadPool& pool, const Tensor& x, const Tensor& weight,
+                                 const Tensor& bias, const Tensor& running_mean,
+                                 const Tensor& running_var, double momentum, double eps,
+                                 const Tensor& y, const Tensor& save_mean,
+                                 const Tensor& save_invstd, std::int64_t outer,
+                                 std::int64_t channels, std::int64_t inner, double count,
+                                 const double* mean, const double* m2) {
   std::vector<double> scale(static_cast<std::size_t>(channels)),
       shift(static_cast<std::size_t>(channels));
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
@@ -92,81 +116,79 @@ inline void batch_norm_normalize(const Tensor& x, const Tensor& weight, const Te
       }
     }
   });
-  channel_affine(x, y, scale.data(), shift.data(), outer, channels, inner);
+  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner);
 }
 
 // Training: normalises with the batch statistics of each channel over (outer, inner).
-inline void batch_norm_train_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                     const Tensor& running_mean, const Tensor& running_var,
-                                     double momentum, double eps, const Tensor& y,
-                                     const Tensor& save_mean, const Tensor& save_invstd,
-                                     std::int64_t outer, std::int64_t channels,
-                                     std::int64_t inner) {
+inline void batch_norm_train_forward(ThreadPool& pool, const Tensor& x, const Tensor& weight,
+                                     const Tensor& bias, const Tensor& running_mean,
+                                     const Tensor& running_var, double momentum, double eps,
+                                     const Tensor& y, const Tensor& save_mean,
+                                     const Tensor& save_invstd, std::int64_t outer,
+                                     std::int64_t channels, std::int64_t inner) {
   std::vector<double> mean(static_cast<std::size_t>(channels)),
       m2(static_cast<std::size_t>(channels));
-  channel_moments(x, outer, channels, inner, mean.data(), m2.data());
-  batch_norm_normalize(x, weight, bias, running_mean, running_var, momentum, eps, y, save_mean,
-                       save_invstd, outer, channels, inner, double(outer * inner), mean.data(),
-                       m2.data());
+  channel_moments(pool, x, outer, channels, inner, mean.data(), m2.data());
+  batch_norm_normalize(pool, x, weight, bias, running_mean, running_var, momentum, eps, y,
+                       save_mean, save_invstd, outer, channels, inner, double(outer * inner),
+                       mean.data(), m2.data());
 }
 
-inline void batch_norm_eval_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    const Tensor& mean, const Tensor& var, double eps,
-                                    const Tensor& y, std::int64_t outer, std::int64_t channels,
-                                    std::int64_t inner) {
+inline void batch_norm_eval_forward(ThreadPool& pool, const Tensor& x, const Tensor& weight,
+                                    const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                    double eps, const Tensor& y, std::int64_t outer,
+                                    std::int64_t channels, std::int64_t inner) {
+  std::vector<double> scale(static_cast<std::size_t>(channels)),
+      shift(static_cast<std::size_t>(channels));
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
-    const T* in = static_cast<const T*>(x.data_ptr());
-    T* out = static_cast<T*>(y.data_ptr());
     const T* w = static_cast<const T*>(weight.data_ptr());
     const T* b = static_cast<const T*>(bias.data_ptr());
     const T* m = static_cast<const T*>(mean.data_ptr());
     const T* v = static_cast<const T*>(var.data_ptr());
-    for (std::int64_t n = 0; n < outer; ++n)
-      for (std::int64_t c = 0; c < channels; ++c) {
-        const double scale = w[c] / std::sqrt(double(v[c]) + eps), shift = b[c] - m[c] * scale;
-        const std::int64_t at = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i)
-          out[at + i] = static_cast<T>(in[at + i] * scale + shift);
-      }
+    for (std::int64_t c = 0; c < channels; ++c) {
+      scale[static_cast<std::size_t>(c)] = w[c] / std::sqrt(double(v[c]) + eps);
+      shift[static_cast<std::size_t>(c)] = b[c] - m[c] * scale[static_cast<std::size_t>(c)];
+    }
   });
+  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner);
 }
 
 // The sums training-mode backward needs, per channel: sum_g = sum(g) and
 // sum_gxhat = sum(g * (x - mean)) * invstd, with the saved statistics.
-inline void batch_norm_grad_sums(const Tensor& x, const Tensor& grad_y, const Tensor& save_mean,
-                                 const Tensor& save_invstd, std::int64_t outer,
-                                 std::int64_t channels, std::int64_t inner, double* sum_g,
-                                 double* sum_gxhat) {
+inline void batch_norm_grad_sums(ThreadPool& pool, const Tensor& x, const Tensor& grad_y,
+                                 const Tensor& save_mean, const Tensor& save_invstd,
+                                 std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                                 double* sum_g, double* sum_gxhat) {
   visit_real(x.dtype(), "batch_norm backward", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
     const T* gy = static_cast<const T*>(grad_y.data_ptr());
     const T* sm = static_cast<const T*>(save_mean.data_ptr());
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
-    for (std::int64_t c = 0; c < channels; ++c) {
+    pool.parallel_for(channels, [&](std::int64_t c) {
       const double mean = sm[c];
       double sg = 0, sgx = 0;
       for (std::int64_t n = 0; n < outer; ++n) {
-        const std::int64_t at = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) {
-          sg += gy[at + i];
-          sgx += gy[at + i] * (in[at + i] - mean);
-        }
+        const T* g = gy + (n * channels + c) * inner;
+        const T* v = in + (n * channels + c) * inner;
+        sg += lane_sum(inner, [g](std::int64_t i) { return double(g[i]); });
+        sgx += lane_sum(
+            inner, [g, v, mean](std::int64_t i) { return double(g[i]) * (double(v[i]) - mean); });
       }
       sum_g[c] = sg;
       sum_gxhat[c] = sgx * double(si[c]);
-    }
+    });
   });
 }
 
 // Training-mode input gradient through the batch statistics of `count` values per channel:
 //   grad_x = w * invstd / count * (count * g - sum_g - xhat * sum_gxhat).
-inline void batch_norm_input_grad(const Tensor& x, const Tensor& grad_y, const Tensor& weight,
-                                  const Tensor& save_mean, const Tensor& save_invstd,
-                                  const Tensor& grad_x, std::int64_t outer, std::int64_t channels,
-                                  std::int64_t inner, double count, const double* sum_g,
-                                  const double* sum_gxhat) {
+inline void batch_norm_input_grad(ThreadPool& pool, const Tensor& x, const Tensor& grad_y,
+                                  const Tensor& weight, const Tensor& save_mean,
+                                  const Tensor& save_invstd, const Tensor& grad_x,
+                                  std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                                  double count, const double* sum_g, const double* sum_gxhat) {
   visit_real(x.dtype(), "batch_norm backward", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
@@ -175,17 +197,18 @@ inline void batch_norm_input_grad(const Tensor& x, const Tensor& grad_y, const T
     const T* sm = static_cast<const T*>(save_mean.data_ptr());
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
     T* gx = static_cast<T*>(grad_x.data_ptr());
-    for (std::int64_t c = 0; c < channels; ++c) {
+    pool.parallel_for(outer * channels, [&](std::int64_t plane) {
+      const std::int64_t c = plane % channels, at = plane * inner;
       const double mean = sm[c], invstd = si[c];
-      const double k = w[c] * invstd / count;
-      for (std::int64_t n = 0; n < outer; ++n) {
-        const std::int64_t at = (n * channels + c) * inner;
-        for (std::int64_t i = 0; i < inner; ++i) {
-          const double xhat = (in[at + i] - mean) * invstd;
-          gx[at + i] = static_cast<T>(k * (count * gy[at + i] - sum_g[c] - xhat * sum_gxhat[c]));
-        }
+      const double k = w[c] * invstd / count, sg = sum_g[c], sgx = sum_gxhat[c];
+      const T* v = in + at;
+      const T* g = gy + at;
+      T* out = gx + at;
+      for (std::int64_t i = 0; i < inner; ++i) {
+        const double xhat = (v[i] - mean) * invstd;
+        out[i] = static_cast<T>(k * (count * g[i] - sg - xhat * sgx));
       }
-    }
+    });
   });
 }
 
@@ -206,19 +229,20 @@ inline void store_channel_grads(const double* sum_g, const double* sum_gxhat,
 }
 
 // Training-mode backward of one rank's batch: grad_weight = sum(g * xhat), grad_bias = sum(g).
-inline void batch_norm_train_backward(const Tensor& x, const Tensor& grad_y, const Tensor& weight,
-                                      const Tensor& save_mean, const Tensor& save_invstd,
-                                      const Tensor& grad_x, const Tensor& grad_weight,
-                                      const Tensor& grad_bias, std::int64_t outer,
-                                      std::int64_t channels, std::int64_t inner) {
+inline void batch_norm_train_backward(ThreadPool& pool, const Tensor& x, const Tensor& grad_y,
+                                      const Tensor& weight, const Tensor& save_mean,
+                                      const Tensor& save_invstd, const Tensor& grad_x,
+                                      const Tensor& grad_weight, const Tensor& grad_bias,
+                                      std::int64_t outer, std::int64_t channels,
+                                      std::int64_t inner) {
   std::vector<double> sum_g(static_cast<std::size_t>(channels)),
       sum_gxhat(static_cast<std::size_t>(channels));
-  batch_norm_grad_sums(x, grad_y, save_mean, save_invstd, outer, channels, inner, sum_g.data(),
-                       sum_gxhat.data());
+  batch_norm_grad_sums(pool, x, grad_y, save_mean, save_invstd, outer, channels, inner,
+                       sum_g.data(), sum_gxhat.data());
   store_channel_grads(sum_g.data(), sum_gxhat.data(), grad_weight, grad_bias, channels);
   if (grad_x.defined())
-    batch_norm_input_grad(x, grad_y, weight, save_mean, save_invstd, grad_x, outer, channels, inner,
-                          double(outer * inner), sum_g.data(), sum_gxhat.data());
+    batch_norm_input_grad(pool, x, grad_y, weight, save_mean, save_invstd, grad_x, outer, channels,
+                          inner, double(outer * inner), sum_g.data(), sum_gxhat.data());
 }
 
 struct PoolGeometry {

@@ -1,10 +1,12 @@
 // Tensor-level math without autograd, dispatched by device: element-wise ops through the
-// function table, GEMM/convolution/batch-norm/pooling through Eigen (CPU; f16/bf16 computed in
-// f32, cpu_widen.hpp) or cuBLAS/cuDNN.
+// function table; on the CPU, f32 GEMM and convolution through oneDNN when the build has it
+// (cpu_dnnl.hpp), f64 and builds without it through Eigen, batch-norm and pooling through
+// Eigen (f16/bf16 computed in f32, cpu_widen.hpp); on the GPU, cuBLAS/cuDNN.
 // Results are new contiguous tensors counted as activations.
 #pragma once
 
 #include "shardkit/autograd/cpu_conv.hpp"
+#include "shardkit/autograd/cpu_dnnl.hpp"
 #include "shardkit/autograd/cpu_kernels.hpp"
 #include "shardkit/autograd/cpu_norm_pool.hpp"
 #include "shardkit/autograd/cuda_libraries.hpp"
@@ -54,6 +56,10 @@ inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& 
     return cpu::in_f32(
         ctx,
         [&](const Tensor& x, const Tensor& y, const Tensor& z) {
+#if SK_WITH_DNNL
+          if (z.dtype() == DType::f32)
+            return cpu::dnnl::sgemm(ctx, x, transpose_a, y, transpose_b, z, alpha, beta);
+#endif
           cpu::gemm(x, transpose_a, y, transpose_b, z, alpha, beta);
         },
         a, b, c);
@@ -69,7 +75,12 @@ inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const
   if (x.device().is_cpu())
     return cpu::in_f32(
         ctx,
-        [&](const Tensor& a, const Tensor& b, const Tensor& c) { cpu::conv2d_forward(a, b, c, g); },
+        [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+#if SK_WITH_DNNL
+          if (a.dtype() == DType::f32) return cpu::dnnl::convolutions(ctx).forward(ctx, a, b, c, g);
+#endif
+          cpu::conv2d_forward(a, b, c, g);
+        },
         x, w, y);
 #if SK_WITH_CUDA
   cuda::conv2d_forward(ctx, x, w, y, g);
@@ -84,6 +95,10 @@ inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, cons
     return cpu::in_f32(
         ctx,
         [&](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d, const Tensor& e) {
+#if SK_WITH_DNNL
+          if (a.dtype() == DType::f32)
+            return cpu::dnnl::convolutions(ctx).backward(ctx, a, b, c, d, e, g);
+#endif
           cpu::conv2d_backward(a, b, c, d, e, g);
         },
         x, w, gy, gx, gw);

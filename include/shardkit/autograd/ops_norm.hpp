@@ -44,7 +44,8 @@ inline double group_moments(Context& ctx, BatchStatsGroup& group, const Tensor& 
   const auto C = static_cast<std::size_t>(s.channels);
   std::vector<double> local(1 + 2 * C);
   local[0] = double(s.outer * s.inner);
-  cpu::channel_moments(x, s.outer, s.channels, s.inner, local.data() + 1, local.data() + 1 + C);
+  cpu::channel_moments(ctx.cpu_pool(), x, s.outer, s.channels, s.inner, local.data() + 1,
+                       local.data() + 1 + C);
   const auto all = to_vector<double>(
       ctx,
       group.all_gather(ctx, from_vector(ctx, local, {static_cast<std::int64_t>(local.size())})));
@@ -94,8 +95,8 @@ struct BatchNormNode final : Node {
         cpu::in_f32(
             ctx,
             [&](const Tensor& a, const Tensor& b, const Tensor& d) {
-              cpu::batch_norm_train_backward(a, b, weight, mean, invstd_or_var, d, gw, gb, s.outer,
-                                             s.channels, s.inner);
+              cpu::batch_norm_train_backward(ctx.cpu_pool(), a, b, weight, mean, invstd_or_var, d,
+                                             gw, gb, s.outer, s.channels, s.inner);
             },
             x, g, gx);
       } else {
@@ -123,15 +124,15 @@ struct BatchNormNode final : Node {
                        const Tensor& gw, const Tensor& gb) {
     const auto C = static_cast<std::size_t>(s.channels);
     std::vector<double> sums(2 * C);
-    cpu::batch_norm_grad_sums(x32, g, mean, invstd_or_var, s.outer, s.channels, s.inner,
-                              sums.data(), sums.data() + C);
+    cpu::batch_norm_grad_sums(ctx.cpu_pool(), x32, g, mean, invstd_or_var, s.outer, s.channels,
+                              s.inner, sums.data(), sums.data() + C);
     cpu::store_channel_grads(sums.data(), sums.data() + C, gw, gb, s.channels);
     Tensor group_sums = from_vector(ctx, sums, {static_cast<std::int64_t>(sums.size())});
     sync->all_reduce_sum(ctx, group_sums);  // every member calls this, gx wanted or not
     if (!gx.defined()) return;
     const auto total = to_vector<double>(ctx, group_sums);
-    cpu::batch_norm_input_grad(x32, g, weight, mean, invstd_or_var, gx, s.outer, s.channels,
-                               s.inner, group_count, total.data(), total.data() + C);
+    cpu::batch_norm_input_grad(ctx.cpu_pool(), x32, g, weight, mean, invstd_or_var, gx, s.outer,
+                               s.channels, s.inner, group_count, total.data(), total.data() + C);
   }
 };
 
@@ -195,9 +196,9 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
         [&](const Tensor& a, const Tensor& b) {
           std::vector<double> mean, m2;
           group_count = detail::group_moments(ctx, *o.sync, a, s, mean, m2);
-          cpu::batch_norm_normalize(a, wd, bd, rm, rv, o.momentum, o.eps, b, saved_a, saved_b,
-                                    s.outer, s.channels, s.inner, group_count, mean.data(),
-                                    m2.data());
+          cpu::batch_norm_normalize(ctx.cpu_pool(), a, wd, bd, rm, rv, o.momentum, o.eps, b,
+                                    saved_a, saved_b, s.outer, s.channels, s.inner, group_count,
+                                    mean.data(), m2.data());
         },
         xd, y);
   } else if (o.training) {
@@ -209,8 +210,8 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
       cpu::in_f32(
           ctx,
           [&](const Tensor& a, const Tensor& b) {
-            cpu::batch_norm_train_forward(a, wd, bd, rm, rv, o.momentum, o.eps, b, saved_a, saved_b,
-                                          s.outer, s.channels, s.inner);
+            cpu::batch_norm_train_forward(ctx.cpu_pool(), a, wd, bd, rm, rv, o.momentum, o.eps, b,
+                                          saved_a, saved_b, s.outer, s.channels, s.inner);
           },
           xd, y);
     } else {
@@ -224,8 +225,8 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
       cpu::in_f32(
           ctx,
           [&](const Tensor& a, const Tensor& b) {
-            cpu::batch_norm_eval_forward(a, wd, bd, running_mean, running_var, o.eps, b, s.outer,
-                                         s.channels, s.inner);
+            cpu::batch_norm_eval_forward(ctx.cpu_pool(), a, wd, bd, running_mean, running_var,
+                                         o.eps, b, s.outer, s.channels, s.inner);
           },
           xd, y);
     } else {

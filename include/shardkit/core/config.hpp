@@ -10,6 +10,15 @@
 #define SK_WITH_CUDA 0
 #endif
 
+// SK_WITH_DNNL is 1 when oneDNN (libdnnl) may be used for the CPU convolutions: the build found
+// it and defines SHARDKIT_WITH_DNNL (Meson's shardkit_dep, for every translation unit of a
+// build alike, so an inline function never has two definitions). Without it, Eigen serves.
+#if defined(SHARDKIT_WITH_DNNL) && SHARDKIT_WITH_DNNL
+#define SK_WITH_DNNL 1
+#else
+#define SK_WITH_DNNL 0
+#endif
+
 #if defined(__CUDACC__)
 #define SK_HOST_DEVICE __host__ __device__
 #define SK_DEVICE __device__

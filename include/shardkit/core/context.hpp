@@ -25,9 +25,11 @@ struct ContextOptions {
   // Device-code tables; required for a CUDA device. sk::cuda_context_options / make_cuda_context
   // from <kernels/cuda_context.cuh> fill them.
   CudaKernelTables kernels{};
-  // CPU threads for this rank's host-side ops (fused optimizer steps, casts, norms, copies);
-  // 0: default_cpu_threads() (SHARDKIT_NUM_THREADS, else every hardware thread). Results do not
-  // depend on it.
+  // CPU threads for this rank's host-side ops (fused optimizer steps, casts, norms, copies,
+  // the autograd layer's CPU ops); 0: default_cpu_threads() (SHARDKIT_NUM_THREADS, else every
+  // hardware thread). Results do not depend on it, except the CPU convolutions and GEMMs when
+  // oneDNN runs them (autograd/cpu_dnnl.hpp): those are deterministic per thread count, as
+  // PyTorch's are.
   int cpu_threads = 0;
 };
 

@@ -67,6 +67,10 @@ class MpiError : public LibraryError {
  public:
   using LibraryError::LibraryError;
 };
+class DnnlError : public LibraryError {
+ public:
+  using LibraryError::LibraryError;
+};
 
 // A collective or other blocking operation did not complete in time (peer dead or missing).
 class TimeoutError : public Error {
@@ -100,8 +104,8 @@ inline std::string where(const char* file, int line) {
 // Builds the message of a failed library call: "<where><library> call `<call>` failed: <msg>".
 inline std::string library_failure(const char* library, const char* call, long code,
                                    const std::string& message, const char* file, int line) {
-  return concat(where(file, line), library, " call `", call, "` failed with status ", code,
-                ": ", message);
+  return concat(where(file, line), library, " call `", call, "` failed with status ", code, ": ",
+                message);
 }
 
 }  // namespace detail
@@ -125,8 +129,8 @@ void check(bool condition, const Parts&... parts) {
 #ifdef NDEBUG
 #define SK_ASSERT(cond) ((void)0)
 #else
-#define SK_ASSERT(cond)                                                                      \
-  ((cond) ? (void)0                                                                          \
+#define SK_ASSERT(cond)                                                                        \
+  ((cond) ? (void)0                                                                            \
           : ::shardkit::fail<::shardkit::Error>(::shardkit::detail::where(__FILE__, __LINE__), \
                                                 "internal invariant violated: " #cond))
 #endif

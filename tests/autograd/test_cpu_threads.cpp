@@ -1,0 +1,84 @@
+// The autograd layer's own CPU ops (batch-norm in training and evaluation, element-wise ops)
+// run on the context's thread pool: the same bits on 1, 2, 3 and 5 threads, with running
+// statistics updated alike, and an f32 batch-norm within rounding of the f64 one.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "shardkit/autograd/autograd.hpp"
+
+namespace sk = shardkit;
+namespace ag = shardkit::autograd;
+using ag::Variable;
+
+namespace {
+
+struct BnRun {
+  std::vector<double> y, gx, gw, gb, running_mean, running_var, eval_y;
+};
+
+// relu(batch_norm(x) + x) forward and backward in training mode, then the evaluation forward
+// with the updated running statistics; every input drawn from one seed.
+BnRun run_block(int threads, sk::DType dtype, sk::Shape shape) {
+  sk::Context ctx({.seed = 21, .cpu_threads = threads});
+  const std::int64_t channels = shape[1];
+  auto draw = [&](sk::Shape s, double low, double high) {
+    sk::Tensor t = sk::empty(ctx, std::move(s), sk::DType::f64);
+    sk::uniform_(ctx, t, low, high);
+    return sk::cast(ctx, t, dtype);
+  };
+  Variable x(draw(shape, -2, 3), true), w(draw({channels}, 0.5, 1.5), true),
+      b(draw({channels}, -1, 1), true);
+  sk::Tensor running_mean = draw({channels}, -0.1, 0.1), running_var = draw({channels}, 0.9, 1.1);
+  sk::Tensor r = draw(shape, -1, 1);
+  Variable y =
+      ag::relu(ctx, ag::add(ctx, ag::batch_norm(ctx, x, w, b, running_mean, running_var), x));
+  ag::backward(ctx, y, r);
+  ag::BatchNormOptions eval;
+  eval.training = false;
+  Variable e = ag::batch_norm(ctx, Variable(x.data()), Variable(w.data()), Variable(b.data()),
+                              running_mean, running_var, eval);
+  auto f64 = [&](const sk::Tensor& t) {
+    return sk::to_vector<double>(ctx, sk::cast(ctx, t, sk::DType::f64));
+  };
+  return {f64(y.data()),     f64(x.grad()),    f64(w.grad()), f64(b.grad()),
+          f64(running_mean), f64(running_var), f64(e.data())};
+}
+
+}  // namespace
+
+TEST_CASE("CPU batch-norm and element-wise ops give the same bits on any thread count") {
+  // Planes of 81 (not a multiple of the 8 sum lanes) and of 4 (all tail), and enough elements
+  // for several element-wise blocks.
+  for (sk::Shape shape :
+       {sk::Shape{6, 24, 9, 9}, sk::Shape{40, 32, 2, 2}, sk::Shape{3, 8, 64, 48}}) {
+    CAPTURE(sk::shape_str(shape));
+    const BnRun one = run_block(1, sk::DType::f32, shape);
+    for (int threads : {2, 3, 5}) {
+      CAPTURE(threads);
+      const BnRun many = run_block(threads, sk::DType::f32, shape);
+      CHECK(many.y == one.y);
+      CHECK(many.gx == one.gx);
+      CHECK(many.gw == one.gw);
+      CHECK(many.gb == one.gb);
+      CHECK(many.running_mean == one.running_mean);
+      CHECK(many.running_var == one.running_var);
+      CHECK(many.eval_y == one.eval_y);
+    }
+    // And f32 follows the f64 computation of the same inputs (drawn in f64, rounded to f32).
+    const BnRun reference = run_block(2, sk::DType::f64, shape);
+    auto close = [](const std::vector<double>& a, const std::vector<double>& b) {
+      double worst = 0, scale = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::abs(a[i] - b[i]));
+        scale = std::max(scale, std::abs(b[i]));
+      }
+      return worst <= 1e-5 * scale;
+    };
+    CHECK(close(one.y, reference.y));
+    CHECK(close(one.gx, reference.gx));
+    CHECK(close(one.gw, reference.gw));
+    CHECK(close(one.running_var, reference.running_var));
+    CHECK(close(one.eval_y, reference.eval_y));
+  }
+}
