@@ -75,8 +75,9 @@ int main(int argc, char** argv) {
     if (lead)
       std::printf(
           "SwAV on Fashion-MNIST: ResNet-%d (%lld base channels), %d x crops, %d ranks (%s, "
-          "%s, %d CPU threads each: SHARDKIT_NUM_THREADS split between local ranks), stage %s, "
-          "%s%s, %d epochs\n",
+          "%s, CPU threads per rank: %d, SHARDKIT_NUM_THREADS or the cores split between local "
+          "ranks), "
+          "stage %s, %s%s, %d epochs\n",
           config.depth, static_cast<long long>(config.base_channels), config.crops.total_crops(),
           world, launched ? "processes" : "threads", gpu ? "GPU" : "CPU",
           launched ? sk::default_cpu_threads() : sk::comm::cpu_threads_per_rank(world),

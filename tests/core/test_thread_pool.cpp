@@ -3,11 +3,14 @@
 // serially instead of deadlocking.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <shardkit/core/context.hpp>
@@ -110,4 +113,29 @@ TEST_CASE("ThreadPool and the CPU thread count: bad values are refused naming th
     ::setenv("SHARDKIT_NUM_THREADS", restore.c_str(), 1);
   else
     ::unsetenv("SHARDKIT_NUM_THREADS");
+}
+
+TEST_CASE(
+    "without SHARDKIT_NUM_THREADS, processes a launcher put on this machine share its cores") {
+  const char* names[] = {"SHARDKIT_NUM_THREADS", "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE",
+                         "MPI_LOCALNRANKS"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* name : names) {
+    if (const char* value = std::getenv(name)) saved.emplace_back(name, value);
+    ::unsetenv(name);
+  }
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  CHECK(sk::launcher_local_processes() == 1);
+  CHECK(sk::default_cpu_threads() == hardware);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);  // torchrun
+  CHECK(sk::launcher_local_processes() == 2);
+  CHECK(sk::default_cpu_threads() == std::max(1, hardware / 2));
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4096", 1);  // mpirun, checked first; at least 1 thread
+  CHECK(sk::default_cpu_threads() == 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "two", 1);  // not a count: the next launcher's word
+  CHECK(sk::launcher_local_processes() == 2);
+  ::setenv("SHARDKIT_NUM_THREADS", "3", 1);  // the user's word wins
+  CHECK(sk::default_cpu_threads() == 3);
+  for (const char* name : names) ::unsetenv(name);
+  for (const auto& [name, value] : saved) ::setenv(name.c_str(), value.c_str(), 1);
 }

@@ -35,8 +35,25 @@
 
 namespace shardkit {
 
-// The default number of CPU threads of a rank: SHARDKIT_NUM_THREADS when set (a positive
-// integer), else the machine's hardware threads.
+// How many processes of this job run on this machine, as the launcher says (Open MPI's
+// OMPI_COMM_WORLD_LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE, MPICH's MPI_LOCALNRANKS); 1 when
+// none does or the value is not a positive integer (it is the launcher's, not the user's).
+inline int launcher_local_processes() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* text = std::getenv(name);
+    if (text == nullptr || *text == '\0') continue;
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (end != nullptr && *end == '\0' && value >= 1 && value <= 65536)
+      return static_cast<int>(value);
+  }
+  return 1;
+}
+
+// The default number of CPU threads of a process's ranks: SHARDKIT_NUM_THREADS when set (a
+// positive integer), else the machine's hardware threads split between the processes the
+// launcher started on this machine (four mpirun processes on 8 cores get 2 each, as torchrun
+// keeps its workers from oversubscribing the cores), at least 1.
 inline int default_cpu_threads() {
   if (const char* text = std::getenv("SHARDKIT_NUM_THREADS"); text != nullptr && *text != '\0') {
     char* end = nullptr;
@@ -45,7 +62,8 @@ inline int default_cpu_threads() {
           "SHARDKIT_NUM_THREADS is '", text, "'; set it to a thread count from 1 to 4096");
     return static_cast<int>(value);
   }
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::max(1, hardware / launcher_local_processes());
 }
 
 class ThreadPool {
