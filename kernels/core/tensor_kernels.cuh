@@ -1,4 +1,5 @@
-// CUDA kernels behind the core tensor operations (fill, strided/casting copy, Philox fills), the
+// CUDA kernels behind the core tensor operations (fill, strided/casting copy, add, divide,
+// Philox fills), the
 // DeviceKernels table that carries them (a CUDA Context gets it from kernels/cuda_context.cuh).
 #pragma once
 
@@ -75,6 +76,15 @@ __global__ void add_kernel(D* dst, StridedIndexer dst_indexer, const S* src,
   }
 }
 
+template <class T, class Acc>
+__global__ void divide_kernel(T* data, StridedIndexer indexer, std::int64_t n, Acc divisor) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t at = indexer.offset(i);
+    data[at] = convert_value<T>(convert_value<Acc>(data[at]) / divisor);
+  }
+}
+
 template <class T>
 __global__ void random_kernel(T* data, StridedIndexer indexer, std::int64_t n, RandomSpec spec) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -131,6 +141,19 @@ inline void add(Context& ctx, const Tensor& dst, const Tensor& src) {
   });
 }
 
+inline void divide(Context& ctx, const Tensor& t, double divisor) {
+  const std::int64_t n = t.numel();
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    divide_kernel<T, Acc><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+        static_cast<T*>(t.data_ptr()), make_indexer(t), n, static_cast<Acc>(divisor));
+    SK_CUDA_CHECK_LAUNCH("divide_kernel");
+  });
+}
+
 inline void random(Context& ctx, const Tensor& t, const RandomSpec& spec) {
   const std::int64_t n = t.numel();
   if (n == 0) return;
@@ -148,7 +171,8 @@ inline void random(Context& ctx, const Tensor& t, const RandomSpec& spec) {
 
 // The table a CUDA Context calls through. Constant: no global mutable state.
 inline const DeviceKernels* device_kernels() {
-  static constexpr DeviceKernels kTable{&cuda::fill, &cuda::copy, &cuda::add, &cuda::random};
+  static constexpr DeviceKernels kTable{&cuda::fill, &cuda::copy, &cuda::add, &cuda::divide,
+                                        &cuda::random};
   return &kTable;
 }
 

@@ -1,6 +1,6 @@
 // Core layer on a CUDA GPU: kernels against the CPU path (fill, strided and casting copies, add_,
-// Philox fills bit-equal to the CPU), host<->device copies, device memory accounting, and the
-// device-side f16/bf16 conversions against the host ones on all 65 536 patterns.
+// divide_, Philox fills bit-equal to the CPU), host<->device copies, device memory accounting, and
+// the device-side f16/bf16 conversions against the host ones on all 65 536 patterns.
 #include <doctest/doctest.h>
 
 #include <cuda_bf16.h>
@@ -57,6 +57,21 @@ TEST_CASE("add_ on the GPU equals the CPU path bit for bit (strided, converting)
     sk::add_(*gpu, dst_gpu, src_gpu.transpose(0, 1));
     auto back = sk::to_device(*gpu, dst_gpu, sk::Device::cpu());
     CHECK_MESSAGE(std::memcmp(back.data_ptr(), dst.data_ptr(), dst.nbytes()) == 0,
+                  sk::dtype_name(dtype));
+  }
+}
+
+TEST_CASE("divide_ on the GPU equals the CPU path bit for bit (strided, 16-bit)") {
+  sk::Context cpu({.seed = 6});
+  auto gpu = sk::make_cuda_context(0);
+  for (auto dtype : {sk::DType::f32, sk::DType::f64, sk::DType::f16, sk::DType::bf16}) {
+    auto values = sk::empty(cpu, {65, 33}, dtype);
+    sk::normal_(cpu, values, 0.0, 1.0);
+    auto on_gpu = sk::to_device(*gpu, values, gpu->device());
+    sk::divide_(cpu, values.transpose(0, 1), 6.0);
+    sk::divide_(*gpu, on_gpu.transpose(0, 1), 6.0);
+    auto back = sk::to_device(*gpu, on_gpu, sk::Device::cpu());
+    CHECK_MESSAGE(std::memcmp(back.data_ptr(), values.data_ptr(), values.nbytes()) == 0,
                   sk::dtype_name(dtype));
   }
 }

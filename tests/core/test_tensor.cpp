@@ -112,6 +112,24 @@ TEST_CASE("add_ adds in place: any strides, the source converted to the destinat
                        sk::InvalidArgument);
 }
 
+TEST_CASE("divide_ rounds once, as the collectives' average does (any strides, 16-bit in f32)") {
+  sk::Context ctx({.seed = 11});
+  auto values = sk::empty(ctx, {7, 5}, sk::DType::f32);
+  sk::normal_(ctx, values, 0.0, 3.0);
+  const auto before = sk::to_vector<float>(ctx, values);
+  sk::divide_(ctx, values.transpose(0, 1), 6.0);
+  const auto after = sk::to_vector<float>(ctx, values);
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(after[i] == before[i] / 6.0f);
+  auto half = sk::cast(ctx, sk::from_vector(ctx, before, {7, 5}), sk::DType::bf16);
+  const auto wide = sk::to_vector<float>(ctx, sk::cast(ctx, half, sk::DType::f32));
+  sk::divide_(ctx, half, 3.0);
+  const auto got = sk::to_vector<float>(ctx, sk::cast(ctx, half, sk::DType::f32));
+  for (std::size_t i = 0; i < wide.size(); ++i)
+    CHECK(got[i] == sk::BFloat16(wide[i] / 3.0f).to_float());
+  CHECK_THROWS_WITH_AS(sk::divide_(ctx, values, 0.0), doctest::Contains("the divisor is 0"),
+                       sk::InvalidArgument);
+}
+
 TEST_CASE("bad tensor use gets errors that name the shapes and the fix") {
   sk::Context ctx;
   auto t = sk::empty(ctx, {4, 6}, sk::DType::f32);

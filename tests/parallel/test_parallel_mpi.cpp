@@ -1,6 +1,7 @@
 // The stages through MPI with real processes (meson runs it with mpirun -np 4): after 20 steps
-// OSS and SDP parameters equal DDP's on every rank; FSDP over a module equals DDP; a sharded
-// checkpoint written by 4 processes under FSDP loads under SDP. Each process runs doctest; the
+// OSS and SDP parameters equal DDP's on every rank; hybrid sharding over 2 "nodes" of 2
+// processes equals DDP; FSDP over a module equals DDP; a sharded checkpoint written by 4
+// processes under FSDP loads under SDP. Each process runs doctest; the
 // exit code is the worst over ranks.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -9,11 +10,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
+#include "shardkit/comm/hybrid_mesh.hpp"
 #include "shardkit/comm/mpi_communicator.hpp"
 #include "shardkit/core/mpi_check.hpp"
 #include "shardkit/io/checkpoint.hpp"
@@ -103,6 +106,65 @@ TEST_CASE("through MPI, OSS and SDP equal DDP after 20 steps") {
       comm->broadcast(root, 0).wait();
       CHECK(std::memcmp(root.data(), ddp.data(), ddp.size() * sizeof(float)) == 0);
     }
+}
+
+namespace {
+
+// 12 steps of `stage` over MPI with gradients rounded to multiples of 2^-10 (their sums are
+// exact in any order), on a hybrid mesh of groups of `group` processes (0: none).
+std::vector<float> train_exact(Stage stage, int group) {
+  sk::Context ctx;
+  auto world = sk::comm::MpiCommunicator::world(ctx);
+  std::unique_ptr<sk::comm::HybridMesh> mesh;
+  if (group > 0) mesh = std::make_unique<sk::comm::HybridMesh>(*world, group);
+  const auto config = dp_test::config_for(sk::optim::OptimizerKind::larc_sgd);
+  sk::parallel::DataParallelOptions options;
+  options.stage = stage;
+  options.partition = sk::shard::PartitionKind::flat;
+  options.buckets.bucket_bytes = 1024;
+  auto dp = mesh ? std::make_unique<sk::parallel::DataParallel<sk::ops::Cpu>>(ctx, *mesh, specs(),
+                                                                              config, options)
+                 : std::make_unique<sk::parallel::DataParallel<sk::ops::Cpu>>(ctx, *world, specs(),
+                                                                              config, options);
+  dp->set_full_params([&](std::size_t i, const sk::Tensor& view) {
+    sk::Context host({.seed = 77ull + i});
+    sk::uniform_(host, view, -0.5, 0.5);
+  });
+  for (int step = 0; step < 12; ++step) {
+    dp->zero_grad();
+    for (std::size_t i = dp->params().size(); i-- > 0;) {
+      sk::Context noise_ctx({.seed = 7919ull * static_cast<std::uint64_t>(step) +
+                                     104729ull * static_cast<std::uint64_t>(world->rank()) + i});
+      auto noise = sk::empty(noise_ctx, dp->param(i).shape(), sk::DType::f32);
+      sk::normal_(noise_ctx, noise, 0.0, 1.0);
+      const auto g = dp->grad(i);
+      for (std::int64_t e = 0; e < g.numel(); ++e) {
+        const float v = 0.5f * dp->param(i).data<float>()[e] + noise.data<float>()[e];
+        g.data<float>()[e] = std::ldexp(std::nearbyint(std::ldexp(v, 10)), -10);
+      }
+      dp->ready(i);
+    }
+    dp->finish();
+    dp->step(dp_test::lr_at(sk::optim::OptimizerKind::larc_sgd, step));
+  }
+  std::vector<float> out;
+  for (std::size_t i = 0; i < dp->params().size(); ++i) {
+    const auto v = sk::to_vector<float>(ctx, dp->param(i));
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("through MPI, 4 processes as 2 nodes: hybrid OSS and SDP equal DDP bitwise") {
+  const auto ddp = train_exact(Stage::ddp, 0);
+  for (auto stage : {Stage::oss, Stage::sdp}) {
+    const auto hybrid = train_exact(stage, 2);
+    REQUIRE(hybrid.size() == ddp.size());
+    CHECK_MESSAGE(std::memcmp(hybrid.data(), ddp.data(), ddp.size() * sizeof(float)) == 0,
+                  sk::parallel::stage_name(stage));
+  }
 }
 
 namespace {

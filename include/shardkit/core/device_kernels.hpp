@@ -27,6 +27,8 @@ struct DeviceKernels {
   // dst += src, same shape, any strides; src converted to dst's dtype, the sum formed in f32
   // (f64 for f64 tensors) and rounded once.
   void (*add)(Context& ctx, const Tensor& dst, const Tensor& src);
+  // t /= divisor, any strides; formed in f32 (f64 for f64 tensors) and rounded once.
+  void (*divide)(Context& ctx, const Tensor& tensor, double divisor);
   // Fills a floating-point device tensor from the counter-based stream described by `spec`.
   void (*random)(Context& ctx, const Tensor& tensor, const RandomSpec& spec);
 };
@@ -35,7 +37,7 @@ struct DeviceKernels {
 // kernels/cuda_context.cuh fills them all (sk::cuda_context_options / sk::make_cuda_context):
 // the one way to get a CUDA context.
 struct CudaKernelTables {
-  const DeviceKernels* tensor = nullptr;                // core: fill, copy, add, random
+  const DeviceKernels* tensor = nullptr;                // core: fill, copy, add, divide, random
   const comm::DeviceCommKernels* comm = nullptr;        // local collectives over device memory
   const autograd::AutogradKernels* autograd = nullptr;  // autograd's element-wise and row ops
 };

@@ -158,6 +158,25 @@ inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
   });
 }
 
+// t /= divisor, elementwise, any strides: formed in f32 (f64 for f64 tensors) and rounded once
+// -- the collectives' average (comm/reduction.hpp), for sums reduced in more than one step.
+inline void divide_(Context& ctx, const Tensor& t, double divisor) {
+  detail::check_on_context(ctx, t, "divide_");
+  check(divisor != 0.0, "divide_: the divisor is 0; pass a non-zero divisor");
+  if (t.numel() == 0) return;
+  if (t.device().is_cuda()) return ctx.kernels().divide(ctx, t, divisor);
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    T* data = static_cast<T*>(t.data_ptr());
+    const Acc by = static_cast<Acc>(divisor);
+    detail::for_each_element(t.shape(), t.strides(), t.strides(),
+                             [&](std::int64_t, std::int64_t at, std::int64_t) {
+                               data[at] = convert_value<T>(convert_value<Acc>(data[at]) / by);
+                             });
+  });
+}
+
 // `t` itself if already contiguous, else a contiguous copy on the same device.
 inline Tensor contiguous(Context& ctx, const Tensor& t) {
   if (t.is_contiguous()) return t;

@@ -29,6 +29,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -214,12 +215,40 @@ void save_sharded(const std::string& dir, parallel::TrainingState<Backend>& stat
   file.commit();
 }
 
+// Hybrid sharding: every group holds the same states, so the first group saves and the others
+// wait for its outcome -- and fail with it, so no rank trains on past a save that was lost.
+// Without replicas, just save().
+template <class Save>
+void save_in_first_group(Context& ctx, comm::Communicator* replicas, Save&& save) {
+  if (replicas == nullptr || replicas->size() == 1) return save();
+  std::exception_ptr error;
+  if (replicas->rank() == 0) {
+    try {
+      save();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  Tensor failed = from_vector(ctx, std::vector<float>{error ? 1.0f : 0.0f}, {1});
+  replicas->all_reduce(failed, comm::ReduceOp::max).wait();
+  if (error) std::rethrow_exception(error);
+  if (to_vector<float>(ctx, failed)[0] > 0.0f)
+    throw comm::PeerFailed(
+        "save_checkpoint: the first group of ranks failed to save (its error is on its ranks); "
+        "nothing was committed by this save");
+}
+
 }  // namespace detail
 
 template <class Backend>
 void save_checkpoint(const std::string& dir, parallel::TrainingState<Backend> state,
                      const CheckpointOptions& options = {}) {
   detail::check_state(state, "save_checkpoint");
+  if (state.replicas != nullptr && state.replicas->size() > 1) {
+    comm::Communicator* replicas = std::exchange(state.replicas, nullptr);
+    return detail::save_in_first_group(state.optimizer->context(), replicas,
+                                       [&] { save_checkpoint(dir, state, options); });
+  }
   auto& comm = *state.comm;
   Context& ctx = state.optimizer->context();
   if (comm.rank() == 0) std::filesystem::create_directories(dir);

@@ -24,9 +24,11 @@
 #include <cmath>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/comm/hybrid_mesh.hpp"
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/optim/optimizer_state.hpp"
@@ -57,14 +59,28 @@ class DataParallel {
 
   DataParallel(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
                optim::OptimizerConfig optimizer, DataParallelOptions options = {})
+      : DataParallel(ctx, comm, nullptr, specs, std::move(optimizer), options) {}
+
+  // Hybrid sharding: oss and sdp shard inside the mesh's groups and replicate across them
+  // (comm/hybrid_mesh.hpp); ddp reduces in two levels. The mesh must outlive the engine.
+  DataParallel(Context& ctx, const comm::HybridMesh& mesh,
+               const std::vector<shard::ParamSpec>& specs, optim::OptimizerConfig optimizer,
+               DataParallelOptions options = {})
+      : DataParallel(ctx, mesh.shard(), mesh.replicate(), specs, std::move(optimizer), options) {}
+
+ private:
+  DataParallel(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
+               const std::vector<shard::ParamSpec>& specs, optim::OptimizerConfig optimizer,
+               DataParallelOptions options)
       : comm_(&comm),
+        replicas_(replicas),
         options_(checked(options)),
         group_(ctx, comm, specs, options.partition, Residency::replicated,
-               options_.precision.param_dtype),
+               options_.precision.param_dtype, replicas),
         bucketer_(ctx, comm, group_.plan(),
                   options.stage == Stage::sdp ? shard::GradSync::reduce_scatter
                                               : shard::GradSync::all_reduce,
-                  options_.buckets),
+                  options_.buckets, nullptr, replicas),
         table_(shard::PieceTable::of_plan(group_.plan(), options.stage == Stage::ddp)),
         pieces_(group_.updated_pieces(options.stage == Stage::ddp)),
         optimizer_(ctx, table_, comm.rank(), group_.piece_params(pieces_), optimizer, &comm) {
@@ -72,6 +88,7 @@ class DataParallel {
     group_.check_same_everywhere();
   }
 
+ public:
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
@@ -79,7 +96,10 @@ class DataParallel {
   const shard::ShardPlan& plan() const { return group_.plan(); }
   const shard::FlatBuffer& params() const { return group_.params(); }
   const Tensor& param(std::size_t i) const { return group_.param(i); }
+  // The ranks this engine shards over (the shard group under hybrid sharding).
   comm::Communicator& communicator() const { return *comm_; }
+  // Hybrid sharding's other groups (nullptr without hybrid sharding).
+  comm::Communicator* replicas() const { return replicas_; }
 
   // Makes every rank's parameters equal to `root`'s (after each rank initialised its own).
   // Under mixed precision the masters then take the compute copy's (rounded) values: use
@@ -189,6 +209,7 @@ class DataParallel {
     TrainingState<Backend> state;
     state.optimizer = &optimizer_;
     state.comm = comm_;
+    state.replicas = replicas_;
     const auto& layout = group_.plan().layout();
     for (std::size_t i = 0; i < layout.size(); ++i)
       if (!layout[i].trainable) state.replicated.emplace_back(layout[i].name, group_.param(i));
@@ -225,6 +246,7 @@ class DataParallel {
   }
 
   comm::Communicator* comm_;
+  comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
   DataParallelOptions options_;
   FlatParamGroup group_;
   shard::GradBucketer bucketer_;

@@ -41,13 +41,18 @@ inline void check_same_fingerprint(Context& ctx, comm::Communicator& comm, std::
 
 enum class Residency { replicated, sharded };
 
+// The parameters of a group of ranks as one flat buffer, partitioned by a ShardPlan over `comm`.
+// Under hybrid sharding (comm/hybrid_mesh.hpp) `comm` is this rank's shard group and
+// `replicas` the ranks that hold the same range in the other groups: broadcasts and checks
+// then reach every rank of the world, gathers stay inside the group.
 class FlatParamGroup {
  public:
   FlatParamGroup(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
                  shard::PartitionKind partition, Residency residency = Residency::replicated,
-                 DType dtype = DType::f32)
+                 DType dtype = DType::f32, comm::Communicator* replicas = nullptr)
       : ctx_(&ctx),
         comm_(&comm),
+        replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
         residency_(residency),
         plan_(specs, comm.size(), checked_partition(partition, residency)),
         params_(ctx, plan_.layout(), dtype,
@@ -76,7 +81,7 @@ class FlatParamGroup {
     const auto& layout = plan_.layout();
     for (std::size_t i = 0; i < layout.size(); ++i)
       fill(i, wide.flat_view(layout[i].offset, layout[i].shape));
-    comm_->broadcast(wide, root).wait();
+    broadcast_from(wide, root);
     for (std::size_t k = 0; k < pieces.size(); ++k)
       master(k, wide.slice(0, pieces[k].flat_begin, pieces[k].flat_begin + pieces[k].numel()));
     if (low) copy(*ctx_, flat, wide);
@@ -117,12 +122,28 @@ class FlatParamGroup {
   // This rank's shard of the flat buffer (sharded residency).
   const Tensor& shard() const { return shard_; }
 
-  // Makes every rank's parameters equal to `root`'s. Sharded: from the gathered buffer (fill
-  // it with gather_from_values() first), and the shard takes this rank's range.
+  // Makes every rank's parameters equal to `root`'s (a world rank under hybrid sharding).
+  // Sharded: from the gathered buffer (fill it with gather_from_values() first), and the shard
+  // takes this rank's range.
   void broadcast(int root) {
-    comm_->broadcast(params_.flat(), root).wait();
+    broadcast_from(params_.flat(), root);
     if (sharded()) copy_range_to_shard();
   }
+
+  // `values` <- world rank `root`'s, on every rank. Hybrid: world rank g * G + s is rank s of
+  // group g (HybridMesh's layout), so root's column first carries it to every group, then each
+  // group's rank s to the group.
+  void broadcast_from(const Tensor& values, int root) {
+    const int group = comm_->size();
+    if (replicas_ != nullptr) {
+      check(root >= 0 && root < group * replicas_->size(), "broadcast: root ", root,
+            " is not a rank of the world of ", group * replicas_->size(), " ranks");
+      replicas_->broadcast(values, root / group).wait();
+      root %= group;
+    }
+    comm_->broadcast(values, root).wait();
+  }
+  comm::Communicator* replicas() const { return replicas_; }
 
   // Sharded residency. gather(): the whole buffer back (this rank's shard copied in, the others
   // all-gathered); the returned work completes it (wait before use: prefetch overlaps it).
@@ -167,9 +188,12 @@ class FlatParamGroup {
 
   // A parameter list that differs between ranks would make every collective wrong.
   void check_same_everywhere() {
-    check_same_fingerprint(*ctx_, *comm_, plan_.layout().fingerprint(),
-                           "the parameter list differs between ranks (names, shapes, order or "
-                           "trainable flags); build the same model on every rank");
+    const std::string_view what =
+        "the parameter list differs between ranks (names, shapes, order or trainable flags); "
+        "build the same model on every rank";
+    check_same_fingerprint(*ctx_, *comm_, plan_.layout().fingerprint(), what);
+    if (replicas_ != nullptr)
+      check_same_fingerprint(*ctx_, *replicas_, plan_.layout().fingerprint(), what);
   }
 
  private:
@@ -183,6 +207,7 @@ class FlatParamGroup {
 
   Context* ctx_;
   comm::Communicator* comm_;
+  comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
   Residency residency_;
   shard::ShardPlan plan_;
   shard::FlatBuffer params_;

@@ -53,6 +53,17 @@ class Fsdp {
  public:
   Fsdp(Context& ctx, comm::Communicator& comm, nn::Module& root, optim::OptimizerConfig optimizer,
        FsdpOptions options = {})
+      : Fsdp(ctx, comm, nullptr, root, std::move(optimizer), options) {}
+
+  // Hybrid sharding (PyTorch's HYBRID_SHARD): units sharded inside the mesh's groups and
+  // replicated across them (comm/hybrid_mesh.hpp). The mesh must outlive the module.
+  Fsdp(Context& ctx, const comm::HybridMesh& mesh, nn::Module& root,
+       optim::OptimizerConfig optimizer, FsdpOptions options = {})
+      : Fsdp(ctx, mesh.world(), &mesh, root, std::move(optimizer), options) {}
+
+ private:
+  Fsdp(Context& ctx, comm::Communicator& comm, const comm::HybridMesh* mesh, nn::Module& root,
+       optim::OptimizerConfig optimizer, FsdpOptions options)
       : ctx_(&ctx), root_(&root), options_(checked(options)) {
     std::map<std::string, autograd::Variable> by_name;
     for (const auto& [name, p] : root.named_parameters()) {
@@ -83,8 +94,10 @@ class Fsdp {
     engine_options.buckets = options_.buckets;
     engine_options.coalesce_bytes = options_.coalesce_bytes;
     engine_options.precision = options_.precision;
-    engine_ = std::make_unique<FsdpEngine<Backend>>(ctx, comm, std::move(engine_units), optimizer,
-                                                    engine_options);
+    engine_ = mesh != nullptr ? std::make_unique<FsdpEngine<Backend>>(
+                                    ctx, *mesh, std::move(engine_units), optimizer, engine_options)
+                              : std::make_unique<FsdpEngine<Backend>>(
+                                    ctx, comm, std::move(engine_units), optimizer, engine_options);
     // The module's values become rank 0's, sharded; each parameter then views its unit's
     // gathered buffer (freed until a forward gathers it).
     engine_->set_full_params(
@@ -106,6 +119,7 @@ class Fsdp {
     }
   }
 
+ public:
   ~Fsdp() {
     for (std::size_t u = 0; u < modules_.size(); ++u)
       for (auto id : hooks_[u]) modules_[u]->remove_hook(id);

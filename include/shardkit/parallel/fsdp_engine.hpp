@@ -30,9 +30,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "shardkit/comm/hybrid_mesh.hpp"
 #include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
@@ -73,7 +75,21 @@ class FsdpEngine {
 
   FsdpEngine(Context& ctx, comm::Communicator& comm, std::vector<FsdpUnitParams> units,
              optim::OptimizerConfig optimizer, FsdpEngineOptions options = {})
-      : ctx_(&ctx), comm_(&comm), table_(comm.size(), false) {
+      : FsdpEngine(ctx, comm, nullptr, std::move(units), std::move(optimizer), options) {}
+
+  // Hybrid sharding (PyTorch's HYBRID_SHARD): each unit is sharded inside the mesh's group and
+  // replicated across groups; gathers stay inside the group, and only each shard's gradient
+  // all-reduce crosses groups (comm/hybrid_mesh.hpp). The mesh must outlive the engine.
+  FsdpEngine(Context& ctx, const comm::HybridMesh& mesh, std::vector<FsdpUnitParams> units,
+             optim::OptimizerConfig optimizer, FsdpEngineOptions options = {})
+      : FsdpEngine(ctx, mesh.shard(), mesh.replicate(), std::move(units), std::move(optimizer),
+                   options) {}
+
+ private:
+  FsdpEngine(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
+             std::vector<FsdpUnitParams> units, optim::OptimizerConfig optimizer,
+             FsdpEngineOptions options)
+      : ctx_(&ctx), comm_(&comm), replicas_(replicas), table_(comm.size(), false) {
     validate(options.precision);
     shard::BucketerOptions buckets = options.buckets;
     if (options.precision.enabled() || options.precision.reduce_dtype != DType::f32) {
@@ -93,12 +109,12 @@ class FsdpEngine {
       auto unit = std::make_unique<Unit>();
       unit->name = spec.name;
       unit->first_param = index_.size();
-      unit->group =
-          std::make_unique<FlatParamGroup>(ctx, comm, spec.params, shard::PartitionKind::flat,
-                                           Residency::sharded, options.precision.param_dtype);
+      unit->group = std::make_unique<FlatParamGroup>(ctx, comm, spec.params,
+                                                     shard::PartitionKind::flat, Residency::sharded,
+                                                     options.precision.param_dtype, replicas);
       unit->bucketer = std::make_unique<shard::GradBucketer>(ctx, comm, unit->group->plan(),
                                                              shard::GradSync::reduce_scatter,
-                                                             buckets, coalescer_.get());
+                                                             buckets, coalescer_.get(), replicas);
       unit->pieces = unit->group->updated_pieces(false);
       unit->first_piece = piece_grads_.size();
       table_.append_plan(unit->group->plan(), false);
@@ -116,6 +132,7 @@ class FsdpEngine {
     check_same_everywhere();
   }
 
+ public:
   FsdpEngine(const FsdpEngine&) = delete;
   FsdpEngine& operator=(const FsdpEngine&) = delete;
 
@@ -319,6 +336,7 @@ class FsdpEngine {
     TrainingState<Backend> state;
     state.optimizer = optimizer_.get();
     state.comm = comm_;
+    state.replicas = replicas_;
     state.after_load = [this] {
       for (auto& unit : units_)
         if (unit->group->gathered()) unit->group->gather().wait();
@@ -327,7 +345,10 @@ class FsdpEngine {
     return state;
   }
   const shard::PieceTable& table() const { return table_; }
+  // The ranks this engine shards over (the shard group under hybrid sharding).
   comm::Communicator& communicator() const { return *comm_; }
+  // Hybrid sharding's other groups (nullptr without hybrid sharding).
+  comm::Communicator* replicas() const { return replicas_; }
 
  private:
   struct Unit {
@@ -380,14 +401,18 @@ class FsdpEngine {
       for (const auto& slot : unit->group->plan().layout().slots())
         all.push_back(shard::ParamSpec{slot.name, slot.shape, slot.trainable});
     }
-    check_same_fingerprint(*ctx_, *comm_, shard::ParamLayout(all).fingerprint(),
-                           "the FSDP units differ between ranks (unit names, parameter names, "
-                           "shapes or frozen flags); build the same model and wrap policy on "
-                           "every rank");
+    const std::string_view what =
+        "the FSDP units differ between ranks (unit names, parameter names, shapes or frozen "
+        "flags); build the same model and wrap policy on every rank";
+    const std::uint64_t print = shard::ParamLayout(all).fingerprint();
+    check_same_fingerprint(*ctx_, *comm_, print, what);
+    if (replicas_ != nullptr && replicas_->size() > 1)
+      check_same_fingerprint(*ctx_, *replicas_, print, what);
   }
 
   Context* ctx_;
   comm::Communicator* comm_;
+  comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
   shard::PieceTable table_;
   std::unique_ptr<shard::ReduceScatterCoalescer> coalescer_;  // before the units' bucketers
   std::vector<std::unique_ptr<Unit>> units_;

@@ -79,13 +79,32 @@ class ShardedModule {
  public:
   ShardedModule(Context& ctx, comm::Communicator& comm, std::shared_ptr<nn::Module> module,
                 optim::OptimizerConfig optimizer, ShardedModuleOptions options = {})
-      : ctx_(&ctx), comm_(&comm), module_(checked_module(std::move(module))), options_(options) {
+      : ShardedModule(ctx, comm, nullptr, std::move(module), std::move(optimizer), options) {}
+
+  // Hybrid sharding: oss, sdp and fsdp shard inside the mesh's groups and replicate across them
+  // (comm/hybrid_mesh.hpp; PyTorch's HYBRID_SHARD). Buffers still come from world rank 0. The
+  // mesh must outlive the module.
+  ShardedModule(Context& ctx, const comm::HybridMesh& mesh, std::shared_ptr<nn::Module> module,
+                optim::OptimizerConfig optimizer, ShardedModuleOptions options = {})
+      : ShardedModule(ctx, mesh.world(), &mesh, std::move(module), std::move(optimizer), options) {}
+
+ private:
+  ShardedModule(Context& ctx, comm::Communicator& world, const comm::HybridMesh* mesh,
+                std::shared_ptr<nn::Module> module, optim::OptimizerConfig optimizer,
+                ShardedModuleOptions options)
+      : ctx_(&ctx),
+        comm_(mesh != nullptr ? &mesh->shard() : &world),
+        world_(&world),
+        module_(checked_module(std::move(module))),
+        options_(options) {
     if (options.stage == Stage::fsdp) {
       FsdpOptions fsdp = options.fsdp;
       fsdp.buckets = options.buckets;
       fsdp.precision = options.precision;
-      fsdp_ = std::make_unique<Fsdp<Backend>>(ctx, comm, *module_, optimizer, fsdp);
-      broadcast_module_buffers(ctx, *module_, comm);
+      fsdp_ = mesh != nullptr
+                  ? std::make_unique<Fsdp<Backend>>(ctx, *mesh, *module_, optimizer, fsdp)
+                  : std::make_unique<Fsdp<Backend>>(ctx, world, *module_, optimizer, fsdp);
+      broadcast_module_buffers(ctx, *module_, world);
       return;
     }
     DataParallelOptions dp;
@@ -94,12 +113,15 @@ class ShardedModule {
     dp.buckets = options.buckets;
     dp.broadcast_fp16 = options.broadcast_fp16;
     dp.precision = options.precision;
-    engine_ = std::make_unique<DataParallel<Backend>>(ctx, comm, module_param_specs(*module_),
-                                                      optimizer, dp);
+    engine_ = mesh != nullptr ? std::make_unique<DataParallel<Backend>>(
+                                    ctx, *mesh, module_param_specs(*module_), optimizer, dp)
+                              : std::make_unique<DataParallel<Backend>>(
+                                    ctx, world, module_param_specs(*module_), optimizer, dp);
     bind_parameters();
-    broadcast_module_buffers(ctx, *module_, comm);
+    broadcast_module_buffers(ctx, *module_, world);
   }
 
+ public:
   ~ShardedModule() { unbind(); }
   ShardedModule(const ShardedModule&) = delete;
   ShardedModule& operator=(const ShardedModule&) = delete;
@@ -109,7 +131,7 @@ class ShardedModule {
   // cast_root_forward_inputs).
   autograd::Variable operator()(Context& ctx, const autograd::Variable& input) {
     if (options_.broadcast_buffers && module_->is_training())
-      broadcast_module_buffers(ctx, *module_, *comm_);
+      broadcast_module_buffers(ctx, *module_, *world_);
     const DType compute = options_.precision.param_dtype;
     if (options_.precision.enabled() && is_floating(input.dtype()) && input.dtype() != compute)
       return (*module_)(ctx, autograd::cast(ctx, input, compute));
@@ -171,6 +193,7 @@ class ShardedModule {
     check<StateError>(fsdp_ != nullptr, "fsdp(): this module runs ", stage_name(options_.stage));
     return *fsdp_;
   }
+  // The ranks the model states are sharded over (the shard group under hybrid sharding).
   comm::Communicator& communicator() const { return *comm_; }
 
   // The module's full state dict (parameters and buffers by state-dict name, PyTorch's
@@ -180,7 +203,7 @@ class ShardedModule {
   // receives them and the others return an empty list. Collective under fsdp.
   std::vector<std::pair<std::string, Tensor>> state_dict(bool rank0_only = true) {
     Context host_ctx;
-    const bool keep = !rank0_only || comm_->rank() == 0;
+    const bool keep = !rank0_only || world_->rank() == 0;
     std::map<std::string, Tensor> copies;
     auto take = [&](const std::string& name, const Tensor& t) {
       if (!keep) return;
@@ -304,7 +327,8 @@ class ShardedModule {
   }
 
   Context* ctx_;
-  comm::Communicator* comm_;
+  comm::Communicator* comm_;   // the ranks the states are sharded over
+  comm::Communicator* world_;  // every rank (the same as comm_ without hybrid sharding)
   std::shared_ptr<nn::Module> module_;
   ShardedModuleOptions options_;
   std::unique_ptr<DataParallel<Backend>> engine_;

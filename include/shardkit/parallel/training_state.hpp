@@ -13,6 +13,9 @@
 //               the parameters agree again (OSS/SDP all-gather the owners' ranges; DDP and
 //               FSDP need nothing: every rank wrote all it holds).
 //   scaler      the dynamic loss scaler, when the run has one (the caller sets it).
+//   replicas    under hybrid sharding, the ranks of the other groups that hold the same pieces
+//               (comm is then this rank's shard group): the first group saves, every group
+//               loads.
 #pragma once
 
 #include <functional>
@@ -30,6 +33,7 @@ template <class Backend>
 struct TrainingState {
   optim::ShardedOptimizer<Backend>* optimizer = nullptr;
   comm::Communicator* comm = nullptr;
+  comm::Communicator* replicas = nullptr;
   std::vector<std::pair<std::string, Tensor>> replicated;
   std::function<void()> after_load;
   std::string stage;  // recorded in checkpoints, for people and tools that inspect them

@@ -20,6 +20,13 @@
 //
 // Gradients are kept in grad_dtype (f32, or the compute dtype under mixed precision) and may
 // travel in another wire_dtype: the bucket is cast for the wire and back.
+//
+// Hybrid sharding (comm/hybrid_mesh.hpp): `comm` is the shard group and `replicas` the ranks
+// holding the same shard in the other groups. A bucket is then summed inside the group (the
+// reduce-scatter or all-reduce above); at finish() its reduced part is summed across the groups
+// (an all-reduce on replicas, the only inter-group traffic) and divided by the world size once:
+// the same arithmetic as one average over the world, so gradients whose sums are exact give
+// DDP's bits. A 16-bit wire averages at each level instead, so the sums cannot overflow.
 #pragma once
 
 #include <algorithm>
@@ -72,6 +79,8 @@ class GradSyncStrategy {
   virtual Tensor piece_grad(const ParamPiece& piece) const = 0;
   // Clears the gradients; afterwards a reduction lands in place again.
   virtual void zero(std::vector<BucketState>& states) = 0;
+  // Hybrid sharding: after every bucket completed, the exchange across groups (ReplicaSync).
+  virtual void exchange_replicas() = 0;
   // The buffers hold averaged gradients of an earlier synchronised backward: the next
   // reductions are added to them.
   void set_holds_averages(bool value) { holds_averages_ = value; }
@@ -91,12 +100,67 @@ inline Tensor cast_for_wire(Context& ctx, const Tensor& values, DType wire_dtype
 
 }  // namespace detail
 
+// The second level of a hybrid reduction (inactive when `replicas` is null). The group's
+// collective sums (or, on a 16-bit wire, averages) a bucket; its reduced part is held, not yet
+// merged into the gradients, until finish(): then every held part is all-reduced across the
+// groups in bucket order, divided by the world size, and merged. The exchange waits for
+// finish() because buckets complete in an order that depends on timing (FSDP polls many
+// units' buckets) while the ranks of a replica group must issue their all-reduces in the same
+// order; and the merge waits for the exchange so that no group sum is rounded to a 16-bit
+// gradient, or added to held averages, before it is the world's. (A part that did not land in
+// place -- 16-bit gradients, accumulation -- stays allocated until then: up to 1/G of the
+// gradients in transient memory.)
+class ReplicaSync {
+ public:
+  ReplicaSync(comm::Communicator& group, comm::Communicator* replicas, std::size_t buckets)
+      : replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
+        world_size_(group.size() * (replicas_ != nullptr ? replicas_->size() : 1)),
+        held_(replicas_ != nullptr ? buckets : 0) {}
+
+  bool active() const { return replicas_ != nullptr; }
+  comm::ReduceOp group_op(DType wire) const {
+    return active() && wire == DType::f32 ? comm::ReduceOp::sum : comm::ReduceOp::avg;
+  }
+  // Keeps bucket b's group-reduced part (in the wire dtype) for exchange().
+  void hold(std::size_t b, const Tensor& reduced) { held_[b] = reduced; }
+  // All-reduces every held part across the groups (issued together, in bucket order), then
+  // hands each, as the world's average, to merge(b, part) in bucket order.
+  template <class Merge>
+  void exchange(Context& ctx, Merge&& merge) {
+    if (!active()) return;
+    std::vector<comm::Work> works(held_.size());
+    for (std::size_t b = 0; b < held_.size(); ++b)
+      if (held_[b].defined() && held_[b].numel() > 0)
+        comm::assign(works[b],
+                     replicas_->all_reduce(
+                         held_[b], summed(held_[b]) ? comm::ReduceOp::sum : comm::ReduceOp::avg));
+    for (std::size_t b = 0; b < held_.size(); ++b) {
+      if (!held_[b].defined()) continue;
+      works[b].wait();
+      if (summed(held_[b])) divide_(ctx, held_[b], static_cast<double>(world_size_));
+      merge(b, held_[b]);
+      held_[b] = Tensor();
+    }
+  }
+  void clear() {
+    for (auto& part : held_) part = Tensor();
+  }
+
+ private:
+  static bool summed(const Tensor& part) { return part.dtype() == DType::f32; }
+
+  comm::Communicator* replicas_;
+  int world_size_;
+  std::vector<Tensor> held_;  // per bucket: its group-reduced part until the exchange
+};
+
 class AllReduceGrads final : public GradSyncStrategy {
  public:
   AllReduceGrads(Context& ctx, comm::Communicator& comm, const BucketPlan& plan, DType grad_dtype,
-                 DType wire_dtype)
+                 DType wire_dtype, comm::Communicator* replicas)
       : ctx_(&ctx),
         comm_(&comm),
+        replicas_(comm, replicas, plan.buckets().size()),
         plan_(&plan),
         grad_dtype_(grad_dtype),
         wire_dtype_(wire_dtype),
@@ -113,22 +177,23 @@ class AllReduceGrads final : public GradSyncStrategy {
       state.buffer = full_.slice(0, bucket.base, bucket.base + bucket.numel);
     else if (!state.buffer.defined())
       state.buffer = transient(b);  // nothing was asked: all zero
+    const comm::ReduceOp op = replicas_.group_op(wire_dtype_);
     if (wire_dtype_ != grad_dtype_) {
       state.wire = detail::cast_for_wire(*ctx_, state.buffer, wire_dtype_);
-      comm::assign(state.work, comm_->all_reduce(state.wire, comm::ReduceOp::avg));
+      comm::assign(state.work, comm_->all_reduce(state.wire, op));
     } else {
-      comm::assign(state.work, comm_->all_reduce(state.buffer, comm::ReduceOp::avg));
+      comm::assign(state.work, comm_->all_reduce(state.buffer, op));
     }
   }
   void complete(std::size_t b, BucketState& state) override {
-    const GradBucket& bucket = plan_->buckets()[b];
-    const Tensor target = full_.slice(0, bucket.base, bucket.base + bucket.numel);
     const Tensor& reduced = state.wire.defined() ? state.wire : state.buffer;
-    if (!holds_averages()) {
-      if (state.wire.defined()) copy(*ctx_, target, reduced);
-    } else {
-      add_(*ctx_, target, reduced);
-    }
+    if (replicas_.active())
+      replicas_.hold(b, reduced);
+    else
+      merge(b, reduced);
+  }
+  void exchange_replicas() override {
+    replicas_.exchange(*ctx_, [&](std::size_t b, const Tensor& part) { merge(b, part); });
   }
   Tensor piece_grad(const ParamPiece& piece) const override {
     const GradBucket& bucket = plan_->buckets()[plan_->bucket_of(piece.param)];
@@ -138,15 +203,27 @@ class AllReduceGrads final : public GradSyncStrategy {
   void zero(std::vector<BucketState>& states) override {
     fill(*ctx_, full_, 0.0);
     for (auto& state : states) state.buffer = Tensor();
+    replicas_.clear();
   }
 
  private:
+  // Bucket b's averaged gradients, `reduced`, into their place.
+  void merge(std::size_t b, const Tensor& reduced) {
+    const GradBucket& bucket = plan_->buckets()[b];
+    const Tensor target = full_.slice(0, bucket.base, bucket.base + bucket.numel);
+    if (holds_averages())
+      add_(*ctx_, target, reduced);
+    else if (reduced.data_ptr() != target.data_ptr())
+      copy(*ctx_, target, reduced);
+  }
+
   Tensor transient(std::size_t b) const {
     return zeros(*ctx_, {plan_->buckets()[b].numel}, grad_dtype_, MemoryCategory::communication);
   }
 
   Context* ctx_;
   comm::Communicator* comm_;
+  ReplicaSync replicas_;
   const BucketPlan* plan_;
   DType grad_dtype_;
   DType wire_dtype_;
@@ -156,9 +233,11 @@ class AllReduceGrads final : public GradSyncStrategy {
 class ReduceScatterGrads final : public GradSyncStrategy {
  public:
   ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const BucketPlan& plan,
-                     DType grad_dtype, DType wire_dtype, ReduceScatterCoalescer* coalescer)
+                     DType grad_dtype, DType wire_dtype, ReduceScatterCoalescer* coalescer,
+                     comm::Communicator* replicas)
       : ctx_(&ctx),
         comm_(&comm),
+        replicas_(comm, replicas, plan.buckets().size()),
         plan_(&plan),
         grad_dtype_(grad_dtype),
         wire_dtype_(wire_dtype),
@@ -180,20 +259,24 @@ class ReduceScatterGrads final : public GradSyncStrategy {
     if (wire_dtype_ != grad_dtype_ || holds_averages())
       state.out = empty(*ctx_, {bucket.own_numel}, send.dtype(), MemoryCategory::communication);
     const Tensor& recv = state.out.defined() ? state.out : target;
+    const comm::ReduceOp op = replicas_.group_op(wire_dtype_);
     if (coalescer_ != nullptr && send.nbytes() < coalescer_->capacity_bytes())
-      comm::assign(state.work, coalescer_->submit(send, recv, bucket.counts, comm::ReduceOp::avg));
+      comm::assign(state.work, coalescer_->submit(send, recv, bucket.counts, op));
     else
-      comm::assign(state.work,
-                   comm_->reduce_scatter_v(send, recv, bucket.counts, comm::ReduceOp::avg));
+      comm::assign(state.work, comm_->reduce_scatter_v(send, recv, bucket.counts, op));
   }
   void complete(std::size_t b, BucketState& state) override {
     const GradBucket& bucket = plan_->buckets()[b];
-    if (!state.out.defined() || state.out.numel() == 0) return;
-    const Tensor target = owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel);
-    if (holds_averages())
-      add_(*ctx_, target, state.out);
+    const Tensor reduced = state.out.defined() ? state.out
+                                               : owned_.slice(0, bucket.own_offset,
+                                                              bucket.own_offset + bucket.own_numel);
+    if (replicas_.active())
+      replicas_.hold(b, reduced);
     else
-      copy(*ctx_, target, state.out);
+      merge(b, reduced);
+  }
+  void exchange_replicas() override {
+    replicas_.exchange(*ctx_, [&](std::size_t b, const Tensor& part) { merge(b, part); });
   }
   Tensor piece_grad(const ParamPiece& piece) const override {
     const std::int64_t offset = plan_->owned_offset_of(piece);
@@ -202,15 +285,30 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   void zero(std::vector<BucketState>& states) override {
     fill(*ctx_, owned_, 0.0);
     for (auto& state : states) state.buffer = Tensor();
+    replicas_.clear();
   }
 
  private:
+  // Bucket b's averaged part, `reduced`, into this rank's gradients (a reduction that landed
+  // in place is already there).
+  void merge(std::size_t b, const Tensor& reduced) {
+    const GradBucket& bucket = plan_->buckets()[b];
+    if (reduced.numel() == 0) return;
+    const Tensor target = owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel);
+    if (reduced.data_ptr() == target.data_ptr()) return;
+    if (holds_averages())
+      add_(*ctx_, target, reduced);
+    else
+      copy(*ctx_, target, reduced);
+  }
+
   Tensor transient(std::size_t b) const {
     return zeros(*ctx_, {plan_->buckets()[b].numel}, grad_dtype_, MemoryCategory::communication);
   }
 
   Context* ctx_;
   comm::Communicator* comm_;
+  ReplicaSync replicas_;
   const BucketPlan* plan_;
   DType grad_dtype_;
   DType wire_dtype_;
@@ -221,9 +319,11 @@ class ReduceScatterGrads final : public GradSyncStrategy {
 class GradBucketer {
  public:
   // `coalescer` (reduce_scatter only, optional): buckets smaller than its capacity are reduced
-  // together with other bucketers' (FSDP's many units).
+  // together with other bucketers' (FSDP's many units). `replicas` (optional): hybrid
+  // sharding's other groups, `comm` being this rank's shard group.
   GradBucketer(Context& ctx, comm::Communicator& comm, const ShardPlan& plan, GradSync sync,
-               BucketerOptions options = {}, ReduceScatterCoalescer* coalescer = nullptr)
+               BucketerOptions options = {}, ReduceScatterCoalescer* coalescer = nullptr,
+               comm::Communicator* replicas = nullptr)
       : plan_(&plan),
         sync_(sync),
         buckets_(checked_plan(plan, comm, options), comm.rank(), capacity(options)),
@@ -231,10 +331,10 @@ class GradBucketer {
         states_(buckets_.buckets().size()) {
     if (sync == GradSync::all_reduce)
       strategy_ = std::make_unique<AllReduceGrads>(ctx, comm, buckets_, options.grad_dtype,
-                                                   options.wire_dtype);
+                                                   options.wire_dtype, replicas);
     else
       strategy_ = std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, options.grad_dtype,
-                                                       options.wire_dtype, coalescer);
+                                                       options.wire_dtype, coalescer, replicas);
     ready_.assign(plan.layout().size(), false);
   }
 
@@ -278,6 +378,7 @@ class GradBucketer {
                          "gradient: mark it too, or freeze it)");
     if (sync_enabled_) {
       schedule_.drain([&](std::size_t b) { launch(b); }, [&](std::size_t b) { complete(b); });
+      strategy_->exchange_replicas();
       finished_ = true;
       strategy_->set_holds_averages(true);
     }

@@ -1,0 +1,133 @@
+// Bytes that cross group (node) boundaries per FSDP step, plain FSDP over N ranks against
+// hybrid sharding in groups of G, on ResNet-50's 161 parameter tensors (25.6 M, f32) in units
+// of 16 tensors; counted by the communicators (comm_stats.hpp: bus bytes, what each rank sends
+// in a bandwidth-optimal ring), not computed.
+//
+// One FSDP step moves, per rank: an all-gather before the forward, another before the backward
+// (resharded after the forward) and a reduce-scatter of the gradients. Plain FSDP runs all three
+// over the world, so they cross the nodes: 3 Psi (N-1)/N. Hybrid runs them inside the group and
+// sends across groups only the shard's gradient all-reduce: 2 (Psi/G) (R-1)/R with R = N/G
+// groups -- the point of hybrid sharding, paid for with G instead of N in the memory formula.
+//
+// Usage: hybrid_traffic [world size, default 8]   (ranks are threads of this process)
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardkit/comm/hybrid_mesh.hpp"
+#include "shardkit/comm/run_ranks.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/parallel/fsdp_engine.hpp"
+#include "workloads/resnet50_params.hpp"
+
+namespace sk = shardkit;
+
+namespace {
+
+struct Traffic {
+  double inter_group = 0;  // bus bytes per rank per step on communicators spanning groups
+  double intra_group = 0;  // bus bytes per rank per step inside the group
+  double state_bytes = 0;  // rank 0's parameters + gradients + optimizer state after the step
+};
+
+std::vector<sk::parallel::FsdpUnitParams> resnet50_units() {
+  std::vector<sk::parallel::FsdpUnitParams> units;
+  const auto& shapes = sk::workloads::kResNet50Shapes;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    char name[32];
+    if (i % 16 == 0) {
+      std::snprintf(name, sizeof name, "unit%zu", units.size());
+      units.push_back({name, {}});
+    }
+    std::snprintf(name, sizeof name, "p%zu", i);
+    units.back().params.push_back({name, shapes[i].shape()});
+  }
+  return units;
+}
+
+// One measured step of FSDP on `world` ranks; `group` = 0 for plain FSDP over the world.
+Traffic measure(int world, int group) {
+  Traffic out;
+  sk::comm::RunRanksOptions ranks;
+  ranks.cpu_threads_per_rank = 1;
+  sk::comm::run_ranks(
+      world,
+      [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        std::unique_ptr<sk::comm::HybridMesh> mesh;
+        if (group > 0) mesh = std::make_unique<sk::comm::HybridMesh>(comm, group);
+        sk::optim::OptimizerConfig config;
+        config.kind = sk::optim::OptimizerKind::larc_sgd;
+        config.sgd.momentum = 0.9f;
+        using Engine = sk::parallel::FsdpEngine<sk::ops::Cpu>;
+        auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, resnet50_units(), config)
+                           : std::make_unique<Engine>(ctx, comm, resnet50_units(), config);
+        sk::comm::Communicator* inter = mesh ? mesh->replicate() : &comm;
+        sk::comm::Communicator* intra = mesh ? &mesh->shard() : nullptr;
+        if (inter != nullptr) inter->reset_stats();
+        if (intra != nullptr) intra->reset_stats();
+        const auto units = engine->unit_count();
+        for (std::size_t u = 0; u < units; ++u) {  // forward
+          engine->gather(u);
+          engine->release(u);
+        }
+        engine->zero_grad();
+        std::size_t next = engine->param_count();
+        for (std::size_t u = units; u-- > 0;) {  // backward
+          engine->gather(u);
+          while (next > 0 && engine->unit_of(next - 1) == u) {
+            --next;
+            sk::fill(ctx, engine->grad(next), 1e-3 * static_cast<double>(next + 1));
+            engine->ready(next);
+          }
+          engine->release(u);
+        }
+        engine->finish();
+        engine->step(0.1f);
+        if (comm.rank() != 0) return;
+        out.inter_group =
+            inter != nullptr ? static_cast<double>(inter->stats().total_bus_bytes()) : 0;
+        out.intra_group =
+            intra != nullptr ? static_cast<double>(intra->stats().total_bus_bytes()) : 0;
+        const auto memory = ctx.memory_stats().snapshot();
+        out.state_bytes =
+            static_cast<double>(memory.current_of(sk::MemoryCategory::parameters) +
+                                memory.current_of(sk::MemoryCategory::gradients) +
+                                memory.current_of(sk::MemoryCategory::optimizer_state));
+      },
+      ranks);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int world = argc > 1 ? std::atoi(argv[1]) : 8;
+  if (world < 2) {
+    std::fprintf(stderr, "hybrid_traffic: the world size must be at least 2, got '%s'\n",
+                 argc > 1 ? argv[1] : "");
+    return 2;
+  }
+  const double psi = static_cast<double>(sk::workloads::kResNet50Params) * 4;  // f32 bytes
+  const double mb = 1e6;
+  std::printf("ResNet-50 (%.1f MB of f32 parameters), FSDP with LARC-SGD, N = %d ranks\n", psi / mb,
+              world);
+  std::printf("%-16s %14s %14s %14s %14s %12s\n", "sharding", "inter-group MB", "formula MB",
+              "intra-group MB", "vs plain", "state MB/rank");
+  const Traffic plain = measure(world, 0);
+  std::printf("%-16s %14.1f %14.1f %14s %14s %12.1f\n", "plain fsdp", plain.inter_group / mb,
+              3 * psi * (world - 1) / world / mb, "-", "1.00x", plain.state_bytes / mb);
+  for (int group = world / 2; group >= 1; --group) {
+    if (world % group != 0) continue;
+    const int groups = world / group;
+    const Traffic hybrid = measure(world, group);
+    char name[32], ratio[32];
+    std::snprintf(name, sizeof name, "hybrid G=%d", group);
+    std::snprintf(ratio, sizeof ratio, "%.3fx", hybrid.inter_group / plain.inter_group);
+    std::printf("%-16s %14.1f %14.1f %14.1f %14s %12.1f\n", name, hybrid.inter_group / mb,
+                2 * psi / group * (groups - 1) / groups / mb, hybrid.intra_group / mb, ratio,
+                hybrid.state_bytes / mb);
+  }
+  return 0;
+}
