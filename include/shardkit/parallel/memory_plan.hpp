@@ -1,0 +1,320 @@
+// The memory planner: what a training run will hold per rank, before it runs (DeepSpeed's
+// estimate_zero3_model_states_mem_needs, extended to every stage, hybrid sharding, mixed
+// precision, communication buffers, FSDP's gathered units and activations).
+//
+// Model states come from the same plans the engines build (ShardPlan, BucketPlan, PieceTable),
+// so they are the bytes the allocator will count, padding included, for the most loaded rank:
+//
+//   parameters       ddp/oss/sdp: the whole flat buffer in the compute dtype; fsdp: the rank's
+//                    shard of every unit, plus frozen parameters whole
+//   gradients        ddp/oss: every bucket; sdp/fsdp: the rank's parts (compute dtype)
+//   optimizer state  f32 per element the rank updates: each state buffer (momentum; Adam's two
+//                    moments), plus the f32 master under mixed precision
+//
+// and the transients are bounds (the allocator's peak stays at or under them):
+//
+//   communication    bucket buffers being filled and in flight (sdp, fsdp), wire copies, the
+//                    reduce-scatter coalescer's staging, f16 parameter broadcasts
+//   gathered         fsdp: the full units held at once -- the root unit, and with resharding
+//                    after forward the unit in use plus `prefetch` ahead (counted by the
+//                    allocator under communication, reported apart here)
+//   activations      a linear profile in the batch size (ActivationProfile): measure it once
+//                    per model, input size and checkpointing setting (profile_activations)
+//
+// Hybrid sharding plans with the group size in place of the world size.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardkit/optim/sharded_optimizer.hpp"
+#include "shardkit/parallel/fsdp_units.hpp"
+#include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
+#include "shardkit/parallel/stage.hpp"
+#include "shardkit/shard/bucket_plan.hpp"
+#include "shardkit/shard/piece_table.hpp"
+#include "shardkit/shard/shard_plan.hpp"
+
+namespace shardkit::parallel {
+
+struct MemoryPlanOptions {
+  Stage stage = Stage::ddp;
+  int world_size = 1;
+  int group_size = 0;  // hybrid sharding: ranks per shard group (0: the whole world)
+  optim::OptimizerConfig optimizer;
+  MixedPrecision precision;                                     // off: f32
+  shard::PartitionKind partition = shard::PartitionKind::flat;  // ddp/oss/sdp
+  shard::BucketerOptions buckets;
+  bool broadcast_fp16 = false;  // oss/sdp, f32
+  // fsdp: the units as lists of parameter indices (spec order; every trainable parameter in
+  // exactly one unit, frozen ones in none). Empty: one unit of every trainable parameter.
+  std::vector<std::vector<std::size_t>> fsdp_units;
+  int root_unit = -1;  // the unit gathered through the whole forward and backward (-1: none)
+  int prefetch = 1;
+  bool reshard_after_forward = true;
+  std::size_t coalesce_bytes = std::size_t{4} << 20;
+};
+
+// Peak activation bytes of one training step as fixed + per_sample x batch.
+struct ActivationProfile {
+  double fixed_bytes = 0;
+  double bytes_per_sample = 0;
+  std::int64_t at(std::int64_t batch) const {
+    return batch <= 0 ? 0
+                      : static_cast<std::int64_t>(fixed_bytes +
+                                                  bytes_per_sample * static_cast<double>(batch));
+  }
+};
+
+// The line through two measured peaks (batch b1 -> peak1, b2 -> peak2, b1 < b2).
+inline ActivationProfile fit_activation_profile(std::int64_t b1, std::int64_t peak1,
+                                                std::int64_t b2, std::int64_t peak2) {
+  check(b1 > 0 && b2 > b1, "fit_activation_profile: batches ", b1, " and ", b2,
+        " do not give a line; pass two batch sizes 0 < b1 < b2");
+  ActivationProfile p;
+  p.bytes_per_sample =
+      std::max(0.0, static_cast<double>(peak2 - peak1) / static_cast<double>(b2 - b1));
+  p.fixed_bytes = std::max(0.0, static_cast<double>(peak1) - p.bytes_per_sample * b1);
+  return p;
+}
+
+struct MemoryPlan {
+  int rank = 0;  // the shard rank whose figures these are (the most loaded)
+  std::int64_t parameters = 0;
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;
+  std::int64_t communication = 0;  // bound
+  std::int64_t gathered = 0;       // fsdp bound
+  std::int64_t activations = 0;    // for the planned batch
+  // Bytes this rank sends per step (bus bytes of bandwidth-optimal rings, comm_stats.hpp)
+  // inside its shard group and across groups (hybrid sharding's replicate all-reduce). Without
+  // hybrid sharding the group is the world: on more than one node, all of it crosses nodes.
+  double sent_in_group = 0;
+  double sent_across_groups = 0;
+  std::int64_t model_states() const { return parameters + gradients + optimizer_state; }
+  std::int64_t total() const { return model_states() + communication + gathered + activations; }
+};
+
+namespace detail {
+
+inline int planned_group(const MemoryPlanOptions& o) {
+  check(o.world_size >= 1, "memory plan: world size ", o.world_size, "; pass at least 1");
+  const int group = o.group_size == 0 ? o.world_size : o.group_size;
+  check(group >= 1 && group <= o.world_size && o.world_size % group == 0,
+        "memory plan: a shard group of ", group, " ranks does not divide the world of ",
+        o.world_size, "; pass a divisor");
+  return group;
+}
+
+inline std::int64_t bytes_of(DType dtype) { return static_cast<std::int64_t>(dtype_size(dtype)); }
+
+inline std::int64_t largest_bucket(const shard::BucketPlan& buckets) {
+  std::int64_t most = 0;
+  for (const auto& b : buckets.buckets()) most = std::max(most, b.numel);
+  return most;
+}
+
+// The bucketer's transient buffers for one plan on `rank`.
+inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool reduce_scatter,
+                                      const shard::BucketerOptions& o, DType grad, DType wire) {
+  const std::int64_t in_flight = o.max_in_flight + 1;  // in flight, plus the one being filled
+  const std::int64_t largest = largest_bucket(buckets);
+  std::int64_t per_bucket = 0;
+  if (reduce_scatter) per_bucket += largest * bytes_of(grad);  // the full-gradient bucket
+  if (wire != grad) per_bucket += largest * bytes_of(wire);    // its copy on the wire
+  std::int64_t own = 0;
+  for (const auto& b : buckets.buckets()) own = std::max(own, b.own_numel);
+  if (reduce_scatter && wire != grad) per_bucket += own * bytes_of(wire);  // where it lands
+  return in_flight * per_bucket;
+}
+
+// Per-step traffic of one rank: the gradients reduced (and, under oss / sdp, the parameters
+// re-gathered; under fsdp gathered twice, for the forward and again for the backward) inside the
+// group, and the reduced gradients all-reduced across the R groups.
+inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& specs,
+                         const MemoryPlanOptions& o, int group) {
+  double psi = 0;
+  for (const auto& s : specs)
+    if (s.trainable) psi += static_cast<double>(shape_numel(s.shape));
+  const bool mixed = o.precision.enabled();
+  const double param = static_cast<double>(dtype_size(o.precision.param_dtype));
+  const double grad = static_cast<double>(dtype_size(mixed || o.precision.reduce_dtype != DType::f32
+                                                         ? o.precision.reduce_dtype
+                                                         : o.buckets.wire_dtype));
+  const double g = group, r = static_cast<double>(o.world_size / group);
+  const double ring = (g - 1) / g, across = (r - 1) / r;
+  switch (o.stage) {
+    case Stage::ddp:
+      p.sent_in_group = 2 * psi * grad * ring;
+      p.sent_across_groups = 2 * psi * grad * across;
+      break;
+    case Stage::oss:
+      p.sent_in_group = 2 * psi * grad * ring + psi * param * ring;
+      p.sent_across_groups = 2 * psi * grad * across;
+      break;
+    case Stage::sdp:
+      p.sent_in_group = psi * grad * ring + psi * param * ring;
+      p.sent_across_groups = 2 * psi / g * grad * across;
+      break;
+    case Stage::fsdp:
+      p.sent_in_group = psi * grad * ring + (o.reshard_after_forward ? 2 : 1) * psi * param * ring;
+      p.sent_across_groups = 2 * psi / g * grad * across;
+      break;
+  }
+}
+
+inline std::int64_t state_elements_bytes(const optim::OptimizerConfig& config, bool mixed) {
+  return 4 * static_cast<std::int64_t>(optim::state_buffer_names(config).size() + (mixed ? 1 : 0));
+}
+
+}  // namespace detail
+
+// The plan for `specs` (names, shapes, trainable flags in registration order) under `o`, with
+// activations for `batch` samples per rank from `activations`. Collective-free: runs anywhere.
+inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
+                              const MemoryPlanOptions& o, const ActivationProfile& activations = {},
+                              std::int64_t batch = 0) {
+  const int group = detail::planned_group(o);
+  validate(o.precision);
+  const bool mixed = o.precision.enabled();
+  const DType param = o.precision.param_dtype;
+  const DType grad = mixed ? param : DType::f32;
+  // As the engines set the bucketer: the reduce dtype under mixed precision or when asked for.
+  const DType wire = mixed || o.precision.reduce_dtype != DType::f32 ? o.precision.reduce_dtype
+                                                                     : o.buckets.wire_dtype;
+  const std::int64_t capacity =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(o.buckets.bucket_bytes / 4));
+  const std::int64_t state_bytes = detail::state_elements_bytes(o.optimizer, mixed);
+  MemoryPlan best;
+  best.parameters = -1;
+  for (int rank = 0; rank < group; ++rank) {
+    MemoryPlan p;
+    p.rank = rank;
+    if (o.stage != Stage::fsdp) {
+      const shard::ShardPlan plan(specs, group, o.partition);
+      const bool reduce_scatter = o.stage == Stage::sdp;
+      const shard::BucketPlan buckets(plan, rank, capacity);
+      const auto table = shard::PieceTable::of_plan(plan, o.stage == Stage::ddp);
+      p.parameters = plan.layout().padded_numel() * detail::bytes_of(param);
+      p.gradients =
+          (reduce_scatter ? buckets.owned_numel() : buckets.total_numel()) * detail::bytes_of(grad);
+      p.optimizer_state = table.state_numel(rank) * state_bytes;
+      p.communication = detail::bucket_transients(buckets, reduce_scatter, o.buckets, grad, wire);
+      if (o.broadcast_fp16 && !mixed && o.stage != Stage::ddp)
+        p.communication = std::max(p.communication, plan.trainable_end() * 2);
+    } else {
+      std::vector<std::vector<std::size_t>> units = o.fsdp_units;
+      if (units.empty()) {
+        units.emplace_back();
+        for (std::size_t i = 0; i < specs.size(); ++i)
+          if (specs[i].trainable) units.back().push_back(i);
+      }
+      shard::PieceTable table(group, false);
+      std::vector<std::int64_t> unit_bytes;
+      std::int64_t transients = 0;
+      for (const auto& unit : units) {
+        std::vector<shard::ParamSpec> unit_specs;
+        for (auto i : unit) {
+          check(i < specs.size() && specs[i].trainable, "memory plan: FSDP unit parameter #", i,
+                " is not a trainable parameter of the ", specs.size(), " given");
+          unit_specs.push_back(specs[i]);
+        }
+        if (unit_specs.empty()) continue;
+        const shard::ShardPlan plan(unit_specs, group, shard::PartitionKind::flat);
+        const shard::BucketPlan buckets(plan, rank, capacity);
+        table.append_plan(plan, false);
+        p.parameters += plan.numel(rank) * detail::bytes_of(param);
+        p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
+        unit_bytes.push_back(plan.layout().padded_numel() * detail::bytes_of(param));
+        transients =
+            std::max(transients, detail::bucket_transients(buckets, true, o.buckets, grad, wire));
+      }
+      for (const auto& s : specs)
+        if (!s.trainable) p.parameters += shape_numel(s.shape) * detail::bytes_of(param);
+      p.optimizer_state = table.state_numel(rank) * state_bytes;
+      // Gathered at once: the root unit, and the unit in use with `prefetch` more ahead (every
+      // unit without resharding after forward).
+      std::int64_t root = 0;
+      if (o.root_unit >= 0 && static_cast<std::size_t>(o.root_unit) < unit_bytes.size()) {
+        root = unit_bytes[static_cast<std::size_t>(o.root_unit)];
+        unit_bytes.erase(unit_bytes.begin() + o.root_unit);
+      }
+      std::sort(unit_bytes.rbegin(), unit_bytes.rend());
+      const std::size_t held =
+          o.reshard_after_forward
+              ? std::min(unit_bytes.size(), static_cast<std::size_t>(std::max(0, o.prefetch) + 1))
+              : unit_bytes.size();
+      p.gathered = root;
+      for (std::size_t k = 0; k < held; ++k) p.gathered += unit_bytes[k];
+      p.communication =
+          transients + (o.coalesce_bytes > 0 ? 2 * static_cast<std::int64_t>(o.coalesce_bytes) : 0);
+    }
+    p.activations = activations.at(batch);
+    detail::plan_traffic(p, specs, o, group);
+    if (p.total() > best.total() || best.parameters < 0) best = p;
+  }
+  return best;
+}
+
+// `o` for an nn::Module trained by ShardedModule: under fsdp, the units `wrap` makes of its
+// parameters (registration order, module_param_specs), the root unit gathered throughout.
+inline MemoryPlanOptions module_plan_options(nn::Module& module, MemoryPlanOptions o,
+                                             const FsdpWrapPolicy& wrap = {}) {
+  if (o.stage != Stage::fsdp) return o;
+  const auto specs = module_param_specs(module);
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < specs.size(); ++i) index.emplace(specs[i].name, i);
+  o.fsdp_units.clear();
+  o.root_unit = -1;
+  for (const auto& unit : plan_fsdp_units(module, wrap)) {
+    std::vector<std::size_t> members;
+    for (const auto& name : unit.params)
+      if (specs[index.at(name)].trainable) members.push_back(index.at(name));
+    if (members.empty()) continue;  // (FSDP keeps no unit of frozen parameters only)
+    if (unit.path.empty()) o.root_unit = static_cast<int>(o.fsdp_units.size());
+    o.fsdp_units.push_back(std::move(members));
+  }
+  return o;
+}
+
+// The plan of an nn::Module trained by ShardedModule under `o` (FSDP units from `wrap`).
+inline MemoryPlan plan_module_memory(nn::Module& module, const MemoryPlanOptions& o,
+                                     const FsdpWrapPolicy& wrap = {},
+                                     const ActivationProfile& activations = {},
+                                     std::int64_t batch = 0) {
+  return plan_memory(module_param_specs(module), module_plan_options(module, o, wrap), activations,
+                     batch);
+}
+
+// The largest batch per rank whose plan fits in `device_bytes`; 0 when not even one sample
+// fits beside the model states.
+inline std::int64_t largest_batch(const std::vector<shard::ParamSpec>& specs,
+                                  const MemoryPlanOptions& o, const ActivationProfile& activations,
+                                  std::int64_t device_bytes) {
+  check(activations.bytes_per_sample > 0,
+        "largest_batch: the activation profile has no per-sample bytes; measure one with "
+        "profile_activations (or fit_activation_profile) first");
+  const double left =
+      static_cast<double>(device_bytes - plan_memory(specs, o).total()) - activations.fixed_bytes;
+  std::int64_t batch =
+      left <= 0 ? 0 : static_cast<std::int64_t>(left / activations.bytes_per_sample);
+  while (batch > 0 && plan_memory(specs, o, activations, batch).total() > device_bytes) --batch;
+  return batch;
+}
+
+// A model's activation profile from two measured steps: `peak_at(batch)` runs one training
+// step (forward and backward) at `batch` samples on a fresh context and returns the peak of
+// MemoryCategory::activations. Activations grow linearly with the batch; the fixed part is
+// what does not (workspaces, weight reorders).
+template <class PeakAt>
+ActivationProfile profile_activations(PeakAt&& peak_at, std::int64_t b1 = 2, std::int64_t b2 = 4) {
+  const std::int64_t peak1 = peak_at(b1);
+  const std::int64_t peak2 = peak_at(b2);
+  return fit_activation_profile(b1, peak1, b2, peak2);
+}
+
+}  // namespace shardkit::parallel

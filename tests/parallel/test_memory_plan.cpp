@@ -1,0 +1,258 @@
+// The memory planner against the allocator: for every stage (and hybrid sharding, mixed
+// precision, both partitions, FSDP units) the planned parameters, gradients and optimizer state
+// equal what the engines hold after a step (the same plans build both); the measured peaks of
+// communication and gathered units stay within the planned bounds; activations measured on a
+// ResNet step match the profile fitted from two smaller batches within 5%.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dp_test_model.hpp"
+#include "module_test_model.hpp"
+#include "shardkit/comm/hybrid_mesh.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/parallel/fsdp_engine.hpp"
+#include "shardkit/parallel/memory_plan.hpp"
+
+namespace sk = shardkit;
+using namespace dp_test;
+using Cpu = sk::ops::Cpu;
+using sk::MemoryCategory;
+using sk::parallel::MemoryPlan;
+using sk::parallel::MemoryPlanOptions;
+
+namespace memory_plan_test {
+
+struct Measured {
+  std::int64_t parameters = 0, gradients = 0, optimizer_state = 0, communication_peak = 0;
+};
+
+// The most any rank holds of each category after `steps` steps (peaks: over the run).
+Measured max_over(const std::vector<sk::MemorySnapshot>& snapshots) {
+  Measured m;
+  for (const auto& s : snapshots) {
+    m.parameters = std::max(m.parameters, s.current_of(MemoryCategory::parameters));
+    m.gradients = std::max(m.gradients, s.current_of(MemoryCategory::gradients));
+    m.optimizer_state = std::max(m.optimizer_state, s.current_of(MemoryCategory::optimizer_state));
+    m.communication_peak = std::max(m.communication_peak, s.peak_of(MemoryCategory::communication));
+  }
+  return m;
+}
+
+// The engines over dp_test's model (uneven sizes, a frozen parameter), two steps.
+std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o) {
+  std::vector<sk::MemorySnapshot> out(static_cast<std::size_t>(o.world_size));
+  sk::comm::run_ranks(o.world_size, [&](sk::Context& ctx, sk::comm::Communicator& world) {
+    std::unique_ptr<sk::comm::HybridMesh> mesh;
+    if (o.group_size > 0) mesh = std::make_unique<sk::comm::HybridMesh>(world, o.group_size);
+    const auto specs = model_specs();
+    if (o.stage == Stage::fsdp) {
+      std::vector<sk::parallel::FsdpUnitParams> units;
+      for (const auto& members : o.fsdp_units) {
+        units.push_back({std::string("u").append(std::to_string(units.size())), {}});
+        for (auto i : members) units.back().params.push_back(specs[i]);
+      }
+      sk::parallel::FsdpEngineOptions options;
+      options.buckets = o.buckets;
+      options.precision = o.precision;
+      options.coalesce_bytes = o.coalesce_bytes;
+      // A custom loop keeps frozen parameters outside the units, whole, in the compute dtype.
+      std::vector<sk::Tensor> frozen;
+      for (const auto& p : specs)
+        if (!p.trainable)
+          frozen.push_back(
+              sk::zeros(ctx, p.shape, o.precision.param_dtype, MemoryCategory::parameters));
+      using Engine = sk::parallel::FsdpEngine<Cpu>;
+      auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, units, o.optimizer, options)
+                         : std::make_unique<Engine>(ctx, world, units, o.optimizer, options);
+      for (int s = 0; s < 2; ++s) {
+        engine->zero_grad();
+        for (std::size_t u = engine->unit_count(); u-- > 0;) {
+          engine->gather(u);
+          for (std::size_t i = 0; i < engine->param_count(); ++i)
+            if (engine->unit_of(i) == u) {
+              sk::fill(ctx, engine->grad(i), 0.01 * static_cast<double>(i + 1));
+              engine->ready(i);
+            }
+          engine->release(u);
+        }
+        engine->finish();
+        engine->step(0.1f);
+      }
+      out[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
+      return;
+    }
+    sk::parallel::DataParallelOptions options;
+    options.stage = o.stage;
+    options.partition = o.partition;
+    options.buckets = o.buckets;
+    options.precision = o.precision;
+    options.broadcast_fp16 = o.broadcast_fp16;
+    auto dp = mesh ? std::make_unique<DataParallel<Cpu>>(ctx, *mesh, specs, o.optimizer, options)
+                   : std::make_unique<DataParallel<Cpu>>(ctx, world, specs, o.optimizer, options);
+    for (int s = 0; s < 2; ++s) {
+      dp->zero_grad();
+      for (std::size_t i = specs.size(); i-- > 0;)
+        if (specs[i].trainable) {
+          sk::fill(ctx, dp->grad(i), 0.01 * static_cast<double>(i + 1));
+          dp->ready(i);
+        }
+      dp->finish();
+      dp->step(0.05f);
+    }
+    out[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
+  });
+  return out;
+}
+
+std::string describe(const MemoryPlanOptions& o) {
+  std::ostringstream out;
+  out << sk::parallel::stage_name(o.stage) << " N=" << o.world_size << " G=" << o.group_size << " "
+      << sk::optim::optimizer_kind_name(o.optimizer.kind) << " "
+      << sk::dtype_name(o.precision.param_dtype) << " "
+      << sk::shard::partition_kind_name(o.partition);
+  return out.str();
+}
+
+void check_plan(const MemoryPlanOptions& o) {
+  const MemoryPlan plan = sk::parallel::plan_memory(model_specs(), o);
+  const Measured m = max_over(run_engine(o));
+  INFO(describe(o));
+  CHECK(plan.parameters == m.parameters);
+  CHECK(plan.gradients == m.gradients);
+  CHECK(plan.optimizer_state == m.optimizer_state);
+  // Transients: the planned bounds hold (gathered units count as communication here).
+  CHECK(m.communication_peak <= plan.communication + plan.gathered);
+}
+
+}  // namespace memory_plan_test
+
+using namespace memory_plan_test;
+
+TEST_CASE("planned model states equal the allocator's after a step, for every stage") {
+  sk::parallel::MixedPrecision bf16;
+  bf16.param_dtype = sk::DType::bf16;
+  bf16.reduce_dtype = sk::DType::f32;
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+      for (auto partition : {PartitionKind::greedy, PartitionKind::flat}) {
+        if (stage == Stage::fsdp && partition == PartitionKind::greedy) continue;
+        for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16}) {
+          for (const auto& [world, group] : {std::pair{4, 0}, std::pair{3, 0}, std::pair{8, 4}}) {
+            MemoryPlanOptions o;
+            o.stage = stage;
+            o.world_size = world;
+            o.group_size = group;
+            o.optimizer = config_for(kind);
+            o.precision = precision;
+            o.partition = partition;
+            o.buckets.bucket_bytes = 2048;
+            o.coalesce_bytes = 1024;
+            if (stage == Stage::fsdp) o.fsdp_units = {{0, 1, 2}, {4, 5}, {6, 7, 8}};
+            check_plan(o);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the plan follows the ZeRO formulas with the group size in place of N") {
+  std::vector<sk::shard::ParamSpec> specs;
+  for (int i = 0; i < 64; ++i)
+    specs.push_back({std::string("w").append(std::to_string(i)), {1024}});  // 2^16 in all
+  const double psi = 65536;
+  for (auto stage : sk::parallel::kAllStages) {
+    for (const auto& [world, group] : {std::pair{8, 0}, std::pair{8, 2}, std::pair{64, 8}}) {
+      MemoryPlanOptions o;
+      o.stage = stage;
+      o.world_size = world;
+      o.group_size = group;
+      o.optimizer.kind = OptimizerKind::adamw;  // K = 8 bytes of f32 state per parameter
+      const auto plan = sk::parallel::plan_memory(specs, o);
+      const int n = group == 0 ? world : group;
+      CHECK_MESSAGE(
+          static_cast<double>(plan.model_states()) ==
+              doctest::Approx(sk::parallel::zero_model_state_bytes(stage, psi, 8, n)).epsilon(0.01),
+          sk::parallel::stage_name(stage), " N=", world, " G=", group);
+    }
+  }
+}
+
+TEST_CASE("activations: a profile from batches 2 and 4 predicts a batch of 8 within 5%") {
+  for (int segments : {0, 2}) {
+    auto peak_at = [&](std::int64_t batch) {
+      sk::Context ctx({.seed = 3, .cpu_threads = 1});
+      auto net = module_test::small_resnet(ctx, 5);
+      net->set_checkpoint_segments(segments);
+      auto b = module_test::batch(ctx, {batch, 3, 16, 16}, 5, 0, 0);
+      ctx.memory_stats().reset_peak();
+      sk::autograd::backward(ctx, sk::autograd::cross_entropy(ctx, (*net)(ctx, b.x), b.labels));
+      return ctx.memory_stats().snapshot().peak_of(MemoryCategory::activations);
+    };
+    const auto profile = sk::parallel::profile_activations(peak_at, 2, 4);
+    const auto measured = peak_at(8);
+    INFO("segments ", segments, ": measured ", measured, " planned ", profile.at(8));
+    CHECK(std::fabs(static_cast<double>(profile.at(8) - measured)) <= 0.05 * measured);
+    CHECK(profile.bytes_per_sample > 0);
+  }
+}
+
+TEST_CASE("ShardedModule: the module plan matches a ResNet's model states under every stage") {
+  const int world = 4;
+  for (auto stage : sk::parallel::kAllStages) {
+    std::vector<sk::MemorySnapshot> snapshots(world);
+    MemoryPlan plan;
+    sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = module_test::small_resnet(ctx, 7);
+      sk::parallel::ShardedModuleOptions options;
+      options.stage = stage;
+      options.buckets.bucket_bytes = 4096;
+      options.fsdp.wrap.unit_paths = {"layer1.0", "layer2.0", "layer3.0", "layer4.0"};
+      MemoryPlanOptions o;
+      o.stage = stage;
+      o.world_size = world;
+      o.optimizer = config_for(OptimizerKind::larc_sgd);
+      o.partition = options.partition;
+      o.buckets = options.buckets;
+      if (comm.rank() == 0)
+        plan = sk::parallel::plan_module_memory(*net, o, options.fsdp.wrap);  // (before wrapping)
+      sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, o.optimizer, options);
+      for (int s = 0; s < 2; ++s) {
+        model.zero_grad();
+        auto b = module_test::batch(ctx, {2, 3, 8, 8}, 5, comm.rank(), s);
+        sk::autograd::backward(ctx, sk::autograd::cross_entropy(ctx, model(ctx, b.x), b.labels));
+        model.step(0.1f);
+      }
+      snapshots[static_cast<std::size_t>(comm.rank())] = ctx.memory_stats().snapshot();
+    });
+    const Measured m = max_over(snapshots);
+    INFO(sk::parallel::stage_name(stage));
+    CHECK(plan.parameters == doctest::Approx(m.parameters).epsilon(0.05));
+    CHECK(plan.gradients == m.gradients);
+    CHECK(plan.optimizer_state == m.optimizer_state);
+  }
+}
+
+TEST_CASE("largest_batch and bad plans") {
+  const auto specs = model_specs();
+  MemoryPlanOptions o;
+  o.stage = Stage::sdp;
+  o.world_size = 4;
+  const sk::parallel::ActivationProfile profile{1000, 500};
+  const auto fixed = sk::parallel::plan_memory(specs, o).total();
+  const auto batch = sk::parallel::largest_batch(specs, o, profile, fixed + 1000 + 500 * 10 + 499);
+  CHECK(batch == 10);
+  CHECK(sk::parallel::largest_batch(specs, o, profile, fixed) == 0);
+  o.group_size = 3;
+  CHECK_THROWS_WITH(sk::parallel::plan_memory(specs, o),
+                    doctest::Contains("a shard group of 3 ranks does not divide the world of 4"));
+  o.group_size = 0;
+  CHECK_THROWS_WITH(sk::parallel::largest_batch(specs, o, {}, 1 << 30),
+                    doctest::Contains("no per-sample bytes"));
+}

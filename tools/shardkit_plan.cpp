@@ -1,0 +1,178 @@
+// shardkit-plan: per-rank memory of a training run before it runs (parallel/memory_plan.hpp).
+//
+//   shardkit-plan --model resnet50 --world-size 64 [--group-size 8] [--stage all|ddp|oss|sdp|fsdp]
+//                 [--optimizer larc_sgd|sgd|adamw] [--precision f32|bf16|f16]
+//                 [--batch 32] [--image-size 224] [--device-memory-gib 80]
+//   shardkit-plan --model weights.safetensors ...   (every tensor a trainable parameter)
+//
+// Prints, per stage, the bytes of the most loaded rank by category (MiB), the bytes each rank
+// sends per step inside its shard group and across groups (MiB; without --group-size the group
+// is the world, and on more than one node all of it crosses nodes), and with --device-memory-gib
+// the largest batch per rank that fits. For a ResNet the activations are profiled on this CPU (one
+// forward and backward at batches 2 and 4, f32, with and without activation checkpointing: an upper
+// bound under mixed precision); FSDP wraps each residual block as a unit. Errors are one line on
+// stderr and exit status 1 (2 for bad arguments).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "shardkit/autograd/autograd.hpp"
+#include "shardkit/io/safetensors.hpp"
+#include "shardkit/nn/nn.hpp"
+#include "shardkit/parallel/memory_plan.hpp"
+
+namespace sk = shardkit;
+namespace par = shardkit::parallel;
+
+namespace {
+
+std::string mib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", bytes / (1024.0 * 1024.0));
+  return text;
+}
+
+bool is_resnet(const std::string& model) { return model == "resnet18" || model == "resnet50"; }
+
+std::shared_ptr<sk::nn::ResNet> build_resnet(sk::Context& ctx, const std::string& model,
+                                             std::int64_t image_size) {
+  sk::nn::ResNetOptions o;
+  o.small_image_stem = image_size <= 64;  // CIFAR-style stem for small images
+  return model == "resnet18" ? sk::nn::resnet18(ctx, o) : sk::nn::resnet50(ctx, o);
+}
+
+// Peak activation bytes of one f32 forward + backward of the ResNet at `batch`.
+std::int64_t resnet_activation_peak(const std::string& model, std::int64_t image_size, int segments,
+                                    std::int64_t batch) {
+  sk::Context ctx({.seed = 1, .cpu_threads = 0});
+  auto net = build_resnet(ctx, model, image_size);
+  net->set_checkpoint_segments(segments);
+  auto x = sk::empty(ctx, {batch, 3, image_size, image_size}, sk::DType::f32,
+                     sk::MemoryCategory::activations);
+  sk::normal_(ctx, x, 0.0, 1.0);
+  std::vector<std::int64_t> labels(static_cast<std::size_t>(batch));
+  for (std::int64_t i = 0; i < batch; ++i) labels[static_cast<std::size_t>(i)] = i % 1000;
+  const auto y = sk::from_vector(ctx, labels, {batch});
+  ctx.memory_stats().reset_peak();
+  sk::autograd::backward(
+      ctx, sk::autograd::cross_entropy(ctx, (*net)(ctx, sk::autograd::Variable(x)), y));
+  return ctx.memory_stats().snapshot().peak_of(sk::MemoryCategory::activations);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardkit-plan: per-rank memory of a sharded training run, before it runs"};
+  std::string model, stage_name = "all", optimizer = "larc_sgd", precision = "f32";
+  int world = 1, group = 0;
+  std::int64_t batch = 32, image_size = 224;
+  double device_gib = 0;
+  app.add_option("--model", model, "resnet18, resnet50, or a .safetensors file of parameters")
+      ->required();
+  app.add_option("--world-size", world, "ranks")->check(CLI::PositiveNumber);
+  app.add_option("--group-size", group, "hybrid sharding: ranks per shard group (a node)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--stage", stage_name, "all, ddp, oss, sdp or fsdp");
+  app.add_option("--optimizer", optimizer, "sgd, larc_sgd or adamw (SGD with momentum 0.9)");
+  app.add_option("--precision", precision, "f32, bf16 or f16 (f32 masters, f32 reduction)");
+  app.add_option("--batch", batch, "samples per rank")->check(CLI::PositiveNumber);
+  app.add_option("--image-size", image_size, "ResNet input side (<= 64: small-image stem)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--device-memory-gib", device_gib, "print the largest batch that fits");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "shardkit-plan: %s (see shardkit-plan --help)\n", e.what());
+    return 2;
+  }
+
+  try {
+    par::MemoryPlanOptions o;
+    o.world_size = world;
+    o.group_size = group;
+    o.optimizer.kind = sk::optim::parse_optimizer_kind(optimizer);
+    o.optimizer.sgd.momentum = 0.9f;
+    if (precision != "f32") {
+      o.precision.param_dtype = precision == "bf16"  ? sk::DType::bf16
+                                : precision == "f16" ? sk::DType::f16
+                                                     : sk::DType::f32;
+      sk::check(o.precision.param_dtype != sk::DType::f32, "--precision '", precision,
+                "' is not one of f32, bf16, f16");
+      o.precision.reduce_dtype = sk::DType::f32;
+    }
+    std::vector<par::Stage> stages;
+    if (stage_name == "all")
+      stages.assign(std::begin(par::kAllStages), std::end(par::kAllStages));
+    else
+      stages.push_back(par::parse_stage(stage_name));
+
+    sk::Context ctx({.cpu_threads = 1});
+    std::shared_ptr<sk::nn::ResNet> net;
+    std::vector<sk::shard::ParamSpec> specs;
+    par::FsdpWrapPolicy wrap;
+    par::ActivationProfile plain, checkpointed;
+    if (is_resnet(model)) {
+      net = build_resnet(ctx, model, image_size);
+      specs = par::module_param_specs(*net);
+      for (const auto& [name, child] : net->named_modules())
+        if (name.rfind("layer", 0) == 0 && std::count(name.begin(), name.end(), '.') == 1)
+          wrap.unit_paths.push_back(name);
+      std::fprintf(stderr, "profiling activations of %s at %lldx%lld on this CPU...\n",
+                   model.c_str(), static_cast<long long>(image_size),
+                   static_cast<long long>(image_size));
+      plain = par::profile_activations(
+          [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 0, b); });
+      checkpointed = par::profile_activations(
+          [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 4, b); });
+    } else {
+      const sk::io::SafetensorsReader file(model);
+      for (const auto& t : file.tensors()) specs.push_back({t.name, t.shape, true});
+    }
+    std::int64_t psi = 0;
+    for (const auto& s : specs) psi += sk::shape_numel(s.shape);
+    char grouping[64] = "one group";
+    if (group > 0 && group < world)
+      std::snprintf(grouping, sizeof grouping, "hybrid, groups of %d", group);
+    std::printf("%s: %zu tensors, %lld parameters; N = %d, %s; %s, %s; batch %lld per rank\n",
+                model.c_str(), specs.size(), static_cast<long long>(psi), world, grouping,
+                optimizer.c_str(), precision.c_str(), static_cast<long long>(batch));
+    std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s", "stage", "params",
+                "grads", "optim", "comm", "gathered", "activations", "act (ckpt)", "total MiB",
+                "sent in grp", "across grps");
+    if (device_gib > 0) std::printf(" %10s %10s", "max batch", "(ckpt)");
+    std::printf("\n");
+    for (auto stage : stages) {
+      o.stage = stage;
+      const auto options = net ? par::module_plan_options(*net, o, wrap) : o;
+      const auto plan = par::plan_memory(specs, options, plain, batch);
+      const auto with_ckpt = par::plan_memory(specs, options, checkpointed, batch);
+      std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s",
+                  std::string(par::stage_name(stage)).c_str(), mib(plan.parameters).c_str(),
+                  mib(plan.gradients).c_str(), mib(plan.optimizer_state).c_str(),
+                  mib(plan.communication).c_str(), mib(plan.gathered).c_str(),
+                  net ? mib(plan.activations).c_str() : "-",
+                  net ? mib(with_ckpt.activations).c_str() : "-", mib(plan.total()).c_str(),
+                  mib(plan.sent_in_group).c_str(), mib(plan.sent_across_groups).c_str());
+      if (device_gib > 0) {
+        const auto bytes = static_cast<std::int64_t>(device_gib * 1024 * 1024 * 1024);
+        if (net)
+          std::printf(
+              " %10lld %10lld",
+              static_cast<long long>(par::largest_batch(specs, options, plain, bytes)),
+              static_cast<long long>(par::largest_batch(specs, options, checkpointed, bytes)));
+        else
+          std::printf(" %10s %10s", plan.total() <= bytes ? "fits" : "no", "-");
+      }
+      std::printf("\n");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardkit-plan: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
