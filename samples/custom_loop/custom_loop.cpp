@@ -33,6 +33,7 @@
 
 #include <shardkit/comm/comm.hpp>
 #include <shardkit/io/io.hpp>
+#include <shardkit/parallel/memory_plan.hpp>
 
 #include "devices.hpp"
 
@@ -180,6 +181,27 @@ int main(int argc, char** argv) {
     setup.stop_after = flags.stop_after;
     if (!setup.checkpoint_dir.empty()) std::filesystem::create_directories(setup.checkpoint_dir);
 
+    // --- the memory plan, before any state exists (parallel/memory_plan.hpp) -----------------
+    const auto launch = sk::comm::detect_launch();
+    sk::parallel::MemoryPlanOptions plan_options;
+    plan_options.stage = options.stage;
+    plan_options.world_size = launch.size > 1 ? launch.size : setup.ranks;
+    plan_options.optimizer = optimizer;
+    plan_options.precision = options.precision;
+    plan_options.partition = options.partition;
+    plan_options.buckets = options.buckets;
+    plan_options.broadcast_fp16 = options.broadcast_fp16;
+    const auto specs = custom_loop::mlp_param_specs(setup.widths);
+    for (std::size_t i = 0; i < specs.size(); i += 2)  // train.hpp's units: one per layer
+      plan_options.fsdp_units.push_back({i, i + 1});
+    const auto plan = sk::parallel::plan_memory(specs, plan_options);
+    if (launch.rank == 0)
+      std::printf(
+          "memory plan per rank (MB): parameters %.2f, gradients %.2f, optimizer state "
+          "%.2f, communication <= %.2f\n",
+          plan.parameters / 1e6, plan.gradients / 1e6, plan.optimizer_state / 1e6,
+          double(plan.communication + plan.gathered) / 1e6);
+
     // --- train: every rank runs train.hpp's loop on the chosen device -------------------------
     const custom_loop::Results results = custom_loop::train_on(device, setup);
     const double seconds =
@@ -221,6 +243,9 @@ int main(int argc, char** argv) {
       std::printf(" max %12.2f %12.2f %16.2f %6.2f [%5.2f]\n", most.current_of(C::parameters) / 1e6,
                   most.current_of(C::gradients) / 1e6, most.current_of(C::optimizer_state) / 1e6,
                   most.current_of(C::communication) / 1e6, most.peak_of(C::communication) / 1e6);
+    std::printf("plan %12.2f %12.2f %16.2f   <= %5.2f\n", plan.parameters / 1e6,
+                plan.gradients / 1e6, plan.optimizer_state / 1e6,
+                double(plan.communication + plan.gathered) / 1e6);
     const custom_loop::RankReport rank0 =
         results.ranks.empty() ? custom_loop::RankReport{} : results.ranks[0];
     nlohmann::json summary = {{"sample", "custom_loop"},
@@ -238,7 +263,12 @@ int main(int argc, char** argv) {
                               {"params_fnv1a", results.params_fnv1a},
                               {"seconds", seconds},
                               {"bus_bytes_per_step_rank0", rank0.bus_bytes_per_step},
-                              {"memory_bytes_per_rank", memory}};
+                              {"memory_bytes_per_rank", memory},
+                              {"memory_plan_bytes",
+                               {{"parameters", plan.parameters},
+                                {"gradients", plan.gradients},
+                                {"optimizer_state", plan.optimizer_state},
+                                {"communication_bound", plan.communication + plan.gathered}}}};
     std::printf("%s\n", summary.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -27,6 +27,7 @@
 #include "shardkit/io/safetensors.hpp"
 #include "shardkit/io/stateful_sampler.hpp"
 #include "shardkit/optim/loss_scaler.hpp"
+#include "shardkit/parallel/memory_plan.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
 #include "shardkit/parallel/sync_batch_norm.hpp"
 #include "swav_config.hpp"
@@ -120,6 +121,19 @@ class SwavTrainer {
           *model_, sk::parallel::sync_batch_norm_group(comm, c.sync_bn_group));
     sk::optim::OptimizerConfig optimizer = c.optimizer;
     optimizer.no_weight_decay = unregularized_params(*model_, c.regularize_bn, c.regularize_bias);
+    // What each rank will hold, planned before the states exist (parallel/memory_plan.hpp);
+    // printed at the start beside what the run measures at the end.
+    sk::parallel::MemoryPlanOptions plan;
+    plan.stage = c.stage;
+    plan.world_size = comm.size();
+    plan.optimizer = optimizer;
+    plan.precision = c.precision;
+    plan.partition = o.partition;
+    plan.buckets = o.buckets;
+    plan.reshard_after_forward = c.reshard_after_forward;
+    plan.prefetch = o.fsdp.prefetch;
+    plan.coalesce_bytes = o.fsdp.coalesce_bytes;
+    plan_ = sk::parallel::plan_module_memory(*model_, plan, o.fsdp.wrap);
     sharded_ =
         std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, optimizer, o);
     // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.
@@ -149,6 +163,10 @@ class SwavTrainer {
       log_metrics({{"iteration", 0}, {"knn_init", report.knn_init}, {"raw_knn", report.raw_knn}});
     }
     report.start_iteration = iteration_;
+    say("memory plan per rank: parameters %.2f MB, gradients %.2f MB, optimizer state %.2f MB, "
+        "communication and gathered units <= %.2f MB (activations: measured below)\n",
+        plan_.parameters / 1e6, plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
+        double(plan_.communication + plan_.gathered) / 1e6);
     const std::int64_t last = c_.max_iterations >= 0 ? std::min(total, c_.max_iterations) : total;
     const auto begin = std::chrono::steady_clock::now();
     auto last_log = begin;
@@ -212,6 +230,17 @@ class SwavTrainer {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     report.data_wait_seconds = loader_->waited_seconds();
     report.iterations = iteration_;
+    const auto memory = ctx_->memory_stats().snapshot();
+    using sk::MemoryCategory;
+    say("memory measured on rank 0: parameters %.2f MB, gradients %.2f MB, optimizer state "
+        "%.2f MB (planned %.2f / %.2f / %.2f); peaks: communication %.2f MB, activations "
+        "%.2f MB, total %.2f MB\n",
+        memory.current_of(MemoryCategory::parameters) / 1e6,
+        memory.current_of(MemoryCategory::gradients) / 1e6,
+        memory.current_of(MemoryCategory::optimizer_state) / 1e6, plan_.parameters / 1e6,
+        plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
+        memory.peak_of(MemoryCategory::communication) / 1e6,
+        memory.peak_of(MemoryCategory::activations) / 1e6, memory.peak_total / 1e6);
     report.knn = evaluate(report, Evaluation::final);
     log_metrics({{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}});
     report.fingerprint = fingerprint();
@@ -491,6 +520,7 @@ class SwavTrainer {
   const Datasets* data_;
   std::FILE* log_;
   std::shared_ptr<SwavModel> model_;
+  sk::parallel::MemoryPlan plan_;  // planned before the states existed
   std::unique_ptr<sk::parallel::ShardedModule<Backend>> sharded_;
   SwavLoss loss_;
   sk::optim::DynamicLossScaler scaler_;
