@@ -50,33 +50,26 @@ class Allocator {
   MemoryStats stats_;
 };
 
-// Host memory aligned to 64 bytes: a cache line, and enough for any SIMD load width.
-//
-// Large blocks (>= 1 MiB, sizes rounded up to 64 KiB) are cached when freed and handed out
-// again for the same rounded size: a training step allocates the same buffers every time
-// (activations, FSDP's gathered units, gradient buckets), and returning them to the system
-// each time costs a page fault per 4 KiB page when they come back -- about 10% of a ResNet-18
-// FSDP step on the CPU. At most `max_cached_bytes` stay cached (beyond that, frees go to the
-// system); release_cached() gives them all back. The memory statistics count what is in use,
-// not what is cached.
-class HostAllocator final : public Allocator {
+// Host memory with a cache of freed blocks: a training step allocates the same buffers every
+// time (activations, FSDP's gathered units, gradient buckets, an offloaded step's staging), and
+// giving them back to the system each time costs a page fault per 4 KiB page when they return
+// (about 10% of a ResNet-18 FSDP step on the CPU) -- or, for pinned memory, a cudaMallocHost of
+// a millisecond or more. Blocks of at least `cached_from` bytes (rounded up to 64 KiB, or 4 KiB
+// below 1 MiB) are cached when freed and handed out again for the same rounded size; at most
+// `max_cached` bytes stay cached (beyond that, frees go to the system), and release_cached()
+// gives them all back. The memory statistics count what is in use, not what is cached.
+// Subclasses provide the raw memory and call release_cached() in their destructor.
+class CachingHostAllocator : public Allocator {
  public:
-  static constexpr std::size_t kAlignment = 64;
-  static constexpr std::size_t kCachedFrom = std::size_t{1} << 20;
-  static constexpr std::size_t kGranule = std::size_t{64} << 10;
-
-  explicit HostAllocator(std::size_t max_cached_bytes = std::size_t{2} << 30)
-      : max_cached_(max_cached_bytes) {}
-  ~HostAllocator() override { release_cached(); }
-  HostAllocator(const HostAllocator&) = delete;
-  HostAllocator& operator=(const HostAllocator&) = delete;
+  CachingHostAllocator(const CachingHostAllocator&) = delete;
+  CachingHostAllocator& operator=(const CachingHostAllocator&) = delete;
 
   Device device() const override { return Device::cpu(); }
 
   // Returns every cached block to the system.
   void release_cached() noexcept {
     std::lock_guard lock(mutex_);
-    for (auto& [size, pointer] : cache_) ::operator delete (pointer, std::align_val_t{kAlignment});
+    for (auto& [size, pointer] : cache_) raw_free(pointer);
     cache_.clear();
     cached_ = 0;
   }
@@ -86,25 +79,29 @@ class HostAllocator final : public Allocator {
   }
 
  protected:
+  CachingHostAllocator(std::size_t cached_from, std::size_t max_cached)
+      : cached_from_(cached_from), max_cached_(max_cached) {}
+
+  virtual void* raw_allocate(std::size_t bytes) noexcept = 0;  // nullptr when out of memory
+  virtual void raw_free(void* pointer) noexcept = 0;
+
   void* do_allocate(std::size_t bytes) override {
-    if (bytes >= kCachedFrom) {
-      const std::size_t size = rounded(bytes);
-      {
-        std::lock_guard lock(mutex_);
-        const auto found = cache_.find(size);
-        if (found != cache_.end()) {
-          void* pointer = found->second;
-          cache_.erase(found);
-          cached_ -= size;
-          return pointer;
-        }
+    if (bytes < cached_from_) return raw_allocate(bytes);
+    const std::size_t size = rounded(bytes);
+    {
+      std::lock_guard lock(mutex_);
+      const auto found = cache_.find(size);
+      if (found != cache_.end()) {
+        void* pointer = found->second;
+        cache_.erase(found);
+        cached_ -= size;
+        return pointer;
       }
-      return ::operator new (size, std::align_val_t{kAlignment}, std::nothrow);
     }
-    return ::operator new (bytes, std::align_val_t{kAlignment}, std::nothrow);
+    return raw_allocate(size);
   }
   void do_deallocate(void* pointer, std::size_t bytes) noexcept override {
-    if (bytes >= kCachedFrom) {
+    if (bytes >= cached_from_) {
       const std::size_t size = rounded(bytes);
       std::lock_guard lock(mutex_);
       if (cached_ + size <= max_cached_) {
@@ -116,18 +113,40 @@ class HostAllocator final : public Allocator {
         }
       }
     }
-    ::operator delete (pointer, std::align_val_t{kAlignment});
+    raw_free(pointer);
   }
 
  private:
   static std::size_t rounded(std::size_t bytes) {
-    return (bytes + kGranule - 1) / kGranule * kGranule;
+    const std::size_t granule = bytes >= (std::size_t{1} << 20) ? std::size_t{64} << 10 : 4096;
+    return (bytes + granule - 1) / granule * granule;
   }
 
+  std::size_t cached_from_;
   std::size_t max_cached_;
   mutable std::mutex mutex_;
   std::multimap<std::size_t, void*> cache_;  // rounded size -> free block
   std::size_t cached_ = 0;
+};
+
+// Host memory aligned to 64 bytes (a cache line, and enough for any SIMD load width); blocks
+// of 1 MiB and more are cached when freed (CachingHostAllocator).
+class HostAllocator final : public CachingHostAllocator {
+ public:
+  static constexpr std::size_t kAlignment = 64;
+  static constexpr std::size_t kCachedFrom = std::size_t{1} << 20;
+
+  explicit HostAllocator(std::size_t max_cached_bytes = std::size_t{2} << 30)
+      : CachingHostAllocator(kCachedFrom, max_cached_bytes) {}
+  ~HostAllocator() override { release_cached(); }
+
+ protected:
+  void* raw_allocate(std::size_t bytes) noexcept override {
+    return ::operator new (bytes, std::align_val_t{kAlignment}, std::nothrow);
+  }
+  void raw_free(void* pointer) noexcept override {
+    ::operator delete (pointer, std::align_val_t{kAlignment});
+  }
 };
 
 }  // namespace shardkit

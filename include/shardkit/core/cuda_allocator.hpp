@@ -48,7 +48,8 @@ class CudaAllocator final : public Allocator {
     // Frees run from destructors: an error here cannot be thrown, and the pool reclaims the
     // block once the stream reaches this point.
     int previous = 0;
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) (void)cudaSetDevice(device_);
+    if (cudaGetDevice(&previous) == cudaSuccess && previous != device_)
+      (void)cudaSetDevice(device_);
     if (cudaFreeAsync(pointer, stream_->get()) != cudaSuccess) (void)cudaGetLastError();
     if (previous != device_) (void)cudaSetDevice(previous);
   }
@@ -59,12 +60,16 @@ class CudaAllocator final : public Allocator {
 };
 
 // Page-locked host memory (fast, asynchronous host<->device copies), counted on the host side.
-class PinnedHostAllocator final : public Allocator {
+// Every size is cached when freed: cudaMallocHost costs a millisecond or more, and an offloaded
+// optimizer step allocates the same small buffers each time.
+class PinnedHostAllocator final : public CachingHostAllocator {
  public:
-  Device device() const override { return Device::cpu(); }
+  explicit PinnedHostAllocator(std::size_t max_cached_bytes = std::size_t{1} << 30)
+      : CachingHostAllocator(1, max_cached_bytes) {}
+  ~PinnedHostAllocator() override { release_cached(); }
 
  protected:
-  void* do_allocate(std::size_t bytes) override {
+  void* raw_allocate(std::size_t bytes) noexcept override {
     void* pointer = nullptr;
     if (cudaMallocHost(&pointer, bytes) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -72,7 +77,7 @@ class PinnedHostAllocator final : public Allocator {
     }
     return pointer;
   }
-  void do_deallocate(void* pointer, std::size_t) noexcept override {
+  void raw_free(void* pointer) noexcept override {
     if (cudaFreeHost(pointer) != cudaSuccess) (void)cudaGetLastError();
   }
 };
