@@ -31,6 +31,9 @@ struct ContextOptions {
   // oneDNN runs them (autograd/cpu_dnnl.hpp): those are deterministic per thread count, as
   // PyTorch's are.
   int cpu_threads = 0;
+  // CPU contexts only: the allocator of the context's memory (default: a HostAllocator of its
+  // own). make_host_context gives CPU offload's host context pinned memory this way.
+  std::shared_ptr<Allocator> allocator{};
 };
 
 class Context {
@@ -44,7 +47,11 @@ class Context {
     check(options.cpu_threads >= 0, "ContextOptions::cpu_threads is ", options.cpu_threads,
           "; use a positive thread count, or 0 for the default");
     check_device_usable(device_);
-    host_allocator_ = std::make_shared<HostAllocator>();
+    check(
+        options.allocator == nullptr || (device_.is_cpu() && options.allocator->device().is_cpu()),
+        "ContextOptions::allocator is for CPU contexts with a host allocator; a ", device_.str(),
+        " context makes its own");
+    host_allocator_ = options.allocator ? options.allocator : std::make_shared<HostAllocator>();
     if (device_.is_cpu()) {
       allocator_ = host_allocator_;
       return;
@@ -145,5 +152,22 @@ class Context {
   std::mutex resources_mutex_;
   std::map<std::type_index, std::shared_ptr<void>> resources_;
 };
+
+// A CPU context beside `device` for host-side work done on its behalf (CPU offload: the
+// optimizer's state and step in host memory): the same rank, seed and CPU threads, and an
+// allocator of its own, so its memory statistics are the host's share and `device`'s stay the
+// device's -- page-locked memory when `device` is a GPU, so copies between the two can run
+// asynchronously. On a CPU `device` the two contexts are two ledgers of the same RAM, which is
+// how the CPU path shows what offload moves.
+inline std::unique_ptr<Context> make_host_context(const Context& device) {
+  ContextOptions options;
+  options.rank = device.rank();
+  options.seed = device.seed();
+  options.cpu_threads = device.cpu_threads();
+#if SK_WITH_CUDA
+  if (device.device().is_cuda()) options.allocator = std::make_shared<PinnedHostAllocator>();
+#endif
+  return std::make_unique<Context>(options);
+}
 
 }  // namespace shardkit

@@ -129,6 +129,27 @@ inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
 #endif
 }
 
+// dst = src without waiting for a transfer between host and device: the copy is queued on the
+// context's stream and the host may go on (CPU offload overlaps its host-side work with the
+// transfers this way); neither side may be touched by the host before ctx.synchronize(). Both
+// sides contiguous, of one dtype; the host side should be pinned memory, or the driver copies
+// synchronously. On the host alone, and for anything else, it is copy().
+inline void copy_async(Context& ctx, const Tensor& dst, const Tensor& src) {
+#if SK_WITH_CUDA
+  detail::check_on_context(ctx, dst, "copy_async (destination)");
+  detail::check_on_context(ctx, src, "copy_async (source)");
+  const bool transfer = dst.device().is_cuda() != src.device().is_cuda();
+  if (transfer && dst.numel() > 0 && dst.shape() == src.shape() && dst.dtype() == src.dtype() &&
+      dst.is_contiguous() && src.is_contiguous()) {
+    CudaDeviceGuard guard(ctx.device().index);
+    SK_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDefault,
+                                  ctx.stream()));
+    return;
+  }
+#endif
+  copy(ctx, dst, src);
+}
+
 // dst += src, elementwise, on one device. Same shape, any strides; src is converted to dst's
 // dtype, the sum is formed in f32 (f64 for f64 tensors) and rounded once. How gradients that
 // arrive in pieces (accumulation, reductions landing beside their target) are added.

@@ -55,6 +55,15 @@ class ParamNorms {
   // squares of every table parameter: out[k][param]. Collective when the table is sharded.
   // Parameters no rank reported (a replicated table reports all) stay 0.
   std::vector<std::vector<double>> sums(const std::vector<std::vector<Tensor>>& operands) {
+    return sums_with<Backend>(*ctx_, operands);
+  }
+
+  // The same with the leaf sums formed by backend B on `compute` (CPU offload: ops::Cpu on the
+  // host context, over views in host memory); the exchange still travels on this object's
+  // context, where the communicator's buffers live.
+  template <class B>
+  std::vector<std::vector<double>> sums_with(Context& compute,
+                                             const std::vector<std::vector<Tensor>>& operands) {
     const auto& pieces = table_->pieces(rank_);
     const std::size_t n_ops = operands.size();
     // Leaf sums of each operand list (one dtype each: f32 masters, f16/bf16 gradients).
@@ -65,9 +74,9 @@ class ParamNorms {
       std::int64_t total = 0;
       for (const auto& t : views) total += ops::norm_leaves(t.numel());
       if (total == 0) continue;
-      const Tensor on_device = empty(*ctx_, {total}, DType::f64, MemoryCategory::other);
-      ops::leaf_sums_of_squares<Backend>(*ctx_, views, on_device);
-      const auto values = to_vector<double>(*ctx_, on_device);
+      const Tensor on_device = empty(compute, {total}, DType::f64, MemoryCategory::other);
+      ops::leaf_sums_of_squares<B>(compute, views, on_device);
+      const auto values = to_vector<double>(compute, on_device);
       leaves.insert(leaves.end(), values.begin(), values.end());
     }
     // This rank's cover values, operand after operand, piece after piece.

@@ -6,6 +6,13 @@
 // LARC needs each parameter's whole norm: ParamNorms forms it from the pieces, with the same
 // bits however the parameter is split (one small all_gather_v when pieces sit on several
 // ranks), so LARC under every stage is bitwise LARC of whole tensors.
+//
+// CPU offload (OptimizerOffload; DeepSpeed's ZeRO-Offload, PyTorch FSDP's CPUOffload,
+// FairScale's move_grads_to_cpu): the f32 master, the state buffers and the step live on a host
+// context and run on its threads with the same fused functors (ops::Cpu), so an offloaded step
+// computes the same bits as one on the CPU without offload. The gradients come down in one batch
+// of copies before the step; the updated parameters go back up in chunks of pieces, each chunk's
+// copy queued while the next chunk is updated. Device memory then holds no optimizer state.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +24,7 @@
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/adam.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/ops/fused_ops.hpp"
 #include "shardkit/ops/larc.hpp"
 #include "shardkit/ops/op_args.hpp"
@@ -78,6 +86,19 @@ struct StateBuffer {
   Tensor values;
 };
 
+// Where an optimizer keeps its master, state and step (see the top): on the parameters' context
+// (host == nullptr), or offloaded to a CPU context.
+struct OptimizerOffload {
+  Context* host = nullptr;  // a CPU context (sk::make_host_context); nullptr: no offload
+  // The piece views given are themselves in `host`'s memory (FSDP's offloaded parameter
+  // shards): the step then updates them in place, nothing goes back up.
+  bool params_on_host = false;
+  // Offloaded updates run in chunks of whole pieces of at least this many elements; each
+  // chunk's parameters are queued for the device before the next chunk is updated.
+  std::int64_t chunk_numel = std::int64_t{1} << 22;
+  bool enabled() const { return host != nullptr; }
+};
+
 template <class Backend>
 class ShardedOptimizer {
   SK_REQUIRE_OPS_BACKEND(Backend, "ShardedOptimizer<Backend>");
@@ -89,11 +110,14 @@ class ShardedOptimizer {
   // optimizer_state, as the ZeRO paper counts it; laid out like the state buffers), starting
   // from the copy's values (set_master for exact ones), updates the master and writes the
   // rounded copy in the same fused pass. `norm_comm` joins the table's ranks for norms of
-  // parameters split over them (nullptr: one rank, or a replicated table).
+  // parameters split over them (nullptr: one rank, or a replicated table). `offload` moves the
+  // master (f32 training too), the state and the step to a host context (see the top).
   ShardedOptimizer(Context& ctx, const shard::PieceTable& table, int rank,
                    std::vector<Tensor> piece_params, OptimizerConfig config,
-                   comm::Communicator* norm_comm)
+                   comm::Communicator* norm_comm, OptimizerOffload offload = {})
       : ctx_(&ctx),
+        host_(offload.enabled() ? offload.host : &ctx),
+        offload_(offload),
         table_(&table),
         rank_(rank),
         piece_params_(std::move(piece_params)),
@@ -102,6 +126,11 @@ class ShardedOptimizer {
     check(piece_params_.size() == table.pieces(rank).size(),
           "ShardedOptimizer: ", piece_params_.size(), " parameter views for ",
           table.pieces(rank).size(), " pieces; pass one per piece, in the table's order");
+    check(!offload.enabled() || offload.host->device().is_cpu(),
+          "ShardedOptimizer: the offload context is on ", host_->device().str(),
+          "; offload needs a CPU context (sk::make_host_context(ctx))");
+    check(offload.chunk_numel > 0, "ShardedOptimizer: offload chunk_numel must be > 0, got ",
+          offload.chunk_numel);
     if (config_.kind == OptimizerKind::larc_sgd) {
       // LARC takes the weight decay over (docs/semantics.md): the wrapped SGD runs without it.
       if (config_.larc.weight_decay == 0) config_.larc.weight_decay = config_.sgd.weight_decay;
@@ -117,20 +146,23 @@ class ShardedOptimizer {
             "ShardedOptimizer: parameter views are f32, or all f16 / all bf16 (mixed "
             "precision), got ",
             dtype_name(p.dtype()), " beside ", dtype_name(dtype));
-    if (dtype == DType::f32) {
+    const bool params_here = !offload.enabled() || offload.params_on_host;
+    if (dtype == DType::f32 && params_here) {
       master_ = piece_params_;
     } else {
       master_buffer_ =
-          zeros(ctx, {table.state_numel(rank)}, DType::f32, MemoryCategory::optimizer_state);
-      const auto& pieces = table.pieces(rank);
-      for (std::size_t k = 0; k < pieces.size(); ++k) {
-        master_.push_back(master_buffer_.slice(0, pieces[k].state_offset,
-                                               pieces[k].state_offset + pieces[k].numel()));
-        copy(ctx, master_.back(), piece_params_[k]);
+          zeros(*host_, {table.state_numel(rank)}, DType::f32, MemoryCategory::optimizer_state);
+      master_ = state_views(master_buffer_);
+      // Offloaded mixed precision with the compute copy on the device: the fused pass writes
+      // the rounded copy here, and it goes up as it is.
+      if (dtype != DType::f32 && !params_here) {
+        low_buffer_ = zeros(*host_, {table.state_numel(rank)}, dtype, MemoryCategory::parameters);
+        low_ = state_views(low_buffer_);
       }
+      copy_params_to_masters();
     }
     for (auto name : state_buffer_names(config_))
-      buffers_.push_back(StateBuffer{name, zeros(ctx, {table.state_numel(rank)}, DType::f32,
+      buffers_.push_back(StateBuffer{name, zeros(*host_, {table.state_numel(rank)}, DType::f32,
                                                  MemoryCategory::optimizer_state)});
   }
 
@@ -142,61 +174,9 @@ class ShardedOptimizer {
           " gradients for ", pieces.size(), " pieces; pass one per piece, in pieces() order");
     inv_grad_scale *= clip_coefficient_;  // from clip_grad_norm, for this step only
     clip_coefficient_ = 1.0f;
-    std::vector<Tensor> a, b;
-    for (const auto& piece : pieces) {
-      const std::int64_t at = piece.state_offset;
-      if (buffers_.size() > 0) a.push_back(buffers_[0].values.slice(0, at, at + piece.numel()));
-      if (buffers_.size() > 1) b.push_back(buffers_[1].values.slice(0, at, at + piece.numel()));
-    }
-    const std::vector<Tensor>& p = master_;
-    const std::vector<Tensor>& g = grads;
-    const std::vector<Tensor> none;
-    const std::vector<Tensor>& low = mixed_precision() ? piece_params_ : none;
     ++steps_;
-    if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
-      if (config_.kind == OptimizerKind::larc_sgd)  // norms' exchange may be collective
-        (void)larc_coefficients(p, g, lr, inv_grad_scale);
-      return;
-    }
-    switch (config_.kind) {
-      case OptimizerKind::sgd: {
-        ops::SgdOptions o = config_.sgd;
-        o.lr = lr;
-        o.first_step = steps_ == 1;
-        if (decay_.empty()) {
-          o.inv_grad_scale = inv_grad_scale;
-          ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, low});
-        } else {  // per-parameter decay: g' = inv_grad_scale·g + decay·w per piece
-          std::vector<float> c;
-          for (const auto& piece : pieces) {
-            c.push_back(inv_grad_scale);
-            c.push_back(static_cast<float>(decay_[piece.param]));
-          }
-          o.weight_decay = 0;
-          const Tensor coefficients =
-              from_vector(*ctx_, c, {static_cast<std::int64_t>(pieces.size()), 2});
-          ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, low}, coefficients);
-        }
-        break;
-      }
-      case OptimizerKind::larc_sgd: {
-        ops::SgdOptions o = config_.sgd;
-        o.lr = lr;
-        o.first_step = steps_ == 1;
-        const Tensor coefficients = larc_coefficients(p, g, lr, inv_grad_scale);
-        ops::sgd_step<Backend>(*ctx_, o, ops::SgdTensors{p, g, a, low}, coefficients);
-        break;
-      }
-      case OptimizerKind::adam:
-      case OptimizerKind::adamw: {
-        ops::AdamOptions o = config_.adam;
-        o.lr = lr;
-        o.step = steps_;
-        o.inv_grad_scale = inv_grad_scale;
-        ops::adam_step<Backend>(*ctx_, o, ops::AdamTensors{p, g, a, b, low});
-        break;
-      }
-    }
+    if (!offloaded()) return update<Backend>(*ctx_, grads, lr, inv_grad_scale);
+    update<ops::Cpu>(*host_, staged_grads(grads), lr, inv_grad_scale);
   }
 
   // torch.nn.utils.clip_grad_norm_ over the whole model (docs/semantics.md): the L2 norm of
@@ -245,26 +225,42 @@ class ShardedOptimizer {
   // The f32 values the optimizer updates (what checkpoints save): piece_params() itself, or
   // under mixed precision the f32 master.
   const std::vector<Tensor>& master_params() const { return master_; }
-  bool mixed_precision() const { return master_buffer_.defined(); }
+  bool mixed_precision() const { return compute_dtype() != DType::f32; }
+  // Whether the f32 values the optimizer updates are a copy apart from piece_params() (mixed
+  // precision, or offload): then values written into the parameters must reach the masters
+  // (copy_params_to_masters), and masters written reach the parameters (copy_masters_to_params).
+  bool separate_master() const { return master_buffer_.defined(); }
+  // CPU offload: the master, state and step live in host memory (host_context()).
+  bool offloaded() const { return offload_.enabled(); }
+  // Where the master and state live and the step runs: the parameters' context, or the host's.
+  Context& host_context() const { return *host_; }
   DType compute_dtype() const {
     return piece_params_.empty() ? DType::f32 : piece_params_[0].dtype();
   }
-  // Mixed precision: piece k's master takes exact f32 values (a view of piece k's elements).
+  // Piece k's master takes exact f32 values (a view of piece k's elements, on any device);
+  // the parameter follows (rounded under mixed precision).
   void set_master(std::size_t k, const Tensor& values) {
     check(k < master_.size(), "ShardedOptimizer::set_master: no piece ", k);
     copy(*ctx_, master_[k], values);
-    if (mixed_precision()) copy(*ctx_, piece_params_[k], master_[k]);
+    if (separate_master()) push_to_param(k);
   }
-  // After the masters were written (a checkpoint load): the compute copies take their rounded
-  // values. Nothing to do without mixed precision.
+  // After the masters were written (a checkpoint load): the parameters take their (rounded)
+  // values. Nothing to do when the parameters are the masters.
   void copy_masters_to_params() {
-    if (!mixed_precision()) return;
-    for (std::size_t k = 0; k < master_.size(); ++k) copy(*ctx_, piece_params_[k], master_[k]);
+    if (!separate_master()) return;
+    for (std::size_t k = 0; k < master_.size(); ++k) push_to_param(k);
   }
-  // After the compute copies were written (e.g. broadcast): the masters take their values.
+  // After the parameters were written (e.g. broadcast): the masters take their values.
   void copy_params_to_masters() {
-    if (!mixed_precision()) return;
-    for (std::size_t k = 0; k < master_.size(); ++k) copy(*ctx_, master_[k], piece_params_[k]);
+    if (!separate_master()) return;
+    for (std::size_t k = 0; k < master_.size(); ++k) {
+      if (low_.empty()) {
+        copy(*ctx_, master_[k], piece_params_[k]);  // one device, or f32 between two
+      } else {  // 16 bits on the device, f32 on the host: come down as they are, widen here
+        copy(*ctx_, low_[k], piece_params_[k]);
+        copy(*host_, master_[k], low_[k]);
+      }
+    }
   }
   // The state buffers over this rank's state range, by PyTorch's names (momentum_buffer;
   // exp_avg and exp_avg_sq); none without state. The handles share the storage:
@@ -272,12 +268,114 @@ class ShardedOptimizer {
   const std::vector<StateBuffer>& state_buffers() const { return buffers_; }
 
  private:
-  // Per-piece [n, 2] coefficients from whole-parameter sums of squares.
-  Tensor larc_coefficients(const std::vector<Tensor>& p, const std::vector<Tensor>& g, float lr,
-                           float inv_grad_scale) {
+  // This rank's views of a buffer laid out like the state (one per piece).
+  std::vector<Tensor> state_views(const Tensor& buffer) const {
+    std::vector<Tensor> views;
+    for (const auto& piece : pieces())
+      views.push_back(buffer.slice(0, piece.state_offset, piece.state_offset + piece.numel()));
+    return views;
+  }
+
+  // Master k to parameter k: rounded on the host and sent up as 16 bits when offloaded under
+  // mixed precision, else one copy (rounding on one device, or f32 between two).
+  void push_to_param(std::size_t k) {
+    if (low_.empty()) return copy(*ctx_, piece_params_[k], master_[k]);
+    copy(*host_, low_[k], master_[k]);
+    copy(*ctx_, piece_params_[k], low_[k]);
+  }
+
+  // Offload: this step's gradients in host memory, laid out like the state (one batch of
+  // copies, then one wait).
+  const std::vector<Tensor>& staged_grads(const std::vector<Tensor>& grads) {
+    if (grads.empty()) return grads;
+    if (!grad_buffer_.defined() || grad_buffer_.dtype() != grads[0].dtype()) {
+      grad_buffer_ = Tensor();
+      grad_buffer_ =
+          empty(*host_, {table_->state_numel(rank_)}, grads[0].dtype(), MemoryCategory::gradients);
+      host_grads_ = state_views(grad_buffer_);
+    }
+    for (std::size_t k = 0; k < grads.size(); ++k) copy_async(*ctx_, host_grads_[k], grads[k]);
+    ctx_->synchronize();
+    return host_grads_;
+  }
+
+  // The update with backend B on context `c` (the parameters' context, or the host's when
+  // offloaded): coefficients for every piece first (LARC's trust ratios need every norm), then
+  // the fused pass in chunks of pieces; offloaded, each chunk's new parameters are queued for
+  // the device before the next chunk is updated, and the step waits for the last.
+  template <class B>
+  void update(Context& c, const std::vector<Tensor>& g, float lr, float inv_grad_scale) {
+    const auto& pieces = this->pieces();
+    const std::vector<Tensor>& p = master_;
+    if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
+      if (config_.kind == OptimizerKind::larc_sgd)  // norms' exchange may be collective
+        (void)larc_coefficients<B>(c, p, g, lr, inv_grad_scale);
+      return;
+    }
+    const std::vector<Tensor> a =
+        buffers_.size() > 0 ? state_views(buffers_[0].values) : std::vector<Tensor>{};
+    const std::vector<Tensor> b =
+        buffers_.size() > 1 ? state_views(buffers_[1].values) : std::vector<Tensor>{};
+    const std::vector<Tensor> none;
+    const std::vector<Tensor>& low = !mixed_precision() ? none
+                                     : low_.empty()     ? piece_params_
+                                                        : low_;
+    ops::SgdOptions sgd = config_.sgd;
+    sgd.lr = lr;
+    sgd.first_step = steps_ == 1;
+    ops::AdamOptions adam = config_.adam;
+    adam.lr = lr;
+    adam.step = steps_;
+    adam.inv_grad_scale = inv_grad_scale;
+    Tensor coefficients;  // [n, 2] per-piece (grad, param) factors of the SGD rule, or none
+    if (config_.kind == OptimizerKind::larc_sgd) {
+      coefficients = larc_coefficients<B>(c, p, g, lr, inv_grad_scale);
+    } else if (config_.kind == OptimizerKind::sgd && !decay_.empty()) {
+      std::vector<float> factors;  // per-parameter decay: g' = inv_grad_scale·g + decay·w
+      for (const auto& piece : pieces) {
+        factors.push_back(inv_grad_scale);
+        factors.push_back(static_cast<float>(decay_[piece.param]));
+      }
+      sgd.weight_decay = 0;
+      coefficients = from_vector(c, factors, {static_cast<std::int64_t>(pieces.size()), 2});
+    } else {
+      sgd.inv_grad_scale = inv_grad_scale;
+    }
+    const bool send_up = offloaded() && !offload_.params_on_host;
+    const std::size_t n = pieces.size();
+    for (std::size_t begin = 0, end = 0; begin < n; begin = end) {
+      std::int64_t numel = 0;
+      end = begin;
+      while (end < n && (!send_up || numel < offload_.chunk_numel)) numel += pieces[end++].numel();
+      const auto part = [&](const std::vector<Tensor>& v) {
+        return v.empty() ? v
+                         : std::vector<Tensor>(v.begin() + static_cast<std::ptrdiff_t>(begin),
+                                               v.begin() + static_cast<std::ptrdiff_t>(end));
+      };
+      if (is_adam(config_.kind)) {
+        ops::adam_step<B>(c, adam, ops::AdamTensors{part(p), part(g), part(a), part(b), part(low)});
+      } else if (coefficients.defined()) {
+        ops::sgd_step<B>(c, sgd, ops::SgdTensors{part(p), part(g), part(a), part(low)},
+                         coefficients.slice(0, static_cast<std::int64_t>(begin),
+                                            static_cast<std::int64_t>(end)));
+      } else {
+        ops::sgd_step<B>(c, sgd, ops::SgdTensors{part(p), part(g), part(a), part(low)});
+      }
+      if (send_up)
+        for (std::size_t k = begin; k < end; ++k)
+          copy_async(*ctx_, piece_params_[k], low_.empty() ? master_[k] : low_[k]);
+    }
+    if (send_up) ctx_->synchronize();
+  }
+
+  // Per-piece [n, 2] coefficients from whole-parameter sums of squares, formed by backend B on
+  // context `c` (where p and g live).
+  template <class B>
+  Tensor larc_coefficients(Context& c, const std::vector<Tensor>& p, const std::vector<Tensor>& g,
+                           float lr, float inv_grad_scale) {
     const auto& pieces = this->pieces();
     const auto n = static_cast<std::int64_t>(pieces.size());
-    const auto whole = norms_.sums({p, g});  // collective when parameters span ranks
+    const auto whole = norms_.template sums_with<B>(c, {p, g});  // collective when split
     if (n == 0) return Tensor();
     const std::int64_t rows = decay_.empty() ? 2 : 3;  // row 2: per-parameter decays
     std::vector<double> per_piece(static_cast<std::size_t>(rows * n));
@@ -286,9 +384,9 @@ class ShardedOptimizer {
       per_piece[static_cast<std::size_t>(n) + s] = whole[1][pieces[s].param];
       if (rows == 3) per_piece[static_cast<std::size_t>(2 * n) + s] = decay_[pieces[s].param];
     }
-    const Tensor sums = from_vector(*ctx_, per_piece, {rows, n});
-    const Tensor coefficients = empty(*ctx_, {n, 2}, DType::f32, MemoryCategory::other);
-    ops::larc_coefficients<Backend>(*ctx_, config_.larc, lr, inv_grad_scale, sums, coefficients);
+    const Tensor sums = from_vector(c, per_piece, {rows, n});
+    const Tensor coefficients = empty(c, {n, 2}, DType::f32, MemoryCategory::other);
+    ops::larc_coefficients<B>(c, config_.larc, lr, inv_grad_scale, sums, coefficients);
     return coefficients;
   }
 
@@ -316,12 +414,18 @@ class ShardedOptimizer {
     }
   }
 
-  Context* ctx_;
+  Context* ctx_;   // the parameters' (and gradients') context
+  Context* host_;  // where the master, state and step live: ctx_, or the offload context
+  OptimizerOffload offload_;
   const shard::PieceTable* table_;
   int rank_;
   std::vector<Tensor> piece_params_;
-  Tensor master_buffer_;        // mixed precision: the f32 master of this rank's pieces
+  Tensor master_buffer_;        // mixed precision or offload: the f32 master of the pieces
   std::vector<Tensor> master_;  // per piece: views of it, or piece_params_ without
+  Tensor low_buffer_;           // offloaded mixed precision: the rounded copy, on its way up
+  std::vector<Tensor> low_;     // per piece: views of it (empty otherwise)
+  Tensor grad_buffer_;          // offload: the step's gradients in host memory
+  std::vector<Tensor> host_grads_;
   OptimizerConfig config_;
   ParamNorms<Backend> norms_;
   std::vector<double> decay_;         // per table parameter; empty: one decay for all

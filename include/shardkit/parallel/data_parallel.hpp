@@ -18,6 +18,9 @@
 // master lives in the optimizer for the pieces this rank updates (every piece under ddp,
 // the rank's range under oss/sdp), and after a step the owners' rounded copies are
 // all-gathered in the compute dtype. Initialise with set_full_params (exact f32 masters).
+//
+// CPU offload (options.offload.optimizer, offload.hpp): the optimizer's master, state and step
+// live on host_context(); results are the same bits on the CPU path.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +38,7 @@
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/parallel/training_state.hpp"
@@ -50,6 +54,7 @@ struct DataParallelOptions {
   shard::BucketerOptions buckets;  // grad_dtype and wire_dtype follow `precision` when it is on
   bool broadcast_fp16 = false;     // oss/sdp, f32: parameters travel as f16 after the step
   MixedPrecision precision;        // off (f32) by default
+  OffloadOptions offload;          // optimizer: master, state and step on the host (offload.hpp)
 };
 
 template <class Backend>
@@ -83,7 +88,9 @@ class DataParallel {
                   options_.buckets, nullptr, replicas),
         table_(shard::PieceTable::of_plan(group_.plan(), options.stage == Stage::ddp)),
         pieces_(group_.updated_pieces(options.stage == Stage::ddp)),
-        optimizer_(ctx, table_, comm.rank(), group_.piece_params(pieces_), optimizer, &comm) {
+        host_(offload_context(ctx, options_.offload)),
+        optimizer_(ctx, table_, comm.rank(), group_.piece_params(pieces_), optimizer, &comm,
+                   optim::OptimizerOffload{host_.get()}) {
     for (const auto& piece : pieces_) piece_grads_.push_back(bucketer_.piece_grad(piece));
     group_.check_same_everywhere();
   }
@@ -117,7 +124,7 @@ class DataParallel {
     group_.set_from_f32(
         fill,
         [&](std::size_t k, const Tensor& values) {
-          if (optimizer_.mixed_precision()) optimizer_.set_master(k, values);
+          if (optimizer_.separate_master()) optimizer_.set_master(k, values);
         },
         pieces_, root);
   }
@@ -193,6 +200,9 @@ class DataParallel {
   }
 
   const optim::ShardedOptimizer<Backend>& optimizer() const { return optimizer_; }
+  // Offload: the host context of the optimizer's state and step (its memory statistics are the
+  // host's share); without offload, the engine's own context.
+  Context& host_context() const { return optimizer_.host_context(); }
   // After finish(): the averaged gradient of each piece this rank updates (optimizer().pieces()
   // order; under ddp, every trainable parameter whole).
   const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
@@ -232,6 +242,7 @@ class DataParallel {
           "DataParallel runs ddp, oss and sdp; for fsdp (ZeRO-3) "
           "use parallel::FsdpEngine (custom loops) or ShardedModule with Stage::fsdp");
     validate(options.precision);
+    validate(options.offload, options.stage);
     if (options.precision.enabled()) {
       check(!options.broadcast_fp16,
             "broadcast_fp16 is for f32 training; under mixed precision "
@@ -252,6 +263,7 @@ class DataParallel {
   shard::GradBucketer bucketer_;
   shard::PieceTable table_;
   std::vector<shard::ParamPiece> pieces_;  // what this rank updates, in table order
+  std::unique_ptr<Context> host_;          // offload: where the optimizer lives (else null)
   optim::ShardedOptimizer<Backend> optimizer_;
   std::vector<RowNormalization> row_normalized_;  // normalize_rows_after_step
   std::vector<Tensor> piece_grads_;  // the averaged gradient of each piece the optimizer updates

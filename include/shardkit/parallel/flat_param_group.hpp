@@ -10,7 +10,9 @@
 // parameters. Residency::sharded (fsdp): a rank keeps only its even 1/N shard (parameters);
 // the whole buffer (communication) exists between gather() and release(), and the parameter
 // views keep naming it while it is released (core/storage.hpp), so touching them then fails
-// with the reason given to release().
+// with the reason given to release(). With a `shard_home` context (FSDP's parameter offload) the
+// shard lives in that context's (host) memory and goes up into the gathered buffer at each
+// gather.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +51,8 @@ class FlatParamGroup {
  public:
   FlatParamGroup(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
                  shard::PartitionKind partition, Residency residency = Residency::replicated,
-                 DType dtype = DType::f32, comm::Communicator* replicas = nullptr)
+                 DType dtype = DType::f32, comm::Communicator* replicas = nullptr,
+                 Context* shard_home = nullptr)
       : ctx_(&ctx),
         comm_(&comm),
         replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
@@ -58,8 +61,11 @@ class FlatParamGroup {
         params_(ctx, plan_.layout(), dtype,
                 residency == Residency::replicated ? MemoryCategory::parameters
                                                    : MemoryCategory::communication) {
+    check(shard_home == nullptr || residency == Residency::sharded,
+          "FlatParamGroup: a shard home is for sharded residency (fsdp)");
     if (residency == Residency::sharded)
-      shard_ = zeros(ctx, {plan_.numel(comm.rank())}, dtype, MemoryCategory::parameters);
+      shard_ = zeros(shard_home != nullptr ? *shard_home : ctx, {plan_.numel(comm.rank())}, dtype,
+                     MemoryCategory::parameters);
   }
 
   DType dtype() const { return params_.dtype(); }
@@ -150,7 +156,8 @@ class FlatParamGroup {
   [[nodiscard]] comm::Work gather() {
     materialize();
     const int rank = comm_->rank();
-    copy(*ctx_, params_.flat().slice(0, plan_.begin(rank), plan_.end(rank)), shard_);
+    // (Stream-ordered before the all-gather; an offloaded shard goes up without blocking.)
+    copy_async(*ctx_, params_.flat().slice(0, plan_.begin(rank), plan_.end(rank)), shard_);
     return comm_->all_gather_v(params_.flat().slice(0, 0, plan_.trainable_end()), plan_.counts());
   }
   // The whole buffer's memory back, its values undefined (to be written whole, then

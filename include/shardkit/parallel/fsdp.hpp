@@ -46,6 +46,7 @@ struct FsdpOptions {
   // bucket_cap_mb; 4 MiB here, see kDefaultCoalesceBytes); 0: each alone.
   std::size_t coalesce_bytes = kDefaultCoalesceBytes;
   MixedPrecision precision;  // (ShardedModule sets it from its own options)
+  OffloadOptions offload;    // (ShardedModule sets it from its own options; offload.hpp)
 };
 
 template <class Backend>
@@ -94,6 +95,7 @@ class Fsdp {
     engine_options.buckets = options_.buckets;
     engine_options.coalesce_bytes = options_.coalesce_bytes;
     engine_options.precision = options_.precision;
+    engine_options.offload = options_.offload;
     engine_ = mesh != nullptr ? std::make_unique<FsdpEngine<Backend>>(
                                     ctx, *mesh, std::move(engine_units), optimizer, engine_options)
                               : std::make_unique<FsdpEngine<Backend>>(

@@ -24,6 +24,10 @@
 // gradients kept in it and reduce-scattered in reduce_dtype; the fused step updates the
 // master and writes the rounded shard. full_params() is then for reading (writes would not
 // reach the masters): set values with set_full_params.
+//
+// CPU offload (options.offload, offload.hpp): `optimizer` puts the master, the optimizer state
+// and the step on host_context(); `params` also keeps each unit's parameter shard there, sent
+// up into the gathered buffer at each gather, so between uses the device holds no parameters.
 #pragma once
 
 #include <algorithm>
@@ -39,6 +43,7 @@
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/training_state.hpp"
 #include "shardkit/shard/grad_bucketer.hpp"
@@ -66,6 +71,7 @@ struct FsdpEngineOptions {
   // each bucket alone.
   std::size_t coalesce_bytes = kDefaultCoalesceBytes;
   MixedPrecision precision;  // off (f32) by default
+  OffloadOptions offload;    // optimizer and/or parameter shards on the host (offload.hpp)
 };
 
 template <class Backend>
@@ -89,8 +95,14 @@ class FsdpEngine {
   FsdpEngine(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
              std::vector<FsdpUnitParams> units, optim::OptimizerConfig optimizer,
              FsdpEngineOptions options)
-      : ctx_(&ctx), comm_(&comm), replicas_(replicas), table_(comm.size(), false) {
+      : ctx_(&ctx),
+        comm_(&comm),
+        replicas_(replicas),
+        host_(offload_context(ctx, options.offload)),
+        table_(comm.size(), false) {
     validate(options.precision);
+    validate(options.offload, Stage::fsdp);
+    Context* shard_home = options.offload.params ? host_.get() : nullptr;
     shard::BucketerOptions buckets = options.buckets;
     if (options.precision.enabled() || options.precision.reduce_dtype != DType::f32) {
       buckets.grad_dtype = options.precision.param_dtype;
@@ -109,9 +121,9 @@ class FsdpEngine {
       auto unit = std::make_unique<Unit>();
       unit->name = spec.name;
       unit->first_param = index_.size();
-      unit->group = std::make_unique<FlatParamGroup>(ctx, comm, spec.params,
-                                                     shard::PartitionKind::flat, Residency::sharded,
-                                                     options.precision.param_dtype, replicas);
+      unit->group = std::make_unique<FlatParamGroup>(
+          ctx, comm, spec.params, shard::PartitionKind::flat, Residency::sharded,
+          options.precision.param_dtype, replicas, shard_home);
       unit->bucketer = std::make_unique<shard::GradBucketer>(ctx, comm, unit->group->plan(),
                                                              shard::GradSync::reduce_scatter,
                                                              buckets, coalescer_.get(), replicas);
@@ -128,7 +140,8 @@ class FsdpEngine {
     }
     check(!units_.empty(), "FSDP: no unit to shard; give at least one unit with parameters");
     optimizer_ = std::make_unique<optim::ShardedOptimizer<Backend>>(
-        ctx, table_, comm.rank(), std::move(piece_params), optimizer, &comm);
+        ctx, table_, comm.rank(), std::move(piece_params), optimizer, &comm,
+        optim::OptimizerOffload{host_.get(), shard_home != nullptr});
     check_same_everywhere();
   }
 
@@ -161,7 +174,7 @@ class FsdpEngine {
       unit->group->set_from_f32(
           [&](std::size_t i, const Tensor& view) { fill(unit->first_param + i, view); },
           [&](std::size_t k, const Tensor& values) {
-            if (optimizer_->mixed_precision())
+            if (optimizer_->separate_master())
               optimizer_->set_master(unit->first_piece + k, values);
           },
           unit->pieces, root);
@@ -207,6 +220,7 @@ class FsdpEngine {
         if (writeback) unit->group->copy_range_to_shard();
         engine_->release_unit(*unit);
       }
+      if (writeback) engine_->optimizer_->copy_params_to_masters();  // (offload's f32 master)
     }
     FullParams(const FullParams&) = delete;
     FullParams& operator=(const FullParams&) = delete;
@@ -328,6 +342,10 @@ class FsdpEngine {
   // After finish(): the averaged gradient of each piece this rank updates (its shards).
   const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
   optim::ShardedOptimizer<Backend>& optimizer() { return *optimizer_; }
+  // Offload: the host context of the optimizer (and of the parameter shards with
+  // offload.params); its memory statistics are the host's share. Without offload, the engine's
+  // own context.
+  Context& host_context() const { return optimizer_->host_context(); }
 
   // What checkpoints save and load (io/checkpoint.hpp): the shards and their optimizer state.
   // A load writes the shards; units gathered at that moment (inside full_params()) are
@@ -412,7 +430,8 @@ class FsdpEngine {
 
   Context* ctx_;
   comm::Communicator* comm_;
-  comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
+  comm::Communicator* replicas_;   // hybrid sharding's other groups (nullptr: none)
+  std::unique_ptr<Context> host_;  // offload: the host side (else null); before the units
   shard::PieceTable table_;
   std::unique_ptr<shard::ReduceScatterCoalescer> coalescer_;  // before the units' bucketers
   std::vector<std::unique_ptr<Unit>> units_;

@@ -45,6 +45,9 @@ struct ShardedModuleOptions {
   // copy, inputs are cast to it at the module's entrance, buffers and batch-norm stay f32, and
   // the optimizer keeps f32 masters. Off by default.
   MixedPrecision precision;
+  // CPU offload (offload.hpp): the optimizer's master, state and step on the host (any stage);
+  // under fsdp also the parameter shards between uses. Off by default.
+  OffloadOptions offload;
 };
 
 // The parameter specs of a module: state-dict names, shapes, trainable = requires_grad.
@@ -101,6 +104,7 @@ class ShardedModule {
       FsdpOptions fsdp = options.fsdp;
       fsdp.buckets = options.buckets;
       fsdp.precision = options.precision;
+      fsdp.offload = options.offload;
       fsdp_ = mesh != nullptr
                   ? std::make_unique<Fsdp<Backend>>(ctx, *mesh, *module_, optimizer, fsdp)
                   : std::make_unique<Fsdp<Backend>>(ctx, world, *module_, optimizer, fsdp);
@@ -113,6 +117,7 @@ class ShardedModule {
     dp.buckets = options.buckets;
     dp.broadcast_fp16 = options.broadcast_fp16;
     dp.precision = options.precision;
+    dp.offload = options.offload;
     engine_ = mesh != nullptr ? std::make_unique<DataParallel<Backend>>(
                                     ctx, *mesh, module_param_specs(*module_), optimizer, dp)
                               : std::make_unique<DataParallel<Backend>>(

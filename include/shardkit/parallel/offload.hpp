@@ -1,0 +1,44 @@
+// CPU offload for the engines: what DeepSpeed's ZeRO-Offload, PyTorch FSDP's CPUOffload and
+// FairScale's move_grads_to_cpu / move_params_to_cpu do, on shardkit's engines.
+//
+//   optimizer  the f32 master, the optimizer state and the step move to host memory (pinned
+//              on a GPU machine) and run on the host's threads with the same fused functors
+//              (optim::OptimizerOffload): the reduced gradients come down before the step and
+//              the updated parameters go back up, chunk by chunk, overlapping the update. Any
+//              stage. Device memory keeps the parameters and gradients the stage keeps, and no
+//              optimizer state.
+//   params     fsdp only (PyTorch's offload_params): each unit's parameter shard lives in host
+//              memory too, and goes up into the gathered buffer at each gather. Device memory
+//              then keeps the gradient shards and the units in use. Implies `optimizer`.
+//
+// The host side has a context of its own (make_host_context): its memory statistics are the
+// host's share, the engine's context's stay the device's. On the CPU path the two are ledgers
+// of the same RAM, and an offloaded run computes the same bits as one without offload.
+#pragma once
+
+#include <memory>
+
+#include "shardkit/core/context.hpp"
+#include "shardkit/parallel/stage.hpp"
+
+namespace shardkit::parallel {
+
+struct OffloadOptions {
+  bool optimizer = false;  // master, optimizer state and step on the host
+  bool params = false;     // fsdp: parameter shards on the host between uses (and `optimizer`)
+  bool enabled() const { return optimizer || params; }
+};
+
+inline void validate(const OffloadOptions& o, Stage stage) {
+  check(!o.params || stage == Stage::fsdp, "offload.params keeps parameter shards on the host, ",
+        "and under ", stage_name(stage),
+        " every rank holds the whole parameters for its compute; use Stage::fsdp with "
+        "offload.params, or offload.optimizer alone");
+}
+
+// The engine's host context when offload is on (nullptr otherwise).
+inline std::unique_ptr<Context> offload_context(const Context& device, const OffloadOptions& o) {
+  return o.enabled() ? make_host_context(device) : nullptr;
+}
+
+}  // namespace shardkit::parallel

@@ -1,0 +1,446 @@
+// CPU offload (parallel/offload.hpp) over the local communicator: an offloaded run -- the
+// optimizer's master, state and step on a host context, and under fsdp the parameter shards too
+// -- computes bit for bit what the same run computes without offload, for every stage, every
+// optimizer, f32 and mixed precision, loss scaling, clipping and per-parameter decay; the
+// device's ledger keeps no optimizer state (and under offloaded parameters no parameters), the
+// host's holds exactly what the ZeRO formulas say; checkpoints move between offloaded and plain
+// runs; a bad request is named.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dp_test_model.hpp"
+#include "module_test_model.hpp"
+#include "shardkit/io/checkpoint.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/optim/consolidation.hpp"
+#include "shardkit/parallel/fsdp_engine.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
+
+namespace sk = shardkit;
+using Cpu = sk::ops::Cpu;
+using sk::MemoryCategory;
+using sk::optim::OptimizerKind;
+using sk::parallel::MixedPrecision;
+using sk::parallel::OffloadOptions;
+using sk::parallel::Stage;
+
+namespace offload_test {
+
+struct Run {
+  Stage stage = Stage::sdp;
+  OptimizerKind kind = OptimizerKind::larc_sgd;
+  int world = 3;
+  MixedPrecision precision;
+  OffloadOptions offload;
+  bool resnet = false;
+  bool scaled = false;    // f16 loss scaling through DynamicLossScaler
+  double clip = 0;        // clip_grad_norm before each step (0: none)
+  bool no_decay = false;  // batch-norm parameters and biases without weight decay
+  int steps = 8;
+  std::string save_to;    // a checkpoint after the steps ("": none)
+  std::string load_from;  // a checkpoint before the steps ("": fresh)
+  int first_step = 0;
+};
+
+struct Outcome {
+  std::vector<float> values;  // rank 0: parameters (f32) then f32 buffers
+  std::vector<double> losses, norms;
+  sk::optim::OptimizerState state;   // consolidated on rank 0
+  sk::MemorySnapshot device, host;   // rank 0 after the last step: the two ledgers
+  std::int64_t state_numel = 0;      // rank 0: elements its optimizer updates
+  std::int64_t max_state_numel = 0;  // the most any rank updates
+  std::int64_t shard_bytes = 0;      // fsdp, rank 0: its parameter shards
+};
+
+std::string describe(const Run& r) {
+  return std::string(sk::parallel::stage_name(r.stage)) + " " +
+         std::string(sk::optim::optimizer_kind_name(r.kind)) + " N=" + std::to_string(r.world) +
+         " " + std::string(sk::dtype_name(r.precision.param_dtype)) +
+         " offload optimizer=" + std::to_string(r.offload.optimizer) +
+         " params=" + std::to_string(r.offload.params) + (r.resnet ? " resnet" : " mlp") +
+         (r.scaled ? " scaled" : "") + (r.clip > 0 ? " clip" : "") +
+         (r.no_decay ? " no-decay" : "");
+}
+
+float lr_at(OptimizerKind kind, int step) {
+  return (kind == OptimizerKind::larc_sgd ? 0.5f : 0.05f) *
+         (1.0f - 0.02f * static_cast<float>(step));
+}
+
+// Parameters (in f32, whatever the compute dtype) then f32 buffers, in state-dict order.
+std::vector<float> values_of(sk::Context& ctx, const module_test::nn::Module& module) {
+  std::vector<float> out;
+  for (const auto& [name, p] : module.named_parameters()) {
+    const auto v = sk::to_vector<float>(ctx, sk::cast(ctx, p.data(), sk::DType::f32));
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  for (const auto& [name, b] : module.named_buffers())
+    if (b.dtype() == sk::DType::f32) {
+      const auto v = sk::to_vector<float>(ctx, b);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+  return out;
+}
+
+// The state's parameters in name order (stages order them differently).
+sk::optim::OptimizerState by_name(sk::optim::OptimizerState state) {
+  std::sort(state.params.begin(), state.params.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return state;
+}
+
+Outcome train(const Run& run) {
+  Outcome out;
+  std::vector<std::int64_t> state_numel(static_cast<std::size_t>(run.world));
+  sk::comm::run_ranks(run.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    const auto seed = 300 + static_cast<std::uint64_t>(comm.rank());
+    std::shared_ptr<module_test::nn::Sequential> net;
+    if (run.resnet)
+      net = module_test::small_resnet(ctx, seed);
+    else
+      net = module_test::mlp(ctx, seed);
+    sk::parallel::ShardedModuleOptions options;
+    options.stage = run.stage;
+    options.buckets.bucket_bytes = 4096;
+    options.precision = run.precision;
+    options.offload = run.offload;
+    if (run.resnet) {
+      for (int layer = 1; layer <= 4; ++layer)
+        options.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer) + ".0");
+    } else {
+      options.fsdp.wrap.unit_paths = {"0", "3"};
+    }
+    auto config = dp_test::config_for(run.kind);
+    if (run.no_decay)
+      for (const auto& [name, p] : net->named_parameters())
+        if (p.requires_grad() && (name.find("bias") != std::string::npos ||
+                                  name.find("bn") != std::string::npos || name == "1.weight"))
+          config.no_weight_decay.push_back(name);
+    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, config, options);
+    sk::optim::DynamicLossScaler scaler({.init_scale = 1024});
+    if (!run.load_from.empty()) {
+      auto state = model.training_state();
+      state.scaler = &scaler;
+      (void)sk::io::load_checkpoint(run.load_from, state);
+    }
+    const sk::Shape shape = run.resnet ? sk::Shape{3, 3, 8, 8} : sk::Shape{6, 12};
+    const std::int64_t classes = run.resnet ? 5 : 7;
+    for (int s = run.first_step; s < run.first_step + run.steps; ++s) {
+      model.zero_grad();
+      auto b = module_test::batch(ctx, shape, classes, comm.rank(), s);
+      auto loss = module_test::ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
+      if (comm.rank() == 0) out.losses.push_back(sk::to_vector<float>(ctx, loss.data())[0]);
+      const float scale = run.scaled ? scaler.scale() : 1.0f;
+      module_test::ag::backward(ctx, loss, scale);
+      if (run.clip > 0) {
+        const double norm = model.clip_grad_norm(run.clip, 1.0f / scale);
+        if (comm.rank() == 0) out.norms.push_back(norm);
+      }
+      if (run.scaled)
+        (void)model.step(lr_at(run.kind, s), scaler);
+      else
+        model.step(lr_at(run.kind, s));
+    }
+    auto training = model.training_state();
+    const auto& optimizer = *training.optimizer;
+    state_numel[static_cast<std::size_t>(comm.rank())] =
+        optimizer.table().state_numel(optimizer.rank());
+    if (comm.rank() == 0 && run.stage == Stage::fsdp) {
+      const auto& engine = model.fsdp().engine();
+      for (std::size_t u = 0; u < engine.unit_count(); ++u)
+        out.shard_bytes += static_cast<std::int64_t>(engine.group(u).shard().nbytes());
+    }
+    if (comm.rank() == 0) {
+      out.device = ctx.memory_stats().snapshot();
+      out.host = optimizer.host_context().memory_stats().snapshot();
+    }
+    auto state = sk::optim::consolidate_optimizer_state(optimizer, *training.comm, 0);
+    if (!run.save_to.empty()) {
+      training.scaler = &scaler;
+      sk::io::save_checkpoint(run.save_to, training);
+    }
+    std::vector<float> values;
+    if (run.stage == Stage::fsdp) {
+      auto full = model.fsdp().full_params();
+      values = values_of(ctx, *net);
+    } else {
+      values = values_of(ctx, *net);
+    }
+    if (comm.rank() != 0) return;
+    out.values = std::move(values);
+    out.state = by_name(std::move(state));
+  });
+  out.state_numel = state_numel[0];
+  for (auto n : state_numel) out.max_state_numel = std::max(out.max_state_numel, n);
+  return out;
+}
+
+// The run, and the same run offloaded `how`, agree bit for bit: parameters, buffers, losses,
+// clipping norms and the whole optimizer state.
+void check_offload_exact(Run run, OffloadOptions how) {
+  const auto plain = train(run);
+  run.offload = how;
+  const auto offloaded = train(run);
+  const auto what = describe(run);
+  CHECK_MESSAGE(dp_test::bitwise_equal(offloaded.values, plain.values), what);
+  CHECK_MESSAGE(offloaded.losses == plain.losses, what);
+  CHECK_MESSAGE(offloaded.norms == plain.norms, what);
+  CHECK_MESSAGE(dp_test::states_equal(offloaded.state, plain.state, 0), what);
+  // Not an accident of a run that never moved: the parameters changed.
+  CHECK_MESSAGE(plain.losses.front() != plain.losses.back(), what);
+}
+
+}  // namespace offload_test
+
+TEST_CASE("an offloaded optimizer steps to the same bits under every stage and optimizer") {
+  const OffloadOptions optimizer_only{.optimizer = true};
+  for (auto stage : sk::parallel::kAllStages)
+    for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+      offload_test::Run run;
+      run.stage = stage;
+      run.kind = kind;
+      offload_test::check_offload_exact(run, optimizer_only);
+    }
+  // FSDP with the parameter shards on the host too (PyTorch's offload_params).
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+    offload_test::Run run;
+    run.stage = Stage::fsdp;
+    run.kind = kind;
+    offload_test::check_offload_exact(run, OffloadOptions{.params = true});
+  }
+}
+
+TEST_CASE("offload under mixed precision, loss scaling, clipping and no-decay groups: same bits") {
+  for (auto stage : sk::parallel::kAllStages)
+    for (auto dtype : {sk::DType::bf16, sk::DType::f16}) {
+      offload_test::Run run;
+      run.stage = stage;
+      run.precision = MixedPrecision::of(dtype);
+      run.scaled = dtype == sk::DType::f16;
+      run.clip = 0.5;
+      run.no_decay = true;
+      offload_test::check_offload_exact(run, OffloadOptions{.optimizer = true});
+      if (stage == Stage::fsdp)
+        offload_test::check_offload_exact(run, OffloadOptions{.params = true});
+    }
+  // A small ResNet-18 with batch-norm, one FSDP unit per stage of blocks, AdamW in bf16.
+  offload_test::Run resnet;
+  resnet.resnet = true;
+  resnet.world = 2;
+  resnet.steps = 4;
+  resnet.stage = Stage::fsdp;
+  resnet.kind = OptimizerKind::adamw;
+  resnet.precision = MixedPrecision::of(sk::DType::bf16);
+  offload_test::check_offload_exact(resnet, OffloadOptions{.params = true});
+  resnet.stage = Stage::sdp;
+  resnet.precision = {};
+  resnet.kind = OptimizerKind::larc_sgd;
+  offload_test::check_offload_exact(resnet, OffloadOptions{.optimizer = true});
+}
+
+TEST_CASE("offload moves the optimizer state (and fsdp's parameter shards) off the device") {
+  // ResNet-18's trainable elements; K = 4 bytes of momentum per element, f32 or bf16 compute.
+  for (auto dtype : {sk::DType::f32, sk::DType::bf16})
+    for (auto stage : sk::parallel::kAllStages) {
+      offload_test::Run run;
+      run.resnet = true;
+      run.world = 2;
+      run.steps = 2;
+      run.stage = stage;
+      run.kind = OptimizerKind::larc_sgd;
+      run.precision = MixedPrecision::of(dtype);
+      const auto plain = offload_test::train(run);
+      run.offload.optimizer = true;
+      const auto offloaded = offload_test::train(run);
+      const std::int64_t low = static_cast<std::int64_t>(sk::dtype_size(dtype));
+      const std::int64_t n = plain.state_numel;
+      const bool mixed = dtype != sk::DType::f32;
+      const auto what = offload_test::describe(run);
+      // The device keeps its parameters and gradients as they were, and no optimizer state.
+      CHECK_MESSAGE(offloaded.device.current_of(MemoryCategory::optimizer_state) == 0, what);
+      CHECK_MESSAGE(offloaded.device.current_of(MemoryCategory::parameters) ==
+                        plain.device.current_of(MemoryCategory::parameters),
+                    what);
+      CHECK_MESSAGE(offloaded.device.current_of(MemoryCategory::gradients) ==
+                        plain.device.current_of(MemoryCategory::gradients),
+                    what);
+      // The host holds the f32 master and momentum of the rank's pieces (the state the device
+      // held before, and the master even in f32 training), the gradients' staging, and under
+      // mixed precision the rounded copy on its way up.
+      CHECK_MESSAGE(offloaded.host.current_of(MemoryCategory::optimizer_state) == 8 * n, what);
+      CHECK_MESSAGE(plain.device.current_of(MemoryCategory::optimizer_state) == (mixed ? 8 : 4) * n,
+                    what);
+      CHECK_MESSAGE(offloaded.host.current_of(MemoryCategory::gradients) == low * n, what);
+      CHECK_MESSAGE(offloaded.host.current_of(MemoryCategory::parameters) == (mixed ? low * n : 0),
+                    what);
+      if (stage != Stage::fsdp) continue;
+      // Parameter offload: the shards leave the device for the host; what stays are the
+      // batch-norm buffers (module state, not parameters of any unit).
+      run.offload.params = true;
+      const auto shards = offload_test::train(run);
+      CHECK_MESSAGE(plain.shard_bytes > 0, what);
+      CHECK_MESSAGE(shards.device.current_of(MemoryCategory::parameters) ==
+                        plain.device.current_of(MemoryCategory::parameters) - plain.shard_bytes,
+                    what);
+      CHECK_MESSAGE(shards.device.current_of(MemoryCategory::optimizer_state) == 0, what);
+      CHECK_MESSAGE(shards.host.current_of(MemoryCategory::parameters) == plain.shard_bytes, what);
+      CHECK_MESSAGE(shards.host.current_of(MemoryCategory::optimizer_state) == (mixed ? 8 : 4) * n,
+                    what);
+    }
+}
+
+TEST_CASE("checkpoints move between offloaded and plain runs, bit for bit") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardkit_offload_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  for (auto dtype : {sk::DType::f32, sk::DType::bf16}) {
+    offload_test::Run whole;
+    whole.stage = Stage::fsdp;
+    whole.kind = OptimizerKind::adamw;
+    whole.precision = MixedPrecision::of(dtype);
+    whole.steps = 8;
+    const auto reference = offload_test::train(whole);
+    // 4 steps offloaded (fsdp, shards on the host), saved; then 4 more plain under sdp, or 4
+    // more with the optimizer offloaded under oss (the same 3 ranks: the same batches).
+    offload_test::Run first = whole;
+    first.steps = 4;
+    first.offload.params = true;
+    first.save_to = (dir / "offloaded").string();
+    (void)offload_test::train(first);
+    offload_test::Run second = whole;
+    second.steps = 4;
+    second.first_step = 4;
+    second.load_from = first.save_to;
+    second.stage = Stage::sdp;
+    const auto resumed_plain = offload_test::train(second);
+    offload_test::Run third = second;
+    third.stage = Stage::oss;
+    third.offload.optimizer = true;
+    const auto resumed_offloaded = offload_test::train(third);
+    const auto what = std::string(sk::dtype_name(dtype));
+    CHECK_MESSAGE(dp_test::bitwise_equal(resumed_plain.values, reference.values), what);
+    CHECK_MESSAGE(dp_test::bitwise_equal(resumed_offloaded.values, reference.values), what);
+    CHECK_MESSAGE(dp_test::states_equal(resumed_plain.state, reference.state, 0), what);
+    CHECK_MESSAGE(dp_test::states_equal(resumed_offloaded.state, reference.state, 0), what);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params and full_params") {
+  const auto specs = dp_test::model_specs();
+  std::vector<sk::shard::ParamSpec> trainable;
+  for (const auto& p : specs)
+    if (p.trainable) trainable.push_back(p);
+  auto fill = [](std::size_t i, const sk::Tensor& view) {
+    sk::Context host({.seed = 77 + i});
+    sk::uniform_(host, view, -0.5, 0.5);
+  };
+  // DataParallel (sdp) and FsdpEngine (two units) with and without offload: the same values.
+  auto run_engines = [&](bool offload) {
+    std::vector<float> dp_values, fsdp_values;
+    sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      sk::parallel::DataParallelOptions dp_options;
+      dp_options.stage = Stage::sdp;
+      dp_options.offload.optimizer = offload;
+      sk::parallel::DataParallel<Cpu> dp(ctx, comm, trainable,
+                                         dp_test::config_for(OptimizerKind::adamw), dp_options);
+      dp.set_full_params(fill);
+      sk::parallel::FsdpEngineOptions fsdp_options;
+      fsdp_options.offload.optimizer = offload;  // f32: the master apart, on the host
+      std::vector<sk::parallel::FsdpUnitParams> units(2);
+      for (std::size_t i = 0; i < trainable.size(); ++i)
+        units[i < 3 ? 0 : 1].params.push_back(trainable[i]);
+      units[0].name = "first";
+      units[1].name = "second";
+      sk::parallel::FsdpEngine<Cpu> fsdp(
+          ctx, comm, units, dp_test::config_for(OptimizerKind::larc_sgd), fsdp_options);
+      fsdp.set_full_params(fill);
+      for (int s = 0; s < 5; ++s) {
+        dp.zero_grad();
+        fsdp.zero_grad();
+        for (std::size_t i = trainable.size(); i-- > 0;) {
+          const auto w = sk::to_vector<float>(ctx, dp.param(i));
+          std::vector<float> g(w.size());
+          for (std::size_t e = 0; e < g.size(); ++e)
+            g[e] = 0.5f * w[e] + 0.01f * static_cast<float>((e * 7 + i + s + comm.rank()) % 13);
+          sk::add_(ctx, dp.grad(i), sk::from_vector(ctx, g, dp.grad(i).shape()));
+          dp.ready(i);
+        }
+        dp.finish();
+        dp.step(0.05f);
+        for (std::size_t u = 2; u-- > 0;) {
+          fsdp.gather(u);
+          for (std::size_t i = 0; i < fsdp.param_count(); ++i)
+            if (fsdp.unit_of(i) == u) {
+              const auto w = sk::to_vector<float>(ctx, fsdp.param(i));
+              std::vector<float> g(w.size());
+              for (std::size_t e = 0; e < g.size(); ++e)
+                g[e] = 0.5f * w[e] + 0.01f * static_cast<float>((e * 5 + i + s + comm.rank()) % 11);
+              sk::add_(ctx, fsdp.grad(i), sk::from_vector(ctx, g, fsdp.grad(i).shape()));
+              fsdp.ready(i);
+            }
+          fsdp.release(u);
+        }
+        fsdp.finish();
+        fsdp.step(0.5f);
+      }
+      {  // writes inside full_params() reach the (host) masters: the next step starts there
+        auto full = fsdp.full_params();
+        sk::fill(ctx, fsdp.param(0), 0.25);
+      }
+      std::vector<float> d, f;
+      for (std::size_t i = 0; i < trainable.size(); ++i) {
+        const auto v = sk::to_vector<float>(ctx, dp.param(i));
+        d.insert(d.end(), v.begin(), v.end());
+      }
+      {
+        auto full = fsdp.full_params();
+        for (std::size_t i = 0; i < fsdp.param_count(); ++i) {
+          const auto v = sk::to_vector<float>(ctx, fsdp.param(i));
+          f.insert(f.end(), v.begin(), v.end());
+        }
+      }
+      // The master of parameter 0 took the written value.
+      std::vector<float> master;
+      auto training = fsdp.training_state();
+      sk::optim::stream_pieces(ctx, comm, training.optimizer->table(),
+                               training.optimizer->master_params(), 0,
+                               [&](const sk::shard::OwnedPiece& piece, std::int64_t,
+                                   const float* values, std::int64_t count) {
+                                 if (piece.param == 0)
+                                   master.insert(master.end(), values, values + count);
+                               });
+      if (comm.rank() == 0) {
+        for (float v : master) CHECK(v == 0.25f);
+        dp_values = d;
+        fsdp_values = f;
+      }
+    });
+    return std::make_pair(dp_values, fsdp_values);
+  };
+  const auto plain = run_engines(false);
+  const auto offloaded = run_engines(true);
+  CHECK(dp_test::bitwise_equal(offloaded.first, plain.first));
+  CHECK(dp_test::bitwise_equal(offloaded.second, plain.second));
+}
+
+TEST_CASE("offload requests that cannot hold are refused by name") {
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::DataParallelOptions options;
+    options.stage = Stage::sdp;
+    options.offload.params = true;
+    CHECK_THROWS_WITH(
+        sk::parallel::DataParallel<Cpu>(ctx, comm, dp_test::model_specs(),
+                                        dp_test::config_for(OptimizerKind::sgd), options),
+        doctest::Contains("offload.params keeps parameter shards on the host"));
+  });
+  sk::Context device;
+  auto host = sk::make_host_context(device);
+  CHECK(&host->allocator() != &device.allocator());  // two ledgers
+  CHECK(host->cpu_threads() == device.cpu_threads());
+}
