@@ -8,9 +8,10 @@
 // Prints, per stage, the bytes of the most loaded rank by category (MiB), the bytes each rank
 // sends per step inside its shard group and across groups (MiB; without --group-size the group
 // is the world, and on more than one node all of it crosses nodes), and with --device-memory-gib
-// the largest batch per rank that fits. For a ResNet the activations are profiled on this CPU (one
-// forward and backward at batches 2 and 4, f32, with and without activation checkpointing: an upper
-// bound under mixed precision); FSDP wraps each residual block as a unit. Errors are one line on
+// the largest batch per rank that fits. For a ResNet the activations are profiled on this CPU (a
+// forward and backward at batch 2, 4, 8, ... until the growth per sample settles, f32, with and
+// without activation checkpointing: an upper bound under mixed precision); FSDP wraps each
+// residual block as a unit. Errors are one line on
 // stderr and exit status 1 (2 for bad arguments).
 #include <algorithm>
 #include <cstdio>
@@ -125,10 +126,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "profiling activations of %s at %lldx%lld on this CPU...\n",
                    model.c_str(), static_cast<long long>(image_size),
                    static_cast<long long>(image_size));
+      const std::int64_t most = std::max<std::int64_t>(8, std::min<std::int64_t>(batch, 64));
       plain = par::profile_activations(
-          [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 0, b); });
+          [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 0, b); }, 2, most);
       checkpointed = par::profile_activations(
-          [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 4, b); });
+          [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 4, b); }, 2, most);
     } else {
       const sk::io::SafetensorsReader file(model);
       for (const auto& t : file.tensors()) specs.push_back({t.name, t.shape, true});

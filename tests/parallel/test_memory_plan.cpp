@@ -44,9 +44,12 @@ Measured max_over(const std::vector<sk::MemorySnapshot>& snapshots) {
   return m;
 }
 
-// The engines over dp_test's model (uneven sizes, a frozen parameter), two steps.
-std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o) {
+// The engines over dp_test's model (uneven sizes, a frozen parameter), two steps; per world rank
+// the device's ledger, and in `host` (when given) the offload host context's.
+std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o,
+                                           std::vector<sk::MemorySnapshot>* host = nullptr) {
   std::vector<sk::MemorySnapshot> out(static_cast<std::size_t>(o.world_size));
+  if (host != nullptr) host->assign(static_cast<std::size_t>(o.world_size), {});
   sk::comm::run_ranks(o.world_size, [&](sk::Context& ctx, sk::comm::Communicator& world) {
     std::unique_ptr<sk::comm::HybridMesh> mesh;
     if (o.group_size > 0) mesh = std::make_unique<sk::comm::HybridMesh>(world, o.group_size);
@@ -61,6 +64,7 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o) {
       options.buckets = o.buckets;
       options.precision = o.precision;
       options.coalesce_bytes = o.coalesce_bytes;
+      options.offload = o.offload;
       // A custom loop keeps frozen parameters outside the units, whole, in the compute dtype.
       std::vector<sk::Tensor> frozen;
       for (const auto& p : specs)
@@ -85,6 +89,9 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o) {
         engine->step(0.1f);
       }
       out[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
+      if (host != nullptr)
+        (*host)[static_cast<std::size_t>(world.rank())] =
+            engine->host_context().memory_stats().snapshot();
       return;
     }
     sk::parallel::DataParallelOptions options;
@@ -93,6 +100,7 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o) {
     options.buckets = o.buckets;
     options.precision = o.precision;
     options.broadcast_fp16 = o.broadcast_fp16;
+    options.offload = o.offload;
     auto dp = mesh ? std::make_unique<DataParallel<Cpu>>(ctx, *mesh, specs, o.optimizer, options)
                    : std::make_unique<DataParallel<Cpu>>(ctx, world, specs, o.optimizer, options);
     for (int s = 0; s < 2; ++s) {
@@ -106,6 +114,9 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o) {
       dp->step(0.05f);
     }
     out[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
+    if (host != nullptr)
+      (*host)[static_cast<std::size_t>(world.rank())] =
+          dp->host_context().memory_stats().snapshot();
   });
   return out;
 }
@@ -130,9 +141,85 @@ void check_plan(const MemoryPlanOptions& o) {
   CHECK(m.communication_peak <= plan.communication + plan.gathered);
 }
 
+// Offload: every rank's two ledgers against the plan of that rank (its shard rank).
+void check_offload_plan(const MemoryPlanOptions& o) {
+  std::vector<sk::MemorySnapshot> host;
+  const auto device = run_engine(o, &host);
+  const int group = o.group_size == 0 ? o.world_size : o.group_size;
+  for (int r = 0; r < o.world_size; ++r) {
+    MemoryPlanOptions one = o;
+    one.rank = r % group;
+    const MemoryPlan plan = sk::parallel::plan_memory(model_specs(), one);
+    const auto& d = device[static_cast<std::size_t>(r)];
+    const auto& h = host[static_cast<std::size_t>(r)];
+    INFO(describe(o), " offload optimizer=", o.offload.optimizer, " params=", o.offload.params,
+         " rank ", r);
+    CHECK(plan.parameters == d.current_of(MemoryCategory::parameters));
+    CHECK(plan.gradients == d.current_of(MemoryCategory::gradients));
+    CHECK(plan.optimizer_state == d.current_of(MemoryCategory::optimizer_state));
+    CHECK(d.current_of(MemoryCategory::optimizer_state) == 0);
+    CHECK(plan.host_parameters == h.current_of(MemoryCategory::parameters));
+    CHECK(plan.host_gradients == h.current_of(MemoryCategory::gradients));
+    CHECK(plan.host_optimizer_state == h.current_of(MemoryCategory::optimizer_state));
+    CHECK(plan.host_optimizer_state > 0);
+    CHECK(d.peak_of(MemoryCategory::communication) <= plan.communication + plan.gathered);
+  }
+}
+
 }  // namespace memory_plan_test
 
 using namespace memory_plan_test;
+
+TEST_CASE("offloaded plans equal the device's and the host's ledgers, rank by rank") {
+  sk::parallel::MixedPrecision bf16 = sk::parallel::MixedPrecision::of(sk::DType::bf16);
+  for (auto kind : {OptimizerKind::larc_sgd, OptimizerKind::adamw})
+    for (auto stage : sk::parallel::kAllStages)
+      for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16})
+        for (bool params : {false, true}) {
+          if (params && stage != Stage::fsdp) continue;
+          for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}}) {
+            MemoryPlanOptions o;
+            o.stage = stage;
+            o.world_size = world;
+            o.group_size = group;
+            o.optimizer = config_for(kind);
+            o.precision = precision;
+            o.partition = stage == Stage::oss ? PartitionKind::greedy : PartitionKind::flat;
+            o.buckets.bucket_bytes = 2048;
+            o.coalesce_bytes = 1024;
+            o.offload.optimizer = true;
+            o.offload.params = params;
+            if (stage == Stage::fsdp) o.fsdp_units = {{0, 1, 2}, {4, 5}, {6, 7, 8}};
+            check_offload_plan(o);
+          }
+        }
+  // The formulas: ZeRO-3 with everything offloaded keeps (2 + pad) bytes of gradients per
+  // parameter per rank on the device, f16 params and 12 bytes of state on the host.
+  std::vector<sk::shard::ParamSpec> specs;
+  for (int i = 0; i < 64; ++i)
+    specs.push_back({std::string("w").append(std::to_string(i)), {1024}});
+  MemoryPlanOptions o;
+  o.stage = Stage::fsdp;
+  o.world_size = 8;
+  o.optimizer.kind = OptimizerKind::adamw;
+  o.precision = bf16;
+  o.offload.params = true;
+  const auto plan = sk::parallel::plan_memory(specs, o);
+  const double per_rank = 65536.0 / 8;
+  CHECK(plan.parameters == 0);
+  CHECK(plan.optimizer_state == 0);
+  CHECK(static_cast<double>(plan.gradients) == 2 * per_rank);
+  CHECK(static_cast<double>(plan.host_parameters) == 2 * per_rank);
+  CHECK(static_cast<double>(plan.host_optimizer_state) == 12 * per_rank);
+  CHECK(plan.host_transfer == 2 * per_rank + 2 * 2 * per_rank);
+  o.stage = Stage::sdp;
+  CHECK_THROWS_WITH(sk::parallel::plan_memory(specs, o),
+                    doctest::Contains("offload.params keeps parameter shards on the host"));
+  o.stage = Stage::fsdp;
+  o.rank = 8;
+  CHECK_THROWS_WITH(sk::parallel::plan_memory(specs, o),
+                    doctest::Contains("rank 8 is not a rank of the shard group of 8"));
+}
 
 TEST_CASE("planned model states equal the allocator's after a step, for every stage") {
   sk::parallel::MixedPrecision bf16;
@@ -184,7 +271,7 @@ TEST_CASE("the plan follows the ZeRO formulas with the group size in place of N"
   }
 }
 
-TEST_CASE("activations: a profile from batches 2 and 4 predicts a batch of 8 within 5%") {
+TEST_CASE("activations: a profile measured by doubling from batch 2 predicts others within 5%") {
   for (int segments : {0, 2}) {
     auto peak_at = [&](std::int64_t batch) {
       sk::Context ctx({.seed = 3, .cpu_threads = 1});
@@ -195,10 +282,14 @@ TEST_CASE("activations: a profile from batches 2 and 4 predicts a batch of 8 wit
       sk::autograd::backward(ctx, sk::autograd::cross_entropy(ctx, (*net)(ctx, b.x), b.labels));
       return ctx.memory_stats().snapshot().peak_of(MemoryCategory::activations);
     };
-    const auto profile = sk::parallel::profile_activations(peak_at, 2, 4);
-    const auto measured = peak_at(8);
-    INFO("segments ", segments, ": measured ", measured, " planned ", profile.at(8));
-    CHECK(std::fabs(static_cast<double>(profile.at(8) - measured)) <= 0.05 * measured);
+    const auto profile = sk::parallel::profile_activations(peak_at, 2, 64);
+    // Batches it measured, batches between them, and one past them.
+    for (std::int64_t batch : {3, 6, 12, 24, 40}) {
+      const auto measured = peak_at(batch);
+      INFO("segments ", segments, " batch ", batch, ": measured ", measured, " planned ",
+           profile.at(batch));
+      CHECK(std::fabs(static_cast<double>(profile.at(batch) - measured)) <= 0.05 * measured);
+    }
     CHECK(profile.bytes_per_sample > 0);
   }
 }

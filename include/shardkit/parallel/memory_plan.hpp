@@ -19,12 +19,18 @@
 //                    after forward the unit in use plus `prefetch` ahead (counted by the
 //                    allocator under communication, reported apart here)
 //   activations      a linear profile in the batch size (ActivationProfile): measure it once
-//                    per model, input size and checkpointing setting (profile_activations)
+//                    per model, input size and checkpointing setting (profile_activations,
+//                    which doubles the batch until the growth per sample settles)
 //
-// Hybrid sharding plans with the group size in place of the world size.
+// Hybrid sharding plans with the group size in place of the world size. CPU offload
+// (offload.hpp) moves model states from the device's figures to the host's: the optimizer
+// state and f32 master (offload.optimizer), with the gradients' staging and, under mixed
+// precision, the rounded copy on its way up; under fsdp with offload.params the parameter
+// shards too.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -33,6 +39,7 @@
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/fsdp_units.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/shard/bucket_plan.hpp"
@@ -57,16 +64,20 @@ struct MemoryPlanOptions {
   int prefetch = 1;
   bool reshard_after_forward = true;
   std::size_t coalesce_bytes = std::size_t{4} << 20;
+  OffloadOptions offload;  // CPU offload of the optimizer (and fsdp's parameter shards)
+  int rank = -1;           // the shard rank to plan; -1: the most loaded (device, then host memory)
 };
 
-// Peak activation bytes of one training step as fixed + per_sample x batch.
+// Peak activation bytes of one training step as fixed + per_sample x batch, and never below
+// `floor_bytes` (the peak measured at the smallest batch: buffers that do not grow with it).
 struct ActivationProfile {
   double fixed_bytes = 0;
   double bytes_per_sample = 0;
+  double floor_bytes = 0;
   std::int64_t at(std::int64_t batch) const {
-    return batch <= 0 ? 0
-                      : static_cast<std::int64_t>(fixed_bytes +
-                                                  bytes_per_sample * static_cast<double>(batch));
+    if (batch <= 0) return 0;
+    return static_cast<std::int64_t>(
+        std::max(floor_bytes, fixed_bytes + bytes_per_sample * static_cast<double>(batch)));
   }
 };
 
@@ -95,8 +106,19 @@ struct MemoryPlan {
   // hybrid sharding the group is the world: on more than one node, all of it crosses nodes.
   double sent_in_group = 0;
   double sent_across_groups = 0;
+  // CPU offload: what the host holds for this rank (exact, as the model states), and the bytes
+  // that cross between host and device per step (gradients down; parameters up after the step,
+  // or under offload.params the shards at every gather).
+  std::int64_t host_parameters = 0;
+  std::int64_t host_gradients = 0;
+  std::int64_t host_optimizer_state = 0;
+  double host_transfer = 0;
+  // Device memory (the figures above are the device's).
   std::int64_t model_states() const { return parameters + gradients + optimizer_state; }
   std::int64_t total() const { return model_states() + communication + gathered + activations; }
+  std::int64_t host_total() const {
+    return host_parameters + host_gradients + host_optimizer_state;
+  }
 };
 
 namespace detail {
@@ -171,6 +193,30 @@ inline std::int64_t state_elements_bytes(const optim::OptimizerConfig& config, b
   return 4 * static_cast<std::int64_t>(optim::state_buffer_names(config).size() + (mixed ? 1 : 0));
 }
 
+// CPU offload moves rank p's optimizer state (state_numel elements) to the host with an f32
+// master of its own unless the parameters already are that master (f32 shards on the host),
+// the gradients' staging, and the compute copy on its way up (mixed precision, parameters on
+// the device); offload.params moves fsdp's shards (`shard_bytes`) as well.
+inline void plan_offload(MemoryPlan& p, const MemoryPlanOptions& o, std::int64_t state_numel,
+                         std::int64_t shard_bytes, DType param, DType grad) {
+  if (!o.offload.enabled()) return;
+  const bool mixed = param != DType::f32;
+  const bool params_on_host = o.offload.params;
+  const auto buffers = static_cast<std::int64_t>(optim::state_buffer_names(o.optimizer).size());
+  p.optimizer_state = 0;
+  p.host_optimizer_state = 4 * state_numel * (buffers + (mixed || !params_on_host ? 1 : 0));
+  p.host_gradients = state_numel * bytes_of(grad);
+  p.host_transfer = static_cast<double>(state_numel * bytes_of(grad));
+  if (params_on_host) {
+    p.parameters -= shard_bytes;
+    p.host_parameters = shard_bytes;
+    p.host_transfer += (o.reshard_after_forward ? 2.0 : 1.0) * static_cast<double>(shard_bytes);
+  } else {
+    if (mixed) p.host_parameters = state_numel * bytes_of(param);
+    p.host_transfer += static_cast<double>(state_numel * bytes_of(param));
+  }
+}
+
 }  // namespace detail
 
 // The plan for `specs` (names, shapes, trainable flags in registration order) under `o`, with
@@ -180,6 +226,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
                               std::int64_t batch = 0) {
   const int group = detail::planned_group(o);
   validate(o.precision);
+  validate(o.offload, o.stage);
   const bool mixed = o.precision.enabled();
   const DType param = o.precision.param_dtype;
   const DType grad = mixed ? param : DType::f32;
@@ -191,7 +238,11 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
   const std::int64_t state_bytes = detail::state_elements_bytes(o.optimizer, mixed);
   MemoryPlan best;
   best.parameters = -1;
+  check(o.rank >= -1 && o.rank < group, "memory plan: rank ", o.rank,
+        " is not a rank of the shard group of ", group, "; pass 0..", group - 1,
+        " or -1 for the most loaded");
   for (int rank = 0; rank < group; ++rank) {
+    if (o.rank >= 0 && rank != o.rank) continue;
     MemoryPlan p;
     p.rank = rank;
     if (o.stage != Stage::fsdp) {
@@ -206,6 +257,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
       p.communication = detail::bucket_transients(buckets, reduce_scatter, o.buckets, grad, wire);
       if (o.broadcast_fp16 && !mixed && o.stage != Stage::ddp)
         p.communication = std::max(p.communication, plan.trainable_end() * 2);
+      detail::plan_offload(p, o, table.state_numel(rank), 0, param, grad);
     } else {
       std::vector<std::vector<std::size_t>> units = o.fsdp_units;
       if (units.empty()) {
@@ -214,6 +266,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
           if (specs[i].trainable) units.back().push_back(i);
       }
       shard::PieceTable table(group, false);
+      std::int64_t shard_bytes = 0;
       std::vector<std::int64_t> unit_bytes;
       std::int64_t transients = 0;
       for (const auto& unit : units) {
@@ -227,15 +280,17 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
         const shard::ShardPlan plan(unit_specs, group, shard::PartitionKind::flat);
         const shard::BucketPlan buckets(plan, rank, capacity);
         table.append_plan(plan, false);
-        p.parameters += plan.numel(rank) * detail::bytes_of(param);
+        shard_bytes += plan.numel(rank) * detail::bytes_of(param);
         p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
         unit_bytes.push_back(plan.layout().padded_numel() * detail::bytes_of(param));
         transients =
             std::max(transients, detail::bucket_transients(buckets, true, o.buckets, grad, wire));
       }
+      p.parameters = shard_bytes;
       for (const auto& s : specs)
         if (!s.trainable) p.parameters += shape_numel(s.shape) * detail::bytes_of(param);
       p.optimizer_state = table.state_numel(rank) * state_bytes;
+      detail::plan_offload(p, o, table.state_numel(rank), shard_bytes, param, grad);
       // Gathered at once: the root unit, and the unit in use with `prefetch` more ahead (every
       // unit without resharding after forward).
       std::int64_t root = 0;
@@ -255,7 +310,9 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
     }
     p.activations = activations.at(batch);
     detail::plan_traffic(p, specs, o, group);
-    if (p.total() > best.total() || best.parameters < 0) best = p;
+    const bool more = p.total() > best.total() ||
+                      (p.total() == best.total() && p.host_total() > best.host_total());
+    if (more || best.parameters < 0) best = p;
   }
   return best;
 }
@@ -306,15 +363,39 @@ inline std::int64_t largest_batch(const std::vector<shard::ParamSpec>& specs,
   return batch;
 }
 
-// A model's activation profile from two measured steps: `peak_at(batch)` runs one training
-// step (forward and backward) at `batch` samples on a fresh context and returns the peak of
-// MemoryCategory::activations. Activations grow linearly with the batch; the fixed part is
-// what does not (workspaces, weight reorders).
+// A model's activation profile from measured steps: `peak_at(batch)` runs one training step
+// (forward and backward) at `batch` samples on a fresh context and returns the peak of
+// MemoryCategory::activations.
+//
+// The peak is the largest of the live bytes over the step, each moment's a line in the batch,
+// so the peak is a convex, piecewise-linear function of the batch: flat while fixed buffers
+// (workspaces, weight reorders, a checkpointed segment's recompute) dominate, then growing at
+// the largest per-sample rate. A line through two small batches can sit in the flat part and
+// under-plan large ones, so this measures b1 and 2 b1, then keeps doubling until the growth per
+// sample of the last two doublings agrees within `settle` (or max_batch is reached), and fits
+// the line through the last two batches, with the peak at b1 as its floor.
 template <class PeakAt>
-ActivationProfile profile_activations(PeakAt&& peak_at, std::int64_t b1 = 2, std::int64_t b2 = 4) {
-  const std::int64_t peak1 = peak_at(b1);
-  const std::int64_t peak2 = peak_at(b2);
-  return fit_activation_profile(b1, peak1, b2, peak2);
+ActivationProfile profile_activations(PeakAt&& peak_at, std::int64_t b1 = 2,
+                                      std::int64_t max_batch = 64, double settle = 0.02) {
+  check(b1 > 0 && max_batch >= 2 * b1, "profile_activations: start at a batch b1 > 0 and allow ",
+        "max_batch >= 2 b1; got b1 = ", b1, ", max_batch = ", max_batch);
+  std::int64_t low = b1, high = 2 * b1;
+  std::int64_t low_peak = peak_at(low), high_peak = peak_at(high);
+  const std::int64_t floor = low_peak;
+  double slope = static_cast<double>(high_peak - low_peak) / static_cast<double>(high - low);
+  while (2 * high <= max_batch) {
+    const std::int64_t next = 2 * high;
+    const std::int64_t next_peak = peak_at(next);
+    const double next_slope =
+        static_cast<double>(next_peak - high_peak) / static_cast<double>(next - high);
+    low = high, low_peak = high_peak, high = next, high_peak = next_peak;
+    const bool settled = std::abs(next_slope - slope) <= settle * std::abs(next_slope);
+    slope = next_slope;
+    if (settled) break;
+  }
+  ActivationProfile p = fit_activation_profile(low, low_peak, high, high_peak);
+  p.floor_bytes = static_cast<double>(floor);
+  return p;
 }
 
 }  // namespace shardkit::parallel
