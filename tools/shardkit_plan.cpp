@@ -3,11 +3,14 @@
 //   shardkit-plan --model resnet50 --world-size 64 [--group-size 8] [--stage all|ddp|oss|sdp|fsdp]
 //                 [--optimizer larc_sgd|sgd|adamw] [--precision f32|bf16|f16]
 //                 [--batch 32] [--image-size 224] [--device-memory-gib 80]
+//                 [--offload none|optimizer|params]
 //   shardkit-plan --model weights.safetensors ...   (every tensor a trainable parameter)
 //
 // Prints, per stage, the bytes of the most loaded rank by category (MiB), the bytes each rank
 // sends per step inside its shard group and across groups (MiB; without --group-size the group
-// is the world, and on more than one node all of it crosses nodes), and with --device-memory-gib
+// is the world, and on more than one node all of it crosses nodes), with --offload what moves to
+// the host (MiB per rank) and the bytes between host and device per step (params: fsdp's shards
+// too; other stages offload the optimizer only), and with --device-memory-gib
 // the largest batch per rank that fits. For a ResNet the activations are profiled on this CPU (a
 // forward and backward at batch 2, 4, 8, ... until the growth per sample settles, f32, with and
 // without activation checkpointing: an upper bound under mixed precision); FSDP wraps each
@@ -68,6 +71,7 @@ std::int64_t resnet_activation_peak(const std::string& model, std::int64_t image
 int main(int argc, char** argv) {
   CLI::App app{"shardkit-plan: per-rank memory of a sharded training run, before it runs"};
   std::string model, stage_name = "all", optimizer = "larc_sgd", precision = "f32";
+  std::string offload = "none";
   int world = 1, group = 0;
   std::int64_t batch = 32, image_size = 224;
   double device_gib = 0;
@@ -83,6 +87,10 @@ int main(int argc, char** argv) {
   app.add_option("--image-size", image_size, "ResNet input side (<= 64: small-image stem)")
       ->check(CLI::PositiveNumber);
   app.add_option("--device-memory-gib", device_gib, "print the largest batch that fits");
+  app.add_option("--offload", offload,
+                 "CPU offload: none, optimizer (master, state and step on the host), params "
+                 "(fsdp: the parameter shards too)")
+      ->check(CLI::IsMember({"none", "optimizer", "params"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -143,23 +151,26 @@ int main(int argc, char** argv) {
     std::printf("%s: %zu tensors, %lld parameters; N = %d, %s; %s, %s; batch %lld per rank\n",
                 model.c_str(), specs.size(), static_cast<long long>(psi), world, grouping,
                 optimizer.c_str(), precision.c_str(), static_cast<long long>(batch));
-    std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s", "stage", "params",
-                "grads", "optim", "comm", "gathered", "activations", "act (ckpt)", "total MiB",
-                "sent in grp", "across grps");
+    std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s", "stage",
+                "params", "grads", "optim", "comm", "gathered", "activations", "act (ckpt)",
+                "total MiB", "sent in grp", "across grps", "host MiB", "host<->dev");
     if (device_gib > 0) std::printf(" %10s %10s", "max batch", "(ckpt)");
     std::printf("\n");
     for (auto stage : stages) {
       o.stage = stage;
+      o.offload.optimizer = offload != "none";
+      o.offload.params = offload == "params" && stage == par::Stage::fsdp;
       const auto options = net ? par::module_plan_options(*net, o, wrap) : o;
       const auto plan = par::plan_memory(specs, options, plain, batch);
       const auto with_ckpt = par::plan_memory(specs, options, checkpointed, batch);
-      std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s",
+      std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s",
                   std::string(par::stage_name(stage)).c_str(), mib(plan.parameters).c_str(),
                   mib(plan.gradients).c_str(), mib(plan.optimizer_state).c_str(),
                   mib(plan.communication).c_str(), mib(plan.gathered).c_str(),
                   net ? mib(plan.activations).c_str() : "-",
                   net ? mib(with_ckpt.activations).c_str() : "-", mib(plan.total()).c_str(),
-                  mib(plan.sent_in_group).c_str(), mib(plan.sent_across_groups).c_str());
+                  mib(plan.sent_in_group).c_str(), mib(plan.sent_across_groups).c_str(),
+                  mib(plan.host_total()).c_str(), mib(plan.host_transfer).c_str());
       if (device_gib > 0) {
         const auto bytes = static_cast<std::int64_t>(device_gib * 1024 * 1024 * 1024);
         if (net)

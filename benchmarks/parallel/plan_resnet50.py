@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Per-rank memory and per-step traffic of ResNet-50 under every ZeRO stage and hybrid sharding
-at N = 8, 64, 512, computed by the memory planner (tools/shardkit-plan), written as
+"""Per-rank memory and per-step traffic of ResNet-50 under every ZeRO stage, hybrid sharding and
+CPU offload at N = 8, 64, 512, computed by the memory planner (tools/shardkit-plan), written as
 docs/memory_plan.md and docs/memory_plan.png.
 
 Usage: benchmarks/parallel/plan_resnet50.py [BUILD_DIR] [DOCS_DIR]
@@ -17,17 +17,17 @@ WORLDS = [8, 64, 512]
 BATCH = 32
 
 
-def plan(world, group=0, stage="all"):
+def plan(world, group=0, stage="all", offload="none"):
     args = [str(tool), "--model", "resnet50", "--world-size", str(world), "--batch", str(BATCH),
-            "--stage", stage, "--device-memory-gib", "80"]
+            "--stage", stage, "--device-memory-gib", "80", "--offload", offload]
     if group:
         args += ["--group-size", str(group)]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout.splitlines()
-    header = out[1].split()
     rows = {}
     for line in out[2:]:
         cells = line.split()
-        rows[cells[0]] = [float(c) for c in cells[1:12]]
+        # params grads optim comm gathered act act_ckpt total in_group across host pcie fits
+        rows[cells[0]] = [float(c) for c in cells[1:14]]
     return rows
 
 
@@ -39,6 +39,9 @@ for world in WORLDS:
         table.append((world, NAMES[stage], rows[stage]))
     hybrid = plan(world, GROUP, "fsdp") if world > GROUP else plan(world, 0, "fsdp")
     table.append((world, f"hybrid fsdp (G = {GROUP})", hybrid["fsdp"]))
+    table.append((world, "ZeRO-2 + offload optimizer", plan(world, 0, "sdp", "optimizer")["sdp"]))
+    table.append((world, "ZeRO-3 + offload optimizer", plan(world, 0, "fsdp", "optimizer")["fsdp"]))
+    table.append((world, "ZeRO-3 + offload params", plan(world, 0, "fsdp", "params")["fsdp"]))
 
 lines = [
     "# Memory plan: ResNet-50 under every stage (computed by `shardkit-plan`)",
@@ -50,24 +53,32 @@ lines = [
     "most loaded rank. Model states are exact (the planner builds the engines' own plans; the",
     "tests compare them with the allocator after real steps on the CPU, every stage, equal to the",
     "byte); communication and gathered units are upper bounds (the measured peaks stay under",
-    "them); activations come from a profile measured on the CPU (batches 2 and 4, f32; within 5%",
-    "of a measured batch 8 in the tests) and do not depend on the stage. Traffic: bus bytes each",
-    "rank sends per step; without hybrid sharding every collective spans all N ranks, so on",
-    f"more than one node (N > {GROUP}) all of it crosses nodes; with it only the column",
-    "all-reduce does (measured by `benchmarks/parallel/hybrid_traffic` at N = 8: equal to the",
-    "formula). CPU offload is not built yet.",
+    "them); activations come from a profile measured on the CPU (batch 2, 4, 8, ... until the",
+    "growth per sample settles, f32; within 5% of measured batches in the tests) and do not",
+    "depend on the stage. Traffic: bus bytes each rank sends per step; without hybrid sharding",
+    f"every collective spans all N ranks, so on more than one node (N > {GROUP}) all of it",
+    "crosses nodes; with it only the column all-reduce does (measured by",
+    "`benchmarks/parallel/hybrid_traffic` at N = 8: equal to the formula). CPU offload",
+    "(`parallel/offload.hpp`) moves the optimizer's f32 master and state to the host (with the",
+    "gradients' staging; under offload params the FSDP shards too): the device columns fall by",
+    "that, the host column holds it (exact: the tests compare both ledgers with the plan, rank",
+    "by rank), and host<->device is what crosses PCIe per step (gradients down, parameters up;",
+    "the shards at every gather under offload params).",
     "",
     "| N | sharding | params | grads | optim | comm | gathered | model states + buffers |"
-    " activations (ckpt) | total | MiB sent / step | of it across nodes | max batch in 80 GiB |",
-    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    " activations (ckpt) | device total | host | host<->device / step | MiB sent / step |"
+    " of it across nodes | max batch in 80 GiB |",
+    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 for world, name, r in table:
-    params, grads, optim, comm, gathered, act, act_ckpt, total, in_group, across, fits = r
+    (params, grads, optim, comm, gathered, act, act_ckpt, total, in_group, across, host, pcie,
+     fits) = r
     states = params + grads + optim + comm + gathered
     crossing = across if name.startswith("hybrid") else (in_group + across if world > GROUP else 0)
     lines.append(f"| {world} | {name} | {params:.1f} | {grads:.1f} | {optim:.1f} | {comm:.1f} | "
                  f"{gathered:.1f} | {states:.1f} | {act:.1f} ({act_ckpt:.1f}) | {total:.1f} | "
-                 f"{in_group + across:.1f} | {crossing:.1f} | {int(fits)} |")
+                 f"{host:.1f} | {pcie:.1f} | {in_group + across:.1f} | {crossing:.1f} | "
+                 f"{int(fits)} |")
 (docs / "memory_plan.md").write_text("\n".join(lines) + "\n")
 
 import matplotlib  # noqa: E402  (after the table: the table needs no plotting library)
@@ -75,18 +86,18 @@ import matplotlib  # noqa: E402  (after the table: the table needs no plotting l
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-labels = [name for _, name, _ in table[:5]]
-width = 0.16
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+labels = [name for _, name, _ in table[:8]]
+width = 0.1
 for k, label in enumerate(labels):
     rows = [r for w, n, r in table if n == label]
     states = [r[0] + r[1] + r[2] + r[3] + r[4] for r in rows]
     crossing = [(r[9] if label.startswith("hybrid") else (r[8] + r[9] if w > GROUP else 0))
                 for (w, n, r) in [(w, n, r) for w, n, r in table if n == label]]
-    xs = [i + (k - 2) * width for i in range(len(WORLDS))]
+    xs = [i + (k - 3.5) * width for i in range(len(WORLDS))]
     axes[0].bar(xs, states, width, label=label)
     axes[1].bar(xs, crossing, width, label=label)
-for ax, title in zip(axes, ["model states + buffers per rank (MiB)",
+for ax, title in zip(axes, ["model states + buffers per rank on the device (MiB)",
                             "MiB crossing nodes per rank per step"]):
     ax.set_xticks(range(len(WORLDS)))
     ax.set_xticklabels([f"N = {w}" for w in WORLDS])

@@ -6,8 +6,9 @@ resumed under FSDP; a torn checkpoint (files from different saves) is refused; a
 checkpointing every step and killed at random moments (inside saves too) resumes from the
 newest complete step folder and still ends with the uninterrupted run's parameters (12 kills
 here, half of them with a save in progress; SHARDKIT_KILLS=200 for a long run). First, the four
-stages trained straight through end with the same parameters, bit for bit, and DDP and FSDP
-agree in bf16 and f16 mixed precision too.
+stages trained straight through end with the same parameters, bit for bit, DDP and FSDP agree in
+bf16 and f16 mixed precision too, and so do runs with the optimizer (and FSDP's shards) offloaded
+to the host.
 Usage: check_resume.py PATH/TO/custom_loop"""
 import json
 import os
@@ -114,6 +115,17 @@ def main():
                       for stage in ("ddp", "fsdp")}
             print(precision, hashes)
             same_stages = same_stages and hashes["ddp"] == hashes["fsdp"] != straight["params_fnv1a"]
+        # CPU offload: the optimizer on the host (sdp), and fsdp's shards too, end alike.
+        offloaded = {"sdp optimizer": run(binary, "--stage", "sdp", "--offload", "optimizer"),
+                     "fsdp params": run(binary, "--stage", "fsdp", "--offload", "params")}
+        print("offloaded:", {k: v["params_fnv1a"] for k, v in offloaded.items()})
+        same_stages = same_stages and all(v["params_fnv1a"] == straight["params_fnv1a"]
+                                          for v in offloaded.values())
+        # ... with no optimizer state on the device; the host holds it.
+        for result in offloaded.values():
+            rank0 = result["memory_bytes_per_rank"][0]
+            same_stages = same_stages and rank0["optimizer_state"] == 0
+            same_stages = same_stages and result["memory_plan_bytes"]["host_optimizer_state"] > 0
         sharded = os.path.join(folder, "sharded")
         stopped = run(binary, "--stage", "fsdp", "--stop-after", "13", "--checkpoint", sharded,
                       "--checkpoint-layout", "sharded")

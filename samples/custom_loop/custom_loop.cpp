@@ -11,7 +11,8 @@
 //      whose parameters exist whole only while the layer runs.
 //   4. The ZeRO stage is a flag: ddp (plain data parallel), oss (ZeRO-1: optimizer state
 //      sharded), sdp (ZeRO-2: gradients too), fsdp (ZeRO-3: parameters too). The results are
-//      DDP's; the memory is not.
+//      DDP's; the memory is not. --offload optimizer moves the optimizer's master, state and
+//      step to the host (params: fsdp's parameter shards too), with the same results.
 //   5. Checkpoints (sk::io::save_step_checkpoint): --checkpoint DIR saves the parameters and
 //      the optimizer state, whole (streamed to rank 0) or one file per rank (--checkpoint-layout
 //      sharded), as a step folder that becomes DIR/latest in one atomic rename once complete;
@@ -61,6 +62,7 @@ struct Flags {
   int checkpoint_every = 0;
   std::string checkpoint_layout = "full";
   std::string precision = "f32";
+  std::string offload = "none";
   std::string resume_dir;
   int stop_after = 0;
 };
@@ -89,6 +91,10 @@ int main(int argc, char** argv) {
                  "f32, or mixed precision with an f16 (loss-scaled) or bf16 compute copy: f32 "
                  "masters and optimizer state, gradients reduced in the compute dtype")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  app.add_option("--offload", flags.offload,
+                 "CPU offload: none, optimizer (f32 master, optimizer state and step on the "
+                 "host's threads; any stage) or params (fsdp: the parameter shards too)")
+      ->check(CLI::IsMember({"none", "optimizer", "params"}));
   app.add_option("--partition", flags.partition,
                  "oss/sdp: flat (even split, exactly 1/N per rank) or greedy (whole parameters, "
                  "FairScale's OSS)")
@@ -166,6 +172,9 @@ int main(int argc, char** argv) {
     if (flags.precision != "f32")
       options.precision = sk::parallel::MixedPrecision::of(
           flags.precision == "f16" ? sk::DType::f16 : sk::DType::bf16);
+    options.offload.optimizer = flags.offload != "none";
+    options.offload.params = flags.offload == "params";
+    sk::parallel::validate(options.offload, options.stage);
 
     setup.ranks = flags.ranks;
     setup.epochs = flags.epochs;
@@ -191,6 +200,7 @@ int main(int argc, char** argv) {
     plan_options.partition = options.partition;
     plan_options.buckets = options.buckets;
     plan_options.broadcast_fp16 = options.broadcast_fp16;
+    plan_options.offload = options.offload;
     const auto specs = custom_loop::mlp_param_specs(setup.widths);
     for (std::size_t i = 0; i < specs.size(); i += 2)  // train.hpp's units: one per layer
       plan_options.fsdp_units.push_back({i, i + 1});
@@ -201,6 +211,12 @@ int main(int argc, char** argv) {
           "%.2f, communication <= %.2f\n",
           plan.parameters / 1e6, plan.gradients / 1e6, plan.optimizer_state / 1e6,
           double(plan.communication + plan.gathered) / 1e6);
+    if (launch.rank == 0 && options.offload.enabled())
+      std::printf(
+          "offloaded to the host per rank (MB): parameters %.2f, gradients %.2f, optimizer "
+          "state %.2f; %.2f MB between host and device per step\n",
+          plan.host_parameters / 1e6, plan.host_gradients / 1e6, plan.host_optimizer_state / 1e6,
+          plan.host_transfer / 1e6);
 
     // --- train: every rank runs train.hpp's loop on the chosen device -------------------------
     const custom_loop::Results results = custom_loop::train_on(device, setup);
@@ -246,6 +262,15 @@ int main(int argc, char** argv) {
     std::printf("plan %12.2f %12.2f %16.2f   <= %5.2f\n", plan.parameters / 1e6,
                 plan.gradients / 1e6, plan.optimizer_state / 1e6,
                 double(plan.communication + plan.gathered) / 1e6);
+    if (options.offload.enabled() && !results.ranks.empty()) {
+      const auto& h = results.ranks[0].host_memory;
+      std::printf(
+          "host %12.2f %12.2f %16.2f   (rank 0's offloaded state; planned %.2f / %.2f / "
+          "%.2f)\n",
+          h.current_of(C::parameters) / 1e6, h.current_of(C::gradients) / 1e6,
+          h.current_of(C::optimizer_state) / 1e6, plan.host_parameters / 1e6,
+          plan.host_gradients / 1e6, plan.host_optimizer_state / 1e6);
+    }
     const custom_loop::RankReport rank0 =
         results.ranks.empty() ? custom_loop::RankReport{} : results.ranks[0];
     nlohmann::json summary = {{"sample", "custom_loop"},
@@ -253,6 +278,7 @@ int main(int argc, char** argv) {
                               {"optimizer", flags.optimizer},
                               {"partition", flags.partition},
                               {"precision", flags.precision},
+                              {"offload", flags.offload},
                               {"ranks", results.world},
                               {"backend", results.backend},
                               {"device", results.device},
@@ -268,7 +294,10 @@ int main(int argc, char** argv) {
                                {{"parameters", plan.parameters},
                                 {"gradients", plan.gradients},
                                 {"optimizer_state", plan.optimizer_state},
-                                {"communication_bound", plan.communication + plan.gathered}}}};
+                                {"communication_bound", plan.communication + plan.gathered},
+                                {"host_parameters", plan.host_parameters},
+                                {"host_gradients", plan.host_gradients},
+                                {"host_optimizer_state", plan.host_optimizer_state}}}};
     std::printf("%s\n", summary.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

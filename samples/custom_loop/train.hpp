@@ -54,6 +54,7 @@ struct Setup {
 
 struct RankReport {
   sk::MemorySnapshot memory;
+  sk::MemorySnapshot host_memory;  // CPU offload: the engine's host context (else `memory`)
   double bus_bytes_per_step = 0;
   double last_loss = 0;
 };
@@ -149,6 +150,7 @@ std::unique_ptr<sk::parallel::FsdpEngine<Ops>> make_engine(
   sk::parallel::FsdpEngineOptions options;
   options.buckets = s.parallel.buckets;
   options.precision = s.parallel.precision;
+  options.offload = s.parallel.offload;
   auto fsdp = std::make_unique<sk::parallel::FsdpEngine<Ops>>(ctx, comm, std::move(units),
                                                               s.optimizer, options);
   fsdp->set_full_params(
@@ -300,6 +302,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
       static_cast<double>(comm.stats().total_bus_bytes() - checkpoint_bus_bytes) /
       static_cast<double>(std::max<std::int64_t>(1, run_end - run_begin));
   const sk::MemorySnapshot memory = ctx.memory_stats().snapshot();  // before gathering for the test
+  const sk::MemorySnapshot host_memory = engine->host_context().memory_stats().snapshot();
   // Rank 0 evaluates with every parameter whole (gathered on every rank under fsdp), and takes
   // a fingerprint of the final parameters (FNV-1a of their bytes in parameter order).
   double accuracy = 0;
@@ -328,7 +331,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   // Under mpirun this process only knows its own rank: it reports that one (rank 0 prints).
   const auto slot = static_cast<std::size_t>(results.backend == "mpi" ? 0 : rank);
   if (results.ranks.size() <= slot) results.ranks.resize(slot + 1);
-  results.ranks[slot] = RankReport{memory, bus_bytes, loss};
+  results.ranks[slot] = RankReport{memory, host_memory, bus_bytes, loss};
   results.world = comm.size();
   if (rank == 0) results.test_accuracy = accuracy, results.steps = step;
   if (rank == 0) results.params_fnv1a = fingerprint;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Short SwAV runs that must agree bit for bit (the parameters' FNV-1a fingerprint the trainer
 prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, with
-SyncBatchNorm, and with batch-norm parameters and biases out of the weight decay; bf16 and f16 fsdp equal to ddp; a run killed with
+SyncBatchNorm, with batch-norm parameters and biases out of the weight decay, and with the
+optimizer (and the parameter shards) offloaded to the host; bf16 and f16 fsdp equal to ddp; a run killed with
 SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
 equals the run that never stopped. Usage: check_swav.py path/to/swav"""
 import os
@@ -80,6 +81,13 @@ def main():
         if len(set(prints.values())) != 1:
             raise SystemExit("FAIL: the stages' parameters differ")
         print("every stage, with and without activation checkpointing: the same parameters bit for bit")
+        # CPU offload through FairScale's FSDP keys: the same bits as FSDP on the device.
+        for key in ("move_grads_to_cpu", "move_params_to_cpu"):
+            offloaded, output = run(swav, os.path.join(work, key),
+                                    steps + STAGES["fsdp"] + [f"config.MODEL.FSDP_CONFIG.{key}=True"])
+            print(f"fsdp + {key}: {offloaded}")
+            if offloaded != prints["fsdp"] or "offloaded to the host per rank" not in output:
+                raise SystemExit(f"FAIL: fsdp with {key} differs from fsdp (or did not offload)")
         # Mixed precision (bf16; f16 with dynamic loss scaling): ZeRO-3 equals DDP.
         for dtype in ("bfloat16", "float16"):
             amp = ["config.MODEL.AMP_PARAMS.USE_AMP=True", f"config.MODEL.AMP_PARAMS.COMPUTE_DTYPE={dtype}"]

@@ -16,6 +16,7 @@
 #include "multicrop.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "swav_defaults.hpp"
 #include "swav_loss.hpp"
@@ -53,6 +54,7 @@ struct SwavConfig {
   std::int64_t fsdp_wrap_threshold = 0;
   bool reshard_after_forward = true;
   double bucket_cap_mb = 0;
+  shardkit::parallel::OffloadOptions offload;  // FSDP's move_grads_to_cpu / move_params_to_cpu
   // Loss
   SwavLossConfig loss;
   std::int64_t queue_length = 0;  // global, after VISSL's rounding
@@ -444,6 +446,16 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
   s.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
   s.bucket_cap_mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb");
+  // CPU offload as FairScale's FSDP takes it (VISSL passes these keys through): gradient shards
+  // to the CPU and the optimizer's state and step there; parameter shards too.
+  s.offload.params = c.get<bool>("MODEL.FSDP_CONFIG.move_params_to_cpu");
+  s.offload.optimizer = s.offload.params || c.get<bool>("MODEL.FSDP_CONFIG.move_grads_to_cpu");
+  if (s.offload.enabled() && s.stage != Stage::fsdp)
+    throw detail::bad(s.offload.params ? "MODEL.FSDP_CONFIG.move_params_to_cpu"
+                                       : "MODEL.FSDP_CONFIG.move_grads_to_cpu",
+                      "True",
+                      "CPU offload is an FSDP setting; set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True "
+                      "as well");
   // Precision (apex O1/O2 and PyTorch AMP keep f32 masters and scale the loss dynamically).
   if (c.get<bool>("MODEL.AMP_PARAMS.USE_AMP")) {
     const std::string level =

@@ -84,6 +84,8 @@ MODEL:
     compute_dtype: float32
     bucket_cap_mb: 0
     reshard_after_forward: True
+    move_grads_to_cpu: False        # FairScale's: the optimizer's state and step on the CPU
+    move_params_to_cpu: False       # FairScale's: the parameter shards too (implies the above)
     clear_autocast_cache: True
     verbose: True
 LOSS:

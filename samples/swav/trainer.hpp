@@ -107,6 +107,7 @@ class SwavTrainer {
     if (c.bucket_cap_mb > 0)
       o.buckets.bucket_bytes = static_cast<std::size_t>(c.bucket_cap_mb * (1 << 20));
     o.fsdp.reshard_after_forward = c.reshard_after_forward;
+    o.offload = c.offload;
     if (c.stage == sk::parallel::Stage::fsdp) {
       sk::check(c.fsdp_wrap_threshold == 0,
                 "config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD = ", c.fsdp_wrap_threshold,
@@ -133,6 +134,7 @@ class SwavTrainer {
     plan.reshard_after_forward = c.reshard_after_forward;
     plan.prefetch = o.fsdp.prefetch;
     plan.coalesce_bytes = o.fsdp.coalesce_bytes;
+    plan.offload = c.offload;
     plan_ = sk::parallel::plan_module_memory(*model_, plan, o.fsdp.wrap);
     sharded_ =
         std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, optimizer, o);
@@ -167,6 +169,11 @@ class SwavTrainer {
         "communication and gathered units <= %.2f MB (activations: measured below)\n",
         plan_.parameters / 1e6, plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
         double(plan_.communication + plan_.gathered) / 1e6);
+    if (c_.offload.enabled())
+      say("offloaded to the host per rank: parameters %.2f MB, gradients %.2f MB, optimizer "
+          "state %.2f MB\n",
+          plan_.host_parameters / 1e6, plan_.host_gradients / 1e6,
+          plan_.host_optimizer_state / 1e6);
     const std::int64_t last = c_.max_iterations >= 0 ? std::min(total, c_.max_iterations) : total;
     const auto begin = std::chrono::steady_clock::now();
     auto last_log = begin;

@@ -3,7 +3,8 @@
 // optimizer kernels (sk::ops::Cuda). OSS and SDP equal DDP to 1e-6 after 20 steps, GPU DDP
 // equals CPU DDP to rounding, memory per rank follows the stage, and the optimizer state
 // consolidates and resumes on the device. FSDP over modules (cuBLAS/cuDNN autograd) equals DDP
-// to 1e-6 and the CPU's FSDP to rounding, and its sharded checkpoint loads on the CPU.
+// to 1e-6 and the CPU's FSDP to rounding, and its sharded checkpoint loads on the CPU. CPU
+// offload (the step on the host, pinned memory) equals the device's own step to 1e-6.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -104,8 +105,10 @@ namespace {
 template <class Backend>
 std::vector<float> train_module(int world, Stage stage, OptimizerKind kind, int steps,
                                 sk::comm::RunRanksOptions options = {},
-                                const std::string& save_to = {},
-                                const std::string& load_from = {}) {
+                                const std::string& save_to = {}, const std::string& load_from = {},
+                                sk::parallel::OffloadOptions offload = {},
+                                sk::MemorySnapshot* device_memory = nullptr,
+                                sk::MemorySnapshot* host_memory = nullptr) {
   std::vector<float> out;
   sk::comm::run_ranks(
       world,
@@ -115,6 +118,7 @@ std::vector<float> train_module(int world, Stage stage, OptimizerKind kind, int 
         o.stage = stage;
         o.buckets.bucket_bytes = 4096;
         o.fsdp.wrap.unit_paths = {"0", "3"};
+        o.offload = offload;
         sk::parallel::ShardedModule<Backend> model(ctx, comm, net, config_for(kind), o);
         if (!load_from.empty()) (void)sk::io::load_checkpoint(load_from, model.training_state());
         for (int s = 0; s < steps; ++s) {
@@ -123,6 +127,10 @@ std::vector<float> train_module(int world, Stage stage, OptimizerKind kind, int 
           sk::autograd::backward(ctx, sk::autograd::cross_entropy(ctx, model(ctx, b.x), b.labels));
           model.step(lr_at(kind, s));
         }
+        if (comm.rank() == 0 && device_memory != nullptr)
+          *device_memory = ctx.memory_stats().snapshot();
+        if (comm.rank() == 0 && host_memory != nullptr)
+          *host_memory = model.training_state().optimizer->host_context().memory_stats().snapshot();
         if (!save_to.empty()) {
           sk::io::CheckpointOptions c;
           c.layout = sk::io::CheckpointLayout::sharded;
@@ -170,4 +178,28 @@ TEST_CASE("a sharded checkpoint written by FSDP on the GPU loads under DDP on th
       train_module<Cpu>(2, Stage::ddp, OptimizerKind::adamw, 0, {}, {}, dir.string());
   CHECK(bitwise_equal(loaded, saved));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("on the GPU, CPU offload equals the device's own step to 1e-6, with no state on it") {
+  const auto gpu = sk::comm::cuda_run_options(0);
+  using C = sk::MemoryCategory;
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+    for (auto stage : {Stage::sdp, Stage::fsdp}) {
+      const auto plain = train_module<Gpu>(2, stage, kind, 10, gpu);
+      for (bool params : {false, true}) {
+        if (params && stage != Stage::fsdp) continue;
+        sk::MemorySnapshot device, host;
+        const sk::parallel::OffloadOptions offload{.optimizer = true, .params = params};
+        const auto offloaded =
+            train_module<Gpu>(2, stage, kind, 10, gpu, {}, {}, offload, &device, &host);
+        // The step ran on the host (CPU functors, pinned memory) instead of the fused kernels.
+        CHECK_MESSAGE(max_relative_difference(offloaded, plain) <= 1e-6,
+                      sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
+                      " params ", params);
+        CHECK(device.current_of(C::optimizer_state) == 0);
+        CHECK(host.current_of(C::optimizer_state) > 0);
+        if (params) CHECK(host.current_of(C::parameters) > 0);
+      }
+    }
+  }
 }

@@ -629,6 +629,19 @@ OPTIMIZER:
   CHECK_THROWS_WITH(config_of({"config.MODEL.SHARDED_DDP_SETUP.USE_SDP=True",
                                "config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}),
                     doctest::Contains("not both"));
+  // CPU offload through FairScale's FSDP keys.
+  const auto grads = config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                                "config.MODEL.FSDP_CONFIG.move_grads_to_cpu=True"});
+  CHECK(grads.offload.optimizer);
+  CHECK_FALSE(grads.offload.params);
+  const auto params = config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                                 "config.MODEL.FSDP_CONFIG.move_params_to_cpu=True"});
+  CHECK(params.offload.optimizer);
+  CHECK(params.offload.params);
+  CHECK_FALSE(config_of({}).offload.enabled());
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.move_params_to_cpu=True"}),
+                    doctest::Contains("config.MODEL.FSDP_CONFIG.move_params_to_cpu = True: CPU "
+                                      "offload is an FSDP setting"));
 }
 
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {
