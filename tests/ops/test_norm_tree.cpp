@@ -1,6 +1,8 @@
 // The split-invariant norm tree (ops/norm_tree.hpp): covers are the largest nodes inside a leaf
 // range; the root has the same bits however the leaves are split among pieces (and with no
-// split), is within rounding of the float64 sum, and a missing piece is named.
+// split), is within rounding of the float64 sum, and a missing piece is named; the CPU
+// backend's leaf sums (vectorised f32 lanes, chunks on any number of threads) are the scalar
+// leaf_sum_of_squares bit for bit.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,9 +11,12 @@
 #include <random>
 #include <vector>
 
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/ops/fused_ops.hpp"
 #include "shardkit/ops/norm_tree.hpp"
 
 namespace ops = shardkit::ops;
+namespace sk = shardkit;
 
 namespace {
 
@@ -82,4 +87,34 @@ TEST_CASE("a leaf that no piece covers is named") {
                     doctest::Contains("leaf 6 of 10 is covered by no piece"));
   CHECK(ops::norm_root(6, known) == 6.0);
   CHECK(ops::norm_root(0, {}) == 0.0);
+}
+
+TEST_CASE("the CPU backend's leaf sums are leaf_sum_of_squares bit for bit, on any threads") {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  const std::vector<std::int64_t> sizes = {1, 15, 16, 17, 8191, 8192, 8209, 70001};
+  for (auto dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::f16}) {
+    sk::Context host;
+    std::vector<sk::Tensor> tensors;
+    std::vector<double> expected;
+    for (auto n : sizes) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (auto& v : x) v = value(gen) * (gen() % 5 == 0 ? 1e-4f : 1.0f);
+      tensors.push_back(sk::cast(host, sk::from_vector(host, x, {n}), dtype));
+      const auto rounded =
+          sk::to_vector<float>(host, sk::cast(host, tensors.back(), sk::DType::f32));
+      for (std::int64_t lo = 0; lo < n; lo += ops::kNormLeaf)
+        expected.push_back(ops::leaf_sum_of_squares(
+            rounded.data() + lo, static_cast<int>(std::min(ops::kNormLeaf, n - lo))));
+    }
+    for (int threads : {1, 2, 3}) {
+      sk::Context ctx({.cpu_threads = threads});
+      auto leaves = sk::empty(ctx, {static_cast<std::int64_t>(expected.size())}, sk::DType::f64);
+      ops::leaf_sums_of_squares<ops::Cpu>(ctx, tensors, leaves);
+      const auto got = sk::to_vector<double>(ctx, leaves);
+      CAPTURE(threads);
+      CAPTURE(sk::dtype_name(dtype));
+      CHECK(std::memcmp(got.data(), expected.data(), got.size() * sizeof(double)) == 0);
+    }
+  }
 }

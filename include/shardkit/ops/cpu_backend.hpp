@@ -2,8 +2,10 @@
 // spread over the context's CPU threads (Context::cpu_pool).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -54,17 +56,34 @@ struct Cpu {
                    : ops::larc_coefficients(s[i], s[n + i], larc, lr, inv_grad_scale);
   }
 
-  static void leaf_sums_of_squares(Context&, const SpanList<1>& spans, DType dtype,
+  // Every leaf is its own sum, so chunks of whole leaves run on the pool's threads, each
+  // writing its own leaves: the same bits on any thread count.
+  static void leaf_sums_of_squares(Context& ctx, const SpanList<1>& spans, DType dtype,
                                    double* leaves) {
+    static_assert(kChunkElements % kNormLeaf == 0, "chunks must hold whole leaves");
+    std::vector<cpu::Chunk> chunks;
+    cpu::cut_into_chunks(spans, 0, spans.size(), chunks);
+    std::vector<std::int64_t> first(spans.size());  // each span's first leaf
+    for (std::size_t s = 0, at = 0; s < spans.size(); ++s) {
+      first[s] = static_cast<std::int64_t>(at);
+      at += static_cast<std::size_t>(norm_leaves(spans[s].size));
+    }
     auto run = [&]<class T>() {
-      for (const auto& span : spans) {
-        const auto* x = static_cast<const T*>(span.data[0]);
-        std::int64_t at = 0;
-        for (; at + kNormLeaf <= span.size; at += kNormLeaf)
-          *leaves++ = leaf_sum_of_squares(x + at, static_cast<int>(kNormLeaf));
-        if (at < span.size)
-          *leaves++ = leaf_sum_of_squares(x + at, static_cast<int>(span.size - at));
-      }
+      ctx.cpu_pool().parallel_for(static_cast<std::int64_t>(chunks.size()), [&](std::int64_t c) {
+        const cpu::Chunk& chunk = chunks[static_cast<std::size_t>(c)];
+        const auto* x = static_cast<const T*>(spans[chunk.span].data[0]);
+        double* out = leaves + first[chunk.span] + chunk.lo / kNormLeaf;
+        std::int64_t at = chunk.lo;
+        if constexpr (std::is_same_v<T, float>) {  // whole f32 leaves four lanes at a time
+          const std::int64_t whole = (chunk.hi - at) / kNormLeaf;
+          cpu::leaf_sums_of_squares_f32(x + at, whole, out);
+          at += whole * kNormLeaf;
+          out += whole;
+        }
+        for (; at < chunk.hi; at += kNormLeaf)
+          *out++ =
+              leaf_sum_of_squares(x + at, static_cast<int>(std::min(kNormLeaf, chunk.hi - at)));
+      });
     };
     if (dtype == DType::f16) return run.template operator()<Half>();
     if (dtype == DType::bf16) return run.template operator()<BFloat16>();

@@ -9,8 +9,8 @@
 // as 0 (x + 0 = x exactly). The norm is the root's value.
 //
 // A rank that holds leaves [lo, hi) computes the largest nodes that lie wholly inside (its
-// cover: at most ~2·log2(hi - lo) of them, found by a binary counter that forms every value
-// along the tree); the ranks exchange their covers; anyone can then finish the tree. Since
+// cover: at most ~2·log2(hi - lo) of them, each value formed along the tree); the ranks exchange
+// their covers; anyone can then finish the tree. Since
 // every node is formed by the same additions whoever forms it, the root has the same bits for
 // every split, and for no split at all.
 //
@@ -59,34 +59,42 @@ struct NormNode {
   friend bool operator==(const NormNode& a, const NormNode& b) = default;
 };
 
-// The cover of leaves [lo, hi): the largest tree nodes wholly inside, left to right. With
-// `leaf_values` (the sums of leaves lo, lo + 1, ...) their values go to `values`, each formed
-// along the tree.
+// The value of a node over n = 2^l leaves x[0..n): each pair of neighbours added, level by
+// level -- the tree's own additions (a node is left child + right child), done in place in
+// `scratch`.
+inline double norm_subtree(const double* x, std::int64_t n, std::vector<double>& scratch) {
+  if (n == 1) return x[0];
+  scratch.resize(static_cast<std::size_t>(n / 2));
+  double* s = scratch.data();
+  for (std::int64_t i = 0; i < n / 2; ++i) s[i] = x[2 * i] + x[2 * i + 1];
+  for (std::int64_t len = n / 2; len > 1; len /= 2)
+    for (std::int64_t i = 0; i < len / 2; ++i) s[i] = s[2 * i] + s[2 * i + 1];  // (reads ahead)
+  return s[0];
+}
+
+// The cover of leaves [lo, hi): the largest tree nodes wholly inside, left to right -- from
+// each position the largest aligned block of 2^l leaves that fits. With `leaf_values` (the sums
+// of leaves lo, lo + 1, ...) their values go to `values`, each formed along the tree.
 inline std::vector<NormNode> norm_cover(std::int64_t lo, std::int64_t hi,
                                         const double* leaf_values = nullptr,
                                         std::vector<double>* values = nullptr) {
-  // A binary counter: at most one pending node per level and index parity, so 128 slots hold
-  // any tensor below 2^64 leaves.
-  NormNode nodes[128];
-  double sums[128];
-  int top = 0;
   std::vector<NormNode> out;
-  for (std::int64_t i = lo; i < hi; ++i) {
-    nodes[top] = {0, i};
-    sums[top] = leaf_values != nullptr ? leaf_values[i - lo] : 0.0;
-    ++top;
-    // A right child completes its parent when the left sibling is just below it.
-    while (top >= 2) {
-      const NormNode right = nodes[top - 1], left = nodes[top - 2];
-      if (left.level != right.level || left.index % 2 != 0 || right.index != left.index + 1) break;
-      sums[top - 2] = sums[top - 2] + sums[top - 1];
-      nodes[top - 2] = {left.level + 1, left.index / 2};
-      --top;
+  if (values != nullptr) values->clear();
+  std::vector<double> scratch;
+  for (std::int64_t at = lo; at < hi;) {
+    int level = 0;
+    while (level < 62) {
+      const std::int64_t wider = std::int64_t{2} << level;
+      if (at % wider != 0 || at + wider > hi) break;
+      ++level;
     }
-    SK_ASSERT(top < 127);
+    const std::int64_t n = std::int64_t{1} << level;
+    out.push_back({level, at >> level});
+    if (values != nullptr)
+      values->push_back(leaf_values != nullptr ? norm_subtree(leaf_values + (at - lo), n, scratch)
+                                               : 0.0);
+    at += n;
   }
-  out.assign(nodes, nodes + top);
-  if (values != nullptr) values->assign(sums, sums + top);
   return out;
 }
 

@@ -66,30 +66,35 @@ class ParamNorms {
                                              const std::vector<std::vector<Tensor>>& operands) {
     const auto& pieces = table_->pieces(rank_);
     const std::size_t n_ops = operands.size();
-    // Leaf sums of each operand list (one dtype each: f32 masters, f16/bf16 gradients).
-    std::vector<double> leaves;
+    // This rank's cover values, operand after operand, piece after piece, from each operand
+    // list's leaf sums (one backend pass; read in place when they are in host memory).
+    std::vector<double> mine, values;
     for (const auto& views : operands) {
       check(views.size() == pieces.size(), "ParamNorms::sums: ", views.size(), " views for ",
             pieces.size(), " pieces; pass one per piece");
       std::int64_t total = 0;
       for (const auto& t : views) total += ops::norm_leaves(t.numel());
-      if (total == 0) continue;
-      const Tensor on_device = empty(compute, {total}, DType::f64, MemoryCategory::other);
-      ops::leaf_sums_of_squares<B>(compute, views, on_device);
-      const auto values = to_vector<double>(compute, on_device);
-      leaves.insert(leaves.end(), values.begin(), values.end());
-    }
-    // This rank's cover values, operand after operand, piece after piece.
-    std::vector<double> mine;
-    const double* at = leaves.data();
-    for (std::size_t k = 0; k < n_ops; ++k)
+      Tensor leaves;
+      std::vector<double> copied;
+      const double* at = nullptr;
+      if (total > 0) {
+        leaves = empty(compute, {total}, DType::f64, MemoryCategory::other);
+        ops::leaf_sums_of_squares<B>(compute, views, leaves);
+        if (leaves.device().is_cpu()) {
+          at = leaves.data<double>();
+        } else {
+          copied = to_vector<double>(compute, leaves);
+          at = copied.data();
+        }
+      }
       for (const auto& piece : pieces) {
-        std::vector<double> values;
         const auto lo = piece.param_begin / ops::kNormLeaf;
-        (void)ops::norm_cover(lo, lo + ops::norm_leaves(piece.numel()), at, &values);
-        at += ops::norm_leaves(piece.numel());
+        const auto n = ops::norm_leaves(piece.numel());
+        (void)ops::norm_cover(lo, lo + n, at, &values);
+        if (n > 0) at += n;
         mine.insert(mine.end(), values.begin(), values.end());
       }
+    }
     // Every rank's values, in the same order (counts follow from the table).
     std::vector<std::vector<double>> by_rank(static_cast<std::size_t>(table_->world_size()));
     if (comm_ != nullptr) {
