@@ -58,8 +58,12 @@ struct AdamFunctor {
                                            double (&)[1]) const {
     float w = x[0];
     float g = x[1] * inv_grad_scale;
-    if (l2_decay != 0.0f) g += l2_decay * w;
-    if (param_keep != 1.0f) w *= param_keep;
+    // Selects, not branches, so the loop stays one vectorisable block whatever the operand
+    // types (GCC unswitches invariant branches only in small loops): the decay is still
+    // skipped, not multiplied by 0, when there is none (an inf parameter must not make the
+    // gradient NaN, and -0 must stay -0), and w * 1 is w exactly.
+    g = l2_decay != 0.0f ? g + l2_decay * w : g;
+    w *= param_keep;
     const float m = beta1 * x[2] + (1.0f - beta1) * g;
     const float v = beta2 * x[3] + (1.0f - beta2) * g * g;
     const float denom = sqrtf(v) / bias_correction2_sqrt + eps;
