@@ -102,6 +102,10 @@ using F64x4 = double __attribute__((vector_size(32)));
 // (Element by element: GCC turns this into one vcvtps2pd, where __builtin_convertvector
 // splits it in halves.)
 inline F64x4 widen4(const float* p) { return F64x4{p[0], p[1], p[2], p[3]}; }
+// bf16 -> f32 is a shift of the bits, so this stays branch-free too.
+inline F64x4 widen4(const BFloat16* p) {
+  return F64x4{p[0].to_float(), p[1].to_float(), p[2].to_float(), p[3].to_float()};
+}
 }  // namespace detail
 
 // The sums of squares of two f32 operands over [lo, hi): apply_range's arithmetic for
@@ -141,31 +145,34 @@ inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b
   return {la[0], lb[0]};
 }
 
-// leaf_sum_of_squares (norm_tree.hpp) of `leaves` whole f32 leaves x[16 k .. 16 k + 16) into
-// out[k], with the same additions in the same order: the four groups g[j] = (q[4j] + q[4j+1]) +
-// (q[4j+2] + q[4j+3]) as the lanes of one vector, from the squares transposed so that lane j
+// leaf_sum_of_squares (norm_tree.hpp) of `leaves` whole f32 or bf16 leaves x[16 k .. 16 k + 16)
+// into out[k], with the same additions in the same order: the four groups g[j] = (q[4j] + q[4j+1])
+// + (q[4j+2] + q[4j+3]) as the lanes of one vector, from the squares transposed so that lane j
 // holds group j, then (g0 + g1) + (g2 + g3). (Squares of floats are exact in double.) nvcc's
-// host pass has no __builtin_shuffle: there it is the scalar function.
-inline void leaf_sums_of_squares_f32(const float* x, std::int64_t leaves, double* out) {
+// host pass has no __builtin_shufflevector (GCC 12 and clang have it): there it is the scalar
+// function.
+template <class T>
+void leaf_sums_of_squares_lanes(const T* x, std::int64_t leaves, double* out) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, BFloat16>,
+                "four-lane leaf sums take f32 or bf16 (f16's conversion branches)");
 #if defined(__CUDACC__)
   for (std::int64_t k = 0; k < leaves; ++k)
     out[k] = leaf_sum_of_squares(x + k * kNormLeaf, static_cast<int>(kNormLeaf));
 #else
   using detail::F64x4;
   using detail::widen4;
-  using Lanes = long long __attribute__((vector_size(32)));
   for (std::int64_t k = 0; k < leaves; ++k, x += kNormLeaf) {
     F64x4 r0 = widen4(x), r1 = widen4(x + 4), r2 = widen4(x + 8), r3 = widen4(x + 12);
-    r0 *= r0, r1 *= r1, r2 *= r2, r3 *= r3;                         // row j: q[4j .. 4j + 4)
-    const F64x4 t0 = __builtin_shuffle(r0, r1, Lanes{0, 4, 2, 6});  // q0 q4 q2 q6
-    const F64x4 t1 = __builtin_shuffle(r0, r1, Lanes{1, 5, 3, 7});  // q1 q5 q3 q7
-    const F64x4 t2 = __builtin_shuffle(r2, r3, Lanes{0, 4, 2, 6});  // q8 q12 q10 q14
-    const F64x4 t3 = __builtin_shuffle(r2, r3, Lanes{1, 5, 3, 7});  // q9 q13 q11 q15
+    r0 *= r0, r1 *= r1, r2 *= r2, r3 *= r3;                        // row j: q[4j .. 4j + 4)
+    const F64x4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 2, 6);  // q0 q4 q2 q6
+    const F64x4 t1 = __builtin_shufflevector(r0, r1, 1, 5, 3, 7);  // q1 q5 q3 q7
+    const F64x4 t2 = __builtin_shufflevector(r2, r3, 0, 4, 2, 6);  // q8 q12 q10 q14
+    const F64x4 t3 = __builtin_shufflevector(r2, r3, 1, 5, 3, 7);  // q9 q13 q11 q15
     // Lane j of a, b, c, d: q[4j], q[4j+1], q[4j+2], q[4j+3].
-    const F64x4 a = __builtin_shuffle(t0, t2, Lanes{0, 1, 4, 5});
-    const F64x4 b = __builtin_shuffle(t1, t3, Lanes{0, 1, 4, 5});
-    const F64x4 c = __builtin_shuffle(t0, t2, Lanes{2, 3, 6, 7});
-    const F64x4 d = __builtin_shuffle(t1, t3, Lanes{2, 3, 6, 7});
+    const F64x4 a = __builtin_shufflevector(t0, t2, 0, 1, 4, 5);
+    const F64x4 b = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
+    const F64x4 c = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+    const F64x4 d = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
     const F64x4 g = (a + b) + (c + d);
     out[k] = (g[0] + g[1]) + (g[2] + g[3]);
   }

@@ -74,9 +74,9 @@ struct Cpu {
         const auto* x = static_cast<const T*>(spans[chunk.span].data[0]);
         double* out = leaves + first[chunk.span] + chunk.lo / kNormLeaf;
         std::int64_t at = chunk.lo;
-        if constexpr (std::is_same_v<T, float>) {  // whole f32 leaves four lanes at a time
+        if constexpr (!std::is_same_v<T, Half>) {  // whole f32 / bf16 leaves four lanes at a time
           const std::int64_t whole = (chunk.hi - at) / kNormLeaf;
-          cpu::leaf_sums_of_squares_f32(x + at, whole, out);
+          cpu::leaf_sums_of_squares_lanes(x + at, whole, out);
           at += whole * kNormLeaf;
           out += whole;
         }
