@@ -1,6 +1,6 @@
 // Autograd on the GPU (cuDNN / cuBLAS / own kernels), timed with CUDA events: the same workloads
 // as bench_autograd (conv / batch-norm / linear fwd+bwd at ResNet shapes, ResNet-18 training
-// step) at GPU-sized batches. Exits 0 with a note when no GPU is usable.
+// step) at GPU-sized batches. Part of bench_gpu (bench_gpu_main.cu).
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -11,7 +11,7 @@
 namespace sk = shardkit;
 namespace wl = shardkit::bench::autograd_workloads;
 
-namespace {
+namespace autograd_gpu {
 
 // Times w.run() with CUDA events on the context's stream.
 void time_workload(benchmark::State& state, sk::Context& ctx, const wl::Workload& w, double items) {
@@ -30,8 +30,10 @@ void time_workload(benchmark::State& state, sk::Context& ctx, const wl::Workload
     state.SetIterationTime(ms / 1e3);
   }
   using benchmark::Counter;
-  if (w.flops > 0) state.counters["TFLOPs"] = Counter(w.flops / 1e12, Counter::kIsIterationInvariantRate);
-  if (items > 0) state.counters["images_per_s"] = Counter(items, Counter::kIsIterationInvariantRate);
+  if (w.flops > 0)
+    state.counters["TFLOPs"] = Counter(w.flops / 1e12, Counter::kIsIterationInvariantRate);
+  if (items > 0)
+    state.counters["images_per_s"] = Counter(items, Counter::kIsIterationInvariantRate);
   SK_CUDA_CHECK(cudaEventDestroy(start));
   SK_CUDA_CHECK(cudaEventDestroy(stop));
 }
@@ -62,7 +64,8 @@ BENCHMARK(BM_conv_fwd_bwd_gpu)
 
 void BM_batch_norm_fwd_bwd_gpu(benchmark::State& state) {
   auto ctx = gpu_context(state);
-  time_workload(state, *ctx, wl::batch_norm_workload(*ctx, state.range(0), state.range(1), state.range(2)), 0);
+  time_workload(state, *ctx,
+                wl::batch_norm_workload(*ctx, state.range(0), state.range(1), state.range(2)), 0);
 }
 BENCHMARK(BM_batch_norm_fwd_bwd_gpu)
     ->ArgNames({"N", "C", "HW"})
@@ -73,7 +76,8 @@ BENCHMARK(BM_batch_norm_fwd_bwd_gpu)
 
 void BM_linear_fwd_bwd_gpu(benchmark::State& state) {
   auto ctx = gpu_context(state);
-  time_workload(state, *ctx, wl::linear_workload(*ctx, state.range(0), state.range(1), state.range(2)), 0);
+  time_workload(state, *ctx,
+                wl::linear_workload(*ctx, state.range(0), state.range(1), state.range(2)), 0);
 }
 BENCHMARK(BM_linear_fwd_bwd_gpu)
     ->ArgNames({"N", "in", "out"})
@@ -85,7 +89,8 @@ BENCHMARK(BM_linear_fwd_bwd_gpu)
 void BM_resnet18_train_step_gpu(benchmark::State& state) {
   auto ctx = gpu_context(state);
   const std::int64_t batch = state.range(0), hw = state.range(1);
-  time_workload(state, *ctx, wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000), double(batch));
+  time_workload(state, *ctx, wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000),
+                double(batch));
 }
 BENCHMARK(BM_resnet18_train_step_gpu)
     ->ArgNames({"batch", "HW"})
@@ -94,15 +99,4 @@ BENCHMARK(BM_resnet18_train_step_gpu)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (sk::cuda_device_count() == 0) {
-    std::printf("no usable CUDA GPU: the autograd GPU benchmarks need one\n");
-    return 0;
-  }
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+}  // namespace autograd_gpu

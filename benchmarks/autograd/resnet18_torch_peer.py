@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch eager peer of the ResNet-18 training step in bench_autograd (CPU) and
-bench_autograd_gpu (GPU): the same network, batch, image size, classes, stem and step, timed the
-same way, so the ratio between the two means something.
+bench_gpu (GPU, benchmarks/autograd/bench_autograd_gpu.cu): the same network, batch, image
+size, classes, stem and step, timed the same way, so the ratio between the two means something.
 
 The step matches autograd_workloads.hpp's resnet18_step: parameters' gradients set to None
 (our zero_grad clears them), forward in training mode (batch statistics), cross-entropy against
@@ -12,7 +12,7 @@ and 10 classes are used for images of 64 px or less, the ImageNet stem and 1000 
 Timing: CPU, --warmup steps (default 1: bench_autograd runs one before timing) then --iters
 steps timed one by one with perf_counter, on --threads threads (default 1: bench_autograd is
 single-threaded). GPU: cudnn.benchmark on, TF32 on for convolutions and matmuls (as
-bench_autograd_gpu sets for cuDNN and cuBLAS), 3 warm-up steps as bench_autograd_gpu, each step
+bench_gpu sets for cuDNN and cuBLAS), 3 warm-up steps as bench_gpu, each step
 timed with CUDA events on the current stream. Reports median and mean ms/step and images/s
 (batch / median).
 

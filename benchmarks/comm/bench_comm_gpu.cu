@@ -1,10 +1,10 @@
 // comm on a CUDA GPU: the local backend with 2 thread-ranks sharing GPU 0 (device copies plus
 // the reduction kernel) and NCCL at world size 1 (its busbw is 0 by definition: nothing leaves
 // the rank; algbw shows the cost of the call). Times a batch between stream synchronisations
-// (the same loop as the CPU benchmarks); prints a note and exits 0 without a GPU.
+// (the same loop as the CPU benchmarks). Part of bench_gpu (bench_gpu_main.cu).
 #include <benchmark/benchmark.h>
 
-#include <cstdio>
+#include <memory>
 
 #include "comm_bench.hpp"
 #include "kernels/shardkit_cuda.cuh"
@@ -12,13 +12,23 @@
 namespace sk = shardkit;
 namespace comm = shardkit::comm;
 
-int main(int argc, char** argv) {
-  if (sk::cuda_device_count() == 0) {
-    std::printf("no usable CUDA GPU: nothing to benchmark\n");
-    return 0;
-  }
-  auto nccl_ctx = sk::make_cuda_context(0);
-  comm::NcclCommunicator nccl(*nccl_ctx, comm::NcclCommunicator::unique_id(), 0, 1);
+namespace comm_gpu {
+
+// NCCL at world size 1 on GPU 0, made when the first NCCL benchmark runs (so that a run
+// filtered to other benchmarks never initialises NCCL) and kept for the rest of the run.
+struct NcclRank {
+  std::unique_ptr<sk::Context> ctx = sk::make_cuda_context(0);
+  comm::NcclCommunicator nccl{*ctx, comm::NcclCommunicator::unique_id(), 0, 1};
+};
+
+NcclRank& nccl_rank() {
+  static NcclRank rank;
+  return rank;
+}
+
+// Registered before main (as BENCHMARK does): one local and one NCCL benchmark per collective
+// and message size.
+bool register_benchmarks() {
   for (comm::CollectiveKind kind : sk::bench::kBenchKinds) {
     for (std::int64_t bytes : sk::bench::message_sizes()) {
       benchmark::RegisterBenchmark(sk::bench::bench_name("local_gpu", kind, 2).c_str(),
@@ -40,9 +50,10 @@ int main(int argc, char** argv) {
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(sk::bench::bench_name("nccl", kind, 1).c_str(),
-                                   [&, kind, bytes](benchmark::State& state) {
+                                   [=](benchmark::State& state) {
+                                     auto& rank = nccl_rank();
                                      const double seconds = sk::bench::seconds_per_call(
-                                         *nccl_ctx, nccl, kind, bytes,
+                                         *rank.ctx, rank.nccl, kind, bytes,
                                          sk::bench::iterations_for(bytes));
                                      sk::bench::report_collective(state, kind, bytes, 1, seconds);
                                    })
@@ -52,9 +63,9 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMicrosecond);
     }
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return true;
 }
+
+[[maybe_unused]] const bool registered = register_benchmarks();
+
+}  // namespace comm_gpu

@@ -1,6 +1,6 @@
 // Core tensor kernels on the GPU against the device-to-device copy ceiling measured in the same
 // run (cudaMemcpyAsync): fill, strided copy, Philox uniform fill, f32 -> bf16 cast.
-// Timed with CUDA events (manual time). Exits 0 with a note when no GPU is usable.
+// Timed with CUDA events (manual time). Part of bench_gpu (bench_gpu_main.cu).
 #include "bench_common_gpu.cuh"
 
 #include <cstdio>
@@ -8,7 +8,7 @@
 namespace sk = shardkit;
 namespace bench = shardkit::bench;
 
-namespace {
+namespace core_gpu {
 
 constexpr std::int64_t kSide = 16384;  // 2^28 floats: 1 GiB per buffer, far beyond the L2
 constexpr std::int64_t kCount = kSide * kSide;
@@ -59,28 +59,17 @@ void BM_gpu_uniform(benchmark::State& state) {
   bench::report_bandwidth(state, seconds, 4.0 * kCount, s.ceiling());
 }
 
-void BM_gpu_cast_f32_to_bf16(benchmark::State& state) {
+void BM_gpu_tensor_cast_f32_to_bf16(benchmark::State& state) {
   auto& s = buffers();
   const double seconds =
       bench::time_on_stream(state, *s.ctx, [&] { sk::copy(*s.ctx, s.half, s.a); });
   bench::report_bandwidth(state, seconds, 6.0 * kCount, s.ceiling());
 }
 
-}  // namespace
-
 BENCHMARK(BM_gpu_memcpy_ceiling)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gpu_fill)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gpu_copy_transposed)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gpu_uniform)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_gpu_cast_f32_to_bf16)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_gpu_tensor_cast_f32_to_bf16)->UseManualTime()->Unit(benchmark::kMillisecond);
 
-int main(int argc, char** argv) {
-  if (sk::cuda_device_count() == 0) {
-    std::printf("no usable CUDA GPU: GPU benchmarks not run\n");
-    return 0;
-  }
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+}  // namespace core_gpu

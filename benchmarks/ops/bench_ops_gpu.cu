@@ -1,7 +1,7 @@
 // Fused optimizer steps, casts and the unscale pass on the GPU over ResNet-50's 161 tensors and
 // a flat 2^28-element buffer, next to the unfused LARC-SGD (per-tensor norm, scale and SGD
 // launches). CUDA-event timing (manual time); pct_of_copy against cudaMemcpyAsync of the same
-// bytes in this run. Exits 0 with a note when no GPU is usable.
+// bytes in this run. Part of bench_gpu (bench_gpu_main.cu).
 #include "bench_common_gpu.cuh"
 #include "bench_ops_common.hpp"
 
@@ -15,7 +15,7 @@ namespace sk = shardkit;
 namespace ops = shardkit::ops;
 namespace bench = shardkit::bench;
 
-namespace {
+namespace ops_gpu {
 
 constexpr std::int64_t kFlatElements = std::int64_t{1} << 28;
 
@@ -182,8 +182,6 @@ void workloads_arg(benchmark::internal::Benchmark* b) {
   b->ArgName("flat")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 }
 
-}  // namespace
-
 BENCHMARK(BM_gpu_copy)->Apply(workloads_arg);
 BENCHMARK(BM_gpu_sgd_momentum)->Apply(workloads_arg);
 BENCHMARK(BM_gpu_sgd_momentum_bf16_copy)->Apply(workloads_arg);
@@ -193,13 +191,4 @@ BENCHMARK(BM_gpu_adamw)->Apply(workloads_arg);
 BENCHMARK(BM_gpu_cast_f32_to_bf16)->Apply(workloads_arg);
 BENCHMARK(BM_gpu_unscale_and_check)->Apply(workloads_arg);
 
-int main(int argc, char** argv) {
-  if (sk::cuda_device_count() == 0) {
-    std::printf("no usable CUDA GPU: GPU benchmarks not run\n");
-    return 0;
-  }
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+}  // namespace ops_gpu

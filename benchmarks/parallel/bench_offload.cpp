@@ -2,7 +2,7 @@
 // LARC-SGD, f32 and bf16, on 1 thread and on every hardware thread. Here "device" and host are
 // the same RAM, so `cost` is what the staging copies add; GBps / pct_of_copy is the CPU
 // optimizer's throughput against a memcpy on the same threads (the target: >= 60% on all
-// threads). bench_offload_gpu measures the same against a GPU's own step.
+// threads). bench_gpu (bench_offload_gpu.cu) measures the same against a GPU's own step.
 #include <map>
 #include <memory>
 

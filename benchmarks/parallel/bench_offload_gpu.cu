@@ -2,7 +2,7 @@
 // LARC-SGD, f32 and bf16. plain_ms is the fused step on the GPU; ms_per_step the offloaded one
 // (gradients down over PCIe into pinned memory, the update on every host thread, parameters up
 // in chunks that overlap it); cost their ratio; GBps / pct_of_copy the host update's
-// throughput against a host memcpy on the same threads. Exits 0 with a note without a GPU.
+// throughput against a host memcpy on the same threads. Part of bench_gpu (bench_gpu_main.cu).
 #include <cstdio>
 #include <memory>
 
@@ -13,7 +13,7 @@
 namespace sk = shardkit;
 namespace os = shardkit::bench::offload_step;
 
-namespace {
+namespace offload_gpu {
 
 sk::Context& context() {
   static std::unique_ptr<sk::Context> ctx = sk::make_cuda_context(0, 0, 5);
@@ -28,8 +28,6 @@ void BM_offload_step_gpu(benchmark::State& state) {
   os::run<sk::ops::Cuda>(state, ctx, kind, precision, 1, [&] { ctx.synchronize(); });
 }
 
-}  // namespace
-
 BENCHMARK(BM_offload_step_gpu)
     ->ArgNames({"larc", "bf16"})
     ->Args({0, 0})
@@ -40,13 +38,4 @@ BENCHMARK(BM_offload_step_gpu)
     ->UseRealTime()
     ->MinTime(1.0);
 
-int main(int argc, char** argv) {
-  if (sk::cuda_device_count() == 0) {
-    std::printf("no usable CUDA GPU: GPU benchmarks not run\n");
-    return 0;
-  }
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+}  // namespace offload_gpu

@@ -1,5 +1,5 @@
 // The step-time cost of CPU offload (parallel/offload.hpp), written once for both backends:
-// bench_offload.cpp (the CPU path) and bench_offload_gpu.cu (a GPU) are its two mains.
+// bench_offload.cpp (the CPU path) and bench_offload_gpu.cu (a GPU, in bench_gpu) run it.
 //
 // One rank holds ResNet-50's 161 tensors whole (DDP at world size 1: the case offload is for, a
 // model whose optimizer state does not fit beside it), with gradients already reduced; each
