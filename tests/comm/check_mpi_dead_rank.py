@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""A rank that dies for real under mpirun: test_comm_mpi's skipped case "a rank killed during
+"""A rank that dies for real under mpirun: test_comm's skipped MPI case "a rank killed during
 training ..." on 3 processes, where rank 1 SIGKILLs itself between two all_reduces and the
 survivors wait with a 60 s timeout. Open MPI's launcher must end the job within a few seconds
 (not hang until the timeout), exit non-zero, and say which rank died and how.
-Usage: check_mpi_dead_rank.py MPIRUN TEST_COMM_MPI"""
+Usage: check_mpi_dead_rank.py MPIRUN TEST_COMM"""
 import subprocess
 import sys
 import time

@@ -1,8 +1,7 @@
 // MPI backend under mpirun (meson runs it with -np 4): make_communicator from the launcher's
 // environment, the collective matrix on the world and on splits of sizes 1, 2 and 3, overlap,
-// timeouts, local checks and counters. Each process runs doctest; the exit code is the worst
-// of all ranks, so a failure on any rank fails the test.
-#define DOCTEST_CONFIG_IMPLEMENT
+// timeouts, local checks and counters. Part of test_comm, whose main (doctest_mpi_main.cpp) runs
+// these cases when mpirun started it (a failure on any rank fails the test), the rest alone.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -25,6 +24,12 @@
 namespace sk = shardkit;
 namespace comm = shardkit::comm;
 using namespace std::chrono_literals;
+
+// Inside a namespace of its own: this file is compiled in one unit with the layer's other
+// tests (a unity build), whose anonymous namespaces would otherwise meet this one's.
+namespace comm_mpi_cases {
+
+TEST_SUITE_BEGIN("mpi");
 
 namespace {
 
@@ -215,14 +220,6 @@ TEST_CASE("the MPI backend rejects what it can check locally, by name") {
   CHECK(c->stats().of(comm::CollectiveKind::all_reduce).bus_bytes == 40 * 2 * (n - 1) / n);
 }
 
-int main(int argc, char** argv) {
-  auto session = std::make_shared<comm::MpiSession>(&argc, &argv);
-  int result = 0;
-  {
-    doctest::Context context(argc, argv);
-    result = context.run();
-  }
-  int worst = 0;
-  SK_MPI_CHECK(MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  return worst;
-}
+TEST_SUITE_END();
+
+}  // namespace comm_mpi_cases

@@ -1,9 +1,8 @@
 // The stages through MPI with real processes (meson runs it with mpirun -np 4): after 20 steps
 // OSS and SDP parameters equal DDP's on every rank; hybrid sharding over 2 "nodes" of 2
 // processes equals DDP; FSDP over a module equals DDP; a sharded checkpoint written by 4
-// processes under FSDP loads under SDP. Each process runs doctest; the
-// exit code is the worst over ranks.
-#define DOCTEST_CONFIG_IMPLEMENT
+// processes under FSDP loads under SDP. Part of test_parallel, whose main (doctest_mpi_main.cpp)
+// runs these cases when mpirun started it, and the rest when run alone.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -26,6 +25,12 @@
 
 namespace sk = shardkit;
 using sk::parallel::Stage;
+
+// Inside a namespace of its own: this file is compiled in one unit with the layer's other
+// tests (a unity build), whose anonymous namespaces would otherwise meet this one's.
+namespace parallel_mpi_cases {
+
+TEST_SUITE_BEGIN("mpi");
 
 namespace {
 
@@ -245,14 +250,6 @@ TEST_CASE(
   if (rank == 0) std::filesystem::remove_all(dir);
 }
 
-int main(int argc, char** argv) {
-  auto session = std::make_shared<sk::comm::MpiSession>(&argc, &argv);
-  int result = 0;
-  {
-    doctest::Context context(argc, argv);
-    result = context.run();
-  }
-  int worst = 0;
-  SK_MPI_CHECK(MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  return worst;
-}
+TEST_SUITE_END();
+
+}  // namespace parallel_mpi_cases
