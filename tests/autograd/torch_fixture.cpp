@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fixtures.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/io/checkpoint.hpp"
 #include "shardkit/io/module_checkpoint.hpp"
@@ -23,6 +24,10 @@
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
+
+// Inside a namespace of its own: this file is compiled in one unit with the tests of its
+// executable (a unity build), whose anonymous namespaces would otherwise meet this one's.
+namespace torch_fixture {
 
 namespace {
 
@@ -156,9 +161,9 @@ void write_mixed_fixture(const std::string& dir) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int fixture_main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: torch_fixture OUT_DIR\n");
+    std::fprintf(stderr, "usage: test_autograd --fixture torch OUT_DIR\n");
     return 2;
   }
   try {
@@ -186,7 +191,11 @@ int main(int argc, char** argv) {
                 dir.c_str(), net->state_dict().size());
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "torch_fixture: %s\n", e.what());
+    std::fprintf(stderr, "torch fixture: %s\n", e.what());
     return 1;
   }
 }
+
+const shardkit::testing::FixtureRegistration registration("torch", fixture_main);
+
+}  // namespace torch_fixture

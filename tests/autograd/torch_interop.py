@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Our ResNet-18 checkpoint in PyTorch: runs torch_fixture (argv[1]), loads its safetensors file
-into a torchvision-layout ResNet-18 with load_state_dict(strict=True), and checks that PyTorch's
-eval-mode logits equal ours. Proves names, shapes, weight layouts and batch-norm buffers map
-onto torchvision. The files are read with tests/torch_support.py's reader (no safetensors package).
+"""Our ResNet-18 checkpoint in PyTorch: runs the fixture command (argv[1:], test_autograd
+--fixture torch), loads its safetensors file into a torchvision-layout ResNet-18 with
+load_state_dict(strict=True), and checks that PyTorch's eval-mode logits equal ours. Proves
+names, shapes, weight layouts and batch-norm buffers map onto torchvision. The files are read
+with tests/torch_support.py's reader (no safetensors package).
 
 Then our f32 and bf16 mixed-precision SGD steps of a narrower ResNet-18 against PyTorch's f32
 and bf16-autocast steps from the same weights on the same batches (compare_mixed_precision).
@@ -109,10 +110,10 @@ def compare_mixed_precision(fixture, ours_f32_params, ours_bf16_params):
 
 
 def main():
-    fixture = sys.argv[1]
+    fixture = sys.argv[1:]  # the fixture command: test_autograd --fixture torch
     folder = tempfile.mkdtemp(prefix="shardkit_torch_interop_")
     try:
-        subprocess.run([fixture, folder], check=True)
+        subprocess.run(fixture + [folder], check=True)
         state = load_safetensors(os.path.join(folder, "model.safetensors"))
         io = load_safetensors(os.path.join(folder, "io.safetensors"))
         mixed = load_safetensors(os.path.join(folder, "mixed.safetensors"))

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The checkpoint tool (tools/shardkit-ckpt) end to end, on a real checkpoint: a narrow ResNet-18
-trained under FSDP on two ranks and saved sharded (tests/autograd/torch_fixture writes it with
-the model's eval logits). Usage: check_ckpt_tool.py SHARDKIT_CKPT TORCH_FIXTURE
+trained under FSDP on two ranks and saved sharded (tests/autograd/torch_fixture.cpp writes it
+with the model's eval logits). Usage: check_ckpt_tool.py SHARDKIT_CKPT FIXTURE_COMMAND...
+(test_autograd --fixture torch)
 
   inspect / verify        say what the checkpoint is; verify names a tensor with a flipped bit
   reshard --world-size 3  then consolidate: the same values, bit for bit, as consolidating the
@@ -54,10 +55,10 @@ def same_tensors(a, b):
 
 def main():
     global TOOL
-    TOOL, fixture = sys.argv[1], sys.argv[2]
+    TOOL, fixture = sys.argv[1], sys.argv[2:]
     tmp = tempfile.mkdtemp(prefix="shardkit_ckpt_tool_")
     try:
-        subprocess.run([fixture, tmp], check=True, capture_output=True)
+        subprocess.run(fixture + [tmp], check=True, capture_output=True)
         src = os.path.join(tmp, "ours_sharded")
         path = lambda *p: os.path.join(tmp, *p)  # noqa: E731
 

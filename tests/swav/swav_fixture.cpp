@@ -6,12 +6,17 @@
 #include <string>
 #include <vector>
 
+#include "fixtures.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/io/safetensors.hpp"
 #include "swav_loss.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
+
+// Inside a namespace of its own: this file is compiled in one unit with the tests of its
+// executable (a unity build), whose anonymous namespaces would otherwise meet this one's.
+namespace swav_fixture {
 
 namespace {
 
@@ -39,9 +44,9 @@ std::string key(const std::string& name, const char* what, int rank = -1) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int fixture_main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: swav_fixture OUT.safetensors\n");
+    std::fprintf(stderr, "usage: test_swav --fixture swav OUT.safetensors\n");
     return 2;
   }
   try {
@@ -87,7 +92,11 @@ int main(int argc, char** argv) {
     std::printf("wrote %s (%zu tensors)\n", argv[1], out.size());
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "swav_fixture: %s\n", e.what());
+    std::fprintf(stderr, "swav fixture: %s\n", e.what());
     return 1;
   }
 }
+
+const shardkit::testing::FixtureRegistration registration("swav", fixture_main);
+
+}  // namespace swav_fixture

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The SwAV loss in PyTorch, written from the published algorithm (Caron et al. 2020, with
-VISSL's distributed Sinkhorn-Knopp), against ours: runs swav_fixture (argv[1]), which writes
+VISSL's distributed Sinkhorn-Knopp), against ours: runs the fixture command (argv[1:], test_swav --fixture swav), which writes
 every rank's embeddings, prototypes and queue and our loss and gradients, for 1 and 4 ranks
 with and without the queue; recomputes them here (ranks emulated in one process: an
 all-reduce is a sum over the ranks' tensors) and asks for agreement within 1e-5.
@@ -62,7 +62,7 @@ def swav_losses(zs, prototypes, queues):
 def main():
     with tempfile.TemporaryDirectory(prefix="shardkit_swav_torch_") as folder:
         path = os.path.join(folder, "swav.safetensors")
-        subprocess.run([sys.argv[1], path], check=True)
+        subprocess.run(sys.argv[1:] + [path], check=True)
         t = load_safetensors(path)
     torch.set_default_dtype(torch.float64)
     worst = 0.0
