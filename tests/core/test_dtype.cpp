@@ -1,6 +1,7 @@
 // DTypes: sizes, names, parsing, the type mapping and dispatch.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -52,4 +53,19 @@ TEST_CASE("convert_value goes through double and rounds to the target") {
   CHECK(sk::convert_value<sk::BFloat16>(1.0f).bits == 0x3f80);
   CHECK(sk::convert_value<std::int32_t>(-3.75) == -3);
   CHECK(sk::convert_value<double>(std::int64_t{1} << 40) == 1099511627776.0);
+}
+
+TEST_CASE("floating -> integer: truncate into int64, wrap to the width (one rule on CPU and GPU)") {
+  // PyTorch's rule for u8; C++ leaves these undefined, and x86 and CUDA disagreed.
+  CHECK(sk::convert_value<std::uint8_t>(-3.7) == 253);
+  CHECK(sk::convert_value<std::uint8_t>(300.5f) == 44);
+  CHECK(sk::convert_value<std::uint8_t>(sk::Half(-1.0f)) == 255);
+  CHECK(sk::convert_value<std::int32_t>(0x1p32 + 5.9) == 5);
+  CHECK(sk::convert_value<std::int32_t>(-2.5) == -2);
+  CHECK(sk::convert_value<std::int64_t>(1e30) == INT64_MAX);
+  CHECK(sk::convert_value<std::int64_t>(-1e30) == INT64_MIN);
+  CHECK(sk::convert_value<std::int32_t>(std::nan("")) == 0);
+  // Integer -> integer is exact, then wrapped (no trip through double).
+  CHECK(sk::convert_value<std::int64_t>(std::int64_t{(1LL << 60) + 1}) == (1LL << 60) + 1);
+  CHECK(sk::convert_value<std::uint8_t>(std::int64_t{-1}) == 255);
 }
