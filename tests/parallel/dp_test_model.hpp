@@ -204,6 +204,19 @@ inline double max_relative_difference(const std::vector<float>& a, const std::ve
   return worst;
 }
 
+// max |a - b| over max |b|: the difference on the scale of the whole vector. Runs whose
+// arithmetic differs (GPU against CPU) differ by rounding at the scale of the values a parameter
+// passed through, which the elementwise measure above inflates where it has since come near 0.
+inline double max_scaled_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? worst / scale : worst;
+}
+
 // Two optimizer states alike: kind, steps, names, shapes, and every buffer (bitwise for
 // tolerance 0).
 inline bool states_equal(const sk::optim::OptimizerState& a, const sk::optim::OptimizerState& b,
