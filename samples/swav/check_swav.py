@@ -4,14 +4,19 @@ prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, with
 SyncBatchNorm, with batch-norm parameters and biases out of the weight decay, and with the
 optimizer (and the parameter shards) offloaded to the host; bf16 and f16 fsdp equal to ddp; a run killed with
 SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
-equals the run that never stopped. Usage: check_swav.py path/to/swav"""
+equals the run that never stopped; and a run checkpointing every iteration, SIGKILLed again and
+again at random moments and while a save is in progress, resumes each time from the newest
+complete checkpoint and ends with the uninterrupted run's parameters (8 kills here, half of
+them during a save; SHARDKIT_KILLS=200 for a long run). Usage: check_swav.py path/to/swav"""
 import os
+import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 TINY = [
     "config.DATA.TRAIN.DATA_LIMIT=320",
@@ -64,6 +69,80 @@ def run(swav, folder, extra, kill_after=None):
     if process.returncode != -signal.SIGKILL:
         raise SystemExit(f"FAIL: the run to kill ended on its own ({process.returncode})")
     return None, None
+
+
+def kill_chains(swav, work, kills):
+    """SIGKILLs a run that checkpoints every iteration `kills` times, alternately a random moment
+    after a later checkpoint was published and as soon as a save is seen in progress (a
+    temporary file, or a step folder newer than `latest`); each restart resumes (AUTO_RESUME)
+    from whatever is there. A chain of restarts that nears the end runs to it and must end with
+    the uninterrupted run's fingerprint and no temporary file; then a new chain starts."""
+    chain_args = ["config.MAX_ITERATIONS=14", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"]
+    chain_args += STAGES["fsdp"]
+    reference, _ = run(swav, os.path.join(work, "chain_reference"), chain_args)
+    folder = os.path.join(work, "chain")
+    args = [swav] + TINY + [f"config.CHECKPOINT.DIR={folder}"] + chain_args
+    rng = random.Random(11)
+
+    def latest_step():
+        try:
+            with open(os.path.join(folder, "latest")) as f:
+                return int(f.read().strip().split("_")[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    def save_in_progress():
+        newest = latest_step()
+        for _, dirs, files in os.walk(folder):
+            if any(".tmp." in f for f in files):
+                return True
+            if any(d.startswith("step_") and d[5:].isdigit() and int(d[5:]) > newest for d in dirs):
+                return True
+        return False
+
+    def finish_chain():
+        final, output = run(swav, folder, chain_args)
+        leftovers = [f for _, _, files in os.walk(folder) for f in files if ".tmp." in f]
+        resumed = "resumed from" in output
+        shutil.rmtree(folder, ignore_errors=True)
+        if final != reference or leftovers:
+            print(f"chain ended with {final} (uninterrupted {reference}), leftovers {leftovers}")
+        return final == reference and not leftovers and resumed
+
+    killed = during_save = chains = good_chains = missed = 0
+    while killed < kills:
+        start = latest_step()
+        if start >= 11:
+            chains += 1
+            good_chains += finish_chain()
+            continue
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if killed % 2 == 0:
+            # A few milliseconds after a random later checkpoint was published.
+            target = start + rng.randint(1, 3)
+            while latest_step() < target and process.poll() is None:
+                time.sleep(0.0005)
+            time.sleep(rng.uniform(0.0, 0.004))
+        else:
+            # As soon as a save is under way, after at least one iteration of progress.
+            while process.poll() is None and not (latest_step() > start and save_in_progress()):
+                time.sleep(0.0002)
+        if process.poll() is not None:  # it finished before a save was caught: go on
+            missed += 1
+            if process.returncode != 0 or missed > 10:
+                raise SystemExit(f"FAIL: runs to kill ended on their own ({process.returncode})")
+            continue
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        killed += 1
+        during_save += save_in_progress()
+    chains += 1
+    good_chains += finish_chain()
+    print(f"killed {killed} times ({during_save} with a save in progress); {good_chains} of "
+          f"{chains} chains of restarts ended with the uninterrupted run's parameters "
+          f"({reference}) and no temporary file")
+    if good_chains != chains or during_save == 0:
+        raise SystemExit("FAIL: a killed and resumed run diverged, or no kill hit a save")
 
 
 def main():
@@ -136,6 +215,7 @@ def main():
             if resumed != reference:
                 raise SystemExit(f"FAIL: resumed {resumed} != uninterrupted {reference}")
         print(f"resumed runs equal the uninterrupted one ({reference})")
+        kill_chains(swav, work, int(os.environ.get("SHARDKIT_KILLS", "8")))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
