@@ -36,20 +36,13 @@ constexpr std::size_t dtype_size(DType dtype) {
 
 constexpr std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32:
-      return "f32";
-    case DType::f64:
-      return "f64";
-    case DType::f16:
-      return "f16";
-    case DType::bf16:
-      return "bf16";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-    case DType::u8:
-      return "u8";
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::u8: return "u8";
   }
   return "?";
 }
@@ -65,12 +58,12 @@ inline DType parse_dtype(std::string_view name) {
     DType dtype;
   };
   static constexpr Alias kAliases[] = {
-      {"f32", DType::f32},   {"float32", DType::f32},   {"float", DType::f32},
-      {"f64", DType::f64},   {"float64", DType::f64},   {"double", DType::f64},
-      {"f16", DType::f16},   {"float16", DType::f16},   {"half", DType::f16},
-      {"bf16", DType::bf16}, {"bfloat16", DType::bf16}, {"i32", DType::i32},
-      {"int32", DType::i32}, {"i64", DType::i64},       {"int64", DType::i64},
-      {"u8", DType::u8},     {"uint8", DType::u8}};
+      {"f32", DType::f32},  {"float32", DType::f32}, {"float", DType::f32},
+      {"f64", DType::f64},  {"float64", DType::f64}, {"double", DType::f64},
+      {"f16", DType::f16},  {"float16", DType::f16}, {"half", DType::f16},
+      {"bf16", DType::bf16}, {"bfloat16", DType::bf16},
+      {"i32", DType::i32},  {"int32", DType::i32},   {"i64", DType::i64},
+      {"int64", DType::i64}, {"u8", DType::u8},      {"uint8", DType::u8}};
   for (const auto& alias : kAliases)
     if (alias.name == name) return alias.dtype;
   fail<InvalidArgument>("unknown dtype '", name,
@@ -79,36 +72,14 @@ inline DType parse_dtype(std::string_view name) {
 }
 
 // The C++ storage type of each DType, and back.
-template <DType D>
-struct DTypeTraits;
-template <>
-struct DTypeTraits<DType::f32> {
-  using type = float;
-};
-template <>
-struct DTypeTraits<DType::f64> {
-  using type = double;
-};
-template <>
-struct DTypeTraits<DType::f16> {
-  using type = Half;
-};
-template <>
-struct DTypeTraits<DType::bf16> {
-  using type = BFloat16;
-};
-template <>
-struct DTypeTraits<DType::i32> {
-  using type = std::int32_t;
-};
-template <>
-struct DTypeTraits<DType::i64> {
-  using type = std::int64_t;
-};
-template <>
-struct DTypeTraits<DType::u8> {
-  using type = std::uint8_t;
-};
+template <DType D> struct DTypeTraits;
+template <> struct DTypeTraits<DType::f32> { using type = float; };
+template <> struct DTypeTraits<DType::f64> { using type = double; };
+template <> struct DTypeTraits<DType::f16> { using type = Half; };
+template <> struct DTypeTraits<DType::bf16> { using type = BFloat16; };
+template <> struct DTypeTraits<DType::i32> { using type = std::int32_t; };
+template <> struct DTypeTraits<DType::i64> { using type = std::int64_t; };
+template <> struct DTypeTraits<DType::u8> { using type = std::uint8_t; };
 
 template <DType D>
 using dtype_type = typename DTypeTraits<D>::type;
@@ -119,34 +90,13 @@ struct DTypeOf {
                 "no shardkit DType for this C++ type: use float, double, sk::Half, sk::BFloat16, "
                 "int32_t, int64_t or uint8_t");
 };
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::f32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::f64;
-};
-template <>
-struct DTypeOf<Half> {
-  static constexpr DType value = DType::f16;
-};
-template <>
-struct DTypeOf<BFloat16> {
-  static constexpr DType value = DType::bf16;
-};
-template <>
-struct DTypeOf<std::int32_t> {
-  static constexpr DType value = DType::i32;
-};
-template <>
-struct DTypeOf<std::int64_t> {
-  static constexpr DType value = DType::i64;
-};
-template <>
-struct DTypeOf<std::uint8_t> {
-  static constexpr DType value = DType::u8;
-};
+template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
+template <> struct DTypeOf<Half> { static constexpr DType value = DType::f16; };
+template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::bf16; };
+template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
+template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
+template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::u8; };
 
 template <class T>
 inline constexpr DType dtype_of = DTypeOf<std::remove_cv_t<T>>::value;
@@ -156,20 +106,13 @@ inline constexpr DType dtype_of = DTypeOf<std::remove_cv_t<T>>::value;
 template <class Fn>
 decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::f32:
-      return fn(float{});
-    case DType::f64:
-      return fn(double{});
-    case DType::f16:
-      return fn(Half{});
-    case DType::bf16:
-      return fn(BFloat16{});
-    case DType::i32:
-      return fn(std::int32_t{});
-    case DType::i64:
-      return fn(std::int64_t{});
-    case DType::u8:
-      return fn(std::uint8_t{});
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::f16: return fn(Half{});
+    case DType::bf16: return fn(BFloat16{});
+    case DType::i32: return fn(std::int32_t{});
+    case DType::i64: return fn(std::int64_t{});
+    case DType::u8: return fn(std::uint8_t{});
   }
   fail<InvalidArgument>("invalid dtype value ", static_cast<int>(dtype));
 }
