@@ -12,13 +12,13 @@ to the host.
 Usage: check_resume.py PATH/TO/custom_loop"""
 import json
 import os
-import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import kill_chain  # noqa: E402  (samples/kill_chain.py)
 
 BASE = ["--ranks", "3", "--max-steps", "30", "--hidden", "128", "--device", "cpu",
         "--optimizer", "adamw"]
@@ -38,62 +38,22 @@ def latest_folder(checkpoints):
 
 
 def kill_test(binary, folder, expected, kills):
-    """Checkpoints after every step and SIGKILLs the run `kills` times, alternately at a random
-    moment after a save was published and the moment a save is seen in progress (a temporary
-    file, or a step folder newer than `latest`); each restart resumes from whatever is there.
-    When a chain of restarts reaches the last step, it runs to the end and must end with the
-    uninterrupted run's parameters, with no temporary file left; then a new chain starts."""
-    rng = random.Random(13)
+    """Checkpoints after every step and SIGKILLs the run `kills` times (../kill_chain.py); each
+    restart resumes from whatever is there. Every chain of restarts must end with the
+    uninterrupted run's parameters, with no temporary file left."""
     checkpoints = os.path.join(folder, "killed")
     args = [binary, *BASE, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1"]
-
-    def latest_step():
-        try:
-            return int(os.path.basename(latest_folder(checkpoints)).split("_")[1])
-        except (OSError, IndexError, ValueError):
-            return 0
-
-    def save_in_progress():
-        newest = latest_step()
-        for _, dirs, files in os.walk(checkpoints):
-            if any(".tmp." in f for f in files):
-                return True
-            if any(d.startswith("step_") and d[5:].isdigit() and int(d[5:]) > newest for d in dirs):
-                return True
-        return False
 
     def finish_chain():
         resume = ["--resume", checkpoints] if os.path.exists(os.path.join(checkpoints, "latest")) else []
         final = run(binary, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1", *resume)
-        leftovers = [f for _, _, files in os.walk(checkpoints) for f in files if ".tmp." in f]
+        leftovers = kill_chain.temporary_files(checkpoints)
         shutil.rmtree(checkpoints, ignore_errors=True)
         return final["params_fnv1a"] == expected and not leftovers
 
-    killed = during_save = chains = good_chains = 0
-    while killed < kills:
-        start = latest_step()
-        if start >= 27:
-            chains += 1
-            good_chains += finish_chain()
-            continue
-        resume = ["--resume", checkpoints] if start > 0 else []
-        process = subprocess.Popen(args + resume, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if killed % 2 == 0:
-            # A few milliseconds after a random later save was published: mid-step or mid-save.
-            target = start + rng.randint(1, 4)
-            while latest_step() < target and process.poll() is None:
-                time.sleep(0.0005)
-            time.sleep(rng.uniform(0.0, 0.004))
-        else:
-            # As soon as a save is under way, after at least one step of progress.
-            while process.poll() is None and not (latest_step() > start and save_in_progress()):
-                time.sleep(0.0002)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        killed += 1
-        during_save += save_in_progress()
-    chains += 1
-    good_chains += finish_chain()
+    killed, during_save, chains, good_chains = kill_chain.kill_chains(
+        checkpoints, lambda resume: args + (["--resume", checkpoints] if resume else []),
+        finish_chain, kills, finish_from=27, max_advance=4, seed=13)
     print(f"killed {killed} times ({during_save} with a save in progress: a temporary file or an "
           f"unpublished step folder left behind); {good_chains} of {chains} chains of restarts ended "
           f"with the uninterrupted run's parameters ({expected}) and no temporary file")

@@ -9,14 +9,15 @@ again at random moments and while a save is in progress, resumes each time from 
 complete checkpoint and ends with the uninterrupted run's parameters (8 kills here, half of
 them during a save; SHARDKIT_KILLS=200 for a long run). Usage: check_swav.py path/to/swav"""
 import os
-import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import kill_chain  # noqa: E402  (samples/kill_chain.py)
 
 TINY = [
     "config.DATA.TRAIN.DATA_LIMIT=320",
@@ -71,73 +72,26 @@ def run(swav, folder, extra, kill_after=None):
     return None, None
 
 
-def kill_chains(swav, work, kills):
-    """SIGKILLs a run that checkpoints every iteration `kills` times, alternately a random moment
-    after a later checkpoint was published and as soon as a save is seen in progress (a
-    temporary file, or a step folder newer than `latest`); each restart resumes (AUTO_RESUME)
-    from whatever is there. A chain of restarts that nears the end runs to it and must end with
-    the uninterrupted run's fingerprint and no temporary file; then a new chain starts."""
+def check_kill_chains(swav, work, kills):
+    """An FSDP run checkpointing every iteration, killed `kills` times (../kill_chain.py), each
+    restart resuming with AUTO_RESUME: every chain must end with the uninterrupted run's
+    fingerprint and no temporary file."""
     chain_args = ["config.MAX_ITERATIONS=14", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"]
     chain_args += STAGES["fsdp"]
     reference, _ = run(swav, os.path.join(work, "chain_reference"), chain_args)
     folder = os.path.join(work, "chain")
-    args = [swav] + TINY + [f"config.CHECKPOINT.DIR={folder}"] + chain_args
-    rng = random.Random(11)
-
-    def latest_step():
-        try:
-            with open(os.path.join(folder, "latest")) as f:
-                return int(f.read().strip().split("_")[1])
-        except (OSError, IndexError, ValueError):
-            return 0
-
-    def save_in_progress():
-        newest = latest_step()
-        for _, dirs, files in os.walk(folder):
-            if any(".tmp." in f for f in files):
-                return True
-            if any(d.startswith("step_") and d[5:].isdigit() and int(d[5:]) > newest for d in dirs):
-                return True
-        return False
 
     def finish_chain():
         final, output = run(swav, folder, chain_args)
-        leftovers = [f for _, _, files in os.walk(folder) for f in files if ".tmp." in f]
-        resumed = "resumed from" in output
+        leftovers = kill_chain.temporary_files(folder)
         shutil.rmtree(folder, ignore_errors=True)
         if final != reference or leftovers:
             print(f"chain ended with {final} (uninterrupted {reference}), leftovers {leftovers}")
-        return final == reference and not leftovers and resumed
+        return final == reference and not leftovers and "resumed from" in output
 
-    killed = during_save = chains = good_chains = missed = 0
-    while killed < kills:
-        start = latest_step()
-        if start >= 11:
-            chains += 1
-            good_chains += finish_chain()
-            continue
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if killed % 2 == 0:
-            # A few milliseconds after a random later checkpoint was published.
-            target = start + rng.randint(1, 3)
-            while latest_step() < target and process.poll() is None:
-                time.sleep(0.0005)
-            time.sleep(rng.uniform(0.0, 0.004))
-        else:
-            # As soon as a save is under way, after at least one iteration of progress.
-            while process.poll() is None and not (latest_step() > start and save_in_progress()):
-                time.sleep(0.0002)
-        if process.poll() is not None:  # it finished before a save was caught: go on
-            missed += 1
-            if process.returncode != 0 or missed > 10:
-                raise SystemExit(f"FAIL: runs to kill ended on their own ({process.returncode})")
-            continue
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        killed += 1
-        during_save += save_in_progress()
-    chains += 1
-    good_chains += finish_chain()
+    killed, during_save, chains, good_chains = kill_chain.kill_chains(
+        folder, lambda resume: [swav] + TINY + [f"config.CHECKPOINT.DIR={folder}"] + chain_args,
+        finish_chain, kills, finish_from=11, max_advance=3, seed=11)
     print(f"killed {killed} times ({during_save} with a save in progress); {good_chains} of "
           f"{chains} chains of restarts ended with the uninterrupted run's parameters "
           f"({reference}) and no temporary file")
@@ -215,7 +169,7 @@ def main():
             if resumed != reference:
                 raise SystemExit(f"FAIL: resumed {resumed} != uninterrupted {reference}")
         print(f"resumed runs equal the uninterrupted one ({reference})")
-        kill_chains(swav, work, int(os.environ.get("SHARDKIT_KILLS", "8")))
+        check_kill_chains(swav, work, int(os.environ.get("SHARDKIT_KILLS", "8")))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
