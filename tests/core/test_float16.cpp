@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -52,9 +53,9 @@ TEST_CASE("f16 -> f32 is exact for all 65536 patterns; f32 -> f16 gives the patt
       const auto back = sk::float_to_half_bits(value);
       REQUIRE(((back >> 10) & 0x1f) == 0x1f);  // still NaN,
       REQUIRE((back & 0x3ff) != 0);
-      REQUIRE((back & 0x200) != 0);            // quiet,
+      REQUIRE((back & 0x200) != 0);              // quiet,
       REQUIRE((back & 0x8000) == (h & 0x8000));  // same sign
-      if (h & 0x200) REQUIRE(back == h);       // quiet NaNs keep their payload
+      if (h & 0x200) REQUIRE(back == h);         // quiet NaNs keep their payload
       continue;
     }
     REQUIRE(static_cast<double>(value) == reference);
@@ -67,10 +68,12 @@ TEST_CASE("f16 -> f32 is exact for all 65536 patterns; f32 -> f16 gives the patt
 TEST_CASE("f32 -> f16 rounds every midpoint between neighbouring halves to even") {
   for (std::uint32_t h = 0; h < 0x7c00; ++h) {
     const double low = half_reference(static_cast<std::uint16_t>(h));
-    const double high = (h + 1 == 0x7c00) ? 65536.0 : half_reference(static_cast<std::uint16_t>(h + 1));
+    const double high =
+        (h + 1 == 0x7c00) ? 65536.0 : half_reference(static_cast<std::uint16_t>(h + 1));
     const auto midpoint = static_cast<float>((low + high) / 2);  // exact in float
     REQUIRE(static_cast<double>(midpoint) == (low + high) / 2);
-    const std::uint16_t even = (h & 1) ? static_cast<std::uint16_t>(h + 1) : static_cast<std::uint16_t>(h);
+    const std::uint16_t even =
+        (h & 1) ? static_cast<std::uint16_t>(h + 1) : static_cast<std::uint16_t>(h);
     for (std::uint16_t sign : {std::uint16_t{0}, std::uint16_t{0x8000}}) {
       const float m = sign ? -midpoint : midpoint;
       REQUIRE(sk::float_to_half_bits(m) == (even | sign));
@@ -99,6 +102,21 @@ TEST_CASE("f32 -> f16 equals the compiler's _Float16 conversion on 4.3 million f
     REQUIRE(sk::float_to_half_bits(value) == reference_bits);
   }
 }
+
+// float_to_half_bits rounds these with a float addition (the FPU's rounding), not with integer
+// code: every float from 2^-25 to the smallest normal half, both signs.
+TEST_CASE("f32 -> f16 equals _Float16 on every float of the subnormal halves' range") {
+  std::int64_t mismatches = 0;
+  for (std::uint32_t bits = 0x33000000u; bits <= 0x38800000u; ++bits)
+    for (const std::uint32_t sign : {0u, 0x80000000u}) {
+      const float value = sk::bits_to_float(bits | sign);
+      const _Float16 reference = static_cast<_Float16>(value);
+      std::uint16_t reference_bits;
+      std::memcpy(&reference_bits, &reference, 2);
+      mismatches += sk::float_to_half_bits(value) != reference_bits;
+    }
+  CHECK(mismatches == 0);
+}
 #endif
 
 TEST_CASE("bf16 -> f32 is exact for all 65536 patterns; f32 -> bf16 gives the pattern back") {
@@ -122,7 +140,8 @@ TEST_CASE("bf16 -> f32 is exact for all 65536 patterns; f32 -> bf16 gives the pa
 TEST_CASE("f32 -> bf16 rounds every midpoint to even, and random floats to nearest") {
   for (std::uint32_t b = 0; b < 0x7f80; ++b) {
     const double low = bf16_reference(static_cast<std::uint16_t>(b));
-    const double high = (b + 1 == 0x7f80) ? std::ldexp(1.0, 128) : bf16_reference(static_cast<std::uint16_t>(b + 1));
+    const double high = (b + 1 == 0x7f80) ? std::ldexp(1.0, 128)
+                                          : bf16_reference(static_cast<std::uint16_t>(b + 1));
     const auto midpoint = static_cast<float>((low + high) / 2);
     REQUIRE(static_cast<double>(midpoint) == (low + high) / 2);
     const std::uint32_t even = (b & 1) ? b + 1 : b;
@@ -144,7 +163,8 @@ TEST_CASE("f32 -> bf16 rounds every midpoint to even, and random floats to neare
                                    : bf16_reference(static_cast<std::uint16_t>(truncated + 1)));
     const double x = std::fabs(static_cast<double>(value));
     std::uint16_t expected = truncated;
-    if (x - a > b - x || (x - a == b - x && (truncated & 1))) expected = static_cast<std::uint16_t>(truncated + 1);
+    if (x - a > b - x || (x - a == b - x && (truncated & 1)))
+      expected = static_cast<std::uint16_t>(truncated + 1);
     REQUIRE(sk::float_to_bf16_bits(value) == expected);
   }
 }
