@@ -166,6 +166,19 @@ void BM_cast_f32_to_bf16(benchmark::State& state) {
   run(state, bench::kCastBytes, w.params, [&] { ops::cast<ops::Cpu>(ctx, w.w, w.low); });
 }
 
+// f16 goes through branch-free integer conversions (core/float16.hpp) the compiler vectorises.
+void BM_cast_f32_to_f16(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  auto& ctx = context(threads_of(state));
+  run(state, bench::kCastBytes, w.params, [&] { ops::cast<ops::Cpu>(ctx, w.w, w.half); });
+}
+
+void BM_cast_f16_to_f32(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  auto& ctx = context(threads_of(state));
+  run(state, bench::kCastBytes, w.params, [&] { ops::cast<ops::Cpu>(ctx, w.half, w.buf); });
+}
+
 void BM_unscale_and_check(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   auto& ctx = context(threads_of(state));
@@ -207,5 +220,7 @@ BENCHMARK(BM_larc_sgd_unfused)
     ->MinTime(1.0);
 BENCHMARK(BM_adamw)->Apply(resnet50_and_threads);
 BENCHMARK(BM_cast_f32_to_bf16)->Apply(workloads_and_threads);
+BENCHMARK(BM_cast_f32_to_f16)->Apply(workloads_and_threads);
+BENCHMARK(BM_cast_f16_to_f32)->Apply(workloads_and_threads);
 BENCHMARK(BM_unscale_and_check)->Apply(workloads_and_threads);
 BENCHMARK_MAIN();

@@ -5,19 +5,20 @@
 #include <cstdint>
 #include <vector>
 
-#include "workloads/resnet50_params.hpp"
 #include <shardkit/shardkit.hpp>
+#include "workloads/resnet50_params.hpp"
 
 namespace shardkit::bench {
 
 // One list of tensors per operand; `flat` puts a single tensor of `flat_elements` instead.
 struct OpsWorkload {
-  std::vector<Tensor> w, g, buf, m, v, low;
+  std::vector<Tensor> w, g, buf, m, v, low, half;
   std::int64_t params = 0;
 
   OpsWorkload(Context& ctx, bool flat, std::int64_t flat_elements, bool adam = false) {
     std::vector<Shape> shapes;
-    if (flat) shapes.push_back({flat_elements});
+    if (flat)
+      shapes.push_back({flat_elements});
     else
       for (const auto& s : workloads::kResNet50Shapes) shapes.push_back(s.shape());
     for (const auto& shape : shapes) {
@@ -30,6 +31,7 @@ struct OpsWorkload {
       g.push_back(make(0.5, 1.5));
       buf.push_back(make(0.5, 1.5));
       low.push_back(make(0, 1, DType::bf16));
+      half.push_back(make(0, 1, DType::f16));
       if (adam) {
         m.push_back(make(0.5, 1.5));
         v.push_back(make(0.5, 1.5));
@@ -44,7 +46,7 @@ inline constexpr double kSgdMomentumBytes = 20;  // read w, g, buf; write w, buf
 inline constexpr double kLarcSgdBytes = 20;      // the same: norms re-read w, g from cache
 inline constexpr double kSgdBf16CopyBytes = 22;  // + write the bf16 copy
 inline constexpr double kAdamBytes = 28;         // read w, g, m, v; write w, m, v
-inline constexpr double kCastBytes = 6;          // read f32, write bf16
+inline constexpr double kCastBytes = 6;          // read f32, write bf16 or f16 (or back)
 inline constexpr double kUnscaleBytes = 8;       // read and write g
 
 }  // namespace shardkit::bench
