@@ -88,6 +88,25 @@ TEST_CASE("a random fill depends on element position only: strides and dtype do 
     CHECK(rounded[i].bits == sk::float_to_bf16_bits(reference[i]));
 }
 
+// Contiguous host fills draw each Philox block once for its 4 uniforms or 2 normals, in tasks
+// on the rank's threads; strided ones call RandomSpec::value_at per element. Both must give
+// every element the same value, also where a tensor ends inside a block (odd sizes).
+TEST_CASE("contiguous and strided fills agree, for both kinds, on several threads") {
+  for (const int threads : {1, 3}) {
+    CAPTURE(threads);
+    sk::Context a({.seed = 9, .cpu_threads = threads}), b({.seed = 9, .cpu_threads = threads});
+    auto contiguous = sk::empty(a, {3, 65537}, sk::DType::f64);
+    auto backing = sk::empty(b, {65537, 3}, sk::DType::f64);
+    auto strided = backing.transpose(0, 1);
+    sk::uniform_(a, contiguous, -1.0, 2.0);
+    sk::uniform_(b, strided, -1.0, 2.0);
+    CHECK(sk::to_vector<double>(a, contiguous) == sk::to_vector<double>(b, strided));
+    sk::normal_(a, contiguous, 0.5, 3.0);
+    sk::normal_(b, strided, 0.5, 3.0);
+    CHECK(sk::to_vector<double>(a, contiguous) == sk::to_vector<double>(b, strided));
+  }
+}
+
 TEST_CASE("random fills refuse integer tensors") {
   sk::Context ctx;
   auto t = sk::empty(ctx, {4}, sk::DType::i32);

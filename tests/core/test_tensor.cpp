@@ -2,6 +2,7 @@
 // bad views rejected with clear messages.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -128,6 +129,66 @@ TEST_CASE("divide_ rounds once, as the collectives' average does (any strides, 1
     CHECK(got[i] == sk::BFloat16(wide[i] / 3.0f).to_float());
   CHECK_THROWS_WITH_AS(sk::divide_(ctx, values, 0.0), doctest::Contains("the divisor is 0"),
                        sk::InvalidArgument);
+}
+
+// Big enough for parallel_for_each_element to cut (2^16 elements per task), with rows of an odd
+// length so that tasks start and end inside rows.
+TEST_CASE("host element-wise loops on several threads give the elements one thread gives") {
+  const sk::Shape shape{5, 3, 20011};
+  sk::Context one({.seed = 21, .cpu_threads = 1}), three({.seed = 21, .cpu_threads = 3});
+  auto run = [&](sk::Context& ctx) {
+    std::vector<std::vector<float>> out;
+    auto keep = [&](const sk::Tensor& t) {
+      out.push_back(sk::to_vector<float>(ctx, sk::cast(ctx, t, sk::DType::f32)));
+    };
+    auto x = sk::empty(ctx, shape, sk::DType::f32);
+    sk::uniform_(ctx, x, -3, 3);
+    keep(x);
+    auto y = sk::empty(ctx, shape, sk::DType::bf16);
+    sk::normal_(ctx, y, 1.0, 2.0);
+    keep(y);
+    // A strided, converting copy: x with its first and last dimensions swapped, into f16.
+    auto swapped = sk::empty(ctx, {20011, 3, 5}, sk::DType::f16);
+    sk::copy(ctx, swapped, x.transpose(0, 2));
+    keep(swapped);
+    auto same = sk::empty(ctx, shape, sk::DType::f32);
+    sk::copy(ctx, same, x);  // the contiguous byte copy
+    keep(same);
+    sk::add_(ctx, same, swapped.transpose(0, 2));
+    keep(same);
+    sk::divide_(ctx, same, 7.0);
+    keep(same);
+    sk::fill(ctx, y, -1.25);
+    keep(y);
+    return std::pair{out, sk::to_vector<float>(ctx, x)};
+  };
+  const auto [serial, x] = run(one);
+  const auto [parallel, x3] = run(three);
+  REQUIRE(serial.size() == parallel.size());
+  for (std::size_t k = 0; k < serial.size(); ++k) {
+    CAPTURE(k);
+    CHECK(serial[k] == parallel[k]);
+  }
+  // And the strided copy is the transpose, element by element (3-thread result).
+  const auto& swapped = parallel[2];
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < 5; ++i)
+    for (std::int64_t j = 0; j < 3; ++j)
+      for (std::int64_t k = 0; k < 20011; ++k)
+        wrong += swapped[static_cast<std::size_t>((k * 3 + j) * 5 + i)] !=
+                 sk::Half(x3[static_cast<std::size_t>((i * 3 + j) * 20011 + k)]).to_float();
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("a copy between overlapping views of one buffer moves the bytes as memmove does") {
+  sk::Context ctx({.seed = 5, .cpu_threads = 2});
+  const std::int64_t n = 1 << 20;
+  auto buffer = sk::empty(ctx, {n + 1000}, sk::DType::f32);
+  sk::uniform_(ctx, buffer, 0, 1);
+  auto expected = sk::to_vector<float>(ctx, buffer);
+  std::memmove(expected.data() + 1000, expected.data(), n * sizeof(float));
+  sk::copy(ctx, buffer.slice(0, 1000, n + 1000), buffer.slice(0, 0, n));
+  CHECK(sk::to_vector<float>(ctx, buffer) == expected);
 }
 
 TEST_CASE("bad tensor use gets errors that name the shapes and the fix") {

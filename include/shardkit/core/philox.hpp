@@ -65,9 +65,14 @@ struct RandomSpec {
   std::uint64_t seed = 0;
   std::uint64_t counter_base = 0;
 
-  // Blocks a fill of `count` elements consumes: 4 uniforms or 2 normals per block.
+  // Elements one 128-bit block gives: 4 uniforms or 2 normals.
+  SK_HOST_DEVICE std::uint64_t elements_per_block() const {
+    return kind == RandomKind::uniform ? 4 : 2;
+  }
+
+  // Blocks a fill of `count` elements consumes.
   SK_HOST_DEVICE std::uint64_t blocks_for(std::uint64_t count) const {
-    return kind == RandomKind::uniform ? (count + 3) / 4 : (count + 1) / 2;
+    return (count + elements_per_block() - 1) / elements_per_block();
   }
 
   // The value of element `index` (row-major position in the tensor), in double.
@@ -75,13 +80,16 @@ struct RandomSpec {
   // Normal: Box-Muller in double; log/cos may differ by an ulp between CPU and GPU libraries,
   // which rounding to f32 almost always hides.
   SK_HOST_DEVICE double value_at(std::uint64_t index) const {
-    if (kind == RandomKind::uniform) {
-      const PhiloxBlock block = philox_block(seed, counter_base + index / 4);
-      const double unit = word_to_unit(block.v[index % 4]);
-      return fma(b - a, unit, a);
-    }
-    const PhiloxBlock block = philox_block(seed, counter_base + index / 2);
-    const unsigned lane = 2u * static_cast<unsigned>(index % 2);
+    const std::uint64_t per_block = elements_per_block();
+    return value_in_block(philox_block(seed, counter_base + index / per_block),
+                          static_cast<unsigned>(index % per_block));
+  }
+
+  // Element `position` (below elements_per_block()) of the elements `block` gives: a loop over
+  // consecutive elements draws each block once this way instead of once per element.
+  SK_HOST_DEVICE double value_in_block(const PhiloxBlock& block, unsigned position) const {
+    if (kind == RandomKind::uniform) return fma(b - a, word_to_unit(block.v[position]), a);
+    const unsigned lane = 2u * position;
     const double radius = sqrt(-2.0 * log(word_to_unit(block.v[lane])));
     const double angle = 6.283185307179586476925286766559 * word_to_unit(block.v[lane + 1]);
     return fma(b, radius * cos(angle), a);

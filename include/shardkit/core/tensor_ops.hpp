@@ -2,8 +2,10 @@
 // device kernels and the CUDA runtime. Every function takes the rank's Context.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "shardkit/core/context.hpp"
@@ -32,6 +34,38 @@ inline const std::shared_ptr<Allocator>& allocator_ptr_for(const Context& ctx, D
   return device == ctx.device() ? ctx.allocator_ptr() : ctx.host_allocator_ptr();
 }
 
+// The bytes a tensor's elements can touch, [first, last).
+inline std::pair<const char*, const char*> byte_span(const Tensor& t) {
+  std::int64_t low = 0, high = 0;
+  for (std::size_t d = 0; d < t.shape().size(); ++d)
+    (t.strides()[d] < 0 ? low : high) += (t.shape()[d] - 1) * t.strides()[d];
+  const auto* base = static_cast<const char*>(t.data_ptr());
+  const auto size = static_cast<std::int64_t>(t.element_size());
+  return {base + low * size, base + (high + 1) * size};
+}
+
+// Whether an element-wise host loop writing `dst` may run on the rank's CPU threads: each call
+// writes one element of a contiguous tensor (no element is written twice), and reads `src`
+// (if defined) only where no other call writes. Otherwise the loop runs on one thread, in
+// order, which is what overlapping copies mean.
+inline bool loop_may_run_in_parallel(const Tensor& dst, const Tensor& src = {}) {
+  if (!dst.is_contiguous()) return false;
+  if (!src.defined() || src.numel() == 0) return true;
+  const auto [dst_first, dst_last] = byte_span(dst);
+  const auto [src_first, src_last] = byte_span(src);
+  return dst_last <= src_first || src_last <= dst_first;
+}
+
+// for_each_element on `ctx`'s CPU threads when loop_may_run_in_parallel says it may.
+template <class Fn>
+void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shape& src_strides,
+                      Fn&& fn) {
+  if (parallel)
+    parallel_for_each_element(ctx.cpu_pool(), dst.shape(), dst.strides(), src_strides, fn);
+  else
+    for_each_element(dst.shape(), dst.strides(), src_strides, fn);
+}
+
 }  // namespace detail
 
 // Uninitialised tensor on `device` (default: the context's), counted under `category`.
@@ -56,8 +90,8 @@ inline void fill(Context& ctx, const Tensor& t, double value) {
     using T = decltype(tag);
     T* data = static_cast<T*>(t.data_ptr());
     const T converted = convert_value<T>(value);
-    detail::for_each_element(
-        t.shape(), t.strides(), t.strides(),
+    detail::host_elementwise(
+        ctx, detail::loop_may_run_in_parallel(t), t, t.strides(),
         [&](std::int64_t, std::int64_t at, std::int64_t) { data[at] = converted; });
   });
 }
@@ -76,9 +110,21 @@ inline Tensor zeros(Context& ctx, Shape shape, DType dtype,
 
 namespace detail {
 
-inline void copy_on_host(const Tensor& dst, const Tensor& src) {
+inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
+  const bool parallel = loop_may_run_in_parallel(dst, src);
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
-    if (dst.nbytes() > 0) std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    const auto bytes = static_cast<std::int64_t>(dst.nbytes());
+    constexpr std::int64_t kBytesPerTask = std::int64_t{1} << 20;
+    if (!parallel || ctx.cpu_pool().size() == 1 || bytes < 2 * kBytesPerTask) {
+      if (bytes > 0) std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+      return;
+    }
+    auto* out = static_cast<char*>(dst.data_ptr());
+    const auto* in = static_cast<const char*>(src.data_ptr());
+    ctx.cpu_pool().parallel_for((bytes + kBytesPerTask - 1) / kBytesPerTask, [&](std::int64_t i) {
+      const std::int64_t at = i * kBytesPerTask;
+      std::memcpy(out + at, in + at, static_cast<std::size_t>(std::min(kBytesPerTask, bytes - at)));
+    });
     return;
   }
   visit_dtype(dst.dtype(), [&](auto dst_tag) {
@@ -87,8 +133,8 @@ inline void copy_on_host(const Tensor& dst, const Tensor& src) {
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.data_ptr());
       const S* in = static_cast<const S*>(src.data_ptr());
-      for_each_element(
-          dst.shape(), dst.strides(), src.strides(),
+      host_elementwise(
+          ctx, parallel, dst, src.strides(),
           [&](std::int64_t, std::int64_t d, std::int64_t s) { out[d] = convert_value<D>(in[s]); });
     });
   });
@@ -108,7 +154,7 @@ inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
         " differs from source shape ", shape_str(src.shape()));
   if (dst.numel() == 0) return;
   const bool dst_cuda = dst.device().is_cuda(), src_cuda = src.device().is_cuda();
-  if (!dst_cuda && !src_cuda) return detail::copy_on_host(dst, src);
+  if (!dst_cuda && !src_cuda) return detail::copy_on_host(ctx, dst, src);
   if (dst_cuda && src_cuda) return ctx.kernels().copy(ctx, dst, src);
 #if SK_WITH_CUDA
   check(dst.dtype() == src.dtype(), "copy between host and device needs equal dtypes, got ",
@@ -169,7 +215,7 @@ inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.data_ptr());
       const S* in = static_cast<const S*>(src.data_ptr());
-      detail::for_each_element(dst.shape(), dst.strides(), src.strides(),
+      detail::host_elementwise(ctx, detail::loop_may_run_in_parallel(dst, src), dst, src.strides(),
                                [&](std::int64_t, std::int64_t d, std::int64_t s) {
                                  out[d] =
                                      convert_value<D>(convert_value<Acc>(out[d]) +
@@ -191,7 +237,7 @@ inline void divide_(Context& ctx, const Tensor& t, double divisor) {
     using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
     T* data = static_cast<T*>(t.data_ptr());
     const Acc by = static_cast<Acc>(divisor);
-    detail::for_each_element(t.shape(), t.strides(), t.strides(),
+    detail::host_elementwise(ctx, detail::loop_may_run_in_parallel(t), t, t.strides(),
                              [&](std::int64_t, std::int64_t at, std::int64_t) {
                                data[at] = convert_value<T>(convert_value<Acc>(data[at]) / by);
                              });
@@ -265,11 +311,37 @@ inline void random_fill(Context& ctx, const Tensor& t, RandomSpec spec, const ch
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BFloat16>) {
       T* data = static_cast<T*>(t.data_ptr());
-      for_each_element(t.shape(), t.strides(), t.strides(),
-                       [&](std::int64_t index, std::int64_t at, std::int64_t) {
-                         data[at] =
-                             convert_value<T>(spec.value_at(static_cast<std::uint64_t>(index)));
-                       });
+      if (!t.is_contiguous()) {  // (rare) one Philox block per element, in order
+        for_each_element(t.shape(), t.strides(), t.strides(),
+                         [&](std::int64_t index, std::int64_t at, std::int64_t) {
+                           data[at] =
+                               convert_value<T>(spec.value_at(static_cast<std::uint64_t>(index)));
+                         });
+        return;
+      }
+      // Each block drawn once for the elements it gives, tasks of whole blocks on the rank's
+      // threads: element i gets value_at(i) whatever the thread count.
+      const auto count = static_cast<std::uint64_t>(t.numel());
+      const std::uint64_t per_block = spec.elements_per_block();
+      const std::uint64_t blocks = spec.blocks_for(count);
+      const std::uint64_t blocks_per_task = kElementsPerTask / per_block;
+      const auto tasks =
+          static_cast<std::int64_t>((blocks + blocks_per_task - 1) / blocks_per_task);
+      auto run = [&](std::int64_t task) {
+        const std::uint64_t first = static_cast<std::uint64_t>(task) * blocks_per_task;
+        const std::uint64_t last = std::min(blocks, first + blocks_per_task);
+        for (std::uint64_t k = first; k < last; ++k) {
+          const PhiloxBlock block = philox_block(spec.seed, spec.counter_base + k);
+          const std::uint64_t end = std::min(count, (k + 1) * per_block);
+          for (std::uint64_t i = k * per_block; i < end; ++i)
+            data[i] = convert_value<T>(
+                spec.value_in_block(block, static_cast<unsigned>(i - k * per_block)));
+        }
+      };
+      if (tasks < 2)
+        run(0);
+      else
+        ctx.cpu_pool().parallel_for(tasks, run);
     }
   });
 }
