@@ -180,6 +180,50 @@ TEST_CASE("host element-wise loops on several threads give the elements one thre
   CHECK(wrong == 0);
 }
 
+// A loop that reads across the written tensor's rows walks 32 x 32 tiles (sizes here not
+// multiples of 32, and a third dimension between the two tiled ones): every element is still
+// visited once, with its own row-major index and both offsets.
+TEST_CASE("transposing element loops visit every element once, with the right offsets") {
+  const sk::Shape shape{70, 3, 37}, strides_a{111, 37, 1}, strides_b{1, 70, 210};
+  REQUIRE(sk::detail::transposed_dimension(shape, strides_b) == 0);
+  for (const int threads : {1, 3}) {
+    CAPTURE(threads);
+    sk::ThreadPool pool(threads);
+    std::vector<std::int64_t> index(70 * 3 * 37, -1), offset_b(index.size(), -1);
+    std::vector<int> visits(index.size(), 0);
+    sk::detail::parallel_for_each_element(pool, shape, strides_a, strides_b,
+                                          [&](std::int64_t i, std::int64_t a, std::int64_t b) {
+                                            const auto at = static_cast<std::size_t>(a);
+                                            index[at] = i;
+                                            offset_b[at] = b;
+                                            ++visits[at];
+                                          });
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < 70; ++i)
+      for (std::int64_t j = 0; j < 3; ++j)
+        for (std::int64_t k = 0; k < 37; ++k) {
+          const auto at = static_cast<std::size_t>(i * 111 + j * 37 + k);
+          wrong += visits[at] != 1 || index[at] != i * 111 + j * 37 + k ||
+                   offset_b[at] != i + j * 70 + k * 210;
+        }
+    CHECK(wrong == 0);
+  }
+  // And through sk::copy, converting on the way: a [37, 3, 70] tensor into its transpose.
+  sk::Context ctx({.seed = 3, .cpu_threads = 2});
+  auto x = sk::empty(ctx, {37, 3, 70}, sk::DType::f32);
+  sk::uniform_(ctx, x, -1, 1);
+  auto y = sk::empty(ctx, {70, 3, 37}, sk::DType::bf16);
+  sk::copy(ctx, y, x.transpose(0, 2));
+  const auto xs = sk::to_vector<float>(ctx, x);
+  const auto ys = sk::to_vector<sk::BFloat16>(ctx, y);
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < 70; ++i)
+    for (std::size_t j = 0; j < 3; ++j)
+      for (std::size_t k = 0; k < 37; ++k)
+        wrong += ys[(i * 3 + j) * 37 + k].bits != sk::BFloat16(xs[(k * 3 + j) * 70 + i]).bits;
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("a copy between overlapping views of one buffer moves the bytes as memmove does") {
   sk::Context ctx({.seed = 5, .cpu_threads = 2});
   const std::int64_t n = 1 << 20;
