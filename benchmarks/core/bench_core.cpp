@@ -80,7 +80,7 @@ void BM_normal(benchmark::State& state) {
 // Tensor casts (sk::cast / sk::copy between dtypes), as autograd's mixed precision uses them.
 void BM_cast(benchmark::State& state, sk::DType from, sk::DType to) {
   auto& ctx = context(threads_of(state));
-  auto src = sk::cast(ctx, sk::empty(ctx, {kCount}, sk::DType::f32), from);
+  auto src = sk::empty(ctx, {kCount}, from);
   sk::uniform_(ctx, src, -1, 1);
   auto dst = sk::zeros(ctx, {kCount}, to);
   const double bytes =

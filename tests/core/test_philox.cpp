@@ -17,9 +17,13 @@ TEST_CASE("Philox4x32-10 matches Random123's known-answer vectors") {
   };
   const Case cases[] = {
       {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
-      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, 0xffffffff, 0xffffffff,
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}},
+       0xffffffff,
+       0xffffffff,
        {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
-      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0,
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+       0xa4093822,
+       0x299f31d0,
        {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
   };
   for (const auto& c : cases) {
@@ -104,6 +108,19 @@ TEST_CASE("contiguous and strided fills agree, for both kinds, on several thread
     sk::normal_(a, contiguous, 0.5, 3.0);
     sk::normal_(b, strided, 0.5, 3.0);
     CHECK(sk::to_vector<double>(a, contiguous) == sk::to_vector<double>(b, strided));
+  }
+  // Both paths share RandomSpec::value_in_block: check its lanes against the rule written out
+  // (uniform: word i % 4 of block i / 4; normal: Box-Muller on words 2p and 2p + 1 of block i / 2).
+  sk::RandomSpec uniform{sk::RandomKind::uniform, -1.0, 2.0, 77, 1000};
+  sk::RandomSpec normal{sk::RandomKind::normal, 0.5, 3.0, 77, 1000};
+  for (std::uint64_t i : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 1001u, 65537u}) {
+    const sk::PhiloxBlock u = sk::philox_block(77, 1000 + i / 4);
+    CHECK(uniform.value_at(i) == std::fma(3.0, sk::word_to_unit(u.v[i % 4]), -1.0));
+    const sk::PhiloxBlock n = sk::philox_block(77, 1000 + i / 2);
+    const std::uint32_t first = n.v[2 * (i % 2)], second = n.v[2 * (i % 2) + 1];
+    const double radius = std::sqrt(-2.0 * std::log(sk::word_to_unit(first)));
+    const double angle = 6.283185307179586476925286766559 * sk::word_to_unit(second);
+    CHECK(normal.value_at(i) == std::fma(3.0, radius * std::cos(angle), 0.5));
   }
 }
 

@@ -181,15 +181,16 @@ TEST_CASE("host element-wise loops on several threads give the elements one thre
 }
 
 // A loop that reads across the written tensor's rows walks 32 x 32 tiles (sizes here not
-// multiples of 32, and a third dimension between the two tiled ones): every element is still
-// visited once, with its own row-major index and both offsets.
+// multiples of 32, and a third dimension between the two tiled ones; 180 tiles, so 3 tasks of
+// 64 tiles on 3 threads): every element is still visited once, with its own row-major index
+// and both offsets.
 TEST_CASE("transposing element loops visit every element once, with the right offsets") {
-  const sk::Shape shape{70, 3, 37}, strides_a{111, 37, 1}, strides_b{1, 70, 210};
+  const sk::Shape shape{70, 30, 37}, strides_a{1110, 37, 1}, strides_b{1, 70, 2100};
   REQUIRE(sk::detail::transposed_dimension(shape, strides_b) == 0);
   for (const int threads : {1, 3}) {
     CAPTURE(threads);
     sk::ThreadPool pool(threads);
-    std::vector<std::int64_t> index(70 * 3 * 37, -1), offset_b(index.size(), -1);
+    std::vector<std::int64_t> index(70 * 30 * 37, -1), offset_b(index.size(), -1);
     std::vector<int> visits(index.size(), 0);
     sk::detail::parallel_for_each_element(pool, shape, strides_a, strides_b,
                                           [&](std::int64_t i, std::int64_t a, std::int64_t b) {
@@ -200,11 +201,11 @@ TEST_CASE("transposing element loops visit every element once, with the right of
                                           });
     std::int64_t wrong = 0;
     for (std::int64_t i = 0; i < 70; ++i)
-      for (std::int64_t j = 0; j < 3; ++j)
+      for (std::int64_t j = 0; j < 30; ++j)
         for (std::int64_t k = 0; k < 37; ++k) {
-          const auto at = static_cast<std::size_t>(i * 111 + j * 37 + k);
-          wrong += visits[at] != 1 || index[at] != i * 111 + j * 37 + k ||
-                   offset_b[at] != i + j * 70 + k * 210;
+          const auto at = static_cast<std::size_t>(i * 1110 + j * 37 + k);
+          wrong += visits[at] != 1 || index[at] != i * 1110 + j * 37 + k ||
+                   offset_b[at] != i + j * 70 + k * 2100;
         }
     CHECK(wrong == 0);
   }

@@ -54,8 +54,11 @@ SK_HOST_DEVICE SK_INLINE std::uint16_t float_to_half_bits(float value) {
   // half, at the last mantissa bit of the sum, so the FPU's own round-to-nearest-even drops
   // exactly the bits a subnormal half cannot hold; the sum's mantissa is the half. (The sum is
   // a normal float and an f32 subnormal input rounds to 0 either way, so flush-to-zero and
-  // denormals-are-zero modes change nothing; a non-default rounding mode would.)
-  const std::uint32_t subnormal = float_to_bits(bits_to_float(magnitude) + 0.5f) - 0x3f000000u;
+  // denormals-are-zero modes change nothing; a non-default rounding mode would.) Other inputs
+  // add 0 instead: no inf or NaN ever reaches the addition (under -ffinite-math-only that would
+  // be undefined) and only a genuinely rounded subnormal raises the inexact flag.
+  const std::uint32_t small = select_bits(magnitude < 0x38800000u, magnitude, 0u);
+  const std::uint32_t subnormal = float_to_bits(bits_to_float(small) + 0.5f) - 0x3f000000u;
   const std::uint32_t nan = 0x7e00u | ((magnitude >> 13) & 0x3ffu);
   std::uint32_t result = select_bits(magnitude < 0x38800000u, subnormal, normal);
   result = select_bits(magnitude >= 0x477ff000u, 0x7c00u, result);  // >= 65520 and inf: inf
@@ -71,9 +74,11 @@ SK_HOST_DEVICE SK_INLINE float half_bits_to_float(std::uint16_t half) {
   const std::uint32_t normal = shifted + 0x38000000u;   // rebias the exponent 15 -> 127
   const std::uint32_t special = shifted | 0x7f800000u;  // inf, NaN with its payload as it is
   // Subnormal halves, mantissa * 2^-24: as the float 2^-14 + mantissa * 2^-24 (the bits with
-  // the smallest normal half's exponent) less 2^-14, which is exact.
+  // the smallest normal half's exponent) less 2^-14, which is exact (other halves subtract
+  // 2^-14 from itself, so no addition ever rounds).
+  const std::uint32_t small = select_bits(exponent == 0, shifted, 0u);
   const std::uint32_t subnormal =
-      float_to_bits(bits_to_float(shifted + 0x38800000u) - bits_to_float(0x38800000u));
+      float_to_bits(bits_to_float(small + 0x38800000u) - bits_to_float(0x38800000u));
   std::uint32_t result = select_bits(exponent == 0x7c00u, special, normal);
   result = select_bits(exponent == 0, subnormal, result);
   return bits_to_float(sign | result);

@@ -26,7 +26,7 @@ inline constexpr bool is_element_type_v =
 SK_HOST_DEVICE SK_INLINE std::uint16_t to_half_bits(float value) {
 #if SK_DEVICE_CODE
   // The hardware conversion rounds exactly like ours (tests/core proves it on all patterns);
-  // only NaN payloads may differ, so NaNs take the integer path.
+  // only NaN payloads may differ, so NaNs take ours (core/float16.hpp).
   if (value != value) return float_to_half_bits(value);
   return __half_as_ushort(__float2half_rn(value));
 #else
@@ -36,7 +36,7 @@ SK_HOST_DEVICE SK_INLINE std::uint16_t to_half_bits(float value) {
 
 SK_HOST_DEVICE SK_INLINE float from_half_bits(std::uint16_t bits) {
 #if SK_DEVICE_CODE
-  // The hardware widening is exact; NaNs keep their payload through the integer path.
+  // The hardware widening is exact; NaNs keep their payload through ours.
   if ((bits & 0x7c00u) == 0x7c00u && (bits & 0x3ffu) != 0) return half_bits_to_float(bits);
   return __half2float(__ushort_as_half(bits));
 #else
