@@ -63,6 +63,25 @@ void for_each_element(const Shape& shape, const Shape& strides_a, const Shape& s
 // calling thread (waking the pool costs microseconds; 64 Ki elements take tens).
 inline constexpr std::int64_t kElementsPerTask = std::int64_t{1} << 16;
 
+// A task body passed by reference without its type: the pool's parallel_for (and its OpenMP
+// region) is compiled once per translation unit, not once per element loop -- copies between
+// every pair of dtypes would otherwise instantiate it dozens of times.
+class TaskBody {
+ public:
+  template <class F>
+  explicit TaskBody(F& body)
+      : object_(&body), call_([](void* o, std::int64_t task) { (*static_cast<F*>(o))(task); }) {}
+  void operator()(std::int64_t task) const { call_(object_, task); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, std::int64_t);
+};
+
+inline void run_tasks(ThreadPool& pool, std::int64_t tasks, const TaskBody& body) {
+  pool.parallel_for(tasks, body);
+}
+
 // Side of the square tiles a transposing loop walks (32 x 32 f32: 4 KiB each way).
 inline constexpr std::int64_t kTransposeTile = 32;
 
@@ -130,9 +149,10 @@ void for_each_element_in_tiles(ThreadPool& pool, const Shape& shape, const Shape
   const std::int64_t tiles_per_task = std::max<std::int64_t>(1, kElementsPerTask / (tile * tile));
   const std::int64_t tasks = (tiles + tiles_per_task - 1) / tiles_per_task;
   if (pool.size() == 1 || tasks < 2) return run(0, tiles);
-  pool.parallel_for(tasks, [&](std::int64_t task) {
+  auto task_body = [&](std::int64_t task) {
     run(task * tiles_per_task, std::min(tiles, (task + 1) * tiles_per_task));
-  });
+  };
+  run_tasks(pool, tasks, TaskBody(task_body));
 }
 
 // for_each_element for loops whose fn writes nothing but the element it is given, from values
@@ -149,11 +169,12 @@ void parallel_for_each_element(ThreadPool& pool, const Shape& shape, const Shape
                                      fn);
   if (pool.size() == 1 || total < 2 * kElementsPerTask || shape.empty())
     return for_each_element(shape, strides_a, strides_b, fn);
-  pool.parallel_for((total + kElementsPerTask - 1) / kElementsPerTask, [&](std::int64_t task) {
+  auto task_body = [&](std::int64_t task) {
     const std::int64_t first = task * kElementsPerTask;
     for_each_element_in_range(shape, strides_a, strides_b, first,
                               std::min(total, first + kElementsPerTask), fn);
-  });
+  };
+  run_tasks(pool, (total + kElementsPerTask - 1) / kElementsPerTask, TaskBody(task_body));
 }
 
 }  // namespace shardkit::detail

@@ -56,14 +56,22 @@ inline bool loop_may_run_in_parallel(const Tensor& dst, const Tensor& src = {}) 
   return dst_last <= src_first || src_last <= dst_first;
 }
 
-// for_each_element on `ctx`'s CPU threads when loop_may_run_in_parallel says it may.
-template <class Fn>
+template <class T>
+inline constexpr bool is_floating_storage_v =
+    std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// for_each_element on `ctx`'s CPU threads when loop_may_run_in_parallel says it may. Only
+// loops over floating-point storage (`Threaded`) take the threaded and tiled paths: those are
+// the large tensors training moves; integer tensors (labels, indices) stay on one thread, which
+// keeps copies between every pair of dtypes from compiling each path 49 times.
+template <bool Threaded = true, class Fn>
 void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shape& src_strides,
                       Fn&& fn) {
-  if (parallel)
-    parallel_for_each_element(ctx.cpu_pool(), dst.shape(), dst.strides(), src_strides, fn);
-  else
-    for_each_element(dst.shape(), dst.strides(), src_strides, fn);
+  if constexpr (Threaded) {
+    if (parallel)
+      return parallel_for_each_element(ctx.cpu_pool(), dst.shape(), dst.strides(), src_strides, fn);
+  }
+  for_each_element(dst.shape(), dst.strides(), src_strides, fn);
 }
 
 }  // namespace detail
@@ -121,10 +129,11 @@ inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
     }
     auto* out = static_cast<char*>(dst.data_ptr());
     const auto* in = static_cast<const char*>(src.data_ptr());
-    ctx.cpu_pool().parallel_for((bytes + kBytesPerTask - 1) / kBytesPerTask, [&](std::int64_t i) {
+    auto task_body = [&](std::int64_t i) {
       const std::int64_t at = i * kBytesPerTask;
       std::memcpy(out + at, in + at, static_cast<std::size_t>(std::min(kBytesPerTask, bytes - at)));
-    });
+    };
+    run_tasks(ctx.cpu_pool(), (bytes + kBytesPerTask - 1) / kBytesPerTask, TaskBody(task_body));
     return;
   }
   visit_dtype(dst.dtype(), [&](auto dst_tag) {
@@ -133,7 +142,7 @@ inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.data_ptr());
       const S* in = static_cast<const S*>(src.data_ptr());
-      host_elementwise(
+      host_elementwise<is_floating_storage_v<D> && is_floating_storage_v<S>>(
           ctx, parallel, dst, src.strides(),
           [&](std::int64_t, std::int64_t d, std::int64_t s) { out[d] = convert_value<D>(in[s]); });
     });
@@ -215,12 +224,13 @@ inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.data_ptr());
       const S* in = static_cast<const S*>(src.data_ptr());
-      detail::host_elementwise(ctx, detail::loop_may_run_in_parallel(dst, src), dst, src.strides(),
-                               [&](std::int64_t, std::int64_t d, std::int64_t s) {
-                                 out[d] =
-                                     convert_value<D>(convert_value<Acc>(out[d]) +
-                                                      convert_value<Acc>(convert_value<D>(in[s])));
-                               });
+      detail::host_elementwise<detail::is_floating_storage_v<D> &&
+                               detail::is_floating_storage_v<S>>(
+          ctx, detail::loop_may_run_in_parallel(dst, src), dst, src.strides(),
+          [&](std::int64_t, std::int64_t d, std::int64_t s) {
+            out[d] = convert_value<D>(convert_value<Acc>(out[d]) +
+                                      convert_value<Acc>(convert_value<D>(in[s])));
+          });
     });
   });
 }
@@ -237,10 +247,11 @@ inline void divide_(Context& ctx, const Tensor& t, double divisor) {
     using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
     T* data = static_cast<T*>(t.data_ptr());
     const Acc by = static_cast<Acc>(divisor);
-    detail::host_elementwise(ctx, detail::loop_may_run_in_parallel(t), t, t.strides(),
-                             [&](std::int64_t, std::int64_t at, std::int64_t) {
-                               data[at] = convert_value<T>(convert_value<Acc>(data[at]) / by);
-                             });
+    detail::host_elementwise<detail::is_floating_storage_v<T>>(
+        ctx, detail::loop_may_run_in_parallel(t), t, t.strides(),
+        [&](std::int64_t, std::int64_t at, std::int64_t) {
+          data[at] = convert_value<T>(convert_value<Acc>(data[at]) / by);
+        });
   });
 }
 
@@ -341,7 +352,7 @@ inline void random_fill(Context& ctx, const Tensor& t, RandomSpec spec, const ch
       if (tasks < 2)
         run(0);
       else
-        ctx.cpu_pool().parallel_for(tasks, run);
+        run_tasks(ctx.cpu_pool(), tasks, TaskBody(run));
     }
   });
 }
