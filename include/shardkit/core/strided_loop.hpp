@@ -59,8 +59,8 @@ void for_each_element(const Shape& shape, const Shape& strides_a, const Shape& s
   for_each_element_in_range(shape, strides_a, strides_b, 0, total, fn);
 }
 
-// Elements per task of parallel_for_each_element: below two tasks' worth a loop stays on the
-// calling thread (waking the pool costs microseconds; 64 Ki elements take tens).
+// Elements per task of the element loops: below two tasks' worth a loop stays on the calling
+// thread (waking the pool costs microseconds; 64 Ki elements take tens).
 inline constexpr std::int64_t kElementsPerTask = std::int64_t{1} << 16;
 
 // A task body passed by reference without its type: the pool's parallel_for (and its OpenMP
@@ -78,8 +78,20 @@ class TaskBody {
   void (*call_)(void*, std::int64_t);
 };
 
-inline void run_tasks(ThreadPool& pool, std::int64_t tasks, const TaskBody& body) {
-  pool.parallel_for(tasks, body);
+// The one task driver of the host loops: cuts units [0, units) into chunks of `per_task` and
+// calls chunk(first, end) for each on `pool` -- or once for all of them on the calling thread
+// when the pool has one thread or the units make fewer than two chunks. Callers choose units
+// whose chunks are independent (elements, tiles, bytes, Philox blocks).
+template <class Chunk>
+void for_each_chunk(ThreadPool& pool, std::int64_t units, std::int64_t per_task, Chunk&& chunk) {
+  if (units <= 0) return;
+  const std::int64_t tasks = (units + per_task - 1) / per_task;
+  if (pool.size() == 1 || tasks < 2) return chunk(std::int64_t{0}, units);
+  auto task_body = [&](std::int64_t task) {
+    const std::int64_t first = task * per_task;
+    chunk(first, std::min(units, first + per_task));
+  };
+  pool.parallel_for(tasks, TaskBody(task_body));
 }
 
 // Side of the square tiles a transposing loop walks (32 x 32 f32: 4 KiB each way).
@@ -146,13 +158,7 @@ void for_each_element_in_tiles(ThreadPool& pool, const Shape& shape, const Shape
              base_b + i * strides_b[k] + j * strides_b[last]);
     }
   };
-  const std::int64_t tiles_per_task = std::max<std::int64_t>(1, kElementsPerTask / (tile * tile));
-  const std::int64_t tasks = (tiles + tiles_per_task - 1) / tiles_per_task;
-  if (pool.size() == 1 || tasks < 2) return run(0, tiles);
-  auto task_body = [&](std::int64_t task) {
-    run(task * tiles_per_task, std::min(tiles, (task + 1) * tiles_per_task));
-  };
-  run_tasks(pool, tasks, TaskBody(task_body));
+  for_each_chunk(pool, tiles, std::max<std::int64_t>(1, kElementsPerTask / (tile * tile)), run);
 }
 
 // for_each_element for loops whose fn writes nothing but the element it is given, from values
@@ -167,14 +173,10 @@ void parallel_for_each_element(ThreadPool& pool, const Shape& shape, const Shape
   if (const std::int64_t k = transposed_dimension(shape, strides_b); k >= 0)
     return for_each_element_in_tiles(pool, shape, strides_a, strides_b, static_cast<std::size_t>(k),
                                      fn);
-  if (pool.size() == 1 || total < 2 * kElementsPerTask || shape.empty())
-    return for_each_element(shape, strides_a, strides_b, fn);
-  auto task_body = [&](std::int64_t task) {
-    const std::int64_t first = task * kElementsPerTask;
-    for_each_element_in_range(shape, strides_a, strides_b, first,
-                              std::min(total, first + kElementsPerTask), fn);
-  };
-  run_tasks(pool, (total + kElementsPerTask - 1) / kElementsPerTask, TaskBody(task_body));
+  if (shape.empty()) return for_each_element(shape, strides_a, strides_b, fn);
+  for_each_chunk(pool, total, kElementsPerTask, [&](std::int64_t first, std::int64_t end) {
+    for_each_element_in_range(shape, strides_a, strides_b, first, end, fn);
+  });
 }
 
 }  // namespace shardkit::detail

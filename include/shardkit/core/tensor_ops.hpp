@@ -64,7 +64,7 @@ inline constexpr bool is_floating_storage_v =
 // loops over floating-point storage (`Threaded`) take the threaded and tiled paths: those are
 // the large tensors training moves; integer tensors (labels, indices) stay on one thread, which
 // keeps copies between every pair of dtypes from compiling each path 49 times.
-template <bool Threaded = true, class Fn>
+template <bool Threaded, class Fn>
 void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shape& src_strides,
                       Fn&& fn) {
   if constexpr (Threaded) {
@@ -72,6 +72,21 @@ void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shap
       return parallel_for_each_element(ctx.cpu_pool(), dst.shape(), dst.strides(), src_strides, fn);
   }
   for_each_element(dst.shape(), dst.strides(), src_strides, fn);
+}
+
+// fn(offset) for every element of one tensor that nothing else reads: a contiguous tensor's
+// elements are one flat range, cut into tasks on `ctx`'s CPU threads with a plain loop the
+// compiler vectorises; a strided one is walked on the calling thread (views being filled or
+// scaled are small). Neither path can tile, so it compiles cheaply for every dtype.
+template <class Fn>
+void host_contiguous_or_strided(Context& ctx, const Tensor& t, Fn&& fn) {
+  if (!t.is_contiguous())
+    return for_each_element(t.shape(), t.strides(), t.strides(),
+                            [&](std::int64_t, std::int64_t at, std::int64_t) { fn(at); });
+  for_each_chunk(ctx.cpu_pool(), t.numel(), kElementsPerTask,
+                 [&](std::int64_t first, std::int64_t end) {
+                   for (std::int64_t at = first; at < end; ++at) fn(at);
+                 });
 }
 
 }  // namespace detail
@@ -98,9 +113,7 @@ inline void fill(Context& ctx, const Tensor& t, double value) {
     using T = decltype(tag);
     T* data = static_cast<T*>(t.data_ptr());
     const T converted = convert_value<T>(value);
-    detail::host_elementwise(
-        ctx, detail::loop_may_run_in_parallel(t), t, t.strides(),
-        [&](std::int64_t, std::int64_t at, std::int64_t) { data[at] = converted; });
+    detail::host_contiguous_or_strided(ctx, t, [&](std::int64_t at) { data[at] = converted; });
   });
 }
 
@@ -121,19 +134,17 @@ namespace detail {
 inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
   const bool parallel = loop_may_run_in_parallel(dst, src);
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
-    const auto bytes = static_cast<std::int64_t>(dst.nbytes());
-    constexpr std::int64_t kBytesPerTask = std::int64_t{1} << 20;
-    if (!parallel || ctx.cpu_pool().size() == 1 || bytes < 2 * kBytesPerTask) {
-      if (bytes > 0) std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    if (!parallel) {  // overlapping: memmove's semantics
+      std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());
       return;
     }
     auto* out = static_cast<char*>(dst.data_ptr());
     const auto* in = static_cast<const char*>(src.data_ptr());
-    auto task_body = [&](std::int64_t i) {
-      const std::int64_t at = i * kBytesPerTask;
-      std::memcpy(out + at, in + at, static_cast<std::size_t>(std::min(kBytesPerTask, bytes - at)));
-    };
-    run_tasks(ctx.cpu_pool(), (bytes + kBytesPerTask - 1) / kBytesPerTask, TaskBody(task_body));
+    constexpr std::int64_t kBytesPerTask = std::int64_t{1} << 20;
+    for_each_chunk(ctx.cpu_pool(), static_cast<std::int64_t>(dst.nbytes()), kBytesPerTask,
+                   [&](std::int64_t first, std::int64_t end) {
+                     std::memcpy(out + first, in + first, static_cast<std::size_t>(end - first));
+                   });
     return;
   }
   visit_dtype(dst.dtype(), [&](auto dst_tag) {
@@ -247,11 +258,9 @@ inline void divide_(Context& ctx, const Tensor& t, double divisor) {
     using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
     T* data = static_cast<T*>(t.data_ptr());
     const Acc by = static_cast<Acc>(divisor);
-    detail::host_elementwise<detail::is_floating_storage_v<T>>(
-        ctx, detail::loop_may_run_in_parallel(t), t, t.strides(),
-        [&](std::int64_t, std::int64_t at, std::int64_t) {
-          data[at] = convert_value<T>(convert_value<Acc>(data[at]) / by);
-        });
+    detail::host_contiguous_or_strided(ctx, t, [&](std::int64_t at) {
+      data[at] = convert_value<T>(convert_value<Acc>(data[at]) / by);
+    });
   });
 }
 
@@ -335,24 +344,18 @@ inline void random_fill(Context& ctx, const Tensor& t, RandomSpec spec, const ch
       const auto count = static_cast<std::uint64_t>(t.numel());
       const std::uint64_t per_block = spec.elements_per_block();
       const std::uint64_t blocks = spec.blocks_for(count);
-      const std::uint64_t blocks_per_task = kElementsPerTask / per_block;
-      const auto tasks =
-          static_cast<std::int64_t>((blocks + blocks_per_task - 1) / blocks_per_task);
-      auto run = [&](std::int64_t task) {
-        const std::uint64_t first = static_cast<std::uint64_t>(task) * blocks_per_task;
-        const std::uint64_t last = std::min(blocks, first + blocks_per_task);
-        for (std::uint64_t k = first; k < last; ++k) {
-          const PhiloxBlock block = philox_block(spec.seed, spec.counter_base + k);
-          const std::uint64_t end = std::min(count, (k + 1) * per_block);
-          for (std::uint64_t i = k * per_block; i < end; ++i)
-            data[i] = convert_value<T>(
-                spec.value_in_block(block, static_cast<unsigned>(i - k * per_block)));
-        }
-      };
-      if (tasks < 2)
-        run(0);
-      else
-        run_tasks(ctx.cpu_pool(), tasks, TaskBody(run));
+      for_each_chunk(ctx.cpu_pool(), static_cast<std::int64_t>(blocks),
+                     static_cast<std::int64_t>(kElementsPerTask / per_block),
+                     [&](std::int64_t first, std::int64_t last) {
+                       for (auto k = static_cast<std::uint64_t>(first);
+                            k < static_cast<std::uint64_t>(last); ++k) {
+                         const PhiloxBlock block = philox_block(spec.seed, spec.counter_base + k);
+                         const std::uint64_t end = std::min(count, (k + 1) * per_block);
+                         for (std::uint64_t i = k * per_block; i < end; ++i)
+                           data[i] = convert_value<T>(spec.value_in_block(
+                               block, static_cast<unsigned>(i - k * per_block)));
+                       }
+                     });
     }
   });
 }
