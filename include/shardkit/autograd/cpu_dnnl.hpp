@@ -5,7 +5,8 @@
 // peak. oneDNN's JIT kernels (AVX2 / AVX-512) work on blocked layouts (nChw8c / nChw16c and
 // blocked weights) that they choose per shape; shardkit's tensors stay NCHW / OIHW, and each
 // call reorders its operands into the chosen layouts and its result back -- memory-bound copies,
-// small beside the convolution's arithmetic. Primitives are made once per (shape, thread count)
+// small beside the convolution's arithmetic (8-9% of a ResNet-18 step; a backward pass reorders
+// the output gradient once for its backward-data and backward-weights calls). Primitives are made once per (shape, thread count)
 // and cached in the Context; every buffer (reordered operands, oneDNN's scratchpad) comes from
 // the context's allocator, so memory statistics count it and the host allocator's cache reuses
 // it step after step.
@@ -118,11 +119,28 @@ class Call {
     primitive_ = make_primitive(pd_.get());
   }
 
-  // Runs the primitive on plain buffers (in the operands' order); reordered copies and the
-  // scratchpad live in one transient buffer from the context's allocator.
-  void run(Context& ctx, dnnl_stream_t stream, std::array<void*, 3> buffers) {
+  // Whether input operand i is reordered before the primitive runs, and into which layout.
+  bool reorders(std::size_t i) const { return operands_[i].reordered(); }
+  const dnnl_memory_desc_t& chosen(std::size_t i) const { return operands_[i].chosen; }
+  std::size_t chosen_bytes(std::size_t i) const { return operands_[i].chosen_bytes; }
+
+  // Reorders input operand i from the plain buffer `from` into `to` (chosen_bytes(i) bytes), for
+  // a run() given `to` as an operand already in the chosen layout.
+  void reorder_input(dnnl_stream_t stream, std::size_t i, void* from, void* to) {
+    Operand& o = operands_[i];
+    SK_DNNL_CHECK(dnnl_memory_set_data_handle(o.plain_memory.get(), from));
+    SK_DNNL_CHECK(dnnl_memory_set_data_handle(o.chosen_memory.get(), to));
+    reorder(stream, o, o.plain_memory.get(), o.chosen_memory.get());
+  }
+
+  // Runs the primitive on plain buffers (in the operands' order) -- except operands marked
+  // `in_chosen_layout`, already reordered by reorder_input; reordered copies and the scratchpad
+  // live in one transient buffer from the context's allocator.
+  void run(Context& ctx, dnnl_stream_t stream, std::array<void*, 3> buffers,
+           std::array<bool, 3> in_chosen_layout = {}) {
     std::size_t bytes = aligned(scratch_bytes_);
-    for (const Operand& o : operands_) bytes += aligned(o.chosen_bytes);
+    for (std::size_t i = 0; i < operands_.size(); ++i)
+      if (!in_chosen_layout[i]) bytes += aligned(operands_[i].chosen_bytes);
     Tensor scratch;
     char* next = nullptr;
     if (bytes > 0) {
@@ -135,6 +153,11 @@ class Call {
     int nargs = 0;
     for (std::size_t i = 0; i < operands_.size(); ++i) {
       Operand& o = operands_[i];
+      if (in_chosen_layout[i]) {
+        SK_DNNL_CHECK(dnnl_memory_set_data_handle(o.chosen_memory.get(), buffers[i]));
+        args[nargs++] = {o.arg, o.chosen_memory.get()};
+        continue;
+      }
       SK_DNNL_CHECK(dnnl_memory_set_data_handle(o.plain_memory.get(), buffers[i]));
       if (!o.reordered()) {
         args[nargs++] = {o.arg, o.plain_memory.get()};
@@ -217,14 +240,29 @@ class Convolutions {
                 const Tensor& gw, const ConvGeometry& g) {
     std::lock_guard lock(mutex_);
     ConvPlan& plan = plan_for(ctx, g);
-    if (gx.defined()) {
-      if (!plan.backward_data) make_backward_data(plan, g);
-      plan.backward_data->run(ctx, stream_, {gy.data_ptr(), w.data_ptr(), gx.data_ptr()});
+    if (gx.defined() && !plan.backward_data) make_backward_data(plan, g);
+    if (gw.defined() && !plan.backward_weights) make_backward_weights(plan, g);
+    // Both calls read the output gradient (operand 0 of backward-data, 1 of backward-weights);
+    // when both want it in the same blocked layout it is reordered once for the two.
+    Tensor shared_gy;
+    if (gx.defined() && gw.defined()) {
+      const Call& data = *plan.backward_data;
+      const Call& weights = *plan.backward_weights;
+      if (data.reorders(0) && weights.reorders(1) &&
+          dnnl_memory_desc_equal(&data.chosen(0), &weights.chosen(1))) {
+        shared_gy = empty(ctx, {static_cast<std::int64_t>(data.chosen_bytes(0))}, DType::u8,
+                          MemoryCategory::activations);
+        plan.backward_data->reorder_input(stream_, 0, gy.data_ptr(), shared_gy.data_ptr());
+      }
     }
-    if (gw.defined()) {
-      if (!plan.backward_weights) make_backward_weights(plan, g);
-      plan.backward_weights->run(ctx, stream_, {x.data_ptr(), gy.data_ptr(), gw.data_ptr()});
-    }
+    const bool shared = shared_gy.defined();
+    void* gy_data = shared ? shared_gy.data_ptr() : gy.data_ptr();
+    if (gx.defined())
+      plan.backward_data->run(ctx, stream_, {gy_data, w.data_ptr(), gx.data_ptr()},
+                              {shared, false, false});
+    if (gw.defined())
+      plan.backward_weights->run(ctx, stream_, {x.data_ptr(), gy_data, gw.data_ptr()},
+                                 {false, shared, false});
   }
 
  private:
