@@ -3,6 +3,7 @@
 // statistics updated alike, and an f32 batch-norm within rounding of the f64 one.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "shardkit/autograd/autograd.hpp"
@@ -81,4 +82,56 @@ TEST_CASE("CPU batch-norm and element-wise ops give the same bits on any thread 
     CHECK(close(one.running_var, reference.running_var));
     CHECK(close(one.eval_y, reference.eval_y));
   }
+}
+
+// A ReLU fused into batch-norm (BatchNormOptions::relu, as the ResNet blocks use it) against
+// batch_norm followed by relu: the same bits forward and backward, in training and evaluation,
+// f32 and f64, on one and three threads.
+TEST_CASE("batch-norm with a fused ReLU equals batch-norm then ReLU, bit for bit") {
+  const sk::Shape shape{6, 24, 9, 9};
+  for (sk::DType dtype : {sk::DType::f32, sk::DType::f64})
+    for (int threads : {1, 3})
+      for (bool training : {true, false}) {
+        CAPTURE(sk::dtype_name(dtype));
+        CAPTURE(threads);
+        CAPTURE(training);
+        auto run = [&](bool fused) {
+          sk::Context ctx({.seed = 23, .cpu_threads = threads});
+          auto draw = [&](sk::Shape s, double low, double high) {
+            sk::Tensor t = sk::empty(ctx, std::move(s), sk::DType::f64);
+            sk::uniform_(ctx, t, low, high);
+            return sk::cast(ctx, t, dtype);
+          };
+          Variable x(draw(shape, -2, 3), true), w(draw({24}, 0.5, 1.5), true),
+              b(draw({24}, -1, 1), true);
+          sk::Tensor running_mean = draw({24}, -0.1, 0.1), running_var = draw({24}, 0.9, 1.1);
+          sk::Tensor r = draw(shape, -1, 1);
+          ag::BatchNormOptions o;
+          o.training = training;
+          o.relu = fused;
+          Variable y = ag::batch_norm(ctx, x, w, b, running_mean, running_var, o);
+          if (!fused) y = ag::relu(ctx, y);
+          ag::backward(ctx, y, r);
+          auto f64 = [&](const sk::Tensor& t) {
+            return sk::to_vector<double>(ctx, sk::cast(ctx, t, sk::DType::f64));
+          };
+          return BnRun{f64(y.data()),
+                       f64(x.grad()),
+                       f64(w.grad()),
+                       f64(b.grad()),
+                       f64(running_mean),
+                       f64(running_var),
+                       {}};
+        };
+        const BnRun fused = run(true), separate = run(false);
+        const auto zeros = std::count(fused.y.begin(), fused.y.end(), 0.0);
+        CHECK(zeros > 0);  // the ReLU cut some outputs and passed others
+        CHECK(zeros < static_cast<std::ptrdiff_t>(fused.y.size()));
+        CHECK(fused.y == separate.y);
+        CHECK(fused.gx == separate.gx);
+        CHECK(fused.gw == separate.gw);
+        CHECK(fused.gb == separate.gb);
+        CHECK(fused.running_mean == separate.running_mean);
+        CHECK(fused.running_var == separate.running_var);
+      }
 }

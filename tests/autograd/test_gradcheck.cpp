@@ -110,6 +110,14 @@ TEST_CASE("batch_norm in training and evaluation mode, 2d and 1d") {
   expect_gradients(ctx, {x4, w, b}, [&](const auto& v) {
     return ag::batch_norm(ctx, v[0], v[1], v[2], mean.data(), var.data(), eval);
   });
+  // With a fused ReLU (its mask applied inside the training backward's loops).
+  train.relu = eval.relu = true;
+  expect_gradients(ctx, {x4, w, b}, [&](const auto& v) {
+    return ag::batch_norm(ctx, v[0], v[1], v[2], sk::Tensor(), sk::Tensor(), train);
+  });
+  expect_gradients(ctx, {x4, w, b}, [&](const auto& v) {
+    return ag::batch_norm(ctx, v[0], v[1], v[2], mean.data(), var.data(), eval);
+  });
 }
 
 TEST_CASE("pooling") {

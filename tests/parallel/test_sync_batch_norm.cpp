@@ -34,11 +34,14 @@ struct BnResult {
   std::vector<double> y, grad_x, grad_w, grad_b, running_mean, running_var;
 };
 
+// A ReLU after the batch-norm: none, fused into it (BatchNormOptions::relu), or its own op.
+enum class Relu { none, fused, separate };
+
 // One training forward and backward of a BatchNorm (weight/bias set to fixed non-trivial values)
 // on x with upstream gradient g; `group` synchronises it when set.
 BnResult run_bn(sk::Context& ctx, sk::DType dtype, int dims, const sk::Shape& shape,
                 const std::vector<double>& x, const std::vector<double>& g,
-                std::shared_ptr<sk::autograd::BatchStatsGroup> group) {
+                std::shared_ptr<sk::autograd::BatchStatsGroup> group, Relu relu = Relu::none) {
   const std::int64_t C = shape[1];
   nn::BatchNorm bn(ctx, C, dims, dtype);
   std::vector<double> w, b;
@@ -49,8 +52,10 @@ BnResult run_bn(sk::Context& ctx, sk::DType dtype, int dims, const sk::Shape& sh
   sk::copy(ctx, bn.weight.data(), sk::cast(ctx, sk::from_vector(ctx, w, {C}), bn.weight.dtype()));
   sk::copy(ctx, bn.bias.data(), sk::cast(ctx, sk::from_vector(ctx, b, {C}), bn.bias.dtype()));
   if (group) sk::parallel::convert_sync_batch_norm(bn, group);
+  bn.options.relu = relu == Relu::fused;
   ag::Variable in(sk::cast(ctx, sk::from_vector(ctx, x, shape), dtype), true);
   ag::Variable y = bn(ctx, in);
+  if (relu == Relu::separate) y = ag::relu(ctx, y);
   ag::backward(ctx, y, sk::cast(ctx, sk::from_vector(ctx, g, shape), dtype));
   auto f64 = [&](const sk::Tensor& t) {
     return sk::to_vector<double>(ctx, sk::cast(ctx, t, sk::DType::f64));
@@ -146,6 +151,29 @@ TEST_CASE("SyncBatchNorm with a group of one rank is plain batch-norm, bit for b
     CHECK(synced.grad_w == plain.grad_w);
     CHECK(synced.running_var == plain.running_var);
   });
+}
+
+TEST_CASE("SyncBatchNorm with a fused ReLU equals SyncBatchNorm then ReLU, bit for bit") {
+  for (sk::DType dtype : {sk::DType::f32, sk::DType::f64}) {
+    CAPTURE(sk::dtype_name(dtype));
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      const std::int64_t rows = 3 + comm.rank();  // uneven batches
+      const std::int64_t n = rows * 3 * 20;
+      const auto x = values_for(comm.rank(), n, 1), g = values_for(comm.rank(), n, 2);
+      auto group = sk::parallel::sync_batch_norm_group(comm, 2);
+      const auto fused = run_bn(ctx, dtype, 2, {rows, 3, 4, 5}, x, g, group, Relu::fused);
+      const auto separate = run_bn(ctx, dtype, 2, {rows, 3, 4, 5}, x, g, group, Relu::separate);
+      // (the ReLU cut some outputs and passed others)
+      CHECK(std::count(fused.y.begin(), fused.y.end(), 0.0) > 0);
+      CHECK(std::count(fused.y.begin(), fused.y.end(), 0.0) < n);
+      CHECK(fused.y == separate.y);
+      CHECK(fused.grad_x == separate.grad_x);
+      CHECK(fused.grad_w == separate.grad_w);
+      CHECK(fused.grad_b == separate.grad_b);
+      CHECK(fused.running_mean == separate.running_mean);
+      CHECK(fused.running_var == separate.running_var);
+    });
+  }
 }
 
 namespace {

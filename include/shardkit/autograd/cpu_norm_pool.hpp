@@ -2,6 +2,8 @@
 // statistics accumulated in double.
 #pragma once
 
+#include <bit>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -63,10 +65,11 @@ inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t oute
   });
 }
 
-// y[o, c, i] = x[o, c, i] * scale[c] + shift[c]
+// y[o, c, i] = x[o, c, i] * scale[c] + shift[c]; with `relu`, then max(y, 0) in the same pass
+// (the ReLU's own rule: y > 0 ? y : 0, on the rounded value).
 inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, const double* scale,
                            const double* shift, std::int64_t outer, std::int64_t channels,
-                           std::int64_t inner) {
+                           std::int64_t inner, bool relu = false) {
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
@@ -76,7 +79,14 @@ inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, c
       const double a = scale[c], b = shift[c];
       const T* src = in + at;
       T* dst = out + at;
-      for (std::int64_t i = 0; i < inner; ++i) dst[i] = static_cast<T>(src[i] * a + b);
+      if (relu) {
+        for (std::int64_t i = 0; i < inner; ++i) {
+          const T v = static_cast<T>(src[i] * a + b);
+          dst[i] = v > T(0) ? v : T(0);
+        }
+      } else {
+        for (std::int64_t i = 0; i < inner; ++i) dst[i] = static_cast<T>(src[i] * a + b);
+      }
     });
   });
 }
@@ -91,7 +101,7 @@ inline void batch_norm_normalize(ThreadPool& pool, const Tensor& x, const Tensor
                                  const Tensor& y, const Tensor& save_mean,
                                  const Tensor& save_invstd, std::int64_t outer,
                                  std::int64_t channels, std::int64_t inner, double count,
-                                 const double* mean, const double* m2) {
+                                 const double* mean, const double* m2, bool relu = false) {
   std::vector<double> scale(static_cast<std::size_t>(channels)),
       shift(static_cast<std::size_t>(channels));
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
@@ -116,7 +126,7 @@ inline void batch_norm_normalize(ThreadPool& pool, const Tensor& x, const Tensor
       }
     }
   });
-  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner);
+  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner, relu);
 }
 
 // Training: normalises with the batch statistics of each channel over (outer, inner).
@@ -125,19 +135,19 @@ inline void batch_norm_train_forward(ThreadPool& pool, const Tensor& x, const Te
                                      const Tensor& running_var, double momentum, double eps,
                                      const Tensor& y, const Tensor& save_mean,
                                      const Tensor& save_invstd, std::int64_t outer,
-                                     std::int64_t channels, std::int64_t inner) {
+                                     std::int64_t channels, std::int64_t inner, bool relu = false) {
   std::vector<double> mean(static_cast<std::size_t>(channels)),
       m2(static_cast<std::size_t>(channels));
   channel_moments(pool, x, outer, channels, inner, mean.data(), m2.data());
   batch_norm_normalize(pool, x, weight, bias, running_mean, running_var, momentum, eps, y,
                        save_mean, save_invstd, outer, channels, inner, double(outer * inner),
-                       mean.data(), m2.data());
+                       mean.data(), m2.data(), relu);
 }
 
 inline void batch_norm_eval_forward(ThreadPool& pool, const Tensor& x, const Tensor& weight,
                                     const Tensor& bias, const Tensor& mean, const Tensor& var,
                                     double eps, const Tensor& y, std::int64_t outer,
-                                    std::int64_t channels, std::int64_t inner) {
+                                    std::int64_t channels, std::int64_t inner, bool relu = false) {
   std::vector<double> scale(static_cast<std::size_t>(channels)),
       shift(static_cast<std::size_t>(channels));
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
@@ -151,30 +161,52 @@ inline void batch_norm_eval_forward(ThreadPool& pool, const Tensor& x, const Ten
       shift[static_cast<std::size_t>(c)] = b[c] - m[c] * scale[static_cast<std::size_t>(c)];
     }
   });
-  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner);
+  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner, relu);
+}
+
+// The gradient a fused ReLU passes back, element i of a plane: g where the ReLU's output y is
+// positive, else +0 (the ReLU backward's own rule, also for an infinite or NaN g). A select by
+// bit mask, not `?:`: GCC 12 at -O3 -march=x86-64-v3 vectorised the conditional form wrongly
+// in batch_norm_grad_sums' f64 lane sums (per-channel sums off by up to 85%; right at -O1 or
+// without -march), which the fused-ReLU tests caught.
+template <class T>
+inline double relu_masked(const T* g, const T* y, std::int64_t i) {
+  const std::uint64_t keep = y[i] > T(0) ? ~std::uint64_t{0} : std::uint64_t{0};
+  return std::bit_cast<double>(std::bit_cast<std::uint64_t>(double(g[i])) & keep);
 }
 
 // The sums training-mode backward needs, per channel: sum_g = sum(g) and
-// sum_gxhat = sum(g * (x - mean)) * invstd, with the saved statistics.
+// sum_gxhat = sum(g * (x - mean)) * invstd, with the saved statistics. With `relu_out` (the
+// output of a fused ReLU), g is first masked as the ReLU's backward would.
 inline void batch_norm_grad_sums(ThreadPool& pool, const Tensor& x, const Tensor& grad_y,
                                  const Tensor& save_mean, const Tensor& save_invstd,
                                  std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                                 double* sum_g, double* sum_gxhat) {
+                                 double* sum_g, double* sum_gxhat, const Tensor& relu_out = {}) {
   visit_real(x.dtype(), "batch_norm backward", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
     const T* gy = static_cast<const T*>(grad_y.data_ptr());
+    const T* out = relu_out.defined() ? static_cast<const T*>(relu_out.data_ptr()) : nullptr;
     const T* sm = static_cast<const T*>(save_mean.data_ptr());
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
     pool.parallel_for(channels, [&](std::int64_t c) {
       const double mean = sm[c];
       double sg = 0, sgx = 0;
       for (std::int64_t n = 0; n < outer; ++n) {
-        const T* g = gy + (n * channels + c) * inner;
-        const T* v = in + (n * channels + c) * inner;
-        sg += lane_sum(inner, [g](std::int64_t i) { return double(g[i]); });
-        sgx += lane_sum(
-            inner, [g, v, mean](std::int64_t i) { return double(g[i]) * (double(v[i]) - mean); });
+        const std::int64_t at = (n * channels + c) * inner;
+        const T* g = gy + at;
+        const T* v = in + at;
+        if (out == nullptr) {
+          sg += lane_sum(inner, [g](std::int64_t i) { return double(g[i]); });
+          sgx += lane_sum(
+              inner, [g, v, mean](std::int64_t i) { return double(g[i]) * (double(v[i]) - mean); });
+        } else {
+          const T* y = out + at;
+          sg += lane_sum(inner, [g, y](std::int64_t i) { return relu_masked(g, y, i); });
+          sgx += lane_sum(inner, [g, y, v, mean](std::int64_t i) {
+            return relu_masked(g, y, i) * (double(v[i]) - mean);
+          });
+        }
       }
       sum_g[c] = sg;
       sum_gxhat[c] = sgx * double(si[c]);
@@ -188,7 +220,8 @@ inline void batch_norm_input_grad(ThreadPool& pool, const Tensor& x, const Tenso
                                   const Tensor& weight, const Tensor& save_mean,
                                   const Tensor& save_invstd, const Tensor& grad_x,
                                   std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                                  double count, const double* sum_g, const double* sum_gxhat) {
+                                  double count, const double* sum_g, const double* sum_gxhat,
+                                  const Tensor& relu_out = {}) {
   visit_real(x.dtype(), "batch_norm backward", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
@@ -197,6 +230,7 @@ inline void batch_norm_input_grad(ThreadPool& pool, const Tensor& x, const Tenso
     const T* sm = static_cast<const T*>(save_mean.data_ptr());
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
     T* gx = static_cast<T*>(grad_x.data_ptr());
+    const T* relu_y = relu_out.defined() ? static_cast<const T*>(relu_out.data_ptr()) : nullptr;
     pool.parallel_for(outer * channels, [&](std::int64_t plane) {
       const std::int64_t c = plane % channels, at = plane * inner;
       const double mean = sm[c], invstd = si[c];
@@ -204,9 +238,17 @@ inline void batch_norm_input_grad(ThreadPool& pool, const Tensor& x, const Tenso
       const T* v = in + at;
       const T* g = gy + at;
       T* out = gx + at;
-      for (std::int64_t i = 0; i < inner; ++i) {
-        const double xhat = (v[i] - mean) * invstd;
-        out[i] = static_cast<T>(k * (count * g[i] - sg - xhat * sgx));
+      if (relu_y == nullptr) {
+        for (std::int64_t i = 0; i < inner; ++i) {
+          const double xhat = (v[i] - mean) * invstd;
+          out[i] = static_cast<T>(k * (count * g[i] - sg - xhat * sgx));
+        }
+      } else {
+        const T* y = relu_y + at;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          const double xhat = (v[i] - mean) * invstd;
+          out[i] = static_cast<T>(k * (count * relu_masked(g, y, i) - sg - xhat * sgx));
+        }
       }
     });
   });
@@ -233,16 +275,16 @@ inline void batch_norm_train_backward(ThreadPool& pool, const Tensor& x, const T
                                       const Tensor& weight, const Tensor& save_mean,
                                       const Tensor& save_invstd, const Tensor& grad_x,
                                       const Tensor& grad_weight, const Tensor& grad_bias,
-                                      std::int64_t outer, std::int64_t channels,
-                                      std::int64_t inner) {
+                                      std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                                      const Tensor& relu_out = {}) {
   std::vector<double> sum_g(static_cast<std::size_t>(channels)),
       sum_gxhat(static_cast<std::size_t>(channels));
   batch_norm_grad_sums(pool, x, grad_y, save_mean, save_invstd, outer, channels, inner,
-                       sum_g.data(), sum_gxhat.data());
+                       sum_g.data(), sum_gxhat.data(), relu_out);
   store_channel_grads(sum_g.data(), sum_gxhat.data(), grad_weight, grad_bias, channels);
   if (grad_x.defined())
     batch_norm_input_grad(pool, x, grad_y, weight, save_mean, save_invstd, grad_x, outer, channels,
-                          inner, double(outer * inner), sum_g.data(), sum_gxhat.data());
+                          inner, double(outer * inner), sum_g.data(), sum_gxhat.data(), relu_out);
 }
 
 struct PoolGeometry {

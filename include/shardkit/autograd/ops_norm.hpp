@@ -21,6 +21,11 @@ struct BatchNormOptions {
   double eps = 1e-5;
   // Off while checkpointing recomputes a segment: the statistics were folded in already.
   bool update_running_stats = true;
+  // A ReLU fused after the normalisation: y = max(batch_norm(x), 0), the same values and
+  // gradients as batch_norm followed by relu. On the CPU it saves a pass over the activation
+  // each way (the ReLU is applied as y is written; its mask is applied as the backward reads
+  // the gradient); on the GPU the two run one after the other.
+  bool relu = false;
   // Training mode with a group of more than one rank: the statistics are those of the group's
   // whole batch (SyncBatchNorm; parallel/sync_batch_norm.hpp). Forward gathers every member's
   // per-channel count, mean and squared deviations and combines them in rank order (Chan et
@@ -69,6 +74,7 @@ inline double group_moments(Context& ctx, BatchStatsGroup& group, const Tensor& 
 
 struct BatchNormNode final : Node {
   Tensor x, weight, mean, invstd_or_var;  // training: saved mean/invstd; eval: running mean/var
+  Tensor relu_out;                        // the output, when a ReLU is fused (its mask)
   BatchNormShape s{};
   bool training = true;
   double eps = 1e-5;
@@ -78,6 +84,11 @@ struct BatchNormNode final : Node {
 
   std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
+    // The CPU's training-mode loops apply a fused ReLU's mask as they read g; elsewhere it is a
+    // pass of its own first.
+    const bool mask_in_loops = training && g.device().is_cpu();
+    if (relu_out.defined() && !mask_in_loops)
+      g = fn::pointwise(ctx, Pointwise::relu_backward, g, relu_out, 1, 0);
     const DType stat = weight.dtype();
     Tensor gx = edges[0].valid() || g.device().is_cuda() ? fn::new_like(ctx, g) : Tensor();
     // Parameter gradients count as gradients, not activations, while they wait to be accumulated.
@@ -86,19 +97,19 @@ struct BatchNormNode final : Node {
     if (training && sync) {
       cpu::in_f32(
           ctx,
-          [&](const Tensor& a, const Tensor& b, const Tensor& d) {
-            synced_backward(ctx, a, b, d, gw, gb);
+          [&](const Tensor& a, const Tensor& b, const Tensor& d, const Tensor& r) {
+            synced_backward(ctx, a, b, d, gw, gb, r);
           },
-          x, g, gx);
+          x, g, gx, relu_out);
     } else if (training) {
       if (g.device().is_cpu()) {
         cpu::in_f32(
             ctx,
-            [&](const Tensor& a, const Tensor& b, const Tensor& d) {
+            [&](const Tensor& a, const Tensor& b, const Tensor& d, const Tensor& r) {
               cpu::batch_norm_train_backward(ctx.cpu_pool(), a, b, weight, mean, invstd_or_var, d,
-                                             gw, gb, s.outer, s.channels, s.inner);
+                                             gw, gb, s.outer, s.channels, s.inner, r);
             },
-            x, g, gx);
+            x, g, gx, relu_out);
       } else {
 #if SK_WITH_CUDA
         cuda::batch_norm_train_backward(ctx, x, g, weight, mean, invstd_or_var, eps, gx, gw, gb,
@@ -115,24 +126,25 @@ struct BatchNormNode final : Node {
     }
     return {edges[0].valid() ? gx : Tensor(), gw, gb};
   }
-  void release_saved() override { x = weight = mean = invstd_or_var = Tensor(); }
+  void release_saved() override { x = weight = mean = invstd_or_var = relu_out = Tensor(); }
 
  private:
   // The input gradient needs the group's sums of g and g * xhat; weight and bias keep this
   // rank's.
   void synced_backward(Context& ctx, const Tensor& x32, const Tensor& g, const Tensor& gx,
-                       const Tensor& gw, const Tensor& gb) {
+                       const Tensor& gw, const Tensor& gb, const Tensor& relu_y) {
     const auto C = static_cast<std::size_t>(s.channels);
     std::vector<double> sums(2 * C);
     cpu::batch_norm_grad_sums(ctx.cpu_pool(), x32, g, mean, invstd_or_var, s.outer, s.channels,
-                              s.inner, sums.data(), sums.data() + C);
+                              s.inner, sums.data(), sums.data() + C, relu_y);
     cpu::store_channel_grads(sums.data(), sums.data() + C, gw, gb, s.channels);
     Tensor group_sums = from_vector(ctx, sums, {static_cast<std::int64_t>(sums.size())});
     sync->all_reduce_sum(ctx, group_sums);  // every member calls this, gx wanted or not
     if (!gx.defined()) return;
     const auto total = to_vector<double>(ctx, group_sums);
     cpu::batch_norm_input_grad(ctx.cpu_pool(), x32, g, weight, mean, invstd_or_var, gx, s.outer,
-                               s.channels, s.inner, group_count, total.data(), total.data() + C);
+                               s.channels, s.inner, group_count, total.data(), total.data() + C,
+                               relu_y);
   }
 };
 
@@ -198,7 +210,7 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
           group_count = detail::group_moments(ctx, *o.sync, a, s, mean, m2);
           cpu::batch_norm_normalize(ctx.cpu_pool(), a, wd, bd, rm, rv, o.momentum, o.eps, b,
                                     saved_a, saved_b, s.outer, s.channels, s.inner, group_count,
-                                    mean.data(), m2.data());
+                                    mean.data(), m2.data(), o.relu);
         },
         xd, y);
   } else if (o.training) {
@@ -211,7 +223,7 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
           ctx,
           [&](const Tensor& a, const Tensor& b) {
             cpu::batch_norm_train_forward(ctx.cpu_pool(), a, wd, bd, rm, rv, o.momentum, o.eps, b,
-                                          saved_a, saved_b, s.outer, s.channels, s.inner);
+                                          saved_a, saved_b, s.outer, s.channels, s.inner, o.relu);
           },
           xd, y);
     } else {
@@ -226,7 +238,7 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
           ctx,
           [&](const Tensor& a, const Tensor& b) {
             cpu::batch_norm_eval_forward(ctx.cpu_pool(), a, wd, bd, running_mean, running_var,
-                                         o.eps, b, s.outer, s.channels, s.inner);
+                                         o.eps, b, s.outer, s.channels, s.inner, o.relu);
           },
           xd, y);
     } else {
@@ -236,9 +248,12 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
 #endif
     }
   }
+  if (o.relu && xd.device().is_cuda())  // (the CPU loops applied it as they wrote y)
+    y = fn::pointwise(ctx, Pointwise::relu, y, Tensor(), 1, 0);
   if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
   auto node = std::make_shared<detail::BatchNormNode>();
   node->x = xd;
+  if (o.relu) node->relu_out = y;
   node->weight = wd;
   node->s = s;
   node->training = o.training;

@@ -51,6 +51,7 @@ class BasicBlock : public Module {
              const ResNetOptions& o) {
     conv1 = register_module("conv1", detail::conv(ctx, in, planes, 3, stride, o));
     bn1 = register_module("bn1", detail::bn(ctx, planes, o));
+    bn1->options.relu = true;  // the ReLU after bn1, fused into it (one pass fewer each way)
     relu = register_module("relu", std::make_shared<ReLU>());
     conv2 = register_module("conv2", detail::conv(ctx, planes, planes, 3, 1, o));
     bn2 = register_module("bn2", detail::bn(ctx, planes, o));
@@ -63,7 +64,7 @@ class BasicBlock : public Module {
   }
   const char* type_name() const override { return "BasicBlock"; }
   Variable forward(Context& ctx, const Variable& x) override {
-    Variable out = (*relu)(ctx, (*bn1)(ctx, (*conv1)(ctx, x)));
+    Variable out = (*bn1)(ctx, (*conv1)(ctx, x));  // (with the first ReLU)
     out = (*bn2)(ctx, (*conv2)(ctx, out));
     const Variable identity = downsample ? (*downsample)(ctx, x) : x;
     return (*relu)(ctx, autograd::add(ctx, out, identity));
@@ -86,6 +87,7 @@ class Bottleneck : public Module {
     bn2 = register_module("bn2", detail::bn(ctx, planes, o));
     conv3 = register_module("conv3", detail::conv(ctx, planes, out, 1, 1, o));
     bn3 = register_module("bn3", detail::bn(ctx, out, o));
+    bn1->options.relu = bn2->options.relu = true;  // the ReLUs after them, fused into them
     relu = register_module("relu", std::make_shared<ReLU>());
     if (o.zero_init_residual) fill(ctx, bn3->weight.data(), 0.0);
     if (stride != 1 || in != out) {
@@ -96,8 +98,8 @@ class Bottleneck : public Module {
   }
   const char* type_name() const override { return "Bottleneck"; }
   Variable forward(Context& ctx, const Variable& x) override {
-    Variable y = (*relu)(ctx, (*bn1)(ctx, (*conv1)(ctx, x)));
-    y = (*relu)(ctx, (*bn2)(ctx, (*conv2)(ctx, y)));
+    Variable y = (*bn1)(ctx, (*conv1)(ctx, x));  // (bn1 and bn2 with their ReLUs)
+    y = (*bn2)(ctx, (*conv2)(ctx, y));
     y = (*bn3)(ctx, (*conv3)(ctx, y));
     const Variable identity = downsample ? (*downsample)(ctx, x) : x;
     return (*relu)(ctx, autograd::add(ctx, y, identity));
