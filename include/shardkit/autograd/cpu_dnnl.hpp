@@ -6,10 +6,10 @@
 // blocked weights) that they choose per shape; shardkit's tensors stay NCHW / OIHW, and each
 // call reorders its operands into the chosen layouts and its result back -- memory-bound copies,
 // small beside the convolution's arithmetic (8-9% of a ResNet-18 step; a backward pass reorders
-// the output gradient once for its backward-data and backward-weights calls). Primitives are made once per (shape, thread count)
-// and cached in the Context; every buffer (reordered operands, oneDNN's scratchpad) comes from
-// the context's allocator, so memory statistics count it and the host allocator's cache reuses
-// it step after step.
+// the output gradient once for its backward-data and backward-weights calls). Primitives are
+// made once per (shape, thread count) and cached in the Context; every buffer (reordered
+// operands, oneDNN's scratchpad) comes from the context's allocator, so memory statistics count
+// it and the host allocator's cache reuses it step after step.
 //
 // Threads: oneDNN here runs on OpenMP. Each call sets the calling thread's OpenMP thread count
 // to the context's cpu_threads(), so local ranks (threads of one process) each get their share.
@@ -154,6 +154,7 @@ class Call {
     for (std::size_t i = 0; i < operands_.size(); ++i) {
       Operand& o = operands_[i];
       if (in_chosen_layout[i]) {
+        SK_ASSERT(o.reordered());  // (an operand given in the chosen layout has one)
         SK_DNNL_CHECK(dnnl_memory_set_data_handle(o.chosen_memory.get(), buffers[i]));
         args[nargs++] = {o.arg, o.chosen_memory.get()};
         continue;

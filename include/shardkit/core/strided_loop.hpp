@@ -80,13 +80,14 @@ class TaskBody {
 
 // The one task driver of the host loops: cuts units [0, units) into chunks of `per_task` and
 // calls chunk(first, end) for each on `pool` -- or once for all of them on the calling thread
-// when the pool has one thread or the units make fewer than two chunks. Callers choose units
-// whose chunks are independent (elements, tiles, bytes, Philox blocks).
+// when the pool has one thread or there are fewer than two chunks' worth of units (a task too
+// small to pay for waking the pool). Callers choose units whose chunks are independent
+// (elements, tiles, bytes, Philox blocks).
 template <class Chunk>
 void for_each_chunk(ThreadPool& pool, std::int64_t units, std::int64_t per_task, Chunk&& chunk) {
   if (units <= 0) return;
   const std::int64_t tasks = (units + per_task - 1) / per_task;
-  if (pool.size() == 1 || tasks < 2) return chunk(std::int64_t{0}, units);
+  if (pool.size() == 1 || units < 2 * per_task) return chunk(std::int64_t{0}, units);
   auto task_body = [&](std::int64_t task) {
     const std::int64_t first = task * per_task;
     chunk(first, std::min(units, first + per_task));

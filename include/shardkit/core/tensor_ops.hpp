@@ -61,9 +61,10 @@ inline constexpr bool is_floating_storage_v =
     std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 // for_each_element on `ctx`'s CPU threads when loop_may_run_in_parallel says it may. Only
-// loops over floating-point storage (`Threaded`) take the threaded and tiled paths: those are
-// the large tensors training moves; integer tensors (labels, indices) stay on one thread, which
-// keeps copies between every pair of dtypes from compiling each path 49 times.
+// copies and additions between floating-point storage (`Threaded`) take the threaded strided
+// and tiled paths: those are the large tensors training moves; integer tensors (labels,
+// indices) stay on one thread, which keeps copies between every pair of dtypes from compiling
+// each path 49 times. (fill and divide_ use host_contiguous_or_strided below.)
 template <bool Threaded, class Fn>
 void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shape& src_strides,
                       Fn&& fn) {

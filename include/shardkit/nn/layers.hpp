@@ -18,7 +18,8 @@ class Linear : public Module {
         "weight", empty(ctx, {out_features, in_features}, dtype, MemoryCategory::parameters));
     init::default_weight_(ctx, weight.data());
     if (bias) {
-      this->bias = register_parameter("bias", empty(ctx, {out_features}, dtype, MemoryCategory::parameters));
+      this->bias =
+          register_parameter("bias", empty(ctx, {out_features}, dtype, MemoryCategory::parameters));
       init::default_bias_(ctx, this->bias.data(), weight.data());
     }
   }
@@ -41,7 +42,8 @@ class Conv2d : public Module {
                                                 dtype, MemoryCategory::parameters));
     init::default_weight_(ctx, weight.data());
     if (bias) {
-      this->bias = register_parameter("bias", empty(ctx, {out_channels}, dtype, MemoryCategory::parameters));
+      this->bias =
+          register_parameter("bias", empty(ctx, {out_channels}, dtype, MemoryCategory::parameters));
       init::default_bias_(ctx, this->bias.data(), weight.data());
     }
   }
@@ -60,16 +62,21 @@ class BatchNorm : public Module {
   BatchNorm(Context& ctx, std::int64_t num_features, int dims = 2, DType dtype = DType::f32,
             double eps = 1e-5, double momentum = 0.1, bool force_f32 = false)
       : dims_(dims), force_f32_(force_f32) {
-    check(num_features > 0 && (dims == 1 || dims == 2), "BatchNorm: num_features ",
-          num_features, " must be positive and dims ", dims, " 1 or 2");
+    check(num_features > 0 && (dims == 1 || dims == 2), "BatchNorm: num_features ", num_features,
+          " must be positive and dims ", dims, " 1 or 2");
     options.eps = eps;
     options.momentum = momentum;
     const DType stat = autograd::accumulator_dtype(dtype);
-    weight = register_parameter("weight", full(ctx, {num_features}, stat, 1.0, MemoryCategory::parameters));
-    bias = register_parameter("bias", full(ctx, {num_features}, stat, 0.0, MemoryCategory::parameters));
-    running_mean = register_buffer("running_mean", zeros(ctx, {num_features}, stat, MemoryCategory::parameters));
-    running_var = register_buffer("running_var", full(ctx, {num_features}, stat, 1.0, MemoryCategory::parameters));
-    num_batches_tracked = register_buffer("num_batches_tracked", zeros(ctx, {}, DType::i64, MemoryCategory::parameters));
+    weight = register_parameter("weight",
+                                full(ctx, {num_features}, stat, 1.0, MemoryCategory::parameters));
+    bias = register_parameter("bias",
+                              full(ctx, {num_features}, stat, 0.0, MemoryCategory::parameters));
+    running_mean = register_buffer("running_mean",
+                                   zeros(ctx, {num_features}, stat, MemoryCategory::parameters));
+    running_var = register_buffer("running_var",
+                                  full(ctx, {num_features}, stat, 1.0, MemoryCategory::parameters));
+    num_batches_tracked = register_buffer("num_batches_tracked",
+                                          zeros(ctx, {}, DType::i64, MemoryCategory::parameters));
   }
   const char* type_name() const override { return dims_ == 1 ? "BatchNorm1d" : "BatchNorm2d"; }
 
@@ -86,9 +93,14 @@ class BatchNorm : public Module {
     Variable x = input;
     const bool upcast = force_f32_ && x.dtype() != DType::f32;
     if (upcast) x = autograd::cast(ctx, x, DType::f32);
+    // An upcast batch-norm applies a fused ReLU after the cast back, as the separate ReLU did:
+    // its mask is then the rounded output's, and no f32 copy is kept for it.
+    if (upcast) o.relu = false;
     Variable y = autograd::batch_norm(ctx, x, weight, bias, running_mean, running_var, o);
     if (o.training && o.update_running_stats) bump_batches(ctx);
-    return upcast ? autograd::cast(ctx, y, input.dtype()) : y;
+    if (!upcast) return y;
+    y = autograd::cast(ctx, y, input.dtype());
+    return options.relu ? autograd::relu(ctx, y) : y;
   }
 
   autograd::BatchNormOptions options;

@@ -64,7 +64,8 @@ class BasicBlock : public Module {
   }
   const char* type_name() const override { return "BasicBlock"; }
   Variable forward(Context& ctx, const Variable& x) override {
-    Variable out = (*bn1)(ctx, (*conv1)(ctx, x));  // (with the first ReLU)
+    Variable out = (*bn1)(ctx, (*conv1)(ctx, x));  // (with the first ReLU, when fused)
+    if (!bn1->options.relu) out = (*relu)(ctx, out);
     out = (*bn2)(ctx, (*conv2)(ctx, out));
     const Variable identity = downsample ? (*downsample)(ctx, x) : x;
     return (*relu)(ctx, autograd::add(ctx, out, identity));
@@ -98,8 +99,10 @@ class Bottleneck : public Module {
   }
   const char* type_name() const override { return "Bottleneck"; }
   Variable forward(Context& ctx, const Variable& x) override {
-    Variable y = (*bn1)(ctx, (*conv1)(ctx, x));  // (bn1 and bn2 with their ReLUs)
+    Variable y = (*bn1)(ctx, (*conv1)(ctx, x));  // (bn1 and bn2 with their ReLUs, when fused)
+    if (!bn1->options.relu) y = (*relu)(ctx, y);
     y = (*bn2)(ctx, (*conv2)(ctx, y));
+    if (!bn2->options.relu) y = (*relu)(ctx, y);
     y = (*bn3)(ctx, (*conv3)(ctx, y));
     const Variable identity = downsample ? (*downsample)(ctx, x) : x;
     return (*relu)(ctx, autograd::add(ctx, y, identity));
