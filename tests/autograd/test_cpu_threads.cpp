@@ -46,6 +46,17 @@ BnRun run_block(int threads, sk::DType dtype, sk::Shape shape) {
           f64(running_mean), f64(running_var), f64(e.data())};
 }
 
+// Every field of two runs equal, bit for bit.
+void check_same_bits(const BnRun& got, const BnRun& want) {
+  CHECK(got.y == want.y);
+  CHECK(got.gx == want.gx);
+  CHECK(got.gw == want.gw);
+  CHECK(got.gb == want.gb);
+  CHECK(got.running_mean == want.running_mean);
+  CHECK(got.running_var == want.running_var);
+  CHECK(got.eval_y == want.eval_y);
+}
+
 }  // namespace
 
 TEST_CASE("CPU batch-norm and element-wise ops give the same bits on any thread count") {
@@ -57,14 +68,7 @@ TEST_CASE("CPU batch-norm and element-wise ops give the same bits on any thread 
     const BnRun one = run_block(1, sk::DType::f32, shape);
     for (int threads : {2, 3, 5}) {
       CAPTURE(threads);
-      const BnRun many = run_block(threads, sk::DType::f32, shape);
-      CHECK(many.y == one.y);
-      CHECK(many.gx == one.gx);
-      CHECK(many.gw == one.gw);
-      CHECK(many.gb == one.gb);
-      CHECK(many.running_mean == one.running_mean);
-      CHECK(many.running_var == one.running_var);
-      CHECK(many.eval_y == one.eval_y);
+      check_same_bits(run_block(threads, sk::DType::f32, shape), one);
     }
     // And f32 follows the f64 computation of the same inputs (drawn in f64, rounded to f32).
     const BnRun reference = run_block(2, sk::DType::f64, shape);
@@ -127,11 +131,6 @@ TEST_CASE("batch-norm with a fused ReLU equals batch-norm then ReLU, bit for bit
         const auto zeros = std::count(fused.y.begin(), fused.y.end(), 0.0);
         CHECK(zeros > 0);  // the ReLU cut some outputs and passed others
         CHECK(zeros < static_cast<std::ptrdiff_t>(fused.y.size()));
-        CHECK(fused.y == separate.y);
-        CHECK(fused.gx == separate.gx);
-        CHECK(fused.gw == separate.gw);
-        CHECK(fused.gb == separate.gb);
-        CHECK(fused.running_mean == separate.running_mean);
-        CHECK(fused.running_var == separate.running_var);
+        check_same_bits(fused, separate);  // (eval_y: empty in both)
       }
 }
