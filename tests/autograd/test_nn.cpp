@@ -130,6 +130,54 @@ TEST_CASE("ResNet forward and backward shapes (small images)") {
   }
 }
 
+TEST_CASE(
+    "ResNet blocks with batch-norm + ReLU fused or not: the same bits; unfused, torchvision's "
+    "module calls") {
+  struct Run {
+    std::vector<float> logits;
+    std::vector<std::vector<float>> grads;
+    int relu_calls = 0;  // forward hook on layer1.0.relu
+    float bn1_min = 0;   // smallest value a forward hook on layer1.0.bn1 sees
+  };
+  for (const bool bottleneck : {false, true}) {
+    CAPTURE(bottleneck);
+    auto run = [&](bool fuse) {
+      sk::Context ctx({.seed = 33});
+      nn::ResNetOptions o;
+      o.num_classes = 10;
+      o.small_image_stem = true;
+      o.base_channels = 8;
+      o.fuse_bn_relu = fuse;
+      auto net = bottleneck ? nn::resnet50(ctx, o) : nn::resnet18(ctx, o);
+      Run r;
+      for (auto& [name, m] : net->named_modules()) {
+        if (name == "layer1.0.relu")
+          m->register_forward_hook(
+              [&](nn::Module&, const Variable&, const Variable&) { ++r.relu_calls; });
+        if (name == "layer1.0.bn1")
+          m->register_forward_hook([&](nn::Module&, const Variable&, const Variable& y) {
+            const auto v = sk::to_vector<float>(ctx, y.data());
+            r.bn1_min = *std::min_element(v.begin(), v.end());
+          });
+      }
+      auto logits = (*net)(ctx, random_input(ctx, {4, 3, 12, 12}));
+      ag::backward(ctx, ag::cross_entropy(ctx, logits,
+                                          sk::from_vector<std::int64_t>(ctx, {1, 4, 7, 9}, {4})));
+      r.logits = sk::to_vector<float>(ctx, logits.data());
+      for (auto& [name, p] : net->named_parameters())
+        r.grads.push_back(sk::to_vector<float>(ctx, p.grad()));
+      return r;
+    };
+    const Run fused = run(true), plain = run(false);
+    CHECK(fused.logits == plain.logits);
+    CHECK(fused.grads == plain.grads);
+    CHECK(plain.relu_calls == (bottleneck ? 3 : 2));  // after bn1 (bn2) and after the add
+    CHECK(fused.relu_calls == 1);                     // after the add only
+    CHECK(plain.bn1_min < 0);                         // batch-norm's own output
+    CHECK(fused.bn1_min == 0);                        // after the ReLU inside it
+  }
+}
+
 TEST_CASE("module hooks: forward pre/post, backward pre/post") {
   sk::Context ctx({.seed = 33});
   auto head = nn::mlp_head(ctx, 6, 8, 3);

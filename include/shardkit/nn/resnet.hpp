@@ -26,6 +26,12 @@ struct ResNetOptions {
   // values give the same architecture at a fraction of the cost (tests, CPU benchmarks).
   std::int64_t base_channels = 64;
   std::int64_t in_channels = 3;  // 1 for grayscale images (Fashion-MNIST)
+  // The ReLU after bn1 (and bn2 in a bottleneck) runs inside that batch-norm: the same bits,
+  // a pass over the activation fewer each way. The module calls then differ from torchvision's:
+  // a forward hook on bn1 sees the output after the ReLU, and the block's `relu` runs once (after
+  // the residual add) instead of two or three times. False keeps torchvision's calls, for hooks
+  // that count on them.
+  bool fuse_bn_relu = true;
 };
 
 namespace detail {
@@ -51,7 +57,7 @@ class BasicBlock : public Module {
              const ResNetOptions& o) {
     conv1 = register_module("conv1", detail::conv(ctx, in, planes, 3, stride, o));
     bn1 = register_module("bn1", detail::bn(ctx, planes, o));
-    bn1->options.relu = true;  // the ReLU after bn1, fused into it (one pass fewer each way)
+    bn1->options.relu = o.fuse_bn_relu;  // the ReLU after bn1, inside it
     relu = register_module("relu", std::make_shared<ReLU>());
     conv2 = register_module("conv2", detail::conv(ctx, planes, planes, 3, 1, o));
     bn2 = register_module("bn2", detail::bn(ctx, planes, o));
@@ -88,7 +94,7 @@ class Bottleneck : public Module {
     bn2 = register_module("bn2", detail::bn(ctx, planes, o));
     conv3 = register_module("conv3", detail::conv(ctx, planes, out, 1, 1, o));
     bn3 = register_module("bn3", detail::bn(ctx, out, o));
-    bn1->options.relu = bn2->options.relu = true;  // the ReLUs after them, fused into them
+    bn1->options.relu = bn2->options.relu = o.fuse_bn_relu;  // the ReLUs after them, inside
     relu = register_module("relu", std::make_shared<ReLU>());
     if (o.zero_init_residual) fill(ctx, bn3->weight.data(), 0.0);
     if (stride != 1 || in != out) {
