@@ -105,12 +105,14 @@ void compare_with_grads(const char* name, const std::vector<sk::Shape>& shapes, 
   }
 }
 
-// Batch-norm statistics are f32 for half inputs: cast weight and bias inside the op.
-Variable bn(sk::Context& c, const std::vector<Variable>& v, bool training) {
+// Batch-norm statistics are f32 for half inputs: cast weight and bias inside the op. `relu`:
+// with the ReLU fused into it (on the GPU it runs after cuDNN's batch-norm).
+Variable bn(sk::Context& c, const std::vector<Variable>& v, bool training, bool relu = false) {
   const sk::DType stat = ag::accumulator_dtype(v[0].dtype());
   const std::int64_t channels = v[0].size(1);
   ag::BatchNormOptions o;
   o.training = training;
+  o.relu = relu;
   sk::Tensor mean = sk::full(c, {channels}, stat, 0.1), var = sk::full(c, {channels}, stat, 1.5);
   return ag::batch_norm(c, v[0], ag::cast(c, v[1], stat), ag::cast(c, v[2], stat), mean, var, o);
 }
@@ -145,6 +147,12 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
                      [](sk::Context& c, const auto& v) { return bn(c, v, true); });
   compare_with_grads("batch_norm eval", {{4, 6, 5, 5}, {6}, {6}},
                      [](sk::Context& c, const auto& v) { return bn(c, v, false); });
+  compare_with_grads("batch_norm+relu train 2d", {{4, 6, 5, 5}, {6}, {6}},
+                     [](sk::Context& c, const auto& v) { return bn(c, v, true, true); });
+  compare_with_grads("batch_norm+relu train 1d", {{16, 6}, {6}, {6}},
+                     [](sk::Context& c, const auto& v) { return bn(c, v, true, true); });
+  compare_with_grads("batch_norm+relu eval", {{4, 6, 5, 5}, {6}, {6}},
+                     [](sk::Context& c, const auto& v) { return bn(c, v, false, true); });
   compare_with_grads("max_pool", {{2, 4, 11, 11}}, [](sk::Context& c, const auto& v) {
     return ag::max_pool2d(c, v[0], 3, 2, 1);
   });
