@@ -134,3 +134,46 @@ TEST_CASE("batch-norm with a fused ReLU equals batch-norm then ReLU, bit for bit
         check_same_bits(fused, separate);  // (eval_y: empty in both)
       }
 }
+
+// Max-pool runs one (n, c) plane per task: the same output, indices and input gradient on any
+// thread count, and each output the largest input of its window (padding never chosen).
+TEST_CASE("CPU max-pool gives the same bits on any thread count") {
+  const sk::Shape shape{3, 5, 17, 13};
+  struct PoolRun {
+    std::vector<float> y, gx;
+  };
+  auto run = [&](int threads) {
+    sk::Context ctx({.seed = 24, .cpu_threads = threads});
+    sk::Tensor x = sk::empty(ctx, shape, sk::DType::f32);
+    sk::uniform_(ctx, x, -2, 3);
+    Variable in(x, true);
+    Variable y = ag::max_pool2d(ctx, in, 3, 2, 1);
+    sk::Tensor g = sk::empty(ctx, y.shape(), sk::DType::f32);
+    sk::uniform_(ctx, g, -1, 1);
+    ag::backward(ctx, y, g);
+    PoolRun r{sk::to_vector<float>(ctx, y.data()), sk::to_vector<float>(ctx, in.grad())};
+    if (threads == 1) {  // the window maxima, directly
+      const auto xs = sk::to_vector<float>(ctx, x);
+      const std::int64_t H = shape[2], W = shape[3], OH = y.size(2), OW = y.size(3);
+      for (std::int64_t q = 0; q < shape[0] * shape[1]; ++q)
+        for (std::int64_t oh = 0; oh < OH; ++oh)
+          for (std::int64_t ow = 0; ow < OW; ++ow) {
+            float best = -INFINITY;
+            for (std::int64_t ih = std::max<std::int64_t>(2 * oh - 1, 0);
+                 ih < std::min(2 * oh + 2, H); ++ih)
+              for (std::int64_t iw = std::max<std::int64_t>(2 * ow - 1, 0);
+                   iw < std::min(2 * ow + 2, W); ++iw)
+                best = std::max(best, xs[static_cast<std::size_t>((q * H + ih) * W + iw)]);
+            REQUIRE(r.y[static_cast<std::size_t>((q * OH + oh) * OW + ow)] == best);
+          }
+    }
+    return r;
+  };
+  const PoolRun one = run(1);
+  for (int threads : {2, 3, 5}) {
+    CAPTURE(threads);
+    const PoolRun other = run(threads);
+    CHECK(other.y == one.y);
+    CHECK(other.gx == one.gx);
+  }
+}

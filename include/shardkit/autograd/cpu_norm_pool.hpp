@@ -292,9 +292,11 @@ struct PoolGeometry {
 };
 
 // Max-pool x[N, C, H, W] -> y[N, C, OH, OW]; argmax[N, C, OH, OW] (i64) holds the index into
-// each H*W plane for backward. Padding never wins (it is -inf, as in PyTorch).
-inline void max_pool_forward(const Tensor& x, const Tensor& y, const Tensor& argmax,
-                             const PoolGeometry& p) {
+// each H*W plane for backward. Padding never wins (it is -inf, as in PyTorch); a NaN does (the
+// last one in the window). One (n, c) plane per task: each output is one thread's, so the result
+// is the same on any thread count.
+inline void max_pool_forward(ThreadPool& pool, const Tensor& x, const Tensor& y,
+                             const Tensor& argmax, const PoolGeometry& p) {
   visit_real(x.dtype(), "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
     const std::int64_t planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3);
@@ -302,33 +304,39 @@ inline void max_pool_forward(const Tensor& x, const Tensor& y, const Tensor& arg
     const T* in = static_cast<const T*>(x.data_ptr());
     T* out = static_cast<T*>(y.data_ptr());
     auto* arg = static_cast<std::int64_t*>(argmax.data_ptr());
-    for (std::int64_t q = 0; q < planes; ++q) {
+    pool.parallel_for(planes, [&](std::int64_t q) {
       const T* plane = in + q * H * W;
-      for (std::int64_t oh = 0; oh < OH; ++oh)
+      T* plane_out = out + q * OH * OW;
+      std::int64_t* plane_arg = arg + q * OH * OW;
+      for (std::int64_t oh = 0; oh < OH; ++oh) {
+        // The window's rows and columns inside the image (the padding is skipped, not read).
+        const std::int64_t top = oh * p.stride_h - p.pad_h;
+        const std::int64_t h0 = std::max<std::int64_t>(top, 0), h1 = std::min(top + p.kernel_h, H);
         for (std::int64_t ow = 0; ow < OW; ++ow) {
+          const std::int64_t left = ow * p.stride_w - p.pad_w;
+          const std::int64_t w0 = std::max<std::int64_t>(left, 0),
+                             w1 = std::min(left + p.kernel_w, W);
           T best = -std::numeric_limits<T>::infinity();
           std::int64_t best_at = -1;
-          for (std::int64_t kh = 0; kh < p.kernel_h; ++kh) {
-            const std::int64_t ih = oh * p.stride_h - p.pad_h + kh;
-            if (ih < 0 || ih >= H) continue;
-            for (std::int64_t kw = 0; kw < p.kernel_w; ++kw) {
-              const std::int64_t iw = ow * p.stride_w - p.pad_w + kw;
-              if (iw < 0 || iw >= W) continue;
+          for (std::int64_t ih = h0; ih < h1; ++ih)
+            for (std::int64_t iw = w0; iw < w1; ++iw) {
               const T v = plane[ih * W + iw];
               if (best_at < 0 || v > best || std::isnan(v)) {
                 best = v;
                 best_at = ih * W + iw;
               }
             }
-          }
-          out[(q * OH + oh) * OW + ow] = best;
-          arg[(q * OH + oh) * OW + ow] = best_at;
+          plane_out[oh * OW + ow] = best;
+          plane_arg[oh * OW + ow] = best_at;
         }
-    }
+      }
+    });
   });
 }
 
-inline void max_pool_backward(const Tensor& grad_y, const Tensor& argmax, const Tensor& grad_x) {
+// One (n, c) plane per task, as forward: a plane's gradient sums only its own outputs, in order.
+inline void max_pool_backward(ThreadPool& pool, const Tensor& grad_y, const Tensor& argmax,
+                              const Tensor& grad_x) {
   visit_real(grad_y.dtype(), "max_pool2d backward", [&](auto tag) {
     using T = decltype(tag);
     const std::int64_t planes = grad_x.size(0) * grad_x.size(1);
@@ -337,10 +345,14 @@ inline void max_pool_backward(const Tensor& grad_y, const Tensor& argmax, const 
     const T* gy = static_cast<const T*>(grad_y.data_ptr());
     const auto* arg = static_cast<const std::int64_t*>(argmax.data_ptr());
     T* gx = static_cast<T*>(grad_x.data_ptr());
-    std::fill(gx, gx + grad_x.numel(), T(0));
-    for (std::int64_t q = 0; q < planes; ++q)
+    pool.parallel_for(planes, [&](std::int64_t q) {
+      T* plane = gx + q * HW;
+      const T* g = gy + q * OHW;
+      const std::int64_t* a = arg + q * OHW;
+      std::fill(plane, plane + HW, T(0));
       for (std::int64_t o = 0; o < OHW; ++o)
-        if (arg[q * OHW + o] >= 0) gx[q * HW + arg[q * OHW + o]] += gy[q * OHW + o];
+        if (a[o] >= 0) plane[a[o]] += g[o];
+    });
   });
 }
 

@@ -19,8 +19,11 @@ struct MaxPoolNode final : Node {
     Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
     if (g.device().is_cpu()) {
       cpu::in_f32(
-          ctx, [&](const Tensor& a, const Tensor& b) { cpu::max_pool_backward(a, argmax, b); }, g,
-          gx);
+          ctx,
+          [&](const Tensor& a, const Tensor& b) {
+            cpu::max_pool_backward(ctx.cpu_pool(), a, argmax, b);
+          },
+          g, gx);
     } else {
 #if SK_WITH_CUDA
       cuda::max_pool_backward(ctx, x, y, g, gx, p);
@@ -64,8 +67,11 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
   if (xd.device().is_cpu()) {
     argmax = fn::new_like(ctx, xd, y.shape(), DType::i64);
     cpu::in_f32(
-        ctx, [&](const Tensor& a, const Tensor& b) { cpu::max_pool_forward(a, b, argmax, p); }, xd,
-        y);
+        ctx,
+        [&](const Tensor& a, const Tensor& b) {
+          cpu::max_pool_forward(ctx.cpu_pool(), a, b, argmax, p);
+        },
+        xd, y);
   } else {
 #if SK_WITH_CUDA
     cuda::max_pool_forward(ctx, xd, y, p);
