@@ -4,6 +4,8 @@
 // compare_torch_cpu.sh runs both and prints the ratio.
 #include <Eigen/Core>
 
+#include <sys/resource.h>
+
 #include <chrono>
 
 #include "autograd_workloads.hpp"
@@ -85,13 +87,26 @@ BENCHMARK(BM_linear_fwd_bwd)
     ->Args({64, 2048, 1000})  // ResNet-50 fc
     ->Unit(benchmark::kMillisecond);
 
+// Pages the process touched for the first time (minor page faults), in MiB: after the warm-up
+// step the host allocator's cache should serve every buffer, so the timed steps fault in little.
+double faulted_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_minflt) * 4096.0 / double(1 << 20);
+}
+
 void BM_resnet18_train_step(benchmark::State& state) {
   sk::Context ctx({.seed = 4});
   auto w = wl::resnet18_step(ctx, state.range(0), state.range(1), state.range(1) <= 64 ? 10 : 1000);
+  const double before_warm_up = faulted_mib();
   w.run();
+  const double before_timed = faulted_mib();
   bench::LoopClock clock;
   for (auto _ : state) w.run();
   state.counters["images_per_s"] = double(state.range(0)) / clock.seconds_per_iteration(state);
+  state.counters["warm_up_faulted_MiB"] = before_timed - before_warm_up;
+  state.counters["faulted_MiB_per_step"] =
+      (faulted_mib() - before_timed) / double(state.iterations());
 }
 BENCHMARK(BM_resnet18_train_step)
     ->ArgNames({"batch", "HW"})
