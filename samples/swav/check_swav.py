@@ -114,6 +114,21 @@ def main():
         if len(set(prints.values())) != 1:
             raise SystemExit("FAIL: the stages' parameters differ")
         print("every stage, with and without activation checkpointing: the same parameters bit for bit")
+        # kNN on two feature sets (VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP: res5 unpooled, then
+        # the trunk output): both reported, at initialisation and at the end, and the same
+        # figures under ddp and under fsdp (whose forward gathers each block's shards).
+        pools = ['config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP='
+                 '[["res5", ["Identity", []]], ["res5avg", ["Identity", []]]]']
+        knn = {}
+        for stage in ("ddp", "fsdp"):
+            _, output = run(swav, os.path.join(work, f"knn_{stage}"),
+                            ["config.MAX_ITERATIONS=2"] + pools + STAGES[stage])
+            knn[stage] = re.findall(r"kNN top-1 on \d+ test images, (res5\S*) \((\d+) features\): "
+                                    r"([0-9.]+)%", output)
+        print(f"kNN per feature set (layer, features, top-1 %): {knn['ddp']}")
+        layers = [(layer, dim) for layer, dim, _ in knn["ddp"]]
+        if layers != [("res5", "256"), ("res5avg", "64")] * 2 or knn["ddp"] != knn["fsdp"]:
+            raise SystemExit(f"FAIL: kNN feature sets: ddp {knn['ddp']}, fsdp {knn['fsdp']}")
         # CPU offload through FairScale's FSDP keys: the same bits as FSDP on the device.
         for key in ("move_grads_to_cpu", "move_params_to_cpu"):
             offloaded, output = run(swav, os.path.join(work, key),

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config_tree.hpp"
+#include "feature_eval.hpp"
 #include "lr_schedule.hpp"
 #include "multicrop.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
@@ -70,6 +71,7 @@ struct SwavConfig {
   int knn_topk = 200;
   double knn_sigma = 0.07;
   int knn_every_epochs = 0;
+  std::vector<FeaturePool> knn_features{FeaturePool{}};  // the first is the headline figure
   std::int64_t memory_bank_limit = -1;
   std::string export_dir, metrics_path;
   std::int64_t max_iterations = -1;
@@ -182,6 +184,70 @@ inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
                             std::pair{"end_value", &s.end_value}, std::pair{"value", &s.value}})
     if (n[key]) *value = value_as<double>(n[key], where + "." + key, "a number");
   return s;
+}
+
+// MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP (feature_eval.hpp); an empty list
+// is the trunk's output, res5avg.
+inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const std::string& key) {
+  const std::string form =
+      "each entry is [layer, [op, args]]: a layer of res2, res3, res4, res5, res5avg and an op "
+      "of [\"Identity\", []], [\"AvgPool2d\", [[kh, kw], stride, padding]], "
+      "[\"AdaptiveAvgPool2d\", [[oh, ow]]]";
+  std::vector<FeaturePool> pools;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node e = list[i];
+    const std::string where = key + "[" + std::to_string(i) + "]";
+    if (!e.IsSequence() || e.size() != 2 || !e[1].IsSequence() || e[1].size() < 1 ||
+        e[1].size() > 2)
+      throw bad(where, ::swav::detail::text_of(e), form);
+    FeaturePool p;
+    p.layer = value_as<std::string>(e[0], where + "[0]", "a layer name");
+    const std::vector<std::string> layers{"res2", "res3", "res4", "res5", "res5avg"};
+    if (std::find(layers.begin(), layers.end(), p.layer) == layers.end())
+      throw bad(where + "[0]", p.layer,
+                "not a trunk feature this trainer extracts; use res2, res3, res4, res5 or res5avg");
+    for (const auto& other : pools)
+      if (other.layer == p.layer)
+        throw bad(where + "[0]", p.layer, "given twice; give each layer once");
+    const std::string op = value_as<std::string>(e[1][0], where + "[1][0]", "an op name");
+    const YAML::Node args = e[1].size() == 2 ? e[1][1] : YAML::Node(YAML::NodeType::Sequence);
+    const std::string args_where = where + "[1][1]";
+    auto pair_of = [&](const YAML::Node& n, const char* what) {
+      const auto v = value_as<std::vector<std::int64_t>>(n, args_where, what);
+      if (v.size() != 2 || v[0] < 1 || v[1] < 1)
+        throw bad(args_where, ::swav::detail::text_of(args), std::string("give ") + what);
+      return std::array<std::int64_t, 2>{v[0], v[1]};
+    };
+    if (op == "Identity") {
+      if (args.size() != 0)
+        throw bad(args_where, ::swav::detail::text_of(args), "Identity takes []");
+    } else if (op == "AvgPool2d") {
+      p.op = FeaturePool::Op::avg_pool;
+      if (!args.IsSequence() || args.size() < 1 || args.size() > 3)
+        throw bad(args_where, ::swav::detail::text_of(args),
+                  "AvgPool2d takes [[kh, kw], stride, padding] (stride defaults to the kernel)");
+      p.kernel = pair_of(args[0], "a kernel [kh, kw] of positive integers");
+      p.stride =
+          args.size() > 1 ? value_as<std::int64_t>(args[1], args_where, "a stride") : p.kernel[0];
+      p.padding = args.size() > 2 ? value_as<std::int64_t>(args[2], args_where, "a padding") : 0;
+      if (args.size() == 1 && p.kernel[0] != p.kernel[1])
+        throw bad(args_where, ::swav::detail::text_of(args),
+                  "give the stride of a non-square kernel");
+      if (p.stride < 1 || p.padding < 0 || 2 * p.padding > std::min(p.kernel[0], p.kernel[1]))
+        throw bad(args_where, ::swav::detail::text_of(args),
+                  "stride must be >= 1 and padding from 0 to half the kernel (as nn.AvgPool2d)");
+    } else if (op == "AdaptiveAvgPool2d") {
+      p.op = FeaturePool::Op::adaptive_avg_pool;
+      if (!args.IsSequence() || args.size() != 1)
+        throw bad(args_where, ::swav::detail::text_of(args), "AdaptiveAvgPool2d takes [[oh, ow]]");
+      p.output = pair_of(args[0], "an output size [oh, ow] of positive integers");
+    } else {
+      throw bad(where + "[1][0]", op, "use Identity, AvgPool2d or AdaptiveAvgPool2d");
+    }
+    pools.push_back(p);
+  }
+  if (pools.empty()) pools.push_back(FeaturePool{});
+  return pools;
 }
 
 // VISSL's get_scaled_lr_scheduler on one scheduler.
@@ -512,6 +578,9 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   s.knn_topk = c.get<int>("NEAREST_NEIGHBOR.TOPK");
   s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");
   s.knn_every_epochs = c.get<int>("NEAREST_NEIGHBOR.FREQUENCY");
+  s.knn_features =
+      detail::read_feature_pools(c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
+                                 "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
   s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
   s.export_dir = c.get<std::string>("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS");
   s.metrics_path = c.get<std::string>("METRICS.JSONL");

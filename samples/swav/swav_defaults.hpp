@@ -58,6 +58,11 @@ MODEL:
     BATCHNORM_EPS: 1.0e-5
     BATCHNORM_MOMENTUM: 0.1
   TEMP_FROZEN_PARAMS_ITER_MAP: []
+  FEATURE_EVAL_SETTINGS:
+    # The kNN's features: [] the trunk's output (res5avg); else [[layer, [op, args]], ...] with
+    # layers res2-res5, res5avg and ops Identity, AvgPool2d, AdaptiveAvgPool2d, each evaluated
+    # (the first is the headline figure).
+    LINEAR_EVAL_FEAT_POOL_OPS_MAP: []
   SYNC_BN_CONFIG:
     CONVERT_BN_TO_SYNC_BN: False
     SYNC_BN_TYPE: pytorch

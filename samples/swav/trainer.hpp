@@ -161,8 +161,11 @@ class SwavTrainer {
       batch_in_epoch = state.batch;
       report.resumed = true;
     } else {
-      report.knn_init = evaluate(report, Evaluation::initial);  // the network at initialisation
-      log_metrics({{"iteration", 0}, {"knn_init", report.knn_init}, {"raw_knn", report.raw_knn}});
+      nlohmann::json by_layer;  // the network at initialisation
+      report.knn_init = evaluate(report, Evaluation::initial, &by_layer);
+      log_metrics(knn_metrics(
+          {{"iteration", 0}, {"knn_init", report.knn_init}, {"raw_knn", report.raw_knn}},
+          by_layer));
     }
     report.start_iteration = iteration_;
     say("memory plan per rank: parameters %.2f MB, gradients %.2f MB, optimizer state %.2f MB, "
@@ -228,9 +231,11 @@ class SwavTrainer {
         save(epoch + 1, 0);
       if (c_.knn_every_epochs > 0 && (epoch + 1) % c_.knn_every_epochs == 0 &&
           epoch + 1 < c_.num_epochs) {
-        const double knn = evaluate(report, Evaluation::periodic);
+        nlohmann::json by_layer;
+        const double knn = evaluate(report, Evaluation::periodic, &by_layer);
         say("epoch %lld: kNN top-1 %.2f%%\n", static_cast<long long>(epoch + 1), 100 * knn);
-        log_metrics({{"epoch", epoch + 1}, {"iteration", iteration_}, {"knn", knn}});
+        log_metrics(
+            knn_metrics({{"epoch", epoch + 1}, {"iteration", iteration_}, {"knn", knn}}, by_layer));
       }
     }
     report.train_seconds =
@@ -248,8 +253,10 @@ class SwavTrainer {
         plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
         memory.peak_of(MemoryCategory::communication) / 1e6,
         memory.peak_of(MemoryCategory::activations) / 1e6, memory.peak_total / 1e6);
-    report.knn = evaluate(report, Evaluation::final);
-    log_metrics({{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}});
+    nlohmann::json by_layer;
+    report.knn = evaluate(report, Evaluation::final, &by_layer);
+    log_metrics(knn_metrics(
+        {{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}}, by_layer));
     report.fingerprint = fingerprint();
     return report;
   }
@@ -290,18 +297,32 @@ class SwavTrainer {
   }
 
   // --- evaluation ------------------------------------------------------------------------
-  // Trunk features (the kNN's embedding: the trunk's pooled output) of the first `count`
-  // images of `d`, on every rank: each rank runs an equal share (padded) and the shares are
-  // all-gathered. Collective (under fsdp every forward is).
-  std::vector<float> features(const sk::io::ImageDataset& d, std::int64_t count) {
+  // The kNN's features of the first `count` images of `d`, one set per entry of
+  // c_.knn_features (feature_eval.hpp: a trunk layer's output, pooled), on every rank: each
+  // rank runs an equal share (padded) and the shares are all-gathered. Forward hooks on the
+  // trunk's children copy the layers' outputs out, so the forward is the sharded module's own.
+  // Collective (under fsdp every forward is).
+  struct FeatureSet {
+    std::vector<float> values;  // rows of `dim`
+    std::int64_t dim = 0;
+  };
+  std::vector<FeatureSet> features(const sk::io::ImageDataset& d, std::int64_t count) {
     auto& ctx = *ctx_;
     const int world = comm_->size();
     const std::int64_t share = (count + world - 1) / world;
     const std::int64_t first = comm_->rank() * share;
+    const auto& pools = c_.knn_features;
+    std::vector<sk::Tensor> outputs(pools.size());
+    HookGuard hooks;
+    for (std::size_t k = 0; k < pools.size(); ++k)
+      hooks.add(trunk_child(pools[k].module()),
+                [&outputs, k](sk::nn::Module&, const ag::Variable&, const ag::Variable& y) {
+                  outputs[k] = y.data();
+                });
     // Whole images at the large crops' side (VISSL evaluates at the training resolution:
     // Resize + CenterCrop to the large crop size), normalised like the crops.
-    const std::int64_t dim = c_.head_in, side = c_.crops.size_crops[0];
-    std::vector<float> mine(static_cast<std::size_t>(share * dim));
+    const std::int64_t side = c_.crops.size_crops[0];
+    std::vector<FeatureSet> mine(pools.size());
     sk::autograd::NoGradGuard no_grad(ctx);
     for (std::int64_t b0 = 0; b0 < share; b0 += c_.test_batch_size) {
       const std::int64_t n = std::min(c_.test_batch_size, share - b0);
@@ -315,22 +336,59 @@ class SwavTrainer {
           out[k] = static_cast<float>((out[k] - c_.crops.mean) / c_.crops.std);
       }
       const sk::Tensor x = sk::from_vector(ctx, pixels, {n, 1, side, side});
-      const auto f = sk::to_vector<float>(
-          ctx, sk::cast(ctx, (*sharded_)(ctx, ag::Variable(x)).data(), sk::DType::f32));
-      std::copy(f.begin(), f.end(), mine.begin() + b0 * dim);
+      (void)(*sharded_)(ctx, ag::Variable(x));
+      for (std::size_t k = 0; k < pools.size(); ++k) {
+        const sk::Tensor& y = outputs[k];
+        sk::check(y.defined() && y.dim() == 4 && y.size(0) == n, "kNN features: ", pools[k].layer,
+                  " gave ", y.defined() ? y.str() : "no output", "; expected [", n, ", C, H, W]");
+        const auto host = sk::to_vector<float>(ctx, sk::cast(ctx, y, sk::DType::f32));
+        const std::int64_t dim = pools[k].features(y.size(1), y.size(2), y.size(3));
+        if (mine[k].values.empty()) {
+          mine[k].dim = dim;
+          mine[k].values.resize(static_cast<std::size_t>(share * dim));
+        }
+        pools[k].apply(host.data(), n, y.size(1), y.size(2), y.size(3),
+                       mine[k].values.data() + b0 * dim);
+      }
     }
-    sk::Tensor local = sk::from_vector(ctx, mine, {share * dim});
-    sk::Tensor all = sk::empty(ctx, {world * share * dim}, sk::DType::f32);
-    comm_->all_gather(local, all).wait();
-    auto out = sk::to_vector<float>(ctx, all);
-    out.resize(static_cast<std::size_t>(count * dim));
-    return out;
+    for (auto& set : mine) {
+      sk::Tensor local = sk::from_vector(ctx, set.values, {share * set.dim});
+      sk::Tensor all = sk::empty(ctx, {world * share * set.dim}, sk::DType::f32);
+      comm_->all_gather(local, all).wait();
+      set.values = sk::to_vector<float>(ctx, all);
+      set.values.resize(static_cast<std::size_t>(count * set.dim));
+    }
+    return mine;
   }
 
-  // Weighted kNN top-1 on the test set with the memory bank; the queries are split over the
-  // ranks and the counts summed. Also fills the raw-pixel figure once.
+  // Removes the hooks it registered when it goes (an exception included).
+  class HookGuard {
+   public:
+    HookGuard() = default;
+    HookGuard(const HookGuard&) = delete;
+    HookGuard& operator=(const HookGuard&) = delete;
+    ~HookGuard() {
+      for (auto& [module, id] : hooks_) module->remove_hook(id);
+    }
+    void add(sk::nn::Module& module, sk::nn::ForwardHook hook) {
+      hooks_.emplace_back(&module, module.register_forward_hook(std::move(hook)));
+    }
+
+   private:
+    std::vector<std::pair<sk::nn::Module*, sk::nn::HookId>> hooks_;
+  };
+
+  sk::nn::Module& trunk_child(const std::string& name) {
+    for (auto& [child, module] : model_->trunk->children())
+      if (child == name) return *module;
+    throw sk::InvalidArgument("the trunk has no child " + name);
+  }
+
+  // Weighted kNN top-1 on the test set with the memory bank, for each feature set (the first
+  // is the returned headline); the queries are split over the ranks and the counts summed.
+  // Also fills the raw-pixel figure once.
   enum class Evaluation { initial, periodic, final };
-  double evaluate(RunReport& report, Evaluation when) {
+  double evaluate(RunReport& report, Evaluation when, nlohmann::json* by_layer = nullptr) {
     const bool final_eval = when == Evaluation::final;
     const auto& d = *data_;
     model_->eval();
@@ -338,11 +396,8 @@ class SwavTrainer {
     auto bank = features(d.train, d.bank_size);
     auto test = features(d.test, d.test.count);
     model_->train();
-    l2_normalize_rows(bank, c_.head_in);
-    l2_normalize_rows(test, c_.head_in);
     const std::vector<std::uint8_t> bank_labels(d.train.labels.begin(),
                                                 d.train.labels.begin() + d.bank_size);
-    const double knn = knn_accuracy(bank, bank_labels, test, c_.head_in);
     if (report.raw_knn < 0) {
       auto raw = [&](const sk::io::ImageDataset& set, std::int64_t count) {
         std::vector<float> f(set.pixels.begin(),
@@ -356,28 +411,42 @@ class SwavTrainer {
       say("raw-pixel kNN (k %d, sigma %g, memory bank %lld images): %.2f%%\n", c_.knn_topk,
           c_.knn_sigma, static_cast<long long>(d.bank_size), 100 * report.raw_knn);
     }
-    say("%s kNN top-1 on %lld test images: %.2f%% (raw pixels %.2f%%)\n",
-        when == Evaluation::initial ? "initial network:" : "trunk features:",
-        static_cast<long long>(d.test.count), 100 * knn, 100 * report.raw_knn);
+    std::vector<double> knn(bank.size());
+    for (std::size_t k = 0; k < bank.size(); ++k) {
+      l2_normalize_rows(bank[k].values, bank[k].dim);
+      l2_normalize_rows(test[k].values, test[k].dim);
+      knn[k] = knn_accuracy(bank[k].values, bank_labels, test[k].values, bank[k].dim);
+      say("%s kNN top-1 on %lld test images, %s (%lld features): %.2f%% (raw pixels %.2f%%)\n",
+          when == Evaluation::initial ? "initial network:" : "trunk features:",
+          static_cast<long long>(d.test.count), c_.knn_features[k].text().c_str(),
+          static_cast<long long>(bank[k].dim), 100 * knn[k], 100 * report.raw_knn);
+      if (by_layer != nullptr) (*by_layer)[c_.knn_features[k].layer] = knn[k];
+    }
     if (final_eval && !c_.export_dir.empty() && comm_->rank() == 0) {
       std::filesystem::create_directories(c_.export_dir);
       sk::Context host;
-      auto as_tensor = [&](const std::vector<float>& f, std::int64_t rows) {
-        return sk::from_vector(host, f, {rows, c_.head_in});
-      };
       auto labels = [&](const std::vector<std::uint8_t>& l) {
         return sk::from_vector(host, std::vector<std::int64_t>(l.begin(), l.end()),
                                {static_cast<std::int64_t>(l.size())});
       };
-      sk::io::save_safetensors(
-          c_.export_dir + "/embeddings.safetensors",
-          {sk::io::host_bytes(host, "train_features", as_tensor(bank, d.bank_size)),
-           sk::io::host_bytes(host, "train_labels", labels(bank_labels)),
-           sk::io::host_bytes(host, "test_features", as_tensor(test, d.test.count)),
-           sk::io::host_bytes(host, "test_labels", labels(d.test.labels))});
+      // The headline set as train_features / test_features; any further set with its layer's
+      // name appended (train_features_res5, ...).
+      std::vector<sk::io::NamedBytes> tensors{
+          sk::io::host_bytes(host, "train_labels", labels(bank_labels)),
+          sk::io::host_bytes(host, "test_labels", labels(d.test.labels))};
+      for (std::size_t k = 0; k < bank.size(); ++k) {
+        const std::string suffix = k == 0 ? "" : "_" + c_.knn_features[k].layer;
+        tensors.push_back(
+            sk::io::host_bytes(host, "train_features" + suffix,
+                               sk::from_vector(host, bank[k].values, {d.bank_size, bank[k].dim})));
+        tensors.push_back(
+            sk::io::host_bytes(host, "test_features" + suffix,
+                               sk::from_vector(host, test[k].values, {d.test.count, test[k].dim})));
+      }
+      sk::io::save_safetensors(c_.export_dir + "/embeddings.safetensors", tensors);
       say("embeddings written to %s/embeddings.safetensors\n", c_.export_dir.c_str());
     }
-    return knn;
+    return knn[0];
   }
 
   double knn_accuracy(const std::vector<float>& bank, const std::vector<std::uint8_t>& labels,
@@ -501,6 +570,11 @@ class SwavTrainer {
     if (log_ == nullptr) return;
     std::fprintf(log_, format, args...);
     std::fflush(log_);
+  }
+  // A metrics line with each feature set's kNN figure (knn_by_layer) when there are several.
+  nlohmann::json knn_metrics(nlohmann::json line, const nlohmann::json& by_layer) const {
+    if (c_.knn_features.size() > 1) line["knn_by_layer"] = by_layer;
+    return line;
   }
   void log_metrics(nlohmann::json line) {
     if (comm_->rank() != 0 || c_.metrics_path.empty()) return;

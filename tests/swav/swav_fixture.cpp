@@ -1,6 +1,7 @@
 // Writes the fixture of swav_torch.py: for 1 and 4 ranks, with and without a queue, every
 // rank's inputs (unit embeddings of 4 crops, prototypes, queue) and our SwAV loss and its
-// gradients with respect to the embeddings and the prototypes.
+// gradients with respect to the embeddings and the prototypes; and the kNN's feature pooling
+// (feature_eval.hpp) of one random [N, C, H, W] output under each op of kPoolOps.
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -9,6 +10,7 @@
 #include "fixtures.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/io/safetensors.hpp"
+#include "swav_config.hpp"
 #include "swav_loss.hpp"
 
 namespace sk = shardkit;
@@ -40,6 +42,33 @@ std::string key(const std::string& name, const char* what, int rank = -1) {
   k.append(".").append(what);
   if (rank >= 0) k.append(".").append(std::to_string(rank));
   return k;
+}
+
+// LINEAR_EVAL_FEAT_POOL_OPS_MAP entries; swav_torch.py applies the same ops in the same order.
+constexpr const char* kPoolOps = R"([
+  ["res5", ["Identity", []]],
+  ["res4", ["AvgPool2d", [[2, 2], 1, 0]]],
+  ["res3", ["AvgPool2d", [[3, 3], 2, 1]]],
+  ["res2", ["AvgPool2d", [[2, 3], 2]]],
+  ["res5avg", ["AdaptiveAvgPool2d", [[2, 3]]]]])";
+constexpr const char* kMorePoolOps = R"([["res5", ["AdaptiveAvgPool2d", [[3, 2]]]],
+  ["res4", ["AvgPool2d", [[4, 4]]]]])";
+
+void write_pooling(std::vector<sk::io::NamedBytes>& out) {
+  sk::Context host({.seed = 23});
+  const std::int64_t n = 2, c = 3, h = 5, w = 7;
+  auto x = sk::empty(host, {n, c, h, w}, sk::DType::f32);
+  sk::normal_(host, x, 0, 1);
+  out.push_back(sk::io::host_bytes(host, "pool.x", x));
+  const auto values = sk::to_vector<float>(host, x);
+  int index = 0;
+  for (const char* ops : {kPoolOps, kMorePoolOps})
+    for (const auto& pool : swav::detail::read_feature_pools(YAML::Load(ops), "fixture")) {
+      std::vector<float> pooled(static_cast<std::size_t>(n * pool.features(c, h, w)));
+      pool.apply(values.data(), n, c, h, w, pooled.data());
+      out.push_back(sk::io::host_bytes(host, key("pool", std::to_string(index++).c_str()),
+                                       sk::from_vector(host, pooled, {n, pool.features(c, h, w)})));
+    }
 }
 
 }  // namespace
@@ -88,6 +117,7 @@ int fixture_main(int argc, char** argv) {
         });
       }
     }
+    write_pooling(out);
     sk::io::save_safetensors(argv[1], out);
     std::printf("wrote %s (%zu tensors)\n", argv[1], out.size());
     return 0;

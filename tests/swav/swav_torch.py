@@ -86,6 +86,26 @@ def main():
                     return 1
     print(f"torch {torch.__version__}: SwAV loss and gradients (embeddings, prototypes) for 1 and 4 "
           f"ranks, with and without the queue: worst relative difference {worst:.2e}")
+    # The kNN's feature pooling (swav_fixture.cpp's kPoolOps, kMorePoolOps, in order), as VISSL
+    # applies LINEAR_EVAL_FEAT_POOL_OPS_MAP: the torch.nn module, then flatten per image.
+    x = t["pool.x"].double()
+    ops = [torch.nn.Identity(), torch.nn.AvgPool2d([2, 2], 1, 0), torch.nn.AvgPool2d([3, 3], 2, 1),
+           torch.nn.AvgPool2d([2, 3], 2), torch.nn.AdaptiveAvgPool2d([2, 3]),
+           torch.nn.AdaptiveAvgPool2d([3, 2]), torch.nn.AvgPool2d([4, 4])]
+    pooled_worst = 0.0
+    for i, op in enumerate(ops):
+        theirs = torch.flatten(op(x), 1)
+        ours = t[f"pool.{i}"].double()
+        if ours.shape != theirs.shape:
+            print(f"FAIL: pooling {op}: shape {tuple(ours.shape)}, torch {tuple(theirs.shape)}")
+            return 1
+        error = (ours - theirs).abs().max().item()
+        pooled_worst = max(pooled_worst, error)
+        if not error <= 1e-6:
+            print(f"FAIL: pooling {op}: largest difference {error:.3g}")
+            return 1
+    print(f"kNN feature pooling (Identity, AvgPool2d, AdaptiveAvgPool2d; {len(ops)} settings) equals "
+          f"torch.nn's: largest difference {pooled_worst:.2e}")
     return 0
 
 

@@ -644,6 +644,64 @@ OPTIMIZER:
                                       "offload is an FSDP setting"));
 }
 
+TEST_CASE("kNN features: VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP, and errors that name the fix") {
+  using Op = swav::FeaturePool::Op;
+  const std::string key = "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=";
+  // Default: the trunk's output (res5avg, the avgpool child's output as it is).
+  const auto d = config_of({});
+  REQUIRE(d.knn_features.size() == 1);
+  CHECK(d.knn_features[0].layer == "res5avg");
+  CHECK(d.knn_features[0].module() == "avgpool");
+  CHECK(d.knn_features[0].op == Op::identity);
+  CHECK(d.knn_features[0].features(128, 1, 1) == 128);
+  // VISSL's ImageNet res5 setting, then the trunk output: both evaluated, the first headline.
+  const auto two = config_of(
+      {key + R"([["res5", ["AvgPool2d", [[6, 6], 1, 0]]], ["res5avg", ["Identity", []]]])"});
+  REQUIRE(two.knn_features.size() == 2);
+  CHECK(two.knn_features[0].module() == "layer4");
+  CHECK(two.knn_features[0].op == Op::avg_pool);
+  CHECK(two.knn_features[0].features(2048, 7, 7) == 2048 * 4);  // 7x7 -> 2x2
+  CHECK(two.knn_features[0].text() == "res5 AvgPool2d [6, 6] stride 1 padding 0");
+  const auto adaptive = config_of({key + R"([["res3", ["AdaptiveAvgPool2d", [[2, 3]]]]])"});
+  CHECK(adaptive.knn_features[0].module() == "layer2");
+  CHECK(adaptive.knn_features[0].features(32, 12, 12) == 32 * 6);
+  // An empty map is the default.
+  CHECK(config_of({key + "[]"}).knn_features[0].layer == "res5avg");
+  // Errors name the key, the value and the fix.
+  CHECK_THROWS_WITH_AS(config_of({key + R"([["res6", ["Identity", []]]])"}),
+                       doctest::Contains("LINEAR_EVAL_FEAT_POOL_OPS_MAP[0][0] = res6: not a trunk "
+                                         "feature this trainer extracts; use res2"),
+                       swav::ConfigError);
+  CHECK_THROWS_WITH_AS(config_of({key + R"([["res5", ["MaxPool2d", [[2, 2]]]]])"}),
+                       doctest::Contains("[0][1][0] = MaxPool2d: use Identity, AvgPool2d or "
+                                         "AdaptiveAvgPool2d"),
+                       swav::ConfigError);
+  CHECK_THROWS_WITH_AS(config_of({key + R"([["res5", ["AvgPool2d", [[2, 0], 1, 0]]]])"}),
+                       doctest::Contains("give a kernel [kh, kw] of positive integers"),
+                       swav::ConfigError);
+  CHECK_THROWS_WITH_AS(config_of({key + R"([["res5", ["AvgPool2d", [[2, 2], 1, 2]]]])"}),
+                       doctest::Contains("padding from 0 to half the kernel"), swav::ConfigError);
+  CHECK_THROWS_WITH_AS(config_of({key + R"([["res5", ["AdaptiveAvgPool2d", [2, 2]]]])"}),
+                       doctest::Contains("AdaptiveAvgPool2d"), swav::ConfigError);
+  CHECK_THROWS_WITH_AS(
+      config_of({key + R"([["res5", ["Identity", []]], ["res5", ["Identity", []]]])"}),
+      doctest::Contains("given twice"), swav::ConfigError);
+  CHECK_THROWS_WITH_AS(config_of({key + R"([["res5"]])"}),
+                       doctest::Contains("each entry is [layer, [op, args]]"), swav::ConfigError);
+  // A window larger than the (padded) output: an error naming the layer, when it is seen.
+  const auto big = config_of({key + R"([["res5", ["AvgPool2d", [[4, 4], 1, 0]]]])"});
+  CHECK_THROWS_WITH(big.knn_features[0].features(128, 3, 3),
+                    doctest::Contains("res5 is 3x3, smaller than AvgPool2d's 4x4 window"));
+  // The pooling itself equals torch.nn's (swav_torch.py, on the fixture); here a hand case:
+  // AdaptiveAvgPool2d [[2, 2]] on a 3x3 plane averages the overlapping windows rows/cols
+  // [0, 2) and [1, 3).
+  std::vector<float> plane{1, 2, 3, 4, 5, 6, 7, 8, 9}, out(4);
+  config_of({key + R"([["res5", ["AdaptiveAvgPool2d", [[2, 2]]]]])"})
+      .knn_features[0]
+      .apply(plane.data(), 1, 1, 3, 3, out.data());
+  CHECK(out == std::vector<float>{3, 4, 6, 7});
+}
+
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {
   // Defaults: linear 0.03 -> 0.3 over the first 10%, then cosine 0.3 -> 0.0003 (fixed: at the
   // global position).
