@@ -299,7 +299,7 @@ class SwavTrainer {
   // --- evaluation ------------------------------------------------------------------------
   // The kNN's features of the first `count` images of `d`, one set per entry of
   // c_.knn_features (feature_eval.hpp: a trunk layer's output, pooled), on every rank: each
-  // rank runs an equal share (padded) and the shares are all-gathered. Forward hooks on the
+  // rank runs an equal share (padded) and each batch's rows are all-gathered. Forward hooks on the
   // trunk's children copy the layers' outputs out, so the forward is the sharded module's own.
   // Collective (under fsdp every forward is).
   struct FeatureSet {
@@ -322,7 +322,8 @@ class SwavTrainer {
     // Whole images at the large crops' side (VISSL evaluates at the training resolution:
     // Resize + CenterCrop to the large crop size), normalised like the crops.
     const std::int64_t side = c_.crops.size_crops[0];
-    std::vector<FeatureSet> mine(pools.size());
+    std::vector<FeatureSet> sets(pools.size());
+    std::vector<float> pooled;
     sk::autograd::NoGradGuard no_grad(ctx);
     for (std::int64_t b0 = 0; b0 < share; b0 += c_.test_batch_size) {
       const std::int64_t n = std::min(c_.test_batch_size, share - b0);
@@ -343,22 +344,25 @@ class SwavTrainer {
                   " gave ", y.defined() ? y.str() : "no output", "; expected [", n, ", C, H, W]");
         const auto host = sk::to_vector<float>(ctx, sk::cast(ctx, y, sk::DType::f32));
         const std::int64_t dim = pools[k].features(y.size(1), y.size(2), y.size(3));
-        if (mine[k].values.empty()) {
-          mine[k].dim = dim;
-          mine[k].values.resize(static_cast<std::size_t>(share * dim));
+        if (sets[k].values.empty()) {
+          sets[k].dim = dim;
+          sets[k].values.resize(static_cast<std::size_t>(world * share * dim));
         }
-        pools[k].apply(host.data(), n, y.size(1), y.size(2), y.size(3),
-                       mine[k].values.data() + b0 * dim);
+        pooled.resize(static_cast<std::size_t>(n * dim));
+        pools[k].apply(host.data(), n, y.size(1), y.size(2), y.size(3), pooled.data());
+        // Every rank's rows of this batch, gathered now: the buffers stay a batch in size
+        // (all of a set at once would be the run's peak with spatial features).
+        const sk::Tensor local = sk::from_vector(ctx, pooled, {n * dim});
+        const sk::Tensor all = sk::empty(ctx, {world * n * dim}, sk::DType::f32);
+        comm_->all_gather(local, all).wait();
+        const auto rows = sk::to_vector<float>(ctx, all);
+        for (int r = 0; r < world; ++r)
+          std::copy(rows.begin() + r * n * dim, rows.begin() + (r + 1) * n * dim,
+                    sets[k].values.begin() + (r * share + b0) * dim);
       }
     }
-    for (auto& set : mine) {
-      sk::Tensor local = sk::from_vector(ctx, set.values, {share * set.dim});
-      sk::Tensor all = sk::empty(ctx, {world * share * set.dim}, sk::DType::f32);
-      comm_->all_gather(local, all).wait();
-      set.values = sk::to_vector<float>(ctx, all);
-      set.values.resize(static_cast<std::size_t>(count * set.dim));
-    }
-    return mine;
+    for (auto& set : sets) set.values.resize(static_cast<std::size_t>(count * set.dim));
+    return sets;
   }
 
   // Removes the hooks it registered when it goes (an exception included).
