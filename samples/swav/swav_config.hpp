@@ -212,35 +212,38 @@ inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const
     const std::string op = value_as<std::string>(e[1][0], where + "[1][0]", "an op name");
     const YAML::Node args = e[1].size() == 2 ? e[1][1] : YAML::Node(YAML::NodeType::Sequence);
     const std::string args_where = where + "[1][1]";
+    // Sizes up to 1024: far past any feature map here, and no overflow in the shape arithmetic.
     auto pair_of = [&](const YAML::Node& n, const char* what) {
       const auto v = value_as<std::vector<std::int64_t>>(n, args_where, what);
-      if (v.size() != 2 || v[0] < 1 || v[1] < 1)
+      if (v.size() != 2 || v[0] < 1 || v[1] < 1 || v[0] > 1024 || v[1] > 1024)
         throw bad(args_where, ::swav::detail::text_of(args), std::string("give ") + what);
       return std::array<std::int64_t, 2>{v[0], v[1]};
     };
     if (op == "Identity") {
-      if (args.size() != 0)
+      if (!args.IsSequence() || args.size() != 0)
         throw bad(args_where, ::swav::detail::text_of(args), "Identity takes []");
     } else if (op == "AvgPool2d") {
       p.op = FeaturePool::Op::avg_pool;
       if (!args.IsSequence() || args.size() < 1 || args.size() > 3)
         throw bad(args_where, ::swav::detail::text_of(args),
                   "AvgPool2d takes [[kh, kw], stride, padding] (stride defaults to the kernel)");
-      p.kernel = pair_of(args[0], "a kernel [kh, kw] of positive integers");
+      p.kernel = pair_of(args[0], "a kernel [kh, kw] of integers from 1 to 1024");
       p.stride =
           args.size() > 1 ? value_as<std::int64_t>(args[1], args_where, "a stride") : p.kernel[0];
       p.padding = args.size() > 2 ? value_as<std::int64_t>(args[2], args_where, "a padding") : 0;
       if (args.size() == 1 && p.kernel[0] != p.kernel[1])
         throw bad(args_where, ::swav::detail::text_of(args),
                   "give the stride of a non-square kernel");
-      if (p.stride < 1 || p.padding < 0 || 2 * p.padding > std::min(p.kernel[0], p.kernel[1]))
+      if (p.stride < 1 || p.stride > 1024 || p.padding < 0 ||
+          p.padding > std::min(p.kernel[0], p.kernel[1]) / 2)
         throw bad(args_where, ::swav::detail::text_of(args),
-                  "stride must be >= 1 and padding from 0 to half the kernel (as nn.AvgPool2d)");
+                  "stride must be from 1 to 1024 and padding from 0 to half the kernel (as "
+                  "nn.AvgPool2d)");
     } else if (op == "AdaptiveAvgPool2d") {
       p.op = FeaturePool::Op::adaptive_avg_pool;
       if (!args.IsSequence() || args.size() != 1)
         throw bad(args_where, ::swav::detail::text_of(args), "AdaptiveAvgPool2d takes [[oh, ow]]");
-      p.output = pair_of(args[0], "an output size [oh, ow] of positive integers");
+      p.output = pair_of(args[0], "an output size [oh, ow] of integers from 1 to 1024");
     } else {
       throw bad(where + "[1][0]", op, "use Identity, AvgPool2d or AdaptiveAvgPool2d");
     }

@@ -91,6 +91,9 @@ def main():
         "complex_key": "config:\n ? DISTRIBUTED:\n    NUM_NODES: 2\n    NUM_PROC_PER_NODE: 3\n",
         "head_dims_not_integers": "config:\n  MODEL:\n    HEAD:\n      PARAMS: [[\"swav_head\", "
                                   "{\"dims\": [128, \"x\", 32], \"use_bn\": True, \"num_clusters\": [30]}]]\n",
+        "feature_pools": "config:\n  MODEL:\n    FEATURE_EVAL_SETTINGS:\n      LINEAR_EVAL_FEAT_POOL_OPS_MAP: "
+                         "[[\"res5\", [\"AvgPool2d\", [[2, 2], 1, 0]]], [\"res4\", [\"AdaptiveAvgPool2d\", "
+                         "[[2, 2]]]], [\"res5avg\", [\"Identity\", []]]]\n",
     }
     for name, text in configs.items():
         put("fuzz_swav_config", name + ".yaml", text.encode())

@@ -677,7 +677,7 @@ TEST_CASE("kNN features: VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP, and errors that 
                                          "AdaptiveAvgPool2d"),
                        swav::ConfigError);
   CHECK_THROWS_WITH_AS(config_of({key + R"([["res5", ["AvgPool2d", [[2, 0], 1, 0]]]])"}),
-                       doctest::Contains("give a kernel [kh, kw] of positive integers"),
+                       doctest::Contains("give a kernel [kh, kw] of integers from 1 to 1024"),
                        swav::ConfigError);
   CHECK_THROWS_WITH_AS(config_of({key + R"([["res5", ["AvgPool2d", [[2, 2], 1, 2]]]])"}),
                        doctest::Contains("padding from 0 to half the kernel"), swav::ConfigError);
@@ -686,6 +686,10 @@ TEST_CASE("kNN features: VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP, and errors that 
   CHECK_THROWS_WITH_AS(
       config_of({key + R"([["res5", ["Identity", []]], ["res5", ["Identity", []]]])"}),
       doctest::Contains("given twice"), swav::ConfigError);
+  CHECK_THROWS_WITH_AS(config_of({key + R"([["res5", ["Identity", 3]]])"}),
+                       doctest::Contains("Identity takes []"), swav::ConfigError);
+  CHECK_THROWS_WITH_AS(config_of({key + R"([["res5", ["AvgPool2d", [[2, 2], 4096, 0]]]])"}),
+                       doctest::Contains("stride must be from 1 to 1024"), swav::ConfigError);
   CHECK_THROWS_WITH_AS(config_of({key + R"([["res5"]])"}),
                        doctest::Contains("each entry is [layer, [op, args]]"), swav::ConfigError);
   // A window larger than the (padded) output: an error naming the layer, when it is seen.
