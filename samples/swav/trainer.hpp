@@ -162,7 +162,7 @@ class SwavTrainer {
       report.resumed = true;
     } else {
       nlohmann::json by_layer;  // the network at initialisation
-      report.knn_init = evaluate(report, Evaluation::initial, &by_layer);
+      report.knn_init = evaluate(report, Evaluation::initial, by_layer);
       log_metrics(knn_metrics(
           {{"iteration", 0}, {"knn_init", report.knn_init}, {"raw_knn", report.raw_knn}},
           by_layer));
@@ -232,7 +232,7 @@ class SwavTrainer {
       if (c_.knn_every_epochs > 0 && (epoch + 1) % c_.knn_every_epochs == 0 &&
           epoch + 1 < c_.num_epochs) {
         nlohmann::json by_layer;
-        const double knn = evaluate(report, Evaluation::periodic, &by_layer);
+        const double knn = evaluate(report, Evaluation::periodic, by_layer);
         say("epoch %lld: kNN top-1 %.2f%%\n", static_cast<long long>(epoch + 1), 100 * knn);
         log_metrics(
             knn_metrics({{"epoch", epoch + 1}, {"iteration", iteration_}, {"knn", knn}}, by_layer));
@@ -254,7 +254,7 @@ class SwavTrainer {
         memory.peak_of(MemoryCategory::communication) / 1e6,
         memory.peak_of(MemoryCategory::activations) / 1e6, memory.peak_total / 1e6);
     nlohmann::json by_layer;
-    report.knn = evaluate(report, Evaluation::final, &by_layer);
+    report.knn = evaluate(report, Evaluation::final, by_layer);
     log_metrics(knn_metrics(
         {{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}}, by_layer));
     report.fingerprint = fingerprint();
@@ -389,10 +389,10 @@ class SwavTrainer {
   }
 
   // Weighted kNN top-1 on the test set with the memory bank, for each feature set (the first
-  // is the returned headline); the queries are split over the ranks and the counts summed.
-  // Also fills the raw-pixel figure once.
+  // is the returned headline, every set's figure goes to by_layer); the queries are split over
+  // the ranks and the counts summed. Also fills the raw-pixel figure once.
   enum class Evaluation { initial, periodic, final };
-  double evaluate(RunReport& report, Evaluation when, nlohmann::json* by_layer = nullptr) {
+  double evaluate(RunReport& report, Evaluation when, nlohmann::json& by_layer) {
     const bool final_eval = when == Evaluation::final;
     const auto& d = *data_;
     model_->eval();
@@ -424,7 +424,7 @@ class SwavTrainer {
           when == Evaluation::initial ? "initial network:" : "trunk features:",
           static_cast<long long>(d.test.count), c_.knn_features[k].text().c_str(),
           static_cast<long long>(bank[k].dim), 100 * knn[k], 100 * report.raw_knn);
-      if (by_layer != nullptr) (*by_layer)[c_.knn_features[k].layer] = knn[k];
+      by_layer[c_.knn_features[k].layer] = knn[k];
     }
     if (final_eval && !c_.export_dir.empty() && comm_->rank() == 0) {
       std::filesystem::create_directories(c_.export_dir);
