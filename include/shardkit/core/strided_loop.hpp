@@ -116,14 +116,15 @@ inline std::int64_t transposed_dimension(const Shape& shape, const Shape& stride
   return transposed && shape[k] >= kTransposeTile && shape[last] >= kTransposeTile ? best : -1;
 }
 
-// The elements in square tiles over dimensions `k` and the innermost, so that both tensors
-// are read and written a few cache lines at a time (element by element, a 4096 x 4096
-// transpose misses the cache on every read). Tiles are spread over `pool`.
-template <class Fn>
-void for_each_element_in_tiles(ThreadPool& pool, const Shape& shape, const Shape& strides_a,
-                               const Shape& strides_b, std::size_t k, Fn& fn) {
+// Square tiles of side `tile` over dimensions `k` and the innermost, spread over `pool`: for
+// each, tile_fn(index, base_a, base_b, i_begin, i_end, j_begin, j_end) with the row-major
+// index and the two offsets of the tile's origin (i = j = 0 along k and the innermost) and
+// the tile's ranges along k (i) and the innermost (j).
+template <class TileFn>
+void for_each_tile(ThreadPool& pool, const Shape& shape, const Shape& strides_a,
+                   const Shape& strides_b, std::size_t k, std::int64_t tile, TileFn&& tile_fn) {
   const std::size_t rank = shape.size(), last = rank - 1;
-  Shape index_strides(rank);  // row-major positions, the `index` fn is given
+  Shape index_strides(rank);  // row-major positions
   for (std::size_t d = rank, at = 1; d-- > 0;) {
     index_strides[d] = static_cast<std::int64_t>(at);
     at *= static_cast<std::size_t>(shape[d]);
@@ -135,7 +136,6 @@ void for_each_element_in_tiles(ThreadPool& pool, const Shape& shape, const Shape
       others.push_back(d);
       outer *= shape[d];
     }
-  constexpr std::int64_t tile = kTransposeTile;
   const std::int64_t tiles_k = (shape[k] + tile - 1) / tile,
                      tiles_last = (shape[last] + tile - 1) / tile;
   const std::int64_t tiles = outer * tiles_k * tiles_last;
@@ -151,15 +151,31 @@ void for_each_element_in_tiles(ThreadPool& pool, const Shape& shape, const Shape
         base_a += p * strides_a[d];
         base_b += p * strides_b[d];
       }
-      const std::int64_t i_end = std::min(shape[k], (tile_k + 1) * tile);
-      const std::int64_t j_end = std::min(shape[last], (tile_last + 1) * tile);
-      for (std::int64_t i = tile_k * tile; i < i_end; ++i)
-        for (std::int64_t j = tile_last * tile; j < j_end; ++j)
-          fn(index + i * index_strides[k] + j, base_a + i * strides_a[k] + j * strides_a[last],
-             base_b + i * strides_b[k] + j * strides_b[last]);
+      tile_fn(index, base_a, base_b, tile_k * tile, std::min(shape[k], (tile_k + 1) * tile),
+              tile_last * tile, std::min(shape[last], (tile_last + 1) * tile));
     }
   };
   for_each_chunk(pool, tiles, std::max<std::int64_t>(1, kElementsPerTask / (tile * tile)), run);
+}
+
+// The elements in square tiles over dimensions `k` and the innermost, so that both tensors
+// are read and written a few cache lines at a time (element by element, a 4096 x 4096
+// transpose misses the cache on every read). Tiles are spread over `pool`.
+template <class Fn>
+void for_each_element_in_tiles(ThreadPool& pool, const Shape& shape, const Shape& strides_a,
+                               const Shape& strides_b, std::size_t k, Fn& fn) {
+  const std::size_t last = shape.size() - 1;
+  std::int64_t index_k = 1;  // dimension k's row-major stride
+  for (std::size_t d = k + 1; d < shape.size(); ++d) index_k *= shape[d];
+  for_each_tile(
+      pool, shape, strides_a, strides_b, k, kTransposeTile,
+      [&](std::int64_t index, std::int64_t base_a, std::int64_t base_b, std::int64_t i_begin,
+          std::int64_t i_end, std::int64_t j_begin, std::int64_t j_end) {
+        for (std::int64_t i = i_begin; i < i_end; ++i)
+          for (std::int64_t j = j_begin; j < j_end; ++j)
+            fn(index + i * index_k + j, base_a + i * strides_a[k] + j * strides_a[last],
+               base_b + i * strides_b[k] + j * strides_b[last]);
+      });
 }
 
 // for_each_element for loops whose fn writes nothing but the element it is given, from values
