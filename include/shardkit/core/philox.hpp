@@ -88,10 +88,19 @@ struct RandomSpec {
   // Element `position` (below elements_per_block()) of the elements `block` gives: a loop over
   // consecutive elements draws each block once this way instead of once per element.
   SK_HOST_DEVICE double value_in_block(const PhiloxBlock& block, unsigned position) const {
-    if (kind == RandomKind::uniform) return fma(b - a, word_to_unit(block.v[position]), a);
-    const unsigned lane = 2u * position;
-    const double radius = sqrt(-2.0 * log(word_to_unit(block.v[lane])));
-    const double angle = 6.283185307179586476925286766559 * word_to_unit(block.v[lane + 1]);
+    if (kind == RandomKind::uniform) return uniform_value(block.v[position]);
+    return normal_value(block.v[2u * position], block.v[2u * position + 1u]);
+  }
+
+  // The uniform value one word gives.
+  SK_HOST_DEVICE double uniform_value(std::uint32_t word) const {
+    return fma(b - a, word_to_unit(word), a);
+  }
+
+  // The normal value a pair of words gives (Box-Muller's cosine branch).
+  SK_HOST_DEVICE double normal_value(std::uint32_t first, std::uint32_t second) const {
+    const double radius = sqrt(-2.0 * log(word_to_unit(first)));
+    const double angle = 6.283185307179586476925286766559 * word_to_unit(second);
     return fma(b, radius * cos(angle), a);
   }
 };

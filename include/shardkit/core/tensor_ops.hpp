@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shardkit/core/context.hpp"
+#include "shardkit/core/philox_batch.hpp"
 #include "shardkit/core/strided_loop.hpp"
 #include "shardkit/core/tensor.hpp"
 #include "shardkit/core/transpose_blocks.hpp"
@@ -371,23 +372,34 @@ inline void random_fill(Context& ctx, const Tensor& t, RandomSpec spec, const ch
                          });
         return;
       }
-      // Each block drawn once for the elements it gives, tasks of whole blocks on the rank's
-      // threads: element i gets value_at(i) whatever the thread count.
+      // Each block drawn once for the elements it gives, tasks of whole batches of blocks on
+      // the rank's threads: element i gets value_at(i) whatever the thread count.
       const auto count = static_cast<std::uint64_t>(t.numel());
       const std::uint64_t per_block = spec.elements_per_block();
       const std::uint64_t blocks = spec.blocks_for(count);
-      for_each_chunk(ctx.cpu_pool(), static_cast<std::int64_t>(blocks),
-                     static_cast<std::int64_t>(kElementsPerTask / per_block),
-                     [&](std::int64_t first, std::int64_t last) {
-                       for (auto k = static_cast<std::uint64_t>(first);
-                            k < static_cast<std::uint64_t>(last); ++k) {
-                         const PhiloxBlock block = philox_block(spec.seed, spec.counter_base + k);
-                         const std::uint64_t end = std::min(count, (k + 1) * per_block);
-                         for (std::uint64_t i = k * per_block; i < end; ++i)
-                           data[i] = convert_value<T>(spec.value_in_block(
-                               block, static_cast<unsigned>(i - k * per_block)));
-                       }
-                     });
+      static_assert(kElementsPerTask % (4 * kPhiloxBatch) == 0, "tasks of whole batches");
+      for_each_chunk(
+          ctx.cpu_pool(), static_cast<std::int64_t>(blocks),
+          static_cast<std::int64_t>(kElementsPerTask / per_block),
+          [&](std::int64_t first, std::int64_t last) {
+            std::uint32_t words[4 * kPhiloxBatch];
+            for (auto k = static_cast<std::uint64_t>(first); k < static_cast<std::uint64_t>(last);
+                 k += kPhiloxBatch) {
+              philox_batch(spec.seed, spec.counter_base + k, words);  // (past `last`: unused)
+              const std::uint64_t begin = k * per_block;
+              const std::uint64_t end =
+                  std::min({count, static_cast<std::uint64_t>(last) * per_block,
+                            (k + kPhiloxBatch) * per_block});
+              T* out = data + begin;
+              if (spec.kind == RandomKind::uniform) {  // word j is element begin + j
+                for (std::uint64_t j = 0; j < end - begin; ++j)
+                  out[j] = convert_value<T>(spec.uniform_value(words[j]));
+              } else {  // words 2j, 2j + 1 are element begin + j's
+                for (std::uint64_t j = 0; j < end - begin; ++j)
+                  out[j] = convert_value<T>(spec.normal_value(words[2 * j], words[2 * j + 1]));
+              }
+            }
+          });
     }
   });
 }
