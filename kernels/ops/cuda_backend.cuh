@@ -132,6 +132,18 @@ struct Cuda {
     cuda::launch_leaf_sums(ctx, spans, dtype, leaves);
   }
 
+  // On the GPU each list is its own launch: its bandwidth does not need the two streams
+  // interleaved that the CPU's one thread does.
+  static void leaf_sums_of_squares_pair(Context& ctx, const SpanList<2>& spans,
+                                        const std::array<DType, 2>& dtypes,
+                                        const std::array<double*, 2>& leaves) {
+    for (std::size_t k = 0; k < 2; ++k) {
+      SpanList<1> list(spans.size());
+      for (std::size_t s = 0; s < spans.size(); ++s) list[s] = {{spans[s].data[k]}, spans[s].size};
+      cuda::launch_leaf_sums(ctx, list, dtypes[k], leaves[k]);
+    }
+  }
+
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.
   // The norms pass walks the tensors last to first, so the update's first reads find the L2
   // holding what it needs.

@@ -170,6 +170,19 @@ void leaf_sums_case(B& b, std::int64_t gap, double tolerance) {
     }
   }
   CHECK(at == got.size());
+  // Two lists in one pass (params and grads): row 0 is x's leaves as above, bit for bit, and
+  // row 1 another list's, as its own pass gives them.
+  const auto y0 = random_values(layout.total, 0.5, 2.0, 34);
+  Flat<B> y(b, y0, layout);
+  auto y_leaves = b.zeros({total}, sk::DType::f64);
+  ops::leaf_sums_of_squares<typename B::Ops>(b.ctx, y.views, y_leaves);
+  auto pair = b.zeros({2, total}, sk::DType::f64);
+  b.fill(pair, -1.0);
+  ops::leaf_sums_of_squares<typename B::Ops>(b.ctx, x.views, y.views, pair);
+  const auto both = sk::to_vector<double>(host, b.download(pair));
+  const auto got_y = sk::to_vector<double>(host, b.download(y_leaves));
+  CHECK(std::memcmp(both.data(), got.data(), got.size() * sizeof(double)) == 0);
+  CHECK(std::memcmp(both.data() + total, got_y.data(), got_y.size() * sizeof(double)) == 0);
 }
 
 template <class B>

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -115,6 +116,50 @@ TEST_CASE("the CPU backend's leaf sums are leaf_sum_of_squares bit for bit, on a
       CAPTURE(threads);
       CAPTURE(sk::dtype_name(dtype));
       CHECK(std::memcmp(got.data(), expected.data(), got.size() * sizeof(double)) == 0);
+    }
+  }
+}
+
+// Params and grads in one pass (the two lists interleaved every 16 leaves inside each task):
+// each row is its list's leaf sums, bit for bit, for mixed dtypes and any thread count.
+TEST_CASE("the CPU backend's paired leaf sums equal each list's own, on any threads") {
+  std::mt19937 gen(8);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  const std::vector<std::int64_t> sizes = {1, 15, 16, 17, 255, 256, 257, 8192, 8209, 70001};
+  const std::pair<sk::DType, sk::DType> pairs[] = {{sk::DType::f32, sk::DType::f32},
+                                                   {sk::DType::f32, sk::DType::bf16},
+                                                   {sk::DType::f32, sk::DType::f16},
+                                                   {sk::DType::bf16, sk::DType::f16}};
+  for (const auto& [first_dtype, second_dtype] : pairs) {
+    sk::Context host;
+    std::vector<sk::Tensor> first, second;
+    std::vector<double> expected_first, expected_second;
+    auto add = [&](std::vector<sk::Tensor>& list, std::vector<double>& expected, sk::DType dtype,
+                   std::int64_t n) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (auto& v : x) v = value(gen);
+      list.push_back(sk::cast(host, sk::from_vector(host, x, {n}), dtype));
+      const auto rounded = sk::to_vector<float>(host, sk::cast(host, list.back(), sk::DType::f32));
+      for (std::int64_t lo = 0; lo < n; lo += ops::kNormLeaf)
+        expected.push_back(ops::leaf_sum_of_squares(
+            rounded.data() + lo, static_cast<int>(std::min(ops::kNormLeaf, n - lo))));
+    };
+    for (auto n : sizes) {
+      add(first, expected_first, first_dtype, n);
+      add(second, expected_second, second_dtype, n);
+    }
+    const auto total = static_cast<std::int64_t>(expected_first.size());
+    for (int threads : {1, 2, 3}) {
+      sk::Context ctx({.cpu_threads = threads});
+      auto leaves = sk::full(ctx, {2, total}, sk::DType::f64, -1.0);
+      ops::leaf_sums_of_squares<ops::Cpu>(ctx, first, second, leaves);
+      const auto got = sk::to_vector<double>(ctx, leaves);
+      CAPTURE(threads);
+      CAPTURE(sk::dtype_name(first_dtype));
+      CAPTURE(sk::dtype_name(second_dtype));
+      CHECK(std::memcmp(got.data(), expected_first.data(), expected_first.size() * 8) == 0);
+      CHECK(std::memcmp(got.data() + total, expected_second.data(), expected_second.size() * 8) ==
+            0);
     }
   }
 }

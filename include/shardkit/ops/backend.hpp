@@ -9,6 +9,7 @@
 // The same tag is the template argument of the optimizer and the data-parallel engines.
 #pragma once
 
+#include <array>
 #include <concepts>
 #include <string_view>
 
@@ -33,16 +34,20 @@ namespace shardkit::ops {
 //                                          every span's leaf sums (norm_tree.hpp; elements of
 //                                          `dtype`), one span after the other, into leaves (f64,
 //                                          on ctx's device)
+//   leaf_sums_of_squares_pair(ctx, spans, dtypes, leaves)
+//                                          the same for two lists of equal sizes at once
+//                                          (operand k: data[k], dtypes[k], leaves[k])
 //   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale)
 //                                          LARC-SGD over whole tensors, in the order that
 //                                          reuses the device's cache best
 template <class B>
 concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
-                              const SpanList<1>& spans, double* leaves) {
+                              const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves) {
   { B::name } -> std::convertible_to<std::string_view>;
   B::check_context(ctx, "op");
   B::larc_coefficients(ctx, larc, 1.0f, 1.0f, t, t);
   B::leaf_sums_of_squares(ctx, spans, DType::f32, leaves);
+  B::leaf_sums_of_squares_pair(ctx, pairs, {DType::f32, DType::bf16}, {leaves, leaves});
 };
 
 // The message of the static_assert every entry point makes: what B must be.

@@ -60,34 +60,17 @@ struct Cpu {
   // writing its own leaves: the same bits on any thread count.
   static void leaf_sums_of_squares(Context& ctx, const SpanList<1>& spans, DType dtype,
                                    double* leaves) {
-    static_assert(kChunkElements % kNormLeaf == 0, "chunks must hold whole leaves");
-    std::vector<cpu::Chunk> chunks;
-    cpu::cut_into_chunks(spans, 0, spans.size(), chunks);
-    std::vector<std::int64_t> first(spans.size());  // each span's first leaf
-    for (std::size_t s = 0, at = 0; s < spans.size(); ++s) {
-      first[s] = static_cast<std::int64_t>(at);
-      at += static_cast<std::size_t>(norm_leaves(spans[s].size));
-    }
-    auto run = [&]<class T>() {
-      ctx.cpu_pool().parallel_for(static_cast<std::int64_t>(chunks.size()), [&](std::int64_t c) {
-        const cpu::Chunk& chunk = chunks[static_cast<std::size_t>(c)];
-        const auto* x = static_cast<const T*>(spans[chunk.span].data[0]);
-        double* out = leaves + first[chunk.span] + chunk.lo / kNormLeaf;
-        std::int64_t at = chunk.lo;
-        if constexpr (!std::is_same_v<T, Half>) {  // whole f32 / bf16 leaves four lanes at a time
-          const std::int64_t whole = (chunk.hi - at) / kNormLeaf;
-          cpu::leaf_sums_of_squares_lanes(x + at, whole, out);
-          at += whole * kNormLeaf;
-          out += whole;
-        }
-        for (; at < chunk.hi; at += kNormLeaf)
-          *out++ =
-              leaf_sum_of_squares(x + at, static_cast<int>(std::min(kNormLeaf, chunk.hi - at)));
-      });
-    };
-    if (dtype == DType::f16) return run.template operator()<Half>();
-    if (dtype == DType::bf16) return run.template operator()<BFloat16>();
-    run.template operator()<float>();
+    leaf_sums<1>(ctx, spans, {dtype}, {leaves});
+  }
+
+  // Two lists of equal sizes (params and their grads) in one pass: each task alternates
+  // between them every 16 leaves, so both are streamed from memory at once -- on one thread
+  // 17 ms for ResNet-50's params and grads against 23 ms one list after the other (dev-cpu),
+  // the norms pass being bound by memory, not arithmetic.
+  static void leaf_sums_of_squares_pair(Context& ctx, const SpanList<2>& spans,
+                                        const std::array<DType, 2>& dtypes,
+                                        const std::array<double*, 2>& leaves) {
+    leaf_sums<2>(ctx, spans, dtypes, leaves);
   }
 
   // One core's L2 cache in bytes (1 MiB when the system does not say).
@@ -141,6 +124,68 @@ struct Cpu {
       });
       first = last;
     }
+  }
+
+ private:
+  // The leaf sums of x[lo, hi) (lo a multiple of kNormLeaf) into out[0, ...).
+  template <class T>
+  static void leaf_sums_range(const T* x, std::int64_t lo, std::int64_t hi, double* out) {
+    std::int64_t at = lo;
+    if constexpr (!std::is_same_v<T, Half>) {  // whole f32 / bf16 leaves four lanes at a time
+      const std::int64_t whole = (hi - at) / kNormLeaf;
+      cpu::leaf_sums_of_squares_lanes(x + at, whole, out);
+      at += whole * kNormLeaf;
+      out += whole;
+    }
+    for (; at < hi; at += kNormLeaf)
+      *out++ = leaf_sum_of_squares(x + at, static_cast<int>(std::min(kNormLeaf, hi - at)));
+  }
+
+  // Calls fn.template operator()<T>() with T the element type of `dtype` (f32, bf16 or f16).
+  template <class Fn>
+  static void visit_leaf_dtype(DType dtype, Fn&& fn) {
+    if (dtype == DType::f16) return fn.template operator()<Half>();
+    if (dtype == DType::bf16) return fn.template operator()<BFloat16>();
+    fn.template operator()<float>();
+  }
+
+  template <int Depth>
+  static void leaf_sums(Context& ctx, const SpanList<Depth>& spans,
+                        const std::array<DType, Depth>& dtypes,
+                        const std::array<double*, Depth>& leaves) {
+    static_assert(kChunkElements % kNormLeaf == 0, "chunks must hold whole leaves");
+    std::vector<cpu::Chunk> chunks;
+    cpu::cut_into_chunks(spans, 0, spans.size(), chunks);
+    std::vector<std::int64_t> first(spans.size());  // each span's first leaf
+    for (std::size_t s = 0, at = 0; s < spans.size(); ++s) {
+      first[s] = static_cast<std::int64_t>(at);
+      at += static_cast<std::size_t>(norm_leaves(spans[s].size));
+    }
+    auto run = [&]<class T0, class T1>() {
+      ctx.cpu_pool().parallel_for(static_cast<std::int64_t>(chunks.size()), [&](std::int64_t c) {
+        const cpu::Chunk& chunk = chunks[static_cast<std::size_t>(c)];
+        const auto& span = spans[chunk.span];
+        const std::int64_t leaf = first[chunk.span] + chunk.lo / kNormLeaf;
+        if constexpr (Depth == 1) {
+          leaf_sums_range(static_cast<const T0*>(span.data[0]), chunk.lo, chunk.hi,
+                          leaves[0] + leaf);
+        } else {
+          constexpr std::int64_t kStride = 16 * kNormLeaf;  // elements per turn
+          for (std::int64_t lo = chunk.lo; lo < chunk.hi; lo += kStride) {
+            const std::int64_t hi = std::min(chunk.hi, lo + kStride);
+            const std::int64_t at = leaf + (lo - chunk.lo) / kNormLeaf;
+            leaf_sums_range(static_cast<const T0*>(span.data[0]), lo, hi, leaves[0] + at);
+            leaf_sums_range(static_cast<const T1*>(span.data[1]), lo, hi, leaves[1] + at);
+          }
+        }
+      });
+    };
+    visit_leaf_dtype(dtypes[0], [&]<class T0>() {
+      if constexpr (Depth == 1)
+        run.template operator()<T0, T0>();
+      else
+        visit_leaf_dtype(dtypes[1], [&]<class T1>() { run.template operator()<T0, T1>(); });
+    });
   }
 };
 

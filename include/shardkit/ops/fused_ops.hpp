@@ -6,7 +6,7 @@
 //   sgd_step<B>(..., coefficients)   the same with per-tensor (grad, param) factors (LARC)
 //   segment_sums_of_squares<B>  per-span sums of squares (pieces of L2 norms)
 //   leaf_sums_of_squares<B>     per-leaf sums of squares: the split-invariant norms of
-//                               norm_tree.hpp start from them
+//                               norm_tree.hpp start from them (one list, or two in one pass)
 //   larc_coefficients<B>        per-tensor LARC factors from whole-tensor sums
 //   larc_sgd_step<B>            LARC-SGD where every tensor is whole here
 //   adam_step<B>                Adam / AdamW
@@ -95,6 +95,27 @@ void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> tensors, const T
   for (const auto& span : spans) total += norm_leaves(span.size);
   check_result_tensor(ctx, leaves, DType::f64, {total}, "leaf_sums_of_squares", "leaves");
   if (total > 0) B::leaf_sums_of_squares(ctx, spans, dtype, leaves.data<double>());
+}
+
+// The leaf sums of two lists of equal sizes (params and their grads; each list f32, f16 or
+// bf16) in one pass, into `leaves` (f64 [2, total leaves]): row k is list k's, as above.
+template <class B>
+void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> first,
+                          std::span<const Tensor> second, const Tensor& leaves) {
+  SK_REQUIRE_OPS_BACKEND(B, "leaf_sums_of_squares");
+  B::check_context(ctx, "leaf_sums_of_squares");
+  const DType dtype_first = grad_dtype(first, "leaf_sums_of_squares (first)");
+  const DType dtype_second = grad_dtype(second, "leaf_sums_of_squares (second)");
+  const auto spans = make_spans<2>(
+      ctx, "leaf_sums_of_squares",
+      {OperandList{first, dtype_first, "first"}, OperandList{second, dtype_second, "second"}},
+      {true, true});
+  std::int64_t total = 0;
+  for (const auto& span : spans) total += norm_leaves(span.size);
+  check_result_tensor(ctx, leaves, DType::f64, {2, total}, "leaf_sums_of_squares", "leaves");
+  if (total > 0)
+    B::leaf_sums_of_squares_pair(ctx, spans, {dtype_first, dtype_second},
+                                 {leaves.data<double>(), leaves.data<double>() + total});
 }
 
 // Whether every element of `tensors` (f32, f16 or bf16) is finite: found_nonfinite (f32 [1],

@@ -66,27 +66,36 @@ class ParamNorms {
                                              const std::vector<std::vector<Tensor>>& operands) {
     const auto& pieces = table_->pieces(rank_);
     const std::size_t n_ops = operands.size();
-    // This rank's cover values, operand after operand, piece after piece, from each operand
-    // list's leaf sums (one backend pass; read in place when they are in host memory).
-    std::vector<double> mine, values;
-    for (const auto& views : operands) {
+    for (const auto& views : operands)
       check(views.size() == pieces.size(), "ParamNorms::sums: ", views.size(), " views for ",
             pieces.size(), " pieces; pass one per piece");
-      std::int64_t total = 0;
-      for (const auto& t : views) total += ops::norm_leaves(t.numel());
-      Tensor leaves;
-      std::vector<double> copied;
-      const double* at = nullptr;
-      if (total > 0) {
-        leaves = empty(compute, {total}, DType::f64, MemoryCategory::other);
-        ops::leaf_sums_of_squares<B>(compute, views, leaves);
-        if (leaves.device().is_cpu()) {
-          at = leaves.data<double>();
-        } else {
-          copied = to_vector<double>(compute, leaves);
-          at = copied.data();
-        }
+    std::int64_t total = 0;  // leaves per operand list (the leaf ops check the views' sizes)
+    for (const auto& piece : pieces) total += ops::norm_leaves(piece.numel());
+    // Every list's leaf sums, row k list k's: params and grads in one pass when both are asked
+    // (their pieces have the same sizes), else a pass per list. Read in place from host memory.
+    Tensor leaves;
+    std::vector<double> copied;
+    const double* at = nullptr;
+    if (total > 0) {
+      leaves = empty(compute, {static_cast<std::int64_t>(n_ops), total}, DType::f64,
+                     MemoryCategory::other);
+      if (n_ops == 2) {
+        ops::leaf_sums_of_squares<B>(compute, operands[0], operands[1], leaves);
+      } else {
+        for (std::size_t k = 0; k < n_ops; ++k)
+          ops::leaf_sums_of_squares<B>(compute, operands[k],
+                                       leaves.select(0, static_cast<std::int64_t>(k)));
       }
+      if (leaves.device().is_cpu()) {
+        at = leaves.data<double>();
+      } else {
+        copied = to_vector<double>(compute, leaves);
+        at = copied.data();
+      }
+    }
+    // This rank's cover values, operand after operand, piece after piece.
+    std::vector<double> mine, values;
+    for (std::size_t k = 0; k < n_ops; ++k)
       for (const auto& piece : pieces) {
         const auto lo = piece.param_begin / ops::kNormLeaf;
         const auto n = ops::norm_leaves(piece.numel());
@@ -94,7 +103,6 @@ class ParamNorms {
         if (n > 0) at += n;
         mine.insert(mine.end(), values.begin(), values.end());
       }
-    }
     // Every rank's values, in the same order (counts follow from the table).
     std::vector<std::vector<double>> by_rank(static_cast<std::size_t>(table_->world_size()));
     if (comm_ != nullptr) {
