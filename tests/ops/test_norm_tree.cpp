@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <utility>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "shardkit/ops/cpu_backend.hpp"

@@ -9,18 +9,23 @@
 
 #include "shardkit/core/philox.hpp"
 
-#if defined(__AVX2__)
+// (Intrinsics for the host compiler only, as in transpose_blocks.hpp: nvcc's passes take the
+// loop of philox_block, which gives the same words.)
+#if defined(__AVX2__) && !defined(__CUDACC__)
+#define SK_PHILOX_AVX2 1
 #include <immintrin.h>
+#else
+#define SK_PHILOX_AVX2 0
 #endif
 
-namespace shardkit {
+namespace shardkit::detail {
 
 inline constexpr std::uint64_t kPhiloxBatch = 8;
 
 // words[4 * j + w] = philox_block(seed, first + j).v[w] for j < kPhiloxBatch: the blocks' words
 // in the order a fill consumes them.
 inline void philox_batch(std::uint64_t seed, std::uint64_t first, std::uint32_t* words) {
-#if defined(__AVX2__)
+#if SK_PHILOX_AVX2
   // Lane j's counter is block first + j: its low word is low(first) + j, and its high word
   // gains 1 where that addition wrapped (the lane's low word then compares below low(first)).
   const auto low = static_cast<std::uint32_t>(first);
@@ -72,4 +77,4 @@ inline void philox_batch(std::uint64_t seed, std::uint64_t first, std::uint32_t*
 #endif
 }
 
-}  // namespace shardkit
+}  // namespace shardkit::detail

@@ -117,9 +117,9 @@ inline std::int64_t transposed_dimension(const Shape& shape, const Shape& stride
 }
 
 // Square tiles of side `tile` over dimensions `k` and the innermost, spread over `pool`: for
-// each, tile_fn(index, base_a, base_b, i_begin, i_end, j_begin, j_end) with the row-major
-// index and the two offsets of the tile's origin (i = j = 0 along k and the innermost) and
-// the tile's ranges along k (i) and the innermost (j).
+// each, tile_fn(index, base_a, base_b, i_begin, i_end, j_begin, j_end): the row-major index
+// and the two offsets of element (i, j) = (0, 0) of the plane (over k and the innermost) the
+// tile lies in, and the tile's ranges along k (i) and the innermost (j).
 template <class TileFn>
 void for_each_tile(ThreadPool& pool, const Shape& shape, const Shape& strides_a,
                    const Shape& strides_b, std::size_t k, std::int64_t tile, TileFn&& tile_fn) {

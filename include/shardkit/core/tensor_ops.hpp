@@ -66,7 +66,8 @@ inline constexpr bool is_floating_storage_v =
 // copies and additions between floating-point storage (`Threaded`) take the threaded strided
 // and tiled paths: those are the large tensors training moves; integer tensors (labels,
 // indices) stay on one thread, which keeps copies between every pair of dtypes from compiling
-// each path 49 times. (fill and divide_ use host_contiguous_or_strided below.)
+// each path 49 times. (fill and divide_ use host_contiguous_or_strided below; a transposing
+// copy within one 4- or 2-byte dtype, integers included, moves bytes in transposing_copy.)
 template <bool Threaded, class Fn>
 void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shape& src_strides,
                       Fn&& fn) {
@@ -139,7 +140,8 @@ namespace detail {
 // blocks (transpose_blocks.hpp) on the context's threads. False when the layout is another.
 inline bool transposing_copy(Context& ctx, const Tensor& dst, const Tensor& src) {
   const std::size_t bytes = dtype_size(dst.dtype());
-  if (dst.dtype() != src.dtype() || !has_transpose_kernel(bytes)) return false;
+  if (dst.dtype() != src.dtype() || !has_transpose_kernel(bytes) || !dst.is_contiguous())
+    return false;
   const std::int64_t k = transposed_dimension(dst.shape(), src.strides());
   if (k < 0 || src.strides()[static_cast<std::size_t>(k)] != 1) return false;
   const auto d = static_cast<std::size_t>(k), last = static_cast<std::size_t>(dst.dim() - 1);

@@ -13,15 +13,21 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__SSE2__)
+// Intrinsics for the host compiler only: nvcc's passes (device and host) see the scalar
+// loop, as cpu_apply.hpp's lanes do -- host loops in .cu files are not hot, and GCC's whole
+// immintrin.h is best kept away from nvcc. The results are the same bytes either way.
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#define SK_TRANSPOSE_SIMD 1
 #include <immintrin.h>
+#else
+#define SK_TRANSPOSE_SIMD 0
 #endif
 
 namespace shardkit::detail {
 
 // Whether transpose_block has a SIMD kernel for elements of this many bytes on this build.
 inline constexpr bool has_transpose_kernel(std::size_t element_bytes) {
-#if defined(__SSE2__)
+#if SK_TRANSPOSE_SIMD
   return element_bytes == 4 || element_bytes == 2;
 #else
   (void)element_bytes;
@@ -29,7 +35,7 @@ inline constexpr bool has_transpose_kernel(std::size_t element_bytes) {
 #endif
 }
 
-#if defined(__SSE2__)
+#if SK_TRANSPOSE_SIMD
 namespace transpose_simd {
 
 #if defined(__AVX__)
@@ -105,7 +111,7 @@ void transpose_block(const void* in_bytes, std::int64_t ld_in, void* out_bytes, 
   const auto* in = static_cast<const Word*>(in_bytes);
   auto* out = static_cast<Word*>(out_bytes);
   std::int64_t full_rows = 0, full_cols = 0;
-#if defined(__SSE2__)
+#if SK_TRANSPOSE_SIMD
   constexpr std::int64_t side = Bytes == 4 ? transpose_simd::kSide4 : transpose_simd::kSide2;
   full_rows = rows - rows % side;
   full_cols = cols - cols % side;
