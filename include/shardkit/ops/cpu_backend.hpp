@@ -64,9 +64,8 @@ struct Cpu {
   }
 
   // Two lists of equal sizes (params and their grads) in one pass: each task alternates
-  // between them every 16 leaves, so both are streamed from memory at once -- on one thread
-  // 17 ms for ResNet-50's params and grads against 23 ms one list after the other (dev-cpu),
-  // the norms pass being bound by memory, not arithmetic.
+  // between them every 16 leaves, so one thread streams both from memory at once -- the norms
+  // pass is bound by memory, not arithmetic (docs/performance.md, bench_offload's LARC rows).
   static void leaf_sums_of_squares_pair(Context& ctx, const SpanList<2>& spans,
                                         const std::array<DType, 2>& dtypes,
                                         const std::array<double*, 2>& leaves) {
