@@ -115,6 +115,17 @@ void BM_larc_sgd_composed(benchmark::State& state) {
   });
 }
 
+// LARC's norms pass alone (the first half of the two above): a read-only pass over params and
+// grads. Its % of copy is the read rate the norms reach; with the SGD row it bounds the fused
+// step wherever a tensor is too large for its reads to be cached for the update.
+void BM_larc_norms(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  auto& ctx = context(threads_of(state));
+  auto sums = sk::empty(ctx, {2, static_cast<std::int64_t>(w.w.size())}, sk::DType::f64);
+  run(state, bench::kNormsPairBytes, w.params,
+      [&] { ops::segment_sums_of_squares<ops::Cpu>(ctx, w.w, w.g, sums); });
+}
+
 // What apex LARC + torch.optim.SGD do, one pass per eager op, in plain loops on one thread:
 // norm(w), norm(g), g += wd·w, g *= rate per tensor; then buf = m·buf + g, w -= lr·buf.
 void BM_larc_sgd_unfused(benchmark::State& state) {
@@ -212,6 +223,7 @@ BENCHMARK(BM_sgd_momentum)->Apply(workloads_and_threads);
 BENCHMARK(BM_sgd_momentum_bf16_copy)->Apply(workloads_and_threads);
 BENCHMARK(BM_larc_sgd_fused)->Apply(workloads_and_threads);
 BENCHMARK(BM_larc_sgd_composed)->Apply(workloads_and_threads);
+BENCHMARK(BM_larc_norms)->Apply(workloads_and_threads);
 BENCHMARK(BM_larc_sgd_unfused)
     ->ArgNames({"flat", "threads"})
     ->Args({0, 1})

@@ -48,5 +48,6 @@ inline constexpr double kSgdBf16CopyBytes = 22;  // + write the bf16 copy
 inline constexpr double kAdamBytes = 28;         // read w, g, m, v; write w, m, v
 inline constexpr double kCastBytes = 6;          // read f32, write bf16 or f16 (or back)
 inline constexpr double kUnscaleBytes = 8;       // read and write g
+inline constexpr double kNormsPairBytes = 8;     // read w, g (LARC's norms pass alone)
 
 }  // namespace shardkit::bench

@@ -111,7 +111,7 @@ TEST_CASE("the vectorised paired sum of squares has apply_range's bits, from any
       CAPTURE(lo);
       CAPTURE(hi);
       const auto generic = ops::cpu::apply_range(ops::SumOfSquaresFunctor<2>{}, {}, data, lo, hi);
-      const auto paired = ops::cpu::sums_of_squares_pair(a.data(), b.data(), lo, hi);
+      const auto paired = ops::cpu::sums_of_squares_pair(a.data(), b.data(), lo, hi, 300);
       CHECK(std::memcmp(generic.data(), paired.data(), sizeof paired) == 0);
     }
   }

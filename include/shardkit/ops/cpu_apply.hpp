@@ -20,6 +20,9 @@
 namespace shardkit::ops::cpu {
 
 inline constexpr int kSumLanes = 8;
+// How many elements ahead the read-only norm passes prefetch (4 KiB of f32): enough lines in
+// flight to cover DRAM's latency at one core's streaming rate, few enough to stay in L1.
+inline constexpr std::int64_t kPrefetchAhead = 1024;
 
 // Applies `op` to elements [lo, hi) of a span; when it sums, returns the lanes' pairwise total.
 // The functor, its segment and the operand pointers are taken by value: as locals, the stores
@@ -106,6 +109,17 @@ inline F64x4 widen4(const float* p) { return F64x4{p[0], p[1], p[2], p[3]}; }
 inline F64x4 widen4(const BFloat16* p) {
   return F64x4{p[0].to_float(), p[1].to_float(), p[2].to_float(), p[3].to_float()};
 }
+
+// A software prefetch into all cache levels (none in nvcc's passes, which take this file's
+// plain loops throughout). A prefetch past the end of a mapping would not fault, but the
+// callers stay inside their arrays.
+inline void prefetch_for_read(const void* p) {
+#if !defined(__CUDACC__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
 }  // namespace detail
 
 // The sums of squares of two f32 operands over [lo, hi): apply_range's arithmetic for
@@ -113,20 +127,36 @@ inline F64x4 widen4(const BFloat16* p) {
 // squares of elements lo + l, lo + l + 8, ... in order, then a pairwise tree -- with the lanes
 // held as vectors (GCC's vectoriser leaves the generic loop's two interleaved sets of lanes
 // scalar). A square of a float is exact in double, so a fused multiply-add changes no bit.
+//
+// Both operands are prefetched kPrefetchAhead elements ahead, up to `readable` (the end of the
+// arrays, which may lie past hi: the next chunk's first lines then arrive in time too). With
+// the hardware prefetchers alone, one core reading two streams from DRAM keeps too few misses
+// in flight: the fused LARC-SGD step over one 2^26-element segment took 97.6 ms on one thread,
+// 89-92 ms with these prefetches (bench_ops BM_larc_sgd_fused/flat:1, docs/performance.md).
 inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b, std::int64_t lo,
-                                                  std::int64_t hi) {
+                                                  std::int64_t hi, std::int64_t readable) {
   using detail::F64x4;
   using detail::widen4;
   F64x4 a_low{}, a_high{}, b_low{}, b_high{};  // lanes 0-3 and 4-7 of each operand
-  std::int64_t i = lo;
-  for (; i + kSumLanes <= hi; i += kSumLanes) {
-    const F64x4 x0 = widen4(a + i), x1 = widen4(a + i + 4);
-    const F64x4 y0 = widen4(b + i), y1 = widen4(b + i + 4);
+  auto add = [&](std::int64_t at) {
+    const F64x4 x0 = widen4(a + at), x1 = widen4(a + at + 4);
+    const F64x4 y0 = widen4(b + at), y1 = widen4(b + at + 4);
     a_low += x0 * x0;
     a_high += x1 * x1;
     b_low += y0 * y0;
     b_high += y1 * y1;
+  };
+  std::int64_t i = lo;
+  static_assert(2 * kSumLanes * sizeof(float) == 64, "one prefetch per cache line and operand");
+  for (; i + 2 * kSumLanes <= hi; i += 2 * kSumLanes) {
+    if (i + kPrefetchAhead < readable) {
+      detail::prefetch_for_read(a + i + kPrefetchAhead);
+      detail::prefetch_for_read(b + i + kPrefetchAhead);
+    }
+    add(i);
+    add(i + kSumLanes);
   }
+  for (; i + kSumLanes <= hi; i += kSumLanes) add(i);
   double la[kSumLanes], lb[kSumLanes];
   std::memcpy(la, &a_low, sizeof a_low);
   std::memcpy(la + 4, &a_high, sizeof a_high);
@@ -150,18 +180,21 @@ inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b
 // + (q[4j+2] + q[4j+3]) as the lanes of one vector, from the squares transposed so that lane j
 // holds group j, then (g0 + g1) + (g2 + g3). (Squares of floats are exact in double.) nvcc's
 // host pass has no __builtin_shufflevector (GCC 12 and clang have it): there it is the scalar
-// function.
+// function. Prefetches kPrefetchAhead elements ahead while that stays before `readable` (the
+// end of x's array), as sums_of_squares_pair does.
 template <class T>
-void leaf_sums_of_squares_lanes(const T* x, std::int64_t leaves, double* out) {
+void leaf_sums_of_squares_lanes(const T* x, std::int64_t leaves, double* out, const T* readable) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, BFloat16>,
                 "four-lane leaf sums take f32 or bf16 (f16's conversion branches)");
 #if defined(__CUDACC__)
+  (void)readable;
   for (std::int64_t k = 0; k < leaves; ++k)
     out[k] = leaf_sum_of_squares(x + k * kNormLeaf, static_cast<int>(kNormLeaf));
 #else
   using detail::F64x4;
   using detail::widen4;
   for (std::int64_t k = 0; k < leaves; ++k, x += kNormLeaf) {
+    if (readable - x > kPrefetchAhead) detail::prefetch_for_read(x + kPrefetchAhead);
     F64x4 r0 = widen4(x), r1 = widen4(x + 4), r2 = widen4(x + 8), r3 = widen4(x + 12);
     r0 *= r0, r1 *= r1, r2 *= r2, r3 *= r3;                        // row j: q[4j .. 4j + 4)
     const F64x4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 2, 6);  // q0 q4 q2 q6
@@ -186,7 +219,7 @@ std::array<double, kSumSlots<F>> chunk_sums(const F& op, const Span<Depth>& span
                                             std::int64_t hi) {
   if constexpr (std::is_same_v<F, SumOfSquaresFunctor<2>>) {
     return sums_of_squares_pair(static_cast<const float*>(span.data[0]),
-                                static_cast<const float*>(span.data[1]), lo, hi);
+                                static_cast<const float*>(span.data[1]), lo, hi, span.size);
   } else {
     return apply_range(op, segment, span.data.data(), lo, hi);
   }

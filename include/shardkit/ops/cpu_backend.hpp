@@ -126,13 +126,15 @@ struct Cpu {
   }
 
  private:
-  // The leaf sums of x[lo, hi) (lo a multiple of kNormLeaf) into out[0, ...).
+  // The leaf sums of x[lo, hi) (lo a multiple of kNormLeaf) into out[0, ...); x holds `size`
+  // elements (the prefetches stop at its end, not at hi).
   template <class T>
-  static void leaf_sums_range(const T* x, std::int64_t lo, std::int64_t hi, double* out) {
+  static void leaf_sums_range(const T* x, std::int64_t size, std::int64_t lo, std::int64_t hi,
+                              double* out) {
     std::int64_t at = lo;
     if constexpr (!std::is_same_v<T, Half>) {  // whole f32 / bf16 leaves four lanes at a time
       const std::int64_t whole = (hi - at) / kNormLeaf;
-      cpu::leaf_sums_of_squares_lanes(x + at, whole, out);
+      cpu::leaf_sums_of_squares_lanes(x + at, whole, out, x + size);
       at += whole * kNormLeaf;
       out += whole;
     }
@@ -166,15 +168,17 @@ struct Cpu {
         const auto& span = spans[chunk.span];
         const std::int64_t leaf = first[chunk.span] + chunk.lo / kNormLeaf;
         if constexpr (Depth == 1) {
-          leaf_sums_range(static_cast<const T0*>(span.data[0]), chunk.lo, chunk.hi,
+          leaf_sums_range(static_cast<const T0*>(span.data[0]), span.size, chunk.lo, chunk.hi,
                           leaves[0] + leaf);
         } else {
           constexpr std::int64_t kStride = 16 * kNormLeaf;  // elements per turn
           for (std::int64_t lo = chunk.lo; lo < chunk.hi; lo += kStride) {
             const std::int64_t hi = std::min(chunk.hi, lo + kStride);
             const std::int64_t at = leaf + (lo - chunk.lo) / kNormLeaf;
-            leaf_sums_range(static_cast<const T0*>(span.data[0]), lo, hi, leaves[0] + at);
-            leaf_sums_range(static_cast<const T1*>(span.data[1]), lo, hi, leaves[1] + at);
+            leaf_sums_range(static_cast<const T0*>(span.data[0]), span.size, lo, hi,
+                            leaves[0] + at);
+            leaf_sums_range(static_cast<const T1*>(span.data[1]), span.size, lo, hi,
+                            leaves[1] + at);
           }
         }
       });
