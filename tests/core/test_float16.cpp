@@ -3,13 +3,16 @@
 // samples of floats against independent references.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "shardkit/core/float16.hpp"
+#include "shardkit/core/half_runs.hpp"
 
 namespace sk = shardkit;
 
@@ -174,4 +177,39 @@ TEST_CASE("Half and BFloat16 wrap the conversions") {
   CHECK(sk::Half::from_bits(0xc000).to_float() == -2.0f);
   CHECK(static_cast<float>(sk::BFloat16(3.0f)) == 3.0f);
   CHECK(sk::BFloat16::from_bits(0x3f80).to_float() == 1.0f);
+}
+
+// floats_to_halves takes vcvtps2ph where the build targets F16C (x86-64-v3 does): every sign and
+// exponent with the top 10 mantissa bits each way, and the 13 dropped bits at each rounding
+// boundary (0, 1, just below, at and above the midpoint, all ones) or random; then NaNs with
+// random payloads and a run of random bits. Odd lengths and offsets cover the scalar tails.
+TEST_CASE("runs of f32 -> f16 conversions give float_to_half_bits' bits for every class") {
+  std::vector<float> src;
+  std::mt19937 engine(17);
+  auto gen = [&] { return static_cast<std::uint32_t>(engine()); };
+  const std::uint32_t low_bits[] = {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu};
+  for (std::uint32_t high = 0; high < (1u << 19); ++high) {
+    for (std::uint32_t low : low_bits) src.push_back(std::bit_cast<float>(high << 13 | low));
+    src.push_back(std::bit_cast<float>(high << 13 | (gen() & 0x1fffu)));
+  }
+  for (int k = 0; k < 100000; ++k) {
+    const std::uint32_t payload = (gen() & 0x7fffffu) | 1u;  // never 0: that is inf
+    src.push_back(std::bit_cast<float>((gen() & 0x80000000u) | 0x7f800000u | payload));
+    src.push_back(std::bit_cast<float>(gen()));
+  }
+  for (std::size_t offset : {0, 3}) {
+    const std::int64_t n = static_cast<std::int64_t>(src.size() - offset) - 5;
+    std::vector<sk::Half> out(static_cast<std::size_t>(n));
+    sk::detail::floats_to_halves(src.data() + offset, out.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float value = src[offset + static_cast<std::size_t>(i)];
+      if (out[static_cast<std::size_t>(i)].bits != sk::float_to_half_bits(value)) {
+        CAPTURE(std::bit_cast<std::uint32_t>(value));
+        REQUIRE(out[static_cast<std::size_t>(i)].bits == sk::float_to_half_bits(value));
+      }
+    }
+  }
+#if defined(__F16C__)
+  CHECK(SK_F16C == 1);  // a build that targets F16C (-march=x86-64-v3) takes that path
+#endif
 }

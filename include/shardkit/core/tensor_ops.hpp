@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shardkit/core/context.hpp"
+#include "shardkit/core/half_runs.hpp"
 #include "shardkit/core/philox_batch.hpp"
 #include "shardkit/core/strided_loop.hpp"
 #include "shardkit/core/tensor.hpp"
@@ -179,6 +180,16 @@ inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
     for_each_chunk(ctx.cpu_pool(), static_cast<std::int64_t>(dst.nbytes()), kBytesPerTask,
                    [&](std::int64_t first, std::int64_t end) {
                      std::memcpy(out + first, in + first, static_cast<std::size_t>(end - first));
+                   });
+    return;
+  }
+  if (parallel && dst.dtype() == DType::f16 && src.dtype() == DType::f32 && dst.is_contiguous() &&
+      src.is_contiguous()) {  // F16C runs (half_runs.hpp), the same bits
+    auto* out = static_cast<Half*>(dst.data_ptr());
+    const auto* in = static_cast<const float*>(src.data_ptr());
+    for_each_chunk(ctx.cpu_pool(), dst.numel(), kElementsPerTask,
+                   [&](std::int64_t first, std::int64_t end) {
+                     floats_to_halves(in + first, out + first, end - first);
                    });
     return;
   }

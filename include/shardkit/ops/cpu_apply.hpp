@@ -11,7 +11,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "shardkit/core/half_runs.hpp"
 #include "shardkit/core/thread_pool.hpp"
+#include "shardkit/ops/cast.hpp"
 #include "shardkit/ops/functor.hpp"
 #include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/norms.hpp"
@@ -36,7 +38,10 @@ std::array<double, kSumSlots<F>> apply_range(const F op, const typename F::Segme
   void* data[F::kDepth];
   for (int k = 0; k < F::kDepth; ++k) data[k] = operands[k];
   std::array<double, kSumSlots<F>> total{};
-  if constexpr (F::kSums == 0) {
+  if constexpr (std::is_same_v<F, CastFunctor<float, Half>>) {  // F16C runs, the same bits
+    ::shardkit::detail::floats_to_halves(static_cast<const float*>(data[0]) + lo,
+                                         static_cast<Half*>(data[1]) + lo, hi - lo);
+  } else if constexpr (F::kSums == 0) {
     for (std::int64_t i = lo; i < hi; ++i) {
       float x[F::kDepth];
       double unused[1];
