@@ -179,37 +179,49 @@ TEST_CASE("Half and BFloat16 wrap the conversions") {
   CHECK(sk::BFloat16::from_bits(0x3f80).to_float() == 1.0f);
 }
 
-// floats_to_halves takes vcvtps2ph where the build targets F16C (x86-64-v3 does): every sign and
-// exponent with the top 10 mantissa bits each way, and the 13 dropped bits at each rounding
-// boundary (0, 1, just below, at and above the midpoint, all ones) or random; then NaNs with
-// random payloads and a run of random bits. Odd lengths and offsets cover the scalar tails.
-TEST_CASE("runs of f32 -> f16 conversions give float_to_half_bits' bits for every class") {
+// floats_to_halves takes vcvtps2ph where the build targets F16C, floats_to_bf16s AVX2 lanes
+// (x86-64-v3 has both): every sign and exponent with the top 10 mantissa bits each way, and the
+// 13 dropped bits at each of f16's rounding boundaries (0, 1, just below, at and above the
+// midpoint, all ones) or random; bf16's boundaries in the low 16 bits likewise; then NaNs with
+// random payloads and random bits. Odd lengths and offsets cover the scalar tails.
+TEST_CASE("runs of f32 -> f16 and f32 -> bf16 conversions give the scalar bits for every class") {
   std::vector<float> src;
   std::mt19937 engine(17);
   auto gen = [&] { return static_cast<std::uint32_t>(engine()); };
-  const std::uint32_t low_bits[] = {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu};
+  const std::uint32_t half_low[] = {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu};
+  const std::uint32_t bf16_low[] = {0x7fffu, 0x8000u, 0x8001u, 0xffffu, 0x18000u};
   for (std::uint32_t high = 0; high < (1u << 19); ++high) {
-    for (std::uint32_t low : low_bits) src.push_back(std::bit_cast<float>(high << 13 | low));
+    for (std::uint32_t low : half_low) src.push_back(std::bit_cast<float>(high << 13 | low));
     src.push_back(std::bit_cast<float>(high << 13 | (gen() & 0x1fffu)));
   }
+  for (std::uint32_t high = 0; high < (1u << 16); ++high)
+    for (std::uint32_t low : bf16_low) src.push_back(std::bit_cast<float>(high << 16 ^ low));
   for (int k = 0; k < 100000; ++k) {
     const std::uint32_t payload = (gen() & 0x7fffffu) | 1u;  // never 0: that is inf
     src.push_back(std::bit_cast<float>((gen() & 0x80000000u) | 0x7f800000u | payload));
     src.push_back(std::bit_cast<float>(gen()));
   }
   for (std::size_t offset : {0, 3}) {
-    const std::int64_t n = static_cast<std::int64_t>(src.size() - offset) - 5;
-    std::vector<sk::Half> out(static_cast<std::size_t>(n));
-    sk::detail::floats_to_halves(src.data() + offset, out.data(), n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float value = src[offset + static_cast<std::size_t>(i)];
-      if (out[static_cast<std::size_t>(i)].bits != sk::float_to_half_bits(value)) {
+    CAPTURE(offset);
+    const std::size_t n = src.size() - offset - 5;
+    std::vector<sk::Half> halves(n);
+    std::vector<sk::BFloat16> bf16s(n);
+    sk::detail::floats_to_halves(src.data() + offset, halves.data(), static_cast<std::int64_t>(n));
+    sk::detail::floats_to_bf16s(src.data() + offset, bf16s.data(), static_cast<std::int64_t>(n));
+    for (std::size_t i = 0; i < n; ++i) {
+      const float value = src[offset + i];
+      if (halves[i].bits != sk::float_to_half_bits(value) ||
+          bf16s[i].bits != sk::float_to_bf16_bits(value)) {
         CAPTURE(std::bit_cast<std::uint32_t>(value));
-        REQUIRE(out[static_cast<std::size_t>(i)].bits == sk::float_to_half_bits(value));
+        REQUIRE(halves[i].bits == sk::float_to_half_bits(value));
+        REQUIRE(bf16s[i].bits == sk::float_to_bf16_bits(value));
       }
     }
   }
 #if defined(__F16C__)
   CHECK(SK_F16C == 1);  // a build that targets F16C (-march=x86-64-v3) takes that path
+#endif
+#if defined(__AVX2__)
+  CHECK(SK_BF16_AVX2 == 1);
 #endif
 }

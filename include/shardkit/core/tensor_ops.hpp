@@ -183,14 +183,19 @@ inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
                    });
     return;
   }
-  if (parallel && dst.dtype() == DType::f16 && src.dtype() == DType::f32 && dst.is_contiguous() &&
-      src.is_contiguous()) {  // F16C runs (half_runs.hpp), the same bits
-    auto* out = static_cast<Half*>(dst.data_ptr());
+  const bool narrowing = dst.dtype() == DType::f16 || dst.dtype() == DType::bf16;
+  if (parallel && narrowing && src.dtype() == DType::f32 && dst.is_contiguous() &&
+      src.is_contiguous()) {  // SIMD runs (half_runs.hpp), the same bits
     const auto* in = static_cast<const float*>(src.data_ptr());
-    for_each_chunk(ctx.cpu_pool(), dst.numel(), kElementsPerTask,
-                   [&](std::int64_t first, std::int64_t end) {
-                     floats_to_halves(in + first, out + first, end - first);
-                   });
+    void* out = dst.data_ptr();
+    const bool half = dst.dtype() == DType::f16;
+    for_each_chunk(
+        ctx.cpu_pool(), dst.numel(), kElementsPerTask, [&](std::int64_t first, std::int64_t end) {
+          if (half)
+            floats_to_halves(in + first, static_cast<Half*>(out) + first, end - first);
+          else
+            floats_to_bf16s(in + first, static_cast<BFloat16*>(out) + first, end - first);
+        });
     return;
   }
   visit_dtype(dst.dtype(), [&](auto dst_tag) {

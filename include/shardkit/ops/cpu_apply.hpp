@@ -38,9 +38,12 @@ std::array<double, kSumSlots<F>> apply_range(const F op, const typename F::Segme
   void* data[F::kDepth];
   for (int k = 0; k < F::kDepth; ++k) data[k] = operands[k];
   std::array<double, kSumSlots<F>> total{};
-  if constexpr (std::is_same_v<F, CastFunctor<float, Half>>) {  // F16C runs, the same bits
+  if constexpr (std::is_same_v<F, CastFunctor<float, Half>>) {  // half_runs.hpp: the same bits
     ::shardkit::detail::floats_to_halves(static_cast<const float*>(data[0]) + lo,
                                          static_cast<Half*>(data[1]) + lo, hi - lo);
+  } else if constexpr (std::is_same_v<F, CastFunctor<float, BFloat16>>) {
+    ::shardkit::detail::floats_to_bf16s(static_cast<const float*>(data[0]) + lo,
+                                        static_cast<BFloat16*>(data[1]) + lo, hi - lo);
   } else if constexpr (F::kSums == 0) {
     for (std::int64_t i = lo; i < hi; ++i) {
       float x[F::kDepth];
