@@ -160,6 +160,8 @@ TEST_CASE("host element-wise loops on several threads give the elements one thre
     keep(same);
     sk::fill(ctx, y, -1.25);
     keep(y);
+    keep(sk::cast(ctx, x, sk::DType::f16));  // the contiguous narrowing casts (half_runs.hpp)
+    keep(sk::cast(ctx, x, sk::DType::bf16));
     return std::pair{out, sk::to_vector<float>(ctx, x)};
   };
   const auto [serial, x] = run(one);
@@ -169,6 +171,13 @@ TEST_CASE("host element-wise loops on several threads give the elements one thre
     CAPTURE(k);
     CHECK(serial[k] == parallel[k]);
   }
+  // The narrowing casts put each element's own conversion at its own index.
+  std::int64_t miscast = 0;
+  for (std::size_t i = 0; i < x3.size(); ++i) {
+    miscast += parallel[7][i] != sk::half_bits_to_float(sk::float_to_half_bits(x3[i]));
+    miscast += parallel[8][i] != sk::bf16_bits_to_float(sk::float_to_bf16_bits(x3[i]));
+  }
+  CHECK(miscast == 0);
   // And the strided copy is the transpose, element by element (3-thread result).
   const auto& swapped = parallel[2];
   std::int64_t wrong = 0;

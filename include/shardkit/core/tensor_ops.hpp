@@ -183,19 +183,27 @@ inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
                    });
     return;
   }
-  const bool narrowing = dst.dtype() == DType::f16 || dst.dtype() == DType::bf16;
-  if (parallel && narrowing && src.dtype() == DType::f32 && dst.is_contiguous() &&
+  const bool narrowing =
+      src.dtype() == DType::f32 && (dst.dtype() == DType::f16 || dst.dtype() == DType::bf16);
+  const bool widening = src.dtype() == DType::f16 && dst.dtype() == DType::f32;
+  if (parallel && (narrowing || widening) && dst.is_contiguous() &&
       src.is_contiguous()) {  // SIMD runs (half_runs.hpp), the same bits
-    const auto* in = static_cast<const float*>(src.data_ptr());
+    const void* in = src.data_ptr();
     void* out = dst.data_ptr();
-    const bool half = dst.dtype() == DType::f16;
-    for_each_chunk(
-        ctx.cpu_pool(), dst.numel(), kElementsPerTask, [&](std::int64_t first, std::int64_t end) {
-          if (half)
-            floats_to_halves(in + first, static_cast<Half*>(out) + first, end - first);
-          else
-            floats_to_bf16s(in + first, static_cast<BFloat16*>(out) + first, end - first);
-        });
+    const DType to = dst.dtype();
+    for_each_chunk(ctx.cpu_pool(), dst.numel(), kElementsPerTask,
+                   [&](std::int64_t first, std::int64_t end) {
+                     const std::int64_t n = end - first;
+                     if (to == DType::f16)
+                       floats_to_halves(static_cast<const float*>(in) + first,
+                                        static_cast<Half*>(out) + first, n);
+                     else if (to == DType::bf16)
+                       floats_to_bf16s(static_cast<const float*>(in) + first,
+                                       static_cast<BFloat16*>(out) + first, n);
+                     else
+                       halves_to_floats(static_cast<const Half*>(in) + first,
+                                        static_cast<float*>(out) + first, n);
+                   });
     return;
   }
   visit_dtype(dst.dtype(), [&](auto dst_tag) {
