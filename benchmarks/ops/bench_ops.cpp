@@ -1,9 +1,9 @@
 // Fused optimizer steps, LARC's norms pass alone, casts and the unscale pass on the CPU over
 // ResNet-50's 161 tensors and a flat buffer of 2^26 elements (2^28 would need 4 GiB per operand
 // here), on 1 thread and on every hardware thread (SHARDKIT_NUM_THREADS), next to the unfused
-// LARC-SGD users run today (one thread). GBps = minimum bytes / time; pct_of_copy against a memcpy on the same number of
-// threads, measured just before each benchmark. benchmarks/run runs this with repetitions
-// beside PyTorch's LARC + SGD (torch_larc_sgd.py) and tabulates both.
+// LARC-SGD users run today (one thread). GBps = minimum bytes / time; pct_of_copy against a memcpy
+// on the same number of threads, measured just before each benchmark. benchmarks/run runs this with
+// repetitions beside PyTorch's LARC + SGD (torch_larc_sgd.py) and tabulates both.
 #include "bench_common.hpp"
 #include "bench_ops_common.hpp"
 
