@@ -179,7 +179,7 @@ TEST_CASE("Half and BFloat16 wrap the conversions") {
   CHECK(sk::BFloat16::from_bits(0x3f80).to_float() == 1.0f);
 }
 
-// floats_to_halves takes vcvtps2ph where the build targets F16C, floats_to_bf16s AVX2 lanes
+// convert_run takes vcvtps2ph to f16 where the build targets F16C, AVX2 lanes to bf16 lanes
 // (x86-64-v3 has both): every sign and exponent with the top 10 mantissa bits each way, and the
 // 13 dropped bits at each of f16's rounding boundaries (0, 1, just below, at and above the
 // midpoint, all ones) or random; bf16's boundaries in the low 16 bits likewise; then NaNs with
@@ -206,8 +206,8 @@ TEST_CASE("runs of f32 -> f16 and f32 -> bf16 conversions give the scalar bits f
     const std::size_t n = src.size() - offset - 5;
     std::vector<sk::Half> halves(n);
     std::vector<sk::BFloat16> bf16s(n);
-    sk::detail::floats_to_halves(src.data() + offset, halves.data(), static_cast<std::int64_t>(n));
-    sk::detail::floats_to_bf16s(src.data() + offset, bf16s.data(), static_cast<std::int64_t>(n));
+    sk::detail::convert_run(src.data() + offset, halves.data(), static_cast<std::int64_t>(n));
+    sk::detail::convert_run(src.data() + offset, bf16s.data(), static_cast<std::int64_t>(n));
     for (std::size_t i = 0; i < n; ++i) {
       const float value = src[offset + i];
       if (halves[i].bits != sk::float_to_half_bits(value) ||
@@ -226,7 +226,7 @@ TEST_CASE("runs of f32 -> f16 and f32 -> bf16 conversions give the scalar bits f
 #endif
 }
 
-// halves_to_floats (vcvtph2ps where the build targets F16C, with signalling NaNs kept
+// convert_run from f16 to f32 (vcvtph2ps where the build targets F16C, with signalling NaNs kept
 // signalling) against half_bits_to_float for all 65536 patterns, from two offsets.
 TEST_CASE("runs of f16 -> f32 conversions give half_bits_to_float's bits for all patterns") {
   std::vector<sk::Half> src;
@@ -235,7 +235,7 @@ TEST_CASE("runs of f16 -> f32 conversions give half_bits_to_float's bits for all
   for (std::size_t offset : {0, 5}) {
     const std::size_t n = src.size() - offset;
     std::vector<float> out(n);
-    sk::detail::halves_to_floats(src.data() + offset, out.data(), static_cast<std::int64_t>(n));
+    sk::detail::convert_run(src.data() + offset, out.data(), static_cast<std::int64_t>(n));
     std::int64_t wrong = 0;
     for (std::size_t i = 0; i < n; ++i)
       wrong += std::bit_cast<std::uint32_t>(out[i]) !=

@@ -44,8 +44,11 @@
 
 namespace shardkit::detail {
 
-// dst[i] = Half(src[i]) for i in [0, n).
-inline void floats_to_halves(const float* src, Half* dst, std::int64_t n) {
+// convert_run(src, dst, n): dst[i] = To(src[i]) for i in [0, n), one overload per pair of
+// element types with a run (has_convert_run says which); callers dispatch on it.
+
+// f32 -> f16.
+inline void convert_run(const float* src, Half* dst, std::int64_t n) {
   std::int64_t i = 0;
 #if SK_F16C
   for (; i + 8 <= n; i += 8) {
@@ -57,8 +60,8 @@ inline void floats_to_halves(const float* src, Half* dst, std::int64_t n) {
   for (; i < n; ++i) dst[i] = Half(src[i]);
 }
 
-// dst[i] = float(src[i]) for i in [0, n).
-inline void halves_to_floats(const Half* src, float* dst, std::int64_t n) {
+// f16 -> f32.
+inline void convert_run(const Half* src, float* dst, std::int64_t n) {
   std::int64_t i = 0;
 #if SK_F16C
   const __m256i exponent = _mm256_set1_epi32(0x7c00), quiet = _mm256_set1_epi32(0x200);
@@ -98,8 +101,8 @@ inline __m256i bf16_bits_in_lanes(__m256i x) {
 }
 #endif
 
-// dst[i] = BFloat16(src[i]) for i in [0, n).
-inline void floats_to_bf16s(const float* src, BFloat16* dst, std::int64_t n) {
+// f32 -> bf16.
+inline void convert_run(const float* src, BFloat16* dst, std::int64_t n) {
   std::int64_t i = 0;
 #if SK_BF16_AVX2
   for (; i + 16 <= n; i += 16) {
@@ -115,5 +118,11 @@ inline void floats_to_bf16s(const float* src, BFloat16* dst, std::int64_t n) {
 #endif
   for (; i < n; ++i) dst[i] = BFloat16(src[i]);
 }
+
+// Whether convert_run has an overload from From to To.
+template <class From, class To>
+inline constexpr bool has_convert_run = requires(const From* src, To* dst) {
+  convert_run(src, dst, std::int64_t{0});
+};
 
 }  // namespace shardkit::detail

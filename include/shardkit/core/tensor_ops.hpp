@@ -183,29 +183,24 @@ inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
                    });
     return;
   }
-  const bool narrowing =
-      src.dtype() == DType::f32 && (dst.dtype() == DType::f16 || dst.dtype() == DType::bf16);
-  const bool widening = src.dtype() == DType::f16 && dst.dtype() == DType::f32;
-  if (parallel && (narrowing || widening) && dst.is_contiguous() &&
-      src.is_contiguous()) {  // SIMD runs (half_runs.hpp), the same bits
-    const void* in = src.data_ptr();
-    void* out = dst.data_ptr();
-    const DType to = dst.dtype();
-    for_each_chunk(ctx.cpu_pool(), dst.numel(), kElementsPerTask,
-                   [&](std::int64_t first, std::int64_t end) {
-                     const std::int64_t n = end - first;
-                     if (to == DType::f16)
-                       floats_to_halves(static_cast<const float*>(in) + first,
-                                        static_cast<Half*>(out) + first, n);
-                     else if (to == DType::bf16)
-                       floats_to_bf16s(static_cast<const float*>(in) + first,
-                                       static_cast<BFloat16*>(out) + first, n);
-                     else
-                       halves_to_floats(static_cast<const Half*>(in) + first,
-                                        static_cast<float*>(out) + first, n);
-                   });
-    return;
-  }
+  bool converted = false;  // by a SIMD run (half_runs.hpp), the same bits
+  if (parallel && dst.is_contiguous() && src.is_contiguous())
+    visit_dtype(dst.dtype(), [&](auto dst_tag) {
+      using D = decltype(dst_tag);
+      visit_dtype(src.dtype(), [&](auto src_tag) {
+        using S = decltype(src_tag);
+        if constexpr (has_convert_run<S, D>) {
+          D* out = static_cast<D*>(dst.data_ptr());
+          const S* in = static_cast<const S*>(src.data_ptr());
+          for_each_chunk(ctx.cpu_pool(), dst.numel(), kElementsPerTask,
+                         [&](std::int64_t first, std::int64_t end) {
+                           convert_run(in + first, out + first, end - first);
+                         });
+          converted = true;
+        }
+      });
+    });
+  if (converted) return;
   visit_dtype(dst.dtype(), [&](auto dst_tag) {
     using D = decltype(dst_tag);
     visit_dtype(src.dtype(), [&](auto src_tag) {

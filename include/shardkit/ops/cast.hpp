@@ -15,6 +15,8 @@ struct CastFunctor {
                 "casts go between float, sk::Half and sk::BFloat16");
   static constexpr int kDepth = 2;
   using Types = TypeList<From, To>;
+  using Source = From;
+  using Destination = To;
   static constexpr unsigned kReads = 0b01u;
   static constexpr unsigned kWrites = 0b10u;
   static constexpr int kSums = 0;

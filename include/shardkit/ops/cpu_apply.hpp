@@ -28,6 +28,15 @@ inline constexpr int kSumLanes = 8;
 // stay in L1.
 inline constexpr std::int64_t kPrefetchAhead = 1024;
 
+// Whether F is a cast with a SIMD run in half_runs.hpp.
+template <class F>
+constexpr bool has_cast_run() {
+  if constexpr (requires { typename F::Source; })
+    return ::shardkit::detail::has_convert_run<typename F::Source, typename F::Destination>;
+  else
+    return false;
+}
+
 // Applies `op` to elements [lo, hi) of a span; when it sums, returns the lanes' pairwise total.
 // The functor, its segment and the operand pointers are taken by value: as locals, the stores
 // into the operands cannot alias them, so the loop keeps them in registers, hoists the rule's
@@ -40,15 +49,11 @@ std::array<double, kSumSlots<F>> apply_range(const F op, const typename F::Segme
   void* data[F::kDepth];
   for (int k = 0; k < F::kDepth; ++k) data[k] = operands[k];
   std::array<double, kSumSlots<F>> total{};
-  if constexpr (std::is_same_v<F, CastFunctor<float, Half>>) {  // half_runs.hpp: the same bits
-    ::shardkit::detail::floats_to_halves(static_cast<const float*>(data[0]) + lo,
-                                         static_cast<Half*>(data[1]) + lo, hi - lo);
-  } else if constexpr (std::is_same_v<F, CastFunctor<float, BFloat16>>) {
-    ::shardkit::detail::floats_to_bf16s(static_cast<const float*>(data[0]) + lo,
-                                        static_cast<BFloat16*>(data[1]) + lo, hi - lo);
-  } else if constexpr (std::is_same_v<F, CastFunctor<Half, float>>) {
-    ::shardkit::detail::halves_to_floats(static_cast<const Half*>(data[0]) + lo,
-                                         static_cast<float*>(data[1]) + lo, hi - lo);
+  if constexpr (has_cast_run<F>()) {  // SIMD runs (half_runs.hpp): the same bits
+    using From = typename F::Source;
+    using To = typename F::Destination;
+    ::shardkit::detail::convert_run(static_cast<const From*>(data[0]) + lo,
+                                    static_cast<To*>(data[1]) + lo, hi - lo);
   } else if constexpr (F::kSums == 0) {
     for (std::int64_t i = lo; i < hi; ++i) {
       float x[F::kDepth];
@@ -124,8 +129,8 @@ inline F64x4 widen4(const BFloat16* p) {
 }
 
 // A software prefetch into all cache levels (none in nvcc's passes, which see no intrinsics
-// here). A prefetch past the end of a mapping would not fault, but the
-// callers stay inside their arrays.
+// here). A prefetch past the end of a mapping would not fault, but the callers stay inside
+// their arrays.
 inline void prefetch_for_read(const void* p) {
 #if !defined(__CUDACC__)
   __builtin_prefetch(p, 0, 3);
