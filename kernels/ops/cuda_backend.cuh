@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -95,6 +96,58 @@ inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, DType dtype
   SK_CUDA_CHECK_LAUNCH("ops::cuda::leaf_sums_kernel");
 }
 
+// One block per node (norm_tree.hpp's norm_subtree, the same additions): thread t of the
+// block's `threads` (a power of two, at most kSubtreeThreads) forms the subtree over its own
+// run of `per` = 2^level / threads leaves with a binary counter -- each value arriving is added
+// to the finished subtrees on the stack while its position says they pair up, the left one
+// first -- then the threads' values pair up level by level in shared memory.
+constexpr int kSubtreeThreads = 256;
+
+__global__ void __launch_bounds__(kSubtreeThreads)
+    norm_subtrees_kernel(const double* leaves, const std::int64_t* nodes, double* out) {
+  __shared__ double partial[kSubtreeThreads];
+  const std::int64_t first = nodes[2 * blockIdx.x];
+  const int level = static_cast<int>(nodes[2 * blockIdx.x + 1]);
+  const int threads_log2 = level < 8 ? level : 8;  // 2^8 = kSubtreeThreads
+  const int threads = 1 << threads_log2;
+  const std::int64_t per = std::int64_t{1} << (level - threads_log2);
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < threads) {
+    const double* x = leaves + first + t * per;
+    double stack[64];  // finished subtrees, largest first; at most log2(per) + 1 deep
+    int depth = 0;
+    for (std::int64_t j = 0; j < per; ++j) {
+      double v = x[j];
+      for (std::int64_t m = j + 1; (m & 1) == 0; m >>= 1) v = stack[--depth] + v;
+      stack[depth++] = v;
+    }
+    partial[t] = stack[0];
+  }
+  __syncthreads();
+  for (int stride = 1; stride < threads; stride *= 2) {
+    if (t < threads && t % (2 * stride) == 0) partial[t] = partial[t] + partial[t + stride];
+    __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = partial[0];
+}
+
+inline void launch_norm_subtrees(Context& ctx, const double* leaves,
+                                 std::span<const NormSubtree> nodes, double* out) {
+  if (nodes.empty()) return;
+  check(nodes.size() <= 0x7fffffffu, "norm_subtree_sums: ", nodes.size(),
+        " nodes in one call; at most 2^31 - 1 (one block each)");
+  std::vector<std::int64_t> table(2 * nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    table[2 * i] = nodes[i].first;
+    table[2 * i + 1] = nodes[i].level;
+  }
+  Tensor on_device = from_vector(ctx, table, {static_cast<std::int64_t>(table.size())});
+  CudaDeviceGuard guard(ctx.device().index);
+  norm_subtrees_kernel<<<static_cast<unsigned>(nodes.size()), kSubtreeThreads, 0, ctx.stream()>>>(
+      leaves, on_device.data<std::int64_t>(), out);
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::norm_subtrees_kernel");
+}
+
 }  // namespace cuda
 
 struct Cuda {
@@ -142,6 +195,11 @@ struct Cuda {
       for (std::size_t s = 0; s < spans.size(); ++s) list[s] = {{spans[s].data[k]}, spans[s].size};
       cuda::launch_leaf_sums(ctx, list, dtypes[k], leaves[k]);
     }
+  }
+
+  static void norm_subtree_sums(Context& ctx, const double* leaves,
+                                std::span<const NormSubtree> nodes, double* out) {
+    cuda::launch_norm_subtrees(ctx, leaves, nodes, out);
   }
 
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.

@@ -185,6 +185,56 @@ void leaf_sums_case(B& b, std::int64_t gap, double tolerance) {
   CHECK(std::memcmp(both.data() + total, got_y.data(), got_y.size() * sizeof(double)) == 0);
 }
 
+// Tree nodes over leaf sums (norm_subtree_sums) against the host's norm_subtree, bit for bit:
+// both add the same pairs in the same order. Values of widely spread magnitudes, so any other
+// order of the additions would round differently (checked: a left-to-right sum does); nodes of
+// every level up to 2^16 values, at offsets that are not multiples of their size; a 2-D buffer
+// read flat.
+template <class B>
+void norm_subtrees_case(B& b) {
+  constexpr std::int64_t kRows = 2, kCols = 70001;
+  std::mt19937_64 rng(2024);
+  std::uniform_real_distribution<double> mantissa(0.5, 1.5);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  std::vector<double> values(static_cast<std::size_t>(kRows * kCols));
+  for (auto& v : values) v = std::ldexp(mantissa(rng), exponent(rng));
+  sk::Context host;
+  auto leaves = b.upload(sk::from_vector(host, values, {kRows, kCols}));
+  std::vector<ops::NormSubtree> nodes;
+  for (int level = 0; level <= 16; ++level) {
+    const std::int64_t size = std::int64_t{1} << level;
+    std::uniform_int_distribution<std::int64_t> first(0, kRows * kCols - size);
+    nodes.push_back({first(rng), level});
+    nodes.push_back({first(rng), level});
+  }
+  nodes.push_back({kRows * kCols - 1, 0});      // the last value alone
+  nodes.push_back({kRows * kCols - 1024, 10});  // the last 1024
+  auto out = b.zeros({static_cast<std::int64_t>(nodes.size())}, sk::DType::f64);
+  b.fill(out, -1.0);
+  ops::norm_subtree_sums<typename B::Ops>(b.ctx, leaves, nodes, out);
+  const auto got = sk::to_vector<double>(host, b.download(out));
+  std::vector<double> scratch;
+  bool order_matters = false;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    CAPTURE(nodes[i].first);
+    CAPTURE(nodes[i].level);
+    const double* x = values.data() + nodes[i].first;
+    const std::int64_t size = std::int64_t{1} << nodes[i].level;
+    const double want = ops::norm_subtree(x, size, scratch);
+    CHECK(std::memcmp(&got[i], &want, sizeof want) == 0);
+    double in_order = 0;
+    for (std::int64_t j = 0; j < size; ++j) in_order += x[j];
+    order_matters = order_matters || in_order != want;
+  }
+  CHECK(order_matters);
+  // A node past the end is refused by name; no nodes is nothing to do.
+  const std::vector<ops::NormSubtree> past{{kRows * kCols - 2, 2}};
+  auto one = b.zeros({1}, sk::DType::f64);
+  CHECK_THROWS_WITH(ops::norm_subtree_sums<typename B::Ops>(b.ctx, leaves, past, one),
+                    doctest::Contains("node 0 (first 140000, level 2) reaches past the 140002"));
+  ops::norm_subtree_sums<typename B::Ops>(b.ctx, leaves, {}, b.zeros({0}, sk::DType::f64));
+}
+
 template <class B>
 void unscale_case(B& b, std::int64_t gap) {
   const Layout layout(edge_sizes(), gap);

@@ -64,6 +64,11 @@ TEST_CASE("leaf sums of squares (split-invariant norms): every leaf, short last 
   for (std::int64_t gap : {0, 1, 5}) leaf_sums_case(b, gap, Backend::leaf_tolerance);
 }
 
+TEST_CASE("norm tree nodes over leaf sums equal norm_subtree bit for bit") {
+  Backend b;
+  norm_subtrees_case(b);
+}
+
 TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors") {
   Backend b;
   for (bool clip : {false, true})

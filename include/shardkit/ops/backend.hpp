@@ -11,11 +11,13 @@
 
 #include <array>
 #include <concepts>
+#include <span>
 #include <string_view>
 
 #include "shardkit/core/context.hpp"
 #include "shardkit/core/tensor.hpp"
 #include "shardkit/ops/larc.hpp"
+#include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/spans.hpp"
 
 namespace shardkit::ops {
@@ -37,17 +39,22 @@ namespace shardkit::ops {
 //   leaf_sums_of_squares_pair(ctx, spans, dtypes, leaves)
 //                                          the same for two lists of equal sizes at once
 //                                          (operand k: data[k], dtypes[k], leaves[k])
+//   norm_subtree_sums(ctx, leaves, nodes, out)
+//                                          each node's norm_subtree over leaves (f64, on ctx's
+//                                          device) into out[i] (checked by the caller)
 //   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale)
 //                                          LARC-SGD over whole tensors, in the order that
 //                                          reuses the device's cache best
 template <class B>
 concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
-                              const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves) {
+                              const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves,
+                              std::span<const NormSubtree> nodes) {
   { B::name } -> std::convertible_to<std::string_view>;
   B::check_context(ctx, "op");
   B::larc_coefficients(ctx, larc, 1.0f, 1.0f, t, t);
   B::leaf_sums_of_squares(ctx, spans, DType::f32, leaves);
   B::leaf_sums_of_squares_pair(ctx, pairs, {DType::f32, DType::bf16}, {leaves, leaves});
+  B::norm_subtree_sums(ctx, leaves, nodes, leaves);
 };
 
 // The message of the static_assert every entry point makes: what B must be.

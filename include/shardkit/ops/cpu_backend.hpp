@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -70,6 +71,17 @@ struct Cpu {
                                         const std::array<DType, 2>& dtypes,
                                         const std::array<double*, 2>& leaves) {
     leaf_sums<2>(ctx, spans, dtypes, leaves);
+  }
+
+  // Each node is its own tree, so nodes run on the pool's threads as tasks: the same bits on
+  // any thread count.
+  static void norm_subtree_sums(Context& ctx, const double* leaves,
+                                std::span<const NormSubtree> nodes, double* out) {
+    ctx.cpu_pool().parallel_for(static_cast<std::int64_t>(nodes.size()), [&](std::int64_t i) {
+      thread_local std::vector<double> scratch;
+      const NormSubtree& node = nodes[static_cast<std::size_t>(i)];
+      out[i] = norm_subtree(leaves + node.first, std::int64_t{1} << node.level, scratch);
+    });
   }
 
   // One core's L2 cache in bytes (1 MiB when the system does not say).

@@ -7,6 +7,7 @@
 //   segment_sums_of_squares<B>  per-span sums of squares (pieces of L2 norms)
 //   leaf_sums_of_squares<B>     per-leaf sums of squares: the split-invariant norms of
 //                               norm_tree.hpp start from them (one list, or two in one pass)
+//   norm_subtree_sums<B>        tree nodes' values from those leaf sums, where they lie
 //   larc_coefficients<B>        per-tensor LARC factors from whole-tensor sums
 //   larc_sgd_step<B>            LARC-SGD where every tensor is whole here
 //   adam_step<B>                Adam / AdamW
@@ -116,6 +117,34 @@ void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> first,
   if (total > 0)
     B::leaf_sums_of_squares_pair(ctx, spans, {dtype_first, dtype_second},
                                  {leaves.data<double>(), leaves.data<double>() + total});
+}
+
+// The values of tree nodes (norm_tree.hpp) over leaf sums: out[i] = norm_subtree of the
+// 2^nodes[i].level values of `leaves` (f64, contiguous, any shape: read flat) from
+// nodes[i].first on, each formed along the tree, so the bits are norm_subtree's on any backend.
+// `out` is f64 [nodes.size()] on the context's device. What ParamNorms sends between ranks
+// instead of every leaf (a device copies back a few values per piece, not its leaves).
+template <class B>
+void norm_subtree_sums(Context& ctx, const Tensor& leaves, std::span<const NormSubtree> nodes,
+                       const Tensor& out) {
+  SK_REQUIRE_OPS_BACKEND(B, "norm_subtree_sums");
+  B::check_context(ctx, "norm_subtree_sums");
+  const auto count = static_cast<std::int64_t>(nodes.size());
+  check_result_tensor(ctx, out, DType::f64, {count}, "norm_subtree_sums", "out");
+  if (count == 0) return;
+  check(leaves.defined() && leaves.dtype() == DType::f64 && leaves.is_contiguous() &&
+            leaves.device() == ctx.device(),
+        "norm_subtree_sums: leaves must be a contiguous f64 tensor on ", ctx.device().str(),
+        ", got ", leaves.defined() ? leaves.str() : std::string("an undefined tensor"));
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const auto& node = nodes[i];
+    check(node.level >= 0 && node.level <= 62 && node.first >= 0 && node.first <= leaves.numel() &&
+              (std::int64_t{1} << node.level) <= leaves.numel() - node.first,
+          "norm_subtree_sums: node ", i, " (first ", node.first, ", level ", node.level,
+          ") reaches past the ", leaves.numel(),
+          " leaf sums given; every node's 2^level values must lie inside `leaves`");
+  }
+  B::norm_subtree_sums(ctx, leaves.data<double>(), nodes, out.data<double>());
 }
 
 // Whether every element of `tensors` (f32, f16 or bf16) is finite: found_nonfinite (f32 [1],

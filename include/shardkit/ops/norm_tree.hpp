@@ -59,6 +59,14 @@ struct NormNode {
   friend bool operator==(const NormNode& a, const NormNode& b) = default;
 };
 
+// A node to evaluate over leaf values laid out elsewhere: the 2^level values that start at
+// `first` (an index into that array, not a leaf number: pieces of several tensors and lists lie
+// one after another there). ops::norm_subtree_sums forms many at once where the values are.
+struct NormSubtree {
+  std::int64_t first = 0;
+  int level = 0;
+};
+
 // The value of a node over n = 2^l leaves x[0..n): each pair of neighbours added, level by
 // level -- the tree's own additions (a node is left child + right child), done in place in
 // `scratch`.

@@ -2,10 +2,10 @@
 // ranks hold, with the same bits under every stage and world size (ops/norm_tree.hpp): what
 // LARC's trust ratios and global-norm gradient clipping need.
 //
-// Each rank forms the leaf sums of its pieces (one backend pass over all of them), the covers
-// of its pieces' leaf ranges (a binary counter on the host), and -- when the table is sharded
-// over several ranks -- one all_gather_v exchanges every rank's cover values (a few per piece:
-// their number follows from the table alone, so nothing else is sent). Every rank then
+// Each rank forms the leaf sums of its pieces (one backend pass over all of them), the values
+// of its pieces' covers (a second backend pass, where the leaves lie), and -- when the table is
+// sharded over several ranks -- one all_gather_v exchanges every rank's cover values (a few per
+// piece: their number follows from the table alone, so nothing else is sent). Every rank then
 // finishes every parameter's tree. A replicated table (DDP) needs no exchange.
 #pragma once
 
@@ -73,12 +73,12 @@ class ParamNorms {
     for (const auto& piece : pieces) total += ops::norm_leaves(piece.numel());
     // Every list's leaf sums, row k list k's: params and grads in one pass when both are asked
     // (their pieces have the same sizes), else a pass per list. Read in place from host memory.
-    Tensor leaves;
-    std::vector<double> copied;
-    const double* at = nullptr;
+    // Then this rank's cover values, operand after operand, piece after piece, each node
+    // formed where the leaves lie: a device sends back a few values per piece, not every leaf.
+    std::vector<double> mine;
     if (total > 0) {
-      leaves = empty(compute, {static_cast<std::int64_t>(n_ops), total}, DType::f64,
-                     MemoryCategory::other);
+      Tensor leaves = empty(compute, {static_cast<std::int64_t>(n_ops), total}, DType::f64,
+                            MemoryCategory::other);
       if (n_ops == 2) {
         ops::leaf_sums_of_squares<B>(compute, operands[0], operands[1], leaves);
       } else {
@@ -86,23 +86,22 @@ class ParamNorms {
           ops::leaf_sums_of_squares<B>(compute, operands[k],
                                        leaves.select(0, static_cast<std::int64_t>(k)));
       }
-      if (leaves.device().is_cpu()) {
-        at = leaves.data<double>();
-      } else {
-        copied = to_vector<double>(compute, leaves);
-        at = copied.data();
+      std::vector<ops::NormSubtree> nodes;
+      nodes.reserve(cover_counts_[static_cast<std::size_t>(rank_)] * n_ops);
+      for (std::size_t k = 0; k < n_ops; ++k) {
+        std::int64_t at = static_cast<std::int64_t>(k) * total;  // the piece's first leaf sum
+        for (std::size_t q = 0; q < pieces.size(); ++q) {
+          const auto lo = pieces[q].param_begin / ops::kNormLeaf;
+          for (const auto& node : covers_[static_cast<std::size_t>(rank_)][q])
+            nodes.push_back({at + (node.index << node.level) - lo, node.level});
+          at += ops::norm_leaves(pieces[q].numel());
+        }
       }
+      Tensor values = empty(compute, {static_cast<std::int64_t>(nodes.size())}, DType::f64,
+                            MemoryCategory::other);
+      ops::norm_subtree_sums<B>(compute, leaves, nodes, values);
+      mine = to_vector<double>(compute, values);
     }
-    // This rank's cover values, operand after operand, piece after piece.
-    std::vector<double> mine, values;
-    for (std::size_t k = 0; k < n_ops; ++k)
-      for (const auto& piece : pieces) {
-        const auto lo = piece.param_begin / ops::kNormLeaf;
-        const auto n = ops::norm_leaves(piece.numel());
-        (void)ops::norm_cover(lo, lo + n, at, &values);
-        if (n > 0) at += n;
-        mine.insert(mine.end(), values.begin(), values.end());
-      }
     // Every rank's values, in the same order (counts follow from the table).
     std::vector<std::vector<double>> by_rank(static_cast<std::size_t>(table_->world_size()));
     if (comm_ != nullptr) {
