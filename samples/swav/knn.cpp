@@ -14,18 +14,23 @@ std::int64_t knn_correct(const std::vector<float>& bank,
                          const std::vector<std::uint8_t>& bank_labels,
                          const std::vector<float>& queries,
                          const std::vector<std::uint8_t>& query_labels, std::int64_t dim,
-                         std::int64_t first, std::int64_t last, int k, double sigma, int classes) {
+                         std::int64_t first, std::int64_t last, int k, double sigma,
+                         shardkit::ThreadPool& pool, int classes) {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const std::int64_t n = static_cast<std::int64_t>(bank_labels.size());
   const Eigen::Map<const Matrix> b(bank.data(), n, dim);
   const std::int64_t kk = std::min<std::int64_t>(k, n);
-  std::int64_t correct = 0;
-  std::vector<std::pair<float, std::int64_t>> top(static_cast<std::size_t>(kk));
+  // Blocks of 64 queries: one 64 x n product each, so a block's similarities stay a few MB.
   constexpr std::int64_t kChunk = 64;
-  for (std::int64_t q0 = first; q0 < last; q0 += kChunk) {
+  const std::int64_t blocks = last > first ? (last - first + kChunk - 1) / kChunk : 0;
+  std::vector<std::int64_t> correct(static_cast<std::size_t>(blocks), 0);
+  pool.parallel_for(blocks, [&](std::int64_t block) {
+    const std::int64_t q0 = first + block * kChunk;
     const std::int64_t rows = std::min(kChunk, last - q0);
     const Eigen::Map<const Matrix> q(queries.data() + q0 * dim, rows, dim);
     const Matrix sim = q * b.transpose();
+    std::vector<std::pair<float, std::int64_t>> top(static_cast<std::size_t>(kk));
+    std::vector<double> votes(static_cast<std::size_t>(classes));
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* s = sim.data() + r * n;
       // The kk largest similarities (a min-heap of the best so far).
@@ -41,15 +46,18 @@ std::int64_t knn_correct(const std::vector<float>& bank,
           std::push_heap(top.begin(), top.end(), worse);
         }
       }
-      std::vector<double> votes(static_cast<std::size_t>(classes), 0.0);
+      std::fill(votes.begin(), votes.end(), 0.0);
       for (std::size_t i = 0; i < size; ++i)
         votes[bank_labels[static_cast<std::size_t>(top[i].second)]] +=
             std::exp(double(top[i].first) / sigma);
       const auto predicted = std::max_element(votes.begin(), votes.end()) - votes.begin();
-      if (predicted == query_labels[static_cast<std::size_t>(q0 + r)]) ++correct;
+      if (predicted == query_labels[static_cast<std::size_t>(q0 + r)])
+        ++correct[static_cast<std::size_t>(block)];
     }
-  }
-  return correct;
+  });
+  std::int64_t total = 0;
+  for (const auto c : correct) total += c;
+  return total;
 }
 
 }  // namespace swav

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "shardkit/core/thread_pool.hpp"
+
 namespace swav {
 
 inline void l2_normalize_rows(std::vector<float>& features, std::int64_t dim) {
@@ -22,13 +24,15 @@ inline void l2_normalize_rows(std::vector<float>& features, std::int64_t dim) {
   }
 }
 
-// How many of queries [first, last) the bank classifies correctly (knn.cpp: compiled by the
-// host compiler, so Eigen keeps its SIMD in builds with the GPU path).
+// How many of queries [first, last) the bank classifies correctly, blocks of queries spread
+// over `pool`'s threads (knn.cpp: compiled by the host compiler, so Eigen keeps its SIMD in
+// builds with the GPU path). Each query's vote is its own, so the count is the same on any
+// number of threads.
 std::int64_t knn_correct(const std::vector<float>& bank,
                          const std::vector<std::uint8_t>& bank_labels,
                          const std::vector<float>& queries,
                          const std::vector<std::uint8_t>& query_labels, std::int64_t dim,
                          std::int64_t first, std::int64_t last, int k, double sigma,
-                         int classes = 10);
+                         shardkit::ThreadPool& pool, int classes = 10);
 
 }  // namespace swav

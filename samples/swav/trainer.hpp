@@ -459,8 +459,9 @@ class SwavTrainer {
     const std::int64_t share = (n + world - 1) / world;
     const std::int64_t first = std::min(n, comm_->rank() * share),
                        last = std::min(n, first + share);
-    std::vector<double> correct{double(knn_correct(bank, labels, queries, data_->test.labels, dim,
-                                                   first, last, c_.knn_topk, c_.knn_sigma))};
+    std::vector<double> correct{
+        double(knn_correct(bank, labels, queries, data_->test.labels, dim, first, last, c_.knn_topk,
+                           c_.knn_sigma, ctx_->cpu_pool()))};
     all_reduce_host(*ctx_, *comm_, std::span<double>(correct), sk::comm::ReduceOp::sum);
     return correct[0] / double(n);
   }
