@@ -97,9 +97,11 @@ int main(int argc, char** argv) {
                                                sk::ContextOptions{.seed = config.seed});
     if (!lead) return 0;
     std::printf(
-        "done: %lld iterations in %.1f s (%.1f img/s, data wait %.1f%%); kNN top-1 %.2f%% "
-        "(initial network %s, raw pixels %.2f%%); fingerprint %016llx\n",
-        static_cast<long long>(report.iterations), report.train_seconds, report.images_per_second,
+        "done: %lld iterations in %.1f s, %.1f of them evaluating and checkpointing (%.1f img/s "
+        "while stepping, data wait %.1f%%); kNN top-1 %.2f%% (initial network %s, raw pixels "
+        "%.2f%%); fingerprint %016llx\n",
+        static_cast<long long>(report.iterations), report.train_seconds, report.paused_seconds,
+        report.images_per_second,
         100 * report.data_wait_seconds / std::max(report.train_seconds, 1e-9), 100 * report.knn,
         report.knn_init < 0 ? "n/a (resumed)"
                             : (std::to_string(100 * report.knn_init).substr(0, 5) + "%").c_str(),

@@ -64,7 +64,9 @@ struct RunReport {
   std::int64_t iterations = 0, start_iteration = 0;
   std::vector<double> losses;  // mean over ranks, per logged step
   double knn_init = -1, knn = -1, raw_knn = -1;
-  double train_seconds = 0, data_wait_seconds = 0, images_per_second = 0;
+  // train_seconds: the training loop's wall time, of which paused_seconds went to its periodic
+  // evaluations and checkpoints; images_per_second counts the rest (the steps) only.
+  double train_seconds = 0, paused_seconds = 0, data_wait_seconds = 0, images_per_second = 0;
   std::int64_t peak_bytes = 0;  // the largest per-rank peak
   std::uint64_t fingerprint = 0;
   bool resumed = false;
@@ -181,6 +183,13 @@ class SwavTrainer {
     const auto begin = std::chrono::steady_clock::now();
     auto last_log = begin;
     std::int64_t last_log_iteration = iteration_;
+    // Time in evaluations and checkpoints inside the loop, kept out of the images/s figures.
+    double paused = 0, paused_at_last_log = 0;
+    auto pause = [&paused](auto&& work) {
+      const auto start = std::chrono::steady_clock::now();
+      work();
+      paused += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
     for (; epoch < c_.num_epochs && iteration_ < last; ++epoch, batch_in_epoch = 0) {
       sampler_->set_epoch(epoch);
       sampler_->set_start_iter(batch_in_epoch);
@@ -195,7 +204,8 @@ class SwavTrainer {
         batch_in_epoch = batch->number + 1;
         if (logs) {
           const auto now = std::chrono::steady_clock::now();
-          const double seconds = std::chrono::duration<double>(now - last_log).count();
+          const double seconds =
+              std::chrono::duration<double>(now - last_log).count() - (paused - paused_at_last_log);
           const double mean_loss = mean_over_ranks(loss);
           const double images =
               double((iteration_ - last_log_iteration) * c_.batch_size * comm_->size());
@@ -204,7 +214,6 @@ class SwavTrainer {
               elapsed / double(iteration_ - report.start_iteration) * double(last - iteration_);
           const std::int64_t peak = max_over_ranks(ctx_->memory_stats().peak_total());
           report.losses.push_back(mean_loss);
-          report.images_per_second = images / seconds;
           report.peak_bytes = peak;
           say("epoch %lld/%d  step %lld/%lld  loss %.4f  lr %.5f  %.1f img/s  ETA %s  "
               "mem/rank %.1f MB (max)  data wait %.1f%%\n",
@@ -221,18 +230,20 @@ class SwavTrainer {
                        {"stage", std::string(sk::parallel::stage_name(c_.stage))}});
           last_log = now;
           last_log_iteration = iteration_;
+          paused_at_last_log = paused;
         }
         if (c_.checkpoint_every_iters > 0 && iteration_ % c_.checkpoint_every_iters == 0)
-          save(epoch, batch_in_epoch);
+          pause([&] { save(epoch, batch_in_epoch); });
       }
       const bool epoch_done = batch_in_epoch >= per_epoch;
       if (!epoch_done) break;  // stopped by MAX_ITERATIONS inside the epoch
       if (c_.checkpoint_every_epochs > 0 && (epoch + 1) % c_.checkpoint_every_epochs == 0)
-        save(epoch + 1, 0);
+        pause([&] { save(epoch + 1, 0); });
       if (c_.knn_every_epochs > 0 && (epoch + 1) % c_.knn_every_epochs == 0 &&
           epoch + 1 < c_.num_epochs) {
         nlohmann::json by_layer;
-        const double knn = evaluate(report, Evaluation::periodic, by_layer);
+        double knn = 0;
+        pause([&] { knn = evaluate(report, Evaluation::periodic, by_layer); });
         say("epoch %lld: kNN top-1 %.2f%%\n", static_cast<long long>(epoch + 1), 100 * knn);
         log_metrics(
             knn_metrics({{"epoch", epoch + 1}, {"iteration", iteration_}, {"knn", knn}}, by_layer));
@@ -240,6 +251,10 @@ class SwavTrainer {
     }
     report.train_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    report.paused_seconds = paused;
+    report.images_per_second =
+        double((iteration_ - report.start_iteration) * c_.batch_size * comm_->size()) /
+        std::max(report.train_seconds - paused, 1e-9);
     report.data_wait_seconds = loader_->waited_seconds();
     report.iterations = iteration_;
     const auto memory = ctx_->memory_stats().snapshot();
