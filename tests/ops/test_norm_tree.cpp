@@ -21,6 +21,16 @@ namespace sk = shardkit;
 
 namespace {
 
+// The cover of leaves [lo, hi) of `leaves` (leaf values from leaf 0), each node with its value
+// formed along the tree, into `known`.
+void add_cover(const std::vector<double>& leaves, std::int64_t lo, std::int64_t hi,
+               std::map<ops::NormNode, double>& known) {
+  std::vector<double> scratch;
+  for (const auto& node : ops::norm_cover(lo, hi))
+    known[node] = ops::norm_subtree(leaves.data() + (node.index << node.level),
+                                    std::int64_t{1} << node.level, scratch);
+}
+
 // The root of `leaves` leaf values cut into pieces at `cuts` (leaf indices, ascending).
 double root_of(const std::vector<double>& leaves, const std::vector<std::int64_t>& cuts) {
   std::map<ops::NormNode, double> known;
@@ -28,9 +38,7 @@ double root_of(const std::vector<double>& leaves, const std::vector<std::int64_t
   std::vector<std::int64_t> ends = cuts;
   ends.push_back(static_cast<std::int64_t>(leaves.size()));
   for (auto hi : ends) {
-    std::vector<double> values;
-    const auto nodes = ops::norm_cover(lo, hi, leaves.data() + lo, &values);
-    for (std::size_t k = 0; k < nodes.size(); ++k) known[nodes[k]] = values[k];
+    add_cover(leaves, lo, hi, known);
     lo = hi;
   }
   return ops::norm_root(static_cast<std::int64_t>(leaves.size()), known);
@@ -80,10 +88,8 @@ TEST_CASE("the root has the same bits for every split, and is the sum of squares
 
 TEST_CASE("a leaf that no piece covers is named") {
   std::map<ops::NormNode, double> known;
-  std::vector<double> values;
   const std::vector<double> leaves(10, 1.0);
-  const auto nodes = ops::norm_cover(0, 6, leaves.data(), &values);
-  for (std::size_t k = 0; k < nodes.size(); ++k) known[nodes[k]] = values[k];
+  add_cover(leaves, 0, 6, known);
   CHECK_THROWS_WITH(ops::norm_root(10, known),
                     doctest::Contains("leaf 6 of 10 is covered by no piece"));
   CHECK(ops::norm_root(6, known) == 6.0);

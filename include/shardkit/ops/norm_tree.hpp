@@ -81,14 +81,10 @@ inline double norm_subtree(const double* x, std::int64_t n, std::vector<double>&
 }
 
 // The cover of leaves [lo, hi): the largest tree nodes wholly inside, left to right -- from
-// each position the largest aligned block of 2^l leaves that fits. With `leaf_values` (the sums
-// of leaves lo, lo + 1, ...) their values go to `values`, each formed along the tree.
-inline std::vector<NormNode> norm_cover(std::int64_t lo, std::int64_t hi,
-                                        const double* leaf_values = nullptr,
-                                        std::vector<double>* values = nullptr) {
+// each position the largest aligned block of 2^l leaves that fits. Their values are each
+// node's norm_subtree over its leaves (ops::norm_subtree_sums forms them where the leaves lie).
+inline std::vector<NormNode> norm_cover(std::int64_t lo, std::int64_t hi) {
   std::vector<NormNode> out;
-  if (values != nullptr) values->clear();
-  std::vector<double> scratch;
   for (std::int64_t at = lo; at < hi;) {
     int level = 0;
     while (level < 62) {
@@ -96,12 +92,8 @@ inline std::vector<NormNode> norm_cover(std::int64_t lo, std::int64_t hi,
       if (at % wider != 0 || at + wider > hi) break;
       ++level;
     }
-    const std::int64_t n = std::int64_t{1} << level;
     out.push_back({level, at >> level});
-    if (values != nullptr)
-      values->push_back(leaf_values != nullptr ? norm_subtree(leaf_values + (at - lo), n, scratch)
-                                               : 0.0);
-    at += n;
+    at += std::int64_t{1} << level;
   }
   return out;
 }
