@@ -49,6 +49,15 @@ class ParamNorms {
       }
       cover_counts_.push_back(nodes);
     }
+    // This rank's leaf sums for one operand list, and where its cover nodes lie among them.
+    const auto& mine = covers_[static_cast<std::size_t>(rank)];
+    for (std::size_t q = 0; q < table.pieces(rank).size(); ++q) {
+      const auto& piece = table.pieces(rank)[q];
+      const auto lo = piece.param_begin / ops::kNormLeaf;
+      for (const auto& node : mine[q])
+        own_nodes_.push_back({own_leaves_ + (node.index << node.level) - lo, node.level});
+      own_leaves_ += ops::norm_leaves(piece.numel());
+    }
   }
 
   // Per operand list (one 1-D f32 view per piece of this rank, in pieces() order), the sum of
@@ -69,8 +78,7 @@ class ParamNorms {
     for (const auto& views : operands)
       check(views.size() == pieces.size(), "ParamNorms::sums: ", views.size(), " views for ",
             pieces.size(), " pieces; pass one per piece");
-    std::int64_t total = 0;  // leaves per operand list (the leaf ops check the views' sizes)
-    for (const auto& piece : pieces) total += ops::norm_leaves(piece.numel());
+    const std::int64_t total = own_leaves_;  // per operand list (the leaf ops check the sizes)
     // Every list's leaf sums, row k list k's: params and grads in one pass when both are asked
     // (their pieces have the same sizes), else a pass per list. Read in place from host memory.
     // Then this rank's cover values, operand after operand, piece after piece, each node
@@ -86,17 +94,11 @@ class ParamNorms {
           ops::leaf_sums_of_squares<B>(compute, operands[k],
                                        leaves.select(0, static_cast<std::int64_t>(k)));
       }
-      std::vector<ops::NormSubtree> nodes;
-      nodes.reserve(cover_counts_[static_cast<std::size_t>(rank_)] * n_ops);
-      for (std::size_t k = 0; k < n_ops; ++k) {
-        std::int64_t at = static_cast<std::int64_t>(k) * total;  // the piece's first leaf sum
-        for (std::size_t q = 0; q < pieces.size(); ++q) {
-          const auto lo = pieces[q].param_begin / ops::kNormLeaf;
-          for (const auto& node : covers_[static_cast<std::size_t>(rank_)][q])
-            nodes.push_back({at + (node.index << node.level) - lo, node.level});
-          at += ops::norm_leaves(pieces[q].numel());
-        }
-      }
+      std::vector<ops::NormSubtree> nodes;  // list k's nodes lie in row k
+      nodes.reserve(own_nodes_.size() * n_ops);
+      for (std::size_t k = 0; k < n_ops; ++k)
+        for (const auto& node : own_nodes_)
+          nodes.push_back({static_cast<std::int64_t>(k) * total + node.first, node.level});
       Tensor values = empty(compute, {static_cast<std::int64_t>(nodes.size())}, DType::f64,
                             MemoryCategory::other);
       ops::norm_subtree_sums<B>(compute, leaves, nodes, values);
@@ -159,6 +161,8 @@ class ParamNorms {
   comm::Communicator* comm_ = nullptr;
   std::vector<std::vector<std::vector<ops::NormNode>>> covers_;  // [rank][piece]
   std::vector<std::size_t> cover_counts_;                        // nodes per operand, per rank
+  std::int64_t own_leaves_ = 0;              // this rank's leaf sums per operand list
+  std::vector<ops::NormSubtree> own_nodes_;  // its cover nodes among them, piece by piece
 };
 
 }  // namespace shardkit::optim
