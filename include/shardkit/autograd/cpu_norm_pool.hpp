@@ -2,6 +2,7 @@
 // statistics accumulated in double.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 
 #include <cmath>
@@ -18,10 +19,12 @@ namespace shardkit::autograd::cpu {
 // per-channel moments, the per-channel affine map, the gradient sums and the input gradient.
 // All statistics are double; x and y are f32 or f64.
 //
-// Each piece runs on the context's thread pool, one channel (or one (n, c) plane) per task:
-// a channel's sums are made by one thread in a fixed order, so the bits do not depend on the
-// thread count. Sums run over eight independent double lanes (combined pairwise at the end)
-// so the compiler can vectorise them; a single running sum would be one dependent add chain.
+// Each piece runs on the context's thread pool: the sums give each thread a contiguous block of
+// channels, the element-wise passes one (n, c) plane per task. A channel's sums are made by one
+// thread in a fixed order (row n = 0, 1, ... of the channel, each row's own lane sum added in
+// turn), so the bits do not depend on the thread count. Sums run over eight independent double
+// lanes (combined pairwise at the end) so the compiler can vectorise them; a single running sum
+// would be one dependent add chain.
 
 // sum over i < n of f(i), in eight lanes of doubles.
 template <class F>
@@ -36,6 +39,21 @@ inline double lane_sum(std::int64_t n, F&& f) {
          tail;
 }
 
+// Calls row(n, c) for every row (n, c) of an [outer, channels, inner] tensor, each thread of
+// the pool taking a contiguous block of channels and walking its rows in memory order (n outer,
+// c inner): each channel's rows come in order of n, from one thread, and each thread streams
+// through memory instead of striding across it a row per channel at a time.
+template <class Row>
+inline void rows_by_channel_block(ThreadPool& pool, std::int64_t outer, std::int64_t channels,
+                                  Row&& row) {
+  const std::int64_t blocks = std::min<std::int64_t>(pool.size(), channels);
+  pool.parallel_for(blocks, [&](std::int64_t b) {
+    const std::int64_t lo = channels * b / blocks, hi = channels * (b + 1) / blocks;
+    for (std::int64_t n = 0; n < outer; ++n)
+      for (std::int64_t c = lo; c < hi; ++c) row(n, c);
+  });
+}
+
 // mean[c] and m2[c] (the sum of squared deviations from the mean) of each channel over
 // (outer, inner), in two passes.
 inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t outer,
@@ -44,23 +62,20 @@ inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t oute
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
     const double count = double(outer * inner);
-    pool.parallel_for(channels, [&](std::int64_t c) {
-      double sum = 0;
-      for (std::int64_t n = 0; n < outer; ++n) {
-        const T* row = in + (n * channels + c) * inner;
-        sum += lane_sum(inner, [row](std::int64_t i) { return double(row[i]); });
-      }
-      const double mu = sum / count;
-      double sq = 0;
-      for (std::int64_t n = 0; n < outer; ++n) {
-        const T* row = in + (n * channels + c) * inner;
-        sq += lane_sum(inner, [row, mu](std::int64_t i) {
-          const double d = double(row[i]) - mu;
-          return d * d;
-        });
-      }
-      mean[c] = mu;
-      m2[c] = sq;
+    std::fill(mean, mean + channels, 0.0);
+    std::fill(m2, m2 + channels, 0.0);
+    rows_by_channel_block(pool, outer, channels, [&](std::int64_t n, std::int64_t c) {
+      const T* row = in + (n * channels + c) * inner;
+      mean[c] += lane_sum(inner, [row](std::int64_t i) { return double(row[i]); });
+    });
+    for (std::int64_t c = 0; c < channels; ++c) mean[c] /= count;
+    rows_by_channel_block(pool, outer, channels, [&](std::int64_t n, std::int64_t c) {
+      const T* row = in + (n * channels + c) * inner;
+      const double mu = mean[c];
+      m2[c] += lane_sum(inner, [row, mu](std::int64_t i) {
+        const double d = double(row[i]) - mu;
+        return d * d;
+      });
     });
   });
 }
@@ -189,28 +204,29 @@ inline void batch_norm_grad_sums(ThreadPool& pool, const Tensor& x, const Tensor
     const T* out = relu_out.defined() ? static_cast<const T*>(relu_out.data_ptr()) : nullptr;
     const T* sm = static_cast<const T*>(save_mean.data_ptr());
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
-    pool.parallel_for(channels, [&](std::int64_t c) {
+    std::fill(sum_g, sum_g + channels, 0.0);
+    std::fill(sum_gxhat, sum_gxhat + channels, 0.0);  // sum(g * (x - mean)) until scaled below
+    rows_by_channel_block(pool, outer, channels, [&](std::int64_t n, std::int64_t c) {
+      const std::int64_t at = (n * channels + c) * inner;
       const double mean = sm[c];
-      double sg = 0, sgx = 0;
-      for (std::int64_t n = 0; n < outer; ++n) {
-        const std::int64_t at = (n * channels + c) * inner;
-        const T* g = gy + at;
-        const T* v = in + at;
-        if (out == nullptr) {
-          sg += lane_sum(inner, [g](std::int64_t i) { return double(g[i]); });
-          sgx += lane_sum(
-              inner, [g, v, mean](std::int64_t i) { return double(g[i]) * (double(v[i]) - mean); });
-        } else {
-          const T* y = out + at;
-          sg += lane_sum(inner, [g, y](std::int64_t i) { return relu_masked(g, y, i); });
-          sgx += lane_sum(inner, [g, y, v, mean](std::int64_t i) {
-            return relu_masked(g, y, i) * (double(v[i]) - mean);
-          });
-        }
+      const T* g = gy + at;
+      const T* v = in + at;
+      double sg, sgx;
+      if (out == nullptr) {
+        sg = lane_sum(inner, [g](std::int64_t i) { return double(g[i]); });
+        sgx = lane_sum(
+            inner, [g, v, mean](std::int64_t i) { return double(g[i]) * (double(v[i]) - mean); });
+      } else {
+        const T* y = out + at;
+        sg = lane_sum(inner, [g, y](std::int64_t i) { return relu_masked(g, y, i); });
+        sgx = lane_sum(inner, [g, y, v, mean](std::int64_t i) {
+          return relu_masked(g, y, i) * (double(v[i]) - mean);
+        });
       }
-      sum_g[c] = sg;
-      sum_gxhat[c] = sgx * double(si[c]);
+      sum_g[c] += sg;
+      sum_gxhat[c] += sgx;
     });
+    for (std::int64_t c = 0; c < channels; ++c) sum_gxhat[c] *= double(si[c]);
   });
 }
 
