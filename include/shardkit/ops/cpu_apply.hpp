@@ -140,57 +140,69 @@ inline void prefetch_for_read(const void* p) {
 }
 }  // namespace detail
 
-// The sums of squares of two f32 operands over [lo, hi): apply_range's arithmetic for
-// SumOfSquaresFunctor<2> exactly -- 8 lanes per operand counted from lo, lane l adding the
-// squares of elements lo + l, lo + l + 8, ... in order, then a pairwise tree -- with the lanes
-// held as vectors (GCC's vectoriser leaves the generic loop's two interleaved sets of lanes
-// scalar). A square of a float is exact in double, so a fused multiply-add changes no bit.
+// Eight lanes of a running sum of squares of one f32 stream, with apply_range's arithmetic
+// for a summing functor: element start + 8k + l is added to lane l, in order of k, then total()
+// adds the lanes along a fixed pairwise tree. The lanes are held as two vectors (GCC's vectoriser
+// leaves the generic loop's lanes scalar when two sets of them interleave). A square of a float
+// is exact in double, so a fused multiply-add changes no bit.
+class SquareLanes {
+ public:
+  // Adds the squares of x[0, 8) to lanes 0-7.
+  void add8(const float* x) {
+    const detail::F64x4 low = detail::widen4(x), high = detail::widen4(x + 4);
+    low_ += low * low;
+    high_ += high * high;
+  }
+  // Adds the squares of tail[0, count) (count < 8) to lanes 0 .. count-1, then the lanes'
+  // pairwise total.
+  double total(const float* tail, std::int64_t count) const {
+    double lanes[kSumLanes];
+    std::memcpy(lanes, &low_, sizeof low_);
+    std::memcpy(lanes + 4, &high_, sizeof high_);
+    for (std::int64_t l = 0; l < count; ++l) {
+      const double x = tail[l];
+      lanes[l] += x * x;
+    }
+    for (int width = kSumLanes / 2; width > 0; width /= 2)
+      for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    return lanes[0];
+  }
+
+ private:
+  detail::F64x4 low_{}, high_{};  // lanes 0-3 and 4-7
+};
+
+// The sums of squares of K f32 operands over [lo, hi): apply_range's arithmetic for
+// SumOfSquaresFunctor<K> exactly (SquareLanes per operand, counted from lo).
 //
-// Both operands are prefetched kPrefetchAhead elements ahead, up to `readable` (the end of the
+// Every operand is prefetched kPrefetchAhead elements ahead, up to `readable` (the end of the
 // arrays, which may lie past hi: the next chunk's first lines then arrive in time too). With
 // the hardware prefetchers alone, one core reading two streams from DRAM keeps too few misses
 // in flight: the fused LARC-SGD step over one 2^26-element segment took 97.6 ms on one thread,
 // 89-92 ms with these prefetches (bench_ops BM_larc_sgd_fused/flat:1, docs/performance.md).
-inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b, std::int64_t lo,
-                                                  std::int64_t hi, std::int64_t readable) {
-  using detail::F64x4;
-  using detail::widen4;
-  F64x4 a_low{}, a_high{}, b_low{}, b_high{};  // lanes 0-3 and 4-7 of each operand
-  auto add = [&](std::int64_t at) {
-    const F64x4 x0 = widen4(a + at), x1 = widen4(a + at + 4);
-    const F64x4 y0 = widen4(b + at), y1 = widen4(b + at + 4);
-    a_low += x0 * x0;
-    a_high += x1 * x1;
-    b_low += y0 * y0;
-    b_high += y1 * y1;
-  };
+template <std::size_t K>
+std::array<double, K> sums_of_squares(const std::array<const float*, K>& x, std::int64_t lo,
+                                      std::int64_t hi, std::int64_t readable) {
+  std::array<SquareLanes, K> lanes;
   std::int64_t i = lo;
   static_assert(2 * kSumLanes * sizeof(float) == 64, "one prefetch per cache line and operand");
   for (; i + 2 * kSumLanes <= hi; i += 2 * kSumLanes) {
-    if (i + kPrefetchAhead < readable) {
-      detail::prefetch_for_read(a + i + kPrefetchAhead);
-      detail::prefetch_for_read(b + i + kPrefetchAhead);
-    }
-    add(i);
-    add(i + kSumLanes);
+    if (i + kPrefetchAhead < readable)
+      for (std::size_t k = 0; k < K; ++k) detail::prefetch_for_read(x[k] + i + kPrefetchAhead);
+    for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x[k] + i);
+    for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x[k] + i + kSumLanes);
   }
-  for (; i + kSumLanes <= hi; i += kSumLanes) add(i);
-  double la[kSumLanes], lb[kSumLanes];
-  std::memcpy(la, &a_low, sizeof a_low);
-  std::memcpy(la + 4, &a_high, sizeof a_high);
-  std::memcpy(lb, &b_low, sizeof b_low);
-  std::memcpy(lb + 4, &b_high, sizeof b_high);
-  for (int l = 0; i < hi; ++i, ++l) {
-    const double x = a[i], y = b[i];
-    la[l] += x * x;
-    lb[l] += y * y;
-  }
-  for (int width = kSumLanes / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) {
-      la[l] += la[l + width];
-      lb[l] += lb[l + width];
-    }
-  return {la[0], lb[0]};
+  for (; i + kSumLanes <= hi; i += kSumLanes)
+    for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x[k] + i);
+  std::array<double, K> totals;
+  for (std::size_t k = 0; k < K; ++k) totals[k] = lanes[k].total(x[k] + i, hi - i);
+  return totals;
+}
+
+// The two-operand case, as the norms passes call it.
+inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b, std::int64_t lo,
+                                                  std::int64_t hi, std::int64_t readable) {
+  return sums_of_squares<2>({a, b}, lo, hi, readable);
 }
 
 // leaf_sum_of_squares (norm_tree.hpp) of `leaves` whole f32 or bf16 leaves x[16 k .. 16 k + 16)
@@ -230,7 +242,7 @@ void leaf_sums_of_squares_lanes(const T* x, std::int64_t leaves, double* out, co
 #endif
 }
 
-// A chunk's sums (the paired f32 sum of squares through the loop above).
+// A chunk's sums (f32 sums of squares of one or two operands through the loops above).
 template <class F, int Depth>
 std::array<double, kSumSlots<F>> chunk_sums(const F& op, const Span<Depth>& span,
                                             const typename F::Segment& segment, std::int64_t lo,
@@ -238,6 +250,8 @@ std::array<double, kSumSlots<F>> chunk_sums(const F& op, const Span<Depth>& span
   if constexpr (std::is_same_v<F, SumOfSquaresFunctor<2>>) {
     return sums_of_squares_pair(static_cast<const float*>(span.data[0]),
                                 static_cast<const float*>(span.data[1]), lo, hi, span.size);
+  } else if constexpr (std::is_same_v<F, SumOfSquaresFunctor<1, float>>) {
+    return sums_of_squares<1>({static_cast<const float*>(span.data[0])}, lo, hi, span.size);
   } else {
     return apply_range(op, segment, span.data.data(), lo, hi);
   }
