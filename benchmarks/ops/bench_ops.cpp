@@ -99,6 +99,20 @@ void BM_larc_sgd_fused(benchmark::State& state) {
   });
 }
 
+// Fused, with each param's sum of squares kept from the step before (LarcParamSquares): the
+// norms pass reads only the grads, the update squares what it writes. The bits are those of the
+// row above; a training loop that calls larc_sgd_step each step gets this one.
+void BM_larc_sgd_fused_kept(benchmark::State& state) {
+  auto& w = workload(state.range(0) != 0);
+  auto& ctx = context(threads_of(state));
+  const auto o = sgd_options();
+  const auto l = larc_options();
+  ops::LarcParamSquares squares;
+  run(state, bench::kLarcSgdBytes, w.params, [&] {
+    ops::larc_sgd_step<ops::Cpu>(ctx, o, l, {w.w, w.g, w.buf, {}}, &squares);
+  });
+}
+
 // Composed, as sharded training runs it: all norms (partials), coefficients, then the update.
 void BM_larc_sgd_composed(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
@@ -222,6 +236,7 @@ void resnet50_and_threads(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_sgd_momentum)->Apply(workloads_and_threads);
 BENCHMARK(BM_sgd_momentum_bf16_copy)->Apply(workloads_and_threads);
 BENCHMARK(BM_larc_sgd_fused)->Apply(workloads_and_threads);
+BENCHMARK(BM_larc_sgd_fused_kept)->Apply(workloads_and_threads);
 BENCHMARK(BM_larc_sgd_composed)->Apply(workloads_and_threads);
 BENCHMARK(BM_larc_norms)->Apply(workloads_and_threads);
 BENCHMARK(BM_larc_sgd_unfused)

@@ -204,24 +204,40 @@ struct Cuda {
 
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.
   // The norms pass walks the tensors last to first, so the update's first reads find the L2
-  // holding what it needs.
+  // holding what it needs. With param_squares the params' squares are kept (in that reversed
+  // order) for the next step, whose norms pass then reads only the grads. Here they come from a
+  // pass of their own after the update, so the bytes moved stay those of the plain step: squaring
+  // inside the update, as the CPU does, is a kernel that awaits a GPU to be tested on.
   template <class Sgd>
   static void larc_sgd(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
-                       float lr, float inv_grad_scale) {
+                       float lr, float inv_grad_scale, LarcParamSquares* param_squares) {
     const auto n = static_cast<std::int64_t>(spans.size());
     SpanList<2> reversed(spans.size());
+    SpanList<1> reversed_params(spans.size()), reversed_grads(spans.size());
     for (std::size_t s = 0; s < spans.size(); ++s) {
       const auto& span = spans[spans.size() - 1 - s];
       reversed[s].data = {span.data[0], span.data[1]};
       reversed[s].size = span.size;
+      reversed_params[s] = {{span.data[0]}, span.size};
+      reversed_grads[s] = {{span.data[1]}, span.size};
     }
     Tensor sums = empty(ctx, {2, n}, DType::f64);
     Tensor coefficients = empty(ctx, {n, 2}, DType::f32);
-    cuda::apply(ctx, SumOfSquaresFunctor<2>{}, reversed, sums.data<double>());
+    if (param_squares != nullptr && param_squares->describes(spans)) {
+      copy(ctx, sums.select(0, 0), param_squares->sums());
+      cuda::apply(ctx, SumOfSquaresFunctor<1>{}, reversed_grads, sums.data<double>() + n);
+    } else {
+      cuda::apply(ctx, SumOfSquaresFunctor<2>{}, reversed, sums.data<double>());
+    }
     cuda::launch_larc_coefficients(ctx, sums.data<double>(), n, true, larc, lr, inv_grad_scale,
                                    static_cast<SgdCoefficients*>(coefficients.data_ptr()));
     op.per_segment = static_cast<const SgdCoefficients*>(coefficients.data_ptr());
     cuda::apply(ctx, op, spans);
+    if (param_squares != nullptr) {
+      Tensor squares = empty(ctx, {n}, DType::f64, MemoryCategory::optimizer_state);
+      cuda::apply(ctx, SumOfSquaresFunctor<1>{}, reversed_params, squares.data<double>());
+      param_squares->record(spans, std::move(squares));
+    }
   }
 };
 

@@ -113,6 +113,82 @@ void larc_case(B& b, ops::LarcOptions larc, bool composed, std::int64_t gap,
   }
 }
 
+// larc_sgd_step with LarcParamSquares kept between steps: the same bits as without, for the
+// same tensors; recomputed for other tensors and after forget(); and a write the step cannot see,
+// left unforgotten, changes the next step (so the kept sums are what the step uses).
+template <class B>
+void larc_param_squares_case(B& b, std::int64_t gap) {
+  const Layout layout(edge_sizes(), gap);
+  const auto n = static_cast<std::size_t>(layout.total);
+  const auto w0 = random_values(layout.total, -2.0, 2.0, 41);
+  const auto buf0 = random_values(layout.total, -0.1, 0.1, 42);
+  // a: no sums kept; c, d: sums kept (d will be left stale).
+  Flat<B> wa(b, w0, layout), wc(b, w0, layout), wd(b, w0, layout);
+  Flat<B> ma(b, buf0, layout), mc(b, buf0, layout), md(b, buf0, layout);
+  ops::LarcParamSquares squares_c, squares_d;
+  ops::LarcOptions larc;
+  larc.weight_decay = 1e-4f;
+  larc.trust_coefficient = 0.02f;
+  ops::SgdOptions o;
+  o.lr = 0.5f;
+  o.momentum = 0.9f;
+  o.first_step = false;
+  o.inv_grad_scale = 0.5f;
+  auto same_bits = [&](const Flat<B>& x, const Flat<B>& y) {
+    const auto u = x.values(b), v = y.values(b);
+    return std::memcmp(u.data(), v.data(), n * sizeof(float)) == 0;
+  };
+  auto step = [&](std::uint32_t seed, bool forget_c) {
+    Flat<B> g(b, random_values(layout.total, -1.0, 1.0, seed), layout);
+    if (forget_c) squares_c.forget();
+    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wa.views, g.views, ma.views, {}});
+    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wc.views, g.views, mc.views, {}},
+                                        &squares_c);
+    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wd.views, g.views, md.views, {}},
+                                        &squares_d);
+  };
+  for (std::uint32_t s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    step(300 + s, false);
+    REQUIRE(squares_c.holds());
+    REQUIRE(same_bits(wa, wc));
+    REQUIRE(same_bits(ma, mc));
+    REQUIRE(same_bits(wa, wd));
+  }
+  if constexpr (std::is_same_v<typename B::Ops, ops::Cpu>) {  // (the GPU keeps them reversed)
+    // The kept sums are the norms pass's sums of the params now, bit for bit.
+    const auto count = static_cast<std::int64_t>(layout.count());
+    auto fresh = b.zeros({1, count}, sk::DType::f64);
+    ops::segment_sums_of_squares<typename B::Ops>(b.ctx, wc.views, std::span<const sk::Tensor>{},
+                                                  fresh);
+    REQUIRE(squares_c.sums().numel() == count);
+    CHECK(std::memcmp(squares_c.sums().data_ptr(), fresh.data_ptr(),
+                      static_cast<std::size_t>(count) * sizeof(double)) == 0);
+  }
+  // A write of the caller's own to every param (a plain SGD step on other grads): forgotten for
+  // c, not for d.
+  {
+    Flat<B> g(b, random_values(layout.total, -1.0, 1.0, 350), layout);
+    ops::SgdOptions own;
+    own.lr = 0.25f;
+    for (auto* w : {&wa, &wc, &wd})
+      ops::sgd_step<typename B::Ops>(b.ctx, own, {w->views, g.views, {}, {}});
+  }
+  step(351, true);
+  CHECK(same_bits(wa, wc));
+  CHECK(same_bits(ma, mc));
+  CHECK_FALSE(same_bits(wa, wd));  // d's stale sums went into its trust ratios
+  // Sums kept for other tensors are not used: c's sums passed with a's params.
+  {
+    Flat<B> g(b, random_values(layout.total, -1.0, 1.0, 352), layout);
+    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wa.views, g.views, ma.views, {}},
+                                        &squares_c);
+    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wc.views, g.views, mc.views, {}});
+    CHECK(same_bits(wa, wc));
+    CHECK(same_bits(ma, mc));
+  }
+}
+
 template <class B>
 void sums_case(B& b, std::int64_t gap) {
   const Layout layout(edge_sizes(), gap);

@@ -83,6 +83,14 @@ TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors
     }
 }
 
+TEST_CASE("LARC-SGD keeping the params' squares: the same bits, recomputed when not theirs") {
+  Backend b;
+  for (std::int64_t gap : {0, 1}) {
+    CAPTURE(gap);
+    larc_param_squares_case(b, gap);
+  }
+}
+
 TEST_CASE("LARC-SGD over 300 small tensors: several launches per pass") {
   Backend b;
   std::vector<std::int64_t> sizes;

@@ -99,7 +99,19 @@ TEST_CASE("CPU ops (LARC fused and composed, SGD, Adam, sums, unscale): same bit
   }
 }
 
-TEST_CASE("the vectorised paired sum of squares has apply_range's bits, from any start") {
+// Writes operand 1 into operand 0 (an update whose result is known): for update_and_square.
+struct CopyFunctor {
+  static constexpr int kDepth = 2;
+  using Types = ops::TypeList<float, float>;
+  static constexpr unsigned kReads = 2u;
+  static constexpr unsigned kWrites = 1u;
+  static constexpr int kSums = 0;
+  struct Segment {};
+  Segment segment(std::int64_t) const { return {}; }
+  void operator()(float (&x)[2], const Segment&, double (&)[1]) const { x[0] = x[1]; }
+};
+
+TEST_CASE("the vectorised sums of squares have apply_range's bits, from any start") {
   std::mt19937 gen(3);
   std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
   std::vector<float> a(300), b(300);
@@ -113,6 +125,14 @@ TEST_CASE("the vectorised paired sum of squares has apply_range's bits, from any
       const auto generic = ops::cpu::apply_range(ops::SumOfSquaresFunctor<2>{}, {}, data, lo, hi);
       const auto paired = ops::cpu::sums_of_squares_pair(a.data(), b.data(), lo, hi, 300);
       CHECK(std::memcmp(generic.data(), paired.data(), sizeof paired) == 0);
+      // One operand alone (the grads, when the params' squares are kept) and the squares an
+      // update takes of what it wrote: the same lanes, the same bits.
+      const auto single = ops::cpu::sums_of_squares<1>({b.data()}, lo, hi, 300);
+      CHECK(std::memcmp(&single[0], &generic[1], sizeof(double)) == 0);
+      std::vector<float> copy = a;
+      void* const written[2] = {copy.data(), a.data()};
+      const double squared = ops::cpu::update_and_square(CopyFunctor{}, {}, written, lo, hi);
+      CHECK(std::memcmp(&squared, &generic[0], sizeof(double)) == 0);
     }
   }
 }

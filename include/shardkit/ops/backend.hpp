@@ -42,9 +42,10 @@ namespace shardkit::ops {
 //   norm_subtree_sums(ctx, leaves, nodes, out)
 //                                          each node's norm_subtree over leaves (f64, on ctx's
 //                                          device) into out[i] (checked by the caller)
-//   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale)
+//   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale, param_squares)
 //                                          LARC-SGD over whole tensors, in the order that
-//                                          reuses the device's cache best
+//                                          reuses the device's cache best; param_squares
+//                                          (optional) as larc_param_squares.hpp says
 template <class B>
 concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
                               const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves,

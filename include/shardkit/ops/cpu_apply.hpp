@@ -6,6 +6,7 @@
 // for any thread count (and the loops need no -ffast-math to vectorise).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -199,10 +200,65 @@ std::array<double, K> sums_of_squares(const std::array<const float*, K>& x, std:
   return totals;
 }
 
+// The sums of squares of two separate f32 ranges, x[0][lo[0], hi[0]) and x[1][lo[1], hi[1]),
+// read as two streams at once: each sum has sums_of_squares<1>'s bits over its own range (its
+// own lanes, counted from its lo), but one core keeps twice the misses in flight that one
+// stream gets. readable[k]: the end of x[k]'s array.
+inline std::array<double, 2> sums_of_squares_of_two(const std::array<const float*, 2>& x,
+                                                    const std::array<std::int64_t, 2>& lo,
+                                                    const std::array<std::int64_t, 2>& hi,
+                                                    const std::array<std::int64_t, 2>& readable) {
+  std::array<SquareLanes, 2> lanes;
+  const std::int64_t together = std::min(hi[0] - lo[0], hi[1] - lo[1]) / (2 * kSumLanes) *
+                                (2 * kSumLanes);  // elements of each read side by side
+  for (std::int64_t d = 0; d < together; d += 2 * kSumLanes) {
+    for (std::size_t k = 0; k < 2; ++k) {
+      const std::int64_t i = lo[k] + d;
+      if (i + kPrefetchAhead < readable[k]) detail::prefetch_for_read(x[k] + i + kPrefetchAhead);
+      lanes[k].add8(x[k] + i);
+      lanes[k].add8(x[k] + i + kSumLanes);
+    }
+  }
+  std::array<double, 2> totals;
+  for (std::size_t k = 0; k < 2; ++k) {
+    std::int64_t i = lo[k] + together;
+    for (; i + kSumLanes <= hi[k]; i += kSumLanes) lanes[k].add8(x[k] + i);
+    totals[k] = lanes[k].total(x[k] + i, hi[k] - i);
+  }
+  return totals;
+}
+
 // The two-operand case, as the norms passes call it.
 inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b, std::int64_t lo,
                                                   std::int64_t hi, std::int64_t readable) {
   return sums_of_squares<2>({a, b}, lo, hi, readable);
+}
+
+// Elements per block of update_and_square: a block's operands (params, grads and momentum,
+// 3 KiB of f32 at 256) are still in L1 when its params are squared.
+inline constexpr std::int64_t kSquareBlock = 256;
+
+// apply_range(op, segment, operands, lo, hi) for a functor that writes f32 params as operand 0,
+// returning the sum of squares of the params it wrote over [lo, hi) with sums_of_squares's
+// arithmetic (SquareLanes counted from lo): the bits the next norms pass would find. The update
+// runs block by block through apply_range itself -- the very loop of the update without the
+// squares, so the params get the same bits either way (GCC contracts multiply-adds into FMAs as
+// it vectorises, and a differently shaped loop could round differently) -- and each block's
+// params are squared from L1 right after it is written, instead of read from memory again.
+template <class F>
+double update_and_square(const F& op, const typename F::Segment& segment, void* const* operands,
+                         std::int64_t lo, std::int64_t hi) {
+  static_assert(F::kSums == 0, "the update writes; its sums are the params' squares");
+  static_assert(kSquareBlock % kSumLanes == 0, "blocks keep the lanes counted from lo");
+  const float* params = static_cast<const float*>(operands[0]);
+  SquareLanes lanes;
+  std::int64_t squared = lo;  // [lo, squared) added in groups of eight
+  for (std::int64_t block = lo; block < hi; block += kSquareBlock) {
+    const std::int64_t end = std::min(hi, block + kSquareBlock);
+    apply_range(op, segment, operands, block, end);
+    for (; squared + kSumLanes <= end; squared += kSumLanes) lanes.add8(params + squared);
+  }
+  return lanes.total(params + squared, hi - squared);
 }
 
 // leaf_sum_of_squares (norm_tree.hpp) of `leaves` whole f32 or bf16 leaves x[16 k .. 16 k + 16)

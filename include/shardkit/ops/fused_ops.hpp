@@ -22,6 +22,7 @@
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/backend.hpp"
 #include "shardkit/ops/cast.hpp"
+#include "shardkit/ops/larc_param_squares.hpp"
 #include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/op_args.hpp"
@@ -190,10 +191,13 @@ void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float in
 }
 
 // LARC-SGD where every tensor lies whole in this process (no shards). options.weight_decay must
-// be 0: LARC takes larc.weight_decay over.
+// be 0: LARC takes larc.weight_decay over. With `param_squares` (kept by the caller from one step
+// to the next), the step records each param's sum of squares as its update writes it, and the
+// next step's norms pass reads only the grads (larc_param_squares.hpp: forget() it whenever
+// anything else writes the params). The results are the same bits with it or without.
 template <class B>
 void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& larc,
-                   const SgdTensors& tensors) {
+                   const SgdTensors& tensors, LarcParamSquares* param_squares = nullptr) {
   SK_REQUIRE_OPS_BACKEND(B, "larc_sgd_step");
   B::check_context(ctx, "larc_sgd_step");
   validate(larc);
@@ -204,12 +208,17 @@ void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& l
         "larc_sgd_step takes f32 gradients; under mixed precision the sharded optimizer forms "
         "LARC's norms (ParamNorms) and calls sgd_step with coefficients");
   const auto spans = sgd_spans(ctx, options, tensors);
-  if (spans.empty()) return;
+  if (spans.empty()) {
+    if (param_squares != nullptr) param_squares->forget();
+    return;
+  }
   SgdOptions plain = options;
   plain.inv_grad_scale = 1.0f;  // folded into the coefficients
-  visit_sgd_functor(
-      plain, DType::f32, low_copy_dtype(tensors.low_copies, "larc_sgd_step"), nullptr,
-      [&](auto op) { B::larc_sgd(ctx, op, spans, larc, options.lr, options.inv_grad_scale); });
+  visit_sgd_functor(plain, DType::f32, low_copy_dtype(tensors.low_copies, "larc_sgd_step"), nullptr,
+                    [&](auto op) {
+                      B::larc_sgd(ctx, op, spans, larc, options.lr, options.inv_grad_scale,
+                                  param_squares);
+                    });
 }
 
 template <class B>

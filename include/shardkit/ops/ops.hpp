@@ -12,6 +12,7 @@
 #include "shardkit/ops/functor.hpp"
 #include "shardkit/ops/fused_ops.hpp"
 #include "shardkit/ops/larc.hpp"
+#include "shardkit/ops/larc_param_squares.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/op_args.hpp"
 #include "shardkit/ops/sgd.hpp"
