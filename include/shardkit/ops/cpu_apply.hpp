@@ -150,16 +150,27 @@ class SquareLanes {
  public:
   // Adds the squares of x[0, 8) to lanes 0-7.
   void add8(const float* x) {
+#if defined(__CUDACC__)
+    for (int l = 0; l < kSumLanes; ++l) {
+      const double v = x[l];
+      lanes_[l] += v * v;
+    }
+#else
     const detail::F64x4 low = detail::widen4(x), high = detail::widen4(x + 4);
     low_ += low * low;
     high_ += high * high;
+#endif
   }
   // Adds the squares of tail[0, count) (count < 8) to lanes 0 .. count-1, then the lanes'
   // pairwise total.
   double total(const float* tail, std::int64_t count) const {
     double lanes[kSumLanes];
+#if defined(__CUDACC__)
+    for (int l = 0; l < kSumLanes; ++l) lanes[l] = lanes_[l];
+#else
     std::memcpy(lanes, &low_, sizeof low_);
     std::memcpy(lanes + 4, &high_, sizeof high_);
+#endif
     for (std::int64_t l = 0; l < count; ++l) {
       const double x = tail[l];
       lanes[l] += x * x;
@@ -170,7 +181,11 @@ class SquareLanes {
   }
 
  private:
+#if defined(__CUDACC__)
+  double lanes_[kSumLanes] = {};  // nvcc's host pass fails on constants of vector type members
+#else
   detail::F64x4 low_{}, high_{};  // lanes 0-3 and 4-7
+#endif
 };
 
 // The sums of squares of K f32 operands over [lo, hi): apply_range's arithmetic for
