@@ -57,6 +57,34 @@ TEST_CASE("backward into a caller-provided gradient buffer (a flat-buffer view)"
   CHECK(values(ctx, flat.flat_view(0, {7})) == std::vector<double>(7, 0.0));
 }
 
+TEST_CASE("a gradient buffer passed along several edges is added once per edge") {
+  // An add passes one gradient buffer along both of its edges. The engine adds gradients in
+  // place, or hands one to a leaf, only where it holds the sole reference to the buffer: here
+  // (v + v + v) / 3 and (w + w + w) / 3 must give v's and w's gradients, not a buffer doubled
+  // into itself.
+  sk::Context ctx({.seed = 16});
+  auto x = random_variable(ctx, {3, 4}, -1, 1, false);
+  auto w1 = random_variable(ctx, {5, 4}, -1, 1), w2 = random_variable(ctx, {3, 5}, -1, 1);
+  ag::backward(ctx, two_layer_loss(ctx, x, w1, w2));
+  const auto expected_w1 = values(ctx, w1.grad()), expected_w2 = values(ctx, w2.grad());
+  w1.clear_grad();
+  w2.clear_grad();
+  auto thrice = [&](const Variable& v) {
+    return ag::scale(ctx, ag::add(ctx, ag::add(ctx, v, v), v), 1.0 / 3.0);
+  };
+  auto labels = sk::from_vector<std::int64_t>(ctx, {0, 2, 1}, {3});
+  auto hidden = thrice(ag::linear(ctx, x, w1));  // a node's output used three times
+  ag::backward(ctx, ag::cross_entropy(ctx, ag::linear(ctx, ag::relu(ctx, hidden), thrice(w2)),
+                                      labels));  // and a leaf's
+  const auto got_w1 = values(ctx, w1.grad()), got_w2 = values(ctx, w2.grad());
+  REQUIRE(got_w1.size() == expected_w1.size());
+  for (std::size_t i = 0; i < got_w1.size(); ++i)
+    CHECK(got_w1[i] == doctest::Approx(expected_w1[i]).epsilon(1e-12));
+  REQUIRE(got_w2.size() == expected_w2.size());
+  for (std::size_t i = 0; i < got_w2.size(); ++i)
+    CHECK(got_w2[i] == doctest::Approx(expected_w2[i]).epsilon(1e-12));
+}
+
 TEST_CASE("no-grad scope records nothing") {
   sk::Context ctx({.seed = 13});
   auto x = random_variable(ctx, {3, 4}, -1, 1, false);

@@ -22,6 +22,16 @@ struct BackwardOptions {
 
 namespace detail {
 
+// Whether `t` is the only reference to a whole block of memory an op allocated: a gradient that
+// nothing else can read, so the engine may add into it in place or hand it over to a leaf, as
+// PyTorch's autograd does with a gradient it holds the only reference to (borrowed memory, views
+// and shared gradients are copied as before).
+inline bool sole_reference(const Tensor& t) {
+  const auto& storage = t.storage();
+  return storage != nullptr && storage.use_count() == 1 && storage->owns_memory() &&
+         t.offset() == 0 && t.is_contiguous() && t.nbytes() == storage->bytes();
+}
+
 inline void accumulate_leaf(Context& ctx, VariableImpl& leaf, const Tensor& grad) {
   if (leaf.grad_provider) {
     const Tensor into = leaf.grad_provider();
@@ -31,7 +41,15 @@ inline void accumulate_leaf(Context& ctx, VariableImpl& leaf, const Tensor& grad
     return;
   }
   if (!leaf.grad.defined()) {
-    // A fresh buffer: `grad` may be shared with other consumers of the same gradient.
+    // The gradient itself when nothing else refers to it and it was allocated as one (so memory
+    // statistics count it where they count gradients); else a fresh buffer, since `grad` may be
+    // shared with other consumers of the same gradient.
+    if (sole_reference(grad) && grad.storage()->category() == MemoryCategory::gradients &&
+        grad.shape() == leaf.data.shape() && grad.dtype() == leaf.data.dtype() &&
+        grad.device() == leaf.data.device()) {
+      leaf.grad = grad;
+      return;
+    }
     leaf.grad = empty_on(ctx, leaf.data.device(), leaf.data.shape(), leaf.data.dtype(),
                          MemoryCategory::gradients);
     copy(ctx, leaf.grad, grad);
@@ -145,8 +163,15 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
         Node* next = edge.node.get();
         if (grads[i].defined()) {
           auto [it, inserted] = pending.try_emplace(next, grads[i]);
-          if (!inserted)
-            it->second = it->second.defined() ? fn::add(ctx, it->second, grads[i]) : grads[i];
+          if (!inserted) {
+            Tensor& sum = it->second;  // a + b with a held here alone is a += b: the same bits
+            if (!sum.defined())
+              sum = grads[i];
+            else if (detail::sole_reference(sum) && sum.dtype() == grads[i].dtype())
+              fn::accumulate(ctx, sum, grads[i]);
+            else
+              sum = fn::add(ctx, sum, grads[i]);
+          }
         } else {
           pending.try_emplace(next, Tensor());
         }
