@@ -47,6 +47,9 @@ def parse_args():
     p.add_argument("--iters", type=int, help="timed steps (default: 5 CPU, 20 GPU)")
     p.add_argument("--sgd", action="store_true", help="add an SGD step (ours has no optimizer)")
     p.add_argument("--json", action="store_true", help="also print one JSON line per config")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, run the timed steps again under PyTorch's profiler and "
+                        "print where the time goes per op (self time, summed over those steps)")
     return p.parse_args()
 
 
@@ -103,6 +106,12 @@ def measure(device, batch, hw):
             step()
             times_ms.append((time.perf_counter() - t0) * 1e3)
     median = statistics.median(times_ms)
+    if args.profile:
+        with torch.autograd.profiler.profile() as prof:
+            for _ in range(iters):
+                step()
+        print(f"== PyTorch's profiler, {iters} steps, batch {batch}, {hw}x{hw}:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     return {
         "peer": "pytorch", "torch": torch.__version__, "model": source, "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if gpu else None,
