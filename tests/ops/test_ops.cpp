@@ -122,7 +122,8 @@ TEST_CASE("the vectorised sums of squares have apply_range's bits, from any star
     for (std::int64_t hi = lo; hi <= 300; hi += 13) {
       CAPTURE(lo);
       CAPTURE(hi);
-      const auto generic = ops::cpu::apply_range(ops::SumOfSquaresFunctor<2>{}, {}, data, lo, hi);
+      const auto generic =
+          ops::cpu::apply_range(ops::SumOfSquaresFunctor<2>{}, {}, data, lo, hi, 300);
       const auto paired = ops::cpu::sums_of_squares_pair(a.data(), b.data(), lo, hi, 300);
       CHECK(std::memcmp(generic.data(), paired.data(), sizeof paired) == 0);
       // One operand alone (the grads, when the params' squares are kept) and the squares an
@@ -131,7 +132,7 @@ TEST_CASE("the vectorised sums of squares have apply_range's bits, from any star
       CHECK(std::memcmp(&single[0], &generic[1], sizeof(double)) == 0);
       std::vector<float> copy = a;
       void* const written[2] = {copy.data(), a.data()};
-      const double squared = ops::cpu::update_and_square(CopyFunctor{}, {}, written, lo, hi);
+      const double squared = ops::cpu::update_and_square(CopyFunctor{}, {}, written, lo, hi, 300);
       CHECK(std::memcmp(&squared, &generic[0], sizeof(double)) == 0);
     }
   }

@@ -169,10 +169,10 @@ struct Cpu {
         const cpu::Chunk& c = chunks[static_cast<std::size_t>(i)];
         void* const* operands = spans[c.span].data.data();
         if (square_of == nullptr)
-          cpu::apply_range(op, coefficients[c.span], operands, c.lo, c.hi);
+          cpu::apply_range(op, coefficients[c.span], operands, c.lo, c.hi, spans[c.span].size);
         else
-          partials[static_cast<std::size_t>(i)][0] =
-              cpu::update_and_square(op, coefficients[c.span], operands, c.lo, c.hi);
+          partials[static_cast<std::size_t>(i)][0] = cpu::update_and_square(
+              op, coefficients[c.span], operands, c.lo, c.hi, spans[c.span].size);
       });
       if (square_of != nullptr) {
         for (std::size_t s = first; s < last; ++s) square_of[s] = 0.0;
