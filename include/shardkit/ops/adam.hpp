@@ -62,10 +62,11 @@ struct AdamFunctor {
     // types (GCC unswitches invariant branches only in small loops): the decay is still
     // skipped, not multiplied by 0, when there is none (an inf parameter must not make the
     // gradient NaN, and -0 must stay -0), and w * 1 is w exactly.
-    g = l2_decay != 0.0f ? g + l2_decay * w : g;
+    g = l2_decay != 0.0f ? mul_add(l2_decay, w, g) : g;
     w *= param_keep;
-    const float m = beta1 * x[2] + (1.0f - beta1) * g;
-    const float v = beta2 * x[3] + (1.0f - beta2) * g * g;
+    // One rounding per multiply-add (mul_add, element.hpp), as PyTorch's add(..., alpha=).
+    const float m = mul_add(1.0f - beta1, g, beta1 * x[2]);
+    const float v = mul_add((1.0f - beta2) * g, g, beta2 * x[3]);
     const float denom = sqrtf(v) / bias_correction2_sqrt + eps;
     w -= step_size * m / denom;
     x[0] = w;

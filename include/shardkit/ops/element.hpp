@@ -18,6 +18,21 @@
 
 namespace shardkit::ops {
 
+// a * b + c, rounded once wherever the target has a fused multiply-add (CUDA; x86 with FMA, as
+// -march=x86-64-v3 builds), else twice. The element functors spell every multiply-add this
+// way: left to contract a * b + c * d itself, GCC may fuse either product, and it chose
+// differently for a loop's vector body and its scalar tail, so an element's bits depended on
+// where its chunk started. Written out, there is one rounding per call on every path.
+SK_HOST_DEVICE SK_INLINE float mul_add(float a, float b, float c) {
+#if SK_DEVICE_CODE
+  return fmaf(a, b, c);
+#elif defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;  // no FMA instruction: nothing for the compiler to contract
+#endif
+}
+
 // Operand storage types fused ops accept.
 template <class T>
 inline constexpr bool is_element_type_v =

@@ -73,20 +73,21 @@ struct SgdFunctor {
 
   SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment& c,
                                            double (&)[1]) const {
+    // Each multiply-add rounds once, as PyTorch's add(..., alpha=) does (mul_add, element.hpp).
     float g = c.grad * x[1];
     // Skipped, not multiplied by 0, when there is no decay: an inf parameter must not turn
     // the gradient into NaN (PyTorch skips the add too).
-    if (c.param != 0.0f) g += c.param * x[0];
+    if (c.param != 0.0f) g = mul_add(c.param, x[0], g);
     float d = g;
     if constexpr (Mode == MomentumMode::first_step) {
       x[2] = g;
-      if (nesterov) d = g + momentum * g;
+      if (nesterov) d = mul_add(momentum, g, g);
     } else if constexpr (Mode == MomentumMode::running) {
-      const float buf = momentum * x[2] + dampening_complement * g;
+      const float buf = mul_add(dampening_complement, g, momentum * x[2]);
       x[2] = buf;
-      d = nesterov ? g + momentum * buf : buf;
+      d = nesterov ? mul_add(momentum, buf, g) : buf;
     }
-    x[0] = x[0] - lr * d;
+    x[0] = mul_add(-lr, d, x[0]);
     if constexpr (!std::is_void_v<Low>) x[3] = x[0];
   }
 };
