@@ -112,6 +112,70 @@ struct CopyFunctor {
   void operator()(float (&x)[2], const Segment&, double (&)[1]) const { x[0] = x[1]; }
 };
 
+// The fused step reads the next batch's norms between the blocks of this batch's update
+// (cpu_larc.hpp); tensors of 7 M elements make several batches on each thread count. It must
+// give the composed step's bits (norms pass, coefficients, then the update), with the params'
+// squares kept and without.
+TEST_CASE("the pipelined fused LARC-SGD equals the composed step bit for bit, over many batches") {
+  const std::vector<std::int64_t> sizes = {3000,      2'500'000, 64,      700'000,   700'000,
+                                           1'100'001, 17,        400'000, 1'300'000, 9};
+  std::mt19937 gen(8);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto random = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = dist(gen);
+    return v;
+  };
+  std::vector<std::vector<float>> w0, g0, buf0;
+  for (const auto n : sizes) {
+    w0.push_back(random(n));
+    g0.push_back(random(n));
+    buf0.push_back(random(n));
+  }
+  for (const int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    sk::Context ctx(sk::ContextOptions{.cpu_threads = threads});
+    auto tensors = [&](const std::vector<std::vector<float>>& values) {
+      std::vector<sk::Tensor> out;
+      for (const auto& v : values) {
+        out.push_back(sk::empty(ctx, {static_cast<std::int64_t>(v.size())}, sk::DType::f32));
+        std::memcpy(out.back().data_ptr(), v.data(), v.size() * sizeof(float));
+      }
+      return out;
+    };
+    const auto g = tensors(g0);
+    auto w_fused = tensors(w0), buf_fused = tensors(buf0);
+    auto w_kept = tensors(w0), buf_kept = tensors(buf0);
+    auto w_composed = tensors(w0), buf_composed = tensors(buf0);
+    ops::SgdOptions o;
+    o.lr = 0.1f;
+    o.momentum = 0.9f;
+    o.first_step = false;
+    ops::LarcOptions larc;
+    larc.weight_decay = 1e-3f;
+    larc.trust_coefficient = 0.02f;
+    const auto count = static_cast<std::int64_t>(sizes.size());
+    auto sums = sk::zeros(ctx, {2, count}, sk::DType::f64);
+    auto coefficients = sk::zeros(ctx, {count, 2}, sk::DType::f32);
+    ops::LarcParamSquares squares;
+    for (int step = 0; step < 2; ++step) {  // the second kept step reads the grads alone
+      ops::larc_sgd_step<ops::Cpu>(ctx, o, larc, {w_fused, g, buf_fused, {}});
+      ops::larc_sgd_step<ops::Cpu>(ctx, o, larc, {w_kept, g, buf_kept, {}}, &squares);
+      ops::segment_sums_of_squares<ops::Cpu>(ctx, w_composed, g, sums);
+      ops::larc_coefficients<ops::Cpu>(ctx, larc, o.lr, 1.0f, sums, coefficients);
+      ops::sgd_step<ops::Cpu>(ctx, o, {w_composed, g, buf_composed, {}}, coefficients);
+    }
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      CAPTURE(i);
+      const auto bytes = static_cast<std::size_t>(sizes[i]) * sizeof(float);
+      CHECK(std::memcmp(w_fused[i].data_ptr(), w_composed[i].data_ptr(), bytes) == 0);
+      CHECK(std::memcmp(buf_fused[i].data_ptr(), buf_composed[i].data_ptr(), bytes) == 0);
+      CHECK(std::memcmp(w_kept[i].data_ptr(), w_composed[i].data_ptr(), bytes) == 0);
+      CHECK(std::memcmp(buf_kept[i].data_ptr(), buf_composed[i].data_ptr(), bytes) == 0);
+    }
+  }
+}
+
 // An update's vectorised groups and its scalar tail must round alike (GCC could contract a
 // multiply-add into an FMA in one and not the other): the ops' bits would then depend on where
 // the chunks and blocks start.

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -226,8 +227,11 @@ class SquareLanes {
 #endif
 };
 
-// The sums of squares of K f32 operands over [lo, hi): apply_range's arithmetic for
-// SumOfSquaresFunctor<K> exactly (SquareLanes per operand, counted from lo).
+// The sums of squares of K f32 operands over [lo, hi), taken a piece at a time: advance_to(i)
+// adds the groups of 16 elements that end by i, totals() adds the rest and returns the sums.
+// Every element goes to the lane it would in one call (SquareLanes per operand, counted from
+// lo), so the pieces change no bit: the sums are apply_range's for SumOfSquaresFunctor<K>.
+// Between pieces the caller streams other data (LARC-SGD's update, cpu_larc.hpp).
 //
 // Every operand is prefetched kPrefetchAhead elements ahead, up to `readable` (the end of the
 // arrays, which may lie past hi: the next chunk's first lines then arrive in time too). With
@@ -235,50 +239,50 @@ class SquareLanes {
 // in flight: the fused LARC-SGD step over one 2^26-element segment took 97.6 ms on one thread,
 // 89-92 ms with these prefetches (bench_ops BM_larc_sgd_fused/flat:1, docs/performance.md).
 template <std::size_t K>
+class RangeSquares {
+ public:
+  RangeSquares(const std::array<const float*, K>& x, std::int64_t lo, std::int64_t hi,
+               std::int64_t readable)
+      : x_(x), at_(lo), hi_(hi), readable_(readable) {}
+
+  void advance_to(std::int64_t until) {
+    static_assert(2 * kSumLanes * sizeof(float) == 64, "one prefetch per cache line and operand");
+    until = std::min(until, hi_);
+    std::array<SquareLanes, K> lanes = lanes_;  // locals, so the loop keeps them in registers
+    std::int64_t i = at_;
+    for (; i + 2 * kSumLanes <= until; i += 2 * kSumLanes) {
+      if (i + kPrefetchAhead < readable_)
+        for (std::size_t k = 0; k < K; ++k) detail::prefetch_for_read(x_[k] + i + kPrefetchAhead);
+      for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x_[k] + i);
+      for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x_[k] + i + kSumLanes);
+    }
+    lanes_ = lanes;
+    at_ = i;
+  }
+
+  std::array<double, K> totals() const {
+    std::array<SquareLanes, K> lanes = lanes_;
+    std::int64_t i = at_;
+    for (; i + kSumLanes <= hi_; i += kSumLanes)
+      for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x_[k] + i);
+    std::array<double, K> sums;
+    for (std::size_t k = 0; k < K; ++k) sums[k] = lanes[k].total(x_[k] + i, hi_ - i);
+    return sums;
+  }
+
+ private:
+  std::array<const float*, K> x_;
+  std::int64_t at_, hi_, readable_;  // [lo, at_) is in the lanes
+  std::array<SquareLanes, K> lanes_{};
+};
+
+// The sums of squares of K f32 operands over [lo, hi) in one piece.
+template <std::size_t K>
 std::array<double, K> sums_of_squares(const std::array<const float*, K>& x, std::int64_t lo,
                                       std::int64_t hi, std::int64_t readable) {
-  std::array<SquareLanes, K> lanes;
-  std::int64_t i = lo;
-  static_assert(2 * kSumLanes * sizeof(float) == 64, "one prefetch per cache line and operand");
-  for (; i + 2 * kSumLanes <= hi; i += 2 * kSumLanes) {
-    if (i + kPrefetchAhead < readable)
-      for (std::size_t k = 0; k < K; ++k) detail::prefetch_for_read(x[k] + i + kPrefetchAhead);
-    for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x[k] + i);
-    for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x[k] + i + kSumLanes);
-  }
-  for (; i + kSumLanes <= hi; i += kSumLanes)
-    for (std::size_t k = 0; k < K; ++k) lanes[k].add8(x[k] + i);
-  std::array<double, K> totals;
-  for (std::size_t k = 0; k < K; ++k) totals[k] = lanes[k].total(x[k] + i, hi - i);
-  return totals;
-}
-
-// The sums of squares of two separate f32 ranges, x[0][lo[0], hi[0]) and x[1][lo[1], hi[1]),
-// read as two streams at once: each sum has sums_of_squares<1>'s bits over its own range (its
-// own lanes, counted from its lo), but one core keeps twice the misses in flight that one
-// stream gets. readable[k]: the end of x[k]'s array.
-inline std::array<double, 2> sums_of_squares_of_two(const std::array<const float*, 2>& x,
-                                                    const std::array<std::int64_t, 2>& lo,
-                                                    const std::array<std::int64_t, 2>& hi,
-                                                    const std::array<std::int64_t, 2>& readable) {
-  std::array<SquareLanes, 2> lanes;
-  const std::int64_t together = std::min(hi[0] - lo[0], hi[1] - lo[1]) / (2 * kSumLanes) *
-                                (2 * kSumLanes);  // elements of each read side by side
-  for (std::int64_t d = 0; d < together; d += 2 * kSumLanes) {
-    for (std::size_t k = 0; k < 2; ++k) {
-      const std::int64_t i = lo[k] + d;
-      if (i + kPrefetchAhead < readable[k]) detail::prefetch_for_read(x[k] + i + kPrefetchAhead);
-      lanes[k].add8(x[k] + i);
-      lanes[k].add8(x[k] + i + kSumLanes);
-    }
-  }
-  std::array<double, 2> totals;
-  for (std::size_t k = 0; k < 2; ++k) {
-    std::int64_t i = lo[k] + together;
-    for (; i + kSumLanes <= hi[k]; i += kSumLanes) lanes[k].add8(x[k] + i);
-    totals[k] = lanes[k].total(x[k] + i, hi[k] - i);
-  }
-  return totals;
+  RangeSquares<K> range(x, lo, hi, readable);
+  range.advance_to(hi);
+  return range.totals();
 }
 
 // The two-operand case, as the norms passes call it.
@@ -287,31 +291,59 @@ inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b
   return sums_of_squares<2>({a, b}, lo, hi, readable);
 }
 
-// Elements per block of update_and_square: a block's operands (params, grads and momentum,
-// 3 KiB of f32 at 256) are still in L1 when its params are squared.
-inline constexpr std::int64_t kSquareBlock = 256;
+// Elements per block of update_in_blocks: a block's operands (params, grads and momentum, 3 KiB
+// of f32 at 256) are still in L1 when its params are squared.
+inline constexpr std::int64_t kUpdateBlock = 256;
 
-// apply_range(op, segment, operands, lo, hi, readable) for a functor that writes f32 params as
-// operand 0, returning the sum of squares of the params it wrote over [lo, hi) with
-// sums_of_squares's arithmetic (SquareLanes counted from lo): the bits the next norms pass would
-// find. The update runs block by block through apply_range itself -- the very loop of the update
-// without the squares, so the params get the same bits either way (GCC contracts multiply-adds into
-// FMAs as it vectorises, and a differently shaped loop could round differently) -- and each block's
-// params are squared from L1 right after it is written, instead of read from memory again.
-template <class F>
-double update_and_square(const F& op, const typename F::Segment& segment, void* const* operands,
-                         std::int64_t lo, std::int64_t hi, std::int64_t readable) {
-  static_assert(F::kSums == 0, "the update writes; its sums are the params' squares");
-  static_assert(kSquareBlock % kSumLanes == 0, "blocks keep the lanes counted from lo");
+// apply_range(op, segment, operands, lo, hi, readable) for an update, kUpdateBlock elements at a
+// time, calling after_block(elements) after each block (cpu_larc.hpp reads other data there).
+// With kSquare, for a functor that writes f32 params as operand 0, it returns the sum of squares
+// of the params it wrote over [lo, hi) with sums_of_squares's arithmetic (SquareLanes counted
+// from lo): the bits the next norms pass would find, taken from L1 right after each block is
+// written instead of read from memory again. The blocks run through apply_range itself, the
+// very loop of the update without the squares.
+template <bool kSquare, class F, class AfterBlock>
+double update_in_blocks(const F& op, const typename F::Segment& segment, void* const* operands,
+                        std::int64_t lo, std::int64_t hi, std::int64_t readable,
+                        AfterBlock&& after_block) {
+  static_assert(F::kSums == 0, "an update sums nothing; its squares are taken separately");
+  static_assert(kUpdateBlock % kSumLanes == 0, "blocks keep the lanes counted from lo");
   const float* params = static_cast<const float*>(operands[0]);
   SquareLanes lanes;
   std::int64_t squared = lo;  // [lo, squared) added in groups of eight
-  for (std::int64_t block = lo; block < hi; block += kSquareBlock) {
-    const std::int64_t end = std::min(hi, block + kSquareBlock);
+  for (std::int64_t block = lo; block < hi; block += kUpdateBlock) {
+    const std::int64_t end = std::min(hi, block + kUpdateBlock);
     apply_range(op, segment, operands, block, end, readable);
-    for (; squared + kSumLanes <= end; squared += kSumLanes) lanes.add8(params + squared);
+    if constexpr (kSquare)
+      for (; squared + kSumLanes <= end; squared += kSumLanes) lanes.add8(params + squared);
+    after_block(end - block);
   }
-  return lanes.total(params + squared, hi - squared);
+  return kSquare ? lanes.total(params + squared, hi - squared) : 0.0;
+}
+
+// The update of [lo, hi) and the sum of squares of the params it wrote (update_in_blocks).
+template <class F>
+double update_and_square(const F& op, const typename F::Segment& segment, void* const* operands,
+                         std::int64_t lo, std::int64_t hi, std::int64_t readable) {
+  return update_in_blocks<true>(op, segment, operands, lo, hi, readable, [](std::int64_t) {});
+}
+
+// Cuts `chunks` into `parts` contiguous runs of about equal elements (whole chunks): run t is
+// chunks [bounds[t], bounds[t + 1]).
+inline std::vector<std::size_t> balanced_runs(std::span<const Chunk> chunks, int parts) {
+  std::int64_t total = 0;
+  for (const Chunk& c : chunks) total += c.hi - c.lo;
+  std::vector<std::size_t> bounds(static_cast<std::size_t>(parts) + 1, chunks.size());
+  bounds[0] = 0;
+  std::int64_t before = 0;  // elements of chunks [0, i)
+  std::size_t i = 0;
+  for (int t = 1; t < parts; ++t) {
+    const std::int64_t target = total * t / parts;
+    while (i < chunks.size() && before + (chunks[i].hi - chunks[i].lo) / 2 < target)
+      before += chunks[i].hi - chunks[i].lo, ++i;
+    bounds[static_cast<std::size_t>(t)] = i;
+  }
+  return bounds;
 }
 
 // leaf_sum_of_squares (norm_tree.hpp) of `leaves` whole f32 or bf16 leaves x[16 k .. 16 k + 16)

@@ -9,11 +9,10 @@
 #include <type_traits>
 #include <vector>
 
-#include <unistd.h>
-
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/backend.hpp"
 #include "shardkit/ops/cpu_apply.hpp"
+#include "shardkit/ops/cpu_larc.hpp"
 #include "shardkit/ops/larc_param_squares.hpp"
 #include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/norms.hpp"
@@ -86,101 +85,29 @@ struct Cpu {
     });
   }
 
-  // One core's L2 cache in bytes (1 MiB when the system does not say).
-  static std::int64_t l2_cache_bytes() {
-    static const std::int64_t bytes = [] {
-      const long reported = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-      return reported >= (64 << 10) ? static_cast<std::int64_t>(reported) : std::int64_t{1 << 20};
-    }();
-    return bytes;
-  }
-
-  // Norms, coefficients and update, a batch of whole tensors at a time: the update's reads of a
-  // batch come from the cache its norms pass just filled, and each thread updates the chunks
-  // whose norms it summed (the same contiguous block of the batch's chunks). With param_squares
-  // the update also squares the params it writes (update_and_square), and when the squares
-  // describe these params the norms pass reads only the grads.
+  // Norms, coefficients and update, pipelined over batches of whole tensors (cpu_larc.hpp).
+  // With param_squares the update also squares the params it writes, and when the squares
+  // describe these params the norms read only the grads.
   template <class Sgd>
   static void larc_sgd(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
                        float lr, float inv_grad_scale, LarcParamSquares* param_squares) {
     ThreadPool& pool = ctx.cpu_pool();
-    const auto n = static_cast<std::int64_t>(spans.size());
-    const bool squares_known = param_squares != nullptr && param_squares->describes(spans);
-    // The squares are read (before a span's update) and rewritten (after it) in place.
-    Tensor squares;
-    if (squares_known)
-      squares = param_squares->sums();
-    else if (param_squares != nullptr)
-      squares = empty(ctx, {n}, DType::f64, MemoryCategory::optimizer_state);
-    double* const square_of = squares.defined() ? squares.data<double>() : nullptr;
-    // Each thread's share of a batch: its params and grads fill its core's L2, so the update
-    // rereads them from there, not from DRAM (measured on a 512 KiB-L2 core: 1 thread 29.7 ms
-    // per ResNet-50 step at this size, 41.7 ms at four times it). A larger tensor is a batch
-    // alone and is read from memory twice.
-    const std::int64_t batch_target = l2_cache_bytes() / 8 * pool.size();
-    std::vector<cpu::Chunk> chunks;
-    std::vector<std::array<double, 2>> partials;
-    std::vector<SgdCoefficients> coefficients(spans.size());
-    for (std::size_t first = 0; first < spans.size();) {
-      std::size_t last = first;
-      std::int64_t elements = 0;
-      while (last < spans.size() && (last == first || elements + spans[last].size <= batch_target))
-        elements += spans[last++].size;
-      chunks.clear();
-      cpu::cut_into_chunks(spans, first, last, chunks);
-      partials.assign(chunks.size(), {});
-      const auto tasks = static_cast<std::int64_t>(chunks.size());
-      if (squares_known) {
-        // Only the grads to read: two chunks a task, so one core streams two ranges at once.
-        pool.parallel_for((tasks + 1) / 2, [&](std::int64_t pair) {
-          const auto i = static_cast<std::size_t>(2 * pair);
-          auto grads = [&](std::size_t k) {
-            return static_cast<const float*>(spans[chunks[k].span].data[1]);
-          };
-          const cpu::Chunk& a = chunks[i];
-          if (i + 1 == chunks.size()) {
-            partials[i][1] = cpu::sums_of_squares<1>({grads(i)}, a.lo, a.hi, spans[a.span].size)[0];
-            return;
-          }
-          const cpu::Chunk& b = chunks[i + 1];
-          const auto two =
-              cpu::sums_of_squares_of_two({grads(i), grads(i + 1)}, {a.lo, b.lo}, {a.hi, b.hi},
-                                          {spans[a.span].size, spans[b.span].size});
-          partials[i][1] = two[0];
-          partials[i + 1][1] = two[1];
-        });
-      } else {
-        pool.parallel_for(tasks, [&](std::int64_t i) {
-          const cpu::Chunk& c = chunks[static_cast<std::size_t>(i)];
-          partials[static_cast<std::size_t>(i)] =
-              cpu::chunk_sums(SumOfSquaresFunctor<2>{}, spans[c.span], {}, c.lo, c.hi);
-        });
-      }
-      // Each span's sums: its chunks' partials in order, as every other sum of squares.
-      std::vector<std::array<double, 2>> sums(last - first, std::array<double, 2>{});
-      for (std::size_t i = 0; i < chunks.size(); ++i)
-        for (std::size_t k = 0; k < 2; ++k) sums[chunks[i].span - first][k] += partials[i][k];
-      for (std::size_t s = first; s < last; ++s) {
-        const double param_sum = squares_known ? square_of[s] : sums[s - first][0];
-        coefficients[s] =
-            ops::larc_coefficients(param_sum, sums[s - first][1], larc, lr, inv_grad_scale);
-      }
-      pool.parallel_for(tasks, [&](std::int64_t i) {
-        const cpu::Chunk& c = chunks[static_cast<std::size_t>(i)];
-        void* const* operands = spans[c.span].data.data();
-        if (square_of == nullptr)
-          cpu::apply_range(op, coefficients[c.span], operands, c.lo, c.hi, spans[c.span].size);
-        else
-          partials[static_cast<std::size_t>(i)][0] = cpu::update_and_square(
-              op, coefficients[c.span], operands, c.lo, c.hi, spans[c.span].size);
-      });
-      if (square_of != nullptr) {
-        for (std::size_t s = first; s < last; ++s) square_of[s] = 0.0;
-        for (std::size_t i = 0; i < chunks.size(); ++i) square_of[chunks[i].span] += partials[i][0];
-      }
-      first = last;
+    if (param_squares == nullptr) {
+      cpu::larc_sgd_pipelined<2, false>(pool, op, spans, larc, lr, inv_grad_scale, nullptr);
+      return;
     }
-    if (param_squares != nullptr) param_squares->record(spans, squares);
+    // The kept squares are read (before a span's update) and rewritten (after it) in place.
+    const bool known = param_squares->describes(spans);
+    Tensor squares = known ? param_squares->sums()
+                           : empty(ctx, {static_cast<std::int64_t>(spans.size())}, DType::f64,
+                                   MemoryCategory::optimizer_state);
+    if (known)
+      cpu::larc_sgd_pipelined<1, true>(pool, op, spans, larc, lr, inv_grad_scale,
+                                       squares.data<double>());
+    else
+      cpu::larc_sgd_pipelined<2, true>(pool, op, spans, larc, lr, inv_grad_scale,
+                                       squares.data<double>());
+    param_squares->record(spans, squares);
   }
 
  private:

@@ -1,0 +1,198 @@
+// LARC-SGD on the CPU, pipelined. A tensor's update needs its norms first, so a plain fused step
+// reads every tensor's grads (and params) twice: once for the norms, once for the update. The
+// step takes the tensors in batches and reads the norms of batch b + 1 between the blocks of
+// batch b's update, so one core streams both at once: the update alone keeps a core's memory
+// pipe fuller than the norms pass alone does (bench_ops: SGD with momentum moves its 20 bytes
+// per parameter at about 110% of copy on one thread, the norms pass its 8 at about 100%), and
+// the norms ride along. Only the first batch's norms are read on their own.
+//
+// The bits are the plain step's: every chunk's sums are taken with sums_of_squares's
+// arithmetic (RangeSquares, in pieces), a tensor's sums are its chunks' in chunk order, and the
+// update is apply_range over the same chunks. Which thread takes which chunk never enters the
+// arithmetic.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/thread_pool.hpp"
+#include "shardkit/ops/cpu_apply.hpp"
+#include "shardkit/ops/larc.hpp"
+#include "shardkit/ops/sgd.hpp"
+
+namespace shardkit::ops::cpu {
+
+// Elements per thread in a batch (4 MiB of f32 grads). The first batch's norms are read alone,
+// so it should be small; a batch's norms are read during the update before it, and its grads
+// again in its own update soon after, from the last-level cache if it still holds them. On the
+// 2-core Xeon of docs/performance.md, 2^17 to 2^22 per thread measured alike (bench_ops'
+// LARC-SGD rows, within the run-to-run spread); one batch for all (no pipelining) was slower.
+inline constexpr std::int64_t kLarcBatchPerThread = std::int64_t{1} << 20;
+
+// The sums of squares of each chunk of a run of LARC spans (operands: 0 params, 1 grads), of
+// the last K operands (K = 2: params and grads; 1: grads alone), written into
+// partials[i][2 - K .. 1] for the run's chunk i; taken a piece at a time, advance_to(n) reading
+// up to the run's n-th element, between the blocks of another loop.
+template <std::size_t K>
+class ChunkRunSquares {
+ public:
+  ChunkRunSquares(const SpanList<4>& spans, std::span<const Chunk> run,
+                  std::array<double, 2>* partials)
+      : spans_(spans), run_(run), partials_(partials) {
+    for (const Chunk& c : run) elements_ += c.hi - c.lo;
+  }
+
+  std::int64_t elements() const { return elements_; }
+
+  void advance_to(std::int64_t done) {
+    while (next_ < run_.size()) {
+      const Chunk& c = run_[next_];
+      if (!current_) {
+        std::array<const float*, K> x;
+        for (std::size_t k = 0; k < K; ++k)
+          x[k] = static_cast<const float*>(spans_[c.span].data[2 - K + k]);
+        current_.emplace(x, c.lo, c.hi, spans_[c.span].size);
+      }
+      const std::int64_t until = c.lo + (done - before_);
+      current_->advance_to(until);
+      if (until < c.hi) return;
+      const std::array<double, K> sums = current_->totals();
+      for (std::size_t k = 0; k < K; ++k) partials_[next_][2 - K + k] = sums[k];
+      current_.reset();
+      before_ += c.hi - c.lo;
+      ++next_;
+    }
+  }
+
+ private:
+  const SpanList<4>& spans_;
+  std::span<const Chunk> run_;
+  std::array<double, 2>* partials_;
+  std::int64_t elements_ = 0;
+  std::int64_t before_ = 0;  // elements of the chunks before next_
+  std::size_t next_ = 0;     // the chunk being read
+  std::optional<RangeSquares<K>> current_;
+};
+
+// The sums of `run`'s chunks (as ChunkRunSquares) read as two streams at once, its two halves
+// side by side: a core reading one stream and doing nothing else keeps too few misses in
+// flight (the first batch's norms, and the whole step when one tensor is the only batch).
+template <std::size_t K>
+void read_run_squares(const SpanList<4>& spans, std::span<const Chunk> run,
+                      std::array<double, 2>* partials) {
+  const std::size_t half = balanced_runs(run, 2)[1];
+  ChunkRunSquares<K> first(spans, run.first(half), partials);
+  ChunkRunSquares<K> second(spans, run.subspan(half), partials + half);
+  for (std::int64_t done = 0; done < first.elements();) {
+    done = std::min(done + kUpdateBlock, first.elements());
+    first.advance_to(done);
+    second.advance_to(done * second.elements() / first.elements());
+  }
+  second.advance_to(second.elements());
+}
+
+// Updates the chunks of `run` (coefficients per span; with kSquare, writing the sum of squares
+// of the params each chunk wrote into param_squares[i]), and reads `ahead` between the blocks,
+// in proportion to the elements updated, so both streams stay in flight to the end.
+template <bool kSquare, class Sgd, class Ahead>
+void update_run(const Sgd& op, const SpanList<4>& spans, std::span<const Chunk> run,
+                const SgdCoefficients* coefficients, double* param_squares, Ahead& ahead) {
+  std::int64_t total = 0;
+  for (const Chunk& c : run) total += c.hi - c.lo;
+  const std::int64_t ahead_total = ahead.elements();
+  std::int64_t done = 0;
+  auto read_ahead = [&](std::int64_t elements) {
+    done += elements;
+    ahead.advance_to(done * ahead_total / total);
+  };
+  for (std::size_t i = 0; i < run.size(); ++i) {
+    const Chunk& c = run[i];
+    const double squares =
+        update_in_blocks<kSquare>(op, coefficients[c.span], spans[c.span].data.data(), c.lo, c.hi,
+                                  spans[c.span].size, read_ahead);
+    if constexpr (kSquare) param_squares[i] = squares;
+  }
+  ahead.advance_to(ahead_total);
+}
+
+// The LARC-SGD step over `spans` (operands: params, grads, momentum, low copy). K = 1: the
+// params' sums of squares are given in param_squares[s] (kept from the last step), and the
+// norms read the grads alone; K = 2: the norms read params and grads. With kSquare, the update
+// writes the sums of squares of the params it wrote into param_squares[s].
+template <std::size_t K, bool kSquare, class Sgd>
+void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& spans,
+                        const LarcOptions& larc, float lr, float inv_grad_scale,
+                        double* param_squares) {
+  static_assert(K == 2 || kSquare, "kept squares are rewritten by the update");
+  const int threads = pool.size();
+  std::vector<std::pair<std::size_t, std::size_t>> batches;  // spans [first, last)
+  for (std::size_t first = 0; first < spans.size();) {
+    std::size_t last = first;
+    std::int64_t elements = 0;
+    while (last < spans.size() &&
+           (last == first || elements + spans[last].size <= kLarcBatchPerThread * threads))
+      elements += spans[last++].size;
+    batches.emplace_back(first, last);
+    first = last;
+  }
+  std::vector<Chunk> chunks, next_chunks;
+  std::vector<std::array<double, 2>> partials, next_partials;
+  std::vector<double> param_partials;
+  std::vector<SgdCoefficients> coefficients(spans.size());
+  auto cut = [&](std::size_t b, std::vector<Chunk>& out, std::vector<std::array<double, 2>>& sums) {
+    out.clear();
+    if (b < batches.size()) cut_into_chunks(spans, batches[b].first, batches[b].second, out);
+    sums.assign(out.size(), {});
+  };
+  cut(0, chunks, partials);
+  const auto first_bounds = balanced_runs(chunks, threads);
+  pool.parallel_for(threads, [&](std::int64_t t) {
+    const std::size_t lo = first_bounds[static_cast<std::size_t>(t)];
+    read_run_squares<K>(spans,
+                        std::span<const Chunk>(chunks).subspan(
+                            lo, first_bounds[static_cast<std::size_t>(t) + 1] - lo),
+                        partials.data() + lo);
+  });
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    const auto [first, last] = batches[b];
+    std::vector<std::array<double, 2>> sums(last - first, std::array<double, 2>{});
+    for (std::size_t i = 0; i < chunks.size(); ++i)
+      for (std::size_t k = 2 - K; k < 2; ++k) sums[chunks[i].span - first][k] += partials[i][k];
+    for (std::size_t s = first; s < last; ++s) {
+      const double param_sum = K == 1 ? param_squares[s] : sums[s - first][0];
+      coefficients[s] =
+          ops::larc_coefficients(param_sum, sums[s - first][1], larc, lr, inv_grad_scale);
+    }
+    cut(b + 1, next_chunks, next_partials);
+    if constexpr (kSquare) param_partials.assign(chunks.size(), 0.0);
+    const auto update_bounds = balanced_runs(chunks, threads);
+    const auto ahead_bounds = balanced_runs(next_chunks, threads);
+    pool.parallel_for(threads, [&](std::int64_t t) {
+      auto run = [t](const std::vector<std::size_t>& bounds, const std::vector<Chunk>& list) {
+        const std::size_t lo = bounds[static_cast<std::size_t>(t)];
+        return std::span<const Chunk>(list).subspan(lo,
+                                                    bounds[static_cast<std::size_t>(t) + 1] - lo);
+      };
+      const std::size_t ahead_lo = ahead_bounds[static_cast<std::size_t>(t)];
+      ChunkRunSquares<K> ahead(spans, run(ahead_bounds, next_chunks),
+                               next_partials.data() + ahead_lo);
+      const std::size_t update_lo = update_bounds[static_cast<std::size_t>(t)];
+      update_run<kSquare>(op, spans, run(update_bounds, chunks), coefficients.data(),
+                          kSquare ? param_partials.data() + update_lo : nullptr, ahead);
+    });
+    if constexpr (kSquare) {
+      for (std::size_t s = first; s < last; ++s) param_squares[s] = 0.0;
+      for (std::size_t i = 0; i < chunks.size(); ++i)
+        param_squares[chunks[i].span] += param_partials[i];
+    }
+    std::swap(chunks, next_chunks);
+    std::swap(partials, next_partials);
+  }
+}
+
+}  // namespace shardkit::ops::cpu
