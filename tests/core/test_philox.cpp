@@ -1,8 +1,9 @@
 // Counter-based RNG: Random123's known answers, determinism, independence of strides and
-// dtype, and the distributions' moments.
+// dtype, Box-Muller's own log and cos against long double, and the distributions' moments.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "shardkit/core/tensor_ops.hpp"
@@ -53,6 +54,63 @@ TEST_CASE("a batch of Philox blocks equals the blocks drawn one at a time") {
       }
       CHECK(wrong == 0);
     }
+}
+
+// normal_ computes log and cos(2 pi u) itself (box_muller.hpp), so that CPU and GPU agree bit
+// for bit: both within about an ulp of long double's, on the words' whole range and its edges
+// (the quarter turns where cos_two_pi changes branch, and u next to 0 and 1).
+TEST_CASE("Box-Muller's log and cos(2 pi u) are within an ulp of long double's") {
+  std::vector<std::uint32_t> words = {
+      0u,          1u,          2u,          0x1FFFFFFFu, 0x20000000u, 0x3FFFFFFFu, 0x40000000u,
+      0x5FFFFFFFu, 0x60000000u, 0x7FFFFFFFu, 0x80000000u, 0xBFFFFFFFu, 0xC0000000u, 0xDFFFFFFFu,
+      0xE0000000u, 0xB504F333u, 0x6A09E667u, 0xFFFFFFFEu, 0xFFFFFFFFu};
+  std::mt19937 generator(2026);
+  for (int i = 0; i < 1 << 21; ++i) words.push_back(generator());
+  const long double two_pi = 6.283185307179586476925286766559005768L;
+  double worst_log_ulps = 0, worst_cos_error = 0;
+  for (const std::uint32_t word : words) {
+    const double u = sk::word_to_unit(word);
+    const long double log_u = std::log(static_cast<long double>(u));
+    const double ulp = std::ldexp(1.0, std::ilogb(static_cast<double>(log_u)) - 52);
+    const long double log_error = sk::detail::log_of_positive(u) - log_u;
+    worst_log_ulps = std::max(worst_log_ulps, static_cast<double>(std::fabs(log_error)) / ulp);
+    const long double cos_error =
+        sk::detail::cos_two_pi(u) - std::cos(two_pi * static_cast<long double>(u));
+    worst_cos_error = std::max(worst_cos_error, static_cast<double>(std::fabs(cos_error)));
+  }
+  MESSAGE("log: ", worst_log_ulps, " ulp; cos(2 pi u): ", worst_cos_error / 0x1p-53, " x 2^-53");
+  CHECK(worst_log_ulps <= 1.25);
+  CHECK(worst_cos_error <= 1.5 * 0x1p-53);
+  // Exactly at the quarter turns' neighbours the reduction is exact, so the signs are right.
+  CHECK(sk::detail::cos_two_pi(0.25) == 0.0);
+  CHECK(sk::detail::cos_two_pi(0.5) == -1.0);
+  CHECK(sk::detail::cos_two_pi(0.75) == 0.0);
+  CHECK(sk::detail::cos_two_pi(1.0) == 1.0);
+  CHECK(sk::detail::log_of_positive(1.0) == 0.0);
+  CHECK(sk::detail::log_of_positive(0.5) == -0x1.62e42fefa39efp-1);
+}
+
+// The f32 values normal_ writes are the values libm's log and cos give, rounded to f32, all but
+// a rare few (where the two doubles straddle a rounding boundary of f32): its own functions do
+// not change the distribution.
+TEST_CASE("normal_'s f32 values are libm Box-Muller's, but for a rare few") {
+  sk::Context ctx({.seed = 31});
+  const std::int64_t n = 1 << 20;
+  auto t = sk::empty(ctx, {n}, sk::DType::f32);
+  const std::uint64_t base = 0;  // a fresh context draws from block 0
+  sk::normal_(ctx, t, 0.0, 1.0);
+  const auto values = sk::to_vector<float>(ctx, t);
+  int differing = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const sk::PhiloxBlock block = sk::philox_block(31, base + static_cast<std::uint64_t>(i / 2));
+    const std::uint32_t first = block.v[2 * (i % 2)], second = block.v[2 * (i % 2) + 1];
+    const double radius = std::sqrt(-2.0 * std::log(sk::word_to_unit(first)));
+    const double angle = 6.283185307179586476925286766559 * sk::word_to_unit(second);
+    differing +=
+        values[static_cast<std::size_t>(i)] != static_cast<float>(radius * std::cos(angle));
+  }
+  MESSAGE(differing, " of ", n, " differ");
+  CHECK(differing <= 8);
 }
 
 TEST_CASE("uniform_ has the right range and moments, and a seed replays it") {
@@ -141,9 +199,9 @@ TEST_CASE("contiguous and strided fills agree, for both kinds, on several thread
     CHECK(uniform.value_at(i) == std::fma(3.0, sk::word_to_unit(u.v[i % 4]), -1.0));
     const sk::PhiloxBlock n = sk::philox_block(77, 1000 + i / 2);
     const std::uint32_t first = n.v[2 * (i % 2)], second = n.v[2 * (i % 2) + 1];
-    const double radius = std::sqrt(-2.0 * std::log(sk::word_to_unit(first)));
-    const double angle = 6.283185307179586476925286766559 * sk::word_to_unit(second);
-    CHECK(normal.value_at(i) == std::fma(3.0, radius * std::cos(angle), 0.5));
+    const double radius = std::sqrt(-2.0 * sk::detail::log_of_positive(sk::word_to_unit(first)));
+    const double cosine = sk::detail::cos_two_pi(sk::word_to_unit(second));
+    CHECK(normal.value_at(i) == std::fma(3.0, radius * cosine, 0.5));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "shardkit/core/box_muller.hpp"
 #include "shardkit/core/config.hpp"
 
 namespace shardkit {
@@ -76,9 +77,8 @@ struct RandomSpec {
   }
 
   // The value of element `index` (row-major position in the tensor), in double.
-  // Uniform: a + (b - a)·u with one correctly rounded fma, so CPU and GPU agree bit for bit.
-  // Normal: Box-Muller in double; log/cos may differ by an ulp between CPU and GPU libraries,
-  // which rounding to f32 almost always hides.
+  // Uniform: a + (b - a)·u with one correctly rounded fma. Normal: Box-Muller in double, with
+  // box_muller.hpp's log and cos. Either way CPU and GPU agree bit for bit.
   SK_HOST_DEVICE double value_at(std::uint64_t index) const {
     const std::uint64_t per_block = elements_per_block();
     return value_in_block(philox_block(seed, counter_base + index / per_block),
@@ -99,9 +99,8 @@ struct RandomSpec {
 
   // The normal value a pair of words gives (Box-Muller's cosine branch).
   SK_HOST_DEVICE double normal_value(std::uint32_t first, std::uint32_t second) const {
-    const double radius = sqrt(-2.0 * log(word_to_unit(first)));
-    const double angle = 6.283185307179586476925286766559 * word_to_unit(second);
-    return fma(b, radius * cos(angle), a);
+    const double radius = sqrt(-2.0 * detail::log_of_positive(word_to_unit(first)));
+    return fma(b, radius * detail::cos_two_pi(word_to_unit(second)), a);
   }
 };
 
