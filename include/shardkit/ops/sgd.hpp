@@ -62,7 +62,9 @@ struct SgdFunctor {
   float lr = 0;
   float momentum = 0;
   float dampening_complement = 1;  // 1 - dampening
-  bool nesterov = false;
+  // 1 for Nesterov momentum, else 0: a float, since g++ 12 vectorises a select on a float
+  // comparison but not one on a bool it cannot hoist out of the loop.
+  float nesterov = 0;
   SgdCoefficients uniform{};
   const SgdCoefficients* per_segment = nullptr;  // when set, overrides `uniform` per span
 
@@ -74,18 +76,24 @@ struct SgdFunctor {
   SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment& c,
                                            double (&)[1]) const {
     // Each multiply-add rounds once, as PyTorch's add(..., alpha=) does (mul_add, element.hpp).
-    float g = c.grad * x[1];
+    // The options' choices are selects between values both computed, not branches: g++ can
+    // then vectorise the loop without first splitting it per choice, which it stops doing once
+    // the body grows (bf16 gradients and a bf16 copy left the loop scalar).
+    const float scaled = c.grad * x[1];
     // Skipped, not multiplied by 0, when there is no decay: an inf parameter must not turn
     // the gradient into NaN (PyTorch skips the add too).
-    if (c.param != 0.0f) g = mul_add(c.param, x[0], g);
+    const float decayed = mul_add(c.param, x[0], scaled);
+    const float g = c.param != 0.0f ? decayed : scaled;
     float d = g;
     if constexpr (Mode == MomentumMode::first_step) {
       x[2] = g;
-      if (nesterov) d = mul_add(momentum, g, g);
+      const float ahead = mul_add(momentum, g, g);
+      d = nesterov != 0.0f ? ahead : g;
     } else if constexpr (Mode == MomentumMode::running) {
       const float buf = mul_add(dampening_complement, g, momentum * x[2]);
       x[2] = buf;
-      d = nesterov ? mul_add(momentum, buf, g) : buf;
+      const float ahead = mul_add(momentum, buf, g);
+      d = nesterov != 0.0f ? ahead : buf;
     }
     x[0] = mul_add(-lr, d, x[0]);
     if constexpr (!std::is_void_v<Low>) x[3] = x[0];
@@ -99,7 +107,7 @@ SgdFunctor<Mode, Low, Grad> make_sgd_functor(const SgdOptions& o,
   f.lr = o.lr;
   f.momentum = o.momentum;
   f.dampening_complement = 1.0f - o.dampening;
-  f.nesterov = o.nesterov;
+  f.nesterov = o.nesterov ? 1.0f : 0.0f;
   f.uniform = SgdCoefficients{o.inv_grad_scale, o.weight_decay};
   f.per_segment = per_segment;
   return f;
