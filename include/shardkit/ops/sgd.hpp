@@ -80,8 +80,8 @@ struct SgdFunctor {
     // then vectorise the loop without first splitting it per choice, which it stops doing once
     // the body grows (bf16 gradients and a bf16 copy left the loop scalar).
     const float scaled = c.grad * x[1];
-    // Skipped, not multiplied by 0, when there is no decay: an inf parameter must not turn
-    // the gradient into NaN (PyTorch skips the add too).
+    // Not taken, rather than multiplied by 0, when there is no decay: an inf parameter must not
+    // turn the gradient into NaN (PyTorch skips the add too; here the select drops it).
     const float decayed = mul_add(c.param, x[0], scaled);
     const float g = c.param != 0.0f ? decayed : scaled;
     float d = g;
