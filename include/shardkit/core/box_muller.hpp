@@ -12,31 +12,11 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
+#include "shardkit/core/bits.hpp"
 #include "shardkit/core/config.hpp"
 
 namespace shardkit::detail {
-
-SK_HOST_DEVICE SK_INLINE std::uint64_t double_to_bits(double value) {
-#if SK_DEVICE_CODE
-  return static_cast<std::uint64_t>(__double_as_longlong(value));
-#else
-  std::uint64_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-#endif
-}
-
-SK_HOST_DEVICE SK_INLINE double bits_to_double(std::uint64_t bits) {
-#if SK_DEVICE_CODE
-  return __longlong_as_double(static_cast<long long>(bits));
-#else
-  double value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-#endif
-}
 
 // log(x) for a positive, finite, normal x.
 SK_HOST_DEVICE SK_INLINE double log_of_positive(double x) {

@@ -6,31 +6,11 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
+#include "shardkit/core/bits.hpp"
 #include "shardkit/core/config.hpp"
 
 namespace shardkit {
-
-SK_HOST_DEVICE SK_INLINE std::uint32_t float_to_bits(float value) {
-#if SK_DEVICE_CODE
-  return __float_as_uint(value);
-#else
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-#endif
-}
-
-SK_HOST_DEVICE SK_INLINE float bits_to_float(std::uint32_t bits) {
-#if SK_DEVICE_CODE
-  return __uint_as_float(bits);
-#else
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-#endif
-}
 
 // `when ? a : b` as a mask, so that the conversions below stay branch-free: GCC if-converts the
 // ternaries of a conversion only in part and then leaves the loop around it scalar; with masks a
