@@ -100,7 +100,7 @@ TEST_CASE("CPU ops (LARC fused and composed, SGD, Adam, sums, unscale): same bit
   }
 }
 
-// Writes operand 1 into operand 0 (an update whose result is known): for update_and_square.
+// Writes operand 1 into operand 0 (an update whose result is known): for update_in_blocks.
 struct CopyFunctor {
   static constexpr int kDepth = 2;
   using Types = ops::TypeList<float, float>;
@@ -243,7 +243,8 @@ TEST_CASE("the vectorised sums of squares have apply_range's bits, from any star
       CHECK(std::memcmp(&single[0], &generic[1], sizeof(double)) == 0);
       std::vector<float> copy = a;
       void* const written[2] = {copy.data(), a.data()};
-      const double squared = ops::cpu::update_and_square(CopyFunctor{}, {}, written, lo, hi, 300);
+      const double squared = ops::cpu::update_in_blocks<true>(CopyFunctor{}, {}, written, lo, hi,
+                                                              300, [](std::int64_t) {});
       CHECK(std::memcmp(&squared, &generic[0], sizeof(double)) == 0);
     }
   }

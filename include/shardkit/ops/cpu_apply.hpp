@@ -324,13 +324,6 @@ double update_in_blocks(const F& op, const typename F::Segment& segment, void* c
   return kSquare ? lanes.total(params + squared, hi - squared) : 0.0;
 }
 
-// The update of [lo, hi) and the sum of squares of the params it wrote (update_in_blocks).
-template <class F>
-double update_and_square(const F& op, const typename F::Segment& segment, void* const* operands,
-                         std::int64_t lo, std::int64_t hi, std::int64_t readable) {
-  return update_in_blocks<true>(op, segment, operands, lo, hi, readable, [](std::int64_t) {});
-}
-
 // Cuts `chunks` into `parts` contiguous runs of about equal elements (whole chunks): run t is
 // chunks [bounds[t], bounds[t + 1]).
 inline std::vector<std::size_t> balanced_runs(std::span<const Chunk> chunks, int parts) {

@@ -105,10 +105,14 @@ void update_run(const Sgd& op, const SpanList<4>& spans, std::span<const Chunk> 
   std::int64_t total = 0;
   for (const Chunk& c : run) total += c.hi - c.lo;
   const std::int64_t ahead_total = ahead.elements();
+  // Ahead elements per updated element, in double: done * ahead_total in integers overflows
+  // past 2^63 (two spans of 2^32 elements); the pacing need not be exact, the end is.
+  const double pace = total > 0 ? static_cast<double>(ahead_total) / static_cast<double>(total) : 0;
   std::int64_t done = 0;
   auto read_ahead = [&](std::int64_t elements) {
     done += elements;
-    ahead.advance_to(done * ahead_total / total);
+    ahead.advance_to(
+        std::min(ahead_total, static_cast<std::int64_t>(static_cast<double>(done) * pace)));
   };
   for (std::size_t i = 0; i < run.size(); ++i) {
     const Chunk& c = run[i];
@@ -149,14 +153,18 @@ void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& span
     if (b < batches.size()) cut_into_chunks(spans, batches[b].first, batches[b].second, out);
     sums.assign(out.size(), {});
   };
+  // Thread t's run of `list` cut at `bounds` (balanced_runs), and where it starts.
+  auto run_of = [](std::int64_t t, const std::vector<std::size_t>& bounds,
+                   const std::vector<Chunk>& list) {
+    const std::size_t lo = bounds[static_cast<std::size_t>(t)];
+    return std::pair(
+        std::span<const Chunk>(list).subspan(lo, bounds[static_cast<std::size_t>(t) + 1] - lo), lo);
+  };
   cut(0, chunks, partials);
   const auto first_bounds = balanced_runs(chunks, threads);
   pool.parallel_for(threads, [&](std::int64_t t) {
-    const std::size_t lo = first_bounds[static_cast<std::size_t>(t)];
-    read_run_squares<K>(spans,
-                        std::span<const Chunk>(chunks).subspan(
-                            lo, first_bounds[static_cast<std::size_t>(t) + 1] - lo),
-                        partials.data() + lo);
+    const auto [run, lo] = run_of(t, first_bounds, chunks);
+    read_run_squares<K>(spans, run, partials.data() + lo);
   });
   for (std::size_t b = 0; b < batches.size(); ++b) {
     const auto [first, last] = batches[b];
@@ -173,16 +181,10 @@ void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& span
     const auto update_bounds = balanced_runs(chunks, threads);
     const auto ahead_bounds = balanced_runs(next_chunks, threads);
     pool.parallel_for(threads, [&](std::int64_t t) {
-      auto run = [t](const std::vector<std::size_t>& bounds, const std::vector<Chunk>& list) {
-        const std::size_t lo = bounds[static_cast<std::size_t>(t)];
-        return std::span<const Chunk>(list).subspan(lo,
-                                                    bounds[static_cast<std::size_t>(t) + 1] - lo);
-      };
-      const std::size_t ahead_lo = ahead_bounds[static_cast<std::size_t>(t)];
-      ChunkRunSquares<K> ahead(spans, run(ahead_bounds, next_chunks),
-                               next_partials.data() + ahead_lo);
-      const std::size_t update_lo = update_bounds[static_cast<std::size_t>(t)];
-      update_run<kSquare>(op, spans, run(update_bounds, chunks), coefficients.data(),
+      const auto [ahead_run, ahead_lo] = run_of(t, ahead_bounds, next_chunks);
+      ChunkRunSquares<K> ahead(spans, ahead_run, next_partials.data() + ahead_lo);
+      const auto [update, update_lo] = run_of(t, update_bounds, chunks);
+      update_run<kSquare>(op, spans, update, coefficients.data(),
                           kSquare ? param_partials.data() + update_lo : nullptr, ahead);
     });
     if constexpr (kSquare) {
