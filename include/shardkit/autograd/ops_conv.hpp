@@ -1,5 +1,6 @@
 // Differentiable 2-D convolution (NCHW, OIHW weights, stride/padding/dilation, optional bias):
-// im2col + Eigen on the CPU, cuDNN (forward, backward-data, backward-filter) on the GPU.
+// on the CPU oneDNN's primitives for f32 (cpu_dnnl.hpp), im2col + Eigen for f64 or a build
+// without oneDNN (cpu_conv.hpp); cuDNN (forward, backward-data, backward-filter) on the GPU.
 #pragma once
 
 #include "shardkit/autograd/ops_basic.hpp"
