@@ -177,3 +177,29 @@ TEST_CASE("CPU max-pool gives the same bits on any thread count") {
     CHECK(other.gx == one.gx);
   }
 }
+
+// PyTorch's rule: a window's output is its first maximum (which alone takes the gradient), and a
+// NaN in the window wins over any number (the last NaN, when there are several).
+TEST_CASE("CPU max-pool: the first of tied maxima takes the gradient, and a NaN wins") {
+  sk::Context ctx({.seed = 25});
+  const float nan = std::nanf(""), inf = INFINITY;
+  // Four 2x2 windows of a 4x4 plane: ties at 1 and 4; NaNs at 3 and 7; all -inf; all equal.
+  const std::vector<float> xs{1,    3,    5, nan,  //
+                              3,    2,    7, nan,  //
+                              -inf, -inf, 2, 2,    //
+                              -inf, -inf, 2, 2};
+  Variable in(sk::from_vector(ctx, xs, {1, 1, 4, 4}), true);
+  Variable y = ag::max_pool2d(ctx, in, 2, 2, 0);
+  ag::backward(ctx, y, sk::from_vector(ctx, std::vector<float>{10, 20, 30, 40}, {1, 1, 2, 2}));
+  const auto ys = sk::to_vector<float>(ctx, y.data());
+  CHECK(ys[0] == 3);
+  CHECK(std::isnan(ys[1]));
+  CHECK(ys[2] == -inf);
+  CHECK(ys[3] == 2);
+  std::vector<float> expected(16, 0.0f);
+  expected[1] = 10;   // the first 3, not the one below it
+  expected[7] = 20;   // the last NaN
+  expected[8] = 30;   // the first of four -inf
+  expected[10] = 40;  // the first of four 2s
+  CHECK(sk::to_vector<float>(ctx, in.grad()) == expected);
+}
