@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -311,8 +310,8 @@ struct PoolGeometry {
 // Max-pool x[N, C, H, W] -> y[N, C, OH, OW]; argmax[N, C, OH, OW] (i64) holds the index into
 // each H*W plane for backward. Padding never wins (it is -inf, as in PyTorch); a NaN does (the
 // last one in the window). No window is empty: max_pool2d checks that padding <= kernel / 2.
-// One (n, c) plane per task: each output is one thread's, so the result
-// is the same on any thread count.
+// One (n, c) plane per task: each output is one thread's, so the result is the same on any
+// thread count.
 inline void max_pool_forward(ThreadPool& pool, const Tensor& x, const Tensor& y,
                              const Tensor& argmax, const PoolGeometry& p) {
   visit_real(x.dtype(), "max_pool2d", [&](auto tag) {
