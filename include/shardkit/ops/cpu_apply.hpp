@@ -244,6 +244,7 @@ class SquareLanes {
 template <std::size_t K>
 class RangeSquares {
  public:
+  RangeSquares() = default;  // an empty range
   RangeSquares(const std::array<const float*, K>& x, std::int64_t lo, std::int64_t hi,
                std::int64_t readable)
       : x_(x), at_(lo), hi_(hi), readable_(readable) {}
@@ -274,8 +275,8 @@ class RangeSquares {
   }
 
  private:
-  std::array<const float*, K> x_;
-  std::int64_t at_, hi_, readable_;  // [lo, at_) is in the lanes
+  std::array<const float*, K> x_{};
+  std::int64_t at_ = 0, hi_ = 0, readable_ = 0;  // [lo, at_) is in the lanes
   std::array<SquareLanes, K> lanes_{};
 };
 
@@ -377,6 +378,22 @@ void leaf_sums_of_squares_lanes(const T* x, std::int64_t leaves, double* out, co
     out[k] = (g[0] + g[1]) + (g[2] + g[3]);
   }
 #endif
+}
+
+// The leaf sums of x[lo, hi) (lo a multiple of kNormLeaf) into out[0, ...); x holds `size`
+// elements (the prefetches stop at its end, not at hi). f16 leaves go one at a time (its
+// conversion branches); f32 and bf16 four lanes at a time.
+template <class T>
+void leaf_sums_range(const T* x, std::int64_t size, std::int64_t lo, std::int64_t hi, double* out) {
+  std::int64_t at = lo;
+  if constexpr (!std::is_same_v<T, Half>) {
+    const std::int64_t whole = (hi - at) / kNormLeaf;
+    leaf_sums_of_squares_lanes(x + at, whole, out, x + size);
+    at += whole * kNormLeaf;
+    out += whole;
+  }
+  for (; at < hi; at += kNormLeaf)
+    *out++ = leaf_sum_of_squares(x + at, static_cast<int>(std::min(kNormLeaf, hi - at)));
 }
 
 // A chunk's sums (f32 sums of squares of one or two operands through the loops above).

@@ -93,7 +93,8 @@ struct Cpu {
                        float lr, float inv_grad_scale, LarcParamSquares* param_squares) {
     ThreadPool& pool = ctx.cpu_pool();
     if (param_squares == nullptr) {
-      cpu::larc_sgd_pipelined<2, false>(pool, op, spans, larc, lr, inv_grad_scale, nullptr);
+      cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, false>(pool, op, spans, larc, lr, inv_grad_scale,
+                                                        nullptr);
       return;
     }
     // The kept squares are read (before a span's update) and rewritten (after it) in place.
@@ -102,31 +103,15 @@ struct Cpu {
                            : empty(ctx, {static_cast<std::int64_t>(spans.size())}, DType::f64,
                                    MemoryCategory::optimizer_state);
     if (known)
-      cpu::larc_sgd_pipelined<1, true>(pool, op, spans, larc, lr, inv_grad_scale,
-                                       squares.data<double>());
+      cpu::larc_sgd_pipelined<cpu::ChunkSums<1>, true>(pool, op, spans, larc, lr, inv_grad_scale,
+                                                       squares.data<double>());
     else
-      cpu::larc_sgd_pipelined<2, true>(pool, op, spans, larc, lr, inv_grad_scale,
-                                       squares.data<double>());
+      cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, true>(pool, op, spans, larc, lr, inv_grad_scale,
+                                                       squares.data<double>());
     param_squares->record(spans, squares);
   }
 
  private:
-  // The leaf sums of x[lo, hi) (lo a multiple of kNormLeaf) into out[0, ...); x holds `size`
-  // elements (the prefetches stop at its end, not at hi).
-  template <class T>
-  static void leaf_sums_range(const T* x, std::int64_t size, std::int64_t lo, std::int64_t hi,
-                              double* out) {
-    std::int64_t at = lo;
-    if constexpr (!std::is_same_v<T, Half>) {  // whole f32 / bf16 leaves four lanes at a time
-      const std::int64_t whole = (hi - at) / kNormLeaf;
-      cpu::leaf_sums_of_squares_lanes(x + at, whole, out, x + size);
-      at += whole * kNormLeaf;
-      out += whole;
-    }
-    for (; at < hi; at += kNormLeaf)
-      *out++ = leaf_sum_of_squares(x + at, static_cast<int>(std::min(kNormLeaf, hi - at)));
-  }
-
   // Calls fn.template operator()<T>() with T the element type of `dtype` (f32, bf16 or f16).
   template <class Fn>
   static void visit_leaf_dtype(DType dtype, Fn&& fn) {
@@ -153,17 +138,17 @@ struct Cpu {
         const auto& span = spans[chunk.span];
         const std::int64_t leaf = first[chunk.span] + chunk.lo / kNormLeaf;
         if constexpr (Depth == 1) {
-          leaf_sums_range(static_cast<const T0*>(span.data[0]), span.size, chunk.lo, chunk.hi,
-                          leaves[0] + leaf);
+          cpu::leaf_sums_range(static_cast<const T0*>(span.data[0]), span.size, chunk.lo, chunk.hi,
+                               leaves[0] + leaf);
         } else {
           constexpr std::int64_t kStride = 16 * kNormLeaf;  // elements per turn
           for (std::int64_t lo = chunk.lo; lo < chunk.hi; lo += kStride) {
             const std::int64_t hi = std::min(chunk.hi, lo + kStride);
             const std::int64_t at = leaf + (lo - chunk.lo) / kNormLeaf;
-            leaf_sums_range(static_cast<const T0*>(span.data[0]), span.size, lo, hi,
-                            leaves[0] + at);
-            leaf_sums_range(static_cast<const T1*>(span.data[1]), span.size, lo, hi,
-                            leaves[1] + at);
+            cpu::leaf_sums_range(static_cast<const T0*>(span.data[0]), span.size, lo, hi,
+                                 leaves[0] + at);
+            cpu::leaf_sums_range(static_cast<const T1*>(span.data[1]), span.size, lo, hi,
+                                 leaves[1] + at);
           }
         }
       });

@@ -6,16 +6,15 @@
 // per parameter at about 110% of copy on one thread, the norms pass its 8 at about 100%), and
 // the norms ride along. Only the first batch's norms are read on their own.
 //
-// The bits are the plain step's: every chunk's sums are taken with sums_of_squares's
-// arithmetic (RangeSquares, in pieces), a tensor's sums are its chunks' in chunk order, and the
-// update is apply_range over the same chunks. Which thread takes which chunk never enters the
+// The norms' bits are a policy's (ChunkSums: the plain fused step's, every chunk summed with
+// sums_of_squares's arithmetic and a tensor's sums its chunks' in chunk order), and the update
+// is apply_range over the same chunks. Which thread takes which chunk never enters the
 // arithmetic.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -34,15 +33,51 @@ namespace shardkit::ops::cpu {
 // LARC-SGD rows, within the run-to-run spread); one batch for all (no pipelining) was slower.
 inline constexpr std::int64_t kLarcBatchPerThread = std::int64_t{1} << 20;
 
-// The sums of squares of each chunk of a run of LARC spans (operands: 0 params, 1 grads), of
-// the last K operands (K = 2: params and grads; 1: grads alone), written into
-// partials[i][2 - K .. 1] for the run's chunk i; taken a piece at a time, advance_to(n) reading
-// up to the run's n-th element, between the blocks of another loop.
+// How a pipelined step forms a tensor's norms. A policy reads one chunk at a time: its
+// Range(span, chunk) is advanced a piece at a time between other work (advance_to), then
+// close() writes it into the chunk's Partial; finish() turns the partials of a batch's chunks
+// into each tensor's sums.
+//
+// ChunkSums<K>: sums_of_squares's lanes per chunk, and a tensor's sums are its chunks' added
+// in chunk order: the fused step's own bits. The last K operands are read (K = 2: params and
+// grads; 1: grads alone, the params' sums being kept from the last step), into slots 2 - K .. 1.
 template <std::size_t K>
+struct ChunkSums {
+  static constexpr bool kReadsParams = K == 2;
+  using Partial = std::array<double, 2>;
+  // The chunk's operands' lanes.
+  struct Range : RangeSquares<K> {
+    Range() = default;
+    Range(const Span<4>& span, const Chunk& c)
+        : RangeSquares<K>(operands(span), c.lo, c.hi, span.size) {}
+    static std::array<const float*, K> operands(const Span<4>& span) {
+      std::array<const float*, K> x;
+      for (std::size_t k = 0; k < K; ++k) x[k] = static_cast<const float*>(span.data[2 - K + k]);
+      return x;
+    }
+  };
+
+  static void close(const Range& range, Partial& out) {
+    const std::array<double, K> sums = range.totals();
+    for (std::size_t k = 0; k < K; ++k) out[2 - K + k] = sums[k];
+  }
+  // sums[s - first] += the partials of span s's chunks, in chunk order.
+  static void finish(const SpanList<4>&, std::span<const Chunk> chunks,
+                     std::span<const Partial> partials, std::size_t first,
+                     std::vector<std::array<double, 2>>& sums) {
+    for (std::size_t i = 0; i < chunks.size(); ++i)
+      for (std::size_t k = 2 - K; k < 2; ++k) sums[chunks[i].span - first][k] += partials[i][k];
+  }
+};
+
+// The sums of each chunk of a run of LARC spans through a Norms policy, written into
+// partials[i] for the run's chunk i; taken a piece at a time, advance_to(n) reading up to the
+// run's n-th element, between the blocks of another loop.
+template <class Norms>
 class ChunkRunSquares {
  public:
   ChunkRunSquares(const SpanList<4>& spans, std::span<const Chunk> run,
-                  std::array<double, 2>* partials)
+                  typename Norms::Partial* partials)
       : spans_(spans), run_(run), partials_(partials) {
     for (const Chunk& c : run) elements_ += c.hi - c.lo;
   }
@@ -52,18 +87,12 @@ class ChunkRunSquares {
   void advance_to(std::int64_t done) {
     while (next_ < run_.size()) {
       const Chunk& c = run_[next_];
-      if (!current_) {
-        std::array<const float*, K> x;
-        for (std::size_t k = 0; k < K; ++k)
-          x[k] = static_cast<const float*>(spans_[c.span].data[2 - K + k]);
-        current_.emplace(x, c.lo, c.hi, spans_[c.span].size);
-      }
+      if (!open_) current_ = typename Norms::Range(spans_[c.span], c), open_ = true;
       const std::int64_t until = c.lo + (done - before_);
-      current_->advance_to(until);
+      current_.advance_to(until);
       if (until < c.hi) return;
-      const std::array<double, K> sums = current_->totals();
-      for (std::size_t k = 0; k < K; ++k) partials_[next_][2 - K + k] = sums[k];
-      current_.reset();
+      Norms::close(current_, partials_[next_]);
+      open_ = false;
       before_ += c.hi - c.lo;
       ++next_;
     }
@@ -72,22 +101,25 @@ class ChunkRunSquares {
  private:
   const SpanList<4>& spans_;
   std::span<const Chunk> run_;
-  std::array<double, 2>* partials_;
+  typename Norms::Partial* partials_;
   std::int64_t elements_ = 0;
   std::int64_t before_ = 0;  // elements of the chunks before next_
   std::size_t next_ = 0;     // the chunk being read
-  std::optional<RangeSquares<K>> current_;
+  // The chunk being read, when open_ (a member, not a std::optional: GCC 12 then warns that
+  // its fields may be read uninitialised).
+  typename Norms::Range current_{};
+  bool open_ = false;
 };
 
 // The sums of `run`'s chunks (as ChunkRunSquares) read as two streams at once, its two halves
 // side by side: a core reading one stream and doing nothing else keeps too few misses in
 // flight (the first batch's norms, and the whole step when one tensor is the only batch).
-template <std::size_t K>
+template <class Norms>
 void read_run_squares(const SpanList<4>& spans, std::span<const Chunk> run,
-                      std::array<double, 2>* partials) {
+                      typename Norms::Partial* partials) {
   const std::size_t half = balanced_runs(run, 2)[1];
-  ChunkRunSquares<K> first(spans, run.first(half), partials);
-  ChunkRunSquares<K> second(spans, run.subspan(half), partials + half);
+  ChunkRunSquares<Norms> first(spans, run.first(half), partials);
+  ChunkRunSquares<Norms> second(spans, run.subspan(half), partials + half);
   for (std::int64_t done = 0; done < first.elements();) {
     done = std::min(done + kUpdateBlock, first.elements());
     first.advance_to(done);
@@ -124,15 +156,16 @@ void update_run(const Sgd& op, const SpanList<4>& spans, std::span<const Chunk> 
   ahead.advance_to(ahead_total);
 }
 
-// The LARC-SGD step over `spans` (operands: params, grads, momentum, low copy). K = 1: the
-// params' sums of squares are given in param_squares[s] (kept from the last step), and the
-// norms read the grads alone; K = 2: the norms read params and grads. With kSquare, the update
-// writes the sums of squares of the params it wrote into param_squares[s].
-template <std::size_t K, bool kSquare, class Sgd>
+// The LARC-SGD step over `spans` (operands: params, grads, momentum, low copy), its norms
+// formed by the Norms policy. When it reads no params (ChunkSums<1>), the params' sums of squares
+// are given in param_squares[s] (kept from the last step). With kSquare, the update writes the
+// sums of squares of the params it wrote into param_squares[s].
+template <class Norms, bool kSquare, class Sgd>
 void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& spans,
                         const LarcOptions& larc, float lr, float inv_grad_scale,
                         double* param_squares) {
-  static_assert(K == 2 || kSquare, "kept squares are rewritten by the update");
+  static_assert(Norms::kReadsParams || kSquare, "kept squares are rewritten by the update");
+  using Partial = typename Norms::Partial;
   const int threads = pool.size();
   std::vector<std::pair<std::size_t, std::size_t>> batches;  // spans [first, last)
   for (std::size_t first = 0; first < spans.size();) {
@@ -145,10 +178,10 @@ void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& span
     first = last;
   }
   std::vector<Chunk> chunks, next_chunks;
-  std::vector<std::array<double, 2>> partials, next_partials;
+  std::vector<Partial> partials, next_partials;
   std::vector<double> param_partials;
   std::vector<SgdCoefficients> coefficients(spans.size());
-  auto cut = [&](std::size_t b, std::vector<Chunk>& out, std::vector<std::array<double, 2>>& sums) {
+  auto cut = [&](std::size_t b, std::vector<Chunk>& out, std::vector<Partial>& sums) {
     out.clear();
     if (b < batches.size()) cut_into_chunks(spans, batches[b].first, batches[b].second, out);
     sums.assign(out.size(), {});
@@ -164,15 +197,14 @@ void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& span
   const auto first_bounds = balanced_runs(chunks, threads);
   pool.parallel_for(threads, [&](std::int64_t t) {
     const auto [run, lo] = run_of(t, first_bounds, chunks);
-    read_run_squares<K>(spans, run, partials.data() + lo);
+    read_run_squares<Norms>(spans, run, partials.data() + lo);
   });
   for (std::size_t b = 0; b < batches.size(); ++b) {
     const auto [first, last] = batches[b];
     std::vector<std::array<double, 2>> sums(last - first, std::array<double, 2>{});
-    for (std::size_t i = 0; i < chunks.size(); ++i)
-      for (std::size_t k = 2 - K; k < 2; ++k) sums[chunks[i].span - first][k] += partials[i][k];
+    Norms::finish(spans, chunks, partials, first, sums);
     for (std::size_t s = first; s < last; ++s) {
-      const double param_sum = K == 1 ? param_squares[s] : sums[s - first][0];
+      const double param_sum = Norms::kReadsParams ? sums[s - first][0] : param_squares[s];
       coefficients[s] =
           ops::larc_coefficients(param_sum, sums[s - first][1], larc, lr, inv_grad_scale);
     }
@@ -182,7 +214,7 @@ void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& span
     const auto ahead_bounds = balanced_runs(next_chunks, threads);
     pool.parallel_for(threads, [&](std::int64_t t) {
       const auto [ahead_run, ahead_lo] = run_of(t, ahead_bounds, next_chunks);
-      ChunkRunSquares<K> ahead(spans, ahead_run, next_partials.data() + ahead_lo);
+      ChunkRunSquares<Norms> ahead(spans, ahead_run, next_partials.data() + ahead_lo);
       const auto [update, update_lo] = run_of(t, update_bounds, chunks);
       update_run<kSquare>(op, spans, update, coefficients.data(),
                           kSquare ? param_partials.data() + update_lo : nullptr, ahead);
