@@ -5,6 +5,7 @@
 // leaf_sum_of_squares bit for bit.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -167,5 +168,90 @@ TEST_CASE("the CPU backend's paired leaf sums equal each list's own, on any thre
       CHECK(std::memcmp(got.data() + total, expected_second.data(), expected_second.size() * 8) ==
             0);
     }
+  }
+}
+
+TEST_CASE("a cover formed as the leaves arrive is norm_cover's, with norm_subtree's values") {
+  std::mt19937 gen(13);
+  std::uniform_real_distribution<double> value(0.0, 2.0);
+  std::vector<double> leaves(3000);
+  for (auto& v : leaves) v = value(gen) * (gen() % 7 == 0 ? 1e-9 : 1.0);
+  std::vector<double> scratch;
+  for (int trial = 0; trial < 200; ++trial) {
+    const auto lo = static_cast<std::int64_t>(gen() % 1500);
+    const auto hi = lo + static_cast<std::int64_t>(gen() % 1500);
+    CAPTURE(lo);
+    CAPTURE(hi);
+    ops::NormCoverStack<64> stack(lo);
+    for (std::int64_t i = lo; i < hi; ++i) stack.push(0, leaves[static_cast<std::size_t>(i)]);
+    const auto cover = ops::norm_cover(lo, hi);
+    REQUIRE(stack.size() == static_cast<int>(cover.size()));
+    for (int j = 0; j < stack.size(); ++j) {
+      const auto& node = cover[static_cast<std::size_t>(j)];
+      CHECK(stack.node(j) == node);
+      CHECK(same_bits(stack.value(j), ops::norm_subtree(leaves.data() + (node.index << node.level),
+                                                        std::int64_t{1} << node.level, scratch)));
+    }
+  }
+  ops::NormCoverStack<2> small(1);  // leaves 1, 2, 3 need two nodes; a third does not fit
+  small.push(0, 1.0);
+  small.push(1, 2.0);
+  CHECK(small.size() == 2);
+  CHECK_THROWS_WITH(small.push(0, 1.0), doctest::Contains("more than 2 nodes"));
+}
+
+// The pipelined LARC-SGD step's tree norms (cpu::TreeSums, read a piece at a time between the
+// update's blocks) must be the roots the sharded optimizer forms, bit for bit: a last-bit
+// difference in a norm rarely shows in the f32 update, so the norms are compared themselves.
+TEST_CASE("the pipelined step's tree norms are each tensor's root bit for bit, read in pieces") {
+  std::mt19937 gen(17);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  const std::vector<std::int64_t> sizes = {1, 17, 255, 256, 8192, 8209, 70001, 300'000};
+  for (auto grad_dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::f16}) {
+    CAPTURE(sk::dtype_name(grad_dtype));
+    sk::Context host;
+    std::vector<sk::Tensor> params, grads, momentum;
+    std::vector<std::array<double, 2>> expected;
+    auto values = [&](std::int64_t n) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (auto& v : x) v = value(gen) * (gen() % 7 == 0 ? 1e-3f : 1.0f);
+      return x;
+    };
+    auto root = [&](const sk::Tensor& t) {
+      const auto rounded = sk::to_vector<float>(host, sk::cast(host, t, sk::DType::f32));
+      std::vector<double> leaves;
+      for (std::int64_t lo = 0; lo < t.numel(); lo += ops::kNormLeaf)
+        leaves.push_back(ops::leaf_sum_of_squares(
+            rounded.data() + lo, static_cast<int>(std::min(ops::kNormLeaf, t.numel() - lo))));
+      return root_of(leaves, {});
+    };
+    for (auto n : sizes) {
+      params.push_back(sk::from_vector(host, values(n), {n}));
+      grads.push_back(sk::cast(host, sk::from_vector(host, values(n), {n}), grad_dtype));
+      momentum.push_back(sk::zeros(host, {n}, sk::DType::f32));
+      expected.push_back({root(params.back()), root(grads.back())});
+    }
+    ops::SgdOptions o;
+    o.momentum = 0.9f;
+    const auto spans = ops::sgd_spans(host, o, {params, grads, momentum, {}});
+    std::vector<ops::cpu::Chunk> chunks;
+    ops::cpu::cut_into_chunks(spans, 0, spans.size(), chunks);
+    auto check_tree = [&]<class Grad>() {
+      using Tree = ops::cpu::TreeSums<Grad>;
+      std::vector<typename Tree::Partial> partials(chunks.size());
+      ops::cpu::ChunkRunSquares<Tree> reader(spans, chunks, partials.data());
+      for (std::int64_t done = 0; done < reader.elements();)  // uneven pieces
+        reader.advance_to(done += static_cast<std::int64_t>(1 + gen() % 3000));
+      std::vector<std::array<double, 2>> sums(spans.size(), {0.0, 0.0});
+      Tree::finish(spans, chunks, partials, 0, sums);
+      for (std::size_t s = 0; s < sizes.size(); ++s) {
+        CAPTURE(sizes[s]);
+        CHECK(same_bits(sums[s][0], expected[s][0]));
+        CHECK(same_bits(sums[s][1], expected[s][1]));
+      }
+    };
+    if (grad_dtype == sk::DType::f32) check_tree.template operator()<float>();
+    if (grad_dtype == sk::DType::bf16) check_tree.template operator()<sk::BFloat16>();
+    if (grad_dtype == sk::DType::f16) check_tree.template operator()<sk::Half>();
   }
 }

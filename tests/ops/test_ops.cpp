@@ -176,6 +176,102 @@ TEST_CASE("the pipelined fused LARC-SGD equals the composed step bit for bit, ov
   }
 }
 
+TEST_CASE(
+    "LARC-SGD with the norm tree's norms, pipelined, equals the tree's composed step bit for bit "
+    "(f32, bf16 and f16 gradients with their copies, per-tensor decays, many batches)") {
+  // The composed step forms each tensor's norms as the sharded optimizer does for any split:
+  // the leaf sums, padded with zeros to a power of two and added pairwise, give the root.
+  const std::vector<std::int64_t> sizes = {3000,      2'500'000, 64, 8192,    8193, 700'000,
+                                           1'100'001, 17,        1,  400'000, 9};
+  const auto count = static_cast<std::int64_t>(sizes.size());
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto random = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = dist(gen);
+    return v;
+  };
+  std::vector<std::vector<float>> w0, g0, buf0;
+  std::vector<double> decays;
+  for (const auto n : sizes) {
+    w0.push_back(random(n));
+    g0.push_back(random(n));
+    buf0.push_back(random(n));
+    decays.push_back(decays.size() % 3 == 1 ? 0.0 : 1e-3 * static_cast<double>(decays.size()));
+  }
+  auto root = [](const std::vector<double>& leaves) {
+    std::size_t width = 1;
+    while (width < leaves.size()) width *= 2;
+    std::vector<double> level(leaves);
+    level.resize(width, 0.0);
+    for (; width > 1; width /= 2)
+      for (std::size_t i = 0; i < width / 2; ++i) level[i] = level[2 * i] + level[2 * i + 1];
+    return level[0];
+  };
+  for (const auto grad_dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::f16}) {
+    for (const int threads : {1, 2, 3}) {
+      CAPTURE(sk::dtype_name(grad_dtype));
+      CAPTURE(threads);
+      sk::Context ctx(sk::ContextOptions{.cpu_threads = threads});
+      auto tensors = [&](const std::vector<std::vector<float>>& values, sk::DType dtype) {
+        std::vector<sk::Tensor> out;
+        for (const auto& v : values) {
+          const auto n = static_cast<std::int64_t>(v.size());
+          auto wide = sk::empty(ctx, {n}, sk::DType::f32);
+          std::memcpy(wide.data_ptr(), v.data(), v.size() * sizeof(float));
+          out.push_back(sk::empty(ctx, {n}, dtype));
+          sk::copy(ctx, out.back(), wide);
+        }
+        return out;
+      };
+      const bool mixed = grad_dtype != sk::DType::f32;
+      const auto g = tensors(g0, grad_dtype);
+      auto w_tree = tensors(w0, sk::DType::f32), buf_tree = tensors(buf0, sk::DType::f32);
+      auto w_composed = tensors(w0, sk::DType::f32), buf_composed = tensors(buf0, sk::DType::f32);
+      const std::vector<sk::Tensor> none;
+      const auto low_tree = mixed ? tensors(w0, grad_dtype) : none;
+      const auto low_composed = mixed ? tensors(w0, grad_dtype) : none;
+      ops::SgdOptions o;
+      o.lr = 0.1f;
+      o.momentum = 0.9f;
+      ops::LarcOptions larc;
+      larc.trust_coefficient = 0.02f;
+      const float inv_grad_scale = 0.5f;
+      std::vector<double> sums(static_cast<std::size_t>(3 * count));
+      auto coefficients = sk::zeros(ctx, {count, 2}, sk::DType::f32);
+      for (int step = 0; step < 2; ++step) {
+        o.first_step = step == 0;
+        ops::SgdOptions scaled = o;
+        scaled.inv_grad_scale = inv_grad_scale;
+        ops::larc_sgd_step_tree<ops::Cpu>(ctx, scaled, larc, {w_tree, g, buf_tree, low_tree},
+                                          decays);
+        for (std::int64_t i = 0; i < count; ++i) {
+          const auto k = static_cast<std::size_t>(i);
+          for (std::size_t list = 0; list < 2; ++list) {
+            const sk::Tensor& t = list == 0 ? w_composed[k] : g[k];
+            auto leaves = sk::empty(ctx, {ops::norm_leaves(t.numel())}, sk::DType::f64);
+            ops::leaf_sums_of_squares<ops::Cpu>(ctx, std::span<const sk::Tensor>(&t, 1), leaves);
+            sums[list * static_cast<std::size_t>(count) + k] =
+                root(sk::to_vector<double>(ctx, leaves));
+          }
+          sums[2 * static_cast<std::size_t>(count) + k] = decays[k];
+        }
+        ops::larc_coefficients<ops::Cpu>(ctx, larc, o.lr, inv_grad_scale,
+                                         sk::from_vector(ctx, sums, {3, count}), coefficients);
+        ops::sgd_step<ops::Cpu>(ctx, o, {w_composed, g, buf_composed, low_composed}, coefficients);
+      }
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        CAPTURE(i);
+        const auto n = static_cast<std::size_t>(sizes[i]);
+        CHECK(std::memcmp(w_tree[i].data_ptr(), w_composed[i].data_ptr(), n * 4) == 0);
+        CHECK(std::memcmp(buf_tree[i].data_ptr(), buf_composed[i].data_ptr(), n * 4) == 0);
+        if (mixed)
+          CHECK(std::memcmp(low_tree[i].data_ptr(), low_composed[i].data_ptr(), n * 2) == 0);
+      }
+    }
+  }
+}
+
 // An update's vectorised groups and its scalar tail must round alike (GCC could contract a
 // multiply-add into an FMA in one and not the other): the ops' bits would then depend on where
 // the chunks and blocks start.

@@ -111,6 +111,16 @@ struct Cpu {
     param_squares->record(spans, squares);
   }
 
+  // LARC-SGD with the norm tree's norms (cpu::TreeSums), pipelined as larc_sgd is: the bits
+  // of ParamNorms' sums, larc_coefficients and sgd_step with coefficients. `decays` holds each
+  // span's weight decay (nullptr: larc.weight_decay).
+  template <class Sgd>
+  static void larc_sgd_tree(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
+                            float lr, float inv_grad_scale, const double* decays) {
+    cpu::larc_sgd_pipelined<cpu::TreeSums<operand_t<Sgd, 1>>, false>(
+        ctx.cpu_pool(), op, spans, larc, lr, inv_grad_scale, nullptr, decays);
+  }
+
  private:
   // Calls fn.template operator()<T>() with T the element type of `dtype` (f32, bf16 or f16).
   template <class Fn>

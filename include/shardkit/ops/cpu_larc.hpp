@@ -7,14 +7,16 @@
 // the norms ride along. Only the first batch's norms are read on their own.
 //
 // The norms' bits are a policy's (ChunkSums: the plain fused step's, every chunk summed with
-// sums_of_squares's arithmetic and a tensor's sums its chunks' in chunk order), and the update
-// is apply_range over the same chunks. Which thread takes which chunk never enters the
-// arithmetic.
+// sums_of_squares's arithmetic and a tensor's sums its chunks' in chunk order; TreeSums: the
+// norm tree's, the sharded optimizer's for every split), and the update is apply_range over the
+// same chunks. Which thread takes which chunk never enters the arithmetic.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <utility>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "shardkit/core/thread_pool.hpp"
 #include "shardkit/ops/cpu_apply.hpp"
 #include "shardkit/ops/larc.hpp"
+#include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/sgd.hpp"
 
 namespace shardkit::ops::cpu {
@@ -67,6 +70,92 @@ struct ChunkSums {
                      std::vector<std::array<double, 2>>& sums) {
     for (std::size_t i = 0; i < chunks.size(); ++i)
       for (std::size_t k = 2 - K; k < 2; ++k) sums[chunks[i].span - first][k] += partials[i][k];
+  }
+};
+
+// TreeSums<Grad>: norm_tree.hpp's arithmetic, the bits the sharded optimizer's ParamNorms forms
+// for every split of a tensor: so a step over whole tensors here equals the sharded stages'.
+// Per chunk, the leaf sums of params (f32) and grads (Grad: f32, bf16 or f16) are folded into
+// each one's cover of the chunk's leaves, a block of 16 leaves at a time (one node); a
+// tensor's sums are its tree's roots, finished from its chunks' covers. Chunks start on
+// multiples of kChunkElements, so every block starts on a multiple of 16 leaves.
+template <class Grad>
+struct TreeSums {
+  static constexpr bool kReadsParams = true;
+  static constexpr int kBlockLeaves = 16;
+  static constexpr std::int64_t kBlock = kBlockLeaves * kNormLeaf;  // elements
+  static_assert(kChunkElements % kBlock == 0, "chunks hold whole blocks");
+  // A chunk's cover has a node per level at most (NormCoverStack).
+  static constexpr int kChunkLevels =
+      std::bit_width(static_cast<std::uint64_t>(kChunkElements / kNormLeaf));
+  using Cover = NormCoverStack<kChunkLevels>;
+  using Partial = std::array<Cover, 2>;  // params', grads'
+
+  class Range {
+   public:
+    Range() = default;
+    Range(const Span<4>& span, const Chunk& c)
+        : params_(static_cast<const float*>(span.data[0])),
+          grads_(static_cast<const Grad*>(span.data[1])),
+          at_(c.lo),
+          hi_(c.hi),
+          size_(span.size),
+          covers_{Cover(c.lo / kNormLeaf), Cover(c.lo / kNormLeaf)} {}
+
+    void advance_to(std::int64_t until) {
+      until = std::min(until, hi_);
+      for (; at_ + kBlock <= until; at_ += kBlock) add_block(covers_, at_);
+    }
+
+    // The chunk's covers: the blocks not yet read, then the last short block leaf by leaf.
+    Partial covers() const {
+      Partial out = covers_;
+      std::int64_t at = at_;
+      for (; at + kBlock <= hi_; at += kBlock) add_block(out, at);
+      double leaves[kBlockLeaves];
+      const auto count = static_cast<int>(norm_leaves(hi_ - at));
+      leaf_sums_range(params_, size_, at, hi_, leaves);
+      for (int i = 0; i < count; ++i) out[0].push(0, leaves[i]);
+      leaf_sums_range(grads_, size_, at, hi_, leaves);
+      for (int i = 0; i < count; ++i) out[1].push(0, leaves[i]);
+      return out;
+    }
+
+   private:
+    void add_block(Partial& out, std::int64_t at) const {
+      double leaves[kBlockLeaves];
+      leaf_sums_range(params_, size_, at, at + kBlock, leaves);
+      out[0].push(4, norm_subtree_in_place(leaves));
+      leaf_sums_range(grads_, size_, at, at + kBlock, leaves);
+      out[1].push(4, norm_subtree_in_place(leaves));
+    }
+
+    const float* params_ = nullptr;
+    const Grad* grads_ = nullptr;
+    std::int64_t at_ = 0, hi_ = 0, size_ = 0;
+    Partial covers_{};
+  };
+
+  static void close(const Range& range, Partial& out) { out = range.covers(); }
+
+  // sums[s - first] = span s's roots, from its chunks' covers (pushed in order into one cover
+  // of the whole span, which keeps a node per level at most).
+  static void finish(const SpanList<4>& spans, std::span<const Chunk> chunks,
+                     std::span<const Partial> partials, std::size_t first,
+                     std::vector<std::array<double, 2>>& sums) {
+    for (std::size_t i = 0; i < chunks.size();) {
+      const std::size_t span = chunks[i].span;
+      std::array<NormCoverStack<64>, 2> whole;
+      for (; i < chunks.size() && chunks[i].span == span; ++i)
+        for (std::size_t k = 0; k < 2; ++k)
+          for (int j = 0; j < partials[i][k].size(); ++j)
+            whole[k].push(partials[i][k].node(j).level, partials[i][k].value(j));
+      for (std::size_t k = 0; k < 2; ++k) {
+        std::map<NormNode, double> known;
+        for (int j = 0; j < whole[k].size(); ++j) known[whole[k].node(j)] = whole[k].value(j);
+        sums[span - first][k] = norm_root(norm_leaves(spans[span].size), known);
+      }
+    }
   }
 };
 
@@ -159,11 +248,12 @@ void update_run(const Sgd& op, const SpanList<4>& spans, std::span<const Chunk> 
 // The LARC-SGD step over `spans` (operands: params, grads, momentum, low copy), its norms
 // formed by the Norms policy. When it reads no params (ChunkSums<1>), the params' sums of squares
 // are given in param_squares[s] (kept from the last step). With kSquare, the update writes the
-// sums of squares of the params it wrote into param_squares[s].
+// sums of squares of the params it wrote into param_squares[s]. `decays` holds each span's
+// weight decay (nullptr: larc.weight_decay for all).
 template <class Norms, bool kSquare, class Sgd>
 void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& spans,
                         const LarcOptions& larc, float lr, float inv_grad_scale,
-                        double* param_squares) {
+                        double* param_squares, const double* decays = nullptr) {
   static_assert(Norms::kReadsParams || kSquare, "kept squares are rewritten by the update");
   using Partial = typename Norms::Partial;
   const int threads = pool.size();
@@ -205,8 +295,9 @@ void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& span
     Norms::finish(spans, chunks, partials, first, sums);
     for (std::size_t s = first; s < last; ++s) {
       const double param_sum = Norms::kReadsParams ? sums[s - first][0] : param_squares[s];
+      const double decay = decays != nullptr ? decays[s] : static_cast<double>(larc.weight_decay);
       coefficients[s] =
-          ops::larc_coefficients(param_sum, sums[s - first][1], larc, lr, inv_grad_scale);
+          ops::larc_coefficients(param_sum, sums[s - first][1], larc, lr, inv_grad_scale, decay);
     }
     cut(b + 1, next_chunks, next_partials);
     if constexpr (kSquare) param_partials.assign(chunks.size(), 0.0);

@@ -10,6 +10,8 @@
 //   norm_subtree_sums<B>        tree nodes' values from those leaf sums, where they lie
 //   larc_coefficients<B>        per-tensor LARC factors from whole-tensor sums
 //   larc_sgd_step<B>            LARC-SGD where every tensor is whole here
+//   larc_sgd_step_tree<B>       the same with the norm tree's norms (the sharded optimizer's
+//                               bits; backends that pipeline it: the CPU)
 //   adam_step<B>                Adam / AdamW
 //   cast<B>                     f32 <-> f16 / bf16
 //   unscale_and_check<B>        g *= 1/scale, with the finite check and the norms in the pass
@@ -218,6 +220,44 @@ void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& l
                     [&](auto op) {
                       B::larc_sgd(ctx, op, spans, larc, options.lr, options.inv_grad_scale,
                                   param_squares);
+                    });
+}
+
+// Whether backend B pipelines LARC-SGD with the norm tree's norms (B::larc_sgd_tree): the CPU
+// does, since one core reading a norms pass and then an update keeps too few reads in flight
+// (cpu_larc.hpp). On the GPU the norms pass and sgd_step with coefficients stay two kernels.
+template <class B>
+inline constexpr bool has_larc_sgd_tree = requires(Context& ctx,
+                                                   const SgdFunctor<MomentumMode::none>& op,
+                                                   const SpanList<4>& spans) {
+  B::larc_sgd_tree(ctx, op, spans, LarcOptions{}, 0.0f, 1.0f, nullptr);
+};
+
+// LARC-SGD where every tensor is whole here, each tensor's norms formed as norm_tree.hpp says:
+// the same bits as ParamNorms' sums, larc_coefficients and sgd_step with coefficients (what the
+// sharded optimizer runs for shards), in one pipelined pass. Gradients f32, or f16 / bf16 under
+// mixed precision. `decays`: each tensor's weight decay (empty: larc.weight_decay for all);
+// options.weight_decay must be 0.
+template <class B>
+requires has_larc_sgd_tree<B>
+void larc_sgd_step_tree(Context& ctx, const SgdOptions& options, const LarcOptions& larc,
+                        const SgdTensors& tensors, std::span<const double> decays = {}) {
+  B::check_context(ctx, "larc_sgd_step_tree");
+  validate(larc);
+  check(options.weight_decay == 0, "larc_sgd_step_tree: LARC takes weight decay over; pass it ",
+        "as LarcOptions::weight_decay or per tensor in decays, and leave SgdOptions::weight_decay ",
+        "at 0 (got ", options.weight_decay, ")");
+  const auto spans = sgd_spans(ctx, options, tensors);
+  check(decays.empty() || decays.size() == spans.size(), "larc_sgd_step_tree: ", decays.size(),
+        " decays for ", spans.size(), " tensors; pass one per tensor, or none");
+  if (spans.empty()) return;
+  SgdOptions plain = options;
+  plain.inv_grad_scale = 1.0f;  // folded into the coefficients
+  visit_sgd_functor(plain, grad_dtype(tensors.grads, "larc_sgd_step_tree"),
+                    low_copy_dtype(tensors.low_copies, "larc_sgd_step_tree"), nullptr,
+                    [&](auto op) {
+                      B::larc_sgd_tree(ctx, op, spans, larc, options.lr, options.inv_grad_scale,
+                                       decays.empty() ? nullptr : decays.data());
                     });
 }
 

@@ -80,6 +80,55 @@ inline double norm_subtree(const double* x, std::int64_t n, std::vector<double>&
   return s[0];
 }
 
+// norm_subtree over the N = 2^l values x[0..N), in place (x is overwritten): the same
+// additions, for a block whose size is known at compile time.
+template <std::size_t N>
+double norm_subtree_in_place(double (&x)[N]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "a subtree covers a power of two of leaves");
+  for (std::size_t len = N; len > 1; len /= 2)
+    for (std::size_t i = 0; i < len / 2; ++i) x[i] = x[2 * i] + x[2 * i + 1];
+  return x[0];
+}
+
+// The cover of a run of consecutive leaves formed as the run arrives, left to right: each
+// node pushed is added to its left sibling as soon as both are known (left + right, the tree's
+// own addition), so every value equals the node's norm_subtree, and the nodes left at the end
+// are norm_cover's. For a run that starts at leaf 0, or at a multiple of a power of two at least
+// its length (a chunk of a span), the levels fall from left to right, one node per level at
+// most: Capacity 64 then holds any run.
+template <int Capacity>
+class NormCoverStack {
+ public:
+  NormCoverStack() = default;
+  explicit NormCoverStack(std::int64_t first_leaf) : next_(first_leaf) {}
+
+  // Appends the node of 2^level leaves that starts at the next leaf (a multiple of 2^level).
+  void push(int level, double value) {
+    NormNode node{level, next_ >> level};
+    next_ += std::int64_t{1} << level;
+    while (count_ > 0 && nodes_[count_ - 1].level == node.level && (node.index & 1) != 0) {
+      --count_;
+      value = values_[count_] + value;
+      node = {node.level + 1, node.index >> 1};
+    }
+    check<StateError>(count_ < Capacity, "NormCoverStack: more than ", Capacity,
+                      " nodes; the run does not start where its length allows");
+    nodes_[count_] = node;
+    values_[count_] = value;
+    ++count_;
+  }
+
+  int size() const { return count_; }
+  const NormNode& node(int i) const { return nodes_[i]; }
+  double value(int i) const { return values_[i]; }
+
+ private:
+  std::int64_t next_ = 0;  // the first leaf not yet pushed
+  int count_ = 0;
+  NormNode nodes_[Capacity];
+  double values_[Capacity];
+};
+
 // The cover of leaves [lo, hi): the largest tree nodes wholly inside, left to right -- from
 // each position the largest aligned block of 2^l leaves that fits. Their values are each
 // node's norm_subtree over its leaves (ops::norm_subtree_sums forms them where the leaves lie).

@@ -60,6 +60,17 @@ class ParamNorms {
     }
   }
 
+  // Whether every piece of this rank is a whole parameter and no exchange is needed (a
+  // replicated table, or one rank): each parameter's sums then come from its piece alone, and
+  // a fused step may form them itself with the same tree (ops::larc_sgd_step_tree).
+  bool pieces_whole() const {
+    if (comm_ != nullptr) return false;
+    for (const auto& piece : table_->pieces(rank_))
+      if (piece.param_begin != 0 || piece.numel() != table_->params()[piece.param].numel)
+        return false;
+    return true;
+  }
+
   // Per operand list (one 1-D f32 view per piece of this rank, in pieces() order), the sum of
   // squares of every table parameter: out[k][param]. Collective when the table is sharded.
   // Parameters no rank reported (a replicated table reports all) stay 0.

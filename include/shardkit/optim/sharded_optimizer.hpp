@@ -327,6 +327,21 @@ class ShardedOptimizer {
     adam.lr = lr;
     adam.step = steps_;
     adam.inv_grad_scale = inv_grad_scale;
+    const bool send_up = offloaded() && !offload_.params_on_host;
+    if constexpr (ops::has_larc_sgd_tree<B>) {
+      // Every piece whole here (DDP, or one rank): norms, coefficients and update in one
+      // pipelined pass, with ParamNorms' bits. (Offloaded with the params on the device, the
+      // update goes by chunks, each sent up before the next: that stays the composed path.)
+      if (config_.kind == OptimizerKind::larc_sgd && !send_up && norms_.pieces_whole()) {
+        std::vector<double> decays;  // per piece, when no_weight_decay names any
+        if (!decay_.empty())
+          for (const auto& piece : pieces) decays.push_back(decay_[piece.param]);
+        ops::SgdOptions scaled = sgd;
+        scaled.inv_grad_scale = inv_grad_scale;
+        return ops::larc_sgd_step_tree<B>(c, scaled, config_.larc, ops::SgdTensors{p, g, a, low},
+                                          decays);
+      }
+    }
     Tensor coefficients;  // [n, 2] per-piece (grad, param) factors of the SGD rule, or none
     if (config_.kind == OptimizerKind::larc_sgd) {
       coefficients = larc_coefficients<B>(c, p, g, lr, inv_grad_scale);
@@ -341,7 +356,6 @@ class ShardedOptimizer {
     } else {
       sgd.inv_grad_scale = inv_grad_scale;
     }
-    const bool send_up = offloaded() && !offload_.params_on_host;
     const std::size_t n = pieces.size();
     for (std::size_t begin = 0, end = 0; begin < n; begin = end) {
       std::int64_t numel = 0;
