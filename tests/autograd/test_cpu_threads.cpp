@@ -203,3 +203,57 @@ TEST_CASE("CPU max-pool: the first of tied maxima takes the gradient, and a NaN 
   expected[10] = 40;  // the first of four 2s
   CHECK(sk::to_vector<float>(ctx, in.grad()) == expected);
 }
+
+// The 3 x 3 / 2 and 2 x 2 / 2 pools take the windows wholly inside the plane by a loop GCC
+// vectorises across outputs: its maxima and indices must be the window-by-window loop's, with
+// ties (ReLU's zeros) and NaNs, in f32 and f64, at sizes where the vector body runs.
+TEST_CASE("CPU max-pool: the vectorised inside windows equal the window-by-window loop") {
+  struct Pool {
+    std::int64_t kernel, stride, pad;
+  };
+  for (const Pool pool : {Pool{3, 2, 1}, Pool{3, 2, 0}, Pool{2, 2, 0}, Pool{3, 1, 1}})
+    for (const auto dtype : {sk::DType::f32, sk::DType::f64})
+      for (const std::int64_t width : {57, 64}) {
+        CAPTURE(pool.kernel);
+        CAPTURE(pool.stride);
+        CAPTURE(pool.pad);
+        CAPTURE(sk::dtype_name(dtype));
+        CAPTURE(width);
+        sk::Context ctx({.seed = 26, .cpu_threads = 2});
+        const std::int64_t planes = 3, H = 41, W = width;
+        sk::Tensor x = sk::empty(ctx, {1, planes, H, W}, sk::DType::f64);
+        sk::normal_(ctx, x, 0, 1);
+        auto xs = sk::to_vector<double>(ctx, x);
+        for (std::size_t i = 0; i < xs.size(); ++i) {
+          xs[i] = std::max(xs[i], 0.0);                    // many tied zeros
+          if (i % 97 == 5) xs[i] = std::nan("");           // NaNs, sometimes two in a window
+          if (i % 89 == 3) xs[i] = std::round(xs[i] * 2);  // tied positive values
+        }
+        x = sk::cast(ctx, sk::from_vector(ctx, xs, {1, planes, H, W}), dtype);
+        const ag::cpu::PoolGeometry g{pool.kernel, pool.kernel, pool.stride,
+                                      pool.stride, pool.pad,    pool.pad};
+        const std::int64_t OH = (H + 2 * pool.pad - pool.kernel) / pool.stride + 1;
+        const std::int64_t OW = (W + 2 * pool.pad - pool.kernel) / pool.stride + 1;
+        sk::Tensor y = sk::empty(ctx, {1, planes, OH, OW}, dtype);
+        sk::Tensor argmax = sk::empty(ctx, {1, planes, OH, OW}, sk::DType::i64);
+        ag::cpu::max_pool_forward(ctx.cpu_pool(), x, y, argmax, g);
+        const auto got = sk::to_vector<double>(ctx, sk::cast(ctx, y, sk::DType::f64));
+        const auto got_at = sk::to_vector<std::int64_t>(ctx, argmax);
+        const auto values = sk::to_vector<double>(ctx, sk::cast(ctx, x, sk::DType::f64));
+        for (std::int64_t q = 0; q < planes; ++q)
+          for (std::int64_t oh = 0; oh < OH; ++oh)
+            for (std::int64_t ow = 0; ow < OW; ++ow) {
+              const std::int64_t top = oh * pool.stride - pool.pad,
+                                 left = ow * pool.stride - pool.pad;
+              double want = 0;
+              std::int64_t want_at = 0;
+              ag::cpu::detail::max_window(
+                  values.data() + q * H * W, W, std::max<std::int64_t>(top, 0),
+                  std::min(top + pool.kernel, H), std::max<std::int64_t>(left, 0),
+                  std::min(left + pool.kernel, W), &want, &want_at);
+              const auto o = static_cast<std::size_t>((q * OH + oh) * OW + ow);
+              CHECK(got_at[o] == want_at);
+              CHECK((std::isnan(want) ? std::isnan(got[o]) : got[o] == want));
+            }
+      }
+}
