@@ -78,6 +78,14 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// n values drawn uniformly from [-1, 1).
+std::vector<float> uniform_values(std::mt19937& gen, std::int64_t n) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("CPU ops (LARC fused and composed, SGD, Adam, sums, unscale): same bits on 1-5 threads") {
@@ -120,12 +128,7 @@ TEST_CASE("the pipelined fused LARC-SGD equals the composed step bit for bit, ov
   const std::vector<std::int64_t> sizes = {3000,      2'500'000, 64,      700'000,   700'000,
                                            1'100'001, 17,        400'000, 1'300'000, 9};
   std::mt19937 gen(8);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  auto random = [&](std::int64_t n) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (auto& x : v) x = dist(gen);
-    return v;
-  };
+  auto random = [&](std::int64_t n) { return uniform_values(gen, n); };
   std::vector<std::vector<float>> w0, g0, buf0;
   for (const auto n : sizes) {
     w0.push_back(random(n));
@@ -185,12 +188,7 @@ TEST_CASE(
                                            1'100'001, 17,        1,  400'000, 9};
   const auto count = static_cast<std::int64_t>(sizes.size());
   std::mt19937 gen(11);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  auto random = [&](std::int64_t n) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (auto& x : v) x = dist(gen);
-    return v;
-  };
+  auto random = [&](std::int64_t n) { return uniform_values(gen, n); };
   std::vector<std::vector<float>> w0, g0, buf0;
   std::vector<double> decays;
   for (const auto n : sizes) {
