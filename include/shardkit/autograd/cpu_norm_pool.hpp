@@ -309,26 +309,34 @@ struct PoolGeometry {
 
 namespace detail {
 
+template <class T>
+using PoolBits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+
+// A window's running maximum (its bits) and where it lies: v at `at` replaces it when larger or
+// a NaN. Taken by bit masks: on random data a new maximum turns up unpredictably, and as
+// branches (GCC 12 turns `take ? v : best` back into one) they mispredicted often enough to
+// make the window loop 5% of a ResNet-18 step.
+template <class T, class Index>
+inline void take_larger(T v, Index at, PoolBits<T>& best, Index& best_at) {
+  using Bits = PoolBits<T>;
+  const bool take = (v > std::bit_cast<T>(best)) | (v != v);  // (v != v: a NaN)
+  const Bits keep = Bits{0} - static_cast<Bits>(take);        // all ones to take
+  const Index keep_at = -static_cast<Index>(take);
+  best = (std::bit_cast<Bits>(v) & keep) | (best & ~keep);
+  best_at = (at & keep_at) | (best_at & ~keep_at);
+}
+
 // One max-pool window: the maximum of plane[ih * W + iw] over rows [h0, h1) and columns
-// [w0, w1) and where it lies, into *out and *at. The window's first value, then each later one
-// that is larger or a NaN, taken by bit masks: on random data a new maximum turns up
-// unpredictably, and as branches (GCC 12 turns `take ? v : best` back into one) they
-// mispredicted often enough to make this loop 5% of a ResNet-18 step.
+// [w0, w1) and where it lies, into *out and *at: the window's first value, then each later one
+// by take_larger.
 template <class T>
 void max_window(const T* plane, std::int64_t W, std::int64_t h0, std::int64_t h1, std::int64_t w0,
                 std::int64_t w1, T* out, std::int64_t* at) {
-  using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   std::int64_t best_at = h0 * W + w0;
-  Bits best = std::bit_cast<Bits>(plane[best_at]);
+  PoolBits<T> best = std::bit_cast<PoolBits<T>>(plane[best_at]);
   for (std::int64_t ih = h0; ih < h1; ++ih)
-    for (std::int64_t iw = ih == h0 ? w0 + 1 : w0; iw < w1; ++iw) {
-      const T v = plane[ih * W + iw];
-      const bool take = (v > std::bit_cast<T>(best)) | (v != v);  // (v != v: a NaN)
-      const Bits keep = Bits{0} - static_cast<Bits>(take);        // all ones to take
-      const std::int64_t keep_at = -static_cast<std::int64_t>(take);
-      best = (std::bit_cast<Bits>(v) & keep) | (best & ~keep);
-      best_at = ((ih * W + iw) & keep_at) | (best_at & ~keep_at);
-    }
+    for (std::int64_t iw = ih == h0 ? w0 + 1 : w0; iw < w1; ++iw)
+      take_larger(plane[ih * W + iw], ih * W + iw, best, best_at);
   *out = std::bit_cast<T>(best);
   *at = best_at;
 }
@@ -336,30 +344,23 @@ void max_window(const T* plane, std::int64_t W, std::int64_t h0, std::int64_t h1
 // Outputs [lo, hi) of one output row whose K x K windows (stride S) lie wholly inside the
 // plane, from row `top` and the column `left` of output 0's window: max_window's values in
 // max_window's order, with the kernel known at compile time so that GCC vectorises across the
-// outputs (8 f32 windows at a time; the stem's 3 x 3 / 2 pool of a 224-pixel ResNet-18 took
-// about a sixth of the time of the window-by-window loop in a standalone test).
+// outputs (8 f32 windows at a time, the index carried as a lane-wide offset; docs/performance.md
+// has bench_autograd's step before and after).
 template <class T, int K, int S>
 void max_pool_row_inside(const T* plane, std::int64_t W, std::int64_t top, std::int64_t left,
                          std::int64_t lo, std::int64_t hi, T* out, std::int64_t* at) {
-  using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-  using Offset = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;  // lane-wide
+  using Offset = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
   const T* row = plane + top * W + left;
   const std::int64_t first = top * W + left;
   for (std::int64_t o = lo; o < hi; ++o) {
     const T* window = row + o * S;
-    Bits best = std::bit_cast<Bits>(window[0]);
+    PoolBits<T> best = std::bit_cast<PoolBits<T>>(window[0]);
     Offset best_offset = 0;
     for (int kh = 0; kh < K; ++kh)
       for (int kw = 0; kw < K; ++kw) {
         // (Skipped here, not by starting kw at 1 when kh is 0: GCC then leaves the loop scalar.)
         if (kh == 0 && kw == 0) continue;
-        const T v = window[kh * W + kw];
-        const bool take = (v > std::bit_cast<T>(best)) | (v != v);
-        const Bits keep = Bits{0} - static_cast<Bits>(take);
-        const Offset keep_offset = -static_cast<Offset>(take);
-        best = (std::bit_cast<Bits>(v) & keep) | (best & ~keep);
-        best_offset =
-            (static_cast<Offset>(kh * W + kw) & keep_offset) | (best_offset & ~keep_offset);
+        take_larger(window[kh * W + kw], static_cast<Offset>(kh * W + kw), best, best_offset);
       }
     out[o] = std::bit_cast<T>(best);
     at[o] = first + o * S + best_offset;
