@@ -1,11 +1,12 @@
 // The CUDA side of autograd's function table (a CUDA Context gets it from
 // kernels/cuda_context.cuh with the other layers' tables).
 // The kernels behind it live one concept per file beside this one (common, elementwise, rowwise,
-// cross_entropy, pooling); including this header still brings them all. Half types load and
-// store as f16/bf16 and compute in f32; double stays double. Reductions are deterministic (one
-// block per row or channel, fixed tree order), so repeated runs give the same bits.
+// cross_entropy, pooling, batch_norm_sync); including this header still brings them all. Half types
+// load and store as f16/bf16 and compute in f32; double stays double. Reductions are deterministic
+// (one block per row or channel, fixed tree order), so repeated runs give the same bits.
 #pragma once
 
+#include "kernels/autograd/batch_norm_sync.cuh"
 #include "kernels/autograd/common.cuh"
 #include "kernels/autograd/cross_entropy.cuh"
 #include "kernels/autograd/elementwise.cuh"
@@ -30,6 +31,11 @@ inline const AutogradKernels* cuda_kernels_table() {
       &k::adaptive_avg_pool_forward,
       &k::adaptive_avg_pool_backward,
       &k::batch_norm_eval_backward,
+      &k::batch_norm_moments,
+      &k::batch_norm_group_stats,
+      &k::batch_norm_apply,
+      &k::batch_norm_grad_sums,
+      &k::batch_norm_input_grad,
   };
   return &kTable;
 }

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "shardkit/autograd/batch_norm_stats.hpp"
 #include "shardkit/autograd/cpu_kernels.hpp"
 #include "shardkit/core/thread_pool.hpp"
 
@@ -106,10 +107,30 @@ inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, c
   });
 }
 
-// Normalises x with the given statistics of each channel (count values per channel, possibly
-// over several ranks), saves mean and 1/sqrt(var + eps) in the statistics dtype, and (when
-// running_mean is defined) folds them into the running statistics with PyTorch's momentum rule
-// and the unbiased variance.
+// y = (x - mean) * invstd * weight + bias per channel, from stats = {mean[C], invstd[C]}
+// (double); with `relu`, then max(y, 0) in the same pass.
+inline void batch_norm_affine(ThreadPool& pool, const Tensor& x, const Tensor& weight,
+                              const Tensor& bias, const double* stats, const Tensor& y,
+                              std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                              bool relu = false) {
+  std::vector<double> scale(static_cast<std::size_t>(channels)),
+      shift(static_cast<std::size_t>(channels));
+  visit_real(weight.dtype(), "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const T* w = static_cast<const T*>(weight.data_ptr());
+    const T* b = static_cast<const T*>(bias.data_ptr());
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const auto at = static_cast<std::size_t>(c);
+      scale[at] = w[c] * stats[channels + c];
+      shift[at] = b[c] - stats[c] * scale[at];
+    }
+  });
+  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner, relu);
+}
+
+// Normalises x with the given statistics of each channel (count values per channel), saves mean
+// and 1/sqrt(var + eps) in the statistics dtype, and (when running_mean is defined) folds them
+// into the running statistics (store_batch_stats).
 inline void batch_norm_normalize(ThreadPool& pool, const Tensor& x, const Tensor& weight,
                                  const Tensor& bias, const Tensor& running_mean,
                                  const Tensor& running_var, double momentum, double eps,
@@ -117,31 +138,17 @@ inline void batch_norm_normalize(ThreadPool& pool, const Tensor& x, const Tensor
                                  const Tensor& save_invstd, std::int64_t outer,
                                  std::int64_t channels, std::int64_t inner, double count,
                                  const double* mean, const double* m2, bool relu = false) {
-  std::vector<double> scale(static_cast<std::size_t>(channels)),
-      shift(static_cast<std::size_t>(channels));
-  visit_real(x.dtype(), "batch_norm", [&](auto tag) {
+  std::vector<double> stats(2 * static_cast<std::size_t>(channels));
+  visit_real(save_mean.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
-    const T* w = static_cast<const T*>(weight.data_ptr());
-    const T* b = static_cast<const T*>(bias.data_ptr());
-    T* sm = static_cast<T*>(save_mean.data_ptr());
-    T* si = static_cast<T*>(save_invstd.data_ptr());
-    for (std::int64_t c = 0; c < channels; ++c) {
-      const double var = m2[c] / count;
-      const double invstd = 1.0 / std::sqrt(var + eps);
-      sm[c] = static_cast<T>(mean[c]);
-      si[c] = static_cast<T>(invstd);
-      scale[static_cast<std::size_t>(c)] = w[c] * invstd;
-      shift[static_cast<std::size_t>(c)] = b[c] - mean[c] * scale[static_cast<std::size_t>(c)];
-      if (running_mean.defined()) {
-        T* rm = static_cast<T*>(running_mean.data_ptr());
-        T* rv = static_cast<T*>(running_var.data_ptr());
-        const double unbiased = count > 1 ? m2[c] / (count - 1) : var;
-        rm[c] = static_cast<T>((1 - momentum) * rm[c] + momentum * mean[c]);
-        rv[c] = static_cast<T>((1 - momentum) * rv[c] + momentum * unbiased);
-      }
-    }
+    T* rm = running_mean.defined() ? static_cast<T*>(running_mean.data_ptr()) : nullptr;
+    T* rv = running_mean.defined() ? static_cast<T*>(running_var.data_ptr()) : nullptr;
+    for (std::int64_t c = 0; c < channels; ++c)
+      store_batch_stats(ChannelMoments{count, mean[c], m2[c]}, momentum, eps, c, channels,
+                        stats.data(), static_cast<T*>(save_mean.data_ptr()),
+                        static_cast<T*>(save_invstd.data_ptr()), rm, rv);
   });
-  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner, relu);
+  batch_norm_affine(pool, x, weight, bias, stats.data(), y, outer, channels, inner, relu);
 }
 
 // Training: normalises with the batch statistics of each channel over (outer, inner).

@@ -59,6 +59,42 @@ struct AutogradKernels {
                                    const Tensor& weight, const Tensor& mean, const Tensor& var,
                                    double eps, const Tensor& grad_x, const Tensor& grad_y_xhat,
                                    std::int64_t outer, std::int64_t channels, std::int64_t inner);
+
+  // Synchronised batch-norm in training mode (SyncBatchNorm, autograd/ops_norm.hpp), the steps
+  // around its two exchanges. Per-channel sums and statistics are f64 tensors on the context's
+  // device; weight, bias, saved and running statistics have the accumulator dtype.
+  // moments[1 + 2C] = {outer * inner, mean[C], m2[C]} of x[outer, C, inner] (m2: the sum of
+  // squared deviations from the mean).
+  void (*batch_norm_moments)(Context&, const Tensor& x, const Tensor& moments, std::int64_t outer,
+                             std::int64_t channels, std::int64_t inner);
+  // Folds `members` ranks' moments (gathered rank-major, [members * (1 + 2C)]) in rank order
+  // (fold_moments), then per channel store_batch_stats: stats[2C] = {mean, invstd} (f64),
+  // save_mean / save_invstd, and the running statistics when running_mean is defined;
+  // count[1] (f64) gets the group's values per channel.
+  void (*batch_norm_group_stats)(Context&, const Tensor& gathered, int members,
+                                 std::int64_t channels, double momentum, double eps,
+                                 const Tensor& running_mean, const Tensor& running_var,
+                                 const Tensor& stats, const Tensor& save_mean,
+                                 const Tensor& save_invstd, const Tensor& count);
+  // y = (x - mean) * invstd * weight + bias with stats = {mean, invstd} (f64); with `relu`,
+  // then max(y, 0).
+  void (*batch_norm_apply)(Context&, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                           const Tensor& stats, const Tensor& y, std::int64_t outer,
+                           std::int64_t channels, std::int64_t inner, bool relu);
+  // sums[2C] = {sum(g), sum(g * (x - mean)) * invstd} (f64) with the saved statistics. With
+  // relu_out (a fused ReLU's output), g is first masked as the ReLU's backward would; the CUDA
+  // kernels take g masked already (relu_out undefined).
+  void (*batch_norm_grad_sums)(Context&, const Tensor& x, const Tensor& grad_y,
+                               const Tensor& save_mean, const Tensor& save_invstd,
+                               const Tensor& relu_out, const Tensor& sums, std::int64_t outer,
+                               std::int64_t channels, std::int64_t inner);
+  // grad_x = w * invstd / count * (count * g - sum_g - xhat * sum_gxhat) with the group's sums
+  // (as batch_norm_grad_sums lays them out, summed over the members) and count[1] (f64).
+  void (*batch_norm_input_grad)(Context&, const Tensor& x, const Tensor& grad_y,
+                                const Tensor& weight, const Tensor& save_mean,
+                                const Tensor& save_invstd, const Tensor& relu_out,
+                                const Tensor& sums, const Tensor& count, const Tensor& grad_x,
+                                std::int64_t outer, std::int64_t channels, std::int64_t inner);
 };
 
 // The dtype that sums and statistics are kept in: f32 for half types, else the dtype itself.

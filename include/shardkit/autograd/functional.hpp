@@ -7,8 +7,7 @@
 
 #include "shardkit/autograd/cpu_conv.hpp"
 #include "shardkit/autograd/cpu_dnnl.hpp"
-#include "shardkit/autograd/cpu_kernels.hpp"
-#include "shardkit/autograd/cpu_norm_pool.hpp"
+#include "shardkit/autograd/cpu_kernel_table.hpp"
 #include "shardkit/autograd/cuda_libraries.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 

@@ -1,6 +1,8 @@
 // Differentiable batch-norm over dim 1 of [N, C, ...] (BatchNorm1d and 2d): training mode with
 // batch statistics and running-statistics update, evaluation mode with the running statistics.
-// CPU loops accumulate in double; cuDNN on the GPU keeps statistics in f32 for half data.
+// CPU loops accumulate in double; cuDNN on the GPU keeps statistics in f32 for half data. The
+// synchronised form (a group of ranks) runs the function table's steps on either device, with
+// double sums.
 // Batch-norm always computes in f32 for f16/bf16 inputs (apex O1 and VISSL keep it so): the
 // running statistics must be f32, and f16/bf16 weight and bias (a mixed-precision compute
 // copy) are widened to f32 for the computation -- their gradients come back in f32 and are
@@ -41,35 +43,12 @@ struct BatchNormShape {
   std::int64_t outer, channels, inner;
 };
 
-// The group's statistics of x[outer, C, inner] (f32/f64, CPU): mean and squared deviations per
-// channel, and the group's count per channel.
-inline double group_moments(Context& ctx, BatchStatsGroup& group, const Tensor& x,
-                            const BatchNormShape& s, std::vector<double>& mean,
-                            std::vector<double>& m2) {
-  const auto C = static_cast<std::size_t>(s.channels);
-  std::vector<double> local(1 + 2 * C);
-  local[0] = double(s.outer * s.inner);
-  cpu::channel_moments(ctx.cpu_pool(), x, s.outer, s.channels, s.inner, local.data() + 1,
-                       local.data() + 1 + C);
-  const auto all = to_vector<double>(
-      ctx,
-      group.all_gather(ctx, from_vector(ctx, local, {static_cast<std::int64_t>(local.size())})));
-  double count = 0;
-  mean.assign(C, 0.0);
-  m2.assign(C, 0.0);
-  for (int r = 0; r < group.size(); ++r) {
-    const double* theirs = all.data() + static_cast<std::size_t>(r) * local.size();
-    const double n = theirs[0];
-    if (n == 0) continue;
-    const double total = count + n;
-    for (std::size_t c = 0; c < C; ++c) {
-      const double delta = theirs[1 + c] - mean[c];
-      mean[c] += delta * (n / total);
-      m2[c] += theirs[1 + C + c] + delta * delta * (count * n / total);
-    }
-    count = total;
-  }
-  return count;
+// Runs body(tensors...) in the kernels' compute dtype: on the CPU with f16/bf16 tensors widened
+// to f32 (cpu::in_f32); the CUDA kernels take half types as they are.
+template <class Body, class... Ts>
+void in_compute_dtype(Context& ctx, const Tensor& on, Body&& body, const Ts&... tensors) {
+  if (on.device().is_cpu()) return cpu::in_f32(ctx, body, tensors...);
+  body(tensors...);
 }
 
 struct BatchNormNode final : Node {
@@ -79,7 +58,7 @@ struct BatchNormNode final : Node {
   bool training = true;
   double eps = 1e-5;
   std::shared_ptr<BatchStatsGroup> sync;  // set when the statistics were the group's
-  double group_count = 0;                 // values per channel over the group
+  Tensor group_count;                     // then its values per channel (f64 [1], on the device)
   const char* name() const override { return "batch_norm"; }
 
   std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
@@ -95,12 +74,13 @@ struct BatchNormNode final : Node {
     Tensor gw = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
     Tensor gb = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
     if (training && sync) {
-      cpu::in_f32(
-          ctx,
+      // (on the GPU, g was masked above)
+      in_compute_dtype(
+          ctx, g,
           [&](const Tensor& a, const Tensor& b, const Tensor& d, const Tensor& r) {
             synced_backward(ctx, a, b, d, gw, gb, r);
           },
-          x, g, gx, relu_out);
+          x, g, gx, mask_in_loops ? relu_out : Tensor());
     } else if (training) {
       if (g.device().is_cpu()) {
         cpu::in_f32(
@@ -131,20 +111,18 @@ struct BatchNormNode final : Node {
  private:
   // The input gradient needs the group's sums of g and g * xhat; weight and bias keep this
   // rank's.
-  void synced_backward(Context& ctx, const Tensor& x32, const Tensor& g, const Tensor& gx,
+  void synced_backward(Context& ctx, const Tensor& x_c, const Tensor& g, const Tensor& gx,
                        const Tensor& gw, const Tensor& gb, const Tensor& relu_y) {
-    const auto C = static_cast<std::size_t>(s.channels);
-    std::vector<double> sums(2 * C);
-    cpu::batch_norm_grad_sums(ctx.cpu_pool(), x32, g, mean, invstd_or_var, s.outer, s.channels,
-                              s.inner, sums.data(), sums.data() + C, relu_y);
-    cpu::store_channel_grads(sums.data(), sums.data() + C, gw, gb, s.channels);
-    Tensor group_sums = from_vector(ctx, sums, {static_cast<std::int64_t>(sums.size())});
-    sync->all_reduce_sum(ctx, group_sums);  // every member calls this, gx wanted or not
+    const auto& k = kernels_for(ctx, g);
+    const std::int64_t C = s.channels;
+    Tensor sums = empty_on(ctx, g.device(), {2 * C}, DType::f64);
+    k.batch_norm_grad_sums(ctx, x_c, g, mean, invstd_or_var, relu_y, sums, s.outer, C, s.inner);
+    copy(ctx, gb, sums.slice(0, 0, C));
+    copy(ctx, gw, sums.slice(0, C, 2 * C));
+    sync->all_reduce_sum(ctx, sums);  // every member calls this, gx wanted or not
     if (!gx.defined()) return;
-    const auto total = to_vector<double>(ctx, group_sums);
-    cpu::batch_norm_input_grad(ctx.cpu_pool(), x32, g, weight, mean, invstd_or_var, gx, s.outer,
-                               s.channels, s.inner, group_count, total.data(), total.data() + C,
-                               relu_y);
+    k.batch_norm_input_grad(ctx, x_c, g, weight, mean, invstd_or_var, relu_y, sums, group_count, gx,
+                            s.outer, C, s.inner);
   }
 };
 
@@ -194,23 +172,26 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
   Tensor y = fn::new_like(ctx, xd);
   Tensor saved_a, saved_b;
   const bool synced = o.training && o.sync && o.sync->size() > 1;
-  double group_count = 0;
-  check(!synced || xd.device().is_cpu(), "batch_norm: synchronised batch-norm (SyncBatchNorm) ",
-        "runs on the CPU only so far; the input is on ", xd.device().str(), module_suffix(ctx),
-        "; keep per-rank statistics on the GPU (no sync group)");
+  Tensor group_count;
   if (synced) {
+    // The group's statistics: each member's moments gathered, folded in rank order on every
+    // member (the same bits everywhere), then this rank's batch normalised with them.
     saved_a = fn::new_like(ctx, xd, {channels}, stat);
     saved_b = fn::new_like(ctx, xd, {channels}, stat);
     const Tensor rm = o.update_running_stats && track ? running_mean : Tensor();
     const Tensor rv = o.update_running_stats && track ? running_var : Tensor();
-    cpu::in_f32(
-        ctx,
+    const auto& k = kernels_for(ctx, xd);
+    detail::in_compute_dtype(
+        ctx, xd,
         [&](const Tensor& a, const Tensor& b) {
-          std::vector<double> mean, m2;
-          group_count = detail::group_moments(ctx, *o.sync, a, s, mean, m2);
-          cpu::batch_norm_normalize(ctx.cpu_pool(), a, wd, bd, rm, rv, o.momentum, o.eps, b,
-                                    saved_a, saved_b, s.outer, s.channels, s.inner, group_count,
-                                    mean.data(), m2.data(), o.relu);
+          Tensor local = fn::new_like(ctx, xd, {1 + 2 * channels}, DType::f64);
+          k.batch_norm_moments(ctx, a, local, s.outer, channels, s.inner);
+          const Tensor all = o.sync->all_gather(ctx, local);
+          Tensor stats = fn::new_like(ctx, xd, {2 * channels}, DType::f64);
+          group_count = fn::new_like(ctx, xd, {1}, DType::f64);
+          k.batch_norm_group_stats(ctx, all, o.sync->size(), channels, o.momentum, o.eps, rm, rv,
+                                   stats, saved_a, saved_b, group_count);
+          k.batch_norm_apply(ctx, a, wd, bd, stats, b, s.outer, channels, s.inner, o.relu);
         },
         xd, y);
   } else if (o.training) {
@@ -248,7 +229,8 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
 #endif
     }
   }
-  if (o.relu && xd.device().is_cuda())  // (the CPU loops applied it as they wrote y)
+  // (the CPU loops, and the synchronised path's kernels, applied it as they wrote y)
+  if (o.relu && xd.device().is_cuda() && !synced)
     y = fn::pointwise(ctx, Pointwise::relu, y, Tensor(), 1, 0);
   if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
   auto node = std::make_shared<detail::BatchNormNode>();
