@@ -5,7 +5,8 @@
 // the optimizer state consolidates and resumes on the device. FSDP over modules (cuBLAS/cuDNN
 // autograd) equals DDP to 1e-6 and the CPU's FSDP to rounding, and its sharded checkpoint loads on
 // the CPU. CPU offload (the step on the host, pinned memory) equals the device's own step to
-// rounding.
+// rounding. SyncBatchNorm over ranks sharing the GPU equals the CPU's batch-norm over the group's
+// concatenated batch.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "shardkit/io/checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
+#include "sync_bn_test_support.hpp"
 
 namespace sk = shardkit;
 using namespace dp_test;
@@ -217,5 +219,40 @@ TEST_CASE("on the GPU, CPU offload equals the device's own step to rounding, wit
         if (params) CHECK(host.current_of(C::parameters) > 0);
       }
     }
+  }
+}
+
+TEST_CASE("on the GPU, SyncBatchNorm equals the CPU's batch-norm over the group's whole batch") {
+  using sync_bn_test::check_against_concatenation;
+  const auto gpu = sk::comm::cuda_run_options(0);
+  for (int dims : {1, 2}) {
+    // f64 runs the synchronised path's own kernels end to end (cuDNN is not involved): the
+    // moments, their folding, the affine map and both gradient passes to 1e-12.
+    check_against_concatenation(sk::DType::f64, dims, {3, 5, 2, 4}, 4, 1e-12, gpu);
+    check_against_concatenation(sk::DType::f64, dims, {2, 3, 4, 2, 5}, 2, 1e-12, gpu);
+    check_against_concatenation(sk::DType::f32, dims, {3, 5, 2, 4}, 4, 2e-5, gpu);
+    check_against_concatenation(sk::DType::bf16, dims, {4, 6, 2}, 3, 2e-2, gpu);
+  }
+}
+
+TEST_CASE(
+    "on the GPU, SyncBatchNorm with a fused ReLU equals SyncBatchNorm then ReLU, bit for bit") {
+  using namespace sync_bn_test;
+  for (sk::DType dtype : {sk::DType::f32, sk::DType::f64}) {
+    CAPTURE(sk::dtype_name(dtype));
+    sk::comm::run_ranks(
+        2,
+        [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+          const std::int64_t rows = 3 + comm.rank();  // uneven batches
+          const std::int64_t n = rows * 3 * 20;
+          const auto x = values_for(comm.rank(), n, 1), g = values_for(comm.rank(), n, 2);
+          auto group = sk::parallel::sync_batch_norm_group(comm, 2);
+          const auto fused = run_bn(ctx, dtype, 2, {rows, 3, 4, 5}, x, g, group, Relu::fused);
+          const auto separate = run_bn(ctx, dtype, 2, {rows, 3, 4, 5}, x, g, group, Relu::separate);
+          CHECK(std::count(fused.y.begin(), fused.y.end(), 0.0) > 0);
+          CHECK(std::count(fused.y.begin(), fused.y.end(), 0.0) < n);
+          check_same_bits(fused, separate);
+        },
+        sk::comm::cuda_run_options(0));
   }
 }
