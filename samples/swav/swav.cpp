@@ -43,12 +43,7 @@ bool use_gpu(const swav::SwavConfig& config) {
                                 SK_WITH_CUDA ? "this machine has no CUDA GPU"
                                              : "this build has no CUDA (configure with CUDA)",
                                 "; use cpu or auto");
-  if (config.device == "cpu" || !available) return false;
-  sk::check<sk::NotAvailable>(config.sync_bn_group == 0,
-                              "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN = True: "
-                              "SyncBatchNorm runs on the CPU only so far; set False on the GPU, "
-                              "or config.MACHINE.DEVICE=cpu");
-  return true;
+  return config.device != "cpu" && available;
 }
 
 }  // namespace
