@@ -140,4 +140,25 @@ inline void check_against_concatenation(sk::DType dtype, int dims,
   }
 }
 
+// On 2 ranks with uneven batches, SyncBatchNorm with a fused ReLU gives the same bits as
+// SyncBatchNorm followed by a ReLU of its own.
+inline void check_fused_relu(sk::DType dtype, const sk::comm::RunRanksOptions& options = {}) {
+  CAPTURE(sk::dtype_name(dtype));
+  sk::comm::run_ranks(
+      2,
+      [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        const std::int64_t rows = 3 + comm.rank();  // uneven batches
+        const std::int64_t n = rows * 3 * 20;
+        const auto x = values_for(comm.rank(), n, 1), g = values_for(comm.rank(), n, 2);
+        auto group = sk::parallel::sync_batch_norm_group(comm, 2);
+        const auto fused = run_bn(ctx, dtype, 2, {rows, 3, 4, 5}, x, g, group, Relu::fused);
+        const auto separate = run_bn(ctx, dtype, 2, {rows, 3, 4, 5}, x, g, group, Relu::separate);
+        // (the ReLU cut some outputs and passed others)
+        CHECK(std::count(fused.y.begin(), fused.y.end(), 0.0) > 0);
+        CHECK(std::count(fused.y.begin(), fused.y.end(), 0.0) < n);
+        check_same_bits(fused, separate);
+      },
+      options);
+}
+
 }  // namespace sync_bn_test
