@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PNG curves from SwAV metrics files (the trainer's JSON lines): loss, learning rate, kNN
-accuracy and peak memory per rank against the iteration, one line per run.
+accuracy (a line per feature set when a run evaluates several) and peak memory per rank against
+the iteration, one line per run.
 
   plot_metrics.py OUT.png RUN.jsonl [RUN2.jsonl ...]     (Debian: python3-matplotlib)
 
@@ -27,7 +28,9 @@ def read(path):
             if "loss" in row:
                 steps.append(row)
             if "knn" in row or "knn_init" in row:
-                knn.append((row["iteration"], row.get("knn", row.get("knn_init")), row.get("raw_knn")))
+                headline = row.get("knn", row.get("knn_init"))
+                knn.append((row["iteration"], headline, row.get("raw_knn"),
+                            row.get("knn_by_layer", {})))
     return steps, knn
 
 
@@ -47,7 +50,17 @@ def main():
         lr_ax.plot(it, [s["lr"] for s in steps], label=label)
         mem_ax.plot(it, [s["peak_bytes_per_rank"] / 1e6 for s in steps], label=label)
         if knn:
-            knn_ax.plot([k[0] for k in knn], [100 * k[1] for k in knn], "o-", label=label)
+            # A run that evaluates several feature sets (LINEAR_EVAL_FEAT_POOL_OPS_MAP) gets a
+            # line per set, in its colour; otherwise the headline figure alone.
+            layers = list(knn[0][3]) if len(knn[0][3]) > 1 else []
+            if layers:
+                colour = loss_ax.get_lines()[-1].get_color()
+                for layer, marker in zip(layers, "osd^v<>p*"):
+                    points = [(k[0], k[3][layer]) for k in knn if layer in k[3]]
+                    knn_ax.plot([p[0] for p in points], [100 * p[1] for p in points],
+                                marker + "-", color=colour, label=f"{label} {layer}")
+            else:
+                knn_ax.plot([k[0] for k in knn], [100 * k[1] for k in knn], "o-", label=label)
             raw = next((k[2] for k in knn if k[2] is not None), raw)
     if raw is not None:
         knn_ax.axhline(100 * raw, color="gray", linestyle="--", label="raw pixels")
