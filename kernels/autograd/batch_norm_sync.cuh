@@ -3,9 +3,10 @@
 // the affine map, the gradient sums and the input gradient. Sums are double, made by one block
 // per channel in a fixed tree order, so repeated runs give the same bits; the folding and the
 // per-channel statistics are batch_norm_stats.hpp's functions, the CPU's own. One block per
-// channel reads that channel's [outer, inner] values with a stride of channels * inner between
-// rows: enough for the batch-norm layers of a ResNet (64 to 2048 channels), where the exchange,
-// not these passes, is what synchronisation adds.
+// channel reads that channel's [outer, inner] values, a row of `inner` at a time: simple, but a
+// layer with few channels fills few of the GPU's SMs; splitting each channel's rows over several
+// blocks (partial moments folded in a fixed order) is the step to take if a profile of a
+// SyncBatchNorm run shows these passes. Not yet measured: no GPU has run them.
 #pragma once
 
 #include "kernels/autograd/common.cuh"

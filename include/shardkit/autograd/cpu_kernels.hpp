@@ -1,5 +1,6 @@
-// CPU implementations of the autograd function table (device_table.hpp): f32 and f64, with
-// sums and statistics accumulated in double; f16/bf16 tensors compute in f32 (cpu_widen.hpp).
+// CPU loops behind the autograd function table (device_table.hpp; the CPU table itself is in
+// cpu_kernel_table.hpp): f32 and f64, with sums and statistics accumulated in double; f16/bf16
+// tensors compute in f32 (cpu_widen.hpp).
 #pragma once
 
 #include <algorithm>
