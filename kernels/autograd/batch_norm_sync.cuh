@@ -70,9 +70,11 @@ __global__ void apply_kernel(const T* x, const S* weight, const S* bias, const d
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t c = (i / inner) % channels;
+    // In double, rounded once, as the CPU's affine map (a float shift would lose the mean's
+    // low bits when |mean| is large against the spread).
     const double scale = double(weight[c]) * stats[channels + c];
     const double shift = double(bias[c]) - stats[c] * scale;
-    const A v = load<A>(x, i) * A(scale) + A(shift);
+    const A v = A(double(load<A>(x, i)) * scale + shift);
     store(y, i, relu && !(v > A(0)) ? A(0) : v);
   }
 }
@@ -131,6 +133,13 @@ inline double* f64_data(const Tensor& t, std::int64_t n, const char* op) {
   return static_cast<double*>(t.data_ptr());
 }
 
+// The element-wise operands of a step: contiguous, on the GPU, of x's dtype.
+inline void check_like_x(const Tensor& x, const Tensor& t, const char* what, const char* op) {
+  check(t.defined() && t.dtype() == x.dtype() && t.numel() == x.numel() && t.is_contiguous() &&
+            t.device().is_cuda() && x.is_contiguous() && x.device().is_cuda(),
+        op, ": ", what, " must be a contiguous GPU tensor of x's dtype and size, like x");
+}
+
 template <class S>
 S* stat_data(const Tensor& t) {
   return t.defined() ? static_cast<S*>(t.data_ptr()) : nullptr;
@@ -179,6 +188,7 @@ inline void batch_norm_apply(Context& ctx, const Tensor& x, const Tensor& weight
                              bool relu) {
   namespace b = batch_norm_sync;
   const double* s = b::f64_data(stats, 2 * channels, "batch_norm_apply");
+  b::check_like_x(x, y, "y", "batch_norm_apply");
   const std::int64_t n = outer * channels * inner;
   if (n == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
@@ -202,6 +212,7 @@ inline void batch_norm_grad_sums(Context& ctx, const Tensor& x, const Tensor& gr
   check(!relu_out.defined(), "batch_norm_grad_sums on the GPU takes the gradient masked by a ",
         "fused ReLU already (relu_out must be undefined)");
   double* out = b::f64_data(sums, 2 * channels, "batch_norm_grad_sums");
+  b::check_like_x(x, grad_y, "grad_y", "batch_norm_grad_sums");
   if (channels == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
   visit_floating(x.dtype(), "batch_norm_grad_sums", [&](auto tag) {
@@ -226,6 +237,8 @@ inline void batch_norm_input_grad(Context& ctx, const Tensor& x, const Tensor& g
         "fused ReLU already (relu_out must be undefined)");
   const double* s = b::f64_data(sums, 2 * channels, "batch_norm_input_grad");
   const double* total = b::f64_data(count, 1, "batch_norm_input_grad");
+  b::check_like_x(x, grad_y, "grad_y", "batch_norm_input_grad");
+  b::check_like_x(x, grad_x, "grad_x", "batch_norm_input_grad");
   const std::int64_t n = outer * channels * inner;
   if (n == 0) return;
   CudaDeviceGuard guard(ctx.device().index);

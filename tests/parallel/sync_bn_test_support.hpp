@@ -80,16 +80,23 @@ inline void check_close(const std::vector<double>& got, const std::vector<double
   CHECK_MESSAGE(worst <= tol, what, ": largest relative difference ", worst, " (bound ", tol, ")");
 }
 
+// A sample's channels, and its planes' height and width in the 2-d case.
+struct BnGeometry {
+  std::int64_t channels = 3, height = 4, width = 5;
+};
+
 // `rows[r]` samples on rank r, groups of `group_size` consecutive ranks.
 // The ranks run under `options` (sk::comm::cuda_run_options for ranks sharing a GPU); the
 // reference is the CPU's plain batch-norm.
 inline void check_against_concatenation(sk::DType dtype, int dims,
                                         const std::vector<std::int64_t>& rows, int group_size,
-                                        double tol, const sk::comm::RunRanksOptions& options = {}) {
+                                        double tol, const sk::comm::RunRanksOptions& options = {},
+                                        BnGeometry geometry = {}) {
   const int world = static_cast<int>(rows.size());
-  const std::int64_t C = 3, inner = dims == 2 ? 20 : 1;
+  const std::int64_t C = geometry.channels,
+                     inner = dims == 2 ? geometry.height * geometry.width : 1;
   auto shape_of = [&](std::int64_t n) {
-    return dims == 2 ? sk::Shape{n, C, 4, 5} : sk::Shape{n, C};
+    return dims == 2 ? sk::Shape{n, C, geometry.height, geometry.width} : sk::Shape{n, C};
   };
   std::vector<BnResult> per_rank(static_cast<std::size_t>(world));
   sk::comm::run_ranks(

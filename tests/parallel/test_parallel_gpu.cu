@@ -226,13 +226,22 @@ TEST_CASE("on the GPU, SyncBatchNorm equals the CPU's batch-norm over the group'
   using sync_bn_test::check_against_concatenation;
   const auto gpu = sk::comm::cuda_run_options(0);
   for (int dims : {1, 2}) {
-    // f64 runs the synchronised path's own kernels end to end (cuDNN is not involved): the
-    // moments, their folding, the affine map and both gradient passes to 1e-12.
+    // f64 runs the synchronised path's own kernels end to end (cuDNN is not involved, but for
+    // rank 4 of the second case, alone in its group): the moments, their folding, the affine
+    // map and both gradient passes to 1e-12.
     check_against_concatenation(sk::DType::f64, dims, {3, 5, 2, 4}, 4, 1e-12, gpu);
     check_against_concatenation(sk::DType::f64, dims, {2, 3, 4, 2, 5}, 2, 1e-12, gpu);
     check_against_concatenation(sk::DType::f32, dims, {3, 5, 2, 4}, 4, 2e-5, gpu);
     check_against_concatenation(sk::DType::bf16, dims, {4, 6, 2}, 3, 2e-2, gpu);
   }
+  // Layers of a real size: more values per channel than a block has threads (the per-channel
+  // kernels' loops), and in the 1-d case more channels (300) than one block of the statistics
+  // kernel covers.
+  const sync_bn_test::BnGeometry wide{64, 8, 8};
+  check_against_concatenation(sk::DType::f64, 2, {16, 12}, 2, 1e-12, gpu, wide);
+  check_against_concatenation(sk::DType::f32, 2, {16, 12}, 2, 2e-5, gpu, wide);
+  check_against_concatenation(sk::DType::f16, 2, {16, 12}, 2, 1e-2, gpu, wide);
+  check_against_concatenation(sk::DType::f32, 1, {300, 260}, 2, 2e-5, gpu, {300, 1, 1});
 }
 
 TEST_CASE("on the GPU, SyncBatchNorm with a fused ReLU equals it then ReLU, bit for bit") {

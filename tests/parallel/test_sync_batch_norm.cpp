@@ -32,6 +32,11 @@ TEST_CASE("SyncBatchNorm over a group equals batch-norm over the group's concate
     check_against_concatenation(sk::DType::f32, dims, {3, 5, 2, 4}, 4, 2e-5);
     check_against_concatenation(sk::DType::bf16, dims, {4, 6, 2}, 3, 2e-2);
   }
+  // Layers of a real size (the GPU test's cases, on the CPU).
+  const BnGeometry wide{64, 8, 8};
+  check_against_concatenation(sk::DType::f32, 2, {16, 12}, 2, 2e-5, {}, wide);
+  check_against_concatenation(sk::DType::f16, 2, {16, 12}, 2, 1e-2, {}, wide);
+  check_against_concatenation(sk::DType::f32, 1, {300, 260}, 2, 2e-5, {}, {300, 1, 1});
 }
 
 TEST_CASE("SyncBatchNorm with a group of one rank is plain batch-norm, bit for bit") {

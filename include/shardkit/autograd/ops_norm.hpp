@@ -69,7 +69,9 @@ struct BatchNormNode final : Node {
     if (relu_out.defined() && !mask_in_loops)
       g = fn::pointwise(ctx, Pointwise::relu_backward, g, relu_out, 1, 0);
     const DType stat = weight.dtype();
-    Tensor gx = edges[0].valid() || g.device().is_cuda() ? fn::new_like(ctx, g) : Tensor();
+    // (cuDNN's backward writes an input gradient whether or not one is wanted)
+    const bool cudnn = g.device().is_cuda() && !(training && sync);
+    Tensor gx = edges[0].valid() || cudnn ? fn::new_like(ctx, g) : Tensor();
     // Parameter gradients count as gradients, not activations, while they wait to be accumulated.
     Tensor gw = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
     Tensor gb = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
@@ -106,7 +108,9 @@ struct BatchNormNode final : Node {
     }
     return {edges[0].valid() ? gx : Tensor(), gw, gb};
   }
-  void release_saved() override { x = weight = mean = invstd_or_var = relu_out = Tensor(); }
+  void release_saved() override {
+    x = weight = mean = invstd_or_var = relu_out = group_count = Tensor();
+  }
 
  private:
   // The input gradient needs the group's sums of g and g * xhat; weight and bias keep this
