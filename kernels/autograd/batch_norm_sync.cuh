@@ -125,14 +125,6 @@ void visit_stat(DType dtype, const char* op, Fn&& fn) {
   fail<InvalidArgument>(op, ": batch-norm statistics are f32 or f64, got ", dtype_name(dtype));
 }
 
-// A contiguous f64 tensor of n values on the GPU (the steps' sums and statistics).
-inline double* f64_data(const Tensor& t, std::int64_t n, const char* op) {
-  check(t.defined() && t.dtype() == DType::f64 && t.numel() == n && t.is_contiguous() &&
-            t.device().is_cuda(),
-        op, ": expects a contiguous f64 tensor of ", n, " values on the GPU");
-  return static_cast<double*>(t.data_ptr());
-}
-
 // The element-wise operands of a step: contiguous, on the GPU, of x's dtype.
 inline void check_like_x(const Tensor& x, const Tensor& t, const char* what, const char* op) {
   check(t.defined() && t.dtype() == x.dtype() && t.numel() == x.numel() && t.is_contiguous() &&
@@ -150,7 +142,7 @@ S* stat_data(const Tensor& t) {
 inline void batch_norm_moments(Context& ctx, const Tensor& x, const Tensor& moments,
                                std::int64_t outer, std::int64_t channels, std::int64_t inner) {
   namespace b = batch_norm_sync;
-  double* out = b::f64_data(moments, 1 + 2 * channels, "batch_norm_moments");
+  double* out = statistics_data(moments, 1 + 2 * channels, true, "batch_norm_moments");
   if (channels == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
   visit_floating(x.dtype(), "batch_norm_moments", [&](auto tag) {
@@ -167,9 +159,10 @@ inline void batch_norm_group_stats(Context& ctx, const Tensor& gathered, int mem
                                    const Tensor& stats, const Tensor& save_mean,
                                    const Tensor& save_invstd, const Tensor& count) {
   namespace b = batch_norm_sync;
-  const double* all = b::f64_data(gathered, members * (1 + 2 * channels), "batch_norm_group_stats");
-  double* out = b::f64_data(stats, 2 * channels, "batch_norm_group_stats");
-  double* total = b::f64_data(count, 1, "batch_norm_group_stats");
+  const double* all =
+      statistics_data(gathered, members * (1 + 2 * channels), true, "batch_norm_group_stats");
+  double* out = statistics_data(stats, 2 * channels, true, "batch_norm_group_stats");
+  double* total = statistics_data(count, 1, true, "batch_norm_group_stats");
   if (channels == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
   b::visit_stat(save_mean.dtype(), "batch_norm_group_stats", [&](auto tag) {
@@ -187,7 +180,7 @@ inline void batch_norm_apply(Context& ctx, const Tensor& x, const Tensor& weight
                              std::int64_t outer, std::int64_t channels, std::int64_t inner,
                              bool relu) {
   namespace b = batch_norm_sync;
-  const double* s = b::f64_data(stats, 2 * channels, "batch_norm_apply");
+  const double* s = statistics_data(stats, 2 * channels, true, "batch_norm_apply");
   b::check_like_x(x, y, "y", "batch_norm_apply");
   const std::int64_t n = outer * channels * inner;
   if (n == 0) return;
@@ -211,7 +204,7 @@ inline void batch_norm_grad_sums(Context& ctx, const Tensor& x, const Tensor& gr
   namespace b = batch_norm_sync;
   check(!relu_out.defined(), "batch_norm_grad_sums on the GPU takes the gradient masked by a ",
         "fused ReLU already (relu_out must be undefined)");
-  double* out = b::f64_data(sums, 2 * channels, "batch_norm_grad_sums");
+  double* out = statistics_data(sums, 2 * channels, true, "batch_norm_grad_sums");
   b::check_like_x(x, grad_y, "grad_y", "batch_norm_grad_sums");
   if (channels == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
@@ -235,8 +228,8 @@ inline void batch_norm_input_grad(Context& ctx, const Tensor& x, const Tensor& g
   namespace b = batch_norm_sync;
   check(!relu_out.defined(), "batch_norm_input_grad on the GPU takes the gradient masked by a ",
         "fused ReLU already (relu_out must be undefined)");
-  const double* s = b::f64_data(sums, 2 * channels, "batch_norm_input_grad");
-  const double* total = b::f64_data(count, 1, "batch_norm_input_grad");
+  const double* s = statistics_data(sums, 2 * channels, true, "batch_norm_input_grad");
+  const double* total = statistics_data(count, 1, true, "batch_norm_input_grad");
   b::check_like_x(x, grad_y, "grad_y", "batch_norm_input_grad");
   b::check_like_x(x, grad_x, "grad_x", "batch_norm_input_grad");
   const std::int64_t n = outer * channels * inner;

@@ -11,22 +11,9 @@
 
 namespace shardkit::autograd {
 
-namespace detail {
-
-// The values of a contiguous f64 tensor of `n` elements on the host (the table's statistics).
-inline double* f64_data(const Tensor& t, std::int64_t n, const char* op) {
-  check(t.defined() && t.dtype() == DType::f64 && t.numel() == n && t.is_contiguous() &&
-            t.device().is_cpu(),
-        op, ": expects a contiguous f64 tensor of ", n, " values on the CPU");
-  return static_cast<double*>(t.data_ptr());
-}
-
-}  // namespace detail
-
 // Each entry computes f16/bf16 tensors in f32 (cpu::in_f32), the others as they are.
 inline const AutogradKernels& cpu_kernels() {
   using cpu::in_f32;
-  using detail::f64_data;
   static constexpr AutogradKernels kTable{
       [](Context& c, Pointwise op, const Tensor& out, const Tensor& a, const Tensor& b,
          double alpha, double beta) {
@@ -130,7 +117,7 @@ inline const AutogradKernels& cpu_kernels() {
       },
       [](Context& c, const Tensor& x, const Tensor& moments, std::int64_t outer,
          std::int64_t channels, std::int64_t inner) {
-        double* m = f64_data(moments, 1 + 2 * channels, "batch_norm_moments");
+        double* m = statistics_data(moments, 1 + 2 * channels, false, "batch_norm_moments");
         m[0] = double(outer * inner);
         in_f32(
             c,
@@ -144,8 +131,9 @@ inline const AutogradKernels& cpu_kernels() {
          double eps, const Tensor& running_mean, const Tensor& running_var, const Tensor& stats,
          const Tensor& save_mean, const Tensor& save_invstd, const Tensor& count) {
         const std::int64_t stride = 1 + 2 * channels;
-        const double* all = f64_data(gathered, members * stride, "batch_norm_group_stats");
-        double* out = f64_data(stats, 2 * channels, "batch_norm_group_stats");
+        const double* all =
+            statistics_data(gathered, members * stride, false, "batch_norm_group_stats");
+        double* out = statistics_data(stats, 2 * channels, false, "batch_norm_group_stats");
         cpu::visit_real(save_mean.dtype(), "batch_norm", [&](auto tag) {
           using S = decltype(tag);
           S* rm = running_mean.defined() ? static_cast<S*>(running_mean.data_ptr()) : nullptr;
@@ -159,14 +147,14 @@ inline const AutogradKernels& cpu_kernels() {
             store_batch_stats(m, momentum, eps, ch, channels, out,
                               static_cast<S*>(save_mean.data_ptr()),
                               static_cast<S*>(save_invstd.data_ptr()), rm, rv);
-            if (ch == 0) *f64_data(count, 1, "batch_norm_group_stats") = m.count;
+            if (ch == 0) *statistics_data(count, 1, false, "batch_norm_group_stats") = m.count;
           }
         });
       },
       [](Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& stats,
          const Tensor& y, std::int64_t outer, std::int64_t channels, std::int64_t inner,
          bool relu) {
-        const double* s = f64_data(stats, 2 * channels, "batch_norm_apply");
+        const double* s = statistics_data(stats, 2 * channels, false, "batch_norm_apply");
         in_f32(
             c,
             [&](const auto& a, const auto& b) {
@@ -178,7 +166,7 @@ inline const AutogradKernels& cpu_kernels() {
       [](Context& c, const Tensor& x, const Tensor& gy, const Tensor& save_mean,
          const Tensor& save_invstd, const Tensor& relu_out, const Tensor& sums, std::int64_t outer,
          std::int64_t channels, std::int64_t inner) {
-        double* s = f64_data(sums, 2 * channels, "batch_norm_grad_sums");
+        double* s = statistics_data(sums, 2 * channels, false, "batch_norm_grad_sums");
         in_f32(
             c,
             [&](const auto& a, const auto& b, const auto& r) {
@@ -191,8 +179,8 @@ inline const AutogradKernels& cpu_kernels() {
          const Tensor& save_mean, const Tensor& save_invstd, const Tensor& relu_out,
          const Tensor& sums, const Tensor& count, const Tensor& gx, std::int64_t outer,
          std::int64_t channels, std::int64_t inner) {
-        const double* s = f64_data(sums, 2 * channels, "batch_norm_input_grad");
-        const double n = *f64_data(count, 1, "batch_norm_input_grad");
+        const double* s = statistics_data(sums, 2 * channels, false, "batch_norm_input_grad");
+        const double n = *statistics_data(count, 1, false, "batch_norm_input_grad");
         in_f32(
             c,
             [&](const auto& a, const auto& b, const auto& r, const auto& d) {

@@ -97,6 +97,15 @@ struct AutogradKernels {
                                 std::int64_t outer, std::int64_t channels, std::int64_t inner);
 };
 
+// The values of a batch-norm step's f64 statistics tensor (device_table's sums, moments, stats
+// and count): contiguous, `n` of them, on the GPU when `on_cuda`, else on the host.
+inline double* statistics_data(const Tensor& t, std::int64_t n, bool on_cuda, const char* op) {
+  check(t.defined() && t.dtype() == DType::f64 && t.numel() == n && t.is_contiguous() &&
+            t.device().is_cuda() == on_cuda,
+        op, ": expects a contiguous f64 tensor of ", n, " values on the ", on_cuda ? "GPU" : "CPU");
+  return static_cast<double*>(t.data_ptr());
+}
+
 // The dtype that sums and statistics are kept in: f32 for half types, else the dtype itself.
 constexpr DType accumulator_dtype(DType dtype) {
   return (dtype == DType::f16 || dtype == DType::bf16) ? DType::f32 : dtype;
