@@ -2,7 +2,7 @@
 """Images/s of a SwAV training step: shardkit's trainer against PyTorch (eager) running the
 same network and crops in the same run, on the CPU or on a CUDA GPU.
 
-  swav_vs_torch.py path/to/swav [STEPS] [--device cpu|cuda] [config.KEY=VALUE ...]
+  swav_vs_torch.py path/to/swav [STEPS] [--device cpu|cuda] [--rounds R] [config.KEY=VALUE ...]
 
 On the GPU both run one rank with the whole batch of 64 (ours: config.MACHINE.DEVICE=gpu);
 config overrides pass through to ours (e.g. the dataset's folder on a machine without the
@@ -15,8 +15,13 @@ LARC-SGD), its own reported training images/s over STEPS steps. PyTorch: one pro
 threads and a batch of 64 (the same global batch and FLOPs), the same network in torch.nn,
 the same crop sizes, Sinkhorn-Knopp and the swapped-prediction loss, SGD with momentum (LARC's
 per-tensor norms add little). Ours also makes its crops on worker threads on the same two
-cores; PyTorch's reuses one random batch, so the ratio is, if anything, unfair to us. Prints
-both and the ratio."""
+cores; PyTorch's reuses one random batch, so the ratio is, if anything, unfair to us.
+
+Both are measured in R rounds (default 3), alternating which goes first, and each side's median
+is the figure: a lent GPU's host moved both sides' single runs by 30-40% between calls a minute
+apart, more than the difference measured. Prints every round, then both medians and their
+ratio (the last line)."""
+import statistics
 import argparse
 import os
 import re
@@ -120,12 +125,24 @@ def main():
     parser.add_argument("swav")
     parser.add_argument("steps", nargs="?", type=int, default=60)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--rounds", type=int, default=3)
     args, overrides = parser.parse_known_args()
-    ours = ours_images_per_second(args.swav, args.steps, args.device, overrides)
-    theirs = torch_images_per_second(args.steps, args.device)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    ours, theirs = [], []
+    for index in range(args.rounds):
+        measure = [lambda: ours.append(ours_images_per_second(args.swav, args.steps, args.device, overrides)),
+                   lambda: theirs.append(torch_images_per_second(args.steps, args.device))]
+        for run in (measure if index % 2 == 0 else reversed(measure)):
+            run()
+        print(f"round {index + 1}: shardkit {ours[-1]:.1f} img/s, PyTorch {theirs[-1]:.1f} img/s, "
+              f"ratio {ours[-1] / theirs[-1]:.2f}", flush=True)
+    ours_median, theirs_median = statistics.median(ours), statistics.median(theirs)
+    ratios = [a / b for a, b in zip(ours, theirs)]
     where = "2 cores" if args.device == "cpu" else torch.cuda.get_device_name()
-    print(f"SwAV step, 2 x 24px crops, global batch 64, {where}: shardkit {ours:.1f} img/s, "
-          f"PyTorch {torch.__version__} eager {theirs:.1f} img/s, ratio {ours / theirs:.2f}")
+    print(f"SwAV step, 2 x 24px crops, global batch 64, {where}, median of {args.rounds} rounds: "
+          f"shardkit {ours_median:.1f} img/s, PyTorch {torch.__version__} eager {theirs_median:.1f} img/s, "
+          f"ratio {ours_median / theirs_median:.2f} (rounds' ratios {min(ratios):.2f}-{max(ratios):.2f})")
     return 0
 
 
