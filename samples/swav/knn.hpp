@@ -25,9 +25,10 @@ inline void l2_normalize_rows(std::vector<float>& features, std::int64_t dim) {
 }
 
 // How many of queries [first, last) the bank classifies correctly, blocks of queries spread
-// over `pool`'s threads (knn.cpp: compiled by the host compiler, so Eigen keeps its SIMD in
-// builds with the GPU path). Each query's vote is its own, so the count is the same on any
-// number of threads.
+// over `pool`'s threads (knn.cpp: compiled by the host compiler in every build; the products
+// run on oneDNN's sgemm where the build has it, else on Eigen). Each query's vote is its own
+// and each product runs on one thread, so the count is the same on any number of threads and
+// any split of the queries.
 std::int64_t knn_correct(const std::vector<float>& bank,
                          const std::vector<std::uint8_t>& bank_labels,
                          const std::vector<float>& queries,

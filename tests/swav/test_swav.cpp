@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "knn.hpp"
 #include "loader.hpp"
 #include "multicrop.hpp"
 #include "shardkit/comm/run_ranks.hpp"
@@ -704,6 +705,78 @@ TEST_CASE("kNN features: VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP, and errors that 
       .knn_features[0]
       .apply(plane.data(), 1, 1, 3, 3, out.data());
   CHECK(out == std::vector<float>{3, 4, 6, 7});
+}
+
+// The weighted kNN vote in float64 by brute force: the k most similar bank rows (ties to the
+// lower index), each voting exp(similarity / sigma) for its label; the first largest class wins.
+std::vector<int> reference_knn(const std::vector<double>& bank,
+                               const std::vector<std::uint8_t>& labels,
+                               const std::vector<double>& queries, std::int64_t dim, int k,
+                               double sigma) {
+  const std::int64_t n = static_cast<std::int64_t>(labels.size());
+  const std::int64_t count = static_cast<std::int64_t>(queries.size()) / dim;
+  std::vector<int> predicted;
+  for (std::int64_t q = 0; q < count; ++q) {
+    std::vector<std::pair<double, std::int64_t>> sims;
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::int64_t d = 0; d < dim; ++d) s += queries[q * dim + d] * bank[j * dim + d];
+      sims.push_back({-s, j});
+    }
+    std::sort(sims.begin(), sims.end());
+    std::vector<double> votes(10, 0.0);
+    for (int i = 0; i < std::min<std::int64_t>(k, n); ++i)
+      votes[labels[static_cast<std::size_t>(sims[i].second)]] += std::exp(-sims[i].first / sigma);
+    predicted.push_back(
+        static_cast<int>(std::max_element(votes.begin(), votes.end()) - votes.begin()));
+  }
+  return predicted;
+}
+
+TEST_CASE(
+    "kNN: the weighted vote equals a float64 brute force, on any split of the queries and pool") {
+  // A bank of more rows than one product's chunk (4096) and more queries than one task's block
+  // (128), neither a multiple of it; random unit rows and labels.
+  const std::int64_t n = 9001, count = 300, dim = 37;
+  const int k = 20;
+  const double sigma = 0.07;
+  const auto bank64 = unit_rows(71, n, dim), queries64 = unit_rows(72, count, dim);
+  const std::vector<float> bank(bank64.begin(), bank64.end()),
+      queries(queries64.begin(), queries64.end());
+  std::vector<std::uint8_t> bank_labels;
+  for (const double v : random_values(73, static_cast<std::size_t>(n), 0, 10))
+    bank_labels.push_back(static_cast<std::uint8_t>(std::min(9.0, std::floor(v))));
+  const auto expected = reference_knn(bank64, bank_labels, queries64, dim, k, sigma);
+  // Every query labelled as the reference predicts, but every third one a class off: the count
+  // is then exact only if each prediction is the reference's.
+  std::vector<std::uint8_t> query_labels;
+  std::int64_t right = 0;
+  for (std::int64_t q = 0; q < count; ++q) {
+    const bool flip = q % 3 == 0;
+    query_labels.push_back(
+        static_cast<std::uint8_t>((expected[static_cast<std::size_t>(q)] + flip) % 10));
+    right += !flip;
+  }
+  sk::ThreadPool one(1), two(2);
+  CHECK(swav::knn_correct(bank, bank_labels, queries, query_labels, dim, 0, count, k, sigma, one) ==
+        right);
+  CHECK(swav::knn_correct(bank, bank_labels, queries, query_labels, dim, 0, count, k, sigma, two) ==
+        right);
+  // Split as ranks split the test set: the parts add up.
+  CHECK(swav::knn_correct(bank, bank_labels, queries, query_labels, dim, 0, 77, k, sigma, two) +
+            swav::knn_correct(bank, bank_labels, queries, query_labels, dim, 77, count, k, sigma,
+                              one) ==
+        right);
+  // k larger than the bank: every row votes.
+  const std::vector<float> small_bank(bank.begin(), bank.begin() + 5 * dim);
+  const std::vector<std::uint8_t> small_labels(bank_labels.begin(), bank_labels.begin() + 5);
+  const auto small_expected =
+      reference_knn(std::vector<double>(bank64.begin(), bank64.begin() + 5 * dim), small_labels,
+                    queries64, dim, k, sigma);
+  std::vector<std::uint8_t> small_query_labels;
+  for (const int c : small_expected) small_query_labels.push_back(static_cast<std::uint8_t>(c));
+  CHECK(swav::knn_correct(small_bank, small_labels, queries, small_query_labels, dim, 0, count, k,
+                          sigma, two) == count);
 }
 
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {
