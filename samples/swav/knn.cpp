@@ -35,10 +35,15 @@ constexpr std::int64_t kBankChunk = 4096;  // bank rows per product
 void similarities(const float* queries, std::int64_t rows, const float* bank, std::int64_t cols,
                   std::int64_t dim, float* out) {
 #if SK_WITH_DNNL
-  // oneDNN picks the widest vector unit at run time (Eigen's is fixed when compiling).
+  // oneDNN picks the widest vector unit at run time (Eigen's is fixed when compiling). One
+  // OpenMP thread for this product, then the calling thread's setting back (a pool of one
+  // thread runs its tasks on the rank's own thread).
+  const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  SK_DNNL_CHECK(
-      dnnl_sgemm('N', 'T', rows, cols, dim, 1.0f, queries, dim, bank, dim, 0.0f, out, cols));
+  const dnnl_status_t status =
+      dnnl_sgemm('N', 'T', rows, cols, dim, 1.0f, queries, dim, bank, dim, 0.0f, out, cols);
+  omp_set_num_threads(threads);
+  shardkit::detail::dnnl_check(status, "dnnl_sgemm (the kNN similarities)", __FILE__, __LINE__);
 #else
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const Eigen::Map<const Matrix> q(queries, rows, dim);
