@@ -46,6 +46,10 @@ def parse_args():
     p.add_argument("--warmup", type=int, help="untimed steps first (default: 1 CPU, 3 GPU)")
     p.add_argument("--iters", type=int, help="timed steps (default: 5 CPU, 20 GPU)")
     p.add_argument("--sgd", action="store_true", help="add an SGD step (ours has no optimizer)")
+    p.add_argument("--compile", action="store_true",
+                   help="GPU: the model under torch.compile(mode='reduce-overhead') (Inductor's "
+                        "kernels replayed as CUDA graphs), with 10 warm-up steps for compiling "
+                        "and recording")
     p.add_argument("--json", action="store_true", help="also print one JSON line per config")
     p.add_argument("--profile", action="store_true",
                    help="after timing, run the timed steps again under PyTorch's profiler and "
@@ -75,18 +79,22 @@ def measure(device, batch, hw):
     small_stem = hw <= 64
     model, source = build_model(classes, small_stem)
     model = model.to(device).train()
+    if args.compile:
+        model = torch.compile(model, mode="reduce-overhead")
     images = torch.empty(batch, 3, hw, hw, device=device).uniform_(-1, 1)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if args.sgd else None
 
     def step():
+        if args.compile:  # a new step: the graphs' outputs of the last one may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         model.zero_grad(set_to_none=True)
         F.cross_entropy(model(images), labels).backward()
         if optimizer is not None:
             optimizer.step()
 
     gpu = device.type == "cuda"
-    warmup = args.warmup if args.warmup is not None else (3 if gpu else 1)
+    warmup = args.warmup if args.warmup is not None else (10 if args.compile else 3 if gpu else 1)
     iters = args.iters if args.iters is not None else (20 if gpu else 5)
     for _ in range(warmup):
         step()
@@ -113,7 +121,8 @@ def measure(device, batch, hw):
         print(f"== PyTorch's profiler, {iters} steps, batch {batch}, {hw}x{hw}:")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     return {
-        "peer": "pytorch", "torch": torch.__version__, "model": source, "device": str(device),
+        "peer": "pytorch-compile" if args.compile else "pytorch", "torch": torch.__version__,
+        "model": source, "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if gpu else None,
         "threads": None if gpu else torch.get_num_threads(), "batch": batch, "hw": hw,
         "classes": classes, "stem": "small" if small_stem else "imagenet", "sgd": args.sgd,
@@ -143,7 +152,8 @@ def main():
     for batch, hw in configs:
         r = measure(device, batch, hw)
         where = r["gpu"] if r["gpu"] else f"{r['threads']} thread(s)"
-        print(f"pytorch {r['torch']} ({r['model']}) ResNet-18 step, batch {batch}, {hw}x{hw}, "
+        mode = " torch.compile(reduce-overhead)" if args.compile else " eager"
+        print(f"pytorch {r['torch']}{mode} ({r['model']}) ResNet-18 step, batch {batch}, {hw}x{hw}, "
               f"{r['stem']} stem, {r['classes']} classes, {where}: {r['ms_median']:.1f} ms/step "
               f"median (mean {r['ms_mean']:.1f}, {r['iters']} steps), "
               f"{r['images_per_s']:.2f} images/s", flush=True)

@@ -2,7 +2,8 @@
 """Images/s of a SwAV training step: shardkit's trainer against PyTorch (eager) running the
 same network and crops in the same run, on the CPU or on a CUDA GPU.
 
-  swav_vs_torch.py path/to/swav [STEPS] [--device cpu|cuda] [--rounds R] [config.KEY=VALUE ...]
+  swav_vs_torch.py path/to/swav [STEPS] [--device cpu|cuda] [--rounds R] [--network quick|gpu]
+                   [--queue N] [config.KEY=VALUE ...]
 
 On the GPU both run one rank with the whole batch of 64 (ours: config.MACHINE.DEVICE=gpu);
 config overrides pass through to ours (e.g. the dataset's folder on a machine without the
@@ -17,12 +18,20 @@ the same crop sizes, Sinkhorn-Knopp and the swapped-prediction loss, SGD with mo
 per-tensor norms add little). Ours also makes its crops on worker threads on the same two
 cores; PyTorch's reuses one random batch, so the ratio is, if anything, unfair to us.
 
+--network gpu (with --device cuda) measures the GPU config instead: configs/gpu.yaml's full-width
+ResNet-18 (one input channel, small stem), swav_head 512-512-128, 100 prototypes, one rank with a
+batch of 256 (512 crops of 24 pixels), bf16 mixed precision (PyTorch: autocast to bf16, f32
+masters); --queue N adds a queue of N past embeddings per assignment crop from the first step
+(ours: config.LOSS.swav_loss.queue.queue_length=N, start_iter=0), scored with the prototypes and
+appended to the batch's scores before Sinkhorn on both sides.
+
 Both are measured in R rounds (default 3), alternating which goes first, and each side's median
 is the figure: a lent GPU's host moved both sides' single runs by 30-40% between calls a minute
 apart, more than the difference measured. Prints every round, then both medians and their
 ratio (the last line)."""
-import statistics
 import argparse
+import contextlib
+import statistics
 import os
 import re
 import subprocess
@@ -43,15 +52,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_resnet18 import ResNet18  # noqa: E402
 
 
+# The two networks: trunk width, head dims and global batch of quick_cpu.yaml and gpu.yaml.
+NETWORKS = {"quick": dict(width=16, dims=(128, 128, 64), batch=64, config="quick_cpu.yaml"),
+            "gpu": dict(width=64, dims=(512, 512, 128), batch=256, config="gpu.yaml")}
+
+
 class Swav(nn.Module):
-    def __init__(self):
+    def __init__(self, width, dims):
         super().__init__()
-        trunk = ResNet18(10, small_image_stem=True, base_channels=16)
-        trunk.conv1 = nn.Conv2d(1, 16, 3, 1, 1, bias=False)
+        trunk = ResNet18(10, small_image_stem=True, base_channels=width)
+        trunk.conv1 = nn.Conv2d(1, width, 3, 1, 1, bias=False)
         trunk.fc = nn.Identity()
         self.trunk = trunk
-        self.head = nn.Sequential(nn.Linear(128, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, 64))
-        self.prototypes = nn.Linear(64, 100, bias=False)
+        self.head = nn.Sequential(nn.Linear(dims[0], dims[1]), nn.BatchNorm1d(dims[1]), nn.ReLU(),
+                                  nn.Linear(dims[1], dims[2]))
+        self.prototypes = nn.Linear(dims[2], 100, bias=False)
 
     def forward(self, crops):
         z = F.normalize(self.head(self.trunk(crops)), dim=1)
@@ -71,19 +86,35 @@ def sinkhorn(scores, eps=0.05, iters=3):
         return (q * b).t()
 
 
-def torch_images_per_second(steps, device, batch=64):
+def torch_images_per_second(steps, device, network, queue_length):
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    model = Swav().to(device)
+    net = NETWORKS[network]
+    batch = net["batch"]
+    model = Swav(net["width"], net["dims"]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-6)
     crops = torch.randn(2 * batch, 1, 24, 24, device=device)
+    # One queue per assignment crop, newest first, uniform in +-1/sqrt(D/3) to start.
+    bound = 1 / (net["dims"][2] / 3) ** 0.5
+    queues = [torch.empty(queue_length, net["dims"][2], device=device).uniform_(-bound, bound)
+              for _ in range(2)]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    amp = network == "gpu" and device == "cuda"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
     def step():
         opt.zero_grad()
-        _, scores = model(crops)
+        with autocast:
+            embeddings, scores = model(crops)
+        scores = scores.float()
         loss = 0
         for a in (0, 1):
-            q = sinkhorn(scores[a * batch:(a + 1) * batch].detach())
+            own = scores[a * batch:(a + 1) * batch].detach()
+            if queue_length:
+                with torch.no_grad():
+                    own = torch.cat([own, model.prototypes(queues[a])])
+                    queues[a] = torch.cat([embeddings[a * batch:(a + 1) * batch].detach().float(),
+                                           queues[a][:-batch]])
+            q = sinkhorn(own)[:batch]
             p = 1 - a
             loss = loss - (q * F.log_softmax(scores[p * batch:(p + 1) * batch] / 0.1, dim=1)).sum(1).mean()
         (loss / 2).backward()
@@ -100,9 +131,12 @@ def torch_images_per_second(steps, device, batch=64):
     return steps * batch / (time.perf_counter() - begin)
 
 
-def ours_images_per_second(swav, steps, device, overrides):
+def ours_images_per_second(swav, steps, device, network, queue_length, overrides):
     config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "samples", "swav",
-                          "configs", "quick_cpu.yaml")
+                          "configs", NETWORKS[network]["config"])
+    if queue_length:
+        overrides = [f"config.LOSS.swav_loss.queue.queue_length={queue_length}",
+                     "config.LOSS.swav_loss.queue.start_iter=0"] + overrides
     folder = f"/tmp/shardkit_swav_bench_{os.getpid()}"
     env = dict(os.environ)
     if "SWAV_LD_LIBRARY_PATH" in env:
@@ -113,7 +147,8 @@ def ours_images_per_second(swav, steps, device, overrides):
                           "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT=200", "config.DATA.TEST.DATA_LIMIT=100",
                           f"config.LOG_FREQUENCY={steps}"]
                          + (["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
-                             "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64"] if device == "cuda"
+                             f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={NETWORKS[network]['batch']}"]
+                            if device == "cuda"
                             else ["config.MACHINE.DEVICE=cpu"]) + overrides,
                          capture_output=True, text=True, check=True, env=env)
     subprocess.run(["rm", "-rf", folder])
@@ -126,13 +161,19 @@ def main():
     parser.add_argument("steps", nargs="?", type=int, default=60)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--network", choices=tuple(NETWORKS), default="quick")
+    parser.add_argument("--queue", type=int, default=0, metavar="N")
     args, overrides = parser.parse_known_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    batch = NETWORKS[args.network]["batch"]
+    if args.queue < 0 or args.queue % batch:
+        parser.error(f"--queue must be a non-negative multiple of the batch ({batch}), got {args.queue}")
     ours, theirs = [], []
     for index in range(args.rounds):
-        measure = [lambda: ours.append(ours_images_per_second(args.swav, args.steps, args.device, overrides)),
-                   lambda: theirs.append(torch_images_per_second(args.steps, args.device))]
+        measure = [lambda: ours.append(ours_images_per_second(args.swav, args.steps, args.device, args.network,
+                                                              args.queue, overrides)),
+                   lambda: theirs.append(torch_images_per_second(args.steps, args.device, args.network, args.queue))]
         for run in (measure if index % 2 == 0 else reversed(measure)):
             run()
         print(f"round {index + 1}: shardkit {ours[-1]:.1f} img/s, PyTorch {theirs[-1]:.1f} img/s, "
@@ -140,7 +181,8 @@ def main():
     ours_median, theirs_median = statistics.median(ours), statistics.median(theirs)
     ratios = [a / b for a, b in zip(ours, theirs)]
     where = "2 cores" if args.device == "cpu" else torch.cuda.get_device_name()
-    print(f"SwAV step, 2 x 24px crops, global batch 64, {where}, median of {args.rounds} rounds: "
+    what = f"{args.network} network, queue {args.queue}" if args.queue else f"{args.network} network"
+    print(f"SwAV step ({what}), 2 x 24px crops, global batch {batch}, {where}, median of {args.rounds} rounds: "
           f"shardkit {ours_median:.1f} img/s, PyTorch {torch.__version__} eager {theirs_median:.1f} img/s, "
           f"ratio {ours_median / theirs_median:.2f} (rounds' ratios {min(ratios):.2f}-{max(ratios):.2f})")
     return 0
