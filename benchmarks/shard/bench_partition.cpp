@@ -33,14 +33,16 @@ void print_imbalance_table() {
 
 void BM_greedy_partition_resnet50(benchmark::State& state) {
   const auto sizes = resnet50_sizes();
-  for (auto _ : state) benchmark::DoNotOptimize(sk::shard::greedy_partition(sizes, static_cast<int>(state.range(0))));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(sk::shard::greedy_partition(sizes, static_cast<int>(state.range(0))));
 }
 
 void BM_greedy_partition_million(benchmark::State& state) {
   std::mt19937_64 rng(1);
   std::vector<std::int64_t> sizes(1'000'000);
   for (auto& s : sizes) s = 1 + static_cast<std::int64_t>(rng() % 100000);
-  for (auto _ : state) benchmark::DoNotOptimize(sk::shard::greedy_partition(sizes, static_cast<int>(state.range(0))));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(sk::shard::greedy_partition(sizes, static_cast<int>(state.range(0))));
   state.counters["params"] = static_cast<double>(sizes.size());
 }
 

@@ -26,7 +26,9 @@ inline constexpr std::int64_t kResNet50Params = 25'557'032;
 constexpr std::array<ParamShape, kResNet50Tensors> resnet50_param_shapes() {
   std::array<ParamShape, kResNet50Tensors> out{};
   int n = 0;
-  auto conv = [&](std::int64_t o, std::int64_t i, std::int64_t k) { out[n++] = ParamShape{{o, i, k, k}, 4}; };
+  auto conv = [&](std::int64_t o, std::int64_t i, std::int64_t k) {
+    out[n++] = ParamShape{{o, i, k, k}, 4};
+  };
   auto bn = [&](std::int64_t c) {
     out[n++] = ParamShape{{c, 0, 0, 0}, 1};  // weight
     out[n++] = ParamShape{{c, 0, 0, 0}, 1};  // bias

@@ -12,21 +12,28 @@ using shardkit::cuda::grid_for;
 using shardkit::cuda::kThreadsPerBlock;
 
 // The compute type of each storage type.
+// clang-format off
 template <class T> struct AccumulatorOf { using type = float; };
 template <> struct AccumulatorOf<double> { using type = double; };
+// clang-format on
 template <class T>
 using Acc = typename AccumulatorOf<T>::type;
 
 template <class A, class T>
-SK_DEVICE SK_INLINE A load(const T* p, std::int64_t i) { return convert_value<A>(p[i]); }
+SK_DEVICE SK_INLINE A load(const T* p, std::int64_t i) {
+  return convert_value<A>(p[i]);
+}
 template <class T, class A>
-SK_DEVICE SK_INLINE void store(T* p, std::int64_t i, A v) { p[i] = convert_value<T>(v); }
+SK_DEVICE SK_INLINE void store(T* p, std::int64_t i, A v) {
+  p[i] = convert_value<T>(v);
+}
 
 // Sum over the block (blockDim.x == kThreadsPerBlock); every thread gets the result.
 template <class A>
 SK_DEVICE A block_sum(A value) {
   __shared__ A partial[kThreadsPerBlock / 32];
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_down_sync(0xffffffffu, value, offset);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   __syncthreads();  // partial[] may still be read by a previous call
   if (lane == 0) partial[warp] = value;
@@ -56,11 +63,13 @@ SK_DEVICE A block_max(A value) {
 template <class Fn>
 void visit_floating(DType dtype, const char* op, Fn&& fn) {
   switch (dtype) {
+    // clang-format off
     case DType::f32: return fn(float{});
     case DType::f64: return fn(double{});
     case DType::f16: return fn(Half{});
     case DType::bf16: return fn(BFloat16{});
     default: break;
+      // clang-format on
   }
   fail<InvalidArgument>(op, " on the GPU takes f32, f64, f16 or bf16, got ", dtype_name(dtype));
 }

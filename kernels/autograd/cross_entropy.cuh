@@ -23,7 +23,8 @@ __global__ void cross_entropy_rows_kernel(const T* x, const void* target, bool h
   }
   max = block_max(max);
   A sum = 0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += exp(load<A>(x, at + c) - max);
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    sum += exp(load<A>(x, at + c) - max);
   const A log_sum = ::log(block_sum(sum));
   A loss = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -65,7 +66,8 @@ __global__ void cross_entropy_backward_kernel(const T* log_probs, const void* ta
   A mass = 1;
   if (!hard) {
     A m = 0;
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) m += load<A>(static_cast<const T*>(target), at + c);
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      m += load<A>(static_cast<const T*>(target), at + c);
     mass = block_sum(m);
   }
   const std::int64_t label = hard ? static_cast<const std::int64_t*>(target)[blockIdx.x] : -1;
@@ -131,7 +133,8 @@ inline void cross_entropy_backward(Context& ctx, const Tensor& log_probs, const 
   visit_floating(log_probs.dtype(), "cross_entropy backward", [&](auto tag) {
     using T = decltype(tag);
     using A = Acc<T>;
-    const Tensor g = grad_loss.dtype() == dtype_of<A> ? grad_loss : cast(ctx, grad_loss, dtype_of<A>);
+    const Tensor g =
+        grad_loss.dtype() == dtype_of<A> ? grad_loss : cast(ctx, grad_loss, dtype_of<A>);
     cross_entropy_backward_kernel<T><<<row_grid(rows), kThreadsPerBlock, 0, ctx.stream()>>>(
         static_cast<const T*>(log_probs.data_ptr()), target.data_ptr(), hard,
         static_cast<const A*>(g.data_ptr()), static_cast<T*>(grad_x.data_ptr()), rows, cols);

@@ -6,7 +6,7 @@
 
 namespace shardkit::autograd::cuda_kernels {
 
-#define SK_GRID_LOOP(i, n)                                                          \
+#define SK_GRID_LOOP(i, n)                                                            \
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += std::int64_t{gridDim.x} * blockDim.x)
 
@@ -18,10 +18,12 @@ __global__ void pointwise_kernel(Pointwise op, T* out, const T* a, const T* b, s
     const A x = load<A>(a, i);
     A r = 0;
     switch (op) {
+      // clang-format off
       case Pointwise::axpby: r = b == nullptr ? alpha * x : alpha * x + beta * load<A>(b, i); break;
       case Pointwise::mul: r = alpha * x * load<A>(b, i); break;
       case Pointwise::relu: r = x > A(0) ? x : A(0); break;
       case Pointwise::relu_backward: r = load<A>(b, i) > A(0) ? x : A(0); break;
+        // clang-format on
     }
     store(out, i, r);
   }
@@ -72,7 +74,9 @@ inline void pointwise(Context& ctx, Pointwise op, const Tensor& out, const Tenso
   CudaDeviceGuard guard(ctx.device().index);
   visit_floating(out.dtype(), "pointwise op", [&](auto tag) {
     using T = decltype(tag);
-    const T* bp = b.defined() && !(op == Pointwise::axpby && beta == 0) ? static_cast<const T*>(b.data_ptr()) : nullptr;
+    const T* bp = b.defined() && !(op == Pointwise::axpby && beta == 0)
+                      ? static_cast<const T*>(b.data_ptr())
+                      : nullptr;
     pointwise_kernel<T><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
         op, static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()), bp, n,
         Acc<T>(alpha), Acc<T>(beta));
@@ -89,7 +93,8 @@ inline void channel_sum(Context& ctx, const Tensor& x, const Tensor& out, std::i
     visit_floating(out.dtype(), "channel_sum", [&](auto out_tag) {
       using O = decltype(out_tag);
       channel_sum_kernel<T, O><<<row_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
-          static_cast<const T*>(x.data_ptr()), static_cast<O*>(out.data_ptr()), outer, channels, inner);
+          static_cast<const T*>(x.data_ptr()), static_cast<O*>(out.data_ptr()), outer, channels,
+          inner);
       SK_CUDA_CHECK_LAUNCH("channel_sum_kernel");
     });
   });
@@ -111,7 +116,8 @@ inline void channel_bias_add(Context& ctx, const Tensor& y, const Tensor& bias, 
 inline void batch_norm_eval_backward(Context& ctx, const Tensor& x, const Tensor& grad_y,
                                      const Tensor& weight, const Tensor& mean, const Tensor& var,
                                      double eps, const Tensor& grad_x, const Tensor& grad_y_xhat,
-                                     std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+                                     std::int64_t outer, std::int64_t channels,
+                                     std::int64_t inner) {
   const std::int64_t n = outer * channels * inner;
   if (n == 0) return;
   CudaDeviceGuard guard(ctx.device().index);

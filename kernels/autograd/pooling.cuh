@@ -5,7 +5,7 @@
 
 namespace shardkit::autograd::cuda_kernels {
 
-#define SK_GRID_LOOP(i, n)                                                          \
+#define SK_GRID_LOOP(i, n)                                                            \
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += std::int64_t{gridDim.x} * blockDim.x)
 

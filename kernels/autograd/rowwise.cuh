@@ -28,7 +28,8 @@ __global__ void softmax_forward_kernel(const T* x, T* y, std::int64_t cols, bool
 }
 
 template <class T>
-__global__ void softmax_backward_kernel(const T* y, const T* gy, T* gx, std::int64_t cols, bool log) {
+__global__ void softmax_backward_kernel(const T* y, const T* gy, T* gx, std::int64_t cols,
+                                        bool log) {
   using A = Acc<T>;
   const std::int64_t at = blockIdx.x * cols;
   A dot = 0;
@@ -54,7 +55,8 @@ __global__ void l2_normalize_forward_kernel(const T* x, T* y, Acc<T>* norms, std
   const A norm = sqrt(block_sum(sq));
   if (threadIdx.x == 0) norms[blockIdx.x] = norm;
   const A denom = norm > eps ? norm : eps;
-  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) store(y, at + c, load<A>(x, at + c) / denom);
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    store(y, at + c, load<A>(x, at + c) / denom);
 }
 
 template <class T>
@@ -64,7 +66,8 @@ __global__ void l2_normalize_backward_kernel(const T* y, const Acc<T>* norms, co
   const std::int64_t at = blockIdx.x * cols;
   const A norm = norms[blockIdx.x];
   A dot = 0;
-  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) dot += load<A>(gy, at + c) * load<A>(y, at + c);
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    dot += load<A>(gy, at + c) * load<A>(y, at + c);
   dot = block_sum(dot);
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const A g = load<A>(gy, at + c);
@@ -97,8 +100,9 @@ inline void softmax_backward(Context& ctx, const Tensor& y, const Tensor& grad_y
   });
 }
 
-inline void l2_normalize_forward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& norms,
-                                 std::int64_t rows, std::int64_t cols, double eps) {
+inline void l2_normalize_forward(Context& ctx, const Tensor& x, const Tensor& y,
+                                 const Tensor& norms, std::int64_t rows, std::int64_t cols,
+                                 double eps) {
   if (rows == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
   visit_floating(x.dtype(), "l2_normalize", [&](auto tag) {

@@ -42,6 +42,8 @@ template <class F>
 int span_misalignment(const Span<F::kDepth>& span) {
   int common = -1;
   bool ok = true;
+  // (clang-format 14 would split these immediately invoked template lambdas apart)
+  // clang-format off
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     (
         [&] {
@@ -52,13 +54,14 @@ int span_misalignment(const Span<F::kDepth>& span) {
             ok = false;
             return;
           }
-          const int offset = static_cast<int>((kVectorElements - (address / element) % kVectorElements) %
-                                              kVectorElements);
+          const int offset = static_cast<int>(
+              (kVectorElements - (address / element) % kVectorElements) % kVectorElements);
           if (common < 0) common = offset;
           ok = ok && common == offset;
         }(),
         ...);
   }(std::make_index_sequence<F::kDepth>{});
+  // clang-format on
   return ok ? (common < 0 ? 0 : common) : -1;
 }
 
@@ -101,12 +104,14 @@ SK_DEVICE SK_INLINE void apply_vector(const F& op, const typename F::Segment& se
                                       void* const* data, std::int64_t i,
                                       double (&acc)[kSumSlots<F>]) {
   float v[F::kDepth][kVectorElements];
+  // clang-format off
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     ([&] {
       if constexpr (reads<F>(K))
         load_vector(static_cast<const operand_t<F, K>*>(data[K]) + i, v[K]);
     }(), ...);
   }(std::make_index_sequence<F::kDepth>{});
+  // clang-format on
   SK_UNROLL
   for (int j = 0; j < kVectorElements; ++j) {
     float x[F::kDepth];
@@ -116,15 +121,18 @@ SK_DEVICE SK_INLINE void apply_vector(const F& op, const typename F::Segment& se
     op(x, segment, sums);
     SK_UNROLL
     for (int k = 0; k < F::kDepth; ++k) v[k][j] = x[k];
-    if constexpr (F::kSums > 0)
+    if constexpr (F::kSums > 0) {
       SK_UNROLL
       for (int k = 0; k < F::kSums; ++k) acc[k] += sums[k];
+    }
   }
+  // clang-format off
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     ([&] {
       if constexpr (writes<F>(K)) store_vector(static_cast<operand_t<F, K>*>(data[K]) + i, v[K]);
     }(), ...);
   }(std::make_index_sequence<F::kDepth>{});
+  // clang-format on
 }
 
 template <class F>
@@ -136,16 +144,18 @@ SK_DEVICE SK_INLINE void apply_scalar(const F& op, const typename F::Segment& se
   double sums[kSumSlots<F>];
   op(x, segment, sums);
   store_operands<F>(x, data, i);
-  if constexpr (F::kSums > 0)
+  if constexpr (F::kSums > 0) {
     SK_UNROLL
     for (int k = 0; k < F::kSums; ++k) acc[k] += sums[k];
+  }
 }
 
 // Sums `value` over the block in a fixed order (shuffles, then warps in order); thread 0 gets
 // the total.
 SK_DEVICE SK_INLINE double block_sum(double value, double* shared) {
   SK_UNROLL
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_down_sync(0xffffffffu, value, offset);
   const int warp = threadIdx.x / 32;
   __syncthreads();  // `shared` may still be read from a previous call
   if (threadIdx.x % 32 == 0) shared[warp] = value;
@@ -164,7 +174,10 @@ __global__ void __launch_bounds__(kThreads)
   int lo = 0, hi = batch.count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (batch.chunk_begin[mid] <= chunk) lo = mid; else hi = mid - 1;
+    if (batch.chunk_begin[mid] <= chunk)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int s = lo;
   void* data[F::kDepth];
@@ -210,7 +223,8 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t last = batch.first_chunk + batch.chunk_begin[s + 1];
   for (int k = 0; k < sum_count; ++k) {
     double value = 0;
-    for (std::int64_t c = first + threadIdx.x; c < last; c += kThreads) value += partials[k * stride + c];
+    for (std::int64_t c = first + threadIdx.x; c < last; c += kThreads)
+      value += partials[k * stride + c];
     const double total = block_sum(value, shared);
     if (threadIdx.x == 0) {
       sums[k * n + batch.first_span + s] = total;

@@ -30,8 +30,9 @@ inline DeviceChoice choose_device(const std::string& flag, bool skip_without_gpu
                               "--device gpu, but this custom_loop was built without CUDA; install "
                               "the CUDA toolkit (nvcc, cuBLAS, NCCL) and reconfigure with meson "
                               "setup --reconfigure -Dcuda=enabled, or use --device cpu");
-  sk::fail<sk::NotAvailable>("--device gpu, but this machine has no usable CUDA GPU (no device "
-                             "or no driver: see nvidia-smi); use --device cpu or --device auto");
+  sk::fail<sk::NotAvailable>(
+      "--device gpu, but this machine has no usable CUDA GPU (no device "
+      "or no driver: see nvidia-smi); use --device cpu or --device auto");
 }
 
 inline Results train_on(DeviceChoice choice, const Setup& setup) {

@@ -37,11 +37,11 @@ inline std::vector<sk::shard::ParamSpec> mlp_param_specs(const std::vector<std::
   return specs;
 }
 
-// torch.nn.Linear's default initialisation of parameter i (fcL.weight or fcL.bias): U(-1/sqrt(fan_in),
-// 1/sqrt(fan_in)). Called for i = 0, 1, 2, ... in order, Philox fills give the same numbers on
-// either device and under every ZeRO stage.
-inline void init_mlp_param(sk::Context& ctx, const std::vector<std::int64_t>& widths,
-                           std::size_t i, const sk::Tensor& param) {
+// torch.nn.Linear's default initialisation of parameter i (fcL.weight or fcL.bias):
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Called for i = 0, 1, 2, ... in order, Philox fills give the
+// same numbers on either device and under every ZeRO stage.
+inline void init_mlp_param(sk::Context& ctx, const std::vector<std::int64_t>& widths, std::size_t i,
+                           const sk::Tensor& param) {
   const double bound = 1.0 / std::sqrt(static_cast<double>(widths[i / 2]));
   sk::uniform_(ctx, param, -bound, bound);
 }

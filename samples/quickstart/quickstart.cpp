@@ -17,7 +17,7 @@ int main() {
     std::string name;
     sk::Shape shape;
   };
-  const std::vector<Param> params = {{"fc1.weight", {1024, 784}}, {"fc1.bias", {1024}},
+  const std::vector<Param> params = {{"fc1.weight", {1024, 784}},  {"fc1.bias", {1024}},
                                      {"fc2.weight", {1024, 1024}}, {"fc2.bias", {1024}},
                                      {"fc3.weight", {10, 1024}},   {"fc3.bias", {10}}};
   std::int64_t total = 0;

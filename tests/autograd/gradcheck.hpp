@@ -21,8 +21,7 @@ inline Variable random_variable(Context& ctx, Shape shape, double low, double hi
 inline Variable random_away_from_zero(Context& ctx, Shape shape, double margin, double high) {
   Variable v = random_variable(ctx, std::move(shape), -high, high);
   auto* p = v.data().data<double>();
-  for (std::int64_t i = 0; i < v.numel(); ++i)
-    p[i] = p[i] < 0 ? p[i] - margin : p[i] + margin;
+  for (std::int64_t i = 0; i < v.numel(); ++i) p[i] = p[i] < 0 ? p[i] - margin : p[i] + margin;
   return v;
 }
 
@@ -43,8 +42,7 @@ inline double weighted_sum(Context& ctx, const Variable& out, const std::vector<
 // Checks d/d(input) of sum(forward(inputs) * W) for a random W, for every input that requires
 // grad; `corrupt` (tests of this checker) perturbs the analytic gradient first.
 inline GradcheckResult gradcheck(Context& ctx, const std::vector<Variable>& inputs,
-                                 const Forward& forward, double step = 1e-6,
-                                 double corrupt = 0) {
+                                 const Forward& forward, double step = 1e-6, double corrupt = 0) {
   for (const auto& in : inputs) in.impl()->grad = Tensor();
   Variable out = forward(inputs);
   Variable weights_var = random_variable(ctx, out.shape(), -1, 1, false);
@@ -68,7 +66,8 @@ inline GradcheckResult gradcheck(Context& ctx, const std::vector<Variable>& inpu
       const double minus = weighted_sum(ctx, forward(inputs), weights);
       p[i] = saved;
       const double numeric = (plus - minus) / (2 * step);
-      diff += (analytic[static_cast<std::size_t>(i)] - numeric) * (analytic[static_cast<std::size_t>(i)] - numeric);
+      diff += (analytic[static_cast<std::size_t>(i)] - numeric) *
+              (analytic[static_cast<std::size_t>(i)] - numeric);
       norm += numeric * numeric;
     }
     const double error = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);

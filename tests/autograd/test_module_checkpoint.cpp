@@ -18,7 +18,8 @@ namespace {
 
 std::string scratch(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
-          ("shardkit_module_" + std::to_string(::getpid()) + "_" + name + ".safetensors")).string();
+          ("shardkit_module_" + std::to_string(::getpid()) + "_" + name + ".safetensors"))
+      .string();
 }
 
 std::shared_ptr<nn::Module> small_resnet18(sk::Context& ctx, int classes = 10) {
@@ -63,7 +64,8 @@ TEST_CASE("a saved ResNet-18 loads into another instance: same state, same outpu
     CHECK(sk::io::host_bytes(ctx, a[i].first, a[i].second).bytes ==
           sk::io::host_bytes(other, b[i].first, b[i].second).bytes);
   }
-  CHECK(sk::to_vector<std::int64_t>(other, copy->state_dict()[5].second)[0] == 1);  // bn1.num_batches_tracked
+  CHECK(sk::to_vector<std::int64_t>(other, copy->state_dict()[5].second)[0] ==
+        1);  // bn1.num_batches_tracked
   std::filesystem::remove(path);
 }
 
@@ -74,9 +76,10 @@ TEST_CASE("a checkpoint that does not fit the module is refused and the module s
   sk::io::save_module(path, ctx, *ten);
   auto hundred = small_resnet18(ctx, 100);
   const auto before = sk::to_vector<float>(ctx, hundred->state_dict().front().second);
-  CHECK_THROWS_WITH_AS(sk::io::load_module(path, ctx, *hundred),
-                       doctest::Contains("'fc.weight' is f32[10, 512] in the file but f32[100, 512] in the module"),
-                       sk::IoError);
+  CHECK_THROWS_WITH_AS(
+      sk::io::load_module(path, ctx, *hundred),
+      doctest::Contains("'fc.weight' is f32[10, 512] in the file but f32[100, 512] in the module"),
+      sk::IoError);
   CHECK(sk::to_vector<float>(ctx, hundred->state_dict().front().second) == before);  // untouched
 
   auto resnet34 = nn::resnet34(ctx);

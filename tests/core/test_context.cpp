@@ -28,12 +28,14 @@ TEST_CASE("contexts are independent: N ranks as N threads see only their own mem
   for (int rank = 0; rank < kRanks; ++rank)
     threads.emplace_back([&, rank] {
       sk::Context ctx({.rank = rank});
-      auto t = sk::empty(ctx, {1000 * (rank + 1)}, sk::DType::f32, sk::MemoryCategory::optimizer_state);
+      auto t =
+          sk::empty(ctx, {1000 * (rank + 1)}, sk::DType::f32, sk::MemoryCategory::optimizer_state);
       sk::fill(ctx, t, rank);
       peaks[static_cast<std::size_t>(rank)] = ctx.memory_stats().peak_total();
     });
   for (auto& thread : threads) thread.join();
-  for (int rank = 0; rank < kRanks; ++rank) CHECK(peaks[static_cast<std::size_t>(rank)] == 4000 * (rank + 1));
+  for (int rank = 0; rank < kRanks; ++rank)
+    CHECK(peaks[static_cast<std::size_t>(rank)] == 4000 * (rank + 1));
 }
 
 TEST_CASE("resources are made once per context and per type") {
@@ -64,6 +66,7 @@ TEST_CASE("cuda_device_count() is 0 without a GPU, and a CUDA context then fails
   } catch (const sk::NotAvailable& e) {
     const std::string text = e.what();
     CHECK(text.find("cuda:0") != std::string::npos);
-    CHECK(text.find(sk::kWithCuda ? "0 usable CUDA GPU" : "built without CUDA") != std::string::npos);
+    CHECK(text.find(sk::kWithCuda ? "0 usable CUDA GPU" : "built without CUDA") !=
+          std::string::npos);
   }
 }

@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "shardkit/core/error.hpp"
 #include "shardkit/core/config.hpp"
+#include "shardkit/core/error.hpp"
 
 #if SK_WITH_CUDA
 #include "shardkit/core/cublas_check.hpp"
@@ -78,8 +78,8 @@ TEST_CASE("SK_CUDA_CHECK throws CudaError with place, call and CUDA's message") 
 }
 
 TEST_CASE("SK_CUBLAS_CHECK, SK_CUDNN_CHECK and SK_NCCL_CHECK carry the library's status text") {
-  const auto cublas = message_of<sk::CublasError>(
-      [] { SK_CUBLAS_CHECK(CUBLAS_STATUS_NOT_INITIALIZED); });
+  const auto cublas =
+      message_of<sk::CublasError>([] { SK_CUBLAS_CHECK(CUBLAS_STATUS_NOT_INITIALIZED); });
   CHECK(contains(cublas, "cuBLAS call `CUBLAS_STATUS_NOT_INITIALIZED` failed with status 1"));
   const auto cudnn = message_of<sk::CudnnError>([] { SK_CUDNN_CHECK(CUDNN_STATUS_BAD_PARAM); });
   CHECK(contains(cudnn, "CUDNN_STATUS_BAD_PARAM"));
@@ -88,4 +88,3 @@ TEST_CASE("SK_CUBLAS_CHECK, SK_CUDNN_CHECK and SK_NCCL_CHECK carry the library's
   CHECK_NOTHROW(SK_NCCL_CHECK(ncclInProgress));  // non-blocking communicators answer this
 }
 #endif
-

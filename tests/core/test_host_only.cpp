@@ -1,5 +1,6 @@
 // The host API in a plain g++ translation unit: only -I include and the host libraries (Eigen,
-// zlib, nlohmann-json), no CUDA headers, no test framework. A CPU tensor round trip must work there (CPU-only use is a real use).
+// zlib, nlohmann-json), no CUDA headers, no test framework. A CPU tensor round trip must work there
+// (CPU-only use is a real use).
 #include <shardkit/shardkit.hpp>
 
 #include <Eigen/Core>

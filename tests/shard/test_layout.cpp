@@ -66,7 +66,8 @@ TEST_CASE("a flat buffer hands out views of one allocation; padding is zero") {
   const auto all = sk::to_vector<float>(ctx, params.flat());
   for (std::int64_t e = 0; e < layout.padded_numel(); ++e) {
     bool inside = false;
-    for (const auto& slot : layout.slots()) inside |= e >= slot.offset && e < slot.offset + slot.numel;
+    for (const auto& slot : layout.slots())
+      inside |= e >= slot.offset && e < slot.offset + slot.numel;
     CHECK((inside ? all[e] >= 1.0f : all[e] == 0.0f));
   }
   CHECK(sk::to_vector<float>(ctx, params.range(16, 21)) == sk::to_vector<float>(ctx, params[1]));

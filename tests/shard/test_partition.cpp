@@ -20,7 +20,8 @@ std::int64_t optimal_max_load(const std::vector<std::int64_t>& sizes, int world)
   std::int64_t best = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
   while (true) {
     std::vector<std::int64_t> load(static_cast<std::size_t>(world), 0);
-    for (std::size_t i = 0; i < sizes.size(); ++i) load[static_cast<std::size_t>(owner[i])] += sizes[i];
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      load[static_cast<std::size_t>(owner[i])] += sizes[i];
     best = std::min(best, *std::max_element(load.begin(), load.end()));
     std::size_t i = 0;
     while (i < owner.size() && ++owner[i] == world) owner[i++] = 0;
@@ -57,7 +58,8 @@ TEST_CASE("greedy (largest first) is within 4/3 of the optimum on random small c
     // Graham's bound for any greedy list order: the largest item plus the mean.
     const auto unsorted = fairscale_partition(sizes, world);
     check_consistent(unsorted, sizes);
-    const double mean = static_cast<double>(std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0})) / world;
+    const double mean =
+        static_cast<double>(std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0})) / world;
     CHECK(static_cast<double>(*std::max_element(unsorted.load.begin(), unsorted.load.end())) <=
           mean + static_cast<double>(*std::max_element(sizes.begin(), sizes.end())));
   }

@@ -10,8 +10,8 @@ namespace shardkit::detail {
 inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   (void)cudaGetLastError();
-  throw CublasError(library_failure("cuBLAS", call, status, cublasGetStatusString(status), file, line),
-                    status);
+  throw CublasError(
+      library_failure("cuBLAS", call, status, cublasGetStatusString(status), file, line), status);
 }
 
 }  // namespace shardkit::detail

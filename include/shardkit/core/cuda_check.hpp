@@ -1,11 +1,13 @@
-// SK_CUDA_CHECK / SK_CUDA_CHECK_LAUNCH: throw sk::CudaError with file:line, the call and CUDA's message.
+// SK_CUDA_CHECK / SK_CUDA_CHECK_LAUNCH: throw sk::CudaError with file:line, the call and CUDA's
+// message.
 #pragma once
 
 #include "shardkit/core/config.hpp"
 #include "shardkit/core/error.hpp"
 
 #if !SK_WITH_CUDA
-#error "shardkit/core/cuda_check.hpp needs CUDA: compile with nvcc or define SHARDKIT_WITH_CUDA=1 and add CUDA's include folder"
+#error \
+    "shardkit/core/cuda_check.hpp needs CUDA: compile with nvcc or define SHARDKIT_WITH_CUDA=1 and add CUDA's include folder"
 #endif
 
 #include <cuda_runtime.h>
@@ -17,10 +19,11 @@ inline void cuda_check(cudaError_t status, const char* call, const char* file, i
   // Reset the runtime's last-error slot so that the next, unrelated check does not report this
   // failure again (errors that corrupt the context stay sticky whatever we do).
   (void)cudaGetLastError();
-  throw CudaError(library_failure("CUDA", call, status,
-                                  concat(cudaGetErrorName(status), ": ", cudaGetErrorString(status)),
-                                  file, line),
-                  status);
+  throw CudaError(
+      library_failure("CUDA", call, status,
+                      concat(cudaGetErrorName(status), ": ", cudaGetErrorString(status)), file,
+                      line),
+      status);
 }
 
 }  // namespace shardkit::detail

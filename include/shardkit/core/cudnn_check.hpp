@@ -1,4 +1,5 @@
-// SK_CUDNN_CHECK: throws sk::CudnnError with file:line, the call, cuDNN's status and its last detail.
+// SK_CUDNN_CHECK: throws sk::CudnnError with file:line, the call, cuDNN's status and its last
+// detail.
 #pragma once
 
 #include "shardkit/core/cuda_check.hpp"

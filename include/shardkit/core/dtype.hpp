@@ -36,6 +36,7 @@ constexpr std::size_t dtype_size(DType dtype) {
 
 constexpr std::string_view dtype_name(DType dtype) {
   switch (dtype) {
+    // clang-format off
     case DType::f32: return "f32";
     case DType::f64: return "f64";
     case DType::f16: return "f16";
@@ -43,6 +44,7 @@ constexpr std::string_view dtype_name(DType dtype) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::u8: return "u8";
+      // clang-format on
   }
   return "?";
 }
@@ -57,6 +59,7 @@ inline DType parse_dtype(std::string_view name) {
     std::string_view name;
     DType dtype;
   };
+  // clang-format off
   static constexpr Alias kAliases[] = {
       {"f32", DType::f32},  {"float32", DType::f32}, {"float", DType::f32},
       {"f64", DType::f64},  {"float64", DType::f64}, {"double", DType::f64},
@@ -64,6 +67,7 @@ inline DType parse_dtype(std::string_view name) {
       {"bf16", DType::bf16}, {"bfloat16", DType::bf16},
       {"i32", DType::i32},  {"int32", DType::i32},   {"i64", DType::i64},
       {"int64", DType::i64}, {"u8", DType::u8},      {"uint8", DType::u8}};
+  // clang-format on
   for (const auto& alias : kAliases)
     if (alias.name == name) return alias.dtype;
   fail<InvalidArgument>("unknown dtype '", name,
@@ -72,6 +76,7 @@ inline DType parse_dtype(std::string_view name) {
 }
 
 // The C++ storage type of each DType, and back.
+// clang-format off
 template <DType D> struct DTypeTraits;
 template <> struct DTypeTraits<DType::f32> { using type = float; };
 template <> struct DTypeTraits<DType::f64> { using type = double; };
@@ -80,6 +85,7 @@ template <> struct DTypeTraits<DType::bf16> { using type = BFloat16; };
 template <> struct DTypeTraits<DType::i32> { using type = std::int32_t; };
 template <> struct DTypeTraits<DType::i64> { using type = std::int64_t; };
 template <> struct DTypeTraits<DType::u8> { using type = std::uint8_t; };
+// clang-format on
 
 template <DType D>
 using dtype_type = typename DTypeTraits<D>::type;
@@ -90,6 +96,7 @@ struct DTypeOf {
                 "no shardkit DType for this C++ type: use float, double, sk::Half, sk::BFloat16, "
                 "int32_t, int64_t or uint8_t");
 };
+// clang-format off
 template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
 template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
 template <> struct DTypeOf<Half> { static constexpr DType value = DType::f16; };
@@ -97,6 +104,7 @@ template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::bf1
 template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
 template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
 template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::u8; };
+// clang-format on
 
 template <class T>
 inline constexpr DType dtype_of = DTypeOf<std::remove_cv_t<T>>::value;
@@ -106,6 +114,7 @@ inline constexpr DType dtype_of = DTypeOf<std::remove_cv_t<T>>::value;
 template <class Fn>
 decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
+    // clang-format off
     case DType::f32: return fn(float{});
     case DType::f64: return fn(double{});
     case DType::f16: return fn(Half{});
@@ -113,6 +122,7 @@ decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
     case DType::i32: return fn(std::int32_t{});
     case DType::i64: return fn(std::int64_t{});
     case DType::u8: return fn(std::uint8_t{});
+      // clang-format on
   }
   fail<InvalidArgument>("invalid dtype value ", static_cast<int>(dtype));
 }

@@ -27,12 +27,14 @@ inline constexpr MemoryCategory kAllMemoryCategories[kMemoryCategoryCount] = {
 
 constexpr std::string_view memory_category_name(MemoryCategory category) {
   switch (category) {
+    // clang-format off
     case MemoryCategory::parameters: return "parameters";
     case MemoryCategory::gradients: return "gradients";
     case MemoryCategory::optimizer_state: return "optimizer_state";
     case MemoryCategory::communication: return "communication";
     case MemoryCategory::activations: return "activations";
     case MemoryCategory::other: return "other";
+      // clang-format on
   }
   return "?";
 }

@@ -19,7 +19,8 @@ inline void mpi_check(int status, const char* call, const char* file, int line) 
   char text[MPI_MAX_ERROR_STRING] = {0};
   int length = 0;
   if (MPI_Error_string(status, text, &length) != MPI_SUCCESS) length = 0;
-  throw MpiError(library_failure("MPI", call, status, std::string(text, length), file, line), status);
+  throw MpiError(library_failure("MPI", call, status, std::string(text, length), file, line),
+                 status);
 }
 
 }  // namespace shardkit::detail

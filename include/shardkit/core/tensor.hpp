@@ -90,14 +90,13 @@ class Tensor {
     return true;
   }
 
-  bool shares_storage(const Tensor& other) const {
-    return storage_ && storage_ == other.storage_;
-  }
+  bool shares_storage(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
 
   // Address of element [0, 0, ...].
   void* data_ptr() const {
     check(defined(), "data_ptr() of an undefined tensor");
-    return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(element_size());
+    return static_cast<char*>(storage_->data()) +
+           offset_ * static_cast<std::int64_t>(element_size());
   }
 
   template <class T>
@@ -139,8 +138,7 @@ class Tensor {
     const auto index = static_cast<std::size_t>(d);
     check(step > 0, "slice step must be > 0, got ", step);
     check(0 <= start && start <= end && end <= shape_[index], "slice [", start, ", ", end,
-          ") of dim ", d, " is outside the size ", shape_[index], " of tensor ",
-          shape_str(shape_));
+          ") of dim ", d, " is outside the size ", shape_[index], " of tensor ", shape_str(shape_));
     Shape shape = shape_, strides = strides_;
     shape[index] = (end - start + step - 1) / step;
     strides[index] *= step;
@@ -152,8 +150,8 @@ class Tensor {
   Tensor select(std::int64_t d, std::int64_t i) const {
     d = wrap_dim(d);
     const auto index = static_cast<std::size_t>(d);
-    check(0 <= i && i < shape_[index], "select index ", i, " out of range for dim ", d,
-          " of size ", shape_[index]);
+    check(0 <= i && i < shape_[index], "select index ", i, " out of range for dim ", d, " of size ",
+          shape_[index]);
     Shape shape = shape_, strides = strides_;
     shape.erase(shape.begin() + d);
     strides.erase(strides.begin() + d);
@@ -182,8 +180,8 @@ class Tensor {
 
   std::string str() const {
     std::ostringstream out;
-    out << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape_) << ", "
-        << device().str() << ")";
+    out << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape_) << ", " << device().str()
+        << ")";
     return out.str();
   }
 
@@ -203,11 +201,10 @@ class Tensor {
       check(strides_[i] >= 0, "negative strides are not supported (dim ", i, ")");
       last += (shape_[i] - 1) * strides_[i];
     }
-    const auto capacity =
-        static_cast<std::int64_t>(storage_->bytes() / dtype_size(dtype_));
-    check(last < capacity, "tensor view ", shape_str(shape_), " with strides ",
-          shape_str(strides_), " at offset ", offset_, " reaches element ", last,
-          " but its storage holds ", capacity, " ", dtype_name(dtype_), " elements");
+    const auto capacity = static_cast<std::int64_t>(storage_->bytes() / dtype_size(dtype_));
+    check(last < capacity, "tensor view ", shape_str(shape_), " with strides ", shape_str(strides_),
+          " at offset ", offset_, " reaches element ", last, " but its storage holds ", capacity,
+          " ", dtype_name(dtype_), " elements");
   }
 
   std::shared_ptr<Storage> storage_;

@@ -26,7 +26,8 @@ struct CheckpointNode final : autograd::Node {
   const char* name() const override { return "checkpoint"; }
 
   std::vector<Tensor> apply(Context& ctx, const Tensor& grad_output) override {
-    check<StateError>(input.defined(), "checkpoint: the saved input was freed by an earlier "
+    check<StateError>(input.defined(),
+                      "checkpoint: the saved input was freed by an earlier "
                       "backward; pass retain_graph = true to run backward twice");
     Variable x(input, input_requires_grad);
     Variable y;

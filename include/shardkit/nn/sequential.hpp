@@ -52,7 +52,10 @@ class Sequential : public Module {
     for (std::size_t i = first; i < last; ++i)
       for (auto& p : at(i).parameters()) params.push_back(p);
     return checkpoint(
-        ctx, [this, first, last](Context& c, const Variable& in) { return forward_range(c, first, last, in); },
+        ctx,
+        [this, first, last](Context& c, const Variable& in) {
+          return forward_range(c, first, last, in);
+        },
         x, params);
   }
 
@@ -76,7 +79,8 @@ class Sequential : public Module {
     if (segments_ <= 1 || n == 0 || !autograd::tape(ctx).grad_enabled())
       return forward_range(ctx, 0, n, x);
     const std::vector<Module*> all = units();
-    const std::size_t count = std::min<std::size_t>(static_cast<std::size_t>(segments_), all.size());
+    const std::size_t count =
+        std::min<std::size_t>(static_cast<std::size_t>(segments_), all.size());
     Variable y = x;
     std::size_t first = 0;
     for (std::size_t s = 0; s < count; ++s) {

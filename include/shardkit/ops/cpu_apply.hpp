@@ -164,11 +164,13 @@ namespace detail {
 using F64x4 = double __attribute__((vector_size(32)));
 
 // (Element by element: GCC turns this into one vcvtps2pd, where __builtin_convertvector
-// splits it in halves.)
-inline F64x4 widen4(const float* p) { return F64x4{p[0], p[1], p[2], p[3]}; }
+// splits it in halves.) The result is written through a reference, not returned: a 32-byte
+// vector returned by value changes the ABI between builds with and without AVX, which GCC
+// reports (-Wpsabi) in a user's build at the default -march.
+inline void widen4(const float* p, F64x4& out) { out = F64x4{p[0], p[1], p[2], p[3]}; }
 // bf16 -> f32 is a shift of the bits, so this stays branch-free too.
-inline F64x4 widen4(const BFloat16* p) {
-  return F64x4{p[0].to_float(), p[1].to_float(), p[2].to_float(), p[3].to_float()};
+inline void widen4(const BFloat16* p, F64x4& out) {
+  out = F64x4{p[0].to_float(), p[1].to_float(), p[2].to_float(), p[3].to_float()};
 }
 
 // A software prefetch into all cache levels (none in nvcc's passes, which see no intrinsics
@@ -198,7 +200,9 @@ class SquareLanes {
       lanes_[l] += v * v;
     }
 #else
-    const detail::F64x4 low = detail::widen4(x), high = detail::widen4(x + 4);
+    detail::F64x4 low, high;
+    detail::widen4(x, low);
+    detail::widen4(x + 4, high);
     low_ += low * low;
     high_ += high * high;
 #endif
@@ -363,7 +367,11 @@ void leaf_sums_of_squares_lanes(const T* x, std::int64_t leaves, double* out, co
   using detail::widen4;
   for (std::int64_t k = 0; k < leaves; ++k, x += kNormLeaf) {
     if (readable - x > kPrefetchAhead) detail::prefetch_for_read(x + kPrefetchAhead);
-    F64x4 r0 = widen4(x), r1 = widen4(x + 4), r2 = widen4(x + 8), r3 = widen4(x + 12);
+    F64x4 r0, r1, r2, r3;
+    widen4(x, r0);
+    widen4(x + 4, r1);
+    widen4(x + 8, r2);
+    widen4(x + 12, r3);
     r0 *= r0, r1 *= r1, r2 *= r2, r3 *= r3;                        // row j: q[4j .. 4j + 4)
     const F64x4 t0 = __builtin_shufflevector(r0, r1, 0, 4, 2, 6);  // q0 q4 q2 q6
     const F64x4 t1 = __builtin_shufflevector(r0, r1, 1, 5, 3, 7);  // q1 q5 q3 q7

@@ -161,7 +161,8 @@ void load_optimizer_state(ShardedOptimizer<Backend>& optimizer, const OptimizerS
     check(entry.shape == param.shape, "load_optimizer_state: parameter '", param.name,
           "' has shape ", shape_str(param.shape), " here but ", shape_str(entry.shape),
           " in the state; it was written for a different model");
-    for (const auto& [name, values] : entry.buffers) {
+    for (const auto& saved : entry.buffers) {
+      const auto& name = saved.first;  // (not a structured binding: lambdas capture it)
       const bool kept = std::any_of(buffers.begin(), buffers.end(),
                                     [&](const StateBuffer& b) { return b.name == name; });
       check(kept, "load_optimizer_state: the state has a ", name, " for '", entry.name,
