@@ -12,13 +12,16 @@
 #include "kernels/autograd/autograd_kernels.cuh"
 #include "kernels/comm/reduce_kernels.cuh"
 #include "kernels/core/tensor_kernels.cuh"
+#include "kernels/ops/cuda_backend.cuh"
 #include "shardkit/comm/run_ranks.hpp"
 
 namespace shardkit {
 
 inline CudaKernelTables cuda_kernel_tables() {
-  return CudaKernelTables{cuda::device_kernels(), comm::cuda::device_comm_kernels(),
-                          autograd::cuda_kernels_table()};
+  return CudaKernelTables{.tensor = cuda::device_kernels(),
+                          .comm = comm::cuda::device_comm_kernels(),
+                          .autograd = autograd::cuda_kernels_table(),
+                          .ops = ops::cuda_fused_ops()};
 }
 
 // Options for a Context on CUDA GPU `device`:  sk::Context ctx(sk::cuda_context_options(0));

@@ -75,7 +75,7 @@ void BM_sgd_momentum(benchmark::State& state) {
   auto& ctx = context(threads_of(state));
   const auto o = sgd_options();
   run(state, bench::kSgdMomentumBytes, w.params, [&] {
-    ops::sgd_step<ops::Cpu>(ctx, o, {w.w, w.g, w.buf, {}});
+    ops::sgd_step(ctx, o, {w.w, w.g, w.buf, {}});
   });
 }
 
@@ -84,7 +84,7 @@ void BM_sgd_momentum_bf16_copy(benchmark::State& state) {
   auto& ctx = context(threads_of(state));
   const auto o = sgd_options();
   run(state, bench::kSgdBf16CopyBytes, w.params, [&] {
-    ops::sgd_step<ops::Cpu>(ctx, o, {w.w, w.g, w.buf, w.low});
+    ops::sgd_step(ctx, o, {w.w, w.g, w.buf, w.low});
   });
 }
 
@@ -95,7 +95,7 @@ void BM_larc_sgd_fused(benchmark::State& state) {
   const auto o = sgd_options();
   const auto l = larc_options();
   run(state, bench::kLarcSgdBytes, w.params, [&] {
-    ops::larc_sgd_step<ops::Cpu>(ctx, o, l, {w.w, w.g, w.buf, {}});
+    ops::larc_sgd_step(ctx, o, l, {w.w, w.g, w.buf, {}});
   });
 }
 
@@ -109,7 +109,7 @@ void BM_larc_sgd_fused_kept(benchmark::State& state) {
   const auto l = larc_options();
   ops::LarcParamSquares squares;
   run(state, bench::kLarcSgdBytes, w.params, [&] {
-    ops::larc_sgd_step<ops::Cpu>(ctx, o, l, {w.w, w.g, w.buf, {}}, &squares);
+    ops::larc_sgd_step(ctx, o, l, {w.w, w.g, w.buf, {}}, &squares);
   });
 }
 
@@ -123,9 +123,9 @@ void BM_larc_sgd_composed(benchmark::State& state) {
   auto sums = sk::empty(ctx, {2, n}, sk::DType::f64);
   auto coefficients = sk::empty(ctx, {n, 2}, sk::DType::f32);
   run(state, bench::kLarcSgdBytes, w.params, [&] {
-    ops::segment_sums_of_squares<ops::Cpu>(ctx, w.w, w.g, sums);
-    ops::larc_coefficients<ops::Cpu>(ctx, l, o.lr, 1.0f, sums, coefficients);
-    ops::sgd_step<ops::Cpu>(ctx, o, {w.w, w.g, w.buf, {}}, coefficients);
+    ops::segment_sums_of_squares(ctx, w.w, w.g, sums);
+    ops::larc_coefficients(ctx, l, o.lr, 1.0f, sums, coefficients);
+    ops::sgd_step(ctx, o, {w.w, w.g, w.buf, {}}, coefficients);
   });
 }
 
@@ -137,7 +137,7 @@ void BM_larc_norms(benchmark::State& state) {
   auto& ctx = context(threads_of(state));
   auto sums = sk::empty(ctx, {2, static_cast<std::int64_t>(w.w.size())}, sk::DType::f64);
   run(state, bench::kNormsPairBytes, w.params,
-      [&] { ops::segment_sums_of_squares<ops::Cpu>(ctx, w.w, w.g, sums); });
+      [&] { ops::segment_sums_of_squares(ctx, w.w, w.g, sums); });
 }
 
 // What apex LARC + torch.optim.SGD do, one pass per eager op, in plain loops on one thread:
@@ -181,27 +181,27 @@ void BM_adamw(benchmark::State& state) {
   o.weight_decay = 0.01f;
   o.step = 10;
   run(state, bench::kAdamBytes, w.params, [&] {
-    ops::adam_step<ops::Cpu>(ctx, o, {w.w, w.g, w.m, w.v, {}});
+    ops::adam_step(ctx, o, {w.w, w.g, w.m, w.v, {}});
   });
 }
 
 void BM_cast_f32_to_bf16(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   auto& ctx = context(threads_of(state));
-  run(state, bench::kCastBytes, w.params, [&] { ops::cast<ops::Cpu>(ctx, w.w, w.low); });
+  run(state, bench::kCastBytes, w.params, [&] { ops::cast(ctx, w.w, w.low); });
 }
 
 // f16 goes through branch-free integer conversions (core/float16.hpp) the compiler vectorises.
 void BM_cast_f32_to_f16(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   auto& ctx = context(threads_of(state));
-  run(state, bench::kCastBytes, w.params, [&] { ops::cast<ops::Cpu>(ctx, w.w, w.half); });
+  run(state, bench::kCastBytes, w.params, [&] { ops::cast(ctx, w.w, w.half); });
 }
 
 void BM_cast_f16_to_f32(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   auto& ctx = context(threads_of(state));
-  run(state, bench::kCastBytes, w.params, [&] { ops::cast<ops::Cpu>(ctx, w.half, w.buf); });
+  run(state, bench::kCastBytes, w.params, [&] { ops::cast(ctx, w.half, w.buf); });
 }
 
 void BM_unscale_and_check(benchmark::State& state) {
@@ -210,7 +210,7 @@ void BM_unscale_and_check(benchmark::State& state) {
   auto found = sk::zeros(ctx, {1}, sk::DType::f32);
   auto sums = sk::empty(ctx, {1, static_cast<std::int64_t>(w.g.size())}, sk::DType::f64);
   run(state, bench::kUnscaleBytes, w.params,
-      [&] { ops::unscale_and_check<ops::Cpu>(ctx, 1.0f, w.g, found, sums); });
+      [&] { ops::unscale_and_check(ctx, 1.0f, w.g, found, sums); });
 }
 
 // {flat: 0 ResNet-50's tensors, 1 one flat buffer} x {threads: 1, every hardware thread}.

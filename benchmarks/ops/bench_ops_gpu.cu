@@ -75,7 +75,7 @@ void BM_gpu_sgd_momentum(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
   const double seconds = time_on_stream(state, [&] {
-    ops::sgd_step<ops::Cuda>(context(), o, {w.w, w.g, w.buf, {}});
+    ops::sgd_step(context(), o, {w.w, w.g, w.buf, {}});
   });
   report(state, seconds, bench::kSgdMomentumBytes, w.params);
 }
@@ -84,7 +84,7 @@ void BM_gpu_sgd_momentum_bf16_copy(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
   const double seconds = time_on_stream(state, [&] {
-    ops::sgd_step<ops::Cuda>(context(), o, {w.w, w.g, w.buf, w.low});
+    ops::sgd_step(context(), o, {w.w, w.g, w.buf, w.low});
   });
   report(state, seconds, bench::kSgdBf16CopyBytes, w.params);
 }
@@ -94,7 +94,7 @@ void BM_gpu_larc_sgd_fused(benchmark::State& state) {
   const auto o = sgd_options();
   const auto l = larc_options();
   const double seconds = time_on_stream(state, [&] {
-    ops::larc_sgd_step<ops::Cuda>(context(), o, l, {w.w, w.g, w.buf, {}});
+    ops::larc_sgd_step(context(), o, l, {w.w, w.g, w.buf, {}});
   });
   report(state, seconds, bench::kLarcSgdBytes, w.params);
 }
@@ -131,9 +131,9 @@ void BM_gpu_larc_sgd_unfused(benchmark::State& state) {
   const double seconds = time_on_stream(state, [&] {
     for (std::size_t t = 0; t < n; ++t) {
       const std::span<const sk::Tensor> wt(&w.w[t], 1), gt(&w.g[t], 1);
-      ops::segment_sums_of_squares<ops::Cuda>(ctx, wt, none, sums[t].slice(0, 0, 1));
-      ops::segment_sums_of_squares<ops::Cuda>(ctx, gt, none, sums[t].slice(0, 1, 2));
-      ops::larc_coefficients<ops::Cuda>(ctx, l, o.lr, 1.0f, sums[t], coefficients[t]);
+      ops::segment_sums_of_squares(ctx, wt, none, sums[t].slice(0, 0, 1));
+      ops::segment_sums_of_squares(ctx, gt, none, sums[t].slice(0, 1, 2));
+      ops::larc_coefficients(ctx, l, o.lr, 1.0f, sums[t], coefficients[t]);
       ScaleGradFunctor scale;
       scale.coefficients = static_cast<const ops::SgdCoefficients*>(coefficients[t].data_ptr());
       ops::SpanList<2> span(1);
@@ -143,7 +143,7 @@ void BM_gpu_larc_sgd_unfused(benchmark::State& state) {
     }
     for (std::size_t t = 0; t < n; ++t) {
       const std::span<const sk::Tensor> wt(&w.w[t], 1), gt(&w.g[t], 1), bt(&w.buf[t], 1);
-      ops::sgd_step<ops::Cuda>(ctx, o, {wt, gt, bt, {}});
+      ops::sgd_step(ctx, o, {wt, gt, bt, {}});
     }
   });
   report(state, seconds, bench::kLarcSgdBytes, w.params);
@@ -156,15 +156,14 @@ void BM_gpu_adamw(benchmark::State& state) {
   o.weight_decay = 0.01f;
   o.step = 10;
   const double seconds = time_on_stream(state, [&] {
-    ops::adam_step<ops::Cuda>(context(), o, {w.w, w.g, w.m, w.v, {}});
+    ops::adam_step(context(), o, {w.w, w.g, w.m, w.v, {}});
   });
   report(state, seconds, bench::kAdamBytes, w.params);
 }
 
 void BM_gpu_cast_f32_to_bf16(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
-  const double seconds =
-      time_on_stream(state, [&] { ops::cast<ops::Cuda>(context(), w.w, w.low); });
+  const double seconds = time_on_stream(state, [&] { ops::cast(context(), w.w, w.low); });
   report(state, seconds, bench::kCastBytes, w.params);
 }
 
@@ -173,8 +172,8 @@ void BM_gpu_unscale_and_check(benchmark::State& state) {
   auto& ctx = context();
   auto found = sk::zeros(ctx, {1}, sk::DType::f32);
   auto sums = sk::empty(ctx, {1, static_cast<std::int64_t>(w.g.size())}, sk::DType::f64);
-  const double seconds = time_on_stream(
-      state, [&] { ops::unscale_and_check<ops::Cuda>(ctx, 1.0f, w.g, found, sums); });
+  const double seconds =
+      time_on_stream(state, [&] { ops::unscale_and_check(ctx, 1.0f, w.g, found, sums); });
   report(state, seconds, bench::kUnscaleBytes, w.params);
 }
 

@@ -26,7 +26,7 @@ void BM_offload_step(benchmark::State& state) {
       state.range(0) == 0 ? sk::optim::OptimizerKind::adamw : sk::optim::OptimizerKind::larc_sgd;
   const auto precision = state.range(1) == 0 ? sk::DType::f32 : sk::DType::bf16;
   auto& ctx = context(static_cast<int>(state.range(2)));
-  os::run<sk::ops::Cpu>(state, ctx, kind, precision, 2, [] {});
+  os::run(state, ctx, kind, precision, 2, [] {});
 }
 
 // {optimizer: 0 AdamW, 1 LARC-SGD} x {bf16: 0 f32, 1 bf16} x {threads: 1, all}.

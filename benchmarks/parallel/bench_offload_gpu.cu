@@ -25,7 +25,7 @@ void BM_offload_step_gpu(benchmark::State& state) {
       state.range(0) == 0 ? sk::optim::OptimizerKind::adamw : sk::optim::OptimizerKind::larc_sgd;
   const auto precision = state.range(1) == 0 ? sk::DType::f32 : sk::DType::bf16;
   auto& ctx = context();
-  os::run<sk::ops::Cuda>(state, ctx, kind, precision, 1, [&] { ctx.synchronize(); });
+  os::run(state, ctx, kind, precision, 1, [&] { ctx.synchronize(); });
 }
 
 BENCHMARK(BM_offload_step_gpu)

@@ -11,6 +11,6 @@ int main(int argc, char** argv) {
   if (argc > 1) w.world = std::atoi(argv[1]);
   if (argc > 2) w.batch = std::atoll(argv[2]);
   if (argc > 3) w.steps = std::atoi(argv[3]);
-  fs::run_all<shardkit::ops::Cpu>("CPU", w, {}, [](shardkit::Context&) {});
+  fs::run_all("CPU", w, {}, [](shardkit::Context&) {});
   return 0;
 }

@@ -44,7 +44,7 @@ inline std::vector<Config> configs() {
 
 // Median step time in seconds over `w.steps` steps (rank 0's clock; every rank steps alike).
 // `synchronize(ctx)` waits for the device before the clock is read.
-template <class Backend, class Synchronize>
+template <class Synchronize>
 double median_step(const Config& config, const Workload& w, comm::RunRanksOptions options,
                    Synchronize&& synchronize) {
   std::vector<double> times;
@@ -66,7 +66,7 @@ double median_step(const Config& config, const Workload& w, comm::RunRanksOption
           for (int b = 0; b < 2; ++b)
             s.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer) + "." +
                                              std::to_string(b));
-        parallel::ShardedModule<Backend> model(ctx, comm, net, optimizer, s);
+        parallel::ShardedModule model(ctx, comm, net, optimizer, s);
         auto x = empty(ctx, {w.batch, 3, w.side, w.side}, DType::f32, MemoryCategory::activations);
         normal_(ctx, x, 0.0, 1.0);
         std::vector<std::int64_t> classes;
@@ -91,7 +91,7 @@ double median_step(const Config& config, const Workload& w, comm::RunRanksOption
   return times[times.size() / 2];
 }
 
-template <class Backend, class Synchronize>
+template <class Synchronize>
 void run_all(const char* device, const Workload& w, comm::RunRanksOptions options,
              Synchronize&& synchronize) {
   std::printf(
@@ -103,7 +103,7 @@ void run_all(const char* device, const Workload& w, comm::RunRanksOptions option
   std::printf("%-17s %12s %12s\n", "configuration", "step ms", "/ ddp");
   double ddp = 0;
   for (const auto& config : configs()) {
-    const double t = median_step<Backend>(config, w, options, synchronize);
+    const double t = median_step(config, w, options, synchronize);
     if (config.stage == parallel::Stage::ddp) ddp = t;
     std::printf("%-17s %12.2f %12.3f\n", config.name.c_str(), 1e3 * t, t / ddp);
     std::fflush(stdout);

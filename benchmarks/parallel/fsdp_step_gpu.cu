@@ -20,7 +20,6 @@ int main(int argc, char** argv) {
   if (argc > 1) w.world = std::atoi(argv[1]);
   if (argc > 2) w.batch = std::atoll(argv[2]);
   if (argc > 3) w.steps = std::atoi(argv[3]);
-  fs::run_all<sk::ops::Cuda>("GPU", w, sk::comm::cuda_run_options(0),
-                             [](sk::Context& ctx) { ctx.synchronize(); });
+  fs::run_all("GPU", w, sk::comm::cuda_run_options(0), [](sk::Context& ctx) { ctx.synchronize(); });
   return 0;
 }

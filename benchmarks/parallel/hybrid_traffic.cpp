@@ -60,7 +60,7 @@ Traffic measure(int world, int group) {
         sk::optim::OptimizerConfig config;
         config.kind = sk::optim::OptimizerKind::larc_sgd;
         config.sgd.momentum = 0.9f;
-        using Engine = sk::parallel::FsdpEngine<sk::ops::Cpu>;
+        using Engine = sk::parallel::FsdpEngine;
         auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, resnet50_units(), config)
                            : std::make_unique<Engine>(ctx, comm, resnet50_units(), config);
         sk::comm::Communicator* inter = mesh ? mesh->replicate() : &comm;

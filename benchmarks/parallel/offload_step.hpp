@@ -56,10 +56,9 @@ inline optim::OptimizerConfig optimizer_config(optim::OptimizerKind kind) {
 }
 
 // A one-rank engine over ResNet-50 with random parameters and reduced random gradients.
-template <class Backend>
 struct Engine {
   std::unique_ptr<comm::LocalCommunicator> comm;
-  std::unique_ptr<parallel::DataParallel<Backend>> dp;
+  std::unique_ptr<parallel::DataParallel> dp;
 
   Engine(Context& ctx, optim::OptimizerKind kind, DType precision, bool offload) {
     comm = comm::LocalCommunicator::single(ctx);
@@ -69,8 +68,7 @@ struct Engine {
     o.offload.optimizer = offload;
     o.buckets.bucket_bytes = std::size_t{25} << 20;
     const auto specs = resnet50_specs();
-    dp = std::make_unique<parallel::DataParallel<Backend>>(ctx, *comm, specs,
-                                                           optimizer_config(kind), o);
+    dp = std::make_unique<parallel::DataParallel>(ctx, *comm, specs, optimizer_config(kind), o);
     dp->set_full_params([&](std::size_t, const Tensor& view) { uniform_(ctx, view, 1.0, 2.0); });
     for (std::size_t i = specs.size(); i-- > 0;) {
       const Tensor g = dp->grad(i);
@@ -103,7 +101,7 @@ double median_seconds(int repeats, Fn&& fn, Sync&& sync) {
 // The benchmark body: `ctx` is the device's context (its cpu_threads are the host's threads);
 // `host_sides` is how many sides of each transfer are host memory (1 beside a GPU, 2 on the
 // CPU path).
-template <class Backend, class Sync>
+template <class Sync>
 void run(benchmark::State& state, Context& ctx, optim::OptimizerKind kind, DType precision,
          int host_sides, Sync&& sync) {
   const double params = static_cast<double>(workloads::kResNet50Params);
@@ -111,11 +109,11 @@ void run(benchmark::State& state, Context& ctx, optim::OptimizerKind kind, DType
   const double bytes = (update_bytes(kind) + host_sides * 2 * moved) * params;
   double plain = 0;
   {
-    Engine<Backend> device(ctx, kind, precision, false);
+    Engine device(ctx, kind, precision, false);
     plain = median_seconds(
         5, [&] { device.step(); }, sync);
   }
-  Engine<Backend> offloaded(ctx, kind, precision, true);
+  Engine offloaded(ctx, kind, precision, true);
   const double ceiling =
       host_copy_bytes_per_second(static_cast<std::size_t>(bytes / 2), ctx.cpu_threads());
   offloaded.step();

@@ -79,7 +79,7 @@ Measured measure(Config config, sk::optim::OptimizerKind kind, int world, Batch 
       for (int b = 0; b < (layer == 1 ? 3 : layer == 2 ? 4 : layer == 3 ? 6 : 3); ++b)
         options.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer) + "." +
                                                std::to_string(b));
-    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, optimizer, options);
+    sk::parallel::ShardedModule model(ctx, comm, net, optimizer, options);
     auto x = sk::empty(ctx, {batch.images, 3, batch.side, batch.side}, sk::DType::f32);
     sk::normal_(ctx, x, 0.0, 1.0);
     std::vector<std::int64_t> classes;

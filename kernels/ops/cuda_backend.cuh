@@ -10,6 +10,7 @@
 
 #include "kernels/ops/multi_tensor_apply.cuh"
 #include "shardkit/ops/backend.hpp"
+#include "shardkit/ops/device_ops.hpp"
 #include "shardkit/ops/fused_ops.hpp"
 #include "shardkit/ops/sgd.hpp"
 
@@ -242,5 +243,11 @@ struct Cuda {
 };
 
 static_assert(OpsBackend<Cuda>);
+
+// The GPU's fused-ops table (device_ops.hpp), which every CUDA Context carries.
+inline const FusedOps* cuda_fused_ops() {
+  static constexpr FusedOps kTable = fused_ops_table<Cuda>();
+  return &kTable;
+}
 
 }  // namespace shardkit::ops

@@ -115,7 +115,6 @@ class MlpCpu {
 // contexts (threads of this process, or one process per rank under mpirun, over MPI).
 struct CpuDevice {
   static constexpr const char* name = "cpu";
-  using Ops = sk::ops::Cpu;
   using Mlp = MlpCpu;
   static sk::comm::RunRanksOptions run_options() { return {}; }
   static sk::ContextOptions mpi_context(const sk::comm::LaunchInfo& launch, std::uint64_t seed) {

@@ -246,7 +246,6 @@ class MlpGpu {
 // mpirun each process takes the GPU of its local rank and make_communicator gives it NCCL.
 struct GpuDevice {
   static constexpr const char* name = "gpu";
-  using Ops = sk::ops::Cuda;
   using Mlp = MlpGpu;
   static sk::comm::RunRanksOptions run_options() { return sk::comm::cuda_run_options(0); }
   static sk::ContextOptions mpi_context(const sk::comm::LaunchInfo& launch, std::uint64_t seed) {

@@ -112,9 +112,8 @@ struct ResidentParams {
   void leave(std::size_t, Pass) {}
 };
 
-template <class Ops>
 struct GatheredParams {
-  sk::parallel::FsdpEngine<Ops>* engine;
+  sk::parallel::FsdpEngine* engine;
   sk::Context* ctx;
   sk::Tensor param(std::size_t i) const { return as_f32(*ctx, engine->param(i)); }
   void enter(std::size_t layer, Pass pass) {
@@ -127,22 +126,20 @@ struct GatheredParams {
 
 // The engine of a stage, built and initialised alike on every rank: every parameter from the
 // seeded initialiser, then rank 0's values everywhere.
-template <class Ops>
-std::unique_ptr<sk::parallel::DataParallel<Ops>> make_engine(
+inline std::unique_ptr<sk::parallel::DataParallel> make_engine(
     const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm,
-    std::type_identity<sk::parallel::DataParallel<Ops>>) {
-  auto dp = std::make_unique<sk::parallel::DataParallel<Ops>>(ctx, comm, mlp_param_specs(s.widths),
-                                                              s.optimizer, s.parallel);
+    std::type_identity<sk::parallel::DataParallel>) {
+  auto dp = std::make_unique<sk::parallel::DataParallel>(ctx, comm, mlp_param_specs(s.widths),
+                                                         s.optimizer, s.parallel);
   dp->set_full_params([&](std::size_t i, const sk::Tensor& view) {  // exact f32 masters
     init_mlp_param(ctx, s.widths, i, view);
   });
   return dp;
 }
 
-template <class Ops>
-std::unique_ptr<sk::parallel::FsdpEngine<Ops>> make_engine(
+inline std::unique_ptr<sk::parallel::FsdpEngine> make_engine(
     const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm,
-    std::type_identity<sk::parallel::FsdpEngine<Ops>>) {
+    std::type_identity<sk::parallel::FsdpEngine>) {
   const auto specs = mlp_param_specs(s.widths);
   std::vector<sk::parallel::FsdpUnitParams> units;  // unit l: fc(l+1).weight and .bias
   for (std::size_t i = 0; i < specs.size(); i += 2)
@@ -151,20 +148,18 @@ std::unique_ptr<sk::parallel::FsdpEngine<Ops>> make_engine(
   options.buckets = s.parallel.buckets;
   options.precision = s.parallel.precision;
   options.offload = s.parallel.offload;
-  auto fsdp = std::make_unique<sk::parallel::FsdpEngine<Ops>>(ctx, comm, std::move(units),
-                                                              s.optimizer, options);
+  auto fsdp =
+      std::make_unique<sk::parallel::FsdpEngine>(ctx, comm, std::move(units), s.optimizer, options);
   fsdp->set_full_params(
       [&](std::size_t i, const sk::Tensor& view) { init_mlp_param(ctx, s.widths, i, view); });
   return fsdp;
 }
 
-template <class Ops>
-ResidentParams<sk::parallel::DataParallel<Ops>> training_params(
-    sk::Context& ctx, sk::parallel::DataParallel<Ops>& dp) {
+inline ResidentParams<sk::parallel::DataParallel> training_params(sk::Context& ctx,
+                                                                  sk::parallel::DataParallel& dp) {
   return {&dp, &ctx};
 }
-template <class Ops>
-GatheredParams<Ops> training_params(sk::Context& ctx, sk::parallel::FsdpEngine<Ops>& fsdp) {
+inline GatheredParams training_params(sk::Context& ctx, sk::parallel::FsdpEngine& fsdp) {
   return {&fsdp, &ctx};
 }
 
@@ -187,8 +182,8 @@ class GradientSink {
     if (scratch_[i].defined()) {
       if (scale != 1) {  // (the ops layer's multiply-and-check pass, by `scale`)
         sk::Tensor found = sk::zeros(*ctx_, {1}, sk::DType::f32);
-        sk::ops::unscale_and_check<typename Engine::Ops>(
-            *ctx_, static_cast<float>(scale), std::vector<sk::Tensor>{scratch_[i]}, found);
+        sk::ops::unscale_and_check(*ctx_, static_cast<float>(scale),
+                                   std::vector<sk::Tensor>{scratch_[i]}, found);
       }
       sk::add_(*ctx_, engine_->grad(i), scratch_[i]);
       scratch_[i] = sk::Tensor();
@@ -203,14 +198,14 @@ class GradientSink {
 };
 
 // Runs `body` with every parameter whole and readable (collective under fsdp).
-template <class Ops, class Body>
-void with_full_params(sk::Context& ctx, sk::parallel::DataParallel<Ops>& dp, Body&& body) {
-  body(ResidentParams<sk::parallel::DataParallel<Ops>>{&dp, &ctx});
+template <class Body>
+void with_full_params(sk::Context& ctx, sk::parallel::DataParallel& dp, Body&& body) {
+  body(ResidentParams<sk::parallel::DataParallel>{&dp, &ctx});
 }
-template <class Ops, class Body>
-void with_full_params(sk::Context& ctx, sk::parallel::FsdpEngine<Ops>& fsdp, Body&& body) {
+template <class Body>
+void with_full_params(sk::Context& ctx, sk::parallel::FsdpEngine& fsdp, Body&& body) {
   auto scope = fsdp.full_params();
-  body(ResidentParams<sk::parallel::FsdpEngine<Ops>>{&fsdp, &ctx});
+  body(ResidentParams<sk::parallel::FsdpEngine>{&fsdp, &ctx});
 }
 
 // What every rank runs, under one engine.
@@ -341,11 +336,10 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
 template <class Device>
 void train_rank(const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, Results& results,
                 std::mutex& results_mutex) {
-  using Ops = typename Device::Ops;
   if (s.parallel.stage == sk::parallel::Stage::fsdp)
-    train_rank_with<Device, sk::parallel::FsdpEngine<Ops>>(s, ctx, comm, results, results_mutex);
+    train_rank_with<Device, sk::parallel::FsdpEngine>(s, ctx, comm, results, results_mutex);
   else
-    train_rank_with<Device, sk::parallel::DataParallel<Ops>>(s, ctx, comm, results, results_mutex);
+    train_rank_with<Device, sk::parallel::DataParallel>(s, ctx, comm, results, results_mutex);
 }
 
 // The ranks: threads of this process, or this process under mpirun.

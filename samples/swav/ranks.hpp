@@ -13,15 +13,14 @@
 
 namespace swav {
 
-template <class Backend>
-RunReport train_ranks(const SwavConfig& config, const Datasets& data,
-                      const sk::comm::LaunchInfo& launch, int world,
-                      const sk::comm::RunRanksOptions& local_ranks,
-                      const sk::ContextOptions& process) {
+inline RunReport train_ranks(const SwavConfig& config, const Datasets& data,
+                             const sk::comm::LaunchInfo& launch, int world,
+                             const sk::comm::RunRanksOptions& local_ranks,
+                             const sk::ContextOptions& process) {
   RunReport report;
   std::mutex lock;
   auto body = [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    SwavTrainer<Backend> trainer(config, ctx, comm, data, stdout);
+    SwavTrainer trainer(config, ctx, comm, data, stdout);
     auto r = trainer.run();
     std::lock_guard guard(lock);
     if (comm.rank() == 0) report = std::move(r);

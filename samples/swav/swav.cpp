@@ -88,8 +88,8 @@ int main(int argc, char** argv) {
     if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);
 #endif
     if (!gpu)
-      report = swav::train_ranks<sk::ops::Cpu>(config, data, launch, world, {},
-                                               sk::ContextOptions{.seed = config.seed});
+      report = swav::train_ranks(config, data, launch, world, {},
+                                 sk::ContextOptions{.seed = config.seed});
     if (!lead) return 0;
     std::printf(
         "done: %lld iterations in %.1f s, %.1f of them evaluating and checkpointing (%.1f img/s "

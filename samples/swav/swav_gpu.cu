@@ -17,10 +17,10 @@ RunReport train_ranks_gpu(const SwavConfig& config, const Datasets& data,
       !launched || launch.local_rank < gpus, "local rank ", launch.local_rank,
       " needs a GPU of its own (NCCL puts one rank on one GPU) but this machine has ", gpus,
       "; start at most ", gpus, " processes per machine, or set config.MACHINE.DEVICE=cpu");
-  return train_ranks<sk::ops::Cuda>(
-      config, data, launch, world, sk::comm::cuda_run_options(0),
-      launched ? sk::cuda_context_options(launch.local_rank, launch.rank, config.seed)
-               : sk::ContextOptions{});
+  return train_ranks(config, data, launch, world, sk::comm::cuda_run_options(0),
+                     launched
+                         ? sk::cuda_context_options(launch.local_rank, launch.rank, config.seed)
+                         : sk::ContextOptions{});
 }
 
 }  // namespace swav

@@ -91,7 +91,6 @@ inline std::vector<std::string> unregularized_params(sk::nn::Module& model, bool
   return out;
 }
 
-template <class Backend>
 class SwavTrainer {
  public:
   SwavTrainer(const SwavConfig& c, sk::Context& ctx, sk::comm::Communicator& comm,
@@ -138,8 +137,7 @@ class SwavTrainer {
     plan.coalesce_bytes = o.fsdp.coalesce_bytes;
     plan.offload = c.offload;
     plan_ = sk::parallel::plan_module_memory(*model_, plan, o.fsdp.wrap);
-    sharded_ =
-        std::make_unique<sk::parallel::ShardedModule<Backend>>(ctx, comm, model_, optimizer, o);
+    sharded_ = std::make_unique<sk::parallel::ShardedModule>(ctx, comm, model_, optimizer, o);
     // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.
     sharded_->normalize_rows_after_step(SwavModel::kPrototypes);
     sampler_ = std::make_unique<sk::io::StatefulDistributedSampler>(
@@ -498,7 +496,7 @@ class SwavTrainer {
     return latest;
   }
 
-  sk::parallel::TrainingState<Backend> state() {
+  sk::parallel::TrainingState state() {
     auto s = sharded_->training_state();
     if (c_.loss_scaling) s.scaler = &scaler_;
     return s;
@@ -622,7 +620,7 @@ class SwavTrainer {
   std::FILE* log_;
   std::shared_ptr<SwavModel> model_;
   sk::parallel::MemoryPlan plan_;  // planned before the states existed
-  std::unique_ptr<sk::parallel::ShardedModule<Backend>> sharded_;
+  std::unique_ptr<sk::parallel::ShardedModule> sharded_;
   SwavLoss loss_;
   sk::optim::DynamicLossScaler scaler_;
   std::unique_ptr<sk::io::StatefulDistributedSampler> sampler_;

@@ -68,7 +68,7 @@ std::vector<float> train_losses(const sk::Tensor& images, const sk::Tensor& labe
     sk::parallel::ShardedModuleOptions options;
     options.stage = sk::parallel::Stage::ddp;
     options.precision = sk::parallel::MixedPrecision::of(dtype);
-    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, sgd_config(), options);
+    sk::parallel::ShardedModule model(ctx, comm, net, sgd_config(), options);
     for (std::int64_t s = 0; s < kSteps; ++s) {
       model.zero_grad();
       auto x = sk::empty(ctx, {kBatch, 3, 16, 16}, sk::DType::f32);
@@ -93,7 +93,7 @@ void write_sharded_fixture(const sk::Tensor& images, const sk::Tensor& labels,
     auto net = narrow_resnet(ctx);
     sk::parallel::ShardedModuleOptions options;
     options.stage = sk::parallel::Stage::fsdp;
-    sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, comm, net, sgd_config(), options);
+    sk::parallel::ShardedModule model(ctx, comm, net, sgd_config(), options);
     auto batch = [&](std::int64_t s) {
       auto x = sk::empty(ctx, {kBatch, 3, 16, 16}, sk::DType::f32);
       sk::copy(ctx, x, images.select(0, s));

@@ -43,8 +43,7 @@ inline sk::optim::OptimizerConfig config_for(OptimizerKind kind) {
 // A deterministic "backward": gradient i of rank r at step s = 0.5·w + noise(seed r, s, i),
 // added into grad(i), marked ready last parameter first (and the middle ones swapped). The sum
 // is formed on the host, so CPU and GPU runs see identical gradients.
-template <class Ops>
-void fake_backward(DataParallel<Ops>& dp, sk::Context& ctx, int rank, int step) {
+inline void fake_backward(DataParallel& dp, sk::Context& ctx, int rank, int step) {
   const auto& layout = dp.plan().layout();
   std::vector<std::size_t> order;
   for (std::size_t i = layout.size(); i-- > 0;)
@@ -71,8 +70,7 @@ inline float lr_at(OptimizerKind kind, int step) {
 }
 
 // Every parameter of `dp`, in spec order, on the host.
-template <class Ops>
-std::vector<float> all_params(DataParallel<Ops>& dp, sk::Context& ctx) {
+inline std::vector<float> all_params(DataParallel& dp, sk::Context& ctx) {
   std::vector<float> out;
   for (std::size_t i = 0; i < dp.params().size(); ++i) {
     const auto v = sk::to_vector<float>(ctx, dp.param(i));
@@ -83,8 +81,7 @@ std::vector<float> all_params(DataParallel<Ops>& dp, sk::Context& ctx) {
 
 // Every rank initialises differently (the broadcast then makes them equal, as DDP does). The
 // values come from the host, so CPU and GPU runs start from the same parameters.
-template <class Ops>
-void init_differently(DataParallel<Ops>& dp, sk::Context& ctx, int rank) {
+inline void init_differently(DataParallel& dp, sk::Context& ctx, int rank) {
   sk::Context host({.seed = 4242ull + static_cast<std::uint64_t>(rank)});
   for (std::size_t i = 0; i < dp.params().size(); ++i) {
     auto values = sk::empty(host, dp.param(i).shape(), sk::DType::f32);
@@ -99,10 +96,10 @@ struct RunResult {
 };
 
 // `steps` steps of `stage` on `world` ranks, from the same (rank 0's) initialisation.
-template <class Ops>
-RunResult train_with(int world, Stage stage, const sk::optim::OptimizerConfig& config,
-                     PartitionKind partition, int steps = 20, std::size_t bucket_bytes = 2048,
-                     const sk::comm::RunRanksOptions& ranks = {}) {
+inline RunResult train_with(int world, Stage stage, const sk::optim::OptimizerConfig& config,
+                            PartitionKind partition, int steps = 20,
+                            std::size_t bucket_bytes = 2048,
+                            const sk::comm::RunRanksOptions& ranks = {}) {
   RunResult result;
   result.params.resize(static_cast<std::size_t>(world));
   result.memory.resize(static_cast<std::size_t>(world));
@@ -113,7 +110,7 @@ RunResult train_with(int world, Stage stage, const sk::optim::OptimizerConfig& c
         options.stage = stage;
         options.partition = partition;
         options.buckets.bucket_bytes = bucket_bytes;
-        DataParallel<Ops> dp(ctx, comm, model_specs(), config, options);
+        DataParallel dp(ctx, comm, model_specs(), config, options);
         init_differently(dp, ctx, comm.rank());
         dp.broadcast_parameters(0);
         for (int s = 0; s < steps; ++s) {
@@ -129,10 +126,10 @@ RunResult train_with(int world, Stage stage, const sk::optim::OptimizerConfig& c
   return result;
 }
 
-template <class Ops>
-RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partition, int steps = 20,
-                std::size_t bucket_bytes = 2048, const sk::comm::RunRanksOptions& ranks = {}) {
-  return train_with<Ops>(world, stage, config_for(kind), partition, steps, bucket_bytes, ranks);
+inline RunResult train(int world, Stage stage, OptimizerKind kind, PartitionKind partition,
+                       int steps = 20, std::size_t bucket_bytes = 2048,
+                       const sk::comm::RunRanksOptions& ranks = {}) {
+  return train_with(world, stage, config_for(kind), partition, steps, bucket_bytes, ranks);
 }
 
 struct Checkpoint {
@@ -148,9 +145,9 @@ struct Job {
 
 // Steps [first, first + count) of `job`, starting from `from` (or a fresh initialisation), and
 // the checkpoint of the end (parameters from rank 0, optimizer state consolidated on `recipient`).
-template <class Ops>
-Checkpoint run(const Job& job, OptimizerKind kind, int first, int count, const Checkpoint* from,
-               int recipient = 0, const sk::comm::RunRanksOptions& ranks = {}) {
+inline Checkpoint run(const Job& job, OptimizerKind kind, int first, int count,
+                      const Checkpoint* from, int recipient = 0,
+                      const sk::comm::RunRanksOptions& ranks = {}) {
   Checkpoint out;
   sk::comm::run_ranks(
       job.world,
@@ -159,7 +156,7 @@ Checkpoint run(const Job& job, OptimizerKind kind, int first, int count, const C
         options.stage = job.stage;
         options.partition = job.partition;
         options.buckets.bucket_bytes = 2048;
-        DataParallel<Ops> dp(ctx, comm, model_specs(), config_for(kind), options);
+        DataParallel dp(ctx, comm, model_specs(), config_for(kind), options);
         if (from == nullptr) {
           init_differently(dp, ctx, comm.rank());
           dp.broadcast_parameters(0);

@@ -27,7 +27,6 @@
 namespace sk = shardkit;
 namespace fs = std::filesystem;
 using namespace module_test;
-using Cpu = sk::ops::Cpu;
 using sk::io::CheckpointLayout;
 using sk::optim::OptimizerKind;
 using sk::parallel::Stage;
@@ -82,8 +81,8 @@ Snapshot run(const CheckpointJob& job) {
   Snapshot out;
   sk::comm::run_ranks(job.where.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, job.seed + static_cast<std::uint64_t>(comm.rank()));
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(job.kind),
-                                           options_for(job.where.stage));
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(job.kind),
+                                      options_for(job.where.stage));
     if (!job.load_from.empty()) {
       const auto loaded = sk::io::load_checkpoint(job.load_from, model.training_state());
       if (comm.rank() == 0 && job.loaded_metadata != nullptr)
@@ -202,8 +201,8 @@ TEST_CASE("a full save streams through bounded chunks, and its model file is a s
   std::vector<float> reference;
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, 40 + static_cast<std::uint64_t>(comm.rank()));
-    sk::parallel::ShardedModule<Cpu> model(
-        ctx, comm, net, dp_test::config_for(OptimizerKind::adamw), options_for(Stage::fsdp));
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
+                                      options_for(Stage::fsdp));
     auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
     ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
     model.step(0.05f);
@@ -242,8 +241,8 @@ TEST_CASE("checkpoints that do not fit or do not belong together are refused by 
       sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
         std::shared_ptr<nn::Sequential> net = mlp(ctx, 1);
         if (other_model) net->push_back(std::make_shared<nn::Linear>(ctx, 7, 2));
-        sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(kind),
-                                               options_for(Stage::sdp));
+        sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(kind),
+                                          options_for(Stage::sdp));
         (void)sk::io::load_checkpoint(from, model.training_state());
       });
     } catch (const std::exception& e) {
@@ -283,7 +282,7 @@ TEST_CASE("checkpoints that do not fit or do not belong together are refused by 
   CHECK_THROWS_WITH(sk::comm::run_ranks(1,
                                         [&](sk::Context& ctx, sk::comm::Communicator& comm) {
                                           auto net = mlp(ctx, 1);
-                                          sk::parallel::ShardedModule<Cpu> model(
+                                          sk::parallel::ShardedModule model(
                                               ctx, comm, net,
                                               dp_test::config_for(OptimizerKind::sgd),
                                               options_for(Stage::ddp));
@@ -301,8 +300,8 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
     std::vector<std::string> errors(2, "no error");
     sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
       auto net = mlp(ctx, 1);
-      sk::parallel::ShardedModule<Cpu> model(
-          ctx, comm, net, dp_test::config_for(OptimizerKind::adamw), options_for(Stage::sdp));
+      sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
+                                        options_for(Stage::sdp));
       try {
         (void)sk::io::load_checkpoint(from, model.training_state());
       } catch (const std::exception& e) {
@@ -418,8 +417,8 @@ TEST_CASE("state_dict(): the full state dict under every stage, gathered one uni
   for (auto stage : {Stage::ddp, Stage::sdp, Stage::fsdp}) {
     sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
       auto net = mlp(ctx, 60 + static_cast<std::uint64_t>(comm.rank()));
-      sk::parallel::ShardedModule<Cpu> model(
-          ctx, comm, net, dp_test::config_for(OptimizerKind::adamw), options_for(stage));
+      sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
+                                        options_for(stage));
       auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
       ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
       model.step(0.05f);

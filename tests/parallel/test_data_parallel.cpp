@@ -14,16 +14,15 @@
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::ops::Cpu;
 
 TEST_CASE("OSS and SDP equal DDP bitwise after 20 steps (greedy partition)") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {1, 2, 3, 4, 8}) {
-      const auto ddp = train<Cpu>(world, Stage::ddp, kind, PartitionKind::greedy);
+      const auto ddp = train(world, Stage::ddp, kind, PartitionKind::greedy);
       for (int r = 1; r < world; ++r)
         REQUIRE(bitwise_equal(ddp.params[static_cast<std::size_t>(r)], ddp.params[0]));
       for (auto stage : {Stage::oss, Stage::sdp}) {
-        const auto sharded = train<Cpu>(world, stage, kind, PartitionKind::greedy);
+        const auto sharded = train(world, stage, kind, PartitionKind::greedy);
         for (int r = 0; r < world; ++r)
           CHECK_MESSAGE(bitwise_equal(sharded.params[static_cast<std::size_t>(r)], ddp.params[0]),
                         sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
@@ -38,9 +37,9 @@ TEST_CASE(
     "norms do not depend on the split)") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {2, 3, 8}) {
-      const auto ddp = train<Cpu>(world, Stage::ddp, kind, PartitionKind::flat);
+      const auto ddp = train(world, Stage::ddp, kind, PartitionKind::flat);
       for (auto stage : {Stage::oss, Stage::sdp}) {
-        const auto sharded = train<Cpu>(world, stage, kind, PartitionKind::flat);
+        const auto sharded = train(world, stage, kind, PartitionKind::flat);
         for (int r = 0; r < world; ++r)
           CHECK_MESSAGE(bitwise_equal(sharded.params[static_cast<std::size_t>(r)], ddp.params[0]),
                         sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
@@ -53,9 +52,9 @@ TEST_CASE(
 TEST_CASE("memory per rank follows the stage: state and gradients shrink to the owned share") {
   const int world = 4;
   const auto plan = sk::shard::ShardPlan(model_specs(), world, PartitionKind::greedy);
-  const auto ddp = train<Cpu>(world, Stage::ddp, OptimizerKind::adamw, PartitionKind::greedy, 2);
-  const auto oss = train<Cpu>(world, Stage::oss, OptimizerKind::adamw, PartitionKind::greedy, 2);
-  const auto sdp = train<Cpu>(world, Stage::sdp, OptimizerKind::adamw, PartitionKind::greedy, 2);
+  const auto ddp = train(world, Stage::ddp, OptimizerKind::adamw, PartitionKind::greedy, 2);
+  const auto oss = train(world, Stage::oss, OptimizerKind::adamw, PartitionKind::greedy, 2);
+  const auto sdp = train(world, Stage::sdp, OptimizerKind::adamw, PartitionKind::greedy, 2);
   const auto params_bytes = plan.layout().padded_numel() * 4;  // frozen ones included
   const auto grads_bytes = plan.trainable_end() * 4;
   for (int r = 0; r < world; ++r) {
@@ -83,7 +82,7 @@ TEST_CASE("bad use gets clear errors") {
     }
   };
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
+    DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
     dp.ready(0);
     expect([&] { dp.ready(0); }, "marked ready twice in one backward");
     expect([&] { dp.finish(); }, "'block.0.weight' was never marked ready");
@@ -91,23 +90,21 @@ TEST_CASE("bad use gets clear errors") {
     expect([&] { (void)dp.grad(3); }, "'frozen.scale'): the parameter is frozen");
     sk::parallel::DataParallelOptions zero;
     zero.buckets.bucket_bytes = 0;
-    expect(
-        [&] { DataParallel<Cpu>(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), zero); },
-        "bucket size is 0 bytes");
+    expect([&] { DataParallel(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), zero); },
+           "bucket size is 0 bytes");
     // A 16-bit wire of the other 16-bit format loses range or precision silently.
     sk::parallel::DataParallelOptions mixed;
     mixed.buckets.grad_dtype = sk::DType::bf16;
     mixed.buckets.wire_dtype = sk::DType::f16;
-    expect(
-        [&] { DataParallel<Cpu>(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), mixed); },
-        "gradients kept in bf16 cannot travel as f16: that loses range");
+    expect([&] { DataParallel(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), mixed); },
+           "gradients kept in bf16 cannot travel as f16: that loses range");
   });
   expect(
       [&] {
         sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
           auto specs = model_specs();
           if (comm.rank() == 1) specs[2].shape = {65};
-          DataParallel<Cpu> dp(ctx, comm, specs, config_for(OptimizerKind::sgd));
+          DataParallel dp(ctx, comm, specs, config_for(OptimizerKind::sgd));
         });
       },
       "the parameter list differs between ranks");
@@ -124,7 +121,7 @@ TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backw
         sk::parallel::DataParallelOptions options;
         options.stage = stage;
         options.buckets.bucket_bytes = 4096;
-        DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+        DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
         for (std::size_t i = 0; i < dp.params().size(); ++i) sk::fill(ctx, dp.param(i), 0.25);
         dp.zero_grad();
         if (variant == 0) {
@@ -185,7 +182,7 @@ TEST_CASE("synchronised accumulation adds each backward's average: A + avg(g), e
         options.stage = stage;
         options.partition = partition;
         options.buckets.bucket_bytes = 2048;
-        DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+        DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
         init_differently(dp, ctx, 0);
         dp.zero_grad();
         for (int micro = 0; micro < 2; ++micro) {
@@ -204,7 +201,7 @@ TEST_CASE("synchronised accumulation adds each backward's average: A + avg(g), e
   // The same update from gradients averaged by hand: w - lr * (avg(g1) + avg(g2) + wd * w) on
   // the first SGD step (momentum buffer = gradient).
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
+    DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
     init_differently(dp, ctx, 0);
     const auto w = all_params(dp, ctx);
     const auto& layout = dp.plan().layout();
@@ -236,7 +233,7 @@ TEST_CASE("synchronised accumulation adds each backward's average: A + avg(g), e
 
 TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact") {
   const int world = 3;
-  const auto exact = train<Cpu>(world, Stage::ddp, OptimizerKind::sgd, PartitionKind::greedy, 1);
+  const auto exact = train(world, Stage::ddp, OptimizerKind::sgd, PartitionKind::greedy, 1);
   std::vector<std::vector<float>> got(world);
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     sk::parallel::DataParallelOptions options;
@@ -244,7 +241,7 @@ TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact")
     options.partition = PartitionKind::greedy;  // whole parameters: each has one owner
     options.broadcast_fp16 = true;
     options.buckets.bucket_bytes = 2048;
-    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+    DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
     init_differently(dp, ctx, comm.rank());
     dp.broadcast_parameters(0);
     dp.zero_grad();
@@ -274,8 +271,7 @@ TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact")
 
 TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
   const int world = 4;
-  const auto reference =
-      train<Cpu>(world, Stage::sdp, OptimizerKind::sgd, PartitionKind::greedy, 5);
+  const auto reference = train(world, Stage::sdp, OptimizerKind::sgd, PartitionKind::greedy, 5);
   for (auto wire : {sk::DType::f16, sk::DType::bf16}) {
     for (auto stage : {Stage::ddp, Stage::sdp}) {
       std::vector<std::vector<float>> got(world);
@@ -284,7 +280,7 @@ TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
         options.stage = stage;
         options.buckets.bucket_bytes = 2048;
         options.buckets.wire_dtype = wire;
-        DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
+        DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
         init_differently(dp, ctx, comm.rank());
         dp.broadcast_parameters(0);
         for (int s = 0; s < 5; ++s) {
@@ -333,10 +329,10 @@ TEST_CASE("no_weight_decay: the named parameters train as without decay, the oth
     auto grouped = with;
     grouped.no_weight_decay = group;
     for (int world : {1, 2, 3}) {
-      const auto all = train_with<Cpu>(world, Stage::ddp, with, PartitionKind::greedy, 8);
-      const auto none = train_with<Cpu>(world, Stage::ddp, without, PartitionKind::greedy, 8);
+      const auto all = train_with(world, Stage::ddp, with, PartitionKind::greedy, 8);
+      const auto none = train_with(world, Stage::ddp, without, PartitionKind::greedy, 8);
       for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp}) {
-        const auto got = train_with<Cpu>(world, stage, grouped, PartitionKind::greedy, 8);
+        const auto got = train_with(world, stage, grouped, PartitionKind::greedy, 8);
         std::size_t at = 0;
         for (const auto& spec : specs) {
           const auto n = static_cast<std::size_t>(sk::shape_numel(spec.shape));
@@ -360,12 +356,12 @@ TEST_CASE("no_weight_decay: the named parameters train as without decay, the oth
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto config = config_for(OptimizerKind::sgd);
     config.no_weight_decay = {"block.7.bias"};
-    CHECK_THROWS_WITH(DataParallel<Cpu>(ctx, comm, model_specs(), config, {}),
+    CHECK_THROWS_WITH(DataParallel(ctx, comm, model_specs(), config, {}),
                       doctest::Contains("no_weight_decay names 'block.7.bias', which is not a "
                                         "trainable parameter; trainable ones: embed.weight"));
     config = config_for(OptimizerKind::adamw);
     config.no_weight_decay = {"head.bias"};
-    CHECK_THROWS_WITH(DataParallel<Cpu>(ctx, comm, model_specs(), config, {}),
+    CHECK_THROWS_WITH(DataParallel(ctx, comm, model_specs(), config, {}),
                       doctest::Contains("sgd and larc_sgd only, not adamw"));
   });
 }

@@ -16,7 +16,6 @@
 
 namespace sk = shardkit;
 using namespace module_test;
-using Cpu = sk::ops::Cpu;
 using sk::optim::OptimizerKind;
 using sk::parallel::Stage;
 
@@ -63,7 +62,7 @@ Outcome train(Stage stage, const Run& run) {
     options.stage = stage;
     options.buckets.bucket_bytes = 4096;
     options.fsdp = run.fsdp;
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(run.kind), options);
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(run.kind), options);
     const sk::Shape shape = run.model == Model::mlp ? sk::Shape{6, 12} : sk::Shape{3, 3, 8, 8};
     const std::int64_t classes = run.model == Model::mlp ? 7 : 5;
     const int micro_batches = run.accumulation == Accumulation::none ? 1 : 2;
@@ -216,8 +215,8 @@ TEST_CASE("clip_grad_norm: the same norm and the same clipped steps under every 
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, 5);
     sk::parallel::ShardedModuleOptions options;
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
-                                           options);
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options);
     auto b = batch(ctx, {6, 12}, 7, 0, 0);
     ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
     double exact = 0;
@@ -288,12 +287,12 @@ TEST_CASE(
     {
       auto net = mlp(ctx, 1);
       options.fsdp.wrap.min_num_params = 100000;
-      CHECK_THROWS_WITH(sk::parallel::ShardedModule<Cpu>(ctx, comm, net, config, options),
+      CHECK_THROWS_WITH(sk::parallel::ShardedModule(ctx, comm, net, config, options),
                         doctest::Contains("min_num_params = 100000 wraps no module: the largest "
                                           "sub-module has 943 parameters"));
       options.fsdp.wrap.min_num_params = 0;
       options.fsdp.wrap.unit_paths = {"7"};
-      CHECK_THROWS_WITH(sk::parallel::ShardedModule<Cpu>(ctx, comm, net, config, options),
+      CHECK_THROWS_WITH(sk::parallel::ShardedModule(ctx, comm, net, config, options),
                         doctest::Contains("FSDP unit '7' names no module of the model"));
       options.fsdp.wrap.unit_paths = {"0"};
     }
@@ -314,12 +313,12 @@ TEST_CASE(
       sk::parallel::ShardedModuleOptions plain;
       plain.stage = Stage::fsdp;
       CHECK_THROWS_WITH(
-          sk::parallel::ShardedModule<Cpu>(ctx, comm, tied, config, plain),
+          sk::parallel::ShardedModule(ctx, comm, tied, config, plain),
           doctest::Contains("parameters 'encoder' and 'decoder' share memory (tied weights)"));
     }
     {
       auto net = mlp(ctx, 1);
-      sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, config, options);
+      sk::parallel::ShardedModule model(ctx, comm, net, config, options);
       auto& weight = dynamic_cast<nn::Linear&>(net->at(0)).weight;
       CHECK_THROWS_WITH_AS((void)sk::to_vector<float>(ctx, weight.data()),
                            doctest::Contains("the parameters of FSDP unit '0' are not gathered"),
@@ -340,7 +339,7 @@ TEST_CASE(
                                           sk::parallel::ShardedModuleOptions options;
                                           options.stage = Stage::fsdp;
                                           options.fsdp.wrap.unit_paths = {"0"};
-                                          sk::parallel::ShardedModule<Cpu> model(
+                                          sk::parallel::ShardedModule model(
                                               ctx, comm, net,
                                               dp_test::config_for(OptimizerKind::sgd), options);
                                         }),

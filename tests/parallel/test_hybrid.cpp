@@ -26,7 +26,6 @@
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::ops::Cpu;
 using sk::comm::HybridMesh;
 using sk::parallel::FsdpEngine;
 
@@ -67,8 +66,7 @@ void backward(Engine& engine, sk::Context& ctx, int world_rank, int step, bool e
 
 // FSDP's backward: units in reverse, each gathered for its gradients and released after, so
 // the reductions of earlier units complete (and are polled) while later ones run.
-void fsdp_backward(FsdpEngine<Cpu>& engine, sk::Context& ctx, int world_rank, int step,
-                   bool exact) {
+void fsdp_backward(FsdpEngine& engine, sk::Context& ctx, int world_rank, int step, bool exact) {
   std::size_t end = engine.param_count();
   for (std::size_t u = engine.unit_count(); u-- > 0;) {
     std::size_t first = end;
@@ -133,9 +131,9 @@ HybridResult train_hybrid(const HybridRun& run) {
         units[i < 3 ? 0 : 1].params.push_back(specs[i]);
       sk::parallel::FsdpEngineOptions options;
       options.buckets.bucket_bytes = 2048;
-      std::unique_ptr<FsdpEngine<Cpu>> engine =
-          mesh ? std::make_unique<FsdpEngine<Cpu>>(ctx, *mesh, units, config, options)
-               : std::make_unique<FsdpEngine<Cpu>>(ctx, world, units, config, options);
+      std::unique_ptr<FsdpEngine> engine =
+          mesh ? std::make_unique<FsdpEngine>(ctx, *mesh, units, config, options)
+               : std::make_unique<FsdpEngine>(ctx, world, units, config, options);
       engine->set_full_params(fill);
       for (int s = 0; s < run.steps; ++s) {
         engine->zero_grad();
@@ -157,9 +155,9 @@ HybridResult train_hybrid(const HybridRun& run) {
       options.stage = run.stage;
       options.partition = PartitionKind::flat;
       options.buckets.bucket_bytes = 2048;
-      std::unique_ptr<DataParallel<Cpu>> dp =
-          mesh ? std::make_unique<DataParallel<Cpu>>(ctx, *mesh, specs, config, options)
-               : std::make_unique<DataParallel<Cpu>>(ctx, world, specs, config, options);
+      std::unique_ptr<DataParallel> dp =
+          mesh ? std::make_unique<DataParallel>(ctx, *mesh, specs, config, options)
+               : std::make_unique<DataParallel>(ctx, world, specs, config, options);
       dp->set_full_params(fill);
       for (int s = 0; s < run.steps; ++s) {
         dp->zero_grad();
@@ -289,7 +287,7 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
     HybridMesh mesh(world, 3);
     sk::parallel::DataParallelOptions options;
     options.stage = Stage::sdp;
-    DataParallel<Cpu> dp(ctx, mesh, specs, config, options);
+    DataParallel dp(ctx, mesh, specs, config, options);
     dp.set_full_params([&](std::size_t i, const sk::Tensor& view) {
       sk::Context host({.seed = 99ull + i});
       auto values = sk::empty(host, view.shape(), sk::DType::f32);
@@ -316,7 +314,7 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
     sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
       sk::parallel::DataParallelOptions options;
       options.stage = stage;
-      DataParallel<Cpu> dp(ctx, comm, specs, config, options);
+      DataParallel dp(ctx, comm, specs, config, options);
       const auto loaded = sk::io::load_checkpoint(dir, dp.training_state());
       CHECK(loaded.world_size == 3);  // the shard group's size
       CHECK(loaded.steps == 4);
@@ -365,10 +363,9 @@ TEST_CASE(
       options.buckets.bucket_bytes = 4096;
       options.fsdp.wrap.unit_paths = {"layer1.0", "layer2.0", "layer3.0", "layer4.0"};
       const auto config = config_for(OptimizerKind::larc_sgd);
-      auto model = mesh ? std::make_unique<sk::parallel::ShardedModule<Cpu>>(ctx, *mesh, net,
-                                                                             config, options)
-                        : std::make_unique<sk::parallel::ShardedModule<Cpu>>(ctx, world, net,
-                                                                             config, options);
+      auto model =
+          mesh ? std::make_unique<sk::parallel::ShardedModule>(ctx, *mesh, net, config, options)
+               : std::make_unique<sk::parallel::ShardedModule>(ctx, world, net, config, options);
       for (int s = 0; s < 6; ++s) {
         model->zero_grad();
         auto b = module_test::batch(ctx, {3, 3, 8, 8}, 5, world.rank(), s);

@@ -21,7 +21,6 @@
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::ops::Cpu;
 using sk::MemoryCategory;
 using sk::parallel::MemoryPlan;
 using sk::parallel::MemoryPlanOptions;
@@ -71,7 +70,7 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o,
         if (!p.trainable)
           frozen.push_back(
               sk::zeros(ctx, p.shape, o.precision.param_dtype, MemoryCategory::parameters));
-      using Engine = sk::parallel::FsdpEngine<Cpu>;
+      using Engine = sk::parallel::FsdpEngine;
       auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, units, o.optimizer, options)
                          : std::make_unique<Engine>(ctx, world, units, o.optimizer, options);
       for (int s = 0; s < 2; ++s) {
@@ -101,8 +100,8 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o,
     options.precision = o.precision;
     options.broadcast_fp16 = o.broadcast_fp16;
     options.offload = o.offload;
-    auto dp = mesh ? std::make_unique<DataParallel<Cpu>>(ctx, *mesh, specs, o.optimizer, options)
-                   : std::make_unique<DataParallel<Cpu>>(ctx, world, specs, o.optimizer, options);
+    auto dp = mesh ? std::make_unique<DataParallel>(ctx, *mesh, specs, o.optimizer, options)
+                   : std::make_unique<DataParallel>(ctx, world, specs, o.optimizer, options);
     for (int s = 0; s < 2; ++s) {
       dp->zero_grad();
       for (std::size_t i = specs.size(); i-- > 0;)
@@ -313,7 +312,7 @@ TEST_CASE("ShardedModule: the module plan matches a ResNet's model states under 
       o.buckets = options.buckets;
       if (comm.rank() == 0)
         plan = sk::parallel::plan_module_memory(*net, o, options.fsdp.wrap);  // (before wrapping)
-      sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, o.optimizer, options);
+      sk::parallel::ShardedModule model(ctx, comm, net, o.optimizer, options);
       for (int s = 0; s < 2; ++s) {
         model.zero_grad();
         auto b = module_test::batch(ctx, {2, 3, 8, 8}, 5, comm.rank(), s);

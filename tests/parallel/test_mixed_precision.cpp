@@ -24,7 +24,6 @@
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::ops::Cpu;
 using sk::parallel::FsdpEngine;
 using sk::parallel::MixedPrecision;
 
@@ -153,7 +152,7 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       sk::parallel::FsdpEngineOptions options;
       options.buckets.bucket_bytes = 1024;
       options.precision = precision;
-      FsdpEngine<Cpu> engine(ctx, comm, units_of(specs), config_for(kind), options);
+      FsdpEngine engine(ctx, comm, units_of(specs), config_for(kind), options);
       engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
       for (int s = 0; s < steps; ++s) {
         if (omitted(s)) continue;
@@ -188,7 +187,7 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
     options.stage = stage;
     options.buckets.bucket_bytes = 1024;
     options.precision = precision;
-    DataParallel<Cpu> dp(ctx, comm, specs, config_for(kind), options);
+    DataParallel dp(ctx, comm, specs, config_for(kind), options);
     dp.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
     for (int s = 0; s < steps; ++s) {
       if (omitted(s)) continue;
@@ -299,7 +298,7 @@ TEST_CASE("checkpoints move between precisions: masters are f32, compute copies 
   sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     sk::parallel::FsdpEngineOptions options;
     options.precision = MixedPrecision::of(sk::DType::bf16);
-    FsdpEngine<Cpu> engine(ctx, comm, units_of(specs), config_for(OptimizerKind::adamw), options);
+    FsdpEngine engine(ctx, comm, units_of(specs), config_for(OptimizerKind::adamw), options);
     engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
     engine.zero_grad();
     for (std::size_t u = engine.unit_count(); u-- > 0;) {
@@ -324,7 +323,7 @@ TEST_CASE("checkpoints move between precisions: masters are f32, compute copies 
       sk::parallel::DataParallelOptions options;
       options.stage = Stage::sdp;
       options.precision = precision;
-      DataParallel<Cpu> dp(ctx, comm, specs, config_for(OptimizerKind::adamw), options);
+      DataParallel dp(ctx, comm, specs, config_for(OptimizerKind::adamw), options);
       (void)sk::io::load_checkpoint(dir.string(), dp.training_state());
       const auto masters = gather_masters(ctx, comm, dp.optimizer());
       if (comm.rank() != 0) return;
@@ -353,7 +352,7 @@ TEST_CASE("mixed-precision policies that lose information silently are refused b
         options.stage = sk::parallel::Stage::oss;
         options.precision = precision;
         options.broadcast_fp16 = broadcast_fp16;
-        DataParallel<Cpu> dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
+        DataParallel dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
       });
     } catch (const std::exception& e) {
       return e.what();
@@ -443,7 +442,7 @@ TEST_CASE("the loss scaler's state travels with the checkpoint") {
     sk::parallel::DataParallelOptions options;
     options.stage = sk::parallel::Stage::sdp;
     options.precision = MixedPrecision::of(sk::DType::f16);
-    DataParallel<Cpu> dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
+    DataParallel dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
     sk::optim::DynamicLossScaler scaler;
     scaler.load(512, 7);
     auto state = dp.training_state();
@@ -491,7 +490,7 @@ ModuleRun train_module(sk::parallel::Stage stage, OptimizerKind kind, int world,
     } else {
       options.fsdp.wrap.unit_paths = {"0", "3"};
     }
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, config_for(kind), options);
+    sk::parallel::ShardedModule model(ctx, comm, net, config_for(kind), options);
     sk::optim::DynamicLossScaler scaler({.init_scale = 256});
     const sk::Shape shape = resnet ? sk::Shape{batch_size, 3, 8, 8} : sk::Shape{6, 12};
     auto lr = [&](int s) { return fixed_lr > 0 ? fixed_lr : lr_at(kind, s % 40); };

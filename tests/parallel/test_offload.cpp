@@ -22,7 +22,6 @@
 #include "shardkit/parallel/sharded_module.hpp"
 
 namespace sk = shardkit;
-using Cpu = sk::ops::Cpu;
 using sk::MemoryCategory;
 using sk::optim::OptimizerKind;
 using sk::parallel::MixedPrecision;
@@ -121,7 +120,7 @@ Outcome train(const Run& run) {
         if (p.requires_grad() && (name.find("bias") != std::string::npos ||
                                   name.find("bn") != std::string::npos || name == "1.weight"))
           config.no_weight_decay.push_back(name);
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, config, options);
+    sk::parallel::ShardedModule model(ctx, comm, net, config, options);
     sk::optim::DynamicLossScaler scaler({.init_scale = 1024});
     if (!run.load_from.empty()) {
       auto state = model.training_state();
@@ -347,8 +346,8 @@ TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params an
       sk::parallel::DataParallelOptions dp_options;
       dp_options.stage = Stage::sdp;
       dp_options.offload.optimizer = offload;
-      sk::parallel::DataParallel<Cpu> dp(ctx, comm, trainable,
-                                         dp_test::config_for(OptimizerKind::adamw), dp_options);
+      sk::parallel::DataParallel dp(ctx, comm, trainable, dp_test::config_for(OptimizerKind::adamw),
+                                    dp_options);
       dp.set_full_params(fill);
       sk::parallel::FsdpEngineOptions fsdp_options;
       fsdp_options.offload.optimizer = offload;  // f32: the master apart, on the host
@@ -357,8 +356,8 @@ TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params an
         units[i < 3 ? 0 : 1].params.push_back(trainable[i]);
       units[0].name = "first";
       units[1].name = "second";
-      sk::parallel::FsdpEngine<Cpu> fsdp(
-          ctx, comm, units, dp_test::config_for(OptimizerKind::larc_sgd), fsdp_options);
+      sk::parallel::FsdpEngine fsdp(ctx, comm, units, dp_test::config_for(OptimizerKind::larc_sgd),
+                                    fsdp_options);
       fsdp.set_full_params(fill);
       for (int s = 0; s < 5; ++s) {
         dp.zero_grad();
@@ -434,10 +433,9 @@ TEST_CASE("offload requests that cannot hold are refused by name") {
     sk::parallel::DataParallelOptions options;
     options.stage = Stage::sdp;
     options.offload.params = true;
-    CHECK_THROWS_WITH(
-        sk::parallel::DataParallel<Cpu>(ctx, comm, dp_test::model_specs(),
-                                        dp_test::config_for(OptimizerKind::sgd), options),
-        doctest::Contains("offload.params keeps parameter shards on the host"));
+    CHECK_THROWS_WITH(sk::parallel::DataParallel(ctx, comm, dp_test::model_specs(),
+                                                 dp_test::config_for(OptimizerKind::sgd), options),
+                      doctest::Contains("offload.params keeps parameter shards on the host"));
   });
   sk::Context device;
   auto host = sk::make_host_context(device);

@@ -13,13 +13,12 @@
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::ops::Cpu;
 using sk::optim::OptimizerState;
 
 TEST_CASE("the state consolidated on one rank equals DDP's full optimizer state") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {1, 3, 4}) {
-      const auto ddp = run<Cpu>({world, Stage::ddp, PartitionKind::greedy}, kind, 0, 10, nullptr);
+      const auto ddp = run({world, Stage::ddp, PartitionKind::greedy}, kind, 0, 10, nullptr);
       REQUIRE(ddp.state.steps == 10);
       REQUIRE(ddp.state.params.size() == 8);  // the trainable ones, registration order
       CHECK(ddp.state.params[0].name == "embed.weight");
@@ -30,7 +29,7 @@ TEST_CASE("the state consolidated on one rank equals DDP's full optimizer state"
       for (auto partition : {PartitionKind::greedy, PartitionKind::flat}) {
         for (auto stage : {Stage::oss, Stage::sdp}) {
           const int recipient = world - 1;
-          const auto sharded = run<Cpu>({world, stage, partition}, kind, 0, 10, nullptr, recipient);
+          const auto sharded = run({world, stage, partition}, kind, 0, 10, nullptr, recipient);
           CHECK_MESSAGE(states_equal(sharded.state, ddp.state, 0),
                         sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
                         " ", sk::shard::partition_kind_name(partition), " world ", world);
@@ -45,17 +44,17 @@ TEST_CASE("a job resumed from a consolidated state continues as if it had never 
     CAPTURE(sk::optim::optimizer_kind_name(kind));
     // Uninterrupted: 20 steps of OSS on 3 ranks.
     const Job oss3{3, Stage::oss, PartitionKind::greedy};
-    const auto whole = run<Cpu>(oss3, kind, 0, 20, nullptr);
+    const auto whole = run(oss3, kind, 0, 20, nullptr);
     // Interrupted after 10; resumed as SDP on 3 ranks with the other partition.
-    const auto half = run<Cpu>(oss3, kind, 0, 10, nullptr);
-    const auto resumed = run<Cpu>({3, Stage::sdp, PartitionKind::flat}, kind, 10, 10, &half);
+    const auto half = run(oss3, kind, 0, 10, nullptr);
+    const auto resumed = run({3, Stage::sdp, PartitionKind::flat}, kind, 10, 10, &half);
     CHECK(bitwise_equal(resumed.params, whole.params));
     CHECK(states_equal(resumed.state, whole.state, 0));
     // World size changes (3 -> 2, 3 -> 4): every stage resumes to DDP's result on that world.
     for (int world : {2, 4}) {
-      const auto ddp = run<Cpu>({world, Stage::ddp, PartitionKind::greedy}, kind, 10, 5, &half);
+      const auto ddp = run({world, Stage::ddp, PartitionKind::greedy}, kind, 10, 5, &half);
       for (auto stage : {Stage::oss, Stage::sdp}) {
-        const auto got = run<Cpu>({world, stage, PartitionKind::greedy}, kind, 10, 5, &half);
+        const auto got = run({world, stage, PartitionKind::greedy}, kind, 10, 5, &half);
         CHECK_MESSAGE(bitwise_equal(got.params, ddp.params), sk::parallel::stage_name(stage),
                       " world ", world);
         CHECK(states_equal(got.state, ddp.state, 0));
@@ -67,13 +66,13 @@ TEST_CASE("a job resumed from a consolidated state continues as if it had never 
 TEST_CASE("without the state, a resumed Adam or momentum run differs (the test can fail)") {
   const Job oss3{3, Stage::oss, PartitionKind::greedy};
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-    const auto whole = run<Cpu>(oss3, kind, 0, 12, nullptr);
-    auto half = run<Cpu>(oss3, kind, 0, 10, nullptr);
+    const auto whole = run(oss3, kind, 0, 12, nullptr);
+    auto half = run(oss3, kind, 0, 10, nullptr);
     half.state.steps = 0;  // as if only the parameters had been saved
     for (auto& p : half.state.params) {
       p.buffers.clear();
     }
-    const auto resumed = run<Cpu>(oss3, kind, 10, 2, &half);
+    const auto resumed = run(oss3, kind, 10, 2, &half);
     CHECK(max_relative_difference(resumed.params, whole.params) > 1e-4);
   }
 }
@@ -83,7 +82,7 @@ TEST_CASE("consolidation holds at most one other rank's range at a time") {
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     sk::parallel::DataParallelOptions options;
     options.stage = Stage::oss;
-    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::adamw), options);
+    DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::adamw), options);
     dp.zero_grad();
     fake_backward(dp, ctx, comm.rank(), 0);
     dp.finish();
@@ -99,15 +98,14 @@ TEST_CASE("consolidation holds at most one other rank's range at a time") {
 }
 
 TEST_CASE("loading a state that does not fit gets a clear error") {
-  const auto saved =
-      run<Cpu>({2, Stage::oss, PartitionKind::greedy}, OptimizerKind::sgd, 0, 2, nullptr);
+  const auto saved = run({2, Stage::oss, PartitionKind::greedy}, OptimizerKind::sgd, 0, 2, nullptr);
   const auto sgd = config_for(OptimizerKind::sgd);
   auto expect = [&](const OptimizerState& state, const sk::optim::OptimizerConfig& config,
                     const std::string& part) {
     sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
       sk::parallel::DataParallelOptions options;
       options.stage = Stage::sdp;
-      DataParallel<Cpu> dp(ctx, comm, model_specs(), config, options);
+      DataParallel dp(ctx, comm, model_specs(), config, options);
       try {
         dp.load_optimizer_state(state);
         FAIL("no throw");
@@ -135,7 +133,7 @@ TEST_CASE("loading a state that does not fit gets a clear error") {
   no_momentum.sgd.momentum = 0;  // keeps no buffer
   expect(saved.state, no_momentum, "keeps none");
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    DataParallel<Cpu> dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
+    DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd));
     CHECK_THROWS_WITH_AS((void)dp.consolidate_optimizer_state(2),
                          doctest::Contains("recipient 2 is not a rank of this 2-rank job"),
                          sk::InvalidArgument);
@@ -148,14 +146,14 @@ TEST_CASE("the consolidated state survives a safetensors file, and a job resumes
                         .string();
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
     const Job oss3{3, Stage::oss, PartitionKind::greedy};
-    const auto whole = run<Cpu>(oss3, kind, 0, 14, nullptr);
-    auto half = run<Cpu>(oss3, kind, 0, 10, nullptr);
+    const auto whole = run(oss3, kind, 0, 14, nullptr);
+    auto half = run(oss3, kind, 0, 10, nullptr);
     sk::io::save_optimizer_state(path, half.state);
     const auto loaded = sk::io::load_optimizer_state(path);
     CHECK(states_equal(loaded, half.state, 0));
     half.state = loaded;
-    const auto resumed = run<Cpu>({2, Stage::sdp, PartitionKind::flat}, kind, 10, 4, &half);
-    const auto reference = run<Cpu>({2, Stage::ddp, PartitionKind::greedy}, kind, 10, 4, &half);
+    const auto resumed = run({2, Stage::sdp, PartitionKind::flat}, kind, 10, 4, &half);
+    const auto reference = run({2, Stage::ddp, PartitionKind::greedy}, kind, 10, 4, &half);
     CHECK(bitwise_equal(resumed.params, reference.params));
     CHECK(!bitwise_equal(resumed.params, whole.params));  // 2 ranks see other data than 3
   }
@@ -163,7 +161,7 @@ TEST_CASE("the consolidated state survives a safetensors file, and a job resumes
   auto config = config_for(OptimizerKind::sgd);
   config.sgd.momentum = 0;
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    DataParallel<Cpu> dp(ctx, comm, model_specs(), config);
+    DataParallel dp(ctx, comm, model_specs(), config);
     auto state = dp.consolidate_optimizer_state(0);
     if (comm.rank() == 0) sk::io::save_optimizer_state(path, state);
     comm.barrier();

@@ -23,14 +23,12 @@
 
 namespace sk = shardkit;
 using namespace dp_test;
-using Cpu = sk::ops::Cpu;
-using Gpu = sk::ops::Cuda;
 
 namespace {
 
 RunResult train_gpu(int world, Stage stage, OptimizerKind kind, PartitionKind partition,
                     int steps = 20) {
-  return train<Gpu>(world, stage, kind, partition, steps, 2048, sk::comm::cuda_run_options(0));
+  return train(world, stage, kind, partition, steps, 2048, sk::comm::cuda_run_options(0));
 }
 
 }  // namespace
@@ -59,7 +57,7 @@ TEST_CASE("on the GPU, OSS and SDP equal DDP to 1e-6 after 20 steps, every world
 TEST_CASE("GPU DDP equals CPU DDP to rounding (fused CUDA kernels vs the CPU loop)") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     const auto gpu = train_gpu(3, Stage::sdp, kind, PartitionKind::greedy);
-    const auto cpu = train<Cpu>(3, Stage::sdp, kind, PartitionKind::greedy);
+    const auto cpu = train(3, Stage::sdp, kind, PartitionKind::greedy);
     // 20 steps of f32 updates whose FMA contraction differs between nvcc and g++: rounding at
     // the scale of the values (elementwise, 7e-5 of a parameter that had come near 0 on an H100).
     CHECK_MESSAGE(max_scaled_difference(gpu.params[0], cpu.params[0]) <= 1e-5,
@@ -87,8 +85,8 @@ TEST_CASE("device memory per rank follows the stage") {
 TEST_CASE("on the GPU, the consolidated state equals DDP's and a resumed SDP job continues") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
     const auto gpu = sk::comm::cuda_run_options(0);
-    const auto ddp = run<Gpu>({3, Stage::ddp}, kind, 0, 5, nullptr, 0, gpu).state;
-    const auto oss_checkpoint = run<Gpu>({3, Stage::oss}, kind, 0, 5, nullptr, 0, gpu);
+    const auto ddp = run({3, Stage::ddp}, kind, 0, 5, nullptr, 0, gpu).state;
+    const auto oss_checkpoint = run({3, Stage::oss}, kind, 0, 5, nullptr, 0, gpu);
     const auto& oss = oss_checkpoint.state;
     REQUIRE(ddp.params.size() == oss.params.size());
     for (std::size_t i = 0; i < ddp.params.size(); ++i) {
@@ -97,7 +95,7 @@ TEST_CASE("on the GPU, the consolidated state equals DDP's and a resumed SDP job
         CHECK(max_relative_difference(oss.params[i].buffer(name), values) <= 1e-6);
     }
     // Loading moves the state onto the device and carries the step count.
-    const auto resumed = run<Gpu>({3, Stage::sdp}, kind, 5, 1, &oss_checkpoint, 0, gpu).state;
+    const auto resumed = run({3, Stage::sdp}, kind, 5, 1, &oss_checkpoint, 0, gpu).state;
     CHECK(resumed.steps == 6);
   }
 }
@@ -118,7 +116,6 @@ sk::optim::OptimizerConfig cross_arithmetic_config(OptimizerKind kind) {
   return c;
 }
 
-template <class Backend>
 std::vector<float> train_module(int world, Stage stage, const sk::optim::OptimizerConfig& config,
                                 int steps, sk::comm::RunRanksOptions options = {},
                                 const std::string& save_to = {}, const std::string& load_from = {},
@@ -135,7 +132,7 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
         o.buckets.bucket_bytes = 4096;
         o.fsdp.wrap.unit_paths = {"0", "3"};
         o.offload = offload;
-        sk::parallel::ShardedModule<Backend> model(ctx, comm, net, config, o);
+        sk::parallel::ShardedModule model(ctx, comm, net, config, o);
         if (!load_from.empty()) (void)sk::io::load_checkpoint(load_from, model.training_state());
         for (int s = 0; s < steps; ++s) {
           model.zero_grad();
@@ -171,16 +168,16 @@ TEST_CASE("on the GPU, FSDP over a module equals DDP and the CPU's FSDP") {
   const auto gpu = sk::comm::cuda_run_options(0);
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (int world : {1, 2, 3}) {
-      const auto ddp = train_module<Gpu>(world, Stage::ddp, config_for(kind), 10, gpu);
-      const auto fsdp = train_module<Gpu>(world, Stage::fsdp, config_for(kind), 10, gpu);
+      const auto ddp = train_module(world, Stage::ddp, config_for(kind), 10, gpu);
+      const auto fsdp = train_module(world, Stage::fsdp, config_for(kind), 10, gpu);
       CHECK_MESSAGE(max_relative_difference(fsdp, ddp) <= 1e-6,
                     sk::optim::optimizer_kind_name(kind), " world ", world);
       MESSAGE(sk::optim::optimizer_kind_name(kind), " world ", world, ": FSDP and DDP ",
               bitwise_equal(fsdp, ddp) ? "bitwise equal" : "equal to rounding");
     }
     // cuBLAS/cuDNN against oneDNN/Eigen, fused kernels against the CPU functors: rounding.
-    const auto cpu = train_module<Cpu>(2, Stage::fsdp, cross_arithmetic_config(kind), 10);
-    const auto on_gpu = train_module<Gpu>(2, Stage::fsdp, cross_arithmetic_config(kind), 10, gpu);
+    const auto cpu = train_module(2, Stage::fsdp, cross_arithmetic_config(kind), 10);
+    const auto on_gpu = train_module(2, Stage::fsdp, cross_arithmetic_config(kind), 10, gpu);
     CHECK_MESSAGE(max_scaled_difference(on_gpu, cpu) <= 1e-5, sk::optim::optimizer_kind_name(kind));
   }
 }
@@ -188,10 +185,10 @@ TEST_CASE("on the GPU, FSDP over a module equals DDP and the CPU's FSDP") {
 TEST_CASE("a sharded checkpoint written by FSDP on the GPU loads under DDP on the CPU, exactly") {
   const auto dir = std::filesystem::temp_directory_path() / "shardkit_gpu_checkpoint";
   std::filesystem::remove_all(dir);
-  const auto saved = train_module<Gpu>(3, Stage::fsdp, config_for(OptimizerKind::adamw), 4,
-                                       sk::comm::cuda_run_options(0), dir.string());
+  const auto saved = train_module(3, Stage::fsdp, config_for(OptimizerKind::adamw), 4,
+                                  sk::comm::cuda_run_options(0), dir.string());
   const auto loaded =
-      train_module<Cpu>(2, Stage::ddp, config_for(OptimizerKind::adamw), 0, {}, {}, dir.string());
+      train_module(2, Stage::ddp, config_for(OptimizerKind::adamw), 0, {}, {}, dir.string());
   CHECK(bitwise_equal(loaded, saved));
   std::filesystem::remove_all(dir);
 }
@@ -202,13 +199,13 @@ TEST_CASE("on the GPU, CPU offload equals the device's own step to rounding, wit
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (auto stage : {Stage::sdp, Stage::fsdp}) {
       const auto config = cross_arithmetic_config(kind);
-      const auto plain = train_module<Gpu>(2, stage, config, 10, gpu);
+      const auto plain = train_module(2, stage, config, 10, gpu);
       for (bool params : {false, true}) {
         if (params && stage != Stage::fsdp) continue;
         sk::MemorySnapshot device, host;
         const sk::parallel::OffloadOptions offload{.optimizer = true, .params = params};
         const auto offloaded =
-            train_module<Gpu>(2, stage, config, 10, gpu, {}, {}, offload, &device, &host);
+            train_module(2, stage, config, 10, gpu, {}, {}, offload, &device, &host);
         // The step ran on the host (CPU functors, pinned memory) instead of the fused kernels:
         // rounding, fed back through ten forward passes.
         CHECK_MESSAGE(max_scaled_difference(offloaded, plain) <= 1e-5,

@@ -54,7 +54,7 @@ std::vector<float> train(Stage stage, sk::optim::OptimizerKind kind,
   options.stage = stage;
   options.partition = partition;
   options.buckets.bucket_bytes = 1024;
-  sk::parallel::DataParallel<sk::ops::Cpu> dp(ctx, *comm, specs(), config, options);
+  sk::parallel::DataParallel dp(ctx, *comm, specs(), config, options);
   ctx.manual_seed(static_cast<std::uint64_t>(comm->rank()) + 5);  // different on every rank
   for (std::size_t i = 0; i < dp.params().size(); ++i) sk::uniform_(ctx, dp.param(i), -0.5, 0.5);
   dp.broadcast_parameters(0);
@@ -127,10 +127,9 @@ std::vector<float> train_exact(Stage stage, int group) {
   options.stage = stage;
   options.partition = sk::shard::PartitionKind::flat;
   options.buckets.bucket_bytes = 1024;
-  auto dp = mesh ? std::make_unique<sk::parallel::DataParallel<sk::ops::Cpu>>(ctx, *mesh, specs(),
-                                                                              config, options)
-                 : std::make_unique<sk::parallel::DataParallel<sk::ops::Cpu>>(ctx, *world, specs(),
-                                                                              config, options);
+  auto dp =
+      mesh ? std::make_unique<sk::parallel::DataParallel>(ctx, *mesh, specs(), config, options)
+           : std::make_unique<sk::parallel::DataParallel>(ctx, *world, specs(), config, options);
   dp->set_full_params([&](std::size_t i, const sk::Tensor& view) {
     sk::Context host({.seed = 77ull + i});
     sk::uniform_(host, view, -0.5, 0.5);
@@ -187,8 +186,7 @@ std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int 
   options.stage = stage;
   options.buckets.bucket_bytes = 4096;
   options.fsdp.wrap.unit_paths = {"0", "3"};
-  sk::parallel::ShardedModule<sk::ops::Cpu> model(ctx, *comm, net, dp_test::config_for(kind),
-                                                  options);
+  sk::parallel::ShardedModule model(ctx, *comm, net, dp_test::config_for(kind), options);
   if (!load_from.empty()) (void)sk::io::load_checkpoint(load_from, model.training_state());
   for (int s = 0; s < steps; ++s) {
     model.zero_grad();

@@ -14,7 +14,6 @@
 
 namespace sk = shardkit;
 using namespace module_test;
-using Cpu = sk::ops::Cpu;
 using sk::optim::OptimizerKind;
 using sk::parallel::Stage;
 
@@ -34,8 +33,8 @@ std::vector<float> hand_written(int world, Stage stage, OptimizerKind kind) {
     options.stage = stage;
     options.partition = sk::shard::PartitionKind::flat;
     options.buckets.bucket_bytes = 4096;
-    sk::parallel::DataParallel<Cpu> dp(ctx, comm, sk::parallel::module_param_specs(*net),
-                                       dp_test::config_for(kind), options);
+    sk::parallel::DataParallel dp(ctx, comm, sk::parallel::module_param_specs(*net),
+                                  dp_test::config_for(kind), options);
     auto params = net->parameters();
     for (std::size_t i = 0; i < params.size(); ++i) sk::copy(ctx, dp.param(i), params[i].data());
     dp.broadcast_parameters(0);
@@ -69,7 +68,7 @@ std::vector<float> wrapped(int world, Stage stage, OptimizerKind kind, int check
     sk::parallel::ShardedModuleOptions options;
     options.stage = stage;
     options.buckets.bucket_bytes = 4096;
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(kind), options);
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(kind), options);
     for (int s = 0; s < kSteps; ++s) {
       model.zero_grad();
       auto b = batch(ctx, {6, 12}, 7, comm.rank(), s);
@@ -109,8 +108,8 @@ TEST_CASE(
     const auto names_before = net->named_parameters();
     sk::parallel::ShardedModuleOptions options;
     options.stage = Stage::sdp;
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
-                                           options);
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options);
     const auto names_after = net->named_parameters();
     REQUIRE(names_after.size() == names_before.size());
     for (std::size_t i = 0; i < names_after.size(); ++i) {
@@ -128,7 +127,7 @@ TEST_CASE(
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = std::make_shared<nn::Sequential>();
     net->push_back(std::make_shared<nn::Linear>(ctx, 3, 2, true, sk::DType::f64));
-    CHECK_THROWS_WITH(sk::parallel::ShardedModule<Cpu>(ctx, comm, net, {}),
+    CHECK_THROWS_WITH(sk::parallel::ShardedModule(ctx, comm, net, {}),
                       doctest::Contains("parameter '0.weight' is f64"));
   });
 }
@@ -158,7 +157,7 @@ std::vector<float> prototypes_run(int world, Stage stage, OptimizerKind kind, in
     options.buckets.bucket_bytes = 512;
     options.fsdp.wrap.unit_paths = {"2"};
     options.precision = sk::parallel::MixedPrecision::of(dtype);
-    sk::parallel::ShardedModule<Cpu> model(ctx, comm, net, dp_test::config_for(kind), options);
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(kind), options);
     if (in_step) model.normalize_rows_after_step("2.weight");
     const auto gathers_before = comm.stats().of(sk::comm::CollectiveKind::all_gather_v).calls;
     for (int s = 0; s < steps; ++s) {

@@ -19,7 +19,6 @@
 
 namespace sk = shardkit;
 using namespace module_test;
-using Cpu = sk::ops::Cpu;
 
 using namespace sync_bn_test;
 
@@ -72,8 +71,8 @@ std::vector<float> resnet_run(int world, sk::parallel::Stage stage) {
                 *net, sk::parallel::sync_batch_norm_group(comm, world)) == 20);
     sk::parallel::ShardedModuleOptions options;
     options.stage = stage;
-    sk::parallel::ShardedModule<Cpu> model(
-        ctx, comm, net, dp_test::config_for(sk::optim::OptimizerKind::sgd), options);
+    sk::parallel::ShardedModule model(ctx, comm, net,
+                                      dp_test::config_for(sk::optim::OptimizerKind::sgd), options);
     for (int s = 0; s < kSyncSteps; ++s) {
       model.zero_grad();
       std::vector<ag::Variable> xs;

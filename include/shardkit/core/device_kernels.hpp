@@ -17,6 +17,9 @@ struct DeviceCommKernels;
 namespace autograd {
 struct AutogradKernels;
 }
+namespace ops {
+struct FusedOps;
+}
 
 struct DeviceKernels {
   // Sets every element of a device tensor (any strides) to `value`, converted to its dtype.
@@ -40,6 +43,7 @@ struct CudaKernelTables {
   const DeviceKernels* tensor = nullptr;                // core: fill, copy, add, divide, random
   const comm::DeviceCommKernels* comm = nullptr;        // local collectives over device memory
   const autograd::AutogradKernels* autograd = nullptr;  // autograd's element-wise and row ops
+  const ops::FusedOps* ops = nullptr;                   // the fused optimizer ops (ops::Cuda)
 };
 
 }  // namespace shardkit

@@ -76,23 +76,20 @@ inline std::string agree_on_checkpoint_id(Context& ctx, comm::Communicator& comm
   return id;
 }
 
-template <class Backend>
-ParamShapes trainable_params(const parallel::TrainingState<Backend>& state) {
+inline ParamShapes trainable_params(const parallel::TrainingState& state) {
   ParamShapes out;
   for (const auto& p : state.optimizer->table().params()) out.emplace_back(p.name, p.shape);
   return out;
 }
 
-template <class Backend>
-void check_state(const parallel::TrainingState<Backend>& state, const char* call) {
+inline void check_state(const parallel::TrainingState& state, const char* call) {
   check(state.optimizer != nullptr && state.comm != nullptr, call,
         ": the training state has no optimizer or communicator; take it from training_state()");
 }
 
-template <class Backend>
-std::map<std::string, std::string> common_metadata(const parallel::TrainingState<Backend>& state,
-                                                   const std::string& id,
-                                                   const CheckpointOptions& options) {
+inline std::map<std::string, std::string> common_metadata(const parallel::TrainingState& state,
+                                                          const std::string& id,
+                                                          const CheckpointOptions& options) {
   std::map<std::string, std::string> meta;
   for (const auto& [key, value] : options.metadata) {
     check(!is_reserved_checkpoint_key(key), "save_checkpoint: metadata key '", key,
@@ -113,9 +110,8 @@ std::map<std::string, std::string> common_metadata(const parallel::TrainingState
   return meta;
 }
 
-template <class Backend>
-void save_full(const std::string& dir, parallel::TrainingState<Backend>& state,
-               const std::string& id, const CheckpointOptions& options) {
+inline void save_full(const std::string& dir, parallel::TrainingState& state, const std::string& id,
+                      const CheckpointOptions& options) {
   auto& optimizer = *state.optimizer;
   auto& comm = *state.comm;
   Context& ctx = optimizer.context();
@@ -164,9 +160,8 @@ void save_full(const std::string& dir, parallel::TrainingState<Backend>& state,
   model_file->commit();
 }
 
-template <class Backend>
-void save_sharded(const std::string& dir, parallel::TrainingState<Backend>& state,
-                  const std::string& id, const CheckpointOptions& options) {
+inline void save_sharded(const std::string& dir, parallel::TrainingState& state,
+                         const std::string& id, const CheckpointOptions& options) {
   auto& optimizer = *state.optimizer;
   auto& comm = *state.comm;
   Context& ctx = optimizer.context();
@@ -240,9 +235,8 @@ void save_in_first_group(Context& ctx, comm::Communicator* replicas, Save&& save
 
 }  // namespace detail
 
-template <class Backend>
-void save_checkpoint(const std::string& dir, parallel::TrainingState<Backend> state,
-                     const CheckpointOptions& options = {}) {
+inline void save_checkpoint(const std::string& dir, parallel::TrainingState state,
+                            const CheckpointOptions& options = {}) {
   detail::check_state(state, "save_checkpoint");
   if (state.replicas != nullptr && state.replicas->size() > 1) {
     comm::Communicator* replicas = std::exchange(state.replicas, nullptr);
@@ -286,8 +280,7 @@ inline void agree_on_load(Context& ctx, comm::Communicator& comm, const std::exc
 }
 
 // This rank's part of load_checkpoint: everything but the collective steps.
-template <class Backend>
-LoadedCheckpoint load_this_rank(const std::string& dir, parallel::TrainingState<Backend>& state) {
+inline LoadedCheckpoint load_this_rank(const std::string& dir, parallel::TrainingState& state) {
   auto& optimizer = *state.optimizer;
   Context& ctx = optimizer.context();
   const CheckpointSource source(dir);
@@ -415,8 +408,7 @@ LoadedCheckpoint load_this_rank(const std::string& dir, parallel::TrainingState<
 
 }  // namespace detail
 
-template <class Backend>
-LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState<Backend> state) {
+inline LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState state) {
   detail::check_state(state, "load_checkpoint");
   LoadedCheckpoint loaded;
   std::exception_ptr error;

@@ -60,13 +60,12 @@ inline std::optional<std::string> latest_checkpoint(const std::string& dir) {
 // after the collective save and before the switch (per-rank files of the caller's own); under
 // hybrid sharding only the first group saves, `extra` included.
 // Collective.
-template <class Backend>
-std::string save_step_checkpoint(const std::string& dir, std::int64_t step,
-                                 parallel::TrainingState<Backend>& state,
-                                 const CheckpointOptions& options = {},
-                                 const std::function<void(const std::string&)>& extra = {}) {
+inline std::string save_step_checkpoint(const std::string& dir, std::int64_t step,
+                                        parallel::TrainingState& state,
+                                        const CheckpointOptions& options = {},
+                                        const std::function<void(const std::string&)>& extra = {}) {
   if (state.replicas != nullptr && state.replicas->size() > 1) {  // the first group saves
-    parallel::TrainingState<Backend> group_state = state;
+    parallel::TrainingState group_state = state;
     group_state.replicas = nullptr;
     detail::save_in_first_group(state.optimizer->context(), state.replicas, [&] {
       (void)save_step_checkpoint(dir, step, group_state, options, extra);

@@ -1,12 +1,11 @@
 // What a fused-op backend is: the launcher that applies an element functor (functor.hpp) over
 // spans on one kind of device, plus the few per-tensor steps that are not element-wise. The
-// fused ops (fused_ops.hpp) are written once over a backend given as a compile-time tag:
+// fused ops (fused_ops.hpp) are written once over a backend given as a compile-time tag, and
+// each backend's instances fill that device's table of fused ops (device_ops.hpp), through which
+// everything above calls them by the context's device:
 //
-//   sk::ops::sgd_step<sk::ops::Cpu>(ctx, options, tensors);   //
-//   include/shardkit/ops/cpu_backend.hpp sk::ops::sgd_step<sk::ops::Cuda>(ctx, options, tensors);
-//   // kernels/ops/cuda_backend.cuh (nvcc)
-//
-// The same tag is the template argument of the optimizer and the data-parallel engines.
+//   sk::ops::Cpu    include/shardkit/ops/cpu_backend.hpp: the table kCpuFusedOps
+//   sk::ops::Cuda   kernels/ops/cuda_backend.cuh (nvcc): the table every CUDA Context carries
 #pragma once
 
 #include <array>

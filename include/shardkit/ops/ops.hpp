@@ -8,6 +8,7 @@
 #include "shardkit/ops/cast.hpp"
 #include "shardkit/ops/cpu_apply.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/ops/device_ops.hpp"
 #include "shardkit/ops/element.hpp"
 #include "shardkit/ops/functor.hpp"
 #include "shardkit/ops/fused_ops.hpp"

@@ -107,9 +107,8 @@ inline std::vector<Tensor> state_views(const std::vector<shard::OwnedPiece>& pie
   return out;
 }
 
-template <class Backend>
-OptimizerState consolidate_optimizer_state(const ShardedOptimizer<Backend>& optimizer,
-                                           comm::Communicator& comm, int recipient = 0) {
+inline OptimizerState consolidate_optimizer_state(const ShardedOptimizer& optimizer,
+                                                  comm::Communicator& comm, int recipient = 0) {
   check(recipient >= 0 && recipient < comm.size(), "consolidate_optimizer_state: recipient ",
         recipient, " is not a rank of this ", comm.size(), "-rank job; pass 0..", comm.size() - 1);
   const auto& table = optimizer.table();
@@ -140,8 +139,7 @@ OptimizerState consolidate_optimizer_state(const ShardedOptimizer<Backend>& opti
   return out;
 }
 
-template <class Backend>
-void load_optimizer_state(ShardedOptimizer<Backend>& optimizer, const OptimizerState& state) {
+inline void load_optimizer_state(ShardedOptimizer& optimizer, const OptimizerState& state) {
   const auto& config = optimizer.config();
   check(state.kind == config.kind, "load_optimizer_state: the state is for ",
         optimizer_kind_name(state.kind), " but this optimizer is ",

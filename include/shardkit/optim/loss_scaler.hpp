@@ -18,7 +18,7 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
-#include "shardkit/ops/fused_ops.hpp"
+#include "shardkit/ops/device_ops.hpp"
 
 namespace shardkit::optim {
 
@@ -52,10 +52,9 @@ class DynamicLossScaler {
   // Whether the gradients are finite on every rank. `grads` are the gradients this rank holds
   // (all of them under ddp, its pieces under a sharded stage); `comm` joins the ranks
   // (nullptr: one rank). Collective.
-  template <class Backend>
   bool grads_finite(Context& ctx, comm::Communicator* comm, const std::vector<Tensor>& grads) {
     Tensor found = zeros(ctx, {1}, DType::f32, MemoryCategory::other);
-    if (!grads.empty()) ops::check_finite<Backend>(ctx, grads, found);
+    if (!grads.empty()) ops::check_finite(ctx, grads, found);
     if (comm != nullptr && comm->size() > 1) comm->all_reduce(found, comm::ReduceOp::max).wait();
     return to_vector<float>(ctx, found)[0] == 0.0f;
   }

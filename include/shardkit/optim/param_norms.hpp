@@ -16,13 +16,12 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
-#include "shardkit/ops/fused_ops.hpp"
+#include "shardkit/ops/device_ops.hpp"
 #include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/shard/piece_table.hpp"
 
 namespace shardkit::optim {
 
-template <class Backend>
 class ParamNorms {
  public:
   // `comm` joins the ranks of a sharded table (nullptr: one rank, or a replicated table).
@@ -75,15 +74,14 @@ class ParamNorms {
   // squares of every table parameter: out[k][param]. Collective when the table is sharded.
   // Parameters no rank reported (a replicated table reports all) stay 0.
   std::vector<std::vector<double>> sums(const std::vector<std::vector<Tensor>>& operands) {
-    return sums_with<Backend>(*ctx_, operands);
+    return sums_on(*ctx_, operands);
   }
 
-  // The same with the leaf sums formed by backend B on `compute` (CPU offload: ops::Cpu on the
-  // host context, over views in host memory); the exchange still travels on this object's
-  // context, where the communicator's buffers live.
-  template <class B>
-  std::vector<std::vector<double>> sums_with(Context& compute,
-                                             const std::vector<std::vector<Tensor>>& operands) {
+  // The same with the leaf sums formed on `compute` (CPU offload: the host context, over views
+  // in host memory); the exchange still travels on this object's context, where the
+  // communicator's buffers live.
+  std::vector<std::vector<double>> sums_on(Context& compute,
+                                           const std::vector<std::vector<Tensor>>& operands) {
     const auto& pieces = table_->pieces(rank_);
     const std::size_t n_ops = operands.size();
     for (const auto& views : operands)
@@ -99,11 +97,11 @@ class ParamNorms {
       Tensor leaves = empty(compute, {static_cast<std::int64_t>(n_ops), total}, DType::f64,
                             MemoryCategory::other);
       if (n_ops == 2) {
-        ops::leaf_sums_of_squares<B>(compute, operands[0], operands[1], leaves);
+        ops::leaf_sums_of_squares(compute, operands[0], operands[1], leaves);
       } else {
         for (std::size_t k = 0; k < n_ops; ++k)
-          ops::leaf_sums_of_squares<B>(compute, operands[k],
-                                       leaves.select(0, static_cast<std::int64_t>(k)));
+          ops::leaf_sums_of_squares(compute, operands[k],
+                                    leaves.select(0, static_cast<std::int64_t>(k)));
       }
       std::vector<ops::NormSubtree> nodes;  // list k's nodes lie in row k
       nodes.reserve(own_nodes_.size() * n_ops);
@@ -112,7 +110,7 @@ class ParamNorms {
           nodes.push_back({static_cast<std::int64_t>(k) * total + node.first, node.level});
       Tensor values = empty(compute, {static_cast<std::int64_t>(nodes.size())}, DType::f64,
                             MemoryCategory::other);
-      ops::norm_subtree_sums<B>(compute, leaves, nodes, values);
+      ops::norm_subtree_sums(compute, leaves, nodes, values);
       mine = to_vector<double>(compute, values);
     }
     // Every rank's values, in the same order (counts follow from the table).

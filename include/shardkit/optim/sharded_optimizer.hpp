@@ -24,8 +24,7 @@
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/adam.hpp"
-#include "shardkit/ops/cpu_backend.hpp"
-#include "shardkit/ops/fused_ops.hpp"
+#include "shardkit/ops/device_ops.hpp"
 #include "shardkit/ops/larc.hpp"
 #include "shardkit/ops/op_args.hpp"
 #include "shardkit/ops/sgd.hpp"
@@ -99,10 +98,7 @@ struct OptimizerOffload {
   bool enabled() const { return host != nullptr; }
 };
 
-template <class Backend>
 class ShardedOptimizer {
-  SK_REQUIRE_OPS_BACKEND(Backend, "ShardedOptimizer<Backend>");
-
  public:
   // Updates the pieces `table.pieces(rank)`; `piece_params[k]` views piece k's parameter
   // elements. f32 views are the parameters themselves. f16/bf16 views are the compute copy of
@@ -175,8 +171,8 @@ class ShardedOptimizer {
     inv_grad_scale *= clip_coefficient_;  // from clip_grad_norm, for this step only
     clip_coefficient_ = 1.0f;
     ++steps_;
-    if (!offloaded()) return update<Backend>(*ctx_, grads, lr, inv_grad_scale);
-    update<ops::Cpu>(*host_, staged_grads(grads), lr, inv_grad_scale);
+    if (!offloaded()) return update(*ctx_, grads, lr, inv_grad_scale);
+    update(*host_, staged_grads(grads), lr, inv_grad_scale);
   }
 
   // torch.nn.utils.clip_grad_norm_ over the whole model (docs/semantics.md): the L2 norm of
@@ -299,17 +295,16 @@ class ShardedOptimizer {
     return host_grads_;
   }
 
-  // The update with backend B on context `c` (the parameters' context, or the host's when
-  // offloaded): coefficients for every piece first (LARC's trust ratios need every norm), then
-  // the fused pass in chunks of pieces; offloaded, each chunk's new parameters are queued for
-  // the device before the next chunk is updated, and the step waits for the last.
-  template <class B>
+  // The update on context `c` (the parameters' context, or the host's when offloaded): coefficients
+  // for every piece first (LARC's trust ratios need every norm), then the fused pass in chunks of
+  // pieces; offloaded, each chunk's new parameters are queued for the device before the next chunk
+  // is updated, and the step waits for the last.
   void update(Context& c, const std::vector<Tensor>& g, float lr, float inv_grad_scale) {
     const auto& pieces = this->pieces();
     const std::vector<Tensor>& p = master_;
     if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
       if (config_.kind == OptimizerKind::larc_sgd)  // norms' exchange may be collective
-        (void)larc_coefficients<B>(c, p, g, lr, inv_grad_scale);
+        (void)larc_coefficients(c, p, g, lr, inv_grad_scale);
       return;
     }
     const std::vector<Tensor> a =
@@ -328,23 +323,23 @@ class ShardedOptimizer {
     adam.step = steps_;
     adam.inv_grad_scale = inv_grad_scale;
     const bool send_up = offloaded() && !offload_.params_on_host;
-    if constexpr (ops::has_larc_sgd_tree<B>) {
-      // Every piece whole here (DDP, or one rank): norms, coefficients and update in one
-      // pipelined pass, with ParamNorms' bits. (Offloaded with the params on the device, the
-      // update goes by chunks, each sent up before the next: that stays the composed path.)
-      if (config_.kind == OptimizerKind::larc_sgd && !send_up && norms_.pieces_whole()) {
-        std::vector<double> decays;  // per piece, when no_weight_decay names any
-        if (!decay_.empty())
-          for (const auto& piece : pieces) decays.push_back(decay_[piece.param]);
-        ops::SgdOptions scaled = sgd;
-        scaled.inv_grad_scale = inv_grad_scale;
-        return ops::larc_sgd_step_tree<B>(c, scaled, config_.larc, ops::SgdTensors{p, g, a, low},
-                                          decays);
-      }
+    // Every piece whole here (DDP, or one rank) on a device that pipelines it (the CPU):
+    // norms, coefficients and update in one pass, with ParamNorms' bits. (Offloaded with the
+    // params on the device, the update goes by chunks, each sent up before the next: that stays
+    // the composed path.)
+    if (config_.kind == OptimizerKind::larc_sgd && !send_up && norms_.pieces_whole() &&
+        ops::has_larc_sgd_step_tree(c)) {
+      std::vector<double> decays;  // per piece, when no_weight_decay names any
+      if (!decay_.empty())
+        for (const auto& piece : pieces) decays.push_back(decay_[piece.param]);
+      ops::SgdOptions scaled = sgd;
+      scaled.inv_grad_scale = inv_grad_scale;
+      return ops::larc_sgd_step_tree(c, scaled, config_.larc, ops::SgdTensors{p, g, a, low},
+                                     decays);
     }
     Tensor coefficients;  // [n, 2] per-piece (grad, param) factors of the SGD rule, or none
     if (config_.kind == OptimizerKind::larc_sgd) {
-      coefficients = larc_coefficients<B>(c, p, g, lr, inv_grad_scale);
+      coefficients = larc_coefficients(c, p, g, lr, inv_grad_scale);
     } else if (config_.kind == OptimizerKind::sgd && !decay_.empty()) {
       std::vector<float> factors;  // per-parameter decay: g' = inv_grad_scale·g + decay·w
       for (const auto& piece : pieces) {
@@ -367,13 +362,13 @@ class ShardedOptimizer {
                                                v.begin() + static_cast<std::ptrdiff_t>(end));
       };
       if (is_adam(config_.kind)) {
-        ops::adam_step<B>(c, adam, ops::AdamTensors{part(p), part(g), part(a), part(b), part(low)});
+        ops::adam_step(c, adam, ops::AdamTensors{part(p), part(g), part(a), part(b), part(low)});
       } else if (coefficients.defined()) {
-        ops::sgd_step<B>(c, sgd, ops::SgdTensors{part(p), part(g), part(a), part(low)},
-                         coefficients.slice(0, static_cast<std::int64_t>(begin),
-                                            static_cast<std::int64_t>(end)));
+        ops::sgd_step(c, sgd, ops::SgdTensors{part(p), part(g), part(a), part(low)},
+                      coefficients.slice(0, static_cast<std::int64_t>(begin),
+                                         static_cast<std::int64_t>(end)));
       } else {
-        ops::sgd_step<B>(c, sgd, ops::SgdTensors{part(p), part(g), part(a), part(low)});
+        ops::sgd_step(c, sgd, ops::SgdTensors{part(p), part(g), part(a), part(low)});
       }
       if (send_up)
         for (std::size_t k = begin; k < end; ++k)
@@ -382,14 +377,13 @@ class ShardedOptimizer {
     if (send_up) ctx_->synchronize();
   }
 
-  // Per-piece [n, 2] coefficients from whole-parameter sums of squares, formed by backend B on
-  // context `c` (where p and g live).
-  template <class B>
+  // Per-piece [n, 2] coefficients from whole-parameter sums of squares, formed on context `c`
+  // (where p and g live).
   Tensor larc_coefficients(Context& c, const std::vector<Tensor>& p, const std::vector<Tensor>& g,
                            float lr, float inv_grad_scale) {
     const auto& pieces = this->pieces();
     const auto n = static_cast<std::int64_t>(pieces.size());
-    const auto whole = norms_.template sums_with<B>(c, {p, g});  // collective when split
+    const auto whole = norms_.sums_on(c, {p, g});  // collective when split
     if (n == 0) return Tensor();
     const std::int64_t rows = decay_.empty() ? 2 : 3;  // row 2: per-parameter decays
     std::vector<double> per_piece(static_cast<std::size_t>(rows * n));
@@ -400,7 +394,7 @@ class ShardedOptimizer {
     }
     const Tensor sums = from_vector(c, per_piece, {rows, n});
     const Tensor coefficients = empty(c, {n, 2}, DType::f32, MemoryCategory::other);
-    ops::larc_coefficients<B>(c, config_.larc, lr, inv_grad_scale, sums, coefficients);
+    ops::larc_coefficients(c, config_.larc, lr, inv_grad_scale, sums, coefficients);
     return coefficients;
   }
 
@@ -441,7 +435,7 @@ class ShardedOptimizer {
   Tensor grad_buffer_;          // offload: the step's gradients in host memory
   std::vector<Tensor> host_grads_;
   OptimizerConfig config_;
-  ParamNorms<Backend> norms_;
+  ParamNorms norms_;
   std::vector<double> decay_;         // per table parameter; empty: one decay for all
   std::vector<std::size_t> by_name_;  // table parameters in the order of their names
   float clip_coefficient_ = 1.0f;     // set by clip_grad_norm, used by the next step

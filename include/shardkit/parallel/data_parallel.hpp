@@ -57,11 +57,8 @@ struct DataParallelOptions {
   OffloadOptions offload;          // optimizer: master, state and step on the host (offload.hpp)
 };
 
-template <class Backend>
 class DataParallel {
  public:
-  using Ops = Backend;
-
   DataParallel(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
                optim::OptimizerConfig optimizer, DataParallelOptions options = {})
       : DataParallel(ctx, comm, nullptr, specs, std::move(optimizer), options) {}
@@ -187,8 +184,7 @@ class DataParallel {
     check<StateError>(bucketer_.finished(),
                       "optimizer step before the gradients are finished: call finish() after "
                       "the (synchronised) backward, then step()");
-    const bool finite =
-        scaler.template grads_finite<Backend>(optimizer_.context(), comm_, piece_grads_);
+    const bool finite = scaler.grads_finite(optimizer_.context(), comm_, piece_grads_);
     const float inv_scale = scaler.inv_scale();
     scaler.update(!finite);
     if (!finite) {
@@ -199,7 +195,7 @@ class DataParallel {
     return true;
   }
 
-  const optim::ShardedOptimizer<Backend>& optimizer() const { return optimizer_; }
+  const optim::ShardedOptimizer& optimizer() const { return optimizer_; }
   // Offload: the host context of the optimizer's state and step (its memory statistics are the
   // host's share); without offload, the engine's own context.
   Context& host_context() const { return optimizer_.host_context(); }
@@ -215,8 +211,8 @@ class DataParallel {
 
   // What checkpoints save and load (io/checkpoint.hpp): the optimizer's pieces and state,
   // frozen parameters (whole on every rank), and the parameter sync after a load.
-  TrainingState<Backend> training_state() {
-    TrainingState<Backend> state;
+  TrainingState training_state() {
+    TrainingState state;
     state.optimizer = &optimizer_;
     state.comm = comm_;
     state.replicas = replicas_;
@@ -264,7 +260,7 @@ class DataParallel {
   shard::PieceTable table_;
   std::vector<shard::ParamPiece> pieces_;  // what this rank updates, in table order
   std::unique_ptr<Context> host_;          // offload: where the optimizer lives (else null)
-  optim::ShardedOptimizer<Backend> optimizer_;
+  optim::ShardedOptimizer optimizer_;
   std::vector<RowNormalization> row_normalized_;  // normalize_rows_after_step
   std::vector<Tensor> piece_grads_;  // the averaged gradient of each piece the optimizer updates
 };

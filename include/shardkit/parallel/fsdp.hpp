@@ -49,7 +49,6 @@ struct FsdpOptions {
   OffloadOptions offload;    // (ShardedModule sets it from its own options; offload.hpp)
 };
 
-template <class Backend>
 class Fsdp {
  public:
   Fsdp(Context& ctx, comm::Communicator& comm, nn::Module& root, optim::OptimizerConfig optimizer,
@@ -65,7 +64,7 @@ class Fsdp {
  private:
   Fsdp(Context& ctx, comm::Communicator& comm, const comm::HybridMesh* mesh, nn::Module& root,
        optim::OptimizerConfig optimizer, FsdpOptions options)
-      : ctx_(&ctx), root_(&root), options_(checked(options)) {
+      : ctx_(&ctx), options_(checked(options)) {
     std::map<std::string, autograd::Variable> by_name;
     for (const auto& [name, p] : root.named_parameters()) {
       check(p.dtype() == DType::f32, "parameter '", name, "' is ", dtype_name(p.dtype()),
@@ -96,10 +95,10 @@ class Fsdp {
     engine_options.coalesce_bytes = options_.coalesce_bytes;
     engine_options.precision = options_.precision;
     engine_options.offload = options_.offload;
-    engine_ = mesh != nullptr ? std::make_unique<FsdpEngine<Backend>>(
-                                    ctx, *mesh, std::move(engine_units), optimizer, engine_options)
-                              : std::make_unique<FsdpEngine<Backend>>(
-                                    ctx, comm, std::move(engine_units), optimizer, engine_options);
+    engine_ = mesh != nullptr ? std::make_unique<FsdpEngine>(ctx, *mesh, std::move(engine_units),
+                                                             optimizer, engine_options)
+                              : std::make_unique<FsdpEngine>(ctx, comm, std::move(engine_units),
+                                                             optimizer, engine_options);
     // The module's values become rank 0's, sharded; each parameter then views its unit's
     // gathered buffer (freed until a forward gathers it).
     engine_->set_full_params(
@@ -144,18 +143,16 @@ class Fsdp {
   void set_sync(bool enabled) { engine_->set_sync(enabled); }
 
   // The engine (units, gather/release, optimizer) and the module each unit belongs to.
-  FsdpEngine<Backend>& engine() { return *engine_; }
-  const FsdpEngine<Backend>& engine() const { return *engine_; }
+  FsdpEngine& engine() { return *engine_; }
+  const FsdpEngine& engine() const { return *engine_; }
   std::size_t unit_count() const { return engine_->unit_count(); }
   // FSDP's summon_full_params: every unit gathered while the scope lives (to read or write
   // the module's parameters between steps); written values go back to the shards at exit.
-  [[nodiscard]] typename FsdpEngine<Backend>::FullParams full_params() {
-    return engine_->full_params();
-  }
+  [[nodiscard]] FsdpEngine::FullParams full_params() { return engine_->full_params(); }
 
   // The most units gathered at once since construction (the root unit not counted).
   int max_gathered_units() const { return max_gathered_; }
-  const optim::ShardedOptimizer<Backend>& optimizer() const { return engine_->optimizer(); }
+  const optim::ShardedOptimizer& optimizer() const { return engine_->optimizer(); }
 
  private:
   static FsdpOptions checked(FsdpOptions options) {
@@ -274,9 +271,8 @@ class Fsdp {
   }
 
   Context* ctx_;
-  nn::Module* root_;
   FsdpOptions options_;
-  std::unique_ptr<FsdpEngine<Backend>> engine_;
+  std::unique_ptr<FsdpEngine> engine_;
   std::vector<nn::Module*> modules_;            // per unit: whose hooks gather it
   std::vector<std::vector<nn::HookId>> hooks_;  // per unit
   std::vector<autograd::Variable> params_;      // engine parameter order

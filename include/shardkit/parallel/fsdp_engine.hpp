@@ -74,11 +74,8 @@ struct FsdpEngineOptions {
   OffloadOptions offload;    // optimizer and/or parameter shards on the host (offload.hpp)
 };
 
-template <class Backend>
 class FsdpEngine {
  public:
-  using Ops = Backend;
-
   FsdpEngine(Context& ctx, comm::Communicator& comm, std::vector<FsdpUnitParams> units,
              optim::OptimizerConfig optimizer, FsdpEngineOptions options = {})
       : FsdpEngine(ctx, comm, nullptr, std::move(units), std::move(optimizer), options) {}
@@ -139,7 +136,7 @@ class FsdpEngine {
       units_.push_back(std::move(unit));
     }
     check(!units_.empty(), "FSDP: no unit to shard; give at least one unit with parameters");
-    optimizer_ = std::make_unique<optim::ShardedOptimizer<Backend>>(
+    optimizer_ = std::make_unique<optim::ShardedOptimizer>(
         ctx, table_, comm.rank(), std::move(piece_params), optimizer, &comm,
         optim::OptimizerOffload{host_.get(), shard_home != nullptr});
     check_same_everywhere();
@@ -326,7 +323,7 @@ class FsdpEngine {
                         "FSDP step before a synchronised backward finished the gradients of "
                         "unit '",
                         unit->name, "'; run the backward (outside no_sync) and finish() first");
-    const bool finite = scaler.template grads_finite<Backend>(*ctx_, comm_, piece_grads_);
+    const bool finite = scaler.grads_finite(*ctx_, comm_, piece_grads_);
     const float inv_scale = scaler.inv_scale();
     scaler.update(!finite);
     if (!finite) {
@@ -338,10 +335,10 @@ class FsdpEngine {
     return true;
   }
 
-  const optim::ShardedOptimizer<Backend>& optimizer() const { return *optimizer_; }
+  const optim::ShardedOptimizer& optimizer() const { return *optimizer_; }
   // After finish(): the averaged gradient of each piece this rank updates (its shards).
   const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
-  optim::ShardedOptimizer<Backend>& optimizer() { return *optimizer_; }
+  optim::ShardedOptimizer& optimizer() { return *optimizer_; }
   // Offload: the host context of the optimizer (and of the parameter shards with
   // offload.params); its memory statistics are the host's share. Without offload, the engine's
   // own context.
@@ -350,8 +347,8 @@ class FsdpEngine {
   // What checkpoints save and load (io/checkpoint.hpp): the shards and their optimizer state.
   // A load writes the shards; units gathered at that moment (inside full_params()) are
   // gathered again so their full values are the loaded ones.
-  TrainingState<Backend> training_state() {
-    TrainingState<Backend> state;
+  TrainingState training_state() {
+    TrainingState state;
     state.optimizer = optimizer_.get();
     state.comm = comm_;
     state.replicas = replicas_;
@@ -437,7 +434,7 @@ class FsdpEngine {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<ParamIndex> index_;
   std::vector<Tensor> piece_grads_;
-  std::unique_ptr<optim::ShardedOptimizer<Backend>> optimizer_;
+  std::unique_ptr<optim::ShardedOptimizer> optimizer_;
   std::vector<RowNormalization> row_normalized_;  // normalize_rows_after_step
 
   void normalize_rows_of_step() {

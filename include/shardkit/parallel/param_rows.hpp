@@ -54,9 +54,9 @@ inline std::size_t row_param(const shard::PieceTable& table, const std::string& 
 // normalize_rows on this rank's pieces only: the ranks' copies of the parameter agree again
 // once the owners' ranges are gathered (OSS/SDP), or at once (DDP, FSDP). Collective when the
 // table is sharded (the row norms' leaves are exchanged).
-template <class Backend>
-void normalize_owned_rows(Context& ctx, optim::ShardedOptimizer<Backend>& optimizer,
-                          comm::Communicator* comm, const std::string& name, double eps = 1e-12) {
+inline void normalize_owned_rows(Context& ctx, optim::ShardedOptimizer& optimizer,
+                                 comm::Communicator* comm, const std::string& name,
+                                 double eps = 1e-12) {
   const auto& table = optimizer.table();
   const std::size_t p = detail::row_param(table, name);
   const auto& param = table.params()[p];
@@ -98,9 +98,8 @@ void normalize_owned_rows(Context& ctx, optim::ShardedOptimizer<Backend>& optimi
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
 }
 
-template <class Backend>
-void normalize_rows(Context& ctx, TrainingState<Backend>& state, const std::string& name,
-                    double eps = 1e-12) {
+inline void normalize_rows(Context& ctx, TrainingState& state, const std::string& name,
+                           double eps = 1e-12) {
   normalize_owned_rows(ctx, *state.optimizer, state.comm, name, eps);
   if (state.after_load) state.after_load();
 }
@@ -111,9 +110,8 @@ struct RowNormalization {
   double eps = 1e-12;
 };
 
-template <class Backend>
-void zero_grad_of(Context& ctx, const optim::ShardedOptimizer<Backend>& optimizer,
-                  const std::vector<Tensor>& piece_grads, const std::string& name) {
+inline void zero_grad_of(Context& ctx, const optim::ShardedOptimizer& optimizer,
+                         const std::vector<Tensor>& piece_grads, const std::string& name) {
   const std::size_t p = detail::table_param(optimizer.table(), name, "zero_grad_of");
   const auto& pieces = optimizer.pieces();
   for (std::size_t k = 0; k < pieces.size(); ++k)

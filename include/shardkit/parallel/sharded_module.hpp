@@ -1,7 +1,7 @@
 // ShardedModule: trains an nn::Module under a ZeRO stage -- the module-level entry point, as
 // PyTorch's DistributedDataParallel / FairScale's ShardedDataParallel and FSDP wrap a module.
 //
-//   ShardedModule<ops::Cpu> model(ctx, comm, net, optimizer_config, {.stage = Stage::sdp});
+//   ShardedModule model(ctx, comm, net, optimizer_config, {.stage = Stage::sdp});
 //   auto loss = criterion(model(ctx, x));
 //   autograd::backward(ctx, loss);  // gradients reduced while backward runs
 //   model.step(lr);                 // sharded optimizer step, parameters back in sync
@@ -77,7 +77,6 @@ inline void broadcast_module_buffers(Context& ctx, nn::Module& module, comm::Com
   }
 }
 
-template <class Backend>
 class ShardedModule {
  public:
   ShardedModule(Context& ctx, comm::Communicator& comm, std::shared_ptr<nn::Module> module,
@@ -105,9 +104,8 @@ class ShardedModule {
       fsdp.buckets = options.buckets;
       fsdp.precision = options.precision;
       fsdp.offload = options.offload;
-      fsdp_ = mesh != nullptr
-                  ? std::make_unique<Fsdp<Backend>>(ctx, *mesh, *module_, optimizer, fsdp)
-                  : std::make_unique<Fsdp<Backend>>(ctx, world, *module_, optimizer, fsdp);
+      fsdp_ = mesh != nullptr ? std::make_unique<Fsdp>(ctx, *mesh, *module_, optimizer, fsdp)
+                              : std::make_unique<Fsdp>(ctx, world, *module_, optimizer, fsdp);
       broadcast_module_buffers(ctx, *module_, world);
       return;
     }
@@ -118,9 +116,9 @@ class ShardedModule {
     dp.broadcast_fp16 = options.broadcast_fp16;
     dp.precision = options.precision;
     dp.offload = options.offload;
-    engine_ = mesh != nullptr ? std::make_unique<DataParallel<Backend>>(
+    engine_ = mesh != nullptr ? std::make_unique<DataParallel>(
                                     ctx, *mesh, module_param_specs(*module_), optimizer, dp)
-                              : std::make_unique<DataParallel<Backend>>(
+                              : std::make_unique<DataParallel>(
                                     ctx, world, module_param_specs(*module_), optimizer, dp);
     bind_parameters();
     broadcast_module_buffers(ctx, *module_, world);
@@ -190,11 +188,11 @@ class ShardedModule {
   nn::Module& module() const { return *module_; }
   Stage stage() const { return options_.stage; }
   // The engine behind the stage: DataParallel (ddp/oss/sdp) or Fsdp.
-  DataParallel<Backend>& engine() {
+  DataParallel& engine() {
     check<StateError>(engine_ != nullptr, "engine(): this module runs fsdp; use fsdp()");
     return *engine_;
   }
-  Fsdp<Backend>& fsdp() {
+  Fsdp& fsdp() {
     check<StateError>(fsdp_ != nullptr, "fsdp(): this module runs ", stage_name(options_.stage));
     return *fsdp_;
   }
@@ -265,9 +263,8 @@ class ShardedModule {
 
   // What checkpoints save and load (io/checkpoint.hpp): the engine's state, plus the module's
   // buffers and (fsdp) its frozen parameters, whole on every rank, by state-dict names.
-  TrainingState<Backend> training_state() {
-    TrainingState<Backend> state =
-        fsdp_ ? fsdp_->engine().training_state() : engine_->training_state();
+  TrainingState training_state() {
+    TrainingState state = fsdp_ ? fsdp_->engine().training_state() : engine_->training_state();
     if (fsdp_)
       for (const auto& [name, p] : module_->named_parameters())
         if (!p.requires_grad()) state.replicated.emplace_back(name, p.data());
@@ -336,8 +333,8 @@ class ShardedModule {
   comm::Communicator* world_;  // every rank (the same as comm_ without hybrid sharding)
   std::shared_ptr<nn::Module> module_;
   ShardedModuleOptions options_;
-  std::unique_ptr<DataParallel<Backend>> engine_;
-  std::unique_ptr<Fsdp<Backend>> fsdp_;
+  std::unique_ptr<DataParallel> engine_;
+  std::unique_ptr<Fsdp> fsdp_;
   std::vector<autograd::Variable> params_;  // named_parameters() order = layout index
   std::vector<bool> ready_;
   bool in_backward_ = false;

@@ -29,9 +29,8 @@
 
 namespace shardkit::parallel {
 
-template <class Backend>
 struct TrainingState {
-  optim::ShardedOptimizer<Backend>* optimizer = nullptr;
+  optim::ShardedOptimizer* optimizer = nullptr;
   comm::Communicator* comm = nullptr;
   comm::Communicator* replicas = nullptr;
   std::vector<std::pair<std::string, Tensor>> replicated;
