@@ -1,7 +1,11 @@
-// Everything shardkit offers to .cu translation units: the host API, the CUDA kernels of every
-// layer, the CUDA ops backend, and the one way to make a CUDA Context (cuda_context.cuh).
+// For .cu translation units that launch kernels of their own beside shardkit's: the host API,
+// the CUDA contexts (<shardkit/cuda.hpp>), every layer's device code and the CUDA ops backend.
+// The kernel tables themselves are defined once, in kernels/shardkit_cuda.cu.
 #pragma once
 
-#include "kernels/cuda_context.cuh"
+#include "kernels/autograd/autograd_kernels.cuh"
+#include "kernels/comm/reduce_kernels.cuh"
+#include "kernels/core/tensor_kernels.cuh"
 #include "kernels/ops/cuda_backend.cuh"
+#include "shardkit/cuda.hpp"
 #include "shardkit/shardkit.hpp"

@@ -2,13 +2,12 @@
 // a flat 2^28-element buffer, next to the unfused LARC-SGD (per-tensor norm, scale and SGD
 // launches). CUDA-event timing (manual time); pct_of_copy against cudaMemcpyAsync of the same
 // bytes in this run. Part of bench_gpu (bench_gpu_main.cu).
-#include "bench_common_gpu.cuh"
+#include "bench_common_gpu.hpp"
 #include "bench_ops_common.hpp"
 
 #include <cstdio>
 #include <map>
 
-#include "kernels/ops/cuda_backend.cuh"
 #include "kernels/shardkit_cuda.cuh"
 
 namespace sk = shardkit;

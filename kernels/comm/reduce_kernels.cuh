@@ -41,7 +41,7 @@ inline void reduce(CUstream_st* stream, const DeviceReduceParams& params) {
 
 // The table a LocalWorld calls through. Constant: no global mutable state.
 inline const DeviceCommKernels* device_comm_kernels() {
-  static constexpr DeviceCommKernels kTable{&cuda::reduce};
+  static constexpr DeviceCommKernels kTable{.reduce = &cuda::reduce};
   return &kTable;
 }
 

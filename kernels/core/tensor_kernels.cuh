@@ -1,6 +1,6 @@
 // CUDA kernels behind the core tensor operations (fill, strided/casting copy, add, divide,
 // Philox fills), the
-// DeviceKernels table that carries them (a CUDA Context gets it from kernels/cuda_context.cuh).
+// DeviceKernels table that carries them (a CUDA Context gets it from <shardkit/cuda.hpp>).
 #pragma once
 
 #include <algorithm>
@@ -171,8 +171,11 @@ inline void random(Context& ctx, const Tensor& t, const RandomSpec& spec) {
 
 // The table a CUDA Context calls through. Constant: no global mutable state.
 inline const DeviceKernels* device_kernels() {
-  static constexpr DeviceKernels kTable{&cuda::fill, &cuda::copy, &cuda::add, &cuda::divide,
-                                        &cuda::random};
+  static constexpr DeviceKernels kTable{.fill = &cuda::fill,
+                                        .copy = &cuda::copy,
+                                        .add = &cuda::add,
+                                        .divide = &cuda::divide,
+                                        .random = &cuda::random};
   return &kTable;
 }
 

@@ -18,8 +18,14 @@ namespace shardkit::ops {
 
 namespace cuda {
 
+// Kernels of this header that are not templates are written as templates of one instance
+// (template <int = 0>): every translation unit that includes the header then holds the same
+// mergeable definition, as an inline function would (nvcc ignores `inline` on kernels), so the
+// header can sit in any .cu beside kernels/shardkit_cuda.cu.
+
 // One thread per tensor: sums (f64 [2, n], read from the back when `reversed`; [3, n] with
 // per-parameter decays when `per_param_decay`) -> coefficients.
+template <int = 0>
 __global__ void larc_coefficients_kernel(const double* sums, std::int64_t n, bool reversed,
                                          bool per_param_decay, LarcOptions larc, float lr,
                                          float inv_grad_scale, SgdCoefficients* out) {
@@ -39,7 +45,7 @@ inline void launch_larc_coefficients(Context& ctx, const double* sums, std::int6
   if (n == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
   const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-  larc_coefficients_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(
+  larc_coefficients_kernel<><<<blocks, kThreads, 0, ctx.stream()>>>(
       sums, n, reversed, per_param_decay, larc, lr, inv_grad_scale, out);
   SK_CUDA_CHECK_LAUNCH("ops::cuda::larc_coefficients_kernel");
 }
@@ -104,6 +110,7 @@ inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, DType dtype
 // first -- then the threads' values pair up level by level in shared memory.
 constexpr int kSubtreeThreads = 256;
 
+template <int = 0>
 __global__ void __launch_bounds__(kSubtreeThreads)
     norm_subtrees_kernel(const double* leaves, const std::int64_t* nodes, double* out) {
   __shared__ double partial[kSubtreeThreads];
@@ -144,7 +151,7 @@ inline void launch_norm_subtrees(Context& ctx, const double* leaves,
   }
   Tensor on_device = from_vector(ctx, table, {static_cast<std::int64_t>(table.size())});
   CudaDeviceGuard guard(ctx.device().index);
-  norm_subtrees_kernel<<<static_cast<unsigned>(nodes.size()), kSubtreeThreads, 0, ctx.stream()>>>(
+  norm_subtrees_kernel<><<<static_cast<unsigned>(nodes.size()), kSubtreeThreads, 0, ctx.stream()>>>(
       leaves, on_device.data<std::int64_t>(), out);
   SK_CUDA_CHECK_LAUNCH("ops::cuda::norm_subtrees_kernel");
 }

@@ -15,11 +15,10 @@
 #include <functional>
 #include <vector>
 
-#include <kernels/cuda_context.cuh>
-#include <kernels/ops/cuda_backend.cuh>
 #include <shardkit/autograd/cuda_libraries.hpp>
 #include <shardkit/comm/comm.hpp>
 #include <shardkit/core/cublas_check.hpp>
+#include <shardkit/cuda.hpp>
 
 #include "mlp.hpp"
 
@@ -241,7 +240,7 @@ class MlpGpu {
   sk::Tensor labels_, stats_;            // stats_: {mean loss, correct predictions}
 };
 
-// The GPU for the training loop (train.hpp): sk::ops::Cuda for DataParallel, MlpGpu, and CUDA
+// The GPU for the training loop (train.hpp): MlpGpu and CUDA
 // contexts -- local ranks share GPU 0 (the in-process communicator over device memory); under
 // mpirun each process takes the GPU of its local rank and make_communicator gives it NCCL.
 struct GpuDevice {

@@ -9,6 +9,9 @@
 #include <utility>
 
 #include "shardkit/comm/comm.hpp"
+#if SK_WITH_CUDA
+#include "shardkit/cuda.hpp"
+#endif
 #include "trainer.hpp"
 
 namespace swav {
@@ -36,10 +39,22 @@ inline RunReport train_ranks(const SwavConfig& config, const Datasets& data,
 }
 
 #if SK_WITH_CUDA
-// train_ranks on CUDA GPUs: compiled by nvcc in swav_gpu.cu (the rest of the trainer stays with
-// the host compiler, whose Eigen keeps its SIMD).
-RunReport train_ranks_gpu(const SwavConfig& config, const Datasets& data,
-                          const sk::comm::LaunchInfo& launch, int world);
+// train_ranks on CUDA GPUs. Local ranks share GPU 0 over the in-process communicator (device
+// memory); under a launcher each process takes the GPU of its local rank and make_communicator
+// gives it NCCL.
+inline RunReport train_ranks_gpu(const SwavConfig& config, const Datasets& data,
+                                 const sk::comm::LaunchInfo& launch, int world) {
+  const bool launched = launch.kind != sk::comm::LaunchKind::single;
+  const int gpus = sk::cuda_device_count();
+  sk::check<sk::NotAvailable>(
+      !launched || launch.local_rank < gpus, "local rank ", launch.local_rank,
+      " needs a GPU of its own (NCCL puts one rank on one GPU) but this machine has ", gpus,
+      "; start at most ", gpus, " processes per machine, or set config.MACHINE.DEVICE=cpu");
+  return train_ranks(config, data, launch, world, sk::comm::cuda_run_options(0),
+                     launched
+                         ? sk::cuda_context_options(launch.local_rank, launch.rank, config.seed)
+                         : sk::ContextOptions{});
+}
 #endif
 
 }  // namespace swav

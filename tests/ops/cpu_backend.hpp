@@ -1,5 +1,6 @@
 // The CPU side of the shared fused-op test cases: how the cases move data to and from the
-// backend's memory. The cases call the ops themselves, as sk::ops::xxx<Backend::Ops>.
+// backend's memory. The cases call the ops themselves, as sk::ops::xxx(b.ctx, ...): the context's
+// device picks the table (ops/device_ops.hpp).
 #pragma once
 
 #include "ops_cases.hpp"
@@ -7,7 +8,6 @@
 namespace ops_test {
 
 struct CpuBackend {
-  using Ops = ops::Cpu;
   static constexpr double leaf_tolerance = 0;  // the same function, the same bits
   sk::Context ctx;
 

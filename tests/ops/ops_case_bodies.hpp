@@ -35,7 +35,7 @@ void sgd_case(B& b, ops::SgdOptions o, sk::DType low, std::int64_t gap, int step
                  low == sk::DType::f32 ? sk::DType::f16 : low);
     ops::SgdTensors t{w.views, g.views, buf.views, {}};
     if (low != sk::DType::f32) t.low_copies = copy.views;
-    ops::sgd_step<typename B::Ops>(b.ctx, o, t);
+    ops::sgd_step(b.ctx, o, t);
     ref.step(widen(g0), o, layout, grad_coef, param_coef);
     const auto got_w = w.values(b);
     const double err = check_close(got_w, ref.w, layout, "param");
@@ -98,13 +98,13 @@ void larc_case(B& b, ops::LarcOptions larc, bool composed, std::int64_t gap,
       const auto count = static_cast<std::int64_t>(layout.count());
       auto sums = b.zeros({2, count}, sk::DType::f64);
       auto coefficients = b.zeros({count, 2}, sk::DType::f32);
-      ops::segment_sums_of_squares<typename B::Ops>(b.ctx, w.views, g.views, sums);
-      ops::larc_coefficients<typename B::Ops>(b.ctx, larc, o.lr, inv_scale, sums, coefficients);
+      ops::segment_sums_of_squares(b.ctx, w.views, g.views, sums);
+      ops::larc_coefficients(b.ctx, larc, o.lr, inv_scale, sums, coefficients);
       ops::SgdOptions plain = o;
       plain.inv_grad_scale = 1.0f;
-      ops::sgd_step<typename B::Ops>(b.ctx, plain, t, coefficients);
+      ops::sgd_step(b.ctx, plain, t, coefficients);
     } else {
-      ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, t);
+      ops::larc_sgd_step(b.ctx, o, larc, t);
     }
     ref.step(widen(g0), o, layout, grad_coef, param_coef);
     const double err = check_close(w.values(b), ref.w, layout, "param");
@@ -141,11 +141,9 @@ void larc_param_squares_case(B& b, std::int64_t gap) {
   auto step = [&](std::uint32_t seed, bool forget_c) {
     Flat<B> g(b, random_values(layout.total, -1.0, 1.0, seed), layout);
     if (forget_c) squares_c.forget();
-    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wa.views, g.views, ma.views, {}});
-    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wc.views, g.views, mc.views, {}},
-                                        &squares_c);
-    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wd.views, g.views, md.views, {}},
-                                        &squares_d);
+    ops::larc_sgd_step(b.ctx, o, larc, {wa.views, g.views, ma.views, {}});
+    ops::larc_sgd_step(b.ctx, o, larc, {wc.views, g.views, mc.views, {}}, &squares_c);
+    ops::larc_sgd_step(b.ctx, o, larc, {wd.views, g.views, md.views, {}}, &squares_d);
   };
   for (std::uint32_t s = 0; s < 3; ++s) {
     CAPTURE(s);
@@ -155,12 +153,11 @@ void larc_param_squares_case(B& b, std::int64_t gap) {
     REQUIRE(same_bits(ma, mc));
     REQUIRE(same_bits(wa, wd));
   }
-  if constexpr (std::is_same_v<typename B::Ops, ops::Cpu>) {  // (the GPU keeps them reversed)
+  if (b.ctx.device().is_cpu()) {  // (the GPU keeps them reversed)
     // The kept sums are the norms pass's sums of the params now, bit for bit.
     const auto count = static_cast<std::int64_t>(layout.count());
     auto fresh = b.zeros({1, count}, sk::DType::f64);
-    ops::segment_sums_of_squares<typename B::Ops>(b.ctx, wc.views, std::span<const sk::Tensor>{},
-                                                  fresh);
+    ops::segment_sums_of_squares(b.ctx, wc.views, std::span<const sk::Tensor>{}, fresh);
     REQUIRE(squares_c.sums().numel() == count);
     CHECK(std::memcmp(squares_c.sums().data_ptr(), fresh.data_ptr(),
                       static_cast<std::size_t>(count) * sizeof(double)) == 0);
@@ -171,8 +168,7 @@ void larc_param_squares_case(B& b, std::int64_t gap) {
     Flat<B> g(b, random_values(layout.total, -1.0, 1.0, 350), layout);
     ops::SgdOptions own;
     own.lr = 0.25f;
-    for (auto* w : {&wa, &wc, &wd})
-      ops::sgd_step<typename B::Ops>(b.ctx, own, {w->views, g.views, {}, {}});
+    for (auto* w : {&wa, &wc, &wd}) ops::sgd_step(b.ctx, own, {w->views, g.views, {}, {}});
   }
   step(351, true);
   CHECK(same_bits(wa, wc));
@@ -181,9 +177,8 @@ void larc_param_squares_case(B& b, std::int64_t gap) {
   // Sums kept for other tensors are not used: c's sums passed with a's params.
   {
     Flat<B> g(b, random_values(layout.total, -1.0, 1.0, 352), layout);
-    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wa.views, g.views, ma.views, {}},
-                                        &squares_c);
-    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, {wc.views, g.views, mc.views, {}});
+    ops::larc_sgd_step(b.ctx, o, larc, {wa.views, g.views, ma.views, {}}, &squares_c);
+    ops::larc_sgd_step(b.ctx, o, larc, {wc.views, g.views, mc.views, {}});
     CHECK(same_bits(wa, wc));
     CHECK(same_bits(ma, mc));
   }
@@ -200,9 +195,9 @@ void sums_case(B& b, std::int64_t gap) {
        again = b.zeros({2, count}, sk::DType::f64);
   b.fill(one, -1.0);
   b.fill(two, -1.0);
-  ops::segment_sums_of_squares<typename B::Ops>(b.ctx, x.views, std::span<const sk::Tensor>{}, one);
-  ops::segment_sums_of_squares<typename B::Ops>(b.ctx, x.views, y.views, two);
-  ops::segment_sums_of_squares<typename B::Ops>(b.ctx, x.views, y.views, again);
+  ops::segment_sums_of_squares(b.ctx, x.views, std::span<const sk::Tensor>{}, one);
+  ops::segment_sums_of_squares(b.ctx, x.views, y.views, two);
+  ops::segment_sums_of_squares(b.ctx, x.views, y.views, again);
   sk::Context host;
   const auto s1 = sk::to_vector<double>(host, b.download(one));
   const auto s2 = sk::to_vector<double>(host, b.download(two));
@@ -230,7 +225,7 @@ void leaf_sums_case(B& b, std::int64_t gap, double tolerance) {
   for (std::size_t t = 0; t < layout.count(); ++t) total += ops::norm_leaves(layout.sizes[t]);
   auto leaves = b.zeros({total}, sk::DType::f64);
   b.fill(leaves, -1.0);
-  ops::leaf_sums_of_squares<typename B::Ops>(b.ctx, x.views, leaves);
+  ops::leaf_sums_of_squares(b.ctx, x.views, leaves);
   sk::Context host;
   const auto got = sk::to_vector<double>(host, b.download(leaves));
   std::size_t at = 0;
@@ -251,10 +246,10 @@ void leaf_sums_case(B& b, std::int64_t gap, double tolerance) {
   const auto y0 = random_values(layout.total, 0.5, 2.0, 34);
   Flat<B> y(b, y0, layout);
   auto y_leaves = b.zeros({total}, sk::DType::f64);
-  ops::leaf_sums_of_squares<typename B::Ops>(b.ctx, y.views, y_leaves);
+  ops::leaf_sums_of_squares(b.ctx, y.views, y_leaves);
   auto pair = b.zeros({2, total}, sk::DType::f64);
   b.fill(pair, -1.0);
-  ops::leaf_sums_of_squares<typename B::Ops>(b.ctx, x.views, y.views, pair);
+  ops::leaf_sums_of_squares(b.ctx, x.views, y.views, pair);
   const auto both = sk::to_vector<double>(host, b.download(pair));
   const auto got_y = sk::to_vector<double>(host, b.download(y_leaves));
   CHECK(std::memcmp(both.data(), got.data(), got.size() * sizeof(double)) == 0);
@@ -287,7 +282,7 @@ void norm_subtrees_case(B& b) {
   nodes.push_back({kRows * kCols - 1024, 10});  // the last 1024
   auto out = b.zeros({static_cast<std::int64_t>(nodes.size())}, sk::DType::f64);
   b.fill(out, -1.0);
-  ops::norm_subtree_sums<typename B::Ops>(b.ctx, leaves, nodes, out);
+  ops::norm_subtree_sums(b.ctx, leaves, nodes, out);
   const auto got = sk::to_vector<double>(host, b.download(out));
   std::vector<double> scratch;
   bool order_matters = false;
@@ -306,9 +301,9 @@ void norm_subtrees_case(B& b) {
   // A node past the end is refused by name; no nodes is nothing to do.
   const std::vector<ops::NormSubtree> past{{kRows * kCols - 2, 2}};
   auto one = b.zeros({1}, sk::DType::f64);
-  CHECK_THROWS_WITH(ops::norm_subtree_sums<typename B::Ops>(b.ctx, leaves, past, one),
+  CHECK_THROWS_WITH(ops::norm_subtree_sums(b.ctx, leaves, past, one),
                     doctest::Contains("node 0 (first 140000, level 2) reaches past the 140002"));
-  ops::norm_subtree_sums<typename B::Ops>(b.ctx, leaves, {}, b.zeros({0}, sk::DType::f64));
+  ops::norm_subtree_sums(b.ctx, leaves, {}, b.zeros({0}, sk::DType::f64));
 }
 
 template <class B>
@@ -321,7 +316,7 @@ void unscale_case(B& b, std::int64_t gap) {
     Flat<B> g(b, g0, layout);
     auto found = b.zeros({1}, sk::DType::f32);
     auto sums = b.zeros({1, count}, sk::DType::f64);
-    ops::unscale_and_check<typename B::Ops>(b.ctx, inv, g.views, found, sums);
+    ops::unscale_and_check(b.ctx, inv, g.views, found, sums);
     sk::Context host;
     CHECK(sk::to_vector<float>(host, b.download(found))[0] == 0.0f);
     const auto got = g.values(b);
@@ -342,7 +337,7 @@ void unscale_case(B& b, std::int64_t gap) {
     poisoned[static_cast<std::size_t>(layout.offsets[10] + 5)] = bad;
     Flat<B> g(b, poisoned, layout);
     auto found = b.zeros({1}, sk::DType::f32);
-    ops::unscale_and_check<typename B::Ops>(b.ctx, inv, g.views, found);
+    ops::unscale_and_check(b.ctx, inv, g.views, found);
     sk::Context host;
     CHECK(sk::to_vector<float>(host, b.download(found))[0] == (std::isfinite(bad) ? 0.0f : 1.0f));
   }
@@ -373,7 +368,7 @@ void cast_case(B& b, std::int64_t gap) {
   for (auto dtype : {sk::DType::f16, sk::DType::bf16}) {
     Flat<B> from(b, src, layout);
     Flat<B> to(b, kNaNs(src.size()), layout, dtype);
-    ops::cast<typename B::Ops>(b.ctx, from.views, to.views);
+    ops::cast(b.ctx, from.views, to.views);
     const auto bits = to.bits16(b);
     for (std::size_t t = 0; t < layout.count(); ++t)
       for (std::int64_t i = 0; i < layout.sizes[t]; ++i) {
@@ -394,7 +389,7 @@ void cast_case(B& b, std::int64_t gap) {
     const auto dev = b.upload(sk::clone(host, hp));
     Flat<B> wide(b, kNaNs(patterns.size()), all);
     const std::vector<sk::Tensor> narrow{dev.flat_view(all.offsets[0], {65536})};
-    ops::cast<typename B::Ops>(b.ctx, narrow, wide.views);
+    ops::cast(b.ctx, narrow, wide.views);
     const auto got = wide.values(b);
     for (std::uint32_t p = 0; p < 65536; ++p) {
       const float want = dtype == sk::DType::f16
@@ -427,7 +422,7 @@ void adam_case(B& b, bool adamw, sk::DType low, std::int64_t gap, bool low_grads
     Flat<B> copy(b, kNaNs(n), layout, low == sk::DType::f32 ? sk::DType::f16 : low);
     ops::AdamTensors t{w.views, g.views, m.views, v.views, {}};
     if (low != sk::DType::f32) t.low_copies = copy.views;
-    ops::adam_step<typename B::Ops>(b.ctx, o, t);
+    ops::adam_step(b.ctx, o, t);
     const double bc1 = 1 - std::pow(double(o.beta1), step),
                  bc2 = 1 - std::pow(double(o.beta2), step);
     for (std::size_t tsr = 0; tsr < layout.count(); ++tsr)
@@ -484,11 +479,11 @@ void nonfinite_case(B& b, bool with_larc) {
     sums_reference(g0, layout, gsq);
     for (std::size_t i = 0; i < layout.count(); ++i)
       larc_reference(wsq[i], gsq[i], larc, o.lr, 1.0, grad_coef[i], param_coef[i]);
-    ops::larc_sgd_step<typename B::Ops>(b.ctx, o, larc, t);
+    ops::larc_sgd_step(b.ctx, o, larc, t);
   } else {
     o.weight_decay = 1e-4f;
     std::fill(param_coef.begin(), param_coef.end(), 1e-4);
-    ops::sgd_step<typename B::Ops>(b.ctx, o, t);
+    ops::sgd_step(b.ctx, o, t);
   }
   ref.step(widen(g0), o, layout, grad_coef, param_coef);
   const auto got = w.values(b);
@@ -508,34 +503,30 @@ void argument_errors_case(B& b) {
       g(b, random_values(layout.total, 1, 2, 2), layout);
   Flat<B> half(b, random_values(layout.total, 1, 2, 3), layout, sk::DType::f16);
   ops::SgdOptions o;
-  CHECK_THROWS_AS(
-      ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{w.views, half.views, {}, {}}),
-      sk::InvalidArgument);
+  CHECK_THROWS_AS(ops::sgd_step(b.ctx, o, ops::SgdTensors{w.views, half.views, {}, {}}),
+                  sk::InvalidArgument);
   const std::vector<sk::Tensor> one{w.views[0]};
-  CHECK_THROWS_AS(ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{one, g.views, {}, {}}),
+  CHECK_THROWS_AS(ops::sgd_step(b.ctx, o, ops::SgdTensors{one, g.views, {}, {}}),
                   sk::InvalidArgument);
   const std::vector<sk::Tensor> swapped{w.views[1], w.views[0]};
-  CHECK_THROWS_AS(
-      ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{swapped, g.views, {}, {}}),
-      sk::InvalidArgument);
+  CHECK_THROWS_AS(ops::sgd_step(b.ctx, o, ops::SgdTensors{swapped, g.views, {}, {}}),
+                  sk::InvalidArgument);
   o.momentum = 0.9f;
-  CHECK_THROWS_AS(
-      ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{w.views, g.views, {}, {}}),
-      sk::InvalidArgument);
+  CHECK_THROWS_AS(ops::sgd_step(b.ctx, o, ops::SgdTensors{w.views, g.views, {}, {}}),
+                  sk::InvalidArgument);
   o.nesterov = true;
   o.dampening = 0.1f;
-  CHECK_THROWS_AS(
-      ops::sgd_step<typename B::Ops>(b.ctx, o, ops::SgdTensors{w.views, g.views, w.views, {}}),
-      sk::InvalidArgument);
+  CHECK_THROWS_AS(ops::sgd_step(b.ctx, o, ops::SgdTensors{w.views, g.views, w.views, {}}),
+                  sk::InvalidArgument);
   ops::SgdOptions decayed;
   decayed.weight_decay = 0.1f;
-  CHECK_THROWS_AS(ops::larc_sgd_step<typename B::Ops>(b.ctx, decayed, ops::LarcOptions{},
-                                                      ops::SgdTensors{w.views, g.views, {}, {}}),
+  CHECK_THROWS_AS(ops::larc_sgd_step(b.ctx, decayed, ops::LarcOptions{},
+                                     ops::SgdTensors{w.views, g.views, {}, {}}),
                   sk::InvalidArgument);
-  CHECK_THROWS_AS(ops::cast<typename B::Ops>(b.ctx, w.views, g.views),
+  CHECK_THROWS_AS(ops::cast(b.ctx, w.views, g.views),
                   sk::InvalidArgument);  // f32 -> f32 is no fused cast
   // Empty lists are a no-op.
-  ops::sgd_step<typename B::Ops>(b.ctx, ops::SgdOptions{}, ops::SgdTensors{});
+  ops::sgd_step(b.ctx, ops::SgdOptions{}, ops::SgdTensors{});
 }
 
 }  // namespace ops_test

@@ -54,7 +54,7 @@ TEST_CASE("mixed precision: SGD and Adam read f16/bf16 gradients, update the f32
   Flat<Backend> w(b, std::vector<float>(8, 1.0f), Layout({8}, 0));
   Flat<Backend> g(b, std::vector<float>(8, 1.0f), Layout({8}, 0), sk::DType::bf16);
   Flat<Backend> m(b, std::vector<float>(8, 0.0f), Layout({8}, 0));
-  CHECK_THROWS_WITH(ops::sgd_step<typename Backend::Ops>(b.ctx, o, {w.views, g.views, m.views, {}}),
+  CHECK_THROWS_WITH(ops::sgd_step(b.ctx, o, {w.views, g.views, m.views, {}}),
                     doctest::Contains("gradients in bf16 go with low-precision copies of the same "
                                       "dtype"));
 }

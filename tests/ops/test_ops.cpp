@@ -43,14 +43,14 @@ ThreadedOpsRun run_ops_on_threads(int threads, const std::vector<std::int64_t>& 
   o.momentum = 0.9f;
   ops::LarcOptions larc;
   larc.weight_decay = 1e-4f;
-  ops::larc_sgd_step<ops::Cpu>(ctx, o, larc, {w, g, buf, {}});  // fused, first step
+  ops::larc_sgd_step(ctx, o, larc, {w, g, buf, {}});  // fused, first step
   o.first_step = false;
   auto sums = sk::zeros(ctx, {2, count}, sk::DType::f64);
   auto coefficients = sk::zeros(ctx, {count, 2}, sk::DType::f32);
   ops::segment_sums_of_squares<ops::Cpu>(ctx, w, g, sums);  // composed, running momentum
   ops::larc_coefficients<ops::Cpu>(ctx, larc, o.lr, 1.0f, sums, coefficients);
   ops::sgd_step<ops::Cpu>(ctx, o, {w, g, buf, {}}, coefficients);
-  ops::larc_sgd_step<ops::Cpu>(ctx, o, larc, {w, g, buf, {}});  // fused again
+  ops::larc_sgd_step(ctx, o, larc, {w, g, buf, {}});  // fused again
   ops::AdamOptions adam;
   adam.step = 3;
   adam.weight_decay = 0.01f;
@@ -162,8 +162,8 @@ TEST_CASE("the pipelined fused LARC-SGD equals the composed step bit for bit, ov
     auto coefficients = sk::zeros(ctx, {count, 2}, sk::DType::f32);
     ops::LarcParamSquares squares;
     for (int step = 0; step < 2; ++step) {  // the second kept step reads the grads alone
-      ops::larc_sgd_step<ops::Cpu>(ctx, o, larc, {w_fused, g, buf_fused, {}});
-      ops::larc_sgd_step<ops::Cpu>(ctx, o, larc, {w_kept, g, buf_kept, {}}, &squares);
+      ops::larc_sgd_step(ctx, o, larc, {w_fused, g, buf_fused, {}});
+      ops::larc_sgd_step(ctx, o, larc, {w_kept, g, buf_kept, {}}, &squares);
       ops::segment_sums_of_squares<ops::Cpu>(ctx, w_composed, g, sums);
       ops::larc_coefficients<ops::Cpu>(ctx, larc, o.lr, 1.0f, sums, coefficients);
       ops::sgd_step<ops::Cpu>(ctx, o, {w_composed, g, buf_composed, {}}, coefficients);

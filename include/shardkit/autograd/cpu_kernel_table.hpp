@@ -15,181 +15,200 @@ namespace shardkit::autograd {
 inline const AutogradKernels& cpu_kernels() {
   using cpu::in_f32;
   static constexpr AutogradKernels kTable{
-      [](Context& c, Pointwise op, const Tensor& out, const Tensor& a, const Tensor& b,
-         double alpha, double beta) {
-        in_f32(
-            c,
-            [&](const auto& o, const auto& x, const auto& y) {
-              cpu::pointwise(c, op, o, x, y, alpha, beta);
-            },
-            out, a, b);
-      },
-      [](Context& c, const Tensor& x, const Tensor& out, std::int64_t outer, std::int64_t channels,
-         std::int64_t inner) {
-        in_f32(
-            c,
-            [&](const auto& a, const auto& o) {
-              cpu::channel_sum(c, a, o, outer, channels, inner);
-            },
-            x, out);
-      },
-      [](Context& c, const Tensor& y, const Tensor& bias, std::int64_t outer, std::int64_t channels,
-         std::int64_t inner) {
-        in_f32(
-            c,
-            [&](const auto& a, const auto& b) {
-              cpu::channel_bias_add(c, a, b, outer, channels, inner);
-            },
-            y, bias);
-      },
-      [](Context& c, const Tensor& x, const Tensor& y, std::int64_t rows, std::int64_t cols,
-         bool log) {
-        in_f32(
-            c,
-            [&](const auto& a, const auto& b) { cpu::softmax_forward(c, a, b, rows, cols, log); },
-            x, y);
-      },
-      [](Context& c, const Tensor& y, const Tensor& gy, const Tensor& gx, std::int64_t rows,
-         std::int64_t cols, bool log) {
-        in_f32(
-            c,
-            [&](const auto& a, const auto& b, const auto& d) {
-              cpu::softmax_backward(c, a, b, d, rows, cols, log);
-            },
-            y, gy, gx);
-      },
-      [](Context& c, const Tensor& x, const Tensor& y, const Tensor& norms, std::int64_t rows,
-         std::int64_t cols, double eps) {
-        in_f32(
-            c,
-            [&](const auto& a, const auto& b, const auto& n) {
-              cpu::l2_normalize_forward(c, a, b, n, rows, cols, eps);
-            },
-            x, y, norms);
-      },
-      [](Context& c, const Tensor& y, const Tensor& norms, const Tensor& gy, const Tensor& gx,
-         std::int64_t rows, std::int64_t cols, double eps) {
-        in_f32(
-            c,
-            [&](const auto& a, const auto& n, const auto& b, const auto& d) {
-              cpu::l2_normalize_backward(c, a, n, b, d, rows, cols, eps);
-            },
-            y, norms, gy, gx);
-      },
-      [](Context& c, const Tensor& x, const Tensor& target, const Tensor& log_probs,
-         const Tensor& loss, std::int64_t rows, std::int64_t cols) {
-        in_f32(
-            c,
-            [&](const auto& a, const auto& t, const auto& l, const auto& s) {
-              cpu::cross_entropy_forward(c, a, t, l, s, rows, cols);
-            },
-            x, target, log_probs, loss);
-      },
-      [](Context& c, const Tensor& log_probs, const Tensor& target, const Tensor& grad_loss,
-         const Tensor& gx, std::int64_t rows, std::int64_t cols) {
-        in_f32(
-            c,
-            [&](const auto& l, const auto& t, const auto& g, const auto& d) {
-              cpu::cross_entropy_backward(c, l, t, g, d, rows, cols);
-            },
-            log_probs, target, grad_loss, gx);
-      },
-      [](Context& c, const Tensor& x, const Tensor& y) {
-        in_f32(
-            c, [&](const auto& a, const auto& b) { cpu::adaptive_avg_pool_forward(c, a, b); }, x,
-            y);
-      },
-      [](Context& c, const Tensor& gy, const Tensor& gx) {
-        in_f32(
-            c, [&](const auto& a, const auto& b) { cpu::adaptive_avg_pool_backward(c, a, b); }, gy,
-            gx);
-      },
-      [](Context& c, const Tensor& x, const Tensor& gy, const Tensor& weight, const Tensor& mean,
-         const Tensor& var, double eps, const Tensor& gx, const Tensor& g_xhat, std::int64_t outer,
-         std::int64_t channels, std::int64_t inner) {
-        in_f32(
-            c,
-            [&](const auto& a, const auto& b, const auto& w, const auto& m, const auto& v,
-                const auto& d, const auto& h) {
-              cpu::batch_norm_eval_backward(c, a, b, w, m, v, eps, d, h, outer, channels, inner);
-            },
-            x, gy, weight, mean, var, gx, g_xhat);
-      },
-      [](Context& c, const Tensor& x, const Tensor& moments, std::int64_t outer,
-         std::int64_t channels, std::int64_t inner) {
-        double* m = statistics_data(moments, 1 + 2 * channels, false, "batch_norm_moments");
-        m[0] = double(outer * inner);
-        in_f32(
-            c,
-            [&](const auto& a) {
-              cpu::channel_moments(c.cpu_pool(), a, outer, channels, inner, m + 1,
-                                   m + 1 + channels);
-            },
-            x);
-      },
-      [](Context&, const Tensor& gathered, int members, std::int64_t channels, double momentum,
-         double eps, const Tensor& running_mean, const Tensor& running_var, const Tensor& stats,
-         const Tensor& save_mean, const Tensor& save_invstd, const Tensor& count) {
-        const std::int64_t stride = 1 + 2 * channels;
-        const double* all =
-            statistics_data(gathered, members * stride, false, "batch_norm_group_stats");
-        double* out = statistics_data(stats, 2 * channels, false, "batch_norm_group_stats");
-        cpu::visit_real(save_mean.dtype(), "batch_norm", [&](auto tag) {
-          using S = decltype(tag);
-          S* rm = running_mean.defined() ? static_cast<S*>(running_mean.data_ptr()) : nullptr;
-          S* rv = running_mean.defined() ? static_cast<S*>(running_var.data_ptr()) : nullptr;
-          for (std::int64_t ch = 0; ch < channels; ++ch) {
-            ChannelMoments m;
-            for (int r = 0; r < members; ++r) {
-              const double* theirs = all + r * stride;
-              fold_moments(m, theirs[0], theirs[1 + ch], theirs[1 + channels + ch]);
-            }
-            store_batch_stats(m, momentum, eps, ch, channels, out,
-                              static_cast<S*>(save_mean.data_ptr()),
-                              static_cast<S*>(save_invstd.data_ptr()), rm, rv);
-            if (ch == 0) *statistics_data(count, 1, false, "batch_norm_group_stats") = m.count;
-          }
-        });
-      },
-      [](Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& stats,
-         const Tensor& y, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-         bool relu) {
-        const double* s = statistics_data(stats, 2 * channels, false, "batch_norm_apply");
-        in_f32(
-            c,
-            [&](const auto& a, const auto& b) {
-              cpu::batch_norm_affine(c.cpu_pool(), a, weight, bias, s, b, outer, channels, inner,
-                                     relu);
-            },
-            x, y);
-      },
-      [](Context& c, const Tensor& x, const Tensor& gy, const Tensor& save_mean,
-         const Tensor& save_invstd, const Tensor& relu_out, const Tensor& sums, std::int64_t outer,
-         std::int64_t channels, std::int64_t inner) {
-        double* s = statistics_data(sums, 2 * channels, false, "batch_norm_grad_sums");
-        in_f32(
-            c,
-            [&](const auto& a, const auto& b, const auto& r) {
-              cpu::batch_norm_grad_sums(c.cpu_pool(), a, b, save_mean, save_invstd, outer, channels,
-                                        inner, s, s + channels, r);
-            },
-            x, gy, relu_out);
-      },
-      [](Context& c, const Tensor& x, const Tensor& gy, const Tensor& weight,
-         const Tensor& save_mean, const Tensor& save_invstd, const Tensor& relu_out,
-         const Tensor& sums, const Tensor& count, const Tensor& gx, std::int64_t outer,
-         std::int64_t channels, std::int64_t inner) {
-        const double* s = statistics_data(sums, 2 * channels, false, "batch_norm_input_grad");
-        const double n = *statistics_data(count, 1, false, "batch_norm_input_grad");
-        in_f32(
-            c,
-            [&](const auto& a, const auto& b, const auto& r, const auto& d) {
-              cpu::batch_norm_input_grad(c.cpu_pool(), a, b, weight, save_mean, save_invstd, d,
-                                         outer, channels, inner, n, s, s + channels, r);
-            },
-            x, gy, relu_out, gx);
-      },
-  };
+      .pointwise =
+          [](Context& c, Pointwise op, const Tensor& out, const Tensor& a, const Tensor& b,
+             double alpha, double beta) {
+            in_f32(
+                c,
+                [&](const auto& o, const auto& x, const auto& y) {
+                  cpu::pointwise(c, op, o, x, y, alpha, beta);
+                },
+                out, a, b);
+          },
+      .channel_sum =
+          [](Context& c, const Tensor& x, const Tensor& out, std::int64_t outer,
+             std::int64_t channels, std::int64_t inner) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& o) {
+                  cpu::channel_sum(c, a, o, outer, channels, inner);
+                },
+                x, out);
+          },
+      .channel_bias_add =
+          [](Context& c, const Tensor& y, const Tensor& bias, std::int64_t outer,
+             std::int64_t channels, std::int64_t inner) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& b) {
+                  cpu::channel_bias_add(c, a, b, outer, channels, inner);
+                },
+                y, bias);
+          },
+      .softmax_forward =
+          [](Context& c, const Tensor& x, const Tensor& y, std::int64_t rows, std::int64_t cols,
+             bool log) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& b) {
+                  cpu::softmax_forward(c, a, b, rows, cols, log);
+                },
+                x, y);
+          },
+      .softmax_backward =
+          [](Context& c, const Tensor& y, const Tensor& gy, const Tensor& gx, std::int64_t rows,
+             std::int64_t cols, bool log) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& b, const auto& d) {
+                  cpu::softmax_backward(c, a, b, d, rows, cols, log);
+                },
+                y, gy, gx);
+          },
+      .l2_normalize_forward =
+          [](Context& c, const Tensor& x, const Tensor& y, const Tensor& norms, std::int64_t rows,
+             std::int64_t cols, double eps) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& b, const auto& n) {
+                  cpu::l2_normalize_forward(c, a, b, n, rows, cols, eps);
+                },
+                x, y, norms);
+          },
+      .l2_normalize_backward =
+          [](Context& c, const Tensor& y, const Tensor& norms, const Tensor& gy, const Tensor& gx,
+             std::int64_t rows, std::int64_t cols, double eps) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& n, const auto& b, const auto& d) {
+                  cpu::l2_normalize_backward(c, a, n, b, d, rows, cols, eps);
+                },
+                y, norms, gy, gx);
+          },
+      .cross_entropy_forward =
+          [](Context& c, const Tensor& x, const Tensor& target, const Tensor& log_probs,
+             const Tensor& loss, std::int64_t rows, std::int64_t cols) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& t, const auto& l, const auto& s) {
+                  cpu::cross_entropy_forward(c, a, t, l, s, rows, cols);
+                },
+                x, target, log_probs, loss);
+          },
+      .cross_entropy_backward =
+          [](Context& c, const Tensor& log_probs, const Tensor& target, const Tensor& grad_loss,
+             const Tensor& gx, std::int64_t rows, std::int64_t cols) {
+            in_f32(
+                c,
+                [&](const auto& l, const auto& t, const auto& g, const auto& d) {
+                  cpu::cross_entropy_backward(c, l, t, g, d, rows, cols);
+                },
+                log_probs, target, grad_loss, gx);
+          },
+      .adaptive_avg_pool_forward =
+          [](Context& c, const Tensor& x, const Tensor& y) {
+            in_f32(
+                c, [&](const auto& a, const auto& b) { cpu::adaptive_avg_pool_forward(c, a, b); },
+                x, y);
+          },
+      .adaptive_avg_pool_backward =
+          [](Context& c, const Tensor& gy, const Tensor& gx) {
+            in_f32(
+                c, [&](const auto& a, const auto& b) { cpu::adaptive_avg_pool_backward(c, a, b); },
+                gy, gx);
+          },
+      .batch_norm_eval_backward =
+          [](Context& c, const Tensor& x, const Tensor& gy, const Tensor& weight,
+             const Tensor& mean, const Tensor& var, double eps, const Tensor& gx,
+             const Tensor& g_xhat, std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& b, const auto& w, const auto& m, const auto& v,
+                    const auto& d, const auto& h) {
+                  cpu::batch_norm_eval_backward(c, a, b, w, m, v, eps, d, h, outer, channels,
+                                                inner);
+                },
+                x, gy, weight, mean, var, gx, g_xhat);
+          },
+      .batch_norm_moments =
+          [](Context& c, const Tensor& x, const Tensor& moments, std::int64_t outer,
+             std::int64_t channels, std::int64_t inner) {
+            double* m = statistics_data(moments, 1 + 2 * channels, false, "batch_norm_moments");
+            m[0] = double(outer * inner);
+            in_f32(
+                c,
+                [&](const auto& a) {
+                  cpu::channel_moments(c.cpu_pool(), a, outer, channels, inner, m + 1,
+                                       m + 1 + channels);
+                },
+                x);
+          },
+      .batch_norm_group_stats =
+          [](Context&, const Tensor& gathered, int members, std::int64_t channels, double momentum,
+             double eps, const Tensor& running_mean, const Tensor& running_var, const Tensor& stats,
+             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& count) {
+            const std::int64_t stride = 1 + 2 * channels;
+            const double* all =
+                statistics_data(gathered, members * stride, false, "batch_norm_group_stats");
+            double* out = statistics_data(stats, 2 * channels, false, "batch_norm_group_stats");
+            cpu::visit_real(save_mean.dtype(), "batch_norm", [&](auto tag) {
+              using S = decltype(tag);
+              S* rm = running_mean.defined() ? static_cast<S*>(running_mean.data_ptr()) : nullptr;
+              S* rv = running_mean.defined() ? static_cast<S*>(running_var.data_ptr()) : nullptr;
+              for (std::int64_t ch = 0; ch < channels; ++ch) {
+                ChannelMoments m;
+                for (int r = 0; r < members; ++r) {
+                  const double* theirs = all + r * stride;
+                  fold_moments(m, theirs[0], theirs[1 + ch], theirs[1 + channels + ch]);
+                }
+                store_batch_stats(m, momentum, eps, ch, channels, out,
+                                  static_cast<S*>(save_mean.data_ptr()),
+                                  static_cast<S*>(save_invstd.data_ptr()), rm, rv);
+                if (ch == 0) *statistics_data(count, 1, false, "batch_norm_group_stats") = m.count;
+              }
+            });
+          },
+      .batch_norm_apply =
+          [](Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias,
+             const Tensor& stats, const Tensor& y, std::int64_t outer, std::int64_t channels,
+             std::int64_t inner, bool relu) {
+            const double* s = statistics_data(stats, 2 * channels, false, "batch_norm_apply");
+            in_f32(
+                c,
+                [&](const auto& a, const auto& b) {
+                  cpu::batch_norm_affine(c.cpu_pool(), a, weight, bias, s, b, outer, channels,
+                                         inner, relu);
+                },
+                x, y);
+          },
+      .batch_norm_grad_sums =
+          [](Context& c, const Tensor& x, const Tensor& gy, const Tensor& save_mean,
+             const Tensor& save_invstd, const Tensor& relu_out, const Tensor& sums,
+             std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+            double* s = statistics_data(sums, 2 * channels, false, "batch_norm_grad_sums");
+            in_f32(
+                c,
+                [&](const auto& a, const auto& b, const auto& r) {
+                  cpu::batch_norm_grad_sums(c.cpu_pool(), a, b, save_mean, save_invstd, outer,
+                                            channels, inner, s, s + channels, r);
+                },
+                x, gy, relu_out);
+          },
+      .batch_norm_input_grad =
+          [](Context& c, const Tensor& x, const Tensor& gy, const Tensor& weight,
+             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& relu_out,
+             const Tensor& sums, const Tensor& count, const Tensor& gx, std::int64_t outer,
+             std::int64_t channels, std::int64_t inner) {
+            const double* s = statistics_data(sums, 2 * channels, false, "batch_norm_input_grad");
+            const double n = *statistics_data(count, 1, false, "batch_norm_input_grad");
+            in_f32(
+                c,
+                [&](const auto& a, const auto& b, const auto& r, const auto& d) {
+                  cpu::batch_norm_input_grad(c.cpu_pool(), a, b, weight, save_mean, save_invstd, d,
+                                             outer, channels, inner, n, s, s + channels, r);
+                },
+                x, gy, relu_out, gx);
+          }};
   return kTable;
 }
 
@@ -198,7 +217,7 @@ inline const AutogradKernels& kernels_for(Context& ctx, const Tensor& t) {
   const AutogradKernels* table = ctx.kernel_tables().autograd;
   check<NotAvailable>(table != nullptr, "autograd on ", t.device().str(),
                       " needs its CUDA kernels: create the context with sk::make_cuda_context "
-                      "(or sk::cuda_context_options) from <kernels/cuda_context.cuh>");
+                      "(or sk::cuda_context_options) from <shardkit/cuda.hpp>");
   return *table;
 }
 

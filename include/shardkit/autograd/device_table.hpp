@@ -1,6 +1,6 @@
 // The function table behind autograd's element-wise and row-wise kernels. The CPU table lives in
 // cpu_kernel_table.hpp; the CUDA table in kernels/autograd/autograd_kernels.cuh (nvcc only), which
-// a CUDA Context carries from its creation (kernels/cuda_context.cuh). Host code calls through the
+// a CUDA Context carries from its creation (<shardkit/cuda.hpp>). Host code calls through the
 // table, so the same op runs on either device and host headers never see a kernel launch.
 #pragma once
 

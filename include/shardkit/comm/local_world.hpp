@@ -313,11 +313,11 @@ class LocalWorld {
                                           cudaMemcpyDeviceToDevice, stream));
         continue;
       }
-      check<NotAvailable>(
-          kernels_ != nullptr, "local ", op.name, ": reducing device memory over ", size_,
-          " ranks needs the reduction kernel; build the world with "
-          "the comm table of sk::cuda_kernel_tables() from <kernels/cuda_context.cuh> "
-          "(sk::comm::cuda_run_options does it for run_ranks)");
+      check<NotAvailable>(kernels_ != nullptr, "local ", op.name, ": reducing device memory over ",
+                          size_,
+                          " ranks needs the reduction kernel; build the world with "
+                          "the comm table of sk::cuda_kernel_tables() from <shardkit/cuda.hpp> "
+                          "(sk::comm::cuda_run_options does it for run_ranks)");
       DeviceReduceParams params;
       params.source_count = static_cast<int>(step.sources.size());
       params.destination_count = static_cast<int>(step.destinations.size());

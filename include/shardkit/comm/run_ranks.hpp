@@ -18,7 +18,7 @@ namespace shardkit::comm {
 struct RunRanksOptions {
   Device device = Device::cpu();  // every rank's context; ranks share a GPU
   // The contexts' device-code tables (needed for a CUDA device; the comm table reduces device
-  // memory): sk::comm::cuda_run_options from <kernels/cuda_context.cuh> fills them.
+  // memory): sk::comm::cuda_run_options from <shardkit/cuda.hpp> fills them.
   CudaKernelTables kernels{};
   CommOptions comm;
   std::uint64_t seed = 0;  // rank r's context is seeded seed + r

@@ -23,7 +23,7 @@ struct ContextOptions {
   int rank = 0;
   std::uint64_t seed = 0;  // seed of the context's random stream
   // Device-code tables; required for a CUDA device. sk::cuda_context_options / make_cuda_context
-  // from <kernels/cuda_context.cuh> fill them.
+  // from <shardkit/cuda.hpp> fill them.
   CudaKernelTables kernels{};
   // CPU threads for this rank's host-side ops (fused optimizer steps, casts, norms, copies,
   // the autograd layer's CPU ops); 0: default_cpu_threads() (SHARDKIT_NUM_THREADS, else every
@@ -59,8 +59,8 @@ class Context {
 #if SK_WITH_CUDA
     check(kernels_.tensor != nullptr,
           "a CUDA Context needs its device kernels: create it with "
-          "sk::make_cuda_context(device, rank) from "
-          "<kernels/cuda_context.cuh> in a .cu file");
+          "sk::make_cuda_context(device, rank) from <shardkit/cuda.hpp> (and compile "
+          "kernels/shardkit_cuda.cu into the program)");
     stream_ = std::make_shared<CudaStream>(device_.index);
     allocator_ = std::make_shared<CudaAllocator>(stream_);
     host_allocator_ = std::make_shared<PinnedHostAllocator>();
@@ -88,7 +88,7 @@ class Context {
   const DeviceKernels& kernels() const {
     check<NotAvailable>(kernels_.tensor != nullptr, "no device kernels in this context (",
                         device_.str(),
-                        "); create it with sk::make_cuda_context from <kernels/cuda_context.cuh>");
+                        "); create it with sk::make_cuda_context from <shardkit/cuda.hpp>");
     return *kernels_.tensor;
   }
   // The device-code tables of every layer (null entries on a CPU context).

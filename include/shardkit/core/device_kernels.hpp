@@ -37,7 +37,7 @@ struct DeviceKernels {
 };
 
 // Every table of device code a CUDA Context carries, one per layer that launches kernels.
-// kernels/cuda_context.cuh fills them all (sk::cuda_context_options / sk::make_cuda_context):
+// <shardkit/cuda.hpp> fills them all (sk::cuda_context_options / sk::make_cuda_context):
 // the one way to get a CUDA context.
 struct CudaKernelTables {
   const DeviceKernels* tensor = nullptr;                // core: fill, copy, add, divide, random

@@ -80,7 +80,7 @@ inline const FusedOps& fused_ops(const Context& ctx) {
   if (ctx.device().is_cpu()) return kCpuFusedOps;
   const FusedOps* table = ctx.kernel_tables().ops;
   check<NotAvailable>(table != nullptr, "no fused-op kernels in this ", ctx.device().str(),
-                      " context; create it with sk::make_cuda_context (<kernels/cuda_context.cuh>)");
+                      " context; create it with sk::make_cuda_context (<shardkit/cuda.hpp>)");
   return *table;
 }
 
@@ -112,9 +112,8 @@ inline void check_finite(Context& ctx, std::span<const Tensor> tensors,
                          const Tensor& found_nonfinite) {
   fused_ops(ctx).check_finite(ctx, tensors, found_nonfinite);
 }
-inline void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr,
-                              float inv_grad_scale, const Tensor& sums,
-                              const Tensor& coefficients) {
+inline void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float inv_grad_scale,
+                              const Tensor& sums, const Tensor& coefficients) {
   fused_ops(ctx).larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients);
 }
 inline void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& larc,

@@ -8,7 +8,8 @@
 
 #include <cstdio>
 
-#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/cuda.hpp"
+#include "shardkit/shardkit.hpp"
 
 int main(int argc, char** argv) {
   if (shardkit::cuda_device_count() == 0) {

@@ -5,7 +5,8 @@
 #include <cstdlib>
 
 #include "fsdp_step.hpp"
-#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/cuda.hpp"
+#include "shardkit/shardkit.hpp"
 
 int main(int argc, char** argv) {
   namespace sk = shardkit;

@@ -1,13 +1,12 @@
 // Fused ops on a CUDA GPU: the same cases as the CPU executable (float64 references, poisoned
 // outputs, edge sizes, unaligned segments), plus GPU-against-CPU runs of the same step.
 #include "cpu_backend.hpp"
-#include "kernels/ops/cuda_backend.cuh"
-#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/cuda.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace ops_test {
 
 struct CudaBackend {
-  using Ops = ops::Cuda;
   // nvcc may fuse a square into the next addition (an FMA): leaf sums agree with the host's to
   // the last bit or so, and every GPU run gives the same bits.
   static constexpr double leaf_tolerance = 1e-15;
@@ -43,10 +42,8 @@ TEST_CASE("LARC-SGD on the GPU equals the CPU run of the same steps") {
     const auto g0 = random_values(layout.total, 0.5, 1.5, 92 + static_cast<std::uint32_t>(step));
     Flat<CpuBackend> gc(cpu, g0, layout);
     Flat<CudaBackend> gg(gpu, g0, layout);
-    ops::larc_sgd_step<ops::Cpu>(cpu.ctx, o, larc,
-                                 ops::SgdTensors{wc.views, gc.views, bc.views, {}});
-    ops::larc_sgd_step<ops::Cuda>(gpu.ctx, o, larc,
-                                  ops::SgdTensors{wg.views, gg.views, bg.views, {}});
+    ops::larc_sgd_step(cpu.ctx, o, larc, ops::SgdTensors{wc.views, gc.views, bc.views, {}});
+    ops::larc_sgd_step(gpu.ctx, o, larc, ops::SgdTensors{wg.views, gg.views, bg.views, {}});
     check_close(wg.values(gpu), widen(wc.values(cpu)), layout, "param (GPU vs CPU)");
     check_close(bg.values(gpu), widen(bc.values(cpu)), layout, "momentum (GPU vs CPU)");
   }

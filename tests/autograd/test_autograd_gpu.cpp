@@ -6,8 +6,9 @@
 #include <functional>
 #include <string>
 
-#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/cuda.hpp"
 #include "shardkit/nn/nn.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;

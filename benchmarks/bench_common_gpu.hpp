@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/cuda.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace shardkit::bench {
 

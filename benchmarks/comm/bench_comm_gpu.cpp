@@ -7,7 +7,8 @@
 #include <memory>
 
 #include "comm_bench.hpp"
-#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/cuda.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace sk = shardkit;
 namespace comm = shardkit::comm;

@@ -6,7 +6,8 @@
 #include <cstdio>
 
 #include "autograd_workloads.hpp"
-#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/cuda.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace sk = shardkit;
 namespace wl = shardkit::bench::autograd_workloads;

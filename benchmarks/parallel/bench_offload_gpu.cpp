@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <memory>
 
-#include "kernels/ops/cuda_backend.cuh"
-#include "kernels/shardkit_cuda.cuh"
 #include "offload_step.hpp"
+#include "shardkit/cuda.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace sk = shardkit;
 namespace os = shardkit::bench::offload_step;

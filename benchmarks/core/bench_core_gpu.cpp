@@ -1,7 +1,7 @@
 // Core tensor kernels on the GPU against the device-to-device copy ceiling measured in the same
 // run (cudaMemcpyAsync): fill, strided copy, Philox uniform fill, f32 -> bf16 cast.
 // Timed with CUDA events (manual time). Part of bench_gpu (bench_gpu_main.cu).
-#include "bench_common_gpu.cuh"
+#include "bench_common_gpu.hpp"
 
 #include <cstdio>
 

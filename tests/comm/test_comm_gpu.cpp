@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "collective_matrix.hpp"
-#include "kernels/shardkit_cuda.cuh"
+#include "shardkit/cuda.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace sk = shardkit;
 namespace comm = shardkit::comm;

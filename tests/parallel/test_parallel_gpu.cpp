@@ -14,11 +14,12 @@
 #include <vector>
 
 #include "dp_test_model.hpp"
-#include "kernels/shardkit_cuda.cuh"
 #include "module_test_model.hpp"
+#include "shardkit/cuda.hpp"
 #include "shardkit/io/checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
+#include "shardkit/shardkit.hpp"
 #include "sync_bn_test_support.hpp"
 
 namespace sk = shardkit;
