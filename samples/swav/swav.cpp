@@ -40,9 +40,12 @@ bool use_gpu(const swav::SwavConfig& config) {
   const bool available = SK_WITH_CUDA && sk::cuda_available();
   if (config.device == "gpu")
     sk::check<sk::NotAvailable>(available, "config.MACHINE.DEVICE = gpu: ",
-                                SK_WITH_CUDA ? "this machine has no CUDA GPU"
-                                             : "this build has no CUDA (configure with CUDA)",
-                                "; use cpu or auto");
+                                SK_WITH_CUDA
+                                    ? "this machine has no CUDA GPU; use cpu or auto"
+                                    : "this trainer was built without CUDA (scripts/setup builds "
+                                      "the CPU trainer on a machine without a GPU); on a GPU "
+                                      "machine run `meson configure build -Dgpu_device_opt=full` "
+                                      "and rebuild, or use cpu or auto");
   return config.device != "cpu" && available;
 }
 
