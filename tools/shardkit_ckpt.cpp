@@ -19,18 +19,18 @@
 
 #include <CLI/CLI.hpp>
 
-#include "shardkit/io/checkpoint_rewrite.hpp"
-#include "shardkit/io/checkpoint_steps.hpp"
+#include "shardkit/checkpoint/checkpoint_rewrite.hpp"
+#include "shardkit/checkpoint/step_folders.hpp"
 
 namespace sk = shardkit;
-namespace io = shardkit::io;
+namespace checkpoint = shardkit::checkpoint;
 
 namespace {
 
 // A step-checkpoint root resolves to its latest complete step folder.
 std::string checkpoint_folder(const std::string& dir) {
   if (std::filesystem::exists(std::filesystem::path(dir) / "latest")) {
-    if (const auto latest = io::latest_checkpoint(dir)) return *latest;
+    if (const auto latest = checkpoint::latest_checkpoint(dir)) return *latest;
   }
   return dir;
 }
@@ -45,10 +45,10 @@ std::string human_bytes(double bytes) {
 }
 
 void inspect(const std::string& dir) {
-  const io::CheckpointSource source(checkpoint_folder(dir));
+  const checkpoint::CheckpointSource source(checkpoint_folder(dir));
   std::printf("checkpoint  %s\n", source.dir().c_str());
   std::printf("layout      %s, %zu files\n",
-              std::string(io::checkpoint_layout_name(source.layout())).c_str(),
+              std::string(checkpoint::checkpoint_layout_name(source.layout())).c_str(),
               source.files().size());
   std::printf("save        id %s, step %lld, stage %s, world size %d\n", source.id().c_str(),
               static_cast<long long>(source.steps()), source.stage().c_str(), source.world_size());
@@ -93,7 +93,7 @@ void inspect(const std::string& dir) {
 }
 
 void verify(const std::string& dir) {
-  const io::CheckpointSource source(checkpoint_folder(dir));
+  const checkpoint::CheckpointSource source(checkpoint_folder(dir));
   std::size_t tensors = 0, checked = 0;
   for (const auto& file : source.files()) {
     tensors += file->tensors().size();
@@ -101,7 +101,7 @@ void verify(const std::string& dir) {
   }
   std::printf("ok: %s (%s, step %lld): %zu files, %zu tensors, %zu checksums verified%s\n",
               source.dir().c_str(),
-              std::string(io::checkpoint_layout_name(source.layout())).c_str(),
+              std::string(checkpoint::checkpoint_layout_name(source.layout())).c_str(),
               static_cast<long long>(source.steps()), source.files().size(), tensors, checked,
               checked < tensors ? " (the others were written without one)" : "");
 }
@@ -158,20 +158,20 @@ int main(int argc, char** argv) {
     } else if (*verify_cmd) {
       verify(dir);
     } else if (*consolidate_cmd) {
-      io::consolidate_checkpoint(checkpoint_folder(dir), out);
+      checkpoint::consolidate_checkpoint(checkpoint_folder(dir), out);
       std::printf("wrote %s (full)\n", out.c_str());
     } else if (*reshard_cmd) {
-      io::reshard_checkpoint(checkpoint_folder(dir), out, world);
+      checkpoint::reshard_checkpoint(checkpoint_folder(dir), out, world);
       std::printf("wrote %s (%d shard files)\n", out.c_str(), world);
     } else if (*to_torch_cmd) {
-      io::export_torch_state(checkpoint_folder(dir), model, optimizer);
+      checkpoint::export_torch_state(checkpoint_folder(dir), model, optimizer);
       std::printf("wrote %s%s%s\n", model.c_str(), optimizer.empty() ? "" : " and ",
                   optimizer.c_str());
     } else if (*from_torch_cmd) {
-      io::FromTorchOptions options;
+      checkpoint::FromTorchOptions options;
       options.kind = sk::optim::parse_optimizer_kind(kind);
       options.buffers = buffers;
-      io::checkpoint_from_torch(model, optimizer, out, options);
+      checkpoint::checkpoint_from_torch(model, optimizer, out, options);
       std::printf("wrote %s (full)\n", out.c_str());
     }
   } catch (const std::exception& e) {

@@ -24,7 +24,7 @@
 #include <CLI/CLI.hpp>
 
 #include "shardkit/autograd/autograd.hpp"
-#include "shardkit/io/safetensors.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/nn/nn.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
 
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       checkpointed = par::profile_activations(
           [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 4, b); }, 2, most);
     } else {
-      const sk::io::SafetensorsReader file(model);
+      const sk::checkpoint::SafetensorsReader file(model);
       for (const auto& t : file.tensors()) specs.push_back({t.name, t.shape, true});
     }
     std::int64_t psi = 0;

@@ -13,7 +13,8 @@
 //      sharded), sdp (ZeRO-2: gradients too), fsdp (ZeRO-3: parameters too). The results are
 //      DDP's; the memory is not. --offload optimizer moves the optimizer's master, state and
 //      step to the host (params: fsdp's parameter shards too), with the same results.
-//   5. Checkpoints (sk::io::save_step_checkpoint): --checkpoint DIR saves the parameters and
+//   5. Checkpoints (sk::checkpoint::save_step_checkpoint): --checkpoint DIR saves the parameters
+//   and
 //      the optimizer state, whole (streamed to rank 0) or one file per rank (--checkpoint-layout
 //      sharded), as a step folder that becomes DIR/latest in one atomic rename once complete;
 //      --resume DIR continues exactly from the newest complete one, under any stage and rank
@@ -32,8 +33,9 @@
 #include <string>
 #include <vector>
 
+#include <shardkit/checkpoint/checkpoint.hpp>
 #include <shardkit/comm/comm.hpp>
-#include <shardkit/io/io.hpp>
+#include <shardkit/data/data.hpp>
 #include <shardkit/parallel/memory_plan.hpp>
 
 #include "devices.hpp"
@@ -55,7 +57,7 @@ struct Flags {
   double bucket_mb = 4;
   bool broadcast_fp16 = false;
   std::uint64_t seed = 1;
-  std::string data_dir = sk::io::kFashionMnistDir;
+  std::string data_dir = sk::data::kFashionMnistDir;
   std::string device = "auto";
   bool skip_without_gpu = false;
   std::string checkpoint_dir;
@@ -146,8 +148,8 @@ int main(int argc, char** argv) {
       return 77;  // Meson's (and automake's) "skipped"
     }
     const auto start = std::chrono::steady_clock::now();
-    const auto train = sk::io::load_fashion_mnist("train", flags.data_dir);
-    const auto test = sk::io::load_fashion_mnist("t10k", flags.data_dir);
+    const auto train = sk::data::load_fashion_mnist("train", flags.data_dir);
+    const auto test = sk::data::load_fashion_mnist("t10k", flags.data_dir);
 
     custom_loop::Setup setup;
     setup.train = &train;
@@ -184,8 +186,8 @@ int main(int argc, char** argv) {
     setup.checkpoint_dir = flags.checkpoint_dir;
     setup.checkpoint_every = flags.checkpoint_every;
     setup.checkpoint_layout = flags.checkpoint_layout == "sharded"
-                                  ? sk::io::CheckpointLayout::sharded
-                                  : sk::io::CheckpointLayout::full;
+                                  ? sk::checkpoint::CheckpointLayout::sharded
+                                  : sk::checkpoint::CheckpointLayout::full;
     setup.resume_dir = flags.resume_dir;
     setup.stop_after = flags.stop_after;
     if (!setup.checkpoint_dir.empty()) std::filesystem::create_directories(setup.checkpoint_dir);

@@ -23,8 +23,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <shardkit/checkpoint/checkpoint.hpp>
 #include <shardkit/comm/comm.hpp>
-#include <shardkit/io/io.hpp>
+#include <shardkit/data/data.hpp>
 #include <shardkit/parallel/data_parallel.hpp>
 #include <shardkit/parallel/fsdp_engine.hpp>
 
@@ -34,8 +35,8 @@ namespace custom_loop {
 
 // Everything main() decided from the flags.
 struct Setup {
-  const sk::io::ImageDataset* train = nullptr;
-  const sk::io::ImageDataset* test = nullptr;
+  const sk::data::ImageDataset* train = nullptr;
+  const sk::data::ImageDataset* test = nullptr;
   std::vector<std::int64_t> widths;
   sk::optim::OptimizerConfig optimizer;
   sk::parallel::DataParallelOptions parallel;  // .stage fsdp: FsdpEngine, its buckets
@@ -47,7 +48,7 @@ struct Setup {
   std::uint64_t seed = 1;
   std::string checkpoint_dir;         // save here every checkpoint_every steps and at the end
   std::int64_t checkpoint_every = 0;  // 0: at the end only
-  sk::io::CheckpointLayout checkpoint_layout = sk::io::CheckpointLayout::full;
+  sk::checkpoint::CheckpointLayout checkpoint_layout = sk::checkpoint::CheckpointLayout::full;
   std::string resume_dir;       // continue from the checkpoint here
   std::int64_t stop_after = 0;  // end this run after so many steps (0: run to the end)
 };
@@ -78,8 +79,9 @@ inline std::uint64_t fnv1a(const std::vector<float>& values) {
 }
 
 // Images as rows of normalised pixels (Fashion-MNIST's mean 0.2860, std 0.3530).
-inline void batch_images(const sk::io::ImageDataset& data, const std::vector<std::int64_t>& indices,
-                         std::size_t first, std::size_t count, Batch& batch) {
+inline void batch_images(const sk::data::ImageDataset& data,
+                         const std::vector<std::int64_t>& indices, std::size_t first,
+                         std::size_t count, Batch& batch) {
   const auto pixels = data.pixels_per_image();
   batch.rows = static_cast<std::int64_t>(count);
   batch.features = pixels;
@@ -222,7 +224,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   const bool scaled = s.parallel.precision.param_dtype == sk::DType::f16;
   sk::optim::DynamicLossScaler scaler;
 
-  sk::io::StatefulDistributedSampler sampler(s.train->count, comm.size(), rank, s.batch, s.seed);
+  sk::data::StatefulDistributedSampler sampler(s.train->count, comm.size(), rank, s.batch, s.seed);
   const std::int64_t steps_per_epoch = sampler.samples_per_rank() / s.batch;
   const std::int64_t total_steps = s.max_steps > 0
                                        ? std::min(s.max_steps, steps_per_epoch * s.epochs)
@@ -232,14 +234,14 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   if (!s.resume_dir.empty()) {  // the sampler position follows from the step count
     // A folder of step folders resumes from the one `latest` names (the newest complete save);
     // any other folder is one checkpoint itself.
-    const auto latest = sk::io::latest_checkpoint(s.resume_dir);
+    const auto latest = sk::checkpoint::latest_checkpoint(s.resume_dir);
     const std::string from = latest ? *latest : s.resume_dir;
-    const auto loaded = sk::io::load_checkpoint(from, engine->training_state());
+    const auto loaded = sk::checkpoint::load_checkpoint(from, engine->training_state());
     step = loaded.steps;
     if (rank == 0)
       std::printf("resumed from %s at step %lld (%s checkpoint of a %d-rank %s run)\n",
                   from.c_str(), static_cast<long long>(step),
-                  std::string(sk::io::checkpoint_layout_name(loaded.layout)).c_str(),
+                  std::string(sk::checkpoint::checkpoint_layout_name(loaded.layout)).c_str(),
                   loaded.world_size, loaded.stage.c_str());
   }
   // --stop-after ends this run early, as a preempted job would; the schedule still spans the
@@ -278,16 +280,17 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
       const bool periodic = s.checkpoint_every > 0 && (step + 1) % s.checkpoint_every == 0;
       if (!s.checkpoint_dir.empty() && (periodic || step + 1 == run_end)) {
         const auto before = comm.stats().total_bus_bytes();  // not counted as training traffic
-        sk::io::CheckpointOptions options;
+        sk::checkpoint::CheckpointOptions options;
         options.layout = s.checkpoint_layout;
         auto state = engine->training_state();
         // A step folder behind an atomic `latest`: a kill at any moment leaves a complete one.
         const auto folder =
-            sk::io::save_step_checkpoint(s.checkpoint_dir, step + 1, state, options);
+            sk::checkpoint::save_step_checkpoint(s.checkpoint_dir, step + 1, state, options);
         if (rank == 0)
-          std::printf("checkpoint: step %lld saved to %s (%s)\n", static_cast<long long>(step + 1),
-                      folder.c_str(),
-                      std::string(sk::io::checkpoint_layout_name(s.checkpoint_layout)).c_str());
+          std::printf(
+              "checkpoint: step %lld saved to %s (%s)\n", static_cast<long long>(step + 1),
+              folder.c_str(),
+              std::string(sk::checkpoint::checkpoint_layout_name(s.checkpoint_layout)).c_str());
         checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
       }
     }

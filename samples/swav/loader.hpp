@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "multicrop.hpp"
-#include "shardkit/io/fashion_mnist.hpp"
+#include "shardkit/data/fashion_mnist.hpp"
 
 namespace swav {
 
@@ -28,7 +28,7 @@ struct MultiCropBatch {
 
 class MultiCropLoader {
  public:
-  MultiCropLoader(const sk::io::ImageDataset& data, MultiCropConfig config, std::uint64_t seed,
+  MultiCropLoader(const sk::data::ImageDataset& data, MultiCropConfig config, std::uint64_t seed,
                   int workers, int prefetch)
       : data_(&data),
         config_(std::move(config)),
@@ -138,7 +138,7 @@ class MultiCropLoader {
     threads_.clear();
   }
 
-  const sk::io::ImageDataset* data_;
+  const sk::data::ImageDataset* data_;
   MultiCropConfig config_;
   std::uint64_t seed_;
   int workers_, prefetch_;

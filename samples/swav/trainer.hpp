@@ -22,10 +22,10 @@
 
 #include "knn.hpp"
 #include "loader.hpp"
-#include "shardkit/io/checkpoint_steps.hpp"
-#include "shardkit/io/fashion_mnist.hpp"
-#include "shardkit/io/safetensors.hpp"
-#include "shardkit/io/stateful_sampler.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
+#include "shardkit/checkpoint/step_folders.hpp"
+#include "shardkit/data/fashion_mnist.hpp"
+#include "shardkit/data/stateful_sampler.hpp"
 #include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
@@ -38,11 +38,11 @@ namespace swav {
 
 // The data every rank reads (shared by the local ranks of one process).
 struct Datasets {
-  sk::io::ImageDataset train, test;
+  sk::data::ImageDataset train, test;
   std::int64_t bank_size = 0;  // the kNN memory bank: the first bank_size training images
 };
 
-inline sk::io::ImageDataset first_images(sk::io::ImageDataset d, std::int64_t limit) {
+inline sk::data::ImageDataset first_images(sk::data::ImageDataset d, std::int64_t limit) {
   if (limit < 0 || limit >= d.count) return d;
   d.count = limit;
   d.pixels.resize(static_cast<std::size_t>(limit * d.pixels_per_image()));
@@ -52,8 +52,8 @@ inline sk::io::ImageDataset first_images(sk::io::ImageDataset d, std::int64_t li
 
 inline Datasets load_datasets(const SwavConfig& c) {
   Datasets d;
-  d.train = first_images(sk::io::load_fashion_mnist("train", c.train_dir), c.train_limit);
-  d.test = first_images(sk::io::load_fashion_mnist("t10k", c.test_dir), c.test_limit);
+  d.train = first_images(sk::data::load_fashion_mnist("train", c.train_dir), c.train_limit);
+  d.test = first_images(sk::data::load_fashion_mnist("t10k", c.test_dir), c.test_limit);
   d.bank_size =
       c.memory_bank_limit < 0 ? d.train.count : std::min(c.memory_bank_limit, d.train.count);
   return d;
@@ -140,7 +140,7 @@ class SwavTrainer {
     sharded_ = std::make_unique<sk::parallel::ShardedModule>(ctx, comm, model_, optimizer, o);
     // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.
     sharded_->normalize_rows_after_step(SwavModel::kPrototypes);
-    sampler_ = std::make_unique<sk::io::StatefulDistributedSampler>(
+    sampler_ = std::make_unique<sk::data::StatefulDistributedSampler>(
         data.train.count, comm.size(), comm.rank(), c.batch_size, c.seed);
     sk::check(sampler_->samples_per_rank() >= c.batch_size,
               "DATA.TRAIN.BATCHSIZE_PER_REPLICA = ", c.batch_size, " exceeds the ",
@@ -319,7 +319,7 @@ class SwavTrainer {
     std::vector<float> values;  // rows of `dim`
     std::int64_t dim = 0;
   };
-  std::vector<FeatureSet> features(const sk::io::ImageDataset& d, std::int64_t count) {
+  std::vector<FeatureSet> features(const sk::data::ImageDataset& d, std::int64_t count) {
     auto& ctx = *ctx_;
     const int world = comm_->size();
     const std::int64_t share = (count + world - 1) / world;
@@ -416,7 +416,7 @@ class SwavTrainer {
     const std::vector<std::uint8_t> bank_labels(d.train.labels.begin(),
                                                 d.train.labels.begin() + d.bank_size);
     if (report.raw_knn < 0) {
-      auto raw = [&](const sk::io::ImageDataset& set, std::int64_t count) {
+      auto raw = [&](const sk::data::ImageDataset& set, std::int64_t count) {
         std::vector<float> f(set.pixels.begin(),
                              set.pixels.begin() + count * set.pixels_per_image());
         for (float& v : f) v = static_cast<float>((v / 255.0 - c_.crops.mean) / c_.crops.std);
@@ -448,19 +448,19 @@ class SwavTrainer {
       };
       // The headline set as train_features / test_features; any further set with its layer's
       // name appended (train_features_res5, ...).
-      std::vector<sk::io::NamedBytes> tensors{
-          sk::io::host_bytes(host, "train_labels", labels(bank_labels)),
-          sk::io::host_bytes(host, "test_labels", labels(d.test.labels))};
+      std::vector<sk::checkpoint::NamedBytes> tensors{
+          sk::checkpoint::host_bytes(host, "train_labels", labels(bank_labels)),
+          sk::checkpoint::host_bytes(host, "test_labels", labels(d.test.labels))};
       for (std::size_t k = 0; k < bank.size(); ++k) {
         const std::string suffix = k == 0 ? "" : "_" + c_.knn_features[k].layer;
-        tensors.push_back(
-            sk::io::host_bytes(host, "train_features" + suffix,
-                               sk::from_vector(host, bank[k].values, {d.bank_size, bank[k].dim})));
-        tensors.push_back(
-            sk::io::host_bytes(host, "test_features" + suffix,
-                               sk::from_vector(host, test[k].values, {d.test.count, test[k].dim})));
+        tensors.push_back(sk::checkpoint::host_bytes(
+            host, "train_features" + suffix,
+            sk::from_vector(host, bank[k].values, {d.bank_size, bank[k].dim})));
+        tensors.push_back(sk::checkpoint::host_bytes(
+            host, "test_features" + suffix,
+            sk::from_vector(host, test[k].values, {d.test.count, test[k].dim})));
       }
-      sk::io::save_safetensors(c_.export_dir + "/embeddings.safetensors", tensors);
+      sk::checkpoint::save_safetensors(c_.export_dir + "/embeddings.safetensors", tensors);
       say("embeddings written to %s/embeddings.safetensors\n", c_.export_dir.c_str());
     }
     return knn[0];
@@ -485,7 +485,7 @@ class SwavTrainer {
   };
 
   std::optional<std::string> resume_point() {
-    const auto latest = sk::io::latest_checkpoint(c_.checkpoint_dir);
+    const auto latest = sk::checkpoint::latest_checkpoint(c_.checkpoint_dir);
     if (latest && !c_.auto_resume && !c_.overwrite_existing)
       sk::fail<ConfigError>("config.CHECKPOINT.DIR = ", c_.checkpoint_dir,
                             " holds a checkpoint, and AUTO_RESUME is False; set "
@@ -510,30 +510,31 @@ class SwavTrainer {
   }
 
   void save(std::int64_t epoch, std::int64_t batch) {
-    sk::io::CheckpointOptions o;
-    o.layout = c_.consolidated ? sk::io::CheckpointLayout::full : sk::io::CheckpointLayout::sharded;
+    sk::checkpoint::CheckpointOptions o;
+    o.layout = c_.consolidated ? sk::checkpoint::CheckpointLayout::full
+                               : sk::checkpoint::CheckpointLayout::sharded;
     o.metadata = {{"swav.iteration", std::to_string(iteration_)},
                   {"swav.epoch", std::to_string(epoch)},
                   {"swav.batch_in_epoch", std::to_string(batch)},
                   {"swav.loss_iteration", std::to_string(loss_.iteration())}};
     auto s = state();
-    const auto folder = sk::io::save_step_checkpoint(
+    const auto folder = sk::checkpoint::save_step_checkpoint(
         c_.checkpoint_dir, iteration_, s, o, [&](const std::string& dir) {
           if (c_.loss.local_queue_length == 0) return;
           sk::Context host;
           const std::int64_t rows = static_cast<std::int64_t>(c_.loss.crops_for_assign.size()) *
                                     c_.loss.local_queue_length;
-          sk::io::save_safetensors(
+          sk::checkpoint::save_safetensors(
               queue_file(dir),
-              {sk::io::host_bytes(host, "queue",
-                                  sk::from_vector(host, loss_.queue(), {rows, c_.embedding_dim}))});
+              {sk::checkpoint::host_bytes(
+                  host, "queue", sk::from_vector(host, loss_.queue(), {rows, c_.embedding_dim}))});
         });
     say("checkpoint: %s (iteration %lld)\n", folder.c_str(), static_cast<long long>(iteration_));
   }
 
   Position load(const std::string& folder) {
     auto s = state();
-    const auto loaded = sk::io::load_checkpoint(folder, s);
+    const auto loaded = sk::checkpoint::load_checkpoint(folder, s);
     auto number = [&](const char* key) {
       const auto it = loaded.metadata.find(key);
       sk::check<sk::IoError>(it != loaded.metadata.end(), "checkpoint '", folder,
@@ -547,7 +548,7 @@ class SwavTrainer {
       const std::string file = queue_file(folder);
       if (std::filesystem::exists(file)) {
         sk::Context host;
-        const auto contents = sk::io::load_safetensors(file);
+        const auto contents = sk::checkpoint::load_safetensors(file);
         const auto& q = contents.tensors.at(0);
         sk::check<sk::IoError>(q.bytes.size() == loss_.queue().size() * sizeof(float), "'", file,
                                "' holds a queue of another length; resume with the queue settings "
@@ -623,7 +624,7 @@ class SwavTrainer {
   std::unique_ptr<sk::parallel::ShardedModule> sharded_;
   SwavLoss loss_;
   sk::optim::DynamicLossScaler scaler_;
-  std::unique_ptr<sk::io::StatefulDistributedSampler> sampler_;
+  std::unique_ptr<sk::data::StatefulDistributedSampler> sampler_;
   std::unique_ptr<MultiCropLoader> loader_;
   std::int64_t iteration_ = 0;
 };

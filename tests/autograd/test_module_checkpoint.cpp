@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "shardkit/io/module_checkpoint.hpp"
+#include "shardkit/checkpoint/module_state.hpp"
 #include "shardkit/nn/nn.hpp"
 
 namespace sk = shardkit;
@@ -48,12 +48,12 @@ TEST_CASE("a saved ResNet-18 loads into another instance: same state, same outpu
     (void)(*net)(ctx, ag::Variable(images));
   }
   const auto expected = eval_logits(ctx, *net, images);
-  sk::io::save_module(path, ctx, *net);
+  sk::checkpoint::save_module(path, ctx, *net);
 
   sk::Context other({.seed = 99});
   auto copy = small_resnet18(other);
   CHECK(eval_logits(other, *copy, images) != expected);  // differently initialised
-  const auto report = sk::io::load_module(path, other, *copy);
+  const auto report = sk::checkpoint::load_module(path, other, *copy);
   CHECK(report.missing.empty());
   CHECK(report.unexpected.empty());
   CHECK(eval_logits(other, *copy, images) == expected);
@@ -61,8 +61,8 @@ TEST_CASE("a saved ResNet-18 loads into another instance: same state, same outpu
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
     CHECK(a[i].first == b[i].first);
-    CHECK(sk::io::host_bytes(ctx, a[i].first, a[i].second).bytes ==
-          sk::io::host_bytes(other, b[i].first, b[i].second).bytes);
+    CHECK(sk::checkpoint::host_bytes(ctx, a[i].first, a[i].second).bytes ==
+          sk::checkpoint::host_bytes(other, b[i].first, b[i].second).bytes);
   }
   CHECK(sk::to_vector<std::int64_t>(other, copy->state_dict()[5].second)[0] ==
         1);  // bn1.num_batches_tracked
@@ -73,22 +73,22 @@ TEST_CASE("a checkpoint that does not fit the module is refused and the module s
   const auto path = scratch("misfit");
   sk::Context ctx({.seed = 5});
   auto ten = small_resnet18(ctx, 10);
-  sk::io::save_module(path, ctx, *ten);
+  sk::checkpoint::save_module(path, ctx, *ten);
   auto hundred = small_resnet18(ctx, 100);
   const auto before = sk::to_vector<float>(ctx, hundred->state_dict().front().second);
   CHECK_THROWS_WITH_AS(
-      sk::io::load_module(path, ctx, *hundred),
+      sk::checkpoint::load_module(path, ctx, *hundred),
       doctest::Contains("'fc.weight' is f32[10, 512] in the file but f32[100, 512] in the module"),
       sk::IoError);
   CHECK(sk::to_vector<float>(ctx, hundred->state_dict().front().second) == before);  // untouched
 
   auto resnet34 = nn::resnet34(ctx);
-  CHECK_THROWS_WITH_AS(sk::io::load_module(path, ctx, *resnet34),
+  CHECK_THROWS_WITH_AS(sk::checkpoint::load_module(path, ctx, *resnet34),
                        doctest::Contains("missing [layer1.2.conv1.weight"), sk::IoError);
   // Not strict: the matching names load, the rest is reported. A Linear named like the fc.
   nn::Sequential head;
   head.add("fc", std::make_shared<nn::Linear>(ctx, 512, 10));
-  const auto report = sk::io::load_module(path, ctx, head, false);
+  const auto report = sk::checkpoint::load_module(path, ctx, head, false);
   CHECK(report.missing.empty());
   CHECK(report.unexpected.size() == ten->state_dict().size() - 2);
   CHECK(sk::to_vector<float>(ctx, head.state_dict()[0].second) ==

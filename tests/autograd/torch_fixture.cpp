@@ -1,7 +1,7 @@
 // Writes the fixtures of torch_interop.py into OUT_DIR:
 //  - model.safetensors, io.safetensors: a small-stem ResNet-18 (10 classes) whose batch-norm
-//    statistics were moved by one training forward, saved with io::save_module, plus an input
-//    batch and our eval-mode logits for it. PyTorch then loads the model and must agree.
+//    statistics were moved by one training forward, saved with checkpoint::save_module, plus an
+//    input batch and our eval-mode logits for it. PyTorch then loads the model and must agree.
 //  - mixed.safetensors: the initial weights of a narrower ResNet-18 ("init.<name>"), a few
 //    training batches, and the losses of our training steps on them in f32 and in bf16 mixed
 //    precision (ShardedModule, DDP at world size 1, SGD with momentum and weight decay).
@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "fixtures.hpp"
+#include "shardkit/checkpoint/module_state.hpp"
+#include "shardkit/checkpoint/training_checkpoint.hpp"
 #include "shardkit/comm/run_ranks.hpp"
-#include "shardkit/io/checkpoint.hpp"
-#include "shardkit/io/module_checkpoint.hpp"
 #include "shardkit/nn/nn.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
@@ -80,7 +80,7 @@ std::vector<float> train_losses(const sk::Tensor& images, const sk::Tensor& labe
       ag::backward(ctx, loss);
       model.step(kLr);
     }
-    sk::io::save_checkpoint(out_dir, model.training_state());
+    sk::checkpoint::save_checkpoint(out_dir, model.training_state());
   });
   return losses;
 }
@@ -106,9 +106,9 @@ void write_sharded_fixture(const sk::Tensor& images, const sk::Tensor& labels,
       ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, ag::Variable(batch(s))), y));
       model.step(kLr);
     }
-    sk::io::CheckpointOptions save;
-    save.layout = sk::io::CheckpointLayout::sharded;
-    sk::io::save_checkpoint(dir + "/ours_sharded", model.training_state(), save);
+    sk::checkpoint::CheckpointOptions save;
+    save.layout = sk::checkpoint::CheckpointLayout::sharded;
+    sk::checkpoint::save_checkpoint(dir + "/ours_sharded", model.training_state(), save);
     net->eval();
     sk::Tensor logits;
     {
@@ -116,9 +116,9 @@ void write_sharded_fixture(const sk::Tensor& images, const sk::Tensor& labels,
       logits = model(ctx, ag::Variable(batch(0))).data();
     }
     if (comm.rank() == 0)
-      sk::io::save_safetensors(
-          dir + "/sharded_io.safetensors",
-          {sk::io::host_bytes(ctx, "images", batch(0)), sk::io::host_bytes(ctx, "logits", logits)});
+      sk::checkpoint::save_safetensors(dir + "/sharded_io.safetensors",
+                                       {sk::checkpoint::host_bytes(ctx, "images", batch(0)),
+                                        sk::checkpoint::host_bytes(ctx, "logits", logits)});
   });
 }
 
@@ -145,18 +145,18 @@ void write_mixed_fixture(const std::string& dir) {
   const auto f32 = train_losses(images, labels, sk::DType::f32, dir + "/ours_f32");
   const auto bf16 = train_losses(images, labels, sk::DType::bf16, dir + "/ours_bf16");
   write_sharded_fixture(images, labels, dir);
-  std::vector<sk::io::NamedBytes> out;
+  std::vector<sk::checkpoint::NamedBytes> out;
   auto net = narrow_resnet(ctx);
   for (const auto& [name, t] : net->state_dict())
-    out.push_back(sk::io::host_bytes(ctx, "init." + name, t));
-  out.push_back(sk::io::host_bytes(ctx, "images", images));
-  out.push_back(sk::io::host_bytes(ctx, "labels", labels));
-  out.push_back(sk::io::host_bytes(ctx, "loss_f32", sk::from_vector(ctx, f32, {kSteps})));
-  out.push_back(sk::io::host_bytes(ctx, "loss_bf16", sk::from_vector(ctx, bf16, {kSteps})));
+    out.push_back(sk::checkpoint::host_bytes(ctx, "init." + name, t));
+  out.push_back(sk::checkpoint::host_bytes(ctx, "images", images));
+  out.push_back(sk::checkpoint::host_bytes(ctx, "labels", labels));
+  out.push_back(sk::checkpoint::host_bytes(ctx, "loss_f32", sk::from_vector(ctx, f32, {kSteps})));
+  out.push_back(sk::checkpoint::host_bytes(ctx, "loss_bf16", sk::from_vector(ctx, bf16, {kSteps})));
   out.push_back(
-      sk::io::host_bytes(ctx, "lr_momentum_weight_decay",
-                         sk::from_vector(ctx, std::vector<float>{kLr, 0.9f, 1e-4f}, {3})));
-  sk::io::save_safetensors(dir + "/mixed.safetensors", out);
+      sk::checkpoint::host_bytes(ctx, "lr_momentum_weight_decay",
+                                 sk::from_vector(ctx, std::vector<float>{kLr, 0.9f, 1e-4f}, {3})));
+  sk::checkpoint::save_safetensors(dir + "/mixed.safetensors", out);
 }
 
 }  // namespace
@@ -183,9 +183,10 @@ int fixture_main(int argc, char** argv) {
       ag::NoGradGuard no_grad(ctx);
       logits = (*net)(ctx, ag::Variable(images)).data();
     }
-    sk::io::save_module(dir + "/model.safetensors", ctx, *net);
-    sk::io::save_safetensors(dir + "/io.safetensors", {sk::io::host_bytes(ctx, "images", images),
-                                                       sk::io::host_bytes(ctx, "logits", logits)});
+    sk::checkpoint::save_module(dir + "/model.safetensors", ctx, *net);
+    sk::checkpoint::save_safetensors(dir + "/io.safetensors",
+                                     {sk::checkpoint::host_bytes(ctx, "images", images),
+                                      sk::checkpoint::host_bytes(ctx, "logits", logits)});
     write_mixed_fixture(dir);
     std::printf("wrote %s/model.safetensors (%zu tensors), io.safetensors, mixed.safetensors\n",
                 dir.c_str(), net->state_dict().size());

@@ -4,12 +4,12 @@
 #include <cstdint>
 
 #include "fuzz_input.hpp"
-#include "shardkit/io/idx_file.hpp"
+#include "shardkit/data/idx_file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const fuzz::MemoryFile file(data, size);
   try {
-    const auto array = shardkit::io::read_idx(file.path());
+    const auto array = shardkit::data::read_idx(file.path());
     std::uint64_t numel = 1;
     for (const auto d : array.dims) numel *= static_cast<std::uint64_t>(d);
     if (array.data.size() != numel) __builtin_trap();

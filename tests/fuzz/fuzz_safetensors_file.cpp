@@ -5,12 +5,12 @@
 #include <vector>
 
 #include "fuzz_input.hpp"
-#include "shardkit/io/safetensors.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const fuzz::MemoryFile file(data, size);
   try {
-    const shardkit::io::SafetensorsReader reader(file.path());
+    const shardkit::checkpoint::SafetensorsReader reader(file.path());
     for (const auto& t : reader.tensors()) {
       const auto whole = reader.read(t);
       if (whole.bytes.size() != t.bytes()) __builtin_trap();

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "fuzz_input.hpp"
-#include "shardkit/io/safetensors.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 2) return 0;
@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t i = 0; i < data_bytes; ++i) bytes.push_back(static_cast<char>(i * 37 + 11));
   const fuzz::MemoryFile file(bytes.data(), bytes.size());
   try {
-    const shardkit::io::SafetensorsReader reader(file.path());
+    const shardkit::checkpoint::SafetensorsReader reader(file.path());
     // What was accepted must be self-consistent: ranges tile the data, sizes match shapes.
     std::uint64_t covered = 0;
     for (const auto& t : reader.tensors()) {

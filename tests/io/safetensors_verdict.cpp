@@ -8,14 +8,14 @@
 #include <exception>
 #include <string>
 
-#include "shardkit/io/safetensors.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
 
 int main(int argc, char** argv) {
-  namespace io = shardkit::io;
+  namespace checkpoint = shardkit::checkpoint;
   for (int i = 1; i < argc; ++i) {
     nlohmann::json out;
     try {
-      io::SafetensorsReader reader(argv[i]);
+      checkpoint::SafetensorsReader reader(argv[i]);
       out["ok"] = true;
       out["metadata"] = reader.metadata();
       out["tensors"] = nlohmann::json::object();
@@ -27,8 +27,9 @@ int main(int argc, char** argv) {
           hex += digits[std::to_integer<int>(b) >> 4];
           hex += digits[std::to_integer<int>(b) & 15];
         }
-        out["tensors"][t.name] = {
-            {"dtype", io::detail::safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"hex", hex}};
+        out["tensors"][t.name] = {{"dtype", checkpoint::detail::safetensors_dtype(t.dtype)},
+                                  {"shape", t.shape},
+                                  {"hex", hex}};
       }
     } catch (const std::exception& e) {
       out = {{"ok", false}, {"error", e.what()}};

@@ -10,7 +10,8 @@
 #include <set>
 #include <string>
 
-#include "shardkit/io/io.hpp"
+#include "shardkit/checkpoint/checkpoint.hpp"
+#include "shardkit/data/data.hpp"
 
 namespace sk = shardkit;
 namespace fs = std::filesystem;
@@ -42,7 +43,7 @@ std::vector<unsigned char> idx_bytes(std::vector<std::uint32_t> dims,
 
 std::string io_error(const fs::path& path) {
   try {
-    sk::io::read_idx(path.string());
+    sk::data::read_idx(path.string());
   } catch (const sk::IoError& e) {
     return e.what();
   }
@@ -56,7 +57,7 @@ TEST_CASE("read_idx reads gzip and plain IDX files") {
   std::vector<unsigned char> data(2 * 3 * 4);
   std::iota(data.begin(), data.end(), 7);
   write_gz(dir / "a.gz", idx_bytes({2, 3, 4}, data));
-  const auto array = sk::io::read_idx((dir / "a.gz").string());
+  const auto array = sk::data::read_idx((dir / "a.gz").string());
   CHECK(array.dims == std::vector<std::int64_t>{2, 3, 4});
   CHECK(array.data == std::vector<std::uint8_t>(data.begin(), data.end()));
   {
@@ -65,7 +66,7 @@ TEST_CASE("read_idx reads gzip and plain IDX files") {
     std::fwrite(raw.data(), 1, raw.size(), f);
     std::fclose(f);
   }
-  CHECK(sk::io::read_idx((dir / "plain.idx").string()).data ==
+  CHECK(sk::data::read_idx((dir / "plain.idx").string()).data ==
         std::vector<std::uint8_t>{9, 8, 7, 6, 5});
   fs::remove_all(dir);
 }
@@ -93,7 +94,7 @@ TEST_CASE("corrupt IDX files get errors that name the file and the problem") {
   CHECK(io_error(dir / "claim.gz").find("ends early or is corrupt while reading the data") !=
         std::string::npos);
   try {
-    sk::io::load_fashion_mnist("train", dir.string());
+    sk::data::load_fashion_mnist("train", dir.string());
     FAIL("no throw");
   } catch (const sk::IoError& e) {
     CHECK(std::string(e.what()).find("apt-get install dataset-fashion-mnist") != std::string::npos);
@@ -102,8 +103,8 @@ TEST_CASE("corrupt IDX files get errors that name the file and the problem") {
 }
 
 TEST_CASE("the real Fashion-MNIST: 60 000 + 10 000 28x28 images, 10 balanced classes") {
-  const auto train = sk::io::load_fashion_mnist("train");
-  const auto test = sk::io::load_fashion_mnist("t10k");
+  const auto train = sk::data::load_fashion_mnist("train");
+  const auto test = sk::data::load_fashion_mnist("t10k");
   CHECK(train.count == 60000);
   CHECK(test.count == 10000);
   CHECK(train.rows == 28);
@@ -123,7 +124,7 @@ TEST_CASE("stateful sampler: VISSL's contiguous blocks, shared permutation, drop
   std::set<std::int64_t> seen;
   std::vector<std::int64_t> rank0;
   for (int r = 0; r < world; ++r) {
-    sk::io::StatefulDistributedSampler sampler(size, world, r, 5, 17);
+    sk::data::StatefulDistributedSampler sampler(size, world, r, 5, 17);
     sampler.set_epoch(3);
     const auto indices = sampler.indices();
     CHECK(indices.size() == 25);  // 103 - 103 mod 4 = 100, / 4
@@ -138,7 +139,7 @@ TEST_CASE("stateful sampler: VISSL's contiguous blocks, shared permutation, drop
   CHECK(seen.size() == 100);  // indices 100..102 dropped, nothing repeated
   CHECK(*seen.rbegin() == 99);
 
-  sk::io::StatefulDistributedSampler sampler(size, world, 1, 5, 17);
+  sk::data::StatefulDistributedSampler sampler(size, world, 1, 5, 17);
   sampler.set_epoch(3);
   const auto full = sampler.indices();
   CHECK_FALSE(std::is_sorted(full.begin(), full.end()));
@@ -149,6 +150,6 @@ TEST_CASE("stateful sampler: VISSL's contiguous blocks, shared permutation, drop
   CHECK(sampler.indices() == std::vector<std::int64_t>(full.begin() + 10, full.end()));
   sampler.set_start_iter(9);
   CHECK(sampler.indices().empty());
-  CHECK_THROWS_AS(sk::io::StatefulDistributedSampler(3, 4, 0, 1), sk::InvalidArgument);
-  CHECK_THROWS_AS(sk::io::StatefulDistributedSampler(10, 2, 2, 1), sk::InvalidArgument);
+  CHECK_THROWS_AS(sk::data::StatefulDistributedSampler(3, 4, 0, 1), sk::InvalidArgument);
+  CHECK_THROWS_AS(sk::data::StatefulDistributedSampler(10, 2, 2, 1), sk::InvalidArgument);
 }

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/io/safetensors.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
 
 namespace sk = shardkit;
 namespace fs = std::filesystem;
-using sk::io::NamedBytes;
+using sk::checkpoint::NamedBytes;
 
 namespace {
 
@@ -44,7 +44,7 @@ std::vector<unsigned char> bytes_of(const std::vector<float>& values) {
 
 std::string load_error(const fs::path& path) {
   try {
-    (void)sk::io::load_safetensors(path.string());
+    (void)sk::checkpoint::load_safetensors(path.string());
   } catch (const sk::IoError& e) {
     return e.what();
   }
@@ -70,8 +70,8 @@ TEST_CASE("every dtype round-trips with its shape, in file order, with metadata"
       {2},
       std::vector<std::byte>{std::byte{0x00}, std::byte{0x3c}, std::byte{0x00}, std::byte{0xc0}}};
   tensors.push_back(half);
-  sk::io::save_safetensors(path.string(), tensors, {{"format", "pt"}, {"note", "hello"}});
-  const auto back = sk::io::load_safetensors(path.string());
+  sk::checkpoint::save_safetensors(path.string(), tensors, {{"format", "pt"}, {"note", "hello"}});
+  const auto back = sk::checkpoint::load_safetensors(path.string());
   REQUIRE(back.tensors.size() == tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     CHECK(back.tensors[i].name == tensors[i].name);
@@ -100,7 +100,7 @@ TEST_CASE("a file laid out by hand as the specification says (as other tools wri
       R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("a":{"dtype":"F32","shape":[1,1],"data_offsets":[8,12]}})";
   write_raw(path, header, bytes_of({1.5f, -2.0f, 0.25f}));
-  const auto file = sk::io::load_safetensors(path.string());
+  const auto file = sk::checkpoint::load_safetensors(path.string());
   REQUIRE(file.tensors.size() == 2);
   CHECK(file.tensors[0].name == "b");  // data order
   CHECK(file.tensors[0].values<float>() == std::vector<float>{1.5f, -2.0f});
@@ -111,26 +111,27 @@ TEST_CASE("a file laid out by hand as the specification says (as other tools wri
 
 TEST_CASE("saving replaces an existing file whole, and a failed save leaves nothing behind") {
   const auto path = scratch("replace.safetensors");
-  sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("w", {3}, {1, 2, 3})});
-  sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("v", {2}, {4, 5})});
-  const auto file = sk::io::load_safetensors(path.string());
+  sk::checkpoint::save_safetensors(path.string(), {NamedBytes::of<float>("w", {3}, {1, 2, 3})});
+  sk::checkpoint::save_safetensors(path.string(), {NamedBytes::of<float>("v", {2}, {4, 5})});
+  const auto file = sk::checkpoint::load_safetensors(path.string());
   REQUIRE(file.tensors.size() == 1);
   CHECK(file.tensors[0].name == "v");
 
   const auto missing_dir = scratch("no_such_dir") / "x.safetensors";
+  CHECK_THROWS_WITH_AS(sk::checkpoint::save_safetensors(missing_dir.string(),
+                                                        {NamedBytes::of<float>("w", {1}, {1})}),
+                       doctest::Contains("cannot open"), sk::IoError);
   CHECK_THROWS_WITH_AS(
-      sk::io::save_safetensors(missing_dir.string(), {NamedBytes::of<float>("w", {1}, {1})}),
-      doctest::Contains("cannot open"), sk::IoError);
-  CHECK_THROWS_WITH_AS(
-      sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("w", {1}, {1}),
-                                               NamedBytes::of<float>("w", {1}, {2})}),
+      sk::checkpoint::save_safetensors(path.string(), {NamedBytes::of<float>("w", {1}, {1}),
+                                                       NamedBytes::of<float>("w", {1}, {2})}),
       doctest::Contains("tensor name 'w' appears twice"), sk::InvalidArgument);
-  CHECK(sk::io::load_safetensors(path.string()).tensors[0].name == "v");  // the old file survives
+  CHECK(sk::checkpoint::load_safetensors(path.string()).tensors[0].name ==
+        "v");  // the old file survives
 }
 
 TEST_CASE("corrupt or foreign files get errors that name the file and the problem") {
   const auto path = scratch("corrupt.safetensors");
-  sk::io::save_safetensors(path.string(), {NamedBytes::of<float>("w", {4}, {1, 2, 3, 4})});
+  sk::checkpoint::save_safetensors(path.string(), {NamedBytes::of<float>("w", {4}, {1, 2, 3, 4})});
   const auto good_size = fs::file_size(path);
   fs::resize_file(path, good_size - 3);
   CHECK(load_error(path).find("data_offsets outside") != std::string::npos);
@@ -179,7 +180,7 @@ TEST_CASE("corrupt or foreign files get errors that name the file and the proble
 TEST_CASE("the streaming writer takes any tensor's bytes in any order; the reader any range") {
   const auto path = scratch("stream.safetensors");
   {
-    sk::io::SafetensorsWriter writer(
+    sk::checkpoint::SafetensorsWriter writer(
         path.string(),
         {{"a", sk::DType::f32, {4}}, {"empty", sk::DType::f32, {0}}, {"b", sk::DType::i64, {2}}},
         {{"format", "pt"}});
@@ -192,7 +193,7 @@ TEST_CASE("the streaming writer takes any tensor's bytes in any order; the reade
     CHECK_FALSE(fs::exists(path));  // nothing visible before commit()
     writer.commit();
   }
-  const sk::io::SafetensorsReader reader(path.string());
+  const sk::checkpoint::SafetensorsReader reader(path.string());
   CHECK(reader.metadata().at("format") == "pt");
   REQUIRE(reader.find("a") != nullptr);
   float middle[2] = {};
@@ -206,7 +207,7 @@ TEST_CASE("the streaming writer takes any tensor's bytes in any order; the reade
                     doctest::Contains("reading bytes [12, 20) of tensor 'a', which has 16"));
   // The same bytes as the whole-file writer would give.
   const auto whole = scratch("stream_whole.safetensors");
-  sk::io::save_safetensors(
+  sk::checkpoint::save_safetensors(
       whole.string(),
       {NamedBytes::of<float>("a", {4}, {1, 2, 3, 4}), NamedBytes::of<float>("empty", {0}, {}),
        NamedBytes::of<std::int64_t>("b", {2}, {-7, 1LL << 40})},
@@ -219,7 +220,7 @@ TEST_CASE("the streaming writer takes any tensor's bytes in any order; the reade
 TEST_CASE("a streamed file is refused until complete, and an abandoned one leaves nothing") {
   const auto path = scratch("partial.safetensors");
   {
-    sk::io::SafetensorsWriter writer(path.string(), {{"a", sk::DType::f32, {4}}});
+    sk::checkpoint::SafetensorsWriter writer(path.string(), {{"a", sk::DType::f32, {4}}});
     const float head[] = {1, 2};
     writer.write("a", 0, head, sizeof head);
     CHECK_THROWS_WITH_AS(writer.commit(), doctest::Contains("tensor 'a' got 8 of its 16 bytes"),
@@ -241,7 +242,7 @@ TEST_CASE("zero-size tensors may share an offset with a neighbour in any name or
             R"("z":{"dtype":"F32","shape":[2,0,3],"data_offsets":[4,4]},)"
             R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
             bytes_of({1, 2}));
-  const auto file = sk::io::load_safetensors(path.string());
+  const auto file = sk::checkpoint::load_safetensors(path.string());
   REQUIRE(file.tensors.size() == 3);
   CHECK(file.find("b")->values<float>() == std::vector<float>{2});
   CHECK(file.find("z")->shape == sk::Shape{2, 0, 3});
@@ -267,7 +268,7 @@ TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data 
   const std::int64_t b[] = {-7, 1LL << 40, 3};
   {
     // Streamed in pieces out of order: the writer combines the pieces' CRCs.
-    sk::io::SafetensorsWriter writer(
+    sk::checkpoint::SafetensorsWriter writer(
         path.string(),
         {{"a", sk::DType::f32, {1000}}, {"empty", sk::DType::f32, {0}}, {"b", sk::DType::i64, {3}}},
         {{"note", "kept"}});
@@ -279,11 +280,11 @@ TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data 
   }
   const auto pristine = read_file(path);
   {
-    const sk::io::SafetensorsReader reader(path.string());
+    const sk::checkpoint::SafetensorsReader reader(path.string());
     // The checksum keys live in the tensors' infos, not among the caller's metadata.
     CHECK(reader.metadata() == std::map<std::string, std::string>{{"note", "kept"}});
-    CHECK(reader.find("a")->crc32 == sk::io::crc32_of(a.data(), 4000));
-    CHECK(reader.find("b")->crc32 == sk::io::crc32_of(b, sizeof b));
+    CHECK(reader.find("a")->crc32 == sk::checkpoint::crc32_of(a.data(), 4000));
+    CHECK(reader.find("b")->crc32 == sk::checkpoint::crc32_of(b, sizeof b));
     CHECK(reader.find("empty")->crc32 == 0u);
     CHECK(reader.verify_all() == 3);
   }
@@ -295,7 +296,7 @@ TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data 
     std::string damaged = pristine;
     damaged[at] = static_cast<char>(damaged[at] ^ (1 << (at % 8)));
     write_file(path, damaged);
-    const sk::io::SafetensorsReader reader(path.string());
+    const sk::checkpoint::SafetensorsReader reader(path.string());
     const auto* hit = reader.find("a");
     const auto* other = reader.find("b");
     if (at - data_start >= hit->begin + hit->bytes() || at - data_start < hit->begin)
@@ -320,7 +321,7 @@ TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data 
       write_file(path, damaged);
       std::string message;
       try {
-        sk::io::SafetensorsReader reader(path.string());
+        sk::checkpoint::SafetensorsReader reader(path.string());
       } catch (const sk::IoError& e) {
         message = e.what();
       }
@@ -340,13 +341,13 @@ TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data 
     REQUIRE(kept != std::string::npos);
     damaged[kept + 1] = 'K';
     write_file(path, damaged);
-    CHECK_THROWS_WITH_AS(sk::io::SafetensorsReader(path.string()),
+    CHECK_THROWS_WITH_AS(sk::checkpoint::SafetensorsReader(path.string()),
                          doctest::Contains("the header is corrupt: its CRC32 is"), sk::IoError);
   }
   // A file from another writer has no checksums and loads unchecked.
   write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", bytes_of({1, 2}));
   {
-    const sk::io::SafetensorsReader reader(path.string());
+    const sk::checkpoint::SafetensorsReader reader(path.string());
     CHECK_FALSE(reader.find("a")->crc32.has_value());
     CHECK(reader.verify_all() == 0);
     CHECK(reader.read(*reader.find("a")).values<float>() == std::vector<float>{1, 2});
@@ -356,26 +357,26 @@ TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data 
             R"({"__metadata__":{"shardkit.crc32.x":"00000000"},)"
             R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
             bytes_of({1, 2}));
-  CHECK_THROWS_WITH_AS(sk::io::SafetensorsReader(path.string()),
+  CHECK_THROWS_WITH_AS(sk::checkpoint::SafetensorsReader(path.string()),
                        doctest::Contains("records a checksum for tensor 'x', which it does not"),
                        sk::IoError);
   write_raw(path,
             R"({"__metadata__":{"shardkit.crc32.a":"ABCDEF01"},)"
             R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
             bytes_of({1, 2}));
-  CHECK_THROWS_WITH_AS(sk::io::SafetensorsReader(path.string()),
+  CHECK_THROWS_WITH_AS(sk::checkpoint::SafetensorsReader(path.string()),
                        doctest::Contains("the checksum of tensor 'a' is 'ABCDEF01'"), sk::IoError);
 }
 
 TEST_CASE("the writer owns the checksum keys and needs each byte written exactly once") {
   const auto path = scratch("twice.safetensors");
-  CHECK_THROWS_WITH(sk::io::SafetensorsWriter(path.string(), {{"a", sk::DType::f32, {2}}},
-                                              {{"shardkit.crc32.a", "0"}}),
+  CHECK_THROWS_WITH(sk::checkpoint::SafetensorsWriter(path.string(), {{"a", sk::DType::f32, {2}}},
+                                                      {{"shardkit.crc32.a", "0"}}),
                     doctest::Contains("metadata key 'shardkit.crc32.a' is reserved"));
-  CHECK_THROWS_WITH(sk::io::SafetensorsWriter(path.string(), {{"a", sk::DType::f32, {2}}},
-                                              {{"shardkit.header_crc32", "0"}}),
+  CHECK_THROWS_WITH(sk::checkpoint::SafetensorsWriter(path.string(), {{"a", sk::DType::f32, {2}}},
+                                                      {{"shardkit.header_crc32", "0"}}),
                     doctest::Contains("metadata key 'shardkit.header_crc32' is reserved"));
-  sk::io::SafetensorsWriter writer(path.string(), {{"a", sk::DType::f32, {4}}});
+  sk::checkpoint::SafetensorsWriter writer(path.string(), {{"a", sk::DType::f32, {4}}});
   const float two[] = {1, 2};
   writer.write("a", 0, two, sizeof two);
   writer.write("a", 0, two, sizeof two);  // the first half twice, the second half never

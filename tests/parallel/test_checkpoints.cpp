@@ -17,9 +17,9 @@
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
-#include "shardkit/io/checkpoint.hpp"
-#include "shardkit/io/checkpoint_rewrite.hpp"
-#include "shardkit/io/module_checkpoint.hpp"
+#include "shardkit/checkpoint/checkpoint_rewrite.hpp"
+#include "shardkit/checkpoint/module_state.hpp"
+#include "shardkit/checkpoint/training_checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
@@ -27,7 +27,7 @@
 namespace sk = shardkit;
 namespace fs = std::filesystem;
 using namespace module_test;
-using sk::io::CheckpointLayout;
+using sk::checkpoint::CheckpointLayout;
 using sk::optim::OptimizerKind;
 using sk::parallel::Stage;
 
@@ -65,7 +65,7 @@ struct CheckpointJob {
   std::uint64_t seed = 300;  // of the initial parameters
   std::string load_from;
   std::string save_to;
-  sk::io::CheckpointOptions save;
+  sk::checkpoint::CheckpointOptions save;
   std::map<std::string, std::string>* loaded_metadata = nullptr;
 };
 
@@ -84,7 +84,7 @@ Snapshot run(const CheckpointJob& job) {
     sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(job.kind),
                                       options_for(job.where.stage));
     if (!job.load_from.empty()) {
-      const auto loaded = sk::io::load_checkpoint(job.load_from, model.training_state());
+      const auto loaded = sk::checkpoint::load_checkpoint(job.load_from, model.training_state());
       if (comm.rank() == 0 && job.loaded_metadata != nullptr)
         *job.loaded_metadata = loaded.metadata;
     }
@@ -95,7 +95,7 @@ Snapshot run(const CheckpointJob& job) {
       model.step(dp_test::lr_at(job.kind, s));
     }
     if (!job.save_to.empty())
-      sk::io::save_checkpoint(job.save_to, model.training_state(), job.save);
+      sk::checkpoint::save_checkpoint(job.save_to, model.training_state(), job.save);
     auto state = sk::optim::consolidate_optimizer_state(*model.training_state().optimizer, comm, 0);
     std::vector<float> values;
     if (job.where.stage == Stage::fsdp) {
@@ -148,8 +148,8 @@ TEST_CASE("a checkpoint of any stage and world size loads exactly into any other
           load.seed = 999;  // other initial values: the load must overwrite every one
           load.load_from = dir.string();
           const auto loaded = run(load);
-          const std::string what = std::string(sk::io::checkpoint_layout_name(layout)) + " " +
-                                   describe(from) + " -> " + describe(to) + " " +
+          const std::string what = std::string(sk::checkpoint::checkpoint_layout_name(layout)) +
+                                   " " + describe(from) + " -> " + describe(to) + " " +
                                    std::string(sk::optim::optimizer_kind_name(kind));
           CHECK_MESSAGE(dp_test::bitwise_equal(loaded.values, saved.values), what);
           CHECK_MESSAGE(same_state(loaded.state, saved.state), what);
@@ -184,8 +184,8 @@ TEST_CASE("a run stopped and resumed under another stage continues bit for bit")
         second.load_from = dir.string();
         second.loaded_metadata = &metadata;
         const auto resumed = run(second);
-        const std::string what = std::string(sk::io::checkpoint_layout_name(layout)) + " fsdp -> " +
-                                 std::string(sk::parallel::stage_name(resume_stage));
+        const std::string what = std::string(sk::checkpoint::checkpoint_layout_name(layout)) +
+                                 " fsdp -> " + std::string(sk::parallel::stage_name(resume_stage));
         CHECK_MESSAGE(dp_test::bitwise_equal(resumed.values, uninterrupted.values), what);
         CHECK_MESSAGE(same_state(resumed.state, uninterrupted.state), what);
         CHECK(metadata ==
@@ -207,9 +207,9 @@ TEST_CASE("a full save streams through bounded chunks, and its model file is a s
     ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
     model.step(0.05f);
     ctx.memory_stats().reset_peak();
-    sk::io::CheckpointOptions options;
+    sk::checkpoint::CheckpointOptions options;
     options.chunk_numel = 7;  // every piece split over several chunks
-    sk::io::save_checkpoint(dir.string(), model.training_state(), options);
+    sk::checkpoint::save_checkpoint(dir.string(), model.training_state(), options);
     // Beyond its shards a rank held at most one chunk, never a unit or the model.
     const auto peak = ctx.memory_stats().snapshot().peak_of(sk::MemoryCategory::communication);
     CHECK(peak <= 7 * 4);
@@ -219,9 +219,9 @@ TEST_CASE("a full save streams through bounded chunks, and its model file is a s
   // The model file loads into a plain, unwrapped module by name (PyTorch's load_state_dict).
   sk::Context ctx;
   auto plain = mlp(ctx, 77);
-  sk::io::load_module((dir / "model.safetensors").string(), ctx, *plain, /*strict=*/true);
+  sk::checkpoint::load_module((dir / "model.safetensors").string(), ctx, *plain, /*strict=*/true);
   CHECK(dp_test::bitwise_equal(module_values(ctx, *plain), reference));
-  CHECK(sk::io::load_optimizer_state((dir / "optimizer.safetensors").string()).steps == 1);
+  CHECK(sk::checkpoint::load_optimizer_state((dir / "optimizer.safetensors").string()).steps == 1);
 }
 
 TEST_CASE("checkpoints that do not fit or do not belong together are refused by name") {
@@ -243,7 +243,7 @@ TEST_CASE("checkpoints that do not fit or do not belong together are refused by 
         if (other_model) net->push_back(std::make_shared<nn::Linear>(ctx, 7, 2));
         sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(kind),
                                           options_for(Stage::sdp));
-        (void)sk::io::load_checkpoint(from, model.training_state());
+        (void)sk::checkpoint::load_checkpoint(from, model.training_state());
       });
     } catch (const std::exception& e) {
       message = e.what();
@@ -279,18 +279,18 @@ TEST_CASE("checkpoints that do not fit or do not belong together are refused by 
   CHECK_FALSE(fs::exists(fs::path(b) / "shard-00000-of-00002.safetensors"));
   CHECK(load_error(b) == "no error");
   // Reserved metadata keys.
-  CHECK_THROWS_WITH(sk::comm::run_ranks(1,
-                                        [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-                                          auto net = mlp(ctx, 1);
-                                          sk::parallel::ShardedModule model(
-                                              ctx, comm, net,
-                                              dp_test::config_for(OptimizerKind::sgd),
-                                              options_for(Stage::ddp));
-                                          sk::io::CheckpointOptions o;
-                                          o.metadata = {{"steps", "4"}};
-                                          sk::io::save_checkpoint(d, model.training_state(), o);
-                                        }),
-                    doctest::Contains("metadata key 'steps' is reserved"));
+  CHECK_THROWS_WITH(
+      sk::comm::run_ranks(1,
+                          [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+                            auto net = mlp(ctx, 1);
+                            sk::parallel::ShardedModule model(
+                                ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                options_for(Stage::ddp));
+                            sk::checkpoint::CheckpointOptions o;
+                            o.metadata = {{"steps", "4"}};
+                            sk::checkpoint::save_checkpoint(d, model.training_state(), o);
+                          }),
+      doctest::Contains("metadata key 'steps' is reserved"));
 }
 
 TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, naming the tensor") {
@@ -303,7 +303,7 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
       sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
                                         options_for(Stage::sdp));
       try {
-        (void)sk::io::load_checkpoint(from, model.training_state());
+        (void)sk::checkpoint::load_checkpoint(from, model.training_state());
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(comm.rank())] = e.what();
       }
@@ -318,7 +318,8 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
   std::mt19937 random(11);
   int caught = 0;
   for (const auto layout : {CheckpointLayout::full, CheckpointLayout::sharded}) {
-    const auto folder = (dir / std::string(sk::io::checkpoint_layout_name(layout))).string();
+    const auto folder =
+        (dir / std::string(sk::checkpoint::checkpoint_layout_name(layout))).string();
     CheckpointJob job;
     job.where = {Stage::fsdp, 2};
     job.save_to = folder;
@@ -327,10 +328,10 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
     REQUIRE(load_error(folder) == "no error");
     for (const auto& entry : fs::directory_iterator(folder)) {
       const auto path = entry.path();
-      std::vector<sk::io::TensorInfo> tensors;
+      std::vector<sk::checkpoint::TensorInfo> tensors;
       std::uint64_t data_bytes = 0;
       {
-        const sk::io::SafetensorsReader reader(path.string());
+        const sk::checkpoint::SafetensorsReader reader(path.string());
         tensors = reader.tensors();
         for (const auto& t : tensors) data_bytes = std::max(data_bytes, t.end);
       }
@@ -381,9 +382,9 @@ TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the
   (void)run(save);
   const auto full = (dir / "full").string(), three = (dir / "three").string(),
              one = (dir / "one").string();
-  sk::io::consolidate_checkpoint(original, full);
-  sk::io::reshard_checkpoint(original, three, 3);
-  sk::io::reshard_checkpoint(full, one, 1);
+  sk::checkpoint::consolidate_checkpoint(original, full);
+  sk::checkpoint::reshard_checkpoint(original, three, 3);
+  sk::checkpoint::reshard_checkpoint(full, one, 1);
   auto load = [&](const std::string& from, std::map<std::string, std::string>* metadata) {
     CheckpointJob job;
     job.where = {Stage::oss, 3};
@@ -402,13 +403,13 @@ TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the
     CHECK(got.values == reference.values);
     CHECK(same_state(got.state, reference.state));
     CHECK(metadata == expected_metadata);
-    const sk::io::CheckpointSource source(from);
+    const sk::checkpoint::CheckpointSource source(from);
     CHECK(source.steps() == 3);
     CHECK(source.stage() == "fsdp");
   }
-  CHECK(sk::io::CheckpointSource(three).world_size() == 3);
-  CHECK(sk::io::CheckpointSource(three).files().size() == 3);
-  CHECK_THROWS_WITH(sk::io::reshard_checkpoint(original, original, 2),
+  CHECK(sk::checkpoint::CheckpointSource(three).world_size() == 3);
+  CHECK(sk::checkpoint::CheckpointSource(three).files().size() == 3);
+  CHECK_THROWS_WITH(sk::checkpoint::reshard_checkpoint(original, original, 2),
                     doctest::Contains("into the same folder would overwrite what it reads"));
 }
 

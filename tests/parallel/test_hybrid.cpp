@@ -18,8 +18,8 @@
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
+#include "shardkit/checkpoint/training_checkpoint.hpp"
 #include "shardkit/comm/hybrid_mesh.hpp"
-#include "shardkit/io/checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/fsdp_engine.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
@@ -300,9 +300,9 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
       dp.finish();
       dp.step(dp_test::lr_at(OptimizerKind::larc_sgd, s));
     }
-    sk::io::CheckpointOptions layout;
-    layout.layout = sk::io::CheckpointLayout::sharded;
-    sk::io::save_checkpoint(dir, dp.training_state(), layout);
+    sk::checkpoint::CheckpointOptions layout;
+    layout.layout = sk::checkpoint::CheckpointLayout::sharded;
+    sk::checkpoint::save_checkpoint(dir, dp.training_state(), layout);
     if (world.rank() == 0) saved = all_params(dp, ctx);
   });
   // The first group's three shards, nothing from the second group.
@@ -315,7 +315,7 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
       sk::parallel::DataParallelOptions options;
       options.stage = stage;
       DataParallel dp(ctx, comm, specs, config, options);
-      const auto loaded = sk::io::load_checkpoint(dir, dp.training_state());
+      const auto loaded = sk::checkpoint::load_checkpoint(dir, dp.training_state());
       CHECK(loaded.world_size == 3);  // the shard group's size
       CHECK(loaded.steps == 4);
       CHECK(bitwise_equal(all_params(dp, ctx), saved));

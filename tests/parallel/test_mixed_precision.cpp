@@ -15,7 +15,7 @@
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
-#include "shardkit/io/checkpoint.hpp"
+#include "shardkit/checkpoint/training_checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/parallel/data_parallel.hpp"
@@ -312,9 +312,9 @@ TEST_CASE("checkpoints move between precisions: masters are f32, compute copies 
     }
     engine.finish();
     engine.step(0.01f);
-    sk::io::CheckpointOptions o;
-    o.layout = sk::io::CheckpointLayout::sharded;
-    sk::io::save_checkpoint(dir.string(), engine.training_state(), o);
+    sk::checkpoint::CheckpointOptions o;
+    o.layout = sk::checkpoint::CheckpointLayout::sharded;
+    sk::checkpoint::save_checkpoint(dir.string(), engine.training_state(), o);
     auto masters = gather_masters(ctx, comm, engine.optimizer());
     if (comm.rank() == 0) saved_masters = std::move(masters);
   });
@@ -324,7 +324,7 @@ TEST_CASE("checkpoints move between precisions: masters are f32, compute copies 
       options.stage = Stage::sdp;
       options.precision = precision;
       DataParallel dp(ctx, comm, specs, config_for(OptimizerKind::adamw), options);
-      (void)sk::io::load_checkpoint(dir.string(), dp.training_state());
+      (void)sk::checkpoint::load_checkpoint(dir.string(), dp.training_state());
       const auto masters = gather_masters(ctx, comm, dp.optimizer());
       if (comm.rank() != 0) return;
       CHECK(bitwise_equal(masters, saved_masters));
@@ -447,11 +447,11 @@ TEST_CASE("the loss scaler's state travels with the checkpoint") {
     scaler.load(512, 7);
     auto state = dp.training_state();
     state.scaler = &scaler;
-    sk::io::save_checkpoint(dir.string(), state);
+    sk::checkpoint::save_checkpoint(dir.string(), state);
     sk::optim::DynamicLossScaler fresh;
     auto again = dp.training_state();
     again.scaler = &fresh;
-    (void)sk::io::load_checkpoint(dir.string(), again);
+    (void)sk::checkpoint::load_checkpoint(dir.string(), again);
     CHECK(fresh.scale() == 512);
     CHECK(fresh.growth_tracker() == 7);
   });

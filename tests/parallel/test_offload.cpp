@@ -15,7 +15,7 @@
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
-#include "shardkit/io/checkpoint.hpp"
+#include "shardkit/checkpoint/training_checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/parallel/fsdp_engine.hpp"
@@ -125,7 +125,7 @@ Outcome train(const Run& run) {
     if (!run.load_from.empty()) {
       auto state = model.training_state();
       state.scaler = &scaler;
-      (void)sk::io::load_checkpoint(run.load_from, state);
+      (void)sk::checkpoint::load_checkpoint(run.load_from, state);
     }
     const sk::Shape shape = run.resnet ? sk::Shape{3, 3, 8, 8} : sk::Shape{6, 12};
     const std::int64_t classes = run.resnet ? 5 : 7;
@@ -161,7 +161,7 @@ Outcome train(const Run& run) {
     auto state = sk::optim::consolidate_optimizer_state(optimizer, *training.comm, 0);
     if (!run.save_to.empty()) {
       training.scaler = &scaler;
-      sk::io::save_checkpoint(run.save_to, training);
+      sk::checkpoint::save_checkpoint(run.save_to, training);
     }
     std::vector<float> values;
     if (run.stage == Stage::fsdp) {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dp_test_model.hpp"
-#include "shardkit/io/optimizer_state_file.hpp"
+#include "shardkit/checkpoint/optimizer_state_file.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 
 namespace sk = shardkit;
@@ -148,8 +148,8 @@ TEST_CASE("the consolidated state survives a safetensors file, and a job resumes
     const Job oss3{3, Stage::oss, PartitionKind::greedy};
     const auto whole = run(oss3, kind, 0, 14, nullptr);
     auto half = run(oss3, kind, 0, 10, nullptr);
-    sk::io::save_optimizer_state(path, half.state);
-    const auto loaded = sk::io::load_optimizer_state(path);
+    sk::checkpoint::save_optimizer_state(path, half.state);
+    const auto loaded = sk::checkpoint::load_optimizer_state(path);
     CHECK(states_equal(loaded, half.state, 0));
     half.state = loaded;
     const auto resumed = run({2, Stage::sdp, PartitionKind::flat}, kind, 10, 4, &half);
@@ -163,9 +163,9 @@ TEST_CASE("the consolidated state survives a safetensors file, and a job resumes
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     DataParallel dp(ctx, comm, model_specs(), config);
     auto state = dp.consolidate_optimizer_state(0);
-    if (comm.rank() == 0) sk::io::save_optimizer_state(path, state);
+    if (comm.rank() == 0) sk::checkpoint::save_optimizer_state(path, state);
     comm.barrier();
-    const auto loaded = sk::io::load_optimizer_state(path);
+    const auto loaded = sk::checkpoint::load_optimizer_state(path);
     CHECK(loaded.params.size() == 8);
     CHECK(loaded.params[1].shape == sk::Shape{64, 37});
     CHECK(loaded.params[1].buffers.empty());

@@ -15,8 +15,8 @@
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
+#include "shardkit/checkpoint/training_checkpoint.hpp"
 #include "shardkit/cuda.hpp"
-#include "shardkit/io/checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
 #include "shardkit/shardkit.hpp"
@@ -134,7 +134,8 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
         o.fsdp.wrap.unit_paths = {"0", "3"};
         o.offload = offload;
         sk::parallel::ShardedModule model(ctx, comm, net, config, o);
-        if (!load_from.empty()) (void)sk::io::load_checkpoint(load_from, model.training_state());
+        if (!load_from.empty())
+          (void)sk::checkpoint::load_checkpoint(load_from, model.training_state());
         for (int s = 0; s < steps; ++s) {
           model.zero_grad();
           auto b = module_test::batch(ctx, {6, 12}, 7, comm.rank(), s);
@@ -146,9 +147,9 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
         if (comm.rank() == 0 && host_memory != nullptr)
           *host_memory = model.training_state().optimizer->host_context().memory_stats().snapshot();
         if (!save_to.empty()) {
-          sk::io::CheckpointOptions c;
-          c.layout = sk::io::CheckpointLayout::sharded;
-          sk::io::save_checkpoint(save_to, model.training_state(), c);
+          sk::checkpoint::CheckpointOptions c;
+          c.layout = sk::checkpoint::CheckpointLayout::sharded;
+          sk::checkpoint::save_checkpoint(save_to, model.training_state(), c);
         }
         std::vector<float> values;
         if (stage == Stage::fsdp) {

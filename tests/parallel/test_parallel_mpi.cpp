@@ -15,10 +15,10 @@
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
+#include "shardkit/checkpoint/training_checkpoint.hpp"
 #include "shardkit/comm/hybrid_mesh.hpp"
 #include "shardkit/comm/mpi_communicator.hpp"
 #include "shardkit/core/mpi_check.hpp"
-#include "shardkit/io/checkpoint.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/data_parallel.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
@@ -187,7 +187,7 @@ std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int 
   options.buckets.bucket_bytes = 4096;
   options.fsdp.wrap.unit_paths = {"0", "3"};
   sk::parallel::ShardedModule model(ctx, *comm, net, dp_test::config_for(kind), options);
-  if (!load_from.empty()) (void)sk::io::load_checkpoint(load_from, model.training_state());
+  if (!load_from.empty()) (void)sk::checkpoint::load_checkpoint(load_from, model.training_state());
   for (int s = 0; s < steps; ++s) {
     model.zero_grad();
     auto b = module_test::batch(ctx, {6, 12}, 7, comm->rank(), s);
@@ -195,9 +195,9 @@ std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int 
     model.step(dp_test::lr_at(kind, s));
   }
   if (!save_to.empty()) {
-    sk::io::CheckpointOptions o;
-    o.layout = sk::io::CheckpointLayout::sharded;
-    sk::io::save_checkpoint(save_to, model.training_state(), o);
+    sk::checkpoint::CheckpointOptions o;
+    o.layout = sk::checkpoint::CheckpointLayout::sharded;
+    sk::checkpoint::save_checkpoint(save_to, model.training_state(), o);
   }
   if (stage != Stage::fsdp) return module_test::module_values(ctx, *net);
   auto full = model.fsdp().full_params();

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "shardkit/comm/run_ranks.hpp"
-#include "shardkit/shard/reduce_scatter_coalescer.hpp"
+#include "shardkit/parallel/reduce_scatter_coalescer.hpp"
 
 namespace sk = shardkit;
 
@@ -44,7 +44,7 @@ TEST_CASE("coalesced reduce-scatters equal the separate calls, in fewer collecti
     }
     comm.reset_stats();
     // Room for about three calls' bytes: the sends go out in two batches.
-    sk::shard::ReduceScatterCoalescer coalescer(ctx, comm, 3 * 14 * 4);
+    sk::parallel::ReduceScatterCoalescer coalescer(ctx, comm, 3 * 14 * 4);
     std::vector<sk::comm::Work> works;
     for (int k = 0; k < calls; ++k)
       works.push_back(coalescer.submit(sends[static_cast<std::size_t>(k)],
@@ -62,7 +62,7 @@ TEST_CASE("coalesced reduce-scatters equal the separate calls, in fewer collecti
 
 TEST_CASE("a coalescer flushes on demand, and on a change of reduction or dtype") {
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::shard::ReduceScatterCoalescer coalescer(ctx, comm, 1 << 20);
+    sk::parallel::ReduceScatterCoalescer coalescer(ctx, comm, 1 << 20);
     const std::vector<std::size_t> counts = {2, 2};
     auto send = sk::full(ctx, {4}, sk::DType::f32, 1.0 + comm.rank());
     auto a = sk::zeros(ctx, {2}, sk::DType::f32), b = sk::zeros(ctx, {2}, sk::DType::f32);

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "shardkit/shard/flat_buffer.hpp"
+#include "shardkit/parallel/flat_buffer.hpp"
 
 namespace sk = shardkit;
 using sk::shard::ParamLayout;
@@ -53,8 +53,8 @@ TEST_CASE("bad layouts are refused with the name and the fix") {
 TEST_CASE("a flat buffer hands out views of one allocation; padding is zero") {
   sk::Context ctx({.seed = 3});
   ParamLayout layout({{"w", {5, 3}}, {"b", {5}}, {"s", {1}}});
-  sk::shard::FlatBuffer params(ctx, layout, sk::DType::f32, sk::MemoryCategory::parameters);
-  sk::shard::FlatBuffer grads(ctx, layout, sk::DType::f32, sk::MemoryCategory::gradients);
+  sk::parallel::FlatBuffer params(ctx, layout, sk::DType::f32, sk::MemoryCategory::parameters);
+  sk::parallel::FlatBuffer grads(ctx, layout, sk::DType::f32, sk::MemoryCategory::gradients);
   CHECK(ctx.memory_stats().current(sk::MemoryCategory::parameters) == 4 * layout.padded_numel());
   CHECK(ctx.memory_stats().current(sk::MemoryCategory::gradients) == 4 * layout.padded_numel());
   for (std::size_t i = 0; i < params.size(); ++i) {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "fixtures.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/comm/run_ranks.hpp"
-#include "shardkit/io/safetensors.hpp"
 #include "swav_config.hpp"
 #include "swav_loss.hpp"
 
@@ -54,20 +54,21 @@ constexpr const char* kPoolOps = R"([
 constexpr const char* kMorePoolOps = R"([["res5", ["AdaptiveAvgPool2d", [[3, 2]]]],
   ["res4", ["AvgPool2d", [[4, 4]]]]])";
 
-void write_pooling(std::vector<sk::io::NamedBytes>& out) {
+void write_pooling(std::vector<sk::checkpoint::NamedBytes>& out) {
   sk::Context host({.seed = 23});
   const std::int64_t n = 2, c = 3, h = 5, w = 7;
   auto x = sk::empty(host, {n, c, h, w}, sk::DType::f32);
   sk::normal_(host, x, 0, 1);
-  out.push_back(sk::io::host_bytes(host, "pool.x", x));
+  out.push_back(sk::checkpoint::host_bytes(host, "pool.x", x));
   const auto values = sk::to_vector<float>(host, x);
   int index = 0;
   for (const char* ops : {kPoolOps, kMorePoolOps})
     for (const auto& pool : swav::detail::read_feature_pools(YAML::Load(ops), "fixture")) {
       std::vector<float> pooled(static_cast<std::size_t>(n * pool.features(c, h, w)));
       pool.apply(values.data(), n, c, h, w, pooled.data());
-      out.push_back(sk::io::host_bytes(host, key("pool", std::to_string(index++).c_str()),
-                                       sk::from_vector(host, pooled, {n, pool.features(c, h, w)})));
+      out.push_back(
+          sk::checkpoint::host_bytes(host, key("pool", std::to_string(index++).c_str()),
+                                     sk::from_vector(host, pooled, {n, pool.features(c, h, w)})));
     }
 }
 
@@ -79,7 +80,7 @@ int fixture_main(int argc, char** argv) {
     return 2;
   }
   try {
-    std::vector<sk::io::NamedBytes> out;
+    std::vector<sk::checkpoint::NamedBytes> out;
     std::mutex lock;
     for (int world : {1, 4}) {
       for (std::int64_t queue : {std::int64_t{0}, kQueue}) {
@@ -87,7 +88,7 @@ int fixture_main(int argc, char** argv) {
         name.append(std::to_string(world)).append(queue ? "q" : "");
         sk::Context host({.seed = 17});
         const auto protos = unit_rows(host, kPrototypes, kDim);
-        out.push_back(sk::io::host_bytes(host, key(name, "prototypes"), protos));
+        out.push_back(sk::checkpoint::host_bytes(host, key(name, "prototypes"), protos));
         sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
           sk::Context data({.seed = 100 + static_cast<std::uint64_t>(comm.rank())});
           ag::Variable z(sk::to_device(ctx, unit_rows(data, kCrops * kBatch, kDim), ctx.device()),
@@ -107,18 +108,21 @@ int fixture_main(int argc, char** argv) {
             // hand the fixture the start VISSL's formula gives (regenerated).
             swav::SwavLoss fresh(config, kDim, kPrototypes, comm.rank(), 3);
             out.push_back(
-                sk::io::host_bytes(ctx, key(name, "queue", comm.rank()),
-                                   sk::from_vector(ctx, fresh.queue(), {2, queue, kDim})));
+                sk::checkpoint::host_bytes(ctx, key(name, "queue", comm.rank()),
+                                           sk::from_vector(ctx, fresh.queue(), {2, queue, kDim})));
           }
-          out.push_back(sk::io::host_bytes(ctx, key(name, "z", comm.rank()), z.data()));
-          out.push_back(sk::io::host_bytes(ctx, key(name, "loss", comm.rank()), loss.data()));
-          out.push_back(sk::io::host_bytes(ctx, key(name, "grad_z", comm.rank()), z.grad()));
-          out.push_back(sk::io::host_bytes(ctx, key(name, "grad_c", comm.rank()), c.grad()));
+          out.push_back(sk::checkpoint::host_bytes(ctx, key(name, "z", comm.rank()), z.data()));
+          out.push_back(
+              sk::checkpoint::host_bytes(ctx, key(name, "loss", comm.rank()), loss.data()));
+          out.push_back(
+              sk::checkpoint::host_bytes(ctx, key(name, "grad_z", comm.rank()), z.grad()));
+          out.push_back(
+              sk::checkpoint::host_bytes(ctx, key(name, "grad_c", comm.rank()), c.grad()));
         });
       }
     }
     write_pooling(out);
-    sk::io::save_safetensors(argv[1], out);
+    sk::checkpoint::save_safetensors(argv[1], out);
     std::printf("wrote %s (%zu tensors)\n", argv[1], out.size());
     return 0;
   } catch (const std::exception& e) {

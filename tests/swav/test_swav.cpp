@@ -17,7 +17,7 @@
 #include "loader.hpp"
 #include "multicrop.hpp"
 #include "shardkit/comm/run_ranks.hpp"
-#include "shardkit/io/stateful_sampler.hpp"
+#include "shardkit/data/stateful_sampler.hpp"
 #include "sinkhorn.hpp"
 #include "swav_config.hpp"
 #include "swav_loss.hpp"
@@ -390,8 +390,8 @@ TEST_CASE("the SwAV loss refuses bad settings by name") {
 
 namespace {
 
-sk::io::ImageDataset random_images(std::int64_t count, std::int64_t side) {
-  sk::io::ImageDataset d;
+sk::data::ImageDataset random_images(std::int64_t count, std::int64_t side) {
+  sk::data::ImageDataset d;
   d.count = count;
   d.rows = d.cols = side;
   const auto v = random_values(77, static_cast<std::size_t>(count * side * side), 0, 256);
@@ -414,7 +414,7 @@ std::vector<swav::MultiCropBatch> all_batches(swav::MultiCropLoader& loader, std
 TEST_CASE("multi-crop: a crop depends only on (seed, epoch, image, crop)") {
   const auto data = random_images(40, 28);
   swav::MultiCropConfig config;  // 2 x 24 + 4 x 12
-  sk::io::StatefulDistributedSampler sampler(40, 1, 0, 6, 5);
+  sk::data::StatefulDistributedSampler sampler(40, 1, 0, 6, 5);
   sampler.set_epoch(2);
   swav::MultiCropLoader one(data, config, 5, 1, 1), three(data, config, 5, 3, 4);
   const auto a = all_batches(one, 2, sampler.indices(), 6);

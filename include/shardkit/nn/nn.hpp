@@ -1,7 +1,7 @@
 // The module layer: Module, layers, Sequential with checkpointed segments, the MLP head, ResNet.
 #pragma once
 
-#include "shardkit/nn/checkpoint.hpp"
+#include "shardkit/nn/activation_checkpoint.hpp"
 #include "shardkit/nn/init.hpp"
 #include "shardkit/nn/layers.hpp"
 #include "shardkit/nn/module.hpp"

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "shardkit/nn/checkpoint.hpp"
+#include "shardkit/nn/activation_checkpoint.hpp"
 #include "shardkit/nn/layers.hpp"
 #include "shardkit/nn/module.hpp"
 

@@ -37,12 +37,12 @@
 #include "shardkit/optim/optimizer_state.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
+#include "shardkit/parallel/grad_bucketer.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/parallel/training_state.hpp"
-#include "shardkit/shard/grad_bucketer.hpp"
 
 namespace shardkit::parallel {
 
@@ -51,10 +51,10 @@ struct DataParallelOptions {
   // The even flat split (padded, FSDP-style) holds exactly 1/N of the state on every rank;
   // greedy keeps whole parameters per rank (FairScale's OSS) at a cost on the most loaded.
   shard::PartitionKind partition = shard::PartitionKind::flat;
-  shard::BucketerOptions buckets;  // grad_dtype and wire_dtype follow `precision` when it is on
-  bool broadcast_fp16 = false;     // oss/sdp, f32: parameters travel as f16 after the step
-  MixedPrecision precision;        // off (f32) by default
-  OffloadOptions offload;          // optimizer: master, state and step on the host (offload.hpp)
+  parallel::BucketerOptions buckets;  // grad_dtype and wire_dtype follow `precision` when it is on
+  bool broadcast_fp16 = false;        // oss/sdp, f32: parameters travel as f16 after the step
+  MixedPrecision precision;           // off (f32) by default
+  OffloadOptions offload;             // optimizer: master, state and step on the host (offload.hpp)
 };
 
 class DataParallel {
@@ -80,8 +80,8 @@ class DataParallel {
         group_(ctx, comm, specs, options.partition, Residency::replicated,
                options_.precision.param_dtype, replicas),
         bucketer_(ctx, comm, group_.plan(),
-                  options.stage == Stage::sdp ? shard::GradSync::reduce_scatter
-                                              : shard::GradSync::all_reduce,
+                  options.stage == Stage::sdp ? parallel::GradSync::reduce_scatter
+                                              : parallel::GradSync::all_reduce,
                   options_.buckets, nullptr, replicas),
         table_(shard::PieceTable::of_plan(group_.plan(), options.stage == Stage::ddp)),
         pieces_(group_.updated_pieces(options.stage == Stage::ddp)),
@@ -98,7 +98,7 @@ class DataParallel {
 
   Stage stage() const { return options_.stage; }
   const shard::ShardPlan& plan() const { return group_.plan(); }
-  const shard::FlatBuffer& params() const { return group_.params(); }
+  const parallel::FlatBuffer& params() const { return group_.params(); }
   const Tensor& param(std::size_t i) const { return group_.param(i); }
   // The ranks this engine shards over (the shard group under hybrid sharding).
   comm::Communicator& communicator() const { return *comm_; }
@@ -131,18 +131,18 @@ class DataParallel {
   void ready(std::size_t i) { bucketer_.ready(i); }
   void finish() { bucketer_.finish(); }
   void zero_grad() { bucketer_.zero_grad(); }
-  shard::GradBucketer& bucketer() { return bucketer_; }
+  parallel::GradBucketer& bucketer() { return bucketer_; }
 
   // Gradient accumulation: while the returned scope lives, backwards accumulate locally.
   class NoSync {
    public:
-    explicit NoSync(shard::GradBucketer& b) : bucketer_(&b) { bucketer_->set_sync(false); }
+    explicit NoSync(parallel::GradBucketer& b) : bucketer_(&b) { bucketer_->set_sync(false); }
     ~NoSync() { bucketer_->set_sync(true); }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
 
    private:
-    shard::GradBucketer* bucketer_;
+    parallel::GradBucketer* bucketer_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(bucketer_); }
 
@@ -256,7 +256,7 @@ class DataParallel {
   comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
   DataParallelOptions options_;
   FlatParamGroup group_;
-  shard::GradBucketer bucketer_;
+  parallel::GradBucketer bucketer_;
   shard::PieceTable table_;
   std::vector<shard::ParamPiece> pieces_;  // what this rank updates, in table order
   std::unique_ptr<Context> host_;          // offload: where the optimizer lives (else null)

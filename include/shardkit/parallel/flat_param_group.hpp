@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
-#include "shardkit/shard/flat_buffer.hpp"
+#include "shardkit/parallel/flat_buffer.hpp"
 #include "shardkit/shard/shard_plan.hpp"
 
 namespace shardkit::parallel {
@@ -99,7 +99,7 @@ class FlatParamGroup {
   FlatParamGroup& operator=(const FlatParamGroup&) = delete;
 
   const shard::ShardPlan& plan() const { return plan_; }
-  const shard::FlatBuffer& params() const { return params_; }
+  const parallel::FlatBuffer& params() const { return params_; }
   const Tensor& param(std::size_t i) const { return params_[i]; }
 
   // The pieces this rank updates: every trainable parameter when `replicated` (DDP), else the
@@ -217,7 +217,7 @@ class FlatParamGroup {
   comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
   Residency residency_;
   shard::ShardPlan plan_;
-  shard::FlatBuffer params_;
+  parallel::FlatBuffer params_;
   Tensor shard_;  // sharded residency: this rank's range, the master copy
 };
 

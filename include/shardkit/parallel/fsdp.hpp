@@ -40,8 +40,8 @@ namespace shardkit::parallel {
 struct FsdpOptions {
   FsdpWrapPolicy wrap;
   bool reshard_after_forward = true;
-  int prefetch = 1;                // units gathered ahead, forward and backward (0: none)
-  shard::BucketerOptions buckets;  // per unit: bucket_bytes, wire (reduce) dtype, in flight
+  int prefetch = 1;                   // units gathered ahead, forward and backward (0: none)
+  parallel::BucketerOptions buckets;  // per unit: bucket_bytes, wire (reduce) dtype, in flight
   // Buckets smaller than this, of any unit, are reduce-scattered together (FairScale's
   // bucket_cap_mb; 4 MiB here, see kDefaultCoalesceBytes); 0: each alone.
   std::size_t coalesce_bytes = kDefaultCoalesceBytes;

@@ -42,11 +42,11 @@
 #include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/flat_param_group.hpp"
+#include "shardkit/parallel/grad_bucketer.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/training_state.hpp"
-#include "shardkit/shard/grad_bucketer.hpp"
 #include "shardkit/shard/piece_table.hpp"
 
 namespace shardkit::parallel {
@@ -65,7 +65,7 @@ struct FsdpUnitParams {
 inline constexpr std::size_t kDefaultCoalesceBytes = std::size_t{4} << 20;
 
 struct FsdpEngineOptions {
-  shard::BucketerOptions buckets;  // per unit (grad_dtype and wire_dtype follow `precision`)
+  parallel::BucketerOptions buckets;  // per unit (grad_dtype and wire_dtype follow `precision`)
   // FairScale's bucket_cap_mb: gradient buckets smaller than this, of any unit, are
   // reduce-scattered together up to this size (one collective for many small units); 0 sends
   // each bucket alone.
@@ -100,14 +100,14 @@ class FsdpEngine {
     validate(options.precision);
     validate(options.offload, Stage::fsdp);
     Context* shard_home = options.offload.params ? host_.get() : nullptr;
-    shard::BucketerOptions buckets = options.buckets;
+    parallel::BucketerOptions buckets = options.buckets;
     if (options.precision.enabled() || options.precision.reduce_dtype != DType::f32) {
       buckets.grad_dtype = options.precision.param_dtype;
       buckets.wire_dtype = options.precision.reduce_dtype;
     }
     if (options.coalesce_bytes > 0)
       coalescer_ =
-          std::make_unique<shard::ReduceScatterCoalescer>(ctx, comm, options.coalesce_bytes);
+          std::make_unique<parallel::ReduceScatterCoalescer>(ctx, comm, options.coalesce_bytes);
     std::vector<Tensor> piece_params;
     for (auto& spec : units) {
       check(!spec.params.empty(), "FSDP unit '", spec.name,
@@ -121,9 +121,9 @@ class FsdpEngine {
       unit->group = std::make_unique<FlatParamGroup>(
           ctx, comm, spec.params, shard::PartitionKind::flat, Residency::sharded,
           options.precision.param_dtype, replicas, shard_home);
-      unit->bucketer = std::make_unique<shard::GradBucketer>(ctx, comm, unit->group->plan(),
-                                                             shard::GradSync::reduce_scatter,
-                                                             buckets, coalescer_.get(), replicas);
+      unit->bucketer = std::make_unique<parallel::GradBucketer>(
+          ctx, comm, unit->group->plan(), parallel::GradSync::reduce_scatter, buckets,
+          coalescer_.get(), replicas);
       unit->pieces = unit->group->updated_pieces(false);
       unit->first_piece = piece_grads_.size();
       table_.append_plan(unit->group->plan(), false);
@@ -371,7 +371,7 @@ class FsdpEngine {
     std::size_t first_param = 0;
     std::size_t first_piece = 0;  // its pieces' first index in the optimizer's piece list
     std::unique_ptr<FlatParamGroup> group;
-    std::unique_ptr<shard::GradBucketer> bucketer;
+    std::unique_ptr<parallel::GradBucketer> bucketer;
     std::vector<shard::ParamPiece> pieces;
     std::vector<bool> ready;
     std::size_t ready_count = 0;
@@ -430,7 +430,7 @@ class FsdpEngine {
   comm::Communicator* replicas_;   // hybrid sharding's other groups (nullptr: none)
   std::unique_ptr<Context> host_;  // offload: the host side (else null); before the units
   shard::PieceTable table_;
-  std::unique_ptr<shard::ReduceScatterCoalescer> coalescer_;  // before the units' bucketers
+  std::unique_ptr<parallel::ReduceScatterCoalescer> coalescer_;  // before the units' bucketers
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<ParamIndex> index_;
   std::vector<Tensor> piece_grads_;

@@ -55,7 +55,7 @@ struct MemoryPlanOptions {
   optim::OptimizerConfig optimizer;
   MixedPrecision precision;                                     // off: f32
   shard::PartitionKind partition = shard::PartitionKind::flat;  // ddp/oss/sdp
-  shard::BucketerOptions buckets;
+  parallel::BucketerOptions buckets;
   bool broadcast_fp16 = false;  // oss/sdp, f32
   // fsdp: the units as lists of parameter indices (spec order; every trainable parameter in
   // exactly one unit, frozen ones in none). Empty: one unit of every trainable parameter.
@@ -142,7 +142,7 @@ inline std::int64_t largest_bucket(const shard::BucketPlan& buckets) {
 
 // The bucketer's transient buffers for one plan on `rank`.
 inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool reduce_scatter,
-                                      const shard::BucketerOptions& o, DType grad, DType wire) {
+                                      const parallel::BucketerOptions& o, DType grad, DType wire) {
   const std::int64_t in_flight = o.max_in_flight + 1;  // in flight, plus the one being filled
   const std::int64_t largest = largest_bucket(buckets);
   std::int64_t per_bucket = 0;

@@ -37,7 +37,7 @@ struct ShardedModuleOptions {
   // oss/sdp: the even flat split (padded, FSDP-style) holds exactly 1/N of the state on every
   // rank; greedy keeps whole parameters per rank (FairScale's OSS) at a cost on the most loaded.
   shard::PartitionKind partition = shard::PartitionKind::flat;
-  shard::BucketerOptions buckets;
+  parallel::BucketerOptions buckets;
   bool broadcast_buffers = true;
   bool broadcast_fp16 = false;  // oss/sdp: updated parameters travel as f16
   FsdpOptions fsdp;             // fsdp: units, resharding, prefetch (its buckets: `buckets`)

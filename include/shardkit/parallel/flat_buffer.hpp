@@ -8,7 +8,7 @@
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/shard/param_layout.hpp"
 
-namespace shardkit::shard {
+namespace shardkit::parallel {
 
 class FlatBuffer {
  public:
@@ -17,7 +17,7 @@ class FlatBuffer {
   // Allocates layout.padded_numel() elements on the context's device, counted under
   // `category`. The padding between parameters is zeroed so whole-buffer reductions (norms,
   // all-reduces) see no garbage.
-  FlatBuffer(Context& ctx, const ParamLayout& layout, DType dtype, MemoryCategory category)
+  FlatBuffer(Context& ctx, const shard::ParamLayout& layout, DType dtype, MemoryCategory category)
       : layout_(&layout), flat_(empty(ctx, {layout.padded_numel()}, dtype, category)) {
     fill(ctx, flat_, 0.0);
     views_.reserve(layout.size());
@@ -26,7 +26,7 @@ class FlatBuffer {
   }
 
   bool defined() const { return flat_.defined(); }
-  const ParamLayout& layout() const { return *layout_; }
+  const shard::ParamLayout& layout() const { return *layout_; }
   const Tensor& flat() const { return flat_; }  // the whole buffer, 1-D
   const Tensor& operator[](std::size_t i) const { return views_[i]; }
   const Tensor& at(const std::string& name) const { return views_[layout_->index_of(name)]; }
@@ -37,9 +37,9 @@ class FlatBuffer {
   Tensor range(std::int64_t begin, std::int64_t end) const { return flat_.slice(0, begin, end); }
 
  private:
-  const ParamLayout* layout_ = nullptr;  // the layout outlives its buffers
+  const shard::ParamLayout* layout_ = nullptr;  // the layout outlives its buffers
   Tensor flat_;
   std::vector<Tensor> views_;
 };
 
-}  // namespace shardkit::shard
+}  // namespace shardkit::parallel

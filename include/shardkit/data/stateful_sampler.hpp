@@ -15,7 +15,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/philox.hpp"
 
-namespace shardkit::io {
+namespace shardkit::data {
 
 class StatefulDistributedSampler {
  public:
@@ -73,4 +73,4 @@ class StatefulDistributedSampler {
   std::int64_t start_iter_ = 0;
 };
 
-}  // namespace shardkit::io
+}  // namespace shardkit::data

@@ -51,7 +51,7 @@
 #include "shardkit/core/tensor.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 
-namespace shardkit::io {
+namespace shardkit::checkpoint {
 
 // One tensor of a safetensors file, on the host.
 struct NamedBytes {
@@ -671,4 +671,4 @@ inline SafetensorsContents load_safetensors(const std::string& path) {
   return out;
 }
 
-}  // namespace shardkit::io
+}  // namespace shardkit::checkpoint

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/io/idx_file.hpp"
+#include "shardkit/data/idx_file.hpp"
 
-namespace shardkit::io {
+namespace shardkit::data {
 
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
@@ -58,4 +58,4 @@ inline ImageDataset load_fashion_mnist(const std::string& split,
   return dataset;
 }
 
-}  // namespace shardkit::io
+}  // namespace shardkit::data

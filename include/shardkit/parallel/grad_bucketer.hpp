@@ -37,10 +37,10 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
+#include "shardkit/parallel/reduce_scatter_coalescer.hpp"
 #include "shardkit/shard/bucket_plan.hpp"
-#include "shardkit/shard/reduce_scatter_coalescer.hpp"
 
-namespace shardkit::shard {
+namespace shardkit::parallel {
 
 enum class GradSync { all_reduce, reduce_scatter };
 
@@ -76,7 +76,7 @@ class GradSyncStrategy {
   virtual void launch(std::size_t b, BucketState& state) = 0;
   virtual void complete(std::size_t b, BucketState& state) = 0;
   // The averaged gradient of a piece this rank updates (after the backward is finished).
-  virtual Tensor piece_grad(const ParamPiece& piece) const = 0;
+  virtual Tensor piece_grad(const shard::ParamPiece& piece) const = 0;
   // Clears the gradients; afterwards a reduction lands in place again.
   virtual void zero(std::vector<BucketState>& states) = 0;
   // Hybrid sharding: after every bucket completed, the exchange across groups (ReplicaSync).
@@ -156,8 +156,8 @@ class ReplicaSync {
 
 class AllReduceGrads final : public GradSyncStrategy {
  public:
-  AllReduceGrads(Context& ctx, comm::Communicator& comm, const BucketPlan& plan, DType grad_dtype,
-                 DType wire_dtype, comm::Communicator* replicas)
+  AllReduceGrads(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
+                 DType grad_dtype, DType wire_dtype, comm::Communicator* replicas)
       : ctx_(&ctx),
         comm_(&comm),
         replicas_(comm, replicas, plan.buckets().size()),
@@ -172,7 +172,7 @@ class AllReduceGrads final : public GradSyncStrategy {
     return state.buffer.flat_view(at, shape);
   }
   void launch(std::size_t b, BucketState& state) override {
-    const GradBucket& bucket = plan_->buckets()[b];
+    const shard::GradBucket& bucket = plan_->buckets()[b];
     if (!holds_averages())
       state.buffer = full_.slice(0, bucket.base, bucket.base + bucket.numel);
     else if (!state.buffer.defined())
@@ -195,8 +195,8 @@ class AllReduceGrads final : public GradSyncStrategy {
   void exchange_replicas() override {
     replicas_.exchange(*ctx_, [&](std::size_t b, const Tensor& part) { merge(b, part); });
   }
-  Tensor piece_grad(const ParamPiece& piece) const override {
-    const GradBucket& bucket = plan_->buckets()[plan_->bucket_of(piece.param)];
+  Tensor piece_grad(const shard::ParamPiece& piece) const override {
+    const shard::GradBucket& bucket = plan_->buckets()[plan_->bucket_of(piece.param)];
     const std::int64_t at = bucket.base + plan_->position_of(piece.param) + piece.param_begin;
     return full_.slice(0, at, at + piece.numel());
   }
@@ -209,7 +209,7 @@ class AllReduceGrads final : public GradSyncStrategy {
  private:
   // Bucket b's averaged gradients, `reduced`, into their place.
   void merge(std::size_t b, const Tensor& reduced) {
-    const GradBucket& bucket = plan_->buckets()[b];
+    const shard::GradBucket& bucket = plan_->buckets()[b];
     const Tensor target = full_.slice(0, bucket.base, bucket.base + bucket.numel);
     if (holds_averages())
       add_(*ctx_, target, reduced);
@@ -224,7 +224,7 @@ class AllReduceGrads final : public GradSyncStrategy {
   Context* ctx_;
   comm::Communicator* comm_;
   ReplicaSync replicas_;
-  const BucketPlan* plan_;
+  const shard::BucketPlan* plan_;
   DType grad_dtype_;
   DType wire_dtype_;
   Tensor full_;  // every gradient, bucket after bucket
@@ -232,7 +232,7 @@ class AllReduceGrads final : public GradSyncStrategy {
 
 class ReduceScatterGrads final : public GradSyncStrategy {
  public:
-  ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const BucketPlan& plan,
+  ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
                      DType grad_dtype, DType wire_dtype, ReduceScatterCoalescer* coalescer,
                      comm::Communicator* replicas)
       : ctx_(&ctx),
@@ -249,7 +249,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
     return state.buffer.flat_view(at, shape);
   }
   void launch(std::size_t b, BucketState& state) override {
-    const GradBucket& bucket = plan_->buckets()[b];
+    const shard::GradBucket& bucket = plan_->buckets()[b];
     if (!state.buffer.defined()) state.buffer = transient(b);  // nothing was asked: all zero
     const Tensor target = owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel);
     const Tensor& send =
@@ -266,7 +266,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
       comm::assign(state.work, comm_->reduce_scatter_v(send, recv, bucket.counts, op));
   }
   void complete(std::size_t b, BucketState& state) override {
-    const GradBucket& bucket = plan_->buckets()[b];
+    const shard::GradBucket& bucket = plan_->buckets()[b];
     const Tensor reduced = state.out.defined() ? state.out
                                                : owned_.slice(0, bucket.own_offset,
                                                               bucket.own_offset + bucket.own_numel);
@@ -278,7 +278,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   void exchange_replicas() override {
     replicas_.exchange(*ctx_, [&](std::size_t b, const Tensor& part) { merge(b, part); });
   }
-  Tensor piece_grad(const ParamPiece& piece) const override {
+  Tensor piece_grad(const shard::ParamPiece& piece) const override {
     const std::int64_t offset = plan_->owned_offset_of(piece);
     return owned_.slice(0, offset, offset + piece.numel());
   }
@@ -292,7 +292,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   // Bucket b's averaged part, `reduced`, into this rank's gradients (a reduction that landed
   // in place is already there).
   void merge(std::size_t b, const Tensor& reduced) {
-    const GradBucket& bucket = plan_->buckets()[b];
+    const shard::GradBucket& bucket = plan_->buckets()[b];
     if (reduced.numel() == 0) return;
     const Tensor target = owned_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel);
     if (reduced.data_ptr() == target.data_ptr()) return;
@@ -309,7 +309,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   Context* ctx_;
   comm::Communicator* comm_;
   ReplicaSync replicas_;
-  const BucketPlan* plan_;
+  const shard::BucketPlan* plan_;
   DType grad_dtype_;
   DType wire_dtype_;
   ReduceScatterCoalescer* coalescer_;  // small buckets go out with others (nullptr: alone)
@@ -321,7 +321,7 @@ class GradBucketer {
   // `coalescer` (reduce_scatter only, optional): buckets smaller than its capacity are reduced
   // together with other bucketers' (FSDP's many units). `replicas` (optional): hybrid
   // sharding's other groups, `comm` being this rank's shard group.
-  GradBucketer(Context& ctx, comm::Communicator& comm, const ShardPlan& plan, GradSync sync,
+  GradBucketer(Context& ctx, comm::Communicator& comm, const shard::ShardPlan& plan, GradSync sync,
                BucketerOptions options = {}, ReduceScatterCoalescer* coalescer = nullptr,
                comm::Communicator* replicas = nullptr)
       : plan_(&plan),
@@ -409,14 +409,15 @@ class GradBucketer {
 
   // The averaged gradient of a piece this rank updates (after finish()). all_reduce: any
   // piece; reduce_scatter: only pieces this rank owns.
-  Tensor piece_grad(const ParamPiece& piece) const { return strategy_->piece_grad(piece); }
+  Tensor piece_grad(const shard::ParamPiece& piece) const { return strategy_->piece_grad(piece); }
 
-  const BucketPlan& plan() const { return buckets_; }
+  const shard::BucketPlan& plan() const { return buckets_; }
   GradSync sync() const { return sync_; }
 
  private:
-  static const ShardPlan& checked_plan(const ShardPlan& plan, const comm::Communicator& comm,
-                                       const BucketerOptions& options) {
+  static const shard::ShardPlan& checked_plan(const shard::ShardPlan& plan,
+                                              const comm::Communicator& comm,
+                                              const BucketerOptions& options) {
     check(options.bucket_bytes > 0, "bucket size is 0 bytes; pass a positive size (PyTorch DDP ",
           "uses 25 MiB, FairScale SDP 2^23 elements)");
     check(options.grad_dtype == DType::f32 || options.grad_dtype == DType::f16 ||
@@ -441,7 +442,7 @@ class GradBucketer {
     return std::max<std::int64_t>(1, static_cast<std::int64_t>(options.bucket_bytes / 4));
   }
 
-  const ParamSlot& slot_of(std::size_t i, const char* call) const {
+  const shard::ParamSlot& slot_of(std::size_t i, const char* call) const {
     check(i < plan_->layout().size(), call, "(", i, "): no such parameter; there are ",
           plan_->layout().size());
     const auto& slot = plan_->layout()[i];
@@ -468,10 +469,10 @@ class GradBucketer {
     state.out = Tensor();
   }
 
-  const ShardPlan* plan_;
+  const shard::ShardPlan* plan_;
   GradSync sync_;
-  BucketPlan buckets_;
-  BucketSchedule schedule_;
+  shard::BucketPlan buckets_;
+  shard::BucketSchedule schedule_;
   std::vector<BucketState> states_;
   std::unique_ptr<GradSyncStrategy> strategy_;
   std::vector<bool> ready_;
@@ -479,4 +480,4 @@ class GradBucketer {
   bool finished_ = false;
 };
 
-}  // namespace shardkit::shard
+}  // namespace shardkit::parallel

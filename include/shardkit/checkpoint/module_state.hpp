@@ -9,11 +9,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/core/tensor_ops.hpp"
-#include "shardkit/io/safetensors.hpp"
 #include "shardkit/nn/module.hpp"
 
-namespace shardkit::io {
+namespace shardkit::checkpoint {
 
 inline void save_module(const std::string& path, Context& ctx, const nn::Module& module,
                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) {
@@ -72,4 +72,4 @@ inline LoadReport load_module(const std::string& path, Context& ctx, nn::Module&
   return report;
 }
 
-}  // namespace shardkit::io
+}  // namespace shardkit::checkpoint

@@ -31,10 +31,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "shardkit/io/optimizer_state_file.hpp"
-#include "shardkit/io/safetensors.hpp"
+#include "shardkit/checkpoint/optimizer_state_file.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
 
-namespace shardkit::io {
+namespace shardkit::checkpoint {
 
 enum class CheckpointLayout { full, sharded };
 
@@ -217,9 +217,9 @@ class CheckpointSource {
     layout_ = CheckpointLayout::full;
     const auto& model = open_file(kFullModelFile);
     const auto& optimizer = open_file(kFullOptimizerFile);
-    id_ = model.meta("shardkit.checkpoint", "it was not written by io::save_checkpoint");
+    id_ = model.meta("shardkit.checkpoint", "it was not written by checkpoint::save_checkpoint");
     const std::string& optimizer_id =
-        optimizer.meta("shardkit.checkpoint", "it was not written by io::save_checkpoint");
+        optimizer.meta("shardkit.checkpoint", "it was not written by checkpoint::save_checkpoint");
     const auto info = parse_optimizer_metadata(optimizer);
     steps_ = parse_count(model, "shardkit.steps");
     check<IoError>(optimizer_id == id_ && info.steps == steps_, "the checkpoint in '", dir_,
@@ -227,7 +227,7 @@ class CheckpointSource {
                    kFullOptimizerFile, " from save ", optimizer_id, " (step ", info.steps,
                    "); resume from a complete checkpoint");
     world_size_ = static_cast<int>(parse_count(model, "shardkit.world_size"));
-    stage_ = model.meta("shardkit.stage", "it was not written by io::save_checkpoint");
+    stage_ = model.meta("shardkit.stage", "it was not written by checkpoint::save_checkpoint");
     kind_ = info.kind;
     params_ = info.params;
     std::map<std::string, bool> trainable;
@@ -279,7 +279,8 @@ class CheckpointSource {
           files.size(), " of ", world, " shard files are there)");
     for (const auto& [rank, name] : files) {
       const auto& file = open_file(name);
-      const std::string& format = file.meta("format", "it was not written by io::save_checkpoint");
+      const std::string& format =
+          file.meta("format", "it was not written by checkpoint::save_checkpoint");
       check<IoError>(format == kShardedCheckpointFormat, "'", file.path(), "' holds '", format,
                      "', not a shard of a shardkit checkpoint (", kShardedCheckpointFormat, ")");
       const std::string& id = file.meta("shardkit.checkpoint", "its writer was interrupted?");
@@ -287,7 +288,7 @@ class CheckpointSource {
       if (rank == 0) {
         id_ = id;
         steps_ = steps;
-        stage_ = file.meta("shardkit.stage", "it was not written by io::save_checkpoint");
+        stage_ = file.meta("shardkit.stage", "it was not written by checkpoint::save_checkpoint");
         const auto info = parse_optimizer_metadata(file);
         kind_ = info.kind;
         params_ = info.params;
@@ -309,7 +310,7 @@ class CheckpointSource {
     std::map<std::string, Shape> shapes(params_.begin(), params_.end());
     try {
       for (const auto& entry : nlohmann::json::parse(
-               file.meta("pieces", "it was not written by io::save_checkpoint"))) {
+               file.meta("pieces", "it was not written by checkpoint::save_checkpoint"))) {
         const auto tensor = entry.at("tensor").get<std::string>();
         const TensorInfo* t = file.find(tensor);
         check<IoError>(t != nullptr, "'", file.path(), "' lists piece '", tensor,
@@ -354,4 +355,4 @@ class CheckpointSource {
   std::int64_t growth_tracker_ = 0;
 };
 
-}  // namespace shardkit::io
+}  // namespace shardkit::checkpoint

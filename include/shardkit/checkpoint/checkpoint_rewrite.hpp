@@ -31,10 +31,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "shardkit/io/checkpoint_source.hpp"
+#include "shardkit/checkpoint/checkpoint_source.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 
-namespace shardkit::io {
+namespace shardkit::checkpoint {
 
 namespace detail {
 
@@ -292,4 +292,4 @@ inline void checkpoint_from_torch(const std::string& model_path, const std::stri
   detail::remove_stale_files(to, CheckpointLayout::full, 0);
 }
 
-}  // namespace shardkit::io
+}  // namespace shardkit::checkpoint

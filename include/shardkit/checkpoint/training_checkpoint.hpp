@@ -34,12 +34,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardkit/checkpoint/checkpoint_source.hpp"
 #include "shardkit/comm/communicator.hpp"
-#include "shardkit/io/checkpoint_source.hpp"
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/parallel/training_state.hpp"
 
-namespace shardkit::io {
+namespace shardkit::checkpoint {
 
 struct CheckpointOptions {
   CheckpointLayout layout = CheckpointLayout::full;
@@ -424,4 +424,4 @@ inline LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::Traini
   return loaded;
 }
 
-}  // namespace shardkit::io
+}  // namespace shardkit::checkpoint

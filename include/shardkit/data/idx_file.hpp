@@ -10,7 +10,7 @@
 
 #include "shardkit/core/error.hpp"
 
-namespace shardkit::io {
+namespace shardkit::data {
 
 // An IDX array of unsigned bytes: dims (big-endian in the file) and the row-major data.
 struct IdxArray {
@@ -104,4 +104,4 @@ inline IdxArray read_idx(const std::string& path) {
   return array;
 }
 
-}  // namespace shardkit::io
+}  // namespace shardkit::data

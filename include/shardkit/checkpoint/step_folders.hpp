@@ -14,9 +14,9 @@
 #include <optional>
 #include <string>
 
-#include "shardkit/io/checkpoint.hpp"
+#include "shardkit/checkpoint/training_checkpoint.hpp"
 
-namespace shardkit::io {
+namespace shardkit::checkpoint {
 
 inline std::string step_folder_name(std::int64_t step) {
   char name[32];
@@ -100,4 +100,4 @@ inline std::string save_step_checkpoint(const std::string& dir, std::int64_t ste
   return folder.string();
 }
 
-}  // namespace shardkit::io
+}  // namespace shardkit::checkpoint

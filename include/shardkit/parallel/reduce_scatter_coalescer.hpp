@@ -23,7 +23,7 @@
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 
-namespace shardkit::shard {
+namespace shardkit::parallel {
 
 class ReduceScatterCoalescer {
  public:
@@ -158,4 +158,4 @@ class ReduceScatterCoalescer {
   std::shared_ptr<Batch> batch_;  // the calls held back
 };
 
-}  // namespace shardkit::shard
+}  // namespace shardkit::parallel

@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include "shardkit/io/safetensors.hpp"
+#include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/optim/optimizer_state.hpp"
 
-namespace shardkit::io {
+namespace shardkit::checkpoint {
 
 inline constexpr std::string_view kOptimizerStateFormat = "shardkit.optimizer_state.v1";
 
@@ -107,4 +107,4 @@ inline optim::OptimizerState load_optimizer_state(const std::string& path) {
   return state;
 }
 
-}  // namespace shardkit::io
+}  // namespace shardkit::checkpoint
