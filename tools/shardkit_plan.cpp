@@ -101,18 +101,19 @@ int main(int argc, char** argv) {
   }
 
   try {
-    par::MemoryPlanOptions o;
+    par::PlannedRun o;
     o.world_size = world;
     o.group_size = group;
     o.optimizer.kind = sk::optim::parse_optimizer_kind(optimizer);
     o.optimizer.sgd.momentum = 0.9f;
+    auto& parallel = o.parallel;
     if (precision != "f32") {
-      o.precision.param_dtype = precision == "bf16"  ? sk::DType::bf16
-                                : precision == "f16" ? sk::DType::f16
-                                                     : sk::DType::f32;
-      sk::check(o.precision.param_dtype != sk::DType::f32, "--precision '", precision,
+      parallel.precision.param_dtype = precision == "bf16"  ? sk::DType::bf16
+                                       : precision == "f16" ? sk::DType::f16
+                                                            : sk::DType::f32;
+      sk::check(parallel.precision.param_dtype != sk::DType::f32, "--precision '", precision,
                 "' is not one of f32, bf16, f16");
-      o.precision.reduce_dtype = sk::DType::f32;
+      parallel.precision.reduce_dtype = sk::DType::f32;
     }
     std::vector<par::Stage> stages;
     if (stage_name == "all")
@@ -123,14 +124,13 @@ int main(int argc, char** argv) {
     sk::Context ctx({.cpu_threads = 1});
     std::shared_ptr<sk::nn::ResNet> net;
     std::vector<sk::shard::ParamSpec> specs;
-    par::FsdpWrapPolicy wrap;
     par::ActivationProfile plain, checkpointed;
     if (is_resnet(model)) {
       net = build_resnet(ctx, model, image_size);
       specs = par::module_param_specs(*net);
       for (const auto& [name, child] : net->named_modules())
         if (name.rfind("layer", 0) == 0 && std::count(name.begin(), name.end(), '.') == 1)
-          wrap.unit_paths.push_back(name);
+          parallel.fsdp.wrap.unit_paths.push_back(name);
       std::fprintf(stderr, "profiling activations of %s at %lldx%lld on this CPU...\n",
                    model.c_str(), static_cast<long long>(image_size),
                    static_cast<long long>(image_size));
@@ -157,10 +157,10 @@ int main(int argc, char** argv) {
     if (device_gib > 0) std::printf(" %10s %10s", "max batch", "(ckpt)");
     std::printf("\n");
     for (auto stage : stages) {
-      o.stage = stage;
-      o.offload.optimizer = offload != "none";
-      o.offload.params = offload == "params" && stage == par::Stage::fsdp;
-      const auto options = net ? par::module_plan_options(*net, o, wrap) : o;
+      parallel.stage = stage;
+      parallel.offload.optimizer = offload != "none";
+      parallel.offload.params = offload == "params" && stage == par::Stage::fsdp;
+      const auto options = net ? par::module_planned_run(*net, o) : o;
       const auto plan = par::plan_memory(specs, options, plain, batch);
       const auto with_ckpt = par::plan_memory(specs, options, checkpointed, batch);
       std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s",

@@ -58,7 +58,7 @@ double median_step(const Config& config, const Workload& w, comm::RunRanksOption
         optim::OptimizerConfig optimizer;
         optimizer.kind = optim::OptimizerKind::sgd;
         optimizer.sgd.momentum = 0.9f;
-        parallel::ShardedModuleOptions s;
+        parallel::ParallelOptions s;
         s.stage = config.stage;
         s.fsdp.prefetch = config.prefetch;
         s.fsdp.reshard_after_forward = config.reshard;

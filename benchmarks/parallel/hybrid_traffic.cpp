@@ -60,9 +60,11 @@ Traffic measure(int world, int group) {
         sk::optim::OptimizerConfig config;
         config.kind = sk::optim::OptimizerKind::larc_sgd;
         config.sgd.momentum = 0.9f;
+        sk::parallel::ParallelOptions options;
+        options.stage = sk::parallel::Stage::fsdp;
         using Engine = sk::parallel::FsdpEngine;
-        auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, resnet50_units(), config)
-                           : std::make_unique<Engine>(ctx, comm, resnet50_units(), config);
+        auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, resnet50_units(), config, options)
+                           : std::make_unique<Engine>(ctx, comm, resnet50_units(), config, options);
         sk::comm::Communicator* inter = mesh ? mesh->replicate() : &comm;
         sk::comm::Communicator* intra = mesh ? &mesh->shard() : nullptr;
         if (inter != nullptr) inter->reset_stats();

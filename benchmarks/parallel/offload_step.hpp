@@ -62,7 +62,7 @@ struct Engine {
 
   Engine(Context& ctx, optim::OptimizerKind kind, DType precision, bool offload) {
     comm = comm::LocalCommunicator::single(ctx);
-    parallel::DataParallelOptions o;
+    parallel::ParallelOptions o;
     o.stage = parallel::Stage::ddp;
     o.precision = parallel::MixedPrecision::of(precision);
     o.offload.optimizer = offload;

@@ -68,7 +68,7 @@ Measured measure(Config config, sk::optim::OptimizerKind kind, int world, Batch 
     sk::optim::OptimizerConfig optimizer;
     optimizer.kind = kind;
     optimizer.sgd.momentum = 0.9f;
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = config.stage;
     options.broadcast_buffers = false;
     options.buckets.bucket_bytes = std::size_t{1} << 23;  // 8 MiB

@@ -194,19 +194,14 @@ int main(int argc, char** argv) {
 
     // --- the memory plan, before any state exists (parallel/memory_plan.hpp) -----------------
     const auto launch = sk::comm::detect_launch();
-    sk::parallel::MemoryPlanOptions plan_options;
-    plan_options.stage = options.stage;
-    plan_options.world_size = launch.size > 1 ? launch.size : setup.ranks;
-    plan_options.optimizer = optimizer;
-    plan_options.precision = options.precision;
-    plan_options.partition = options.partition;
-    plan_options.buckets = options.buckets;
-    plan_options.broadcast_fp16 = options.broadcast_fp16;
-    plan_options.offload = options.offload;
+    sk::parallel::PlannedRun run;
+    run.parallel = options;
+    run.world_size = launch.size > 1 ? launch.size : setup.ranks;
+    run.optimizer = optimizer;
     const auto specs = custom_loop::mlp_param_specs(setup.widths);
     for (std::size_t i = 0; i < specs.size(); i += 2)  // train.hpp's units: one per layer
-      plan_options.fsdp_units.push_back({i, i + 1});
-    const auto plan = sk::parallel::plan_memory(specs, plan_options);
+      run.fsdp_units.push_back({i, i + 1});
+    const auto plan = sk::parallel::plan_memory(specs, run);
     if (launch.rank == 0)
       std::printf(
           "memory plan per rank (MB): parameters %.2f, gradients %.2f, optimizer state "

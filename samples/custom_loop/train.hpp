@@ -39,7 +39,7 @@ struct Setup {
   const sk::data::ImageDataset* test = nullptr;
   std::vector<std::int64_t> widths;
   sk::optim::OptimizerConfig optimizer;
-  sk::parallel::DataParallelOptions parallel;  // .stage fsdp: FsdpEngine, its buckets
+  sk::parallel::ParallelOptions parallel;  // .stage fsdp: FsdpEngine, its buckets
   float lr = 0;
   int ranks = 1;  // threads of this process; ignored under mpirun
   int epochs = 1;
@@ -146,12 +146,8 @@ inline std::unique_ptr<sk::parallel::FsdpEngine> make_engine(
   std::vector<sk::parallel::FsdpUnitParams> units;  // unit l: fc(l+1).weight and .bias
   for (std::size_t i = 0; i < specs.size(); i += 2)
     units.push_back({"fc" + std::to_string(i / 2 + 1), {specs[i], specs[i + 1]}});
-  sk::parallel::FsdpEngineOptions options;
-  options.buckets = s.parallel.buckets;
-  options.precision = s.parallel.precision;
-  options.offload = s.parallel.offload;
-  auto fsdp =
-      std::make_unique<sk::parallel::FsdpEngine>(ctx, comm, std::move(units), s.optimizer, options);
+  auto fsdp = std::make_unique<sk::parallel::FsdpEngine>(ctx, comm, std::move(units), s.optimizer,
+                                                         s.parallel);
   fsdp->set_full_params(
       [&](std::size_t i, const sk::Tensor& view) { init_mlp_param(ctx, s.widths, i, view); });
   return fsdp;

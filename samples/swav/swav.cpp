@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
           config.depth, static_cast<long long>(config.base_channels), config.crops.total_crops(),
           world, launched ? "processes" : "threads", gpu ? "GPU" : "CPU",
           launched ? sk::default_cpu_threads() : sk::comm::cpu_threads_per_rank(world),
-          std::string(sk::parallel::stage_name(config.stage)).c_str(),
-          std::string(sk::dtype_name(config.precision.param_dtype)).c_str(),
+          std::string(sk::parallel::stage_name(config.parallel.stage)).c_str(),
+          std::string(sk::dtype_name(config.parallel.precision.param_dtype)).c_str(),
           config.sync_bn_group > 0
               ? (", SyncBatchNorm over " + std::to_string(config.sync_bn_group) + " ranks").c_str()
               : "",

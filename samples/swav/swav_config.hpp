@@ -16,9 +16,7 @@
 #include "lr_schedule.hpp"
 #include "multicrop.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
-#include "shardkit/parallel/mixed_precision.hpp"
-#include "shardkit/parallel/offload.hpp"
-#include "shardkit/parallel/stage.hpp"
+#include "shardkit/parallel/options.hpp"
 #include "swav_defaults.hpp"
 #include "swav_loss.hpp"
 
@@ -49,13 +47,11 @@ struct SwavConfig {
   bool regularize_bn = true, regularize_bias = true;
   // Parallelism and precision
   int ranks = 2;
-  shardkit::parallel::Stage stage = shardkit::parallel::Stage::ddp;
-  shardkit::parallel::MixedPrecision precision;
+  // The stage, precision, buckets, resharding and CPU offload (FSDP's move_grads_to_cpu /
+  // move_params_to_cpu), given as they are to the memory planner and the sharded module.
+  shardkit::parallel::ParallelOptions parallel;
   bool loss_scaling = false;  // f16: dynamic loss scaling
   std::int64_t fsdp_wrap_threshold = 0;
-  bool reshard_after_forward = true;
-  double bucket_cap_mb = 0;
-  shardkit::parallel::OffloadOptions offload;  // FSDP's move_grads_to_cpu / move_params_to_cpu
   // Loss
   SwavLossConfig loss;
   std::int64_t queue_length = 0;  // global, after VISSL's rounding
@@ -497,7 +493,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   if (sdp && fsdp)
     throw detail::bad("MODEL.SHARDED_DDP_SETUP.USE_SDP", "True",
                       "choose SDP or FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), not both");
-  s.stage = fsdp ? Stage::fsdp : sdp ? Stage::sdp : zero ? Stage::oss : Stage::ddp;
+  s.parallel.stage = fsdp ? Stage::fsdp : sdp ? Stage::sdp : zero ? Stage::oss : Stage::ddp;
   s.optimizer =
       detail::read_optimizer(c, opt_name == "zero" ? "OPTIMIZER.base_optimizer" : "OPTIMIZER");
   s.regularize_bn = c.get<bool>("OPTIMIZER.regularize_bn");
@@ -513,15 +509,17 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
     throw detail::bad("MODEL.FSDP_CONFIG.flatten_parameters", "False",
                       "shardkit's FSDP units are always flat parameters; set True");
   s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
-  s.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
-  s.bucket_cap_mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb");
+  s.parallel.fsdp.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
+  if (const double mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb"); mb > 0)
+    s.parallel.buckets.bucket_bytes = static_cast<std::size_t>(mb * (1 << 20));
   // CPU offload as FairScale's FSDP takes it (VISSL passes these keys through): gradient shards
   // to the CPU and the optimizer's state and step there; parameter shards too.
-  s.offload.params = c.get<bool>("MODEL.FSDP_CONFIG.move_params_to_cpu");
-  s.offload.optimizer = s.offload.params || c.get<bool>("MODEL.FSDP_CONFIG.move_grads_to_cpu");
-  if (s.offload.enabled() && s.stage != Stage::fsdp)
-    throw detail::bad(s.offload.params ? "MODEL.FSDP_CONFIG.move_params_to_cpu"
-                                       : "MODEL.FSDP_CONFIG.move_grads_to_cpu",
+  auto& offload = s.parallel.offload;
+  offload.params = c.get<bool>("MODEL.FSDP_CONFIG.move_params_to_cpu");
+  offload.optimizer = offload.params || c.get<bool>("MODEL.FSDP_CONFIG.move_grads_to_cpu");
+  if (offload.enabled() && s.parallel.stage != Stage::fsdp)
+    throw detail::bad(offload.params ? "MODEL.FSDP_CONFIG.move_params_to_cpu"
+                                     : "MODEL.FSDP_CONFIG.move_grads_to_cpu",
                       "True",
                       "CPU offload is an FSDP setting; set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True "
                       "as well");
@@ -537,10 +535,10 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
     const std::string dtype = c.get<std::string>("MODEL.AMP_PARAMS.COMPUTE_DTYPE");
     if (dtype != "float16" && dtype != "bfloat16")
       throw detail::bad("MODEL.AMP_PARAMS.COMPUTE_DTYPE", dtype, "use float16 or bfloat16");
-    s.precision =
+    s.parallel.precision =
         shardkit::parallel::MixedPrecision::of(dtype == "float16" ? DType::f16 : DType::bf16);
-    if (s.stage == Stage::fsdp && c.get<bool>("MODEL.FSDP_CONFIG.fp32_reduce_scatter"))
-      s.precision.reduce_dtype = DType::f32;
+    if (s.parallel.stage == Stage::fsdp && c.get<bool>("MODEL.FSDP_CONFIG.fp32_reduce_scatter"))
+      s.parallel.precision.reduce_dtype = DType::f32;
     s.loss_scaling = dtype == "float16";
   }
   // Loss

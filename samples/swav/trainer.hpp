@@ -102,14 +102,8 @@ class SwavTrainer {
         log_(comm.rank() == 0 ? log : nullptr),
         model_(std::make_shared<SwavModel>(ctx, c)),
         loss_(c.loss, c.embedding_dim, c.prototypes, comm.rank(), c.seed) {
-    sk::parallel::ShardedModuleOptions o;
-    o.stage = c.stage;
-    o.precision = c.precision;
-    if (c.bucket_cap_mb > 0)
-      o.buckets.bucket_bytes = static_cast<std::size_t>(c.bucket_cap_mb * (1 << 20));
-    o.fsdp.reshard_after_forward = c.reshard_after_forward;
-    o.offload = c.offload;
-    if (c.stage == sk::parallel::Stage::fsdp) {
+    sk::parallel::ParallelOptions o = c.parallel;
+    if (o.stage == sk::parallel::Stage::fsdp) {
       sk::check(c.fsdp_wrap_threshold == 0,
                 "config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD = ", c.fsdp_wrap_threshold,
                 ": this trainer makes every residual block of the trunk an FSDP unit (the head "
@@ -125,18 +119,11 @@ class SwavTrainer {
     optimizer.no_weight_decay = unregularized_params(*model_, c.regularize_bn, c.regularize_bias);
     // What each rank will hold, planned before the states exist (parallel/memory_plan.hpp);
     // printed at the start beside what the run measures at the end.
-    sk::parallel::MemoryPlanOptions plan;
-    plan.stage = c.stage;
-    plan.world_size = comm.size();
-    plan.optimizer = optimizer;
-    plan.precision = c.precision;
-    plan.partition = o.partition;
-    plan.buckets = o.buckets;
-    plan.reshard_after_forward = c.reshard_after_forward;
-    plan.prefetch = o.fsdp.prefetch;
-    plan.coalesce_bytes = o.fsdp.coalesce_bytes;
-    plan.offload = c.offload;
-    plan_ = sk::parallel::plan_module_memory(*model_, plan, o.fsdp.wrap);
+    sk::parallel::PlannedRun run;
+    run.parallel = o;
+    run.world_size = comm.size();
+    run.optimizer = optimizer;
+    plan_ = sk::parallel::plan_module_memory(*model_, run);
     sharded_ = std::make_unique<sk::parallel::ShardedModule>(ctx, comm, model_, optimizer, o);
     // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.
     sharded_->normalize_rows_after_step(SwavModel::kPrototypes);
@@ -172,7 +159,7 @@ class SwavTrainer {
         "communication and gathered units <= %.2f MB (activations: measured below)\n",
         plan_.parameters / 1e6, plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
         double(plan_.communication + plan_.gathered) / 1e6);
-    if (c_.offload.enabled())
+    if (c_.parallel.offload.enabled())
       say("offloaded to the host per rank: parameters %.2f MB, gradients %.2f MB, optimizer "
           "state %.2f MB\n",
           plan_.host_parameters / 1e6, plan_.host_gradients / 1e6,
@@ -225,7 +212,7 @@ class SwavTrainer {
                        {"lr", c_.lr.rate(iteration_ - 1, total, per_epoch)},
                        {"images_per_second", images / seconds},
                        {"peak_bytes_per_rank", peak},
-                       {"stage", std::string(sk::parallel::stage_name(c_.stage))}});
+                       {"stage", std::string(sk::parallel::stage_name(c_.parallel.stage))}});
           last_log = now;
           last_log_iteration = iteration_;
           paused_at_last_log = paused;
@@ -290,7 +277,7 @@ class SwavTrainer {
     SwavHead& head = model_->head();
     const ag::Variable z = head(ctx, f);
     const ag::Variable scores = (*head.prototypes0)(ctx, z);
-    const sk::DType compute = c_.precision.param_dtype;
+    const sk::DType compute = c_.parallel.precision.param_dtype;
     const ag::Variable loss = loss_(ctx, *comm_, z, scores, [&](const sk::Tensor& e) {
       ag::NoGradGuard no_grad(ctx);
       return (*head.prototypes0)(ctx, ag::cast(ctx, ag::Variable(e), compute)).data();

@@ -65,7 +65,7 @@ std::vector<float> train_losses(const sk::Tensor& images, const sk::Tensor& labe
   std::vector<float> losses;
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = narrow_resnet(ctx);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = sk::parallel::Stage::ddp;
     options.precision = sk::parallel::MixedPrecision::of(dtype);
     sk::parallel::ShardedModule model(ctx, comm, net, sgd_config(), options);
@@ -91,7 +91,7 @@ void write_sharded_fixture(const sk::Tensor& images, const sk::Tensor& labels,
                            const std::string& dir) {
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = narrow_resnet(ctx);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = sk::parallel::Stage::fsdp;
     sk::parallel::ShardedModule model(ctx, comm, net, sgd_config(), options);
     auto batch = [&](std::int64_t s) {

@@ -106,7 +106,7 @@ inline RunResult train_with(int world, Stage stage, const sk::optim::OptimizerCo
   sk::comm::run_ranks(
       world,
       [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        sk::parallel::DataParallelOptions options;
+        sk::parallel::ParallelOptions options;
         options.stage = stage;
         options.partition = partition;
         options.buckets.bucket_bytes = bucket_bytes;
@@ -152,7 +152,7 @@ inline Checkpoint run(const Job& job, OptimizerKind kind, int first, int count,
   sk::comm::run_ranks(
       job.world,
       [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        sk::parallel::DataParallelOptions options;
+        sk::parallel::ParallelOptions options;
         options.stage = job.stage;
         options.partition = job.partition;
         options.buckets.bucket_bytes = 2048;

@@ -69,8 +69,8 @@ struct CheckpointJob {
   std::map<std::string, std::string>* loaded_metadata = nullptr;
 };
 
-sk::parallel::ShardedModuleOptions options_for(Stage stage) {
-  sk::parallel::ShardedModuleOptions options;
+sk::parallel::ParallelOptions options_for(Stage stage) {
+  sk::parallel::ParallelOptions options;
   options.stage = stage;
   options.buckets.bucket_bytes = 4096;
   options.fsdp.wrap.unit_paths = {"0", "3"};

@@ -88,16 +88,16 @@ TEST_CASE("bad use gets clear errors") {
     expect([&] { dp.finish(); }, "'block.0.weight' was never marked ready");
     expect([&] { dp.step(0.1f); }, "optimizer step before the gradients are finished");
     expect([&] { (void)dp.grad(3); }, "'frozen.scale'): the parameter is frozen");
-    sk::parallel::DataParallelOptions zero;
+    sk::parallel::ParallelOptions zero;
     zero.buckets.bucket_bytes = 0;
     expect([&] { DataParallel(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), zero); },
            "bucket size is 0 bytes");
     // A 16-bit wire of the other 16-bit format loses range or precision silently.
-    sk::parallel::DataParallelOptions mixed;
-    mixed.buckets.grad_dtype = sk::DType::bf16;
-    mixed.buckets.wire_dtype = sk::DType::f16;
+    sk::parallel::ParallelOptions mixed;
+    mixed.precision.param_dtype = sk::DType::bf16;
+    mixed.precision.reduce_dtype = sk::DType::f16;
     expect([&] { DataParallel(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), mixed); },
-           "gradients kept in bf16 cannot travel as f16: that loses range");
+           "gradients computed in bf16 cannot be reduced in f16 (that loses range");
   });
   expect(
       [&] {
@@ -118,7 +118,7 @@ TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backw
     std::vector<std::vector<float>> accumulated(world), direct(world);
     for (int variant = 0; variant < 2; ++variant) {
       sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        sk::parallel::DataParallelOptions options;
+        sk::parallel::ParallelOptions options;
         options.stage = stage;
         options.buckets.bucket_bytes = 4096;
         DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
@@ -178,7 +178,7 @@ TEST_CASE("synchronised accumulation adds each backward's average: A + avg(g), e
     for (auto partition : {PartitionKind::greedy, PartitionKind::flat}) {
       std::vector<float> rank0;
       sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        sk::parallel::DataParallelOptions options;
+        sk::parallel::ParallelOptions options;
         options.stage = stage;
         options.partition = partition;
         options.buckets.bucket_bytes = 2048;
@@ -236,7 +236,7 @@ TEST_CASE("broadcast_fp16: f16 on the wire, the owner's f32 master stays exact")
   const auto exact = train(world, Stage::ddp, OptimizerKind::sgd, PartitionKind::greedy, 1);
   std::vector<std::vector<float>> got(world);
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::DataParallelOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = Stage::oss;
     options.partition = PartitionKind::greedy;  // whole parameters: each has one owner
     options.broadcast_fp16 = true;
@@ -276,10 +276,10 @@ TEST_CASE("gradients reduced in f16 or bf16 stay close to the f32 reduction") {
     for (auto stage : {Stage::ddp, Stage::sdp}) {
       std::vector<std::vector<float>> got(world);
       sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        sk::parallel::DataParallelOptions options;
+        sk::parallel::ParallelOptions options;
         options.stage = stage;
         options.buckets.bucket_bytes = 2048;
-        options.buckets.wire_dtype = wire;
+        options.precision.reduce_dtype = wire;  // f32 gradients, a 16-bit wire
         DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), options);
         init_differently(dp, ctx, comm.rank());
         dp.broadcast_parameters(0);

@@ -58,7 +58,7 @@ Outcome train(Stage stage, const Run& run) {
     else
       net = small_resnet(ctx, seed);
     net->set_checkpoint_segments(run.checkpoint_segments);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = stage;
     options.buckets.bucket_bytes = 4096;
     options.fsdp = run.fsdp;
@@ -214,7 +214,7 @@ TEST_CASE("clip_grad_norm: the same norm and the same clipped steps under every 
   // The norm itself: one rank's gradients against a float64 sum, before the step.
   sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, 5);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
                                       options);
     auto b = batch(ctx, {6, 12}, 7, 0, 0);
@@ -282,7 +282,7 @@ TEST_CASE(
     "gathered window") {
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto config = dp_test::config_for(OptimizerKind::sgd);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = Stage::fsdp;
     {
       auto net = mlp(ctx, 1);
@@ -310,7 +310,7 @@ TEST_CASE(
         }
       };
       auto tied = std::make_shared<Tied>(ctx);
-      sk::parallel::ShardedModuleOptions plain;
+      sk::parallel::ParallelOptions plain;
       plain.stage = Stage::fsdp;
       CHECK_THROWS_WITH(
           sk::parallel::ShardedModule(ctx, comm, tied, config, plain),
@@ -336,7 +336,7 @@ TEST_CASE(
   CHECK_THROWS_WITH(sk::comm::run_ranks(2,
                                         [&](sk::Context& ctx, sk::comm::Communicator& comm) {
                                           auto net = mlp(ctx, 1, /*with_frozen=*/comm.rank() == 0);
-                                          sk::parallel::ShardedModuleOptions options;
+                                          sk::parallel::ParallelOptions options;
                                           options.stage = Stage::fsdp;
                                           options.fsdp.wrap.unit_paths = {"0"};
                                           sk::parallel::ShardedModule model(

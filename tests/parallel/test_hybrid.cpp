@@ -129,7 +129,8 @@ HybridResult train_hybrid(const HybridRun& run) {
       units[1].name = "back";
       for (std::size_t i = 0; i < specs.size(); ++i)
         units[i < 3 ? 0 : 1].params.push_back(specs[i]);
-      sk::parallel::FsdpEngineOptions options;
+      sk::parallel::ParallelOptions options;
+      options.stage = Stage::fsdp;
       options.buckets.bucket_bytes = 2048;
       std::unique_ptr<FsdpEngine> engine =
           mesh ? std::make_unique<FsdpEngine>(ctx, *mesh, units, config, options)
@@ -151,7 +152,7 @@ HybridResult train_hybrid(const HybridRun& run) {
       }
       shard = &engine->communicator();
     } else {
-      sk::parallel::DataParallelOptions options;
+      sk::parallel::ParallelOptions options;
       options.stage = run.stage;
       options.partition = PartitionKind::flat;
       options.buckets.bucket_bytes = 2048;
@@ -285,7 +286,7 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
   std::vector<float> saved;
   sk::comm::run_ranks(6, [&](sk::Context& ctx, sk::comm::Communicator& world) {
     HybridMesh mesh(world, 3);
-    sk::parallel::DataParallelOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = Stage::sdp;
     DataParallel dp(ctx, mesh, specs, config, options);
     dp.set_full_params([&](std::size_t i, const sk::Tensor& view) {
@@ -312,7 +313,7 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
   CHECK(files == 3);
   for (auto [world, stage] : {std::pair{2, Stage::ddp}, std::pair{4, Stage::sdp}}) {
     sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-      sk::parallel::DataParallelOptions options;
+      sk::parallel::ParallelOptions options;
       options.stage = stage;
       DataParallel dp(ctx, comm, specs, config, options);
       const auto loaded = sk::checkpoint::load_checkpoint(dir, dp.training_state());
@@ -358,7 +359,7 @@ TEST_CASE(
       std::unique_ptr<HybridMesh> mesh;
       if (group > 0) mesh = std::make_unique<HybridMesh>(world, group);
       auto net = module_test::small_resnet(ctx, 300 + static_cast<std::uint64_t>(world.rank()));
-      sk::parallel::ShardedModuleOptions options;
+      sk::parallel::ParallelOptions options;
       options.stage = stage;
       options.buckets.bucket_bytes = 4096;
       options.fsdp.wrap.unit_paths = {"layer1.0", "layer2.0", "layer3.0", "layer4.0"};

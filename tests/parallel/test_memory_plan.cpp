@@ -23,7 +23,7 @@ namespace sk = shardkit;
 using namespace dp_test;
 using sk::MemoryCategory;
 using sk::parallel::MemoryPlan;
-using sk::parallel::MemoryPlanOptions;
+using sk::parallel::PlannedRun;
 
 namespace memory_plan_test {
 
@@ -45,7 +45,7 @@ Measured max_over(const std::vector<sk::MemorySnapshot>& snapshots) {
 
 // The engines over dp_test's model (uneven sizes, a frozen parameter), two steps; per world rank
 // the device's ledger, and in `host` (when given) the offload host context's.
-std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o,
+std::vector<sk::MemorySnapshot> run_engine(const PlannedRun& o,
                                            std::vector<sk::MemorySnapshot>* host = nullptr) {
   std::vector<sk::MemorySnapshot> out(static_cast<std::size_t>(o.world_size));
   if (host != nullptr) host->assign(static_cast<std::size_t>(o.world_size), {});
@@ -53,23 +53,19 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o,
     std::unique_ptr<sk::comm::HybridMesh> mesh;
     if (o.group_size > 0) mesh = std::make_unique<sk::comm::HybridMesh>(world, o.group_size);
     const auto specs = model_specs();
-    if (o.stage == Stage::fsdp) {
+    if (o.parallel.stage == Stage::fsdp) {
       std::vector<sk::parallel::FsdpUnitParams> units;
       for (const auto& members : o.fsdp_units) {
         units.push_back({std::string("u").append(std::to_string(units.size())), {}});
         for (auto i : members) units.back().params.push_back(specs[i]);
       }
-      sk::parallel::FsdpEngineOptions options;
-      options.buckets = o.buckets;
-      options.precision = o.precision;
-      options.coalesce_bytes = o.coalesce_bytes;
-      options.offload = o.offload;
+      const sk::parallel::ParallelOptions& options = o.parallel;
       // A custom loop keeps frozen parameters outside the units, whole, in the compute dtype.
       std::vector<sk::Tensor> frozen;
       for (const auto& p : specs)
         if (!p.trainable)
-          frozen.push_back(
-              sk::zeros(ctx, p.shape, o.precision.param_dtype, MemoryCategory::parameters));
+          frozen.push_back(sk::zeros(ctx, p.shape, o.parallel.precision.param_dtype,
+                                     MemoryCategory::parameters));
       using Engine = sk::parallel::FsdpEngine;
       auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, units, o.optimizer, options)
                          : std::make_unique<Engine>(ctx, world, units, o.optimizer, options);
@@ -93,13 +89,7 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o,
             engine->host_context().memory_stats().snapshot();
       return;
     }
-    sk::parallel::DataParallelOptions options;
-    options.stage = o.stage;
-    options.partition = o.partition;
-    options.buckets = o.buckets;
-    options.precision = o.precision;
-    options.broadcast_fp16 = o.broadcast_fp16;
-    options.offload = o.offload;
+    const sk::parallel::ParallelOptions& options = o.parallel;
     auto dp = mesh ? std::make_unique<DataParallel>(ctx, *mesh, specs, o.optimizer, options)
                    : std::make_unique<DataParallel>(ctx, world, specs, o.optimizer, options);
     for (int s = 0; s < 2; ++s) {
@@ -120,16 +110,16 @@ std::vector<sk::MemorySnapshot> run_engine(const MemoryPlanOptions& o,
   return out;
 }
 
-std::string describe(const MemoryPlanOptions& o) {
+std::string describe(const PlannedRun& o) {
   std::ostringstream out;
-  out << sk::parallel::stage_name(o.stage) << " N=" << o.world_size << " G=" << o.group_size << " "
-      << sk::optim::optimizer_kind_name(o.optimizer.kind) << " "
-      << sk::dtype_name(o.precision.param_dtype) << " "
-      << sk::shard::partition_kind_name(o.partition);
+  out << sk::parallel::stage_name(o.parallel.stage) << " N=" << o.world_size
+      << " G=" << o.group_size << " " << sk::optim::optimizer_kind_name(o.optimizer.kind) << " "
+      << sk::dtype_name(o.parallel.precision.param_dtype) << " "
+      << sk::shard::partition_kind_name(o.parallel.partition);
   return out.str();
 }
 
-void check_plan(const MemoryPlanOptions& o) {
+void check_plan(const PlannedRun& o) {
   const MemoryPlan plan = sk::parallel::plan_memory(model_specs(), o);
   const Measured m = max_over(run_engine(o));
   INFO(describe(o));
@@ -141,18 +131,18 @@ void check_plan(const MemoryPlanOptions& o) {
 }
 
 // Offload: every rank's two ledgers against the plan of that rank (its shard rank).
-void check_offload_plan(const MemoryPlanOptions& o) {
+void check_offload_plan(const PlannedRun& o) {
   std::vector<sk::MemorySnapshot> host;
   const auto device = run_engine(o, &host);
   const int group = o.group_size == 0 ? o.world_size : o.group_size;
   for (int r = 0; r < o.world_size; ++r) {
-    MemoryPlanOptions one = o;
+    PlannedRun one = o;
     one.rank = r % group;
     const MemoryPlan plan = sk::parallel::plan_memory(model_specs(), one);
     const auto& d = device[static_cast<std::size_t>(r)];
     const auto& h = host[static_cast<std::size_t>(r)];
-    INFO(describe(o), " offload optimizer=", o.offload.optimizer, " params=", o.offload.params,
-         " rank ", r);
+    INFO(describe(o), " offload optimizer=", o.parallel.offload.optimizer,
+         " params=", o.parallel.offload.params, " rank ", r);
     CHECK(plan.parameters == d.current_of(MemoryCategory::parameters));
     CHECK(plan.gradients == d.current_of(MemoryCategory::gradients));
     CHECK(plan.optimizer_state == d.current_of(MemoryCategory::optimizer_state));
@@ -177,17 +167,18 @@ TEST_CASE("offloaded plans equal the device's and the host's ledgers, rank by ra
         for (bool params : {false, true}) {
           if (params && stage != Stage::fsdp) continue;
           for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}}) {
-            MemoryPlanOptions o;
-            o.stage = stage;
+            PlannedRun o;
+            o.parallel.stage = stage;
             o.world_size = world;
             o.group_size = group;
             o.optimizer = config_for(kind);
-            o.precision = precision;
-            o.partition = stage == Stage::oss ? PartitionKind::greedy : PartitionKind::flat;
-            o.buckets.bucket_bytes = 2048;
-            o.coalesce_bytes = 1024;
-            o.offload.optimizer = true;
-            o.offload.params = params;
+            o.parallel.precision = precision;
+            o.parallel.partition =
+                stage == Stage::oss ? PartitionKind::greedy : PartitionKind::flat;
+            o.parallel.buckets.bucket_bytes = 2048;
+            o.parallel.fsdp.coalesce_bytes = 1024;
+            o.parallel.offload.optimizer = true;
+            o.parallel.offload.params = params;
             if (stage == Stage::fsdp) o.fsdp_units = {{0, 1, 2}, {4, 5}, {6, 7, 8}};
             check_offload_plan(o);
           }
@@ -197,12 +188,12 @@ TEST_CASE("offloaded plans equal the device's and the host's ledgers, rank by ra
   std::vector<sk::shard::ParamSpec> specs;
   for (int i = 0; i < 64; ++i)
     specs.push_back({std::string("w").append(std::to_string(i)), {1024}});
-  MemoryPlanOptions o;
-  o.stage = Stage::fsdp;
+  PlannedRun o;
+  o.parallel.stage = Stage::fsdp;
   o.world_size = 8;
   o.optimizer.kind = OptimizerKind::adamw;
-  o.precision = bf16;
-  o.offload.params = true;
+  o.parallel.precision = bf16;
+  o.parallel.offload.params = true;
   const auto plan = sk::parallel::plan_memory(specs, o);
   const double per_rank = 65536.0 / 8;
   CHECK(plan.parameters == 0);
@@ -211,10 +202,10 @@ TEST_CASE("offloaded plans equal the device's and the host's ledgers, rank by ra
   CHECK(static_cast<double>(plan.host_parameters) == 2 * per_rank);
   CHECK(static_cast<double>(plan.host_optimizer_state) == 12 * per_rank);
   CHECK(plan.host_transfer == 2 * per_rank + 2 * 2 * per_rank);
-  o.stage = Stage::sdp;
+  o.parallel.stage = Stage::sdp;
   CHECK_THROWS_WITH(sk::parallel::plan_memory(specs, o),
                     doctest::Contains("offload.params keeps parameter shards on the host"));
-  o.stage = Stage::fsdp;
+  o.parallel.stage = Stage::fsdp;
   o.rank = 8;
   CHECK_THROWS_WITH(sk::parallel::plan_memory(specs, o),
                     doctest::Contains("rank 8 is not a rank of the shard group of 8"));
@@ -230,15 +221,15 @@ TEST_CASE("planned model states equal the allocator's after a step, for every st
         if (stage == Stage::fsdp && partition == PartitionKind::greedy) continue;
         for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16}) {
           for (const auto& [world, group] : {std::pair{4, 0}, std::pair{3, 0}, std::pair{8, 4}}) {
-            MemoryPlanOptions o;
-            o.stage = stage;
+            PlannedRun o;
+            o.parallel.stage = stage;
             o.world_size = world;
             o.group_size = group;
             o.optimizer = config_for(kind);
-            o.precision = precision;
-            o.partition = partition;
-            o.buckets.bucket_bytes = 2048;
-            o.coalesce_bytes = 1024;
+            o.parallel.precision = precision;
+            o.parallel.partition = partition;
+            o.parallel.buckets.bucket_bytes = 2048;
+            o.parallel.fsdp.coalesce_bytes = 1024;
             if (stage == Stage::fsdp) o.fsdp_units = {{0, 1, 2}, {4, 5}, {6, 7, 8}};
             check_plan(o);
           }
@@ -255,8 +246,8 @@ TEST_CASE("the plan follows the ZeRO formulas with the group size in place of N"
   const double psi = 65536;
   for (auto stage : sk::parallel::kAllStages) {
     for (const auto& [world, group] : {std::pair{8, 0}, std::pair{8, 2}, std::pair{64, 8}}) {
-      MemoryPlanOptions o;
-      o.stage = stage;
+      PlannedRun o;
+      o.parallel.stage = stage;
       o.world_size = world;
       o.group_size = group;
       o.optimizer.kind = OptimizerKind::adamw;  // K = 8 bytes of f32 state per parameter
@@ -300,19 +291,14 @@ TEST_CASE("ShardedModule: the module plan matches a ResNet's model states under 
     MemoryPlan plan;
     sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
       auto net = module_test::small_resnet(ctx, 7);
-      sk::parallel::ShardedModuleOptions options;
-      options.stage = stage;
-      options.buckets.bucket_bytes = 4096;
-      options.fsdp.wrap.unit_paths = {"layer1.0", "layer2.0", "layer3.0", "layer4.0"};
-      MemoryPlanOptions o;
-      o.stage = stage;
+      PlannedRun o;  // the module's options, planned before it is wrapped
+      o.parallel.stage = stage;
+      o.parallel.buckets.bucket_bytes = 4096;
+      o.parallel.fsdp.wrap.unit_paths = {"layer1.0", "layer2.0", "layer3.0", "layer4.0"};
       o.world_size = world;
       o.optimizer = config_for(OptimizerKind::larc_sgd);
-      o.partition = options.partition;
-      o.buckets = options.buckets;
-      if (comm.rank() == 0)
-        plan = sk::parallel::plan_module_memory(*net, o, options.fsdp.wrap);  // (before wrapping)
-      sk::parallel::ShardedModule model(ctx, comm, net, o.optimizer, options);
+      if (comm.rank() == 0) plan = sk::parallel::plan_module_memory(*net, o);
+      sk::parallel::ShardedModule model(ctx, comm, net, o.optimizer, o.parallel);
       for (int s = 0; s < 2; ++s) {
         model.zero_grad();
         auto b = module_test::batch(ctx, {2, 3, 8, 8}, 5, comm.rank(), s);
@@ -331,8 +317,8 @@ TEST_CASE("ShardedModule: the module plan matches a ResNet's model states under 
 
 TEST_CASE("largest_batch and bad plans") {
   const auto specs = model_specs();
-  MemoryPlanOptions o;
-  o.stage = Stage::sdp;
+  PlannedRun o;
+  o.parallel.stage = Stage::sdp;
   o.world_size = 4;
   const sk::parallel::ActivationProfile profile{1000, 500};
   const auto fixed = sk::parallel::plan_memory(specs, o).total();

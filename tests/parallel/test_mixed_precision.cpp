@@ -149,7 +149,8 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       out.final_scale = scaler.scale();
     };
     if (stage == sk::parallel::Stage::fsdp) {
-      sk::parallel::FsdpEngineOptions options;
+      sk::parallel::ParallelOptions options;
+      options.stage = sk::parallel::Stage::fsdp;
       options.buckets.bucket_bytes = 1024;
       options.precision = precision;
       FsdpEngine engine(ctx, comm, units_of(specs), config_for(kind), options);
@@ -183,7 +184,7 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       if (rank == 0) out.memory = memory;
       return;
     }
-    sk::parallel::DataParallelOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = stage;
     options.buckets.bucket_bytes = 1024;
     options.precision = precision;
@@ -296,7 +297,8 @@ TEST_CASE("checkpoints move between precisions: masters are f32, compute copies 
   std::vector<float> saved_masters;
   // bf16 FSDP on 3 ranks saves; an f32 SDP run on 2 loads exactly the masters.
   sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::FsdpEngineOptions options;
+    sk::parallel::ParallelOptions options;
+    options.stage = sk::parallel::Stage::fsdp;
     options.precision = MixedPrecision::of(sk::DType::bf16);
     FsdpEngine engine(ctx, comm, units_of(specs), config_for(OptimizerKind::adamw), options);
     engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
@@ -320,7 +322,7 @@ TEST_CASE("checkpoints move between precisions: masters are f32, compute copies 
   });
   for (auto precision : {MixedPrecision{}, MixedPrecision::of(sk::DType::f16)}) {
     sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-      sk::parallel::DataParallelOptions options;
+      sk::parallel::ParallelOptions options;
       options.stage = Stage::sdp;
       options.precision = precision;
       DataParallel dp(ctx, comm, specs, config_for(OptimizerKind::adamw), options);
@@ -348,7 +350,7 @@ TEST_CASE("mixed-precision policies that lose information silently are refused b
   auto error_of = [](MixedPrecision precision, bool broadcast_fp16 = false) -> std::string {
     try {
       sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        sk::parallel::DataParallelOptions options;
+        sk::parallel::ParallelOptions options;
         options.stage = sk::parallel::Stage::oss;
         options.precision = precision;
         options.broadcast_fp16 = broadcast_fp16;
@@ -439,7 +441,7 @@ TEST_CASE("the loss scaler's state travels with the checkpoint") {
       std::filesystem::temp_directory_path() / ("shardkit_scaler_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::DataParallelOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = sk::parallel::Stage::sdp;
     options.precision = MixedPrecision::of(sk::DType::f16);
     DataParallel dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
@@ -478,7 +480,7 @@ ModuleRun train_module(sk::parallel::Stage stage, OptimizerKind kind, int world,
     else
       net = module_test::mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
     net->set_checkpoint_segments(segments);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = stage;
     options.buckets.bucket_bytes = 4096;
     options.precision = precision;

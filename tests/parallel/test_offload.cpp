@@ -103,7 +103,7 @@ Outcome train(const Run& run) {
       net = module_test::small_resnet(ctx, seed);
     else
       net = module_test::mlp(ctx, seed);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = run.stage;
     options.buckets.bucket_bytes = 4096;
     options.precision = run.precision;
@@ -343,13 +343,14 @@ TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params an
   auto run_engines = [&](bool offload) {
     std::vector<float> dp_values, fsdp_values;
     sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-      sk::parallel::DataParallelOptions dp_options;
+      sk::parallel::ParallelOptions dp_options;
       dp_options.stage = Stage::sdp;
       dp_options.offload.optimizer = offload;
       sk::parallel::DataParallel dp(ctx, comm, trainable, dp_test::config_for(OptimizerKind::adamw),
                                     dp_options);
       dp.set_full_params(fill);
-      sk::parallel::FsdpEngineOptions fsdp_options;
+      sk::parallel::ParallelOptions fsdp_options;
+      fsdp_options.stage = Stage::fsdp;
       fsdp_options.offload.optimizer = offload;  // f32: the master apart, on the host
       std::vector<sk::parallel::FsdpUnitParams> units(2);
       for (std::size_t i = 0; i < trainable.size(); ++i)
@@ -430,7 +431,7 @@ TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params an
 
 TEST_CASE("offload requests that cannot hold are refused by name") {
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::DataParallelOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = Stage::sdp;
     options.offload.params = true;
     CHECK_THROWS_WITH(sk::parallel::DataParallel(ctx, comm, dp_test::model_specs(),

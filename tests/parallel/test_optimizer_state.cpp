@@ -80,7 +80,7 @@ TEST_CASE("without the state, a resumed Adam or momentum run differs (the test c
 TEST_CASE("consolidation holds at most one other rank's range at a time") {
   const int world = 4;
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::DataParallelOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = Stage::oss;
     DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::adamw), options);
     dp.zero_grad();
@@ -103,7 +103,7 @@ TEST_CASE("loading a state that does not fit gets a clear error") {
   auto expect = [&](const OptimizerState& state, const sk::optim::OptimizerConfig& config,
                     const std::string& part) {
     sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-      sk::parallel::DataParallelOptions options;
+      sk::parallel::ParallelOptions options;
       options.stage = Stage::sdp;
       DataParallel dp(ctx, comm, model_specs(), config, options);
       try {

@@ -128,7 +128,7 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
       world,
       [&](sk::Context& ctx, sk::comm::Communicator& comm) {
         auto net = module_test::mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
-        sk::parallel::ShardedModuleOptions o;
+        sk::parallel::ParallelOptions o;
         o.stage = stage;
         o.buckets.bucket_bytes = 4096;
         o.fsdp.wrap.unit_paths = {"0", "3"};

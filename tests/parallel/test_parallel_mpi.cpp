@@ -50,7 +50,7 @@ std::vector<float> train(Stage stage, sk::optim::OptimizerKind kind,
   config.larc.trust_coefficient = 0.001f;
   config.larc.clip = false;
   config.adam.weight_decay = 0.01f;
-  sk::parallel::DataParallelOptions options;
+  sk::parallel::ParallelOptions options;
   options.stage = stage;
   options.partition = partition;
   options.buckets.bucket_bytes = 1024;
@@ -123,7 +123,7 @@ std::vector<float> train_exact(Stage stage, int group) {
   std::unique_ptr<sk::comm::HybridMesh> mesh;
   if (group > 0) mesh = std::make_unique<sk::comm::HybridMesh>(*world, group);
   const auto config = dp_test::config_for(sk::optim::OptimizerKind::larc_sgd);
-  sk::parallel::DataParallelOptions options;
+  sk::parallel::ParallelOptions options;
   options.stage = stage;
   options.partition = sk::shard::PartitionKind::flat;
   options.buckets.bucket_bytes = 1024;
@@ -182,7 +182,7 @@ std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int 
   sk::Context ctx;
   auto comm = sk::comm::MpiCommunicator::world(ctx);
   auto net = module_test::mlp(ctx, 300 + static_cast<std::uint64_t>(comm->rank()));
-  sk::parallel::ShardedModuleOptions options;
+  sk::parallel::ParallelOptions options;
   options.stage = stage;
   options.buckets.bucket_bytes = 4096;
   options.fsdp.wrap.unit_paths = {"0", "3"};

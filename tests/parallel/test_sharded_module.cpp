@@ -29,7 +29,7 @@ std::vector<float> hand_written(int world, Stage stage, OptimizerKind kind) {
   std::vector<float> rank0;
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
-    sk::parallel::DataParallelOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = stage;
     options.partition = sk::shard::PartitionKind::flat;
     options.buckets.bucket_bytes = 4096;
@@ -65,7 +65,7 @@ std::vector<float> wrapped(int world, Stage stage, OptimizerKind kind, int check
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
     net->set_checkpoint_segments(checkpoint_segments);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = stage;
     options.buckets.bucket_bytes = 4096;
     sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(kind), options);
@@ -106,7 +106,7 @@ TEST_CASE(
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, 5 + static_cast<std::uint64_t>(comm.rank()));
     const auto names_before = net->named_parameters();
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = Stage::sdp;
     sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
                                       options);
@@ -152,7 +152,7 @@ std::vector<float> prototypes_run(int world, Stage stage, OptimizerKind kind, in
       sk::uniform_(init, v, -0.5, 0.5);
       sk::copy(ctx, p.data(), v);
     }
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = stage;
     options.buckets.bucket_bytes = 512;
     options.fsdp.wrap.unit_paths = {"2"};

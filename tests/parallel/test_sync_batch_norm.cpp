@@ -69,7 +69,7 @@ std::vector<float> resnet_run(int world, sk::parallel::Stage stage) {
     if (world > 1)
       CHECK(sk::parallel::convert_sync_batch_norm(
                 *net, sk::parallel::sync_batch_norm_group(comm, world)) == 20);
-    sk::parallel::ShardedModuleOptions options;
+    sk::parallel::ParallelOptions options;
     options.stage = stage;
     sk::parallel::ShardedModule model(ctx, comm, net,
                                       dp_test::config_for(sk::optim::OptimizerKind::sgd), options);

@@ -517,7 +517,7 @@ swav::SwavConfig config_of(const std::vector<std::string>& overrides, const std:
 TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that name the fix") {
   using sk::parallel::Stage;
   const auto d = config_of({});
-  CHECK(d.stage == Stage::ddp);
+  CHECK(d.parallel.stage == Stage::ddp);
   CHECK(d.optimizer.kind == sk::optim::OptimizerKind::larc_sgd);
   CHECK(d.loss.num_crops == 6);
   CHECK(d.base_channels == 16);
@@ -536,7 +536,7 @@ TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that n
       momentum: 0.9
       nesterov: False
 )");
-  CHECK(zero.stage == Stage::oss);
+  CHECK(zero.parallel.stage == Stage::oss);
   CHECK(zero.optimizer.kind == sk::optim::OptimizerKind::sgd);
   CHECK(zero.optimizer.sgd.weight_decay == doctest::Approx(1e-6));
   // AMP, LARC, the stateful sampler and activation checkpointing snippets.
@@ -563,14 +563,14 @@ OPTIMIZER:
     eps: 1e-08
     trust_coefficient: 0.001
 )");
-  CHECK(amp.precision.param_dtype == sk::DType::f16);
+  CHECK(amp.parallel.precision.param_dtype == sk::DType::f16);
   CHECK(amp.loss_scaling);
   CHECK(amp.checkpoint_splits == 8);
   CHECK(amp.optimizer.larc.trust_coefficient == doctest::Approx(0.001));
   // Stages from VISSL's switches, overrides in VISSL's form.
-  CHECK(config_of({"config.OPTIMIZER.use_zero=True"}).stage == Stage::oss);
-  CHECK(config_of({"config.MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}).stage == Stage::sdp);
-  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}).stage == Stage::fsdp);
+  CHECK(config_of({"config.OPTIMIZER.use_zero=True"}).parallel.stage == Stage::oss);
+  CHECK(config_of({"config.MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}).parallel.stage == Stage::sdp);
+  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}).parallel.stage == Stage::fsdp);
   CHECK(config_of({"config.OPTIMIZER.num_epochs=3"}).num_epochs == 3);
   CHECK(config_of({"config.LOSS.swav_loss.crops_for_assign=[0]"}).loss.crops_for_assign ==
         std::vector<int>{0});
@@ -633,13 +633,13 @@ OPTIMIZER:
   // CPU offload through FairScale's FSDP keys.
   const auto grads = config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
                                 "config.MODEL.FSDP_CONFIG.move_grads_to_cpu=True"});
-  CHECK(grads.offload.optimizer);
-  CHECK_FALSE(grads.offload.params);
+  CHECK(grads.parallel.offload.optimizer);
+  CHECK_FALSE(grads.parallel.offload.params);
   const auto params = config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
                                  "config.MODEL.FSDP_CONFIG.move_params_to_cpu=True"});
-  CHECK(params.offload.optimizer);
-  CHECK(params.offload.params);
-  CHECK_FALSE(config_of({}).offload.enabled());
+  CHECK(params.parallel.offload.optimizer);
+  CHECK(params.parallel.offload.params);
+  CHECK_FALSE(config_of({}).parallel.offload.enabled());
   CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.move_params_to_cpu=True"}),
                     doctest::Contains("config.MODEL.FSDP_CONFIG.move_params_to_cpu = True: CPU "
                                       "offload is an FSDP setting"));
@@ -826,10 +826,10 @@ TEST_CASE("every shipped config reads, alone and on top of the quick one") {
     ++count;
   }
   CHECK(count >= 5);
-  CHECK(read({"quick_cpu.yaml", "zero1_oss.yaml"}).stage == Stage::oss);
-  CHECK(read({"quick_cpu.yaml", "zero2_sdp.yaml"}).stage == Stage::sdp);
+  CHECK(read({"quick_cpu.yaml", "zero1_oss.yaml"}).parallel.stage == Stage::oss);
+  CHECK(read({"quick_cpu.yaml", "zero2_sdp.yaml"}).parallel.stage == Stage::sdp);
   const auto fsdp = read({"quick_cpu.yaml", "zero3_fsdp.yaml"});
-  CHECK(fsdp.stage == Stage::fsdp);
-  CHECK(fsdp.precision.param_dtype == sk::DType::bf16);
+  CHECK(fsdp.parallel.stage == Stage::fsdp);
+  CHECK(fsdp.parallel.precision.param_dtype == sk::DType::bf16);
   CHECK(fsdp.checkpoint_splits == 8);
 }

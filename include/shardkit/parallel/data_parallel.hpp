@@ -13,6 +13,8 @@
 // consolidate_optimizer_state() gathers the whole optimizer state on one rank, by parameter
 // name; load_optimizer_state() re-shards it for any stage, partition or world size.
 //
+// Options: ParallelOptions (options.hpp), resolved once (policy.hpp).
+//
 // Mixed precision (options.precision, mixed_precision.hpp): param(i) is the f16/bf16 compute
 // copy, whole on every rank; gradients are kept in it and reduced in reduce_dtype; the f32
 // master lives in the optimizer for the pieces this rank updates (every piece under ddp,
@@ -40,52 +42,40 @@
 #include "shardkit/parallel/grad_bucketer.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/offload.hpp"
+#include "shardkit/parallel/options.hpp"
 #include "shardkit/parallel/param_rows.hpp"
+#include "shardkit/parallel/policy.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/parallel/training_state.hpp"
 
 namespace shardkit::parallel {
 
-struct DataParallelOptions {
-  Stage stage = Stage::ddp;
-  // The even flat split (padded, FSDP-style) holds exactly 1/N of the state on every rank;
-  // greedy keeps whole parameters per rank (FairScale's OSS) at a cost on the most loaded.
-  shard::PartitionKind partition = shard::PartitionKind::flat;
-  parallel::BucketerOptions buckets;  // grad_dtype and wire_dtype follow `precision` when it is on
-  bool broadcast_fp16 = false;        // oss/sdp, f32: parameters travel as f16 after the step
-  MixedPrecision precision;           // off (f32) by default
-  OffloadOptions offload;             // optimizer: master, state and step on the host (offload.hpp)
-};
-
 class DataParallel {
  public:
   DataParallel(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
-               optim::OptimizerConfig optimizer, DataParallelOptions options = {})
+               optim::OptimizerConfig optimizer, const ParallelOptions& options = {})
       : DataParallel(ctx, comm, nullptr, specs, std::move(optimizer), options) {}
 
   // Hybrid sharding: oss and sdp shard inside the mesh's groups and replicate across them
   // (comm/hybrid_mesh.hpp); ddp reduces in two levels. The mesh must outlive the engine.
   DataParallel(Context& ctx, const comm::HybridMesh& mesh,
                const std::vector<shard::ParamSpec>& specs, optim::OptimizerConfig optimizer,
-               DataParallelOptions options = {})
+               const ParallelOptions& options = {})
       : DataParallel(ctx, mesh.shard(), mesh.replicate(), specs, std::move(optimizer), options) {}
 
  private:
   DataParallel(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
                const std::vector<shard::ParamSpec>& specs, optim::OptimizerConfig optimizer,
-               DataParallelOptions options)
+               const ParallelOptions& options)
       : comm_(&comm),
         replicas_(replicas),
-        options_(checked(options)),
-        group_(ctx, comm, specs, options.partition, Residency::replicated,
-               options_.precision.param_dtype, replicas),
-        bucketer_(ctx, comm, group_.plan(),
-                  options.stage == Stage::sdp ? parallel::GradSync::reduce_scatter
-                                              : parallel::GradSync::all_reduce,
-                  options_.buckets, nullptr, replicas),
-        table_(shard::PieceTable::of_plan(group_.plan(), options.stage == Stage::ddp)),
-        pieces_(group_.updated_pieces(options.stage == Stage::ddp)),
-        host_(offload_context(ctx, options_.offload)),
+        policy_(checked(options)),
+        group_(ctx, comm, specs, policy_.partition, policy_.residency, policy_.param_dtype,
+               replicas),
+        bucketer_(ctx, comm, group_.plan(), policy_.grad_sync, policy_.buckets, nullptr, replicas),
+        table_(shard::PieceTable::of_plan(group_.plan(), policy_.every_rank_updates)),
+        pieces_(group_.updated_pieces(policy_.every_rank_updates)),
+        host_(offload_context(ctx, policy_.offload)),
         optimizer_(ctx, table_, comm.rank(), group_.piece_params(pieces_), optimizer, &comm,
                    optim::OptimizerOffload{host_.get()}) {
     for (const auto& piece : pieces_) piece_grads_.push_back(bucketer_.piece_grad(piece));
@@ -96,7 +86,8 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  Stage stage() const { return options_.stage; }
+  Stage stage() const { return policy_.stage; }
+  const ResolvedPolicy& policy() const { return policy_; }
   const shard::ShardPlan& plan() const { return group_.plan(); }
   const parallel::FlatBuffer& params() const { return group_.params(); }
   const Tensor& param(std::size_t i) const { return group_.param(i); }
@@ -154,7 +145,7 @@ class DataParallel {
     optimizer_.step(piece_grads_, lr, inv_grad_scale);
     for (const auto& rows : row_normalized_)
       normalize_owned_rows(optimizer_.context(), optimizer_, comm_, rows.name, rows.eps);
-    if (options_.stage != Stage::ddp) group_.all_gather_owned(options_.broadcast_fp16);
+    if (policy_.gather_after_step) group_.all_gather_owned(policy_.broadcast_fp16);
   }
 
   // From now on every applied step ends with w[r] <- w[r] / max(|w[r]|, eps) for each row of
@@ -220,9 +211,9 @@ class DataParallel {
     for (std::size_t i = 0; i < layout.size(); ++i)
       if (!layout[i].trainable) state.replicated.emplace_back(layout[i].name, group_.param(i));
     state.after_load = [this] {  // (the optimizer wrote the owners' compute copies)
-      if (options_.stage != Stage::ddp) group_.all_gather_owned(false);
+      if (policy_.gather_after_step) group_.all_gather_owned(false);
     };
-    state.stage = std::string(stage_name(options_.stage));
+    state.stage = std::string(stage_name(policy_.stage));
     return state;
   }
 
@@ -233,28 +224,16 @@ class DataParallel {
   }
 
  private:
-  static DataParallelOptions checked(DataParallelOptions options) {
+  static ResolvedPolicy checked(const ParallelOptions& options) {
     check(options.stage != Stage::fsdp,
           "DataParallel runs ddp, oss and sdp; for fsdp (ZeRO-3) "
           "use parallel::FsdpEngine (custom loops) or ShardedModule with Stage::fsdp");
-    validate(options.precision);
-    validate(options.offload, options.stage);
-    if (options.precision.enabled()) {
-      check(!options.broadcast_fp16,
-            "broadcast_fp16 is for f32 training; under mixed precision "
-            "the parameters already travel in ",
-            dtype_name(options.precision.param_dtype));
-      options.buckets.grad_dtype = options.precision.param_dtype;
-      options.buckets.wire_dtype = options.precision.reduce_dtype;
-    } else if (options.precision.reduce_dtype != DType::f32) {
-      options.buckets.wire_dtype = options.precision.reduce_dtype;  // f32 training, 16-bit wire
-    }
-    return options;
+    return resolve(options);
   }
 
   comm::Communicator* comm_;
   comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
-  DataParallelOptions options_;
+  ResolvedPolicy policy_;
   FlatParamGroup group_;
   parallel::GradBucketer bucketer_;
   shard::PieceTable table_;

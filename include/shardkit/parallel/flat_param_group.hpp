@@ -23,6 +23,7 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/parallel/flat_buffer.hpp"
+#include "shardkit/parallel/policy.hpp"
 #include "shardkit/shard/shard_plan.hpp"
 
 namespace shardkit::parallel {
@@ -40,8 +41,6 @@ inline void check_same_fingerprint(Context& ctx, comm::Communicator& comm, std::
   check(reduced[0] == -reduced[2] && reduced[1] == -reduced[3], what, " (rank ", comm.rank(),
         " has fingerprint ", print, ")");
 }
-
-enum class Residency { replicated, sharded };
 
 // The parameters of a group of ranks as one flat buffer, partitioned by a ShardPlan over `comm`.
 // Under hybrid sharding (comm/hybrid_mesh.hpp) `comm` is this rank's shard group and

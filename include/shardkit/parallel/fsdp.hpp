@@ -37,41 +37,29 @@
 
 namespace shardkit::parallel {
 
-struct FsdpOptions {
-  FsdpWrapPolicy wrap;
-  bool reshard_after_forward = true;
-  int prefetch = 1;                   // units gathered ahead, forward and backward (0: none)
-  parallel::BucketerOptions buckets;  // per unit: bucket_bytes, wire (reduce) dtype, in flight
-  // Buckets smaller than this, of any unit, are reduce-scattered together (FairScale's
-  // bucket_cap_mb; 4 MiB here, see kDefaultCoalesceBytes); 0: each alone.
-  std::size_t coalesce_bytes = kDefaultCoalesceBytes;
-  MixedPrecision precision;  // (ShardedModule sets it from its own options)
-  OffloadOptions offload;    // (ShardedModule sets it from its own options; offload.hpp)
-};
-
 class Fsdp {
  public:
   Fsdp(Context& ctx, comm::Communicator& comm, nn::Module& root, optim::OptimizerConfig optimizer,
-       FsdpOptions options = {})
+       const ParallelOptions& options)
       : Fsdp(ctx, comm, nullptr, root, std::move(optimizer), options) {}
 
   // Hybrid sharding (PyTorch's HYBRID_SHARD): units sharded inside the mesh's groups and
   // replicated across them (comm/hybrid_mesh.hpp). The mesh must outlive the module.
   Fsdp(Context& ctx, const comm::HybridMesh& mesh, nn::Module& root,
-       optim::OptimizerConfig optimizer, FsdpOptions options = {})
+       optim::OptimizerConfig optimizer, const ParallelOptions& options)
       : Fsdp(ctx, mesh.world(), &mesh, root, std::move(optimizer), options) {}
 
  private:
   Fsdp(Context& ctx, comm::Communicator& comm, const comm::HybridMesh* mesh, nn::Module& root,
-       optim::OptimizerConfig optimizer, FsdpOptions options)
-      : ctx_(&ctx), options_(checked(options)) {
+       optim::OptimizerConfig optimizer, const ParallelOptions& options)
+      : ctx_(&ctx), policy_(resolve(options)) {
     std::map<std::string, autograd::Variable> by_name;
     for (const auto& [name, p] : root.named_parameters()) {
       check(p.dtype() == DType::f32, "parameter '", name, "' is ", dtype_name(p.dtype()),
             "; FSDP keeps f32 parameters (build the model in f32)");
       by_name.emplace(name, p);
     }
-    const auto specs = plan_fsdp_units(root, options_.wrap);
+    const auto specs = plan_fsdp_units(root, policy_.wrap);
     check_same_units(ctx, comm, specs, by_name);
     std::vector<FsdpUnitParams> engine_units;
     for (const auto& spec : specs) {
@@ -90,15 +78,10 @@ class Fsdp {
       if (spec.path.empty()) root_unit_ = modules_.size() - 1;
     }
     check(!engine_units.empty(), "FSDP: the model has no trainable parameter to shard");
-    FsdpEngineOptions engine_options;
-    engine_options.buckets = options_.buckets;
-    engine_options.coalesce_bytes = options_.coalesce_bytes;
-    engine_options.precision = options_.precision;
-    engine_options.offload = options_.offload;
-    engine_ = mesh != nullptr ? std::make_unique<FsdpEngine>(ctx, *mesh, std::move(engine_units),
-                                                             optimizer, engine_options)
-                              : std::make_unique<FsdpEngine>(ctx, comm, std::move(engine_units),
-                                                             optimizer, engine_options);
+    engine_ =
+        mesh != nullptr
+            ? std::make_unique<FsdpEngine>(ctx, *mesh, std::move(engine_units), optimizer, options)
+            : std::make_unique<FsdpEngine>(ctx, comm, std::move(engine_units), optimizer, options);
     // The module's values become rank 0's, sharded; each parameter then views its unit's
     // gathered buffer (freed until a forward gathers it).
     engine_->set_full_params(
@@ -114,8 +97,7 @@ class Fsdp {
     // the compute dtype.
     for (auto& [name, p] : root.named_parameters()) {
       if (p.requires_grad() || p.numel() == 0) continue;
-      if (p.dtype() != options_.precision.param_dtype)
-        p.set_data(cast(ctx, p.data(), options_.precision.param_dtype));
+      if (p.dtype() != policy_.param_dtype) p.set_data(cast(ctx, p.data(), policy_.param_dtype));
       comm.broadcast(p.data(), 0).wait();
     }
   }
@@ -155,10 +137,6 @@ class Fsdp {
   const optim::ShardedOptimizer& optimizer() const { return engine_->optimizer(); }
 
  private:
-  static FsdpOptions checked(FsdpOptions options) {
-    check(options.prefetch >= 0, "FSDP prefetch depth ", options.prefetch, " must be >= 0");
-    return options;
-  }
   bool is_root(std::size_t u) const { return u == root_unit_; }
 
   // Every rank must have the same units with the same parameters, frozen ones included, or
@@ -211,10 +189,10 @@ class Fsdp {
     engine_->gather(u);
   }
   void prefetch_after(std::size_t u, const std::vector<std::size_t>& order) {
-    if (options_.prefetch == 0) return;
+    if (policy_.prefetch == 0) return;
     auto it = std::find(order.begin(), order.end(), u);
     if (it == order.end()) return;
-    for (int k = 0; k < options_.prefetch && ++it != order.end(); ++k) start_gather(*it);
+    for (int k = 0; k < policy_.prefetch && ++it != order.end(); ++k) start_gather(*it);
   }
 
   // --- hooks ------------------------------------------------------------------------------
@@ -237,7 +215,7 @@ class Fsdp {
         for (std::size_t k = 0; k < engine_->unit_count(); ++k) engine_->release(k);
       return;
     }
-    if (options_.reshard_after_forward || !tape.grad_enabled()) engine_->release(u);
+    if (policy_.reshard_after_forward || !tape.grad_enabled()) engine_->release(u);
   }
   void pre_backward(std::size_t u) {
     begin_backward();
@@ -271,7 +249,7 @@ class Fsdp {
   }
 
   Context* ctx_;
-  FsdpOptions options_;
+  ResolvedPolicy policy_;
   std::unique_ptr<FsdpEngine> engine_;
   std::vector<nn::Module*> modules_;            // per unit: whose hooks gather it
   std::vector<std::vector<nn::HookId>> hooks_;  // per unit

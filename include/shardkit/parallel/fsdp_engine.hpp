@@ -45,7 +45,9 @@
 #include "shardkit/parallel/grad_bucketer.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/offload.hpp"
+#include "shardkit/parallel/options.hpp"
 #include "shardkit/parallel/param_rows.hpp"
+#include "shardkit/parallel/policy.hpp"
 #include "shardkit/parallel/training_state.hpp"
 #include "shardkit/shard/piece_table.hpp"
 
@@ -58,56 +60,34 @@ struct FsdpUnitParams {
   std::vector<shard::ParamSpec> params;
 };
 
-// Small units' gradient buckets are held until this many bytes go out together; held buckets
-// and the staging copy cost up to twice this in transient memory, so the default is smaller
-// than FairScale's bucket_cap_mb (25): it gathers the tiny units (norms, biases, heads) whose
-// collectives are all latency, and leaves units of megabytes alone.
-inline constexpr std::size_t kDefaultCoalesceBytes = std::size_t{4} << 20;
-
-struct FsdpEngineOptions {
-  parallel::BucketerOptions buckets;  // per unit (grad_dtype and wire_dtype follow `precision`)
-  // FairScale's bucket_cap_mb: gradient buckets smaller than this, of any unit, are
-  // reduce-scattered together up to this size (one collective for many small units); 0 sends
-  // each bucket alone.
-  std::size_t coalesce_bytes = kDefaultCoalesceBytes;
-  MixedPrecision precision;  // off (f32) by default
-  OffloadOptions offload;    // optimizer and/or parameter shards on the host (offload.hpp)
-};
-
 class FsdpEngine {
  public:
+  // options.stage must be fsdp (what this engine runs).
   FsdpEngine(Context& ctx, comm::Communicator& comm, std::vector<FsdpUnitParams> units,
-             optim::OptimizerConfig optimizer, FsdpEngineOptions options = {})
+             optim::OptimizerConfig optimizer, const ParallelOptions& options)
       : FsdpEngine(ctx, comm, nullptr, std::move(units), std::move(optimizer), options) {}
 
   // Hybrid sharding (PyTorch's HYBRID_SHARD): each unit is sharded inside the mesh's group and
   // replicated across groups; gathers stay inside the group, and only each shard's gradient
   // all-reduce crosses groups (comm/hybrid_mesh.hpp). The mesh must outlive the engine.
   FsdpEngine(Context& ctx, const comm::HybridMesh& mesh, std::vector<FsdpUnitParams> units,
-             optim::OptimizerConfig optimizer, FsdpEngineOptions options = {})
+             optim::OptimizerConfig optimizer, const ParallelOptions& options)
       : FsdpEngine(ctx, mesh.shard(), mesh.replicate(), std::move(units), std::move(optimizer),
                    options) {}
 
  private:
   FsdpEngine(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
              std::vector<FsdpUnitParams> units, optim::OptimizerConfig optimizer,
-             FsdpEngineOptions options)
+             const ParallelOptions& options)
       : ctx_(&ctx),
         comm_(&comm),
         replicas_(replicas),
-        host_(offload_context(ctx, options.offload)),
+        policy_(checked(options)),
+        host_(offload_context(ctx, policy_.offload)),
         table_(comm.size(), false) {
-    validate(options.precision);
-    validate(options.offload, Stage::fsdp);
-    Context* shard_home = options.offload.params ? host_.get() : nullptr;
-    parallel::BucketerOptions buckets = options.buckets;
-    if (options.precision.enabled() || options.precision.reduce_dtype != DType::f32) {
-      buckets.grad_dtype = options.precision.param_dtype;
-      buckets.wire_dtype = options.precision.reduce_dtype;
-    }
-    if (options.coalesce_bytes > 0)
-      coalescer_ =
-          std::make_unique<parallel::ReduceScatterCoalescer>(ctx, comm, options.coalesce_bytes);
+    Context* shard_home = policy_.offload.params ? host_.get() : nullptr;
+    if (policy_.coalesce_bytes > 0)
+      coalescer_ = std::make_unique<ReduceScatterCoalescer>(ctx, comm, policy_.coalesce_bytes);
     std::vector<Tensor> piece_params;
     for (auto& spec : units) {
       check(!spec.params.empty(), "FSDP unit '", spec.name,
@@ -118,12 +98,12 @@ class FsdpEngine {
       auto unit = std::make_unique<Unit>();
       unit->name = spec.name;
       unit->first_param = index_.size();
-      unit->group = std::make_unique<FlatParamGroup>(
-          ctx, comm, spec.params, shard::PartitionKind::flat, Residency::sharded,
-          options.precision.param_dtype, replicas, shard_home);
-      unit->bucketer = std::make_unique<parallel::GradBucketer>(
-          ctx, comm, unit->group->plan(), parallel::GradSync::reduce_scatter, buckets,
-          coalescer_.get(), replicas);
+      unit->group = std::make_unique<FlatParamGroup>(ctx, comm, spec.params, policy_.partition,
+                                                     policy_.residency, policy_.param_dtype,
+                                                     replicas, shard_home);
+      unit->bucketer =
+          std::make_unique<GradBucketer>(ctx, comm, unit->group->plan(), policy_.grad_sync,
+                                         policy_.buckets, coalescer_.get(), replicas);
       unit->pieces = unit->group->updated_pieces(false);
       unit->first_piece = piece_grads_.size();
       table_.append_plan(unit->group->plan(), false);
@@ -145,6 +125,8 @@ class FsdpEngine {
  public:
   FsdpEngine(const FsdpEngine&) = delete;
   FsdpEngine& operator=(const FsdpEngine&) = delete;
+
+  const ResolvedPolicy& policy() const { return policy_; }
 
   // --- units and parameters ---------------------------------------------------------------
   std::size_t unit_count() const { return units_.size(); }
@@ -383,6 +365,13 @@ class FsdpEngine {
     std::size_t local;
   };
 
+  static ResolvedPolicy checked(const ParallelOptions& options) {
+    check(options.stage == Stage::fsdp, "FsdpEngine runs fsdp (ZeRO-3), but options.stage is ",
+          stage_name(options.stage),
+          "; set options.stage = Stage::fsdp, or use DataParallel for ddp, oss and sdp");
+    return resolve(options);
+  }
+
   Unit& unit_at(std::size_t u) {
     check(u < units_.size(), "FSDP unit ", u, " does not exist; there are ", units_.size());
     return *units_[u];
@@ -427,7 +416,8 @@ class FsdpEngine {
 
   Context* ctx_;
   comm::Communicator* comm_;
-  comm::Communicator* replicas_;   // hybrid sharding's other groups (nullptr: none)
+  comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
+  ResolvedPolicy policy_;
   std::unique_ptr<Context> host_;  // offload: the host side (else null); before the units
   shard::PieceTable table_;
   std::unique_ptr<parallel::ReduceScatterCoalescer> coalescer_;  // before the units' bucketers

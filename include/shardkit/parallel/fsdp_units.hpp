@@ -14,13 +14,9 @@
 #include <vector>
 
 #include "shardkit/nn/module.hpp"
+#include "shardkit/parallel/options.hpp"
 
 namespace shardkit::parallel {
-
-struct FsdpWrapPolicy {
-  std::vector<std::string> unit_paths;  // explicit units ("layer1.0", "layer1.1", ...)
-  std::int64_t min_num_params = 0;      // auto-wrap threshold (0: off)
-};
 
 struct FsdpUnitSpec {
   std::string path;                 // module path; "" for the root unit

@@ -37,26 +37,11 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
+#include "shardkit/parallel/policy.hpp"
 #include "shardkit/parallel/reduce_scatter_coalescer.hpp"
 #include "shardkit/shard/bucket_plan.hpp"
 
 namespace shardkit::parallel {
-
-enum class GradSync { all_reduce, reduce_scatter };
-
-struct BucketerOptions {
-  std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's 25 MiB
-  // Gradients are kept in grad_dtype: f32, or under mixed precision the compute dtype (f16 /
-  // bf16: the gradients autograd forms for low-precision parameters). They travel in
-  // wire_dtype: grad_dtype itself; f32 to reduce low-precision gradients without rounding
-  // the sums (FairScale's fp32_reduce_scatter); or, for f32 gradients, f16 / bf16 to halve the
-  // traffic (rounded on the wire, kept f32 here).
-  DType grad_dtype = DType::f32;
-  DType wire_dtype = DType::f32;
-  // Buckets in flight at once: launching one more first waits for the oldest. Bounds SDP's
-  // transient memory to about (max_in_flight + the buckets being filled) x bucket_bytes.
-  int max_in_flight = 2;
-};
 
 // The runtime state of one bucket during a backward.
 struct BucketState {
@@ -321,20 +306,22 @@ class GradBucketer {
   // `coalescer` (reduce_scatter only, optional): buckets smaller than its capacity are reduced
   // together with other bucketers' (FSDP's many units). `replicas` (optional): hybrid
   // sharding's other groups, `comm` being this rank's shard group.
+  // `policy` (policy.hpp: resolve() checked it) sets the bucket capacity, the buckets in
+  // flight and the gradients' dtypes: kept in grad_dtype, travelling in wire_dtype.
   GradBucketer(Context& ctx, comm::Communicator& comm, const shard::ShardPlan& plan, GradSync sync,
-               BucketerOptions options = {}, ReduceScatterCoalescer* coalescer = nullptr,
+               const BucketPolicy& policy, ReduceScatterCoalescer* coalescer = nullptr,
                comm::Communicator* replicas = nullptr)
       : plan_(&plan),
         sync_(sync),
-        buckets_(checked_plan(plan, comm, options), comm.rank(), capacity(options)),
-        schedule_(buckets_.items_per_bucket(), options.max_in_flight),
+        buckets_(checked_plan(plan, comm), comm.rank(), policy.capacity),
+        schedule_(buckets_.items_per_bucket(), policy.max_in_flight),
         states_(buckets_.buckets().size()) {
     if (sync == GradSync::all_reduce)
-      strategy_ = std::make_unique<AllReduceGrads>(ctx, comm, buckets_, options.grad_dtype,
-                                                   options.wire_dtype, replicas);
+      strategy_ = std::make_unique<AllReduceGrads>(ctx, comm, buckets_, policy.grad_dtype,
+                                                   policy.wire_dtype, replicas);
     else
-      strategy_ = std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, options.grad_dtype,
-                                                       options.wire_dtype, coalescer, replicas);
+      strategy_ = std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, policy.grad_dtype,
+                                                       policy.wire_dtype, coalescer, replicas);
     ready_.assign(plan.layout().size(), false);
   }
 
@@ -416,30 +403,10 @@ class GradBucketer {
 
  private:
   static const shard::ShardPlan& checked_plan(const shard::ShardPlan& plan,
-                                              const comm::Communicator& comm,
-                                              const BucketerOptions& options) {
-    check(options.bucket_bytes > 0, "bucket size is 0 bytes; pass a positive size (PyTorch DDP ",
-          "uses 25 MiB, FairScale SDP 2^23 elements)");
-    check(options.grad_dtype == DType::f32 || options.grad_dtype == DType::f16 ||
-              options.grad_dtype == DType::bf16,
-          "gradients are kept as f32, f16 or bf16, not ", dtype_name(options.grad_dtype));
-    check(options.wire_dtype == DType::f32 || options.wire_dtype == DType::f16 ||
-              options.wire_dtype == DType::bf16,
-          "gradients can travel as f32, f16 or bf16, not ", dtype_name(options.wire_dtype));
-    // A 16-bit wire of the other 16-bit format would round (f16 -> bf16 loses mantissa) or
-    // overflow (bf16 -> f16 loses range) without anyone asking for it.
-    check(options.grad_dtype == DType::f32 || options.wire_dtype == DType::f32 ||
-              options.wire_dtype == options.grad_dtype,
-          "gradients kept in ", dtype_name(options.grad_dtype), " cannot travel as ",
-          dtype_name(options.wire_dtype), ": that loses ",
-          options.grad_dtype == DType::bf16 ? "range (f16 overflows at 65504)" : "precision",
-          " silently; reduce in ", dtype_name(options.grad_dtype), " or in f32");
+                                              const comm::Communicator& comm) {
     check(comm.size() == plan.world_size(), "the shard plan is for ", plan.world_size(),
           " ranks but the communicator has ", comm.size());
     return plan;
-  }
-  static std::int64_t capacity(const BucketerOptions& options) {
-    return std::max<std::int64_t>(1, static_cast<std::int64_t>(options.bucket_bytes / 4));
   }
 
   const shard::ParamSlot& slot_of(std::size_t i, const char* call) const {

@@ -40,6 +40,8 @@
 #include "shardkit/parallel/fsdp_units.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/offload.hpp"
+#include "shardkit/parallel/options.hpp"
+#include "shardkit/parallel/policy.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/shard/bucket_plan.hpp"
@@ -48,24 +50,18 @@
 
 namespace shardkit::parallel {
 
-struct MemoryPlanOptions {
-  Stage stage = Stage::ddp;
+// The run to plan: the options it will be given (the same ParallelOptions, resolved by the
+// same resolve() as the engines), the ranks, the optimizer and, under fsdp, the units.
+struct PlannedRun {
+  ParallelOptions parallel;
   int world_size = 1;
   int group_size = 0;  // hybrid sharding: ranks per shard group (0: the whole world)
   optim::OptimizerConfig optimizer;
-  MixedPrecision precision;                                     // off: f32
-  shard::PartitionKind partition = shard::PartitionKind::flat;  // ddp/oss/sdp
-  parallel::BucketerOptions buckets;
-  bool broadcast_fp16 = false;  // oss/sdp, f32
   // fsdp: the units as lists of parameter indices (spec order; every trainable parameter in
   // exactly one unit, frozen ones in none). Empty: one unit of every trainable parameter.
   std::vector<std::vector<std::size_t>> fsdp_units;
   int root_unit = -1;  // the unit gathered through the whole forward and backward (-1: none)
-  int prefetch = 1;
-  bool reshard_after_forward = true;
-  std::size_t coalesce_bytes = std::size_t{4} << 20;
-  OffloadOptions offload;  // CPU offload of the optimizer (and fsdp's parameter shards)
-  int rank = -1;           // the shard rank to plan; -1: the most loaded (device, then host memory)
+  int rank = -1;       // the shard rank to plan; -1: the most loaded (device, then host memory)
 };
 
 // Peak activation bytes of one training step as fixed + per_sample x batch, and never below
@@ -123,7 +119,7 @@ struct MemoryPlan {
 
 namespace detail {
 
-inline int planned_group(const MemoryPlanOptions& o) {
+inline int planned_group(const PlannedRun& o) {
   check(o.world_size >= 1, "memory plan: world size ", o.world_size, "; pass at least 1");
   const int group = o.group_size == 0 ? o.world_size : o.group_size;
   check(group >= 1 && group <= o.world_size && o.world_size % group == 0,
@@ -142,8 +138,9 @@ inline std::int64_t largest_bucket(const shard::BucketPlan& buckets) {
 
 // The bucketer's transient buffers for one plan on `rank`.
 inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool reduce_scatter,
-                                      const parallel::BucketerOptions& o, DType grad, DType wire) {
-  const std::int64_t in_flight = o.max_in_flight + 1;  // in flight, plus the one being filled
+                                      const BucketPolicy& policy) {
+  const DType grad = policy.grad_dtype, wire = policy.wire_dtype;
+  const std::int64_t in_flight = policy.max_in_flight + 1;  // in flight, plus the one being filled
   const std::int64_t largest = largest_bucket(buckets);
   std::int64_t per_bucket = 0;
   if (reduce_scatter) per_bucket += largest * bytes_of(grad);  // the full-gradient bucket
@@ -158,18 +155,15 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
 // re-gathered; under fsdp gathered twice, for the forward and again for the backward) inside the
 // group, and the reduced gradients all-reduced across the R groups.
 inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& specs,
-                         const MemoryPlanOptions& o, int group) {
+                         const PlannedRun& o, const ResolvedPolicy& policy, int group) {
   double psi = 0;
   for (const auto& s : specs)
     if (s.trainable) psi += static_cast<double>(shape_numel(s.shape));
-  const bool mixed = o.precision.enabled();
-  const double param = static_cast<double>(dtype_size(o.precision.param_dtype));
-  const double grad = static_cast<double>(dtype_size(mixed || o.precision.reduce_dtype != DType::f32
-                                                         ? o.precision.reduce_dtype
-                                                         : o.buckets.wire_dtype));
+  const double param = static_cast<double>(dtype_size(policy.param_dtype));
+  const double grad = static_cast<double>(dtype_size(policy.buckets.wire_dtype));
   const double g = group, r = static_cast<double>(o.world_size / group);
   const double ring = (g - 1) / g, across = (r - 1) / r;
-  switch (o.stage) {
+  switch (policy.stage) {
     case Stage::ddp:
       p.sent_in_group = 2 * psi * grad * ring;
       p.sent_across_groups = 2 * psi * grad * across;
@@ -183,7 +177,8 @@ inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& spe
       p.sent_across_groups = 2 * psi / g * grad * across;
       break;
     case Stage::fsdp:
-      p.sent_in_group = psi * grad * ring + (o.reshard_after_forward ? 2 : 1) * psi * param * ring;
+      p.sent_in_group =
+          psi * grad * ring + (policy.reshard_after_forward ? 2 : 1) * psi * param * ring;
       p.sent_across_groups = 2 * psi / g * grad * across;
       break;
   }
@@ -197,11 +192,12 @@ inline std::int64_t state_elements_bytes(const optim::OptimizerConfig& config, b
 // master of its own unless the parameters already are that master (f32 shards on the host),
 // the gradients' staging, and the compute copy on its way up (mixed precision, parameters on
 // the device); offload.params moves fsdp's shards (`shard_bytes`) as well.
-inline void plan_offload(MemoryPlan& p, const MemoryPlanOptions& o, std::int64_t state_numel,
-                         std::int64_t shard_bytes, DType param, DType grad) {
-  if (!o.offload.enabled()) return;
+inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolicy& policy,
+                         std::int64_t state_numel, std::int64_t shard_bytes) {
+  if (!policy.offload.enabled()) return;
+  const DType param = policy.param_dtype, grad = policy.buckets.grad_dtype;
   const bool mixed = param != DType::f32;
-  const bool params_on_host = o.offload.params;
+  const bool params_on_host = policy.offload.params;
   const auto buffers = static_cast<std::int64_t>(optim::state_buffer_names(o.optimizer).size());
   p.optimizer_state = 0;
   p.host_optimizer_state = 4 * state_numel * (buffers + (mixed || !params_on_host ? 1 : 0));
@@ -210,7 +206,8 @@ inline void plan_offload(MemoryPlan& p, const MemoryPlanOptions& o, std::int64_t
   if (params_on_host) {
     p.parameters -= shard_bytes;
     p.host_parameters = shard_bytes;
-    p.host_transfer += (o.reshard_after_forward ? 2.0 : 1.0) * static_cast<double>(shard_bytes);
+    p.host_transfer +=
+        (policy.reshard_after_forward ? 2.0 : 1.0) * static_cast<double>(shard_bytes);
   } else {
     if (mixed) p.host_parameters = state_numel * bytes_of(param);
     p.host_transfer += static_cast<double>(state_numel * bytes_of(param));
@@ -219,23 +216,17 @@ inline void plan_offload(MemoryPlan& p, const MemoryPlanOptions& o, std::int64_t
 
 }  // namespace detail
 
-// The plan for `specs` (names, shapes, trainable flags in registration order) under `o`, with
-// activations for `batch` samples per rank from `activations`. Collective-free: runs anywhere.
-inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
-                              const MemoryPlanOptions& o, const ActivationProfile& activations = {},
-                              std::int64_t batch = 0) {
+// The plan for `specs` (names, shapes, trainable flags in registration order) for the run `o`,
+// with activations for `batch` samples per rank from `activations`. Collective-free: runs
+// anywhere.
+inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const PlannedRun& o,
+                              const ActivationProfile& activations = {}, std::int64_t batch = 0) {
   const int group = detail::planned_group(o);
-  validate(o.precision);
-  validate(o.offload, o.stage);
-  const bool mixed = o.precision.enabled();
-  const DType param = o.precision.param_dtype;
-  const DType grad = mixed ? param : DType::f32;
-  // As the engines set the bucketer: the reduce dtype under mixed precision or when asked for.
-  const DType wire = mixed || o.precision.reduce_dtype != DType::f32 ? o.precision.reduce_dtype
-                                                                     : o.buckets.wire_dtype;
-  const std::int64_t capacity =
-      std::max<std::int64_t>(1, static_cast<std::int64_t>(o.buckets.bucket_bytes / 4));
-  const std::int64_t state_bytes = detail::state_elements_bytes(o.optimizer, mixed);
+  const ResolvedPolicy policy = resolve(o.parallel);  // the engines' own choices
+  const DType param = policy.param_dtype;
+  const DType grad = policy.buckets.grad_dtype;
+  const std::int64_t state_bytes =
+      detail::state_elements_bytes(o.optimizer, policy.mixed_precision());
   MemoryPlan best;
   best.parameters = -1;
   check(o.rank >= -1 && o.rank < group, "memory plan: rank ", o.rank,
@@ -245,19 +236,19 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
     if (o.rank >= 0 && rank != o.rank) continue;
     MemoryPlan p;
     p.rank = rank;
-    if (o.stage != Stage::fsdp) {
-      const shard::ShardPlan plan(specs, group, o.partition);
-      const bool reduce_scatter = o.stage == Stage::sdp;
-      const shard::BucketPlan buckets(plan, rank, capacity);
-      const auto table = shard::PieceTable::of_plan(plan, o.stage == Stage::ddp);
+    const bool reduce_scatter = policy.grad_sync == GradSync::reduce_scatter;
+    if (policy.residency == Residency::replicated) {
+      const shard::ShardPlan plan(specs, group, policy.partition);
+      const shard::BucketPlan buckets(plan, rank, policy.buckets.capacity);
+      const auto table = shard::PieceTable::of_plan(plan, policy.every_rank_updates);
       p.parameters = plan.layout().padded_numel() * detail::bytes_of(param);
       p.gradients =
           (reduce_scatter ? buckets.owned_numel() : buckets.total_numel()) * detail::bytes_of(grad);
       p.optimizer_state = table.state_numel(rank) * state_bytes;
-      p.communication = detail::bucket_transients(buckets, reduce_scatter, o.buckets, grad, wire);
-      if (o.broadcast_fp16 && !mixed && o.stage != Stage::ddp)
+      p.communication = detail::bucket_transients(buckets, reduce_scatter, policy.buckets);
+      if (policy.broadcast_fp16)
         p.communication = std::max(p.communication, plan.trainable_end() * 2);
-      detail::plan_offload(p, o, table.state_numel(rank), 0, param, grad);
+      detail::plan_offload(p, o, policy, table.state_numel(rank), 0);
     } else {
       std::vector<std::vector<std::size_t>> units = o.fsdp_units;
       if (units.empty()) {
@@ -277,20 +268,19 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
           unit_specs.push_back(specs[i]);
         }
         if (unit_specs.empty()) continue;
-        const shard::ShardPlan plan(unit_specs, group, shard::PartitionKind::flat);
-        const shard::BucketPlan buckets(plan, rank, capacity);
+        const shard::ShardPlan plan(unit_specs, group, policy.partition);
+        const shard::BucketPlan buckets(plan, rank, policy.buckets.capacity);
         table.append_plan(plan, false);
         shard_bytes += plan.numel(rank) * detail::bytes_of(param);
         p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
         unit_bytes.push_back(plan.layout().padded_numel() * detail::bytes_of(param));
-        transients =
-            std::max(transients, detail::bucket_transients(buckets, true, o.buckets, grad, wire));
+        transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets));
       }
       p.parameters = shard_bytes;
       for (const auto& s : specs)
         if (!s.trainable) p.parameters += shape_numel(s.shape) * detail::bytes_of(param);
       p.optimizer_state = table.state_numel(rank) * state_bytes;
-      detail::plan_offload(p, o, table.state_numel(rank), shard_bytes, param, grad);
+      detail::plan_offload(p, o, policy, table.state_numel(rank), shard_bytes);
       // Gathered at once: the root unit, and the unit in use with `prefetch` more ahead (every
       // unit without resharding after forward).
       std::int64_t root = 0;
@@ -300,16 +290,15 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
       }
       std::sort(unit_bytes.rbegin(), unit_bytes.rend());
       const std::size_t held =
-          o.reshard_after_forward
-              ? std::min(unit_bytes.size(), static_cast<std::size_t>(std::max(0, o.prefetch) + 1))
+          policy.reshard_after_forward
+              ? std::min(unit_bytes.size(), static_cast<std::size_t>(policy.prefetch + 1))
               : unit_bytes.size();
       p.gathered = root;
       for (std::size_t k = 0; k < held; ++k) p.gathered += unit_bytes[k];
-      p.communication =
-          transients + (o.coalesce_bytes > 0 ? 2 * static_cast<std::int64_t>(o.coalesce_bytes) : 0);
+      p.communication = transients + 2 * static_cast<std::int64_t>(policy.coalesce_bytes);
     }
     p.activations = activations.at(batch);
-    detail::plan_traffic(p, specs, o, group);
+    detail::plan_traffic(p, specs, o, policy, group);
     const bool more = p.total() > best.total() ||
                       (p.total() == best.total() && p.host_total() > best.host_total());
     if (more || best.parameters < 0) best = p;
@@ -317,17 +306,17 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs,
   return best;
 }
 
-// `o` for an nn::Module trained by ShardedModule: under fsdp, the units `wrap` makes of its
-// parameters (registration order, module_param_specs), the root unit gathered throughout.
-inline MemoryPlanOptions module_plan_options(nn::Module& module, MemoryPlanOptions o,
-                                             const FsdpWrapPolicy& wrap = {}) {
-  if (o.stage != Stage::fsdp) return o;
+// `o` for an nn::Module trained by ShardedModule: under fsdp, the units o.parallel.fsdp.wrap
+// makes of its parameters (registration order, module_param_specs), the root unit gathered
+// throughout.
+inline PlannedRun module_planned_run(nn::Module& module, PlannedRun o) {
+  if (o.parallel.stage != Stage::fsdp) return o;
   const auto specs = module_param_specs(module);
   std::map<std::string, std::size_t> index;
   for (std::size_t i = 0; i < specs.size(); ++i) index.emplace(specs[i].name, i);
   o.fsdp_units.clear();
   o.root_unit = -1;
-  for (const auto& unit : plan_fsdp_units(module, wrap)) {
+  for (const auto& unit : plan_fsdp_units(module, o.parallel.fsdp.wrap)) {
     std::vector<std::size_t> members;
     for (const auto& name : unit.params)
       if (specs[index.at(name)].trainable) members.push_back(index.at(name));
@@ -338,20 +327,17 @@ inline MemoryPlanOptions module_plan_options(nn::Module& module, MemoryPlanOptio
   return o;
 }
 
-// The plan of an nn::Module trained by ShardedModule under `o` (FSDP units from `wrap`).
-inline MemoryPlan plan_module_memory(nn::Module& module, const MemoryPlanOptions& o,
-                                     const FsdpWrapPolicy& wrap = {},
+// The plan of an nn::Module trained by ShardedModule in the run `o`.
+inline MemoryPlan plan_module_memory(nn::Module& module, const PlannedRun& o,
                                      const ActivationProfile& activations = {},
                                      std::int64_t batch = 0) {
-  return plan_memory(module_param_specs(module), module_plan_options(module, o, wrap), activations,
-                     batch);
+  return plan_memory(module_param_specs(module), module_planned_run(module, o), activations, batch);
 }
 
 // The largest batch per rank whose plan fits in `device_bytes`; 0 when not even one sample
 // fits beside the model states.
-inline std::int64_t largest_batch(const std::vector<shard::ParamSpec>& specs,
-                                  const MemoryPlanOptions& o, const ActivationProfile& activations,
-                                  std::int64_t device_bytes) {
+inline std::int64_t largest_batch(const std::vector<shard::ParamSpec>& specs, const PlannedRun& o,
+                                  const ActivationProfile& activations, std::int64_t device_bytes) {
   check(activations.bytes_per_sample > 0,
         "largest_batch: the activation profile has no per-sample bytes; measure one with "
         "profile_activations (or fit_activation_profile) first");

@@ -32,24 +32,6 @@
 
 namespace shardkit::parallel {
 
-struct ShardedModuleOptions {
-  Stage stage = Stage::ddp;
-  // oss/sdp: the even flat split (padded, FSDP-style) holds exactly 1/N of the state on every
-  // rank; greedy keeps whole parameters per rank (FairScale's OSS) at a cost on the most loaded.
-  shard::PartitionKind partition = shard::PartitionKind::flat;
-  parallel::BucketerOptions buckets;
-  bool broadcast_buffers = true;
-  bool broadcast_fp16 = false;  // oss/sdp: updated parameters travel as f16
-  FsdpOptions fsdp;             // fsdp: units, resharding, prefetch (its buckets: `buckets`)
-  // Mixed precision (mixed_precision.hpp): the module's parameters become the f16/bf16 compute
-  // copy, inputs are cast to it at the module's entrance, buffers and batch-norm stay f32, and
-  // the optimizer keeps f32 masters. Off by default.
-  MixedPrecision precision;
-  // CPU offload (offload.hpp): the optimizer's master, state and step on the host (any stage);
-  // under fsdp also the parameter shards between uses. Off by default.
-  OffloadOptions offload;
-};
-
 // The parameter specs of a module: state-dict names, shapes, trainable = requires_grad.
 inline std::vector<shard::ParamSpec> module_param_specs(const nn::Module& module) {
   std::vector<shard::ParamSpec> specs;
@@ -80,46 +62,35 @@ inline void broadcast_module_buffers(Context& ctx, nn::Module& module, comm::Com
 class ShardedModule {
  public:
   ShardedModule(Context& ctx, comm::Communicator& comm, std::shared_ptr<nn::Module> module,
-                optim::OptimizerConfig optimizer, ShardedModuleOptions options = {})
+                optim::OptimizerConfig optimizer, const ParallelOptions& options = {})
       : ShardedModule(ctx, comm, nullptr, std::move(module), std::move(optimizer), options) {}
 
   // Hybrid sharding: oss, sdp and fsdp shard inside the mesh's groups and replicate across them
   // (comm/hybrid_mesh.hpp; PyTorch's HYBRID_SHARD). Buffers still come from world rank 0. The
   // mesh must outlive the module.
   ShardedModule(Context& ctx, const comm::HybridMesh& mesh, std::shared_ptr<nn::Module> module,
-                optim::OptimizerConfig optimizer, ShardedModuleOptions options = {})
+                optim::OptimizerConfig optimizer, const ParallelOptions& options = {})
       : ShardedModule(ctx, mesh.world(), &mesh, std::move(module), std::move(optimizer), options) {}
 
  private:
   ShardedModule(Context& ctx, comm::Communicator& world, const comm::HybridMesh* mesh,
                 std::shared_ptr<nn::Module> module, optim::OptimizerConfig optimizer,
-                ShardedModuleOptions options)
+                const ParallelOptions& options)
       : ctx_(&ctx),
         comm_(mesh != nullptr ? &mesh->shard() : &world),
         world_(&world),
         module_(checked_module(std::move(module))),
-        options_(options) {
+        policy_(resolve(options)) {
     if (options.stage == Stage::fsdp) {
-      FsdpOptions fsdp = options.fsdp;
-      fsdp.buckets = options.buckets;
-      fsdp.precision = options.precision;
-      fsdp.offload = options.offload;
-      fsdp_ = mesh != nullptr ? std::make_unique<Fsdp>(ctx, *mesh, *module_, optimizer, fsdp)
-                              : std::make_unique<Fsdp>(ctx, world, *module_, optimizer, fsdp);
+      fsdp_ = mesh != nullptr ? std::make_unique<Fsdp>(ctx, *mesh, *module_, optimizer, options)
+                              : std::make_unique<Fsdp>(ctx, world, *module_, optimizer, options);
       broadcast_module_buffers(ctx, *module_, world);
       return;
     }
-    DataParallelOptions dp;
-    dp.stage = options.stage;
-    dp.partition = options.partition;
-    dp.buckets = options.buckets;
-    dp.broadcast_fp16 = options.broadcast_fp16;
-    dp.precision = options.precision;
-    dp.offload = options.offload;
     engine_ = mesh != nullptr ? std::make_unique<DataParallel>(
-                                    ctx, *mesh, module_param_specs(*module_), optimizer, dp)
+                                    ctx, *mesh, module_param_specs(*module_), optimizer, options)
                               : std::make_unique<DataParallel>(
-                                    ctx, world, module_param_specs(*module_), optimizer, dp);
+                                    ctx, world, module_param_specs(*module_), optimizer, options);
     bind_parameters();
     broadcast_module_buffers(ctx, *module_, world);
   }
@@ -133,10 +104,10 @@ class ShardedModule {
   // mixed precision a floating-point input is cast to the compute dtype first (PyTorch FSDP's
   // cast_root_forward_inputs).
   autograd::Variable operator()(Context& ctx, const autograd::Variable& input) {
-    if (options_.broadcast_buffers && module_->is_training())
+    if (policy_.broadcast_buffers && module_->is_training())
       broadcast_module_buffers(ctx, *module_, *world_);
-    const DType compute = options_.precision.param_dtype;
-    if (options_.precision.enabled() && is_floating(input.dtype()) && input.dtype() != compute)
+    const DType compute = policy_.param_dtype;
+    if (policy_.mixed_precision() && is_floating(input.dtype()) && input.dtype() != compute)
       return (*module_)(ctx, autograd::cast(ctx, input, compute));
     return (*module_)(ctx, input);
   }
@@ -186,14 +157,14 @@ class ShardedModule {
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
   nn::Module& module() const { return *module_; }
-  Stage stage() const { return options_.stage; }
+  Stage stage() const { return policy_.stage; }
   // The engine behind the stage: DataParallel (ddp/oss/sdp) or Fsdp.
   DataParallel& engine() {
     check<StateError>(engine_ != nullptr, "engine(): this module runs fsdp; use fsdp()");
     return *engine_;
   }
   Fsdp& fsdp() {
-    check<StateError>(fsdp_ != nullptr, "fsdp(): this module runs ", stage_name(options_.stage));
+    check<StateError>(fsdp_ != nullptr, "fsdp(): this module runs ", stage_name(policy_.stage));
     return *fsdp_;
   }
   // The ranks the model states are sharded over (the shard group under hybrid sharding).
@@ -332,7 +303,7 @@ class ShardedModule {
   comm::Communicator* comm_;   // the ranks the states are sharded over
   comm::Communicator* world_;  // every rank (the same as comm_ without hybrid sharding)
   std::shared_ptr<nn::Module> module_;
-  ShardedModuleOptions options_;
+  ResolvedPolicy policy_;
   std::unique_ptr<DataParallel> engine_;
   std::unique_ptr<Fsdp> fsdp_;
   std::vector<autograd::Variable> params_;  // named_parameters() order = layout index

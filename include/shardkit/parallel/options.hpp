@@ -1,0 +1,68 @@
+// ParallelOptions: everything a user chooses about how a model's states are sharded and how
+// they travel, given once -- to DataParallel, FsdpEngine or ShardedModule, and to the memory
+// planner -- and settled once by resolve() (policy.hpp) into what those execute. Plain data: the
+// names follow PyTorch FSDP and FairScale where they have one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardkit/parallel/mixed_precision.hpp"
+#include "shardkit/parallel/offload.hpp"
+#include "shardkit/parallel/stage.hpp"
+#include "shardkit/shard/shard_plan.hpp"
+
+namespace shardkit::parallel {
+
+// Gradient buckets: gradients go out in buckets of about bucket_bytes, in the backward's order,
+// as soon as each is complete; launching one more first waits for the oldest when
+// max_in_flight are out (which bounds SDP's and FSDP's transient memory to about
+// (max_in_flight + the buckets being filled) x bucket_bytes).
+struct BucketOptions {
+  std::size_t bucket_bytes = std::size_t{25} << 20;  // PyTorch DDP's 25 MiB
+  int max_in_flight = 2;
+};
+
+// FSDP's units from a module tree (ShardedModule): explicit module paths, or by size
+// (FairScale's / PyTorch's size_based_auto_wrap_policy); fsdp_units.hpp applies it.
+struct FsdpWrapPolicy {
+  std::vector<std::string> unit_paths;  // explicit units ("layer1.0", "layer1.1", ...)
+  std::int64_t min_num_params = 0;      // auto-wrap threshold (0: off)
+};
+
+// Small units' gradient buckets are held until this many bytes go out together; held buckets
+// and the staging copy cost up to twice this in transient memory, so the default is smaller
+// than FairScale's bucket_cap_mb (25): it gathers the tiny units (norms, biases, heads) whose
+// collectives are all latency, and leaves units of megabytes alone.
+inline constexpr std::size_t kDefaultCoalesceBytes = std::size_t{4} << 20;
+
+struct FsdpOptions {
+  FsdpWrapPolicy wrap;  // ShardedModule: which modules become units
+  bool reshard_after_forward =
+      true;          // free a unit after its forward (gather it again for backward)
+  int prefetch = 1;  // units gathered ahead, forward and backward (0: none)
+  // FairScale's bucket_cap_mb: gradient buckets smaller than this, of any unit, are
+  // reduce-scattered together up to this size (one collective for many small units); 0 sends
+  // each bucket alone.
+  std::size_t coalesce_bytes = kDefaultCoalesceBytes;
+};
+
+struct ParallelOptions {
+  Stage stage = Stage::ddp;  // ddp, oss (ZeRO-1), sdp (ZeRO-2), fsdp (ZeRO-3): stage.hpp
+  // ddp/oss/sdp: the even flat split (padded, FSDP-style) holds exactly 1/N of the state on
+  // every rank; greedy keeps whole parameters per rank (FairScale's OSS) at a cost on the most
+  // loaded. fsdp always splits evenly.
+  shard::PartitionKind partition = shard::PartitionKind::flat;
+  BucketOptions buckets;
+  // Mixed precision (mixed_precision.hpp): the compute copy's dtype and what gradients travel
+  // in (reduce_dtype; in f32 training f16 / bf16 halves the traffic, rounded on the wire only).
+  MixedPrecision precision;
+  OffloadOptions offload;         // the optimizer (and fsdp's parameter shards) on the host
+  bool broadcast_fp16 = false;    // oss/sdp in f32: updated parameters travel as f16
+  bool broadcast_buffers = true;  // ShardedModule: rank 0's buffers before each training forward
+  FsdpOptions fsdp;
+};
+
+}  // namespace shardkit::parallel

@@ -1,0 +1,99 @@
+// The policy a run executes: ParallelOptions (options.hpp) checked once and every derived choice
+// made once -- how the parameters reside, how gradients are reduced and in which dtypes, how
+// big a bucket is. The engines execute it and the memory planner reads it, so the plan cannot
+// drift from what runs.
+//
+//   stage  residency    gradients        updates               after the step
+//   ddp    replicated   all-reduce       every rank, all       --
+//   oss    replicated   all-reduce       owners, their range   owners' ranges all-gathered
+//   sdp    replicated   reduce-scatter   owners, their range   owners' ranges all-gathered
+//   fsdp   sharded      reduce-scatter   owners, their shard   -- (gathered at the next use)
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/parallel/options.hpp"
+
+namespace shardkit::parallel {
+
+// Where a group's parameters live: whole on every rank, or a 1/N shard per rank that is
+// gathered around its use (flat_param_group.hpp).
+enum class Residency { replicated, sharded };
+
+// How a bucket of gradients is reduced (grad_bucketer.hpp): averaged in place on every rank, or
+// averaged into each owner's part.
+enum class GradSync { all_reduce, reduce_scatter };
+
+// How gradients are bucketed and sent: what the bucketer and the coalescer run on.
+struct BucketPolicy {
+  std::int64_t capacity = 0;  // elements per bucket (bucket_bytes over 4)
+  int max_in_flight = 2;
+  DType grad_dtype = DType::f32;  // gradients as autograd forms them: the compute dtype
+  DType wire_dtype = DType::f32;  // what they travel in: precision.reduce_dtype
+};
+
+struct ResolvedPolicy {
+  Stage stage = Stage::ddp;
+  Residency residency = Residency::replicated;
+  shard::PartitionKind partition = shard::PartitionKind::flat;
+  GradSync grad_sync = GradSync::all_reduce;
+  bool every_rank_updates = true;  // ddp: a replicated piece table, every parameter everywhere
+  bool gather_after_step = false;  // oss/sdp: the owners' updated ranges all-gathered
+  DType param_dtype = DType::f32;  // the compute copy (the flat buffers' dtype)
+  BucketPolicy buckets;
+  std::size_t coalesce_bytes = 0;  // fsdp: small buckets reduce-scattered together (0: alone)
+  bool reshard_after_forward = true;
+  int prefetch = 1;
+  OffloadOptions offload;
+  bool broadcast_fp16 = false;
+  bool broadcast_buffers = true;
+  FsdpWrapPolicy wrap;
+  bool mixed_precision() const { return param_dtype != DType::f32; }
+};
+
+// Checks `options` and settles every choice; throws naming the option, its value and the fix.
+inline ResolvedPolicy resolve(const ParallelOptions& options) {
+  validate(options.precision);
+  validate(options.offload, options.stage);
+  const auto& buckets = options.buckets;
+  check(buckets.bucket_bytes > 0, "bucket size is 0 bytes; pass a positive size (PyTorch DDP ",
+        "uses 25 MiB, FairScale SDP 2^23 elements)");
+  check(buckets.max_in_flight >= 1, "buckets.max_in_flight is ", buckets.max_in_flight,
+        "; allow at least one bucket in flight");
+  check(options.fsdp.prefetch >= 0, "FSDP prefetch depth ", options.fsdp.prefetch, " must be >= 0");
+  check(!options.broadcast_fp16 || !options.precision.enabled(),
+        "broadcast_fp16 is for f32 training; under mixed precision the parameters already travel "
+        "in ",
+        dtype_name(options.precision.param_dtype));
+  const bool fsdp = options.stage == Stage::fsdp;
+  check(!fsdp || options.partition == shard::PartitionKind::flat,
+        "sharded parameters (fsdp) use the even flat split; got the ",
+        shard::partition_kind_name(options.partition), " partition");
+  ResolvedPolicy p;
+  p.stage = options.stage;
+  p.residency = fsdp ? Residency::sharded : Residency::replicated;
+  p.partition = options.partition;
+  p.grad_sync =
+      options.stage == Stage::sdp || fsdp ? GradSync::reduce_scatter : GradSync::all_reduce;
+  p.every_rank_updates = options.stage == Stage::ddp;
+  p.gather_after_step = options.stage == Stage::oss || options.stage == Stage::sdp;
+  p.param_dtype = options.precision.param_dtype;
+  p.buckets.capacity =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(buckets.bucket_bytes / 4));
+  p.buckets.max_in_flight = buckets.max_in_flight;
+  p.buckets.grad_dtype = options.precision.param_dtype;
+  p.buckets.wire_dtype = options.precision.reduce_dtype;
+  p.coalesce_bytes = fsdp ? options.fsdp.coalesce_bytes : 0;
+  p.reshard_after_forward = options.fsdp.reshard_after_forward;
+  p.prefetch = options.fsdp.prefetch;
+  p.offload = options.offload;
+  p.broadcast_fp16 = options.broadcast_fp16 && options.stage != Stage::ddp;
+  p.broadcast_buffers = options.broadcast_buffers;
+  p.wrap = options.fsdp.wrap;
+  return p;
+}
+
+}  // namespace shardkit::parallel
