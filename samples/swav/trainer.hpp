@@ -28,6 +28,7 @@
 #include "shardkit/data/stateful_sampler.hpp"
 #include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
+#include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
 #include "shardkit/parallel/sync_batch_norm.hpp"
 #include "swav_config.hpp"
@@ -126,7 +127,7 @@ class SwavTrainer {
     plan_ = sk::parallel::plan_module_memory(*model_, run);
     sharded_ = std::make_unique<sk::parallel::ShardedModule>(ctx, comm, model_, optimizer, o);
     // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.
-    sharded_->normalize_rows_after_step(SwavModel::kPrototypes);
+    sk::parallel::normalize_rows_after_step(sharded_->engine(), SwavModel::kPrototypes);
     sampler_ = std::make_unique<sk::data::StatefulDistributedSampler>(
         data.train.count, comm.size(), comm.rank(), c.batch_size, c.seed);
     sk::check(sampler_->samples_per_rank() >= c.batch_size,
@@ -288,7 +289,7 @@ class SwavTrainer {
     else
       ag::backward(ctx, loss);
     for (const auto& [name, iterations] : c_.frozen)
-      if (iteration_ < iterations) sharded_->zero_grad_of(name);
+      if (iteration_ < iterations) sk::parallel::zero_grad_of(sharded_->engine(), name);
     if (c_.loss_scaling)
       (void)sharded_->step(static_cast<float>(lr), scaler_);
     else

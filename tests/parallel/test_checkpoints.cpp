@@ -99,7 +99,7 @@ Snapshot run(const CheckpointJob& job) {
     auto state = sk::optim::consolidate_optimizer_state(*model.training_state().optimizer, comm, 0);
     std::vector<float> values;
     if (job.where.stage == Stage::fsdp) {
-      auto full = model.fsdp().full_params();
+      auto full = model.full_params();
       values = module_values(ctx, *net);
     } else {
       values = module_values(ctx, *net);
@@ -213,7 +213,7 @@ TEST_CASE("a full save streams through bounded chunks, and its model file is a s
     // Beyond its shards a rank held at most one chunk, never a unit or the model.
     const auto peak = ctx.memory_stats().snapshot().peak_of(sk::MemoryCategory::communication);
     CHECK(peak <= 7 * 4);
-    auto full = model.fsdp().full_params();
+    auto full = model.full_params();
     if (comm.rank() == 0) reference = module_values(ctx, *net);
   });
   // The model file loads into a plain, unwrapped module by name (PyTorch's load_state_dict).
@@ -429,7 +429,7 @@ TEST_CASE("state_dict(): the full state dict under every stage, gathered one uni
       CHECK(everywhere.size() == net->state_dict().size());
       if (stage == Stage::fsdp) {  // never more than the largest unit at a time
         std::int64_t largest = 0;
-        const auto& engine = model.fsdp().engine();
+        const auto& engine = model.engine();
         for (std::size_t u = 0; u < engine.unit_count(); ++u)
           largest = std::max(largest, engine.group(u).plan().trainable_end());
         const auto peak = ctx.memory_stats().snapshot().peak_of(sk::MemoryCategory::communication);

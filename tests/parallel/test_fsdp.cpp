@@ -88,10 +88,10 @@ Outcome train(Stage stage, const Run& run) {
     if (comm.rank() == 0)
       out.reduce_scatters = comm.stats().of(sk::comm::CollectiveKind::reduce_scatter_v).calls;
     if (comm.rank() == 0 && stage == Stage::fsdp)
-      out.max_gathered = model.fsdp().max_gathered_units();  // (before gathering everything)
+      out.max_gathered = model.max_gathered_units();  // (before gathering everything)
     std::vector<float> values;
     if (stage == Stage::fsdp) {
-      auto full = model.fsdp().full_params();  // collective: every rank gathers
+      auto full = model.full_params();  // collective: every rank gathers
       values = module_values(ctx, *net);
     } else {
       values = module_values(ctx, *net);
@@ -327,7 +327,7 @@ TEST_CASE(
       ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
       model.step(0.1f);
       {
-        auto full = model.fsdp().full_params();
+        auto full = model.full_params();
         CHECK(sk::to_vector<float>(ctx, weight.data()).size() == 12 * 40);
       }
     }

@@ -375,7 +375,7 @@ TEST_CASE(
       }
       std::vector<float> values;
       if (stage == Stage::fsdp) {
-        auto full = model->fsdp().full_params();
+        auto full = model->full_params();
         values = module_test::module_values(ctx, *net);
       } else {
         values = module_test::module_values(ctx, *net);

@@ -18,6 +18,7 @@
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/fsdp_engine.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
 
 namespace sk = shardkit;
 using namespace dp_test;

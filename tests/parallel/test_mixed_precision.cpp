@@ -520,7 +520,7 @@ ModuleRun train_module(sk::parallel::Stage stage, OptimizerKind kind, int world,
       }
     };
     if (stage == sk::parallel::Stage::fsdp) {
-      auto full = model.fsdp().full_params();
+      auto full = model.full_params();
       collect();
     } else {
       collect();

@@ -150,7 +150,7 @@ Outcome train(const Run& run) {
     state_numel[static_cast<std::size_t>(comm.rank())] =
         optimizer.table().state_numel(optimizer.rank());
     if (comm.rank() == 0 && run.stage == Stage::fsdp) {
-      const auto& engine = model.fsdp().engine();
+      const auto& engine = model.engine();
       for (std::size_t u = 0; u < engine.unit_count(); ++u)
         out.shard_bytes += static_cast<std::int64_t>(engine.group(u).shard().nbytes());
     }
@@ -165,7 +165,7 @@ Outcome train(const Run& run) {
     }
     std::vector<float> values;
     if (run.stage == Stage::fsdp) {
-      auto full = model.fsdp().full_params();
+      auto full = model.full_params();
       values = values_of(ctx, *net);
     } else {
       values = values_of(ctx, *net);

@@ -153,7 +153,7 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
         }
         std::vector<float> values;
         if (stage == Stage::fsdp) {
-          auto full = model.fsdp().full_params();
+          auto full = model.full_params();
           values = module_test::module_values(ctx, *net);
         } else {
           values = module_test::module_values(ctx, *net);

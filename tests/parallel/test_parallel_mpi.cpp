@@ -200,7 +200,7 @@ std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int 
     sk::checkpoint::save_checkpoint(save_to, model.training_state(), o);
   }
   if (stage != Stage::fsdp) return module_test::module_values(ctx, *net);
-  auto full = model.fsdp().full_params();
+  auto full = model.full_params();
   return module_test::module_values(ctx, *net);
 }
 

@@ -10,6 +10,7 @@
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
 
 namespace sk = shardkit;
@@ -158,16 +159,19 @@ std::vector<float> prototypes_run(int world, Stage stage, OptimizerKind kind, in
     options.fsdp.wrap.unit_paths = {"2"};
     options.precision = sk::parallel::MixedPrecision::of(dtype);
     sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(kind), options);
-    if (in_step) model.normalize_rows_after_step("2.weight");
+    if (in_step) sk::parallel::normalize_rows_after_step(model.engine(), "2.weight");
     const auto gathers_before = comm.stats().of(sk::comm::CollectiveKind::all_gather_v).calls;
     for (int s = 0; s < steps; ++s) {
       model.zero_grad();
       auto b = batch(ctx, {6, 12}, 10, comm.rank(), s);
       auto loss = ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
       ag::backward(ctx, loss);
-      if (s < frozen) model.zero_grad_of("2.weight");
+      if (s < frozen) sk::parallel::zero_grad_of(model.engine(), "2.weight");
       model.step(0.1f);
-      if (!in_step) model.normalize_rows("2.weight");
+      if (!in_step) {
+        auto state = model.training_state();
+        sk::parallel::normalize_rows(ctx, state, "2.weight");
+      }
     }
     if (all_gathers != nullptr && comm.rank() == 0)
       *all_gathers = comm.stats().of(sk::comm::CollectiveKind::all_gather_v).calls - gathers_before;

@@ -90,7 +90,7 @@ std::vector<float> resnet_run(int world, sk::parallel::Stage stage) {
       model.step(0.05f);
     }
     if (stage == sk::parallel::Stage::fsdp) {
-      auto full = model.fsdp().full_params();  // collective: every rank gathers
+      auto full = model.full_params();  // collective: every rank gathers
       if (comm.rank() == 0) out = module_values(ctx, *net);
     } else if (comm.rank() == 0) {
       out = module_values(ctx, *net);

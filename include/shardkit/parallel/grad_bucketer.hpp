@@ -323,6 +323,7 @@ class GradBucketer {
       strategy_ = std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, policy.grad_dtype,
                                                        policy.wire_dtype, coalescer, replicas);
     ready_.assign(plan.layout().size(), false);
+    for (const auto& slot : plan.layout().slots()) trainable_ += slot.trainable ? 1 : 0;
   }
 
   GradBucketer(const GradBucketer&) = delete;
@@ -342,9 +343,14 @@ class GradBucketer {
     check(!ready_[i], "the gradient of '", slot.name,
           "' was marked ready twice in one backward; mark each parameter once, then finish()");
     ready_[i] = true;
+    ++ready_count_;
     schedule_.ready(buckets_.bucket_of(i));
     if (sync_enabled_) advance();
   }
+
+  // Whether parameter i's gradient is final in this backward; whether every one is.
+  bool is_ready(std::size_t i) const { return i < ready_.size() && ready_[i]; }
+  bool all_ready() const { return ready_count_ == trainable_; }
 
   // Completes the launched buckets whose reductions are done, in order, freeing their
   // transient buffers (never blocks). FSDP calls it as the backward moves through other units,
@@ -372,6 +378,7 @@ class GradBucketer {
     // Next backward: everything pending again. (Without sync, buckets keep their buffers and
     // the next backward adds to them: gradient accumulation.)
     std::fill(ready_.begin(), ready_.end(), false);
+    ready_count_ = 0;
     schedule_.reset();
   }
 
@@ -442,7 +449,8 @@ class GradBucketer {
   shard::BucketSchedule schedule_;
   std::vector<BucketState> states_;
   std::unique_ptr<GradSyncStrategy> strategy_;
-  std::vector<bool> ready_;
+  std::vector<bool> ready_;  // readiness, tracked here only: the groups and engines ask
+  std::size_t ready_count_ = 0, trainable_ = 0;
   bool sync_enabled_ = true;
   bool finished_ = false;
 };

@@ -8,9 +8,9 @@
 //                    the whole row (DDP) or a piece of it (OSS/SDP flat split, FSDP shards).
 //                    Writes the f32 masters, rounds the compute copies from them, and makes the
 //                    ranks agree again (OSS/SDP: the parameter all-gather; DDP and FSDP: none).
-//                    The engines' normalize_rows_after_step runs it inside every applied step,
-//                    before the all-gather OSS/SDP do anyway (normalize_owned_rows): no second
-//                    gather.
+//                    normalize_rows_after_step registers it as an engine's post-step hook,
+//                    which runs on the owners' pieces before the all-gather OSS/SDP do anyway
+//                    (normalize_owned_rows): no second gather.
 //   zero_grad_of     the parameter's averaged gradient is set to 0 before the step (VISSL's
 //                    frozen parameters; with LARC a zero gradient leaves the parameter, its
 //                    momentum and its weight decay untouched, as apex's zero-norm rule says).
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "shardkit/ops/norm_tree.hpp"
+#include "shardkit/parallel/engine.hpp"
 #include "shardkit/parallel/training_state.hpp"
 
 namespace shardkit::parallel {
@@ -104,18 +105,23 @@ inline void normalize_rows(Context& ctx, TrainingState& state, const std::string
   if (state.after_load) state.after_load();
 }
 
-// The parameters an engine re-normalises inside its step (normalize_rows_after_step).
-struct RowNormalization {
-  std::string name;
-  double eps = 1e-12;
-};
+// From now on every applied step of `engine` ends with normalize_rows(name), on the pieces this
+// rank updated, before the owners' ranges are gathered: a post-step hook (VISSL's
+// NormalizePrototypesHook, exact and alike under every stage).
+inline void normalize_rows_after_step(Engine& engine, const std::string& name, double eps = 1e-12) {
+  (void)detail::row_param(engine.table(), name);  // refused now, not at the first step
+  engine.register_post_step_hook([name, eps](Engine& e) {
+    normalize_owned_rows(e.context(), e.optimizer(), &e.communicator(), name, eps);
+  });
+}
 
-inline void zero_grad_of(Context& ctx, const optim::ShardedOptimizer& optimizer,
-                         const std::vector<Tensor>& piece_grads, const std::string& name) {
+// Between the backward and the step: `name`'s averaged gradient is 0 on every rank.
+inline void zero_grad_of(Engine& engine, const std::string& name) {
+  const auto& optimizer = engine.optimizer();
   const std::size_t p = detail::table_param(optimizer.table(), name, "zero_grad_of");
   const auto& pieces = optimizer.pieces();
   for (std::size_t k = 0; k < pieces.size(); ++k)
-    if (pieces[k].param == p) fill(ctx, piece_grads[k], 0.0);
+    if (pieces[k].param == p) fill(engine.context(), engine.piece_grads()[k], 0.0);
 }
 
 }  // namespace shardkit::parallel

@@ -20,7 +20,7 @@
 namespace shardkit::parallel {
 
 // Where a group's parameters live: whole on every rank, or a 1/N shard per rank that is
-// gathered around its use (flat_param_group.hpp).
+// gathered around its use (flat_param.hpp).
 enum class Residency { replicated, sharded };
 
 // How a bucket of gradients is reduced (grad_bucketer.hpp): averaged in place on every rank, or

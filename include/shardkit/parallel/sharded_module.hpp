@@ -7,11 +7,11 @@
 //   model.step(lr);                 // sharded optimizer step, parameters back in sync
 //   model.zero_grad();
 //
-// The module's parameters move into flat buffers and stay Variables viewing them (FairScale's
-// FlattenParamsWrapper idea), so names, state_dict(), hooks, train()/eval() and activation
-// checkpointing work unchanged. Each parameter's gradient goes straight into its bucket's
-// storage (a grad provider), its grad-ready hook feeds the bucketer, and the end of the backward
-// waits for the last bucket. Parameters the loss did not reach count as zero gradients.
+// It holds one Engine (engine.hpp) over the module's param groups (module_groups.hpp: one group
+// under ddp, oss and sdp; one per unit under fsdp), binds the module's parameters to it
+// (module_binding.hpp: each becomes a view of its group's buffer, its gradient goes straight
+// into the engine's buckets) and, under fsdp, gathers and frees the units from module hooks
+// (unit_hooks.hpp). Parameters the loss did not reach count as zero gradients.
 //
 // Buffers (batch-norm running statistics): rank 0's are broadcast when the module is wrapped
 // and, with broadcast_buffers (default, as PyTorch DDP), before every training-mode forward:
@@ -21,27 +21,19 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "shardkit/comm/hybrid_mesh.hpp"
 #include "shardkit/nn/module.hpp"
-#include "shardkit/parallel/data_parallel.hpp"
-#include "shardkit/parallel/fsdp.hpp"
-#include "shardkit/parallel/param_rows.hpp"
+#include "shardkit/parallel/engine.hpp"
+#include "shardkit/parallel/module_binding.hpp"
+#include "shardkit/parallel/module_groups.hpp"
+#include "shardkit/parallel/unit_hooks.hpp"
 
 namespace shardkit::parallel {
-
-// The parameter specs of a module: state-dict names, shapes, trainable = requires_grad.
-inline std::vector<shard::ParamSpec> module_param_specs(const nn::Module& module) {
-  std::vector<shard::ParamSpec> specs;
-  for (const auto& [name, p] : module.named_parameters()) {
-    check(p.dtype() == DType::f32, "parameter '", name, "' is ", dtype_name(p.dtype()),
-          "; sharded modules keep f32 parameters (build the model in f32)");
-    specs.push_back(shard::ParamSpec{name, p.shape(), p.requires_grad()});
-  }
-  return specs;
-}
 
 // Makes every rank's module buffers equal to rank `root`'s. Integer buffers (batch counts)
 // travel as f64, exact below 2^53.
@@ -76,27 +68,31 @@ class ShardedModule {
   ShardedModule(Context& ctx, comm::Communicator& world, const comm::HybridMesh* mesh,
                 std::shared_ptr<nn::Module> module, optim::OptimizerConfig optimizer,
                 const ParallelOptions& options)
-      : ctx_(&ctx),
-        comm_(mesh != nullptr ? &mesh->shard() : &world),
-        world_(&world),
-        module_(checked_module(std::move(module))),
-        policy_(resolve(options)) {
-    if (options.stage == Stage::fsdp) {
-      fsdp_ = mesh != nullptr ? std::make_unique<Fsdp>(ctx, *mesh, *module_, optimizer, options)
-                              : std::make_unique<Fsdp>(ctx, world, *module_, optimizer, options);
-      broadcast_module_buffers(ctx, *module_, world);
-      return;
+      : ctx_(&ctx), world_(&world), module_(checked_module(std::move(module))) {
+    const ResolvedPolicy policy = resolve(options);
+    ModuleGroups groups = module_groups(ctx, world, *module_, policy);
+    engine_ = std::make_unique<Engine>(ctx, mesh != nullptr ? mesh->shard() : world,
+                                       mesh != nullptr ? mesh->replicate() : nullptr,
+                                       std::move(groups.groups), std::move(optimizer), policy);
+    // Rank 0's f32 values become the engine's (exact masters under mixed precision); then every
+    // parameter a view of its group's buffer (the compute copy).
+    engine_->set_full_params(
+        [&](std::size_t i, const Tensor& view) { copy(ctx, view, groups.params[i].data()); });
+    binding_ = std::make_unique<ModuleBinding>(
+        ctx, *engine_, std::move(groups.params), [this](std::size_t i) { hooks_->after_ready(i); },
+        [this] { hooks_->after_backward(); });
+    hooks_ = std::make_unique<UnitHooks>(ctx, *engine_, *binding_, std::move(groups.unit_modules),
+                                         groups.root_unit);
+    // Frozen parameters outside the groups (fsdp): rank 0's values everywhere, like the
+    // sharded ones, in the compute dtype.
+    for (auto& p : groups.outside) {
+      if (p.dtype() != policy.param_dtype) p.set_data(cast(ctx, p.data(), policy.param_dtype));
+      world.broadcast(p.data(), 0).wait();
     }
-    engine_ = mesh != nullptr ? std::make_unique<DataParallel>(
-                                    ctx, *mesh, module_param_specs(*module_), optimizer, options)
-                              : std::make_unique<DataParallel>(
-                                    ctx, world, module_param_specs(*module_), optimizer, options);
-    bind_parameters();
     broadcast_module_buffers(ctx, *module_, world);
   }
 
  public:
-  ~ShardedModule() { unbind(); }
   ShardedModule(const ShardedModule&) = delete;
   ShardedModule& operator=(const ShardedModule&) = delete;
 
@@ -104,71 +100,52 @@ class ShardedModule {
   // mixed precision a floating-point input is cast to the compute dtype first (PyTorch FSDP's
   // cast_root_forward_inputs).
   autograd::Variable operator()(Context& ctx, const autograd::Variable& input) {
-    if (policy_.broadcast_buffers && module_->is_training())
+    const ResolvedPolicy& policy = engine_->policy();
+    if (policy.broadcast_buffers && module_->is_training())
       broadcast_module_buffers(ctx, *module_, *world_);
-    const DType compute = policy_.param_dtype;
-    if (policy_.mixed_precision() && is_floating(input.dtype()) && input.dtype() != compute)
+    const DType compute = policy.param_dtype;
+    if (policy.mixed_precision() && is_floating(input.dtype()) && input.dtype() != compute)
       return (*module_)(ctx, autograd::cast(ctx, input, compute));
     return (*module_)(ctx, input);
   }
 
   // Updates the parameters with the averaged gradients of the synchronised backwards since
   // zero_grad(); `lr` is this step's rate (schedules live in the training loop).
-  void step(float lr, float inv_grad_scale = 1.0f) {
-    if (fsdp_) return fsdp_->step(lr, inv_grad_scale);
-    engine_->step(lr, inv_grad_scale);
-  }
-
-  // torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) between the backward and
-  // step(): returns the gradients' global L2 norm (exact and the same under every stage, frozen
-  // parameters having none); the next step() applies the clipping in its fused pass.
-  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
-    if (fsdp_) return fsdp_->clip_grad_norm(max_norm, inv_grad_scale);
-    return engine_->clip_grad_norm(max_norm, inv_grad_scale);
-  }
-
+  void step(float lr, float inv_grad_scale = 1.0f) { engine_->step(lr, inv_grad_scale); }
   // The loss-scaled step (f16 mixed precision): after autograd::backward(ctx, loss,
   // scaler.scale()), every rank skips a step whose gradients overflowed on some rank, else
   // steps with them unscaled; the scale follows (optim/loss_scaler.hpp). Returns whether it
   // stepped.
-  bool step(float lr, optim::DynamicLossScaler& scaler) {
-    if (fsdp_) return fsdp_->step(lr, scaler);
-    return engine_->step(lr, scaler);
+  bool step(float lr, optim::DynamicLossScaler& scaler) { return engine_->step(lr, scaler); }
+  // torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) between the backward and
+  // step(): returns the gradients' global L2 norm (exact and the same under every stage, frozen
+  // parameters having none); the next step() applies the clipping in its fused pass.
+  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
+    return engine_->clip_grad_norm(max_norm, inv_grad_scale);
   }
-
   void zero_grad() {
-    if (fsdp_) return fsdp_->zero_grad();
     engine_->zero_grad();
-    for (auto& p : params_) p.clear_grad();
+    binding_->clear_grads();
   }
-
   // Gradient accumulation: while the returned scope lives, backwards sum gradients locally and
   // communicate nothing; the next synchronised backward reduces the sums.
-  class NoSync {
-   public:
-    explicit NoSync(ShardedModule& m) : module_(&m) { module_->set_sync(false); }
-    ~NoSync() { module_->set_sync(true); }
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-
-   private:
-    ShardedModule* module_;
-  };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  [[nodiscard]] Engine::NoSync no_sync() { return engine_->no_sync(); }
+  void register_post_step_hook(Engine::StepHook hook) {
+    engine_->register_post_step_hook(std::move(hook));
+  }
 
   nn::Module& module() const { return *module_; }
-  Stage stage() const { return policy_.stage; }
-  // The engine behind the stage: DataParallel (ddp/oss/sdp) or Fsdp.
-  DataParallel& engine() {
-    check<StateError>(engine_ != nullptr, "engine(): this module runs fsdp; use fsdp()");
-    return *engine_;
-  }
-  Fsdp& fsdp() {
-    check<StateError>(fsdp_ != nullptr, "fsdp(): this module runs ", stage_name(policy_.stage));
-    return *fsdp_;
-  }
+  Stage stage() const { return engine_->stage(); }
+  Engine& engine() { return *engine_; }
+  const Engine& engine() const { return *engine_; }
   // The ranks the model states are sharded over (the shard group under hybrid sharding).
-  comm::Communicator& communicator() const { return *comm_; }
+  comm::Communicator& communicator() const { return engine_->communicator(); }
+  // FSDP's summon_full_params: every unit gathered while the scope lives (to read or write the
+  // module's parameters between steps); written values go back to the shards at exit. Under
+  // ddp, oss and sdp the parameters are whole anyway.
+  [[nodiscard]] Engine::FullParams full_params() { return engine_->full_params(); }
+  // fsdp: the most units gathered at once since construction (the root unit not counted).
+  int max_gathered_units() const { return hooks_->max_gathered_units(); }
 
   // The module's full state dict (parameters and buffers by state-dict name, PyTorch's
   // state_dict()) as host copies. Under fsdp the parameters are gathered one unit at a time,
@@ -185,18 +162,15 @@ class ShardedModule {
       copy(*ctx_, host, t);
       copies.emplace(name, std::move(host));
     };
-    if (fsdp_) {
-      auto& engine = fsdp_->engine();
-      for (std::size_t u = 0; u < engine.unit_count(); ++u) {
-        const bool was_gathered = engine.holds_full(u);
-        engine.gather(u);
-        const auto& group = engine.group(u);
-        for (std::size_t i = 0; i < group.plan().layout().size(); ++i)
-          take(group.plan().layout()[i].name, group.param(i));
-        if (!was_gathered) engine.release(u);
-      }
+    for (std::size_t u = 0; u < engine_->unit_count(); ++u) {
+      const bool was_gathered = engine_->holds_full(u);
+      engine_->gather(u);
+      const auto& group = engine_->group(u);
+      for (std::size_t i = 0; i < group.size(); ++i)
+        take(group.plan().layout()[i].name, group.param(i));
+      if (!was_gathered) engine_->release(u);
     }
-    // Buffers and frozen parameters (and under ddp/oss/sdp everything: whole on every rank).
+    // Buffers, and frozen parameters outside the groups.
     for (const auto& [name, t] : module_->state_dict())
       if (!copies.count(name)) take(name, t);
     std::vector<std::pair<std::string, Tensor>> out;
@@ -205,40 +179,15 @@ class ShardedModule {
     return out;
   }
 
-  // Row-wise L2 normalisation of a trainable 2-D parameter after a step (SwAV's prototypes),
-  // exact and alike under every stage (parallel/param_rows.hpp). Collective. Under OSS/SDP
-  // this gathers the parameters again: normalize_rows_after_step does it inside the step.
-  void normalize_rows(const std::string& name, double eps = 1e-12) {
-    auto state = training_state();
-    parallel::normalize_rows(*ctx_, state, name, eps);
-  }
-
-  // From now on every applied step ends with normalize_rows(name), done on the owners' pieces
-  // before the parameter all-gather the step makes anyway.
-  void normalize_rows_after_step(const std::string& name, double eps = 1e-12) {
-    if (fsdp_)
-      fsdp_->engine().normalize_rows_after_step(name, eps);
-    else
-      engine_->normalize_rows_after_step(name, eps);
-  }
-
-  // Sets a parameter's averaged gradient to 0 between the backward and the step (VISSL's
-  // TEMP_FROZEN_PARAMS_ITER_MAP; see parallel/param_rows.hpp for what that equals).
-  void zero_grad_of(const std::string& name) {
-    if (fsdp_)
-      parallel::zero_grad_of(*ctx_, fsdp_->engine().optimizer(), fsdp_->engine().piece_grads(),
-                             name);
-    else
-      parallel::zero_grad_of(*ctx_, engine_->optimizer(), engine_->piece_grads(), name);
-  }
-
-  // What checkpoints save and load (io/checkpoint.hpp): the engine's state, plus the module's
-  // buffers and (fsdp) its frozen parameters, whole on every rank, by state-dict names.
+  // What checkpoints save and load (checkpoint/training_checkpoint.hpp): the engine's state,
+  // plus the module's buffers and the frozen parameters outside its groups, whole on every
+  // rank, by state-dict names.
   TrainingState training_state() {
-    TrainingState state = fsdp_ ? fsdp_->engine().training_state() : engine_->training_state();
-    if (fsdp_)
-      for (const auto& [name, p] : module_->named_parameters())
-        if (!p.requires_grad()) state.replicated.emplace_back(name, p.data());
+    TrainingState state = engine_->training_state();
+    std::set<std::string> held;
+    for (const auto& [name, t] : state.replicated) held.insert(name);
+    for (const auto& [name, p] : module_->named_parameters())
+      if (!p.requires_grad() && !held.count(name)) state.replicated.emplace_back(name, p.data());
     for (const auto& [name, buffer] : module_->named_buffers())
       state.replicated.emplace_back(name, buffer);
     return state;
@@ -250,65 +199,12 @@ class ShardedModule {
     return module;
   }
 
-  // Parameter i becomes a view of flat-buffer slot i (values kept); its gradients go to the
-  // bucketer and its readiness starts the bucket's reduction.
-  // Rank 0's f32 values become the engine's (exact masters under mixed precision), and every
-  // parameter a view of the engine's buffer (the compute copy).
-  void bind_parameters() {
-    for (const auto& [name, p] : module_->named_parameters()) params_.push_back(p);
-    ready_.assign(params_.size(), false);
-    engine_->set_full_params(
-        [&](std::size_t i, const Tensor& view) { copy(*ctx_, view, params_[i].data()); });
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto& p = params_[i];
-      p.set_data(engine_->param(i));
-      p.clear_grad();
-      if (!p.requires_grad()) continue;
-      p.set_grad_provider([this, i] { return engine_->grad(i); });
-      p.register_grad_ready_hook([this, i](autograd::Variable&) { on_grad_ready(i); });
-    }
-  }
-  void set_sync(bool enabled) {
-    if (fsdp_) return fsdp_->set_sync(enabled);
-    engine_->bucketer().set_sync(enabled);
-  }
-
-  void unbind() {
-    for (auto& p : params_) {
-      p.set_grad_provider({});
-      p.clear_grad_ready_hooks();
-    }
-  }
-
-  void on_grad_ready(std::size_t i) {
-    if (!in_backward_) {
-      in_backward_ = true;
-      autograd::tape(*ctx_).queue_callback([this] { end_backward(); });
-    }
-    ready_[i] = true;
-    engine_->ready(i);
-  }
-
-  // Runs once when the outermost backward ends: parameters the loss did not reach contribute
-  // zero gradients; then wait for every bucket.
-  void end_backward() {
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].requires_grad() && !ready_[i]) engine_->ready(i);
-    engine_->finish();
-    std::fill(ready_.begin(), ready_.end(), false);
-    in_backward_ = false;
-  }
-
   Context* ctx_;
-  comm::Communicator* comm_;   // the ranks the states are sharded over
-  comm::Communicator* world_;  // every rank (the same as comm_ without hybrid sharding)
+  comm::Communicator* world_;  // every rank (the shard group's world under hybrid sharding)
   std::shared_ptr<nn::Module> module_;
-  ResolvedPolicy policy_;
-  std::unique_ptr<DataParallel> engine_;
-  std::unique_ptr<Fsdp> fsdp_;
-  std::vector<autograd::Variable> params_;  // named_parameters() order = layout index
-  std::vector<bool> ready_;
-  bool in_backward_ = false;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ModuleBinding> binding_;  // after the engine: unbinds before it goes
+  std::unique_ptr<UnitHooks> hooks_;        // after the binding: removes its hooks first
 };
 
 }  // namespace shardkit::parallel

@@ -1,0 +1,119 @@
+// The collectives over flat parameters, as free functions (FSDP2's foreach_all_gather and
+// friends): what keeps the ranks' copies of a FlatParam in step. Each is collective over the
+// FlatParam's communicator (and, under hybrid sharding, its replicas where it says so).
+//
+//   start_all_gather   sharded: the whole buffer back from the ranks' shards (async)
+//   all_gather_owned   oss/sdp after a step: the owners' updated ranges to everyone
+//   broadcast_from     world rank `root`'s values to every rank (hybrid: across groups too)
+//   set_from_f32       every parameter from exact f32 values, rank `root`'s everywhere
+//   check_same_fingerprint / check_same_layout
+//                      the ranks agree on what they hold before any traffic pairs up wrongly
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/parallel/flat_param.hpp"
+
+namespace shardkit::parallel {
+
+// Ranks compare a fingerprint (as two exact 32-bit halves in f64) with one max all-reduce of
+// the values and their negatives; `what` says what differs and how to fix it.
+inline void check_same_fingerprint(Context& ctx, comm::Communicator& comm, std::uint64_t print,
+                                   std::string_view what) {
+  std::vector<double> values = {
+      static_cast<double>(print >> 32), static_cast<double>(print & 0xffffffffu),
+      -static_cast<double>(print >> 32), -static_cast<double>(print & 0xffffffffu)};
+  Tensor t = from_vector(ctx, values, {4});
+  comm.all_reduce(t, comm::ReduceOp::max).wait();
+  const auto reduced = to_vector<double>(ctx, t);
+  check(reduced[0] == -reduced[2] && reduced[1] == -reduced[3], what, " (rank ", comm.rank(),
+        " has fingerprint ", print, ")");
+}
+
+// Every rank of the group and of its replicas must hold the same layout (`print` of it).
+inline void check_same_layout(const FlatParam& flat, std::uint64_t print, std::string_view what) {
+  check_same_fingerprint(flat.context(), flat.communicator(), print, what);
+  if (flat.replicas() != nullptr)
+    check_same_fingerprint(flat.context(), *flat.replicas(), print, what);
+}
+
+// `values` <- world rank `root`'s, on every rank. Hybrid: world rank g * G + s is rank s of
+// group g (HybridMesh's layout), so root's column first carries it to every group, then each
+// group's rank s to the group.
+inline void broadcast_from(const FlatParam& flat, const Tensor& values, int root) {
+  comm::Communicator& group = flat.communicator();
+  if (flat.replicas() != nullptr) {
+    const int world = group.size() * flat.replicas()->size();
+    check(root >= 0 && root < world, "broadcast: root ", root, " is not a rank of the world of ",
+          world, " ranks");
+    flat.replicas()->broadcast(values, root / group.size()).wait();
+    root %= group.size();
+  }
+  group.broadcast(values, root).wait();
+}
+
+// Sharded residency: the whole buffer back -- this rank's shard copied in, the others
+// all-gathered; the returned work completes it (wait before use: prefetch overlaps it).
+[[nodiscard]] inline comm::Work start_all_gather(FlatParam& flat) {
+  flat.materialize();
+  const auto& plan = flat.plan();
+  const int rank = flat.communicator().rank();
+  // (Stream-ordered before the all-gather; an offloaded shard goes up without blocking.)
+  copy_async(flat.context(), flat.params().flat().slice(0, plan.begin(rank), plan.end(rank)),
+             flat.shard());
+  return flat.communicator().all_gather_v(flat.params().flat().slice(0, 0, plan.trainable_end()),
+                                          plan.counts());
+}
+
+// Owners send their updated ranges to everyone: one all_gather_v over the rank-ordered ranges.
+// With `f16_wire` only the wire is f16: every rank's f32 master of its own range stays exact
+// (FairScale's broadcast_fp16 rounds it).
+inline void all_gather_owned(FlatParam& flat, bool f16_wire) {
+  Context& ctx = flat.context();
+  comm::Communicator& comm = flat.communicator();
+  const auto& plan = flat.plan();
+  const int rank = comm.rank();
+  const auto counts = plan.counts();
+  const Tensor trainable = flat.params().flat().slice(0, 0, plan.trainable_end());
+  if (!f16_wire || trainable.dtype() != DType::f32) {  // (a 16-bit buffer travels as it is)
+    comm.all_gather_v(trainable, counts).wait();
+    return;
+  }
+  Tensor wire = empty(ctx, {plan.trainable_end()}, DType::f16, MemoryCategory::communication);
+  copy(ctx, wire.slice(0, plan.begin(rank), plan.end(rank)),
+       trainable.slice(0, plan.begin(rank), plan.end(rank)));
+  comm.all_gather_v(wire, counts).wait();
+  for (int r = 0; r < comm.size(); ++r)
+    if (r != rank && plan.numel(r) > 0)
+      copy(ctx, trainable.slice(0, plan.begin(r), plan.end(r)),
+           wire.slice(0, plan.begin(r), plan.end(r)));
+}
+
+// Sets every parameter from exact f32 values on every rank: fill(i, view) writes parameter i
+// into an f32 view, rank `root`'s values are broadcast, and the FlatParam keeps them in its
+// dtype (rounded under mixed precision); master(k, values) receives the f32 values of updated
+// piece k (`pieces`, e.g. for the optimizer's master). The whole buffer must be there
+// (materialized when sharded).
+template <class Fill, class Master>
+void set_from_f32(FlatParam& flat, Fill&& fill, Master&& master,
+                  const std::vector<shard::ParamPiece>& pieces, int root) {
+  Context& ctx = flat.context();
+  const Tensor& buffer = flat.params().flat();
+  const bool low = buffer.dtype() != DType::f32;
+  Tensor wide =
+      low ? zeros(ctx, buffer.shape(), DType::f32, MemoryCategory::communication) : buffer;
+  if (!low) flat.fill_zero();  // the padding too: no undefined bytes anywhere
+  const auto& layout = flat.plan().layout();
+  for (std::size_t i = 0; i < layout.size(); ++i)
+    fill(i, wide.flat_view(layout[i].offset, layout[i].shape));
+  broadcast_from(flat, wide, root);
+  for (std::size_t k = 0; k < pieces.size(); ++k)
+    master(k, wide.slice(0, pieces[k].flat_begin, pieces[k].flat_begin + pieces[k].numel()));
+  if (low) copy(ctx, buffer, wide);
+  if (flat.sharded()) flat.copy_range_to_shard();
+}
+
+}  // namespace shardkit::parallel

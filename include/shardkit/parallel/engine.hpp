@@ -1,0 +1,226 @@
+// Engine: the one engine under every stage -- its param groups (param_groups.hpp: one for ddp,
+// oss and sdp, one per unit for fsdp) and one sharded optimizer over the pieces this rank
+// updates of all of them. What a training step needs is written here once:
+//
+//   backward   grad(i) / ready(i) (ParamGroups): a group's complete buckets are reduced as the
+//              backward goes; finish() waits for the rest
+//   step(lr)   the fused optimizer update of every piece, the post-step hooks on this rank's
+//              pieces, then (oss, sdp) the owners' ranges all-gathered; fsdp gathers nothing
+//              here, the next use gathers the new values
+//   and        step(lr, scaler), clip_grad_norm, no_sync, set_full_params, full_params,
+//              training_state, optimizer-state consolidation
+//
+// Custom loops construct it as DataParallel or FsdpEngine; ShardedModule drives it from module
+// hooks. What every engine offers: the concept TrainingEngine (engine_contract.hpp).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/optim/consolidation.hpp"
+#include "shardkit/optim/loss_scaler.hpp"
+#include "shardkit/optim/sharded_optimizer.hpp"
+#include "shardkit/parallel/param_groups.hpp"
+#include "shardkit/parallel/training_state.hpp"
+
+namespace shardkit::parallel {
+
+class Engine : public ParamGroups {
+ public:
+  // Called after every applied step, on the pieces this rank updated, before the owners'
+  // ranges are gathered (torch.optim's register_step_post_hook, where a change to this rank's
+  // pieces costs no extra collective): param_rows.hpp's normalize_rows_after_step is one.
+  using StepHook = std::function<void(Engine&)>;
+
+  Engine(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
+         std::vector<ParamGroupSpec> groups, optim::OptimizerConfig optimizer,
+         ResolvedPolicy policy)
+      : ParamGroups(ctx, comm, replicas, std::move(groups), std::move(policy)),
+        ctx_(&ctx),
+        comm_(&comm),
+        replicas_(replicas),
+        table_(comm.size(), this->policy().every_rank_updates) {
+    std::vector<Tensor> piece_params;
+    for (std::size_t u = 0; u < unit_count(); ++u) {
+      first_piece_.push_back(piece_grads_.size());
+      table_.append_plan(group(u).plan(), this->policy().every_rank_updates);
+      const auto& views = group(u).piece_params();
+      piece_params.insert(piece_params.end(), views.begin(), views.end());
+      const auto& grads = group(u).piece_grads();
+      piece_grads_.insert(piece_grads_.end(), grads.begin(), grads.end());
+    }
+    optimizer_ = std::make_unique<optim::ShardedOptimizer>(
+        ctx, table_, comm.rank(), std::move(piece_params), std::move(optimizer), &comm,
+        optim::OptimizerOffload{host(), this->policy().offload.params});
+    check_same_everywhere();
+  }
+
+  // Sets every parameter from exact f32 values: fill(i, view) writes parameter i (an f32 view)
+  // on every rank, then rank `root`'s values hold everywhere -- the f32 masters exactly, the
+  // compute copy rounded under mixed precision; a sharded group is whole only meanwhile, one at
+  // a time. Collective.
+  template <class Fill>
+  void set_full_params(Fill&& fill, int root = 0) {
+    for (std::size_t u = 0; u < unit_count(); ++u) {
+      ParamGroup& group = mutable_group(u);
+      if (group.flat().sharded()) group.flat().materialize();
+      set_from_f32(
+          group.flat(), [&](std::size_t i, const Tensor& view) { fill(first_param(u) + i, view); },
+          [&](std::size_t k, const Tensor& values) {
+            if (optimizer_->separate_master()) optimizer_->set_master(first_piece_[u] + k, values);
+          },
+          group.pieces(), root);
+      group.release();
+    }
+  }
+
+  // Makes every rank's parameters equal to `root`'s (after each rank initialised its own).
+  // Under mixed precision the masters then take the compute copy's (rounded) values: use
+  // set_full_params for exact ones. ddp, oss, sdp. Collective.
+  void broadcast_parameters(int root = 0) {
+    for (std::size_t u = 0; u < unit_count(); ++u) {
+      FlatParam& flat = mutable_group(u).flat();
+      check<StateError>(!flat.sharded(),
+                        "broadcast_parameters: fsdp keeps shards only; set the "
+                        "parameters with set_full_params");
+      broadcast_from(flat, flat.params().flat(), root);
+    }
+    optimizer_->copy_params_to_masters();
+  }
+
+  // Every unit gathered while the scope lives (FSDP's summon_full_params), to read or write
+  // parameters between steps; values written go back to the shards when it ends (f32 only:
+  // under mixed precision set values with set_full_params).
+  class FullParams {
+   public:
+    explicit FullParams(Engine& engine) : engine_(&engine) {
+      for (std::size_t u = 0; u < engine_->unit_count(); ++u) engine_->gather(u);
+    }
+    ~FullParams() {
+      const bool writeback = !engine_->optimizer_->mixed_precision();
+      for (std::size_t u = 0; u < engine_->unit_count(); ++u) {
+        FlatParam& flat = engine_->mutable_group(u).flat();
+        if (writeback && flat.sharded()) flat.copy_range_to_shard();
+        engine_->release(u);
+      }
+      if (writeback) engine_->optimizer_->copy_params_to_masters();  // (offload's f32 master)
+    }
+    FullParams(const FullParams&) = delete;
+    FullParams& operator=(const FullParams&) = delete;
+
+   private:
+    Engine* engine_;
+  };
+  [[nodiscard]] FullParams full_params() { return FullParams(*this); }
+
+  // --- the step --------------------------------------------------------------------------------
+  // Updates the parameters with the averaged gradients of the synchronised backwards since
+  // zero_grad(); `lr` is this step's rate (schedules live in the training loop).
+  void step(float lr, float inv_grad_scale = 1.0f) {
+    check_finished("optimizer step");
+    optimizer_->step(piece_grads_, lr, inv_grad_scale);
+    for (auto& hook : post_step_hooks_) hook(*this);
+    if (policy().gather_after_step)
+      for (std::size_t u = 0; u < unit_count(); ++u)
+        all_gather_owned(mutable_group(u).flat(), policy().broadcast_fp16);
+  }
+
+  // The loss-scaled step (optim/loss_scaler.hpp): every rank skips a step whose gradients are
+  // not finite on some rank (nothing changes but the scale), else steps with them unscaled in
+  // the fused pass. Returns whether it stepped. Collective.
+  bool step(float lr, optim::DynamicLossScaler& scaler) {
+    check_finished("optimizer step");
+    const bool finite = scaler.grads_finite(*ctx_, comm_, piece_grads_);
+    const float inv_scale = scaler.inv_scale();
+    scaler.update(!finite);
+    if (!finite) {
+      optimizer_->discard_clip();
+      return false;
+    }
+    step(lr, inv_scale);
+    return true;
+  }
+
+  // torch.nn.utils.clip_grad_norm_ after the backward: the gradients' global L2 norm (exact,
+  // the same bits under every stage) is returned, and the next step() scales them by
+  // max_norm / (norm + 1e-6) when that is below 1. With a loss scaler, pass its inv_scale():
+  // the norm is of the unscaled gradients. Collective.
+  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
+    check_finished("clip_grad_norm");
+    return optimizer_->clip_grad_norm(piece_grads_, max_norm, inv_grad_scale);
+  }
+
+  void register_post_step_hook(StepHook hook) { post_step_hooks_.push_back(std::move(hook)); }
+
+  // --- state -----------------------------------------------------------------------------------
+  Context& context() const { return *ctx_; }
+  // The ranks this engine shards over (the shard group under hybrid sharding).
+  comm::Communicator& communicator() const { return *comm_; }
+  // Hybrid sharding's other groups (nullptr without hybrid sharding).
+  comm::Communicator* replicas() const { return replicas_; }
+  const shard::PieceTable& table() const { return table_; }
+  optim::ShardedOptimizer& optimizer() { return *optimizer_; }
+  const optim::ShardedOptimizer& optimizer() const { return *optimizer_; }
+  // After finish(): the averaged gradient of each piece this rank updates (optimizer order).
+  const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
+  // Offload: the host context of the optimizer's state and step (its memory statistics are the
+  // host's share); without offload, the engine's own context.
+  Context& host_context() const { return optimizer_->host_context(); }
+
+  // What checkpoints save and load (checkpoint/training_checkpoint.hpp): the optimizer's pieces
+  // and state, frozen parameters (whole on every rank), and how the ranks agree again after a
+  // load has written their pieces (oss, sdp: the owners' ranges all-gathered; fsdp: units
+  // gathered at that moment are gathered again).
+  TrainingState training_state() {
+    TrainingState state;
+    state.optimizer = optimizer_.get();
+    state.comm = comm_;
+    state.replicas = replicas_;
+    for (std::size_t u = 0; u < unit_count(); ++u) {
+      const auto& layout = group(u).plan().layout();
+      for (std::size_t i = 0; i < layout.size(); ++i)
+        if (!layout[i].trainable) state.replicated.emplace_back(layout[i].name, group(u).param(i));
+    }
+    state.after_load = [this] {
+      for (std::size_t u = 0; u < unit_count(); ++u) {
+        FlatParam& flat = mutable_group(u).flat();
+        if (policy().gather_after_step) all_gather_owned(flat, false);
+        if (flat.sharded() && flat.gathered()) start_all_gather(flat).wait();
+      }
+    };
+    state.stage = std::string(stage_name(policy().stage));
+    return state;
+  }
+  // The whole optimizer state on `recipient`, an empty OptimizerState on the other ranks
+  // (FairScale's consolidate_state_dict; optim/consolidation.hpp). Collective.
+  optim::OptimizerState consolidate_optimizer_state(int recipient = 0) {
+    return optim::consolidate_optimizer_state(*optimizer_, *comm_, recipient);
+  }
+  // Takes this rank's share of a whole optimizer state (from consolidate_optimizer_state, on any
+  // stage, partition or world size); parameters are matched by name.
+  void load_optimizer_state(const optim::OptimizerState& state) {
+    optim::load_optimizer_state(*optimizer_, state);
+  }
+
+ private:
+  void check_finished(const char* what) const {
+    for (std::size_t u = 0; u < unit_count(); ++u)
+      check<StateError>(group(u).finished(), what, " before the gradients are finished",
+                        unit_count() > 1 ? " (unit '" + unit_name(u) + "')" : std::string(),
+                        ": run the (synchronised, outside no_sync) backward, then finish()");
+  }
+
+  Context* ctx_;
+  comm::Communicator* comm_;
+  comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
+  shard::PieceTable table_;
+  std::vector<std::size_t> first_piece_;  // per group: its first piece in the optimizer's list
+  std::vector<Tensor> piece_grads_;
+  std::unique_ptr<optim::ShardedOptimizer> optimizer_;
+  std::vector<StepHook> post_step_hooks_;
+};
+
+}  // namespace shardkit::parallel

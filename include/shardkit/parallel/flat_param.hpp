@@ -1,0 +1,120 @@
+// FlatParam: the storage of one flat parameter -- its ShardPlan, this rank's buffer with one
+// view per parameter, and under sharded residency this rank's shard. The collectives that keep
+// the ranks' copies in step are free functions over it (collectives.hpp); the group that owns it
+// at run time, with its gradients and its gather state, is a ParamGroup (param_group.hpp).
+//
+// The buffer's dtype is the compute dtype: f32, or f16/bf16 under mixed precision (the f32
+// master then lives in the sharded optimizer, for the pieces each rank updates).
+//
+// Residency::replicated (ddp, oss, sdp): every rank keeps the whole flat buffer, counted as
+// parameters. Residency::sharded (fsdp): a rank keeps only its even 1/N shard (parameters);
+// the whole buffer (communication) exists between materialize() and release(), and the
+// parameter views keep naming it while it is released (core/storage.hpp), so touching them then
+// fails with the reason given to release(). With a `shard_home` context (FSDP's parameter
+// offload) the shard lives in that context's (host) memory and goes up into the gathered
+// buffer at each gather.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/parallel/flat_buffer.hpp"
+#include "shardkit/parallel/policy.hpp"
+#include "shardkit/shard/shard_plan.hpp"
+
+namespace shardkit::parallel {
+
+// The parameters of a group of ranks as one flat buffer, partitioned by a ShardPlan over `comm`.
+// Under hybrid sharding (comm/hybrid_mesh.hpp) `comm` is this rank's shard group and `replicas`
+// the ranks that hold the same range in the other groups.
+class FlatParam {
+ public:
+  FlatParam(Context& ctx, comm::Communicator& comm, const std::vector<shard::ParamSpec>& specs,
+            shard::PartitionKind partition, Residency residency = Residency::replicated,
+            DType dtype = DType::f32, comm::Communicator* replicas = nullptr,
+            Context* shard_home = nullptr)
+      : ctx_(&ctx),
+        comm_(&comm),
+        replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
+        residency_(residency),
+        plan_(specs, comm.size(), checked_partition(partition, residency)),
+        params_(ctx, plan_.layout(), dtype,
+                residency == Residency::replicated ? MemoryCategory::parameters
+                                                   : MemoryCategory::communication) {
+    check(shard_home == nullptr || residency == Residency::sharded,
+          "FlatParam: a shard home is for sharded residency (fsdp)");
+    if (residency == Residency::sharded)
+      shard_ = zeros(shard_home != nullptr ? *shard_home : ctx, {plan_.numel(comm.rank())}, dtype,
+                     MemoryCategory::parameters);
+  }
+
+  FlatParam(const FlatParam&) = delete;
+  FlatParam& operator=(const FlatParam&) = delete;
+
+  Context& context() const { return *ctx_; }
+  comm::Communicator& communicator() const { return *comm_; }
+  // Hybrid sharding's other groups (nullptr without hybrid sharding).
+  comm::Communicator* replicas() const { return replicas_; }
+  DType dtype() const { return params_.dtype(); }
+  const shard::ShardPlan& plan() const { return plan_; }
+  const FlatBuffer& params() const { return params_; }
+  const Tensor& param(std::size_t i) const { return params_[i]; }
+  bool sharded() const { return residency_ == Residency::sharded; }
+  // This rank's shard of the flat buffer (sharded residency).
+  const Tensor& shard() const { return shard_; }
+
+  // The pieces this rank updates: every trainable parameter when `every_rank` (DDP), else the
+  // rank's range of the plan. Views of their parameter elements: piece_params().
+  std::vector<shard::ParamPiece> updated_pieces(bool every_rank) const {
+    if (!every_rank) return plan_.pieces(comm_->rank());
+    std::vector<shard::ParamPiece> all;
+    for (auto i : plan_.trainable_in_layout_order()) {
+      const auto& slot = plan_.layout()[i];
+      all.push_back(shard::ParamPiece{i, 0, slot.numel, slot.offset});
+    }
+    return all;
+  }
+  // Sharded: views of the shard, which the optimizer updates in place.
+  std::vector<Tensor> piece_params(const std::vector<shard::ParamPiece>& pieces) const {
+    std::vector<Tensor> views;
+    const std::int64_t base = sharded() ? plan_.begin(comm_->rank()) : 0;
+    const Tensor& values = sharded() ? shard_ : params_.flat();
+    for (const auto& piece : pieces)
+      views.push_back(
+          values.slice(0, piece.flat_begin - base, piece.flat_begin - base + piece.numel()));
+    return views;
+  }
+
+  // The whole buffer's memory back, its values undefined (to be gathered, or written whole).
+  void materialize() { params_.flat().storage()->materialize(); }
+  // Frees the whole buffer; `reason` is what a later use of a parameter view says.
+  void release(std::string reason) { params_.flat().storage()->release(std::move(reason)); }
+  bool gathered() const { return !params_.flat().storage()->released(); }
+  // After the caller wrote full values into the gathered buffer: take this rank's range.
+  void copy_range_to_shard() {
+    const int rank = comm_->rank();
+    copy(*ctx_, shard_, params_.flat().slice(0, plan_.begin(rank), plan_.end(rank)));
+  }
+  void fill_zero() { fill(*ctx_, params_.flat(), 0.0); }
+
+ private:
+  static shard::PartitionKind checked_partition(shard::PartitionKind partition,
+                                                Residency residency) {
+    check(residency == Residency::replicated || partition == shard::PartitionKind::flat,
+          "sharded parameters (fsdp) use the even flat split; got the ",
+          shard::partition_kind_name(partition), " partition");
+    return partition;
+  }
+
+  Context* ctx_;
+  comm::Communicator* comm_;
+  comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
+  Residency residency_;
+  shard::ShardPlan plan_;
+  FlatBuffer params_;
+  Tensor shard_;  // sharded residency: this rank's range, the master copy
+};
+
+}  // namespace shardkit::parallel

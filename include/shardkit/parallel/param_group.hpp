@@ -1,0 +1,122 @@
+// ParamGroup: one flat parameter at run time (FSDP2's FSDPParamGroup) -- its storage
+// (FlatParam: plan, buffer, shard), its gradients (GradBucketer: buckets and readiness), what
+// this rank's optimizer updates of it (pieces: their parameter views and averaged gradients),
+// and, when sharded, its gather state (an all-gather in flight, started ahead of use). DDP, OSS
+// and SDP run one group under a stage policy; FSDP runs one group per unit (engine.hpp).
+//
+// Its hooks, in the order a training step calls them (engine.hpp and unit_hooks.hpp call them;
+// on a replicated group the gathers and releases are no-ops):
+//
+//   start_gather()   begin the all-gather without waiting (prefetch)
+//   gather()         the whole buffer there (waits for a prefetch in flight)
+//   grad(i), ready(i)  the backward adds parameter i's gradient, then marks it final: complete
+//                    buckets are reduced (all-reduce, or reduce-scatter into the owners' parts)
+//   release()        frees the whole buffer (a prefetch nobody used is completed first)
+//   finish()         waits for every bucket: the pieces' averaged gradients are in place
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/parallel/collectives.hpp"
+#include "shardkit/parallel/flat_param.hpp"
+#include "shardkit/parallel/grad_bucketer.hpp"
+#include "shardkit/parallel/policy.hpp"
+#include "shardkit/parallel/reduce_scatter_coalescer.hpp"
+
+namespace shardkit::parallel {
+
+// A group's name and its parameters (names, shapes, trainable flags), in registration order.
+struct ParamGroupSpec {
+  std::string name;
+  std::vector<shard::ParamSpec> params;
+};
+
+class ParamGroup {
+ public:
+  // `shard_home`: FSDP's parameter offload keeps the shard in that (host) context. `coalescer`:
+  // small buckets reduce-scattered together with other groups' (nullptr: each alone).
+  ParamGroup(Context& ctx, comm::Communicator& comm, ParamGroupSpec spec,
+             const ResolvedPolicy& policy, comm::Communicator* replicas = nullptr,
+             Context* shard_home = nullptr, ReduceScatterCoalescer* coalescer = nullptr)
+      : name_(std::move(spec.name)),
+        flat_(ctx, comm, spec.params, policy.partition, policy.residency, policy.param_dtype,
+              replicas, shard_home),
+        bucketer_(ctx, comm, flat_.plan(), policy.grad_sync, policy.buckets, coalescer, replicas),
+        pieces_(flat_.updated_pieces(policy.every_rank_updates)),
+        piece_params_(flat_.piece_params(pieces_)) {
+    for (const auto& piece : pieces_) piece_grads_.push_back(bucketer_.piece_grad(piece));
+    if (flat_.sharded()) flat_.release(not_gathered_reason());
+  }
+
+  ParamGroup(const ParamGroup&) = delete;
+  ParamGroup& operator=(const ParamGroup&) = delete;
+
+  const std::string& name() const { return name_; }
+  FlatParam& flat() { return flat_; }
+  const FlatParam& flat() const { return flat_; }
+  const shard::ShardPlan& plan() const { return flat_.plan(); }
+  const Tensor& shard() const { return flat_.shard(); }
+  std::size_t size() const { return flat_.plan().layout().size(); }
+  // Parameter i's full values: a view of the buffer (touching it while released throws).
+  const Tensor& param(std::size_t i) const { return flat_.param(i); }
+  // What this rank's optimizer updates of the group: the pieces, their parameter views (the
+  // shard's, when sharded) and their averaged gradients (after finish()).
+  const std::vector<shard::ParamPiece>& pieces() const { return pieces_; }
+  const std::vector<Tensor>& piece_params() const { return piece_params_; }
+  const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
+
+  // --- gather / release ----------------------------------------------------------------------
+  void start_gather() {
+    if (!flat_.sharded() || flat_.gathered() || gathering_) return;
+    comm::assign(pending_, start_all_gather(flat_));
+    gathering_ = true;
+  }
+  void gather() {
+    start_gather();
+    if (!gathering_) return;
+    pending_.wait();
+    gathering_ = false;
+  }
+  void release() {
+    if (!flat_.sharded()) return;
+    if (gathering_) {  // a prefetch nobody used: complete it before freeing its buffer
+      pending_.wait();
+      gathering_ = false;
+    }
+    flat_.release(not_gathered_reason());
+  }
+  // Gathered, or its gather in flight (always, when replicated).
+  bool holds_full() const { return flat_.gathered() || gathering_; }
+
+  // --- gradients -------------------------------------------------------------------------------
+  Tensor grad(std::size_t i) { return bucketer_.grad(i); }
+  void ready(std::size_t i) { bucketer_.ready(i); }
+  bool is_ready(std::size_t i) const { return bucketer_.is_ready(i); }
+  bool all_ready() const { return bucketer_.all_ready(); }
+  // Frees the buckets whose reductions completed (never blocks).
+  void poll() { bucketer_.poll(); }
+  void finish() { bucketer_.finish(); }
+  bool finished() const { return bucketer_.finished(); }
+  void zero_grad() { bucketer_.zero_grad(); }
+  void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
+
+ private:
+  std::string not_gathered_reason() const {
+    return "the parameters of FSDP unit '" + name_ +
+           "' are not gathered: they exist only during the unit's forward and backward; run "
+           "the module (its hooks gather them), or call gather() in a custom loop";
+  }
+
+  std::string name_;
+  FlatParam flat_;
+  GradBucketer bucketer_;
+  std::vector<shard::ParamPiece> pieces_;  // what this rank updates, in table order
+  std::vector<Tensor> piece_params_;
+  std::vector<Tensor> piece_grads_;
+  comm::Work pending_;  // an all-gather started ahead of use (prefetch)
+  bool gathering_ = false;
+};
+
+}  // namespace shardkit::parallel

@@ -1,0 +1,174 @@
+// ParamGroups: an engine's param groups (param_group.hpp) -- one for ddp, oss and sdp, one per
+// unit for fsdp -- with the parameters numbered across them in order (group 0's, then group
+// 1's, ...), and what a backward does to them: gather and release (no-ops on replicated
+// groups), add gradients and mark them ready, wait for the reductions. The Engine (engine.hpp)
+// adds the optimizer and the step.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/parallel/collectives.hpp"
+#include "shardkit/parallel/offload.hpp"
+#include "shardkit/parallel/param_group.hpp"
+
+namespace shardkit::parallel {
+
+class ParamGroups {
+ public:
+  ParamGroups(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
+              std::vector<ParamGroupSpec> groups, ResolvedPolicy policy)
+      : policy_(std::move(policy)), host_(offload_context(ctx, policy_.offload)) {
+    check(!groups.empty(), "no parameter group to train; give at least one");
+    Context* shard_home = policy_.offload.params ? host_.get() : nullptr;
+    if (policy_.coalesce_bytes > 0)
+      coalescer_ = std::make_unique<ReduceScatterCoalescer>(ctx, comm, policy_.coalesce_bytes);
+    for (auto& spec : groups) {
+      if (policy_.residency == Residency::sharded) check_unit(spec);
+      first_param_.push_back(index_.size());
+      for (std::size_t i = 0; i < spec.params.size(); ++i) index_.push_back({groups_.size(), i});
+      groups_.push_back(std::make_unique<ParamGroup>(ctx, comm, std::move(spec), policy_, replicas,
+                                                     shard_home, coalescer_.get()));
+    }
+  }
+
+  ParamGroups(const ParamGroups&) = delete;
+  ParamGroups& operator=(const ParamGroups&) = delete;
+
+  const ResolvedPolicy& policy() const { return policy_; }
+  Stage stage() const { return policy_.stage; }
+  std::size_t unit_count() const { return groups_.size(); }
+  const ParamGroup& group(std::size_t u) const { return *groups_[checked_unit(u)]; }
+  const std::string& unit_name(std::size_t u) const { return group(u).name(); }
+  std::size_t param_count() const { return index_.size(); }
+  std::size_t unit_of(std::size_t i) const { return index_of(i, "unit_of").group; }
+  // Parameter i's full values (a view of its group's buffer; under fsdp only while gathered).
+  const Tensor& param(std::size_t i) const {
+    const auto at = index_of(i, "param");
+    return groups_[at.group]->param(at.local);
+  }
+
+  // --- gather / release (no-ops on replicated groups) ------------------------------------------
+  // Starts unit u's all-gather without waiting (prefetch); no-op when gathered or gathering.
+  void start_gather(std::size_t u) { groups_[checked_unit(u)]->start_gather(); }
+  // Unit u's full parameters, gathered (waits for a prefetch in flight).
+  void gather(std::size_t u) { groups_[checked_unit(u)]->gather(); }
+  // Frees unit u's full parameters (a prefetch nobody used is completed first).
+  void release(std::size_t u) { groups_[checked_unit(u)]->release(); }
+  bool holds_full(std::size_t u) const { return group(u).holds_full(); }
+
+  // --- gradients -------------------------------------------------------------------------------
+  // Where the backward adds (+=) parameter i's gradient (valid until ready(i)).
+  Tensor grad(std::size_t i) {
+    const auto at = index_of(i, "grad");
+    return groups_[at.group]->grad(at.local);
+  }
+  // Parameter i's gradient is final for this backward; complete buckets are reduced. When a
+  // sharded group's last gradient arrives, the finished reductions of every group free their
+  // buffers, so finished units do not hold them to the end of the backward.
+  void ready(std::size_t i) {
+    const auto at = index_of(i, "ready");
+    ParamGroup& group = *groups_[at.group];
+    group.ready(at.local);
+    if (group.flat().sharded() && group.all_ready()) poll_reductions();
+  }
+  bool is_ready(std::size_t i) const {
+    const auto at = index_of(i, "is_ready");
+    return groups_[at.group]->is_ready(at.local);
+  }
+  // Every gradient of unit u is final in this backward.
+  bool unit_ready(std::size_t u) const { return group(u).all_ready(); }
+  // Frees the buffers of the reductions that completed, in every group (never blocks).
+  void poll_reductions() {
+    for (auto& group : groups_) group->poll();
+  }
+  // Waits for every reduction: the pieces' averaged gradients are in place. Throws if a
+  // trainable parameter was never marked ready.
+  void finish() {
+    for (auto& group : groups_) group->finish();
+  }
+  bool finished() const {
+    for (const auto& group : groups_)
+      if (!group->finished()) return false;
+    return true;
+  }
+  void zero_grad() {
+    for (auto& group : groups_) group->zero_grad();
+  }
+  void set_sync(bool enabled) {
+    for (auto& group : groups_) group->set_sync(enabled);
+  }
+  // Gradient accumulation: while the scope lives, backwards accumulate locally (no traffic);
+  // the next synchronised backward reduces the sums.
+  class NoSync {
+   public:
+    explicit NoSync(ParamGroups& groups) : groups_(&groups) { groups_->set_sync(false); }
+    ~NoSync() { groups_->set_sync(true); }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    ParamGroups* groups_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+ protected:
+  // The offload host context (nullptr without offload): where the optimizer's state lives and,
+  // under offload.params, the shards.
+  Context* host() const { return host_.get(); }
+  ParamGroup& mutable_group(std::size_t u) { return *groups_[u]; }
+  std::size_t first_param(std::size_t u) const { return first_param_[u]; }
+
+  // Every rank must hold the same groups with the same parameters, or collectives would pair
+  // up wrongly: one fingerprint of every group name and parameter, before any traffic.
+  void check_same_everywhere() {
+    if (groups_.size() == 1 && !groups_[0]->flat().sharded())
+      return check_same_layout(groups_[0]->flat(), groups_[0]->plan().layout().fingerprint(),
+                               "the parameter list differs between ranks (names, shapes, order "
+                               "or trainable flags); build the same model on every rank");
+    std::vector<shard::ParamSpec> all;
+    for (const auto& group : groups_) {
+      all.push_back(shard::ParamSpec{"unit:" + group->name(), {1}, false});
+      for (const auto& slot : group->plan().layout().slots())
+        all.push_back(shard::ParamSpec{slot.name, slot.shape, slot.trainable});
+    }
+    check_same_layout(groups_[0]->flat(), shard::ParamLayout(all).fingerprint(),
+                      "the FSDP units differ between ranks (unit names, parameter names, shapes "
+                      "or frozen flags); build the same model and wrap policy on every rank");
+  }
+
+ private:
+  struct ParamIndex {
+    std::size_t group;
+    std::size_t local;
+  };
+
+  std::size_t checked_unit(std::size_t u) const {
+    check(u < groups_.size(), "unit ", u, " does not exist; there are ", groups_.size());
+    return u;
+  }
+  ParamIndex index_of(std::size_t i, const char* call) const {
+    check(i < index_.size(), call, "(", i, "): no such parameter; there are ", index_.size());
+    return index_[i];
+  }
+  // A unit of sharded groups: at least one parameter, every one trainable (frozen parameters
+  // stay outside the units, whole on every rank).
+  static void check_unit(const ParamGroupSpec& spec) {
+    check(!spec.params.empty(), "FSDP unit '", spec.name,
+          "' has no parameter; give every unit at least one");
+    for (const auto& p : spec.params)
+      check(p.trainable, "parameter '", p.name, "' of FSDP unit '", spec.name,
+            "' is frozen; keep frozen parameters outside the units (whole on every rank)");
+  }
+
+  ResolvedPolicy policy_;
+  std::unique_ptr<Context> host_;                      // offload (else null); before the groups
+  std::unique_ptr<ReduceScatterCoalescer> coalescer_;  // before the groups' bucketers
+  std::vector<std::unique_ptr<ParamGroup>> groups_;
+  std::vector<std::size_t> first_param_;  // per group
+  std::vector<ParamIndex> index_;
+};
+
+}  // namespace shardkit::parallel

@@ -1,0 +1,145 @@
+// UnitHooks: FSDP's module hooks -- when each unit of a module tree is gathered and freed
+// around its use, and which units are gathered ahead. One step of unit u, with
+// reshard_after_forward and prefetch depth 1 (docs/design.md has the picture):
+//
+//   forward   u's forward-pre hook waits for (or starts) u's all-gather and starts the next
+//             `prefetch` units' gathers in the recorded forward order; its forward hook frees
+//             u again when reshard_after_forward (the root unit stays: its backward comes
+//             first).
+//   backward  u's backward-pre hook gathers u again (prefetching the next units in reverse
+//             forward order); gradients land in u's transient full-gradient buckets; when all
+//             of u's gradients are final (or the gradient leaves through u's input), u is
+//             freed. Recomputation under activation checkpointing re-gathers through the
+//             forward-pre hook, frees after the recomputed forward like any forward, and the
+//             backward-pre hook gathers once more.
+//   end       the end of the backward (ModuleBinding) waits for the last reductions; then every
+//             unit still gathered is freed.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "shardkit/nn/module.hpp"
+#include "shardkit/parallel/engine.hpp"
+#include "shardkit/parallel/module_binding.hpp"
+
+namespace shardkit::parallel {
+
+class UnitHooks {
+ public:
+  // `modules[u]` is the module whose hooks gather unit u (none under ddp, oss and sdp, whose
+  // one group never leaves); `root_unit` stays gathered from its forward to its backward.
+  UnitHooks(Context& ctx, Engine& engine, ModuleBinding& binding, std::vector<nn::Module*> modules,
+            std::size_t root_unit)
+      : ctx_(&ctx),
+        engine_(&engine),
+        binding_(&binding),
+        modules_(std::move(modules)),
+        root_unit_(root_unit),
+        hooks_(modules_.size()) {
+    for (std::size_t u = 0; u < modules_.size(); ++u) bind(u);
+  }
+  ~UnitHooks() {
+    for (std::size_t u = 0; u < modules_.size(); ++u)
+      for (auto id : hooks_[u]) modules_[u]->remove_hook(id);
+  }
+  UnitHooks(const UnitHooks&) = delete;
+  UnitHooks& operator=(const UnitHooks&) = delete;
+
+  // The most units gathered at once since construction (the root unit not counted).
+  int max_gathered_units() const { return max_gathered_; }
+
+  // After engine.ready(i): the post-backward of i's unit once all its gradients are final.
+  void after_ready(std::size_t i) {
+    const std::size_t u = engine_->unit_of(i);
+    if (engine_->unit_ready(u)) engine_->release(u);
+  }
+  // After the backward's finish(): free what is still gathered (the root, units without a
+  // backward-pre hook).
+  void after_backward() {
+    for (std::size_t u = 0; u < engine_->unit_count(); ++u) engine_->release(u);
+    order_recorded_ = order_recorded_ || !forward_order_.empty();
+  }
+
+ private:
+  bool is_root(std::size_t u) const { return u == root_unit_; }
+
+  void bind(std::size_t u) {
+    nn::Module& m = *modules_[u];
+    auto& ids = hooks_[u];
+    ids.push_back(m.register_forward_pre_hook(
+        [this, u](nn::Module&, const autograd::Variable&) { pre_forward(u); }));
+    ids.push_back(
+        m.register_forward_hook([this, u](nn::Module&, const autograd::Variable&,
+                                          const autograd::Variable&) { post_forward(u); }));
+    ids.push_back(
+        m.register_backward_pre_hook([this, u](nn::Module&, const Tensor&) { pre_backward(u); }));
+    // Post-backward: the gradient leaving through the unit's input means its backward is done
+    // (also inside a checkpoint's recomputed backward, where grad-ready hooks wait for the
+    // outer pass). Units whose input needs no gradient free at their last grad-ready instead.
+    ids.push_back(
+        m.register_backward_hook([this, u](nn::Module&, const Tensor&) { engine_->release(u); }));
+  }
+
+  void start_gather(std::size_t u) {
+    engine_->start_gather(u);
+    int gathered = 0;
+    for (std::size_t k = 0; k < engine_->unit_count(); ++k)
+      if (!is_root(k) && engine_->holds_full(k)) ++gathered;
+    max_gathered_ = std::max(max_gathered_, gathered);
+  }
+  void ensure_gathered(std::size_t u) {
+    start_gather(u);
+    engine_->gather(u);
+  }
+  void prefetch_after(std::size_t u, const std::vector<std::size_t>& order) {
+    const int prefetch = engine_->policy().prefetch;
+    if (prefetch == 0) return;
+    auto it = std::find(order.begin(), order.end(), u);
+    if (it == order.end()) return;
+    for (int k = 0; k < prefetch && ++it != order.end(); ++k) start_gather(*it);
+  }
+
+  void pre_forward(std::size_t u) {
+    auto& tape = autograd::tape(*ctx_);
+    if (!tape.recomputing() && !order_recorded_ &&
+        std::find(forward_order_.begin(), forward_order_.end(), u) == forward_order_.end())
+      forward_order_.push_back(u);
+    ensure_gathered(u);
+    if (order_recorded_ && !tape.recomputing()) prefetch_after(u, forward_order_);
+  }
+  void post_forward(std::size_t u) {
+    // (During checkpoint recomputation too: the recomputed graph's backward-pre hook gathers the
+    // unit again when its backward comes, so a segment of many units never holds them all.)
+    auto& tape = autograd::tape(*ctx_);
+    if (is_root(u)) {
+      if (tape.recomputing()) return;
+      if (!forward_order_.empty()) order_recorded_ = true;
+      if (!tape.grad_enabled())  // no backward follows: free everything
+        for (std::size_t k = 0; k < engine_->unit_count(); ++k) engine_->release(k);
+      return;
+    }
+    if (engine_->policy().reshard_after_forward || !tape.grad_enabled()) engine_->release(u);
+  }
+  void pre_backward(std::size_t u) {
+    binding_->begin_backward();
+    engine_->poll_reductions();
+    ensure_gathered(u);
+    if (order_recorded_) {
+      std::vector<std::size_t> reverse(forward_order_.rbegin(), forward_order_.rend());
+      prefetch_after(u, reverse);
+    }
+  }
+
+  Context* ctx_;
+  Engine* engine_;
+  ModuleBinding* binding_;
+  std::vector<nn::Module*> modules_;  // per unit: whose hooks gather it
+  std::size_t root_unit_;
+  std::vector<std::vector<nn::HookId>> hooks_;  // per unit
+  std::vector<std::size_t> forward_order_;      // units by first forward-pre hook, recorded once
+  bool order_recorded_ = false;
+  int max_gathered_ = 0;
+};
+
+}  // namespace shardkit::parallel
