@@ -99,7 +99,7 @@ std::vector<float> gather_masters(sk::Context& ctx, sk::comm::Communicator& comm
     by_param[p].resize(static_cast<std::size_t>(table.params()[p].numel));
   sk::optim::stream_pieces(
       ctx, comm, table, optimizer.master_params(), 0,
-      [&](const sk::shard::OwnedPiece& piece, std::int64_t offset, const float* values,
+      [&](const sk::shard::StatePiece& piece, std::int64_t offset, const float* values,
           std::int64_t count) {
         std::copy_n(values, count, by_param[piece.param].begin() + piece.param_begin + offset);
       });

@@ -410,7 +410,7 @@ TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params an
       auto training = fsdp.training_state();
       sk::optim::stream_pieces(ctx, comm, training.optimizer->table(),
                                training.optimizer->master_params(), 0,
-                               [&](const sk::shard::OwnedPiece& piece, std::int64_t,
+                               [&](const sk::shard::StatePiece& piece, std::int64_t,
                                    const float* values, std::int64_t count) {
                                  if (piece.param == 0)
                                    master.insert(master.end(), values, values + count);

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "shardkit/core/dtype.hpp"
+#include "shardkit/core/enum_names.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/tensor.hpp"
 #include "shardkit/core/tensor_ops.hpp"
@@ -127,32 +128,19 @@ struct SafetensorsContents {
 
 namespace detail {
 
+inline constexpr EnumName<DType> kSafetensorsDTypes[] = {
+    {DType::f32, "F32"}, {DType::f64, "F64"}, {DType::f16, "F16"}, {DType::bf16, "BF16"},
+    {DType::i32, "I32"}, {DType::i64, "I64"}, {DType::u8, "U8"}};
+
 inline std::string_view safetensors_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return "F32";
-    case DType::f64:
-      return "F64";
-    case DType::f16:
-      return "F16";
-    case DType::bf16:
-      return "BF16";
-    case DType::i32:
-      return "I32";
-    case DType::i64:
-      return "I64";
-    case DType::u8:
-      return "U8";
-  }
-  return "?";
+  return name_of(dtype, kSafetensorsDTypes);
 }
 
 inline DType dtype_from_safetensors(std::string_view name, const std::string& path,
                                     const std::string& tensor) {
-  for (auto dtype : kAllDTypes)
-    if (safetensors_dtype(dtype) == name) return dtype;
+  if (const auto dtype = find_name(name, kSafetensorsDTypes)) return *dtype;
   fail<IoError>("'", path, "': tensor '", tensor, "' has dtype '", name,
-                "', which shardkit does not hold (F32, F64, F16, BF16, I32, I64, U8)");
+                "', which shardkit does not hold (", names_list(kSafetensorsDTypes), ")");
 }
 
 // Closes on scope exit; write_all/sync report errno with the file's name.

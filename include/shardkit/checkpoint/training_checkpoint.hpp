@@ -141,7 +141,7 @@ inline void save_full(const std::string& dir, parallel::TrainingState& state, co
         (folder / kFullOptimizerFile).string(), std::move(optimizer_tensors), optimizer_meta);
   }
   auto sink_into = [&](SafetensorsWriter* file, const std::string& suffix) {
-    return [&table, file, suffix](const shard::OwnedPiece& piece, std::int64_t offset,
+    return [&table, file, suffix](const shard::StatePiece& piece, std::int64_t offset,
                                   const float* values, std::int64_t count) {
       file->write(table.params()[piece.param].name + suffix,
                   static_cast<std::uint64_t>(piece.param_begin + offset) * sizeof(float), values,
@@ -172,7 +172,7 @@ inline void save_sharded(const std::string& dir, parallel::TrainingState& state,
   std::vector<TensorInfo> tensors;
   std::vector<NamedBytes> values;
   nlohmann::json listed = nlohmann::json::array();
-  auto add_piece = [&](const shard::OwnedPiece& piece, const std::string& buffer,
+  auto add_piece = [&](const shard::StatePiece& piece, const std::string& buffer,
                        const Tensor& view) {
     const auto& param = table.params()[piece.param].name;
     const std::string name = piece_tensor_name(param, buffer, piece.param_begin, piece.param_end);
@@ -363,7 +363,7 @@ inline LoadedCheckpoint load_this_rank(const std::string& dir, parallel::Trainin
 
   // Write: this rank's pieces, their state, the replicated tensors.
   std::vector<float> host;
-  auto put = [&](const std::vector<PieceSource>& list, const shard::OwnedPiece& piece,
+  auto put = [&](const std::vector<PieceSource>& list, const shard::StatePiece& piece,
                  const Tensor& target) {
     host.resize(static_cast<std::size_t>(piece.numel()));
     CheckpointSource::read_range(list, piece.param_begin, piece.param_end, host.data());

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "shardkit/core/enum_names.hpp"
+
 namespace shardkit::comm {
 
 enum class CollectiveKind : std::uint8_t {
@@ -40,26 +42,18 @@ inline constexpr CollectiveKind kAllCollectiveKinds[kCollectiveKindCount] = {
     CollectiveKind::all_gather,       CollectiveKind::reduce_scatter, CollectiveKind::all_gather_v,
     CollectiveKind::reduce_scatter_v, CollectiveKind::barrier};
 
+inline constexpr EnumName<CollectiveKind> kCollectiveNames[] = {
+    {CollectiveKind::all_reduce, "all_reduce"},
+    {CollectiveKind::reduce, "reduce"},
+    {CollectiveKind::broadcast, "broadcast"},
+    {CollectiveKind::all_gather, "all_gather"},
+    {CollectiveKind::reduce_scatter, "reduce_scatter"},
+    {CollectiveKind::all_gather_v, "all_gather_v"},
+    {CollectiveKind::reduce_scatter_v, "reduce_scatter_v"},
+    {CollectiveKind::barrier, "barrier"}};
+
 constexpr std::string_view collective_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::all_reduce:
-      return "all_reduce";
-    case CollectiveKind::reduce:
-      return "reduce";
-    case CollectiveKind::broadcast:
-      return "broadcast";
-    case CollectiveKind::all_gather:
-      return "all_gather";
-    case CollectiveKind::reduce_scatter:
-      return "reduce_scatter";
-    case CollectiveKind::all_gather_v:
-      return "all_gather_v";
-    case CollectiveKind::reduce_scatter_v:
-      return "reduce_scatter_v";
-    case CollectiveKind::barrier:
-      return "barrier";
-  }
-  return "?";
+  return name_of(kind, kCollectiveNames);
 }
 
 // nccl-tests' bus-bandwidth factor for a world of n ranks, as numerator / denominator.

@@ -9,22 +9,16 @@
 
 #include "shardkit/core/config.hpp"
 #include "shardkit/core/dtype.hpp"
+#include "shardkit/core/enum_names.hpp"
 
 namespace shardkit::comm {
 
 enum class ReduceOp : std::uint8_t { sum, avg, max };
 
-constexpr std::string_view reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return "sum";
-    case ReduceOp::avg:
-      return "avg";
-    case ReduceOp::max:
-      return "max";
-  }
-  return "?";
-}
+inline constexpr EnumName<ReduceOp> kReduceOpNames[] = {
+    {ReduceOp::sum, "sum"}, {ReduceOp::avg, "avg"}, {ReduceOp::max, "max"}};
+
+constexpr std::string_view reduce_op_name(ReduceOp op) { return name_of(op, kReduceOpNames); }
 
 // The element types collectives move and reduce.
 constexpr bool is_comm_dtype(DType dtype) {

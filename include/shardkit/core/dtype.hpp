@@ -7,6 +7,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "shardkit/core/enum_names.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/float16.hpp"
 
@@ -34,20 +35,11 @@ constexpr std::size_t dtype_size(DType dtype) {
   return 0;
 }
 
-constexpr std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    // clang-format off
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
-      // clang-format on
-  }
-  return "?";
-}
+inline constexpr EnumName<DType> kDTypeNames[] = {
+    {DType::f32, "f32"}, {DType::f64, "f64"}, {DType::f16, "f16"}, {DType::bf16, "bf16"},
+    {DType::i32, "i32"}, {DType::i64, "i64"}, {DType::u8, "u8"}};
+
+constexpr std::string_view dtype_name(DType dtype) { return name_of(dtype, kDTypeNames); }
 
 constexpr bool is_floating(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
@@ -55,24 +47,16 @@ constexpr bool is_floating(DType dtype) {
 
 // Accepts our short names and the PyTorch / VISSL spellings ("float32", "float16", "bfloat16"...).
 inline DType parse_dtype(std::string_view name) {
-  struct Alias {
-    std::string_view name;
-    DType dtype;
-  };
-  // clang-format off
-  static constexpr Alias kAliases[] = {
-      {"f32", DType::f32},  {"float32", DType::f32}, {"float", DType::f32},
-      {"f64", DType::f64},  {"float64", DType::f64}, {"double", DType::f64},
-      {"f16", DType::f16},  {"float16", DType::f16}, {"half", DType::f16},
-      {"bf16", DType::bf16}, {"bfloat16", DType::bf16},
-      {"i32", DType::i32},  {"int32", DType::i32},   {"i64", DType::i64},
-      {"int64", DType::i64}, {"u8", DType::u8},      {"uint8", DType::u8}};
-  // clang-format on
-  for (const auto& alias : kAliases)
-    if (alias.name == name) return alias.dtype;
-  fail<InvalidArgument>("unknown dtype '", name,
-                        "'; use one of f32, f64, f16, bf16, i32, i64, u8 (or float32, float16, "
-                        "bfloat16, ...)");
+  // Ours first, then the PyTorch / VISSL spellings.
+  static constexpr EnumName<DType> kAliases[] = {{DType::f32, "float32"},   {DType::f32, "float"},
+                                                 {DType::f64, "float64"},   {DType::f64, "double"},
+                                                 {DType::f16, "float16"},   {DType::f16, "half"},
+                                                 {DType::bf16, "bfloat16"}, {DType::i32, "int32"},
+                                                 {DType::i64, "int64"},     {DType::u8, "uint8"}};
+  if (const auto dtype = find_name(name, kDTypeNames)) return *dtype;
+  return parse_name(
+      name, kAliases, "dtype",
+      "one of f32, f64, f16, bf16, i32, i64, u8 (or float32, float16, bfloat16, ...)");
 }
 
 // The C++ storage type of each DType, and back.

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "shardkit/core/enum_names.hpp"
+
 namespace shardkit {
 
 // What an allocation holds. Memory claims (ZeRO stage savings, checkpointing) read these.
@@ -25,18 +27,16 @@ inline constexpr MemoryCategory kAllMemoryCategories[kMemoryCategoryCount] = {
     MemoryCategory::parameters,    MemoryCategory::gradients,   MemoryCategory::optimizer_state,
     MemoryCategory::communication, MemoryCategory::activations, MemoryCategory::other};
 
+inline constexpr EnumName<MemoryCategory> kMemoryCategoryNames[] = {
+    {MemoryCategory::parameters, "parameters"},
+    {MemoryCategory::gradients, "gradients"},
+    {MemoryCategory::optimizer_state, "optimizer_state"},
+    {MemoryCategory::communication, "communication"},
+    {MemoryCategory::activations, "activations"},
+    {MemoryCategory::other, "other"}};
+
 constexpr std::string_view memory_category_name(MemoryCategory category) {
-  switch (category) {
-    // clang-format off
-    case MemoryCategory::parameters: return "parameters";
-    case MemoryCategory::gradients: return "gradients";
-    case MemoryCategory::optimizer_state: return "optimizer_state";
-    case MemoryCategory::communication: return "communication";
-    case MemoryCategory::activations: return "activations";
-    case MemoryCategory::other: return "other";
-      // clang-format on
-  }
-  return "?";
+  return name_of(category, kMemoryCategoryNames);
 }
 
 // A copy of the counters at one moment.

@@ -99,7 +99,7 @@ void stream_pieces(Context& ctx, comm::Communicator& comm, const shard::PieceTab
 }
 
 // This rank's views of one state buffer, one per piece (the `held` of stream_pieces).
-inline std::vector<Tensor> state_views(const std::vector<shard::OwnedPiece>& pieces,
+inline std::vector<Tensor> state_views(const std::vector<shard::StatePiece>& pieces,
                                        const Tensor& buffer) {
   std::vector<Tensor> out;
   for (const auto& piece : pieces)
@@ -130,7 +130,7 @@ inline OptimizerState consolidate_optimizer_state(const ShardedOptimizer& optimi
   for (const auto& buffer : buffers) {
     stream_pieces(optimizer.context(), comm, table, state_views(optimizer.pieces(), buffer.values),
                   recipient,
-                  [&](const shard::OwnedPiece& piece, std::int64_t offset, const float* values,
+                  [&](const shard::StatePiece& piece, std::int64_t offset, const float* values,
                       std::int64_t count) {
                     auto& dst = out.params[piece.param].buffers.find(buffer.name)->second;
                     std::copy_n(values, count, dst.begin() + piece.param_begin + offset);

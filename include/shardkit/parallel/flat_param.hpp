@@ -72,7 +72,7 @@ class FlatParam {
     std::vector<shard::ParamPiece> all;
     for (auto i : plan_.trainable_in_layout_order()) {
       const auto& slot = plan_.layout()[i];
-      all.push_back(shard::ParamPiece{i, 0, slot.numel, slot.offset});
+      all.push_back(shard::ParamPiece{{i, 0, slot.numel}, slot.offset});
     }
     return all;
   }

@@ -10,6 +10,7 @@
 
 #include <string_view>
 
+#include "shardkit/core/enum_names.hpp"
 #include "shardkit/core/error.hpp"
 
 namespace shardkit::parallel {
@@ -18,25 +19,14 @@ enum class Stage { ddp, oss, sdp, fsdp };
 
 inline constexpr Stage kAllStages[] = {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp};
 
-inline std::string_view stage_name(Stage stage) {
-  switch (stage) {
-    case Stage::ddp:
-      return "ddp";
-    case Stage::oss:
-      return "oss";
-    case Stage::sdp:
-      return "sdp";
-    case Stage::fsdp:
-      return "fsdp";
-  }
-  return "?";
-}
+inline constexpr EnumName<Stage> kStageNames[] = {
+    {Stage::ddp, "ddp"}, {Stage::oss, "oss"}, {Stage::sdp, "sdp"}, {Stage::fsdp, "fsdp"}};
+
+inline std::string_view stage_name(Stage stage) { return name_of(stage, kStageNames); }
 
 inline Stage parse_stage(std::string_view name) {
-  for (auto stage : kAllStages)
-    if (stage_name(stage) == name) return stage;
-  fail<InvalidArgument>("unknown ZeRO stage '", name,
-                        "'; use ddp, oss (ZeRO-1), sdp (ZeRO-2) or fsdp (ZeRO-3)");
+  return parse_name(name, kStageNames, "ZeRO stage",
+                    "ddp, oss (ZeRO-1), sdp (ZeRO-2) or fsdp (ZeRO-3)");
 }
 
 // Model-state bytes per rank by the ZeRO accounting (docs/semantics.md): parameters and

@@ -19,14 +19,10 @@ struct TableParam {
   std::int64_t numel = 0;
 };
 
-// Elements [param_begin, param_end) of table parameter `param`; its optimizer state sits at
-// [state_offset, state_offset + numel()) of the owning rank's state buffers.
-struct OwnedPiece {
-  std::size_t param = 0;
-  std::int64_t param_begin = 0;
-  std::int64_t param_end = 0;
+// What one rank updates of table parameter `param`: elements [param_begin, param_end), whose
+// optimizer state sits at [state_offset, state_offset + numel()) of that rank's state buffers.
+struct StatePiece : ParamRange {
   std::int64_t state_offset = 0;
-  std::int64_t numel() const { return param_end - param_begin; }
 };
 
 class PieceTable {
@@ -71,11 +67,12 @@ class PieceTable {
       auto& state = state_numel_[static_cast<std::size_t>(r)];
       if (replicated) {
         for (auto i : plan.trainable_in_layout_order())
-          list.push_back(OwnedPiece{table_index[i], 0, layout[i].numel, state + layout[i].offset});
+          list.push_back(
+              StatePiece{{table_index[i], 0, layout[i].numel}, state + layout[i].offset});
         state += plan.trainable_end();
       } else {
         for (const auto& piece : plan.pieces(r))
-          list.push_back(OwnedPiece{table_index[piece.param], piece.param_begin, piece.param_end,
+          list.push_back(StatePiece{{table_index[piece.param], piece.param_begin, piece.param_end},
                                     state + piece.flat_begin - plan.begin(r)});
         state += plan.numel(r);
       }
@@ -87,7 +84,7 @@ class PieceTable {
   // Every rank updates everything (DDP): the state is not sharded, nothing needs gathering.
   bool replicated() const { return replicated_; }
   const std::vector<TableParam>& params() const { return params_; }
-  const std::vector<OwnedPiece>& pieces(int rank) const {
+  const std::vector<StatePiece>& pieces(int rank) const {
     return by_rank_[static_cast<std::size_t>(rank)];
   }
   std::int64_t state_numel(int rank) const { return state_numel_[static_cast<std::size_t>(rank)]; }
@@ -114,7 +111,7 @@ class PieceTable {
   bool replicated_ = false;
   std::vector<TableParam> params_;
   std::unordered_map<std::string, std::size_t> index_;
-  std::vector<std::vector<OwnedPiece>> by_rank_;
+  std::vector<std::vector<StatePiece>> by_rank_;
   std::vector<std::int64_t> state_numel_;
 };
 

@@ -25,14 +25,18 @@ inline std::string_view partition_kind_name(PartitionKind kind) {
   return kind == PartitionKind::greedy ? "greedy" : "flat";
 }
 
-// A piece of parameter `param` (a layout index) held by one rank: its elements
-// [param_begin, param_end), at flat-buffer elements [flat_begin, flat_begin + numel()).
-struct ParamPiece {
+// Elements [param_begin, param_end) of parameter `param` (what the index means is the holder's).
+struct ParamRange {
   std::size_t param = 0;
   std::int64_t param_begin = 0;
   std::int64_t param_end = 0;
-  std::int64_t flat_begin = 0;
   std::int64_t numel() const { return param_end - param_begin; }
+};
+
+// A piece of parameter `param` (a layout index) held by one rank: its elements
+// [param_begin, param_end), at flat-buffer elements [flat_begin, flat_begin + numel()).
+struct ParamPiece : ParamRange {
+  std::int64_t flat_begin = 0;
   bool whole(std::int64_t param_numel) const {
     return param_begin == 0 && param_end == param_numel;
   }
@@ -97,7 +101,7 @@ class ShardPlan {
         const int r = rank_of_element(begin);
         const std::int64_t stop = std::min(end, bounds_[static_cast<std::size_t>(r) + 1]);
         pieces_[static_cast<std::size_t>(r)].push_back(
-            ParamPiece{i, begin - slot.offset, stop - slot.offset, begin});
+            ParamPiece{{i, begin - slot.offset, stop - slot.offset}, begin});
         begin = stop;
       }
     }

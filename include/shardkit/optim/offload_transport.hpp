@@ -1,0 +1,90 @@
+// OffloadTransport: how an offloaded optimizer's data crosses between the device and the host
+// -- the gradients come down before the step in one batch of copies and one wait; the updated
+// parameters go up in chunks of whole pieces, each chunk's copies queued before the next chunk
+// is updated, and the step waits for the last (DeepSpeed's ZeRO-Offload, PyTorch FSDP's
+// CPUOffload). Without offload, or with FSDP's parameter shards offloaded too (they are
+// updated in place on the host), nothing goes up and the update is one chunk.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardkit/core/tensor_ops.hpp"
+#include "shardkit/optim/master_copies.hpp"
+#include "shardkit/shard/piece_table.hpp"
+
+namespace shardkit::optim {
+
+// Where an optimizer keeps its master, state and step: on the parameters' context (host ==
+// nullptr), or offloaded to a CPU context.
+struct OptimizerOffload {
+  Context* host = nullptr;  // a CPU context (sk::make_host_context); nullptr: no offload
+  // The piece views given are themselves in `host`'s memory (FSDP's offloaded parameter
+  // shards): the step then updates them in place, nothing goes back up.
+  bool params_on_host = false;
+  // Offloaded updates run in chunks of whole pieces of at least this many elements; each
+  // chunk's parameters are queued for the device before the next chunk is updated.
+  std::int64_t chunk_numel = std::int64_t{1} << 22;
+  bool enabled() const { return host != nullptr; }
+};
+
+class OffloadTransport {
+ public:
+  OffloadTransport(Context& device, const shard::PieceTable& table, int rank,
+                   OptimizerOffload offload)
+      : device_(&device), table_(&table), rank_(rank), offload_(offload) {
+    if (offload.enabled())
+      check(offload.host->device().is_cpu(), "ShardedOptimizer: the offload context is on ",
+            offload.host->device().str(),
+            "; offload needs a CPU context (sk::make_host_context(ctx))");
+    check(offload.chunk_numel > 0, "ShardedOptimizer: offload chunk_numel must be > 0, got ",
+          offload.chunk_numel);
+  }
+
+  bool enabled() const { return offload_.enabled(); }
+  const OptimizerOffload& offload() const { return offload_; }
+  // Whether updated parameters go up to the device after the update.
+  bool sends_up() const { return offload_.enabled() && !offload_.params_on_host; }
+
+  // This step's gradients in host memory, laid out like the state.
+  const std::vector<Tensor>& stage_grads(const std::vector<Tensor>& grads) {
+    if (grads.empty()) return grads;
+    if (!grad_buffer_.defined() || grad_buffer_.dtype() != grads[0].dtype()) {
+      grad_buffer_ = Tensor();
+      grad_buffer_ = empty(*offload_.host, {table_->state_numel(rank_)}, grads[0].dtype(),
+                           MemoryCategory::gradients);
+      host_grads_ = state_views(*table_, rank_, grad_buffer_);
+    }
+    for (std::size_t k = 0; k < grads.size(); ++k) copy_async(*device_, host_grads_[k], grads[k]);
+    device_->synchronize();
+    return host_grads_;
+  }
+
+  // The end of the chunk of pieces that starts at `begin`: whole pieces of at least
+  // chunk_numel elements when sending up, else every piece left.
+  std::size_t chunk_end(std::size_t begin) const {
+    const auto& pieces = table_->pieces(rank_);
+    std::int64_t numel = 0;
+    std::size_t end = begin;
+    while (end < pieces.size() && (!sends_up() || numel < offload_.chunk_numel))
+      numel += pieces[end++].numel();
+    return end;
+  }
+  // Queues pieces [begin, end)'s updated values for the device.
+  void send_up(const MasterCopies& copies, std::size_t begin, std::size_t end) {
+    for (std::size_t k = begin; k < end; ++k)
+      copy_async(*device_, copies.piece_params()[k], copies.outgoing(k));
+  }
+  // Waits for every chunk sent up.
+  void wait() { device_->synchronize(); }
+
+ private:
+  Context* device_;
+  const shard::PieceTable* table_;
+  int rank_;
+  OptimizerOffload offload_;
+  Tensor grad_buffer_;  // the step's gradients in host memory
+  std::vector<Tensor> host_grads_;
+};
+
+}  // namespace shardkit::optim

@@ -1,0 +1,176 @@
+// UpdateRule: the algorithm of the sharded optimizer -- SGD (with per-parameter weight decay
+// groups), LARC-SGD (trust ratios from whole-parameter norms, ParamNorms) or Adam / AdamW --
+// applied to the pieces one rank updates through the fused ops, on whichever context holds them
+// (the parameters', or the offload host's). Where the masters live and how updates reach the
+// parameters is MasterCopies'; what crosses to the host and back, OffloadTransport's.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardkit/ops/device_ops.hpp"
+#include "shardkit/optim/optimizer_config.hpp"
+#include "shardkit/optim/param_norms.hpp"
+#include "shardkit/shard/piece_table.hpp"
+
+namespace shardkit::optim {
+
+// The operands of one update: per piece, the f32 values (p), gradients (g), state buffers
+// (a: momentum or exp_avg; b: exp_avg_sq) and rounded outputs (low), each list empty when unused.
+struct UpdateTensors {
+  const std::vector<Tensor>& p;
+  const std::vector<Tensor>& g;
+  const std::vector<Tensor>& a;
+  const std::vector<Tensor>& b;
+  const std::vector<Tensor>& low;
+};
+
+class UpdateRule {
+ public:
+  UpdateRule(OptimizerConfig config, const shard::PieceTable& table, int rank, ParamNorms& norms)
+      : config_(std::move(config)), table_(&table), rank_(rank), norms_(&norms) {
+    if (config_.kind == OptimizerKind::larc_sgd) {
+      // LARC takes the weight decay over (docs/semantics.md): the wrapped SGD runs without it.
+      if (config_.larc.weight_decay == 0) config_.larc.weight_decay = config_.sgd.weight_decay;
+      config_.sgd.weight_decay = 0;
+      ops::validate(config_.larc);
+    }
+    if (config_.kind == OptimizerKind::adamw) config_.adam.decoupled_weight_decay = true;
+    set_decay_groups();
+  }
+
+  const OptimizerConfig& config() const { return config_; }
+
+  // What a step's chunks share: the options at this step's rate and count, and the per-piece
+  // coefficients of the SGD rule (LARC's trust ratios need every norm first). `done` when the
+  // whole update already ran (the pipelined LARC step, or nothing to update here).
+  struct Prepared {
+    ops::SgdOptions sgd;
+    ops::AdamOptions adam;
+    Tensor coefficients;  // [n, 2] per-piece (grad, param) factors, or none
+    bool done = false;
+  };
+  // `in_chunks`: the update will go chunk by chunk (offload sending each up), so it cannot be
+  // one pipelined pass.
+  Prepared prepare(Context& c, const UpdateTensors& t, float lr, float inv_grad_scale,
+                   std::int64_t step, bool in_chunks) {
+    const auto& pieces = table_->pieces(rank_);
+    Prepared out;
+    if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
+      if (config_.kind == OptimizerKind::larc_sgd)  // norms' exchange may be collective
+        (void)larc_coefficients(c, t, lr, inv_grad_scale);
+      out.done = true;
+      return out;
+    }
+    out.sgd = config_.sgd;
+    out.sgd.lr = lr;
+    out.sgd.first_step = step == 1;
+    out.adam = config_.adam;
+    out.adam.lr = lr;
+    out.adam.step = step;
+    out.adam.inv_grad_scale = inv_grad_scale;
+    // Every piece whole here (DDP, or one rank) on a device that pipelines it (the CPU):
+    // norms, coefficients and update in one pass, with ParamNorms' bits.
+    if (config_.kind == OptimizerKind::larc_sgd && !in_chunks && norms_->pieces_whole() &&
+        ops::has_larc_sgd_step_tree(c)) {
+      std::vector<double> decays;  // per piece, when no_weight_decay names any
+      if (!decay_.empty())
+        for (const auto& piece : pieces) decays.push_back(decay_[piece.param]);
+      ops::SgdOptions scaled = out.sgd;
+      scaled.inv_grad_scale = inv_grad_scale;
+      ops::larc_sgd_step_tree(c, scaled, config_.larc, ops::SgdTensors{t.p, t.g, t.a, t.low},
+                              decays);
+      out.done = true;
+      return out;
+    }
+    if (config_.kind == OptimizerKind::larc_sgd) {
+      out.coefficients = larc_coefficients(c, t, lr, inv_grad_scale);
+    } else if (config_.kind == OptimizerKind::sgd && !decay_.empty()) {
+      std::vector<float> factors;  // per-parameter decay: g' = inv_grad_scale·g + decay·w
+      for (const auto& piece : pieces) {
+        factors.push_back(inv_grad_scale);
+        factors.push_back(static_cast<float>(decay_[piece.param]));
+      }
+      out.sgd.weight_decay = 0;
+      out.coefficients = from_vector(c, factors, {static_cast<std::int64_t>(pieces.size()), 2});
+    } else {
+      out.sgd.inv_grad_scale = inv_grad_scale;
+    }
+    return out;
+  }
+
+  // The fused update of pieces [begin, end).
+  void apply(Context& c, const Prepared& step, const UpdateTensors& t, std::size_t begin,
+             std::size_t end) const {
+    const auto part = [&](const std::vector<Tensor>& v) {
+      return v.empty() ? v
+                       : std::vector<Tensor>(v.begin() + static_cast<std::ptrdiff_t>(begin),
+                                             v.begin() + static_cast<std::ptrdiff_t>(end));
+    };
+    if (is_adam(config_.kind))
+      return ops::adam_step(
+          c, step.adam, ops::AdamTensors{part(t.p), part(t.g), part(t.a), part(t.b), part(t.low)});
+    // (The operand lists are temporaries: each call builds its tensors' spans in place.)
+    if (!step.coefficients.defined())
+      return ops::sgd_step(c, step.sgd,
+                           ops::SgdTensors{part(t.p), part(t.g), part(t.a), part(t.low)});
+    ops::sgd_step(c, step.sgd, ops::SgdTensors{part(t.p), part(t.g), part(t.a), part(t.low)},
+                  step.coefficients.slice(0, static_cast<std::int64_t>(begin),
+                                          static_cast<std::int64_t>(end)));
+  }
+
+ private:
+  // Per-piece [n, 2] coefficients from whole-parameter sums of squares, formed on context `c`
+  // (where p and g live).
+  Tensor larc_coefficients(Context& c, const UpdateTensors& t, float lr, float inv_grad_scale) {
+    const auto& pieces = table_->pieces(rank_);
+    const auto n = static_cast<std::int64_t>(pieces.size());
+    const auto whole = norms_->sums_on(c, {t.p, t.g});  // collective when split
+    if (n == 0) return Tensor();
+    const std::int64_t rows = decay_.empty() ? 2 : 3;  // row 2: per-parameter decays
+    std::vector<double> per_piece(static_cast<std::size_t>(rows * n));
+    for (std::size_t s = 0; s < pieces.size(); ++s) {
+      per_piece[s] = whole[0][pieces[s].param];
+      per_piece[static_cast<std::size_t>(n) + s] = whole[1][pieces[s].param];
+      if (rows == 3) per_piece[static_cast<std::size_t>(2 * n) + s] = decay_[pieces[s].param];
+    }
+    const Tensor sums = from_vector(c, per_piece, {rows, n});
+    const Tensor coefficients = empty(c, {n, 2}, DType::f32, MemoryCategory::other);
+    ops::larc_coefficients(c, config_.larc, lr, inv_grad_scale, sums, coefficients);
+    return coefficients;
+  }
+
+  // decay_[p]: table parameter p's weight decay, when config_.no_weight_decay names any.
+  void set_decay_groups() {
+    if (config_.no_weight_decay.empty()) return;
+    check(!is_adam(config_.kind), "ShardedOptimizer: no_weight_decay names ",
+          config_.no_weight_decay.size(), " parameters, but per-parameter weight decay is ",
+          "implemented for sgd and larc_sgd only, not ", optimizer_kind_name(config_.kind),
+          "; leave no_weight_decay empty");
+    const double decay = config_.kind == OptimizerKind::larc_sgd ? config_.larc.weight_decay
+                                                                 : config_.sgd.weight_decay;
+    const auto& params = table_->params();
+    decay_.assign(params.size(), decay);
+    for (const auto& name : config_.no_weight_decay) {
+      auto it = std::find_if(params.begin(), params.end(),
+                             [&](const auto& param) { return param.name == name; });
+      if (it == params.end()) {
+        std::string known;
+        for (const auto& param : params) known += (known.empty() ? "" : ", ") + param.name;
+        fail<InvalidArgument>("ShardedOptimizer: no_weight_decay names '", name,
+                              "', which is not a trainable parameter; trainable ones: ", known);
+      }
+      decay_[static_cast<std::size_t>(it - params.begin())] = 0.0;
+    }
+  }
+
+  OptimizerConfig config_;
+  const shard::PieceTable* table_;
+  int rank_;
+  ParamNorms* norms_;
+  std::vector<double> decay_;  // per table parameter; empty: one decay for all
+};
+
+}  // namespace shardkit::optim
