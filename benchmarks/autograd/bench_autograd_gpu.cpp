@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "autograd_workloads.hpp"
+#include "shardkit/autograd/cuda_libraries.hpp"
 #include "shardkit/cuda.hpp"
 #include "shardkit/shardkit.hpp"
 

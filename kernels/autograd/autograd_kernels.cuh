@@ -1,5 +1,6 @@
 // The CUDA side of autograd's function table (a CUDA Context gets it from
-// <shardkit/cuda.hpp> with the other layers' tables).
+// <shardkit/cuda.hpp> with the other layers' tables): our kernels, and cuBLAS / cuDNN for the
+// library-backed ops (shardkit/autograd/cuda_libraries.hpp).
 // The kernels behind it live one concept per file beside this one (common, elementwise, rowwise,
 // cross_entropy, pooling, batch_norm_sync); including this header still brings them all. Half types
 // load and store as f16/bf16 and compute in f32; double stays double. Reductions are deterministic
@@ -12,8 +13,55 @@
 #include "kernels/autograd/elementwise.cuh"
 #include "kernels/autograd/pooling.cuh"
 #include "kernels/autograd/rowwise.cuh"
+#include "shardkit/autograd/cuda_libraries.hpp"
 
 namespace shardkit::autograd {
+
+namespace cuda_kernels {
+
+// cuDNN's batch-norm has no fused ReLU: it runs after, in place.
+inline void batch_norm_train_forward(Context& ctx, const Tensor& x, const Tensor& weight,
+                                     const Tensor& bias, const Tensor& running_mean,
+                                     const Tensor& running_var, double momentum, double eps,
+                                     const Tensor& y, const Tensor& save_mean,
+                                     const Tensor& save_invstd, std::int64_t outer,
+                                     std::int64_t channels, std::int64_t inner, bool relu) {
+  cuda::batch_norm_train_forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, y,
+                                 save_mean, save_invstd, outer, channels, inner);
+  if (relu) pointwise(ctx, Pointwise::relu, y, y, Tensor(), 1, 0);
+}
+
+inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor& weight,
+                                    const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                    double eps, const Tensor& y, std::int64_t outer,
+                                    std::int64_t channels, std::int64_t inner, bool relu) {
+  cuda::batch_norm_eval_forward(ctx, x, weight, bias, mean, var, eps, y, outer, channels, inner);
+  if (relu) pointwise(ctx, Pointwise::relu, y, y, Tensor(), 1, 0);
+}
+
+// grad_y arrives masked by a fused ReLU already (relu_out undefined).
+inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tensor& grad_y,
+                                      const Tensor& weight, const Tensor& save_mean,
+                                      const Tensor& save_invstd, double eps, const Tensor& grad_x,
+                                      const Tensor& grad_weight, const Tensor& grad_bias,
+                                      std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                                      const Tensor&) {
+  cuda::batch_norm_train_backward(ctx, x, grad_y, weight, save_mean, save_invstd, eps, grad_x,
+                                  grad_weight, grad_bias, outer, channels, inner);
+}
+
+// cuDNN's max-pool keeps no argmax: its backward reads x and y.
+inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor&,
+                             const cpu::PoolGeometry& p) {
+  cuda::max_pool_forward(ctx, x, y, p);
+}
+inline void max_pool_backward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor&,
+                              const Tensor& grad_y, const Tensor& grad_x,
+                              const cpu::PoolGeometry& p) {
+  cuda::max_pool_backward(ctx, x, y, grad_y, grad_x, p);
+}
+
+}  // namespace cuda_kernels
 
 // The CUDA table: constant, so no global mutable state.
 inline const AutogradKernels* cuda_kernels_table() {
@@ -36,6 +84,14 @@ inline const AutogradKernels* cuda_kernels_table() {
       .batch_norm_apply = &k::batch_norm_apply,
       .batch_norm_grad_sums = &k::batch_norm_grad_sums,
       .batch_norm_input_grad = &k::batch_norm_input_grad,
+      .gemm = &cuda::gemm,
+      .conv2d_forward = &cuda::conv2d_forward,
+      .conv2d_backward = &cuda::conv2d_backward,
+      .batch_norm_train_forward = &k::batch_norm_train_forward,
+      .batch_norm_eval_forward = &k::batch_norm_eval_forward,
+      .batch_norm_train_backward = &k::batch_norm_train_backward,
+      .max_pool_forward = &k::max_pool_forward,
+      .max_pool_backward = &k::max_pool_backward,
   };
   return &kTable;
 }

@@ -1,4 +1,4 @@
-// Synchronised batch-norm on the GPU (SyncBatchNorm; autograd/ops_norm.hpp runs these steps
+// Synchronised batch-norm on the GPU (SyncBatchNorm; autograd/norm.hpp runs these steps
 // around its two exchanges): per-channel moments, the group's statistics folded in rank order,
 // the affine map, the gradient sums and the input gradient. Sums are double, made by one block
 // per channel in a fixed tree order, so repeated runs give the same bits; the folding and the

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/autograd/common.cuh"
+#include "shardkit/autograd/pointwise_math.hpp"
 
 namespace shardkit::autograd::cuda_kernels {
 
@@ -16,14 +17,21 @@ __global__ void pointwise_kernel(Pointwise op, T* out, const T* a, const T* b, s
   using A = Acc<T>;
   SK_GRID_LOOP(i, n) {
     const A x = load<A>(a, i);
+    const A y = b == nullptr ? A(0) : load<A>(b, i);  // (the ops that read no b get none)
     A r = 0;
     switch (op) {
-      // clang-format off
-      case Pointwise::axpby: r = b == nullptr ? alpha * x : alpha * x + beta * load<A>(b, i); break;
-      case Pointwise::mul: r = alpha * x * load<A>(b, i); break;
-      case Pointwise::relu: r = x > A(0) ? x : A(0); break;
-      case Pointwise::relu_backward: r = load<A>(b, i) > A(0) ? x : A(0); break;
-        // clang-format on
+      case Pointwise::axpby:
+        r = b == nullptr ? ScaleMath{}(x, y, alpha, beta) : AxpbyMath{}(x, y, alpha, beta);
+        break;
+      case Pointwise::mul:
+        r = MulMath{}(x, y, alpha, beta);
+        break;
+      case Pointwise::relu:
+        r = ReluMath{}(x, y, alpha, beta);
+        break;
+      case Pointwise::relu_backward:
+        r = ReluBackwardMath{}(x, y, alpha, beta);
+        break;
     }
     store(out, i, r);
   }

@@ -1,11 +1,14 @@
 // The CPU's autograd function table (device_table.hpp): each entry runs the CPU loops of
-// cpu_kernels.hpp and cpu_norm_pool.hpp, computing f16/bf16 tensors in f32 (cpu::in_f32) and the
-// others as they are; and kernels_for(), which picks a tensor's table.
+// cpu_kernels.hpp and cpu_norm_pool.hpp, or for f32 GEMM and convolution oneDNN when the build
+// has it (cpu_dnnl.hpp; Eigen otherwise and for f64), computing f16/bf16 tensors in f32
+// (cpu::in_f32) and the others as they are; and kernels_for(), which picks a tensor's table.
 #pragma once
 
 #include <vector>
 
 #include "shardkit/autograd/batch_norm_stats.hpp"
+#include "shardkit/autograd/cpu_conv.hpp"
+#include "shardkit/autograd/cpu_dnnl.hpp"
 #include "shardkit/autograd/cpu_kernels.hpp"
 #include "shardkit/autograd/cpu_norm_pool.hpp"
 
@@ -208,6 +211,107 @@ inline const AutogradKernels& cpu_kernels() {
                                              outer, channels, inner, n, s, s + channels, r);
                 },
                 x, gy, relu_out, gx);
+          },
+      .gemm =
+          [](Context& c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b,
+             const Tensor& out, double alpha, double beta) {
+            in_f32(
+                c,
+                [&](const Tensor& x, const Tensor& y, const Tensor& z) {
+#if SK_WITH_DNNL
+                  if (z.dtype() == DType::f32)
+                    return cpu::dnnl::sgemm(c, x, transpose_a, y, transpose_b, z, alpha, beta);
+#endif
+                  cpu::gemm(x, transpose_a, y, transpose_b, z, alpha, beta);
+                },
+                a, b, out);
+          },
+      .conv2d_forward =
+          [](Context& c, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g) {
+            in_f32(
+                c,
+                [&](const Tensor& a, const Tensor& b, const Tensor& d) {
+#if SK_WITH_DNNL
+                  if (a.dtype() == DType::f32)
+                    return cpu::dnnl::convolutions(c).forward(c, a, b, d, g);
+#endif
+                  cpu::conv2d_forward(a, b, d, g);
+                },
+                x, w, y);
+          },
+      .conv2d_backward =
+          [](Context& c, const Tensor& x, const Tensor& w, const Tensor& gy, const Tensor& gx,
+             const Tensor& gw, const ConvGeometry& g) {
+            in_f32(
+                c,
+                [&](const Tensor& a, const Tensor& b, const Tensor& d, const Tensor& e,
+                    const Tensor& f) {
+#if SK_WITH_DNNL
+                  if (a.dtype() == DType::f32)
+                    return cpu::dnnl::convolutions(c).backward(c, a, b, d, e, f, g);
+#endif
+                  cpu::conv2d_backward(a, b, d, e, f, g);
+                },
+                x, w, gy, gx, gw);
+          },
+      .batch_norm_train_forward =
+          [](Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias,
+             const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,
+             const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
+             std::int64_t outer, std::int64_t channels, std::int64_t inner, bool relu) {
+            in_f32(
+                c,
+                [&](const Tensor& a, const Tensor& b) {
+                  cpu::batch_norm_train_forward(c.cpu_pool(), a, weight, bias, running_mean,
+                                                running_var, momentum, eps, b, save_mean,
+                                                save_invstd, outer, channels, inner, relu);
+                },
+                x, y);
+          },
+      .batch_norm_eval_forward =
+          [](Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias,
+             const Tensor& mean, const Tensor& var, double eps, const Tensor& y, std::int64_t outer,
+             std::int64_t channels, std::int64_t inner, bool relu) {
+            in_f32(
+                c,
+                [&](const Tensor& a, const Tensor& b) {
+                  cpu::batch_norm_eval_forward(c.cpu_pool(), a, weight, bias, mean, var, eps, b,
+                                               outer, channels, inner, relu);
+                },
+                x, y);
+          },
+      .batch_norm_train_backward =
+          [](Context& c, const Tensor& x, const Tensor& gy,
+             const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd, double,
+             const Tensor& gx, const Tensor& gw, const Tensor& gb, std::int64_t outer,
+             std::int64_t channels, std::int64_t inner, const Tensor& relu_out) {
+            in_f32(
+                c,
+                [&](const Tensor& a, const Tensor& b, const Tensor& d, const Tensor& r) {
+                  cpu::batch_norm_train_backward(c.cpu_pool(), a, b, weight, save_mean, save_invstd,
+                                                 d, gw, gb, outer, channels, inner, r);
+                },
+                x, gy, gx, relu_out);
+          },
+      .max_pool_forward =
+          [](Context& c, const Tensor& x, const Tensor& y, const Tensor& argmax,
+             const cpu::PoolGeometry& p) {
+            in_f32(
+                c,
+                [&](const Tensor& a, const Tensor& b) {
+                  cpu::max_pool_forward(c.cpu_pool(), a, b, argmax, p);
+                },
+                x, y);
+          },
+      .max_pool_backward =
+          [](Context& c, const Tensor&, const Tensor&, const Tensor& argmax, const Tensor& gy,
+             const Tensor& gx, const cpu::PoolGeometry&) {
+            in_f32(
+                c,
+                [&](const Tensor& a, const Tensor& b) {
+                  cpu::max_pool_backward(c.cpu_pool(), a, argmax, b);
+                },
+                gy, gx);
           }};
   return kTable;
 }

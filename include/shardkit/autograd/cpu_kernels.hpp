@@ -10,6 +10,7 @@
 
 #include "shardkit/autograd/cpu_widen.hpp"
 #include "shardkit/autograd/device_table.hpp"
+#include "shardkit/autograd/pointwise_math.hpp"
 
 namespace shardkit::autograd::cpu {
 
@@ -32,30 +33,34 @@ constexpr std::int64_t kPointwiseBlock = 16384;
 // selects: `y[i] > 0 ? x[i] : 0` reads x[i] only on one side, which GCC 12 compiles to a scalar
 // loop with a branch per element -- mispredicted half the time on a ReLU's random signs (the
 // ReLU backward alone was ~5% of a ResNet-18 step, perf).
+template <class T, class Math>
+void binary_loop(Math math, T* o, const T* x, const T* y, T al, T be, std::int64_t lo,
+                 std::int64_t hi) {
+  for (std::int64_t i = lo; i < hi; ++i) o[i] = math(x[i], y[i], al, be);
+}
+template <class T, class Math>
+void unary_loop(Math math, T* o, const T* x, T al, std::int64_t lo, std::int64_t hi) {
+  for (std::int64_t i = lo; i < hi; ++i) o[i] = math(x[i], T(0), al, T(0));
+}
+
 template <class T>
 void pointwise_block(Pointwise op, T* o, const T* x, const T* y, T al, T be, std::int64_t lo,
                      std::int64_t hi) {
   switch (op) {
     case Pointwise::axpby:  // (y == nullptr: beta was 0, and y is not read)
       if (y == nullptr)
-        for (std::int64_t i = lo; i < hi; ++i) o[i] = al * x[i];
+        unary_loop(ScaleMath{}, o, x, al, lo, hi);
       else
-        for (std::int64_t i = lo; i < hi; ++i) o[i] = al * x[i] + be * y[i];
+        binary_loop(AxpbyMath{}, o, x, y, al, be, lo, hi);
       break;
     case Pointwise::mul:
-      for (std::int64_t i = lo; i < hi; ++i) o[i] = al * x[i] * y[i];
+      binary_loop(MulMath{}, o, x, y, al, be, lo, hi);
       break;
     case Pointwise::relu:
-      for (std::int64_t i = lo; i < hi; ++i) {
-        const T v = x[i];
-        o[i] = v > T(0) ? v : T(0);
-      }
+      unary_loop(ReluMath{}, o, x, al, lo, hi);
       break;
-    case Pointwise::relu_backward:  // x: the output's gradient, y: the ReLU's output
-      for (std::int64_t i = lo; i < hi; ++i) {
-        const T g = x[i], out = y[i];
-        o[i] = out > T(0) ? g : T(0);
-      }
+    case Pointwise::relu_backward:
+      binary_loop(ReluBackwardMath{}, o, x, y, al, be, lo, hi);
       break;
   }
 }

@@ -1,7 +1,10 @@
-// The function table behind autograd's element-wise and row-wise kernels. The CPU table lives in
-// cpu_kernel_table.hpp; the CUDA table in kernels/autograd/autograd_kernels.cuh (nvcc only), which
-// a CUDA Context carries from its creation (<shardkit/cuda.hpp>). Host code calls through the
-// table, so the same op runs on either device and host headers never see a kernel launch.
+// The function table behind every autograd kernel: the element-wise and row-wise ones, and the
+// library-backed ones (GEMM, convolution, batch-norm, max-pool: oneDNN or Eigen on the CPU,
+// cuBLAS and cuDNN on the GPU). The CPU table lives in cpu_kernel_table.hpp; the CUDA table in
+// kernels/autograd/autograd_kernels.cuh (nvcc only), which a CUDA Context carries from its
+// creation (<shardkit/cuda.hpp>). Host code calls through the table -- kernels_for(ctx, tensor)
+// -- so the same op runs on either device, with no `#if` on the build and no kernel launch in a
+// host header: the one CPU/GPU idiom of the project (docs/design.md).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +14,11 @@
 #include "shardkit/core/tensor.hpp"
 
 namespace shardkit::autograd {
+
+struct ConvGeometry;  // cpu_conv.hpp
+namespace cpu {
+struct PoolGeometry;  // cpu_norm_pool.hpp
+}
 
 enum class Pointwise : std::uint8_t {
   axpby,          // out = alpha*a + beta*b (b may be undefined when beta == 0)
@@ -60,7 +68,7 @@ struct AutogradKernels {
                                    double eps, const Tensor& grad_x, const Tensor& grad_y_xhat,
                                    std::int64_t outer, std::int64_t channels, std::int64_t inner);
 
-  // Synchronised batch-norm in training mode (SyncBatchNorm, autograd/ops_norm.hpp), the steps
+  // Synchronised batch-norm in training mode (SyncBatchNorm, autograd/norm.hpp), the steps
   // around its two exchanges. Per-channel sums and statistics are f64 tensors on the context's
   // device; weight, bias, saved and running statistics have the accumulator dtype.
   // moments[1 + 2C] = {outer * inner, mean[C], m2[C]} of x[outer, C, inner] (m2: the sum of
@@ -95,6 +103,44 @@ struct AutogradKernels {
                                 const Tensor& save_invstd, const Tensor& relu_out,
                                 const Tensor& sums, const Tensor& count, const Tensor& grad_x,
                                 std::int64_t outer, std::int64_t channels, std::int64_t inner);
+
+  // The library-backed ops. Any floating dtype: the CPU computes f16/bf16 in f32.
+  // c = alpha * op(a) op(b) + beta * c for 2-D row-major a, b, c (op: transposed or not).
+  void (*gemm)(Context&, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b,
+               const Tensor& c, double alpha, double beta);
+  // y = conv2d(x, w) (NCHW, OIHW); backward writes grad_x and grad_w where defined.
+  void (*conv2d_forward)(Context&, const Tensor& x, const Tensor& w, const Tensor& y,
+                         const ConvGeometry& g);
+  void (*conv2d_backward)(Context&, const Tensor& x, const Tensor& w, const Tensor& grad_y,
+                          const Tensor& grad_x, const Tensor& grad_w, const ConvGeometry& g);
+  // Batch-norm of x[outer, C, inner] with the batch's statistics: y, the saved mean and invstd,
+  // the running statistics updated where defined; with `relu`, y = max(y, 0).
+  void (*batch_norm_train_forward)(Context&, const Tensor& x, const Tensor& weight,
+                                   const Tensor& bias, const Tensor& running_mean,
+                                   const Tensor& running_var, double momentum, double eps,
+                                   const Tensor& y, const Tensor& save_mean,
+                                   const Tensor& save_invstd, std::int64_t outer,
+                                   std::int64_t channels, std::int64_t inner, bool relu);
+  // Batch-norm with the given (running) statistics; with `relu`, y = max(y, 0).
+  void (*batch_norm_eval_forward)(Context&, const Tensor& x, const Tensor& weight,
+                                  const Tensor& bias, const Tensor& mean, const Tensor& var,
+                                  double eps, const Tensor& y, std::int64_t outer,
+                                  std::int64_t channels, std::int64_t inner, bool relu);
+  // The training-mode backward: grad_x (always written), grad_weight and grad_bias. relu_out as
+  // in batch_norm_grad_sums: the CPU loops mask grad_y with it as they read it; the CUDA entry
+  // takes grad_y masked already (relu_out undefined).
+  void (*batch_norm_train_backward)(Context&, const Tensor& x, const Tensor& grad_y,
+                                    const Tensor& weight, const Tensor& save_mean,
+                                    const Tensor& save_invstd, double eps, const Tensor& grad_x,
+                                    const Tensor& grad_weight, const Tensor& grad_bias,
+                                    std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                                    const Tensor& relu_out);
+  // Max-pool of x[N, C, H, W] into y. The CPU records each output's input index in argmax (i64,
+  // y's shape) and its backward reads only that; cuDNN's backward reads x and y instead.
+  void (*max_pool_forward)(Context&, const Tensor& x, const Tensor& y, const Tensor& argmax,
+                           const cpu::PoolGeometry& p);
+  void (*max_pool_backward)(Context&, const Tensor& x, const Tensor& y, const Tensor& argmax,
+                            const Tensor& grad_y, const Tensor& grad_x, const cpu::PoolGeometry& p);
 };
 
 // The values of a batch-norm step's f64 statistics tensor (device_table's sums, moments, stats

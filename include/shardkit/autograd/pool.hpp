@@ -2,7 +2,7 @@
 // average pool (PyTorch's windows; function-table kernels on both devices).
 #pragma once
 
-#include "shardkit/autograd/ops_basic.hpp"
+#include "shardkit/autograd/basic.hpp"
 
 namespace shardkit::autograd {
 
@@ -17,18 +17,7 @@ struct MaxPoolNode final : Node {
   std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
     Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
-    if (g.device().is_cpu()) {
-      cpu::in_f32(
-          ctx,
-          [&](const Tensor& a, const Tensor& b) {
-            cpu::max_pool_backward(ctx.cpu_pool(), a, argmax, b);
-          },
-          g, gx);
-    } else {
-#if SK_WITH_CUDA
-      cuda::max_pool_backward(ctx, x, y, g, gx, p);
-#endif
-    }
+    kernels_for(ctx, g).max_pool_backward(ctx, x, y, argmax, g, gx, p);
     return {gx};
   }
   void release_saved() override { x = y = argmax = Tensor(); }
@@ -63,20 +52,10 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
         " is smaller than the kernel ", kernel, module_suffix(ctx));
   Tensor xd = contiguous(ctx, x.data());
   Tensor y = fn::new_like(ctx, xd, {x.size(0), x.size(1), OH, OW}, x.dtype());
-  Tensor argmax;
-  if (xd.device().is_cpu()) {
-    argmax = fn::new_like(ctx, xd, y.shape(), DType::i64);
-    cpu::in_f32(
-        ctx,
-        [&](const Tensor& a, const Tensor& b) {
-          cpu::max_pool_forward(ctx.cpu_pool(), a, b, argmax, p);
-        },
-        xd, y);
-  } else {
-#if SK_WITH_CUDA
-    cuda::max_pool_forward(ctx, xd, y, p);
-#endif
-  }
+  // (the CPU's backward reads where each maximum was; cuDNN's reads x and y again)
+  const Tensor argmax =
+      xd.device().is_cpu() ? fn::new_like(ctx, xd, y.shape(), DType::i64) : Tensor();
+  kernels_for(ctx, xd).max_pool_forward(ctx, xd, y, argmax, p);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
   auto node = std::make_shared<detail::MaxPoolNode>();
   node->p = p;

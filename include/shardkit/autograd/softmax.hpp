@@ -3,7 +3,7 @@
 // accumulator dtype (f32 for half data).
 #pragma once
 
-#include "shardkit/autograd/ops_basic.hpp"
+#include "shardkit/autograd/basic.hpp"
 
 namespace shardkit::autograd {
 

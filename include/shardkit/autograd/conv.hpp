@@ -3,7 +3,7 @@
 // without oneDNN (cpu_conv.hpp); cuDNN (forward, backward-data, backward-filter) on the GPU.
 #pragma once
 
-#include "shardkit/autograd/ops_basic.hpp"
+#include "shardkit/autograd/basic.hpp"
 
 namespace shardkit::autograd {
 

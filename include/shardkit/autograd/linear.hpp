@@ -1,7 +1,7 @@
 // Differentiable matrix products: linear (x W^T + b) and matmul, on Eigen or cuBLAS.
 #pragma once
 
-#include "shardkit/autograd/ops_basic.hpp"
+#include "shardkit/autograd/basic.hpp"
 
 namespace shardkit::autograd {
 

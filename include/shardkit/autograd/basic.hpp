@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "shardkit/autograd/engine.hpp"
+#include "shardkit/autograd/backward.hpp"
 
 namespace shardkit::autograd {
 

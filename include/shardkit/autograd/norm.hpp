@@ -12,8 +12,8 @@
 #include <memory>
 #include <vector>
 
+#include "shardkit/autograd/basic.hpp"
 #include "shardkit/autograd/batch_stats_group.hpp"
-#include "shardkit/autograd/ops_basic.hpp"
 
 namespace shardkit::autograd {
 
@@ -84,20 +84,9 @@ struct BatchNormNode final : Node {
           },
           x, g, gx, mask_in_loops ? relu_out : Tensor());
     } else if (training) {
-      if (g.device().is_cpu()) {
-        cpu::in_f32(
-            ctx,
-            [&](const Tensor& a, const Tensor& b, const Tensor& d, const Tensor& r) {
-              cpu::batch_norm_train_backward(ctx.cpu_pool(), a, b, weight, mean, invstd_or_var, d,
-                                             gw, gb, s.outer, s.channels, s.inner, r);
-            },
-            x, g, gx, relu_out);
-      } else {
-#if SK_WITH_CUDA
-        cuda::batch_norm_train_backward(ctx, x, g, weight, mean, invstd_or_var, eps, gx, gw, gb,
-                                        s.outer, s.channels, s.inner);
-#endif
-      }
+      kernels_for(ctx, g).batch_norm_train_backward(ctx, x, g, weight, mean, invstd_or_var, eps, gx,
+                                                    gw, gb, s.outer, s.channels, s.inner,
+                                                    mask_in_loops ? relu_out : Tensor());
     } else {
       const auto& k = kernels_for(ctx, g);
       Tensor g_xhat = fn::new_like(ctx, g);
@@ -203,39 +192,13 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
     saved_b = fn::new_like(ctx, xd, {channels}, stat);
     const Tensor rm = o.update_running_stats && track ? running_mean : Tensor();
     const Tensor rv = o.update_running_stats && track ? running_var : Tensor();
-    if (xd.device().is_cpu()) {
-      cpu::in_f32(
-          ctx,
-          [&](const Tensor& a, const Tensor& b) {
-            cpu::batch_norm_train_forward(ctx.cpu_pool(), a, wd, bd, rm, rv, o.momentum, o.eps, b,
-                                          saved_a, saved_b, s.outer, s.channels, s.inner, o.relu);
-          },
-          xd, y);
-    } else {
-#if SK_WITH_CUDA
-      cuda::batch_norm_train_forward(ctx, xd, wd, bd, rm, rv, o.momentum, o.eps, y, saved_a,
-                                     saved_b, s.outer, s.channels, s.inner);
-#endif
-    }
+    kernels_for(ctx, xd).batch_norm_train_forward(ctx, xd, wd, bd, rm, rv, o.momentum, o.eps, y,
+                                                  saved_a, saved_b, s.outer, s.channels, s.inner,
+                                                  o.relu);
   } else {
-    if (xd.device().is_cpu()) {
-      cpu::in_f32(
-          ctx,
-          [&](const Tensor& a, const Tensor& b) {
-            cpu::batch_norm_eval_forward(ctx.cpu_pool(), a, wd, bd, running_mean, running_var,
-                                         o.eps, b, s.outer, s.channels, s.inner, o.relu);
-          },
-          xd, y);
-    } else {
-#if SK_WITH_CUDA
-      cuda::batch_norm_eval_forward(ctx, xd, wd, bd, running_mean, running_var, o.eps, y, s.outer,
-                                    s.channels, s.inner);
-#endif
-    }
+    kernels_for(ctx, xd).batch_norm_eval_forward(ctx, xd, wd, bd, running_mean, running_var, o.eps,
+                                                 y, s.outer, s.channels, s.inner, o.relu);
   }
-  // (the CPU loops, and the synchronised path's kernels, applied it as they wrote y)
-  if (o.relu && xd.device().is_cuda() && !synced)
-    y = fn::pointwise(ctx, Pointwise::relu, y, Tensor(), 1, 0);
   if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
   auto node = std::make_shared<detail::BatchNormNode>();
   node->x = xd;
