@@ -9,27 +9,17 @@ namespace sk = shardkit;
 namespace comm = shardkit::comm;
 
 int main(int argc, char** argv) {
-  for (int ranks : {2, 4}) {
-    for (comm::CollectiveKind kind : sk::bench::kBenchKinds) {
-      for (std::int64_t bytes : sk::bench::message_sizes()) {
-        benchmark::RegisterBenchmark(
-            sk::bench::bench_name("local", kind, ranks).c_str(),
-            [=](benchmark::State& state) {
-              double seconds = 0;
-              comm::run_ranks(ranks, [&](sk::Context& ctx, comm::Communicator& c) {
-                const double s = sk::bench::seconds_per_call(ctx, c, kind, bytes,
-                                                             sk::bench::iterations_for(bytes));
-                if (c.rank() == 0) seconds = s;
-              });
-              sk::bench::report_collective(state, kind, bytes, ranks, seconds);
-            })
-            ->Arg(bytes)
-            ->Iterations(1)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-    }
-  }
+  for (int ranks : {2, 4})
+    sk::bench::register_collectives(
+        "local", ranks, [ranks](comm::CollectiveKind kind, std::int64_t bytes) {
+          double seconds = 0;
+          comm::run_ranks(ranks, [&](sk::Context& ctx, comm::Communicator& c) {
+            const double s =
+                sk::bench::seconds_per_call(ctx, c, kind, bytes, sk::bench::iterations_for(bytes));
+            if (c.rank() == 0) seconds = s;
+          });
+          return seconds;
+        });
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -29,24 +29,15 @@ int main(int argc, char** argv) {
   auto session = std::make_shared<comm::MpiSession>(&argc, &argv);
   sk::Context ctx;
   comm::MpiCommunicator world(ctx, session);
-  for (comm::CollectiveKind kind : sk::bench::kBenchKinds) {
-    for (std::int64_t bytes : sk::bench::message_sizes()) {
-      benchmark::RegisterBenchmark(
-          sk::bench::bench_name("mpi", kind, world.size()).c_str(),
-          [&, kind, bytes](benchmark::State& state) {
-            // Every rank measures; rank 0's time is reported, and all
-            // ranks take the same so the state loops stay in step.
-            double seconds = sk::bench::seconds_per_call(ctx, world, kind, bytes,
-                                                         sk::bench::iterations_for(bytes));
-            world.broadcast(comm::Buffer(&seconds, 1, sk::DType::f64), 0).wait();
-            sk::bench::report_collective(state, kind, bytes, world.size(), seconds);
-          })
-          ->Arg(bytes)
-          ->Iterations(1)
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond);
-    }
-  }
+  // Every rank measures; rank 0's time is reported, and all ranks take the same so the state
+  // loops stay in step.
+  sk::bench::register_collectives(
+      "mpi", world.size(), [&](comm::CollectiveKind kind, std::int64_t bytes) {
+        double seconds =
+            sk::bench::seconds_per_call(ctx, world, kind, bytes, sk::bench::iterations_for(bytes));
+        world.broadcast(comm::Buffer(&seconds, 1, sk::DType::f64), 0).wait();
+        return seconds;
+      });
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   if (world.rank() == 0) {

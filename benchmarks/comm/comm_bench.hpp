@@ -87,4 +87,22 @@ inline std::string bench_name(std::string_view backend, comm::CollectiveKind kin
          "/ranks:" + std::to_string(ranks);
 }
 
+// Registers one benchmark per collective kind and message size for `backend` at `ranks` ranks;
+// `seconds_per(kind, bytes)` runs the collective on every rank and returns the time per call
+// that rank 0 measured.
+template <class SecondsPer>
+void register_collectives(std::string_view backend, int ranks, SecondsPer seconds_per) {
+  for (comm::CollectiveKind kind : kBenchKinds)
+    for (std::int64_t bytes : message_sizes())
+      benchmark::RegisterBenchmark(bench_name(backend, kind, ranks).c_str(),
+                                   [=](benchmark::State& state) {
+                                     report_collective(state, kind, bytes, ranks,
+                                                       seconds_per(kind, bytes));
+                                   })
+          ->Arg(bytes)
+          ->Iterations(1)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+}
+
 }  // namespace shardkit::bench

@@ -54,21 +54,8 @@ void run(benchmark::State& state, double bytes_per_param, std::int64_t params, S
   bench::report_bandwidth(state, clock.seconds_per_iteration(state), bytes, ceiling);
 }
 
-ops::SgdOptions sgd_options() {
-  ops::SgdOptions o;
-  o.lr = 1e-3f;  // small steps: the parameters stay finite over thousands of iterations
-  o.momentum = 0.9f;
-  o.first_step = false;
-  return o;
-}
-
-ops::LarcOptions larc_options() {
-  ops::LarcOptions l;
-  l.trust_coefficient = 0.001f;
-  l.clip = false;
-  l.weight_decay = 1e-6f;
-  return l;
-}
+ops::SgdOptions sgd_options() { return bench::bench_sgd_options(); }
+ops::LarcOptions larc_options() { return bench::bench_larc_options(); }
 
 void BM_sgd_momentum(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);

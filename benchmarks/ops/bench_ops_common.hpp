@@ -41,6 +41,23 @@ struct OpsWorkload {
   }
 };
 
+// The options every SGD and LARC benchmark steps with: small steps keep the parameters finite
+// over thousands of iterations.
+inline ops::SgdOptions bench_sgd_options() {
+  ops::SgdOptions o;
+  o.lr = 1e-3f;
+  o.momentum = 0.9f;
+  o.first_step = false;
+  return o;
+}
+inline ops::LarcOptions bench_larc_options() {
+  ops::LarcOptions l;
+  l.trust_coefficient = 0.001f;
+  l.clip = false;
+  l.weight_decay = 1e-6f;
+  return l;
+}
+
 // Minimum bytes per parameter of each step (f32 = 4 bytes, bf16 = 2).
 inline constexpr double kSgdMomentumBytes = 20;  // read w, g, buf; write w, buf
 inline constexpr double kLarcSgdBytes = 20;      // the same: norms re-read w, g from cache

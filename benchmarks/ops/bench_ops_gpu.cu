@@ -43,21 +43,8 @@ void report(benchmark::State& state, double seconds, double bytes_per_param, std
       bench::device_copy_bytes_per_second(context(), static_cast<std::size_t>(bytes / 2)));
 }
 
-ops::SgdOptions sgd_options() {
-  ops::SgdOptions o;
-  o.lr = 1e-3f;
-  o.momentum = 0.9f;
-  o.first_step = false;
-  return o;
-}
-
-ops::LarcOptions larc_options() {
-  ops::LarcOptions l;
-  l.trust_coefficient = 0.001f;
-  l.clip = false;
-  l.weight_decay = 1e-6f;
-  return l;
-}
+ops::SgdOptions sgd_options() { return bench::bench_sgd_options(); }
+ops::LarcOptions larc_options() { return bench::bench_larc_options(); }
 
 void BM_gpu_copy(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);

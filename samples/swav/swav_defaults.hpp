@@ -128,10 +128,7 @@ OPTIMIZER:
   base_optimizer:
     name: sgd
     use_larc: False
-    larc_config:
-      clip: False
-      eps: 1.0e-8
-      trust_coefficient: 0.001
+    larc_config: {clip: False, eps: 1.0e-8, trust_coefficient: 0.001}
     weight_decay: 1.0e-6
     momentum: 0.9
     nesterov: False

@@ -64,9 +64,11 @@ void backward(Engine& engine, sk::Context& ctx, int world_rank, int step, bool e
   }
 }
 
-// FSDP's backward: units in reverse, each gathered for its gradients and released after, so
-// the reductions of earlier units complete (and are polled) while later ones run.
-void fsdp_backward(FsdpEngine& engine, sk::Context& ctx, int world_rank, int step, bool exact) {
+// A backward unit by unit, units in reverse, each gathered for its gradients and released
+// after, so under FSDP the reductions of earlier units complete (and are polled) while later
+// ones run; the data-parallel stages have one unit, which gathering leaves as it is.
+void unit_backward(sk::parallel::Engine& engine, sk::Context& ctx, int world_rank, int step,
+                   bool exact) {
   std::size_t end = engine.param_count();
   for (std::size_t u = engine.unit_count(); u-- > 0;) {
     std::size_t first = end;
@@ -94,6 +96,19 @@ struct HybridRun {
   int steps = 12;
   int backwards = 1;  // synchronised backwards per step (> 1: accumulation, A + avg(g))
 };
+
+// `run.steps` steps of `engine`, each of `run.backwards` synchronised backwards.
+void train_steps(sk::parallel::Engine& engine, sk::Context& ctx, int world_rank,
+                 const HybridRun& run) {
+  for (int s = 0; s < run.steps; ++s) {
+    engine.zero_grad();
+    for (int b = 0; b < run.backwards; ++b) {
+      unit_backward(engine, ctx, world_rank, s * run.backwards + b, run.exact);
+      engine.finish();
+    }
+    engine.step(dp_test::lr_at(run.kind, s));
+  }
+}
 
 struct HybridResult {
   std::vector<std::vector<float>> params;  // per world rank
@@ -136,14 +151,7 @@ HybridResult train_hybrid(const HybridRun& run) {
           mesh ? std::make_unique<FsdpEngine>(ctx, *mesh, units, config, options)
                : std::make_unique<FsdpEngine>(ctx, world, units, config, options);
       engine->set_full_params(fill);
-      for (int s = 0; s < run.steps; ++s) {
-        engine->zero_grad();
-        for (int b = 0; b < run.backwards; ++b) {
-          fsdp_backward(*engine, ctx, world.rank(), s * run.backwards + b, run.exact);
-          engine->finish();
-        }
-        engine->step(dp_test::lr_at(run.kind, s));
-      }
+      train_steps(*engine, ctx, world.rank(), run);
       out.memory[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
       auto full = engine->full_params();
       for (std::size_t i = 0; i < engine->param_count(); ++i) {
@@ -160,14 +168,7 @@ HybridResult train_hybrid(const HybridRun& run) {
           mesh ? std::make_unique<DataParallel>(ctx, *mesh, specs, config, options)
                : std::make_unique<DataParallel>(ctx, world, specs, config, options);
       dp->set_full_params(fill);
-      for (int s = 0; s < run.steps; ++s) {
-        dp->zero_grad();
-        for (int b = 0; b < run.backwards; ++b) {
-          backward(*dp, ctx, world.rank(), s * run.backwards + b, run.exact, dp->params().size());
-          dp->finish();
-        }
-        dp->step(dp_test::lr_at(run.kind, s));
-      }
+      train_steps(*dp, ctx, world.rank(), run);
       values = all_params(*dp, ctx);
       out.memory[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
       shard = &dp->communicator();

@@ -44,6 +44,31 @@ Measured max_over(const std::vector<sk::MemorySnapshot>& snapshots) {
   return m;
 }
 
+// Two steps of `engine`: each backward walks the units in reverse, gathering each one, filling
+// its parameters' gradients (those `has_grad` names) and releasing it. Inside a unit the
+// gradients come first parameter first when `ascending` -- the order that keeps every bucket of
+// a unit allocated longest, the planner's worst case -- else last first, as a backward would.
+template <class HasGrad>
+void two_steps(sk::Context& ctx, sk::parallel::Engine& engine, float lr, bool ascending,
+               HasGrad&& has_grad) {
+  const std::size_t n = engine.param_count();
+  for (int s = 0; s < 2; ++s) {
+    engine.zero_grad();
+    for (std::size_t u = engine.unit_count(); u-- > 0;) {
+      engine.gather(u);
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::size_t i = ascending ? k : n - 1 - k;
+        if (engine.unit_of(i) != u || !has_grad(i)) continue;
+        sk::fill(ctx, engine.grad(i), 0.01 * static_cast<double>(i + 1));
+        engine.ready(i);
+      }
+      engine.release(u);
+    }
+    engine.finish();
+    engine.step(lr);
+  }
+}
+
 // The engines over dp_test's model (uneven sizes, a frozen parameter), two steps; per world rank
 // the device's ledger, and in `host` (when given) the offload host context's.
 std::vector<sk::MemorySnapshot> run_engine(const PlannedRun& o,
@@ -54,61 +79,56 @@ std::vector<sk::MemorySnapshot> run_engine(const PlannedRun& o,
     std::unique_ptr<sk::comm::HybridMesh> mesh;
     if (o.group_size > 0) mesh = std::make_unique<sk::comm::HybridMesh>(world, o.group_size);
     const auto specs = model_specs();
+    const sk::parallel::ParallelOptions& options = o.parallel;
+    auto record = [&](const sk::parallel::Engine& engine) {
+      out[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
+      if (host != nullptr)
+        (*host)[static_cast<std::size_t>(world.rank())] =
+            engine.host_context().memory_stats().snapshot();
+    };
+    // A custom loop keeps frozen parameters outside FSDP's units, whole, in the compute dtype.
+    std::vector<sk::Tensor> frozen;
     if (o.parallel.stage == Stage::fsdp) {
       std::vector<sk::parallel::FsdpUnitParams> units;
       for (const auto& members : o.fsdp_units) {
         units.push_back({std::string("u").append(std::to_string(units.size())), {}});
         for (auto i : members) units.back().params.push_back(specs[i]);
       }
-      const sk::parallel::ParallelOptions& options = o.parallel;
-      // A custom loop keeps frozen parameters outside the units, whole, in the compute dtype.
-      std::vector<sk::Tensor> frozen;
       for (const auto& p : specs)
         if (!p.trainable)
           frozen.push_back(sk::zeros(ctx, p.shape, o.parallel.precision.param_dtype,
                                      MemoryCategory::parameters));
-      using Engine = sk::parallel::FsdpEngine;
-      auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, units, o.optimizer, options)
-                         : std::make_unique<Engine>(ctx, world, units, o.optimizer, options);
-      for (int s = 0; s < 2; ++s) {
-        engine->zero_grad();
-        for (std::size_t u = engine->unit_count(); u-- > 0;) {
-          engine->gather(u);
-          for (std::size_t i = 0; i < engine->param_count(); ++i)
-            if (engine->unit_of(i) == u) {
-              sk::fill(ctx, engine->grad(i), 0.01 * static_cast<double>(i + 1));
-              engine->ready(i);
-            }
-          engine->release(u);
-        }
-        engine->finish();
-        engine->step(0.1f);
-      }
-      out[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
-      if (host != nullptr)
-        (*host)[static_cast<std::size_t>(world.rank())] =
-            engine->host_context().memory_stats().snapshot();
-      return;
+      using Fsdp = sk::parallel::FsdpEngine;
+      auto engine = mesh ? std::make_unique<Fsdp>(ctx, *mesh, units, o.optimizer, options)
+                         : std::make_unique<Fsdp>(ctx, world, units, o.optimizer, options);
+      two_steps(ctx, *engine, 0.1f, true, [](std::size_t) { return true; });
+      record(*engine);
+    } else {
+      auto engine = mesh ? std::make_unique<DataParallel>(ctx, *mesh, specs, o.optimizer, options)
+                         : std::make_unique<DataParallel>(ctx, world, specs, o.optimizer, options);
+      two_steps(ctx, *engine, 0.05f, false, [&](std::size_t i) { return specs[i].trainable; });
+      record(*engine);
     }
-    const sk::parallel::ParallelOptions& options = o.parallel;
-    auto dp = mesh ? std::make_unique<DataParallel>(ctx, *mesh, specs, o.optimizer, options)
-                   : std::make_unique<DataParallel>(ctx, world, specs, o.optimizer, options);
-    for (int s = 0; s < 2; ++s) {
-      dp->zero_grad();
-      for (std::size_t i = specs.size(); i-- > 0;)
-        if (specs[i].trainable) {
-          sk::fill(ctx, dp->grad(i), 0.01 * static_cast<double>(i + 1));
-          dp->ready(i);
-        }
-      dp->finish();
-      dp->step(0.05f);
-    }
-    out[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
-    if (host != nullptr)
-      (*host)[static_cast<std::size_t>(world.rank())] =
-          dp->host_context().memory_stats().snapshot();
   });
   return out;
+}
+
+// dp_test's model at `world` ranks (hybrid groups of `group`, 0: none) with buckets small
+// enough that it spans several, and under fsdp three units.
+PlannedRun small_buckets_run(Stage stage, int world, int group, OptimizerKind kind,
+                             const sk::parallel::MixedPrecision& precision,
+                             PartitionKind partition) {
+  PlannedRun o;
+  o.parallel.stage = stage;
+  o.world_size = world;
+  o.group_size = group;
+  o.optimizer = config_for(kind);
+  o.parallel.precision = precision;
+  o.parallel.partition = partition;
+  o.parallel.buckets.bucket_bytes = 2048;
+  o.parallel.fsdp.coalesce_bytes = 1024;
+  if (stage == Stage::fsdp) o.fsdp_units = {{0, 1, 2}, {4, 5}, {6, 7, 8}};
+  return o;
 }
 
 std::string describe(const PlannedRun& o) {
@@ -168,19 +188,11 @@ TEST_CASE("offloaded plans equal the device's and the host's ledgers, rank by ra
         for (bool params : {false, true}) {
           if (params && stage != Stage::fsdp) continue;
           for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}}) {
-            PlannedRun o;
-            o.parallel.stage = stage;
-            o.world_size = world;
-            o.group_size = group;
-            o.optimizer = config_for(kind);
-            o.parallel.precision = precision;
-            o.parallel.partition =
-                stage == Stage::oss ? PartitionKind::greedy : PartitionKind::flat;
-            o.parallel.buckets.bucket_bytes = 2048;
-            o.parallel.fsdp.coalesce_bytes = 1024;
+            PlannedRun o = small_buckets_run(
+                stage, world, group, kind, precision,
+                stage == Stage::oss ? PartitionKind::greedy : PartitionKind::flat);
             o.parallel.offload.optimizer = true;
             o.parallel.offload.params = params;
-            if (stage == Stage::fsdp) o.fsdp_units = {{0, 1, 2}, {4, 5}, {6, 7, 8}};
             check_offload_plan(o);
           }
         }
@@ -222,17 +234,7 @@ TEST_CASE("planned model states equal the allocator's after a step, for every st
         if (stage == Stage::fsdp && partition == PartitionKind::greedy) continue;
         for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16}) {
           for (const auto& [world, group] : {std::pair{4, 0}, std::pair{3, 0}, std::pair{8, 4}}) {
-            PlannedRun o;
-            o.parallel.stage = stage;
-            o.world_size = world;
-            o.group_size = group;
-            o.optimizer = config_for(kind);
-            o.parallel.precision = precision;
-            o.parallel.partition = partition;
-            o.parallel.buckets.bucket_bytes = 2048;
-            o.parallel.fsdp.coalesce_bytes = 1024;
-            if (stage == Stage::fsdp) o.fsdp_units = {{0, 1, 2}, {4, 5}, {6, 7, 8}};
-            check_plan(o);
+            check_plan(small_buckets_run(stage, world, group, kind, precision, partition));
           }
         }
       }

@@ -107,42 +107,44 @@ struct Blend {
   const void* zero() const { return wide ? static_cast<const void*>(&d[1]) : &f[1]; }
 };
 
-class TensorDesc {
+// A cuDNN descriptor owned for its scope: created here, set by the derived class, destroyed with
+// it.
+template <class Handle, cudnnStatus_t (*Create)(Handle*), cudnnStatus_t (*Destroy)(Handle)>
+class CudnnDescriptor {
+ public:
+  CudnnDescriptor() { SK_CUDNN_CHECK(Create(&desc_)); }
+  ~CudnnDescriptor() { Destroy(desc_); }
+  CudnnDescriptor(const CudnnDescriptor&) = delete;
+  CudnnDescriptor& operator=(const CudnnDescriptor&) = delete;
+  Handle get() const { return desc_; }
+
+ protected:
+  Handle desc_ = nullptr;
+};
+
+class TensorDesc : public CudnnDescriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor,
+                                          cudnnDestroyTensorDescriptor> {
  public:
   TensorDesc(DType dtype, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
-    SK_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc_));
     SK_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, cudnn_type(dtype), int(n),
                                               int(c), int(h), int(w)));
   }
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(desc_); }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
-  cudnnTensorDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnTensorDescriptor_t desc_ = nullptr;
 };
 
-class FilterDesc {
+class FilterDesc : public CudnnDescriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor,
+                                          cudnnDestroyFilterDescriptor> {
  public:
   FilterDesc(DType dtype, std::int64_t k, std::int64_t c, std::int64_t h, std::int64_t w) {
-    SK_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc_));
     SK_CUDNN_CHECK(cudnnSetFilter4dDescriptor(desc_, cudnn_type(dtype), CUDNN_TENSOR_NCHW, int(k),
                                               int(c), int(h), int(w)));
   }
-  ~FilterDesc() { cudnnDestroyFilterDescriptor(desc_); }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
-  cudnnFilterDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnFilterDescriptor_t desc_ = nullptr;
 };
 
-class ConvDesc {
+class ConvDesc
+    : public CudnnDescriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                             cudnnDestroyConvolutionDescriptor> {
  public:
   ConvDesc(const ConvGeometry& g, DType dtype, bool allow_tf32) {
-    SK_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc_));
     // Half types accumulate in f32; double in double.
     const cudnnDataType_t compute = dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     SK_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
@@ -153,13 +155,6 @@ class ConvDesc {
     if (dtype == DType::f64) math = CUDNN_DEFAULT_MATH;
     SK_CUDNN_CHECK(cudnnSetConvolutionMathType(desc_, math));
   }
-  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(desc_); }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
-  cudnnConvolutionDescriptor_t get() const { return desc_; }
-
- private:
-  cudnnConvolutionDescriptor_t desc_ = nullptr;
 };
 
 // The descriptors of one convolution, and its algorithms (looked up once per shape).
@@ -307,6 +302,17 @@ inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& 
       beta_p, c.data_ptr(), type, int(c.size(1)), compute, CUBLAS_GEMM_DEFAULT));
 }
 
+// What every cuDNN batch-norm call describes: x as [outer, channels, inner, 1], its per-channel
+// statistics, and the blend factors of x's dtype.
+struct BatchNormDescs {
+  BatchNormDescs(DType dtype, std::int64_t outer, std::int64_t channels, std::int64_t inner)
+      : x(dtype, outer, channels, inner, 1),
+        stats(accumulator_dtype(dtype), 1, channels, 1, 1),
+        blend(dtype) {}
+  TensorDesc x, stats;
+  Blend blend;
+};
+
 // Batch-norm over channels of x viewed as [outer, channels, inner, 1]. Statistics tensors
 // (weight, bias, running and saved) are f32 for half data, else x's dtype -- cuDNN's rule.
 inline void batch_norm_train_forward(Context& ctx, const Tensor& x, const Tensor& weight,
@@ -316,14 +322,11 @@ inline void batch_norm_train_forward(Context& ctx, const Tensor& x, const Tensor
                                      const Tensor& save_invstd, std::int64_t outer,
                                      std::int64_t channels, std::int64_t inner) {
   CudaDeviceGuard guard(ctx.device().index);
-  auto& libs = libraries(ctx);
-  TensorDesc xd(x.dtype(), outer, channels, inner, 1);
-  TensorDesc sd(accumulator_dtype(x.dtype()), 1, channels, 1, 1);
-  const Blend blend(x.dtype());
+  const BatchNormDescs d(x.dtype(), outer, channels, inner);
   SK_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      libs.dnn(), CUDNN_BATCHNORM_SPATIAL, blend.one(), blend.zero(), xd.get(), x.data_ptr(),
-      xd.get(), y.data_ptr(), sd.get(), weight.data_ptr(), bias.data_ptr(), momentum,
-      running_mean.defined() ? running_mean.data_ptr() : nullptr,
+      libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.x.get(),
+      x.data_ptr(), d.x.get(), y.data_ptr(), d.stats.get(), weight.data_ptr(), bias.data_ptr(),
+      momentum, running_mean.defined() ? running_mean.data_ptr() : nullptr,
       running_var.defined() ? running_var.data_ptr() : nullptr, eps, save_mean.data_ptr(),
       save_invstd.data_ptr()));
 }
@@ -333,14 +336,11 @@ inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor&
                                     double eps, const Tensor& y, std::int64_t outer,
                                     std::int64_t channels, std::int64_t inner) {
   CudaDeviceGuard guard(ctx.device().index);
-  auto& libs = libraries(ctx);
-  TensorDesc xd(x.dtype(), outer, channels, inner, 1);
-  TensorDesc sd(accumulator_dtype(x.dtype()), 1, channels, 1, 1);
-  const Blend blend(x.dtype());
+  const BatchNormDescs d(x.dtype(), outer, channels, inner);
   SK_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-      libs.dnn(), CUDNN_BATCHNORM_SPATIAL, blend.one(), blend.zero(), xd.get(), x.data_ptr(),
-      xd.get(), y.data_ptr(), sd.get(), weight.data_ptr(), bias.data_ptr(), mean.data_ptr(),
-      var.data_ptr(), eps));
+      libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.x.get(),
+      x.data_ptr(), d.x.get(), y.data_ptr(), d.stats.get(), weight.data_ptr(), bias.data_ptr(),
+      mean.data_ptr(), var.data_ptr(), eps));
 }
 
 inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tensor& grad_y,
@@ -350,55 +350,51 @@ inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tenso
                                       std::int64_t outer, std::int64_t channels,
                                       std::int64_t inner) {
   CudaDeviceGuard guard(ctx.device().index);
-  auto& libs = libraries(ctx);
-  TensorDesc xd(x.dtype(), outer, channels, inner, 1);
-  TensorDesc sd(accumulator_dtype(x.dtype()), 1, channels, 1, 1);
-  const Blend blend(x.dtype());
+  const BatchNormDescs d(x.dtype(), outer, channels, inner);
   SK_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-      libs.dnn(), CUDNN_BATCHNORM_SPATIAL, blend.one(), blend.zero(), blend.one(), blend.zero(),
-      xd.get(), x.data_ptr(), xd.get(), grad_y.data_ptr(), xd.get(), grad_x.data_ptr(), sd.get(),
-      weight.data_ptr(), grad_weight.data_ptr(), grad_bias.data_ptr(), eps, save_mean.data_ptr(),
-      save_invstd.data_ptr()));
+      libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.blend.one(),
+      d.blend.zero(), d.x.get(), x.data_ptr(), d.x.get(), grad_y.data_ptr(), d.x.get(),
+      grad_x.data_ptr(), d.stats.get(), weight.data_ptr(), grad_weight.data_ptr(),
+      grad_bias.data_ptr(), eps, save_mean.data_ptr(), save_invstd.data_ptr()));
 }
 
-class PoolDesc {
+class PoolDesc : public CudnnDescriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor,
+                                        cudnnDestroyPoolingDescriptor> {
  public:
   explicit PoolDesc(const cpu::PoolGeometry& p) {
-    SK_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&desc_));
     SK_CUDNN_CHECK(cudnnSetPooling2dDescriptor(desc_, CUDNN_POOLING_MAX, CUDNN_PROPAGATE_NAN,
                                                int(p.kernel_h), int(p.kernel_w), int(p.pad_h),
                                                int(p.pad_w), int(p.stride_h), int(p.stride_w)));
   }
-  ~PoolDesc() { cudnnDestroyPoolingDescriptor(desc_); }
-  PoolDesc(const PoolDesc&) = delete;
-  PoolDesc& operator=(const PoolDesc&) = delete;
-  cudnnPoolingDescriptor_t get() const { return desc_; }
+};
 
- private:
-  cudnnPoolingDescriptor_t desc_ = nullptr;
+// What both cuDNN max-pool calls describe: the window, x, y and the blend factors.
+struct PoolDescs {
+  PoolDescs(const Tensor& in, const Tensor& out, const cpu::PoolGeometry& p)
+      : pool(p),
+        x(in.dtype(), in.size(0), in.size(1), in.size(2), in.size(3)),
+        y(out.dtype(), out.size(0), out.size(1), out.size(2), out.size(3)),
+        blend(in.dtype()) {}
+  PoolDesc pool;
+  TensorDesc x, y;
+  Blend blend;
 };
 
 inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y,
                              const cpu::PoolGeometry& p) {
   CudaDeviceGuard guard(ctx.device().index);
-  PoolDesc pd(p);
-  TensorDesc xd(x.dtype(), x.size(0), x.size(1), x.size(2), x.size(3));
-  TensorDesc yd(y.dtype(), y.size(0), y.size(1), y.size(2), y.size(3));
-  const Blend blend(x.dtype());
-  SK_CUDNN_CHECK(cudnnPoolingForward(libraries(ctx).dnn(), pd.get(), blend.one(), xd.get(),
-                                     x.data_ptr(), blend.zero(), yd.get(), y.data_ptr()));
+  const PoolDescs d(x, y, p);
+  SK_CUDNN_CHECK(cudnnPoolingForward(libraries(ctx).dnn(), d.pool.get(), d.blend.one(), d.x.get(),
+                                     x.data_ptr(), d.blend.zero(), d.y.get(), y.data_ptr()));
 }
 
 inline void max_pool_backward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& grad_y,
                               const Tensor& grad_x, const cpu::PoolGeometry& p) {
   CudaDeviceGuard guard(ctx.device().index);
-  PoolDesc pd(p);
-  TensorDesc xd(x.dtype(), x.size(0), x.size(1), x.size(2), x.size(3));
-  TensorDesc yd(y.dtype(), y.size(0), y.size(1), y.size(2), y.size(3));
-  const Blend blend(x.dtype());
-  SK_CUDNN_CHECK(cudnnPoolingBackward(libraries(ctx).dnn(), pd.get(), blend.one(), yd.get(),
-                                      y.data_ptr(), yd.get(), grad_y.data_ptr(), xd.get(),
-                                      x.data_ptr(), blend.zero(), xd.get(), grad_x.data_ptr()));
+  const PoolDescs d(x, y, p);
+  SK_CUDNN_CHECK(cudnnPoolingBackward(libraries(ctx).dnn(), d.pool.get(), d.blend.one(), d.y.get(),
+                                      y.data_ptr(), d.y.get(), grad_y.data_ptr(), d.x.get(),
+                                      x.data_ptr(), d.blend.zero(), d.x.get(), grad_x.data_ptr()));
 }
 
 }  // namespace shardkit::autograd::cuda

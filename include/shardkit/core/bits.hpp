@@ -1,53 +1,31 @@
-// A float's or a double's bits and back, the same on the host (memcpy, which compilers turn into
-// a register move) and in device code (CUDA's reinterpreting intrinsics): what the exact
-// conversions (float16.hpp) and Box-Muller's reductions (box_muller.hpp) work on.
+// A float's or a double's bits and back, the same on the host and in device code (the
+// compilers' bit_cast builtin, which std::bit_cast is made of and which nvcc's device compiler
+// knows too; a register move): what the exact conversions (float16.hpp) and Box-Muller's
+// reductions (box_muller.hpp) work on.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "shardkit/core/config.hpp"
 
 namespace shardkit {
 
+// `from`'s bits read as a To of the same size.
+template <class To, class From>
+SK_HOST_DEVICE SK_INLINE To bit_copy(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bit_copy: the two types must have the same size");
+  return __builtin_bit_cast(To, from);
+}
+
 SK_HOST_DEVICE SK_INLINE std::uint32_t float_to_bits(float value) {
-#if SK_DEVICE_CODE
-  return __float_as_uint(value);
-#else
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-#endif
+  return bit_copy<std::uint32_t>(value);
 }
-
-SK_HOST_DEVICE SK_INLINE float bits_to_float(std::uint32_t bits) {
-#if SK_DEVICE_CODE
-  return __uint_as_float(bits);
-#else
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-#endif
-}
-
+SK_HOST_DEVICE SK_INLINE float bits_to_float(std::uint32_t bits) { return bit_copy<float>(bits); }
 SK_HOST_DEVICE SK_INLINE std::uint64_t double_to_bits(double value) {
-#if SK_DEVICE_CODE
-  return static_cast<std::uint64_t>(__double_as_longlong(value));
-#else
-  std::uint64_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-#endif
+  return bit_copy<std::uint64_t>(value);
 }
-
 SK_HOST_DEVICE SK_INLINE double bits_to_double(std::uint64_t bits) {
-#if SK_DEVICE_CODE
-  return __longlong_as_double(static_cast<long long>(bits));
-#else
-  double value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-#endif
+  return bit_copy<double>(bits);
 }
 
 }  // namespace shardkit

@@ -76,34 +76,34 @@ SK_HOST_DEVICE SK_INLINE float bf16_bits_to_float(std::uint16_t bf16) {
   return bits_to_float(static_cast<std::uint32_t>(bf16) << 16);
 }
 
+// The two 2-byte formats' conversions, named for Float16Storage.
+struct HalfFormat {
+  SK_HOST_DEVICE static std::uint16_t encode(float value) { return float_to_half_bits(value); }
+  SK_HOST_DEVICE static float decode(std::uint16_t bits) { return half_bits_to_float(bits); }
+};
+struct BFloat16Format {
+  SK_HOST_DEVICE static std::uint16_t encode(float value) { return float_to_bf16_bits(value); }
+  SK_HOST_DEVICE static float decode(std::uint16_t bits) { return bf16_bits_to_float(bits); }
+};
+
 // 2-byte storage types. Arithmetic goes through float: these are for storing and moving data.
-struct Half {
+template <class Format>
+struct Float16Storage {
   std::uint16_t bits = 0;
 
-  Half() = default;
-  SK_HOST_DEVICE explicit Half(float value) : bits(float_to_half_bits(value)) {}
-  SK_HOST_DEVICE static Half from_bits(std::uint16_t raw) {
-    Half h;
-    h.bits = raw;
-    return h;
+  Float16Storage() = default;
+  SK_HOST_DEVICE explicit Float16Storage(float value) : bits(Format::encode(value)) {}
+  SK_HOST_DEVICE static Float16Storage from_bits(std::uint16_t raw) {
+    Float16Storage value;
+    value.bits = raw;
+    return value;
   }
-  SK_HOST_DEVICE explicit operator float() const { return half_bits_to_float(bits); }
-  SK_HOST_DEVICE float to_float() const { return half_bits_to_float(bits); }
+  SK_HOST_DEVICE explicit operator float() const { return Format::decode(bits); }
+  SK_HOST_DEVICE float to_float() const { return Format::decode(bits); }
 };
 
-struct BFloat16 {
-  std::uint16_t bits = 0;
-
-  BFloat16() = default;
-  SK_HOST_DEVICE explicit BFloat16(float value) : bits(float_to_bf16_bits(value)) {}
-  SK_HOST_DEVICE static BFloat16 from_bits(std::uint16_t raw) {
-    BFloat16 b;
-    b.bits = raw;
-    return b;
-  }
-  SK_HOST_DEVICE explicit operator float() const { return bf16_bits_to_float(bits); }
-  SK_HOST_DEVICE float to_float() const { return bf16_bits_to_float(bits); }
-};
+using Half = Float16Storage<HalfFormat>;
+using BFloat16 = Float16Storage<BFloat16Format>;
 
 static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2, "16-bit types must be 2 bytes");
 

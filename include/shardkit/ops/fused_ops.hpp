@@ -60,6 +60,20 @@ void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors
                     [&](const auto& op) { B::apply(ctx, op, spans); });
 }
 
+// What every pass that reads one list of gradients starts with: the context checked for the
+// backend, the list's dtype (f32, f16 or bf16, the same throughout) and its spans.
+struct GradListSpans {
+  DType dtype;
+  SpanList<1> spans;
+};
+template <class B>
+GradListSpans grad_list_spans(Context& ctx, std::span<const Tensor> tensors, const char* op,
+                              const char* what) {
+  B::check_context(ctx, op);
+  const DType dtype = grad_dtype(tensors, op);
+  return {dtype, make_spans<1>(ctx, op, {OperandList{tensors, dtype, what}}, {true})};
+}
+
 // Sums of squares per span: sums is f64 [1, n] for one list, [2, n] with a second list (e.g.
 // params and grads in one pass). Partial sums, to be added over the segments of one tensor
 // (and over ranks) before the square root.
@@ -91,10 +105,9 @@ void segment_sums_of_squares(Context& ctx, std::span<const Tensor> first,
 template <class B>
 void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> tensors, const Tensor& leaves) {
   SK_REQUIRE_OPS_BACKEND(B, "leaf_sums_of_squares");
-  B::check_context(ctx, "leaf_sums_of_squares");
-  const DType dtype = grad_dtype(tensors, "leaf_sums_of_squares");
-  const auto spans =
-      make_spans<1>(ctx, "leaf_sums_of_squares", {OperandList{tensors, dtype, "tensors"}}, {true});
+  const GradListSpans list = grad_list_spans<B>(ctx, tensors, "leaf_sums_of_squares", "tensors");
+  const DType dtype = list.dtype;
+  const auto& spans = list.spans;
   std::int64_t total = 0;
   for (const auto& span : spans) total += norm_leaves(span.size);
   check_result_tensor(ctx, leaves, DType::f64, {total}, "leaf_sums_of_squares", "leaves");
@@ -158,10 +171,9 @@ void norm_subtree_sums(Context& ctx, const Tensor& leaves, std::span<const NormS
 template <class B>
 void check_finite(Context& ctx, std::span<const Tensor> tensors, const Tensor& found_nonfinite) {
   SK_REQUIRE_OPS_BACKEND(B, "check_finite");
-  B::check_context(ctx, "check_finite");
-  const DType dtype = grad_dtype(tensors, "check_finite");
-  const auto spans =
-      make_spans<1>(ctx, "check_finite", {OperandList{tensors, dtype, "tensors"}}, {true});
+  const GradListSpans list = grad_list_spans<B>(ctx, tensors, "check_finite", "tensors");
+  const DType dtype = list.dtype;
+  const auto& spans = list.spans;
   check_result_tensor(ctx, found_nonfinite, DType::f32, {1}, "check_finite", "found_nonfinite");
   const auto n = static_cast<std::int64_t>(spans.size());
   if (n == 0) return;
@@ -293,10 +305,9 @@ template <class B>
 void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> grads,
                        const Tensor& found_nonfinite, const Tensor& sums = Tensor()) {
   SK_REQUIRE_OPS_BACKEND(B, "unscale_and_check");
-  B::check_context(ctx, "unscale_and_check");
-  const DType dtype = grad_dtype(grads, "unscale_and_check");
-  const auto spans =
-      make_spans<1>(ctx, "unscale_and_check", {OperandList{grads, dtype, "grads"}}, {true});
+  const GradListSpans list = grad_list_spans<B>(ctx, grads, "unscale_and_check", "grads");
+  const DType dtype = list.dtype;
+  const auto& spans = list.spans;
   const auto n = static_cast<std::int64_t>(spans.size());
   check_result_tensor(ctx, found_nonfinite, DType::f32, {1}, "unscale_and_check",
                       "found_nonfinite");

@@ -1,0 +1,208 @@
+// How a bucket of gradients is stored and reduced -- the two strategies of the GradBucketer
+// (grad_bucketer.hpp), over what they share (GradSyncStrategy: the kept gradients, transient
+// bucket buffers, the merge of a reduced part, the hybrid exchange):
+//
+//   AllReduceGrads (ddp, oss): a persistent full gradient buffer laid out bucket after bucket;
+//     each bucket is averaged in place (no copies).
+//   ReduceScatterGrads (sdp, fsdp): a rank keeps only the gradients it owns, laid out bucket
+//     after bucket. A bucket's gradients live in a transient buffer (MemoryCategory::
+//     communication) allocated when the backward first asks for one of its gradients;
+//     reduce_scatter_v averages each rank's part straight into that rank's owned gradients, and
+//     the buffer is freed once done. With a coalescer (fsdp), small buckets of many groups
+//     travel together (reduce_scatter_coalescer.hpp).
+//
+// Accumulation over synchronised backwards (no zero_grad between them) adds the average of the
+// new local gradients to the averages already held: A + avg(g), exactly as a sharded
+// accumulation computes it, never avg(A + g) (which rounds differently). Once the buffers hold
+// averages, a backward's gradients therefore go to transient bucket buffers whose reduction is
+// added in. Gradients are kept in grad_dtype and may travel in another wire_dtype: the bucket is
+// cast for the wire and back.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/core/tensor_ops.hpp"
+#include "shardkit/parallel/reduce_scatter_coalescer.hpp"
+#include "shardkit/parallel/replica_sync.hpp"
+#include "shardkit/shard/bucket_plan.hpp"
+
+namespace shardkit::parallel {
+
+// The runtime state of one bucket during a backward.
+struct BucketState {
+  comm::Work work;
+  bool launched = false;
+  Tensor buffer;  // the bucket's gradients (a view of the full buffer, or transient)
+  Tensor wire;    // low-precision copy on the wire, when wire_dtype is not f32
+  Tensor out;     // where the reduction lands when that is not its final place
+};
+
+class GradSyncStrategy {
+ public:
+  // `kept` elements of gradients stay allocated (MemoryCategory::gradients): every one, or this
+  // rank's parts.
+  GradSyncStrategy(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
+                   DType grad_dtype, DType wire_dtype, comm::Communicator* replicas,
+                   std::int64_t kept)
+      : ctx_(&ctx),
+        comm_(&comm),
+        plan_(&plan),
+        grad_dtype_(grad_dtype),
+        wire_dtype_(wire_dtype),
+        kept_(zeros(ctx, {kept}, grad_dtype, MemoryCategory::gradients)),
+        replicas_(comm, replicas, plan.buckets().size()) {}
+  virtual ~GradSyncStrategy() = default;
+  GradSyncStrategy(const GradSyncStrategy&) = delete;
+  GradSyncStrategy& operator=(const GradSyncStrategy&) = delete;
+
+  // Where the backward adds gradient `param` (a view inside bucket `b`'s storage).
+  virtual Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) = 0;
+  virtual void launch(std::size_t b, BucketState& state) = 0;
+  // The averaged gradient of a piece this rank updates (after the backward is finished).
+  virtual Tensor piece_grad(const shard::ParamPiece& piece) const = 0;
+
+  // The bucket's reduction is done: its part is merged into the kept gradients, or, under
+  // hybrid sharding, held for the exchange across groups.
+  void complete(std::size_t b, BucketState& state) {
+    const Tensor reduced = landed(b, state);
+    if (replicas_.active())
+      replicas_.hold(b, reduced);
+    else
+      merge(b, reduced);
+  }
+  // Hybrid sharding: after every bucket completed, the exchange across groups (ReplicaSync).
+  void exchange_replicas() {
+    replicas_.exchange(*ctx_, [&](std::size_t b, const Tensor& part) { merge(b, part); });
+  }
+  // Clears the gradients; afterwards a reduction lands in place again.
+  void zero(std::vector<BucketState>& states) {
+    fill(*ctx_, kept_, 0.0);
+    for (auto& state : states) state.buffer = Tensor();
+    replicas_.clear();
+  }
+  // The buffers hold averaged gradients of an earlier synchronised backward: the next
+  // reductions are added to them.
+  void set_holds_averages(bool value) { holds_averages_ = value; }
+  bool holds_averages() const { return holds_averages_; }
+
+ protected:
+  // Where bucket b's reduced part landed, and where in the kept gradients it belongs.
+  virtual Tensor landed(std::size_t b, const BucketState& state) const = 0;
+  virtual Tensor target(std::size_t b) const = 0;
+
+  // A zeroed buffer for bucket b's gradients, freed once the bucket is reduced.
+  Tensor transient(std::size_t b) const {
+    return zeros(*ctx_, {plan_->buckets()[b].numel}, grad_dtype_, MemoryCategory::communication);
+  }
+  // The bucket's gradients as they travel: cast to the wire dtype when it differs.
+  const Tensor& wire_of(BucketState& state) const {
+    if (wire_dtype_ == grad_dtype_) return state.buffer;
+    state.wire = empty(*ctx_, state.buffer.shape(), wire_dtype_, MemoryCategory::communication);
+    copy(*ctx_, state.wire, state.buffer);
+    return state.wire;
+  }
+  comm::ReduceOp group_op() const { return replicas_.group_op(wire_dtype_); }
+
+  Context* ctx_;
+  comm::Communicator* comm_;
+  const shard::BucketPlan* plan_;
+  DType grad_dtype_;
+  DType wire_dtype_;
+  Tensor kept_;  // the gradients this rank keeps, bucket after bucket
+
+ private:
+  // Bucket b's averaged part, `reduced`, into its place (a reduction that landed in place is
+  // there already; after an earlier synchronised backward it is added to the averages held).
+  void merge(std::size_t b, const Tensor& reduced) {
+    if (reduced.numel() == 0) return;
+    const Tensor place = target(b);
+    if (reduced.data_ptr() == place.data_ptr()) return;
+    if (holds_averages())
+      add_(*ctx_, place, reduced);
+    else
+      copy(*ctx_, place, reduced);
+  }
+
+  ReplicaSync replicas_;
+  bool holds_averages_ = false;
+};
+
+class AllReduceGrads final : public GradSyncStrategy {
+ public:
+  AllReduceGrads(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
+                 DType grad_dtype, DType wire_dtype, comm::Communicator* replicas)
+      : GradSyncStrategy(ctx, comm, plan, grad_dtype, wire_dtype, replicas, plan.total_numel()) {}
+
+  Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
+    if (!holds_averages()) return kept_.flat_view(plan_->buckets()[b].base + at, shape);
+    if (!state.buffer.defined()) state.buffer = transient(b);
+    return state.buffer.flat_view(at, shape);
+  }
+  void launch(std::size_t b, BucketState& state) override {
+    if (!holds_averages())
+      state.buffer = target(b);
+    else if (!state.buffer.defined())
+      state.buffer = transient(b);  // nothing was asked: all zero
+    comm::assign(state.work, comm_->all_reduce(wire_of(state), group_op()));
+  }
+  Tensor piece_grad(const shard::ParamPiece& piece) const override {
+    const shard::GradBucket& bucket = plan_->buckets()[plan_->bucket_of(piece.param)];
+    const std::int64_t at = bucket.base + plan_->position_of(piece.param) + piece.param_begin;
+    return kept_.slice(0, at, at + piece.numel());
+  }
+
+ protected:
+  Tensor landed(std::size_t, const BucketState& state) const override {
+    return state.wire.defined() ? state.wire : state.buffer;
+  }
+  Tensor target(std::size_t b) const override {
+    const shard::GradBucket& bucket = plan_->buckets()[b];
+    return kept_.slice(0, bucket.base, bucket.base + bucket.numel);
+  }
+};
+
+class ReduceScatterGrads final : public GradSyncStrategy {
+ public:
+  ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
+                     DType grad_dtype, DType wire_dtype, ReduceScatterCoalescer* coalescer,
+                     comm::Communicator* replicas)
+      : GradSyncStrategy(ctx, comm, plan, grad_dtype, wire_dtype, replicas, plan.owned_numel()),
+        coalescer_(coalescer) {}
+
+  Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
+    if (!state.buffer.defined()) state.buffer = transient(b);
+    return state.buffer.flat_view(at, shape);
+  }
+  void launch(std::size_t b, BucketState& state) override {
+    const shard::GradBucket& bucket = plan_->buckets()[b];
+    if (!state.buffer.defined()) state.buffer = transient(b);  // nothing was asked: all zero
+    const Tensor& send = wire_of(state);
+    if (wire_dtype_ != grad_dtype_ || holds_averages())
+      state.out = empty(*ctx_, {bucket.own_numel}, send.dtype(), MemoryCategory::communication);
+    const Tensor recv = state.out.defined() ? state.out : target(b);
+    if (coalescer_ != nullptr && send.nbytes() < coalescer_->capacity_bytes())
+      comm::assign(state.work, coalescer_->submit(send, recv, bucket.counts, group_op()));
+    else
+      comm::assign(state.work, comm_->reduce_scatter_v(send, recv, bucket.counts, group_op()));
+  }
+  Tensor piece_grad(const shard::ParamPiece& piece) const override {
+    const std::int64_t offset = plan_->owned_offset_of(piece);
+    return kept_.slice(0, offset, offset + piece.numel());
+  }
+
+ protected:
+  Tensor landed(std::size_t b, const BucketState& state) const override {
+    return state.out.defined() ? state.out : target(b);
+  }
+  Tensor target(std::size_t b) const override {
+    const shard::GradBucket& bucket = plan_->buckets()[b];
+    return kept_.slice(0, bucket.own_offset, bucket.own_offset + bucket.own_numel);
+  }
+
+ private:
+  ReduceScatterCoalescer* coalescer_;  // small buckets go out with others (nullptr: alone)
+};
+
+}  // namespace shardkit::parallel
