@@ -1,9 +1,13 @@
 // A VISSL-style configuration: a tree of YAML maps whose every key and value type is fixed by
 // the defaults document (swav_defaults.hpp). A user file and command-line overrides
-// (`config.OPTIMIZER.num_epochs=2`) are merged onto the defaults; a key the defaults do not
-// have, or a value of another type, is an error that names the key, the value and the nearest
-// valid key or the expected type. Lists replace the default list whole; their items are checked
-// by whoever reads them.
+// (`config.OPTIMIZER.num_epochs=2`) are merged onto the defaults. Every problem of the merge is
+// collected and check() reports them all together, so one run tells a user every edit to make:
+// a value of another type (named with the expected type), or a key the defaults do not have --
+// with the nearest valid key when one is close (an edit-distance bound), else VISSL's meaning of
+// the key when VISSL has it (vissl_keys.hpp). VISSL's keys that have no effect here (logging,
+// monitors, loader plumbing, ...) are accepted and listed by ignored(); VISSL's old trunk schema
+// (MODEL.TRUNK.TRUNK_PARAMS.RESNETS) reads as today's (MODEL.TRUNK.RESNETS). Lists replace the
+// default list whole; their items are checked by whoever reads them.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -15,7 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "shardkit/core/enum_names.hpp"
 #include "shardkit/core/error.hpp"
+#include "vissl_keys.hpp"
 
 namespace swav {
 
@@ -67,25 +73,15 @@ inline Kind kind_of(const YAML::Node& n) {
   return Kind::string;
 }
 
-inline const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::boolean:
-      return "a boolean (True/False)";
-    case Kind::integer:
-      return "an integer";
-    case Kind::number:
-      return "a number";
-    case Kind::string:
-      return "a string";
-    case Kind::list:
-      return "a list";
-    case Kind::map:
-      return "a map of keys";
-    case Kind::null:
-      return "null";
-  }
-  return "?";
-}
+inline constexpr sk::EnumName<Kind> kKindNames[] = {{Kind::boolean, "a boolean (True/False)"},
+                                                    {Kind::integer, "an integer"},
+                                                    {Kind::number, "a number"},
+                                                    {Kind::string, "a string"},
+                                                    {Kind::list, "a list"},
+                                                    {Kind::map, "a map of keys"},
+                                                    {Kind::null, "null"}};
+
+inline std::string_view kind_name(Kind k) { return sk::name_of(k, kKindNames); }
 
 // Whether a user value of kind `given` may take the place of a default of kind `wanted`.
 inline bool fits(Kind wanted, Kind given) {
@@ -93,6 +89,24 @@ inline bool fits(Kind wanted, Kind given) {
   if (wanted == Kind::number && given == Kind::integer) return true;  // 1 for 1.0
   if (wanted == Kind::string && given != Kind::map && given != Kind::list) return true;
   return false;
+}
+
+// How far a misspelt key may be from a valid one to be suggested: a quarter of its length, at
+// least one edit and at most three (VERBOSE is not a misspelling of LOSS).
+inline std::size_t suggestion_bound(const std::string& key) {
+  return std::clamp<std::size_t>(key.size() / 4, 1, 3);
+}
+
+// Whether a user's scalar is the one value an ignored key may have (booleans by meaning).
+inline bool same_scalar(const YAML::Node& n, std::string_view wanted) {
+  if (!n.IsScalar()) return n.IsNull() && wanted.empty();
+  const std::string given = n.Scalar();
+  if (is_bool_text(given) && is_bool_text(std::string(wanted))) {
+    bool a = false, b = false;
+    return YAML::convert<bool>::decode(n, a) &&
+           YAML::convert<bool>::decode(YAML::Node(std::string(wanted)), b) && a == b;
+  }
+  return given == wanted;
 }
 
 inline std::string text_of(const YAML::Node& n) {
@@ -158,6 +172,20 @@ class ConfigTree {
     merge(root_, doc, "");
   }
 
+  // Throws one ConfigError listing every problem the merged files and overrides had (one alone
+  // is reported as it is). The readers call it before they read.
+  void check() const {
+    if (problems_.empty()) return;
+    if (problems_.size() == 1) throw ConfigError(problems_.front());
+    std::string message = "the config has " + std::to_string(problems_.size()) +
+                          " problems (all of them, so that one round of edits fixes the config):";
+    for (std::size_t i = 0; i < problems_.size(); ++i)
+      message += "\n  " + std::to_string(i + 1) + ". " + problems_[i];
+    throw ConfigError(message);
+  }
+  // VISSL's keys that were given and are accepted without effect here, in the order met.
+  const std::vector<std::string>& ignored() const { return ignored_; }
+
   // The node at a dotted path ("OPTIMIZER.larc_config.clip"); it exists (the defaults have it).
   YAML::Node at(const std::string& path) const {
     YAML::Node n = YAML::Clone(root_);
@@ -202,35 +230,28 @@ class ConfigTree {
     set_in(child, keys, i + 1, value);
   }
 
-  static void merge(YAML::Node target, const YAML::Node& source, const std::string& where) {
+  void merge(YAML::Node target, const YAML::Node& source, const std::string& where) {
     for (const auto& kv : source) {
       // Keys are names; YAML also allows a map or a list as a key (`? {a: 1}: ...`).
-      if (!kv.first.IsScalar())
-        throw ConfigError("config key " + detail::text_of(kv.first) +
-                          (where.empty() ? "" : " under config." + where) +
-                          " is not a name; config keys are names such as OPTIMIZER or num_epochs");
+      if (!kv.first.IsScalar()) {
+        problems_.push_back(
+            "config key " + detail::text_of(kv.first) +
+            (where.empty() ? "" : " under config." + where) +
+            " is not a name; config keys are names such as OPTIMIZER or num_epochs");
+        continue;
+      }
       const std::string key = kv.first.Scalar();
       const std::string path = where.empty() ? key : where + "." + key;
       bool known = false;
       for (const auto& t : target)
         if (t.first.as<std::string>() == key) known = true;
       if (!known) {
-        std::string best;
-        std::size_t best_distance = std::string::npos;
-        for (const auto& t : target) {
-          const std::string candidate = t.first.as<std::string>();
-          const std::size_t d = detail::edit_distance(key, candidate);
-          if (d < best_distance) {
-            best_distance = d;
-            best = candidate;
-          }
-        }
-        std::string message =
-            "unknown config key config." + path + " (= " + detail::text_of(kv.second) + ")";
-        if (!best.empty())
-          message +=
-              "; the nearest valid key is config." + (where.empty() ? best : where + "." + best);
-        throw ConfigError(message);
+        // VISSL before 0.1.6 put the trunk's blocks under TRUNK_PARAMS.
+        if (path == "MODEL.TRUNK.TRUNK_PARAMS" && kv.second.IsMap())
+          merge(target, kv.second, where);
+        else
+          unknown(path, kv.second, &target);
+        continue;
       }
       YAML::Node current = target[key];
       const detail::Kind wanted = detail::kind_of(current), given = detail::kind_of(kv.second);
@@ -238,15 +259,91 @@ class ConfigTree {
         merge(current, kv.second, path);
         continue;
       }
-      if (!detail::fits(wanted, given))
-        throw ConfigError("config." + path + " = " + detail::text_of(kv.second) + " is " +
-                          detail::kind_name(given) + "; it must be " + detail::kind_name(wanted) +
-                          " (default: " + detail::text_of(current) + ")");
+      if (!detail::fits(wanted, given)) {
+        problems_.push_back("config." + path + " = " + detail::text_of(kv.second) + " is " +
+                            std::string(detail::kind_name(given)) + "; it must be " +
+                            std::string(detail::kind_name(wanted)) +
+                            " (default: " + detail::text_of(current) + ")");
+        continue;
+      }
       target[key] = YAML::Clone(kv.second);
     }
   }
 
+  // A key the defaults do not have: ignored when it is VISSL's and has no effect here, else a
+  // problem -- naming the nearest valid key when one is close (a misspelt section is reported
+  // once, as a section), else VISSL's meaning. An unknown section of keys is walked key by key:
+  // a few of a section's keys matter in one value and not in another. `siblings` (null inside
+  // an unknown section) holds the valid keys beside it.
+  void unknown(const std::string& path, const YAML::Node& value, const YAML::Node* siblings) {
+    const bool section = value.IsMap() && value.size() > 0;
+    const IgnoredVisslKey* rule = section ? nullptr : ignored_vissl_key(path);
+    if (rule != nullptr) {
+      if (rule->only.data() == nullptr || detail::same_scalar(value, rule->only)) {
+        ignored_.push_back(path);
+        return;
+      }
+      const std::string_view meaning = vissl_meaning(path);
+      problems_.push_back(
+          "config." + path + " (= " + detail::text_of(value) +
+          "): this trainer has no such setting and can follow VISSL's config only where it is " +
+          std::string(rule->only) +
+          (meaning.empty() ? "" : " (VISSL's meaning: " + std::string(meaning) + ")") +
+          "; set it to " + std::string(rule->only) + " or remove it");
+      return;
+    }
+    const auto dot = path.rfind('.');
+    const std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
+    const std::string where = dot == std::string::npos ? "" : path.substr(0, dot);
+    const std::string shown = "config." + path + " (= " + detail::text_of(value) + ")";
+    if (siblings != nullptr) {
+      std::string nearest;
+      std::size_t best = detail::suggestion_bound(key) + 1;
+      for (const auto& t : *siblings) {
+        const std::string candidate = t.first.as<std::string>();
+        const std::size_t d = detail::edit_distance(key, candidate);
+        if (d < best) {
+          best = d;
+          nearest = where.empty() ? candidate : where + "." + candidate;
+        }
+      }
+      if (!nearest.empty()) {
+        problems_.push_back("unknown config key " + shown + "; the nearest valid key is config." +
+                            nearest);
+        return;
+      }
+    }
+    if (section) {
+      for (const auto& kv : value) {
+        if (kv.first.IsScalar())
+          unknown(path + "." + kv.first.Scalar(), kv.second, nullptr);
+        else
+          problems_.push_back("config key " + detail::text_of(kv.first) + " under config." + path +
+                              " is not a name");
+      }
+      return;
+    }
+    const std::string_view meaning = vissl_meaning(path);
+    if (!meaning.empty()) {
+      problems_.push_back(
+          shown + " is not a key of this trainer; VISSL's meaning: " + std::string(meaning));
+      return;
+    }
+    std::string message = "unknown config key " + shown + ": neither this trainer nor VISSL has it";
+    if (siblings != nullptr && siblings->size() <= 16) {
+      message += where.empty() ? "; the keys are" : "; the keys under config." + where + " are";
+      const char* separator = " ";
+      for (const auto& t : *siblings) {
+        message += separator + t.first.as<std::string>();
+        separator = ", ";
+      }
+    }
+    problems_.push_back(message);
+  }
+
   YAML::Node root_;
+  std::vector<std::string> problems_;  // every problem of the merges, for check()
+  std::vector<std::string> ignored_;   // VISSL's keys accepted without effect
 };
 
 }  // namespace swav

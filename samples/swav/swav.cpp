@@ -85,6 +85,11 @@ int main(int argc, char** argv) {
               ? (", SyncBatchNorm over " + std::to_string(config.sync_bn_group) + " ranks").c_str()
               : "",
           config.num_epochs);
+    if (lead && !tree.ignored().empty()) {
+      std::string keys;
+      for (const auto& key : tree.ignored()) keys += (keys.empty() ? "" : ", ") + key;
+      std::printf("config: VISSL keys without effect in this trainer, ignored: %s\n", keys.c_str());
+    }
     const auto data = swav::load_datasets(config);
     swav::RunReport report;
 #if SK_WITH_CUDA

@@ -354,6 +354,7 @@ inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
 // The ranks the config asks for: DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE (a launcher's world
 // size takes their place).
 inline int configured_ranks(const ConfigTree& c) {
+  c.check();
   const int nodes = c.get<int>("DISTRIBUTED.NUM_NODES");
   const int per_node = c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE");
   if (nodes < 1) throw detail::bad("DISTRIBUTED.NUM_NODES", std::to_string(nodes), "must be >= 1");
@@ -366,6 +367,7 @@ inline int configured_ranks(const ConfigTree& c) {
 inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   using shardkit::DType;
   using shardkit::parallel::Stage;
+  c.check();
   SwavConfig s;
   s.seed = c.get<std::uint64_t>("SEED_VALUE");
   s.log_frequency = c.get<int>("LOG_FREQUENCY");

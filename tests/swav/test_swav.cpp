@@ -498,8 +498,7 @@ TEST_CASE("multi-crop transforms: whole-image crop, flip, blur, boxes, bad setti
 
 namespace {
 
-swav::SwavConfig config_of(const std::vector<std::string>& overrides, const std::string& yaml = "",
-                           int world = 2) {
+swav::ConfigTree tree_of(const std::vector<std::string>& overrides, const std::string& yaml = "") {
   swav::ConfigTree tree(swav::kDefaultsYaml);
   if (!yaml.empty()) {
     const auto path = std::filesystem::temp_directory_path() /
@@ -509,7 +508,22 @@ swav::SwavConfig config_of(const std::vector<std::string>& overrides, const std:
     std::filesystem::remove(path);
   }
   for (const auto& o : overrides) tree.apply_override(o);
-  return swav::read_swav_config(tree, world);
+  return tree;
+}
+
+swav::SwavConfig config_of(const std::vector<std::string>& overrides, const std::string& yaml = "",
+                           int world = 2) {
+  return swav::read_swav_config(tree_of(overrides, yaml), world);
+}
+
+// The message of the ConfigError that reading `tree` throws ("" when none).
+std::string config_problems(const swav::ConfigTree& tree) {
+  try {
+    swav::read_swav_config(tree, 2);
+  } catch (const swav::ConfigError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace
@@ -643,6 +657,109 @@ OPTIMIZER:
   CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.move_params_to_cpu=True"}),
                     doctest::Contains("config.MODEL.FSDP_CONFIG.move_params_to_cpu = True: CPU "
                                       "offload is an FSDP setting"));
+}
+
+TEST_CASE(
+    "config: a VISSL user's file -- its no-op keys ignored, both trunk schemas, every "
+    "problem in one report") {
+  // The keys every VISSL SwAV config carries (swav_8node_resnet.yaml's) that change nothing
+  // here are accepted and listed; the old trunk schema reads as today's.
+  const std::string vissl = R"(config:
+  VERBOSE: False
+  TEST_ONLY: False
+  TEST_MODEL: False
+  MULTI_PROCESSING_METHOD: forkserver
+  HOOKS:
+    PERF_STATS:
+      MONITOR_PERF_STATS: True
+      ROLLING_BTIME_FREQ: 313
+  DATA:
+    TRAIN:
+      DATASET_NAMES: [imagenet1k_folder]
+      LABEL_TYPE: sample_index
+      MMAP_MODE: True
+      COPY_TO_LOCAL_DISK: False
+      COPY_DESTINATION_DIR: /tmp/imagenet1k/
+  TRAINER:
+    TRAIN_STEP_NAME: standard_train_step
+  METERS:
+    name: ""
+  MODEL:
+    TRUNK:
+      NAME: resnet
+      TRUNK_PARAMS:
+        RESNETS:
+          DEPTH: 34
+          GROUPS: 1
+  DISTRIBUTED:
+    NCCL_DEBUG: True
+)";
+  const swav::ConfigTree tree = tree_of({}, vissl);
+  CHECK(config_problems(tree).empty());
+  CHECK(tree.get<int>("MODEL.TRUNK.RESNETS.DEPTH") == 34);
+  const std::vector<std::string> expected = {"VERBOSE",
+                                             "TEST_ONLY",
+                                             "TEST_MODEL",
+                                             "MULTI_PROCESSING_METHOD",
+                                             "HOOKS.PERF_STATS.MONITOR_PERF_STATS",
+                                             "HOOKS.PERF_STATS.ROLLING_BTIME_FREQ",
+                                             "DATA.TRAIN.DATASET_NAMES",
+                                             "DATA.TRAIN.LABEL_TYPE",
+                                             "DATA.TRAIN.MMAP_MODE",
+                                             "DATA.TRAIN.COPY_TO_LOCAL_DISK",
+                                             "DATA.TRAIN.COPY_DESTINATION_DIR",
+                                             "TRAINER.TRAIN_STEP_NAME",
+                                             "METERS.name",
+                                             "MODEL.TRUNK.RESNETS.GROUPS",
+                                             "DISTRIBUTED.NCCL_DEBUG"};
+  CHECK(tree.ignored() == expected);
+  // Today's schema too.
+  CHECK(tree_of({"config.MODEL.TRUNK.RESNETS.DEPTH=50"}).get<int>("MODEL.TRUNK.RESNETS.DEPTH") ==
+        50);
+
+  // Every problem of a file and its overrides, in one report: a misspelt key (close to a valid
+  // one: suggested), a VISSL key this trainer lacks (VISSL's meaning), a key nobody has (the
+  // valid keys beside it), a value of the wrong type, an ignorable key with a value that asks
+  // for something this trainer does not do, a misspelt section.
+  const std::string problems =
+      config_problems(tree_of({"config.OPTIMIZER.use_larc=1.5", "config.TEST_ONLY=True"}, R"(config:
+  VERBOSE: True
+  OPTIMIZER:
+    num_epoch: 2
+  MODEL:
+    TRUNK:
+      RESNETS:
+        WIDTH_PER_GROUP: 4
+  DATA:
+    TRAIN:
+      FANCY_KEY: 3
+  OPTIMISER:
+    momentum: 0.8
+)"));
+  INFO(problems);
+  CHECK(problems.find("the config has 6 problems") == 0);
+  CHECK(problems.find("1. unknown config key config.OPTIMIZER.num_epoch (= 2); the nearest valid "
+                      "key is config.OPTIMIZER.num_epochs") != std::string::npos);
+  CHECK(problems.find("2. config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP (= 4): this trainer has no "
+                      "such setting and can follow VISSL's config only where it is 64 (VISSL's "
+                      "meaning: Channels per group") != std::string::npos);
+  CHECK(problems.find("3. unknown config key config.DATA.TRAIN.FANCY_KEY (= 3): neither this "
+                      "trainer nor VISSL has it; the keys under config.DATA.TRAIN are "
+                      "DATA_SOURCES, ") != std::string::npos);
+  CHECK(problems.find("4. unknown config key config.OPTIMISER (= {momentum: 0.8}); the nearest "
+                      "valid key is config.OPTIMIZER") != std::string::npos);
+  CHECK(problems.find("5. config.OPTIMIZER.use_larc = 1.5 is a number; it must be a boolean") !=
+        std::string::npos);
+  CHECK(problems.find("6. config.TEST_ONLY (= True): this trainer has no such setting") !=
+        std::string::npos);
+  // A key far from every valid one is not "nearest" to any: VISSL's meaning instead.
+  CHECK(config_problems(tree_of({"config.MODEL.TRUNK.RESNETS.LAYER4_STRIDE=1"}))
+            .find("VISSL's meaning: Stride of the last stage") != std::string::npos);
+  CHECK(config_problems(tree_of({"config.MODEL.HEAD.PARAMS_MULTIPLIER=2.0"})).empty());
+  CHECK(config_problems(tree_of({"config.LOG_FREQUENCE=5"}))
+            .find("the nearest valid key is config.LOG_FREQUENCY") != std::string::npos);
+  CHECK(config_problems(tree_of({"config.MODEL.TRUNK.RESNETS.NORM=LayerNorm"}))
+            .find("VISSL's meaning: Norm layer") != std::string::npos);
 }
 
 TEST_CASE("kNN features: VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP, and errors that name the fix") {
