@@ -38,6 +38,7 @@ TINY = [
     "config.LOSS.swav_loss.queue.queue_length=32",
     "config.LOSS.swav_loss.queue.start_iter=2",
     "config.LOG_FREQUENCY=2",
+    "config.METRICS.PLOT=False",
 ]
 STAGES = {
     "ddp": [],

@@ -1,7 +1,8 @@
 // A VISSL-style configuration: a tree of YAML maps whose every key and value type is fixed by
 // the defaults document (swav_defaults.hpp). A user file and command-line overrides
 // (`config.OPTIMIZER.num_epochs=2`) are merged onto the defaults. Every problem of the merge is
-// collected and check() reports them all together, so one run tells a user every edit to make:
+// collected -- problems() -- and reported together with the reader's own (ConfigProblems), so
+// one run tells a user every edit to make:
 // a value of another type (named with the expected type), or a key the defaults do not have --
 // with the nearest valid key when one is close (an edit-distance bound), else VISSL's meaning of
 // the key when VISSL has it (vissl_keys.hpp). VISSL's keys that have no effect here (logging,
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardkit/core/enum_names.hpp"
@@ -119,6 +121,39 @@ inline std::string text_of(const YAML::Node& n) {
 
 }  // namespace detail
 
+// The problems a config has, gathered to be reported together: each independent part of the
+// reading runs in attempt(), which keeps its ConfigError and lets the reading go on.
+class ConfigProblems {
+ public:
+  ConfigProblems() = default;
+  explicit ConfigProblems(std::vector<std::string> first) : messages_(std::move(first)) {}
+  // Runs read(); false (the problem kept) when it threw a ConfigError or another refusal of a
+  // value (sk::InvalidArgument).
+  template <class Read>
+  bool attempt(Read&& read) {
+    try {
+      read();
+      return true;
+    } catch (const sk::InvalidArgument& e) {  // ConfigError, or a setting's own validate()
+      messages_.emplace_back(e.what());
+      return false;
+    }
+  }
+  // Throws one ConfigError with every problem, numbered (one alone as it is).
+  void check() const {
+    if (messages_.empty()) return;
+    if (messages_.size() == 1) throw ConfigError(messages_.front());
+    std::string message = "the config has " + std::to_string(messages_.size()) +
+                          " problems (all of them, so that one round of edits fixes the config):";
+    for (std::size_t i = 0; i < messages_.size(); ++i)
+      message += "\n  " + std::to_string(i + 1) + ". " + messages_[i];
+    throw ConfigError(message);
+  }
+
+ private:
+  std::vector<std::string> messages_;
+};
+
 class ConfigTree {
  public:
   explicit ConfigTree(const std::string& defaults_yaml) : root_(YAML::Load(defaults_yaml)) {}
@@ -172,17 +207,11 @@ class ConfigTree {
     merge(root_, doc, "");
   }
 
-  // Throws one ConfigError listing every problem the merged files and overrides had (one alone
-  // is reported as it is). The readers call it before they read.
-  void check() const {
-    if (problems_.empty()) return;
-    if (problems_.size() == 1) throw ConfigError(problems_.front());
-    std::string message = "the config has " + std::to_string(problems_.size()) +
-                          " problems (all of them, so that one round of edits fixes the config):";
-    for (std::size_t i = 0; i < problems_.size(); ++i)
-      message += "\n  " + std::to_string(i + 1) + ". " + problems_[i];
-    throw ConfigError(message);
-  }
+  // The problems the merged files and overrides had (unknown keys, wrong types): the reader
+  // reports them first, with its own (the merge kept the defaults in their place).
+  const std::vector<std::string>& problems() const { return problems_; }
+  // Throws them, as ConfigProblems::check() does.
+  void check() const { ConfigProblems(problems_).check(); }
   // VISSL's keys that were given and are accepted without effect here, in the order met.
   const std::vector<std::string>& ignored() const { return ignored_; }
 
@@ -270,6 +299,26 @@ class ConfigTree {
     }
   }
 
+  // The valid key among `siblings` (null: none) nearest to the last part of `path`, when it is
+  // within the suggestion bound; else empty.
+  static std::string nearest_key(const std::string& path, const YAML::Node* siblings) {
+    if (siblings == nullptr) return {};
+    const auto dot = path.rfind('.');
+    const std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
+    const std::string where = dot == std::string::npos ? "" : path.substr(0, dot + 1);
+    std::string nearest;
+    std::size_t best = detail::suggestion_bound(key) + 1;
+    for (const auto& t : *siblings) {
+      const std::string candidate = t.first.as<std::string>();
+      const std::size_t d = detail::edit_distance(key, candidate);
+      if (d < best) {
+        best = d;
+        nearest = where + candidate;
+      }
+    }
+    return nearest;
+  }
+
   // A key the defaults do not have: ignored when it is VISSL's and has no effect here, else a
   // problem -- naming the nearest valid key when one is close (a misspelt section is reported
   // once, as a section), else VISSL's meaning. An unknown section of keys is walked key by key:
@@ -278,41 +327,32 @@ class ConfigTree {
   void unknown(const std::string& path, const YAML::Node& value, const YAML::Node* siblings) {
     const bool section = value.IsMap() && value.size() > 0;
     const IgnoredVisslKey* rule = section ? nullptr : ignored_vissl_key(path);
-    if (rule != nullptr) {
-      if (rule->only.data() == nullptr || detail::same_scalar(value, rule->only)) {
-        ignored_.push_back(path);
-        return;
-      }
-      const std::string_view meaning = vissl_meaning(path);
-      problems_.push_back(
-          "config." + path + " (= " + detail::text_of(value) +
-          "): this trainer has no such setting and can follow VISSL's config only where it is " +
-          std::string(rule->only) +
-          (meaning.empty() ? "" : " (VISSL's meaning: " + std::string(meaning) + ")") +
-          "; set it to " + std::string(rule->only) + " or remove it");
-      return;
-    }
-    const auto dot = path.rfind('.');
-    const std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
-    const std::string where = dot == std::string::npos ? "" : path.substr(0, dot);
     const std::string shown = "config." + path + " (= " + detail::text_of(value) + ")";
-    if (siblings != nullptr) {
-      std::string nearest;
-      std::size_t best = detail::suggestion_bound(key) + 1;
-      for (const auto& t : *siblings) {
-        const std::string candidate = t.first.as<std::string>();
-        const std::size_t d = detail::edit_distance(key, candidate);
-        if (d < best) {
-          best = d;
-          nearest = where.empty() ? candidate : where + "." + candidate;
-        }
-      }
-      if (!nearest.empty()) {
+    // A misspelling of a valid key is reported as one, even inside a section whose other keys
+    // VISSL lets this trainer ignore (DATA.TEST.*); a key a rule names exactly is VISSL's.
+    if (rule == nullptr || rule->path != path) {
+      if (const std::string nearest = nearest_key(path, siblings); !nearest.empty()) {
         problems_.push_back("unknown config key " + shown + "; the nearest valid key is config." +
                             nearest);
         return;
       }
     }
+    if (rule != nullptr) {
+      if (rule->only.data() == nullptr || detail::same_scalar(value, rule->only)) {
+        ignored_.push_back(path);
+        return;
+      }
+      const std::string wanted = rule->only.empty() ? "\"\"" : std::string(rule->only);
+      const std::string_view meaning = vissl_meaning(path);
+      problems_.push_back(
+          shown +
+          ": this trainer has no such setting and can follow VISSL's config only where it is " +
+          wanted + (meaning.empty() ? "" : " (VISSL's meaning: " + std::string(meaning) + ")") +
+          "; set it to " + wanted + " or remove it");
+      return;
+    }
+    const auto dot = path.rfind('.');
+    const std::string where = dot == std::string::npos ? "" : path.substr(0, dot);
     if (section) {
       for (const auto& kv : value) {
         if (kv.first.IsScalar())

@@ -9,7 +9,10 @@
 // (DISTRIBUTED.NUM_PROC_PER_NODE); under mpirun or with torchrun's variables each process is one
 // rank. The GPU is used when the build has CUDA and the machine has one (MACHINE.DEVICE auto),
 // or when asked (gpu). docs/swav.md has the details.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,42 @@ void merge_arguments(int argc, char** argv, swav::ConfigTree& tree) {
   }
   for (const auto& file : files) tree.merge_file(file);
   for (const auto& o : overrides) tree.apply_override(o);
+}
+
+// The run's kNN figures as a small table: a row per evaluation (the initial network, the
+// epochs, the end), a column per feature set (the first is the headline), raw pixels last.
+void print_knn_table(const swav::RunReport& report) {
+  if (report.knn_table.empty()) return;
+  std::size_t width = 8, label = 16;
+  for (const auto& name : report.knn_features) width = std::max(width, name.size());
+  for (const auto& row : report.knn_table) label = std::max(label, row.when.size());
+  const int l = static_cast<int>(label);
+  const int w = static_cast<int>(width);
+  std::printf("\nkNN top-1 on the test images\n  %-*s", l, "");
+  for (const auto& name : report.knn_features) std::printf("  %*s", w, name.c_str());
+  for (const auto& row : report.knn_table) {
+    std::printf("\n  %-*s", l, row.when.c_str());
+    for (double a : row.accuracy) std::printf("  %*.2f%%", w - 1, 100 * a);
+  }
+  std::printf("\n  %-*s  %*.2f%%\n", l, "raw pixels", w - 1, 100 * report.raw_knn);
+}
+
+// The run's curves (plot_metrics.py beside the trainer's sources) as a PNG next to its metrics
+// file, when Python has matplotlib; the PNG's path is printed.
+void plot_metrics(const swav::SwavConfig& config) {
+  const std::string script = SWAV_SOURCE_DIR "/plot_metrics.py";
+  const std::string& metrics = config.metrics_path;
+  if (!std::filesystem::exists(script) || !std::filesystem::exists(metrics)) return;
+  if (metrics.find('\'') != std::string::npos) return;  // (not quotable below)
+  const std::string png = std::filesystem::path(metrics).replace_extension(".png").string();
+  const std::string command =
+      "python3 '" + script + "' '" + png + "' '" + metrics + "' >/dev/null 2>&1";
+  if (std::system(command.c_str()) == 0)
+    std::printf("plot: %s\n", png.c_str());
+  else
+    std::printf(
+        "plot: not drawn (plot_metrics.py needs python3 with matplotlib: apt-get install "
+        "python3-matplotlib)\n");
 }
 
 // MACHINE.DEVICE: gpu needs a CUDA build and a GPU; auto takes the GPU when both are there.
@@ -66,7 +105,15 @@ int main(int argc, char** argv) {
     merge_arguments(argc, argv, tree);
     // The world size first: the config's inference (queue rounding, learning-rate scaling,
     // SyncBatchNorm groups) depends on it.
-    const int world = launched ? launch.size : swav::configured_ranks(tree);
+    // (a refused rank count counts as 1 here: read_swav_config reports it with the rest)
+    int world = 1;
+    if (launched)
+      world = launch.size;
+    else
+      try {
+        world = swav::configured_ranks(tree);
+      } catch (const swav::ConfigError&) {
+      }
     const auto config = swav::read_swav_config(tree, world);
     const bool gpu = use_gpu(config);
     const bool lead = !launched || launch.rank == 0;
@@ -109,6 +156,8 @@ int main(int argc, char** argv) {
         report.knn_init < 0 ? "n/a (resumed)"
                             : (std::to_string(100 * report.knn_init).substr(0, 5) + "%").c_str(),
         100 * report.raw_knn, static_cast<unsigned long long>(report.fingerprint));
+    print_knn_table(report);
+    if (config.plot_metrics) plot_metrics(config);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swav: %s\n", e.what());

@@ -70,6 +70,7 @@ struct SwavConfig {
   std::vector<FeaturePool> knn_features{FeaturePool{}};  // the first is the headline figure
   std::int64_t memory_bank_limit = -1;
   std::string export_dir, metrics_path;
+  bool plot_metrics = true;  // METRICS.PLOT: the curves as a PNG at the end
   std::int64_t max_iterations = -1;
 };
 
@@ -354,7 +355,6 @@ inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
 // The ranks the config asks for: DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE (a launcher's world
 // size takes their place).
 inline int configured_ranks(const ConfigTree& c) {
-  c.check();
   const int nodes = c.get<int>("DISTRIBUTED.NUM_NODES");
   const int per_node = c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE");
   if (nodes < 1) throw detail::bad("DISTRIBUTED.NUM_NODES", std::to_string(nodes), "must be >= 1");
@@ -363,232 +363,292 @@ inline int configured_ranks(const ConfigTree& c) {
   return nodes * per_node;
 }
 
-// `world` is the number of ranks that will train (local ranks or the launcher's).
+// `world` is the number of ranks that will train (local ranks or the launcher's). Every part that
+// can be read on its own is read in attempt(): its ConfigError is kept and the reading goes on
+// (a part that needs another is read when that one was good), so that one run reports every
+// problem of the config -- the merge's first -- and one round of edits fixes it.
 inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   using shardkit::DType;
   using shardkit::parallel::Stage;
-  c.check();
+  ConfigProblems problems(c.problems());
   SwavConfig s;
-  s.seed = c.get<std::uint64_t>("SEED_VALUE");
-  s.log_frequency = c.get<int>("LOG_FREQUENCY");
-  s.device = c.get<std::string>("MACHINE.DEVICE");
-  if (s.device != "cpu" && s.device != "gpu" && s.device != "auto")
-    throw detail::bad("MACHINE.DEVICE", s.device, "use cpu, gpu or auto");
+  problems.attempt([&] {
+    s.seed = c.get<std::uint64_t>("SEED_VALUE");
+    s.log_frequency = c.get<int>("LOG_FREQUENCY");
+    if (s.log_frequency < 1)
+      throw detail::bad("LOG_FREQUENCY", std::to_string(s.log_frequency),
+                        "must be >= 1 (a line every that many iterations)");
+    s.device = c.get<std::string>("MACHINE.DEVICE");
+    if (s.device != "cpu" && s.device != "gpu" && s.device != "auto")
+      throw detail::bad("MACHINE.DEVICE", s.device, "use cpu, gpu or auto");
+  });
   // Data
   for (const char* split : {"TRAIN", "TEST"}) {
-    const std::string k = std::string("DATA.") + split;
-    const auto sources = c.get<std::vector<std::string>>(k + ".DATA_SOURCES");
-    if (sources != std::vector<std::string>{"fashion_mnist"})
-      throw detail::bad(k + ".DATA_SOURCES", detail::text_of(c.at(k + ".DATA_SOURCES")),
-                        "this trainer reads [fashion_mnist] (Debian's dataset-fashion-mnist)");
-    const auto paths = c.get<std::vector<std::string>>(k + ".DATA_PATHS");
-    if (paths.size() != 1)
-      throw detail::bad(k + ".DATA_PATHS", detail::text_of(c.at(k + ".DATA_PATHS")),
-                        "give one folder holding the Fashion-MNIST .gz files");
-    if (!c.get<bool>(k + ".USE_STATEFUL_DISTRIBUTED_SAMPLER"))
-      throw detail::bad(k + ".USE_STATEFUL_DISTRIBUTED_SAMPLER", "False",
-                        "this trainer always uses VISSL's stateful sampler (it makes resuming "
-                        "mid-epoch exact); set True");
-    (split == std::string("TRAIN") ? s.train_dir : s.test_dir) = paths[0];
+    problems.attempt([&] {
+      const std::string k = std::string("DATA.") + split;
+      const auto sources = c.get<std::vector<std::string>>(k + ".DATA_SOURCES");
+      if (sources != std::vector<std::string>{"fashion_mnist"})
+        throw detail::bad(k + ".DATA_SOURCES", detail::text_of(c.at(k + ".DATA_SOURCES")),
+                          "this trainer reads [fashion_mnist] (Debian's dataset-fashion-mnist)");
+      const auto paths = c.get<std::vector<std::string>>(k + ".DATA_PATHS");
+      if (paths.size() != 1)
+        throw detail::bad(k + ".DATA_PATHS", detail::text_of(c.at(k + ".DATA_PATHS")),
+                          "give one folder holding the Fashion-MNIST .gz files");
+      if (!c.get<bool>(k + ".USE_STATEFUL_DISTRIBUTED_SAMPLER"))
+        throw detail::bad(k + ".USE_STATEFUL_DISTRIBUTED_SAMPLER", "False",
+                          "this trainer always uses VISSL's stateful sampler (it makes resuming "
+                          "mid-epoch exact); set True");
+      (split == std::string("TRAIN") ? s.train_dir : s.test_dir) = paths[0];
+    });
   }
-  s.train_limit = c.get<std::int64_t>("DATA.TRAIN.DATA_LIMIT");
-  s.test_limit = c.get<std::int64_t>("DATA.TEST.DATA_LIMIT");
-  s.batch_size = c.get<std::int64_t>("DATA.TRAIN.BATCHSIZE_PER_REPLICA");
-  s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA");
-  if (s.batch_size < 1)
-    throw detail::bad("DATA.TRAIN.BATCHSIZE_PER_REPLICA", std::to_string(s.batch_size),
-                      "must be >= 1");
-  if (!c.get<bool>("DATA.TRAIN.DROP_LAST"))
-    throw detail::bad("DATA.TRAIN.DROP_LAST", "False",
-                      "SwAV needs equal batches on every rank (distributed Sinkhorn); set True");
-  if (c.get<std::string>("DATA.TRAIN.COLLATE_FUNCTION") != "multicrop_collator")
-    throw detail::bad("DATA.TRAIN.COLLATE_FUNCTION",
-                      c.get<std::string>("DATA.TRAIN.COLLATE_FUNCTION"),
-                      "SwAV uses multicrop_collator");
-  s.workers = c.get<int>("DATA.NUM_DATALOADER_WORKERS");
-  s.crops = detail::read_transforms(c);
+  const bool batch_ok = problems.attempt([&] {
+    s.batch_size = c.get<std::int64_t>("DATA.TRAIN.BATCHSIZE_PER_REPLICA");
+    if (s.batch_size < 1)
+      throw detail::bad("DATA.TRAIN.BATCHSIZE_PER_REPLICA", std::to_string(s.batch_size),
+                        "must be >= 1");
+  });
+  problems.attempt([&] {
+    s.train_limit = c.get<std::int64_t>("DATA.TRAIN.DATA_LIMIT");
+    s.test_limit = c.get<std::int64_t>("DATA.TEST.DATA_LIMIT");
+    s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA");
+    if (!c.get<bool>("DATA.TRAIN.DROP_LAST"))
+      throw detail::bad("DATA.TRAIN.DROP_LAST", "False",
+                        "SwAV needs equal batches on every rank (distributed Sinkhorn); set True");
+    if (c.get<std::string>("DATA.TRAIN.COLLATE_FUNCTION") != "multicrop_collator")
+      throw detail::bad("DATA.TRAIN.COLLATE_FUNCTION",
+                        c.get<std::string>("DATA.TRAIN.COLLATE_FUNCTION"),
+                        "SwAV uses multicrop_collator");
+    s.workers = c.get<int>("DATA.NUM_DATALOADER_WORKERS");
+  });
+  problems.attempt([&] { s.crops = detail::read_transforms(c); });
   // Model
-  if (c.get<std::string>("MODEL.TRUNK.NAME") != "resnet")
-    throw detail::bad("MODEL.TRUNK.NAME", c.get<std::string>("MODEL.TRUNK.NAME"),
-                      "this trainer builds resnet trunks");
-  s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
-  if (s.depth != 18 && s.depth != 34 && s.depth != 50)
-    throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth), "use 18, 34 or 50");
-  const double width = c.get<double>("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
-  s.base_channels = static_cast<std::int64_t>(std::lround(64 * width));
-  if (s.base_channels < 1 || std::abs(64 * width - double(s.base_channels)) > 1e-9)
-    throw detail::bad(
-        "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER", std::to_string(width),
-        "64 x WIDTH_MULTIPLIER must be a whole number of channels (e.g. 0.125, 0.25, 1)");
-  s.small_image_stem = c.get<bool>("MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM");
-  s.zero_init_residual = c.get<bool>("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
-  const std::int64_t trunk_out = (s.depth == 50 ? 32 : 8) * s.base_channels;
-  const YAML::Node heads = c.at("MODEL.HEAD.PARAMS");
-  if (heads.size() != 1 || !heads[0].IsSequence() || heads[0].size() != 2 ||
-      !heads[0][0].IsScalar() || heads[0][0].Scalar() != "swav_head" || !heads[0][1].IsMap())
-    throw detail::bad("MODEL.HEAD.PARAMS", detail::text_of(heads),
-                      "give one head: [[\"swav_head\", {\"dims\": [...], \"use_bn\": True, "
-                      "\"num_clusters\": [K]}]]");
-  const YAML::Node head = heads[0][1];
-  for (const auto& kv : head) {
-    const std::string key = detail::value_as<std::string>(kv.first, "MODEL.HEAD.PARAMS[0][1]",
-                                                          "a map with string keys");
-    if (key != "dims" && key != "use_bn" && key != "num_clusters")
-      throw detail::bad("MODEL.HEAD.PARAMS[0][1]." + key, detail::text_of(kv.second),
-                        "swav_head takes dims, use_bn and num_clusters");
-  }
-  const auto dims = detail::value_as<std::vector<std::int64_t>>(
-      head["dims"], "MODEL.HEAD.PARAMS[0][1].dims", "a list of three integers");
-  const auto clusters = detail::value_as<std::vector<std::int64_t>>(
-      head["num_clusters"], "MODEL.HEAD.PARAMS[0][1].num_clusters", "a list of one integer");
-  if (dims.size() != 3 || dims[0] != trunk_out)
-    throw detail::bad("MODEL.HEAD.PARAMS[0][1].dims", detail::text_of(head["dims"]),
-                      "give [trunk features, hidden, embedding]; this trunk gives " +
-                          std::to_string(trunk_out) + " features");
-  if (clusters.size() != 1 || clusters[0] < 2)
-    throw detail::bad("MODEL.HEAD.PARAMS[0][1].num_clusters", detail::text_of(head["num_clusters"]),
-                      "give one prototype count >= 2 (one set of prototypes)");
-  s.head_in = dims[0];
-  s.head_hidden = dims[1];
-  s.embedding_dim = dims[2];
-  s.prototypes = clusters[0];
-  s.head_bn = head["use_bn"]
-                  ? detail::value_as<bool>(head["use_bn"], "MODEL.HEAD.PARAMS[0][1].use_bn",
-                                           "True or False")
-                  : true;
-  s.bn_eps = c.get<double>("MODEL.HEAD.BATCHNORM_EPS");
-  s.bn_momentum = c.get<double>("MODEL.HEAD.BATCHNORM_MOMENTUM");
-  for (const auto& entry : c.at("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP")) {
-    if (!entry.IsSequence() || entry.size() != 2)
-      throw detail::bad("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", detail::text_of(entry),
-                        "each entry is ['module.heads.0.prototypes0.weight', iterations]");
-    std::string name = detail::value_as<std::string>(entry[0], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP",
-                                                     "[parameter name, iterations]");
-    if (name.rfind("module.", 0) == 0) name = name.substr(7);  // VISSL's DDP prefix
-    s.frozen.emplace_back(
-        name, detail::value_as<std::int64_t>(entry[1], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP",
-                                             "[parameter name, iterations]"));
-  }
-  // VISSL's SYNC_BN_CONFIG.GROUP_SIZE: > 0 that many ranks, 0 the whole world, -1 the ranks of
-  // one node (NUM_PROC_PER_NODE). SYNC_BN_TYPE apex and pytorch compute the same statistics.
-  if (c.get<bool>("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN")) {
-    const auto type = c.get<std::string>("MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE");
-    if (type != "apex" && type != "pytorch")
-      throw detail::bad("MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE", type, "use apex or pytorch");
-    const int group = c.get<int>("MODEL.SYNC_BN_CONFIG.GROUP_SIZE");
-    if (group < -1)
-      throw detail::bad("MODEL.SYNC_BN_CONFIG.GROUP_SIZE", std::to_string(group),
-                        "use a group size > 0, 0 for all ranks, or -1 for the ranks of a node");
-    s.sync_bn_group = group > 0    ? std::min(group, world)
-                      : group == 0 ? world
-                                   : std::min(c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE"), world);
-  }
-  if (c.get<bool>("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"))
-    s.checkpoint_splits =
-        c.get<int>("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS");
-  // Stage (VISSL: OPTIMIZER.name zero or use_zero -> ZeRO-1; USE_SDP -> ZeRO-2; AUTO_SETUP_FSDP
-  // -> ZeRO-3).
-  const std::string opt_name = c.get<std::string>("OPTIMIZER.name");
-  const bool zero = opt_name == "zero" || c.get<bool>("OPTIMIZER.use_zero");
-  const bool sdp = c.get<bool>("MODEL.SHARDED_DDP_SETUP.USE_SDP");
-  const bool fsdp = c.get<bool>("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP");
-  if (sdp && fsdp)
-    throw detail::bad("MODEL.SHARDED_DDP_SETUP.USE_SDP", "True",
-                      "choose SDP or FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), not both");
-  s.parallel.stage = fsdp ? Stage::fsdp : sdp ? Stage::sdp : zero ? Stage::oss : Stage::ddp;
-  s.optimizer =
-      detail::read_optimizer(c, opt_name == "zero" ? "OPTIMIZER.base_optimizer" : "OPTIMIZER");
-  s.regularize_bn = c.get<bool>("OPTIMIZER.regularize_bn");
-  s.regularize_bias = c.get<bool>("OPTIMIZER.regularize_bias");
-  for (const auto& [name, iters] : s.frozen)
-    if (iters > 0 && s.optimizer.kind != shardkit::optim::OptimizerKind::larc_sgd &&
-        s.optimizer.sgd.weight_decay != 0)
-      throw detail::bad("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", name,
-                        "freezing zeroes the gradient, which equals VISSL's skip only under LARC "
-                        "(no decay for a zero gradient) or without weight decay; set "
-                        "OPTIMIZER.use_larc True or weight_decay 0");
-  if (!c.get<bool>("MODEL.FSDP_CONFIG.flatten_parameters"))
-    throw detail::bad("MODEL.FSDP_CONFIG.flatten_parameters", "False",
-                      "shardkit's FSDP units are always flat parameters; set True");
-  s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
-  s.parallel.fsdp.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
-  if (const double mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb"); mb > 0)
-    s.parallel.buckets.bucket_bytes = static_cast<std::size_t>(mb * (1 << 20));
-  // CPU offload as FairScale's FSDP takes it (VISSL passes these keys through): gradient shards
-  // to the CPU and the optimizer's state and step there; parameter shards too.
-  auto& offload = s.parallel.offload;
-  offload.params = c.get<bool>("MODEL.FSDP_CONFIG.move_params_to_cpu");
-  offload.optimizer = offload.params || c.get<bool>("MODEL.FSDP_CONFIG.move_grads_to_cpu");
-  if (offload.enabled() && s.parallel.stage != Stage::fsdp)
-    throw detail::bad(offload.params ? "MODEL.FSDP_CONFIG.move_params_to_cpu"
-                                     : "MODEL.FSDP_CONFIG.move_grads_to_cpu",
-                      "True",
-                      "CPU offload is an FSDP setting; set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True "
-                      "as well");
-  // Precision (apex O1/O2 and PyTorch AMP keep f32 masters and scale the loss dynamically).
-  if (c.get<bool>("MODEL.AMP_PARAMS.USE_AMP")) {
-    const std::string level =
-        detail::value_as<std::string>(c.at("MODEL.AMP_PARAMS.AMP_ARGS")["opt_level"],
-                                      "MODEL.AMP_PARAMS.AMP_ARGS.opt_level", "O1 or O2");
-    if (level != "O1" && level != "O2")
-      throw detail::bad("MODEL.AMP_PARAMS.AMP_ARGS.opt_level", level,
-                        "use O1 or O2 (f32 masters, f16 compute, dynamic loss scaling); O3 keeps "
-                        "no f32 masters, which shardkit does not do");
-    const std::string dtype = c.get<std::string>("MODEL.AMP_PARAMS.COMPUTE_DTYPE");
-    if (dtype != "float16" && dtype != "bfloat16")
-      throw detail::bad("MODEL.AMP_PARAMS.COMPUTE_DTYPE", dtype, "use float16 or bfloat16");
-    s.parallel.precision =
-        shardkit::parallel::MixedPrecision::of(dtype == "float16" ? DType::f16 : DType::bf16);
-    if (s.parallel.stage == Stage::fsdp && c.get<bool>("MODEL.FSDP_CONFIG.fp32_reduce_scatter"))
-      s.parallel.precision.reduce_dtype = DType::f32;
-    s.loss_scaling = dtype == "float16";
-  }
+  std::int64_t trunk_out = 0;
+  const bool trunk_ok = problems.attempt([&] {
+    if (c.get<std::string>("MODEL.TRUNK.NAME") != "resnet")
+      throw detail::bad("MODEL.TRUNK.NAME", c.get<std::string>("MODEL.TRUNK.NAME"),
+                        "this trainer builds resnet trunks");
+    s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
+    if (s.depth != 18 && s.depth != 34 && s.depth != 50)
+      throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth), "use 18, 34 or 50");
+    const double width = c.get<double>("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
+    s.base_channels = static_cast<std::int64_t>(std::lround(64 * width));
+    if (s.base_channels < 1 || std::abs(64 * width - double(s.base_channels)) > 1e-9)
+      throw detail::bad(
+          "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER", std::to_string(width),
+          "64 x WIDTH_MULTIPLIER must be a whole number of channels (e.g. 0.125, 0.25, 1)");
+    s.small_image_stem = c.get<bool>("MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM");
+    s.zero_init_residual = c.get<bool>("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
+    trunk_out = (s.depth == 50 ? 32 : 8) * s.base_channels;
+  });
+  if (trunk_ok)
+    problems.attempt([&] {
+      const YAML::Node heads = c.at("MODEL.HEAD.PARAMS");
+      if (heads.size() != 1 || !heads[0].IsSequence() || heads[0].size() != 2 ||
+          !heads[0][0].IsScalar() || heads[0][0].Scalar() != "swav_head" || !heads[0][1].IsMap())
+        throw detail::bad("MODEL.HEAD.PARAMS", detail::text_of(heads),
+                          "give one head: [[\"swav_head\", {\"dims\": [...], \"use_bn\": True, "
+                          "\"num_clusters\": [K]}]]");
+      const YAML::Node head = heads[0][1];
+      for (const auto& kv : head) {
+        const std::string key = detail::value_as<std::string>(kv.first, "MODEL.HEAD.PARAMS[0][1]",
+                                                              "a map with string keys");
+        if (key != "dims" && key != "use_bn" && key != "num_clusters")
+          throw detail::bad("MODEL.HEAD.PARAMS[0][1]." + key, detail::text_of(kv.second),
+                            "swav_head takes dims, use_bn and num_clusters");
+      }
+      const auto dims = detail::value_as<std::vector<std::int64_t>>(
+          head["dims"], "MODEL.HEAD.PARAMS[0][1].dims", "a list of three integers");
+      const auto clusters = detail::value_as<std::vector<std::int64_t>>(
+          head["num_clusters"], "MODEL.HEAD.PARAMS[0][1].num_clusters", "a list of one integer");
+      if (dims.size() != 3 || dims[0] != trunk_out)
+        throw detail::bad("MODEL.HEAD.PARAMS[0][1].dims", detail::text_of(head["dims"]),
+                          "give [trunk features, hidden, embedding]; this trunk gives " +
+                              std::to_string(trunk_out) + " features");
+      if (clusters.size() != 1 || clusters[0] < 2)
+        throw detail::bad("MODEL.HEAD.PARAMS[0][1].num_clusters",
+                          detail::text_of(head["num_clusters"]),
+                          "give one prototype count >= 2 (one set of prototypes)");
+      s.head_in = dims[0];
+      s.head_hidden = dims[1];
+      s.embedding_dim = dims[2];
+      s.prototypes = clusters[0];
+      s.head_bn = head["use_bn"]
+                      ? detail::value_as<bool>(head["use_bn"], "MODEL.HEAD.PARAMS[0][1].use_bn",
+                                               "True or False")
+                      : true;
+      s.bn_eps = c.get<double>("MODEL.HEAD.BATCHNORM_EPS");
+      s.bn_momentum = c.get<double>("MODEL.HEAD.BATCHNORM_MOMENTUM");
+    });
+  problems.attempt([&] {
+    for (const auto& entry : c.at("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP")) {
+      if (!entry.IsSequence() || entry.size() != 2)
+        throw detail::bad("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", detail::text_of(entry),
+                          "each entry is ['module.heads.0.prototypes0.weight', iterations]");
+      std::string name = detail::value_as<std::string>(
+          entry[0], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", "[parameter name, iterations]");
+      if (name.rfind("module.", 0) == 0) name = name.substr(7);  // VISSL's DDP prefix
+      s.frozen.emplace_back(
+          name, detail::value_as<std::int64_t>(entry[1], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP",
+                                               "[parameter name, iterations]"));
+    }
+  });
+  problems.attempt([&] {
+    // VISSL's SYNC_BN_CONFIG.GROUP_SIZE: > 0 that many ranks, 0 the whole world, -1 the ranks of
+    // one node (NUM_PROC_PER_NODE). SYNC_BN_TYPE apex and pytorch compute the same statistics.
+    if (c.get<bool>("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN")) {
+      const auto type = c.get<std::string>("MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE");
+      if (type != "apex" && type != "pytorch")
+        throw detail::bad("MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE", type, "use apex or pytorch");
+      const int group = c.get<int>("MODEL.SYNC_BN_CONFIG.GROUP_SIZE");
+      if (group < -1)
+        throw detail::bad("MODEL.SYNC_BN_CONFIG.GROUP_SIZE", std::to_string(group),
+                          "use a group size > 0, 0 for all ranks, or -1 for the ranks of a node");
+      s.sync_bn_group = group > 0    ? std::min(group, world)
+                        : group == 0 ? world
+                                     : std::min(c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE"), world);
+    }
+  });
+  problems.attempt([&] {
+    if (c.get<bool>("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"))
+      s.checkpoint_splits =
+          c.get<int>("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS");
+  });
+  const bool stage_ok = problems.attempt([&] {
+    // Stage (VISSL: OPTIMIZER.name zero or use_zero -> ZeRO-1; USE_SDP -> ZeRO-2; AUTO_SETUP_FSDP
+    // -> ZeRO-3).
+    const std::string opt_name = c.get<std::string>("OPTIMIZER.name");
+    const bool zero = opt_name == "zero" || c.get<bool>("OPTIMIZER.use_zero");
+    const bool sdp = c.get<bool>("MODEL.SHARDED_DDP_SETUP.USE_SDP");
+    const bool fsdp = c.get<bool>("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP");
+    if (sdp && fsdp)
+      throw detail::bad("MODEL.SHARDED_DDP_SETUP.USE_SDP", "True",
+                        "choose SDP or FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), not both");
+    s.parallel.stage = fsdp ? Stage::fsdp : sdp ? Stage::sdp : zero ? Stage::oss : Stage::ddp;
+  });
+  problems.attempt([&] {
+    const std::string opt_name = c.get<std::string>("OPTIMIZER.name");
+    s.optimizer =
+        detail::read_optimizer(c, opt_name == "zero" ? "OPTIMIZER.base_optimizer" : "OPTIMIZER");
+    s.regularize_bn = c.get<bool>("OPTIMIZER.regularize_bn");
+    s.regularize_bias = c.get<bool>("OPTIMIZER.regularize_bias");
+    for (const auto& [name, iters] : s.frozen)
+      if (iters > 0 && s.optimizer.kind != shardkit::optim::OptimizerKind::larc_sgd &&
+          s.optimizer.sgd.weight_decay != 0)
+        throw detail::bad("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", name,
+                          "freezing zeroes the gradient, which equals VISSL's skip only under LARC "
+                          "(no decay for a zero gradient) or without weight decay; set "
+                          "OPTIMIZER.use_larc True or weight_decay 0");
+  });
+  problems.attempt([&] {
+    if (!c.get<bool>("MODEL.FSDP_CONFIG.flatten_parameters"))
+      throw detail::bad("MODEL.FSDP_CONFIG.flatten_parameters", "False",
+                        "shardkit's FSDP units are always flat parameters; set True");
+    s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
+    s.parallel.fsdp.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
+    if (const double mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb"); mb > 0)
+      s.parallel.buckets.bucket_bytes = static_cast<std::size_t>(mb * (1 << 20));
+  });
+  if (stage_ok)
+    problems.attempt([&] {
+      // CPU offload as FairScale's FSDP takes it (VISSL passes these keys through): gradient shards
+      // to the CPU and the optimizer's state and step there; parameter shards too.
+      auto& offload = s.parallel.offload;
+      offload.params = c.get<bool>("MODEL.FSDP_CONFIG.move_params_to_cpu");
+      offload.optimizer = offload.params || c.get<bool>("MODEL.FSDP_CONFIG.move_grads_to_cpu");
+      if (offload.enabled() && s.parallel.stage != Stage::fsdp)
+        throw detail::bad(
+            offload.params ? "MODEL.FSDP_CONFIG.move_params_to_cpu"
+                           : "MODEL.FSDP_CONFIG.move_grads_to_cpu",
+            "True",
+            "CPU offload is an FSDP setting; set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True "
+            "as well");
+    });
+  if (stage_ok)
+    problems.attempt([&] {
+      // Precision (apex O1/O2 and PyTorch AMP keep f32 masters and scale the loss dynamically).
+      if (c.get<bool>("MODEL.AMP_PARAMS.USE_AMP")) {
+        const std::string level =
+            detail::value_as<std::string>(c.at("MODEL.AMP_PARAMS.AMP_ARGS")["opt_level"],
+                                          "MODEL.AMP_PARAMS.AMP_ARGS.opt_level", "O1 or O2");
+        if (level != "O1" && level != "O2")
+          throw detail::bad(
+              "MODEL.AMP_PARAMS.AMP_ARGS.opt_level", level,
+              "use O1 or O2 (f32 masters, f16 compute, dynamic loss scaling); O3 keeps "
+              "no f32 masters, which shardkit does not do");
+        const std::string dtype = c.get<std::string>("MODEL.AMP_PARAMS.COMPUTE_DTYPE");
+        if (dtype != "float16" && dtype != "bfloat16")
+          throw detail::bad("MODEL.AMP_PARAMS.COMPUTE_DTYPE", dtype, "use float16 or bfloat16");
+        s.parallel.precision =
+            shardkit::parallel::MixedPrecision::of(dtype == "float16" ? DType::f16 : DType::bf16);
+        if (s.parallel.stage == Stage::fsdp && c.get<bool>("MODEL.FSDP_CONFIG.fp32_reduce_scatter"))
+          s.parallel.precision.reduce_dtype = DType::f32;
+        s.loss_scaling = dtype == "float16";
+      }
+    });
   // Loss
-  if (c.get<std::string>("LOSS.name") != "swav_loss")
-    throw detail::bad("LOSS.name", c.get<std::string>("LOSS.name"),
-                      "this trainer trains swav_loss");
-  if (!c.get<bool>("LOSS.swav_loss.normalize_last_layer"))
-    throw detail::bad("LOSS.swav_loss.normalize_last_layer", "False",
-                      "the prototypes are always re-normalised after each step here");
-  s.loss.num_crops = s.crops.total_crops();
-  s.loss.crops_for_assign = c.get<std::vector<int>>("LOSS.swav_loss.crops_for_assign");
-  s.loss.temperature = c.get<double>("LOSS.swav_loss.temperature");
-  s.loss.epsilon = c.get<double>("LOSS.swav_loss.epsilon");
-  s.loss.num_iters = c.get<int>("LOSS.swav_loss.num_iters");
-  s.loss.use_double_precision = c.get<bool>("LOSS.swav_loss.use_double_precision");
-  s.loss.temp_hard_assignment_iters = c.get<int>("LOSS.swav_loss.temp_hard_assignment_iters");
-  s.loss.queue_start_iter = c.get<std::int64_t>("LOSS.swav_loss.queue.start_iter");
-  s.loss.local_queue_length = local_queue_length(
-      c.get<std::int64_t>("LOSS.swav_loss.queue.queue_length"), s.batch_size, world);
-  s.queue_length = s.loss.local_queue_length * world;
+  problems.attempt([&] {
+    if (c.get<std::string>("LOSS.name") != "swav_loss")
+      throw detail::bad("LOSS.name", c.get<std::string>("LOSS.name"),
+                        "this trainer trains swav_loss");
+    if (!c.get<bool>("LOSS.swav_loss.normalize_last_layer"))
+      throw detail::bad("LOSS.swav_loss.normalize_last_layer", "False",
+                        "the prototypes are always re-normalised after each step here");
+    s.loss.num_crops = s.crops.total_crops();
+    s.loss.crops_for_assign = c.get<std::vector<int>>("LOSS.swav_loss.crops_for_assign");
+    s.loss.temperature = c.get<double>("LOSS.swav_loss.temperature");
+    s.loss.epsilon = c.get<double>("LOSS.swav_loss.epsilon");
+    s.loss.num_iters = c.get<int>("LOSS.swav_loss.num_iters");
+    s.loss.use_double_precision = c.get<bool>("LOSS.swav_loss.use_double_precision");
+    s.loss.temp_hard_assignment_iters = c.get<int>("LOSS.swav_loss.temp_hard_assignment_iters");
+  });
+  if (batch_ok)
+    problems.attempt([&] {
+      s.loss.queue_start_iter = c.get<std::int64_t>("LOSS.swav_loss.queue.start_iter");
+      s.loss.local_queue_length = local_queue_length(
+          c.get<std::int64_t>("LOSS.swav_loss.queue.queue_length"), s.batch_size, world);
+      s.queue_length = s.loss.local_queue_length * world;
+    });
   // Optimizer, schedule
-  s.num_epochs = c.get<int>("OPTIMIZER.num_epochs");
-  if (s.num_epochs < 1)
-    throw detail::bad("OPTIMIZER.num_epochs", std::to_string(s.num_epochs), "must be >= 1");
-  s.lr = detail::read_lr(c, world, s.batch_size, c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE"),
-                         c.get<int>("DISTRIBUTED.NUM_NODES"));
-  s.ranks = configured_ranks(c);
+  problems.attempt([&] {
+    s.num_epochs = c.get<int>("OPTIMIZER.num_epochs");
+    if (s.num_epochs < 1)
+      throw detail::bad("OPTIMIZER.num_epochs", std::to_string(s.num_epochs), "must be >= 1");
+  });
+  problems.attempt([&] { s.ranks = configured_ranks(c); });
+  if (batch_ok)
+    problems.attempt([&] {
+      s.lr = detail::read_lr(c, world, s.batch_size, c.get<int>("DISTRIBUTED.NUM_PROC_PER_NODE"),
+                             c.get<int>("DISTRIBUTED.NUM_NODES"));
+    });
   // Checkpoints, evaluation, metrics
-  s.checkpoint_dir = c.get<std::string>("CHECKPOINT.DIR");
-  s.auto_resume = c.get<bool>("CHECKPOINT.AUTO_RESUME");
-  s.overwrite_existing = c.get<bool>("CHECKPOINT.OVERWRITE_EXISTING");
-  s.checkpoint_every_epochs = c.get<int>("CHECKPOINT.CHECKPOINT_FREQUENCY");
-  s.checkpoint_every_iters = c.get<std::int64_t>("CHECKPOINT.CHECKPOINT_ITER_FREQUENCY");
-  const std::string layout = c.get<std::string>("CHECKPOINT.LAYOUT");
-  if (layout != "sharded" && layout != "consolidated")
-    throw detail::bad("CHECKPOINT.LAYOUT", layout, "use sharded or consolidated");
-  s.consolidated = layout == "consolidated";
-  s.knn_topk = c.get<int>("NEAREST_NEIGHBOR.TOPK");
-  s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");
-  s.knn_every_epochs = c.get<int>("NEAREST_NEIGHBOR.FREQUENCY");
-  s.knn_features =
-      detail::read_feature_pools(c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
-                                 "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
-  s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
-  s.export_dir = c.get<std::string>("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS");
-  s.metrics_path = c.get<std::string>("METRICS.JSONL");
-  if (s.metrics_path.empty()) s.metrics_path = s.checkpoint_dir + "/metrics.jsonl";
-  s.max_iterations = c.get<std::int64_t>("MAX_ITERATIONS");
+  problems.attempt([&] {
+    s.checkpoint_dir = c.get<std::string>("CHECKPOINT.DIR");
+    s.auto_resume = c.get<bool>("CHECKPOINT.AUTO_RESUME");
+    s.overwrite_existing = c.get<bool>("CHECKPOINT.OVERWRITE_EXISTING");
+    s.checkpoint_every_epochs = c.get<int>("CHECKPOINT.CHECKPOINT_FREQUENCY");
+    s.checkpoint_every_iters = c.get<std::int64_t>("CHECKPOINT.CHECKPOINT_ITER_FREQUENCY");
+    const std::string layout = c.get<std::string>("CHECKPOINT.LAYOUT");
+    if (layout != "sharded" && layout != "consolidated")
+      throw detail::bad("CHECKPOINT.LAYOUT", layout, "use sharded or consolidated");
+    s.consolidated = layout == "consolidated";
+  });
+  problems.attempt([&] {
+    s.knn_topk = c.get<int>("NEAREST_NEIGHBOR.TOPK");
+    s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");
+    s.knn_every_epochs = c.get<int>("NEAREST_NEIGHBOR.FREQUENCY");
+    s.knn_features = detail::read_feature_pools(
+        c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
+        "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
+    s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
+    s.export_dir = c.get<std::string>("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS");
+  });
+  problems.attempt([&] {
+    s.metrics_path = c.get<std::string>("METRICS.JSONL");
+    if (s.metrics_path.empty()) s.metrics_path = s.checkpoint_dir + "/metrics.jsonl";
+    s.plot_metrics = c.get<bool>("METRICS.PLOT");
+    s.max_iterations = c.get<std::int64_t>("MAX_ITERATIONS");
+  });
+  problems.check();
   return s;
 }
 

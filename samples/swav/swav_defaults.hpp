@@ -176,6 +176,7 @@ NEAREST_NEIGHBOR:
   EXPORT_EMBEDDINGS: ""             # ours: a folder for train/test embeddings as safetensors
 METRICS:
   JSONL: ""                         # ours: metrics file (default: CHECKPOINT.DIR/metrics.jsonl)
+  PLOT: True                        # ours: its curves as a PNG beside it at the end (matplotlib)
 MAX_ITERATIONS: -1                  # ours: stop after this many iterations (-1: all epochs)
 )yaml";
 

@@ -65,6 +65,14 @@ struct RunReport {
   std::int64_t iterations = 0, start_iteration = 0;
   std::vector<double> losses;  // mean over ranks, per logged step
   double knn_init = -1, knn = -1, raw_knn = -1;
+  // Every kNN evaluation of the run: when (initial network, epoch N, ...) and each feature set's
+  // accuracy, in the order of knn_features (the first is the headline).
+  struct KnnRow {
+    std::string when;
+    std::vector<double> accuracy;
+  };
+  std::vector<KnnRow> knn_table;
+  std::vector<std::string> knn_features;
   // train_seconds: the training loop's wall time, of which paused_seconds went to its periodic
   // evaluations and checkpoints; images_per_second counts the rest (the steps) only.
   double train_seconds = 0, paused_seconds = 0, data_wait_seconds = 0, images_per_second = 0;
@@ -150,7 +158,7 @@ class SwavTrainer {
       report.resumed = true;
     } else {
       nlohmann::json by_layer;  // the network at initialisation
-      report.knn_init = evaluate(report, Evaluation::initial, by_layer);
+      report.knn_init = evaluate(report, Evaluation::initial, by_layer, "initial network");
       log_metrics(knn_metrics(
           {{"iteration", 0}, {"knn_init", report.knn_init}, {"raw_knn", report.raw_knn}},
           by_layer));
@@ -225,11 +233,16 @@ class SwavTrainer {
       if (!epoch_done) break;  // stopped by MAX_ITERATIONS inside the epoch
       if (c_.checkpoint_every_epochs > 0 && (epoch + 1) % c_.checkpoint_every_epochs == 0)
         pause([&] { save(epoch + 1, 0); });
+      // (the final evaluation below covers the run's last epoch, and one that MAX_ITERATIONS
+      // ended)
       if (c_.knn_every_epochs > 0 && (epoch + 1) % c_.knn_every_epochs == 0 &&
-          epoch + 1 < c_.num_epochs) {
+          epoch + 1 < c_.num_epochs && iteration_ < last) {
         nlohmann::json by_layer;
         double knn = 0;
-        pause([&] { knn = evaluate(report, Evaluation::periodic, by_layer); });
+        pause([&] {
+          knn = evaluate(report, Evaluation::periodic, by_layer,
+                         "epoch " + std::to_string(epoch + 1));
+        });
         say("epoch %lld: kNN top-1 %.2f%%\n", static_cast<long long>(epoch + 1), 100 * knn);
         log_metrics(
             knn_metrics({{"epoch", epoch + 1}, {"iteration", iteration_}, {"knn", knn}}, by_layer));
@@ -255,7 +268,10 @@ class SwavTrainer {
         memory.peak_of(MemoryCategory::communication) / 1e6,
         memory.peak_of(MemoryCategory::activations) / 1e6, memory.peak_total / 1e6);
     nlohmann::json by_layer;
-    report.knn = evaluate(report, Evaluation::final, by_layer);
+    const bool at_epoch_end = per_epoch > 0 && iteration_ > 0 && iteration_ % per_epoch == 0;
+    report.knn = evaluate(report, Evaluation::final, by_layer,
+                          at_epoch_end ? "epoch " + std::to_string(iteration_ / per_epoch)
+                                       : "iteration " + std::to_string(iteration_));
     log_metrics(knn_metrics(
         {{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}}, by_layer));
     report.fingerprint = fingerprint();
@@ -393,7 +409,10 @@ class SwavTrainer {
   // is the returned headline, every set's figure goes to by_layer); the queries are split over
   // the ranks and the counts summed. Also fills the raw-pixel figure once.
   enum class Evaluation { initial, periodic, final };
-  double evaluate(RunReport& report, Evaluation when, nlohmann::json& by_layer) {
+  // kNN accuracy of each feature set (the first returned), recorded in the report's table as
+  // `label`'s row.
+  double evaluate(RunReport& report, Evaluation when, nlohmann::json& by_layer,
+                  const std::string& label) {
     const bool final_eval = when == Evaluation::final;
     const auto& d = *data_;
     model_->eval();
@@ -427,6 +446,9 @@ class SwavTrainer {
           static_cast<long long>(bank[k].dim), 100 * knn[k], 100 * report.raw_knn);
       by_layer[c_.knn_features[k].layer] = knn[k];
     }
+    report.knn_table.push_back({label, knn});
+    if (report.knn_features.empty())
+      for (const auto& f : c_.knn_features) report.knn_features.push_back(f.text());
     if (final_eval && !c_.export_dir.empty() && comm_->rank() == 0) {
       std::filesystem::create_directories(c_.export_dir);
       sk::Context host;

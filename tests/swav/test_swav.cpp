@@ -752,6 +752,30 @@ TEST_CASE(
         std::string::npos);
   CHECK(problems.find("6. config.TEST_ONLY (= True): this trainer has no such setting") !=
         std::string::npos);
+  // The reader's own problems join the merge's, each part of the config read on its own.
+  const std::string both = config_problems(
+      tree_of({"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+               "config.LOSS.swav_loss.temperatur=0.1", "config.OPTIMIZER.num_epochs=0"}));
+  INFO(both);
+  CHECK(both.find("the config has 3 problems") == 0);
+  CHECK(both.find("1. unknown config key config.LOSS.swav_loss.temperatur (= 0.1); the nearest "
+                  "valid key is config.LOSS.swav_loss.temperature") != std::string::npos);
+  CHECK(both.find("2. config.DATA.TRAIN.DATA_SOURCES = [disk_folder]: this trainer reads") !=
+        std::string::npos);
+  CHECK(both.find("3. config.OPTIMIZER.num_epochs = 0: must be >= 1") != std::string::npos);
+  // A misspelt key inside a section whose other VISSL keys are ignorable is still a misspelling;
+  // a refused rank count and a crop-scale refusal join the report instead of ending it.
+  CHECK(config_problems(tree_of({"config.DATA.TEST.BATCHSIZE_PER_REPLCIA=64"}))
+            .find("the nearest valid key is config.DATA.TEST.BATCHSIZE_PER_REPLICA") !=
+        std::string::npos);
+  const std::string more = config_problems(tree_of(
+      {"config.DISTRIBUTED.NUM_NODES=0",
+       "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, "
+       "total_num_crops: 2, size_crops: [16], num_crops: [2], crop_scales: [[0.9, 0.2]]}]"}));
+  INFO(more);
+  CHECK(more.find("the config has 2 problems") == 0);
+  CHECK(more.find("crop_scales[0] = [0.9, 0.2]") != std::string::npos);
+  CHECK(more.find("config.DISTRIBUTED.NUM_NODES = 0: must be >= 1") != std::string::npos);
   // A key far from every valid one is not "nearest" to any: VISSL's meaning instead.
   CHECK(config_problems(tree_of({"config.MODEL.TRUNK.RESNETS.LAYER4_STRIDE=1"}))
             .find("VISSL's meaning: Stride of the last stage") != std::string::npos);
