@@ -90,22 +90,20 @@ def compare_mixed_precision(fixture, ours_f32_params, ours_bf16_params):
     print(f"relative difference of the parameter updates (L2): ours f32 vs torch f32 "
           f"{upd_f32_gap:.2e}; ours bf16 vs torch bf16 autocast {upd_cross:.2e}; vs f32: ours "
           f"bf16 {upd_ours_err:.2e}, torch bf16 {upd_torch_err:.2e}")
-    ok = True
-    if not f32_gap <= 1e-4:
-        print("FAIL: our f32 training steps differ from PyTorch's")
-        ok = False
-    if not cross <= 2 * max(ours_err, torch_err) + 1e-3:
-        print("FAIL: our bf16 steps are further from PyTorch's bf16 autocast than bf16 rounding explains")
-        ok = False
-    if not upd_f32_gap <= 1e-3:
-        print("FAIL: our f32 parameter updates differ from PyTorch's")
-        ok = False
-    if not upd_cross <= 2 * max(upd_ours_err, upd_torch_err) + 1e-3:
-        print("FAIL: our bf16 updates are further from PyTorch's bf16 autocast than bf16 rounding explains")
-        ok = False
-    if not ours_err <= 0.05:
-        print("FAIL: our bf16 losses are more than 5% from f32")
-        ok = False
+    # (each bound with what its failure means)
+    checks = [
+        (f32_gap <= 1e-4, "our f32 training steps differ from PyTorch's"),
+        (cross <= 2 * max(ours_err, torch_err) + 1e-3,
+         "our bf16 steps are further from PyTorch's bf16 autocast than bf16 rounding explains"),
+        (upd_f32_gap <= 1e-3, "our f32 parameter updates differ from PyTorch's"),
+        (upd_cross <= 2 * max(upd_ours_err, upd_torch_err) + 1e-3,
+         "our bf16 updates are further from PyTorch's bf16 autocast than bf16 rounding explains"),
+        (ours_err <= 0.05, "our bf16 losses are more than 5% from f32"),
+    ]
+    for held, failure in checks:
+        if not held:
+            print("FAIL: " + failure)
+    ok = all(held for held, _ in checks)
     return ok
 
 

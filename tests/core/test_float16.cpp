@@ -18,28 +18,23 @@ namespace sk = shardkit;
 
 namespace {
 
-// Value of a binary16 pattern from its fields, computed independently in double.
-double half_reference(std::uint16_t h) {
-  const int sign = (h & 0x8000) ? -1 : 1;
-  const int exponent = (h >> 10) & 0x1f;
-  const int mantissa = h & 0x3ff;
-  if (exponent == 0x1f)
+// Value of a 16-bit float pattern (a sign bit, `exponent_bits` of exponent, the rest mantissa)
+// from its fields, computed independently in double: binary16 has 5 exponent bits, bfloat16 8.
+double reference_value(std::uint16_t bits, int exponent_bits) {
+  const int mantissa_bits = 15 - exponent_bits;
+  const int bias = (1 << (exponent_bits - 1)) - 1;
+  const int all_ones = (1 << exponent_bits) - 1;
+  const int sign = (bits & 0x8000) ? -1 : 1;
+  const int exponent = (bits >> mantissa_bits) & all_ones;
+  const int mantissa = bits & ((1 << mantissa_bits) - 1);
+  if (exponent == all_ones)
     return mantissa ? std::numeric_limits<double>::quiet_NaN()
                     : sign * std::numeric_limits<double>::infinity();
-  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
-  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+  if (exponent == 0) return sign * std::ldexp(mantissa, 1 - bias - mantissa_bits);
+  return sign * std::ldexp((1 << mantissa_bits) + mantissa, exponent - bias - mantissa_bits);
 }
-
-double bf16_reference(std::uint16_t b) {
-  const int sign = (b & 0x8000) ? -1 : 1;
-  const int exponent = (b >> 7) & 0xff;
-  const int mantissa = b & 0x7f;
-  if (exponent == 0xff)
-    return mantissa ? std::numeric_limits<double>::quiet_NaN()
-                    : sign * std::numeric_limits<double>::infinity();
-  if (exponent == 0) return sign * std::ldexp(mantissa, -133);
-  return sign * std::ldexp(128 + mantissa, exponent - 134);
-}
+double half_reference(std::uint16_t h) { return reference_value(h, 5); }
+double bf16_reference(std::uint16_t b) { return reference_value(b, 8); }
 
 }  // namespace
 

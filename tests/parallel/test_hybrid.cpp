@@ -110,6 +110,23 @@ void train_steps(sk::parallel::Engine& engine, sk::Context& ctx, int world_rank,
   }
 }
 
+// Options with buckets small enough that dp_test's model spans several (flat partitions).
+sk::parallel::ParallelOptions small_buckets(Stage stage) {
+  sk::parallel::ParallelOptions options;
+  options.stage = stage;
+  options.buckets.bucket_bytes = 2048;
+  return options;
+}
+
+// Engine `E` over `params`, on `mesh` when there is one, else on the whole world.
+template <class E, class Params>
+std::unique_ptr<E> make_engine(sk::Context& ctx, sk::comm::Communicator& world, HybridMesh* mesh,
+                               const Params& params, const sk::optim::OptimizerConfig& config,
+                               const sk::parallel::ParallelOptions& options) {
+  return mesh != nullptr ? std::make_unique<E>(ctx, *mesh, params, config, options)
+                         : std::make_unique<E>(ctx, world, params, config, options);
+}
+
 struct HybridResult {
   std::vector<std::vector<float>> params;  // per world rank
   std::vector<sk::MemorySnapshot> memory;  // per world rank, after the last step
@@ -144,12 +161,8 @@ HybridResult train_hybrid(const HybridRun& run) {
       units[1].name = "back";
       for (std::size_t i = 0; i < specs.size(); ++i)
         units[i < 3 ? 0 : 1].params.push_back(specs[i]);
-      sk::parallel::ParallelOptions options;
-      options.stage = Stage::fsdp;
-      options.buckets.bucket_bytes = 2048;
-      std::unique_ptr<FsdpEngine> engine =
-          mesh ? std::make_unique<FsdpEngine>(ctx, *mesh, units, config, options)
-               : std::make_unique<FsdpEngine>(ctx, world, units, config, options);
+      auto engine = make_engine<FsdpEngine>(ctx, world, mesh.get(), units, config,
+                                            small_buckets(Stage::fsdp));
       engine->set_full_params(fill);
       train_steps(*engine, ctx, world.rank(), run);
       out.memory[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
@@ -160,13 +173,8 @@ HybridResult train_hybrid(const HybridRun& run) {
       }
       shard = &engine->communicator();
     } else {
-      sk::parallel::ParallelOptions options;
-      options.stage = run.stage;
-      options.partition = PartitionKind::flat;
-      options.buckets.bucket_bytes = 2048;
-      std::unique_ptr<DataParallel> dp =
-          mesh ? std::make_unique<DataParallel>(ctx, *mesh, specs, config, options)
-               : std::make_unique<DataParallel>(ctx, world, specs, config, options);
+      auto dp = make_engine<DataParallel>(ctx, world, mesh.get(), specs, config,
+                                          small_buckets(run.stage));
       dp->set_full_params(fill);
       train_steps(*dp, ctx, world.rank(), run);
       values = all_params(*dp, ctx);
