@@ -210,8 +210,6 @@ class ConfigTree {
   // The problems the merged files and overrides had (unknown keys, wrong types): the reader
   // reports them first, with its own (the merge kept the defaults in their place).
   const std::vector<std::string>& problems() const { return problems_; }
-  // Throws them, as ConfigProblems::check() does.
-  void check() const { ConfigProblems(problems_).check(); }
   // VISSL's keys that were given and are accepted without effect here, in the order met.
   const std::vector<std::string>& ignored() const { return ignored_; }
 
