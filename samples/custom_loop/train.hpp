@@ -89,7 +89,7 @@ inline void batch_images(const sk::data::ImageDataset& data,
   batch.labels.resize(count);
   for (std::size_t r = 0; r < count; ++r) {
     const auto index = indices[first + r];
-    const std::uint8_t* image = data.image(index);
+    const std::uint8_t* image = data.image(index).pixels;
     float* row = batch.pixels.data() + r * static_cast<std::size_t>(pixels);
     for (std::int64_t p = 0; p < pixels; ++p) row[p] = (image[p] / 255.0f - 0.2860f) / 0.3530f;
     batch.labels[r] = data.labels[static_cast<std::size_t>(index)];

@@ -14,15 +14,15 @@
 #include <vector>
 
 #include "multicrop.hpp"
-#include "shardkit/data/fashion_mnist.hpp"
+#include "shardkit/data/image_dataset.hpp"
 
 namespace swav {
 
 struct MultiCropBatch {
   std::int64_t number = 0;           // batch number within the epoch
   std::vector<std::int64_t> images;  // dataset indices
-  // Per size group: [num_crops[g] x B, side, side], crop-major (all images' first crop, then
-  // their second, ...), as SwAV stacks crops of one size through the trunk.
+  // Per size group: [num_crops[g] x B, channels, side, side], crop-major (all images' first crop,
+  // then their second, ...), as SwAV stacks crops of one size through the trunk.
   std::vector<std::vector<float>> groups;
 };
 
@@ -110,19 +110,21 @@ class MultiCropLoader {
     batch.number = first_batch_ + n;
     batch.images.assign(indices_.begin() + n * batch_size_,
                         indices_.begin() + (n + 1) * batch_size_);
-    const std::int64_t rows = data_->rows, cols = data_->cols;
+    const std::int64_t channels = data_->channels;
     batch.groups.resize(config_.num_crops.size());
     for (std::size_t g = 0; g < config_.num_crops.size(); ++g)
-      batch.groups[g].resize(static_cast<std::size_t>(
-          config_.num_crops[g] * batch_size_ * config_.size_crops[g] * config_.size_crops[g]));
+      batch.groups[g].resize(static_cast<std::size_t>(config_.num_crops[g] * batch_size_ *
+                                                      channels * config_.size_crops[g] *
+                                                      config_.size_crops[g]));
     int crop = 0;
     for (std::size_t g = 0; g < config_.num_crops.size(); ++g) {
-      const std::int64_t area = std::int64_t{config_.size_crops[g]} * config_.size_crops[g];
+      const std::int64_t crop_size =
+          channels * std::int64_t{config_.size_crops[g]} * config_.size_crops[g];
       for (int c = 0; c < config_.num_crops[g]; ++c, ++crop)
         for (std::int64_t i = 0; i < batch_size_; ++i) {
           const std::int64_t image = batch.images[static_cast<std::size_t>(i)];
-          make_crop(config_, seed_, epoch_, image, crop, data_->image(image), rows, cols,
-                    batch.groups[g].data() + (c * batch_size_ + i) * area);
+          make_crop(config_, seed_, epoch_, image, crop, data_->image(image),
+                    batch.groups[g].data() + (c * batch_size_ + i) * crop_size);
         }
     }
     return batch;

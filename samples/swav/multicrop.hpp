@@ -1,8 +1,8 @@
-// Multi-crop augmentation of grayscale images (docs/swav.md, "Data"): VISSL's
-// ImgPilToMultiCrop -> RandomHorizontalFlip -> ImgPilColorDistortion -> ImgPilGaussianBlur ->
-// ToTensor -> Normalize, for one-channel images. Every random draw of crop c of image i in
-// epoch e comes from a Philox stream keyed by (seed, epoch, image, crop), so a crop does not
-// depend on the thread that makes it or on where a run resumed.
+// Multi-crop augmentation (docs/swav.md, "Data"): VISSL's ImgPilToMultiCrop ->
+// RandomHorizontalFlip -> ImgPilColorDistortion -> ImgPilGaussianBlur -> ToTensor -> Normalize,
+// for grey (one-channel) and RGB images. Every random draw of crop c of image i in epoch e comes
+// from a Philox stream keyed by (seed, epoch, image, crop), so a crop does not depend on the
+// thread that makes it or on where a run resumed.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/philox.hpp"
+#include "shardkit/data/image_dataset.hpp"
 
 namespace swav {
 
@@ -29,7 +30,8 @@ struct MultiCropConfig {
   double color_p = 0.8;         // probability of the jitter (VISSL: 0.8)
   double blur_p = 0.5;          // ImgPilGaussianBlur
   double blur_radius_min = 0.1, blur_radius_max = 2.0;
-  double mean = 0.2860, std = 0.3530;  // Fashion-MNIST's pixel statistics in [0, 1]
+  // Normalize: one mean and std per channel (Fashion-MNIST's pixel statistics in [0, 1]).
+  std::vector<double> mean{0.2860}, std{0.3530};
 
   int total_crops() const {
     int n = 0;
@@ -59,7 +61,9 @@ struct MultiCropConfig {
           "ImgPilToMultiCrop: crop_scales[", g, "] = [", crop_scales[g][0], ", ", crop_scales[g][1],
           "] must satisfy 0 < min <= max <= 1");
     }
-    sk::check(std > 0, "Normalize: std ", std, " must be positive");
+    sk::check(!mean.empty() && mean.size() == std.size(), "Normalize: mean has ", mean.size(),
+              " entries and std ", std.size(), "; give one of each per channel");
+    for (double s : std) sk::check(s > 0, "Normalize: std ", s, " must be positive");
     sk::check(blur_radius_min > 0 && blur_radius_min <= blur_radius_max,
               "ImgPilGaussianBlur: radius_min ", blur_radius_min, " and radius_max ",
               blur_radius_max, " must satisfy 0 < min <= max");
@@ -130,10 +134,11 @@ inline CropBox random_resized_box(CropRandom& rng, std::int64_t rows, std::int64
   return {(rows - h) / 2, (cols - w) / 2, h, w};
 }
 
-// Bilinear resize of the box to side x side, half-pixel centres (align_corners = False).
-inline void resize_box(const std::uint8_t* image, std::int64_t cols, const CropBox& box, int side,
-                       float* out) {
+// Bilinear resize of the box to side x side, half-pixel centres (align_corners = False), each
+// channel of the interleaved image into its own plane of `out` (CHW).
+inline void resize_box(const sk::data::ImageView& image, const CropBox& box, int side, float* out) {
   const double sy = double(box.height) / side, sx = double(box.width) / side;
+  const std::int64_t channels = image.channels, cols = image.cols;
   for (int y = 0; y < side; ++y) {
     const double fy = std::clamp((y + 0.5) * sy - 0.5, 0.0, double(box.height - 1));
     const auto y0 = static_cast<std::int64_t>(fy);
@@ -144,14 +149,29 @@ inline void resize_box(const std::uint8_t* image, std::int64_t cols, const CropB
       const auto x0 = static_cast<std::int64_t>(fx);
       const std::int64_t x1 = std::min(x0 + 1, box.width - 1);
       const double wx = fx - double(x0);
-      auto at = [&](std::int64_t r, std::int64_t c) {
-        return double(image[(box.top + r) * cols + box.left + c]) / 255.0;
-      };
-      const double top = at(y0, x0) * (1 - wx) + at(y0, x1) * wx;
-      const double bottom = at(y1, x0) * (1 - wx) + at(y1, x1) * wx;
-      out[y * side + x] = static_cast<float>(top * (1 - wy) + bottom * wy);
+      for (std::int64_t ch = 0; ch < channels; ++ch) {
+        auto at = [&](std::int64_t r, std::int64_t c) {
+          return double(image.pixels[((box.top + r) * cols + box.left + c) * channels + ch]) /
+                 255.0;
+        };
+        const double top = at(y0, x0) * (1 - wx) + at(y0, x1) * wx;
+        const double bottom = at(y1, x0) * (1 - wx) + at(y1, x1) * wx;
+        out[(ch * side + y) * side + x] = static_cast<float>(top * (1 - wy) + bottom * wy);
+      }
     }
   }
+}
+
+// The whole image resized to side x side and normalised, CHW: what the kNN evaluation reads.
+inline void whole_image(const MultiCropConfig& config, const sk::data::ImageView& image, int side,
+                        float* out) {
+  resize_box(image, CropBox{0, 0, image.rows, image.cols}, side, out);
+  const std::int64_t area = std::int64_t{side} * side;
+  for (std::int64_t ch = 0; ch < image.channels; ++ch)
+    for (std::int64_t k = 0; k < area; ++k)
+      out[ch * area + k] =
+          static_cast<float>((out[ch * area + k] - config.mean[static_cast<std::size_t>(ch)]) /
+                             config.std[static_cast<std::size_t>(ch)]);
 }
 
 // Separable Gaussian blur of standard deviation sigma (PIL's radius), edges clamped.
@@ -179,21 +199,87 @@ inline void gaussian_blur(float* pixels, int side, double sigma) {
   }
 }
 
-// Crop `crop` of `image` (u8, rows x cols) in `epoch`, written normalised into `out`
-// (side x side of the crop's size group).
-inline void make_crop(const MultiCropConfig& config, std::uint64_t seed, std::int64_t epoch,
-                      std::int64_t image_index, int crop, const std::uint8_t* image,
-                      std::int64_t rows, std::int64_t cols, float* out) {
-  CropRandom rng(seed, epoch, image_index, crop);
-  const std::size_t group = config.group_of(crop);
-  const int side = config.size_crops[group];
-  const CropBox box = random_resized_box(rng, rows, cols, config.crop_scales[group]);
-  resize_box(image, cols, box, side, out);
-  const std::span<float> px(out, static_cast<std::size_t>(side * side));
-  if (rng.uniform() < config.flip_p)
-    for (int y = 0; y < side; ++y) std::reverse(out + y * side, out + (y + 1) * side);
-  // Colour distortion of a grayscale image: brightness and contrast jitter (saturation and hue
-  // have nothing to change, grayscale conversion neither), in a random order.
+// Colour distortion of an RGB crop (planes r, g, b of `area` values in [0, 1]): VISSL's
+// ImgPilColorDistortion, torchvision's ColorJitter(0.8 s, 0.8 s, 0.8 s, 0.2 s) applied with
+// probability color_p -- brightness, contrast, saturation and hue factors, applied in a random
+// order -- then RandomGrayscale with probability 0.2.
+class RgbJitter {
+ public:
+  RgbJitter(float* planes, std::int64_t area) : planes_(planes), area_(area) {}
+
+  void apply(const MultiCropConfig& config, CropRandom& rng) {
+    const double jitter = 0.8 * config.color_strength;
+    if (config.color_strength > 0 && rng.uniform() < config.color_p) {
+      const double brightness = rng.uniform(std::max(0.0, 1 - jitter), 1 + jitter);
+      const double contrast = rng.uniform(std::max(0.0, 1 - jitter), 1 + jitter);
+      const double saturation = rng.uniform(std::max(0.0, 1 - jitter), 1 + jitter);
+      const double hue = rng.uniform(-0.2 * config.color_strength, 0.2 * config.color_strength);
+      std::array<int, 4> order{0, 1, 2, 3};  // torch.randperm(4): a uniform permutation
+      for (int i = 3; i > 0; --i) std::swap(order[i], order[rng.integer(0, i + 1)]);
+      for (int op : order) {
+        if (op == 0) blend_with(0.0, brightness);
+        if (op == 1) blend_with(grey_mean(), contrast);
+        if (op == 2) blend_with_grey(saturation);
+        if (op == 3) shift_hue(hue);
+      }
+    }
+    if (config.color_strength > 0 && rng.uniform() < 0.2) to_grey();
+  }
+
+ private:
+  float& at(int c, std::int64_t k) { return planes_[c * area_ + k]; }
+  // ITU-R 601-2 luma, as PIL's convert("L") and torchvision's rgb_to_grayscale.
+  double luma(std::int64_t k) { return 0.299 * at(0, k) + 0.587 * at(1, k) + 0.114 * at(2, k); }
+  static float clamp01(double v) { return static_cast<float>(std::clamp(v, 0.0, 1.0)); }
+  double grey_mean() {
+    double sum = 0;
+    for (std::int64_t k = 0; k < area_; ++k) sum += luma(k);
+    return sum / double(area_);
+  }
+  // torchvision's _blend: factor x image + (1 - factor) x other.
+  void blend_with(double other, double factor) {
+    for (int c = 0; c < 3; ++c)
+      for (std::int64_t k = 0; k < area_; ++k)
+        at(c, k) = clamp01(factor * at(c, k) + (1 - factor) * other);
+  }
+  void blend_with_grey(double factor) {
+    for (std::int64_t k = 0; k < area_; ++k) {
+      const double grey = luma(k);
+      for (int c = 0; c < 3; ++c) at(c, k) = clamp01(factor * at(c, k) + (1 - factor) * grey);
+    }
+  }
+  void to_grey() {
+    for (std::int64_t k = 0; k < area_; ++k) {
+      const float grey = clamp01(luma(k));
+      at(0, k) = at(1, k) = at(2, k) = grey;
+    }
+  }
+  // The hue turned by `shift` of a full turn: RGB -> HSV, h + shift mod 1, HSV -> RGB.
+  void shift_hue(double shift) {
+    for (std::int64_t k = 0; k < area_; ++k) {
+      const double r = at(0, k), g = at(1, k), b = at(2, k);
+      const double max = std::max({r, g, b}), min = std::min({r, g, b}), delta = max - min;
+      if (delta <= 0) continue;  // grey: no hue to turn
+      double h = max == r ? (g - b) / delta : max == g ? 2 + (b - r) / delta : 4 + (r - g) / delta;
+      h = h / 6 + shift;
+      h -= std::floor(h);
+      const double s = delta / max, v = max;
+      const double sector = h * 6;
+      const int i = static_cast<int>(sector) % 6;
+      const double f = sector - std::floor(sector);
+      const double p = v * (1 - s), q = v * (1 - s * f), t = v * (1 - s * (1 - f));
+      const double rgb[6][3] = {{v, t, p}, {q, v, p}, {p, v, t}, {p, q, v}, {t, p, v}, {v, p, q}};
+      for (int c = 0; c < 3; ++c) at(c, k) = clamp01(rgb[i][c]);
+    }
+  }
+
+  float* planes_;
+  std::int64_t area_;
+};
+
+// Colour distortion of a grey crop: brightness and contrast jitter (saturation and hue have
+// nothing to change, grayscale conversion neither), in a random order.
+inline void grey_jitter(const MultiCropConfig& config, CropRandom& rng, std::span<float> px) {
   const double jitter = 0.8 * config.color_strength;
   if (config.color_strength > 0 && rng.uniform() < config.color_p) {
     const double brightness = rng.uniform(std::max(0.0, 1 - jitter), 1 + jitter);
@@ -217,9 +303,42 @@ inline void make_crop(const MultiCropConfig& config, std::uint64_t seed, std::in
       apply_brightness();
     }
   }
-  if (rng.uniform() < config.blur_p)
-    gaussian_blur(out, side, rng.uniform(config.blur_radius_min, config.blur_radius_max));
-  for (float& v : px) v = static_cast<float>((v - config.mean) / config.std);
+}
+
+// Crop `crop` of `image` in `epoch`, written normalised into `out`: channels x side x side
+// (CHW) of the crop's size group.
+inline void make_crop(const MultiCropConfig& config, std::uint64_t seed, std::int64_t epoch,
+                      std::int64_t image_index, int crop, const sk::data::ImageView& image,
+                      float* out) {
+  sk::check(image.channels == 1 || image.channels == 3, "multi-crop: images have ", image.channels,
+            " channels; grey (1) or RGB (3) are read");
+  sk::check(static_cast<std::int64_t>(config.mean.size()) == image.channels,
+            "Normalize: mean and std have ", config.mean.size(), " entries but the images have ",
+            image.channels, " channels; give one per channel");
+  CropRandom rng(seed, epoch, image_index, crop);
+  const std::size_t group = config.group_of(crop);
+  const int side = config.size_crops[group];
+  const std::int64_t area = std::int64_t{side} * side;
+  const CropBox box = random_resized_box(rng, image.rows, image.cols, config.crop_scales[group]);
+  resize_box(image, box, side, out);
+  const std::span<float> px(out, static_cast<std::size_t>(image.channels * area));
+  if (rng.uniform() < config.flip_p)
+    for (std::int64_t row = 0; row < image.channels * side; ++row)
+      std::reverse(out + row * side, out + (row + 1) * side);
+  if (image.channels == 1)
+    grey_jitter(config, rng, px);
+  else
+    RgbJitter(out, area).apply(config, rng);
+  if (rng.uniform() < config.blur_p) {
+    const double sigma = rng.uniform(config.blur_radius_min, config.blur_radius_max);
+    for (std::int64_t ch = 0; ch < image.channels; ++ch)
+      gaussian_blur(out + ch * area, side, sigma);
+  }
+  for (std::int64_t ch = 0; ch < image.channels; ++ch)
+    for (std::int64_t k = 0; k < area; ++k)
+      out[ch * area + k] =
+          static_cast<float>((out[ch * area + k] - config.mean[static_cast<std::size_t>(ch)]) /
+                             config.std[static_cast<std::size_t>(ch)]);
 }
 
 }  // namespace swav

@@ -10,6 +10,7 @@
 // rank. The GPU is used when the build has CUDA and the machine has one (MACHINE.DEVICE auto),
 // or when asked (gpu). docs/swav.md has the details.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -114,12 +115,12 @@ int main(int argc, char** argv) {
         world = swav::configured_ranks(tree);
       } catch (const swav::ConfigError&) {
       }
-    const auto config = swav::read_swav_config(tree, world);
+    auto config = swav::read_swav_config(tree, world);
     const bool gpu = use_gpu(config);
     const bool lead = !launched || launch.rank == 0;
     if (lead)
       std::printf(
-          "SwAV on Fashion-MNIST: ResNet-%d (%lld base channels), %d x crops, %d ranks (%s, "
+          "SwAV: ResNet-%d (%lld base channels), %d x crops, %d ranks (%s, "
           "%s, CPU threads per rank: %d, SHARDKIT_NUM_THREADS or the cores split between local "
           "ranks), "
           "stage %s, %s%s, %d epochs\n",
@@ -137,7 +138,12 @@ int main(int argc, char** argv) {
       for (const auto& key : tree.ignored()) keys += (keys.empty() ? "" : ", ") + key;
       std::printf("config: VISSL keys without effect in this trainer, ignored: %s\n", keys.c_str());
     }
-    const auto data = swav::load_datasets(config);
+    const auto load_start = std::chrono::steady_clock::now();
+    const auto data = swav::load_datasets(config);  // sets the network's input channels
+    if (lead)
+      std::printf(
+          "data: %s; read in %.1f s\n", data.description.c_str(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
     swav::RunReport report;
 #if SK_WITH_CUDA
     if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);

@@ -22,19 +22,30 @@
 
 namespace swav {
 
+// Where one split's images come from (DATA.TRAIN / DATA.TEST: DATA_SOURCES, DATA_PATHS,
+// DATA_LIMIT and the synthetic source's keys).
+struct DataSource {
+  std::string kind = "fashion_mnist";  // fashion_mnist | disk_folder | synthetic
+  std::string path;                    // fashion_mnist: the .gz files' folder; disk_folder: root
+  std::int64_t limit = -1;             // DATA_LIMIT; synthetic: the number of images
+  std::uint64_t sampling_seed = 0;     // disk_folder: DATA_LIMIT_SAMPLING.SEED (the file order)
+  std::int64_t synthetic_classes = 0;  // RANDOM_SYNTHETIC_LABELS
+  std::int64_t synthetic_side = 32;    // DEFAULT_GRAY_IMG_SIZE
+};
+
 struct SwavConfig {
   std::uint64_t seed = 0;
   int log_frequency = 10;
   std::string device = "auto";
   // Data
-  std::string train_dir, test_dir;
-  std::int64_t train_limit = -1, test_limit = -1;
+  DataSource train_data, test_data;
   std::int64_t batch_size = 32, test_batch_size = 256;
   int workers = 2;
   MultiCropConfig crops;
   // Model
   int depth = 18;
   std::int64_t base_channels = 16;
+  std::int64_t in_channels = 1;  // the images' channels (load_datasets sets it from the data)
   bool small_image_stem = true, zero_init_residual = false;
   std::int64_t head_in = 128, head_hidden = 128, embedding_dim = 64, prototypes = 100;
   bool head_bn = true;
@@ -98,7 +109,7 @@ inline MultiCropConfig read_transforms(const ConfigTree& c) {
   bool multicrop = false;
   const YAML::Node list = c.at("DATA.TRAIN.TRANSFORMS");
   std::vector<std::string> seen;
-  // Transforms this trainer applies to one-channel images, and the keys each may carry.
+  // Transforms this trainer applies (to grey and RGB images), and the keys each may carry.
   const std::vector<std::pair<std::string, std::vector<std::string>>> known{
       {"ImgPilToMultiCrop", {"total_num_crops", "size_crops", "num_crops", "crop_scales"}},
       {"RandomHorizontalFlip", {"p"}},
@@ -152,13 +163,14 @@ inline MultiCropConfig read_transforms(const ConfigTree& c) {
         if (t["radius_min"]) m.blur_radius_min = t["radius_min"].as<double>();
         if (t["radius_max"]) m.blur_radius_max = t["radius_max"].as<double>();
       } else if (name == "Normalize") {
-        const auto mean = t["mean"].as<std::vector<double>>();
-        const auto std = t["std"].as<std::vector<double>>();
-        if (mean.size() != 1 || std.size() != 1)
+        // One entry per channel of the images (checked against them when they are loaded).
+        m.mean = t["mean"].as<std::vector<double>>();
+        m.std = t["std"].as<std::vector<double>>();
+        if (m.mean.size() != m.std.size() || (m.mean.size() != 1 && m.mean.size() != 3))
           throw bad(where, ::swav::detail::text_of(t),
-                    "Fashion-MNIST has one channel: give one mean and one std");
-        m.mean = mean[0];
-        m.std = std[0];
+                    "give one mean and one std per channel: 1 for grey images (Fashion-MNIST: "
+                    "[0.2860], [0.3530]), 3 for RGB (ImageNet: [0.485, 0.456, 0.406], "
+                    "[0.229, 0.224, 0.225])");
       }
     } catch (const YAML::Exception& e) {
       throw bad(where, ::swav::detail::text_of(t),
@@ -386,19 +398,37 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
   for (const char* split : {"TRAIN", "TEST"}) {
     problems.attempt([&] {
       const std::string k = std::string("DATA.") + split;
+      DataSource& source = split == std::string("TRAIN") ? s.train_data : s.test_data;
       const auto sources = c.get<std::vector<std::string>>(k + ".DATA_SOURCES");
-      if (sources != std::vector<std::string>{"fashion_mnist"})
+      if (sources.size() != 1 || (sources[0] != "fashion_mnist" && sources[0] != "disk_folder" &&
+                                  sources[0] != "synthetic"))
         throw detail::bad(k + ".DATA_SOURCES", detail::text_of(c.at(k + ".DATA_SOURCES")),
-                          "this trainer reads [fashion_mnist] (Debian's dataset-fashion-mnist)");
+                          "give one source: [fashion_mnist] (Debian's dataset-fashion-mnist), "
+                          "[disk_folder] (a folder of class subfolders of JPEG/PNG images) or "
+                          "[synthetic] (generated images)");
+      source.kind = sources[0];
       const auto paths = c.get<std::vector<std::string>>(k + ".DATA_PATHS");
-      if (paths.size() != 1)
+      if (source.kind != "synthetic" && paths.size() != 1)
         throw detail::bad(k + ".DATA_PATHS", detail::text_of(c.at(k + ".DATA_PATHS")),
-                          "give one folder holding the Fashion-MNIST .gz files");
-      if (!c.get<bool>(k + ".USE_STATEFUL_DISTRIBUTED_SAMPLER"))
-        throw detail::bad(k + ".USE_STATEFUL_DISTRIBUTED_SAMPLER", "False",
-                          "this trainer always uses VISSL's stateful sampler (it makes resuming "
-                          "mid-epoch exact); set True");
-      (split == std::string("TRAIN") ? s.train_dir : s.test_dir) = paths[0];
+                          source.kind == "disk_folder"
+                              ? "give one folder holding a subfolder of images per class"
+                              : "give one folder holding the Fashion-MNIST .gz files");
+      if (!paths.empty()) source.path = paths[0];
+      source.limit = c.get<std::int64_t>(k + ".DATA_LIMIT");
+      source.sampling_seed = c.get<std::uint64_t>(k + ".DATA_LIMIT_SAMPLING.SEED");
+      // VISSL's synthetic source reads the train split's label count for both splits.
+      source.synthetic_classes = c.get<std::int64_t>("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS");
+      source.synthetic_side = c.get<std::int64_t>(k + ".DEFAULT_GRAY_IMG_SIZE");
+      if (source.kind == "synthetic" && source.limit < 1)
+        throw detail::bad(k + ".DATA_LIMIT", std::to_string(source.limit),
+                          "the synthetic source makes DATA_LIMIT images: set it >= 1");
+      if (source.kind == "synthetic" && (source.synthetic_side < 4 || source.synthetic_side > 1024))
+        throw detail::bad(k + ".DEFAULT_GRAY_IMG_SIZE", std::to_string(source.synthetic_side),
+                          "the synthetic images' side: 4 .. 1024");
+      if (source.synthetic_classes < 0 || source.synthetic_classes > 256)
+        throw detail::bad("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS",
+                          std::to_string(source.synthetic_classes),
+                          "0 (every label 0) .. 256 labels");
     });
   }
   const bool batch_ok = problems.attempt([&] {
@@ -408,8 +438,6 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
                         "must be >= 1");
   });
   problems.attempt([&] {
-    s.train_limit = c.get<std::int64_t>("DATA.TRAIN.DATA_LIMIT");
-    s.test_limit = c.get<std::int64_t>("DATA.TEST.DATA_LIMIT");
     s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA");
     if (!c.get<bool>("DATA.TRAIN.DROP_LAST"))
       throw detail::bad("DATA.TRAIN.DROP_LAST", "False",

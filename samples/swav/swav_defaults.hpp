@@ -14,9 +14,13 @@ MACHINE:
 DATA:
   NUM_DATALOADER_WORKERS: 2         # per rank
   TRAIN:
-    DATA_SOURCES: [fashion_mnist]
+    DATA_SOURCES: [fashion_mnist]     # fashion_mnist | disk_folder | synthetic
     DATA_PATHS: [/usr/share/datasets/fashion-mnist]
     DATA_LIMIT: -1
+    DATA_LIMIT_SAMPLING:
+      SEED: 0                       # disk_folder: the seed of the fixed shuffle of its files
+    RANDOM_SYNTHETIC_LABELS: 0      # synthetic: labels i % N (0: all 0); both splits read this one
+    DEFAULT_GRAY_IMG_SIZE: 224      # synthetic: the images' side
     BATCHSIZE_PER_REPLICA: 32
     DROP_LAST: True
     USE_STATEFUL_DISTRIBUTED_SAMPLER: True
@@ -43,6 +47,9 @@ DATA:
     DATA_SOURCES: [fashion_mnist]
     DATA_PATHS: [/usr/share/datasets/fashion-mnist]
     DATA_LIMIT: -1
+    DATA_LIMIT_SAMPLING:
+      SEED: 0
+    DEFAULT_GRAY_IMG_SIZE: 224
     BATCHSIZE_PER_REPLICA: 256
     USE_STATEFUL_DISTRIBUTED_SAMPLER: True
 MODEL:

@@ -58,7 +58,7 @@ class SwavModel : public nn::Module {
     o.num_classes = 0;
     o.small_image_stem = c.small_image_stem;
     o.base_channels = c.base_channels;
-    o.in_channels = 1;
+    o.in_channels = c.in_channels;
     o.zero_init_residual = c.zero_init_residual;
     o.init = nn::ResNetInit::torchvision;  // kaiming_normal fan_out, as SwAV's resnet50.py
     trunk = register_module("trunk", c.depth == 50   ? nn::resnet50(ctx, o)

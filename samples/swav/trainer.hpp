@@ -6,6 +6,8 @@
 // world size, and weighted kNN evaluation beside the raw-pixel kNN.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -14,8 +16,11 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +30,10 @@
 #include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/checkpoint/step_folders.hpp"
 #include "shardkit/data/fashion_mnist.hpp"
+#include "shardkit/data/synthetic_images.hpp"
+#if SHARDKIT_WITH_IMAGES
+#include "shardkit/data/image_folder.hpp"
+#endif
 #include "shardkit/data/stateful_sampler.hpp"
 #include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
@@ -41,22 +50,76 @@ namespace swav {
 struct Datasets {
   sk::data::ImageDataset train, test;
   std::int64_t bank_size = 0;  // the kNN memory bank: the first bank_size training images
+  std::string description;     // what the images are, for the run's first line
 };
 
-inline sk::data::ImageDataset first_images(sk::data::ImageDataset d, std::int64_t limit) {
-  if (limit < 0 || limit >= d.count) return d;
-  d.count = limit;
-  d.pixels.resize(static_cast<std::size_t>(limit * d.pixels_per_image()));
-  d.labels.resize(static_cast<std::size_t>(limit));
-  return d;
+// One split's images from its source (docs/swav.md, "Data sources").
+inline sk::data::ImageDataset load_split(const DataSource& source, const char* split,
+                                         [[maybe_unused]] const std::string& key,
+                                         std::uint64_t seed) {
+  if (source.kind == "fashion_mnist")
+    return first_images(sk::data::load_fashion_mnist(split, source.path), source.limit);
+  if (source.kind == "synthetic")
+    return sk::data::make_synthetic_images({.count = source.limit,
+                                            .side = source.synthetic_side,
+                                            .channels = 3,
+                                            .classes = source.synthetic_classes,
+                                            .seed = seed});
+#if SHARDKIT_WITH_IMAGES
+  // ImageFolder's order is class by class; the files are taken in a fixed shuffled order so
+  // that DATA_LIMIT and the kNN memory bank (the first images) are random subsets of every
+  // class, as VISSL's DATA_LIMIT samples one.
+  auto index = sk::data::index_image_folder(source.path);
+  std::vector<std::size_t> order(index.paths.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937_64 shuffle(source.sampling_seed);
+  std::shuffle(order.begin(), order.end(), shuffle);
+  if (source.limit >= 0 && static_cast<std::size_t>(source.limit) < order.size())
+    order.resize(static_cast<std::size_t>(source.limit));
+  sk::data::ImageFolderIndex picked{index.classes, {}, {}};
+  for (std::size_t i : order) {
+    picked.paths.push_back(index.paths[i]);
+    picked.labels.push_back(index.labels[i]);
+  }
+  return sk::data::load_image_folder(
+      picked, static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
+#else
+  (void)seed;
+  sk::fail<sk::NotAvailable>(key,
+                             ".DATA_SOURCES = [disk_folder]: this build has no image "
+                             "decoders; install libjpeg-dev and libpng-dev (scripts/setup does) "
+                             "and rebuild");
+#endif
 }
 
-inline Datasets load_datasets(const SwavConfig& c) {
+inline Datasets load_datasets(SwavConfig& c) {
   Datasets d;
-  d.train = first_images(sk::data::load_fashion_mnist("train", c.train_dir), c.train_limit);
-  d.test = first_images(sk::data::load_fashion_mnist("t10k", c.test_dir), c.test_limit);
+  d.train = load_split(c.train_data, "train", "DATA.TRAIN", c.seed);
+  // The synthetic test images are other images than the training ones (another seed).
+  d.test = load_split(c.test_data, "t10k", "DATA.TEST", c.seed + 0x5EED);
+  sk::check(d.train.channels == d.test.channels, "DATA.TRAIN's images have ", d.train.channels,
+            " channels and DATA.TEST's ", d.test.channels, "; the network reads one kind");
+  sk::check(static_cast<std::int64_t>(c.crops.mean.size()) == d.train.channels,
+            "DATA.TRAIN.TRANSFORMS' Normalize has ", c.crops.mean.size(),
+            " mean/std entries but the images have ", d.train.channels,
+            " channels; give one per channel (grey: Fashion-MNIST's [0.2860], [0.3530]; RGB: "
+            "ImageNet's [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])");
+  sk::check(d.train.count >= 1 && d.test.count >= 1, "no images to train on or to test with");
+  c.in_channels = d.train.channels;
   d.bank_size =
       c.memory_bank_limit < 0 ? d.train.count : std::min(c.memory_bank_limit, d.train.count);
+  auto describe = [](const DataSource& s, const sk::data::ImageDataset& images) {
+    const std::string kind = s.kind == "fashion_mnist" ? "Fashion-MNIST"
+                             : s.kind == "synthetic"   ? "synthetic images"
+                                                       : "images of " + s.path;
+    const std::string size = images.uniform()
+                                 ? std::to_string(images.cols) + "x" + std::to_string(images.rows)
+                                 : "sizes vary";
+    return kind + " (" + std::to_string(images.count) + ", " +
+           (images.channels == 1 ? "grey" : "RGB") + ", " + size + ", " +
+           std::to_string(images.num_classes()) + " classes)";
+  };
+  d.description = describe(c.train_data, d.train) + "; tested on " + describe(c.test_data, d.test);
   return d;
 }
 
@@ -109,6 +172,7 @@ class SwavTrainer {
         comm_(&comm),
         data_(&data),
         log_(comm.rank() == 0 ? log : nullptr),
+        live_(log_ != nullptr && ::isatty(::fileno(log_)) != 0),
         model_(std::make_shared<SwavModel>(ctx, c)),
         loss_(c.loss, c.embedding_dim, c.prototypes, comm.rank(), c.seed) {
     sk::parallel::ParallelOptions o = c.parallel;
@@ -196,6 +260,7 @@ class SwavTrainer {
         const double loss = step(*batch, c_.lr.rate(iteration_, total, per_epoch), logs);
         ++iteration_;
         batch_in_epoch = batch->number + 1;
+        show_status(epoch, last, per_epoch, begin, report.start_iteration);
         if (logs) {
           const auto now = std::chrono::steady_clock::now();
           const double seconds =
@@ -287,7 +352,7 @@ class SwavTrainer {
     for (std::size_t g = 0; g < batch.groups.size(); ++g) {
       const std::int64_t side = c_.crops.size_crops[g];
       const std::int64_t n = c_.crops.num_crops[g] * c_.batch_size;
-      const sk::Tensor x = sk::from_vector(ctx, batch.groups[g], {n, 1, side, side});
+      const sk::Tensor x = sk::from_vector(ctx, batch.groups[g], {n, c_.in_channels, side, side});
       features.push_back((*sharded_)(ctx, ag::Variable(x)));
     }
     const ag::Variable f = features.size() == 1 ? features[0] : ag::cat(ctx, features);
@@ -344,16 +409,14 @@ class SwavTrainer {
     sk::autograd::NoGradGuard no_grad(ctx);
     for (std::int64_t b0 = 0; b0 < share; b0 += c_.test_batch_size) {
       const std::int64_t n = std::min(c_.test_batch_size, share - b0);
-      std::vector<float> pixels(static_cast<std::size_t>(n * side * side));
+      const std::int64_t image_size = d.channels * side * side;
+      std::vector<float> pixels(static_cast<std::size_t>(n * image_size));
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t image = std::min(first + b0 + i, count - 1);  // pad with the last
-        float* out = pixels.data() + i * side * side;
-        resize_box(d.image(image), d.cols, CropBox{0, 0, d.rows, d.cols}, static_cast<int>(side),
-                   out);
-        for (std::int64_t k = 0; k < side * side; ++k)
-          out[k] = static_cast<float>((out[k] - c_.crops.mean) / c_.crops.std);
+        whole_image(c_.crops, d.image(image), static_cast<int>(side),
+                    pixels.data() + i * image_size);
       }
-      const sk::Tensor x = sk::from_vector(ctx, pixels, {n, 1, side, side});
+      const sk::Tensor x = sk::from_vector(ctx, pixels, {n, d.channels, side, side});
       (void)(*sharded_)(ctx, ag::Variable(x));
       for (std::size_t k = 0; k < pools.size(); ++k) {
         const sk::Tensor& y = outputs[k];
@@ -413,6 +476,16 @@ class SwavTrainer {
   // `label`'s row.
   double evaluate(RunReport& report, Evaluation when, nlohmann::json& by_layer,
                   const std::string& label) {
+    const auto started = std::chrono::steady_clock::now();
+    struct Timed {  // the evaluation's wall time, for the live status's ETA
+      std::chrono::steady_clock::time_point started;
+      double* seconds;
+      ~Timed() {
+        *seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      }
+    } timed{started, &evaluation_seconds_};
+    clear_status();
     const bool final_eval = when == Evaluation::final;
     const auto& d = *data_;
     model_->eval();
@@ -423,15 +496,32 @@ class SwavTrainer {
     const std::vector<std::uint8_t> bank_labels(d.train.labels.begin(),
                                                 d.train.labels.begin() + d.bank_size);
     if (report.raw_knn < 0) {
+      // The pixels as they are, normalised; images of varying sizes (and a test set of another
+      // size) are all resized to the large crop size first.
+      const bool as_stored = d.train.uniform() && d.test.uniform() && d.train.rows == d.test.rows &&
+                             d.train.cols == d.test.cols;
+      const std::int64_t dim =
+          as_stored ? d.train.pixels_per_image()
+                    : d.train.channels * c_.crops.size_crops[0] * c_.crops.size_crops[0];
       auto raw = [&](const sk::data::ImageDataset& set, std::int64_t count) {
-        std::vector<float> f(set.pixels.begin(),
-                             set.pixels.begin() + count * set.pixels_per_image());
-        for (float& v : f) v = static_cast<float>((v / 255.0 - c_.crops.mean) / c_.crops.std);
-        l2_normalize_rows(f, set.pixels_per_image());
+        std::vector<float> f(static_cast<std::size_t>(count * dim));
+        for (std::int64_t i = 0; i < count; ++i) {
+          float* out = f.data() + i * dim;
+          if (!as_stored) {
+            whole_image(c_.crops, set.image(i), c_.crops.size_crops[0], out);
+            continue;
+          }
+          const std::uint8_t* in = set.image(i).pixels;
+          for (std::int64_t k = 0; k < dim; ++k) {
+            const auto ch = static_cast<std::size_t>(k % set.channels);
+            out[k] = static_cast<float>((in[k] / 255.0 - c_.crops.mean[ch]) / c_.crops.std[ch]);
+          }
+        }
+        l2_normalize_rows(f, dim);
         return f;
       };
-      report.raw_knn = knn_accuracy(raw(d.train, d.bank_size), bank_labels,
-                                    raw(d.test, d.test.count), d.test.pixels_per_image());
+      report.raw_knn =
+          knn_accuracy(raw(d.train, d.bank_size), bank_labels, raw(d.test, d.test.count), dim);
       say("raw-pixel kNN (k %d, sigma %g, memory bank %lld images): %.2f%%\n", c_.knn_topk,
           c_.knn_sigma, static_cast<long long>(d.bank_size), 100 * report.raw_knn);
     }
@@ -482,9 +572,10 @@ class SwavTrainer {
     const std::int64_t share = (n + world - 1) / world;
     const std::int64_t first = std::min(n, comm_->rank() * share),
                        last = std::min(n, first + share);
-    std::vector<double> correct{
-        double(knn_correct(bank, labels, queries, data_->test.labels, dim, first, last, c_.knn_topk,
-                           c_.knn_sigma, ctx_->cpu_pool()))};
+    std::vector<double> correct{double(knn_correct(
+        bank, labels, queries, data_->test.labels, dim, first, last, c_.knn_topk, c_.knn_sigma,
+        ctx_->cpu_pool(),
+        static_cast<int>(std::max(data_->train.num_classes(), data_->test.num_classes()))))};
     all_reduce_host(*ctx_, *comm_, std::span<double>(correct), sk::comm::ReduceOp::sum);
     return correct[0] / double(n);
   }
@@ -597,8 +688,46 @@ class SwavTrainer {
   template <class... Args>
   void say(const char* format, Args... args) {
     if (log_ == nullptr) return;
+    clear_status();
     std::fprintf(log_, format, args...);
     std::fflush(log_);
+  }
+  // The live status: on a terminal, one line rewritten in place a few times a second -- a bar
+  // over the run's steps, the step, images/s and the time left for the whole run (the steps
+  // at the rate so far, plus the evaluations still to come at the last one's duration). The
+  // progress lines and everything else print above it; a log file or pipe gets no status line.
+  void show_status(std::int64_t epoch, std::int64_t last, std::int64_t per_epoch,
+                   std::chrono::steady_clock::time_point begin, std::int64_t first_iteration) {
+    if (!live_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (status_shown_ && now - last_status_ < std::chrono::milliseconds(250)) return;
+    last_status_ = now;
+    const double elapsed = std::chrono::duration<double>(now - begin).count();
+    const double done = double(iteration_ - first_iteration);
+    const double left_steps = elapsed / std::max(done, 1.0) * double(last - iteration_);
+    // Evaluations to come: every FREQUENCY epochs before the last, and the final one.
+    std::int64_t evaluations = 1;
+    if (c_.knn_every_epochs > 0)
+      for (std::int64_t e = epoch + 1; e < c_.num_epochs && e * per_epoch < last; ++e)
+        evaluations += e % c_.knn_every_epochs == 0;
+    const double eta = left_steps + double(evaluations) * evaluation_seconds_;
+    const double fraction = double(iteration_) / double(std::max<std::int64_t>(last, 1));
+    constexpr int kWidth = 24;
+    char bar[kWidth + 1];
+    for (int i = 0; i < kWidth; ++i) bar[i] = i < int(fraction * kWidth + 0.5) ? '#' : '.';
+    bar[kWidth] = '\0';
+    const double rate = done * double(c_.batch_size * comm_->size()) / std::max(elapsed, 1e-9);
+    std::fprintf(log_, "\r[%s] %3.0f%%  epoch %lld/%d  step %lld/%lld  %.0f img/s  %s left \033[K",
+                 bar, 100 * fraction, static_cast<long long>(epoch + 1), c_.num_epochs,
+                 static_cast<long long>(iteration_), static_cast<long long>(last), rate,
+                 duration(eta).c_str());
+    std::fflush(log_);
+    status_shown_ = true;
+  }
+  void clear_status() {
+    if (!status_shown_) return;
+    std::fprintf(log_, "\r\033[K");
+    status_shown_ = false;
   }
   // A metrics line with each feature set's kNN figure (knn_by_layer) when there are several.
   nlohmann::json knn_metrics(nlohmann::json line, const nlohmann::json& by_layer) const {
@@ -629,6 +758,10 @@ class SwavTrainer {
   sk::comm::Communicator* comm_;
   const Datasets* data_;
   std::FILE* log_;
+  bool live_ = false;  // the log is a terminal: show the live status line
+  bool status_shown_ = false;
+  std::chrono::steady_clock::time_point last_status_{};
+  double evaluation_seconds_ = 0;  // the last kNN evaluation's wall time
   std::shared_ptr<SwavModel> model_;
   sk::parallel::MemoryPlan plan_;  // planned before the states existed
   std::unique_ptr<sk::parallel::ShardedModule> sharded_;

@@ -639,7 +639,9 @@ inline constexpr IgnoredVisslKey kIgnoredVisslKeys[] = {
     {"DATA.TRAIN.COPY_DESTINATION_DIR"}, {"DATA.TRAIN.REMOVE_IMG_PATH_PREFIX"},
     {"DATA.TRAIN.NEW_IMG_PATH_PREFIX"}, {"DATA.TRAIN.BASE_DATASET"}, {"DATA.TRAIN.INPUT_KEY_NAMES"},
     {"DATA.TRAIN.TARGET_KEY_NAMES"}, {"DATA.TRAIN.ENABLE_QUEUE_DATASET"},
-    {"DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE"}, {"DATA.TRAIN.COLLATE_FUNCTION_PARAMS"}, {"DATA.TEST.*"},
+    {"DATA.TRAIN.COLLATE_FUNCTION_PARAMS"},
+    {"DATA.TRAIN.RANDOM_SYNTHETIC_IMAGES"},  // ours are always patterned noise (synthetic_images.hpp)
+    {"DATA.TEST.*"},
     // evaluation meters and tasks (the trainer's own kNN is NEAREST_NEIGHBOR's)
     {"METERS.*"}, {"EXTRACT_FEATURES.*"}, {"CLUSTERFIT.*"}, {"RANKING.*"}, {"SVM.*"},
     {"SVM_FEATURES_PATH"}, {"IMG_RETRIEVAL.*"}, {"LOW_SHOT_BENCHMARK.*"}, {"GEO_LOCALIZATION.*"},

@@ -442,6 +442,60 @@ TEST_CASE("multi-crop: a crop depends only on (seed, epoch, image, crop)") {
   CHECK(other[0].groups != resumed[0].groups);
 }
 
+TEST_CASE(
+    "multi-crop of RGB images: grey ones repeated give the grey crop; jitter stays in range") {
+  const auto grey = random_images(4, 20);
+  sk::data::ImageDataset rgb = grey;
+  rgb.channels = 3;
+  rgb.pixels.clear();
+  for (std::uint8_t v : grey.pixels) rgb.pixels.insert(rgb.pixels.end(), {v, v, v});
+  swav::MultiCropConfig grey_config;  // 2 x 24 + 4 x 12, colour jitter and blur on
+  grey_config.color_strength = 0;     // (a grey image's jitter draws differently from RGB's)
+  auto rgb_config = grey_config;
+  rgb_config.mean = {0.2860, 0.2860, 0.2860};
+  rgb_config.std = {0.3530, 0.3530, 0.3530};
+  const int area = 24 * 24;
+  std::vector<float> g(area), c(3 * area);
+  for (int crop = 0; crop < 2; ++crop) {
+    swav::make_crop(grey_config, 9, 1, 3, crop, grey.image(3), g.data());
+    swav::make_crop(rgb_config, 9, 1, 3, crop, rgb.image(3), c.data());
+    for (int ch = 0; ch < 3; ++ch) CHECK(std::equal(g.begin(), g.end(), c.begin() + ch * area));
+  }
+  // Full colour distortion on random colour images: every value a normalised [0, 1] pixel.
+  auto colour = random_images(6, 16);
+  colour.channels = 3;
+  colour.pixels = std::vector<std::uint8_t>(colour.pixels.begin(), colour.pixels.end());
+  colour.pixels.resize(6 * 16 * 16 * 3);
+  for (std::size_t i = 0; i < colour.pixels.size(); ++i)
+    colour.pixels[i] = static_cast<std::uint8_t>((i * 131 + i / 7) % 256);
+  auto jitter = rgb_config;
+  jitter.color_strength = 1.0;
+  jitter.color_p = 1.0;
+  std::vector<float> j(3 * area);
+  int greyed = 0;
+  for (int image = 0; image < 6; ++image)
+    for (int crop = 0; crop < 2; ++crop) {
+      swav::make_crop(jitter, 3, 0, image, crop, colour.image(image), j.data());
+      for (float v : j) {
+        CHECK(v >= (0 - 0.2860) / 0.3530 - 1e-5);
+        CHECK(v <= (1 - 0.2860) / 0.3530 + 1e-5);
+      }
+      greyed += std::equal(j.begin(), j.begin() + area, j.begin() + area) &&
+                std::equal(j.begin(), j.begin() + area, j.begin() + 2 * area);
+    }
+  CHECK(greyed < 12);  // RandomGrayscale takes about one crop in five, not all
+  // The loader's crops carry the channels: [crops x B, 3, side, side].
+  swav::MultiCropLoader loader(colour, jitter, 5, 2, 2);
+  sk::data::StatefulDistributedSampler sampler(6, 1, 0, 3, 5);
+  const auto batches = all_batches(loader, 0, sampler.indices(), 3);
+  REQUIRE(batches.size() == 2);
+  CHECK(batches[0].groups[0].size() == 2 * 3 * 3 * 24 * 24);
+  CHECK(batches[0].groups[1].size() == 4 * 3 * 3 * 12 * 12);
+  // A Normalize of one entry on RGB images is refused, naming the fix.
+  CHECK_THROWS_WITH(swav::make_crop(grey_config, 1, 0, 0, 0, colour.image(0), j.data()),
+                    doctest::Contains("give one per channel"));
+}
+
 TEST_CASE("multi-crop transforms: whole-image crop, flip, blur, boxes, bad settings") {
   const auto data = random_images(3, 28);
   swav::MultiCropConfig plain;
@@ -452,15 +506,16 @@ TEST_CASE("multi-crop transforms: whole-image crop, flip, blur, boxes, bad setti
   plain.color_strength = 0;
   plain.blur_p = 0;
   std::vector<float> out(28 * 28), flipped(28 * 28);
-  swav::make_crop(plain, 1, 0, 2, 0, data.image(2), 28, 28, out.data());
+  swav::make_crop(plain, 1, 0, 2, 0, data.image(2), out.data());
   // The whole image, normalised: (pixel / 255 - mean) / std.
   double worst = 0;
   for (int i = 0; i < 28 * 28; ++i)
-    worst = std::max(worst, std::abs(out[i] - (data.image(2)[i] / 255.0 - plain.mean) / plain.std));
+    worst = std::max(
+        worst, std::abs(out[i] - (data.image(2).pixels[i] / 255.0 - plain.mean[0]) / plain.std[0]));
   CHECK(worst < 1e-5);
   auto mirror = plain;
   mirror.flip_p = 1;
-  swav::make_crop(mirror, 1, 0, 2, 0, data.image(2), 28, 28, flipped.data());
+  swav::make_crop(mirror, 1, 0, 2, 0, data.image(2), flipped.data());
   for (int y = 0; y < 28; ++y)
     for (int x = 0; x < 28; ++x) CHECK(flipped[y * 28 + x] == out[y * 28 + 27 - x]);
   // Blur keeps a constant image constant and smooths a random one.
@@ -526,7 +581,51 @@ std::string config_problems(const swav::ConfigTree& tree) {
   return "";
 }
 
+// `report` counts `count` problems and says each of `parts`.
+void check_problems(const std::string& report, int count, const std::vector<std::string>& parts) {
+  INFO(report);
+  CHECK(report.find("the config has " + std::to_string(count) + " problems") == 0);
+  for (const auto& part : parts) CHECK_MESSAGE(report.find(part) != std::string::npos, part);
+}
+
 }  // namespace
+
+TEST_CASE("config: data sources -- fashion_mnist, disk_folder, synthetic -- and RGB Normalize") {
+  const auto d = config_of({});
+  CHECK(d.train_data.kind == "fashion_mnist");
+  CHECK(d.test_data.path == "/usr/share/datasets/fashion-mnist");
+  const auto folder = config_of(
+      {"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", "config.DATA.TRAIN.DATA_PATHS=[/data/train]",
+       "config.DATA.TRAIN.DATA_LIMIT=500", "config.DATA.TRAIN.DATA_LIMIT_SAMPLING.SEED=3",
+       "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 2, "
+       "size_crops: [32], num_crops: [2], crop_scales: [[0.14, 1]]}, {name: Normalize, "
+       "mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}]"});
+  CHECK(folder.train_data.kind == "disk_folder");
+  CHECK(folder.train_data.path == "/data/train");
+  CHECK(folder.train_data.limit == 500);
+  CHECK(folder.train_data.sampling_seed == 3);
+  CHECK(folder.crops.mean.size() == 3);
+  CHECK(folder.crops.std[2] == doctest::Approx(0.225));
+  const auto synthetic =
+      config_of({"config.DATA.TEST.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_PATHS=[]",
+                 "config.DATA.TEST.DATA_LIMIT=64", "config.DATA.TEST.DEFAULT_GRAY_IMG_SIZE=16",
+                 "config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS=5"});
+  CHECK(synthetic.test_data.kind == "synthetic");
+  CHECK(synthetic.test_data.synthetic_side == 16);
+  CHECK(synthetic.test_data.synthetic_classes == 5);
+  // Refusals, all in one report.
+  const std::string problems = config_problems(tree_of(
+      {"config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_SOURCES=[disk_folder]",
+       "config.DATA.TEST.DATA_PATHS=[/a, /b]",
+       "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 2, "
+       "size_crops: [32], num_crops: [2], crop_scales: [[0.14, 1]]}, {name: Normalize, "
+       "mean: [0.5, 0.5], std: [0.2, 0.2]}]"}));
+  check_problems(problems, 3,
+                 {"config.DATA.TRAIN.DATA_LIMIT = -1: the synthetic source makes DATA_LIMIT images",
+                  "config.DATA.TEST.DATA_PATHS = [/a, /b]: give one folder holding a subfolder of "
+                  "images per class",
+                  "give one mean and one std per channel"});
+}
 
 TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that name the fix") {
   using sk::parallel::Stage;
@@ -736,33 +835,28 @@ TEST_CASE(
   OPTIMISER:
     momentum: 0.8
 )"));
-  INFO(problems);
-  CHECK(problems.find("the config has 6 problems") == 0);
-  CHECK(problems.find("1. unknown config key config.OPTIMIZER.num_epoch (= 2); the nearest valid "
-                      "key is config.OPTIMIZER.num_epochs") != std::string::npos);
-  CHECK(problems.find("2. config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP (= 4): this trainer has no "
-                      "such setting and can follow VISSL's config only where it is 64 (VISSL's "
-                      "meaning: Channels per group") != std::string::npos);
-  CHECK(problems.find("3. unknown config key config.DATA.TRAIN.FANCY_KEY (= 3): neither this "
-                      "trainer nor VISSL has it; the keys under config.DATA.TRAIN are "
-                      "DATA_SOURCES, ") != std::string::npos);
-  CHECK(problems.find("4. unknown config key config.OPTIMISER (= {momentum: 0.8}); the nearest "
-                      "valid key is config.OPTIMIZER") != std::string::npos);
-  CHECK(problems.find("5. config.OPTIMIZER.use_larc = 1.5 is a number; it must be a boolean") !=
-        std::string::npos);
-  CHECK(problems.find("6. config.TEST_ONLY (= True): this trainer has no such setting") !=
-        std::string::npos);
+  check_problems(
+      problems, 6,
+      {"1. unknown config key config.OPTIMIZER.num_epoch (= 2); the nearest valid key is "
+       "config.OPTIMIZER.num_epochs",
+       "2. config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP (= 4): this trainer has no such setting and "
+       "can follow VISSL's config only where it is 64 (VISSL's meaning: Channels per group",
+       "3. unknown config key config.DATA.TRAIN.FANCY_KEY (= 3): neither this trainer nor VISSL "
+       "has it; the keys under config.DATA.TRAIN are DATA_SOURCES, ",
+       "4. unknown config key config.OPTIMISER (= {momentum: 0.8}); the nearest valid key is "
+       "config.OPTIMIZER",
+       "5. config.OPTIMIZER.use_larc = 1.5 is a number; it must be a boolean",
+       "6. config.TEST_ONLY (= True): this trainer has no such setting"});
   // The reader's own problems join the merge's, each part of the config read on its own.
   const std::string both = config_problems(
-      tree_of({"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+      tree_of({"config.DATA.TRAIN.DATA_SOURCES=[disk_filelist]",
                "config.LOSS.swav_loss.temperatur=0.1", "config.OPTIMIZER.num_epochs=0"}));
-  INFO(both);
-  CHECK(both.find("the config has 3 problems") == 0);
-  CHECK(both.find("1. unknown config key config.LOSS.swav_loss.temperatur (= 0.1); the nearest "
-                  "valid key is config.LOSS.swav_loss.temperature") != std::string::npos);
-  CHECK(both.find("2. config.DATA.TRAIN.DATA_SOURCES = [disk_folder]: this trainer reads") !=
-        std::string::npos);
-  CHECK(both.find("3. config.OPTIMIZER.num_epochs = 0: must be >= 1") != std::string::npos);
+  check_problems(both, 3,
+                 {"1. unknown config key config.LOSS.swav_loss.temperatur (= 0.1); the nearest "
+                  "valid key is config.LOSS.swav_loss.temperature",
+                  "2. config.DATA.TRAIN.DATA_SOURCES = [disk_filelist]: give one source: "
+                  "[fashion_mnist]",
+                  "3. config.OPTIMIZER.num_epochs = 0: must be >= 1"});
   // A misspelt key inside a section whose other VISSL keys are ignorable is still a misspelling;
   // a refused rank count and a crop-scale refusal join the report instead of ending it.
   CHECK(config_problems(tree_of({"config.DATA.TEST.BATCHSIZE_PER_REPLCIA=64"}))
@@ -772,10 +866,8 @@ TEST_CASE(
       {"config.DISTRIBUTED.NUM_NODES=0",
        "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, "
        "total_num_crops: 2, size_crops: [16], num_crops: [2], crop_scales: [[0.9, 0.2]]}]"}));
-  INFO(more);
-  CHECK(more.find("the config has 2 problems") == 0);
-  CHECK(more.find("crop_scales[0] = [0.9, 0.2]") != std::string::npos);
-  CHECK(more.find("config.DISTRIBUTED.NUM_NODES = 0: must be >= 1") != std::string::npos);
+  check_problems(more, 2,
+                 {"crop_scales[0] = [0.9, 0.2]", "config.DISTRIBUTED.NUM_NODES = 0: must be >= 1"});
   // A key far from every valid one is not "nearest" to any: VISSL's meaning instead.
   CHECK(config_problems(tree_of({"config.MODEL.TRUNK.RESNETS.LAYER4_STRIDE=1"}))
             .find("VISSL's meaning: Stride of the last stage") != std::string::npos);

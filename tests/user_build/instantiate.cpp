@@ -4,6 +4,10 @@
 // (-Wpsabi) that a plain build sees. The engines, the module wrapper and the optimizer are
 // classes, not templates, so every member is checked here, used or not.
 #include <shardkit/shardkit.hpp>
+// The image readers, outside shardkit.hpp (they need libjpeg's and libpng's headers).
+#if __has_include(<jpeglib.h>) && __has_include(<png.h>)
+#include <shardkit/data/image_folder.hpp>
+#endif
 
 namespace sk = shardkit;
 

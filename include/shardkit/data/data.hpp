@@ -1,7 +1,11 @@
-// The data layer: IDX files and Fashion-MNIST, and the stateful distributed sampler (resumable
-// mid-epoch). Depends on core only.
+// The data layer: labelled images in memory (IDX files and Fashion-MNIST, synthetic images)
+// and the stateful distributed sampler (resumable mid-epoch). Depends on core only. The image
+// file readers (image_decode.hpp, image_folder.hpp) are not included here: they need libjpeg and
+// libpng at link time, which a program that reads no image files should not need.
 #pragma once
 
 #include "shardkit/data/fashion_mnist.hpp"
 #include "shardkit/data/idx_file.hpp"
+#include "shardkit/data/image_dataset.hpp"
 #include "shardkit/data/stateful_sampler.hpp"
+#include "shardkit/data/synthetic_images.hpp"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "shardkit/data/idx_file.hpp"
+#include "shardkit/data/image_dataset.hpp"
 
 namespace shardkit::data {
 
@@ -14,18 +15,6 @@ inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mni
 inline constexpr const char* kFashionMnistClasses[10] = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
     "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
-
-// Images as u8 [count, rows, cols] and labels 0..9.
-struct ImageDataset {
-  std::int64_t count = 0;
-  std::int64_t rows = 0;
-  std::int64_t cols = 0;
-  std::vector<std::uint8_t> pixels;
-  std::vector<std::uint8_t> labels;
-
-  std::int64_t pixels_per_image() const { return rows * cols; }
-  const std::uint8_t* image(std::int64_t i) const { return pixels.data() + i * pixels_per_image(); }
-};
 
 // split: "train" (60 000 images) or "t10k" (10 000). Missing files get an error that says
 // how to install them.
@@ -55,6 +44,7 @@ inline ImageDataset load_fashion_mnist(const std::string& split,
   dataset.cols = images.dims[2];
   dataset.pixels = std::move(images.data);
   dataset.labels = std::move(labels.data);
+  dataset.classes.assign(std::begin(kFashionMnistClasses), std::end(kFashionMnistClasses));
   return dataset;
 }
 

@@ -1,0 +1,250 @@
+// The image readers (data/image_decode.hpp, image_folder.hpp) on files the test writes: PNG and
+// PGM/PPM exactly, JPEG within its loss, grey and RGB, ImageFolder's layout and order; corrupt,
+// truncated and unsupported files refused by path; the synthetic source.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "image_files.hpp"
+#include "shardkit/core/philox.hpp"
+#include "shardkit/data/image_folder.hpp"
+#include "shardkit/data/synthetic_images.hpp"
+
+namespace sk = shardkit;
+namespace fs = std::filesystem;
+using image_files::Pixels;
+
+namespace {
+
+struct TempFolder {
+  fs::path path;
+  explicit TempFolder(const std::string& name)
+      : path(fs::temp_directory_path() /
+             ("shardkit_images_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempFolder() { fs::remove_all(path); }
+  std::string operator/(const std::string& rel) const {
+    fs::create_directories((path / rel).parent_path());
+    return (path / rel).string();
+  }
+};
+
+// Random pixels, never all alike: a smooth ramp plus noise (JPEG keeps smooth images closely).
+Pixels random_pixels(std::int64_t rows, std::int64_t cols, std::int64_t channels,
+                     std::uint64_t seed, int noise = 255) {
+  Pixels p{rows, cols, channels, {}};
+  p.data.resize(static_cast<std::size_t>(rows * cols * channels));
+  for (std::size_t i = 0; i < p.data.size(); ++i) {
+    const auto word = sk::philox_block(seed, i / 4).v[i % 4];
+    const std::int64_t pixel = static_cast<std::int64_t>(i) / channels;
+    const int ramp = static_cast<int>((pixel % cols) * 160 / cols + (pixel / cols) * 40 / rows);
+    p.data[i] =
+        static_cast<std::uint8_t>(std::min(255, ramp + static_cast<int>(word % (noise + 1))));
+  }
+  return p;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    sk::data::decode_image_file(path);
+  } catch (const sk::IoError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("PNG and PGM/PPM decode exactly, grey and RGB, and alpha is dropped") {
+  TempFolder dir("exact");
+  for (std::int64_t channels : {1, 3}) {
+    const Pixels p = random_pixels(13, 17, channels, 7 + std::uint64_t(channels));
+    const std::string png = dir / ("a" + std::to_string(channels) + ".png");
+    const std::string pnm =
+        dir / ("a" + std::to_string(channels) + (channels == 1 ? ".pgm" : ".ppm"));
+    image_files::write_png(png, p);
+    image_files::write_netpbm(pnm, p);
+    for (const auto& path : {png, pnm}) {
+      const auto d = sk::data::decode_image_file(path);
+      CHECK(d.rows == 13);
+      CHECK(d.cols == 17);
+      CHECK(d.channels == channels);
+      CHECK(d.pixels == p.data);
+    }
+    // With an alpha channel: the colour values stay, the alpha goes (PIL's convert).
+    Pixels with_alpha = random_pixels(9, 11, channels + 1, 99);
+    image_files::write_png(dir / "alpha.png", with_alpha);
+    const auto d = sk::data::decode_image_file(dir / "alpha.png");
+    REQUIRE(d.channels == channels);
+    for (std::int64_t px = 0; px < 9 * 11; ++px)
+      for (std::int64_t c = 0; c < channels; ++c)
+        CHECK(d.pixels[std::size_t(px * channels + c)] ==
+              with_alpha.data[std::size_t(px * (channels + 1) + c)]);
+  }
+  // A PGM with maxval 15 is scaled to 0..255.
+  Pixels small{2, 2, 1, {0, 5, 10, 15}};
+  image_files::write_netpbm(dir / "m.pgm", small, 15);
+  CHECK(sk::data::decode_image_file(dir / "m.pgm").pixels ==
+        std::vector<std::uint8_t>{0, 85, 170, 255});
+}
+
+TEST_CASE("JPEG decodes within its compression loss, grey and RGB") {
+  TempFolder dir("jpeg");
+  for (std::int64_t channels : {1, 3}) {
+    const Pixels p = random_pixels(32, 24, channels, 3, /*noise=*/8);
+    image_files::write_jpeg(dir / "a.jpg", p, 98);
+    const auto d = sk::data::decode_image_file(dir / "a.jpg");
+    REQUIRE(d.rows == 32);
+    REQUIRE(d.cols == 24);
+    REQUIRE(d.channels == channels);
+    double err = 0;
+    for (std::size_t i = 0; i < p.data.size(); ++i)
+      err += std::abs(int(d.pixels[i]) - int(p.data[i]));
+    CHECK(err / double(p.data.size()) < 4.0);  // mean absolute error in grey levels
+    CHECK(err > 0);                            // and it is a JPEG: lossy
+  }
+}
+
+TEST_CASE("corrupt, truncated and unsupported files are refused by path") {
+  TempFolder dir("bad");
+  const Pixels rgb = random_pixels(40, 40, 3, 5);
+  image_files::write_png(dir / "good.png", rgb);
+  image_files::write_jpeg(dir / "good.jpg", rgb);
+  const auto png = image_files::read_bytes(dir / "good.png");
+  const auto jpg = image_files::read_bytes(dir / "good.jpg");
+
+  auto refused = [&](const std::string& name, const std::vector<std::uint8_t>& bytes,
+                     const std::string& says) {
+    const std::string path = dir / name;
+    image_files::write_bytes(path, bytes);
+    const std::string message = error_of(path);
+    INFO(name, ": ", message);
+    CHECK(message.find(path) != std::string::npos);
+    CHECK(message.find(says) != std::string::npos);
+  };
+  refused("cut.png", {png.begin(), png.begin() + std::ptrdiff_t(png.size() / 2)}, "PNG");
+  refused("cut.jpg", {jpg.begin(), jpg.begin() + std::ptrdiff_t(jpg.size() / 2)}, "JPEG");
+  auto flipped = png;
+  flipped[png.size() / 2] ^= 0x5A;  // the data's CRC no longer matches
+  refused("crc.png", flipped, "PNG");
+  auto garbled = jpg;
+  for (std::size_t i = jpg.size() / 3; i < jpg.size() / 3 + 64; ++i) garbled[i] = 0xFF;
+  refused("garbled.jpg", garbled, "JPEG");
+  refused("header_only.jpg", {0xFF, 0xD8, 0xFF}, "JPEG");
+  refused("empty.png", {}, "empty");
+  refused("text.jpg", {'h', 'e', 'l', 'l', 'o'}, "neither JPEG, PNG");
+  refused("image.bmp", {'B', 'M', 0, 0, 0, 0}, "BMP, TIFF and WebP are not read");
+  refused("huge.pgm",
+          {'P', '5', ' ', '9', '9', '9', '9', '9', ' ', '9', '9', '9', '9', '9', ' ', '2', '5', '5',
+           '\n'},
+          "decompression bomb");
+  // A header that claims far more pixels than the file could hold is refused before allocating.
+  auto claims_huge = png;
+  for (int i : {16, 17, 18, 19, 20, 21, 22, 23})
+    claims_huge[std::size_t(i)] = i % 4 == 0 ? 0 : 0x7F;
+  refused("claims.png", claims_huge, "PNG");
+  refused("wide.pgm", {'P', '5', ' ', '2', ' ', '2', ' ', '6', '5', '5', '3', '5', '\n'}, "16-bit");
+  refused("short.ppm", {'P', '6', ' ', '4', ' ', '4', ' ', '2', '5', '5', '\n', 1, 2, 3},
+          "truncated");
+  // A CMYK JPEG: a mode this reader does not convert, refused with the fix.
+  image_files::write_jpeg(dir / "cmyk.jpg", rgb, 90, /*cmyk=*/true);
+  const std::string message = error_of(dir / "cmyk.jpg");
+  CHECK(message.find("CMYK") != std::string::npos);
+  CHECK(message.find("cmyk.jpg") != std::string::npos);
+}
+
+TEST_CASE("an image folder: classes sorted, files sorted per class, grey stays grey") {
+  TempFolder dir("folder");
+  // Written out of order, in nested folders, with an upper-case extension and a stray file.
+  image_files::write_png(dir / "zebra/b.png", random_pixels(8, 8, 1, 1));
+  image_files::write_png(dir / "zebra/a.PNG", random_pixels(8, 8, 1, 2));
+  image_files::write_png(dir / "apple/deep/x.png", random_pixels(8, 8, 1, 3));
+  image_files::write_netpbm(dir / "apple/c.pgm", random_pixels(8, 8, 1, 4));
+  image_files::write_bytes(dir / "apple/notes.txt", {'h', 'i'});
+  image_files::write_bytes(dir / "README", {'h', 'i'});
+  const auto index = sk::data::index_image_folder(dir.path.string());
+  CHECK(index.classes == std::vector<std::string>{"apple", "zebra"});
+  REQUIRE(index.paths.size() == 4);
+  CHECK(fs::path(index.paths[0]).filename() == "c.pgm");
+  CHECK(fs::path(index.paths[1]).filename() == "x.png");  // "deep/x.png" sorts after "c.pgm"
+  CHECK(fs::path(index.paths[2]).filename() == "a.PNG");
+  CHECK(index.labels == std::vector<std::uint8_t>{0, 0, 1, 1});
+
+  const auto d = sk::data::load_image_folder(index, 3);
+  CHECK(d.count == 4);
+  CHECK(d.channels == 1);
+  CHECK(d.uniform());
+  CHECK(d.rows == 8);
+  CHECK(std::vector<std::uint8_t>(d.image(2).pixels, d.image(2).pixels + 64) ==
+        random_pixels(8, 8, 1, 2).data);
+
+  // One colour image of another size: the dataset becomes RGB (grey repeated) and per-image.
+  image_files::write_png(dir / "zebra/c.png", random_pixels(5, 7, 3, 9));
+  const auto mixed = sk::data::load_image_folder(dir.path.string(), 2);
+  CHECK(mixed.channels == 3);
+  CHECK(!mixed.uniform());
+  const auto grey = random_pixels(8, 8, 1, 4).data;
+  const auto first = mixed.image(0);
+  CHECK(first.rows == 8);
+  for (int p = 0; p < 64; ++p)
+    for (int c = 0; c < 3; ++c) CHECK(first.pixels[p * 3 + c] == grey[std::size_t(p)]);
+  const auto last = mixed.image(4);
+  CHECK(last.rows == 5);
+  CHECK(last.cols == 7);
+  CHECK(std::vector<std::uint8_t>(last.pixels, last.pixels + last.bytes()) ==
+        random_pixels(5, 7, 3, 9).data);
+  const auto two = sk::data::first_images(mixed, 2);
+  CHECK(two.count == 2);
+  CHECK(two.pixels.size() == 2 * 64 * 3);
+
+  // A broken file stops the load, named.
+  image_files::write_bytes(dir / "apple/broken.png",
+                           {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n', 0});
+  try {
+    sk::data::load_image_folder(dir.path.string(), 2);
+    FAIL("a broken file was accepted");
+  } catch (const sk::IoError& e) {
+    CHECK(std::string(e.what()).find("broken.png") != std::string::npos);
+  }
+}
+
+TEST_CASE("image folder layouts that cannot be read are refused with the fix") {
+  TempFolder dir("layout");
+  auto message = [](const std::string& root) {
+    try {
+      sk::data::index_image_folder(root);
+    } catch (const sk::IoError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(message((dir.path / "missing").string()).find("is not a folder") != std::string::npos);
+  image_files::write_png(dir / "flat.png", random_pixels(4, 4, 1, 1));
+  CHECK(message(dir.path.string()).find("no class subfolders") != std::string::npos);
+  fs::create_directories(dir.path / "empty_class");
+  CHECK(message(dir.path.string()).find("no image files") != std::string::npos);
+}
+
+TEST_CASE("synthetic images: deterministic, labelled i % classes, channels as asked") {
+  const auto a = sk::data::make_synthetic_images(
+      {.count = 30, .side = 12, .channels = 3, .classes = 4, .seed = 5});
+  const auto b = sk::data::make_synthetic_images(
+      {.count = 40, .side = 12, .channels = 3, .classes = 4, .seed = 5});
+  CHECK(a.pixels_per_image() == 12 * 12 * 3);
+  CHECK(std::equal(a.pixels.begin(), a.pixels.end(), b.pixels.begin()));  // a prefix of b
+  for (std::int64_t i = 0; i < 30; ++i) CHECK(a.labels[std::size_t(i)] == i % 4);
+  CHECK(a.num_classes() == 4);
+  const auto other = sk::data::make_synthetic_images(
+      {.count = 30, .side = 12, .channels = 3, .classes = 4, .seed = 6});
+  CHECK(other.pixels != a.pixels);
+  const auto grey = sk::data::make_synthetic_images(
+      {.count = 3, .side = 8, .channels = 1, .classes = 0, .seed = 1});
+  CHECK(grey.pixels_per_image() == 64);
+  CHECK(grey.labels == std::vector<std::uint8_t>{0, 0, 0});
+  CHECK_THROWS_AS(sk::data::make_synthetic_images({.count = 3, .side = 8, .channels = 2}),
+                  sk::InvalidArgument);
+}
