@@ -360,30 +360,25 @@ TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params an
       sk::parallel::FsdpEngine fsdp(ctx, comm, units, dp_test::config_for(OptimizerKind::larc_sgd),
                                     fsdp_options);
       fsdp.set_full_params(fill);
+      // A gradient of 0.5 w plus a pattern that differs per step, rank and parameter.
+      auto add_grad = [&](auto& engine, std::size_t i, int s, std::size_t mul, std::size_t mod) {
+        const auto w = sk::to_vector<float>(ctx, engine.param(i));
+        std::vector<float> g(w.size());
+        for (std::size_t e = 0; e < g.size(); ++e)
+          g[e] = 0.5f * w[e] + 0.01f * static_cast<float>((e * mul + i + s + comm.rank()) % mod);
+        sk::add_(ctx, engine.grad(i), sk::from_vector(ctx, g, engine.grad(i).shape()));
+        engine.ready(i);
+      };
       for (int s = 0; s < 5; ++s) {
         dp.zero_grad();
         fsdp.zero_grad();
-        for (std::size_t i = trainable.size(); i-- > 0;) {
-          const auto w = sk::to_vector<float>(ctx, dp.param(i));
-          std::vector<float> g(w.size());
-          for (std::size_t e = 0; e < g.size(); ++e)
-            g[e] = 0.5f * w[e] + 0.01f * static_cast<float>((e * 7 + i + s + comm.rank()) % 13);
-          sk::add_(ctx, dp.grad(i), sk::from_vector(ctx, g, dp.grad(i).shape()));
-          dp.ready(i);
-        }
+        for (std::size_t i = trainable.size(); i-- > 0;) add_grad(dp, i, s, 7, 13);
         dp.finish();
         dp.step(0.05f);
         for (std::size_t u = 2; u-- > 0;) {
           fsdp.gather(u);
           for (std::size_t i = 0; i < fsdp.param_count(); ++i)
-            if (fsdp.unit_of(i) == u) {
-              const auto w = sk::to_vector<float>(ctx, fsdp.param(i));
-              std::vector<float> g(w.size());
-              for (std::size_t e = 0; e < g.size(); ++e)
-                g[e] = 0.5f * w[e] + 0.01f * static_cast<float>((e * 5 + i + s + comm.rank()) % 11);
-              sk::add_(ctx, fsdp.grad(i), sk::from_vector(ctx, g, fsdp.grad(i).shape()));
-              fsdp.ready(i);
-            }
+            if (fsdp.unit_of(i) == u) add_grad(fsdp, i, s, 5, 11);
           fsdp.release(u);
         }
         fsdp.finish();

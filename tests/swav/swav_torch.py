@@ -59,7 +59,26 @@ def swav_losses(zs, prototypes, queues):
     return [loss / len(ASSIGN) for loss in losses]
 
 
+class Mismatch(Exception):
+    pass
+
+
+def within(what, error, limit):
+    """error when it is at most limit; else Mismatch, naming what differed."""
+    if not error <= limit:
+        raise Mismatch(f"{what}: {error:.3g} (at most {limit:g} allowed)")
+    return error
+
+
 def main():
+    try:
+        return compare()
+    except Mismatch as failure:
+        print(f"FAIL: {failure}")
+        return 1
+
+
+def compare():
     with tempfile.TemporaryDirectory(prefix="shardkit_swav_torch_") as folder:
         path = os.path.join(folder, "swav.safetensors")
         subprocess.run(sys.argv[1:] + [path], check=True)
@@ -80,10 +99,7 @@ def main():
                                        ("grad_c", grad_c, t[f"{name}.grad_c.{r}"])):
                 ours = ours.double().reshape(theirs.shape)
                 error = ((ours - theirs).abs().max() / theirs.abs().max()).item()
-                worst = max(worst, error)
-                if not error <= 1e-5:
-                    print(f"FAIL: {name} rank {r} {what}: relative error {error:.3g}")
-                    return 1
+                worst = max(worst, within(f"{name} rank {r} {what}: relative error", error, 1e-5))
     print(f"torch {torch.__version__}: SwAV loss and gradients (embeddings, prototypes) for 1 and 4 "
           f"ranks, with and without the queue: worst relative difference {worst:.2e}")
     # The kNN's feature pooling (swav_fixture.cpp's kPoolOps, kMorePoolOps, in order), as VISSL
@@ -100,10 +116,7 @@ def main():
             print(f"FAIL: pooling {op}: shape {tuple(ours.shape)}, torch {tuple(theirs.shape)}")
             return 1
         error = (ours - theirs).abs().max().item()
-        pooled_worst = max(pooled_worst, error)
-        if not error <= 1e-6:
-            print(f"FAIL: pooling {op}: largest difference {error:.3g}")
-            return 1
+        pooled_worst = max(pooled_worst, within(f"pooling {op}: largest difference", error, 1e-6))
     print(f"kNN feature pooling (Identity, AvgPool2d, AdaptiveAvgPool2d; {len(ops)} settings) equals "
           f"torch.nn's: largest difference {pooled_worst:.2e}")
     return 0

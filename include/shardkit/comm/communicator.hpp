@@ -147,11 +147,7 @@ class Communicator {
   // holds every owner's segment. (ZeRO-1 parameter sync over a size-balanced partition.)
   Work all_gather_v(const Buffer& data, std::span<const std::size_t> counts) {
     const std::string_view call = "all_gather_v";
-    check_call(call, data);
-    const std::size_t total = check_counts(call, counts);
-    check(data.count >= total, where(call), ": data holds ", data.count, " ",
-          dtype_name(data.dtype), " elements but the counts add up to ", total,
-          "; pass a buffer covering every owner's segment");
+    const std::size_t total = check_segments(call, data, "data", counts);
     const Buffer whole = data.first(total);
     return counted(CollectiveKind::all_gather_v, whole.nbytes(),
                    [&] { return do_all_gather_v(whole, counts); });
@@ -162,11 +158,7 @@ class Communicator {
   Work reduce_scatter_v(const Buffer& send, const Buffer& recv, std::span<const std::size_t> counts,
                         ReduceOp op = ReduceOp::sum) {
     const std::string_view call = "reduce_scatter_v";
-    check_call(call, send);
-    const std::size_t total = check_counts(call, counts);
-    check(send.count >= total, where(call), ": send holds ", send.count, " ",
-          dtype_name(send.dtype), " elements but the counts add up to ", total,
-          "; pass a buffer covering every owner's segment");
+    const std::size_t total = check_segments(call, send, "send", counts);
     const std::size_t own = counts[static_cast<std::size_t>(rank_)];
     check_pair(call, send, recv, own, "counts[rank]");
     const Buffer in = send.first(total), out = recv.first(own);
@@ -296,10 +288,18 @@ class Communicator {
           "in-place form");
   }
 
-  std::size_t check_counts(std::string_view call, std::span<const std::size_t> counts) const {
+  // The total of the per-rank `counts` of an uneven collective, once `buffer` (the argument
+  // called `name`) is checked to cover every owner's segment.
+  std::size_t check_segments(std::string_view call, const Buffer& buffer, const char* name,
+                             std::span<const std::size_t> counts) const {
+    check_call(call, buffer);
     check(counts.size() == static_cast<std::size_t>(size_), where(call), ": ", counts.size(),
           " counts given for ", size_, " ranks; pass one count per rank");
-    return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    check(buffer.count >= total, where(call), ": ", name, " holds ", buffer.count, " ",
+          dtype_name(buffer.dtype), " elements but the counts add up to ", total,
+          "; pass a buffer covering every owner's segment");
+    return total;
   }
 
   int rank_;
