@@ -33,6 +33,14 @@ struct MultiCropConfig {
   // Normalize: one mean and std per channel (Fashion-MNIST's pixel statistics in [0, 1]).
   std::vector<double> mean{0.2860}, std{0.3530};
 
+  // Normalize of `channels` planes of `area` values in [0, 1], in place (CHW).
+  void normalize(float* planes, std::int64_t channels, std::int64_t area) const {
+    for (std::int64_t ch = 0; ch < channels; ++ch)
+      for (std::int64_t k = 0; k < area; ++k)
+        planes[ch * area + k] =
+            static_cast<float>((planes[ch * area + k] - mean[static_cast<std::size_t>(ch)]) /
+                               std[static_cast<std::size_t>(ch)]);
+  }
   int total_crops() const {
     int n = 0;
     for (int c : num_crops) n += c;
@@ -167,11 +175,7 @@ inline void whole_image(const MultiCropConfig& config, const sk::data::ImageView
                         float* out) {
   resize_box(image, CropBox{0, 0, image.rows, image.cols}, side, out);
   const std::int64_t area = std::int64_t{side} * side;
-  for (std::int64_t ch = 0; ch < image.channels; ++ch)
-    for (std::int64_t k = 0; k < area; ++k)
-      out[ch * area + k] =
-          static_cast<float>((out[ch * area + k] - config.mean[static_cast<std::size_t>(ch)]) /
-                             config.std[static_cast<std::size_t>(ch)]);
+  config.normalize(out, image.channels, area);
 }
 
 // Separable Gaussian blur of standard deviation sigma (PIL's radius), edges clamped.
@@ -334,11 +338,7 @@ inline void make_crop(const MultiCropConfig& config, std::uint64_t seed, std::in
     for (std::int64_t ch = 0; ch < image.channels; ++ch)
       gaussian_blur(out + ch * area, side, sigma);
   }
-  for (std::int64_t ch = 0; ch < image.channels; ++ch)
-    for (std::int64_t k = 0; k < area; ++k)
-      out[ch * area + k] =
-          static_cast<float>((out[ch * area + k] - config.mean[static_cast<std::size_t>(ch)]) /
-                             config.std[static_cast<std::size_t>(ch)]);
+  config.normalize(out, image.channels, area);
 }
 
 }  // namespace swav
