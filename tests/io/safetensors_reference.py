@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """shardkit's safetensors reader against the reference one (the `safetensors` package): the same
 accept/reject verdict on every generated case -- 60 valid files as the reference writer lays
-them out, 40 malformed classes written by hand, 160 random damages to valid files (a header
-byte, the length field, truncation, trailing bytes) -- and the same tensors
+them out, 52 malformed classes written by hand (a case per field of the schema among them), 160
+random damages to valid files (a header byte, the length field, truncation, trailing bytes) --
+and the same tensors
 (dtype, shape, bytes) and metadata where both accept. The only verdicts allowed to differ are
 dtypes shardkit does not hold (the reference reads F8 and friends; shardkit names the dtype).
 Exits 77 (skipped) without the package. Usage: safetensors_reference.py path/to/safetensors_verdict"""
@@ -80,6 +81,21 @@ def malformed_cases():
         "metadata list": file_of(dict(base, __metadata__=["a"]), data),
         "metadata nested": file_of(dict(base, __metadata__={"a": {"b": "c"}}), data),
         "metadata fine": file_of(dict(base, __metadata__={"a": "b"}), data),
+        # The schema field by field: __metadata__ is the only optional one (absent or null:
+        # no metadata); a tensor's dtype, shape and data_offsets are required and never null;
+        # keys a tensor entry does not know are ignored, whatever their value.
+        "metadata null": file_of(dict(base, __metadata__=None), data),
+        "metadata empty": file_of(dict(base, __metadata__={}), data),
+        "metadata value null": file_of(dict(base, __metadata__={"a": None}), data),
+        "dtype null": file_of({"a": dict(base["a"], dtype=None)}, data),
+        "shape null": file_of({"a": dict(base["a"], shape=None)}, data),
+        "dim null": file_of({"a": dict(base["a"], shape=[None])}, data),
+        "data_offsets null": file_of({"a": dict(base["a"], data_offsets=None)}, data),
+        "missing dtype": file_of({"a": {"shape": [2], "data_offsets": [0, 8]}}, data),
+        "missing data_offsets": file_of({"a": {"dtype": "F32", "shape": [2]}}, data),
+        "tensor null": file_of(dict(base, b=None), data),
+        "unknown tensor key": file_of({"a": dict(base["a"], note="x")}, data),
+        "unknown tensor key null": file_of({"a": dict(base["a"], note=None)}, data),
         "unknown dtype": file_of({"a": {"dtype": "X32", "shape": [2], "data_offsets": [0, 8]}}, data),
         "missing shape": file_of({"a": {"dtype": "F32", "data_offsets": [0, 8]}}, data),
         "tensor not an object": file_of({"a": [1, 2]}, data),

@@ -109,6 +109,32 @@ TEST_CASE("a file laid out by hand as the specification says (as other tools wri
   CHECK(file.metadata.at("format") == "pt");
 }
 
+TEST_CASE(
+    "the schema's optional fields: __metadata__ absent or null; unknown tensor keys ignored") {
+  const auto path = scratch("optional_fields.safetensors");
+  const auto data = bytes_of({1.5f, -2.0f});
+  // null is how a writer with an Option<metadata> that is empty may serialise it.
+  for (const char* metadata : {"", R"("__metadata__":null,)", R"("__metadata__":{},)"}) {
+    CAPTURE(metadata);
+    write_raw(path,
+              std::string("{") + metadata +
+                  R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"note":null}})",
+              data);
+    const auto file = sk::checkpoint::load_safetensors(path.string());
+    REQUIRE(file.tensors.size() == 1);
+    CHECK(file.tensors[0].values<float>() == std::vector<float>{1.5f, -2.0f});
+    CHECK(file.metadata.empty());
+  }
+  // The required fields stay required: null is not a dtype, a shape or a pair of offsets.
+  for (const char* entry : {R"({"dtype":null,"shape":[2],"data_offsets":[0,8]})",
+                            R"({"dtype":"F32","shape":null,"data_offsets":[0,8]})",
+                            R"({"dtype":"F32","shape":[2],"data_offsets":null})"}) {
+    CAPTURE(entry);
+    write_raw(path, std::string(R"({"w":)") + entry + "}", data);
+    CHECK_THROWS_AS(sk::checkpoint::load_safetensors(path.string()), sk::IoError);
+  }
+}
+
 TEST_CASE("saving replaces an existing file whole, and a failed save leaves nothing behind") {
   const auto path = scratch("replace.safetensors");
   sk::checkpoint::save_safetensors(path.string(), {NamedBytes::of<float>("w", {3}, {1, 2, 3})});

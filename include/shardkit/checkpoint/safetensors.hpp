@@ -535,8 +535,10 @@ class SafetensorsReader {
     try {
       for (const auto& [name, entry] : header.items()) {
         if (name == "__metadata__") {
+          // The schema's one optional field: absent or null both mean "no metadata".
+          if (entry.is_null()) continue;
           check<IoError>(entry.is_object(), "'", path_,
-                         "': __metadata__ is not a map of strings to strings");
+                         "': __metadata__ is not a map of strings to strings (or null)");
           for (const auto& [key, value] : entry.items()) {
             check<IoError>(value.is_string(), "'", path_, "': __metadata__ '", key, "' is ",
                            value.dump(), ", not a string");
