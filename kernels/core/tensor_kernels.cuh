@@ -67,12 +67,10 @@ __global__ void copy_kernel(D* dst, StridedIndexer dst_indexer, const S* src,
 template <class D, class S>
 __global__ void add_kernel(D* dst, StridedIndexer dst_indexer, const S* src,
                            StridedIndexer src_indexer, std::int64_t n) {
-  using Acc = std::conditional_t<std::is_same_v<D, double>, double, float>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t d = dst_indexer.offset(i);
-    dst[d] = convert_value<D>(convert_value<Acc>(dst[d]) +
-                              convert_value<Acc>(convert_value<D>(src[src_indexer.offset(i)])));
+    dst[d] = add_value(dst[d], convert_value<D>(src[src_indexer.offset(i)]));
   }
 }
 

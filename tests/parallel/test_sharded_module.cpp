@@ -235,3 +235,85 @@ TEST_CASE("normalize_rows and zero_grad_of: exact and alike under every stage") 
           std::vector<float>(moving.begin(), moving.begin() + 416));
   }
 }
+
+// What the host waits for in a training step (Context::host_waits: device values read, host
+// values uploaded, stream synchronisations), counted on the CPU where the same calls are made
+// as on a GPU. A plain step -- forward with batch-norm, backward with bucketed collectives, the
+// fused step -- makes none under every stage, so it can run ahead of a GPU and be captured; the
+// ledger below holds what the loss scaler's overflow check, clipping's norm and sharded LARC's
+// whole-parameter norms still read and upload (issue 46's work moves them onto the device).
+// A new wait in a step fails here, as does one removed without the ledger.
+TEST_CASE("a training step's host waits: none for a plain step; the ledger of the rest") {
+  enum Variant { plain, loss_scaled, clipped };
+  struct Expected {
+    OptimizerKind kind;
+    bool sharded;  // oss, sdp, fsdp
+    Variant variant;
+    sk::HostWaits per_step;
+  };
+  const std::vector<Expected> ledger = {
+      // The overflow flag (one read); clipping's norm (ddp: one read of the local sum; sharded:
+      // the pieces' sums read, gathered and read again); sharded LARC's norm covers (read,
+      // gathered, read) and the coefficients they give (uploaded).
+      {OptimizerKind::sgd, false, loss_scaled, {1, 0, 0}},
+      {OptimizerKind::sgd, false, clipped, {1, 0, 0}},
+      {OptimizerKind::sgd, true, loss_scaled, {1, 0, 0}},
+      {OptimizerKind::sgd, true, clipped, {2, 1, 0}},
+      {OptimizerKind::adamw, false, loss_scaled, {1, 0, 0}},
+      {OptimizerKind::adamw, false, clipped, {1, 0, 0}},
+      {OptimizerKind::adamw, true, loss_scaled, {1, 0, 0}},
+      {OptimizerKind::adamw, true, clipped, {2, 1, 0}},
+      {OptimizerKind::larc_sgd, false, loss_scaled, {1, 0, 0}},
+      {OptimizerKind::larc_sgd, false, clipped, {1, 0, 0}},
+      {OptimizerKind::larc_sgd, true, plain, {2, 2, 0}},
+      {OptimizerKind::larc_sgd, true, loss_scaled, {3, 2, 0}},
+      {OptimizerKind::larc_sgd, true, clipped, {4, 3, 0}},
+  };
+  auto expected_for = [&](OptimizerKind kind, bool sharded, Variant variant) {
+    for (const auto& e : ledger)
+      if (e.kind == kind && e.sharded == sharded && e.variant == variant) return e.per_step;
+    return sk::HostWaits{};
+  };
+  constexpr int kWarmup = 2, kMeasured = 3;
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw, OptimizerKind::larc_sgd}) {
+    for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+      for (auto variant : {plain, loss_scaled, clipped}) {
+        sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+          auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+          sk::parallel::ParallelOptions options;
+          options.stage = stage;
+          options.buckets.bucket_bytes = 4096;
+          sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(kind), options);
+          sk::optim::DynamicLossScaler scaler;
+          std::vector<Batch> batches;  // on the device before the steps, as a loader's would be
+          for (int s = 0; s < kWarmup + kMeasured; ++s)
+            batches.push_back(batch(ctx, {6, 12}, 7, comm.rank(), s));
+          sk::HostWaits before;
+          for (int s = 0; s < kWarmup + kMeasured; ++s) {
+            if (s == kWarmup) before = ctx.host_waits();
+            model.zero_grad();
+            const auto& b = batches[static_cast<std::size_t>(s)];
+            auto loss = ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
+            if (variant == loss_scaled) {
+              ag::backward(ctx, loss, scaler.scale());
+              (void)model.step(lr_at(s), scaler);
+            } else {
+              ag::backward(ctx, loss);
+              if (variant == clipped) (void)model.clip_grad_norm(1.0);
+              model.step(lr_at(s));
+            }
+          }
+          const auto got = ctx.host_waits() - before;
+          const auto want = expected_for(kind, stage != Stage::ddp, variant);
+          CHECK_MESSAGE(
+              (got.reads == kMeasured * want.reads && got.uploads == kMeasured * want.uploads &&
+               got.synchronizations == kMeasured * want.synchronizations),
+              sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
+              " variant ", int(variant), " rank ", comm.rank(), ": ", got.reads, " reads, ",
+              got.uploads, " uploads, ", got.synchronizations, " synchronisations in ", kMeasured,
+              " steps");
+        });
+      }
+    }
+  }
+}

@@ -2,6 +2,7 @@
 // random stream, and handles of later layers. No global mutable state: N ranks can be N threads.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,6 +35,23 @@ struct ContextOptions {
   // CPU contexts only: the allocator of the context's memory (default: a HostAllocator of its
   // own). make_host_context gives CPU offload's host context pinned memory this way.
   std::shared_ptr<Allocator> allocator{};
+};
+
+// How often the host waited for the device: reads of device values (to_vector), uploads of
+// host values (from_vector: the copy returns once the data has arrived) and stream
+// synchronisations (Context::synchronize, which every copy between host and device makes on a
+// GPU). A step that is to run ahead of the GPU, or to be captured in a CUDA graph, makes none.
+// Counted on every device: on a CPU context the same calls cost nothing, but counting them there
+// lets CPU tests prove that a code path would make a GPU's host wait.
+struct HostWaits {
+  std::int64_t reads = 0;
+  std::int64_t uploads = 0;
+  std::int64_t synchronizations = 0;
+  std::int64_t total() const { return reads + uploads + synchronizations; }
+  HostWaits operator-(const HostWaits& before) const {
+    return {reads - before.reads, uploads - before.uploads,
+            synchronizations - before.synchronizations};
+  }
 };
 
 class Context {
@@ -98,12 +116,23 @@ class Context {
   cudaStream_t stream() const { return stream_ ? stream_->get() : nullptr; }
 #endif
 
-  // Waits until all work queued on the context's stream is done (no-op on the CPU).
+  // Waits until all work queued on the context's stream is done (no-op on the CPU; counted on
+  // every device).
   void synchronize() const {
+    synchronizations_.fetch_add(1, std::memory_order_relaxed);
 #if SK_WITH_CUDA
     if (stream_) stream_->synchronize();
 #endif
   }
+
+  // The host's waits on this context so far (see HostWaits); a step's are the difference.
+  HostWaits host_waits() const {
+    return {reads_.load(std::memory_order_relaxed), uploads_.load(std::memory_order_relaxed),
+            synchronizations_.load(std::memory_order_relaxed)};
+  }
+  // Called by to_vector and from_vector (core/tensor_ops.hpp).
+  void count_host_read() const { reads_.fetch_add(1, std::memory_order_relaxed); }
+  void count_host_upload() const { uploads_.fetch_add(1, std::memory_order_relaxed); }
 
   // The CPU threads of this rank's host-side ops (started on first use).
   int cpu_threads() const { return cpu_threads_; }
@@ -149,6 +178,7 @@ class Context {
 #endif
   std::shared_ptr<Allocator> host_allocator_;
   std::shared_ptr<Allocator> allocator_;
+  mutable std::atomic<std::int64_t> reads_{0}, uploads_{0}, synchronizations_{0};
   std::mutex resources_mutex_;
   std::map<std::type_index, std::shared_ptr<void>> resources_;
 };

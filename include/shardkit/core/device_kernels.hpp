@@ -27,8 +27,8 @@ struct DeviceKernels {
   // dst = src for two tensors on the context's device: same shape, any strides, any dtypes
   // (converting like convert_value).
   void (*copy)(Context& ctx, const Tensor& dst, const Tensor& src);
-  // dst += src, same shape, any strides; src converted to dst's dtype, the sum formed in f32
-  // (f64 for f64 tensors) and rounded once.
+  // dst += src, same shape, any strides; src converted to dst's dtype, the sum formed as
+  // add_value (core/dtype.hpp) forms it.
   void (*add)(Context& ctx, const Tensor& dst, const Tensor& src);
   // t /= divisor, any strides; formed in f32 (f64 for f64 tensors) and rounded once.
   void (*divide)(Context& ctx, const Tensor& tensor, double divisor);

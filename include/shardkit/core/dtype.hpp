@@ -146,4 +146,18 @@ SK_HOST_DEVICE SK_INLINE To convert_value(From value) {
   }
 }
 
+// a + b as add_ forms it into a destination of type D, on the host and on the device alike:
+// floating types in f32 (f64 for f64) and rounded once; integers exactly, wrapped to the width
+// as PyTorch's integer add is (so a counter such as batch-norm's num_batches_tracked counts
+// past 2^24).
+template <class D>
+SK_HOST_DEVICE SK_INLINE D add_value(D a, D b) {
+  if constexpr (std::is_integral_v<D>) {
+    return static_cast<D>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
+  } else {
+    using Acc = std::conditional_t<std::is_same_v<D, double>, double, float>;
+    return convert_value<D>(convert_value<Acc>(a) + convert_value<Acc>(b));
+  }
+}
+
 }  // namespace shardkit

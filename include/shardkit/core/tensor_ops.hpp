@@ -271,8 +271,9 @@ inline void copy_async(Context& ctx, const Tensor& dst, const Tensor& src) {
 }
 
 // dst += src, elementwise, on one device. Same shape, any strides; src is converted to dst's
-// dtype, the sum is formed in f32 (f64 for f64 tensors) and rounded once. How gradients that
-// arrive in pieces (accumulation, reductions landing beside their target) are added.
+// dtype, the sum is formed as add_value does (floats in f32, f64 for f64 tensors, rounded once;
+// integers exactly). How gradients that arrive in pieces (accumulation, reductions landing
+// beside their target) are added, and batch-norm's counter counts.
 inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
   detail::check_on_context(ctx, dst, "add_ (destination)");
   detail::check_on_context(ctx, src, "add_ (source)");
@@ -284,7 +285,6 @@ inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
   if (dst.device().is_cuda()) return ctx.kernels().add(ctx, dst, src);
   visit_dtype(dst.dtype(), [&](auto dst_tag) {
     using D = decltype(dst_tag);
-    using Acc = std::conditional_t<std::is_same_v<D, double>, double, float>;
     visit_dtype(src.dtype(), [&](auto src_tag) {
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.data_ptr());
@@ -293,8 +293,7 @@ inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
                                detail::is_floating_storage_v<S>>(
           ctx, detail::loop_may_run_in_parallel(dst, src), dst, src.strides(),
           [&](std::int64_t, std::int64_t d, std::int64_t s) {
-            out[d] = convert_value<D>(convert_value<Acc>(out[d]) +
-                                      convert_value<Acc>(convert_value<D>(in[s])));
+            out[d] = add_value(out[d], convert_value<D>(in[s]));
           });
     });
   });
@@ -346,12 +345,14 @@ inline Tensor cast(Context& ctx, const Tensor& t, DType dtype) {
   return out;
 }
 
-// A tensor on the context's device holding `values` (row-major), shaped `shape`.
+// A tensor on the context's device holding `values` (row-major), shaped `shape` (waits for the
+// upload; counted in ctx.host_waits() on every device).
 template <class T>
 Tensor from_vector(Context& ctx, const std::vector<T>& values, Shape shape,
                    MemoryCategory category = MemoryCategory::other) {
   check(shape_numel(shape) == static_cast<std::int64_t>(values.size()),
         "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
+  ctx.count_host_upload();
   auto host_storage =
       Storage::borrow(const_cast<T*>(values.data()), values.size() * sizeof(T), Device::cpu());
   const Tensor host(host_storage, shape, dtype_of<T>);
@@ -360,11 +361,13 @@ Tensor from_vector(Context& ctx, const std::vector<T>& values, Shape shape,
   return out;
 }
 
-// The elements of `t` in row-major order, on the host (waits for the device).
+// The elements of `t` in row-major order, on the host (waits for the device; counted in
+// ctx.host_waits() on every device).
 template <class T>
 std::vector<T> to_vector(Context& ctx, const Tensor& t) {
   check(dtype_of<T> == t.dtype(), "to_vector<", dtype_name(dtype_of<T>), "> of a ",
         dtype_name(t.dtype()), " tensor; ask for its own element type or cast first");
+  ctx.count_host_read();
   std::vector<T> values(static_cast<std::size_t>(t.numel()));
   auto host_storage = Storage::borrow(values.data(), values.size() * sizeof(T), Device::cpu());
   copy(ctx, Tensor(host_storage, t.shape(), t.dtype()), t);

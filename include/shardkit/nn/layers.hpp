@@ -77,6 +77,7 @@ class BatchNorm : public Module {
                                   full(ctx, {num_features}, stat, 1.0, MemoryCategory::parameters));
     num_batches_tracked = register_buffer("num_batches_tracked",
                                           zeros(ctx, {}, DType::i64, MemoryCategory::parameters));
+    one_ = full(ctx, {}, DType::i64, 1.0);
   }
   const char* type_name() const override { return dims_ == 1 ? "BatchNorm1d" : "BatchNorm2d"; }
 
@@ -108,14 +109,13 @@ class BatchNorm : public Module {
   Tensor running_mean, running_var, num_batches_tracked;
 
  private:
+  // num_batches_tracked += 1 where the counter lies, as PyTorch's add_(1): on a GPU the host
+  // neither reads nor uploads it, so a training step does not wait for the device here.
   void bump_batches(Context& ctx) {
-    if (num_batches_tracked.device().is_cpu()) {
-      ++*num_batches_tracked.data<std::int64_t>();
-      return;
-    }
-    auto count = to_vector<std::int64_t>(ctx, num_batches_tracked);
-    copy(ctx, num_batches_tracked, from_vector<std::int64_t>(ctx, {count[0] + 1}, {}));
+    if (one_.device() != num_batches_tracked.device()) one_ = full(ctx, {}, DType::i64, 1.0);
+    add_(ctx, num_batches_tracked, one_);
   }
+  Tensor one_;  // the increment, on the counter's device
   int dims_;
   bool force_f32_;
 };
