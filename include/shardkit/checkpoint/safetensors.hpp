@@ -92,15 +92,23 @@ inline std::uint32_t crc32_of(const void* data, std::size_t bytes, std::uint32_t
       ::crc32_z(crc, static_cast<const Bytef*>(data), static_cast<z_size_t>(bytes)));
 }
 
-// The host bytes of any tensor on the context's device (any dtype, any strides).
-inline NamedBytes host_bytes(Context& ctx, std::string name, const Tensor& t) {
-  NamedBytes out{
-      std::move(name), t.dtype(), t.shape(),
-      std::vector<std::byte>(static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()))};
+// `out` <- the host bytes of any tensor on the context's device (any dtype, any strides),
+// reusing out.bytes' memory when it is large enough (a staging buffer kept between saves is
+// then one copy, its pages already mapped).
+inline void host_bytes_into(Context& ctx, NamedBytes& out, std::string name, const Tensor& t) {
+  out.name = std::move(name);
+  out.dtype = t.dtype();
+  out.shape = t.shape();
+  out.bytes.resize(static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype()));
   if (!out.bytes.empty()) {
     auto host = Storage::borrow(out.bytes.data(), out.bytes.size(), Device::cpu());
     copy(ctx, Tensor(host, t.shape(), t.dtype()), t);
   }
+}
+
+inline NamedBytes host_bytes(Context& ctx, std::string name, const Tensor& t) {
+  NamedBytes out;
+  host_bytes_into(ctx, out, std::move(name), t);
   return out;
 }
 

@@ -56,6 +56,34 @@ inline std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return folder.string();
 }
 
+namespace detail {
+
+// Rank 0, before a save of `step`: an empty DIR/step_<step>/ (a save of this step that a crash
+// left unfinished is removed), and no temporary of an interrupted pointer update.
+inline void prepare_step_folder(const std::string& dir, std::int64_t step) {
+  const auto folder = std::filesystem::path(dir) / step_folder_name(step);
+  std::filesystem::create_directories(dir);
+  std::filesystem::remove_all(folder);
+  std::filesystem::create_directories(folder);
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().filename().string().rfind("latest.tmp.", 0) == 0)
+      std::filesystem::remove(entry.path());
+}
+
+// Rank 0, once every rank's files of `step` are committed: `latest` names it (replaced
+// atomically), then every other step folder goes.
+inline void publish_step_folder(const std::string& dir, std::int64_t step) {
+  write_text_atomically((std::filesystem::path(dir) / "latest").string(),
+                        step_folder_name(step) + "\n");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name != step_folder_name(step))
+      std::filesystem::remove_all(entry.path());
+  }
+}
+
+}  // namespace detail
+
 // Saves `state` as DIR/step_<step>/ and makes it the latest. `extra(folder)` runs on every rank
 // after the collective save and before the switch (per-rank files of the caller's own); under
 // hybrid sharding only the first group saves, `extra` included.
@@ -74,28 +102,12 @@ inline std::string save_step_checkpoint(const std::string& dir, std::int64_t ste
   }
   auto& comm = *state.comm;
   const auto folder = std::filesystem::path(dir) / step_folder_name(step);
-  if (comm.rank() == 0) {
-    std::filesystem::create_directories(dir);
-    std::filesystem::remove_all(folder);  // a save of this step that a crash left unfinished
-    std::filesystem::create_directories(folder);
-    // A pointer update that a crash interrupted leaves latest.tmp.<pid>: clean it up.
-    for (const auto& entry : std::filesystem::directory_iterator(dir))
-      if (entry.path().filename().string().rfind("latest.tmp.", 0) == 0)
-        std::filesystem::remove(entry.path());
-  }
+  if (comm.rank() == 0) detail::prepare_step_folder(dir, step);
   comm.barrier();
   save_checkpoint(folder.string(), state, options);
   if (extra) extra(folder.string());
   comm.barrier();  // every rank's files are committed
-  if (comm.rank() == 0) {
-    write_text_atomically((std::filesystem::path(dir) / "latest").string(),
-                          step_folder_name(step) + "\n");
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_directory() && name.rfind("step_", 0) == 0 && name != step_folder_name(step))
-        std::filesystem::remove_all(entry.path());
-    }
-  }
+  if (comm.rank() == 0) detail::publish_step_folder(dir, step);
   comm.barrier();
   return folder.string();
 }

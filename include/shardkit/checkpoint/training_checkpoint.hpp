@@ -160,8 +160,21 @@ inline void save_full(const std::string& dir, parallel::TrainingState& state, co
   model_file->commit();
 }
 
-inline void save_sharded(const std::string& dir, parallel::TrainingState& state,
-                         const std::string& id, const CheckpointOptions& options) {
+// One rank's file of a sharded checkpoint, in host memory. Taking it (snapshot_shard) is the
+// only part of a sharded save that reads the training state; writing it (write_shard) needs
+// neither the state nor the other ranks, so an async save (async_checkpoint.hpp) does that in
+// the background.
+struct ShardSnapshot {
+  std::string path;
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+  std::vector<NamedBytes> values;  // in the order of `tensors`
+};
+
+// `staging`: an earlier snapshot's values, whose buffers are reused in order.
+inline ShardSnapshot snapshot_shard(const std::string& dir, parallel::TrainingState& state,
+                                    const std::string& id, const CheckpointOptions& options,
+                                    std::vector<NamedBytes> staging = {}) {
   auto& optimizer = *state.optimizer;
   auto& comm = *state.comm;
   Context& ctx = optimizer.context();
@@ -169,16 +182,23 @@ inline void save_sharded(const std::string& dir, parallel::TrainingState& state,
   // Each element once: a replicated table (DDP) is saved by rank 0 alone.
   const bool saves_pieces = !table.replicated() || comm.rank() == 0;
   const auto& pieces = optimizer.pieces();
-  std::vector<TensorInfo> tensors;
-  std::vector<NamedBytes> values;
+  ShardSnapshot out;
+  out.values = std::move(staging);
+  std::size_t staged = 0;
   nlohmann::json listed = nlohmann::json::array();
+  auto stage = [&](TensorInfo info, const Tensor& t) {
+    if (staged == out.values.size()) out.values.emplace_back();
+    host_bytes_into(ctx, out.values[staged++], info.name, t);
+    out.tensors.push_back(std::move(info));
+  };
   auto add_piece = [&](const shard::StatePiece& piece, const std::string& buffer,
                        const Tensor& view) {
     const auto& param = table.params()[piece.param].name;
-    const std::string name = piece_tensor_name(param, buffer, piece.param_begin, piece.param_end);
     listed.push_back(piece_entry(param, buffer, piece.param_begin, piece.param_end));
-    tensors.push_back(TensorInfo{name, DType::f32, {piece.numel()}});
-    values.push_back(host_bytes(ctx, name, view));
+    stage(TensorInfo{piece_tensor_name(param, buffer, piece.param_begin, piece.param_end),
+                     DType::f32,
+                     {piece.numel()}},
+          view);
   };
   if (saves_pieces) {
     for (std::size_t k = 0; k < pieces.size(); ++k) {
@@ -193,21 +213,30 @@ inline void save_sharded(const std::string& dir, parallel::TrainingState& state,
   if (comm.rank() == 0)
     for (const auto& [name, t] : state.replicated) {
       listed.push_back({{"tensor", name}, {"whole", true}});
-      tensors.push_back(TensorInfo{name, t.dtype(), t.shape()});
-      values.push_back(host_bytes(ctx, name, t));
+      stage(TensorInfo{name, t.dtype(), t.shape()}, t);
     }
-  auto meta = common_metadata(state, id, options);
+  out.values.resize(staged);
+  out.metadata = common_metadata(state, id, options);
   for (auto& [key, value] : optimizer_state_metadata(optimizer.config().kind, optimizer.steps(),
                                                      trainable_params(state)))
-    meta[key] = value;
-  meta["format"] = std::string(kShardedCheckpointFormat);
-  meta["shardkit.rank"] = std::to_string(comm.rank());
-  meta["pieces"] = listed.dump();
-  SafetensorsWriter file(
-      (std::filesystem::path(dir) / shard_file_name(comm.rank(), comm.size())).string(),
-      std::move(tensors), meta);
-  for (const auto& v : values) file.write(v);
+    out.metadata[key] = value;
+  out.metadata["format"] = std::string(kShardedCheckpointFormat);
+  out.metadata["shardkit.rank"] = std::to_string(comm.rank());
+  out.metadata["pieces"] = listed.dump();
+  out.path = (std::filesystem::path(dir) / shard_file_name(comm.rank(), comm.size())).string();
+  return out;
+}
+
+// The snapshot as its file, written atomically (checksums, fsync, rename).
+inline void write_shard(const ShardSnapshot& snapshot) {
+  SafetensorsWriter file(snapshot.path, snapshot.tensors, snapshot.metadata);
+  for (const auto& v : snapshot.values) file.write(v);
   file.commit();
+}
+
+inline void save_sharded(const std::string& dir, parallel::TrainingState& state,
+                         const std::string& id, const CheckpointOptions& options) {
+  write_shard(snapshot_shard(dir, state, id, options));
 }
 
 // Hybrid sharding: every group holds the same states, so the first group saves and the others
@@ -258,11 +287,12 @@ inline void save_checkpoint(const std::string& dir, parallel::TrainingState stat
 
 namespace detail {
 
-// After each rank's part of a load: every rank learns which ranks failed (one all-reduce of a
-// flag per rank), so no rank trains on while another holds no state. A rank that failed
-// rethrows its own error; the others throw PeerFailed naming the ranks that failed.
-inline void agree_on_load(Context& ctx, comm::Communicator& comm, const std::exception_ptr& error,
-                          const std::string& dir) {
+// After each rank's part of a collective piece of work: every rank learns which ranks failed
+// (one all-reduce of a flag per rank), so no rank trains on while another lost its part. A rank
+// that failed rethrows its own error; the others throw PeerFailed with failed_on(ranks).
+template <class Message>
+void agree_on_outcome(Context& ctx, comm::Communicator& comm, const std::exception_ptr& error,
+                      Message&& failed_on) {
   std::vector<float> failed(static_cast<std::size_t>(comm.size()), 0.0f);
   failed[static_cast<std::size_t>(comm.rank())] = error ? 1.0f : 0.0f;
   Tensor flags = from_vector(ctx, failed, {comm.size()});
@@ -272,11 +302,17 @@ inline void agree_on_load(Context& ctx, comm::Communicator& comm, const std::exc
   std::string ranks;
   for (std::size_t r = 0; r < failed.size(); ++r)
     if (failed[r] != 0.0f) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  if (!ranks.empty())
-    throw comm::PeerFailed(shardkit::detail::concat(
+  if (!ranks.empty()) throw comm::PeerFailed(failed_on(ranks));
+}
+
+inline void agree_on_load(Context& ctx, comm::Communicator& comm, const std::exception_ptr& error,
+                          const std::string& dir) {
+  agree_on_outcome(ctx, comm, error, [&](const std::string& ranks) {
+    return shardkit::detail::concat(
         "loading the checkpoint in '", dir, "' failed on rank(s) ", ranks,
         " (their errors say why); this rank's part loaded, but the run cannot go on without "
-        "theirs"));
+        "theirs");
+  });
 }
 
 // This rank's part of load_checkpoint: everything but the collective steps.
