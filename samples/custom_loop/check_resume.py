@@ -5,7 +5,8 @@ that never stopped -- FSDP's sharded checkpoint resumed under SDP, and OSS's ful
 resumed under FSDP; a torn checkpoint (files from different saves) is refused; a run
 checkpointing every step and killed at random moments (inside saves too) resumes from the
 newest complete step folder and still ends with the uninterrupted run's parameters (12 kills
-here, half of them with a save in progress; SHARDKIT_KILLS=200 for a long run). First, the four
+here, half of them with a save in progress; SHARDKIT_KILLS=200 for a long run), with saves in
+the foreground and written in the background (--async-checkpoint). First, the four
 stages trained straight through end with the same parameters, bit for bit, DDP and FSDP agree in
 bf16 and f16 mixed precision too, and so do runs with the optimizer (and FSDP's shards) offloaded
 to the host.
@@ -37,16 +38,17 @@ def latest_folder(checkpoints):
         return os.path.join(checkpoints, f.read().strip())
 
 
-def kill_test(binary, folder, expected, kills):
-    """Checkpoints after every step and SIGKILLs the run `kills` times (../kill_chain.py); each
-    restart resumes from whatever is there. Every chain of restarts must end with the
-    uninterrupted run's parameters, with no temporary file left."""
+def kill_test(binary, folder, expected, kills, saving=()):
+    """Checkpoints after every step (with the `saving` flags) and SIGKILLs the run `kills` times
+    (../kill_chain.py); each restart resumes from whatever is there. Every chain of restarts must
+    end with the uninterrupted run's parameters, with no temporary file left."""
     checkpoints = os.path.join(folder, "killed")
-    args = [binary, *BASE, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1"]
+    saving = ["--checkpoint", checkpoints, "--checkpoint-every", "1", *saving]
+    args = [binary, *BASE, "--stage", "sdp", *saving]
 
     def finish_chain():
         resume = ["--resume", checkpoints] if os.path.exists(os.path.join(checkpoints, "latest")) else []
-        final = run(binary, "--stage", "sdp", "--checkpoint", checkpoints, "--checkpoint-every", "1", *resume)
+        final = run(binary, "--stage", "sdp", *saving, *resume)
         leftovers = kill_chain.temporary_files(checkpoints)
         shutil.rmtree(checkpoints, ignore_errors=True)
         return final["params_fnv1a"] == expected and not leftovers
@@ -54,7 +56,8 @@ def kill_test(binary, folder, expected, kills):
     killed, during_save, chains, good_chains = kill_chain.kill_chains(
         checkpoints, lambda resume: args + (["--resume", checkpoints] if resume else []),
         finish_chain, kills, finish_from=27, max_advance=4, seed=13)
-    print(f"killed {killed} times ({during_save} with a save in progress: a temporary file or an "
+    print(f"{' '.join(saving[4:]) or 'foreground saves'}: "
+          f"killed {killed} times ({during_save} with a save in progress: a temporary file or an "
           f"unpublished step folder left behind); {good_chains} of {chains} chains of restarts ended "
           f"with the uninterrupted run's parameters ({expected}) and no temporary file")
     return good_chains == chains and during_save > 0
@@ -111,8 +114,12 @@ def main():
                    and "(step 13)" in out.stderr and "(step 14)" in out.stderr)
         print("torn checkpoint:", out.stderr.strip())
         # CI kills 12 times; SHARDKIT_KILLS=200 for the long run docs/reliability.md reports.
-        killed_ok = kill_test(binary, folder, straight["params_fnv1a"],
-                              int(os.environ.get("SHARDKIT_KILLS", "12")))
+        kills = int(os.environ.get("SHARDKIT_KILLS", "12"))
+        killed_ok = kill_test(binary, folder, straight["params_fnv1a"], kills)
+        # Saves written in the background: a kill while a file is still being written leaves
+        # the step before in force, as it does in the foreground.
+        killed_ok = kill_test(binary, folder, straight["params_fnv1a"], kills,
+                              ("--checkpoint-layout", "sharded", "--async-checkpoint")) and killed_ok
         return 0 if ok and refused and killed_ok else 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -13,12 +13,12 @@
 //      sharded), sdp (ZeRO-2: gradients too), fsdp (ZeRO-3: parameters too). The results are
 //      DDP's; the memory is not. --offload optimizer moves the optimizer's master, state and
 //      step to the host (params: fsdp's parameter shards too), with the same results.
-//   5. Checkpoints (sk::checkpoint::save_step_checkpoint): --checkpoint DIR saves the parameters
-//   and
-//      the optimizer state, whole (streamed to rank 0) or one file per rank (--checkpoint-layout
-//      sharded), as a step folder that becomes DIR/latest in one atomic rename once complete;
-//      --resume DIR continues exactly from the newest complete one, under any stage and rank
-//      count, however the previous run ended.
+//   5. Checkpoints (sk::checkpoint::save_step_checkpoint): --checkpoint DIR saves the
+//      parameters and the optimizer state, whole (streamed to rank 0) or one file per rank
+//      (--checkpoint-layout sharded), as a step folder that becomes DIR/latest in one atomic
+//      rename once complete; --async-checkpoint writes the sharded files in the background
+//      (sk::checkpoint::AsyncCheckpointer); --resume DIR continues exactly from the newest
+//      complete one, under any stage and rank count, however the previous run ended.
 //
 // Ranks are threads of this process by default (--ranks N; on a GPU they share it); under
 // mpirun each process is one rank, over MPI on the CPU and NCCL on GPUs. The last line printed
@@ -63,6 +63,7 @@ struct Flags {
   std::string checkpoint_dir;
   int checkpoint_every = 0;
   std::string checkpoint_layout = "full";
+  bool async_checkpoint = false;
   std::string precision = "f32";
   std::string offload = "none";
   std::string resume_dir;
@@ -131,6 +132,9 @@ int main(int argc, char** argv) {
                  "full (model.safetensors + optimizer.safetensors, gathered on rank 0) or "
                  "sharded (one file per rank)")
       ->check(CLI::IsMember({"full", "sharded"}));
+  app.add_flag("--async-checkpoint", flags.async_checkpoint,
+               "write checkpoints in the background: a save blocks only for a copy of each "
+               "rank's state (needs --checkpoint-layout sharded)");
   app.add_option("--resume", flags.resume_dir,
                  "continue from the newest complete checkpoint in this folder (DIR/latest), or "
                  "from this checkpoint folder itself (any stage or rank count)")
@@ -188,6 +192,12 @@ int main(int argc, char** argv) {
     setup.checkpoint_layout = flags.checkpoint_layout == "sharded"
                                   ? sk::checkpoint::CheckpointLayout::sharded
                                   : sk::checkpoint::CheckpointLayout::full;
+    setup.async_checkpoint = flags.async_checkpoint;
+    sk::check(!setup.async_checkpoint ||
+                  setup.checkpoint_layout == sk::checkpoint::CheckpointLayout::sharded,
+              "--async-checkpoint writes one file per rank in the background; add "
+              "--checkpoint-layout sharded (the full layout gathers on rank 0 while the ranks "
+              "wait)");
     setup.resume_dir = flags.resume_dir;
     setup.stop_after = flags.stop_after;
     if (!setup.checkpoint_dir.empty()) std::filesystem::create_directories(setup.checkpoint_dir);

@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -49,8 +51,9 @@ struct Setup {
   std::string checkpoint_dir;         // save here every checkpoint_every steps and at the end
   std::int64_t checkpoint_every = 0;  // 0: at the end only
   sk::checkpoint::CheckpointLayout checkpoint_layout = sk::checkpoint::CheckpointLayout::full;
-  std::string resume_dir;       // continue from the checkpoint here
-  std::int64_t stop_after = 0;  // end this run after so many steps (0: run to the end)
+  bool async_checkpoint = false;  // written in the background (sharded layout only)
+  std::string resume_dir;         // continue from the checkpoint here
+  std::int64_t stop_after = 0;    // end this run after so many steps (0: run to the end)
 };
 
 struct RankReport {
@@ -246,6 +249,10 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
       s.stop_after > 0 ? std::min(total_steps, step + s.stop_after) : total_steps;
   const std::int64_t run_begin = step;
   std::int64_t checkpoint_bus_bytes = 0;
+  // --async-checkpoint: a save blocks for a copy of this rank's state; the files are written
+  // while the next steps run (checkpoint/async_checkpoint.hpp).
+  std::optional<sk::checkpoint::AsyncCheckpointer> saver;
+  if (s.async_checkpoint && !s.checkpoint_dir.empty()) saver.emplace(s.checkpoint_dir);
   comm.reset_stats();
   for (std::int64_t epoch = step / steps_per_epoch; step < run_end; ++epoch) {
     sampler.set_epoch(epoch);
@@ -280,8 +287,16 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
         options.layout = s.checkpoint_layout;
         auto state = engine->training_state();
         // A step folder behind an atomic `latest`: a kill at any moment leaves a complete one.
-        const auto folder =
-            sk::checkpoint::save_step_checkpoint(s.checkpoint_dir, step + 1, state, options);
+        std::string folder;
+        if (saver) {
+          saver->save(step + 1, state, options);
+          folder =
+              (std::filesystem::path(s.checkpoint_dir) / sk::checkpoint::step_folder_name(step + 1))
+                  .string() +
+              ", in the background";
+        } else {
+          folder = sk::checkpoint::save_step_checkpoint(s.checkpoint_dir, step + 1, state, options);
+        }
         if (rank == 0)
           std::printf(
               "checkpoint: step %lld saved to %s (%s)\n", static_cast<long long>(step + 1),
@@ -290,6 +305,11 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
         checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
       }
     }
+  }
+  if (saver) {  // the last save written and published on every rank before the run ends
+    const auto before = comm.stats().total_bus_bytes();
+    saver->finish();
+    checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
   }
   const double loss = step > run_begin ? mlp.loss() : 0.0;  // of the last step
   const double bus_bytes =

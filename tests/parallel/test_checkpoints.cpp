@@ -17,6 +17,7 @@
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
+#include "shardkit/checkpoint/async_checkpoint.hpp"
 #include "shardkit/checkpoint/checkpoint_rewrite.hpp"
 #include "shardkit/checkpoint/module_state.hpp"
 #include "shardkit/checkpoint/training_checkpoint.hpp"
@@ -193,6 +194,117 @@ TEST_CASE("a run stopped and resumed under another stage continues bit for bit")
       }
     }
   }
+}
+
+std::string latest_name(const fs::path& dir) {
+  std::ifstream in(dir / "latest");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+// Files a save leaves besides its checkpoint: temporaries and the async save's markers.
+std::vector<std::string> leftovers(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    const auto name = entry.path().filename().string();
+    if (name.find(".tmp.") != std::string::npos || name.rfind(".written.", 0) == 0)
+      out.push_back(entry.path().string());
+  }
+  return out;
+}
+
+TEST_CASE("async step checkpoints: step 3's state while training goes on; one save at a time") {
+  const auto dir = scratch("async");
+  const Where where{Stage::fsdp, 3};
+  // Reference: step 3's state saved in the foreground by a run that stops there.
+  const auto reference_dir = scratch("async_reference");
+  CheckpointJob reference;
+  reference.where = where;
+  reference.steps = 3;
+  reference.save_to = reference_dir.string();
+  reference.save.layout = CheckpointLayout::sharded;
+  (void)run(reference);
+
+  std::vector<std::string> latest_after_second_save(3);
+  sk::comm::run_ranks(where.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, reference.seed + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(reference.kind),
+                                      options_for(where.stage));
+    sk::checkpoint::AsyncCheckpointer saver(dir.string());
+    sk::checkpoint::CheckpointOptions options;
+    options.layout = CheckpointLayout::sharded;
+    for (int s = 0; s < 6; ++s) {
+      model.zero_grad();
+      auto b = batch(ctx, {6, 12}, 7, comm.rank(), s);
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      model.step(dp_test::lr_at(reference.kind, s));
+      // Saves after steps 3 and 5; the steps between change the state while step 3 is written.
+      if (s == 2) saver.save(3, model.training_state(), options);
+      if (s == 4) {
+        saver.save(5, model.training_state(), options);
+        // The save of step 3 was published before this one began.
+        latest_after_second_save[static_cast<std::size_t>(comm.rank())] = latest_name(dir);
+        CHECK(fs::exists(dir / "step_000000003"));
+      }
+    }
+    saver.finish();
+    CHECK_FALSE(saver.in_flight());
+  });
+  for (const auto& name : latest_after_second_save) CHECK(name == "step_000000003");
+  CHECK(latest_name(dir) == "step_000000005");
+  CHECK_FALSE(fs::exists(dir / "step_000000003"));  // replaced by the newer one
+  CHECK(leftovers(dir).empty());
+
+  // Step 5's checkpoint holds what a foreground save of step 5 holds; loaded, it equals it.
+  const auto reference5_dir = scratch("async_reference5");
+  CheckpointJob reference5 = reference;
+  reference5.steps = 5;
+  reference5.save_to = reference5_dir.string();
+  (void)run(reference5);
+  CheckpointJob load_async;
+  load_async.where = where;
+  load_async.steps = 0;
+  load_async.load_from = (dir / "step_000000005").string();
+  CheckpointJob load_reference = load_async;
+  load_reference.load_from = reference5_dir.string();
+  const auto from_async = run(load_async), from_reference = run(load_reference);
+  CHECK(dp_test::bitwise_equal(from_async.values, from_reference.values));
+  CHECK(same_state(from_async.state, from_reference.state));
+  CHECK(from_async.state.steps == 5);
+}
+
+TEST_CASE("async step checkpoints: a failed write leaves the previous latest and names the rank") {
+  const auto dir = scratch("async_failure");
+  std::vector<std::string> errors(2);
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options_for(Stage::sdp));
+    sk::checkpoint::AsyncCheckpointer saver(dir.string());
+    sk::checkpoint::CheckpointOptions options;
+    options.layout = CheckpointLayout::sharded;
+    CHECK_THROWS_WITH(saver.save(1, model.training_state()),
+                      doctest::Contains("save with the sharded layout"));
+    saver.save(1, model.training_state(), options);
+    saver.finish();
+    // Rank 1's file cannot be renamed into place: a folder stands where it goes.
+    saver.save(2, model.training_state(), options, [&](const std::string& folder) {
+      if (comm.rank() == 1)
+        fs::create_directories(fs::path(folder) / sk::checkpoint::shard_file_name(1, 2) / "x");
+    });
+    try {
+      saver.finish();
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(comm.rank())] =
+          std::string(dynamic_cast<const sk::comm::PeerFailed*>(&e) ? "PeerFailed: " : "") +
+          e.what();
+    }
+  });
+  CHECK(errors[0].find("PeerFailed: the checkpoint of step 2") == 0);
+  CHECK(errors[0].find("failed to write on rank(s) 1") != std::string::npos);
+  CHECK(errors[1].find("shard-00001-of-00002") != std::string::npos);
+  CHECK(latest_name(dir) == "step_000000001");
 }
 
 TEST_CASE("a full save streams through bounded chunks, and its model file is a state dict") {

@@ -1,0 +1,217 @@
+// Step checkpoints written in the background, as torch.distributed.checkpoint's async_save:
+//
+//   AsyncCheckpointer saver(dir);                 one per rank
+//   saver.save(step, state, {.layout = sharded});  collective; returns once this rank's state is
+//                                                  copied into host staging memory
+//   ... training goes on while the files are written ...
+//   saver.finish();                                collective; before exit (the next save does it)
+//
+// A save copies this rank's pieces of the parameters and optimizer state (and rank 0 the
+// replicated tensors) into host buffers kept between saves, so the blocking part is one copy of
+// the rank's state; a background thread then writes the rank's file of the sharded layout
+// (checksums, fsync, atomic rename) into DIR/step_<step>/ and leaves an empty marker
+// `.written.<rank>` beside it. Rank 0's thread waits for every rank's marker and then makes the
+// step the latest, exactly as save_step_checkpoint does (step_folders.hpp). No collective runs in
+// the background, so the training's collectives never interleave with a save's; the markers are
+// how the ranks agree that the files are down.
+//
+// What holds at every moment: `latest` names a complete checkpoint -- the previous one until
+// every rank's file of the new one is committed, the new one after. A crash or a failed write
+// (disk full) leaves the previous one in force. The next save, and finish(), first wait for the
+// save in flight and make every rank learn its outcome: a rank whose write failed throws its
+// error, the others a PeerFailed naming it, so no rank trains on believing a save that was lost.
+// A second save therefore never overlaps the first. The destructor waits for this rank's write
+// and publishes only a step every rank has finished; call finish() to be sure the newest save is
+// published.
+//
+// Only the sharded layout is written in the background: the full layout streams every piece to
+// rank 0, which needs collectives (convert a sharded checkpoint with `shardkit-ckpt consolidate`).
+// The staging costs one copy of the rank's state in host memory while a save is in flight.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "shardkit/checkpoint/step_folders.hpp"
+
+namespace shardkit::checkpoint {
+
+class AsyncCheckpointer {
+ public:
+  explicit AsyncCheckpointer(std::string dir) : dir_(std::move(dir)) {}
+  ~AsyncCheckpointer() { abandon(); }
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  // Saves `state` as DIR/step_<step>/ in the background (see above); `extra(folder)` runs on
+  // every saving rank before this returns (per-rank files of the caller's own, written
+  // synchronously). Under hybrid sharding the first group saves. Collective.
+  void save(std::int64_t step, parallel::TrainingState state, const CheckpointOptions& options = {},
+            const std::function<void(const std::string&)>& extra = {}) {
+    detail::check_state(state, "AsyncCheckpointer::save");
+    check(options.layout == CheckpointLayout::sharded,
+          "AsyncCheckpointer::save: the full layout streams every piece to rank 0 through "
+          "collectives, which cannot run beside the training; save with the sharded layout "
+          "(CheckpointOptions::layout = sharded) and consolidate later with `shardkit-ckpt "
+          "consolidate` if one file is wanted");
+    finish();
+    comm_ = state.comm;
+    replicas_ = state.replicas != nullptr && state.replicas->size() > 1 ? state.replicas : nullptr;
+    ctx_ = &state.optimizer->context();
+    step_ = step;
+    in_flight_ = true;
+    written_ = {};
+    if (replicas_ != nullptr && replicas_->rank() != 0) return;  // the first group saves
+    state.replicas = nullptr;
+    auto& comm = *comm_;
+    if (comm.rank() == 0) detail::prepare_step_folder(dir_, step);
+    comm.barrier();
+    const auto folder = (std::filesystem::path(dir_) / step_folder_name(step)).string();
+    const std::string id = detail::agree_on_checkpoint_id(*ctx_, comm);
+    auto snapshot = std::make_shared<detail::ShardSnapshot>(
+        detail::snapshot_shard(folder, state, id, options, std::move(staging_)));
+    if (extra) extra(folder);
+    std::promise<void> written;
+    written_ = written.get_future();
+    abandoned_ = false;
+    worker_ = std::thread([this, snapshot, folder, step, rank = comm.rank(), world = comm.size(),
+                           written = std::move(written)]() mutable {
+      std::exception_ptr error;
+      try {
+        detail::write_shard(*snapshot);
+        touch(marker(folder, rank));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      staging_ = std::move(snapshot->values);  // kept for the next save
+      if (error) {
+        written.set_exception(error);
+        return;
+      }
+      written.set_value();
+      if (rank == 0) publish_when_written(folder, step, world);
+    });
+  }
+
+  // Waits for the save in flight: every rank's file written, the step published, and every
+  // rank told the outcome (throws as described above). No-op without a save in flight.
+  // Collective.
+  void finish() {
+    if (!in_flight_) return;
+    in_flight_ = false;
+    std::exception_ptr failure;
+    if (replicas_ == nullptr || replicas_->rank() == 0) {
+      auto failed_on = [&](const char* what) {
+        return [this, what](const std::string& ranks) {
+          return shardkit::detail::concat(
+              "the checkpoint of step ", step_, " in '", dir_, "' failed to ", what, " on rank(s) ",
+              ranks, " (their errors say why); '", dir_, "/latest' still names the one before");
+        };
+      };
+      std::exception_ptr error;
+      try {
+        if (written_.valid()) written_.get();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      try {
+        detail::agree_on_outcome(*ctx_, *comm_, error, failed_on("write"));
+        // Every file and marker is down: rank 0's thread publishes the step and ends.
+        std::exception_ptr publish_error;
+        try {
+          join();
+        } catch (...) {
+          publish_error = std::current_exception();
+        }
+        detail::agree_on_outcome(*ctx_, *comm_, publish_error, failed_on("publish"));
+      } catch (...) {
+        failure = std::current_exception();
+        abandon();  // rank 0's thread stops waiting for markers that will not come
+      }
+    }
+    const bool first_group_failed = share_with_replicas(failure != nullptr);
+    if (failure) std::rethrow_exception(failure);
+    if (first_group_failed)
+      throw comm::PeerFailed(shardkit::detail::concat(
+          "the checkpoint of step ", step_, " in '", dir_,
+          "' failed in the first group of ranks, which saves it (its errors are on its ranks)"));
+  }
+
+  bool in_flight() const { return in_flight_; }
+
+ private:
+  static std::string marker(const std::string& folder, int rank) {
+    return (std::filesystem::path(folder) / (".written." + std::to_string(rank))).string();
+  }
+
+  static void touch(const std::string& path) {
+    detail::PosixFile file(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
+    file.sync_and_close();
+  }
+
+  // Rank 0's thread: once every rank's marker is there, the step becomes the latest and the
+  // markers go; given up when abandon() says so (a rank failed, or the object is destroyed --
+  // then only a step that is already complete is published).
+  void publish_when_written(const std::string& folder, std::int64_t step, int world) {
+    auto all_written = [&] {
+      for (int r = 0; r < world; ++r)
+        if (!std::filesystem::exists(marker(folder, r))) return false;
+      return true;
+    };
+    while (!all_written()) {
+      if (abandoned_.load()) {
+        if (!all_written()) return;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    try {
+      detail::publish_step_folder(dir_, step);
+      for (int r = 0; r < world; ++r) std::filesystem::remove(marker(folder, r));
+    } catch (...) {
+      publish_error_ = std::current_exception();
+    }
+  }
+
+  void join() {
+    if (worker_.joinable()) worker_.join();
+    if (publish_error_) std::rethrow_exception(std::exchange(publish_error_, nullptr));
+  }
+
+  void abandon() {
+    abandoned_ = true;
+    if (worker_.joinable()) worker_.join();
+    publish_error_ = nullptr;
+  }
+
+  // Hybrid sharding: the other groups learn whether the first group's save failed (max of the
+  // flags over the replica groups). Returns whether it did.
+  bool share_with_replicas(bool failed) {
+    if (replicas_ == nullptr) return false;
+    Tensor flag = from_vector(*ctx_, std::vector<float>{failed ? 1.0f : 0.0f}, {1});
+    replicas_->all_reduce(flag, comm::ReduceOp::max).wait();
+    return to_vector<float>(*ctx_, flag)[0] > 0.0f;
+  }
+
+  std::string dir_;
+  comm::Communicator* comm_ = nullptr;
+  comm::Communicator* replicas_ = nullptr;
+  Context* ctx_ = nullptr;
+  std::int64_t step_ = 0;
+  bool in_flight_ = false;
+  std::future<void> written_;
+  std::thread worker_;
+  std::atomic<bool> abandoned_{false};
+  std::exception_ptr publish_error_;
+  std::vector<NamedBytes> staging_;  // the last snapshot's buffers, reused by the next
+};
+
+}  // namespace shardkit::checkpoint
