@@ -7,6 +7,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <functional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,9 +41,12 @@ std::string joined(const std::vector<std::string>& failures) {
   return out;
 }
 
+// The backend's own behaviour (asynchronous calls, timeouts), without the order check, whose
+// exchange would make every call wait for the others.
 comm::CommOptions short_timeout(std::chrono::milliseconds timeout) {
   comm::CommOptions options;
   options.timeout = timeout;
+  options.validate_order = false;
   return options;
 }
 
@@ -183,6 +188,128 @@ TEST_CASE(
     comm::MpiCommunicator after(ctx, session, MPI_COMM_WORLD, short_timeout(30s));
     after.barrier();
   }
+}
+
+comm::CommOptions validated(std::chrono::milliseconds timeout) {
+  comm::CommOptions options;
+  options.timeout = timeout;
+  options.validate_order = true;
+  return options;
+}
+
+// What each rank's first call throws, "" when it returns.
+std::string first_error(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const sk::InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("the order check refuses a rank's different call on every rank, naming both calls") {
+  sk::Context ctx;
+  auto session = std::make_shared<comm::MpiSession>();
+  std::vector<float> data(12, 1.0f), gathered(48, 0.0f);
+  std::vector<double> wide(12, 1.0);
+  struct Case {
+    const char* name;
+    std::function<void(comm::Communicator&)> everyone, last_rank;
+    const char* theirs;  // how the others see the last rank's call
+    const char* mine;    // how the last rank names its own
+  };
+  const std::vector<Case> cases = {
+      {"an extra all_gather", [&](comm::Communicator& c) { c.all_reduce(data).wait(); },
+       [&](comm::Communicator& c) {
+         c.all_gather(comm::Buffer(std::span(data)), comm::Buffer(std::span(gathered))).wait();
+       },
+       "is all_gather #0 of 48 f32", "this rank's is all_gather #0 of 48 f32"},
+      {"another size", [&](comm::Communicator& c) { c.all_reduce(data).wait(); },
+       [&](comm::Communicator& c) { c.all_reduce(std::span(data).first(8)).wait(); },
+       "is all_reduce #0 of 8 f32 (sum)", "this rank's is all_reduce #0 of 8 f32 (sum)"},
+      {"another dtype", [&](comm::Communicator& c) { c.all_reduce(data).wait(); },
+       [&](comm::Communicator& c) { c.all_reduce(wide).wait(); },
+       "is all_reduce #0 of 12 f64 (sum)", "this rank's is all_reduce #0 of 12 f64 (sum)"},
+      // A unit skipped on one rank: its next call has the same shape but another label.
+      {"a skipped unit",
+       [&](comm::Communicator& c) {
+         auto label = c.label("fsdp unit 1: gather");
+         c.all_reduce(data).wait();
+       },
+       [&](comm::Communicator& c) {
+         auto label = c.label("fsdp unit 2: gather");
+         c.all_reduce(data).wait();
+       },
+       "is all_reduce #0 of 12 f32 (sum) under another label",
+       "this rank's is all_reduce #0 of 12 f32 (sum) ('fsdp unit 2: gather')"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    comm::MpiCommunicator probe(ctx, session, MPI_COMM_WORLD, validated(30s));
+    const int last = probe.size() - 1;
+    const auto start = std::chrono::steady_clock::now();
+    const std::string error = first_error([&] {
+      if (probe.rank() == last)
+        c.last_rank(probe);
+      else
+        c.everyone(probe);
+    });
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    CAPTURE(error);
+    CHECK(ms < 10000.0);  // refused at once, never a hang
+    if (probe.rank() == last) {
+      CHECK(error.find("rank 0's collective #0 is ") != std::string::npos);
+      CHECK(error.find(c.mine) != std::string::npos);
+    } else {
+      CHECK(error.find("rank " + std::to_string(last) + "'s collective #0 " + c.theirs) !=
+            std::string::npos);
+      CHECK(error.find("every rank must issue the same collectives in the same order") !=
+            std::string::npos);
+    }
+    // Nothing was issued: the communicator still works, and agrees.
+    std::vector<float> one(1, 1.0f);
+    probe.all_reduce(one).wait();
+    CHECK(one[0] == static_cast<float>(probe.size()));
+  }
+}
+
+TEST_CASE("a rank blocked on a peer that never comes names the call and its last calls") {
+  sk::Context ctx;
+  auto session = std::make_shared<comm::MpiSession>();
+  constexpr auto kTimeout = 300ms;
+  std::vector<float> data(6, 1.0f);
+  {
+    const bool late = comm::MpiSession::world_rank() == comm::MpiSession::world_size() - 1;
+    comm::MpiCommunicator probe(ctx, session, MPI_COMM_WORLD,
+                                validated(late ? std::chrono::milliseconds(1000) : kTimeout));
+    probe.all_reduce(data).wait();
+    {
+      auto label = probe.label("fsdp unit 4: reduce-scatter");
+      probe.broadcast(data, 0).wait();
+    }
+    if (late) {
+      // Stuck elsewhere, then it joins: its check completes the others' orphaned exchange, and
+      // its barrier, which no one else issues any more, times out in turn.
+      std::this_thread::sleep_for(kTimeout + 400ms);
+      CHECK_THROWS_AS(probe.barrier(), sk::TimeoutError);
+    } else {
+      std::string message;
+      try {
+        probe.barrier();
+      } catch (const sk::TimeoutError& e) {
+        message = e.what();
+      }
+      CAPTURE(message);
+      CHECK(message.find("the order check of barrier #2") == 0);
+      CHECK(message.find("timed out after 300 ms") != std::string::npos);
+      CHECK(message.find("this rank's last calls, oldest first: all_reduce #0 of 6 f32 (sum); "
+                         "broadcast #1 of 6 f32 from root 0 ('fsdp unit 4: reduce-scatter'); "
+                         "barrier #2") != std::string::npos);
+    }
+  }  // the survivors' destructors complete the orphaned check once the late rank joined
+  comm::MpiCommunicator after(ctx, session, MPI_COMM_WORLD, short_timeout(30s));
+  after.barrier();
 }
 
 // Run only by check_mpi_dead_rank.py (doctest --no-skip): a process that dies for real. Open MPI

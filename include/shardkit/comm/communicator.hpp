@@ -3,16 +3,20 @@
 // the traffic, then hand normalised buffers to the backend.
 //
 // Every rank of a communicator must issue the same calls in the same order with the same
-// counts, dtypes, roots and ops (NCCL's rule). The local backend checks that across ranks; MPI
-// and NCCL cannot do so cheaply, and a mismatch there is undefined (MPI usually reports a
-// truncation error, NCCL may hang until the timeout).
+// counts, dtypes, roots and ops (NCCL's rule). The local backend checks that across ranks on
+// every call; MPI does with CommOptions::validate_order (call_record.hpp), at the cost of one
+// small all-gather per call; elsewhere a mismatch is undefined (MPI usually reports a
+// truncation error, NCCL may hang until the timeout). Every communicator records its last calls
+// for timeouts' messages.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "shardkit/comm/buffer.hpp"
+#include "shardkit/comm/call_record.hpp"
 #include "shardkit/comm/comm_stats.hpp"
 #include "shardkit/comm/reduction.hpp"
 #include "shardkit/comm/work.hpp"
@@ -41,10 +46,24 @@ class PeerFailed : public CommunicatorAborted {
   using CommunicatorAborted::CommunicatorAborted;
 };
 
+// The order check's default: on when SHARDKIT_VALIDATE_COLLECTIVES=1 is in the environment
+// (the MPI suites of the tests set it), so a job that hangs can be rerun with the check without
+// a rebuild.
+inline bool validate_order_default() {
+  const char* value = std::getenv("SHARDKIT_VALIDATE_COLLECTIVES");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
 struct CommOptions {
   // How long a call may wait for the other ranks before it throws sk::TimeoutError and the
   // communicator is aborted. Covers the wait for peers, not the local data movement.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Before each call, the ranks compare its fingerprint (call_record.hpp) and refuse a
+  // mismatch with both calls named, before it can hang or move the wrong bytes: one all-gather
+  // of 48 bytes per rank per call, which also makes each call wait until every rank has issued
+  // it. The MPI backend; the local one checks every call anyway, and NCCL does not (its
+  // exchange would wait for the GPU).
+  bool validate_order = validate_order_default();
 };
 
 class Communicator;
@@ -89,7 +108,7 @@ class Communicator {
     check_call(call, send);
     check_pair(call, send, recv, send.count, "send.count");
     check_same_or_disjoint(call, send, recv.first(send.count));
-    return counted(CollectiveKind::all_reduce, send.nbytes(),
+    return counted(record(CollectiveKind::all_reduce, send, send.count, -1, op), send.nbytes(),
                    [&] { return do_all_reduce(send, recv.first(send.count), op); });
   }
   // At `root`, recv <- reduction of every rank's send; other ranks may pass an empty recv.
@@ -107,7 +126,7 @@ class Communicator {
       out.dtype = send.dtype;
       out.device = send.device;
     }
-    return counted(CollectiveKind::reduce, send.nbytes(),
+    return counted(record(CollectiveKind::reduce, send, send.count, root, op), send.nbytes(),
                    [&] { return do_reduce(send, out, root, op); });
   }
   // data <- root's data, on every rank.
@@ -115,7 +134,7 @@ class Communicator {
     const std::string_view call = "broadcast";
     check_call(call, data);
     check_root(call, root);
-    return counted(CollectiveKind::broadcast, data.nbytes(),
+    return counted(record(CollectiveKind::broadcast, data, data.count, root), data.nbytes(),
                    [&] { return do_broadcast(data, root); });
   }
   // recv[r*count, (r+1)*count) <- rank r's send (count = send.count). In place when
@@ -127,7 +146,7 @@ class Communicator {
     check_pair(call, send, recv, total, "size() x send.count");
     const Buffer out = recv.first(total);
     check_in_place_or_disjoint(call, send, out, send.count, "send", "recv");
-    return counted(CollectiveKind::all_gather, out.nbytes(),
+    return counted(record(CollectiveKind::all_gather, send, total), out.nbytes(),
                    [&] { return do_all_gather(send, out); });
   }
   // recv (count = recv.count) <- reduction over ranks of their send[rank*count, (rank+1)*count).
@@ -139,7 +158,7 @@ class Communicator {
     check_pair(call, recv, send, total, "size() x recv.count", "send");
     const Buffer in = send.first(total);
     check_in_place_or_disjoint(call, recv, in, recv.count, "recv", "send");
-    return counted(CollectiveKind::reduce_scatter, in.nbytes(),
+    return counted(record(CollectiveKind::reduce_scatter, recv, total, -1, op), in.nbytes(),
                    [&] { return do_reduce_scatter(in, recv, op); });
   }
   // Per-owner broadcast of an unevenly partitioned buffer: data holds sum(counts) elements,
@@ -149,7 +168,9 @@ class Communicator {
     const std::string_view call = "all_gather_v";
     const std::size_t total = check_segments(call, data, "data", counts);
     const Buffer whole = data.first(total);
-    return counted(CollectiveKind::all_gather_v, whole.nbytes(),
+    auto uneven = record(CollectiveKind::all_gather_v, data, total);
+    uneven.counts_hash = comm::counts_hash(counts);
+    return counted(std::move(uneven), whole.nbytes(),
                    [&] { return do_all_gather_v(whole, counts); });
   }
   // Per-owner reduce of an unevenly partitioned buffer: send holds sum(counts) elements; rank r
@@ -168,7 +189,9 @@ class Communicator {
       check(out.data == in.slice(offset, own).data, where(call),
             ": recv overlaps send but is not this rank's segment (element ", offset,
             " of send); pass disjoint buffers, or recv = send + offset for the in-place form");
-    return counted(CollectiveKind::reduce_scatter_v, in.nbytes(),
+    auto uneven = record(CollectiveKind::reduce_scatter_v, send, total, -1, op);
+    uneven.counts_hash = comm::counts_hash(counts);
+    return counted(std::move(uneven), in.nbytes(),
                    [&] { return do_reduce_scatter_v(in, out, counts, op); });
   }
   // Returns when every rank has reached the barrier (throws TimeoutError otherwise).
@@ -177,6 +200,7 @@ class Communicator {
     check<StateError>(
         group_depth_ == 0, where("barrier"),
         ": a barrier inside a group scope would wait for itself; end the group first");
+    begin_call(record(CollectiveKind::barrier, Buffer(), 0));
     do_barrier();
     stats_.record(CollectiveKind::barrier, 0, size_);
   }
@@ -190,8 +214,31 @@ class Communicator {
     check_usable("split");
     check<StateError>(group_depth_ == 0, where("split"),
                       ": split inside a group scope cannot complete; end the group first");
+    auto split_call = record(CollectiveKind::barrier, Buffer(), 0);
+    split_call.is_split = true;
+    begin_call(std::move(split_call));
     return do_split(color, key);
   }
+
+  // What issues the calls while it lives ("fsdp unit 3: gather for forward"): part of each
+  // call's fingerprint and of the flight recorder's entries, so a mismatch or a timeout names
+  // the caller. Scopes nest; the innermost names the call.
+  class Label {
+   public:
+    Label(Communicator& comm, std::string text)
+        : comm_(&comm), previous_(std::exchange(comm.label_, std::move(text))) {}
+    ~Label() { comm_->label_ = std::move(previous_); }
+    Label(const Label&) = delete;
+    Label& operator=(const Label&) = delete;
+
+   private:
+    Communicator* comm_;
+    std::string previous_;
+  };
+  Label label(std::string text) { return Label(*this, std::move(text)); }
+
+  // This rank's last calls, oldest first (what a timeout's message lists).
+  std::string recent_calls() const { return recorder_->recent(); }
 
   // Keeps `owner` alive as long as this communicator (e.g. the MPI session it was built on).
   void attach(std::shared_ptr<void> owner) { attached_.push_back(std::move(owner)); }
@@ -225,13 +272,41 @@ class Communicator {
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
   virtual void do_group_start() {}
   virtual void do_group_end() {}
+  // With CommOptions::validate_order: compare `call`'s fingerprint with every rank's and throw
+  // InvalidArgument naming both calls on a mismatch. Backends that check otherwise (local) or
+  // cannot (NCCL) keep this no-op.
+  virtual void do_validate(const CallRecord& call) { (void)call; }
+
+  std::shared_ptr<const FlightRecorder> recorder() const { return recorder_; }
 
   int group_depth() const { return group_depth_; }
 
  private:
+  CallRecord record(CollectiveKind kind, const Buffer& main, std::size_t count,
+                    std::int64_t root = -1, std::optional<ReduceOp> op = std::nullopt) const {
+    CallRecord call;
+    call.kind = kind;
+    call.dtype = main.dtype;
+    call.count = count;
+    call.root = root;
+    call.reduces = op.has_value();
+    call.op = op.value_or(ReduceOp::sum);
+    return call;
+  }
+
+  // Numbers the call, records it, and checks it against the other ranks' when asked.
+  void begin_call(CallRecord call) {
+    call.seq = calls_++;
+    call.label = label_;
+    recorder_->add(call);
+    if (options_.validate_order && size_ > 1) do_validate(call);
+  }
+
   // Counts a call once the backend accepted it (a rejected call moved nothing).
   template <class Issue>
-  Work counted(CollectiveKind kind, std::size_t payload_bytes, Issue&& issue) {
+  Work counted(CallRecord call, std::size_t payload_bytes, Issue&& issue) {
+    const CollectiveKind kind = call.kind;
+    begin_call(std::move(call));
     Work work = issue();
     stats_.record(kind, payload_bytes, size_);
     return work;
@@ -307,6 +382,9 @@ class Communicator {
   CommOptions options_;
   CommStats stats_;
   int group_depth_ = 0;
+  std::uint64_t calls_ = 0;
+  std::string label_;
+  std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   std::vector<std::shared_ptr<void>> attached_;
 };
 

@@ -47,8 +47,12 @@ struct MpiCommState {
 class MpiWorkState final : public WorkState, public std::enable_shared_from_this<MpiWorkState> {
  public:
   MpiWorkState(std::shared_ptr<MpiCommState> comm, std::string name,
-               std::chrono::milliseconds timeout)
-      : comm_(std::move(comm)), name_(std::move(name)), timeout_(timeout) {}
+               std::chrono::milliseconds timeout,
+               std::shared_ptr<const FlightRecorder> recorder = nullptr)
+      : comm_(std::move(comm)),
+        name_(std::move(name)),
+        timeout_(timeout),
+        recorder_(std::move(recorder)) {}
 
   MPI_Request request = MPI_REQUEST_NULL;
   std::function<void()> finish;                   // runs once, after MPI completed the call
@@ -72,7 +76,8 @@ class MpiWorkState final : public WorkState, public std::enable_shared_from_this
         const std::string message = shardkit::detail::concat(
             name_, " (mpi) timed out after ", timeout_.count(),
             " ms: some rank never joined it (dead, stuck, or issuing other calls); the "
-            "communicator is aborted and this call's buffers stay in MPI's hands");
+            "communicator is aborted and this call's buffers stay in MPI's hands",
+            recorder_ ? "; " + recorder_->recent() : std::string());
         comm_->aborted = message;
         comm_->orphans.push_back(shared_from_this());
         throw TimeoutError(message);
@@ -97,6 +102,7 @@ class MpiWorkState final : public WorkState, public std::enable_shared_from_this
   std::shared_ptr<MpiCommState> comm_;
   std::string name_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<const FlightRecorder> recorder_;
   bool done_ = false;
 };
 
@@ -245,6 +251,34 @@ class MpiCommunicator final : public Communicator {
     work->wait();
   }
 
+  // The order check: every rank's fingerprint of this call, gathered under the timeout.
+  void do_validate(const CallRecord& call) override {
+    const auto mine = call.fingerprint();
+    std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size()));
+    auto work = std::make_shared<detail::MpiWorkState>(
+        state_,
+        shardkit::detail::concat("the order check of ", call.describe(), " on rank ", rank(),
+                                 " of ", size()),
+        options().timeout, recorder());
+    SK_MPI_CHECK(MPI_Iallgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T,
+                                all.data(), static_cast<int>(mine.size()), MPI_UINT64_T,
+                                state_->comm, &work->request));
+    work->wait();
+    for (int r = 0; r < size(); ++r) {
+      CallRecord::Fingerprint theirs;
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(r * mine.size()), mine.size(),
+                  theirs.begin());
+      if (theirs == mine) continue;
+      fail<InvalidArgument>(where(call.name()), ": rank ", r, "'s collective #", call.seq, " is ",
+                            CallRecord::describe(theirs, call), " but this rank's is ",
+                            call.describe(),
+                            "; every rank must issue the same collectives in the same order (a "
+                            "parameter used on some ranks only? a different number of "
+                            "micro-batches? a branch taken on one rank?); ",
+                            recorder()->recent());
+    }
+  }
+
   std::unique_ptr<Communicator> do_split(int color, int key) override {
     // MPI_Comm_split blocks without a timeout: meet in a timed barrier first, so a missing rank
     // becomes a TimeoutError here instead of a hang there.
@@ -296,7 +330,7 @@ class MpiCommunicator final : public Communicator {
     return std::make_shared<detail::MpiWorkState>(
         state_,
         shardkit::detail::concat(call, " #", next_call_++, " on rank ", rank(), " of ", size()),
-        options().timeout);
+        options().timeout, recorder());
   }
 
   int int_count(std::string_view call, std::size_t count) const {

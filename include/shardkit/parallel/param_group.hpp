@@ -70,6 +70,7 @@ class ParamGroup {
   // --- gather / release ----------------------------------------------------------------------
   void start_gather() {
     if (!flat_.sharded() || flat_.gathered() || gathering_) return;
+    auto label = flat_.communicator().label("unit '" + name_ + "': all-gather of its parameters");
     comm::assign(pending_, start_all_gather(flat_));
     gathering_ = true;
   }
@@ -92,17 +93,26 @@ class ParamGroup {
 
   // --- gradients -------------------------------------------------------------------------------
   Tensor grad(std::size_t i) { return bucketer_.grad(i); }
-  void ready(std::size_t i) { bucketer_.ready(i); }
+  void ready(std::size_t i) {
+    auto label = flat_.communicator().label(reduce_label());
+    bucketer_.ready(i);
+  }
   bool is_ready(std::size_t i) const { return bucketer_.is_ready(i); }
   bool all_ready() const { return bucketer_.all_ready(); }
   // Frees the buckets whose reductions completed (never blocks).
   void poll() { bucketer_.poll(); }
-  void finish() { bucketer_.finish(); }
+  void finish() {
+    auto label = flat_.communicator().label(reduce_label());
+    bucketer_.finish();
+  }
   bool finished() const { return bucketer_.finished(); }
   void zero_grad() { bucketer_.zero_grad(); }
   void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
 
  private:
+  // What the collectives a gradient reduction issues are labelled with (comm/call_record.hpp).
+  std::string reduce_label() const { return "unit '" + name_ + "': gradient reduction"; }
+
   std::string not_gathered_reason() const {
     return "the parameters of FSDP unit '" + name_ +
            "' are not gathered: they exist only during the unit's forward and backward; run "
