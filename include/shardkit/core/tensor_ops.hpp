@@ -79,6 +79,23 @@ void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shap
   for_each_element(dst.shape(), dst.strides(), src_strides, fn);
 }
 
+// update(dst[i], src[i]) for every element (update assigns to its first argument), any
+// strides, every pair of dtypes: the host loop of copy and of add_.
+template <class Update>
+void host_update(Context& ctx, bool parallel, const Tensor& dst, const Tensor& src, Update update) {
+  visit_dtype(dst.dtype(), [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    visit_dtype(src.dtype(), [&](auto src_tag) {
+      using S = decltype(src_tag);
+      D* out = static_cast<D*>(dst.data_ptr());
+      const S* in = static_cast<const S*>(src.data_ptr());
+      host_elementwise<is_floating_storage_v<D> && is_floating_storage_v<S>>(
+          ctx, parallel, dst, src.strides(),
+          [&](std::int64_t, std::int64_t d, std::int64_t s) { update(out[d], in[s]); });
+    });
+  });
+}
+
 // fn(offset) for every element of one tensor that nothing else reads: a contiguous tensor's
 // elements are one flat range, cut into tasks on `ctx`'s CPU threads with a plain loop the
 // compiler vectorises; a strided one is walked on the calling thread (views being filled or
@@ -201,16 +218,8 @@ inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
       });
     });
   if (converted) return;
-  visit_dtype(dst.dtype(), [&](auto dst_tag) {
-    using D = decltype(dst_tag);
-    visit_dtype(src.dtype(), [&](auto src_tag) {
-      using S = decltype(src_tag);
-      D* out = static_cast<D*>(dst.data_ptr());
-      const S* in = static_cast<const S*>(src.data_ptr());
-      host_elementwise<is_floating_storage_v<D> && is_floating_storage_v<S>>(
-          ctx, parallel, dst, src.strides(),
-          [&](std::int64_t, std::int64_t d, std::int64_t s) { out[d] = convert_value<D>(in[s]); });
-    });
+  host_update(ctx, parallel, dst, src, [](auto& out, auto in) {
+    out = convert_value<std::remove_reference_t<decltype(out)>>(in);
   });
 }
 
@@ -283,20 +292,10 @@ inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
         " but source on ", src.device().str(), "; copy one side over first");
   if (dst.numel() == 0) return;
   if (dst.device().is_cuda()) return ctx.kernels().add(ctx, dst, src);
-  visit_dtype(dst.dtype(), [&](auto dst_tag) {
-    using D = decltype(dst_tag);
-    visit_dtype(src.dtype(), [&](auto src_tag) {
-      using S = decltype(src_tag);
-      D* out = static_cast<D*>(dst.data_ptr());
-      const S* in = static_cast<const S*>(src.data_ptr());
-      detail::host_elementwise<detail::is_floating_storage_v<D> &&
-                               detail::is_floating_storage_v<S>>(
-          ctx, detail::loop_may_run_in_parallel(dst, src), dst, src.strides(),
-          [&](std::int64_t, std::int64_t d, std::int64_t s) {
-            out[d] = add_value(out[d], convert_value<D>(in[s]));
-          });
-    });
-  });
+  detail::host_update(
+      ctx, detail::loop_may_run_in_parallel(dst, src), dst, src, [](auto& out, auto in) {
+        out = add_value(out, convert_value<std::remove_reference_t<decltype(out)>>(in));
+      });
 }
 
 // t /= divisor, elementwise, any strides: formed in f32 (f64 for f64 tensors) and rounded once
