@@ -231,7 +231,9 @@ TEST_CASE("a rank that never arrives turns into a TimeoutError naming the call a
   CHECK(errors[2].find("timed out") != std::string::npos);
 }
 
-TEST_CASE("a barrier with a missing rank times out too, and aborts the sub-communicators") {
+TEST_CASE(
+    "a barrier with a missing rank times out too, lists the last calls, and aborts the "
+    "sub-communicators") {
   std::vector<std::string> errors(2);
   comm::run_ranks(
       2,
@@ -252,6 +254,9 @@ TEST_CASE("a barrier with a missing rank times out too, and aborts the sub-commu
       with_timeout(200ms));
   CHECK(errors[0].find("barrier #1") != std::string::npos);
   CHECK(errors[0].find("rank(s) 1") != std::string::npos);
+  // The flight recorder: what this rank issued before it blocked.
+  CHECK(errors[0].find("this rank's last calls, oldest first: split #0; barrier #1") !=
+        std::string::npos);
 }
 
 TEST_CASE("run_ranks rethrows the failing rank's own error and does not wait for the timeout") {

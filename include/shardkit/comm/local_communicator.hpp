@@ -13,13 +13,27 @@ namespace shardkit::comm {
 
 namespace detail {
 
+// Waits for `op`; a timeout's message also lists this rank's last calls (`recorder`).
+inline void wait_for(LocalWorld& world, LocalOp& op, int rank, std::chrono::milliseconds timeout,
+                     const FlightRecorder& recorder) {
+  try {
+    world.wait(op, rank, timeout);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(shardkit::detail::concat(e.what(), "; ", recorder.recent()));
+  }
+}
+
 // A host call in flight: waits on the world.
 class LocalWorkState final : public WorkState {
  public:
   LocalWorkState(std::shared_ptr<LocalWorld> world, std::shared_ptr<LocalOp> op, int rank,
-                 std::chrono::milliseconds timeout)
-      : world_(std::move(world)), op_(std::move(op)), rank_(rank), timeout_(timeout) {}
-  void wait() override { world_->wait(*op_, rank_, timeout_); }
+                 std::chrono::milliseconds timeout, std::shared_ptr<const FlightRecorder> recorder)
+      : world_(std::move(world)),
+        op_(std::move(op)),
+        rank_(rank),
+        timeout_(timeout),
+        recorder_(std::move(recorder)) {}
+  void wait() override { wait_for(*world_, *op_, rank_, timeout_, *recorder_); }
   bool test() override { return world_->test(*op_); }
   void on_drop() noexcept override { world_->drop(*op_, rank_); }
 
@@ -28,6 +42,7 @@ class LocalWorkState final : public WorkState {
   std::shared_ptr<LocalOp> op_;
   int rank_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<const FlightRecorder> recorder_;
 };
 
 #if SK_WITH_CUDA
@@ -90,7 +105,7 @@ class LocalCommunicator final : public Communicator {
   void do_barrier() override {
     auto op = world_->post(rank(), next_sequence_++, "barrier",
                            make_post(CollectiveKind::barrier, {}, {}), nullptr);
-    world_->wait(*op, rank(), options().timeout);
+    detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
   }
   std::unique_ptr<Communicator> do_split(int color, int key) override {
     LocalPost post;
@@ -98,7 +113,7 @@ class LocalCommunicator final : public Communicator {
     post.color = color;
     post.key = key;
     auto op = world_->post(rank(), next_sequence_++, "split", std::move(post), nullptr);
-    world_->wait(*op, rank(), options().timeout);
+    detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
     const auto index = static_cast<std::size_t>(rank());
     if (!op->split_worlds[index]) return nullptr;
     return std::make_unique<LocalCommunicator>(ctx_, op->split_worlds[index],
@@ -134,7 +149,7 @@ class LocalCommunicator final : public Communicator {
       auto ready = std::make_shared<CudaEvent>(ctx_.device().index);
       ready->record(ctx_.stream());
       auto op = world_->post(rank(), next_sequence_++, call, std::move(post), ready);
-      world_->wait(*op, rank(), options().timeout);
+      detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
       CudaDeviceGuard guard(ctx_.device().index);
       SK_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), op->done->get(), 0));
       return Work(std::make_shared<detail::EventWorkState>(op->done));
@@ -144,8 +159,8 @@ class LocalCommunicator final : public Communicator {
 #endif
     }
     auto op = world_->post(rank(), next_sequence_++, call, std::move(post), nullptr);
-    return Work(
-        std::make_shared<detail::LocalWorkState>(world_, std::move(op), rank(), options().timeout));
+    return Work(std::make_shared<detail::LocalWorkState>(world_, std::move(op), rank(),
+                                                         options().timeout, recorder()));
   }
 
   Context& ctx_;
