@@ -44,30 +44,22 @@ namespace sk = shardkit;
 
 namespace {
 
+// The choices the command line names and main() turns into the run's setup; the numbers and
+// folders that are the setup as they stand bind to custom_loop::Setup directly.
 struct Flags {
   std::string stage = "sdp";
   std::string optimizer = "sgd";
   std::string partition = "flat";
-  int ranks = 2;
-  int epochs = 1;
-  int max_steps = 0;  // 0: whole epochs
-  int batch = 64;     // per rank
-  float lr = 0;       // 0: the optimizer's default below
+  float lr = 0;  // 0: the optimizer's default below
   int hidden = 1024;
   double bucket_mb = 4;
   bool broadcast_fp16 = false;
-  std::uint64_t seed = 1;
   std::string data_dir = sk::data::kFashionMnistDir;
   std::string device = "auto";
   bool skip_without_gpu = false;
-  std::string checkpoint_dir;
-  int checkpoint_every = 0;
   std::string checkpoint_layout = "full";
-  bool async_checkpoint = false;
   std::string precision = "f32";
   std::string offload = "none";
-  std::string resume_dir;
-  int stop_after = 0;
 };
 
 float default_lr(sk::optim::OptimizerKind kind) {
@@ -85,6 +77,8 @@ float default_lr(sk::optim::OptimizerKind kind) {
 
 int main(int argc, char** argv) {
   Flags flags;
+  custom_loop::Setup setup;
+  setup.ranks = 2;
   CLI::App app{"shardkit custom training loop: an MLP on Fashion-MNIST, sharded with ZeRO"};
   app.add_option("--stage", flags.stage, "ddp, oss (ZeRO-1), sdp (ZeRO-2) or fsdp (ZeRO-3)")
       ->check(CLI::IsMember({"ddp", "oss", "sdp", "fsdp"}));
@@ -102,44 +96,44 @@ int main(int argc, char** argv) {
                  "oss/sdp: flat (even split, exactly 1/N per rank) or greedy (whole parameters, "
                  "FairScale's OSS)")
       ->check(CLI::IsMember({"greedy", "flat"}));
-  app.add_option("--ranks", flags.ranks, "ranks as threads of this process (ignored under mpirun)")
+  app.add_option("--ranks", setup.ranks, "ranks as threads of this process (ignored under mpirun)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--epochs", flags.epochs, "passes over the training set")
+  app.add_option("--epochs", setup.epochs, "passes over the training set")
       ->check(CLI::Range(1, 1000));
-  app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0: whole epochs)")
+  app.add_option("--max-steps", setup.max_steps, "stop after this many steps (0: whole epochs)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", flags.batch, "images per rank per step")->check(CLI::Range(1, 4096));
+  app.add_option("--batch", setup.batch, "images per rank per step")->check(CLI::Range(1, 4096));
   app.add_option("--lr", flags.lr, "learning rate (default: 0.05 sgd, 2 larc_sgd, 1e-3 adam)");
   app.add_option("--hidden", flags.hidden, "width of the two hidden layers")
       ->check(CLI::Range(1, 16384));
   app.add_option("--bucket-mb", flags.bucket_mb, "gradient bucket size in MiB")
       ->check(CLI::PositiveNumber);
   app.add_flag("--broadcast-fp16", flags.broadcast_fp16, "oss/sdp: send parameters as f16");
-  app.add_option("--seed", flags.seed, "seed of initialisation and shuffling");
+  app.add_option("--seed", setup.seed, "seed of initialisation and shuffling");
   app.add_option("--data-dir", flags.data_dir, "folder with the Fashion-MNIST .gz files");
   app.add_option("--device", flags.device,
                  "auto (the GPU if this build has CUDA and one is present), cpu or gpu")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
   app.add_flag("--skip-without-gpu", flags.skip_without_gpu,
                "for test harnesses: with --device gpu, exit 77 (skipped) when no GPU can be used");
-  app.add_option("--checkpoint", flags.checkpoint_dir,
+  app.add_option("--checkpoint", setup.checkpoint_dir,
                  "folder to save model.safetensors and optimizer.safetensors in (at the end, and "
                  "every --checkpoint-every steps)");
-  app.add_option("--checkpoint-every", flags.checkpoint_every,
+  app.add_option("--checkpoint-every", setup.checkpoint_every,
                  "steps between checkpoints (0: at the end only)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-layout", flags.checkpoint_layout,
                  "full (model.safetensors + optimizer.safetensors, gathered on rank 0) or "
                  "sharded (one file per rank)")
       ->check(CLI::IsMember({"full", "sharded"}));
-  app.add_flag("--async-checkpoint", flags.async_checkpoint,
+  app.add_flag("--async-checkpoint", setup.async_checkpoint,
                "write checkpoints in the background: a save blocks only for a copy of each "
                "rank's state (needs --checkpoint-layout sharded)");
-  app.add_option("--resume", flags.resume_dir,
+  app.add_option("--resume", setup.resume_dir,
                  "continue from the newest complete checkpoint in this folder (DIR/latest), or "
                  "from this checkpoint folder itself (any stage or rank count)")
       ->check(CLI::ExistingDirectory);
-  app.add_option("--stop-after", flags.stop_after,
+  app.add_option("--stop-after", setup.stop_after,
                  "end this run after so many steps, as a preempted job would (the schedule still "
                  "spans the whole run; resume it with --resume)")
       ->check(CLI::NonNegativeNumber);
@@ -155,7 +149,6 @@ int main(int argc, char** argv) {
     const auto train = sk::data::load_fashion_mnist("train", flags.data_dir);
     const auto test = sk::data::load_fashion_mnist("t10k", flags.data_dir);
 
-    custom_loop::Setup setup;
     setup.train = &train;
     setup.test = &test;
     setup.widths = {train.pixels_per_image(), flags.hidden, flags.hidden, 10};
@@ -182,24 +175,14 @@ int main(int argc, char** argv) {
     options.offload.params = flags.offload == "params";
     sk::parallel::validate(options.offload, options.stage);
 
-    setup.ranks = flags.ranks;
-    setup.epochs = flags.epochs;
-    setup.max_steps = flags.max_steps;
-    setup.batch = flags.batch;
-    setup.seed = flags.seed;
-    setup.checkpoint_dir = flags.checkpoint_dir;
-    setup.checkpoint_every = flags.checkpoint_every;
     setup.checkpoint_layout = flags.checkpoint_layout == "sharded"
                                   ? sk::checkpoint::CheckpointLayout::sharded
                                   : sk::checkpoint::CheckpointLayout::full;
-    setup.async_checkpoint = flags.async_checkpoint;
     sk::check(!setup.async_checkpoint ||
                   setup.checkpoint_layout == sk::checkpoint::CheckpointLayout::sharded,
               "--async-checkpoint writes one file per rank in the background; add "
               "--checkpoint-layout sharded (the full layout gathers on rank 0 while the ranks "
               "wait)");
-    setup.resume_dir = flags.resume_dir;
-    setup.stop_after = flags.stop_after;
     if (!setup.checkpoint_dir.empty()) std::filesystem::create_directories(setup.checkpoint_dir);
 
     // --- the memory plan, before any state exists (parallel/memory_plan.hpp) -----------------
@@ -290,7 +273,7 @@ int main(int argc, char** argv) {
                               {"backend", results.backend},
                               {"device", results.device},
                               {"steps", results.steps},
-                              {"batch_per_rank", flags.batch},
+                              {"batch_per_rank", setup.batch},
                               {"test_accuracy", results.test_accuracy},
                               {"final_loss_rank0", rank0.last_loss},
                               {"params_fnv1a", results.params_fnv1a},
