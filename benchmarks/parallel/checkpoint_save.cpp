@@ -2,7 +2,7 @@
 // the same save in the foreground (save_step_checkpoint), in one run. ResNet-50 on one rank
 // (DataParallel, AdamW after one step: f32 master and two moments, 307 MB), step checkpoints
 // in the sharded layout under FOLDER, foreground and background saves alternating for R
-// rounds; medians. The target (issue 47): the background save's blocking part <= 10% of the
+// rounds; medians. The target: the background save's blocking part <= 10% of the
 // foreground save. The floor of that blocking part is one copy of the state into host memory,
 // shown beside it as a one-thread memcpy of the same bytes into a buffer already mapped.
 // Usage: checkpoint_save [FOLDER (default: the temporary folder)] [ROUNDS (default 3)]

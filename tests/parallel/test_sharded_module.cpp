@@ -241,7 +241,7 @@ TEST_CASE("normalize_rows and zero_grad_of: exact and alike under every stage") 
 // as on a GPU. A plain step -- forward with batch-norm, backward with bucketed collectives, the
 // fused step -- makes none under every stage, so it can run ahead of a GPU and be captured; the
 // ledger below holds what the loss scaler's overflow check, clipping's norm and sharded LARC's
-// whole-parameter norms still read and upload (issue 46's work moves them onto the device).
+// whole-parameter norms still read and upload (to be moved onto the device, then removed here).
 // A new wait in a step fails here, as does one removed without the ledger.
 TEST_CASE("a training step's host waits: none for a plain step; the ledger of the rest") {
   enum Variant { plain, loss_scaled, clipped };

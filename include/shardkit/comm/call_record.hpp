@@ -41,7 +41,7 @@ struct CallRecord {
   ReduceOp op = ReduceOp::sum;
   bool reduces = false;
   std::uint64_t counts_hash = 0;  // the per-owner counts of the _v forms
-  std::string label;              // what issued it (CallLabel), or empty
+  std::string label;              // what issued it (Communicator::label), or empty
 
   std::string name() const { return is_split ? "split" : std::string(collective_name(kind)); }
 
