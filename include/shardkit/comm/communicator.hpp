@@ -222,20 +222,21 @@ class Communicator {
 
   // What issues the calls while it lives ("fsdp unit 3: gather for forward"): part of each
   // call's fingerprint and of the flight recorder's entries, so a mismatch or a timeout names
-  // the caller. Scopes nest; the innermost names the call.
+  // the caller. Scopes nest; the innermost names the call. `text` must outlive the scope (a
+  // literal, or a string its owner keeps): a scope costs no allocation on the hot path.
   class Label {
    public:
-    Label(Communicator& comm, std::string text)
-        : comm_(&comm), previous_(std::exchange(comm.label_, std::move(text))) {}
-    ~Label() { comm_->label_ = std::move(previous_); }
+    Label(Communicator& comm, std::string_view text)
+        : comm_(&comm), previous_(std::exchange(comm.label_, text)) {}
+    ~Label() { comm_->label_ = previous_; }
     Label(const Label&) = delete;
     Label& operator=(const Label&) = delete;
 
    private:
     Communicator* comm_;
-    std::string previous_;
+    std::string_view previous_;
   };
-  Label label(std::string text) { return Label(*this, std::move(text)); }
+  Label label(std::string_view text) { return Label(*this, text); }
 
   // This rank's last calls, oldest first (what a timeout's message lists).
   std::string recent_calls() const { return recorder_->recent(); }
@@ -383,7 +384,7 @@ class Communicator {
   CommStats stats_;
   int group_depth_ = 0;
   std::uint64_t calls_ = 0;
-  std::string label_;
+  std::string_view label_;  // the innermost Label's text
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   std::vector<std::shared_ptr<void>> attached_;
 };

@@ -70,7 +70,7 @@ class ParamGroup {
   // --- gather / release ----------------------------------------------------------------------
   void start_gather() {
     if (!flat_.sharded() || flat_.gathered() || gathering_) return;
-    auto label = flat_.communicator().label("unit '" + name_ + "': all-gather of its parameters");
+    auto label = flat_.communicator().label(gather_label_);
     comm::assign(pending_, start_all_gather(flat_));
     gathering_ = true;
   }
@@ -94,7 +94,7 @@ class ParamGroup {
   // --- gradients -------------------------------------------------------------------------------
   Tensor grad(std::size_t i) { return bucketer_.grad(i); }
   void ready(std::size_t i) {
-    auto label = flat_.communicator().label(reduce_label());
+    auto label = flat_.communicator().label(reduce_label_);
     bucketer_.ready(i);
   }
   bool is_ready(std::size_t i) const { return bucketer_.is_ready(i); }
@@ -102,7 +102,7 @@ class ParamGroup {
   // Frees the buckets whose reductions completed (never blocks).
   void poll() { bucketer_.poll(); }
   void finish() {
-    auto label = flat_.communicator().label(reduce_label());
+    auto label = flat_.communicator().label(reduce_label_);
     bucketer_.finish();
   }
   bool finished() const { return bucketer_.finished(); }
@@ -110,9 +110,6 @@ class ParamGroup {
   void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
 
  private:
-  // What the collectives a gradient reduction issues are labelled with (comm/call_record.hpp).
-  std::string reduce_label() const { return "unit '" + name_ + "': gradient reduction"; }
-
   std::string not_gathered_reason() const {
     return "the parameters of FSDP unit '" + name_ +
            "' are not gathered: they exist only during the unit's forward and backward; run "
@@ -120,6 +117,9 @@ class ParamGroup {
   }
 
   std::string name_;
+  // What this group's collectives are labelled with (comm/call_record.hpp), made once.
+  std::string gather_label_ = "unit '" + name_ + "': all-gather of its parameters";
+  std::string reduce_label_ = "unit '" + name_ + "': gradient reduction";
   FlatParam flat_;
   GradBucketer bucketer_;
   std::vector<shard::ParamPiece> pieces_;  // what this rank updates, in table order
