@@ -9,41 +9,27 @@ namespace ops_test {
 
 TEST_CASE("SGD without momentum, with weight decay and unscale, matches float64") {
   Backend b;
-  ops::SgdOptions o;
-  o.lr = 0.1f;
-  o.weight_decay = 0.01f;
-  o.inv_grad_scale = 0.125f;
+  const ops::SgdOptions o{.lr = 0.1f, .weight_decay = 0.01f, .inv_grad_scale = 0.125f};
   for (std::int64_t gap : {0, 1}) sgd_case(b, o, sk::DType::f32, gap);
 }
 
 TEST_CASE("SGD with momentum and dampening: first-step rule, then running buffer") {
   Backend b;
-  ops::SgdOptions o;
-  o.lr = 0.05f;
-  o.momentum = 0.9f;
-  o.dampening = 0.25f;
-  o.weight_decay = 1e-3f;
+  const ops::SgdOptions o{.lr = 0.05f, .momentum = 0.9f, .dampening = 0.25f, .weight_decay = 1e-3f};
   for (std::int64_t gap : {0, 1, 3}) sgd_case(b, o, sk::DType::f32, gap);
 }
 
 TEST_CASE("SGD with nesterov and low-precision copies written in the same pass") {
   Backend b;
-  ops::SgdOptions o;
-  o.lr = 0.05f;
-  o.momentum = 0.8f;
-  o.nesterov = true;
-  o.inv_grad_scale = 2.0f;
+  const ops::SgdOptions o{.lr = 0.05f, .momentum = 0.8f, .nesterov = true, .inv_grad_scale = 2.0f};
   for (auto low : {sk::DType::f16, sk::DType::bf16})
     for (std::int64_t gap : {0, 1}) sgd_case(b, o, low, gap, 2);
 }
 
 TEST_CASE("mixed precision: SGD and Adam read f16/bf16 gradients, update the f32 master") {
   Backend b;
-  ops::SgdOptions o;
-  o.lr = 0.05f;
-  o.momentum = 0.9f;
-  o.weight_decay = 1e-3f;
-  o.inv_grad_scale = 0.25f;
+  const ops::SgdOptions o{
+      .lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-3f, .inv_grad_scale = 0.25f};
   for (auto low : {sk::DType::f16, sk::DType::bf16})
     for (std::int64_t gap : {0, 1}) {
       CAPTURE(sk::dtype_name(low));
@@ -73,10 +59,8 @@ TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors
   Backend b;
   for (bool clip : {false, true})
     for (bool composed : {false, true}) {
-      ops::LarcOptions larc;
-      larc.clip = clip;
-      larc.trust_coefficient = clip ? 0.02f : 0.001f;
-      larc.weight_decay = 1e-4f;
+      const ops::LarcOptions larc{
+          .trust_coefficient = clip ? 0.02f : 0.001f, .clip = clip, .weight_decay = 1e-4f};
       CAPTURE(clip);
       CAPTURE(composed);
       larc_case(b, larc, composed, composed ? 1 : 0);
@@ -96,8 +80,7 @@ TEST_CASE("LARC-SGD over 300 small tensors: several launches per pass") {
   std::vector<std::int64_t> sizes;
   std::mt19937 gen(5);
   for (int i = 0; i < 300; ++i) sizes.push_back(1 + static_cast<std::int64_t>(gen() % 400));
-  ops::LarcOptions larc;
-  larc.weight_decay = 1e-3f;
+  const ops::LarcOptions larc{.weight_decay = 1e-3f};
   larc_case(b, larc, false, 1, sizes, 1.0f);
   larc_case(b, larc, true, 0, sizes, 1.0f);
 }

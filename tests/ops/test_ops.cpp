@@ -108,18 +108,6 @@ TEST_CASE("CPU ops (LARC fused and composed, SGD, Adam, sums, unscale): same bit
   }
 }
 
-// Writes operand 1 into operand 0 (an update whose result is known): for update_in_blocks.
-struct CopyFunctor {
-  static constexpr int kDepth = 2;
-  using Types = ops::TypeList<float, float>;
-  static constexpr unsigned kReads = 2u;
-  static constexpr unsigned kWrites = 1u;
-  static constexpr int kSums = 0;
-  struct Segment {};
-  Segment segment(std::int64_t) const { return {}; }
-  void operator()(float (&x)[2], const Segment&, double (&)[1]) const { x[0] = x[1]; }
-};
-
 // The fused step reads the next batch's norms between the blocks of this batch's update
 // (cpu_larc.hpp); tensors of 7 M elements make several batches on each thread count. It must
 // give the composed step's bits (norms pass, coefficients, then the update), with the params'
@@ -150,13 +138,8 @@ TEST_CASE("the pipelined fused LARC-SGD equals the composed step bit for bit, ov
     auto w_fused = tensors(w0), buf_fused = tensors(buf0);
     auto w_kept = tensors(w0), buf_kept = tensors(buf0);
     auto w_composed = tensors(w0), buf_composed = tensors(buf0);
-    ops::SgdOptions o;
-    o.lr = 0.1f;
-    o.momentum = 0.9f;
-    o.first_step = false;
-    ops::LarcOptions larc;
-    larc.weight_decay = 1e-3f;
-    larc.trust_coefficient = 0.02f;
+    const ops::SgdOptions o{.lr = 0.1f, .momentum = 0.9f, .first_step = false};
+    const ops::LarcOptions larc{.trust_coefficient = 0.02f, .weight_decay = 1e-3f};
     const auto count = static_cast<std::int64_t>(sizes.size());
     auto sums = sk::zeros(ctx, {2, count}, sk::DType::f64);
     auto coefficients = sk::zeros(ctx, {count, 2}, sk::DType::f32);
@@ -301,18 +284,11 @@ void check_update_is_elementwise(const std::string& functor, const F& op,
 }
 
 TEST_CASE("an update loop's groups and tail round alike (SGD with momentum, AdamW)") {
-  ops::SgdOptions sgd;
-  sgd.lr = 0.1f;
-  sgd.momentum = 0.9f;
-  sgd.first_step = false;
-  sgd.nesterov = true;
+  const ops::SgdOptions sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true, .first_step = false};
   const auto sgd_op = ops::make_sgd_functor<ops::MomentumMode::running, void, float>(sgd, nullptr);
   check_update_is_elementwise("SGD", sgd_op, ops::SgdCoefficients{0.7f, 1e-3f});
-  ops::AdamOptions adam;
-  adam.lr = 1e-2f;
-  adam.weight_decay = 0.1f;
-  adam.decoupled_weight_decay = true;
-  adam.step = 3;
+  const ops::AdamOptions adam{
+      .lr = 1e-2f, .weight_decay = 0.1f, .decoupled_weight_decay = true, .step = 3};
   check_update_is_elementwise("AdamW", ops::make_adam_functor<void, float>(adam), {});
 }
 
@@ -335,11 +311,17 @@ TEST_CASE("the vectorised sums of squares have apply_range's bits, from any star
       // update takes of what it wrote: the same lanes, the same bits.
       const auto single = ops::cpu::sums_of_squares<1>({b.data()}, lo, hi, 300);
       CHECK(std::memcmp(&single[0], &generic[1], sizeof(double)) == 0);
-      std::vector<float> copy = a;
-      void* const written[2] = {copy.data(), a.data()};
-      const double squared = ops::cpu::update_in_blocks<true>(CopyFunctor{}, {}, written, lo, hi,
+      // An SGD update (params a, grads b) squares the params it writes as a norms pass over
+      // them would.
+      std::vector<float> updated = a;
+      void* const operands[4] = {updated.data(), b.data(), nullptr, nullptr};
+      const auto sgd = ops::make_sgd_functor<ops::MomentumMode::none, void, float>(
+          ops::SgdOptions{.lr = 0.5f}, nullptr);
+      const double squared = ops::cpu::update_in_blocks<true>(sgd, sgd.segment(0), operands, lo, hi,
                                                               300, [](std::int64_t) {});
-      CHECK(std::memcmp(&squared, &generic[0], sizeof(double)) == 0);
+      const auto after = ops::cpu::sums_of_squares<1>({updated.data()}, lo, hi, 300);
+      CHECK(std::memcmp(&squared, &after[0], sizeof(double)) == 0);
+      if (hi > lo) CHECK(squared != generic[0]);  // the params it squared are the new ones
     }
   }
 }

@@ -31,12 +31,8 @@ TEST_CASE("LARC-SGD on the GPU equals the CPU run of the same steps") {
   const auto w0 = random_values(layout.total, 1.0, 2.0, 91);
   Flat<CpuBackend> wc(cpu, w0, layout), bc(cpu, kNaNs(w0.size()), layout);
   Flat<CudaBackend> wg(gpu, w0, layout), bg(gpu, kNaNs(w0.size()), layout);
-  ops::SgdOptions o;
-  o.lr = 0.3f;
-  o.momentum = 0.9f;
-  o.nesterov = true;
-  ops::LarcOptions larc;
-  larc.weight_decay = 1e-4f;
+  ops::SgdOptions o{.lr = 0.3f, .momentum = 0.9f, .nesterov = true};
+  const ops::LarcOptions larc{.weight_decay = 1e-4f};
   for (int step = 0; step < 3; ++step) {
     o.first_step = step == 0;
     const auto g0 = random_values(layout.total, 0.5, 1.5, 92 + static_cast<std::uint32_t>(step));

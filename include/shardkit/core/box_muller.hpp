@@ -18,6 +18,15 @@
 
 namespace shardkit::detail {
 
+// The polynomial with these coefficients (the highest power's first) at z, by Horner's rule:
+// one fma a coefficient, in this order, so every machine rounds it alike.
+template <class... Rest>
+SK_HOST_DEVICE SK_INLINE double horner(double z, double highest, Rest... rest) {
+  double p = highest;
+  ((p = fma(p, z, rest)), ...);
+  return p;
+}
+
 // log(x) for a positive, finite, normal x.
 SK_HOST_DEVICE SK_INLINE double log_of_positive(double x) {
   // x = 2^e * m with m in [sqrt(1/2), sqrt(2)), so that f = m - 1 (exact) stays within 0.42 of
@@ -36,15 +45,8 @@ SK_HOST_DEVICE SK_INLINE double log_of_positive(double x) {
   // 2^-55 of the result.
   const double s = f / (2.0 + f);
   const double z = s * s;
-  double p = 2.0 / 19.0;
-  p = fma(p, z, 2.0 / 17.0);
-  p = fma(p, z, 2.0 / 15.0);
-  p = fma(p, z, 2.0 / 13.0);
-  p = fma(p, z, 2.0 / 11.0);
-  p = fma(p, z, 2.0 / 9.0);
-  p = fma(p, z, 2.0 / 7.0);
-  p = fma(p, z, 2.0 / 5.0);
-  p = fma(p, z, 2.0 / 3.0);
+  const double p = horner(z, 2.0 / 19.0, 2.0 / 17.0, 2.0 / 15.0, 2.0 / 13.0, 2.0 / 11.0, 2.0 / 9.0,
+                          2.0 / 7.0, 2.0 / 5.0, 2.0 / 3.0);
   const double half_f_squared = (0.5 * f) * f;
   const double log_m = f - fma(-s, fma(p, z, half_f_squared), half_f_squared);
   // + e ln 2, with ln 2 in two parts (the fma takes e times the high part exactly).
@@ -63,23 +65,13 @@ SK_HOST_DEVICE SK_INLINE double cos_two_pi(double u) {
   // t^2 <= 0.62 the first terms left out (t^18 / 18!, t^19 / 19!) are below 2^-58.
   const double t = fma(r, 0x1.921fb54442d18p+2, r * 0x1.1a62633145c07p-52);
   const double z = t * t;
-  double c = -1.0 / 20922789888000.0;  // -1/16!
-  c = fma(c, z, 1.0 / 87178291200.0);
-  c = fma(c, z, -1.0 / 479001600.0);
-  c = fma(c, z, 1.0 / 3628800.0);
-  c = fma(c, z, -1.0 / 40320.0);
-  c = fma(c, z, 1.0 / 720.0);
-  c = fma(c, z, -1.0 / 24.0);
-  c = fma(c, z, 0.5);
+  // cos t = 1 - z (1/2! - z/4! + ... - z^7/16!), sin t = t + t z (-1/3! + z/5! - ... + z^7/17!).
+  const double c = horner(z, -1.0 / 20922789888000.0, 1.0 / 87178291200.0, -1.0 / 479001600.0,
+                          1.0 / 3628800.0, -1.0 / 40320.0, 1.0 / 720.0, -1.0 / 24.0, 0.5);
   const double cosine = fma(-z, c, 1.0);
-  double s = 1.0 / 355687428096000.0;  // 1/17!
-  s = fma(s, z, -1.0 / 1307674368000.0);
-  s = fma(s, z, 1.0 / 6227020800.0);
-  s = fma(s, z, -1.0 / 39916800.0);
-  s = fma(s, z, 1.0 / 362880.0);
-  s = fma(s, z, -1.0 / 5040.0);
-  s = fma(s, z, 1.0 / 120.0);
-  s = fma(s, z, -1.0 / 6.0);
+  const double s =
+      horner(z, 1.0 / 355687428096000.0, -1.0 / 1307674368000.0, 1.0 / 6227020800.0,
+             -1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0);
   const double sine = fma(t * z, s, t);
   // cos(t + q pi/2) for the quarter q = n mod 4: cos t, -sin t, -cos t, sin t; picked and signed
   // with integer masks (the low bits of `rounded` are n's), not selects the vectoriser would

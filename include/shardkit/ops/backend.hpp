@@ -63,4 +63,10 @@ concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tenso
                 ": the backend must be sk::ops::Cpu (<shardkit/ops/cpu_backend.hpp>) or " \
                 "sk::ops::Cuda (<kernels/ops/cuda_backend.cuh>, from a .cu file)")
 
+// What a fused op's entry point starts with: B checked at compile time, then the context
+// checked to be one that B runs on, both naming the op.
+#define SK_OPS_ENTRY(B, ctx, op) \
+  SK_REQUIRE_OPS_BACKEND(B, op); \
+  B::check_context(ctx, op)
+
 }  // namespace shardkit::ops

@@ -34,8 +34,7 @@ namespace shardkit::ops {
 // SGD over all parameters with the options' weight decay and unscale.
 template <class B>
 void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors) {
-  SK_REQUIRE_OPS_BACKEND(B, "sgd_step");
-  B::check_context(ctx, "sgd_step");
+  SK_OPS_ENTRY(B, ctx, "sgd_step");
   const auto spans = sgd_spans(ctx, options, tensors);
   visit_sgd_functor(options, grad_dtype(tensors.grads, "sgd_step"),
                     low_copy_dtype(tensors.low_copies, "sgd_step"), nullptr,
@@ -48,8 +47,7 @@ void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors
 template <class B>
 void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors,
               const Tensor& coefficients) {
-  SK_REQUIRE_OPS_BACKEND(B, "sgd_step");
-  B::check_context(ctx, "sgd_step");
+  SK_OPS_ENTRY(B, ctx, "sgd_step");
   check(options.weight_decay == 0 && options.inv_grad_scale == 1,
         "sgd_step with coefficients: fold weight_decay and inv_grad_scale into the coefficients "
         "(larc_coefficients does) and leave them at 0 and 1 in the options");
@@ -60,8 +58,8 @@ void sgd_step(Context& ctx, const SgdOptions& options, const SgdTensors& tensors
                     [&](const auto& op) { B::apply(ctx, op, spans); });
 }
 
-// What every pass that reads one list of gradients starts with: the context checked for the
-// backend, the list's dtype (f32, f16 or bf16, the same throughout) and its spans.
+// What every pass that reads one list of gradients starts with: the backend and the context
+// checked, the list's dtype (f32, f16 or bf16, the same throughout) and its spans.
 struct GradListSpans {
   DType dtype;
   SpanList<1> spans;
@@ -69,6 +67,7 @@ struct GradListSpans {
 template <class B>
 GradListSpans grad_list_spans(Context& ctx, std::span<const Tensor> tensors, const char* op,
                               const char* what) {
+  SK_REQUIRE_OPS_BACKEND(B, "a pass over one list of gradients");
   B::check_context(ctx, op);
   const DType dtype = grad_dtype(tensors, op);
   return {dtype, make_spans<1>(ctx, op, {OperandList{tensors, dtype, what}}, {true})};
@@ -80,8 +79,7 @@ GradListSpans grad_list_spans(Context& ctx, std::span<const Tensor> tensors, con
 template <class B>
 void segment_sums_of_squares(Context& ctx, std::span<const Tensor> first,
                              std::span<const Tensor> second, const Tensor& sums) {
-  SK_REQUIRE_OPS_BACKEND(B, "segment_sums_of_squares");
-  B::check_context(ctx, "segment_sums_of_squares");
+  SK_OPS_ENTRY(B, ctx, "segment_sums_of_squares");
   const auto n = static_cast<std::int64_t>(first.size());
   if (second.empty()) {
     const auto spans = make_spans<1>(ctx, "segment_sums_of_squares",
@@ -104,7 +102,6 @@ void segment_sums_of_squares(Context& ctx, std::span<const Tensor> first,
 // f16 / bf16 (mixed-precision gradients; their values are exact in f32).
 template <class B>
 void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> tensors, const Tensor& leaves) {
-  SK_REQUIRE_OPS_BACKEND(B, "leaf_sums_of_squares");
   const GradListSpans list = grad_list_spans<B>(ctx, tensors, "leaf_sums_of_squares", "tensors");
   const DType dtype = list.dtype;
   const auto& spans = list.spans;
@@ -119,8 +116,7 @@ void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> tensors, const T
 template <class B>
 void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> first,
                           std::span<const Tensor> second, const Tensor& leaves) {
-  SK_REQUIRE_OPS_BACKEND(B, "leaf_sums_of_squares");
-  B::check_context(ctx, "leaf_sums_of_squares");
+  SK_OPS_ENTRY(B, ctx, "leaf_sums_of_squares");
   const DType dtype_first = grad_dtype(first, "leaf_sums_of_squares (first)");
   const DType dtype_second = grad_dtype(second, "leaf_sums_of_squares (second)");
   const auto spans = make_spans<2>(
@@ -143,8 +139,7 @@ void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> first,
 template <class B>
 void norm_subtree_sums(Context& ctx, const Tensor& leaves, std::span<const NormSubtree> nodes,
                        const Tensor& out) {
-  SK_REQUIRE_OPS_BACKEND(B, "norm_subtree_sums");
-  B::check_context(ctx, "norm_subtree_sums");
+  SK_OPS_ENTRY(B, ctx, "norm_subtree_sums");
   const auto count = static_cast<std::int64_t>(nodes.size());
   check_result_tensor(ctx, out, DType::f64, {count}, "norm_subtree_sums", "out");
   if (count == 0) return;
@@ -170,7 +165,6 @@ void norm_subtree_sums(Context& ctx, const Tensor& leaves, std::span<const NormS
 // own pass.
 template <class B>
 void check_finite(Context& ctx, std::span<const Tensor> tensors, const Tensor& found_nonfinite) {
-  SK_REQUIRE_OPS_BACKEND(B, "check_finite");
   const GradListSpans list = grad_list_spans<B>(ctx, tensors, "check_finite", "tensors");
   const DType dtype = list.dtype;
   const auto& spans = list.spans;
@@ -192,8 +186,7 @@ void check_finite(Context& ctx, std::span<const Tensor> tensors, const Tensor& f
 template <class B>
 void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float inv_grad_scale,
                        const Tensor& sums, const Tensor& coefficients) {
-  SK_REQUIRE_OPS_BACKEND(B, "larc_coefficients");
-  B::check_context(ctx, "larc_coefficients");
+  SK_OPS_ENTRY(B, ctx, "larc_coefficients");
   validate(larc);
   check(sums.dim() == 2 && (sums.size(0) == 2 || sums.size(0) == 3),
         "larc_coefficients: sums must be f64 [2, n] (or [3, n] with per-parameter decays), got ",
@@ -212,8 +205,7 @@ void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float in
 template <class B>
 void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& larc,
                    const SgdTensors& tensors, LarcParamSquares* param_squares = nullptr) {
-  SK_REQUIRE_OPS_BACKEND(B, "larc_sgd_step");
-  B::check_context(ctx, "larc_sgd_step");
+  SK_OPS_ENTRY(B, ctx, "larc_sgd_step");
   validate(larc);
   check(options.weight_decay == 0, "larc_sgd_step: LARC takes weight decay over; pass it as ",
         "LarcOptions::weight_decay and leave SgdOptions::weight_decay at 0 (got ",
@@ -275,8 +267,7 @@ void larc_sgd_step_tree(Context& ctx, const SgdOptions& options, const LarcOptio
 
 template <class B>
 void adam_step(Context& ctx, const AdamOptions& options, const AdamTensors& tensors) {
-  SK_REQUIRE_OPS_BACKEND(B, "adam_step");
-  B::check_context(ctx, "adam_step");
+  SK_OPS_ENTRY(B, ctx, "adam_step");
   const auto spans = adam_spans(ctx, options, tensors);
   visit_adam_functor(options, grad_dtype(tensors.grads, "adam_step"),
                      low_copy_dtype(tensors.low_copies, "adam_step"),
@@ -286,8 +277,7 @@ void adam_step(Context& ctx, const AdamOptions& options, const AdamTensors& tens
 // dst[i] = src[i] converted: f32 -> f16/bf16 (round to nearest even) or f16/bf16 -> f32.
 template <class B>
 void cast(Context& ctx, std::span<const Tensor> src, std::span<const Tensor> dst) {
-  SK_REQUIRE_OPS_BACKEND(B, "cast");
-  B::check_context(ctx, "cast");
+  SK_OPS_ENTRY(B, ctx, "cast");
   DType from, to;
   const auto spans = cast_spans(ctx, src, dst, from, to);
   if (from == DType::f32 && to == DType::f16)
@@ -304,7 +294,6 @@ void cast(Context& ctx, std::span<const Tensor> src, std::span<const Tensor> dst
 template <class B>
 void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> grads,
                        const Tensor& found_nonfinite, const Tensor& sums = Tensor()) {
-  SK_REQUIRE_OPS_BACKEND(B, "unscale_and_check");
   const GradListSpans list = grad_list_spans<B>(ctx, grads, "unscale_and_check", "grads");
   const DType dtype = list.dtype;
   const auto& spans = list.spans;
