@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/ops/multi_tensor_apply.cuh"
+#include "kernels/ops/quantize_kernels.cuh"
 #include "shardkit/ops/backend.hpp"
 #include "shardkit/ops/device_ops.hpp"
 #include "shardkit/ops/fused_ops.hpp"
@@ -208,6 +209,16 @@ struct Cuda {
   static void norm_subtree_sums(Context& ctx, const double* leaves,
                                 std::span<const NormSubtree> nodes, double* out) {
     cuda::launch_norm_subtrees(ctx, leaves, nodes, out);
+  }
+
+  static void quantize_int8(Context& ctx, DType dtype, const void* values, std::int64_t n,
+                            std::int64_t block, std::uint8_t* payload) {
+    cuda::launch_quantize_int8(ctx, dtype, values, n, block, payload);
+  }
+
+  static void dequantize_int8(Context& ctx, DType dtype, const std::uint8_t* payload,
+                              std::int64_t n, std::int64_t block, void* values) {
+    cuda::launch_dequantize_int8(ctx, dtype, payload, n, block, values);
   }
 
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "ops_case_bodies.hpp"
+#include "quantize_cases.hpp"
 
 namespace ops_test {
 

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <concepts>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -45,16 +46,23 @@ namespace shardkit::ops {
 //                                          LARC-SGD over whole tensors, in the order that
 //                                          reuses the device's cache best; param_squares
 //                                          (optional) as larc_param_squares.hpp says
+//   quantize_int8(ctx, dtype, values, n, block, payload)
+//   dequantize_int8(ctx, dtype, payload, n, block, values)
+//                                          one run of n values (f32, f16 or bf16) to and from
+//                                          quantize.hpp's int8 blocks (payload: device bytes,
+//                                          4-byte aligned, int8_payload_bytes(n, block) long)
 template <class B>
 concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
                               const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves,
-                              std::span<const NormSubtree> nodes) {
+                              std::span<const NormSubtree> nodes, std::uint8_t* bytes) {
   { B::name } -> std::convertible_to<std::string_view>;
   B::check_context(ctx, "op");
   B::larc_coefficients(ctx, larc, 1.0f, 1.0f, t, t);
   B::leaf_sums_of_squares(ctx, spans, DType::f32, leaves);
   B::leaf_sums_of_squares_pair(ctx, pairs, {DType::f32, DType::bf16}, {leaves, leaves});
   B::norm_subtree_sums(ctx, leaves, nodes, leaves);
+  B::quantize_int8(ctx, DType::f32, leaves, 1, 256, bytes);
+  B::dequantize_int8(ctx, DType::bf16, bytes, 1, 256, leaves);
 };
 
 // The message of the static_assert every entry point makes: what B must be.

@@ -28,6 +28,7 @@
 #include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/op_args.hpp"
+#include "shardkit/ops/quantize.hpp"
 
 namespace shardkit::ops {
 
@@ -314,6 +315,56 @@ void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> gr
   if (dtype == DType::f16) return run.template operator()<Half>();
   if (dtype == DType::bf16) return run.template operator()<BFloat16>();
   run.template operator()<float>();
+}
+
+namespace detail {
+
+// The checks both directions of the int8 block format make: `values` a contiguous f32, f16 or
+// bf16 tensor (read flat) and `payload` contiguous u8 of at least int8_payload_bytes, aligned
+// for its f32 scales, both on ctx's device.
+inline void check_int8_blocks(const Context& ctx, const Tensor& values, std::int64_t block,
+                              const Tensor& payload, const char* op) {
+  check(block >= 1 && block <= (std::int64_t{1} << 24), op, ": a block of ", block,
+        " values; pass 1 to 2^24 (DeepSpeed's qwZ uses ", kDefaultQuantBlock, ")");
+  check(values.defined() && values.is_contiguous() &&
+            (values.dtype() == DType::f32 || values.dtype() == DType::f16 ||
+             values.dtype() == DType::bf16) &&
+            values.device() == ctx.device(),
+        op, ": values must be a contiguous f32, f16 or bf16 tensor on ", ctx.device().str(),
+        ", got ", values.defined() ? values.str() : std::string("an undefined tensor"));
+  const std::int64_t bytes = int8_payload_bytes(values.numel(), block);
+  check(payload.defined() && payload.dtype() == DType::u8 && payload.is_contiguous() &&
+            payload.numel() >= bytes && payload.device() == ctx.device(),
+        op, ": payload must be a contiguous u8 tensor of at least ", bytes, " bytes on ",
+        ctx.device().str(), " (int8_payload_bytes(", values.numel(), ", ", block, ")), got ",
+        payload.defined() ? payload.str() : std::string("an undefined tensor"));
+  check(reinterpret_cast<std::uintptr_t>(payload.data_ptr()) % 4 == 0, op,
+        ": payload starts at an address that is not a multiple of 4; its f32 scales need one "
+        "(runs laid end to end at int8_payload_bytes offsets keep it)");
+}
+
+}  // namespace detail
+
+// `values` (n elements) into one run of quantize.hpp's int8 blocks, in `payload`.
+template <class B>
+void quantize_int8_blocks(Context& ctx, const Tensor& values, std::int64_t block,
+                          const Tensor& payload) {
+  SK_OPS_ENTRY(B, ctx, "quantize_int8_blocks");
+  detail::check_int8_blocks(ctx, values, block, payload, "quantize_int8_blocks");
+  if (values.numel() == 0) return;
+  B::quantize_int8(ctx, values.dtype(), values.data_ptr(), values.numel(), block,
+                   static_cast<std::uint8_t*>(payload.data_ptr()));
+}
+
+// One run of int8 blocks in `payload` back into `values` (its n elements, in its dtype).
+template <class B>
+void dequantize_int8_blocks(Context& ctx, const Tensor& payload, std::int64_t block,
+                            const Tensor& values) {
+  SK_OPS_ENTRY(B, ctx, "dequantize_int8_blocks");
+  detail::check_int8_blocks(ctx, values, block, payload, "dequantize_int8_blocks");
+  if (values.numel() == 0) return;
+  B::dequantize_int8(ctx, values.dtype(), static_cast<const std::uint8_t*>(payload.data_ptr()),
+                     values.numel(), block, values.data_ptr());
 }
 
 }  // namespace shardkit::ops

@@ -1,0 +1,88 @@
+// quantize.hpp's int8 blocks on the GPU, with the element rules the CPU loops use (the same
+// bits). Quantising: a thread block per quantisation block, its values strided over the threads;
+// the |x| maximum is formed in shared memory (a maximum is exact, so its order changes nothing),
+// then every thread writes its values' q. Dequantising: a thread per value.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/ops/multi_tensor_apply.cuh"
+#include "shardkit/ops/quantize.hpp"
+
+namespace shardkit::ops::cuda {
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_int8_kernel(const T* x, std::int64_t n, std::int64_t block, float* scales,
+                         std::int8_t* q) {
+  __shared__ float partial[kThreads];
+  const std::int64_t lo = std::int64_t{blockIdx.x} * block;
+  const std::int64_t hi = lo + block < n ? lo + block : n;
+  const int t = static_cast<int>(threadIdx.x);
+  float amax = 0.0f;
+  for (std::int64_t i = lo + t; i < hi; i += kThreads) amax = abs_max(amax, load_element(x + i));
+  partial[t] = amax;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (t < stride) partial[t] = abs_max(partial[t], partial[t + stride]);
+    __syncthreads();
+  }
+  amax = partial[0];
+  if (t == 0) scales[blockIdx.x] = amax / 127.0f;
+  const float inverse = int8_inverse_step(amax);
+  for (std::int64_t i = lo + t; i < hi; i += kThreads)
+    q[i] = int8_quantize(load_element(x + i), inverse);
+}
+
+template <class T>
+__global__ void dequantize_int8_kernel(const float* scales, const std::int8_t* q, std::int64_t n,
+                                       std::int64_t block, T* x) {
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    store_element(x + i, int8_dequantize(q[i], scales[i / block]));
+}
+
+// Calls fn.template operator()<T>() with T the element type of `dtype` (f32, f16 or bf16).
+template <class Fn>
+void visit_element_dtype(DType dtype, Fn&& fn) {
+  if (dtype == DType::f16) return fn.template operator()<Half>();
+  if (dtype == DType::bf16) return fn.template operator()<BFloat16>();
+  fn.template operator()<float>();
+}
+
+inline void launch_quantize_int8(Context& ctx, DType dtype, const void* values, std::int64_t n,
+                                 std::int64_t block, std::uint8_t* payload) {
+  const std::int64_t blocks = int8_block_count(n, block);
+  check(blocks <= 0x7fffffff, "quantize_int8_blocks: ", blocks,
+        " blocks in one run; at most 2^31 - 1 (one thread block each): pass a larger block");
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_element_dtype(dtype, [&]<class T>() {
+    quantize_int8_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream()>>>(
+        static_cast<const T*>(values), n, block, reinterpret_cast<float*>(payload),
+        reinterpret_cast<std::int8_t*>(payload + 4 * blocks));
+  });
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::quantize_int8_kernel");
+  // The padding too: a payload's bytes are a function of the values alone.
+  const std::int64_t used = 4 * blocks + n;
+  SK_CUDA_CHECK(cudaMemsetAsync(payload + used, 0,
+                                static_cast<std::size_t>(int8_payload_bytes(n, block) - used),
+                                ctx.stream()));
+}
+
+inline void launch_dequantize_int8(Context& ctx, DType dtype, const std::uint8_t* payload,
+                                   std::int64_t n, std::int64_t block, void* values) {
+  const std::int64_t blocks = int8_block_count(n, block);
+  const auto grid = static_cast<unsigned>(
+      std::min<std::int64_t>((n + kThreads - 1) / kThreads, std::int64_t{1} << 20));
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_element_dtype(dtype, [&]<class T>() {
+    dequantize_int8_kernel<T><<<grid, kThreads, 0, ctx.stream()>>>(
+        reinterpret_cast<const float*>(payload),
+        reinterpret_cast<const std::int8_t*>(payload + 4 * blocks), n, block,
+        static_cast<T*>(values));
+  });
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::dequantize_int8_kernel");
+}
+
+}  // namespace shardkit::ops::cuda

@@ -1,0 +1,154 @@
+// The int8 block format (ops/quantize.hpp) as doctest cases over `Backend`, included by
+// ops_test_list.hpp: the CPU and the CUDA executables run the same checks against a float64
+// reference.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ops_cases.hpp"
+#include "shardkit/ops/quantize.hpp"
+
+namespace ops_test {
+
+// Values whose blocks differ in magnitude by up to 2^±12 (so every block has its own scale),
+// each exact in `dtype`; the block of index 2 is all zeros.
+inline std::vector<float> quant_values(std::int64_t n, std::int64_t block, sk::DType dtype,
+                                       std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-12, 12);
+  std::vector<float> out(static_cast<std::size_t>(n));
+  float magnitude = 1.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % block == 0) magnitude = std::ldexp(1.0f, exponent(gen));
+    float x = i / block == 2 ? 0.0f : unit(gen) * magnitude;
+    if (dtype == sk::DType::f16) x = sk::half_bits_to_float(sk::float_to_half_bits(x));
+    if (dtype == sk::DType::bf16) x = sk::bf16_bits_to_float(sk::float_to_bf16_bits(x));
+    out[static_cast<std::size_t>(i)] = x;
+  }
+  return out;
+}
+
+// The payload's scales and values, read on the host.
+struct QuantPayload {
+  std::vector<float> scales;
+  std::vector<std::int8_t> q;
+  std::vector<std::uint8_t> bytes;
+};
+template <class B>
+QuantPayload read_payload(B& b, const sk::Tensor& payload, std::int64_t n, std::int64_t block) {
+  const sk::Tensor host = b.download(payload);
+  QuantPayload out;
+  out.bytes.assign(host.data<std::uint8_t>(), host.data<std::uint8_t>() + host.numel());
+  const std::int64_t blocks = ops::int8_block_count(n, block);
+  out.scales.resize(static_cast<std::size_t>(blocks));
+  std::memcpy(out.scales.data(), out.bytes.data(), out.scales.size() * sizeof(float));
+  out.q.resize(static_cast<std::size_t>(n));
+  std::memcpy(out.q.data(), out.bytes.data() + 4 * blocks, out.q.size());
+  return out;
+}
+
+// Quantise, check the payload against float64, dequantise into `dtype`, check the bound.
+template <class B>
+void int8_round_trip_case(B& b, std::int64_t n, std::int64_t block, sk::DType dtype) {
+  CAPTURE(n);
+  CAPTURE(block);
+  CAPTURE(sk::dtype_name(dtype));
+  const auto x = quant_values(n, block, dtype, static_cast<std::uint32_t>(n * 31 + block));
+  sk::Context host;
+  const sk::Tensor values = b.upload(sk::cast(host, sk::from_vector(host, x, {n}), dtype));
+  const std::int64_t bytes = ops::int8_payload_bytes(n, block);
+  CHECK(bytes % 16 == 0);
+  CHECK(bytes >= 4 * ops::int8_block_count(n, block) + n);
+  const sk::Tensor payload = b.zeros({bytes}, sk::DType::u8);
+  b.fill(payload, 255.0);  // the padding must be written, not left over
+  ops::quantize_int8_blocks(b.ctx, values, block, payload);
+  const QuantPayload p = read_payload(b, payload, n, block);
+  for (std::int64_t k = 4 * ops::int8_block_count(n, block) + n; k < bytes; ++k)
+    REQUIRE(p.bytes[static_cast<std::size_t>(k)] == 0);
+
+  const sk::Tensor back = b.zeros({n}, dtype);
+  ops::dequantize_int8_blocks(b.ctx, payload, block, back);
+  const auto y = sk::to_vector<float>(host, sk::cast(host, b.download(back), sk::DType::f32));
+  // f16 / bf16 destinations round x' once more: half a unit in their last place (f16's
+  // subnormals: half their spacing, 2^-25).
+  const double dtype_eps = dtype == sk::DType::f16    ? std::ldexp(1.0, -11)
+                           : dtype == sk::DType::bf16 ? std::ldexp(1.0, -8)
+                                                      : 0.0;
+  for (std::int64_t blk = 0; blk < ops::int8_block_count(n, block); ++blk) {
+    const std::int64_t lo = blk * block, hi = std::min(n, lo + block);
+    double amax = 0;
+    for (std::int64_t i = lo; i < hi; ++i)
+      amax = std::max(amax, std::fabs(double(x[static_cast<std::size_t>(i)])));
+    const double scale = amax / 127.0;
+    const float kept = p.scales[static_cast<std::size_t>(blk)];
+    REQUIRE(std::fabs(kept - scale) <= scale * std::ldexp(1.0, -24));  // f32 of amax / 127
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const auto at = static_cast<std::size_t>(i);
+      const int q = p.q[at];
+      REQUIRE(q >= -127);
+      REQUIRE(q <= 127);
+      // q is x / scale to the nearest integer (a tie may go either way through f32 rounding).
+      if (amax > 0) REQUIRE(std::fabs(double(x[at]) / scale - q) <= 0.5 + 1e-5);
+      if (amax > 0 && std::fabs(double(x[at])) == amax) REQUIRE(std::abs(q) == 127);
+      // x' within half a step of x (to f32 rounding), then the destination's own rounding.
+      const double subnormal = dtype == sk::DType::f16 ? std::ldexp(1.0, -25) : 0.0;
+      const double bound =
+          0.5 * scale * (1 + 1e-5) + std::fabs(double(y[at])) * dtype_eps + subnormal;
+      REQUIRE(std::fabs(double(y[at]) - double(x[at])) <= bound);
+      if (amax == 0) REQUIRE(y[at] == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("int8 blocks: payload and round trip against float64, every dtype and block size") {
+  Backend b;
+  for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16})
+    for (std::int64_t block : {256, 64, 7, 1})
+      for (std::int64_t n : {1, 255, 256, 257, 1000, 4099})
+        int8_round_trip_case(b, n, block, dtype);
+}
+
+TEST_CASE("int8 blocks: a block with an inf or a NaN comes back all NaN, the others intact") {
+  Backend b;
+  sk::Context host;
+  const std::int64_t n = 1024, block = 256;
+  auto x = quant_values(n, block, sk::DType::f32, 7);
+  x[300] = std::numeric_limits<float>::infinity();
+  x[700] = std::numeric_limits<float>::quiet_NaN();
+  const sk::Tensor values = b.upload(sk::from_vector(host, x, {n}));
+  const sk::Tensor payload = b.zeros({ops::int8_payload_bytes(n, block)}, sk::DType::u8);
+  ops::quantize_int8_blocks(b.ctx, values, block, payload);
+  const sk::Tensor back = b.zeros({n}, sk::DType::f32);
+  ops::dequantize_int8_blocks(b.ctx, payload, block, back);
+  const auto y = sk::to_vector<float>(host, b.download(back));
+  for (std::int64_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    const bool poisoned = i / block == 1 || i / block == 2;
+    if (poisoned)
+      REQUIRE(std::isnan(y[static_cast<std::size_t>(i)]));
+    else
+      REQUIRE(std::isfinite(y[static_cast<std::size_t>(i)]));
+  }
+}
+
+TEST_CASE("int8 blocks: bad arguments are refused by name") {
+  Backend b;
+  const sk::Tensor values = b.zeros({100}, sk::DType::f32);
+  const sk::Tensor payload = b.zeros({ops::int8_payload_bytes(100, 32) + 16}, sk::DType::u8);
+  CHECK_THROWS_WITH(ops::quantize_int8_blocks(b.ctx, values, 0, payload),
+                    doctest::Contains("a block of 0 values"));
+  CHECK_THROWS_WITH(
+      ops::quantize_int8_blocks(b.ctx, values, 32, payload.slice(0, 0, 100)),
+      doctest::Contains("payload must be a contiguous u8 tensor of at least 128 bytes"));
+  CHECK_THROWS_WITH(ops::quantize_int8_blocks(b.ctx, values, 32, payload.slice(0, 1, 129)),
+                    doctest::Contains("not a multiple of 4"));
+  CHECK_THROWS_WITH(ops::quantize_int8_blocks(b.ctx, b.zeros({100}, sk::DType::f64), 32, payload),
+                    doctest::Contains("values must be a contiguous f32, f16 or bf16 tensor"));
+  CHECK_THROWS_WITH(ops::dequantize_int8_blocks(b.ctx, b.zeros({100}, sk::DType::f32), 32, values),
+                    doctest::Contains("payload must be a contiguous u8 tensor"));
+}
+
+}  // namespace ops_test
