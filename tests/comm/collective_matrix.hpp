@@ -48,7 +48,13 @@ double to_double(T v) {
 template <class T>
 std::vector<T> inputs(int rank, std::size_t count, std::uint64_t salt) {
   std::vector<T> out(count);
-  for (std::size_t i = 0; i < count; ++i) out[i] = convert_value<T>(input_value(rank, i, salt));
+  for (std::size_t i = 0; i < count; ++i) {
+    const double value = input_value(rank, i, salt);
+    if constexpr (std::is_same_v<T, std::uint8_t>)  // bytes: every pattern, 0 rarely
+      out[i] = static_cast<std::uint8_t>(static_cast<int>(value * 1000.0) & 0xff);
+    else
+      out[i] = convert_value<T>(value);
+  }
   return out;
 }
 
@@ -153,21 +159,38 @@ std::vector<std::string> run_collective_matrix(Context& ctx, Communicator& comm,
         return fail_at(what, i, to_double(got[got_offset + i]), to_double(want[want_offset + i]));
   };
 
+  // Bytes (u8) are moved, never reduced: a reduction of them is refused before any traffic.
+  constexpr bool kReducible = is_comm_dtype(dtype_of<T>);
+  if constexpr (!kReducible) {
+    Tensor bytes = tensor_of(std::vector<T>(4));
+    try {
+      comm.all_reduce(bytes).wait();
+      failures.push_back(
+          shardkit::detail::concat("n=", n, " rank ", me, " all_reduce of u8 was not refused"));
+    } catch (const InvalidArgument& e) {
+      if (std::string(e.what()).find("reductions combine f32, f64, f16 or bf16") ==
+          std::string::npos)
+        failures.push_back(shardkit::detail::concat(
+            "n=", n, " rank ", me, " all_reduce of u8: unexpected message: ", e.what()));
+    }
+  }
+
   for (std::size_t count : config.counts) {
     const std::string at = shardkit::detail::concat("count ", count, " ");
     // all_reduce, out of place, every op
-    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
-      ++salt;
-      const auto in = all_inputs(count);
-      Tensor send = tensor_of(in[static_cast<std::size_t>(me)]);
-      Tensor recv = tensor_of(std::vector<T>(count));
-      comm.all_reduce(send, recv, op).wait();
-      check_reduced(at + "all_reduce(" + std::string(reduce_op_name(op)) + ")", in, 0, read(recv),
-                    0, count, op);
-      check_copied(at + "all_reduce send untouched", in[static_cast<std::size_t>(me)], 0,
-                   read(send), 0, count);
-    }
-    {  // all_reduce in place
+    if constexpr (kReducible)
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        ++salt;
+        const auto in = all_inputs(count);
+        Tensor send = tensor_of(in[static_cast<std::size_t>(me)]);
+        Tensor recv = tensor_of(std::vector<T>(count));
+        comm.all_reduce(send, recv, op).wait();
+        check_reduced(at + "all_reduce(" + std::string(reduce_op_name(op)) + ")", in, 0, read(recv),
+                      0, count, op);
+        check_copied(at + "all_reduce send untouched", in[static_cast<std::size_t>(me)], 0,
+                     read(send), 0, count);
+      }
+    if constexpr (kReducible) {  // all_reduce in place
       ++salt;
       const auto in = all_inputs(count);
       Tensor data = tensor_of(in[static_cast<std::size_t>(me)]);
@@ -175,21 +198,22 @@ std::vector<std::string> run_collective_matrix(Context& ctx, Communicator& comm,
       check_reduced(at + "all_reduce(sum, in place)", in, 0, read(data), 0, count, ReduceOp::sum);
     }
     // reduce to the last rank (sum) and to rank 0 (avg, in place at the root)
-    for (int variant = 0; variant < 2; ++variant) {
-      ++salt;
-      const int root = variant == 0 ? n - 1 : 0;
-      const ReduceOp op = variant == 0 ? ReduceOp::sum : ReduceOp::avg;
-      const auto in = all_inputs(count);
-      Tensor send = tensor_of(in[static_cast<std::size_t>(me)]);
-      Tensor recv = tensor_of(std::vector<T>(count));
-      const bool in_place = variant == 1;
-      const Buffer out = me == root ? (in_place ? Buffer(send) : Buffer(recv)) : Buffer();
-      comm.reduce(send, out, root, op).wait();
-      if (me == root)
-        check_reduced(
-            at + "reduce(" + std::string(reduce_op_name(op)) + (in_place ? ", in place)" : ")"), in,
-            0, read(in_place ? send : recv), 0, count, op);
-    }
+    if constexpr (kReducible)
+      for (int variant = 0; variant < 2; ++variant) {
+        ++salt;
+        const int root = variant == 0 ? n - 1 : 0;
+        const ReduceOp op = variant == 0 ? ReduceOp::sum : ReduceOp::avg;
+        const auto in = all_inputs(count);
+        Tensor send = tensor_of(in[static_cast<std::size_t>(me)]);
+        Tensor recv = tensor_of(std::vector<T>(count));
+        const bool in_place = variant == 1;
+        const Buffer out = me == root ? (in_place ? Buffer(send) : Buffer(recv)) : Buffer();
+        comm.reduce(send, out, root, op).wait();
+        if (me == root)
+          check_reduced(
+              at + "reduce(" + std::string(reduce_op_name(op)) + (in_place ? ", in place)" : ")"),
+              in, 0, read(in_place ? send : recv), 0, count, op);
+      }
     {  // broadcast from the middle rank
       ++salt;
       const int root = n / 2;
@@ -220,22 +244,23 @@ std::vector<std::string> run_collective_matrix(Context& ctx, Communicator& comm,
                      count);
     }
     // reduce_scatter: out of place (sum, max) and in place (avg)
-    for (int variant = 0; variant < 3; ++variant) {
-      ++salt;
-      const ReduceOp op = variant == 0   ? ReduceOp::sum
-                          : variant == 1 ? ReduceOp::max
-                                         : ReduceOp::avg;
-      const bool in_place = variant == 2;
-      const auto in = all_inputs(count * un);
-      Tensor send = tensor_of(in[static_cast<std::size_t>(me)]);
-      Tensor recv = tensor_of(std::vector<T>(count));
-      const std::size_t own = count * static_cast<std::size_t>(me);
-      const Buffer out = in_place ? Buffer(send).slice(own, count) : Buffer(recv);
-      comm.reduce_scatter(send, out, op).wait();
-      check_reduced(at + "reduce_scatter(" + std::string(reduce_op_name(op)) +
-                        (in_place ? ", in place)" : ")"),
-                    in, own, read(in_place ? send : recv), in_place ? own : 0, count, op);
-    }
+    if constexpr (kReducible)
+      for (int variant = 0; variant < 3; ++variant) {
+        ++salt;
+        const ReduceOp op = variant == 0   ? ReduceOp::sum
+                            : variant == 1 ? ReduceOp::max
+                                           : ReduceOp::avg;
+        const bool in_place = variant == 2;
+        const auto in = all_inputs(count * un);
+        Tensor send = tensor_of(in[static_cast<std::size_t>(me)]);
+        Tensor recv = tensor_of(std::vector<T>(count));
+        const std::size_t own = count * static_cast<std::size_t>(me);
+        const Buffer out = in_place ? Buffer(send).slice(own, count) : Buffer(recv);
+        comm.reduce_scatter(send, out, op).wait();
+        check_reduced(at + "reduce_scatter(" + std::string(reduce_op_name(op)) +
+                          (in_place ? ", in place)" : ")"),
+                      in, own, read(in_place ? send : recv), in_place ? own : 0, count, op);
+      }
     // Uneven per-owner segments (one owner empty when n > 2): all_gather_v, reduce_scatter_v.
     std::vector<std::size_t> counts(un);
     for (std::size_t r = 0; r < un; ++r) counts[r] = count / 2 + (r * r * 7 + 3) % (count + 2);
@@ -257,24 +282,26 @@ std::vector<std::string> run_collective_matrix(Context& ctx, Communicator& comm,
         check_copied(at + "all_gather_v segment " + std::to_string(r), in[r], offsets[r], got,
                      offsets[r], counts[r]);
     }
-    for (int in_place = 0; in_place < 2; ++in_place) {
-      ++salt;
-      const ReduceOp op = in_place ? ReduceOp::avg : ReduceOp::sum;
-      const auto in = all_inputs(total);
-      const auto r_me = static_cast<std::size_t>(me);
-      Tensor send = tensor_of(in[r_me]);
-      Tensor recv = tensor_of(std::vector<T>(std::max<std::size_t>(counts[r_me], 1)));
-      const Buffer out = in_place ? Buffer(send).slice(offsets[r_me], counts[r_me]) : Buffer(recv);
-      comm.reduce_scatter_v(send, out, counts, op).wait();
-      check_reduced(at + (in_place ? "reduce_scatter_v(avg, in place)" : "reduce_scatter_v(sum)"),
-                    in, offsets[r_me], read(in_place ? send : recv), in_place ? offsets[r_me] : 0,
-                    counts[r_me], op);
-    }
+    if constexpr (kReducible)
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        ++salt;
+        const ReduceOp op = in_place ? ReduceOp::avg : ReduceOp::sum;
+        const auto in = all_inputs(total);
+        const auto r_me = static_cast<std::size_t>(me);
+        Tensor send = tensor_of(in[r_me]);
+        Tensor recv = tensor_of(std::vector<T>(std::max<std::size_t>(counts[r_me], 1)));
+        const Buffer out =
+            in_place ? Buffer(send).slice(offsets[r_me], counts[r_me]) : Buffer(recv);
+        comm.reduce_scatter_v(send, out, counts, op).wait();
+        check_reduced(at + (in_place ? "reduce_scatter_v(avg, in place)" : "reduce_scatter_v(sum)"),
+                      in, offsets[r_me], read(in_place ? send : recv), in_place ? offsets[r_me] : 0,
+                      counts[r_me], op);
+      }
   }
   return failures;
 }
 
-// All four dtypes.
+// Every dtype: the four that reduce, and bytes (moved only).
 inline std::vector<std::string> run_all_dtypes(Context& ctx, Communicator& comm,
                                                const MatrixConfig& config = {}) {
   std::vector<std::string> failures;
@@ -285,6 +312,7 @@ inline std::vector<std::string> run_all_dtypes(Context& ctx, Communicator& comm,
   add(run_collective_matrix<double>(ctx, comm, config));
   add(run_collective_matrix<Half>(ctx, comm, config));
   add(run_collective_matrix<BFloat16>(ctx, comm, config));
+  add(run_collective_matrix<std::uint8_t>(ctx, comm, config));
   return failures;
 }
 

@@ -73,6 +73,24 @@ TEST_CASE("several outstanding local calls can be waited for in any order") {
   CHECK(ok == std::vector<char>{1, 1, 1});
 }
 
+TEST_CASE("then(): what follows a call runs once, after it completed, on the waiting thread") {
+  std::vector<int> runs(2), saw_result(2);
+  comm::run_ranks(2, [&](sk::Context&, comm::Communicator& c) {
+    const auto me = static_cast<std::size_t>(c.rank());
+    std::vector<float> data(64, static_cast<float>(c.rank() + 1));
+    comm::Work work = comm::then(c.all_reduce(data), [&] {
+      ++runs[me];
+      saw_result[me] = data[0] == 3.0f && data[63] == 3.0f;
+    });
+    if (me == 0)
+      while (!work.test()) std::this_thread::yield();  // test() completing it runs it too
+    work.wait();
+    work.wait();  // once only
+  });
+  CHECK(runs == std::vector<int>{1, 1});
+  CHECK(saw_result == std::vector<int>{1, 1});
+}
+
 TEST_CASE("dropping a Work before every rank called cancels the call instead of racing it") {
   std::latch dropped(1);
   std::string rank1_error;

@@ -105,7 +105,7 @@ class Communicator {
   // recv (>= send.count elements) <- reduction of every rank's send. recv may be send.
   Work all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op = ReduceOp::sum) {
     const std::string_view call = "all_reduce";
-    check_call(call, send);
+    check_call(call, send, Reduces::yes);
     check_pair(call, send, recv, send.count, "send.count");
     check_same_or_disjoint(call, send, recv.first(send.count));
     return counted(record(CollectiveKind::all_reduce, send, send.count, -1, op), send.nbytes(),
@@ -114,7 +114,7 @@ class Communicator {
   // At `root`, recv <- reduction of every rank's send; other ranks may pass an empty recv.
   Work reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op = ReduceOp::sum) {
     const std::string_view call = "reduce";
-    check_call(call, send);
+    check_call(call, send, Reduces::yes);
     check_root(call, root);
     Buffer out;
     if (rank_ == root) {
@@ -132,7 +132,7 @@ class Communicator {
   // data <- root's data, on every rank.
   Work broadcast(const Buffer& data, int root) {
     const std::string_view call = "broadcast";
-    check_call(call, data);
+    check_call(call, data, Reduces::no);
     check_root(call, root);
     return counted(record(CollectiveKind::broadcast, data, data.count, root), data.nbytes(),
                    [&] { return do_broadcast(data, root); });
@@ -141,7 +141,7 @@ class Communicator {
   // send is exactly recv's segment of this rank (NCCL's form).
   Work all_gather(const Buffer& send, const Buffer& recv) {
     const std::string_view call = "all_gather";
-    check_call(call, send);
+    check_call(call, send, Reduces::no);
     const std::size_t total = send.count * static_cast<std::size_t>(size_);
     check_pair(call, send, recv, total, "size() x send.count");
     const Buffer out = recv.first(total);
@@ -153,7 +153,7 @@ class Communicator {
   // In place when recv is exactly send's segment of this rank (NCCL's form).
   Work reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op = ReduceOp::sum) {
     const std::string_view call = "reduce_scatter";
-    check_call(call, recv);
+    check_call(call, recv, Reduces::yes);
     const std::size_t total = recv.count * static_cast<std::size_t>(size_);
     check_pair(call, recv, send, total, "size() x recv.count", "send");
     const Buffer in = send.first(total);
@@ -166,7 +166,7 @@ class Communicator {
   // holds every owner's segment. (ZeRO-1 parameter sync over a size-balanced partition.)
   Work all_gather_v(const Buffer& data, std::span<const std::size_t> counts) {
     const std::string_view call = "all_gather_v";
-    const std::size_t total = check_segments(call, data, "data", counts);
+    const std::size_t total = check_segments(call, data, "data", counts, Reduces::no);
     const Buffer whole = data.first(total);
     auto uneven = record(CollectiveKind::all_gather_v, data, total);
     uneven.counts_hash = comm::counts_hash(counts);
@@ -179,7 +179,7 @@ class Communicator {
   Work reduce_scatter_v(const Buffer& send, const Buffer& recv, std::span<const std::size_t> counts,
                         ReduceOp op = ReduceOp::sum) {
     const std::string_view call = "reduce_scatter_v";
-    const std::size_t total = check_segments(call, send, "send", counts);
+    const std::size_t total = check_segments(call, send, "send", counts, Reduces::yes);
     const std::size_t own = counts[static_cast<std::size_t>(rank_)];
     check_pair(call, send, recv, own, "counts[rank]");
     const Buffer in = send.first(total), out = recv.first(own);
@@ -322,10 +322,17 @@ class Communicator {
                                 "); create a new one");
   }
 
-  void check_call(std::string_view call, const Buffer& main) const {
+  // Whether a call combines values (and so needs a dtype it can add) or only moves them.
+  enum class Reduces { no, yes };
+
+  void check_call(std::string_view call, const Buffer& main, Reduces reduces) const {
     check_usable(call);
-    check(is_comm_dtype(main.dtype), where(call), ": dtype ", dtype_name(main.dtype),
-          " is not supported; collectives move f32, f64, f16 or bf16");
+    if (reduces == Reduces::yes)
+      check(is_comm_dtype(main.dtype), where(call), ": dtype ", dtype_name(main.dtype),
+            " is not supported; reductions combine f32, f64, f16 or bf16");
+    else
+      check(is_movable_dtype(main.dtype), where(call), ": dtype ", dtype_name(main.dtype),
+            " is not supported; collectives move f32, f64, f16, bf16 or u8 (bytes)");
   }
 
   void check_root(std::string_view call, int root) const {
@@ -367,8 +374,8 @@ class Communicator {
   // The total of the per-rank `counts` of an uneven collective, once `buffer` (the argument
   // called `name`) is checked to cover every owner's segment.
   std::size_t check_segments(std::string_view call, const Buffer& buffer, const char* name,
-                             std::span<const std::size_t> counts) const {
-    check_call(call, buffer);
+                             std::span<const std::size_t> counts, Reduces reduces) const {
+    check_call(call, buffer, reduces);
     check(counts.size() == static_cast<std::size_t>(size_), where(call), ": ", counts.size(),
           " counts given for ", size_, " ranks; pass one count per rank");
     const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});

@@ -112,6 +112,8 @@ inline MPI_Datatype mpi_wire_type(DType dtype) {
       return MPI_FLOAT;
     case DType::f64:
       return MPI_DOUBLE;
+    case DType::u8:
+      return MPI_UINT8_T;
     default:
       return MPI_UINT16_T;  // f16 / bf16 moved as 16-bit words
   }

@@ -158,6 +158,8 @@ inline ncclDataType_t nccl_type(DType dtype) {
       return ncclFloat16;
     case DType::bf16:
       return ncclBfloat16;
+    case DType::u8:
+      return ncclUint8;
     default:
       break;
   }

@@ -25,6 +25,10 @@ constexpr bool is_comm_dtype(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
 }
 
+// What the collectives that only move data (broadcast, all_gather, all_gather_v) also take:
+// bytes, such as quantised payloads (ops/quantize.hpp).
+constexpr bool is_movable_dtype(DType dtype) { return is_comm_dtype(dtype) || dtype == DType::u8; }
+
 // f16 and bf16 accumulate in f32: summing 8 ranks of f16 in f16 would round 7 times.
 template <class T>
 using accumulator_t =

@@ -4,6 +4,7 @@
 // the result without any wait().
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -59,6 +60,48 @@ class [[nodiscard]] Work {
   std::shared_ptr<WorkState> state_;
   bool waited_ = false;
 };
+
+namespace detail {
+
+// A call followed by host-side work that needs its result (then()).
+class ContinuedWork final : public WorkState {
+ public:
+  ContinuedWork(Work call, std::function<void()> after)
+      : call_(std::move(call)), after_(std::move(after)) {}
+  void wait() override {
+    call_.wait();
+    run_after();
+  }
+  bool test() override {
+    if (!call_.test()) return false;
+    run_after();
+    return true;
+  }
+  // Dropped unwaited: the call is finished or cancelled by its own handle; what would have
+  // followed it is not wanted any more.
+  void on_drop() noexcept override { call_ = Work(); }
+
+ private:
+  void run_after() {
+    if (!after_) return;
+    auto after = std::move(after_);
+    after_ = nullptr;
+    after();
+  }
+
+  Work call_;
+  std::function<void()> after_;
+};
+
+}  // namespace detail
+
+// A Work that completes `call` and then runs `after` on the waiting thread (once, on the first
+// wait(), or on the test() that finds the call complete): what a collective's result still
+// needs before it is usable, such as dequantising gathered bytes. On device backends `after`
+// may simply be issued at once instead (stream order); this serves every backend.
+inline Work then(Work call, std::function<void()> after) {
+  return Work(std::make_shared<detail::ContinuedWork>(std::move(call), std::move(after)));
+}
 
 // slot = std::move(work), for handles kept in members. (Work is [[nodiscard]], and nvcc flags
 // the discarded result of its move-assignment.)
