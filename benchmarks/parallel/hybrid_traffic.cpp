@@ -9,6 +9,11 @@
 // sends across groups only the shard's gradient all-reduce: 2 (Psi/G) (R-1)/R with R = N/G
 // groups -- the point of hybrid sharding, paid for with G instead of N in the memory formula.
 //
+// With qwZ (FsdpOptions::quantized_weights) both all-gathers carry int8 blocks of 256 values with
+// an f32 scale each instead of f32: 2 Psi (1 + 4/256) / 4 (N-1)/N + Psi (N-1)/N in f32 bytes
+// of Psi, plus the 16-byte padding of each rank's run per unit. Under hybrid sharding the
+// gathers stay inside the group, so qwZ cuts the group's traffic, not what crosses groups.
+//
 // Usage: hybrid_traffic [world size, default 8]   (ranks are threads of this process)
 #include <cstdio>
 #include <cstdlib>
@@ -47,8 +52,9 @@ std::vector<sk::parallel::FsdpUnitParams> resnet50_units() {
   return units;
 }
 
-// One measured step of FSDP on `world` ranks; `group` = 0 for plain FSDP over the world.
-Traffic measure(int world, int group) {
+// One measured step of FSDP on `world` ranks; `group` = 0 for plain FSDP over the world;
+// `quantized`: qwZ's int8 gathers.
+Traffic measure(int world, int group, bool quantized) {
   Traffic out;
   sk::comm::RunRanksOptions ranks;
   ranks.cpu_threads_per_rank = 1;
@@ -62,6 +68,7 @@ Traffic measure(int world, int group) {
         config.sgd.momentum = 0.9f;
         sk::parallel::ParallelOptions options;
         options.stage = sk::parallel::Stage::fsdp;
+        options.fsdp.quantized_weights = quantized;
         using Engine = sk::parallel::FsdpEngine;
         auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, resnet50_units(), config, options)
                            : std::make_unique<Engine>(ctx, comm, resnet50_units(), config, options);
@@ -117,19 +124,30 @@ int main(int argc, char** argv) {
               world);
   std::printf("%-16s %14s %14s %14s %14s %12s\n", "sharding", "inter-group MB", "formula MB",
               "intra-group MB", "vs plain", "state MB/rank");
-  const Traffic plain = measure(world, 0);
-  std::printf("%-16s %14.1f %14.1f %14s %14s %12.1f\n", "plain fsdp", plain.inter_group / mb,
-              3 * psi * (world - 1) / world / mb, "-", "1.00x", plain.state_bytes / mb);
+  const double ring = static_cast<double>(world - 1) / world;
+  const Traffic plain = measure(world, 0, false);
+  auto row = [&](const char* name, const Traffic& t, double formula) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.3fx", t.inter_group / plain.inter_group);
+    char intra[32] = "-";
+    if (t.intra_group > 0) std::snprintf(intra, sizeof intra, "%.1f", t.intra_group / mb);
+    std::printf("%-16s %14.1f %14.1f %14s %14s %12.1f\n", name, t.inter_group / mb, formula / mb,
+                intra, ratio, t.state_bytes / mb);
+  };
+  row("plain fsdp", plain, 3 * psi * ring);
+  // qwZ: the two gathers at 1 + 4/256 bytes a value (of 4), the reduce-scatter in f32.
+  row("fsdp + qwZ", measure(world, 0, true), (2 * (1 + 4.0 / 256) / 4 + 1) * psi * ring);
   for (int group = world / 2; group >= 1; --group) {
     if (world % group != 0) continue;
     const int groups = world / group;
-    const Traffic hybrid = measure(world, group);
-    char name[32], ratio[32];
+    char name[32];
     std::snprintf(name, sizeof name, "hybrid G=%d", group);
-    std::snprintf(ratio, sizeof ratio, "%.3fx", hybrid.inter_group / plain.inter_group);
-    std::printf("%-16s %14.1f %14.1f %14.1f %14s %12.1f\n", name, hybrid.inter_group / mb,
-                2 * psi / group * (groups - 1) / groups / mb, hybrid.intra_group / mb, ratio,
-                hybrid.state_bytes / mb);
+    const double across = 2 * psi / group * (groups - 1) / groups;
+    row(name, measure(world, group, false), across);
+    if (group == world / 2 && group > 1) {
+      std::snprintf(name, sizeof name, "hybrid G=%d + qwZ", group);
+      row(name, measure(world, group, true), across);
+    }
   }
   return 0;
 }

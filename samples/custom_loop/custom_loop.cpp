@@ -109,6 +109,12 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-mb", flags.bucket_mb, "gradient bucket size in MiB")
       ->check(CLI::PositiveNumber);
   app.add_flag("--broadcast-fp16", flags.broadcast_fp16, "oss/sdp: send parameters as f16");
+  app.add_flag("--quantized-weights", setup.parallel.fsdp.quantized_weights,
+               "fsdp: gather the parameters as int8 blocks with an f32 scale each (DeepSpeed's "
+               "qwZ); the shards and the optimizer stay exact");
+  app.add_option("--quantization-block", setup.parallel.fsdp.quantization_block,
+                 "--quantized-weights: values per scale")
+      ->check(CLI::Range(1, 1 << 24));
   app.add_option("--seed", setup.seed, "seed of initialisation and shuffling");
   app.add_option("--data-dir", flags.data_dir, "folder with the Fashion-MNIST .gz files");
   app.add_option("--device", flags.device,

@@ -5,6 +5,7 @@
 // runs these cases when mpirun started it, and the rest when run alone.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -176,17 +177,29 @@ namespace {
 // A module trained under `stage` over MPI: every rank's view of the parameters and buffers
 // afterwards (gathered under fsdp). With `save_to` / `load_from`: a sharded checkpoint after
 // (before) training.
+// With `quantized` the gathers carry int8 blocks (qwZ); with `group` > 0 the world is a hybrid
+// mesh of groups of that many processes ("nodes").
 std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int steps,
-                                const std::string& save_to = {},
-                                const std::string& load_from = {}) {
+                                const std::string& save_to = {}, const std::string& load_from = {},
+                                bool quantized = false, int group = 0) {
   sk::Context ctx;
   auto comm = sk::comm::MpiCommunicator::world(ctx);
+  std::unique_ptr<sk::comm::HybridMesh> mesh;
+  if (group > 0) mesh = std::make_unique<sk::comm::HybridMesh>(*comm, group);
   auto net = module_test::mlp(ctx, 300 + static_cast<std::uint64_t>(comm->rank()));
   sk::parallel::ParallelOptions options;
   options.stage = stage;
   options.buckets.bucket_bytes = 4096;
   options.fsdp.wrap.unit_paths = {"0", "3"};
-  sk::parallel::ShardedModule model(ctx, *comm, net, dp_test::config_for(kind), options);
+  options.fsdp.quantized_weights = quantized;
+  auto model_on = [&] {
+    return mesh ? std::make_unique<sk::parallel::ShardedModule>(ctx, *mesh, net,
+                                                                dp_test::config_for(kind), options)
+                : std::make_unique<sk::parallel::ShardedModule>(ctx, *comm, net,
+                                                                dp_test::config_for(kind), options);
+  };
+  auto owned = model_on();
+  sk::parallel::ShardedModule& model = *owned;
   if (!load_from.empty()) (void)sk::checkpoint::load_checkpoint(load_from, model.training_state());
   for (int s = 0; s < steps; ++s) {
     model.zero_grad();
@@ -246,6 +259,36 @@ TEST_CASE(
   CHECK(std::memcmp(saved.data(), loaded.data(), compared * sizeof(float)) == 0);
   SK_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// qwZ through MPI: the gathers move int8 bytes between processes (MPI_UINT8_T), on the world
+// and on 2 "nodes" of 2 (hybrid: gathered inside a node); training follows exact FSDP closely,
+// and every process ends with the same parameters.
+TEST_CASE("through MPI, 4 processes (also as 2 nodes): FSDP with int8 gathers follows exact FSDP") {
+  const auto kind = sk::optim::OptimizerKind::sgd;
+  int rank = 0;
+  SK_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  sk::Context host;
+  std::size_t params = 0;
+  for (const auto& p : module_test::mlp(host, 1)->parameters())
+    params += static_cast<std::size_t>(p.numel());
+  for (int group : {0, 2}) {
+    CAPTURE(group);
+    const auto exact = train_module(Stage::fsdp, kind, 10, {}, {}, false, group);
+    const auto quantized = train_module(Stage::fsdp, kind, 10, {}, {}, true, group);
+    REQUIRE(quantized.size() == exact.size());
+    double largest = 0, worst = 0;
+    for (std::size_t i = 0; i < params; ++i) {
+      largest = std::max(largest, std::fabs(static_cast<double>(exact[i])));
+      worst = std::max(worst, std::fabs(static_cast<double>(quantized[i]) - exact[i]));
+    }
+    CHECK(worst > 0);  // the gathers were quantised
+    CHECK(worst <= 0.02 * largest);
+    // The parameters are the same on every process (rank 0's broadcast to compare).
+    std::vector<float> rank0(quantized.begin(), quantized.begin() + static_cast<long>(params));
+    SK_MPI_CHECK(MPI_Bcast(rank0.data(), static_cast<int>(params), MPI_FLOAT, 0, MPI_COMM_WORLD));
+    CHECK(std::memcmp(rank0.data(), quantized.data(), params * sizeof(float)) == 0);
+  }
 }
 
 TEST_SUITE_END();

@@ -61,6 +61,13 @@ class [[nodiscard]] Work {
   bool waited_ = false;
 };
 
+// slot = std::move(work), for handles kept in members. (Work is [[nodiscard]], and nvcc flags
+// the discarded result of its move-assignment.)
+inline void assign(Work& slot, Work&& work) {
+  Work& assigned = (slot = std::move(work));
+  (void)assigned;
+}
+
 namespace detail {
 
 // A call followed by host-side work that needs its result (then()).
@@ -79,7 +86,7 @@ class ContinuedWork final : public WorkState {
   }
   // Dropped unwaited: the call is finished or cancelled by its own handle; what would have
   // followed it is not wanted any more.
-  void on_drop() noexcept override { call_ = Work(); }
+  void on_drop() noexcept override { assign(call_, Work()); }
 
  private:
   void run_after() {
@@ -101,13 +108,6 @@ class ContinuedWork final : public WorkState {
 // may simply be issued at once instead (stream order); this serves every backend.
 inline Work then(Work call, std::function<void()> after) {
   return Work(std::make_shared<detail::ContinuedWork>(std::move(call), std::move(after)));
-}
-
-// slot = std::move(work), for handles kept in members. (Work is [[nodiscard]], and nvcc flags
-// the discarded result of its move-assignment.)
-inline void assign(Work& slot, Work&& work) {
-  Work& assigned = (slot = std::move(work));
-  (void)assigned;
 }
 
 }  // namespace shardkit::comm

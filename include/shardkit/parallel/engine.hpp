@@ -97,7 +97,7 @@ class Engine : public ParamGroups {
   class FullParams {
    public:
     explicit FullParams(Engine& engine) : engine_(&engine) {
-      for (std::size_t u = 0; u < engine_->unit_count(); ++u) engine_->gather(u);
+      for (std::size_t u = 0; u < engine_->unit_count(); ++u) engine_->gather_exact(u);
     }
     ~FullParams() {
       const bool writeback = !engine_->optimizer_->mixed_precision();

@@ -16,8 +16,9 @@
 //   communication    bucket buffers being filled and in flight (sdp, fsdp), wire copies, the
 //                    reduce-scatter coalescer's staging, f16 parameter broadcasts
 //   gathered         fsdp: the full units held at once -- the root unit, and with resharding
-//                    after forward the unit in use plus `prefetch` ahead (counted by the
-//                    allocator under communication, reported apart here)
+//                    after forward the unit in use plus `prefetch` ahead, each with its
+//                    int8 wire under qwZ (counted by the allocator under communication,
+//                    reported apart here)
 //   activations      a linear profile in the batch size (ActivationProfile): measure it once
 //                    per model, input size and checkpointing setting (profile_activations,
 //                    which doubles the batch until the growth per sample settles)
@@ -176,11 +177,16 @@ inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& spe
       p.sent_in_group = psi * grad * ring + psi * param * ring;
       p.sent_across_groups = 2 * psi / g * grad * across;
       break;
-    case Stage::fsdp:
+    case Stage::fsdp: {
+      // qwZ: a gathered value travels as an int8 and a share of its block's f32 scale.
+      const double gathered = policy.quantized_gather_block > 0
+                                  ? 1.0 + 4.0 / static_cast<double>(policy.quantized_gather_block)
+                                  : param;
       p.sent_in_group =
-          psi * grad * ring + (policy.reshard_after_forward ? 2 : 1) * psi * param * ring;
+          psi * grad * ring + (policy.reshard_after_forward ? 2 : 1) * psi * gathered * ring;
       p.sent_across_groups = 2 * psi / g * grad * across;
       break;
+    }
   }
 }
 
@@ -273,7 +279,11 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         table.append_plan(plan, false);
         shard_bytes += plan.numel(rank) * detail::bytes_of(param);
         p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
-        unit_bytes.push_back(plan.layout().padded_numel() * detail::bytes_of(param));
+        std::int64_t held = plan.layout().padded_numel() * detail::bytes_of(param);
+        if (policy.quantized_gather_block > 0)  // qwZ: the wire's runs until they are unpacked
+          for (int r = 0; r < group; ++r)
+            held += ops::int8_payload_bytes(plan.numel(r), policy.quantized_gather_block);
+        unit_bytes.push_back(held);
         transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets));
       }
       p.parameters = shard_bytes;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "shardkit/ops/quantize.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/stage.hpp"
@@ -47,6 +48,14 @@ struct FsdpOptions {
   // reduce-scattered together up to this size (one collective for many small units); 0 sends
   // each bucket alone.
   std::size_t coalesce_bytes = kDefaultCoalesceBytes;
+  // qwZ (DeepSpeed ZeRO++'s zero_quantized_weights): the parameters' all-gathers for the
+  // forward and the backward carry each rank's shard as int8 blocks of `quantization_block`
+  // values with an f32 scale each (ops/quantize.hpp; about a quarter of f32's bytes, half of
+  // bf16's). The shards, the f32 masters and the optimizer stay exact, so the error never
+  // builds up; the forward and backward compute with each value within half its block's step.
+  // full_params() (summon_full_params) and checkpoints see exact values.
+  bool quantized_weights = false;
+  std::int64_t quantization_block = ops::kDefaultQuantBlock;
 };
 
 struct ParallelOptions {

@@ -45,7 +45,8 @@ class ParamGroup {
               replicas, shard_home),
         bucketer_(ctx, comm, flat_.plan(), policy.grad_sync, policy.buckets, coalescer, replicas),
         pieces_(flat_.updated_pieces(policy.every_rank_updates)),
-        piece_params_(flat_.piece_params(pieces_)) {
+        piece_params_(flat_.piece_params(pieces_)),
+        quantized_block_(policy.quantized_gather_block) {
     for (const auto& piece : pieces_) piece_grads_.push_back(bucketer_.piece_grad(piece));
     if (flat_.sharded()) flat_.release(not_gathered_reason());
   }
@@ -68,17 +69,28 @@ class ParamGroup {
   const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
 
   // --- gather / release ----------------------------------------------------------------------
+  // The gathers of a training step: quantised under qwZ (the policy's quantized_gather_block).
   void start_gather() {
     if (!flat_.sharded() || flat_.gathered() || gathering_) return;
     auto label = flat_.communicator().label(gather_label_);
-    comm::assign(pending_, start_all_gather(flat_));
+    comm::assign(pending_, start_all_gather(flat_, quantized_block_));
     gathering_ = true;
+    exact_ = quantized_block_ == 0;
   }
   void gather() {
     start_gather();
     if (!gathering_) return;
     pending_.wait();
     gathering_ = false;
+  }
+  // The shards' exact values, whatever the gathers of a step carry (summon_full_params reads
+  // and writes them back). Collective.
+  void gather_exact() {
+    gather();
+    if (!flat_.sharded() || exact_) return;
+    auto label = flat_.communicator().label(gather_label_);
+    start_all_gather(flat_).wait();
+    exact_ = true;
   }
   void release() {
     if (!flat_.sharded()) return;
@@ -127,6 +139,8 @@ class ParamGroup {
   std::vector<Tensor> piece_grads_;
   comm::Work pending_;  // an all-gather started ahead of use (prefetch)
   bool gathering_ = false;
+  std::int64_t quantized_block_;  // qwZ's block for the step's gathers (0: exact)
+  bool exact_ = true;             // the gathered values are the shards' own (not quantised)
 };
 
 }  // namespace shardkit::parallel

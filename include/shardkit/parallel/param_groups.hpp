@@ -55,6 +55,8 @@ class ParamGroups {
   void start_gather(std::size_t u) { groups_[checked_unit(u)]->start_gather(); }
   // Unit u's full parameters, gathered (waits for a prefetch in flight).
   void gather(std::size_t u) { groups_[checked_unit(u)]->gather(); }
+  // Unit u's full parameters with the shards' exact values, also under qwZ.
+  void gather_exact(std::size_t u) { groups_[checked_unit(u)]->gather_exact(); }
   // Frees unit u's full parameters (a prefetch nobody used is completed first).
   void release(std::size_t u) { groups_[checked_unit(u)]->release(); }
   bool holds_full(std::size_t u) const { return group(u).holds_full(); }

@@ -47,6 +47,9 @@ struct ResolvedPolicy {
   std::size_t coalesce_bytes = 0;  // fsdp: small buckets reduce-scattered together (0: alone)
   bool reshard_after_forward = true;
   int prefetch = 1;
+  // fsdp with quantized_weights: the training gathers carry int8 blocks of this many values
+  // (0: the compute dtype, exact).
+  std::int64_t quantized_gather_block = 0;
   OffloadOptions offload;
   bool broadcast_fp16 = false;
   bool broadcast_buffers = true;
@@ -72,6 +75,19 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
   check(!fsdp || options.partition == shard::PartitionKind::flat,
         "sharded parameters (fsdp) use the even flat split; got the ",
         shard::partition_kind_name(options.partition), " partition");
+  const FsdpOptions& f = options.fsdp;
+  if (f.quantized_weights) {
+    check(fsdp, "fsdp.quantized_weights quantises the parameters' all-gathers, which only fsdp ",
+          "(ZeRO-3) makes; stage ", stage_name(options.stage),
+          " keeps whole parameters on every rank: use Stage::fsdp, or leave it off");
+    check(f.quantization_block >= 1 && f.quantization_block <= (std::int64_t{1} << 24),
+          "fsdp.quantization_block is ", f.quantization_block,
+          "; pass 1 to 2^24 values per scale (DeepSpeed's qwZ uses ", ops::kDefaultQuantBlock, ")");
+    check(!options.offload.params,
+          "fsdp.quantized_weights with offload.params: the shards live on the host, where the "
+          "gather would have to quantise them; keep the shards on the device (offload.params = "
+          "false) or gather exactly (quantized_weights = false)");
+  }
   ResolvedPolicy p;
   p.stage = options.stage;
   p.residency = fsdp ? Residency::sharded : Residency::replicated;
@@ -89,6 +105,7 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
   p.coalesce_bytes = fsdp ? options.fsdp.coalesce_bytes : 0;
   p.reshard_after_forward = options.fsdp.reshard_after_forward;
   p.prefetch = options.fsdp.prefetch;
+  p.quantized_gather_block = fsdp && f.quantized_weights ? f.quantization_block : 0;
   p.offload = options.offload;
   p.broadcast_fp16 = options.broadcast_fp16 && options.stage != Stage::ddp;
   p.broadcast_buffers = options.broadcast_buffers;

@@ -164,7 +164,7 @@ class ShardedModule {
     };
     for (std::size_t u = 0; u < engine_->unit_count(); ++u) {
       const bool was_gathered = engine_->holds_full(u);
-      engine_->gather(u);
+      engine_->gather_exact(u);  // (exact under qwZ too)
       const auto& group = engine_->group(u);
       for (std::size_t i = 0; i < group.size(); ++i)
         take(group.plan().layout()[i].name, group.param(i));
