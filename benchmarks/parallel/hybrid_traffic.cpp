@@ -133,11 +133,15 @@ int main(int argc, char** argv) {
     if (t.intra_group > 0) std::snprintf(intra, sizeof intra, "%.1f", t.intra_group / mb);
     std::printf("%-16s %14.1f %14.1f %14s %14s %12.1f\n", name, t.inter_group / mb, formula / mb,
                 intra, ratio, t.state_bytes / mb);
+    std::fflush(stdout);
   };
   row("plain fsdp", plain, 3 * psi * ring);
   // qwZ: the two gathers at 1 + 4/256 bytes a value (of 4), the reduce-scatter in f32.
   row("fsdp + qwZ", measure(world, 0, true), (2 * (1 + 4.0 / 256) / 4 + 1) * psi * ring);
-  for (int group = world / 2; group >= 1; --group) {
+  // Small groups hold 3 Psi / G each: at N = 64 the groups under 8 would need tens of GB in
+  // this one process (its ranks are threads), so large worlds stop at G = N / 8.
+  const int smallest = world > 16 ? world / 8 : 1;
+  for (int group = world / 2; group >= smallest; --group) {
     if (world % group != 0) continue;
     const int groups = world / group;
     char name[32];
