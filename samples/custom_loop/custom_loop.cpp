@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -146,6 +147,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    // `kill -USR1 <pid>` prints what each rank's communicator did last (a hung job says where).
+    sk::comm::install_recorder_dump(SIGUSR1);
     const auto device = custom_loop::choose_device(flags.device, flags.skip_without_gpu);
     if (device == custom_loop::DeviceChoice::skip) {
       std::printf("custom_loop: --device gpu, but no GPU can be used here: skipped\n");

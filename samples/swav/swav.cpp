@@ -11,6 +11,7 @@
 // or when asked (gpu). docs/swav.md has the details.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "ranks.hpp"
+#include "shardkit/comm/recorder_dump.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 
 namespace sk = shardkit;
@@ -100,6 +102,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    // `kill -USR1 <pid>` prints what each rank's communicator did last (a hung job says where).
+    sk::comm::install_recorder_dump(SIGUSR1);
     const auto launch = sk::comm::detect_launch();
     const bool launched = launch.kind != sk::comm::LaunchKind::single;
     swav::ConfigTree tree(swav::kDefaultsYaml);

@@ -3,16 +3,24 @@
 // missing or failing rank, for every collective).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <latch>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "one_of_each_call.hpp"
+#include "shardkit/comm/recorder_dump.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 
 namespace sk = shardkit;
@@ -89,6 +97,48 @@ TEST_CASE("then(): what follows a call runs once, after it completed, on the wai
   });
   CHECK(runs == std::vector<int>{1, 1});
   CHECK(saw_result == std::vector<int>{1, 1});
+}
+
+TEST_CASE("SIGUSR1 prints every live communicator's last calls to stderr, and the job goes on") {
+  comm::install_recorder_dump(SIGUSR1);
+  // stderr into a file for the length of the case.
+  char path[] = "/tmp/shardkit_dump_XXXXXX";
+  const int file = ::mkstemp(path);
+  REQUIRE(file >= 0);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(file, 2);
+  std::string text;
+  comm::run_ranks(2, [&](sk::Context&, comm::Communicator& c) {
+    std::vector<float> data(10, 1.0f);
+    c.all_reduce(data).wait();
+    {
+      auto label = c.label("the test's gather");
+      std::vector<float> all(20, 0.0f);
+      c.all_gather(std::span<const float>(data), all).wait();
+    }
+    c.barrier();
+    if (c.rank() == 0) {
+      std::raise(SIGUSR1);
+      for (int i = 0; i < 500 && text.find("rank 1 of 2") == std::string::npos; ++i) {
+        std::this_thread::sleep_for(10ms);
+        std::ifstream in(path);
+        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+    }
+    c.barrier();
+    c.all_reduce(data).wait();  // still working
+  });
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(file);
+  std::remove(path);
+  CHECK(text.find("shardkit flight recorder, pid ") != std::string::npos);
+  CHECK(text.find("communicator (rank 0 of 2)") != std::string::npos);
+  CHECK(text.find("communicator (rank 1 of 2)") != std::string::npos);
+  CHECK(text.find("all_reduce #0") != std::string::npos);
+  CHECK(text.find("the test's gather") != std::string::npos);
 }
 
 TEST_CASE("dropping a Work before every rank called cancels the call instead of racing it") {

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -123,6 +124,40 @@ class FlightRecorder {
  private:
   mutable std::mutex mutex_;
   std::vector<CallRecord> calls_;
+};
+
+// Every communicator's recorder in this process, by who it is ("rank 2 of 4"), for a dump on
+// demand (recorder_dump.hpp). Entries are weak: a communicator that is gone drops out.
+class RecorderRegistry {
+ public:
+  static RecorderRegistry& instance() {
+    static RecorderRegistry registry;
+    return registry;
+  }
+
+  void add(std::weak_ptr<const FlightRecorder> recorder, std::string who) {
+    std::lock_guard lock(mutex_);
+    std::erase_if(entries_, [](const Entry& e) { return e.recorder.expired(); });
+    entries_.push_back({std::move(recorder), std::move(who)});
+  }
+
+  // One line per live communicator: who it is and its last calls.
+  std::string dump() const {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const auto& entry : entries_)
+      if (const auto recorder = entry.recorder.lock())
+        out += "  communicator (" + entry.who + "): " + recorder->recent() + "\n";
+    return out.empty() ? "  no live communicator\n" : out;
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<const FlightRecorder> recorder;
+    std::string who;
+  };
+  mutable std::mutex mutex_;
+  std::vector<Entry> entries_;
 };
 
 }  // namespace shardkit::comm

@@ -13,6 +13,7 @@
 #include "shardkit/comm/mpi_communicator.hpp"
 #include "shardkit/comm/mpi_session.hpp"
 #include "shardkit/comm/nccl_communicator.hpp"
+#include "shardkit/comm/recorder_dump.hpp"
 #include "shardkit/comm/reduction.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/comm/work.hpp"

@@ -251,6 +251,8 @@ class Communicator {
           " is outside a world of ", size, " ranks");
     check(options.timeout.count() > 0, "communicator timeout must be positive, got ",
           options.timeout.count(), " ms");
+    RecorderRegistry::instance().add(recorder_,
+                                     shardkit::detail::concat("rank ", rank, " of ", size));
   }
 
   // "all_reduce on rank 2 of 4 (local)": the prefix of every message about a call.
