@@ -590,6 +590,23 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
             "True",
             "CPU offload is an FSDP setting; set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True "
             "as well");
+      // DeepSpeed ZeRO++'s qwZ (not a FairScale or VISSL key): int8 parameter gathers.
+      auto& fsdp = s.parallel.fsdp;
+      fsdp.quantized_weights = c.get<bool>("MODEL.FSDP_CONFIG.quantized_weights");
+      fsdp.quantization_block = c.get<std::int64_t>("MODEL.FSDP_CONFIG.quantization_block");
+      if (fsdp.quantized_weights && s.parallel.stage != Stage::fsdp)
+        throw detail::bad("MODEL.FSDP_CONFIG.quantized_weights", "True",
+                          "quantised gathers are an FSDP setting; set "
+                          "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True as well");
+      if (fsdp.quantized_weights &&
+          (fsdp.quantization_block < 1 || fsdp.quantization_block > (std::int64_t{1} << 24)))
+        throw detail::bad("MODEL.FSDP_CONFIG.quantization_block",
+                          std::to_string(fsdp.quantization_block),
+                          "pass 1 to 16777216 values per scale (DeepSpeed uses 256)");
+      if (fsdp.quantized_weights && offload.params)
+        throw detail::bad("MODEL.FSDP_CONFIG.quantized_weights", "True",
+                          "the parameter shards live on the host with move_params_to_cpu; set "
+                          "one of them False");
     });
   if (stage_ok)
     problems.attempt([&] {

@@ -98,6 +98,8 @@ MODEL:
     reshard_after_forward: True
     move_grads_to_cpu: False        # FairScale's: the optimizer's state and step on the CPU
     move_params_to_cpu: False       # FairScale's: the parameter shards too (implies the above)
+    quantized_weights: False        # shardkit's: gather the parameters as int8 blocks (qwZ)
+    quantization_block: 256         # values per scale of those blocks
     clear_autocast_cache: True
     verbose: True
 LOSS:

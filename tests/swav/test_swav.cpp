@@ -756,6 +756,19 @@ OPTIMIZER:
   CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.move_params_to_cpu=True"}),
                     doctest::Contains("config.MODEL.FSDP_CONFIG.move_params_to_cpu = True: CPU "
                                       "offload is an FSDP setting"));
+  // qwZ's int8 gathers: an FSDP key of ours.
+  const auto quantized = config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                                    "config.MODEL.FSDP_CONFIG.quantized_weights=True",
+                                    "config.MODEL.FSDP_CONFIG.quantization_block=64"});
+  CHECK(quantized.parallel.fsdp.quantized_weights);
+  CHECK(quantized.parallel.fsdp.quantization_block == 64);
+  CHECK_FALSE(config_of({}).parallel.fsdp.quantized_weights);
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.quantized_weights=True"}),
+                    doctest::Contains("quantised gathers are an FSDP setting"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                               "config.MODEL.FSDP_CONFIG.quantized_weights=True",
+                               "config.MODEL.FSDP_CONFIG.quantization_block=0"}),
+                    doctest::Contains("pass 1 to 16777216 values per scale"));
 }
 
 TEST_CASE(
