@@ -217,6 +217,21 @@ std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int 
   return module_test::module_values(ctx, *net);
 }
 
+int world_rank() {
+  int rank = 0;
+  SK_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  return rank;
+}
+
+// How many parameter elements module_test's MLP has (the values before its buffers).
+std::size_t mlp_param_count() {
+  sk::Context host;
+  std::size_t params = 0;
+  for (const auto& p : module_test::mlp(host, 1)->parameters())
+    params += static_cast<std::size_t>(p.numel());
+  return params;
+}
+
 // A scratch folder every process agrees on (rank 0 makes it, its path is broadcast).
 std::string shared_scratch() {
   char path[512] = {};
@@ -246,15 +261,10 @@ TEST_CASE(
   const auto kind = sk::optim::OptimizerKind::adamw;
   const auto saved = train_module(Stage::fsdp, kind, 4, dir);
   const auto loaded = train_module(Stage::sdp, kind, 0, {}, dir);
-  int rank = 0;
-  SK_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  const int rank = world_rank();
   // Parameters agree on every rank; the batch-norm statistics are rank 0's in the checkpoint
   // (each rank's last forward updated its own: DDP's broadcast_buffers semantics).
-  sk::Context host;
-  std::size_t params = 0;
-  for (const auto& p : module_test::mlp(host, 1)->parameters())
-    params += static_cast<std::size_t>(p.numel());
-  const std::size_t compared = rank == 0 ? saved.size() : params;
+  const std::size_t compared = rank == 0 ? saved.size() : mlp_param_count();
   REQUIRE(loaded.size() == saved.size());
   CHECK(std::memcmp(saved.data(), loaded.data(), compared * sizeof(float)) == 0);
   SK_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
@@ -266,12 +276,7 @@ TEST_CASE(
 // and every process ends with the same parameters.
 TEST_CASE("through MPI, 4 processes (also as 2 nodes): FSDP with int8 gathers follows exact FSDP") {
   const auto kind = sk::optim::OptimizerKind::sgd;
-  int rank = 0;
-  SK_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  sk::Context host;
-  std::size_t params = 0;
-  for (const auto& p : module_test::mlp(host, 1)->parameters())
-    params += static_cast<std::size_t>(p.numel());
+  const std::size_t params = mlp_param_count();
   for (int group : {0, 2}) {
     CAPTURE(group);
     const auto exact = train_module(Stage::fsdp, kind, 10, {}, {}, false, group);

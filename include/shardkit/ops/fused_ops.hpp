@@ -319,11 +319,15 @@ void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> gr
 
 namespace detail {
 
-// The checks both directions of the int8 block format make: `values` a contiguous f32, f16 or
-// bf16 tensor (read flat) and `payload` contiguous u8 of at least int8_payload_bytes, aligned
-// for its f32 scales, both on ctx's device.
-inline void check_int8_blocks(const Context& ctx, const Tensor& values, std::int64_t block,
-                              const Tensor& payload, const char* op) {
+// The checks both directions of the int8 block format make: backend B and ctx's device,
+// `values` a contiguous f32, f16 or bf16 tensor (read flat) and `payload` contiguous u8 of at
+// least int8_payload_bytes, aligned for its f32 scales, both on ctx's device. Returns whether
+// there is anything to do (values not empty).
+template <class B>
+bool check_int8_blocks(const Context& ctx, const Tensor& values, std::int64_t block,
+                       const Tensor& payload, const char* op) {
+  SK_REQUIRE_OPS_BACKEND(B, "quantize_int8_blocks / dequantize_int8_blocks");
+  B::check_context(ctx, op);
   check(block >= 1 && block <= (std::int64_t{1} << 24), op, ": a block of ", block,
         " values; pass 1 to 2^24 (DeepSpeed's qwZ uses ", kDefaultQuantBlock, ")");
   check(values.defined() && values.is_contiguous() &&
@@ -341,6 +345,7 @@ inline void check_int8_blocks(const Context& ctx, const Tensor& values, std::int
   check(reinterpret_cast<std::uintptr_t>(payload.data_ptr()) % 4 == 0, op,
         ": payload starts at an address that is not a multiple of 4; its f32 scales need one "
         "(runs laid end to end at int8_payload_bytes offsets keep it)");
+  return values.numel() > 0;
 }
 
 }  // namespace detail
@@ -349,22 +354,18 @@ inline void check_int8_blocks(const Context& ctx, const Tensor& values, std::int
 template <class B>
 void quantize_int8_blocks(Context& ctx, const Tensor& values, std::int64_t block,
                           const Tensor& payload) {
-  SK_OPS_ENTRY(B, ctx, "quantize_int8_blocks");
-  detail::check_int8_blocks(ctx, values, block, payload, "quantize_int8_blocks");
-  if (values.numel() == 0) return;
-  B::quantize_int8(ctx, values.dtype(), values.data_ptr(), values.numel(), block,
-                   static_cast<std::uint8_t*>(payload.data_ptr()));
+  if (detail::check_int8_blocks<B>(ctx, values, block, payload, "quantize_int8_blocks"))
+    B::quantize_int8(ctx, values.dtype(), values.data_ptr(), values.numel(), block,
+                     static_cast<std::uint8_t*>(payload.data_ptr()));
 }
 
 // One run of int8 blocks in `payload` back into `values` (its n elements, in its dtype).
 template <class B>
 void dequantize_int8_blocks(Context& ctx, const Tensor& payload, std::int64_t block,
                             const Tensor& values) {
-  SK_OPS_ENTRY(B, ctx, "dequantize_int8_blocks");
-  detail::check_int8_blocks(ctx, values, block, payload, "dequantize_int8_blocks");
-  if (values.numel() == 0) return;
-  B::dequantize_int8(ctx, values.dtype(), static_cast<const std::uint8_t*>(payload.data_ptr()),
-                     values.numel(), block, values.data_ptr());
+  if (detail::check_int8_blocks<B>(ctx, values, block, payload, "dequantize_int8_blocks"))
+    B::dequantize_int8(ctx, values.dtype(), static_cast<const std::uint8_t*>(payload.data_ptr()),
+                       values.numel(), block, values.data_ptr());
 }
 
 }  // namespace shardkit::ops
