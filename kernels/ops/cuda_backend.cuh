@@ -91,16 +91,10 @@ inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, DType dtype
   const auto* t = on_device.data<std::int64_t>();
   CudaDeviceGuard guard(ctx.device().index);
   const auto blocks = static_cast<unsigned>((total + kThreads - 1) / kThreads);
-  auto launch = [&]<class T>() {
+  visit_element_dtype(dtype, [&]<class T>() {
     leaf_sums_kernel<T><<<blocks, kThreads, 0, ctx.stream()>>>(reinterpret_cast<const T* const*>(t),
                                                                t + n, t + 2 * n, n, leaves);
-  };
-  if (dtype == DType::f16)
-    launch.template operator()<Half>();
-  else if (dtype == DType::bf16)
-    launch.template operator()<BFloat16>();
-  else
-    launch.template operator()<float>();
+  });
   SK_CUDA_CHECK_LAUNCH("ops::cuda::leaf_sums_kernel");
 }
 

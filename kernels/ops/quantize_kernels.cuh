@@ -43,14 +43,6 @@ __global__ void dequantize_int8_kernel(const float* scales, const std::int8_t* q
     store_element(x + i, int8_dequantize(q[i], scales[i / block]));
 }
 
-// Calls fn.template operator()<T>() with T the element type of `dtype` (f32, f16 or bf16).
-template <class Fn>
-void visit_element_dtype(DType dtype, Fn&& fn) {
-  if (dtype == DType::f16) return fn.template operator()<Half>();
-  if (dtype == DType::bf16) return fn.template operator()<BFloat16>();
-  fn.template operator()<float>();
-}
-
 inline void launch_quantize_int8(Context& ctx, DType dtype, const void* values, std::int64_t n,
                                  std::int64_t block, std::uint8_t* payload) {
   const std::int64_t blocks = int8_block_count(n, block);

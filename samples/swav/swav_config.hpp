@@ -599,7 +599,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
                           "quantised gathers are an FSDP setting; set "
                           "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True as well");
       if (fsdp.quantized_weights &&
-          (fsdp.quantization_block < 1 || fsdp.quantization_block > (std::int64_t{1} << 24)))
+          (fsdp.quantization_block < 1 || fsdp.quantization_block > shardkit::ops::kMaxQuantBlock))
         throw detail::bad("MODEL.FSDP_CONFIG.quantization_block",
                           std::to_string(fsdp.quantization_block),
                           "pass 1 to 16777216 values per scale (DeepSpeed uses 256)");

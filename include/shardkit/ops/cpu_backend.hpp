@@ -129,7 +129,7 @@ struct Cpu {
                             std::int64_t block, std::uint8_t* payload) {
     const std::int64_t blocks = int8_block_count(n, block);
     auto* q = reinterpret_cast<std::int8_t*>(payload + 4 * blocks);
-    visit_leaf_dtype(dtype, [&]<class T>() {
+    visit_element_dtype(dtype, [&]<class T>() {
       const T* x = static_cast<const T*>(values);
       ctx.cpu_pool().parallel_for(blocks, [&](std::int64_t b) {
         const std::int64_t lo = b * block, hi = std::min(n, lo + block);
@@ -150,7 +150,7 @@ struct Cpu {
                               std::int64_t n, std::int64_t block, void* values) {
     const std::int64_t blocks = int8_block_count(n, block);
     const auto* q = reinterpret_cast<const std::int8_t*>(payload + 4 * blocks);
-    visit_leaf_dtype(dtype, [&]<class T>() {
+    visit_element_dtype(dtype, [&]<class T>() {
       T* x = static_cast<T*>(values);
       ctx.cpu_pool().parallel_for(blocks, [&](std::int64_t b) {
         const std::int64_t lo = b * block, hi = std::min(n, lo + block);
@@ -162,14 +162,6 @@ struct Cpu {
   }
 
  private:
-  // Calls fn.template operator()<T>() with T the element type of `dtype` (f32, bf16 or f16).
-  template <class Fn>
-  static void visit_leaf_dtype(DType dtype, Fn&& fn) {
-    if (dtype == DType::f16) return fn.template operator()<Half>();
-    if (dtype == DType::bf16) return fn.template operator()<BFloat16>();
-    fn.template operator()<float>();
-  }
-
   template <int Depth>
   static void leaf_sums(Context& ctx, const SpanList<Depth>& spans,
                         const std::array<DType, Depth>& dtypes,
@@ -203,11 +195,11 @@ struct Cpu {
         }
       });
     };
-    visit_leaf_dtype(dtypes[0], [&]<class T0>() {
+    visit_element_dtype(dtypes[0], [&]<class T0>() {
       if constexpr (Depth == 1)
         run.template operator()<T0, T0>();
       else
-        visit_leaf_dtype(dtypes[1], [&]<class T1>() { run.template operator()<T0, T1>(); });
+        visit_element_dtype(dtypes[1], [&]<class T1>() { run.template operator()<T0, T1>(); });
     });
   }
 };

@@ -99,6 +99,15 @@ struct TypeAt<I, TypeList<T, Ts...>> {
 template <int I, class List>
 using type_at = typename TypeAt<I, List>::type;
 
+// Calls fn.template operator()<T>() with T the storage type of `dtype`: f16, bf16, else f32
+// (callers check the dtype first).
+template <class Fn>
+decltype(auto) visit_element_dtype(DType dtype, Fn&& fn) {
+  if (dtype == DType::f16) return fn.template operator()<Half>();
+  if (dtype == DType::bf16) return fn.template operator()<BFloat16>();
+  return fn.template operator()<float>();
+}
+
 // Low-precision copy option of the optimizer functors: `void` for none.
 template <class Low>
 using low_storage_t = std::conditional_t<std::is_void_v<Low>, float, Low>;

@@ -176,9 +176,7 @@ void check_finite(Context& ctx, std::span<const Tensor> tensors, const Tensor& f
   auto run = [&]<class T>() {
     B::apply_sums(ctx, SumOfSquaresFunctor<1, T>{}, spans, sums, found_nonfinite);
   };
-  if (dtype == DType::f16) return run.template operator()<Half>();
-  if (dtype == DType::bf16) return run.template operator()<BFloat16>();
-  run.template operator()<float>();
+  visit_element_dtype(dtype, run);
 }
 
 // LARC coefficients per parameter from whole-tensor sums (f64 [2, n]: params' then grads'
@@ -312,9 +310,7 @@ void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> gr
     op.inv_scale = inv_scale;
     B::apply_sums(ctx, op, spans, out, found_nonfinite);
   };
-  if (dtype == DType::f16) return run.template operator()<Half>();
-  if (dtype == DType::bf16) return run.template operator()<BFloat16>();
-  run.template operator()<float>();
+  visit_element_dtype(dtype, run);
 }
 
 namespace detail {
@@ -328,7 +324,7 @@ bool check_int8_blocks(const Context& ctx, const Tensor& values, std::int64_t bl
                        const Tensor& payload, const char* op) {
   SK_REQUIRE_OPS_BACKEND(B, "quantize_int8_blocks / dequantize_int8_blocks");
   B::check_context(ctx, op);
-  check(block >= 1 && block <= (std::int64_t{1} << 24), op, ": a block of ", block,
+  check(block >= 1 && block <= kMaxQuantBlock, op, ": a block of ", block,
         " values; pass 1 to 2^24 (DeepSpeed's qwZ uses ", kDefaultQuantBlock, ")");
   check(values.defined() && values.is_contiguous() &&
             (values.dtype() == DType::f32 || values.dtype() == DType::f16 ||

@@ -7,7 +7,7 @@
 //   q = round-half-even(x * (127 / amax_b)), an int8 in [-127, 127]; 0 when amax_b is 0
 //
 // and a value comes back as x' = q * scale_b (f32, then rounded once to the destination's dtype):
-// |x - x'| <= scale_b / 2 up to f32 rounding (tests/ops/test_quantize.cpp holds it against a
+// |x - x'| <= scale_b / 2 up to f32 rounding (tests/ops/quantize_cases.hpp holds it against a
 // float64 reference). A block with an inf or a NaN comes back all NaN: a non-finite parameter
 // stays visible, never a finite value in disguise.
 //
@@ -19,7 +19,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "shardkit/core/config.hpp"
 #include "shardkit/ops/element.hpp"
@@ -28,6 +27,8 @@ namespace shardkit::ops {
 
 // Values per scale of DeepSpeed's qwZ (and this format's default).
 inline constexpr std::int64_t kDefaultQuantBlock = 256;
+// The largest block the format takes (2^24 values per scale).
+inline constexpr std::int64_t kMaxQuantBlock = std::int64_t{1} << 24;
 
 constexpr std::int64_t int8_block_count(std::int64_t n, std::int64_t block) {
   return (n + block - 1) / block;

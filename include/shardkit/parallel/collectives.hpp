@@ -56,6 +56,17 @@ inline void broadcast_from(const FlatParam& flat, const Tensor& values, int root
   group.broadcast(values, root).wait();
 }
 
+// qwZ: the bytes of each rank's run of int8 blocks on the wire (ops/quantize.hpp), rank by
+// rank: what a quantised gather moves, and what the memory planner counts for its wire.
+inline std::vector<std::size_t> quantized_run_bytes(const shard::ShardPlan& plan,
+                                                    std::int64_t block) {
+  std::vector<std::size_t> bytes;
+  for (const std::size_t count : plan.counts())
+    bytes.push_back(
+        static_cast<std::size_t>(ops::int8_payload_bytes(static_cast<std::int64_t>(count), block)));
+  return bytes;
+}
+
 namespace detail {
 
 // qwZ: every rank's shard travels as one run of int8 blocks (ops/quantize.hpp), the runs laid
@@ -66,14 +77,10 @@ namespace detail {
   Context& ctx = flat.context();
   const auto& plan = flat.plan();
   comm::Communicator& comm = flat.communicator();
-  const auto ranks = static_cast<std::size_t>(comm.size());
-  std::vector<std::size_t> bytes(ranks);
+  const auto bytes = quantized_run_bytes(plan, block);
+  const std::size_t ranks = bytes.size();
   std::vector<std::int64_t> at(ranks + 1, 0);  // where each rank's run starts on the wire
-  for (std::size_t r = 0; r < ranks; ++r) {
-    bytes[r] =
-        static_cast<std::size_t>(ops::int8_payload_bytes(plan.numel(static_cast<int>(r)), block));
-    at[r + 1] = at[r] + static_cast<std::int64_t>(bytes[r]);
-  }
+  for (std::size_t r = 0; r < ranks; ++r) at[r + 1] = at[r] + static_cast<std::int64_t>(bytes[r]);
   const Tensor wire = empty(ctx, {at[ranks]}, DType::u8, MemoryCategory::communication);
   const auto own = static_cast<std::size_t>(comm.rank());
   ops::quantize_int8_blocks(ctx, flat.shard(), block, wire.slice(0, at[own], at[own + 1]));

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "shardkit/optim/sharded_optimizer.hpp"
+#include "shardkit/parallel/collectives.hpp"
 #include "shardkit/parallel/fsdp_units.hpp"
 #include "shardkit/parallel/mixed_precision.hpp"
 #include "shardkit/parallel/module_groups.hpp"
@@ -281,8 +282,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
         std::int64_t held = plan.layout().padded_numel() * detail::bytes_of(param);
         if (policy.quantized_gather_block > 0)  // qwZ: the wire's runs until they are unpacked
-          for (int r = 0; r < group; ++r)
-            held += ops::int8_payload_bytes(plan.numel(r), policy.quantized_gather_block);
+          for (const std::size_t bytes : quantized_run_bytes(plan, policy.quantized_gather_block))
+            held += static_cast<std::int64_t>(bytes);
         unit_bytes.push_back(held);
         transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets));
       }

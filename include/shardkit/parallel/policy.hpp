@@ -80,7 +80,7 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
     check(fsdp, "fsdp.quantized_weights quantises the parameters' all-gathers, which only fsdp ",
           "(ZeRO-3) makes; stage ", stage_name(options.stage),
           " keeps whole parameters on every rank: use Stage::fsdp, or leave it off");
-    check(f.quantization_block >= 1 && f.quantization_block <= (std::int64_t{1} << 24),
+    check(f.quantization_block >= 1 && f.quantization_block <= ops::kMaxQuantBlock,
           "fsdp.quantization_block is ", f.quantization_block,
           "; pass 1 to 2^24 values per scale (DeepSpeed's qwZ uses ", ops::kDefaultQuantBlock, ")");
     check(!options.offload.params,
