@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "shardkit/autograd/autograd.hpp"
+#include "shardkit/autograd/cpu_norm_pool.hpp"  // the pooling loops, called directly
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;

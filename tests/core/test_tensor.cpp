@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "shardkit/core/cpu_tensor_kernels.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 
 namespace sk = shardkit;

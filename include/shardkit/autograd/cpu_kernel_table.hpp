@@ -4,6 +4,16 @@
 // (cpu::in_f32) and the others as they are; and kernels_for(), which picks a tensor's table.
 #pragma once
 
+#include "shardkit/autograd/device_table.hpp"
+#include "shardkit/core/config.hpp"
+
+// Where the table is compiled once, in kernels/shardkit_cpu.cpp (core/config.hpp), it is only
+// declared here, and the loops' headers are not read.
+#if SK_CPU_KERNELS_ELSEWHERE
+namespace shardkit::autograd {
+const AutogradKernels& cpu_kernels();
+}
+#else
 #include <vector>
 
 #include "shardkit/autograd/batch_norm_stats.hpp"
@@ -15,7 +25,7 @@
 namespace shardkit::autograd {
 
 // Each entry computes f16/bf16 tensors in f32 (cpu::in_f32), the others as they are.
-inline const AutogradKernels& cpu_kernels() {
+SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
   using cpu::in_f32;
   static constexpr AutogradKernels kTable{
       .pointwise =
@@ -315,6 +325,11 @@ inline const AutogradKernels& cpu_kernels() {
           }};
   return kTable;
 }
+
+}  // namespace shardkit::autograd
+#endif
+
+namespace shardkit::autograd {
 
 inline const AutogradKernels& kernels_for(Context& ctx, const Tensor& t) {
   if (t.device().is_cpu()) return cpu_kernels();

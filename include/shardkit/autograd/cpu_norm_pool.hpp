@@ -12,6 +12,7 @@
 
 #include "shardkit/autograd/batch_norm_stats.hpp"
 #include "shardkit/autograd/cpu_kernels.hpp"
+#include "shardkit/autograd/geometry.hpp"
 #include "shardkit/core/thread_pool.hpp"
 
 namespace shardkit::autograd::cpu {
@@ -309,10 +310,6 @@ inline void batch_norm_train_backward(ThreadPool& pool, const Tensor& x, const T
     batch_norm_input_grad(pool, x, grad_y, weight, save_mean, save_invstd, grad_x, outer, channels,
                           inner, double(outer * inner), sum_g.data(), sum_gxhat.data(), relu_out);
 }
-
-struct PoolGeometry {
-  std::int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
-};
 
 namespace detail {
 

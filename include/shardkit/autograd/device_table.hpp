@@ -10,15 +10,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "shardkit/autograd/geometry.hpp"
 #include "shardkit/core/context.hpp"
 #include "shardkit/core/tensor.hpp"
 
 namespace shardkit::autograd {
-
-struct ConvGeometry;  // cpu_conv.hpp
-namespace cpu {
-struct PoolGeometry;  // cpu_norm_pool.hpp
-}
 
 enum class Pointwise : std::uint8_t {
   axpby,          // out = alpha*a + beta*b (b may be undefined when beta == 0)

@@ -14,6 +14,7 @@
 
 #include "shardkit/autograd/basic.hpp"
 #include "shardkit/autograd/batch_stats_group.hpp"
+#include "shardkit/autograd/cpu_widen.hpp"
 
 namespace shardkit::autograd {
 

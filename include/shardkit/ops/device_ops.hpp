@@ -79,11 +79,20 @@ constexpr FusedOps fused_ops_table() {
   return table;
 }
 
-inline constexpr FusedOps kCpuFusedOps = fused_ops_table<Cpu>();
+// The CPU's table (core/config.hpp, SK_CPU_KERNELS_ELSEWHERE: defined here, or only declared
+// here and compiled once in kernels/shardkit_cpu.cpp).
+#if SK_CPU_KERNELS_ELSEWHERE
+const FusedOps& cpu_fused_ops();
+#else
+SK_CPU_KERNELS_LINKAGE const FusedOps& cpu_fused_ops() {
+  static constexpr FusedOps kTable = fused_ops_table<Cpu>();
+  return kTable;
+}
+#endif
 
 // The fused ops of ctx's device.
 inline const FusedOps& fused_ops(const Context& ctx) {
-  if (ctx.device().is_cpu()) return kCpuFusedOps;
+  if (ctx.device().is_cpu()) return cpu_fused_ops();
   const FusedOps* table = ctx.kernel_tables().ops;
   check<NotAvailable>(table != nullptr, "no fused-op kernels in this ", ctx.device().str(),
                       " context; create it with sk::make_cuda_context (<shardkit/cuda.hpp>)");
