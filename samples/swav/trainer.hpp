@@ -19,6 +19,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -537,8 +538,15 @@ class SwavTrainer {
       by_layer[c_.knn_features[k].layer] = knn[k];
     }
     report.knn_table.push_back({label, knn});
-    if (report.knn_features.empty())
-      for (const auto& f : c_.knn_features) report.knn_features.push_back(f.text());
+    // The table's columns are named by layer (the lines above give each pooling) unless two
+    // feature sets read one layer.
+    if (report.knn_features.empty()) {
+      std::set<std::string> layers;
+      for (const auto& f : c_.knn_features) layers.insert(f.layer);
+      const bool by_name = layers.size() == c_.knn_features.size();
+      for (const auto& f : c_.knn_features)
+        report.knn_features.push_back(by_name ? f.layer : f.text());
+    }
     if (final_eval && !c_.export_dir.empty() && comm_->rank() == 0) {
       std::filesystem::create_directories(c_.export_dir);
       sk::Context host;
