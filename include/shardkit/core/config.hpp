@@ -21,12 +21,12 @@
 
 // SK_CPU_KERNELS_ELSEWHERE is 1 when the CPU's kernel tables (cpu_tensor_kernels(),
 // autograd::cpu_kernels(), ops::cpu_fused_ops(): every tensor copy, autograd loop and fused
-// optimizer step, for every dtype) are
-// compiled once, in kernels/shardkit_cpu.cpp, instead of in each translation unit that reaches
-// them -- about 40 s of -O3 per unit on two cores, the largest single cost of a program's build.
-// A build that links that file defines SHARDKIT_CPU_KERNELS_UNIT=1 for every unit of the program
-// alike (Meson's shardkit_dep and shardkit_cpu_dep do); the headers then only declare the
-// tables. Without it (plain g++ use) the headers define them inline, as everything else.
+// optimizer step, for every dtype) are compiled once, in kernels/shardkit_cpu.cpp, instead of
+// in each translation unit that reaches them -- about 45 s of -O3 per unit on one core, the
+// largest single cost of a program's build. A build that links that file defines
+// SHARDKIT_CPU_KERNELS_UNIT=1 for every unit of the program alike (Meson's shardkit_dep and
+// shardkit_cpu_dep do); the headers then only declare the tables. Without it (plain g++ use)
+// the headers define them inline, as everything else.
 #if defined(SHARDKIT_CPU_KERNELS_UNIT) && SHARDKIT_CPU_KERNELS_UNIT && \
     !defined(SK_DEFINING_CPU_KERNELS)
 #define SK_CPU_KERNELS_ELSEWHERE 1
