@@ -21,9 +21,15 @@ using sk::checkpoint::NamedBytes;
 
 namespace {
 
+// A directory of this process's, emptied at its first use: the pid may be an earlier run's,
+// whose files would otherwise be found by the checks that nothing was written yet.
 fs::path scratch(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("shardkit_safetensors_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  static const fs::path dir = [] {
+    auto d = fs::temp_directory_path() / ("shardkit_safetensors_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+  }();
   return dir / name;
 }
 
