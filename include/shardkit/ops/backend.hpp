@@ -4,9 +4,8 @@
 // each backend's instances fill that device's table of fused ops (device_ops.hpp), through which
 // everything above calls them by the context's device:
 //
-//   sk::ops::Cpu    include/shardkit/ops/cpu_backend.hpp: the table cpu_fused_ops()
-//   (device_ops.hpp) sk::ops::Cuda   kernels/ops/cuda_backend.cuh (nvcc): the table every CUDA
-//   Context carries
+//   sk::ops::Cpu    ops/cpu_backend.hpp: the table cpu_fused_ops()
+//   sk::ops::Cuda   kernels/ops/cuda_backend.cuh (nvcc): the table every CUDA Context carries
 #pragma once
 
 #include <array>
