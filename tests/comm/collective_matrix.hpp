@@ -261,7 +261,8 @@ std::vector<std::string> run_collective_matrix(Context& ctx, Communicator& comm,
                           (in_place ? ", in place)" : ")"),
                       in, own, read(in_place ? send : recv), in_place ? own : 0, count, op);
       }
-    // Uneven per-owner segments (one owner empty when n > 2): all_gather_v, reduce_scatter_v.
+    // Uneven per-owner segments (one owner empty when n > 2): all_gather_v, all_to_all_v,
+    // reduce_scatter_v.
     std::vector<std::size_t> counts(un);
     for (std::size_t r = 0; r < un; ++r) counts[r] = count / 2 + (r * r * 7 + 3) % (count + 2);
     if (n > 2) counts[1] = 0;
@@ -281,6 +282,19 @@ std::vector<std::string> run_collective_matrix(Context& ctx, Communicator& comm,
       for (std::size_t r = 0; r < un; ++r)
         check_copied(at + "all_gather_v segment " + std::to_string(r), in[r], offsets[r], got,
                      offsets[r], counts[r]);
+    }
+    {  // all_to_all_v: rank q's segment for this rank lands at q x counts[rank], bit for bit
+      ++salt;
+      const auto in = all_inputs(total);
+      const auto r_me = static_cast<std::size_t>(me);
+      Tensor send = tensor_of(in[r_me]);
+      Tensor recv = tensor_of(std::vector<T>(std::max<std::size_t>(counts[r_me] * un, 1)));
+      comm.all_to_all_v(send, recv, counts).wait();
+      const auto got = read(recv);
+      for (std::size_t q = 0; q < un; ++q)
+        check_copied(at + "all_to_all_v from rank " + std::to_string(q), in[q], offsets[r_me], got,
+                     q * counts[r_me], counts[r_me]);
+      check_copied(at + "all_to_all_v send untouched", in[r_me], 0, read(send), 0, total);
     }
     if constexpr (kReducible)
       for (int in_place = 0; in_place < 2; ++in_place) {

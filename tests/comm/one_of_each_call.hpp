@@ -79,6 +79,13 @@ inline std::vector<std::pair<std::string, BlockingCall>> one_of_each_call() {
          b.y.assign(b.counts[static_cast<std::size_t>(c.rank())], 0.0f);
          c.reduce_scatter_v(b.x, b.y, b.counts).wait();
        }},
+      {"all_to_all_v",
+       [=](Communicator& c, CallBuffers& b) {
+         b.counts = counts_for(c);
+         b.x.assign(total(b.counts), 1.0f);
+         b.y.assign(b.counts[static_cast<std::size_t>(c.rank())] * size(c), 0.0f);
+         c.all_to_all_v(b.x, b.y, b.counts).wait();
+       }},
       {"barrier", [](Communicator& c, CallBuffers&) { c.barrier(); }},
   };
 }

@@ -182,6 +182,26 @@ TEST_CASE("what one rank can check is rejected at the call, naming the rank and 
     for (const auto& e : errors)
       CHECK(contains(e, "send overlaps recv but is not this rank's segment"));
   }
+  SUBCASE("all_to_all_v: a recv smaller than size() x counts[rank], or overlapping send") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> data(40, 1.0f), small(9, 0.0f);
+      const std::vector<std::size_t> counts{5, 5};
+      bool refused_small = false;
+      try {
+        c.all_to_all_v(comm::Buffer(data).slice(0, 10), small, counts).wait();
+      } catch (const sk::InvalidArgument& e) {
+        refused_small = contains(e.what(),
+                                 "recv holds 9 f32 elements but needs size() x "
+                                 "counts[rank] = 10");
+      }
+      CHECK(refused_small);
+      comm::Buffer whole(data);
+      c.all_to_all_v(whole.slice(0, 10), whole.slice(5, 10), counts).wait();
+    });
+    REQUIRE(errors.size() == 2);
+    for (const auto& e : errors) CHECK(contains(e, "all_to_all_v on rank"));
+    for (const auto& e : errors) CHECK(contains(e, "send and recv overlap"));
+  }
   SUBCASE("unsupported dtype and non-contiguous tensors") {
     const auto errors = errors_of(2, [](sk::Context& ctx, comm::Communicator& c) {
       std::vector<std::int32_t> ints(4, 1);

@@ -4,13 +4,15 @@
 // Accounting (the same on every backend, counted when a call is issued on this rank):
 // - payload_bytes: the message size S as nccl-tests names it -- all_reduce, reduce, broadcast:
 //   the buffer (count x element size); all_gather: the gathered output (size x count);
-//   reduce_scatter: the input (size x count); the _v forms: the whole buffer (sum of counts).
+//   reduce_scatter: the input (size x count); the _v forms: the whole buffer (sum of counts);
+//   all_to_all_v: what this rank sends (sum of counts).
 // - bus_bytes: what each rank sends in a bandwidth-optimal ring/pipeline, S x factor with
-//   factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and their _v forms,
-//   1 for broadcast and reduce (nccl-tests' busbw factors), and 0 when n = 1 (nothing leaves
-//   the rank). Integer bytes, rounded down. bus_bytes / time is nccl-tests' busbw.
-//   So DDP's gradient all-reduce of Psi elements counts 2 Psi (n-1)/n elements, and ZeRO-3's
-//   all-gather + all-gather + reduce-scatter 3 Psi (n-1)/n, as the ZeRO paper states.
+//   factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter, their _v forms and
+//   all_to_all_v (a rank keeps its own segment), 1 for broadcast and reduce (nccl-tests' busbw
+//   factors), and 0 when n = 1 (nothing leaves the rank). Integer bytes, rounded down. bus_bytes /
+//   time is nccl-tests' busbw. So DDP's gradient all-reduce of Psi elements counts 2 Psi (n-1)/n
+//   elements, and ZeRO-3's all-gather + all-gather + reduce-scatter 3 Psi (n-1)/n, as the ZeRO
+//   paper states.
 // - Bytes are in the caller's dtype. A backend that widens f16/bf16 to f32 on the wire (MPI
 //   does, to sum in f32) sends twice that; the counters stay comparable across backends.
 #pragma once
@@ -32,15 +34,16 @@ enum class CollectiveKind : std::uint8_t {
   reduce_scatter,
   all_gather_v,      // per-owner broadcast of uneven segments
   reduce_scatter_v,  // per-owner reduce of uneven segments
+  all_to_all_v,      // per-owner segments moved, not reduced (the owner gets every rank's)
   barrier,
 };
 
-inline constexpr std::size_t kCollectiveKindCount = 8;
+inline constexpr std::size_t kCollectiveKindCount = 9;
 
 inline constexpr CollectiveKind kAllCollectiveKinds[kCollectiveKindCount] = {
     CollectiveKind::all_reduce,       CollectiveKind::reduce,         CollectiveKind::broadcast,
     CollectiveKind::all_gather,       CollectiveKind::reduce_scatter, CollectiveKind::all_gather_v,
-    CollectiveKind::reduce_scatter_v, CollectiveKind::barrier};
+    CollectiveKind::reduce_scatter_v, CollectiveKind::all_to_all_v,   CollectiveKind::barrier};
 
 inline constexpr EnumName<CollectiveKind> kCollectiveNames[] = {
     {CollectiveKind::all_reduce, "all_reduce"},
@@ -50,6 +53,7 @@ inline constexpr EnumName<CollectiveKind> kCollectiveNames[] = {
     {CollectiveKind::reduce_scatter, "reduce_scatter"},
     {CollectiveKind::all_gather_v, "all_gather_v"},
     {CollectiveKind::reduce_scatter_v, "reduce_scatter_v"},
+    {CollectiveKind::all_to_all_v, "all_to_all_v"},
     {CollectiveKind::barrier, "barrier"}};
 
 constexpr std::string_view collective_name(CollectiveKind kind) {
@@ -73,6 +77,7 @@ constexpr BusFactor bus_factor(CollectiveKind kind, int n) {
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather_v:
     case CollectiveKind::reduce_scatter_v:
+    case CollectiveKind::all_to_all_v:
       return {size - 1, size};
     case CollectiveKind::broadcast:
     case CollectiveKind::reduce:

@@ -194,6 +194,23 @@ class Communicator {
     return counted(std::move(uneven), in.nbytes(),
                    [&] { return do_reduce_scatter_v(in, out, counts, op); });
   }
+  // Per-owner segments moved to their owner, not reduced (the all-to-all of a quantised
+  // reduce-scatter: the owner combines what arrives itself). send holds sum(counts) elements in
+  // owner segments, as reduce_scatter_v's; recv (>= size() x counts[rank] elements) receives
+  // rank q's segment for this rank at q x counts[rank]. Any movable dtype; no in-place form.
+  Work all_to_all_v(const Buffer& send, const Buffer& recv, std::span<const std::size_t> counts) {
+    const std::string_view call = "all_to_all_v";
+    const std::size_t total = check_segments(call, send, "send", counts, Reduces::no);
+    const std::size_t own = counts[static_cast<std::size_t>(rank_)];
+    const std::size_t gathered = own * static_cast<std::size_t>(size_);
+    check_pair(call, send, recv, gathered, "size() x counts[rank]");
+    const Buffer in = send.first(total), out = recv.first(gathered);
+    check(!overlaps(in, out), where(call), ": send and recv overlap; pass disjoint buffers");
+    auto uneven = record(CollectiveKind::all_to_all_v, send, total);
+    uneven.counts_hash = comm::counts_hash(counts);
+    return counted(std::move(uneven), in.nbytes(),
+                   [&] { return do_all_to_all_v(in, out, counts); });
+  }
   // Returns when every rank has reached the barrier (throws TimeoutError otherwise).
   void barrier() {
     check_usable("barrier");
@@ -271,6 +288,8 @@ class Communicator {
   virtual Work do_all_gather_v(const Buffer& data, std::span<const std::size_t> counts) = 0;
   virtual Work do_reduce_scatter_v(const Buffer& send, const Buffer& recv,
                                    std::span<const std::size_t> counts, ReduceOp op) = 0;
+  virtual Work do_all_to_all_v(const Buffer& send, const Buffer& recv,
+                               std::span<const std::size_t> counts) = 0;
   virtual void do_barrier() = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
   virtual void do_group_start() {}

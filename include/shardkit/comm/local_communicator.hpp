@@ -102,6 +102,10 @@ class LocalCommunicator final : public Communicator {
                            std::span<const std::size_t> counts, ReduceOp op) override {
     return submit(make_post(CollectiveKind::reduce_scatter_v, send, recv, op, 0, counts));
   }
+  Work do_all_to_all_v(const Buffer& send, const Buffer& recv,
+                       std::span<const std::size_t> counts) override {
+    return submit(make_post(CollectiveKind::all_to_all_v, send, recv, ReduceOp::sum, 0, counts));
+  }
   void do_barrier() override {
     auto op = world_->post(rank(), next_sequence_++, "barrier",
                            make_post(CollectiveKind::barrier, {}, {}), nullptr);

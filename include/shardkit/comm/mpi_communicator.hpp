@@ -55,9 +55,10 @@ class MpiWorkState final : public WorkState, public std::enable_shared_from_this
         recorder_(std::move(recorder)) {}
 
   MPI_Request request = MPI_REQUEST_NULL;
-  std::function<void()> finish;                   // runs once, after MPI completed the call
-  std::vector<std::shared_ptr<Storage>> staging;  // f32 copies, temporary outputs
-  std::vector<int> counts, displacements;         // the v-collectives' arrays, alive until done
+  std::function<void()> finish;                      // runs once, after MPI completed the call
+  std::vector<std::shared_ptr<Storage>> staging;     // f32 copies, temporary outputs
+  std::vector<int> counts, displacements;            // the v-collectives' arrays, alive until done
+  std::vector<int> recv_counts, recv_displacements;  // all_to_all_v's receiving side
 
   bool test() override {
     if (done_) return true;
@@ -244,6 +245,27 @@ class MpiCommunicator final : public Communicator {
     auto [in, out, type] = stage_reduction(*work, send, recv, op, true, overlaps(send, recv));
     SK_MPI_CHECK(MPI_Ireduce_scatter(in, out, work->counts.data(), type, detail::mpi_op(op),
                                      state_->comm, &work->request));
+    return Work(std::move(work));
+  }
+
+  // MPI_Alltoallv: this rank sends segment r of `send` to rank r and receives every rank's
+  // segment for it, counts[rank] each, in rank order.
+  Work do_all_to_all_v(const Buffer& send, const Buffer& recv,
+                       std::span<const std::size_t> counts) override {
+    auto work = begin("all_to_all_v", send);
+    (void)int_count("all_to_all_v", send.count);
+    (void)int_count("all_to_all_v", recv.count);
+    set_counts(*work, "all_to_all_v", counts);
+    const int own = work->counts[static_cast<std::size_t>(rank())];
+    work->recv_counts.assign(static_cast<std::size_t>(size()), own);
+    work->recv_displacements.resize(static_cast<std::size_t>(size()));
+    for (int q = 0; q < size(); ++q)
+      work->recv_displacements[static_cast<std::size_t>(q)] = q * own;
+    const MPI_Datatype type = detail::mpi_wire_type(send.dtype);
+    SK_MPI_CHECK(MPI_Ialltoallv(send.data, work->counts.data(), work->displacements.data(), type,
+                                recv.data, work->recv_counts.data(),
+                                work->recv_displacements.data(), type, state_->comm,
+                                &work->request));
     return Work(std::move(work));
   }
 

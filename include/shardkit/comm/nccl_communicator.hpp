@@ -267,6 +267,30 @@ class NcclCommunicator final : public Communicator {
       return ncclGroupEnd();
     });
   }
+  // Point-to-point in one NCCL group: segment r of `send` to rank r, rank q's segment for this
+  // rank into recv at q x counts[rank] (this rank's own is copied by NCCL like any other).
+  Work do_all_to_all_v(const Buffer& send, const Buffer& recv,
+                       std::span<const std::size_t> counts) override {
+    return launch("all_to_all_v", {send, recv}, [&] {
+      const std::size_t own = counts[static_cast<std::size_t>(rank())];
+      const ncclDataType_t type = detail::nccl_type(send.dtype);
+      detail::nccl_status(ncclGroupStart(), "ncclGroupStart");
+      std::size_t offset = 0;
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        const int peer = static_cast<int>(r);
+        if (counts[r] > 0)
+          detail::nccl_status(ncclSend(send.slice(offset, counts[r]).data, counts[r], type, peer,
+                                       handle(), ctx_.stream()),
+                              "ncclSend");
+        if (own > 0)
+          detail::nccl_status(
+              ncclRecv(recv.slice(r * own, own).data, own, type, peer, handle(), ctx_.stream()),
+              "ncclRecv");
+        offset += counts[r];
+      }
+      return ncclGroupEnd();
+    });
+  }
   // NCCL has no barrier: a one-element all-reduce, waited for on the host.
   void do_barrier() override {
     const Buffer flag(scratch_->data(), 1, DType::f32, ctx_.device());

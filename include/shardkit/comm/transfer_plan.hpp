@@ -130,6 +130,16 @@ inline TransferPlan plan_transfers(const std::vector<LocalPost>& posts) {
       }
       break;
     }
+    case CollectiveKind::all_to_all_v: {
+      std::size_t offset = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        const std::size_t count = first.counts[r];
+        for (std::size_t q = 0; q < n; ++q)
+          copy(at(posts[q].send, offset), at_mut(posts[r].recv, q * count), count);
+        offset += count;
+      }
+      break;
+    }
     case CollectiveKind::barrier:
       break;
   }
