@@ -113,8 +113,17 @@ int main(int argc, char** argv) {
   app.add_flag("--quantized-weights", setup.parallel.fsdp.quantized_weights,
                "fsdp: gather the parameters as int8 blocks with an f32 scale each (DeepSpeed's "
                "qwZ); the shards and the optimizer stay exact");
+  app.add_flag("--quantized-grads", setup.parallel.fsdp.quantized_grads,
+               "fsdp: reduce the gradients by an all-to-all of int8 blocks summed in f32 by "
+               "each owner (DeepSpeed's qgZ)");
+  app.add_flag("--grad-error-feedback", setup.parallel.fsdp.grad_error_feedback,
+               "--quantized-grads: carry what quantisation dropped into the next step");
+  app.add_option("--reshard-group", setup.parallel.fsdp.reshard_group_size,
+                 "fsdp: after the forward keep each unit sharded over groups of this many ranks "
+                 "(a node), so the backward gathers inside them (DeepSpeed's hpZ; 0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--quantization-block", setup.parallel.fsdp.quantization_block,
-                 "--quantized-weights: values per scale")
+                 "--quantized-weights / --quantized-grads: values per scale")
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--seed", setup.seed, "seed of initialisation and shuffling");
   app.add_option("--data-dir", flags.data_dir, "folder with the Fashion-MNIST .gz files");

@@ -573,6 +573,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
                         "shardkit's FSDP units are always flat parameters; set True");
     s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
     s.parallel.fsdp.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
+    s.parallel.fsdp.reshard_group_size = c.get<int>("MODEL.FSDP_CONFIG.reshard_group_size");
     if (const double mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb"); mb > 0)
       s.parallel.buckets.bucket_bytes = static_cast<std::size_t>(mb * (1 << 20));
   });
@@ -590,15 +591,30 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
             "True",
             "CPU offload is an FSDP setting; set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True "
             "as well");
-      // DeepSpeed ZeRO++'s qwZ (not a FairScale or VISSL key): int8 parameter gathers.
+      // DeepSpeed ZeRO++'s qwZ and qgZ (not FairScale or VISSL keys): int8 parameter gathers
+      // and gradient reductions.
       auto& fsdp = s.parallel.fsdp;
       fsdp.quantized_weights = c.get<bool>("MODEL.FSDP_CONFIG.quantized_weights");
+      fsdp.quantized_grads = c.get<bool>("MODEL.FSDP_CONFIG.quantized_grads");
+      fsdp.grad_error_feedback = c.get<bool>("MODEL.FSDP_CONFIG.grad_error_feedback");
       fsdp.quantization_block = c.get<std::int64_t>("MODEL.FSDP_CONFIG.quantization_block");
-      if (fsdp.quantized_weights && s.parallel.stage != Stage::fsdp)
-        throw detail::bad("MODEL.FSDP_CONFIG.quantized_weights", "True",
-                          "quantised gathers are an FSDP setting; set "
+      for (const auto& [key, on] :
+           {std::pair{"MODEL.FSDP_CONFIG.quantized_weights", fsdp.quantized_weights},
+            std::pair{"MODEL.FSDP_CONFIG.quantized_grads", fsdp.quantized_grads}})
+        if (on && s.parallel.stage != Stage::fsdp)
+          throw detail::bad(key, "True",
+                            "quantised collectives are an FSDP setting; set "
+                            "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True as well");
+      if (fsdp.reshard_group_size != 0 && s.parallel.stage != Stage::fsdp)
+        throw detail::bad("MODEL.FSDP_CONFIG.reshard_group_size",
+                          std::to_string(fsdp.reshard_group_size),
+                          "partial resharding is an FSDP setting; set "
                           "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True as well");
-      if (fsdp.quantized_weights &&
+      if (fsdp.grad_error_feedback && !fsdp.quantized_grads)
+        throw detail::bad("MODEL.FSDP_CONFIG.grad_error_feedback", "True",
+                          "error feedback carries qgZ's rounding; set "
+                          "MODEL.FSDP_CONFIG.quantized_grads True as well");
+      if ((fsdp.quantized_weights || fsdp.quantized_grads) &&
           (fsdp.quantization_block < 1 || fsdp.quantization_block > shardkit::ops::kMaxQuantBlock))
         throw detail::bad("MODEL.FSDP_CONFIG.quantization_block",
                           std::to_string(fsdp.quantization_block),

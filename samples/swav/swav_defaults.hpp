@@ -96,9 +96,12 @@ MODEL:
     compute_dtype: float32
     bucket_cap_mb: 0
     reshard_after_forward: True
+    reshard_group_size: 0           # shardkit's: keep units sharded over a node after forward (hpZ)
     move_grads_to_cpu: False        # FairScale's: the optimizer's state and step on the CPU
     move_params_to_cpu: False       # FairScale's: the parameter shards too (implies the above)
     quantized_weights: False        # shardkit's: gather the parameters as int8 blocks (qwZ)
+    quantized_grads: False          # shardkit's: reduce the gradients as int8 blocks (qgZ)
+    grad_error_feedback: False      # shardkit's: carry qgZ's rounding into the next step
     quantization_block: 256         # values per scale of those blocks
     clear_autocast_cache: True
     verbose: True

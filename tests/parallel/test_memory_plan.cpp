@@ -44,7 +44,8 @@ Measured max_over(const std::vector<sk::MemorySnapshot>& snapshots) {
   return m;
 }
 
-// Two steps of `engine`: each backward walks the units in reverse, gathering each one, filling
+// Two steps of `engine` (under hpZ each after a forward that gathers and releases every unit in
+// order): each backward walks the units in reverse, gathering each one, filling
 // its parameters' gradients (those `has_grad` names) and releasing it. Inside a unit the
 // gradients come first parameter first when `ascending` -- the order that keeps every bucket of
 // a unit allocated longest, the planner's worst case -- else last first, as a backward would.
@@ -54,6 +55,11 @@ void two_steps(sk::Context& ctx, sk::parallel::Engine& engine, float lr, bool as
   const std::size_t n = engine.param_count();
   for (int s = 0; s < 2; ++s) {
     engine.zero_grad();
+    if (engine.node() != nullptr)  // hpZ: a forward keeps every unit's slice over the node
+      for (std::size_t u = 0; u < engine.unit_count(); ++u) {
+        engine.gather(u);
+        engine.release_after_forward(u);
+      }
     for (std::size_t u = engine.unit_count(); u-- > 0;) {
       engine.gather(u);
       for (std::size_t k = 0; k < n; ++k) {
@@ -265,6 +271,66 @@ TEST_CASE("qwZ: the plan's bounds hold the int8 wires, and its gather traffic is
       CHECK(exact.sent_in_group - quantized.sent_in_group ==
             doctest::Approx(2 * psi * ring * (param - 1.25)));
     }
+}
+
+TEST_CASE("qgZ: the plan's bounds hold the int8 runs and the residual; its gradient traffic") {
+  sk::parallel::MixedPrecision bf16 = sk::parallel::MixedPrecision::of(sk::DType::bf16);
+  for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16})
+    for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}})
+      for (const bool feedback : {false, true}) {
+        PlannedRun o = small_buckets_run(Stage::fsdp, world, group, OptimizerKind::adamw, precision,
+                                         PartitionKind::flat);
+        o.parallel.fsdp.quantized_grads = true;
+        o.parallel.fsdp.grad_error_feedback = feedback;
+        o.parallel.fsdp.quantization_block = 16;
+        CAPTURE(feedback);
+        check_plan(o);  // the allocator's peaks under the plan's bounds
+        const MemoryPlan quantized = sk::parallel::plan_memory(model_specs(), o);
+        o.parallel.fsdp.quantized_grads = false;
+        o.parallel.fsdp.grad_error_feedback = false;
+        const MemoryPlan exact = sk::parallel::plan_memory(model_specs(), o);
+        double psi = 0;
+        for (const auto& spec : model_specs())
+          if (spec.trainable) psi += static_cast<double>(sk::shape_numel(spec.shape));
+        // Error feedback keeps an f32 residual of every local gradient (Psi elements, padding
+        // aside); without it the gradients are the exact run's.
+        if (feedback)
+          CHECK(quantized.gradients - exact.gradients >= static_cast<std::int64_t>(4 * psi));
+        else
+          CHECK(quantized.gradients == exact.gradients);
+        // Per reduced value 1 byte + 4 / 16 of a scale instead of the wire dtype's 4 or 2.
+        const double g = group == 0 ? world : group, ring = (g - 1) / g;
+        const double wire = precision.enabled() ? 2.0 : 4.0;
+        CHECK(exact.sent_in_group - quantized.sent_in_group ==
+              doctest::Approx(psi * ring * (wire - 1.25)));
+      }
+}
+
+TEST_CASE("hpZ: the plan holds every unit's slice over the node; the backward's gathers in it") {
+  for (const auto& [world, node] : {std::pair{4, 2}, std::pair{6, 3}}) {
+    PlannedRun o =
+        small_buckets_run(Stage::fsdp, world, 0, OptimizerKind::adamw, {}, PartitionKind::flat);
+    o.parallel.fsdp.reshard_group_size = node;
+    CAPTURE(node);
+    check_plan(o);  // the allocator's peaks under the plan's bounds
+    const MemoryPlan partial = sk::parallel::plan_memory(model_specs(), o);
+    o.parallel.fsdp.reshard_group_size = 0;
+    const MemoryPlan plain = sk::parallel::plan_memory(model_specs(), o);
+    CHECK(partial.gathered > plain.gathered);
+    CHECK(partial.parameters == plain.parameters);
+    // The backward's gather moves Psi (G-1)/G instead of Psi (N-1)/N (f32).
+    double psi = 0;
+    for (const auto& spec : model_specs())
+      if (spec.trainable) psi += static_cast<double>(sk::shape_numel(spec.shape));
+    const double n = world, g = node;
+    CHECK(plain.sent_in_group - partial.sent_in_group ==
+          doctest::Approx(4 * psi * ((n - 1) / n - (g - 1) / g)));
+  }
+  PlannedRun hybrid =
+      small_buckets_run(Stage::fsdp, 4, 2, OptimizerKind::sgd, {}, PartitionKind::flat);
+  hybrid.parallel.fsdp.reshard_group_size = 2;
+  CHECK_THROWS_WITH(sk::parallel::plan_memory(model_specs(), hybrid),
+                    doctest::Contains("needs plain sharding over a world it divides"));
 }
 
 TEST_CASE("the plan follows the ZeRO formulas with the group size in place of N") {

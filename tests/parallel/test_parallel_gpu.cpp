@@ -9,6 +9,8 @@
 // concatenated batch.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -122,7 +124,7 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
                                 const std::string& save_to = {}, const std::string& load_from = {},
                                 sk::parallel::OffloadOptions offload = {},
                                 sk::MemorySnapshot* device_memory = nullptr,
-                                sk::MemorySnapshot* host_memory = nullptr) {
+                                sk::MemorySnapshot* host_memory = nullptr, bool quantized = false) {
   std::vector<float> out;
   sk::comm::run_ranks(
       world,
@@ -133,6 +135,8 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
         o.buckets.bucket_bytes = 4096;
         o.fsdp.wrap.unit_paths = {"0", "3"};
         o.offload = offload;
+        o.fsdp.quantized_weights = quantized;  // qwZ and qgZ
+        o.fsdp.quantized_grads = quantized;
         sk::parallel::ShardedModule model(ctx, comm, net, config, o);
         if (!load_from.empty())
           (void)sk::checkpoint::load_checkpoint(load_from, model.training_state());
@@ -181,6 +185,34 @@ TEST_CASE("on the GPU, FSDP over a module equals DDP and the CPU's FSDP") {
     const auto cpu = train_module(2, Stage::fsdp, cross_arithmetic_config(kind), 10);
     const auto on_gpu = train_module(2, Stage::fsdp, cross_arithmetic_config(kind), 10, gpu);
     CHECK_MESSAGE(max_scaled_difference(on_gpu, cpu) <= 1e-5, sk::optim::optimizer_kind_name(kind));
+  }
+}
+
+// qwZ + qgZ on the device: the int8 kernels and the local world's all-to-all over device
+// memory. Training follows exact FSDP on the GPU as closely as on the CPU (tests/parallel/
+// test_fsdp.cpp), and the GPU's quantised run follows the CPU's: the format gives the same bits
+// on both, the model's arithmetic differs by rounding (which may move a value to the next
+// quantisation step, hence the same tolerance).
+TEST_CASE("on the GPU, FSDP with int8 gathers and gradients follows exact FSDP and the CPU's") {
+  const auto gpu = sk::comm::cuda_run_options(0);
+  const auto config = config_for(OptimizerKind::sgd);
+  for (int world : {2, 3}) {
+    const auto exact = train_module(world, Stage::fsdp, config, 10, gpu);
+    const auto quantized =
+        train_module(world, Stage::fsdp, config, 10, gpu, {}, {}, {}, nullptr, nullptr, true);
+    const auto on_cpu =
+        train_module(world, Stage::fsdp, config, 10, {}, {}, {}, {}, nullptr, nullptr, true);
+    REQUIRE(quantized.size() == exact.size());
+    double largest = 0, worst = 0, apart = 0;
+    for (std::size_t i = 0; i < exact.size(); ++i) {
+      largest = std::max(largest, std::fabs(double(exact[i])));
+      worst = std::max(worst, std::fabs(double(quantized[i]) - exact[i]));
+      apart = std::max(apart, std::fabs(double(quantized[i]) - on_cpu[i]));
+    }
+    CAPTURE(world);
+    CHECK(worst > 0);
+    CHECK(worst <= 0.02 * largest);
+    CHECK(apart <= 0.02 * largest);
   }
 }
 

@@ -177,11 +177,14 @@ namespace {
 // A module trained under `stage` over MPI: every rank's view of the parameters and buffers
 // afterwards (gathered under fsdp). With `save_to` / `load_from`: a sharded checkpoint after
 // (before) training.
-// With `quantized` the gathers carry int8 blocks (qwZ); with `group` > 0 the world is a hybrid
-// mesh of groups of that many processes ("nodes").
+// `quantized`: the gathers carry int8 blocks (qwZ), the gradients' reduce-scatter too (qgZ);
+// with `group` > 0 the world is a hybrid mesh of groups of that many processes ("nodes").
+struct Quantized {
+  bool weights = false, grads = false;
+};
 std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int steps,
                                 const std::string& save_to = {}, const std::string& load_from = {},
-                                bool quantized = false, int group = 0) {
+                                Quantized quantized = {}, int group = 0, int node = 0) {
   sk::Context ctx;
   auto comm = sk::comm::MpiCommunicator::world(ctx);
   std::unique_ptr<sk::comm::HybridMesh> mesh;
@@ -191,7 +194,9 @@ std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int 
   options.stage = stage;
   options.buckets.bucket_bytes = 4096;
   options.fsdp.wrap.unit_paths = {"0", "3"};
-  options.fsdp.quantized_weights = quantized;
+  options.fsdp.quantized_weights = quantized.weights;
+  options.fsdp.quantized_grads = quantized.grads;
+  options.fsdp.reshard_group_size = node;
   auto model_on = [&] {
     return mesh ? std::make_unique<sk::parallel::ShardedModule>(ctx, *mesh, net,
                                                                 dp_test::config_for(kind), options)
@@ -271,28 +276,47 @@ TEST_CASE(
   if (rank == 0) std::filesystem::remove_all(dir);
 }
 
-// qwZ through MPI: the gathers move int8 bytes between processes (MPI_UINT8_T), on the world
-// and on 2 "nodes" of 2 (hybrid: gathered inside a node); training follows exact FSDP closely,
-// and every process ends with the same parameters.
-TEST_CASE("through MPI, 4 processes (also as 2 nodes): FSDP with int8 gathers follows exact FSDP") {
+// qwZ and qgZ through MPI: the gathers and the gradients' all-to-all move int8 bytes between
+// processes (MPI_UINT8_T), on the world and on 2 "nodes" of 2 (hybrid: gathered and reduced
+// inside a node, the reduced shard all-reduced across nodes exactly); training follows exact
+// FSDP closely, and every process ends with the same parameters.
+TEST_CASE(
+    "through MPI, 4 processes (also as 2 nodes): FSDP with int8 gathers and gradients follows "
+    "exact FSDP") {
   const auto kind = sk::optim::OptimizerKind::sgd;
   const std::size_t params = mlp_param_count();
-  for (int group : {0, 2}) {
-    CAPTURE(group);
-    const auto exact = train_module(Stage::fsdp, kind, 10, {}, {}, false, group);
-    const auto quantized = train_module(Stage::fsdp, kind, 10, {}, {}, true, group);
-    REQUIRE(quantized.size() == exact.size());
-    double largest = 0, worst = 0;
-    for (std::size_t i = 0; i < params; ++i) {
-      largest = std::max(largest, std::fabs(static_cast<double>(exact[i])));
-      worst = std::max(worst, std::fabs(static_cast<double>(quantized[i]) - exact[i]));
+  for (const Quantized q : {Quantized{true, false}, Quantized{false, true}, Quantized{true, true}})
+    for (int group : {0, 2}) {
+      CAPTURE(group);
+      CAPTURE(q.weights);
+      CAPTURE(q.grads);
+      const auto exact = train_module(Stage::fsdp, kind, 10, {}, {}, {}, group);
+      const auto quantized = train_module(Stage::fsdp, kind, 10, {}, {}, q, group);
+      REQUIRE(quantized.size() == exact.size());
+      double largest = 0, worst = 0;
+      for (std::size_t i = 0; i < params; ++i) {
+        largest = std::max(largest, std::fabs(static_cast<double>(exact[i])));
+        worst = std::max(worst, std::fabs(static_cast<double>(quantized[i]) - exact[i]));
+      }
+      CHECK(worst > 0);  // the gathers or the gradients were quantised
+      CHECK(worst <= 0.02 * largest);
+      // The parameters are the same on every process (rank 0's broadcast to compare).
+      std::vector<float> rank0(quantized.begin(), quantized.begin() + static_cast<long>(params));
+      SK_MPI_CHECK(MPI_Bcast(rank0.data(), static_cast<int>(params), MPI_FLOAT, 0, MPI_COMM_WORLD));
+      CHECK(std::memcmp(rank0.data(), quantized.data(), params * sizeof(float)) == 0);
     }
-    CHECK(worst > 0);  // the gathers were quantised
-    CHECK(worst <= 0.02 * largest);
-    // The parameters are the same on every process (rank 0's broadcast to compare).
-    std::vector<float> rank0(quantized.begin(), quantized.begin() + static_cast<long>(params));
-    SK_MPI_CHECK(MPI_Bcast(rank0.data(), static_cast<int>(params), MPI_FLOAT, 0, MPI_COMM_WORLD));
-    CHECK(std::memcmp(rank0.data(), quantized.data(), params * sizeof(float)) == 0);
+}
+
+// hpZ through MPI: 4 processes as 2 nodes of 2; the backward gathers inside each node from the
+// slices kept after the forward, and training equals plain FSDP bit for bit (also with qwZ).
+TEST_CASE("through MPI, 4 processes as 2 nodes: hpZ's in-node backward gathers change no bit") {
+  const auto kind = sk::optim::OptimizerKind::adamw;
+  for (const bool weights : {false, true}) {
+    CAPTURE(weights);
+    const auto everywhere = train_module(Stage::fsdp, kind, 6, {}, {}, {weights, false});
+    const auto in_nodes = train_module(Stage::fsdp, kind, 6, {}, {}, {weights, false}, 0, 2);
+    REQUIRE(in_nodes.size() == everywhere.size());
+    CHECK(std::memcmp(in_nodes.data(), everywhere.data(), in_nodes.size() * sizeof(float)) == 0);
   }
 }
 

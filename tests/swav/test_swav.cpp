@@ -764,7 +764,26 @@ OPTIMIZER:
   CHECK(quantized.parallel.fsdp.quantization_block == 64);
   CHECK_FALSE(config_of({}).parallel.fsdp.quantized_weights);
   CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.quantized_weights=True"}),
-                    doctest::Contains("quantised gathers are an FSDP setting"));
+                    doctest::Contains("quantised collectives are an FSDP setting"));
+  // qgZ's int8 gradient reductions, with error feedback.
+  const auto int8_grads = config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                                     "config.MODEL.FSDP_CONFIG.quantized_grads=True",
+                                     "config.MODEL.FSDP_CONFIG.grad_error_feedback=True"});
+  CHECK(int8_grads.parallel.fsdp.quantized_grads);
+  CHECK(int8_grads.parallel.fsdp.grad_error_feedback);
+  CHECK_FALSE(int8_grads.parallel.fsdp.quantized_weights);
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.quantized_grads=True"}),
+                    doctest::Contains("config.MODEL.FSDP_CONFIG.quantized_grads = True: "
+                                      "quantised collectives are an FSDP setting"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                               "config.MODEL.FSDP_CONFIG.grad_error_feedback=True"}),
+                    doctest::Contains("error feedback carries qgZ's rounding"));
+  // hpZ: the backward's gathers inside a node.
+  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                   "config.MODEL.FSDP_CONFIG.reshard_group_size=2"})
+            .parallel.fsdp.reshard_group_size == 2);
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.reshard_group_size=2"}),
+                    doctest::Contains("partial resharding is an FSDP setting"));
   CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
                                "config.MODEL.FSDP_CONFIG.quantized_weights=True",
                                "config.MODEL.FSDP_CONFIG.quantization_block=0"}),

@@ -64,6 +64,7 @@ class Engine : public ParamGroups {
   // a time. Collective.
   template <class Fill>
   void set_full_params(Fill&& fill, int root = 0) {
+    forget_node_slices();
     for (std::size_t u = 0; u < unit_count(); ++u) {
       ParamGroup& group = mutable_group(u);
       if (group.flat().sharded()) group.flat().materialize();
@@ -101,6 +102,7 @@ class Engine : public ParamGroups {
     }
     ~FullParams() {
       const bool writeback = !engine_->optimizer_->mixed_precision();
+      if (writeback) engine_->forget_node_slices();
       for (std::size_t u = 0; u < engine_->unit_count(); ++u) {
         FlatParam& flat = engine_->mutable_group(u).flat();
         if (writeback && flat.sharded()) flat.copy_range_to_shard();
@@ -121,6 +123,7 @@ class Engine : public ParamGroups {
   // zero_grad(); `lr` is this step's rate (schedules live in the training loop).
   void step(float lr, float inv_grad_scale = 1.0f) {
     check_finished("optimizer step");
+    forget_node_slices();
     optimizer_->step(piece_grads_, lr, inv_grad_scale);
     for (auto& hook : post_step_hooks_) hook(*this);
     if (policy().gather_after_step)
@@ -185,6 +188,7 @@ class Engine : public ParamGroups {
         if (!layout[i].trainable) state.replicated.emplace_back(layout[i].name, group(u).param(i));
     }
     state.after_load = [this] {
+      forget_node_slices();
       for (std::size_t u = 0; u < unit_count(); ++u) {
         FlatParam& flat = mutable_group(u).flat();
         if (policy().gather_after_step) all_gather_owned(flat, false);

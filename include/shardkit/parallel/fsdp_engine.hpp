@@ -6,18 +6,20 @@
 // A custom loop drives it as it drives DataParallel, with gather/release around each use:
 //
 //   for each unit u in forward order:  engine.gather(u); ...forward with engine.param(i)...;
-//                                       engine.release(u);            // reshard after forward
+//                                       engine.release_after_forward(u);  // reshard
 //   for each unit u in backward order: engine.gather(u); ...backward: add into engine.grad(i),
 //                                       engine.ready(i)...; engine.release(u);
 //   engine.finish(); engine.step(lr); engine.zero_grad();
 //
 // start_gather(u) begins a unit's all-gather without waiting (prefetch); gather(u) waits for
-// it. A unit's gradients are reduce-scattered bucket by bucket as they become ready (averaged,
-// added into the rank's gradient shard); the full-gradient buckets are transient
-// (MemoryCategory::communication) and freed once reduced; buckets smaller than
-// options.fsdp.coalesce_bytes, of any unit, go out together. Accumulation: synchronised
-// backwards add each one's average into the shard (A + avg(g)); no_sync() keeps full local
-// gradients (the whole model's f32 gradients on every rank) and reduces their sum once.
+// it. release_after_forward(u) is release(u) but, with hpZ (options.fsdp.reshard_group_size),
+// keeps this rank's slice over its node so that u's next gather stays inside the node. A unit's
+// gradients are reduce-scattered bucket by bucket as they become ready (averaged, added into the
+// rank's gradient shard); the full-gradient buckets are transient (MemoryCategory::communication)
+// and freed once reduced; buckets smaller than options.fsdp.coalesce_bytes, of any unit, go out
+// together. Accumulation: synchronised backwards add each one's average into the shard (A +
+// avg(g)); no_sync() keeps full local gradients (the whole model's f32 gradients on every rank) and
+// reduces their sum once.
 //
 // Mixed precision (options.precision): each rank keeps its shard of the compute copy (f16 /
 // bf16) and the optimizer the f32 master of it; units are gathered in the compute dtype,

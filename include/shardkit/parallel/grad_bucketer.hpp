@@ -49,8 +49,8 @@ class GradBucketer {
       strategy_ = std::make_unique<AllReduceGrads>(ctx, comm, buckets_, policy.grad_dtype,
                                                    policy.wire_dtype, replicas);
     else
-      strategy_ = std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, policy.grad_dtype,
-                                                       policy.wire_dtype, coalescer, replicas);
+      strategy_ =
+          std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, policy, coalescer, replicas);
     ready_.assign(plan.layout().size(), false);
     for (const auto& slot : plan.layout().slots()) trainable_ += slot.trainable ? 1 : 0;
   }

@@ -9,7 +9,8 @@
 //     communication) allocated when the backward first asks for one of its gradients;
 //     reduce_scatter_v averages each rank's part straight into that rank's owned gradients, and
 //     the buffer is freed once done. With a coalescer (fsdp), small buckets of many groups
-//     travel together (reduce_scatter_coalescer.hpp).
+//     travel together (reduce_scatter_coalescer.hpp). With qgZ (BucketPolicy::quantized_block)
+//     each bucket goes out alone as int8 blocks instead (quantized_reduce_scatter.hpp).
 //
 // Accumulation over synchronised backwards (no zero_grad between them) adds the average of the
 // new local gradients to the averages already held: A + avg(g), exactly as a sharded
@@ -24,6 +25,8 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
+#include "shardkit/parallel/policy.hpp"
+#include "shardkit/parallel/quantized_reduce_scatter.hpp"
 #include "shardkit/parallel/reduce_scatter_coalescer.hpp"
 #include "shardkit/parallel/replica_sync.hpp"
 #include "shardkit/shard/bucket_plan.hpp"
@@ -104,6 +107,7 @@ class GradSyncStrategy {
     return state.wire;
   }
   comm::ReduceOp group_op() const { return replicas_.group_op(wire_dtype_); }
+  comm::ReduceOp group_op(DType wire) const { return replicas_.group_op(wire); }
 
   Context* ctx_;
   comm::Communicator* comm_;
@@ -165,11 +169,15 @@ class AllReduceGrads final : public GradSyncStrategy {
 
 class ReduceScatterGrads final : public GradSyncStrategy {
  public:
+  // `policy`: the gradients' dtypes and, with quantized_block, qgZ's int8 wire.
   ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
-                     DType grad_dtype, DType wire_dtype, ReduceScatterCoalescer* coalescer,
+                     const BucketPolicy& policy, ReduceScatterCoalescer* coalescer,
                      comm::Communicator* replicas)
-      : GradSyncStrategy(ctx, comm, plan, grad_dtype, wire_dtype, replicas, plan.owned_numel()),
-        coalescer_(coalescer) {}
+      : GradSyncStrategy(ctx, comm, plan, policy.grad_dtype, policy.wire_dtype, replicas,
+                         plan.owned_numel()),
+        coalescer_(coalescer),
+        quantized_block_(policy.quantized_block),
+        residuals_(policy.error_feedback ? plan.buckets().size() : 0) {}
 
   Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
     if (!state.buffer.defined()) state.buffer = transient(b);
@@ -178,6 +186,10 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   void launch(std::size_t b, BucketState& state) override {
     const shard::GradBucket& bucket = plan_->buckets()[b];
     if (!state.buffer.defined()) state.buffer = transient(b);  // nothing was asked: all zero
+    if (quantized_block_ > 0) {
+      launch_quantized(b, state);
+      return;
+    }
     const Tensor& send = wire_of(state);
     if (wire_dtype_ != grad_dtype_ || holds_averages())
       state.out = empty(*ctx_, {bucket.own_numel}, send.dtype(), MemoryCategory::communication);
@@ -202,7 +214,28 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   }
 
  private:
+  // qgZ: the bucket travels alone (its wire is bytes, not a dtype the coalescer stages) as int8
+  // blocks; its sum lands in f32 (summed under hybrid sharding, for ReplicaSync's exchange)
+  // and is merged into the kept gradients like any other landed part.
+  void launch_quantized(std::size_t b, BucketState& state) {
+    const shard::GradBucket& bucket = plan_->buckets()[b];
+    state.out = empty(*ctx_, {bucket.own_numel}, DType::f32, MemoryCategory::communication);
+    Tensor residual;
+    if (!residuals_.empty()) {
+      if (!residuals_[b].defined())
+        residuals_[b] = zeros(*ctx_, {bucket.numel}, DType::f32, MemoryCategory::gradients);
+      residual = residuals_[b];
+    }
+    comm::assign(state.work, start_quantized_reduce_scatter(
+                                 *ctx_, *comm_, state.buffer, bucket.counts, quantized_block_,
+                                 group_op(DType::f32), state.out, residual));
+  }
+
   ReduceScatterCoalescer* coalescer_;  // small buckets go out with others (nullptr: alone)
+  std::int64_t quantized_block_;       // qgZ's block (0: the wire dtype, exact)
+  // qgZ's error feedback: per bucket, what quantisation dropped from this rank's gradients
+  // (kept across steps and zero_grad; allocated at the bucket's first launch).
+  std::vector<Tensor> residuals_;
 };
 
 }  // namespace shardkit::parallel

@@ -7,18 +7,20 @@
 //
 //   parameters       ddp/oss/sdp: the whole flat buffer in the compute dtype; fsdp: the rank's
 //                    shard of every unit, plus frozen parameters whole
-//   gradients        ddp/oss: every bucket; sdp/fsdp: the rank's parts (compute dtype)
+//   gradients        ddp/oss: every bucket; sdp/fsdp: the rank's parts (compute dtype); with
+//                    qgZ's error feedback an f32 residual of every local gradient as well
 //   optimizer state  f32 per element the rank updates: each state buffer (momentum; Adam's two
 //                    moments), plus the f32 master under mixed precision
 //
 // and the transients are bounds (the allocator's peak stays at or under them):
 //
-//   communication    bucket buffers being filled and in flight (sdp, fsdp), wire copies, the
-//                    reduce-scatter coalescer's staging, f16 parameter broadcasts
+//   communication    bucket buffers being filled and in flight (sdp, fsdp), wire copies (qgZ:
+//                    the int8 runs out and in, and the f32 sum), the reduce-scatter
+//                    coalescer's staging, f16 parameter broadcasts
 //   gathered         fsdp: the full units held at once -- the root unit, and with resharding
 //                    after forward the unit in use plus `prefetch` ahead, each with its
-//                    int8 wire under qwZ (counted by the allocator under communication,
-//                    reported apart here)
+//                    int8 wire under qwZ, and under hpZ every unit's slice over the node
+//                    (counted by the allocator under communication, reported apart here)
 //   activations      a linear profile in the batch size (ActivationProfile): measure it once
 //                    per model, input size and checkpointing setting (profile_activations,
 //                    which doubles the batch until the growth per sample settles)
@@ -144,6 +146,23 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
   const DType grad = policy.grad_dtype, wire = policy.wire_dtype;
   const std::int64_t in_flight = policy.max_in_flight + 1;  // in flight, plus the one being filled
   const std::int64_t largest = largest_bucket(buckets);
+  if (reduce_scatter && policy.quantized_block > 0) {
+    // qgZ: the full-gradient bucket, its int8 runs out and the owners' runs in, the f32 sum;
+    // and, one bucket at a time, an f32 temporary (g + e under error feedback, else one run
+    // dequantised for the sum).
+    std::int64_t sent = 0, arrived = 0, own = 0;
+    for (const auto& b : buckets.buckets()) {
+      std::int64_t runs = 0;
+      for (const std::size_t count : b.counts)
+        runs += ops::int8_payload_bytes(static_cast<std::int64_t>(count), policy.quantized_block);
+      sent = std::max(sent, runs);
+      arrived = std::max(arrived, static_cast<std::int64_t>(b.counts.size()) *
+                                      ops::int8_payload_bytes(b.own_numel, policy.quantized_block));
+      own = std::max(own, b.own_numel);
+    }
+    return in_flight * (largest * bytes_of(grad) + sent + arrived + 4 * own) +
+           4 * (policy.error_feedback ? largest : own);
+  }
   std::int64_t per_bucket = 0;
   if (reduce_scatter) per_bucket += largest * bytes_of(grad);  // the full-gradient bucket
   if (wire != grad) per_bucket += largest * bytes_of(wire);    // its copy on the wire
@@ -183,8 +202,16 @@ inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& spe
       const double gathered = policy.quantized_gather_block > 0
                                   ? 1.0 + 4.0 / static_cast<double>(policy.quantized_gather_block)
                                   : param;
-      p.sent_in_group =
-          psi * grad * ring + (policy.reshard_after_forward ? 2 : 1) * psi * gathered * ring;
+      // qgZ: a reduced gradient the same way, an int8 with its share of a scale.
+      const double reduced = policy.buckets.quantized_block > 0
+                                 ? 1.0 + 4.0 / static_cast<double>(policy.buckets.quantized_block)
+                                 : grad;
+      // hpZ: the backward's gather inside a node of G' ranks, from the slices kept over it.
+      const double node = policy.reshard_group;
+      const double backward_ring = node > 0 ? (node - 1) / node : ring;
+      const double backward =
+          policy.reshard_after_forward ? psi * (node > 0 ? param : gathered) * backward_ring : 0;
+      p.sent_in_group = psi * reduced * ring + psi * gathered * ring + backward;
       p.sent_across_groups = 2 * psi / g * grad * across;
       break;
     }
@@ -230,6 +257,11 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
                               const ActivationProfile& activations = {}, std::int64_t batch = 0) {
   const int group = detail::planned_group(o);
   const ResolvedPolicy policy = resolve(o.parallel);  // the engines' own choices
+  if (policy.reshard_group > 0)  // (what the engines check when they split the nodes)
+    check(group == o.world_size && o.world_size % policy.reshard_group == 0,
+          "memory plan: fsdp.reshard_group_size ", policy.reshard_group,
+          " needs plain sharding over a world it divides; got ", o.world_size, " ranks",
+          group != o.world_size ? " in hybrid groups" : "");
   const DType param = policy.param_dtype;
   const DType grad = policy.buckets.grad_dtype;
   const std::int64_t state_bytes =
@@ -266,7 +298,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       shard::PieceTable table(group, false);
       std::int64_t shard_bytes = 0;
       std::vector<std::int64_t> unit_bytes;
-      std::int64_t transients = 0;
+      std::int64_t transients = 0, node_slices = 0;
       for (const auto& unit : units) {
         std::vector<shard::ParamSpec> unit_specs;
         for (auto i : unit) {
@@ -280,11 +312,15 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         table.append_plan(plan, false);
         shard_bytes += plan.numel(rank) * detail::bytes_of(param);
         p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
+        if (policy.buckets.error_feedback)  // qgZ's residual: f32 for every local gradient
+          p.gradients += buckets.total_numel() * 4;
         std::int64_t held = plan.layout().padded_numel() * detail::bytes_of(param);
         if (policy.quantized_gather_block > 0)  // qwZ: the wire's runs until they are unpacked
           for (const std::size_t bytes : quantized_run_bytes(plan, policy.quantized_gather_block))
             held += static_cast<std::int64_t>(bytes);
         unit_bytes.push_back(held);
+        if (policy.reshard_group > 0)  // hpZ: its slice over the node, from forward to backward
+          node_slices += plan.trainable_end() / policy.reshard_group * detail::bytes_of(param);
         transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets));
       }
       p.parameters = shard_bytes;
@@ -304,7 +340,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
           policy.reshard_after_forward
               ? std::min(unit_bytes.size(), static_cast<std::size_t>(policy.prefetch + 1))
               : unit_bytes.size();
-      p.gathered = root;
+      p.gathered = root + node_slices;  // (every unit's slice: the bound after a forward)
       for (std::size_t k = 0; k < held; ++k) p.gathered += unit_bytes[k];
       p.communication = transients + 2 * static_cast<std::int64_t>(policy.coalesce_bytes);
     }

@@ -42,7 +42,13 @@ inline constexpr std::size_t kDefaultCoalesceBytes = std::size_t{4} << 20;
 struct FsdpOptions {
   FsdpWrapPolicy wrap;  // ShardedModule: which modules become units
   bool reshard_after_forward =
-      true;          // free a unit after its forward (gather it again for backward)
+      true;  // free a unit after its forward (gather it again for backward)
+  // hpZ (DeepSpeed ZeRO++'s zero_hpz_partition_size, FSDP2's integer reshard_after_forward):
+  // after a training forward each rank keeps its 1/G slice of the unit over groups of G
+  // consecutive ranks (a node, as launchers place ranks), so the backward's all-gather stays
+  // inside the group. Costs Psi/G of the compute dtype per rank between forward and backward.
+  // 0: off (the backward gathers over every rank). G must divide the world size.
+  int reshard_group_size = 0;
   int prefetch = 1;  // units gathered ahead, forward and backward (0: none)
   // FairScale's bucket_cap_mb: gradient buckets smaller than this, of any unit, are
   // reduce-scattered together up to this size (one collective for many small units); 0 sends
@@ -55,7 +61,16 @@ struct FsdpOptions {
   // builds up; the forward and backward compute with each value within half its block's step.
   // full_params() (summon_full_params) and checkpoints see exact values.
   bool quantized_weights = false;
-  std::int64_t quantization_block = ops::kDefaultQuantBlock;
+  // qgZ (DeepSpeed ZeRO++'s zero_quantized_gradients): the gradients' reduce-scatter becomes an
+  // all-to-all of int8 blocks (the same format and block), dequantised and summed in f32 by
+  // each owner (parallel/quantized_reduce_scatter.hpp): about a quarter of an f32 wire's bytes.
+  // The reduced gradients are within half a block's step per rank of the exact average.
+  bool quantized_grads = false;
+  // With quantized_grads: each rank keeps what quantisation dropped from its gradients and
+  // adds it to the next step's (error feedback), at the cost of an f32 copy of its whole
+  // gradient buffer.
+  bool grad_error_feedback = false;
+  std::int64_t quantization_block = ops::kDefaultQuantBlock;  // values per scale, both
 };
 
 struct ParallelOptions {

@@ -12,6 +12,9 @@
 //   grad(i), ready(i)  the backward adds parameter i's gradient, then marks it final: complete
 //                    buckets are reduced (all-reduce, or reduce-scatter into the owners' parts)
 //   release()        frees the whole buffer (a prefetch nobody used is completed first)
+//   release_after_forward()  the same; with hpZ (a `node` communicator) this rank first keeps
+//                    its slice of the buffer over the node, and the next gather -- the
+//                    backward's -- is an all-gather inside the node from those slices
 //   finish()         waits for every bucket: the pieces' averaged gradients are in place
 #pragma once
 
@@ -37,10 +40,13 @@ class ParamGroup {
  public:
   // `shard_home`: FSDP's parameter offload keeps the shard in that (host) context. `coalescer`:
   // small buckets reduce-scattered together with other groups' (nullptr: each alone).
+  // `node`: hpZ's group of consecutive ranks (comm split by rank / its size; nullptr: none).
   ParamGroup(Context& ctx, comm::Communicator& comm, ParamGroupSpec spec,
              const ResolvedPolicy& policy, comm::Communicator* replicas = nullptr,
-             Context* shard_home = nullptr, ReduceScatterCoalescer* coalescer = nullptr)
+             Context* shard_home = nullptr, ReduceScatterCoalescer* coalescer = nullptr,
+             comm::Communicator* node = nullptr)
       : name_(std::move(spec.name)),
+        node_(node),
         flat_(ctx, comm, spec.params, policy.partition, policy.residency, policy.param_dtype,
               replicas, shard_home),
         bucketer_(ctx, comm, flat_.plan(), policy.grad_sync, policy.buckets, coalescer, replicas),
@@ -72,6 +78,10 @@ class ParamGroup {
   // The gathers of a training step: quantised under qwZ (the policy's quantized_gather_block).
   void start_gather() {
     if (!flat_.sharded() || flat_.gathered() || gathering_) return;
+    if (secondary_.defined()) {
+      start_node_gather();
+      return;
+    }
     auto label = flat_.communicator().label(gather_label_);
     comm::assign(pending_, start_all_gather(flat_, quantized_block_));
     gathering_ = true;
@@ -100,6 +110,23 @@ class ParamGroup {
     }
     flat_.release(not_gathered_reason());
   }
+  // After a training forward: under hpZ this rank keeps its slice of the values over the node
+  // (the gathered ones: quantised under qwZ, so the backward computes with what the forward
+  // did), then frees the buffer; otherwise as release().
+  void release_after_forward() {
+    if (node_ != nullptr && flat_.sharded() && holds_full()) {
+      gather();  // (a prefetch in flight: its values are the ones to keep)
+      const std::int64_t slice = flat_.plan().trainable_end() / node_->size();
+      const std::int64_t at = slice * node_->rank();
+      secondary_ = empty(flat_.context(), {slice}, flat_.dtype(), MemoryCategory::communication);
+      copy(flat_.context(), secondary_, flat_.params().flat().slice(0, at, at + slice));
+      secondary_exact_ = exact_;
+    }
+    release();
+  }
+  // The shards changed (a step, a load, values written): a kept node slice is stale.
+  void forget_node_slice() { secondary_ = Tensor(); }
+  bool holds_node_slice() const { return secondary_.defined(); }
   // Gathered, or its gather in flight (always, when replicated).
   bool holds_full() const { return flat_.gathered() || gathering_; }
 
@@ -122,6 +149,21 @@ class ParamGroup {
   void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
 
  private:
+  // hpZ: the whole buffer from the node's slices, by an all-gather inside the node (in place:
+  // this rank's slice is copied into its segment first); the slice is used once.
+  void start_node_gather() {
+    flat_.materialize();
+    const std::int64_t slice = secondary_.numel();
+    const Tensor whole = flat_.params().flat().slice(0, 0, slice * node_->size());
+    const Tensor own = whole.slice(0, slice * node_->rank(), slice * (node_->rank() + 1));
+    copy_async(flat_.context(), own, secondary_);
+    auto label = node_->label(node_gather_label_);
+    comm::assign(pending_, node_->all_gather(own, whole));
+    gathering_ = true;
+    exact_ = secondary_exact_;
+    secondary_ = Tensor();
+  }
+
   std::string not_gathered_reason() const {
     return "the parameters of FSDP unit '" + name_ +
            "' are not gathered: they exist only during the unit's forward and backward; run "
@@ -132,6 +174,8 @@ class ParamGroup {
   // What this group's collectives are labelled with (comm/call_record.hpp), made once.
   std::string gather_label_ = "unit '" + name_ + "': all-gather of its parameters";
   std::string reduce_label_ = "unit '" + name_ + "': gradient reduction";
+  std::string node_gather_label_ = "unit '" + name_ + "': all-gather inside the node (hpZ)";
+  comm::Communicator* node_;  // hpZ's group (nullptr: none)
   FlatParam flat_;
   GradBucketer bucketer_;
   std::vector<shard::ParamPiece> pieces_;  // what this rank updates, in table order
@@ -141,6 +185,10 @@ class ParamGroup {
   bool gathering_ = false;
   std::int64_t quantized_block_;  // qwZ's block for the step's gathers (0: exact)
   bool exact_ = true;             // the gathered values are the shards' own (not quantised)
+  // hpZ: this rank's slice over the node of the values a training forward gathered, kept for
+  // the backward's gather (undefined: none kept), and whether they were exact.
+  Tensor secondary_;
+  bool secondary_exact_ = true;
 };
 
 }  // namespace shardkit::parallel

@@ -25,12 +25,13 @@ class ParamGroups {
     Context* shard_home = policy_.offload.params ? host_.get() : nullptr;
     if (policy_.coalesce_bytes > 0)
       coalescer_ = std::make_unique<ReduceScatterCoalescer>(ctx, comm, policy_.coalesce_bytes);
+    if (policy_.reshard_group > 0) node_ = split_nodes(comm, replicas, policy_.reshard_group);
     for (auto& spec : groups) {
       if (policy_.residency == Residency::sharded) check_unit(spec);
       first_param_.push_back(index_.size());
       for (std::size_t i = 0; i < spec.params.size(); ++i) index_.push_back({groups_.size(), i});
       groups_.push_back(std::make_unique<ParamGroup>(ctx, comm, std::move(spec), policy_, replicas,
-                                                     shard_home, coalescer_.get()));
+                                                     shard_home, coalescer_.get(), node_.get()));
     }
   }
 
@@ -59,6 +60,11 @@ class ParamGroups {
   void gather_exact(std::size_t u) { groups_[checked_unit(u)]->gather_exact(); }
   // Frees unit u's full parameters (a prefetch nobody used is completed first).
   void release(std::size_t u) { groups_[checked_unit(u)]->release(); }
+  // The same after u's training forward: with hpZ (fsdp.reshard_group_size) this rank keeps its
+  // slice over the node, and u's next gather (its backward's) stays inside the node.
+  void release_after_forward(std::size_t u) { groups_[checked_unit(u)]->release_after_forward(); }
+  // hpZ's node communicator (nullptr: none).
+  comm::Communicator* node() const { return node_.get(); }
   bool holds_full(std::size_t u) const { return group(u).holds_full(); }
 
   // --- gradients -------------------------------------------------------------------------------
@@ -122,6 +128,11 @@ class ParamGroups {
   Context* host() const { return host_.get(); }
   ParamGroup& mutable_group(std::size_t u) { return *groups_[u]; }
   std::size_t first_param(std::size_t u) const { return first_param_[u]; }
+  // hpZ: the shards are about to change (a step, a load, values written); slices kept over the
+  // node since a forward would be stale.
+  void forget_node_slices() {
+    for (auto& group : groups_) group->forget_node_slice();
+  }
 
   // Every rank must hold the same groups with the same parameters, or collectives would pair
   // up wrongly: one fingerprint of every group name and parameter, before any traffic.
@@ -155,6 +166,18 @@ class ParamGroups {
     check(i < index_.size(), call, "(", i, "): no such parameter; there are ", index_.size());
     return index_[i];
   }
+  // hpZ's groups of `size` consecutive ranks (a node): a split of `comm`, collective.
+  static std::unique_ptr<comm::Communicator> split_nodes(comm::Communicator& comm,
+                                                         comm::Communicator* replicas, int size) {
+    check(replicas == nullptr || replicas->size() <= 1,
+          "fsdp.reshard_group_size with hybrid sharding: the shard group already keeps the "
+          "gathers inside it; leave reshard_group_size 0 (or shard over the whole world)");
+    check(size <= comm.size() && comm.size() % size == 0, "fsdp.reshard_group_size is ", size,
+          " but the world has ", comm.size(),
+          " ranks; pass a divisor of the world size (the ranks of one node)");
+    return comm.split(comm.rank() / size, comm.rank());
+  }
+
   // A unit of sharded groups: at least one parameter, every one trainable (frozen parameters
   // stay outside the units, whole on every rank).
   static void check_unit(const ParamGroupSpec& spec) {
@@ -168,6 +191,7 @@ class ParamGroups {
   ResolvedPolicy policy_;
   std::unique_ptr<Context> host_;                      // offload (else null); before the groups
   std::unique_ptr<ReduceScatterCoalescer> coalescer_;  // before the groups' bucketers
+  std::unique_ptr<comm::Communicator> node_;           // hpZ (else null); before the groups
   std::vector<std::unique_ptr<ParamGroup>> groups_;
   std::vector<std::size_t> first_param_;  // per group
   std::vector<ParamIndex> index_;

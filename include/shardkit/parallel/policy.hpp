@@ -33,6 +33,10 @@ struct BucketPolicy {
   int max_in_flight = 2;
   DType grad_dtype = DType::f32;  // gradients as autograd forms them: the compute dtype
   DType wire_dtype = DType::f32;  // what they travel in: precision.reduce_dtype
+  // fsdp with quantized_grads: reduce-scatters travel as int8 blocks of this many values (0:
+  // wire_dtype, exact), with or without error feedback.
+  std::int64_t quantized_block = 0;
+  bool error_feedback = false;
 };
 
 struct ResolvedPolicy {
@@ -46,6 +50,7 @@ struct ResolvedPolicy {
   BucketPolicy buckets;
   std::size_t coalesce_bytes = 0;  // fsdp: small buckets reduce-scattered together (0: alone)
   bool reshard_after_forward = true;
+  int reshard_group = 0;  // fsdp with hpZ: the secondary shard's group size (0: none)
   int prefetch = 1;
   // fsdp with quantized_weights: the training gathers carry int8 blocks of this many values
   // (0: the compute dtype, exact).
@@ -76,17 +81,36 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
         "sharded parameters (fsdp) use the even flat split; got the ",
         shard::partition_kind_name(options.partition), " partition");
   const FsdpOptions& f = options.fsdp;
+  check(!f.grad_error_feedback || f.quantized_grads,
+        "fsdp.grad_error_feedback carries the quantisation error of the gradients' wire, but "
+        "fsdp.quantized_grads is off; turn quantized_grads on, or leave error feedback off");
+  if (f.quantized_grads)
+    check(fsdp, "fsdp.quantized_grads quantises fsdp's (ZeRO-3's) gradient reduce-scatter; stage ",
+          stage_name(options.stage), " does not run it: use Stage::fsdp, or leave it off");
+  if (f.quantized_weights || f.quantized_grads)
+    check(f.quantization_block >= 1 && f.quantization_block <= ops::kMaxQuantBlock,
+          "fsdp.quantization_block is ", f.quantization_block,
+          "; pass 1 to 2^24 values per scale (DeepSpeed's ZeRO++ uses ", ops::kDefaultQuantBlock,
+          ")");
   if (f.quantized_weights) {
     check(fsdp, "fsdp.quantized_weights quantises the parameters' all-gathers, which only fsdp ",
           "(ZeRO-3) makes; stage ", stage_name(options.stage),
           " keeps whole parameters on every rank: use Stage::fsdp, or leave it off");
-    check(f.quantization_block >= 1 && f.quantization_block <= ops::kMaxQuantBlock,
-          "fsdp.quantization_block is ", f.quantization_block,
-          "; pass 1 to 2^24 values per scale (DeepSpeed's qwZ uses ", ops::kDefaultQuantBlock, ")");
     check(!options.offload.params,
           "fsdp.quantized_weights with offload.params: the shards live on the host, where the "
           "gather would have to quantise them; keep the shards on the device (offload.params = "
           "false) or gather exactly (quantized_weights = false)");
+  }
+  if (f.reshard_group_size != 0) {
+    check(fsdp, "fsdp.reshard_group_size keeps a unit sharded over a node after fsdp's (ZeRO-3's) ",
+          "forward; stage ", stage_name(options.stage),
+          " keeps whole parameters on every rank: use Stage::fsdp, or leave it 0");
+    check(f.reshard_group_size >= 2, "fsdp.reshard_group_size is ", f.reshard_group_size,
+          "; pass the ranks of a node (>= 2), or 0 for none (to keep the whole unit between "
+          "forward and backward, set reshard_after_forward = false)");
+    check(f.reshard_after_forward,
+          "fsdp.reshard_group_size reshards after the forward, but reshard_after_forward is "
+          "false (the unit stays whole until its backward); turn one of them off");
   }
   ResolvedPolicy p;
   p.stage = options.stage;
@@ -102,8 +126,11 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
   p.buckets.max_in_flight = buckets.max_in_flight;
   p.buckets.grad_dtype = options.precision.param_dtype;
   p.buckets.wire_dtype = options.precision.reduce_dtype;
+  p.buckets.quantized_block = fsdp && f.quantized_grads ? f.quantization_block : 0;
+  p.buckets.error_feedback = fsdp && f.quantized_grads && f.grad_error_feedback;
   p.coalesce_bytes = fsdp ? options.fsdp.coalesce_bytes : 0;
   p.reshard_after_forward = options.fsdp.reshard_after_forward;
+  p.reshard_group = fsdp ? f.reshard_group_size : 0;
   p.prefetch = options.fsdp.prefetch;
   p.quantized_gather_block = fsdp && f.quantized_weights ? f.quantization_block : 0;
   p.offload = options.offload;

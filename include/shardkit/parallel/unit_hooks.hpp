@@ -5,7 +5,8 @@
 //   forward   u's forward-pre hook waits for (or starts) u's all-gather and starts the next
 //             `prefetch` units' gathers in the recorded forward order; its forward hook frees
 //             u again when reshard_after_forward (the root unit stays: its backward comes
-//             first).
+//             first) -- with hpZ keeping this rank's slice over the node, from which the
+//             backward's gather is an all-gather inside the node.
 //   backward  u's backward-pre hook gathers u again (prefetching the next units in reverse
 //             forward order); gradients land in u's transient full-gradient buckets; when all
 //             of u's gradients are final (or the gradient leaves through u's input), u is
@@ -119,7 +120,10 @@ class UnitHooks {
         for (std::size_t k = 0; k < engine_->unit_count(); ++k) engine_->release(k);
       return;
     }
-    if (engine_->policy().reshard_after_forward || !tape.grad_enabled()) engine_->release(u);
+    if (!tape.grad_enabled())
+      engine_->release(u);  // no backward follows: nothing to keep for it
+    else if (engine_->policy().reshard_after_forward)
+      engine_->release_after_forward(u);  // with hpZ, keeps this rank's slice over the node
   }
   void pre_backward(std::size_t u) {
     binding_->begin_backward();
