@@ -205,14 +205,15 @@ struct Cuda {
     cuda::launch_norm_subtrees(ctx, leaves, nodes, out);
   }
 
-  static void quantize_int8(Context& ctx, DType dtype, const void* values, std::int64_t n,
-                            std::int64_t block, std::uint8_t* payload) {
-    cuda::launch_quantize_int8(ctx, dtype, values, n, block, payload);
+  static void quantize_blocks(Context& ctx, QuantFormat format, DType dtype, const void* values,
+                              std::int64_t n, std::int64_t block, std::uint8_t* payload) {
+    cuda::launch_quantize_blocks(ctx, format, dtype, values, n, block, payload);
   }
 
-  static void dequantize_int8(Context& ctx, DType dtype, const std::uint8_t* payload,
-                              std::int64_t n, std::int64_t block, void* values) {
-    cuda::launch_dequantize_int8(ctx, dtype, payload, n, block, values);
+  static void dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
+                                const std::uint8_t* payload, std::int64_t n, std::int64_t block,
+                                void* values) {
+    cuda::launch_dequantize_blocks(ctx, format, dtype, payload, n, block, values);
   }
 
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.

@@ -1,7 +1,7 @@
-// quantize.hpp's int8 blocks on the GPU, with the element rules the CPU loops use (the same
-// bits). Quantising: a thread block per quantisation block, its values strided over the threads;
-// the |x| maximum is formed in shared memory (a maximum is exact, so its order changes nothing),
-// then every thread writes its values' q. Dequantising: a thread per value.
+// quantize.hpp's blocks (int8 or E4M3 codes) on the GPU, with the element rules the CPU loops use
+// (the same bits). Quantising: a thread block per quantisation block, its values strided over the
+// threads; the |x| maximum is formed in shared memory (a maximum is exact, so its order changes
+// nothing), then every thread writes its values' q. Dequantising: a thread per value.
 #pragma once
 
 #include <algorithm>
@@ -12,10 +12,10 @@
 
 namespace shardkit::ops::cuda {
 
-template <class T>
+template <class Code, class T>
 __global__ void __launch_bounds__(kThreads)
-    quantize_int8_kernel(const T* x, std::int64_t n, std::int64_t block, float* scales,
-                         std::int8_t* q) {
+    quantize_blocks_kernel(const T* x, std::int64_t n, std::int64_t block, float* scales,
+                           std::uint8_t* q) {
   __shared__ float partial[kThreads];
   const std::int64_t lo = std::int64_t{blockIdx.x} * block;
   const std::int64_t hi = lo + block < n ? lo + block : n;
@@ -29,32 +29,35 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
   amax = partial[0];
-  if (t == 0) scales[blockIdx.x] = amax / 127.0f;
-  const float inverse = int8_inverse_step(amax);
+  if (t == 0) scales[blockIdx.x] = amax / Code::kMax;
+  const float inverse = inverse_step<Code>(amax);
   for (std::int64_t i = lo + t; i < hi; i += kThreads)
-    q[i] = int8_quantize(load_element(x + i), inverse);
+    q[i] = Code::encode(load_element(x + i), inverse);
 }
 
-template <class T>
-__global__ void dequantize_int8_kernel(const float* scales, const std::int8_t* q, std::int64_t n,
-                                       std::int64_t block, T* x) {
+template <class Code, class T>
+__global__ void dequantize_blocks_kernel(const float* scales, const std::uint8_t* q, std::int64_t n,
+                                         std::int64_t block, T* x) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x)
-    store_element(x + i, int8_dequantize(q[i], scales[i / block]));
+    store_element(x + i, Code::decode(q[i], scales[i / block]));
 }
 
-inline void launch_quantize_int8(Context& ctx, DType dtype, const void* values, std::int64_t n,
-                                 std::int64_t block, std::uint8_t* payload) {
+inline void launch_quantize_blocks(Context& ctx, QuantFormat format, DType dtype,
+                                   const void* values, std::int64_t n, std::int64_t block,
+                                   std::uint8_t* payload) {
   const std::int64_t blocks = int8_block_count(n, block);
-  check(blocks <= 0x7fffffff, "quantize_int8_blocks: ", blocks,
+  check(blocks <= 0x7fffffff, "quantize_blocks: ", blocks,
         " blocks in one run; at most 2^31 - 1 (one thread block each): pass a larger block");
   CudaDeviceGuard guard(ctx.device().index);
-  visit_element_dtype(dtype, [&]<class T>() {
-    quantize_int8_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream()>>>(
-        static_cast<const T*>(values), n, block, reinterpret_cast<float*>(payload),
-        reinterpret_cast<std::int8_t*>(payload + 4 * blocks));
+  visit_quant_format(format, [&]<class Code>() {
+    visit_element_dtype(dtype, [&]<class T>() {
+      quantize_blocks_kernel<Code, T><<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream()>>>(
+          static_cast<const T*>(values), n, block, reinterpret_cast<float*>(payload),
+          payload + 4 * blocks);
+    });
   });
-  SK_CUDA_CHECK_LAUNCH("ops::cuda::quantize_int8_kernel");
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::quantize_blocks_kernel");
   // The padding too: a payload's bytes are a function of the values alone.
   const std::int64_t used = 4 * blocks + n;
   SK_CUDA_CHECK(cudaMemsetAsync(payload + used, 0,
@@ -62,19 +65,21 @@ inline void launch_quantize_int8(Context& ctx, DType dtype, const void* values, 
                                 ctx.stream()));
 }
 
-inline void launch_dequantize_int8(Context& ctx, DType dtype, const std::uint8_t* payload,
-                                   std::int64_t n, std::int64_t block, void* values) {
+inline void launch_dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
+                                     const std::uint8_t* payload, std::int64_t n,
+                                     std::int64_t block, void* values) {
   const std::int64_t blocks = int8_block_count(n, block);
   const auto grid = static_cast<unsigned>(
       std::min<std::int64_t>((n + kThreads - 1) / kThreads, std::int64_t{1} << 20));
   CudaDeviceGuard guard(ctx.device().index);
-  visit_element_dtype(dtype, [&]<class T>() {
-    dequantize_int8_kernel<T><<<grid, kThreads, 0, ctx.stream()>>>(
-        reinterpret_cast<const float*>(payload),
-        reinterpret_cast<const std::int8_t*>(payload + 4 * blocks), n, block,
-        static_cast<T*>(values));
+  visit_quant_format(format, [&]<class Code>() {
+    visit_element_dtype(dtype, [&]<class T>() {
+      dequantize_blocks_kernel<Code, T><<<grid, kThreads, 0, ctx.stream()>>>(
+          reinterpret_cast<const float*>(payload), payload + 4 * blocks, n, block,
+          static_cast<T*>(values));
+    });
   });
-  SK_CUDA_CHECK_LAUNCH("ops::cuda::dequantize_int8_kernel");
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::dequantize_blocks_kernel");
 }
 
 }  // namespace shardkit::ops::cuda

@@ -596,6 +596,12 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
       auto& fsdp = s.parallel.fsdp;
       fsdp.quantized_weights = c.get<bool>("MODEL.FSDP_CONFIG.quantized_weights");
       fsdp.quantized_grads = c.get<bool>("MODEL.FSDP_CONFIG.quantized_grads");
+      const auto format = c.get<std::string>("MODEL.FSDP_CONFIG.quantized_weights_format");
+      if (format != "int8" && format != "f8_e4m3")
+        throw detail::bad("MODEL.FSDP_CONFIG.quantized_weights_format", format,
+                          "pass int8 or f8_e4m3");
+      fsdp.quantized_weights_format = format == "f8_e4m3" ? shardkit::ops::QuantFormat::f8_e4m3
+                                                          : shardkit::ops::QuantFormat::int8;
       fsdp.grad_error_feedback = c.get<bool>("MODEL.FSDP_CONFIG.grad_error_feedback");
       fsdp.quantization_block = c.get<std::int64_t>("MODEL.FSDP_CONFIG.quantization_block");
       for (const auto& [key, on] :

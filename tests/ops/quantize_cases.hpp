@@ -1,8 +1,10 @@
-// The int8 block format (ops/quantize.hpp) as doctest cases over `Backend`, included by
+// The block formats (ops/quantize.hpp: int8 and E4M3 codes) as doctest cases over `Backend`,
+// included by
 // ops_test_list.hpp: the CPU and the CUDA executables run the same checks against a float64
 // reference.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -132,6 +134,109 @@ TEST_CASE("int8 blocks: a block with an inf or a NaN comes back all NaN, the oth
     else
       REQUIRE(std::isfinite(y[static_cast<std::size_t>(i)]));
   }
+}
+
+// Every finite E4M3 value, from its fields (OCP FP8: bias 7, subnormals below 2^-6), ascending.
+inline std::vector<double> e4m3_positive_values() {
+  std::vector<double> out;
+  for (int e = 0; e < 16; ++e)
+    for (int m = 0; m < 8; ++m) {
+      if (e == 15 && m == 7) continue;  // NaN
+      out.push_back(e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7));
+    }
+  return out;
+}
+
+// y rounded to the nearest E4M3 value, ties to the even code, saturating at 448 (float64).
+inline double e4m3_reference(double y) {
+  static const std::vector<double> values = e4m3_positive_values();
+  const double a = std::min(std::fabs(y), 448.0);
+  const auto above = std::lower_bound(values.begin(), values.end(), a);
+  double nearest = *above;
+  if (above != values.begin()) {
+    const double below = *(above - 1);
+    const auto below_code = (above - 1) - values.begin();
+    if (a - below < nearest - a || (a - below == nearest - a && below_code % 2 == 0))
+      nearest = below;
+  }
+  return y < 0 ? -nearest : nearest;
+}
+
+TEST_CASE("E4M3 codes: every code's value, and rounding against float64, on the host") {
+  const auto values = e4m3_positive_values();
+  REQUIRE(values.size() == 127);
+  CHECK(values.back() == 448.0);
+  for (int code = 0; code < 256; ++code) {
+    CAPTURE(code);
+    const float v = ops::e4m3_value(static_cast<std::uint8_t>(code));
+    if ((code & 0x7f) == 0x7f) {
+      CHECK(std::isnan(v));
+      continue;
+    }
+    const double want = (code & 0x80 ? -1.0 : 1.0) * values[static_cast<std::size_t>(code & 0x7f)];
+    CHECK(double(v) == want);
+    if (code != 0x80) CHECK(ops::e4m3_encode(v) == code);  // (-0 encodes as 0x80 too)
+  }
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-14, 10);
+  for (int i = 0; i < 200000; ++i) {
+    const float y = std::ldexp(unit(gen), exponent(gen));
+    const std::uint8_t code = ops::e4m3_encode(y);
+    CAPTURE(y);
+    REQUIRE(double(ops::e4m3_value(code)) == e4m3_reference(y));
+  }
+  // Ties to even: 1 + 1/16 lies between 1 (code 0x38) and 1 + 1/8 (0x39).
+  CHECK(ops::e4m3_encode(1.0625f) == 0x38);
+  CHECK(ops::e4m3_encode(1.1875f) == 0x3a);
+  CHECK(ops::e4m3_encode(460.0f) == 0x7e);  // saturates
+  CHECK(ops::e4m3_encode(std::numeric_limits<float>::quiet_NaN()) == ops::kE4m3Nan);
+}
+
+TEST_CASE("E4M3 blocks: payload and round trip against float64, every dtype and block size") {
+  Backend b;
+  sk::Context host;
+  for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16})
+    for (std::int64_t block : {256, 7, 1})
+      for (std::int64_t n : {1, 257, 4099}) {
+        CAPTURE(sk::dtype_name(dtype));
+        CAPTURE(block);
+        CAPTURE(n);
+        const auto x = quant_values(n, block, dtype, static_cast<std::uint32_t>(n + block));
+        const sk::Tensor values = b.upload(sk::cast(host, sk::from_vector(host, x, {n}), dtype));
+        const sk::Tensor payload = b.zeros({ops::int8_payload_bytes(n, block)}, sk::DType::u8);
+        b.fill(payload, 255.0);
+        ops::quantize_blocks(b.ctx, ops::QuantFormat::f8_e4m3, values, block, payload);
+        const QuantPayload p = read_payload(b, payload, n, block);
+        const sk::Tensor back = b.zeros({n}, dtype);
+        ops::dequantize_blocks(b.ctx, ops::QuantFormat::f8_e4m3, payload, block, back);
+        const auto y = sk::to_vector<float>(host, sk::cast(host, b.download(back), sk::DType::f32));
+        const double dtype_eps = dtype == sk::DType::f16    ? std::ldexp(1.0, -11)
+                                 : dtype == sk::DType::bf16 ? std::ldexp(1.0, -8)
+                                                            : 0.0;
+        for (std::int64_t blk = 0; blk < ops::int8_block_count(n, block); ++blk) {
+          const std::int64_t lo = blk * block, hi = std::min(n, lo + block);
+          double amax = 0;
+          for (std::int64_t i = lo; i < hi; ++i)
+            amax = std::max(amax, std::fabs(double(x[static_cast<std::size_t>(i)])));
+          const double scale = amax / 448.0;
+          REQUIRE(std::fabs(p.scales[static_cast<std::size_t>(blk)] - scale) <=
+                  scale * std::ldexp(1.0, -24));
+          for (std::int64_t i = lo; i < hi; ++i) {
+            const auto at = static_cast<std::size_t>(i);
+            const auto code = static_cast<std::uint8_t>(p.q[at]);
+            REQUIRE((code & 0x7f) != 0x7f);  // finite values never become NaN
+            if (amax > 0 && std::fabs(double(x[at])) == amax) REQUIRE((code & 0x7f) == 0x7e);
+            // Relative to the value for normal codes, absolute below 2^-6 of the block's top.
+            const double subnormal = dtype == sk::DType::f16 ? std::ldexp(1.0, -25) : 0.0;
+            const double bound =
+                std::max(std::fabs(double(x[at])) / 16.0, scale / 1024.0) * (1 + 1e-5) +
+                std::fabs(double(y[at])) * dtype_eps + subnormal;
+            REQUIRE(std::fabs(double(y[at]) - double(x[at])) <= bound);
+            if (amax == 0) REQUIRE(y[at] == 0.0f);
+          }
+        }
+      }
 }
 
 TEST_CASE("int8 blocks: bad arguments are refused by name") {

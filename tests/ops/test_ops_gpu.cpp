@@ -51,31 +51,33 @@ TEST_CASE("LARC-SGD on the GPU equals the CPU run of the same steps") {
 
 namespace ops_test {
 
-// The int8 block format gives the same bytes on both devices (no contraction, IEEE division and
-// products, rounding by adding 1.5 x 2^23), and the same values back.
-TEST_CASE("int8 blocks on the GPU: the CPU's payload bytes and values, every dtype") {
+// The block formats give the same bytes on both devices (no contraction, IEEE division and
+// products, rintf; E4M3's fields by frexpf / ldexpf, exact), and the same values back.
+TEST_CASE("int8 and E4M3 blocks on the GPU: the CPU's payload bytes and values, every dtype") {
   CpuBackend cpu;
   CudaBackend gpu;
   const std::int64_t n = 5000, block = 256;
-  for (auto dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::f16}) {
-    CAPTURE(sk::dtype_name(dtype));
-    const sk::Tensor values =
-        sk::cast(cpu.ctx, sk::from_vector(cpu.ctx, quant_values(n, block, dtype, 5), {n}), dtype);
-    const std::int64_t bytes = ops::int8_payload_bytes(n, block);
-    const sk::Tensor on_cpu = cpu.zeros({bytes}, sk::DType::u8);
-    const sk::Tensor on_gpu = gpu.zeros({bytes}, sk::DType::u8);
-    ops::quantize_int8_blocks(cpu.ctx, values, block, on_cpu);
-    ops::quantize_int8_blocks(gpu.ctx, gpu.upload(values), block, on_gpu);
-    const sk::Tensor from_gpu = gpu.download(on_gpu);
-    CHECK(std::memcmp(on_cpu.data_ptr(), from_gpu.data_ptr(), static_cast<std::size_t>(bytes)) ==
-          0);
-    const sk::Tensor back_cpu = cpu.zeros({n}, dtype), back_gpu = gpu.zeros({n}, dtype);
-    ops::dequantize_int8_blocks(cpu.ctx, on_cpu, block, back_cpu);
-    ops::dequantize_int8_blocks(gpu.ctx, on_gpu, block, back_gpu);
-    const sk::Tensor back = gpu.download(back_gpu);
-    CHECK(std::memcmp(back_cpu.data_ptr(), back.data_ptr(),
-                      static_cast<std::size_t>(n) * sk::dtype_size(dtype)) == 0);
-  }
+  for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::f8_e4m3})
+    for (auto dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::f16}) {
+      CAPTURE(ops::quant_format_name(format));
+      CAPTURE(sk::dtype_name(dtype));
+      const sk::Tensor values =
+          sk::cast(cpu.ctx, sk::from_vector(cpu.ctx, quant_values(n, block, dtype, 5), {n}), dtype);
+      const std::int64_t bytes = ops::int8_payload_bytes(n, block);
+      const sk::Tensor on_cpu = cpu.zeros({bytes}, sk::DType::u8);
+      const sk::Tensor on_gpu = gpu.zeros({bytes}, sk::DType::u8);
+      ops::quantize_blocks(cpu.ctx, format, values, block, on_cpu);
+      ops::quantize_blocks(gpu.ctx, format, gpu.upload(values), block, on_gpu);
+      const sk::Tensor from_gpu = gpu.download(on_gpu);
+      CHECK(std::memcmp(on_cpu.data_ptr(), from_gpu.data_ptr(), static_cast<std::size_t>(bytes)) ==
+            0);
+      const sk::Tensor back_cpu = cpu.zeros({n}, dtype), back_gpu = gpu.zeros({n}, dtype);
+      ops::dequantize_blocks(cpu.ctx, format, on_cpu, block, back_cpu);
+      ops::dequantize_blocks(gpu.ctx, format, on_gpu, block, back_gpu);
+      const sk::Tensor back = gpu.download(back_gpu);
+      CHECK(std::memcmp(back_cpu.data_ptr(), back.data_ptr(),
+                        static_cast<std::size_t>(n) * sk::dtype_size(dtype)) == 0);
+    }
 }
 
 }  // namespace ops_test

@@ -778,6 +778,12 @@ OPTIMIZER:
   CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
                                "config.MODEL.FSDP_CONFIG.grad_error_feedback=True"}),
                     doctest::Contains("error feedback carries qgZ's rounding"));
+  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                   "config.MODEL.FSDP_CONFIG.quantized_weights=True",
+                   "config.MODEL.FSDP_CONFIG.quantized_weights_format=f8_e4m3"})
+            .parallel.fsdp.quantized_weights_format == shardkit::ops::QuantFormat::f8_e4m3);
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.quantized_weights_format=int4"}),
+                    doctest::Contains("quantized_weights_format = int4: pass int8 or f8_e4m3"));
   // hpZ: the backward's gathers inside a node.
   CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
                    "config.MODEL.FSDP_CONFIG.reshard_group_size=2"})

@@ -18,6 +18,7 @@
 #include "shardkit/core/tensor.hpp"
 #include "shardkit/ops/larc.hpp"
 #include "shardkit/ops/norm_tree.hpp"
+#include "shardkit/ops/quantize.hpp"
 #include "shardkit/ops/spans.hpp"
 
 namespace shardkit::ops {
@@ -46,11 +47,12 @@ namespace shardkit::ops {
 //                                          LARC-SGD over whole tensors, in the order that
 //                                          reuses the device's cache best; param_squares
 //                                          (optional) as larc_param_squares.hpp says
-//   quantize_int8(ctx, dtype, values, n, block, payload)
-//   dequantize_int8(ctx, dtype, payload, n, block, values)
+//   quantize_blocks(ctx, format, dtype, values, n, block, payload)
+//   dequantize_blocks(ctx, format, dtype, payload, n, block, values)
 //                                          one run of n values (f32, f16 or bf16) to and from
-//                                          quantize.hpp's int8 blocks (payload: device bytes,
-//                                          4-byte aligned, int8_payload_bytes(n, block) long)
+//                                          quantize.hpp's blocks of int8 or E4M3 codes (payload:
+//                                          device bytes, 4-byte aligned,
+//                                          int8_payload_bytes(n, block) long)
 template <class B>
 concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
                               const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves,
@@ -61,8 +63,8 @@ concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tenso
   B::leaf_sums_of_squares(ctx, spans, DType::f32, leaves);
   B::leaf_sums_of_squares_pair(ctx, pairs, {DType::f32, DType::bf16}, {leaves, leaves});
   B::norm_subtree_sums(ctx, leaves, nodes, leaves);
-  B::quantize_int8(ctx, DType::f32, leaves, 1, 256, bytes);
-  B::dequantize_int8(ctx, DType::bf16, bytes, 1, 256, leaves);
+  B::quantize_blocks(ctx, QuantFormat::int8, DType::f32, leaves, 1, 256, bytes);
+  B::dequantize_blocks(ctx, QuantFormat::f8_e4m3, DType::bf16, bytes, 1, 256, leaves);
 };
 
 // The message of the static_assert every entry point makes: what B must be.

@@ -125,20 +125,22 @@ struct Cpu {
   }
 
   // quantize.hpp's format, a block a task: n values of `dtype` into one run's payload.
-  static void quantize_int8(Context& ctx, DType dtype, const void* values, std::int64_t n,
-                            std::int64_t block, std::uint8_t* payload) {
+  static void quantize_blocks(Context& ctx, QuantFormat format, DType dtype, const void* values,
+                              std::int64_t n, std::int64_t block, std::uint8_t* payload) {
     const std::int64_t blocks = int8_block_count(n, block);
-    auto* q = reinterpret_cast<std::int8_t*>(payload + 4 * blocks);
-    visit_element_dtype(dtype, [&]<class T>() {
-      const T* x = static_cast<const T*>(values);
-      ctx.cpu_pool().parallel_for(blocks, [&](std::int64_t b) {
-        const std::int64_t lo = b * block, hi = std::min(n, lo + block);
-        float amax = 0.0f;
-        for (std::int64_t i = lo; i < hi; ++i) amax = abs_max(amax, load_element(x + i));
-        const float scale = amax / 127.0f;
-        std::memcpy(payload + 4 * b, &scale, sizeof scale);
-        const float inverse = int8_inverse_step(amax);
-        for (std::int64_t i = lo; i < hi; ++i) q[i] = int8_quantize(load_element(x + i), inverse);
+    std::uint8_t* q = payload + 4 * blocks;
+    visit_quant_format(format, [&]<class Code>() {
+      visit_element_dtype(dtype, [&]<class T>() {
+        const T* x = static_cast<const T*>(values);
+        ctx.cpu_pool().parallel_for(blocks, [&](std::int64_t b) {
+          const std::int64_t lo = b * block, hi = std::min(n, lo + block);
+          float amax = 0.0f;
+          for (std::int64_t i = lo; i < hi; ++i) amax = abs_max(amax, load_element(x + i));
+          const float scale = amax / Code::kMax;
+          std::memcpy(payload + 4 * b, &scale, sizeof scale);
+          const float inverse = inverse_step<Code>(amax);
+          for (std::int64_t i = lo; i < hi; ++i) q[i] = Code::encode(load_element(x + i), inverse);
+        });
       });
     });
     // The padding too: a payload's bytes are a function of the values alone.
@@ -146,17 +148,20 @@ struct Cpu {
   }
 
   // The n values of one run's payload back into `values` (of `dtype`).
-  static void dequantize_int8(Context& ctx, DType dtype, const std::uint8_t* payload,
-                              std::int64_t n, std::int64_t block, void* values) {
+  static void dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
+                                const std::uint8_t* payload, std::int64_t n, std::int64_t block,
+                                void* values) {
     const std::int64_t blocks = int8_block_count(n, block);
-    const auto* q = reinterpret_cast<const std::int8_t*>(payload + 4 * blocks);
-    visit_element_dtype(dtype, [&]<class T>() {
-      T* x = static_cast<T*>(values);
-      ctx.cpu_pool().parallel_for(blocks, [&](std::int64_t b) {
-        const std::int64_t lo = b * block, hi = std::min(n, lo + block);
-        float scale;
-        std::memcpy(&scale, payload + 4 * b, sizeof scale);
-        for (std::int64_t i = lo; i < hi; ++i) store_element(x + i, int8_dequantize(q[i], scale));
+    const std::uint8_t* q = payload + 4 * blocks;
+    visit_quant_format(format, [&]<class Code>() {
+      visit_element_dtype(dtype, [&]<class T>() {
+        T* x = static_cast<T*>(values);
+        ctx.cpu_pool().parallel_for(blocks, [&](std::int64_t b) {
+          const std::int64_t lo = b * block, hi = std::min(n, lo + block);
+          float scale;
+          std::memcpy(&scale, payload + 4 * b, sizeof scale);
+          for (std::int64_t i = lo; i < hi; ++i) store_element(x + i, Code::decode(q[i], scale));
+        });
       });
     });
   }

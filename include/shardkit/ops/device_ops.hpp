@@ -47,10 +47,10 @@ struct FusedOps {
   void (*cast)(Context&, std::span<const Tensor> src, std::span<const Tensor> dst);
   void (*unscale_and_check)(Context&, float inv_scale, std::span<const Tensor> grads,
                             const Tensor& found_nonfinite, const Tensor& sums);
-  void (*quantize_int8_blocks)(Context&, const Tensor& values, std::int64_t block,
-                               const Tensor& payload);
-  void (*dequantize_int8_blocks)(Context&, const Tensor& payload, std::int64_t block,
-                                 const Tensor& values);
+  void (*quantize_blocks)(Context&, QuantFormat format, const Tensor& values, std::int64_t block,
+                          const Tensor& payload);
+  void (*dequantize_blocks)(Context&, QuantFormat format, const Tensor& payload, std::int64_t block,
+                            const Tensor& values);
 };
 
 // The table of backend B (ops::Cpu here, ops::Cuda in kernels/ops/cuda_backend.cuh).
@@ -72,8 +72,8 @@ constexpr FusedOps fused_ops_table() {
       .adam_step = &ops::adam_step<B>,
       .cast = &ops::cast<B>,
       .unscale_and_check = &ops::unscale_and_check<B>,
-      .quantize_int8_blocks = &ops::quantize_int8_blocks<B>,
-      .dequantize_int8_blocks = &ops::dequantize_int8_blocks<B>,
+      .quantize_blocks = &ops::quantize_blocks<B>,
+      .dequantize_blocks = &ops::dequantize_blocks<B>,
   };
   if constexpr (has_larc_sgd_tree<B>) table.larc_sgd_step_tree = &ops::larc_sgd_step_tree<B>;
   return table;
@@ -158,13 +158,22 @@ inline void unscale_and_check(Context& ctx, float inv_scale, std::span<const Ten
                               const Tensor& found_nonfinite, const Tensor& sums = Tensor()) {
   fused_ops(ctx).unscale_and_check(ctx, inv_scale, grads, found_nonfinite, sums);
 }
+inline void quantize_blocks(Context& ctx, QuantFormat format, const Tensor& values,
+                            std::int64_t block, const Tensor& payload) {
+  fused_ops(ctx).quantize_blocks(ctx, format, values, block, payload);
+}
+inline void dequantize_blocks(Context& ctx, QuantFormat format, const Tensor& payload,
+                              std::int64_t block, const Tensor& values) {
+  fused_ops(ctx).dequantize_blocks(ctx, format, payload, block, values);
+}
+// The int8 format, qwZ's and qgZ's.
 inline void quantize_int8_blocks(Context& ctx, const Tensor& values, std::int64_t block,
                                  const Tensor& payload) {
-  fused_ops(ctx).quantize_int8_blocks(ctx, values, block, payload);
+  quantize_blocks(ctx, QuantFormat::int8, values, block, payload);
 }
 inline void dequantize_int8_blocks(Context& ctx, const Tensor& payload, std::int64_t block,
                                    const Tensor& values) {
-  fused_ops(ctx).dequantize_int8_blocks(ctx, payload, block, values);
+  dequantize_blocks(ctx, QuantFormat::int8, payload, block, values);
 }
 
 }  // namespace shardkit::ops

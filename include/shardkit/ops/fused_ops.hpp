@@ -322,7 +322,7 @@ namespace detail {
 template <class B>
 bool check_int8_blocks(const Context& ctx, const Tensor& values, std::int64_t block,
                        const Tensor& payload, const char* op) {
-  SK_REQUIRE_OPS_BACKEND(B, "quantize_int8_blocks / dequantize_int8_blocks");
+  SK_REQUIRE_OPS_BACKEND(B, "quantize_blocks / dequantize_blocks");
   B::check_context(ctx, op);
   check(block >= 1 && block <= kMaxQuantBlock, op, ": a block of ", block,
         " values; pass 1 to 2^24 (DeepSpeed's qwZ uses ", kDefaultQuantBlock, ")");
@@ -346,22 +346,23 @@ bool check_int8_blocks(const Context& ctx, const Tensor& values, std::int64_t bl
 
 }  // namespace detail
 
-// `values` (n elements) into one run of quantize.hpp's int8 blocks, in `payload`.
+// `values` (n elements) into one run of quantize.hpp's blocks of `format` codes, in `payload`.
 template <class B>
-void quantize_int8_blocks(Context& ctx, const Tensor& values, std::int64_t block,
-                          const Tensor& payload) {
-  if (detail::check_int8_blocks<B>(ctx, values, block, payload, "quantize_int8_blocks"))
-    B::quantize_int8(ctx, values.dtype(), values.data_ptr(), values.numel(), block,
-                     static_cast<std::uint8_t*>(payload.data_ptr()));
+void quantize_blocks(Context& ctx, QuantFormat format, const Tensor& values, std::int64_t block,
+                     const Tensor& payload) {
+  if (detail::check_int8_blocks<B>(ctx, values, block, payload, "quantize_blocks"))
+    B::quantize_blocks(ctx, format, values.dtype(), values.data_ptr(), values.numel(), block,
+                       static_cast<std::uint8_t*>(payload.data_ptr()));
 }
 
-// One run of int8 blocks in `payload` back into `values` (its n elements, in its dtype).
+// One run of `format` blocks in `payload` back into `values` (its n elements, in its dtype).
 template <class B>
-void dequantize_int8_blocks(Context& ctx, const Tensor& payload, std::int64_t block,
-                            const Tensor& values) {
-  if (detail::check_int8_blocks<B>(ctx, values, block, payload, "dequantize_int8_blocks"))
-    B::dequantize_int8(ctx, values.dtype(), static_cast<const std::uint8_t*>(payload.data_ptr()),
-                       values.numel(), block, values.data_ptr());
+void dequantize_blocks(Context& ctx, QuantFormat format, const Tensor& payload, std::int64_t block,
+                       const Tensor& values) {
+  if (detail::check_int8_blocks<B>(ctx, values, block, payload, "dequantize_blocks"))
+    B::dequantize_blocks(ctx, format, values.dtype(),
+                         static_cast<const std::uint8_t*>(payload.data_ptr()), values.numel(),
+                         block, values.data_ptr());
 }
 
 }  // namespace shardkit::ops

@@ -11,6 +11,13 @@
 // float64 reference). A block with an inf or a NaN comes back all NaN: a non-finite parameter
 // stays visible, never a finite value in disguise.
 //
+// The same blocks may carry FP8 E4M3 (OCP's e4m3fn: 4 exponent bits, bias 7, 3 mantissa bits,
+// no infinities, 448 the largest finite value) instead of int8 (QuantFormat::f8_e4m3): scale_b =
+// amax_b / 448, q = e4m3(x * (448 / amax_b)) rounded to nearest even (saturating at 448), and
+// x' = value(q) * scale_b. A floating code keeps small values of a block relative, not absolute:
+// |x - x'| <= max(|x| / 16, scale_b / 1024) up to f32 rounding (normal codes keep 3 mantissa
+// bits; below 2^-6 the subnormal codes step by 2^-9).
+//
 // One run's payload, as the all-gather moves it: [scale_b: f32 x blocks][q: int8 x n], padded to
 // a multiple of 16 bytes, so that runs laid end to end keep their scales aligned. Every step is
 // IEEE f32 arithmetic that no compiler may contract (a division, products rounded to integers
@@ -19,8 +26,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <string_view>
 
 #include "shardkit/core/config.hpp"
+#include "shardkit/core/enum_names.hpp"
+#include "shardkit/core/error.hpp"
 #include "shardkit/ops/element.hpp"
 
 namespace shardkit::ops {
@@ -62,6 +73,90 @@ SK_HOST_DEVICE SK_INLINE std::int8_t int8_quantize(float x, float inverse_step) 
 
 SK_HOST_DEVICE SK_INLINE float int8_dequantize(std::int8_t q, float scale) {
   return static_cast<float>(q) * scale;
+}
+
+// What a block's byte codes are.
+enum class QuantFormat : std::uint8_t { int8, f8_e4m3 };
+
+inline constexpr EnumName<QuantFormat> kQuantFormatNames[] = {{QuantFormat::int8, "int8"},
+                                                              {QuantFormat::f8_e4m3, "f8_e4m3"}};
+
+constexpr std::string_view quant_format_name(QuantFormat format) {
+  return name_of(format, kQuantFormatNames);
+}
+
+// The largest finite E4M3 value, and the code of a NaN (S.1111.111; e4m3fn has no infinities).
+inline constexpr float kE4m3Max = 448.0f;
+inline constexpr std::uint8_t kE4m3Nan = 0x7f;
+
+// y (already scaled into [-448, 448]; larger magnitudes saturate) as an E4M3 code, rounded to
+// nearest even. Exact operations only (frexpf, ldexpf by powers of two, rintf), so the host and
+// the device give the same code.
+SK_HOST_DEVICE SK_INLINE std::uint8_t e4m3_encode(float y) {
+  if (y != y) return kE4m3Nan;
+  const std::uint8_t sign = y < 0.0f ? 0x80 : 0x00;
+  const float a = fabsf(y);
+  if (a >= kE4m3Max) return sign | 0x7e;  // 448 (RNE would round (448, 464) there too)
+  if (a < 0x1p-6f) {                      // subnormal: steps of 2^-9 (code 8 is 2^-6, normal)
+    return sign | static_cast<std::uint8_t>(rintf(a * 512.0f));
+  }
+  int exponent = 0;
+  (void)frexpf(a, &exponent);         // a = f x 2^exponent, f in [0.5, 1)
+  int e = exponent - 1;               // a in [2^e, 2^(e+1)), e in [-6, 8]
+  float m = rintf(ldexpf(a, 3 - e));  // 8 + mantissa, in [8, 16]
+  if (m == 16.0f) {
+    m = 8.0f;
+    ++e;
+  }
+  return sign | static_cast<std::uint8_t>(((e + 7) << 3) | (static_cast<int>(m) - 8));
+}
+
+SK_HOST_DEVICE SK_INLINE float e4m3_value(std::uint8_t code) {
+  const float sign = (code & 0x80) ? -1.0f : 1.0f;
+  const int exponent = (code >> 3) & 0xf, mantissa = code & 7;
+  if (exponent == 15 && mantissa == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (exponent == 0) return sign * ldexpf(static_cast<float>(mantissa), -9);
+  return sign * ldexpf(static_cast<float>(8 + mantissa), exponent - 10);
+}
+
+// The two codes as the kernels see them: the largest code magnitude, a value's code for an
+// inverse step, and a code's value for a scale.
+struct Int8Code {
+  static constexpr float kMax = 127.0f;
+  SK_HOST_DEVICE SK_INLINE static std::uint8_t encode(float x, float inverse_step) {
+    return static_cast<std::uint8_t>(int8_quantize(x, inverse_step));
+  }
+  SK_HOST_DEVICE SK_INLINE static float decode(std::uint8_t q, float scale) {
+    return int8_dequantize(static_cast<std::int8_t>(q), scale);
+  }
+};
+
+struct E4m3Code {
+  static constexpr float kMax = kE4m3Max;
+  SK_HOST_DEVICE SK_INLINE static std::uint8_t encode(float x, float inverse_step) {
+    return e4m3_encode(x * inverse_step);  // (a NaN block: inverse 0, x * 0 NaN or 0)
+  }
+  SK_HOST_DEVICE SK_INLINE static float decode(std::uint8_t q, float scale) {
+    return e4m3_value(q) * scale;
+  }
+};
+
+// kMax / amax for a finite, non-zero amax; else 0 (as int8_inverse_step).
+template <class Code>
+SK_HOST_DEVICE SK_INLINE float inverse_step(float amax) {
+  return (amax > 0.0f && amax <= 0x1.fffffep127f) ? Code::kMax / amax : 0.0f;
+}
+
+// f(Code) for the format's code type.
+template <class F>
+decltype(auto) visit_quant_format(QuantFormat format, F&& f) {
+  switch (format) {
+    case QuantFormat::int8:
+      return f.template operator()<Int8Code>();
+    case QuantFormat::f8_e4m3:
+      return f.template operator()<E4m3Code>();
+  }
+  fail<InvalidArgument>("quantisation format ", static_cast<int>(format), " is not known");
 }
 
 }  // namespace shardkit::ops

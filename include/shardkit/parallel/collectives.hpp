@@ -69,10 +69,11 @@ inline std::vector<std::size_t> quantized_run_bytes(const shard::ShardPlan& plan
 
 namespace detail {
 
-// qwZ: every rank's shard travels as one run of int8 blocks (ops/quantize.hpp), the runs laid
-// end to end as bytes; once they are here, every run -- this rank's too, so that all ranks
-// compute with the same values -- is dequantised into the buffer. The shard stays exact.
-[[nodiscard]] inline comm::Work start_quantized_all_gather(FlatParam& flat, std::int64_t block) {
+// qwZ: every rank's shard travels as one run of int8 (or E4M3) blocks (ops/quantize.hpp), the
+// runs laid end to end as bytes; once they are here, every run -- this rank's too, so that all
+// ranks compute with the same values -- is dequantised into the buffer. The shard stays exact.
+[[nodiscard]] inline comm::Work start_quantized_all_gather(FlatParam& flat, std::int64_t block,
+                                                           ops::QuantFormat format) {
   flat.materialize();
   Context& ctx = flat.context();
   const auto& plan = flat.plan();
@@ -83,14 +84,13 @@ namespace detail {
   for (std::size_t r = 0; r < ranks; ++r) at[r + 1] = at[r] + static_cast<std::int64_t>(bytes[r]);
   const Tensor wire = empty(ctx, {at[ranks]}, DType::u8, MemoryCategory::communication);
   const auto own = static_cast<std::size_t>(comm.rank());
-  ops::quantize_int8_blocks(ctx, flat.shard(), block, wire.slice(0, at[own], at[own + 1]));
-  return comm::then(comm.all_gather_v(wire, bytes), [&flat, wire, at, block] {
+  ops::quantize_blocks(ctx, format, flat.shard(), block, wire.slice(0, at[own], at[own + 1]));
+  return comm::then(comm.all_gather_v(wire, bytes), [&flat, wire, at, block, format] {
     const auto& plan = flat.plan();
     for (std::size_t r = 0; r + 1 < at.size(); ++r) {
       const int owner = static_cast<int>(r);
-      ops::dequantize_int8_blocks(
-          flat.context(), wire.slice(0, at[r], at[r + 1]), block,
-          flat.params().flat().slice(0, plan.begin(owner), plan.end(owner)));
+      ops::dequantize_blocks(flat.context(), format, wire.slice(0, at[r], at[r + 1]), block,
+                             flat.params().flat().slice(0, plan.begin(owner), plan.end(owner)));
     }
   });
 }
@@ -99,11 +99,11 @@ namespace detail {
 
 // Sharded residency: the whole buffer back -- this rank's shard copied in, the others
 // all-gathered; the returned work completes it (wait before use: prefetch overlaps it). With
-// `quantized_block` (qwZ) the values travel as int8 blocks of that many and come back within
-// half a block's step of the shards'.
-[[nodiscard]] inline comm::Work start_all_gather(FlatParam& flat,
-                                                 std::int64_t quantized_block = 0) {
-  if (quantized_block > 0) return detail::start_quantized_all_gather(flat, quantized_block);
+// `quantized_block` (qwZ) the values travel as blocks of that many `format` codes and come back
+// within the format's bound of the shards' (int8: half a block's step).
+[[nodiscard]] inline comm::Work start_all_gather(FlatParam& flat, std::int64_t quantized_block = 0,
+                                                 ops::QuantFormat format = ops::QuantFormat::int8) {
+  if (quantized_block > 0) return detail::start_quantized_all_gather(flat, quantized_block, format);
   flat.materialize();
   const auto& plan = flat.plan();
   const int rank = flat.communicator().rank();

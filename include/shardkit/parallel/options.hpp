@@ -61,6 +61,10 @@ struct FsdpOptions {
   // builds up; the forward and backward compute with each value within half its block's step.
   // full_params() (summon_full_params) and checkpoints see exact values.
   bool quantized_weights = false;
+  // The gathers' codes: int8 (qwZ's), or FP8 E4M3 (FSDP2's float8 all-gather; a float code
+  // keeps a block's small values relative to themselves: |x - x'| <= max(|x| / 16, scale / 1024)
+  // against int8's scale / 2), with an f32 scale per block either way.
+  ops::QuantFormat quantized_weights_format = ops::QuantFormat::int8;
   // qgZ (DeepSpeed ZeRO++'s zero_quantized_gradients): the gradients' reduce-scatter becomes an
   // all-to-all of int8 blocks (the same format and block), dequantised and summed in f32 by
   // each owner (parallel/quantized_reduce_scatter.hpp): about a quarter of an f32 wire's bytes.

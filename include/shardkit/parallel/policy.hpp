@@ -55,6 +55,7 @@ struct ResolvedPolicy {
   // fsdp with quantized_weights: the training gathers carry int8 blocks of this many values
   // (0: the compute dtype, exact).
   std::int64_t quantized_gather_block = 0;
+  ops::QuantFormat quantized_gather_format = ops::QuantFormat::int8;  // its codes
   OffloadOptions offload;
   bool broadcast_fp16 = false;
   bool broadcast_buffers = true;
@@ -133,6 +134,7 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
   p.reshard_group = fsdp ? f.reshard_group_size : 0;
   p.prefetch = options.fsdp.prefetch;
   p.quantized_gather_block = fsdp && f.quantized_weights ? f.quantization_block : 0;
+  p.quantized_gather_format = f.quantized_weights_format;
   p.offload = options.offload;
   p.broadcast_fp16 = options.broadcast_fp16 && options.stage != Stage::ddp;
   p.broadcast_buffers = options.broadcast_buffers;
