@@ -144,10 +144,41 @@ void check_matches_ddp(const Run& run) {
                   fsdp.max_gathered);
 }
 
+// The largest |parameter| of a run, and the largest difference of a run's parameters from it.
+double largest_value(const Outcome& run) {
+  double largest = 0;
+  for (const float v : run.values) largest = std::max(largest, std::fabs(double(v)));
+  return largest;
+}
+double worst_difference(const Outcome& run, const Outcome& exact) {
+  double worst = 0;
+  for (std::size_t i = 0; i < exact.values.size(); ++i)
+    worst = std::max(worst, std::fabs(double(run.values[i]) - exact.values[i]));
+  return worst;
+}
+
 sk::parallel::FsdpOptions mlp_units() {
   sk::parallel::FsdpOptions o;
   o.wrap.unit_paths = {"0", "3"};  // the root unit keeps batch-norm and the last linear
   return o;
+}
+
+// The MLP in mlp_units() trained under fsdp exactly, and again after `compress` changed its
+// options: the compressed run's description, the exact outcome, the compressed one.
+struct CompressedPair {
+  Run run;
+  Outcome exact, compressed;
+};
+template <class Compress>
+CompressedPair exact_and_compressed(OptimizerKind kind, int world, Compress&& compress) {
+  CompressedPair out;
+  out.run.kind = kind;
+  out.run.world = world;
+  out.run.fsdp = mlp_units();
+  out.exact = train(Stage::fsdp, out.run);
+  compress(out.run.fsdp);
+  out.compressed = train(Stage::fsdp, out.run);
+  return out;
 }
 
 }  // namespace
@@ -431,22 +462,15 @@ TEST_CASE("qwZ: FSDP with int8 or E4M3 parameter gathers trains close to exact F
   for (auto format : {sk::ops::QuantFormat::int8, sk::ops::QuantFormat::f8_e4m3})
     for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw})
       for (int world : {2, 3}) {
-        Run run;
-        run.kind = kind;
-        run.world = world;
-        run.fsdp = mlp_units();
-        const auto exact = train(Stage::fsdp, run);
-        run.fsdp.quantized_weights = true;
-        run.fsdp.quantized_weights_format = format;
-        const auto quantized = train(Stage::fsdp, run);
+        const auto [run, exact, quantized] =
+            exact_and_compressed(kind, world, [&](sk::parallel::FsdpOptions& o) {
+              o.quantized_weights = true;
+              o.quantized_weights_format = format;
+            });
         CAPTURE(sk::ops::quant_format_name(format));
         CAPTURE(describe(run));
         CHECK(!dp_test::bitwise_equal(quantized.values, exact.values));  // quantised, really
-        double largest = 0, worst = 0;
-        for (std::size_t i = 0; i < exact.values.size(); ++i) {
-          largest = std::max(largest, std::fabs(double(exact.values[i])));
-          worst = std::max(worst, std::fabs(double(quantized.values[i]) - exact.values[i]));
-        }
+        const double largest = largest_value(exact), worst = worst_difference(quantized, exact);
         CHECK(std::isfinite(worst));
         // SGD moves each parameter by its gradient, so the parameters stay close (1.1% of the
         // largest after 20 steps); Adam's step is about lr wherever a gradient is tiny, whatever
@@ -480,23 +504,16 @@ TEST_CASE(
         Variant{"qgZ + qwZ", false, true}})
     for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw})
       for (int world : {2, 3}) {
-        Run run;
-        run.kind = kind;
-        run.world = world;
-        run.fsdp = mlp_units();
-        const auto exact = train(Stage::fsdp, run);
-        run.fsdp.quantized_grads = true;
-        run.fsdp.grad_error_feedback = v.error_feedback;
-        run.fsdp.quantized_weights = v.weights;
-        const auto quantized = train(Stage::fsdp, run);
+        const auto [run, exact, quantized] =
+            exact_and_compressed(kind, world, [&](sk::parallel::FsdpOptions& o) {
+              o.quantized_grads = true;
+              o.grad_error_feedback = v.error_feedback;
+              o.quantized_weights = v.weights;
+            });
         CAPTURE(v.name);
         CAPTURE(describe(run));
         CHECK(!dp_test::bitwise_equal(quantized.values, exact.values));  // quantised, really
-        double largest = 0, worst = 0;
-        for (std::size_t i = 0; i < exact.values.size(); ++i) {
-          largest = std::max(largest, std::fabs(double(exact.values[i])));
-          worst = std::max(worst, std::fabs(double(quantized.values[i]) - exact.values[i]));
-        }
+        const double largest = largest_value(exact), worst = worst_difference(quantized, exact);
         CHECK(std::isfinite(worst));
         // SGD moves each parameter by its gradient: within 0.3% of the largest parameter after
         // 20 steps (1.2% with qwZ too). Adam divides each gradient by its running RMS, so a
@@ -518,21 +535,21 @@ TEST_CASE(
 
 TEST_CASE("qgZ: refused outside fsdp, and error feedback without it") {
   sk::parallel::ParallelOptions options;
+  options.stage = Stage::fsdp;
+  options.fsdp.grad_error_feedback = true;
+  CHECK_THROWS_WITH(sk::parallel::resolve(options),
+                    doctest::Contains("fsdp.quantized_grads is off; turn quantized_grads on"));
   options.fsdp.quantized_grads = true;
+  CHECK(sk::parallel::resolve(options).buckets.quantized_block == sk::ops::kDefaultQuantBlock);
+  CHECK(sk::parallel::resolve(options).buckets.error_feedback);
+  options.fsdp.quantization_block = 0;  // (checked for qgZ alone too)
+  CHECK_THROWS_WITH(sk::parallel::resolve(options),
+                    doctest::Contains("fsdp.quantization_block is 0"));
+  options.fsdp.quantization_block = 256;
   options.stage = Stage::sdp;
   CHECK_THROWS_WITH(sk::parallel::resolve(options),
                     doctest::Contains("quantises fsdp's (ZeRO-3's) gradient reduce-scatter; "
                                       "stage sdp"));
-  options.stage = Stage::fsdp;
-  CHECK(sk::parallel::resolve(options).buckets.quantized_block == sk::ops::kDefaultQuantBlock);
-  options.fsdp.quantization_block = 0;
-  CHECK_THROWS_WITH(sk::parallel::resolve(options),
-                    doctest::Contains("fsdp.quantization_block is 0"));
-  options.fsdp.quantization_block = 256;
-  options.fsdp.quantized_grads = false;
-  options.fsdp.grad_error_feedback = true;
-  CHECK_THROWS_WITH(sk::parallel::resolve(options),
-                    doctest::Contains("fsdp.quantized_grads is off; turn quantized_grads on"));
 }
 
 // A unit gathered for a step holds each rank's shard quantised and dequantised (ops/quantize.hpp,
