@@ -115,8 +115,10 @@ std::vector<float> gather_masters(sk::Context& ctx, sk::comm::Communicator& comm
   return out;
 }
 
+// `quantized_grads`: fsdp's gradients reduced as int8 blocks (qgZ).
 PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
-                           MixedPrecision precision, int steps, Scaling scaling = {}) {
+                           MixedPrecision precision, int steps, Scaling scaling = {},
+                           bool quantized_grads = false) {
   PrecisionOutcome out;
   const auto specs = trainable_specs();
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
@@ -153,6 +155,7 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       options.stage = sk::parallel::Stage::fsdp;
       options.buckets.bucket_bytes = 1024;
       options.precision = precision;
+      options.fsdp.quantized_grads = quantized_grads;
       FsdpEngine engine(ctx, comm, units_of(specs), config_for(kind), options);
       engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
       for (int s = 0; s < steps; ++s) {
@@ -412,6 +415,24 @@ TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, u
     off.poison_step = 2;
     const auto unscaled = run_mixed(Stage::ddp, kind, 3, f16, 7, off);
     CHECK_FALSE(bitwise_equal(unscaled.masters, ddp.masters));
+  }
+}
+
+// qgZ's int8 blocks carry an overflow to the owner: a block holding an inf comes back NaN
+// (ops/quantize.hpp), so the owner's sum is not finite and every rank skips the step.
+TEST_CASE("loss scaling with qgZ: an overflow on one rank still skips the step on every rank") {
+  Scaling scaling;
+  scaling.enabled = true;
+  scaling.options.init_scale = 1024;
+  scaling.options.growth_interval = 3;
+  scaling.poison_rank = 1;
+  scaling.poison_step = 2;
+  for (const auto& precision : {MixedPrecision::of(sk::DType::f16), MixedPrecision{}}) {
+    const auto quantized =
+        run_mixed(sk::parallel::Stage::fsdp, OptimizerKind::adamw, 3, precision, 7, scaling, true);
+    CHECK(quantized.stepped == std::vector<bool>{true, true, false, true, true, true, true});
+    CHECK(quantized.state.steps == 6);
+    for (const float m : quantized.masters) REQUIRE(std::isfinite(m));
   }
 }
 
