@@ -1,6 +1,10 @@
 // The FSDP / DDP step-time ratio on ResNet-18 (torchvision layout, small-image stem, 32x32
 // images): the same training step -- forward, backward, reduction, optimizer -- under DDP and
-// under FSDP with one unit per BasicBlock, prefetch depth 0, 1 and 2, and without resharding.
+// under FSDP with one unit per BasicBlock, prefetch depth 0, 1 and 2, without resharding, and
+// with DeepSpeed ZeRO++'s compression (qwZ: int8 parameter gathers; qgZ: int8 gradient
+// all-to-alls; hpZ: the backward's gathers inside nodes of half the ranks). In one process the
+// wire is memory, so the compressed rows show what compression costs in compute; what it saves
+// on a network is in bytes (hybrid_traffic).
 // N ranks are threads of this process (local communicator; on a GPU they share it). Each
 // configuration: 2 warm-up steps, then `steps` timed ones; the median step is reported, with
 // the ratio to DDP's median in the same run. Written once for both backends: fsdp_step.cpp
@@ -24,6 +28,8 @@ struct Config {
   parallel::Stage stage = parallel::Stage::ddp;
   int prefetch = 1;
   bool reshard = true;
+  bool quantized_weights = false, quantized_grads = false;
+  bool node_halves = false;  // hpZ over nodes of world / 2 ranks
 };
 
 struct Workload {
@@ -39,7 +45,11 @@ inline std::vector<Config> configs() {
           {"fsdp prefetch 0", Stage::fsdp, 0},
           {"fsdp prefetch 1", Stage::fsdp, 1},
           {"fsdp prefetch 2", Stage::fsdp, 2},
-          {"fsdp no reshard", Stage::fsdp, 1, false}};
+          {"fsdp no reshard", Stage::fsdp, 1, false},
+          {"fsdp + qwZ", Stage::fsdp, 1, true, true},
+          {"fsdp + qgZ", Stage::fsdp, 1, true, false, true},
+          {"fsdp + qwZ+qgZ", Stage::fsdp, 1, true, true, true},
+          {"fsdp + hpZ", Stage::fsdp, 1, true, false, false, true}};
 }
 
 // Median step time in seconds over `w.steps` steps (rank 0's clock; every rank steps alike).
@@ -62,6 +72,9 @@ double median_step(const Config& config, const Workload& w, comm::RunRanksOption
         s.stage = config.stage;
         s.fsdp.prefetch = config.prefetch;
         s.fsdp.reshard_after_forward = config.reshard;
+        s.fsdp.quantized_weights = config.quantized_weights;
+        s.fsdp.quantized_grads = config.quantized_grads;
+        s.fsdp.reshard_group_size = config.node_halves && w.world >= 4 ? w.world / 2 : 0;
         for (int layer = 1; layer <= 4; ++layer)
           for (int b = 0; b < 2; ++b)
             s.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer) + "." +
@@ -103,6 +116,7 @@ void run_all(const char* device, const Workload& w, comm::RunRanksOptions option
   std::printf("%-17s %12s %12s\n", "configuration", "step ms", "/ ddp");
   double ddp = 0;
   for (const auto& config : configs()) {
+    if (config.node_halves && w.world < 4) continue;  // (a node of half the ranks: 2 or more)
     const double t = median_step(config, w, options, synchronize);
     if (config.stage == parallel::Stage::ddp) ddp = t;
     std::printf("%-17s %12.2f %12.3f\n", config.name.c_str(), 1e3 * t, t / ddp);
