@@ -79,7 +79,7 @@ class ParamGroup {
   // The gathers of a training step: quantised under qwZ (the policy's quantized_gather_block).
   void start_gather() {
     if (!flat_.sharded() || flat_.gathered() || gathering_) return;
-    if (secondary_.defined()) {
+    if (node_slice_.defined()) {
       start_node_gather();
       return;
     }
@@ -119,15 +119,14 @@ class ParamGroup {
       gather();  // (a prefetch in flight: its values are the ones to keep)
       const std::int64_t slice = flat_.plan().trainable_end() / node_->size();
       const std::int64_t at = slice * node_->rank();
-      secondary_ = empty(flat_.context(), {slice}, flat_.dtype(), MemoryCategory::communication);
-      copy(flat_.context(), secondary_, flat_.params().flat().slice(0, at, at + slice));
-      secondary_exact_ = exact_;
+      node_slice_ = empty(flat_.context(), {slice}, flat_.dtype(), MemoryCategory::communication);
+      copy(flat_.context(), node_slice_, flat_.params().flat().slice(0, at, at + slice));
+      node_slice_exact_ = exact_;
     }
     release();
   }
   // The shards changed (a step, a load, values written): a kept node slice is stale.
-  void forget_node_slice() { secondary_ = Tensor(); }
-  bool holds_node_slice() const { return secondary_.defined(); }
+  void forget_node_slice() { node_slice_ = Tensor(); }
   // Gathered, or its gather in flight (always, when replicated).
   bool holds_full() const { return flat_.gathered() || gathering_; }
 
@@ -154,15 +153,15 @@ class ParamGroup {
   // this rank's slice is copied into its segment first); the slice is used once.
   void start_node_gather() {
     flat_.materialize();
-    const std::int64_t slice = secondary_.numel();
+    const std::int64_t slice = node_slice_.numel();
     const Tensor whole = flat_.params().flat().slice(0, 0, slice * node_->size());
     const Tensor own = whole.slice(0, slice * node_->rank(), slice * (node_->rank() + 1));
-    copy_async(flat_.context(), own, secondary_);
+    copy_async(flat_.context(), own, node_slice_);
     auto label = node_->label(node_gather_label_);
     comm::assign(pending_, node_->all_gather(own, whole));
     gathering_ = true;
-    exact_ = secondary_exact_;
-    secondary_ = Tensor();
+    exact_ = node_slice_exact_;
+    node_slice_ = Tensor();
   }
 
   std::string not_gathered_reason() const {
@@ -189,8 +188,8 @@ class ParamGroup {
   bool exact_ = true;                  // the gathered values are the shards' own (not quantised)
   // hpZ: this rank's slice over the node of the values a training forward gathered, kept for
   // the backward's gather (undefined: none kept), and whether they were exact.
-  Tensor secondary_;
-  bool secondary_exact_ = true;
+  Tensor node_slice_;
+  bool node_slice_exact_ = true;
 };
 
 }  // namespace shardkit::parallel

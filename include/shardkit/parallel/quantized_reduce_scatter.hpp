@@ -97,9 +97,9 @@ inline std::vector<std::size_t> quantized_segment_bytes(const std::vector<std::s
   const Tensor arrived = empty(ctx, {run * static_cast<std::int64_t>(ranks)}, DType::u8,
                                MemoryCategory::communication);
   comm::Work moved = comm.all_to_all_v(wire, arrived, bytes);
-  // (The lambda holds the wire until the runs have left.)
   return comm::then(std::move(moved), [&ctx, wire, arrived, out, run, ranks, block, op] {
-    if (out.numel() == 0 || !wire.defined()) return;
+    (void)wire;  // held by this lambda until the runs have left
+    if (out.numel() == 0) return;
     ops::dequantize_int8_blocks(ctx, arrived.slice(0, 0, run), block, out);
     if (ranks > 1) {
       const Tensor next = empty(ctx, out.shape(), DType::f32, MemoryCategory::communication);
