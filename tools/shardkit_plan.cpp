@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
   CLI::App app{"shardkit-plan: per-rank memory of a sharded training run, before it runs"};
   std::string model, stage_name = "all", optimizer = "larc_sgd", precision = "f32";
   std::string offload = "none";
-  int world = 1, group = 0;
+  int world = 1, group = 0, reshard_group = 0;
+  bool quantized_weights = false, quantized_grads = false, error_feedback = false;
   std::int64_t batch = 32, image_size = 224;
   double device_gib = 0;
   app.add_option("--model", model, "resnet18, resnet50, or a .safetensors file of parameters")
@@ -91,6 +92,17 @@ int main(int argc, char** argv) {
                  "CPU offload: none, optimizer (master, state and step on the host), params "
                  "(fsdp: the parameter shards too)")
       ->check(CLI::IsMember({"none", "optimizer", "params"}));
+  // DeepSpeed ZeRO++'s compression (fsdp rows only: the other stages do not gather or
+  // reduce-scatter that way).
+  app.add_flag("--quantized-weights", quantized_weights,
+               "fsdp: parameters gathered as int8 blocks (qwZ)");
+  app.add_flag("--quantized-grads", quantized_grads,
+               "fsdp: gradients reduced by an all-to-all of int8 blocks (qgZ)");
+  app.add_flag("--grad-error-feedback", error_feedback,
+               "--quantized-grads: an f32 residual of every local gradient");
+  app.add_option("--reshard-group", reshard_group,
+                 "fsdp: after the forward, units stay sharded over nodes of this many ranks (hpZ)")
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -160,6 +172,11 @@ int main(int argc, char** argv) {
       parallel.stage = stage;
       parallel.offload.optimizer = offload != "none";
       parallel.offload.params = offload == "params" && stage == par::Stage::fsdp;
+      const bool fsdp = stage == par::Stage::fsdp;
+      parallel.fsdp.quantized_weights = fsdp && quantized_weights;
+      parallel.fsdp.quantized_grads = fsdp && quantized_grads;
+      parallel.fsdp.grad_error_feedback = fsdp && quantized_grads && error_feedback;
+      parallel.fsdp.reshard_group_size = fsdp ? reshard_group : 0;
       const auto options = net ? par::module_planned_run(*net, o) : o;
       const auto plan = par::plan_memory(specs, options, plain, batch);
       const auto with_ckpt = par::plan_memory(specs, options, checkpointed, batch);
