@@ -213,6 +213,32 @@ TEST_CASE("E4M3 blocks: payload and round trip against float64, every dtype and 
         round_trip_case(b, ops::QuantFormat::f8_e4m3, n, block, dtype);
 }
 
+// A block whose largest value is so small that kMax / amax overflows f32 (amax below about
+// 3.8e-37 for int8, 1.3e-36 for E4M3): its zeros must come back zeros, not NaN (0 x inf), and
+// its other values finite with their signs, within the block's largest -- such a block keeps
+// no more than that (docs/semantics.md).
+TEST_CASE("int8 and E4M3 blocks: a block of tiny values comes back finite, its zeros zero") {
+  Backend b;
+  sk::Context host;
+  const std::vector<float> x = {1e-37f, 0.0f, -5e-38f, 0.0f, 2e-38f, 0.0f, 0.0f, -1e-37f};
+  const auto n = static_cast<std::int64_t>(x.size());
+  for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::f8_e4m3}) {
+    CAPTURE(ops::quant_format_name(format));
+    const sk::Tensor payload = b.zeros({ops::int8_payload_bytes(n, n)}, sk::DType::u8);
+    ops::quantize_blocks(b.ctx, format, b.upload(sk::from_vector(host, x, {n})), n, payload);
+    const sk::Tensor back = b.zeros({n}, sk::DType::f32);
+    ops::dequantize_blocks(b.ctx, format, payload, n, back);
+    const auto y = sk::to_vector<float>(host, b.download(back));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(std::isfinite(y[i]));
+      if (x[i] == 0.0f) REQUIRE(y[i] == 0.0f);
+      REQUIRE(std::fabs(double(y[i])) <= 1e-37 * (1 + 1e-6));  // (scale x 127: f32 rounding)
+      REQUIRE(std::signbit(y[i]) == std::signbit(x[i]));
+    }
+  }
+}
+
 TEST_CASE("int8 blocks: bad arguments are refused by name") {
   Backend b;
   const sk::Tensor values = b.zeros({100}, sk::DType::f32);

@@ -115,10 +115,11 @@ std::vector<float> gather_masters(sk::Context& ctx, sk::comm::Communicator& comm
   return out;
 }
 
-// `quantized_grads`: fsdp's gradients reduced as int8 blocks (qgZ).
+// `quantized_grads`: fsdp's gradients reduced as int8 blocks (qgZ), with error feedback when
+// `error_feedback`.
 PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
                            MixedPrecision precision, int steps, Scaling scaling = {},
-                           bool quantized_grads = false) {
+                           bool quantized_grads = false, bool error_feedback = false) {
   PrecisionOutcome out;
   const auto specs = trainable_specs();
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
@@ -156,6 +157,7 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       options.buckets.bucket_bytes = 1024;
       options.precision = precision;
       options.fsdp.quantized_grads = quantized_grads;
+      options.fsdp.grad_error_feedback = error_feedback;
       FsdpEngine engine(ctx, comm, units_of(specs), config_for(kind), options);
       engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
       for (int s = 0; s < steps; ++s) {
@@ -419,7 +421,9 @@ TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, u
 }
 
 // qgZ's int8 blocks carry an overflow to the owner: a block holding an inf comes back NaN
-// (ops/quantize.hpp), so the owner's sum is not finite and every rank skips the step.
+// (ops/quantize.hpp), so the owner's sum is not finite and every rank skips the step. With error
+// feedback the poisoned rank's residual holds the inf's NaNs too: it is dropped with the skipped
+// step (else every later step would be skipped), and rescaled when the scale grows.
 TEST_CASE("loss scaling with qgZ: an overflow on one rank still skips the step on every rank") {
   Scaling scaling;
   scaling.enabled = true;
@@ -427,13 +431,15 @@ TEST_CASE("loss scaling with qgZ: an overflow on one rank still skips the step o
   scaling.options.growth_interval = 3;
   scaling.poison_rank = 1;
   scaling.poison_step = 2;
-  for (const auto& precision : {MixedPrecision::of(sk::DType::f16), MixedPrecision{}}) {
-    const auto quantized =
-        run_mixed(sk::parallel::Stage::fsdp, OptimizerKind::adamw, 3, precision, 7, scaling, true);
-    CHECK(quantized.stepped == std::vector<bool>{true, true, false, true, true, true, true});
-    CHECK(quantized.state.steps == 6);
-    for (const float m : quantized.masters) REQUIRE(std::isfinite(m));
-  }
+  for (const bool feedback : {false, true})
+    for (const auto& precision : {MixedPrecision::of(sk::DType::f16), MixedPrecision{}}) {
+      CAPTURE(feedback);
+      const auto quantized = run_mixed(sk::parallel::Stage::fsdp, OptimizerKind::adamw, 3,
+                                       precision, 7, scaling, true, feedback);
+      CHECK(quantized.stepped == std::vector<bool>{true, true, false, true, true, true, true});
+      CHECK(quantized.state.steps == 6);
+      for (const float m : quantized.masters) REQUIRE(std::isfinite(m));
+    }
 }
 
 TEST_CASE("the loss scaler follows GradScaler's rules and refuses bad settings") {

@@ -134,7 +134,11 @@ struct Int8Code {
 struct E4m3Code {
   static constexpr float kMax = kE4m3Max;
   SK_HOST_DEVICE SK_INLINE static std::uint8_t encode(float x, float inverse_step) {
-    return e4m3_encode(x * inverse_step);  // (a NaN block: inverse 0, x * 0 NaN or 0)
+    // A NaN product -- 0 x inf when a block's amax is so small that 448 / amax overflows, or a
+    // non-finite block's x x 0 -- is code 0, as int8_quantize makes it 0: a non-finite block
+    // still comes back NaN through its scale (inf or NaN), a tiny one comes back finite.
+    const float y = x * inverse_step;
+    return y == y ? e4m3_encode(y) : std::uint8_t{0};
   }
   SK_HOST_DEVICE SK_INLINE static float decode(std::uint8_t q, float scale) {
     return e4m3_value(q) * scale;

@@ -138,7 +138,11 @@ class Engine : public ParamGroups {
     check_finished("optimizer step");
     const bool finite = scaler.grads_finite(*ctx_, comm_, piece_grads_);
     const float inv_scale = scaler.inv_scale();
+    const double before = scaler.scale();
     scaler.update(!finite);
+    // qgZ's error feedback is in the scaled units: it follows the new scale, and a skipped
+    // step's residuals (which may hold an inf) are dropped.
+    rescale_error_feedback(finite ? scaler.scale() / before : 0.0);
     if (!finite) {
       optimizer_->discard_clip();
       return false;

@@ -85,6 +85,10 @@ class GradSyncStrategy {
     for (auto& state : states) state.buffer = Tensor();
     replicas_.clear();
   }
+  // qgZ's error feedback (no-op elsewhere): the carried residuals follow a loss scale that
+  // changed by `factor` (they are in the gradients' scaled units), or are dropped (factor 0:
+  // a skipped step, whose residuals may hold an inf or a NaN).
+  virtual void rescale_error_feedback(double factor) { (void)factor; }
   // The buffers hold averaged gradients of an earlier synchronised backward: the next
   // reductions are added to them.
   void set_holds_averages(bool value) { holds_averages_ = value; }
@@ -202,6 +206,15 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   Tensor piece_grad(const shard::ParamPiece& piece) const override {
     const std::int64_t offset = plan_->owned_offset_of(piece);
     return kept_.slice(0, offset, offset + piece.numel());
+  }
+  void rescale_error_feedback(double factor) override {
+    for (const Tensor& residual : residuals_) {
+      if (!residual.defined()) continue;
+      if (factor == 0.0)
+        fill(*ctx_, residual, 0.0);
+      else if (factor != 1.0)
+        divide_(*ctx_, residual, 1.0 / factor);  // (the scaler's default 2 and 1/2: exact)
+    }
   }
 
  protected:

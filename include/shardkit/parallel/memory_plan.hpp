@@ -298,7 +298,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       shard::PieceTable table(group, false);
       std::int64_t shard_bytes = 0;
       std::vector<std::int64_t> unit_bytes;
-      std::int64_t transients = 0, node_slices = 0;
+      std::int64_t transients = 0, node_slices = 0, held_sums = 0;
       for (const auto& unit : units) {
         std::vector<shard::ParamSpec> unit_specs;
         for (auto i : unit) {
@@ -322,6 +322,10 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         if (policy.reshard_group > 0)  // hpZ: its slice over the node, from forward to backward
           node_slices += plan.trainable_end() / policy.reshard_group * detail::bytes_of(param);
         transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets));
+        // Hybrid qgZ: each bucket's f32 group sum is held until the exchange across groups at
+        // the end of the backward (ReplicaSync), every unit's at once.
+        if (policy.buckets.quantized_block > 0 && group < o.world_size)
+          held_sums += 4 * buckets.owned_numel();
       }
       p.parameters = shard_bytes;
       for (const auto& s : specs)
@@ -342,7 +346,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
               : unit_bytes.size();
       p.gathered = root + node_slices;  // (every unit's slice: the bound after a forward)
       for (std::size_t k = 0; k < held; ++k) p.gathered += unit_bytes[k];
-      p.communication = transients + 2 * static_cast<std::int64_t>(policy.coalesce_bytes);
+      p.communication =
+          transients + held_sums + 2 * static_cast<std::int64_t>(policy.coalesce_bytes);
     }
     p.activations = activations.at(batch);
     detail::plan_traffic(p, specs, o, policy, group);

@@ -105,6 +105,11 @@ class ParamGroups {
   void zero_grad() {
     for (auto& group : groups_) group->zero_grad();
   }
+  // qgZ's error feedback carried in loss-scaled units: follows a scale change by `factor`, or
+  // is dropped after a skipped (non-finite) step with factor 0.
+  void rescale_error_feedback(double factor) {
+    for (auto& group : groups_) group->rescale_error_feedback(factor);
+  }
   void set_sync(bool enabled) {
     for (auto& group : groups_) group->set_sync(enabled);
   }
