@@ -380,14 +380,25 @@ TEST_CASE("mixed-precision policies that lose information silently are refused b
   CHECK(error_of({sk::DType::bf16, sk::DType::f32}) == "no error");
 }
 
-TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, under every stage") {
-  using sk::parallel::Stage;
+namespace {
+
+// Dynamic loss scaling from 1024, growing after 3 good steps, with an inf in rank 1's gradients
+// at step 2.
+Scaling overflow_at_step_2() {
   Scaling scaling;
   scaling.enabled = true;
   scaling.options.init_scale = 1024;
   scaling.options.growth_interval = 3;
   scaling.poison_rank = 1;
   scaling.poison_step = 2;
+  return scaling;
+}
+
+}  // namespace
+
+TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, under every stage") {
+  using sk::parallel::Stage;
+  const Scaling scaling = overflow_at_step_2();
   const auto f16 = MixedPrecision::of(sk::DType::f16);
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
     const auto ddp = run_mixed(Stage::ddp, kind, 3, f16, 7, scaling);
@@ -425,12 +436,7 @@ TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, u
 // feedback the poisoned rank's residual holds the inf's NaNs too: it is dropped with the skipped
 // step (else every later step would be skipped), and rescaled when the scale grows.
 TEST_CASE("loss scaling with qgZ: an overflow on one rank still skips the step on every rank") {
-  Scaling scaling;
-  scaling.enabled = true;
-  scaling.options.init_scale = 1024;
-  scaling.options.growth_interval = 3;
-  scaling.poison_rank = 1;
-  scaling.poison_step = 2;
+  const Scaling scaling = overflow_at_step_2();
   for (const bool feedback : {false, true})
     for (const auto& precision : {MixedPrecision::of(sk::DType::f16), MixedPrecision{}}) {
       CAPTURE(feedback);
