@@ -56,15 +56,22 @@ inline void broadcast_from(const FlatParam& flat, const Tensor& values, int root
   group.broadcast(values, root).wait();
 }
 
-// qwZ: the bytes of each rank's run of int8 blocks on the wire (ops/quantize.hpp), rank by
-// rank: what a quantised gather moves, and what the memory planner counts for its wire.
-inline std::vector<std::size_t> quantized_run_bytes(const shard::ShardPlan& plan,
-                                                    std::int64_t block) {
+// The bytes of each owner's run of blocks (ops/quantize.hpp) for per-owner element `counts`:
+// what a quantised collective moves per owner, and what the memory planner counts for it.
+inline std::vector<std::size_t> quantized_segment_bytes(const std::vector<std::size_t>& counts,
+                                                        std::int64_t block) {
   std::vector<std::size_t> bytes;
-  for (const std::size_t count : plan.counts())
+  bytes.reserve(counts.size());
+  for (const std::size_t count : counts)
     bytes.push_back(
         static_cast<std::size_t>(ops::int8_payload_bytes(static_cast<std::int64_t>(count), block)));
   return bytes;
+}
+
+// qwZ: each rank's run of its shard on the wire, rank by rank.
+inline std::vector<std::size_t> quantized_run_bytes(const shard::ShardPlan& plan,
+                                                    std::int64_t block) {
+  return quantized_segment_bytes(plan.counts(), block);
 }
 
 namespace detail {

@@ -153,8 +153,8 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
     std::int64_t sent = 0, arrived = 0, own = 0;
     for (const auto& b : buckets.buckets()) {
       std::int64_t runs = 0;
-      for (const std::size_t count : b.counts)
-        runs += ops::int8_payload_bytes(static_cast<std::int64_t>(count), policy.quantized_block);
+      for (const std::size_t bytes : quantized_segment_bytes(b.counts, policy.quantized_block))
+        runs += static_cast<std::int64_t>(bytes);
       sent = std::max(sent, runs);
       arrived = std::max(arrived, static_cast<std::int64_t>(b.counts.size()) *
                                       ops::int8_payload_bytes(b.own_numel, policy.quantized_block));

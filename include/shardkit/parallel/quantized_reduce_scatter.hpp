@@ -26,19 +26,9 @@
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/device_ops.hpp"
+#include "shardkit/parallel/collectives.hpp"
 
 namespace shardkit::parallel {
-
-// Bytes of each owner's run of int8 blocks for per-owner element `counts`.
-inline std::vector<std::size_t> quantized_segment_bytes(const std::vector<std::size_t>& counts,
-                                                        std::int64_t block) {
-  std::vector<std::size_t> bytes;
-  bytes.reserve(counts.size());
-  for (const std::size_t count : counts)
-    bytes.push_back(
-        static_cast<std::size_t>(ops::int8_payload_bytes(static_cast<std::int64_t>(count), block)));
-  return bytes;
-}
 
 // Reduces `send` (a flat f32, f16 or bf16 tensor: the owners' segments of `counts` elements end
 // to end) into `out` (f32, counts[rank] elements) with `op` (sum or avg) over int8 blocks of
