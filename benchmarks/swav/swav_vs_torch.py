@@ -11,7 +11,7 @@ package). SWAV_LD_LIBRARY_PATH, when set, is the library path ours runs with (gp
 CUDA libraries, which must not shadow PyTorch's own).
 
 Ours: `swav` with the quick CPU config's network at this benchmark's batch of 64 (2 local ranks
-of 32 images; the quick config itself takes 256), 2 x 24-pixel crops,
+of 32 images; the quick config itself takes 256), 2 x 20-pixel crops,
 ResNet-18 a quarter wide with one input channel, swav_head 128-128-64, 100 prototypes,
 LARC-SGD), its own reported training images/s over STEPS steps. PyTorch: one process with 2
 threads and a batch of 64 (the same global batch and FLOPs), the same network in torch.nn,
@@ -53,10 +53,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_resnet18 import ResNet18  # noqa: E402
 
 
-# The two networks: trunk width and head dims of quick_cpu.yaml and gpu.yaml, and the global
-# batch measured (quick: 64, the batch its figures have been measured at since the start).
-NETWORKS = {"quick": dict(width=16, dims=(128, 128, 64), batch=64, config="quick_cpu.yaml"),
-            "gpu": dict(width=64, dims=(512, 512, 128), batch=256, config="gpu.yaml")}
+# The two networks: trunk width, head dims and crop size of quick_cpu.yaml and gpu.yaml (ours
+# reads them from the config; keep these in step), and the global batch measured (quick: 64,
+# the batch its figures have been measured at since the start).
+NETWORKS = {"quick": dict(width=16, dims=(128, 128, 64), crop=20, batch=64, config="quick_cpu.yaml"),
+            "gpu": dict(width=64, dims=(512, 512, 128), crop=24, batch=256, config="gpu.yaml")}
 
 
 class Swav(nn.Module):
@@ -95,7 +96,7 @@ def torch_images_per_second(steps, device, network, queue_length):
     batch = net["batch"]
     model = Swav(net["width"], net["dims"]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-6)
-    crops = torch.randn(2 * batch, 1, 24, 24, device=device)
+    crops = torch.randn(2 * batch, 1, net["crop"], net["crop"], device=device)
     # One queue per assignment crop, newest first, uniform in +-1/sqrt(D/3) to start.
     bound = 1 / (net["dims"][2] / 3) ** 0.5
     queues = [torch.empty(queue_length, net["dims"][2], device=device).uniform_(-bound, bound)
@@ -187,7 +188,7 @@ def main():
     ratios = [a / b for a, b in zip(ours, theirs)]
     where = "2 cores" if args.device == "cpu" else torch.cuda.get_device_name()
     what = f"{args.network} network, queue {args.queue}" if args.queue else f"{args.network} network"
-    print(f"SwAV step ({what}), 2 x 24px crops, global batch {batch}, {where}, median of {args.rounds} rounds: "
+    print(f"SwAV step ({what}), 2 x {NETWORKS[args.network]['crop']}px crops, global batch {batch}, {where}, median of {args.rounds} rounds: "
           f"shardkit {ours_median:.1f} img/s, PyTorch {torch.__version__} eager {theirs_median:.1f} img/s, "
           f"ratio {ours_median / theirs_median:.2f} (rounds' ratios {min(ratios):.2f}-{max(ratios):.2f})")
     return 0
