@@ -256,8 +256,11 @@ class SwavTrainer {
       while (iteration_ < last) {
         auto batch = loader_->next();
         if (!batch) break;
-        // The loss is read back (a device sync on the GPU) only on the steps that log it.
-        const bool logs = (iteration_ + 1) % c_.log_frequency == 0 || iteration_ + 1 == last;
+        // The loss is read back (a device sync on the GPU) only on the steps that log it: every
+        // LOG_FREQUENCY-th, the last, and the run's first, so that the first loss line comes a
+        // second after the initial kNN figures rather than LOG_FREQUENCY steps later.
+        const bool logs = (iteration_ + 1) % c_.log_frequency == 0 || iteration_ + 1 == last ||
+                          iteration_ == report.start_iteration;
         const double loss = step(*batch, c_.lr.rate(iteration_, total, per_epoch), logs);
         ++iteration_;
         batch_in_epoch = batch->number + 1;
