@@ -20,6 +20,17 @@ namespace swav {
 
 namespace sk = shardkit;
 
+// (x - mean) / std of `channels` planes of `area` values in [0, 1], in place (CHW): torchvision's
+// Normalize, one mean and std per channel.
+inline void normalize_planes(float* planes, std::int64_t channels, std::int64_t area,
+                             const std::vector<double>& mean, const std::vector<double>& std) {
+  for (std::int64_t ch = 0; ch < channels; ++ch)
+    for (std::int64_t k = 0; k < area; ++k)
+      planes[ch * area + k] =
+          static_cast<float>((planes[ch * area + k] - mean[static_cast<std::size_t>(ch)]) /
+                             std[static_cast<std::size_t>(ch)]);
+}
+
 struct MultiCropConfig {
   // One entry per crop size, large first: how many crops, their side, their area range.
   std::vector<int> num_crops{2, 4};
@@ -35,11 +46,7 @@ struct MultiCropConfig {
 
   // Normalize of `channels` planes of `area` values in [0, 1], in place (CHW).
   void normalize(float* planes, std::int64_t channels, std::int64_t area) const {
-    for (std::int64_t ch = 0; ch < channels; ++ch)
-      for (std::int64_t k = 0; k < area; ++k)
-        planes[ch * area + k] =
-            static_cast<float>((planes[ch * area + k] - mean[static_cast<std::size_t>(ch)]) /
-                               std[static_cast<std::size_t>(ch)]);
+    normalize_planes(planes, channels, area, mean, std);
   }
   int total_crops() const {
     int n = 0;
@@ -176,6 +183,55 @@ inline void whole_image(const MultiCropConfig& config, const sk::data::ImageView
   resize_box(image, CropBox{0, 0, image.rows, image.cols}, side, out);
   const std::int64_t area = std::int64_t{side} * side;
   config.normalize(out, image.channels, area);
+}
+
+// DATA.TEST.TRANSFORMS: how the kNN evaluation reads an image. VISSL's default, an empty list,
+// keeps the trainer's own rule: the whole image resized to the large crops' side and normalised
+// like the crops. A list is torchvision's Resize (the shorter side to `resize`, the aspect kept),
+// CenterCrop (a `crop` x `crop` square from the middle) and Normalize, each optional. The two
+// geometric steps are done here as one bilinear resampling of the centred box of the stored
+// image that they keep (torchvision resamples the whole image, then crops it), so an image whose
+// side is already the crop's (Fashion-MNIST's 28 pixels, Resize 28, CenterCrop 28) is read as it
+// is stored, pixel for pixel.
+struct EvalTransform {
+  bool configured = false;        // false: the trainer's own rule above
+  int resize = 0;                 // 0: no Resize
+  int crop = 0;                   // 0: no CenterCrop
+  std::vector<double> mean, std;  // empty: no Normalize
+
+  // The side of the square a `rows` x `cols` image becomes; `crop_side` is the large crops'.
+  int side(std::int64_t rows, std::int64_t cols, int crop_side) const {
+    if (!configured) return crop_side;
+    if (crop > 0) return crop;
+    sk::check(rows == cols, "DATA.TEST.TRANSFORMS: a ", rows, " x ", cols,
+              " image stays oblong without CenterCrop (Resize keeps the aspect), and the network "
+              "reads square batches; add {name: CenterCrop, size: N}");
+    return resize > 0 ? resize : static_cast<int>(rows);
+  }
+  // The part of a `rows` x `cols` image that side() resamples.
+  CropBox box(std::int64_t rows, std::int64_t cols) const {
+    if (!configured || crop == 0) return CropBox{0, 0, rows, cols};
+    const std::int64_t shorter = std::min(rows, cols);
+    const std::int64_t after_resize = resize > 0 ? resize : shorter;
+    sk::check(crop <= after_resize, "DATA.TEST.TRANSFORMS: CenterCrop ", crop,
+              " is larger than the shorter side of the ", resize > 0 ? "resized " : "", "image (",
+              after_resize, " of a ", rows, " x ", cols,
+              " image); torchvision would pad it, "
+              "this trainer does not: lower CenterCrop or raise Resize");
+    const double scale = double(after_resize) / double(shorter);  // output pixels per stored one
+    const std::int64_t extent = std::clamp<std::int64_t>(std::llround(crop / scale), 1, shorter);
+    return CropBox{std::llround(double(rows - extent) / 2), std::llround(double(cols - extent) / 2),
+                   extent, extent};
+  }
+};
+
+// An image as the kNN evaluation reads it, `side` x `side` (EvalTransform::side()), CHW.
+inline void eval_image(const MultiCropConfig& crops, const EvalTransform& eval,
+                       const sk::data::ImageView& image, int side, float* out) {
+  if (!eval.configured) return whole_image(crops, image, side, out);
+  resize_box(image, eval.box(image.rows, image.cols), side, out);
+  if (!eval.mean.empty())
+    normalize_planes(out, image.channels, std::int64_t{side} * side, eval.mean, eval.std);
 }
 
 // Separable Gaussian blur of standard deviation sigma (PIL's radius), edges clamped.

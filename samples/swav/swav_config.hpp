@@ -42,6 +42,7 @@ struct SwavConfig {
   std::int64_t batch_size = 32, test_batch_size = 256;
   int workers = 2;
   MultiCropConfig crops;
+  EvalTransform eval_images;  // DATA.TEST.TRANSFORMS: the kNN evaluation's images
   // Model
   int depth = 18;
   std::int64_t base_channels = 16;
@@ -182,6 +183,61 @@ inline MultiCropConfig read_transforms(const ConfigTree& c) {
               "SwAV needs an ImgPilToMultiCrop transform (the crops it compares)");
   m.validate();
   return m;
+}
+
+// DATA.TEST.TRANSFORMS (multicrop.hpp, EvalTransform): VISSL's evaluation transforms, of which
+// the kNN evaluation applies Resize, CenterCrop and Normalize (ToTensor is implied).
+inline EvalTransform read_test_transforms(const ConfigTree& c) {
+  EvalTransform e;
+  const YAML::Node list = c.at("DATA.TEST.TRANSFORMS");
+  e.configured = list.size() > 0;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> known{
+      {"Resize", {"size"}},
+      {"CenterCrop", {"size"}},
+      {"ToTensor", {}},
+      {"Normalize", {"mean", "std"}}};
+  std::vector<std::string> seen;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node t = list[i];
+    const std::string where = "DATA.TEST.TRANSFORMS[" + std::to_string(i) + "]";
+    if (!t.IsMap() || !t["name"])
+      throw bad(where, ::swav::detail::text_of(t), "each transform is a map with a name");
+    const std::string name = value_as<std::string>(t["name"], where + ".name", "a string");
+    auto it = std::find_if(known.begin(), known.end(), [&](auto& k) { return k.first == name; });
+    if (it == known.end()) {
+      std::string names;
+      for (const auto& k : known) names += (names.empty() ? "" : ", ") + k.first;
+      throw bad(where + ".name", name,
+                "not an evaluation transform this trainer implements; use " + names);
+    }
+    if (std::find(seen.begin(), seen.end(), name) != seen.end())
+      throw bad(where + ".name", name, "given twice; give each transform once");
+    seen.push_back(name);
+    for (const auto& kv : t) {
+      const std::string key = value_as<std::string>(kv.first, where, "a map with string keys");
+      if (key != "name" && std::find(it->second.begin(), it->second.end(), key) == it->second.end())
+        throw bad(where + "." + key, ::swav::detail::text_of(kv.second),
+                  "not a parameter of " + name);
+    }
+    if (name == "Resize" || name == "CenterCrop") {
+      const int size = value_as<int>(t["size"], where + ".size",
+                                     "one whole number of pixels (Resize: the shorter side; "
+                                     "CenterCrop: the square's side)");
+      if (size < 1) throw bad(where + ".size", std::to_string(size), "must be >= 1");
+      if (name == "Resize" && e.crop > 0)
+        throw bad(where, ::swav::detail::text_of(t),
+                  "this trainer applies Resize before CenterCrop; list Resize first");
+      (name == "Resize" ? e.resize : e.crop) = size;
+    } else if (name == "Normalize") {
+      e.mean = value_as<std::vector<double>>(t["mean"], where + ".mean", "a list of numbers");
+      e.std = value_as<std::vector<double>>(t["std"], where + ".std", "a list of numbers");
+      if (e.mean.size() != e.std.size() || (e.mean.size() != 1 && e.mean.size() != 3))
+        throw bad(where, ::swav::detail::text_of(t),
+                  "give one mean and one std per channel: 1 for grey images, 3 for RGB (as "
+                  "DATA.TRAIN.TRANSFORMS' Normalize)");
+    }
+  }
+  return e;
 }
 
 inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
@@ -449,6 +505,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
     s.workers = c.get<int>("DATA.NUM_DATALOADER_WORKERS");
   });
   problems.attempt([&] { s.crops = detail::read_transforms(c); });
+  problems.attempt([&] { s.eval_images = detail::read_test_transforms(c); });
   // Model
   std::int64_t trunk_out = 0;
   const bool trunk_ok = problems.attempt([&] {

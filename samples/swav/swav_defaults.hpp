@@ -52,6 +52,9 @@ DATA:
     DEFAULT_GRAY_IMG_SIZE: 224
     BATCHSIZE_PER_REPLICA: 256
     USE_STATEFUL_DISTRIBUTED_SAMPLER: True
+    # The kNN evaluation's images: [] the whole image resized to the large crops' side and
+    # normalised like them; else Resize (shorter side), CenterCrop and Normalize, torchvision's.
+    TRANSFORMS: []
 MODEL:
   TRUNK:
     NAME: resnet

@@ -105,6 +105,11 @@ inline Datasets load_datasets(SwavConfig& c) {
             " mean/std entries but the images have ", d.train.channels,
             " channels; give one per channel (grey: Fashion-MNIST's [0.2860], [0.3530]; RGB: "
             "ImageNet's [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])");
+  sk::check(c.eval_images.mean.empty() ||
+                static_cast<std::int64_t>(c.eval_images.mean.size()) == d.test.channels,
+            "DATA.TEST.TRANSFORMS' Normalize has ", c.eval_images.mean.size(),
+            " mean/std entries but the images have ", d.test.channels,
+            " channels; give one per channel");
   sk::check(d.train.count >= 1 && d.test.count >= 1, "no images to train on or to test with");
   c.in_channels = d.train.channels;
   d.bank_size =
@@ -405,9 +410,10 @@ class SwavTrainer {
                 [&outputs, k](sk::nn::Module&, const ag::Variable&, const ag::Variable& y) {
                   outputs[k] = y.data();
                 });
-    // Whole images at the large crops' side (VISSL evaluates at the training resolution:
-    // Resize + CenterCrop to the large crop size), normalised like the crops.
-    const std::int64_t side = c_.crops.size_crops[0];
+    // DATA.TEST.TRANSFORMS' images (EvalTransform); by default whole images at the large crops'
+    // side, normalised like the crops. One side for every image: a batch is one tensor.
+    const int crop_side = c_.crops.size_crops[0];
+    const std::int64_t side = c_.eval_images.side(d.image(0).rows, d.image(0).cols, crop_side);
     std::vector<FeatureSet> sets(pools.size());
     std::vector<float> pooled;
     sk::autograd::NoGradGuard no_grad(ctx);
@@ -417,8 +423,14 @@ class SwavTrainer {
       std::vector<float> pixels(static_cast<std::size_t>(n * image_size));
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t image = std::min(first + b0 + i, count - 1);  // pad with the last
-        whole_image(c_.crops, d.image(image), static_cast<int>(side),
-                    pixels.data() + i * image_size);
+        const sk::data::ImageView view = d.image(image);
+        sk::check(c_.eval_images.side(view.rows, view.cols, crop_side) == side,
+                  "DATA.TEST.TRANSFORMS turn a ", view.rows, " x ", view.cols, " test image into ",
+                  c_.eval_images.side(view.rows, view.cols, crop_side), " pixels a side and a ",
+                  d.image(0).rows, " x ", d.image(0).cols, " one into ", side,
+                  "; add {name: CenterCrop, size: N} so that every image has one size");
+        eval_image(c_.crops, c_.eval_images, view, static_cast<int>(side),
+                   pixels.data() + i * image_size);
       }
       const sk::Tensor x = sk::from_vector(ctx, pixels, {n, d.channels, side, side});
       (void)(*sharded_)(ctx, ag::Variable(x));

@@ -627,6 +627,80 @@ TEST_CASE("config: data sources -- fashion_mnist, disk_folder, synthetic -- and 
                   "give one mean and one std per channel"});
 }
 
+TEST_CASE("kNN evaluation images: DATA.TEST.TRANSFORMS' Resize, CenterCrop and Normalize") {
+  const auto data = random_images(2, 28);
+  const swav::MultiCropConfig crops;  // large crops of 24 pixels
+  // The default (an empty list): the whole image at the large crops' side, normalised like them.
+  const auto plain = config_of({});
+  CHECK_FALSE(plain.eval_images.configured);
+  CHECK(plain.eval_images.side(28, 28, 24) == 24);
+  std::vector<float> a(24 * 24), b(24 * 24);
+  swav::eval_image(crops, plain.eval_images, data.image(1), 24, a.data());
+  swav::whole_image(crops, data.image(1), 24, b.data());
+  CHECK(a == b);
+  // Resize 28 + CenterCrop 28 of a 28-pixel image: its pixels as stored, normalised.
+  const auto native = config_of({"config.DATA.TEST.TRANSFORMS=[{name: Resize, size: 28}, "
+                                 "{name: CenterCrop, size: 28}, {name: ToTensor}, "
+                                 "{name: Normalize, mean: [0.5], std: [0.25]}]"})
+                          .eval_images;
+  CHECK(native.configured);
+  CHECK(native.side(28, 28, 24) == 28);
+  std::vector<float> whole(28 * 28);
+  swav::eval_image(crops, native, data.image(1), 28, whole.data());
+  double worst = 0;
+  for (int i = 0; i < 28 * 28; ++i)
+    worst = std::max(worst, std::abs(whole[i] - (data.image(1).pixels[i] / 255.0 - 0.5) / 0.25));
+  CHECK(worst < 1e-5);
+  // Resize 32 then CenterCrop 28 keep the middle 24.5 stored pixels: the centred 25-pixel box,
+  // resampled once to 28.
+  const auto zoom = config_of({"config.DATA.TEST.TRANSFORMS=[{name: Resize, size: 32}, "
+                               "{name: CenterCrop, size: 28}]"})
+                        .eval_images;
+  const swav::CropBox box = zoom.box(28, 28);
+  CHECK(box.height == 25);
+  CHECK(box.width == 25);
+  CHECK(box.top == 2);
+  CHECK(box.left == 2);
+  std::vector<float> zoomed(28 * 28), expected(28 * 28);
+  swav::eval_image(crops, zoom, data.image(0), 28, zoomed.data());  // no Normalize: [0, 1]
+  swav::resize_box(data.image(0), box, 28, expected.data());
+  CHECK(zoomed == expected);
+  // An oblong image: the shorter side to 10 (scale 1/2), then the middle 8 x 8 of that.
+  swav::EvalTransform oblong;
+  oblong.configured = true;
+  oblong.resize = 10;
+  oblong.crop = 8;
+  const swav::CropBox o = oblong.box(20, 30);
+  CHECK(o.height == 16);
+  CHECK(o.width == 16);
+  CHECK(o.top == 2);
+  CHECK(o.left == 7);
+  CHECK(oblong.side(20, 30, 24) == 8);
+  // What cannot be done is refused by name, with the fix.
+  oblong.crop = 0;
+  CHECK_THROWS_WITH(oblong.side(20, 30, 24), doctest::Contains("add {name: CenterCrop"));
+  oblong.crop = 12;
+  CHECK_THROWS_WITH(oblong.box(20, 30),
+                    doctest::Contains("CenterCrop 12 is larger than the shorter side of the "
+                                      "resized image (10 of a 20 x 30 image)"));
+  CHECK_THROWS_WITH(config_of({"config.DATA.TEST.TRANSFORMS=[{name: RandomResizedCrop, size: 8}]"}),
+                    doctest::Contains("not an evaluation transform this trainer implements; use "
+                                      "Resize, CenterCrop, ToTensor, Normalize"));
+  CHECK_THROWS_WITH(config_of({"config.DATA.TEST.TRANSFORMS=[{name: CenterCrop, size: 24}, "
+                               "{name: Resize, size: 28}]"}),
+                    doctest::Contains("list Resize first"));
+  CHECK_THROWS_WITH(config_of({"config.DATA.TEST.TRANSFORMS=[{name: Resize, size: [28, 20]}]"}),
+                    doctest::Contains("DATA.TEST.TRANSFORMS[0].size = [28, 20]: must be one whole "
+                                      "number of pixels"));
+  CHECK_THROWS_WITH(config_of({"config.DATA.TEST.TRANSFORMS=[{name: CenterCrop, size: 0}]"}),
+                    doctest::Contains("must be >= 1"));
+  CHECK_THROWS_WITH(config_of({"config.DATA.TEST.TRANSFORMS=[{name: Normalize, mean: [0.1, 0.2], "
+                               "std: [0.3, 0.4]}]"}),
+                    doctest::Contains("one mean and one std per channel"));
+  CHECK_THROWS_WITH(config_of({"config.DATA.TEST.TRANSFORMS=[{name: CenterCrop, ratio: 2}]"}),
+                    doctest::Contains("not a parameter of CenterCrop"));
+}
+
 TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that name the fix") {
   using sk::parallel::Stage;
   const auto d = config_of({});
