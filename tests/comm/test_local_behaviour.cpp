@@ -99,6 +99,36 @@ TEST_CASE("then(): what follows a call runs once, after it completed, on the wai
   CHECK(saw_result == std::vector<int>{1, 1});
 }
 
+TEST_CASE("host waits: wait() counts as a collective wait; wait_on_stream() completes uncounted") {
+  comm::run_ranks(2, [&](sk::Context& ctx, comm::Communicator& c) {
+    std::vector<float> data(64, static_cast<float>(c.rank() + 1));
+    const sk::HostWaits start = ctx.host_waits();
+    c.all_reduce(data).wait();
+    CHECK((ctx.host_waits() - start).collective_waits == 1);
+    CHECK(data[0] == 3.0f);
+    // Asked after a test() found it complete: still counted (the code asked to block).
+    comm::Work polled = c.all_reduce(data);
+    while (!polled.test()) std::this_thread::yield();
+    polled.wait();
+    CHECK((ctx.host_waits() - start).collective_waits == 2);
+    CHECK(data[63] == 6.0f);
+    // Over host memory the stream-ordered wait is a host wait, complete on return, but is not
+    // counted: on a GPU it would not block the host. then() passes it to its call.
+    c.all_reduce(data).wait_on_stream();
+    CHECK(data[0] == 12.0f);
+    int after = 0;
+    comm::Work continued = comm::then(c.all_reduce(data), [&] { after = data[5] == 24.0f; });
+    continued.wait_on_stream();
+    CHECK(after == 1);
+    // The wrapper counts nothing itself (its call would), and `after` does not run again.
+    continued.wait();
+    CHECK(after == 1);
+    comm::Work().wait();  // an already complete call belongs to no communicator
+    CHECK((ctx.host_waits() - start).collective_waits == 2);
+    CHECK((ctx.host_waits() - start).reads == 0);
+  });
+}
+
 TEST_CASE("SIGUSR1 prints every live communicator's last calls to stderr, and the job goes on") {
   comm::install_recorder_dump(SIGUSR1);
   // stderr into a file for the length of the case.

@@ -52,6 +52,8 @@ class EventWorkState final : public WorkState {
   explicit EventWorkState(std::shared_ptr<CudaEvent> done) : done_(std::move(done)) {}
   void wait() override { done_->synchronize(); }
   bool test() override { return done_->query(); }
+  // submit() made the rank's stream wait for `done`.
+  void wait_on_stream() override {}
 
  private:
   std::shared_ptr<CudaEvent> done_;
@@ -156,7 +158,7 @@ class LocalCommunicator final : public Communicator {
       detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
       CudaDeviceGuard guard(ctx_.device().index);
       SK_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), op->done->get(), 0));
-      return Work(std::make_shared<detail::EventWorkState>(op->done));
+      return Work(std::make_shared<detail::EventWorkState>(op->done), ctx_);
 #else
       fail<NotAvailable>(where(call), ": buffers on ", post.send.device.str(),
                          " in a build without CUDA; pass host memory");
@@ -164,7 +166,8 @@ class LocalCommunicator final : public Communicator {
     }
     auto op = world_->post(rank(), next_sequence_++, call, std::move(post), nullptr);
     return Work(std::make_shared<detail::LocalWorkState>(world_, std::move(op), rank(),
-                                                         options().timeout, recorder()));
+                                                         options().timeout, recorder()),
+                ctx_);
   }
 
   Context& ctx_;

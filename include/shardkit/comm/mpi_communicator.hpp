@@ -181,7 +181,7 @@ class MpiCommunicator final : public Communicator {
     const void* in_arg = in == out ? MPI_IN_PLACE : in;
     SK_MPI_CHECK(MPI_Iallreduce(in_arg, out, int_count("all_reduce", send.count), type,
                                 detail::mpi_op(op), state_->comm, &work->request));
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   Work do_reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op) override {
@@ -191,14 +191,14 @@ class MpiCommunicator final : public Communicator {
     const void* in_arg = at_root && in == out ? MPI_IN_PLACE : in;
     SK_MPI_CHECK(MPI_Ireduce(in_arg, at_root ? out : nullptr, int_count("reduce", send.count), type,
                              detail::mpi_op(op), root, state_->comm, &work->request));
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   Work do_broadcast(const Buffer& data, int root) override {
     auto work = begin("broadcast", data);
     SK_MPI_CHECK(MPI_Ibcast(data.data, int_count("broadcast", data.count),
                             detail::mpi_wire_type(data.dtype), root, state_->comm, &work->request));
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   Work do_all_gather(const Buffer& send, const Buffer& recv) override {
@@ -215,7 +215,7 @@ class MpiCommunicator final : public Communicator {
     else
       SK_MPI_CHECK(MPI_Iallgather(send.data, count, type, recv.data, count, type, state_->comm,
                                   &work->request));
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   Work do_reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
@@ -224,7 +224,7 @@ class MpiCommunicator final : public Communicator {
     auto [in, out, type] = stage_reduction(*work, send, recv, op, true, overlaps(send, recv));
     SK_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, int_count("reduce_scatter", recv.count), type,
                                            detail::mpi_op(op), state_->comm, &work->request));
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   Work do_all_gather_v(const Buffer& data, std::span<const std::size_t> counts) override {
@@ -234,7 +234,7 @@ class MpiCommunicator final : public Communicator {
     SK_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data, work->counts.data(),
                                  work->displacements.data(), detail::mpi_wire_type(data.dtype),
                                  state_->comm, &work->request));
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   Work do_reduce_scatter_v(const Buffer& send, const Buffer& recv,
@@ -245,7 +245,7 @@ class MpiCommunicator final : public Communicator {
     auto [in, out, type] = stage_reduction(*work, send, recv, op, true, overlaps(send, recv));
     SK_MPI_CHECK(MPI_Ireduce_scatter(in, out, work->counts.data(), type, detail::mpi_op(op),
                                      state_->comm, &work->request));
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   // MPI_Alltoallv: this rank sends segment r of `send` to rank r and receives every rank's
@@ -266,7 +266,7 @@ class MpiCommunicator final : public Communicator {
                                 recv.data, work->recv_counts.data(),
                                 work->recv_displacements.data(), type, state_->comm,
                                 &work->request));
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   void do_barrier() override {

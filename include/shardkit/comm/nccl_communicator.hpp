@@ -141,6 +141,9 @@ class NcclWorkState final : public WorkState {
   void wait() override {
     handle_->poll(name_, [&] { return test(); });
   }
+  // Issued on the rank's stream. Inside a group the call is not launched yet: the group's end
+  // launches it on the same stream, before any later work there.
+  void wait_on_stream() override {}
 
  private:
   std::shared_ptr<NcclHandle> handle_;
@@ -390,7 +393,7 @@ class NcclCommunicator final : public Communicator {
       pending_.push_back(work);  // launched at the end of the group
     else
       work->set_event(record());
-    return Work(std::move(work));
+    return Work(std::move(work), ctx_);
   }
 
   Context& ctx_;

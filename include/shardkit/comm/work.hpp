@@ -1,12 +1,15 @@
 // Work: the handle an asynchronous collective returns. wait() blocks until the call is complete
 // from the host's point of view (its buffers may be read or reused); test() asks without
 // blocking. Device collectives are also stream-ordered: later work on the rank's stream sees
-// the result without any wait().
+// the result without any wait(), and wait_on_stream() says so -- what a training step uses, so
+// that its host runs ahead of the GPU.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <utility>
+
+#include "shardkit/core/context.hpp"
 
 namespace shardkit::comm {
 
@@ -16,6 +19,10 @@ class WorkState {
   virtual ~WorkState() = default;
   virtual void wait() = 0;  // throws the call's error (TimeoutError, InvalidArgument...)
   virtual bool test() = 0;  // true once complete; throws like wait() when it failed
+  // Work::wait_on_stream: nothing for a device collective already ordered on the rank's stream
+  // (later work there sees its result, and its buffers' reuse there comes after it); else the
+  // host waits.
+  virtual void wait_on_stream() { wait(); }
   // The last Work handle went away before wait() returned true: the backend makes sure its
   // buffers are no longer touched afterwards (finish the call, or cancel it if it never
   // started). Must not throw.
@@ -27,11 +34,18 @@ class [[nodiscard]] Work {
  public:
   Work() = default;  // an already complete call
   explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
-  Work(Work&& other) noexcept : state_(std::move(other.state_)), waited_(other.waited_) {}
+  // A communicator's call on the rank of `waits_counted_on`: wait() counts in that context's
+  // HostWaits::collective_waits (a Work that wraps others, as then() does, counts nothing
+  // itself: the call's own handle does).
+  Work(std::shared_ptr<WorkState> state, const Context& waits_counted_on)
+      : state_(std::move(state)), counted_on_(&waits_counted_on) {}
+  Work(Work&& other) noexcept
+      : state_(std::move(other.state_)), counted_on_(other.counted_on_), waited_(other.waited_) {}
   Work& operator=(Work&& other) noexcept {
     if (this != &other) {
       release();
       state_ = std::move(other.state_);
+      counted_on_ = other.counted_on_;
       waited_ = other.waited_;
     }
     return *this;
@@ -41,7 +55,11 @@ class [[nodiscard]] Work {
   ~Work() { release(); }
 
   void wait() {
-    if (!state_ || waited_) return;
+    if (!state_) return;
+    // Counted when asked, complete or not (a test() may have found it done): the host code
+    // that calls wait() would block a GPU's host whenever the device is behind.
+    if (counted_on_ != nullptr) counted_on_->count_collective_wait();
+    if (waited_) return;
     state_->wait();
     waited_ = true;
   }
@@ -49,6 +67,17 @@ class [[nodiscard]] Work {
     if (!state_ || waited_) return true;
     waited_ = state_->test();
     return waited_;
+  }
+  // What a consumer on the rank's stream needs (PyTorch's Work.wait() for NCCL): a device
+  // collective is already ordered there, so this returns at once and the host runs ahead; a
+  // call over host memory (the local and MPI backends' CPU path) is waited for, as by wait().
+  // Not counted in HostWaits: it makes no GPU's host wait. A host that reads the result goes
+  // through to_vector, which synchronises (and counts) by itself. A failure of a device call
+  // shows at the next wait() or in the backend's watchdog, not here.
+  void wait_on_stream() {
+    if (!state_ || waited_) return;
+    state_->wait_on_stream();
+    waited_ = true;
   }
 
  private:
@@ -58,6 +87,7 @@ class [[nodiscard]] Work {
   }
 
   std::shared_ptr<WorkState> state_;
+  const Context* counted_on_ = nullptr;
   bool waited_ = false;
 };
 
@@ -77,6 +107,10 @@ class ContinuedWork final : public WorkState {
       : call_(std::move(call)), after_(std::move(after)) {}
   void wait() override {
     call_.wait();
+    run_after();
+  }
+  void wait_on_stream() override {
+    call_.wait_on_stream();
     run_after();
   }
   bool test() override {

@@ -38,19 +38,22 @@ struct ContextOptions {
 };
 
 // How often the host waited for the device: reads of device values (to_vector), uploads of
-// host values (from_vector: the copy returns once the data has arrived) and stream
+// host values (from_vector: the copy returns once the data has arrived), stream
 // synchronisations (Context::synchronize, which every copy between host and device makes on a
-// GPU). A step that is to run ahead of the GPU, or to be captured in a CUDA graph, makes none.
-// Counted on every device: on a CPU context the same calls cost nothing, but counting them there
-// lets CPU tests prove that a code path would make a GPU's host wait.
+// GPU) and waits on collectives (comm::Work::wait on a call of this rank's communicator: the
+// host blocks until the call is complete, where a device collective's consumers on the stream
+// would need no wait at all). A step that is to run ahead of the GPU, or to be captured in a
+// CUDA graph, makes none. Counted on every device: on a CPU context the same calls cost little,
+// but counting them there lets CPU tests prove that a code path would make a GPU's host wait.
 struct HostWaits {
   std::int64_t reads = 0;
   std::int64_t uploads = 0;
   std::int64_t synchronizations = 0;
-  std::int64_t total() const { return reads + uploads + synchronizations; }
+  std::int64_t collective_waits = 0;
+  std::int64_t total() const { return reads + uploads + synchronizations + collective_waits; }
   HostWaits operator-(const HostWaits& before) const {
     return {reads - before.reads, uploads - before.uploads,
-            synchronizations - before.synchronizations};
+            synchronizations - before.synchronizations, collective_waits - before.collective_waits};
   }
 };
 
@@ -128,11 +131,13 @@ class Context {
   // The host's waits on this context so far (see HostWaits); a step's are the difference.
   HostWaits host_waits() const {
     return {reads_.load(std::memory_order_relaxed), uploads_.load(std::memory_order_relaxed),
-            synchronizations_.load(std::memory_order_relaxed)};
+            synchronizations_.load(std::memory_order_relaxed),
+            collective_waits_.load(std::memory_order_relaxed)};
   }
-  // Called by to_vector and from_vector (core/tensor_ops.hpp).
+  // Called by to_vector and from_vector (core/tensor_ops.hpp), and by comm::Work::wait.
   void count_host_read() const { reads_.fetch_add(1, std::memory_order_relaxed); }
   void count_host_upload() const { uploads_.fetch_add(1, std::memory_order_relaxed); }
+  void count_collective_wait() const { collective_waits_.fetch_add(1, std::memory_order_relaxed); }
 
   // The CPU threads of this rank's host-side ops (started on first use).
   int cpu_threads() const { return cpu_threads_; }
@@ -178,7 +183,8 @@ class Context {
 #endif
   std::shared_ptr<Allocator> host_allocator_;
   std::shared_ptr<Allocator> allocator_;
-  mutable std::atomic<std::int64_t> reads_{0}, uploads_{0}, synchronizations_{0};
+  mutable std::atomic<std::int64_t> reads_{0}, uploads_{0}, synchronizations_{0},
+      collective_waits_{0};
   std::mutex resources_mutex_;
   std::map<std::type_index, std::shared_ptr<void>> resources_;
 };

@@ -106,10 +106,15 @@ class ReduceScatterCoalescer {
       comm::assign(work, comm.reduce_scatter_v(staging, result, counts, op));
       launched = true;
     }
-    // After the collective: each call's part of this rank's result into its recv.
-    void finish(int rank) {
+    // After the collective: each call's part of this rank's result into its recv (the copies
+    // on the stream: `on_stream` needs the collective only ordered before them, Work's
+    // wait_on_stream).
+    void finish(int rank, bool on_stream = false) {
       if (done) return;
-      work.wait();
+      if (on_stream)
+        work.wait_on_stream();
+      else
+        work.wait();
       std::int64_t at = 0;
       for (const auto& call : calls) {
         const auto count = static_cast<std::int64_t>(call.counts[static_cast<std::size_t>(rank)]);
@@ -130,6 +135,10 @@ class ReduceScatterCoalescer {
     void wait() override {
       if (!batch_->launched) owner_->flush();
       batch_->finish(owner_->comm_->rank());
+    }
+    void wait_on_stream() override {
+      if (!batch_->launched) owner_->flush();
+      batch_->finish(owner_->comm_->rank(), true);
     }
     bool test() override {
       if (!batch_->launched) return false;
