@@ -61,6 +61,38 @@ TEST_CASE("device collectives are stream-ordered: a later kernel sees the result
   CHECK(seen == std::vector<float>{6.0f, 6.0f, 6.0f});
 }
 
+TEST_CASE("wait_on_stream: a device collective's consumers on the stream, no host wait counted") {
+  std::vector<double> seen(2);
+  comm::run_ranks(
+      2,
+      [&](sk::Context& ctx, comm::Communicator& c) {
+        auto grads = sk::full(ctx, {4097}, sk::DType::f32, c.rank() + 1.0);
+        const sk::HostWaits start = ctx.host_waits();
+        c.all_reduce(grads, comm::ReduceOp::sum).wait_on_stream();
+        auto doubled = sk::cast(ctx, grads, sk::DType::f64);  // queued on the same stream
+        CHECK((ctx.host_waits() - start).total() == 0);
+        seen[static_cast<std::size_t>(c.rank())] = sk::to_vector<double>(ctx, doubled)[4096];
+        c.all_reduce(grads).wait();  // the host wait, counted
+        CHECK((ctx.host_waits() - start).collective_waits == 1);
+      },
+      comm::cuda_run_options(0));
+  CHECK(seen == std::vector<double>{3.0, 3.0});
+  // NCCL, inside a group (launched at the group's end) and alone.
+  auto ctx = sk::make_cuda_context(0);
+  comm::NcclCommunicator nccl(*ctx, comm::NcclCommunicator::unique_id(), 0, 1);
+  auto a = sk::full(*ctx, {100}, sk::DType::f32, 2.0);
+  const sk::HostWaits start = ctx->host_waits();
+  comm::Work grouped;
+  {
+    auto group = nccl.group();
+    comm::assign(grouped, nccl.all_reduce(a));
+  }
+  grouped.wait_on_stream();
+  nccl.all_reduce(a, comm::ReduceOp::max).wait_on_stream();
+  CHECK((ctx->host_waits() - start).total() == 0);
+  CHECK(sk::to_vector<float>(*ctx, a)[99] == 2.0f);
+}
+
 TEST_CASE("NCCL at world size 1: every collective, groups, split, barrier and counters") {
   auto ctx = sk::make_cuda_context(0);
   const ncclUniqueId id = comm::NcclCommunicator::unique_id();

@@ -55,7 +55,8 @@ class DynamicLossScaler {
   bool grads_finite(Context& ctx, comm::Communicator* comm, const std::vector<Tensor>& grads) {
     Tensor found = zeros(ctx, {1}, DType::f32, MemoryCategory::other);
     if (!grads.empty()) ops::check_finite(ctx, grads, found);
-    if (comm != nullptr && comm->size() > 1) comm->all_reduce(found, comm::ReduceOp::max).wait();
+    if (comm != nullptr && comm->size() > 1)
+      comm->all_reduce(found, comm::ReduceOp::max).wait_on_stream();
     return to_vector<float>(ctx, found)[0] == 0.0f;
   }
 

@@ -127,7 +127,7 @@ class ParamNorms {
       std::copy(mine.begin(), mine.end(), gathered.begin() + static_cast<std::ptrdiff_t>(before));
       if (everything > 0) {
         Tensor wire = from_vector(*ctx_, gathered, {static_cast<std::int64_t>(everything)});
-        comm_->all_gather_v(wire, counts).wait();
+        comm_->all_gather_v(wire, counts).wait_on_stream();
         gathered = to_vector<double>(*ctx_, wire);
       }
       std::size_t offset = 0;

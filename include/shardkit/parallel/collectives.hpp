@@ -132,13 +132,13 @@ inline void all_gather_owned(FlatParam& flat, bool f16_wire) {
   const auto counts = plan.counts();
   const Tensor trainable = flat.params().flat().slice(0, 0, plan.trainable_end());
   if (!f16_wire || trainable.dtype() != DType::f32) {  // (a 16-bit buffer travels as it is)
-    comm.all_gather_v(trainable, counts).wait();
+    comm.all_gather_v(trainable, counts).wait_on_stream();
     return;
   }
   Tensor wire = empty(ctx, {plan.trainable_end()}, DType::f16, MemoryCategory::communication);
   copy(ctx, wire.slice(0, plan.begin(rank), plan.end(rank)),
        trainable.slice(0, plan.begin(rank), plan.end(rank)));
-  comm.all_gather_v(wire, counts).wait();
+  comm.all_gather_v(wire, counts).wait_on_stream();
   for (int r = 0; r < comm.size(); ++r)
     if (r != rank && plan.numel(r) > 0)
       copy(ctx, trainable.slice(0, plan.begin(r), plan.end(r)),

@@ -167,7 +167,7 @@ class GradBucketer {
     BucketState& state = states_[b];
     if (!state.launched) return;
     state.launched = false;
-    state.work.wait();
+    state.work.wait_on_stream();
     strategy_->complete(b, state);
     state.buffer = Tensor();  // a view of the full buffer, or a transient buffer freed now
     state.wire = Tensor();

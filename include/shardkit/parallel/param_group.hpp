@@ -91,7 +91,7 @@ class ParamGroup {
   void gather() {
     start_gather();
     if (!gathering_) return;
-    pending_.wait();
+    pending_.wait_on_stream();
     gathering_ = false;
   }
   // The shards' exact values, whatever the gathers of a step carry (summon_full_params reads
@@ -106,7 +106,7 @@ class ParamGroup {
   void release() {
     if (!flat_.sharded()) return;
     if (gathering_) {  // a prefetch nobody used: complete it before freeing its buffer
-      pending_.wait();
+      pending_.wait_on_stream();
       gathering_ = false;
     }
     flat_.release(not_gathered_reason());

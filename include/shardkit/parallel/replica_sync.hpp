@@ -45,7 +45,7 @@ class ReplicaSync {
                          held_[b], summed(held_[b]) ? comm::ReduceOp::sum : comm::ReduceOp::avg));
     for (std::size_t b = 0; b < held_.size(); ++b) {
       if (!held_[b].defined()) continue;
-      works[b].wait();
+      works[b].wait_on_stream();
       if (summed(held_[b])) divide_(ctx, held_[b], static_cast<double>(world_size_));
       merge(b, held_[b]);
       held_[b] = Tensor();

@@ -42,11 +42,11 @@ inline void broadcast_module_buffers(Context& ctx, nn::Module& module, comm::Com
   for (const auto& [name, buffer] : module.named_buffers()) {
     if (buffer.numel() == 0) continue;
     if (is_floating(buffer.dtype())) {
-      comm.broadcast(buffer, root).wait();
+      comm.broadcast(buffer, root).wait_on_stream();
       continue;
     }
     Tensor wire = cast(ctx, buffer, DType::f64);
-    comm.broadcast(wire, root).wait();
+    comm.broadcast(wire, root).wait_on_stream();
     copy(ctx, buffer, wire);
   }
 }

@@ -30,11 +30,11 @@ class CommunicatorStatsGroup final : public autograd::BatchStatsGroup {
   int rank() const override { return comm_->rank(); }
   Tensor all_gather(Context& ctx, const Tensor& local) override {
     Tensor all = empty(ctx, {comm_->size() * local.numel()}, local.dtype());
-    comm_->all_gather(local, all).wait();
+    comm_->all_gather(local, all).wait_on_stream();
     return all;
   }
   void all_reduce_sum(Context&, const Tensor& values) override {
-    comm_->all_reduce(values, comm::ReduceOp::sum).wait();
+    comm_->all_reduce(values, comm::ReduceOp::sum).wait_on_stream();
   }
   comm::Communicator& communicator() { return *comm_; }
 
