@@ -105,13 +105,37 @@ T value_as(const YAML::Node& n, const std::string& key, const char* wanted) {
   }
 }
 
+// The transforms one list may hold, and the parameters each may carry.
+using TransformKeys = std::vector<std::pair<std::string, std::vector<std::string>>>;
+
+// The name of transform `t` (at `where`): a map with a name among `known` (`what` says which
+// transforms, in the refusal of another) whose other keys are that transform's parameters.
+inline std::string transform_name(const YAML::Node& t, const std::string& where,
+                                  const TransformKeys& known, const std::string& what) {
+  if (!t.IsMap() || !t["name"])
+    throw bad(where, ::swav::detail::text_of(t), "each transform is a map with a name");
+  const std::string name = value_as<std::string>(t["name"], where + ".name", "a string");
+  auto it = std::find_if(known.begin(), known.end(), [&](auto& k) { return k.first == name; });
+  if (it == known.end()) {
+    std::string names;
+    for (const auto& k : known) names += (names.empty() ? "" : ", ") + k.first;
+    throw bad(where + ".name", name, "not " + what + " this trainer implements; use " + names);
+  }
+  for (const auto& kv : t) {
+    const std::string key = value_as<std::string>(kv.first, where, "a map with string keys");
+    if (key != "name" && std::find(it->second.begin(), it->second.end(), key) == it->second.end())
+      throw bad(where + "." + key, ::swav::detail::text_of(kv.second),
+                "not a parameter of " + name);
+  }
+  return name;
+}
+
 inline MultiCropConfig read_transforms(const ConfigTree& c) {
   MultiCropConfig m;
   bool multicrop = false;
   const YAML::Node list = c.at("DATA.TRAIN.TRANSFORMS");
-  std::vector<std::string> seen;
   // Transforms this trainer applies (to grey and RGB images), and the keys each may carry.
-  const std::vector<std::pair<std::string, std::vector<std::string>>> known{
+  const TransformKeys known{
       {"ImgPilToMultiCrop", {"total_num_crops", "size_crops", "num_crops", "crop_scales"}},
       {"RandomHorizontalFlip", {"p"}},
       {"ImgPilColorDistortion", {"strength"}},
@@ -124,21 +148,7 @@ inline MultiCropConfig read_transforms(const ConfigTree& c) {
   for (std::size_t i = 0; i < list.size(); ++i) {
     const YAML::Node t = list[i];
     const std::string where = "DATA.TRAIN.TRANSFORMS[" + std::to_string(i) + "]";
-    if (!t.IsMap() || !t["name"])
-      throw bad(where, ::swav::detail::text_of(t), "each transform is a map with a name");
-    const std::string name = value_as<std::string>(t["name"], where + ".name", "a string");
-    auto it = std::find_if(known.begin(), known.end(), [&](auto& k) { return k.first == name; });
-    if (it == known.end()) {
-      std::string names;
-      for (const auto& k : known) names += (names.empty() ? "" : ", ") + k.first;
-      throw bad(where + ".name", name, "not a transform this trainer implements; use " + names);
-    }
-    for (const auto& kv : t) {
-      const std::string key = value_as<std::string>(kv.first, where, "a map with string keys");
-      if (key != "name" && std::find(it->second.begin(), it->second.end(), key) == it->second.end())
-        throw bad(where + "." + key, ::swav::detail::text_of(kv.second),
-                  "not a parameter of " + name);
-    }
+    const std::string name = transform_name(t, where, known, "a transform");
     try {
       if (name == "ImgPilToMultiCrop") {
         multicrop = true;
@@ -191,34 +201,18 @@ inline EvalTransform read_test_transforms(const ConfigTree& c) {
   EvalTransform e;
   const YAML::Node list = c.at("DATA.TEST.TRANSFORMS");
   e.configured = list.size() > 0;
-  const std::vector<std::pair<std::string, std::vector<std::string>>> known{
-      {"Resize", {"size"}},
-      {"CenterCrop", {"size"}},
-      {"ToTensor", {}},
-      {"Normalize", {"mean", "std"}}};
+  const TransformKeys known{{"Resize", {"size"}},
+                            {"CenterCrop", {"size"}},
+                            {"ToTensor", {}},
+                            {"Normalize", {"mean", "std"}}};
   std::vector<std::string> seen;
   for (std::size_t i = 0; i < list.size(); ++i) {
     const YAML::Node t = list[i];
     const std::string where = "DATA.TEST.TRANSFORMS[" + std::to_string(i) + "]";
-    if (!t.IsMap() || !t["name"])
-      throw bad(where, ::swav::detail::text_of(t), "each transform is a map with a name");
-    const std::string name = value_as<std::string>(t["name"], where + ".name", "a string");
-    auto it = std::find_if(known.begin(), known.end(), [&](auto& k) { return k.first == name; });
-    if (it == known.end()) {
-      std::string names;
-      for (const auto& k : known) names += (names.empty() ? "" : ", ") + k.first;
-      throw bad(where + ".name", name,
-                "not an evaluation transform this trainer implements; use " + names);
-    }
+    const std::string name = transform_name(t, where, known, "an evaluation transform");
     if (std::find(seen.begin(), seen.end(), name) != seen.end())
       throw bad(where + ".name", name, "given twice; give each transform once");
     seen.push_back(name);
-    for (const auto& kv : t) {
-      const std::string key = value_as<std::string>(kv.first, where, "a map with string keys");
-      if (key != "name" && std::find(it->second.begin(), it->second.end(), key) == it->second.end())
-        throw bad(where + "." + key, ::swav::detail::text_of(kv.second),
-                  "not a parameter of " + name);
-    }
     if (name == "Resize" || name == "CenterCrop") {
       const int size = value_as<int>(t["size"], where + ".size",
                                      "one whole number of pixels (Resize: the shorter side; "
