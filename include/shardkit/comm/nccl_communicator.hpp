@@ -141,9 +141,13 @@ class NcclWorkState final : public WorkState {
   void wait() override {
     handle_->poll(name_, [&] { return test(); });
   }
-  // Issued on the rank's stream. Inside a group the call is not launched yet: the group's end
-  // launches it on the same stream, before any later work there.
-  void wait_on_stream() override {}
+  // Issued on the rank's stream. Inside an open group the call is not launched yet, and work
+  // queued now would run before it: refused, as wait() is.
+  void wait_on_stream() override {
+    check<StateError>(event_ != nullptr, name_,
+                      ": the call belongs to an open group scope; end the group before waiting on "
+                      "it");
+  }
 
  private:
   std::shared_ptr<NcclHandle> handle_;
