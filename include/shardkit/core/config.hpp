@@ -19,21 +19,37 @@
 #define SK_WITH_DNNL 0
 #endif
 
-// SK_CPU_KERNELS_ELSEWHERE is 1 when the CPU's kernel tables (cpu_tensor_kernels(),
-// autograd::cpu_kernels(), ops::cpu_fused_ops(): every tensor copy, autograd loop and fused
-// optimizer step, for every dtype) are compiled once, in kernels/shardkit_cpu.cpp, instead of
-// in each translation unit that reaches them -- about 45 s of -O3 per unit on one core, the
-// largest single cost of a program's build. A build that links that file defines
-// SHARDKIT_CPU_KERNELS_UNIT=1 for every unit of the program alike (Meson's shardkit_dep and
-// shardkit_cpu_dep do); the headers then only declare the tables. Without it (plain g++ use)
-// the headers define them inline, as everything else.
-#if defined(SHARDKIT_CPU_KERNELS_UNIT) && SHARDKIT_CPU_KERNELS_UNIT && \
-    !defined(SK_DEFINING_CPU_KERNELS)
-#define SK_CPU_KERNELS_ELSEWHERE 1
+// The CPU's kernel tables (cpu_tensor_kernels(), autograd::cpu_kernels(), ops::cpu_fused_ops():
+// every tensor copy, autograd loop and fused optimizer step, for every dtype) can be compiled
+// once per program instead of in each translation unit that reaches them -- about 45 s of -O3
+// per unit on one core, the largest single cost of a program's build. A build that does so
+// defines SHARDKIT_CPU_KERNELS_UNIT=1 for every unit of the program alike (Meson's shardkit_dep
+// and shardkit_cpu_dep do) and compiles the two units that define them, so that they compile side
+// by side: kernels/autograd/cpu_kernels.cpp (the tensor and autograd tables) and
+// kernels/ops/cpu_fused_ops.cpp. Such a unit sets SK_DEFINING_CPU_KERNELS to the tables it
+// defines, a sum of the SK_CPU_*_TABLE bits below; SK_CPU_TABLE_ELSEWHERE(table) is 1 where the
+// table's header only declares it. Without SHARDKIT_CPU_KERNELS_UNIT (plain g++ use) the headers
+// define every table inline, as everything else.
+#define SK_CPU_TENSOR_TABLE 1
+#define SK_CPU_AUTOGRAD_TABLE 2
+#define SK_CPU_FUSED_OPS_TABLE 4
+#if defined(SHARDKIT_CPU_KERNELS_UNIT) && SHARDKIT_CPU_KERNELS_UNIT
+#define SK_CPU_KERNELS_UNIT_BUILD 1
 #else
-#define SK_CPU_KERNELS_ELSEWHERE 0
+#define SK_CPU_KERNELS_UNIT_BUILD 0
 #endif
-// How the tables' functions are defined: inline in headers, ordinary in kernels/shardkit_cpu.cpp.
+#if defined(SK_DEFINING_CPU_KERNELS)
+#define SK_CPU_TABLES_DEFINED_HERE (SK_DEFINING_CPU_KERNELS)
+#else
+#define SK_CPU_TABLES_DEFINED_HERE 0
+#endif
+#if defined(SK_DEFINING_CPU_KERNELS) && !SK_CPU_KERNELS_UNIT_BUILD
+#error \
+    "a unit that defines a CPU kernel table (kernels/*/cpu_*.cpp): compile it, and every other unit of the program, with -DSHARDKIT_CPU_KERNELS_UNIT=1 (without it the headers define the tables inline and this unit would define them twice)"
+#endif
+#define SK_CPU_TABLE_ELSEWHERE(table) \
+  (SK_CPU_KERNELS_UNIT_BUILD && !(SK_CPU_TABLES_DEFINED_HERE & (table)))
+// How the tables' functions are defined: inline in headers, ordinary in their own unit.
 #if defined(SK_DEFINING_CPU_KERNELS)
 #define SK_CPU_KERNELS_LINKAGE
 #else

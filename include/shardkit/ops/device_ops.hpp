@@ -79,9 +79,9 @@ constexpr FusedOps fused_ops_table() {
   return table;
 }
 
-// The CPU's table (core/config.hpp, SK_CPU_KERNELS_ELSEWHERE: defined here, or only declared
-// here and compiled once in kernels/shardkit_cpu.cpp).
-#if SK_CPU_KERNELS_ELSEWHERE
+// The CPU's table (core/config.hpp, SK_CPU_TABLE_ELSEWHERE: defined here, or only declared
+// here and compiled once in kernels/ops/cpu_fused_ops.cpp).
+#if SK_CPU_TABLE_ELSEWHERE(SK_CPU_FUSED_OPS_TABLE)
 const FusedOps& cpu_fused_ops();
 #else
 SK_CPU_KERNELS_LINKAGE const FusedOps& cpu_fused_ops() {
