@@ -504,13 +504,10 @@ class SwavTrainer {
     clear_status();
     const bool final_eval = when == Evaluation::final;
     const auto& d = *data_;
-    model_->eval();
-    sk::parallel::broadcast_module_buffers(*ctx_, *model_, *comm_);  // rank 0's statistics
-    auto bank = features(d.train, d.bank_size);
-    auto test = features(d.test, d.test.count);
-    model_->train();
     const std::vector<std::uint8_t> bank_labels(d.train.labels.begin(),
                                                 d.train.labels.begin() + d.bank_size);
+    // The raw pixels' figure first: it is ready in a fraction of a second, the network's
+    // features of the bank and test images take a forward pass over them all.
     if (report.raw_knn < 0) {
       // The pixels as they are, normalised; images of varying sizes (and a test set of another
       // size) are all resized to the large crop size first.
@@ -541,6 +538,11 @@ class SwavTrainer {
       say("raw-pixel kNN (k %d, sigma %g, memory bank %lld images): %.2f%%\n", c_.knn_topk,
           c_.knn_sigma, static_cast<long long>(d.bank_size), 100 * report.raw_knn);
     }
+    model_->eval();
+    sk::parallel::broadcast_module_buffers(*ctx_, *model_, *comm_);  // rank 0's statistics
+    auto bank = features(d.train, d.bank_size);
+    auto test = features(d.test, d.test.count);
+    model_->train();
     std::vector<double> knn(bank.size());
     for (std::size_t k = 0; k < bank.size(); ++k) {
       l2_normalize_rows(bank[k].values, bank[k].dim);
