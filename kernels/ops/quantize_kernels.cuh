@@ -1,7 +1,8 @@
-// quantize.hpp's blocks (int8 or E4M3 codes) on the GPU, with the element rules the CPU loops use
-// (the same bits). Quantising: a thread block per quantisation block, its values strided over the
-// threads; the |x| maximum is formed in shared memory (a maximum is exact, so its order changes
-// nothing), then every thread writes its values' q. Dequantising: a thread per value.
+// quantize.hpp's blocks (int8, E4M3 or int4 codes) on the GPU, with the element rules the CPU loops
+// use (the same bits). Quantising: a thread block per quantisation block, its values strided over
+// the threads; the |x| maximum is formed in shared memory (a maximum is exact, so its order changes
+// nothing), then every thread writes its values' q (int4: a pair of values a thread, one byte).
+// Dequantising: a thread per value.
 #pragma once
 
 #include <algorithm>
@@ -31,8 +32,17 @@ __global__ void __launch_bounds__(kThreads)
   amax = partial[0];
   if (t == 0) scales[blockIdx.x] = amax / Code::kMax;
   const float inverse = inverse_step<Code>(amax);
-  for (std::int64_t i = lo + t; i < hi; i += kThreads)
-    q[i] = Code::encode(load_element(x + i), inverse);
+  if constexpr (Code::kPerByte == 1) {
+    for (std::int64_t i = lo + t; i < hi; i += kThreads)
+      q[i] = Code::encode(load_element(x + i), inverse);
+  } else {  // two codes a byte, a pair a thread; lo is even (int4 blocks are)
+    for (std::int64_t i = lo + 2 * t; i < hi; i += 2 * kThreads) {
+      const std::uint8_t low = Code::encode(load_element(x + i), inverse);
+      const std::uint8_t high =
+          i + 1 < hi ? Code::encode(load_element(x + i + 1), inverse) : std::uint8_t{0};
+      q[i / 2] = static_cast<std::uint8_t>(low | (high << 4));
+    }
+  }
 }
 
 template <class Code, class T>
@@ -40,13 +50,13 @@ __global__ void dequantize_blocks_kernel(const float* scales, const std::uint8_t
                                          std::int64_t block, T* x) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x)
-    store_element(x + i, Code::decode(q[i], scales[i / block]));
+    store_element(x + i, Code::decode(code_at<Code>(q, i), scales[i / block]));
 }
 
 inline void launch_quantize_blocks(Context& ctx, QuantFormat format, DType dtype,
                                    const void* values, std::int64_t n, std::int64_t block,
                                    std::uint8_t* payload) {
-  const std::int64_t blocks = int8_block_count(n, block);
+  const std::int64_t blocks = quant_block_count(n, block);
   check(blocks <= 0x7fffffff, "quantize_blocks: ", blocks,
         " blocks in one run; at most 2^31 - 1 (one thread block each): pass a larger block");
   CudaDeviceGuard guard(ctx.device().index);
@@ -59,16 +69,16 @@ inline void launch_quantize_blocks(Context& ctx, QuantFormat format, DType dtype
   });
   SK_CUDA_CHECK_LAUNCH("ops::cuda::quantize_blocks_kernel");
   // The padding too: a payload's bytes are a function of the values alone.
-  const std::int64_t used = 4 * blocks + n;
-  SK_CUDA_CHECK(cudaMemsetAsync(payload + used, 0,
-                                static_cast<std::size_t>(int8_payload_bytes(n, block) - used),
-                                ctx.stream()));
+  const std::int64_t used = 4 * blocks + quant_code_bytes(n, format);
+  SK_CUDA_CHECK(cudaMemsetAsync(
+      payload + used, 0, static_cast<std::size_t>(quant_payload_bytes(n, block, format) - used),
+      ctx.stream()));
 }
 
 inline void launch_dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
                                      const std::uint8_t* payload, std::int64_t n,
                                      std::int64_t block, void* values) {
-  const std::int64_t blocks = int8_block_count(n, block);
+  const std::int64_t blocks = quant_block_count(n, block);
   const auto grid = static_cast<unsigned>(
       std::min<std::int64_t>((n + kThreads - 1) / kThreads, std::int64_t{1} << 20));
   CudaDeviceGuard guard(ctx.device().index);

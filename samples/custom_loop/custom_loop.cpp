@@ -62,6 +62,7 @@ struct Flags {
   std::string precision = "f32";
   std::string offload = "none";
   std::string quantized_weights_format = "int8";
+  std::string quantized_grads_format = "int8";
 };
 
 float default_lr(sk::optim::OptimizerKind kind) {
@@ -115,12 +116,16 @@ int main(int argc, char** argv) {
                "fsdp: gather the parameters as int8 blocks with an f32 scale each (DeepSpeed's "
                "qwZ); the shards and the optimizer stay exact");
   app.add_option("--quantized-weights-format", flags.quantized_weights_format,
-                 "--quantized-weights: the codes, int8 (DeepSpeed's qwZ) or f8_e4m3 (FSDP2's "
-                 "float8 all-gather)")
-      ->check(CLI::IsMember({"int8", "f8_e4m3"}));
+                 "--quantized-weights: the codes, int8 (DeepSpeed's qwZ), f8_e4m3 (FSDP2's "
+                 "float8 all-gather) or int4")
+      ->check(CLI::IsMember({"int8", "f8_e4m3", "int4"}));
   app.add_flag("--quantized-grads", setup.parallel.fsdp.quantized_grads,
                "fsdp: reduce the gradients by an all-to-all of int8 blocks summed in f32 by "
                "each owner (DeepSpeed's qgZ)");
+  app.add_option("--quantized-grads-format", flags.quantized_grads_format,
+                 "--quantized-grads: the codes, int8, int4 (ZeRO++'s gradient width; an even "
+                 "--quantization-block) or f8_e4m3")
+      ->check(CLI::IsMember({"int8", "int4", "f8_e4m3"}));
   app.add_flag("--grad-error-feedback", setup.parallel.fsdp.grad_error_feedback,
                "--quantized-grads: carry what quantisation dropped into the next step");
   app.add_option("--reshard-group", setup.parallel.fsdp.reshard_group_size,
@@ -163,9 +168,10 @@ int main(int argc, char** argv) {
   try {
     // `kill -USR1 <pid>` prints what each rank's communicator did last (a hung job says where).
     sk::comm::install_recorder_dump(SIGUSR1);
-    setup.parallel.fsdp.quantized_weights_format = flags.quantized_weights_format == "f8_e4m3"
-                                                       ? sk::ops::QuantFormat::f8_e4m3
-                                                       : sk::ops::QuantFormat::int8;
+    setup.parallel.fsdp.quantized_weights_format =
+        *sk::find_name(flags.quantized_weights_format, sk::ops::kQuantFormatNames);
+    setup.parallel.fsdp.quantized_grads_format =
+        *sk::find_name(flags.quantized_grads_format, sk::ops::kQuantFormatNames);
     const auto device = custom_loop::choose_device(flags.device, flags.skip_without_gpu);
     if (device == custom_loop::DeviceChoice::skip) {
       std::printf("custom_loop: --device gpu, but no GPU can be used here: skipped\n");

@@ -642,17 +642,19 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
             "True",
             "CPU offload is an FSDP setting; set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True "
             "as well");
-      // DeepSpeed ZeRO++'s qwZ and qgZ (not FairScale or VISSL keys): int8 parameter gathers
-      // and gradient reductions.
+      // DeepSpeed ZeRO++'s qwZ and qgZ (not FairScale or VISSL keys): quantised parameter
+      // gathers and gradient reductions.
       auto& fsdp = s.parallel.fsdp;
       fsdp.quantized_weights = c.get<bool>("MODEL.FSDP_CONFIG.quantized_weights");
       fsdp.quantized_grads = c.get<bool>("MODEL.FSDP_CONFIG.quantized_grads");
-      const auto format = c.get<std::string>("MODEL.FSDP_CONFIG.quantized_weights_format");
-      if (format != "int8" && format != "f8_e4m3")
-        throw detail::bad("MODEL.FSDP_CONFIG.quantized_weights_format", format,
-                          "pass int8 or f8_e4m3");
-      fsdp.quantized_weights_format = format == "f8_e4m3" ? shardkit::ops::QuantFormat::f8_e4m3
-                                                          : shardkit::ops::QuantFormat::int8;
+      auto read_format = [&](const std::string& key) {
+        const auto name = c.get<std::string>(key);
+        const auto format = shardkit::find_name(name, shardkit::ops::kQuantFormatNames);
+        if (!format) throw detail::bad(key, name, "pass int8, f8_e4m3 or int4");
+        return *format;
+      };
+      fsdp.quantized_weights_format = read_format("MODEL.FSDP_CONFIG.quantized_weights_format");
+      fsdp.quantized_grads_format = read_format("MODEL.FSDP_CONFIG.quantized_grads_format");
       fsdp.grad_error_feedback = c.get<bool>("MODEL.FSDP_CONFIG.grad_error_feedback");
       fsdp.quantization_block = c.get<std::int64_t>("MODEL.FSDP_CONFIG.quantization_block");
       for (const auto& [key, on] :
@@ -676,6 +678,16 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
         throw detail::bad("MODEL.FSDP_CONFIG.quantization_block",
                           std::to_string(fsdp.quantization_block),
                           "pass 1 to 16777216 values per scale (DeepSpeed uses 256)");
+      for (const auto& [key, on, format] :
+           {std::tuple{"MODEL.FSDP_CONFIG.quantized_weights_format", fsdp.quantized_weights,
+                       fsdp.quantized_weights_format},
+            std::tuple{"MODEL.FSDP_CONFIG.quantized_grads_format", fsdp.quantized_grads,
+                       fsdp.quantized_grads_format}})
+        if (on && shardkit::ops::quant_code_bits(format) == 4 && fsdp.quantization_block % 2 != 0)
+          throw detail::bad(key, "int4",
+                            "int4 packs two codes to a byte and a block must start on one; set "
+                            "MODEL.FSDP_CONFIG.quantization_block to an even number (" +
+                                std::to_string(fsdp.quantization_block) + " is odd)");
       if (fsdp.quantized_weights && offload.params)
         throw detail::bad("MODEL.FSDP_CONFIG.quantized_weights", "True",
                           "the parameter shards live on the host with move_params_to_cpu; set "

@@ -103,8 +103,9 @@ MODEL:
     move_grads_to_cpu: False        # FairScale's: the optimizer's state and step on the CPU
     move_params_to_cpu: False       # FairScale's: the parameter shards too (implies the above)
     quantized_weights: False        # shardkit's: gather the parameters as int8 blocks (qwZ)
-    quantized_weights_format: int8  # shardkit's: or f8_e4m3 (FSDP2's float8 gather)
+    quantized_weights_format: int8  # shardkit's: or f8_e4m3 (FSDP2's float8 gather), int4
     quantized_grads: False          # shardkit's: reduce the gradients as int8 blocks (qgZ)
+    quantized_grads_format: int8    # shardkit's: or int4 (ZeRO++'s gradient width), f8_e4m3
     grad_error_feedback: False      # shardkit's: carry qgZ's rounding into the next step
     quantization_block: 256         # values per scale of those blocks
     clear_autocast_cache: True

@@ -1,4 +1,4 @@
-// The block formats (ops/quantize.hpp: int8 and E4M3 codes) as doctest cases over `Backend`,
+// The block formats (ops/quantize.hpp: int8, E4M3 and int4 codes) as doctest cases over `Backend`,
 // included by
 // ops_test_list.hpp: the CPU and the CUDA executables run the same checks against a float64
 // reference.
@@ -33,22 +33,32 @@ inline std::vector<float> quant_values(std::int64_t n, std::int64_t block, sk::D
   return out;
 }
 
-// The payload's scales and values, read on the host.
+// The payload's scales and codes (int8 and int4: the signed integer; E4M3: the byte), read on
+// the host.
 struct QuantPayload {
   std::vector<float> scales;
-  std::vector<std::int8_t> q;
+  std::vector<int> q;
   std::vector<std::uint8_t> bytes;
 };
 template <class B>
-QuantPayload read_payload(B& b, const sk::Tensor& payload, std::int64_t n, std::int64_t block) {
+QuantPayload read_payload(B& b, const sk::Tensor& payload, std::int64_t n, std::int64_t block,
+                          ops::QuantFormat format) {
   const sk::Tensor host = b.download(payload);
   QuantPayload out;
   out.bytes.assign(host.data<std::uint8_t>(), host.data<std::uint8_t>() + host.numel());
-  const std::int64_t blocks = ops::int8_block_count(n, block);
+  const std::int64_t blocks = ops::quant_block_count(n, block);
   out.scales.resize(static_cast<std::size_t>(blocks));
   std::memcpy(out.scales.data(), out.bytes.data(), out.scales.size() * sizeof(float));
-  out.q.resize(static_cast<std::size_t>(n));
-  std::memcpy(out.q.data(), out.bytes.data() + 4 * blocks, out.q.size());
+  const std::uint8_t* codes = out.bytes.data() + 4 * blocks;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (format == ops::QuantFormat::int4) {
+      const int nibble = (codes[i / 2] >> (i % 2 * 4)) & 0xf;  // the even value low
+      out.q.push_back(nibble >= 8 ? nibble - 16 : nibble);
+    } else {
+      out.q.push_back(format == ops::QuantFormat::int8 ? int(static_cast<std::int8_t>(codes[i]))
+                                                       : int(codes[i]));
+    }
+  }
   return out;
 }
 
@@ -64,15 +74,19 @@ void round_trip_case(B& b, ops::QuantFormat format, std::int64_t n, std::int64_t
   const auto x = quant_values(n, block, dtype, static_cast<std::uint32_t>(n * 31 + block));
   sk::Context host;
   const sk::Tensor values = b.upload(sk::cast(host, sk::from_vector(host, x, {n}), dtype));
-  const std::int64_t bytes = ops::int8_payload_bytes(n, block);
+  const bool int4 = format == ops::QuantFormat::int4;
+  const std::int64_t bytes = ops::quant_payload_bytes(n, block, format);
+  const std::int64_t used = 4 * ops::quant_block_count(n, block) + (int4 ? (n + 1) / 2 : n);
   CHECK(bytes % 16 == 0);
-  CHECK(bytes >= 4 * ops::int8_block_count(n, block) + n);
+  CHECK(bytes >= used);
+  CHECK(bytes < used + 16);
   const sk::Tensor payload = b.zeros({bytes}, sk::DType::u8);
   b.fill(payload, 255.0);  // the padding must be written, not left over
   ops::quantize_blocks(b.ctx, format, values, block, payload);
-  const QuantPayload p = read_payload(b, payload, n, block);
-  for (std::int64_t k = 4 * ops::int8_block_count(n, block) + n; k < bytes; ++k)
-    REQUIRE(p.bytes[static_cast<std::size_t>(k)] == 0);
+  const QuantPayload p = read_payload(b, payload, n, block, format);
+  for (std::int64_t k = used; k < bytes; ++k) REQUIRE(p.bytes[static_cast<std::size_t>(k)] == 0);
+  if (int4 && n % 2 == 1)  // the last byte's unused high nibble
+    REQUIRE((p.bytes[static_cast<std::size_t>(used - 1)] >> 4) == 0);
 
   const sk::Tensor back = b.zeros({n}, dtype);
   ops::dequantize_blocks(b.ctx, format, payload, block, back);
@@ -83,12 +97,13 @@ void round_trip_case(B& b, ops::QuantFormat format, std::int64_t n, std::int64_t
   const double dtype_eps = dtype == sk::DType::f16    ? std::ldexp(1.0, -11)
                            : dtype == sk::DType::bf16 ? std::ldexp(1.0, -8)
                                                       : 0.0;
-  for (std::int64_t blk = 0; blk < ops::int8_block_count(n, block); ++blk) {
+  for (std::int64_t blk = 0; blk < ops::quant_block_count(n, block); ++blk) {
     const std::int64_t lo = blk * block, hi = std::min(n, lo + block);
     double amax = 0;
     for (std::int64_t i = lo; i < hi; ++i)
       amax = std::max(amax, std::fabs(double(x[static_cast<std::size_t>(i)])));
-    const double scale = amax / (f8 ? 448.0 : 127.0);
+    const int code_max = int4 ? 7 : 127;
+    const double scale = amax / (f8 ? 448.0 : code_max);
     const float kept = p.scales[static_cast<std::size_t>(blk)];
     REQUIRE(std::fabs(kept - scale) <= scale * std::ldexp(1.0, -24));  // f32 of amax / max
     for (std::int64_t i = lo; i < hi; ++i) {
@@ -99,14 +114,14 @@ void round_trip_case(B& b, ops::QuantFormat format, std::int64_t n, std::int64_t
         REQUIRE((code & 0x7f) != 0x7f);  // finite values never become NaN
         if (amax > 0 && std::fabs(double(x[at])) == amax) REQUIRE((code & 0x7f) == 0x7e);
       } else {
-        REQUIRE(q >= -127);
-        REQUIRE(q <= 127);
+        REQUIRE(q >= -code_max);
+        REQUIRE(q <= code_max);
         // q is x / scale to the nearest integer (a tie may go either way through f32 rounding).
         if (amax > 0) REQUIRE(std::fabs(double(x[at]) / scale - q) <= 0.5 + 1e-5);
-        if (amax > 0 && std::fabs(double(x[at])) == amax) REQUIRE(std::abs(q) == 127);
+        if (amax > 0 && std::fabs(double(x[at])) == amax) REQUIRE(std::abs(q) == code_max);
       }
-      // int8: x' within half a step of x; E4M3: within 1/16 of x for normal codes, 2^-10 of
-      // the scale below them (to f32 rounding); then the destination's own rounding.
+      // int8 and int4: x' within half a step of x; E4M3: within 1/16 of x for normal codes, 2^-10
+      // of the scale below them (to f32 rounding); then the destination's own rounding.
       const double step =
           f8 ? std::max(std::fabs(double(x[at])) / 16.0, scale / 1024.0) : 0.5 * scale;
       const double subnormal = dtype == sk::DType::f16 ? std::ldexp(1.0, -25) : 0.0;
@@ -125,7 +140,17 @@ TEST_CASE("int8 blocks: payload and round trip against float64, every dtype and 
         round_trip_case(b, ops::QuantFormat::int8, n, block, dtype);
 }
 
-TEST_CASE("int8 blocks: a block with an inf or a NaN comes back all NaN, the others intact") {
+TEST_CASE("int4 blocks: payload and round trip against float64, every dtype, even blocks") {
+  Backend b;
+  for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16})
+    for (std::int64_t block : {256, 64, 6, 2})
+      for (std::int64_t n : {1, 255, 256, 257, 1000, 4099})
+        round_trip_case(b, ops::QuantFormat::int4, n, block, dtype);
+}
+
+TEST_CASE(
+    "int8 and int4 blocks: a block with an inf or a NaN comes back all NaN, the others "
+    "intact") {
   Backend b;
   sk::Context host;
   const std::int64_t n = 1024, block = 256;
@@ -133,18 +158,21 @@ TEST_CASE("int8 blocks: a block with an inf or a NaN comes back all NaN, the oth
   x[300] = std::numeric_limits<float>::infinity();
   x[700] = std::numeric_limits<float>::quiet_NaN();
   const sk::Tensor values = b.upload(sk::from_vector(host, x, {n}));
-  const sk::Tensor payload = b.zeros({ops::int8_payload_bytes(n, block)}, sk::DType::u8);
-  ops::quantize_int8_blocks(b.ctx, values, block, payload);
-  const sk::Tensor back = b.zeros({n}, sk::DType::f32);
-  ops::dequantize_int8_blocks(b.ctx, payload, block, back);
-  const auto y = sk::to_vector<float>(host, b.download(back));
-  for (std::int64_t i = 0; i < n; ++i) {
-    CAPTURE(i);
-    const bool poisoned = i / block == 1 || i / block == 2;
-    if (poisoned)
-      REQUIRE(std::isnan(y[static_cast<std::size_t>(i)]));
-    else
-      REQUIRE(std::isfinite(y[static_cast<std::size_t>(i)]));
+  for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::int4}) {
+    CAPTURE(ops::quant_format_name(format));
+    const sk::Tensor payload = b.zeros({ops::quant_payload_bytes(n, block, format)}, sk::DType::u8);
+    ops::quantize_blocks(b.ctx, format, values, block, payload);
+    const sk::Tensor back = b.zeros({n}, sk::DType::f32);
+    ops::dequantize_blocks(b.ctx, format, payload, block, back);
+    const auto y = sk::to_vector<float>(host, b.download(back));
+    for (std::int64_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      const bool poisoned = i / block == 1 || i / block == 2;
+      if (poisoned)
+        REQUIRE(std::isnan(y[static_cast<std::size_t>(i)]));
+      else
+        REQUIRE(std::isfinite(y[static_cast<std::size_t>(i)]));
+    }
   }
 }
 
@@ -217,14 +245,14 @@ TEST_CASE("E4M3 blocks: payload and round trip against float64, every dtype and 
 // 3.8e-37 for int8, 1.3e-36 for E4M3): its zeros must come back zeros, not NaN (0 x inf), and
 // its other values finite with their signs, within the block's largest -- such a block keeps
 // no more than that (docs/semantics.md).
-TEST_CASE("int8 and E4M3 blocks: a block of tiny values comes back finite, its zeros zero") {
+TEST_CASE("int8, E4M3 and int4 blocks: a block of tiny values comes back finite, its zeros zero") {
   Backend b;
   sk::Context host;
   const std::vector<float> x = {1e-37f, 0.0f, -5e-38f, 0.0f, 2e-38f, 0.0f, 0.0f, -1e-37f};
   const auto n = static_cast<std::int64_t>(x.size());
-  for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::f8_e4m3}) {
+  for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::f8_e4m3, ops::QuantFormat::int4}) {
     CAPTURE(ops::quant_format_name(format));
-    const sk::Tensor payload = b.zeros({ops::int8_payload_bytes(n, n)}, sk::DType::u8);
+    const sk::Tensor payload = b.zeros({ops::quant_payload_bytes(n, n, format)}, sk::DType::u8);
     ops::quantize_blocks(b.ctx, format, b.upload(sk::from_vector(host, x, {n})), n, payload);
     const sk::Tensor back = b.zeros({n}, sk::DType::f32);
     ops::dequantize_blocks(b.ctx, format, payload, n, back);
@@ -242,7 +270,7 @@ TEST_CASE("int8 and E4M3 blocks: a block of tiny values comes back finite, its z
 TEST_CASE("int8 blocks: bad arguments are refused by name") {
   Backend b;
   const sk::Tensor values = b.zeros({100}, sk::DType::f32);
-  const sk::Tensor payload = b.zeros({ops::int8_payload_bytes(100, 32) + 16}, sk::DType::u8);
+  const sk::Tensor payload = b.zeros({ops::quant_payload_bytes(100, 32) + 16}, sk::DType::u8);
   CHECK_THROWS_WITH(ops::quantize_int8_blocks(b.ctx, values, 0, payload),
                     doctest::Contains("a block of 0 values"));
   CHECK_THROWS_WITH(
@@ -254,6 +282,11 @@ TEST_CASE("int8 blocks: bad arguments are refused by name") {
                     doctest::Contains("values must be a contiguous f32, f16 or bf16 tensor"));
   CHECK_THROWS_WITH(ops::dequantize_int8_blocks(b.ctx, b.zeros({100}, sk::DType::f32), 32, values),
                     doctest::Contains("payload must be a contiguous u8 tensor"));
+  // int4 packs two codes to a byte: an odd block would start mid-byte; its payload is smaller.
+  CHECK_THROWS_WITH(ops::quantize_blocks(b.ctx, ops::QuantFormat::int4, values, 33, payload),
+                    doctest::Contains("an int4 block of 33 values"));
+  CHECK(ops::quant_payload_bytes(100, 32, ops::QuantFormat::int4) == 80);  // 16 + 50, to 16
+  ops::quantize_blocks(b.ctx, ops::QuantFormat::int4, values, 32, payload.slice(0, 0, 80));
 }
 
 }  // namespace ops_test

@@ -63,7 +63,7 @@ TEST_CASE("int8 and E4M3 blocks on the GPU: the CPU's payload bytes and values, 
       CAPTURE(sk::dtype_name(dtype));
       const sk::Tensor values =
           sk::cast(cpu.ctx, sk::from_vector(cpu.ctx, quant_values(n, block, dtype, 5), {n}), dtype);
-      const std::int64_t bytes = ops::int8_payload_bytes(n, block);
+      const std::int64_t bytes = ops::quant_payload_bytes(n, block);
       const sk::Tensor on_cpu = cpu.zeros({bytes}, sk::DType::u8);
       const sk::Tensor on_gpu = gpu.zeros({bytes}, sk::DType::u8);
       ops::quantize_blocks(cpu.ctx, format, values, block, on_cpu);

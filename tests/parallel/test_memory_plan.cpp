@@ -273,37 +273,42 @@ TEST_CASE("qwZ: the plan's bounds hold the int8 wires, and its gather traffic is
     }
 }
 
-TEST_CASE("qgZ: the plan's bounds hold the int8 runs and the residual; its gradient traffic") {
+TEST_CASE("qgZ: the plan's bounds hold the int8 and int4 runs and the residual; its traffic") {
   sk::parallel::MixedPrecision bf16 = sk::parallel::MixedPrecision::of(sk::DType::bf16);
-  for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16})
-    for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}})
-      for (const bool feedback : {false, true}) {
-        PlannedRun o = small_buckets_run(Stage::fsdp, world, group, OptimizerKind::adamw, precision,
-                                         PartitionKind::flat);
-        o.parallel.fsdp.quantized_grads = true;
-        o.parallel.fsdp.grad_error_feedback = feedback;
-        o.parallel.fsdp.quantization_block = 16;
-        CAPTURE(feedback);
-        check_plan(o);  // the allocator's peaks under the plan's bounds
-        const MemoryPlan quantized = sk::parallel::plan_memory(model_specs(), o);
-        o.parallel.fsdp.quantized_grads = false;
-        o.parallel.fsdp.grad_error_feedback = false;
-        const MemoryPlan exact = sk::parallel::plan_memory(model_specs(), o);
-        double psi = 0;
-        for (const auto& spec : model_specs())
-          if (spec.trainable) psi += static_cast<double>(sk::shape_numel(spec.shape));
-        // Error feedback keeps an f32 residual of every local gradient (Psi elements, padding
-        // aside); without it the gradients are the exact run's.
-        if (feedback)
-          CHECK(quantized.gradients - exact.gradients >= static_cast<std::int64_t>(4 * psi));
-        else
-          CHECK(quantized.gradients == exact.gradients);
-        // Per reduced value 1 byte + 4 / 16 of a scale instead of the wire dtype's 4 or 2.
-        const double g = group == 0 ? world : group, ring = (g - 1) / g;
-        const double wire = precision.enabled() ? 2.0 : 4.0;
-        CHECK(exact.sent_in_group - quantized.sent_in_group ==
-              doctest::Approx(psi * ring * (wire - 1.25)));
-      }
+  for (const auto format : {sk::ops::QuantFormat::int8, sk::ops::QuantFormat::int4})
+    for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16})
+      for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}})
+        for (const bool feedback : {false, true}) {
+          PlannedRun o = small_buckets_run(Stage::fsdp, world, group, OptimizerKind::adamw,
+                                           precision, PartitionKind::flat);
+          o.parallel.fsdp.quantized_grads = true;
+          o.parallel.fsdp.quantized_grads_format = format;
+          o.parallel.fsdp.grad_error_feedback = feedback;
+          o.parallel.fsdp.quantization_block = 16;
+          CAPTURE(sk::ops::quant_format_name(format));
+          CAPTURE(feedback);
+          check_plan(o);  // the allocator's peaks under the plan's bounds
+          const MemoryPlan quantized = sk::parallel::plan_memory(model_specs(), o);
+          o.parallel.fsdp.quantized_grads = false;
+          o.parallel.fsdp.grad_error_feedback = false;
+          const MemoryPlan exact = sk::parallel::plan_memory(model_specs(), o);
+          double psi = 0;
+          for (const auto& spec : model_specs())
+            if (spec.trainable) psi += static_cast<double>(sk::shape_numel(spec.shape));
+          // Error feedback keeps an f32 residual of every local gradient (Psi elements, padding
+          // aside); without it the gradients are the exact run's.
+          if (feedback)
+            CHECK(quantized.gradients - exact.gradients >= static_cast<std::int64_t>(4 * psi));
+          else
+            CHECK(quantized.gradients == exact.gradients);
+          // Per reduced value 1 byte (int4: half of one) + 4 / 16 of a scale instead of the wire
+          // dtype's 4 or 2.
+          const double g = group == 0 ? world : group, ring = (g - 1) / g;
+          const double wire = precision.enabled() ? 2.0 : 4.0;
+          const double code = format == sk::ops::QuantFormat::int4 ? 0.5 : 1.0;
+          CHECK(exact.sent_in_group - quantized.sent_in_group ==
+                doctest::Approx(psi * ring * (wire - code - 0.25)));
+        }
 }
 
 TEST_CASE("hpZ: the plan holds every unit's slice over the node; the backward's gathers in it") {

@@ -856,8 +856,19 @@ OPTIMIZER:
                    "config.MODEL.FSDP_CONFIG.quantized_weights=True",
                    "config.MODEL.FSDP_CONFIG.quantized_weights_format=f8_e4m3"})
             .parallel.fsdp.quantized_weights_format == shardkit::ops::QuantFormat::f8_e4m3);
-  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.quantized_weights_format=int4"}),
-                    doctest::Contains("quantized_weights_format = int4: pass int8 or f8_e4m3"));
+  CHECK_THROWS_WITH(
+      config_of({"config.MODEL.FSDP_CONFIG.quantized_weights_format=int2"}),
+      doctest::Contains("quantized_weights_format = int2: pass int8, f8_e4m3 or int4"));
+  // qgZ at ZeRO++'s gradient width: int4 codes, two to a byte, so an even block.
+  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                   "config.MODEL.FSDP_CONFIG.quantized_grads=True",
+                   "config.MODEL.FSDP_CONFIG.quantized_grads_format=int4"})
+            .parallel.fsdp.quantized_grads_format == shardkit::ops::QuantFormat::int4);
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                               "config.MODEL.FSDP_CONFIG.quantized_grads=True",
+                               "config.MODEL.FSDP_CONFIG.quantized_grads_format=int4",
+                               "config.MODEL.FSDP_CONFIG.quantization_block=255"}),
+                    doctest::Contains("quantization_block to an even number (255 is odd)"));
   // hpZ: the backward's gathers inside a node.
   CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
                    "config.MODEL.FSDP_CONFIG.reshard_group_size=2"})

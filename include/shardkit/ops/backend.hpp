@@ -52,7 +52,7 @@ namespace shardkit::ops {
 //                                          one run of n values (f32, f16 or bf16) to and from
 //                                          quantize.hpp's blocks of int8 or E4M3 codes (payload:
 //                                          device bytes, 4-byte aligned,
-//                                          int8_payload_bytes(n, block) long)
+//                                          quant_payload_bytes(n, block) long)
 template <class B>
 concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
                               const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves,

@@ -127,7 +127,7 @@ struct Cpu {
   // quantize.hpp's format, a block a task: n values of `dtype` into one run's payload.
   static void quantize_blocks(Context& ctx, QuantFormat format, DType dtype, const void* values,
                               std::int64_t n, std::int64_t block, std::uint8_t* payload) {
-    const std::int64_t blocks = int8_block_count(n, block);
+    const std::int64_t blocks = quant_block_count(n, block);
     std::uint8_t* q = payload + 4 * blocks;
     visit_quant_format(format, [&]<class Code>() {
       visit_element_dtype(dtype, [&]<class T>() {
@@ -139,19 +139,30 @@ struct Cpu {
           const float scale = amax / Code::kMax;
           std::memcpy(payload + 4 * b, &scale, sizeof scale);
           const float inverse = inverse_step<Code>(amax);
-          for (std::int64_t i = lo; i < hi; ++i) q[i] = Code::encode(load_element(x + i), inverse);
+          if constexpr (Code::kPerByte == 1) {
+            for (std::int64_t i = lo; i < hi; ++i)
+              q[i] = Code::encode(load_element(x + i), inverse);
+          } else {  // two codes a byte; lo is even (int4 blocks are)
+            for (std::int64_t i = lo; i < hi; i += 2) {
+              const std::uint8_t low = Code::encode(load_element(x + i), inverse);
+              const std::uint8_t high =
+                  i + 1 < hi ? Code::encode(load_element(x + i + 1), inverse) : std::uint8_t{0};
+              q[i / 2] = static_cast<std::uint8_t>(low | (high << 4));
+            }
+          }
         });
       });
     });
     // The padding too: a payload's bytes are a function of the values alone.
-    std::fill(payload + 4 * blocks + n, payload + int8_payload_bytes(n, block), std::uint8_t{0});
+    std::fill(payload + 4 * blocks + quant_code_bytes(n, format),
+              payload + quant_payload_bytes(n, block, format), std::uint8_t{0});
   }
 
   // The n values of one run's payload back into `values` (of `dtype`).
   static void dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
                                 const std::uint8_t* payload, std::int64_t n, std::int64_t block,
                                 void* values) {
-    const std::int64_t blocks = int8_block_count(n, block);
+    const std::int64_t blocks = quant_block_count(n, block);
     const std::uint8_t* q = payload + 4 * blocks;
     visit_quant_format(format, [&]<class Code>() {
       visit_element_dtype(dtype, [&]<class T>() {
@@ -160,7 +171,8 @@ struct Cpu {
           const std::int64_t lo = b * block, hi = std::min(n, lo + block);
           float scale;
           std::memcpy(&scale, payload + 4 * b, sizeof scale);
-          for (std::int64_t i = lo; i < hi; ++i) store_element(x + i, Code::decode(q[i], scale));
+          for (std::int64_t i = lo; i < hi; ++i)
+            store_element(x + i, Code::decode(code_at<Code>(q, i), scale));
         });
       });
     });

@@ -315,32 +315,37 @@ void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> gr
 
 namespace detail {
 
-// The checks both directions of the int8 block format make: backend B and ctx's device,
-// `values` a contiguous f32, f16 or bf16 tensor (read flat) and `payload` contiguous u8 of at
-// least int8_payload_bytes, aligned for its f32 scales, both on ctx's device. Returns whether
-// there is anything to do (values not empty).
+// The checks both directions of the block formats make: backend B and ctx's device, a block
+// that the format takes, `values` a contiguous f32, f16 or bf16 tensor (read flat) and `payload`
+// contiguous u8 of at least quant_payload_bytes, aligned for its f32 scales, both on ctx's
+// device. Returns whether there is anything to do (values not empty).
 template <class B>
-bool check_int8_blocks(const Context& ctx, const Tensor& values, std::int64_t block,
-                       const Tensor& payload, const char* op) {
+bool check_quant_blocks(const Context& ctx, QuantFormat format, const Tensor& values,
+                        std::int64_t block, const Tensor& payload, const char* op) {
   SK_REQUIRE_OPS_BACKEND(B, "quantize_blocks / dequantize_blocks");
   B::check_context(ctx, op);
   check(block >= 1 && block <= kMaxQuantBlock, op, ": a block of ", block,
         " values; pass 1 to 2^24 (DeepSpeed's qwZ uses ", kDefaultQuantBlock, ")");
+  check(quant_code_bits(format) == 8 || block % 2 == 0, op, ": an ", quant_format_name(format),
+        " block of ", block, " values; ", quant_format_name(format),
+        " packs two codes to a byte and a block must start on one: pass an even block (",
+        kDefaultQuantBlock, " is the default)");
   check(values.defined() && values.is_contiguous() &&
             (values.dtype() == DType::f32 || values.dtype() == DType::f16 ||
              values.dtype() == DType::bf16) &&
             values.device() == ctx.device(),
         op, ": values must be a contiguous f32, f16 or bf16 tensor on ", ctx.device().str(),
         ", got ", values.defined() ? values.str() : std::string("an undefined tensor"));
-  const std::int64_t bytes = int8_payload_bytes(values.numel(), block);
+  const std::int64_t bytes = quant_payload_bytes(values.numel(), block, format);
   check(payload.defined() && payload.dtype() == DType::u8 && payload.is_contiguous() &&
             payload.numel() >= bytes && payload.device() == ctx.device(),
         op, ": payload must be a contiguous u8 tensor of at least ", bytes, " bytes on ",
-        ctx.device().str(), " (int8_payload_bytes(", values.numel(), ", ", block, ")), got ",
+        ctx.device().str(), " (quant_payload_bytes(", values.numel(), ", ", block, ", ",
+        quant_format_name(format), ")), got ",
         payload.defined() ? payload.str() : std::string("an undefined tensor"));
   check(reinterpret_cast<std::uintptr_t>(payload.data_ptr()) % 4 == 0, op,
         ": payload starts at an address that is not a multiple of 4; its f32 scales need one "
-        "(runs laid end to end at int8_payload_bytes offsets keep it)");
+        "(runs laid end to end at quant_payload_bytes offsets keep it)");
   return values.numel() > 0;
 }
 
@@ -350,7 +355,7 @@ bool check_int8_blocks(const Context& ctx, const Tensor& values, std::int64_t bl
 template <class B>
 void quantize_blocks(Context& ctx, QuantFormat format, const Tensor& values, std::int64_t block,
                      const Tensor& payload) {
-  if (detail::check_int8_blocks<B>(ctx, values, block, payload, "quantize_blocks"))
+  if (detail::check_quant_blocks<B>(ctx, format, values, block, payload, "quantize_blocks"))
     B::quantize_blocks(ctx, format, values.dtype(), values.data_ptr(), values.numel(), block,
                        static_cast<std::uint8_t*>(payload.data_ptr()));
 }
@@ -359,7 +364,7 @@ void quantize_blocks(Context& ctx, QuantFormat format, const Tensor& values, std
 template <class B>
 void dequantize_blocks(Context& ctx, QuantFormat format, const Tensor& payload, std::int64_t block,
                        const Tensor& values) {
-  if (detail::check_int8_blocks<B>(ctx, values, block, payload, "dequantize_blocks"))
+  if (detail::check_quant_blocks<B>(ctx, format, values, block, payload, "dequantize_blocks"))
     B::dequantize_blocks(ctx, format, values.dtype(),
                          static_cast<const std::uint8_t*>(payload.data_ptr()), values.numel(),
                          block, values.data_ptr());

@@ -18,10 +18,16 @@
 // |x - x'| <= max(|x| / 16, scale_b / 1024) up to f32 rounding (normal codes keep 3 mantissa
 // bits; below 2^-6 the subnormal codes step by 2^-9).
 //
-// One run's payload, as the all-gather moves it: [scale_b: f32 x blocks][q: int8 x n], padded to
-// a multiple of 16 bytes, so that runs laid end to end keep their scales aligned. Every step is
-// IEEE f32 arithmetic that no compiler may contract (a division, products rounded to integers
-// or stored), so the host and the device give the same bits.
+// Or int4 (QuantFormat::int4, qgZ's narrower wire, as DeepSpeed's ZeRO++ quantises gradients):
+// scale_b = amax_b / 7, q = round-half-even(x * (7 / amax_b)) in [-7, 7], two codes to a byte
+// (the even element in the low nibble, two's complement), |x - x'| <= scale_b / 2 as for int8
+// but with a step 18 times as coarse. A block must hold an even number of values, so that every
+// block starts on a byte.
+//
+// One run's payload, as the wire moves it: [scale_b: f32 x blocks][q: n bytes, or (n + 1) / 2
+// for int4], padded to a multiple of 16 bytes, so that runs laid end to end keep their scales
+// aligned. Every step is IEEE f32 arithmetic that no compiler may contract (a division,
+// products rounded to integers or stored), so the host and the device give the same bits.
 #pragma once
 
 #include <cmath>
@@ -41,13 +47,36 @@ inline constexpr std::int64_t kDefaultQuantBlock = 256;
 // The largest block the format takes (2^24 values per scale).
 inline constexpr std::int64_t kMaxQuantBlock = std::int64_t{1} << 24;
 
-constexpr std::int64_t int8_block_count(std::int64_t n, std::int64_t block) {
+// What a block's codes are.
+enum class QuantFormat : std::uint8_t { int8, f8_e4m3, int4 };
+
+inline constexpr EnumName<QuantFormat> kQuantFormatNames[] = {
+    {QuantFormat::int8, "int8"}, {QuantFormat::f8_e4m3, "f8_e4m3"}, {QuantFormat::int4, "int4"}};
+
+constexpr std::string_view quant_format_name(QuantFormat format) {
+  return name_of(format, kQuantFormatNames);
+}
+
+// Bits per value of a format's codes.
+constexpr int quant_code_bits(QuantFormat format) { return format == QuantFormat::int4 ? 4 : 8; }
+
+constexpr std::int64_t quant_block_count(std::int64_t n, std::int64_t block) {
   return (n + block - 1) / block;
 }
 
-// Bytes of one run's payload (scales, values, padding to 16).
-constexpr std::int64_t int8_payload_bytes(std::int64_t n, std::int64_t block) {
-  return (4 * int8_block_count(n, block) + n + 15) / 16 * 16;
+// Bytes of one run's codes, and of its payload (scales, codes, padding to 16).
+constexpr std::int64_t quant_code_bytes(std::int64_t n, QuantFormat format = QuantFormat::int8) {
+  return quant_code_bits(format) == 4 ? (n + 1) / 2 : n;
+}
+constexpr std::int64_t quant_payload_bytes(std::int64_t n, std::int64_t block,
+                                           QuantFormat format = QuantFormat::int8) {
+  return (4 * quant_block_count(n, block) + quant_code_bytes(n, format) + 15) / 16 * 16;
+}
+
+// Wire bytes per value, padding aside: the codes and a block's f32 scale shared by its values
+// (what the memory and traffic plans count).
+constexpr double quant_bytes_per_value(std::int64_t block, QuantFormat format) {
+  return quant_code_bits(format) / 8.0 + 4.0 / static_cast<double>(block);
 }
 
 // The running |x| maximum; a NaN, once seen, stays.
@@ -73,16 +102,6 @@ SK_HOST_DEVICE SK_INLINE std::int8_t int8_quantize(float x, float inverse_step) 
 
 SK_HOST_DEVICE SK_INLINE float int8_dequantize(std::int8_t q, float scale) {
   return static_cast<float>(q) * scale;
-}
-
-// What a block's byte codes are.
-enum class QuantFormat : std::uint8_t { int8, f8_e4m3 };
-
-inline constexpr EnumName<QuantFormat> kQuantFormatNames[] = {{QuantFormat::int8, "int8"},
-                                                              {QuantFormat::f8_e4m3, "f8_e4m3"}};
-
-constexpr std::string_view quant_format_name(QuantFormat format) {
-  return name_of(format, kQuantFormatNames);
 }
 
 // The largest finite E4M3 value, and the code of a NaN (S.1111.111; e4m3fn has no infinities).
@@ -119,10 +138,11 @@ SK_HOST_DEVICE SK_INLINE float e4m3_value(std::uint8_t code) {
   return sign * ldexpf(static_cast<float>(8 + mantissa), exponent - 10);
 }
 
-// The two codes as the kernels see them: the largest code magnitude, a value's code for an
-// inverse step, and a code's value for a scale.
+// The codes as the kernels see them: the largest code magnitude, codes per byte, a value's code
+// for an inverse step, and a code's value for a scale.
 struct Int8Code {
   static constexpr float kMax = 127.0f;
+  static constexpr int kPerByte = 1;
   SK_HOST_DEVICE SK_INLINE static std::uint8_t encode(float x, float inverse_step) {
     return static_cast<std::uint8_t>(int8_quantize(x, inverse_step));
   }
@@ -133,6 +153,7 @@ struct Int8Code {
 
 struct E4m3Code {
   static constexpr float kMax = kE4m3Max;
+  static constexpr int kPerByte = 1;
   SK_HOST_DEVICE SK_INLINE static std::uint8_t encode(float x, float inverse_step) {
     // A NaN product -- 0 x inf when a block's amax is so small that 448 / amax overflows, or a
     // non-finite block's x x 0 -- is code 0, as int8_quantize makes it 0: a non-finite block
@@ -144,6 +165,31 @@ struct E4m3Code {
     return e4m3_value(q) * scale;
   }
 };
+
+// A 4-bit two's complement code in a byte's low nibble (the kernels pack two to a byte).
+struct Int4Code {
+  static constexpr float kMax = 7.0f;
+  static constexpr int kPerByte = 2;
+  SK_HOST_DEVICE SK_INLINE static std::uint8_t encode(float x, float inverse_step) {
+    // As int8_quantize: the product rounded to f32, then to an integer, ties to even.
+    float y = rintf(x * inverse_step);
+    y = y > 7.0f ? 7.0f : (y < -7.0f ? -7.0f : y);
+    const int q = y == y ? static_cast<int>(y) : 0;  // (inf x 0 on a NaN block)
+    return static_cast<std::uint8_t>(q & 0xf);
+  }
+  SK_HOST_DEVICE SK_INLINE static float decode(std::uint8_t q, float scale) {
+    return static_cast<float>(((q & 0xf) ^ 8) - 8) * scale;  // sign-extended
+  }
+};
+
+// Value i's code in a run's codes (Code::kPerByte to a byte, the even value in the low nibble).
+template <class Code>
+SK_HOST_DEVICE SK_INLINE std::uint8_t code_at(const std::uint8_t* q, std::int64_t i) {
+  if constexpr (Code::kPerByte == 1)
+    return q[i];
+  else
+    return static_cast<std::uint8_t>(q[i >> 1] >> ((i & 1) * 4)) & 0xf;
+}
 
 // kMax / amax for a finite, non-zero amax; else 0 (as int8_inverse_step).
 template <class Code>
@@ -159,6 +205,8 @@ decltype(auto) visit_quant_format(QuantFormat format, F&& f) {
       return f.template operator()<Int8Code>();
     case QuantFormat::f8_e4m3:
       return f.template operator()<E4m3Code>();
+    case QuantFormat::int4:
+      return f.template operator()<Int4Code>();
   }
   fail<InvalidArgument>("quantisation format ", static_cast<int>(format), " is not known");
 }

@@ -59,25 +59,26 @@ inline void broadcast_from(const FlatParam& flat, const Tensor& values, int root
 // The bytes of each owner's run of blocks (ops/quantize.hpp) for per-owner element `counts`:
 // what a quantised collective moves per owner, and what the memory planner counts for it.
 inline std::vector<std::size_t> quantized_segment_bytes(const std::vector<std::size_t>& counts,
-                                                        std::int64_t block) {
+                                                        std::int64_t block,
+                                                        ops::QuantFormat format) {
   std::vector<std::size_t> bytes;
   bytes.reserve(counts.size());
   for (const std::size_t count : counts)
-    bytes.push_back(
-        static_cast<std::size_t>(ops::int8_payload_bytes(static_cast<std::int64_t>(count), block)));
+    bytes.push_back(static_cast<std::size_t>(
+        ops::quant_payload_bytes(static_cast<std::int64_t>(count), block, format)));
   return bytes;
 }
 
 // qwZ: each rank's run of its shard on the wire, rank by rank.
 inline std::vector<std::size_t> quantized_run_bytes(const shard::ShardPlan& plan,
-                                                    std::int64_t block) {
-  return quantized_segment_bytes(plan.counts(), block);
+                                                    std::int64_t block, ops::QuantFormat format) {
+  return quantized_segment_bytes(plan.counts(), block, format);
 }
 
 namespace detail {
 
-// qwZ: every rank's shard travels as one run of int8 (or E4M3) blocks (ops/quantize.hpp), the
-// runs laid end to end as bytes; once they are here, every run -- this rank's too, so that all
+// qwZ: every rank's shard travels as one run of int8 (or E4M3, or int4) blocks (ops/quantize.hpp),
+// the runs laid end to end as bytes; once they are here, every run -- this rank's too, so that all
 // ranks compute with the same values -- is dequantised into the buffer. The shard stays exact.
 [[nodiscard]] inline comm::Work start_quantized_all_gather(FlatParam& flat, std::int64_t block,
                                                            ops::QuantFormat format) {
@@ -85,7 +86,7 @@ namespace detail {
   Context& ctx = flat.context();
   const auto& plan = flat.plan();
   comm::Communicator& comm = flat.communicator();
-  const auto bytes = quantized_run_bytes(plan, block);
+  const auto bytes = quantized_run_bytes(plan, block, format);
   const std::size_t ranks = bytes.size();
   std::vector<std::int64_t> at(ranks + 1, 0);  // where each rank's run starts on the wire
   for (std::size_t r = 0; r < ranks; ++r) at[r + 1] = at[r] + static_cast<std::int64_t>(bytes[r]);

@@ -173,7 +173,7 @@ class AllReduceGrads final : public GradSyncStrategy {
 
 class ReduceScatterGrads final : public GradSyncStrategy {
  public:
-  // `policy`: the gradients' dtypes and, with quantized_block, qgZ's int8 wire.
+  // `policy`: the gradients' dtypes and, with quantized_block, qgZ's wire of codes.
   ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
                      const BucketPolicy& policy, ReduceScatterCoalescer* coalescer,
                      comm::Communicator* replicas)
@@ -181,6 +181,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
                          plan.owned_numel()),
         coalescer_(coalescer),
         quantized_block_(policy.quantized_block),
+        quantized_format_(policy.quantized_format),
         residuals_(policy.error_feedback ? plan.buckets().size() : 0) {}
 
   Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
@@ -227,9 +228,9 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   }
 
  private:
-  // qgZ: the bucket travels alone (its wire is bytes, not a dtype the coalescer stages) as int8
-  // blocks; its sum lands in f32 (summed under hybrid sharding, for ReplicaSync's exchange)
-  // and is merged into the kept gradients like any other landed part.
+  // qgZ: the bucket travels alone (its wire is bytes, not a dtype the coalescer stages) as
+  // blocks of codes; its sum lands in f32 (summed under hybrid sharding, for ReplicaSync's
+  // exchange) and is merged into the kept gradients like any other landed part.
   void launch_quantized(std::size_t b, BucketState& state) {
     const shard::GradBucket& bucket = plan_->buckets()[b];
     state.out = empty(*ctx_, {bucket.own_numel}, DType::f32, MemoryCategory::communication);
@@ -241,11 +242,12 @@ class ReduceScatterGrads final : public GradSyncStrategy {
     }
     comm::assign(state.work, start_quantized_reduce_scatter(
                                  *ctx_, *comm_, state.buffer, bucket.counts, quantized_block_,
-                                 group_op(DType::f32), state.out, residual));
+                                 group_op(DType::f32), state.out, residual, quantized_format_));
   }
 
   ReduceScatterCoalescer* coalescer_;  // small buckets go out with others (nullptr: alone)
   std::int64_t quantized_block_;       // qgZ's block (0: the wire dtype, exact)
+  ops::QuantFormat quantized_format_;  // and its codes
   // qgZ's error feedback: per bucket, what quantisation dropped from this rank's gradients
   // (kept across steps and zero_grad; allocated at the bucket's first launch).
   std::vector<Tensor> residuals_;

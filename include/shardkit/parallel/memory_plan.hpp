@@ -147,17 +147,19 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
   const std::int64_t in_flight = policy.max_in_flight + 1;  // in flight, plus the one being filled
   const std::int64_t largest = largest_bucket(buckets);
   if (reduce_scatter && policy.quantized_block > 0) {
-    // qgZ: the full-gradient bucket, its int8 runs out and the owners' runs in, the f32 sum;
+    // qgZ: the full-gradient bucket, its runs of codes out and the owners' runs in, the f32 sum;
     // and, one bucket at a time, an f32 temporary (g + e under error feedback, else one run
     // dequantised for the sum).
     std::int64_t sent = 0, arrived = 0, own = 0;
     for (const auto& b : buckets.buckets()) {
       std::int64_t runs = 0;
-      for (const std::size_t bytes : quantized_segment_bytes(b.counts, policy.quantized_block))
+      for (const std::size_t bytes :
+           quantized_segment_bytes(b.counts, policy.quantized_block, policy.quantized_format))
         runs += static_cast<std::int64_t>(bytes);
       sent = std::max(sent, runs);
       arrived = std::max(arrived, static_cast<std::int64_t>(b.counts.size()) *
-                                      ops::int8_payload_bytes(b.own_numel, policy.quantized_block));
+                                      ops::quant_payload_bytes(b.own_numel, policy.quantized_block,
+                                                               policy.quantized_format));
       own = std::max(own, b.own_numel);
     }
     return in_flight * (largest * bytes_of(grad) + sent + arrived + 4 * own) +
@@ -198,13 +200,15 @@ inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& spe
       p.sent_across_groups = 2 * psi / g * grad * across;
       break;
     case Stage::fsdp: {
-      // qwZ: a gathered value travels as an int8 and a share of its block's f32 scale.
+      // qwZ: a gathered value travels as its code and a share of its block's f32 scale; qgZ: a
+      // reduced gradient the same way.
       const double gathered = policy.quantized_gather_block > 0
-                                  ? 1.0 + 4.0 / static_cast<double>(policy.quantized_gather_block)
+                                  ? ops::quant_bytes_per_value(policy.quantized_gather_block,
+                                                               policy.quantized_gather_format)
                                   : param;
-      // qgZ: a reduced gradient the same way, an int8 with its share of a scale.
       const double reduced = policy.buckets.quantized_block > 0
-                                 ? 1.0 + 4.0 / static_cast<double>(policy.buckets.quantized_block)
+                                 ? ops::quant_bytes_per_value(policy.buckets.quantized_block,
+                                                              policy.buckets.quantized_format)
                                  : grad;
       // hpZ: the backward's gather inside a node of G' ranks, from the slices kept over it.
       const double node = policy.reshard_group;
@@ -316,7 +320,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
           p.gradients += buckets.total_numel() * 4;
         std::int64_t held = plan.layout().padded_numel() * detail::bytes_of(param);
         if (policy.quantized_gather_block > 0)  // qwZ: the wire's runs until they are unpacked
-          for (const std::size_t bytes : quantized_run_bytes(plan, policy.quantized_gather_block))
+          for (const std::size_t bytes : quantized_run_bytes(plan, policy.quantized_gather_block,
+                                                             policy.quantized_gather_format))
             held += static_cast<std::int64_t>(bytes);
         unit_bytes.push_back(held);
         if (policy.reshard_group > 0)  // hpZ: its slice over the node, from forward to backward

@@ -63,13 +63,18 @@ struct FsdpOptions {
   bool quantized_weights = false;
   // The gathers' codes: int8 (qwZ's), or FP8 E4M3 (FSDP2's float8 all-gather; a float code
   // keeps a block's small values relative to themselves: |x - x'| <= max(|x| / 16, scale / 1024)
-  // against int8's scale / 2), with an f32 scale per block either way.
+  // against int8's scale / 2), or int4 (half int8's bytes, a step 18 times as coarse; an even
+  // block), with an f32 scale per block either way.
   ops::QuantFormat quantized_weights_format = ops::QuantFormat::int8;
   // qgZ (DeepSpeed ZeRO++'s zero_quantized_gradients): the gradients' reduce-scatter becomes an
-  // all-to-all of int8 blocks (the same format and block), dequantised and summed in f32 by
-  // each owner (parallel/quantized_reduce_scatter.hpp): about a quarter of an f32 wire's bytes.
-  // The reduced gradients are within half a block's step per rank of the exact average.
+  // all-to-all of blocks of codes (the same block size), dequantised and summed in f32 by each
+  // owner (parallel/quantized_reduce_scatter.hpp): about a quarter of an f32 wire's bytes as
+  // int8, an eighth as int4. The reduced gradients are within half a block's step per rank of
+  // the exact average (int4's step: amax / 7, int8's amax / 127).
   bool quantized_grads = false;
+  // The reduce-scatter's codes: int8, int4 (ZeRO++'s gradient width; the block must then be
+  // even), or f8_e4m3.
+  ops::QuantFormat quantized_grads_format = ops::QuantFormat::int8;
   // With quantized_grads: each rank keeps what quantisation dropped from its gradients and
   // adds it to the next step's (error feedback), at the cost of an f32 copy of its whole
   // gradient buffer.

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
@@ -33,9 +34,10 @@ struct BucketPolicy {
   int max_in_flight = 2;
   DType grad_dtype = DType::f32;  // gradients as autograd forms them: the compute dtype
   DType wire_dtype = DType::f32;  // what they travel in: precision.reduce_dtype
-  // fsdp with quantized_grads: reduce-scatters travel as int8 blocks of this many values (0:
-  // wire_dtype, exact), with or without error feedback.
+  // fsdp with quantized_grads: reduce-scatters travel as blocks of this many values (0:
+  // wire_dtype, exact) of quantized_format's codes, with or without error feedback.
   std::int64_t quantized_block = 0;
+  ops::QuantFormat quantized_format = ops::QuantFormat::int8;
   bool error_feedback = false;
 };
 
@@ -93,6 +95,13 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
           "fsdp.quantization_block is ", f.quantization_block,
           "; pass 1 to 2^24 values per scale (DeepSpeed's ZeRO++ uses ", ops::kDefaultQuantBlock,
           ")");
+  for (const auto& [on, format, key] :
+       {std::tuple{f.quantized_weights, f.quantized_weights_format, "quantized_weights_format"},
+        std::tuple{f.quantized_grads, f.quantized_grads_format, "quantized_grads_format"}})
+    check(!on || ops::quant_code_bits(format) == 8 || f.quantization_block % 2 == 0,
+          "fsdp.quantization_block is ", f.quantization_block, " with fsdp.", key, " ",
+          ops::quant_format_name(format),
+          ", which packs two codes to a byte (a block must start on one): pass an even block");
   if (f.quantized_weights) {
     check(fsdp, "fsdp.quantized_weights quantises the parameters' all-gathers, which only fsdp ",
           "(ZeRO-3) makes; stage ", stage_name(options.stage),
@@ -128,6 +137,7 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
   p.buckets.grad_dtype = options.precision.param_dtype;
   p.buckets.wire_dtype = options.precision.reduce_dtype;
   p.buckets.quantized_block = fsdp && f.quantized_grads ? f.quantization_block : 0;
+  p.buckets.quantized_format = f.quantized_grads_format;
   p.buckets.error_feedback = fsdp && f.quantized_grads && f.grad_error_feedback;
   p.coalesce_bytes = fsdp ? options.fsdp.coalesce_bytes : 0;
   p.reshard_after_forward = options.fsdp.reshard_after_forward;
