@@ -15,6 +15,7 @@
 #include "shardkit/ops/functor.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/spans.hpp"
+#include "shardkit/ops/step_gate.hpp"
 
 namespace shardkit::ops::cuda {
 
@@ -169,6 +170,7 @@ SK_DEVICE SK_INLINE double block_sum(double value, double* shared) {
 template <class F>
 __global__ void __launch_bounds__(kThreads)
     apply_kernel(F op, SpanBatch<F::kDepth> batch, double* partials, std::int64_t stride) {
+  if (gate_skips(op)) return;  // a gated step that overflowed somewhere: nothing written
   const int chunk = static_cast<int>(blockIdx.x);
   // The span owning this chunk: the last one starting at or before it (empty spans own none).
   int lo = 0, hi = batch.count - 1;

@@ -264,7 +264,8 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
                    static_cast<std::size_t>(s.batch), batch);
       engine->zero_grad();
       mlp.forward(params, batch);
-      const double scale = scaled ? scaler.scale() : 1.0;
+      const double scale =
+          scaled ? scaler.scale() : 1.0;  // (a host read: the MLP scales on the host)
       mlp.backward(
           params, [&](std::size_t i) { return gradients.grad(i); },
           [&](std::size_t i) { gradients.ready(i, scale); });
@@ -273,7 +274,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
       const float progress = static_cast<float>(step) / static_cast<float>(total_steps);
       const float lr = s.lr * 0.5f * (1.0f + std::cos(3.14159265f * progress));
       if (scaled)
-        (void)engine->step(lr, scaler);  // an overflowing step is skipped on every rank
+        engine->step(lr, scaler);  // an overflowing step is skipped on every rank
       else
         engine->step(lr);
       // Reading the loss waits for the GPU: only when it is printed.

@@ -375,13 +375,13 @@ class SwavTrainer {
     });
     const double value = read_loss ? sk::to_vector<float>(ctx, loss.data())[0] : 0.0;
     if (c_.loss_scaling)
-      ag::backward(ctx, loss, scaler_.scale());
+      ag::backward(ctx, loss, scaler_.seed(ctx, loss.data()));
     else
       ag::backward(ctx, loss);
     for (const auto& [name, iterations] : c_.frozen)
       if (iteration_ < iterations) sk::parallel::zero_grad_of(sharded_->engine(), name);
     if (c_.loss_scaling)
-      (void)sharded_->step(static_cast<float>(lr), scaler_);
+      sharded_->step(static_cast<float>(lr), scaler_);
     else
       sharded_->step(static_cast<float>(lr));
     return value;

@@ -529,4 +529,138 @@ void argument_errors_case(B& b) {
   ops::sgd_step(b.ctx, ops::SgdOptions{}, ops::SgdTensors{});
 }
 
+// The step gate (ops/step_gate.hpp): a gated SGD or Adam pass gives the bits of the one decided
+// on the host -- its gradients unscaled by the gate's factor (times the options' own), its step
+// numbered by the gate's count of applied steps -- and a pass the gate skips writes nothing,
+// the count staying, so the first applied step takes SGD's first-step rule whatever was skipped
+// before it. Host-decided (h) and gated (d) copies of every operand, compared bit for bit.
+template <class B>
+void gated_step_case(B& b, bool adam, sk::DType low, std::int64_t gap) {
+  CAPTURE(adam);
+  CAPTURE(sk::dtype_name(low));
+  const Layout layout(edge_sizes(), gap);
+  const auto n = static_cast<std::size_t>(layout.total);
+  const auto w0 = random_values(layout.total, 1.0, 2.0, 7);
+  const std::vector<float> zero(n, 0.0f);  // state buffers start at 0, as the optimizer's
+  const sk::DType copy_dtype = low == sk::DType::f32 ? sk::DType::f16 : low;
+  Flat<B> wh(b, w0, layout), wd(b, w0, layout), ah(b, zero, layout), ad(b, zero, layout),
+      vh(b, zero, layout), vd(b, zero, layout), ch(b, kNaNs(n), layout, copy_dtype),
+      cd(b, kNaNs(n), layout, copy_dtype);
+  const Layout slots({ops::kGateSlots}, 0);
+  Flat<B> gate(b, std::vector<float>(static_cast<std::size_t>(slots.total), 0.0f), slots);
+  const sk::Tensor g8 = gate.views[0];
+  const ops::SgdOptions sgd{
+      .lr = 0.05f, .momentum = 0.9f, .dampening = 0.25f, .weight_decay = 1e-3f};
+  ops::AdamOptions adam_options;
+  adam_options.lr = 1e-2f;
+  adam_options.weight_decay = 1e-2f;
+  adam_options.decoupled_weight_decay = true;
+  struct Step {
+    bool overflow;
+    float inv_scale;
+  };
+  const Step steps[] = {
+      {true, 0.5f}, {false, 0.25f}, {true, 0.25f}, {false, 0.125f}, {false, 0.125f}};
+  const float clip = 0.75f;  // the options' own factor (a clip coefficient)
+  std::int64_t applied = 0;
+  for (std::uint32_t s = 0; s < 5; ++s) {
+    CAPTURE(s);
+    auto g0 = random_values(layout.total, 0.5, 1.5, 400 + s);
+    if (steps[s].overflow) g0[static_cast<std::size_t>(layout.offsets[2])] = INFINITY;
+    Flat<B> g(b, g0, layout);
+    b.fill(g8.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1), steps[s].inv_scale);
+    b.fill(g8.slice(0, ops::kGateSkip, ops::kGateSkip + 1), steps[s].overflow ? 1.0 : 0.0);
+    const auto run = [&](Flat<B>& w, Flat<B>& a, Flat<B>& v, Flat<B>& c, bool gated) {
+      const std::vector<sk::Tensor> copies =
+          low != sk::DType::f32 ? c.views : std::vector<sk::Tensor>{};
+      const float factor = gated ? clip : clip * steps[s].inv_scale;
+      if (adam) {
+        ops::AdamOptions o = adam_options;
+        o.inv_grad_scale = factor;
+        o.step = applied + 1;
+        if (gated) o.gate = g8;
+        ops::adam_step(b.ctx, o, ops::AdamTensors{w.views, g.views, a.views, v.views, copies});
+      } else {
+        ops::SgdOptions o = sgd;
+        o.inv_grad_scale = factor;
+        o.first_step = applied == 0;
+        if (gated) o.gate = g8;
+        ops::sgd_step(b.ctx, o, ops::SgdTensors{w.views, g.views, a.views, copies});
+      }
+    };
+    run(wd, ad, vd, cd, true);
+    ops::count_applied_step(b.ctx, g8);
+    if (!steps[s].overflow) {
+      run(wh, ah, vh, ch, false);
+      ++applied;
+    }
+    const auto same_bits = [&](const std::vector<float>& x, const std::vector<float>& y,
+                               const char* what) {
+      INFO(what);
+      REQUIRE(x.size() == y.size());
+      CHECK(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+    };
+    same_bits(wd.values(b), wh.values(b), "params");
+    same_bits(ad.values(b), ah.values(b), adam ? "exp_avg" : "momentum");
+    if (adam) same_bits(vd.values(b), vh.values(b), "exp_avg_sq");
+    if (low != sk::DType::f32) CHECK(cd.bits16(b) == ch.bits16(b));
+    CHECK(gate.values(b)[ops::kGateStepsBefore] == static_cast<float>(applied));
+  }
+  // (After a skipped step the gated copies equal the host's, which did not run: nothing was
+  // written, the f16/bf16 copies' NaN poison included.)
+  CHECK(applied == 3);
+}
+
+// The loss scale state on the device (ops/step_gate.hpp, LossScaleFunctor) follows
+// torch.cuda.amp.GradScaler's rules: begin sets the inverse and clears the flag; update backs
+// off on an overflow and grows after growth_interval finite steps; follow_loss_scale scales
+// kept values by the change, or zeroes them (inf too) after an overflow.
+template <class B>
+void loss_scale_case(B& b) {
+  const Layout slots({ops::kLossScaleSlots}, 0);
+  Flat<B> state(b, {1024.0f, 0.0f, 0.0f, 0.0f, 0.0f}, slots);
+  const sk::Tensor st = state.views[0];
+  const ops::LossScaleRule rule{
+      .growth_factor = 2.0f, .backoff_factor = 0.5f, .growth_interval = 3.0f};
+  double scale = 1024;  // the host's model of GradScaler
+  int tracker = 0;
+  const Layout kept_layout({3}, 1);
+  for (bool overflow : {false, false, true, false, false, false, false, true}) {
+    CAPTURE(overflow);
+    ops::loss_scale_phase(b.ctx, ops::LossScaleFunctor::Phase::begin, rule, st);
+    auto v = state.values(b);
+    CHECK(v[ops::kLossInvScale] == static_cast<float>(1.0 / scale));
+    CHECK(v[ops::kLossFoundInf] == 0.0f);
+    if (overflow) b.fill(st.slice(0, ops::kLossFoundInf, ops::kLossFoundInf + 1), 1.0);
+    ops::loss_scale_phase(b.ctx, ops::LossScaleFunctor::Phase::update, rule, st);
+    const double before = scale;
+    if (overflow) {
+      scale *= 0.5;
+      tracker = 0;
+    } else if (++tracker == 3) {
+      scale *= 2;
+      tracker = 0;
+    }
+    v = state.values(b);
+    CHECK(v[ops::kLossScale] == static_cast<float>(scale));
+    CHECK(v[ops::kLossGrowthTracker] == static_cast<float>(tracker));
+    Flat<B> kept(b, {0.0f, 1.5f, -3.0f, INFINITY, 0.0f}, kept_layout);
+    ops::follow_loss_scale(b.ctx, kept.views, st);
+    const auto k = kept.values(b);
+    if (overflow) {
+      CHECK((k[1] == 0.0f && k[2] == 0.0f && k[3] == 0.0f));
+    } else {
+      const auto factor = static_cast<float>(scale / before);
+      CHECK((k[1] == 1.5f * factor && k[2] == -3.0f * factor && std::isinf(k[3])));
+    }
+  }
+  // Gates on LARC are refused by name: its trust ratios need the scale on the host.
+  Flat<B> w(b, {1.0f, 2.0f}, Layout({1}, 0)), g(b, {1.0f, 2.0f}, Layout({1}, 0));
+  ops::SgdOptions o;
+  o.gate = Flat<B>(b, {1.0f, 0.0f, 0.0f, 0.0f}, Layout({3}, 0)).views[0];
+  CHECK_THROWS_WITH(
+      ops::larc_sgd_step(b.ctx, o, ops::LarcOptions{}, ops::SgdTensors{w.views, g.views, {}, {}}),
+      doctest::Contains("LARC-SGD takes no step gate"));
+}
+
 }  // namespace ops_test

@@ -109,6 +109,19 @@ TEST_CASE("Adam and AdamW match float64, with and without low-precision copies")
   adam_case(b, true, sk::DType::f16, 0);
 }
 
+TEST_CASE("a gated SGD or Adam pass: the host-decided bits, nothing written when skipped") {
+  Backend b;
+  gated_step_case(b, false, sk::DType::f32, 1);
+  gated_step_case(b, false, sk::DType::bf16, 0);
+  gated_step_case(b, true, sk::DType::f32, 0);
+  gated_step_case(b, true, sk::DType::f16, 1);
+}
+
+TEST_CASE("the loss scale state advances on the device by GradScaler's rules") {
+  Backend b;
+  loss_scale_case(b);
+}
+
 TEST_CASE("inf and NaN gradients propagate as in PyTorch/apex") {
   Backend b;
   nonfinite_case(b, false);

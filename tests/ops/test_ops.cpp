@@ -286,10 +286,11 @@ void check_update_is_elementwise(const std::string& functor, const F& op,
 TEST_CASE("an update loop's groups and tail round alike (SGD with momentum, AdamW)") {
   const ops::SgdOptions sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true, .first_step = false};
   const auto sgd_op = ops::make_sgd_functor<ops::MomentumMode::running, void, float>(sgd, nullptr);
-  check_update_is_elementwise("SGD", sgd_op, ops::SgdCoefficients{0.7f, 1e-3f});
+  check_update_is_elementwise("SGD", sgd_op, sgd_op.segment_of(ops::SgdCoefficients{0.7f, 1e-3f}));
   const ops::AdamOptions adam{
       .lr = 1e-2f, .weight_decay = 0.1f, .decoupled_weight_decay = true, .step = 3};
-  check_update_is_elementwise("AdamW", ops::make_adam_functor<void, float>(adam), {});
+  const auto adam_op = ops::make_adam_functor<void, float>(adam);
+  check_update_is_elementwise("AdamW", adam_op, adam_op.segment(0));
 }
 
 TEST_CASE("the vectorised sums of squares have apply_range's bits, from any start") {

@@ -127,7 +127,9 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
     sk::optim::DynamicLossScaler scaler(scaling.options);
     auto omitted = [&](int s) {
       if (s != scaling.omit_step) return false;
-      scaler.update(true);
+      // The scale backs off as after an overflow (a non-finite value checked, then the update).
+      scaler.check_grads(ctx, nullptr, {sk::full(ctx, {1}, sk::DType::f32, INFINITY)});
+      scaler.update(ctx);
       if (rank == 0) out.stepped.push_back(false);
       return true;
     };
@@ -136,8 +138,11 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       return rank == scaling.poison_rank && s == scaling.poison_step && i == 1;
     };
     auto take_step = [&](auto& engine, int s) {
-      const bool stepped = scaling.enabled ? engine.step(lr_at(kind, s), scaler)
-                                           : (engine.step(lr_at(kind, s)), true);
+      if (scaling.enabled)
+        engine.step(lr_at(kind, s), scaler);
+      else
+        engine.step(lr_at(kind, s));
+      const bool stepped = !scaling.enabled || !scaler.found_inf();  // (a host read: tests only)
       if (rank == 0) out.stepped.push_back(stepped);
     };
     auto record = [&](auto& engine, auto&& compute_values) {
@@ -449,21 +454,38 @@ TEST_CASE("loss scaling with qgZ: an overflow on one rank still skips the step o
 }
 
 TEST_CASE("the loss scaler follows GradScaler's rules and refuses bad settings") {
+  sk::Context ctx;
   sk::optim::DynamicLossScaler scaler(
       {.init_scale = 8, .growth_factor = 2, .backoff_factor = 0.5, .growth_interval = 2});
-  scaler.update(false);
+  const sk::Tensor finite = sk::from_vector(ctx, std::vector<float>{1.5f, -2.0f}, {2});
+  const sk::Tensor overflow = sk::from_vector(ctx, std::vector<float>{1.5f, NAN}, {2});
+  auto step = [&](const sk::Tensor& grad) {  // what the engines' step(lr, scaler) runs
+    scaler.check_grads(ctx, nullptr, {grad});
+    scaler.update(ctx);
+  };
+  // The seed of the backward is the scale, on the device, in the loss's dtype.
+  CHECK(sk::to_vector<float>(ctx, scaler.seed(ctx, sk::zeros(ctx, {1}, sk::DType::f32)))[0] == 8);
+  step(finite);
+  CHECK(!scaler.found_inf());
   CHECK(scaler.scale() == 8);
+  CHECK(scaler.inv_scale() == 0.125f);
   CHECK(scaler.growth_tracker() == 1);
-  scaler.update(false);
+  step(finite);
   CHECK(scaler.scale() == 16);
   CHECK(scaler.growth_tracker() == 0);
-  scaler.update(false);
-  scaler.update(true);
+  step(finite);
+  step(overflow);
+  CHECK(scaler.found_inf());
   CHECK(scaler.scale() == 8);
   CHECK(scaler.growth_tracker() == 0);
+  const sk::Tensor bf16_seed = scaler.seed(ctx, sk::zeros(ctx, {}, sk::DType::bf16));
+  CHECK(bf16_seed.dtype() == sk::DType::bf16);
+  CHECK(sk::to_vector<float>(ctx, sk::cast(ctx, bf16_seed, sk::DType::f32))[0] == 8);
+  CHECK_THROWS_WITH((void)scaler.seed(ctx, sk::zeros(ctx, {2}, sk::DType::f32)),
+                    doctest::Contains("seed() is for a one-element loss"));
   CHECK(sk::optim::DynamicLossScaler().scale() == 65536);
   CHECK_THROWS_WITH(sk::optim::DynamicLossScaler({.init_scale = 0}),
-                    doctest::Contains("init_scale must be a positive finite number"));
+                    doctest::Contains("init_scale must be a positive finite f32 number"));
   CHECK_THROWS_WITH(sk::optim::DynamicLossScaler({.backoff_factor = 1.5}),
                     doctest::Contains("backoff_factor must be in (0, 1)"));
   CHECK_THROWS_WITH(scaler.load(4, 7), doctest::Contains("growth tracker of 7 is outside [0, 2)"));
@@ -537,8 +559,8 @@ ModuleRun train_module(sk::parallel::Stage stage, OptimizerKind kind, int world,
       auto loss = module_test::ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
       if (comm.rank() == 0) out.losses.push_back(sk::to_vector<float>(ctx, loss.data())[0]);
       if (scaled) {
-        module_test::ag::backward(ctx, loss, scaler.scale());
-        (void)model.step(lr(s), scaler);
+        module_test::ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
+        model.step(lr(s), scaler);
       } else {
         module_test::ag::backward(ctx, loss);
         model.step(lr(s));

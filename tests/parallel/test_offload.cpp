@@ -134,14 +134,18 @@ Outcome train(const Run& run) {
       auto b = module_test::batch(ctx, shape, classes, comm.rank(), s);
       auto loss = module_test::ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
       if (comm.rank() == 0) out.losses.push_back(sk::to_vector<float>(ctx, loss.data())[0]);
-      const float scale = run.scaled ? scaler.scale() : 1.0f;
-      module_test::ag::backward(ctx, loss, scale);
+      // (Clipping reads the scale: its norm is formed on the host.)
+      const float scale = run.scaled ? static_cast<float>(scaler.scale()) : 1.0f;
+      if (run.scaled)
+        module_test::ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
+      else
+        module_test::ag::backward(ctx, loss);
       if (run.clip > 0) {
         const double norm = model.clip_grad_norm(run.clip, 1.0f / scale);
         if (comm.rank() == 0) out.norms.push_back(norm);
       }
       if (run.scaled)
-        (void)model.step(lr_at(run.kind, s), scaler);
+        model.step(lr_at(run.kind, s), scaler);
       else
         model.step(lr_at(run.kind, s));
     }

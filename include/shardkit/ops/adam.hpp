@@ -9,7 +9,9 @@
 
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/tensor.hpp"
 #include "shardkit/ops/functor.hpp"
+#include "shardkit/ops/step_gate.hpp"
 
 namespace shardkit::ops {
 
@@ -22,6 +24,10 @@ struct AdamOptions {
   bool decoupled_weight_decay = false;  // true: AdamW
   std::int64_t step = 1;                // this step's number, from 1 (bias correction)
   float inv_grad_scale = 1.0f;
+  // Optional: the step gate (step_gate.hpp, f32 [3] on the context's device). The gradients are
+  // then multiplied by its factor too, the pass is skipped where it says so, and the step's
+  // number is its count of applied steps + 1 (`step` is not used).
+  Tensor gate = Tensor();
 };
 
 inline void validate(const AdamOptions& o) {
@@ -30,7 +36,28 @@ inline void validate(const AdamOptions& o) {
   check(o.beta2 >= 0 && o.beta2 < 1, "Adam beta2 must be in [0, 1), got ", o.beta2);
   check(o.eps >= 0, "Adam eps must be >= 0, got ", o.eps);
   check(o.weight_decay >= 0, "Adam weight_decay must be >= 0, got ", o.weight_decay);
-  check(o.step >= 1, "Adam step counts from 1 (the first update is step 1), got ", o.step);
+  check(o.gate.defined() || o.step >= 1,
+        "Adam step counts from 1 (the first update is step 1), got ", o.step);
+}
+
+// What Adam's rule takes from the step's number (from 1): as PyTorch, the corrections in double
+// (Python floats), then used as f32 scalars. One formula for the host and the device (a gated
+// step forms them where it runs, from the gate's count).
+struct AdamStepScalars {
+  float step_size;              // lr / (1 - beta1^step)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+};
+SK_HOST_DEVICE SK_INLINE AdamStepScalars adam_step_scalars(float lr, float beta1, float beta2,
+                                                           double step) {
+#if SK_DEVICE_CODE
+  const double bc1 = 1.0 - ::pow(static_cast<double>(beta1), step);
+  const double bc2 = 1.0 - ::pow(static_cast<double>(beta2), step);
+  return {static_cast<float>(static_cast<double>(lr) / bc1), static_cast<float>(::sqrt(bc2))};
+#else
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), step);
+  return {static_cast<float>(static_cast<double>(lr) / bc1), static_cast<float>(std::sqrt(bc2))};
+#endif
 }
 
 // Operands: 0 param, 1 grad (Grad: f32, or the copy's dtype under mixed precision), 2 exp_avg,
@@ -44,20 +71,28 @@ struct AdamFunctor {
   static constexpr unsigned kWrites = 0b01101u | (std::is_void_v<Low> ? 0u : 0b10000u);
   static constexpr int kSums = 0;
 
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float l2_decay = 0;               // Adam: g += l2_decay · w
-  float param_keep = 1;             // AdamW: w *= 1 - lr · weight_decay
-  float step_size = 0;              // lr / (1 - beta1^step)
-  float bias_correction2_sqrt = 1;  // sqrt(1 - beta2^step)
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float l2_decay = 0;    // Adam: g += l2_decay · w
+  float param_keep = 1;  // AdamW: w *= 1 - lr · weight_decay
+  AdamStepScalars at{0.0f, 1.0f};
   float inv_grad_scale = 1;
+  const float* gate = nullptr;  // the step gate (step_gate.hpp), or none
 
-  struct Segment {};
-  SK_HOST_DEVICE SK_INLINE Segment segment(std::int64_t) const { return {}; }
+  // The step's scalars: the host's, or on a gated step formed from the gate where it runs.
+  struct Segment {
+    AdamStepScalars at;
+    float grad_factor;
+  };
+  SK_HOST_DEVICE SK_INLINE Segment segment(std::int64_t) const {
+    if (gate == nullptr) return {at, inv_grad_scale};
+    return {adam_step_scalars(lr, beta1, beta2, static_cast<double>(gate[kGateStepsBefore]) + 1.0),
+            inv_grad_scale * gate[kGateGradFactor]};
+  }
 
-  SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment&,
+  SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment& s,
                                            double (&)[1]) const {
     float w = x[0];
-    float g = x[1] * inv_grad_scale;
+    float g = x[1] * s.grad_factor;
     // Selects, not branches, so the loop stays one vectorisable block whatever the operand
     // types (GCC unswitches invariant branches only in small loops): the decay is still
     // skipped, not multiplied by 0, when there is none (an inf parameter must not make the
@@ -67,8 +102,8 @@ struct AdamFunctor {
     // One rounding per multiply-add (mul_add, element.hpp), as PyTorch's add(..., alpha=).
     const float m = mul_add(1.0f - beta1, g, beta1 * x[2]);
     const float v = mul_add((1.0f - beta2) * g, g, beta2 * x[3]);
-    const float denom = sqrtf(v) / bias_correction2_sqrt + eps;
-    w -= step_size * m / denom;
+    const float denom = sqrtf(v) / s.at.bias_correction2_sqrt + eps;
+    w -= s.at.step_size * m / denom;
     x[0] = w;
     x[2] = m;
     x[3] = v;
@@ -79,18 +114,16 @@ struct AdamFunctor {
 template <class Low, class Grad>
 AdamFunctor<Low, Grad> make_adam_functor(const AdamOptions& o) {
   AdamFunctor<Low, Grad> f;
+  f.lr = o.lr;
   f.beta1 = o.beta1;
   f.beta2 = o.beta2;
   f.eps = o.eps;
   f.l2_decay = o.decoupled_weight_decay ? 0.0f : o.weight_decay;
   f.param_keep = o.decoupled_weight_decay ? 1.0f - o.lr * o.weight_decay : 1.0f;
-  // As PyTorch: the corrections in double (Python floats), then used as f32 scalars.
-  const double step = static_cast<double>(o.step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(o.beta1), step);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(o.beta2), step);
-  f.step_size = static_cast<float>(static_cast<double>(o.lr) / bc1);
-  f.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  if (!o.gate.defined())
+    f.at = adam_step_scalars(o.lr, o.beta1, o.beta2, static_cast<double>(o.step));
   f.inv_grad_scale = o.inv_grad_scale;
+  f.gate = o.gate.defined() ? o.gate.data<float>() : nullptr;
   return f;
 }
 

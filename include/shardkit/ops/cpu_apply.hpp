@@ -21,6 +21,7 @@
 #include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/spans.hpp"
+#include "shardkit/ops/step_gate.hpp"
 
 namespace shardkit::ops::cpu {
 
@@ -424,6 +425,7 @@ std::array<double, kSumSlots<F>> chunk_sums(const F& op, const Span<Depth>& span
 template <class F, int Depth>
 void apply(ThreadPool& pool, const F& op, const SpanList<Depth>& spans, double* sums) {
   static_assert(check_functor<F>() && Depth == F::kDepth, "span depth must match the functor");
+  if (gate_skips(op)) return;  // (on the CPU the gate is read here, in the stream's order)
   const auto n = spans.size();
   std::vector<Chunk> chunks;
   chunks.reserve(static_cast<std::size_t>(total_chunks(spans)));

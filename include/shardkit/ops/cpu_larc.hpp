@@ -237,9 +237,9 @@ void update_run(const Sgd& op, const SpanList<4>& spans, std::span<const Chunk> 
   };
   for (std::size_t i = 0; i < run.size(); ++i) {
     const Chunk& c = run[i];
-    const double squares =
-        update_in_blocks<kSquare>(op, coefficients[c.span], spans[c.span].data.data(), c.lo, c.hi,
-                                  spans[c.span].size, read_ahead);
+    const double squares = update_in_blocks<kSquare>(op, op.segment_of(coefficients[c.span]),
+                                                     spans[c.span].data.data(), c.lo, c.hi,
+                                                     spans[c.span].size, read_ahead);
     if constexpr (kSquare) param_squares[i] = squares;
   }
   ahead.advance_to(ahead_total);

@@ -51,6 +51,10 @@ struct FusedOps {
                           const Tensor& payload);
   void (*dequantize_blocks)(Context&, QuantFormat format, const Tensor& payload, std::int64_t block,
                             const Tensor& values);
+  void (*loss_scale_phase)(Context&, LossScaleFunctor::Phase, const LossScaleRule&,
+                           const Tensor& state);
+  void (*count_applied_step)(Context&, const Tensor& gate);
+  void (*follow_loss_scale)(Context&, std::span<const Tensor> values, const Tensor& state);
 };
 
 // The table of backend B (ops::Cpu here, ops::Cuda in kernels/ops/cuda_backend.cuh).
@@ -74,6 +78,9 @@ constexpr FusedOps fused_ops_table() {
       .unscale_and_check = &ops::unscale_and_check<B>,
       .quantize_blocks = &ops::quantize_blocks<B>,
       .dequantize_blocks = &ops::dequantize_blocks<B>,
+      .loss_scale_phase = &ops::loss_scale_phase<B>,
+      .count_applied_step = &ops::count_applied_step<B>,
+      .follow_loss_scale = &ops::follow_loss_scale<B>,
   };
   if constexpr (has_larc_sgd_tree<B>) table.larc_sgd_step_tree = &ops::larc_sgd_step_tree<B>;
   return table;
@@ -165,6 +172,16 @@ inline void quantize_blocks(Context& ctx, QuantFormat format, const Tensor& valu
 inline void dequantize_blocks(Context& ctx, QuantFormat format, const Tensor& payload,
                               std::int64_t block, const Tensor& values) {
   fused_ops(ctx).dequantize_blocks(ctx, format, payload, block, values);
+}
+inline void loss_scale_phase(Context& ctx, LossScaleFunctor::Phase phase, const LossScaleRule& rule,
+                             const Tensor& state) {
+  fused_ops(ctx).loss_scale_phase(ctx, phase, rule, state);
+}
+inline void count_applied_step(Context& ctx, const Tensor& gate) {
+  fused_ops(ctx).count_applied_step(ctx, gate);
+}
+inline void follow_loss_scale(Context& ctx, std::span<const Tensor> values, const Tensor& state) {
+  fused_ops(ctx).follow_loss_scale(ctx, values, state);
 }
 // The int8 format, qwZ's and qgZ's.
 inline void quantize_int8_blocks(Context& ctx, const Tensor& values, std::int64_t block,

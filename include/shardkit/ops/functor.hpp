@@ -11,6 +11,8 @@
 //   Segment segment(std::int64_t index) const;
 //   void operator()(float (&x)[kDepth], const Segment&, double (&sums)[kSumSlots<F>]) const;
 // The rule reads and rewrites x in place and writes this element's contributions to `sums`.
+// Optionally, a non-summing functor has a member `const float* gate` (step_gate.hpp): where it
+// is set and says skip, the launcher runs nothing.
 #pragma once
 
 #include <cstdint>

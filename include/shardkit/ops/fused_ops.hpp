@@ -16,6 +16,9 @@
 //   cast<B>                     f32 <-> f16 / bf16
 //   unscale_and_check<B>        g *= 1/scale, with the finite check and the norms in the pass
 //   check_finite<B>             whether every element is finite (one read pass)
+//   loss_scale_phase<B>         the loss scale state's begin or update (step_gate.hpp)
+//   count_applied_step<B>       the step gate's count past a step it did not skip
+//   follow_loss_scale<B>        values kept in the scaled units follow the scale's update
 #pragma once
 
 #include <span>
@@ -196,6 +199,10 @@ void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float in
   if (n > 0) B::larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients);
 }
 
+inline constexpr const char* kLarcTakesNoGate =
+    "LARC-SGD takes no step gate: its trust ratios need the gradients' scale before the pass; "
+    "pass 1 / the loss scale in options.inv_grad_scale and skip an overflowing step on the host";
+
 // LARC-SGD where every tensor lies whole in this process (no shards). options.weight_decay must
 // be 0: LARC takes larc.weight_decay over. With `param_squares` (kept by the caller from one step
 // to the next), the step records each param's sum of squares as its update writes it, and the
@@ -206,6 +213,7 @@ void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& l
                    const SgdTensors& tensors, LarcParamSquares* param_squares = nullptr) {
   SK_OPS_ENTRY(B, ctx, "larc_sgd_step");
   validate(larc);
+  check(!options.gate.defined(), kLarcTakesNoGate);
   check(options.weight_decay == 0, "larc_sgd_step: LARC takes weight decay over; pass it as ",
         "LarcOptions::weight_decay and leave SgdOptions::weight_decay at 0 (got ",
         options.weight_decay, ")");
@@ -247,6 +255,7 @@ void larc_sgd_step_tree(Context& ctx, const SgdOptions& options, const LarcOptio
                         const SgdTensors& tensors, std::span<const double> decays = {}) {
   B::check_context(ctx, "larc_sgd_step_tree");
   validate(larc);
+  check(!options.gate.defined(), kLarcTakesNoGate);
   check(options.weight_decay == 0, "larc_sgd_step_tree: LARC takes weight decay over; pass it ",
         "as LarcOptions::weight_decay or per tensor in decays, and leave SgdOptions::weight_decay ",
         "at 0 (got ", options.weight_decay, ")");
@@ -311,6 +320,64 @@ void unscale_and_check(Context& ctx, float inv_scale, std::span<const Tensor> gr
     B::apply_sums(ctx, op, spans, out, found_nonfinite);
   };
   visit_element_dtype(dtype, run);
+}
+
+namespace detail {
+
+// One-element views of the slots of a small state tensor (f32 [slots] on ctx's device).
+inline std::vector<Tensor> slot_views(const Context& ctx, const Tensor& state, std::int64_t slots,
+                                      const char* op, const char* what) {
+  check_result_tensor(ctx, state, DType::f32, {slots}, op, what);
+  std::vector<Tensor> views;
+  for (std::int64_t k = 0; k < slots; ++k) views.push_back(state.slice(0, k, k + 1));
+  return views;
+}
+
+}  // namespace detail
+
+// The loss scale state's phase (step_gate.hpp, LossScaleFunctor): `state` f32 [4] on ctx's
+// device, rewritten there.
+template <class B>
+void loss_scale_phase(Context& ctx, LossScaleFunctor::Phase phase, const LossScaleRule& rule,
+                      const Tensor& state) {
+  SK_OPS_ENTRY(B, ctx, "loss_scale_phase");
+  const auto slots =
+      detail::slot_views(ctx, state, kLossScaleSlots, "loss_scale_phase", "the loss scale state");
+  const std::span<const Tensor> s(slots);
+  const auto spans = make_spans<4>(ctx, "loss_scale_phase",
+                                   {OperandList{s.subspan(0, 1), DType::f32, "scale"},
+                                    OperandList{s.subspan(1, 1), DType::f32, "inv_scale"},
+                                    OperandList{s.subspan(2, 1), DType::f32, "found_inf"},
+                                    OperandList{s.subspan(3, 1), DType::f32, "growth_tracker"}},
+                                   {true, true, true, true});
+  B::apply(ctx, LossScaleFunctor{phase, rule}, spans);
+}
+
+// The step gate (f32 [3] on ctx's device) counts the step it gated, unless it skipped it.
+template <class B>
+void count_applied_step(Context& ctx, const Tensor& gate) {
+  SK_OPS_ENTRY(B, ctx, "count_applied_step");
+  const auto slots =
+      detail::slot_views(ctx, gate, kGateSlots, "count_applied_step", "the step gate");
+  const std::span<const Tensor> s(slots);
+  const auto spans =
+      make_spans<2>(ctx, "count_applied_step",
+                    {OperandList{s.subspan(kGateStepsBefore, 1), DType::f32, "steps_before"},
+                     OperandList{s.subspan(kGateSkip, 1), DType::f32, "skip"}},
+                    {true, true});
+  B::apply(ctx, CountAppliedStepFunctor{}, spans);
+}
+
+// `values` (f32, kept in the loss-scaled units) times the scale's change over the update just
+// made, or zeroed after an overflow (FollowLossScaleFunctor); `state` is the loss scale state.
+template <class B>
+void follow_loss_scale(Context& ctx, std::span<const Tensor> values, const Tensor& state) {
+  SK_OPS_ENTRY(B, ctx, "follow_loss_scale");
+  check_result_tensor(ctx, state, DType::f32, {kLossScaleSlots}, "follow_loss_scale",
+                      "the loss scale state");
+  const auto spans =
+      make_spans<1>(ctx, "follow_loss_scale", {OperandList{values, DType::f32, "values"}}, {true});
+  if (!spans.empty()) B::apply(ctx, FollowLossScaleFunctor{state.data<float>()}, spans);
 }
 
 namespace detail {

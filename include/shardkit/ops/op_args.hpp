@@ -44,8 +44,27 @@ inline DType grad_dtype(std::span<const Tensor> grads, const char* op) {
   return dtype;
 }
 
+// Checks a tensor of per-span results: dtype, shape and device.
+inline void check_result_tensor(const Context& ctx, const Tensor& t, DType dtype,
+                                const Shape& shape, const char* op, const char* what) {
+  check(t.defined(), op, ": ", what, " is undefined; allocate ", dtype_name(dtype), " ",
+        shape_str(shape), " on ", ctx.device().str());
+  check(t.dtype() == dtype && t.shape() == shape && t.is_contiguous(), op, ": ", what,
+        " must be a contiguous ", dtype_name(dtype), " tensor ", shape_str(shape), ", got ",
+        t.str());
+  check(t.device() == ctx.device(), op, ": ", what, " is on ", t.device().str(),
+        " but the context is on ", ctx.device().str());
+}
+
+// Checks a step gate (step_gate.hpp) when one is given: f32 [3] on the context's device.
+inline void check_gate(const Context& ctx, const Tensor& gate, const char* op) {
+  if (gate.defined())
+    check_result_tensor(ctx, gate, DType::f32, {kGateSlots}, op, "the step gate (options.gate)");
+}
+
 inline SpanList<4> sgd_spans(const Context& ctx, const SgdOptions& o, const SgdTensors& t) {
   validate(o);
+  check_gate(ctx, o.gate, "sgd_step");
   const bool with_momentum = o.momentum != 0;
   const std::span<const Tensor> none;
   return make_spans<4>(
@@ -59,6 +78,7 @@ inline SpanList<4> sgd_spans(const Context& ctx, const SgdOptions& o, const SgdT
 
 inline SpanList<5> adam_spans(const Context& ctx, const AdamOptions& o, const AdamTensors& t) {
   validate(o);
+  check_gate(ctx, o.gate, "adam_step");
   return make_spans<5>(
       ctx, "adam_step",
       {OperandList{t.params, DType::f32, "params"},
@@ -67,18 +87,6 @@ inline SpanList<5> adam_spans(const Context& ctx, const AdamOptions& o, const Ad
        OperandList{t.exp_avg_sq, DType::f32, "exp_avg_sq"},
        OperandList{t.low_copies, low_copy_dtype(t.low_copies, "adam_step"), "low_copies"}},
       {true, true, true, true, false});
-}
-
-// Checks a tensor of per-span results: dtype, shape and device.
-inline void check_result_tensor(const Context& ctx, const Tensor& t, DType dtype,
-                                const Shape& shape, const char* op, const char* what) {
-  check(t.defined(), op, ": ", what, " is undefined; allocate ", dtype_name(dtype), " ",
-        shape_str(shape), " on ", ctx.device().str());
-  check(t.dtype() == dtype && t.shape() == shape && t.is_contiguous(), op, ": ", what,
-        " must be a contiguous ", dtype_name(dtype), " tensor ", shape_str(shape), ", got ",
-        t.str());
-  check(t.device() == ctx.device(), op, ": ", what, " is on ", t.device().str(),
-        " but the context is on ", ctx.device().str());
 }
 
 // Per-span LARC coefficients: f32 [n, 2] = (grad, param) factors, laid out as SgdCoefficients.

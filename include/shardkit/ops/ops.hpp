@@ -1,6 +1,6 @@
 // The fused-ops layer: element functors (SGD, LARC coefficients, Adam/AdamW, casts, sums of
-// squares, unscale), their entry points over a backend tag, and the CPU backend. The CUDA
-// backend: kernels/ops/cuda_backend.cuh.
+// squares, unscale, the step gate), their entry points over a backend tag, and the CPU backend. The
+// CUDA backend: kernels/ops/cuda_backend.cuh.
 #pragma once
 
 #include "shardkit/ops/adam.hpp"
@@ -18,3 +18,4 @@
 #include "shardkit/ops/op_args.hpp"
 #include "shardkit/ops/sgd.hpp"
 #include "shardkit/ops/spans.hpp"
+#include "shardkit/ops/step_gate.hpp"

@@ -8,7 +8,9 @@
 
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/tensor.hpp"
 #include "shardkit/ops/functor.hpp"
+#include "shardkit/ops/step_gate.hpp"
 
 namespace shardkit::ops {
 
@@ -23,6 +25,10 @@ struct SgdOptions {
   bool first_step = true;
   // Gradients are multiplied by this first (1 / loss scale).
   float inv_grad_scale = 1.0f;
+  // Optional: the step gate (step_gate.hpp, f32 [3] on the context's device). The gradients are
+  // then multiplied by its factor too, the pass is skipped where it says so, and its count of
+  // applied steps decides the first-step rule (first_step is not used).
+  Tensor gate = Tensor();
 };
 
 inline void validate(const SgdOptions& o) {
@@ -43,9 +49,11 @@ struct SgdCoefficients {
 
 enum class MomentumMode : std::uint8_t { none, first_step, running };
 
+// A gated step decides the first-step rule on the device: it runs the running rule, whose
+// per-span factors then make the buffer g (segment_of below).
 inline MomentumMode momentum_mode(const SgdOptions& o) {
   if (o.momentum == 0) return MomentumMode::none;
-  return o.first_step ? MomentumMode::first_step : MomentumMode::running;
+  return o.first_step && !o.gate.defined() ? MomentumMode::first_step : MomentumMode::running;
 }
 
 // Operands: 0 param (f32), 1 grad (Grad: f32, or the copy's dtype under mixed precision),
@@ -67,10 +75,28 @@ struct SgdFunctor {
   float nesterov = 0;
   SgdCoefficients uniform{};
   const SgdCoefficients* per_segment = nullptr;  // when set, overrides `uniform` per span
+  const float* gate = nullptr;                   // the step gate (step_gate.hpp), or none
 
-  using Segment = SgdCoefficients;
+  // Per span: the gradient's coefficients, and the running rule's buf = g_weight·g +
+  // buf_keep·buf -- (1 - dampening, momentum), or (1, 0) on a gated first step, which makes
+  // the zero-initialised buffer g as PyTorch's first step does (up to the sign of a -0).
+  struct Segment {
+    float grad, param;
+    float g_weight, buf_keep;
+  };
+  SK_HOST_DEVICE SK_INLINE Segment segment_of(SgdCoefficients c) const {
+    Segment s{c.grad, c.param, dampening_complement, momentum};
+    if (gate != nullptr) {
+      s.grad *= gate[kGateGradFactor];
+      if (gate[kGateStepsBefore] == 0.0f) {
+        s.g_weight = 1.0f;
+        s.buf_keep = 0.0f;
+      }
+    }
+    return s;
+  }
   SK_HOST_DEVICE SK_INLINE Segment segment(std::int64_t index) const {
-    return per_segment != nullptr ? per_segment[index] : uniform;
+    return segment_of(per_segment != nullptr ? per_segment[index] : uniform);
   }
 
   SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment& c,
@@ -90,7 +116,7 @@ struct SgdFunctor {
       const float ahead = mul_add(momentum, g, g);
       d = nesterov != 0.0f ? ahead : g;
     } else if constexpr (Mode == MomentumMode::running) {
-      const float buf = mul_add(dampening_complement, g, momentum * x[2]);
+      const float buf = mul_add(c.g_weight, g, c.buf_keep * x[2]);
       x[2] = buf;
       const float ahead = mul_add(momentum, buf, g);
       d = nesterov != 0.0f ? ahead : buf;
@@ -110,6 +136,7 @@ SgdFunctor<Mode, Low, Grad> make_sgd_functor(const SgdOptions& o,
   f.nesterov = o.nesterov ? 1.0f : 0.0f;
   f.uniform = SgdCoefficients{o.inv_grad_scale, o.weight_decay};
   f.per_segment = per_segment;
+  f.gate = o.gate.defined() ? o.gate.data<float>() : nullptr;
   return f;
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/optim/master_copies.hpp"
 #include "shardkit/optim/offload_transport.hpp"
 #include "shardkit/optim/optimizer_config.hpp"
@@ -61,14 +62,44 @@ class ShardedOptimizer {
   // One step. `grads` holds one gradient view per piece, in pieces() order. `lr` overrides the
   // configured rate (schedules); `inv_grad_scale` unscales loss-scaled gradients.
   void step(const std::vector<Tensor>& grads, float lr, float inv_grad_scale = 1.0f) {
-    const auto& pieces = this->pieces();
-    check(grads.size() == pieces.size(), "ShardedOptimizer::step: ", grads.size(),
-          " gradients for ", pieces.size(), " pieces; pass one per piece, in pieces() order");
+    check_grad_count(grads);
     inv_grad_scale *= clip_coefficient_;  // from clip_grad_norm, for this step only
     clip_coefficient_ = 1.0f;
+    if (gate_.defined()) {  // the count is on the device since a gated step: open the gate
+      fill(*ctx_, gate_.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1), 1.0);
+      fill(*ctx_, gate_.slice(0, ops::kGateSkip, ops::kGateSkip + 1), 0.0);
+      return gated_update(grads, lr, inv_grad_scale);
+    }
     ++steps_;
     if (!offloaded()) return update(*ctx_, grads, lr, inv_grad_scale);
     update(*host_, transport_.stage_grads(grads), lr, inv_grad_scale);
+  }
+
+  // The loss-scaled step, `scaler` having checked the gradients (DynamicLossScaler::check_grads):
+  // the gradients unscaled by its inverse scale, or the step skipped where it found an overflow
+  // (the step count then stays). Decided on the device through the step gate (ops/step_gate.hpp)
+  // -- the host queues it without waiting -- where the update runs there in one fused pass (SGD,
+  // Adam, AdamW). LARC forms its trust ratios on the host and offload steps on the host: they
+  // read the scaler's verdict first (one read).
+  void step(const std::vector<Tensor>& grads, float lr, DynamicLossScaler& scaler) {
+    check_grad_count(grads);
+    if (config().kind == OptimizerKind::larc_sgd || offloaded()) {
+      const auto verdict = scaler.read_verdict();
+      if (verdict.found_inf) return discard_clip();
+      return step(grads, lr, verdict.inv_scale);
+    }
+    const Tensor& state = scaler.state(*ctx_);
+    check_device_count();
+    if (!gate_.defined())  // (one upload, at the first loss-scaled step)
+      gate_ = from_vector(*ctx_, std::vector<float>{1.0f, 0.0f, static_cast<float>(steps_)},
+                          {ops::kGateSlots}, MemoryCategory::other);
+    static_assert(ops::kGateSkip == ops::kGateGradFactor + 1 &&
+                  ops::kLossFoundInf == ops::kLossInvScale + 1);
+    copy(*ctx_, gate_.slice(0, ops::kGateGradFactor, ops::kGateSkip + 1),
+         state.slice(0, ops::kLossInvScale, ops::kLossFoundInf + 1));
+    const float clip = clip_coefficient_;
+    clip_coefficient_ = 1.0f;
+    gated_update(grads, lr, clip);
   }
 
   // torch.nn.utils.clip_grad_norm_ over the whole model (docs/semantics.md): the L2 norm of
@@ -99,12 +130,21 @@ class ShardedOptimizer {
   // A skipped step (loss scaling found an overflow): forget clip_grad_norm's coefficient.
   void discard_clip() { clip_coefficient_ = 1.0f; }
 
-  std::int64_t steps() const { return steps_; }
+  // The steps applied so far (skipped ones do not count). After a loss-scaled step the count
+  // is on the device: reading it waits for the device.
+  std::int64_t steps() const {
+    if (!gate_.defined()) return steps_;
+    return static_cast<std::int64_t>(to_vector<float>(*ctx_, gate_)[ops::kGateStepsBefore]);
+  }
   // Resuming from a checkpoint: the step count drives SGD's first-step rule and Adam's bias
   // correction, so it travels with the state (OptimizerState::steps).
   void set_steps(std::int64_t steps) {
     check(steps >= 0, "ShardedOptimizer::set_steps: steps must be >= 0, got ", steps);
     steps_ = steps;
+    if (!gate_.defined()) return;
+    check_device_count();
+    fill(*ctx_, gate_.slice(0, ops::kGateStepsBefore, ops::kGateStepsBefore + 1),
+         static_cast<double>(steps));
   }
   Context& context() const { return *ctx_; }
   int rank() const { return rank_; }
@@ -148,11 +188,32 @@ class ShardedOptimizer {
     return views;
   }
 
+  void check_grad_count(const std::vector<Tensor>& grads) const {
+    check(grads.size() == pieces().size(), "ShardedOptimizer::step: ", grads.size(),
+          " gradients for ", pieces().size(), " pieces; pass one per piece, in pieces() order");
+  }
+
+  // The device counts steps in f32 (as PyTorch's fused optimizers): exactly up to 2^24.
+  void check_device_count() const {
+    check(steps_ <= (std::int64_t{1} << 24), "ShardedOptimizer: a step count of ", steps_,
+          " is past 2^24, the most the device's f32 count holds exactly; loss-scaled steps "
+          "cannot continue this run");
+  }
+
+  // The update through the step gate, on the parameters' context: its factor unscales the
+  // gradients (times `inv_grad_scale`), its skip flag may void the pass, its count numbers the
+  // step and advances unless skipped.
+  void gated_update(const std::vector<Tensor>& grads, float lr, float inv_grad_scale) {
+    update(*ctx_, grads, lr, inv_grad_scale, gate_);
+    ops::count_applied_step(*ctx_, gate_);
+  }
+
   // The update on context `c` (the parameters' context, or the host's when offloaded): what
   // every chunk shares first (LARC's trust ratios need every norm), then the fused pass chunk by
   // chunk; offloaded, each chunk's new parameters are queued for the device before the next
   // chunk is updated, and the step waits for the last.
-  void update(Context& c, const std::vector<Tensor>& g, float lr, float inv_grad_scale) {
+  void update(Context& c, const std::vector<Tensor>& g, float lr, float inv_grad_scale,
+              const Tensor& gate = Tensor()) {
     const std::vector<Tensor> a = buffers_.size() > 0
                                       ? state_views(*table_, rank_, buffers_[0].values)
                                       : std::vector<Tensor>{};
@@ -161,7 +222,7 @@ class ShardedOptimizer {
                                       : std::vector<Tensor>{};
     const UpdateTensors tensors{copies_.masters(), g, a, b, copies_.low_copies()};
     const auto prepared =
-        rule_.prepare(c, tensors, lr, inv_grad_scale, steps_, transport_.sends_up());
+        rule_.prepare(c, tensors, lr, inv_grad_scale, steps_, transport_.sends_up(), gate);
     if (prepared.done) return;
     const std::size_t n = pieces().size();
     for (std::size_t begin = 0, end = 0; begin < n; begin = end) {
@@ -183,7 +244,8 @@ class ShardedOptimizer {
   std::vector<std::size_t> by_name_;  // table parameters in the order of their names
   float clip_coefficient_ = 1.0f;     // set by clip_grad_norm, used by the next step
   std::vector<StateBuffer> buffers_;
-  std::int64_t steps_ = 0;
+  std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
+  Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step
 };
 
 }  // namespace shardkit::optim

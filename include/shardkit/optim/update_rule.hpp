@@ -54,8 +54,9 @@ class UpdateRule {
   };
   // `in_chunks`: the update will go chunk by chunk (offload sending each up), so it cannot be
   // one pipelined pass.
+  // `gate`: the step gate (ops/step_gate.hpp) the passes read, or none (SGD and Adam only).
   Prepared prepare(Context& c, const UpdateTensors& t, float lr, float inv_grad_scale,
-                   std::int64_t step, bool in_chunks) {
+                   std::int64_t step, bool in_chunks, const Tensor& gate = Tensor()) {
     const auto& pieces = table_->pieces(rank_);
     Prepared out;
     if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
@@ -71,6 +72,8 @@ class UpdateRule {
     out.adam.lr = lr;
     out.adam.step = step;
     out.adam.inv_grad_scale = inv_grad_scale;
+    out.sgd.gate = gate;
+    out.adam.gate = gate;
     // Every piece whole here (DDP, or one rank) on a device that pipelines it (the CPU):
     // norms, coefficients and update in one pass, with ParamNorms' bits.
     if (config_.kind == OptimizerKind::larc_sgd && !in_chunks && norms_->pieces_whole() &&

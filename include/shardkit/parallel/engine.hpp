@@ -125,30 +125,27 @@ class Engine : public ParamGroups {
     check_finished("optimizer step");
     forget_node_slices();
     optimizer_->step(piece_grads_, lr, inv_grad_scale);
-    for (auto& hook : post_step_hooks_) hook(*this);
-    if (policy().gather_after_step)
-      for (std::size_t u = 0; u < unit_count(); ++u)
-        all_gather_owned(mutable_group(u).flat(), policy().broadcast_fp16);
+    after_update(true);
   }
 
-  // The loss-scaled step (optim/loss_scaler.hpp): every rank skips a step whose gradients are
-  // not finite on some rank (nothing changes but the scale), else steps with them unscaled in
-  // the fused pass. Returns whether it stepped. Collective.
-  bool step(float lr, optim::DynamicLossScaler& scaler) {
+  // The loss-scaled step (optim/loss_scaler.hpp), queued on the device without a host wait
+  // where the optimizer allows (SGD, Adam, AdamW without offload): the scaler checks every
+  // rank's gradients, the fused pass unscales them or -- after an overflow on some rank -- is
+  // skipped on every rank (nothing changes but the scale), and the scale follows. The owners'
+  // gathers run either way (over unchanged values they change nothing). Post-step hooks run
+  // after applied steps only: they are host work, so with any registered the host reads the
+  // verdict (one read). scaler.found_inf() says afterwards whether the step was skipped.
+  // Collective.
+  void step(float lr, optim::DynamicLossScaler& scaler) {
     check_finished("optimizer step");
-    const bool finite = scaler.grads_finite(*ctx_, comm_, piece_grads_);
-    const float inv_scale = scaler.inv_scale();
-    const double before = scaler.scale();
-    scaler.update(!finite);
+    scaler.check_grads(*ctx_, comm_, piece_grads_);
+    forget_node_slices();
+    optimizer_->step(piece_grads_, lr, scaler);
+    after_update(post_step_hooks_.empty() || !scaler.found_inf());
+    scaler.update(*ctx_);
     // qgZ's error feedback is in the scaled units: it follows the new scale, and a skipped
     // step's residuals (which may hold an inf) are dropped.
-    rescale_error_feedback(finite ? scaler.scale() / before : 0.0);
-    if (!finite) {
-      optimizer_->discard_clip();
-      return false;
-    }
-    step(lr, inv_scale);
-    return true;
+    follow_loss_scale(scaler.state(*ctx_));
   }
 
   // torch.nn.utils.clip_grad_norm_ after the backward: the gradients' global L2 norm (exact,
@@ -214,6 +211,16 @@ class Engine : public ParamGroups {
   }
 
  private:
+  // After the fused update: the post-step hooks on this rank's pieces (after an applied step),
+  // then (oss, sdp) the owners' ranges all-gathered.
+  void after_update(bool applied) {
+    if (applied)
+      for (auto& hook : post_step_hooks_) hook(*this);
+    if (policy().gather_after_step)
+      for (std::size_t u = 0; u < unit_count(); ++u)
+        all_gather_owned(mutable_group(u).flat(), policy().broadcast_fp16);
+  }
+
   void check_finished(const char* what) const {
     for (std::size_t u = 0; u < unit_count(); ++u)
       check<StateError>(group(u).finished(), what, " before the gradients are finished",

@@ -19,8 +19,8 @@ namespace shardkit::parallel {
 template <class E>
 concept TrainingEngine = requires(E& engine, float lr, double max_norm,
                                   optim::DynamicLossScaler& scaler, Engine::StepHook hook) {
-  engine.step(lr);                                              // the fused optimizer step
-  { engine.step(lr, scaler) } -> std::same_as<bool>;            // skipped on an overflow
+  engine.step(lr);                                    // the fused optimizer step
+  { engine.step(lr, scaler) } -> std::same_as<void>;  // skipped on the device on an overflow
   { engine.clip_grad_norm(max_norm) } -> std::same_as<double>;  // the global norm
   engine.no_sync();                                             // accumulate without traffic
   engine.zero_grad();
@@ -28,10 +28,10 @@ concept TrainingEngine = requires(E& engine, float lr, double max_norm,
   engine.register_post_step_hook(hook);                        // after each applied step
 };
 
-#define SK_CHECK_TRAINING_ENGINE(E)                                                        \
-  static_assert(::shardkit::parallel::TrainingEngine<E>, #E                                \
-                " must offer the training contract of parallel/engine_contract.hpp: "      \
-                "step(lr), step(lr, scaler) -> bool, clip_grad_norm(max_norm) -> double, " \
+#define SK_CHECK_TRAINING_ENGINE(E)                                                   \
+  static_assert(::shardkit::parallel::TrainingEngine<E>, #E                           \
+                " must offer the training contract of parallel/engine_contract.hpp: " \
+                "step(lr), step(lr, scaler), clip_grad_norm(max_norm) -> double, "    \
                 "no_sync(), zero_grad(), training_state(), register_post_step_hook(hook)")
 
 SK_CHECK_TRAINING_ENGINE(Engine);

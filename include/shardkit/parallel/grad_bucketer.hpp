@@ -124,8 +124,8 @@ class GradBucketer {
   bool sync_enabled() const { return sync_enabled_; }
 
   // Clears the gradients for the next accumulation window.
-  // qgZ's error feedback after a loss-scaled step (grad_sync.hpp): rescaled, or dropped (0).
-  void rescale_error_feedback(double factor) { strategy_->rescale_error_feedback(factor); }
+  // qgZ's error feedback after a loss-scaled step (grad_sync.hpp): rescaled, or dropped.
+  void follow_loss_scale(const Tensor& state) { strategy_->follow_loss_scale(state); }
   void zero_grad() {
     strategy_->zero(states_);
     strategy_->set_holds_averages(false);

@@ -25,6 +25,7 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
+#include "shardkit/ops/device_ops.hpp"
 #include "shardkit/parallel/policy.hpp"
 #include "shardkit/parallel/quantized_reduce_scatter.hpp"
 #include "shardkit/parallel/reduce_scatter_coalescer.hpp"
@@ -85,10 +86,10 @@ class GradSyncStrategy {
     for (auto& state : states) state.buffer = Tensor();
     replicas_.clear();
   }
-  // qgZ's error feedback (no-op elsewhere): the carried residuals follow a loss scale that
-  // changed by `factor` (they are in the gradients' scaled units), or are dropped (factor 0:
-  // a skipped step, whose residuals may hold an inf or a NaN).
-  virtual void rescale_error_feedback(double factor) { (void)factor; }
+  // qgZ's error feedback (no-op elsewhere): the carried residuals, in the gradients' scaled
+  // units, follow the loss scale's update just made (`state`, ops/step_gate.hpp, on the
+  // device), or are dropped after a skipped step, whose residuals may hold an inf or a NaN.
+  virtual void follow_loss_scale(const Tensor& state) { (void)state; }
   // The buffers hold averaged gradients of an earlier synchronised backward: the next
   // reductions are added to them.
   void set_holds_averages(bool value) { holds_averages_ = value; }
@@ -208,14 +209,11 @@ class ReduceScatterGrads final : public GradSyncStrategy {
     const std::int64_t offset = plan_->owned_offset_of(piece);
     return kept_.slice(0, offset, offset + piece.numel());
   }
-  void rescale_error_feedback(double factor) override {
-    for (const Tensor& residual : residuals_) {
-      if (!residual.defined()) continue;
-      if (factor == 0.0)
-        fill(*ctx_, residual, 0.0);
-      else if (factor != 1.0)
-        divide_(*ctx_, residual, 1.0 / factor);  // (the scaler's default 2 and 1/2: exact)
-    }
+  void follow_loss_scale(const Tensor& state) override {
+    std::vector<Tensor> kept;
+    for (const Tensor& residual : residuals_)
+      if (residual.defined()) kept.push_back(residual);
+    ops::follow_loss_scale(*ctx_, kept, state);
   }
 
  protected:

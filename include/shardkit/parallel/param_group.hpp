@@ -146,7 +146,7 @@ class ParamGroup {
   }
   bool finished() const { return bucketer_.finished(); }
   void zero_grad() { bucketer_.zero_grad(); }
-  void rescale_error_feedback(double factor) { bucketer_.rescale_error_feedback(factor); }
+  void follow_loss_scale(const Tensor& state) { bucketer_.follow_loss_scale(state); }
   void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
 
  private:

@@ -105,10 +105,10 @@ class ParamGroups {
   void zero_grad() {
     for (auto& group : groups_) group->zero_grad();
   }
-  // qgZ's error feedback carried in loss-scaled units: follows a scale change by `factor`, or
-  // is dropped after a skipped (non-finite) step with factor 0.
-  void rescale_error_feedback(double factor) {
-    for (auto& group : groups_) group->rescale_error_feedback(factor);
+  // qgZ's error feedback carried in loss-scaled units: follows the loss scale's update
+  // (`state` on the device, ops/step_gate.hpp), or is dropped after a skipped step.
+  void follow_loss_scale(const Tensor& state) {
+    for (auto& group : groups_) group->follow_loss_scale(state);
   }
   void set_sync(bool enabled) {
     for (auto& group : groups_) group->set_sync(enabled);

@@ -113,10 +113,10 @@ class ShardedModule {
   // zero_grad(); `lr` is this step's rate (schedules live in the training loop).
   void step(float lr, float inv_grad_scale = 1.0f) { engine_->step(lr, inv_grad_scale); }
   // The loss-scaled step (f16 mixed precision): after autograd::backward(ctx, loss,
-  // scaler.scale()), every rank skips a step whose gradients overflowed on some rank, else
-  // steps with them unscaled; the scale follows (optim/loss_scaler.hpp). Returns whether it
-  // stepped.
-  bool step(float lr, optim::DynamicLossScaler& scaler) { return engine_->step(lr, scaler); }
+  // scaler.seed(ctx, loss.value())), every rank skips a step whose gradients overflowed on some
+  // rank, else steps with them unscaled; the scale follows (optim/loss_scaler.hpp). Decided on
+  // the device: scaler.found_inf() says afterwards (a host read) whether it was skipped.
+  void step(float lr, optim::DynamicLossScaler& scaler) { engine_->step(lr, scaler); }
   // torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) between the backward and
   // step(): returns the gradients' global L2 norm (exact and the same under every stage, frozen
   // parameters having none); the next step() applies the clipping in its fused pass.
