@@ -683,7 +683,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
                        fsdp.quantized_weights_format},
             std::tuple{"MODEL.FSDP_CONFIG.quantized_grads_format", fsdp.quantized_grads,
                        fsdp.quantized_grads_format}})
-        if (on && shardkit::ops::quant_code_bits(format) == 4 && fsdp.quantization_block % 2 != 0)
+        if (on && !shardkit::ops::quant_block_fits(format, fsdp.quantization_block))
           throw detail::bad(key, "int4",
                             "int4 packs two codes to a byte and a block must start on one; set "
                             "MODEL.FSDP_CONFIG.quantization_block to an even number (" +

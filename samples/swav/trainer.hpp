@@ -424,10 +424,10 @@ class SwavTrainer {
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t image = std::min(first + b0 + i, count - 1);  // pad with the last
         const sk::data::ImageView view = d.image(image);
-        sk::check(c_.eval_images.side(view.rows, view.cols, crop_side) == side,
-                  "DATA.TEST.TRANSFORMS turn a ", view.rows, " x ", view.cols, " test image into ",
-                  c_.eval_images.side(view.rows, view.cols, crop_side), " pixels a side and a ",
-                  d.image(0).rows, " x ", d.image(0).cols, " one into ", side,
+        const std::int64_t view_side = c_.eval_images.side(view.rows, view.cols, crop_side);
+        sk::check(view_side == side, "DATA.TEST.TRANSFORMS turn a ", view.rows, " x ", view.cols,
+                  " test image into ", view_side, " pixels a side and a ", d.image(0).rows, " x ",
+                  d.image(0).cols, " one into ", side,
                   "; add {name: CenterCrop, size: N} so that every image has one size");
         eval_image(c_.crops, c_.eval_images, view, static_cast<int>(side),
                    pixels.data() + i * image_size);

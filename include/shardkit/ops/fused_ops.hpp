@@ -393,8 +393,8 @@ bool check_quant_blocks(const Context& ctx, QuantFormat format, const Tensor& va
   B::check_context(ctx, op);
   check(block >= 1 && block <= kMaxQuantBlock, op, ": a block of ", block,
         " values; pass 1 to 2^24 (DeepSpeed's qwZ uses ", kDefaultQuantBlock, ")");
-  check(quant_code_bits(format) == 8 || block % 2 == 0, op, ": an ", quant_format_name(format),
-        " block of ", block, " values; ", quant_format_name(format),
+  check(quant_block_fits(format, block), op, ": an ", quant_format_name(format), " block of ",
+        block, " values; ", quant_format_name(format),
         " packs two codes to a byte and a block must start on one: pass an even block (",
         kDefaultQuantBlock, " is the default)");
   check(values.defined() && values.is_contiguous() &&

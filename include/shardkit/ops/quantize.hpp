@@ -60,6 +60,12 @@ constexpr std::string_view quant_format_name(QuantFormat format) {
 // Bits per value of a format's codes.
 constexpr int quant_code_bits(QuantFormat format) { return format == QuantFormat::int4 ? 4 : 8; }
 
+// Whether `format` takes blocks of `block` values: int4 packs two codes to a byte and a block
+// must start on one, so its blocks are even.
+constexpr bool quant_block_fits(QuantFormat format, std::int64_t block) {
+  return quant_code_bits(format) == 8 || block % 2 == 0;
+}
+
 constexpr std::int64_t quant_block_count(std::int64_t n, std::int64_t block) {
   return (n + block - 1) / block;
 }
@@ -85,19 +91,19 @@ SK_HOST_DEVICE SK_INLINE float abs_max(float running, float x) {
   return (a > running || a != a) ? a : running;
 }
 
-// 127 / amax for a finite, non-zero amax; else 0 (every q of the block is then 0, and the scale
-// -- 0, inf or NaN -- decides what comes back: zeros, or NaN for a non-finite block).
-SK_HOST_DEVICE SK_INLINE float int8_inverse_step(float amax) {
-  return (amax > 0.0f && amax <= 0x1.fffffep127f) ? 127.0f / amax : 0.0f;
+// x · inverse_step as an integer code in [-max, max]: the product rounded to f32, then to the
+// nearest integer, ties to even (rintf in the default rounding mode: one instruction on
+// x86-64-v3 and on the GPU). An add would not do: compilers may fuse a product into the add
+// that follows it (an FMA), which rounds once instead of twice. 0 for a NaN (inf x 0 on a
+// non-finite block). The int8 and int4 codes' rounding.
+SK_HOST_DEVICE SK_INLINE int round_to_code(float x, float inverse_step, float max) {
+  float y = rintf(x * inverse_step);
+  y = y > max ? max : (y < -max ? -max : y);
+  return y == y ? static_cast<int>(y) : 0;
 }
 
 SK_HOST_DEVICE SK_INLINE std::int8_t int8_quantize(float x, float inverse_step) {
-  // The product rounded to f32, then to the nearest integer, ties to even (rintf in the default
-  // rounding mode: one instruction on x86-64-v3 and on the GPU). An add would not do: compilers
-  // may fuse a product into the add that follows it (an FMA), which rounds once instead of twice.
-  float y = rintf(x * inverse_step);
-  y = y > 127.0f ? 127.0f : (y < -127.0f ? -127.0f : y);
-  return y == y ? static_cast<std::int8_t>(y) : std::int8_t{0};  // (inf x 0 on a NaN block)
+  return static_cast<std::int8_t>(round_to_code(x, inverse_step, 127.0f));
 }
 
 SK_HOST_DEVICE SK_INLINE float int8_dequantize(std::int8_t q, float scale) {
@@ -171,11 +177,7 @@ struct Int4Code {
   static constexpr float kMax = 7.0f;
   static constexpr int kPerByte = 2;
   SK_HOST_DEVICE SK_INLINE static std::uint8_t encode(float x, float inverse_step) {
-    // As int8_quantize: the product rounded to f32, then to an integer, ties to even.
-    float y = rintf(x * inverse_step);
-    y = y > 7.0f ? 7.0f : (y < -7.0f ? -7.0f : y);
-    const int q = y == y ? static_cast<int>(y) : 0;  // (inf x 0 on a NaN block)
-    return static_cast<std::uint8_t>(q & 0xf);
+    return static_cast<std::uint8_t>(round_to_code(x, inverse_step, kMax) & 0xf);
   }
   SK_HOST_DEVICE SK_INLINE static float decode(std::uint8_t q, float scale) {
     return static_cast<float>(((q & 0xf) ^ 8) - 8) * scale;  // sign-extended
@@ -191,7 +193,8 @@ SK_HOST_DEVICE SK_INLINE std::uint8_t code_at(const std::uint8_t* q, std::int64_
     return static_cast<std::uint8_t>(q[i >> 1] >> ((i & 1) * 4)) & 0xf;
 }
 
-// kMax / amax for a finite, non-zero amax; else 0 (as int8_inverse_step).
+// kMax / amax for a finite, non-zero amax; else 0 (every q of the block is then 0, and the scale
+// -- 0, inf or NaN -- decides what comes back: zeros, or NaN for a non-finite block).
 template <class Code>
 SK_HOST_DEVICE SK_INLINE float inverse_step(float amax) {
   return (amax > 0.0f && amax <= 0x1.fffffep127f) ? Code::kMax / amax : 0.0f;

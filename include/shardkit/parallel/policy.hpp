@@ -98,9 +98,8 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
   for (const auto& [on, format, key] :
        {std::tuple{f.quantized_weights, f.quantized_weights_format, "quantized_weights_format"},
         std::tuple{f.quantized_grads, f.quantized_grads_format, "quantized_grads_format"}})
-    check(!on || ops::quant_code_bits(format) == 8 || f.quantization_block % 2 == 0,
-          "fsdp.quantization_block is ", f.quantization_block, " with fsdp.", key, " ",
-          ops::quant_format_name(format),
+    check(!on || ops::quant_block_fits(format, f.quantization_block), "fsdp.quantization_block is ",
+          f.quantization_block, " with fsdp.", key, " ", ops::quant_format_name(format),
           ", which packs two codes to a byte (a block must start on one): pass an even block");
   if (f.quantized_weights) {
     check(fsdp, "fsdp.quantized_weights quantises the parameters' all-gathers, which only fsdp ",
