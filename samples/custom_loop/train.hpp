@@ -254,6 +254,9 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   std::optional<sk::checkpoint::AsyncCheckpointer> saver;
   if (s.async_checkpoint && !s.checkpoint_dir.empty()) saver.emplace(s.checkpoint_dir);
   comm.reset_stats();
+  // The peaks reported are the training steps' -- what the memory plan bounds -- not the set-up's
+  // (the initial parameters' f32 broadcast, a resumed checkpoint's reads).
+  ctx.memory_stats().reset_peak();
   for (std::int64_t epoch = step / steps_per_epoch; step < run_end; ++epoch) {
     sampler.set_epoch(epoch);
     const std::int64_t first_batch = step % steps_per_epoch;  // > 0 only when resuming mid-epoch
