@@ -47,6 +47,11 @@ class DynamicLossScaler {
           options.growth_interval);
     host_ = initial_state(options.init_scale, 0);
   }
+  // One scaler, one state: a copy would share the device state with the original.
+  DynamicLossScaler(const DynamicLossScaler&) = delete;
+  DynamicLossScaler& operator=(const DynamicLossScaler&) = delete;
+  DynamicLossScaler(DynamicLossScaler&&) = default;
+  DynamicLossScaler& operator=(DynamicLossScaler&&) = default;
 
   // --- host reads (each waits for the device once the state is there) -------------------------
   double scale() const { return values()[ops::kLossScale]; }
