@@ -26,12 +26,15 @@ namespace cuda {
 
 // One thread per tensor: sums (f64 [2, n], read from the back when `reversed`; [3, n] with
 // per-parameter decays when `per_param_decay`) -> coefficients.
+// `gate` (the step gate, or null): its gradient factor multiplies inv_grad_scale.
 template <int = 0>
 __global__ void larc_coefficients_kernel(const double* sums, std::int64_t n, bool reversed,
                                          bool per_param_decay, LarcOptions larc, float lr,
-                                         float inv_grad_scale, SgdCoefficients* out) {
+                                         float inv_grad_scale, const float* gate,
+                                         SgdCoefficients* out) {
   const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (i >= n) return;
+  if (gate != nullptr) inv_grad_scale *= gate[kGateGradFactor];
   const std::int64_t at = reversed ? n - 1 - i : i;
   out[i] = per_param_decay
                ? ops::larc_coefficients(sums[at], sums[n + at], larc, lr, inv_grad_scale,
@@ -42,60 +45,75 @@ __global__ void larc_coefficients_kernel(const double* sums, std::int64_t n, boo
 inline void launch_larc_coefficients(Context& ctx, const double* sums, std::int64_t n,
                                      bool reversed, const LarcOptions& larc, float lr,
                                      float inv_grad_scale, SgdCoefficients* out,
-                                     bool per_param_decay = false) {
+                                     bool per_param_decay = false, const float* gate = nullptr) {
   if (n == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
   const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
   larc_coefficients_kernel<><<<blocks, kThreads, 0, ctx.stream()>>>(
-      sums, n, reversed, per_param_decay, larc, lr, inv_grad_scale, out);
+      sums, n, reversed, per_param_decay, larc, lr, inv_grad_scale, gate, out);
   SK_CUDA_CHECK_LAUNCH("ops::cuda::larc_coefficients_kernel");
 }
 
-// One thread per leaf of every span: spans_at[s] is the first leaf of span s (spans_at[n] the
-// total), data[s] and size[s] its elements.
+// A launch's spans, passed by value as the kernel's parameters (nothing uploaded, so the host
+// need not wait; within the classic 4 KB limit): each span's elements and size, and its first
+// leaf among this launch's leaves (first_leaf[count]: their total).
+struct LeafBatch {
+  static constexpr int kMaxSpans = 160;
+  const void* data[kMaxSpans];
+  std::int64_t size[kMaxSpans];
+  std::int64_t first_leaf[kMaxSpans + 1];
+  int count = 0;
+};
+static_assert(sizeof(LeafBatch) + 64 <= 4096, "kernel parameters over 4 KB");
+
+// One thread per leaf of the batch's spans; `leaves` points at the batch's first leaf.
 template <class T>
-__global__ void leaf_sums_kernel(const T* const* data, const std::int64_t* size,
-                                 const std::int64_t* spans_at, int n, double* leaves) {
+__global__ void leaf_sums_kernel(const LeafBatch batch, double* leaves) {
   const std::int64_t leaf = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (leaf >= spans_at[n]) return;
-  int lo = 0, hi = n;  // the span holding this leaf: spans_at[lo] <= leaf < spans_at[lo + 1]
+  if (leaf >= batch.first_leaf[batch.count]) return;
+  int lo = 0, hi = batch.count;  // the span holding this leaf: first_leaf[lo] <= leaf < [lo + 1]
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (spans_at[mid] <= leaf)
+    if (batch.first_leaf[mid] <= leaf)
       lo = mid;
     else
       hi = mid;
   }
-  const std::int64_t first = (leaf - spans_at[lo]) * kNormLeaf;
-  const std::int64_t left = size[lo] - first;
-  leaves[leaf] =
-      leaf_sum_of_squares(data[lo] + first, static_cast<int>(left < kNormLeaf ? left : kNormLeaf));
+  const std::int64_t first = (leaf - batch.first_leaf[lo]) * kNormLeaf;
+  const std::int64_t left = batch.size[lo] - first;
+  leaves[leaf] = leaf_sum_of_squares(static_cast<const T*>(batch.data[lo]) + first,
+                                     static_cast<int>(left < kNormLeaf ? left : kNormLeaf));
 }
 
 inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, DType dtype, double* leaves) {
-  const int n = static_cast<int>(spans.size());
-  if (n == 0) return;
-  // The span table travels as one small device buffer: pointers, sizes, first leaves.
-  std::vector<std::int64_t> table(static_cast<std::size_t>(3 * n + 1));
-  std::int64_t total = 0;
-  for (int s = 0; s < n; ++s) {
-    table[static_cast<std::size_t>(s)] = static_cast<std::int64_t>(
-        reinterpret_cast<std::uintptr_t>(spans[static_cast<std::size_t>(s)].data[0]));
-    table[static_cast<std::size_t>(n + s)] = spans[static_cast<std::size_t>(s)].size;
-    table[static_cast<std::size_t>(2 * n + s)] = total;
-    total += norm_leaves(spans[static_cast<std::size_t>(s)].size);
-  }
-  table[static_cast<std::size_t>(3 * n)] = total;
-  if (total == 0) return;
-  Tensor on_device = from_vector(ctx, table, {3 * n + 1});
-  const auto* t = on_device.data<std::int64_t>();
   CudaDeviceGuard guard(ctx.device().index);
-  const auto blocks = static_cast<unsigned>((total + kThreads - 1) / kThreads);
-  visit_element_dtype(dtype, [&]<class T>() {
-    leaf_sums_kernel<T><<<blocks, kThreads, 0, ctx.stream()>>>(reinterpret_cast<const T* const*>(t),
-                                                               t + n, t + 2 * n, n, leaves);
-  });
-  SK_CUDA_CHECK_LAUNCH("ops::cuda::leaf_sums_kernel");
+  LeafBatch batch{};
+  auto launch = [&] {
+    const std::int64_t total = batch.first_leaf[batch.count];
+    if (total > 0) {
+      const auto blocks = static_cast<unsigned>((total + kThreads - 1) / kThreads);
+      visit_element_dtype(dtype, [&]<class T>() {
+        leaf_sums_kernel<T><<<blocks, kThreads, 0, ctx.stream()>>>(batch, leaves);
+      });
+      SK_CUDA_CHECK_LAUNCH("ops::cuda::leaf_sums_kernel");
+    }
+    leaves += total;
+    batch = LeafBatch{};
+  };
+  for (const auto& span : spans) {
+    const std::int64_t count = norm_leaves(span.size);
+    // A launch's grid counts blocks in an unsigned int: start a new one well before it wraps.
+    if (batch.count == LeafBatch::kMaxSpans ||
+        (batch.count > 0 && batch.first_leaf[batch.count] + count > (std::int64_t{1} << 38)))
+      launch();
+    check(count <= (std::int64_t{1} << 38), "leaf_sums_of_squares: a span of ", span.size,
+          " elements is too large for one launch; split it below 2^42 elements");
+    const int b = batch.count++;
+    batch.data[b] = span.data[0];
+    batch.size[b] = span.size;
+    batch.first_leaf[b + 1] = batch.first_leaf[b] + count;
+  }
+  launch();
 }
 
 // One block per node (norm_tree.hpp's norm_subtree, the same additions): thread t of the
@@ -134,21 +152,49 @@ __global__ void __launch_bounds__(kSubtreeThreads)
   if (t == 0) out[blockIdx.x] = partial[0];
 }
 
+// `on_device`: the nodes as (first, level) pairs in device memory, or null (uploaded here).
 inline void launch_norm_subtrees(Context& ctx, const double* leaves,
-                                 std::span<const NormSubtree> nodes, double* out) {
+                                 std::span<const NormSubtree> nodes, const std::int64_t* on_device,
+                                 double* out) {
   if (nodes.empty()) return;
   check(nodes.size() <= 0x7fffffffu, "norm_subtree_sums: ", nodes.size(),
         " nodes in one call; at most 2^31 - 1 (one block each)");
-  std::vector<std::int64_t> table(2 * nodes.size());
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    table[2 * i] = nodes[i].first;
-    table[2 * i + 1] = nodes[i].level;
+  Tensor uploaded;
+  if (on_device == nullptr) {
+    std::vector<std::int64_t> table(2 * nodes.size());
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      table[2 * i] = nodes[i].first;
+      table[2 * i + 1] = nodes[i].level;
+    }
+    uploaded = from_vector(ctx, table, {static_cast<std::int64_t>(table.size())});
+    on_device = uploaded.data<std::int64_t>();
   }
-  Tensor on_device = from_vector(ctx, table, {static_cast<std::int64_t>(table.size())});
   CudaDeviceGuard guard(ctx.device().index);
   norm_subtrees_kernel<><<<static_cast<unsigned>(nodes.size()), kSubtreeThreads, 0, ctx.stream()>>>(
-      leaves, on_device.data<std::int64_t>(), out);
+      leaves, on_device, out);
   SK_CUDA_CHECK_LAUNCH("ops::cuda::norm_subtrees_kernel");
+}
+
+// One thread per root, each running its program (a few words: a root's cover has about
+// 2·log2 nodes per piece).
+template <int = 0>
+__global__ void norm_roots_kernel(const double* values, const std::int64_t* table,
+                                  std::int64_t roots, double* out) {
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= roots) return;
+  out[r] = run_norm_root_program(values, table + roots + 1, table[r], table[r + 1]);
+}
+
+inline void launch_norm_roots(Context& ctx, const double* values, const std::int64_t* table,
+                              std::int64_t roots, double* out) {
+  constexpr int kThreads = 128;
+  const std::int64_t blocks = (roots + kThreads - 1) / kThreads;
+  check(blocks <= 0x7fffffff, "norm_roots: ", roots, " roots in one call; at most ",
+        std::int64_t{0x7fffffff} * kThreads);
+  CudaDeviceGuard guard(ctx.device().index);
+  norm_roots_kernel<>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, ctx.stream()>>>(values, table, roots, out);
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::norm_roots_kernel");
 }
 
 }  // namespace cuda
@@ -177,10 +223,10 @@ struct Cuda {
 
   static void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr,
                                 float inv_grad_scale, const Tensor& sums,
-                                const Tensor& coefficients) {
+                                const Tensor& coefficients, const float* gate) {
     cuda::launch_larc_coefficients(
         ctx, sums.data<double>(), sums.size(1), false, larc, lr, inv_grad_scale,
-        static_cast<SgdCoefficients*>(coefficients.data_ptr()), sums.size(0) == 3);
+        static_cast<SgdCoefficients*>(coefficients.data_ptr()), sums.size(0) == 3, gate);
   }
 
   static void leaf_sums_of_squares(Context& ctx, const SpanList<1>& spans, DType dtype,
@@ -201,8 +247,14 @@ struct Cuda {
   }
 
   static void norm_subtree_sums(Context& ctx, const double* leaves,
-                                std::span<const NormSubtree> nodes, double* out) {
-    cuda::launch_norm_subtrees(ctx, leaves, nodes, out);
+                                std::span<const NormSubtree> nodes,
+                                const std::int64_t* nodes_on_device, double* out) {
+    cuda::launch_norm_subtrees(ctx, leaves, nodes, nodes_on_device, out);
+  }
+
+  static void norm_roots(Context& ctx, const double* values, const std::int64_t* table,
+                         std::int64_t roots, double* out) {
+    cuda::launch_norm_roots(ctx, values, table, roots, out);
   }
 
   static void quantize_blocks(Context& ctx, QuantFormat format, DType dtype, const void* values,

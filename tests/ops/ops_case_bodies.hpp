@@ -306,6 +306,87 @@ void norm_subtrees_case(B& b) {
   ops::norm_subtree_sums(b.ctx, leaves, {}, b.zeros({0}, sk::DType::f64));
 }
 
+// Trees finished where their cover values lie (norm_roots over a NormRootPlan) against the
+// host's norm_root, bit for bit: tensors of 1 to 5000 leaves cut at random into 1 to 6
+// pieces, the pieces' cover values stored in a shuffled order, leaf values of widely spread
+// magnitudes (so another order of the additions rounds differently: checked); a tensor no
+// piece reported and one of no leaves give 0; a leaf no piece covers is refused by name when
+// the plan is written.
+template <class B>
+void norm_roots_case(B& b) {
+  std::mt19937_64 rng(77);
+  std::uniform_real_distribution<double> mantissa(0.5, 1.5);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  struct Root {
+    std::int64_t leaves;
+    std::map<ops::NormNode, double> known;
+  };
+  std::vector<Root> roots;
+  std::vector<double> scratch;
+  for (std::int64_t leaves : {1, 2, 3, 7, 16, 17, 100, 1023, 1024, 1025, 4999, 5000}) {
+    std::vector<double> leaf(static_cast<std::size_t>(leaves));
+    for (auto& v : leaf) v = std::ldexp(mantissa(rng), exponent(rng));
+    std::uniform_int_distribution<int> piece_count(1, 6);
+    std::vector<std::int64_t> cuts{0, leaves};
+    for (int c = 1; c < piece_count(rng); ++c)
+      cuts.push_back(std::uniform_int_distribution<std::int64_t>(0, leaves)(rng));
+    std::sort(cuts.begin(), cuts.end());
+    Root root{leaves, {}};
+    for (std::size_t c = 0; c + 1 < cuts.size(); ++c)
+      for (const auto& node : ops::norm_cover(cuts[c], cuts[c + 1]))
+        root.known[node] = ops::norm_subtree(leaf.data() + (node.index << node.level),
+                                             std::int64_t{1} << node.level, scratch);
+    roots.push_back(std::move(root));
+  }
+  roots.push_back({12, {}});  // no piece reported
+  roots.push_back({0, {}});   // no leaves
+  // The values in a shuffled order; the plan indexes them.
+  std::vector<std::pair<std::size_t, ops::NormNode>> slots;
+  for (std::size_t r = 0; r < roots.size(); ++r)
+    for (const auto& entry : roots[r].known) slots.push_back({r, entry.first});
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<double> values;
+  std::vector<std::map<ops::NormNode, std::int64_t>> index(roots.size());
+  for (const auto& [r, node] : slots) {
+    index[r][node] = static_cast<std::int64_t>(values.size());
+    values.push_back(roots[r].known.at(node));
+  }
+  ops::NormRootPlan plan;
+  for (std::size_t r = 0; r < roots.size(); ++r) plan.add_root(roots[r].leaves, index[r]);
+  plan.upload(b.ctx);
+  sk::Context host;
+  auto on_device =
+      b.upload(sk::from_vector(host, values, {static_cast<std::int64_t>(values.size())}));
+  auto out = b.zeros({static_cast<std::int64_t>(roots.size())}, sk::DType::f64);
+  b.fill(out, -1.0);
+  ops::norm_roots(b.ctx, on_device, plan, out);
+  const auto got = sk::to_vector<double>(host, b.download(out));
+  bool order_matters = false;
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    CAPTURE(roots[r].leaves);
+    // (norm_root refuses an empty cover; the plan's empty program is 0, as ParamNorms' sums.)
+    const double want =
+        roots[r].known.empty() ? 0.0 : ops::norm_root(roots[r].leaves, roots[r].known);
+    CHECK(std::memcmp(&got[r], &want, sizeof want) == 0);
+    double in_order = 0;
+    for (const auto& entry : roots[r].known) in_order += entry.second;
+    order_matters = order_matters || in_order != want;
+  }
+  CHECK(got[roots.size() - 2] == 0.0);
+  CHECK(got[roots.size() - 1] == 0.0);
+  CHECK(order_matters);
+  // A leaf covered by no piece; a plan not on this device; too few values.
+  ops::NormRootPlan holes;
+  CHECK_THROWS_WITH(holes.add_root(8, {{{2, 0}, 0}}),
+                    doctest::Contains("leaf 4 of 8 is covered by no piece"));
+  ops::NormRootPlan not_uploaded;
+  not_uploaded.add_root(1, {{{0, 0}, 0}});
+  CHECK_THROWS_WITH(ops::norm_roots(b.ctx, on_device, not_uploaded, out),
+                    doctest::Contains("the plan must be uploaded"));
+  CHECK_THROWS_WITH(ops::norm_roots(b.ctx, on_device.slice(0, 0, 3), plan, out),
+                    doctest::Contains("values must be a contiguous f64 tensor of at least"));
+}
+
 template <class B>
 void unscale_case(B& b, std::int64_t gap) {
   const Layout layout(edge_sizes(), gap);
@@ -529,14 +610,19 @@ void argument_errors_case(B& b) {
   ops::sgd_step(b.ctx, ops::SgdOptions{}, ops::SgdTensors{});
 }
 
-// The step gate (ops/step_gate.hpp): a gated SGD or Adam pass gives the bits of the one decided
-// on the host -- its gradients unscaled by the gate's factor (times the options' own), its step
-// numbered by the gate's count of applied steps -- and a pass the gate skips writes nothing,
-// the count staying, so the first applied step takes SGD's first-step rule whatever was skipped
-// before it. Host-decided (h) and gated (d) copies of every operand, compared bit for bit.
+// The step gate (ops/step_gate.hpp): a gated SGD, Adam or LARC-SGD pass gives the bits of the
+// one decided on the host -- its gradients unscaled by the gate's factor (times the options'
+// own; LARC's coefficients read it on the device, then the gate's factor is set to 1 for the
+// pass, as the optimizer does), its step numbered by the gate's count of applied steps -- and
+// a pass the gate skips writes nothing, the count staying, so the first applied step takes
+// SGD's first-step rule whatever was skipped before it. Host-decided (h) and gated (d) copies
+// of every operand, compared bit for bit.
+enum class GatedRule { sgd, adam, larc };
+
 template <class B>
-void gated_step_case(B& b, bool adam, sk::DType low, std::int64_t gap) {
-  CAPTURE(adam);
+void gated_step_case(B& b, GatedRule rule, sk::DType low, std::int64_t gap) {
+  const bool adam = rule == GatedRule::adam;
+  CAPTURE(static_cast<int>(rule));
   CAPTURE(sk::dtype_name(low));
   const Layout layout(edge_sizes(), gap);
   const auto n = static_cast<std::size_t>(layout.total);
@@ -562,6 +648,7 @@ void gated_step_case(B& b, bool adam, sk::DType low, std::int64_t gap) {
   const Step steps[] = {
       {true, 0.5f}, {false, 0.25f}, {true, 0.25f}, {false, 0.125f}, {false, 0.125f}};
   const float clip = 0.75f;  // the options' own factor (a clip coefficient)
+  const ops::LarcOptions larc{.trust_coefficient = 0.02f, .clip = true, .weight_decay = 1e-3f};
   std::int64_t applied = 0;
   for (std::uint32_t s = 0; s < 5; ++s) {
     CAPTURE(s);
@@ -580,6 +667,20 @@ void gated_step_case(B& b, bool adam, sk::DType low, std::int64_t gap) {
         o.step = applied + 1;
         if (gated) o.gate = g8;
         ops::adam_step(b.ctx, o, ops::AdamTensors{w.views, g.views, a.views, v.views, copies});
+      } else if (rule == GatedRule::larc) {
+        const auto count = static_cast<std::int64_t>(layout.count());
+        auto sums = b.zeros({2, count}, sk::DType::f64);
+        auto coefficients = b.zeros({count, 2}, sk::DType::f32);
+        ops::segment_sums_of_squares(b.ctx, w.views, g.views, sums);
+        ops::larc_coefficients(b.ctx, larc, sgd.lr, factor, sums, coefficients,
+                               gated ? g8 : sk::Tensor());
+        ops::SgdOptions o = ops::sgd_options_under_larc(sgd);
+        o.first_step = applied == 0;
+        if (gated) {
+          b.fill(g8.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1), 1.0);
+          o.gate = g8;
+        }
+        ops::sgd_step(b.ctx, o, ops::SgdTensors{w.views, g.views, a.views, copies}, coefficients);
       } else {
         ops::SgdOptions o = sgd;
         o.inv_grad_scale = factor;
@@ -654,13 +755,14 @@ void loss_scale_case(B& b) {
       CHECK((k[1] == 1.5f * factor && k[2] == -3.0f * factor && std::isinf(k[3])));
     }
   }
-  // Gates on LARC are refused by name: its trust ratios need the scale on the host.
+  // The whole-tensor LARC entries refuse a gate by name: their trust ratios need the scale
+  // before the pass (the optimizer composes larc_coefficients, which reads it, with sgd_step).
   Flat<B> w(b, {1.0f, 2.0f}, Layout({1}, 0)), g(b, {1.0f, 2.0f}, Layout({1}, 0));
   ops::SgdOptions o;
   o.gate = Flat<B>(b, {1.0f, 0.0f, 0.0f, 0.0f}, Layout({3}, 0)).views[0];
   CHECK_THROWS_WITH(
       ops::larc_sgd_step(b.ctx, o, ops::LarcOptions{}, ops::SgdTensors{w.views, g.views, {}, {}}),
-      doctest::Contains("LARC-SGD takes no step gate"));
+      doctest::Contains("LARC-SGD entry takes no step gate"));
 }
 
 }  // namespace ops_test

@@ -56,6 +56,11 @@ TEST_CASE("norm tree nodes over leaf sums equal norm_subtree bit for bit") {
   norm_subtrees_case(b);
 }
 
+TEST_CASE("norm trees finished where the values lie equal norm_root bit for bit") {
+  Backend b;
+  norm_roots_case(b);
+}
+
 TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors") {
   Backend b;
   for (bool clip : {false, true})
@@ -109,12 +114,14 @@ TEST_CASE("Adam and AdamW match float64, with and without low-precision copies")
   adam_case(b, true, sk::DType::f16, 0);
 }
 
-TEST_CASE("a gated SGD or Adam pass: the host-decided bits, nothing written when skipped") {
+TEST_CASE("a gated SGD, Adam or LARC pass: the host-decided bits, nothing written when skipped") {
   Backend b;
-  gated_step_case(b, false, sk::DType::f32, 1);
-  gated_step_case(b, false, sk::DType::bf16, 0);
-  gated_step_case(b, true, sk::DType::f32, 0);
-  gated_step_case(b, true, sk::DType::f16, 1);
+  gated_step_case(b, GatedRule::sgd, sk::DType::f32, 1);
+  gated_step_case(b, GatedRule::sgd, sk::DType::bf16, 0);
+  gated_step_case(b, GatedRule::adam, sk::DType::f32, 0);
+  gated_step_case(b, GatedRule::adam, sk::DType::f16, 1);
+  gated_step_case(b, GatedRule::larc, sk::DType::f32, 0);
+  gated_step_case(b, GatedRule::larc, sk::DType::f16, 1);
 }
 
 TEST_CASE("the loss scale state advances on the device by GradScaler's rules") {

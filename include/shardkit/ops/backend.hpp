@@ -31,8 +31,10 @@ namespace shardkit::ops {
 //                                          a summing functor: sums f64 [kSums, n] on ctx's
 //                                          device; found_nonfinite (f32 [1], optional) is set to
 //                                          1 when a sum is inf or NaN
-//   larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients)
-//                                          per-tensor LARC factors from whole-tensor sums
+//   larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients, gate)
+//                                          per-tensor LARC factors from whole-tensor sums;
+//                                          gate (device f32 [3], or null): its gradient factor
+//                                          multiplies inv_grad_scale
 //   leaf_sums_of_squares(ctx, spans, dtype, leaves)
 //                                          every span's leaf sums (norm_tree.hpp; elements of
 //                                          `dtype`), one span after the other, into leaves (f64,
@@ -40,9 +42,14 @@ namespace shardkit::ops {
 //   leaf_sums_of_squares_pair(ctx, spans, dtypes, leaves)
 //                                          the same for two lists of equal sizes at once
 //                                          (operand k: data[k], dtypes[k], leaves[k])
-//   norm_subtree_sums(ctx, leaves, nodes, out)
+//   norm_subtree_sums(ctx, leaves, nodes, nodes_on_device, out)
 //                                          each node's norm_subtree over leaves (f64, on ctx's
-//                                          device) into out[i] (checked by the caller)
+//                                          device) into out[i] (checked by the caller);
+//                                          nodes_on_device: the same nodes as i64 pairs on the
+//                                          device, or null
+//   norm_roots(ctx, values, table, roots, out)
+//                                          out[r] = root r's program (NormRootPlan's device
+//                                          table) run over values, for r < roots
 //   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale, param_squares)
 //                                          LARC-SGD over whole tensors, in the order that
 //                                          reuses the device's cache best; param_squares
@@ -59,10 +66,11 @@ concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tenso
                               std::span<const NormSubtree> nodes, std::uint8_t* bytes) {
   { B::name } -> std::convertible_to<std::string_view>;
   B::check_context(ctx, "op");
-  B::larc_coefficients(ctx, larc, 1.0f, 1.0f, t, t);
+  B::larc_coefficients(ctx, larc, 1.0f, 1.0f, t, t, static_cast<const float*>(nullptr));
   B::leaf_sums_of_squares(ctx, spans, DType::f32, leaves);
   B::leaf_sums_of_squares_pair(ctx, pairs, {DType::f32, DType::bf16}, {leaves, leaves});
-  B::norm_subtree_sums(ctx, leaves, nodes, leaves);
+  B::norm_subtree_sums(ctx, leaves, nodes, nullptr, leaves);
+  B::norm_roots(ctx, leaves, static_cast<const std::int64_t*>(nullptr), 1, leaves);
   B::quantize_blocks(ctx, QuantFormat::int8, DType::f32, leaves, 1, 256, bytes);
   B::dequantize_blocks(ctx, QuantFormat::f8_e4m3, DType::bf16, bytes, 1, 256, leaves);
 };

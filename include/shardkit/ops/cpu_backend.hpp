@@ -50,7 +50,8 @@ struct Cpu {
   }
 
   static void larc_coefficients(Context&, const LarcOptions& larc, float lr, float inv_grad_scale,
-                                const Tensor& sums, const Tensor& coefficients) {
+                                const Tensor& sums, const Tensor& coefficients, const float* gate) {
+    if (gate != nullptr) inv_grad_scale *= gate[kGateGradFactor];
     const auto n = sums.size(1);
     const double* s = sums.data<double>();
     auto* out = static_cast<SgdCoefficients*>(coefficients.data_ptr());
@@ -80,12 +81,21 @@ struct Cpu {
   // Each node is its own tree, so nodes run on the pool's threads as tasks: the same bits on
   // any thread count.
   static void norm_subtree_sums(Context& ctx, const double* leaves,
-                                std::span<const NormSubtree> nodes, double* out) {
+                                std::span<const NormSubtree> nodes, const std::int64_t*,
+                                double* out) {
     ctx.cpu_pool().parallel_for(static_cast<std::int64_t>(nodes.size()), [&](std::int64_t i) {
       thread_local std::vector<double> scratch;
       const NormSubtree& node = nodes[static_cast<std::size_t>(i)];
       out[i] = norm_subtree(leaves + node.first, std::int64_t{1} << node.level, scratch);
     });
+  }
+
+  // A few words per root: on the calling thread.
+  static void norm_roots(Context&, const double* values, const std::int64_t* table,
+                         std::int64_t roots, double* out) {
+    const std::int64_t* words = table + roots + 1;
+    for (std::int64_t r = 0; r < roots; ++r)
+      out[r] = run_norm_root_program(values, words, table[r], table[r + 1]);
   }
 
   // Norms, coefficients and update, pipelined over batches of whole tensors (cpu_larc.hpp).

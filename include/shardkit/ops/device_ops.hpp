@@ -33,10 +33,11 @@ struct FusedOps {
   void (*leaf_sums_of_squares_pair)(Context&, std::span<const Tensor> first,
                                     std::span<const Tensor> second, const Tensor& leaves);
   void (*norm_subtree_sums)(Context&, const Tensor& leaves, std::span<const NormSubtree> nodes,
-                            const Tensor& out);
+                            const Tensor& out, const Tensor& nodes_on_device);
+  void (*norm_roots)(Context&, const Tensor& values, const NormRootPlan& plan, const Tensor& out);
   void (*check_finite)(Context&, std::span<const Tensor>, const Tensor& found_nonfinite);
   void (*larc_coefficients)(Context&, const LarcOptions&, float lr, float inv_grad_scale,
-                            const Tensor& sums, const Tensor& coefficients);
+                            const Tensor& sums, const Tensor& coefficients, const Tensor& gate);
   void (*larc_sgd_step)(Context&, const SgdOptions&, const LarcOptions&, const SgdTensors&,
                         LarcParamSquares*);
   // LARC-SGD with the norm tree's norms in one pipelined pass; null where the norms pass and
@@ -69,6 +70,7 @@ constexpr FusedOps fused_ops_table() {
       .leaf_sums_of_squares = &ops::leaf_sums_of_squares<B>,
       .leaf_sums_of_squares_pair = &ops::leaf_sums_of_squares<B>,
       .norm_subtree_sums = &ops::norm_subtree_sums<B>,
+      .norm_roots = &ops::norm_roots<B>,
       .check_finite = &ops::check_finite<B>,
       .larc_coefficients = &ops::larc_coefficients<B>,
       .larc_sgd_step = &ops::larc_sgd_step<B>,
@@ -127,16 +129,22 @@ inline void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> first,
   fused_ops(ctx).leaf_sums_of_squares_pair(ctx, first, second, leaves);
 }
 inline void norm_subtree_sums(Context& ctx, const Tensor& leaves,
-                              std::span<const NormSubtree> nodes, const Tensor& out) {
-  fused_ops(ctx).norm_subtree_sums(ctx, leaves, nodes, out);
+                              std::span<const NormSubtree> nodes, const Tensor& out,
+                              const Tensor& nodes_on_device = Tensor()) {
+  fused_ops(ctx).norm_subtree_sums(ctx, leaves, nodes, out, nodes_on_device);
+}
+inline void norm_roots(Context& ctx, const Tensor& values, const NormRootPlan& plan,
+                       const Tensor& out) {
+  fused_ops(ctx).norm_roots(ctx, values, plan, out);
 }
 inline void check_finite(Context& ctx, std::span<const Tensor> tensors,
                          const Tensor& found_nonfinite) {
   fused_ops(ctx).check_finite(ctx, tensors, found_nonfinite);
 }
 inline void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float inv_grad_scale,
-                              const Tensor& sums, const Tensor& coefficients) {
-  fused_ops(ctx).larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients);
+                              const Tensor& sums, const Tensor& coefficients,
+                              const Tensor& gate = Tensor()) {
+  fused_ops(ctx).larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients, gate);
 }
 inline void larc_sgd_step(Context& ctx, const SgdOptions& options, const LarcOptions& larc,
                           const SgdTensors& tensors, LarcParamSquares* param_squares = nullptr) {

@@ -8,6 +8,7 @@
 //   leaf_sums_of_squares<B>     per-leaf sums of squares: the split-invariant norms of
 //                               norm_tree.hpp start from them (one list, or two in one pass)
 //   norm_subtree_sums<B>        tree nodes' values from those leaf sums, where they lie
+//   norm_roots<B>               whole trees finished from the nodes' values, where they lie
 //   larc_coefficients<B>        per-tensor LARC factors from whole-tensor sums
 //   larc_sgd_step<B>            LARC-SGD where every tensor is whole here
 //   larc_sgd_step_tree<B>       the same with the norm tree's norms (the sharded optimizer's
@@ -28,6 +29,7 @@
 #include "shardkit/ops/backend.hpp"
 #include "shardkit/ops/cast.hpp"
 #include "shardkit/ops/larc_param_squares.hpp"
+#include "shardkit/ops/norm_root_plan.hpp"
 #include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/op_args.hpp"
@@ -139,10 +141,12 @@ void leaf_sums_of_squares(Context& ctx, std::span<const Tensor> first,
 // 2^nodes[i].level values of `leaves` (f64, contiguous, any shape: read flat) from
 // nodes[i].first on, each formed along the tree, so the bits are norm_subtree's on any backend.
 // `out` is f64 [nodes.size()] on the context's device. What ParamNorms sends between ranks
-// instead of every leaf (a device copies back a few values per piece, not its leaves).
+// instead of every leaf. `nodes_on_device` (optional): the same nodes as i64 [n, 2] (first,
+// level) already on the context's device, kept by the caller from step to step; without it a
+// GPU uploads them for the call.
 template <class B>
 void norm_subtree_sums(Context& ctx, const Tensor& leaves, std::span<const NormSubtree> nodes,
-                       const Tensor& out) {
+                       const Tensor& out, const Tensor& nodes_on_device = Tensor()) {
   SK_OPS_ENTRY(B, ctx, "norm_subtree_sums");
   const auto count = static_cast<std::int64_t>(nodes.size());
   check_result_tensor(ctx, out, DType::f64, {count}, "norm_subtree_sums", "out");
@@ -159,7 +163,38 @@ void norm_subtree_sums(Context& ctx, const Tensor& leaves, std::span<const NormS
           ") reaches past the ", leaves.numel(),
           " leaf sums given; every node's 2^level values must lie inside `leaves`");
   }
-  B::norm_subtree_sums(ctx, leaves.data<double>(), nodes, out.data<double>());
+  const std::int64_t* table = nullptr;
+  if (nodes_on_device.defined()) {
+    check_result_tensor(ctx, nodes_on_device, DType::i64, {count, 2}, "norm_subtree_sums",
+                        "nodes_on_device");
+    table = nodes_on_device.data<std::int64_t>();
+  }
+  B::norm_subtree_sums(ctx, leaves.data<double>(), nodes, table, out.data<double>());
+}
+
+// Finishes norm trees where their cover values lie: out[r] = root r of `plan` (uploaded to the
+// context's device) over `values` (f64, contiguous, read flat; undefined when the plan reads
+// none), with norm_root's bits. `out`: f64, contiguous, plan.roots() elements in any shape.
+template <class B>
+void norm_roots(Context& ctx, const Tensor& values, const NormRootPlan& plan, const Tensor& out) {
+  SK_OPS_ENTRY(B, ctx, "norm_roots");
+  check(plan.uploaded() && plan.table().device() == ctx.device(),
+        "norm_roots: the plan must be uploaded to ", ctx.device().str(),
+        " first (NormRootPlan::upload)");
+  check(out.defined() && out.dtype() == DType::f64 && out.is_contiguous() &&
+            out.device() == ctx.device() && out.numel() == plan.roots(),
+        "norm_roots: out must be a contiguous f64 tensor of ", plan.roots(), " elements on ",
+        ctx.device().str(), ", got ",
+        out.defined() ? out.str() : std::string("an undefined tensor"));
+  if (plan.values_read() > 0)
+    check(values.defined() && values.dtype() == DType::f64 && values.is_contiguous() &&
+              values.device() == ctx.device() && values.numel() >= plan.values_read(),
+          "norm_roots: values must be a contiguous f64 tensor of at least ", plan.values_read(),
+          " elements on ", ctx.device().str(), ", got ",
+          values.defined() ? values.str() : std::string("an undefined tensor"));
+  if (plan.roots() == 0) return;
+  B::norm_roots(ctx, plan.values_read() > 0 ? values.data<double>() : nullptr,
+                plan.table().data<std::int64_t>(), plan.roots(), out.data<double>());
 }
 
 // Whether every element of `tensors` (f32, f16 or bf16) is finite: found_nonfinite (f32 [1],
@@ -185,10 +220,17 @@ void check_finite(Context& ctx, std::span<const Tensor> tensors, const Tensor& f
 // LARC coefficients per parameter from whole-tensor sums (f64 [2, n]: params' then grads'
 // sums of squares, already added over segments and ranks) into f32 [n, 2]. With f64 [3, n],
 // row 2 is each parameter's weight decay in place of larc.weight_decay (no-decay groups).
+// With `gate` (the step gate, step_gate.hpp, on the context's device) the gradients' factor is
+// inv_grad_scale times the gate's, read on the device: a loss-scaled LARC step then needs no
+// verdict on the host. The coefficients hold that factor, so the SGD pass that reads them must
+// not apply it again (the optimizer sets the gate's factor to 1 for that pass).
 template <class B>
 void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float inv_grad_scale,
-                       const Tensor& sums, const Tensor& coefficients) {
+                       const Tensor& sums, const Tensor& coefficients,
+                       const Tensor& gate = Tensor()) {
   SK_OPS_ENTRY(B, ctx, "larc_coefficients");
+  if (gate.defined())
+    check_result_tensor(ctx, gate, DType::f32, {kGateSlots}, "larc_coefficients", "gate");
   validate(larc);
   check(sums.dim() == 2 && (sums.size(0) == 2 || sums.size(0) == 3),
         "larc_coefficients: sums must be f64 [2, n] (or [3, n] with per-parameter decays), got ",
@@ -196,12 +238,15 @@ void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float in
   const auto n = sums.size(1);
   check_result_tensor(ctx, sums, DType::f64, {sums.size(0), n}, "larc_coefficients", "sums");
   check_result_tensor(ctx, coefficients, DType::f32, {n, 2}, "larc_coefficients", "coefficients");
-  if (n > 0) B::larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients);
+  if (n > 0)
+    B::larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients,
+                         gate.defined() ? gate.data<float>() : nullptr);
 }
 
 inline constexpr const char* kLarcTakesNoGate =
-    "LARC-SGD takes no step gate: its trust ratios need the gradients' scale before the pass; "
-    "pass 1 / the loss scale in options.inv_grad_scale and skip an overflowing step on the host";
+    "this LARC-SGD entry takes no step gate: its trust ratios need the gradients' scale before "
+    "the pass; pass 1 / the loss scale in options.inv_grad_scale and skip an overflowing step on "
+    "the host, or compose larc_coefficients (which reads the gate) with sgd_step";
 
 // LARC-SGD where every tensor lies whole in this process (no shards). options.weight_decay must
 // be 0: LARC takes larc.weight_decay over. With `param_squares` (kept by the caller from one step
@@ -344,12 +389,13 @@ void loss_scale_phase(Context& ctx, LossScaleFunctor::Phase phase, const LossSca
   const auto slots =
       detail::slot_views(ctx, state, kLossScaleSlots, "loss_scale_phase", "the loss scale state");
   const std::span<const Tensor> s(slots);
-  const auto spans = make_spans<4>(ctx, "loss_scale_phase",
-                                   {OperandList{s.subspan(0, 1), DType::f32, "scale"},
-                                    OperandList{s.subspan(1, 1), DType::f32, "inv_scale"},
-                                    OperandList{s.subspan(2, 1), DType::f32, "found_inf"},
-                                    OperandList{s.subspan(3, 1), DType::f32, "growth_tracker"}},
-                                   {true, true, true, true});
+  const auto spans =
+      make_spans<4>(ctx, "loss_scale_phase",
+                    {OperandList{s.subspan(kLossScale, 1), DType::f32, "scale"},
+                     OperandList{s.subspan(kLossInvScale, 1), DType::f32, "inv_scale"},
+                     OperandList{s.subspan(kLossFoundInf, 1), DType::f32, "found_inf"},
+                     OperandList{s.subspan(kLossGrowthTracker, 1), DType::f32, "growth_tracker"}},
+                    {true, true, true, true});
   B::apply(ctx, LossScaleFunctor{phase, rule}, spans);
 }
 

@@ -18,6 +18,7 @@
 // rank's range to 16 elements (shard_plan.hpp), and kNormLeaf is 16.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <utility>
@@ -162,6 +163,70 @@ inline double norm_root(std::int64_t leaves, const std::map<NormNode, double>& k
     return self(self, level - 1, 2 * index) + self(self, level - 1, 2 * index + 1);
   };
   return value(value, top, 0);
+}
+
+// Finishing trees where the cover values lie (a device, after the exchange): each root's
+// additions written down once, on the host, as a program that a device runs for every step.
+// A program is a run of words over an array of values: a word w >= 0 pushes values[w], a
+// kNormAdd word pops the top two (a, then b beneath it) and pushes b + a. It makes exactly
+// norm_root's additions, left + right, in norm_root's order; subtrees wholly past the end are
+// left out instead of added as 0 (x + 0 = x exactly for a sum of squares), and an empty
+// program is the value 0 (a tensor of no leaves, or one no piece reported).
+inline constexpr std::int64_t kNormAdd = -1;
+// The evaluation stack a program may need: one value per tree level and one more.
+inline constexpr int kNormProgramStack = 64;
+
+// Appends the program of the root of a tensor of `leaves` leaves whose cover nodes are
+// `known` (node -> index of its value); returns the largest stack depth it needs. Empty
+// `known`: no words (the root is 0). Throws, as norm_root does, when a leaf is covered by none.
+inline int append_norm_root_program(std::int64_t leaves,
+                                    const std::map<NormNode, std::int64_t>& known,
+                                    std::vector<std::int64_t>& words) {
+  if (leaves == 0 || known.empty()) return 0;
+  int top = 0;
+  while ((std::int64_t{1} << top) < leaves) ++top;
+  int depth = 0, deepest = 0;
+  // Returns whether the node pushed a value (false: wholly past the end).
+  auto emit = [&](auto&& self, int level, std::int64_t index) -> bool {
+    if ((index << level) >= leaves) return false;
+    const auto found = known.find({level, index});
+    if (found != known.end()) {
+      words.push_back(found->second);
+      deepest = std::max(deepest, ++depth);
+      return true;
+    }
+    check<StateError>(level > 0, "norm tree: leaf ", index, " of ", leaves,
+                      " is covered by no piece; every piece of the tensor must report");
+    const bool left = self(self, level - 1, 2 * index);
+    const bool right = self(self, level - 1, 2 * index + 1);
+    if (left && right) {
+      words.push_back(kNormAdd);
+      --depth;
+    }
+    return left || right;
+  };
+  emit(emit, top, 0);
+  check<StateError>(deepest <= kNormProgramStack, "norm tree: a program needs ", deepest,
+                    " stack entries, more than ", kNormProgramStack);
+  return deepest;
+}
+
+// Runs the program words[begin, end) over `values` (append_norm_root_program's).
+SK_HOST_DEVICE SK_INLINE double run_norm_root_program(const double* values,
+                                                      const std::int64_t* words, std::int64_t begin,
+                                                      std::int64_t end) {
+  double stack[kNormProgramStack];
+  int depth = 0;
+  for (std::int64_t at = begin; at < end; ++at) {
+    const std::int64_t word = words[at];
+    if (word == kNormAdd) {
+      --depth;
+      stack[depth - 1] = stack[depth - 1] + stack[depth];
+    } else {
+      stack[depth++] = values[word];
+    }
+  }
+  return depth == 0 ? 0.0 : stack[0];
 }
 
 }  // namespace shardkit::ops

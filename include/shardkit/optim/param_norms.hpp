@@ -6,12 +6,16 @@
 // of its pieces' covers (a second backend pass, where the leaves lie), and -- when the table is
 // sharded over several ranks -- one all_gather_v exchanges every rank's cover values (a few per
 // piece: their number follows from the table alone, so nothing else is sent). Every rank then
-// finishes every parameter's tree. A replicated table (DDP) needs no exchange.
+// finishes every parameter's tree where the values are (ops::norm_roots, with programs written
+// once per layout: NormRootPlan), so a step's norms need the host for nothing but launches. A
+// replicated table (DDP) needs no exchange.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <span>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
@@ -70,9 +74,13 @@ class ParamNorms {
     return true;
   }
 
+  // How roots() lays out its sums: [operand list][table parameter], or [operand list][piece
+  // of this rank] (pieces() order: what a per-piece step such as LARC's coefficients reads).
+  enum class Layout { params, pieces };
+
   // Per operand list (one 1-D f32 view per piece of this rank, in pieces() order), the sum of
-  // squares of every table parameter: out[k][param]. Collective when the table is sharded.
-  // Parameters no rank reported (a replicated table reports all) stay 0.
+  // squares of every table parameter: out[k][param], read back to the host. Collective when the
+  // table is sharded. Parameters no rank reported (a replicated table reports all) stay 0.
   std::vector<std::vector<double>> sums(const std::vector<std::vector<Tensor>>& operands) {
     return sums_on(*ctx_, operands);
   }
@@ -82,6 +90,23 @@ class ParamNorms {
   // communicator's buffers live.
   std::vector<std::vector<double>> sums_on(Context& compute,
                                            const std::vector<std::vector<Tensor>>& operands) {
+    const auto params = static_cast<std::int64_t>(table_->params().size());
+    const auto n_ops = static_cast<std::int64_t>(operands.size());
+    Tensor out = empty(compute, {n_ops, params}, DType::f64, MemoryCategory::other);
+    roots(compute, operands, Layout::params, out);
+    const auto flat = to_vector<double>(compute, out);
+    std::vector<std::vector<double>> by_list;
+    for (std::int64_t k = 0; k < n_ops; ++k)
+      by_list.emplace_back(flat.begin() + k * params, flat.begin() + (k + 1) * params);
+    return by_list;
+  }
+
+  // The sums into `out` (f64 [operand lists, params or pieces], contiguous, on `compute`'s
+  // device), formed, exchanged and finished on the devices: nothing is read back or uploaded
+  // once the first call has set up its plans, unless `compute` is another device than this
+  // object's context (offload: the cover values cross to the exchange and the sums back).
+  void roots(Context& compute, const std::vector<std::vector<Tensor>>& operands, Layout layout,
+             const Tensor& out) {
     const auto& pieces = table_->pieces(rank_);
     const std::size_t n_ops = operands.size();
     for (const auto& views : operands)
@@ -91,8 +116,8 @@ class ParamNorms {
     // Every list's leaf sums, row k list k's: params and grads in one pass when both are asked
     // (their pieces have the same sizes), else a pass per list. Read in place from host memory.
     // Then this rank's cover values, operand after operand, piece after piece, each node
-    // formed where the leaves lie: a device sends back a few values per piece, not every leaf.
-    std::vector<double> mine;
+    // formed where the leaves lie: a device exchanges a few values per piece, not every leaf.
+    Tensor mine;
     if (total > 0) {
       Tensor leaves = empty(compute, {static_cast<std::int64_t>(n_ops), total}, DType::f64,
                             MemoryCategory::other);
@@ -103,18 +128,15 @@ class ParamNorms {
           ops::leaf_sums_of_squares(compute, operands[k],
                                     leaves.select(0, static_cast<std::int64_t>(k)));
       }
-      std::vector<ops::NormSubtree> nodes;  // list k's nodes lie in row k
-      nodes.reserve(own_nodes_.size() * n_ops);
-      for (std::size_t k = 0; k < n_ops; ++k)
-        for (const auto& node : own_nodes_)
-          nodes.push_back({static_cast<std::int64_t>(k) * total + node.first, node.level});
-      Tensor values = empty(compute, {static_cast<std::int64_t>(nodes.size())}, DType::f64,
-                            MemoryCategory::other);
-      ops::norm_subtree_sums(compute, leaves, nodes, values);
-      mine = to_vector<double>(compute, values);
+      const Subtrees& nodes = subtrees(compute, n_ops, total);
+      mine = empty(compute, {static_cast<std::int64_t>(nodes.list.size())}, DType::f64,
+                   MemoryCategory::other);
+      ops::norm_subtree_sums(compute, leaves, nodes.list, mine, nodes.on_device);
     }
-    // Every rank's values, in the same order (counts follow from the table).
-    std::vector<std::vector<double>> by_rank(static_cast<std::size_t>(table_->world_size()));
+    // Every rank's values in one array, rank after rank (counts follow from the table), on
+    // this object's context; the trees are finished where the values are.
+    Context* where = &compute;
+    Tensor values = mine;
     if (comm_ != nullptr) {
       std::vector<std::size_t> counts;
       std::size_t before = 0, everything = 0;
@@ -123,47 +145,86 @@ class ParamNorms {
         if (r < rank_) before += counts.back();
         everything += counts.back();
       }
-      std::vector<double> gathered(everything, 0.0);
-      std::copy(mine.begin(), mine.end(), gathered.begin() + static_cast<std::ptrdiff_t>(before));
-      if (everything > 0) {
-        Tensor wire = from_vector(*ctx_, gathered, {static_cast<std::int64_t>(everything)});
-        comm_->all_gather_v(wire, counts).wait_on_stream();
-        gathered = to_vector<double>(*ctx_, wire);
-      }
-      std::size_t offset = 0;
-      for (int r = 0; r < table_->world_size(); ++r) {
-        auto& values = by_rank[static_cast<std::size_t>(r)];
-        values.assign(gathered.begin() + static_cast<std::ptrdiff_t>(offset),
-                      gathered.begin() + static_cast<std::ptrdiff_t>(
-                                             offset + counts[static_cast<std::size_t>(r)]));
-        offset += counts[static_cast<std::size_t>(r)];
-      }
-    } else {
-      by_rank[static_cast<std::size_t>(rank_)] = std::move(mine);
+      where = ctx_;
+      values =
+          empty(*ctx_, {static_cast<std::int64_t>(everything)}, DType::f64, MemoryCategory::other);
+      if (mine.defined())
+        copy(*ctx_,
+             values.slice(0, static_cast<std::int64_t>(before),
+                          static_cast<std::int64_t>(before) + mine.numel()),
+             mine);
+      if (everything > 0) comm_->all_gather_v(values, counts).wait_on_stream();
     }
-    // Finish every parameter's tree from the covers that arrived.
+    const ops::NormRootPlan& plan = plan_for(*where, n_ops, layout);
+    if (where->device() == compute.device()) return ops::norm_roots(compute, values, plan, out);
+    Tensor finished = empty(*where, out.shape(), DType::f64, MemoryCategory::other);
+    ops::norm_roots(*where, values, plan, finished);
+    copy(*ctx_, out, finished);
+  }
+
+ private:
+  // This rank's cover nodes among its leaf sums for n_ops lists, and the same on a device.
+  struct Subtrees {
+    std::vector<ops::NormSubtree> list;
+    Tensor on_device;  // i64 [nodes, 2], on the device of the context they were made for
+  };
+
+  const Subtrees& subtrees(Context& compute, std::size_t n_ops, std::int64_t total) {
+    const Key key{n_ops, 0, compute.device().str()};
+    auto found = subtrees_.find(key);
+    if (found != subtrees_.end()) return found->second;
+    Subtrees made;  // list k's nodes lie in row k
+    made.list.reserve(own_nodes_.size() * n_ops);
+    std::vector<std::int64_t> pairs;
+    for (std::size_t k = 0; k < n_ops; ++k)
+      for (const auto& node : own_nodes_) {
+        made.list.push_back({static_cast<std::int64_t>(k) * total + node.first, node.level});
+        pairs.push_back(made.list.back().first);
+        pairs.push_back(node.level);
+      }
+    if (!made.list.empty())
+      made.on_device =
+          from_vector(compute, pairs, {static_cast<std::int64_t>(made.list.size()), 2});
+    return subtrees_.emplace(key, std::move(made)).first->second;
+  }
+
+  // The programs that finish every root of `layout` for n_ops lists from the values laid out
+  // as roots() lays them (rank after rank when exchanging, else this rank's alone; in each
+  // rank's part list after list, piece after piece, node after node), uploaded to `where`.
+  const ops::NormRootPlan& plan_for(Context& where, std::size_t n_ops, Layout layout) {
+    const Key key{n_ops, layout == Layout::params ? 1 : 2, where.device().str()};
+    auto found = plans_.find(key);
+    if (found != plans_.end()) return found->second;
     const std::size_t params = table_->params().size();
-    std::vector<std::vector<std::map<ops::NormNode, double>>> known(
-        n_ops, std::vector<std::map<ops::NormNode, double>>(params));
+    std::vector<std::vector<std::map<ops::NormNode, std::int64_t>>> known(
+        n_ops, std::vector<std::map<ops::NormNode, std::int64_t>>(params));
+    std::int64_t next = 0;
     for (int r = 0; r < table_->world_size(); ++r) {
-      const auto& values = by_rank[static_cast<std::size_t>(r)];
-      if (values.empty()) continue;
-      std::size_t next = 0;
+      if (comm_ == nullptr && r != rank_) continue;
       const auto& rank_pieces = table_->pieces(r);
       for (std::size_t k = 0; k < n_ops; ++k)
         for (std::size_t q = 0; q < rank_pieces.size(); ++q)
           for (const auto& node : covers_[static_cast<std::size_t>(r)][q])
-            known[k][rank_pieces[q].param][node] = values[next++];
+            known[k][rank_pieces[q].param][node] = next++;
     }
-    std::vector<std::vector<double>> out(n_ops, std::vector<double>(params, 0.0));
-    for (std::size_t k = 0; k < n_ops; ++k)
-      for (std::size_t p = 0; p < params; ++p)
-        if (!known[k][p].empty())
-          out[k][p] = ops::norm_root(ops::norm_leaves(table_->params()[p].numel), known[k][p]);
-    return out;
+    ops::NormRootPlan plan;
+    for (std::size_t k = 0; k < n_ops; ++k) {
+      auto add = [&](std::size_t p) {
+        plan.add_root(ops::norm_leaves(table_->params()[p].numel), known[k][p]);
+      };
+      if (layout == Layout::params) {
+        for (std::size_t p = 0; p < params; ++p) add(p);
+      } else {
+        for (const auto& piece : table_->pieces(rank_)) add(piece.param);
+      }
+    }
+    plan.upload(where);
+    return plans_.emplace(key, std::move(plan)).first->second;
   }
 
- private:
+  // (operand lists, what, device): the set-ups kept from one step to the next.
+  using Key = std::tuple<std::size_t, int, std::string>;
+
   Context* ctx_;
   const shard::PieceTable* table_;
   int rank_;
@@ -172,6 +233,8 @@ class ParamNorms {
   std::vector<std::size_t> cover_counts_;                        // nodes per operand, per rank
   std::int64_t own_leaves_ = 0;              // this rank's leaf sums per operand list
   std::vector<ops::NormSubtree> own_nodes_;  // its cover nodes among them, piece by piece
+  std::map<Key, Subtrees> subtrees_;
+  std::map<Key, ops::NormRootPlan> plans_;
 };
 
 }  // namespace shardkit::optim

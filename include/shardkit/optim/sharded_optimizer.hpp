@@ -78,12 +78,12 @@ class ShardedOptimizer {
   // The loss-scaled step, `scaler` having checked the gradients (DynamicLossScaler::check_grads):
   // the gradients unscaled by its inverse scale, or the step skipped where it found an overflow
   // (the step count then stays). Decided on the device through the step gate (ops/step_gate.hpp)
-  // -- the host queues it without waiting -- where the update runs there in one fused pass (SGD,
-  // Adam, AdamW). LARC forms its trust ratios on the host and offload steps on the host: they
-  // read the scaler's verdict first (one read).
+  // -- the host queues it without waiting -- where the update runs there (SGD, Adam, AdamW in
+  // one fused pass; LARC-SGD with its coefficients formed on the device from the gate's factor,
+  // then its pass). Offload steps on the host: it reads the scaler's verdict first (one read).
   void step(const std::vector<Tensor>& grads, float lr, DynamicLossScaler& scaler) {
     check_grad_count(grads);
-    if (config().kind == OptimizerKind::larc_sgd || offloaded()) {
+    if (offloaded()) {
       const auto verdict = scaler.read_verdict();
       if (verdict.found_inf) return discard_clip();
       return step(grads, lr, verdict.inv_scale);

@@ -54,14 +54,14 @@ class UpdateRule {
   };
   // `in_chunks`: the update will go chunk by chunk (offload sending each up), so it cannot be
   // one pipelined pass.
-  // `gate`: the step gate (ops/step_gate.hpp) the passes read, or none (SGD and Adam only).
+  // `gate`: the step gate (ops/step_gate.hpp) the passes read, or none.
   Prepared prepare(Context& c, const UpdateTensors& t, float lr, float inv_grad_scale,
                    std::int64_t step, bool in_chunks, const Tensor& gate = Tensor()) {
     const auto& pieces = table_->pieces(rank_);
     Prepared out;
     if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
       if (config_.kind == OptimizerKind::larc_sgd)  // norms' exchange may be collective
-        (void)larc_coefficients(c, t, lr, inv_grad_scale);
+        (void)larc_coefficients(c, t, lr, inv_grad_scale, gate);
       out.done = true;
       return out;
     }
@@ -75,9 +75,10 @@ class UpdateRule {
     out.sgd.gate = gate;
     out.adam.gate = gate;
     // Every piece whole here (DDP, or one rank) on a device that pipelines it (the CPU):
-    // norms, coefficients and update in one pass, with ParamNorms' bits.
-    if (config_.kind == OptimizerKind::larc_sgd && !in_chunks && norms_->pieces_whole() &&
-        ops::has_larc_sgd_step_tree(c)) {
+    // norms, coefficients and update in one pass, with ParamNorms' bits. (Not gated: the
+    // pass would need the gate's factor before its norms; the composed path below reads it.)
+    if (config_.kind == OptimizerKind::larc_sgd && !in_chunks && !gate.defined() &&
+        norms_->pieces_whole() && ops::has_larc_sgd_step_tree(c)) {
       std::vector<double> decays;  // per piece, when no_weight_decay names any
       if (!decay_.empty())
         for (const auto& piece : pieces) decays.push_back(decay_[piece.param]);
@@ -89,7 +90,11 @@ class UpdateRule {
       return out;
     }
     if (config_.kind == OptimizerKind::larc_sgd) {
-      out.coefficients = larc_coefficients(c, t, lr, inv_grad_scale);
+      out.coefficients = larc_coefficients(c, t, lr, inv_grad_scale, gate);
+      // The coefficients now hold the gate's factor: the pass must not apply it again. (The
+      // optimizer sets the factor afresh before every gated step.)
+      if (gate.defined())
+        fill(c, gate.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1), 1.0);
     } else if (config_.kind == OptimizerKind::sgd && !decay_.empty()) {
       std::vector<float> factors;  // per-parameter decay: g' = inv_grad_scale·g + decay·w
       for (const auto& piece : pieces) {
@@ -126,22 +131,26 @@ class UpdateRule {
 
  private:
   // Per-piece [n, 2] coefficients from whole-parameter sums of squares, formed on context `c`
-  // (where p and g live).
-  Tensor larc_coefficients(Context& c, const UpdateTensors& t, float lr, float inv_grad_scale) {
+  // (where p and g live) without the host: the sums land in rows 0 and 1 of sums_, whose row 2
+  // holds the per-parameter decays (uploaded once). `gate`: its factor is read on the device.
+  Tensor larc_coefficients(Context& c, const UpdateTensors& t, float lr, float inv_grad_scale,
+                           const Tensor& gate) {
     const auto& pieces = table_->pieces(rank_);
     const auto n = static_cast<std::int64_t>(pieces.size());
-    const auto whole = norms_->sums_on(c, {t.p, t.g});  // collective when split
-    if (n == 0) return Tensor();
-    const std::int64_t rows = decay_.empty() ? 2 : 3;  // row 2: per-parameter decays
-    std::vector<double> per_piece(static_cast<std::size_t>(rows * n));
-    for (std::size_t s = 0; s < pieces.size(); ++s) {
-      per_piece[s] = whole[0][pieces[s].param];
-      per_piece[static_cast<std::size_t>(n) + s] = whole[1][pieces[s].param];
-      if (rows == 3) per_piece[static_cast<std::size_t>(2 * n) + s] = decay_[pieces[s].param];
+    if (!sums_.defined() || sums_.device() != c.device()) {
+      const std::int64_t rows = decay_.empty() ? 2 : 3;  // row 2: per-parameter decays
+      sums_ = empty(c, {rows, n}, DType::f64, MemoryCategory::other);
+      if (rows == 3) {
+        std::vector<double> decays;
+        for (const auto& piece : pieces) decays.push_back(decay_[piece.param]);
+        copy(c, sums_.select(0, 2), from_vector(c, decays, {n}));
+      }
     }
-    const Tensor sums = from_vector(c, per_piece, {rows, n});
+    norms_->roots(c, {t.p, t.g}, ParamNorms::Layout::pieces,
+                  sums_.slice(0, 0, 2));  // collective when split
+    if (n == 0) return Tensor();
     const Tensor coefficients = empty(c, {n, 2}, DType::f32, MemoryCategory::other);
-    ops::larc_coefficients(c, config_.larc, lr, inv_grad_scale, sums, coefficients);
+    ops::larc_coefficients(c, config_.larc, lr, inv_grad_scale, sums_, coefficients, gate);
     return coefficients;
   }
 
@@ -174,6 +183,7 @@ class UpdateRule {
   int rank_;
   ParamNorms* norms_;
   std::vector<double> decay_;  // per table parameter; empty: one decay for all
+  Tensor sums_;                // LARC's [2 or 3, n] sums (larc_coefficients), kept
 };
 
 }  // namespace shardkit::optim
