@@ -78,24 +78,52 @@ __global__ void cross_entropy_backward_kernel(const T* log_probs, const void* ta
   }
 }
 
+// The context's record of the first bad hard label since the host last waited on it
+// (i64 [4] on the device: found, row, label, classes), written by a one-thread kernel after each
+// forward that found one and no earlier one did.
+struct BadLabelRecord {
+  Tensor values;
+};
+
+template <int = 0>
+__global__ void record_bad_label_kernel(const unsigned long long* bad_label,
+                                        const std::int64_t* target, std::int64_t rows,
+                                        std::int64_t cols, std::int64_t* record) {
+  if (*bad_label == 0 || record[0] != 0) return;
+  const std::int64_t row = rows - static_cast<std::int64_t>(*bad_label);
+  record[0] = 1;
+  record[1] = row;
+  record[2] = target[row];
+  record[3] = cols;
+}
+
 // Hard labels are on the device here (cross_entropy wants the target beside the logits), out of
-// reach of the host-side range check the CPU path does. The rows kernel flags the first bad row
-// instead, and reading that flag back costs one stream synchronisation per forward: the price of
-// an InvalidArgument at the call rather than a NaN loss found steps later.
+// reach of the host-side range check the CPU path does. The rows kernel flags the first bad row,
+// a second kernel keeps the first bad call's row and label in the context's record, and the
+// check reads the record when the host next waits on the context (Context::defer_check): an
+// InvalidArgument at the next read, as CUDA reports a faulting kernel, instead of a stream
+// synchronisation at every forward (which kept the host from running ahead of the GPU).
 inline void check_hard_labels(Context& ctx, const Tensor& bad_label, const Tensor& target,
                               std::int64_t rows, std::int64_t cols) {
-  unsigned long long flag = 0;
-  SK_CUDA_CHECK(cudaMemcpyAsync(&flag, bad_label.data_ptr(), sizeof(flag), cudaMemcpyDeviceToHost,
-                                ctx.stream()));
-  ctx.synchronize();
-  if (flag == 0) return;
-  const std::int64_t row = rows - static_cast<std::int64_t>(flag);
-  std::int64_t label = 0;
-  SK_CUDA_CHECK(cudaMemcpyAsync(&label, static_cast<const std::int64_t*>(target.data_ptr()) + row,
-                                sizeof(label), cudaMemcpyDeviceToHost, ctx.stream()));
-  ctx.synchronize();
-  fail<InvalidArgument>("cross_entropy: target class ", label, " at row ", row, " is outside [0, ",
-                        cols, ")", module_suffix(ctx));
+  BadLabelRecord& record = ctx.resource<BadLabelRecord>([&] {
+    auto made = std::make_shared<BadLabelRecord>();
+    made->values = zeros(ctx, {4}, DType::i64);
+    return made;
+  });
+  record_bad_label_kernel<>
+      <<<1, 1, 0, ctx.stream()>>>(static_cast<const unsigned long long*>(bad_label.data_ptr()),
+                                  static_cast<const std::int64_t*>(target.data_ptr()), rows, cols,
+                                  record.values.data<std::int64_t>());
+  SK_CUDA_CHECK_LAUNCH("record_bad_label_kernel");
+  ctx.defer_check("cross_entropy labels", [values = record.values] {
+    std::int64_t seen[4];
+    SK_CUDA_CHECK(cudaMemcpy(seen, values.data_ptr(), sizeof seen, cudaMemcpyDeviceToHost));
+    if (seen[0] == 0) return;
+    SK_CUDA_CHECK(cudaMemset(values.data_ptr(), 0, sizeof seen));
+    fail<InvalidArgument>("cross_entropy: target class ", seen[2], " at row ", seen[1],
+                          " is outside [0, ", seen[3],
+                          ") (found by the GPU, raised at the host's next wait on it)");
+  });
 }
 
 inline void cross_entropy_forward(Context& ctx, const Tensor& x, const Tensor& target,

@@ -178,6 +178,8 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
   });
 }
 
+// The labels are checked on the device and the error raised at the host's next wait (a read of
+// the loss here): the forward itself makes no host wait.
 TEST_CASE("cross_entropy on the GPU rejects class labels outside [0, classes), as on the CPU") {
   auto gpu = sk::make_cuda_context(0, 0, 3);
   Variable logits(sk::from_vector(*gpu, pattern(4 * 10, 1, sk::DType::f32), {4, 10}), true);
@@ -186,10 +188,18 @@ TEST_CASE("cross_entropy on the GPU rejects class labels outside [0, classes), a
     CAPTURE(bad);
     // Rows 1 and 3 are bad: the first one is reported, whatever order the blocks ran in.
     auto labels = sk::from_vector<std::int64_t>(*gpu, {0, bad, 9, bad}, {4});
+    auto later = sk::from_vector<std::int64_t>(*gpu, {0, 1, 2, 11}, {4});  // (uploads wait)
     const std::string expected =
         "cross_entropy: target class " + std::to_string(bad) + " at row 1 is outside [0, 10)";
-    CHECK_THROWS_WITH_AS(ag::cross_entropy(*gpu, logits, labels), expected.c_str(),
-                         sk::InvalidArgument);
+    const sk::HostWaits before = gpu->host_waits();
+    auto loss = ag::cross_entropy(*gpu, logits, labels);
+    CHECK((gpu->host_waits() - before).total() == 0);
+    // A second bad call before the wait: the first one's row and label are reported.
+    (void)ag::cross_entropy(*gpu, logits, later);
+    CHECK_THROWS_WITH_AS((void)sk::to_vector<float>(*gpu, loss.data()),
+                         doctest::Contains(expected.c_str()), sk::InvalidArgument);
+    // Reported once: the next read goes through.
+    CHECK(std::isnan(sk::to_vector<float>(*gpu, loss.data())[0]));
   }
   // The context stays usable: valid labels still give a finite loss.
   auto loss =

@@ -57,6 +57,33 @@ TEST_CASE("resources are made once per context and per type") {
   CHECK(made == 2);
 }
 
+// Deferred checks (what the CUDA cross-entropy's label check uses): run at the next
+// synchronize(), once per key however often registered, all of them even when one throws, the
+// first error raised; then gone.
+TEST_CASE("deferred checks run at the next synchronize, once, and raise the first error") {
+  sk::Context ctx;
+  std::vector<std::string> ran;
+  ctx.defer_check("a", [&] { ran.push_back("a"); });
+  ctx.defer_check("a", [&] { ran.push_back("a again"); });  // already pending: kept as it was
+  ctx.defer_check("b", [&] {
+    ran.push_back("b");
+    sk::fail<sk::InvalidArgument>("b found bad input");
+  });
+  ctx.defer_check("c", [&] {
+    ran.push_back("c");
+    sk::fail<sk::StateError>("c found bad state");
+  });
+  CHECK(ran.empty());
+  CHECK_THROWS_WITH_AS(ctx.synchronize(), doctest::Contains("b found bad input"),
+                       sk::InvalidArgument);
+  CHECK(ran == std::vector<std::string>{"a", "b", "c"});
+  ctx.synchronize();  // nothing pending
+  CHECK(ran.size() == 3);
+  ctx.defer_check("a", [&] { ran.push_back("a once more"); });
+  ctx.synchronize();
+  CHECK(ran.back() == "a once more");
+}
+
 TEST_CASE("cuda_device_count() is 0 without a GPU, and a CUDA context then fails clearly") {
   if (sk::cuda_device_count() > 0) return;  // covered by the GPU tests instead
   CHECK_FALSE(sk::cuda_available());

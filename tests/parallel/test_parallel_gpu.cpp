@@ -279,3 +279,58 @@ TEST_CASE("on the GPU, SyncBatchNorm with a fused ReLU equals it then ReLU, bit 
   for (sk::DType dtype : {sk::DType::f32, sk::DType::f64})
     sync_bn_test::check_fused_relu(dtype, sk::comm::cuda_run_options(0));
 }
+
+// What the host waits for in a training step on the GPU (Context::host_waits: reads, uploads,
+// stream synchronisations, collective waits), two ranks sharing it over the local communicator:
+// none for a plain, a loss-scaled or a LARC step under every stage -- the CPU ledger's claim
+// (test_sharded_module.cpp) where each wait would stall the GPU's queue. The loss is a fixed
+// projection of the output to one value (the CUDA cross-entropy still reads its label check
+// back at every forward, docs/design.md).
+TEST_CASE("on the GPU, a training step makes no host wait: plain, loss-scaled, LARC, every stage") {
+  namespace ag = sk::autograd;
+  const auto gpu = sk::comm::cuda_run_options(0);
+  constexpr int kWarmup = 2, kMeasured = 3;
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw, OptimizerKind::larc_sgd}) {
+    for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+      for (bool scaled : {false, true}) {
+        sk::comm::run_ranks(
+            2,
+            [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+              auto net = module_test::mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+              sk::parallel::ParallelOptions options;
+              options.stage = stage;
+              options.buckets.bucket_bytes = 4096;
+              sk::parallel::ShardedModule model(ctx, comm, net, config_for(kind), options);
+              sk::optim::DynamicLossScaler scaler;
+              std::vector<module_test::Batch> batches;
+              for (int s = 0; s < kWarmup + kMeasured; ++s)
+                batches.push_back(module_test::batch(ctx, {6, 12}, 7, comm.rank(), s));
+              const ag::Variable project(sk::full(ctx, {7, 1}, sk::DType::f32, 0.25));
+              const ag::Variable mean(sk::full(ctx, {1, 6}, sk::DType::f32, 1.0 / 6.0));
+              sk::HostWaits before;
+              for (int s = 0; s < kWarmup + kMeasured; ++s) {
+                if (s == kWarmup) before = ctx.host_waits();
+                model.zero_grad();
+                const auto& b = batches[static_cast<std::size_t>(s)];
+                auto loss = ag::matmul(ctx, mean, ag::matmul(ctx, model(ctx, b.x), project));
+                const float lr = 0.05f * (1.0f - 0.05f * static_cast<float>(s));
+                if (scaled) {
+                  ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
+                  model.step(lr, scaler);
+                } else {
+                  ag::backward(ctx, loss);
+                  model.step(lr);
+                }
+              }
+              const auto got = ctx.host_waits() - before;
+              CHECK_MESSAGE(got.total() == 0, sk::optim::optimizer_kind_name(kind), " ",
+                            sk::parallel::stage_name(stage), scaled ? " loss-scaled" : "", " rank ",
+                            comm.rank(), ": ", got.reads, " reads, ", got.uploads, " uploads, ",
+                            got.synchronizations, " synchronisations, ", got.collective_waits,
+                            " collective waits in ", kMeasured, " steps");
+            },
+            gpu);
+      }
+    }
+  }
+}

@@ -4,10 +4,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <typeindex>
 
 #include "shardkit/core/allocator.hpp"
@@ -120,12 +122,26 @@ class Context {
 #endif
 
   // Waits until all work queued on the context's stream is done (no-op on the CPU; counted on
-  // every device).
+  // every device), then runs the deferred checks (defer_check) and raises the first error one
+  // of them found.
   void synchronize() const {
     synchronizations_.fetch_add(1, std::memory_order_relaxed);
 #if SK_WITH_CUDA
     if (stream_) stream_->synchronize();
 #endif
+    run_deferred_checks();
+  }
+
+  // Registers `check` to run at the host's next synchronize() on this context, once (a check
+  // already pending under the same `key` stays as it is). For an op whose verdict on its input
+  // is found by device code (a class label out of range): instead of a stream synchronisation
+  // at every call, the op leaves the verdict in device memory and the check reads it when the
+  // host next waits anyway (a read, a copy to or from the host) and throws there -- as CUDA
+  // itself reports a kernel's faults at the next synchronising call. The stream has finished
+  // by then, so the check may read device memory directly.
+  void defer_check(const std::string& key, std::function<void()> check) {
+    std::lock_guard lock(checks_mutex_);
+    deferred_checks_.try_emplace(key, std::move(check));
   }
 
   // The host's waits on this context so far (see HostWaits); a step's are the difference.
@@ -185,8 +201,29 @@ class Context {
   std::shared_ptr<Allocator> allocator_;
   mutable std::atomic<std::int64_t> reads_{0}, uploads_{0}, synchronizations_{0},
       collective_waits_{0};
+  // Runs and clears the pending checks; every one runs, the first error is raised.
+  void run_deferred_checks() const {
+    std::map<std::string, std::function<void()>> checks;
+    {
+      std::lock_guard lock(checks_mutex_);
+      if (deferred_checks_.empty()) return;
+      checks.swap(deferred_checks_);
+    }
+    std::exception_ptr first;
+    for (auto& [key, check] : checks) {
+      try {
+        check();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
   std::mutex resources_mutex_;
   std::map<std::type_index, std::shared_ptr<void>> resources_;
+  mutable std::mutex checks_mutex_;
+  mutable std::map<std::string, std::function<void()>> deferred_checks_;
 };
 
 // A CPU context beside `device` for host-side work done on its behalf (CPU offload: the
