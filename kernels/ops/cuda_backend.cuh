@@ -185,6 +185,14 @@ __global__ void norm_roots_kernel(const double* values, const std::int64_t* tabl
   out[r] = run_norm_root_program(values, table + roots + 1, table[r], table[r + 1]);
 }
 
+template <int = 0>
+__global__ void clip_norm_and_factor_kernel(const double* total, double max_norm,
+                                            float inv_grad_scale, double* norm, float* factor) {
+  const ClipResult r = clip_result(*total, max_norm, inv_grad_scale);
+  if (norm != nullptr) *norm = r.norm;
+  if (factor != nullptr) *factor = __fmul_rn(*factor, r.coefficient);
+}
+
 inline void launch_norm_roots(Context& ctx, const double* values, const std::int64_t* table,
                               std::int64_t roots, double* out) {
   constexpr int kThreads = 128;
@@ -255,6 +263,14 @@ struct Cuda {
   static void norm_roots(Context& ctx, const double* values, const std::int64_t* table,
                          std::int64_t roots, double* out) {
     cuda::launch_norm_roots(ctx, values, table, roots, out);
+  }
+
+  static void clip_norm_and_factor(Context& ctx, const double* total, double max_norm,
+                                   float inv_grad_scale, double* norm, float* factor) {
+    CudaDeviceGuard guard(ctx.device().index);
+    cuda::clip_norm_and_factor_kernel<>
+        <<<1, 1, 0, ctx.stream()>>>(total, max_norm, inv_grad_scale, norm, factor);
+    SK_CUDA_CHECK_LAUNCH("ops::cuda::clip_norm_and_factor_kernel");
   }
 
   static void quantize_blocks(Context& ctx, QuantFormat format, DType dtype, const void* values,

@@ -387,6 +387,58 @@ void norm_roots_case(B& b) {
                     doctest::Contains("values must be a contiguous f64 tensor of at least"));
 }
 
+// Gradient clipping on the device: NormRootPlan::add_sum adds finished sums in a host loop's
+// order (widely spread magnitudes, so another order rounds differently: checked), and
+// clip_norm_and_factor gives clip.hpp's norm and multiplies a factor by its coefficient, bit for
+// bit; a norm under max_norm leaves the factor alone; a NaN total gives a NaN factor.
+template <class B>
+void clip_case(B& b) {
+  std::mt19937_64 rng(91);
+  std::uniform_real_distribution<double> mantissa(0.5, 1.5);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  std::vector<double> sums(9);
+  for (auto& v : sums) v = std::ldexp(mantissa(rng), exponent(rng));
+  const std::vector<std::int64_t> order{4, 0, 8, 2, 7, 1, 6, 3, 5};
+  ops::NormRootPlan plan;
+  plan.add_sum(order);
+  plan.add_sum({});
+  plan.upload(b.ctx);
+  sk::Context host;
+  auto values = b.upload(sk::from_vector(host, sums, {9}));
+  auto totals = b.zeros({2}, sk::DType::f64);
+  ops::norm_roots(b.ctx, values, plan, totals);
+  const auto got = sk::to_vector<double>(host, b.download(totals));
+  double want = 0, forward = 0;
+  for (auto k : order) want += sums[static_cast<std::size_t>(k)];
+  for (double v : sums) forward += v;
+  CHECK(std::memcmp(&got[0], &want, sizeof want) == 0);
+  CHECK(forward != want);
+  CHECK(got[1] == 0.0);
+  const auto total = totals.slice(0, 0, 1);
+  for (float inv : {1.0f, 1.0f / 1024.0f}) {
+    for (double max_norm : {1e-9, 1e9}) {
+      CAPTURE(inv);
+      CAPTURE(max_norm);
+      auto norm = b.zeros({1}, sk::DType::f64);
+      auto factor = b.zeros({1}, sk::DType::f32);
+      b.fill(factor, 0.75);
+      ops::clip_norm_and_factor(b.ctx, total, max_norm, inv, norm, factor);
+      const ops::ClipResult r = ops::clip_result(want, max_norm, inv);
+      const double got_norm = sk::to_vector<double>(host, b.download(norm))[0];
+      CHECK(std::memcmp(&got_norm, &r.norm, sizeof r.norm) == 0);
+      CHECK(sk::to_vector<float>(host, b.download(factor))[0] == 0.75f * r.coefficient);
+      CHECK((max_norm > 1 ? r.coefficient == 1.0f : r.coefficient < 1e-6f));
+    }
+  }
+  auto nan_total = b.upload(sk::from_vector(host, std::vector<double>{NAN}, {1}));
+  auto factor = b.zeros({1}, sk::DType::f32);
+  b.fill(factor, 1.0);
+  ops::clip_norm_and_factor(b.ctx, nan_total, 1.0, 1.0f, sk::Tensor(), factor);
+  CHECK(std::isnan(sk::to_vector<float>(host, b.download(factor))[0]));
+  CHECK_THROWS_WITH(ops::clip_norm_and_factor(b.ctx, total, 0.0, 1.0f, sk::Tensor(), factor),
+                    doctest::Contains("max_norm must be > 0"));
+}
+
 template <class B>
 void unscale_case(B& b, std::int64_t gap) {
   const Layout layout(edge_sizes(), gap);

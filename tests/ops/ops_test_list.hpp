@@ -61,6 +61,11 @@ TEST_CASE("norm trees finished where the values lie equal norm_root bit for bit"
   norm_roots_case(b);
 }
 
+TEST_CASE("gradient clipping's total, norm and factor on the device: the host's bits") {
+  Backend b;
+  clip_case(b);
+}
+
 TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors") {
   Backend b;
   for (bool clip : {false, true})

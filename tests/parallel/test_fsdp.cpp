@@ -85,8 +85,8 @@ Outcome train(Stage stage, const Run& run) {
         }
       }
       if (run.clip > 0) {
-        const double norm = model.clip_grad_norm(run.clip);
-        if (comm.rank() == 0) out.norms.push_back(norm);
+        const sk::Tensor norm = model.clip_grad_norm(run.clip);
+        if (comm.rank() == 0) out.norms.push_back(sk::to_vector<double>(ctx, norm)[0]);
       }
       model.step(lr_at(run.kind, s));
     }
@@ -331,9 +331,38 @@ TEST_CASE("clip_grad_norm: the same norm and the same clipped steps under every 
     double exact = 0;
     for (const auto& g : model.engine().piece_grads())  // ddp: every parameter whole
       for (float v : sk::to_vector<float>(ctx, g)) exact += double(v) * v;
-    const double norm = model.clip_grad_norm(1e9);
+    const double norm = sk::to_vector<double>(ctx, model.clip_grad_norm(1e9))[0];
     CHECK(std::abs(norm - std::sqrt(exact)) <= 1e-12 * std::sqrt(exact));
     CHECK_THROWS_WITH(model.clip_grad_norm(0), doctest::Contains("max_norm must be > 0"));
+  });
+  // The coefficient reaches the fused pass (through the step gate, on the device): plain SGD
+  // moves every parameter by -lr · max_norm / (norm + 1e-6) · g.
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 5);
+    sk::optim::OptimizerConfig config;  // SGD without momentum or decay
+    sk::parallel::ShardedModule model(ctx, comm, net, config, sk::parallel::ParallelOptions{});
+    auto b = batch(ctx, {6, 12}, 7, 0, 0);
+    ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+    std::vector<std::vector<float>> grads, before;
+    for (const auto& g : model.engine().piece_grads())
+      grads.push_back(sk::to_vector<float>(ctx, g));
+    for (const auto& p : model.engine().optimizer().piece_params())
+      before.push_back(sk::to_vector<float>(ctx, p));
+    const double max_norm = 0.25;
+    const double norm = sk::to_vector<double>(ctx, model.clip_grad_norm(max_norm))[0];
+    REQUIRE(norm > 2 * max_norm);
+    const double coefficient = max_norm / (norm + 1e-6);
+    const float lr = 0.1f;
+    model.step(lr);
+    double worst = 0;
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      const auto after = sk::to_vector<float>(ctx, model.engine().optimizer().piece_params()[k]);
+      for (std::size_t i = 0; i < after.size(); ++i) {
+        const double want = before[k][i] - lr * coefficient * grads[k][i];
+        worst = std::max(worst, std::abs(after[i] - want) / (std::abs(want) + 1e-3));
+      }
+    }
+    CHECK(worst <= 1e-6);
   });
 }
 

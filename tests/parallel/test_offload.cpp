@@ -141,8 +141,8 @@ Outcome train(const Run& run) {
       else
         module_test::ag::backward(ctx, loss);
       if (run.clip > 0) {
-        const double norm = model.clip_grad_norm(run.clip, 1.0f / scale);
-        if (comm.rank() == 0) out.norms.push_back(norm);
+        const sk::Tensor norm = model.clip_grad_norm(run.clip, 1.0f / scale);
+        if (comm.rank() == 0) out.norms.push_back(sk::to_vector<double>(ctx, norm)[0]);
       }
       if (run.scaled)
         model.step(lr_at(run.kind, s), scaler);

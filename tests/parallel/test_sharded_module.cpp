@@ -238,38 +238,16 @@ TEST_CASE("normalize_rows and zero_grad_of: exact and alike under every stage") 
 
 // What the host waits for in a training step (Context::host_waits: device values read, host
 // values uploaded, stream synchronisations, collectives waited for), counted on the CPU where
-// the same calls are made as on a GPU. A plain step -- forward with batch-norm, backward with
-// bucketed collectives, the fused step -- makes none under every stage (its collectives are
-// waited for on the stream: Work::wait_on_stream), so it can run ahead of a GPU and be
-// captured; nor does a loss-scaled step (the scaler's state and the step gate stay on the
-// device: ops/step_gate.hpp; LARC's coefficients read the gate's factor there), nor a LARC step
-// under any stage (sharded LARC's whole-parameter norms are exchanged and finished on the
-// device: ParamNorms::roots). The ledger below holds what clipping's norm still reads (to be
-// moved onto the device, then removed here). A new wait in a step fails here, as does one
-// removed without the ledger.
-TEST_CASE("a training step's host waits: none for a plain step; the ledger of the rest") {
+// the same calls are made as on a GPU: none, under every stage, for a plain step -- forward
+// with batch-norm, backward with bucketed collectives, the fused step (its collectives are
+// waited for on the stream: Work::wait_on_stream) --, a loss-scaled one (the scaler's state and
+// the step gate stay on the device: ops/step_gate.hpp; LARC's coefficients read the gate's
+// factor there) and a clipped one (the norm is returned on the device and its coefficient
+// reaches the pass through the gate), for SGD, AdamW and LARC (sharded LARC's whole-parameter
+// norms are exchanged and finished on the device: ParamNorms::roots). So a step can run ahead
+// of a GPU and be captured. A new wait in a step fails here.
+TEST_CASE("a training step's host waits: none, plain, loss-scaled or clipped, under every stage") {
   enum Variant { plain, loss_scaled, clipped };
-  struct Expected {
-    OptimizerKind kind;
-    bool sharded;  // oss, sdp, fsdp
-    Variant variant;
-    sk::HostWaits per_step;
-  };
-  const std::vector<Expected> ledger = {
-      // Clipping's norm: one read of the finished sums, under every stage.
-      {OptimizerKind::sgd, false, clipped, {1, 0, 0}},
-      {OptimizerKind::sgd, true, clipped, {1, 0, 0}},
-      {OptimizerKind::adamw, false, clipped, {1, 0, 0}},
-      {OptimizerKind::adamw, true, clipped, {1, 0, 0}},
-      {OptimizerKind::larc_sgd, false, clipped, {1, 0, 0}},
-      {OptimizerKind::larc_sgd, true, clipped, {1, 0, 0}},
-  };
-  auto expected_for = [&](OptimizerKind kind, Stage stage, Variant variant) {
-    for (const auto& e : ledger)
-      if (e.kind == kind && e.sharded == (stage != Stage::ddp) && e.variant == variant)
-        return e.per_step;
-    return sk::HostWaits{};
-  };
   constexpr int kWarmup = 2, kMeasured = 3;
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw, OptimizerKind::larc_sgd}) {
     for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
@@ -300,15 +278,11 @@ TEST_CASE("a training step's host waits: none for a plain step; the ledger of th
             }
           }
           const auto got = ctx.host_waits() - before;
-          const auto want = expected_for(kind, stage, variant);
-          CHECK_MESSAGE(
-              (got.reads == kMeasured * want.reads && got.uploads == kMeasured * want.uploads &&
-               got.synchronizations == kMeasured * want.synchronizations &&
-               got.collective_waits == kMeasured * want.collective_waits),
-              sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
-              " variant ", int(variant), " rank ", comm.rank(), ": ", got.reads, " reads, ",
-              got.uploads, " uploads, ", got.synchronizations, " synchronisations, ",
-              got.collective_waits, " collective waits in ", kMeasured, " steps");
+          CHECK_MESSAGE(got.total() == 0, sk::optim::optimizer_kind_name(kind), " ",
+                        sk::parallel::stage_name(stage), " variant ", int(variant), " rank ",
+                        comm.rank(), ": ", got.reads, " reads, ", got.uploads, " uploads, ",
+                        got.synchronizations, " synchronisations, ", got.collective_waits,
+                        " collective waits in ", kMeasured, " steps");
         });
       }
     }

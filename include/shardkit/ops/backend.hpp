@@ -50,6 +50,9 @@ namespace shardkit::ops {
 //   norm_roots(ctx, values, table, roots, out)
 //                                          out[r] = root r's program (NormRootPlan's device
 //                                          table) run over values, for r < roots
+//   clip_norm_and_factor(ctx, total, max_norm, inv_grad_scale, norm, factor)
+//                                          clip_result (clip.hpp) of *total into *norm and
+//                                          *factor *= its coefficient (either may be null)
 //   larc_sgd(ctx, sgd_functor, spans, larc, lr, inv_grad_scale, param_squares)
 //                                          LARC-SGD over whole tensors, in the order that
 //                                          reuses the device's cache best; param_squares
@@ -71,6 +74,7 @@ concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tenso
   B::leaf_sums_of_squares_pair(ctx, pairs, {DType::f32, DType::bf16}, {leaves, leaves});
   B::norm_subtree_sums(ctx, leaves, nodes, nullptr, leaves);
   B::norm_roots(ctx, leaves, static_cast<const std::int64_t*>(nullptr), 1, leaves);
+  B::clip_norm_and_factor(ctx, leaves, 1.0, 1.0f, leaves, static_cast<float*>(nullptr));
   B::quantize_blocks(ctx, QuantFormat::int8, DType::f32, leaves, 1, 256, bytes);
   B::dequantize_blocks(ctx, QuantFormat::f8_e4m3, DType::bf16, bytes, 1, 256, leaves);
 };

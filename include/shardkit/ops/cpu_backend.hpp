@@ -13,6 +13,7 @@
 
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/backend.hpp"
+#include "shardkit/ops/clip.hpp"
 #include "shardkit/ops/cpu_apply.hpp"
 #include "shardkit/ops/cpu_larc.hpp"
 #include "shardkit/ops/larc_param_squares.hpp"
@@ -88,6 +89,13 @@ struct Cpu {
       const NormSubtree& node = nodes[static_cast<std::size_t>(i)];
       out[i] = norm_subtree(leaves + node.first, std::int64_t{1} << node.level, scratch);
     });
+  }
+
+  static void clip_norm_and_factor(Context&, const double* total, double max_norm,
+                                   float inv_grad_scale, double* norm, float* factor) {
+    const ClipResult r = clip_result(*total, max_norm, inv_grad_scale);
+    if (norm != nullptr) *norm = r.norm;
+    if (factor != nullptr) *factor *= r.coefficient;
   }
 
   // A few words per root: on the calling thread.

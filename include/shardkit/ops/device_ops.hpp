@@ -35,6 +35,8 @@ struct FusedOps {
   void (*norm_subtree_sums)(Context&, const Tensor& leaves, std::span<const NormSubtree> nodes,
                             const Tensor& out, const Tensor& nodes_on_device);
   void (*norm_roots)(Context&, const Tensor& values, const NormRootPlan& plan, const Tensor& out);
+  void (*clip_norm_and_factor)(Context&, const Tensor& total, double max_norm, float inv_grad_scale,
+                               const Tensor& norm, const Tensor& factor);
   void (*check_finite)(Context&, std::span<const Tensor>, const Tensor& found_nonfinite);
   void (*larc_coefficients)(Context&, const LarcOptions&, float lr, float inv_grad_scale,
                             const Tensor& sums, const Tensor& coefficients, const Tensor& gate);
@@ -71,6 +73,7 @@ constexpr FusedOps fused_ops_table() {
       .leaf_sums_of_squares_pair = &ops::leaf_sums_of_squares<B>,
       .norm_subtree_sums = &ops::norm_subtree_sums<B>,
       .norm_roots = &ops::norm_roots<B>,
+      .clip_norm_and_factor = &ops::clip_norm_and_factor<B>,
       .check_finite = &ops::check_finite<B>,
       .larc_coefficients = &ops::larc_coefficients<B>,
       .larc_sgd_step = &ops::larc_sgd_step<B>,
@@ -136,6 +139,10 @@ inline void norm_subtree_sums(Context& ctx, const Tensor& leaves,
 inline void norm_roots(Context& ctx, const Tensor& values, const NormRootPlan& plan,
                        const Tensor& out) {
   fused_ops(ctx).norm_roots(ctx, values, plan, out);
+}
+inline void clip_norm_and_factor(Context& ctx, const Tensor& total, double max_norm,
+                                 float inv_grad_scale, const Tensor& norm, const Tensor& factor) {
+  fused_ops(ctx).clip_norm_and_factor(ctx, total, max_norm, inv_grad_scale, norm, factor);
 }
 inline void check_finite(Context& ctx, std::span<const Tensor> tensors,
                          const Tensor& found_nonfinite) {

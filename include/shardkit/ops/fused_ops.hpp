@@ -9,6 +9,7 @@
 //                               norm_tree.hpp start from them (one list, or two in one pass)
 //   norm_subtree_sums<B>        tree nodes' values from those leaf sums, where they lie
 //   norm_roots<B>               whole trees finished from the nodes' values, where they lie
+//   clip_norm_and_factor<B>     gradient clipping's norm and factor from the total
 //   larc_coefficients<B>        per-tensor LARC factors from whole-tensor sums
 //   larc_sgd_step<B>            LARC-SGD where every tensor is whole here
 //   larc_sgd_step_tree<B>       the same with the norm tree's norms (the sharded optimizer's
@@ -28,6 +29,7 @@
 #include "shardkit/core/tensor_ops.hpp"
 #include "shardkit/ops/backend.hpp"
 #include "shardkit/ops/cast.hpp"
+#include "shardkit/ops/clip.hpp"
 #include "shardkit/ops/larc_param_squares.hpp"
 #include "shardkit/ops/norm_root_plan.hpp"
 #include "shardkit/ops/norm_tree.hpp"
@@ -195,6 +197,25 @@ void norm_roots(Context& ctx, const Tensor& values, const NormRootPlan& plan, co
   if (plan.roots() == 0) return;
   B::norm_roots(ctx, plan.values_read() > 0 ? values.data<double>() : nullptr,
                 plan.table().data<std::int64_t>(), plan.roots(), out.data<double>());
+}
+
+// Gradient clipping from the gradients' total sum of squares (`total`, f64 [1], loss-scaled
+// units; inv_grad_scale unscales): `norm` (f64 [1], optional) receives the global norm and
+// `factor` (f32 [1], optional: a step gate's gradient factor) is multiplied by the clip
+// coefficient (clip.hpp), all on the context's device.
+template <class B>
+void clip_norm_and_factor(Context& ctx, const Tensor& total, double max_norm, float inv_grad_scale,
+                          const Tensor& norm, const Tensor& factor) {
+  SK_OPS_ENTRY(B, ctx, "clip_norm_and_factor");
+  check(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  check_result_tensor(ctx, total, DType::f64, {1}, "clip_norm_and_factor", "total");
+  if (norm.defined())
+    check_result_tensor(ctx, norm, DType::f64, {1}, "clip_norm_and_factor", "norm");
+  if (factor.defined())
+    check_result_tensor(ctx, factor, DType::f32, {1}, "clip_norm_and_factor", "factor");
+  B::clip_norm_and_factor(ctx, total.data<double>(), max_norm, inv_grad_scale,
+                          norm.defined() ? norm.data<double>() : nullptr,
+                          factor.defined() ? factor.data<float>() : nullptr);
 }
 
 // Whether every element of `tensors` (f32, f16 or bf16) is finite: found_nonfinite (f32 [1],

@@ -63,16 +63,22 @@ class ShardedOptimizer {
   // configured rate (schedules); `inv_grad_scale` unscales loss-scaled gradients.
   void step(const std::vector<Tensor>& grads, float lr, float inv_grad_scale = 1.0f) {
     check_grad_count(grads);
-    inv_grad_scale *= clip_coefficient_;  // from clip_grad_norm, for this step only
-    clip_coefficient_ = 1.0f;
-    if (gate_.defined()) {  // the count is on the device since a gated step: open the gate
-      fill(*ctx_, gate_.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1), 1.0);
-      fill(*ctx_, gate_.slice(0, ops::kGateSkip, ops::kGateSkip + 1), 0.0);
+    const bool clipping = clip_pending_;
+    clip_pending_ = false;
+    if (offloaded()) {  // (offload steps on the host: the clip coefficient is read)
+      if (clipping) inv_grad_scale *= read_clip_coefficient();
+      ++steps_;
+      return update(*host_, transport_.stage_grads(grads), lr, inv_grad_scale);
+    }
+    // The gate carries clip_grad_norm's coefficient to the pass on the device, and once a step
+    // was gated the count lives there: open the gate (factor 1, no skip), fold the coefficient in.
+    if (clipping || gate_.defined()) {
+      open_gate();
+      if (clipping) fold_clip_coefficient();
       return gated_update(grads, lr, inv_grad_scale);
     }
     ++steps_;
-    if (!offloaded()) return update(*ctx_, grads, lr, inv_grad_scale);
-    update(*host_, transport_.stage_grads(grads), lr, inv_grad_scale);
+    update(*ctx_, grads, lr, inv_grad_scale);
   }
 
   // The loss-scaled step, `scaler` having checked the gradients (DynamicLossScaler::check_grads):
@@ -89,46 +95,51 @@ class ShardedOptimizer {
       return step(grads, lr, verdict.inv_scale);
     }
     const Tensor& state = scaler.state(*ctx_);
-    check_device_count();
-    if (!gate_.defined())  // (one upload, at the first loss-scaled step)
-      gate_ = from_vector(*ctx_, std::vector<float>{1.0f, 0.0f, static_cast<float>(steps_)},
-                          {ops::kGateSlots}, MemoryCategory::other);
+    make_gate();
     static_assert(ops::kGateSkip == ops::kGateGradFactor + 1 &&
                   ops::kLossFoundInf == ops::kLossInvScale + 1);
     copy(*ctx_, gate_.slice(0, ops::kGateGradFactor, ops::kGateSkip + 1),
          state.slice(0, ops::kLossInvScale, ops::kLossFoundInf + 1));
-    const float clip = clip_coefficient_;
-    clip_coefficient_ = 1.0f;
-    gated_update(grads, lr, clip);
+    if (clip_pending_) fold_clip_coefficient();
+    clip_pending_ = false;
+    gated_update(grads, lr, 1.0f);
   }
 
   // torch.nn.utils.clip_grad_norm_ over the whole model (docs/semantics.md): the L2 norm of
   // every parameter's gradient (`grads` as for step(), times inv_grad_scale), exact under every
   // stage -- per-parameter norms from ParamNorms, added in the order of the parameters' names
-  // -- and returned; when it exceeds max_norm, the next step() scales the gradients by
-  // max_norm / (norm + 1e-6) in its fused pass. Collective when the table is sharded.
-  double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm,
+  // -- returned as f64 [1] on the device (read it to log it); when it exceeds max_norm, the
+  // next step() scales the gradients by max_norm / (norm + 1e-6) in its fused pass. Nothing is
+  // read back: the coefficient reaches the pass through the step gate. Collective when the
+  // table is sharded.
+  Tensor clip_grad_norm(const std::vector<Tensor>& grads, double max_norm,
                         float inv_grad_scale = 1.0f) {  // (1 / the loss scale, if any)
     check(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-    const auto sums = norms_.sums({grads})[0];
-    if (by_name_.empty()) {
-      for (std::size_t p = 0; p < table_->params().size(); ++p) by_name_.push_back(p);
-      std::sort(by_name_.begin(), by_name_.end(), [&](std::size_t a, std::size_t b) {
-        return table_->params()[a].name < table_->params()[b].name;
+    if (!clip_total_.defined()) {  // (set up once: the sum's program uploaded)
+      const auto params = static_cast<std::int64_t>(table_->params().size());
+      std::vector<std::int64_t> by_name(static_cast<std::size_t>(params));
+      for (std::int64_t p = 0; p < params; ++p) by_name[static_cast<std::size_t>(p)] = p;
+      std::sort(by_name.begin(), by_name.end(), [&](std::int64_t a, std::int64_t b) {
+        return table_->params()[static_cast<std::size_t>(a)].name <
+               table_->params()[static_cast<std::size_t>(b)].name;
       });
+      clip_plan_.add_sum(by_name);
+      clip_plan_.upload(*ctx_);
+      clip_sums_ = empty(*ctx_, {1, params}, DType::f64, MemoryCategory::other);
+      clip_total_ = empty(*ctx_, {1}, DType::f64, MemoryCategory::other);
     }
-    double total = 0;
-    for (auto p : by_name_) total += sums[p];
-    const double norm = std::sqrt(total) * static_cast<double>(inv_grad_scale);
-    const double coefficient = max_norm / (norm + 1e-6);
-    // (A NaN or inf norm gives a NaN coefficient, as PyTorch's does: the step then shows it.)
-    clip_coefficient_ =
-        coefficient < 1.0 || std::isnan(coefficient) ? static_cast<float>(coefficient) : 1.0f;
+    norms_.roots(*ctx_, {grads}, ParamNorms::Layout::params, clip_sums_);
+    ops::norm_roots(*ctx_, clip_sums_, clip_plan_, clip_total_);
+    Tensor norm = empty(*ctx_, {1}, DType::f64, MemoryCategory::other);
+    ops::clip_norm_and_factor(*ctx_, clip_total_, max_norm, inv_grad_scale, norm, Tensor());
+    clip_pending_ = true;
+    clip_max_norm_ = max_norm;
+    clip_inv_grad_scale_ = inv_grad_scale;
     return norm;
   }
 
   // A skipped step (loss scaling found an overflow): forget clip_grad_norm's coefficient.
-  void discard_clip() { clip_coefficient_ = 1.0f; }
+  void discard_clip() { clip_pending_ = false; }
 
   // The steps applied so far (skipped ones do not count). After a loss-scaled step the count
   // is on the device: reading it waits for the device.
@@ -196,8 +207,39 @@ class ShardedOptimizer {
   // The device counts steps in f32 (as PyTorch's fused optimizers): exactly up to 2^24.
   void check_device_count() const {
     check(steps_ <= (std::int64_t{1} << 24), "ShardedOptimizer: a step count of ", steps_,
-          " is past 2^24, the most the device's f32 count holds exactly; loss-scaled steps "
-          "cannot continue this run");
+          " is past 2^24, the most the device's f32 count holds exactly; steps through the step "
+          "gate (loss scaling, clipping) cannot continue this run");
+  }
+
+  // The step gate, made at its first use (one upload), open (factor 1, no skip), the count
+  // taken from the host's. Whether it was made now.
+  bool make_gate() {
+    check_device_count();
+    if (gate_.defined()) return false;
+    gate_ = from_vector(*ctx_, std::vector<float>{1.0f, 0.0f, static_cast<float>(steps_)},
+                        {ops::kGateSlots}, MemoryCategory::other);
+    return true;
+  }
+
+  // The gate opened for an ungated step: factor 1, no skip.
+  void open_gate() {
+    if (make_gate()) return;
+    fill(*ctx_, gate_.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1), 1.0);
+    fill(*ctx_, gate_.slice(0, ops::kGateSkip, ops::kGateSkip + 1), 0.0);
+  }
+
+  // The gate's gradient factor times the pending clip coefficient, on the device.
+  void fold_clip_coefficient() {
+    ops::clip_norm_and_factor(*ctx_, clip_total_, clip_max_norm_, clip_inv_grad_scale_, Tensor(),
+                              gate_.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1));
+  }
+
+  // The pending clip coefficient on the host (offload's step runs there: one read).
+  float read_clip_coefficient() {
+    const Tensor factor = full(*ctx_, {1}, DType::f32, 1.0);
+    ops::clip_norm_and_factor(*ctx_, clip_total_, clip_max_norm_, clip_inv_grad_scale_, Tensor(),
+                              factor);
+    return to_vector<float>(*ctx_, factor)[0];
   }
 
   // The update through the step gate, on the parameters' context: its factor unscales the
@@ -241,8 +283,13 @@ class ShardedOptimizer {
   ParamNorms norms_;
   UpdateRule rule_;
   MasterCopies copies_;
-  std::vector<std::size_t> by_name_;  // table parameters in the order of their names
-  float clip_coefficient_ = 1.0f;     // set by clip_grad_norm, used by the next step
+  // clip_grad_norm's: the per-parameter sums, their total in the order of the parameters'
+  // names (clip_plan_), and what the next step's coefficient is formed from.
+  Tensor clip_sums_, clip_total_;
+  ops::NormRootPlan clip_plan_;
+  bool clip_pending_ = false;
+  double clip_max_norm_ = 0;
+  float clip_inv_grad_scale_ = 1.0f;
   std::vector<StateBuffer> buffers_;
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
   Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step

@@ -149,10 +149,11 @@ class Engine : public ParamGroups {
   }
 
   // torch.nn.utils.clip_grad_norm_ after the backward: the gradients' global L2 norm (exact,
-  // the same bits under every stage) is returned, and the next step() scales them by
+  // the same bits under every stage) is returned as f64 [1] on the device, as PyTorch returns a
+  // tensor (read it to log it: nothing else waits), and the next step() scales them by
   // max_norm / (norm + 1e-6) when that is below 1. With a loss scaler, pass its inv_scale():
   // the norm is of the unscaled gradients. Collective.
-  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
+  Tensor clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
     check_finished("clip_grad_norm");
     return optimizer_->clip_grad_norm(piece_grads_, max_norm, inv_grad_scale);
   }

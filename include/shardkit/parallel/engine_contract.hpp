@@ -21,7 +21,7 @@ concept TrainingEngine = requires(E& engine, float lr, double max_norm,
                                   optim::DynamicLossScaler& scaler, Engine::StepHook hook) {
   engine.step(lr);                                    // the fused optimizer step
   { engine.step(lr, scaler) } -> std::same_as<void>;  // skipped on the device on an overflow
-  { engine.clip_grad_norm(max_norm) } -> std::same_as<double>;  // the global norm
+  { engine.clip_grad_norm(max_norm) } -> std::same_as<Tensor>;  // the global norm, on the device
   engine.no_sync();                                             // accumulate without traffic
   engine.zero_grad();
   { engine.training_state() } -> std::same_as<TrainingState>;  // what checkpoints hold
@@ -31,7 +31,7 @@ concept TrainingEngine = requires(E& engine, float lr, double max_norm,
 #define SK_CHECK_TRAINING_ENGINE(E)                                                   \
   static_assert(::shardkit::parallel::TrainingEngine<E>, #E                           \
                 " must offer the training contract of parallel/engine_contract.hpp: " \
-                "step(lr), step(lr, scaler), clip_grad_norm(max_norm) -> double, "    \
+                "step(lr), step(lr, scaler), clip_grad_norm(max_norm) -> Tensor, "    \
                 "no_sync(), zero_grad(), training_state(), register_post_step_hook(hook)")
 
 SK_CHECK_TRAINING_ENGINE(Engine);

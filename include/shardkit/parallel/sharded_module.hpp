@@ -119,8 +119,9 @@ class ShardedModule {
   void step(float lr, optim::DynamicLossScaler& scaler) { engine_->step(lr, scaler); }
   // torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) between the backward and
   // step(): returns the gradients' global L2 norm (exact and the same under every stage, frozen
-  // parameters having none); the next step() applies the clipping in its fused pass.
-  double clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
+  // parameters having none) as f64 [1] on the device; the next step() applies the clipping in
+  // its fused pass.
+  Tensor clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
     return engine_->clip_grad_norm(max_norm, inv_grad_scale);
   }
   void zero_grad() {
