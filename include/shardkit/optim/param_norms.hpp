@@ -79,38 +79,20 @@ class ParamNorms {
   enum class Layout { params, pieces };
 
   // Per operand list (one 1-D f32 view per piece of this rank, in pieces() order), the sum of
-  // squares of every table parameter: out[k][param], read back to the host. Collective when the
-  // table is sharded. Parameters no rank reported (a replicated table reports all) stay 0.
-  std::vector<std::vector<double>> sums(const std::vector<std::vector<Tensor>>& operands) {
-    return sums_on(*ctx_, operands);
-  }
-
-  // The same with the leaf sums formed on `compute` (CPU offload: the host context, over views
-  // in host memory); the exchange still travels on this object's context, where the
-  // communicator's buffers live.
-  std::vector<std::vector<double>> sums_on(Context& compute,
-                                           const std::vector<std::vector<Tensor>>& operands) {
-    const auto params = static_cast<std::int64_t>(table_->params().size());
-    const auto n_ops = static_cast<std::int64_t>(operands.size());
-    Tensor out = empty(compute, {n_ops, params}, DType::f64, MemoryCategory::other);
-    roots(compute, operands, Layout::params, out);
-    const auto flat = to_vector<double>(compute, out);
-    std::vector<std::vector<double>> by_list;
-    for (std::int64_t k = 0; k < n_ops; ++k)
-      by_list.emplace_back(flat.begin() + k * params, flat.begin() + (k + 1) * params);
-    return by_list;
-  }
-
-  // The sums into `out` (f64 [operand lists, params or pieces], contiguous, on `compute`'s
-  // device), formed, exchanged and finished on the devices: nothing is read back or uploaded
-  // once the first call has set up its plans, unless `compute` is another device than this
-  // object's context (offload: the cover values cross to the exchange and the sums back).
+  // squares of every table parameter (or of the parameter of each of this rank's pieces) into
+  // `out` (f64 [operand lists, params or pieces], contiguous, on `compute`'s device), formed,
+  // exchanged and finished on the devices: nothing is read back or uploaded once the first
+  // call has set up its plans, unless `compute` is another device than this object's context
+  // (CPU offload: the leaf sums formed on the host context over views in host memory, the
+  // cover values crossing to the exchange on this object's context, the sums back). Collective
+  // when the table is sharded. Parameters no rank reported (a replicated table reports all)
+  // stay 0.
   void roots(Context& compute, const std::vector<std::vector<Tensor>>& operands, Layout layout,
              const Tensor& out) {
     const auto& pieces = table_->pieces(rank_);
     const std::size_t n_ops = operands.size();
     for (const auto& views : operands)
-      check(views.size() == pieces.size(), "ParamNorms::sums: ", views.size(), " views for ",
+      check(views.size() == pieces.size(), "ParamNorms::roots: ", views.size(), " views for ",
             pieces.size(), " pieces; pass one per piece");
     const std::int64_t total = own_leaves_;  // per operand list (the leaf ops check the sizes)
     // Every list's leaf sums, row k list k's: params and grads in one pass when both are asked
