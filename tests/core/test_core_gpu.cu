@@ -190,3 +190,47 @@ TEST_CASE("device f16/bf16 conversions equal the host ones and the hardware's") 
     REQUIRE(std::memcmp(&host, &h_half_to_f32[b], 4) == 0);
   }
 }
+
+// A StepGraph on the GPU: the capture runs nothing, its graph's launches do -- on the input as
+// refilled before each step (outside it), into the memory the capture gave its outputs.
+TEST_CASE("a step graph on the GPU replays the captured kernels on refilled inputs") {
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  auto& ctx = *gpu;
+  constexpr std::int64_t kN = 4099;
+  const auto x = sk::zeros(ctx, {kN}, sk::DType::f32);
+  const auto sum = sk::zeros(ctx, {kN}, sk::DType::f64);
+  sk::Tensor out;
+  sk::StepGraph graph(ctx, "gpu", {.warmup_steps = 1});
+  const auto step = [&] {
+    const auto wide = sk::cast(ctx, x, sk::DType::f64);  // a temporary: the pool's
+    sk::add_(ctx, sum, wide);
+    out = sk::clone(ctx, wide);
+  };
+  std::vector<sk::StepRun> runs;
+  double expected = 0;
+  for (int s = 1; s <= 5; ++s) {
+    sk::fill(ctx, x, s);
+    runs.push_back(graph.run("k", step));
+    expected += s;
+    CHECK(sk::to_vector<double>(ctx, out) == std::vector<double>(kN, s));
+  }
+  using sk::StepRun;
+  CHECK(runs == std::vector<StepRun>{StepRun::eager, StepRun::captured, StepRun::replayed,
+                                     StepRun::replayed, StepRun::replayed});
+  CHECK(sk::to_vector<double>(ctx, sum) == std::vector<double>(kN, expected));
+  CHECK(graph.reserved_bytes() >= 2 * kN * 8);
+  const auto current = ctx.memory_stats().current_total();
+  graph.clear();  // `out` still lives in the retired pool's block
+  CHECK(ctx.memory_stats().current_total() == current);
+  CHECK(sk::to_vector<double>(ctx, out) == std::vector<double>(kN, 5.0));
+  out = sk::Tensor();
+  CHECK(ctx.memory_stats().current_total() == current - kN * 8);
+
+  // A refusal ends the stream's capture: the stream and context work on.
+  sk::StepGraph refusing(ctx, "gpu", {.warmup_steps = 0});
+  CHECK_THROWS_AS(refusing.run("k", [&] { (void)sk::to_vector<float>(ctx, x); }),
+                  sk::CaptureRefused);
+  CHECK_FALSE(ctx.capturing());
+  sk::fill(ctx, x, 7.0);
+  CHECK(sk::to_vector<float>(ctx, x) == std::vector<float>(kN, 7.0f));
+}

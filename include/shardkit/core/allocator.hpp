@@ -1,12 +1,16 @@
 // The Allocator interface (every allocation is counted in MemoryStats) and the host allocator.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <vector>
 
+#include "shardkit/core/capture_pool.hpp"
 #include "shardkit/core/device.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/memory_stats.hpp"
@@ -22,7 +26,8 @@ class Allocator {
   // Returns nullptr for 0 bytes (and counts nothing); throws OutOfMemory on failure.
   void* allocate(std::size_t bytes, MemoryCategory category) {
     if (bytes == 0) return nullptr;
-    void* pointer = do_allocate(bytes);
+    void* pointer = pools_.load(std::memory_order_acquire) != 0 ? allocate_with_pools(bytes)
+                                                                : do_allocate(bytes);
     if (pointer == nullptr)
       fail<OutOfMemory>("out of memory on ", device().str(), ": could not allocate ", bytes,
                         " bytes for ", memory_category_name(category), " while ",
@@ -35,19 +40,101 @@ class Allocator {
   // `bytes` and `category` must be those given to allocate().
   void deallocate(void* pointer, std::size_t bytes, MemoryCategory category) noexcept {
     if (pointer == nullptr) return;
-    do_deallocate(pointer, bytes);
+    if (pools_.load(std::memory_order_acquire) == 0 || !deallocate_with_pools(pointer, bytes))
+      do_deallocate(pointer, bytes);
     stats_.on_free(category, bytes);
   }
 
   MemoryStats& stats() { return stats_; }
   const MemoryStats& stats() const { return stats_; }
 
+  // Step capture (capture_pool.hpp, step_graph.hpp): until end_capture(), allocations come from
+  // `pool` and frees of other memory are held in it. The pool stays registered -- its blocks
+  // going back to it -- until retire().
+  void begin_capture(const std::shared_ptr<CapturePool>& pool) {
+    std::lock_guard lock(pool_mutex_);
+    check<StateError>(capturing_ == nullptr, "allocator of ", device().str(),
+                      ": a capture is already under way; captures do not nest");
+    if (std::find(registered_.begin(), registered_.end(), pool) == registered_.end())
+      registered_.push_back(pool);
+    capturing_ = pool;
+    pools_.store(static_cast<int>(registered_.size()), std::memory_order_release);
+  }
+  void end_capture() noexcept {
+    std::lock_guard lock(pool_mutex_);
+    capturing_ = nullptr;
+    // Blocks of retired pools freed during the capture go back now (see release_retired).
+    for (std::size_t i = registered_.size(); i-- > 0;)
+      if (registered_[i]->retired_) release_retired(registered_[i]);
+  }
+  // The pool's graph is gone: its free blocks and held memory go back to the device, the blocks
+  // still in use as their tensors are freed.
+  void retire(const std::shared_ptr<CapturePool>& pool) noexcept {
+    std::lock_guard lock(pool_mutex_);
+    if (capturing_ == pool) capturing_ = nullptr;
+    pool->retired_ = true;
+    release_retired(pool);
+  }
+
  protected:
   virtual void* do_allocate(std::size_t bytes) = 0;  // nullptr when out of memory
   virtual void do_deallocate(void* pointer, std::size_t bytes) noexcept = 0;
+  // A capture pool's block: memory that is no operation of the captured stream (a CUDA
+  // allocator's stream-ordered allocation would become a node of the graph). Default: as any.
+  virtual void* do_allocate_reserved(std::size_t bytes) { return do_allocate(bytes); }
+  virtual void do_deallocate_reserved(void* pointer, std::size_t bytes) noexcept {
+    do_deallocate(pointer, bytes);
+  }
 
  private:
+  void* allocate_with_pools(std::size_t bytes) {
+    std::lock_guard lock(pool_mutex_);
+    if (capturing_ == nullptr) return do_allocate(bytes);
+    if (void* pointer = capturing_->take(bytes)) return pointer;
+    void* pointer = do_allocate_reserved(bytes);
+    if (pointer != nullptr) capturing_->add(pointer, bytes);
+    return pointer;
+  }
+  // Whether a pool took `pointer` (its block, or memory held for the capture under way).
+  bool deallocate_with_pools(void* pointer, std::size_t bytes) noexcept {
+    std::lock_guard lock(pool_mutex_);
+    for (const auto& pool : registered_) {
+      if (!pool->give_back(pointer)) continue;
+      if (pool->retired_) release_retired(std::shared_ptr<CapturePool>(pool));
+      return true;
+    }
+    if (capturing_ == nullptr) return false;
+    try {
+      capturing_->hold(pointer, bytes);
+    } catch (...) {  // no room to note it: the graph may read freed memory -- but never lose it
+      return false;
+    }
+    return true;
+  }
+  // A retired pool's free blocks and held memory back to the device, and the pool forgotten
+  // once no block is in use. Not while a capture is under way: a device free there could
+  // synchronise inside the captured stream (end_capture comes back for them).
+  void release_retired(std::shared_ptr<CapturePool> pool) noexcept {
+    if (capturing_ != nullptr) return;
+    for (auto& [bytes, pointer] : pool->free_) {
+      pool->blocks_.erase(pointer);
+      pool->reserved_ -= bytes;
+      do_deallocate_reserved(pointer, bytes);
+    }
+    pool->free_.clear();
+    for (auto& [pointer, bytes] : pool->held_) do_deallocate(pointer, bytes);
+    pool->held_.clear();
+    pool->held_bytes_ = 0;
+    if (!pool->blocks_.empty()) return;
+    std::erase_if(registered_, [&](const auto& p) { return p == pool; });
+    pools_.store(static_cast<int>(registered_.size()), std::memory_order_release);
+  }
+
   MemoryStats stats_;
+  std::mutex pool_mutex_;
+  std::vector<std::shared_ptr<CapturePool>> registered_;  // pools whose blocks may come back
+  std::shared_ptr<CapturePool> capturing_;                // the pool of the capture under way
+  std::atomic<int> pools_{0};                             // registered_.size(), read unlocked
 };
 
 // Host memory with a cache of freed blocks: a training step allocates the same buffers every

@@ -10,7 +10,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <typeindex>
+#include <utility>
+#include <vector>
 
 #include "shardkit/core/allocator.hpp"
 #include "shardkit/core/cuda_allocator.hpp"
@@ -57,6 +60,20 @@ struct HostWaits {
     return {reads - before.reads, uploads - before.uploads,
             synchronizations - before.synchronizations, collective_waits - before.collective_waits};
   }
+};
+
+// A host value a captured step was built with (a learning rate, a step number): a CUDA graph
+// replays it as captured. The record of one capture (core/step_graph.hpp) lists them in order.
+struct CapturedScalar {
+  std::string name;
+  double value;
+};
+
+// What a step under capture does besides its device work, kept by its graph: the host values it
+// was built with, and the checks it deferred (defer_check), which a replay registers again.
+struct CaptureRecord {
+  std::vector<CapturedScalar> scalars;
+  std::vector<std::pair<std::string, std::function<void()>>> checks;
 };
 
 class Context {
@@ -125,6 +142,8 @@ class Context {
   // every device), then runs the deferred checks (defer_check) and raises the first error one
   // of them found.
   void synchronize() const {
+    refuse_in_capture("a stream synchronisation",
+                      "wait after the step, or order the work on the stream instead");
     synchronizations_.fetch_add(1, std::memory_order_relaxed);
 #if SK_WITH_CUDA
     if (stream_) stream_->synchronize();
@@ -141,7 +160,66 @@ class Context {
   // by then, so the check may read device memory directly.
   void defer_check(const std::string& key, std::function<void()> check) {
     std::lock_guard lock(checks_mutex_);
+    if (capture_.record != nullptr && !capture_.replaying)
+      capture_.record->checks.emplace_back(key, check);
     deferred_checks_.try_emplace(key, std::move(check));
+  }
+
+  // Step capture (core/step_graph.hpp). Between begin_capture and end_capture the context's
+  // work is being captured -- or, on a CPU, a captured step is being run again under the same
+  // rules (`replaying`): what a CUDA graph cannot replay is refused by name (host waits, random
+  // draws), host values the step is built with are recorded in `record` (capture_scalar) and,
+  // on a CPU replay, compared with it. `pool` (captures only) serves the step's allocations.
+  void begin_capture(std::string name, CaptureRecord& record, bool replaying,
+                     const std::shared_ptr<CapturePool>& pool = nullptr) {
+    check<StateError>(capture_.record == nullptr, "Context of ", device_.str(),
+                      ": a step is already under capture (", capture_.name,
+                      "); captures do not nest");
+    if (pool) allocator_->begin_capture(pool);
+    capture_ = CaptureState{std::move(name), &record, replaying, 0, pool != nullptr};
+  }
+  void end_capture() noexcept {
+    if (capture_.pooled) allocator_->end_capture();
+    capture_ = CaptureState{};
+  }
+  bool capturing() const { return capture_.record != nullptr; }
+  // Whether a StepGraph runs the step (warming up, capturing or replaying): state a replay
+  // could not advance on the host is kept on the device from the first warm-up step on.
+  bool in_step_graph() const { return in_step_graph_ > 0; }
+  void enter_step_graph() { ++in_step_graph_; }
+  void leave_step_graph() noexcept { --in_step_graph_; }
+  // Throws CaptureRefused naming `what` when a step is under capture (see begin_capture).
+  void refuse_in_capture(std::string_view what, std::string_view fix) const {
+    if (capture_.record == nullptr) return;
+    fail<CaptureRefused>(what, " inside the captured step ", capture_.name,
+                         ": a CUDA graph replays the step's device work, not its host side; ", fix);
+  }
+  // A host value `name` the step's device work is built with (a kernel's scalar argument that
+  // may change between steps). Recorded when captured; on a CPU replay a value other than the
+  // captured one is refused -- on a GPU the replay would silently use the captured one.
+  void capture_scalar(std::string_view name, double value) {
+    if (capture_.record == nullptr) return;
+    auto& scalars = capture_.record->scalars;
+    if (!capture_.replaying) {
+      scalars.push_back({std::string(name), value});
+      return;
+    }
+    const std::size_t at = capture_.next_scalar++;
+    check<CaptureRefused>(at < scalars.size() && scalars[at].name == name, "the captured step ",
+                          capture_.name,
+                          " took a different course on "
+                          "this replay: its host value #",
+                          at, " is '", name, "' but was '",
+                          at < scalars.size() ? scalars[at].name : std::string("(none)"),
+                          "' when captured; a step that branches on host state needs a key "
+                          "per branch (StepGraph::run's key)");
+    const double captured = scalars[at].value;
+    check<CaptureRefused>(captured == value || (captured != captured && value != value),
+                          "the captured step ", capture_.name, " was built with ", name, " = ",
+                          captured, " but this replay has ", value,
+                          ": a GPU replays the captured value; put it in the step's key "
+                          "(StepGraph::run) so that a change captures anew, or keep it in a "
+                          "device tensor");
   }
 
   // The host's waits on this context so far (see HostWaits); a step's are the difference.
@@ -151,9 +229,23 @@ class Context {
             collective_waits_.load(std::memory_order_relaxed)};
   }
   // Called by to_vector and from_vector (core/tensor_ops.hpp), and by comm::Work::wait.
-  void count_host_read() const { reads_.fetch_add(1, std::memory_order_relaxed); }
-  void count_host_upload() const { uploads_.fetch_add(1, std::memory_order_relaxed); }
-  void count_collective_wait() const { collective_waits_.fetch_add(1, std::memory_order_relaxed); }
+  // Each refused in a captured step (begin_capture).
+  void count_host_read() const {
+    refuse_in_capture("a read of device values on the host (to_vector)",
+                      "read them outside the step (a logged step can run uncaptured), or keep "
+                      "them on the device");
+    reads_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void count_host_upload() const {
+    refuse_in_capture("an upload of host values (from_vector)",
+                      "upload them once before the step is captured, or form them on the device");
+    uploads_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void count_collective_wait() const {
+    refuse_in_capture("a host wait on a collective (Work::wait)",
+                      "order its consumers after it on the stream (Work::wait_on_stream)");
+    collective_waits_.fetch_add(1, std::memory_order_relaxed);
+  }
 
   // The CPU threads of this rank's host-side ops (started on first use).
   int cpu_threads() const { return cpu_threads_; }
@@ -170,6 +262,9 @@ class Context {
     rng_offset_ = 0;
   }
   std::uint64_t take_random_blocks(std::uint64_t blocks) {
+    refuse_in_capture("a random draw",
+                      "a replay would draw the captured numbers again; draw them outside the "
+                      "step (into a tensor the step reads)");
     const std::uint64_t first = rng_offset_;
     rng_offset_ += blocks;
     return first;
@@ -201,6 +296,16 @@ class Context {
   std::shared_ptr<Allocator> allocator_;
   mutable std::atomic<std::int64_t> reads_{0}, uploads_{0}, synchronizations_{0},
       collective_waits_{0};
+  // The step under capture, if any (begin_capture). Written by the rank's own thread only.
+  struct CaptureState {
+    std::string name;
+    CaptureRecord* record = nullptr;
+    bool replaying = false;
+    std::size_t next_scalar = 0;
+    bool pooled = false;
+  };
+  CaptureState capture_;
+  int in_step_graph_ = 0;
   // Runs and clears the pending checks; every one runs, the first error is raised.
   void run_deferred_checks() const {
     std::map<std::string, std::function<void()>> checks;

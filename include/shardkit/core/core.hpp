@@ -10,6 +10,7 @@
 #include "shardkit/core/float16.hpp"
 #include "shardkit/core/memory_stats.hpp"
 #include "shardkit/core/philox.hpp"
+#include "shardkit/core/step_graph.hpp"
 #include "shardkit/core/storage.hpp"
 #include "shardkit/core/tensor.hpp"
 #include "shardkit/core/tensor_ops.hpp"

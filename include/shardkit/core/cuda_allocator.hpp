@@ -44,6 +44,29 @@ class CudaAllocator final : public Allocator {
     return pointer;
   }
 
+  // A captured step's blocks (capture_pool.hpp): cudaMalloc, which is no operation of the
+  // captured stream (cudaMallocAsync there would become an allocation node of the graph). The
+  // capture runs in relaxed mode, which allows it. Freed when the graph is gone, outside any
+  // capture (cudaFree synchronises the device).
+  void* do_allocate_reserved(std::size_t bytes) override {
+    CudaDeviceGuard guard(device_);
+    void* pointer = nullptr;
+    const cudaError_t status = cudaMalloc(&pointer, bytes);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    SK_CUDA_CHECK(status);
+    return pointer;
+  }
+  void do_deallocate_reserved(void* pointer, std::size_t) noexcept override {
+    int previous = 0;
+    if (cudaGetDevice(&previous) == cudaSuccess && previous != device_)
+      (void)cudaSetDevice(device_);
+    if (cudaFree(pointer) != cudaSuccess) (void)cudaGetLastError();
+    if (previous != device_) (void)cudaSetDevice(previous);
+  }
+
   void do_deallocate(void* pointer, std::size_t) noexcept override {
     // Frees run from destructors: an error here cannot be thrown, and the pool reclaims the
     // block once the stream reaches this point.

@@ -25,6 +25,13 @@ class StateError : public Error {
   using Error::Error;
 };
 
+// Something a captured step (core/step_graph.hpp) did cannot be replayed from a CUDA graph (a
+// host wait, a random draw, a host value that changed): the message names it and the way out.
+class CaptureRefused : public StateError {
+ public:
+  using StateError::StateError;
+};
+
 // An allocation failed on the host or a device.
 class OutOfMemory : public Error {
  public:
