@@ -5,10 +5,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
+#include "shardkit/core/step_graph.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/param_rows.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
@@ -286,5 +289,116 @@ TEST_CASE("a training step's host waits: none, plain, loss-scaled or clipped, un
         });
       }
     }
+  }
+}
+
+// The same steps through a StepGraph (core/step_graph.hpp): two warm-up steps, a capture, two
+// replays (on the CPU a replay runs the step again under the capture's rules: no host wait, no
+// drifting host value) against eager steps, bit for bit, under every stage -- plain, loss-scaled
+// with an overflow at a replayed step (an inf in the input), clipped -- for SGD, AdamW and LARC.
+// The step reads fixed input tensors, refilled before each step.
+TEST_CASE("steps through a StepGraph equal eager steps bit for bit, under every stage") {
+  enum Variant { plain, loss_scaled, clipped };
+  constexpr int kSteps = 5;
+  constexpr float kLr = 0.05f;
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw, OptimizerKind::larc_sgd}) {
+    for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+      for (auto variant : {plain, loss_scaled, clipped}) {
+        sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+          std::vector<std::vector<unsigned char>> finals;
+          for (bool graphed : {false, true}) {
+            auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+            sk::parallel::ParallelOptions options;
+            options.stage = stage;
+            options.buckets.bucket_bytes = 4096;
+            sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(kind), options);
+            sk::optim::DynamicLossScaler scaler;
+            const auto x = sk::empty(ctx, {6, 12}, sk::DType::f32);
+            const auto labels = sk::empty(ctx, {6}, sk::DType::i64);
+            const auto step = [&] {
+              model.zero_grad();
+              auto loss = ag::cross_entropy(ctx, model(ctx, ag::Variable(x)), labels);
+              if (variant == loss_scaled) {
+                ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
+                model.step(kLr, scaler);
+              } else {
+                ag::backward(ctx, loss);
+                if (variant == clipped) (void)model.clip_grad_norm(0.5);
+                model.step(kLr);
+              }
+            };
+            sk::StepGraph graph(ctx, "mlp");
+            std::vector<sk::StepRun> runs;
+            for (int s = 0; s < kSteps; ++s) {
+              const auto b = batch(ctx, {6, 12}, 7, comm.rank(), s);
+              sk::copy(ctx, x, b.x.data());
+              sk::copy(ctx, labels, b.labels);
+              if (variant == loss_scaled && s == 3 && comm.rank() == 1)
+                sk::fill(ctx, x.slice(0, 2, 3), std::numeric_limits<double>::infinity());
+              if (graphed)
+                runs.push_back(graph.run("6x12", step));
+              else
+                step();
+            }
+            if (variant == loss_scaled)  // the overflow backed the scale off, once
+              CHECK(scaler.scale() == sk::optim::LossScalerOptions{}.init_scale / 2);
+            if (graphed) {
+              CHECK(graph.stats().eager == 2);
+              CHECK(graph.stats().captures == 1);
+              CHECK(graph.stats().replays == 2);
+            }
+            std::vector<unsigned char> bytes;
+            for (const auto& [name, t] : model.state_dict(false)) {
+              const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+              bytes.insert(bytes.end(), p, p + t.nbytes());
+            }
+            finals.push_back(std::move(bytes));
+          }
+          CHECK_MESSAGE(finals[0] == finals[1], sk::optim::optimizer_kind_name(kind), " ",
+                        sk::parallel::stage_name(stage), " variant ", int(variant), " rank ",
+                        comm.rank());
+        });
+      }
+    }
+  }
+}
+
+// What a captured ShardedModule step cannot hold is refused by name: an offloaded optimizer
+// step (it runs on the host), a learning rate that changed under the same key.
+TEST_CASE("a captured ShardedModule step refuses offload and a drifting learning rate") {
+  for (bool offload : {true, false}) {
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+      sk::parallel::ParallelOptions options;
+      options.stage = Stage::sdp;
+      options.offload.optimizer = offload;
+      sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                        options);
+      const auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
+      float lr = 0.05f;
+      const auto step = [&] {
+        model.zero_grad();
+        ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+        model.step(lr);
+      };
+      sk::StepGraph graph(ctx, "mlp", {.warmup_steps = 1});
+      graph.run("k", step);
+      std::string message;
+      try {
+        graph.run("k", step);
+        if (!offload) {
+          lr = 0.04f;
+          graph.run("k", step);
+        }
+      } catch (const sk::CaptureRefused& e) {
+        message = e.what();
+      }
+      if (offload)
+        CHECK(message.find("an offloaded optimizer step") != std::string::npos);
+      else
+        CHECK(message.find("was built with the optimizer step's lr = 0.05 but this replay "
+                           "has 0.04") != std::string::npos);
+      CHECK_FALSE(ctx.capturing());
+    });
   }
 }

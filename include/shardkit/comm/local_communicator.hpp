@@ -152,6 +152,12 @@ class LocalCommunicator final : public Communicator {
       check(post.send.device == ctx_.device(), where(call), ": buffers on ", post.send.device.str(),
             " but this rank's context is on ", ctx_.device().str(),
             "; device collectives run on the context's stream: use that GPU's memory");
+      // The ranks meet on the host and the world's stream joins theirs through events: one
+      // rank's CUDA graph cannot hold that.
+      if (size() > 1)
+        ctx_.refuse_in_capture(
+            where(call) + " across ranks of one process",
+            "capture with NCCL (one process per GPU), or at world size 1; run the step eagerly");
       auto ready = std::make_shared<CudaEvent>(ctx_.device().index);
       ready->record(ctx_.stream());
       auto op = world_->post(rank(), next_sequence_++, call, std::move(post), ready);

@@ -63,6 +63,9 @@ class ShardedOptimizer {
   // configured rate (schedules); `inv_grad_scale` unscales loss-scaled gradients.
   void step(const std::vector<Tensor>& grads, float lr, float inv_grad_scale = 1.0f) {
     check_grad_count(grads);
+    refuse_offload_in_capture();
+    ctx_->capture_scalar("the optimizer step's lr", lr);
+    ctx_->capture_scalar("the optimizer step's inv_grad_scale", inv_grad_scale);
     const bool clipping = clip_pending_;
     clip_pending_ = false;
     if (offloaded()) {  // (offload steps on the host: the clip coefficient is read)
@@ -72,7 +75,9 @@ class ShardedOptimizer {
     }
     // The gate carries clip_grad_norm's coefficient to the pass on the device, and once a step
     // was gated the count lives there: open the gate (factor 1, no skip), fold the coefficient in.
-    if (clipping || gate_.defined()) {
+    // A step run by a StepGraph is gated from its first warm-up step: a replay cannot advance
+    // the host's count.
+    if (clipping || gate_.defined() || ctx_->in_step_graph()) {
       open_gate();
       if (clipping) fold_clip_coefficient();
       return gated_update(grads, lr, inv_grad_scale);
@@ -89,6 +94,8 @@ class ShardedOptimizer {
   // then its pass). Offload steps on the host: it reads the scaler's verdict first (one read).
   void step(const std::vector<Tensor>& grads, float lr, DynamicLossScaler& scaler) {
     check_grad_count(grads);
+    refuse_offload_in_capture();
+    ctx_->capture_scalar("the optimizer step's lr", lr);
     if (offloaded()) {
       const auto verdict = scaler.read_verdict();
       if (verdict.found_inf) return discard_clip();
@@ -212,13 +219,23 @@ class ShardedOptimizer {
   }
 
   // The step gate, made at its first use (one upload), open (factor 1, no skip), the count
-  // taken from the host's. Whether it was made now.
+  // taken from the host's. Whether it was made now. Not in a captured step: a replay would
+  // make it afresh at every step (a StepGraph's warm-up steps make it).
   bool make_gate() {
     check_device_count();
     if (gate_.defined()) return false;
+    ctx_->refuse_in_capture("making the optimizer's step gate",
+                            "its first value would come back at every replay; warm the step up "
+                            "uncaptured first (StepGraphOptions::warmup_steps >= 1)");
     gate_ = from_vector(*ctx_, std::vector<float>{1.0f, 0.0f, static_cast<float>(steps_)},
                         {ops::kGateSlots}, MemoryCategory::other);
     return true;
+  }
+
+  void refuse_offload_in_capture() const {
+    if (offloaded())
+      ctx_->refuse_in_capture("an offloaded optimizer step (it runs on the host's copy)",
+                              "capture steps without CPU offload, or run them eagerly");
   }
 
   // The gate opened for an ungated step: factor 1, no skip.
