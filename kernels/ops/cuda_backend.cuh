@@ -26,7 +26,8 @@ namespace cuda {
 
 // One thread per tensor: sums (f64 [2, n], read from the back when `reversed`; [3, n] with
 // per-parameter decays when `per_param_decay`) -> coefficients.
-// `gate` (the step gate, or null): its gradient factor multiplies inv_grad_scale.
+// `gate` (the step gate, or null): its gradient factor multiplies inv_grad_scale, its rate
+// replaces `lr`.
 template <int = 0>
 __global__ void larc_coefficients_kernel(const double* sums, std::int64_t n, bool reversed,
                                          bool per_param_decay, LarcOptions larc, float lr,
@@ -34,7 +35,10 @@ __global__ void larc_coefficients_kernel(const double* sums, std::int64_t n, boo
                                          SgdCoefficients* out) {
   const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (i >= n) return;
-  if (gate != nullptr) inv_grad_scale *= gate[kGateGradFactor];
+  if (gate != nullptr) {
+    inv_grad_scale *= gate[kGateGradFactor];
+    lr = gate[kGateRate];
+  }
   const std::int64_t at = reversed ? n - 1 - i : i;
   out[i] = per_param_decay
                ? ops::larc_coefficients(sums[at], sums[n + at], larc, lr, inv_grad_scale,

@@ -667,8 +667,9 @@ void argument_errors_case(B& b) {
 // own; LARC's coefficients read it on the device, then the gate's factor is set to 1 for the
 // pass, as the optimizer does), its step numbered by the gate's count of applied steps -- and
 // a pass the gate skips writes nothing, the count staying, so the first applied step takes
-// SGD's first-step rule whatever was skipped before it. Host-decided (h) and gated (d) copies
-// of every operand, compared bit for bit.
+// SGD's first-step rule whatever was skipped before it. The rate changes at every step (a
+// schedule): the gated pass reads it from the gate (AdamW's decay factor formed there too).
+// Host-decided (h) and gated (d) copies of every operand, compared bit for bit.
 enum class GatedRule { sgd, adam, larc };
 
 template <class B>
@@ -709,12 +710,18 @@ void gated_step_case(B& b, GatedRule rule, sk::DType low, std::int64_t gap) {
     Flat<B> g(b, g0, layout);
     b.fill(g8.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1), steps[s].inv_scale);
     b.fill(g8.slice(0, ops::kGateSkip, ops::kGateSkip + 1), steps[s].overflow ? 1.0 : 0.0);
+    // A schedule: the gated pass takes the rate from the gate (its options' lr is a wrong one).
+    const float decay = 1.0f - 0.1f * static_cast<float>(s);
+    const float rate = (adam ? adam_options.lr : sgd.lr) * decay;
+    b.fill(g8.slice(0, ops::kGateRate, ops::kGateRate + 1), rate);
     const auto run = [&](Flat<B>& w, Flat<B>& a, Flat<B>& v, Flat<B>& c, bool gated) {
       const std::vector<sk::Tensor> copies =
           low != sk::DType::f32 ? c.views : std::vector<sk::Tensor>{};
       const float factor = gated ? clip : clip * steps[s].inv_scale;
+      const float options_lr = gated ? 7.0f : rate;
       if (adam) {
         ops::AdamOptions o = adam_options;
+        o.lr = options_lr;
         o.inv_grad_scale = factor;
         o.step = applied + 1;
         if (gated) o.gate = g8;
@@ -724,9 +731,10 @@ void gated_step_case(B& b, GatedRule rule, sk::DType low, std::int64_t gap) {
         auto sums = b.zeros({2, count}, sk::DType::f64);
         auto coefficients = b.zeros({count, 2}, sk::DType::f32);
         ops::segment_sums_of_squares(b.ctx, w.views, g.views, sums);
-        ops::larc_coefficients(b.ctx, larc, sgd.lr, factor, sums, coefficients,
+        ops::larc_coefficients(b.ctx, larc, options_lr, factor, sums, coefficients,
                                gated ? g8 : sk::Tensor());
         ops::SgdOptions o = ops::sgd_options_under_larc(sgd);
+        o.lr = options_lr;
         o.first_step = applied == 0;
         if (gated) {
           b.fill(g8.slice(0, ops::kGateGradFactor, ops::kGateGradFactor + 1), 1.0);
@@ -735,6 +743,7 @@ void gated_step_case(B& b, GatedRule rule, sk::DType low, std::int64_t gap) {
         ops::sgd_step(b.ctx, o, ops::SgdTensors{w.views, g.views, a.views, copies}, coefficients);
       } else {
         ops::SgdOptions o = sgd;
+        o.lr = options_lr;
         o.inv_grad_scale = factor;
         o.first_step = applied == 0;
         if (gated) o.gate = g8;

@@ -24,9 +24,9 @@ struct AdamOptions {
   bool decoupled_weight_decay = false;  // true: AdamW
   std::int64_t step = 1;                // this step's number, from 1 (bias correction)
   float inv_grad_scale = 1.0f;
-  // Optional: the step gate (step_gate.hpp, f32 [3] on the context's device). The gradients are
-  // then multiplied by its factor too, the pass is skipped where it says so, and the step's
-  // number is its count of applied steps + 1 (`step` is not used).
+  // Optional: the step gate (step_gate.hpp, f32 [4] on the context's device). The gradients are
+  // then multiplied by its factor too, the pass is skipped where it says so, the step's number
+  // is its count of applied steps + 1 and the rate its rate (`step` and `lr` are not used).
   Tensor gate = Tensor();
 };
 
@@ -72,21 +72,26 @@ struct AdamFunctor {
   static constexpr int kSums = 0;
 
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float l2_decay = 0;    // Adam: g += l2_decay · w
-  float param_keep = 1;  // AdamW: w *= 1 - lr · weight_decay
+  float l2_decay = 0;         // Adam: g += l2_decay · w
+  float decoupled_decay = 0;  // AdamW: w *= param_keep = 1 - lr · decoupled_decay
+  float param_keep = 1;
   AdamStepScalars at{0.0f, 1.0f};
   float inv_grad_scale = 1;
   const float* gate = nullptr;  // the step gate (step_gate.hpp), or none
 
-  // The step's scalars: the host's, or on a gated step formed from the gate where it runs.
+  // The step's scalars: the host's, or on a gated step formed from the gate where it runs
+  // (with the host's formulas: the same bits).
   struct Segment {
     AdamStepScalars at;
     float grad_factor;
+    float param_keep;
   };
   SK_HOST_DEVICE SK_INLINE Segment segment(std::int64_t) const {
-    if (gate == nullptr) return {at, inv_grad_scale};
-    return {adam_step_scalars(lr, beta1, beta2, static_cast<double>(gate[kGateStepsBefore]) + 1.0),
-            inv_grad_scale * gate[kGateGradFactor]};
+    if (gate == nullptr) return {at, inv_grad_scale, param_keep};
+    const float rate = gate[kGateRate];
+    return {
+        adam_step_scalars(rate, beta1, beta2, static_cast<double>(gate[kGateStepsBefore]) + 1.0),
+        inv_grad_scale * gate[kGateGradFactor], 1.0f - mul_rn(rate, decoupled_decay)};
   }
 
   SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment& s,
@@ -98,7 +103,7 @@ struct AdamFunctor {
     // skipped, not multiplied by 0, when there is none (an inf parameter must not make the
     // gradient NaN, and -0 must stay -0), and w * 1 is w exactly.
     g = l2_decay != 0.0f ? mul_add(l2_decay, w, g) : g;
-    w *= param_keep;
+    w *= s.param_keep;
     // One rounding per multiply-add (mul_add, element.hpp), as PyTorch's add(..., alpha=).
     const float m = mul_add(1.0f - beta1, g, beta1 * x[2]);
     const float v = mul_add((1.0f - beta2) * g, g, beta2 * x[3]);
@@ -119,7 +124,8 @@ AdamFunctor<Low, Grad> make_adam_functor(const AdamOptions& o) {
   f.beta2 = o.beta2;
   f.eps = o.eps;
   f.l2_decay = o.decoupled_weight_decay ? 0.0f : o.weight_decay;
-  f.param_keep = o.decoupled_weight_decay ? 1.0f - o.lr * o.weight_decay : 1.0f;
+  f.decoupled_decay = o.decoupled_weight_decay ? o.weight_decay : 0.0f;
+  f.param_keep = 1.0f - mul_rn(o.lr, f.decoupled_decay);
   if (!o.gate.defined())
     f.at = adam_step_scalars(o.lr, o.beta1, o.beta2, static_cast<double>(o.step));
   f.inv_grad_scale = o.inv_grad_scale;

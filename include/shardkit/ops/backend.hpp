@@ -33,8 +33,8 @@ namespace shardkit::ops {
 //                                          1 when a sum is inf or NaN
 //   larc_coefficients(ctx, larc, lr, inv_grad_scale, sums, coefficients, gate)
 //                                          per-tensor LARC factors from whole-tensor sums;
-//                                          gate (device f32 [3], or null): its gradient factor
-//                                          multiplies inv_grad_scale
+//                                          gate (device f32 [4], or null): its gradient factor
+//                                          multiplies inv_grad_scale, its rate replaces lr
 //   leaf_sums_of_squares(ctx, spans, dtype, leaves)
 //                                          every span's leaf sums (norm_tree.hpp; elements of
 //                                          `dtype`), one span after the other, into leaves (f64,

@@ -52,7 +52,10 @@ struct Cpu {
 
   static void larc_coefficients(Context&, const LarcOptions& larc, float lr, float inv_grad_scale,
                                 const Tensor& sums, const Tensor& coefficients, const float* gate) {
-    if (gate != nullptr) inv_grad_scale *= gate[kGateGradFactor];
+    if (gate != nullptr) {
+      inv_grad_scale *= gate[kGateGradFactor];
+      lr = gate[kGateRate];
+    }
     const auto n = sums.size(1);
     const double* s = sums.data<double>();
     auto* out = static_cast<SgdCoefficients*>(coefficients.data_ptr());

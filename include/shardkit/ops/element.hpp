@@ -33,6 +33,17 @@ SK_HOST_DEVICE SK_INLINE float mul_add(float a, float b, float c) {
 #endif
 }
 
+// a * b rounded to float, never fused into a neighbouring add: where the host computes a
+// product and then a sum as two roundings (an option formed on the host), the device must too,
+// and nvcc contracts a * b + c into an fma by default.
+SK_HOST_DEVICE SK_INLINE float mul_rn(float a, float b) {
+#if SK_DEVICE_CODE
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // Operand storage types fused ops accept.
 template <class T>
 inline constexpr bool is_element_type_v =

@@ -420,7 +420,7 @@ void loss_scale_phase(Context& ctx, LossScaleFunctor::Phase phase, const LossSca
   B::apply(ctx, LossScaleFunctor{phase, rule}, spans);
 }
 
-// The step gate (f32 [3] on ctx's device) counts the step it gated, unless it skipped it.
+// The step gate (f32 [4] on ctx's device) counts the step it gated, unless it skipped it.
 template <class B>
 void count_applied_step(Context& ctx, const Tensor& gate) {
   SK_OPS_ENTRY(B, ctx, "count_applied_step");

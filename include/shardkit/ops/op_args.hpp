@@ -56,7 +56,7 @@ inline void check_result_tensor(const Context& ctx, const Tensor& t, DType dtype
         " but the context is on ", ctx.device().str());
 }
 
-// Checks a step gate (step_gate.hpp) when one is given: f32 [3] on the context's device.
+// Checks a step gate (step_gate.hpp) when one is given: f32 [4] on the context's device.
 inline void check_gate(const Context& ctx, const Tensor& gate, const char* op) {
   if (gate.defined())
     check_result_tensor(ctx, gate, DType::f32, {kGateSlots}, op, "the step gate (options.gate)");

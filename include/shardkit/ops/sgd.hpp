@@ -25,9 +25,10 @@ struct SgdOptions {
   bool first_step = true;
   // Gradients are multiplied by this first (1 / loss scale).
   float inv_grad_scale = 1.0f;
-  // Optional: the step gate (step_gate.hpp, f32 [3] on the context's device). The gradients are
-  // then multiplied by its factor too, the pass is skipped where it says so, and its count of
-  // applied steps decides the first-step rule (first_step is not used).
+  // Optional: the step gate (step_gate.hpp, f32 [4] on the context's device). The gradients are
+  // then multiplied by its factor too, the pass is skipped where it says so, its count of
+  // applied steps decides the first-step rule and its rate is the rate (first_step and lr are
+  // not used).
   Tensor gate = Tensor();
 };
 
@@ -77,17 +78,20 @@ struct SgdFunctor {
   const SgdCoefficients* per_segment = nullptr;  // when set, overrides `uniform` per span
   const float* gate = nullptr;                   // the step gate (step_gate.hpp), or none
 
-  // Per span: the gradient's coefficients, and the running rule's buf = g_weight·g +
+  // Per span: the gradient's coefficients, the running rule's buf = g_weight·g +
   // buf_keep·buf -- (1 - dampening, momentum), or (1, 0) on a gated first step, which makes
-  // the zero-initialised buffer g as PyTorch's first step does (up to the sign of a -0).
+  // the zero-initialised buffer g as PyTorch's first step does (up to the sign of a -0) --
+  // and the rate: `lr`, or the gate's.
   struct Segment {
     float grad, param;
     float g_weight, buf_keep;
+    float rate;
   };
   SK_HOST_DEVICE SK_INLINE Segment segment_of(SgdCoefficients c) const {
-    Segment s{c.grad, c.param, dampening_complement, momentum};
+    Segment s{c.grad, c.param, dampening_complement, momentum, lr};
     if (gate != nullptr) {
       s.grad *= gate[kGateGradFactor];
+      s.rate = gate[kGateRate];
       if (gate[kGateStepsBefore] == 0.0f) {
         s.g_weight = 1.0f;
         s.buf_keep = 0.0f;
@@ -121,7 +125,7 @@ struct SgdFunctor {
       const float ahead = mul_add(momentum, buf, g);
       d = nesterov != 0.0f ? ahead : buf;
     }
-    x[0] = mul_add(-lr, d, x[0]);
+    x[0] = mul_add(-c.rate, d, x[0]);
     if constexpr (!std::is_void_v<Low>) x[3] = x[0];
   }
 };

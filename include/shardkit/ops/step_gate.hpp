@@ -2,11 +2,13 @@
 // host queues a whole step without waiting for the device (docs/design.md, "A step the host
 // does not wait for"):
 //
-//   the step gate        f32 [3] the fused SGD and Adam passes read (SgdOptions::gate,
+//   the step gate        f32 [4] the fused SGD and Adam passes read (SgdOptions::gate,
 //                        AdamOptions::gate): [0] a factor on the gradients (1 / the loss scale),
 //                        [1] skip -- nonzero: the pass writes nothing (an overflow on some rank),
 //                        [2] the updates applied before this one (Adam's bias correction, SGD's
-//                        first-step rule: a skipped step does not count)
+//                        first-step rule: a skipped step does not count), [3] the learning
+//                        rate (the options' lr is not used: a captured step's rate is set
+//                        before each replay, outside it)
 //   the loss scale state f32 [4] optim::DynamicLossScaler keeps: [0] the scale, [1] the inverse
 //                        of the scale this step's gradients carry, [2] found_inf (the max over
 //                        ranks), [3] the growth tracker (finite steps in a row)
@@ -26,7 +28,8 @@ enum StepGateSlot : int {
   kGateGradFactor = 0,
   kGateSkip = 1,
   kGateStepsBefore = 2,
-  kGateSlots = 3
+  kGateRate = 3,
+  kGateSlots = 4
 };
 enum LossScaleSlot : int {
   kLossScale = 0,

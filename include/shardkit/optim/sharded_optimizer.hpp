@@ -54,17 +54,34 @@ class ShardedOptimizer {
         rule_(std::move(config), table, rank, norms_),
         copies_(ctx, *host_, table, rank, checked_views(std::move(piece_params), table, rank),
                 !offload.enabled() || offload.params_on_host) {
+    rate_ = is_adam(rule_.config().kind) ? rule_.config().adam.lr : rule_.config().sgd.lr;
     for (auto name : state_buffer_names(rule_.config()))
       buffers_.push_back(StateBuffer{name, zeros(*host_, {table.state_numel(rank)}, DType::f32,
                                                  MemoryCategory::optimizer_state)});
   }
 
-  // One step. `grads` holds one gradient view per piece, in pieces() order. `lr` overrides the
-  // configured rate (schedules); `inv_grad_scale` unscales loss-scaled gradients.
-  void step(const std::vector<Tensor>& grads, float lr, float inv_grad_scale = 1.0f) {
+  // The learning rate of the steps from now on (schedules live in the training loop; before
+  // the first call, the configured one). Kept on the host, and once there is a step gate in its
+  // rate slot, which the gated passes read on the device (a fill queued when it changes). A
+  // step captured by a StepGraph reads it there: set it before each run, outside the step, and
+  // call step() without a rate inside it.
+  void set_lr(float lr) {
+    check(lr >= 0 && std::isfinite(lr), "ShardedOptimizer: lr must be finite and >= 0, got ", lr);
+    ctx_->capture_scalar("the optimizer's lr (set_lr, step(lr, ...))", lr);
+    rate_ = lr;
+    write_gate_rate();
+  }
+  float lr() const { return rate_; }
+
+  // One step at the rate set_lr() set. `grads` holds one gradient view per piece, in pieces()
+  // order.
+  void step(const std::vector<Tensor>& grads) { step_unscaling_by(grads, 1.0f); }
+  // A step at the rate set_lr() set, whose gradients `inv_grad_scale` unscales (loss scaling
+  // by hand).
+  void step_unscaling_by(const std::vector<Tensor>& grads, float inv_grad_scale) {
+    const float lr = rate_;
     check_grad_count(grads);
     refuse_offload_in_capture();
-    ctx_->capture_scalar("the optimizer step's lr", lr);
     ctx_->capture_scalar("the optimizer step's inv_grad_scale", inv_grad_scale);
     const bool clipping = clip_pending_;
     clip_pending_ = false;
@@ -85,6 +102,11 @@ class ShardedOptimizer {
     ++steps_;
     update(*ctx_, grads, lr, inv_grad_scale);
   }
+  // set_lr(lr), then step_unscaling_by(grads, inv_grad_scale).
+  void step(const std::vector<Tensor>& grads, float lr, float inv_grad_scale = 1.0f) {
+    set_lr(lr);
+    step_unscaling_by(grads, inv_grad_scale);
+  }
 
   // The loss-scaled step, `scaler` having checked the gradients (DynamicLossScaler::check_grads):
   // the gradients unscaled by its inverse scale, or the step skipped where it found an overflow
@@ -92,14 +114,14 @@ class ShardedOptimizer {
   // -- the host queues it without waiting -- where the update runs there (SGD, Adam, AdamW in
   // one fused pass; LARC-SGD with its coefficients formed on the device from the gate's factor,
   // then its pass). Offload steps on the host: it reads the scaler's verdict first (one read).
-  void step(const std::vector<Tensor>& grads, float lr, DynamicLossScaler& scaler) {
+  // At the rate set_lr() set; or set_lr(lr) first.
+  void step(const std::vector<Tensor>& grads, DynamicLossScaler& scaler) {
     check_grad_count(grads);
     refuse_offload_in_capture();
-    ctx_->capture_scalar("the optimizer step's lr", lr);
     if (offloaded()) {
       const auto verdict = scaler.read_verdict();
       if (verdict.found_inf) return discard_clip();
-      return step(grads, lr, verdict.inv_scale);
+      return step_unscaling_by(grads, verdict.inv_scale);
     }
     const Tensor& state = scaler.state(*ctx_);
     make_gate();
@@ -109,7 +131,11 @@ class ShardedOptimizer {
          state.slice(0, ops::kLossInvScale, ops::kLossFoundInf + 1));
     if (clip_pending_) fold_clip_coefficient();
     clip_pending_ = false;
-    gated_update(grads, lr, 1.0f);
+    gated_update(grads, rate_, 1.0f);
+  }
+  void step(const std::vector<Tensor>& grads, float lr, DynamicLossScaler& scaler) {
+    set_lr(lr);
+    step(grads, scaler);
   }
 
   // torch.nn.utils.clip_grad_norm_ over the whole model (docs/semantics.md): the L2 norm of
@@ -227,9 +253,18 @@ class ShardedOptimizer {
     ctx_->refuse_in_capture("making the optimizer's step gate",
                             "its first value would come back at every replay; warm the step up "
                             "uncaptured first (StepGraphOptions::warmup_steps >= 1)");
-    gate_ = from_vector(*ctx_, std::vector<float>{1.0f, 0.0f, static_cast<float>(steps_)},
+    static_assert(ops::kGateSlots == 4 && ops::kGateRate == 3);
+    gate_ = from_vector(*ctx_, std::vector<float>{1.0f, 0.0f, static_cast<float>(steps_), rate_},
                         {ops::kGateSlots}, MemoryCategory::other);
+    gate_rate_ = rate_;
     return true;
+  }
+
+  // The gate's rate slot takes the host's rate when it changed (the gated passes read it).
+  void write_gate_rate() {
+    if (!gate_.defined() || gate_rate_ == rate_) return;
+    fill(*ctx_, gate_.slice(0, ops::kGateRate, ops::kGateRate + 1), static_cast<double>(rate_));
+    gate_rate_ = rate_;
   }
 
   void refuse_offload_in_capture() const {
@@ -310,6 +345,8 @@ class ShardedOptimizer {
   std::vector<StateBuffer> buffers_;
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
   Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step
+  float rate_ = 0;          // the learning rate (set_lr)
+  float gate_rate_ = 0;     // the rate the gate holds
 };
 
 }  // namespace shardkit::optim

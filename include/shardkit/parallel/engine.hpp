@@ -119,13 +119,17 @@ class Engine : public ParamGroups {
   [[nodiscard]] FullParams full_params() { return FullParams(*this); }
 
   // --- the step --------------------------------------------------------------------------------
+  // The learning rate of the next steps (schedules live in the training loop): a step
+  // captured by a StepGraph (core/step_graph.hpp) reads it on the device, so a loop that
+  // captures sets it before each run, outside the step, and calls step() inside.
+  void set_lr(float lr) { optimizer_->set_lr(lr); }
   // Updates the parameters with the averaged gradients of the synchronised backwards since
-  // zero_grad(); `lr` is this step's rate (schedules live in the training loop).
+  // zero_grad(), at the rate set_lr() set.
+  void step() { step_unscaling_by(1.0f); }
+  // set_lr(lr), then the step; `inv_grad_scale` unscales gradients scaled by hand.
   void step(float lr, float inv_grad_scale = 1.0f) {
-    check_finished("optimizer step");
-    forget_node_slices();
-    optimizer_->step(piece_grads_, lr, inv_grad_scale);
-    after_update(true);
+    set_lr(lr);
+    step_unscaling_by(inv_grad_scale);
   }
 
   // The loss-scaled step (optim/loss_scaler.hpp), queued on the device without a host wait
@@ -136,16 +140,20 @@ class Engine : public ParamGroups {
   // after applied steps only: they are host work, so with any registered the host reads the
   // verdict (one read). scaler.found_inf() says afterwards whether the step was skipped.
   // Collective.
-  void step(float lr, optim::DynamicLossScaler& scaler) {
+  void step(optim::DynamicLossScaler& scaler) {
     check_finished("optimizer step");
     scaler.check_grads(*ctx_, comm_, piece_grads_);
     forget_node_slices();
-    optimizer_->step(piece_grads_, lr, scaler);
+    optimizer_->step(piece_grads_, scaler);
     after_update(post_step_hooks_.empty() || !scaler.found_inf());
     scaler.update(*ctx_);
     // qgZ's error feedback is in the scaled units: it follows the new scale, and a skipped
     // step's residuals (which may hold an inf) are dropped.
     follow_loss_scale(scaler.state(*ctx_));
+  }
+  void step(float lr, optim::DynamicLossScaler& scaler) {
+    set_lr(lr);
+    step(scaler);
   }
 
   // torch.nn.utils.clip_grad_norm_ after the backward: the gradients' global L2 norm (exact,
@@ -212,6 +220,13 @@ class Engine : public ParamGroups {
   }
 
  private:
+  void step_unscaling_by(float inv_grad_scale) {
+    check_finished("optimizer step");
+    forget_node_slices();
+    optimizer_->step_unscaling_by(piece_grads_, inv_grad_scale);
+    after_update(true);
+  }
+
   // After the fused update: the post-step hooks on this rank's pieces (after an applied step),
   // then (oss, sdp) the owners' ranges all-gathered.
   void after_update(bool applied) {

@@ -112,6 +112,13 @@ class ShardedModule {
   // Updates the parameters with the averaged gradients of the synchronised backwards since
   // zero_grad(); `lr` is this step's rate (schedules live in the training loop).
   void step(float lr, float inv_grad_scale = 1.0f) { engine_->step(lr, inv_grad_scale); }
+  // A captured step (core/step_graph.hpp) reads its rate on the device: the loop sets it before
+  // each run, outside the step, and the step calls step() or step(scaler) without one.
+  //   model.set_lr(schedule(s));
+  //   graph.run(key, [&] { ...; model.step(scaler); });
+  void set_lr(float lr) { engine_->set_lr(lr); }
+  void step() { engine_->step(); }
+  void step(optim::DynamicLossScaler& scaler) { engine_->step(scaler); }
   // The loss-scaled step (f16 mixed precision): after autograd::backward(ctx, loss,
   // scaler.seed(ctx, loss.value())), every rank skips a step whose gradients overflowed on some
   // rank, else steps with them unscaled; the scale follows (optim/loss_scaler.hpp). Decided on
