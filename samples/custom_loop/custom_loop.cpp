@@ -19,6 +19,9 @@
 //      rename once complete; --async-checkpoint writes the sharded files in the background
 //      (sk::checkpoint::AsyncCheckpointer); --resume DIR continues exactly from the newest
 //      complete one, under any stage and rank count, however the previous run ended.
+//   6. --graph: the training step captured once and replayed (sk::StepGraph): the batch is
+//      staged and the rate set before each step, outside it, and the step reads them; on a GPU
+//      each step is then one CUDA graph launch.
 //
 // Ranks are threads of this process by default (--ranks N; on a GPU they share it); under
 // mpirun each process is one rank, over MPI on the CPU and NCCL on GPUs. The last line printed
@@ -135,6 +138,10 @@ int main(int argc, char** argv) {
   app.add_option("--quantization-block", setup.parallel.fsdp.quantization_block,
                  "--quantized-weights / --quantized-grads: values per scale")
       ->check(CLI::Range(1, 1 << 24));
+  app.add_flag("--graph", setup.graph,
+               "capture the training step once, after two warm-up steps, and replay it: one CUDA "
+               "graph launch per step on a GPU (sk::StepGraph); on the CPU the step runs under the "
+               "capture's rules, with the same results");
   app.add_option("--seed", setup.seed, "seed of initialisation and shuffling");
   app.add_option("--data-dir", flags.data_dir, "folder with the Fashion-MNIST .gz files");
   app.add_option("--device", flags.device,
@@ -203,6 +210,10 @@ int main(int argc, char** argv) {
     if (flags.precision != "f32")
       options.precision = sk::parallel::MixedPrecision::of(
           flags.precision == "f16" ? sk::DType::f16 : sk::DType::bf16);
+    sk::check(!setup.graph || flags.precision != "f16",
+              "--graph with --precision f16: this MLP multiplies its f16 gradients by the loss "
+              "scale on the host (a read of the scale at every step), which a captured step "
+              "cannot do; use --precision bf16 or f32 with --graph");
     options.offload.optimizer = flags.offload != "none";
     options.offload.params = flags.offload == "params";
     sk::parallel::validate(options.offload, options.stage);

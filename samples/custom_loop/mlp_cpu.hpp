@@ -28,11 +28,19 @@ class MlpCpu {
  public:
   MlpCpu(sk::Context& /*ctx*/, std::vector<std::int64_t> widths) : widths_(std::move(widths)) {}
 
-  // Forward on a batch [B, widths[0]]; keeps the activations for backward, the mean
-  // cross-entropy loss (loss()) and the number of correct predictions (correct()).
-  template <MlpParams Params>
-  void forward(Params& params, const Batch& batch) {
+  // The batch [B, widths[0]] the next forward(params) reads: the loader's, held by reference
+  // (the loop refills the same Batch before each step, as a captured step needs).
+  void stage(const Batch& batch) {
     check_batch(widths_, batch);
+    staged_ = &batch;
+  }
+
+  // Forward on the staged batch; keeps the activations for backward, the mean cross-entropy
+  // loss (loss()) and the number of correct predictions (correct()).
+  template <MlpParams Params>
+  void forward(Params& params) {
+    sk::check<sk::StateError>(staged_ != nullptr, "MlpCpu::forward: no batch staged");
+    const Batch& batch = *staged_;
     const auto layers = widths_.size() - 1;
     activations_.assign(layers + 1, Matrix());
     activations_[0] = ConstMatrixMap(batch.pixels.data(), batch.rows, batch.features);
@@ -70,6 +78,12 @@ class MlpCpu {
     correct_ = hits;
   }
 
+  template <MlpParams Params>
+  void forward(Params& params, const Batch& batch) {
+    stage(batch);
+    forward(params);
+  }
+
   float loss() const { return loss_; }
   int correct() const { return correct_; }
 
@@ -105,6 +119,7 @@ class MlpCpu {
 
  private:
   std::vector<std::int64_t> widths_;
+  const Batch* staged_ = nullptr;
   std::vector<Matrix> activations_;
   Matrix logit_grad_;
   float loss_ = 0;

@@ -135,10 +135,10 @@ class MlpGpu {
         sk::zeros(ctx, {2}, sk::DType::f32, sk::MemoryCategory::activations);  // no forward yet
   }
 
-  // Forward on a batch [B, widths[0]] (normalised on the host, copied here); keeps the
-  // activations for backward. Loss and hits stay on the device until loss() / correct().
-  template <MlpParams Params>
-  void forward(Params& params, const Batch& batch) {
+  // Copies a batch [B, widths[0]] (normalised on the host) into the device buffers the next
+  // forward(params) reads: the same buffers at every step of one batch size, so a captured
+  // step (--graph) reads each step's batch staged before it runs.
+  void stage(const Batch& batch) {
     check_batch(widths_, batch);
     sk::CudaDeviceGuard guard(ctx_->device().index);
     const auto rows = batch.rows;
@@ -151,6 +151,15 @@ class MlpGpu {
                                   ctx_->stream()));
     SK_CUDA_CHECK(cudaMemcpyAsync(labels_.data_ptr(), batch.labels.data(), batch.labels.size(),
                                   cudaMemcpyHostToDevice, ctx_->stream()));
+  }
+
+  // Forward on the staged batch; keeps the activations for backward. Loss and hits stay on the
+  // device until loss() / correct().
+  template <MlpParams Params>
+  void forward(Params& params) {
+    sk::check<sk::StateError>(rows_ > 0, "MlpGpu::forward: no batch staged");
+    sk::CudaDeviceGuard guard(ctx_->device().index);
+    const auto rows = rows_;
     const auto layers = widths_.size() - 1;
     for (std::size_t l = 0; l < layers; ++l) {
       const auto in = widths_[l], out = widths_[l + 1];
@@ -170,6 +179,12 @@ class MlpGpu {
         activations_[layers].data<float>(), labels_.data<std::uint8_t>(), rows, int(widths_.back()),
         deltas_[layers].data<float>(), stats_.data<float>());
     SK_CUDA_CHECK_LAUNCH("softmax_cross_entropy");
+  }
+
+  template <MlpParams Params>
+  void forward(Params& params, const Batch& batch) {
+    stage(batch);
+    forward(params);
   }
 
   // Mean loss and correct predictions of the last forward; each waits for it to finish.

@@ -54,6 +54,7 @@ struct Setup {
   bool async_checkpoint = false;  // written in the background (sharded layout only)
   std::string resume_dir;         // continue from the checkpoint here
   std::int64_t stop_after = 0;    // end this run after so many steps (0: run to the end)
+  bool graph = false;             // capture the step once and replay it (sk::StepGraph)
 };
 
 struct RankReport {
@@ -253,6 +254,9 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   // while the next steps run (checkpoint/async_checkpoint.hpp).
   std::optional<sk::checkpoint::AsyncCheckpointer> saver;
   if (s.async_checkpoint && !s.checkpoint_dir.empty()) saver.emplace(s.checkpoint_dir);
+  // --graph: two warm-up steps, then the step captured once and replayed (core/step_graph.hpp).
+  std::optional<sk::StepGraph> graph;
+  if (s.graph) graph.emplace(ctx, "custom_loop's training step");
   comm.reset_stats();
   // The peaks reported are the training steps' -- what the memory plan bounds -- not the set-up's
   // (the initial parameters' f32 broadcast, a resumed checkpoint's reads).
@@ -265,21 +269,28 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
     for (std::int64_t b = first_batch; b < steps_per_epoch && step < run_end; ++b, ++step) {
       batch_images(*s.train, indices, static_cast<std::size_t>((b - first_batch) * s.batch),
                    static_cast<std::size_t>(s.batch), batch);
-      engine->zero_grad();
-      mlp.forward(params, batch);
-      const double scale =
-          scaled ? scaler.scale() : 1.0;  // (a host read: the MLP scales on the host)
-      mlp.backward(
-          params, [&](std::size_t i) { return gradients.grad(i); },
-          [&](std::size_t i) { gradients.ready(i, scale); });
-      engine->finish();
-      // Cosine decay over the run.
+      mlp.stage(batch);  // the step reads fixed inputs: staged before it, outside it
+      // Cosine decay over the run, set before the step (a captured step reads it on the device).
       const float progress = static_cast<float>(step) / static_cast<float>(total_steps);
-      const float lr = s.lr * 0.5f * (1.0f + std::cos(3.14159265f * progress));
-      if (scaled)
-        engine->step(lr, scaler);  // an overflowing step is skipped on every rank
+      engine->set_lr(s.lr * 0.5f * (1.0f + std::cos(3.14159265f * progress)));
+      const auto train_step = [&] {
+        engine->zero_grad();
+        mlp.forward(params);
+        const double scale =
+            scaled ? scaler.scale() : 1.0;  // (a host read: the MLP scales on the host)
+        mlp.backward(
+            params, [&](std::size_t i) { return gradients.grad(i); },
+            [&](std::size_t i) { gradients.ready(i, scale); });
+        engine->finish();
+        if (scaled)
+          engine->step(scaler);  // an overflowing step is skipped on every rank
+        else
+          engine->step();
+      };
+      if (graph)
+        graph->run("batch " + std::to_string(s.batch), train_step);
       else
-        engine->step(lr);
+        train_step();
       // Reading the loss waits for the GPU: only when it is printed.
       if (rank == 0 && (step % 100 == 0 || step + 1 == total_steps))
         std::printf("step %5lld/%lld  epoch %lld  loss %.4f\n", static_cast<long long>(step),
@@ -315,6 +326,12 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
     saver->finish();
     checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
   }
+  if (graph && rank == 0)
+    std::printf(
+        "step graph: %lld warm-up steps, %lld captured, %lld replayed; %.2f MB kept for it\n",
+        static_cast<long long>(graph->stats().eager),
+        static_cast<long long>(graph->stats().captures),
+        static_cast<long long>(graph->stats().replays), graph->reserved_bytes() / 1e6);
   const double loss = step > run_begin ? mlp.loss() : 0.0;  // of the last step
   const double bus_bytes =
       static_cast<double>(comm.stats().total_bus_bytes() - checkpoint_bus_bytes) /
