@@ -101,4 +101,24 @@ BENCHMARK(BM_resnet18_train_step_gpu)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
+// The same step through a StepGraph (core/step_graph.hpp): the warm-up's first two runs are
+// eager, the third captures it, every timed run is one CUDA graph launch -- what the host's
+// per-op work costs the eager step is the difference.
+void BM_resnet18_train_step_gpu_graph(benchmark::State& state) {
+  auto ctx = gpu_context(state);
+  const std::int64_t batch = state.range(0), hw = state.range(1);
+  const auto eager = wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000);
+  auto graph = std::make_shared<sk::StepGraph>(*ctx, "resnet18 step");
+  wl::Workload graphed;
+  graphed.run = [graph, eager] { graph->run("resnet18", eager.run); };
+  time_workload(state, *ctx, graphed, double(batch));
+  state.counters["captures"] = static_cast<double>(graph->stats().captures);
+}
+BENCHMARK(BM_resnet18_train_step_gpu_graph)
+    ->ArgNames({"batch", "HW"})
+    ->Args({256, 32})
+    ->Args({64, 224})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 }  // namespace autograd_gpu
