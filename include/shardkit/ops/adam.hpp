@@ -73,7 +73,7 @@ struct AdamFunctor {
 
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float l2_decay = 0;         // Adam: g += l2_decay · w
-  float decoupled_decay = 0;  // AdamW: w *= param_keep = 1 - lr · decoupled_decay
+  float decoupled_decay = 0;  // AdamW: w *= param_keep = 1 - lr · decoupled_decay (one rounding)
   float param_keep = 1;
   AdamStepScalars at{0.0f, 1.0f};
   float inv_grad_scale = 1;
@@ -91,7 +91,7 @@ struct AdamFunctor {
     const float rate = gate[kGateRate];
     return {
         adam_step_scalars(rate, beta1, beta2, static_cast<double>(gate[kGateStepsBefore]) + 1.0),
-        inv_grad_scale * gate[kGateGradFactor], 1.0f - mul_rn(rate, decoupled_decay)};
+        inv_grad_scale * gate[kGateGradFactor], mul_add(-rate, decoupled_decay, 1.0f)};
   }
 
   SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment& s,
@@ -125,7 +125,9 @@ AdamFunctor<Low, Grad> make_adam_functor(const AdamOptions& o) {
   f.eps = o.eps;
   f.l2_decay = o.decoupled_weight_decay ? 0.0f : o.weight_decay;
   f.decoupled_decay = o.decoupled_weight_decay ? o.weight_decay : 0.0f;
-  f.param_keep = 1.0f - mul_rn(o.lr, f.decoupled_decay);
+  // 1 - lr · decay rounded once, on the host and the device alike (GCC formed it with an fma
+  // from 1.0f - lr * decay already).
+  f.param_keep = mul_add(-o.lr, f.decoupled_decay, 1.0f);
   if (!o.gate.defined())
     f.at = adam_step_scalars(o.lr, o.beta1, o.beta2, static_cast<double>(o.step));
   f.inv_grad_scale = o.inv_grad_scale;
