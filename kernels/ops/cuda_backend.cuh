@@ -284,8 +284,8 @@ struct Cuda {
 
   static void dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
                                 const std::uint8_t* payload, std::int64_t n, std::int64_t block,
-                                void* values) {
-    cuda::launch_dequantize_blocks(ctx, format, dtype, payload, n, block, values);
+                                void* values, bool accumulate) {
+    cuda::launch_dequantize_blocks(ctx, format, dtype, payload, n, block, values, accumulate);
   }
 
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.

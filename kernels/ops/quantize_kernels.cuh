@@ -45,12 +45,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// `accumulate`: x += the value (the product rounded apart from the sum: Code::decode's mul_rn).
 template <class Code, class T>
 __global__ void dequantize_blocks_kernel(const float* scales, const std::uint8_t* q, std::int64_t n,
-                                         std::int64_t block, T* x) {
+                                         std::int64_t block, T* x, bool accumulate) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    store_element(x + i, Code::decode(code_at<Code>(q, i), scales[i / block]));
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const float value = Code::decode(code_at<Code>(q, i), scales[i / block]);
+    store_element(x + i, accumulate ? __fadd_rn(load_element(x + i), value) : value);
+  }
 }
 
 inline void launch_quantize_blocks(Context& ctx, QuantFormat format, DType dtype,
@@ -77,7 +80,7 @@ inline void launch_quantize_blocks(Context& ctx, QuantFormat format, DType dtype
 
 inline void launch_dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
                                      const std::uint8_t* payload, std::int64_t n,
-                                     std::int64_t block, void* values) {
+                                     std::int64_t block, void* values, bool accumulate) {
   const std::int64_t blocks = quant_block_count(n, block);
   const auto grid = static_cast<unsigned>(
       std::min<std::int64_t>((n + kThreads - 1) / kThreads, std::int64_t{1} << 20));
@@ -86,7 +89,7 @@ inline void launch_dequantize_blocks(Context& ctx, QuantFormat format, DType dty
     visit_element_dtype(dtype, [&]<class T>() {
       dequantize_blocks_kernel<Code, T><<<grid, kThreads, 0, ctx.stream()>>>(
           reinterpret_cast<const float*>(payload), payload + 4 * blocks, n, block,
-          static_cast<T*>(values));
+          static_cast<T*>(values), accumulate);
     });
   });
   SK_CUDA_CHECK_LAUNCH("ops::cuda::dequantize_blocks_kernel");

@@ -267,6 +267,44 @@ TEST_CASE("int8, E4M3 and int4 blocks: a block of tiny values comes back finite,
   }
 }
 
+// qgZ's owner sums the ranks' runs with dequantize_add_blocks: one pass, the bits of
+// dequantize_blocks into a temporary then add_ (the product and the sum rounded apart, on the
+// GPU too: no fused multiply-add), for every format, an inf in a block and a sum with a NaN
+// included. Only f32 sums.
+TEST_CASE("dequantize_add_blocks equals dequantize_blocks then add_, bit for bit") {
+  Backend b;
+  sk::Context host;
+  constexpr std::int64_t kBlock = 64;
+  for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::f8_e4m3, ops::QuantFormat::int4}) {
+    for (std::int64_t n : {1, 257, 4099}) {
+      CAPTURE(ops::quant_format_name(format));
+      CAPTURE(n);
+      auto x = quant_values(n, kBlock, sk::DType::f32, static_cast<std::uint32_t>(n + 5));
+      auto sum = quant_values(n, kBlock, sk::DType::f32, static_cast<std::uint32_t>(n + 77));
+      if (n > 200) {
+        x[130] = std::numeric_limits<float>::infinity();  // its block comes back non-finite
+        sum[7] = std::numeric_limits<float>::quiet_NaN();
+      }
+      const sk::Tensor payload =
+          b.zeros({ops::quant_payload_bytes(n, kBlock, format)}, sk::DType::u8);
+      ops::quantize_blocks(b.ctx, format, b.upload(sk::from_vector(host, x, {n})), kBlock, payload);
+      const sk::Tensor fused = b.upload(sk::from_vector(host, sum, {n}));
+      ops::dequantize_add_blocks(b.ctx, format, payload, kBlock, fused);
+      const sk::Tensor two_pass = b.upload(sk::from_vector(host, sum, {n}));
+      const sk::Tensor run = b.zeros({n}, sk::DType::f32);
+      ops::dequantize_blocks(b.ctx, format, payload, kBlock, run);
+      sk::add_(b.ctx, two_pass, run);
+      const auto got = sk::to_vector<float>(host, b.download(fused));
+      const auto want = sk::to_vector<float>(host, b.download(two_pass));
+      REQUIRE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+  const sk::Tensor half = b.zeros({8}, sk::DType::f16);
+  const sk::Tensor payload = b.zeros({ops::quant_payload_bytes(8, 8)}, sk::DType::u8);
+  CHECK_THROWS_WITH(ops::dequantize_add_blocks(b.ctx, ops::QuantFormat::int8, payload, 8, half),
+                    doctest::Contains("dequantize_add_blocks: values must be f32"));
+}
+
 TEST_CASE("int8 blocks: bad arguments are refused by name") {
   Backend b;
   const sk::Tensor values = b.zeros({100}, sk::DType::f32);

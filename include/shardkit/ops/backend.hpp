@@ -58,11 +58,12 @@ namespace shardkit::ops {
 //                                          reuses the device's cache best; param_squares
 //                                          (optional) as larc_param_squares.hpp says
 //   quantize_blocks(ctx, format, dtype, values, n, block, payload)
-//   dequantize_blocks(ctx, format, dtype, payload, n, block, values)
+//   dequantize_blocks(ctx, format, dtype, payload, n, block, values, accumulate)
 //                                          one run of n values (f32, f16 or bf16) to and from
-//                                          quantize.hpp's blocks of int8 or E4M3 codes (payload:
-//                                          device bytes, 4-byte aligned,
-//                                          quant_payload_bytes(n, block) long)
+//                                          quantize.hpp's blocks of int8, int4 or E4M3 codes
+//                                          (payload: device bytes, 4-byte aligned,
+//                                          quant_payload_bytes(n, block) long); `accumulate`:
+//                                          added to the values (f32) instead of stored
 template <class B>
 concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
                               const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves,
@@ -76,7 +77,7 @@ concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tenso
   B::norm_roots(ctx, leaves, static_cast<const std::int64_t*>(nullptr), 1, leaves);
   B::clip_norm_and_factor(ctx, leaves, 1.0, 1.0f, leaves, static_cast<float*>(nullptr));
   B::quantize_blocks(ctx, QuantFormat::int8, DType::f32, leaves, 1, 256, bytes);
-  B::dequantize_blocks(ctx, QuantFormat::f8_e4m3, DType::bf16, bytes, 1, 256, leaves);
+  B::dequantize_blocks(ctx, QuantFormat::f8_e4m3, DType::bf16, bytes, 1, 256, leaves, false);
 };
 
 // The message of the static_assert every entry point makes: what B must be.

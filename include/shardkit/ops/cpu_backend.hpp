@@ -179,10 +179,11 @@ struct Cpu {
               payload + quant_payload_bytes(n, block, format), std::uint8_t{0});
   }
 
-  // The n values of one run's payload back into `values` (of `dtype`).
+  // The n values of one run's payload back into `values` (of `dtype`); with `accumulate`,
+  // added to them (f32 values).
   static void dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
                                 const std::uint8_t* payload, std::int64_t n, std::int64_t block,
-                                void* values) {
+                                void* values, bool accumulate) {
     const std::int64_t blocks = quant_block_count(n, block);
     const std::uint8_t* q = payload + 4 * blocks;
     visit_quant_format(format, [&]<class Code>() {
@@ -192,8 +193,22 @@ struct Cpu {
           const std::int64_t lo = b * block, hi = std::min(n, lo + block);
           float scale;
           std::memcpy(&scale, payload + 4 * b, sizeof scale);
-          for (std::int64_t i = lo; i < hi; ++i)
-            store_element(x + i, Code::decode(code_at<Code>(q, i), scale));
+          if (accumulate) {
+            // The values land in a buffer before they are added: the product and the sum
+            // rounded apart, as a dequantise then an add (GCC would fuse a product that feeds
+            // a sum directly).
+            constexpr std::int64_t kRun = 256;
+            float run[kRun];
+            for (std::int64_t at = lo; at < hi; at += kRun) {
+              const std::int64_t m = std::min(kRun, hi - at);
+              for (std::int64_t j = 0; j < m; ++j)
+                run[j] = Code::decode(code_at<Code>(q, at + j), scale);
+              for (std::int64_t j = 0; j < m; ++j)
+                store_element(x + at + j, load_element(x + at + j) + run[j]);
+            }
+          } else
+            for (std::int64_t i = lo; i < hi; ++i)
+              store_element(x + i, Code::decode(code_at<Code>(q, i), scale));
         });
       });
     });

@@ -54,6 +54,8 @@ struct FusedOps {
                           const Tensor& payload);
   void (*dequantize_blocks)(Context&, QuantFormat format, const Tensor& payload, std::int64_t block,
                             const Tensor& values);
+  void (*dequantize_add_blocks)(Context&, QuantFormat format, const Tensor& payload,
+                                std::int64_t block, const Tensor& values);
   void (*loss_scale_phase)(Context&, LossScaleFunctor::Phase, const LossScaleRule&,
                            const Tensor& state);
   void (*count_applied_step)(Context&, const Tensor& gate);
@@ -83,6 +85,7 @@ constexpr FusedOps fused_ops_table() {
       .unscale_and_check = &ops::unscale_and_check<B>,
       .quantize_blocks = &ops::quantize_blocks<B>,
       .dequantize_blocks = &ops::dequantize_blocks<B>,
+      .dequantize_add_blocks = &ops::dequantize_add_blocks<B>,
       .loss_scale_phase = &ops::loss_scale_phase<B>,
       .count_applied_step = &ops::count_applied_step<B>,
       .follow_loss_scale = &ops::follow_loss_scale<B>,
@@ -187,6 +190,10 @@ inline void quantize_blocks(Context& ctx, QuantFormat format, const Tensor& valu
 inline void dequantize_blocks(Context& ctx, QuantFormat format, const Tensor& payload,
                               std::int64_t block, const Tensor& values) {
   fused_ops(ctx).dequantize_blocks(ctx, format, payload, block, values);
+}
+inline void dequantize_add_blocks(Context& ctx, QuantFormat format, const Tensor& payload,
+                                  std::int64_t block, const Tensor& values) {
+  fused_ops(ctx).dequantize_add_blocks(ctx, format, payload, block, values);
 }
 inline void loss_scale_phase(Context& ctx, LossScaleFunctor::Phase phase, const LossScaleRule& rule,
                              const Tensor& state) {

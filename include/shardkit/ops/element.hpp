@@ -33,9 +33,10 @@ SK_HOST_DEVICE SK_INLINE float mul_add(float a, float b, float c) {
 #endif
 }
 
-// a * b rounded to float, never fused into a neighbouring add: where the host computes a
-// product and then a sum as two roundings (an option formed on the host), the device must too,
-// and nvcc contracts a * b + c into an fma by default.
+// a * b rounded to float on the device, never fused into a neighbouring add (nvcc contracts
+// a * b + c into an fma by default). On the host it is a plain product, which GCC contracts with
+// an add it feeds just as readily (-ffp-contract=fast): a host caller that needs the product
+// rounded apart from a sum keeps them apart (the product stored first).
 SK_HOST_DEVICE SK_INLINE float mul_rn(float a, float b) {
 #if SK_DEVICE_CODE
   return __fmul_rn(a, b);

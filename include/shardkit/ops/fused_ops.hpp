@@ -501,7 +501,22 @@ void dequantize_blocks(Context& ctx, QuantFormat format, const Tensor& payload, 
   if (detail::check_quant_blocks<B>(ctx, format, values, block, payload, "dequantize_blocks"))
     B::dequantize_blocks(ctx, format, values.dtype(),
                          static_cast<const std::uint8_t*>(payload.data_ptr()), values.numel(),
-                         block, values.data_ptr());
+                         block, values.data_ptr(), false);
+}
+
+// values += the run's values (f32 `values`): dequantize_blocks into a temporary, then add_, in
+// one pass and without the temporary -- the same bits (the product and the sum rounded apart).
+// qgZ's owner sums the ranks' runs this way.
+template <class B>
+void dequantize_add_blocks(Context& ctx, QuantFormat format, const Tensor& payload,
+                           std::int64_t block, const Tensor& values) {
+  check(!values.defined() || values.dtype() == DType::f32,
+        "dequantize_add_blocks: values must be f32 (the sum is formed in f32), got ",
+        values.defined() ? values.str() : std::string("an undefined tensor"));
+  if (detail::check_quant_blocks<B>(ctx, format, values, block, payload, "dequantize_add_blocks"))
+    B::dequantize_blocks(ctx, format, values.dtype(),
+                         static_cast<const std::uint8_t*>(payload.data_ptr()), values.numel(),
+                         block, values.data_ptr(), true);
 }
 
 }  // namespace shardkit::ops

@@ -106,8 +106,10 @@ SK_HOST_DEVICE SK_INLINE std::int8_t int8_quantize(float x, float inverse_step) 
   return static_cast<std::int8_t>(round_to_code(x, inverse_step, 127.0f));
 }
 
+// (mul_rn: the product rounded on its own, so that a dequantise-and-add rounds twice, as a
+// dequantise then an add does, even where nvcc would fuse them.)
 SK_HOST_DEVICE SK_INLINE float int8_dequantize(std::int8_t q, float scale) {
-  return static_cast<float>(q) * scale;
+  return mul_rn(static_cast<float>(q), scale);
 }
 
 // The largest finite E4M3 value, and the code of a NaN (S.1111.111; e4m3fn has no infinities).
@@ -168,7 +170,7 @@ struct E4m3Code {
     return y == y ? e4m3_encode(y) : std::uint8_t{0};
   }
   SK_HOST_DEVICE SK_INLINE static float decode(std::uint8_t q, float scale) {
-    return e4m3_value(q) * scale;
+    return mul_rn(e4m3_value(q), scale);
   }
 };
 
@@ -180,7 +182,7 @@ struct Int4Code {
     return static_cast<std::uint8_t>(round_to_code(x, inverse_step, kMax) & 0xf);
   }
   SK_HOST_DEVICE SK_INLINE static float decode(std::uint8_t q, float scale) {
-    return static_cast<float>(((q & 0xf) ^ 8) - 8) * scale;  // sign-extended
+    return mul_rn(static_cast<float>(((q & 0xf) ^ 8) - 8), scale);  // sign-extended
   }
 };
 

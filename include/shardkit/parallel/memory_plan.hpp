@@ -147,9 +147,9 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
   const std::int64_t in_flight = policy.max_in_flight + 1;  // in flight, plus the one being filled
   const std::int64_t largest = largest_bucket(buckets);
   if (reduce_scatter && policy.quantized_block > 0) {
-    // qgZ: the full-gradient bucket, its runs of codes out and the owners' runs in, the f32 sum;
-    // and, one bucket at a time, an f32 temporary (g + e under error feedback, else one run
-    // dequantised for the sum).
+    // qgZ: the full-gradient bucket, its runs of codes out and the owners' runs in, the f32 sum
+    // (each run dequantised and added into it in place: ops::dequantize_add_blocks); under
+    // error feedback, one bucket at a time, an f32 temporary g + e.
     std::int64_t sent = 0, arrived = 0, own = 0;
     for (const auto& b : buckets.buckets()) {
       std::int64_t runs = 0;
@@ -163,7 +163,7 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
       own = std::max(own, b.own_numel);
     }
     return in_flight * (largest * bytes_of(grad) + sent + arrived + 4 * own) +
-           4 * (policy.error_feedback ? largest : own);
+           (policy.error_feedback ? 4 * largest : 0);
   }
   std::int64_t per_bucket = 0;
   if (reduce_scatter) per_bucket += largest * bytes_of(grad);  // the full-gradient bucket

@@ -92,14 +92,11 @@ namespace shardkit::parallel {
   return comm::then(std::move(moved), [&ctx, wire, arrived, out, run, ranks, block, op, format] {
     (void)wire;  // held by this lambda until the runs have left
     if (out.numel() == 0) return;
+    // One pass per run, dequantised and added into the sum (no temporary), in rank order.
     ops::dequantize_blocks(ctx, format, arrived.slice(0, 0, run), block, out);
-    if (ranks > 1) {
-      const Tensor next = empty(ctx, out.shape(), DType::f32, MemoryCategory::communication);
-      for (std::size_t q = 1; q < ranks; ++q) {
-        const auto at = static_cast<std::int64_t>(q) * run;
-        ops::dequantize_blocks(ctx, format, arrived.slice(0, at, at + run), block, next);
-        add_(ctx, out, next);
-      }
+    for (std::size_t q = 1; q < ranks; ++q) {
+      const auto at = static_cast<std::int64_t>(q) * run;
+      ops::dequantize_add_blocks(ctx, format, arrived.slice(0, at, at + run), block, out);
     }
     if (op == comm::ReduceOp::avg) divide_(ctx, out, static_cast<double>(ranks));
   });
