@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "shardkit/autograd/cuda_libraries.hpp"
 #include "shardkit/cuda.hpp"
 #include "shardkit/nn/nn.hpp"
 #include "shardkit/shardkit.hpp"
@@ -260,4 +261,50 @@ TEST_CASE("checkpointing on the GPU gives the same gradients") {
   REQUIRE(plain.size() == checkpointed.size());
   for (std::size_t i = 0; i < plain.size(); ++i)
     CHECK(relative_error(plain[i], checkpointed[i]) <= 1e-5);
+}
+
+// cuDNN's descriptors and algorithms are made once per shape (autograd/cuda_libraries.hpp's plan
+// caches): a second call of a shape finds its plan; a new shape adds one. With
+// Libraries::benchmark the algorithms are found by running them: the convolution agrees with the
+// heuristic's to f32 rounding, and such a search for a new shape inside a captured step is
+// refused by name.
+TEST_CASE("cuDNN plans are made once per shape; benchmark mode's algorithms agree") {
+  namespace cu = sk::autograd::cuda;
+  const auto convolve = [](sk::Context& ctx, std::int64_t hw) {
+    Variable x(sk::from_vector(ctx, pattern(2 * 3 * hw * hw, 4, sk::DType::f32), {2, 3, hw, hw}),
+               true);
+    Variable w(sk::from_vector(ctx, pattern(5 * 3 * 3 * 3, 5, sk::DType::f32), {5, 3, 3, 3}), true);
+    auto y = ag::conv2d(ctx, x, w, Variable(), ag::Conv2dOptions::make(1, 1));
+    ag::backward(ctx, y, sk::full(ctx, y.data().shape(), sk::DType::f32, 1.0));
+    std::vector<float> out = as_floats(ctx, y.data());
+    const auto gx = as_floats(ctx, x.grad()), gw = as_floats(ctx, w.grad());
+    out.insert(out.end(), gx.begin(), gx.end());
+    out.insert(out.end(), gw.begin(), gw.end());
+    return out;
+  };
+  auto heuristic = sk::make_cuda_context(0, 0, 3);
+  const auto first = convolve(*heuristic, 12);
+  auto& plans = cu::plan_cache<cu::ConvPlan, 16>(*heuristic);
+  CHECK(plans.size() == 1);
+  CHECK(convolve(*heuristic, 12) == first);  // the same plan, the same bits
+  CHECK(plans.size() == 1);
+  (void)convolve(*heuristic, 10);
+  CHECK(plans.size() == 2);
+
+  auto searched = sk::make_cuda_context(0, 0, 3);
+  cu::libraries(*searched).benchmark = true;
+  const auto found = convolve(*searched, 12);
+  REQUIRE(found.size() == first.size());
+  for (std::size_t i = 0; i < found.size(); ++i)
+    REQUIRE(std::fabs(found[i] - first[i]) <= 1e-4f * (1.0f + std::fabs(first[i])));
+  const Variable x(
+      sk::from_vector(*searched, pattern(2 * 3 * 9 * 9, 6, sk::DType::f32), {2, 3, 9, 9}));
+  const Variable w(
+      sk::from_vector(*searched, pattern(5 * 3 * 3 * 3, 5, sk::DType::f32), {5, 3, 3, 3}));
+  sk::StepGraph graph(*searched, "conv", {.warmup_steps = 0});
+  CHECK_THROWS_WITH_AS(
+      graph.run(
+          "new shape",
+          [&] { (void)ag::conv2d(*searched, x, w, Variable(), ag::Conv2dOptions::make(1, 1)); }),
+      doctest::Contains("a cuDNN algorithm search"), sk::CaptureRefused);
 }

@@ -1,6 +1,10 @@
 // cuBLAS and cuDNN for the heavy autograd ops on a CUDA context: per-context handles on the
-// context's stream, RAII descriptors, a growing workspace, convolution algorithms chosen once per
-// shape and cached, and the calls themselves (GEMM, convolution, batch-norm, max-pooling).
+// context's stream, RAII descriptors, a growing workspace, and the calls themselves (GEMM,
+// convolution, batch-norm, max-pooling). What a cuDNN call describes -- its descriptors, and a
+// convolution's algorithms (cuDNN's heuristic ranking, or with Libraries::benchmark the fastest
+// found by running them, as torch.backends.cudnn.benchmark) -- is made once per shape and kept
+// in a per-context cache: after the first step an op costs the host a map lookup, not the
+// creation, setting and destruction of two to four descriptors.
 // Host code only (library calls, no kernels); compiled when SK_WITH_CUDA.
 #pragma once
 
@@ -11,6 +15,7 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <memory>
@@ -59,6 +64,12 @@ class Libraries {
   bool allow_tf32 = false;
   // Largest workspace an algorithm may ask for.
   std::size_t workspace_limit = std::size_t{1} << 30;
+  // Convolution algorithms found by running every candidate once per shape (cudnnFind*, as
+  // torch.backends.cudnn.benchmark = True) instead of cuDNN's heuristic ranking. Off by default:
+  // the search synchronises the device and allocates its buffers (so a new shape may not meet
+  // it inside a captured step), and its winner -- with it the results' last bits -- can differ
+  // from run to run. Set it before the first convolution of a shape: plans are kept per shape.
+  bool benchmark = false;
 
   // A scratch buffer of at least `bytes` (stream-ordered, so reuse across calls is safe).
   void* workspace(Context& ctx, std::size_t bytes) {
@@ -67,8 +78,6 @@ class Libraries {
       workspace_ = empty(ctx, {static_cast<std::int64_t>(bytes)}, DType::u8, MemoryCategory::other);
     return workspace_.data_ptr();
   }
-
-  std::map<std::array<std::int64_t, 16>, ConvAlgorithms> conv_algorithms;
 
  private:
   int device_;
@@ -106,6 +115,29 @@ struct Blend {
   const void* one() const { return wide ? static_cast<const void*>(&d[0]) : &f[0]; }
   const void* zero() const { return wide ? static_cast<const void*>(&d[1]) : &f[1]; }
 };
+
+// A per-context cache of plans (descriptors, algorithms) by shape: made at a shape's first call,
+// found by a map lookup after. One per plan type (Context::resource).
+template <class Plan, std::size_t N>
+class PlanCache {
+ public:
+  using Key = std::array<std::int64_t, N>;
+  template <class Make>
+  Plan& get(const Key& key, Make&& make) {
+    auto found = plans_.find(key);
+    if (found == plans_.end()) found = plans_.emplace(key, make()).first;
+    return *found->second;
+  }
+  std::size_t size() const { return plans_.size(); }
+
+ private:
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+template <class Plan, std::size_t N>
+PlanCache<Plan, N>& plan_cache(Context& ctx) {
+  return ctx.resource<PlanCache<Plan, N>>([] { return std::make_shared<PlanCache<Plan, N>>(); });
+}
 
 // A cuDNN descriptor owned for its scope: created here, set by the derived class, destroyed with
 // it.
@@ -157,7 +189,6 @@ class ConvDesc
   }
 };
 
-// The descriptors of one convolution, and its algorithms (looked up once per shape).
 // The first algorithm cuDNN ranked that ran and fits the workspace limit, with its workspace.
 template <class Perf>
 auto first_within_limit(const Perf* ranked, int count, std::size_t limit, const char* what) {
@@ -168,6 +199,7 @@ auto first_within_limit(const Perf* ranked, int count, std::size_t limit, const 
                      " workspace bytes; raise workspace_limit");
 }
 
+// The descriptors of one convolution shape and its algorithms, made once (conv_plan).
 struct ConvPlan {
   TensorDesc x, y;
   FilterDesc w;
@@ -180,28 +212,7 @@ struct ConvPlan {
         w(dtype, g.out_channels, g.in_channels, g.kernel_h, g.kernel_w),
         conv(g, dtype, libraries(ctx).allow_tf32) {
     auto& libs = libraries(ctx);
-    const std::array<std::int64_t, 16> key{g.batch,
-                                           g.in_channels,
-                                           g.height,
-                                           g.width,
-                                           g.out_channels,
-                                           g.kernel_h,
-                                           g.kernel_w,
-                                           g.stride_h,
-                                           g.stride_w,
-                                           g.pad_h,
-                                           g.pad_w,
-                                           g.dilation_h,
-                                           g.dilation_w,
-                                           static_cast<std::int64_t>(dtype),
-                                           libs.allow_tf32 ? 1 : 0,
-                                           0};
-    if (auto it = libs.conv_algorithms.find(key); it != libs.conv_algorithms.end()) {
-      algorithms = it->second;
-      return;
-    }
-    algorithms = choose(libs);
-    libs.conv_algorithms.emplace(key, algorithms);
+    algorithms = libs.benchmark ? search(ctx, libs, g, dtype) : choose(libs);
   }
 
  private:
@@ -228,13 +239,75 @@ struct ConvPlan {
         first_within_limit(filter, count, libs.workspace_limit, "backward-filter");
     return a;
   }
+
+  // Libraries::benchmark: every candidate run once on scratch buffers of the shape (their
+  // contents do not matter to the timing), fastest first; the first that ran within the
+  // workspace it was given wins. The scratch and the workspace (at most 256 MiB, or the limit)
+  // go back when the search ends.
+  ConvAlgorithms search(Context& ctx, Libraries& libs, const ConvGeometry& g, DType dtype) {
+    ctx.refuse_in_capture(
+        "a cuDNN algorithm search (Libraries::benchmark) for a new convolution "
+        "shape",
+        "it runs and times every candidate; warm the step up uncaptured first "
+        "(StepGraphOptions::warmup_steps)");
+    const Tensor xs = empty(ctx, {g.batch, g.in_channels, g.height, g.width}, dtype);
+    const Tensor ys = empty(ctx, {g.batch, g.out_channels, g.out_h, g.out_w}, dtype);
+    const Tensor ws = empty(ctx, {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dtype);
+    const std::size_t space = std::min(libs.workspace_limit, std::size_t{256} << 20);
+    const Tensor scratch = empty(ctx, {static_cast<std::int64_t>(space)}, DType::u8);
+    ConvAlgorithms a;
+    constexpr int kMax = 16;
+    int count = 0;
+    cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
+    SK_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+        libs.dnn(), x.get(), xs.data_ptr(), w.get(), ws.data_ptr(), conv.get(), y.get(),
+        ys.data_ptr(), kMax, &count, fwd, scratch.data_ptr(), space));
+    std::tie(a.forward, a.forward_bytes) =
+        first_within_limit(fwd, count, space, "forward convolution");
+    cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
+    SK_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+        libs.dnn(), w.get(), ws.data_ptr(), y.get(), ys.data_ptr(), conv.get(), x.get(),
+        xs.data_ptr(), kMax, &count, data, scratch.data_ptr(), space));
+    std::tie(a.backward_data, a.backward_data_bytes) =
+        first_within_limit(data, count, space, "backward-data");
+    cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
+    SK_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        libs.dnn(), x.get(), xs.data_ptr(), y.get(), ys.data_ptr(), conv.get(), w.get(),
+        ws.data_ptr(), kMax, &count, filter, scratch.data_ptr(), space));
+    std::tie(a.backward_filter, a.backward_filter_bytes) =
+        first_within_limit(filter, count, space, "backward-filter");
+    return a;
+  }
 };
+
+// The plan of convolution `g` over `dtype` on ctx, made at the shape's first call.
+inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype) {
+  auto& libs = libraries(ctx);
+  const PlanCache<ConvPlan, 16>::Key key{g.batch,
+                                         g.in_channels,
+                                         g.height,
+                                         g.width,
+                                         g.out_channels,
+                                         g.kernel_h,
+                                         g.kernel_w,
+                                         g.stride_h,
+                                         g.stride_w,
+                                         g.pad_h,
+                                         g.pad_w,
+                                         g.dilation_h,
+                                         g.dilation_w,
+                                         static_cast<std::int64_t>(dtype),
+                                         libs.allow_tf32 ? 1 : 0,
+                                         libs.benchmark ? 1 : 0};
+  return plan_cache<ConvPlan, 16>(ctx).get(
+      key, [&] { return std::make_unique<ConvPlan>(ctx, g, dtype); });
+}
 
 inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& y,
                            const ConvGeometry& g) {
   CudaDeviceGuard guard(ctx.device().index);
   auto& libs = libraries(ctx);
-  ConvPlan plan(ctx, g, x.dtype());
+  const ConvPlan& plan = conv_plan(ctx, g, x.dtype());
   const Blend blend(x.dtype());
   void* ws = libs.workspace(ctx, plan.algorithms.forward_bytes);
   SK_CUDNN_CHECK(cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), x.data_ptr(),
@@ -248,7 +321,7 @@ inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& weight,
                             const ConvGeometry& g) {
   CudaDeviceGuard guard(ctx.device().index);
   auto& libs = libraries(ctx);
-  ConvPlan plan(ctx, g, x.dtype());
+  const ConvPlan& plan = conv_plan(ctx, g, x.dtype());
   const Blend blend(x.dtype());
   if (grad_x.defined()) {
     void* ws = libs.workspace(ctx, plan.algorithms.backward_data_bytes);
@@ -303,7 +376,7 @@ inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& 
 }
 
 // What every cuDNN batch-norm call describes: x as [outer, channels, inner, 1], its per-channel
-// statistics, and the blend factors of x's dtype.
+// statistics, and the blend factors of x's dtype (batch_norm_descs: made once per shape).
 struct BatchNormDescs {
   BatchNormDescs(DType dtype, std::int64_t outer, std::int64_t channels, std::int64_t inner)
       : x(dtype, outer, channels, inner, 1),
@@ -312,6 +385,13 @@ struct BatchNormDescs {
   TensorDesc x, stats;
   Blend blend;
 };
+
+inline const BatchNormDescs& batch_norm_descs(Context& ctx, DType dtype, std::int64_t outer,
+                                              std::int64_t channels, std::int64_t inner) {
+  return plan_cache<BatchNormDescs, 4>(ctx).get(
+      {static_cast<std::int64_t>(dtype), outer, channels, inner},
+      [&] { return std::make_unique<BatchNormDescs>(dtype, outer, channels, inner); });
+}
 
 // Batch-norm over channels of x viewed as [outer, channels, inner, 1]. Statistics tensors
 // (weight, bias, running and saved) are f32 for half data, else x's dtype -- cuDNN's rule.
@@ -322,7 +402,7 @@ inline void batch_norm_train_forward(Context& ctx, const Tensor& x, const Tensor
                                      const Tensor& save_invstd, std::int64_t outer,
                                      std::int64_t channels, std::int64_t inner) {
   CudaDeviceGuard guard(ctx.device().index);
-  const BatchNormDescs d(x.dtype(), outer, channels, inner);
+  const BatchNormDescs& d = batch_norm_descs(ctx, x.dtype(), outer, channels, inner);
   SK_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
       libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.x.get(),
       x.data_ptr(), d.x.get(), y.data_ptr(), d.stats.get(), weight.data_ptr(), bias.data_ptr(),
@@ -336,7 +416,7 @@ inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor&
                                     double eps, const Tensor& y, std::int64_t outer,
                                     std::int64_t channels, std::int64_t inner) {
   CudaDeviceGuard guard(ctx.device().index);
-  const BatchNormDescs d(x.dtype(), outer, channels, inner);
+  const BatchNormDescs& d = batch_norm_descs(ctx, x.dtype(), outer, channels, inner);
   SK_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
       libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.x.get(),
       x.data_ptr(), d.x.get(), y.data_ptr(), d.stats.get(), weight.data_ptr(), bias.data_ptr(),
@@ -350,7 +430,7 @@ inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tenso
                                       std::int64_t outer, std::int64_t channels,
                                       std::int64_t inner) {
   CudaDeviceGuard guard(ctx.device().index);
-  const BatchNormDescs d(x.dtype(), outer, channels, inner);
+  const BatchNormDescs& d = batch_norm_descs(ctx, x.dtype(), outer, channels, inner);
   SK_CUDNN_CHECK(cudnnBatchNormalizationBackward(
       libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.blend.one(),
       d.blend.zero(), d.x.get(), x.data_ptr(), d.x.get(), grad_y.data_ptr(), d.x.get(),
@@ -368,7 +448,8 @@ class PoolDesc : public CudnnDescriptor<cudnnPoolingDescriptor_t, cudnnCreatePoo
   }
 };
 
-// What both cuDNN max-pool calls describe: the window, x, y and the blend factors.
+// What both cuDNN max-pool calls describe: the window, x, y and the blend factors (pool_descs:
+// made once per shape).
 struct PoolDescs {
   PoolDescs(const Tensor& in, const Tensor& out, const cpu::PoolGeometry& p)
       : pool(p),
@@ -380,10 +461,31 @@ struct PoolDescs {
   Blend blend;
 };
 
+inline const PoolDescs& pool_descs(Context& ctx, const Tensor& in, const Tensor& out,
+                                   const cpu::PoolGeometry& p) {
+  const PlanCache<PoolDescs, 15>::Key key{static_cast<std::int64_t>(in.dtype()),
+                                          in.size(0),
+                                          in.size(1),
+                                          in.size(2),
+                                          in.size(3),
+                                          out.size(2),
+                                          out.size(3),
+                                          p.kernel_h,
+                                          p.kernel_w,
+                                          p.pad_h,
+                                          p.pad_w,
+                                          p.stride_h,
+                                          p.stride_w,
+                                          static_cast<std::int64_t>(out.dtype()),
+                                          out.size(1)};
+  return plan_cache<PoolDescs, 15>(ctx).get(
+      key, [&] { return std::make_unique<PoolDescs>(in, out, p); });
+}
+
 inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y,
                              const cpu::PoolGeometry& p) {
   CudaDeviceGuard guard(ctx.device().index);
-  const PoolDescs d(x, y, p);
+  const PoolDescs& d = pool_descs(ctx, x, y, p);
   SK_CUDNN_CHECK(cudnnPoolingForward(libraries(ctx).dnn(), d.pool.get(), d.blend.one(), d.x.get(),
                                      x.data_ptr(), d.blend.zero(), d.y.get(), y.data_ptr()));
 }
@@ -391,7 +493,7 @@ inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y,
 inline void max_pool_backward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& grad_y,
                               const Tensor& grad_x, const cpu::PoolGeometry& p) {
   CudaDeviceGuard guard(ctx.device().index);
-  const PoolDescs d(x, y, p);
+  const PoolDescs& d = pool_descs(ctx, x, y, p);
   SK_CUDNN_CHECK(cudnnPoolingBackward(libraries(ctx).dnn(), d.pool.get(), d.blend.one(), d.y.get(),
                                       y.data_ptr(), d.y.get(), grad_y.data_ptr(), d.x.get(),
                                       x.data_ptr(), d.blend.zero(), d.x.get(), grad_x.data_ptr()));
