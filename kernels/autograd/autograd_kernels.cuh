@@ -2,9 +2,10 @@
 // <shardkit/cuda.hpp> with the other layers' tables): our kernels, and cuBLAS / cuDNN for the
 // library-backed ops (shardkit/autograd/cuda_libraries.hpp).
 // The kernels behind it live one concept per file beside this one (common, elementwise, rowwise,
-// cross_entropy, pooling, batch_norm_sync); including this header still brings them all. Half types
-// load and store as f16/bf16 and compute in f32; double stays double. Reductions are deterministic
-// (one block per row or channel, fixed tree order), so repeated runs give the same bits.
+// cross_entropy, pooling, batch_norm_sync, sinkhorn); including this header still brings them all.
+// Half types load and store as f16/bf16 and compute in f32; double stays double. Reductions are
+// deterministic (one block per row or channel, fixed tree order), so repeated runs give the same
+// bits.
 #pragma once
 
 #include "kernels/autograd/batch_norm_sync.cuh"
@@ -13,6 +14,7 @@
 #include "kernels/autograd/elementwise.cuh"
 #include "kernels/autograd/pooling.cuh"
 #include "kernels/autograd/rowwise.cuh"
+#include "kernels/autograd/sinkhorn.cuh"
 #include "shardkit/autograd/cuda_libraries.hpp"
 
 namespace shardkit::autograd {
@@ -84,6 +86,11 @@ inline const AutogradKernels* cuda_kernels_table() {
       .batch_norm_apply = &k::batch_norm_apply,
       .batch_norm_grad_sums = &k::batch_norm_grad_sums,
       .batch_norm_input_grad = &k::batch_norm_input_grad,
+      .sinkhorn_scale = &k::sinkhorn_scale,
+      .sinkhorn_exp = &k::sinkhorn_exp,
+      .sinkhorn_column_sums = &k::sinkhorn_column_sums,
+      .sinkhorn_scale_rows = &k::sinkhorn_scale_rows,
+      .sinkhorn_codes = &k::sinkhorn_codes,
       .gemm = &cuda::gemm,
       .conv2d_forward = &cuda::conv2d_forward,
       .conv2d_backward = &cuda::conv2d_backward,

@@ -2,17 +2,15 @@
 // computes it (docs/swav.md, "Codes"). Each rank holds the scores of its own samples; the
 // prototype sums and the global maximum and total are all-reduced, the per-sample sums stay
 // local, so every rank ends with the codes of its samples under one global equipartition.
+// The iteration runs on the context's device, its all-reduces too: a step reads nothing back.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
-#include <span>
-#include <vector>
 
+#include "shardkit/autograd/cpu_kernel_table.hpp"
 #include "shardkit/comm/reduction.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/tensor_ops.hpp"
 
 namespace swav {
 
@@ -25,121 +23,59 @@ struct SinkhornOptions {
   bool hard_assignment = false;       // one-hot codes (VISSL's temp_hard_assignment_iters)
 };
 
-namespace detail {
-
-// Entries that are +inf become the largest finite entry (VISSL's safeguard; the maximum is the
-// rank's own, as there).
-template <class T>
-void replace_infinities(std::span<T> values) {
-  bool any = false;
-  T largest = -std::numeric_limits<T>::infinity();
-  for (T v : values) {
-    if (std::isinf(v))
-      any = true;
-    else
-      largest = std::max(largest, v);
-  }
-  if (!any) return;
-  if (!std::isfinite(largest)) largest = 0;  // VISSL zeroes the infinities before its max
-  for (T& v : values)
-    if (std::isinf(v)) v = largest;
-}
-
-// The iteration in T, over q[b * k + j] (sample b, prototype j) of this rank's `batch` samples.
-template <class T, class AllReduce>
-std::vector<float> sinkhorn_in(std::span<const float> scores, std::int64_t batch, std::int64_t k,
-                               int world_size, const SinkhornOptions& options,
-                               AllReduce&& all_reduce) {
-  const std::size_t n = static_cast<std::size_t>(batch * k);
-  std::vector<T> q(n);
-  // exp(scores / epsilon - global max): the shift cancels in the normalisation below and keeps
-  // exp from overflowing (VISSL shifts in f32; in f64 nothing can overflow, the shift only
-  // changes rounding).
-  T shift = -std::numeric_limits<T>::infinity();
-  for (std::size_t i = 0; i < n; ++i) {
-    q[i] = static_cast<T>(scores[i]) / static_cast<T>(options.epsilon);
-    shift = std::max(shift, q[i]);
-  }
-  std::vector<T> reduced{shift};
-  all_reduce(std::span<T>(reduced), sk::comm::ReduceOp::max);
-  shift = reduced[0];
-  for (T& v : q) v = std::exp(v - shift);
-  replace_infinities(std::span<T>(q));
-
-  T total = 0;
-  for (T v : q) total += v;
-  reduced[0] = total;
-  all_reduce(std::span<T>(reduced), sk::comm::ReduceOp::sum);
-  for (T& v : q) v /= reduced[0];
-
-  const T r = T(1) / static_cast<T>(k);                                 // each prototype's share
-  const T c = T(1) / static_cast<T>(batch * std::int64_t{world_size});  // each sample's share
-  std::vector<T> u(static_cast<std::size_t>(k));
-  auto prototype_sums = [&] {
-    std::fill(u.begin(), u.end(), T(0));
-    for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t j = 0; j < k; ++j)
-        u[static_cast<std::size_t>(j)] += q[static_cast<std::size_t>(b * k + j)];
-    all_reduce(std::span<T>(u), sk::comm::ReduceOp::sum);
-  };
-  for (int it = 0; it < options.num_iters; ++it) {
-    prototype_sums();
-    if (std::any_of(u.begin(), u.end(), [](T v) { return v == 0; })) {
-      for (T& v : q) v += static_cast<T>(1e-12);  // an empty prototype: VISSL's epsilon
-      prototype_sums();
-    }
-    for (T& v : u) v = r / v;
-    replace_infinities(std::span<T>(u));
-    for (std::int64_t b = 0; b < batch; ++b) {
-      T* row = q.data() + b * k;
-      T sum = 0;
-      for (std::int64_t j = 0; j < k; ++j) {
-        row[j] *= u[static_cast<std::size_t>(j)];
-        sum += row[j];
-      }
-      const T factor = c / sum;
-      for (std::int64_t j = 0; j < k; ++j) row[j] *= factor;
-    }
-  }
-  // Every sample's code sums to 1.
-  std::vector<float> codes(n);
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const T* row = q.data() + b * k;
-    T sum = 0;
-    for (std::int64_t j = 0; j < k; ++j) sum += row[j];
-    for (std::int64_t j = 0; j < k; ++j)
-      codes[static_cast<std::size_t>(b * k + j)] = static_cast<float>(row[j] / sum);
-  }
-  if (options.hard_assignment) {
-    for (std::int64_t b = 0; b < batch; ++b) {
-      float* row = codes.data() + b * k;
-      const auto best = std::max_element(row, row + k) - row;
-      std::fill(row, row + k, 0.0f);
-      row[best] = 1.0f;
-    }
-  }
-  return codes;
-}
-
-}  // namespace detail
-
-// Codes [batch, k] (row-major, f32) of this rank's `scores` [batch, k]. `all_reduce(span,
-// op)` reduces a host vector over the ranks in place (sum or max); every rank must call with
-// the same batch and k.
+// Codes [code_rows, k] (f32, on the context's device) of the first `code_rows` rows of this
+// rank's `scores` [rows, k] (f32, contiguous, on the context's device). Every step runs on the
+// device (autograd's sinkhorn_* kernels) and so do the all-reduces: `all_reduce(tensor, op)`
+// reduces a tensor on the context's device over the ranks in place, ordered on the context's
+// stream (sum or max); every rank must call with the same rows and k. Nothing is read back,
+// so a captured step can hold the whole iteration.
+//
+// VISSL's guard against an empty prototype (some column sum 0: add 1e-12 everywhere, sum
+// again) is a branch on a reduced value; here each iteration sums once more into `u_again`,
+// which the kernels fill only when the guard fires and otherwise leave 0, and all-reduces it:
+// one more all-reduce of k values per iteration instead of a host read.
 template <class AllReduce>
-std::vector<float> distributed_sinkhorn(std::span<const float> scores, std::int64_t batch,
-                                        std::int64_t k, int world_size,
-                                        const SinkhornOptions& options, AllReduce&& all_reduce) {
-  sk::check(batch > 0 && k > 0 && scores.size() == static_cast<std::size_t>(batch * k),
-            "distributed_sinkhorn: ", scores.size(), " scores do not form [", batch, ", ", k,
-            "] (samples x prototypes)");
+sk::Tensor distributed_sinkhorn(sk::Context& ctx, const sk::Tensor& scores, std::int64_t code_rows,
+                                int world_size, const SinkhornOptions& options,
+                                AllReduce&& all_reduce) {
+  sk::check(scores.dim() == 2 && scores.dtype() == sk::DType::f32 && scores.is_contiguous(),
+            "distributed_sinkhorn: scores ", sk::shape_str(scores.shape()), " ",
+            sk::dtype_name(scores.dtype()),
+            " are not a contiguous f32 [samples, prototypes] matrix; cast them to f32 first");
+  const std::int64_t rows = scores.size(0), k = scores.size(1);
+  sk::check(rows > 0 && k > 0 && code_rows >= 0 && code_rows <= rows,
+            "distributed_sinkhorn: ", code_rows, " code rows of scores ",
+            sk::shape_str(scores.shape()), " (samples x prototypes; the code rows come first)");
   sk::check(options.epsilon > 0, "distributed_sinkhorn: epsilon ", options.epsilon,
             " must be positive (VISSL's default is 0.05; 0.03 against collapse)");
   sk::check(options.num_iters >= 1, "distributed_sinkhorn: num_iters ", options.num_iters,
             " must be at least 1 (VISSL's default is 3)");
-  if (options.use_double_precision)
-    return detail::sinkhorn_in<double>(scores, batch, k, world_size, options, all_reduce);
-  return detail::sinkhorn_in<float>(scores, batch, k, world_size, options, all_reduce);
+  namespace ag = shardkit::autograd;
+  const auto& kernels = ag::kernels_for(ctx, scores);
+  const sk::DType dtype = options.use_double_precision ? sk::DType::f64 : sk::DType::f32;
+  const sk::Tensor q = sk::empty(ctx, {rows, k}, dtype);
+  const sk::Tensor shift = sk::empty(ctx, {1}, dtype), total = sk::empty(ctx, {1}, dtype);
+  const sk::Tensor u = sk::empty(ctx, {k}, dtype), u_again = sk::empty(ctx, {k}, dtype);
+  const sk::Tensor v = sk::empty(ctx, {k}, dtype);
+  // exp(scores / epsilon - global max): the shift cancels in the normalisation below and keeps
+  // exp from overflowing (VISSL shifts in f32; in f64 nothing can overflow, the shift only
+  // changes rounding).
+  kernels.sinkhorn_scale(ctx, scores, q, shift, options.epsilon);
+  all_reduce(shift, sk::comm::ReduceOp::max);
+  kernels.sinkhorn_exp(ctx, q, shift, total);
+  all_reduce(total, sk::comm::ReduceOp::sum);
+  for (int it = 0; it < options.num_iters; ++it) {
+    // The first column sums divide by the total on the way.
+    kernels.sinkhorn_column_sums(ctx, q, it == 0 ? total : sk::Tensor(), sk::Tensor(), u, rows, k);
+    all_reduce(u, sk::comm::ReduceOp::sum);
+    kernels.sinkhorn_column_sums(ctx, q, sk::Tensor(), u, u_again, rows, k);
+    if (world_size > 1) all_reduce(u_again, sk::comm::ReduceOp::sum);
+    kernels.sinkhorn_scale_rows(ctx, q, u, u_again, v, rows, k, rows * std::int64_t{world_size});
+  }
+  // Every sample's code sums to 1.
+  sk::Tensor codes = sk::empty(ctx, {code_rows, k}, sk::DType::f32);
+  kernels.sinkhorn_codes(ctx, q, codes, code_rows, k, options.hard_assignment);
+  return codes;
 }
 
 }  // namespace swav

@@ -53,12 +53,20 @@ void all_reduce_host(sk::Context& ctx, sk::comm::Communicator& comm, std::span<T
   std::copy(back.begin(), back.end(), values.begin());
 }
 
+// A sum or maximum over the ranks of a tensor on the context's device, in place and ordered on
+// the context's stream (the host does not wait for it on a GPU).
+inline void all_reduce_on_stream(sk::comm::Communicator& comm, const sk::Tensor& values,
+                                 sk::comm::ReduceOp op) {
+  if (comm.size() == 1) return;
+  comm.all_reduce(values, op).wait_on_stream();
+}
+
 class SwavLoss {
  public:
-  // `embedding_dim` and `num_prototypes` size the queue; `seed` and the rank draw its random
-  // start (VISSL starts it uniform, not zero).
-  SwavLoss(SwavLossConfig config, std::int64_t embedding_dim, std::int64_t num_prototypes, int rank,
-           std::uint64_t seed)
+  // `embedding_dim` and `num_prototypes` size the queue, kept on the context's device; `seed`
+  // and the rank draw its random start (VISSL starts it uniform, not zero).
+  SwavLoss(sk::Context& ctx, SwavLossConfig config, std::int64_t embedding_dim,
+           std::int64_t num_prototypes, int rank, std::uint64_t seed)
       : config_(std::move(config)), dim_(embedding_dim), prototypes_(num_prototypes) {
     sk::check(config_.num_crops >= 2, "swav_loss: num_crops ", config_.num_crops,
               " must be at least 2 (one crop assigns, the others predict)");
@@ -75,12 +83,13 @@ class SwavLoss {
     if (config_.local_queue_length > 0) {
       // uniform(-s, s) with s = 1 / sqrt(dim / 3), VISSL's start of the embedding queue.
       const double s = 1.0 / std::sqrt(static_cast<double>(dim_) / 3.0);
-      queue_.resize(config_.crops_for_assign.size() *
-                    static_cast<std::size_t>(config_.local_queue_length * dim_));
+      std::vector<float> start(config_.crops_for_assign.size() *
+                               static_cast<std::size_t>(config_.local_queue_length * dim_));
       const sk::RandomSpec spec{sk::RandomKind::uniform, -s, s,
                                 seed * 1000003ull + static_cast<std::uint64_t>(rank), 0};
-      for (std::size_t i = 0; i < queue_.size(); ++i)
-        queue_[i] = static_cast<float>(spec.value_at(i));
+      for (std::size_t i = 0; i < start.size(); ++i)
+        start[i] = static_cast<float>(spec.value_at(i));
+      queue_ = sk::from_vector(ctx, start, {queue_rows(), dim_});
     }
   }
 
@@ -90,9 +99,13 @@ class SwavLoss {
   bool uses_queue() const {
     return config_.local_queue_length > 0 && iteration_ >= config_.queue_start_iter;
   }
-  // The embedding queue, [crops_for_assign][local_queue_length][dim], newest first: part of the
-  // training state (checkpoints save it per rank).
-  std::vector<float>& queue() { return queue_; }
+  // The embedding queue, [crops_for_assign x local_queue_length, dim] f32 on the context's
+  // device, newest first within each assignment crop's block (undefined without a queue): part
+  // of the training state (checkpoints save it per rank; copy into it to restore one).
+  const sk::Tensor& queue() const { return queue_; }
+  std::int64_t queue_rows() const {
+    return static_cast<std::int64_t>(config_.crops_for_assign.size()) * config_.local_queue_length;
+  }
 
   // Scores of queued embeddings ([rows, D] f32 on the context) with the current prototypes
   // ([rows, K]); the trainer runs the prototypes layer without gradient, as VISSL's
@@ -112,40 +125,41 @@ class SwavLoss {
     const std::int64_t b = scores.size(0) / v, k = prototypes_;
     const bool queue = uses_queue();
     const std::int64_t lq = queue ? config_.local_queue_length : 0;
-    const auto host_scores =
-        sk::to_vector<float>(ctx, sk::cast(ctx, scores.data(), sk::DType::f32));
-    std::vector<float> queue_scores;
-    if (queue) queue_scores = scores_of_queue(ctx, score_queue);
+    const sk::Tensor all_scores = sk::cast(ctx, scores.data(), sk::DType::f32);
+    const sk::Tensor queue_scores = queue ? scores_of_queue(ctx, score_queue) : sk::Tensor();
 
     // Targets of every crop row: the sum of the codes that predict it (crop p's rows get the
-    // codes of every assignment crop other than p). Cross-entropy is linear in its target, so
-    // one pass over all rows computes sum_i sum_{p != c_i} CE(scores_p, q_i).
-    std::vector<double> targets(static_cast<std::size_t>(v * b * k), 0.0);
+    // codes of every assignment crop other than p), summed in f64. Cross-entropy is linear in
+    // its target, so one pass over all rows computes sum_i sum_{p != c_i} CE(scores_p, q_i).
+    const sk::Tensor targets = sk::zeros(ctx, {v * b, k}, sk::DType::f64);
     SinkhornOptions options{config_.epsilon, config_.num_iters, config_.use_double_precision,
                             iteration_ < config_.temp_hard_assignment_iters};
     for (std::size_t i = 0; i < config_.crops_for_assign.size(); ++i) {
       const int c = config_.crops_for_assign[i];
-      std::vector<float> block(host_scores.begin() + c * b * k,
-                               host_scores.begin() + (c + 1) * b * k);
-      if (queue)  // the queue's rows come after the batch's, as in VISSL
-        block.insert(block.end(), queue_scores.begin() + static_cast<std::ptrdiff_t>(i * lq * k),
-                     queue_scores.begin() + static_cast<std::ptrdiff_t>((i + 1) * lq * k));
-      const auto codes = distributed_sinkhorn(
-          std::span<const float>(block), b + lq, k, comm.size(), options,
-          [&](auto values, sk::comm::ReduceOp op) { all_reduce_host(ctx, comm, values, op); });
-      for (int p = 0; p < v; ++p) {
-        if (p == c) continue;
-        for (std::int64_t e = 0; e < b * k; ++e)
-          targets[static_cast<std::size_t>(p * b * k + e)] += codes[static_cast<std::size_t>(e)];
+      sk::Tensor block = all_scores.slice(0, c * b, (c + 1) * b);
+      if (queue) {  // the queue's rows come after the batch's, as in VISSL
+        sk::Tensor widened = sk::empty(ctx, {b + lq, k}, sk::DType::f32);
+        sk::copy(ctx, widened.slice(0, 0, b), block);
+        sk::copy(ctx, widened.slice(0, b, b + lq),
+                 queue_scores.slice(0, static_cast<std::int64_t>(i) * lq,
+                                    static_cast<std::int64_t>(i + 1) * lq));
+        block = widened;
       }
+      const sk::Tensor codes =
+          sk::cast(ctx,
+                   distributed_sinkhorn(ctx, block, b, comm.size(), options,
+                                        [&](const sk::Tensor& t, sk::comm::ReduceOp op) {
+                                          all_reduce_on_stream(comm, t, op);
+                                        }),
+                   sk::DType::f64);
+      for (int p = 0; p < v; ++p)
+        if (p != c) sk::add_(ctx, targets.slice(0, p * b, (p + 1) * b), codes);
     }
 
     // Log-softmax in f32 for 16-bit scores (apex O1 keeps it f32), f64 when asked.
     const sk::DType dtype = config_.use_double_precision ? sk::DType::f64 : sk::DType::f32;
-    sk::Tensor target =
-        config_.use_double_precision
-            ? sk::from_vector(ctx, targets, {v * b, k})
-            : sk::from_vector(ctx, std::vector<float>(targets.begin(), targets.end()), {v * b, k});
+    const sk::Tensor target =
+        config_.use_double_precision ? targets : sk::cast(ctx, targets, dtype);
     const auto logits = ag::scale(ctx, ag::cast(ctx, scores, dtype), 1.0 / config_.temperature);
     const auto ce = ag::cross_entropy(ctx, logits, target);  // mean over the V*B rows
     // Mean over rows -> per crop pair: x V; average over the V-1 predicting crops and the
@@ -160,37 +174,38 @@ class SwavLoss {
   }
 
  private:
-  // The queue's scores, [crops_for_assign][lq][K].
-  std::vector<float> scores_of_queue(sk::Context& ctx, const QueueScorer& score_queue) const {
-    const std::int64_t rows =
-        static_cast<std::int64_t>(config_.crops_for_assign.size()) * config_.local_queue_length;
-    const sk::Tensor scores = score_queue(sk::from_vector(ctx, queue_, {rows, dim_}));
-    sk::check(scores.shape() == sk::Shape{rows, prototypes_}, "swav_loss: queue scores ",
-              sk::shape_str(scores.shape()), " are not [", rows, ", ", prototypes_, "]");
-    return sk::to_vector<float>(ctx, sk::cast(ctx, scores, sk::DType::f32));
+  // The queue's scores, [crops_for_assign x lq, K] f32.
+  sk::Tensor scores_of_queue(sk::Context& ctx, const QueueScorer& score_queue) const {
+    const sk::Tensor scores = score_queue(queue_);
+    sk::check(scores.shape() == sk::Shape{queue_rows(), prototypes_}, "swav_loss: queue scores ",
+              sk::shape_str(scores.shape()), " are not [", queue_rows(), ", ", prototypes_, "]");
+    return sk::contiguous(ctx, sk::cast(ctx, scores, sk::DType::f32));
   }
 
-  // Newest first: shift the queue down by the batch and put the batch's embeddings on top.
+  // Newest first: shift each assignment crop's block down by the batch and put the batch's
+  // embeddings on top (through a temporary: the two ranges overlap).
   void push_queue(sk::Context& ctx, const ag::Variable& embedding, std::int64_t b) {
     sk::check(embedding.dim() == 2 && embedding.size(1) == dim_ &&
                   embedding.size(0) == config_.num_crops * b,
               "swav_loss: embedding ", sk::shape_str(embedding.shape()), " is not [",
               config_.num_crops * b, ", ", dim_, "]");
-    const auto e = sk::to_vector<float>(ctx, sk::cast(ctx, embedding.data(), sk::DType::f32));
     const std::int64_t lq = config_.local_queue_length, keep = std::max<std::int64_t>(lq - b, 0);
+    const std::int64_t fresh = std::min(b, lq);
     for (std::size_t i = 0; i < config_.crops_for_assign.size(); ++i) {
-      float* q = queue_.data() + static_cast<std::ptrdiff_t>(i) * lq * dim_;
-      std::copy_backward(q, q + keep * dim_, q + lq * dim_);
-      const std::int64_t fresh = std::min(b, lq);
-      const float* src = e.data() + config_.crops_for_assign[i] * b * dim_;
-      std::copy(src, src + fresh * dim_, q);
+      const std::int64_t at = static_cast<std::int64_t>(i) * lq;
+      if (keep > 0) {
+        const sk::Tensor kept = sk::clone(ctx, queue_.slice(0, at, at + keep));
+        sk::copy(ctx, queue_.slice(0, at + fresh, at + lq), kept);
+      }
+      const std::int64_t from = config_.crops_for_assign[i] * b;
+      sk::copy(ctx, queue_.slice(0, at, at + fresh), embedding.data().slice(0, from, from + fresh));
     }
   }
 
   SwavLossConfig config_;
   std::int64_t dim_, prototypes_;
   std::int64_t iteration_ = 0;
-  std::vector<float> queue_;
+  sk::Tensor queue_;
 };
 
 // A queue scorer for prototypes held as a weight variable [K, D]: the bias-free linear layer,

@@ -180,7 +180,7 @@ class SwavTrainer {
         log_(comm.rank() == 0 ? log : nullptr),
         live_(log_ != nullptr && ::isatty(::fileno(log_)) != 0),
         model_(std::make_shared<SwavModel>(ctx, c)),
-        loss_(c.loss, c.embedding_dim, c.prototypes, comm.rank(), c.seed) {
+        loss_(ctx, c.loss, c.embedding_dim, c.prototypes, comm.rank(), c.seed) {
     sk::parallel::ParallelOptions o = c.parallel;
     if (o.stage == sk::parallel::Stage::fsdp) {
       sk::check(c.fsdp_wrap_threshold == 0,
@@ -647,13 +647,8 @@ class SwavTrainer {
     const auto folder = sk::checkpoint::save_step_checkpoint(
         c_.checkpoint_dir, iteration_, s, o, [&](const std::string& dir) {
           if (c_.loss.local_queue_length == 0) return;
-          sk::Context host;
-          const std::int64_t rows = static_cast<std::int64_t>(c_.loss.crops_for_assign.size()) *
-                                    c_.loss.local_queue_length;
           sk::checkpoint::save_safetensors(
-              queue_file(dir),
-              {sk::checkpoint::host_bytes(
-                  host, "queue", sk::from_vector(host, loss_.queue(), {rows, c_.embedding_dim}))});
+              queue_file(dir), {sk::checkpoint::host_bytes(*ctx_, "queue", loss_.queue())});
         });
     say("checkpoint: %s (iteration %lld)\n", folder.c_str(), static_cast<long long>(iteration_));
   }
@@ -673,13 +668,16 @@ class SwavTrainer {
     if (c_.loss.local_queue_length > 0) {
       const std::string file = queue_file(folder);
       if (std::filesystem::exists(file)) {
-        sk::Context host;
         const auto contents = sk::checkpoint::load_safetensors(file);
         const auto& q = contents.tensors.at(0);
-        sk::check<sk::IoError>(q.bytes.size() == loss_.queue().size() * sizeof(float), "'", file,
+        sk::check<sk::IoError>(q.bytes.size() == static_cast<std::size_t>(loss_.queue().nbytes()),
+                               "'", file,
                                "' holds a queue of another length; resume with the queue settings "
                                "the checkpoint was written with");
-        std::memcpy(loss_.queue().data(), q.bytes.data(), q.bytes.size());
+        auto bytes = q.bytes;  // borrowed by the host tensor the upload reads
+        const sk::Tensor host(sk::Storage::borrow(bytes.data(), bytes.size(), sk::Device::cpu()),
+                              loss_.queue().shape(), sk::DType::f32);
+        sk::copy(*ctx_, loss_.queue(), host);
       } else {
         sk::check<sk::IoError>(!loss_.uses_queue(), "checkpoint '", folder,
                                "' has no queue for rank ", comm_->rank(), " of ", comm_->size(),

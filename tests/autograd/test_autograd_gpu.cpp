@@ -2,6 +2,7 @@
 // ResNet-18 training step built from the same seed on both devices. Skipped (77) without a GPU.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -10,6 +11,8 @@
 #include "shardkit/cuda.hpp"
 #include "shardkit/nn/nn.hpp"
 #include "shardkit/shardkit.hpp"
+// SwAV's Sinkhorn driver (the sample's, over autograd's sinkhorn_* kernels)
+#include "../../samples/swav/sinkhorn.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
@@ -307,4 +310,64 @@ TEST_CASE("cuDNN plans are made once per shape; benchmark mode's algorithms agre
           "new shape",
           [&] { (void)ag::conv2d(*searched, x, w, Variable(), ag::Conv2dOptions::make(1, 1)); }),
       doctest::Contains("a cuDNN algorithm search"), sk::CaptureRefused);
+}
+
+// SwAV's Sinkhorn-Knopp (samples/swav) on the GPU against the CPU's loops, one rank: the same
+// iteration up to the order of its sums (f32 1e-4 relative, f64 1e-10), the same one-hot codes,
+// VISSL's empty-prototype guard on both sides; sizes past one block of columns and one chunk
+// of rows; nothing read back on the way.
+
+TEST_CASE("Sinkhorn-Knopp on the GPU matches the CPU: f32, f64, hard, empty prototype") {
+  auto gpu = sk::make_cuda_context(0, 0, 13);
+  sk::Context cpu;
+  auto none = [](const sk::Tensor&, sk::comm::ReduceOp) {};
+  struct Case {
+    std::int64_t rows, k, code_rows;
+    bool empty_prototype;
+  };
+  for (const Case c : {Case{37, 11, 30, false}, Case{300, 700, 256, false},
+                       Case{2100, 3000, 2048, false}, Case{90, 300, 90, true}}) {
+    auto scores = pattern(c.rows * c.k, static_cast<std::uint32_t>(c.k), sk::DType::f32);
+    if (c.empty_prototype)
+      for (std::int64_t r = 0; r < c.rows; ++r) scores[r * c.k + 5] = -1e38f;
+    for (bool f64 : {false, true})
+      for (bool hard : {false, true}) {
+        CAPTURE(c.rows);
+        CAPTURE(c.k);
+        CAPTURE(f64);
+        CAPTURE(hard);
+        swav::SinkhornOptions soft;
+        soft.use_double_precision = f64;
+        swav::SinkhornOptions options = soft;
+        options.hard_assignment = hard;
+        const auto want = sk::to_vector<float>(
+            cpu, swav::distributed_sinkhorn(cpu, sk::from_vector(cpu, scores, {c.rows, c.k}),
+                                            c.code_rows, 1, soft, none));
+        const sk::Tensor on_gpu = sk::from_vector(*gpu, scores, {c.rows, c.k});
+        const sk::HostWaits before = gpu->host_waits();
+        const sk::Tensor codes =
+            swav::distributed_sinkhorn(*gpu, on_gpu, c.code_rows, 1, options, none);
+        CHECK((gpu->host_waits() - before).total() == 0);
+        const auto got = sk::to_vector<float>(*gpu, codes);
+        REQUIRE(got.size() == want.size());
+        if (!hard) {
+          double worst = 0;
+          for (std::size_t i = 0; i < got.size(); ++i)
+            worst = std::max(worst, std::abs(double(got[i]) - want[i]) /
+                                        std::max(1e-6, std::abs(double(want[i]))));
+          CHECK(worst <= (f64 ? 1e-10 : 1e-4));
+          continue;
+        }
+        // One 1 per row, where the CPU's soft code is the row's largest (up to the sums'
+        // rounding: a near tie may fall either way).
+        for (std::int64_t r = 0; r < c.code_rows; ++r) {
+          const float* row = got.data() + r * c.k;
+          const float* ref = want.data() + r * c.k;
+          CHECK(std::count(row, row + c.k, 1.0f) == 1);
+          CHECK(std::count(row, row + c.k, 0.0f) == c.k - 1);
+          const auto at = std::find(row, row + c.k, 1.0f) - row;
+          CHECK(ref[at] >= *std::max_element(ref, ref + c.k) * (1 - 1e-5));
+        }
+      }
+  }
 }

@@ -98,7 +98,7 @@ int fixture_main(int argc, char** argv) {
           config.num_crops = static_cast<int>(kCrops);
           config.crops_for_assign = {0, 1};
           config.local_queue_length = queue;
-          swav::SwavLoss loss_fn(config, kDim, kPrototypes, comm.rank(), 3);
+          swav::SwavLoss loss_fn(ctx, config, kDim, kPrototypes, comm.rank(), 3);
           const auto scores = ag::linear(ctx, z, c);
           const auto loss = loss_fn(ctx, comm, z, scores, swav::prototype_scorer(ctx, c));
           ag::backward(ctx, loss);
@@ -106,10 +106,9 @@ int fixture_main(int argc, char** argv) {
           if (queue) {
             // The queue as it was during the call: the batch's embeddings pushed it along, so
             // hand the fixture the start VISSL's formula gives (regenerated).
-            swav::SwavLoss fresh(config, kDim, kPrototypes, comm.rank(), 3);
-            out.push_back(
-                sk::checkpoint::host_bytes(ctx, key(name, "queue", comm.rank()),
-                                           sk::from_vector(ctx, fresh.queue(), {2, queue, kDim})));
+            swav::SwavLoss fresh(ctx, config, kDim, kPrototypes, comm.rank(), 3);
+            out.push_back(sk::checkpoint::host_bytes(ctx, key(name, "queue", comm.rank()),
+                                                     fresh.queue().view({2, queue, kDim})));
           }
           out.push_back(sk::checkpoint::host_bytes(ctx, key(name, "z", comm.rank()), z.data()));
           out.push_back(

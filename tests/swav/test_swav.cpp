@@ -92,6 +92,18 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
   return worst;
 }
 
+// This rank's codes: its rows [at / k, at / k + b) of `scores`, on the device with the
+// communicator's all-reduces, read back.
+std::vector<float> sinkhorn_of(sk::Context& ctx, sk::comm::Communicator& comm,
+                               const std::vector<double>& scores, std::int64_t at, std::int64_t b,
+                               std::int64_t k, const swav::SinkhornOptions& options) {
+  const std::vector<float> mine(scores.begin() + at, scores.begin() + at + b * k);
+  const sk::Tensor codes = swav::distributed_sinkhorn(
+      ctx, sk::from_vector(ctx, mine, {b, k}), b, comm.size(), options,
+      [&](const sk::Tensor& t, sk::comm::ReduceOp op) { swav::all_reduce_on_stream(comm, t, op); });
+  return sk::to_vector<float>(ctx, codes);
+}
+
 }  // namespace
 
 TEST_CASE("distributed Sinkhorn-Knopp: every rank's codes are its rows of the global solution") {
@@ -103,12 +115,9 @@ TEST_CASE("distributed Sinkhorn-Knopp: every rank's codes are its rows of the gl
       CAPTURE(f64);
       sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
         const std::int64_t at = comm.rank() * b * k;
-        std::vector<float> mine(scores.begin() + at, scores.begin() + at + b * k);
         swav::SinkhornOptions options;
         options.use_double_precision = f64;
-        const auto codes = swav::distributed_sinkhorn(
-            std::span<const float>(mine), b, k, world, options,
-            [&](auto v, sk::comm::ReduceOp op) { swav::all_reduce_host(ctx, comm, v, op); });
+        const auto codes = sinkhorn_of(ctx, comm, scores, at, b, k, options);
         // The reference works on the f32 scores too.
         std::vector<double> f32_scores(scores.size());
         for (std::size_t i = 0; i < scores.size(); ++i)
@@ -132,12 +141,9 @@ TEST_CASE("distributed Sinkhorn-Knopp: every rank's codes are its rows of the gl
   std::mutex lock;
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     const std::int64_t at = comm.rank() * b * k;
-    std::vector<float> mine(scores.begin() + at, scores.begin() + at + b * k);
     swav::SinkhornOptions options;
     options.num_iters = 200;
-    const auto codes = swav::distributed_sinkhorn(
-        std::span<const float>(mine), b, k, world, options,
-        [&](auto v, sk::comm::ReduceOp op) { swav::all_reduce_host(ctx, comm, v, op); });
+    const auto codes = sinkhorn_of(ctx, comm, scores, at, b, k, options);
     std::lock_guard guard(lock);
     for (std::int64_t r = 0; r < b; ++r)
       for (std::int64_t j = 0; j < k; ++j) mass[j] += codes[r * k + j];
@@ -149,11 +155,18 @@ TEST_CASE("Sinkhorn-Knopp: hard assignment, VISSL's safeguards, and bad argument
   const std::int64_t b = 5, k = 7;
   const auto scores = random_values(43, b * k, -1, 1);
   std::vector<float> f(scores.begin(), scores.end());
-  auto none = [](auto, sk::comm::ReduceOp) {};
+  sk::Context ctx;
+  auto none = [](const sk::Tensor&, sk::comm::ReduceOp) {};
+  auto run = [&](const std::vector<float>& values, std::int64_t rows, std::int64_t cols,
+                 const swav::SinkhornOptions& options) {
+    return sk::to_vector<float>(
+        ctx, swav::distributed_sinkhorn(ctx, sk::from_vector(ctx, values, {rows, cols}), rows, 1,
+                                        options, none));
+  };
   swav::SinkhornOptions soft, hard;
   hard.hard_assignment = true;
-  const auto s = swav::distributed_sinkhorn(std::span<const float>(f), b, k, 1, soft, none);
-  const auto h = swav::distributed_sinkhorn(std::span<const float>(f), b, k, 1, hard, none);
+  const auto s = run(f, b, k, soft);
+  const auto h = run(f, b, k, hard);
   for (std::int64_t r = 0; r < b; ++r) {
     const auto best = std::max_element(s.begin() + r * k, s.begin() + (r + 1) * k) - s.begin();
     for (std::int64_t j = 0; j < k; ++j) CHECK(h[r * k + j] == (r * k + j == best ? 1.0f : 0.0f));
@@ -162,13 +175,31 @@ TEST_CASE("Sinkhorn-Knopp: hard assignment, VISSL's safeguards, and bad argument
   // the codes stay finite and sum to 1.
   std::vector<float> wide(f);
   for (auto& x : wide) x *= 40;
-  const auto w = swav::distributed_sinkhorn(std::span<const float>(wide), b, k, 1, soft, none);
+  const auto w = run(wide, b, k, soft);
   for (float x : w) CHECK(std::isfinite(x));
-  CHECK_THROWS_WITH(swav::distributed_sinkhorn(std::span<const float>(f), b, k + 1, 1, soft, none),
-                    doctest::Contains("do not form [5, 8]"));
+  // A prototype no sample can reach (every score -inf in f32 after the scaling): VISSL's
+  // guard adds 1e-12 everywhere and the column sums again; the codes stay finite and sum to 1.
+  std::vector<float> empty_column(f);
+  for (std::int64_t r = 0; r < b; ++r) empty_column[r * k + 2] = -1e38f;
+  const auto e = run(empty_column, b, k, soft);
+  for (std::int64_t r = 0; r < b; ++r) {
+    double sum = 0;
+    for (std::int64_t j = 0; j < k; ++j) {
+      CHECK(std::isfinite(e[r * k + j]));
+      sum += e[r * k + j];
+    }
+    CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
+    CHECK(e[r * k + 2] > 0.0f);  // the guard's 1e-12, scaled up by the empty column's share
+  }
+  const sk::Tensor codes_in = sk::from_vector(ctx, f, {b, k});
+  CHECK_THROWS_WITH(swav::distributed_sinkhorn(ctx, codes_in, b + 1, 1, soft, none),
+                    doctest::Contains("6 code rows of scores [5, 7]"));
+  CHECK_THROWS_WITH(
+      swav::distributed_sinkhorn(ctx, sk::cast(ctx, codes_in, sk::DType::f64), b, 1, soft, none),
+      doctest::Contains("cast them to f32"));
   swav::SinkhornOptions bad;
   bad.epsilon = 0;
-  CHECK_THROWS_WITH(swav::distributed_sinkhorn(std::span<const float>(f), b, k, 1, bad, none),
+  CHECK_THROWS_WITH(swav::distributed_sinkhorn(ctx, codes_in, b, 1, bad, none),
                     doctest::Contains("epsilon 0 must be positive"));
 }
 
@@ -203,11 +234,13 @@ std::vector<LossResult> run_ours(const LossCase& c, bool f64 = false) {
     config.crops_for_assign = c.assign;
     config.use_double_precision = f64;
     config.local_queue_length = c.queue;
-    swav::SwavLoss loss_fn(config, c.d, c.k, comm.rank(), 5);
+    swav::SwavLoss loss_fn(ctx, config, c.d, c.k, comm.rank(), 5);
     if (c.queue) {
       const auto q = unit_rows(200 + static_cast<std::uint64_t>(comm.rank()),
                                static_cast<std::int64_t>(c.assign.size()) * c.queue, c.d);
-      loss_fn.queue().assign(q.begin(), q.end());
+      sk::copy(
+          ctx, loss_fn.queue(),
+          sk::from_vector(ctx, std::vector<float>(q.begin(), q.end()), loss_fn.queue().shape()));
     }
     auto scores = ag::linear(ctx, zv, cv);
     auto loss = loss_fn(ctx, comm, zv, scores, swav::prototype_scorer(ctx, cv));
@@ -344,8 +377,9 @@ TEST_CASE("the queue: VISSL's length rounding, start iteration and newest-first 
     config.num_crops = 3;
     config.local_queue_length = lq;
     config.queue_start_iter = 1;
-    swav::SwavLoss loss_fn(config, d, k, 0, 9);
-    const auto start = loss_fn.queue();
+    swav::SwavLoss loss_fn(rctx, config, d, k, 0, 9);
+    auto queue_now = [&] { return sk::to_vector<float>(rctx, loss_fn.queue()); };
+    const auto start = queue_now();
     REQUIRE(start.size() == 2 * lq * d);
     for (float x : start) CHECK(std::abs(x) <= 1.0 / std::sqrt(d / 3.0) + 1e-6);
     auto make = [&](std::uint64_t seed) {
@@ -359,12 +393,12 @@ TEST_CASE("the queue: VISSL's length rounding, start iteration and newest-first 
     auto z0 = make(1);
     CHECK_FALSE(loss_fn.uses_queue());
     (void)loss_fn(rctx, comm, z0, ag::linear(rctx, z0, cv), swav::prototype_scorer(rctx, cv));
-    CHECK(loss_fn.queue() == start);
+    CHECK(queue_now() == start);
     CHECK(loss_fn.uses_queue());
     auto z1 = make(2);
     (void)loss_fn(rctx, comm, z1, ag::linear(rctx, z1, cv), swav::prototype_scorer(rctx, cv));
     const auto e = sk::to_vector<float>(rctx, z1.data());
-    const auto& q = loss_fn.queue();
+    const auto q = queue_now();
     for (int i = 0; i < 2; ++i) {  // crops_for_assign {0, 1}
       const float* head = q.data() + i * lq * d;
       for (std::int64_t x = 0; x < b * d; ++x) CHECK(head[x] == e[i * b * d + x]);
@@ -376,16 +410,47 @@ TEST_CASE("the queue: VISSL's length rounding, start iteration and newest-first 
   (void)ctx;
 }
 
+TEST_CASE("the SwAV loss waits for nothing: no read, upload or wait in a step, 2 ranks, queue") {
+  // Counted on every device (sk::HostWaits): on a GPU each would stall the host behind the
+  // device, and a captured step could not hold it. Sinkhorn, its all-reduces, the targets and
+  // the queue stay on the context's device.
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    const std::int64_t b = 4, d = 6, k = 9, lq = 8;
+    swav::SwavLossConfig config;
+    config.num_crops = 3;
+    config.local_queue_length = lq;
+    swav::SwavLoss loss_fn(ctx, config, d, k, comm.rank(), 4);
+    const auto z = unit_rows(60 + static_cast<std::uint64_t>(comm.rank()), 3 * b, d);
+    const auto c = unit_rows(61, k, d);
+    ag::Variable zv(sk::from_vector(ctx, std::vector<float>(z.begin(), z.end()), {3 * b, d}), true);
+    ag::Variable cv(sk::from_vector(ctx, std::vector<float>(c.begin(), c.end()), {k, d}), true);
+    for (int step = 0; step < 2; ++step) {
+      const sk::HostWaits before = ctx.host_waits();
+      auto loss = loss_fn(ctx, comm, zv, ag::linear(ctx, zv, cv), swav::prototype_scorer(ctx, cv));
+      ag::backward(ctx, loss);
+      const sk::HostWaits made = ctx.host_waits() - before;
+      CAPTURE(step);
+      CHECK(made.reads == 0);
+      CHECK(made.uploads == 0);
+      CHECK(made.synchronizations == 0);
+      CHECK(made.collective_waits == 0);
+      CHECK(std::isfinite(sk::to_vector<float>(ctx, loss.data())[0]));
+    }
+  });
+}
+
 TEST_CASE("the SwAV loss refuses bad settings by name") {
+  sk::Context ctx;
   swav::SwavLossConfig c;
   c.num_crops = 1;
-  CHECK_THROWS_WITH(swav::SwavLoss(c, 4, 4, 0, 1), doctest::Contains("num_crops 1"));
+  CHECK_THROWS_WITH(swav::SwavLoss(ctx, c, 4, 4, 0, 1), doctest::Contains("num_crops 1"));
   c.num_crops = 4;
   c.crops_for_assign = {0, 4};
-  CHECK_THROWS_WITH(swav::SwavLoss(c, 4, 4, 0, 1), doctest::Contains("crop 4, outside [0, 4)"));
+  CHECK_THROWS_WITH(swav::SwavLoss(ctx, c, 4, 4, 0, 1),
+                    doctest::Contains("crop 4, outside [0, 4)"));
   c.crops_for_assign = {0};
   c.temperature = 0;
-  CHECK_THROWS_WITH(swav::SwavLoss(c, 4, 4, 0, 1), doctest::Contains("temperature 0"));
+  CHECK_THROWS_WITH(swav::SwavLoss(ctx, c, 4, 4, 0, 1), doctest::Contains("temperature 0"));
 }
 
 namespace {
@@ -1056,11 +1121,12 @@ TEST_CASE("kNN features: VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP, and errors that 
   // The pooling itself equals torch.nn's (swav_torch.py, on the fixture); here a hand case:
   // AdaptiveAvgPool2d [[2, 2]] on a 3x3 plane averages the overlapping windows rows/cols
   // [0, 2) and [1, 3).
-  std::vector<float> plane{1, 2, 3, 4, 5, 6, 7, 8, 9}, out(4);
+  // (`out` as long as the plane: GCC's bounds check cannot see that no identity copy runs.)
+  std::vector<float> plane{1, 2, 3, 4, 5, 6, 7, 8, 9}, out(plane.size(), -1.0f);
   config_of({key + R"([["res5", ["AdaptiveAvgPool2d", [[2, 2]]]]])"})
       .knn_features[0]
       .apply(plane.data(), 1, 1, 3, 3, out.data());
-  CHECK(out == std::vector<float>{3, 4, 6, 7});
+  CHECK(out == std::vector<float>{3, 4, 6, 7, -1, -1, -1, -1, -1});
 }
 
 // The weighted kNN vote in float64 by brute force: the k most similar bank rows (ties to the

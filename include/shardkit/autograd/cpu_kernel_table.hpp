@@ -21,6 +21,7 @@ const AutogradKernels& cpu_kernels();
 #include "shardkit/autograd/cpu_dnnl.hpp"
 #include "shardkit/autograd/cpu_kernels.hpp"
 #include "shardkit/autograd/cpu_norm_pool.hpp"
+#include "shardkit/autograd/cpu_sinkhorn.hpp"
 
 namespace shardkit::autograd {
 
@@ -222,6 +223,22 @@ SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
                 },
                 x, gy, relu_out, gx);
           },
+      .sinkhorn_scale = [](Context&, const Tensor& scores, const Tensor& q, const Tensor& largest,
+                           double epsilon) { cpu::sinkhorn_scale(scores, q, largest, epsilon); },
+      .sinkhorn_exp = [](Context&, const Tensor& q, const Tensor& shift,
+                         const Tensor& total) { cpu::sinkhorn_exp(q, shift, total); },
+      .sinkhorn_column_sums =
+          [](Context&, const Tensor& q, const Tensor& divisor, const Tensor& zero_in,
+             const Tensor& u, std::int64_t rows,
+             std::int64_t cols) { cpu::sinkhorn_column_sums(q, divisor, zero_in, u, rows, cols); },
+      .sinkhorn_scale_rows =
+          [](Context&, const Tensor& q, const Tensor& u, const Tensor& u_again, const Tensor& v,
+             std::int64_t rows, std::int64_t cols, std::int64_t global_rows) {
+            cpu::sinkhorn_scale_rows(q, u, u_again, v, rows, cols, global_rows);
+          },
+      .sinkhorn_codes = [](Context&, const Tensor& q, const Tensor& codes, std::int64_t code_rows,
+                           std::int64_t cols,
+                           bool hard) { cpu::sinkhorn_codes(q, codes, code_rows, cols, hard); },
       .gemm =
           [](Context& c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b,
              const Tensor& out, double alpha, double beta) {

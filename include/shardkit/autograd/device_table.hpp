@@ -100,6 +100,33 @@ struct AutogradKernels {
                                 const Tensor& sums, const Tensor& count, const Tensor& grad_x,
                                 std::int64_t outer, std::int64_t channels, std::int64_t inner);
 
+  // Sinkhorn-Knopp's passes over q[rows, cols] (SwAV's codes: samples/swav/sinkhorn.hpp runs
+  // them between its all-reduces over the ranks). q, u, u_again, v and the one-element scalars
+  // (largest, shift, total, divisor) share q's dtype, f32 or f64; scores and codes are f32.
+  // Every scalar stays on the device, so a step that computes codes reads nothing back.
+  // q = scores / epsilon (in q's dtype); largest[0] = max(q).
+  void (*sinkhorn_scale)(Context&, const Tensor& scores, const Tensor& q, const Tensor& largest,
+                         double epsilon);
+  // q = exp(q - shift[0]); total[0] = sum(q). (With shift the maximum over every rank, each
+  // exponent is <= 0: no entry can become infinite.)
+  void (*sinkhorn_exp)(Context&, const Tensor& q, const Tensor& shift, const Tensor& total);
+  // u[j] = sum over the rows of q[., j], after q /= divisor[0] where divisor is defined. With
+  // zero_in defined (VISSL's guard against an empty prototype): when some zero_in[j] == 0,
+  // q += 1e-12 first; otherwise q is left alone and u = 0.
+  void (*sinkhorn_column_sums)(Context&, const Tensor& q, const Tensor& divisor,
+                               const Tensor& zero_in, const Tensor& u, std::int64_t rows,
+                               std::int64_t cols);
+  // v[j] = (1 / cols) / w[j] with w = u_again where some u[j] == 0, else u; infinite v replaced
+  // by the largest finite one; then every row of q is scaled by v and to sum to
+  // 1 / global_rows.
+  void (*sinkhorn_scale_rows)(Context&, const Tensor& q, const Tensor& u, const Tensor& u_again,
+                              const Tensor& v, std::int64_t rows, std::int64_t cols,
+                              std::int64_t global_rows);
+  // codes[r] = q[r] / sum(q[r]) in f32 for the first code_rows rows; `hard`: then one-hot at
+  // the row's first largest code.
+  void (*sinkhorn_codes)(Context&, const Tensor& q, const Tensor& codes, std::int64_t code_rows,
+                         std::int64_t cols, bool hard);
+
   // The library-backed ops. Any floating dtype: the CPU computes f16/bf16 in f32.
   // c = alpha * op(a) op(b) + beta * c for 2-D row-major a, b, c (op: transposed or not).
   void (*gemm)(Context&, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b,
