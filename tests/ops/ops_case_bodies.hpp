@@ -256,6 +256,57 @@ void leaf_sums_case(B& b, std::int64_t gap, double tolerance) {
   CHECK(std::memcmp(both.data() + total, got_y.data(), got_y.size() * sizeof(double)) == 0);
 }
 
+// normalize_rows_by_leaves (SwAV's prototypes after a step): a [7, 48] parameter's pieces, cut
+// on leaf boundaries inside rows as shards are, divided by their rows' norms from the whole
+// parameter's leaf sums -- the same bits for every cut, within one f32 rounding of float64;
+// nothing written when the step gate says skip; bad arguments refused by name.
+template <class B>
+void normalize_rows_case(B& b) {
+  const std::int64_t rows = 7, cols = 48, n = rows * cols;
+  const auto x0 = random_values(n, -1.0, 1.0, 61);
+  sk::Context host;
+  auto run = [&](const std::vector<std::int64_t>& cuts, const sk::Tensor& gate) {
+    const auto leaves = b.zeros({n / ops::kNormLeaf}, sk::DType::f64);
+    std::vector<sk::Tensor> pieces;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      pieces.push_back(b.upload(
+          sk::from_vector(host, std::vector<float>(x0.begin() + cuts[i], x0.begin() + cuts[i + 1]),
+                          {cuts[i + 1] - cuts[i]})));
+      const std::int64_t first = cuts[i] / ops::kNormLeaf;
+      ops::leaf_sums_of_squares(
+          b.ctx, std::span<const sk::Tensor>(&pieces.back(), 1),
+          leaves.slice(0, first, first + ops::norm_leaves(pieces.back().numel())));
+    }
+    std::vector<float> out;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      ops::normalize_rows_by_leaves(b.ctx, pieces[i], cuts[i], cols, leaves, 1e-12, gate);
+      const auto v = sk::to_vector<float>(host, b.download(pieces[i]));
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  const auto whole = run({0, n}, sk::Tensor());
+  CHECK(run({0, 16, 80, 96, 208, n}, sk::Tensor()) == whole);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (std::int64_t c = 0; c < cols; ++c) sum += double(x0[r * cols + c]) * x0[r * cols + c];
+    for (std::int64_t c = 0; c < cols; ++c)
+      CHECK(rel_error(whole[r * cols + c], x0[r * cols + c] / std::sqrt(sum)) <= 1e-7);
+  }
+  auto gate_of = [&](float skip) {
+    return b.upload(sk::from_vector(host, std::vector<float>{1.0f, skip, 3.0f, 0.1f}, {4}));
+  };
+  CHECK(run({0, 96, n}, gate_of(1.0f)) == x0);  // a skipped step: untouched
+  CHECK(run({0, 96, n}, gate_of(0.0f)) == whole);
+  const auto piece = b.upload(sk::from_vector(host, x0, {n}));
+  const auto leaves = b.zeros({n / ops::kNormLeaf}, sk::DType::f64);
+  CHECK_THROWS_WITH(ops::normalize_rows_by_leaves(b.ctx, piece, 0, 40, leaves, 1e-12),
+                    doctest::Contains("rows of 40 columns"));
+  CHECK_THROWS_WITH(
+      ops::normalize_rows_by_leaves(b.ctx, piece, 0, cols, leaves.slice(0, 0, 20), 1e-12),
+      doctest::Contains("do not cover the rows"));
+}
+
 // Tree nodes over leaf sums (norm_subtree_sums) against the host's norm_subtree, bit for bit:
 // both add the same pairs in the same order. Values of widely spread magnitudes, so any other
 // order of the additions would round differently (checked: a left-to-right sum does); nodes of

@@ -51,6 +51,11 @@ TEST_CASE("leaf sums of squares (split-invariant norms): every leaf, short last 
   for (std::int64_t gap : {0, 1, 5}) leaf_sums_case(b, gap, Backend::leaf_tolerance);
 }
 
+TEST_CASE("rows divided by their norms from leaf sums: every cut alike, gated, float64") {
+  Backend b;
+  normalize_rows_case(b);
+}
+
 TEST_CASE("norm tree nodes over leaf sums equal norm_subtree bit for bit") {
   Backend b;
   norm_subtrees_case(b);

@@ -406,3 +406,77 @@ TEST_CASE("a captured ShardedModule step refuses offload and a drifting learning
     });
   }
 }
+
+// The prototypes' normalisation inside a loss-scaled step (normalize_rows_after_step registers
+// a gated hook: it reads the step gate on the device, not the verdict on the host): no host
+// wait in a step, so the step can be captured; and after a step the gate skipped (an overflow:
+// an inf in one rank's input) the parameters are untouched -- the hook ran, but its pass wrote
+// nothing (the start is not normalised: a pass that ran would change it).
+TEST_CASE(
+    "normalize_rows_after_step in a loss-scaled step: no host wait; a skipped step untouched") {
+  for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+    CAPTURE(sk::parallel::stage_name(stage));
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = std::make_shared<nn::Sequential>();
+      net->push_back(std::make_shared<nn::Linear>(ctx, 12, 32));
+      net->push_back(std::make_shared<nn::ReLU>());
+      net->push_back(std::make_shared<nn::Linear>(ctx, 32, 10, false));
+      sk::Context init({.seed = 6});
+      for (auto& p : net->parameters()) {
+        auto v = sk::empty(init, p.shape(), sk::DType::f32);
+        sk::uniform_(init, v, -0.5, 0.5);
+        sk::copy(ctx, p.data(), v);
+      }
+      sk::parallel::ParallelOptions options;
+      options.stage = stage;
+      options.buckets.bucket_bytes = 512;
+      options.fsdp.wrap.unit_paths = {"2"};
+      sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                        options);
+      sk::parallel::normalize_rows_after_step(model.engine(), "2.weight");
+      auto values = [&] {  // collective; rank 0 gets the consolidated values, the others none
+        std::vector<float> out;
+        for (const auto& [name, t] : model.state_dict(true)) {
+          const auto v = sk::to_vector<float>(ctx, sk::cast(ctx, t, sk::DType::f32));
+          out.insert(out.end(), v.begin(), v.end());
+        }
+        return out;
+      };
+      std::vector<Batch> batches;  // on the device before the steps, as a loader's would be
+      for (int s = 0; s < 5; ++s) batches.push_back(batch(ctx, {6, 12}, 10, comm.rank(), s));
+      Batch overflowing_batch = batch(ctx, {6, 12}, 10, comm.rank(), 9);
+      if (comm.rank() == 1)
+        sk::fill(ctx, overflowing_batch.x.data().slice(0, 2, 3),
+                 std::numeric_limits<double>::infinity());
+      auto step = [&](sk::optim::DynamicLossScaler& scaler, int s) {
+        model.zero_grad();
+        const auto& b = s < 0 ? overflowing_batch : batches[static_cast<std::size_t>(s)];
+        auto loss = ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
+        ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
+        model.step(0.1f, scaler);
+      };
+      const auto start = values();
+      sk::optim::DynamicLossScaler scaler;
+      step(scaler, -1);
+      CHECK(scaler.found_inf());
+      const auto after_skip = values();
+      if (comm.rank() == 0) CHECK(after_skip == start);
+      sk::HostWaits before;
+      for (int s = 0; s < 5; ++s) {
+        if (s == 2) before = ctx.host_waits();
+        step(scaler, s);
+      }
+      CHECK((ctx.host_waits() - before).total() == 0);
+      const auto trained = values();
+      if (comm.rank() != 0) return;
+      REQUIRE(trained.size() == 12 * 32 + 32 + 32 * 10);
+      CHECK(trained != start);
+      for (int r = 0; r < 10; ++r) {  // the prototypes (the last 10 x 32 values): unit rows
+        double sum = 0;
+        for (int c = 0; c < 32; ++c)
+          sum += double(trained[416 + r * 32 + c]) * trained[416 + r * 32 + c];
+        CHECK(std::sqrt(sum) == doctest::Approx(1.0).epsilon(1e-6));
+      }
+    });
+  }
+}

@@ -60,6 +60,9 @@ struct FusedOps {
                            const Tensor& state);
   void (*count_applied_step)(Context&, const Tensor& gate);
   void (*follow_loss_scale)(Context&, std::span<const Tensor> values, const Tensor& state);
+  void (*normalize_rows_by_leaves)(Context&, const Tensor& values, std::int64_t first,
+                                   std::int64_t cols, const Tensor& leaves, double eps,
+                                   const Tensor& gate);
 };
 
 // The table of backend B (ops::Cpu here, ops::Cuda in kernels/ops/cuda_backend.cuh).
@@ -89,6 +92,7 @@ constexpr FusedOps fused_ops_table() {
       .loss_scale_phase = &ops::loss_scale_phase<B>,
       .count_applied_step = &ops::count_applied_step<B>,
       .follow_loss_scale = &ops::follow_loss_scale<B>,
+      .normalize_rows_by_leaves = &ops::normalize_rows_by_leaves<B>,
   };
   if constexpr (has_larc_sgd_tree<B>) table.larc_sgd_step_tree = &ops::larc_sgd_step_tree<B>;
   return table;
@@ -204,6 +208,11 @@ inline void count_applied_step(Context& ctx, const Tensor& gate) {
 }
 inline void follow_loss_scale(Context& ctx, std::span<const Tensor> values, const Tensor& state) {
   fused_ops(ctx).follow_loss_scale(ctx, values, state);
+}
+inline void normalize_rows_by_leaves(Context& ctx, const Tensor& values, std::int64_t first,
+                                     std::int64_t cols, const Tensor& leaves, double eps,
+                                     const Tensor& gate = Tensor()) {
+  fused_ops(ctx).normalize_rows_by_leaves(ctx, values, first, cols, leaves, eps, gate);
 }
 // The int8 format, qwZ's and qgZ's.
 inline void quantize_int8_blocks(Context& ctx, const Tensor& values, std::int64_t block,

@@ -21,6 +21,7 @@
 //   loss_scale_phase<B>         the loss scale state's begin or update (step_gate.hpp)
 //   count_applied_step<B>       the step gate's count past a step it did not skip
 //   follow_loss_scale<B>        values kept in the scaled units follow the scale's update
+//   normalize_rows_by_leaves<B> a 2-D parameter's rows divided by their norms from leaf sums
 #pragma once
 
 #include <span>
@@ -36,6 +37,7 @@
 #include "shardkit/ops/norms.hpp"
 #include "shardkit/ops/op_args.hpp"
 #include "shardkit/ops/quantize.hpp"
+#include "shardkit/ops/row_normalize.hpp"
 
 namespace shardkit::ops {
 
@@ -445,6 +447,49 @@ void follow_loss_scale(Context& ctx, std::span<const Tensor> values, const Tenso
   const auto spans =
       make_spans<1>(ctx, "follow_loss_scale", {OperandList{values, DType::f32, "values"}}, {true});
   if (!spans.empty()) B::apply(ctx, FollowLossScaleFunctor{state.data<float>()}, spans);
+}
+
+// normalize_rows (parallel/param_rows.hpp) on one piece of a 2-D parameter with `cols` columns:
+// `values` (contiguous f32) holds the parameter's elements [first, first + numel), `leaves` (f64
+// on ctx's device) the whole parameter's leaf sums (norm_tree.hpp; cols a multiple of
+// kNormLeaf). Each element is divided by its row's norm, max(sqrt(the row's leaves summed in
+// order), eps), in f64; with `gate` defined (the optimizer's step gate) nothing is written after
+// a skipped step.
+template <class B>
+void normalize_rows_by_leaves(Context& ctx, const Tensor& values, std::int64_t first,
+                              std::int64_t cols, const Tensor& leaves, double eps,
+                              const Tensor& gate = Tensor()) {
+  SK_OPS_ENTRY(B, ctx, "normalize_rows_by_leaves");
+  check(values.dtype() == DType::f32 && values.is_contiguous() && values.device() == ctx.device(),
+        "normalize_rows_by_leaves: values must be contiguous f32 on ", ctx.device().str(), ", got ",
+        values.str());
+  check(cols > 0 && cols % kNormLeaf == 0 && first >= 0, "normalize_rows_by_leaves: rows of ", cols,
+        " columns from element ", first, "; the row norms come from whole leaves of ", kNormLeaf,
+        " elements");
+  const std::int64_t end = first + values.numel();
+  check(leaves.defined() && leaves.dtype() == DType::f64 && leaves.is_contiguous() &&
+            leaves.device() == ctx.device() &&
+            leaves.numel() * kNormLeaf >= (end + cols - 1) / cols * cols,
+        "normalize_rows_by_leaves: leaves ", leaves.defined() ? leaves.str() : "(undefined)",
+        " do not cover the rows of elements [", first, ", ", end, ")");
+  if (gate.defined())
+    check_result_tensor(ctx, gate, DType::f32, {kGateSlots}, "normalize_rows_by_leaves", "gate");
+  // One span per row piece: span s lies in row first / cols + s.
+  SpanList<1> spans;
+  auto* data = static_cast<float*>(values.data_ptr());
+  for (std::int64_t at = first; at < end;) {
+    const std::int64_t stop = std::min(end, (at / cols + 1) * cols);
+    Span<1> span;
+    span.data[0] = data + (at - first);
+    span.size = stop - at;
+    spans.push_back(span);
+    at = stop;
+  }
+  if (spans.empty()) return;
+  B::apply(ctx,
+           RowNormalizeFunctor{leaves.data<double>(), first / cols, cols / kNormLeaf, eps,
+                               gate.defined() ? gate.data<float>() : nullptr},
+           spans);
 }
 
 namespace detail {

@@ -201,6 +201,9 @@ class ShardedOptimizer {
   // The f32 values the optimizer updates (what checkpoints save): piece_params() itself, or
   // under mixed precision (or offload) the f32 master.
   const std::vector<Tensor>& master_params() const { return copies_.masters(); }
+  // The step gate (ops/step_gate.hpp) once a gated step made it, else undefined: passes that
+  // follow the update (post-step hooks) read its skip slot to leave a skipped step alone.
+  const Tensor& step_gate() const { return gate_; }
   bool mixed_precision() const { return copies_.mixed_precision(); }
   DType compute_dtype() const { return copies_.compute_dtype(); }
   // Whether the f32 values the optimizer updates are a copy apart from piece_params() (mixed

@@ -14,6 +14,7 @@
 // hooks. What every engine offers: the concept TrainingEngine (engine_contract.hpp).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -145,7 +146,9 @@ class Engine : public ParamGroups {
     scaler.check_grads(*ctx_, comm_, piece_grads_);
     forget_node_slices();
     optimizer_->step(piece_grads_, scaler);
-    after_update(post_step_hooks_.empty() || !scaler.found_inf());
+    const bool needs_verdict = std::any_of(post_step_hooks_.begin(), post_step_hooks_.end(),
+                                           [](const PostStepHook& h) { return !h.gated; });
+    after_update(!needs_verdict || !scaler.found_inf());
     scaler.update(*ctx_);
     // qgZ's error feedback is in the scaled units: it follows the new scale, and a skipped
     // step's residuals (which may hold an inf) are dropped.
@@ -166,7 +169,13 @@ class Engine : public ParamGroups {
     return optimizer_->clip_grad_norm(piece_grads_, max_norm, inv_grad_scale);
   }
 
-  void register_post_step_hook(StepHook hook) { post_step_hooks_.push_back(std::move(hook)); }
+  // `hook` runs after each applied step (after a loss-scaled step the host reads the verdict for
+  // it). A `gated` hook runs after every step and leaves a skipped one alone by itself, on the
+  // device (it reads the optimizer's step gate: normalize_rows_after_step's), so no verdict is
+  // read for it -- a loss-scaled step with only gated hooks can be captured.
+  void register_post_step_hook(StepHook hook, bool gated = false) {
+    post_step_hooks_.push_back({std::move(hook), gated});
+  }
 
   // --- state -----------------------------------------------------------------------------------
   Context& context() const { return *ctx_; }
@@ -230,8 +239,8 @@ class Engine : public ParamGroups {
   // After the fused update: the post-step hooks on this rank's pieces (after an applied step),
   // then (oss, sdp) the owners' ranges all-gathered.
   void after_update(bool applied) {
-    if (applied)
-      for (auto& hook : post_step_hooks_) hook(*this);
+    for (auto& hook : post_step_hooks_)
+      if (applied || hook.gated) hook.run(*this);
     if (policy().gather_after_step)
       for (std::size_t u = 0; u < unit_count(); ++u)
         all_gather_owned(mutable_group(u).flat(), policy().broadcast_fp16);
@@ -251,7 +260,11 @@ class Engine : public ParamGroups {
   std::vector<std::size_t> first_piece_;  // per group: its first piece in the optimizer's list
   std::vector<Tensor> piece_grads_;
   std::unique_ptr<optim::ShardedOptimizer> optimizer_;
-  std::vector<StepHook> post_step_hooks_;
+  struct PostStepHook {
+    StepHook run;
+    bool gated = false;  // leaves a skipped step alone on the device (register_post_step_hook)
+  };
+  std::vector<PostStepHook> post_step_hooks_;
 };
 
 }  // namespace shardkit::parallel

@@ -5,7 +5,8 @@
 //                    (SwAV's prototypes after each step; torch.nn.functional.normalize). The
 //                    row norms come from 16-element leaf sums of squares (ops/norm_tree.hpp's
 //                    leaf order) exchanged once, so they have the same bits whether a rank holds
-//                    the whole row (DDP) or a piece of it (OSS/SDP flat split, FSDP shards).
+//                    the whole row (DDP) or a piece of it (OSS/SDP flat split, FSDP shards);
+//                    all of it on the parameter's device, nothing read back.
 //                    Writes the f32 masters, rounds the compute copies from them, and makes the
 //                    ranks agree again (OSS/SDP: the parameter all-gather; DDP and FSDP: none).
 //                    normalize_rows_after_step registers it as an engine's post-step hook,
@@ -16,9 +17,8 @@
 //                    momentum and its weight decay untouched, as apex's zero-norm rule says).
 #pragma once
 
-#include <cmath>
+#include <span>
 #include <string>
-#include <vector>
 
 #include "shardkit/ops/norm_tree.hpp"
 #include "shardkit/parallel/engine.hpp"
@@ -54,7 +54,10 @@ inline std::size_t row_param(const shard::PieceTable& table, const std::string& 
 
 // normalize_rows on this rank's pieces only: the ranks' copies of the parameter agree again
 // once the owners' ranges are gathered (OSS/SDP), or at once (DDP, FSDP). Collective when the
-// table is sharded (the row norms' leaves are exchanged).
+// table is sharded (the row norms' leaves are exchanged). Runs where the parameter lives: the
+// leaf sums, their exchange (ordered on the stream) and the division by the row norms are
+// device work, with nothing read back -- a captured step can hold it. After a step the step
+// gate skipped (an overflow), nothing changes.
 inline void normalize_owned_rows(Context& ctx, optim::ShardedOptimizer& optimizer,
                                  comm::Communicator* comm, const std::string& name,
                                  double eps = 1e-12) {
@@ -62,40 +65,38 @@ inline void normalize_owned_rows(Context& ctx, optim::ShardedOptimizer& optimize
   const std::size_t p = detail::row_param(table, name);
   const auto& param = table.params()[p];
   const std::int64_t cols = param.shape[1];
-  // This rank's leaves (others stay 0; every leaf lies in exactly one rank's pieces).
-  std::vector<double> leaves(static_cast<std::size_t>(param.numel / ops::kNormLeaf), 0.0);
+  // Where the f32 masters live: the parameters' context, or the host's under CPU offload.
+  Context& where = optimizer.host_context();
+  // This rank's leaves (others stay 0; every leaf lies in exactly one rank's pieces, and pieces
+  // start on leaf boundaries).
+  const Tensor leaves = zeros(where, {param.numel / ops::kNormLeaf}, DType::f64);
   const auto& pieces = optimizer.pieces();
-  std::vector<std::vector<float>> values(pieces.size());
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     if (pieces[k].param != p) continue;
-    values[k] = to_vector<float>(ctx, optimizer.master_params()[k]);
-    for (std::int64_t e = 0; e < pieces[k].numel(); e += ops::kNormLeaf)
-      leaves[static_cast<std::size_t>((pieces[k].param_begin + e) / ops::kNormLeaf)] =
-          ops::leaf_sum_of_squares(values[k].data() + e, ops::kNormLeaf);
+    const std::int64_t first = pieces[k].param_begin / ops::kNormLeaf;
+    const Tensor piece = optimizer.master_params()[k];
+    ops::leaf_sums_of_squares(where, std::span<const Tensor>(&piece, 1),
+                              leaves.slice(0, first, first + ops::norm_leaves(piece.numel())));
   }
   if (!table.replicated() && table.world_size() > 1) {
     check(comm != nullptr, "normalize_rows: '", name, "' is sharded but no communicator was given");
-    Tensor t = from_vector(ctx, leaves, {static_cast<std::int64_t>(leaves.size())});
-    comm->all_reduce(t, comm::ReduceOp::sum).wait();  // x + 0 + ... + 0: exact
-    leaves = to_vector<double>(ctx, t);
+    // x + 0 + ... + 0: exact. Offloaded masters' leaves go through the device (NCCL reduces
+    // device memory only); an offloaded step waits for its host side anyway.
+    if (leaves.device() == ctx.device()) {
+      comm->all_reduce(leaves, comm::ReduceOp::sum).wait_on_stream();
+    } else {
+      const Tensor staged = to_device(ctx, leaves, ctx.device());
+      comm->all_reduce(staged, comm::ReduceOp::sum).wait();
+      copy(ctx, leaves, staged);
+    }
   }
-  const std::int64_t per_row = cols / ops::kNormLeaf;
-  std::vector<double> scale(static_cast<std::size_t>(param.shape[0]));
-  for (std::size_t r = 0; r < scale.size(); ++r) {
-    double sum = 0;
-    for (std::int64_t j = 0; j < per_row; ++j)
-      sum += leaves[r * static_cast<std::size_t>(per_row) + static_cast<std::size_t>(j)];
-    scale[r] = std::max(std::sqrt(sum), eps);
-  }
-  for (std::size_t k = 0; k < pieces.size(); ++k) {
-    if (pieces[k].param != p) continue;
-    auto& v = values[k];
-    for (std::int64_t e = 0; e < pieces[k].numel(); ++e)
-      v[static_cast<std::size_t>(e)] =
-          static_cast<float>(double(v[static_cast<std::size_t>(e)]) /
-                             scale[static_cast<std::size_t>((pieces[k].param_begin + e) / cols)]);
-    copy(ctx, optimizer.master_params()[k], from_vector(ctx, v, {pieces[k].numel()}));
-  }
+  // The gate is the device's; under offload the hook runs after applied steps only.
+  const Tensor& gate = optimizer.step_gate();
+  for (std::size_t k = 0; k < pieces.size(); ++k)
+    if (pieces[k].param == p)
+      ops::normalize_rows_by_leaves(
+          where, optimizer.master_params()[k], pieces[k].param_begin, cols, leaves, eps,
+          gate.defined() && gate.device() == where.device() ? gate : Tensor());
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
 }
 
@@ -110,9 +111,13 @@ inline void normalize_rows(Context& ctx, TrainingState& state, const std::string
 // NormalizePrototypesHook, exact and alike under every stage).
 inline void normalize_rows_after_step(Engine& engine, const std::string& name, double eps = 1e-12) {
   (void)detail::row_param(engine.table(), name);  // refused now, not at the first step
-  engine.register_post_step_hook([name, eps](Engine& e) {
-    normalize_owned_rows(e.context(), e.optimizer(), &e.communicator(), name, eps);
-  });
+  // Gated (the pass reads the step gate) where the masters live on the gate's device; an
+  // offloaded optimizer's hook runs after applied steps only.
+  engine.register_post_step_hook(
+      [name, eps](Engine& e) {
+        normalize_owned_rows(e.context(), e.optimizer(), &e.communicator(), name, eps);
+      },
+      !engine.optimizer().offloaded());
 }
 
 // Between the backward and the step: `name`'s averaged gradient is 0 on every rank.

@@ -138,8 +138,8 @@ class ShardedModule {
   // Gradient accumulation: while the returned scope lives, backwards sum gradients locally and
   // communicate nothing; the next synchronised backward reduces the sums.
   [[nodiscard]] Engine::NoSync no_sync() { return engine_->no_sync(); }
-  void register_post_step_hook(Engine::StepHook hook) {
-    engine_->register_post_step_hook(std::move(hook));
+  void register_post_step_hook(Engine::StepHook hook, bool gated = false) {
+    engine_->register_post_step_hook(std::move(hook), gated);
   }
 
   nn::Module& module() const { return *module_; }
