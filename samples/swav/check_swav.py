@@ -4,7 +4,8 @@ prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, with
 SyncBatchNorm, with batch-norm parameters and biases out of the weight decay, and with the
 optimizer (and the parameter shards) offloaded to the host; bf16 and f16 fsdp equal to ddp; a run killed with
 SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
-equals the run that never stopped; and a run checkpointing every iteration, SIGKILLed again and
+equals the run that never stopped; MACHINE.CUDA_GRAPH=true (the step captured and replayed under
+the capture's rules) equals the eager run, f32 and f16; and a run checkpointing every iteration, SIGKILLed again and
 again at random moments and while a save is in progress, resumes each time from the newest
 complete checkpoint and ends with the uninterrupted run's parameters (8 kills here, half of
 them during a save; SHARDKIT_KILLS=200 for a long run). Usage: check_swav.py path/to/swav"""
@@ -161,6 +162,33 @@ def main():
             print(f"{dtype}: ddp {ddp}, fsdp {fsdp}")
             if ddp != fsdp or ddp == prints["ddp"]:
                 raise SystemExit(f"FAIL: {dtype} fsdp differs from ddp (or equals the f32 run)")
+
+        # MACHINE.CUDA_GRAPH=true on the CPU: the step captured once (per key: the queue starts
+        # at iteration 2, the prototypes thaw at 3) and replayed under the capture's rules -- no
+        # host wait, no drifting host value -- with the eager run's parameters, f32 and f16
+        # (loss-scaled: the prototypes' normalisation reads the step gate, not the verdict).
+        nine = ["config.MAX_ITERATIONS=9"]
+        graph = ["config.MACHINE.CUDA_GRAPH=true"]
+        f16 = ["config.MODEL.AMP_PARAMS.USE_AMP=True", "config.MODEL.AMP_PARAMS.COMPUTE_DTYPE=float16"]
+        for name, flags in (("ddp", []), ("fsdp", STAGES["fsdp"]), ("fsdp float16", STAGES["fsdp"] + f16)):
+            eager, _ = run(swav, os.path.join(work, f"eager_{name.replace(' ', '_')}"), nine + flags)
+            graphed, output = run(swav, os.path.join(work, f"graph_{name.replace(' ', '_')}"),
+                                  nine + flags + graph)
+            replays = re.search(r"(\d+) captured, (\d+) replayed", output)
+            print(f"{name}: eager {eager}, captured and replayed {graphed} "
+                  f"({replays.group(0) if replays else 'no step graph'})")
+            if graphed != eager or not replays or int(replays.group(2)) == 0:
+                raise SystemExit(f"FAIL: {name}: the graphed run differs from the eager one "
+                                 "(or replayed nothing)")
+
+        # CUDA_GRAPH=true where the step waits on the host: refused at the start, naming why.
+        refused = subprocess.run([swav] + TINY + nine + graph + [
+            f"config.CHECKPOINT.DIR={os.path.join(work, 'graph_offload')}",
+            "config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+            "config.MODEL.FSDP_CONFIG.move_grads_to_cpu=True"], capture_output=True, text=True)
+        if refused.returncode == 0 or "an offloaded step" not in refused.stderr + refused.stdout:
+            raise SystemExit("FAIL: CUDA_GRAPH=true with CPU offload was not refused by name:\n"
+                             + refused.stdout + refused.stderr)
 
         # SyncBatchNorm over all ranks (GROUP_SIZE 0): every stage alike, and not per-rank BN.
         sync = ["config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",

@@ -37,6 +37,7 @@ struct SwavConfig {
   std::uint64_t seed = 0;
   int log_frequency = 10;
   std::string device = "auto";
+  std::string cuda_graph = "auto";  // true | false | auto (on a GPU where every part captures)
   // Data
   DataSource train_data, test_data;
   std::int64_t batch_size = 32, test_batch_size = 256;
@@ -443,6 +444,13 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
     s.device = c.get<std::string>("MACHINE.DEVICE");
     if (s.device != "cpu" && s.device != "gpu" && s.device != "auto")
       throw detail::bad("MACHINE.DEVICE", s.device, "use cpu, gpu or auto");
+    // A YAML boolean in any spelling (True, false, on...), or auto.
+    const YAML::Node graph = c.at("MACHINE.CUDA_GRAPH");
+    bool on = false;
+    s.cuda_graph =
+        YAML::convert<bool>::decode(graph, on) ? (on ? "true" : "false") : graph.as<std::string>();
+    if (s.cuda_graph != "true" && s.cuda_graph != "false" && s.cuda_graph != "auto")
+      throw detail::bad("MACHINE.CUDA_GRAPH", s.cuda_graph, "use true, false or auto");
   });
   // Data
   for (const char* split : {"TRAIN", "TEST"}) {

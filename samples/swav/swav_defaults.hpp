@@ -11,6 +11,7 @@ SEED_VALUE: 0
 LOG_FREQUENCY: 10
 MACHINE:
   DEVICE: auto                      # cpu | gpu | auto (ours: the GPU when built with CUDA and present)
+  CUDA_GRAPH: auto                  # ours: capture the step once, replay it (auto: on a GPU where safe)
 DATA:
   NUM_DATALOADER_WORKERS: 2         # per rank
   TRAIN:

@@ -30,6 +30,8 @@
 #include "loader.hpp"
 #include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/checkpoint/step_folders.hpp"
+#include "shardkit/comm/local_communicator.hpp"
+#include "shardkit/core/step_graph.hpp"
 #include "shardkit/data/fashion_mnist.hpp"
 #include "shardkit/data/synthetic_images.hpp"
 #if SHARDKIT_WITH_IMAGES
@@ -213,6 +215,7 @@ class SwavTrainer {
               sampler_->samples_per_rank(),
               " training images per rank; use a smaller batch or more data");
     loader_ = std::make_unique<MultiCropLoader>(data.train, c.crops, c.seed, c.workers, 2);
+    if (wants_step_graph()) graph_.emplace(ctx, "the SwAV training step");
   }
 
   RunReport run() {
@@ -330,6 +333,12 @@ class SwavTrainer {
         std::max(report.train_seconds - paused, 1e-9);
     report.data_wait_seconds = loader_->waited_seconds();
     report.iterations = iteration_;
+    if (graph_)
+      say("step graph (MACHINE.CUDA_GRAPH): %lld warm-up steps, %lld captured, %lld replayed; "
+          "%.2f MB kept for its graphs\n",
+          static_cast<long long>(graph_->stats().eager),
+          static_cast<long long>(graph_->stats().captures),
+          static_cast<long long>(graph_->stats().replays), graph_->reserved_bytes() / 1e6);
     const auto memory = ctx_->memory_stats().snapshot();
     using sk::MemoryCategory;
     say("memory measured on rank 0: parameters %.2f MB, gradients %.2f MB, optimizer state "
@@ -353,17 +362,69 @@ class SwavTrainer {
   }
 
  private:
-  // One training step; returns this rank's loss when `read_loss` (else 0).
+  // MACHINE.CUDA_GRAPH. auto: on a GPU when every part of the step can be captured; true: also
+  // on the CPU, where a replay runs the step's code again under the capture's rules (a check
+  // that it would replay, at the cost of those checks).
+  bool wants_step_graph() const {
+    if (c_.cuda_graph == "false") return false;
+    // What a captured step cannot hold (each would be refused by name inside the capture):
+    std::string blocker;
+    if (c_.parallel.offload.enabled())
+      blocker =
+          "an offloaded step (MODEL.FSDP_CONFIG.move_params_to_cpu / move_grads_to_cpu) "
+          "waits for its host-side update";
+    else if (c_.sync_bn_group > 0)
+      blocker = "SyncBatchNorm's exchanges (MODEL.SYNC_BN_CONFIG) wait on the host";
+    else if (ctx_->device().is_cuda() && comm_->size() > 1 &&
+             dynamic_cast<const sk::comm::LocalCommunicator*>(comm_) != nullptr)
+      blocker =
+          "ranks sharing this GPU in one process synchronise on the host; run one process "
+          "per GPU under a launcher (NCCL) instead";
+    if (c_.cuda_graph == "auto") return ctx_->device().is_cuda() && blocker.empty();
+    sk::check<ConfigError>(blocker.empty(), "config.MACHINE.CUDA_GRAPH = true, but ", blocker,
+                           "; set MACHINE.CUDA_GRAPH to auto (captures where it can) or false");
+    return true;
+  }
+
+  // One training step; returns this rank's loss when `read_loss` (else 0). Under
+  // MACHINE.CUDA_GRAPH the step reads fixed inputs (the crops staged into them first) and the
+  // rate from the device (set before it), and runs through a StepGraph: after two eager steps
+  // per key it is captured once and replayed (on a GPU one graph launch per step).
   double step(const MultiCropBatch& batch, double lr, bool read_loss) {
+    auto& ctx = *ctx_;
+    if (!graph_) {
+      forward_backward(
+          [&](std::size_t g) { return sk::from_vector(ctx, batch.groups[g], group_shape(g)); });
+      if (c_.loss_scaling)
+        sharded_->step(static_cast<float>(lr), scaler_);
+      else
+        sharded_->step(static_cast<float>(lr));
+    } else {
+      stage(batch);
+      sharded_->set_lr(static_cast<float>(lr));
+      // The loss's iteration is host state a replay does not advance: set it around the step.
+      const std::int64_t loss_iteration = loss_.iteration();
+      graph_->run(graph_key(), [&] {
+        forward_backward([&](std::size_t g) { return inputs_[g]; });
+        if (c_.loss_scaling)
+          sharded_->step(scaler_);  // an overflowing step is skipped on every rank
+        else
+          sharded_->step();
+      });
+      loss_.set_iteration(loss_iteration + 1);
+    }
+    return read_loss ? sk::to_vector<float>(ctx, loss_value_)[0] : 0.0;
+  }
+
+  // Forward over every crop group (`input(g)`: group g's crops), the loss (kept in
+  // loss_value_), backward, the frozen layers' gradients zeroed.
+  template <class Input>
+  void forward_backward(Input&& input) {
     auto& ctx = *ctx_;
     sharded_->zero_grad();
     std::vector<ag::Variable> features;
-    for (std::size_t g = 0; g < batch.groups.size(); ++g) {
-      const std::int64_t side = c_.crops.size_crops[g];
-      const std::int64_t n = c_.crops.num_crops[g] * c_.batch_size;
-      const sk::Tensor x = sk::from_vector(ctx, batch.groups[g], {n, c_.in_channels, side, side});
-      features.push_back((*sharded_)(ctx, ag::Variable(x)));
-    }
+    for (std::size_t g = 0; g < c_.crops.size_crops.size(); ++g)
+      features.push_back((*sharded_)(ctx, ag::Variable(input(g))));
     const ag::Variable f = features.size() == 1 ? features[0] : ag::cat(ctx, features);
     SwavHead& head = model_->head();
     const ag::Variable z = head(ctx, f);
@@ -373,18 +434,43 @@ class SwavTrainer {
       ag::NoGradGuard no_grad(ctx);
       return (*head.prototypes0)(ctx, ag::cast(ctx, ag::Variable(e), compute)).data();
     });
-    const double value = read_loss ? sk::to_vector<float>(ctx, loss.data())[0] : 0.0;
+    loss_value_ = loss.data();
     if (c_.loss_scaling)
       ag::backward(ctx, loss, scaler_.seed(ctx, loss.data()));
     else
       ag::backward(ctx, loss);
     for (const auto& [name, iterations] : c_.frozen)
       if (iteration_ < iterations) sk::parallel::zero_grad_of(sharded_->engine(), name);
-    if (c_.loss_scaling)
-      sharded_->step(static_cast<float>(lr), scaler_);
-    else
-      sharded_->step(static_cast<float>(lr));
-    return value;
+  }
+
+  sk::Shape group_shape(std::size_t g) const {
+    const std::int64_t side = c_.crops.size_crops[g];
+    return {c_.crops.num_crops[g] * c_.batch_size, c_.in_channels, side, side};
+  }
+
+  // The crops into the step's fixed input tensors (made at the first step).
+  void stage(const MultiCropBatch& batch) {
+    auto& ctx = *ctx_;
+    if (inputs_.empty())
+      for (std::size_t g = 0; g < batch.groups.size(); ++g)
+        inputs_.push_back(sk::empty(ctx, group_shape(g), sk::DType::f32));
+    for (std::size_t g = 0; g < batch.groups.size(); ++g) {
+      auto& values = batch.groups[g];
+      const sk::Tensor host(sk::Storage::borrow(const_cast<float*>(values.data()),
+                                                values.size() * sizeof(float), sk::Device::cpu()),
+                            group_shape(g), sk::DType::f32);
+      sk::copy(ctx, inputs_[g], host);
+    }
+  }
+
+  // What makes one captured step differ from another: the queue in use or not, hard codes or
+  // soft, which layers are still frozen.
+  std::string graph_key() const {
+    std::string key = loss_.uses_queue() ? "queue" : "no queue";
+    key += loss_.iteration() < c_.loss.temp_hard_assignment_iters ? ", hard codes" : "";
+    for (const auto& [name, iterations] : c_.frozen)
+      if (iteration_ < iterations) key += ", " + name + " frozen";
+    return key;
   }
 
   // --- evaluation ------------------------------------------------------------------------
@@ -793,6 +879,9 @@ class SwavTrainer {
   std::unique_ptr<sk::data::StatefulDistributedSampler> sampler_;
   std::unique_ptr<MultiCropLoader> loader_;
   std::int64_t iteration_ = 0;
+  std::optional<sk::StepGraph> graph_;  // MACHINE.CUDA_GRAPH
+  std::vector<sk::Tensor> inputs_;      // the captured step's inputs, one per crop group
+  sk::Tensor loss_value_;               // this rank's loss of the last step
 };
 
 }  // namespace swav

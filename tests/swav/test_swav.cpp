@@ -770,6 +770,12 @@ TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that n
   using sk::parallel::Stage;
   const auto d = config_of({});
   CHECK(d.parallel.stage == Stage::ddp);
+  // MACHINE.CUDA_GRAPH: auto by default; a YAML boolean in any spelling; anything else named.
+  CHECK(d.cuda_graph == "auto");
+  CHECK(config_of({"config.MACHINE.CUDA_GRAPH=True"}).cuda_graph == "true");
+  CHECK(config_of({"config.MACHINE.CUDA_GRAPH=off"}).cuda_graph == "false");
+  CHECK_THROWS_WITH(config_of({"config.MACHINE.CUDA_GRAPH=sometimes"}),
+                    doctest::Contains("use true, false or auto"));
   CHECK(d.optimizer.kind == sk::optim::OptimizerKind::larc_sgd);
   CHECK(d.loss.num_crops == 6);
   CHECK(d.base_channels == 16);
