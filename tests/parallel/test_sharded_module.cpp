@@ -138,24 +138,31 @@ TEST_CASE(
 
 namespace {
 
-// A head like SwAV's: Linear(12 -> 32) -> ReLU -> prototypes Linear(32 -> 10, no bias), rows of
-// the prototypes re-normalised after every step; the prototypes' gradient zeroed in the first
-// `frozen` steps. Rank 0's values of every parameter after `steps` steps.
+// A head like SwAV's: Linear(12 -> 32) -> ReLU -> prototypes Linear(32 -> 10, no bias, "2.weight"),
+// every parameter uniform in [-0.5, 0.5) from `seed` (so the prototypes' rows are not unit).
+std::shared_ptr<nn::Sequential> prototypes_net(sk::Context& ctx, std::uint64_t seed) {
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Linear>(ctx, 12, 32));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::Linear>(ctx, 32, 10, false));
+  sk::Context init({.seed = seed});
+  for (auto& p : net->parameters()) {
+    auto v = sk::empty(init, p.shape(), sk::DType::f32);
+    sk::uniform_(init, v, -0.5, 0.5);
+    sk::copy(ctx, p.data(), v);
+  }
+  return net;
+}
+
+// prototypes_net trained with the prototypes' rows re-normalised after every step and their
+// gradient zeroed in the first `frozen` steps. Rank 0's values of every parameter after `steps`
+// steps.
 std::vector<float> prototypes_run(int world, Stage stage, OptimizerKind kind, int frozen,
                                   sk::DType dtype = sk::DType::f32, int steps = 4,
                                   bool in_step = false, std::uint64_t* all_gathers = nullptr) {
   std::vector<float> out;
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    auto net = std::make_shared<nn::Sequential>();
-    net->push_back(std::make_shared<nn::Linear>(ctx, 12, 32));
-    net->push_back(std::make_shared<nn::ReLU>());
-    net->push_back(std::make_shared<nn::Linear>(ctx, 32, 10, false));
-    sk::Context init({.seed = 5});
-    for (auto& p : net->parameters()) {
-      auto v = sk::empty(init, p.shape(), sk::DType::f32);
-      sk::uniform_(init, v, -0.5, 0.5);
-      sk::copy(ctx, p.data(), v);
-    }
+    auto net = prototypes_net(ctx, 5);
     sk::parallel::ParallelOptions options;
     options.stage = stage;
     options.buckets.bucket_bytes = 512;
@@ -417,16 +424,7 @@ TEST_CASE(
   for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
     CAPTURE(sk::parallel::stage_name(stage));
     sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-      auto net = std::make_shared<nn::Sequential>();
-      net->push_back(std::make_shared<nn::Linear>(ctx, 12, 32));
-      net->push_back(std::make_shared<nn::ReLU>());
-      net->push_back(std::make_shared<nn::Linear>(ctx, 32, 10, false));
-      sk::Context init({.seed = 6});
-      for (auto& p : net->parameters()) {
-        auto v = sk::empty(init, p.shape(), sk::DType::f32);
-        sk::uniform_(init, v, -0.5, 0.5);
-        sk::copy(ctx, p.data(), v);
-      }
+      auto net = prototypes_net(ctx, 6);
       sk::parallel::ParallelOptions options;
       options.stage = stage;
       options.buckets.bucket_bytes = 512;
