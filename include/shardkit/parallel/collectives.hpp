@@ -75,32 +75,50 @@ inline std::vector<std::size_t> quantized_run_bytes(const shard::ShardPlan& plan
   return quantized_segment_bytes(plan.counts(), block, format);
 }
 
+// A quantised all-gather: this rank's `own` values (counts[rank] of them) travel as one run of
+// `format` blocks of `block` values (ops/quantize.hpp), the runs laid end to end as bytes; once
+// they are here, every run -- this rank's too, so that all ranks hold the same values -- is
+// dequantised into `out` (counts laid end to end, any float dtype). `own` stays exact and may
+// alias its place in `out`; the returned work completes the gather.
+[[nodiscard]] inline comm::Work start_quantized_all_gather_v(Context& ctx, comm::Communicator& comm,
+                                                             const Tensor& own, const Tensor& out,
+                                                             const std::vector<std::size_t>& counts,
+                                                             std::int64_t block,
+                                                             ops::QuantFormat format) {
+  const auto bytes = quantized_segment_bytes(counts, block, format);
+  const std::size_t ranks = bytes.size();
+  std::vector<std::int64_t> at(ranks + 1, 0);    // where each rank's run starts on the wire
+  std::vector<std::int64_t> from(ranks + 1, 0);  // and where its values go in `out`
+  for (std::size_t r = 0; r < ranks; ++r) {
+    at[r + 1] = at[r] + static_cast<std::int64_t>(bytes[r]);
+    from[r + 1] = from[r] + static_cast<std::int64_t>(counts[r]);
+  }
+  const auto mine = static_cast<std::size_t>(comm.rank());
+  check(ranks == static_cast<std::size_t>(comm.size()) &&
+            own.numel() == static_cast<std::int64_t>(counts[mine]) && out.numel() >= from[ranks],
+        "quantized all-gather: ", ranks, " counts for ", comm.size(), " ranks, own ", own.str(),
+        " for counts[", mine, "] = ", counts[mine], ", out ", out.str(), " for ", from[ranks],
+        " values; pass a count per rank, this rank's values, and room for them all");
+  const Tensor wire = empty(ctx, {at[ranks]}, DType::u8, MemoryCategory::communication);
+  ops::quantize_blocks(ctx, format, own, block, wire.slice(0, at[mine], at[mine + 1]));
+  const Tensor flat_out = out.view({out.numel()});
+  return comm::then(comm.all_gather_v(wire, bytes),
+                    [&ctx, wire, flat_out, at, from, block, format] {
+                      for (std::size_t r = 0; r + 1 < at.size(); ++r)
+                        ops::dequantize_blocks(ctx, format, wire.slice(0, at[r], at[r + 1]), block,
+                                               flat_out.slice(0, from[r], from[r + 1]));
+                    });
+}
+
 namespace detail {
 
-// qwZ: every rank's shard travels as one run of int8 (or E4M3, or int4) blocks (ops/quantize.hpp),
-// the runs laid end to end as bytes; once they are here, every run -- this rank's too, so that all
-// ranks compute with the same values -- is dequantised into the buffer. The shard stays exact.
+// qwZ: every rank's shard travels as one run of int8 (or E4M3, or int4) blocks and comes back
+// into the whole buffer, dequantised alike on every rank. The shard stays exact.
 [[nodiscard]] inline comm::Work start_quantized_all_gather(FlatParam& flat, std::int64_t block,
                                                            ops::QuantFormat format) {
   flat.materialize();
-  Context& ctx = flat.context();
-  const auto& plan = flat.plan();
-  comm::Communicator& comm = flat.communicator();
-  const auto bytes = quantized_run_bytes(plan, block, format);
-  const std::size_t ranks = bytes.size();
-  std::vector<std::int64_t> at(ranks + 1, 0);  // where each rank's run starts on the wire
-  for (std::size_t r = 0; r < ranks; ++r) at[r + 1] = at[r] + static_cast<std::int64_t>(bytes[r]);
-  const Tensor wire = empty(ctx, {at[ranks]}, DType::u8, MemoryCategory::communication);
-  const auto own = static_cast<std::size_t>(comm.rank());
-  ops::quantize_blocks(ctx, format, flat.shard(), block, wire.slice(0, at[own], at[own + 1]));
-  return comm::then(comm.all_gather_v(wire, bytes), [&flat, wire, at, block, format] {
-    const auto& plan = flat.plan();
-    for (std::size_t r = 0; r + 1 < at.size(); ++r) {
-      const int owner = static_cast<int>(r);
-      ops::dequantize_blocks(flat.context(), format, wire.slice(0, at[r], at[r + 1]), block,
-                             flat.params().flat().slice(0, plan.begin(owner), plan.end(owner)));
-    }
-  });
+  return start_quantized_all_gather_v(flat.context(), flat.communicator(), flat.shard(),
+                                      flat.params().flat(), flat.plan().counts(), block, format);
 }
 
 }  // namespace detail
