@@ -15,8 +15,10 @@
 // gathers stay inside the group, so qwZ cuts the group's traffic, not what crosses groups.
 // With qgZ (FsdpOptions::quantized_grads) the reduce-scatter becomes an all-to-all of the same
 // int8 blocks, Psi (1 + 4/256) / 4 (N-1)/N; with both, a step moves 3 Psi (1 + 4/256) / 4
-// (N-1)/N, 0.254x plain FSDP's. Under hybrid sharding qgZ too stays inside the group: what
-// crosses groups is the reduced shard's exact all-reduce.
+// (N-1)/N, 0.254x plain FSDP's. Under hybrid sharding qgZ also quantises what crosses groups
+// (FsdpOptions::quantized_grads_across_groups, on by default; ZeRO++'s hierarchical qgZ): the
+// reduced shard's exchange becomes a reduce-scatter and an all-gather of the same int8 blocks,
+// 2 (Psi/G) (1 + 4/256) / 4 (R-1)/R instead of the exact all-reduce's 2 (Psi/G) (R-1)/R.
 // With hpZ (FsdpOptions::reshard_group_size = G', a node) each rank keeps its slice of a unit
 // over the node after the forward and the backward gathers inside the node: what leaves it is
 // the forward's gather and the reduce-scatter, 2 Psi (N-1)/N, and with qwZ and qgZ as well
@@ -63,6 +65,7 @@ std::vector<sk::parallel::FsdpUnitParams> resnet50_units() {
 // What travels as int8 blocks: the gathers (qwZ), the gradients (qgZ).
 struct Quantized {
   bool weights = false, grads = false;
+  bool exact_across = false;  // hybrid qgZ: keep the exchange across groups exact
 };
 
 // One measured step of FSDP on `world` ranks; `group` = 0 for plain FSDP over the world;
@@ -83,6 +86,7 @@ Traffic measure(int world, int group, Quantized quantized = {}, int node = 0) {
         options.stage = sk::parallel::Stage::fsdp;
         options.fsdp.quantized_weights = quantized.weights;
         options.fsdp.quantized_grads = quantized.grads;
+        options.fsdp.quantized_grads_across_groups = !quantized.exact_across;
         options.fsdp.reshard_group_size = node;
         using Engine = sk::parallel::FsdpEngine;
         auto engine = mesh ? std::make_unique<Engine>(ctx, *mesh, resnet50_units(), config, options)
@@ -137,7 +141,7 @@ int main(int argc, char** argv) {
   const double mb = 1e6;
   std::printf("ResNet-50 (%.1f MB of f32 parameters), FSDP with LARC-SGD, N = %d ranks\n", psi / mb,
               world);
-  std::printf("%-24s %14s %14s %14s %14s %12s\n", "sharding", "inter-group MB", "formula MB",
+  std::printf("%-28s %14s %14s %14s %14s %12s\n", "sharding", "inter-group MB", "formula MB",
               "intra-group MB", "vs plain", "state MB/rank");
   const double ring = static_cast<double>(world - 1) / world;
   const Traffic plain = measure(world, 0);
@@ -146,7 +150,7 @@ int main(int argc, char** argv) {
     std::snprintf(ratio, sizeof ratio, "%.3fx", t.inter_group / plain.inter_group);
     char intra[32] = "-";
     if (t.intra_group > 0) std::snprintf(intra, sizeof intra, "%.1f", t.intra_group / mb);
-    std::printf("%-24s %14.1f %14.1f %14s %14s %12.1f\n", name, t.inter_group / mb, formula / mb,
+    std::printf("%-28s %14.1f %14.1f %14s %14s %12.1f\n", name, t.inter_group / mb, formula / mb,
                 intra, ratio, t.state_bytes / mb);
     std::fflush(stdout);
   };
@@ -175,8 +179,10 @@ int main(int argc, char** argv) {
     if (group == world / 2 && group > 1) {
       std::snprintf(name, sizeof name, "hybrid G=%d + qwZ", group);
       row(name, measure(world, group, {true, false}), across);
+      std::snprintf(name, sizeof name, "hybrid G=%d + qwZ+qgZ(group)", group);
+      row(name, measure(world, group, {true, true, true}), across);
       std::snprintf(name, sizeof name, "hybrid G=%d + qwZ + qgZ", group);
-      row(name, measure(world, group, {true, true}), across);
+      row(name, measure(world, group, {true, true}), int8 * across);
     }
   }
   return 0;

@@ -111,6 +111,10 @@ class GradSyncStrategy {
     copy(*ctx_, state.wire, state.buffer);
     return state.wire;
   }
+  // qgZ under hybrid sharding: the exchange across groups in `format`'s codes too.
+  void quantize_exchange(std::int64_t block, ops::QuantFormat format) {
+    replicas_.quantize(block, format);
+  }
   comm::ReduceOp group_op() const { return replicas_.group_op(wire_dtype_); }
   comm::ReduceOp group_op(DType wire) const { return replicas_.group_op(wire); }
 
@@ -183,7 +187,10 @@ class ReduceScatterGrads final : public GradSyncStrategy {
         coalescer_(coalescer),
         quantized_block_(policy.quantized_block),
         quantized_format_(policy.quantized_format),
-        residuals_(policy.error_feedback ? plan.buckets().size() : 0) {}
+        residuals_(policy.error_feedback ? plan.buckets().size() : 0) {
+    if (quantized_block_ > 0 && policy.quantized_across_groups)
+      quantize_exchange(quantized_block_, quantized_format_);
+  }
 
   Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
     if (!state.buffer.defined()) state.buffer = transient(b);

@@ -47,6 +47,7 @@
 #include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/options.hpp"
 #include "shardkit/parallel/policy.hpp"
+#include "shardkit/parallel/replica_sync.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/shard/bucket_plan.hpp"
 #include "shardkit/shard/piece_table.hpp"
@@ -174,6 +175,26 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
   return in_flight * per_bucket;
 }
 
+// Hybrid qgZ's exchange across groups (replica_sync.hpp), every bucket's at once: the replica's
+// f32 segment of the average, the reduce-scatter's runs out and in, the all-gather's runs.
+inline std::int64_t quantized_exchange_bytes(const shard::BucketPlan& buckets, int replicas,
+                                             const BucketPolicy& policy) {
+  std::int64_t total = 0;
+  for (const auto& b : buckets.buckets()) {
+    if (b.own_numel == 0) continue;
+    const auto counts = replica_segments(b.own_numel, replicas, policy.quantized_block);
+    std::int64_t runs = 0;
+    for (const std::size_t bytes :
+         quantized_segment_bytes(counts, policy.quantized_block, policy.quantized_format))
+      runs += static_cast<std::int64_t>(bytes);
+    const std::int64_t largest = static_cast<std::int64_t>(counts[0]);
+    total += 4 * largest + 2 * runs +
+             replicas *
+                 ops::quant_payload_bytes(largest, policy.quantized_block, policy.quantized_format);
+  }
+  return total;
+}
+
 // Per-step traffic of one rank: the gradients reduced (and, under oss / sdp, the parameters
 // re-gathered; under fsdp gathered twice, for the forward and again for the backward) inside the
 // group, and the reduced gradients all-reduced across the R groups.
@@ -216,7 +237,9 @@ inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& spe
       const double backward =
           policy.reshard_after_forward ? psi * (node > 0 ? param : gathered) * backward_ring : 0;
       p.sent_in_group = psi * reduced * ring + psi * gathered * ring + backward;
-      p.sent_across_groups = 2 * psi / g * grad * across;
+      // Hybrid qgZ: the exchange across groups in codes too (a reduce-scatter and an all-gather).
+      p.sent_across_groups =
+          2 * psi / g * (policy.buckets.quantized_across_groups ? reduced : grad) * across;
       break;
     }
   }
@@ -329,8 +352,12 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets));
         // Hybrid qgZ: each bucket's f32 group sum is held until the exchange across groups at
         // the end of the backward (ReplicaSync), every unit's at once.
-        if (policy.buckets.quantized_block > 0 && group < o.world_size)
+        if (policy.buckets.quantized_block > 0 && group < o.world_size) {
           held_sums += 4 * buckets.owned_numel();
+          if (policy.buckets.quantized_across_groups)
+            held_sums +=
+                detail::quantized_exchange_bytes(buckets, o.world_size / group, policy.buckets);
+        }
       }
       p.parameters = shard_bytes;
       for (const auto& s : specs)

@@ -39,6 +39,8 @@ struct BucketPolicy {
   std::int64_t quantized_block = 0;
   ops::QuantFormat quantized_format = ops::QuantFormat::int8;
   bool error_feedback = false;
+  // Under hybrid sharding with quantized_block: the exchange across groups quantised too.
+  bool quantized_across_groups = false;
 };
 
 struct ResolvedPolicy {
@@ -138,6 +140,7 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
   p.buckets.quantized_block = fsdp && f.quantized_grads ? f.quantization_block : 0;
   p.buckets.quantized_format = f.quantized_grads_format;
   p.buckets.error_feedback = fsdp && f.quantized_grads && f.grad_error_feedback;
+  p.buckets.quantized_across_groups = fsdp && f.quantized_grads && f.quantized_grads_across_groups;
   p.coalesce_bytes = fsdp ? options.fsdp.coalesce_bytes : 0;
   p.reshard_after_forward = options.fsdp.reshard_after_forward;
   p.reshard_group = fsdp ? f.reshard_group_size : 0;

@@ -2,12 +2,28 @@
 // gradient strategies (grad_sync.hpp) run when a bucket's group is one of several replicas.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/tensor_ops.hpp"
+#include "shardkit/parallel/collectives.hpp"
+#include "shardkit/parallel/quantized_reduce_scatter.hpp"
 
 namespace shardkit::parallel {
+
+// The quantised exchange's segments of an n-element part over `replicas` replicas: a whole
+// number of `block`s each (the last shorter, trailing ones empty when n is small), so that no
+// block spans two owners. The memory planner sizes the exchange's wires from them.
+inline std::vector<std::size_t> replica_segments(std::int64_t n, int replicas, std::int64_t block) {
+  const std::int64_t blocks = (n + block - 1) / block;
+  const std::int64_t per = (blocks + replicas - 1) / replicas * block;
+  std::vector<std::size_t> counts;
+  for (std::int64_t r = 0; r < replicas; ++r)
+    counts.push_back(static_cast<std::size_t>(std::clamp<std::int64_t>(n - r * per, 0, per)));
+  return counts;
+}
 
 // The second level of a hybrid reduction (inactive when `replicas` is null). The group's
 // collective sums (or, on a 16-bit wire, averages) a bucket; its reduced part is held, not yet
@@ -27,6 +43,12 @@ class ReplicaSync {
         held_(replicas_ != nullptr ? buckets : 0) {}
 
   bool active() const { return replicas_ != nullptr; }
+  // qgZ: the exchange across groups as a quantised reduce-scatter and all-gather of `block`
+  // values per scale in `format`'s codes (0: the exact all-reduce).
+  void quantize(std::int64_t block, ops::QuantFormat format) {
+    block_ = block;
+    format_ = format;
+  }
   comm::ReduceOp group_op(DType wire) const {
     return active() && wire == DType::f32 ? comm::ReduceOp::sum : comm::ReduceOp::avg;
   }
@@ -37,6 +59,10 @@ class ReplicaSync {
   template <class Merge>
   void exchange(Context& ctx, Merge&& merge) {
     if (!active()) return;
+    if (block_ > 0) {
+      exchange_quantized(ctx, merge);
+      return;
+    }
     std::vector<comm::Work> works(held_.size());
     for (std::size_t b = 0; b < held_.size(); ++b)
       if (held_[b].defined() && held_[b].numel() > 0)
@@ -58,9 +84,49 @@ class ReplicaSync {
  private:
   static bool summed(const Tensor& part) { return part.dtype() == DType::f32; }
 
+  // The quantised exchange (see the top): the reduce-scatters issued together in bucket order,
+  // then, bucket by bucket, the replica's segment averaged and the all-gathers issued, then
+  // each part merged in bucket order once its gather is done.
+  template <class Merge>
+  void exchange_quantized(Context& ctx, Merge& merge) {
+    const auto mine = static_cast<std::size_t>(replicas_->rank());
+    std::vector<std::vector<std::size_t>> counts(held_.size());
+    std::vector<Tensor> owned(held_.size());
+    std::vector<comm::Work> works(held_.size());
+    for (std::size_t b = 0; b < held_.size(); ++b) {
+      if (!held_[b].defined() || held_[b].numel() == 0) continue;
+      check(held_[b].dtype() == DType::f32, "hybrid qgZ: bucket ", b, "'s group sum is held as ",
+            dtype_name(held_[b].dtype()),
+            "; the quantised exchange across groups takes the f32 sums of a quantised "
+            "reduce-scatter");
+      counts[b] = replica_segments(held_[b].numel(), replicas_->size(), block_);
+      owned[b] = empty(ctx, {static_cast<std::int64_t>(counts[b][mine])}, DType::f32,
+                       MemoryCategory::communication);
+      comm::assign(works[b], start_quantized_reduce_scatter(ctx, *replicas_, held_[b], counts[b],
+                                                            block_, comm::ReduceOp::sum, owned[b],
+                                                            Tensor(), format_));
+    }
+    for (std::size_t b = 0; b < held_.size(); ++b) {
+      if (counts[b].empty()) continue;
+      works[b].wait_on_stream();
+      divide_(ctx, owned[b], static_cast<double>(world_size_));
+      comm::assign(works[b], start_quantized_all_gather_v(ctx, *replicas_, owned[b], held_[b],
+                                                          counts[b], block_, format_));
+    }
+    for (std::size_t b = 0; b < held_.size(); ++b) {
+      if (!held_[b].defined()) continue;
+      works[b].wait_on_stream();
+      owned[b] = Tensor();
+      merge(b, held_[b]);
+      held_[b] = Tensor();
+    }
+  }
+
   comm::Communicator* replicas_;
   int world_size_;
   std::vector<Tensor> held_;  // per bucket: its group-reduced part until the exchange
+  std::int64_t block_ = 0;    // qgZ across groups: values per scale (0: exact)
+  ops::QuantFormat format_ = ops::QuantFormat::int8;
 };
 
 }  // namespace shardkit::parallel
