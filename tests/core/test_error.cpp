@@ -87,4 +87,14 @@ TEST_CASE("SK_CUBLAS_CHECK, SK_CUDNN_CHECK and SK_NCCL_CHECK carry the library's
   CHECK(contains(nccl, "invalid argument"));
   CHECK_NOTHROW(SK_NCCL_CHECK(ncclInProgress));  // non-blocking communicators answer this
 }
+
+TEST_CASE("a CUDA build refuses a GPU the machine does not have, naming the count and the fix") {
+  const int count = sk::cuda_device_count();
+  const auto text =
+      message_of<sk::NotAvailable>([&] { sk::check_device_usable(sk::Device::cuda(count)); });
+  CHECK(contains(text, "cuda:" + std::to_string(count)));
+  CHECK(contains(text, std::to_string(count) + " usable CUDA GPU"));
+  CHECK(contains(text, "Device::cpu()"));
+  CHECK_NOTHROW(sk::check_device_usable(sk::Device::cpu()));
+}
 #endif
