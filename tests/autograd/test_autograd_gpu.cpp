@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -180,6 +182,58 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
     sk::Tensor target = ag::softmax(c, v[1].detach()).data();
     return ag::cross_entropy(c, v[0], target);
   });
+}
+
+// The pointwise kernel moves whole 16-byte packs when out, a and b start on 16-byte boundaries
+// (the elements after the last whole pack one by one), else goes element by element: both forms
+// run the same element functor, so they must give the same bits, and the CPU's values within
+// rounding (its compiler may contract alpha * a + beta * b differently).
+TEST_CASE("pointwise kernels: 128-bit packs equal the element-by-element form bit for bit") {
+  sk::Context cpu({.seed = 1});
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  const auto exact = [&](const sk::Tensor& t) {  // every dtype's values exactly, as f64
+    return sk::to_vector<double>(*gpu, sk::cast(*gpu, t, sk::DType::f64));
+  };
+  for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16, sk::DType::f64})
+    for (std::int64_t n : {1, 3, 7, 8, 9, 33, 1000, 100003})
+      for (auto op : {ag::Pointwise::axpby, ag::Pointwise::mul, ag::Pointwise::relu,
+                      ag::Pointwise::relu_backward})
+        for (double beta : {0.75, 0.0}) {  // axpby with beta 0 reads no b (scale)
+          if (op != ag::Pointwise::axpby && beta == 0) continue;
+          CAPTURE(sk::dtype_name(dtype));
+          CAPTURE(n);
+          CAPTURE(static_cast<int>(op));
+          CAPTURE(beta);
+          // One element before the values: a view from element 1 is off the 16-byte grid.
+          const auto a_host = pattern(n + 1, 1, dtype), b_host = pattern(n + 1, 2, dtype);
+          const sk::Tensor a_wide = sk::cast(*gpu, sk::from_vector(*gpu, a_host, {n + 1}), dtype);
+          const sk::Tensor b_wide = sk::cast(*gpu, sk::from_vector(*gpu, b_host, {n + 1}), dtype);
+          const sk::Tensor a_off = a_wide.slice(0, 1, n + 1), b_off = b_wide.slice(0, 1, n + 1);
+          const sk::Tensor a = sk::empty(*gpu, {n}, dtype), b = sk::empty(*gpu, {n}, dtype);
+          sk::copy(*gpu, a, a_off);
+          sk::copy(*gpu, b, b_off);
+          REQUIRE(reinterpret_cast<std::uintptr_t>(a.data_ptr()) % 16 == 0);
+          REQUIRE(reinterpret_cast<std::uintptr_t>(a_off.data_ptr()) % 16 != 0);
+          const sk::Tensor packed = ag::fn::pointwise(*gpu, op, a, b, 1.25, beta);
+          const sk::Tensor single = ag::fn::pointwise(*gpu, op, a_off, b_off, 1.25, beta);
+          const auto p = exact(packed), e = exact(single);
+          REQUIRE(p.size() == e.size());
+          CHECK(std::memcmp(p.data(), e.data(), p.size() * sizeof(double)) == 0);
+          // Against the CPU's loop on the same values (f16 and bf16 there in f32, rounded once).
+          const sk::DType on_cpu = dtype == sk::DType::f64 ? sk::DType::f64 : sk::DType::f32;
+          const sk::Tensor ca = sk::cast(cpu, sk::from_vector(cpu, exact(a), {n}), on_cpu);
+          const sk::Tensor cb = sk::cast(cpu, sk::from_vector(cpu, exact(b), {n}), on_cpu);
+          const auto reference = sk::to_vector<double>(
+              cpu,
+              sk::cast(cpu, sk::cast(cpu, ag::fn::pointwise(cpu, op, ca, cb, 1.25, beta), dtype),
+                       sk::DType::f64));
+          const double tolerance = dtype == sk::DType::f64   ? 1e-15
+                                   : dtype == sk::DType::f32 ? 1e-6
+                                                             : 1e-2;
+          for (std::size_t i = 0; i < p.size(); ++i)
+            CHECK(std::fabs(p[i] - reference[i]) <=
+                  tolerance * std::max(1.0, std::fabs(reference[i])));
+        }
 }
 
 // The labels are checked on the device and the error raised at the host's next wait (a read of
