@@ -282,6 +282,20 @@ struct Cuda {
     cuda::launch_quantize_blocks(ctx, format, dtype, values, n, block, payload);
   }
 
+  static void slot_abs_max(Context& ctx, DType dtype, const void* values,
+                           const std::int64_t* chunks, std::int64_t count, float* amax) {
+    cuda::launch_slot_abs_max(ctx, dtype, values, chunks, count, amax);
+  }
+  static void quantize_by_slots(Context& ctx, QuantFormat format, DType dtype, const void* values,
+                                const std::int64_t* chunks, std::int64_t count, const float* amax,
+                                std::uint8_t* codes) {
+    cuda::launch_quantize_by_slots(ctx, format, dtype, values, chunks, count, amax, codes);
+  }
+  static void dequantize_by_slots(Context& ctx, QuantFormat format, DType dtype,
+                                  const std::uint8_t* codes, const std::int64_t* chunks,
+                                  std::int64_t count, const float* amax, void* values) {
+    cuda::launch_dequantize_by_slots(ctx, format, dtype, codes, chunks, count, amax, values);
+  }
   static void dequantize_blocks(Context& ctx, QuantFormat format, DType dtype,
                                 const std::uint8_t* payload, std::int64_t n, std::int64_t block,
                                 void* values, bool accumulate) {

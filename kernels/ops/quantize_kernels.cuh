@@ -95,4 +95,92 @@ inline void launch_dequantize_blocks(Context& ctx, QuantFormat format, DType dty
   SK_CUDA_CHECK_LAUNCH("ops::cuda::dequantize_blocks_kernel");
 }
 
+// Per-tensor scales (quantize.hpp's slot chunks): a thread block per chunk. The chunk's |x|
+// maximum is formed in shared memory and folded into its slot's with an integer atomicMax on the
+// f32 bits -- the order of non-negative floats, +inf and a NaN (fabsf clears its sign, and its
+// bits lie above +inf's) included -- so any order of the chunks gives the same maxima.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    slot_abs_max_kernel(const T* x, const std::int64_t* chunks, float* amax) {
+  __shared__ float partial[kThreads];
+  const std::int64_t* row = chunks + 3 * std::int64_t{blockIdx.x};
+  const std::int64_t lo = row[0], hi = row[0] + row[1];
+  const int t = static_cast<int>(threadIdx.x);
+  float m = 0.0f;
+  for (std::int64_t i = lo + t; i < hi; i += kThreads) m = abs_max(m, load_element(x + i));
+  partial[t] = m;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (t < stride) partial[t] = abs_max(partial[t], partial[t + stride]);
+    __syncthreads();
+  }
+  if (t == 0) atomicMax(reinterpret_cast<int*>(amax + row[2]), __float_as_int(partial[0]));
+}
+
+template <class Code, class T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_by_slots_kernel(const T* x, const std::int64_t* chunks, const float* amax,
+                             std::uint8_t* q) {
+  const std::int64_t* row = chunks + 3 * std::int64_t{blockIdx.x};
+  const float inverse = inverse_step<Code>(amax[row[2]]);
+  for (std::int64_t i = row[0] + threadIdx.x; i < row[0] + row[1]; i += kThreads)
+    q[i] = Code::encode(load_element(x + i), inverse);
+}
+
+template <class Code, class T>
+__global__ void __launch_bounds__(kThreads)
+    dequantize_by_slots_kernel(const std::uint8_t* q, const std::int64_t* chunks, const float* amax,
+                               T* x) {
+  const std::int64_t* row = chunks + 3 * std::int64_t{blockIdx.x};
+  const float scale = amax[row[2]] / Code::kMax;
+  for (std::int64_t i = row[0] + threadIdx.x; i < row[0] + row[1]; i += kThreads)
+    store_element(x + i, Code::decode(q[i], scale));
+}
+
+inline unsigned chunk_grid(std::int64_t count, const char* op) {
+  check(count <= 0x7fffffff, op, ": ", count,
+        " chunks in one run; at most 2^31 - 1 (one thread block each)");
+  return static_cast<unsigned>(count);
+}
+
+inline void launch_slot_abs_max(Context& ctx, DType dtype, const void* values,
+                                const std::int64_t* chunks, std::int64_t count, float* amax) {
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_element_dtype(dtype, [&]<class T>() {
+    slot_abs_max_kernel<T><<<chunk_grid(count, "slot_abs_max"), kThreads, 0, ctx.stream()>>>(
+        static_cast<const T*>(values), chunks, amax);
+  });
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::slot_abs_max_kernel");
+}
+
+inline void launch_quantize_by_slots(Context& ctx, QuantFormat format, DType dtype,
+                                     const void* values, const std::int64_t* chunks,
+                                     std::int64_t count, const float* amax, std::uint8_t* codes) {
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_quant_format(format, [&]<class Code>() {
+    if constexpr (Code::kPerByte == 1)
+      visit_element_dtype(dtype, [&]<class T>() {
+        quantize_by_slots_kernel<Code, T>
+            <<<chunk_grid(count, "quantize_by_slots"), kThreads, 0, ctx.stream()>>>(
+                static_cast<const T*>(values), chunks, amax, codes);
+      });
+  });
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::quantize_by_slots_kernel");
+}
+
+inline void launch_dequantize_by_slots(Context& ctx, QuantFormat format, DType dtype,
+                                       const std::uint8_t* codes, const std::int64_t* chunks,
+                                       std::int64_t count, const float* amax, void* values) {
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_quant_format(format, [&]<class Code>() {
+    if constexpr (Code::kPerByte == 1)
+      visit_element_dtype(dtype, [&]<class T>() {
+        dequantize_by_slots_kernel<Code, T>
+            <<<chunk_grid(count, "dequantize_by_slots"), kThreads, 0, ctx.stream()>>>(
+                codes, chunks, amax, static_cast<T*>(values));
+      });
+  });
+  SK_CUDA_CHECK_LAUNCH("ops::cuda::dequantize_by_slots_kernel");
+}
+
 }  // namespace shardkit::ops::cuda

@@ -327,4 +327,143 @@ TEST_CASE("int8 blocks: bad arguments are refused by name") {
   ops::quantize_blocks(b.ctx, ops::QuantFormat::int4, values, 32, payload.slice(0, 0, 80));
 }
 
+// Per-tensor scales (ops/quantize.hpp's slot chunks; FSDP2's float8 gather): a run that starts
+// and ends inside slots, slots longer than a chunk, padding between them (a slot of its own).
+// The maxima are the slots' exact |x| maxima; every code is the host's encode of the value with
+// its slot's scale (the same functions the block format uses: a slot as one block gives
+// quantize_blocks' codes); the values come back within E4M3's bound of float64, a NaN makes
+// its slot NaN and no other.
+TEST_CASE(
+    "per-tensor scales: slot maxima, codes and round trip against float64; one slot is "
+    "one block") {
+  Backend b;
+  sk::Context host;
+  // Slots of 1, 300, 9000 (two chunks), 7 and 20000 values with 5 values of padding before each
+  // (slot 5); the run covers [150, end - 5000).
+  const std::vector<std::int64_t> sizes = {1, 300, 9000, 7, 20000};
+  const std::int64_t padding_slot = static_cast<std::int64_t>(sizes.size());
+  std::vector<ops::SlotRange> ranges;
+  std::int64_t at = 0;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    ranges.push_back({at, at + 5, padding_slot});
+    ranges.push_back({at + 5, at + 5 + sizes[t], static_cast<std::int64_t>(t)});
+    at += 5 + sizes[t];
+  }
+  const std::int64_t total = at, begin = 150, end = total - 5000, n = end - begin;
+  const auto rows = ops::slot_chunks(ranges, begin, end);
+  REQUIRE(rows.size() % 3 == 0);
+  for (std::size_t r = 0; r < rows.size(); r += 3) CHECK(rows[r + 1] <= ops::kSlotChunk);
+  const sk::Tensor chunks =
+      b.upload(sk::from_vector(host, rows, {static_cast<std::int64_t>(rows.size() / 3), 3}));
+  for (auto format : {ops::QuantFormat::f8_e4m3, ops::QuantFormat::int8})
+    for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16})
+      for (bool with_nan : {false, true}) {
+        CAPTURE(ops::quant_format_name(format));
+        CAPTURE(sk::dtype_name(dtype));
+        CAPTURE(with_nan);
+        // Each slot its own magnitude (2^-12 .. 2^12), the padding zeros, exact in dtype.
+        std::vector<float> whole(static_cast<std::size_t>(total), 0.0f);
+        std::vector<int> slot_of(static_cast<std::size_t>(total), static_cast<int>(padding_slot));
+        std::mt19937 gen(static_cast<std::uint32_t>(7 + static_cast<int>(dtype)));
+        std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+        for (const auto& r : ranges) {
+          if (r.slot == padding_slot) continue;
+          const float magnitude = std::ldexp(1.0f, static_cast<int>(r.slot) * 6 - 12);
+          for (std::int64_t i = r.begin; i < r.end; ++i) {
+            float x = unit(gen) * magnitude;
+            if (dtype == sk::DType::f16) x = sk::half_bits_to_float(sk::float_to_half_bits(x));
+            if (dtype == sk::DType::bf16) x = sk::bf16_bits_to_float(sk::float_to_bf16_bits(x));
+            whole[static_cast<std::size_t>(i)] = x;
+            slot_of[static_cast<std::size_t>(i)] = static_cast<int>(r.slot);
+          }
+        }
+        if (with_nan) whole[static_cast<std::size_t>(ranges[5].begin + 17)] = NAN;  // slot 2
+        const std::vector<float> x(whole.begin() + begin, whole.begin() + end);
+        const sk::Tensor values = b.upload(sk::cast(host, sk::from_vector(host, x, {n}), dtype));
+        // The run's maxima, then the whole slots' (what the all-reduce makes of every rank's).
+        std::vector<float> run_max(sizes.size() + 1, 0.0f), slot_max(sizes.size() + 1, 0.0f);
+        for (std::int64_t i = 0; i < total; ++i) {
+          const auto s = static_cast<std::size_t>(slot_of[static_cast<std::size_t>(i)]);
+          slot_max[s] = ops::abs_max(slot_max[s], whole[static_cast<std::size_t>(i)]);
+          if (i >= begin && i < end)
+            run_max[s] = ops::abs_max(run_max[s], whole[static_cast<std::size_t>(i)]);
+        }
+        const sk::Tensor amax = b.zeros({padding_slot + 1}, sk::DType::f32);
+        ops::slot_abs_max(b.ctx, values, chunks, amax);
+        const auto got = sk::to_vector<float>(host, b.download(amax));
+        for (std::size_t s = 0; s < got.size(); ++s) {
+          CAPTURE(s);
+          CHECK((got[s] == run_max[s] || (std::isnan(got[s]) && std::isnan(run_max[s]))));
+        }
+        const sk::Tensor scales = b.upload(sk::from_vector(host, slot_max, {padding_slot + 1}));
+        const sk::Tensor codes = b.zeros({n}, sk::DType::u8);
+        ops::quantize_by_slots(b.ctx, format, values, chunks, scales, codes);
+        const sk::Tensor back = b.zeros({n}, dtype);
+        ops::dequantize_by_slots(b.ctx, format, codes, chunks, scales, back);
+        const sk::Tensor code_host = b.download(codes);
+        const auto y = sk::to_vector<float>(host, sk::cast(host, b.download(back), sk::DType::f32));
+        const bool f8 = format == ops::QuantFormat::f8_e4m3;
+        const double dtype_eps = dtype == sk::DType::f16    ? std::ldexp(1.0, -11)
+                                 : dtype == sk::DType::bf16 ? std::ldexp(1.0, -8)
+                                                            : 0.0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const auto at_run = static_cast<std::size_t>(i);
+          const auto s = static_cast<std::size_t>(slot_of[static_cast<std::size_t>(i + begin)]);
+          const float m = slot_max[s];
+          const std::uint8_t want =
+              f8 ? ops::E4m3Code::encode(x[at_run], ops::inverse_step<ops::E4m3Code>(m))
+                 : ops::Int8Code::encode(x[at_run], ops::inverse_step<ops::Int8Code>(m));
+          REQUIRE(code_host.data<std::uint8_t>()[i] == want);
+          if (std::isnan(m)) {  // the NaN's slot comes back NaN, every value of it
+            REQUIRE(std::isnan(y[at_run]));
+            continue;
+          }
+          const double scale = double(m) / (f8 ? 448.0 : 127.0);
+          const double step =
+              f8 ? std::max(std::fabs(double(x[at_run])) / 16.0, scale / 1024.0) : 0.5 * scale;
+          const double subnormal = dtype == sk::DType::f16 ? std::ldexp(1.0, -25) : 0.0;
+          REQUIRE(std::fabs(double(y[at_run]) - double(x[at_run])) <=
+                  step * (1 + 1e-5) + std::fabs(double(y[at_run])) * dtype_eps + subnormal);
+          if (m == 0) REQUIRE(y[at_run] == 0.0f);
+        }
+      }
+  // One slot of 300 values as one block of 300: quantize_blocks' codes.
+  const auto x = quant_values(300, 300, sk::DType::f32, 3);
+  const sk::Tensor values = b.upload(sk::from_vector(host, x, {300}));
+  const sk::Tensor one =
+      b.upload(sk::from_vector(host, ops::slot_chunks({{0, 300, 0}}, 0, 300), {1, 3}));
+  for (auto format : {ops::QuantFormat::f8_e4m3, ops::QuantFormat::int8}) {
+    const sk::Tensor amax = b.zeros({1}, sk::DType::f32);
+    ops::slot_abs_max(b.ctx, values, one, amax);
+    const sk::Tensor codes = b.zeros({300}, sk::DType::u8);
+    ops::quantize_by_slots(b.ctx, format, values, one, amax, codes);
+    const sk::Tensor payload = b.zeros({ops::quant_payload_bytes(300, 300)}, sk::DType::u8);
+    ops::quantize_blocks(b.ctx, format, values, 300, payload);
+    const sk::Tensor a = b.download(codes), p = b.download(payload);
+    CHECK(std::memcmp(a.data<std::uint8_t>(), p.data<std::uint8_t>() + 4, 300) == 0);
+  }
+}
+
+TEST_CASE("per-tensor scales: int4, a malformed chunk table and a short code buffer are refused") {
+  Backend b;
+  sk::Context host;
+  const sk::Tensor values = b.zeros({100}, sk::DType::f32);
+  const sk::Tensor chunks =
+      b.upload(sk::from_vector(host, ops::slot_chunks({{0, 100, 0}}, 0, 100), {1, 3}));
+  const sk::Tensor amax = b.zeros({1}, sk::DType::f32);
+  const sk::Tensor codes = b.zeros({100}, sk::DType::u8);
+  CHECK_THROWS_WITH(
+      ops::quantize_by_slots(b.ctx, ops::QuantFormat::int4, values, chunks, amax, codes),
+      doctest::Contains("int4 codes with a per-tensor scale; those take one-byte codes"));
+  CHECK_THROWS_WITH(ops::quantize_by_slots(b.ctx, ops::QuantFormat::f8_e4m3, values,
+                                           chunks.view({3}), amax, codes),
+                    doctest::Contains("chunks must be slot_chunks' table"));
+  CHECK_THROWS_WITH(ops::quantize_by_slots(b.ctx, ops::QuantFormat::f8_e4m3, values, chunks, amax,
+                                           codes.slice(0, 0, 99)),
+                    doctest::Contains("codes must be a contiguous u8 tensor of at least 100"));
+  CHECK_THROWS_WITH(ops::slot_abs_max(b.ctx, values, chunks, b.zeros({1}, sk::DType::f64)),
+                    doctest::Contains("amax must be a contiguous f32 tensor"));
+  CHECK_THROWS_WITH(ops::slot_chunks({{10, 5, 0}}, 0, 100), doctest::Contains("is not a range"));
+}
+
 }  // namespace ops_test

@@ -64,6 +64,14 @@ namespace shardkit::ops {
 //                                          (payload: device bytes, 4-byte aligned,
 //                                          quant_payload_bytes(n, block) long); `accumulate`:
 //                                          added to the values (f32) instead of stored
+//   slot_abs_max(ctx, dtype, values, chunks, count, amax)
+//   quantize_by_slots(ctx, format, dtype, values, chunks, count, amax, codes)
+//   dequantize_by_slots(ctx, format, dtype, codes, chunks, count, amax, values)
+//                                          a run cut into `count` chunks (quantize.hpp's
+//                                          slot_chunks: device i64 rows {first, size, slot}):
+//                                          amax (f32, per slot) folded with every chunk's |x|
+//                                          maximum; one-byte codes with each slot's scale
+//                                          amax / kMax, and back
 template <class B>
 concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tensor& t,
                               const SpanList<1>& spans, const SpanList<2>& pairs, double* leaves,
@@ -78,6 +86,14 @@ concept OpsBackend = requires(Context& ctx, const LarcOptions& larc, const Tenso
   B::clip_norm_and_factor(ctx, leaves, 1.0, 1.0f, leaves, static_cast<float*>(nullptr));
   B::quantize_blocks(ctx, QuantFormat::int8, DType::f32, leaves, 1, 256, bytes);
   B::dequantize_blocks(ctx, QuantFormat::f8_e4m3, DType::bf16, bytes, 1, 256, leaves, false);
+  B::slot_abs_max(ctx, DType::f32, leaves, static_cast<const std::int64_t*>(nullptr), 1,
+                  static_cast<float*>(nullptr));
+  B::quantize_by_slots(ctx, QuantFormat::f8_e4m3, DType::f32, leaves,
+                       static_cast<const std::int64_t*>(nullptr), 1,
+                       static_cast<const float*>(nullptr), bytes);
+  B::dequantize_by_slots(ctx, QuantFormat::f8_e4m3, DType::f32, bytes,
+                         static_cast<const std::int64_t*>(nullptr), 1,
+                         static_cast<const float*>(nullptr), leaves);
 };
 
 // The message of the static_assert every entry point makes: what B must be.

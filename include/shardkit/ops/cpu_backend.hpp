@@ -214,6 +214,57 @@ struct Cpu {
     });
   }
 
+  // Per-tensor scales (quantize.hpp): a chunk a task for the maxima, folded into amax in chunk
+  // order (a maximum is exact: any order gives the same result).
+  static void slot_abs_max(Context& ctx, DType dtype, const void* values,
+                           const std::int64_t* chunks, std::int64_t count, float* amax) {
+    visit_element_dtype(dtype, [&]<class T>() {
+      const T* x = static_cast<const T*>(values);
+      std::vector<float> maxima(static_cast<std::size_t>(count));
+      ctx.cpu_pool().parallel_for(count, [&](std::int64_t c) {
+        const std::int64_t* row = chunks + 3 * c;
+        float m = 0.0f;
+        for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i) m = abs_max(m, load_element(x + i));
+        maxima[static_cast<std::size_t>(c)] = m;
+      });
+      for (std::int64_t c = 0; c < count; ++c)
+        amax[chunks[3 * c + 2]] =
+            abs_max(amax[chunks[3 * c + 2]], maxima[static_cast<std::size_t>(c)]);
+    });
+  }
+  static void quantize_by_slots(Context& ctx, QuantFormat format, DType dtype, const void* values,
+                                const std::int64_t* chunks, std::int64_t count, const float* amax,
+                                std::uint8_t* codes) {
+    visit_quant_format(format, [&]<class Code>() {
+      if constexpr (Code::kPerByte == 1)
+        visit_element_dtype(dtype, [&]<class T>() {
+          const T* x = static_cast<const T*>(values);
+          ctx.cpu_pool().parallel_for(count, [&](std::int64_t c) {
+            const std::int64_t* row = chunks + 3 * c;
+            const float inverse = inverse_step<Code>(amax[row[2]]);
+            for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i)
+              codes[i] = Code::encode(load_element(x + i), inverse);
+          });
+        });
+    });
+  }
+  static void dequantize_by_slots(Context& ctx, QuantFormat format, DType dtype,
+                                  const std::uint8_t* codes, const std::int64_t* chunks,
+                                  std::int64_t count, const float* amax, void* values) {
+    visit_quant_format(format, [&]<class Code>() {
+      if constexpr (Code::kPerByte == 1)
+        visit_element_dtype(dtype, [&]<class T>() {
+          T* x = static_cast<T*>(values);
+          ctx.cpu_pool().parallel_for(count, [&](std::int64_t c) {
+            const std::int64_t* row = chunks + 3 * c;
+            const float scale = amax[row[2]] / Code::kMax;
+            for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i)
+              store_element(x + i, Code::decode(codes[i], scale));
+          });
+        });
+    });
+  }
+
  private:
   template <int Depth>
   static void leaf_sums(Context& ctx, const SpanList<Depth>& spans,

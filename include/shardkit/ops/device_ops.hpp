@@ -56,6 +56,11 @@ struct FusedOps {
                             const Tensor& values);
   void (*dequantize_add_blocks)(Context&, QuantFormat format, const Tensor& payload,
                                 std::int64_t block, const Tensor& values);
+  void (*slot_abs_max)(Context&, const Tensor& values, const Tensor& chunks, const Tensor& amax);
+  void (*quantize_by_slots)(Context&, QuantFormat format, const Tensor& values,
+                            const Tensor& chunks, const Tensor& amax, const Tensor& codes);
+  void (*dequantize_by_slots)(Context&, QuantFormat format, const Tensor& codes,
+                              const Tensor& chunks, const Tensor& amax, const Tensor& values);
   void (*loss_scale_phase)(Context&, LossScaleFunctor::Phase, const LossScaleRule&,
                            const Tensor& state);
   void (*count_applied_step)(Context&, const Tensor& gate);
@@ -89,6 +94,9 @@ constexpr FusedOps fused_ops_table() {
       .quantize_blocks = &ops::quantize_blocks<B>,
       .dequantize_blocks = &ops::dequantize_blocks<B>,
       .dequantize_add_blocks = &ops::dequantize_add_blocks<B>,
+      .slot_abs_max = &ops::slot_abs_max<B>,
+      .quantize_by_slots = &ops::quantize_by_slots<B>,
+      .dequantize_by_slots = &ops::dequantize_by_slots<B>,
       .loss_scale_phase = &ops::loss_scale_phase<B>,
       .count_applied_step = &ops::count_applied_step<B>,
       .follow_loss_scale = &ops::follow_loss_scale<B>,
@@ -198,6 +206,18 @@ inline void dequantize_blocks(Context& ctx, QuantFormat format, const Tensor& pa
 inline void dequantize_add_blocks(Context& ctx, QuantFormat format, const Tensor& payload,
                                   std::int64_t block, const Tensor& values) {
   fused_ops(ctx).dequantize_add_blocks(ctx, format, payload, block, values);
+}
+inline void slot_abs_max(Context& ctx, const Tensor& values, const Tensor& chunks,
+                         const Tensor& amax) {
+  fused_ops(ctx).slot_abs_max(ctx, values, chunks, amax);
+}
+inline void quantize_by_slots(Context& ctx, QuantFormat format, const Tensor& values,
+                              const Tensor& chunks, const Tensor& amax, const Tensor& codes) {
+  fused_ops(ctx).quantize_by_slots(ctx, format, values, chunks, amax, codes);
+}
+inline void dequantize_by_slots(Context& ctx, QuantFormat format, const Tensor& codes,
+                                const Tensor& chunks, const Tensor& amax, const Tensor& values) {
+  fused_ops(ctx).dequantize_by_slots(ctx, format, codes, chunks, amax, values);
 }
 inline void loss_scale_phase(Context& ctx, LossScaleFunctor::Phase phase, const LossScaleRule& rule,
                              const Tensor& state) {

@@ -564,4 +564,87 @@ void dequantize_add_blocks(Context& ctx, QuantFormat format, const Tensor& paylo
                          block, values.data_ptr(), true);
 }
 
+namespace detail {
+
+// The checks of the per-tensor-scaled ops (quantize.hpp): backend B and ctx's device; `values`
+// contiguous f32, f16 or bf16; `chunks` contiguous i64 [C, 3] rows (slot_chunks' table, whose
+// bounds were checked when it was made); `amax` contiguous f32 with a value per slot; all on
+// ctx's device; a one-byte code. Returns the chunk count (0: nothing to do).
+template <class B>
+std::int64_t check_slot_chunks(const Context& ctx, QuantFormat format, const Tensor& values,
+                               const Tensor& chunks, const Tensor& amax, const char* op) {
+  SK_REQUIRE_OPS_BACKEND(B, "slot_abs_max / quantize_by_slots / dequantize_by_slots");
+  B::check_context(ctx, op);
+  check(quant_code_bits(format) == 8, op, ": ", quant_format_name(format),
+        " codes with a per-tensor scale; those take one-byte codes (int8 or f8_e4m3)");
+  const auto on_device = [&](const Tensor& t, DType dtype) {
+    return t.defined() && t.is_contiguous() && t.dtype() == dtype && t.device() == ctx.device();
+  };
+  check(values.defined() && values.is_contiguous() &&
+            (values.dtype() == DType::f32 || values.dtype() == DType::f16 ||
+             values.dtype() == DType::bf16) &&
+            values.device() == ctx.device(),
+        op, ": values must be a contiguous f32, f16 or bf16 tensor on ", ctx.device().str(),
+        ", got ", values.defined() ? values.str() : std::string("an undefined tensor"));
+  check(on_device(chunks, DType::i64) && chunks.dim() == 2 && chunks.size(1) == 3, op,
+        ": chunks must be slot_chunks' table, a contiguous i64 [C, 3] tensor on ",
+        ctx.device().str(), ", got ", chunks.defined() ? chunks.str() : std::string("none"));
+  check(on_device(amax, DType::f32), op,
+        ": amax must be a contiguous f32 tensor (a value per "
+        "slot) on ",
+        ctx.device().str(), ", got ", amax.defined() ? amax.str() : std::string("none"));
+  return values.numel() > 0 ? chunks.size(0) : 0;
+}
+
+}  // namespace detail
+
+// amax[slot] = max(amax[slot], |x|) over each chunk of `values` (a run; quantize.hpp's
+// slot_chunks table in `chunks`): each rank's maxima of its pieces of the tensors, before the
+// all-reduce that makes them the tensors'. Start from zeros.
+template <class B>
+void slot_abs_max(Context& ctx, const Tensor& values, const Tensor& chunks, const Tensor& amax) {
+  if (const std::int64_t count = detail::check_slot_chunks<B>(ctx, QuantFormat::int8, values,
+                                                              chunks, amax, "slot_abs_max"))
+    B::slot_abs_max(ctx, values.dtype(), values.data_ptr(),
+                    static_cast<const std::int64_t*>(chunks.data_ptr()), count,
+                    static_cast<float*>(amax.data_ptr()));
+}
+
+// `values` into one-byte `format` codes (`codes`: u8, at least values' numel), each with its
+// slot's scale amax / kMax.
+template <class B>
+void quantize_by_slots(Context& ctx, QuantFormat format, const Tensor& values, const Tensor& chunks,
+                       const Tensor& amax, const Tensor& codes) {
+  const std::int64_t count =
+      detail::check_slot_chunks<B>(ctx, format, values, chunks, amax, "quantize_by_slots");
+  check(codes.defined() && codes.dtype() == DType::u8 && codes.is_contiguous() &&
+            codes.numel() >= values.numel() && codes.device() == ctx.device(),
+        "quantize_by_slots: codes must be a contiguous u8 tensor of at least ", values.numel(),
+        " bytes on ", ctx.device().str(), ", got ",
+        codes.defined() ? codes.str() : std::string("none"));
+  if (count > 0)
+    B::quantize_by_slots(ctx, format, values.dtype(), values.data_ptr(),
+                         static_cast<const std::int64_t*>(chunks.data_ptr()), count,
+                         static_cast<const float*>(amax.data_ptr()),
+                         static_cast<std::uint8_t*>(codes.data_ptr()));
+}
+
+// The codes back into `values` (its dtype), each with its slot's scale.
+template <class B>
+void dequantize_by_slots(Context& ctx, QuantFormat format, const Tensor& codes,
+                         const Tensor& chunks, const Tensor& amax, const Tensor& values) {
+  const std::int64_t count =
+      detail::check_slot_chunks<B>(ctx, format, values, chunks, amax, "dequantize_by_slots");
+  check(codes.defined() && codes.dtype() == DType::u8 && codes.is_contiguous() &&
+            codes.numel() >= values.numel() && codes.device() == ctx.device(),
+        "dequantize_by_slots: codes must be a contiguous u8 tensor of at least ", values.numel(),
+        " bytes on ", ctx.device().str(), ", got ",
+        codes.defined() ? codes.str() : std::string("none"));
+  if (count > 0)
+    B::dequantize_by_slots(ctx, format, values.dtype(),
+                           static_cast<const std::uint8_t*>(codes.data_ptr()),
+                           static_cast<const std::int64_t*>(chunks.data_ptr()), count,
+                           static_cast<const float*>(amax.data_ptr()), values.data_ptr());
+}
+
 }  // namespace shardkit::ops

@@ -26,14 +26,29 @@
 //
 // One run's payload, as the wire moves it: [scale_b: f32 x blocks][q: n bytes, or (n + 1) / 2
 // for int4], padded to a multiple of 16 bytes, so that runs laid end to end keep their scales
-// aligned. Every step is IEEE f32 arithmetic that no compiler may contract (a division,
+// aligned.
+//
+// Per-tensor scales (QuantScale::tensor; FSDP2's float8 all-gather): one scale per slot -- a
+// whole parameter, wherever its elements lie -- instead of per block: amax_t = the largest |x|
+// of the slot on every rank (each rank's maximum of its piece, then an all-reduce of the
+// maxima), scale_t = amax_t / kMax, and each value's code as above with the slot's scale. The
+// wire then carries the codes alone (every rank knows the scales), padded to 16 bytes per run.
+// A run is cut into chunks of at most kSlotChunk values, each inside one slot (slot_chunks);
+// the chunk table -- rows {first, size, slot}, first counted from the run's start -- lives on
+// the device with the run, so that a launch needs no host work per tensor. One byte per code:
+// int8 or E4M3 (a floating code keeps a tensor's small values relative, which is why FSDP2
+// scales float8 per tensor; int8's uniform steps would flush them to 0).
+//
+// Every step is IEEE f32 arithmetic that no compiler may contract (a division,
 // products rounded to integers or stored), so the host and the device give the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string_view>
+#include <vector>
 
 #include "shardkit/core/config.hpp"
 #include "shardkit/core/enum_names.hpp"
@@ -57,6 +72,19 @@ constexpr std::string_view quant_format_name(QuantFormat format) {
   return name_of(format, kQuantFormatNames);
 }
 
+// What a scale covers: a block of `block` values, or a whole tensor (a slot).
+enum class QuantScale : std::uint8_t { block, tensor };
+
+inline constexpr EnumName<QuantScale> kQuantScaleNames[] = {{QuantScale::block, "block"},
+                                                            {QuantScale::tensor, "tensor"}};
+
+constexpr std::string_view quant_scale_name(QuantScale scale) {
+  return name_of(scale, kQuantScaleNames);
+}
+
+// Values per chunk of a per-tensor-scaled run at most (a launch's thread block each on a GPU).
+inline constexpr std::int64_t kSlotChunk = 8192;
+
 // Bits per value of a format's codes.
 constexpr int quant_code_bits(QuantFormat format) { return format == QuantFormat::int4 ? 4 : 8; }
 
@@ -77,6 +105,31 @@ constexpr std::int64_t quant_code_bytes(std::int64_t n, QuantFormat format = Qua
 constexpr std::int64_t quant_payload_bytes(std::int64_t n, std::int64_t block,
                                            QuantFormat format = QuantFormat::int8) {
   return (4 * quant_block_count(n, block) + quant_code_bytes(n, format) + 15) / 16 * 16;
+}
+
+// A per-tensor-scaled run of n codes on the wire: the codes padded to 16 bytes.
+constexpr std::int64_t quant_codes_payload_bytes(std::int64_t n) { return (n + 15) / 16 * 16; }
+
+// A slot of a flat buffer: elements [begin, end) share one scale, slot `slot`'s.
+struct SlotRange {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t slot = 0;
+};
+
+// The chunk table of the run [begin, end) of a buffer covered by `ranges` (sorted, not
+// overlapping; elements outside every range are not in the table): rows {first - begin, size,
+// slot}, each at most kSlotChunk values, in order, flattened.
+inline std::vector<std::int64_t> slot_chunks(const std::vector<SlotRange>& ranges,
+                                             std::int64_t begin, std::int64_t end) {
+  std::vector<std::int64_t> rows;
+  for (const SlotRange& r : ranges) {
+    check(r.begin <= r.end && r.slot >= 0, "slot_chunks: range [", r.begin, ", ", r.end,
+          ") of slot ", r.slot, " is not a range of a slot");
+    for (std::int64_t at = std::max(r.begin, begin), stop = std::min(r.end, end); at < stop;
+         at += kSlotChunk)
+      rows.insert(rows.end(), {at - begin, std::min(kSlotChunk, stop - at), r.slot});
+  }
+  return rows;
 }
 
 // Wire bytes per value, padding aside: the codes and a block's f32 scale shared by its values
