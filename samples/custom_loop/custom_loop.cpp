@@ -65,6 +65,7 @@ struct Flags {
   std::string precision = "f32";
   std::string offload = "none";
   std::string quantized_weights_format = "int8";
+  std::string quantized_weights_scale = "block";
   std::string quantized_grads_format = "int8";
 };
 
@@ -122,6 +123,10 @@ int main(int argc, char** argv) {
                  "--quantized-weights: the codes, int8 (DeepSpeed's qwZ), f8_e4m3 (FSDP2's "
                  "float8 all-gather) or int4")
       ->check(CLI::IsMember({"int8", "f8_e4m3", "int4"}));
+  app.add_option("--quantized-weights-scale", flags.quantized_weights_scale,
+                 "--quantized-weights: a scale per block of --quantization-block values, or "
+                 "with f8_e4m3 a scale per tensor (FSDP2's float8 all-gather)")
+      ->check(CLI::IsMember({"block", "tensor"}));
   app.add_flag("--quantized-grads", setup.parallel.fsdp.quantized_grads,
                "fsdp: reduce the gradients by an all-to-all of int8 blocks summed in f32 by "
                "each owner (DeepSpeed's qgZ)");
@@ -179,6 +184,8 @@ int main(int argc, char** argv) {
         *sk::find_name(flags.quantized_weights_format, sk::ops::kQuantFormatNames);
     setup.parallel.fsdp.quantized_grads_format =
         *sk::find_name(flags.quantized_grads_format, sk::ops::kQuantFormatNames);
+    setup.parallel.fsdp.quantized_weights_scale =
+        *sk::find_name(flags.quantized_weights_scale, sk::ops::kQuantScaleNames);
     const auto device = custom_loop::choose_device(flags.device, flags.skip_without_gpu);
     if (device == custom_loop::DeviceChoice::skip) {
       std::printf("custom_loop: --device gpu, but no GPU can be used here: skipped\n");

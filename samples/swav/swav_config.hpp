@@ -663,6 +663,21 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
       };
       fsdp.quantized_weights_format = read_format("MODEL.FSDP_CONFIG.quantized_weights_format");
       fsdp.quantized_grads_format = read_format("MODEL.FSDP_CONFIG.quantized_grads_format");
+      {
+        const auto name = c.get<std::string>("MODEL.FSDP_CONFIG.quantized_weights_scale");
+        const auto scale = shardkit::find_name(name, shardkit::ops::kQuantScaleNames);
+        if (!scale)
+          throw detail::bad("MODEL.FSDP_CONFIG.quantized_weights_scale", name,
+                            "pass block or tensor");
+        fsdp.quantized_weights_scale = *scale;
+        if (*scale == shardkit::ops::QuantScale::tensor &&
+            (!fsdp.quantized_weights ||
+             fsdp.quantized_weights_format != shardkit::ops::QuantFormat::f8_e4m3))
+          throw detail::bad("MODEL.FSDP_CONFIG.quantized_weights_scale", name,
+                            "a scale per tensor is E4M3's; set MODEL.FSDP_CONFIG."
+                            "quantized_weights True and quantized_weights_format f8_e4m3 as "
+                            "well, or leave the scale at block");
+      }
       fsdp.grad_error_feedback = c.get<bool>("MODEL.FSDP_CONFIG.grad_error_feedback");
       fsdp.quantization_block = c.get<std::int64_t>("MODEL.FSDP_CONFIG.quantization_block");
       for (const auto& [key, on] :

@@ -105,6 +105,7 @@ MODEL:
     move_params_to_cpu: False       # FairScale's: the parameter shards too (implies the above)
     quantized_weights: False        # shardkit's: gather the parameters as int8 blocks (qwZ)
     quantized_weights_format: int8  # shardkit's: or f8_e4m3 (FSDP2's float8 gather), int4
+    quantized_weights_scale: block  # shardkit's: or tensor (f8_e4m3: a scale per tensor)
     quantized_grads: False          # shardkit's: reduce the gradients as int8 blocks (qgZ)
     quantized_grads_format: int8    # shardkit's: or int4 (ZeRO++'s gradient width), f8_e4m3
     grad_error_feedback: False      # shardkit's: carry qgZ's rounding into the next step

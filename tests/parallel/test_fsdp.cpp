@@ -666,6 +666,94 @@ TEST_CASE("qwZ: a gathered unit holds every shard through its blocks; full_param
     });
 }
 
+// FSDP2's float8 all-gather: E4M3 codes with one scale per parameter, from the maxima of every
+// rank's pieces. What a gathered unit holds is each parameter's values through its tensor's
+// scale, bit for bit as the host's encode and decode give them, on every rank; the wire
+// carries codes alone.
+TEST_CASE("qwZ per tensor: a gathered unit holds each parameter through its tensor's E4M3 scale") {
+  const std::vector<sk::shard::ParamSpec> specs = {
+      {"a", {300}, true}, {"b", {7, 50}, true}, {"c", {10000}, true}, {"d", {3}, true}};
+  sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::fsdp;
+    options.fsdp.quantized_weights = true;
+    options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
+    options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+    sk::parallel::FsdpEngine engine(ctx, comm, {sk::parallel::FsdpUnitParams{"unit", specs}},
+                                    dp_test::config_for(OptimizerKind::sgd), options);
+    engine.set_full_params([&](std::size_t i, const sk::Tensor& view) {
+      std::vector<float> v(static_cast<std::size_t>(view.numel()));
+      std::mt19937 gen(static_cast<std::uint32_t>(50 + i));
+      // Tensors of very different sizes of values: one scale each keeps each relative.
+      std::normal_distribution<float> normal(0.0f, i == 1 ? 1e-4f : i == 3 ? 30.0f : 1.0f);
+      for (auto& x : v) x = normal(gen);
+      sk::copy(ctx, view, sk::from_vector(ctx, v, view.shape()));
+    });
+    const auto& flat = engine.group(0).flat();
+    const auto& layout = flat.plan().layout();
+    std::vector<std::vector<float>> exact;
+    {
+      auto full = engine.full_params();
+      for (std::size_t i = 0; i < engine.param_count(); ++i)
+        exact.push_back(sk::to_vector<float>(ctx, engine.param(i)));
+    }
+    comm.reset_stats();
+    engine.gather(0);  // as a step's forward does
+    for (std::size_t i = 0; i < engine.param_count(); ++i) {
+      CAPTURE(i);
+      float amax = 0.0f;
+      for (float x : exact[i]) amax = sk::ops::abs_max(amax, x);
+      const float inverse = sk::ops::inverse_step<sk::ops::E4m3Code>(amax);
+      const float scale = amax / sk::ops::kE4m3Max;
+      const auto gathered = sk::to_vector<float>(ctx, engine.param(i));
+      std::size_t same = 0;
+      for (std::size_t e = 0; e < gathered.size(); ++e) {
+        const float want =
+            sk::ops::E4m3Code::decode(sk::ops::E4m3Code::encode(exact[i][e], inverse), scale);
+        REQUIRE(std::memcmp(&want, &gathered[e], sizeof want) == 0);
+        same += gathered[e] == exact[i][e];
+        // Relative to each value (1/16), not to a block's largest: the 1e-4 tensor keeps its
+        // digits although it shares the unit with a tensor of values near 30.
+        CHECK(std::fabs(gathered[e] - exact[i][e]) <=
+              std::max(std::fabs(exact[i][e]) / 16, scale / 1024) * 1.00001f);
+      }
+      CHECK(same < gathered.size());  // quantised, really
+    }
+    // The codes alone on the wire (each rank's run padded to 16 bytes), and the tensors'
+    // maxima all-reduced beside them: one f32 per parameter and one for the padding.
+    std::int64_t wire = 0;
+    for (int r = 0; r < comm.size(); ++r)
+      wire += sk::ops::quant_codes_payload_bytes(flat.plan().numel(r));
+    CHECK(comm.stats().of(sk::comm::CollectiveKind::all_gather_v).payload_bytes ==
+          static_cast<std::uint64_t>(wire));
+    CHECK(comm.stats().of(sk::comm::CollectiveKind::all_reduce).payload_bytes ==
+          4 * (layout.size() + 1));
+  });
+}
+
+TEST_CASE("qwZ per tensor: FSDP with E4M3 gathers scaled per tensor trains close to exact FSDP") {
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw})
+    for (int world : {2, 3}) {
+      const auto [run, exact, quantized] =
+          exact_and_compressed(kind, world, [&](sk::parallel::FsdpOptions& o) {
+            o.quantized_weights = true;
+            o.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
+            o.quantized_weights_scale = sk::ops::QuantScale::tensor;
+          });
+      CAPTURE(describe(run));
+      CHECK(!dp_test::bitwise_equal(quantized.values, exact.values));  // quantised, really
+      const double largest = largest_value(exact), worst = worst_difference(quantized, exact);
+      CHECK(std::isfinite(worst));
+      // As the per-block E4M3 gathers (3 mantissa bits: within 1/16 of each value).
+      if (kind == OptimizerKind::sgd) CHECK(worst <= 0.04 * largest);
+      CHECK(std::fabs(quantized.final_loss - exact.final_loss) <= 0.03 * exact.final_loss);
+      // A byte per value against f32's four and no scales: a quarter, exactly here (every
+      // rank's run is a multiple of 16 values, so no padding either).
+      const double ratio = double(quantized.gather_bytes) / double(exact.gather_bytes);
+      CHECK(ratio == 0.25);
+    }
+}
+
 TEST_CASE("qwZ: refused outside fsdp, with shards on the host, and with a block of 0") {
   sk::parallel::ParallelOptions options;
   options.fsdp.quantized_weights = true;
@@ -680,4 +768,16 @@ TEST_CASE("qwZ: refused outside fsdp, with shards on the host, and with a block 
   options.offload.optimizer = true;
   options.offload.params = true;
   CHECK_THROWS_WITH(sk::parallel::resolve(options), doctest::Contains("offload.params"));
+  // A scale per tensor: E4M3's (a floating code), and only with the quantised gathers on.
+  options.offload = {};
+  options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+  CHECK_THROWS_WITH(sk::parallel::resolve(options),
+                    doctest::Contains("fsdp.quantized_weights_scale tensor with "
+                                      "fsdp.quantized_weights_format int8"));
+  options.fsdp.quantized_weights = false;
+  CHECK_THROWS_WITH(sk::parallel::resolve(options),
+                    doctest::Contains("but fsdp.quantized_weights is off"));
+  options.fsdp.quantized_weights = true;
+  options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
+  CHECK(sk::parallel::resolve(options).quantized_gather_scale == sk::ops::QuantScale::tensor);
 }

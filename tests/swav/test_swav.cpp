@@ -930,6 +930,19 @@ OPTIMIZER:
   CHECK_THROWS_WITH(
       config_of({"config.MODEL.FSDP_CONFIG.quantized_weights_format=int2"}),
       doctest::Contains("quantized_weights_format = int2: pass int8, f8_e4m3 or int4"));
+  // FSDP2's float8 gather: E4M3 with a scale per tensor; refused for int8 codes.
+  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                   "config.MODEL.FSDP_CONFIG.quantized_weights=True",
+                   "config.MODEL.FSDP_CONFIG.quantized_weights_format=f8_e4m3",
+                   "config.MODEL.FSDP_CONFIG.quantized_weights_scale=tensor"})
+            .parallel.fsdp.quantized_weights_scale == shardkit::ops::QuantScale::tensor);
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                               "config.MODEL.FSDP_CONFIG.quantized_weights=True",
+                               "config.MODEL.FSDP_CONFIG.quantized_weights_scale=tensor"}),
+                    doctest::Contains("quantized_weights_scale = tensor: a scale per tensor is "
+                                      "E4M3's"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.FSDP_CONFIG.quantized_weights_scale=row"}),
+                    doctest::Contains("quantized_weights_scale = row: pass block or tensor"));
   // qgZ at ZeRO++'s gradient width: int4 codes, two to a byte, so an even block.
   CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
                    "config.MODEL.FSDP_CONFIG.quantized_grads=True",

@@ -69,10 +69,17 @@ inline std::vector<std::size_t> quantized_segment_bytes(const std::vector<std::s
   return bytes;
 }
 
-// qwZ: each rank's run of its shard on the wire, rank by rank.
-inline std::vector<std::size_t> quantized_run_bytes(const shard::ShardPlan& plan,
-                                                    std::int64_t block, ops::QuantFormat format) {
-  return quantized_segment_bytes(plan.counts(), block, format);
+// qwZ: each rank's run of its shard on the wire, rank by rank (with per-tensor scales, its codes
+// alone, padded to 16 bytes).
+inline std::vector<std::size_t> quantized_run_bytes(
+    const shard::ShardPlan& plan, std::int64_t block, ops::QuantFormat format,
+    ops::QuantScale scale = ops::QuantScale::block) {
+  if (scale == ops::QuantScale::block) return quantized_segment_bytes(plan.counts(), block, format);
+  std::vector<std::size_t> bytes;
+  for (const std::size_t count : plan.counts())
+    bytes.push_back(
+        static_cast<std::size_t>(ops::quant_codes_payload_bytes(static_cast<std::int64_t>(count))));
+  return bytes;
 }
 
 // A quantised all-gather: this rank's `own` values (counts[rank] of them) travel as one run of
@@ -121,6 +128,45 @@ namespace detail {
                                       flat.params().flat(), flat.plan().counts(), block, format);
 }
 
+// qwZ with a scale per tensor (FSDP2's float8 all-gather; ops/quantize.hpp): each rank's |x|
+// maxima of its pieces, an all-reduce (max) of them over the group -- ordered on the stream --
+// then its shard's codes, with its tensors' scales, and an all-gather of the codes; every run,
+// this rank's too, is dequantised with the same scales into the buffer.
+[[nodiscard]] inline comm::Work start_tensor_scaled_all_gather(FlatParam& flat,
+                                                               ops::QuantFormat format) {
+  flat.materialize();
+  Context& ctx = flat.context();
+  comm::Communicator& comm = flat.communicator();
+  const auto& chunks = flat.slot_chunks();
+  const auto mine = static_cast<std::size_t>(comm.rank());
+  const auto rows_of = [&chunks](std::size_t r) {
+    return chunks.rows.slice(0, chunks.row_at[r], chunks.row_at[r + 1]);
+  };
+  const Tensor amax = zeros(ctx, {chunks.slots}, DType::f32, MemoryCategory::communication);
+  ops::slot_abs_max(ctx, flat.shard(), rows_of(mine), amax);
+  comm.all_reduce(amax, comm::ReduceOp::max).wait_on_stream();
+  const auto bytes = quantized_run_bytes(flat.plan(), 0, format, ops::QuantScale::tensor);
+  std::vector<std::int64_t> at(bytes.size() + 1, 0);  // where each rank's run starts on the wire
+  for (std::size_t r = 0; r < bytes.size(); ++r)
+    at[r + 1] = at[r] + static_cast<std::int64_t>(bytes[r]);
+  // Zeroed: the padding after this rank's codes goes on the wire too.
+  const Tensor wire = zeros(ctx, {at.back()}, DType::u8, MemoryCategory::communication);
+  const std::int64_t own = flat.plan().numel(comm.rank());
+  ops::quantize_by_slots(ctx, format, flat.shard(), rows_of(mine), amax,
+                         wire.slice(0, at[mine], at[mine] + own));
+  return comm::then(comm.all_gather_v(wire, bytes), [&flat, wire, amax, at, format] {
+    const auto& plan = flat.plan();
+    const auto& chunks = flat.slot_chunks();
+    for (std::size_t r = 0; r + 1 < at.size(); ++r) {
+      const int owner = static_cast<int>(r);
+      ops::dequantize_by_slots(flat.context(), format,
+                               wire.slice(0, at[r], at[r] + plan.numel(owner)),
+                               chunks.rows.slice(0, chunks.row_at[r], chunks.row_at[r + 1]), amax,
+                               flat.params().flat().slice(0, plan.begin(owner), plan.end(owner)));
+    }
+  });
+}
+
 }  // namespace detail
 
 // Sharded residency: the whole buffer back -- this rank's shard copied in, the others
@@ -128,7 +174,10 @@ namespace detail {
 // `quantized_block` (qwZ) the values travel as blocks of that many `format` codes and come back
 // within the format's bound of the shards' (int8: half a block's step).
 [[nodiscard]] inline comm::Work start_all_gather(FlatParam& flat, std::int64_t quantized_block = 0,
-                                                 ops::QuantFormat format = ops::QuantFormat::int8) {
+                                                 ops::QuantFormat format = ops::QuantFormat::int8,
+                                                 ops::QuantScale scale = ops::QuantScale::block) {
+  if (quantized_block > 0 && scale == ops::QuantScale::tensor)
+    return detail::start_tensor_scaled_all_gather(flat, format);
   if (quantized_block > 0) return detail::start_quantized_all_gather(flat, quantized_block, format);
   flat.materialize();
   const auto& plan = flat.plan();

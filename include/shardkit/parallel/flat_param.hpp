@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/ops/quantize.hpp"
 #include "shardkit/parallel/flat_buffer.hpp"
 #include "shardkit/parallel/policy.hpp"
 #include "shardkit/shard/shard_plan.hpp"
@@ -99,6 +100,41 @@ class FlatParam {
   }
   void fill_zero() { fill(*ctx_, params_.flat(), 0.0); }
 
+  // Per-tensor scales (ops/quantize.hpp): slot p is parameter p, the last slot the padding
+  // (amax 0: its codes and values 0). `rows` holds every rank's chunk table of its range, rank
+  // after rank, on the device (made and uploaded at the first call, outside any capture:
+  // a warm-up step's gather); rank r's rows are [row_at[r], row_at[r + 1]), counted from
+  // plan().begin(r).
+  struct SlotChunks {
+    Tensor rows;
+    std::vector<std::int64_t> row_at;
+    std::int64_t slots = 0;
+  };
+  const SlotChunks& slot_chunks() {
+    if (slot_chunks_.rows.defined()) return slot_chunks_;
+    const auto& layout = plan_.layout();
+    const auto padding = static_cast<std::int64_t>(layout.size());
+    std::vector<ops::SlotRange> ranges;
+    std::int64_t at = 0;
+    for (std::size_t p = 0; p < layout.size(); ++p) {
+      const auto& slot = layout[p];
+      if (slot.offset > at) ranges.push_back({at, slot.offset, padding});
+      ranges.push_back({slot.offset, slot.offset + slot.numel, static_cast<std::int64_t>(p)});
+      at = slot.offset + slot.numel;
+    }
+    if (layout.padded_numel() > at) ranges.push_back({at, layout.padded_numel(), padding});
+    std::vector<std::int64_t> rows;
+    slot_chunks_.row_at.assign(1, 0);
+    for (int r = 0; r < plan_.world_size(); ++r) {
+      const auto mine = ops::slot_chunks(ranges, plan_.begin(r), plan_.end(r));
+      rows.insert(rows.end(), mine.begin(), mine.end());
+      slot_chunks_.row_at.push_back(static_cast<std::int64_t>(rows.size() / 3));
+    }
+    slot_chunks_.rows = from_vector(*ctx_, rows, {static_cast<std::int64_t>(rows.size() / 3), 3});
+    slot_chunks_.slots = padding + 1;
+    return slot_chunks_;
+  }
+
  private:
   static shard::PartitionKind checked_partition(shard::PartitionKind partition,
                                                 Residency residency) {
@@ -114,7 +150,8 @@ class FlatParam {
   Residency residency_;
   shard::ShardPlan plan_;
   FlatBuffer params_;
-  Tensor shard_;  // sharded residency: this rank's range, the master copy
+  Tensor shard_;            // sharded residency: this rank's range, the master copy
+  SlotChunks slot_chunks_;  // per-tensor-scaled gathers' chunk tables (made at first use)
 };
 
 }  // namespace shardkit::parallel

@@ -221,12 +221,13 @@ inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& spe
       p.sent_across_groups = 2 * psi / g * grad * across;
       break;
     case Stage::fsdp: {
-      // qwZ: a gathered value travels as its code and a share of its block's f32 scale; qgZ: a
-      // reduced gradient the same way.
-      const double gathered = policy.quantized_gather_block > 0
-                                  ? ops::quant_bytes_per_value(policy.quantized_gather_block,
-                                                               policy.quantized_gather_format)
-                                  : param;
+      // qwZ: a gathered value travels as its code and a share of its block's f32 scale (with
+      // per-tensor scales, its code alone); qgZ: a reduced gradient the same way.
+      const double gathered = policy.quantized_gather_block == 0 ? param
+                              : policy.quantized_gather_scale == ops::QuantScale::tensor
+                                  ? ops::quant_code_bits(policy.quantized_gather_format) / 8.0
+                                  : ops::quant_bytes_per_value(policy.quantized_gather_block,
+                                                               policy.quantized_gather_format);
       const double reduced = policy.buckets.quantized_block > 0
                                  ? ops::quant_bytes_per_value(policy.buckets.quantized_block,
                                                               policy.buckets.quantized_format)
@@ -342,10 +343,14 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         if (policy.buckets.error_feedback)  // qgZ's residual: f32 for every local gradient
           p.gradients += buckets.total_numel() * 4;
         std::int64_t held = plan.layout().padded_numel() * detail::bytes_of(param);
-        if (policy.quantized_gather_block > 0)  // qwZ: the wire's runs until they are unpacked
-          for (const std::size_t bytes : quantized_run_bytes(plan, policy.quantized_gather_block,
-                                                             policy.quantized_gather_format))
+        if (policy.quantized_gather_block > 0) {  // qwZ: the wire's runs until they are unpacked
+          for (const std::size_t bytes :
+               quantized_run_bytes(plan, policy.quantized_gather_block,
+                                   policy.quantized_gather_format, policy.quantized_gather_scale))
             held += static_cast<std::int64_t>(bytes);
+          if (policy.quantized_gather_scale == ops::QuantScale::tensor)  // and the tensors' maxima
+            held += 4 * (static_cast<std::int64_t>(plan.layout().size()) + 1);
+        }
         unit_bytes.push_back(held);
         if (policy.reshard_group > 0)  // hpZ: its slice over the node, from forward to backward
           node_slices += plan.trainable_end() / policy.reshard_group * detail::bytes_of(param);

@@ -66,6 +66,12 @@ struct FsdpOptions {
   // against int8's scale / 2), or int4 (half int8's bytes, a step 18 times as coarse; an even
   // block), with an f32 scale per block either way.
   ops::QuantFormat quantized_weights_format = ops::QuantFormat::int8;
+  // What a gather's scale covers: a block of quantization_block values (the default), or with
+  // f8_e4m3 a whole tensor, as FSDP2's float8 all-gather scales: each rank's |x| maxima of its
+  // pieces all-reduced (max) into every tensor's before the gather, the wire then carrying the
+  // codes alone (a quarter of f32's bytes, no scales), each value within 1/16 of itself down to
+  // the subnormal step amax / 448 / 512 of its tensor.
+  ops::QuantScale quantized_weights_scale = ops::QuantScale::block;
   // qgZ (DeepSpeed ZeRO++'s zero_quantized_gradients): the gradients' reduce-scatter becomes an
   // all-to-all of blocks of codes (the same block size), dequantised and summed in f32 by each
   // owner (parallel/quantized_reduce_scatter.hpp): about a quarter of an f32 wire's bytes as

@@ -53,7 +53,8 @@ class ParamGroup {
         pieces_(flat_.updated_pieces(policy.every_rank_updates)),
         piece_params_(flat_.piece_params(pieces_)),
         quantized_block_(policy.quantized_gather_block),
-        quantized_format_(policy.quantized_gather_format) {
+        quantized_format_(policy.quantized_gather_format),
+        quantized_scale_(policy.quantized_gather_scale) {
     for (const auto& piece : pieces_) piece_grads_.push_back(bucketer_.piece_grad(piece));
     if (flat_.sharded()) flat_.release(not_gathered_reason());
   }
@@ -84,7 +85,8 @@ class ParamGroup {
       return;
     }
     auto label = flat_.communicator().label(gather_label_);
-    comm::assign(pending_, start_all_gather(flat_, quantized_block_, quantized_format_));
+    comm::assign(pending_,
+                 start_all_gather(flat_, quantized_block_, quantized_format_, quantized_scale_));
     gathering_ = true;
     exact_ = quantized_block_ == 0;
   }
@@ -186,6 +188,7 @@ class ParamGroup {
   bool gathering_ = false;
   std::int64_t quantized_block_;       // qwZ's block for the step's gathers (0: exact)
   ops::QuantFormat quantized_format_;  // and its codes
+  ops::QuantScale quantized_scale_;    // and what a scale covers
   bool exact_ = true;                  // the gathered values are the shards' own (not quantised)
   // hpZ: this rank's slice over the node of the values a training forward gathered, kept for
   // the backward's gather (undefined: none kept), and whether they were exact.

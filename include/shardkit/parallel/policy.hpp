@@ -60,6 +60,7 @@ struct ResolvedPolicy {
   // (0: the compute dtype, exact).
   std::int64_t quantized_gather_block = 0;
   ops::QuantFormat quantized_gather_format = ops::QuantFormat::int8;  // its codes
+  ops::QuantScale quantized_gather_scale = ops::QuantScale::block;    // and its scales
   OffloadOptions offload;
   bool broadcast_fp16 = false;
   bool broadcast_buffers = true;
@@ -112,6 +113,18 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
           "gather would have to quantise them; keep the shards on the device (offload.params = "
           "false) or gather exactly (quantized_weights = false)");
   }
+  if (f.quantized_weights_scale == ops::QuantScale::tensor) {
+    check(f.quantized_weights,
+          "fsdp.quantized_weights_scale is tensor, but fsdp.quantized_weights is off: turn "
+          "quantized_weights on (with quantized_weights_format f8_e4m3), or leave the scale at "
+          "block");
+    check(f.quantized_weights_format == ops::QuantFormat::f8_e4m3,
+          "fsdp.quantized_weights_scale tensor with fsdp.quantized_weights_format ",
+          ops::quant_format_name(f.quantized_weights_format),
+          ": one scale per tensor suits a floating code, which keeps small values relative; "
+          "int8's and int4's uniform steps would flush a tensor's small values to 0 -- use "
+          "f8_e4m3, or scale per block");
+  }
   if (f.reshard_group_size != 0) {
     check(fsdp, "fsdp.reshard_group_size keeps a unit sharded over a node after fsdp's (ZeRO-3's) ",
           "forward; stage ", stage_name(options.stage),
@@ -147,6 +160,7 @@ inline ResolvedPolicy resolve(const ParallelOptions& options) {
   p.prefetch = options.fsdp.prefetch;
   p.quantized_gather_block = fsdp && f.quantized_weights ? f.quantization_block : 0;
   p.quantized_gather_format = f.quantized_weights_format;
+  p.quantized_gather_scale = f.quantized_weights_scale;
   p.offload = options.offload;
   p.broadcast_fp16 = options.broadcast_fp16 && options.stage != Stage::ddp;
   p.broadcast_buffers = options.broadcast_buffers;
