@@ -13,23 +13,30 @@
 
 namespace shardkit::ops::cuda {
 
-template <class Code, class T>
-__global__ void __launch_bounds__(kThreads)
-    quantize_blocks_kernel(const T* x, std::int64_t n, std::int64_t block, float* scales,
-                           std::uint8_t* q) {
+// The |x| maximum of `m` over the thread block (blockDim.x == kThreads), formed in shared memory;
+// every thread gets it. A maximum is exact: its order changes nothing.
+SK_DEVICE SK_INLINE float block_abs_max(float m) {
   __shared__ float partial[kThreads];
-  const std::int64_t lo = std::int64_t{blockIdx.x} * block;
-  const std::int64_t hi = lo + block < n ? lo + block : n;
   const int t = static_cast<int>(threadIdx.x);
-  float amax = 0.0f;
-  for (std::int64_t i = lo + t; i < hi; i += kThreads) amax = abs_max(amax, load_element(x + i));
-  partial[t] = amax;
+  partial[t] = m;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
     if (t < stride) partial[t] = abs_max(partial[t], partial[t + stride]);
     __syncthreads();
   }
-  amax = partial[0];
+  return partial[0];
+}
+
+template <class Code, class T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_blocks_kernel(const T* x, std::int64_t n, std::int64_t block, float* scales,
+                           std::uint8_t* q) {
+  const std::int64_t lo = std::int64_t{blockIdx.x} * block;
+  const std::int64_t hi = lo + block < n ? lo + block : n;
+  const int t = static_cast<int>(threadIdx.x);
+  float amax = 0.0f;
+  for (std::int64_t i = lo + t; i < hi; i += kThreads) amax = abs_max(amax, load_element(x + i));
+  amax = block_abs_max(amax);
   if (t == 0) scales[blockIdx.x] = amax / Code::kMax;
   const float inverse = inverse_step<Code>(amax);
   if constexpr (Code::kPerByte == 1) {
@@ -96,25 +103,19 @@ inline void launch_dequantize_blocks(Context& ctx, QuantFormat format, DType dty
 }
 
 // Per-tensor scales (quantize.hpp's slot chunks): a thread block per chunk. The chunk's |x|
-// maximum is formed in shared memory and folded into its slot's with an integer atomicMax on the
+// maximum (block_abs_max) is folded into its slot's with an integer atomicMax on the
 // f32 bits -- the order of non-negative floats, +inf and a NaN (fabsf clears its sign, and its
 // bits lie above +inf's) included -- so any order of the chunks gives the same maxima.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     slot_abs_max_kernel(const T* x, const std::int64_t* chunks, float* amax) {
-  __shared__ float partial[kThreads];
   const std::int64_t* row = chunks + 3 * std::int64_t{blockIdx.x};
   const std::int64_t lo = row[0], hi = row[0] + row[1];
-  const int t = static_cast<int>(threadIdx.x);
   float m = 0.0f;
-  for (std::int64_t i = lo + t; i < hi; i += kThreads) m = abs_max(m, load_element(x + i));
-  partial[t] = m;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (t < stride) partial[t] = abs_max(partial[t], partial[t + stride]);
-    __syncthreads();
-  }
-  if (t == 0) atomicMax(reinterpret_cast<int*>(amax + row[2]), __float_as_int(partial[0]));
+  for (std::int64_t i = lo + threadIdx.x; i < hi; i += kThreads)
+    m = abs_max(m, load_element(x + i));
+  m = block_abs_max(m);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(amax + row[2]), __float_as_int(m));
 }
 
 template <class Code, class T>

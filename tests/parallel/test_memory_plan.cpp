@@ -248,55 +248,40 @@ TEST_CASE("planned model states equal the allocator's after a step, for every st
   }
 }
 
-TEST_CASE("qwZ: the plan's bounds hold the int8 wires, and its gather traffic is a quarter") {
+// Per block (int8, a scale per 16 values) and per tensor (E4M3 codes alone, each parameter's
+// maximum all-reduced beside them).
+TEST_CASE("qwZ: the plan's bounds hold the wires, and its gather traffic is a quarter") {
   sk::parallel::MixedPrecision bf16 = sk::parallel::MixedPrecision::of(sk::DType::bf16);
-  for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16})
-    for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}}) {
-      PlannedRun o = small_buckets_run(Stage::fsdp, world, group, OptimizerKind::adamw, precision,
-                                       PartitionKind::flat);
-      o.parallel.fsdp.quantized_weights = true;
-      o.parallel.fsdp.quantization_block = 16;
-      check_plan(o);
-      const MemoryPlan quantized = sk::parallel::plan_memory(model_specs(), o);
-      o.parallel.fsdp.quantized_weights = false;
-      const MemoryPlan exact = sk::parallel::plan_memory(model_specs(), o);
-      CHECK(quantized.gathered > exact.gathered);  // the wires, while the runs are unpacked
-      // Per gathered value (twice a step: forward and backward) 1 byte + 4 / 16 of a scale
-      // instead of 4 (f32) or 2 (bf16); the gradients' reduce-scatter is unchanged.
-      double psi = 0;
-      for (const auto& spec : model_specs())
-        if (spec.trainable) psi += static_cast<double>(sk::shape_numel(spec.shape));
-      const double g = group == 0 ? world : group, ring = (g - 1) / g;
-      const double param = precision.enabled() ? 2.0 : 4.0;
-      CHECK(exact.sent_in_group - quantized.sent_in_group ==
-            doctest::Approx(2 * psi * ring * (param - 1.25)));
-    }
-}
-
-TEST_CASE("qwZ per tensor: the plan's bounds hold the E4M3 codes and maxima; a byte a value") {
-  sk::parallel::MixedPrecision bf16 = sk::parallel::MixedPrecision::of(sk::DType::bf16);
-  for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16})
-    for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}}) {
-      PlannedRun o = small_buckets_run(Stage::fsdp, world, group, OptimizerKind::adamw, precision,
-                                       PartitionKind::flat);
-      o.parallel.fsdp.quantized_weights = true;
-      o.parallel.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
-      o.parallel.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
-      check_plan(o);  // the allocator's peaks under the plan's bounds
-      const MemoryPlan quantized = sk::parallel::plan_memory(model_specs(), o);
-      o.parallel.fsdp.quantized_weights = false;
-      o.parallel.fsdp.quantized_weights_scale = sk::ops::QuantScale::block;
-      const MemoryPlan exact = sk::parallel::plan_memory(model_specs(), o);
-      CHECK(quantized.gathered > exact.gathered);  // the codes, while the runs are unpacked
-      // Per gathered value (twice a step) 1 byte and no scale instead of 4 (f32) or 2 (bf16).
-      double psi = 0;
-      for (const auto& spec : model_specs())
-        if (spec.trainable) psi += static_cast<double>(sk::shape_numel(spec.shape));
-      const double g = group == 0 ? world : group, ring = (g - 1) / g;
-      const double param = precision.enabled() ? 2.0 : 4.0;
-      CHECK(exact.sent_in_group - quantized.sent_in_group ==
-            doctest::Approx(2 * psi * ring * (param - 1)));
-    }
+  for (const auto scale : {sk::ops::QuantScale::block, sk::ops::QuantScale::tensor})
+    for (const auto& precision : {sk::parallel::MixedPrecision{}, bf16})
+      for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}}) {
+        CAPTURE(sk::ops::quant_scale_name(scale));
+        PlannedRun o = small_buckets_run(Stage::fsdp, world, group, OptimizerKind::adamw, precision,
+                                         PartitionKind::flat);
+        o.parallel.fsdp.quantized_weights = true;
+        o.parallel.fsdp.quantization_block = 16;
+        if (scale == sk::ops::QuantScale::tensor) {
+          o.parallel.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
+          o.parallel.fsdp.quantized_weights_scale = scale;
+        }
+        check_plan(o);  // the allocator's peaks under the plan's bounds
+        const MemoryPlan quantized = sk::parallel::plan_memory(model_specs(), o);
+        o.parallel.fsdp.quantized_weights = false;
+        o.parallel.fsdp.quantized_weights_scale = sk::ops::QuantScale::block;
+        const MemoryPlan exact = sk::parallel::plan_memory(model_specs(), o);
+        CHECK(quantized.gathered > exact.gathered);  // the wires, while the runs are unpacked
+        // Per gathered value (twice a step: forward and backward) 1 byte + 4 / 16 of a scale
+        // (per tensor: the byte alone) instead of 4 (f32) or 2 (bf16); the gradients'
+        // reduce-scatter is unchanged.
+        double psi = 0;
+        for (const auto& spec : model_specs())
+          if (spec.trainable) psi += static_cast<double>(sk::shape_numel(spec.shape));
+        const double g = group == 0 ? world : group, ring = (g - 1) / g;
+        const double param = precision.enabled() ? 2.0 : 4.0;
+        const double wire = scale == sk::ops::QuantScale::tensor ? 1.0 : 1.25;
+        CHECK(exact.sent_in_group - quantized.sent_in_group ==
+              doctest::Approx(2 * psi * ring * (param - wire)));
+      }
 }
 
 TEST_CASE("qgZ: the plan's bounds hold the int8 and int4 runs and the residual; its traffic") {

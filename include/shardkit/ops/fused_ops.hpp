@@ -494,6 +494,17 @@ void normalize_rows_by_leaves(Context& ctx, const Tensor& values, std::int64_t f
 
 namespace detail {
 
+// What a quantised format's values must be: a contiguous f32, f16 or bf16 tensor (read flat)
+// on ctx's device.
+inline void check_quant_values(const Context& ctx, const Tensor& values, const char* op) {
+  check(values.defined() && values.is_contiguous() &&
+            (values.dtype() == DType::f32 || values.dtype() == DType::f16 ||
+             values.dtype() == DType::bf16) &&
+            values.device() == ctx.device(),
+        op, ": values must be a contiguous f32, f16 or bf16 tensor on ", ctx.device().str(),
+        ", got ", values.defined() ? values.str() : std::string("an undefined tensor"));
+}
+
 // The checks both directions of the block formats make: backend B and ctx's device, a block
 // that the format takes, `values` a contiguous f32, f16 or bf16 tensor (read flat) and `payload`
 // contiguous u8 of at least quant_payload_bytes, aligned for its f32 scales, both on ctx's
@@ -509,12 +520,7 @@ bool check_quant_blocks(const Context& ctx, QuantFormat format, const Tensor& va
         block, " values; ", quant_format_name(format),
         " packs two codes to a byte and a block must start on one: pass an even block (",
         kDefaultQuantBlock, " is the default)");
-  check(values.defined() && values.is_contiguous() &&
-            (values.dtype() == DType::f32 || values.dtype() == DType::f16 ||
-             values.dtype() == DType::bf16) &&
-            values.device() == ctx.device(),
-        op, ": values must be a contiguous f32, f16 or bf16 tensor on ", ctx.device().str(),
-        ", got ", values.defined() ? values.str() : std::string("an undefined tensor"));
+  check_quant_values(ctx, values, op);
   const std::int64_t bytes = quant_payload_bytes(values.numel(), block, format);
   check(payload.defined() && payload.dtype() == DType::u8 && payload.is_contiguous() &&
             payload.numel() >= bytes && payload.device() == ctx.device(),
@@ -569,10 +575,12 @@ namespace detail {
 // The checks of the per-tensor-scaled ops (quantize.hpp): backend B and ctx's device; `values`
 // contiguous f32, f16 or bf16; `chunks` contiguous i64 [C, 3] rows (slot_chunks' table, whose
 // bounds were checked when it was made); `amax` contiguous f32 with a value per slot; all on
-// ctx's device; a one-byte code. Returns the chunk count (0: nothing to do).
+// ctx's device; a one-byte code; `codes` (when given) contiguous u8 of at least values' numel on
+// ctx's device. Returns the chunk count (0: nothing to do).
 template <class B>
 std::int64_t check_slot_chunks(const Context& ctx, QuantFormat format, const Tensor& values,
-                               const Tensor& chunks, const Tensor& amax, const char* op) {
+                               const Tensor& chunks, const Tensor& amax, const char* op,
+                               const Tensor* codes = nullptr) {
   SK_REQUIRE_OPS_BACKEND(B, "slot_abs_max / quantize_by_slots / dequantize_by_slots");
   B::check_context(ctx, op);
   check(quant_code_bits(format) == 8, op, ": ", quant_format_name(format),
@@ -580,15 +588,14 @@ std::int64_t check_slot_chunks(const Context& ctx, QuantFormat format, const Ten
   const auto on_device = [&](const Tensor& t, DType dtype) {
     return t.defined() && t.is_contiguous() && t.dtype() == dtype && t.device() == ctx.device();
   };
-  check(values.defined() && values.is_contiguous() &&
-            (values.dtype() == DType::f32 || values.dtype() == DType::f16 ||
-             values.dtype() == DType::bf16) &&
-            values.device() == ctx.device(),
-        op, ": values must be a contiguous f32, f16 or bf16 tensor on ", ctx.device().str(),
-        ", got ", values.defined() ? values.str() : std::string("an undefined tensor"));
+  check_quant_values(ctx, values, op);
   check(on_device(chunks, DType::i64) && chunks.dim() == 2 && chunks.size(1) == 3, op,
         ": chunks must be slot_chunks' table, a contiguous i64 [C, 3] tensor on ",
         ctx.device().str(), ", got ", chunks.defined() ? chunks.str() : std::string("none"));
+  check(codes == nullptr || (on_device(*codes, DType::u8) && codes->numel() >= values.numel()), op,
+        ": codes must be a contiguous u8 tensor of at least ", values.numel(), " bytes on ",
+        ctx.device().str(), ", got ",
+        codes != nullptr && codes->defined() ? codes->str() : std::string("none"));
   check(on_device(amax, DType::f32), op,
         ": amax must be a contiguous f32 tensor (a value per "
         "slot) on ",
@@ -616,12 +623,7 @@ template <class B>
 void quantize_by_slots(Context& ctx, QuantFormat format, const Tensor& values, const Tensor& chunks,
                        const Tensor& amax, const Tensor& codes) {
   const std::int64_t count =
-      detail::check_slot_chunks<B>(ctx, format, values, chunks, amax, "quantize_by_slots");
-  check(codes.defined() && codes.dtype() == DType::u8 && codes.is_contiguous() &&
-            codes.numel() >= values.numel() && codes.device() == ctx.device(),
-        "quantize_by_slots: codes must be a contiguous u8 tensor of at least ", values.numel(),
-        " bytes on ", ctx.device().str(), ", got ",
-        codes.defined() ? codes.str() : std::string("none"));
+      detail::check_slot_chunks<B>(ctx, format, values, chunks, amax, "quantize_by_slots", &codes);
   if (count > 0)
     B::quantize_by_slots(ctx, format, values.dtype(), values.data_ptr(),
                          static_cast<const std::int64_t*>(chunks.data_ptr()), count,
@@ -633,13 +635,8 @@ void quantize_by_slots(Context& ctx, QuantFormat format, const Tensor& values, c
 template <class B>
 void dequantize_by_slots(Context& ctx, QuantFormat format, const Tensor& codes,
                          const Tensor& chunks, const Tensor& amax, const Tensor& values) {
-  const std::int64_t count =
-      detail::check_slot_chunks<B>(ctx, format, values, chunks, amax, "dequantize_by_slots");
-  check(codes.defined() && codes.dtype() == DType::u8 && codes.is_contiguous() &&
-            codes.numel() >= values.numel() && codes.device() == ctx.device(),
-        "dequantize_by_slots: codes must be a contiguous u8 tensor of at least ", values.numel(),
-        " bytes on ", ctx.device().str(), ", got ",
-        codes.defined() ? codes.str() : std::string("none"));
+  const std::int64_t count = detail::check_slot_chunks<B>(ctx, format, values, chunks, amax,
+                                                          "dequantize_by_slots", &codes);
   if (count > 0)
     B::dequantize_by_slots(ctx, format, values.dtype(),
                            static_cast<const std::uint8_t*>(codes.data_ptr()),
