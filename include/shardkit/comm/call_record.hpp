@@ -86,6 +86,31 @@ struct CallRecord {
   }
 };
 
+// The order check's verdict over every rank's fingerprint of one call (`all`: rank r's words at
+// r x kFingerprintWords): the first rank whose call differs from `mine`, or -1.
+inline int first_mismatch(std::span<const std::uint64_t> all, const CallRecord::Fingerprint& mine) {
+  const std::size_t ranks = all.size() / mine.size();
+  for (std::size_t r = 0; r < ranks; ++r)
+    if (!std::equal(mine.begin(), mine.end(), all.begin() + r * mine.size()))
+      return static_cast<int>(r);
+  return -1;
+}
+
+// The refusal's text: `where` is the call's prefix ("all_reduce on rank 0 of 4 (mpi)"), `rank`
+// the first rank that differs, `all` every rank's fingerprint as first_mismatch reads them.
+inline std::string mismatch_message(std::string_view where, const CallRecord& call, int rank,
+                                    std::span<const std::uint64_t> all, std::string_view recent) {
+  CallRecord::Fingerprint theirs;
+  std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(rank) * CallRecord::kFingerprintWords,
+              theirs.size(), theirs.begin());
+  return shardkit::detail::concat(
+      where, ": rank ", rank, "'s collective #", call.seq, " is ",
+      CallRecord::describe(theirs, call), " but this rank's is ", call.describe(),
+      "; every rank must issue the same collectives in the same order (a parameter used on some "
+      "ranks only? a different number of micro-batches? a branch taken on one rank?); ",
+      recent);
+}
+
 // The hash of an uneven collective's per-owner counts.
 inline std::uint64_t counts_hash(std::span<const std::size_t> counts) {
   std::uint64_t hash = 1469598103934665603ull;

@@ -288,19 +288,10 @@ class MpiCommunicator final : public Communicator {
                                 all.data(), static_cast<int>(mine.size()), MPI_UINT64_T,
                                 state_->comm, &work->request));
     work->wait();
-    for (int r = 0; r < size(); ++r) {
-      CallRecord::Fingerprint theirs;
-      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(r * mine.size()), mine.size(),
-                  theirs.begin());
-      if (theirs == mine) continue;
-      fail<InvalidArgument>(where(call.name()), ": rank ", r, "'s collective #", call.seq, " is ",
-                            CallRecord::describe(theirs, call), " but this rank's is ",
-                            call.describe(),
-                            "; every rank must issue the same collectives in the same order (a "
-                            "parameter used on some ranks only? a different number of "
-                            "micro-batches? a branch taken on one rank?); ",
-                            recorder()->recent());
-    }
+    const int rank = first_mismatch(all, mine);
+    if (rank >= 0)
+      throw InvalidArgument(
+          mismatch_message(where(call.name()), call, rank, all, recorder()->recent()));
   }
 
   std::unique_ptr<Communicator> do_split(int color, int key) override {
