@@ -91,28 +91,6 @@ __global__ void batch_norm_eval_backward_kernel(const T* x, const T* gy, const S
 
 #undef SK_GRID_LOOP
 
-// Calls fn with op's math functor (axpby without a b scales a alone).
-template <class Fn>
-void with_pointwise_math(Pointwise op, bool reads_b, Fn&& fn) {
-  switch (op) {
-    case Pointwise::axpby:
-      if (reads_b)
-        fn(AxpbyMath{});
-      else
-        fn(ScaleMath{});
-      return;
-    case Pointwise::mul:
-      fn(MulMath{});
-      return;
-    case Pointwise::relu:
-      fn(ReluMath{});
-      return;
-    case Pointwise::relu_backward:
-      fn(ReluBackwardMath{});
-      return;
-  }
-}
-
 inline bool starts_on_16_bytes(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }

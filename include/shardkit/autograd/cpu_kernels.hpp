@@ -46,23 +46,13 @@ void unary_loop(Math math, T* o, const T* x, T al, std::int64_t lo, std::int64_t
 template <class T>
 void pointwise_block(Pointwise op, T* o, const T* x, const T* y, T al, T be, std::int64_t lo,
                      std::int64_t hi) {
-  switch (op) {
-    case Pointwise::axpby:  // (y == nullptr: beta was 0, and y is not read)
-      if (y == nullptr)
-        unary_loop(ScaleMath{}, o, x, al, lo, hi);
-      else
-        binary_loop(AxpbyMath{}, o, x, y, al, be, lo, hi);
-      break;
-    case Pointwise::mul:
-      binary_loop(MulMath{}, o, x, y, al, be, lo, hi);
-      break;
-    case Pointwise::relu:
-      unary_loop(ReluMath{}, o, x, al, lo, hi);
-      break;
-    case Pointwise::relu_backward:
-      binary_loop(ReluBackwardMath{}, o, x, y, al, be, lo, hi);
-      break;
-  }
+  // (y == nullptr: axpby's beta was 0, and y is not read)
+  with_pointwise_math(op, y != nullptr, [&](auto math) {
+    if constexpr (decltype(math)::kReadsB)
+      binary_loop(math, o, x, y, al, be, lo, hi);
+    else
+      unary_loop(math, o, x, al, lo, hi);
+  });
 }
 
 inline void pointwise(Context& ctx, Pointwise op, const Tensor& out, const Tensor& a,

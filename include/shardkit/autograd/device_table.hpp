@@ -11,17 +11,11 @@
 #include <memory>
 
 #include "shardkit/autograd/geometry.hpp"
+#include "shardkit/autograd/pointwise_math.hpp"
 #include "shardkit/core/context.hpp"
 #include "shardkit/core/tensor.hpp"
 
 namespace shardkit::autograd {
-
-enum class Pointwise : std::uint8_t {
-  axpby,          // out = alpha*a + beta*b (b may be undefined when beta == 0)
-  mul,            // out = alpha*a*b
-  relu,           // out = max(a, 0)
-  relu_backward,  // out = a * (b > 0)   (a: gradient, b: the relu's output)
-};
 
 // Every tensor is contiguous and on the context's device. Shapes are given as explicit extents
 // so the kernels stay free of shape logic. "Accumulator" values are f32 for f16/bf16 data.

@@ -5,12 +5,24 @@
 // the compiler selects instead of branching (see cpu_kernels.hpp).
 #pragma once
 
+#include <cstdint>
+
 #include "shardkit/core/config.hpp"
 
 namespace shardkit::autograd {
 
+enum class Pointwise : std::uint8_t {
+  axpby,          // out = alpha*a + beta*b (b may be undefined when beta == 0)
+  mul,            // out = alpha*a*b
+  relu,           // out = max(a, 0)
+  relu_backward,  // out = a * (b > 0)   (a: gradient, b: the relu's output)
+};
+
+// Each functor says whether it reads b: a loop over a unary one passes 0 for b and never loads it.
+
 // out = alpha * a + beta * b
 struct AxpbyMath {
+  static constexpr bool kReadsB = true;
   template <class T>
   SK_HOST_DEVICE SK_INLINE T operator()(T a, T b, T alpha, T beta) const {
     return alpha * a + beta * b;
@@ -18,6 +30,7 @@ struct AxpbyMath {
 };
 // out = alpha * a (axpby with beta == 0: b is not read)
 struct ScaleMath {
+  static constexpr bool kReadsB = false;
   template <class T>
   SK_HOST_DEVICE SK_INLINE T operator()(T a, T, T alpha, T) const {
     return alpha * a;
@@ -25,6 +38,7 @@ struct ScaleMath {
 };
 // out = alpha * a * b
 struct MulMath {
+  static constexpr bool kReadsB = true;
   template <class T>
   SK_HOST_DEVICE SK_INLINE T operator()(T a, T b, T alpha, T) const {
     return alpha * a * b;
@@ -32,6 +46,7 @@ struct MulMath {
 };
 // out = max(a, 0)
 struct ReluMath {
+  static constexpr bool kReadsB = false;
   template <class T>
   SK_HOST_DEVICE SK_INLINE T operator()(T a, T, T, T) const {
     return a > T(0) ? a : T(0);
@@ -39,10 +54,34 @@ struct ReluMath {
 };
 // out = a where b > 0, else 0 (a: the gradient, b: the ReLU's output)
 struct ReluBackwardMath {
+  static constexpr bool kReadsB = true;
   template <class T>
   SK_HOST_DEVICE SK_INLINE T operator()(T a, T b, T, T) const {
     return b > T(0) ? a : T(0);
   }
 };
+
+// Calls fn with op's functor, chosen once on the host (axpby without a b scales a alone), so a
+// loop or kernel is instantiated per functor instead of switching per element.
+template <class Fn>
+void with_pointwise_math(Pointwise op, bool reads_b, Fn&& fn) {
+  switch (op) {
+    case Pointwise::axpby:
+      if (reads_b)
+        fn(AxpbyMath{});
+      else
+        fn(ScaleMath{});
+      return;
+    case Pointwise::mul:
+      fn(MulMath{});
+      return;
+    case Pointwise::relu:
+      fn(ReluMath{});
+      return;
+    case Pointwise::relu_backward:
+      fn(ReluBackwardMath{});
+      return;
+  }
+}
 
 }  // namespace shardkit::autograd

@@ -138,31 +138,30 @@ namespace detail {
   Context& ctx = flat.context();
   comm::Communicator& comm = flat.communicator();
   const auto& chunks = flat.slot_chunks();
-  const auto mine = static_cast<std::size_t>(comm.rank());
-  const auto rows_of = [&chunks](std::size_t r) {
-    return chunks.rows.slice(0, chunks.row_at[r], chunks.row_at[r + 1]);
-  };
+  const int rank = comm.rank();
+  const auto mine = static_cast<std::size_t>(rank);
   const Tensor amax = zeros(ctx, {chunks.slots}, DType::f32, MemoryCategory::communication);
-  ops::slot_abs_max(ctx, flat.shard(), rows_of(mine), amax);
+  ops::slot_abs_max(ctx, flat.shard(), chunks.of(rank), amax);
   comm.all_reduce(amax, comm::ReduceOp::max).wait_on_stream();
   const auto bytes = quantized_run_bytes(flat.plan(), 0, format, ops::QuantScale::tensor);
   std::vector<std::int64_t> at(bytes.size() + 1, 0);  // where each rank's run starts on the wire
   for (std::size_t r = 0; r < bytes.size(); ++r)
     at[r + 1] = at[r] + static_cast<std::int64_t>(bytes[r]);
-  // Zeroed: the padding after this rank's codes goes on the wire too.
-  const Tensor wire = zeros(ctx, {at.back()}, DType::u8, MemoryCategory::communication);
-  const std::int64_t own = flat.plan().numel(comm.rank());
-  ops::quantize_by_slots(ctx, format, flat.shard(), rows_of(mine), amax,
-                         wire.slice(0, at[mine], at[mine] + own));
+  const Tensor wire = empty(ctx, {at.back()}, DType::u8, MemoryCategory::communication);
+  const std::int64_t codes_end = at[mine] + flat.plan().numel(rank);
+  ops::quantize_by_slots(ctx, format, flat.shard(), chunks.of(rank), amax,
+                         wire.slice(0, at[mine], codes_end));
+  // The padding after this rank's codes goes on the wire too: zeroed, so every rank's bytes
+  // are defined (the other runs arrive whole).
+  if (codes_end < at[mine + 1]) fill(ctx, wire.slice(0, codes_end, at[mine + 1]), 0.0);
   return comm::then(comm.all_gather_v(wire, bytes), [&flat, wire, amax, at, format] {
     const auto& plan = flat.plan();
     const auto& chunks = flat.slot_chunks();
     for (std::size_t r = 0; r + 1 < at.size(); ++r) {
       const int owner = static_cast<int>(r);
-      ops::dequantize_by_slots(flat.context(), format,
-                               wire.slice(0, at[r], at[r] + plan.numel(owner)),
-                               chunks.rows.slice(0, chunks.row_at[r], chunks.row_at[r + 1]), amax,
-                               flat.params().flat().slice(0, plan.begin(owner), plan.end(owner)));
+      ops::dequantize_by_slots(
+          flat.context(), format, wire.slice(0, at[r], at[r] + plan.numel(owner)), chunks.of(owner),
+          amax, flat.params().flat().slice(0, plan.begin(owner), plan.end(owner)));
     }
   });
 }

@@ -109,6 +109,11 @@ class FlatParam {
     Tensor rows;
     std::vector<std::int64_t> row_at;
     std::int64_t slots = 0;
+    // Rank r's rows.
+    Tensor of(int r) const {
+      const auto i = static_cast<std::size_t>(r);
+      return rows.slice(0, row_at[i], row_at[i + 1]);
+    }
   };
   const SlotChunks& slot_chunks() {
     if (slot_chunks_.rows.defined()) return slot_chunks_;
