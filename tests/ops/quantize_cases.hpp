@@ -226,6 +226,20 @@ TEST_CASE("E4M3 codes: every code's value, and rounding against float64, on the 
     CAPTURE(y);
     REQUIRE(double(ops::e4m3_value(code)) == e4m3_reference(y));
   }
+  // The rounding's edges: every tie between neighbouring values (exact in f32) and the floats
+  // just below and above it, either sign -- the subnormal steps, each binade's carry into the
+  // next exponent, and the last step below 448.
+  for (std::size_t k = 0; k + 1 < values.size(); ++k) {
+    const auto mid = static_cast<float>((values[k] + values[k + 1]) / 2);
+    for (const float y : {std::nextafter(mid, 0.0f), mid, std::nextafter(mid, 1000.0f)})
+      for (const float s : {1.0f, -1.0f}) {
+        CAPTURE(s * y);
+        REQUIRE(double(ops::e4m3_value(ops::e4m3_encode(s * y))) == e4m3_reference(s * y));
+      }
+  }
+  CHECK(ops::e4m3_encode(-0.0f) == 0x00);
+  CHECK(ops::e4m3_encode(-0x1p-11f) == 0x80);  // rounds to 0, keeps y < 0's sign
+  CHECK(ops::e4m3_encode(-std::numeric_limits<float>::infinity()) == 0xfe);
   // Ties to even: 1 + 1/16 lies between 1 (code 0x38) and 1 + 1/8 (0x39).
   CHECK(ops::e4m3_encode(1.0625f) == 0x38);
   CHECK(ops::e4m3_encode(1.1875f) == 0x3a);

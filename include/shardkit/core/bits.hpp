@@ -28,4 +28,12 @@ SK_HOST_DEVICE SK_INLINE double bits_to_double(std::uint64_t bits) {
   return bit_copy<double>(bits);
 }
 
+// `when ? a : b` written with a mask: element loops of such choices vectorise (GCC does not
+// if-convert a ternary whose condition or arms may trap, e.g. float comparisons, and keeps the
+// loop scalar), and device code gets a select either way.
+SK_HOST_DEVICE SK_INLINE std::uint32_t pick_bits(bool when, std::uint32_t a, std::uint32_t b) {
+  const std::uint32_t mask = 0u - static_cast<std::uint32_t>(when);
+  return (a & mask) | (b & ~mask);
+}
+
 }  // namespace shardkit

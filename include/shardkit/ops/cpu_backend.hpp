@@ -155,14 +155,20 @@ struct Cpu {
         const T* x = static_cast<const T*>(values);
         ctx.cpu_pool().parallel_for(blocks, [&](std::int64_t b) {
           const std::int64_t lo = b * block, hi = std::min(n, lo + block);
-          float amax = 0.0f;
-          for (std::int64_t i = lo; i < hi; ++i) amax = abs_max(amax, load_element(x + i));
+          std::uint32_t amax_bits = 0;
+          for (std::int64_t i = lo; i < hi; ++i)
+            amax_bits = std::max(amax_bits, abs_bits(load_element(x + i)));
+          const float amax = bits_to_float(amax_bits);
           const float scale = amax / Code::kMax;
           std::memcpy(payload + 4 * b, &scale, sizeof scale);
           const float inverse = inverse_step<Code>(amax);
           if constexpr (Code::kPerByte == 1) {
+            // Through locals: a byte store may alias anything, the lambda's captured pointers
+            // too, and reloading them at every store kept this loop scalar.
+            std::uint8_t* const codes = q;
+            const T* const in = x;
             for (std::int64_t i = lo; i < hi; ++i)
-              q[i] = Code::encode(load_element(x + i), inverse);
+              codes[i] = Code::encode(load_element(in + i), inverse);
           } else {  // two codes a byte; lo is even (int4 blocks are)
             for (std::int64_t i = lo; i < hi; i += 2) {
               const std::uint8_t low = Code::encode(load_element(x + i), inverse);
@@ -223,9 +229,10 @@ struct Cpu {
       std::vector<float> maxima(static_cast<std::size_t>(count));
       ctx.cpu_pool().parallel_for(count, [&](std::int64_t c) {
         const std::int64_t* row = chunks + 3 * c;
-        float m = 0.0f;
-        for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i) m = abs_max(m, load_element(x + i));
-        maxima[static_cast<std::size_t>(c)] = m;
+        std::uint32_t m = 0;
+        for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i)
+          m = std::max(m, abs_bits(load_element(x + i)));
+        maxima[static_cast<std::size_t>(c)] = bits_to_float(m);
       });
       for (std::int64_t c = 0; c < count; ++c)
         amax[chunks[3 * c + 2]] =
@@ -242,8 +249,10 @@ struct Cpu {
           ctx.cpu_pool().parallel_for(count, [&](std::int64_t c) {
             const std::int64_t* row = chunks + 3 * c;
             const float inverse = inverse_step<Code>(amax[row[2]]);
+            std::uint8_t* const out = codes;  // (locals: see quantize_blocks)
+            const T* const in = x;
             for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i)
-              codes[i] = Code::encode(load_element(x + i), inverse);
+              out[i] = Code::encode(load_element(in + i), inverse);
           });
         });
     });
