@@ -426,3 +426,40 @@ TEST_CASE(
     CHECK(elapsed_ms(start) < 1000.0);
   }
 }
+
+TEST_CASE(
+    "the order check's verdict over gathered fingerprints names the first rank and both calls") {
+  // What MPI's check (after its all-gather) and NCCL's (after its read-back) decide with.
+  comm::CallRecord mine;
+  mine.seq = 7;
+  mine.kind = comm::CollectiveKind::all_reduce;
+  mine.count = 12;
+  mine.reduces = true;
+  mine.label = "unit 'layer2': gradient reduction";
+  comm::CallRecord other = mine;
+  other.kind = comm::CollectiveKind::all_gather;
+  other.count = 48;
+  other.reduces = false;
+  std::vector<std::uint64_t> all;
+  for (const auto& call : {mine, mine, other, other}) {
+    const auto f = call.fingerprint();
+    all.insert(all.end(), f.begin(), f.end());
+  }
+  CHECK(comm::first_mismatch(std::span(all).first(12), mine.fingerprint()) == -1);
+  REQUIRE(comm::first_mismatch(all, mine.fingerprint()) == 2);
+  const std::string message =
+      comm::mismatch_message("all_reduce on rank 0 of 4 (nccl)", mine, 2, all, "no call before");
+  CHECK(message.find("all_reduce on rank 0 of 4 (nccl): rank 2's collective #7 is all_gather #7 "
+                     "of 48 f32") == 0);
+  CHECK(message.find("but this rank's is all_reduce #7 of 12 f32 (sum) ('unit 'layer2': "
+                     "gradient reduction')") != std::string::npos);
+  CHECK(message.find("no call before") != std::string::npos);
+  // Another label alone differs too, and says so.
+  other = mine;
+  other.label = "unit 'layer3': gradient reduction";
+  const auto f = other.fingerprint();
+  std::copy(f.begin(), f.end(), all.begin() + 6);
+  CHECK(comm::first_mismatch(all, mine.fingerprint()) == 1);
+  CHECK(comm::mismatch_message("w", mine, 1, all, "").find("under another label") !=
+        std::string::npos);
+}

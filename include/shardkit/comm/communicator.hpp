@@ -4,8 +4,9 @@
 //
 // Every rank of a communicator must issue the same calls in the same order with the same
 // counts, dtypes, roots and ops (NCCL's rule). The local backend checks that across ranks on
-// every call; MPI does with CommOptions::validate_order (call_record.hpp), at the cost of one
-// small all-gather per call; elsewhere a mismatch is undefined (MPI usually reports a
+// every call; MPI and NCCL do with CommOptions::validate_order (call_record.hpp), at the cost
+// of one small all-gather per call (MPI waits for it; NCCL queues it on the stream and compares
+// later: nccl_order_check.hpp); without it a mismatch is undefined (MPI usually reports a
 // truncation error, NCCL may hang until the timeout). Every communicator records its last calls
 // for timeouts' messages.
 #pragma once
@@ -46,12 +47,17 @@ class PeerFailed : public CommunicatorAborted {
   using CommunicatorAborted::CommunicatorAborted;
 };
 
-// The order check's default: on when SHARDKIT_VALIDATE_COLLECTIVES=1 is in the environment
-// (the MPI suites of the tests set it), so a job that hangs can be rerun with the check without
-// a rebuild.
+// The order check's default: SHARDKIT_VALIDATE_COLLECTIVES=1 or 0 in the environment (the MPI
+// suites of the tests set 1), so a job that hangs can be rerun with the check without a
+// rebuild; unset, on in an unoptimised debug build (meson's buildtype=debug) and off otherwise.
 inline bool validate_order_default() {
   const char* value = std::getenv("SHARDKIT_VALIDATE_COLLECTIVES");
-  return value != nullptr && std::string_view(value) == "1";
+  if (value != nullptr) return std::string_view(value) == "1";
+#if defined(__OPTIMIZE__) || defined(NDEBUG)
+  return false;
+#else
+  return true;
+#endif
 }
 
 struct CommOptions {
@@ -61,8 +67,9 @@ struct CommOptions {
   // Before each call, the ranks compare its fingerprint (call_record.hpp) and refuse a
   // mismatch with both calls named, before it can hang or move the wrong bytes: one all-gather
   // of 48 bytes per rank per call, which also makes each call wait until every rank has issued
-  // it. The MPI backend; the local one checks every call anyway, and NCCL does not (its
-  // exchange would wait for the GPU).
+  // it. MPI and NCCL (which queues the exchange on the stream and compares its result without
+  // waiting, so the refusal comes at a later call or wait); the local backend checks every call
+  // anyway.
   bool validate_order = validate_order_default();
 };
 
@@ -295,8 +302,8 @@ class Communicator {
   virtual void do_group_start() {}
   virtual void do_group_end() {}
   // With CommOptions::validate_order: compare `call`'s fingerprint with every rank's and throw
-  // InvalidArgument naming both calls on a mismatch. Backends that check otherwise (local) or
-  // cannot (NCCL) keep this no-op.
+  // InvalidArgument naming both calls on a mismatch (NCCL: at a later call or wait, once the GPU
+  // ran the exchange). The local backend, which checks every call anyway, keeps this no-op.
   virtual void do_validate(const CallRecord& call) { (void)call; }
 
   std::shared_ptr<const FlightRecorder> recorder() const { return recorder_; }

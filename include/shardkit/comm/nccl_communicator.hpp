@@ -7,10 +7,12 @@
 // polls ncclCommGetAsyncError, and when the timeout passes the communicator is aborted
 // (ncclCommAbort) and sk::TimeoutError names the operation.
 //
-// Checked here: everything local (dtype, sizes, root, aliasing, the buffers' device). Not
-// checked: that peers pass matching counts/dtypes/roots -- a mismatch may corrupt results or hang
-// until the timeout. f16/bf16 reductions run in NCCL's own arithmetic (it cannot accumulate in
-// f32 without widening the data); NCCL refuses two ranks on one GPU.
+// Checked here: everything local (dtype, sizes, root, aliasing, the buffers' device). That peers
+// issue the same calls (kind, dtype, counts, root, op) is checked with CommOptions::validate_order
+// (nccl_order_check.hpp: the fingerprints exchanged on the stream, compared by the host without
+// waiting); without it a mismatch may corrupt results or hang until the timeout. f16/bf16
+// reductions run in NCCL's own arithmetic (it cannot accumulate in f32 without widening the data);
+// NCCL refuses two ranks on one GPU.
 #pragma once
 
 #include "shardkit/core/config.hpp"
@@ -27,6 +29,7 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/cuda_event.hpp"
+#include "shardkit/comm/nccl_order_check.hpp"
 #include "shardkit/core/context.hpp"
 #include "shardkit/core/nccl_check.hpp"
 #include "shardkit/core/storage.hpp"
@@ -62,6 +65,21 @@ class NcclHandle {
 
   ncclComm_t get() const { return comm_; }
   const std::string& aborted() const { return aborted_; }
+
+  // The order check, made by the communicator at its first checked call; null without one.
+  NcclOrderCheck* order_check() const { return order_.get(); }
+  void set_order_check(std::unique_ptr<NcclOrderCheck> check) { order_ = std::move(check); }
+
+  // Throws InvalidArgument (after aborting: the calls after a mismatch may be queued already)
+  // when a finished order-check exchange found ranks issuing different calls. Never waits.
+  void check_order() {
+    if (!order_) return;
+    const std::string mismatch = order_->harvest();
+    if (mismatch.empty()) return;
+    const std::string message = mismatch + "; the communicator is aborted (ncclCommAbort)";
+    abort(message);
+    throw InvalidArgument(message);
+  }
 
   void abort(const std::string& reason) {
     if (comm_ != nullptr) (void)ncclCommAbort(comm_);
@@ -99,6 +117,9 @@ class NcclHandle {
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0; !done(); ++polls) {
       if (std::chrono::steady_clock::now() - start >= timeout_) {
+        // Ranks that issued different calls is the likeliest cause, and then the order check
+        // (when on) has the pair: name it rather than the bare timeout.
+        check_order();
         const std::string message = shardkit::detail::concat(
             name, " (nccl) timed out after ", timeout_.count(),
             " ms: some rank never joined it (dead, stuck, or issuing other calls); the "
@@ -123,6 +144,7 @@ class NcclHandle {
   ncclComm_t comm_;
   std::chrono::milliseconds timeout_;
   std::string aborted_;
+  std::unique_ptr<NcclOrderCheck> order_;
 };
 
 class NcclWorkState final : public WorkState {
@@ -136,7 +158,9 @@ class NcclWorkState final : public WorkState {
                       ": the call belongs to an open group scope; end "
                       "the group before waiting on it");
     if (handle_->in_progress(name_)) return false;
-    return event_->query();
+    if (!event_->query()) return false;
+    handle_->check_order();  // this call's own exchange ran before it
+    return true;
   }
   void wait() override {
     handle_->poll(name_, [&] { return test(); });
@@ -320,11 +344,27 @@ class NcclCommunicator final : public Communicator {
     return std::unique_ptr<Communicator>(
         new NcclCommunicator(ctx_, std::move(child_handle), options(), Adopt{}));
   }
+  // CommOptions::validate_order: first the verdicts of earlier exchanges the GPU has finished,
+  // then this call's fingerprint exchange, queued ahead of it (nccl_order_check.hpp).
+  void do_validate(const CallRecord& call) override {
+    const std::string name = where(call.name());
+    handle_->check_alive(name);
+    handle_->check_order();
+    if (handle_->order_check() == nullptr)
+      handle_->set_order_check(std::make_unique<detail::NcclOrderCheck>(
+          ctx_, size(), shardkit::detail::concat("rank ", rank(), " of ", size(), " (nccl)"),
+          recorder()));
+    CudaDeviceGuard guard(ctx_.device().index);
+    handle_->order_check()->exchange(call, handle(), group_depth() > 0, [&](ncclResult_t status) {
+      handle_->settle(name, status, "ncclAllGather (the order check's fingerprints)");
+    });
+  }
   void do_group_start() override { detail::nccl_status(ncclGroupStart(), "ncclGroupStart"); }
   void do_group_end() override {
     CudaDeviceGuard guard(ctx_.device().index);
     handle_->settle("group", ncclGroupEnd(), "ncclGroupEnd");
     if (group_depth() > 0) return;  // an outer scope still batches
+    if (auto* order = handle_->order_check()) order->end_group();
     auto event = record();
     for (auto& work : pending_) work->set_event(event);
     pending_.clear();
