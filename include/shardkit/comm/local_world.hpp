@@ -27,6 +27,7 @@
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/cuda_event.hpp"
 #include "shardkit/comm/device_comm_kernels.hpp"
+#include "shardkit/comm/local_device_ops.hpp"
 #include "shardkit/comm/local_host_ops.hpp"
 #include "shardkit/comm/local_validation.hpp"
 #include "shardkit/comm/transfer_plan.hpp"
@@ -301,33 +302,7 @@ class LocalWorld {
           " and now got buffers on cuda:", device, "; a local world reduces the memory of one GPU");
     const cudaStream_t stream = stream_->get();
     for (const auto& ready : op.ready) SK_CUDA_CHECK(cudaStreamWaitEvent(stream, ready->get(), 0));
-    const TransferPlan plan = plan_transfers(op.posts);
-    for (const CopyStep& c : plan.copies)
-      SK_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream));
-    const std::size_t esize = dtype_size(plan.dtype);
-    for (const ReduceStep& step : plan.reductions) {
-      if (step.sources.size() == 1) {  // one rank: the result is the input, bit for bit
-        for (void* dst : step.destinations)
-          if (dst != step.sources[0])
-            SK_CUDA_CHECK(cudaMemcpyAsync(dst, step.sources[0], step.count * esize,
-                                          cudaMemcpyDeviceToDevice, stream));
-        continue;
-      }
-      check<NotAvailable>(kernels_ != nullptr, "local ", op.name, ": reducing device memory over ",
-                          size_,
-                          " ranks needs the reduction kernel; build the world with "
-                          "the comm table of sk::cuda_kernel_tables() from <shardkit/cuda.hpp> "
-                          "(sk::comm::cuda_run_options does it for run_ranks)");
-      DeviceReduceParams params;
-      params.source_count = static_cast<int>(step.sources.size());
-      params.destination_count = static_cast<int>(step.destinations.size());
-      std::copy(step.sources.begin(), step.sources.end(), params.sources);
-      std::copy(step.destinations.begin(), step.destinations.end(), params.destinations);
-      params.count = step.count;
-      params.dtype = plan.dtype;
-      params.op = plan.op;
-      kernels_->reduce(stream, params);
-    }
+    run_plan_on_device(plan_transfers(op.posts), stream, kernels_, op.name, size_);
     op.done = std::make_shared<CudaEvent>(device);
     op.done->record(stream);
 #else
