@@ -1,8 +1,10 @@
 // The device side of the local backend: the rank-order reduction kernel behind
 // DeviceCommKernels (the same reduce_element rule the CPU loop applies, so device and host give
-// the same bits), and run_ranks options wired to it.
+// the same bits), the captured steps' rendezvous (flag_barrier.cuh), and run_ranks options wired
+// to them.
 #pragma once
 
+#include "kernels/comm/flag_barrier.cuh"
 #include "kernels/core/tensor_kernels.cuh"
 #include "shardkit/comm/device_comm_kernels.hpp"
 #include "shardkit/comm/run_ranks.hpp"
@@ -41,7 +43,8 @@ inline void reduce(CUstream_st* stream, const DeviceReduceParams& params) {
 
 // The table a LocalWorld calls through. Constant: no global mutable state.
 inline const DeviceCommKernels* device_comm_kernels() {
-  static constexpr DeviceCommKernels kTable{.reduce = &cuda::reduce};
+  static constexpr DeviceCommKernels kTable{.reduce = &cuda::reduce,
+                                            .flag_barrier = &cuda::flag_barrier};
   return &kTable;
 }
 

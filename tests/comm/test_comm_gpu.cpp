@@ -1,12 +1,17 @@
 // comm on a CUDA GPU: the local backend over device memory (ranks share the GPU; device copies
 // plus the reduction kernel) against the same fixed-order reference as the CPU, bit for bit;
 // stream ordering without wait(); and NCCL at world size 1 (NCCL refuses two ranks on one GPU),
-// including a non-blocking init that times out when the second rank never comes.
+// including a non-blocking init that times out when the second rank never comes; local ranks'
+// collectives inside captured steps, meeting on the device.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective_matrix.hpp"
@@ -200,4 +205,125 @@ TEST_CASE("NCCL's order check: exchanges queued without a host wait, read back, 
   auto a = sk::full(*ctx, {100}, sk::DType::f32, 2.0);
   checked.all_reduce(a).wait();
   CHECK(sk::to_vector<float>(*ctx, a)[99] == 2.0f);
+}
+
+// Local ranks sharing the GPU, each capturing its step (StepGraph): the ranks' graphs meet on
+// the device (comm/device_rendezvous.hpp). Every replay must equal the eager calls bit for bit
+// on fresh inputs -- in-place all_reduce (staged through scratch), all_gather into a buffer,
+// in-place reduce_scatter, broadcast, an f16 all_reduce -- with no host wait in the step.
+
+namespace {
+
+// Rank r's collectives of step `it`, eagerly or through its StepGraph; returns what it saw.
+std::vector<float> run_collective_steps(sk::Context& ctx, comm::Communicator& c, bool graphed,
+                                        int steps) {
+  const int n = c.size(), r = c.rank();
+  auto grads = sk::empty(ctx, {1000}, sk::DType::f32);
+  auto piece = sk::empty(ctx, {333}, sk::DType::f32);
+  auto gathered = sk::empty(ctx, {n * 333}, sk::DType::f32);
+  auto scattered = sk::empty(ctx, {n * 256}, sk::DType::f32);
+  auto halves = sk::empty(ctx, {517}, sk::DType::f16);
+  std::optional<sk::StepGraph> graph;
+  if (graphed) graph.emplace(ctx, "collectives");
+  auto step = [&] {
+    c.all_reduce(grads).wait_on_stream();
+    c.all_gather(piece, gathered).wait_on_stream();
+    c.reduce_scatter(scattered, scattered.slice(0, r * 256, (r + 1) * 256)).wait_on_stream();
+    c.broadcast(piece, 1).wait_on_stream();
+    c.all_reduce(halves, comm::ReduceOp::avg).wait_on_stream();
+  };
+  std::vector<float> seen;
+  for (int it = 0; it < steps; ++it) {
+    auto values = [&](std::int64_t count, int salt) {
+      std::vector<float> v(static_cast<std::size_t>(count));
+      for (std::size_t i = 0; i < v.size(); ++i)
+        v[i] = std::sin(0.37f * static_cast<float>(i) + 1.7f * r + 0.9f * it + salt) * 3.1f;
+      return v;
+    };
+    sk::copy(ctx, grads, sk::from_vector(ctx, values(1000, 1), {1000}));
+    sk::copy(ctx, piece, sk::from_vector(ctx, values(333, 2), {333}));
+    sk::copy(ctx, scattered, sk::from_vector(ctx, values(n * 256, 3), {n * 256}));
+    sk::copy(ctx, halves, sk::from_vector(ctx, values(517, 4), {517}));
+    const sk::HostWaits before = ctx.host_waits();
+    if (graph)
+      graph->run("step", step);
+    else
+      step();
+    CHECK((ctx.host_waits() - before).total() == 0);
+    for (const sk::Tensor& t :
+         {grads, piece, gathered, scattered, sk::cast(ctx, halves, sk::DType::f32)}) {
+      const auto v = sk::to_vector<float>(ctx, t);
+      seen.insert(seen.end(), v.begin(), v.end());
+    }
+  }
+  if (graph) {
+    CHECK(graph->stats().captures == 1);
+    CHECK(graph->stats().replays == steps - 3);
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("local collectives inside captured steps: replays equal eager calls bit for bit") {
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    std::vector<std::vector<float>> eager(static_cast<std::size_t>(n)),
+        graphed(static_cast<std::size_t>(n));
+    for (bool use_graph : {false, true})
+      comm::run_ranks(
+          n,
+          [&](sk::Context& ctx, comm::Communicator& c) {
+            auto seen = run_collective_steps(ctx, c, use_graph, 7);
+            (use_graph ? graphed : eager)[static_cast<std::size_t>(c.rank())] = std::move(seen);
+          },
+          comm::cuda_run_options(0));
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(eager[static_cast<std::size_t>(r)] == graphed[static_cast<std::size_t>(r)]);
+    }
+  }
+}
+
+TEST_CASE("a rank that stops replaying: the others' device waits time out, raised on the host") {
+  comm::CommOptions options;
+  options.timeout = std::chrono::milliseconds(400);
+  std::vector<std::string> errors(2);
+  std::atomic<bool> rank0_reported{false};
+  comm::run_ranks(
+      2,
+      [&](sk::Context& ctx, comm::Communicator& c) {
+        auto grads = sk::full(ctx, {4096}, sk::DType::f32, c.rank() + 1.0);
+        sk::StepGraph graph(ctx, "all_reduce");
+        auto step = [&] { c.all_reduce(grads).wait_on_stream(); };
+        for (int it = 0; it < 4; ++it) graph.run("step", step);
+        ctx.synchronize();  // both ranks met at every call so far
+        CHECK(sk::to_vector<float>(ctx, grads)[4095] == 24.0f);  // 1 + 2, then doubled 3 times
+        const auto i = static_cast<std::size_t>(c.rank());
+        if (c.rank() == 0) {
+          try {
+            graph.run("step", step);  // a replay the other rank never joins
+            ctx.synchronize();        // the device gave up waiting; the verdict is raised here
+          } catch (const sk::TimeoutError& e) {
+            errors[i] = e.what();
+          }
+          rank0_reported = true;
+          return;
+        }
+        while (!rank0_reported.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        try {  // the world was aborted with the verdict: the next call says why
+          c.all_reduce(grads).wait_on_stream();
+        } catch (const comm::CommunicatorAborted& e) {
+          errors[i] = e.what();
+        }
+      },
+      comm::cuda_run_options(0, options));
+  for (const std::string& error : errors) {
+    CHECK_MESSAGE(error.find("rank 0 waited more than 400 ms for the others on the device") !=
+                      std::string::npos,
+                  error);
+    CHECK_MESSAGE(
+        error.find("replay its captured steps the same number of times") != std::string::npos,
+        error);
+  }
 }

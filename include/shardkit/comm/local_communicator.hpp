@@ -1,13 +1,17 @@
 // LocalCommunicator: one rank of a LocalWorld (N ranks as N threads of one process, each with
-// its own Context). Reductions run in rank order, so results are bitwise reproducible.
+// its own Context). Reductions run in rank order, so results are bitwise reproducible. Device
+// collectives across ranks can be captured in a step graph (comm/device_rendezvous.hpp).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/local_world.hpp"
+#include "shardkit/comm/rank_share.hpp"
 #include "shardkit/core/context.hpp"
+#include "shardkit/core/storage.hpp"
 
 namespace shardkit::comm {
 
@@ -57,6 +61,32 @@ class EventWorkState final : public WorkState {
 
  private:
   std::shared_ptr<CudaEvent> done_;
+};
+
+// A call inside a captured step: queued on the rank's own stream, which orders its consumers;
+// a host wait (after the step) waits for the stream.
+class StreamWorkState final : public WorkState {
+ public:
+  explicit StreamWorkState(const Context& ctx) : ctx_(ctx) {}
+  void wait() override {
+    CudaDeviceGuard guard(ctx_.device().index);
+    SK_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
+  }
+  bool test() override {
+    if (ctx_.capturing()) return false;  // queued into the graph: nothing has run yet
+    CudaDeviceGuard guard(ctx_.device().index);
+    const cudaError_t status = cudaStreamQuery(ctx_.stream());
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    SK_CUDA_CHECK(status);
+    return true;
+  }
+  void wait_on_stream() override {}
+
+ private:
+  const Context& ctx_;
 };
 #endif
 
@@ -152,12 +182,7 @@ class LocalCommunicator final : public Communicator {
       check(post.send.device == ctx_.device(), where(call), ": buffers on ", post.send.device.str(),
             " but this rank's context is on ", ctx_.device().str(),
             "; device collectives run on the context's stream: use that GPU's memory");
-      // The ranks meet on the host and the world's stream joins theirs through events: one
-      // rank's CUDA graph cannot hold that.
-      if (size() > 1)
-        ctx_.refuse_in_capture(
-            where(call) + " across ranks of one process",
-            "capture with NCCL (one process per GPU), or at world size 1; run the step eagerly");
+      if (size() > 1 && ctx_.capturing()) return submit_captured(call, std::move(post));
       auto ready = std::make_shared<CudaEvent>(ctx_.device().index);
       ready->record(ctx_.stream());
       auto op = world_->post(rank(), next_sequence_++, call, std::move(post), ready);
@@ -175,6 +200,51 @@ class LocalCommunicator final : public Communicator {
                                                          options().timeout, recorder()),
                 ctx_);
   }
+
+#if SK_WITH_CUDA
+  // Inside a captured step the world's stream cannot join this rank's graph: the host meets the
+  // other ranks once (checks, their buffers), and this rank's stream carries its own share of
+  // the call between two waits on the device (comm/device_rendezvous.hpp).
+  Work submit_captured(const std::string& call, LocalPost post) {
+    post.in_capture = true;
+    auto op = world_->post(rank(), next_sequence_++, call, std::move(post), nullptr);
+    detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
+    const Buffer& recv = op->posts[static_cast<std::size_t>(rank())].recv;
+    const RankShare share = rank_share(plan_transfers(op->posts), op->posts, rank());
+    const DeviceCommKernels& kernels = *world_->kernels();
+    const DeviceBarrierParams barrier = op->rendezvous->barrier(rank(), options().timeout);
+    CudaDeviceGuard guard(ctx_.device().index);
+    const cudaStream_t stream = ctx_.stream();
+    kernels.flag_barrier(stream, barrier);  // every rank's inputs are ready
+    if (share.staged) {
+      // From the capture's pool, back to it (for the step's later allocations) after the copy.
+      Storage scratch(ctx_.allocator_ptr(), recv.count * recv.element_size(),
+                      MemoryCategory::communication);
+      run_plan_on_device(staged_into(share, recv, scratch.data()), stream, &kernels, op->name,
+                         size());
+      kernels.flag_barrier(stream, barrier);  // every rank has read what this rank overwrites
+      for (const auto& [offset, bytes] : share.written)
+        SK_CUDA_CHECK(cudaMemcpyAsync(recv.bytes() + offset,
+                                      static_cast<const std::byte*>(scratch.data()) + offset, bytes,
+                                      cudaMemcpyDeviceToDevice, stream));
+    } else {
+      run_plan_on_device(share.plan, stream, &kernels, op->name, size());
+      kernels.flag_barrier(stream, barrier);  // every rank has read this rank's send buffer
+    }
+    ctx_.defer_check(shardkit::detail::concat("local device rendezvous ",
+                                              static_cast<const void*>(world_.get())),
+                     [rendezvous = op->rendezvous, weak = std::weak_ptr<LocalWorld>(world_),
+                      rank = rank(), timeout = options().timeout] {
+                       try {
+                         rendezvous->check(rank, timeout);
+                       } catch (const TimeoutError& e) {
+                         if (auto world = weak.lock()) world->abort(e.what());
+                         throw;
+                       }
+                     });
+    return Work(std::make_shared<detail::StreamWorkState>(ctx_), ctx_);
+  }
+#endif
 
   Context& ctx_;
   std::shared_ptr<LocalWorld> world_;

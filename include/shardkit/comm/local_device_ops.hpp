@@ -1,6 +1,6 @@
 // Runs a TransferPlan on a CUDA stream: device copies for the copies, the rank-order reduction
 // kernel (DeviceCommKernels) for the reductions -- the device twin of local_host_ops.hpp, with
-// the same bits.
+// the same bits. The world's stream runs whole plans; a captured step's rank its own share.
 #pragma once
 
 #include "shardkit/core/config.hpp"

@@ -1,6 +1,6 @@
 // Cross-rank checks of the local backend: once every rank has posted a call, all posts must
-// agree on the collective, dtype, counts, root, op and device. One process sees every rank, so
-// the local backend checks what MPI and NCCL cannot.
+// agree on the collective, dtype, counts, root, op and device, and on being captured or not. One
+// process sees every rank, so the local backend checks what MPI and NCCL cannot.
 #pragma once
 
 #include <string_view>
@@ -63,6 +63,15 @@ inline void validate_local_posts(const std::vector<LocalPost>& posts, std::strin
     if (reduces && a.op != b.op)
       differ(r, "op", reduce_op_name(b.op), reduce_op_name(a.op),
              "every rank must pass the same reduction");
+    if (a.in_capture != b.in_capture) {
+      auto how = [](const LocalPost& post) {
+        return post.in_capture ? "inside a captured step" : "eagerly";
+      };
+      fail<InvalidArgument>("local ", name, " (world of ", n, "): rank ", r, " issued it ", how(b),
+                            " but rank 0 ", how(a),
+                            "; capture the step on every rank of the world together (each "
+                            "rank's StepGraph with the same key and warm-up steps), or on none");
+    }
     if (a.send.device != b.send.device)
       differ(r, "buffers on", b.send.device.str(), a.send.device.str(),
              "a local world moves host memory or the memory of one GPU; keep every rank's buffers "

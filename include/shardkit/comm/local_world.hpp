@@ -5,7 +5,9 @@
 //   while the collective runs (what DDP's overlap of backward and all-reduce needs);
 // - device memory: queued on the world's CUDA stream by the last rank to arrive, after every
 //   rank's stream reached the call (events), and every rank's stream waits for the result. The
-//   host side of a device call is a rendezvous: it returns once every rank has issued it.
+//   host side of a device call is a rendezvous: it returns once every rank has issued it;
+// - device memory inside captured steps: checked here, carried out by each rank on its own
+//   stream between waits on the device (comm/device_rendezvous.hpp).
 // A rank that waits longer than the timeout for the others aborts the world (and its splits):
 // every later call, on every rank, throws CommunicatorAborted instead of hanging.
 #pragma once
@@ -27,6 +29,7 @@
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/cuda_event.hpp"
 #include "shardkit/comm/device_comm_kernels.hpp"
+#include "shardkit/comm/device_rendezvous.hpp"
 #include "shardkit/comm/local_device_ops.hpp"
 #include "shardkit/comm/local_host_ops.hpp"
 #include "shardkit/comm/local_validation.hpp"
@@ -99,6 +102,7 @@ struct LocalOp {
 #if SK_WITH_CUDA
   std::vector<std::shared_ptr<CudaEvent>> ready;  // each rank's stream reached the call
   std::shared_ptr<CudaEvent> done;                // the world's stream finished it
+  std::shared_ptr<DeviceRendezvous> rendezvous;   // a call inside captured steps meets there
 #endif
 };
 
@@ -258,6 +262,9 @@ class LocalWorld {
         op->phase = LocalOp::Phase::done;
       } else if (first.kind == CollectiveKind::barrier) {
         op->phase = LocalOp::Phase::done;
+      } else if (first.in_capture) {
+        prepare_rendezvous(*op);
+        op->phase = LocalOp::Phase::done;
       } else if (first.send.device.is_cuda()) {
         run_on_device(*op);
         op->phase = LocalOp::Phase::done;
@@ -310,6 +317,30 @@ class LocalWorld {
 #endif
   }
 
+  // A call inside captured steps: each rank carries out its own share on its own stream
+  // (LocalCommunicator); here the ranks' buffers were checked and the device flags they meet
+  // at are made on first use.
+  void prepare_rendezvous([[maybe_unused]] LocalOp& op) {
+#if SK_WITH_CUDA
+    const int device = op.posts[0].send.device.index;
+    check(!rendezvous_ || rendezvous_->device() == device, "local ", op.name,
+          ": this world's captured calls met on cuda:", rendezvous_ ? rendezvous_->device() : -1,
+          " and now got buffers on cuda:", device, "; a local world reduces the memory of one GPU");
+    check<NotAvailable>(kernels_ != nullptr && kernels_->flag_barrier != nullptr, "local ", op.name,
+                        ": a collective across ranks inside a captured step needs the device "
+                        "rendezvous kernel; build the world with the comm table of "
+                        "sk::cuda_kernel_tables() from <shardkit/cuda.hpp>");
+    if (!rendezvous_) {
+      CudaDeviceGuard guard(device);
+      if (!stream_) stream_ = std::make_unique<CudaStream>(device);
+      rendezvous_ = std::make_shared<DeviceRendezvous>(size_, device, stream_->get());
+    }
+    op.rendezvous = rendezvous_;
+#else
+    fail<NotAvailable>("local ", op.name, ": device buffers in a build without CUDA");
+#endif
+  }
+
   void worker_loop() {
     std::unique_lock lock(mutex_);
     while (true) {
@@ -343,6 +374,7 @@ class LocalWorld {
   std::thread worker_;
 #if SK_WITH_CUDA
   std::unique_ptr<CudaStream> stream_;
+  std::shared_ptr<DeviceRendezvous> rendezvous_;  // made at the first call inside a capture
 #endif
 };
 

@@ -28,6 +28,9 @@ struct LocalPost {
   ReduceOp op = ReduceOp::sum;
   int color = 0;  // split
   int key = 0;
+  // Issued inside a captured step (device memory only): each rank's graph carries out its own
+  // share (comm/rank_share.hpp) instead of the world's stream carrying out the whole plan.
+  bool in_capture = false;
 };
 
 struct CopyStep {
