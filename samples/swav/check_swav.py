@@ -166,11 +166,15 @@ def main():
         # MACHINE.CUDA_GRAPH=true on the CPU: the step captured once (per key: the queue starts
         # at iteration 2, the prototypes thaw at 3) and replayed under the capture's rules -- no
         # host wait, no drifting host value -- with the eager run's parameters, f32 and f16
-        # (loss-scaled: the prototypes' normalisation reads the step gate, not the verdict).
+        # (loss-scaled: the prototypes' normalisation reads the step gate, not the verdict), and
+        # with SyncBatchNorm (its exchanges ordered on the stream, none waited for on the host).
         nine = ["config.MAX_ITERATIONS=9"]
         graph = ["config.MACHINE.CUDA_GRAPH=true"]
         f16 = ["config.MODEL.AMP_PARAMS.USE_AMP=True", "config.MODEL.AMP_PARAMS.COMPUTE_DTYPE=float16"]
-        for name, flags in (("ddp", []), ("fsdp", STAGES["fsdp"]), ("fsdp float16", STAGES["fsdp"] + f16)):
+        sync_bn = ["config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",
+                   "config.MODEL.SYNC_BN_CONFIG.GROUP_SIZE=0"]
+        for name, flags in (("ddp", []), ("fsdp", STAGES["fsdp"]), ("fsdp float16", STAGES["fsdp"] + f16),
+                            ("ddp sync_bn", sync_bn)):
             eager, _ = run(swav, os.path.join(work, f"eager_{name.replace(' ', '_')}"), nine + flags)
             graphed, output = run(swav, os.path.join(work, f"graph_{name.replace(' ', '_')}"),
                                   nine + flags + graph)

@@ -362,28 +362,29 @@ class SwavTrainer {
   }
 
  private:
-  // MACHINE.CUDA_GRAPH. auto: on a GPU when every part of the step can be captured; true: also
-  // on the CPU, where a replay runs the step's code again under the capture's rules (a check
-  // that it would replay, at the cost of those checks).
+  // MACHINE.CUDA_GRAPH. auto: on a GPU when every part of the step can be captured and has run
+  // captured on a GPU; true: also on the CPU, where a replay runs the step's code again under
+  // the capture's rules (a check that it would replay, at the cost of those checks).
   bool wants_step_graph() const {
     if (c_.cuda_graph == "false") return false;
-    // What a captured step cannot hold (each would be refused by name inside the capture):
-    std::string blocker;
-    if (c_.parallel.offload.enabled())
-      blocker =
-          "an offloaded step (MODEL.FSDP_CONFIG.move_params_to_cpu / move_grads_to_cpu) "
-          "waits for its host-side update";
-    else if (c_.sync_bn_group > 0)
-      blocker = "SyncBatchNorm's exchanges (MODEL.SYNC_BN_CONFIG) wait on the host";
-    else if (ctx_->device().is_cuda() && comm_->size() > 1 &&
-             dynamic_cast<const sk::comm::LocalCommunicator*>(comm_) != nullptr)
-      blocker =
-          "ranks sharing this GPU in one process synchronise on the host; run one process "
-          "per GPU under a launcher (NCCL) instead";
-    if (c_.cuda_graph == "auto") return ctx_->device().is_cuda() && blocker.empty();
-    sk::check<ConfigError>(blocker.empty(), "config.MACHINE.CUDA_GRAPH = true, but ", blocker,
-                           "; set MACHINE.CUDA_GRAPH to auto (captures where it can) or false");
-    return true;
+    // What a captured step cannot hold (it would be refused by name inside the capture):
+    const std::string blocker =
+        c_.parallel.offload.enabled()
+            ? "an offloaded step (MODEL.FSDP_CONFIG.move_params_to_cpu / move_grads_to_cpu) "
+              "waits for its host-side update"
+            : "";
+    if (c_.cuda_graph == "true") {
+      sk::check<ConfigError>(blocker.empty(), "config.MACHINE.CUDA_GRAPH = true, but ", blocker,
+                             "; set MACHINE.CUDA_GRAPH to auto (captures where it can) or false");
+      return true;
+    }
+    if (!blocker.empty()) return false;
+    // Ranks sharing this GPU in one process (and SyncBatchNorm's groups of them) meet on the
+    // device inside a captured step (comm/device_rendezvous.hpp), which has not yet run on a
+    // GPU: auto leaves those steps eager until it has; true captures them.
+    const bool local_ranks_on_gpu =
+        comm_->size() > 1 && dynamic_cast<const sk::comm::LocalCommunicator*>(comm_) != nullptr;
+    return ctx_->device().is_cuda() && !local_ranks_on_gpu && c_.sync_bn_group == 0;
   }
 
   // One training step; returns this rank's loss when `read_loss` (else 0). Under
