@@ -7,17 +7,23 @@
 // on a network is in bytes (hybrid_traffic).
 // N ranks are threads of this process (local communicator; on a GPU they share it). Each
 // configuration: 2 warm-up steps, then `steps` timed ones; the median step is reported, with
-// the ratio to DDP's median in the same run. Written once for both backends: fsdp_step.cpp
-// (CPU) and fsdp_step_gpu.cu (CUDA) are its two mains.
+// the ratio to DDP's median in the same run. With `graph` each rank's step runs through a
+// StepGraph (core/step_graph.hpp): its 2 eager warm-up steps and the capture are untimed, the
+// timed steps are replays -- on a GPU one graph launch per rank and step, the ranks meeting on
+// the device (comm/device_rendezvous.hpp); on the CPU the step's code again under the capture's
+// rules. A configuration whose step cannot be captured shows the refusal in its row. Written
+// once for both backends: fsdp_step.cpp (CPU) and fsdp_step_gpu.cpp (CUDA) are its two mains.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shardkit/comm/run_ranks.hpp"
+#include "shardkit/core/step_graph.hpp"
 #include "shardkit/nn/nn.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
 
@@ -37,6 +43,7 @@ struct Workload {
   std::int64_t batch = 8;  // per rank
   std::int64_t side = 32;
   int steps = 5;
+  bool graph = false;  // each step through a StepGraph (captured once, then replayed)
 };
 
 inline std::vector<Config> configs() {
@@ -85,18 +92,28 @@ double median_step(const Config& config, const Workload& w, comm::RunRanksOption
         std::vector<std::int64_t> classes;
         for (std::int64_t i = 0; i < w.batch; ++i) classes.push_back((i * 7 + comm.rank()) % 10);
         const auto labels = from_vector(ctx, classes, {w.batch});
-        for (int step = 0; step < w.steps + 2; ++step) {
-          comm.barrier();
-          synchronize(ctx);
-          const auto start = std::chrono::steady_clock::now();
+        model.set_lr(0.01f);  // outside the step: one capture serves every rate
+        auto train_step = [&] {
           model.zero_grad();
           auto loss = autograd::cross_entropy(ctx, model(ctx, autograd::Variable(x)), labels);
           autograd::backward(ctx, loss);
-          model.step(0.01f);
+          model.step();
+        };
+        std::optional<StepGraph> graph;
+        if (w.graph) graph.emplace(ctx, "fsdp_step " + config.name);
+        const int untimed = w.graph ? 3 : 2;  // a graph's warm-up steps and its capture
+        for (int step = 0; step < w.steps + untimed; ++step) {
+          comm.barrier();
+          synchronize(ctx);
+          const auto start = std::chrono::steady_clock::now();
+          if (graph)
+            graph->run("batch", train_step);
+          else
+            train_step();
           synchronize(ctx);
           const double seconds =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          if (comm.rank() == 0 && step >= 2) times.push_back(seconds);
+          if (comm.rank() == 0 && step >= untimed) times.push_back(seconds);
         }
       },
       options);
@@ -110,14 +127,21 @@ void run_all(const char* device, const Workload& w, comm::RunRanksOptions option
   std::printf(
       "ResNet-18 (small-image stem), %lld images of %lldx%lld per rank, %d ranks as threads on "
       "the %s; SGD with momentum; FSDP units: the 8 BasicBlocks + the root. Median of %d "
-      "steps.\n\n",
+      "steps%s.\n\n",
       static_cast<long long>(w.batch), static_cast<long long>(w.side),
-      static_cast<long long>(w.side), w.world, device, w.steps);
+      static_cast<long long>(w.side), w.world, device, w.steps,
+      w.graph ? ", each a replay of the step captured once (StepGraph)" : "");
   std::printf("%-17s %12s %12s\n", "configuration", "step ms", "/ ddp");
   double ddp = 0;
   for (const auto& config : configs()) {
     if (config.node_halves && w.world < 4) continue;  // (a node of half the ranks: 2 or more)
-    const double t = median_step(config, w, options, synchronize);
+    double t = 0;
+    try {
+      t = median_step(config, w, options, synchronize);
+    } catch (const CaptureRefused& e) {
+      std::printf("%-17s refused: %s\n", config.name.c_str(), e.what());
+      continue;
+    }
     if (config.stage == parallel::Stage::ddp) ddp = t;
     std::printf("%-17s %12.2f %12.3f\n", config.name.c_str(), 1e3 * t, t / ddp);
     std::fflush(stdout);

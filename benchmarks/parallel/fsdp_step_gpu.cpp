@@ -1,8 +1,9 @@
 // The FSDP / DDP step-time ratio on a GPU (fsdp_step.hpp): ranks are threads sharing GPU 0
 // over the in-process communicator on device memory; the clock waits for the stream. Exits 0
-// with a note when no GPU is usable. Usage: fsdp_step_gpu [ranks] [images per rank] [steps]
+// with a note when no GPU is usable. Usage: fsdp_step_gpu [ranks] [images per rank] [steps] [graph]
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "fsdp_step.hpp"
 #include "shardkit/cuda.hpp"
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   if (argc > 1) w.world = std::atoi(argv[1]);
   if (argc > 2) w.batch = std::atoll(argv[2]);
   if (argc > 3) w.steps = std::atoi(argv[3]);
+  w.graph = argc > 4 && std::string(argv[4]) == "graph";
   fs::run_all("GPU", w, sk::comm::cuda_run_options(0), [](sk::Context& ctx) { ctx.synchronize(); });
   return 0;
 }
