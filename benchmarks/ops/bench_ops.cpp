@@ -1,4 +1,5 @@
-// Fused optimizer steps, LARC's norms pass alone, casts and the unscale pass on the CPU over
+// Fused optimizer steps, LARC's norms pass alone, casts, the unscale pass and the quantised
+// gather's codes (qwZ: int8, E4M3, int4 blocks of a flat buffer) on the CPU over
 // ResNet-50's 161 tensors and a flat buffer of 2^26 elements (2^28 would need 4 GiB per operand
 // here), on 1 thread and on every hardware thread (SHARDKIT_NUM_THREADS), next to the unfused
 // LARC-SGD users run today (one thread). GBps = minimum bytes / time; pct_of_copy against a memcpy
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <string>
 
 #include <shardkit/ops/ops.hpp>
 
@@ -200,6 +202,40 @@ void BM_unscale_and_check(benchmark::State& state) {
       [&] { ops::unscale_and_check(ctx, 1.0f, w.g, found, sums); });
 }
 
+// qwZ's gather codes of one flat buffer (2^26 f32 values), int8 / E4M3 / int4: what quantising
+// before the all-gather and dequantising after it cost against a copy of the same bytes.
+void BM_quantize_blocks(benchmark::State& state) {
+  auto& w = workload(true);
+  auto& ctx = context(threads_of(state));
+  const ops::QuantFormat format = bench::bench_quant_format(state.range(0));
+  const sk::Tensor payload = bench::quant_payload(ctx, w.params, format);
+  run(state, bench::quant_bytes_per_value(format), w.params,
+      [&] { ops::quantize_blocks(ctx, format, w.w[0], ops::kDefaultQuantBlock, payload); });
+  state.SetLabel(std::string(ops::quant_format_name(format)));
+}
+
+void BM_dequantize_blocks(benchmark::State& state) {
+  auto& w = workload(true);
+  auto& ctx = context(threads_of(state));
+  const ops::QuantFormat format = bench::bench_quant_format(state.range(0));
+  const sk::Tensor payload = bench::quant_payload(ctx, w.params, format);
+  ops::quantize_blocks(ctx, format, w.w[0], ops::kDefaultQuantBlock, payload);
+  run(state, bench::quant_bytes_per_value(format), w.params,
+      [&] { ops::dequantize_blocks(ctx, format, payload, ops::kDefaultQuantBlock, w.buf[0]); });
+  state.SetLabel(std::string(ops::quant_format_name(format)));
+}
+
+// {format: 0 int8, 1 E4M3, 2 int4} x {threads: 1, every hardware thread}.
+void formats_and_threads(benchmark::internal::Benchmark* b) {
+  const int all = sk::default_cpu_threads();
+  b->ArgNames({"format", "threads"});
+  for (std::int64_t format = 0; format < bench::kQuantFormats; ++format) {
+    b->Args({format, 1});
+    if (all > 1) b->Args({format, all});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+}
+
 // {flat: 0 ResNet-50's tensors, 1 one flat buffer} x {threads: 1, every hardware thread}.
 void workloads_and_threads(benchmark::internal::Benchmark* b) {
   const int all = sk::default_cpu_threads();
@@ -237,4 +273,6 @@ BENCHMARK(BM_cast_f32_to_bf16)->Apply(workloads_and_threads);
 BENCHMARK(BM_cast_f32_to_f16)->Apply(workloads_and_threads);
 BENCHMARK(BM_cast_f16_to_f32)->Apply(workloads_and_threads);
 BENCHMARK(BM_unscale_and_check)->Apply(workloads_and_threads);
+BENCHMARK(BM_quantize_blocks)->Apply(formats_and_threads);
+BENCHMARK(BM_dequantize_blocks)->Apply(formats_and_threads);
 BENCHMARK_MAIN();

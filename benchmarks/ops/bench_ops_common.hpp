@@ -67,4 +67,22 @@ inline constexpr double kCastBytes = 6;          // read f32, write bf16 or f16 
 inline constexpr double kUnscaleBytes = 8;       // read and write g
 inline constexpr double kNormsPairBytes = 8;     // read w, g (LARC's norms pass alone)
 
+// The block-quantised gather's codes (ops/quantize.hpp; qwZ's format, int8 / E4M3 / int4), in
+// blocks of kDefaultQuantBlock, of a flat f32 buffer: quantising reads the values and writes a
+// code and a share of the block's f32 scale; dequantising reads those and writes the values.
+// (The maxima's pass re-reads a block from cache.)
+inline constexpr std::int64_t kQuantFormats = 3;  // the benchmarks' format argument: 0, 1, 2
+inline ops::QuantFormat bench_quant_format(std::int64_t arg) {
+  constexpr ops::QuantFormat kFormats[kQuantFormats] = {
+      ops::QuantFormat::int8, ops::QuantFormat::f8_e4m3, ops::QuantFormat::int4};
+  return kFormats[arg];
+}
+inline double quant_bytes_per_value(ops::QuantFormat format) {
+  const double code = format == ops::QuantFormat::int4 ? 0.5 : 1.0;
+  return 4.0 + code + 4.0 / static_cast<double>(ops::kDefaultQuantBlock);
+}
+inline Tensor quant_payload(Context& ctx, std::int64_t n, ops::QuantFormat format) {
+  return empty(ctx, {ops::quant_payload_bytes(n, ops::kDefaultQuantBlock, format)}, DType::u8);
+}
+
 }  // namespace shardkit::bench

@@ -1,4 +1,5 @@
-// Fused optimizer steps, casts and the unscale pass on the GPU over ResNet-50's 161 tensors and
+// Fused optimizer steps, casts, the unscale pass and the quantised gather's codes (flat buffer
+// only) on the GPU over ResNet-50's 161 tensors and
 // a flat 2^28-element buffer, next to the unfused LARC-SGD (per-tensor norm, scale and SGD
 // launches). CUDA-event timing (manual time); pct_of_copy against cudaMemcpyAsync of the same
 // bytes in this run. Part of bench_gpu (bench_gpu_main.cu).
@@ -7,6 +8,7 @@
 
 #include <cstdio>
 #include <map>
+#include <string>
 
 #include "kernels/shardkit_cuda.cuh"
 
@@ -163,6 +165,38 @@ void BM_gpu_unscale_and_check(benchmark::State& state) {
   report(state, seconds, bench::kUnscaleBytes, w.params);
 }
 
+// qwZ's gather codes of the flat buffer, int8 / E4M3 / int4 (bench_ops_common.hpp).
+void BM_gpu_quantize_blocks(benchmark::State& state) {
+  auto& w = workload(true);
+  auto& ctx = context();
+  const ops::QuantFormat format = bench::bench_quant_format(state.range(0));
+  const sk::Tensor payload = bench::quant_payload(ctx, w.params, format);
+  const double seconds = time_on_stream(
+      state, [&] { ops::quantize_blocks(ctx, format, w.w[0], ops::kDefaultQuantBlock, payload); });
+  report(state, seconds, bench::quant_bytes_per_value(format), w.params);
+  state.SetLabel(std::string(ops::quant_format_name(format)));
+}
+
+void BM_gpu_dequantize_blocks(benchmark::State& state) {
+  auto& w = workload(true);
+  auto& ctx = context();
+  const ops::QuantFormat format = bench::bench_quant_format(state.range(0));
+  const sk::Tensor payload = bench::quant_payload(ctx, w.params, format);
+  ops::quantize_blocks(ctx, format, w.w[0], ops::kDefaultQuantBlock, payload);
+  const double seconds = time_on_stream(state, [&] {
+    ops::dequantize_blocks(ctx, format, payload, ops::kDefaultQuantBlock, w.buf[0]);
+  });
+  report(state, seconds, bench::quant_bytes_per_value(format), w.params);
+  state.SetLabel(std::string(ops::quant_format_name(format)));
+}
+
+void formats_arg(benchmark::internal::Benchmark* b) {
+  b->ArgName("format")
+      ->DenseRange(0, bench::kQuantFormats - 1)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
 void workloads_arg(benchmark::internal::Benchmark* b) {
   b->ArgName("flat")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 }
@@ -175,5 +209,7 @@ BENCHMARK(BM_gpu_larc_sgd_unfused)->Apply(workloads_arg);
 BENCHMARK(BM_gpu_adamw)->Apply(workloads_arg);
 BENCHMARK(BM_gpu_cast_f32_to_bf16)->Apply(workloads_arg);
 BENCHMARK(BM_gpu_unscale_and_check)->Apply(workloads_arg);
+BENCHMARK(BM_gpu_quantize_blocks)->Apply(formats_arg);
+BENCHMARK(BM_gpu_dequantize_blocks)->Apply(formats_arg);
 
 }  // namespace ops_gpu

@@ -177,8 +177,9 @@ inline constexpr float kE4m3Max = 448.0f;
 inline constexpr std::uint8_t kE4m3Nan = 0x7f;
 
 // y (already scaled into [-448, 448]; larger magnitudes saturate) as an E4M3 code, rounded to
-// nearest even. Integer work on y's bits, no branch (the CPU loops vectorise it; it was 10x
-// slower through frexpf/ldexpf), and exact, so the host and the device give the same code:
+// nearest even. Integer work on y's bits, no branch (the CPU loops vectorise it, as they did not
+// through frexpf/ldexpf; bench_ops' BM_quantize_blocks times it), and exact, so the host and the
+// device give the same code:
 // - normal codes (|y| >= 2^-6) round y's 23-bit mantissa to 3 bits by adding half a step less
 //   one plus the kept bits' last bit (ties to even); a carry moves up the exponent, as rounding
 //   up to the next power of two must, and the exponent's bias moves from 127 to 7;
@@ -188,7 +189,7 @@ inline constexpr std::uint8_t kE4m3Nan = 0x7f;
 //   NaN is the NaN code; -0 and values that round to 0 keep the sign of y < 0.
 SK_HOST_DEVICE SK_INLINE std::uint8_t e4m3_encode(float y) {
   const std::uint32_t raw = float_to_bits(y);
-  const std::uint32_t bits = raw & 0x7fffffffu;  // |y|
+  const std::uint32_t bits = abs_bits(y);
   const std::uint32_t normal = ((bits + 0x7ffffu + ((bits >> 20) & 1u)) >> 20) - (120u << 3);
   const std::uint32_t subnormal =
       float_to_bits(mul_rn(bits_to_float(bits), 512.0f) + 0x1p23f) & 0xfu;
@@ -228,8 +229,7 @@ struct E4m3Code {
     // non-finite block's x x 0 -- is code 0, as int8_quantize makes it 0: a non-finite block
     // still comes back NaN through its scale (inf or NaN), a tiny one comes back finite.
     const float y = x * inverse_step;
-    return static_cast<std::uint8_t>(
-        pick_bits((float_to_bits(y) & 0x7fffffffu) > 0x7f800000u, 0u, e4m3_encode(y)));
+    return static_cast<std::uint8_t>(pick_bits(abs_bits(y) > 0x7f800000u, 0u, e4m3_encode(y)));
   }
   SK_HOST_DEVICE SK_INLINE static float decode(std::uint8_t q, float scale) {
     return mul_rn(e4m3_value(q), scale);
