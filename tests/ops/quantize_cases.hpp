@@ -143,7 +143,7 @@ TEST_CASE("int8 blocks: payload and round trip against float64, every dtype and 
 TEST_CASE("int4 blocks: payload and round trip against float64, every dtype, even blocks") {
   Backend b;
   for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16})
-    for (std::int64_t block : {256, 64, 6, 2})
+    for (std::int64_t block : {1000, 256, 64, 6, 2})  // 1000: a block of several CPU runs
       for (std::int64_t n : {1, 255, 256, 257, 1000, 4099})
         round_trip_case(b, ops::QuantFormat::int4, n, block, dtype);
 }

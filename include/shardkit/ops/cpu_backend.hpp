@@ -145,6 +145,27 @@ struct Cpu {
         ctx.cpu_pool(), op, spans, larc, lr, inv_grad_scale, nullptr, decays);
   }
 
+  // The codes' loops work through runs of this many values (even: int4 runs start on a byte).
+  static constexpr std::int64_t kQuantRun = 256;
+
+  // Values [at, at + m) of a run's codes decoded into `out` (m <= kQuantRun; `at` even for
+  // int4, whose bytes are unpacked first so that both loops vectorise).
+  template <class Code>
+  static void decode_run(const std::uint8_t* q, std::int64_t at, std::int64_t m, float scale,
+                         float* out) {
+    if constexpr (Code::kPerByte == 1) {
+      for (std::int64_t j = 0; j < m; ++j) out[j] = Code::decode(q[at + j], scale);
+    } else {
+      std::uint8_t codes[kQuantRun];
+      const std::uint8_t* const packed = q + at / 2;
+      for (std::int64_t j = 0; j < (m + 1) / 2; ++j) {
+        codes[2 * j] = packed[j] & 0xf;
+        codes[2 * j + 1] = packed[j] >> 4;
+      }
+      for (std::int64_t j = 0; j < m; ++j) out[j] = Code::decode(codes[j], scale);
+    }
+  }
+
   // quantize.hpp's format, a block a task: n values of `dtype` into one run's payload.
   static void quantize_blocks(Context& ctx, QuantFormat format, DType dtype, const void* values,
                               std::int64_t n, std::int64_t block, std::uint8_t* payload) {
@@ -170,11 +191,19 @@ struct Cpu {
             for (std::int64_t i = lo; i < hi; ++i)
               codes[i] = Code::encode(load_element(in + i), inverse);
           } else {  // two codes a byte; lo is even (int4 blocks are)
-            for (std::int64_t i = lo; i < hi; i += 2) {
-              const std::uint8_t low = Code::encode(load_element(x + i), inverse);
-              const std::uint8_t high =
-                  i + 1 < hi ? Code::encode(load_element(x + i + 1), inverse) : std::uint8_t{0};
-              q[i / 2] = static_cast<std::uint8_t>(low | (high << 4));
+            // A run of codes a byte each first (a loop that vectorises), then packed in pairs:
+            // encoding pair by pair kept both scalar.
+            std::uint8_t codes[kQuantRun];
+            std::uint8_t* const packed = q;
+            const T* const in = x;
+            for (std::int64_t at = lo; at < hi; at += kQuantRun) {
+              const std::int64_t m = std::min(kQuantRun, hi - at);
+              for (std::int64_t j = 0; j < m; ++j)
+                codes[j] = Code::encode(load_element(in + at + j), inverse);
+              if (m % 2 == 1) codes[m] = 0;  // the last value alone: its byte's high nibble is 0
+              for (std::int64_t j = 0; j < (m + 1) / 2; ++j)
+                packed[at / 2 + j] =
+                    static_cast<std::uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
             }
           }
         });
@@ -199,18 +228,20 @@ struct Cpu {
           const std::int64_t lo = b * block, hi = std::min(n, lo + block);
           float scale;
           std::memcpy(&scale, payload + 4 * b, sizeof scale);
-          if (accumulate) {
-            // The values land in a buffer before they are added: the product and the sum
-            // rounded apart, as a dequantise then an add (GCC would fuse a product that feeds
-            // a sum directly).
-            constexpr std::int64_t kRun = 256;
-            float run[kRun];
-            for (std::int64_t at = lo; at < hi; at += kRun) {
-              const std::int64_t m = std::min(kRun, hi - at);
-              for (std::int64_t j = 0; j < m; ++j)
-                run[j] = Code::decode(code_at<Code>(q, at + j), scale);
-              for (std::int64_t j = 0; j < m; ++j)
-                store_element(x + at + j, load_element(x + at + j) + run[j]);
+          if (accumulate || Code::kPerByte == 2) {
+            // A run of values decoded into a buffer, then stored or added: with `accumulate`
+            // the product and the sum rounded apart, as a dequantise then an add (GCC would
+            // fuse a product that feeds a sum directly); int4's codes unpacked a byte at a time
+            // (decode_run), where code_at's shift per value kept the loop scalar.
+            float run[kQuantRun];
+            for (std::int64_t at = lo; at < hi; at += kQuantRun) {
+              const std::int64_t m = std::min(kQuantRun, hi - at);
+              decode_run<Code>(q, at, m, scale, run);
+              if (accumulate)
+                for (std::int64_t j = 0; j < m; ++j)
+                  store_element(x + at + j, load_element(x + at + j) + run[j]);
+              else
+                for (std::int64_t j = 0; j < m; ++j) store_element(x + at + j, run[j]);
             }
           } else
             for (std::int64_t i = lo; i < hi; ++i)
