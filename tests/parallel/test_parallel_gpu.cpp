@@ -338,76 +338,80 @@ TEST_CASE("on the GPU, a training step makes no host wait: plain, loss-scaled, L
 
 // A ResNet-18 (8 channels wide, 8x8 inputs) trained through a StepGraph on the GPU -- two
 // warm-up steps, one capture, CUDA graph launches after -- ends with the parameters and buffers
-// of the same steps run eagerly, bit for bit: every stage (one rank: the in-process
-// communicator refuses a capture across ranks), f32 and bf16 compute, AdamW and LARC-SGD, plain
-// and loss-scaled with an overflow at a replayed step (an inf in the input), a cosine-like
-// rate set before each run (read from the step gate on the device).
+// of the same steps run eagerly, bit for bit: every stage, one rank and two sharing the GPU
+// (their captured collectives meet on the device, comm/device_rendezvous.hpp), f32 and bf16
+// compute, AdamW and LARC-SGD, plain and loss-scaled with an overflow at a replayed step (an
+// inf in the input), a cosine-like rate set before each run (read from the step gate on the
+// device).
 TEST_CASE("on the GPU, a captured ResNet-18 step replays the eager steps bit for bit") {
   namespace ag = sk::autograd;
   const auto gpu = sk::comm::cuda_run_options(0);
   constexpr int kSteps = 6;
-  for (auto kind : {OptimizerKind::adamw, OptimizerKind::larc_sgd}) {
-    for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
-      for (auto compute : {sk::DType::f32, sk::DType::bf16}) {
-        for (bool scaled : {false, true}) {
-          sk::comm::run_ranks(
-              1,
-              [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-                std::vector<std::vector<unsigned char>> finals;
-                std::vector<sk::StepGraphStats> stats;
-                for (bool graphed : {false, true}) {
-                  auto net = module_test::small_resnet(ctx, 5);
-                  sk::parallel::ParallelOptions options;
-                  options.stage = stage;
-                  options.buckets.bucket_bytes = 1 << 16;
-                  if (compute != sk::DType::f32)
-                    options.precision = sk::parallel::MixedPrecision::of(compute);
-                  sk::parallel::ShardedModule model(ctx, comm, net, config_for(kind), options);
-                  sk::optim::DynamicLossScaler scaler;
-                  const auto x = sk::empty(ctx, {4, 3, 8, 8}, sk::DType::f32);
-                  const auto labels = sk::empty(ctx, {4}, sk::DType::i64);
-                  float lr = 0;
-                  const auto step = [&] {
-                    model.zero_grad();
-                    auto loss = ag::cross_entropy(ctx, model(ctx, ag::Variable(x)), labels);
-                    if (scaled) {
-                      ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
-                      graphed ? model.step(scaler) : model.step(lr, scaler);
-                    } else {
-                      ag::backward(ctx, loss);
-                      graphed ? model.step() : model.step(lr);
+  for (int world : {1, 2}) {
+    for (auto kind : {OptimizerKind::adamw, OptimizerKind::larc_sgd}) {
+      for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp, Stage::fsdp}) {
+        for (auto compute : {sk::DType::f32, sk::DType::bf16}) {
+          for (bool scaled : {false, true}) {
+            sk::comm::run_ranks(
+                world,
+                [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+                  std::vector<std::vector<unsigned char>> finals;
+                  std::vector<sk::StepGraphStats> stats;
+                  for (bool graphed : {false, true}) {
+                    auto net = module_test::small_resnet(ctx, 5);
+                    sk::parallel::ParallelOptions options;
+                    options.stage = stage;
+                    options.buckets.bucket_bytes = 1 << 16;
+                    if (compute != sk::DType::f32)
+                      options.precision = sk::parallel::MixedPrecision::of(compute);
+                    sk::parallel::ShardedModule model(ctx, comm, net, config_for(kind), options);
+                    sk::optim::DynamicLossScaler scaler;
+                    const auto x = sk::empty(ctx, {4, 3, 8, 8}, sk::DType::f32);
+                    const auto labels = sk::empty(ctx, {4}, sk::DType::i64);
+                    float lr = 0;
+                    const auto step = [&] {
+                      model.zero_grad();
+                      auto loss = ag::cross_entropy(ctx, model(ctx, ag::Variable(x)), labels);
+                      if (scaled) {
+                        ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
+                        graphed ? model.step(scaler) : model.step(lr, scaler);
+                      } else {
+                        ag::backward(ctx, loss);
+                        graphed ? model.step() : model.step(lr);
+                      }
+                    };
+                    sk::StepGraph graph(ctx, "resnet18");
+                    for (int s = 0; s < kSteps; ++s) {
+                      const auto b = module_test::batch(ctx, {4, 3, 8, 8}, 5, comm.rank(), s);
+                      sk::copy(ctx, x, b.x.data());
+                      sk::copy(ctx, labels, b.labels);
+                      if (scaled && s == 4)
+                        sk::fill(ctx, x.slice(0, 1, 2), std::numeric_limits<double>::infinity());
+                      lr = 0.05f * (1.0f - 0.1f * static_cast<float>(s));
+                      if (graphed) {
+                        model.set_lr(lr);
+                        graph.run("4x3x8x8", step);
+                      } else {
+                        step();
+                      }
                     }
-                  };
-                  sk::StepGraph graph(ctx, "resnet18");
-                  for (int s = 0; s < kSteps; ++s) {
-                    const auto b = module_test::batch(ctx, {4, 3, 8, 8}, 5, comm.rank(), s);
-                    sk::copy(ctx, x, b.x.data());
-                    sk::copy(ctx, labels, b.labels);
-                    if (scaled && s == 4)
-                      sk::fill(ctx, x.slice(0, 1, 2), std::numeric_limits<double>::infinity());
-                    lr = 0.05f * (1.0f - 0.1f * static_cast<float>(s));
-                    if (graphed) {
-                      model.set_lr(lr);
-                      graph.run("4x3x8x8", step);
-                    } else {
-                      step();
+                    stats.push_back(graph.stats());
+                    std::vector<unsigned char> bytes;
+                    for (const auto& [name, t] : model.state_dict(false)) {
+                      const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+                      bytes.insert(bytes.end(), p, p + t.nbytes());
                     }
+                    finals.push_back(std::move(bytes));
                   }
-                  stats.push_back(graph.stats());
-                  std::vector<unsigned char> bytes;
-                  for (const auto& [name, t] : model.state_dict(false)) {
-                    const auto* p = static_cast<const unsigned char*>(t.data_ptr());
-                    bytes.insert(bytes.end(), p, p + t.nbytes());
-                  }
-                  finals.push_back(std::move(bytes));
-                }
-                CHECK(stats[1].captures == 1);
-                CHECK(stats[1].replays == kSteps - 3);
-                CHECK_MESSAGE(finals[0] == finals[1], sk::optim::optimizer_kind_name(kind), " ",
-                              sk::parallel::stage_name(stage), " ", sk::dtype_name(compute),
-                              scaled ? " loss-scaled" : "");
-              },
-              gpu);
+                  CHECK(stats[1].captures == 1);
+                  CHECK(stats[1].replays == kSteps - 3);
+                  CHECK_MESSAGE(finals[0] == finals[1], sk::optim::optimizer_kind_name(kind), " ",
+                                sk::parallel::stage_name(stage), " ", sk::dtype_name(compute),
+                                scaled ? " loss-scaled" : "", ", world ", world, " rank ",
+                                comm.rank());
+                },
+                gpu);
+          }
         }
       }
     }
