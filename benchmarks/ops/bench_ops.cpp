@@ -1,17 +1,19 @@
 // Fused optimizer steps, LARC's norms pass alone, casts, the unscale pass and the quantised
-// gather's codes (qwZ: int8, E4M3, int4 blocks of a flat buffer) on the CPU over
-// ResNet-50's 161 tensors and a flat buffer of 2^26 elements (2^28 would need 4 GiB per operand
-// here), on 1 thread and on every hardware thread (SHARDKIT_NUM_THREADS), next to the unfused
-// LARC-SGD users run today (one thread). GBps = minimum bytes / time; pct_of_copy against a memcpy
-// on the same number of threads, measured just before each benchmark. benchmarks/run runs this with
-// repetitions beside PyTorch's LARC + SGD (torch_larc_sgd.py) and tabulates both.
+// gather's codes (qwZ's int8, E4M3 and int4 blocks of a flat buffer; per-tensor scales) on the
+// CPU over ResNet-50's 161 tensors and a flat buffer of 2^26 elements (2^28 would need 4 GiB per
+// operand here), on 1 thread and on every hardware thread (SHARDKIT_NUM_THREADS), next to the
+// unfused LARC-SGD users run today (one thread). GBps = minimum bytes / time; pct_of_copy against
+// a memcpy on the same number of threads, measured just before each benchmark. benchmarks/run
+// runs this with repetitions beside PyTorch's LARC + SGD (torch_larc_sgd.py) and tabulates both.
 #include "bench_common.hpp"
 #include "bench_ops_common.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <shardkit/ops/ops.hpp>
 
@@ -225,6 +227,72 @@ void BM_dequantize_blocks(benchmark::State& state) {
   state.SetLabel(std::string(ops::quant_format_name(format)));
 }
 
+// The per-tensor scales (FSDP2's float8 gather, QuantScale::tensor) over the same flat buffer
+// cut into ResNet-50's tensors one after another, repeated to fill it: each tensor a slot.
+struct SlotTables {
+  sk::Tensor chunks, amax, codes;
+};
+const SlotTables& slot_tables() {
+  static const SlotTables tables = [] {
+    auto& w = workload(true);
+    sk::Context& ctx = context(1);
+    std::vector<ops::SlotRange> ranges;
+    std::int64_t at = 0, slot = 0;
+    while (at < w.params)
+      for (const auto& s : sk::workloads::kResNet50Shapes) {
+        const std::int64_t n = std::min(sk::shape_numel(s.shape()), w.params - at);
+        if (n == 0) break;
+        ranges.push_back({at, at + n, slot++});
+        at += n;
+      }
+    const std::vector<std::int64_t> rows = ops::slot_chunks(ranges, 0, w.params);
+    SlotTables t;
+    t.chunks = sk::from_vector(ctx, rows, {static_cast<std::int64_t>(rows.size() / 3), 3});
+    t.amax = sk::zeros(ctx, {slot}, sk::DType::f32);
+    t.codes = sk::empty(ctx, {w.params}, sk::DType::u8);
+    return t;
+  }();
+  return tables;
+}
+
+// Quantising per tensor: the slots' maxima (a pass of its own: across ranks they are
+// all-reduced before any code is formed, so the values are read twice -- 9 bytes per value:
+// two reads of the f32 value and the code), then the codes. Format 0 int8, 1 E4M3.
+void BM_quantize_by_slots(benchmark::State& state) {
+  auto& w = workload(true);
+  auto& ctx = context(threads_of(state));
+  const ops::QuantFormat format = bench::bench_quant_format(state.range(0));
+  const SlotTables& t = slot_tables();
+  run(state, 9.0, w.params, [&] {
+    ops::slot_abs_max(ctx, w.w[0], t.chunks, t.amax);
+    ops::quantize_by_slots(ctx, format, w.w[0], t.chunks, t.amax, t.codes);
+  });
+  state.SetLabel(std::string(ops::quant_format_name(format)));
+}
+
+void BM_dequantize_by_slots(benchmark::State& state) {
+  auto& w = workload(true);
+  auto& ctx = context(threads_of(state));
+  const ops::QuantFormat format = bench::bench_quant_format(state.range(0));
+  const SlotTables& t = slot_tables();
+  ops::slot_abs_max(ctx, w.w[0], t.chunks, t.amax);
+  ops::quantize_by_slots(ctx, format, w.w[0], t.chunks, t.amax, t.codes);
+  run(state, 5.0, w.params,
+      [&] { ops::dequantize_by_slots(ctx, format, t.codes, t.chunks, t.amax, w.buf[0]); });
+  state.SetLabel(std::string(ops::quant_format_name(format)));
+}
+
+// {format: 0 int8, 1 E4M3} x {threads: 1, every hardware thread}: the per-tensor formats.
+void byte_formats_and_threads(benchmark::internal::Benchmark* b) {
+  const int all = sk::default_cpu_threads();
+  b->ArgNames({"format", "threads"});
+  for (std::int64_t format = 0; format < 2; ++format) {
+    b->Args({format, 1});
+    if (all > 1) b->Args({format, all});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+}
+
 // {format: 0 int8, 1 E4M3, 2 int4} x {threads: 1, every hardware thread}.
 void formats_and_threads(benchmark::internal::Benchmark* b) {
   const int all = sk::default_cpu_threads();
@@ -275,4 +343,6 @@ BENCHMARK(BM_cast_f16_to_f32)->Apply(workloads_and_threads);
 BENCHMARK(BM_unscale_and_check)->Apply(workloads_and_threads);
 BENCHMARK(BM_quantize_blocks)->Apply(formats_and_threads);
 BENCHMARK(BM_dequantize_blocks)->Apply(formats_and_threads);
+BENCHMARK(BM_quantize_by_slots)->Apply(byte_formats_and_threads);
+BENCHMARK(BM_dequantize_by_slots)->Apply(byte_formats_and_threads);
 BENCHMARK_MAIN();
