@@ -280,9 +280,12 @@ struct Cpu {
           ctx.cpu_pool().parallel_for(count, [&](std::int64_t c) {
             const std::int64_t* row = chunks + 3 * c;
             const float inverse = inverse_step<Code>(amax[row[2]]);
-            std::uint8_t* const out = codes;  // (locals: see quantize_blocks)
+            // Locals, the chunk's bounds too: a byte store may alias the table, and reloading
+            // the bound at every store kept this loop scalar (see quantize_blocks).
+            std::uint8_t* const out = codes;
             const T* const in = x;
-            for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i)
+            const std::int64_t lo = row[0], hi = row[0] + row[1];
+            for (std::int64_t i = lo; i < hi; ++i)
               out[i] = Code::encode(load_element(in + i), inverse);
           });
         });
