@@ -266,6 +266,10 @@ std::vector<float> run_collective_steps(sk::Context& ctx, comm::Communicator& c,
 }  // namespace
 
 TEST_CASE("local collectives inside captured steps: replays equal eager calls bit for bit") {
+  // The device waits take microseconds; a short timeout turns a wait that never ends (ranks'
+  // graphs the device does not run side by side) into this test's failure, not a lost lease.
+  comm::CommOptions options;
+  options.timeout = std::chrono::seconds(10);
   for (int n : {2, 3}) {
     CAPTURE(n);
     std::vector<std::vector<float>> eager(static_cast<std::size_t>(n)),
@@ -277,7 +281,7 @@ TEST_CASE("local collectives inside captured steps: replays equal eager calls bi
             auto seen = run_collective_steps(ctx, c, use_graph, 7);
             (use_graph ? graphed : eager)[static_cast<std::size_t>(c.rank())] = std::move(seen);
           },
-          comm::cuda_run_options(0));
+          comm::cuda_run_options(0, options));
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
       CHECK(eager[static_cast<std::size_t>(r)] == graphed[static_cast<std::size_t>(r)]);

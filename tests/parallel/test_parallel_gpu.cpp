@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -345,7 +346,9 @@ TEST_CASE("on the GPU, a training step makes no host wait: plain, loss-scaled, L
 // device).
 TEST_CASE("on the GPU, a captured ResNet-18 step replays the eager steps bit for bit") {
   namespace ag = sk::autograd;
-  const auto gpu = sk::comm::cuda_run_options(0);
+  sk::comm::CommOptions comm_options;
+  comm_options.timeout = std::chrono::seconds(10);  // a device wait that never ends: fail, fast
+  const auto gpu = sk::comm::cuda_run_options(0, comm_options);
   constexpr int kSteps = 6;
   for (int world : {1, 2}) {
     for (auto kind : {OptimizerKind::adamw, OptimizerKind::larc_sgd}) {

@@ -323,8 +323,8 @@ class LocalWorld {
   void prepare_rendezvous([[maybe_unused]] LocalOp& op) {
 #if SK_WITH_CUDA
     const int device = op.posts[0].send.device.index;
-    check(!rendezvous_ || rendezvous_->device() == device, "local ", op.name,
-          ": this world's captured calls met on cuda:", rendezvous_ ? rendezvous_->device() : -1,
+    const int before = rendezvous_ ? rendezvous_->device() : stream_ ? stream_->device() : device;
+    check(before == device, "local ", op.name, ": this world already moved memory of cuda:", before,
           " and now got buffers on cuda:", device, "; a local world reduces the memory of one GPU");
     check<NotAvailable>(kernels_ != nullptr && kernels_->flag_barrier != nullptr, "local ", op.name,
                         ": a collective across ranks inside a captured step needs the device "
