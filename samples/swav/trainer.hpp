@@ -379,9 +379,9 @@ class SwavTrainer {
       return true;
     }
     if (!blocker.empty()) return false;
-    // Ranks sharing this GPU in one process (and SyncBatchNorm's groups of them) meet on the
-    // device inside a captured step (comm/device_rendezvous.hpp), which has not yet run on a
-    // GPU: auto leaves those steps eager until it has; true captures them.
+    // Ranks sharing this GPU in one process meet on the device inside a captured step
+    // (comm/device_rendezvous.hpp), which has not yet run on a GPU, and SyncBatchNorm's captured
+    // exchanges have not either: auto leaves those steps eager until they have; true captures.
     const bool local_ranks_on_gpu =
         comm_->size() > 1 && dynamic_cast<const sk::comm::LocalCommunicator*>(comm_) != nullptr;
     return ctx_->device().is_cuda() && !local_ranks_on_gpu && c_.sync_bn_group == 0;
