@@ -282,22 +282,13 @@ void BM_dequantize_by_slots(benchmark::State& state) {
   state.SetLabel(std::string(ops::quant_format_name(format)));
 }
 
-// {format: 0 int8, 1 E4M3} x {threads: 1, every hardware thread}: the per-tensor formats.
-void byte_formats_and_threads(benchmark::internal::Benchmark* b) {
-  const int all = sk::default_cpu_threads();
-  b->ArgNames({"format", "threads"});
-  for (std::int64_t format = 0; format < 2; ++format) {
-    b->Args({format, 1});
-    if (all > 1) b->Args({format, all});
-  }
-  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
-}
-
-// {format: 0 int8, 1 E4M3, 2 int4} x {threads: 1, every hardware thread}.
+// {format: 0 int8, 1 E4M3, 2 int4; the first `Formats`} x {threads: 1, every hardware thread}.
+// The per-tensor scales take the byte formats only (Formats = 2).
+template <std::int64_t Formats = bench::kQuantFormats>
 void formats_and_threads(benchmark::internal::Benchmark* b) {
   const int all = sk::default_cpu_threads();
   b->ArgNames({"format", "threads"});
-  for (std::int64_t format = 0; format < bench::kQuantFormats; ++format) {
+  for (std::int64_t format = 0; format < Formats; ++format) {
     b->Args({format, 1});
     if (all > 1) b->Args({format, all});
   }
@@ -341,8 +332,8 @@ BENCHMARK(BM_cast_f32_to_bf16)->Apply(workloads_and_threads);
 BENCHMARK(BM_cast_f32_to_f16)->Apply(workloads_and_threads);
 BENCHMARK(BM_cast_f16_to_f32)->Apply(workloads_and_threads);
 BENCHMARK(BM_unscale_and_check)->Apply(workloads_and_threads);
-BENCHMARK(BM_quantize_blocks)->Apply(formats_and_threads);
-BENCHMARK(BM_dequantize_blocks)->Apply(formats_and_threads);
-BENCHMARK(BM_quantize_by_slots)->Apply(byte_formats_and_threads);
-BENCHMARK(BM_dequantize_by_slots)->Apply(byte_formats_and_threads);
+BENCHMARK(BM_quantize_blocks)->Apply(formats_and_threads<>);
+BENCHMARK(BM_dequantize_blocks)->Apply(formats_and_threads<>);
+BENCHMARK(BM_quantize_by_slots)->Apply(formats_and_threads<2>);
+BENCHMARK(BM_dequantize_by_slots)->Apply(formats_and_threads<2>);
 BENCHMARK_MAIN();
