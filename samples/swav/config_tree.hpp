@@ -127,8 +127,8 @@ class ConfigProblems {
  public:
   ConfigProblems() = default;
   explicit ConfigProblems(std::vector<std::string> first) : messages_(std::move(first)) {}
-  // Runs read(); false (the problem kept) when it threw a ConfigError or another refusal of a
-  // value (sk::InvalidArgument).
+  // Runs read(); false (the problem kept) when it threw a ConfigError, another refusal of a
+  // value (sk::InvalidArgument) or a yaml-cpp exception.
   template <class Read>
   bool attempt(Read&& read) {
     try {
@@ -136,6 +136,13 @@ class ConfigProblems {
       return true;
     } catch (const sk::InvalidArgument& e) {  // ConfigError, or a setting's own validate()
       messages_.emplace_back(e.what());
+      return false;
+    } catch (const YAML::Exception& e) {
+      // A shape the reading did not foresee (a subscript of a scalar, say): still a refusal
+      // with yaml-cpp's account of it, never an escaped exception. The readers check the shapes
+      // they know and name the key; this is the net under them.
+      messages_.emplace_back(std::string("config: a value of an unexpected shape (") + e.what() +
+                             "); compare it with the same key in the defaults");
       return false;
     }
   }

@@ -237,6 +237,10 @@ inline EvalTransform read_test_transforms(const ConfigTree& c) {
 
 inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
   Schedule s;
+  // A subscript of a scalar or a list throws yaml-cpp's BadSubscript, which names no key.
+  if (!n.IsMap())
+    throw bad(where, ::swav::detail::text_of(n),
+              "each scheduler is a map: {name: cosine, start_value: ..., end_value: ...}");
   s.name = value_as<std::string>(n["name"], where + ".name", "a scheduler name");
   if (s.name != "constant" && s.name != "linear" && s.name != "cosine")
     throw bad(where + ".name", s.name, "use constant, linear or cosine (or composite above them)");

@@ -94,6 +94,9 @@ def main():
         "feature_pools": "config:\n  MODEL:\n    FEATURE_EVAL_SETTINGS:\n      LINEAR_EVAL_FEAT_POOL_OPS_MAP: "
                          "[[\"res5\", [\"AvgPool2d\", [[2, 2], 1, 0]]], [\"res4\", [\"AdaptiveAvgPool2d\", "
                          "[[2, 2]]]], [\"res5avg\", [\"Identity\", []]]]\n",
+        # A composite schedule whose part is not a map (a finding: yaml-cpp's BadSubscript).
+        "scheduler_not_a_map": "config:\n  OPTIMIZER:\n    param_schedulers:\n      lr:\n"
+                               "        schedulers: [0, {name: cosine}]\n",
     }
     for name, text in configs.items():
         put("fuzz_swav_config", name + ".yaml", text.encode())

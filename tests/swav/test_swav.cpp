@@ -1248,6 +1248,13 @@ TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-
   REQUIRE(n.lr.parts.size() == 2);
   CHECK(n.lr.rate(0, 1000, 100) == doctest::Approx(0.3 * 64 / 256));
   CHECK(n.lr.parts[0].end_value == doctest::Approx(0.3 * 256 / 256));
+  // A part that is not a map is refused by its place, not by yaml-cpp's BadSubscript (found by
+  // fuzz_swav_config).
+  CHECK_THROWS_WITH_AS(
+      config_of({"config.OPTIMIZER.param_schedulers.lr.schedulers=[0, [1]]"}),
+      doctest::Contains("config.OPTIMIZER.param_schedulers.lr.schedulers[0] = 0: each scheduler "
+                        "is a map"),
+      swav::ConfigError);
 }
 
 TEST_CASE("every shipped config reads, alone and on top of the quick one") {
