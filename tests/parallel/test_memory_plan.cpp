@@ -307,9 +307,11 @@ TEST_CASE("qgZ: the plan's bounds hold the int8 and int4 runs and the residual; 
           for (const auto& spec : model_specs())
             if (spec.trainable) psi += static_cast<double>(sk::shape_numel(spec.shape));
           // Error feedback keeps an f32 residual of every local gradient (Psi elements, padding
-          // aside); without it the gradients are the exact run's.
+          // aside), and in hybrid groups of G one of every reduced gradient as well (Psi / G);
+          // without it the gradients are the exact run's.
           if (feedback)
-            CHECK(quantized.gradients - exact.gradients >= static_cast<std::int64_t>(4 * psi));
+            CHECK(quantized.gradients - exact.gradients >=
+                  static_cast<std::int64_t>(4 * psi * (group == 0 ? 1.0 : 1.0 + 1.0 / group)));
           else
             CHECK(quantized.gradients == exact.gradients);
           // Per reduced value 1 byte (int4: half of one) + 4 / 16 of a scale instead of the wire

@@ -10,12 +10,14 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
 #include "shardkit/checkpoint/training_checkpoint.hpp"
+#include "shardkit/comm/hybrid_mesh.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/parallel/data_parallel.hpp"
@@ -116,14 +118,18 @@ std::vector<float> gather_masters(sk::Context& ctx, sk::comm::Communicator& comm
 }
 
 // `quantized_grads`: fsdp's gradients reduced as int8 blocks (qgZ), with error feedback when
-// `error_feedback`.
+// `error_feedback`; in hybrid groups of `group` ranks when it is > 0 (the exchange across
+// groups quantised too).
 PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int world,
                            MixedPrecision precision, int steps, Scaling scaling = {},
-                           bool quantized_grads = false, bool error_feedback = false) {
+                           bool quantized_grads = false, bool error_feedback = false,
+                           int group = 0) {
   PrecisionOutcome out;
   const auto specs = trainable_specs();
-  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    const int rank = comm.rank();
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& world_comm) {
+    const int rank = world_comm.rank();
+    // The optimizer's state is read over the engine's shard group (the world without a mesh).
+    sk::comm::Communicator* state_comm = &world_comm;
     sk::optim::DynamicLossScaler scaler(scaling.options);
     auto omitted = [&](int s) {
       if (s != scaling.omit_step) return false;
@@ -146,8 +152,8 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       if (rank == 0) out.stepped.push_back(stepped);
     };
     auto record = [&](auto& engine, auto&& compute_values) {
-      auto masters = gather_masters(ctx, comm, engine.optimizer());
-      auto state = sk::optim::consolidate_optimizer_state(engine.optimizer(), comm, 0);
+      auto masters = gather_masters(ctx, *state_comm, engine.optimizer());
+      auto state = sk::optim::consolidate_optimizer_state(engine.optimizer(), *state_comm, 0);
       auto compute = compute_values();
       if (rank != 0) return;
       out.masters = std::move(masters);
@@ -163,7 +169,14 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       options.precision = precision;
       options.fsdp.quantized_grads = quantized_grads;
       options.fsdp.grad_error_feedback = error_feedback;
-      FsdpEngine engine(ctx, comm, units_of(specs), config_for(kind), options);
+      std::unique_ptr<sk::comm::HybridMesh> mesh;
+      if (group > 0) mesh = std::make_unique<sk::comm::HybridMesh>(world_comm, group);
+      const auto engine_ptr = mesh ? std::make_unique<FsdpEngine>(ctx, *mesh, units_of(specs),
+                                                                  config_for(kind), options)
+                                   : std::make_unique<FsdpEngine>(ctx, world_comm, units_of(specs),
+                                                                  config_for(kind), options);
+      FsdpEngine& engine = *engine_ptr;
+      state_comm = &engine.communicator();
       engine.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
       for (int s = 0; s < steps; ++s) {
         if (omitted(s)) continue;
@@ -198,7 +211,7 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
     options.stage = stage;
     options.buckets.bucket_bytes = 1024;
     options.precision = precision;
-    DataParallel dp(ctx, comm, specs, config_for(kind), options);
+    DataParallel dp(ctx, world_comm, specs, config_for(kind), options);
     dp.set_full_params([&](std::size_t i, const sk::Tensor& v) { init_value(ctx, i, v); });
     for (int s = 0; s < steps; ++s) {
       if (omitted(s)) continue;
@@ -441,16 +454,21 @@ TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, u
 // feedback the poisoned rank's residual holds the inf's NaNs too: it is dropped with the skipped
 // step (else every later step would be skipped), and rescaled when the scale grows.
 TEST_CASE("loss scaling with qgZ: an overflow on one rank still skips the step on every rank") {
+  // 3 ranks in one group, and 4 as two groups of 2 (the exchange across groups quantised too,
+  // its error feedback following the scale as the group's does).
   const Scaling scaling = overflow_at_step_2();
-  for (const bool feedback : {false, true})
-    for (const auto& precision : {MixedPrecision::of(sk::DType::f16), MixedPrecision{}}) {
-      CAPTURE(feedback);
-      const auto quantized = run_mixed(sk::parallel::Stage::fsdp, OptimizerKind::adamw, 3,
-                                       precision, 7, scaling, true, feedback);
-      CHECK(quantized.stepped == std::vector<bool>{true, true, false, true, true, true, true});
-      CHECK(quantized.state.steps == 6);
-      for (const float m : quantized.masters) REQUIRE(std::isfinite(m));
-    }
+  for (const auto& [world, group] : {std::pair{3, 0}, std::pair{4, 2}})
+    for (const bool feedback : {false, true})
+      for (const auto& precision : {MixedPrecision::of(sk::DType::f16), MixedPrecision{}}) {
+        CAPTURE(world);
+        CAPTURE(group);
+        CAPTURE(feedback);
+        const auto quantized = run_mixed(sk::parallel::Stage::fsdp, OptimizerKind::adamw, world,
+                                         precision, 7, scaling, true, feedback, group);
+        CHECK(quantized.stepped == std::vector<bool>{true, true, false, true, true, true, true});
+        CHECK(quantized.state.steps == 6);
+        for (const float m : quantized.masters) REQUIRE(std::isfinite(m));
+      }
 }
 
 TEST_CASE("the loss scaler follows GradScaler's rules and refuses bad settings") {

@@ -111,10 +111,13 @@ class GradSyncStrategy {
     copy(*ctx_, state.wire, state.buffer);
     return state.wire;
   }
-  // qgZ under hybrid sharding: the exchange across groups in `format`'s codes too.
-  void quantize_exchange(std::int64_t block, ops::QuantFormat format) {
-    replicas_.quantize(block, format);
+  // qgZ under hybrid sharding: the exchange across groups in `format`'s codes too, with or
+  // without error feedback.
+  void quantize_exchange(std::int64_t block, ops::QuantFormat format, bool error_feedback) {
+    replicas_.quantize(block, format, error_feedback);
   }
+  // The exchange's error-feedback residuals (none without it).
+  std::vector<Tensor> exchange_residuals() const { return replicas_.residuals(); }
   comm::ReduceOp group_op() const { return replicas_.group_op(wire_dtype_); }
   comm::ReduceOp group_op(DType wire) const { return replicas_.group_op(wire); }
 
@@ -189,7 +192,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
         quantized_format_(policy.quantized_format),
         residuals_(policy.error_feedback ? plan.buckets().size() : 0) {
     if (quantized_block_ > 0 && policy.quantized_across_groups)
-      quantize_exchange(quantized_block_, quantized_format_);
+      quantize_exchange(quantized_block_, quantized_format_, policy.error_feedback);
   }
 
   Tensor grad(std::size_t b, BucketState& state, std::int64_t at, const Shape& shape) override {
@@ -217,7 +220,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
     return kept_.slice(0, offset, offset + piece.numel());
   }
   void follow_loss_scale(const Tensor& state) override {
-    std::vector<Tensor> kept;
+    std::vector<Tensor> kept = exchange_residuals();
     for (const Tensor& residual : residuals_)
       if (residual.defined()) kept.push_back(residual);
     ops::follow_loss_scale(*ctx_, kept, state);

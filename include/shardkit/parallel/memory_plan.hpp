@@ -9,6 +9,7 @@
 //                    shard of every unit, plus frozen parameters whole
 //   gradients        ddp/oss: every bucket; sdp/fsdp: the rank's parts (compute dtype); with
 //                    qgZ's error feedback an f32 residual of every local gradient as well
+//                    (and, across hybrid groups, of every reduced one)
 //   optimizer state  f32 per element the rank updates: each state buffer (momentum; Adam's two
 //                    moments), plus the f32 master under mixed precision
 //
@@ -176,12 +177,14 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
 }
 
 // Hybrid qgZ's exchange across groups (replica_sync.hpp), every bucket's at once: the replica's
-// f32 segment of the average, the reduce-scatter's runs out and in, the all-gather's runs.
+// f32 segment of the average, the reduce-scatter's runs out and in, the all-gather's runs;
+// under error feedback, one bucket at a time, an f32 temporary of the group sum + residual.
 inline std::int64_t quantized_exchange_bytes(const shard::BucketPlan& buckets, int replicas,
                                              const BucketPolicy& policy) {
-  std::int64_t total = 0;
+  std::int64_t total = 0, corrected = 0;
   for (const auto& b : buckets.buckets()) {
     if (b.own_numel == 0) continue;
+    if (policy.error_feedback) corrected = std::max(corrected, 4 * b.own_numel);
     const auto counts = replica_segments(b.own_numel, replicas, policy.quantized_block);
     std::int64_t runs = 0;
     for (const std::size_t bytes :
@@ -192,7 +195,7 @@ inline std::int64_t quantized_exchange_bytes(const shard::BucketPlan& buckets, i
              replicas *
                  ops::quant_payload_bytes(largest, policy.quantized_block, policy.quantized_format);
   }
-  return total;
+  return total + corrected;
 }
 
 // Per-step traffic of one rank: the gradients reduced (and, under oss / sdp, the parameters
@@ -340,8 +343,19 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         table.append_plan(plan, false);
         shard_bytes += plan.numel(rank) * detail::bytes_of(param);
         p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
-        if (policy.buckets.error_feedback)  // qgZ's residual: f32 for every local gradient
+        if (policy.buckets.error_feedback) {  // qgZ's residual: f32 for every local gradient
           p.gradients += buckets.total_numel() * 4;
+          // and, for hybrid qgZ's exchange across groups (replica_sync.hpp), f32 for every
+          // reduced one and for the segments of them this rank owns across the replicas
+          if (policy.buckets.quantized_across_groups && group < o.world_size) {
+            p.gradients += buckets.owned_numel() * 4;
+            for (const auto& b : buckets.buckets())  // the first segment is the largest
+              p.gradients +=
+                  4 * static_cast<std::int64_t>(replica_segments(b.own_numel, o.world_size / group,
+                                                                 policy.buckets.quantized_block)
+                                                    .front());
+          }
+        }
         std::int64_t held = plan.layout().padded_numel() * detail::bytes_of(param);
         if (policy.quantized_gather_block > 0) {  // qwZ: the wire's runs until they are unpacked
           for (const std::size_t bytes :

@@ -83,14 +83,14 @@ struct FsdpOptions {
   ops::QuantFormat quantized_grads_format = ops::QuantFormat::int8;
   // With quantized_grads: each rank keeps what quantisation dropped from its gradients and
   // adds it to the next step's (error feedback), at the cost of an f32 copy of its whole
-  // gradient buffer.
+  // gradient buffer -- under hybrid sharding with quantized_grads_across_groups, at both
+  // levels: also an f32 copy of its reduced part (1/G of it) for the exchange across groups.
   bool grad_error_feedback = false;
   // With quantized_grads under hybrid sharding: the gradients' exchange across groups (the
   // inter-node level, where bandwidth is scarcest) is quantised too, as ZeRO++'s hierarchical
   // qgZ does -- a reduce-scatter of codes across the replicas, then an all-gather of codes
   // (parallel/replica_sync.hpp): about a quarter of the f32 all-reduce's bytes as int8, within
   // half a block's step per replica plus half of the average's. false keeps that level exact.
-  // (The error feedback covers the group's level only.)
   bool quantized_grads_across_groups = true;
   std::int64_t quantization_block = ops::kDefaultQuantBlock;  // values per scale, both
 };

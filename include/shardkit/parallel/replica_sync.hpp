@@ -44,10 +44,25 @@ class ReplicaSync {
 
   bool active() const { return replicas_ != nullptr; }
   // qgZ: the exchange across groups as a quantised reduce-scatter and all-gather of `block`
-  // values per scale in `format`'s codes (0: the exact all-reduce).
-  void quantize(std::int64_t block, ops::QuantFormat format) {
+  // values per scale in `format`'s codes (0: the exact all-reduce). With `error_feedback` the
+  // quantisation error of both halves is carried to the next exchange, as 1-bit Adam carries
+  // its workers' and its servers': each rank keeps what the reduce-scatter dropped from its
+  // group sums, and what the all-gather dropped from the average of the segment it owns.
+  void quantize(std::int64_t block, ops::QuantFormat format, bool error_feedback) {
     block_ = block;
     format_ = format;
+    const std::size_t n = block > 0 && error_feedback && active() ? held_.size() : 0;
+    sent_residuals_.assign(n, Tensor());
+    gathered_residuals_.assign(n, Tensor());
+  }
+  // The error feedback's residuals allocated so far (in the gradients' loss-scaled units), for
+  // the loss scale's update to follow.
+  std::vector<Tensor> residuals() const {
+    std::vector<Tensor> kept;
+    for (const auto* residuals : {&sent_residuals_, &gathered_residuals_})
+      for (const Tensor& residual : *residuals)
+        if (residual.defined()) kept.push_back(residual);
+    return kept;
   }
   comm::ReduceOp group_op(DType wire) const {
     return active() && wire == DType::f32 ? comm::ReduceOp::sum : comm::ReduceOp::avg;
@@ -102,24 +117,49 @@ class ReplicaSync {
       counts[b] = replica_segments(held_[b].numel(), replicas_->size(), block_);
       owned[b] = empty(ctx, {static_cast<std::int64_t>(counts[b][mine])}, DType::f32,
                        MemoryCategory::communication);
-      comm::assign(works[b], start_quantized_reduce_scatter(ctx, *replicas_, held_[b], counts[b],
-                                                            block_, comm::ReduceOp::sum, owned[b],
-                                                            Tensor(), format_));
+      comm::assign(works[b],
+                   start_quantized_reduce_scatter(
+                       ctx, *replicas_, held_[b], counts[b], block_, comm::ReduceOp::sum, owned[b],
+                       residual(ctx, sent_residuals_, b, held_[b].numel()), format_));
     }
     for (std::size_t b = 0; b < held_.size(); ++b) {
       if (counts[b].empty()) continue;
       works[b].wait_on_stream();
       divide_(ctx, owned[b], static_cast<double>(world_size_));
+      const Tensor carried = residual(ctx, gathered_residuals_, b, owned[b].numel());
+      if (carried.defined()) add_(ctx, owned[b], carried);
       comm::assign(works[b], start_quantized_all_gather_v(ctx, *replicas_, owned[b], held_[b],
                                                           counts[b], block_, format_));
     }
     for (std::size_t b = 0; b < held_.size(); ++b) {
       if (!held_[b].defined()) continue;
       works[b].wait_on_stream();
+      if (!gathered_residuals_.empty() && !counts[b].empty()) {
+        // What the gather dropped: the segment's average less its dequantised codes (this
+        // rank's own run, which the gather dequantised into its place like every other).
+        std::size_t at = 0;
+        for (std::size_t r = 0; r < mine; ++r) at += counts[b][r];
+        const Tensor carried = gathered_residuals_[b];
+        copy(ctx, carried,
+             held_[b].slice(0, static_cast<std::int64_t>(at),
+                            static_cast<std::int64_t>(at + counts[b][mine])));
+        divide_(ctx, carried, -1.0);  // exact
+        add_(ctx, carried, owned[b]);
+      }
       owned[b] = Tensor();
       merge(b, held_[b]);
       held_[b] = Tensor();
     }
+  }
+
+  // Bucket b's residual in `residuals` (n f32 values, zero at first), or an undefined tensor
+  // without error feedback.
+  static Tensor residual(Context& ctx, std::vector<Tensor>& residuals, std::size_t b,
+                         std::int64_t n) {
+    if (residuals.empty()) return Tensor();
+    if (!residuals[b].defined())
+      residuals[b] = zeros(ctx, {n}, DType::f32, MemoryCategory::gradients);
+    return residuals[b];
   }
 
   comm::Communicator* replicas_;
@@ -127,6 +167,10 @@ class ReplicaSync {
   std::vector<Tensor> held_;  // per bucket: its group-reduced part until the exchange
   std::int64_t block_ = 0;    // qgZ across groups: values per scale (0: exact)
   ops::QuantFormat format_ = ops::QuantFormat::int8;
+  // qgZ's error feedback across groups, per bucket (kept across steps; allocated at the
+  // bucket's first exchange): what the reduce-scatter's quantisation dropped from this rank's
+  // group sums, and what the all-gather's dropped from the average of the segment it owns.
+  std::vector<Tensor> sent_residuals_, gathered_residuals_;
 };
 
 }  // namespace shardkit::parallel
