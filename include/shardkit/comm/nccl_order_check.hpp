@@ -26,6 +26,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <span>
@@ -83,7 +84,9 @@ class NcclOrderCheck {
       free_.push_back(&slot);
       const auto* host = static_cast<const std::uint64_t*>(slot.host->data());
       const std::span<const std::uint64_t> all(host + kWords, kWords * size_);
-      const int rank = first_mismatch(all, slot.call.fingerprint());
+      CallRecord::Fingerprint mine;  // as sent: the slot's first words (not hashed again)
+      std::copy(host, host + kWords, mine.begin());
+      const int rank = first_mismatch(all, mine);
       if (rank >= 0)
         return mismatch_message(shardkit::detail::concat(slot.call.name(), " on ", where_),
                                 slot.call, rank, all, recorder_->recent());
