@@ -140,6 +140,12 @@ int main(int argc, char** argv) {
                  "fsdp: after the forward keep each unit sharded over groups of this many ranks "
                  "(a node), so the backward gathers inside them (DeepSpeed's hpZ; 0: off)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--hybrid-group", setup.hybrid_group,
+                 "hybrid sharding (FSDP's HYBRID_SHARD): groups of this many consecutive ranks "
+                 "(a node) shard the model states and the groups replicate them, so only the "
+                 "gradients' exchange crosses groups (quantised too with --quantized-grads; 0: "
+                 "off, one group of every rank)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--quantization-block", setup.parallel.fsdp.quantization_block,
                  "--quantized-weights / --quantized-grads: values per scale")
       ->check(CLI::Range(1, 1 << 24));
@@ -240,6 +246,7 @@ int main(int argc, char** argv) {
     sk::parallel::PlannedRun run;
     run.parallel = options;
     run.world_size = launch.size > 1 ? launch.size : setup.ranks;
+    run.group_size = setup.hybrid_group;
     run.optimizer = optimizer;
     const auto specs = custom_loop::mlp_param_specs(setup.widths);
     for (std::size_t i = 0; i < specs.size(); i += 2)  // train.hpp's units: one per layer
@@ -266,10 +273,14 @@ int main(int argc, char** argv) {
     // --- report (rank 0 of the job) ----------------------------------------------------------
     const bool under_mpi = results.backend == "mpi";
     if (under_mpi && sk::comm::detect_launch().rank != 0) return 0;
-    std::printf("\ntest accuracy %.2f%% after %lld steps (%s, %s, %d ranks on the %s, %.1f s)\n",
+    const std::string groups = setup.hybrid_group > 0
+                                   ? " as " + std::to_string(results.world / setup.hybrid_group) +
+                                         " hybrid groups of " + std::to_string(setup.hybrid_group)
+                                   : "";
+    std::printf("\ntest accuracy %.2f%% after %lld steps (%s, %s, %d ranks%s on the %s, %.1f s)\n",
                 100 * results.test_accuracy, static_cast<long long>(results.steps),
-                flags.stage.c_str(), flags.optimizer.c_str(), results.world, results.device.c_str(),
-                seconds);
+                flags.stage.c_str(), flags.optimizer.c_str(), results.world, groups.c_str(),
+                results.device.c_str(), seconds);
     std::printf(
         "\nmemory per rank (MB, current after the last step; communication peak over the run in "
         "brackets%s):\n",
@@ -320,6 +331,7 @@ int main(int argc, char** argv) {
                               {"precision", flags.precision},
                               {"offload", flags.offload},
                               {"ranks", results.world},
+                              {"hybrid_group", setup.hybrid_group},
                               {"backend", results.backend},
                               {"device", results.device},
                               {"steps", results.steps},

@@ -27,6 +27,7 @@
 
 #include <shardkit/checkpoint/checkpoint.hpp>
 #include <shardkit/comm/comm.hpp>
+#include <shardkit/comm/hybrid_mesh.hpp>
 #include <shardkit/data/data.hpp>
 #include <shardkit/parallel/data_parallel.hpp>
 #include <shardkit/parallel/fsdp_engine.hpp>
@@ -42,6 +43,9 @@ struct Setup {
   std::vector<std::int64_t> widths;
   sk::optim::OptimizerConfig optimizer;
   sk::parallel::ParallelOptions parallel;  // .stage fsdp: FsdpEngine, its buckets
+  // > 0: hybrid sharding (sk::comm::HybridMesh, FSDP's HYBRID_SHARD): groups of this many
+  // consecutive ranks shard the model states, and the groups replicate them.
+  int hybrid_group = 0;
   float lr = 0;
   int ranks = 1;  // threads of this process; ignored under mpirun
   int epochs = 1;
@@ -131,12 +135,16 @@ struct GatheredParams {
 };
 
 // The engine of a stage, built and initialised alike on every rank: every parameter from the
-// seeded initialiser, then rank 0's values everywhere.
+// seeded initialiser, then rank 0's values everywhere. Over `mesh`'s groups when there is one,
+// else over the whole world.
 inline std::unique_ptr<sk::parallel::DataParallel> make_engine(
-    const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm,
+    const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, sk::comm::HybridMesh* mesh,
     std::type_identity<sk::parallel::DataParallel>) {
-  auto dp = std::make_unique<sk::parallel::DataParallel>(ctx, comm, mlp_param_specs(s.widths),
-                                                         s.optimizer, s.parallel);
+  const auto specs = mlp_param_specs(s.widths);
+  auto dp =
+      mesh != nullptr
+          ? std::make_unique<sk::parallel::DataParallel>(ctx, *mesh, specs, s.optimizer, s.parallel)
+          : std::make_unique<sk::parallel::DataParallel>(ctx, comm, specs, s.optimizer, s.parallel);
   dp->set_full_params([&](std::size_t i, const sk::Tensor& view) {  // exact f32 masters
     init_mlp_param(ctx, s.widths, i, view);
   });
@@ -144,14 +152,16 @@ inline std::unique_ptr<sk::parallel::DataParallel> make_engine(
 }
 
 inline std::unique_ptr<sk::parallel::FsdpEngine> make_engine(
-    const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm,
+    const Setup& s, sk::Context& ctx, sk::comm::Communicator& comm, sk::comm::HybridMesh* mesh,
     std::type_identity<sk::parallel::FsdpEngine>) {
   const auto specs = mlp_param_specs(s.widths);
   std::vector<sk::parallel::FsdpUnitParams> units;  // unit l: fc(l+1).weight and .bias
   for (std::size_t i = 0; i < specs.size(); i += 2)
     units.push_back({"fc" + std::to_string(i / 2 + 1), {specs[i], specs[i + 1]}});
-  auto fsdp = std::make_unique<sk::parallel::FsdpEngine>(ctx, comm, std::move(units), s.optimizer,
-                                                         s.parallel);
+  auto fsdp = mesh != nullptr ? std::make_unique<sk::parallel::FsdpEngine>(
+                                    ctx, *mesh, std::move(units), s.optimizer, s.parallel)
+                              : std::make_unique<sk::parallel::FsdpEngine>(
+                                    ctx, comm, std::move(units), s.optimizer, s.parallel);
   fsdp->set_full_params(
       [&](std::size_t i, const sk::Tensor& view) { init_mlp_param(ctx, s.widths, i, view); });
   return fsdp;
@@ -216,7 +226,17 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
                      Results& results, std::mutex& results_mutex) {
   const int rank = comm.rank();
   ctx.manual_seed(s.seed);
-  auto engine = make_engine(s, ctx, comm, std::type_identity<Engine>{});
+  std::unique_ptr<sk::comm::HybridMesh> mesh;
+  if (s.hybrid_group > 0) mesh = std::make_unique<sk::comm::HybridMesh>(comm, s.hybrid_group);
+  auto engine = make_engine(s, ctx, comm, mesh.get(), std::type_identity<Engine>{});
+  // The bytes this rank moved, over the world and, under hybrid sharding, its group's and its
+  // replicas' communicators.
+  const auto bus_bytes_moved = [&] {
+    std::uint64_t bytes = comm.stats().total_bus_bytes();
+    if (mesh && &mesh->shard() != &comm) bytes += mesh->shard().stats().total_bus_bytes();
+    if (mesh && mesh->replicate() != nullptr) bytes += mesh->replicate()->stats().total_bus_bytes();
+    return bytes;
+  };
   typename Device::Mlp mlp(ctx, s.widths);
   auto params = training_params(ctx, *engine);
   GradientSink<Engine> gradients(ctx, *engine, 2 * (s.widths.size() - 1));
@@ -258,6 +278,8 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   std::optional<sk::StepGraph> graph;
   if (s.graph) graph.emplace(ctx, "custom_loop's training step");
   comm.reset_stats();
+  if (mesh && &mesh->shard() != &comm) mesh->shard().reset_stats();
+  if (mesh && mesh->replicate() != nullptr) mesh->replicate()->reset_stats();
   // The peaks reported are the training steps' -- what the memory plan bounds -- not the set-up's
   // (the initial parameters' f32 broadcast, a resumed checkpoint's reads).
   ctx.memory_stats().reset_peak();
@@ -297,7 +319,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
                     static_cast<long long>(total_steps), static_cast<long long>(epoch), mlp.loss());
       const bool periodic = s.checkpoint_every > 0 && (step + 1) % s.checkpoint_every == 0;
       if (!s.checkpoint_dir.empty() && (periodic || step + 1 == run_end)) {
-        const auto before = comm.stats().total_bus_bytes();  // not counted as training traffic
+        const auto before = bus_bytes_moved();  // not counted as training traffic
         sk::checkpoint::CheckpointOptions options;
         options.layout = s.checkpoint_layout;
         auto state = engine->training_state();
@@ -317,14 +339,14 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
               "checkpoint: step %lld saved to %s (%s)\n", static_cast<long long>(step + 1),
               folder.c_str(),
               std::string(sk::checkpoint::checkpoint_layout_name(s.checkpoint_layout)).c_str());
-        checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
+        checkpoint_bus_bytes += bus_bytes_moved() - before;
       }
     }
   }
   if (saver) {  // the last save written and published on every rank before the run ends
-    const auto before = comm.stats().total_bus_bytes();
+    const auto before = bus_bytes_moved();
     saver->finish();
-    checkpoint_bus_bytes += comm.stats().total_bus_bytes() - before;
+    checkpoint_bus_bytes += bus_bytes_moved() - before;
   }
   if (graph && rank == 0)
     std::printf(
@@ -333,9 +355,8 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
         static_cast<long long>(graph->stats().captures),
         static_cast<long long>(graph->stats().replays), graph->reserved_bytes() / 1e6);
   const double loss = step > run_begin ? mlp.loss() : 0.0;  // of the last step
-  const double bus_bytes =
-      static_cast<double>(comm.stats().total_bus_bytes() - checkpoint_bus_bytes) /
-      static_cast<double>(std::max<std::int64_t>(1, run_end - run_begin));
+  const double bus_bytes = static_cast<double>(bus_bytes_moved() - checkpoint_bus_bytes) /
+                           static_cast<double>(std::max<std::int64_t>(1, run_end - run_begin));
   const sk::MemorySnapshot memory = ctx.memory_stats().snapshot();  // before gathering for the test
   const sk::MemorySnapshot host_memory = engine->host_context().memory_stats().snapshot();
   // Rank 0 evaluates with every parameter whole (gathered on every rank under fsdp), and takes
