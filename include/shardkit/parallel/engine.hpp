@@ -65,7 +65,7 @@ class Engine : public ParamGroups {
   // a time. Collective.
   template <class Fill>
   void set_full_params(Fill&& fill, int root = 0) {
-    forget_node_slices();
+    shards_will_change();
     for (std::size_t u = 0; u < unit_count(); ++u) {
       ParamGroup& group = mutable_group(u);
       if (group.flat().sharded()) group.flat().materialize();
@@ -103,7 +103,7 @@ class Engine : public ParamGroups {
     }
     ~FullParams() {
       const bool writeback = !engine_->optimizer_->mixed_precision();
-      if (writeback) engine_->forget_node_slices();
+      if (writeback) engine_->shards_will_change();
       for (std::size_t u = 0; u < engine_->unit_count(); ++u) {
         FlatParam& flat = engine_->mutable_group(u).flat();
         if (writeback && flat.sharded()) flat.copy_range_to_shard();
@@ -144,7 +144,7 @@ class Engine : public ParamGroups {
   void step(optim::DynamicLossScaler& scaler) {
     check_finished("optimizer step");
     scaler.check_grads(*ctx_, comm_, piece_grads_);
-    forget_node_slices();
+    shards_will_change();
     optimizer_->step(piece_grads_, scaler);
     const bool needs_verdict = std::any_of(post_step_hooks_.begin(), post_step_hooks_.end(),
                                            [](const PostStepHook& h) { return !h.gated; });
@@ -207,7 +207,7 @@ class Engine : public ParamGroups {
         if (!layout[i].trainable) state.replicated.emplace_back(layout[i].name, group(u).param(i));
     }
     state.after_load = [this] {
-      forget_node_slices();
+      shards_will_change();
       for (std::size_t u = 0; u < unit_count(); ++u) {
         FlatParam& flat = mutable_group(u).flat();
         if (policy().gather_after_step) all_gather_owned(flat, false);
@@ -231,7 +231,7 @@ class Engine : public ParamGroups {
  private:
   void step_unscaling_by(float inv_grad_scale) {
     check_finished("optimizer step");
-    forget_node_slices();
+    shards_will_change();
     optimizer_->step_unscaling_by(piece_grads_, inv_grad_scale);
     after_update(true);
   }

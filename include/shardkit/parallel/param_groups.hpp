@@ -133,9 +133,9 @@ class ParamGroups {
   Context* host() const { return host_.get(); }
   ParamGroup& mutable_group(std::size_t u) { return *groups_[u]; }
   std::size_t first_param(std::size_t u) const { return first_param_[u]; }
-  // hpZ: the shards are about to change (a step, a load, values written); slices kept over the
-  // node since a forward would be stale.
-  void forget_node_slices() {
+  // The shards are about to change (a step, a load, values written): hpZ's slices kept over
+  // the node since a forward would be stale.
+  void shards_will_change() {
     for (auto& group : groups_) group->forget_node_slice();
   }
 
