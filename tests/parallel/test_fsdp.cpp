@@ -731,6 +731,90 @@ TEST_CASE("qwZ per tensor: a gathered unit holds each parameter through its tens
   });
 }
 
+// The tensors' maxima change only with the shards: every unit's are all-reduced together at the
+// first gather after a step (one small collective a step, not one a gather), and a gather
+// after the step uses the new ones.
+TEST_CASE("qwZ per tensor: one all-reduce of every unit's maxima a step, fresh after each step") {
+  const std::vector<sk::parallel::FsdpUnitParams> units = {
+      {"first", {{"a", {300}, true}, {"b", {7, 50}, true}}},
+      {"second", {{"c", {1000}, true}}},
+      {"third", {{"d", {3}, true}, {"e", {40, 5}, true}}}};
+  sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::fsdp;
+    options.fsdp.quantized_weights = true;
+    options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
+    options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+    sk::parallel::FsdpEngine engine(ctx, comm, units, dp_test::config_for(OptimizerKind::sgd),
+                                    options);
+    engine.set_full_params([&](std::size_t i, const sk::Tensor& view) {
+      sk::Context host({.seed = 70 + i});
+      auto values = sk::empty(host, view.shape(), sk::DType::f32);
+      sk::normal_(host, values, 0.0, i == 2 ? 0.01 : 1.0);
+      sk::copy(ctx, view, values);
+    });
+    std::uint64_t slots = 0;
+    for (std::size_t u = 0; u < engine.unit_count(); ++u)
+      slots += engine.group(u).plan().layout().size() + 1;
+    const auto all_reduces = [&] { return comm.stats().of(sk::comm::CollectiveKind::all_reduce); };
+    comm.reset_stats();
+    const int steps = 3;
+    for (int s = 0; s < steps; ++s) {
+      engine.zero_grad();
+      for (std::size_t u = 0; u < engine.unit_count(); ++u) {  // the forward
+        engine.gather(u);
+        engine.release(u);
+      }
+      for (std::size_t u = engine.unit_count(); u-- > 0;) {  // the backward
+        engine.gather(u);
+        for (std::size_t i = 0; i < engine.param_count(); ++i) {
+          if (engine.unit_of(i) != u) continue;
+          sk::Context host({.seed = 900u + 10u * static_cast<unsigned>(s) + i +
+                                    100u * static_cast<unsigned>(comm.rank())});
+          auto g = sk::empty(host, engine.grad(i).shape(), sk::DType::f32);
+          sk::uniform_(host, g, -1.0, 1.0);
+          sk::add_(ctx, engine.grad(i), g);
+          engine.ready(i);
+        }
+        engine.release(u);
+      }
+      engine.finish();
+      engine.step(0.2f);
+    }
+    // 2 x 3 gathers a step, one all-reduce of every unit's maxima (a float per tensor and one
+    // per unit's padding).
+    CHECK(all_reduces().calls == static_cast<std::uint64_t>(steps));
+    CHECK(all_reduces().payload_bytes == static_cast<std::uint64_t>(steps) * 4 * slots);
+    // After the last step: each unit's gather holds its values through the new maxima, bit for
+    // bit as the host's encode and decode give them.
+    for (std::size_t u = 0; u < engine.unit_count(); ++u) {
+      engine.gather_exact(u);
+      std::vector<std::vector<float>> exact;
+      for (std::size_t i = 0; i < engine.param_count(); ++i)
+        if (engine.unit_of(i) == u) exact.push_back(sk::to_vector<float>(ctx, engine.param(i)));
+      engine.release(u);
+      engine.gather(u);
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < engine.param_count(); ++i) {
+        if (engine.unit_of(i) != u) continue;
+        CAPTURE(i);
+        const auto& values = exact[k++];
+        float amax = 0.0f;
+        for (float x : values) amax = sk::ops::abs_max(amax, x);
+        const float inverse = sk::ops::inverse_step<sk::ops::E4m3Code>(amax);
+        const float scale = amax / sk::ops::kE4m3Max;
+        const auto gathered = sk::to_vector<float>(ctx, engine.param(i));
+        for (std::size_t e = 0; e < gathered.size(); ++e) {
+          const float want =
+              sk::ops::E4m3Code::decode(sk::ops::E4m3Code::encode(values[e], inverse), scale);
+          REQUIRE(std::memcmp(&want, &gathered[e], sizeof want) == 0);
+        }
+      }
+      engine.release(u);
+    }
+  });
+}
+
 TEST_CASE("qwZ per tensor: FSDP with E4M3 gathers scaled per tensor trains close to exact FSDP") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw})
     for (int world : {2, 3}) {

@@ -128,21 +128,22 @@ namespace detail {
                                       flat.params().flat(), flat.plan().counts(), block, format);
 }
 
-// qwZ with a scale per tensor (FSDP2's float8 all-gather; ops/quantize.hpp): each rank's |x|
-// maxima of its pieces, an all-reduce (max) of them over the group -- ordered on the stream --
-// then its shard's codes, with its tensors' scales, and an all-gather of the codes; every run,
-// this rank's too, is dequantised with the same scales into the buffer.
+// qwZ with a scale per tensor (FSDP2's float8 all-gather; ops/quantize.hpp): with `amax`, the
+// tensors' |x| maxima over the group's shards (tensor_scales.hpp; f32, one per slot), this
+// rank's shard's codes and an all-gather of the codes; every run, this rank's too, is
+// dequantised with the same scales into the buffer.
 [[nodiscard]] inline comm::Work start_tensor_scaled_all_gather(FlatParam& flat,
-                                                               ops::QuantFormat format) {
+                                                               ops::QuantFormat format,
+                                                               const Tensor& amax) {
   flat.materialize();
   Context& ctx = flat.context();
   comm::Communicator& comm = flat.communicator();
   const auto& chunks = flat.slot_chunks();
   const int rank = comm.rank();
   const auto mine = static_cast<std::size_t>(rank);
-  const Tensor amax = zeros(ctx, {chunks.slots}, DType::f32, MemoryCategory::communication);
-  ops::slot_abs_max(ctx, flat.shard(), chunks.of(rank), amax);
-  comm.all_reduce(amax, comm::ReduceOp::max).wait_on_stream();
+  check(amax.dtype() == DType::f32 && amax.numel() == chunks.slots,
+        "per-tensor-scaled all-gather: the maxima must be f32 of ", chunks.slots, " slots, got ",
+        amax.str());
   const auto bytes = quantized_run_bytes(flat.plan(), 0, format, ops::QuantScale::tensor);
   std::vector<std::int64_t> at(bytes.size() + 1, 0);  // where each rank's run starts on the wire
   for (std::size_t r = 0; r < bytes.size(); ++r)
@@ -171,12 +172,14 @@ namespace detail {
 // Sharded residency: the whole buffer back -- this rank's shard copied in, the others
 // all-gathered; the returned work completes it (wait before use: prefetch overlaps it). With
 // `quantized_block` (qwZ) the values travel as blocks of that many `format` codes and come back
-// within the format's bound of the shards' (int8: half a block's step).
+// within the format's bound of the shards' (int8: half a block's step). With a scale per tensor
+// the tensors' maxima over the group are `amax` (tensor_scales.hpp).
 [[nodiscard]] inline comm::Work start_all_gather(FlatParam& flat, std::int64_t quantized_block = 0,
                                                  ops::QuantFormat format = ops::QuantFormat::int8,
-                                                 ops::QuantScale scale = ops::QuantScale::block) {
+                                                 ops::QuantScale scale = ops::QuantScale::block,
+                                                 const Tensor& amax = Tensor()) {
   if (quantized_block > 0 && scale == ops::QuantScale::tensor)
-    return detail::start_tensor_scaled_all_gather(flat, format);
+    return detail::start_tensor_scaled_all_gather(flat, format, amax);
   if (quantized_block > 0) return detail::start_quantized_all_gather(flat, quantized_block, format);
   flat.materialize();
   const auto& plan = flat.plan();

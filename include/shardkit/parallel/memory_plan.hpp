@@ -330,6 +330,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       std::int64_t shard_bytes = 0;
       std::vector<std::int64_t> unit_bytes;
       std::int64_t transients = 0, node_slices = 0, held_sums = 0;
+      // Per-tensor qwZ: every unit's tensors' maxima, kept between steps (tensor_scales.hpp).
+      std::int64_t maxima = 0;
       for (const auto& unit : units) {
         std::vector<shard::ParamSpec> unit_specs;
         for (auto i : unit) {
@@ -362,8 +364,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
                quantized_run_bytes(plan, policy.quantized_gather_block,
                                    policy.quantized_gather_format, policy.quantized_gather_scale))
             held += static_cast<std::int64_t>(bytes);
-          if (policy.quantized_gather_scale == ops::QuantScale::tensor)  // and the tensors' maxima
-            held += 4 * (static_cast<std::int64_t>(plan.layout().size()) + 1);
+          if (policy.quantized_gather_scale == ops::QuantScale::tensor)
+            maxima += 4 * (static_cast<std::int64_t>(plan.layout().size()) + 1);
         }
         unit_bytes.push_back(held);
         if (policy.reshard_group > 0)  // hpZ: its slice over the node, from forward to backward
@@ -398,7 +400,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       p.gathered = root + node_slices;  // (every unit's slice: the bound after a forward)
       for (std::size_t k = 0; k < held; ++k) p.gathered += unit_bytes[k];
       p.communication =
-          transients + held_sums + 2 * static_cast<std::int64_t>(policy.coalesce_bytes);
+          transients + held_sums + maxima + 2 * static_cast<std::int64_t>(policy.coalesce_bytes);
     }
     p.activations = activations.at(batch);
     detail::plan_traffic(p, specs, o, policy, group);

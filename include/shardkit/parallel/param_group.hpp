@@ -27,6 +27,7 @@
 #include "shardkit/parallel/grad_bucketer.hpp"
 #include "shardkit/parallel/policy.hpp"
 #include "shardkit/parallel/reduce_scatter_coalescer.hpp"
+#include "shardkit/parallel/tensor_scales.hpp"
 
 namespace shardkit::parallel {
 
@@ -84,9 +85,11 @@ class ParamGroup {
       start_node_gather();
       return;
     }
+    // (The scales first: computed for every unit when stale, a collective of its own.)
+    const Tensor amax = scales_ != nullptr ? scales_->scales(scales_unit_) : Tensor();
     auto label = flat_.communicator().label(gather_label_);
-    comm::assign(pending_,
-                 start_all_gather(flat_, quantized_block_, quantized_format_, quantized_scale_));
+    comm::assign(pending_, start_all_gather(flat_, quantized_block_, quantized_format_,
+                                            quantized_scale_, amax));
     gathering_ = true;
     exact_ = quantized_block_ == 0;
   }
@@ -129,6 +132,11 @@ class ParamGroup {
   }
   // The shards changed (a step, a load, values written): a kept node slice is stale.
   void forget_node_slice() { node_slice_ = Tensor(); }
+  // Per-tensor-scaled qwZ: the step's gathers take their maxima from `scales` as unit `u`.
+  void use_tensor_scales(TensorScales* scales, std::size_t u) {
+    scales_ = scales;
+    scales_unit_ = u;
+  }
   // Gathered, or its gather in flight (always, when replicated).
   bool holds_full() const { return flat_.gathered() || gathering_; }
 
@@ -194,6 +202,8 @@ class ParamGroup {
   // the backward's gather (undefined: none kept), and whether they were exact.
   Tensor node_slice_;
   bool node_slice_exact_ = true;
+  TensorScales* scales_ = nullptr;  // per-tensor-scaled qwZ's maxima (nullptr: not scaled so)
+  std::size_t scales_unit_ = 0;
 };
 
 }  // namespace shardkit::parallel

@@ -13,6 +13,7 @@
 #include "shardkit/parallel/collectives.hpp"
 #include "shardkit/parallel/offload.hpp"
 #include "shardkit/parallel/param_group.hpp"
+#include "shardkit/parallel/tensor_scales.hpp"
 
 namespace shardkit::parallel {
 
@@ -32,6 +33,14 @@ class ParamGroups {
       for (std::size_t i = 0; i < spec.params.size(); ++i) index_.push_back({groups_.size(), i});
       groups_.push_back(std::make_unique<ParamGroup>(ctx, comm, std::move(spec), policy_, replicas,
                                                      shard_home, coalescer_.get(), node_.get()));
+    }
+    if (policy_.residency == Residency::sharded && policy_.quantized_gather_block > 0 &&
+        policy_.quantized_gather_scale == ops::QuantScale::tensor) {
+      std::vector<FlatParam*> flats;
+      for (auto& group : groups_) flats.push_back(&group->flat());
+      scales_ = std::make_unique<TensorScales>(comm, std::move(flats));
+      for (std::size_t u = 0; u < groups_.size(); ++u)
+        groups_[u]->use_tensor_scales(scales_.get(), u);
     }
   }
 
@@ -134,9 +143,10 @@ class ParamGroups {
   ParamGroup& mutable_group(std::size_t u) { return *groups_[u]; }
   std::size_t first_param(std::size_t u) const { return first_param_[u]; }
   // The shards are about to change (a step, a load, values written): hpZ's slices kept over
-  // the node since a forward would be stale.
+  // the node since a forward, and per-tensor qwZ's maxima, would be stale.
   void shards_will_change() {
     for (auto& group : groups_) group->forget_node_slice();
+    if (scales_) scales_->forget();
   }
 
   // Every rank must hold the same groups with the same parameters, or collectives would pair
@@ -198,6 +208,7 @@ class ParamGroups {
   std::unique_ptr<ReduceScatterCoalescer> coalescer_;  // before the groups' bucketers
   std::unique_ptr<comm::Communicator> node_;           // hpZ (else null); before the groups
   std::vector<std::unique_ptr<ParamGroup>> groups_;
+  std::unique_ptr<TensorScales> scales_;  // per-tensor qwZ (else null); after the groups it reads
   std::vector<std::size_t> first_param_;  // per group
   std::vector<ParamIndex> index_;
 };
