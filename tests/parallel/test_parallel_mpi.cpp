@@ -184,6 +184,7 @@ struct Quantized {
   bool weights = false, grads = false;
   sk::ops::QuantFormat weights_format = sk::ops::QuantFormat::int8;
   sk::ops::QuantFormat grads_format = sk::ops::QuantFormat::int8;
+  bool error_feedback = false;  // qgZ's, at every quantised level
 };
 std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int steps,
                                 const std::string& save_to = {}, const std::string& load_from = {},
@@ -201,6 +202,7 @@ std::vector<float> train_module(Stage stage, sk::optim::OptimizerKind kind, int 
   options.fsdp.quantized_grads = quantized.grads;
   options.fsdp.quantized_weights_format = quantized.weights_format;
   options.fsdp.quantized_grads_format = quantized.grads_format;
+  options.fsdp.grad_error_feedback = quantized.error_feedback;
   options.fsdp.reshard_group_size = node;
   auto model_on = [&] {
     return mesh ? std::make_unique<sk::parallel::ShardedModule>(ctx, *mesh, net,
@@ -284,8 +286,9 @@ TEST_CASE(
 // qwZ and qgZ through MPI: the gathers and the gradients' all-to-all move quantised bytes
 // between processes (MPI_UINT8_T) -- int8, int4 (two codes to a byte) and E4M3 gathers -- on the
 // world and on 2 "nodes" of 2 (hybrid: gathered and reduced inside a node, the reduced shard
-// all-reduced across nodes exactly); training follows exact FSDP closely (int4's 16 levels
-// less closely), and every process ends with the same parameters.
+// exchanged across nodes in the gradients' codes too), also with error feedback; training
+// follows exact FSDP closely (int4's 16 levels less closely), and every process ends with the
+// same parameters.
 TEST_CASE(
     "through MPI, 4 processes (also as 2 nodes): FSDP with int8, int4 and E4M3 gathers and "
     "gradients follows exact FSDP") {
@@ -295,13 +298,15 @@ TEST_CASE(
   for (const Quantized q :
        {Quantized{true, false}, Quantized{false, true}, Quantized{true, true},
         Quantized{false, true, F::int8, F::int4}, Quantized{true, false, F::int4, F::int8},
-        Quantized{true, true, F::f8_e4m3, F::int4}})
+        Quantized{true, true, F::f8_e4m3, F::int4}, Quantized{false, true, F::int8, F::int8, true},
+        Quantized{true, true, F::int8, F::int4, true}})
     for (int group : {0, 2}) {
       CAPTURE(group);
       CAPTURE(q.weights);
       CAPTURE(q.grads);
       CAPTURE(sk::ops::quant_format_name(q.weights_format));
       CAPTURE(sk::ops::quant_format_name(q.grads_format));
+      CAPTURE(q.error_feedback);
       const bool coarse =
           (q.weights && q.weights_format == F::int4) || (q.grads && q.grads_format == F::int4);
       const auto exact = train_module(Stage::fsdp, kind, 10, {}, {}, {}, group);
