@@ -247,6 +247,12 @@ int main(int argc, char** argv) {
     run.parallel = options;
     run.world_size = launch.size > 1 ? launch.size : setup.ranks;
     run.group_size = setup.hybrid_group;
+    sk::check(setup.hybrid_group == 0 || run.world_size % setup.hybrid_group == 0,
+              "--hybrid-group ", setup.hybrid_group, " does not divide the ", run.world_size,
+              " ranks; pass a divisor of the rank count (the ranks of one node)");
+    sk::check(setup.hybrid_group == 0 || options.fsdp.reshard_group_size == 0,
+              "--reshard-group with --hybrid-group: the hybrid groups already keep the gathers "
+              "inside them; pass one of the two");
     run.optimizer = optimizer;
     const auto specs = custom_loop::mlp_param_specs(setup.widths);
     for (std::size_t i = 0; i < specs.size(); i += 2)  // train.hpp's units: one per layer
