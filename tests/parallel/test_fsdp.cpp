@@ -13,6 +13,7 @@
 
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
+#include "shardkit/core/step_graph.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/fsdp_engine.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
@@ -812,6 +813,107 @@ TEST_CASE("qwZ per tensor: one all-reduce of every unit's maxima a step, fresh a
       }
       engine.release(u);
     }
+  });
+}
+
+// The other ways the shards change -- set_full_params, values written through full_params() --
+// make the maxima stale too; and a captured step computes its own (a CUDA graph replays only
+// what it captured), even when an eager gather since the last step left them fresh.
+TEST_CASE("qwZ per tensor: the maxima follow every change of the shards, and a capture") {
+  const std::vector<sk::parallel::FsdpUnitParams> units = {
+      {"first", {{"a", {300}, true}, {"b", {7, 50}, true}}}, {"second", {{"c", {1000}, true}}}};
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::fsdp;
+    options.fsdp.quantized_weights = true;
+    options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
+    options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+    sk::parallel::FsdpEngine engine(ctx, comm, units, dp_test::config_for(OptimizerKind::sgd),
+                                    options);
+    const auto set_values = [&](double stddev) {
+      engine.set_full_params([&](std::size_t i, const sk::Tensor& view) {
+        sk::Context host({.seed = 30 + i});
+        auto values = sk::empty(host, view.shape(), sk::DType::f32);
+        sk::normal_(host, values, 0.0, stddev);
+        sk::copy(ctx, view, values);
+      });
+    };
+    // Unit u gathered holds each parameter through its tensor's scale from the exact values.
+    const auto check_gathered = [&](std::size_t u) {
+      engine.gather_exact(u);
+      std::vector<std::vector<float>> exact;
+      for (std::size_t i = 0; i < engine.param_count(); ++i)
+        if (engine.unit_of(i) == u) exact.push_back(sk::to_vector<float>(ctx, engine.param(i)));
+      engine.release(u);
+      engine.gather(u);
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < engine.param_count(); ++i) {
+        if (engine.unit_of(i) != u) continue;
+        CAPTURE(i);
+        const auto& values = exact[k++];
+        float amax = 0.0f;
+        for (float x : values) amax = sk::ops::abs_max(amax, x);
+        const float inverse = sk::ops::inverse_step<sk::ops::E4m3Code>(amax);
+        const auto gathered = sk::to_vector<float>(ctx, engine.param(i));
+        for (std::size_t e = 0; e < gathered.size(); ++e) {
+          const float want = sk::ops::E4m3Code::decode(
+              sk::ops::E4m3Code::encode(values[e], inverse), amax / sk::ops::kE4m3Max);
+          REQUIRE(std::memcmp(&want, &gathered[e], sizeof want) == 0);
+        }
+      }
+      engine.release(u);
+    };
+    set_values(1.0);
+    check_gathered(0);
+    set_values(3.0);  // new values, three times as large
+    check_gathered(0);
+    {
+      auto full = engine.full_params();  // written back: every value ten times as large
+      for (std::size_t i = 0; i < engine.param_count(); ++i)
+        sk::copy(ctx, engine.param(i),
+                 sk::from_vector(
+                     ctx,
+                     [&] {
+                       auto v = sk::to_vector<float>(ctx, engine.param(i));
+                       for (auto& x : v) x *= 10.0f;
+                       return v;
+                     }(),
+                     engine.param(i).shape()));
+    }
+    check_gathered(1);
+
+    // A step captured after an eager gather that computed the step's maxima already.
+    const auto step = [&] {
+      engine.zero_grad();
+      for (std::size_t u = 0; u < engine.unit_count(); ++u) {
+        engine.gather(u);
+        engine.release(u);
+      }
+      for (std::size_t u = engine.unit_count(); u-- > 0;) {
+        engine.gather(u);
+        for (std::size_t i = 0; i < engine.param_count(); ++i)
+          if (engine.unit_of(i) == u) {
+            sk::fill(ctx, engine.grad(i), 0.01 * static_cast<double>(i + 1 + comm.rank()));
+            engine.ready(i);
+          }
+        engine.release(u);
+      }
+      engine.finish();
+      engine.step(0.1f);
+    };
+    sk::StepGraph graph(ctx, "per-tensor qwZ", {.warmup_steps = 1});
+    const auto all_reduces = [&] {
+      return comm.stats().of(sk::comm::CollectiveKind::all_reduce).calls;
+    };
+    graph.run("k", step);  // warm-up, eager
+    engine.gather(0);      // an eager gather (an evaluation's, say): the maxima are fresh now
+    engine.release(0);
+    const auto before = all_reduces();
+    graph.run("k", step);  // the capture
+    CHECK(graph.stats().captures == 1);
+    CHECK(all_reduces() - before == 1);  // its own maxima, in the captured work
+    graph.run("k", step);                // a replay
+    check_gathered(0);
   });
 }
 

@@ -177,12 +177,17 @@ class Context {
                       "); captures do not nest");
     if (pool) allocator_->begin_capture(pool);
     capture_ = CaptureState{std::move(name), &record, replaying, 0, pool != nullptr};
+    ++capture_serial_;
   }
   void end_capture() noexcept {
     if (capture_.pooled) allocator_->end_capture();
     capture_ = CaptureState{};
   }
   bool capturing() const { return capture_.record != nullptr; }
+  // Counts the captures and CPU replays begun: what a step under capture computed on the host
+  // before it began (a cached value) is told apart from what it computes itself, which a
+  // replay repeats.
+  std::uint64_t capture_serial() const { return capture_serial_; }
   // Whether a StepGraph runs the step (warming up, capturing or replaying): state a replay
   // could not advance on the host is kept on the device from the first warm-up step on.
   bool in_step_graph() const { return in_step_graph_ > 0; }
@@ -305,6 +310,7 @@ class Context {
     bool pooled = false;
   };
   CaptureState capture_;
+  std::uint64_t capture_serial_ = 0;
   int in_step_graph_ = 0;
   // Runs and clears the pending checks; every one runs, the first error is raised.
   void run_deferred_checks() const {

@@ -32,10 +32,14 @@ class TensorScales {
   void forget() { fresh_ = false; }
 
   // Unit u's slot maxima over the group (f32, its layout's size + 1: the last slot the
-  // padding's), computed with every unit's when they are stale. Collective when stale: every
-  // rank reaches it at the same gather, since the changes and the gathers are collective.
+  // padding's), computed with every unit's when they are stale -- and at a captured step's
+  // first such gather whatever they are: a CUDA graph replays only the device work it
+  // captured, so maxima computed before the capture began would serve every replay.
+  // Collective when computed: every rank reaches it at the same gather, since the changes, the
+  // captures and the gathers are collective.
   Tensor scales(std::size_t u) {
-    if (!fresh_) refresh();
+    Context& ctx = flats_.front()->context();
+    if (!fresh_ || (ctx.capturing() && refreshed_in_capture_ != ctx.capture_serial())) refresh();
     return maxima_.slice(0, at_[u], at_[u + 1]);
   }
 
@@ -56,13 +60,15 @@ class TensorScales {
     auto label = comm_->label("per-tensor qwZ scales: every unit's maxima");
     comm_->all_reduce(maxima_, comm::ReduceOp::max).wait_on_stream();
     fresh_ = true;
+    if (ctx.capturing()) refreshed_in_capture_ = ctx.capture_serial();
   }
 
   comm::Communicator* comm_;
   std::vector<FlatParam*> flats_;
-  std::vector<std::int64_t> at_;  // unit u's slots are [at_[u], at_[u + 1]) of maxima_
-  Tensor maxima_;                 // every unit's slot maxima, side by side
-  bool fresh_ = false;            // maxima_ holds the current shards' maxima
+  std::vector<std::int64_t> at_;            // unit u's slots are [at_[u], at_[u + 1]) of maxima_
+  Tensor maxima_;                           // every unit's slot maxima, side by side
+  bool fresh_ = false;                      // maxima_ holds the current shards' maxima
+  std::uint64_t refreshed_in_capture_ = 0;  // the capture that computed them last (0: none)
 };
 
 }  // namespace shardkit::parallel
