@@ -233,7 +233,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   // replicas' communicators.
   const auto bus_bytes_moved = [&] {
     std::uint64_t bytes = comm.stats().total_bus_bytes();
-    if (mesh && &mesh->shard() != &comm) bytes += mesh->shard().stats().total_bus_bytes();
+    if (mesh) bytes += mesh->shard().stats().total_bus_bytes();
     if (mesh && mesh->replicate() != nullptr) bytes += mesh->replicate()->stats().total_bus_bytes();
     return bytes;
   };
@@ -278,7 +278,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   std::optional<sk::StepGraph> graph;
   if (s.graph) graph.emplace(ctx, "custom_loop's training step");
   comm.reset_stats();
-  if (mesh && &mesh->shard() != &comm) mesh->shard().reset_stats();
+  if (mesh) mesh->shard().reset_stats();
   if (mesh && mesh->replicate() != nullptr) mesh->replicate()->reset_stats();
   // The peaks reported are the training steps' -- what the memory plan bounds -- not the set-up's
   // (the initial parameters' f32 broadcast, a resumed checkpoint's reads).

@@ -128,7 +128,7 @@ class ConfigProblems {
   ConfigProblems() = default;
   explicit ConfigProblems(std::vector<std::string> first) : messages_(std::move(first)) {}
   // Runs read(); false (the problem kept) when it threw a ConfigError, another refusal of a
-  // value (sk::InvalidArgument) or a yaml-cpp exception.
+  // value (sk::InvalidArgument) or yaml-cpp's refusal of a value's shape (unexpected_shape).
   template <class Read>
   bool attempt(Read&& read) {
     try {
@@ -137,14 +137,22 @@ class ConfigProblems {
     } catch (const sk::InvalidArgument& e) {  // ConfigError, or a setting's own validate()
       messages_.emplace_back(e.what());
       return false;
-    } catch (const YAML::Exception& e) {
-      // A shape the reading did not foresee (a subscript of a scalar, say): still a refusal
-      // with yaml-cpp's account of it, never an escaped exception. The readers check the shapes
-      // they know and name the key; this is the net under them.
-      messages_.emplace_back(std::string("config: a value of an unexpected shape (") + e.what() +
-                             "); compare it with the same key in the defaults");
+    } catch (const YAML::BadSubscript& e) {
+      messages_.emplace_back(unexpected_shape(e));
+      return false;
+    } catch (const YAML::BadConversion& e) {
+      messages_.emplace_back(unexpected_shape(e));
       return false;
     }
+  }
+  // A value of a shape the reading did not foresee (a subscript of a scalar, a list read as a
+  // number): still a refusal with yaml-cpp's account of it, never an escaped exception. The
+  // readers check the shapes they know and name the key; this is the net under them. (Other
+  // yaml-cpp exceptions, such as a read of a key the defaults lack, are the program's errors
+  // and go on up.)
+  static std::string unexpected_shape(const YAML::Exception& e) {
+    return std::string("config: a value of an unexpected shape (") + e.what() +
+           "); compare it with the same key in the defaults";
   }
   // Throws one ConfigError with every problem, numbered (one alone as it is).
   void check() const {
@@ -221,11 +229,11 @@ class ConfigTree {
   const std::vector<std::string>& ignored() const { return ignored_; }
 
   // The node at a dotted path ("OPTIMIZER.larc_config.clip"); it exists (the defaults have it).
-  // A view of the tree, read-only: the walk binds each step's node to a new name, because
-  // assigning one yaml-cpp Node to another overwrites the node it refers to (the tree) rather
-  // than rebinding it -- and cloning the whole tree per read instead made reading a config
-  // cost 28 ms.
-  const YAML::Node at(const std::string& path) const { return at(root_, path, 0); }
+  // A view of the tree, read-only: const, so a subscript of it is yaml-cpp's const one, which
+  // never inserts a key. The walk binds each step's node to a new name, because assigning one
+  // yaml-cpp Node to another overwrites the node it refers to (the tree) rather than rebinding
+  // it -- and cloning the whole tree per read instead made reading a config cost 28 ms.
+  const YAML::Node at(const std::string& path) const { return walk(root_, path, 0); }
   template <class T>
   T get(const std::string& path) const {
     const YAML::Node n = at(path);
@@ -250,12 +258,13 @@ class ConfigTree {
   }
 
  private:
-  static const YAML::Node at(const YAML::Node& node, const std::string& path, std::size_t from) {
+  // The node at `path`'s keys from `from` on, below `node`.
+  static const YAML::Node walk(const YAML::Node& node, const std::string& path, std::size_t from) {
     if (from > path.size()) return node;
     const std::size_t dot = std::min(path.find('.', from), path.size());
     const std::string key = path.substr(from, dot - from);
     if (!node.IsMap() || !node[key]) throw ConfigError("internal: no config key " + path);
-    return at(node[key], path, dot + 1);
+    return walk(node[key], path, dot + 1);
   }
   static void set_in(YAML::Node node, const std::vector<std::string>& keys, std::size_t i,
                      const YAML::Node& value) {

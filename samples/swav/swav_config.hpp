@@ -361,7 +361,7 @@ inline LrSchedule read_lr(const ConfigTree& c, int world, std::int64_t batch, in
       throw bad(base + ".lengths", ::swav::detail::text_of(c.at(base + ".lengths")),
                 "the lengths must sum to 1");
   } else {
-    YAML::Node single = c.at(base);
+    const YAML::Node single = c.at(base);
     lr.parts.push_back(read_schedule(single, base));
   }
   if (c.get<bool>(base + ".auto_lr_scaling.auto_scale")) {

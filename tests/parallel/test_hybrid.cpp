@@ -398,8 +398,10 @@ TEST_CASE(
       CAPTURE(worst_both / largest);
       CHECK(std::isfinite(worst_both));
       // SGD's parameters are the sum of the applied gradients, which error feedback keeps
-      // within one step's residual of the exact sum: closer to DDP than without it.
-      if (kind == OptimizerKind::sgd) CHECK(worst_both < worst_without);
+      // within one step's residual of the exact sum: several times closer to DDP than without
+      // it (measured: 0.16x and 0.13x). The feedback inside the group alone reaches 0.5-0.85x
+      // here, so the bound needs the exchange's both halves.
+      if (kind == OptimizerKind::sgd) CHECK(worst_both < 0.3 * worst_without);
     }
 }
 

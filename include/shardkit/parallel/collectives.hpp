@@ -143,7 +143,7 @@ namespace detail {
   const auto mine = static_cast<std::size_t>(rank);
   check(amax.dtype() == DType::f32 && amax.numel() == chunks.slots,
         "per-tensor-scaled all-gather: the maxima must be f32 of ", chunks.slots, " slots, got ",
-        amax.str());
+        amax.str(), "; pass the unit's TensorScales::scales(u) (parallel/tensor_scales.hpp)");
   const auto bytes = quantized_run_bytes(flat.plan(), 0, format, ops::QuantScale::tensor);
   std::vector<std::int64_t> at(bytes.size() + 1, 0);  // where each rank's run starts on the wire
   for (std::size_t r = 0; r < bytes.size(); ++r)

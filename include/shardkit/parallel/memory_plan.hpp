@@ -9,7 +9,8 @@
 //                    shard of every unit, plus frozen parameters whole
 //   gradients        ddp/oss: every bucket; sdp/fsdp: the rank's parts (compute dtype); with
 //                    qgZ's error feedback an f32 residual of every local gradient as well
-//                    (and, across hybrid groups, of every reduced one)
+//                    (and, across hybrid groups, of every reduced one and of the segment of
+//                    them this rank owns across the replicas)
 //   optimizer state  f32 per element the rank updates: each state buffer (momentum; Adam's two
 //                    moments), plus the f32 master under mixed precision
 //

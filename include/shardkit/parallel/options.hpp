@@ -84,7 +84,8 @@ struct FsdpOptions {
   // With quantized_grads: each rank keeps what quantisation dropped from its gradients and
   // adds it to the next step's (error feedback), at the cost of an f32 copy of its whole
   // gradient buffer -- under hybrid sharding with quantized_grads_across_groups, at both
-  // levels: also an f32 copy of its reduced part (1/G of it) for the exchange across groups.
+  // levels: also an f32 copy of its reduced part (1/G of it) and of the segment of that it
+  // owns across the R replicas (1/(G·R)), for the exchange across groups.
   bool grad_error_feedback = false;
   // With quantized_grads under hybrid sharding: the gradients' exchange across groups (the
   // inter-node level, where bandwidth is scarcest) is quantised too, as ZeRO++'s hierarchical
