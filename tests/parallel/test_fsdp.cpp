@@ -667,6 +667,47 @@ TEST_CASE("qwZ: a gathered unit holds every shard through its blocks; full_param
     });
 }
 
+namespace {
+
+// FSDP with FSDP2's float8 gathers: E4M3 codes, one scale per tensor.
+sk::parallel::ParallelOptions e4m3_per_tensor() {
+  sk::parallel::ParallelOptions options;
+  options.stage = Stage::fsdp;
+  options.fsdp.quantized_weights = true;
+  options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
+  options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+  return options;
+}
+
+// Unit u, gathered by a step's gather, holds each parameter through its tensor's E4M3 scale
+// from the shards' exact values, bit for bit as the host's encode and decode give them.
+void check_tensor_scaled_gather(sk::Context& ctx, sk::parallel::FsdpEngine& engine, std::size_t u) {
+  engine.gather_exact(u);
+  std::vector<std::vector<float>> exact;
+  for (std::size_t i = 0; i < engine.param_count(); ++i)
+    if (engine.unit_of(i) == u) exact.push_back(sk::to_vector<float>(ctx, engine.param(i)));
+  engine.release(u);
+  engine.gather(u);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < engine.param_count(); ++i) {
+    if (engine.unit_of(i) != u) continue;
+    CAPTURE(i);
+    const auto& values = exact[k++];
+    float amax = 0.0f;
+    for (float x : values) amax = sk::ops::abs_max(amax, x);
+    const float inverse = sk::ops::inverse_step<sk::ops::E4m3Code>(amax);
+    const auto gathered = sk::to_vector<float>(ctx, engine.param(i));
+    for (std::size_t e = 0; e < gathered.size(); ++e) {
+      const float want = sk::ops::E4m3Code::decode(sk::ops::E4m3Code::encode(values[e], inverse),
+                                                   amax / sk::ops::kE4m3Max);
+      REQUIRE(std::memcmp(&want, &gathered[e], sizeof want) == 0);
+    }
+  }
+  engine.release(u);
+}
+
+}  // namespace
+
 // FSDP2's float8 all-gather: E4M3 codes with one scale per parameter, from the maxima of every
 // rank's pieces. What a gathered unit holds is each parameter's values through its tensor's
 // scale, bit for bit as the host's encode and decode give them, on every rank; the wire
@@ -675,11 +716,7 @@ TEST_CASE("qwZ per tensor: a gathered unit holds each parameter through its tens
   const std::vector<sk::shard::ParamSpec> specs = {
       {"a", {300}, true}, {"b", {7, 50}, true}, {"c", {10000}, true}, {"d", {3}, true}};
   sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::ParallelOptions options;
-    options.stage = Stage::fsdp;
-    options.fsdp.quantized_weights = true;
-    options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
-    options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+    const auto options = e4m3_per_tensor();
     sk::parallel::FsdpEngine engine(ctx, comm, {sk::parallel::FsdpUnitParams{"unit", specs}},
                                     dp_test::config_for(OptimizerKind::sgd), options);
     engine.set_full_params([&](std::size_t i, const sk::Tensor& view) {
@@ -741,11 +778,7 @@ TEST_CASE("qwZ per tensor: one all-reduce of every unit's maxima a step, fresh a
       {"second", {{"c", {1000}, true}}},
       {"third", {{"d", {3}, true}, {"e", {40, 5}, true}}}};
   sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::ParallelOptions options;
-    options.stage = Stage::fsdp;
-    options.fsdp.quantized_weights = true;
-    options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
-    options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+    const auto options = e4m3_per_tensor();
     sk::parallel::FsdpEngine engine(ctx, comm, units, dp_test::config_for(OptimizerKind::sgd),
                                     options);
     engine.set_full_params([&](std::size_t i, const sk::Tensor& view) {
@@ -786,33 +819,9 @@ TEST_CASE("qwZ per tensor: one all-reduce of every unit's maxima a step, fresh a
     // per unit's padding).
     CHECK(all_reduces().calls == static_cast<std::uint64_t>(steps));
     CHECK(all_reduces().payload_bytes == static_cast<std::uint64_t>(steps) * 4 * slots);
-    // After the last step: each unit's gather holds its values through the new maxima, bit for
-    // bit as the host's encode and decode give them.
-    for (std::size_t u = 0; u < engine.unit_count(); ++u) {
-      engine.gather_exact(u);
-      std::vector<std::vector<float>> exact;
-      for (std::size_t i = 0; i < engine.param_count(); ++i)
-        if (engine.unit_of(i) == u) exact.push_back(sk::to_vector<float>(ctx, engine.param(i)));
-      engine.release(u);
-      engine.gather(u);
-      std::size_t k = 0;
-      for (std::size_t i = 0; i < engine.param_count(); ++i) {
-        if (engine.unit_of(i) != u) continue;
-        CAPTURE(i);
-        const auto& values = exact[k++];
-        float amax = 0.0f;
-        for (float x : values) amax = sk::ops::abs_max(amax, x);
-        const float inverse = sk::ops::inverse_step<sk::ops::E4m3Code>(amax);
-        const float scale = amax / sk::ops::kE4m3Max;
-        const auto gathered = sk::to_vector<float>(ctx, engine.param(i));
-        for (std::size_t e = 0; e < gathered.size(); ++e) {
-          const float want =
-              sk::ops::E4m3Code::decode(sk::ops::E4m3Code::encode(values[e], inverse), scale);
-          REQUIRE(std::memcmp(&want, &gathered[e], sizeof want) == 0);
-        }
-      }
-      engine.release(u);
-    }
+    // After the last step: each unit's gather holds its values through the new maxima.
+    for (std::size_t u = 0; u < engine.unit_count(); ++u)
+      check_tensor_scaled_gather(ctx, engine, u);
   });
 }
 
@@ -823,11 +832,7 @@ TEST_CASE("qwZ per tensor: the maxima follow every change of the shards, and a c
   const std::vector<sk::parallel::FsdpUnitParams> units = {
       {"first", {{"a", {300}, true}, {"b", {7, 50}, true}}}, {"second", {{"c", {1000}, true}}}};
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::ParallelOptions options;
-    options.stage = Stage::fsdp;
-    options.fsdp.quantized_weights = true;
-    options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
-    options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+    const auto options = e4m3_per_tensor();
     sk::parallel::FsdpEngine engine(ctx, comm, units, dp_test::config_for(OptimizerKind::sgd),
                                     options);
     const auto set_values = [&](double stddev) {
@@ -838,35 +843,10 @@ TEST_CASE("qwZ per tensor: the maxima follow every change of the shards, and a c
         sk::copy(ctx, view, values);
       });
     };
-    // Unit u gathered holds each parameter through its tensor's scale from the exact values.
-    const auto check_gathered = [&](std::size_t u) {
-      engine.gather_exact(u);
-      std::vector<std::vector<float>> exact;
-      for (std::size_t i = 0; i < engine.param_count(); ++i)
-        if (engine.unit_of(i) == u) exact.push_back(sk::to_vector<float>(ctx, engine.param(i)));
-      engine.release(u);
-      engine.gather(u);
-      std::size_t k = 0;
-      for (std::size_t i = 0; i < engine.param_count(); ++i) {
-        if (engine.unit_of(i) != u) continue;
-        CAPTURE(i);
-        const auto& values = exact[k++];
-        float amax = 0.0f;
-        for (float x : values) amax = sk::ops::abs_max(amax, x);
-        const float inverse = sk::ops::inverse_step<sk::ops::E4m3Code>(amax);
-        const auto gathered = sk::to_vector<float>(ctx, engine.param(i));
-        for (std::size_t e = 0; e < gathered.size(); ++e) {
-          const float want = sk::ops::E4m3Code::decode(
-              sk::ops::E4m3Code::encode(values[e], inverse), amax / sk::ops::kE4m3Max);
-          REQUIRE(std::memcmp(&want, &gathered[e], sizeof want) == 0);
-        }
-      }
-      engine.release(u);
-    };
     set_values(1.0);
-    check_gathered(0);
+    check_tensor_scaled_gather(ctx, engine, 0);
     set_values(3.0);  // new values, three times as large
-    check_gathered(0);
+    check_tensor_scaled_gather(ctx, engine, 0);
     {
       auto full = engine.full_params();  // written back: every value ten times as large
       for (std::size_t i = 0; i < engine.param_count(); ++i)
@@ -880,7 +860,7 @@ TEST_CASE("qwZ per tensor: the maxima follow every change of the shards, and a c
                      }(),
                      engine.param(i).shape()));
     }
-    check_gathered(1);
+    check_tensor_scaled_gather(ctx, engine, 1);
 
     // A step captured after an eager gather that computed the step's maxima already.
     const auto step = [&] {
@@ -913,7 +893,7 @@ TEST_CASE("qwZ per tensor: the maxima follow every change of the shards, and a c
     CHECK(graph.stats().captures == 1);
     CHECK(all_reduces() - before == 1);  // its own maxima, in the captured work
     graph.run("k", step);                // a replay
-    check_gathered(0);
+    check_tensor_scaled_gather(ctx, engine, 0);
   });
 }
 
