@@ -420,3 +420,68 @@ TEST_CASE("on the GPU, a captured ResNet-18 step replays the eager steps bit for
     }
   }
 }
+
+// FSDP2's float8 gathers (E4M3, a scale per tensor) and int8 gradients under capture: the
+// tensors' maxima are all-reduced once a step (parallel/tensor_scales.hpp) and a captured
+// step computes its own -- here after an evaluation's eager forward just before the capture
+// left them fresh, which a graph that did not compute them would replay for ever after.
+TEST_CASE("on the GPU, a captured FSDP step with per-tensor E4M3 gathers replays the eager steps") {
+  namespace ag = sk::autograd;
+  sk::comm::CommOptions comm_options;
+  comm_options.timeout = std::chrono::seconds(10);
+  const auto gpu = sk::comm::cuda_run_options(0, comm_options);
+  constexpr int kSteps = 6;
+  for (int world : {1, 2}) {
+    sk::comm::run_ranks(
+        world,
+        [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+          std::vector<std::vector<unsigned char>> finals;
+          for (bool graphed : {false, true}) {
+            auto net = module_test::small_resnet(ctx, 5);
+            sk::parallel::ParallelOptions options;
+            options.stage = Stage::fsdp;
+            options.buckets.bucket_bytes = 1 << 16;
+            options.fsdp.quantized_weights = true;
+            options.fsdp.quantized_weights_format = sk::ops::QuantFormat::f8_e4m3;
+            options.fsdp.quantized_weights_scale = sk::ops::QuantScale::tensor;
+            options.fsdp.quantized_grads = true;
+            sk::parallel::ShardedModule model(ctx, comm, net, config_for(OptimizerKind::adamw),
+                                              options);
+            const auto x = sk::empty(ctx, {4, 3, 8, 8}, sk::DType::f32);
+            const auto labels = sk::empty(ctx, {4}, sk::DType::i64);
+            float lr = 0;
+            const auto step = [&] {
+              model.zero_grad();
+              ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, ag::Variable(x)), labels));
+              graphed ? model.step() : model.step(lr);
+            };
+            sk::StepGraph graph(ctx, "resnet18 e4m3");
+            for (int s = 0; s < kSteps; ++s) {
+              const auto b = module_test::batch(ctx, {4, 3, 8, 8}, 5, comm.rank(), s);
+              sk::copy(ctx, x, b.x.data());
+              sk::copy(ctx, labels, b.labels);
+              if (s == 2) {  // an evaluation between the warm-up steps and the capture
+                ag::NoGradGuard no_grad(ctx);
+                (void)model(ctx, ag::Variable(x));
+              }
+              lr = 0.01f * (1.0f - 0.1f * static_cast<float>(s));
+              if (graphed) {
+                model.set_lr(lr);
+                graph.run("4x3x8x8", step);
+              } else {
+                step();
+              }
+            }
+            CHECK(graph.stats().captures == (graphed ? 1 : 0));
+            std::vector<unsigned char> bytes;
+            for (const auto& [name, t] : model.state_dict(false)) {
+              const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+              bytes.insert(bytes.end(), p, p + t.nbytes());
+            }
+            finals.push_back(std::move(bytes));
+          }
+          CHECK_MESSAGE(finals[0] == finals[1], "world ", world, " rank ", comm.rank());
+        },
+        gpu);
+  }
+}
