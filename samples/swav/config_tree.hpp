@@ -232,7 +232,7 @@ class ConfigTree {
   // A view of the tree, read-only: const, so a subscript of it is yaml-cpp's const one, which
   // never inserts a key. The walk binds each step's node to a new name, because assigning one
   // yaml-cpp Node to another overwrites the node it refers to (the tree) rather than rebinding
-  // it -- and cloning the whole tree per read instead made reading a config cost 28 ms.
+  // it -- and cloning the whole tree per read instead copied the config at every lookup.
   const YAML::Node at(const std::string& path) const { return walk(root_, path, 0); }
   template <class T>
   T get(const std::string& path) const {

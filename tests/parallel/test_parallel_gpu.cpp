@@ -344,6 +344,20 @@ TEST_CASE("on the GPU, a training step makes no host wait: plain, loss-scaled, L
 // compute, AdamW and LARC-SGD, plain and loss-scaled with an overflow at a replayed step (an
 // inf in the input), a cosine-like rate set before each run (read from the step gate on the
 // device).
+namespace {
+
+// The bytes of a module's whole state, in order: what "bit for bit" compares.
+std::vector<unsigned char> state_bytes(sk::parallel::ShardedModule& model) {
+  std::vector<unsigned char> bytes;
+  for (const auto& [name, t] : model.state_dict(false)) {
+    const auto* p = static_cast<const unsigned char*>(t.data_ptr());
+    bytes.insert(bytes.end(), p, p + t.nbytes());
+  }
+  return bytes;
+}
+
+}  // namespace
+
 TEST_CASE("on the GPU, a captured ResNet-18 step replays the eager steps bit for bit") {
   namespace ag = sk::autograd;
   sk::comm::CommOptions comm_options;
@@ -399,12 +413,7 @@ TEST_CASE("on the GPU, a captured ResNet-18 step replays the eager steps bit for
                       }
                     }
                     stats.push_back(graph.stats());
-                    std::vector<unsigned char> bytes;
-                    for (const auto& [name, t] : model.state_dict(false)) {
-                      const auto* p = static_cast<const unsigned char*>(t.data_ptr());
-                      bytes.insert(bytes.end(), p, p + t.nbytes());
-                    }
-                    finals.push_back(std::move(bytes));
+                    finals.push_back(state_bytes(model));
                   }
                   CHECK(stats[1].captures == 1);
                   CHECK(stats[1].replays == kSteps - 3);
@@ -473,12 +482,7 @@ TEST_CASE("on the GPU, a captured FSDP step with per-tensor E4M3 gathers replays
               }
             }
             CHECK(graph.stats().captures == (graphed ? 1 : 0));
-            std::vector<unsigned char> bytes;
-            for (const auto& [name, t] : model.state_dict(false)) {
-              const auto* p = static_cast<const unsigned char*>(t.data_ptr());
-              bytes.insert(bytes.end(), p, p + t.nbytes());
-            }
-            finals.push_back(std::move(bytes));
+            finals.push_back(state_bytes(model));
           }
           CHECK_MESSAGE(finals[0] == finals[1], "world ", world, " rank ", comm.rank());
         },

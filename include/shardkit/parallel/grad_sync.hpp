@@ -242,15 +242,11 @@ class ReduceScatterGrads final : public GradSyncStrategy {
   void launch_quantized(std::size_t b, BucketState& state) {
     const shard::GradBucket& bucket = plan_->buckets()[b];
     state.out = empty(*ctx_, {bucket.own_numel}, DType::f32, MemoryCategory::communication);
-    Tensor residual;
-    if (!residuals_.empty()) {
-      if (!residuals_[b].defined())
-        residuals_[b] = zeros(*ctx_, {bucket.numel}, DType::f32, MemoryCategory::gradients);
-      residual = residuals_[b];
-    }
-    comm::assign(state.work, start_quantized_reduce_scatter(
-                                 *ctx_, *comm_, state.buffer, bucket.counts, quantized_block_,
-                                 group_op(DType::f32), state.out, residual, quantized_format_));
+    comm::assign(
+        state.work,
+        start_quantized_reduce_scatter(
+            *ctx_, *comm_, state.buffer, bucket.counts, quantized_block_, group_op(DType::f32),
+            state.out, carried_residual(*ctx_, residuals_, b, bucket.numel), quantized_format_));
   }
 
   ReduceScatterCoalescer* coalescer_;  // small buckets go out with others (nullptr: alone)

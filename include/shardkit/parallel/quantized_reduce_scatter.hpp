@@ -31,6 +31,17 @@
 
 namespace shardkit::parallel {
 
+// Error feedback's residual of part `b` in `residuals` (n f32 values, zero until the part's first
+// reduction; kept in gradients memory across steps), or an undefined tensor when `residuals`
+// is empty (no error feedback).
+inline Tensor carried_residual(Context& ctx, std::vector<Tensor>& residuals, std::size_t b,
+                               std::int64_t n) {
+  if (residuals.empty()) return Tensor();
+  if (!residuals[b].defined())
+    residuals[b] = zeros(ctx, {n}, DType::f32, MemoryCategory::gradients);
+  return residuals[b];
+}
+
 // Reduces `send` (a flat f32, f16 or bf16 tensor: the owners' segments of `counts` elements end
 // to end) into `out` (f32, counts[rank] elements) with `op` (sum or avg) over blocks of `block`
 // values in `format`'s codes. `residual` (f32, send's size; undefined: no error feedback) is added

@@ -120,13 +120,13 @@ class ReplicaSync {
       comm::assign(works[b],
                    start_quantized_reduce_scatter(
                        ctx, *replicas_, held_[b], counts[b], block_, comm::ReduceOp::sum, owned[b],
-                       residual(ctx, sent_residuals_, b, held_[b].numel()), format_));
+                       carried_residual(ctx, sent_residuals_, b, held_[b].numel()), format_));
     }
     for (std::size_t b = 0; b < held_.size(); ++b) {
       if (counts[b].empty()) continue;
       works[b].wait_on_stream();
       divide_(ctx, owned[b], static_cast<double>(world_size_));
-      const Tensor carried = residual(ctx, gathered_residuals_, b, owned[b].numel());
+      const Tensor carried = carried_residual(ctx, gathered_residuals_, b, owned[b].numel());
       if (carried.defined()) add_(ctx, owned[b], carried);
       comm::assign(works[b], start_quantized_all_gather_v(ctx, *replicas_, owned[b], held_[b],
                                                           counts[b], block_, format_));
@@ -150,16 +150,6 @@ class ReplicaSync {
       merge(b, held_[b]);
       held_[b] = Tensor();
     }
-  }
-
-  // Bucket b's residual in `residuals` (n f32 values, zero at first), or an undefined tensor
-  // without error feedback.
-  static Tensor residual(Context& ctx, std::vector<Tensor>& residuals, std::size_t b,
-                         std::int64_t n) {
-    if (residuals.empty()) return Tensor();
-    if (!residuals[b].defined())
-      residuals[b] = zeros(ctx, {n}, DType::f32, MemoryCategory::gradients);
-    return residuals[b];
   }
 
   comm::Communicator* replicas_;
