@@ -39,13 +39,13 @@ sk::Tensor distributed_sinkhorn(sk::Context& ctx, const sk::Tensor& scores, std:
                                 int world_size, const SinkhornOptions& options,
                                 AllReduce&& all_reduce) {
   sk::check(scores.dim() == 2 && scores.dtype() == sk::DType::f32 && scores.is_contiguous(),
-            "distributed_sinkhorn: scores ", sk::shape_str(scores.shape()), " ",
+            "distributed_sinkhorn: scores ", sk::shape_text(scores.shape()), " ",
             sk::dtype_name(scores.dtype()),
             " are not a contiguous f32 [samples, prototypes] matrix; cast them to f32 first");
   const std::int64_t rows = scores.size(0), k = scores.size(1);
   sk::check(rows > 0 && k > 0 && code_rows >= 0 && code_rows <= rows,
             "distributed_sinkhorn: ", code_rows, " code rows of scores ",
-            sk::shape_str(scores.shape()), " (samples x prototypes; the code rows come first)");
+            sk::shape_text(scores.shape()), " (samples x prototypes; the code rows come first)");
   sk::check(options.epsilon > 0, "distributed_sinkhorn: epsilon ", options.epsilon,
             " must be positive (VISSL's default is 0.05; 0.03 against collapse)");
   sk::check(options.num_iters >= 1, "distributed_sinkhorn: num_iters ", options.num_iters,

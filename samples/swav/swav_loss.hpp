@@ -120,7 +120,7 @@ class SwavLoss {
                           const QueueScorer& score_queue) {
     const int v = config_.num_crops;
     sk::check(scores.dim() == 2 && scores.size(0) % v == 0 && scores.size(1) == prototypes_,
-              "swav_loss: scores ", sk::shape_str(scores.shape()), " are not [", v,
+              "swav_loss: scores ", sk::shape_text(scores.shape()), " are not [", v,
               " crops x batch, ", prototypes_, " prototypes]");
     const std::int64_t b = scores.size(0) / v, k = prototypes_;
     const bool queue = uses_queue();
@@ -178,7 +178,7 @@ class SwavLoss {
   sk::Tensor scores_of_queue(sk::Context& ctx, const QueueScorer& score_queue) const {
     const sk::Tensor scores = score_queue(queue_);
     sk::check(scores.shape() == sk::Shape{queue_rows(), prototypes_}, "swav_loss: queue scores ",
-              sk::shape_str(scores.shape()), " are not [", queue_rows(), ", ", prototypes_, "]");
+              sk::shape_text(scores.shape()), " are not [", queue_rows(), ", ", prototypes_, "]");
     return sk::contiguous(ctx, sk::cast(ctx, scores, sk::DType::f32));
   }
 
@@ -187,7 +187,7 @@ class SwavLoss {
   void push_queue(sk::Context& ctx, const ag::Variable& embedding, std::int64_t b) {
     sk::check(embedding.dim() == 2 && embedding.size(1) == dim_ &&
                   embedding.size(0) == config_.num_crops * b,
-              "swav_loss: embedding ", sk::shape_str(embedding.shape()), " is not [",
+              "swav_loss: embedding ", sk::shape_text(embedding.shape()), " is not [",
               config_.num_crops * b, ", ", dim_, "]");
     const std::int64_t lq = config_.local_queue_length, keep = std::max<std::int64_t>(lq - b, 0);
     const std::int64_t fresh = std::min(b, lq);

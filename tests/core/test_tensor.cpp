@@ -343,3 +343,22 @@ TEST_CASE("zero-element and zero-dimensional tensors") {
   CHECK(scalar.numel() == 1);
   CHECK(sk::to_vector<double>(ctx, scalar) == std::vector<double>{2.5});
 }
+
+TEST_CASE("message parts: shapes, devices and tensors print in a failed check as str() does") {
+  sk::Context ctx;
+  const sk::Shape shape{2, 3};
+  const sk::Tensor t = sk::zeros(ctx, shape, sk::DType::f32);
+  CHECK(sk::detail::concat(sk::shape_text(shape)) == "[2, 3]");
+  CHECK(sk::shape_str(shape) == "[2, 3]");
+  CHECK(sk::shape_str({}) == "[]");
+  CHECK(sk::detail::concat(sk::ShapeText::undefined()) == "undefined");
+  CHECK(sk::detail::concat(sk::Device::cuda(1)) == sk::Device::cuda(1).str());
+  CHECK(sk::detail::concat(sk::Device::cpu()) == "cpu");
+  CHECK(t.str() == "Tensor(f32, [2, 3], cpu)");
+  CHECK(sk::detail::concat(sk::tensor_text(t)) == t.str());
+  CHECK(sk::detail::concat(sk::tensor_text(sk::Tensor())) == "an undefined tensor");
+  CHECK(sk::detail::concat(sk::TensorText(nullptr, "none")) == "none");
+  // Formatted when the check fails, from the values of that moment.
+  CHECK_THROWS_WITH_AS(sk::check(false, "x is ", sk::shape_text(t.shape()), " on ", t.device()),
+                       "x is [2, 3] on cpu", sk::InvalidArgument);
+}

@@ -36,7 +36,7 @@ inline void accumulate_leaf(Context& ctx, VariableImpl& leaf, const Tensor& grad
   if (leaf.grad_provider) {
     const Tensor into = leaf.grad_provider();
     check(into.shape() == leaf.data.shape(), "the grad provider of '", leaf.name, "' returned a ",
-          shape_str(into.shape()), " tensor for a ", shape_str(leaf.data.shape()), " parameter");
+          shape_text(into.shape()), " tensor for a ", shape_text(leaf.data.shape()), " parameter");
     fn::accumulate(ctx, into, grad);
     return;
   }
@@ -90,18 +90,18 @@ class BackwardScope {
 inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
                          BackwardOptions options, bool fire_hooks = true) {
   check(root.defined(), "backward of an undefined variable");
-  check(root.requires_grad(), "backward of a ", shape_str(root.shape()),
+  check(root.requires_grad(), "backward of a ", shape_text(root.shape()),
         " tensor that does not require grad: no parameter or input that requires grad "
         "contributed to it (was it computed under NoGradGuard, or from detached values?)");
   if (!grad_root.defined()) {
-    check(root.numel() == 1, "backward of a non-scalar output ", shape_str(root.shape()),
+    check(root.numel() == 1, "backward of a non-scalar output ", shape_text(root.shape()),
           " needs an explicit gradient of that shape");
     grad_root = full(ctx, root.shape(), root.dtype(), 1.0, MemoryCategory::activations);
     if (root.device().is_cpu() != grad_root.device().is_cpu())
       grad_root = to_device(ctx, grad_root, root.device());
   }
   check(grad_root.shape() == root.shape(), "backward: gradient shape ",
-        shape_str(grad_root.shape()), " differs from the output shape ", shape_str(root.shape()));
+        shape_text(grad_root.shape()), " differs from the output shape ", shape_text(root.shape()));
   detail::BackwardScope scope(ctx);
 
   if (root.is_leaf()) {

@@ -12,12 +12,12 @@ namespace detail {
 
 inline void check_same_shape(Context& ctx, const char* op, const Variable& a, const Variable& b) {
   check(a.defined() && b.defined(), op, ": an input is undefined", module_suffix(ctx));
-  check(a.shape() == b.shape(), op, ": shapes ", shape_str(a.shape()), " and ",
-        shape_str(b.shape()), " differ", module_suffix(ctx),
+  check(a.shape() == b.shape(), op, ": shapes ", shape_text(a.shape()), " and ",
+        shape_text(b.shape()), " differ", module_suffix(ctx),
         "; both operands need the same shape (no broadcasting)");
   check(a.dtype() == b.dtype(), op, ": dtypes ", dtype_name(a.dtype()), " and ",
         dtype_name(b.dtype()), " differ", module_suffix(ctx), "; cast one first");
-  check(a.device() == b.device(), op, ": operands on ", a.device().str(), " and ", b.device().str(),
+  check(a.device() == b.device(), op, ": operands on ", a.device(), " and ", b.device(),
         module_suffix(ctx));
 }
 
@@ -160,8 +160,8 @@ inline Variable cat(Context& ctx, const std::vector<Variable>& xs) {
     Shape rest_x(x.shape().begin() + 1, x.shape().end());
     Shape rest_0(xs[0].shape().begin() + 1, xs[0].shape().end());
     check(rest_x == rest_0 && x.dtype() == xs[0].dtype() && x.device() == xs[0].device(),
-          "cat: input ", shape_str(x.shape()), " (", dtype_name(x.dtype()), ") does not stack on ",
-          shape_str(xs[0].shape()), " (", dtype_name(xs[0].dtype()), ")", module_suffix(ctx),
+          "cat: input ", shape_text(x.shape()), " (", dtype_name(x.dtype()), ") does not stack on ",
+          shape_text(xs[0].shape()), " (", dtype_name(xs[0].dtype()), ")", module_suffix(ctx),
           "; all but the first dimension, the dtype and the device must agree");
     total += x.size(0);
   }

@@ -46,10 +46,10 @@ struct Conv2dNode final : Node {
 inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
                        const Variable& bias = Variable(), Conv2dOptions o = {}) {
   check(x.defined() && weight.defined(), "conv2d: input or weight undefined", module_suffix(ctx));
-  check(x.dim() == 4, "conv2d: input ", shape_str(x.shape()), " is not [N, C, H, W]",
+  check(x.dim() == 4, "conv2d: input ", shape_text(x.shape()), " is not [N, C, H, W]",
         module_suffix(ctx));
-  check(weight.dim() == 4 && weight.size(1) == x.size(1), "conv2d: input ", shape_str(x.shape()),
-        " does not match weight ", shape_str(weight.shape()), module_suffix(ctx),
+  check(weight.dim() == 4 && weight.size(1) == x.size(1), "conv2d: input ", shape_text(x.shape()),
+        " does not match weight ", shape_text(weight.shape()), module_suffix(ctx),
         "; the weight must be [out, ", x.size(1), ", kh, kw] (check in_channels)");
   check(x.dtype() == weight.dtype(), "conv2d: input dtype ", dtype_name(x.dtype()),
         " differs from weight dtype ", dtype_name(weight.dtype()), module_suffix(ctx));
@@ -72,13 +72,13 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
   g.dilation_w = o.dilation_w;
   g.out_h = (g.height + 2 * g.pad_h - g.dilation_h * (g.kernel_h - 1) - 1) / g.stride_h + 1;
   g.out_w = (g.width + 2 * g.pad_w - g.dilation_w * (g.kernel_w - 1) - 1) / g.stride_w + 1;
-  check(g.out_h > 0 && g.out_w > 0, "conv2d: input ", shape_str(x.shape()),
-        " is smaller than the kernel ", shape_str(weight.shape()), " with this padding",
+  check(g.out_h > 0 && g.out_w > 0, "conv2d: input ", shape_text(x.shape()),
+        " is smaller than the kernel ", shape_text(weight.shape()), " with this padding",
         module_suffix(ctx));
   const bool has_bias = bias.defined();
   if (has_bias)
     check(bias.shape() == Shape{g.out_channels} && bias.dtype() == x.dtype(), "conv2d: bias ",
-          shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()),
+          shape_text(bias.shape()), " does not match weight ", shape_text(weight.shape()),
           module_suffix(ctx));
   Tensor xd = contiguous(ctx, x.data()), wd = contiguous(ctx, weight.data());
   Tensor y = fn::new_like(ctx, xd, {g.batch, g.out_channels, g.out_h, g.out_w}, x.dtype());

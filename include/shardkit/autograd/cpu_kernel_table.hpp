@@ -351,7 +351,7 @@ namespace shardkit::autograd {
 inline const AutogradKernels& kernels_for(Context& ctx, const Tensor& t) {
   if (t.device().is_cpu()) return cpu_kernels();
   const AutogradKernels* table = ctx.kernel_tables().autograd;
-  check<NotAvailable>(table != nullptr, "autograd on ", t.device().str(),
+  check<NotAvailable>(table != nullptr, "autograd on ", t.device(),
                       " needs its CUDA kernels: create the context with sk::make_cuda_context "
                       "(or sk::cuda_context_options) from <shardkit/cuda.hpp>");
   return *table;

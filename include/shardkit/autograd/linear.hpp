@@ -57,7 +57,7 @@ inline Variable linear(Context& ctx, const Variable& x, const Variable& weight,
                        const Variable& bias = Variable()) {
   check(x.defined() && weight.defined(), "linear: input or weight undefined", module_suffix(ctx));
   check(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "linear: input ",
-        shape_str(x.shape()), " does not match weight ", shape_str(weight.shape()),
+        shape_text(x.shape()), " does not match weight ", shape_text(weight.shape()),
         module_suffix(ctx), "; expected input [N, ", weight.dim() == 2 ? weight.size(1) : -1,
         "] (flatten the input, or fix in_features)");
   check(x.dtype() == weight.dtype(), "linear: input dtype ", dtype_name(x.dtype()),
@@ -65,7 +65,7 @@ inline Variable linear(Context& ctx, const Variable& x, const Variable& weight,
   const bool has_bias = bias.defined();
   if (has_bias)
     check(bias.shape() == Shape{weight.size(0)} && bias.dtype() == x.dtype(), "linear: bias ",
-          shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()),
+          shape_text(bias.shape()), " does not match weight ", shape_text(weight.shape()),
           module_suffix(ctx));
   Tensor xd = contiguous(ctx, x.data()), wd = contiguous(ctx, weight.data());
   Tensor y = fn::new_like(ctx, xd, {x.size(0), weight.size(0)}, x.dtype());
@@ -89,7 +89,7 @@ inline Variable linear(Context& ctx, const Variable& x, const Variable& weight,
 inline Variable matmul(Context& ctx, const Variable& a, const Variable& b) {
   check(a.defined() && b.defined(), "matmul: an input is undefined", module_suffix(ctx));
   check(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul: shapes ",
-        shape_str(a.shape()), " and ", shape_str(b.shape()), " cannot be multiplied",
+        shape_text(a.shape()), " and ", shape_text(b.shape()), " cannot be multiplied",
         module_suffix(ctx), "; need [M, K] x [K, N]");
   check(a.dtype() == b.dtype(), "matmul: dtypes ", dtype_name(a.dtype()), " and ",
         dtype_name(b.dtype()), " differ", module_suffix(ctx));

@@ -130,12 +130,12 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
                            const Tensor& running_var, BatchNormOptions o = {}) {
   check(x.defined() && weight.defined() && bias.defined(),
         "batch_norm: input, weight or bias undefined", module_suffix(ctx));
-  check(x.dim() >= 2, "batch_norm: input ", shape_str(x.shape()), " needs at least [N, C]",
+  check(x.dim() >= 2, "batch_norm: input ", shape_text(x.shape()), " needs at least [N, C]",
         module_suffix(ctx));
   const std::int64_t channels = x.size(1);
   check(weight.shape() == Shape{channels} && bias.shape() == Shape{channels}, "batch_norm: input ",
-        shape_str(x.shape()), " has ", channels, " channels but weight is ",
-        shape_str(weight.shape()), " and bias ", shape_str(bias.shape()), module_suffix(ctx),
+        shape_text(x.shape()), " has ", channels, " channels but weight is ",
+        shape_text(weight.shape()), " and bias ", shape_text(bias.shape()), module_suffix(ctx),
         "; check num_features");
   const DType stat = accumulator_dtype(x.dtype());
   check((weight.dtype() == stat || weight.dtype() == x.dtype()) && bias.dtype() == weight.dtype(),
@@ -154,7 +154,7 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
   if (o.training)
     check(s.outer * s.inner > 1,
           "batch_norm: training needs more than one value per channel, got input ",
-          shape_str(x.shape()), module_suffix(ctx), "; use a batch larger than 1 or eval()");
+          shape_text(x.shape()), module_suffix(ctx), "; use a batch larger than 1 or eval()");
   check(!x.device().is_cuda() || o.eps >= 1e-5, "batch_norm: eps ", o.eps,
         " is below cuDNN's minimum 1e-5", module_suffix(ctx));
 

@@ -40,7 +40,7 @@ struct AdaptiveAvgPoolNode final : Node {
 inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
                            std::int64_t stride, std::int64_t padding = 0) {
   check(x.defined() && x.dim() == 4, "max_pool2d: input ",
-        x.defined() ? shape_str(x.shape()) : "undefined", " is not [N, C, H, W]",
+        x.defined() ? shape_text(x.shape()) : ShapeText::undefined(), " is not [N, C, H, W]",
         module_suffix(ctx));
   check(kernel > 0 && stride > 0 && padding >= 0 && 2 * padding <= kernel, "max_pool2d: kernel ",
         kernel, ", stride ", stride, ", padding ", padding,
@@ -48,7 +48,7 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
   cpu::PoolGeometry p{kernel, kernel, stride, stride, padding, padding};
   const std::int64_t OH = (x.size(2) + 2 * padding - kernel) / stride + 1;
   const std::int64_t OW = (x.size(3) + 2 * padding - kernel) / stride + 1;
-  check(OH > 0 && OW > 0, "max_pool2d: input ", shape_str(x.shape()),
+  check(OH > 0 && OW > 0, "max_pool2d: input ", shape_text(x.shape()),
         " is smaller than the kernel ", kernel, module_suffix(ctx));
   Tensor xd = contiguous(ctx, x.data());
   Tensor y = fn::new_like(ctx, xd, {x.size(0), x.size(1), OH, OW}, x.dtype());
@@ -73,7 +73,7 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
 inline Variable adaptive_avg_pool2d(Context& ctx, const Variable& x, std::int64_t out_h,
                                     std::int64_t out_w) {
   check(x.defined() && x.dim() == 4, "adaptive_avg_pool2d: input ",
-        x.defined() ? shape_str(x.shape()) : "undefined", " is not [N, C, H, W]",
+        x.defined() ? shape_text(x.shape()) : ShapeText::undefined(), " is not [N, C, H, W]",
         module_suffix(ctx));
   check(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output size ", out_h, "x", out_w,
         " must be positive", module_suffix(ctx));

@@ -104,18 +104,18 @@ inline Variable l2_normalize(Context& ctx, const Variable& x, double eps = 1e-12
 // no gradient. The loss is a one-element tensor in the accumulator dtype.
 inline Variable cross_entropy(Context& ctx, const Variable& logits, const Tensor& target) {
   check(logits.defined() && logits.dim() == 2, "cross_entropy: logits ",
-        logits.defined() ? shape_str(logits.shape()) : "undefined", " are not [N, C]",
+        logits.defined() ? shape_text(logits.shape()) : ShapeText::undefined(), " are not [N, C]",
         module_suffix(ctx));
   check(target.defined(), "cross_entropy: target undefined", module_suffix(ctx));
   const std::int64_t rows = logits.size(0), cols = logits.size(1);
   // PyTorch answers an empty batch with a NaN mean; a NaN loss poisons a run silently, so we
   // refuse it on every device (and the GPU kernels never see an empty grid).
-  check(rows > 0 && cols > 0, "cross_entropy: logits ", shape_str(logits.shape()),
+  check(rows > 0 && cols > 0, "cross_entropy: logits ", shape_text(logits.shape()),
         " hold no rows or no classes, so there is no mean loss", module_suffix(ctx),
         "; skip empty batches (e.g. the last, partial one) before the loss");
   if (target.dtype() == DType::i64) {
     check(target.shape() == Shape{rows}, "cross_entropy: class-index target ",
-          shape_str(target.shape()), " does not match logits ", shape_str(logits.shape()),
+          shape_text(target.shape()), " does not match logits ", shape_text(logits.shape()),
           module_suffix(ctx), "; expected [", rows, "]");
     if (target.device().is_cpu()) {
       const Tensor t = contiguous(ctx, target);
@@ -126,15 +126,15 @@ inline Variable cross_entropy(Context& ctx, const Variable& logits, const Tensor
     }
   } else {
     check(target.shape() == logits.shape() && target.dtype() == logits.dtype(),
-          "cross_entropy: soft target ", shape_str(target.shape()), " (",
-          dtype_name(target.dtype()), ") does not match logits ", shape_str(logits.shape()), " (",
+          "cross_entropy: soft target ", shape_text(target.shape()), " (",
+          dtype_name(target.dtype()), ") does not match logits ", shape_text(logits.shape()), " (",
           dtype_name(logits.dtype()), ")", module_suffix(ctx),
           "; pass i64 class indices [N] or probabilities like the logits");
   }
   Tensor xd = contiguous(ctx, logits.data());
   Tensor td = contiguous(ctx, target);
-  check(td.device() == xd.device(), "cross_entropy: target on ", td.device().str(),
-        " but logits on ", xd.device().str(), module_suffix(ctx));
+  check(td.device() == xd.device(), "cross_entropy: target on ", td.device(), " but logits on ",
+        xd.device(), module_suffix(ctx));
   Tensor log_probs = fn::new_like(ctx, xd);
   Tensor loss = fn::new_like(ctx, xd, {}, accumulator_dtype(xd.dtype()));
   kernels_for(ctx, xd).cross_entropy_forward(ctx, xd, td, log_probs, loss, rows, cols);

@@ -133,11 +133,21 @@ class ModuleScope {
   Tape& tape_;
 };
 
-// " (in module 'layer1.0.conv1')" or "" -- appended to op errors.
-inline std::string module_suffix(Context& ctx) {
-  const auto& path = tape(ctx).module_path();
-  return path.empty() ? std::string() : " (in module '" + path + "')";
-}
+// " (in module 'layer1.0.conv1')" or "" -- appended to op errors. A message part, looked up and
+// formatted only when a failed check streams it (every op's checks name it).
+class ModuleSuffix {
+ public:
+  explicit ModuleSuffix(Context& ctx) : ctx_(&ctx) {}
+  friend std::ostream& operator<<(std::ostream& out, const ModuleSuffix& suffix) {
+    const std::string& path = tape(*suffix.ctx_).module_path();
+    return path.empty() ? out : out << " (in module '" << path << "')";
+  }
+
+ private:
+  Context* ctx_;
+};
+
+inline ModuleSuffix module_suffix(Context& ctx) { return ModuleSuffix(ctx); }
 
 // True when the op must record a node: grad mode is on and some input wants a gradient.
 inline bool needs_grad(Context& ctx, std::initializer_list<const Variable*> inputs) {

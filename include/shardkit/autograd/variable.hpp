@@ -56,7 +56,7 @@ class Variable {
   // Replaces the values (e.g. a parameter re-pointed into a flat buffer); shape must not change.
   void set_data(Tensor data) {
     check(data.shape() == checked().data.shape(), "set_data of '", impl_->name, "': new shape ",
-          shape_str(data.shape()), " differs from ", shape_str(impl_->data.shape()));
+          shape_text(data.shape()), " differs from ", shape_text(impl_->data.shape()));
     impl_->data = std::move(data);
   }
 
@@ -65,8 +65,8 @@ class Variable {
   // backward accumulates into it in place.
   void set_grad(Tensor grad) {
     check(!grad.defined() || grad.shape() == checked().data.shape(), "set_grad of '", impl_->name,
-          "': gradient shape ", shape_str(grad.shape()), " differs from the value's ",
-          shape_str(impl_->data.shape()));
+          "': gradient shape ", shape_text(grad.shape()), " differs from the value's ",
+          shape_text(impl_->data.shape()));
     checked().grad = std::move(grad);
   }
   void clear_grad() { checked().grad = Tensor(); }

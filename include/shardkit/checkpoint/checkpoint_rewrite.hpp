@@ -249,8 +249,8 @@ inline void checkpoint_from_torch(const std::string& model_path, const std::stri
     check<IoError>(t != nullptr, "'", model_path, "' lacks parameter '", name,
                    "' that the optimizer file lists; give the state dict of the same model");
     check<IoError>(t->dtype == DType::f32 && t->shape == shape, "'", model_path, "': parameter '",
-                   name, "' is ", dtype_name(t->dtype), shape_str(t->shape), "; expected float32",
-                   shape_str(shape), " (convert with .float() before saving)");
+                   name, "' is ", dtype_name(t->dtype), shape_text(t->shape), "; expected float32",
+                   shape_text(shape), " (convert with .float() before saving)");
     is_param[name] = true;
   }
   std::filesystem::create_directories(to);
@@ -271,8 +271,8 @@ inline void checkpoint_from_torch(const std::string& model_path, const std::stri
       for (const auto buffer : optim::possible_state_buffers(info.kind))
         if (const TensorInfo* s = optimizer->find(name + "." + std::string(buffer))) {
           check<IoError>(s->dtype == DType::f32 && s->shape == shape, "'", optimizer_path, "': '",
-                         s->name, "' is ", dtype_name(s->dtype), shape_str(s->shape),
-                         "; expected float32", shape_str(shape));
+                         s->name, "' is ", dtype_name(s->dtype), shape_text(s->shape),
+                         "; expected float32", shape_text(shape));
           optimizer_tensors.push_back(TensorInfo{s->name, s->dtype, s->shape});
           state.push_back(s);
         }

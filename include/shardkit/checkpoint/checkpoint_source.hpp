@@ -237,15 +237,15 @@ class CheckpointSource {
       check<IoError>(t != nullptr, "'", model.path(), "' lacks parameter '", name,
                      "' that its optimizer state lists: the files do not belong together");
       check<IoError>(t->dtype == DType::f32 && t->shape == shape, "'", model.path(), "': '", name,
-                     "' is ", dtype_name(t->dtype), shape_str(t->shape), "; expected f32",
-                     shape_str(shape));
+                     "' is ", dtype_name(t->dtype), shape_text(t->shape), "; expected f32",
+                     shape_text(shape));
       pieces_[{name, ""}].push_back(whole(model, *t));
       for (const auto buffer : optim::possible_state_buffers(kind_)) {
         const TensorInfo* s = optimizer.find(name + "." + std::string(buffer));
         if (s == nullptr) continue;
         check<IoError>(s->dtype == DType::f32 && s->shape == shape, "'", optimizer.path(), "': '",
-                       s->name, "' is ", dtype_name(s->dtype), shape_str(s->shape),
-                       "; expected f32", shape_str(shape));
+                       s->name, "' is ", dtype_name(s->dtype), shape_text(s->shape),
+                       "; expected f32", shape_text(shape));
         pieces_[{name, std::string(buffer)}].push_back(whole(optimizer, *s));
       }
     }
@@ -330,8 +330,8 @@ class CheckpointSource {
                            end <= shape_numel(shape->second) &&
                            shape_numel(t->shape) == end - begin,
                        "'", file.path(), "': piece '", tensor, "' (", dtype_name(t->dtype),
-                       shape_str(t->shape), ") does not hold elements [", begin, ", ", end,
-                       ") of '", param, "' ", shape_str(shape->second));
+                       shape_text(t->shape), ") does not hold elements [", begin, ", ", end,
+                       ") of '", param, "' ", shape_text(shape->second));
         pieces_[{param, buffer}].push_back(PieceSource{&file, t, begin, end});
       }
     } catch (const nlohmann::json::exception& e) {

@@ -60,8 +60,8 @@ inline LoadReport load_module(const std::string& path, Context& ctx, nn::Module&
     if (found == by_name.end()) continue;
     const NamedBytes& t = *found->second;
     check<IoError>(t.shape == target.shape() && t.dtype == target.dtype(), "'", path, "': '", name,
-                   "' is ", dtype_name(t.dtype), shape_str(t.shape), " in the file but ",
-                   dtype_name(target.dtype()), shape_str(target.shape()),
+                   "' is ", dtype_name(t.dtype), shape_text(t.shape), " in the file but ",
+                   dtype_name(target.dtype()), shape_text(target.shape()),
                    " in the module; build the module the checkpoint was written from");
   }
   for (const auto& [name, target] : state) {

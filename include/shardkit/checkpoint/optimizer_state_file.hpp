@@ -98,8 +98,8 @@ inline optim::OptimizerState load_optimizer_state(const std::string& path) {
       const TensorInfo* t = file.find(p.name + "." + std::string(buffer_name));
       if (t == nullptr) continue;
       check<IoError>(t->dtype == DType::f32 && t->shape == p.shape, "'", path, "': '", t->name,
-                     "' is ", dtype_name(t->dtype), shape_str(t->shape), "; expected f32",
-                     shape_str(p.shape));
+                     "' is ", dtype_name(t->dtype), shape_text(t->shape), "; expected f32",
+                     shape_text(p.shape));
       p.buffers[std::string(buffer_name)] = file.read(*t).values<float>();
     }
     state.params.push_back(std::move(p));

@@ -66,7 +66,7 @@ struct NamedBytes {
     NamedBytes out{std::move(name), dtype_of<T>, std::move(shape),
                    std::vector<std::byte>(values.size() * sizeof(T))};
     check(shape_numel(out.shape) == static_cast<std::int64_t>(values.size()), "safetensors entry '",
-          out.name, "': ", values.size(), " values do not fill shape ", shape_str(out.shape));
+          out.name, "': ", values.size(), " values do not fill shape ", shape_text(out.shape));
     if (!values.empty()) std::memcpy(out.bytes.data(), values.data(), out.bytes.size());
     return out;
   }
@@ -115,8 +115,8 @@ inline NamedBytes host_bytes(Context& ctx, std::string name, const Tensor& t) {
 // Copies a file's tensor into `target` (on the context's device); dtype and shape must match.
 inline void copy_to_tensor(Context& ctx, const NamedBytes& from, const Tensor& target) {
   check(from.dtype == target.dtype() && from.shape == target.shape(), "'", from.name, "' is ",
-        dtype_name(from.dtype), shape_str(from.shape), " in the file but ",
-        dtype_name(target.dtype()), shape_str(target.shape()), " here");
+        dtype_name(from.dtype), shape_text(from.shape), " in the file but ",
+        dtype_name(target.dtype()), shape_text(target.shape()), " here");
   if (from.bytes.empty()) return;
   auto host =
       Storage::borrow(const_cast<std::byte*>(from.bytes.data()), from.bytes.size(), Device::cpu());
@@ -323,8 +323,8 @@ class SafetensorsWriter {
   void write(const NamedBytes& t) {
     const TensorInfo& target = info(t.name);
     check(t.dtype == target.dtype && t.shape == target.shape, "safetensors '", path_, "': tensor '",
-          t.name, "' is ", dtype_name(t.dtype), shape_str(t.shape), " but the header says ",
-          dtype_name(target.dtype), shape_str(target.shape));
+          t.name, "' is ", dtype_name(t.dtype), shape_text(t.shape), " but the header says ",
+          dtype_name(target.dtype), shape_text(target.shape));
     write(t.name, 0, t.bytes.data(), t.bytes.size());
   }
 
@@ -586,7 +586,7 @@ class SafetensorsReader {
                        "' has data_offsets outside the ", data_size, "-byte data section ([",
                        t.begin, ", ", t.end, "]; truncated file?)");
         check<IoError>(t.bytes() == bytes, "'", path_, "': tensor '", name, "' covers ", t.bytes(),
-                       " bytes but its shape ", shape_str(t.shape), " of ", dtype_name(t.dtype),
+                       " bytes but its shape ", shape_text(t.shape), " of ", dtype_name(t.dtype),
                        " needs ", bytes);
         tensors_.push_back(std::move(t));
       }
@@ -653,7 +653,7 @@ inline void save_safetensors(const std::string& path, const std::vector<NamedByt
     check(static_cast<std::int64_t>(t.bytes.size()) ==
               shape_numel(t.shape) * static_cast<std::int64_t>(dtype_size(t.dtype)),
           "save_safetensors '", path, "': tensor '", t.name, "' has ", t.bytes.size(),
-          " bytes for shape ", shape_str(t.shape), " of ", dtype_name(t.dtype));
+          " bytes for shape ", shape_text(t.shape), " of ", dtype_name(t.dtype));
     infos.push_back(TensorInfo{t.name, t.dtype, t.shape});
   }
   SafetensorsWriter writer(path, std::move(infos), metadata);

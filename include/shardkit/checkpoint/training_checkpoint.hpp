@@ -343,7 +343,7 @@ inline LoadedCheckpoint load_this_rank(const std::string& dir, parallel::Trainin
       continue;
     }
     check<IoError>(found->second == p.shape, where, ": parameter '", p.name, "' is ",
-                   shape_str(found->second), " there but ", shape_str(p.shape),
+                   shape_text(found->second), " there but ", shape_text(p.shape),
                    " here; build the model the checkpoint was written from");
     saved.erase(found);
   }
@@ -361,8 +361,8 @@ inline LoadedCheckpoint load_this_rank(const std::string& dir, parallel::Trainin
     const bool converts =
         info.dtype == DType::f32 && (t.dtype() == DType::f16 || t.dtype() == DType::bf16);
     check<IoError>((info.dtype == t.dtype() || converts) && info.shape == t.shape(), where, ": '",
-                   name, "' is ", dtype_name(info.dtype), shape_str(info.shape), " there but ",
-                   dtype_name(t.dtype()), shape_str(t.shape()),
+                   name, "' is ", dtype_name(info.dtype), shape_text(info.shape), " there but ",
+                   dtype_name(t.dtype()), shape_text(t.shape()),
                    " here; build the model the checkpoint was written from");
     whole.erase(found);
   }

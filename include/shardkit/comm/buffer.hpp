@@ -32,7 +32,7 @@ struct Buffer {
   Buffer(const Tensor& tensor)  // NOLINT(google-explicit-constructor)
       : Buffer(tensor.numel() ? tensor.data_ptr() : nullptr,
                static_cast<std::size_t>(tensor.numel()), tensor.dtype(), tensor.device()) {
-    check(tensor.is_contiguous(), "comm::Buffer of non-contiguous ", tensor.str(),
+    check(tensor.is_contiguous(), "comm::Buffer of non-contiguous ", tensor,
           "; collectives move contiguous memory: pass sk::contiguous(ctx, t)");
   }
 

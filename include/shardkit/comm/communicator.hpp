@@ -279,10 +279,22 @@ class Communicator {
                                      shardkit::detail::concat("rank ", rank, " of ", size));
   }
 
-  // "all_reduce on rank 2 of 4 (local)": the prefix of every message about a call.
-  std::string where(std::string_view call) const {
-    return shardkit::detail::concat(call, " on rank ", rank_, " of ", size_, " (", backend(), ")");
-  }
+  // "all_reduce on rank 2 of 4 (local)": the prefix of every message about a call. A message
+  // part, formatted only when a failed check streams it (every call runs its checks).
+  class CallSite {
+   public:
+    CallSite(const Communicator& comm, std::string_view call) : comm_(&comm), call_(call) {}
+    friend std::ostream& operator<<(std::ostream& out, const CallSite& site) {
+      return out << site.call_ << " on rank " << site.comm_->rank() << " of " << site.comm_->size()
+                 << " (" << site.comm_->backend() << ")";
+    }
+    std::string str() const { return shardkit::detail::concat(*this); }
+
+   private:
+    const Communicator* comm_;
+    std::string_view call_;
+  };
+  CallSite where(std::string_view call) const { return CallSite(*this, call); }
 
   // Non-empty when the communicator was aborted; calls then throw CommunicatorAborted.
   virtual std::string aborted_reason() const { return {}; }
@@ -374,8 +386,8 @@ class Communicator {
                   std::string_view other_name = "recv") const {
     check(other.dtype == main.dtype, where(call), ": ", other_name, " is ", dtype_name(other.dtype),
           " but the data is ", dtype_name(main.dtype), "; pass buffers of one dtype");
-    check(other.device == main.device, where(call), ": ", other_name, " is on ", other.device.str(),
-          " but the data is on ", main.device.str(), "; pass buffers on one device");
+    check(other.device == main.device, where(call), ": ", other_name, " is on ", other.device,
+          " but the data is on ", main.device, "; pass buffers on one device");
     check(other.count >= needed, where(call), ": ", other_name, " holds ", other.count, " ",
           dtype_name(other.dtype), " elements but needs ", needed_name, " = ", needed,
           "; pass a bigger buffer");

@@ -179,8 +179,8 @@ class LocalCommunicator final : public Communicator {
     const std::string call(collective_name(post.kind));
     if (post.send.device.is_cuda()) {
 #if SK_WITH_CUDA
-      check(post.send.device == ctx_.device(), where(call), ": buffers on ", post.send.device.str(),
-            " but this rank's context is on ", ctx_.device().str(),
+      check(post.send.device == ctx_.device(), where(call), ": buffers on ", post.send.device,
+            " but this rank's context is on ", ctx_.device(),
             "; device collectives run on the context's stream: use that GPU's memory");
       if (size() > 1 && ctx_.capturing()) return submit_captured(call, std::move(post));
       auto ready = std::make_shared<CudaEvent>(ctx_.device().index);
@@ -191,7 +191,7 @@ class LocalCommunicator final : public Communicator {
       SK_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), op->done->get(), 0));
       return Work(std::make_shared<detail::EventWorkState>(op->done), ctx_);
 #else
-      fail<NotAvailable>(where(call), ": buffers on ", post.send.device.str(),
+      fail<NotAvailable>(where(call), ": buffers on ", post.send.device,
                          " in a build without CUDA; pass host memory");
 #endif
     }
@@ -231,8 +231,7 @@ class LocalCommunicator final : public Communicator {
       run_plan_on_device(share.plan, stream, &kernels, op->name, size());
       kernels.flag_barrier(stream, barrier);  // every rank has read this rank's send buffer
     }
-    ctx_.defer_check(shardkit::detail::concat("local device rendezvous ",
-                                              static_cast<const void*>(world_.get())),
+    ctx_.defer_check(rendezvous_key(),
                      [rendezvous = op->rendezvous, weak = std::weak_ptr<LocalWorld>(world_),
                       rank = rank(), timeout = options().timeout] {
                        try {
@@ -249,6 +248,17 @@ class LocalCommunicator final : public Communicator {
   Context& ctx_;
   std::shared_ptr<LocalWorld> world_;
   std::uint64_t next_sequence_ = 0;
+#if SK_WITH_CUDA
+  // The key of the rendezvous check a device call defers: the same for every call of the
+  // world, made once instead of formatted at each call.
+  const std::string& rendezvous_key() {
+    if (rendezvous_key_.empty())
+      rendezvous_key_ = shardkit::detail::concat("local device rendezvous ",
+                                                 static_cast<const void*>(world_.get()));
+    return rendezvous_key_;
+  }
+  std::string rendezvous_key_;
+#endif
 };
 
 }  // namespace shardkit::comm

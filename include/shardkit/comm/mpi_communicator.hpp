@@ -291,7 +291,7 @@ class MpiCommunicator final : public Communicator {
     const int rank = first_mismatch(all, mine);
     if (rank >= 0)
       throw InvalidArgument(
-          mismatch_message(where(call.name()), call, rank, all, recorder()->recent()));
+          mismatch_message(where(call.name()).str(), call, rank, all, recorder()->recent()));
   }
 
   std::unique_ptr<Communicator> do_split(int color, int key) override {
@@ -339,7 +339,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::shared_ptr<detail::MpiWorkState> begin(std::string_view call, const Buffer& data) {
-    check(data.device.is_cpu(), where(call), ": buffers on ", data.device.str(),
+    check(data.device.is_cpu(), where(call), ": buffers on ", data.device,
           "; the MPI backend moves host memory -- use NCCL for device memory (make_communicator "
           "on a CUDA context picks it)");
     return std::make_shared<detail::MpiWorkState>(

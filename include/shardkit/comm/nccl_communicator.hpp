@@ -347,7 +347,7 @@ class NcclCommunicator final : public Communicator {
   // CommOptions::validate_order: first the verdicts of earlier exchanges the GPU has finished,
   // then this call's fingerprint exchange, queued ahead of it (nccl_order_check.hpp).
   void do_validate(const CallRecord& call) override {
-    const std::string name = where(call.name());
+    const std::string name = where(call.name()).str();
     handle_->check_alive(name);
     handle_->check_order();
     if (handle_->order_check() == nullptr)
@@ -384,7 +384,7 @@ class NcclCommunicator final : public Communicator {
   static std::shared_ptr<detail::NcclHandle> init(Context& ctx, const ncclUniqueId& id, int rank,
                                                   int size, const CommOptions& options) {
     check(ctx.device().is_cuda(), "NcclCommunicator needs a context on a CUDA GPU, got ",
-          ctx.device().str(), "; use the MPI or local backend for host memory");
+          ctx.device(), "; use the MPI or local backend for host memory");
     check(size >= 1 && rank >= 0 && rank < size, "NcclCommunicator: rank ", rank,
           " is outside a world of ", size, " ranks");
     CudaDeviceGuard guard(ctx.device().index);
@@ -396,8 +396,8 @@ class NcclCommunicator final : public Communicator {
       (void)ncclCommAbort(comm);
     detail::nccl_status(status, "ncclCommInitRankConfig");
     auto handle = std::make_shared<detail::NcclHandle>(comm, options.timeout);
-    const std::string name = shardkit::detail::concat("NCCL init of rank ", rank, " of ", size,
-                                                      " on ", ctx.device().str());
+    const std::string name =
+        shardkit::detail::concat("NCCL init of rank ", rank, " of ", size, " on ", ctx.device());
     handle->poll(name, [&] { return !handle->in_progress(name); });
     return handle;
   }
@@ -425,8 +425,8 @@ class NcclCommunicator final : public Communicator {
   template <class Issue>
   Work launch(std::string_view call, std::initializer_list<Buffer> buffers, Issue&& issue) {
     for (const Buffer& b : buffers)
-      check(b.empty() || b.device == ctx_.device(), where(call), ": a buffer is on ",
-            b.device.str(), " but this communicator's GPU is ", ctx_.device().str(),
+      check(b.empty() || b.device == ctx_.device(), where(call), ": a buffer is on ", b.device,
+            " but this communicator's GPU is ", ctx_.device(),
             "; NCCL moves device memory of the context's GPU (copy host data there first)");
     const std::string name = call_name(call);
     handle_->check_alive(name);

@@ -29,7 +29,7 @@ class Allocator {
     void* pointer = pools_.load(std::memory_order_acquire) != 0 ? allocate_with_pools(bytes)
                                                                 : do_allocate(bytes);
     if (pointer == nullptr)
-      fail<OutOfMemory>("out of memory on ", device().str(), ": could not allocate ", bytes,
+      fail<OutOfMemory>("out of memory on ", device(), ": could not allocate ", bytes,
                         " bytes for ", memory_category_name(category), " while ",
                         stats_.current_total(), " bytes were in use (peak ", stats_.peak_total(),
                         "); lower the batch or bucket size, or shard more (a higher ZeRO stage)");
@@ -53,7 +53,7 @@ class Allocator {
   // going back to it -- until retire().
   void begin_capture(const std::shared_ptr<CapturePool>& pool) {
     std::lock_guard lock(pool_mutex_);
-    check<StateError>(capturing_ == nullptr, "allocator of ", device().str(),
+    check<StateError>(capturing_ == nullptr, "allocator of ", device(),
                       ": a capture is already under way; captures do not nest");
     if (std::find(registered_.begin(), registered_.end(), pool) == registered_.end())
       registered_.push_back(pool);

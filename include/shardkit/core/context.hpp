@@ -89,7 +89,7 @@ class Context {
     check_device_usable(device_);
     check(
         options.allocator == nullptr || (device_.is_cpu() && options.allocator->device().is_cpu()),
-        "ContextOptions::allocator is for CPU contexts with a host allocator; a ", device_.str(),
+        "ContextOptions::allocator is for CPU contexts with a host allocator; a ", device_,
         " context makes its own");
     host_allocator_ = options.allocator ? options.allocator : std::make_shared<HostAllocator>();
     if (device_.is_cpu()) {
@@ -126,8 +126,7 @@ class Context {
   MemoryStats& memory_stats() const { return allocator_->stats(); }
 
   const DeviceKernels& kernels() const {
-    check<NotAvailable>(kernels_.tensor != nullptr, "no device kernels in this context (",
-                        device_.str(),
+    check<NotAvailable>(kernels_.tensor != nullptr, "no device kernels in this context (", device_,
                         "); create it with sk::make_cuda_context from <shardkit/cuda.hpp>");
     return *kernels_.tensor;
   }
@@ -172,7 +171,7 @@ class Context {
   // on a CPU replay, compared with it. `pool` (captures only) serves the step's allocations.
   void begin_capture(std::string name, CaptureRecord& record, bool replaying,
                      const std::shared_ptr<CapturePool>& pool = nullptr) {
-    check<StateError>(capture_.record == nullptr, "Context of ", device_.str(),
+    check<StateError>(capture_.record == nullptr, "Context of ", device_,
                       ": a step is already under capture (", capture_.name,
                       "); captures do not nest");
     if (pool) allocator_->begin_capture(pool);

@@ -1,6 +1,7 @@
 // Devices (CPU or a CUDA GPU by index) and run-time detection of CUDA GPUs.
 #pragma once
 
+#include <ostream>
 #include <string>
 
 #include "shardkit/core/config.hpp"
@@ -26,6 +27,10 @@ struct Device {
   friend constexpr bool operator==(const Device&, const Device&) = default;
 
   std::string str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+  // As str() prints it; a message part that costs nothing until a check fails.
+  friend std::ostream& operator<<(std::ostream& out, const Device& device) {
+    return device.is_cpu() ? out << "cpu" : out << "cuda:" << device.index;
+  }
 };
 
 // Number of usable CUDA GPUs: 0 (never an exception) when the build has no CUDA, or the machine
@@ -48,11 +53,11 @@ inline bool cuda_available() noexcept { return cuda_device_count() > 0; }
 // Throws a clear error if `device` cannot be used by this build on this machine.
 inline void check_device_usable(Device device) {
   if (device.is_cpu()) return;
-  check<NotAvailable>(kWithCuda, "device ", device.str(),
+  check<NotAvailable>(kWithCuda, "device ", device,
                       " requested, but shardkit was built without CUDA; build with -Dcuda=enabled "
                       "or use Device::cpu()");
   const int count = cuda_device_count();
-  check<NotAvailable>(device.index >= 0 && device.index < count, "device ", device.str(),
+  check<NotAvailable>(device.index >= 0 && device.index < count, "device ", device,
                       " requested, but this machine has ", count,
                       " usable CUDA GPU(s); pick an index below that or use Device::cpu()");
 }

@@ -21,11 +21,32 @@ inline std::int64_t shape_numel(const Shape& shape) {
   return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
 }
 
+// A shape as messages print it, "[2, 3]" ("undefined" for none), formatted only when streamed.
+// Checks take it among their message parts (shape_text) so that a check that passes costs a
+// comparison, not a string: every op runs several, and building their messages eagerly was
+// half of a small op's host time. It refers to the shape: use it within the expression that
+// makes it, as a message part.
+class ShapeText {
+ public:
+  explicit ShapeText(const Shape* shape) : shape_(shape) {}
+  static ShapeText undefined() { return ShapeText(nullptr); }
+  friend std::ostream& operator<<(std::ostream& out, const ShapeText& text) {
+    if (text.shape_ == nullptr) return out << "undefined";
+    out << '[';
+    for (std::size_t i = 0; i < text.shape_->size(); ++i)
+      out << (i ? ", " : "") << (*text.shape_)[i];
+    return out << ']';
+  }
+
+ private:
+  const Shape* shape_;
+};
+
+inline ShapeText shape_text(const Shape& shape) { return ShapeText(&shape); }
+
 inline std::string shape_str(const Shape& shape) {
   std::ostringstream out;
-  out << '[';
-  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << ']';
+  out << shape_text(shape);
   return out.str();
 }
 
@@ -56,11 +77,11 @@ class Tensor {
         offset_(offset),
         dtype_(dtype) {
     check(storage_ != nullptr, "Tensor needs a storage; got none");
-    check(shape_.size() == strides_.size(), "Tensor shape ", shape_str(shape_), " and strides ",
-          shape_str(strides_), " differ in rank");
+    check(shape_.size() == strides_.size(), "Tensor shape ", shape_text(shape_), " and strides ",
+          shape_text(strides_), " differ in rank");
     check(offset_ >= 0, "Tensor offset must be >= 0, got ", offset_);
     for (std::size_t i = 0; i < shape_.size(); ++i)
-      check(shape_[i] >= 0, "Tensor shape ", shape_str(shape_), " has a negative size at dim ", i);
+      check(shape_[i] >= 0, "Tensor shape ", shape_text(shape_), " has a negative size at dim ", i);
     check_fits_storage();
   }
 
@@ -108,27 +129,27 @@ class Tensor {
 
   // Same elements, new shape (one entry may be -1 to infer it). Needs a contiguous tensor.
   Tensor view(Shape shape) const {
-    check(is_contiguous(), "view(", shape_str(shape), ") of a non-contiguous tensor with shape ",
-          shape_str(shape_), " and strides ", shape_str(strides_),
+    check(is_contiguous(), "view(", shape_text(shape), ") of a non-contiguous tensor with shape ",
+          shape_text(shape_), " and strides ", shape_text(strides_),
           "; make it contiguous first (sk::contiguous)");
     std::int64_t known = 1;
     int inferred = -1;
     for (std::size_t i = 0; i < shape.size(); ++i) {
       if (shape[i] == -1) {
-        check(inferred < 0, "view(", shape_str(shape), "): only one dimension may be -1");
+        check(inferred < 0, "view(", shape_text(shape), "): only one dimension may be -1");
         inferred = static_cast<int>(i);
       } else {
-        check(shape[i] >= 0, "view(", shape_str(shape), "): sizes must be >= 0 or -1");
+        check(shape[i] >= 0, "view(", shape_text(shape), "): sizes must be >= 0 or -1");
         known *= shape[i];
       }
     }
     if (inferred >= 0) {
-      check(known > 0 && numel() % known == 0, "view(", shape_str(shape), ") cannot infer -1 for ",
+      check(known > 0 && numel() % known == 0, "view(", shape_text(shape), ") cannot infer -1 for ",
             numel(), " elements");
       shape[static_cast<std::size_t>(inferred)] = numel() / known;
     }
-    check(shape_numel(shape) == numel(), "view(", shape_str(shape), ") has ", shape_numel(shape),
-          " elements but the tensor ", shape_str(shape_), " has ", numel());
+    check(shape_numel(shape) == numel(), "view(", shape_text(shape), ") has ", shape_numel(shape),
+          " elements but the tensor ", shape_text(shape_), " has ", numel());
     return Tensor(storage_, std::move(shape), dtype_, offset_);
   }
 
@@ -138,7 +159,8 @@ class Tensor {
     const auto index = static_cast<std::size_t>(d);
     check(step > 0, "slice step must be > 0, got ", step);
     check(0 <= start && start <= end && end <= shape_[index], "slice [", start, ", ", end,
-          ") of dim ", d, " is outside the size ", shape_[index], " of tensor ", shape_str(shape_));
+          ") of dim ", d, " is outside the size ", shape_[index], " of tensor ",
+          shape_text(shape_));
     Shape shape = shape_, strides = strides_;
     shape[index] = (end - start + step - 1) / step;
     strides[index] *= step;
@@ -171,18 +193,22 @@ class Tensor {
   // A contiguous view of `shape` starting `first` elements into this contiguous tensor: how a
   // flat buffer hands out one parameter.
   Tensor flat_view(std::int64_t first, Shape shape) const {
-    check(is_contiguous(), "flat_view of a non-contiguous tensor ", shape_str(shape_));
+    check(is_contiguous(), "flat_view of a non-contiguous tensor ", shape_text(shape_));
     const std::int64_t count = shape_numel(shape);
     check(first >= 0 && count >= 0 && first + count <= numel(), "flat_view of ", count,
           " elements at ", first, " does not fit in a tensor of ", numel(), " elements");
     return Tensor(storage_, std::move(shape), dtype_, offset_ + first);
   }
 
+  // "Tensor(f32, [2, 3], cpu)".
   std::string str() const {
     std::ostringstream out;
-    out << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape_) << ", " << device().str()
-        << ")";
+    out << *this;
     return out.str();
+  }
+  friend std::ostream& operator<<(std::ostream& out, const Tensor& t) {
+    return out << "Tensor(" << dtype_name(t.dtype_) << ", " << shape_text(t.shape_) << ", "
+               << t.device() << ")";
   }
 
  private:
@@ -202,9 +228,9 @@ class Tensor {
       last += (shape_[i] - 1) * strides_[i];
     }
     const auto capacity = static_cast<std::int64_t>(storage_->bytes() / dtype_size(dtype_));
-    check(last < capacity, "tensor view ", shape_str(shape_), " with strides ", shape_str(strides_),
-          " at offset ", offset_, " reaches element ", last, " but its storage holds ", capacity,
-          " ", dtype_name(dtype_), " elements");
+    check(last < capacity, "tensor view ", shape_text(shape_), " with strides ",
+          shape_text(strides_), " at offset ", offset_, " reaches element ", last,
+          " but its storage holds ", capacity, " ", dtype_name(dtype_), " elements");
   }
 
   std::shared_ptr<Storage> storage_;
@@ -213,5 +239,24 @@ class Tensor {
   std::int64_t offset_ = 0;
   DType dtype_ = DType::f32;
 };
+
+// A tensor as messages print it (Tensor::str), or `otherwise` when it is undefined or absent: a
+// message part formatted only when a failed check streams it (ShapeText says why).
+class TensorText {
+ public:
+  TensorText(const Tensor* t, const char* otherwise) : t_(t), otherwise_(otherwise) {}
+  friend std::ostream& operator<<(std::ostream& out, const TensorText& text) {
+    if (text.t_ == nullptr || !text.t_->defined()) return out << text.otherwise_;
+    return out << *text.t_;
+  }
+
+ private:
+  const Tensor* t_;
+  const char* otherwise_;
+};
+
+inline TensorText tensor_text(const Tensor& t, const char* otherwise = "an undefined tensor") {
+  return TensorText(&t, otherwise);
+}
 
 }  // namespace shardkit

@@ -16,14 +16,14 @@ namespace detail {
 
 inline void check_on_context(const Context& ctx, const Tensor& t, const char* op) {
   check(t.defined(), op, ": the tensor is undefined");
-  check(t.device().is_cpu() || t.device() == ctx.device(), op, ": tensor on ", t.device().str(),
-        " used with a context on ", ctx.device().str(), "; move it with sk::to_device first");
+  check(t.device().is_cpu() || t.device() == ctx.device(), op, ": tensor on ", t.device(),
+        " used with a context on ", ctx.device(), "; move it with sk::to_device first");
 }
 
 inline Allocator& allocator_for(const Context& ctx, Device device) {
   if (device == ctx.device()) return ctx.allocator();
-  check(device.is_cpu(), "cannot allocate on ", device.str(), " from a context on ",
-        ctx.device().str(), "; use that device's own context");
+  check(device.is_cpu(), "cannot allocate on ", device, " from a context on ", ctx.device(),
+        "; use that device's own context");
   return ctx.host_allocator();
 }
 
@@ -80,8 +80,8 @@ inline Tensor contiguous(Context& ctx, const Tensor& t);
 inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
   detail::check_on_context(ctx, dst, "copy (destination)");
   detail::check_on_context(ctx, src, "copy (source)");
-  check(dst.shape() == src.shape(), "copy: destination shape ", shape_str(dst.shape()),
-        " differs from source shape ", shape_str(src.shape()));
+  check(dst.shape() == src.shape(), "copy: destination shape ", shape_text(dst.shape()),
+        " differs from source shape ", shape_text(src.shape()));
   if (dst.numel() == 0) return;
   const bool dst_cuda = dst.device().is_cuda(), src_cuda = src.device().is_cuda();
   if (dst_cuda == src_cuda) return detail::tensor_kernels_for(ctx, dst).copy(ctx, dst, src);
@@ -99,7 +99,7 @@ inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
   ctx.synchronize();
   if (!dst.is_contiguous()) copy(ctx, dst, packed_dst);
 #else
-  fail<NotAvailable>("copy to or from ", (dst_cuda ? dst : src).device().str(),
+  fail<NotAvailable>("copy to or from ", (dst_cuda ? dst : src).device(),
                      " in a build without CUDA; rebuild with -Dcuda=enabled");
 #endif
 }
@@ -132,10 +132,10 @@ inline void copy_async(Context& ctx, const Tensor& dst, const Tensor& src) {
 inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
   detail::check_on_context(ctx, dst, "add_ (destination)");
   detail::check_on_context(ctx, src, "add_ (source)");
-  check(dst.shape() == src.shape(), "add_: destination shape ", shape_str(dst.shape()),
-        " differs from source shape ", shape_str(src.shape()));
-  check(dst.device() == src.device(), "add_: destination on ", dst.device().str(),
-        " but source on ", src.device().str(), "; copy one side over first");
+  check(dst.shape() == src.shape(), "add_: destination shape ", shape_text(dst.shape()),
+        " differs from source shape ", shape_text(src.shape()));
+  check(dst.device() == src.device(), "add_: destination on ", dst.device(), " but source on ",
+        src.device(), "; copy one side over first");
   if (dst.numel() == 0) return;
   detail::tensor_kernels_for(ctx, dst).add(ctx, dst, src);
 }
@@ -183,7 +183,7 @@ template <class T>
 Tensor from_vector(Context& ctx, const std::vector<T>& values, Shape shape,
                    MemoryCategory category = MemoryCategory::other) {
   check(shape_numel(shape) == static_cast<std::int64_t>(values.size()),
-        "from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
+        "from_vector: ", values.size(), " values do not fill shape ", shape_text(shape));
   ctx.count_host_upload();
   auto host_storage =
       Storage::borrow(const_cast<T*>(values.data()), values.size() * sizeof(T), Device::cpu());

@@ -84,7 +84,8 @@ class BatchNorm : public Module {
   Variable forward(Context& ctx, const Variable& input) override {
     const std::int64_t expected = dims_ == 1 ? 2 : 4;
     check(input.defined() && (input.dim() == expected || (dims_ == 1 && input.dim() == 3)),
-          type_name(), ": input ", input.defined() ? shape_str(input.shape()) : "undefined",
+          type_name(), ": input ",
+          input.defined() ? shape_text(input.shape()) : ShapeText::undefined(),
           " has the wrong rank", autograd::module_suffix(ctx), "; expected ",
           dims_ == 1 ? "[N, C] or [N, C, L]" : "[N, C, H, W]");
     autograd::BatchNormOptions o = options;

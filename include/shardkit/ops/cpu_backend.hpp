@@ -28,7 +28,7 @@ struct Cpu {
   static constexpr std::string_view name = "cpu";
 
   static void check_context(const Context& ctx, const char* op) {
-    check(ctx.device().is_cpu(), op, "<sk::ops::Cpu> needs a CPU context, got ", ctx.device().str(),
+    check(ctx.device().is_cpu(), op, "<sk::ops::Cpu> needs a CPU context, got ", ctx.device(),
           "; use sk::ops::Cuda from <kernels/ops/cuda_backend.cuh>");
   }
 

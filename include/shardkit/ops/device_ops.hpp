@@ -121,7 +121,7 @@ SK_CPU_KERNELS_LINKAGE const FusedOps& cpu_fused_ops() {
 inline const FusedOps& fused_ops(const Context& ctx) {
   if (ctx.device().is_cpu()) return cpu_fused_ops();
   const FusedOps* table = ctx.kernel_tables().ops;
-  check<NotAvailable>(table != nullptr, "no fused-op kernels in this ", ctx.device().str(),
+  check<NotAvailable>(table != nullptr, "no fused-op kernels in this ", ctx.device(),
                       " context; create it with sk::make_cuda_context (<shardkit/cuda.hpp>)");
   return *table;
 }
@@ -179,7 +179,7 @@ inline bool has_larc_sgd_step_tree(const Context& ctx) {
 inline void larc_sgd_step_tree(Context& ctx, const SgdOptions& options, const LarcOptions& larc,
                                const SgdTensors& tensors, std::span<const double> decays = {}) {
   const auto step = fused_ops(ctx).larc_sgd_step_tree;
-  check<NotAvailable>(step != nullptr, "larc_sgd_step_tree: the ", ctx.device().str(),
+  check<NotAvailable>(step != nullptr, "larc_sgd_step_tree: the ", ctx.device(),
                       " backend forms LARC's norms and the update in two passes; call "
                       "leaf_sums_of_squares, larc_coefficients and sgd_step with coefficients "
                       "(has_larc_sgd_step_tree(ctx) says which)");

@@ -157,8 +157,8 @@ void norm_subtree_sums(Context& ctx, const Tensor& leaves, std::span<const NormS
   if (count == 0) return;
   check(leaves.defined() && leaves.dtype() == DType::f64 && leaves.is_contiguous() &&
             leaves.device() == ctx.device(),
-        "norm_subtree_sums: leaves must be a contiguous f64 tensor on ", ctx.device().str(),
-        ", got ", leaves.defined() ? leaves.str() : std::string("an undefined tensor"));
+        "norm_subtree_sums: leaves must be a contiguous f64 tensor on ", ctx.device(), ", got ",
+        tensor_text(leaves));
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const auto& node = nodes[i];
     check(node.level >= 0 && node.level <= 62 && node.first >= 0 && node.first <= leaves.numel() &&
@@ -183,19 +183,16 @@ template <class B>
 void norm_roots(Context& ctx, const Tensor& values, const NormRootPlan& plan, const Tensor& out) {
   SK_OPS_ENTRY(B, ctx, "norm_roots");
   check(plan.uploaded() && plan.table().device() == ctx.device(),
-        "norm_roots: the plan must be uploaded to ", ctx.device().str(),
-        " first (NormRootPlan::upload)");
+        "norm_roots: the plan must be uploaded to ", ctx.device(), " first (NormRootPlan::upload)");
   check(out.defined() && out.dtype() == DType::f64 && out.is_contiguous() &&
             out.device() == ctx.device() && out.numel() == plan.roots(),
         "norm_roots: out must be a contiguous f64 tensor of ", plan.roots(), " elements on ",
-        ctx.device().str(), ", got ",
-        out.defined() ? out.str() : std::string("an undefined tensor"));
+        ctx.device(), ", got ", tensor_text(out));
   if (plan.values_read() > 0)
     check(values.defined() && values.dtype() == DType::f64 && values.is_contiguous() &&
               values.device() == ctx.device() && values.numel() >= plan.values_read(),
           "norm_roots: values must be a contiguous f64 tensor of at least ", plan.values_read(),
-          " elements on ", ctx.device().str(), ", got ",
-          values.defined() ? values.str() : std::string("an undefined tensor"));
+          " elements on ", ctx.device(), ", got ", tensor_text(values));
   if (plan.roots() == 0) return;
   B::norm_roots(ctx, plan.values_read() > 0 ? values.data<double>() : nullptr,
                 plan.table().data<std::int64_t>(), plan.roots(), out.data<double>());
@@ -257,7 +254,7 @@ void larc_coefficients(Context& ctx, const LarcOptions& larc, float lr, float in
   validate(larc);
   check(sums.dim() == 2 && (sums.size(0) == 2 || sums.size(0) == 3),
         "larc_coefficients: sums must be f64 [2, n] (or [3, n] with per-parameter decays), got ",
-        sums.str());
+        sums);
   const auto n = sums.size(1);
   check_result_tensor(ctx, sums, DType::f64, {sums.size(0), n}, "larc_coefficients", "sums");
   check_result_tensor(ctx, coefficients, DType::f32, {n, 2}, "larc_coefficients", "coefficients");
@@ -461,8 +458,8 @@ void normalize_rows_by_leaves(Context& ctx, const Tensor& values, std::int64_t f
                               const Tensor& gate = Tensor()) {
   SK_OPS_ENTRY(B, ctx, "normalize_rows_by_leaves");
   check(values.dtype() == DType::f32 && values.is_contiguous() && values.device() == ctx.device(),
-        "normalize_rows_by_leaves: values must be contiguous f32 on ", ctx.device().str(), ", got ",
-        values.str());
+        "normalize_rows_by_leaves: values must be contiguous f32 on ", ctx.device(), ", got ",
+        values);
   check(cols > 0 && cols % kNormLeaf == 0 && first >= 0, "normalize_rows_by_leaves: rows of ", cols,
         " columns from element ", first, "; the row norms come from whole leaves of ", kNormLeaf,
         " elements");
@@ -470,7 +467,7 @@ void normalize_rows_by_leaves(Context& ctx, const Tensor& values, std::int64_t f
   check(leaves.defined() && leaves.dtype() == DType::f64 && leaves.is_contiguous() &&
             leaves.device() == ctx.device() &&
             leaves.numel() * kNormLeaf >= (end + cols - 1) / cols * cols,
-        "normalize_rows_by_leaves: leaves ", leaves.defined() ? leaves.str() : "(undefined)",
+        "normalize_rows_by_leaves: leaves ", tensor_text(leaves, "(undefined)"),
         " do not cover the rows of elements [", first, ", ", end, ")");
   if (gate.defined())
     check_result_tensor(ctx, gate, DType::f32, {kGateSlots}, "normalize_rows_by_leaves", "gate");
@@ -501,8 +498,8 @@ inline void check_quant_values(const Context& ctx, const Tensor& values, const c
             (values.dtype() == DType::f32 || values.dtype() == DType::f16 ||
              values.dtype() == DType::bf16) &&
             values.device() == ctx.device(),
-        op, ": values must be a contiguous f32, f16 or bf16 tensor on ", ctx.device().str(),
-        ", got ", values.defined() ? values.str() : std::string("an undefined tensor"));
+        op, ": values must be a contiguous f32, f16 or bf16 tensor on ", ctx.device(), ", got ",
+        tensor_text(values));
 }
 
 // The checks both directions of the block formats make: backend B and ctx's device, a block
@@ -525,9 +522,8 @@ bool check_quant_blocks(const Context& ctx, QuantFormat format, const Tensor& va
   check(payload.defined() && payload.dtype() == DType::u8 && payload.is_contiguous() &&
             payload.numel() >= bytes && payload.device() == ctx.device(),
         op, ": payload must be a contiguous u8 tensor of at least ", bytes, " bytes on ",
-        ctx.device().str(), " (quant_payload_bytes(", values.numel(), ", ", block, ", ",
-        quant_format_name(format), ")), got ",
-        payload.defined() ? payload.str() : std::string("an undefined tensor"));
+        ctx.device(), " (quant_payload_bytes(", values.numel(), ", ", block, ", ",
+        quant_format_name(format), ")), got ", tensor_text(payload));
   check(reinterpret_cast<std::uintptr_t>(payload.data_ptr()) % 4 == 0, op,
         ": payload starts at an address that is not a multiple of 4; its f32 scales need one "
         "(runs laid end to end at quant_payload_bytes offsets keep it)");
@@ -563,7 +559,7 @@ void dequantize_add_blocks(Context& ctx, QuantFormat format, const Tensor& paylo
                            std::int64_t block, const Tensor& values) {
   check(!values.defined() || values.dtype() == DType::f32,
         "dequantize_add_blocks: values must be f32 (the sum is formed in f32), got ",
-        values.defined() ? values.str() : std::string("an undefined tensor"));
+        tensor_text(values));
   if (detail::check_quant_blocks<B>(ctx, format, values, block, payload, "dequantize_add_blocks"))
     B::dequantize_blocks(ctx, format, values.dtype(),
                          static_cast<const std::uint8_t*>(payload.data_ptr()), values.numel(),
@@ -590,16 +586,15 @@ std::int64_t check_slot_chunks(const Context& ctx, QuantFormat format, const Ten
   };
   check_quant_values(ctx, values, op);
   check(on_device(chunks, DType::i64) && chunks.dim() == 2 && chunks.size(1) == 3, op,
-        ": chunks must be slot_chunks' table, a contiguous i64 [C, 3] tensor on ",
-        ctx.device().str(), ", got ", chunks.defined() ? chunks.str() : std::string("none"));
+        ": chunks must be slot_chunks' table, a contiguous i64 [C, 3] tensor on ", ctx.device(),
+        ", got ", tensor_text(chunks, "none"));
   check(codes == nullptr || (on_device(*codes, DType::u8) && codes->numel() >= values.numel()), op,
         ": codes must be a contiguous u8 tensor of at least ", values.numel(), " bytes on ",
-        ctx.device().str(), ", got ",
-        codes != nullptr && codes->defined() ? codes->str() : std::string("none"));
+        ctx.device(), ", got ", TensorText(codes, "none"));
   check(on_device(amax, DType::f32), op,
         ": amax must be a contiguous f32 tensor (a value per "
         "slot) on ",
-        ctx.device().str(), ", got ", amax.defined() ? amax.str() : std::string("none"));
+        ctx.device(), ", got ", tensor_text(amax, "none"));
   return values.numel() > 0 ? chunks.size(0) : 0;
 }
 

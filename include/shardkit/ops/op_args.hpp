@@ -48,12 +48,11 @@ inline DType grad_dtype(std::span<const Tensor> grads, const char* op) {
 inline void check_result_tensor(const Context& ctx, const Tensor& t, DType dtype,
                                 const Shape& shape, const char* op, const char* what) {
   check(t.defined(), op, ": ", what, " is undefined; allocate ", dtype_name(dtype), " ",
-        shape_str(shape), " on ", ctx.device().str());
+        shape_text(shape), " on ", ctx.device());
   check(t.dtype() == dtype && t.shape() == shape && t.is_contiguous(), op, ": ", what,
-        " must be a contiguous ", dtype_name(dtype), " tensor ", shape_str(shape), ", got ",
-        t.str());
-  check(t.device() == ctx.device(), op, ": ", what, " is on ", t.device().str(),
-        " but the context is on ", ctx.device().str());
+        " must be a contiguous ", dtype_name(dtype), " tensor ", shape_text(shape), ", got ", t);
+  check(t.device() == ctx.device(), op, ": ", what, " is on ", t.device(),
+        " but the context is on ", ctx.device());
 }
 
 // Checks a step gate (step_gate.hpp) when one is given: f32 [4] on the context's device.

@@ -81,11 +81,10 @@ SpanList<Depth> make_spans(const Context& ctx, const char* op,
       check(t.dtype() == operand.dtype, op, ": ", operand.name, "[", i, "] is ",
             dtype_name(t.dtype()), ", expected ", dtype_name(operand.dtype),
             "; cast it or pick the matching option");
-      check(t.is_contiguous(), op, ": ", operand.name, "[", i, "] ", shape_str(t.shape()),
+      check(t.is_contiguous(), op, ": ", operand.name, "[", i, "] ", shape_text(t.shape()),
             " is not contiguous; fused ops walk contiguous memory (use sk::contiguous)");
-      check(t.device() == ctx.device(), op, ": ", operand.name, "[", i, "] is on ",
-            t.device().str(), " but the context is on ", ctx.device().str(),
-            "; move it with sk::to_device");
+      check(t.device() == ctx.device(), op, ": ", operand.name, "[", i, "] is on ", t.device(),
+            " but the context is on ", ctx.device(), "; move it with sk::to_device");
       Span<Depth>& span = spans[i];
       if (!sized[i]) span.size = t.numel();
       sized[i] = true;

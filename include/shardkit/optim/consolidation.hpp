@@ -157,7 +157,7 @@ inline void load_optimizer_state(ShardedOptimizer& optimizer, const OptimizerSta
           param.name, "'; it was written for a different model");
     const auto& entry = *found->second;
     check(entry.shape == param.shape, "load_optimizer_state: parameter '", param.name,
-          "' has shape ", shape_str(param.shape), " here but ", shape_str(entry.shape),
+          "' has shape ", shape_text(param.shape), " here but ", shape_text(entry.shape),
           " in the state; it was written for a different model");
     for (const auto& saved : entry.buffers) {
       const auto& name = saved.first;  // (not a structured binding: lambdas capture it)

@@ -76,7 +76,7 @@ class DynamicLossScaler {
   // --- the step's parts, queued on the device ---------------------------------------------------
   // The backward's seed for `loss` (one element; any float dtype): the scale, on the device.
   Tensor seed(Context& ctx, const Tensor& loss) {
-    check(loss.numel() == 1, "loss scaler: seed() is for a one-element loss, got ", loss.str(),
+    check(loss.numel() == 1, "loss scaler: seed() is for a one-element loss, got ", loss,
           "; reduce the loss to one value first (e.g. its mean)");
     const Tensor& s = state(ctx);
     const Tensor value = s.slice(0, ops::kLossScale, ops::kLossScale + 1).view(loss.shape());
@@ -108,8 +108,8 @@ class DynamicLossScaler {
       state_ = from_vector(ctx, host_, {ops::kLossScaleSlots}, MemoryCategory::other);
       ctx_ = &ctx;
     }
-    check(ctx.device() == state_.device(), "loss scaler: its state is on ", state_.device().str(),
-          " but this step runs on ", ctx.device().str(), "; use one scaler per device");
+    check(ctx.device() == state_.device(), "loss scaler: its state is on ", state_.device(),
+          " but this step runs on ", ctx.device(), "; use one scaler per device");
     return state_;
   }
 

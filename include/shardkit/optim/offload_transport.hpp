@@ -35,8 +35,7 @@ class OffloadTransport {
       : device_(&device), table_(&table), rank_(rank), offload_(offload) {
     if (offload.enabled())
       check(offload.host->device().is_cpu(), "ShardedOptimizer: the offload context is on ",
-            offload.host->device().str(),
-            "; offload needs a CPU context (sk::make_host_context(ctx))");
+            offload.host->device(), "; offload needs a CPU context (sk::make_host_context(ctx))");
     check(offload.chunk_numel > 0, "ShardedOptimizer: offload chunk_numel must be > 0, got ",
           offload.chunk_numel);
   }

@@ -103,8 +103,8 @@ inline std::vector<std::size_t> quantized_run_bytes(
   const auto mine = static_cast<std::size_t>(comm.rank());
   check(ranks == static_cast<std::size_t>(comm.size()) &&
             own.numel() == static_cast<std::int64_t>(counts[mine]) && out.numel() >= from[ranks],
-        "quantized all-gather: ", ranks, " counts for ", comm.size(), " ranks, own ", own.str(),
-        " for counts[", mine, "] = ", counts[mine], ", out ", out.str(), " for ", from[ranks],
+        "quantized all-gather: ", ranks, " counts for ", comm.size(), " ranks, own ", own,
+        " for counts[", mine, "] = ", counts[mine], ", out ", out, " for ", from[ranks],
         " values; pass a count per rank, this rank's values, and room for them all");
   const Tensor wire = empty(ctx, {at[ranks]}, DType::u8, MemoryCategory::communication);
   ops::quantize_blocks(ctx, format, own, block, wire.slice(0, at[mine], at[mine + 1]));
@@ -143,7 +143,7 @@ namespace detail {
   const auto mine = static_cast<std::size_t>(rank);
   check(amax.dtype() == DType::f32 && amax.numel() == chunks.slots,
         "per-tensor-scaled all-gather: the maxima must be f32 of ", chunks.slots, " slots, got ",
-        amax.str(), "; pass the unit's TensorScales::scales(u) (parallel/tensor_scales.hpp)");
+        amax, "; pass the unit's TensorScales::scales(u) (parallel/tensor_scales.hpp)");
   const auto bytes = quantized_run_bytes(flat.plan(), 0, format, ops::QuantScale::tensor);
   std::vector<std::int64_t> at(bytes.size() + 1, 0);  // where each rank's run starts on the wire
   for (std::size_t r = 0; r < bytes.size(); ++r)

@@ -248,9 +248,10 @@ class Engine : public ParamGroups {
 
   void check_finished(const char* what) const {
     for (std::size_t u = 0; u < unit_count(); ++u)
-      check<StateError>(group(u).finished(), what, " before the gradients are finished",
-                        unit_count() > 1 ? " (unit '" + unit_name(u) + "')" : std::string(),
-                        ": run the (synchronised, outside no_sync) backward, then finish()");
+      if (!group(u).finished())
+        fail<StateError>(what, " before the gradients are finished",
+                         unit_count() > 1 ? " (unit '" + unit_name(u) + "')" : std::string(),
+                         ": run the (synchronised, outside no_sync) backward, then finish()");
   }
 
   Context* ctx_;

@@ -42,7 +42,7 @@ inline std::size_t table_param(const shard::PieceTable& table, const std::string
 inline std::size_t row_param(const shard::PieceTable& table, const std::string& name) {
   const std::size_t p = table_param(table, name, "normalize_rows");
   const auto& param = table.params()[p];
-  check(param.shape.size() == 2, "normalize_rows: '", name, "' has shape ", shape_str(param.shape),
+  check(param.shape.size() == 2, "normalize_rows: '", name, "' has shape ", shape_text(param.shape),
         "; rows need a 2-D parameter");
   check(param.shape[1] % ops::kNormLeaf == 0, "normalize_rows: rows of '", name, "' hold ",
         param.shape[1], " elements; exact norms under sharding need a multiple of ", ops::kNormLeaf,

@@ -69,14 +69,14 @@ inline Tensor carried_residual(Context& ctx, std::vector<Tensor>& residuals, std
   const auto own = static_cast<std::size_t>(comm.rank());
   check(out.dtype() == DType::f32 && out.numel() == static_cast<std::int64_t>(counts[own]),
         "quantized reduce-scatter: out must be f32 of counts[rank] = ", counts[own],
-        " elements, got ", out.str());
+        " elements, got ", out);
 
   // g + e, in f32, when error feedback is on; the gradients themselves otherwise.
   Tensor source = send.view({send.numel()}).slice(0, 0, element_at[ranks]);
   if (residual.defined()) {
     check(residual.dtype() == DType::f32 && residual.numel() == element_at[ranks],
           "quantized reduce-scatter: the error feedback residual must be f32 of ",
-          element_at[ranks], " elements, got ", residual.str());
+          element_at[ranks], " elements, got ", residual);
     Tensor corrected = empty(ctx, {element_at[ranks]}, DType::f32, MemoryCategory::communication);
     copy(ctx, corrected, source);
     add_(ctx, corrected, residual);

@@ -39,7 +39,7 @@ class ParamLayout {
       check(!spec.name.empty(), "parameter #", slots_.size(), " has an empty name");
       for (auto d : spec.shape)
         check(d >= 0, "parameter '", spec.name, "' has a negative size in shape ",
-              shape_str(spec.shape));
+              shape_text(spec.shape));
       const auto [it, inserted] = index_.emplace(spec.name, slots_.size());
       check(inserted, "parameter name '", spec.name, "' appears twice (#", it->second, " and #",
             slots_.size(), "); names must be unique");
