@@ -33,7 +33,7 @@ struct StridedIndexer {
 
 inline StridedIndexer make_indexer(const Tensor& t) {
   check(t.dim() <= kMaxDims, "CUDA tensor kernels handle up to ", kMaxDims, " dimensions, got ",
-        t.dim(), " for ", t.str(), "; reshape (view) it to fewer dimensions");
+        t.dim(), " for ", t, "; reshape (view) it to fewer dimensions");
   StridedIndexer indexer;
   indexer.rank = static_cast<int>(t.dim());
   indexer.contiguous = t.is_contiguous();

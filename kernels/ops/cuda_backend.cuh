@@ -215,8 +215,8 @@ struct Cuda {
   static constexpr std::string_view name = "cuda";
 
   static void check_context(const Context& ctx, const char* op) {
-    check(ctx.device().is_cuda(), op, "<sk::ops::Cuda> needs a CUDA context, got ",
-          ctx.device().str(), "; use sk::ops::Cpu for the CPU");
+    check(ctx.device().is_cuda(), op, "<sk::ops::Cuda> needs a CUDA context, got ", ctx.device(),
+          "; use sk::ops::Cpu for the CPU");
   }
 
   template <class F>

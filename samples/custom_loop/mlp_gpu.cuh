@@ -125,7 +125,7 @@ class MlpGpu {
  public:
   MlpGpu(sk::Context& ctx, std::vector<std::int64_t> widths)
       : ctx_(&ctx), widths_(std::move(widths)) {
-    sk::check(ctx.device().is_cuda(), "MlpGpu needs a CUDA context, got ", ctx.device().str(),
+    sk::check(ctx.device().is_cuda(), "MlpGpu needs a CUDA context, got ", ctx.device(),
               "; use MlpCpu on the CPU");
     for (auto w : widths_)
       sk::check(w > 0 && w <= (1 << 20), "layer width ", w, " is outside [1, 2^20]");

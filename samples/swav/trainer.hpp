@@ -524,7 +524,7 @@ class SwavTrainer {
       for (std::size_t k = 0; k < pools.size(); ++k) {
         const sk::Tensor& y = outputs[k];
         sk::check(y.defined() && y.dim() == 4 && y.size(0) == n, "kNN features: ", pools[k].layer,
-                  " gave ", y.defined() ? y.str() : "no output", "; expected [", n, ", C, H, W]");
+                  " gave ", sk::tensor_text(y, "no output"), "; expected [", n, ", C, H, W]");
         const auto host = sk::to_vector<float>(ctx, sk::cast(ctx, y, sk::DType::f32));
         const std::int64_t dim = pools[k].features(y.size(1), y.size(2), y.size(3));
         if (sets[k].values.empty()) {
