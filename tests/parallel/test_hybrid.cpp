@@ -405,6 +405,66 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("a checkpoint's load starts qgZ's error feedback from zero, as a new process would") {
+  const auto dir = (std::filesystem::temp_directory_path() /
+                    ("shardkit_feedback_ckpt_" + std::to_string(::getpid())))
+                       .string();
+  std::filesystem::remove_all(dir);
+  const auto specs = hybrid_specs();
+  const auto config = config_for(OptimizerKind::sgd);
+  sk::comm::run_ranks(4, [&](sk::Context& ctx, sk::comm::Communicator& world) {
+    HybridMesh mesh(world, 2);  // the feedback of both levels: in the group and across groups
+    std::vector<sk::parallel::FsdpUnitParams> units(2);
+    units[0].name = "front";
+    units[1].name = "back";
+    for (std::size_t i = 0; i < specs.size(); ++i) units[i < 3 ? 0 : 1].params.push_back(specs[i]);
+    auto options = small_buckets(Stage::fsdp);
+    options.fsdp.quantized_grads = true;
+    options.fsdp.grad_error_feedback = true;
+    options.fsdp.quantization_block = 64;
+    const auto steps = [&](FsdpEngine& engine, int from, int to) {
+      for (int s = from; s < to; ++s) {
+        engine.zero_grad();
+        unit_backward(engine, ctx, world.rank(), s, false);
+        engine.finish();
+        engine.step(dp_test::lr_at(OptimizerKind::sgd, s));
+      }
+    };
+    const auto params = [&](FsdpEngine& engine) {
+      auto full = engine.full_params();
+      std::vector<float> values;
+      for (std::size_t i = 0; i < engine.param_count(); ++i) {
+        const auto v = sk::to_vector<float>(ctx, engine.param(i));
+        values.insert(values.end(), v.begin(), v.end());
+      }
+      return values;
+    };
+    FsdpEngine trained(ctx, mesh, units, config, options);
+    trained.set_full_params([&](std::size_t i, const sk::Tensor& view) {
+      sk::Context host({.seed = 77ull + i});
+      auto values = sk::empty(host, view.shape(), sk::DType::f32);
+      sk::uniform_(host, values, -0.5, 0.5);
+      sk::copy(ctx, view, values);
+    });
+    steps(trained, 0, 3);
+    sk::checkpoint::save_checkpoint(dir, trained.training_state());
+    steps(trained, 3, 5);  // residuals of a trajectory the load then replaces
+    const auto ahead = params(trained);
+    (void)sk::checkpoint::load_checkpoint(dir, trained.training_state());
+    steps(trained, 3, 5);
+    const auto reloaded = params(trained);
+    // The residuals matter: the uninterrupted run carried steps 0-2's into steps 3-4.
+    CHECK(!bitwise_equal(reloaded, ahead));
+    // A new engine loading the checkpoint starts from zero residuals, and so does the engine
+    // that loaded it over its own run: the same bits.
+    FsdpEngine fresh(ctx, mesh, units, config, options);
+    (void)sk::checkpoint::load_checkpoint(dir, fresh.training_state());
+    steps(fresh, 3, 5);
+    CHECK(bitwise_equal(params(fresh), reloaded));
+  });
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a hybrid checkpoint is written by the first group and loads under any stage") {
   const auto dir = (std::filesystem::temp_directory_path() /
                     ("shardkit_hybrid_ckpt_" + std::to_string(::getpid())))

@@ -208,6 +208,9 @@ class Engine : public ParamGroups {
     }
     state.after_load = [this] {
       shards_will_change();
+      // A loaded run resumes as a new process would: qgZ's residuals of the replaced
+      // trajectory are not carried into it (nor are they saved).
+      reset_error_feedback();
       for (std::size_t u = 0; u < unit_count(); ++u) {
         FlatParam& flat = mutable_group(u).flat();
         if (policy().gather_after_step) all_gather_owned(flat, false);

@@ -126,6 +126,8 @@ class GradBucketer {
   // Clears the gradients for the next accumulation window.
   // qgZ's error feedback after a loss-scaled step (grad_sync.hpp): rescaled, or dropped.
   void follow_loss_scale(const Tensor& state) { strategy_->follow_loss_scale(state); }
+  // qgZ's error feedback from zero again (a checkpoint's load).
+  void reset_error_feedback() { strategy_->reset_error_feedback(); }
   void zero_grad() {
     strategy_->zero(states_);
     strategy_->set_holds_averages(false);

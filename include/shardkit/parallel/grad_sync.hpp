@@ -89,7 +89,16 @@ class GradSyncStrategy {
   // qgZ's error feedback (no-op elsewhere): the carried residuals, in the gradients' scaled
   // units, follow the loss scale's update just made (`state`, ops/step_gate.hpp, on the
   // device), or are dropped after a skipped step, whose residuals may hold an inf or a NaN.
-  virtual void follow_loss_scale(const Tensor& state) { (void)state; }
+  void follow_loss_scale(const Tensor& state) {
+    const std::vector<Tensor> residuals = error_feedback_residuals();
+    if (!residuals.empty()) ops::follow_loss_scale(*ctx_, residuals, state);
+  }
+  // qgZ's error feedback starts again from zero, as in a new run: after a checkpoint's load the
+  // residuals belong to the trajectory the load replaced. Zeroed in place, so that a captured
+  // step keeps its addresses.
+  void reset_error_feedback() {
+    for (const Tensor& residual : error_feedback_residuals()) fill(*ctx_, residual, 0.0);
+  }
   // The buffers hold averaged gradients of an earlier synchronised backward: the next
   // reductions are added to them.
   void set_holds_averages(bool value) { holds_averages_ = value; }
@@ -116,8 +125,9 @@ class GradSyncStrategy {
   void quantize_exchange(std::int64_t block, ops::QuantFormat format, bool error_feedback) {
     replicas_.quantize(block, format, error_feedback);
   }
-  // The exchange's error-feedback residuals (none without it).
-  std::vector<Tensor> exchange_residuals() const { return replicas_.residuals(); }
+  // The error feedback's residuals allocated so far (none without it): the exchange's across
+  // groups, and the strategy's own.
+  virtual std::vector<Tensor> error_feedback_residuals() const { return replicas_.residuals(); }
   comm::ReduceOp group_op() const { return replicas_.group_op(wire_dtype_); }
   comm::ReduceOp group_op(DType wire) const { return replicas_.group_op(wire); }
 
@@ -219,14 +229,14 @@ class ReduceScatterGrads final : public GradSyncStrategy {
     const std::int64_t offset = plan_->owned_offset_of(piece);
     return kept_.slice(0, offset, offset + piece.numel());
   }
-  void follow_loss_scale(const Tensor& state) override {
-    std::vector<Tensor> kept = exchange_residuals();
-    for (const Tensor& residual : residuals_)
-      if (residual.defined()) kept.push_back(residual);
-    ops::follow_loss_scale(*ctx_, kept, state);
-  }
 
  protected:
+  std::vector<Tensor> error_feedback_residuals() const override {
+    std::vector<Tensor> kept = GradSyncStrategy::error_feedback_residuals();
+    for (const Tensor& residual : residuals_)
+      if (residual.defined()) kept.push_back(residual);
+    return kept;
+  }
   Tensor landed(std::size_t b, const BucketState& state) const override {
     return state.out.defined() ? state.out : target(b);
   }

@@ -157,6 +157,7 @@ class ParamGroup {
   bool finished() const { return bucketer_.finished(); }
   void zero_grad() { bucketer_.zero_grad(); }
   void follow_loss_scale(const Tensor& state) { bucketer_.follow_loss_scale(state); }
+  void reset_error_feedback() { bucketer_.reset_error_feedback(); }
   void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
 
  private:

@@ -119,6 +119,10 @@ class ParamGroups {
   void follow_loss_scale(const Tensor& state) {
     for (auto& group : groups_) group->follow_loss_scale(state);
   }
+  // qgZ's error feedback from zero again, as in a new run (a checkpoint's load).
+  void reset_error_feedback() {
+    for (auto& group : groups_) group->reset_error_feedback();
+  }
   void set_sync(bool enabled) {
     for (auto& group : groups_) group->set_sync(enabled);
   }
