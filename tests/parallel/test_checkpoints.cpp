@@ -483,6 +483,65 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
   CHECK(only_one_rank_read_it > 0);  // (the sharded optimizer state is read by its owner only)
 }
 
+TEST_CASE("a load refused on any rank writes on none: every rank's state stays as it was") {
+  const auto folder = scratch("refused").string();
+  CheckpointJob job;
+  job.where = {Stage::sdp, 2};
+  job.save_to = folder;
+  job.save.layout = CheckpointLayout::sharded;
+  (void)run(job);
+  // One rank's file loses a bit in its last tensor: that rank reads (and, before the check,
+  // wrote) its other pieces first, and the other rank reads everything it holds intact.
+  fs::path damaged_file;
+  for (const auto& entry : fs::directory_iterator(folder))
+    if (entry.path().extension() == ".safetensors" &&
+        entry.path().filename().string().rfind("shard-00001-", 0) == 0)
+      damaged_file = entry.path();
+  REQUIRE(!damaged_file.empty());
+  {
+    std::vector<sk::checkpoint::TensorInfo> tensors;
+    {
+      const sk::checkpoint::SafetensorsReader reader(damaged_file.string());
+      tensors = reader.tensors();
+    }
+    const auto last = std::max_element(tensors.begin(), tensors.end(),
+                                       [](const auto& a, const auto& b) { return a.end < b.end; });
+    REQUIRE(last != tensors.end());
+    std::ifstream in(damaged_file, std::ios::binary);
+    std::string bytes(std::istreambuf_iterator<char>(in), {});
+    bytes[bytes.size() - 1 - last->bytes() / 2] ^= 0x10;
+    std::ofstream(damaged_file, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 900 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
+                                      options_for(Stage::sdp));
+    for (int s = 0; s < 2; ++s) {  // a state of its own, momentum and step count included
+      model.zero_grad();
+      auto b = batch(ctx, {6, 12}, 7, comm.rank(), s);
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      model.step(dp_test::lr_at(OptimizerKind::adamw, s));
+    }
+    const auto values = module_values(ctx, *net);
+    const auto state =
+        sk::optim::consolidate_optimizer_state(*model.training_state().optimizer, comm, 0);
+    std::string error;
+    try {
+      (void)sk::checkpoint::load_checkpoint(folder, model.training_state());
+    } catch (const sk::Error& e) {
+      error = e.what();
+    }
+    CAPTURE(error);
+    CHECK((error.find("is corrupt") != std::string::npos ||
+           error.find("failed on rank(s) 1") != std::string::npos));
+    CHECK(module_values(ctx, *net) == values);
+    const auto after =
+        sk::optim::consolidate_optimizer_state(*model.training_state().optimizer, comm, 0);
+    if (comm.rank() == 0) CHECK(same_state(after, state));
+  });
+  fs::remove_all(folder);
+}
+
 TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the original did") {
   const auto dir = scratch("rewritten");
   const auto original = (dir / "original").string();

@@ -13,9 +13,10 @@
 //       traffic beyond agreeing on the checkpoint's id.
 //   load_checkpoint(dir, state)  either layout: every rank reads exactly the elements it holds
 //       (its pieces of the parameters and of their state, and the replicated tensors) from
-//       whichever files hold them; everything is checked on every rank before anything is
-//       written, and the ranks then agree on the outcome: a rank that met a corrupt or missing
-//       piece throws its error, every other rank a PeerFailed naming it -- none trains on.
+//       whichever files hold them; everything is read and checked on every rank before
+//       anything is written, and the ranks then agree on the outcome: a rank that met a corrupt
+//       or missing piece throws its error, every other rank a PeerFailed naming it -- none
+//       trains on, and none has written anything (its state is as before the call).
 //
 // Every file is written atomically (temporary file, fsync, rename, folder fsync) and carries
 // the checkpoint's id, so files of two saves never load together. Collective: every rank calls
@@ -310,15 +311,24 @@ inline void agree_on_load(Context& ctx, comm::Communicator& comm, const std::exc
   agree_on_outcome(ctx, comm, error, [&](const std::string& ranks) {
     return shardkit::detail::concat(
         "loading the checkpoint in '", dir, "' failed on rank(s) ", ranks,
-        " (their errors say why); this rank's part loaded, but the run cannot go on without "
-        "theirs");
+        " (their errors say why); this rank's state is unchanged, as is theirs");
   });
 }
 
-// This rank's part of load_checkpoint: everything but the collective steps.
-inline LoadedCheckpoint load_this_rank(const std::string& dir, parallel::TrainingState& state) {
+// What a load writes into this rank's state, read from the files and verified (checksums,
+// coverage) before anything is written: a load refused on any rank then writes on none.
+struct StagedLoad {
+  LoadedCheckpoint loaded;
+  std::vector<std::pair<Tensor, std::vector<float>>> values;  // f32 masters and state pieces
+  std::vector<Tensor> zeroed;  // state buffers the checkpoint has none of (saved before a step)
+  std::vector<std::pair<Tensor, NamedBytes>> replicated;
+  double loss_scale = 0;  // 0: none saved
+  std::int64_t growth_tracker = 0;
+};
+
+// This rank's part of load_checkpoint before the ranks agree: reads and checks what it holds.
+inline StagedLoad stage_this_rank(const std::string& dir, parallel::TrainingState& state) {
   auto& optimizer = *state.optimizer;
-  Context& ctx = optimizer.context();
   const CheckpointSource source(dir);
   const auto& config = optimizer.config();
   const std::string where = "the checkpoint in '" + dir + "'";
@@ -397,32 +407,49 @@ inline LoadedCheckpoint load_this_rank(const std::string& dir, parallel::Trainin
     }
   }
 
-  // Write: this rank's pieces, their state, the replicated tensors.
-  std::vector<float> host;
-  auto put = [&](const std::vector<PieceSource>& list, const shard::StatePiece& piece,
-                 const Tensor& target) {
-    host.resize(static_cast<std::size_t>(piece.numel()));
+  // Read: this rank's pieces, their state, the replicated tensors.
+  StagedLoad staged;
+  auto read = [&](const std::vector<PieceSource>& list, const shard::StatePiece& piece,
+                  const Tensor& target) {
+    std::vector<float> host(static_cast<std::size_t>(piece.numel()));
     CheckpointSource::read_range(list, piece.param_begin, piece.param_end, host.data());
-    auto borrowed = Storage::borrow(host.data(), host.size() * sizeof(float), Device::cpu());
-    copy(ctx, target, Tensor(borrowed, {piece.numel()}, DType::f32));
+    staged.values.emplace_back(target, std::move(host));
   };
   const auto& pieces = optimizer.pieces();
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const auto& name = table.params()[pieces[k].param].name;
-    put(source.pieces(name), pieces[k], optimizer.master_params()[k]);
+    read(source.pieces(name), pieces[k], optimizer.master_params()[k]);
     for (const auto& buffer : buffers) {
       const Tensor target = buffer.values.slice(0, pieces[k].state_offset,
                                                 pieces[k].state_offset + pieces[k].numel());
       const auto& list = source.pieces(name, std::string(buffer.name));
       if (list.empty())
-        fill(ctx, target, 0.0);
+        staged.zeroed.push_back(target);
       else
-        put(list, pieces[k], target);
+        read(list, pieces[k], target);
     }
   }
   for (const auto& [name, t] : state.replicated) {
     const PieceSource& p = source.replicated().at(name);
-    const NamedBytes bytes = p.file->read(*p.tensor);
+    staged.replicated.emplace_back(t, p.file->read(*p.tensor));
+  }
+  staged.loss_scale = source.loss_scale();
+  staged.growth_tracker = source.growth_tracker();
+  staged.loaded = LoadedCheckpoint{source.layout(), source.world_size(), source.stage(),
+                                   source.steps(), source.metadata()};
+  return staged;
+}
+
+// Writes what every rank read and checked into this rank's state.
+inline void apply_staged(StagedLoad& staged, parallel::TrainingState& state) {
+  auto& optimizer = *state.optimizer;
+  Context& ctx = optimizer.context();
+  for (auto& [target, host] : staged.values) {
+    auto borrowed = Storage::borrow(host.data(), host.size() * sizeof(float), Device::cpu());
+    copy(ctx, target, Tensor(borrowed, {target.numel()}, DType::f32));
+  }
+  for (const Tensor& target : staged.zeroed) fill(ctx, target, 0.0);
+  for (const auto& [t, bytes] : staged.replicated) {
     if (bytes.dtype == t.dtype()) {
       copy_to_tensor(ctx, bytes, t);
       continue;
@@ -432,32 +459,31 @@ inline LoadedCheckpoint load_this_rank(const std::string& dir, parallel::Trainin
     copy_to_tensor(host, bytes, wide);
     copy(ctx, t, wide);
   }
-  optimizer.set_steps(source.steps());
+  optimizer.set_steps(staged.loaded.steps);
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
   // The loss scaler's state, when both the checkpoint and this run have one (a run without
   // loss scaling has none to save; a run that gains one starts from its initial scale).
-  if (state.scaler != nullptr && source.loss_scale() > 0)
-    state.scaler->load(source.loss_scale(), source.growth_tracker());
-  return LoadedCheckpoint{source.layout(), source.world_size(), source.stage(), source.steps(),
-                          source.metadata()};
+  if (state.scaler != nullptr && staged.loss_scale > 0)
+    state.scaler->load(staged.loss_scale, staged.growth_tracker);
 }
 
 }  // namespace detail
 
 inline LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::TrainingState state) {
   detail::check_state(state, "load_checkpoint");
-  LoadedCheckpoint loaded;
+  detail::StagedLoad staged;
   std::exception_ptr error;
   try {
-    loaded = detail::load_this_rank(dir, state);
+    staged = detail::stage_this_rank(dir, state);
   } catch (const comm::CommunicatorAborted&) {
     throw;  // the world is gone: nothing left to agree on
   } catch (...) {
     error = std::current_exception();
   }
   detail::agree_on_load(state.optimizer->context(), *state.comm, error, dir);
+  detail::apply_staged(staged, state);
   if (state.after_load) state.after_load();
-  return loaded;
+  return staged.loaded;
 }
 
 }  // namespace shardkit::checkpoint
