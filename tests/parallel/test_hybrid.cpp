@@ -514,6 +514,54 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a load refused in one hybrid group writes nothing in any: the groups agree first") {
+  const auto dir = (std::filesystem::temp_directory_path() /
+                    ("shardkit_hybrid_refused_" + std::to_string(::getpid())))
+                       .string();
+  std::filesystem::remove_all(dir);
+  const auto specs = hybrid_specs();
+  const auto fill = [](sk::Context& ctx, std::uint64_t seed) {
+    return [&ctx, seed](std::size_t i, const sk::Tensor& view) {
+      sk::Context host({.seed = seed + i});
+      auto values = sk::empty(host, view.shape(), sk::DType::f32);
+      sk::uniform_(host, values, -0.5, 0.5);
+      sk::copy(ctx, view, values);
+    };
+  };
+  sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& world) {
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::sdp;
+    DataParallel dp(ctx, world, specs, config_for(OptimizerKind::sgd), options);
+    dp.set_full_params(fill(ctx, 5));
+    sk::checkpoint::save_checkpoint(dir, dp.training_state());
+  });
+  sk::comm::run_ranks(6, [&](sk::Context& ctx, sk::comm::Communicator& world) {
+    HybridMesh mesh(world, 3);
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::sdp;
+    // The second group was built for another optimizer: its load is refused while the first
+    // group's would succeed.
+    const bool second = world.rank() >= 3;
+    DataParallel dp(ctx, mesh, specs,
+                    config_for(second ? OptimizerKind::adamw : OptimizerKind::sgd), options);
+    dp.set_full_params(fill(ctx, 600));
+    const auto before = all_params(dp, ctx);
+    std::string error;
+    try {
+      (void)sk::checkpoint::load_checkpoint(dir, dp.training_state());
+    } catch (const sk::Error& e) {
+      error = e.what();
+    }
+    CAPTURE(error);
+    if (second)
+      CHECK(error.find("is for sgd but this optimizer is adamw") != std::string::npos);
+    else
+      CHECK(error.find("failed on the replica group(s) 1") != std::string::npos);
+    CHECK(bitwise_equal(all_params(dp, ctx), before));
+  });
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("hybrid sharding: a bad group size is named; the launcher's node size is the default") {
   CHECK_THROWS_WITH(
       sk::comm::run_ranks(

@@ -529,6 +529,20 @@ TEST_CASE("the loss scaler's state travels with the checkpoint") {
     (void)sk::checkpoint::load_checkpoint(dir.string(), again);
     CHECK(fresh.scale() == 512);
     CHECK(fresh.growth_tracker() == 7);
+    // A scaler that cannot take the saved state (a tracker of 7 with growth every 4 steps)
+    // refuses the load before anything is written.
+    const auto masters_before =
+        sk::to_vector<float>(ctx, dp.training_state().optimizer->master_params()[0]);
+    dp.set_full_params([&](std::size_t, const sk::Tensor& view) { sk::fill(ctx, view, 0.25); });
+    const auto masters =
+        sk::to_vector<float>(ctx, dp.training_state().optimizer->master_params()[0]);
+    CHECK(masters != masters_before);
+    sk::optim::DynamicLossScaler shorter({.growth_interval = 4});
+    auto refused = dp.training_state();
+    refused.scaler = &shorter;
+    CHECK_THROWS_WITH((void)sk::checkpoint::load_checkpoint(dir.string(), refused),
+                      doctest::Contains("growth tracker of 7 is outside [0, 4)"));
+    CHECK(sk::to_vector<float>(ctx, dp.training_state().optimizer->master_params()[0]) == masters);
   });
   std::filesystem::remove_all(dir);
 }

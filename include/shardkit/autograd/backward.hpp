@@ -118,13 +118,12 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
-    check<StateError>(!node->released,
-                      "backward through the graph a second time: the saved "
-                      "activations of '",
-                      node->name(), "'",
-                      node->module_path.empty() ? "" : " (module '" + node->module_path + "')",
-                      " were freed by the first backward; pass retain_graph = true to the first "
-                      "backward, or run the forward again");
+    if (node->released)
+      fail<StateError>("backward through the graph a second time: the saved activations of '",
+                       node->name(), "'",
+                       node->module_path.empty() ? "" : " (module '" + node->module_path + "')",
+                       " were freed by the first backward; pass retain_graph = true to the "
+                       "first backward, or run the forward again");
     for (const Edge& edge : node->edges) {
       if (edge.node) {
         ++dependencies[edge.node.get()];

@@ -24,6 +24,7 @@
 // training_state().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -288,46 +289,76 @@ inline void save_checkpoint(const std::string& dir, parallel::TrainingState stat
 
 namespace detail {
 
-// After each rank's part of a collective piece of work: every rank learns which ranks failed
-// (one all-reduce of a flag per rank), so no rank trains on while another lost its part. A rank
-// that failed rethrows its own error; the others throw PeerFailed with failed_on(ranks).
+// Which ranks of `comm` failed (this one if `failed`): one all-reduce of a flag per rank.
+inline std::vector<float> failed_ranks(Context& ctx, comm::Communicator& comm, bool failed) {
+  std::vector<float> flags(static_cast<std::size_t>(comm.size()), 0.0f);
+  flags[static_cast<std::size_t>(comm.rank())] = failed ? 1.0f : 0.0f;
+  Tensor t = from_vector(ctx, flags, {comm.size()});
+  comm.all_reduce(t).wait();
+  return to_vector<float>(ctx, t);
+}
+
+// "0, 2": the indices whose flag is set.
+inline std::string listed(const std::vector<float>& flags) {
+  std::string out;
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r] != 0.0f) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// After each rank's part of a collective piece of work: every rank learns which ranks failed,
+// so no rank trains on while another lost its part. A rank that failed rethrows its own error;
+// the others throw PeerFailed with failed_on(ranks).
 template <class Message>
 void agree_on_outcome(Context& ctx, comm::Communicator& comm, const std::exception_ptr& error,
                       Message&& failed_on) {
-  std::vector<float> failed(static_cast<std::size_t>(comm.size()), 0.0f);
-  failed[static_cast<std::size_t>(comm.rank())] = error ? 1.0f : 0.0f;
-  Tensor flags = from_vector(ctx, failed, {comm.size()});
-  comm.all_reduce(flags).wait();
-  failed = to_vector<float>(ctx, flags);
+  const std::string ranks = listed(failed_ranks(ctx, comm, error != nullptr));
   if (error) std::rethrow_exception(error);
-  std::string ranks;
-  for (std::size_t r = 0; r < failed.size(); ++r)
-    if (failed[r] != 0.0f) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   if (!ranks.empty()) throw comm::PeerFailed(failed_on(ranks));
 }
 
-inline void agree_on_load(Context& ctx, comm::Communicator& comm, const std::exception_ptr& error,
-                          const std::string& dir) {
-  agree_on_outcome(ctx, comm, error, [&](const std::string& ranks) {
-    return shardkit::detail::concat(
-        "loading the checkpoint in '", dir, "' failed on rank(s) ", ranks,
-        " (their errors say why); this rank's state is unchanged, as is theirs");
-  });
+// A load's agreement, before any rank writes: over the rank's group and, under hybrid sharding
+// (`replicas`: the ranks of the other groups that load the same pieces), over the groups, so a
+// failure in one group writes nothing in any.
+inline void agree_on_load(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
+                          const std::exception_ptr& error, const std::string& dir) {
+  const std::vector<float> in_group = failed_ranks(ctx, comm, error != nullptr);
+  std::string groups;
+  if (replicas != nullptr && replicas->size() > 1) {
+    const bool group_failed =
+        std::any_of(in_group.begin(), in_group.end(), [](float f) { return f != 0.0f; });
+    std::vector<float> failed_groups = failed_ranks(ctx, *replicas, group_failed);
+    failed_groups[static_cast<std::size_t>(replicas->rank())] = 0.0f;  // this group: by rank
+    groups = listed(failed_groups);
+  }
+  if (error) std::rethrow_exception(error);
+  const std::string ranks = listed(in_group);
+  if (ranks.empty() && groups.empty()) return;
+  throw comm::PeerFailed(shardkit::detail::concat(
+      "loading the checkpoint in '", dir, "' failed on ",
+      ranks.empty() ? "" : "rank(s) " + ranks + (groups.empty() ? "" : " of this group and "),
+      groups.empty() ? "" : "the replica group(s) " + groups,
+      " (their errors say why); this rank's state is unchanged, as is theirs"));
 }
 
 // What a load writes into this rank's state, read from the files and verified (checksums,
 // coverage) before anything is written: a load refused on any rank then writes on none.
 struct StagedLoad {
+  Context host;  // owns the host tensors of `replicated` (declared first: it outlives them)
   LoadedCheckpoint loaded;
   std::vector<std::pair<Tensor, std::vector<float>>> values;  // f32 masters and state pieces
   std::vector<Tensor> zeroed;  // state buffers the checkpoint has none of (saved before a step)
-  std::vector<std::pair<Tensor, NamedBytes>> replicated;
+  // Replicated tensors, in host tensors of their targets' dtypes (an f32 tensor saved for an
+  // f16/bf16 one is rounded here), so that writing them is a copy.
+  std::vector<std::pair<Tensor, Tensor>> replicated;
   double loss_scale = 0;  // 0: none saved
   std::int64_t growth_tracker = 0;
 };
 
-// This rank's part of load_checkpoint before the ranks agree: reads and checks what it holds.
-inline StagedLoad stage_this_rank(const std::string& dir, parallel::TrainingState& state) {
+// This rank's part of load_checkpoint before the ranks agree: reads and checks what it holds
+// into `staged`.
+inline void stage_this_rank(const std::string& dir, parallel::TrainingState& state,
+                            StagedLoad& staged) {
   auto& optimizer = *state.optimizer;
   const CheckpointSource source(dir);
   const auto& config = optimizer.config();
@@ -408,7 +439,6 @@ inline StagedLoad stage_this_rank(const std::string& dir, parallel::TrainingStat
   }
 
   // Read: this rank's pieces, their state, the replicated tensors.
-  StagedLoad staged;
   auto read = [&](const std::vector<PieceSource>& list, const shard::StatePiece& piece,
                   const Tensor& target) {
     std::vector<float> host(static_cast<std::size_t>(piece.numel()));
@@ -431,13 +461,22 @@ inline StagedLoad stage_this_rank(const std::string& dir, parallel::TrainingStat
   }
   for (const auto& [name, t] : state.replicated) {
     const PieceSource& p = source.replicated().at(name);
-    staged.replicated.emplace_back(t, p.file->read(*p.tensor));
+    const NamedBytes bytes = p.file->read(*p.tensor);
+    Tensor saved = empty(staged.host, t.shape(), bytes.dtype);
+    copy_to_tensor(staged.host, bytes, saved);
+    if (bytes.dtype != t.dtype()) {  // f32 -> f16/bf16, rounded by the copy
+      Tensor narrow = empty(staged.host, t.shape(), t.dtype());
+      copy(staged.host, narrow, saved);
+      saved = narrow;
+    }
+    staged.replicated.emplace_back(t, saved);
   }
   staged.loss_scale = source.loss_scale();
   staged.growth_tracker = source.growth_tracker();
+  if (state.scaler != nullptr && staged.loss_scale > 0)
+    state.scaler->check_loadable(staged.loss_scale, staged.growth_tracker);
   staged.loaded = LoadedCheckpoint{source.layout(), source.world_size(), source.stage(),
                                    source.steps(), source.metadata()};
-  return staged;
 }
 
 // Writes what every rank read and checked into this rank's state.
@@ -449,16 +488,7 @@ inline void apply_staged(StagedLoad& staged, parallel::TrainingState& state) {
     copy(ctx, target, Tensor(borrowed, {target.numel()}, DType::f32));
   }
   for (const Tensor& target : staged.zeroed) fill(ctx, target, 0.0);
-  for (const auto& [t, bytes] : staged.replicated) {
-    if (bytes.dtype == t.dtype()) {
-      copy_to_tensor(ctx, bytes, t);
-      continue;
-    }
-    Context host;  // f32 -> f16/bf16: through an f32 tensor, rounded by the copy
-    Tensor wide = empty(host, t.shape(), bytes.dtype);
-    copy_to_tensor(host, bytes, wide);
-    copy(ctx, t, wide);
-  }
+  for (const auto& [t, saved] : staged.replicated) copy(ctx, t, saved);
   optimizer.set_steps(staged.loaded.steps);
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
   // The loss scaler's state, when both the checkpoint and this run have one (a run without
@@ -474,14 +504,15 @@ inline LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::Traini
   detail::StagedLoad staged;
   std::exception_ptr error;
   try {
-    staged = detail::stage_this_rank(dir, state);
+    detail::stage_this_rank(dir, state, staged);
   } catch (const comm::CommunicatorAborted&) {
     throw;  // the world is gone: nothing left to agree on
   } catch (...) {
     error = std::current_exception();
   }
-  detail::agree_on_load(state.optimizer->context(), *state.comm, error, dir);
+  detail::agree_on_load(state.optimizer->context(), *state.comm, state.replicas, error, dir);
   detail::apply_staged(staged, state);
+  if (state.forget_trajectory) state.forget_trajectory();
   if (state.after_load) state.after_load();
   return staged.loaded;
 }

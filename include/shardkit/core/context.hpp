@@ -209,14 +209,13 @@ class Context {
       return;
     }
     const std::size_t at = capture_.next_scalar++;
-    check<CaptureRefused>(at < scalars.size() && scalars[at].name == name, "the captured step ",
-                          capture_.name,
-                          " took a different course on "
-                          "this replay: its host value #",
-                          at, " is '", name, "' but was '",
-                          at < scalars.size() ? scalars[at].name : std::string("(none)"),
-                          "' when captured; a step that branches on host state needs a key "
-                          "per branch (StepGraph::run's key)");
+    if (at >= scalars.size() || scalars[at].name != name)
+      fail<CaptureRefused>("the captured step ", capture_.name,
+                           " took a different course on this replay: its host value #", at, " is '",
+                           name, "' but was '",
+                           at < scalars.size() ? scalars[at].name : std::string("(none)"),
+                           "' when captured; a step that branches on host state needs a key "
+                           "per branch (StepGraph::run's key)");
     const double captured = scalars[at].value;
     check<CaptureRefused>(captured == value || (captured != captured && value != value),
                           "the captured step ", capture_.name, " was built with ", name, " = ",

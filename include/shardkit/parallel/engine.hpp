@@ -206,11 +206,11 @@ class Engine : public ParamGroups {
       for (std::size_t i = 0; i < layout.size(); ++i)
         if (!layout[i].trainable) state.replicated.emplace_back(layout[i].name, group(u).param(i));
     }
+    // A loaded run resumes as a new process would: qgZ's residuals of the replaced trajectory
+    // are not carried into it (nor are they saved).
+    state.forget_trajectory = [this] { reset_error_feedback(); };
     state.after_load = [this] {
       shards_will_change();
-      // A loaded run resumes as a new process would: qgZ's residuals of the replaced
-      // trajectory are not carried into it (nor are they saved).
-      reset_error_feedback();
       for (std::size_t u = 0; u < unit_count(); ++u) {
         FlatParam& flat = mutable_group(u).flat();
         if (policy().gather_after_step) all_gather_owned(flat, false);
