@@ -75,10 +75,11 @@ inline Workload linear_workload(Context& ctx, std::int64_t n, std::int64_t in, s
 // One ResNet-18 training step (forward, cross-entropy, backward; no optimizer) on `batch`
 // images of `hw` x `hw`: the small-image stem for hw <= 64, ImageNet's otherwise.
 inline Workload resnet18_step(Context& ctx, std::int64_t batch, std::int64_t hw,
-                              std::int64_t classes) {
+                              std::int64_t classes, std::int64_t width = 64) {
   nn::ResNetOptions o;
   o.num_classes = classes;
   o.small_image_stem = hw <= 64;
+  o.base_channels = width;
   std::shared_ptr<nn::ResNet> net = nn::resnet18(ctx, o);
   auto images = std::make_shared<ag::Variable>(random_variable(ctx, {batch, 3, hw, hw}, false));
   auto labels = std::make_shared<Tensor>(zeros(ctx, {batch}, DType::i64));

@@ -2,7 +2,7 @@
 # Our ResNet-18 training step (bench_autograd) and PyTorch's (resnet18_torch_peer.py) on this CPU,
 # alternating in one run so both see the same machine state, then the ratio.
 #
-#   benchmarks/autograd/compare_torch_cpu.sh [BUILD_DIR] [--reps N] [--rounds R] [--config BATCHxHW]
+#   benchmarks/autograd/compare_torch_cpu.sh [BUILD_DIR] [--reps N] [--rounds R] [--config BATCHxHW[xWIDTH]]
 #                                            [--threads T] [--python PY]
 #
 # BUILD_DIR (default build) holds benchmarks/autograd/bench_autograd. Each side times N steps
@@ -12,7 +12,8 @@
 # speed of a shared VM drifts by tens of percent within minutes, so each round's ratio compares
 # two measurements taken a few seconds apart, and the table gives the median of the rounds'
 # ratios with their range (and the median of each side's round medians). --config picks one
-# configuration (32x32 or 8x224: batch x image size; default both). Both sides run on T threads
+# configuration (32x32, 8x224 or the host-bound 2x8x4: batch x image size [x base width, default
+# 64]; default all three). Both sides run on T threads
 # (default 1): ours through SHARDKIT_NUM_THREADS, PyTorch's through torch.set_num_threads. PY
 # defaults to /usr/bin/python3 when it has torch (Debian's python3-torch), else python3. The load
 # average is printed first: other work on the cores skews both sides, not necessarily alike.
@@ -44,7 +45,8 @@ peer_configs=()
 if ((${#configs[@]})); then
   parts=()
   for c in "${configs[@]}"; do
-    parts+=("BM_resnet18_train_step/batch:${c%%x*}/HW:${c##*x}/")
+    IFS=x read -r batch hw width <<<"$c"
+    parts+=("BM_resnet18_train_step/batch:$batch/HW:$hw/width:${width:-64}/")
     peer_configs+=(--config "$c")
   done
   filter=$(IFS='|'; echo "${parts[*]}")
@@ -73,10 +75,10 @@ def ours_ms(path):
     """Each configuration's median step time in one round (with --reps 1, its single run)."""
     medians, runs = {}, {}
     for b in json.load(open(path))["benchmarks"]:
-        m = re.search(r"batch:(\d+)/HW:(\d+)", b["name"])
+        m = re.search(r"batch:(\d+)/HW:(\d+)/width:(\d+)", b["name"])
         if not m:
             continue
-        key = (int(m[1]), int(m[2]))
+        key = (int(m[1]), int(m[2]), int(m[3]))
         ms = b["real_time"] * {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b["time_unit"]]
         if b.get("aggregate_name") == "median":
             medians[key] = ms
@@ -90,13 +92,14 @@ def peer_ms(path):
     for line in open(path):
         if line.startswith("JSON "):
             r = json.loads(line[5:])
-            peer[(r["batch"], r["hw"])] = r["ms_median"]
+            peer[(r["batch"], r["hw"], r.get("width", 64))] = r["ms_median"]
     return peer
 
 
 rounds_data = [(ours_ms(os.path.join(tmp, f"ours.{r}.json")),
                 peer_ms(os.path.join(tmp, f"peer.{r}.txt"))) for r in range(1, rounds + 1)]
-keys = sorted({k for ours, peer in rounds_data for k in ours if k in peer}, key=lambda k: -k[0])
+keys = sorted({k for ours, peer in rounds_data for k in ours if k in peer},
+              key=lambda k: (-k[2], -k[0]))
 print("| ResNet-18 step | threads | ours ms | ours img/s | PyTorch ms | PyTorch img/s | "
       "ours / PyTorch | rounds' range |")
 print("|---|---|---|---|---|---|---|---|")
@@ -105,8 +108,9 @@ for key in keys:
     ratios = [p / o for o, p in pairs]
     o = statistics.median(o for o, _ in pairs)
     p = statistics.median(p for _, p in pairs)
-    batch, hw = key
-    print(f"| batch {batch}, {hw}x{hw} | {threads} | {o:.0f} | {batch * 1e3 / o:.2f} | {p:.0f} | "
+    batch, hw, width = key
+    wide = "" if width == 64 else f", width {width}"
+    print(f"| batch {batch}, {hw}x{hw}{wide} | {threads} | {o:.2f} | {batch * 1e3 / o:.2f} | {p:.2f} | "
           f"{batch * 1e3 / p:.2f} | {statistics.median(ratios):.2f}x | "
           f"{min(ratios):.2f}-{max(ratios):.2f}x ({len(ratios)}) |")
 PY

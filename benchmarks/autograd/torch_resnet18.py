@@ -54,7 +54,9 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def build_model(num_classes, small_image_stem):
+def build_model(num_classes, small_image_stem, base_channels=64):
+    if base_channels != 64:
+        return ResNet18(num_classes, small_image_stem, base_channels), "plain torch.nn"
     try:
         import torchvision
     except ImportError:
