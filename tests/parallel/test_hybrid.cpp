@@ -87,6 +87,34 @@ std::vector<sk::shard::ParamSpec> hybrid_specs() {
   return out;
 }
 
+// A fill for set_full_params: parameter i uniform in [-0.5, 0.5) from seed + i.
+auto seeded_fill(sk::Context& ctx, std::uint64_t seed) {
+  return [&ctx, seed](std::size_t i, const sk::Tensor& view) {
+    sk::Context host({.seed = seed + i});
+    auto values = sk::empty(host, view.shape(), sk::DType::f32);
+    sk::uniform_(host, values, -0.5, 0.5);
+    sk::copy(ctx, view, values);
+  };
+}
+
+// FSDP's two units over `specs`: the first three parameters, then the rest.
+std::vector<sk::parallel::FsdpUnitParams> two_units(
+    const std::vector<sk::shard::ParamSpec>& specs) {
+  std::vector<sk::parallel::FsdpUnitParams> units(2);
+  units[0].name = "front";
+  units[1].name = "back";
+  for (std::size_t i = 0; i < specs.size(); ++i) units[i < 3 ? 0 : 1].params.push_back(specs[i]);
+  return units;
+}
+
+// An empty folder of its own for a test's checkpoint.
+std::string scratch_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("shardkit_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
 struct HybridRun {
   int world = 8;
   int group = 4;  // 0: no mesh (plain engine over the world)
@@ -156,20 +184,11 @@ HybridResult train_hybrid(const HybridRun& run) {
     if (run.group > 0) mesh = std::make_unique<HybridMesh>(world, run.group);
     const auto specs = hybrid_specs();
     const auto config = config_for(run.kind);
-    const auto fill = [&](std::size_t i, const sk::Tensor& view) {
-      sk::Context host({.seed = 4242ull + i});
-      auto values = sk::empty(host, view.shape(), sk::DType::f32);
-      sk::uniform_(host, values, -0.5, 0.5);
-      sk::copy(ctx, view, values);
-    };
+    const auto fill = seeded_fill(ctx, 4242);
     std::vector<float> values;
     sk::comm::Communicator* shard = &world;
     if (run.stage == Stage::fsdp) {
-      std::vector<sk::parallel::FsdpUnitParams> units(2);
-      units[0].name = "front";
-      units[1].name = "back";
-      for (std::size_t i = 0; i < specs.size(); ++i)
-        units[i < 3 ? 0 : 1].params.push_back(specs[i]);
+      const auto units = two_units(specs);
       auto options = small_buckets(Stage::fsdp);
       options.fsdp.quantized_grads = run.quantized_grads;
       options.fsdp.quantized_grads_across_groups = !run.exact_across;
@@ -406,18 +425,12 @@ TEST_CASE(
 }
 
 TEST_CASE("a checkpoint's load starts qgZ's error feedback from zero, as a new process would") {
-  const auto dir = (std::filesystem::temp_directory_path() /
-                    ("shardkit_feedback_ckpt_" + std::to_string(::getpid())))
-                       .string();
-  std::filesystem::remove_all(dir);
+  const auto dir = scratch_dir("feedback_ckpt");
   const auto specs = hybrid_specs();
   const auto config = config_for(OptimizerKind::sgd);
   sk::comm::run_ranks(4, [&](sk::Context& ctx, sk::comm::Communicator& world) {
     HybridMesh mesh(world, 2);  // the feedback of both levels: in the group and across groups
-    std::vector<sk::parallel::FsdpUnitParams> units(2);
-    units[0].name = "front";
-    units[1].name = "back";
-    for (std::size_t i = 0; i < specs.size(); ++i) units[i < 3 ? 0 : 1].params.push_back(specs[i]);
+    const auto units = two_units(specs);
     auto options = small_buckets(Stage::fsdp);
     options.fsdp.quantized_grads = true;
     options.fsdp.grad_error_feedback = true;
@@ -440,12 +453,7 @@ TEST_CASE("a checkpoint's load starts qgZ's error feedback from zero, as a new p
       return values;
     };
     FsdpEngine trained(ctx, mesh, units, config, options);
-    trained.set_full_params([&](std::size_t i, const sk::Tensor& view) {
-      sk::Context host({.seed = 77ull + i});
-      auto values = sk::empty(host, view.shape(), sk::DType::f32);
-      sk::uniform_(host, values, -0.5, 0.5);
-      sk::copy(ctx, view, values);
-    });
+    trained.set_full_params(seeded_fill(ctx, 77));
     steps(trained, 0, 3);
     sk::checkpoint::save_checkpoint(dir, trained.training_state());
     steps(trained, 3, 5);  // residuals of a trajectory the load then replaces
@@ -466,10 +474,7 @@ TEST_CASE("a checkpoint's load starts qgZ's error feedback from zero, as a new p
 }
 
 TEST_CASE("a hybrid checkpoint is written by the first group and loads under any stage") {
-  const auto dir = (std::filesystem::temp_directory_path() /
-                    ("shardkit_hybrid_ckpt_" + std::to_string(::getpid())))
-                       .string();
-  std::filesystem::remove_all(dir);
+  const auto dir = scratch_dir("hybrid_ckpt");
   const auto specs = hybrid_specs();
   const auto config = config_for(OptimizerKind::larc_sgd);
   std::vector<float> saved;
@@ -478,12 +483,7 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
     sk::parallel::ParallelOptions options;
     options.stage = Stage::sdp;
     DataParallel dp(ctx, mesh, specs, config, options);
-    dp.set_full_params([&](std::size_t i, const sk::Tensor& view) {
-      sk::Context host({.seed = 99ull + i});
-      auto values = sk::empty(host, view.shape(), sk::DType::f32);
-      sk::uniform_(host, values, -0.5, 0.5);
-      sk::copy(ctx, view, values);
-    });
+    dp.set_full_params(seeded_fill(ctx, 99));
     for (int s = 0; s < 4; ++s) {
       dp.zero_grad();
       backward(dp, ctx, world.rank(), s, true, dp.params().size());
@@ -515,24 +515,13 @@ TEST_CASE("a hybrid checkpoint is written by the first group and loads under any
 }
 
 TEST_CASE("a load refused in one hybrid group writes nothing in any: the groups agree first") {
-  const auto dir = (std::filesystem::temp_directory_path() /
-                    ("shardkit_hybrid_refused_" + std::to_string(::getpid())))
-                       .string();
-  std::filesystem::remove_all(dir);
+  const auto dir = scratch_dir("hybrid_refused");
   const auto specs = hybrid_specs();
-  const auto fill = [](sk::Context& ctx, std::uint64_t seed) {
-    return [&ctx, seed](std::size_t i, const sk::Tensor& view) {
-      sk::Context host({.seed = seed + i});
-      auto values = sk::empty(host, view.shape(), sk::DType::f32);
-      sk::uniform_(host, values, -0.5, 0.5);
-      sk::copy(ctx, view, values);
-    };
-  };
   sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& world) {
     sk::parallel::ParallelOptions options;
     options.stage = Stage::sdp;
     DataParallel dp(ctx, world, specs, config_for(OptimizerKind::sgd), options);
-    dp.set_full_params(fill(ctx, 5));
+    dp.set_full_params(seeded_fill(ctx, 5));
     sk::checkpoint::save_checkpoint(dir, dp.training_state());
   });
   sk::comm::run_ranks(6, [&](sk::Context& ctx, sk::comm::Communicator& world) {
@@ -544,7 +533,7 @@ TEST_CASE("a load refused in one hybrid group writes nothing in any: the groups 
     const bool second = world.rank() >= 3;
     DataParallel dp(ctx, mesh, specs,
                     config_for(second ? OptimizerKind::adamw : OptimizerKind::sgd), options);
-    dp.set_full_params(fill(ctx, 600));
+    dp.set_full_params(seeded_fill(ctx, 600));
     const auto before = all_params(dp, ctx);
     std::string error;
     try {
