@@ -91,13 +91,15 @@ BENCHMARK(BM_linear_fwd_bwd_gpu)
 void BM_resnet18_train_step_gpu(benchmark::State& state) {
   auto ctx = gpu_context(state);
   const std::int64_t batch = state.range(0), hw = state.range(1);
-  time_workload(state, *ctx, wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000),
+  time_workload(state, *ctx,
+                wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000, state.range(2)),
                 double(batch));
 }
 BENCHMARK(BM_resnet18_train_step_gpu)
-    ->ArgNames({"batch", "HW"})
-    ->Args({256, 32})
-    ->Args({64, 224})
+    ->ArgNames({"batch", "HW", "width"})
+    ->Args({256, 32, 64})
+    ->Args({64, 224, 64})
+    ->Args({2, 8, 4})  // host-bound: the step is its ops' host work (bench_autograd's too)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -107,7 +109,7 @@ BENCHMARK(BM_resnet18_train_step_gpu)
 void BM_resnet18_train_step_gpu_graph(benchmark::State& state) {
   auto ctx = gpu_context(state);
   const std::int64_t batch = state.range(0), hw = state.range(1);
-  const auto eager = wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000);
+  const auto eager = wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000, state.range(2));
   auto graph = std::make_shared<sk::StepGraph>(*ctx, "resnet18 step");
   wl::Workload graphed;
   graphed.run = [graph, eager] { graph->run("resnet18", eager.run); };
@@ -115,9 +117,10 @@ void BM_resnet18_train_step_gpu_graph(benchmark::State& state) {
   state.counters["captures"] = static_cast<double>(graph->stats().captures);
 }
 BENCHMARK(BM_resnet18_train_step_gpu_graph)
-    ->ArgNames({"batch", "HW"})
-    ->Args({256, 32})
-    ->Args({64, 224})
+    ->ArgNames({"batch", "HW", "width"})
+    ->Args({256, 32, 64})
+    ->Args({64, 224, 64})
+    ->Args({2, 8, 4})  // host-bound: the step is its ops' host work (bench_autograd's too)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

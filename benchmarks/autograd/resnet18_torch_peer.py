@@ -33,8 +33,9 @@ import sys
 import time
 
 # The configurations of BM_resnet18_train_step (CPU) and BM_resnet18_train_step_gpu:
-# (batch, image size, base width). The CPU's last is host-bound: 4 channels on 8x8 images.
-CONFIGS = {"cpu": [(32, 32, 64), (8, 224, 64), (2, 8, 4)], "cuda": [(256, 32, 64), (64, 224, 64)]}
+# (batch, image size, base width). The last is host-bound: 4 channels on 8x8 images.
+CONFIGS = {"cpu": [(32, 32, 64), (8, 224, 64), (2, 8, 4)],
+           "cuda": [(256, 32, 64), (64, 224, 64), (2, 8, 4)]}
 
 
 def parse_args():
