@@ -11,11 +11,14 @@
 #include <vector>
 
 #include "shardkit/core/dtype.hpp"
+#include "shardkit/core/small_vector.hpp"
 #include "shardkit/core/storage.hpp"
 
 namespace shardkit {
 
-using Shape = std::vector<std::int64_t>;
+// A tensor's sizes or strides. Up to six dimensions live inside the tensor (SmallVector): making
+// and copying tensors is what every op does, and no shape of this kind touches the heap.
+using Shape = SmallVector<std::int64_t, 6>;
 
 inline std::int64_t shape_numel(const Shape& shape) {
   return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
