@@ -1,6 +1,7 @@
 // Allocators and memory statistics: alignment, current/peak per category, reset, failures.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -123,7 +124,7 @@ TEST_CASE("released storage gives its bytes back, refuses access with the reason
   CHECK_THROWS_AS(borrowed->release("x"), sk::StateError);
 }
 
-TEST_CASE("the host allocator caches large blocks for their next use, within its bound") {
+TEST_CASE("the host allocator caches freed blocks for their next use, within its bound") {
   sk::HostAllocator allocator(std::size_t{8} << 20);
   using C = sk::MemoryCategory;
   void* first = allocator.allocate(3 << 20, C::communication);
@@ -134,13 +135,22 @@ TEST_CASE("the host allocator caches large blocks for their next use, within its
   CHECK(again == first);
   CHECK(allocator.cached_bytes() == 0);
   allocator.deallocate(again, (3 << 20) - 100, C::gradients);
-  // Small blocks are not cached; beyond the bound, frees go to the system.
+  // Small blocks too, by their size rounded up to 64 bytes (a tiny op's output every step).
   void* small = allocator.allocate(1000, C::other);
+  CHECK(reinterpret_cast<std::uintptr_t>(small) % sk::HostAllocator::kAlignment == 0);
   allocator.deallocate(small, 1000, C::other);
-  CHECK(allocator.cached_bytes() == (3u << 20));
+  CHECK(allocator.cached_bytes() == (3u << 20) + 1024);
+  CHECK(allocator.allocate(1010, C::activations) == small);  // the same 64-byte class
+  void* other_class = allocator.allocate(1030, C::activations);
+  CHECK(other_class != small);
+  allocator.deallocate(other_class, 1030, C::activations);
+  allocator.deallocate(small, 1010, C::activations);
+  CHECK(allocator.cached_bytes() == (3u << 20) + 1024 + 1088);
+  CHECK(allocator.stats().current_total() == 0);
+  // Beyond the bound, frees go to the system.
   void* big = allocator.allocate(6 << 20, C::other);
   allocator.deallocate(big, 6 << 20, C::other);
-  CHECK(allocator.cached_bytes() == (3u << 20));  // 3 + 6 MiB would pass the 8 MiB bound
+  CHECK(allocator.cached_bytes() == (3u << 20) + 2112);  // + 6 MiB would pass the 8 MiB bound
   allocator.release_cached();
   CHECK(allocator.cached_bytes() == 0);
 }

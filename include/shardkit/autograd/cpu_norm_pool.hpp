@@ -13,6 +13,7 @@
 #include "shardkit/autograd/batch_norm_stats.hpp"
 #include "shardkit/autograd/cpu_kernels.hpp"
 #include "shardkit/autograd/geometry.hpp"
+#include "shardkit/core/host_scratch.hpp"
 #include "shardkit/core/thread_pool.hpp"
 
 namespace shardkit::autograd::cpu {
@@ -114,8 +115,9 @@ inline void batch_norm_affine(ThreadPool& pool, const Tensor& x, const Tensor& w
                               const Tensor& bias, const double* stats, const Tensor& y,
                               std::int64_t outer, std::int64_t channels, std::int64_t inner,
                               bool relu = false) {
-  std::vector<double> scale(static_cast<std::size_t>(channels)),
-      shift(static_cast<std::size_t>(channels));
+  HostScratch scratch;
+  double* scale = scratch.doubles(static_cast<std::size_t>(channels));
+  double* shift = scratch.doubles(static_cast<std::size_t>(channels));
   visit_real(weight.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* w = static_cast<const T*>(weight.data_ptr());
@@ -126,7 +128,7 @@ inline void batch_norm_affine(ThreadPool& pool, const Tensor& x, const Tensor& w
       shift[at] = b[c] - stats[c] * scale[at];
     }
   });
-  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner, relu);
+  channel_affine(pool, x, y, scale, shift, outer, channels, inner, relu);
 }
 
 // Normalises x with the given statistics of each channel (count values per channel), saves mean
@@ -139,17 +141,18 @@ inline void batch_norm_normalize(ThreadPool& pool, const Tensor& x, const Tensor
                                  const Tensor& save_invstd, std::int64_t outer,
                                  std::int64_t channels, std::int64_t inner, double count,
                                  const double* mean, const double* m2, bool relu = false) {
-  std::vector<double> stats(2 * static_cast<std::size_t>(channels));
+  HostScratch scratch;
+  double* stats = scratch.doubles(2 * static_cast<std::size_t>(channels));
   visit_real(save_mean.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     T* rm = running_mean.defined() ? static_cast<T*>(running_mean.data_ptr()) : nullptr;
     T* rv = running_mean.defined() ? static_cast<T*>(running_var.data_ptr()) : nullptr;
     for (std::int64_t c = 0; c < channels; ++c)
-      store_batch_stats(ChannelMoments{count, mean[c], m2[c]}, momentum, eps, c, channels,
-                        stats.data(), static_cast<T*>(save_mean.data_ptr()),
+      store_batch_stats(ChannelMoments{count, mean[c], m2[c]}, momentum, eps, c, channels, stats,
+                        static_cast<T*>(save_mean.data_ptr()),
                         static_cast<T*>(save_invstd.data_ptr()), rm, rv);
   });
-  batch_norm_affine(pool, x, weight, bias, stats.data(), y, outer, channels, inner, relu);
+  batch_norm_affine(pool, x, weight, bias, stats, y, outer, channels, inner, relu);
 }
 
 // Training: normalises with the batch statistics of each channel over (outer, inner).
@@ -159,20 +162,22 @@ inline void batch_norm_train_forward(ThreadPool& pool, const Tensor& x, const Te
                                      const Tensor& y, const Tensor& save_mean,
                                      const Tensor& save_invstd, std::int64_t outer,
                                      std::int64_t channels, std::int64_t inner, bool relu = false) {
-  std::vector<double> mean(static_cast<std::size_t>(channels)),
-      m2(static_cast<std::size_t>(channels));
-  channel_moments(pool, x, outer, channels, inner, mean.data(), m2.data());
+  HostScratch scratch;
+  double* mean = scratch.doubles(static_cast<std::size_t>(channels));
+  double* m2 = scratch.doubles(static_cast<std::size_t>(channels));
+  channel_moments(pool, x, outer, channels, inner, mean, m2);
   batch_norm_normalize(pool, x, weight, bias, running_mean, running_var, momentum, eps, y,
-                       save_mean, save_invstd, outer, channels, inner, double(outer * inner),
-                       mean.data(), m2.data(), relu);
+                       save_mean, save_invstd, outer, channels, inner, double(outer * inner), mean,
+                       m2, relu);
 }
 
 inline void batch_norm_eval_forward(ThreadPool& pool, const Tensor& x, const Tensor& weight,
                                     const Tensor& bias, const Tensor& mean, const Tensor& var,
                                     double eps, const Tensor& y, std::int64_t outer,
                                     std::int64_t channels, std::int64_t inner, bool relu = false) {
-  std::vector<double> scale(static_cast<std::size_t>(channels)),
-      shift(static_cast<std::size_t>(channels));
+  HostScratch scratch;
+  double* scale = scratch.doubles(static_cast<std::size_t>(channels));
+  double* shift = scratch.doubles(static_cast<std::size_t>(channels));
   visit_real(x.dtype(), "batch_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* w = static_cast<const T*>(weight.data_ptr());
@@ -184,7 +189,7 @@ inline void batch_norm_eval_forward(ThreadPool& pool, const Tensor& x, const Ten
       shift[static_cast<std::size_t>(c)] = b[c] - m[c] * scale[static_cast<std::size_t>(c)];
     }
   });
-  channel_affine(pool, x, y, scale.data(), shift.data(), outer, channels, inner, relu);
+  channel_affine(pool, x, y, scale, shift, outer, channels, inner, relu);
 }
 
 // The gradient a fused ReLU passes back, element i of a plane: g where the ReLU's output y is
@@ -301,14 +306,15 @@ inline void batch_norm_train_backward(ThreadPool& pool, const Tensor& x, const T
                                       const Tensor& grad_weight, const Tensor& grad_bias,
                                       std::int64_t outer, std::int64_t channels, std::int64_t inner,
                                       const Tensor& relu_out = {}) {
-  std::vector<double> sum_g(static_cast<std::size_t>(channels)),
-      sum_gxhat(static_cast<std::size_t>(channels));
-  batch_norm_grad_sums(pool, x, grad_y, save_mean, save_invstd, outer, channels, inner,
-                       sum_g.data(), sum_gxhat.data(), relu_out);
-  store_channel_grads(sum_g.data(), sum_gxhat.data(), grad_weight, grad_bias, channels);
+  HostScratch scratch;
+  double* sum_g = scratch.doubles(static_cast<std::size_t>(channels));
+  double* sum_gxhat = scratch.doubles(static_cast<std::size_t>(channels));
+  batch_norm_grad_sums(pool, x, grad_y, save_mean, save_invstd, outer, channels, inner, sum_g,
+                       sum_gxhat, relu_out);
+  store_channel_grads(sum_g, sum_gxhat, grad_weight, grad_bias, channels);
   if (grad_x.defined())
     batch_norm_input_grad(pool, x, grad_y, weight, save_mean, save_invstd, grad_x, outer, channels,
-                          inner, double(outer * inner), sum_g.data(), sum_gxhat.data(), relu_out);
+                          inner, double(outer * inner), sum_g, sum_gxhat, relu_out);
 }
 
 namespace detail {

@@ -22,7 +22,7 @@ void for_each_element_in_range(const Shape& shape, const Shape& strides_a, const
   const std::int64_t inner = shape[rank - 1];
   const std::int64_t inner_a = strides_a[rank - 1], inner_b = strides_b[rank - 1];
   // The odometer over the outer dimensions, started at first's row.
-  std::vector<std::int64_t> position(rank, 0);
+  Shape position(rank, 0);  // (inside the object: no allocation per loop)
   std::int64_t base_a = 0, base_b = 0;
   std::int64_t rest = first / inner;
   for (std::size_t d = rank - 1; d-- > 0;) {
@@ -129,7 +129,7 @@ void for_each_tile(ThreadPool& pool, const Shape& shape, const Shape& strides_a,
     index_strides[d] = static_cast<std::int64_t>(at);
     at *= static_cast<std::size_t>(shape[d]);
   }
-  std::vector<std::size_t> others;  // the dimensions the tiles do not cover, outermost first
+  SmallVector<std::size_t, 6> others;  // the dimensions the tiles do not cover, outermost first
   std::int64_t outer = 1;
   for (std::size_t d = 0; d < last; ++d)
     if (d != k) {
