@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shardkit/core/allocator.hpp"
+#include "shardkit/core/small_object_pool.hpp"
 #include "shardkit/core/storage.hpp"
 
 namespace sk = shardkit;
@@ -153,4 +154,31 @@ TEST_CASE("the host allocator caches freed blocks for their next use, within its
   CHECK(allocator.cached_bytes() == (3u << 20) + 2112);  // + 6 MiB would pass the 8 MiB bound
   allocator.release_cached();
   CHECK(allocator.cached_bytes() == 0);
+}
+
+TEST_CASE("make_pooled objects reuse the blocks their thread's earlier ones gave back") {
+  struct Payload {
+    std::int64_t values[20];
+  };
+  if (!sk::detail::kPoolSmallObjects) return;  // (AddressSanitizer: the pool is bypassed)
+  std::vector<const void*> first;
+  {
+    std::vector<std::shared_ptr<Payload>> held;
+    for (int i = 0; i < 8; ++i) held.push_back(sk::make_pooled<Payload>());
+    for (const auto& p : held) first.push_back(p.get());
+  }
+  // The eight blocks are back in this thread's free list and the next eight are those.
+  std::vector<std::shared_ptr<Payload>> again;
+  for (int i = 0; i < 8; ++i) again.push_back(sk::make_pooled<Payload>());
+  for (const auto& p : again)
+    CHECK(std::find(first.begin(), first.end(), static_cast<const void*>(p.get())) != first.end());
+
+  // Objects freed on another thread go to that thread's list, which gives them back to the heap
+  // when the thread ends; the values survive the trip.
+  auto shared = sk::make_pooled<Payload>();
+  shared->values[19] = 42;
+  std::thread([moved = std::move(shared)]() mutable {
+    CHECK(moved->values[19] == 42);
+    moved.reset();
+  }).join();
 }

@@ -4,9 +4,9 @@
 // the moment no further gradient can reach that leaf in this pass.
 #pragma once
 
+#include <algorithm>
 #include <exception>
-#include <queue>
-#include <unordered_map>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -82,6 +82,62 @@ class BackwardScope {
   int exceptions_;
 };
 
+// A backward pass's rows in the tape's tables (BackwardTables): numbers the nodes and leaves it
+// reaches, and when it ends -- by an exception too -- drops the gradients still held, gives an
+// outer pass back the numbers this one took over (a checkpoint's recomputation runs a pass inside
+// a pass), and closes the pass on the tape.
+class PassRows {
+ public:
+  explicit PassRows(Tape& tape) : tape_(tape) {
+    std::tie(pass_, tables_) = tape.begin_backward_pass();
+    tables_->nodes.clear();
+    tables_->leaves.clear();
+    tables_->to_visit.clear();
+    tables_->ready.clear();
+    tables_->renumbered.clear();
+  }
+  ~PassRows() {
+    for (auto it = tables_->renumbered.rbegin(); it != tables_->renumbered.rend(); ++it) {
+      *it->pass = it->old_pass;
+      *it->row = it->old_row;
+    }
+    tables_->nodes.clear();  // (gradients left by a pass that failed)
+    tables_->ready.clear();
+    tape_.end_backward_pass();
+  }
+  PassRows(const PassRows&) = delete;
+  PassRows& operator=(const PassRows&) = delete;
+
+  BackwardTables& tables() { return *tables_; }
+  bool numbered(const Node* node) const { return node->backward_pass == pass_; }
+  std::uint32_t row_of(Node* node) {
+    if (node->backward_pass != pass_) {
+      take_number(node->backward_pass, node->backward_row, tables_->nodes.size());
+      tables_->nodes.push_back({node, 0, Tensor()});
+    }
+    return node->backward_row;
+  }
+  std::uint32_t row_of(VariableImpl* leaf) {
+    if (leaf->backward_pass != pass_) {
+      take_number(leaf->backward_pass, leaf->backward_row, tables_->leaves.size());
+      tables_->leaves.push_back({leaf, 0});
+    }
+    return leaf->backward_row;
+  }
+
+ private:
+  void take_number(std::uint64_t& pass, std::uint32_t& row, std::size_t new_row) {
+    if (pass != 0 && tape_.backward_pass_running(pass))
+      tables_->renumbered.push_back({&pass, &row, pass, row});
+    pass = pass_;
+    row = static_cast<std::uint32_t>(new_row);
+  }
+
+  Tape& tape_;
+  std::uint64_t pass_ = 0;
+  BackwardTables* tables_ = nullptr;
+};
+
 }  // namespace detail
 
 // Runs the backward pass from `root` with gradient `grad_root` (default: 1 for a one-element
@@ -111,41 +167,43 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
   }
 
   // Discover the graph: how many edges point at each node and leaf from reachable nodes.
-  std::unordered_map<Node*, int> dependencies;
-  std::unordered_map<VariableImpl*, int> leaf_uses;
-  std::vector<Node*> stack{root.grad_fn().get()};
-  std::unordered_set<Node*> seen{root.grad_fn().get()};
-  while (!stack.empty()) {
-    Node* node = stack.back();
-    stack.pop_back();
+  detail::PassRows rows(tape(ctx));
+  BackwardTables& tables = rows.tables();
+  Node* const root_node = root.grad_fn().get();
+  rows.row_of(root_node);
+  tables.to_visit.push_back(root_node);
+  while (!tables.to_visit.empty()) {
+    Node* node = tables.to_visit.back();
+    tables.to_visit.pop_back();
     if (node->released)
       fail<StateError>("backward through the graph a second time: the saved activations of '",
                        node->name(), "'",
-                       node->module_path.empty() ? "" : " (module '" + node->module_path + "')",
+                       node->module_path == nullptr || node->module_path->empty()
+                           ? ""
+                           : " (module '" + *node->module_path + "')",
                        " were freed by the first backward; pass retain_graph = true to the "
                        "first backward, or run the forward again");
     for (const Edge& edge : node->edges) {
       if (edge.node) {
-        ++dependencies[edge.node.get()];
-        if (seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+        const bool first_visit = !rows.numbered(edge.node.get());
+        ++tables.nodes[rows.row_of(edge.node.get())].dependencies;
+        if (first_visit) tables.to_visit.push_back(edge.node.get());
       } else if (edge.leaf) {
-        ++leaf_uses[edge.leaf.get()];
+        ++tables.leaves[rows.row_of(edge.leaf.get())].uses;
       }
     }
   }
 
-  auto later_first = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
-  std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
-  std::unordered_map<Node*, Tensor> pending;
-  pending[root.grad_fn().get()] = grad_root;
-  ready.push(root.grad_fn().get());
+  auto earlier = [](const Node* a, const Node* b) { return a->sequence_nr < b->sequence_nr; };
+  tables.nodes[root_node->backward_row].gradient = grad_root;
+  tables.ready.push_back(root_node);
 
-  while (!ready.empty()) {
-    Node* node = ready.top();
-    ready.pop();
-    Tensor grad = std::move(pending[node]);
-    pending.erase(node);
-    std::vector<Tensor> grads;
+  while (!tables.ready.empty()) {
+    std::pop_heap(tables.ready.begin(), tables.ready.end(), earlier);
+    Node* node = tables.ready.back();
+    tables.ready.pop_back();
+    Tensor grad = std::move(tables.nodes[node->backward_row].gradient);
+    Gradients grads;
     if (grad.defined()) {
       grads = node->apply(ctx, grad);
       SK_ASSERT(grads.size() == node->edges.size());
@@ -160,24 +218,23 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
       const Edge& edge = node->edges[i];
       if (edge.node) {
         Node* next = edge.node.get();
+        BackwardTables::NodeRow& row = tables.nodes[next->backward_row];
         if (grads[i].defined()) {
-          auto [it, inserted] = pending.try_emplace(next, grads[i]);
-          if (!inserted) {
-            Tensor& sum = it->second;  // a + b with a held here alone is a += b: the same bits
-            if (!sum.defined())
-              sum = grads[i];
-            else if (detail::sole_reference(sum) && sum.dtype() == grads[i].dtype())
-              fn::accumulate(ctx, sum, grads[i]);
-            else
-              sum = fn::add(ctx, sum, grads[i]);
-          }
-        } else {
-          pending.try_emplace(next, Tensor());
+          Tensor& sum = row.gradient;  // a + b with a held here alone is a += b: the same bits
+          if (!sum.defined())
+            sum = std::move(grads[i]);
+          else if (detail::sole_reference(sum) && sum.dtype() == grads[i].dtype())
+            fn::accumulate(ctx, sum, grads[i]);
+          else
+            sum = fn::add(ctx, sum, grads[i]);
         }
-        if (--dependencies[next] == 0) ready.push(next);
+        if (--row.dependencies == 0) {
+          tables.ready.push_back(next);
+          std::push_heap(tables.ready.begin(), tables.ready.end(), earlier);
+        }
       } else if (edge.leaf) {
         if (grads[i].defined()) detail::accumulate_leaf(ctx, *edge.leaf, grads[i]);
-        if (--leaf_uses[edge.leaf.get()] == 0 && fire_hooks)
+        if (--tables.leaves[edge.leaf->backward_row].uses == 0 && fire_hooks)
           detail::fire_grad_ready(*edge.leaf, edge.leaf);
       }
     }

@@ -23,13 +23,13 @@ inline void check_same_shape(Context& ctx, const char* op, const Variable& a, co
 
 struct AddNode final : Node {
   const char* name() const override { return "add"; }
-  std::vector<Tensor> apply(Context&, const Tensor& g) override { return {g, g}; }
+  Gradients apply(Context&, const Tensor& g) override { return {g, g}; }
 };
 
 struct MulNode final : Node {
   Tensor a, b;
   const char* name() const override { return "mul"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+  Gradients apply(Context& ctx, const Tensor& g) override {
     return {edges[0].valid() ? fn::mul(ctx, g, b) : Tensor(),
             edges[1].valid() ? fn::mul(ctx, g, a) : Tensor()};
   }
@@ -39,7 +39,7 @@ struct MulNode final : Node {
 struct ScaleNode final : Node {
   double alpha = 1;
   const char* name() const override { return "scale"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+  Gradients apply(Context& ctx, const Tensor& g) override {
     return {fn::scale(ctx, contiguous(ctx, g), alpha)};
   }
 };
@@ -47,7 +47,7 @@ struct ScaleNode final : Node {
 struct ReluNode final : Node {
   Tensor y;
   const char* name() const override { return "relu"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+  Gradients apply(Context& ctx, const Tensor& g) override {
     return {fn::pointwise(ctx, Pointwise::relu_backward, g, y, 1, 0)};
   }
   void release_saved() override { y = Tensor(); }
@@ -56,7 +56,7 @@ struct ReluNode final : Node {
 struct ViewNode final : Node {
   Shape input_shape;
   const char* name() const override { return "reshape"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+  Gradients apply(Context& ctx, const Tensor& g) override {
     return {contiguous(ctx, g).view(input_shape)};
   }
 };
@@ -64,8 +64,8 @@ struct ViewNode final : Node {
 struct CatNode final : Node {
   std::vector<std::int64_t> rows;  // each input's extent along dim 0
   const char* name() const override { return "cat"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
-    std::vector<Tensor> out;
+  Gradients apply(Context& ctx, const Tensor& g) override {
+    Gradients out;
     std::int64_t at = 0;
     for (std::size_t i = 0; i < rows.size(); ++i) {
       out.push_back(edges[i].valid() ? contiguous(ctx, g.slice(0, at, at + rows[i])) : Tensor());
@@ -78,15 +78,13 @@ struct CatNode final : Node {
 struct CastNode final : Node {
   DType input_dtype = DType::f32;
   const char* name() const override { return "cast"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
-    return {cast(ctx, g, input_dtype)};
-  }
+  Gradients apply(Context& ctx, const Tensor& g) override { return {cast(ctx, g, input_dtype)}; }
 };
 
 struct IdentityNode final : Node {
   std::function<void(const Tensor&)> on_grad;  // sees the gradient passing through
   const char* name() const override { return "identity"; }
-  std::vector<Tensor> apply(Context&, const Tensor& g) override {
+  Gradients apply(Context&, const Tensor& g) override {
     if (on_grad) on_grad(g);
     return {g};
   }
@@ -100,7 +98,7 @@ inline Variable add(Context& ctx, const Variable& a, const Variable& b) {
   detail::check_same_shape(ctx, "add", a, b);
   Tensor y = fn::add(ctx, detail::contiguous_data(ctx, a), detail::contiguous_data(ctx, b));
   if (!needs_grad(ctx, {&a, &b})) return Variable(std::move(y));
-  return record(ctx, std::make_shared<detail::AddNode>(), {&a, &b}, std::move(y));
+  return record(ctx, make_pooled<detail::AddNode>(), {&a, &b}, std::move(y));
 }
 
 inline Variable mul(Context& ctx, const Variable& a, const Variable& b) {
@@ -108,7 +106,7 @@ inline Variable mul(Context& ctx, const Variable& a, const Variable& b) {
   Tensor ad = detail::contiguous_data(ctx, a), bd = detail::contiguous_data(ctx, b);
   Tensor y = fn::mul(ctx, ad, bd);
   if (!needs_grad(ctx, {&a, &b})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::MulNode>();
+  auto node = make_pooled<detail::MulNode>();
   if (b.requires_grad()) node->a = ad;
   if (a.requires_grad()) node->b = bd;
   return record(ctx, node, {&a, &b}, std::move(y));
@@ -120,7 +118,7 @@ inline Variable scale(Context& ctx, const Variable& x, double alpha) {
   check(std::isfinite(alpha), "scale: factor ", alpha, " is not finite", module_suffix(ctx));
   Tensor y = fn::scale(ctx, detail::contiguous_data(ctx, x), alpha);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::ScaleNode>();
+  auto node = make_pooled<detail::ScaleNode>();
   node->alpha = alpha;
   return record(ctx, node, {&x}, std::move(y));
 }
@@ -129,7 +127,7 @@ inline Variable relu(Context& ctx, const Variable& x) {
   check(x.defined(), "relu: the input is undefined", module_suffix(ctx));
   Tensor y = fn::pointwise(ctx, Pointwise::relu, detail::contiguous_data(ctx, x), Tensor(), 1, 0);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::ReluNode>();
+  auto node = make_pooled<detail::ReluNode>();
   node->y = y;
   return record(ctx, node, {&x}, std::move(y));
 }
@@ -139,7 +137,7 @@ inline Variable reshape(Context& ctx, const Variable& x, Shape shape) {
   check(x.defined(), "reshape: the input is undefined", module_suffix(ctx));
   Tensor y = detail::contiguous_data(ctx, x).view(std::move(shape));
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::ViewNode>();
+  auto node = make_pooled<detail::ViewNode>();
   node->input_shape = x.shape();
   return record(ctx, node, {&x}, std::move(y));
 }
@@ -168,7 +166,7 @@ inline Variable cat(Context& ctx, const std::vector<Variable>& xs) {
   Shape shape = xs[0].shape();
   shape[0] = total;
   Tensor y = fn::new_like(ctx, xs[0].data(), shape, xs[0].dtype());
-  auto node = std::make_shared<detail::CatNode>();
+  auto node = make_pooled<detail::CatNode>();
   std::int64_t at = 0;
   std::vector<const Variable*> inputs;
   for (const auto& x : xs) {
@@ -190,7 +188,7 @@ inline Variable cast(Context& ctx, const Variable& x, DType dtype) {
   Tensor y = fn::new_like(ctx, x.data(), x.shape(), dtype);
   copy(ctx, y, x.data());
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::CastNode>();
+  auto node = make_pooled<detail::CastNode>();
   node->input_dtype = x.dtype();
   return record(ctx, node, {&x}, std::move(y));
 }
@@ -199,7 +197,7 @@ inline Variable cast(Context& ctx, const Variable& x, DType dtype) {
 // backward hooks are built on it).
 inline Variable identity_with_hook(Context& ctx, const Variable& x,
                                    std::function<void(const Tensor&)> on_grad) {
-  auto node = std::make_shared<detail::IdentityNode>();
+  auto node = make_pooled<detail::IdentityNode>();
   node->on_grad = std::move(on_grad);
   return record(ctx, node, {&x}, x.data());
 }

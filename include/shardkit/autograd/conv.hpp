@@ -22,9 +22,9 @@ struct Conv2dNode final : Node {
   ConvGeometry geometry;
   bool has_bias = false;
   const char* name() const override { return "conv2d"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+  Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
-    std::vector<Tensor> grads(edges.size());
+    Gradients grads(edges.size());
     if (edges[0].valid()) grads[0] = fn::new_like(ctx, g, x.shape(), x.dtype());
     if (edges[1].valid())
       grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype(), MemoryCategory::gradients);
@@ -87,7 +87,7 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
     kernels_for(ctx, y).channel_bias_add(ctx, y, contiguous(ctx, bias.data()), g.batch,
                                          g.out_channels, g.out_plane());
   if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::Conv2dNode>();
+  auto node = make_pooled<detail::Conv2dNode>();
   node->x = xd;
   node->weight = wd;
   node->geometry = g;

@@ -11,9 +11,9 @@ struct LinearNode final : Node {
   Tensor x, weight;
   bool has_bias = false;
   const char* name() const override { return "linear"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+  Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
-    std::vector<Tensor> grads(edges.size());
+    Gradients grads(edges.size());
     if (edges[0].valid()) {  // grad_x = g W
       grads[0] = fn::new_like(ctx, g, x.shape(), x.dtype());
       fn::gemm(ctx, g, false, weight, false, grads[0]);
@@ -34,9 +34,9 @@ struct LinearNode final : Node {
 struct MatmulNode final : Node {
   Tensor a, b;
   const char* name() const override { return "matmul"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+  Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
-    std::vector<Tensor> grads(2);
+    Gradients grads(2);
     if (edges[0].valid()) {  // grad_a = g b^T
       grads[0] = fn::new_like(ctx, g, a.shape(), a.dtype());
       fn::gemm(ctx, g, false, b, true, grads[0]);
@@ -77,7 +77,7 @@ inline Variable linear(Context& ctx, const Variable& x, const Variable& weight,
   }
   fn::gemm(ctx, xd, false, wd, true, y, 1, beta);
   if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::LinearNode>();
+  auto node = make_pooled<detail::LinearNode>();
   if (weight.requires_grad()) node->x = xd;
   node->weight = wd;
   node->has_bias = has_bias;
@@ -97,7 +97,7 @@ inline Variable matmul(Context& ctx, const Variable& a, const Variable& b) {
   Tensor y = fn::new_like(ctx, ad, {a.size(0), b.size(1)}, a.dtype());
   fn::gemm(ctx, ad, false, bd, false, y);
   if (!needs_grad(ctx, {&a, &b})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::MatmulNode>();
+  auto node = make_pooled<detail::MatmulNode>();
   node->a = ad;
   node->b = bd;
   return record(ctx, node, {&a, &b}, std::move(y));

@@ -9,6 +9,7 @@
 
 #include "shardkit/autograd/variable.hpp"
 #include "shardkit/core/context.hpp"
+#include "shardkit/core/small_object_pool.hpp"
 
 namespace shardkit::autograd {
 
@@ -20,6 +21,10 @@ struct Edge {
   bool valid() const { return node != nullptr || leaf != nullptr; }
 };
 
+// A backward function's result, one gradient per input. Its storage comes from the thread's
+// small-object pool (small_object_pool.hpp): a backward allocates nothing per node.
+using Gradients = std::vector<Tensor, detail::PoolAllocator<Tensor>>;
+
 class Node {
  public:
   virtual ~Node() = default;
@@ -29,15 +34,23 @@ class Node {
 
   // Gradients with respect to each input, aligned with `edges`; an undefined Tensor where an
   // input needs none. `grad_output` has the output's shape, dtype and device.
-  virtual std::vector<Tensor> apply(Context& ctx, const Tensor& grad_output) = 0;
+  virtual Gradients apply(Context& ctx, const Tensor& grad_output) = 0;
 
   // Drops the saved activations (after a backward without retain_graph): memory comes back
   // as soon as each node is done, not when the whole graph dies.
   virtual void release_saved() {}
 
-  std::vector<Edge> edges;
+  // (their storage comes from the thread's small-object pool, as the node's own does: recording
+  // an op allocates nothing once a step has run)
+  std::vector<Edge, detail::PoolAllocator<Edge>> edges;
+  // Where the backward pass that last reached this node keeps its count and incoming gradient:
+  // the pass's number and the node's row in that pass's tables (BackwardTables, tape.hpp).
+  // Only the backward engine reads or writes them.
+  std::uint64_t backward_pass = 0;
+  std::uint32_t backward_row = 0;
   std::uint64_t sequence_nr = 0;  // creation order on the context's tape; backward runs it reversed
-  std::string module_path;        // module that recorded the node, for error messages
+  // The module that recorded the node, for error messages (null outside modules).
+  std::shared_ptr<const std::string> module_path;
   bool released = false;
 };
 

@@ -62,7 +62,7 @@ struct BatchNormNode final : Node {
   Tensor group_count;                     // then its values per channel (f64 [1], on the device)
   const char* name() const override { return "batch_norm"; }
 
-  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+  Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
     // The CPU's training-mode loops apply a fused ReLU's mask as they read g; elsewhere it is a
     // pass of its own first.
@@ -201,7 +201,7 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
                                                  y, s.outer, s.channels, s.inner, o.relu);
   }
   if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::BatchNormNode>();
+  auto node = make_pooled<detail::BatchNormNode>();
   node->x = xd;
   if (o.relu) node->relu_out = y;
   node->weight = wd;

@@ -14,7 +14,7 @@ struct MaxPoolNode final : Node {
   DType dtype = DType::f32;
   cpu::PoolGeometry p;
   const char* name() const override { return "max_pool2d"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+  Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
     Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
     kernels_for(ctx, g).max_pool_backward(ctx, x, y, argmax, g, gx, p);
@@ -27,7 +27,7 @@ struct AdaptiveAvgPoolNode final : Node {
   Shape input_shape;
   DType dtype = DType::f32;
   const char* name() const override { return "adaptive_avg_pool2d"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+  Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
     Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
     kernels_for(ctx, g).adaptive_avg_pool_backward(ctx, g, gx);
@@ -57,7 +57,7 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
       xd.device().is_cpu() ? fn::new_like(ctx, xd, y.shape(), DType::i64) : Tensor();
   kernels_for(ctx, xd).max_pool_forward(ctx, xd, y, argmax, p);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::MaxPoolNode>();
+  auto node = make_pooled<detail::MaxPoolNode>();
   node->p = p;
   node->input_shape = x.shape();
   node->dtype = x.dtype();
@@ -81,7 +81,7 @@ inline Variable adaptive_avg_pool2d(Context& ctx, const Variable& x, std::int64_
   Tensor y = fn::new_like(ctx, xd, {x.size(0), x.size(1), out_h, out_w}, x.dtype());
   kernels_for(ctx, xd).adaptive_avg_pool_forward(ctx, xd, y);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::AdaptiveAvgPoolNode>();
+  auto node = make_pooled<detail::AdaptiveAvgPoolNode>();
   node->input_shape = x.shape();
   node->dtype = x.dtype();
   return record(ctx, node, {&x}, std::move(y));

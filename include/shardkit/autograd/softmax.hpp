@@ -25,7 +25,7 @@ struct SoftmaxNode final : Node {
   Rows r{};
   bool log = false;
   const char* name() const override { return log ? "log_softmax" : "softmax"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+  Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
     Tensor gx = fn::new_like(ctx, g);
     kernels_for(ctx, g).softmax_backward(ctx, y, g, gx, r.rows, r.cols, log);
@@ -39,7 +39,7 @@ struct L2NormalizeNode final : Node {
   Rows r{};
   double eps = 1e-12;
   const char* name() const override { return "l2_normalize"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& gy) override {
+  Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
     Tensor gx = fn::new_like(ctx, g);
     kernels_for(ctx, g).l2_normalize_backward(ctx, y, norms, g, gx, r.rows, r.cols, eps);
@@ -52,7 +52,7 @@ struct CrossEntropyNode final : Node {
   Tensor log_probs, target;
   Rows r{};
   const char* name() const override { return "cross_entropy"; }
-  std::vector<Tensor> apply(Context& ctx, const Tensor& g) override {
+  Gradients apply(Context& ctx, const Tensor& g) override {
     Tensor gx = fn::new_like(ctx, log_probs);
     kernels_for(ctx, log_probs)
         .cross_entropy_backward(ctx, log_probs, target, g, gx, r.rows, r.cols);
@@ -67,7 +67,7 @@ inline Variable softmax_impl(Context& ctx, const Variable& x, bool log) {
   Tensor y = fn::new_like(ctx, xd);
   kernels_for(ctx, xd).softmax_forward(ctx, xd, y, r.rows, r.cols, log);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
-  auto node = std::make_shared<SoftmaxNode>();
+  auto node = make_pooled<SoftmaxNode>();
   node->y = y;
   node->r = r;
   node->log = log;
@@ -91,7 +91,7 @@ inline Variable l2_normalize(Context& ctx, const Variable& x, double eps = 1e-12
   Tensor norms = fn::new_like(ctx, xd, {r.rows}, accumulator_dtype(x.dtype()));
   kernels_for(ctx, xd).l2_normalize_forward(ctx, xd, y, norms, r.rows, r.cols, eps);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
-  auto node = std::make_shared<detail::L2NormalizeNode>();
+  auto node = make_pooled<detail::L2NormalizeNode>();
   node->y = y;
   node->norms = norms;
   node->r = r;
@@ -139,7 +139,7 @@ inline Variable cross_entropy(Context& ctx, const Variable& logits, const Tensor
   Tensor loss = fn::new_like(ctx, xd, {}, accumulator_dtype(xd.dtype()));
   kernels_for(ctx, xd).cross_entropy_forward(ctx, xd, td, log_probs, loss, rows, cols);
   if (!needs_grad(ctx, {&logits})) return Variable(std::move(loss));
-  auto node = std::make_shared<detail::CrossEntropyNode>();
+  auto node = make_pooled<detail::CrossEntropyNode>();
   node->log_probs = log_probs;
   node->target = td;
   node->r = {rows, cols};

@@ -6,13 +6,45 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardkit/autograd/node.hpp"
 
 namespace shardkit::autograd {
+
+// One backward pass's bookkeeping, by row: each node it reaches (how many edges still point at
+// it, the gradient gathered for it so far) and each leaf (how many edges still point at it).
+// Nodes and leaves find their row through their backward_pass / backward_row fields, so the pass
+// inserts into no map; the tape keeps one set of tables per nesting depth and reuses their
+// capacity, so a pass allocates nothing once a step has run.
+struct BackwardTables {
+  struct NodeRow {
+    Node* node;
+    int dependencies;
+    Tensor gradient;
+  };
+  struct LeafRow {
+    VariableImpl* leaf;
+    int uses;
+  };
+  // A node or leaf that an outer pass still running had numbered: its numbers, put back when
+  // this (inner) pass ends.
+  struct Renumbered {
+    std::uint64_t* pass;
+    std::uint32_t* row;
+    std::uint64_t old_pass;
+    std::uint32_t old_row;
+  };
+  std::vector<NodeRow> nodes;
+  std::vector<LeafRow> leaves;
+  std::vector<Node*> to_visit;  // the discovery's stack
+  std::vector<Node*> ready;     // a heap: the latest-recorded ready node on top
+  std::vector<Renumbered> renumbered;
+};
 
 class Tape {
  public:
@@ -58,15 +90,39 @@ class Tape {
     --backward_depth_;
   }
 
+  // A backward pass's number and its tables (cleared, capacity kept), for the pass about to run
+  // at the current depth; end_backward_pass when it ends, however it ends.
+  std::pair<std::uint64_t, BackwardTables*> begin_backward_pass() {
+    const std::size_t depth = active_passes_.size();
+    if (tables_.size() == depth) tables_.push_back(std::make_unique<BackwardTables>());
+    active_passes_.push_back(++last_backward_pass_);
+    return {last_backward_pass_, tables_[depth].get()};
+  }
+  void end_backward_pass() { active_passes_.pop_back(); }
+  // Whether pass `pass` is still running (an outer pass of the one asking).
+  bool backward_pass_running(std::uint64_t pass) const {
+    for (std::uint64_t running : active_passes_)
+      if (running == pass) return true;
+    return false;
+  }
+
   std::uint64_t next_sequence_nr() { return next_sequence_nr_++; }
   std::uint64_t nodes_recorded() const { return next_sequence_nr_; }
 
   // Path of the module whose forward is running ("layer1.0.conv1"), empty outside modules.
   const std::string& module_path() const {
     static const std::string kNone;
+    return module_paths_.empty() ? kNone : *module_paths_.back();
+  }
+  // The same, shared: every node recorded in the module's forward holds it without copying it
+  // (a path longer than a short string's inline room was a heap allocation per op).
+  const std::shared_ptr<const std::string>& shared_module_path() const {
+    static const std::shared_ptr<const std::string> kNone;
     return module_paths_.empty() ? kNone : module_paths_.back();
   }
-  void push_module(std::string path) { module_paths_.push_back(std::move(path)); }
+  void push_module(std::shared_ptr<const std::string> path) {
+    module_paths_.push_back(std::move(path));
+  }
   void pop_module() {
     if (!module_paths_.empty()) module_paths_.pop_back();
   }
@@ -75,9 +131,12 @@ class Tape {
   bool grad_enabled_ = true;
   bool recomputing_ = false;
   std::uint64_t next_sequence_nr_ = 0;
-  std::vector<std::string> module_paths_;
+  std::vector<std::shared_ptr<const std::string>> module_paths_;
   int backward_depth_ = 0;
   std::vector<std::function<void()>> callbacks_;
+  std::uint64_t last_backward_pass_ = 0;
+  std::vector<std::uint64_t> active_passes_;
+  std::vector<std::unique_ptr<BackwardTables>> tables_;  // by nesting depth
 };
 
 inline Tape& tape(Context& ctx) {
@@ -122,9 +181,11 @@ class RecomputeGuard {
 // The module path shown in errors for the scope of one module's forward.
 class ModuleScope {
  public:
-  ModuleScope(Context& ctx, std::string path) : tape_(tape(ctx)) {
+  ModuleScope(Context& ctx, std::shared_ptr<const std::string> path) : tape_(tape(ctx)) {
     tape_.push_module(std::move(path));
   }
+  ModuleScope(Context& ctx, std::string path)
+      : ModuleScope(ctx, std::make_shared<const std::string>(std::move(path))) {}
   ~ModuleScope() { tape_.pop_module(); }
   ModuleScope(const ModuleScope&) = delete;
   ModuleScope& operator=(const ModuleScope&) = delete;
@@ -163,8 +224,9 @@ Variable record_inputs(Context& ctx, std::shared_ptr<Node> node, const Inputs& i
                        Tensor output) {
   auto& t = tape(ctx);
   node->sequence_nr = t.next_sequence_nr();
-  node->module_path = t.module_path();
+  node->module_path = t.shared_module_path();
   node->edges.clear();
+  node->edges.reserve(std::size(inputs));
   for (const Variable* v : inputs) {
     Edge edge;
     if (v != nullptr && v->defined() && v->requires_grad()) {

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/core/small_object_pool.hpp"
 #include "shardkit/core/tensor.hpp"
 
 namespace shardkit::autograd {
@@ -33,13 +34,16 @@ struct VariableImpl {
   std::string name;
   std::vector<GradReadyHook> grad_ready_hooks;
   GradProvider grad_provider;
+  // The backward engine's row for this leaf in the pass that last reached it (see Node).
+  std::uint64_t backward_pass = 0;
+  std::uint32_t backward_row = 0;
 };
 
 class Variable {
  public:
   Variable() = default;
   explicit Variable(Tensor data, bool requires_grad = false, std::string name = {})
-      : impl_(std::make_shared<VariableImpl>()) {
+      : impl_(make_pooled<VariableImpl>()) {
     impl_->data = std::move(data);
     impl_->requires_grad = requires_grad;
     impl_->name = std::move(name);

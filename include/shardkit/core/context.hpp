@@ -2,6 +2,7 @@
 // random stream, and handles of later layers. No global mutable state: N ranks can be N threads.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -108,7 +109,11 @@ class Context {
   }
 
   ~Context() {
-    resources_.clear();  // handles (cuBLAS, communicators...) may use the stream: release first
+    // Handles (cuBLAS, communicators...) may use the stream: release them first, in the order of
+    // their types' type_index, as when they were kept in a map by it.
+    std::sort(resources_.begin(), resources_.end(),
+              [](const ResourceSlot& a, const ResourceSlot& b) { return a.type < b.type; });
+    for (ResourceSlot& slot : resources_) slot.object.reset();
   }
 
   Context(const Context&) = delete;
@@ -275,12 +280,16 @@ class Context {
 
   // One object of type T per context (cuBLAS/cuDNN handles, communicators...), made on first use
   // by `make()` -> std::shared_ptr<T>. Lets upper layers hang state here without core knowing them.
+  // Every op finds its tape here, so the lookup is an index (a number per type, given on the
+  // type's first use), not a map search comparing type names.
   template <class T, class Make>
   T& resource(Make&& make) {
+    const std::size_t id = resource_id<T>();
     std::lock_guard lock(resources_mutex_);
-    auto& slot = resources_[std::type_index(typeid(T))];
-    if (!slot) slot = std::shared_ptr<void>(make());
-    return *static_cast<T*>(slot.get());
+    if (resources_.size() <= id) resources_.resize(id + 1);
+    ResourceSlot& slot = resources_[id];
+    if (!slot.object) slot = {std::type_index(typeid(T)), std::shared_ptr<void>(make())};
+    return *static_cast<T*>(slot.object.get());
   }
 
  private:
@@ -330,7 +339,20 @@ class Context {
   }
 
   std::mutex resources_mutex_;
-  std::map<std::type_index, std::shared_ptr<void>> resources_;
+  struct ResourceSlot {
+    std::type_index type = std::type_index(typeid(void));
+    std::shared_ptr<void> object;
+  };
+  static std::size_t next_resource_id() {
+    static std::atomic<std::size_t> next{0};
+    return next++;
+  }
+  template <class T>
+  static std::size_t resource_id() {
+    static const std::size_t id = next_resource_id();
+    return id;
+  }
+  std::vector<ResourceSlot> resources_;  // by resource_id<T>()
   mutable std::mutex checks_mutex_;
   mutable std::map<std::string, std::function<void()>> deferred_checks_;
 };

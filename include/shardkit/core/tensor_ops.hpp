@@ -8,6 +8,7 @@
 
 #include "shardkit/core/context.hpp"
 #include "shardkit/core/cpu_kernel_table.hpp"
+#include "shardkit/core/small_object_pool.hpp"
 #include "shardkit/core/tensor.hpp"
 
 namespace shardkit {
@@ -44,14 +45,14 @@ inline const DeviceKernels& tensor_kernels_for(const Context& ctx, const Tensor&
 inline Tensor empty(Context& ctx, Shape shape, DType dtype,
                     MemoryCategory category = MemoryCategory::other) {
   const auto bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
-  return Tensor(std::make_shared<Storage>(ctx.allocator_ptr(), bytes, category), std::move(shape),
+  return Tensor(make_pooled<Storage>(ctx.allocator_ptr(), bytes, category), std::move(shape),
                 dtype);
 }
 
 inline Tensor empty_on(Context& ctx, Device device, Shape shape, DType dtype,
                        MemoryCategory category = MemoryCategory::other) {
   const auto bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
-  return Tensor(std::make_shared<Storage>(detail::allocator_ptr_for(ctx, device), bytes, category),
+  return Tensor(make_pooled<Storage>(detail::allocator_ptr_for(ctx, device), bytes, category),
                 std::move(shape), dtype);
 }
 

@@ -25,7 +25,7 @@ struct CheckpointNode final : autograd::Node {
   std::vector<Variable> parameters;
   const char* name() const override { return "checkpoint"; }
 
-  std::vector<Tensor> apply(Context& ctx, const Tensor& grad_output) override {
+  autograd::Gradients apply(Context& ctx, const Tensor& grad_output) override {
     check<StateError>(input.defined(),
                       "checkpoint: the saved input was freed by an earlier "
                       "backward; pass retain_graph = true to run backward twice");
@@ -35,7 +35,7 @@ struct CheckpointNode final : autograd::Node {
       autograd::RecomputeGuard recompute(ctx);
       y = function(ctx, x);
     }
-    std::vector<Tensor> grads(edges.size());
+    autograd::Gradients grads(edges.size());
     if (!y.requires_grad()) return grads;
     autograd::run_backward(ctx, y, grad_output, {}, /*fire_hooks=*/false);
     grads[0] = x.grad();
@@ -59,7 +59,7 @@ inline Variable checkpoint(Context& ctx, const SegmentFunction& function, const 
     autograd::NoGradGuard no_grad(ctx);
     y = function(ctx, x);
   }
-  auto node = std::make_shared<detail::CheckpointNode>();
+  auto node = make_pooled<detail::CheckpointNode>();
   node->function = function;
   node->input = x.data();
   node->input_requires_grad = x.requires_grad();

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,7 +42,7 @@ class Module {
   // Runs forward with this module's path in errors, and its hooks. Backward hooks hold a
   // pointer to the module: keep it alive until the backward pass is over.
   Variable operator()(Context& ctx, const Variable& input) {
-    autograd::ModuleScope scope(ctx, path().empty() ? type_name() : path());
+    autograd::ModuleScope scope(ctx, scope_path());
     for (auto& [id, hook] : forward_pre_hooks_) hook(*this, input);
     const bool grad = autograd::tape(ctx).grad_enabled();
     Variable x = input;
@@ -62,6 +64,21 @@ class Module {
     if (parent_ == nullptr) return {};
     const std::string above = parent_->path();
     return above.empty() ? name_ : above + "." + name_;
+  }
+
+  // The path errors name for this module's ops (its type for the root), shared by every node
+  // its forward records. Made once and again only after a module anywhere was registered (which
+  // may have given this one a new parent): building it on each call was string concatenations
+  // per module per step.
+  std::shared_ptr<const std::string> scope_path() const {
+    const std::uint64_t version = module_tree_version().load(std::memory_order_acquire);
+    std::lock_guard lock(scope_path_mutex_);
+    if (scope_path_ == nullptr || scope_path_version_ != version) {
+      const std::string own = path();
+      scope_path_ = std::make_shared<const std::string>(own.empty() ? type_name() : own);
+      scope_path_version_ = version;
+    }
+    return scope_path_;
   }
 
   // Parameters and buffers in PyTorch's order: own entries first, then each child's.
@@ -109,8 +126,9 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
-  void zero_grad() {
-    for (auto& p : parameters()) p.clear_grad();
+  void zero_grad() {  // (every step: walks the modules without naming them)
+    for (auto& [name, p] : params_) p.clear_grad();
+    for (auto& [name, child] : children_) child->zero_grad();
   }
 
   // Each returns an id for remove_hook. Hooks run in registration order.
@@ -157,6 +175,7 @@ class Module {
           "'): the module is null or already has a parent");
     child->parent_ = this;
     child->name_ = name;
+    module_tree_version().fetch_add(1, std::memory_order_release);  // paths below may change
     children_.emplace_back(std::move(name), child);
     return child;
   }
@@ -209,8 +228,17 @@ class Module {
     for (auto& [name, child] : children_) child->collect_modules(join(prefix, name), out);
   }
 
+  // Counts registrations in the process: a module's cached scope path is good while it holds.
+  static std::atomic<std::uint64_t>& module_tree_version() {
+    static std::atomic<std::uint64_t> version{1};
+    return version;
+  }
+
   Module* parent_ = nullptr;
   std::string name_;
+  mutable std::mutex scope_path_mutex_;  // (ranks as threads may share a module)
+  mutable std::shared_ptr<const std::string> scope_path_;
+  mutable std::uint64_t scope_path_version_ = 0;
   bool training_ = true;
   std::vector<std::pair<std::string, Variable>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;

@@ -1,0 +1,144 @@
+// The host side of an autograd op allocates nothing from the heap once a step has run: its node,
+// its output's VariableImpl and Storage come from the thread's small-object pool, shapes live
+// inside tensors, the output's memory comes back from the host allocator's cache, kernels' scratch
+// from the thread's HostScratch, and the backward pass keeps its tables on the tape. Counted here
+// by replacing the global operator new of this test executable (it counts only while a test asks
+// it to); an allocation made inside oneDNN (its execution of a convolution builds an argument map
+// per call) is counted apart, by the library in its call stack.
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+#include <execinfo.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "gradcheck.hpp"
+#include "shardkit/nn/nn.hpp"
+
+namespace {
+std::atomic<bool> counting{false};
+std::atomic<long> heap_allocations{0}, onednn_allocations{0};
+thread_local bool inside_count = false;  // (backtrace and dladdr may allocate themselves)
+
+bool made_by_onednn() {
+  void* frames[24];
+  const int depth = backtrace(frames, 24);
+  for (int i = 0; i < depth; ++i) {
+    Dl_info info;
+    if (dladdr(frames[i], &info) != 0 && info.dli_fname != nullptr &&
+        std::strstr(info.dli_fname, "libdnnl") != nullptr)
+      return true;
+  }
+  return false;
+}
+
+void* counted(std::size_t bytes, std::size_t alignment) {
+  if (counting.load(std::memory_order_relaxed) && !inside_count) {
+    inside_count = true;
+    (made_by_onednn() ? onednn_allocations : heap_allocations)
+        .fetch_add(1, std::memory_order_relaxed);
+    inside_count = false;
+  }
+  void* p = alignment <= alignof(std::max_align_t)
+                ? std::malloc(bytes ? bytes : 1)
+                : std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+// (operator delete stays the library's, which frees with free(): what malloc and aligned_alloc
+// return)
+void* operator new(std::size_t bytes) { return counted(bytes, alignof(std::max_align_t)); }
+void* operator new(std::size_t bytes, std::align_val_t alignment) {
+  return counted(bytes, static_cast<std::size_t>(alignment));
+}
+
+namespace sk = shardkit;
+namespace ag = shardkit::autograd;
+
+namespace {
+
+// Heap allocations of `step()` on its third run (the first two fill the caches), but for
+// oneDNN's own.
+template <class Step>
+long allocations_of(Step&& step) {
+  step();
+  step();
+  heap_allocations = 0;
+  onednn_allocations = 0;
+  counting = true;
+  step();
+  counting = false;
+  return heap_allocations.load();
+}
+
+}  // namespace
+
+TEST_CASE("a chain of small autograd ops and its backward allocate nothing on the heap") {
+  if (!sk::detail::kPoolSmallObjects) return;  // (AddressSanitizer: the pool is bypassed)
+  sk::Context ctx({.seed = 3, .cpu_threads = 1});
+  const auto x = ag::testing::random_variable(ctx, {4, 8}, -1, 1);
+  const auto b = ag::testing::random_variable(ctx, {4, 8}, -1, 1);
+  const auto s = ag::testing::random_variable(ctx, {4, 8}, 0.5, 1.5);
+  const sk::Tensor seed = sk::full(ctx, {4, 8}, sk::DType::f32, 1.0);
+  const long allocations = allocations_of([&] {
+    ag::Variable y = x;
+    for (int k = 0; k < 16; ++k) y = ag::relu(ctx, ag::mul(ctx, ag::add(ctx, y, b), s));
+    ag::backward(ctx, y, seed);
+  });
+  CHECK(allocations == 0);
+  CHECK(x.grad().defined());
+}
+
+TEST_CASE("a ResNet-18 training step's host side allocates nothing on the heap") {
+  if (!sk::detail::kPoolSmallObjects) return;
+  // The host-bound configuration of bench_autograd: batch 2, 8 x 8 images, base width 4, where
+  // the step is its ops' host work.
+  sk::Context ctx({.seed = 5, .cpu_threads = 1});
+  sk::nn::ResNetOptions options;
+  options.num_classes = 10;
+  options.small_image_stem = true;
+  options.base_channels = 4;
+  const auto net = sk::nn::resnet18(ctx, options);
+  sk::Tensor pixels = sk::empty(ctx, {2, 3, 8, 8}, sk::DType::f32);
+  sk::uniform_(ctx, pixels, -1, 1);
+  const ag::Variable images(pixels);
+  const sk::Tensor labels = sk::from_vector<std::int64_t>(ctx, {3, 7}, {2});
+  const long allocations = allocations_of([&] {
+    net->zero_grad();
+    ag::backward(ctx, ag::cross_entropy(ctx, (*net)(ctx, images), labels));
+  });
+  CHECK(allocations == 0);
+  MESSAGE("allocations inside oneDNN's convolutions, per step: ", onednn_allocations.load());
+}
+
+TEST_CASE("a backward pass run inside another, through the same nodes, leaves the outer intact") {
+  // y = inner(a), a = x * w. inner's backward runs a second backward from `a` itself (through
+  // the outer pass's node for a, which the inner pass numbers for itself) before handing its
+  // gradient on: x's gradient gets g * w twice, and the outer pass still reaches a's node.
+  struct InnerBackwardNode : ag::Node {
+    ag::Variable a;
+    const char* name() const override { return "inner_backward"; }
+    ag::Gradients apply(sk::Context& ctx, const sk::Tensor& g) override {
+      ag::backward(ctx, a, g, {.retain_graph = true});
+      return {g};
+    }
+  };
+  sk::Context ctx({.seed = 4});
+  const auto x = ag::testing::random_variable(ctx, {6}, -1, 1);  // (f64)
+  const auto w = ag::testing::random_variable(ctx, {6}, 0.5, 1.5, /*requires_grad=*/false);
+  const ag::Variable a = ag::mul(ctx, x, w);
+  auto node = sk::make_pooled<InnerBackwardNode>();
+  node->a = a;
+  const ag::Variable y = ag::record(ctx, node, {&a}, sk::contiguous(ctx, a.data()));
+  const sk::Tensor g = sk::empty(ctx, {6}, sk::DType::f64);
+  sk::uniform_(ctx, g, 0.5, 2.0);
+  ag::backward(ctx, y, g);
+  const auto grad = sk::to_vector<double>(ctx, x.grad());
+  const auto gv = sk::to_vector<double>(ctx, g), wv = sk::to_vector<double>(ctx, w.data());
+  for (std::size_t i = 0; i < grad.size(); ++i)
+    CHECK(grad[i] == doctest::Approx(2 * gv[i] * wv[i]).epsilon(1e-12));
+}
