@@ -12,6 +12,7 @@
 #include "shardkit/core/context.hpp"
 #include "shardkit/core/half_runs.hpp"
 #include "shardkit/core/philox_batch.hpp"
+#include "shardkit/core/small_object_pool.hpp"
 #include "shardkit/core/strided_loop.hpp"
 #include "shardkit/core/tensor.hpp"
 #include "shardkit/core/transpose_blocks.hpp"
@@ -45,11 +46,13 @@ inline constexpr bool is_floating_storage_v =
     std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 // for_each_element on `ctx`'s CPU threads when loop_may_run_in_parallel says it may. Only
-// copies and additions between floating-point storage (`Threaded`) take the threaded strided
-// and tiled paths: those are the large tensors training moves; integer tensors (labels,
-// indices) stay on one thread, which keeps copies between every pair of dtypes from compiling
-// each path 49 times. (fill and divide_ use host_contiguous_or_strided below; a transposing
-// copy within one 4- or 2-byte dtype, integers included, moves bytes in transposing_copy.)
+// copies and additions within one floating-point dtype (`Threaded`) take the threaded strided
+// and tiled paths: those are the large tensors training moves. Integer tensors (labels,
+// indices) and copies between two dtypes stay on one thread -- except the contiguous casts
+// between f32 and f16 / bf16, which run as SIMD runs on the threads (copy_on_host) -- which keeps
+// the paths from being compiled for every pair of dtypes. (fill and divide_ use
+// host_contiguous_or_strided below; a transposing copy within one 4- or 2-byte dtype, integers
+// included, moves bytes in transposing_copy.)
 template <bool Threaded, class Fn>
 void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shape& src_strides,
                       Fn&& fn) {
@@ -61,7 +64,7 @@ void host_elementwise(Context& ctx, bool parallel, const Tensor& dst, const Shap
 }
 
 // update(dst[i], src[i]) for every element (update assigns to its first argument), any
-// strides, every pair of dtypes: the host loop of copy and of add_.
+// strides, every pair of dtypes: the host loop of copy.
 template <class Update>
 void host_update(Context& ctx, bool parallel, const Tensor& dst, const Tensor& src, Update update) {
   visit_dtype(dst.dtype(), [&](auto dst_tag) {
@@ -70,7 +73,7 @@ void host_update(Context& ctx, bool parallel, const Tensor& dst, const Tensor& s
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.data_ptr());
       const S* in = static_cast<const S*>(src.data_ptr());
-      host_elementwise<is_floating_storage_v<D> && is_floating_storage_v<S>>(
+      host_elementwise<std::is_same_v<D, S> && is_floating_storage_v<D>>(
           ctx, parallel, dst, src.strides(),
           [&](std::int64_t, std::int64_t d, std::int64_t s) { update(out[d], in[s]); });
     });
@@ -171,9 +174,28 @@ inline void fill_on_host(Context& ctx, const Tensor& t, double value) {
   });
 }
 
+// dst += src. Between two dtypes, src is first converted into a dst-typed copy (copy_on_host's
+// conversion: the value the sum would convert it to) and then added within one dtype, the same
+// bits as converting each element inside the loop: the addition's loops are compiled for the
+// seven dtypes instead of the 49 pairs, which were more than a quarter of the CPU's kernel
+// tables' code and of their compile (docs/design.md, "Build"). Gradients are added within one
+// dtype; a sum across dtypes is rare and pays a copy.
 inline void add_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
-  host_update(ctx, loop_may_run_in_parallel(dst, src), dst, src, [](auto& out, auto in) {
-    out = add_value(out, convert_value<std::remove_reference_t<decltype(out)>>(in));
+  if (dst.dtype() != src.dtype()) {
+    const auto bytes = static_cast<std::size_t>(src.numel()) * dtype_size(dst.dtype());
+    const Tensor converted(
+        make_pooled<Storage>(ctx.host_allocator_ptr(), bytes, MemoryCategory::other), src.shape(),
+        dst.dtype());
+    copy_on_host(ctx, converted, src);
+    return add_on_host(ctx, dst, converted);
+  }
+  visit_dtype(dst.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* out = static_cast<T*>(dst.data_ptr());
+    const T* in = static_cast<const T*>(src.data_ptr());
+    host_elementwise<is_floating_storage_v<T>>(
+        ctx, loop_may_run_in_parallel(dst, src), dst, src.strides(),
+        [&](std::int64_t, std::int64_t d, std::int64_t s) { out[d] = add_value(out[d], in[s]); });
   });
 }
 
