@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 #include "gradcheck.hpp"
 #include "shardkit/nn/nn.hpp"
@@ -141,4 +142,60 @@ TEST_CASE("a backward pass run inside another, through the same nodes, leaves th
   const auto gv = sk::to_vector<double>(ctx, g), wv = sk::to_vector<double>(ctx, w.data());
   for (std::size_t i = 0; i < grad.size(); ++i)
     CHECK(grad[i] == doctest::Approx(2 * gv[i] * wv[i]).epsilon(1e-12));
+}
+
+TEST_CASE("a pass that fails inside another gives the outer pass its numbers back") {
+  // As above, but the inner pass ends by an exception (x's grad-ready hook throws the first
+  // time), which the node catches: the outer pass must still find a's node under its own number.
+  struct CatchingInnerNode : ag::Node {
+    ag::Variable a;
+    bool caught = false;
+    const char* name() const override { return "catching_inner"; }
+    ag::Gradients apply(sk::Context& ctx, const sk::Tensor& g) override {
+      try {
+        ag::backward(ctx, a, g, {.retain_graph = true});
+      } catch (const std::runtime_error&) {
+        caught = true;
+      }
+      return {g};
+    }
+  };
+  sk::Context ctx({.seed = 6});
+  auto x = ag::testing::random_variable(ctx, {5}, -1, 1);
+  const auto w = ag::testing::random_variable(ctx, {5}, 0.5, 1.5, /*requires_grad=*/false);
+  int hook_calls = 0;
+  x.register_grad_ready_hook([&](const ag::Variable&) {
+    if (hook_calls++ == 0) throw std::runtime_error("the first hook fails");
+  });
+  const ag::Variable a = ag::mul(ctx, x, w);
+  auto node = sk::make_pooled<CatchingInnerNode>();
+  node->a = a;
+  const ag::Variable y = ag::record(ctx, node, {&a}, sk::contiguous(ctx, a.data()));
+  const sk::Tensor g = sk::empty(ctx, {5}, sk::DType::f64);
+  sk::uniform_(ctx, g, 0.5, 2.0);
+  ag::backward(ctx, y, g);
+  CHECK(node->caught);
+  CHECK(hook_calls == 2);  // the inner pass's, then the outer's
+  const auto grad = sk::to_vector<double>(ctx, x.grad());
+  const auto gv = sk::to_vector<double>(ctx, g), wv = sk::to_vector<double>(ctx, w.data());
+  for (std::size_t i = 0; i < grad.size(); ++i)
+    CHECK(grad[i] == doctest::Approx(2 * gv[i] * wv[i]).epsilon(1e-12));
+
+  // A pass that fails outright leaves nothing behind: the next one over the same leaf is whole.
+  x.clear_grad();
+  x.clear_grad_ready_hooks();
+  struct ThrowingNode : ag::Node {
+    const char* name() const override { return "throwing"; }
+    ag::Gradients apply(sk::Context&, const sk::Tensor&) override {
+      throw std::runtime_error("this backward fails");
+    }
+  };
+  const ag::Variable b = ag::mul(ctx, x, w);
+  const ag::Variable z = ag::record(ctx, sk::make_pooled<ThrowingNode>(), {&b}, b.data());
+  CHECK_THROWS_AS(ag::backward(ctx, z, g), std::runtime_error);
+  CHECK_FALSE(x.grad().defined());
+  ag::backward(ctx, ag::mul(ctx, x, w), g);
+  const auto again = sk::to_vector<double>(ctx, x.grad());
+  for (std::size_t i = 0; i < again.size(); ++i)
+    CHECK(again[i] == doctest::Approx(gv[i] * wv[i]).epsilon(1e-12));
 }

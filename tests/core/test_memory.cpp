@@ -173,12 +173,18 @@ TEST_CASE("make_pooled objects reuse the blocks their thread's earlier ones gave
   for (const auto& p : again)
     CHECK(std::find(first.begin(), first.end(), static_cast<const void*>(p.get())) != first.end());
 
-  // Objects freed on another thread go to that thread's list, which gives them back to the heap
-  // when the thread ends; the values survive the trip.
+  // An object freed on another thread goes to that thread's list (which gives its blocks back to
+  // the heap when the thread ends). The block is the object with its reference counts.
+  using Pool = sk::detail::SmallObjectPool;
+  const std::size_t block = sizeof(Payload) + 16;  // (libstdc++'s in-place control block)
   auto shared = sk::make_pooled<Payload>();
   shared->values[19] = 42;
-  std::thread([moved = std::move(shared)]() mutable {
+  std::size_t kept_before = 0, kept_after = 0;
+  std::thread([&, moved = std::move(shared)]() mutable {
     CHECK(moved->values[19] == 42);
+    kept_before = Pool::kept(block);
     moved.reset();
+    kept_after = Pool::kept(block);
   }).join();
+  CHECK(kept_after == kept_before + 1);
 }

@@ -50,6 +50,19 @@ TEST_CASE("SmallVector keeps up to N elements inside and moves to the heap past 
   check_same(v, {5});
   check_same(moved_inline, {1, 2, 3, 4, 1});
 
+  // Filled with one of its own elements while it moves to the heap, and assigned to itself.
+  Small fill{6, 7};
+  fill.resize(9, fill[1]);
+  check_same(fill, {6, 7, 7, 7, 7, 7, 7, 7, 7});
+  fill.assign(12, fill[0]);
+  check_same(fill, std::vector<std::int64_t>(12, 6));
+  Small grow{1, 2, 3};
+  grow.insert(grow.begin() + 1, 4, grow[2]);
+  check_same(grow, {1, 3, 3, 3, 3, 2, 3});
+  const Small& same = grow;
+  grow = same;
+  check_same(grow, {1, 3, 3, 3, 3, 2, 3});
+
   CHECK(Small{1, 2} == Small(std::vector<std::int64_t>{1, 2}));
   CHECK(Small{1, 2} < Small{1, 3});
   CHECK(Small{1, 2} != Small{1, 2, 0});

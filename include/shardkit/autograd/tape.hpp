@@ -3,6 +3,7 @@
 // It lives in the Context's resource slot, so N ranks as N threads each have their own.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -95,8 +96,11 @@ class Tape {
   std::pair<std::uint64_t, BackwardTables*> begin_backward_pass() {
     const std::size_t depth = active_passes_.size();
     if (tables_.size() == depth) tables_.push_back(std::make_unique<BackwardTables>());
-    active_passes_.push_back(++last_backward_pass_);
-    return {last_backward_pass_, tables_[depth].get()};
+    // (numbered across the process: a node or leaf another context's pass numbered must not
+    // look numbered to this one)
+    static std::atomic<std::uint64_t> last_pass{0};
+    active_passes_.push_back(last_pass.fetch_add(1, std::memory_order_relaxed) + 1);
+    return {active_passes_.back(), tables_[depth].get()};
   }
   void end_backward_pass() { active_passes_.pop_back(); }
   // Whether pass `pass` is still running (an outer pass of the one asking).
@@ -134,7 +138,6 @@ class Tape {
   std::vector<std::shared_ptr<const std::string>> module_paths_;
   int backward_depth_ = 0;
   std::vector<std::function<void()>> callbacks_;
-  std::uint64_t last_backward_pass_ = 0;
   std::vector<std::uint64_t> active_passes_;
   std::vector<std::unique_ptr<BackwardTables>> tables_;  // by nesting depth
 };

@@ -147,8 +147,9 @@ class Allocator {
 // are cached when freed, by their size rounded up (to 64 bytes below 4 KiB, 4 KiB below 1 MiB,
 // 64 KiB above), and handed out again for the same rounded size; at most `max_cached` bytes
 // stay cached (beyond that, frees go to the system), and release_cached() gives them all back.
-// Each rounded size keeps its free blocks in a vector that keeps its capacity, so a step that
-// frees and allocates the same sizes inserts nothing anywhere. The memory statistics count what
+// Each rounded size keeps its free blocks in a vector that keeps its capacity (and its entry,
+// release_cached() included: a few words per size the process has used), so a step that frees
+// and allocates the same sizes inserts nothing anywhere. The memory statistics count what
 // is in use, not what is cached. Subclasses provide the raw memory and call release_cached() in
 // their destructor.
 class CachingHostAllocator : public Allocator {

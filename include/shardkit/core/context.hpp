@@ -2,7 +2,6 @@
 // random stream, and handles of later layers. No global mutable state: N ranks can be N threads.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -12,7 +11,6 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <typeindex>
 #include <utility>
 #include <vector>
 
@@ -109,11 +107,9 @@ class Context {
   }
 
   ~Context() {
-    // Handles (cuBLAS, communicators...) may use the stream: release them first, in the order of
-    // their types' type_index, as when they were kept in a map by it.
-    std::sort(resources_.begin(), resources_.end(),
-              [](const ResourceSlot& a, const ResourceSlot& b) { return a.type < b.type; });
-    for (ResourceSlot& slot : resources_) slot.object.reset();
+    // Handles (cuBLAS, communicators...) may use the stream: release them first. In no
+    // particular order (as when they were kept in a map by type): none of them uses another.
+    resources_.clear();
   }
 
   Context(const Context&) = delete;
@@ -287,9 +283,9 @@ class Context {
     const std::size_t id = resource_id<T>();
     std::lock_guard lock(resources_mutex_);
     if (resources_.size() <= id) resources_.resize(id + 1);
-    ResourceSlot& slot = resources_[id];
-    if (!slot.object) slot = {std::type_index(typeid(T)), std::shared_ptr<void>(make())};
-    return *static_cast<T*>(slot.object.get());
+    std::shared_ptr<void>& slot = resources_[id];
+    if (!slot) slot = std::shared_ptr<void>(make());
+    return *static_cast<T*>(slot.get());
   }
 
  private:
@@ -339,10 +335,6 @@ class Context {
   }
 
   std::mutex resources_mutex_;
-  struct ResourceSlot {
-    std::type_index type = std::type_index(typeid(void));
-    std::shared_ptr<void> object;
-  };
   static std::size_t next_resource_id() {
     static std::atomic<std::size_t> next{0};
     return next++;
@@ -352,7 +344,7 @@ class Context {
     static const std::size_t id = next_resource_id();
     return id;
   }
-  std::vector<ResourceSlot> resources_;  // by resource_id<T>()
+  std::vector<std::shared_ptr<void>> resources_;  // by resource_id<T>()
   mutable std::mutex checks_mutex_;
   mutable std::map<std::string, std::function<void()>> deferred_checks_;
 };

@@ -73,8 +73,9 @@ class SmallVector {
   operator std::vector<T>() const { return std::vector<T>(begin(), end()); }
 
   void assign(size_type count, const T& value) {
+    const T copy = value;  // (value may be one of ours)
     clear();
-    resize(count, value);
+    resize(count, copy);
   }
   template <class It, class = typename std::iterator_traits<It>::iterator_category>
   void assign(It first, It last) {
@@ -131,8 +132,9 @@ class SmallVector {
   }
   void resize(size_type count) { resize(count, T{}); }
   void resize(size_type count, const T& value) {
+    const T copy = value;  // (value may be one of ours, which reserve moves)
     reserve(count);
-    for (size_type i = size_; i < count; ++i) data_[i] = value;
+    for (size_type i = size_; i < count; ++i) data_[i] = copy;
     size_ = count;
   }
   void clear() noexcept { size_ = 0; }
