@@ -187,8 +187,6 @@ class ModuleScope {
   ModuleScope(Context& ctx, std::shared_ptr<const std::string> path) : tape_(tape(ctx)) {
     tape_.push_module(std::move(path));
   }
-  ModuleScope(Context& ctx, std::string path)
-      : ModuleScope(ctx, std::make_shared<const std::string>(std::move(path))) {}
   ~ModuleScope() { tape_.pop_module(); }
   ModuleScope(const ModuleScope&) = delete;
   ModuleScope& operator=(const ModuleScope&) = delete;
