@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "shardkit/autograd/batch_norm_stats.hpp"
 #include "shardkit/autograd/cpu_kernels.hpp"
