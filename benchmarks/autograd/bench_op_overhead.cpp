@@ -5,34 +5,10 @@
 // eager mode; compare_op_overhead.sh runs the two alternately and prints the ratio. The floor
 // is a few nanoseconds of arithmetic per op: everything above it is overhead. The counter
 // heap_allocs_per_op counts operator new calls per op (forward with its backward) on one untimed
-// step after the timing: this program replaces the global operator new to count them.
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
+// step after the timing (tests/heap_counter.hpp replaces this program's global operator new).
 #include "bench_common.hpp"
 #include "shardkit/shardkit.hpp"
-
-namespace {
-std::atomic<bool> counting_allocations{false};
-std::atomic<long> allocations{0};
-
-void* counted_new(std::size_t bytes, std::size_t alignment) {
-  if (counting_allocations.load(std::memory_order_relaxed))
-    allocations.fetch_add(1, std::memory_order_relaxed);
-  void* p = alignment <= alignof(std::max_align_t)
-                ? std::malloc(bytes ? bytes : 1)
-                : std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-
-// (operator delete stays the library's, which frees with free())
-void* operator new(std::size_t bytes) { return counted_new(bytes, alignof(std::max_align_t)); }
-void* operator new(std::size_t bytes, std::align_val_t alignment) {
-  return counted_new(bytes, static_cast<std::size_t>(alignment));
-}
+#include "tests/heap_counter.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
@@ -65,11 +41,9 @@ void BM_tiny_op_chain(benchmark::State& state) {
   shardkit::bench::LoopClock clock;
   for (auto _ : state) ops = chain_step(ctx, x, b, s, seed);
   state.counters["us_per_op"] = clock.seconds_per_iteration(state) / ops * 1e6;
-  allocations = 0;
-  counting_allocations = true;
-  ops = chain_step(ctx, x, b, s, seed);
-  counting_allocations = false;
-  state.counters["heap_allocs_per_op"] = static_cast<double>(allocations.load()) / ops;
+  const auto allocations =
+      sk::testing::heap_allocations_of([&] { ops = chain_step(ctx, x, b, s, seed); });
+  state.counters["heap_allocs_per_op"] = static_cast<double>(allocations.ours) / ops;
 }
 BENCHMARK(BM_tiny_op_chain)->ArgName("numel")->Arg(8)->Arg(1024)->Unit(benchmark::kMicrosecond);
 

@@ -1,79 +1,29 @@
 // The host side of an autograd op allocates nothing from the heap once a step has run: its node,
 // its output's VariableImpl and Storage come from the thread's small-object pool, shapes live
 // inside tensors, the output's memory comes back from the host allocator's cache, kernels' scratch
-// from the thread's HostScratch, and the backward pass keeps its tables on the tape. Counted here
-// by replacing the global operator new of this test executable (it counts only while a test asks
-// it to); an allocation made inside oneDNN (its execution of a convolution builds an argument map
-// per call) is counted apart, by the library in its call stack.
-#include <dlfcn.h>
+// from the thread's HostScratch, and the backward pass keeps its tables on the tape. Counted by
+// tests/heap_counter.hpp, which replaces the global operator new of this test executable (it
+// counts only while a test asks it to); an allocation made inside oneDNN (its execution of a
+// convolution builds an argument map per call) is counted apart, by the library in its call stack.
 #include <doctest/doctest.h>
-#include <execinfo.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
-#include <new>
 #include <stdexcept>
 
 #include "gradcheck.hpp"
+#include "heap_counter.hpp"
 #include "shardkit/nn/nn.hpp"
-
-namespace {
-std::atomic<bool> counting{false};
-std::atomic<long> heap_allocations{0}, onednn_allocations{0};
-thread_local bool inside_count = false;  // (backtrace and dladdr may allocate themselves)
-
-bool made_by_onednn() {
-  void* frames[24];
-  const int depth = backtrace(frames, 24);
-  for (int i = 0; i < depth; ++i) {
-    Dl_info info;
-    if (dladdr(frames[i], &info) != 0 && info.dli_fname != nullptr &&
-        std::strstr(info.dli_fname, "libdnnl") != nullptr)
-      return true;
-  }
-  return false;
-}
-
-void* counted(std::size_t bytes, std::size_t alignment) {
-  if (counting.load(std::memory_order_relaxed) && !inside_count) {
-    inside_count = true;
-    (made_by_onednn() ? onednn_allocations : heap_allocations)
-        .fetch_add(1, std::memory_order_relaxed);
-    inside_count = false;
-  }
-  void* p = alignment <= alignof(std::max_align_t)
-                ? std::malloc(bytes ? bytes : 1)
-                : std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-}  // namespace
-
-// (operator delete stays the library's, which frees with free(): what malloc and aligned_alloc
-// return)
-void* operator new(std::size_t bytes) { return counted(bytes, alignof(std::max_align_t)); }
-void* operator new(std::size_t bytes, std::align_val_t alignment) {
-  return counted(bytes, static_cast<std::size_t>(alignment));
-}
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
 
 namespace {
 
-// Heap allocations of `step()` on its third run (the first two fill the caches), but for
-// oneDNN's own.
+// Heap allocations of `step()` on its third run (the first two fill the caches).
 template <class Step>
-long allocations_of(Step&& step) {
+sk::testing::HeapAllocations allocations_of(Step&& step) {
   step();
   step();
-  heap_allocations = 0;
-  onednn_allocations = 0;
-  counting = true;
-  step();
-  counting = false;
-  return heap_allocations.load();
+  return sk::testing::heap_allocations_of(step);
 }
 
 }  // namespace
@@ -85,12 +35,12 @@ TEST_CASE("a chain of small autograd ops and its backward allocate nothing on th
   const auto b = ag::testing::random_variable(ctx, {4, 8}, -1, 1);
   const auto s = ag::testing::random_variable(ctx, {4, 8}, 0.5, 1.5);
   const sk::Tensor seed = sk::full(ctx, {4, 8}, sk::DType::f32, 1.0);
-  const long allocations = allocations_of([&] {
+  const auto allocations = allocations_of([&] {
     ag::Variable y = x;
     for (int k = 0; k < 16; ++k) y = ag::relu(ctx, ag::mul(ctx, ag::add(ctx, y, b), s));
     ag::backward(ctx, y, seed);
   });
-  CHECK(allocations == 0);
+  CHECK(allocations.ours == 0);
   CHECK(x.grad().defined());
 }
 
@@ -108,12 +58,12 @@ TEST_CASE("a ResNet-18 training step's host side allocates nothing on the heap")
   sk::uniform_(ctx, pixels, -1, 1);
   const ag::Variable images(pixels);
   const sk::Tensor labels = sk::from_vector<std::int64_t>(ctx, {3, 7}, {2});
-  const long allocations = allocations_of([&] {
+  const auto allocations = allocations_of([&] {
     net->zero_grad();
     ag::backward(ctx, ag::cross_entropy(ctx, (*net)(ctx, images), labels));
   });
-  CHECK(allocations == 0);
-  MESSAGE("allocations inside oneDNN's convolutions, per step: ", onednn_allocations.load());
+  CHECK(allocations.ours == 0);
+  MESSAGE("allocations inside oneDNN's convolutions, per step: ", allocations.onednn);
 }
 
 TEST_CASE("a backward pass run inside another, through the same nodes, leaves the outer intact") {
