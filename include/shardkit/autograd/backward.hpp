@@ -25,11 +25,13 @@ namespace detail {
 // Whether `t` is the only reference to a whole block of memory an op allocated: a gradient that
 // nothing else can read, so the engine may add into it in place or hand it over to a leaf, as
 // PyTorch's autograd does with a gradient it holds the only reference to (borrowed memory, views
-// and shared gradients are copied as before).
-inline bool sole_reference(const Tensor& t) {
+// and shared gradients are copied as before). A sum between nodes may also be a channels-last
+// tensor (`channels_last_too`); a leaf's gradient is always contiguous.
+inline bool sole_reference(const Tensor& t, bool channels_last_too = false) {
   const auto& storage = t.storage();
   return storage != nullptr && storage.use_count() == 1 && storage->owns_memory() &&
-         t.offset() == 0 && t.is_contiguous() && t.nbytes() == storage->bytes();
+         t.offset() == 0 && (t.is_contiguous() || (channels_last_too && keeps_channels_last(t))) &&
+         t.nbytes() == storage->bytes();
 }
 
 inline void accumulate_leaf(Context& ctx, VariableImpl& leaf, const Tensor& grad) {
@@ -223,7 +225,7 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
           Tensor& sum = row.gradient;  // a + b with a held here alone is a += b: the same bits
           if (!sum.defined())
             sum = std::move(grads[i]);
-          else if (detail::sole_reference(sum) && sum.dtype() == grads[i].dtype())
+          else if (detail::sole_reference(sum, true) && sum.dtype() == grads[i].dtype())
             fn::accumulate(ctx, sum, grads[i]);
           else
             sum = fn::add(ctx, sum, grads[i]);

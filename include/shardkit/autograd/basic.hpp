@@ -48,7 +48,7 @@ struct ReluNode final : Node {
   Tensor y;
   const char* name() const override { return "relu"; }
   Gradients apply(Context& ctx, const Tensor& g) override {
-    return {fn::pointwise(ctx, Pointwise::relu_backward, g, y, 1, 0)};
+    return {fn::pointwise(ctx, Pointwise::relu_backward, dense_as(ctx, g, y), y, 1, 0)};
   }
   void release_saved() override { y = Tensor(); }
 };
@@ -94,9 +94,11 @@ inline Tensor contiguous_data(Context& ctx, const Variable& v) { return contiguo
 
 }  // namespace detail
 
+// (add and relu keep a channels-last input so, core/channels_last.hpp: the residual additions
+// and activations of a channels-last network run in its layout)
 inline Variable add(Context& ctx, const Variable& a, const Variable& b) {
   detail::check_same_shape(ctx, "add", a, b);
-  Tensor y = fn::add(ctx, detail::contiguous_data(ctx, a), detail::contiguous_data(ctx, b));
+  Tensor y = fn::add(ctx, a.data(), b.data());
   if (!needs_grad(ctx, {&a, &b})) return Variable(std::move(y));
   return record(ctx, make_pooled<detail::AddNode>(), {&a, &b}, std::move(y));
 }
@@ -125,7 +127,7 @@ inline Variable scale(Context& ctx, const Variable& x, double alpha) {
 
 inline Variable relu(Context& ctx, const Variable& x) {
   check(x.defined(), "relu: the input is undefined", module_suffix(ctx));
-  Tensor y = fn::pointwise(ctx, Pointwise::relu, detail::contiguous_data(ctx, x), Tensor(), 1, 0);
+  Tensor y = fn::pointwise(ctx, Pointwise::relu, x.data(), Tensor(), 1, 0);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
   auto node = make_pooled<detail::ReluNode>();
   node->y = y;

@@ -1,6 +1,9 @@
 // Differentiable 2-D convolution (NCHW, OIHW weights, stride/padding/dilation, optional bias):
 // on the CPU oneDNN's primitives for f32 (cpu_dnnl.hpp), im2col + Eigen for f64 or a build
 // without oneDNN (cpu_conv.hpp); cuDNN (forward, backward-data, backward-filter) on the GPU.
+// On the CPU an input stored channels-last (core/channels_last.hpp) is read as it is, and the
+// output is channels-last too -- or asked for (Conv2dOptions::channels_last) from any input,
+// which is how a network's first convolution turns its activations channels-last.
 #pragma once
 
 #include "shardkit/autograd/basic.hpp"
@@ -9,6 +12,8 @@ namespace shardkit::autograd {
 
 struct Conv2dOptions {
   std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+  // Write the output channels-last on the CPU (f32, f64); elsewhere it is contiguous.
+  bool channels_last = false;
 
   static Conv2dOptions make(std::int64_t stride, std::int64_t padding, std::int64_t dilation = 1) {
     return {stride, stride, padding, padding, dilation, dilation};
@@ -22,10 +27,11 @@ struct Conv2dNode final : Node {
   ConvGeometry geometry;
   bool has_bias = false;
   const char* name() const override { return "conv2d"; }
+  bool y_channels_last = false;  // the output's layout, in which the gradient is read
   Gradients apply(Context& ctx, const Tensor& gy) override {
-    Tensor g = contiguous(ctx, gy);
+    Tensor g = y_channels_last ? to_channels_last(ctx, gy) : contiguous(ctx, gy);
     Gradients grads(edges.size());
-    if (edges[0].valid()) grads[0] = fn::new_like(ctx, g, x.shape(), x.dtype());
+    if (edges[0].valid()) grads[0] = empty_dense_like(ctx, x, x.shape(), x.dtype());
     if (edges[1].valid())
       grads[1] = fn::new_like(ctx, g, weight.shape(), weight.dtype(), MemoryCategory::gradients);
     if (grads[0].defined() || grads[1].defined())
@@ -33,8 +39,11 @@ struct Conv2dNode final : Node {
     if (has_bias && edges[2].valid()) {
       grads[2] =
           fn::new_like(ctx, g, {geometry.out_channels}, weight.dtype(), MemoryCategory::gradients);
-      kernels_for(ctx, g).channel_sum(ctx, g, grads[2], geometry.batch, geometry.out_channels,
-                                      geometry.out_plane());
+      // (channels-last: rows of channels, in the same order over each channel's values)
+      const std::int64_t plane = geometry.out_plane();
+      kernels_for(ctx, g).channel_sum(ctx, g, grads[2],
+                                      y_channels_last ? geometry.batch * plane : geometry.batch,
+                                      geometry.out_channels, y_channels_last ? 1 : plane);
     }
     return grads;
   }
@@ -80,18 +89,27 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
     check(bias.shape() == Shape{g.out_channels} && bias.dtype() == x.dtype(), "conv2d: bias ",
           shape_text(bias.shape()), " does not match weight ", shape_text(weight.shape()),
           module_suffix(ctx));
-  Tensor xd = contiguous(ctx, x.data()), wd = contiguous(ctx, weight.data());
-  Tensor y = fn::new_like(ctx, xd, {g.batch, g.out_channels, g.out_h, g.out_w}, x.dtype());
+  Tensor xd = dense(ctx, x.data()), wd = contiguous(ctx, weight.data());
+  const Shape y_shape{g.batch, g.out_channels, g.out_h, g.out_w};
+  Tensor y = empty_dense_like(ctx, xd, y_shape, x.dtype());
+  if (o.channels_last && !keeps_channels_last(y)) {
+    Tensor y_channels_last = empty_channels_last(ctx, xd.device(), y_shape, x.dtype());
+    if (keeps_channels_last(y_channels_last)) y = y_channels_last;  // (CPU, f32/f64, not 1 x 1)
+  }
   fn::conv2d_forward(ctx, xd, wd, y, g);
-  if (has_bias)
-    kernels_for(ctx, y).channel_bias_add(ctx, y, contiguous(ctx, bias.data()), g.batch,
-                                         g.out_channels, g.out_plane());
+  if (has_bias) {
+    const bool rows = keeps_channels_last(y);
+    kernels_for(ctx, y).channel_bias_add(ctx, y, contiguous(ctx, bias.data()),
+                                         rows ? g.batch * g.out_plane() : g.batch, g.out_channels,
+                                         rows ? 1 : g.out_plane());
+  }
   if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
   auto node = make_pooled<detail::Conv2dNode>();
   node->x = xd;
   node->weight = wd;
   node->geometry = g;
   node->has_bias = has_bias;
+  node->y_channels_last = keeps_channels_last(y);
   if (has_bias) return record(ctx, node, {&x, &weight, &bias}, std::move(y));
   return record(ctx, node, {&x, &weight}, std::move(y));
 }

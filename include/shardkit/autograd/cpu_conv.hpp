@@ -12,6 +12,7 @@
 
 #include "shardkit/autograd/cpu_kernels.hpp"
 #include "shardkit/autograd/geometry.hpp"
+#include "shardkit/core/tensor_ops.hpp"
 
 namespace shardkit::autograd {
 
@@ -158,6 +159,29 @@ inline void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor&
       }
     }
   });
+}
+
+// The same on tensors in either dense layout (core/channels_last.hpp): im2col reads and writes
+// NCHW, so channels-last operands go through contiguous copies.
+inline void conv2d_forward_any_layout(Context& ctx, const Tensor& x, const Tensor& weight,
+                                      const Tensor& y, const ConvGeometry& g) {
+  const Tensor xc = contiguous(ctx, x);
+  if (y.is_contiguous()) return conv2d_forward(xc, weight, y, g);
+  const Tensor yc = empty_on(ctx, y.device(), y.shape(), y.dtype(), MemoryCategory::activations);
+  conv2d_forward(xc, weight, yc, g);
+  copy(ctx, y, yc);
+}
+
+inline void conv2d_backward_any_layout(Context& ctx, const Tensor& x, const Tensor& weight,
+                                       const Tensor& grad_y, const Tensor& grad_x,
+                                       const Tensor& grad_weight, const ConvGeometry& g) {
+  const Tensor xc = contiguous(ctx, x), gyc = contiguous(ctx, grad_y);
+  if (!grad_x.defined() || grad_x.is_contiguous())
+    return conv2d_backward(xc, weight, gyc, grad_x, grad_weight, g);
+  const Tensor gxc =
+      empty_on(ctx, grad_x.device(), grad_x.shape(), grad_x.dtype(), MemoryCategory::activations);
+  conv2d_backward(xc, weight, gyc, gxc, grad_weight, g);
+  copy(ctx, grad_x, gxc);
 }
 
 }  // namespace cpu

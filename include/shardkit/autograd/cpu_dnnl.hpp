@@ -9,7 +9,9 @@
 // the output gradient once for its backward-data and backward-weights calls). Primitives are
 // made once per (shape, thread count) and cached in the Context; every buffer (reordered
 // operands, oneDNN's scratchpad) comes from the context's allocator, so memory statistics count
-// it and the host allocator's cache reuses it step after step.
+// it and the host allocator's cache reuses it step after step. Channels-last tensors
+// (core/channels_last.hpp) take primitives that read and write NHWC as it is, so a network kept
+// channels-last runs its convolutions without reordering its activations.
 //
 // Threads: oneDNN here runs on OpenMP. Each call sets the calling thread's OpenMP thread count
 // to the context's cpu_threads(), so local ranks (threads of one process) each get their share.
@@ -34,6 +36,7 @@
 #include <mutex>
 
 #include "shardkit/autograd/cpu_conv.hpp"
+#include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/dnnl_check.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 
@@ -61,12 +64,15 @@ inline PrimitiveHandle make_primitive(dnnl_primitive_desc_t pd) {
   return PrimitiveHandle(p);
 }
 
-inline dnnl_memory_desc_t plain_desc(std::initializer_list<std::int64_t> dims) {
+// Our layout of a tensor: row-major, or for a 4-D channels-last one NHWC (oneDNN's acdb).
+inline dnnl_memory_desc_t plain_desc(std::initializer_list<std::int64_t> dims,
+                                     bool channels_last = false) {
   dnnl_dims_t d{};
   int n = 0;
   for (std::int64_t v : dims) d[n++] = v;
+  const dnnl_format_tag_t tag = n == 4 ? (channels_last ? dnnl_acdb : dnnl_abcd) : dnnl_ab;
   dnnl_memory_desc_t md;
-  SK_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, n, d, dnnl_f32, n == 4 ? dnnl_abcd : dnnl_ab));
+  SK_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, n, d, dnnl_f32, tag));
   return md;
 }
 
@@ -233,16 +239,17 @@ class Convolutions {
   void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& y,
                const ConvGeometry& g) {
     std::lock_guard lock(mutex_);
-    ConvPlan& plan = plan_for(ctx, g);
+    ConvPlan& plan = plan_for(ctx, g, layouts(x, y));
     plan.forward->run(ctx, stream_, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
   }
 
   void backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& gy, const Tensor& gx,
                 const Tensor& gw, const ConvGeometry& g) {
     std::lock_guard lock(mutex_);
-    ConvPlan& plan = plan_for(ctx, g);
-    if (gx.defined() && !plan.backward_data) make_backward_data(plan, g);
-    if (gw.defined() && !plan.backward_weights) make_backward_weights(plan, g);
+    const Layouts l = layouts(x, gy);
+    ConvPlan& plan = plan_for(ctx, g, l);
+    if (gx.defined() && !plan.backward_data) make_backward_data(plan, g, l);
+    if (gw.defined() && !plan.backward_weights) make_backward_weights(plan, g, l);
     // Both calls read the output gradient (operand 0 of backward-data, 1 of backward-weights);
     // when both want it in the same blocked layout it is reordered once for the two.
     Tensor shared_gy;
@@ -267,15 +274,28 @@ class Convolutions {
   }
 
  private:
+  // Which operands are channels-last: the output's (and its gradient's) layout picks the
+  // primitives -- channels-last ones read and write NHWC as it is (no reorders), the others
+  // choose blocked layouts -- and the input (and its gradient) is read in its own layout. An
+  // input that is both contiguous and channels-last (one channel, as a network's images) is
+  // read as NHWC by channels-last primitives: the same memory, no reorder.
+  struct Layouts {
+    bool src = false, dst = false;
+  };
+  static Layouts layouts(const Tensor& x, const Tensor& y) {
+    const bool dst = keeps_channels_last(y);
+    return {dst ? is_channels_last(x) : keeps_channels_last(x), dst};
+  }
+
   struct Descs {
     dnnl_memory_desc_t src, weights, dst;
     dnnl_dims_t strides, dilates, pad_l, pad_r;
   };
-  static Descs descs(const ConvGeometry& g) {
+  static Descs descs(const ConvGeometry& g, Layouts l) {
     Descs d;
-    d.src = plain_desc({g.batch, g.in_channels, g.height, g.width});
+    d.src = plain_desc({g.batch, g.in_channels, g.height, g.width}, l.src);
     d.weights = plain_desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w});
-    d.dst = plain_desc({g.batch, g.out_channels, g.out_h, g.out_w});
+    d.dst = plain_desc({g.batch, g.out_channels, g.out_h, g.out_w}, l.dst);
     d.strides[0] = g.stride_h, d.strides[1] = g.stride_w;
     d.dilates[0] = g.dilation_h - 1, d.dilates[1] = g.dilation_w - 1;  // oneDNN counts from 0
     d.pad_l[0] = g.pad_h, d.pad_l[1] = g.pad_w;
@@ -290,19 +310,32 @@ class Convolutions {
     return PrimitiveDescHandle(pd);
   }
 
-  ConvPlan& plan_for(Context& ctx, const ConvGeometry& g) {
+  // The primitives' own layouts for src and dst: NHWC for channels-last ones, else oneDNN's choice.
+  static void primitive_descs(const Descs& d, Layouts l, dnnl_memory_desc_t& src,
+                              dnnl_memory_desc_t& weights, dnnl_memory_desc_t& dst) {
+    weights = any_desc(d.weights);
+    if (l.dst) {
+      src = plain_desc({d.src.dims[0], d.src.dims[1], d.src.dims[2], d.src.dims[3]}, true);
+      dst = d.dst;
+    } else {
+      src = any_desc(d.src);
+      dst = any_desc(d.dst);
+    }
+  }
+
+  ConvPlan& plan_for(Context& ctx, const ConvGeometry& g, Layouts l) {
     const int threads = ctx.cpu_threads();
     omp_set_num_threads(threads);  // this thread's OpenMP teams: for making and for running
-    const std::array<std::int64_t, 15> key{g.batch,        g.in_channels, g.height,   g.width,
-                                           g.out_channels, g.kernel_h,    g.kernel_w, g.stride_h,
-                                           g.stride_w,     g.pad_h,       g.pad_w,    g.dilation_h,
-                                           g.dilation_w,   threads,       0};
+    const std::array<std::int64_t, 15> key{
+        g.batch,    g.in_channels, g.height,     g.width,    g.out_channels,
+        g.kernel_h, g.kernel_w,    g.stride_h,   g.stride_w, g.pad_h,
+        g.pad_w,    g.dilation_h,  g.dilation_w, threads,    l.src + 2 * l.dst};
     auto& slot = plans_[key];
     if (!slot) {
       auto plan = std::make_unique<ConvPlan>();
-      Descs d = descs(g);
-      dnnl_memory_desc_t src = any_desc(d.src), weights = any_desc(d.weights),
-                         dst = any_desc(d.dst);
+      Descs d = descs(g, l);
+      dnnl_memory_desc_t src, weights, dst;
+      primitive_descs(d, l, src, weights, dst);
       dnnl_convolution_desc_t desc;
       SK_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(
           &desc, dnnl_forward_training, dnnl_convolution_direct, &src, &weights, nullptr, &dst,
@@ -319,9 +352,10 @@ class Convolutions {
     return *slot;
   }
 
-  void make_backward_data(ConvPlan& plan, const ConvGeometry& g) {
-    Descs d = descs(g);
-    dnnl_memory_desc_t src = any_desc(d.src), weights = any_desc(d.weights), dst = any_desc(d.dst);
+  void make_backward_data(ConvPlan& plan, const ConvGeometry& g, Layouts l) {
+    Descs d = descs(g, l);
+    dnnl_memory_desc_t src, weights, dst;
+    primitive_descs(d, l, src, weights, dst);
     dnnl_convolution_desc_t desc;
     SK_DNNL_CHECK(dnnl_dilated_convolution_backward_data_desc_init(&desc, dnnl_convolution_direct,
                                                                    &src, &weights, &dst, d.strides,
@@ -334,9 +368,10 @@ class Convolutions {
     plan.backward_data = std::make_unique<Call>(engine_, std::move(pd), std::move(ops));
   }
 
-  void make_backward_weights(ConvPlan& plan, const ConvGeometry& g) {
-    Descs d = descs(g);
-    dnnl_memory_desc_t src = any_desc(d.src), weights = any_desc(d.weights), dst = any_desc(d.dst);
+  void make_backward_weights(ConvPlan& plan, const ConvGeometry& g, Layouts l) {
+    Descs d = descs(g, l);
+    dnnl_memory_desc_t src, weights, dst;
+    primitive_descs(d, l, src, weights, dst);
     dnnl_convolution_desc_t desc;
     SK_DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(
         &desc, dnnl_convolution_direct, &src, &weights, nullptr, &dst, d.strides, d.dilates,

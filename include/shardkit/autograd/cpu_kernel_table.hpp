@@ -262,7 +262,7 @@ SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
                   if (a.dtype() == DType::f32)
                     return cpu::dnnl::convolutions(c).forward(c, a, b, d, g);
 #endif
-                  cpu::conv2d_forward(a, b, d, g);
+                  cpu::conv2d_forward_any_layout(c, a, b, d, g);
                 },
                 x, w, y);
           },
@@ -277,7 +277,7 @@ SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
                   if (a.dtype() == DType::f32)
                     return cpu::dnnl::convolutions(c).backward(c, a, b, d, e, f, g);
 #endif
-                  cpu::conv2d_backward(a, b, d, e, f, g);
+                  cpu::conv2d_backward_any_layout(c, a, b, d, e, f, g);
                 },
                 x, w, gy, gx, gw);
           },

@@ -56,6 +56,65 @@ inline void rows_by_channel_block(ThreadPool& pool, std::int64_t outer, std::int
   });
 }
 
+// Tensors with one value per (row, channel) -- inner == 1: a channels-last [N, C, H, W] tensor
+// seen as [N*H*W, C, 1], or a [N, C] batch -- run as rows of channels: each thread takes a
+// block of channels, as rows_by_channel_block, and sweeps the rows over it, so the loops
+// vectorise across the channels. A channel's sums are the same additions in the same order as
+// the per-row lane sums above make for inner == 1 (each row's term, rounded, added to the
+// running sum), which needs the product in a term rounded before it is added: FMA contraction
+// is off in these loops (SK_NO_FP_CONTRACT), as it cannot happen across lane_sum's tail.
+template <class Rows>
+inline void channel_block_rows(ThreadPool& pool, std::int64_t channels, Rows&& rows) {
+  const std::int64_t blocks = std::min<std::int64_t>(pool.size(), channels);
+  pool.parallel_for(
+      blocks, [&](std::int64_t b) { rows(channels * b / blocks, channels * (b + 1) / blocks); });
+}
+
+// Element-wise passes over rows of channels: blocks of rows per task.
+template <class Row>
+inline void row_blocks(ThreadPool& pool, std::int64_t rows, Row&& row) {
+  constexpr std::int64_t kRowsPerTask = 256;
+  pool.parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](std::int64_t t) {
+    const std::int64_t hi = std::min(rows, (t + 1) * kRowsPerTask);
+    for (std::int64_t n = t * kRowsPerTask; n < hi; ++n) row(n);
+  });
+}
+
+#if defined(__clang__)
+#define SK_NO_FP_CONTRACT _Pragma("clang fp contract(off)")
+#define SK_NO_FP_CONTRACT_FN
+#elif defined(__GNUC__)
+#define SK_NO_FP_CONTRACT
+#define SK_NO_FP_CONTRACT_FN __attribute__((optimize("fp-contract=off")))
+#else
+#define SK_NO_FP_CONTRACT
+#define SK_NO_FP_CONTRACT_FN
+#endif
+
+template <class T>
+SK_NO_FP_CONTRACT_FN void row_channel_sums(const T* in, std::int64_t outer, std::int64_t channels,
+                                           std::int64_t lo, std::int64_t hi, double* sum) {
+  SK_NO_FP_CONTRACT
+  for (std::int64_t n = 0; n < outer; ++n) {
+    const T* row = in + n * channels;
+    for (std::int64_t c = lo; c < hi; ++c) sum[c] += double(row[c]);
+  }
+}
+
+template <class T>
+SK_NO_FP_CONTRACT_FN void row_channel_squares(const T* in, std::int64_t outer,
+                                              std::int64_t channels, std::int64_t lo,
+                                              std::int64_t hi, const double* mean, double* m2) {
+  SK_NO_FP_CONTRACT
+  for (std::int64_t n = 0; n < outer; ++n) {
+    const T* row = in + n * channels;
+    for (std::int64_t c = lo; c < hi; ++c) {
+      const double d = double(row[c]) - mean[c];
+      m2[c] += d * d;
+    }
+  }
+}
+
 // mean[c] and m2[c] (the sum of squared deviations from the mean) of each channel over
 // (outer, inner), in two passes.
 inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t outer,
@@ -66,6 +125,16 @@ inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t oute
     const double count = double(outer * inner);
     std::fill(mean, mean + channels, 0.0);
     std::fill(m2, m2 + channels, 0.0);
+    if (inner == 1) {
+      channel_block_rows(pool, channels, [&](std::int64_t lo, std::int64_t hi) {
+        row_channel_sums(in, outer, channels, lo, hi, mean);
+      });
+      for (std::int64_t c = 0; c < channels; ++c) mean[c] /= count;
+      channel_block_rows(pool, channels, [&](std::int64_t lo, std::int64_t hi) {
+        row_channel_squares(in, outer, channels, lo, hi, mean, m2);
+      });
+      return;
+    }
     rows_by_channel_block(pool, outer, channels, [&](std::int64_t n, std::int64_t c) {
       const T* row = in + (n * channels + c) * inner;
       mean[c] += lane_sum(inner, [row](std::int64_t i) { return double(row[i]); });
@@ -91,6 +160,22 @@ inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, c
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
     T* out = static_cast<T*>(y.data_ptr());
+    if (inner == 1) {
+      row_blocks(pool, outer, [&](std::int64_t n) {
+        const T* src = in + n * channels;
+        T* dst = out + n * channels;
+        if (relu) {
+          for (std::int64_t c = 0; c < channels; ++c) {
+            const T v = static_cast<T>(src[c] * scale[c] + shift[c]);
+            dst[c] = v > T(0) ? v : T(0);
+          }
+        } else {
+          for (std::int64_t c = 0; c < channels; ++c)
+            dst[c] = static_cast<T>(src[c] * scale[c] + shift[c]);
+        }
+      });
+      return;
+    }
     pool.parallel_for(outer * channels, [&](std::int64_t plane) {
       const std::int64_t c = plane % channels, at = plane * inner;
       const double a = scale[c], b = shift[c];
@@ -202,6 +287,33 @@ inline double relu_masked(const T* g, const T* y, std::int64_t i) {
   return std::bit_cast<double>(std::bit_cast<std::uint64_t>(double(g[i])) & keep);
 }
 
+// batch_norm_grad_sums' unscaled sums over rows of channels (inner == 1; see
+// channel_block_rows): g masked by a fused ReLU's output `y` when given.
+template <class T>
+SK_NO_FP_CONTRACT_FN void row_grad_sums(const T* in, const T* gy, const T* out, const T* sm,
+                                        std::int64_t outer, std::int64_t channels, std::int64_t lo,
+                                        std::int64_t hi, double* sum_g, double* sum_gx) {
+  SK_NO_FP_CONTRACT
+  for (std::int64_t n = 0; n < outer; ++n) {
+    const std::int64_t at = n * channels;
+    const T* g = gy + at;
+    const T* v = in + at;
+    if (out == nullptr) {
+      for (std::int64_t c = lo; c < hi; ++c) {
+        sum_g[c] += double(g[c]);
+        sum_gx[c] += double(g[c]) * (double(v[c]) - double(sm[c]));
+      }
+    } else {
+      const T* y = out + at;
+      for (std::int64_t c = lo; c < hi; ++c) {
+        const double masked = relu_masked(g, y, c);
+        sum_g[c] += masked;
+        sum_gx[c] += masked * (double(v[c]) - double(sm[c]));
+      }
+    }
+  }
+}
+
 // The sums training-mode backward needs, per channel: sum_g = sum(g) and
 // sum_gxhat = sum(g * (x - mean)) * invstd, with the saved statistics. With `relu_out` (the
 // output of a fused ReLU), g is first masked as the ReLU's backward would.
@@ -218,6 +330,13 @@ inline void batch_norm_grad_sums(ThreadPool& pool, const Tensor& x, const Tensor
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
     std::fill(sum_g, sum_g + channels, 0.0);
     std::fill(sum_gxhat, sum_gxhat + channels, 0.0);  // sum(g * (x - mean)) until scaled below
+    if (inner == 1) {
+      channel_block_rows(pool, channels, [&](std::int64_t lo, std::int64_t hi) {
+        row_grad_sums(in, gy, out, sm, outer, channels, lo, hi, sum_g, sum_gxhat);
+      });
+      for (std::int64_t c = 0; c < channels; ++c) sum_gxhat[c] *= double(si[c]);
+      return;
+    }
     rows_by_channel_block(pool, outer, channels, [&](std::int64_t n, std::int64_t c) {
       const std::int64_t at = (n * channels + c) * inner;
       const double mean = sm[c];
@@ -259,6 +378,38 @@ inline void batch_norm_input_grad(ThreadPool& pool, const Tensor& x, const Tenso
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
     T* gx = static_cast<T*>(grad_x.data_ptr());
     const T* relu_y = relu_out.defined() ? static_cast<const T*>(relu_out.data_ptr()) : nullptr;
+    if (inner == 1) {
+      // Each channel's factors once (the plane loop's, in the same expressions), then the rows.
+      HostScratch scratch;
+      double* k = scratch.doubles(static_cast<std::size_t>(channels));
+      double* mean = scratch.doubles(static_cast<std::size_t>(channels));
+      double* invstd = scratch.doubles(static_cast<std::size_t>(channels));
+      for (std::int64_t c = 0; c < channels; ++c) {
+        mean[c] = sm[c];
+        invstd[c] = si[c];
+        k[c] = w[c] * invstd[c] / count;
+      }
+      row_blocks(pool, outer, [&](std::int64_t n) {
+        const std::int64_t at = n * channels;
+        const T* v = in + at;
+        const T* g = gy + at;
+        T* out = gx + at;
+        if (relu_y == nullptr) {
+          for (std::int64_t c = 0; c < channels; ++c) {
+            const double xhat = (v[c] - mean[c]) * invstd[c];
+            out[c] = static_cast<T>(k[c] * (count * g[c] - sum_g[c] - xhat * sum_gxhat[c]));
+          }
+        } else {
+          const T* y = relu_y + at;
+          for (std::int64_t c = 0; c < channels; ++c) {
+            const double xhat = (v[c] - mean[c]) * invstd[c];
+            out[c] = static_cast<T>(
+                k[c] * (count * relu_masked(g, y, c) - sum_g[c] - xhat * sum_gxhat[c]));
+          }
+        }
+      });
+      return;
+    }
     pool.parallel_for(outer * channels, [&](std::int64_t plane) {
       const std::int64_t c = plane % channels, at = plane * inner;
       const double mean = sm[c], invstd = si[c];

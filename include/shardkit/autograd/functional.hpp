@@ -1,9 +1,11 @@
 // Tensor-level math without autograd, dispatched by device through the function table
 // (device_table.hpp; cpu_kernel_table.hpp says what the CPU runs, cuBLAS/cuDNN serve the GPU).
-// Results are new contiguous tensors counted as activations.
+// Results are new dense tensors counted as activations: contiguous, or channels-last where the
+// first operand is kept so (core/channels_last.hpp).
 #pragma once
 
 #include "shardkit/autograd/cpu_kernel_table.hpp"
+#include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 
 namespace shardkit::autograd::fn {
@@ -16,10 +18,14 @@ inline Tensor new_like(Context& ctx, const Tensor& like) {
   return new_like(ctx, like, like.shape(), like.dtype());
 }
 
+// The kernel runs over the operands' memory as flat arrays: b is brought to a's dense layout
+// (a no-op when it has it), and the result takes it too.
 inline Tensor pointwise(Context& ctx, Pointwise op, const Tensor& a, const Tensor& b,
                         double alpha = 1, double beta = 1) {
-  Tensor out = new_like(ctx, a);
-  kernels_for(ctx, a).pointwise(ctx, op, out, a, b, alpha, beta);
+  const Tensor ad = dense(ctx, a);
+  const Tensor bd = b.defined() ? dense_as(ctx, b, ad) : b;
+  Tensor out = empty_dense_like(ctx, ad, ad.shape(), ad.dtype());
+  kernels_for(ctx, ad).pointwise(ctx, op, out, ad, bd, alpha, beta);
   return out;
 }
 
@@ -35,9 +41,9 @@ inline Tensor mul(Context& ctx, const Tensor& a, const Tensor& b) {
 
 // dst += src in place (same shape; src converted to dst's dtype first when they differ).
 inline void accumulate(Context& ctx, const Tensor& dst, const Tensor& src) {
-  Tensor s = src.dtype() == dst.dtype() ? contiguous(ctx, src) : cast(ctx, src, dst.dtype());
-  if (dst.is_contiguous()) {
-    kernels_for(ctx, dst).pointwise(ctx, Pointwise::axpby, dst, dst, s, 1, 1);
+  Tensor s = src.dtype() == dst.dtype() ? src : cast(ctx, src, dst.dtype());
+  if (dst.is_contiguous() || keeps_channels_last(dst)) {  // (dense: flat in place)
+    kernels_for(ctx, dst).pointwise(ctx, Pointwise::axpby, dst, dst, dense_as(ctx, s, dst), 1, 1);
     return;
   }
   Tensor sum = add(ctx, contiguous(ctx, dst), s);

@@ -7,6 +7,8 @@
 // running statistics must be f32, and f16/bf16 weight and bias (a mixed-precision compute
 // copy) are widened to f32 for the computation -- their gradients come back in f32 and are
 // rounded where they are accumulated.
+// On the CPU a channels-last input (core/channels_last.hpp) is normalised as it is, as rows of
+// channels ([N*H*W, C, 1]), and its output and input gradient are channels-last too.
 #pragma once
 
 #include <memory>
@@ -63,7 +65,7 @@ struct BatchNormNode final : Node {
   const char* name() const override { return "batch_norm"; }
 
   Gradients apply(Context& ctx, const Tensor& gy) override {
-    Tensor g = contiguous(ctx, gy);
+    Tensor g = dense_as(ctx, gy, x);
     // The CPU's training-mode loops apply a fused ReLU's mask as they read g; elsewhere it is a
     // pass of its own first.
     const bool mask_in_loops = training && g.device().is_cpu();
@@ -72,7 +74,8 @@ struct BatchNormNode final : Node {
     const DType stat = weight.dtype();
     // (cuDNN's backward writes an input gradient whether or not one is wanted)
     const bool cudnn = g.device().is_cuda() && !(training && sync);
-    Tensor gx = edges[0].valid() || cudnn ? fn::new_like(ctx, g) : Tensor();
+    Tensor gx =
+        edges[0].valid() || cudnn ? empty_dense_like(ctx, g, g.shape(), g.dtype()) : Tensor();
     // Parameter gradients count as gradients, not activations, while they wait to be accumulated.
     Tensor gw = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
     Tensor gb = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
@@ -90,7 +93,7 @@ struct BatchNormNode final : Node {
                                                     mask_in_loops ? relu_out : Tensor());
     } else {
       const auto& k = kernels_for(ctx, g);
-      Tensor g_xhat = fn::new_like(ctx, g);
+      Tensor g_xhat = empty_dense_like(ctx, g, g.shape(), g.dtype());
       k.batch_norm_eval_backward(ctx, x, g, weight, mean, invstd_or_var, eps, gx, g_xhat, s.outer,
                                  s.channels, s.inner);
       k.channel_sum(ctx, g_xhat, gw, s.outer, s.channels, s.inner);
@@ -149,8 +152,10 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
               running_mean.dtype() == stat && running_var.dtype() == stat,
           "batch_norm: running statistics must be two ", dtype_name(stat), " tensors of shape [",
           channels, "]", module_suffix(ctx));
+  Tensor xd = dense(ctx, x.data());
   detail::BatchNormShape s{x.size(0), channels,
                            x.numel() / std::max<std::int64_t>(1, x.size(0) * channels)};
+  if (keeps_channels_last(xd)) s = {s.outer * s.inner, channels, 1};  // rows of channels
   if (o.training)
     check(s.outer * s.inner > 1,
           "batch_norm: training needs more than one value per channel, got input ",
@@ -158,12 +163,11 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
   check(!x.device().is_cuda() || o.eps >= 1e-5, "batch_norm: eps ", o.eps,
         " is below cuDNN's minimum 1e-5", module_suffix(ctx));
 
-  Tensor xd = contiguous(ctx, x.data());
   // (f16/bf16 weight and bias are widened: the statistics and the affine map are f32.)
   Tensor wd =
       weight.dtype() == stat ? contiguous(ctx, weight.data()) : cast(ctx, weight.data(), stat);
   Tensor bd = bias.dtype() == stat ? contiguous(ctx, bias.data()) : cast(ctx, bias.data(), stat);
-  Tensor y = fn::new_like(ctx, xd);
+  Tensor y = empty_dense_like(ctx, xd, xd.shape(), xd.dtype());
   Tensor saved_a, saved_b;
   const bool synced = o.training && o.sync && o.sync->size() > 1;
   Tensor group_count;

@@ -32,6 +32,13 @@ struct ResNetOptions {
   // the residual add) instead of two or three times. False keeps torchvision's calls, for hooks
   // that count on them.
   bool fuse_bn_relu = true;
+  // Activations stored channels-last (NHWC memory, core/channels_last.hpp) on the CPU, from the
+  // stem's output on: oneDNN's convolutions then read and write them without reordering them
+  // into a blocked layout and back around every call (for narrow networks most of a
+  // convolution's time), and batch-norm, the residual additions and the ReLUs run in that
+  // layout. Convolutions then take other oneDNN kernels: the results agree to rounding, not bit
+  // for bit, with the NCHW network's. No effect on the GPU or for half-precision activations.
+  bool channels_last = false;
 };
 
 namespace detail {
@@ -40,6 +47,7 @@ inline std::shared_ptr<Conv2d> conv(Context& ctx, std::int64_t in, std::int64_t 
                                     std::int64_t kernel, std::int64_t stride,
                                     const ResNetOptions& o) {
   auto c = std::make_shared<Conv2d>(ctx, in, out, kernel, stride, kernel / 2, false, o.dtype);
+  c->options.channels_last = o.channels_last;
   if (o.init == ResNetInit::torchvision) init::kaiming_normal_fan_out_(ctx, c->weight.data());
   return c;
 }
