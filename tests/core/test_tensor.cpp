@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/cpu_tensor_kernels.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 
@@ -283,6 +284,46 @@ TEST_CASE("transposing copies of one dtype move every element to its transposed 
               wrong += std::memcmp(got + static_cast<std::size_t>(at_y) * size,
                                    bytes.data() + static_cast<std::size_t>(at_x) * size, size) != 0;
             });
+        CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("copies into a tensor stored in another order of its dimensions (channels-last)") {
+  // NCHW into channels-last and back: the destination is dense in another dimension order, so
+  // the copy runs over both put in its memory order (the transposing path where C and H*W are
+  // a tile or more, the strided loop elsewhere); every element lands in its place.
+  for (const int threads : {1, 3}) {
+    sk::Context ctx({.seed = 19, .cpu_threads = threads});
+    for (const sk::DType dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::i32}) {
+      for (const sk::Shape& shape :
+           {sk::Shape{2, 48, 9, 7}, sk::Shape{3, 5, 6, 4}, sk::Shape{1, 64, 33, 35}}) {
+        CAPTURE(threads);
+        CAPTURE(sk::dtype_name(dtype));
+        CAPTURE(sk::shape_str(shape));
+        auto x = sk::empty(ctx, shape, sk::DType::f32);
+        sk::uniform_(ctx, x, -100, 100);
+        x = sk::cast(ctx, x, dtype);
+        const auto last = sk::to_channels_last(ctx, x);
+        REQUIRE(sk::is_channels_last(last));
+        REQUIRE_FALSE(last.is_contiguous());
+        const auto back = sk::contiguous(ctx, last);
+        const auto as_f64 = [&](const sk::Tensor& t) {
+          return sk::to_vector<double>(ctx, sk::cast(ctx, t, sk::DType::f64));
+        };
+        CHECK(as_f64(back) == as_f64(x));
+        // The channels-last memory itself: element (n, c, h, w) at ((n * H + h) * W + w) * C + c.
+        const auto memory = as_f64(sk::Tensor(last.storage(), {sk::shape_numel(shape)}, dtype, 0));
+        const auto values = as_f64(x);
+        const std::int64_t C = shape[1], H = shape[2], W = shape[3];
+        std::int64_t wrong = 0;
+        for (std::int64_t n = 0; n < shape[0]; ++n)
+          for (std::int64_t c = 0; c < C; ++c)
+            for (std::int64_t h = 0; h < H; ++h)
+              for (std::int64_t w = 0; w < W; ++w)
+                wrong += memory[static_cast<std::size_t>(((n * H + h) * W + w) * C + c)] !=
+                         values[static_cast<std::size_t>(((n * C + c) * H + h) * W + w)];
         CHECK(wrong == 0);
       }
     }

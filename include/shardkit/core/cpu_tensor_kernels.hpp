@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -125,7 +126,36 @@ inline bool transposing_copy(Context& ctx, const Tensor& dst, const Tensor& src)
   return true;
 }
 
+// dst and src with their dimensions put in dst's memory order (outermost first), when that
+// makes dst contiguous: a dense tensor stored in another order of its dimensions, as a
+// channels-last one (core/channels_last.hpp).
+inline std::optional<std::pair<Tensor, Tensor>> in_memory_order(const Tensor& dst,
+                                                                const Tensor& src) {
+  const std::size_t rank = static_cast<std::size_t>(dst.dim());
+  SmallVector<std::size_t, 6> order(rank);
+  for (std::size_t d = 0; d < rank; ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return dst.strides()[a] > dst.strides()[b];
+  });
+  Shape shape(rank), dst_strides(rank), src_strides(rank);
+  for (std::size_t d = 0; d < rank; ++d) {
+    shape[d] = dst.shape()[order[d]];
+    dst_strides[d] = dst.strides()[order[d]];
+    src_strides[d] = src.strides()[order[d]];
+  }
+  Tensor permuted(dst.storage(), shape, std::move(dst_strides), dst.dtype(), dst.offset());
+  if (!permuted.is_contiguous()) return std::nullopt;
+  return std::pair{std::move(permuted), Tensor(src.storage(), std::move(shape),
+                                               std::move(src_strides), src.dtype(), src.offset())};
+}
+
 inline void copy_on_host(Context& ctx, const Tensor& dst, const Tensor& src) {
+  if (!dst.is_contiguous() && dst.dim() > 1) {
+    if (const auto permuted = in_memory_order(dst, src)) {
+      copy_on_host(ctx, permuted->first, permuted->second);
+      return;
+    }
+  }
   const bool parallel = loop_may_run_in_parallel(dst, src);
   if (parallel && transposing_copy(ctx, dst, src)) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
