@@ -74,14 +74,20 @@ inline Workload linear_workload(Context& ctx, std::int64_t n, std::int64_t in, s
 
 // One ResNet-18 training step (forward, cross-entropy, backward; no optimizer) on `batch`
 // images of `hw` x `hw`: the small-image stem for hw <= 64, ImageNet's otherwise.
+// channels_last: activations stored NHWC (ResNetOptions::channels_last), the images too, as
+// PyTorch's model.to(memory_format=torch.channels_last) with channels-last inputs.
 inline Workload resnet18_step(Context& ctx, std::int64_t batch, std::int64_t hw,
-                              std::int64_t classes, std::int64_t width = 64) {
+                              std::int64_t classes, std::int64_t width = 64,
+                              bool channels_last = false) {
   nn::ResNetOptions o;
   o.num_classes = classes;
   o.small_image_stem = hw <= 64;
   o.base_channels = width;
+  o.channels_last = channels_last;
   std::shared_ptr<nn::ResNet> net = nn::resnet18(ctx, o);
-  auto images = std::make_shared<ag::Variable>(random_variable(ctx, {batch, 3, hw, hw}, false));
+  ag::Variable pixels = random_variable(ctx, {batch, 3, hw, hw}, false);
+  if (channels_last) pixels = ag::Variable(to_channels_last(ctx, pixels.data()));
+  auto images = std::make_shared<ag::Variable>(pixels);
   auto labels = std::make_shared<Tensor>(zeros(ctx, {batch}, DType::i64));
   Workload wl;
   wl.run = [&ctx, net, images, labels] {

@@ -3,7 +3,7 @@
 # alternating in one run so both see the same machine state, then the ratio.
 #
 #   benchmarks/autograd/compare_torch_cpu.sh [BUILD_DIR] [--reps N] [--rounds R] [--config BATCHxHW[xWIDTH]]
-#                                            [--threads T] [--python PY]
+#                                            [--threads T] [--python PY] [--channels-last]
 #
 # BUILD_DIR (default build) holds benchmarks/autograd/bench_autograd. Each side times N steps
 # (default 5) after a warm-up step: ours as N repetitions of BM_resnet18_train_step (MinTime 2 s
@@ -15,11 +15,13 @@
 # configuration (32x32, 8x224 or the host-bound 2x8x4: batch x image size [x base width, default
 # 64]; default all three). Both sides run on T threads
 # (default 1): ours through SHARDKIT_NUM_THREADS, PyTorch's through torch.set_num_threads. PY
-# defaults to /usr/bin/python3 when it has torch (Debian's python3-torch), else python3. The load
+# defaults to /usr/bin/python3 when it has torch (Debian's python3-torch), else python3.
+# --channels-last runs both sides with channels-last activations (ours: ResNetOptions::
+# channels_last; PyTorch: the model and images in torch.channels_last). The load
 # average is printed first: other work on the cores skews both sides, not necessarily alike.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=build reps=5 rounds=3 configs=() python="" threads=1
+build=build reps=5 rounds=3 configs=() python="" threads=1 channels_last=0
 while (($#)); do
   case $1 in
     --reps) reps=$2; shift 2 ;;
@@ -27,6 +29,7 @@ while (($#)); do
     --config) configs+=("$2"); shift 2 ;;
     --python) python=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --channels-last) channels_last=1; shift ;;
     -*) echo "compare_torch_cpu: unknown option $1" >&2; exit 2 ;;
     *) build=$1; shift ;;
   esac
@@ -40,13 +43,14 @@ fi
 "$python" -c "import torch" 2>/dev/null ||
   { echo "compare_torch_cpu: $python has no torch (Debian: apt-get install python3-torch)" >&2; exit 1; }
 
-filter='BM_resnet18_train_step/'
+filter="BM_resnet18_train_step/.*/channels_last:$channels_last/"
 peer_configs=()
+((channels_last)) && peer_configs+=(--channels-last)
 if ((${#configs[@]})); then
   parts=()
   for c in "${configs[@]}"; do
     IFS=x read -r batch hw width <<<"$c"
-    parts+=("BM_resnet18_train_step/batch:$batch/HW:$hw/width:${width:-64}/")
+    parts+=("BM_resnet18_train_step/batch:$batch/HW:$hw/width:${width:-64}/channels_last:$channels_last/")
     peer_configs+=(--config "$c")
   done
   filter=$(IFS='|'; echo "${parts[*]}")

@@ -34,7 +34,7 @@ import time
 
 # The configurations of BM_resnet18_train_step (CPU) and BM_resnet18_train_step_gpu:
 # (batch, image size, base width). The last is host-bound: 4 channels on 8x8 images.
-CONFIGS = {"cpu": [(32, 32, 64), (8, 224, 64), (2, 8, 4)],
+CONFIGS = {"cpu": [(32, 32, 64), (8, 224, 64), (64, 20, 16), (2, 8, 4)],
            "cuda": [(256, 32, 64), (64, 224, 64), (2, 8, 4)]}
 
 
@@ -45,6 +45,8 @@ def parse_args():
                    help="batch x image size [x base width, default 64], e.g. 32x32 or 2x8x4; "
                         "repeatable (default: the bench's configs)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads on the CPU (default 1)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="the model and images in torch.channels_last (NHWC activations)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: 1 CPU, 3 GPU)")
     p.add_argument("--iters", type=int, help="timed steps (default: 5 CPU, 20 GPU)")
     p.add_argument("--sgd", action="store_true", help="add an SGD step (ours has no optimizer)")
@@ -81,9 +83,13 @@ def measure(device, batch, hw, width):
     small_stem = hw <= 64
     model, source = build_model(classes, small_stem, width)
     model = model.to(device).train()
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     if args.compile:
         model = torch.compile(model, mode="reduce-overhead")
     images = torch.empty(batch, 3, hw, hw, device=device).uniform_(-1, 1)
+    if args.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if args.sgd else None
 
@@ -135,7 +141,7 @@ def measure(device, batch, hw, width):
         "model": source, "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if gpu else None,
         "threads": None if gpu else torch.get_num_threads(), "batch": batch, "hw": hw,
-        "width": width,
+        "width": width, "channels_last": args.channels_last,
         "classes": classes, "stem": "small" if small_stem else "imagenet", "sgd": args.sgd,
         "warmup": warmup, "iters": iters, "ms_median": median,
         "ms_mean": statistics.fmean(times_ms), "ms_min": min(times_ms),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Short SwAV runs that must agree bit for bit (the parameters' FNV-1a fingerprint the trainer
 prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, with
-SyncBatchNorm, with batch-norm parameters and biases out of the weight decay, and with the
+SyncBatchNorm, with batch-norm parameters and biases out of the weight decay, channels-last
+activations (ddp and fsdp alike; losses equal to NCHW's to rounding), and with the
 optimizer (and the parameter shards) offloaded to the host; bf16 and f16 fsdp equal to ddp; a run killed with
 SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
 equals the run that never stopped; MACHINE.CUDA_GRAPH=true (the step captured and replayed under
@@ -116,6 +117,24 @@ def main():
         if len(set(prints.values())) != 1:
             raise SystemExit("FAIL: the stages' parameters differ")
         print("every stage, with and without activation checkpointing: the same parameters bit for bit")
+        # Channels-last activations (MODEL.TRUNK.RESNETS.CHANNELS_LAST): the convolutions take
+        # other oneDNN kernels, so other bits than NCHW's, but the stages still agree bit for bit
+        # and the losses agree with NCHW's to rounding.
+        last, losses = {}, {}
+        for stage in ("ddp", "fsdp"):
+            last[stage], output = run(swav, os.path.join(work, f"channels_last_{stage}"),
+                                      steps + STAGES[stage] +
+                                      ["config.MODEL.TRUNK.RESNETS.CHANNELS_LAST=True"])
+            losses[stage] = [float(v) for v in re.findall(r"loss ([0-9.]+)", output)]
+        _, output = run(swav, os.path.join(work, "nchw_losses"), steps)
+        nchw_losses = [float(v) for v in re.findall(r"loss ([0-9.]+)", output)]
+        print(f"channels-last, ddp and fsdp: {last['ddp']} {last['fsdp']}; losses {losses['ddp']} "
+              f"against NCHW's {nchw_losses}")
+        if last["ddp"] != last["fsdp"]:
+            raise SystemExit("FAIL: channels-last ddp and fsdp differ")
+        if (not nchw_losses or len(losses["ddp"]) != len(nchw_losses) or
+                any(abs(a - b) > 2e-3 * max(1.0, abs(b)) for a, b in zip(losses["ddp"], nchw_losses))):
+            raise SystemExit("FAIL: channels-last losses differ from NCHW's beyond rounding")
         # kNN on two feature sets (VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP: res5 unpooled, then
         # the trunk output): both reported, at initialisation and at the end, and the same
         # figures under ddp and under fsdp (whose forward gathers each block's shards).
