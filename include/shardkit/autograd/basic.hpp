@@ -48,7 +48,7 @@ struct ReluNode final : Node {
   Tensor y;
   const char* name() const override { return "relu"; }
   Gradients apply(Context& ctx, const Tensor& g) override {
-    return {fn::pointwise(ctx, Pointwise::relu_backward, dense_as(ctx, g, y), y, 1, 0)};
+    return {fn::pointwise(ctx, Pointwise::relu_backward, g, y, 1, 0)};  // (y in g's layout)
   }
   void release_saved() override { y = Tensor(); }
 };

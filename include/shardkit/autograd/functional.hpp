@@ -22,9 +22,17 @@ inline Tensor new_like(Context& ctx, const Tensor& like) {
 // (a no-op when it has it), and the result takes it too.
 inline Tensor pointwise(Context& ctx, Pointwise op, const Tensor& a, const Tensor& b,
                         double alpha = 1, double beta = 1) {
-  const Tensor ad = dense(ctx, a);
-  const Tensor bd = b.defined() ? dense_as(ctx, b, ad) : b;
-  Tensor out = empty_dense_like(ctx, ad, ad.shape(), ad.dtype());
+  // (Every small op runs this: the operands are copied -- a reference count each -- only when
+  // one has to change layout.)
+  const bool channels_last = keeps_channels_last(a);
+  Tensor a_moved, b_moved;
+  const Tensor& ad = channels_last || a.is_contiguous() ? a : (a_moved = contiguous(ctx, a));
+  const bool b_in_place = !b.defined() || (channels_last ? is_channels_last(b) : b.is_contiguous());
+  const Tensor& bd = b_in_place      ? b
+                     : channels_last ? (b_moved = to_channels_last(ctx, b))
+                                     : (b_moved = contiguous(ctx, b));
+  Tensor out = channels_last ? empty_channels_last(ctx, ad.device(), ad.shape(), ad.dtype())
+                             : new_like(ctx, ad);
   kernels_for(ctx, ad).pointwise(ctx, op, out, ad, bd, alpha, beta);
   return out;
 }
@@ -41,9 +49,13 @@ inline Tensor mul(Context& ctx, const Tensor& a, const Tensor& b) {
 
 // dst += src in place (same shape; src converted to dst's dtype first when they differ).
 inline void accumulate(Context& ctx, const Tensor& dst, const Tensor& src) {
-  Tensor s = src.dtype() == dst.dtype() ? src : cast(ctx, src, dst.dtype());
-  if (dst.is_contiguous() || keeps_channels_last(dst)) {  // (dense: flat in place)
-    kernels_for(ctx, dst).pointwise(ctx, Pointwise::axpby, dst, dst, dense_as(ctx, s, dst), 1, 1);
+  Tensor cast_src;
+  const Tensor& s = src.dtype() == dst.dtype() ? src : (cast_src = cast(ctx, src, dst.dtype()));
+  const bool channels_last = keeps_channels_last(dst);
+  if (dst.is_contiguous() || channels_last) {  // (dense: flat in place, s in dst's layout)
+    const bool in_place = channels_last ? is_channels_last(s) : s.is_contiguous();
+    kernels_for(ctx, dst).pointwise(ctx, Pointwise::axpby, dst, dst,
+                                    in_place ? s : dense_as(ctx, s, dst), 1, 1);
     return;
   }
   Tensor sum = add(ctx, contiguous(ctx, dst), s);

@@ -34,9 +34,9 @@ inline bool is_channels_last(const Tensor& t) {
 // convolution and batch-norm kernels compute in as it is (f32, f64; half types are widened
 // through contiguous f32 copies).
 inline bool keeps_channels_last(const Tensor& t) {
-  return t.defined() && t.device().is_cpu() &&
-         (t.dtype() == DType::f32 || t.dtype() == DType::f64) && !t.is_contiguous() &&
-         is_channels_last(t);
+  // (cheapest tests first: every element-wise op asks, mostly of tensors that are not 4-D)
+  return t.dim() == 4 && (t.dtype() == DType::f32 || t.dtype() == DType::f64) && t.defined() &&
+         t.device().is_cpu() && !t.is_contiguous() && is_channels_last(t);
 }
 
 // An uninitialised [N, C, H, W] tensor stored channels-last.
