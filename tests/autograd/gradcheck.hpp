@@ -1,6 +1,7 @@
 // Central finite differences in float64 against the tape's gradients, for the autograd tests.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -77,6 +78,17 @@ inline GradcheckResult gradcheck(Context& ctx, const std::vector<Variable>& inpu
     }
   }
   return result;
+}
+
+// Largest |a - b| over the largest |b|: an error relative to the values' scale.
+inline double scaled_error(const std::vector<double>& a, const std::vector<double>& b) {
+  check(a.size() == b.size(), "scaled_error: ", a.size(), " values against ", b.size());
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / scale;
 }
 
 }  // namespace shardkit::autograd::testing

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gradcheck.hpp"
 #include "shardkit/nn/nn.hpp"
 
 namespace sk = shardkit;
@@ -27,17 +28,6 @@ sk::Tensor cl_random(sk::Context& ctx, const sk::Shape& shape, sk::DType dtype, 
 
 std::vector<double> cl_values(sk::Context& ctx, const sk::Tensor& t) {
   return sk::to_vector<double>(ctx, sk::cast(ctx, t, sk::DType::f64));
-}
-
-// Largest |a - b| over the largest |b|.
-double cl_scaled_error(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return diff / scale;
 }
 
 // A function run on NCHW inputs, or with its first `converted` inputs channels-last copies of
@@ -131,9 +121,9 @@ TEST_CASE("a channels-last convolution equals the NCHW one, and keeps the layout
       CHECK_FALSE(plain.y_channels_last);
       CHECK_FALSE(plain.grad_channels_last);
       const double bound = dtype == sk::DType::f32 ? 1e-5 : 1e-13;
-      CHECK(cl_scaled_error(last.y, plain.y) < bound);
-      CHECK(cl_scaled_error(last.grads[0], plain.grads[0]) < bound);
-      CHECK(cl_scaled_error(last.grads[1], plain.grads[1]) < bound);
+      CHECK(ag::testing::scaled_error(last.y, plain.y) < bound);
+      CHECK(ag::testing::scaled_error(last.grads[0], plain.grads[0]) < bound);
+      CHECK(ag::testing::scaled_error(last.grads[1], plain.grads[1]) < bound);
       if (dtype == sk::DType::f64) {  // im2col on contiguous copies: the same arithmetic
         CHECK(last.y == plain.y);
         CHECK(last.grads[0] == plain.grads[0]);
@@ -149,7 +139,8 @@ TEST_CASE("a channels-last convolution equals the NCHW one, and keeps the layout
   o.channels_last = true;
   const Variable last = ag::conv2d(ctx, Variable(x), Variable(w), {}, o);
   CHECK(sk::keeps_channels_last(last.data()));
-  CHECK(cl_scaled_error(cl_values(ctx, last.data()), cl_values(ctx, plain.data())) < 1e-5);
+  CHECK(ag::testing::scaled_error(cl_values(ctx, last.data()), cl_values(ctx, plain.data())) <
+        1e-5);
   // With a bias: its add and its gradient's sums read rows of channels.
   const sk::Tensor x3 = cl_random(ctx, {3, 4, 6, 6}, sk::DType::f64);
   const sk::Tensor w3 = cl_random(ctx, {5, 4, 3, 3}, sk::DType::f64);
@@ -202,9 +193,9 @@ TEST_CASE("channels-last batch-norm equals the NCHW one: training, fused ReLU, e
         CHECK(runs[1].y_channels_last);
         CHECK(runs[1].grad_channels_last);
         const double bound = dtype == sk::DType::f32 ? 2e-6 : 1e-12;
-        CHECK(cl_scaled_error(runs[1].y, runs[0].y) < bound);
-        CHECK(cl_scaled_error(runs[1].grads[0], runs[0].grads[0]) < bound * 10);
-        CHECK(cl_scaled_error(running[1], running[0]) < bound);
+        CHECK(ag::testing::scaled_error(runs[1].y, runs[0].y) < bound);
+        CHECK(ag::testing::scaled_error(runs[1].grads[0], runs[0].grads[0]) < bound * 10);
+        CHECK(ag::testing::scaled_error(running[1], running[0]) < bound);
       }
     }
   }
@@ -263,7 +254,7 @@ TEST_CASE("a channels-last ResNet equals the NCHW one to rounding") {
     REQUIRE(grads[0].size() == grads[1].size());
     for (std::size_t i = 0; i < grads[0].size(); ++i) {
       CAPTURE(i);
-      CHECK(cl_scaled_error(grads[1][i], grads[0][i]) < 1e-3);
+      CHECK(ag::testing::scaled_error(grads[1][i], grads[0][i]) < 1e-3);
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gradcheck.hpp"
 #include "shardkit/autograd/autograd.hpp"
 
 namespace sk = shardkit;
@@ -32,16 +33,7 @@ Outputs run_conv(sk::Context& ctx, const sk::Tensor& x64, const sk::Tensor& w64,
   return {as_f64(y.data()), as_f64(x.grad()), as_f64(w.grad())};
 }
 
-// Largest |a - b| over the largest |b|: the error relative to the output's scale.
-double scaled_error(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return diff / scale;
-}
+using ag::testing::scaled_error;
 
 }  // namespace
 
