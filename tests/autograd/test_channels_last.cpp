@@ -224,6 +224,12 @@ TEST_CASE("add and relu keep channels-last operands; mixed layouts give the NCHW
   CHECK(cl_values(ctx, mixed.data()) == cl_values(ctx, other.data()));
   ag::backward(ctx, ag::add(ctx, mixed, other), cl_random(ctx, a.shape(), sk::DType::f32));
   CHECK(cl_values(ctx, ca.grad()) == cl_values(ctx, pb.grad()));
+  // A second operand of another dtype (the CPU widens a bf16 one into a contiguous f32 copy):
+  // brought to the first's layout and dtype first.
+  const sk::Tensor half = sk::cast(ctx, b, sk::DType::bf16);
+  const auto expected = cl_values(ctx, ag::fn::add(ctx, a, half));
+  CHECK(cl_values(ctx, ag::fn::add(ctx, ca.data(), half)) == expected);
+  CHECK(cl_values(ctx, ag::fn::add(ctx, ca.data(), sk::to_channels_last(ctx, half))) == expected);
 }
 
 TEST_CASE("a channels-last ResNet equals the NCHW one to rounding") {

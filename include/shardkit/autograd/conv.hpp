@@ -91,14 +91,14 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
           module_suffix(ctx));
   Tensor xd = dense(ctx, x.data()), wd = contiguous(ctx, weight.data());
   const Shape y_shape{g.batch, g.out_channels, g.out_h, g.out_w};
-  Tensor y = empty_dense_like(ctx, xd, y_shape, x.dtype());
-  if (o.channels_last && !keeps_channels_last(y)) {
-    Tensor y_channels_last = empty_channels_last(ctx, xd.device(), y_shape, x.dtype());
-    if (keeps_channels_last(y_channels_last)) y = y_channels_last;  // (CPU, f32/f64, not 1 x 1)
-  }
+  const bool y_channels_last = (o.channels_last || keeps_channels_last(xd)) &&
+                               channels_last_applies(xd.device(), x.dtype(), y_shape);
+  Tensor y = y_channels_last
+                 ? empty_channels_last(ctx, xd.device(), y_shape, x.dtype())
+                 : empty_on(ctx, xd.device(), y_shape, x.dtype(), MemoryCategory::activations);
   fn::conv2d_forward(ctx, xd, wd, y, g);
   if (has_bias) {
-    const bool rows = keeps_channels_last(y);
+    const bool rows = y_channels_last;
     kernels_for(ctx, y).channel_bias_add(ctx, y, contiguous(ctx, bias.data()),
                                          rows ? g.batch * g.out_plane() : g.batch, g.out_channels,
                                          rows ? 1 : g.out_plane());
@@ -109,7 +109,7 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
   node->weight = wd;
   node->geometry = g;
   node->has_bias = has_bias;
-  node->y_channels_last = keeps_channels_last(y);
+  node->y_channels_last = y_channels_last;
   if (has_bias) return record(ctx, node, {&x, &weight, &bias}, std::move(y));
   return record(ctx, node, {&x, &weight}, std::move(y));
 }

@@ -11,6 +11,7 @@
 #include "shardkit/autograd/cpu_widen.hpp"
 #include "shardkit/autograd/device_table.hpp"
 #include "shardkit/autograd/pointwise_math.hpp"
+#include "shardkit/core/host_scratch.hpp"
 
 namespace shardkit::autograd::cpu {
 
@@ -81,6 +82,14 @@ inline void channel_sum(Context&, const Tensor& x, const Tensor& out, std::int64
     visit_real(out.dtype(), "channel_sum", [&](auto out_tag) {
       using O = decltype(out_tag);
       O* o = static_cast<O*>(out.data_ptr());
+      if (inner == 1) {  // rows of channels (channels-last): the same sums, a row at a time
+        HostScratch scratch;
+        double* sum = scratch.doubles(static_cast<std::size_t>(channels));
+        for (std::int64_t n = 0; n < outer; ++n)
+          for (std::int64_t c = 0; c < channels; ++c) sum[c] += in[n * channels + c];
+        for (std::int64_t c = 0; c < channels; ++c) o[c] = static_cast<O>(sum[c]);
+        return;
+      }
       for (std::int64_t c = 0; c < channels; ++c) {
         double sum = 0;
         for (std::int64_t n = 0; n < outer; ++n) {

@@ -70,7 +70,8 @@ inline void channel_block_rows(ThreadPool& pool, std::int64_t channels, Rows&& r
       blocks, [&](std::int64_t b) { rows(channels * b / blocks, channels * (b + 1) / blocks); });
 }
 
-// Element-wise passes over rows of channels: blocks of rows per task.
+// Element-wise passes over rows of channels: blocks of rows per task. (Their expressions are
+// the plane loops' own, element for element, so FMA contraction treats both alike.)
 template <class Row>
 inline void row_blocks(ThreadPool& pool, std::int64_t rows, Row&& row) {
   constexpr std::int64_t kRowsPerTask = 256;

@@ -27,10 +27,15 @@ inline Tensor pointwise(Context& ctx, Pointwise op, const Tensor& a, const Tenso
   const bool channels_last = keeps_channels_last(a);
   Tensor a_moved, b_moved;
   const Tensor& ad = channels_last || a.is_contiguous() ? a : (a_moved = contiguous(ctx, a));
-  const bool b_in_place = !b.defined() || (channels_last ? is_channels_last(b) : b.is_contiguous());
-  const Tensor& bd = b_in_place      ? b
-                     : channels_last ? (b_moved = to_channels_last(ctx, b))
-                                     : (b_moved = contiguous(ctx, b));
+  const bool b_in_place =
+      !b.defined() ||
+      (channels_last ? is_channels_last(b) && b.dtype() == a.dtype() : b.is_contiguous());
+  if (!b_in_place && channels_last) {
+    // (in a's dtype too: the CPU table widens a half-precision operand into a contiguous copy)
+    b_moved = empty_channels_last(ctx, a.device(), a.shape(), a.dtype());
+    copy(ctx, b_moved, b);
+  }
+  const Tensor& bd = b_in_place ? b : channels_last ? b_moved : (b_moved = contiguous(ctx, b));
   Tensor out = channels_last ? empty_channels_last(ctx, ad.device(), ad.shape(), ad.dtype())
                              : new_like(ctx, ad);
   kernels_for(ctx, ad).pointwise(ctx, op, out, ad, bd, alpha, beta);

@@ -29,6 +29,14 @@ inline bool is_channels_last(const Tensor& t) {
   return true;
 }
 
+// Whether a tensor of `shape` on `device` in `dtype` may be kept channels-last: 4-D, on the
+// CPU, f32 or f64, and with more than one channel and more than one value per plane (else the
+// two layouts are the same memory and the contiguous path serves).
+inline bool channels_last_applies(Device device, DType dtype, const Shape& shape) {
+  return shape.size() == 4 && (dtype == DType::f32 || dtype == DType::f64) && device.is_cpu() &&
+         shape[1] > 1 && shape[2] * shape[3] > 1;
+}
+
 // Whether the autograd ops keep `t` channels-last rather than making it contiguous: a
 // channels-last tensor that is not also contiguous, on the CPU, of a dtype the CPU's
 // convolution and batch-norm kernels compute in as it is (f32, f64; half types are widened
