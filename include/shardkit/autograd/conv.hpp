@@ -97,12 +97,10 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
                  ? empty_channels_last(ctx, xd.device(), y_shape, x.dtype())
                  : empty_on(ctx, xd.device(), y_shape, x.dtype(), MemoryCategory::activations);
   fn::conv2d_forward(ctx, xd, wd, y, g);
-  if (has_bias) {
-    const bool rows = y_channels_last;
+  if (has_bias)  // (channels-last: rows of channels)
     kernels_for(ctx, y).channel_bias_add(ctx, y, contiguous(ctx, bias.data()),
-                                         rows ? g.batch * g.out_plane() : g.batch, g.out_channels,
-                                         rows ? 1 : g.out_plane());
-  }
+                                         y_channels_last ? g.batch * g.out_plane() : g.batch,
+                                         g.out_channels, y_channels_last ? 1 : g.out_plane());
   if (!needs_grad(ctx, {&x, &weight, &bias})) return Variable(std::move(y));
   auto node = make_pooled<detail::Conv2dNode>();
   node->x = xd;

@@ -33,18 +33,18 @@ inline bool is_channels_last(const Tensor& t) {
 // CPU, f32 or f64, and with more than one channel and more than one value per plane (else the
 // two layouts are the same memory and the contiguous path serves).
 inline bool channels_last_applies(Device device, DType dtype, const Shape& shape) {
-  return shape.size() == 4 && (dtype == DType::f32 || dtype == DType::f64) && device.is_cpu() &&
-         shape[1] > 1 && shape[2] * shape[3] > 1;
+  // (cheapest tests first: every element-wise op asks, mostly of tensors that are not 4-D)
+  return shape.size() == 4 && (dtype == DType::f32 || dtype == DType::f64) && shape[1] > 1 &&
+         shape[2] * shape[3] > 1 && device.is_cpu();
 }
 
 // Whether the autograd ops keep `t` channels-last rather than making it contiguous: a
-// channels-last tensor that is not also contiguous, on the CPU, of a dtype the CPU's
-// convolution and batch-norm kernels compute in as it is (f32, f64; half types are widened
+// channels-last tensor where channels_last_applies -- so not also contiguous, and of a dtype
+// the CPU's convolution and batch-norm kernels compute in as it is (half types are widened
 // through contiguous f32 copies).
 inline bool keeps_channels_last(const Tensor& t) {
-  // (cheapest tests first: every element-wise op asks, mostly of tensors that are not 4-D)
-  return t.dim() == 4 && (t.dtype() == DType::f32 || t.dtype() == DType::f64) && t.defined() &&
-         t.device().is_cpu() && !t.is_contiguous() && is_channels_last(t);
+  return t.dim() == 4 && t.defined() && channels_last_applies(t.device(), t.dtype(), t.shape()) &&
+         is_channels_last(t);
 }
 
 // An uninitialised [N, C, H, W] tensor stored channels-last.
