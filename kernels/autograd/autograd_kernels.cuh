@@ -94,6 +94,9 @@ inline const AutogradKernels* cuda_kernels_table() {
       .gemm = &cuda::gemm,
       .conv2d_forward = &cuda::conv2d_forward,
       .conv2d_backward = &cuda::conv2d_backward,
+      .conv2d_output_block = [](Context&, const Tensor&, const ConvGeometry&) -> std::int64_t {
+        return 0;  // (cuDNN's tensors stay NCHW)
+      },
       .batch_norm_train_forward = &k::batch_norm_train_forward,
       .batch_norm_eval_forward = &k::batch_norm_eval_forward,
       .batch_norm_train_backward = &k::batch_norm_train_backward,

@@ -3,10 +3,13 @@
 // without oneDNN (cpu_conv.hpp); cuDNN (forward, backward-data, backward-filter) on the GPU.
 // On the CPU an input stored channels-last (core/channels_last.hpp) is read as it is, and the
 // output is channels-last too -- or asked for (Conv2dOptions::channels_last) from any input,
-// which is how a network's first convolution turns its activations channels-last.
+// which is how a network's first convolution turns its activations channels-last. Asked to
+// (Conv2dOptions::channel_blocks), it reads a 5-D input as channel blocks and writes its output
+// in them where oneDNN's kernel computes in them (core/channel_blocks.hpp).
 #pragma once
 
 #include "shardkit/autograd/basic.hpp"
+#include "shardkit/core/channel_blocks.hpp"
 
 namespace shardkit::autograd {
 
@@ -14,6 +17,10 @@ struct Conv2dOptions {
   std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
   // Write the output channels-last on the CPU (f32, f64); elsewhere it is contiguous.
   bool channels_last = false;
+  // Read a 5-D input [N, C/b, H, W, b] as channel blocks, and write the output in the channel
+  // blocks oneDNN's kernel for this shape computes in (CPU, f32, no bias; the shape tells which:
+  // [N, C_out/b, H_out, W_out, b]), or [N, C_out, H_out, W_out] where it computes in none.
+  bool channel_blocks = false;
 
   static Conv2dOptions make(std::int64_t stride, std::int64_t padding, std::int64_t dilation = 1) {
     return {stride, stride, padding, padding, dilation, dilation};
@@ -55,21 +62,23 @@ struct Conv2dNode final : Node {
 inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
                        const Variable& bias = Variable(), Conv2dOptions o = {}) {
   check(x.defined() && weight.defined(), "conv2d: input or weight undefined", module_suffix(ctx));
-  check(x.dim() == 4, "conv2d: input ", shape_text(x.shape()), " is not [N, C, H, W]",
-        module_suffix(ctx));
-  check(weight.dim() == 4 && weight.size(1) == x.size(1), "conv2d: input ", shape_text(x.shape()),
+  const bool x_blocked = o.channel_blocks && has_channel_block_form(x.data());
+  check(x.dim() == 4 || x_blocked, "conv2d: input ", shape_text(x.shape()), " is not [N, C, H, W]",
+        o.channel_blocks ? " or channel blocks [N, C/b, H, W, b]" : "", module_suffix(ctx));
+  const Shape x_shape = x_blocked ? channel_unblocked_shape(x.shape()) : x.shape();
+  check(weight.dim() == 4 && weight.size(1) == x_shape[1], "conv2d: input ", shape_text(x.shape()),
         " does not match weight ", shape_text(weight.shape()), module_suffix(ctx),
-        "; the weight must be [out, ", x.size(1), ", kh, kw] (check in_channels)");
+        "; the weight must be [out, ", x_shape[1], ", kh, kw] (check in_channels)");
   check(x.dtype() == weight.dtype(), "conv2d: input dtype ", dtype_name(x.dtype()),
         " differs from weight dtype ", dtype_name(weight.dtype()), module_suffix(ctx));
   check(o.stride_h > 0 && o.stride_w > 0 && o.dilation_h > 0 && o.dilation_w > 0 && o.pad_h >= 0 &&
             o.pad_w >= 0,
         "conv2d: strides and dilations must be > 0 and paddings >= 0", module_suffix(ctx));
   ConvGeometry g;
-  g.batch = x.size(0);
-  g.in_channels = x.size(1);
-  g.height = x.size(2);
-  g.width = x.size(3);
+  g.batch = x_shape[0];
+  g.in_channels = x_shape[1];
+  g.height = x_shape[2];
+  g.width = x_shape[3];
   g.out_channels = weight.size(0);
   g.kernel_h = weight.size(2);
   g.kernel_w = weight.size(3);
@@ -91,9 +100,14 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
           module_suffix(ctx));
   Tensor xd = dense(ctx, x.data()), wd = contiguous(ctx, weight.data());
   const Shape y_shape{g.batch, g.out_channels, g.out_h, g.out_w};
-  const bool y_channels_last = (o.channels_last || keeps_channels_last(xd)) &&
+  const std::int64_t y_block =
+      o.channel_blocks && !has_bias ? fn::conv2d_output_block(ctx, xd, g) : 0;
+  const bool y_channels_last = y_block == 0 && (o.channels_last || keeps_channels_last(xd)) &&
                                channels_last_applies(xd.device(), x.dtype(), y_shape);
-  Tensor y = y_channels_last
+  Tensor y = y_block > 0 ? empty_on(ctx, xd.device(),
+                                    {g.batch, g.out_channels / y_block, g.out_h, g.out_w, y_block},
+                                    x.dtype(), MemoryCategory::activations)
+             : y_channels_last
                  ? empty_channels_last(ctx, xd.device(), y_shape, x.dtype())
                  : empty_on(ctx, xd.device(), y_shape, x.dtype(), MemoryCategory::activations);
   fn::conv2d_forward(ctx, xd, wd, y, g);

@@ -11,7 +11,9 @@
 // operands, oneDNN's scratchpad) comes from the context's allocator, so memory statistics count
 // it and the host allocator's cache reuses it step after step. Channels-last tensors
 // (core/channels_last.hpp) take primitives that read and write NHWC as it is, so a network kept
-// channels-last runs its convolutions without reordering its activations.
+// channels-last runs its convolutions without reordering its activations; tensors held in
+// channel blocks (core/channel_blocks.hpp) are already in the layout the NCHW primitives chose,
+// so the same primitives run on them without a reorder.
 //
 // Threads: oneDNN here runs on OpenMP. Each call sets the calling thread's OpenMP thread count
 // to the context's cpu_threads(), so local ranks (threads of one process) each get their share.
@@ -36,6 +38,7 @@
 #include <mutex>
 
 #include "shardkit/autograd/cpu_conv.hpp"
+#include "shardkit/core/channel_blocks.hpp"
 #include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/dnnl_check.hpp"
 #include "shardkit/core/tensor_ops.hpp"
@@ -64,13 +67,22 @@ inline PrimitiveHandle make_primitive(dnnl_primitive_desc_t pd) {
   return PrimitiveHandle(p);
 }
 
-// Our layout of a tensor: row-major, or for a 4-D channels-last one NHWC (oneDNN's acdb).
+// A 4-D activation's layout in our memory: NCHW, channels-last, or channel blocks of 8 or 16
+// channels (core/channel_blocks.hpp; the value is then the block's width).
+enum ActivationLayout : std::int64_t { kNchw = 0, kChannelsLast = 1 };
+
+// Our layout of a tensor: row-major, or for a 4-D activation the given layout (oneDNN's abcd,
+// acdb for channels-last, aBcd8b / aBcd16b for channel blocks).
 inline dnnl_memory_desc_t plain_desc(std::initializer_list<std::int64_t> dims,
-                                     bool channels_last = false) {
+                                     std::int64_t layout = kNchw) {
   dnnl_dims_t d{};
   int n = 0;
   for (std::int64_t v : dims) d[n++] = v;
-  const dnnl_format_tag_t tag = n == 4 ? (channels_last ? dnnl_acdb : dnnl_abcd) : dnnl_ab;
+  const dnnl_format_tag_t tag = n != 4                    ? dnnl_ab
+                                : layout == kChannelsLast ? dnnl_acdb
+                                : layout == 8             ? dnnl_aBcd8b
+                                : layout == 16            ? dnnl_aBcd16b
+                                                          : dnnl_abcd;
   dnnl_memory_desc_t md;
   SK_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, n, d, dnnl_f32, tag));
   return md;
@@ -236,6 +248,22 @@ class Convolutions {
   Convolutions(const Convolutions&) = delete;
   Convolutions& operator=(const Convolutions&) = delete;
 
+  // The channel-block width (8 or 16) of the layout oneDNN's forward kernel for this geometry
+  // and input writes its output in, or 0 when that is not a channel-blocked layout of whole
+  // blocks: a convolution asked for blocked output (Conv2dOptions::channel_blocks) writes it so
+  // when this is not 0.
+  std::int64_t output_block(Context& ctx, const Tensor& x, const ConvGeometry& g) {
+    std::lock_guard lock(mutex_);
+    const ConvPlan& plan = plan_for(ctx, g, {layout_of(x), kNchw});
+    const dnnl_memory_desc_t& chosen = plan.forward->chosen(2);
+    for (std::int64_t b : {8, 16}) {
+      if (g.out_channels % b != 0) continue;
+      const dnnl_memory_desc_t blocked = plain_desc({g.batch, g.out_channels, g.out_h, g.out_w}, b);
+      if (dnnl_memory_desc_equal(&blocked, &chosen)) return b;
+    }
+    return 0;
+  }
+
   void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& y,
                const ConvGeometry& g) {
     std::lock_guard lock(mutex_);
@@ -274,17 +302,23 @@ class Convolutions {
   }
 
  private:
-  // Which operands are channels-last: the output's (and its gradient's) layout picks the
+  // The operands' layouts (ActivationLayout): the output's (and its gradient's) picks the
   // primitives -- channels-last ones read and write NHWC as it is (no reorders), the others
-  // choose blocked layouts -- and the input (and its gradient) is read in its own layout. An
-  // input that is both contiguous and channels-last (one channel, as a network's images) is
-  // read as NHWC by channels-last primitives: the same memory, no reorder.
+  // choose blocked layouts, which an operand already held in channel blocks matches (no
+  // reorder either) -- and the input (and its gradient) is read in its own layout. An input
+  // that is both contiguous and channels-last (one channel, as a network's images) is read as
+  // NHWC by channels-last primitives: the same memory, no reorder.
   struct Layouts {
-    bool src = false, dst = false;
+    std::int64_t src = kNchw, dst = kNchw;
   };
+  static std::int64_t layout_of(const Tensor& t) {
+    if (has_channel_block_form(t)) return t.size(4);
+    return keeps_channels_last(t) ? kChannelsLast : kNchw;
+  }
   static Layouts layouts(const Tensor& x, const Tensor& y) {
-    const bool dst = keeps_channels_last(y);
-    return {dst ? is_channels_last(x) : keeps_channels_last(x), dst};
+    const std::int64_t dst = layout_of(y);
+    if (dst == kChannelsLast) return {is_channels_last(x) ? kChannelsLast : kNchw, dst};
+    return {layout_of(x), dst};
   }
 
   struct Descs {
@@ -310,12 +344,13 @@ class Convolutions {
     return PrimitiveDescHandle(pd);
   }
 
-  // The primitives' own layouts for src and dst: NHWC for channels-last ones, else oneDNN's choice.
+  // The primitives' own layouts for src and dst: NHWC for channels-last ones, else oneDNN's
+  // choice (the same primitives for NCHW and channel-blocked operands).
   static void primitive_descs(const Descs& d, Layouts l, dnnl_memory_desc_t& src,
                               dnnl_memory_desc_t& weights, dnnl_memory_desc_t& dst) {
     weights = any_desc(d.weights);
-    if (l.dst) {
-      src = plain_desc({d.src.dims[0], d.src.dims[1], d.src.dims[2], d.src.dims[3]}, true);
+    if (l.dst == kChannelsLast) {
+      src = plain_desc({d.src.dims[0], d.src.dims[1], d.src.dims[2], d.src.dims[3]}, kChannelsLast);
       dst = d.dst;
     } else {
       src = any_desc(d.src);
@@ -329,7 +364,7 @@ class Convolutions {
     const std::array<std::int64_t, 15> key{
         g.batch,    g.in_channels, g.height,     g.width,    g.out_channels,
         g.kernel_h, g.kernel_w,    g.stride_h,   g.stride_w, g.pad_h,
-        g.pad_w,    g.dilation_h,  g.dilation_w, threads,    l.src + 2 * l.dst};
+        g.pad_w,    g.dilation_h,  g.dilation_w, threads,    l.src + 32 * l.dst};
     auto& slot = plans_[key];
     if (!slot) {
       auto plan = std::make_unique<ConvPlan>();

@@ -281,6 +281,14 @@ SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
                 },
                 x, w, gy, gx, gw);
           },
+      .conv2d_output_block = [](Context& c, const Tensor& x,
+                                const ConvGeometry& g) -> std::int64_t {
+#if SK_WITH_DNNL
+        if (x.dtype() == DType::f32) return cpu::dnnl::convolutions(c).output_block(c, x, g);
+#endif
+        (void)c, (void)x, (void)g;
+        return 0;
+      },
       .batch_norm_train_forward =
           [](Context& c, const Tensor& x, const Tensor& weight, const Tensor& bias,
              const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,

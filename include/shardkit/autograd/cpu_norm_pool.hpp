@@ -41,6 +41,62 @@ inline double lane_sum(std::int64_t n, F&& f) {
          tail;
 }
 
+// Channel blocks (core/channel_blocks.hpp): x seen as [outer, channels, inner] may be held as
+// [outer, channels / b, inner, b] -- element (n, c, i) at ((n * channels / b + c / b) * inner
+// + i) * b + c % b. The loops below then take each block of b channels together, vectorised
+// across them, and make every channel's sums with the very additions, in the very order, that
+// lane_sum makes over its row of an NCHW tensor: sums of values are equal bit for bit; a sum of
+// products can differ in its last bit where GCC contracts a multiply and an add into an FMA in
+// one loop and not in the other (it decides per loop as it vectorises; the NCHW tail loop is
+// partly contracted), which f32 results almost never show.
+
+// The channel-block width of x seen as [outer, channels, inner]: b for a 5-D [N, C/b, H, W, b]
+// tensor, else 1 (a 5-D [N, C, D, H, W] batch-norm input has x.size(1) == channels).
+inline std::int64_t channel_block_of(const Tensor& x, std::int64_t channels) {
+  return x.dim() == 5 && x.size(1) * x.size(4) == channels ? x.size(4) : 1;
+}
+
+// Calls body(std::integral_constant<int, b>) for a block width b of 8 or 16.
+template <class Body>
+inline void with_block_width(std::int64_t b, Body&& body) {
+  if (b == 8) {
+    body(std::integral_constant<int, 8>{});
+    return;
+  }
+  SK_ASSERT(b == 16);
+  body(std::integral_constant<int, 16>{});
+}
+
+// out[k] = lane_sum(inner, [&](i) { return f(i, k); }) for each channel k < B of one block's
+// plane, all B channels in one sweep (lane_sum's lanes, tail and final pairing per channel).
+template <int B, class F>
+inline void block_lane_sums(std::int64_t inner, F&& f, double* out) {
+  double lane[8][B] = {};
+  double tail[B] = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= inner; i += 8)
+    for (int j = 0; j < 8; ++j)
+      for (int k = 0; k < B; ++k) lane[j][k] += f(i + j, k);
+  for (; i < inner; ++i)
+    for (int k = 0; k < B; ++k) tail[k] += f(i, k);
+  for (int k = 0; k < B; ++k)
+    out[k] = ((lane[0][k] + lane[4][k]) + (lane[1][k] + lane[5][k])) +
+             ((lane[2][k] + lane[6][k]) + (lane[3][k] + lane[7][k])) + tail[k];
+}
+
+// Calls plane(n, cb) for every plane of channel block cb of row n, each thread of the pool taking
+// a contiguous range of blocks and walking n in order (as rows_by_channel_block does rows).
+template <class Plane>
+inline void planes_by_channel_block(ThreadPool& pool, std::int64_t outer, std::int64_t blocks,
+                                    Plane&& plane) {
+  const std::int64_t tasks = std::min<std::int64_t>(pool.size(), blocks);
+  pool.parallel_for(tasks, [&](std::int64_t t) {
+    const std::int64_t lo = blocks * t / tasks, hi = blocks * (t + 1) / tasks;
+    for (std::int64_t n = 0; n < outer; ++n)
+      for (std::int64_t cb = lo; cb < hi; ++cb) plane(n, cb);
+  });
+}
+
 // Calls row(n, c) for every row (n, c) of an [outer, channels, inner] tensor, each thread of
 // the pool taking a contiguous block of channels and walking its rows in memory order (n outer,
 // c inner): each channel's rows come in order of n, from one thread, and each thread streams
@@ -126,6 +182,34 @@ inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t oute
     const double count = double(outer * inner);
     std::fill(mean, mean + channels, 0.0);
     std::fill(m2, m2 + channels, 0.0);
+    if (const std::int64_t b = channel_block_of(x, channels); b > 1) {
+      with_block_width(b, [&](auto width) {
+        constexpr int B = decltype(width)::value;
+        const std::int64_t blocks = channels / B;
+        planes_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
+          const T* plane = in + (n * blocks + cb) * inner * B;
+          double sum[B];
+          block_lane_sums<B>(
+              inner, [&](std::int64_t i, int k) { return double(plane[i * B + k]); }, sum);
+          for (int k = 0; k < B; ++k) mean[cb * B + k] += sum[k];
+        });
+        for (std::int64_t c = 0; c < channels; ++c) mean[c] /= count;
+        planes_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
+          const T* plane = in + (n * blocks + cb) * inner * B;
+          const double* mu = mean + cb * B;
+          double sum[B];
+          block_lane_sums<B>(
+              inner,
+              [&](std::int64_t i, int k) {
+                const double d = double(plane[i * B + k]) - mu[k];
+                return d * d;
+              },
+              sum);
+          for (int k = 0; k < B; ++k) m2[cb * B + k] += sum[k];
+        });
+      });
+      return;
+    }
     if (inner == 1) {
       channel_block_rows(pool, channels, [&](std::int64_t lo, std::int64_t hi) {
         row_channel_sums(in, outer, channels, lo, hi, mean);
@@ -161,6 +245,30 @@ inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, c
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data_ptr());
     T* out = static_cast<T*>(y.data_ptr());
+    if (const std::int64_t block = channel_block_of(x, channels); block > 1) {
+      with_block_width(block, [&](auto width) {  // (each element's expression as below)
+        constexpr int B = decltype(width)::value;
+        const std::int64_t blocks = channels / B;
+        pool.parallel_for(outer * blocks, [&](std::int64_t plane) {
+          const std::int64_t c0 = plane % blocks * B, at = plane * inner * B;
+          const double* a = scale + c0;
+          const double* b = shift + c0;
+          const T* src = in + at;
+          T* dst = out + at;
+          if (relu) {
+            for (std::int64_t i = 0; i < inner * B; i += B)
+              for (int k = 0; k < B; ++k) {
+                const T v = static_cast<T>(src[i + k] * a[k] + b[k]);
+                dst[i + k] = v > T(0) ? v : T(0);
+              }
+          } else {
+            for (std::int64_t i = 0; i < inner * B; i += B)
+              for (int k = 0; k < B; ++k) dst[i + k] = static_cast<T>(src[i + k] * a[k] + b[k]);
+          }
+        });
+      });
+      return;
+    }
     if (inner == 1) {
       row_blocks(pool, outer, [&](std::int64_t n) {
         const T* src = in + n * channels;
@@ -331,6 +439,46 @@ inline void batch_norm_grad_sums(ThreadPool& pool, const Tensor& x, const Tensor
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
     std::fill(sum_g, sum_g + channels, 0.0);
     std::fill(sum_gxhat, sum_gxhat + channels, 0.0);  // sum(g * (x - mean)) until scaled below
+    if (const std::int64_t b = channel_block_of(x, channels); b > 1) {
+      with_block_width(b, [&](auto width) {
+        constexpr int B = decltype(width)::value;
+        const std::int64_t blocks = channels / B;
+        planes_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
+          const std::int64_t at = (n * blocks + cb) * inner * B;
+          const T* g = gy + at;
+          const T* v = in + at;
+          const T* y = out != nullptr ? out + at : nullptr;
+          double mean[B];
+          for (int k = 0; k < B; ++k) mean[k] = sm[cb * B + k];
+          double sg[B], sgx[B];
+          if (y == nullptr) {
+            block_lane_sums<B>(
+                inner, [&](std::int64_t i, int k) { return double(g[i * B + k]); }, sg);
+            block_lane_sums<B>(
+                inner,
+                [&](std::int64_t i, int k) {
+                  return double(g[i * B + k]) * (double(v[i * B + k]) - mean[k]);
+                },
+                sgx);
+          } else {
+            block_lane_sums<B>(
+                inner, [&](std::int64_t i, int k) { return relu_masked(g, y, i * B + k); }, sg);
+            block_lane_sums<B>(
+                inner,
+                [&](std::int64_t i, int k) {
+                  return relu_masked(g, y, i * B + k) * (double(v[i * B + k]) - mean[k]);
+                },
+                sgx);
+          }
+          for (int k = 0; k < B; ++k) {
+            sum_g[cb * B + k] += sg[k];
+            sum_gxhat[cb * B + k] += sgx[k];
+          }
+        });
+      });
+      for (std::int64_t c = 0; c < channels; ++c) sum_gxhat[c] *= double(si[c]);
+      return;
+    }
     if (inner == 1) {
       channel_block_rows(pool, channels, [&](std::int64_t lo, std::int64_t hi) {
         row_grad_sums(in, gy, out, sm, outer, channels, lo, hi, sum_g, sum_gxhat);
@@ -379,6 +527,46 @@ inline void batch_norm_input_grad(ThreadPool& pool, const Tensor& x, const Tenso
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
     T* gx = static_cast<T*>(grad_x.data_ptr());
     const T* relu_y = relu_out.defined() ? static_cast<const T*>(relu_out.data_ptr()) : nullptr;
+    if (const std::int64_t block = channel_block_of(x, channels); block > 1) {
+      // Each channel's factors once (the plane loop's, in the same expressions), then the planes.
+      HostScratch scratch;
+      double* k = scratch.doubles(static_cast<std::size_t>(channels));
+      double* mean = scratch.doubles(static_cast<std::size_t>(channels));
+      double* invstd = scratch.doubles(static_cast<std::size_t>(channels));
+      for (std::int64_t c = 0; c < channels; ++c) {
+        mean[c] = sm[c];
+        invstd[c] = si[c];
+        k[c] = w[c] * invstd[c] / count;
+      }
+      with_block_width(block, [&](auto width) {
+        constexpr int B = decltype(width)::value;
+        const std::int64_t blocks = channels / B;
+        pool.parallel_for(outer * blocks, [&](std::int64_t plane) {
+          const std::int64_t c0 = plane % blocks * B, at = plane * inner * B;
+          const double *kc = k + c0, *mc = mean + c0, *ic = invstd + c0;
+          const double *sg = sum_g + c0, *sgx = sum_gxhat + c0;
+          const T* v = in + at;
+          const T* g = gy + at;
+          T* o = gx + at;
+          if (relu_y == nullptr) {
+            for (std::int64_t i = 0; i < inner * B; i += B)
+              for (int j = 0; j < B; ++j) {
+                const double xhat = (v[i + j] - mc[j]) * ic[j];
+                o[i + j] = static_cast<T>(kc[j] * (count * g[i + j] - sg[j] - xhat * sgx[j]));
+              }
+          } else {
+            const T* y = relu_y + at;
+            for (std::int64_t i = 0; i < inner * B; i += B)
+              for (int j = 0; j < B; ++j) {
+                const double xhat = (v[i + j] - mc[j]) * ic[j];
+                o[i + j] = static_cast<T>(
+                    kc[j] * (count * relu_masked(g, y, i + j) - sg[j] - xhat * sgx[j]));
+              }
+          }
+        });
+      });
+      return;
+    }
     if (inner == 1) {
       // Each channel's factors once (the plane loop's, in the same expressions), then the rows.
       HostScratch scratch;

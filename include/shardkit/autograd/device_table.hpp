@@ -130,6 +130,10 @@ struct AutogradKernels {
                          const ConvGeometry& g);
   void (*conv2d_backward)(Context&, const Tensor& x, const Tensor& w, const Tensor& grad_y,
                           const Tensor& grad_x, const Tensor& grad_w, const ConvGeometry& g);
+  // The channel-block width (8 or 16, core/channel_blocks.hpp) in which conv2d_forward can
+  // write the output of x with this geometry, or 0 where it writes [N, C, H, W] only: the GPU,
+  // and the CPU's dtypes and builds without oneDNN.
+  std::int64_t (*conv2d_output_block)(Context&, const Tensor& x, const ConvGeometry& g);
   // Batch-norm of x[outer, C, inner] with the batch's statistics: y, the saved mean and invstd,
   // the running statistics updated where defined; with `relu`, y = max(y, 0).
   void (*batch_norm_train_forward)(Context&, const Tensor& x, const Tensor& weight,

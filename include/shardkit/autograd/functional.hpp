@@ -77,6 +77,10 @@ inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& w, const
   kernels_for(ctx, x).conv2d_forward(ctx, x, w, y, g);
 }
 
+inline std::int64_t conv2d_output_block(Context& ctx, const Tensor& x, const ConvGeometry& g) {
+  return kernels_for(ctx, x).conv2d_output_block(ctx, x, g);
+}
+
 inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& gy,
                             const Tensor& gx, const Tensor& gw, const ConvGeometry& g) {
   kernels_for(ctx, x).conv2d_backward(ctx, x, w, gy, gx, gw, g);

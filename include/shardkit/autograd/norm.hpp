@@ -16,6 +16,7 @@
 
 #include "shardkit/autograd/basic.hpp"
 #include "shardkit/autograd/batch_stats_group.hpp"
+#include "shardkit/autograd/channel_blocks.hpp"
 #include "shardkit/autograd/cpu_widen.hpp"
 
 namespace shardkit::autograd {
@@ -38,6 +39,12 @@ struct BatchNormOptions {
   // per-channel gradient sums over the group. As in PyTorch and apex, weight and bias get this
   // rank's gradient only: data parallelism averages them as it averages every other gradient.
   std::shared_ptr<BatchStatsGroup> sync;
+  // Read a 5-D input [N, C/b, H, W, b] as channel blocks (core/channel_blocks.hpp), as a
+  // convolution with Conv2dOptions::channel_blocks writes them; the output and the input
+  // gradient are in them too. The CPU's training and evaluation loops run in the blocks, with
+  // the sums of [N, C, H, W] in the same order (cpu_norm_pool.hpp); the synchronised form and
+  // evaluation mode's backward run on an [N, C, H, W] copy.
+  bool channel_blocks = false;
 };
 
 namespace detail {
@@ -135,7 +142,17 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
         "batch_norm: input, weight or bias undefined", module_suffix(ctx));
   check(x.dim() >= 2, "batch_norm: input ", shape_text(x.shape()), " needs at least [N, C]",
         module_suffix(ctx));
-  const std::int64_t channels = x.size(1);
+  const bool blocked = o.channel_blocks && has_channel_block_form(x.data());
+  if (blocked && (!x.device().is_cpu() || (o.training && o.sync && o.sync->size() > 1) ||
+                  (!o.training && needs_grad(ctx, {&x, &weight, &bias})))) {
+    BatchNormOptions nchw = o;
+    nchw.channel_blocks = false;
+    return to_channel_blocks(
+        ctx,
+        batch_norm(ctx, from_channel_blocks(ctx, x), weight, bias, running_mean, running_var, nchw),
+        x.size(4));
+  }
+  const std::int64_t channels = blocked ? x.size(1) * x.size(4) : x.size(1);
   check(weight.shape() == Shape{channels} && bias.shape() == Shape{channels}, "batch_norm: input ",
         shape_text(x.shape()), " has ", channels, " channels but weight is ",
         shape_text(weight.shape()), " and bias ", shape_text(bias.shape()), module_suffix(ctx),
@@ -153,6 +170,7 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
           "batch_norm: running statistics must be two ", dtype_name(stat), " tensors of shape [",
           channels, "]", module_suffix(ctx));
   Tensor xd = dense(ctx, x.data());
+  // (channel blocks: [N, C, H * W], the kernels read the blocks' order from x's shape)
   detail::BatchNormShape s{x.size(0), channels,
                            x.numel() / std::max<std::int64_t>(1, x.size(0) * channels)};
   if (keeps_channels_last(xd)) s = {s.outer * s.inner, channels, 1};  // rows of channels

@@ -83,11 +83,14 @@ class BatchNorm : public Module {
 
   Variable forward(Context& ctx, const Variable& input) override {
     const std::int64_t expected = dims_ == 1 ? 2 : 4;
-    check(input.defined() && (input.dim() == expected || (dims_ == 1 && input.dim() == 3)),
-          type_name(), ": input ",
-          input.defined() ? shape_text(input.shape()) : ShapeText::undefined(),
-          " has the wrong rank", autograd::module_suffix(ctx), "; expected ",
-          dims_ == 1 ? "[N, C] or [N, C, L]" : "[N, C, H, W]");
+    const bool blocked =  // ([N, C/b, H, W, b]: core/channel_blocks.hpp)
+        dims_ == 2 && options.channel_blocks && has_channel_block_form(input.data());
+    check(
+        input.defined() && (input.dim() == expected || (dims_ == 1 && input.dim() == 3) || blocked),
+        type_name(), ": input ",
+        input.defined() ? shape_text(input.shape()) : ShapeText::undefined(), " has the wrong rank",
+        autograd::module_suffix(ctx), "; expected ",
+        dims_ == 1 ? "[N, C] or [N, C, L]" : "[N, C, H, W]");
     autograd::BatchNormOptions o = options;
     o.training = is_training();
     // Checkpoint recomputation must not fold the same batch into the statistics twice.

@@ -39,6 +39,16 @@ struct ResNetOptions {
   // layout. Convolutions then take other oneDNN kernels: the results agree to rounding, not bit
   // for bit, with the NCHW network's. No effect on the GPU or for half-precision activations.
   bool channels_last = false;
+  // Activations kept in the channel blocks oneDNN's convolution kernels compute in
+  // (core/channel_blocks.hpp; CPU, f32) from the stem's convolution (the small-image stem; after
+  // the max-pool otherwise) to the last residual block, which returns [N, C, H, W] to the
+  // pooling: the convolutions and batch-norms pass them on without the reorders into those
+  // blocks and back that every NCHW convolution makes. The kernels are the NCHW network's own,
+  // and batch-norm's sums keep their order, so the results are the NCHW network's (bit for bit
+  // in the SwAV quick run; core/channel_blocks.hpp says where the last bits of a double sum may
+  // differ). Forward hooks on the modules in between see 5-D [N, C/b, H, W, b] tensors
+  // (from_channel_blocks gives [N, C, H, W]). No effect on the GPU or for other dtypes.
+  bool channel_blocks = false;
 };
 
 namespace detail {
@@ -56,6 +66,33 @@ inline std::shared_ptr<BatchNorm> bn(Context& ctx, std::int64_t channels, const 
   return std::make_shared<BatchNorm>(ctx, channels, 2, o.dtype, 1e-5, 0.1, o.batch_norm_f32);
 }
 
+// A residual block's convolution and batch-norm: in channel blocks when the network keeps them.
+inline std::shared_ptr<Conv2d> block_conv(Context& ctx, std::int64_t in, std::int64_t out,
+                                          std::int64_t kernel, std::int64_t stride,
+                                          const ResNetOptions& o) {
+  auto c = conv(ctx, in, out, kernel, stride, o);
+  c->options.channel_blocks = o.channel_blocks;
+  return c;
+}
+
+inline std::shared_ptr<BatchNorm> block_bn(Context& ctx, std::int64_t channels,
+                                           const ResNetOptions& o) {
+  auto b = bn(ctx, channels, o);
+  b->options.channel_blocks = o.channel_blocks;
+  return b;
+}
+
+// The end of a residual block: relu(out + identity), the identity first put in out's layout
+// (with channel blocks, the first block may get [N, C, H, W] from a max-pool), and the result
+// returned as [N, C, H, W] by the network's last block.
+inline Variable residual_end(Context& ctx, Module& relu, const Variable& out,
+                             const Variable& identity, bool ends_trunk) {
+  Variable y =
+      relu(ctx, autograd::add(ctx, out, autograd::channel_blocks_like(ctx, identity, out)));
+  if (ends_trunk && has_channel_block_form(y.data())) y = autograd::from_channel_blocks(ctx, y);
+  return y;
+}
+
 }  // namespace detail
 
 class BasicBlock : public Module {
@@ -63,17 +100,17 @@ class BasicBlock : public Module {
   static constexpr std::int64_t kExpansion = 1;
   BasicBlock(Context& ctx, std::int64_t in, std::int64_t planes, std::int64_t stride,
              const ResNetOptions& o) {
-    conv1 = register_module("conv1", detail::conv(ctx, in, planes, 3, stride, o));
-    bn1 = register_module("bn1", detail::bn(ctx, planes, o));
+    conv1 = register_module("conv1", detail::block_conv(ctx, in, planes, 3, stride, o));
+    bn1 = register_module("bn1", detail::block_bn(ctx, planes, o));
     bn1->options.relu = o.fuse_bn_relu;  // the ReLU after bn1, inside it
     relu = register_module("relu", std::make_shared<ReLU>());
-    conv2 = register_module("conv2", detail::conv(ctx, planes, planes, 3, 1, o));
-    bn2 = register_module("bn2", detail::bn(ctx, planes, o));
+    conv2 = register_module("conv2", detail::block_conv(ctx, planes, planes, 3, 1, o));
+    bn2 = register_module("bn2", detail::block_bn(ctx, planes, o));
     if (o.zero_init_residual) fill(ctx, bn2->weight.data(), 0.0);
     if (stride != 1 || in != planes) {
       downsample = register_module("downsample", std::make_shared<Sequential>());
-      downsample->push_back(detail::conv(ctx, in, planes, 1, stride, o));
-      downsample->push_back(detail::bn(ctx, planes, o));
+      downsample->push_back(detail::block_conv(ctx, in, planes, 1, stride, o));
+      downsample->push_back(detail::block_bn(ctx, planes, o));
     }
   }
   const char* type_name() const override { return "BasicBlock"; }
@@ -81,9 +118,10 @@ class BasicBlock : public Module {
     Variable out = (*bn1)(ctx, (*conv1)(ctx, x));  // (with the first ReLU, when fused)
     if (!bn1->options.relu) out = (*relu)(ctx, out);
     out = (*bn2)(ctx, (*conv2)(ctx, out));
-    const Variable identity = downsample ? (*downsample)(ctx, x) : x;
-    return (*relu)(ctx, autograd::add(ctx, out, identity));
+    return detail::residual_end(ctx, *relu, out, downsample ? (*downsample)(ctx, x) : x,
+                                ends_trunk);
   }
+  bool ends_trunk = false;  // the network's last block (returns [N, C, H, W])
   std::shared_ptr<Conv2d> conv1, conv2;
   std::shared_ptr<BatchNorm> bn1, bn2;
   std::shared_ptr<ReLU> relu;
@@ -96,19 +134,20 @@ class Bottleneck : public Module {
   Bottleneck(Context& ctx, std::int64_t in, std::int64_t planes, std::int64_t stride,
              const ResNetOptions& o) {
     const std::int64_t out = planes * kExpansion;
-    conv1 = register_module("conv1", detail::conv(ctx, in, planes, 1, 1, o));
-    bn1 = register_module("bn1", detail::bn(ctx, planes, o));
-    conv2 = register_module("conv2", detail::conv(ctx, planes, planes, 3, stride, o));  // v1.5
-    bn2 = register_module("bn2", detail::bn(ctx, planes, o));
-    conv3 = register_module("conv3", detail::conv(ctx, planes, out, 1, 1, o));
-    bn3 = register_module("bn3", detail::bn(ctx, out, o));
+    conv1 = register_module("conv1", detail::block_conv(ctx, in, planes, 1, 1, o));
+    bn1 = register_module("bn1", detail::block_bn(ctx, planes, o));
+    conv2 =
+        register_module("conv2", detail::block_conv(ctx, planes, planes, 3, stride, o));  // v1.5
+    bn2 = register_module("bn2", detail::block_bn(ctx, planes, o));
+    conv3 = register_module("conv3", detail::block_conv(ctx, planes, out, 1, 1, o));
+    bn3 = register_module("bn3", detail::block_bn(ctx, out, o));
     bn1->options.relu = bn2->options.relu = o.fuse_bn_relu;  // the ReLUs after them, inside
     relu = register_module("relu", std::make_shared<ReLU>());
     if (o.zero_init_residual) fill(ctx, bn3->weight.data(), 0.0);
     if (stride != 1 || in != out) {
       downsample = register_module("downsample", std::make_shared<Sequential>());
-      downsample->push_back(detail::conv(ctx, in, out, 1, stride, o));
-      downsample->push_back(detail::bn(ctx, out, o));
+      downsample->push_back(detail::block_conv(ctx, in, out, 1, stride, o));
+      downsample->push_back(detail::block_bn(ctx, out, o));
     }
   }
   const char* type_name() const override { return "Bottleneck"; }
@@ -118,9 +157,9 @@ class Bottleneck : public Module {
     y = (*bn2)(ctx, (*conv2)(ctx, y));
     if (!bn2->options.relu) y = (*relu)(ctx, y);
     y = (*bn3)(ctx, (*conv3)(ctx, y));
-    const Variable identity = downsample ? (*downsample)(ctx, x) : x;
-    return (*relu)(ctx, autograd::add(ctx, y, identity));
+    return detail::residual_end(ctx, *relu, y, downsample ? (*downsample)(ctx, x) : x, ends_trunk);
   }
+  bool ends_trunk = false;  // the network's last block (returns [N, C, H, W])
   std::shared_ptr<Conv2d> conv1, conv2, conv3;
   std::shared_ptr<BatchNorm> bn1, bn2, bn3;
   std::shared_ptr<ReLU> relu;
@@ -141,13 +180,18 @@ std::shared_ptr<ResNet> build_resnet(Context& ctx, const std::vector<int>& block
   check(o.num_classes >= 0, "ResNet: num_classes ", o.num_classes, " must be >= 0");
   check(o.base_channels > 0, "ResNet: base_channels ", o.base_channels, " must be > 0");
   check(o.in_channels > 0, "ResNet: in_channels ", o.in_channels, " must be > 0");
+  check(!(o.channels_last && o.channel_blocks),
+        "ResNet: channels_last and channel_blocks are two layouts for the same activations; "
+        "choose one");
   const std::int64_t c = o.base_channels;
   auto net = std::make_shared<ResNet>();
-  if (o.small_image_stem)
-    net->add("conv1", conv(ctx, o.in_channels, c, 3, 1, o));
-  else
+  if (o.small_image_stem) {  // (channel blocks from here on)
+    net->add("conv1", block_conv(ctx, o.in_channels, c, 3, 1, o));
+    net->add("bn1", block_bn(ctx, c, o));
+  } else {  // (the max-pool reads [N, C, H, W])
     net->add("conv1", conv(ctx, o.in_channels, c, 7, 2, o));
-  net->add("bn1", bn(ctx, c, o));
+    net->add("bn1", bn(ctx, c, o));
+  }
   net->add("relu", std::make_shared<ReLU>());
   if (!o.small_image_stem) net->add("maxpool", std::make_shared<MaxPool2d>(3, 2, 1));
   std::int64_t in = c;
@@ -156,7 +200,9 @@ std::shared_ptr<ResNet> build_resnet(Context& ctx, const std::vector<int>& block
     auto layer = std::make_shared<Sequential>();
     for (int b = 0; b < blocks[stage]; ++b) {
       const std::int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
-      layer->push_back(std::make_shared<Block>(ctx, in, planes[stage], stride, o));
+      auto block = std::make_shared<Block>(ctx, in, planes[stage], stride, o);
+      block->ends_trunk = stage == 3 && b + 1 == blocks[stage];
+      layer->push_back(block);
       in = planes[stage] * Block::kExpansion;
     }
     net->add("layer" + std::to_string(stage + 1), layer);
