@@ -73,17 +73,27 @@ inline Workload linear_workload(Context& ctx, std::int64_t n, std::int64_t in, s
 }
 
 // One ResNet-18 training step (forward, cross-entropy, backward; no optimizer) on `batch`
-// images of `hw` x `hw`: the small-image stem for hw <= 64, ImageNet's otherwise.
-// channels_last: activations stored NHWC (ResNetOptions::channels_last), the images too, as
-// PyTorch's model.to(memory_format=torch.channels_last) with channels-last inputs.
+// images of `hw` x `hw`: the small-image stem for hw <= 64, ImageNet's otherwise. The
+// activations' layout on the CPU:
+enum class ActivationLayout {
+  nchw,
+  // NHWC (ResNetOptions::channels_last), the images too, as PyTorch's
+  // model.to(memory_format=torch.channels_last) with channels-last inputs
+  channels_last,
+  // oneDNN's channel blocks between the convolutions (ResNetOptions::channel_blocks): the
+  // NCHW step's bits without its reorders
+  channel_blocks,
+};
 inline Workload resnet18_step(Context& ctx, std::int64_t batch, std::int64_t hw,
                               std::int64_t classes, std::int64_t width = 64,
-                              bool channels_last = false) {
+                              ActivationLayout layout = ActivationLayout::nchw) {
+  const bool channels_last = layout == ActivationLayout::channels_last;
   nn::ResNetOptions o;
   o.num_classes = classes;
   o.small_image_stem = hw <= 64;
   o.base_channels = width;
   o.channels_last = channels_last;
+  o.channel_blocks = layout == ActivationLayout::channel_blocks;
   std::shared_ptr<nn::ResNet> net = nn::resnet18(ctx, o);
   ag::Variable pixels = random_variable(ctx, {batch, 3, hw, hw}, false);
   if (channels_last) pixels = ag::Variable(to_channels_last(ctx, pixels.data()));

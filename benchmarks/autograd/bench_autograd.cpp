@@ -98,7 +98,7 @@ double faulted_mib() {
 void BM_resnet18_train_step(benchmark::State& state) {
   sk::Context ctx({.seed = 4});
   auto w = wl::resnet18_step(ctx, state.range(0), state.range(1), state.range(1) <= 64 ? 10 : 1000,
-                             state.range(2), state.range(3) != 0);
+                             state.range(2), static_cast<wl::ActivationLayout>(state.range(3)));
   const double before_warm_up = faulted_mib();
   w.run();
   const double before_timed = faulted_mib();
@@ -109,17 +109,21 @@ void BM_resnet18_train_step(benchmark::State& state) {
   state.counters["faulted_MiB_per_step"] =
       (faulted_mib() - before_timed) / double(state.iterations());
 }
-// The last argument: activations channels-last (1) or NCHW (0).
+// The last argument: the activations' layout, NCHW (0), channels-last (1) or channel blocks (2)
+// (autograd_workloads.hpp's ActivationLayout).
 BENCHMARK(BM_resnet18_train_step)
-    ->ArgNames({"batch", "HW", "width", "channels_last"})
+    ->ArgNames({"batch", "HW", "width", "layout"})
     ->Args({32, 32, 64, 0})  // CIFAR-sized, small-image stem
     ->Args({32, 32, 64, 1})
+    ->Args({32, 32, 64, 2})
     ->Args({8, 224, 64, 0})  // ImageNet-sized
     ->Args({8, 224, 64, 1})
+    ->Args({8, 224, 64, 2})
     // The SwAV quick config's trunk shape: a quarter of the width on 20-pixel crops, where the
     // convolutions are narrow and reordering their operands costs most.
     ->Args({64, 20, 16, 0})
     ->Args({64, 20, 16, 1})
+    ->Args({64, 20, 16, 2})
     // Host-bound: ResNet-18's 60 layers at 4 channels on 8x8 images, where the arithmetic is
     // next to nothing and a step's time is its ops' host work -- conv, batch-norm, ReLU and
     // additions inside modules, with their backward -- as on a GPU that outruns its host.

@@ -3,7 +3,8 @@
 # alternating in one run so both see the same machine state, then the ratio.
 #
 #   benchmarks/autograd/compare_torch_cpu.sh [BUILD_DIR] [--reps N] [--rounds R] [--config BATCHxHW[xWIDTH]]
-#                                            [--threads T] [--python PY] [--channels-last]
+#                                            [--threads T] [--python PY]
+#                                            [--channels-last | --channel-blocks]
 #
 # BUILD_DIR (default build) holds benchmarks/autograd/bench_autograd. Each side times N steps
 # (default 5) after a warm-up step: ours as N repetitions of BM_resnet18_train_step (MinTime 2 s
@@ -17,11 +18,13 @@
 # (default 1): ours through SHARDKIT_NUM_THREADS, PyTorch's through torch.set_num_threads. PY
 # defaults to /usr/bin/python3 when it has torch (Debian's python3-torch), else python3.
 # --channels-last runs both sides with channels-last activations (ours: ResNetOptions::
-# channels_last; PyTorch: the model and images in torch.channels_last). The load
+# channels_last; PyTorch: the model and images in torch.channels_last). --channel-blocks runs
+# ours with its activations in oneDNN's channel blocks (ResNetOptions::channel_blocks: the NCHW
+# step's bits without its reorders) against PyTorch's NCHW step. The load
 # average is printed first: other work on the cores skews both sides, not necessarily alike.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=build reps=5 rounds=3 configs=() python="" threads=1 channels_last=0
+build=build reps=5 rounds=3 configs=() python="" threads=1 layout=0
 while (($#)); do
   case $1 in
     --reps) reps=$2; shift 2 ;;
@@ -29,7 +32,8 @@ while (($#)); do
     --config) configs+=("$2"); shift 2 ;;
     --python) python=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
-    --channels-last) channels_last=1; shift ;;
+    --channels-last) layout=1; shift ;;
+    --channel-blocks) layout=2; shift ;;
     -*) echo "compare_torch_cpu: unknown option $1" >&2; exit 2 ;;
     *) build=$1; shift ;;
   esac
@@ -43,14 +47,14 @@ fi
 "$python" -c "import torch" 2>/dev/null ||
   { echo "compare_torch_cpu: $python has no torch (Debian: apt-get install python3-torch)" >&2; exit 1; }
 
-filter="BM_resnet18_train_step/.*/channels_last:$channels_last/"
+filter="BM_resnet18_train_step/.*/layout:$layout/"
 peer_configs=()
-((channels_last)) && peer_configs+=(--channels-last)
+((layout == 1)) && peer_configs+=(--channels-last)
 if ((${#configs[@]})); then
   parts=()
   for c in "${configs[@]}"; do
     IFS=x read -r batch hw width <<<"$c"
-    parts+=("BM_resnet18_train_step/batch:$batch/HW:$hw/width:${width:-64}/channels_last:$channels_last/")
+    parts+=("BM_resnet18_train_step/batch:$batch/HW:$hw/width:${width:-64}/layout:$layout/")
     peer_configs+=(--config "$c")
   done
   filter=$(IFS='|'; echo "${parts[*]}")
