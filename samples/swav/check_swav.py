@@ -117,9 +117,17 @@ def main():
         if len(set(prints.values())) != 1:
             raise SystemExit("FAIL: the stages' parameters differ")
         print("every stage, with and without activation checkpointing: the same parameters bit for bit")
+        # Channel blocks (MODEL.TRUNK.RESNETS.CHANNEL_BLOCKS, on by default) run NCHW's oneDNN
+        # kernels without its reorders: the same parameters as NCHW's, bit for bit, here.
+        nchw, _ = run(swav, os.path.join(work, "nchw"),
+                      steps + ["config.MODEL.TRUNK.RESNETS.CHANNEL_BLOCKS=False"])
+        print(f"NCHW activations (CHANNEL_BLOCKS=False): {nchw}")
+        if nchw != prints["ddp"]:
+            raise SystemExit("FAIL: channel blocks changed the parameters' bits (docs/design.md "
+                             "'Channel-blocked activations' says where they may differ)")
         # Channels-last activations (MODEL.TRUNK.RESNETS.CHANNELS_LAST): the convolutions take
-        # other oneDNN kernels, so other bits than NCHW's, but the stages still agree bit for bit
-        # and the losses agree with NCHW's to rounding.
+        # other oneDNN kernels, so other bits than NCHW's (and the channel blocks'), but the
+        # stages still agree bit for bit and the losses agree with NCHW's to rounding.
         last, losses = {}, {}
         for stage in ("ddp", "fsdp"):
             last[stage], output = run(swav, os.path.join(work, f"channels_last_{stage}"),

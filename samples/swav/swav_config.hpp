@@ -50,6 +50,7 @@ struct SwavConfig {
   std::int64_t in_channels = 1;  // the images' channels (load_datasets sets it from the data)
   bool small_image_stem = true, zero_init_residual = false;
   bool channels_last = false;  // the trunk's activations stored NHWC on the CPU
+  bool channel_blocks = true;  // kept in oneDNN's channel blocks inside the stages (CPU)
   std::int64_t head_in = 128, head_hidden = 128, embedding_dim = 64, prototypes = 100;
   bool head_bn = true;
   double bn_eps = 1e-5, bn_momentum = 0.1;
@@ -531,6 +532,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
     s.small_image_stem = c.get<bool>("MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM");
     s.zero_init_residual = c.get<bool>("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
     s.channels_last = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST");
+    s.channel_blocks = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNEL_BLOCKS");
     trunk_out = (s.depth == 50 ? 32 : 8) * s.base_channels;
   });
   if (trunk_ok)

@@ -65,6 +65,9 @@ MODEL:
       ZERO_INIT_RESIDUAL: False
       SMALL_IMAGE_STEM: True        # ours: 3x3 stride-1 stem without max-pool, for 28x28 images
       CHANNELS_LAST: False          # ours: activations NHWC on the CPU (docs/swav.md)
+      CHANNEL_BLOCKS: True          # ours: activations in oneDNN's channel blocks on the CPU:
+                                    # NCHW's kernels without its reorders (off when
+                                    # CHANNELS_LAST; docs/swav.md)
   HEAD:
     PARAMS: [["swav_head", {"dims": [128, 128, 64], "use_bn": True, "num_clusters": [100]}]]
     BATCHNORM_EPS: 1.0e-5

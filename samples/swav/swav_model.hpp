@@ -61,6 +61,7 @@ class SwavModel : public nn::Module {
     o.in_channels = c.in_channels;
     o.zero_init_residual = c.zero_init_residual;
     o.channels_last = c.channels_last;
+    o.channel_blocks = c.channel_blocks && !c.channels_last;
     o.init = nn::ResNetInit::torchvision;  // kaiming_normal fan_out, as SwAV's resnet50.py
     trunk = register_module("trunk", c.depth == 50   ? nn::resnet50(ctx, o)
                                      : c.depth == 34 ? nn::resnet34(ctx, o)

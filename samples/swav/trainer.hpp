@@ -494,8 +494,11 @@ class SwavTrainer {
     HookGuard hooks;
     for (std::size_t k = 0; k < pools.size(); ++k)
       hooks.add(trunk_child(pools[k].module()),
-                [&outputs, k](sk::nn::Module&, const ag::Variable&, const ag::Variable& y) {
-                  outputs[k] = y.data();
+                [&outputs, &ctx, k](sk::nn::Module&, const ag::Variable&, const ag::Variable& y) {
+                  // (a trunk kept in channel blocks: the layer's [N, C, H, W] values)
+                  outputs[k] = sk::has_channel_block_form(y.data())
+                                   ? sk::from_channel_blocks(ctx, y.data())
+                                   : y.data();
                 });
     // DATA.TEST.TRANSFORMS' images (EvalTransform); by default whole images at the large crops'
     // side, normalised like the crops. One side for every image: a batch is one tensor.
