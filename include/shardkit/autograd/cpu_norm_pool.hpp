@@ -45,8 +45,9 @@ inline double lane_sum(std::int64_t n, F&& f) {
 // [outer, channels / b, inner, b] -- element (n, c, i) at ((n * channels / b + c / b) * inner
 // + i) * b + c % b. The loops below then take each block of b channels together, vectorised
 // across them, and make every channel's sums with the very additions, in the very order, that
-// lane_sum makes over its row of an NCHW tensor: sums of values are equal bit for bit; a sum of
-// products can differ in its last bit where GCC contracts a multiply and an add into an FMA in
+// lane_sum makes over its row of an NCHW tensor (rows_by_channel_block walks the blocks as its
+// channels: each thread a range of blocks, n in order): sums of values are equal bit for bit; a sum
+// of products can differ in its last bit where GCC contracts a multiply and an add into an FMA in
 // one loop and not in the other (it decides per loop as it vectorises; the NCHW tail loop is
 // partly contracted), which f32 results almost never show.
 
@@ -82,19 +83,6 @@ inline void block_lane_sums(std::int64_t inner, F&& f, double* out) {
   for (int k = 0; k < B; ++k)
     out[k] = ((lane[0][k] + lane[4][k]) + (lane[1][k] + lane[5][k])) +
              ((lane[2][k] + lane[6][k]) + (lane[3][k] + lane[7][k])) + tail[k];
-}
-
-// Calls plane(n, cb) for every plane of channel block cb of row n, each thread of the pool taking
-// a contiguous range of blocks and walking n in order (as rows_by_channel_block does rows).
-template <class Plane>
-inline void planes_by_channel_block(ThreadPool& pool, std::int64_t outer, std::int64_t blocks,
-                                    Plane&& plane) {
-  const std::int64_t tasks = std::min<std::int64_t>(pool.size(), blocks);
-  pool.parallel_for(tasks, [&](std::int64_t t) {
-    const std::int64_t lo = blocks * t / tasks, hi = blocks * (t + 1) / tasks;
-    for (std::int64_t n = 0; n < outer; ++n)
-      for (std::int64_t cb = lo; cb < hi; ++cb) plane(n, cb);
-  });
 }
 
 // Calls row(n, c) for every row (n, c) of an [outer, channels, inner] tensor, each thread of
@@ -186,7 +174,7 @@ inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t oute
       with_block_width(b, [&](auto width) {
         constexpr int B = decltype(width)::value;
         const std::int64_t blocks = channels / B;
-        planes_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
+        rows_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
           const T* plane = in + (n * blocks + cb) * inner * B;
           double sum[B];
           block_lane_sums<B>(
@@ -194,7 +182,7 @@ inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t oute
           for (int k = 0; k < B; ++k) mean[cb * B + k] += sum[k];
         });
         for (std::int64_t c = 0; c < channels; ++c) mean[c] /= count;
-        planes_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
+        rows_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
           const T* plane = in + (n * blocks + cb) * inner * B;
           const double* mu = mean + cb * B;
           double sum[B];
@@ -443,7 +431,7 @@ inline void batch_norm_grad_sums(ThreadPool& pool, const Tensor& x, const Tensor
       with_block_width(b, [&](auto width) {
         constexpr int B = decltype(width)::value;
         const std::int64_t blocks = channels / B;
-        planes_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
+        rows_by_channel_block(pool, outer, blocks, [&](std::int64_t n, std::int64_t cb) {
           const std::int64_t at = (n * blocks + cb) * inner * B;
           const T* g = gy + at;
           const T* v = in + at;
@@ -527,17 +515,22 @@ inline void batch_norm_input_grad(ThreadPool& pool, const Tensor& x, const Tenso
     const T* si = static_cast<const T*>(save_invstd.data_ptr());
     T* gx = static_cast<T*>(grad_x.data_ptr());
     const T* relu_y = relu_out.defined() ? static_cast<const T*>(relu_out.data_ptr()) : nullptr;
-    if (const std::int64_t block = channel_block_of(x, channels); block > 1) {
-      // Each channel's factors once (the plane loop's, in the same expressions), then the planes.
-      HostScratch scratch;
-      double* k = scratch.doubles(static_cast<std::size_t>(channels));
-      double* mean = scratch.doubles(static_cast<std::size_t>(channels));
-      double* invstd = scratch.doubles(static_cast<std::size_t>(channels));
+    // Channel blocks and rows of channels: each channel's factors once (the plane loop's, in
+    // the same expressions), then the planes or rows.
+    const std::int64_t block = channel_block_of(x, channels);
+    HostScratch scratch;
+    double *k = nullptr, *mean = nullptr, *invstd = nullptr;
+    if (block > 1 || inner == 1) {
+      k = scratch.doubles(static_cast<std::size_t>(channels));
+      mean = scratch.doubles(static_cast<std::size_t>(channels));
+      invstd = scratch.doubles(static_cast<std::size_t>(channels));
       for (std::int64_t c = 0; c < channels; ++c) {
         mean[c] = sm[c];
         invstd[c] = si[c];
         k[c] = w[c] * invstd[c] / count;
       }
+    }
+    if (block > 1) {
       with_block_width(block, [&](auto width) {
         constexpr int B = decltype(width)::value;
         const std::int64_t blocks = channels / B;
@@ -568,16 +561,6 @@ inline void batch_norm_input_grad(ThreadPool& pool, const Tensor& x, const Tenso
       return;
     }
     if (inner == 1) {
-      // Each channel's factors once (the plane loop's, in the same expressions), then the rows.
-      HostScratch scratch;
-      double* k = scratch.doubles(static_cast<std::size_t>(channels));
-      double* mean = scratch.doubles(static_cast<std::size_t>(channels));
-      double* invstd = scratch.doubles(static_cast<std::size_t>(channels));
-      for (std::int64_t c = 0; c < channels; ++c) {
-        mean[c] = sm[c];
-        invstd[c] = si[c];
-        k[c] = w[c] * invstd[c] / count;
-      }
       row_blocks(pool, outer, [&](std::int64_t n) {
         const std::int64_t at = n * channels;
         const T* v = in + at;
