@@ -13,7 +13,7 @@ namespace detail {
 struct ToChannelBlocksNode final : Node {
   const char* name() const override { return "to_channel_blocks"; }
   Gradients apply(Context& ctx, const Tensor& g) override {
-    return {shardkit::from_channel_blocks(ctx, contiguous(ctx, g))};
+    return {shardkit::from_channel_blocks(ctx, g)};
   }
 };
 
@@ -36,7 +36,7 @@ inline Variable to_channel_blocks(Context& ctx, const Variable& x, std::int64_t 
 
 inline Variable from_channel_blocks(Context& ctx, const Variable& x) {
   check(x.defined(), "from_channel_blocks: the input is undefined", module_suffix(ctx));
-  Tensor y = shardkit::from_channel_blocks(ctx, contiguous(ctx, x.data()));
+  Tensor y = shardkit::from_channel_blocks(ctx, x.data());
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
   auto node = make_pooled<detail::FromChannelBlocksNode>();
   node->block = x.size(4);

@@ -227,6 +227,8 @@ inline Operand operand(int arg, bool input, const dnnl_memory_desc_t& plain,
 // The three primitives of one convolution geometry at one thread count.
 struct ConvPlan {
   std::unique_ptr<Call> forward, backward_data, backward_weights;
+  // Convolutions::output_block's answer for the NCHW-output plan, once asked (-1: not yet).
+  std::int64_t output_block = -1;
 };
 
 // One per context: the CPU engine and stream, and the plans made so far.
@@ -254,14 +256,21 @@ class Convolutions {
   // when this is not 0.
   std::int64_t output_block(Context& ctx, const Tensor& x, const ConvGeometry& g) {
     std::lock_guard lock(mutex_);
-    const ConvPlan& plan = plan_for(ctx, g, {layout_of(x), kNchw});
-    const dnnl_memory_desc_t& chosen = plan.forward->chosen(2);
-    for (std::int64_t b : {8, 16}) {
-      if (g.out_channels % b != 0) continue;
-      const dnnl_memory_desc_t blocked = plain_desc({g.batch, g.out_channels, g.out_h, g.out_w}, b);
-      if (dnnl_memory_desc_equal(&blocked, &chosen)) return b;
+    ConvPlan& plan = plan_for(ctx, g, {layout_of(x), kNchw});
+    if (plan.output_block < 0) {
+      plan.output_block = 0;
+      const dnnl_memory_desc_t& chosen = plan.forward->chosen(2);
+      for (std::int64_t b : {8, 16}) {
+        if (g.out_channels % b != 0) continue;
+        const dnnl_memory_desc_t blocked =
+            plain_desc({g.batch, g.out_channels, g.out_h, g.out_w}, b);
+        if (dnnl_memory_desc_equal(&blocked, &chosen)) {
+          plan.output_block = b;
+          break;
+        }
+      }
     }
-    return 0;
+    return plan.output_block;
   }
 
   void forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& y,
