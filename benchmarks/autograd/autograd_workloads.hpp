@@ -44,10 +44,18 @@ inline Workload conv_workload(Context& ctx, std::int64_t n, std::int64_t c, std:
   return wl;
 }
 
-inline Workload batch_norm_workload(Context& ctx, std::int64_t n, std::int64_t c, std::int64_t hw) {
+// Batch-norm forward + backward on [n, c, hw, hw]: NCHW for block == 0, else held in channel
+// blocks of `block` (8 or 16: [n, c / block, hw, hw, block], core/channel_blocks.hpp).
+inline Workload batch_norm_workload(Context& ctx, std::int64_t n, std::int64_t c, std::int64_t hw,
+                                    std::int64_t block = 0) {
   auto x = std::make_shared<ag::Variable>(random_variable(ctx, {n, c, hw, hw}, true));
   auto bn = std::make_shared<nn::BatchNorm>(ctx, c);
   auto grad = std::make_shared<Tensor>(full(ctx, {n, c, hw, hw}, DType::f32, 1e-3));
+  if (block > 0) {
+    *x = ag::Variable(to_channel_blocks(ctx, x->data(), block), true);
+    *grad = to_channel_blocks(ctx, *grad, block);
+    bn->options.channel_blocks = true;
+  }
   Workload wl;
   wl.run = [&ctx, x, bn, grad] {
     x->clear_grad();

@@ -63,18 +63,34 @@ BENCHMARK(BM_conv_fwd_bwd)
     ->Args({8, 64, 56, 256, 1, 1})
     ->Unit(benchmark::kMillisecond);
 
+// {N, C, HW, block, threads}: NCHW (block 0) or channel blocks of 8 / 16, on the context's default
+// threads (0) or on one, as each rank of the SwAV quick config runs. GBps counts the five passes
+// no batch-norm can avoid (forward: read x, write y; backward: read x and the output gradient,
+// write the input gradient); ours makes nine (the moments' and the gradient sums' extra reads),
+// as the bits of its double sums require. pct_of_copy: against a copy of one such tensor on as
+// many threads, in this run.
 void BM_batch_norm_fwd_bwd(benchmark::State& state) {
-  sk::Context ctx({.seed = 2});
+  sk::Context ctx({.seed = 2, .cpu_threads = static_cast<int>(state.range(4))});
   const double seconds = run_flops(
-      state, wl::batch_norm_workload(ctx, state.range(0), state.range(1), state.range(2)));
-  const double bytes =
-      5.0 * 4.0 * double(state.range(0) * state.range(1) * state.range(2) * state.range(2));
-  state.counters["GBps"] = bytes / seconds / 1e9;
+      state,
+      wl::batch_norm_workload(ctx, state.range(0), state.range(1), state.range(2), state.range(3)));
+  const double tensor_bytes =
+      4.0 * double(state.range(0) * state.range(1) * state.range(2) * state.range(2));
+  bench::report_bandwidth(
+      state, seconds, 5.0 * tensor_bytes,
+      bench::host_copy_bytes_per_second(static_cast<std::size_t>(tensor_bytes), ctx.cpu_threads()));
 }
 BENCHMARK(BM_batch_norm_fwd_bwd)
-    ->ArgNames({"N", "C", "HW"})
-    ->Args({8, 64, 56})
-    ->Args({8, 256, 14})
+    ->ArgNames({"N", "C", "HW", "block", "threads"})
+    ->Args({8, 64, 56, 0, 0})
+    ->Args({8, 256, 14, 0, 0})
+    // The SwAV quick config's first and third stages (256 crops per rank), on one thread.
+    ->Args({256, 16, 20, 0, 1})
+    ->Args({256, 16, 20, 8, 1})
+    ->Args({256, 16, 20, 16, 1})
+    ->Args({256, 64, 5, 0, 1})
+    ->Args({256, 64, 5, 8, 1})
+    ->Args({256, 64, 5, 16, 1})
     ->Unit(benchmark::kMillisecond);
 
 void BM_linear_fwd_bwd(benchmark::State& state) {
