@@ -3,11 +3,12 @@
 // kernels: bit for bit); batch-norm's double sums (sums of values bit for bit, sums of
 // products to their last bits: FMA contraction is the compiler's choice per loop), and
 // batch-norm in training (with and without a fused ReLU) and evaluation mode with its running
-// statistics; a ResNet with ResNetOptions::channel_blocks against the plain one (loss, every
-// gradient, the running statistics).
+// statistics; max-pool (bit for bit); a ResNet with ResNetOptions::channel_blocks against the plain
+// one (loss, every gradient, the running statistics).
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "gradcheck.hpp"
 #include "shardkit/nn/nn.hpp"
@@ -226,6 +227,57 @@ TEST_CASE("batch-norm's double sums in channel blocks are the NCHW ones") {
   }
 }
 
+// Max-pool reads channel blocks as they are: each channel's windows compared in the NCHW
+// loops' order, so the same maxima (ties to the first, a NaN wins) and the same gradient sums
+// where windows overlap, bit for bit; over the padded border, the square fast paths' kernels
+// and others.
+TEST_CASE("max-pool in channel blocks gives the NCHW bits, forward and backward") {
+  sk::Context ctx({.seed = 8});
+  struct Pool {
+    std::int64_t kernel, stride, padding;
+  };
+  const auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+    return true;
+  };
+  for (sk::DType dtype : {sk::DType::f32, sk::DType::f64}) {
+    for (std::int64_t b : {8, 16}) {
+      for (const Pool& pool : {Pool{3, 2, 1}, Pool{2, 2, 0}, Pool{3, 1, 1}, Pool{5, 3, 2}}) {
+        CAPTURE(dtype);
+        CAPTURE(b);
+        CAPTURE(pool.kernel);
+        CAPTURE(pool.stride);
+        // Values on a coarse grid (ties in most windows) and a NaN in each of a few planes.
+        sk::Tensor x = cb_random(ctx, {3, 32, 13, 11}, -4, 4, sk::DType::f64);
+        std::vector<double> v = sk::to_vector<double>(ctx, x);
+        for (double& e : v) e = std::round(e);
+        for (std::size_t i = 7; i < v.size(); i += 1543) v[i] = std::nan("");
+        x = sk::cast(ctx, sk::from_vector<double>(ctx, v, x.shape()), dtype);
+        std::vector<double> y[2], gx[2];
+        sk::Tensor g;  // the output gradient: its own value per element, so where a maximum went
+                       // matters
+        for (int blocked = 0; blocked < 2; ++blocked) {
+          Variable xv(sk::clone(ctx, x), true);
+          const Variable in = blocked == 1 ? ag::to_channel_blocks(ctx, xv, b) : xv;
+          const Variable out =
+              ag::max_pool2d(ctx, in, pool.kernel, pool.stride, pool.padding, blocked == 1);
+          CHECK(out.dim() == (blocked == 1 ? 5 : 4));
+          const sk::Tensor yd =
+              blocked == 1 ? sk::from_channel_blocks(ctx, out.data()) : out.data();
+          if (!g.defined()) g = cb_random(ctx, yd.shape(), -1, 1, dtype);
+          ag::backward(ctx, out, blocked == 1 ? sk::to_channel_blocks(ctx, g, b) : g);
+          y[blocked] = cb_values(ctx, yd);
+          gx[blocked] = cb_values(ctx, xv.grad());
+        }
+        CHECK(same(y[1], y[0]));
+        CHECK(same(gx[1], gx[0]));
+      }
+    }
+  }
+}
+
 TEST_CASE("a ResNet in channel blocks equals the NCHW network") {
   for (bool small_stem : {true, false}) {
     for (std::int64_t width : {16, 8}) {
@@ -238,7 +290,7 @@ TEST_CASE("a ResNet in channel blocks equals the NCHW network") {
       options.in_channels = small_stem ? 1 : 3;
       std::vector<double> losses[2], stage_shapes[2];
       std::vector<std::vector<double>> grads[2], buffers[2];
-      bool inner_blocked = false;
+      bool inner_blocked = false, pool_blocked = false;
       for (int k = 0; k < 2; ++k) {
         sk::Context ctx({.seed = 5});
         options.channel_blocks = k == 1;
@@ -254,6 +306,11 @@ TEST_CASE("a ResNet in channel blocks equals the NCHW network") {
             [&, k](sk::nn::Module&, const Variable&, const Variable& y) {
               if (k == 1) inner_blocked = sk::has_channel_block_form(y.data());
             });
+        if (!small_stem)  // (ImageNet's stem pools the blocks as they are)
+          cb_child(*net, "maxpool")
+              .register_forward_hook([&, k](sk::nn::Module&, const Variable&, const Variable& y) {
+                if (k == 1) pool_blocked = sk::has_channel_block_form(y.data());
+              });
         for (int step = 0; step < 2; ++step) {  // two steps: the running statistics move
           sk::Context dctx({.seed = static_cast<std::uint64_t>(7 + step)});
           const std::int64_t side = small_stem ? 12 : 32;
@@ -274,6 +331,8 @@ TEST_CASE("a ResNet in channel blocks equals the NCHW network") {
       CHECK(std::all_of(stage_shapes[1].begin(), stage_shapes[1].end(),
                         [](double d) { return d == 4; }));
       if (blocked_build()) CHECK(inner_blocked);
+      // (at width 8 oneDNN may write the 7 x 7 convolution's output in another layout)
+      if (blocked_build() && !small_stem && width == 16) CHECK(pool_blocked);
       REQUIRE(grads[0].size() == grads[1].size());
       for (std::size_t i = 0; i < grads[0].size(); ++i) {
         CAPTURE(i);
@@ -306,6 +365,9 @@ TEST_CASE("channel blocks: what is refused, and where blocks are read") {
   CHECK_THROWS_WITH(
       ag::batch_norm(ctx, x, Variable(sixteen), Variable(sixteen), sk::Tensor(), sk::Tensor()),
       doctest::Contains("has 2 channels"));
+  // So is a max-pool's; with it, the pool keeps the blocks.
+  CHECK_THROWS_WITH(ag::max_pool2d(ctx, x, 3, 2, 1), doctest::Contains("is not [N, C, H, W]"));
+  CHECK(ag::max_pool2d(ctx, x, 3, 2, 1, true).shape() == sk::Shape{2, 2, 3, 3, 8});
   ag::BatchNormOptions blocks;
   blocks.channel_blocks = true;
   CHECK(ag::batch_norm(ctx, x, Variable(sixteen), Variable(sixteen), sk::Tensor(), sk::Tensor(),

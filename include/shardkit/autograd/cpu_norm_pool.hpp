@@ -699,6 +699,42 @@ void max_pool_row_inside(const T* plane, std::int64_t W, std::int64_t top, std::
   }
 }
 
+// One (n, channel block) plane of a channel-blocked max-pool: x's plane [H, W, B] into y's
+// [OH, OW, B] and argmax's, each window as max_window takes it -- its first value, then the
+// rest in row order by take_larger -- with the B channels of a window side by side, so each
+// channel gets the very comparisons, in the very order, of its NCHW plane (the same maxima and
+// indices, NaNs included), and GCC vectorises across the channels.
+template <class T, int B>
+void max_pool_blocked_plane(const T* plane, std::int64_t H, std::int64_t W, std::int64_t OH,
+                            std::int64_t OW, const PoolGeometry& p, T* out, std::int64_t* at) {
+  for (std::int64_t oh = 0; oh < OH; ++oh) {
+    const std::int64_t top = oh * p.stride_h - p.pad_h;
+    const std::int64_t h0 = std::max<std::int64_t>(top, 0), h1 = std::min(top + p.kernel_h, H);
+    for (std::int64_t ow = 0; ow < OW; ++ow) {
+      const std::int64_t left = ow * p.stride_w - p.pad_w;
+      const std::int64_t w0 = std::max<std::int64_t>(left, 0), w1 = std::min(left + p.kernel_w, W);
+      PoolBits<T> best[B];
+      std::int64_t best_at[B];
+      const T* first = plane + (h0 * W + w0) * B;
+      for (int k = 0; k < B; ++k) {
+        best[k] = std::bit_cast<PoolBits<T>>(first[k]);
+        best_at[k] = h0 * W + w0;
+      }
+      for (std::int64_t ih = h0; ih < h1; ++ih)
+        for (std::int64_t iw = ih == h0 ? w0 + 1 : w0; iw < w1; ++iw) {
+          const T* v = plane + (ih * W + iw) * B;
+          for (int k = 0; k < B; ++k) take_larger(v[k], ih * W + iw, best[k], best_at[k]);
+        }
+      T* o = out + (oh * OW + ow) * B;
+      std::int64_t* a = at + (oh * OW + ow) * B;
+      for (int k = 0; k < B; ++k) {
+        o[k] = std::bit_cast<T>(best[k]);
+        a[k] = best_at[k];
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
 // Max-pool x[N, C, H, W] -> y[N, C, OH, OW]; argmax[N, C, OH, OW] (i64) holds the index into
@@ -707,10 +743,26 @@ void max_pool_row_inside(const T* plane, std::int64_t W, std::int64_t top, std::
 // One (n, c) plane per task: each output is one thread's, so the result is the same on any
 // thread count. The square 3 x 3 / 2 and 2 x 2 / 2 pools take the windows wholly inside a
 // plane by max_pool_row_inside, the rest (the padded border, other kernels) window by window.
+// In channel blocks (x [N, C/b, H, W, b], core/channel_blocks.hpp) y and argmax are blocked as
+// x is, one plane of b channels per task (max_pool_blocked_plane): the same values.
 inline void max_pool_forward(ThreadPool& pool, const Tensor& x, const Tensor& y,
                              const Tensor& argmax, const PoolGeometry& p) {
   visit_real(x.dtype(), "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
+    if (x.dim() == 5) {
+      with_block_width(x.size(4), [&](auto width) {
+        constexpr int B = decltype(width)::value;
+        const std::int64_t H = x.size(2), W = x.size(3), OH = y.size(2), OW = y.size(3);
+        const T* in = static_cast<const T*>(x.data_ptr());
+        T* out = static_cast<T*>(y.data_ptr());
+        auto* arg = static_cast<std::int64_t*>(argmax.data_ptr());
+        pool.parallel_for(x.size(0) * x.size(1), [&](std::int64_t q) {
+          detail::max_pool_blocked_plane<T, B>(in + q * H * W * B, H, W, OH, OW, p,
+                                               out + q * OH * OW * B, arg + q * OH * OW * B);
+        });
+      });
+      return;
+    }
     const std::int64_t planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3);
     const std::int64_t OH = y.size(2), OW = y.size(3);
     const T* in = static_cast<const T*>(x.data_ptr());
@@ -757,10 +809,31 @@ inline void max_pool_forward(ThreadPool& pool, const Tensor& x, const Tensor& y,
 }
 
 // One (n, c) plane per task, as forward: a plane's gradient sums only its own outputs, in order.
+// In channel blocks, one plane of b channels per task, each channel's outputs in that order.
 inline void max_pool_backward(ThreadPool& pool, const Tensor& grad_y, const Tensor& argmax,
                               const Tensor& grad_x) {
   visit_real(grad_y.dtype(), "max_pool2d backward", [&](auto tag) {
     using T = decltype(tag);
+    if (grad_x.dim() == 5) {
+      with_block_width(grad_x.size(4), [&](auto width) {
+        constexpr int B = decltype(width)::value;
+        const std::int64_t HW = grad_x.size(2) * grad_x.size(3);
+        const std::int64_t OHW = grad_y.size(2) * grad_y.size(3);
+        const T* gy = static_cast<const T*>(grad_y.data_ptr());
+        const auto* arg = static_cast<const std::int64_t*>(argmax.data_ptr());
+        T* gx = static_cast<T*>(grad_x.data_ptr());
+        pool.parallel_for(grad_x.size(0) * grad_x.size(1), [&](std::int64_t q) {
+          T* plane = gx + q * HW * B;
+          const T* g = gy + q * OHW * B;
+          const std::int64_t* a = arg + q * OHW * B;
+          std::fill(plane, plane + HW * B, T(0));
+          for (std::int64_t o = 0; o < OHW * B; o += B)
+            for (int k = 0; k < B; ++k)
+              if (a[o + k] >= 0) plane[a[o + k] * B + k] += g[o + k];
+        });
+      });
+      return;
+    }
     const std::int64_t planes = grad_x.size(0) * grad_x.size(1);
     const std::int64_t HW = grad_x.size(2) * grad_x.size(3);
     const std::int64_t OHW = grad_y.size(2) * grad_y.size(3);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "shardkit/autograd/basic.hpp"
+#include "shardkit/core/channel_blocks.hpp"
 
 namespace shardkit::autograd {
 
@@ -37,10 +38,17 @@ struct AdaptiveAvgPoolNode final : Node {
 
 }  // namespace detail
 
+// With `channel_blocks`, an input held in channel blocks ([N, C/b, H, W, b] on the CPU,
+// core/channel_blocks.hpp) is pooled as it is, into channel blocks of the same width: the same
+// values as its [N, C, H, W] form would give. (Other inputs are [N, C, H, W].)
 inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
-                           std::int64_t stride, std::int64_t padding = 0) {
-  check(x.defined() && x.dim() == 4, "max_pool2d: input ",
+                           std::int64_t stride, std::int64_t padding = 0,
+                           bool channel_blocks = false) {
+  const bool x_blocked =
+      channel_blocks && x.defined() && has_channel_block_form(x.data()) && x.device().is_cpu();
+  check(x.defined() && (x.dim() == 4 || x_blocked), "max_pool2d: input ",
         x.defined() ? shape_text(x.shape()) : ShapeText::undefined(), " is not [N, C, H, W]",
+        channel_blocks ? " or channel blocks [N, C/b, H, W, b] on the CPU" : "",
         module_suffix(ctx));
   check(kernel > 0 && stride > 0 && padding >= 0 && 2 * padding <= kernel, "max_pool2d: kernel ",
         kernel, ", stride ", stride, ", padding ", padding,
@@ -50,8 +58,11 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
   const std::int64_t OW = (x.size(3) + 2 * padding - kernel) / stride + 1;
   check(OH > 0 && OW > 0, "max_pool2d: input ", shape_text(x.shape()),
         " is smaller than the kernel ", kernel, module_suffix(ctx));
+  Shape y_shape = x.shape();  // (H and W are dimensions 2 and 3 in both layouts)
+  y_shape[2] = OH;
+  y_shape[3] = OW;
   Tensor xd = contiguous(ctx, x.data());
-  Tensor y = fn::new_like(ctx, xd, {x.size(0), x.size(1), OH, OW}, x.dtype());
+  Tensor y = fn::new_like(ctx, xd, y_shape, x.dtype());
   // (the CPU's backward reads where each maximum was; cuDNN's reads x and y again)
   const Tensor argmax =
       xd.device().is_cpu() ? fn::new_like(ctx, xd, y.shape(), DType::i64) : Tensor();

@@ -136,8 +136,10 @@ class MaxPool2d : public Module {
       : kernel_(kernel), stride_(stride), padding_(padding) {}
   const char* type_name() const override { return "MaxPool2d"; }
   Variable forward(Context& ctx, const Variable& x) override {
-    return autograd::max_pool2d(ctx, x, kernel_, stride_, padding_);
+    return autograd::max_pool2d(ctx, x, kernel_, stride_, padding_, channel_blocks);
   }
+  // Pool an input held in channel blocks as it is (autograd::max_pool2d).
+  bool channel_blocks = false;
 
  private:
   std::int64_t kernel_, stride_, padding_;

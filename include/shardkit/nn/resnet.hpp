@@ -40,8 +40,8 @@ struct ResNetOptions {
   // for bit, with the NCHW network's. No effect on the GPU or for half-precision activations.
   bool channels_last = false;
   // Activations kept in the channel blocks oneDNN's convolution kernels compute in
-  // (core/channel_blocks.hpp; CPU, f32) from the stem's convolution (the small-image stem; after
-  // the max-pool otherwise) to the last residual block, which returns [N, C, H, W] to the
+  // (core/channel_blocks.hpp; CPU, f32) from the stem's convolution to the last residual block
+  // (the max-pool of ImageNet's stem pools them as they are), which returns [N, C, H, W] to the
   // pooling: the convolutions and batch-norms pass them on without the reorders into those
   // blocks and back that every NCHW convolution makes. The kernels are the NCHW network's own,
   // and batch-norm's sums keep their order, so the results are the NCHW network's (bit for bit
@@ -83,8 +83,8 @@ inline std::shared_ptr<BatchNorm> block_bn(Context& ctx, std::int64_t channels,
 }
 
 // The end of a residual block: relu(out + identity), the identity first put in out's layout
-// (with channel blocks, the first block may get [N, C, H, W] from a max-pool), and the result
-// returned as [N, C, H, W] by the network's last block.
+// (with channel blocks, the first block gets [N, C, H, W] where the stem's convolution did not
+// write blocks), and the result returned as [N, C, H, W] by the network's last block.
 inline Variable residual_end(Context& ctx, Module& relu, const Variable& out,
                              const Variable& identity, bool ends_trunk) {
   Variable y =
@@ -185,15 +185,18 @@ std::shared_ptr<ResNet> build_resnet(Context& ctx, const std::vector<int>& block
         "choose one");
   const std::int64_t c = o.base_channels;
   auto net = std::make_shared<ResNet>();
-  if (o.small_image_stem) {  // (channel blocks from here on)
+  // (channel blocks from the stem's convolution on)
+  if (o.small_image_stem)
     net->add("conv1", block_conv(ctx, o.in_channels, c, 3, 1, o));
-    net->add("bn1", block_bn(ctx, c, o));
-  } else {  // (the max-pool reads [N, C, H, W])
-    net->add("conv1", conv(ctx, o.in_channels, c, 7, 2, o));
-    net->add("bn1", bn(ctx, c, o));
-  }
+  else
+    net->add("conv1", block_conv(ctx, o.in_channels, c, 7, 2, o));
+  net->add("bn1", block_bn(ctx, c, o));
   net->add("relu", std::make_shared<ReLU>());
-  if (!o.small_image_stem) net->add("maxpool", std::make_shared<MaxPool2d>(3, 2, 1));
+  if (!o.small_image_stem) {
+    auto maxpool = std::make_shared<MaxPool2d>(3, 2, 1);
+    maxpool->channel_blocks = o.channel_blocks;
+    net->add("maxpool", maxpool);
+  }
   std::int64_t in = c;
   const std::int64_t planes[] = {c, 2 * c, 4 * c, 8 * c};
   for (std::size_t stage = 0; stage < 4; ++stage) {
