@@ -125,6 +125,15 @@ def main():
         if nchw != prints["ddp"]:
             raise SystemExit("FAIL: channel blocks changed the parameters' bits (docs/design.md "
                              "'Channel-blocked activations' says where they may differ)")
+        # The same with ImageNet's stem (7 x 7 / 2 convolution and max-pool): its max-pool then
+        # pools the blocks as they are.
+        stem = ["config.MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM=False"]
+        stem_blocks, _ = run(swav, os.path.join(work, "stem_blocks"), steps + stem)
+        stem_nchw, _ = run(swav, os.path.join(work, "stem_nchw"),
+                           steps + stem + ["config.MODEL.TRUNK.RESNETS.CHANNEL_BLOCKS=False"])
+        print(f"ImageNet's stem, channel blocks and NCHW: {stem_blocks} {stem_nchw}")
+        if stem_blocks != stem_nchw:
+            raise SystemExit("FAIL: with ImageNet's stem, channel blocks changed the parameters' bits")
         # Channels-last activations (MODEL.TRUNK.RESNETS.CHANNELS_LAST): the convolutions take
         # other oneDNN kernels, so other bits than NCHW's (and the channel blocks'), but the
         # stages still agree bit for bit and the losses agree with NCHW's to rounding.
