@@ -9,11 +9,29 @@ import subprocess
 import sys
 
 
+# oneDNN's instruction-set cap (ONEDNN_MAX_CPU_ISA=AVX2 runs our CPU kernels as on an AVX2-only
+# machine) is meant for our programs, not for PyTorch: PyTorch 1.13 decides from the CPU's own
+# flags that bf16 convolutions exist, and its oneDNN then refuses them under the cap. So the
+# cap is taken out of this process's environment once PyTorch is imported, and ours_env()
+# hands it to the programs of ours that a test runs.
+_ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+_our_caps = {}
+
+
+def ours_env():
+    """The environment for running one of our programs: this one, with oneDNN's cap if the test
+    was started under one."""
+    return dict(os.environ, **_our_caps)
+
+
 def require_torch(name, script):
     """The torch module; else re-runs `script` under Debian's /usr/bin/python3 when that one has
     PyTorch (python3-torch), else exits 77 (the test is skipped)."""
     try:
         import torch
+        for cap in _ISA_CAPS:
+            if cap in os.environ:
+                _our_caps[cap] = os.environ.pop(cap)
         return torch
     except ImportError:
         if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):

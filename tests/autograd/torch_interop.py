@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from torch_support import load_safetensors, require_torch  # noqa: E402
+from torch_support import load_safetensors, ours_env, require_torch  # noqa: E402
 
 torch = require_torch("torch_interop", __file__)
 
@@ -111,7 +111,7 @@ def main():
     fixture = sys.argv[1:]  # the fixture command: test_autograd --fixture torch
     folder = tempfile.mkdtemp(prefix="shardkit_torch_interop_")
     try:
-        subprocess.run(fixture + [folder], check=True)
+        subprocess.run(fixture + [folder], check=True, env=ours_env())
         state = load_safetensors(os.path.join(folder, "model.safetensors"))
         io = load_safetensors(os.path.join(folder, "io.safetensors"))
         mixed = load_safetensors(os.path.join(folder, "mixed.safetensors"))

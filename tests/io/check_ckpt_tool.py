@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from torch_support import load_safetensors, require_torch  # noqa: E402
+from torch_support import load_safetensors, ours_env, require_torch  # noqa: E402
 
 torch = require_torch("ckpt_tool", __file__)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "autograd"))
@@ -37,7 +37,7 @@ def check(ok, what):
 
 
 def tool(*args, expect=0):
-    run = subprocess.run([TOOL, *args], capture_output=True, text=True)
+    run = subprocess.run([TOOL, *args], capture_output=True, text=True, env=ours_env())
     if run.returncode != expect:
         print(run.stdout, run.stderr)
     check(run.returncode == expect, f"shardkit-ckpt {' '.join(args[:1])} exits {expect}")
@@ -58,7 +58,7 @@ def main():
     TOOL, fixture = sys.argv[1], sys.argv[2:]
     tmp = tempfile.mkdtemp(prefix="shardkit_ckpt_tool_")
     try:
-        subprocess.run(fixture + [tmp], check=True, capture_output=True)
+        subprocess.run(fixture + [tmp], check=True, capture_output=True, env=ours_env())
         src = os.path.join(tmp, "ours_sharded")
         path = lambda *p: os.path.join(tmp, *p)  # noqa: E731
 

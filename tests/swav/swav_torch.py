@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from torch_support import load_safetensors, require_torch  # noqa: E402
+from torch_support import load_safetensors, ours_env, require_torch  # noqa: E402
 
 torch = require_torch("swav_torch", __file__)
 
@@ -81,7 +81,7 @@ def main():
 def compare():
     with tempfile.TemporaryDirectory(prefix="shardkit_swav_torch_") as folder:
         path = os.path.join(folder, "swav.safetensors")
-        subprocess.run(sys.argv[1:] + [path], check=True)
+        subprocess.run(sys.argv[1:] + [path], check=True, env=ours_env())
         t = load_safetensors(path)
     torch.set_default_dtype(torch.float64)
     worst = 0.0
