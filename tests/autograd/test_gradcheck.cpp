@@ -44,6 +44,9 @@ TEST_CASE("element-wise and shape ops") {
   expect_gradients(ctx, {a}, [&](const auto& v) { return ag::mul(ctx, v[0], v[0]); });
   auto r = random_away_from_zero(ctx, {2, 3, 4}, 0.05, 1);
   expect_gradients(ctx, {r}, [&](const auto& v) { return ag::relu(ctx, v[0]); });
+  // add_relu: sums at least 0.04 from the kink (|r| >= 0.05, |s| <= 0.01).
+  auto s = random_variable(ctx, {2, 3, 4}, -0.01, 0.01);
+  expect_gradients(ctx, {r, s}, [&](const auto& v) { return ag::add_relu(ctx, v[0], v[1]); });
   expect_gradients(ctx, {a}, [&](const auto& v) {
     return ag::mul(ctx, ag::flatten(ctx, v[0]), ag::flatten(ctx, v[0]));
   });

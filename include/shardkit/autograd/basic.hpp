@@ -53,6 +53,16 @@ struct ReluNode final : Node {
   void release_saved() override { y = Tensor(); }
 };
 
+struct AddReluNode final : Node {
+  Tensor y;
+  const char* name() const override { return "add_relu"; }
+  Gradients apply(Context& ctx, const Tensor& g) override {
+    Tensor masked = fn::pointwise(ctx, Pointwise::relu_backward, g, y, 1, 0);
+    return {masked, masked};
+  }
+  void release_saved() override { y = Tensor(); }
+};
+
 struct ViewNode final : Node {
   Shape input_shape;
   const char* name() const override { return "reshape"; }
@@ -132,6 +142,16 @@ inline Variable relu(Context& ctx, const Variable& x) {
   auto node = make_pooled<detail::ReluNode>();
   node->y = y;
   return record(ctx, node, {&x}, std::move(y));
+}
+
+// relu(add(a, b)) in one pass, with the same values and gradients (a residual block's end).
+inline Variable add_relu(Context& ctx, const Variable& a, const Variable& b) {
+  detail::check_same_shape(ctx, "add_relu", a, b);
+  Tensor y = fn::add_relu(ctx, a.data(), b.data());
+  if (!needs_grad(ctx, {&a, &b})) return Variable(std::move(y));
+  auto node = make_pooled<detail::AddReluNode>();
+  node->y = y;
+  return record(ctx, node, {&a, &b}, std::move(y));
 }
 
 // Same elements, new shape (one entry may be -1).

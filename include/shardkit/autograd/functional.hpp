@@ -45,6 +45,9 @@ inline Tensor pointwise(Context& ctx, Pointwise op, const Tensor& a, const Tenso
 inline Tensor add(Context& ctx, const Tensor& a, const Tensor& b) {
   return pointwise(ctx, Pointwise::axpby, a, b, 1, 1);
 }
+inline Tensor add_relu(Context& ctx, const Tensor& a, const Tensor& b) {
+  return pointwise(ctx, Pointwise::add_relu, a, b, 1, 1);
+}
 inline Tensor scale(Context& ctx, const Tensor& a, double alpha) {
   return pointwise(ctx, Pointwise::axpby, a, Tensor(), alpha, 0);
 }

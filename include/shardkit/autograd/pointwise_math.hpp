@@ -16,6 +16,7 @@ enum class Pointwise : std::uint8_t {
   mul,            // out = alpha*a*b
   relu,           // out = max(a, 0)
   relu_backward,  // out = a * (b > 0)   (a: gradient, b: the relu's output)
+  add_relu,       // out = max(alpha*a + beta*b, 0): a residual block's end in one pass
 };
 
 // Each functor says whether it reads b: a loop over a unary one passes 0 for b and never loads it.
@@ -61,6 +62,18 @@ struct ReluBackwardMath {
   }
 };
 
+// out = max(alpha * a + beta * b, 0): axpby's expression, then ReLU's rule on it. The same bits
+// as the two ops one after the other: the sum is rounded once either way (to the stored type
+// when not fused), and rounding keeps a value's sign, so the ReLU selects alike.
+struct AddReluMath {
+  static constexpr bool kReadsB = true;
+  template <class T>
+  SK_HOST_DEVICE SK_INLINE T operator()(T a, T b, T alpha, T beta) const {
+    const T sum = alpha * a + beta * b;
+    return sum > T(0) ? sum : T(0);
+  }
+};
+
 // Calls fn with op's functor, chosen once on the host (axpby without a b scales a alone), so a
 // loop or kernel is instantiated per functor instead of switching per element.
 template <class Fn>
@@ -80,6 +93,9 @@ void with_pointwise_math(Pointwise op, bool reads_b, Fn&& fn) {
       return;
     case Pointwise::relu_backward:
       fn(ReluBackwardMath{});
+      return;
+    case Pointwise::add_relu:
+      fn(AddReluMath{});
       return;
   }
 }

@@ -26,11 +26,12 @@ struct ResNetOptions {
   // values give the same architecture at a fraction of the cost (tests, CPU benchmarks).
   std::int64_t base_channels = 64;
   std::int64_t in_channels = 3;  // 1 for grayscale images (Fashion-MNIST)
-  // The ReLU after bn1 (and bn2 in a bottleneck) runs inside that batch-norm: the same bits,
-  // a pass over the activation fewer each way. The module calls then differ from torchvision's:
-  // a forward hook on bn1 sees the output after the ReLU, and the block's `relu` runs once (after
-  // the residual add) instead of two or three times. False keeps torchvision's calls, for hooks
-  // that count on them.
+  // The ReLU after bn1 (and bn2 in a bottleneck) runs inside that batch-norm, and the one after
+  // the residual addition inside the addition (autograd::add_relu): the same bits, a pass over
+  // the activation fewer each way for the batch-norms and one fewer forward for the addition.
+  // The module calls then differ from torchvision's: a forward hook on bn1 sees the output after
+  // the ReLU, and the block's `relu` module is not called. False keeps torchvision's calls, for
+  // hooks that count on them.
   bool fuse_bn_relu = true;
   // Activations stored channels-last (NHWC memory, core/channels_last.hpp) on the CPU, from the
   // stem's output on: oneDNN's convolutions then read and write them without reordering them
@@ -84,11 +85,14 @@ inline std::shared_ptr<BatchNorm> block_bn(Context& ctx, std::int64_t channels,
 
 // The end of a residual block: relu(out + identity), the identity first put in out's layout
 // (with channel blocks, the first block gets [N, C, H, W] where the stem's convolution did not
-// write blocks), and the result returned as [N, C, H, W] by the network's last block.
+// write blocks), and the result returned as [N, C, H, W] by the network's last block. With
+// `fused` (the block's ReLUs fused: ResNetOptions::fuse_bn_relu) the addition and the ReLU are
+// one pass (autograd::add_relu; the same values), and the `relu` module is not called.
 inline Variable residual_end(Context& ctx, Module& relu, const Variable& out,
-                             const Variable& identity, bool ends_trunk) {
+                             const Variable& identity, bool ends_trunk, bool fused) {
+  const Variable skip = autograd::channel_blocks_like(ctx, identity, out);
   Variable y =
-      relu(ctx, autograd::add(ctx, out, autograd::channel_blocks_like(ctx, identity, out)));
+      fused ? autograd::add_relu(ctx, out, skip) : relu(ctx, autograd::add(ctx, out, skip));
   if (ends_trunk && has_channel_block_form(y.data())) y = autograd::from_channel_blocks(ctx, y);
   return y;
 }
@@ -118,8 +122,8 @@ class BasicBlock : public Module {
     Variable out = (*bn1)(ctx, (*conv1)(ctx, x));  // (with the first ReLU, when fused)
     if (!bn1->options.relu) out = (*relu)(ctx, out);
     out = (*bn2)(ctx, (*conv2)(ctx, out));
-    return detail::residual_end(ctx, *relu, out, downsample ? (*downsample)(ctx, x) : x,
-                                ends_trunk);
+    return detail::residual_end(ctx, *relu, out, downsample ? (*downsample)(ctx, x) : x, ends_trunk,
+                                bn1->options.relu);
   }
   bool ends_trunk = false;  // the network's last block (returns [N, C, H, W])
   std::shared_ptr<Conv2d> conv1, conv2;
@@ -157,7 +161,8 @@ class Bottleneck : public Module {
     y = (*bn2)(ctx, (*conv2)(ctx, y));
     if (!bn2->options.relu) y = (*relu)(ctx, y);
     y = (*bn3)(ctx, (*conv3)(ctx, y));
-    return detail::residual_end(ctx, *relu, y, downsample ? (*downsample)(ctx, x) : x, ends_trunk);
+    return detail::residual_end(ctx, *relu, y, downsample ? (*downsample)(ctx, x) : x, ends_trunk,
+                                bn1->options.relu);
   }
   bool ends_trunk = false;  // the network's last block (returns [N, C, H, W])
   std::shared_ptr<Conv2d> conv1, conv2, conv3;
