@@ -660,17 +660,26 @@ inline void take_larger(T v, Index at, PoolBits<T>& best, Index& best_at) {
 
 // One max-pool window: the maximum of plane[ih * W + iw] over rows [h0, h1) and columns
 // [w0, w1) and where it lies, into *out and *at: the window's first value, then each later one
-// by take_larger.
-template <class T>
+// by take_larger. With B > 1 the plane holds B channels per position (channel blocks,
+// [H, W, B]) and the B windows are taken side by side, each channel's values in that same
+// order (the same maxima and indices as its own plane's), into out[0, B) and at[0, B).
+template <class T, int B = 1>
 void max_window(const T* plane, std::int64_t W, std::int64_t h0, std::int64_t h1, std::int64_t w0,
                 std::int64_t w1, T* out, std::int64_t* at) {
-  std::int64_t best_at = h0 * W + w0;
-  PoolBits<T> best = std::bit_cast<PoolBits<T>>(plane[best_at]);
+  PoolBits<T> best[B];
+  std::int64_t best_at[B];
+  for (int k = 0; k < B; ++k) {
+    best[k] = std::bit_cast<PoolBits<T>>(plane[(h0 * W + w0) * B + k]);
+    best_at[k] = h0 * W + w0;
+  }
   for (std::int64_t ih = h0; ih < h1; ++ih)
     for (std::int64_t iw = ih == h0 ? w0 + 1 : w0; iw < w1; ++iw)
-      take_larger(plane[ih * W + iw], ih * W + iw, best, best_at);
-  *out = std::bit_cast<T>(best);
-  *at = best_at;
+      for (int k = 0; k < B; ++k)
+        take_larger(plane[(ih * W + iw) * B + k], ih * W + iw, best[k], best_at[k]);
+  for (int k = 0; k < B; ++k) {
+    out[k] = std::bit_cast<T>(best[k]);
+    at[k] = best_at[k];
+  }
 }
 
 // Outputs [lo, hi) of one output row whose K x K windows (stride S) lie wholly inside the
@@ -700,10 +709,8 @@ void max_pool_row_inside(const T* plane, std::int64_t W, std::int64_t top, std::
 }
 
 // One (n, channel block) plane of a channel-blocked max-pool: x's plane [H, W, B] into y's
-// [OH, OW, B] and argmax's, each window as max_window takes it -- its first value, then the
-// rest in row order by take_larger -- with the B channels of a window side by side, so each
-// channel gets the very comparisons, in the very order, of its NCHW plane (the same maxima and
-// indices, NaNs included), and GCC vectorises across the channels.
+// [OH, OW, B] and argmax's, window by window (max_window with the B channels side by side, which
+// GCC vectorises across them).
 template <class T, int B>
 void max_pool_blocked_plane(const T* plane, std::int64_t H, std::int64_t W, std::int64_t OH,
                             std::int64_t OW, const PoolGeometry& p, T* out, std::int64_t* at) {
@@ -713,26 +720,21 @@ void max_pool_blocked_plane(const T* plane, std::int64_t H, std::int64_t W, std:
     for (std::int64_t ow = 0; ow < OW; ++ow) {
       const std::int64_t left = ow * p.stride_w - p.pad_w;
       const std::int64_t w0 = std::max<std::int64_t>(left, 0), w1 = std::min(left + p.kernel_w, W);
-      PoolBits<T> best[B];
-      std::int64_t best_at[B];
-      const T* first = plane + (h0 * W + w0) * B;
-      for (int k = 0; k < B; ++k) {
-        best[k] = std::bit_cast<PoolBits<T>>(first[k]);
-        best_at[k] = h0 * W + w0;
-      }
-      for (std::int64_t ih = h0; ih < h1; ++ih)
-        for (std::int64_t iw = ih == h0 ? w0 + 1 : w0; iw < w1; ++iw) {
-          const T* v = plane + (ih * W + iw) * B;
-          for (int k = 0; k < B; ++k) take_larger(v[k], ih * W + iw, best[k], best_at[k]);
-        }
-      T* o = out + (oh * OW + ow) * B;
-      std::int64_t* a = at + (oh * OW + ow) * B;
-      for (int k = 0; k < B; ++k) {
-        o[k] = std::bit_cast<T>(best[k]);
-        a[k] = best_at[k];
-      }
+      max_window<T, B>(plane, W, h0, h1, w0, w1, out + (oh * OW + ow) * B, at + (oh * OW + ow) * B);
     }
   }
+}
+
+// The gradient of one plane of a max-pool ([H*W] positions of B channels each: B = 1 for NCHW,
+// the block width for channel blocks): zero, then each channel's outputs added where their
+// maxima were, in order.
+template <class T, int B>
+void max_pool_backward_plane(const T* g, const std::int64_t* at, std::int64_t OHW, std::int64_t HW,
+                             T* plane) {
+  std::fill(plane, plane + HW * B, T(0));
+  for (std::int64_t o = 0; o < OHW * B; o += B)
+    for (int k = 0; k < B; ++k)
+      if (at[o + k] >= 0) plane[at[o + k] * B + k] += g[o + k];
 }
 
 }  // namespace detail
@@ -814,40 +816,22 @@ inline void max_pool_backward(ThreadPool& pool, const Tensor& grad_y, const Tens
                               const Tensor& grad_x) {
   visit_real(grad_y.dtype(), "max_pool2d backward", [&](auto tag) {
     using T = decltype(tag);
-    if (grad_x.dim() == 5) {
-      with_block_width(grad_x.size(4), [&](auto width) {
-        constexpr int B = decltype(width)::value;
-        const std::int64_t HW = grad_x.size(2) * grad_x.size(3);
-        const std::int64_t OHW = grad_y.size(2) * grad_y.size(3);
-        const T* gy = static_cast<const T*>(grad_y.data_ptr());
-        const auto* arg = static_cast<const std::int64_t*>(argmax.data_ptr());
-        T* gx = static_cast<T*>(grad_x.data_ptr());
-        pool.parallel_for(grad_x.size(0) * grad_x.size(1), [&](std::int64_t q) {
-          T* plane = gx + q * HW * B;
-          const T* g = gy + q * OHW * B;
-          const std::int64_t* a = arg + q * OHW * B;
-          std::fill(plane, plane + HW * B, T(0));
-          for (std::int64_t o = 0; o < OHW * B; o += B)
-            for (int k = 0; k < B; ++k)
-              if (a[o + k] >= 0) plane[a[o + k] * B + k] += g[o + k];
-        });
+    const auto planes = [&](auto width) {
+      constexpr int B = decltype(width)::value;
+      const std::int64_t HW = grad_x.size(2) * grad_x.size(3);
+      const std::int64_t OHW = grad_y.size(2) * grad_y.size(3);
+      const T* gy = static_cast<const T*>(grad_y.data_ptr());
+      const auto* arg = static_cast<const std::int64_t*>(argmax.data_ptr());
+      T* gx = static_cast<T*>(grad_x.data_ptr());
+      pool.parallel_for(grad_x.size(0) * grad_x.size(1), [&](std::int64_t q) {
+        detail::max_pool_backward_plane<T, B>(gy + q * OHW * B, arg + q * OHW * B, OHW, HW,
+                                              gx + q * HW * B);
       });
-      return;
-    }
-    const std::int64_t planes = grad_x.size(0) * grad_x.size(1);
-    const std::int64_t HW = grad_x.size(2) * grad_x.size(3);
-    const std::int64_t OHW = grad_y.size(2) * grad_y.size(3);
-    const T* gy = static_cast<const T*>(grad_y.data_ptr());
-    const auto* arg = static_cast<const std::int64_t*>(argmax.data_ptr());
-    T* gx = static_cast<T*>(grad_x.data_ptr());
-    pool.parallel_for(planes, [&](std::int64_t q) {
-      T* plane = gx + q * HW;
-      const T* g = gy + q * OHW;
-      const std::int64_t* a = arg + q * OHW;
-      std::fill(plane, plane + HW, T(0));
-      for (std::int64_t o = 0; o < OHW; ++o)
-        if (a[o] >= 0) plane[a[o]] += g[o];
-    });
+    };
+    if (grad_x.dim() == 5)
+      with_block_width(grad_x.size(4), planes);
+    else
+      planes(std::integral_constant<int, 1>{});
   });
 }
 
