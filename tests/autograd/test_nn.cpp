@@ -136,8 +136,10 @@ TEST_CASE(
   struct Run {
     std::vector<float> logits;
     std::vector<std::vector<float>> grads;
-    int relu_calls = 0;  // forward hook on layer1.0.relu
-    float bn1_min = 0;   // smallest value a forward hook on layer1.0.bn1 sees
+    int relu_calls = 0;      // forward hook on layer1.0.relu
+    float bn1_min = 0;       // smallest value a forward hook on layer1.0.bn1 sees
+    float stem_bn1_min = 0;  // ... on the stem's bn1
+    bool stem_relu = false;  // the network has a relu child after its bn1
   };
   for (const bool bottleneck : {false, true}) {
     CAPTURE(bottleneck);
@@ -154,11 +156,13 @@ TEST_CASE(
         if (name == "layer1.0.relu")
           m->register_forward_hook(
               [&](nn::Module&, const Variable&, const Variable&) { ++r.relu_calls; });
-        if (name == "layer1.0.bn1")
-          m->register_forward_hook([&](nn::Module&, const Variable&, const Variable& y) {
-            const auto v = sk::to_vector<float>(ctx, y.data());
-            r.bn1_min = *std::min_element(v.begin(), v.end());
-          });
+        if (name == "layer1.0.bn1" || name == "bn1")
+          m->register_forward_hook(
+              [&, stem = name == "bn1"](nn::Module&, const Variable&, const Variable& y) {
+                const auto v = sk::to_vector<float>(ctx, y.data());
+                (stem ? r.stem_bn1_min : r.bn1_min) = *std::min_element(v.begin(), v.end());
+              });
+        if (name == "relu") r.stem_relu = true;
       }
       auto logits = (*net)(ctx, random_input(ctx, {4, 3, 12, 12}));
       ag::backward(ctx, ag::cross_entropy(ctx, logits,
@@ -175,6 +179,10 @@ TEST_CASE(
     CHECK(fused.relu_calls == 0);                     // all inside bn1 (bn2) and the add
     CHECK(plain.bn1_min < 0);                         // batch-norm's own output
     CHECK(fused.bn1_min == 0);                        // after the ReLU inside it
+    CHECK(plain.stem_relu);                           // the stem: torchvision's modules
+    CHECK(!fused.stem_relu);                          // its ReLU inside its bn1
+    CHECK(plain.stem_bn1_min < 0);
+    CHECK(fused.stem_bn1_min == 0);
   }
 }
 

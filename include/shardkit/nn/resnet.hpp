@@ -26,12 +26,13 @@ struct ResNetOptions {
   // values give the same architecture at a fraction of the cost (tests, CPU benchmarks).
   std::int64_t base_channels = 64;
   std::int64_t in_channels = 3;  // 1 for grayscale images (Fashion-MNIST)
-  // The ReLU after bn1 (and bn2 in a bottleneck) runs inside that batch-norm, and the one after
-  // the residual addition inside the addition (autograd::add_relu): the same bits, a pass over
-  // the activation fewer each way for the batch-norms and one fewer forward for the addition.
-  // The module calls then differ from torchvision's: a forward hook on bn1 sees the output after
-  // the ReLU, and the block's `relu` module is not called. False keeps torchvision's calls, for
-  // hooks that count on them.
+  // The ReLU after the stem's bn1 and a block's bn1 (and bn2 in a bottleneck) runs inside that
+  // batch-norm, and the one after the residual addition inside the addition (autograd::add_relu):
+  // the same bits, a pass over the activation fewer each way for the batch-norms and one fewer
+  // forward for the addition. The modules then differ from torchvision's: a forward hook on a
+  // bn1 sees the output after the ReLU, a block's `relu` module is not called, and the network
+  // has no `relu` child after its bn1 (no parameters: the state dict is torchvision's). False
+  // keeps torchvision's modules and calls, for hooks that count on them.
   bool fuse_bn_relu = true;
   // Activations stored channels-last (NHWC memory, core/channels_last.hpp) on the CPU, from the
   // stem's output on: oneDNN's convolutions then read and write them without reordering them
@@ -195,8 +196,10 @@ std::shared_ptr<ResNet> build_resnet(Context& ctx, const std::vector<int>& block
     net->add("conv1", block_conv(ctx, o.in_channels, c, 3, 1, o));
   else
     net->add("conv1", block_conv(ctx, o.in_channels, c, 7, 2, o));
-  net->add("bn1", block_bn(ctx, c, o));
-  net->add("relu", std::make_shared<ReLU>());
+  auto bn1 = block_bn(ctx, c, o);
+  bn1->options.relu = o.fuse_bn_relu;  // the stem's ReLU inside its batch-norm, or its own module
+  net->add("bn1", bn1);
+  if (!o.fuse_bn_relu) net->add("relu", std::make_shared<ReLU>());
   if (!o.small_image_stem) {
     auto maxpool = std::make_shared<MaxPool2d>(3, 2, 1);
     maxpool->channel_blocks = o.channel_blocks;
