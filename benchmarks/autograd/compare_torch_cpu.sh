@@ -74,9 +74,11 @@ for ((round = 1; round <= rounds; ++round)); do
 done
 echo "== load after:$(uptime | sed 's/.*load average://')"
 
-"$python" - "$tmp" "$rounds" "$threads" <<'PY'
+"$python" - "$tmp" "$rounds" "$threads" "$layout" <<'PY'
 import json, os, re, statistics, sys
 tmp, rounds, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# (the row says which layout ours ran in when it is not NCHW)
+layout = {"0": "", "1": ", channels-last", "2": ", ours in channel blocks"}[sys.argv[4]]
 
 
 def ours_ms(path):
@@ -118,7 +120,7 @@ for key in keys:
     p = statistics.median(p for _, p in pairs)
     batch, hw, width = key
     wide = "" if width == 64 else f", width {width}"
-    print(f"| batch {batch}, {hw}x{hw}{wide} | {threads} | {o:.2f} | {batch * 1e3 / o:.2f} | {p:.2f} | "
+    print(f"| batch {batch}, {hw}x{hw}{wide}{layout} | {threads} | {o:.2f} | {batch * 1e3 / o:.2f} | {p:.2f} | "
           f"{batch * 1e3 / p:.2f} | {statistics.median(ratios):.2f}x | "
           f"{min(ratios):.2f}-{max(ratios):.2f}x ({len(ratios)}) |")
 PY
