@@ -368,6 +368,32 @@ TEST_CASE("cuDNN plans are made once per shape; benchmark mode's algorithms agre
       doctest::Contains("a cuDNN algorithm search"), sk::CaptureRefused);
 }
 
+// The convolutions' workspace (Libraries::workspace): a captured step replays with its address,
+// so one that a capture used is kept when a larger one replaces it (an eager evaluation of
+// larger images, another key's warm-up), and one no capture used is freed as before.
+TEST_CASE("a cuDNN workspace that a captured step uses is kept when a larger one replaces it") {
+  namespace cu = sk::autograd::cuda;
+  auto ctx = sk::make_cuda_context(0, 0, 3);
+  auto& libs = cu::libraries(*ctx);
+  const sk::Tensor marks = sk::zeros(*ctx, {64}, sk::DType::f32);
+  void* captured = nullptr;
+  sk::StepGraph graph(*ctx, "workspace", {.warmup_steps = 0});
+  const auto step = [&] {
+    captured = libs.workspace(*ctx, std::size_t{1} << 20);
+    sk::add_(*ctx, marks, sk::full(*ctx, {64}, sk::DType::f32, 1.0));
+  };
+  graph.run("1 MiB", step);
+  REQUIRE(captured != nullptr);
+  CHECK(libs.kept_workspaces() == 0);
+  void* larger = libs.workspace(*ctx, std::size_t{3} << 20);  // eager: the captured one is kept
+  CHECK(larger != captured);
+  CHECK(libs.kept_workspaces() == 1);
+  (void)libs.workspace(*ctx, std::size_t{4} << 20);  // no capture used the 3 MiB one: freed
+  CHECK(libs.kept_workspaces() == 1);
+  graph.run("1 MiB", step);  // replayed: still writes where it was captured
+  CHECK(as_floats(*ctx, marks) == std::vector<float>(64, 2.0f));
+}
+
 // SwAV's Sinkhorn-Knopp (samples/swav) on the GPU against the CPU's loops, one rank: the same
 // iteration up to the order of its sums (f32 1e-4 relative, f64 1e-10), the same one-hot codes,
 // VISSL's empty-prototype guard on both sides; sizes past one block of columns and one chunk

@@ -21,6 +21,7 @@
 #include <memory>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "shardkit/autograd/cpu_conv.hpp"
 #include "shardkit/autograd/cpu_norm_pool.hpp"
@@ -62,6 +63,12 @@ class Libraries {
   // TF32 tensor cores for f32 GEMM and convolution: faster, ~1e-3 relative error. Off by
   // default so f32 matches the CPU to 1e-4; PyTorch's convolutions default to on.
   bool allow_tf32 = false;
+  // Convolution algorithms that cuDNN marks deterministic, preferred over faster ones that are
+  // not (some backward-data and backward-filter algorithms add with atomics, so their last bits
+  // vary from run to run), as torch.backends.cudnn.deterministic = True: a captured step then
+  // replays the eager step's bits, and a run repeats its own. False takes cuDNN's first choice
+  // (PyTorch's default). Set it before the first convolution of a shape: plans are kept.
+  bool deterministic = true;
   // Largest workspace an algorithm may ask for.
   std::size_t workspace_limit = std::size_t{1} << 30;
   // Convolution algorithms found by running every candidate once per shape (cudnnFind*, as
@@ -72,18 +79,35 @@ class Libraries {
   bool benchmark = false;
 
   // A scratch buffer of at least `bytes` (stream-ordered, so reuse across calls is safe).
+  // A captured step (core/step_graph.hpp) replays its convolutions with the workspace's address,
+  // so a workspace used inside a capture is kept, not freed, when a larger one replaces it (an
+  // eager evaluation of larger images, another key's warm-up): freed, its memory could be handed
+  // to any later allocation while the graph still writes there. Its successor is then at least
+  // twice its size, so what is kept stays below the largest workspace.
   void* workspace(Context& ctx, std::size_t bytes) {
     if (bytes == 0) return nullptr;
-    if (!workspace_.defined() || workspace_.nbytes() < bytes)
+    if (!workspace_.defined() || workspace_.nbytes() < bytes) {
+      if (workspace_captured_) {
+        bytes = std::max(bytes, 2 * workspace_.nbytes());
+        kept_for_graphs_.push_back(std::move(workspace_));
+      }
+      workspace_ = Tensor();  // (freed before its successor is allocated)
       workspace_ = empty(ctx, {static_cast<std::int64_t>(bytes)}, DType::u8, MemoryCategory::other);
+      workspace_captured_ = false;
+    }
+    if (ctx.capturing()) workspace_captured_ = true;
     return workspace_.data_ptr();
   }
+  // Workspaces that captured steps use, replaced by larger ones (kept while the context lives).
+  std::size_t kept_workspaces() const { return kept_for_graphs_.size(); }
 
  private:
   int device_;
   cublasHandle_t blas_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
   Tensor workspace_;
+  bool workspace_captured_ = false;      // workspace_ was used inside a capture
+  std::vector<Tensor> kept_for_graphs_;  // earlier workspaces that captured steps use
 };
 
 inline Libraries& libraries(Context& ctx) {
@@ -189,12 +213,17 @@ class ConvDesc
   }
 };
 
-// The first algorithm cuDNN ranked that ran and fits the workspace limit, with its workspace.
+// The first algorithm cuDNN ranked that ran and fits the workspace limit, with its workspace:
+// the first deterministic one when `deterministic` (Libraries::deterministic), else -- or when
+// none is -- the first.
 template <class Perf>
-auto first_within_limit(const Perf* ranked, int count, std::size_t limit, const char* what) {
-  for (int i = 0; i < count; ++i)
-    if (ranked[i].status == CUDNN_STATUS_SUCCESS && ranked[i].memory <= limit)
-      return std::make_pair(ranked[i].algo, ranked[i].memory);
+auto first_within_limit(const Perf* ranked, int count, std::size_t limit, const char* what,
+                        bool deterministic) {
+  for (const bool only_deterministic : {deterministic, false})
+    for (int i = 0; i < count; ++i)
+      if (ranked[i].status == CUDNN_STATUS_SUCCESS && ranked[i].memory <= limit &&
+          (!only_deterministic || ranked[i].determinism == CUDNN_DETERMINISTIC))
+        return std::make_pair(ranked[i].algo, ranked[i].memory);
   fail<NotAvailable>("cuDNN offers no ", what, " algorithm for this shape within ", limit,
                      " workspace bytes; raise workspace_limit");
 }
@@ -225,18 +254,18 @@ struct ConvPlan {
     cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(libs.dnn(), x.get(), w.get(), conv.get(),
                                                           y.get(), kMax, &count, fwd));
-    std::tie(a.forward, a.forward_bytes) =
-        first_within_limit(fwd, count, libs.workspace_limit, "forward convolution");
+    std::tie(a.forward, a.forward_bytes) = first_within_limit(
+        fwd, count, libs.workspace_limit, "forward convolution", libs.deterministic);
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         libs.dnn(), w.get(), y.get(), conv.get(), x.get(), kMax, &count, data));
     std::tie(a.backward_data, a.backward_data_bytes) =
-        first_within_limit(data, count, libs.workspace_limit, "backward-data");
+        first_within_limit(data, count, libs.workspace_limit, "backward-data", libs.deterministic);
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         libs.dnn(), x.get(), y.get(), conv.get(), w.get(), kMax, &count, filter));
-    std::tie(a.backward_filter, a.backward_filter_bytes) =
-        first_within_limit(filter, count, libs.workspace_limit, "backward-filter");
+    std::tie(a.backward_filter, a.backward_filter_bytes) = first_within_limit(
+        filter, count, libs.workspace_limit, "backward-filter", libs.deterministic);
     return a;
   }
 
@@ -263,19 +292,19 @@ struct ConvPlan {
         libs.dnn(), x.get(), xs.data_ptr(), w.get(), ws.data_ptr(), conv.get(), y.get(),
         ys.data_ptr(), kMax, &count, fwd, scratch.data_ptr(), space));
     std::tie(a.forward, a.forward_bytes) =
-        first_within_limit(fwd, count, space, "forward convolution");
+        first_within_limit(fwd, count, space, "forward convolution", libs.deterministic);
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     SK_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
         libs.dnn(), w.get(), ws.data_ptr(), y.get(), ys.data_ptr(), conv.get(), x.get(),
         xs.data_ptr(), kMax, &count, data, scratch.data_ptr(), space));
     std::tie(a.backward_data, a.backward_data_bytes) =
-        first_within_limit(data, count, space, "backward-data");
+        first_within_limit(data, count, space, "backward-data", libs.deterministic);
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     SK_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         libs.dnn(), x.get(), xs.data_ptr(), y.get(), ys.data_ptr(), conv.get(), w.get(),
         ws.data_ptr(), kMax, &count, filter, scratch.data_ptr(), space));
     std::tie(a.backward_filter, a.backward_filter_bytes) =
-        first_within_limit(filter, count, space, "backward-filter");
+        first_within_limit(filter, count, space, "backward-filter", libs.deterministic);
     return a;
   }
 };
