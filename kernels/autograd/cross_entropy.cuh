@@ -115,11 +115,15 @@ inline void check_hard_labels(Context& ctx, const Tensor& bad_label, const Tenso
                                   static_cast<const std::int64_t*>(target.data_ptr()), rows, cols,
                                   record.values.data<std::int64_t>());
   SK_CUDA_CHECK_LAUNCH("record_bad_label_kernel");
-  ctx.defer_check("cross_entropy labels", [values = record.values] {
+  ctx.defer_check("cross_entropy labels", [values = record.values, stream = ctx.stream(),
+                                           device = ctx.device().index] {
+    CudaDeviceGuard guard(device);
     std::int64_t seen[4];
     SK_CUDA_CHECK(cudaMemcpy(seen, values.data_ptr(), sizeof seen, cudaMemcpyDeviceToHost));
     if (seen[0] == 0) return;
-    SK_CUDA_CHECK(cudaMemset(values.data_ptr(), 0, sizeof seen));
+    // Re-armed on the context's stream: the legacy stream's memset would not be ordered
+    // before the next record_bad_label_kernel (the context's stream does not block on it).
+    SK_CUDA_CHECK(cudaMemsetAsync(values.data_ptr(), 0, sizeof seen, stream));
     fail<InvalidArgument>("cross_entropy: target class ", seen[2], " at row ", seen[1],
                           " is outside [0, ", seen[3],
                           ") (found by the GPU, raised at the host's next wait on it)");
