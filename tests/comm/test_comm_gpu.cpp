@@ -305,13 +305,17 @@ TEST_CASE("a rank that stops replaying: the others' device waits time out, raise
         CHECK(sk::to_vector<float>(ctx, grads)[4095] == 24.0f);  // 1 + 2, then doubled 3 times
         const auto i = static_cast<std::size_t>(c.rank());
         if (c.rank() == 0) {
+          // (rank 1 waits for this, however rank 0 leaves: another error must fail, not hang)
+          struct Reported {
+            std::atomic<bool>& flag;
+            ~Reported() { flag = true; }
+          } reported{rank0_reported};
           try {
             graph.run("step", step);  // a replay the other rank never joins
             ctx.synchronize();        // the device gave up waiting; the verdict is raised here
           } catch (const sk::TimeoutError& e) {
             errors[i] = e.what();
           }
-          rank0_reported = true;
           return;
         }
         while (!rank0_reported.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
