@@ -140,6 +140,13 @@ __global__ void sinkhorn_scale_rows_kernel(T* q, const T* v, std::int64_t cols, 
   for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) row[j] *= factor;
 }
 
+// Whether code a (at index i) goes before code b (at j) as the row's hard assignment: larger, a
+// NaN before any number (torch.argmax's rule, which VISSL's codes follow), the first of equals.
+__device__ inline bool sinkhorn_code_wins(float a, std::int64_t i, float b, std::int64_t j) {
+  if (a != a || b != b) return a != a && (b == b || i < j);
+  return a > b || (a == b && i < j);
+}
+
 // One block per row: codes[r] = q[r] / sum(q[r]) in f32; `hard`: one-hot at the first largest.
 template <class T>
 __global__ void sinkhorn_codes_kernel(const T* q, float* codes, std::int64_t cols, bool hard) {
@@ -153,7 +160,7 @@ __global__ void sinkhorn_codes_kernel(const T* q, float* codes, std::int64_t col
   for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const float c = static_cast<float>(row[j] / sum);
     code[j] = c;
-    if (c > best) best = c, best_at = j;  // j grows: a tie keeps the first
+    if (sinkhorn_code_wins(c, j, best, best_at)) best = c, best_at = j;
   }
   if (!hard) return;
   __shared__ float values[kThreadsPerBlock];
@@ -163,7 +170,7 @@ __global__ void sinkhorn_codes_kernel(const T* q, float* codes, std::int64_t col
   __syncthreads();
   if (threadIdx.x == 0)
     for (unsigned t = 1; t < blockDim.x; ++t)
-      if (values[t] > values[0] || (values[t] == values[0] && where[t] < where[0]))
+      if (sinkhorn_code_wins(values[t], where[t], values[0], where[0]))
         values[0] = values[t], where[0] = where[t];
   __syncthreads();
   const std::int64_t winner = where[0];

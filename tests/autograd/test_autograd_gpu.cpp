@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "shardkit/autograd/cuda_libraries.hpp"
@@ -452,4 +453,18 @@ TEST_CASE("Sinkhorn-Knopp on the GPU matches the CPU: f32, f64, hard, empty prot
         }
       }
   }
+  // A NaN score makes every code NaN; hard codes then pick each row's first column on both
+  // devices (torch.argmax's rule: a NaN goes before any number), never no column.
+  std::vector<float> nan_scores = pattern(40 * 9, 9, sk::DType::f32);
+  nan_scores[77] = std::numeric_limits<float>::quiet_NaN();
+  swav::SinkhornOptions hard;
+  hard.hard_assignment = true;
+  const auto want = sk::to_vector<float>(
+      cpu, swav::distributed_sinkhorn(cpu, sk::from_vector(cpu, nan_scores, {40, 9}), 40, 1, hard,
+                                      none));
+  const auto got = sk::to_vector<float>(
+      *gpu, swav::distributed_sinkhorn(*gpu, sk::from_vector(*gpu, nan_scores, {40, 9}), 40, 1,
+                                       hard, none));
+  CHECK(got == want);
+  for (std::int64_t r = 0; r < 40; ++r) CHECK(want[static_cast<std::size_t>(r * 9)] == 1.0f);
 }

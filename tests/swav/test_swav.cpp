@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -171,6 +172,13 @@ TEST_CASE("Sinkhorn-Knopp: hard assignment, VISSL's safeguards, and bad argument
     const auto best = std::max_element(s.begin() + r * k, s.begin() + (r + 1) * k) - s.begin();
     for (std::int64_t j = 0; j < k; ++j) CHECK(h[r * k + j] == (r * k + j == best ? 1.0f : 0.0f));
   }
+  // A NaN score spreads to every code through the sums; hard codes then take each row's first
+  // column, as torch.argmax does over NaNs (a NaN goes before any number), never no column.
+  std::vector<float> with_nan(f);
+  with_nan[9] = std::numeric_limits<float>::quiet_NaN();
+  const auto n = run(with_nan, b, k, hard);
+  for (std::int64_t r = 0; r < b; ++r)
+    for (std::int64_t j = 0; j < k; ++j) CHECK(n[r * k + j] == (j == 0 ? 1.0f : 0.0f));
   // Scores far apart: exp underflows for most entries in f32 without VISSL's max shift; with it
   // the codes stay finite and sum to 1.
   std::vector<float> wide(f);

@@ -144,7 +144,10 @@ inline void sinkhorn_codes(const Tensor& q, const Tensor& codes, std::int64_t co
       for (std::int64_t j = 0; j < cols; ++j) sum += row[j];
       for (std::int64_t j = 0; j < cols; ++j) code[j] = static_cast<float>(row[j] / sum);
       if (hard) {  // the first largest of the f32 codes, as VISSL's argmax over its codes
-        const auto best = std::max_element(code, code + cols) - code;
+        // (torch.argmax's rule, the CUDA kernel's too: a NaN goes before any number)
+        std::int64_t best = 0;
+        for (std::int64_t j = 1; j < cols; ++j)
+          if (!std::isnan(code[best]) && (std::isnan(code[j]) || code[j] > code[best])) best = j;
         std::fill(code, code + cols, 0.0f);
         code[best] = 1.0f;
       }
