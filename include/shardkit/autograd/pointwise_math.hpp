@@ -62,15 +62,14 @@ struct ReluBackwardMath {
   }
 };
 
-// out = max(alpha * a + beta * b, 0): axpby's expression, then ReLU's rule on it. The same bits
+// out = max(alpha * a + beta * b, 0): AxpbyMath, then ReluMath on its result. The same bits
 // as the two ops one after the other: the sum is rounded once either way (to the stored type
 // when not fused), and rounding keeps a value's sign, so the ReLU selects alike.
 struct AddReluMath {
   static constexpr bool kReadsB = true;
   template <class T>
   SK_HOST_DEVICE SK_INLINE T operator()(T a, T b, T alpha, T beta) const {
-    const T sum = alpha * a + beta * b;
-    return sum > T(0) ? sum : T(0);
+    return ReluMath{}(AxpbyMath{}(a, b, alpha, beta), T(0), alpha, beta);
   }
 };
 
