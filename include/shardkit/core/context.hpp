@@ -274,6 +274,12 @@ class Context {
     return first;
   }
 
+  // While on, tensors made for parameters (sk::empty under MemoryCategory::parameters) get no
+  // memory and record their initialisation instead: DeferredParameters (deferred_init.hpp)
+  // turns it on for a scope.
+  bool defers_parameters() const { return defer_parameters_; }
+  void set_defer_parameters(bool on) { defer_parameters_ = on; }
+
   // One object of type T per context (cuBLAS/cuDNN handles, communicators...), made on first use
   // by `make()` -> std::shared_ptr<T>. Lets upper layers hang state here without core knowing them.
   // Every op finds its tape here, so the lookup is an index (a number per type, given on the
@@ -293,6 +299,7 @@ class Context {
   int rank_;
   std::uint64_t seed_;
   std::uint64_t rng_offset_ = 0;
+  bool defer_parameters_ = false;
   int cpu_threads_;
   std::once_flag pool_once_;
   std::unique_ptr<ThreadPool> pool_;

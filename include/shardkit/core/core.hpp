@@ -4,6 +4,7 @@
 #include "shardkit/core/allocator.hpp"
 #include "shardkit/core/config.hpp"
 #include "shardkit/core/context.hpp"
+#include "shardkit/core/deferred_init.hpp"
 #include "shardkit/core/device.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"

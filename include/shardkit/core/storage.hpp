@@ -2,7 +2,9 @@
 // An owned storage can give its memory back while tensors still view it (release) and get it
 // again later (materialize): how FSDP frees a unit's gathered parameters after its forward while
 // the autograd graph still refers to them, and re-gathers them for the backward. Touching a
-// released storage's data throws, naming why it was released.
+// released storage's data throws, naming why it was released. A deferred storage starts out
+// released and has never held memory: a parameter built under DeferredParameters
+// (deferred_init.hpp), which keeps how it was initialised (InitRecipe) instead of its values.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +13,7 @@
 #include <utility>
 
 #include "shardkit/core/allocator.hpp"
+#include "shardkit/core/init_recipe.hpp"
 
 namespace shardkit {
 
@@ -23,6 +26,19 @@ class Storage {
         bytes_(bytes),
         device_(allocator_->device()),
         category_(category) {}
+
+  // Sized and counted nowhere until materialize(): data() throws `reason` before that.
+  struct Deferred {};
+  Storage(Deferred, std::shared_ptr<Allocator> allocator, std::size_t bytes,
+          MemoryCategory category, std::string reason)
+      : allocator_(std::move(allocator)),
+        bytes_(bytes),
+        device_(allocator_->device()),
+        category_(category),
+        released_(true),
+        deferred_(true),
+        release_reason_(std::move(reason)),
+        init_recipe_(std::make_unique<InitRecipe>()) {}
 
   // Wraps memory the caller owns (e.g. buffers of an existing training loop); never freed here
   // and not counted: the caller's allocator counted it already.
@@ -58,9 +74,19 @@ class Storage {
     if (!released_) return;
     data_ = allocator_->allocate(bytes_, category_);
     released_ = false;
+    deferred_ = false;
     release_reason_.clear();
   }
   bool released() const { return released_; }
+  // Built without memory and not materialized since (the recipe may still be unrecorded).
+  bool deferred() const { return deferred_; }
+  // (Storages that were never deferred have none: an empty recipe.)
+  InitRecipe init_recipe() const { return init_recipe_ ? *init_recipe_ : InitRecipe{}; }
+  void record_init(const InitRecipe& recipe) {
+    check<StateError>(init_recipe_ != nullptr,
+                      "record_init on a storage that was not built deferred");
+    *init_recipe_ = recipe;
+  }
   std::size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   MemoryCategory category() const { return category_; }
@@ -76,7 +102,11 @@ class Storage {
   Device device_;
   MemoryCategory category_;
   bool released_ = false;
+  bool deferred_ = false;
   std::string release_reason_;
+  // Deferred storages only (the others stay small: every op makes one): how the whole of it was
+  // initialised.
+  std::unique_ptr<InitRecipe> init_recipe_;
 };
 
 }  // namespace shardkit

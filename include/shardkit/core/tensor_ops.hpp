@@ -41,10 +41,38 @@ inline const DeviceKernels& tensor_kernels_for(const Context& ctx, const Tensor&
 
 }  // namespace detail
 
-// Uninitialised tensor on `device` (default: the context's), counted under `category`.
+namespace detail {
+
+// What touching a parameter built under DeferredParameters says.
+inline constexpr const char* kDeferredReason =
+    "a parameter built under DeferredParameters has no memory yet: ShardedModule gives it its "
+    "values when it wraps the module (under fsdp one unit at a time, keeping this rank's "
+    "shard), or nn::materialize(ctx, module) does; until then only whole-tensor sk::fill, "
+    "sk::uniform_ and sk::normal_ (and nn::init's) are recorded";
+
+// A fill of a deferred tensor: recorded on its storage, which it must cover whole.
+inline void record_deferred_init(const Tensor& t, const InitRecipe& recipe, const char* op) {
+  check<StateError>(t.offset() == 0 && t.is_contiguous() && t.nbytes() == t.storage()->bytes(), op,
+                    " of part of a deferred tensor (", shape_text(t.shape()), " at element ",
+                    t.offset(),
+                    "): a parameter built under DeferredParameters records one fill of all of "
+                    "it; initialise it whole, or build it outside the scope");
+  t.storage()->record_init(recipe);
+}
+
+inline bool is_deferred(const Tensor& t) { return t.defined() && t.storage()->deferred(); }
+
+}  // namespace detail
+
+// Uninitialised tensor on `device` (default: the context's), counted under `category`. A
+// parameter's under DeferredParameters gets no memory (deferred_init.hpp).
 inline Tensor empty(Context& ctx, Shape shape, DType dtype,
                     MemoryCategory category = MemoryCategory::other) {
   const auto bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  if (category == MemoryCategory::parameters && ctx.defers_parameters()) [[unlikely]]
+    return Tensor(make_pooled<Storage>(Storage::Deferred{}, ctx.allocator_ptr(), bytes, category,
+                                       detail::kDeferredReason),
+                  std::move(shape), dtype);
   return Tensor(make_pooled<Storage>(ctx.allocator_ptr(), bytes, category), std::move(shape),
                 dtype);
 }
@@ -58,6 +86,8 @@ inline Tensor empty_on(Context& ctx, Device device, Shape shape, DType dtype,
 
 inline void fill(Context& ctx, const Tensor& t, double value) {
   detail::check_on_context(ctx, t, "fill");
+  if (detail::is_deferred(t)) [[unlikely]]
+    return detail::record_deferred_init(t, InitRecipe::constant_fill(value), "fill");
   detail::tensor_kernels_for(ctx, t).fill(ctx, t, value);
 }
 
@@ -215,6 +245,10 @@ inline void random_fill(Context& ctx, const Tensor& t, RandomSpec spec, const ch
   spec.seed = ctx.seed();
   spec.counter_base =
       ctx.take_random_blocks(spec.blocks_for(static_cast<std::uint64_t>(t.numel())));
+  // (A deferred tensor draws its blocks all the same: later fills get the same numbers as in an
+  // eager build.)
+  if (is_deferred(t)) [[unlikely]]
+    return record_deferred_init(t, InitRecipe::random_fill(spec), op);
   tensor_kernels_for(ctx, t).random(ctx, t, spec);
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "shardkit/nn/activation_checkpoint.hpp"
+#include "shardkit/nn/deferred_init.hpp"
 #include "shardkit/nn/init.hpp"
 #include "shardkit/nn/layers.hpp"
 #include "shardkit/nn/module.hpp"

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "shardkit/comm/hybrid_mesh.hpp"
+#include "shardkit/nn/deferred_init.hpp"
 #include "shardkit/nn/module.hpp"
 #include "shardkit/parallel/engine.hpp"
 #include "shardkit/parallel/module_binding.hpp"
@@ -70,19 +71,32 @@ class ShardedModule {
                 const ParallelOptions& options)
       : ctx_(&ctx), world_(&world), module_(checked_module(std::move(module))) {
     const ResolvedPolicy policy = resolve(options);
+    check<StateError>(!ctx.defers_parameters(),
+                      "ShardedModule built inside a DeferredParameters scope: its own buffers "
+                      "need memory; end the scope after building the model, before wrapping it");
+    nn::check_deferred_initialised(*module_);  // (before any collective)
     ModuleGroups groups = module_groups(ctx, world, *module_, policy);
     engine_ = std::make_unique<Engine>(ctx, mesh != nullptr ? mesh->shard() : world,
                                        mesh != nullptr ? mesh->replicate() : nullptr,
                                        std::move(groups.groups), std::move(optimizer), policy);
     // Rank 0's f32 values become the engine's (exact masters under mixed precision); then every
-    // parameter a view of its group's buffer (the compute copy).
-    engine_->set_full_params(
-        [&](std::size_t i, const Tensor& view) { copy(ctx, view, groups.params[i].data()); });
+    // parameter a view of its group's buffer (the compute copy). A deferred parameter's values
+    // are made there, unit by unit (core/deferred_init.hpp): never whole beside the shards.
+    engine_->set_full_params([&](std::size_t i, const Tensor& view) {
+      const Tensor& value = groups.params[i].data();
+      if (is_deferred(value))
+        fill_from_recipe(ctx, view, value, "a parameter");
+      else
+        copy(ctx, view, value);
+    });
     binding_ = std::make_unique<ModuleBinding>(
         ctx, *engine_, std::move(groups.params), [this](std::size_t i) { hooks_->after_ready(i); },
         [this] { hooks_->after_backward(); });
     hooks_ = std::make_unique<UnitHooks>(ctx, *engine_, *binding_, std::move(groups.unit_modules),
                                          groups.root_unit);
+    // What stays whole (buffers, frozen parameters outside fsdp's units) gets its deferred
+    // values now, before it is cast or broadcast.
+    nn::materialize(ctx, *module_);
     // Frozen parameters outside the groups (fsdp): rank 0's values everywhere, like the
     // sharded ones, in the compute dtype.
     for (auto& p : groups.outside) {

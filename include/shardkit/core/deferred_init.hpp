@@ -1,0 +1,95 @@
+// Deferred parameters: build a model without giving its parameters memory, and let the engine
+// make each rank's values where they will live -- PyTorch FSDP's meta-device initialisation
+// (FSDP2's `to_empty` + `reset_parameters`), DeepSpeed's `zero.Init`.
+//
+//   {
+//     sk::DeferredParameters deferred(ctx);       // parameters built here get no memory
+//     net = std::make_shared<MyNet>(ctx, ...);    // their fills are recorded, not run
+//   }
+//   parallel::ShardedModule model(ctx, comm, net, optimizer, {.stage = Stage::fsdp});
+//
+// Under fsdp a rank then never holds more than its shards and one unit's whole parameters,
+// where an eager build first holds the whole model on every rank. The values are the eager
+// build's bit for bit: a fill of a deferred tensor still draws its Philox blocks from the
+// context's stream (so every later fill draws what it would have), and the recipe (InitRecipe:
+// the constant, or the seed and counter base) makes the same elements later, on any device.
+//
+// A tensor "made for parameters" is one sk::empty makes under MemoryCategory::parameters -- what
+// nn's layers use for their parameters and buffers. Anything but a whole-tensor fill (sk::fill,
+// sk::uniform_, sk::normal_, nn::init's) refuses a deferred tensor, naming the fix.
+#pragma once
+
+#include <string_view>
+
+#include "shardkit/core/tensor_ops.hpp"
+
+namespace shardkit {
+
+// While it lives, parameters made on `ctx` are deferred. Scopes nest (each restores what it
+// found).
+class DeferredParameters {
+ public:
+  explicit DeferredParameters(Context& ctx) : ctx_(&ctx), was_on_(ctx.defers_parameters()) {
+    ctx.set_defer_parameters(true);
+  }
+  ~DeferredParameters() { ctx_->set_defer_parameters(was_on_); }
+  DeferredParameters(const DeferredParameters&) = delete;
+  DeferredParameters& operator=(const DeferredParameters&) = delete;
+
+ private:
+  Context* ctx_;
+  bool was_on_;
+};
+
+namespace detail {
+
+inline InitRecipe recorded_recipe(const Tensor& deferred, std::string_view what) {
+  const InitRecipe recipe = deferred.storage()->init_recipe();
+  check<StateError>(recipe.recorded(), what,
+                    " was built under DeferredParameters and never initialised (no whole-tensor "
+                    "fill, uniform_ or normal_ of it was recorded); initialise it in the scope, "
+                    "or build it outside");
+  return recipe;
+}
+
+// `t` <- the recipe's elements 0, 1, ... in row-major order, in t's dtype.
+inline void run_recipe(Context& ctx, const Tensor& t, const InitRecipe& recipe) {
+  if (recipe.kind == InitRecipe::Kind::constant)
+    fill(ctx, t, recipe.value);
+  else
+    tensor_kernels_for(ctx, t).random(ctx, t, recipe.random);
+}
+
+}  // namespace detail
+
+// Built without memory and not materialized since.
+inline bool is_deferred(const Tensor& t) { return detail::is_deferred(t); }
+
+// dst <- the values deferred tensor `src` would hold had it been built eagerly, in dst's dtype
+// (made in src's dtype first, then converted, as a copy of the eager tensor would be). `what`
+// names src in the error when it was never initialised.
+inline void fill_from_recipe(Context& ctx, const Tensor& dst, const Tensor& src,
+                             std::string_view what) {
+  detail::check_on_context(ctx, dst, "fill_from_recipe");
+  check(dst.shape() == src.shape(), "fill_from_recipe of ", what, ": destination shape ",
+        shape_text(dst.shape()), " differs from ", shape_text(src.shape()));
+  const InitRecipe recipe = detail::recorded_recipe(src, what);
+  const Tensor target =
+      dst.dtype() == src.dtype() ? dst : empty_on(ctx, dst.device(), src.shape(), src.dtype());
+  detail::run_recipe(ctx, target, recipe);
+  if (!target.shares_storage(dst)) copy(ctx, dst, target);
+}
+
+// Gives a deferred tensor its memory (counted now) and its recorded values; every view of its
+// storage sees them. Does nothing to other tensors.
+inline void materialize(Context& ctx, const Tensor& t, std::string_view what) {
+  if (!is_deferred(t)) return;
+  detail::check_on_context(ctx, t, "materialize");
+  const InitRecipe recipe = detail::recorded_recipe(t, what);
+  t.storage()->materialize();
+  // The recipe covers the whole storage in row-major order: run it over a flat view of it.
+  const auto elements = static_cast<std::int64_t>(t.storage()->bytes() / t.element_size());
+  detail::run_recipe(ctx, Tensor(t.storage(), {elements}, t.dtype()), recipe);
+}
+
+}  // namespace shardkit

@@ -1,0 +1,210 @@
+// Deferred parameters (core/deferred_init.hpp): a model built under DeferredParameters holds no
+// parameter memory, refuses every use but a whole-tensor fill by name, and once wrapped -- or
+// materialized -- holds the eager build's values bit for bit under every stage; under fsdp the
+// wrap never holds more than one unit's whole parameters beside the shards.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dp_test_model.hpp"
+#include "module_test_model.hpp"
+#include "shardkit/core/deferred_init.hpp"
+#include "shardkit/ops/cpu_backend.hpp"
+#include "shardkit/parallel/sharded_module.hpp"
+
+namespace sk = shardkit;
+using namespace module_test;
+using sk::optim::OptimizerKind;
+using sk::parallel::Stage;
+
+namespace deferred_test {  // (named: the directory's tests are one unity unit)
+
+// ResNet-18 8 channels wide with torchvision's initialisation (kaiming_normal fan_out, the
+// blocks' last batch-norm at 0): every kind of recorded fill, one overwriting another. Built
+// from `seed` on `ctx`, under DeferredParameters when `deferred`.
+std::shared_ptr<nn::ResNet> resnet(sk::Context& ctx, std::uint64_t seed, bool deferred) {
+  nn::ResNetOptions o;
+  o.num_classes = 5;
+  o.small_image_stem = true;
+  o.base_channels = 8;
+  o.init = nn::ResNetInit::torchvision;
+  o.zero_init_residual = true;
+  ctx.manual_seed(seed);
+  std::optional<sk::DeferredParameters> scope;
+  if (deferred) scope.emplace(ctx);
+  return nn::resnet18(ctx, o);
+}
+
+sk::autograd::Variable param(const nn::Module& net, const std::string& name) {
+  for (const auto& [n, p] : net.named_parameters())
+    if (n == name) return p;
+  FAIL("no parameter ", name);
+  return {};
+}
+
+sk::parallel::FsdpOptions unit_per_block() {
+  sk::parallel::FsdpOptions o;
+  for (int layer = 1; layer <= 4; ++layer)
+    for (int b = 0; b < 2; ++b)
+      o.wrap.unit_paths.push_back("layer" + std::to_string(layer) + "." + std::to_string(b));
+  return o;
+}
+
+// Every parameter (in f32: the compute copy under mixed precision), then every f32 buffer.
+std::vector<float> values_f32(sk::Context& ctx, const nn::Module& module) {
+  std::vector<float> out;
+  for (const auto& [name, p] : module.named_parameters()) {
+    const auto v =
+        sk::to_vector<float>(ctx, sk::cast(ctx, sk::contiguous(ctx, p.data()), sk::DType::f32));
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  for (const auto& [name, b] : module.named_buffers()) {
+    if (b.dtype() != sk::DType::f32) continue;
+    const auto v = sk::to_vector<float>(ctx, b);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+struct Outcome {
+  std::vector<float> values;               // rank 0 after training: parameters, then f32 buffers
+  std::int64_t wrap_peak_over_steady = 0;  // rank 0: the wrap's transient bytes
+  std::int64_t largest_unit_bytes = 0;     // rank 0: the largest group's whole f32 buffer
+};
+
+Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool fc_frozen) {
+  Outcome out;
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    // Ranks build different models: rank 0's values are everyone's, deferred or not.
+    auto net = resnet(ctx, 40 + static_cast<std::uint64_t>(comm.rank()), deferred);
+    if (fc_frozen) param(*net, "fc.bias").set_requires_grad(false);  // (outside fsdp's units)
+    sk::parallel::ParallelOptions options;
+    options.stage = stage;
+    options.buckets.bucket_bytes = 4096;
+    options.precision.param_dtype = param_dtype;
+    if (stage == Stage::fsdp) options.fsdp = unit_per_block();
+    ctx.memory_stats().reset_peak();
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options);
+    const auto wrapped = ctx.memory_stats().snapshot();
+    if (comm.rank() == 0) {
+      out.wrap_peak_over_steady = wrapped.peak_total - wrapped.current_total;
+      for (std::size_t u = 0; u < model.engine().unit_count(); ++u)
+        out.largest_unit_bytes = std::max(
+            out.largest_unit_bytes,
+            static_cast<std::int64_t>(model.engine().group(u).flat().params().flat().numel() * 4));
+    }
+    for (int s = 0; s < 3; ++s) {
+      model.zero_grad();
+      auto b = batch(ctx, {4, 3, 8, 8}, 5, comm.rank(), s);
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      model.step(0.05f);
+    }
+    std::vector<float> values;
+    if (stage == Stage::fsdp) {
+      auto full = model.full_params();  // (collective)
+      values = values_f32(ctx, *net);
+    } else {
+      values = values_f32(ctx, *net);
+    }
+    if (comm.rank() == 0) out.values = std::move(values);
+  });
+  return out;
+}
+
+}  // namespace deferred_test
+
+namespace dt = deferred_test;
+
+TEST_CASE("deferred parameters: no memory, recorded fills, uses refused by name") {
+  sk::Context ctx;
+  auto net = dt::resnet(ctx, 7, true);
+  CHECK(ctx.memory_stats().snapshot().current_of(sk::MemoryCategory::parameters) == 0);
+  const sk::Tensor weight = dt::param(*net, "conv1.weight").data();
+  CHECK(sk::is_deferred(weight));
+  CHECK(weight.storage()->init_recipe().kind == sk::InitRecipe::Kind::random);
+  // (zero_init_residual's fill replaced the batch-norm's 1)
+  const sk::Tensor bn2 = dt::param(*net, "layer1.0.bn2.weight").data();
+  CHECK(bn2.storage()->init_recipe().kind == sk::InitRecipe::Kind::constant);
+  CHECK(bn2.storage()->init_recipe().value == 0.0);
+  // Any other use names the scope and the fix.
+  CHECK_THROWS_WITH_AS(sk::to_vector<float>(ctx, weight),
+                       doctest::Contains("built under DeferredParameters has no memory yet"),
+                       sk::StateError);
+  CHECK_THROWS_WITH_AS(sk::fill(ctx, weight.slice(0, 0, 2), 1.0),
+                       doctest::Contains("fill of part of a deferred tensor"), sk::StateError);
+  // A deferred parameter nobody initialised is named when it is needed.
+  sk::Context other;
+  std::optional<sk::DeferredParameters> scope(std::in_place, other);
+  const sk::Tensor bare = sk::empty(other, {3}, sk::DType::f32, sk::MemoryCategory::parameters);
+  scope.reset();
+  CHECK_THROWS_WITH_AS(sk::materialize(other, bare, "parameter 'w'"),
+                       doctest::Contains("parameter 'w' was built under DeferredParameters and "
+                                         "never initialised"),
+                       sk::StateError);
+  // Outside the scope nothing is deferred.
+  CHECK_FALSE(
+      sk::is_deferred(sk::empty(other, {3}, sk::DType::f32, sk::MemoryCategory::parameters)));
+
+  // Materialized: the eager build's values, bit for bit, and its memory.
+  nn::materialize(ctx, *net);
+  sk::Context eager_ctx;
+  auto eager = dt::resnet(eager_ctx, 7, false);
+  CHECK(dp_test::bitwise_equal(module_values(ctx, *net), module_values(eager_ctx, *eager)));
+  CHECK(ctx.memory_stats().snapshot().current_of(sk::MemoryCategory::parameters) ==
+        eager_ctx.memory_stats().snapshot().current_of(sk::MemoryCategory::parameters));
+  // Later draws of the stream are the eager build's too (the deferred fills took their blocks).
+  const auto next = sk::empty(ctx, {9}, sk::DType::f32);
+  const auto eager_next = sk::empty(eager_ctx, {9}, sk::DType::f32);
+  sk::normal_(ctx, next, 0, 1);
+  sk::normal_(eager_ctx, eager_next, 0, 1);
+  CHECK(sk::to_vector<float>(ctx, next) == sk::to_vector<float>(eager_ctx, eager_next));
+}
+
+TEST_CASE(
+    "deferred parameters: wrapped under every stage, the eager build's training bit for bit") {
+  struct Case {
+    Stage stage;
+    sk::DType param_dtype;
+    int world;
+  };
+  for (const Case c : {Case{Stage::ddp, sk::DType::f32, 2}, Case{Stage::oss, sk::DType::f32, 3},
+                       Case{Stage::sdp, sk::DType::f32, 2}, Case{Stage::fsdp, sk::DType::f32, 3},
+                       Case{Stage::fsdp, sk::DType::bf16, 2}}) {
+    const auto what = std::string(sk::parallel::stage_name(c.stage)) + " " +
+                      std::string(sk::dtype_name(c.param_dtype)) + " N=" + std::to_string(c.world);
+    const dt::Outcome eager = dt::train(c.stage, false, c.param_dtype, c.world, true);
+    const dt::Outcome deferred = dt::train(c.stage, true, c.param_dtype, c.world, true);
+    CHECK_MESSAGE(!eager.values.empty(), what);
+    CHECK_MESSAGE(dp_test::bitwise_equal(deferred.values, eager.values), what);
+  }
+}
+
+TEST_CASE("deferred parameters: an fsdp wrap holds one unit's whole parameters, not the model") {
+  const int world = 4;
+  const dt::Outcome eager = dt::train(Stage::fsdp, false, sk::DType::f32, world, false);
+  const dt::Outcome deferred = dt::train(Stage::fsdp, true, sk::DType::f32, world, false);
+  sk::Context ctx;
+  const auto model_bytes = dt::resnet(ctx, 1, false)->parameter_count() * 4;
+  // Eager: the module's own parameters, whole, beside the shards until they are bound.
+  CHECK(eager.wrap_peak_over_steady >= model_bytes - model_bytes / world);
+  // Deferred: the wrap's only transient is the unit it is filling.
+  CHECK(deferred.wrap_peak_over_steady <= deferred.largest_unit_bytes);
+  CHECK(deferred.largest_unit_bytes < model_bytes / 2);
+  MESSAGE("fsdp wrap transient, N=4: eager ", eager.wrap_peak_over_steady, " B, deferred ",
+          deferred.wrap_peak_over_steady, " B; model ", model_bytes, " B, largest unit ",
+          deferred.largest_unit_bytes, " B");
+}
+
+TEST_CASE("deferred parameters: wrapping inside the scope is refused") {
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = dt::resnet(ctx, 3, true);
+    sk::DeferredParameters scope(ctx);
+    CHECK_THROWS_WITH_AS(
+        sk::parallel::ShardedModule(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd)),
+        doctest::Contains("inside a DeferredParameters scope"), sk::StateError);
+  });
+}
