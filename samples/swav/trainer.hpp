@@ -181,7 +181,7 @@ class SwavTrainer {
         data_(&data),
         log_(comm.rank() == 0 ? log : nullptr),
         live_(log_ != nullptr && ::isatty(::fileno(log_)) != 0),
-        model_(std::make_shared<SwavModel>(ctx, c)),
+        model_(build_model(ctx, c)),
         loss_(ctx, c.loss, c.embedding_dim, c.prototypes, comm.rank(), c.seed) {
     sk::parallel::ParallelOptions o = c.parallel;
     if (o.stage == sk::parallel::Stage::fsdp) {
@@ -875,6 +875,15 @@ class SwavTrainer {
   bool status_shown_ = false;
   std::chrono::steady_clock::time_point last_status_{};
   double evaluation_seconds_ = 0;  // the last kNN evaluation's wall time
+  // Under fsdp the model is built without parameter memory (sk::DeferredParameters) and the
+  // wrap makes each unit's values in turn, as VISSL's FSDP wraps the layers while it builds
+  // them: a rank never holds the whole model. The same values bit for bit.
+  static std::shared_ptr<SwavModel> build_model(sk::Context& ctx, const SwavConfig& c) {
+    std::optional<sk::DeferredParameters> deferred;
+    if (c.parallel.stage == sk::parallel::Stage::fsdp) deferred.emplace(ctx);
+    return std::make_shared<SwavModel>(ctx, c);
+  }
+
   std::shared_ptr<SwavModel> model_;
   sk::parallel::MemoryPlan plan_;  // planned before the states existed
   std::unique_ptr<sk::parallel::ShardedModule> sharded_;
