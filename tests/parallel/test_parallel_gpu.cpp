@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -488,4 +489,57 @@ TEST_CASE("on the GPU, a captured FSDP step with per-tensor E4M3 gathers replays
         },
         gpu);
   }
+}
+
+// Deferred parameters on the device (core/deferred_init.hpp): the wrap's replayed recipes are
+// the eager build's values bit for bit, and Philox gives the CPU's eager values too.
+TEST_CASE(
+    "on the GPU, a deferred ResNet-18 wrapped under fsdp starts and trains as the eager one") {
+  auto build = [](sk::Context& ctx, std::uint64_t seed, bool deferred) {
+    sk::nn::ResNetOptions o;
+    o.num_classes = 5;
+    o.small_image_stem = true;
+    o.base_channels = 8;
+    o.init = sk::nn::ResNetInit::torchvision;
+    o.zero_init_residual = true;
+    ctx.manual_seed(seed);
+    std::optional<sk::DeferredParameters> scope;
+    if (deferred) scope.emplace(ctx);
+    return sk::nn::resnet18(ctx, o);
+  };
+  auto run = [&](bool deferred) {
+    std::vector<std::vector<float>> states;  // rank 0: after the wrap, after two steps
+    sk::comm::run_ranks(
+        2,
+        [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+          auto net = build(ctx, 60 + static_cast<std::uint64_t>(comm.rank()), deferred);
+          sk::parallel::ParallelOptions options;
+          options.stage = Stage::fsdp;
+          for (int layer = 1; layer <= 4; ++layer)
+            options.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer));
+          sk::parallel::ShardedModule model(ctx, comm, net, config_for(OptimizerKind::sgd),
+                                            options);
+          for (int s = 0; s <= 2; ++s) {
+            if (s > 0) {
+              model.zero_grad();
+              auto b = module_test::batch(ctx, {4, 3, 8, 8}, 5, comm.rank(), s);
+              sk::autograd::backward(ctx,
+                                     sk::autograd::cross_entropy(ctx, model(ctx, b.x), b.labels));
+              model.step(0.05f);
+            }
+            if (s == 1) continue;
+            auto full = model.full_params();  // (collective)
+            auto values = module_test::module_values(ctx, *net);
+            if (comm.rank() == 0) states.push_back(std::move(values));
+          }
+        },
+        sk::comm::cuda_run_options(0));
+    return states;
+  };
+  const auto eager = run(false), deferred = run(true);
+  REQUIRE(eager.size() == 2);
+  CHECK(bitwise_equal(deferred[0], eager[0]));
+  CHECK(bitwise_equal(deferred[1], eager[1]));
+  sk::Context cpu;
+  CHECK(bitwise_equal(module_test::module_values(cpu, *build(cpu, 60, false)), eager[0]));
 }
