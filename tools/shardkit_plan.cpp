@@ -167,6 +167,9 @@ int main(int argc, char** argv) {
                 "params", "grads", "optim", "comm", "gathered", "activations", "act (ckpt)",
                 "total MiB", "sent in grp", "across grps", "host MiB", "host<->dev");
     if (device_gib > 0) std::printf(" %10s %10s", "max batch", "(ckpt)");
+    // The wrap's own peak (ShardedModule's construction), the model built eagerly or under
+    // sk::DeferredParameters.
+    std::printf(" %12s %12s", "wrap eager", "wrap defer");
     std::printf("\n");
     for (auto stage : stages) {
       parallel.stage = stage;
@@ -198,6 +201,8 @@ int main(int argc, char** argv) {
         else
           std::printf(" %10s %10s", plan.total() <= bytes ? "fits" : "no", "-");
       }
+      std::printf(" %12s %12s", mib(plan.wrap_peak(false)).c_str(),
+                  mib(plan.wrap_peak(true)).c_str());
       std::printf("\n");
     }
   } catch (const std::exception& e) {

@@ -27,7 +27,8 @@ def plan(world, group=0, stage="all", offload="none"):
     for line in out[2:]:
         cells = line.split()
         # params grads optim comm gathered act act_ckpt total in_group across host pcie fits
-        rows[cells[0]] = [float(c) for c in cells[1:14]]
+        # (fits_ckpt) wrap_eager wrap_deferred
+        rows[cells[0]] = [float(c) for c in cells[1:14]] + [float(c) for c in cells[-2:]]
     return rows
 
 
@@ -63,22 +64,28 @@ lines = [
     "gradients' staging; under offload params the FSDP shards too): the device columns fall by",
     "that, the host column holds it (exact: the tests compare both ledgers with the plan, rank",
     "by rank), and host<->device is what crosses PCIe per step (gradients down, parameters up;",
-    "the shards at every gather under offload params).",
+    "the shards at every gather under offload params). The wrap is its own peak, before",
+    "training (`ShardedModule`'s construction): the model states so far plus the group being",
+    "filled (under fsdp one unit's whole buffer) and, for a model built eagerly, its own f32",
+    "parameters, whole until bound; a model built under `sk::DeferredParameters` does not hold",
+    "those (docs/design.md \"Deferred parameters\"; `benchmarks/parallel/deferred_wrap` measured",
+    "the fsdp row at N = 8: 164.9 MB eager, 62.5 MB deferred, the module's batch-norm",
+    "statistics included, which no column counts).",
     "",
     "| N | sharding | params | grads | optim | comm | gathered | model states + buffers |"
     " activations (ckpt) | device total | host | host<->device / step | MiB sent / step |"
-    " of it across nodes | max batch in 80 GiB |",
-    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    " of it across nodes | max batch in 80 GiB | wrap peak: eager / deferred |",
+    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 for world, name, r in table:
     (params, grads, optim, comm, gathered, act, act_ckpt, total, in_group, across, host, pcie,
-     fits) = r
+     fits, wrap_eager, wrap_deferred) = r
     states = params + grads + optim + comm + gathered
     crossing = across if name.startswith("hybrid") else (in_group + across if world > GROUP else 0)
     lines.append(f"| {world} | {name} | {params:.1f} | {grads:.1f} | {optim:.1f} | {comm:.1f} | "
                  f"{gathered:.1f} | {states:.1f} | {act:.1f} ({act_ckpt:.1f}) | {total:.1f} | "
                  f"{host:.1f} | {pcie:.1f} | {in_group + across:.1f} | {crossing:.1f} | "
-                 f"{int(fits)} |")
+                 f"{int(fits)} | {wrap_eager:.1f} / {wrap_deferred:.1f} |")
 (docs / "memory_plan.md").write_text("\n".join(lines) + "\n")
 
 import matplotlib  # noqa: E402  (after the table: the table needs no plotting library)

@@ -74,11 +74,14 @@ inline Batch batch(sk::Context& ctx, const sk::Shape& shape, std::int64_t classe
   return {ag::Variable(on_ctx), sk::from_vector(ctx, labels, {shape[0]})};
 }
 
-// Every parameter, then every floating-point buffer, of `module` in state-dict order.
+// Every parameter (in f32: a 16-bit compute copy widened), then every f32 buffer, of `module`
+// in state-dict order.
 inline std::vector<float> module_values(sk::Context& ctx, const nn::Module& module) {
   std::vector<float> out;
   for (const auto& [name, p] : module.named_parameters()) {
-    const auto v = sk::to_vector<float>(ctx, sk::contiguous(ctx, p.data()));
+    const sk::Tensor data = sk::contiguous(ctx, p.data());
+    const auto v = sk::to_vector<float>(
+        ctx, data.dtype() == sk::DType::f32 ? data : sk::cast(ctx, data, sk::DType::f32));
     out.insert(out.end(), v.begin(), v.end());
   }
   for (const auto& [name, b] : module.named_buffers()) {

@@ -53,26 +53,11 @@ sk::parallel::FsdpOptions unit_per_block() {
   return o;
 }
 
-// Every parameter (in f32: the compute copy under mixed precision), then every f32 buffer.
-std::vector<float> values_f32(sk::Context& ctx, const nn::Module& module) {
-  std::vector<float> out;
-  for (const auto& [name, p] : module.named_parameters()) {
-    const auto v =
-        sk::to_vector<float>(ctx, sk::cast(ctx, sk::contiguous(ctx, p.data()), sk::DType::f32));
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  for (const auto& [name, b] : module.named_buffers()) {
-    if (b.dtype() != sk::DType::f32) continue;
-    const auto v = sk::to_vector<float>(ctx, b);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
 struct Outcome {
   std::vector<float> values;               // rank 0 after training: parameters, then f32 buffers
   std::int64_t wrap_peak_over_steady = 0;  // rank 0: the wrap's transient bytes
   std::int64_t largest_unit_bytes = 0;     // rank 0: the largest group's whole f32 buffer
+  sk::parallel::MemoryPlan plan;           // the planner's figures for the run
 };
 
 Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool fc_frozen) {
@@ -86,6 +71,11 @@ Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool
     options.buckets.bucket_bytes = 4096;
     options.precision.param_dtype = param_dtype;
     if (stage == Stage::fsdp) options.fsdp = unit_per_block();
+    sk::parallel::PlannedRun planned;
+    planned.parallel = options;
+    planned.world_size = world;
+    planned.optimizer = dp_test::config_for(OptimizerKind::sgd);
+    if (comm.rank() == 0) out.plan = sk::parallel::plan_module_memory(*net, planned);
     ctx.memory_stats().reset_peak();
     sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
                                       options);
@@ -106,9 +96,9 @@ Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool
     std::vector<float> values;
     if (stage == Stage::fsdp) {
       auto full = model.full_params();  // (collective)
-      values = values_f32(ctx, *net);
+      values = module_values(ctx, *net);
     } else {
-      values = values_f32(ctx, *net);
+      values = module_values(ctx, *net);
     }
     if (comm.rank() == 0) out.values = std::move(values);
   });
@@ -180,6 +170,10 @@ TEST_CASE(
     const dt::Outcome deferred = dt::train(c.stage, true, c.param_dtype, c.world, true);
     CHECK_MESSAGE(!eager.values.empty(), what);
     CHECK_MESSAGE(dp_test::bitwise_equal(deferred.values, eager.values), what);
+    // The planner bounds the wrap's transient (an f32 staging copy under bf16).
+    CHECK_MESSAGE(deferred.wrap_peak_over_steady <= deferred.plan.wrap_transient, what);
+    CHECK_MESSAGE(eager.wrap_peak_over_steady <= eager.plan.wrap_transient + eager.plan.eager_build,
+                  what);
   }
 }
 
@@ -194,6 +188,13 @@ TEST_CASE("deferred parameters: an fsdp wrap holds one unit's whole parameters, 
   // Deferred: the wrap's only transient is the unit it is filling.
   CHECK(deferred.wrap_peak_over_steady <= deferred.largest_unit_bytes);
   CHECK(deferred.largest_unit_bytes < model_bytes / 2);
+  // The planner's wrap figures bound both (parallel/memory_plan.hpp), and are the eager one's.
+  CHECK(eager.plan.eager_build == model_bytes);
+  CHECK(eager.plan.wrap_transient ==
+        deferred.largest_unit_bytes + sk::parallel::MemoryPlan::kWrapScalarBytes);
+  CHECK(eager.wrap_peak_over_steady >= model_bytes + eager.largest_unit_bytes);
+  CHECK(eager.wrap_peak_over_steady <= eager.plan.wrap_transient + eager.plan.eager_build);
+  CHECK(deferred.wrap_peak_over_steady <= deferred.plan.wrap_transient);
   MESSAGE("fsdp wrap transient, N=4: eager ", eager.wrap_peak_over_steady, " B, deferred ",
           deferred.wrap_peak_over_steady, " B; model ", model_bytes, " B, largest unit ",
           deferred.largest_unit_bytes, " B");

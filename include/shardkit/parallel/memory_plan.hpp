@@ -27,6 +27,12 @@
 //                    per model, input size and checkpointing setting (profile_activations,
 //                    which doubles the batch until the growth per sample settles)
 //
+// and the wrap (ShardedModule's construction), a peak of its own before training: on top of the
+// model states, the group being filled (fsdp: one unit's whole buffer at a time; every stage: an
+// f32 staging copy of it under mixed precision), and for a model built eagerly its own f32
+// parameters, whole until they are bound -- what a model built under sk::DeferredParameters
+// (core/deferred_init.hpp) does not hold.
+//
 // Hybrid sharding plans with the group size in place of the world size. CPU offload
 // (offload.hpp) moves model states from the device's figures to the host's: the optimizer
 // state and f32 master (offload.optimizer), with the gradients' staging and, under mixed
@@ -116,8 +122,17 @@ struct MemoryPlan {
   std::int64_t host_gradients = 0;
   std::int64_t host_optimizer_state = 0;
   double host_transfer = 0;
+  // The wrap's transient above the model states (a bound): the group being filled and the
+  // wrap's checks' few scalars (kWrapScalarBytes), and for an eager build (not
+  // sk::DeferredParameters) the module's own f32 parameters besides.
+  static constexpr std::int64_t kWrapScalarBytes = 64;
+  std::int64_t wrap_transient = kWrapScalarBytes;
+  std::int64_t eager_build = 0;
   // Device memory (the figures above are the device's).
   std::int64_t model_states() const { return parameters + gradients + optimizer_state; }
+  std::int64_t wrap_peak(bool deferred) const {
+    return model_states() + wrap_transient + (deferred ? 0 : eager_build);
+  }
   std::int64_t total() const { return model_states() + communication + gathered + activations; }
   std::int64_t host_total() const {
     return host_parameters + host_gradients + host_optimizer_state;
@@ -313,6 +328,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       const shard::BucketPlan buckets(plan, rank, policy.buckets.capacity);
       const auto table = shard::PieceTable::of_plan(plan, policy.every_rank_updates);
       p.parameters = plan.layout().padded_numel() * detail::bytes_of(param);
+      if (param != DType::f32) p.wrap_transient += plan.layout().padded_numel() * 4;
+      for (const auto& s : specs) p.eager_build += 4 * shape_numel(s.shape);
       p.gradients =
           (reduce_scatter ? buckets.owned_numel() : buckets.total_numel()) * detail::bytes_of(grad);
       p.optimizer_state = table.state_numel(rank) * state_bytes;
@@ -360,6 +377,10 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
           }
         }
         std::int64_t held = plan.layout().padded_numel() * detail::bytes_of(param);
+        p.wrap_transient = std::max(
+            p.wrap_transient, MemoryPlan::kWrapScalarBytes + held +
+                                  (param != DType::f32 ? plan.layout().padded_numel() * 4 : 0));
+        for (const auto& s : unit_specs) p.eager_build += 4 * shape_numel(s.shape);
         if (policy.quantized_gather_block > 0) {  // qwZ: the wire's runs until they are unpacked
           for (const std::size_t bytes :
                quantized_run_bytes(plan, policy.quantized_gather_block,
