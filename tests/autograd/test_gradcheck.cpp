@@ -59,6 +59,10 @@ TEST_CASE("linear and matmul") {
   expect_gradients(ctx, {x, w, b},
                    [&](const auto& v) { return ag::linear(ctx, v[0], v[1], v[2]); });
   expect_gradients(ctx, {x, w}, [&](const auto& v) { return ag::linear(ctx, v[0], v[1]); });
+  // A frozen weight and bias: the input's gradient alone (the node keeps no copy of x then).
+  const Variable frozen_w(w.data()), frozen_b(b.data());
+  expect_gradients(ctx, {x},
+                   [&](const auto& v) { return ag::linear(ctx, v[0], frozen_w, frozen_b); });
   auto m = random_variable(ctx, {4, 6}, -1, 1);
   expect_gradients(ctx, {x, m}, [&](const auto& v) { return ag::matmul(ctx, v[0], v[1]); });
 }

@@ -14,8 +14,8 @@ struct LinearNode final : Node {
   Gradients apply(Context& ctx, const Tensor& gy) override {
     Tensor g = contiguous(ctx, gy);
     Gradients grads(edges.size());
-    if (edges[0].valid()) {  // grad_x = g W
-      grads[0] = fn::new_like(ctx, g, x.shape(), x.dtype());
+    if (edges[0].valid()) {  // grad_x = g W ([N, in]; x itself is kept only for grad_W)
+      grads[0] = fn::new_like(ctx, g, {g.size(0), weight.size(1)}, weight.dtype());
       fn::gemm(ctx, g, false, weight, false, grads[0]);
     }
     if (edges[1].valid()) {  // grad_W = g^T x
