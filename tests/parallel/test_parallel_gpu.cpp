@@ -538,6 +538,7 @@ TEST_CASE(
   };
   const auto eager = run(false), deferred = run(true);
   REQUIRE(eager.size() == 2);
+  REQUIRE(deferred.size() == 2);
   CHECK(bitwise_equal(deferred[0], eager[0]));
   CHECK(bitwise_equal(deferred[1], eager[1]));
   sk::Context cpu;

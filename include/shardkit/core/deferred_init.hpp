@@ -65,14 +65,23 @@ inline void run_recipe(Context& ctx, const Tensor& t, const InitRecipe& recipe) 
 // Built without memory and not materialized since.
 inline bool is_deferred(const Tensor& t) { return detail::is_deferred(t); }
 
+// Whether fill_from_recipe can make `t`'s values without its storage: a deferred tensor that is
+// all of its storage (a view of part of one -- a slice, a transpose -- needs materialize()).
+inline bool fillable_from_recipe(const Tensor& t) {
+  return is_deferred(t) && detail::covers_storage(t);
+}
+
 // dst <- the values deferred tensor `src` would hold had it been built eagerly, in dst's dtype
 // (made in src's dtype first, then converted, as a copy of the eager tensor would be). `what`
-// names src in the error when it was never initialised.
+// names src in the errors.
 inline void fill_from_recipe(Context& ctx, const Tensor& dst, const Tensor& src,
                              std::string_view what) {
   detail::check_on_context(ctx, dst, "fill_from_recipe");
   check(dst.shape() == src.shape(), "fill_from_recipe of ", what, ": destination shape ",
         shape_text(dst.shape()), " differs from ", shape_text(src.shape()));
+  check<StateError>(fillable_from_recipe(src), "fill_from_recipe of ", what,
+                    ": not a deferred tensor that is all of its storage (a view of part of one "
+                    "takes materialize() and a copy)");
   const InitRecipe recipe = detail::recorded_recipe(src, what);
   const Tensor target =
       dst.dtype() == src.dtype() ? dst : empty_on(ctx, dst.device(), src.shape(), src.dtype());

@@ -50,11 +50,15 @@ inline constexpr const char* kDeferredReason =
     "shard), or nn::materialize(ctx, module) does; until then only whole-tensor sk::fill, "
     "sk::uniform_ and sk::normal_ (and nn::init's) are recorded";
 
+// Whether `t` is all of its storage, in row-major order (what a recipe describes).
+inline bool covers_storage(const Tensor& t) {
+  return t.offset() == 0 && t.is_contiguous() && t.nbytes() == t.storage()->bytes();
+}
+
 // A fill of a deferred tensor: recorded on its storage, which it must cover whole.
 inline void record_deferred_init(const Tensor& t, const InitRecipe& recipe, const char* op) {
-  check<StateError>(t.offset() == 0 && t.is_contiguous() && t.nbytes() == t.storage()->bytes(), op,
-                    " of part of a deferred tensor (", shape_text(t.shape()), " at element ",
-                    t.offset(),
+  check<StateError>(covers_storage(t), op, " of part of a deferred tensor (", shape_text(t.shape()),
+                    " at element ", t.offset(),
                     "): a parameter built under DeferredParameters records one fill of all of "
                     "it; initialise it whole, or build it outside the scope");
   t.storage()->record_init(recipe);

@@ -403,8 +403,16 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         }
       }
       p.parameters = shard_bytes;
+      std::int64_t frozen = 0;
       for (const auto& s : specs)
-        if (!s.trainable) p.parameters += shape_numel(s.shape) * detail::bytes_of(param);
+        if (!s.trainable) frozen += shape_numel(s.shape);
+      p.parameters += frozen * detail::bytes_of(param);
+      // Frozen parameters stay whole outside the units: in f32 from the build (or nn::materialize
+      // for a deferred one) until cast to a 16-bit compute dtype.
+      if (param != DType::f32) {
+        p.wrap_transient = std::max(p.wrap_transient, MemoryPlan::kWrapScalarBytes + 4 * frozen);
+        p.eager_build += 4 * frozen;
+      }
       p.optimizer_state = table.state_numel(rank) * state_bytes;
       detail::plan_offload(p, o, policy, table.state_numel(rank), shard_bytes);
       // Gathered at once: the root unit, and the unit in use with `prefetch` more ahead (every

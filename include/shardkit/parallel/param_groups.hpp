@@ -22,6 +22,10 @@ class ParamGroups {
   ParamGroups(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
               std::vector<ParamGroupSpec> groups, ResolvedPolicy policy)
       : policy_(std::move(policy)), host_(offload_context(ctx, policy_.offload)) {
+    check<StateError>(!ctx.defers_parameters(),
+                      "an engine (ShardedModule, DataParallel, FsdpEngine) built inside a "
+                      "DeferredParameters scope: its flat buffers need memory; end the scope "
+                      "after building the model, before wrapping it");
     check(!groups.empty(), "no parameter group to train; give at least one");
     Context* shard_home = policy_.offload.params ? host_.get() : nullptr;
     if (policy_.coalesce_bytes > 0)

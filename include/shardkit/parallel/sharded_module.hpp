@@ -71,9 +71,6 @@ class ShardedModule {
                 const ParallelOptions& options)
       : ctx_(&ctx), world_(&world), module_(checked_module(std::move(module))) {
     const ResolvedPolicy policy = resolve(options);
-    check<StateError>(!ctx.defers_parameters(),
-                      "ShardedModule built inside a DeferredParameters scope: its own buffers "
-                      "need memory; end the scope after building the model, before wrapping it");
     nn::check_deferred_initialised(*module_);  // (before any collective)
     ModuleGroups groups = module_groups(ctx, world, *module_, policy);
     engine_ = std::make_unique<Engine>(ctx, mesh != nullptr ? mesh->shard() : world,
@@ -81,13 +78,13 @@ class ShardedModule {
                                        std::move(groups.groups), std::move(optimizer), policy);
     // Rank 0's f32 values become the engine's (exact masters under mixed precision); then every
     // parameter a view of its group's buffer (the compute copy). A deferred parameter's values
-    // are made there, unit by unit (core/deferred_init.hpp): never whole beside the shards.
+    // are made there, unit by unit (core/deferred_init.hpp): never whole beside the shards --
+    // unless it is a view of part of a deferred tensor, which is made whole first.
     engine_->set_full_params([&](std::size_t i, const Tensor& view) {
       const Tensor& value = groups.params[i].data();
-      if (is_deferred(value))
-        fill_from_recipe(ctx, view, value, "a parameter");
-      else
-        copy(ctx, view, value);
+      if (fillable_from_recipe(value)) return fill_from_recipe(ctx, view, value, "a parameter");
+      materialize(ctx, value, "a parameter");
+      copy(ctx, view, value);
     });
     binding_ = std::make_unique<ModuleBinding>(
         ctx, *engine_, std::move(groups.params), [this](std::size_t i) { hooks_->after_ready(i); },
