@@ -107,14 +107,8 @@ Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool
       ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
       model.step(0.05f);
     }
-    std::vector<float> values;
-    if (stage == Stage::fsdp) {
-      auto full = model.full_params();  // (collective)
-      values = module_values(ctx, *net);
-    } else {
-      values = module_values(ctx, *net);
-    }
-    if (comm.rank() == 0) out.values = std::move(values);
+    auto full = model.full_params();  // (collective: fsdp gathers every unit)
+    if (comm.rank() == 0) out.values = module_values(ctx, *net);
   });
   return out;
 }
@@ -255,14 +249,8 @@ TEST_CASE("deferred parameters: a view of part of a deferred tensor is made whol
         options.stage = stage;
         sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
                                           options);
-        std::vector<float> v;
-        if (stage == Stage::fsdp) {
-          auto full = model.full_params();  // (collective)
-          v = module_values(ctx, *net);
-        } else {
-          v = module_values(ctx, *net);
-        }
-        if (comm.rank() == 0) values[deferred] = std::move(v);
+        auto full = model.full_params();  // (collective: fsdp gathers every unit)
+        if (comm.rank() == 0) values[deferred] = module_values(ctx, *net);
       });
     CHECK(values[0].size() == 18);
     CHECK_MESSAGE(dp_test::bitwise_equal(values[1], values[0]), sk::parallel::stage_name(stage));
