@@ -62,9 +62,6 @@ inline void run_recipe(Context& ctx, const Tensor& t, const InitRecipe& recipe) 
 
 }  // namespace detail
 
-// Built without memory and not materialized since.
-inline bool is_deferred(const Tensor& t) { return detail::is_deferred(t); }
-
 // Whether fill_from_recipe can make `t`'s values without its storage: a deferred tensor that is
 // all of its storage (a view of part of one -- a slice, a transpose -- needs materialize()).
 inline bool fillable_from_recipe(const Tensor& t) {
@@ -95,7 +92,7 @@ inline void materialize(Context& ctx, const Tensor& t, std::string_view what) {
   if (!is_deferred(t)) return;
   detail::check_on_context(ctx, t, "materialize");
   const InitRecipe recipe = detail::recorded_recipe(t, what);
-  t.storage()->materialize();
+  t.storage()->materialize();  // (which drops the recipe)
   // The recipe covers the whole storage in row-major order: run it over a flat view of it.
   const auto elements = static_cast<std::int64_t>(t.storage()->bytes() / t.element_size());
   detail::run_recipe(ctx, Tensor(t.storage(), {elements}, t.dtype()), recipe);

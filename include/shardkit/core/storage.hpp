@@ -36,7 +36,6 @@ class Storage {
         device_(allocator_->device()),
         category_(category),
         released_(true),
-        deferred_(true),
         release_reason_(std::move(reason)),
         init_recipe_(std::make_unique<InitRecipe>()) {}
 
@@ -74,13 +73,13 @@ class Storage {
     if (!released_) return;
     data_ = allocator_->allocate(bytes_, category_);
     released_ = false;
-    deferred_ = false;
     release_reason_.clear();
+    init_recipe_.reset();  // (no longer deferred: the caller has read the recipe)
   }
   bool released() const { return released_; }
   // Built without memory and not materialized since (the recipe may still be unrecorded).
-  bool deferred() const { return deferred_; }
-  // (Storages that were never deferred have none: an empty recipe.)
+  bool deferred() const { return init_recipe_ != nullptr; }
+  // (Other storages have none: an empty recipe.)
   InitRecipe init_recipe() const { return init_recipe_ ? *init_recipe_ : InitRecipe{}; }
   void record_init(const InitRecipe& recipe) {
     check<StateError>(init_recipe_ != nullptr,
@@ -102,10 +101,9 @@ class Storage {
   Device device_;
   MemoryCategory category_;
   bool released_ = false;
-  bool deferred_ = false;
   std::string release_reason_;
-  // Deferred storages only (the others stay small: every op makes one): how the whole of it was
-  // initialised.
+  // Deferred storages only, until materialize() (the others stay small: every op makes one):
+  // how the whole of it was initialised.
   std::unique_ptr<InitRecipe> init_recipe_;
 };
 

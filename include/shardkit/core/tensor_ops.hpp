@@ -64,9 +64,10 @@ inline void record_deferred_init(const Tensor& t, const InitRecipe& recipe, cons
   t.storage()->record_init(recipe);
 }
 
-inline bool is_deferred(const Tensor& t) { return t.defined() && t.storage()->deferred(); }
-
 }  // namespace detail
+
+// Built under DeferredParameters without memory and not materialized since (deferred_init.hpp).
+inline bool is_deferred(const Tensor& t) { return t.defined() && t.storage()->deferred(); }
 
 // Uninitialised tensor on `device` (default: the context's), counted under `category`. A
 // parameter's under DeferredParameters gets no memory (deferred_init.hpp).
@@ -90,7 +91,7 @@ inline Tensor empty_on(Context& ctx, Device device, Shape shape, DType dtype,
 
 inline void fill(Context& ctx, const Tensor& t, double value) {
   detail::check_on_context(ctx, t, "fill");
-  if (detail::is_deferred(t)) [[unlikely]]
+  if (is_deferred(t)) [[unlikely]]
     return detail::record_deferred_init(t, InitRecipe::constant_fill(value), "fill");
   detail::tensor_kernels_for(ctx, t).fill(ctx, t, value);
 }

@@ -24,9 +24,9 @@ inline void check_deferred_initialised(const Module& module) {
 inline void materialize(Context& ctx, const Module& module) {
   check_deferred_initialised(module);
   for (const auto& [name, p] : module.named_parameters())
-    shardkit::materialize(ctx, p.data(), "parameter '" + name + "'");
+    if (is_deferred(p.data())) shardkit::materialize(ctx, p.data(), "parameter '" + name + "'");
   for (const auto& [name, b] : module.named_buffers())
-    shardkit::materialize(ctx, b, "buffer '" + name + "'");
+    if (is_deferred(b)) shardkit::materialize(ctx, b, "buffer '" + name + "'");
 }
 
 }  // namespace shardkit::nn
