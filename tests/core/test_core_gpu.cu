@@ -41,6 +41,27 @@ TEST_CASE("Philox fills on the GPU equal the CPU's bit for bit, uniform and norm
   }
 }
 
+// A range of a fill made alone (a rank's shard of a deferred parameter): the GPU's per-element
+// kernel reads from_element's skip through value_at; the CPU's does its head element by element.
+TEST_CASE("a fill's range made alone on the GPU equals the CPU whole fill's elements") {
+  for (const auto kind : {sk::RandomKind::uniform, sk::RandomKind::normal}) {
+    sk::Context cpu({.seed = 3});
+    auto gpu = sk::make_cuda_context(0, 0, 3);
+    const sk::RandomSpec spec{kind, -0.5, 1.5, 99, 777};
+    auto whole = sk::empty(cpu, {10007}, sk::DType::f32);
+    sk::detail::tensor_kernels_for(cpu, whole).random(cpu, whole, spec);
+    const auto expected = sk::to_vector<float>(cpu, whole);
+    for (const std::int64_t first : {0, 1, 3, 4097}) {
+      CAPTURE(first);
+      auto part = sk::empty(*gpu, {5003}, sk::DType::f32);
+      sk::detail::tensor_kernels_for(*gpu, part)
+          .random(*gpu, part, spec.from_element(static_cast<std::uint64_t>(first)));
+      const auto got = sk::to_vector<float>(*gpu, part);
+      CHECK(std::memcmp(got.data(), expected.data() + first, got.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
 TEST_CASE("add_ on the GPU equals the CPU path bit for bit (strided, converting)") {
   sk::Context cpu({.seed = 5});
   auto gpu = sk::make_cuda_context(0);

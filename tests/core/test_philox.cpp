@@ -2,6 +2,7 @@
 // dtype, Box-Muller's own log and cos against long double, and the distributions' moments.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -202,6 +203,40 @@ TEST_CASE("contiguous and strided fills agree, for both kinds, on several thread
     const double radius = std::sqrt(-2.0 * sk::detail::log_of_positive(sk::word_to_unit(first)));
     const double cosine = sk::detail::cos_two_pi(sk::word_to_unit(second));
     CHECK(normal.value_at(i) == std::fma(3.0, radius * cosine, 0.5));
+  }
+}
+
+// A range of a fill, made alone (a rank's shard of a deferred parameter, core/deferred_init.hpp):
+// from_element(first) starts inside a block as well as at its start, and the contiguous path
+// (head element by element, then whole blocks on the threads) equals the whole fill's slice.
+TEST_CASE("a fill's range made alone equals the whole fill's elements, from any element") {
+  const std::int64_t n = 70001;
+  for (const sk::RandomKind kind : {sk::RandomKind::uniform, sk::RandomKind::normal}) {
+    for (const int threads : {1, 3}) {
+      CAPTURE(threads);
+      sk::Context ctx({.seed = 4, .cpu_threads = threads});
+      const sk::RandomSpec spec{kind, -0.5, 1.5, 123, 4096};
+      auto whole = sk::empty(ctx, {n}, sk::DType::f32);
+      sk::detail::tensor_kernels_for(ctx, whole).random(ctx, whole, spec);
+      const auto expected = sk::to_vector<float>(ctx, whole);
+      for (const std::int64_t first : {0, 1, 2, 3, 5, 4097, 30001}) {
+        for (const std::int64_t count : {1, 2, 3, 7, 33333}) {
+          if (first + count > n) continue;
+          CAPTURE(first);
+          CAPTURE(count);
+          auto part = sk::empty(ctx, {count}, sk::DType::f32);
+          sk::detail::tensor_kernels_for(ctx, part).random(
+              ctx, part, spec.from_element(static_cast<std::uint64_t>(first)));
+          const auto got = sk::to_vector<float>(ctx, part);
+          CHECK(std::equal(got.begin(), got.end(), expected.begin() + first));
+          // twice: from_element composes (a range of a range)
+          const sk::RandomSpec twice =
+              spec.from_element(static_cast<std::uint64_t>(first / 2))
+                  .from_element(static_cast<std::uint64_t>(first - first / 2));
+          CHECK(twice.value_at(0) == spec.value_at(static_cast<std::uint64_t>(first)));
+        }
+      }
+    }
   }
 }
 

@@ -255,11 +255,19 @@ inline void random_on_host(Context& ctx, const Tensor& t, const RandomSpec& spec
                          });
         return;
       }
+      auto count = static_cast<std::uint64_t>(t.numel());
+      const std::uint64_t per_block = spec.elements_per_block();
+      RandomSpec whole = spec;
+      if (whole.skip != 0) {  // (a range from inside a block) its first elements one by one
+        const std::uint64_t head = std::min(count, per_block - whole.skip);
+        for (std::uint64_t j = 0; j < head; ++j) data[j] = convert_value<T>(whole.value_at(j));
+        whole = whole.from_element(head);
+        data += head;
+        count -= head;
+      }
       // Each block drawn once for the elements it gives, tasks of whole batches of blocks on
       // the rank's threads: element i gets value_at(i) whatever the thread count.
-      const auto count = static_cast<std::uint64_t>(t.numel());
-      const std::uint64_t per_block = spec.elements_per_block();
-      const std::uint64_t blocks = spec.blocks_for(count);
+      const std::uint64_t blocks = whole.blocks_for(count);
       static_assert(kElementsPerTask % (4 * kPhiloxBatch) == 0, "tasks of whole batches");
       for_each_chunk(
           ctx.cpu_pool(), static_cast<std::int64_t>(blocks),
@@ -267,17 +275,17 @@ inline void random_on_host(Context& ctx, const Tensor& t, const RandomSpec& spec
           [&](std::int64_t first, std::int64_t last) {
             // (A copy the stores cannot alias, so g++ keeps a and b in registers and
             // vectorises the element loops below.)
-            const RandomSpec rule = spec;
+            const RandomSpec rule = whole;
             std::uint32_t words[4 * kPhiloxBatch];
             for (auto k = static_cast<std::uint64_t>(first); k < static_cast<std::uint64_t>(last);
                  k += kPhiloxBatch) {
-              philox_batch(spec.seed, spec.counter_base + k, words);  // (past `last`: unused)
+              philox_batch(whole.seed, whole.counter_base + k, words);  // (past `last`: unused)
               const std::uint64_t begin = k * per_block;
               const std::uint64_t end =
                   std::min({count, static_cast<std::uint64_t>(last) * per_block,
                             (k + kPhiloxBatch) * per_block});
               T* out = data + begin;
-              if (spec.kind == RandomKind::uniform) {  // word j is element begin + j
+              if (whole.kind == RandomKind::uniform) {  // word j is element begin + j
                 for (std::uint64_t j = 0; j < end - begin; ++j)
                   out[j] = convert_value<T>(rule.uniform_value(words[j]));
               } else {  // words 2j, 2j + 1 are element begin + j's

@@ -52,12 +52,13 @@ inline InitRecipe recorded_recipe(const Tensor& deferred, std::string_view what)
   return recipe;
 }
 
-// `t` <- the recipe's elements 0, 1, ... in row-major order, in t's dtype.
-inline void run_recipe(Context& ctx, const Tensor& t, const InitRecipe& recipe) {
+// `t` <- the recipe's elements first, first + 1, ... (row-major order), in t's dtype.
+inline void run_recipe(Context& ctx, const Tensor& t, const InitRecipe& recipe,
+                       std::uint64_t first = 0) {
   if (recipe.kind == InitRecipe::Kind::constant)
     fill(ctx, t, recipe.value);
   else
-    tensor_kernels_for(ctx, t).random(ctx, t, recipe.random);
+    tensor_kernels_for(ctx, t).random(ctx, t, recipe.random.from_element(first));
 }
 
 }  // namespace detail
@@ -68,9 +69,22 @@ inline bool fillable_from_recipe(const Tensor& t) {
   return is_deferred(t) && detail::covers_storage(t);
 }
 
-// dst <- the values deferred tensor `src` would hold had it been built eagerly, in dst's dtype
-// (made in src's dtype first, then converted, as a copy of the eager tensor would be). `what`
-// names src in the errors.
+// dst <- elements [first, first + dst.numel()) in row-major order of the tensor of `dtype` that
+// `recipe` initialised, in dst's dtype (made in `dtype` first, then converted, as a copy of the
+// eager tensor would be). Made without the rest of the tensor: a rank makes the range it keeps.
+inline void make_from_recipe(Context& ctx, const Tensor& dst, const InitRecipe& recipe, DType dtype,
+                             std::int64_t first = 0) {
+  detail::check_on_context(ctx, dst, "make_from_recipe");
+  check(recipe.recorded(), "make_from_recipe: the recipe records no fill");
+  check(first >= 0, "make_from_recipe: first element ", first, " is negative");
+  const Tensor target =
+      dst.dtype() == dtype ? dst : empty_on(ctx, dst.device(), dst.shape(), dtype);
+  detail::run_recipe(ctx, target, recipe, static_cast<std::uint64_t>(first));
+  if (!target.shares_storage(dst)) copy(ctx, dst, target);
+}
+
+// dst <- the values deferred tensor `src` would hold had it been built eagerly, in dst's dtype.
+// `what` names src in the errors.
 inline void fill_from_recipe(Context& ctx, const Tensor& dst, const Tensor& src,
                              std::string_view what) {
   detail::check_on_context(ctx, dst, "fill_from_recipe");
@@ -79,11 +93,7 @@ inline void fill_from_recipe(Context& ctx, const Tensor& dst, const Tensor& src,
   check<StateError>(fillable_from_recipe(src), "fill_from_recipe of ", what,
                     ": not a deferred tensor that is all of its storage (a view of part of one "
                     "takes materialize() and a copy)");
-  const InitRecipe recipe = detail::recorded_recipe(src, what);
-  const Tensor target =
-      dst.dtype() == src.dtype() ? dst : empty_on(ctx, dst.device(), src.shape(), src.dtype());
-  detail::run_recipe(ctx, target, recipe);
-  if (!target.shares_storage(dst)) copy(ctx, dst, target);
+  make_from_recipe(ctx, dst, detail::recorded_recipe(src, what), src.dtype());
 }
 
 // Gives a deferred tensor its memory (counted now) and its recorded values; every view of its

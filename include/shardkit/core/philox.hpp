@@ -58,13 +58,15 @@ SK_HOST_DEVICE SK_INLINE double word_to_unit(std::uint32_t word) {
 enum class RandomKind : std::uint8_t { uniform, normal };
 
 // What a random fill draws: uniform on [a, b) or normal with mean a and standard deviation b,
-// from the stream `seed`, starting at 128-bit block `counter_base`.
+// from the stream `seed`, starting at 128-bit block `counter_base` (after its first `skip`
+// elements: a fill of the part of a larger one from an element inside a block, from_element).
 struct RandomSpec {
   RandomKind kind = RandomKind::uniform;
   double a = 0.0;
   double b = 1.0;
   std::uint64_t seed = 0;
   std::uint64_t counter_base = 0;
+  std::uint64_t skip = 0;  // below elements_per_block()
 
   // Elements one 128-bit block gives: 4 uniforms or 2 normals.
   SK_HOST_DEVICE std::uint64_t elements_per_block() const {
@@ -81,8 +83,19 @@ struct RandomSpec {
   // box_muller.hpp's log and cos. Either way CPU and GPU agree bit for bit.
   SK_HOST_DEVICE double value_at(std::uint64_t index) const {
     const std::uint64_t per_block = elements_per_block();
+    index += skip;
     return value_in_block(philox_block(seed, counter_base + index / per_block),
                           static_cast<unsigned>(index % per_block));
+  }
+
+  // The same fill from its element `first` on: element i of the result is element first + i of
+  // this one, so a range of a tensor is made without the rest (core/deferred_init.hpp).
+  SK_HOST_DEVICE RandomSpec from_element(std::uint64_t first) const {
+    const std::uint64_t per_block = elements_per_block();
+    RandomSpec rest = *this;
+    rest.counter_base += (skip + first) / per_block;
+    rest.skip = (skip + first) % per_block;
+    return rest;
   }
 
   // Element `position` (below elements_per_block()) of the elements `block` gives: a loop over
