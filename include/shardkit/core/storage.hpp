@@ -27,17 +27,25 @@ class Storage {
         device_(allocator_->device()),
         category_(category) {}
 
-  // Sized and counted nowhere until materialize(): data() throws `reason` before that.
-  struct Deferred {};
-  Storage(Deferred, std::shared_ptr<Allocator> allocator, std::size_t bytes,
+  // Sized and counted nowhere until materialize(): data() throws `reason` before that (as if
+  // allocated and released: FSDP's buffer of a unit, whole only while gathered).
+  struct Released {};
+  Storage(Released, std::shared_ptr<Allocator> allocator, std::size_t bytes,
           MemoryCategory category, std::string reason)
       : allocator_(std::move(allocator)),
         bytes_(bytes),
         device_(allocator_->device()),
         category_(category),
         released_(true),
-        release_reason_(std::move(reason)),
-        init_recipe_(std::make_unique<InitRecipe>()) {}
+        release_reason_(std::move(reason)) {}
+
+  // The same for a parameter built under DeferredParameters, which records its InitRecipe.
+  struct Deferred {};
+  Storage(Deferred, std::shared_ptr<Allocator> allocator, std::size_t bytes,
+          MemoryCategory category, std::string reason)
+      : Storage(Released{}, std::move(allocator), bytes, category, std::move(reason)) {
+    init_recipe_ = std::make_unique<InitRecipe>();
+  }
 
   // Wraps memory the caller owns (e.g. buffers of an existing training loop); never freed here
   // and not counted: the caller's allocator counted it already.
@@ -62,7 +70,10 @@ class Storage {
     check<StateError>(owns_memory(),
                       "release() of borrowed memory: only owned storage can be "
                       "freed early");
-    if (released_) return;
+    if (released_) {  // (the latest reason holds: an owner naming itself after a generic one)
+      release_reason_ = std::move(reason);
+      return;
+    }
     allocator_->deallocate(data_, bytes_, category_);
     data_ = nullptr;
     released_ = true;

@@ -3,6 +3,7 @@
 // sit at the same offset of their buffers.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "shardkit/core/tensor_ops.hpp"
@@ -20,9 +21,21 @@ class FlatBuffer {
   FlatBuffer(Context& ctx, const shard::ParamLayout& layout, DType dtype, MemoryCategory category)
       : layout_(&layout), flat_(empty(ctx, {layout.padded_numel()}, dtype, category)) {
     fill(ctx, flat_, 0.0);
-    views_.reserve(layout.size());
-    for (const auto& slot : layout.slots())
-      views_.push_back(flat_.flat_view(slot.offset, slot.shape));
+    make_views();
+  }
+
+  // The same buffer without memory yet, as if released with `reason` (core/storage.hpp): a
+  // buffer whole only between its storage's materialize() and release() (fsdp's units), whose
+  // contents are written whole each time it is made whole.
+  FlatBuffer(Context& ctx, const shard::ParamLayout& layout, DType dtype, MemoryCategory category,
+             std::string reason)
+      : layout_(&layout),
+        flat_(make_pooled<Storage>(
+                  Storage::Released{}, ctx.allocator_ptr(),
+                  static_cast<std::size_t>(layout.padded_numel()) * dtype_size(dtype), category,
+                  std::move(reason)),
+              Shape{layout.padded_numel()}, dtype) {
+    make_views();
   }
 
   bool defined() const { return flat_.defined(); }
@@ -37,6 +50,12 @@ class FlatBuffer {
   Tensor range(std::int64_t begin, std::int64_t end) const { return flat_.slice(0, begin, end); }
 
  private:
+  void make_views() {
+    views_.reserve(layout_->size());
+    for (const auto& slot : layout_->slots())
+      views_.push_back(flat_.flat_view(slot.offset, slot.shape));
+  }
+
   const shard::ParamLayout* layout_ = nullptr;  // the layout outlives its buffers
   Tensor flat_;
   std::vector<Tensor> views_;

@@ -41,9 +41,10 @@ class FlatParam {
         replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
         residency_(residency),
         plan_(specs, comm.size(), checked_partition(partition, residency)),
-        params_(ctx, plan_.layout(), dtype,
-                residency == Residency::replicated ? MemoryCategory::parameters
-                                                   : MemoryCategory::communication) {
+        params_(residency == Residency::replicated
+                    ? FlatBuffer(ctx, plan_.layout(), dtype, MemoryCategory::parameters)
+                    : FlatBuffer(ctx, plan_.layout(), dtype, MemoryCategory::communication,
+                                 "the whole buffer of a sharded flat parameter is not gathered")) {
     check(shard_home == nullptr || residency == Residency::sharded,
           "FlatParam: a shard home is for sharded residency (fsdp)");
     if (residency == Residency::sharded)
