@@ -62,9 +62,14 @@ struct Outcome {
   // What the module holds that no plan column counts: its buffers and small tensors of its own
   // (batch-norm's increment).
   std::int64_t module_other_bytes = 0;
+  std::uint64_t wrap_bus_bytes = 0;  // rank 0: what the wrap sent (the communicator's counters)
+  std::int64_t buffer_bytes = 0;     // the module's buffers (broadcast at the wrap either way)
 };
 
-Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool fc_frozen) {
+// `hybrid_group` > 0: hybrid sharding in groups of that size; `offload`: the optimizer and
+// (fsdp) the parameter shards on the host.
+Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool fc_frozen,
+              int hybrid_group = 0, bool offload = false) {
   Outcome out;
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     // Ranks build different models: rank 0's values are everyone's, deferred or not.
@@ -84,15 +89,31 @@ Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool
     options.buckets.bucket_bytes = 4096;
     options.precision.param_dtype = param_dtype;
     if (stage == Stage::fsdp) options.fsdp = unit_per_block();
+    options.offload.optimizer = offload;
+    options.offload.params = offload && stage == Stage::fsdp;
     sk::parallel::PlannedRun planned;
     planned.parallel = options;
     planned.world_size = world;
     planned.optimizer = dp_test::config_for(OptimizerKind::sgd);
     if (comm.rank() == 0) out.plan = sk::parallel::plan_module_memory(*net, planned);
-    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
-                                      options);
+    comm.reset_stats();
+    std::optional<sk::comm::HybridMesh> mesh;
+    if (hybrid_group > 0) {
+      mesh.emplace(comm, hybrid_group);
+      planned.group_size = hybrid_group;
+      if (comm.rank() == 0) out.plan = sk::parallel::plan_module_memory(*net, planned);
+    }
+    sk::parallel::ShardedModule model =
+        mesh ? sk::parallel::ShardedModule(ctx, *mesh, net, dp_test::config_for(OptimizerKind::sgd),
+                                           options)
+             : sk::parallel::ShardedModule(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                           options);
     const auto wrapped = ctx.memory_stats().snapshot();
     if (comm.rank() == 0) {
+      out.wrap_bus_bytes = comm.stats().total_bus_bytes();
+      for (const auto& [name, b] : net->named_buffers())
+        out.buffer_bytes +=
+            static_cast<std::int64_t>(b.numel()) * (sk::is_floating(b.dtype()) ? 4 : 8);
       out.wrap_peak = wrapped.peak_total;
       out.module_other_bytes = other;
       out.wrap_peak_over_steady = wrapped.peak_total - wrapped.current_total;
@@ -168,14 +189,22 @@ TEST_CASE(
     Stage stage;
     sk::DType param_dtype;
     int world;
+    int hybrid_group = 0;
+    bool offload = false;
   };
-  for (const Case c : {Case{Stage::ddp, sk::DType::f32, 2}, Case{Stage::oss, sk::DType::f32, 3},
-                       Case{Stage::sdp, sk::DType::f32, 2}, Case{Stage::fsdp, sk::DType::f32, 3},
-                       Case{Stage::fsdp, sk::DType::bf16, 2}}) {
+  for (const Case c :
+       {Case{Stage::ddp, sk::DType::f32, 2}, Case{Stage::oss, sk::DType::f32, 3},
+        Case{Stage::sdp, sk::DType::f32, 2}, Case{Stage::fsdp, sk::DType::f32, 3},
+        Case{Stage::fsdp, sk::DType::bf16, 2}, Case{Stage::fsdp, sk::DType::f32, 4, 2},
+        Case{Stage::sdp, sk::DType::bf16, 4, 2}, Case{Stage::fsdp, sk::DType::bf16, 2, 0, true}}) {
     const auto what = std::string(sk::parallel::stage_name(c.stage)) + " " +
-                      std::string(sk::dtype_name(c.param_dtype)) + " N=" + std::to_string(c.world);
-    const dt::Outcome eager = dt::train(c.stage, false, c.param_dtype, c.world, true);
-    const dt::Outcome deferred = dt::train(c.stage, true, c.param_dtype, c.world, true);
+                      std::string(sk::dtype_name(c.param_dtype)) + " N=" + std::to_string(c.world) +
+                      " hybrid groups of " + std::to_string(c.hybrid_group) +
+                      (c.offload ? " offloaded" : "");
+    const dt::Outcome eager =
+        dt::train(c.stage, false, c.param_dtype, c.world, true, c.hybrid_group, c.offload);
+    const dt::Outcome deferred =
+        dt::train(c.stage, true, c.param_dtype, c.world, true, c.hybrid_group, c.offload);
     CHECK_MESSAGE(!eager.values.empty(), what);
     CHECK_MESSAGE(dp_test::bitwise_equal(deferred.values, eager.values), what);
     // The planner bounds the wrap's peak (an f32 staging copy and the frozen fc's f32 values
@@ -184,29 +213,44 @@ TEST_CASE(
                   what);
     CHECK_MESSAGE(eager.wrap_peak <= eager.plan.wrap_peak(false) + eager.module_other_bytes, what);
     CHECK_MESSAGE(deferred.wrap_peak < eager.wrap_peak, what);
+    // No parameter value travels (the world's counters; hybrid's groups have their own).
+    if (c.hybrid_group == 0)
+      CHECK_MESSAGE(deferred.wrap_bus_bytes * 4 < eager.wrap_bus_bytes, what);
   }
 }
 
-TEST_CASE("deferred parameters: an fsdp wrap holds one unit's whole parameters, not the model") {
+TEST_CASE("deferred parameters: an fsdp wrap makes each rank's shards only, and sends no values") {
   const int world = 4;
   const dt::Outcome eager = dt::train(Stage::fsdp, false, sk::DType::f32, world, false);
   const dt::Outcome deferred = dt::train(Stage::fsdp, true, sk::DType::f32, world, false);
   sk::Context ctx;
-  const auto model_bytes = dt::resnet(ctx, 1, false)->parameter_count() * 4;
-  // Eager: the module's own parameters, whole, beside the shards until they are bound.
-  CHECK(eager.wrap_peak_over_steady >= model_bytes - model_bytes / world);
-  // Deferred: the wrap's only transient is the unit it is filling.
-  CHECK(deferred.wrap_peak_over_steady <= deferred.largest_unit_bytes);
-  CHECK(deferred.largest_unit_bytes < model_bytes / 2);
-  // The planner's wrap figures bound both (parallel/memory_plan.hpp), and are the eager one's.
+  const auto net = dt::resnet(ctx, 1, false);
+  const auto model_bytes = net->parameter_count() * 4;
+  const auto params = static_cast<std::int64_t>(net->named_parameters().size());
+  // Eager: the module's own parameters, whole, beside the shards until they are bound, and the
+  // unit being filled whole; every unit's values broadcast from rank 0.
+  CHECK(eager.wrap_peak_over_steady >= model_bytes + eager.largest_unit_bytes);
+  CHECK(eager.wrap_bus_bytes >= static_cast<std::uint64_t>(model_bytes));
+  // Deferred: every rank makes rank 0's values of its own range from rank 0's recipes (one
+  // broadcast of kRecipeBytes a parameter); no unit is ever whole, no parameter value travels:
+  // what is sent is the recipes and the buffers (and the wrap's checks' few scalars).
+  CHECK(deferred.wrap_peak_over_steady <= sk::parallel::MemoryPlan::kWrapScalarBytes +
+                                              sk::parallel::MemoryPlan::kRecipeBytes * params);
+  CHECK(deferred.wrap_peak_over_steady < deferred.largest_unit_bytes / 4);
+  CHECK(deferred.wrap_bus_bytes <=
+        static_cast<std::uint64_t>(sk::parallel::MemoryPlan::kRecipeBytes * params +
+                                   deferred.buffer_bytes + 4096));
+  // The planner's wrap figures bound both (parallel/memory_plan.hpp).
   CHECK(eager.plan.eager_build == model_bytes);
   CHECK(eager.plan.wrap_transient ==
         deferred.largest_unit_bytes + sk::parallel::MemoryPlan::kWrapScalarBytes);
-  CHECK(eager.wrap_peak_over_steady >= model_bytes + eager.largest_unit_bytes);
   CHECK(eager.wrap_peak_over_steady <= eager.plan.wrap_transient + eager.plan.eager_build);
-  CHECK(deferred.wrap_peak_over_steady <= deferred.plan.wrap_transient);
-  MESSAGE("fsdp wrap transient, N=4: eager ", eager.wrap_peak_over_steady, " B, deferred ",
-          deferred.wrap_peak_over_steady, " B; model ", model_bytes, " B, largest unit ",
+  CHECK(deferred.wrap_peak_over_steady <= deferred.plan.deferred_transient);
+  CHECK(deferred.plan.deferred_transient == sk::parallel::MemoryPlan::kWrapScalarBytes +
+                                                sk::parallel::MemoryPlan::kRecipeBytes * params);
+  MESSAGE("fsdp wrap, N=4: transient eager ", eager.wrap_peak_over_steady, " B, deferred ",
+          deferred.wrap_peak_over_steady, " B; sent eager ", eager.wrap_bus_bytes, " B, deferred ",
+          deferred.wrap_bus_bytes, " B; model ", model_bytes, " B, largest unit ",
           deferred.largest_unit_bytes, " B");
 }
 

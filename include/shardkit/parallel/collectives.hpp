@@ -10,6 +10,7 @@
 //                      the ranks agree on what they hold before any traffic pairs up wrongly
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -237,6 +238,38 @@ void set_from_f32(FlatParam& flat, Fill&& fill, Master&& master,
     master(k, wide.slice(0, pieces[k].flat_begin, pieces[k].flat_begin + pieces[k].numel()));
   if (low) copy(ctx, buffer, wide);
   if (flat.sharded()) flat.copy_range_to_shard();
+}
+
+// Sets the values this rank keeps -- its range of the plan under sharded residency (fsdp), else
+// the whole buffer -- from values every rank can make itself (rank root's recipes,
+// root_recipes.hpp), with no collective: fill_range(i, first, view) writes elements
+// [first, first + view.numel()) of parameter i into an f32 view. Otherwise as set_from_f32:
+// padding zero, master(k, values) for each updated piece, the buffer's dtype rounded. Under
+// fsdp the whole buffer is never materialised: the wrap holds the shard (and its f32 staging
+// when the shard is not f32 on this device), nothing more.
+template <class FillRange, class Master>
+void set_kept_from_f32(FlatParam& flat, FillRange&& fill_range, Master&& master,
+                       const std::vector<shard::ParamPiece>& pieces) {
+  Context& ctx = flat.context();
+  const auto& plan = flat.plan();
+  const int rank = flat.communicator().rank();
+  const Tensor& kept = flat.sharded() ? flat.shard() : flat.params().flat();
+  const std::int64_t lo = flat.sharded() ? plan.begin(rank) : 0;
+  const std::int64_t hi = lo + kept.numel();
+  const bool direct = kept.dtype() == DType::f32 && kept.device() == ctx.device();
+  const Tensor wide =
+      direct ? kept : empty(ctx, {kept.numel()}, DType::f32, MemoryCategory::communication);
+  fill(ctx, wide, 0.0);  // the padding too: no undefined bytes anywhere
+  const auto& layout = plan.layout();
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const std::int64_t begin = std::max(lo, layout[i].offset);
+    const std::int64_t end = std::min(hi, layout[i].offset + layout[i].numel);
+    if (begin < end) fill_range(i, begin - layout[i].offset, wide.slice(0, begin - lo, end - lo));
+  }
+  for (std::size_t k = 0; k < pieces.size(); ++k)
+    master(k,
+           wide.slice(0, pieces[k].flat_begin - lo, pieces[k].flat_begin - lo + pieces[k].numel()));
+  if (!direct) copy(ctx, kept, wide);
 }
 
 }  // namespace shardkit::parallel

@@ -65,15 +65,40 @@ class Engine : public ParamGroups {
   // a time. Collective.
   template <class Fill>
   void set_full_params(Fill&& fill, int root = 0) {
+    set_params(
+        fill, [](std::size_t, std::int64_t, const Tensor&) {}, [](std::size_t) { return false; },
+        root);
+  }
+
+  // As set_full_params, except that a unit whose every parameter i is `makeable(i)` -- every
+  // rank can make rank root's values of it itself (its recipe, parallel/root_recipes.hpp) -- is
+  // made where it is kept: make(i, first, view) writes elements [first, first + view.numel())
+  // of parameter i into an f32 view, with no collective, and a sharded unit is never whole
+  // (set_kept_from_f32). `makeable` must answer alike on every rank.
+  template <class Fill, class Make, class Makeable>
+  void set_params(Fill&& fill, Make&& make, Makeable&& makeable, int root = 0) {
     shards_will_change();
     for (std::size_t u = 0; u < unit_count(); ++u) {
       ParamGroup& group = mutable_group(u);
+      const std::size_t first = first_param(u);
+      const std::size_t count = group.flat().plan().layout().size();
+      bool local = true;
+      for (std::size_t i = first; i < first + count; ++i) local = local && makeable(i);
+      auto master = [&](std::size_t k, const Tensor& values) {
+        if (optimizer_->separate_master()) optimizer_->set_master(first_piece_[u] + k, values);
+      };
+      if (local) {
+        set_kept_from_f32(
+            group.flat(),
+            [&](std::size_t i, std::int64_t from, const Tensor& view) {
+              make(first + i, from, view);
+            },
+            master, group.pieces());
+        continue;
+      }
       if (group.flat().sharded()) group.flat().materialize();
       set_from_f32(
-          group.flat(), [&](std::size_t i, const Tensor& view) { fill(first_param(u) + i, view); },
-          [&](std::size_t k, const Tensor& values) {
-            if (optimizer_->separate_master()) optimizer_->set_master(first_piece_[u] + k, values);
-          },
+          group.flat(), [&](std::size_t i, const Tensor& view) { fill(first + i, view); }, master,
           group.pieces(), root);
       group.release();
     }

@@ -122,16 +122,21 @@ struct MemoryPlan {
   std::int64_t host_gradients = 0;
   std::int64_t host_optimizer_state = 0;
   double host_transfer = 0;
-  // The wrap's transient above the model states (a bound): the group being filled and the
-  // wrap's checks' few scalars (kWrapScalarBytes), and for an eager build (not
-  // sk::DeferredParameters) the module's own f32 parameters besides.
+  // The wrap's transient above the model states (a bound), besides the wrap's checks' few
+  // scalars (kWrapScalarBytes) and, before the groups are filled, the table of rank 0's recipes
+  // (kRecipeBytes a parameter). An eager build: the group being filled whole and broadcast
+  // (wrap_transient), and the module's own f32 parameters (eager_build). A build under
+  // sk::DeferredParameters whose parameters all have recipes: what each rank makes of its own
+  // range (deferred_transient: its f32 staging where the kept values are not f32 on the device).
   static constexpr std::int64_t kWrapScalarBytes = 64;
+  static constexpr std::int64_t kRecipeBytes = 64;
   std::int64_t wrap_transient = kWrapScalarBytes;
+  std::int64_t deferred_transient = kWrapScalarBytes;
   std::int64_t eager_build = 0;
   // Device memory (the figures above are the device's).
   std::int64_t model_states() const { return parameters + gradients + optimizer_state; }
   std::int64_t wrap_peak(bool deferred) const {
-    return model_states() + wrap_transient + (deferred ? 0 : eager_build);
+    return model_states() + (deferred ? deferred_transient : wrap_transient + eager_build);
   }
   std::int64_t total() const { return model_states() + communication + gathered + activations; }
   std::int64_t host_total() const {
@@ -318,6 +323,9 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
   check(o.rank >= -1 && o.rank < group, "memory plan: rank ", o.rank,
         " is not a rank of the shard group of ", group, "; pass 0..", group - 1,
         " or -1 for the most loaded");
+  // The wrap's table of rank 0's recipes (parallel/root_recipes.hpp), sent either way.
+  const std::int64_t recipes = MemoryPlan::kWrapScalarBytes +
+                               MemoryPlan::kRecipeBytes * static_cast<std::int64_t>(specs.size());
   for (int rank = 0; rank < group; ++rank) {
     if (o.rank >= 0 && rank != o.rank) continue;
     MemoryPlan p;
@@ -329,6 +337,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       const auto table = shard::PieceTable::of_plan(plan, policy.every_rank_updates);
       p.parameters = plan.layout().padded_numel() * detail::bytes_of(param);
       if (param != DType::f32) p.wrap_transient += plan.layout().padded_numel() * 4;
+      p.wrap_transient = std::max(p.wrap_transient, recipes);
+      p.deferred_transient = p.wrap_transient;  // (the whole buffer either way)
       for (const auto& s : specs) p.eager_build += 4 * shape_numel(s.shape);
       p.gradients =
           (reduce_scatter ? buckets.owned_numel() : buckets.total_numel()) * detail::bytes_of(grad);
@@ -377,10 +387,17 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
           }
         }
         std::int64_t held = plan.layout().padded_numel() * detail::bytes_of(param);
-        p.wrap_transient = std::max(
-            p.wrap_transient, MemoryPlan::kWrapScalarBytes + held +
-                                  (param != DType::f32 ? plan.layout().padded_numel() * 4 : 0));
+        p.wrap_transient =
+            std::max({p.wrap_transient, recipes,
+                      MemoryPlan::kWrapScalarBytes + held +
+                          (param != DType::f32 ? plan.layout().padded_numel() * 4 : 0)});
         for (const auto& s : unit_specs) p.eager_build += 4 * shape_numel(s.shape);
+        // Deferred: the rank's range made in place, or in f32 staging for a 16-bit shard or one
+        // on the host (offload.params); before it, rank 0's recipes of the unit's parameters.
+        const bool staged = param != DType::f32 || policy.offload.params;
+        p.deferred_transient =
+            std::max({p.deferred_transient, recipes,
+                      MemoryPlan::kWrapScalarBytes + (staged ? 4 * plan.numel(rank) : 0)});
         if (policy.quantized_gather_block > 0) {  // qwZ: the wire's runs until they are unpacked
           for (const std::size_t bytes :
                quantized_run_bytes(plan, policy.quantized_gather_block,
@@ -411,6 +428,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       // for a deferred one) until cast to a 16-bit compute dtype.
       if (param != DType::f32) {
         p.wrap_transient = std::max(p.wrap_transient, MemoryPlan::kWrapScalarBytes + 4 * frozen);
+        p.deferred_transient =
+            std::max(p.deferred_transient, MemoryPlan::kWrapScalarBytes + 4 * frozen);
         p.eager_build += 4 * frozen;
       }
       p.optimizer_state = table.state_numel(rank) * state_bytes;

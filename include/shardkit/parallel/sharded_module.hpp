@@ -32,6 +32,7 @@
 #include "shardkit/parallel/engine.hpp"
 #include "shardkit/parallel/module_binding.hpp"
 #include "shardkit/parallel/module_groups.hpp"
+#include "shardkit/parallel/root_recipes.hpp"
 #include "shardkit/parallel/unit_hooks.hpp"
 
 namespace shardkit::parallel {
@@ -77,15 +78,26 @@ class ShardedModule {
                                        mesh != nullptr ? mesh->replicate() : nullptr,
                                        std::move(groups.groups), std::move(optimizer), policy);
     // Rank 0's f32 values become the engine's (exact masters under mixed precision); then every
-    // parameter a view of its group's buffer (the compute copy). A deferred parameter's values
-    // are made there, unit by unit (core/deferred_init.hpp): never whole beside the shards --
-    // unless it is a view of part of a deferred tensor, which is made whole first.
-    engine_->set_full_params([&](std::size_t i, const Tensor& view) {
-      const Tensor& value = groups.params[i].data();
-      if (fillable_from_recipe(value)) return fill_from_recipe(ctx, view, value, "a parameter");
-      materialize(ctx, value, "a parameter");
-      copy(ctx, view, value);
-    });
+    // parameter a view of its group's buffer (the compute copy). Where rank 0's parameters are
+    // deferred (core/deferred_init.hpp), every rank makes rank 0's values itself from its
+    // recipes (root_recipes.hpp), only the range it keeps: a unit is then never whole, and no
+    // values travel. A unit with another parameter (built eagerly, or a view of part of a
+    // deferred tensor, which is made whole first) is filled whole and broadcast.
+    std::vector<Tensor> values;
+    for (const auto& p : groups.params) values.push_back(p.data());
+    const auto recipes = root_recipes(ctx, world, values);
+    engine_->set_params(
+        [&](std::size_t i, const Tensor& view) {
+          if (fillable_from_recipe(values[i]))
+            return fill_from_recipe(ctx, view, values[i], "a parameter");
+          materialize(ctx, values[i], "a parameter");
+          copy(ctx, view, values[i]);
+        },
+        [&](std::size_t i, std::int64_t first, const Tensor& view) {
+          make_from_recipe(ctx, view, recipes[i]->recipe, recipes[i]->dtype, first);
+        },
+        [&](std::size_t i) { return recipes[i].has_value(); });
+    values.clear();
     binding_ = std::make_unique<ModuleBinding>(
         ctx, *engine_, std::move(groups.params), [this](std::size_t i) { hooks_->after_ready(i); },
         [this] { hooks_->after_backward(); });
