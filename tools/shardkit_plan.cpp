@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
                 "total MiB", "sent in grp", "across grps", "host MiB", "host<->dev");
     if (device_gib > 0) std::printf(" %10s %10s", "max batch", "(ckpt)");
     // The wrap's own peak (ShardedModule's construction), the model built eagerly or under
-    // sk::DeferredParameters.
+    // sk::DeferredParameters (every parameter initialised by a whole-tensor fill, so that each
+    // rank makes what it keeps from rank 0's recipes).
     std::printf(" %12s %12s", "wrap eager", "wrap defer");
     std::printf("\n");
     for (auto stage : stages) {

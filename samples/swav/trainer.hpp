@@ -876,8 +876,9 @@ class SwavTrainer {
   std::chrono::steady_clock::time_point last_status_{};
   double evaluation_seconds_ = 0;  // the last kNN evaluation's wall time
   // Under fsdp the model is built without parameter memory (sk::DeferredParameters) and the
-  // wrap makes each unit's values in turn, as VISSL's FSDP wraps the layers while it builds
-  // them: a rank never holds the whole model. The same values bit for bit.
+  // wrap makes each rank's shards only, from rank 0's recipes: a rank never holds the whole
+  // model, nor a whole unit (VISSL's FSDP wraps the layers while it builds them). The same
+  // values bit for bit.
   static std::shared_ptr<SwavModel> build_model(sk::Context& ctx, const SwavConfig& c) {
     std::optional<sk::DeferredParameters> deferred;
     if (c.parallel.stage == sk::parallel::Stage::fsdp) deferred.emplace(ctx);

@@ -1,7 +1,8 @@
 // Deferred parameters (core/deferred_init.hpp): a model built under DeferredParameters holds no
 // parameter memory, refuses every use but a whole-tensor fill by name, and once wrapped -- or
-// materialized -- holds the eager build's values bit for bit under every stage; under fsdp the
-// wrap never holds more than one unit's whole parameters beside the shards.
+// materialized -- holds the eager build's values bit for bit under every stage (hybrid and
+// offloaded too); each rank makes what it keeps from rank 0's recipes, so under fsdp the wrap
+// holds nothing beyond the shards and sends no parameter values.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -192,6 +193,9 @@ TEST_CASE(
     int hybrid_group = 0;
     bool offload = false;
   };
+  sk::Context build_ctx;
+  const auto params =
+      static_cast<std::int64_t>(dt::resnet(build_ctx, 1, false)->named_parameters().size());
   for (const Case c :
        {Case{Stage::ddp, sk::DType::f32, 2}, Case{Stage::oss, sk::DType::f32, 3},
         Case{Stage::sdp, sk::DType::f32, 2}, Case{Stage::fsdp, sk::DType::f32, 3},
@@ -213,9 +217,16 @@ TEST_CASE(
                   what);
     CHECK_MESSAGE(eager.wrap_peak <= eager.plan.wrap_peak(false) + eager.module_other_bytes, what);
     CHECK_MESSAGE(deferred.wrap_peak < eager.wrap_peak, what);
-    // No parameter value travels (the world's counters; hybrid's groups have their own).
-    if (c.hybrid_group == 0)
+    // No parameter value travels, not even the frozen fc's outside fsdp's units: the wrap
+    // sends rank 0's recipes and the buffers (the world's counters: hybrid's groups count
+    // their own).
+    if (c.hybrid_group == 0) {
+      CHECK_MESSAGE(deferred.wrap_bus_bytes <=
+                        static_cast<std::uint64_t>(sk::parallel::MemoryPlan::kRecipeBytes * params +
+                                                   deferred.buffer_bytes + 4096),
+                    what);
       CHECK_MESSAGE(deferred.wrap_bus_bytes * 4 < eager.wrap_bus_bytes, what);
+    }
   }
 }
 

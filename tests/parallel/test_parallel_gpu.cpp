@@ -491,8 +491,9 @@ TEST_CASE("on the GPU, a captured FSDP step with per-tensor E4M3 gathers replays
   }
 }
 
-// Deferred parameters on the device (core/deferred_init.hpp): the wrap's replayed recipes are
-// the eager build's values bit for bit, and Philox gives the CPU's eager values too.
+// Deferred parameters on the device (core/deferred_init.hpp): each rank's shards made from rank
+// 0's recipes are the eager build's values bit for bit, in f32 and in bf16 with the shards
+// offloaded, and Philox gives the CPU's eager values too.
 TEST_CASE(
     "on the GPU, a deferred ResNet-18 wrapped under fsdp starts and trains as the eager one") {
   auto build = [](sk::Context& ctx, std::uint64_t seed, bool deferred) {
@@ -507,7 +508,9 @@ TEST_CASE(
     if (deferred) scope.emplace(ctx);
     return sk::nn::resnet18(ctx, o);
   };
-  auto run = [&](bool deferred) {
+  // `offloaded`: bf16 compute with the parameter shards in host memory (each rank makes its
+  // shard in f32 staging beside it, on the host, then rounds it there).
+  auto run = [&](bool deferred, bool offloaded) {
     std::vector<std::vector<float>> states;  // rank 0: after the wrap, after two steps
     sk::comm::run_ranks(
         2,
@@ -515,6 +518,11 @@ TEST_CASE(
           auto net = build(ctx, 60 + static_cast<std::uint64_t>(comm.rank()), deferred);
           sk::parallel::ParallelOptions options;
           options.stage = Stage::fsdp;
+          if (offloaded) {
+            options.precision.param_dtype = sk::DType::bf16;
+            options.offload.optimizer = true;
+            options.offload.params = true;
+          }
           for (int layer = 1; layer <= 4; ++layer)
             options.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer));
           sk::parallel::ShardedModule model(ctx, comm, net, config_for(OptimizerKind::sgd),
@@ -536,11 +544,15 @@ TEST_CASE(
         sk::comm::cuda_run_options(0));
     return states;
   };
-  const auto eager = run(false), deferred = run(true);
-  REQUIRE(eager.size() == 2);
-  REQUIRE(deferred.size() == 2);
-  CHECK(bitwise_equal(deferred[0], eager[0]));
-  CHECK(bitwise_equal(deferred[1], eager[1]));
-  sk::Context cpu;
-  CHECK(bitwise_equal(module_test::module_values(cpu, *build(cpu, 60, false)), eager[0]));
+  for (const bool offloaded : {false, true}) {
+    CAPTURE(offloaded);
+    const auto eager = run(false, offloaded), deferred = run(true, offloaded);
+    REQUIRE(eager.size() == 2);
+    REQUIRE(deferred.size() == 2);
+    CHECK(bitwise_equal(deferred[0], eager[0]));
+    CHECK(bitwise_equal(deferred[1], eager[1]));
+    if (offloaded) continue;
+    sk::Context cpu;
+    CHECK(bitwise_equal(module_test::module_values(cpu, *build(cpu, 60, false)), eager[0]));
+  }
 }

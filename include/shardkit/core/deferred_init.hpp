@@ -8,11 +8,12 @@
 //   }
 //   parallel::ShardedModule model(ctx, comm, net, optimizer, {.stage = Stage::fsdp});
 //
-// Under fsdp a rank then never holds more than its shards and one unit's whole parameters,
-// where an eager build first holds the whole model on every rank. The values are the eager
-// build's bit for bit: a fill of a deferred tensor still draws its Philox blocks from the
-// context's stream (so every later fill draws what it would have), and the recipe (InitRecipe:
-// the constant, or the seed and counter base) makes the same elements later, on any device.
+// Each rank then makes only the values it keeps, from rank 0's recipes (under fsdp its shards:
+// never the whole model, nor a whole unit), where an eager build first holds the whole model on
+// every rank. The values are the eager build's bit for bit: a fill of a deferred tensor still
+// draws its Philox blocks from the context's stream (so every later fill draws what it would
+// have), and the recipe (InitRecipe: the constant, or the seed and counter base) makes the same
+// elements later, any range of them alone, on any device.
 //
 // A tensor "made for parameters" is one sk::empty makes under MemoryCategory::parameters -- what
 // nn's layers use for their parameters and buffers. Anything but a whole-tensor fill (sk::fill,

@@ -2,9 +2,10 @@
 // An owned storage can give its memory back while tensors still view it (release) and get it
 // again later (materialize): how FSDP frees a unit's gathered parameters after its forward while
 // the autograd graph still refers to them, and re-gathers them for the backward. Touching a
-// released storage's data throws, naming why it was released. A deferred storage starts out
-// released and has never held memory: a parameter built under DeferredParameters
-// (deferred_init.hpp), which keeps how it was initialised (InitRecipe) instead of its values.
+// released storage's data throws, naming why it was released. A storage can start out released,
+// never having held memory: an fsdp unit's whole buffer before its first gather, and a deferred
+// one -- a parameter built under DeferredParameters (deferred_init.hpp), which keeps how it was
+// initialised (InitRecipe) instead of its values.
 #pragma once
 
 #include <cstddef>

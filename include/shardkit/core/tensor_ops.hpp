@@ -46,8 +46,8 @@ namespace detail {
 // What touching a parameter built under DeferredParameters says.
 inline constexpr const char* kDeferredReason =
     "a parameter built under DeferredParameters has no memory yet: ShardedModule gives it its "
-    "values when it wraps the module (under fsdp one unit at a time, keeping this rank's "
-    "shard), or nn::materialize(ctx, module) does; until then only whole-tensor sk::fill, "
+    "values when it wraps the module (each rank making the values it keeps: under fsdp its "
+    "shards), or nn::materialize(ctx, module) does; until then only whole-tensor sk::fill, "
     "sk::uniform_ and sk::normal_ (and nn::init's) are recorded";
 
 // Whether `t` is all of its storage, in row-major order (what a recipe describes).

@@ -6,6 +6,7 @@
 //   all_gather_owned   oss/sdp after a step: the owners' updated ranges to everyone
 //   broadcast_from     world rank `root`'s values to every rank (hybrid: across groups too)
 //   set_from_f32       every parameter from exact f32 values, rank `root`'s everywhere
+//   set_kept_from_f32  the values this rank keeps, made here (rank root's recipes): no traffic
 //   check_same_fingerprint / check_same_layout
 //                      the ranks agree on what they hold before any traffic pairs up wrongly
 #pragma once
@@ -245,8 +246,9 @@ void set_from_f32(FlatParam& flat, Fill&& fill, Master&& master,
 // root_recipes.hpp), with no collective: fill_range(i, first, view) writes elements
 // [first, first + view.numel()) of parameter i into an f32 view. Otherwise as set_from_f32:
 // padding zero, master(k, values) for each updated piece, the buffer's dtype rounded. Under
-// fsdp the whole buffer is never materialised: the wrap holds the shard (and its f32 staging
-// when the shard is not f32 on this device), nothing more.
+// fsdp the whole buffer is never materialised: the wrap holds the shard, and an f32 staging of
+// it where the shard is 16-bit -- in the shard's own memory, so the host's for an offloaded one
+// (a copy between host and device does not convert).
 template <class FillRange, class Master>
 void set_kept_from_f32(FlatParam& flat, FillRange&& fill_range, Master&& master,
                        const std::vector<shard::ParamPiece>& pieces) {
@@ -256,10 +258,11 @@ void set_kept_from_f32(FlatParam& flat, FillRange&& fill_range, Master&& master,
   const Tensor& kept = flat.sharded() ? flat.shard() : flat.params().flat();
   const std::int64_t lo = flat.sharded() ? plan.begin(rank) : 0;
   const std::int64_t hi = lo + kept.numel();
-  const bool direct = kept.dtype() == DType::f32 && kept.device() == ctx.device();
+  Context& home = flat.sharded() ? flat.shard_context() : ctx;
+  const bool direct = kept.dtype() == DType::f32;
   const Tensor wide =
-      direct ? kept : empty(ctx, {kept.numel()}, DType::f32, MemoryCategory::communication);
-  fill(ctx, wide, 0.0);  // the padding too: no undefined bytes anywhere
+      direct ? kept : empty(home, {kept.numel()}, DType::f32, MemoryCategory::communication);
+  fill(home, wide, 0.0);  // the padding too: no undefined bytes anywhere
   const auto& layout = plan.layout();
   for (std::size_t i = 0; i < layout.size(); ++i) {
     const std::int64_t begin = std::max(lo, layout[i].offset);
@@ -269,7 +272,7 @@ void set_kept_from_f32(FlatParam& flat, FillRange&& fill_range, Master&& master,
   for (std::size_t k = 0; k < pieces.size(); ++k)
     master(k,
            wide.slice(0, pieces[k].flat_begin - lo, pieces[k].flat_begin - lo + pieces[k].numel()));
-  if (!direct) copy(ctx, kept, wide);
+  if (!direct) copy(home, kept, wide);
 }
 
 }  // namespace shardkit::parallel

@@ -94,6 +94,7 @@ class Engine : public ParamGroups {
               make(first + i, from, view);
             },
             master, group.pieces());
+        group.release();  // (a gathered buffer would now be stale)
         continue;
       }
       if (group.flat().sharded()) group.flat().materialize();

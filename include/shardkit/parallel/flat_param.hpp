@@ -37,6 +37,7 @@ class FlatParam {
             DType dtype = DType::f32, comm::Communicator* replicas = nullptr,
             Context* shard_home = nullptr)
       : ctx_(&ctx),
+        shard_home_(shard_home != nullptr ? shard_home : &ctx),
         comm_(&comm),
         replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
         residency_(residency),
@@ -64,8 +65,10 @@ class FlatParam {
   const FlatBuffer& params() const { return params_; }
   const Tensor& param(std::size_t i) const { return params_[i]; }
   bool sharded() const { return residency_ == Residency::sharded; }
-  // This rank's shard of the flat buffer (sharded residency).
+  // This rank's shard of the flat buffer (sharded residency), and the context whose memory holds
+  // it (the offload host context under offloaded parameters).
   const Tensor& shard() const { return shard_; }
+  Context& shard_context() const { return *shard_home_; }
 
   // The pieces this rank updates: every trainable parameter when `every_rank` (DDP), else the
   // rank's range of the plan. Views of their parameter elements: piece_params().
@@ -151,6 +154,7 @@ class FlatParam {
   }
 
   Context* ctx_;
+  Context* shard_home_;
   comm::Communicator* comm_;
   comm::Communicator* replicas_;  // hybrid sharding's other groups (nullptr: none)
   Residency residency_;

@@ -28,10 +28,11 @@
 //                    which doubles the batch until the growth per sample settles)
 //
 // and the wrap (ShardedModule's construction), a peak of its own before training: on top of the
-// model states, the group being filled (fsdp: one unit's whole buffer at a time; every stage: an
-// f32 staging copy of it under mixed precision), and for a model built eagerly its own f32
-// parameters, whole until they are bound -- what a model built under sk::DeferredParameters
-// (core/deferred_init.hpp) does not hold.
+// model states, for a model built eagerly the group being filled (fsdp: one unit's whole buffer
+// at a time; every stage: an f32 staging copy of it under mixed precision) and its own f32
+// parameters, whole until they are bound; for one built under sk::DeferredParameters
+// (core/deferred_init.hpp), every parameter with a recipe, only the f32 staging of what a rank
+// keeps (under fsdp its shard, when 16-bit on the device).
 //
 // Hybrid sharding plans with the group size in place of the world size. CPU offload
 // (offload.hpp) moves model states from the device's figures to the host's: the optimizer
@@ -56,6 +57,7 @@
 #include "shardkit/parallel/options.hpp"
 #include "shardkit/parallel/policy.hpp"
 #include "shardkit/parallel/replica_sync.hpp"
+#include "shardkit/parallel/root_recipes.hpp"
 #include "shardkit/parallel/stage.hpp"
 #include "shardkit/shard/bucket_plan.hpp"
 #include "shardkit/shard/piece_table.hpp"
@@ -129,7 +131,7 @@ struct MemoryPlan {
   // sk::DeferredParameters whose parameters all have recipes: what each rank makes of its own
   // range (deferred_transient: its f32 staging where the kept values are not f32 on the device).
   static constexpr std::int64_t kWrapScalarBytes = 64;
-  static constexpr std::int64_t kRecipeBytes = 64;
+  static constexpr std::int64_t kRecipeBytes = sizeof(detail::RecipeEntry);
   std::int64_t wrap_transient = kWrapScalarBytes;
   std::int64_t deferred_transient = kWrapScalarBytes;
   std::int64_t eager_build = 0;
@@ -392,9 +394,9 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
                       MemoryPlan::kWrapScalarBytes + held +
                           (param != DType::f32 ? plan.layout().padded_numel() * 4 : 0)});
         for (const auto& s : unit_specs) p.eager_build += 4 * shape_numel(s.shape);
-        // Deferred: the rank's range made in place, or in f32 staging for a 16-bit shard or one
-        // on the host (offload.params); before it, rank 0's recipes of the unit's parameters.
-        const bool staged = param != DType::f32 || policy.offload.params;
+        // Deferred: the rank's range made in place, or in f32 staging beside a 16-bit shard (in
+        // host memory for an offloaded one: not the device's).
+        const bool staged = param != DType::f32 && !policy.offload.params;
         p.deferred_transient =
             std::max({p.deferred_transient, recipes,
                       MemoryPlan::kWrapScalarBytes + (staged ? 4 * plan.numel(rank) : 0)});

@@ -82,9 +82,12 @@ class ShardedModule {
     // deferred (core/deferred_init.hpp), every rank makes rank 0's values itself from its
     // recipes (root_recipes.hpp), only the range it keeps: a unit is then never whole, and no
     // values travel. A unit with another parameter (built eagerly, or a view of part of a
-    // deferred tensor, which is made whole first) is filled whole and broadcast.
+    // deferred tensor, which is made whole first) is filled whole and broadcast. (The table
+    // covers the frozen parameters outside fsdp's units too, after the engine's.)
+    const std::size_t engine_params = groups.params.size();
     std::vector<Tensor> values;
     for (const auto& p : groups.params) values.push_back(p.data());
+    for (const auto& p : groups.outside) values.push_back(p.data());
     const auto recipes = root_recipes(ctx, world, values);
     engine_->set_params(
         [&](std::size_t i, const Tensor& view) {
@@ -107,10 +110,14 @@ class ShardedModule {
     // values now, before it is cast or broadcast.
     nn::materialize(ctx, *module_);
     // Frozen parameters outside the groups (fsdp): rank 0's values everywhere, like the
-    // sharded ones, in the compute dtype.
-    for (auto& p : groups.outside) {
+    // sharded ones, in the compute dtype -- made here from rank 0's recipe where it has one,
+    // else broadcast.
+    for (std::size_t j = 0; j < groups.outside.size(); ++j) {
+      auto& p = groups.outside[j];
+      const auto& recipe = recipes[engine_params + j];
+      if (recipe) make_from_recipe(ctx, p.data(), recipe->recipe, recipe->dtype);
       if (p.dtype() != policy.param_dtype) p.set_data(cast(ctx, p.data(), policy.param_dtype));
-      world.broadcast(p.data(), 0).wait();
+      if (!recipe) world.broadcast(p.data(), 0).wait();
     }
     broadcast_module_buffers(ctx, *module_, world);
   }
