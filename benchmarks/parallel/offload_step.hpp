@@ -60,12 +60,15 @@ struct Engine {
   std::unique_ptr<comm::LocalCommunicator> comm;
   std::unique_ptr<parallel::DataParallel> dp;
 
-  Engine(Context& ctx, optim::OptimizerKind kind, DType precision, bool offload) {
+  Engine(Context& ctx, optim::OptimizerKind kind, DType precision, bool offload)
+      : Engine(ctx, kind, precision, parallel::OffloadOptions{.optimizer = offload}) {}
+  Engine(Context& ctx, optim::OptimizerKind kind, DType precision,
+         const parallel::OffloadOptions& offload) {
     comm = comm::LocalCommunicator::single(ctx);
     parallel::ParallelOptions o;
     o.stage = parallel::Stage::ddp;
     o.precision = parallel::MixedPrecision::of(precision);
-    o.offload.optimizer = offload;
+    o.offload = offload;
     o.buckets.bucket_bytes = std::size_t{25} << 20;
     const auto specs = resnet50_specs();
     dp = std::make_unique<parallel::DataParallel>(ctx, *comm, specs, optimizer_config(kind), o);

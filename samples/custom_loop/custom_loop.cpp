@@ -64,6 +64,7 @@ struct Flags {
   std::string checkpoint_layout = "full";
   std::string precision = "f32";
   std::string offload = "none";
+  std::string nvme_path;
   std::string quantized_weights_format = "int8";
   std::string quantized_weights_scale = "block";
   std::string quantized_grads_format = "int8";
@@ -99,6 +100,11 @@ int main(int argc, char** argv) {
                  "CPU offload: none, optimizer (f32 master, optimizer state and step on the "
                  "host's threads; any stage) or params (fsdp: the parameter shards too)")
       ->check(CLI::IsMember({"none", "optimizer", "params"}));
+  app.add_option("--nvme-path", flags.nvme_path,
+                 "offload to NVMe: the f32 master and optimizer state in files in this "
+                 "directory on a fast disk, streamed through RAM at each step (DeepSpeed "
+                 "ZeRO-Infinity's offload_optimizer device nvme; implies --offload optimizer)")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--partition", flags.partition,
                  "oss/sdp: flat (even split, exactly 1/N per rank) or greedy (whole parameters, "
                  "FairScale's OSS)")
@@ -229,6 +235,7 @@ int main(int argc, char** argv) {
               "cannot do; use --precision bf16 or f32 with --graph");
     options.offload.optimizer = flags.offload != "none";
     options.offload.params = flags.offload == "params";
+    options.offload.nvme_path = flags.nvme_path;
     sk::parallel::validate(options.offload, options.stage);
 
     setup.checkpoint_layout = flags.checkpoint_layout == "sharded"
@@ -270,6 +277,12 @@ int main(int argc, char** argv) {
           "state %.2f; %.2f MB between host and device per step\n",
           plan.host_parameters / 1e6, plan.host_gradients / 1e6, plan.host_optimizer_state / 1e6,
           plan.host_transfer / 1e6);
+    if (launch.rank == 0 && options.offload.on_disk())
+      std::printf(
+          "on disk in %s per rank (MB): optimizer state and f32 master %.2f; %.2f MB read and "
+          "written there per step\n",
+          options.offload.nvme_path.c_str(), plan.disk_optimizer_state / 1e6,
+          plan.disk_transfer / 1e6);
 
     // --- train: every rank runs train.hpp's loop on the chosen device -------------------------
     const custom_loop::Results results = custom_loop::train_on(device, setup);
@@ -330,32 +343,33 @@ int main(int argc, char** argv) {
     }
     const custom_loop::RankReport rank0 =
         results.ranks.empty() ? custom_loop::RankReport{} : results.ranks[0];
-    nlohmann::json summary = {{"sample", "custom_loop"},
-                              {"stage", flags.stage},
-                              {"optimizer", flags.optimizer},
-                              {"partition", flags.partition},
-                              {"precision", flags.precision},
-                              {"offload", flags.offload},
-                              {"ranks", results.world},
-                              {"hybrid_group", setup.hybrid_group},
-                              {"backend", results.backend},
-                              {"device", results.device},
-                              {"steps", results.steps},
-                              {"batch_per_rank", setup.batch},
-                              {"test_accuracy", results.test_accuracy},
-                              {"final_loss_rank0", rank0.last_loss},
-                              {"params_fnv1a", results.params_fnv1a},
-                              {"seconds", seconds},
-                              {"bus_bytes_per_step_rank0", rank0.bus_bytes_per_step},
-                              {"memory_bytes_per_rank", memory},
-                              {"memory_plan_bytes",
-                               {{"parameters", plan.parameters},
-                                {"gradients", plan.gradients},
-                                {"optimizer_state", plan.optimizer_state},
-                                {"communication_bound", plan.communication + plan.gathered},
-                                {"host_parameters", plan.host_parameters},
-                                {"host_gradients", plan.host_gradients},
-                                {"host_optimizer_state", plan.host_optimizer_state}}}};
+    nlohmann::json summary = {
+        {"sample", "custom_loop"},
+        {"stage", flags.stage},
+        {"optimizer", flags.optimizer},
+        {"partition", flags.partition},
+        {"precision", flags.precision},
+        {"offload", flags.nvme_path.empty() ? flags.offload : std::string("nvme")},
+        {"ranks", results.world},
+        {"hybrid_group", setup.hybrid_group},
+        {"backend", results.backend},
+        {"device", results.device},
+        {"steps", results.steps},
+        {"batch_per_rank", setup.batch},
+        {"test_accuracy", results.test_accuracy},
+        {"final_loss_rank0", rank0.last_loss},
+        {"params_fnv1a", results.params_fnv1a},
+        {"seconds", seconds},
+        {"bus_bytes_per_step_rank0", rank0.bus_bytes_per_step},
+        {"memory_bytes_per_rank", memory},
+        {"memory_plan_bytes",
+         {{"parameters", plan.parameters},
+          {"gradients", plan.gradients},
+          {"optimizer_state", plan.optimizer_state},
+          {"communication_bound", plan.communication + plan.gathered},
+          {"host_parameters", plan.host_parameters},
+          {"host_gradients", plan.host_gradients},
+          {"host_optimizer_state", plan.host_optimizer_state}}}};
     std::printf("%s\n", summary.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -1,16 +1,22 @@
-// Allocators and memory statistics: alignment, current/peak per category, reset, failures.
+// Allocators and memory statistics: alignment, current/peak per category, reset, failures; the
+// mapped-file allocator (offload to NVMe).
 #include <doctest/doctest.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "shardkit/core/allocator.hpp"
+#include "shardkit/core/mapped_file_allocator.hpp"
 #include "shardkit/core/small_object_pool.hpp"
 #include "shardkit/core/storage.hpp"
+#include "shardkit/core/tensor_ops.hpp"
 
 namespace sk = shardkit;
 using sk::MemoryCategory;
@@ -187,4 +193,40 @@ TEST_CASE("make_pooled objects reuse the blocks their thread's earlier ones gave
     kept_after = Pool::kept(block);
   }).join();
   CHECK(kept_after == kept_before + 1);
+}
+
+// Offload to NVMe's memory (core/mapped_file_allocator.hpp): unnamed files in a directory,
+// counted like any allocator, written back and dropped from RAM on request, read back intact.
+TEST_CASE("a mapped-file allocator's memory is unnamed files, spilled out of RAM and read back") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardkit_mapped_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto files = std::make_shared<sk::MappedFileAllocator>(dir.string());
+  sk::ContextOptions options;
+  options.allocator = files;
+  sk::Context ctx(options);
+  {
+    const sk::Tensor t = sk::empty(ctx, {(1 << 20) + 7}, sk::DType::f32);  // 4 MiB and a bit
+    sk::uniform_(ctx, t, -1.0, 1.0);
+    const auto before = sk::to_vector<float>(ctx, t);
+    CHECK(ctx.memory_stats().snapshot().current_total == static_cast<std::int64_t>(t.nbytes()));
+    CHECK(files->resident_bytes(t.data_ptr(), t.nbytes()) >= t.nbytes());
+    // A piece from inside a page to inside another: written back, dropped, read back the same.
+    files->spill(static_cast<const char*>(t.data_ptr()) + 1000, 2'000'000, false);
+    files->spill(t.data_ptr(), t.nbytes(), true);
+    struct statfs fs {};
+    REQUIRE(::statfs(dir.c_str(), &fs) == 0);
+    if (fs.f_type != 0x01021994)  // (tmpfs: its pages are the file, they cannot be dropped)
+      CHECK(files->resident_bytes(t.data_ptr(), t.nbytes()) < t.nbytes() / 16);
+    else
+      MESSAGE("the temporary directory is tmpfs: RAM residency not checked");
+    CHECK(sk::to_vector<float>(ctx, t) == before);
+    // Unnamed: nothing to clean up in the directory, even after a crash.
+    CHECK(std::filesystem::is_empty(dir));
+  }
+  CHECK(ctx.memory_stats().snapshot().current_total == 0);
+  CHECK_THROWS_WITH_AS(sk::MappedFileAllocator((dir / "missing").string()),
+                       doctest::Contains("is not a directory"), sk::InvalidArgument);
+  std::filesystem::remove_all(dir);
 }

@@ -6,6 +6,7 @@
 // host's holds exactly what the ZeRO formulas say; checkpoints move between offloaded and plain
 // runs; a bad request is named.
 #include <doctest/doctest.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +52,9 @@ struct Outcome {
   std::vector<double> losses, norms;
   sk::optim::OptimizerState state;   // consolidated on rank 0
   sk::MemorySnapshot device, host;   // rank 0 after the last step: the two ledgers
+  sk::MemorySnapshot disk;           // and the disk's, under offload to NVMe
+  std::size_t resident = 0;          // offload to NVMe, rank 0: its state's bytes in RAM then
+  sk::parallel::MemoryPlan plan;     // rank 0's plan
   std::int64_t state_numel = 0;      // rank 0: elements its optimizer updates
   std::int64_t max_state_numel = 0;  // the most any rank updates
   std::int64_t shard_bytes = 0;      // fsdp, rank 0: its parameter shards
@@ -120,6 +124,13 @@ Outcome train(const Run& run) {
         if (p.requires_grad() && (name.find("bias") != std::string::npos ||
                                   name.find("bn") != std::string::npos || name == "1.weight"))
           config.no_weight_decay.push_back(name);
+    if (comm.rank() == 0) {  // (before the wrap: then the parameters are views of its buffers)
+      sk::parallel::PlannedRun planned;
+      planned.parallel = options;
+      planned.world_size = run.world;
+      planned.optimizer = config;
+      out.plan = sk::parallel::plan_module_memory(*net, planned);
+    }
     sk::parallel::ShardedModule model(ctx, comm, net, config, options);
     sk::optim::DynamicLossScaler scaler({.init_scale = 1024});
     if (!run.load_from.empty()) {
@@ -161,6 +172,10 @@ Outcome train(const Run& run) {
     if (comm.rank() == 0) {
       out.device = ctx.memory_stats().snapshot();
       out.host = optimizer.host_context().memory_stats().snapshot();
+      if (optimizer.disk_context() != nullptr) {
+        out.disk = optimizer.disk_context()->memory_stats().snapshot();
+        out.resident = optimizer.state_spill()->resident_bytes();
+      }
     }
     auto state = sk::optim::consolidate_optimizer_state(optimizer, *training.comm, 0);
     if (!run.save_to.empty()) {
@@ -441,4 +456,58 @@ TEST_CASE("offload requests that cannot hold are refused by name") {
   auto host = sk::make_host_context(device);
   CHECK(&host->allocator() != &device.allocator());  // two ledgers
   CHECK(host->cpu_threads() == device.cpu_threads());
+}
+
+// Offload to NVMe (OffloadOptions::nvme_path): the master and state in files there, streamed
+// through RAM chunk by chunk at each step -- the same bits as the plain run, the disk's ledger
+// and the planner's figure equal, and after a step none of the state left in RAM.
+TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each step, same bits") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardkit_nvme_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  struct statfs fs {};
+  REQUIRE(::statfs(dir.c_str(), &fs) == 0);
+  const bool tmpfs = fs.f_type == 0x01021994;  // (its pages are the files: never dropped)
+  OffloadOptions nvme;
+  nvme.nvme_path = dir.string();
+  for (auto stage : sk::parallel::kAllStages)
+    for (auto kind : {OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+      offload_test::Run run;
+      run.stage = stage;
+      run.kind = kind;
+      run.steps = 4;
+      offload_test::check_offload_exact(run, nvme);
+    }
+  // fsdp with the shards on the host and bf16 compute, loss-scaled and clipped, on a ResNet.
+  offload_test::Run run;
+  run.resnet = true;
+  run.world = 2;
+  run.steps = 3;
+  run.stage = Stage::fsdp;
+  run.kind = OptimizerKind::adamw;
+  run.precision = MixedPrecision::of(sk::DType::f16);
+  run.scaled = true;
+  run.clip = 0.5;
+  nvme.params = true;
+  offload_test::check_offload_exact(run, nvme);
+  run.offload = nvme;
+  const auto on_disk = offload_test::train(run);
+  // The f32 master and Adam's two moments of the rank's pieces are on disk, none on the host.
+  const std::int64_t n = on_disk.state_numel;
+  CHECK(on_disk.disk.current_of(MemoryCategory::optimizer_state) == 12 * n);
+  CHECK(on_disk.host.current_of(MemoryCategory::optimizer_state) == 0);
+  CHECK(on_disk.plan.disk_optimizer_state == 12 * n);
+  CHECK(on_disk.plan.host_optimizer_state == 0);
+  CHECK(on_disk.plan.disk_transfer == 24.0 * static_cast<double>(n));
+  if (!tmpfs)
+    CHECK(on_disk.resident == 0);
+  else
+    MESSAGE("the temporary directory is tmpfs: RAM residency not checked");
+  CHECK(std::filesystem::is_empty(dir));  // (unnamed files)
+  // A directory that is not there is named, with the fix.
+  run.offload.nvme_path = (dir / "missing").string();
+  CHECK_THROWS_WITH_AS(offload_test::train(run), doctest::Contains("is not a directory"),
+                       sk::InvalidArgument);
+  std::filesystem::remove_all(dir);
 }

@@ -362,13 +362,17 @@ class Context {
 // device's -- page-locked memory when `device` is a GPU, so copies between the two can run
 // asynchronously. On a CPU `device` the two contexts are two ledgers of the same RAM, which is
 // how the CPU path shows what offload moves.
-inline std::unique_ptr<Context> make_host_context(const Context& device) {
+// `allocator`: its memory's own (a MappedFileAllocator: files on disk); by default as above.
+inline std::unique_ptr<Context> make_host_context(const Context& device,
+                                                  std::shared_ptr<Allocator> allocator = nullptr) {
   ContextOptions options;
   options.rank = device.rank();
   options.seed = device.seed();
   options.cpu_threads = device.cpu_threads();
+  options.allocator = std::move(allocator);
 #if SK_WITH_CUDA
-  if (device.device().is_cuda()) options.allocator = std::make_shared<PinnedHostAllocator>();
+  if (device.device().is_cuda() && !options.allocator)
+    options.allocator = std::make_shared<PinnedHostAllocator>();
 #endif
   return std::make_unique<Context>(options);
 }

@@ -29,9 +29,10 @@ inline std::vector<Tensor> state_views(const shard::PieceTable& table, int rank,
 class MasterCopies {
  public:
   // `params_here`: the piece views live where the update runs (`home`; no offload, or FSDP's
-  // parameter shards offloaded with it).
+  // parameter shards offloaded with it). A separate master is made on `master_home` (on disk
+  // under offload to NVMe; `home` otherwise).
   MasterCopies(Context& ctx, Context& home, const shard::PieceTable& table, int rank,
-               std::vector<Tensor> piece_params, bool params_here)
+               std::vector<Tensor> piece_params, bool params_here, Context* master_home = nullptr)
       : ctx_(&ctx), home_(&home), piece_params_(std::move(piece_params)) {
     const DType dtype = compute_dtype();
     for (const auto& p : piece_params_)
@@ -44,8 +45,8 @@ class MasterCopies {
       master_ = piece_params_;
       return;
     }
-    master_buffer_ =
-        zeros(home, {table.state_numel(rank)}, DType::f32, MemoryCategory::optimizer_state);
+    master_buffer_ = zeros(master_home != nullptr ? *master_home : home, {table.state_numel(rank)},
+                           DType::f32, MemoryCategory::optimizer_state);
     master_ = state_views(table, rank, master_buffer_);
     if (dtype != DType::f32 && !params_here) {
       low_buffer_ = zeros(home, {table.state_numel(rank)}, dtype, MemoryCategory::parameters);

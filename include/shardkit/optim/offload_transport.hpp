@@ -22,10 +22,17 @@ struct OptimizerOffload {
   // The piece views given are themselves in `host`'s memory (FSDP's offloaded parameter
   // shards): the step then updates them in place, nothing goes back up.
   bool params_on_host = false;
+  // The f32 master and the state in files on a fast disk instead of host memory (a context
+  // whose allocator is a MappedFileAllocator; state_spill.hpp streams them through RAM at the
+  // step). nullptr: in `host`'s memory.
+  Context* disk = nullptr;
   // Offloaded updates run in chunks of whole pieces of at least this many elements; each
-  // chunk's parameters are queued for the device before the next chunk is updated.
+  // chunk's parameters are queued for the device before the next chunk is updated (and, on
+  // disk, the next chunk read while this one is updated).
   std::int64_t chunk_numel = std::int64_t{1} << 22;
   bool enabled() const { return host != nullptr; }
+  // Where the master and state live.
+  Context& state_home() const { return disk != nullptr ? *disk : *host; }
 };
 
 class OffloadTransport {
@@ -38,6 +45,8 @@ class OffloadTransport {
             offload.host->device(), "; offload needs a CPU context (sk::make_host_context(ctx))");
     check(offload.chunk_numel > 0, "ShardedOptimizer: offload chunk_numel must be > 0, got ",
           offload.chunk_numel);
+    check(offload.disk == nullptr || offload.enabled(),
+          "ShardedOptimizer: state on disk needs a host context as well (OptimizerOffload::host)");
   }
 
   bool enabled() const { return offload_.enabled(); }
@@ -60,12 +69,14 @@ class OffloadTransport {
   }
 
   // The end of the chunk of pieces that starts at `begin`: whole pieces of at least
-  // chunk_numel elements when sending up, else every piece left.
+  // chunk_numel elements when sending up or streaming the state from disk, else every piece
+  // left.
   std::size_t chunk_end(std::size_t begin) const {
     const auto& pieces = table_->pieces(rank_);
+    const bool chunked = sends_up() || offload_.disk != nullptr;
     std::int64_t numel = 0;
     std::size_t end = begin;
-    while (end < pieces.size() && (!sends_up() || numel < offload_.chunk_numel))
+    while (end < pieces.size() && (!chunked || numel < offload_.chunk_numel))
       numel += pieces[end++].numel();
     return end;
   }

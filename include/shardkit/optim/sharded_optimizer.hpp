@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
@@ -28,6 +29,7 @@
 #include "shardkit/optim/offload_transport.hpp"
 #include "shardkit/optim/optimizer_config.hpp"
 #include "shardkit/optim/param_norms.hpp"
+#include "shardkit/optim/state_spill.hpp"
 #include "shardkit/optim/update_rule.hpp"
 #include "shardkit/shard/piece_table.hpp"
 
@@ -53,11 +55,13 @@ class ShardedOptimizer {
         norms_(ctx, table, rank, norm_comm),
         rule_(std::move(config), table, rank, norms_),
         copies_(ctx, *host_, table, rank, checked_views(std::move(piece_params), table, rank),
-                !offload.enabled() || offload.params_on_host) {
+                !offload.enabled() || offload.params_on_host, offload.disk) {
     rate_ = is_adam(rule_.config().kind) ? rule_.config().adam.lr : rule_.config().sgd.lr;
+    Context& state_home = offload.enabled() ? offload.state_home() : ctx;
     for (auto name : state_buffer_names(rule_.config()))
-      buffers_.push_back(StateBuffer{name, zeros(*host_, {table.state_numel(rank)}, DType::f32,
+      buffers_.push_back(StateBuffer{name, zeros(state_home, {table.state_numel(rank)}, DType::f32,
                                                  MemoryCategory::optimizer_state)});
+    if (offload.disk != nullptr) make_spill(*offload.disk);
   }
 
   // The learning rate of the steps from now on (schedules live in the training loop; before
@@ -212,6 +216,10 @@ class ShardedOptimizer {
   bool separate_master() const { return copies_.separate(); }
   // CPU offload: the master, state and step live in host memory (host_context()).
   bool offloaded() const { return transport_.enabled(); }
+  // Offload to NVMe: the context whose memory (files on disk) holds the master and state, and
+  // how they are streamed through RAM (nullptr otherwise).
+  const Context* disk_context() const { return transport_.offload().disk; }
+  const StateSpill* state_spill() const { return spill_.get(); }
   // Where the master and state live and the step runs: the parameters' context, or the host's.
   Context& host_context() const { return *host_; }
   // Piece k's master takes exact f32 values (a view of piece k's elements, on any device);
@@ -322,12 +330,32 @@ class ShardedOptimizer {
         rule_.prepare(c, tensors, lr, inv_grad_scale, steps_, transport_.sends_up(), gate);
     if (prepared.done) return;
     const std::size_t n = pieces().size();
-    for (std::size_t begin = 0, end = 0; begin < n; begin = end) {
+    std::size_t end = transport_.chunk_end(0);
+    if (spill_) spill_->prefetch(0, end);
+    for (std::size_t begin = 0; begin < n; begin = end) {
       end = transport_.chunk_end(begin);
+      if (spill_ && end < n) spill_->prefetch(end, transport_.chunk_end(end));
       rule_.apply(c, prepared, tensors, begin, end);
       if (transport_.sends_up()) transport_.send_up(copies_, begin, end);
+      if (spill_) spill_->done(begin, end);
     }
+    if (spill_) spill_->finish();
     if (transport_.sends_up()) transport_.wait();
+  }
+
+  // Offload to disk: the buffers there, streamed through RAM at each step; written out and
+  // dropped from RAM now (their zeros, the master's first values).
+  void make_spill(Context& disk) {
+    const auto* files = dynamic_cast<const MappedFileAllocator*>(&disk.allocator());
+    check(files != nullptr,
+          "ShardedOptimizer: OptimizerOffload::disk must be a context whose allocator is a "
+          "MappedFileAllocator (parallel/offload.hpp makes one from nvme_path)");
+    std::vector<std::vector<Tensor>> per_piece;
+    if (copies_.separate()) per_piece.push_back(copies_.masters());
+    for (const auto& buffer : buffers_)
+      per_piece.push_back(state_views(*table_, rank_, buffer.values));
+    spill_ = std::make_unique<StateSpill>(*files, std::move(per_piece));
+    spill_->drop_all();
   }
 
   Context* ctx_;   // the parameters' (and gradients') context
@@ -346,6 +374,7 @@ class ShardedOptimizer {
   double clip_max_norm_ = 0;
   float clip_inv_grad_scale_ = 1.0f;
   std::vector<StateBuffer> buffers_;
+  std::unique_ptr<StateSpill> spill_;  // the master and state on disk (offload to NVMe)
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
   Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step
   float rate_ = 0;          // the learning rate (set_lr)

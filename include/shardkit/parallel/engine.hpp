@@ -55,7 +55,7 @@ class Engine : public ParamGroups {
     }
     optimizer_ = std::make_unique<optim::ShardedOptimizer>(
         ctx, table_, comm.rank(), std::move(piece_params), std::move(optimizer), &comm,
-        optim::OptimizerOffload{host(), this->policy().offload.params});
+        optim::OptimizerOffload{host(), this->policy().offload.params, disk()});
     check_same_everywhere();
   }
 

@@ -124,6 +124,10 @@ struct MemoryPlan {
   std::int64_t host_gradients = 0;
   std::int64_t host_optimizer_state = 0;
   double host_transfer = 0;
+  // Offload to NVMe (offload.nvme_path): the f32 master and optimizer state in files, and the
+  // bytes read and written there per step.
+  std::int64_t disk_optimizer_state = 0;
+  double disk_transfer = 0;
   // The wrap's transient above the model states (a bound), besides the wrap's checks' few
   // scalars (kWrapScalarBytes) and, before the groups are filled, the table of rank 0's recipes
   // (kRecipeBytes a parameter). An eager build: the group being filled whole and broadcast
@@ -299,6 +303,13 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
   } else {
     if (mixed) p.host_parameters = state_numel * bytes_of(param);
     p.host_transfer += static_cast<double>(state_numel * bytes_of(param));
+  }
+  // Offload to NVMe: the master and state in files instead (RAM holds a few chunks of them at a
+  // step, which no column counts); each step reads and writes all of them.
+  if (policy.offload.on_disk()) {
+    p.disk_optimizer_state = p.host_optimizer_state;
+    p.host_optimizer_state = 0;
+    p.disk_transfer = 2.0 * static_cast<double>(p.disk_optimizer_state);
   }
 }
 

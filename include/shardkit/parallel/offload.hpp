@@ -10,6 +10,11 @@
 //   params     fsdp only (PyTorch's offload_params): each unit's parameter shard lives in host
 //              memory too, and goes up into the gathered buffer at each gather. Device memory
 //              then keeps the gradient shards and the units in use. Implies `optimizer`.
+//   nvme_path  the f32 master and the optimizer state in files in that directory on a fast
+//              disk instead of host memory (DeepSpeed ZeRO-Infinity's offload_optimizer device
+//              "nvme"): mapped into the address space (core/mapped_file_allocator.hpp) and
+//              streamed through RAM chunk by chunk at each step (optim/state_spill.hpp), so host
+//              memory holds a few chunks of them. Implies `optimizer`.
 //
 // The host side has a context of its own (make_host_context): its memory statistics are the
 // host's share, the engine's context's stay the device's. On the CPU path the two are ledgers
@@ -17,16 +22,20 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "shardkit/core/context.hpp"
+#include "shardkit/core/mapped_file_allocator.hpp"
 #include "shardkit/parallel/stage.hpp"
 
 namespace shardkit::parallel {
 
 struct OffloadOptions {
-  bool optimizer = false;  // master, optimizer state and step on the host
-  bool params = false;     // fsdp: parameter shards on the host between uses (and `optimizer`)
-  bool enabled() const { return optimizer || params; }
+  bool optimizer = false;   // master, optimizer state and step on the host
+  bool params = false;      // fsdp: parameter shards on the host between uses (and `optimizer`)
+  std::string nvme_path{};  // master and optimizer state in files there (and `optimizer`)
+  bool enabled() const { return optimizer || params || !nvme_path.empty(); }
+  bool on_disk() const { return !nvme_path.empty(); }
 };
 
 inline void validate(const OffloadOptions& o, Stage stage) {
@@ -39,6 +48,13 @@ inline void validate(const OffloadOptions& o, Stage stage) {
 // The engine's host context when offload is on (nullptr otherwise).
 inline std::unique_ptr<Context> offload_context(const Context& device, const OffloadOptions& o) {
   return o.enabled() ? make_host_context(device) : nullptr;
+}
+
+// The engine's disk context under offload to NVMe (nullptr otherwise): a host context whose
+// memory is files in nvme_path.
+inline std::unique_ptr<Context> disk_context(const Context& device, const OffloadOptions& o) {
+  return o.on_disk() ? make_host_context(device, std::make_shared<MappedFileAllocator>(o.nvme_path))
+                     : nullptr;
 }
 
 }  // namespace shardkit::parallel

@@ -21,7 +21,9 @@ class ParamGroups {
  public:
   ParamGroups(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
               std::vector<ParamGroupSpec> groups, ResolvedPolicy policy)
-      : policy_(std::move(policy)), host_(offload_context(ctx, policy_.offload)) {
+      : policy_(std::move(policy)),
+        host_(offload_context(ctx, policy_.offload)),
+        disk_(disk_context(ctx, policy_.offload)) {
     check<StateError>(!ctx.defers_parameters(),
                       "an engine (ShardedModule, DataParallel, FsdpEngine) built inside a "
                       "DeferredParameters scope: its flat buffers need memory; end the scope "
@@ -148,6 +150,8 @@ class ParamGroups {
   // The offload host context (nullptr without offload): where the optimizer's state lives and,
   // under offload.params, the shards.
   Context* host() const { return host_.get(); }
+  // Offload to NVMe's disk context (nullptr otherwise): where the master and state live then.
+  Context* disk() const { return disk_.get(); }
   ParamGroup& mutable_group(std::size_t u) { return *groups_[u]; }
   std::size_t first_param(std::size_t u) const { return first_param_[u]; }
   // The shards are about to change (a step, a load, values written): hpZ's slices kept over
@@ -213,6 +217,7 @@ class ParamGroups {
 
   ResolvedPolicy policy_;
   std::unique_ptr<Context> host_;                      // offload (else null); before the groups
+  std::unique_ptr<Context> disk_;                      // offload to NVMe (else null)
   std::unique_ptr<ReduceScatterCoalescer> coalescer_;  // before the groups' bucketers
   std::unique_ptr<comm::Communicator> node_;           // hpZ (else null); before the groups
   std::vector<std::unique_ptr<ParamGroup>> groups_;

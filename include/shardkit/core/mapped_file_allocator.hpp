@@ -1,0 +1,188 @@
+// MappedFileAllocator: host memory backed by files on a fast disk (NVMe) -- what lets the
+// optimizer's state outgrow RAM (DeepSpeed's ZeRO-Infinity, offload_optimizer device "nvme").
+// Each allocation is an unnamed file in the given directory (O_TMPFILE: gone with the process,
+// crash or not), mapped shared into the address space: the kernel pages it in on use and writes
+// it back, and what touches it sees ordinary memory (the fused CPU functors, checkpoints).
+//
+// The page cache would still hold everything touched. A user that streams through its memory in
+// chunks (optim/state_spill.hpp) says which range comes next (prefetch: read-ahead starts at
+// once, beside the work on the current chunk) and which range it is done with (spill: written
+// back and dropped from RAM), so RAM holds a few chunks, not the whole.
+//
+// Counted like any allocator (MemoryStats): its ledger is the disk's. Linux only.
+#pragma once
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/allocator.hpp"
+#include "shardkit/core/error.hpp"
+
+#if defined(__linux__)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
+
+namespace shardkit {
+
+class MappedFileAllocator : public Allocator {
+ public:
+  // `directory`: where the files go (a fast local disk; must exist and be writable).
+  explicit MappedFileAllocator(std::string directory) : directory_(std::move(directory)) {
+#if defined(__linux__)
+    struct stat info {};
+    check(::stat(directory_.c_str(), &info) == 0 && S_ISDIR(info.st_mode), "offload to disk: '",
+          directory_, "' is not a directory (", std::strerror(errno),
+          "); give an existing directory on a fast local disk (nvme_path)");
+    check(::access(directory_.c_str(), W_OK) == 0, "offload to disk: '", directory_,
+          "' is not writable by this process; give a directory it can write (nvme_path)");
+    page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+#else
+    fail("offload to disk (MappedFileAllocator) needs Linux; offload to host memory instead");
+#endif
+  }
+  ~MappedFileAllocator() override = default;
+
+  Device device() const override { return Device::cpu(); }
+  const std::string& directory() const { return directory_; }
+
+  // Starts reading [data, data + bytes) of an allocation in the background.
+  void prefetch(const void* data, std::size_t bytes) const {
+#if defined(__linux__)
+    const auto [begin, end] = pages_around(data, bytes);
+    if (begin < end) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
+#endif
+  }
+
+  // Writes [data, data + bytes) back to its file and drops it from RAM (the pages it touches: a
+  // page it shares with a neighbouring range is dropped too, and read again when that range is
+  // used -- its data is never lost, a shared mapping's dirty pages go to the file). `wait`:
+  // return only once it is on disk and out of RAM; otherwise only start the write-back (a
+  // later spill with wait finishes it).
+  void spill(const void* data, std::size_t bytes, bool wait) const {
+#if defined(__linux__)
+    const auto [begin, end] = pages_around(data, bytes);
+    if (begin >= end) return;
+    const Mapping& m = mapping_of(reinterpret_cast<const void*>(begin));
+    const auto offset = static_cast<off_t>(begin - m.base);
+    const auto length = static_cast<off_t>(end - begin);
+    if (!wait) {
+      ::sync_file_range(m.fd, offset, length, SYNC_FILE_RANGE_WRITE);
+      return;
+    }
+    // Unmap the pages from this process first (their dirty state goes to the page cache), so
+    // that the cache can drop them once they are written.
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+    check(::sync_file_range(m.fd, offset, length,
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                SYNC_FILE_RANGE_WAIT_AFTER) == 0,
+          "offload to disk: writing back ", length, " bytes to a file in '", directory_,
+          "' failed (", std::strerror(errno), "); is the disk full?");
+    ::posix_fadvise(m.fd, offset, length, POSIX_FADV_DONTNEED);
+#endif
+  }
+
+  // Bytes of [data, data + bytes) in RAM now (whole pages; mincore): what spill() bounds.
+  std::size_t resident_bytes(const void* data, std::size_t bytes) const {
+#if defined(__linux__)
+    const auto [begin, end] = pages_around(data, bytes);
+    if (begin >= end) return 0;
+    std::vector<unsigned char> in_core((end - begin) / page_);
+    check(::mincore(reinterpret_cast<void*>(begin), end - begin, in_core.data()) == 0,
+          "mincore failed: ", std::strerror(errno));
+    std::size_t pages = 0;
+    for (unsigned char c : in_core) pages += c & 1u;
+    return pages * page_;
+#else
+    return 0;
+#endif
+  }
+
+ protected:
+  void* do_allocate(std::size_t bytes) override {
+#if defined(__linux__)
+    int fd = ::open(directory_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {  // (a file system without O_TMPFILE: a named file, unlinked at once)
+      std::string name = directory_ + "/shardkit-state-XXXXXX";
+      fd = ::mkostemp(name.data(), O_CLOEXEC);
+      if (fd >= 0) ::unlink(name.c_str());
+    }
+    check(fd >= 0, "offload to disk: cannot create a file in '", directory_, "' (",
+          std::strerror(errno), "); give a writable directory on a local disk (nvme_path)");
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      const int error = errno;
+      ::close(fd);
+      fail("offload to disk: cannot size a file of ", bytes, " bytes in '", directory_, "' (",
+           std::strerror(error), "); free space there or give another directory");
+    }
+    void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+      ::close(fd);
+      return nullptr;  // (Allocator::allocate names it OutOfMemory)
+    }
+    std::lock_guard lock(mutex_);
+    mappings_[reinterpret_cast<std::uintptr_t>(data)] = Mapping{fd, bytes};
+    return data;
+#else
+    (void)bytes;
+    return nullptr;
+#endif
+  }
+
+  void do_deallocate(void* data, std::size_t bytes) noexcept override {
+#if defined(__linux__)
+    ::munmap(data, bytes);
+    std::lock_guard lock(mutex_);
+    const auto it = mappings_.find(reinterpret_cast<std::uintptr_t>(data));
+    if (it == mappings_.end()) return;
+    ::close(it->second.fd);  // (the unnamed file goes with its last descriptor)
+    mappings_.erase(it);
+#else
+    (void)data;
+    (void)bytes;
+#endif
+  }
+
+ private:
+  struct Mapping {
+    int fd = -1;
+    std::size_t bytes = 0;
+    std::uintptr_t base = 0;
+  };
+
+  // The mapping that holds `address` (with its base filled in).
+  Mapping mapping_of(const void* address) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(address);
+    std::lock_guard lock(mutex_);
+    auto it = mappings_.upper_bound(at);
+    check(it != mappings_.begin(), "MappedFileAllocator: address not in any of its files");
+    --it;
+    check(at < it->first + it->second.bytes,
+          "MappedFileAllocator: address not in any of its files");
+    Mapping m = it->second;
+    m.base = it->first;
+    return m;
+  }
+  // [data, data + bytes) rounded out to whole pages (inside the mapping: it is whole pages).
+  std::pair<std::uintptr_t, std::uintptr_t> pages_around(const void* data,
+                                                         std::size_t bytes) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(data);
+    return {at / page_ * page_, (at + bytes + page_ - 1) / page_ * page_};
+  }
+
+  std::string directory_;
+  std::size_t page_ = 4096;
+  mutable std::mutex mutex_;
+  std::map<std::uintptr_t, Mapping> mappings_;  // by base address
+};
+
+}  // namespace shardkit
