@@ -505,6 +505,19 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
   else
     MESSAGE("the temporary directory is tmpfs: RAM residency not checked");
   CHECK(std::filesystem::is_empty(dir));  // (unnamed files)
+  // LARC's one-pass update (fsdp on one rank, the shards on the host: no norm exchange) is
+  // streamed and dropped too.
+  offload_test::Run larc;
+  larc.stage = Stage::fsdp;
+  larc.kind = OptimizerKind::larc_sgd;
+  larc.world = 1;
+  larc.steps = 3;
+  offload_test::check_offload_exact(larc, nvme);
+  larc.offload = nvme;
+  const auto larc_on_disk = offload_test::train(larc);
+  CHECK(larc_on_disk.disk.current_of(MemoryCategory::optimizer_state) ==
+        4 * larc_on_disk.state_numel);  // (f32 with the shards on the host: they are the master)
+  if (!tmpfs) CHECK(larc_on_disk.resident == 0);
   // A directory that is not there is named, with the fix.
   run.offload.nvme_path = (dir / "missing").string();
   CHECK_THROWS_WITH_AS(offload_test::train(run), doctest::Contains("is not a directory"),

@@ -1,8 +1,10 @@
 // MappedFileAllocator: host memory backed by files on a fast disk (NVMe) -- what lets the
 // optimizer's state outgrow RAM (DeepSpeed's ZeRO-Infinity, offload_optimizer device "nvme").
 // Each allocation is an unnamed file in the given directory (O_TMPFILE: gone with the process,
-// crash or not), mapped shared into the address space: the kernel pages it in on use and writes
-// it back, and what touches it sees ordinary memory (the fused CPU functors, checkpoints).
+// crash or not), its space reserved at once (posix_fallocate: a full disk fails the allocation
+// by name, not a later write), mapped shared into the address space: the kernel pages it in on
+// use and writes it back, and what touches it sees ordinary memory (the fused CPU functors,
+// checkpoints).
 //
 // The page cache would still hold everything touched. A user that streams through its memory in
 // chunks (optim/state_spill.hpp) says which range comes next (prefetch: read-ahead starts at
@@ -40,8 +42,9 @@ class MappedFileAllocator : public Allocator {
   explicit MappedFileAllocator(std::string directory) : directory_(std::move(directory)) {
 #if defined(__linux__)
     struct stat info {};
-    check(::stat(directory_.c_str(), &info) == 0 && S_ISDIR(info.st_mode), "offload to disk: '",
-          directory_, "' is not a directory (", std::strerror(errno),
+    const bool found = ::stat(directory_.c_str(), &info) == 0;
+    check(found && S_ISDIR(info.st_mode), "offload to disk: '", directory_,
+          "' is not a directory (", found ? "it is a file" : std::strerror(errno),
           "); give an existing directory on a fast local disk (nvme_path)");
     check(::access(directory_.c_str(), W_OK) == 0, "offload to disk: '", directory_,
           "' is not writable by this process; give a directory it can write (nvme_path)");
@@ -111,26 +114,42 @@ class MappedFileAllocator : public Allocator {
   void* do_allocate(std::size_t bytes) override {
 #if defined(__linux__)
     int fd = ::open(directory_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) {  // (a file system without O_TMPFILE: a named file, unlinked at once)
+    if (fd < 0) {  // (a file system without O_TMPFILE: a named file, unlinked at once -- a
+                   // crash between the two would leave it behind)
       std::string name = directory_ + "/shardkit-state-XXXXXX";
       fd = ::mkostemp(name.data(), O_CLOEXEC);
       if (fd >= 0) ::unlink(name.c_str());
     }
     check(fd >= 0, "offload to disk: cannot create a file in '", directory_, "' (",
           std::strerror(errno), "); give a writable directory on a local disk (nvme_path)");
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      const int error = errno;
+    // The disk space is reserved now: a sparse file would take its blocks at the first write
+    // through the mapping, and a full disk would then kill the process (SIGBUS) instead of
+    // failing here by name.
+    int error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (error == EOPNOTSUPP || error == EINVAL)  // (a file system that cannot reserve)
+      error = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+    if (error != 0) {
       ::close(fd);
-      fail("offload to disk: cannot size a file of ", bytes, " bytes in '", directory_, "' (",
-           std::strerror(error), "); free space there or give another directory");
+      fail<OutOfMemory>("offload to disk: cannot reserve ", bytes, " bytes in '", directory_, "' (",
+                        std::strerror(error),
+                        "); free space there or give a directory on a larger disk (nvme_path)");
     }
     void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (data == MAP_FAILED) {
+      error = errno;
       ::close(fd);
-      return nullptr;  // (Allocator::allocate names it OutOfMemory)
+      fail<OutOfMemory>("offload to disk: cannot map a file of ", bytes, " bytes from '",
+                        directory_, "' (", std::strerror(error),
+                        "); the address space or the map count (vm.max_map_count) is exhausted");
     }
-    std::lock_guard lock(mutex_);
-    mappings_[reinterpret_cast<std::uintptr_t>(data)] = Mapping{fd, bytes};
+    try {
+      std::lock_guard lock(mutex_);
+      mappings_[reinterpret_cast<std::uintptr_t>(data)] = Mapping{fd, bytes};
+    } catch (...) {
+      ::munmap(data, bytes);
+      ::close(fd);
+      throw;
+    }
     return data;
 #else
     (void)bytes;
@@ -140,12 +159,17 @@ class MappedFileAllocator : public Allocator {
 
   void do_deallocate(void* data, std::size_t bytes) noexcept override {
 #if defined(__linux__)
+    int fd = -1;
+    {  // (forgotten before the unmap: the address may be handed out again at once)
+      std::lock_guard lock(mutex_);
+      const auto it = mappings_.find(reinterpret_cast<std::uintptr_t>(data));
+      if (it != mappings_.end()) {
+        fd = it->second.fd;
+        mappings_.erase(it);
+      }
+    }
     ::munmap(data, bytes);
-    std::lock_guard lock(mutex_);
-    const auto it = mappings_.find(reinterpret_cast<std::uintptr_t>(data));
-    if (it == mappings_.end()) return;
-    ::close(it->second.fd);  // (the unnamed file goes with its last descriptor)
-    mappings_.erase(it);
+    if (fd >= 0) ::close(fd);  // (the unnamed file goes with its last descriptor)
 #else
     (void)data;
     (void)bytes;

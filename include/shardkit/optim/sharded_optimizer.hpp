@@ -326,8 +326,8 @@ class ShardedOptimizer {
                                       ? state_views(*table_, rank_, buffers_[1].values)
                                       : std::vector<Tensor>{};
     const UpdateTensors tensors{copies_.masters(), g, a, b, copies_.low_copies()};
-    const auto prepared =
-        rule_.prepare(c, tensors, lr, inv_grad_scale, steps_, transport_.sends_up(), gate);
+    const auto prepared = rule_.prepare(c, tensors, lr, inv_grad_scale, steps_,
+                                        transport_.sends_up() || spill_ != nullptr, gate);
     if (prepared.done) return;
     const std::size_t n = pieces().size();
     std::size_t end = transport_.chunk_end(0);

@@ -305,11 +305,14 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
     p.host_transfer += static_cast<double>(state_numel * bytes_of(param));
   }
   // Offload to NVMe: the master and state in files instead (RAM holds a few chunks of them at a
-  // step, which no column counts); each step reads and writes all of them.
+  // step, which no column counts); each step reads and writes all of them, and LARC reads a
+  // separate master once more for its norms before the chunks.
   if (policy.offload.on_disk()) {
     p.disk_optimizer_state = p.host_optimizer_state;
     p.host_optimizer_state = 0;
     p.disk_transfer = 2.0 * static_cast<double>(p.disk_optimizer_state);
+    if (o.optimizer.kind == optim::OptimizerKind::larc_sgd && (mixed || !params_on_host))
+      p.disk_transfer += 4.0 * static_cast<double>(state_numel);
   }
 }
 
