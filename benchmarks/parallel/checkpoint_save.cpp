@@ -20,20 +20,15 @@
 #include <shardkit/checkpoint/async_checkpoint.hpp>
 #include <shardkit/ops/cpu_backend.hpp>
 #include "offload_step.hpp"
+#include "timing.hpp"
 
 namespace sk = shardkit;
 namespace ckpt = shardkit::checkpoint;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using shardkit::bench::median;
+using shardkit::bench::seconds_since;
 
 }  // namespace
 

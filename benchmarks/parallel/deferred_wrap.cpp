@@ -27,10 +27,13 @@
 #include "shardkit/nn/resnet.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/parallel/sharded_module.hpp"
+#include "timing.hpp"
 
 namespace sk = shardkit;
 
 namespace {
+
+using shardkit::bench::median;
 
 struct Wrap {
   double peak = 0;     // rank 0: bytes, build + wrap
@@ -87,11 +90,6 @@ Wrap measure(int world, bool deferred) {
       ranks);
   out.seconds = *std::max_element(seconds.begin(), seconds.end());
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

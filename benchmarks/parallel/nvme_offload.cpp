@@ -26,20 +26,15 @@
 #include <vector>
 
 #include "offload_step.hpp"
+#include "timing.hpp"
 
 namespace sk = shardkit;
 namespace os = shardkit::bench::offload_step;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using shardkit::bench::median;
+using shardkit::bench::seconds_since;
 
 // The disk's sequential write (to stable storage) and read (from the device, not the page
 // cache) bandwidths for a file of `bytes` in `dir`, in bytes per second.

@@ -479,7 +479,7 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
       run.steps = 4;
       offload_test::check_offload_exact(run, nvme);
     }
-  // fsdp with the shards on the host and bf16 compute, loss-scaled and clipped, on a ResNet.
+  // fsdp with the shards on the host and f16 compute, loss-scaled and clipped, on a ResNet.
   offload_test::Run run;
   run.resnet = true;
   run.world = 2;
