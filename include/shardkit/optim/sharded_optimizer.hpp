@@ -332,9 +332,9 @@ class ShardedOptimizer {
     const std::size_t n = pieces().size();
     std::size_t end = transport_.chunk_end(0);
     if (spill_) spill_->prefetch(0, end);
-    for (std::size_t begin = 0; begin < n; begin = end) {
-      end = transport_.chunk_end(begin);
-      if (spill_ && end < n) spill_->prefetch(end, transport_.chunk_end(end));
+    for (std::size_t begin = 0, next = end; begin < n; begin = end, end = next) {
+      next = end < n ? transport_.chunk_end(end) : n;  // (the chunk after this one)
+      if (spill_ && end < n) spill_->prefetch(end, next);
       rule_.apply(c, prepared, tensors, begin, end);
       if (transport_.sends_up()) transport_.send_up(copies_, begin, end);
       if (spill_) spill_->done(begin, end);

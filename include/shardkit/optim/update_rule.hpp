@@ -52,8 +52,8 @@ class UpdateRule {
     Tensor coefficients;  // [n, 2] per-piece (grad, param) factors, or none
     bool done = false;
   };
-  // `in_chunks`: the update will go chunk by chunk (offload sending each up), so it cannot be
-  // one pipelined pass.
+  // `in_chunks`: the update will go chunk by chunk (offload sending each up, or streaming the
+  // state from disk), so it cannot be one pipelined pass.
   // `gate`: the step gate (ops/step_gate.hpp) the passes read, or none.
   Prepared prepare(Context& c, const UpdateTensors& t, float lr, float inv_grad_scale,
                    std::int64_t step, bool in_chunks, const Tensor& gate = Tensor()) {
