@@ -7,10 +7,12 @@
 //   disk ms     the same step with them in files in DIR, streamed through RAM in chunks
 //   floor ms    the disk's own time for the bytes that step must move: the state read once and
 //               written once (AdamW: master, m, v = 12 bytes a parameter each way; LARC-SGD:
-//               master, momentum = 8, and the master read once more for the norms, which LARC
-//               needs before the first chunk), reads and writes overlapped (the longer), at
-//               the best of three read and write bandwidths measured in the same run on a file
-//               in DIR (written back as the spill writes, dropped from the page cache, read back)
+//               master and momentum, 8: its norms read the master before the first chunk,
+//               which then finds it in RAM), measured in the same run as one thread reading
+//               that many bytes of a file in DIR (not in the page cache) while another writes
+//               as many to a second file and writes them back as the spill does -- reads and
+//               writes at once, as in the step: a disk that shares its bandwidth between them
+//               takes their sum, one that does not the longer; best of three
 //   of floor    floor / disk: the fraction of the disk's pace the step reaches
 //   in RAM      the state's bytes left in RAM after a step (mincore)
 //
@@ -23,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "offload_step.hpp"
@@ -33,35 +36,52 @@ namespace os = shardkit::bench::offload_step;
 
 namespace {
 
+constexpr std::size_t kBlock = std::size_t{8} << 20;
+
 using shardkit::bench::median;
 using shardkit::bench::seconds_since;
 
-// The disk's sequential write (to stable storage) and read (from the device, not the page
-// cache) bandwidths for a file of `bytes` in `dir`, in bytes per second.
-std::pair<double, double> disk_bandwidth(const std::string& dir, std::size_t bytes) {
-  std::string name = dir + "/shardkit-bandwidth-XXXXXX";
-  const int fd = ::mkstemp(name.data());
+// A file of `bytes` in `dir`, unnamed, written and on the device, not in the page cache.
+int file_on_disk(const std::string& dir, std::size_t bytes) {
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   sk::check(fd >= 0, "nvme_offload: cannot create a file in '", dir, "'");
-  ::unlink(name.c_str());
-  const std::size_t block = std::size_t{8} << 20;
-  std::vector<char> buffer(block, 1);
-  auto start = std::chrono::steady_clock::now();
-  for (std::size_t at = 0; at < bytes; at += block)
-    sk::check(::pwrite(fd, buffer.data(), std::min(block, bytes - at), static_cast<off_t>(at)) > 0,
+  std::vector<char> buffer(kBlock, 1);
+  for (std::size_t at = 0; at < bytes; at += kBlock)
+    sk::check(::pwrite(fd, buffer.data(), std::min(kBlock, bytes - at), static_cast<off_t>(at)) > 0,
               "nvme_offload: write failed");
-  // (Written back as the spill writes the state: to the device, without fsync's cache flush.)
-  ::sync_file_range(
-      fd, 0, static_cast<off_t>(bytes),
-      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-  const double write = static_cast<double>(bytes) / seconds_since(start);
+  ::fsync(fd);
   ::posix_fadvise(fd, 0, static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);
-  start = std::chrono::steady_clock::now();
-  for (std::size_t at = 0; at < bytes; at += block)
-    sk::check(::pread(fd, buffer.data(), std::min(block, bytes - at), static_cast<off_t>(at)) > 0,
-              "nvme_offload: read failed");
-  const double read = static_cast<double>(bytes) / seconds_since(start);
-  ::close(fd);
-  return {write, read};
+  return fd;
+}
+
+// Seconds the disk takes to read `read_bytes` of one file and write `write_bytes` to another at
+// once (each on a thread of its own, in 8-MiB requests; the writes to the device as the spill
+// writes them, without fsync's cache flush).
+double disk_floor(const std::string& dir, std::size_t read_bytes, std::size_t write_bytes) {
+  const int source = file_on_disk(dir, read_bytes);
+  const int target = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  sk::check(target >= 0, "nvme_offload: cannot create a file in '", dir, "'");
+  const auto start = std::chrono::steady_clock::now();
+  std::thread reader([&] {
+    std::vector<char> buffer(kBlock);
+    for (std::size_t at = 0; at < read_bytes; at += kBlock)
+      sk::check(::pread(source, buffer.data(), std::min(kBlock, read_bytes - at),
+                        static_cast<off_t>(at)) > 0,
+                "nvme_offload: read failed");
+  });
+  std::vector<char> buffer(kBlock, 2);
+  for (std::size_t at = 0; at < write_bytes; at += kBlock)
+    sk::check(::pwrite(target, buffer.data(), std::min(kBlock, write_bytes - at),
+                       static_cast<off_t>(at)) > 0,
+              "nvme_offload: write failed");
+  ::sync_file_range(
+      target, 0, static_cast<off_t>(write_bytes),
+      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+  reader.join();
+  const double seconds = seconds_since(start);
+  ::close(source);
+  ::close(target);
+  return seconds;
 }
 
 }  // namespace
@@ -79,14 +99,10 @@ int main(int argc, char** argv) {
   for (const auto kind : {sk::optim::OptimizerKind::adamw, sk::optim::OptimizerKind::larc_sgd}) {
     const bool larc = kind == sk::optim::OptimizerKind::larc_sgd;
     const double state_bytes = (larc ? 8.0 : 12.0) * params;
-    const double read_bytes = state_bytes + (larc ? 4.0 * params : 0.0);
-    double write_bw = 0, read_bw = 0;
-    for (int r = 0; r < 3; ++r) {
-      const auto [write, read] = disk_bandwidth(dir, static_cast<std::size_t>(state_bytes));
-      write_bw = std::max(write_bw, write);
-      read_bw = std::max(read_bw, read);
-    }
-    const double floor = std::max(read_bytes / read_bw, state_bytes / write_bw);
+    double floor = 1e30;
+    for (int r = 0; r < 3; ++r)
+      floor = std::min(floor, disk_floor(dir, static_cast<std::size_t>(state_bytes),
+                                         static_cast<std::size_t>(state_bytes)));
     os::Engine host(ctx, kind, sk::DType::f32, true);
     sk::parallel::OffloadOptions nvme;
     nvme.nvme_path = dir;
@@ -108,8 +124,6 @@ int main(int argc, char** argv) {
                 sk::optim::is_adam(kind) ? "AdamW" : "LARC-SGD", median(host_s) * 1e3,
                 median(disk_s) * 1e3, median(disk_s) / median(host_s), floor * 1e3,
                 100.0 * floor / median(disk_s), resident / 1e6, state_bytes / 1e6);
-    std::printf("  (disk, best of 3: write %.0f MB/s, read %.0f MB/s)\n", write_bw / 1e6,
-                read_bw / 1e6);
   }
   return 0;
 }

@@ -7,13 +7,14 @@
 // checkpoints).
 //
 // The page cache would still hold everything touched. A user that streams through its memory in
-// chunks (optim/state_spill.hpp) says which range comes next (prefetch: read-ahead starts at
-// once, beside the work on the current chunk) and which range it is done with (spill: written
-// back and dropped from RAM), so RAM holds a few chunks, not the whole.
+// chunks (optim/state_spill.hpp) loads the range that comes next (on a thread of its own, beside
+// the work on the current chunk) and spills the range it is done with (written back and dropped
+// from RAM), so RAM holds a few chunks, not the whole.
 //
 // Counted like any allocator (MemoryStats): its ledger is the disk's. Linux only.
 #pragma once
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -58,11 +59,36 @@ class MappedFileAllocator : public Allocator {
   Device device() const override { return Device::cpu(); }
   const std::string& directory() const { return directory_; }
 
-  // Starts reading [data, data + bytes) of an allocation in the background.
-  void prefetch(const void* data, std::size_t bytes) const {
+  // Brings [data, data + bytes) of an allocation into RAM, mapped for writing (or for reading
+  // only: `for_writing` false, its pages then stay clean and are not written back), and returns
+  // once it is there: a streaming user calls it on a thread of its own, beside its work on the
+  // range before (optim/state_spill.hpp). MADV_POPULATE_WRITE / _READ (Linux 5.14) read the
+  // range in large requests and map every page at once; touching the range instead faults each
+  // 4-KiB page in turn, twice when written (read in, then marked dirty), which made offload to
+  // NVMe run at a third of the disk's pace (docs/performance.md). A kernel without them starts
+  // the read-ahead instead (MADV_WILLNEED) and returns.
+  void load(const void* data, std::size_t bytes, bool for_writing = true) const {
 #if defined(__linux__)
     const auto [begin, end] = pages_around(data, bytes);
-    if (begin < end) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
+    if (begin >= end) return;
+    void* const at = reinterpret_cast<void*>(begin);
+    if (populate_.load(std::memory_order_relaxed)) {
+      int error = 0;
+      do {  // (a signal may interrupt it part-way: the rest is done on the retry)
+        error = ::madvise(at, end - begin, for_writing ? kPopulateWrite : kPopulateRead) == 0
+                    ? 0
+                    : errno;
+      } while (error == EINTR || error == EAGAIN);
+      if (error == 0) return;
+      check<IoError>(error == EINVAL, "offload to disk: reading ", end - begin,
+                     " bytes back from a file in '", directory_, "' failed (", std::strerror(error),
+                     "); is the disk failing?");
+      populate_.store(false, std::memory_order_relaxed);  // (a kernel older than 5.14)
+    }
+    ::madvise(at, end - begin, MADV_WILLNEED);
+#else
+    (void)data;
+    (void)bytes;
 #endif
   }
 
@@ -203,8 +229,17 @@ class MappedFileAllocator : public Allocator {
     return {at / page_ * page_, (at + bytes + page_ - 1) / page_ * page_};
   }
 
+#if defined(MADV_POPULATE_WRITE)
+  static constexpr int kPopulateRead = MADV_POPULATE_READ;
+  static constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else  // (C library headers older than the kernel: the values are Linux's ABI)
+  static constexpr int kPopulateRead = 22;
+  static constexpr int kPopulateWrite = 23;
+#endif
+
   std::string directory_;
   std::size_t page_ = 4096;
+  mutable std::atomic<bool> populate_{true};  // MADV_POPULATE_* known to the kernel
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, Mapping> mappings_;  // by base address
 };

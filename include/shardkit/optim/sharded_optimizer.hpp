@@ -326,6 +326,9 @@ class ShardedOptimizer {
                                       ? state_views(*table_, rank_, buffers_[1].values)
                                       : std::vector<Tensor>{};
     const UpdateTensors tensors{copies_.masters(), g, a, b, copies_.low_copies()};
+    // (LARC's norms read the whole master first: on disk, read at the disk's pace.)
+    if (spill_ && copies_.separate() && rule_.config().kind == OptimizerKind::larc_sgd)
+      spill_->read_whole(0);
     const auto prepared = rule_.prepare(c, tensors, lr, inv_grad_scale, steps_,
                                         transport_.sends_up() || spill_ != nullptr, gate);
     if (prepared.done) return;
@@ -334,7 +337,7 @@ class ShardedOptimizer {
     if (spill_) spill_->prefetch(0, end);
     for (std::size_t begin = 0, next = end; begin < n; begin = end, end = next) {
       next = end < n ? transport_.chunk_end(end) : n;  // (the chunk after this one)
-      if (spill_ && end < n) spill_->prefetch(end, next);
+      if (spill_) spill_->prefetch(end, next);         // ([begin, end) in RAM; [end, next) comes)
       rule_.apply(c, prepared, tensors, begin, end);
       if (transport_.sends_up()) transport_.send_up(copies_, begin, end);
       if (spill_) spill_->done(begin, end);

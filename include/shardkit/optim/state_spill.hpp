@@ -1,10 +1,10 @@
 // StateSpill: an offloaded optimizer's master and state kept on disk
 // (core/mapped_file_allocator.hpp: DeepSpeed ZeRO-Infinity's offload to NVMe), streamed through RAM
-// chunk by chunk at the step. Before a chunk is updated the next one's pages start coming in
-// (read-ahead beside the update); after it, its write-back starts, and the chunk before it is
-// finished on disk and dropped from RAM. So RAM holds about three chunks of the state at any time
-// instead of all of it; what the update computes does not change (the same memory, the same
-// functors).
+// chunk by chunk at the step. While a chunk is updated the next one is read in on a thread of
+// this spill's own (MappedFileAllocator::load: large reads, every page mapped at once, none left
+// for the update to fault); after it, its write-back starts, and the chunk before it is finished
+// on disk and dropped from RAM. So RAM holds about three chunks of the state at any time instead
+// of all of it; what the update computes does not change (the same memory, the same functors).
 //
 // Reads between steps (a checkpoint, consolidation, LARC's norms of the masters) fault the
 // pages in as ordinary memory; the kernel may drop those clean pages again whenever RAM is short,
@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <utility>
 #include <vector>
 
@@ -28,9 +29,23 @@ class StateSpill {
   StateSpill(const MappedFileAllocator& disk, std::vector<std::vector<Tensor>> per_piece)
       : disk_(&disk), per_piece_(std::move(per_piece)) {}
 
-  // Pieces [begin, end) are updated next: start reading them.
-  void prefetch(std::size_t begin, std::size_t end) const {
-    for (const auto& [data, bytes] : ranges(begin, end)) disk_->prefetch(data, bytes);
+  // Waits until the pieces read before are in RAM (the chunk about to be updated), then starts
+  // reading pieces [begin, end) beside its update; an empty range only waits.
+  void prefetch(std::size_t begin, std::size_t end) {
+    wait_for_read();
+    auto loading = ranges(begin, end);
+    if (loading.empty()) return;
+    reading_ = std::async(std::launch::async, [disk = disk_, loading = std::move(loading)] {
+      for (const auto& [data, bytes] : loading) disk->load(data, bytes);
+    });
+  }
+  // Buffer `buffer` read whole into RAM, for reading, before returning: what reads it before the
+  // first chunk (LARC's norms of the master) then reads it at the disk's pace, not a fault a
+  // page. Its clean pages are dropped with the chunks.
+  void read_whole(std::size_t buffer) {
+    wait_for_read();
+    for (const auto& [data, bytes] : ranges_of(per_piece_.at(buffer), 0, pieces()))
+      disk_->load(data, bytes, false);
   }
   // Pieces [begin, end) were updated: start their write-back; finish the chunk before them on
   // disk and drop it from RAM.
@@ -43,11 +58,13 @@ class StateSpill {
   // into RAM meanwhile (the kernel's read-around of faults near a chunk's edges, about 7% of
   // ResNet-50's master here: cheap to drop where nothing is resident).
   void finish() {
+    wait_for_read();
     previous_ = {0, 0};
     drop_all();
   }
   // Everything on disk and out of RAM (after the buffers were first written).
   void drop_all() {
+    wait_for_read();
     if (pieces() > 0) drop(0, pieces());
   }
   // The state's bytes in RAM now.
@@ -59,6 +76,11 @@ class StateSpill {
   }
 
  private:
+  // The read in flight finished (its error, if any, thrown here).
+  void wait_for_read() {
+    if (reading_.valid()) reading_.get();
+  }
+
   std::size_t pieces() const { return per_piece_.empty() ? 0 : per_piece_[0].size(); }
 
   void drop(std::size_t begin, std::size_t end) const {
@@ -70,21 +92,29 @@ class StateSpill {
                                                           std::size_t end) const {
     std::vector<std::pair<const void*, std::size_t>> out;
     for (const auto& views : per_piece_) {
-      std::uintptr_t lo = UINTPTR_MAX, hi = 0;
-      for (std::size_t k = begin; k < end; ++k) {
-        if (views[k].numel() == 0) continue;
-        const auto at = reinterpret_cast<std::uintptr_t>(views[k].data_ptr());
-        lo = std::min(lo, at);
-        hi = std::max(hi, at + views[k].nbytes());
-      }
-      if (lo < hi) out.emplace_back(reinterpret_cast<const void*>(lo), hi - lo);
+      const auto range = ranges_of(views, begin, end);
+      out.insert(out.end(), range.begin(), range.end());
     }
     return out;
+  }
+  // The bytes pieces [begin, end) of one buffer span (none when they are all empty).
+  static std::vector<std::pair<const void*, std::size_t>> ranges_of(
+      const std::vector<Tensor>& views, std::size_t begin, std::size_t end) {
+    std::uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (std::size_t k = begin; k < end; ++k) {
+      if (views[k].numel() == 0) continue;
+      const auto at = reinterpret_cast<std::uintptr_t>(views[k].data_ptr());
+      lo = std::min(lo, at);
+      hi = std::max(hi, at + views[k].nbytes());
+    }
+    if (lo >= hi) return {};
+    return {{reinterpret_cast<const void*>(lo), hi - lo}};
   }
 
   const MappedFileAllocator* disk_;
   std::vector<std::vector<Tensor>> per_piece_;
   std::pair<std::size_t, std::size_t> previous_{0, 0};
+  std::future<void> reading_;  // the next chunk's read, on a thread of its own
 };
 
 }  // namespace shardkit::optim
