@@ -518,6 +518,23 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
   CHECK(larc_on_disk.disk.current_of(MemoryCategory::optimizer_state) ==
         4 * larc_on_disk.state_numel);  // (f32 with the shards on the host: they are the master)
   if (!tmpfs) CHECK(larc_on_disk.resident == 0);
+  // Many chunks (a few pieces each): LARC forming each chunk's norms in its pass (whole pieces:
+  // one rank, or ddp), with per-parameter decays, and AdamW; to disk and to host memory.
+  for (auto kind : {OptimizerKind::larc_sgd, OptimizerKind::adamw})
+    for (auto stage : {Stage::fsdp, Stage::ddp}) {
+      offload_test::Run chunked;
+      chunked.stage = stage;
+      chunked.kind = kind;
+      chunked.world = stage == Stage::fsdp ? 1 : 2;
+      chunked.steps = 3;
+      chunked.no_decay = kind == OptimizerKind::larc_sgd;
+      OffloadOptions small = nvme;
+      small.params = false;
+      small.chunk_numel = 100;
+      offload_test::check_offload_exact(chunked, small);
+      offload_test::check_offload_exact(chunked,
+                                        OffloadOptions{.optimizer = true, .chunk_numel = 100});
+    }
   // A directory that is not there is named, with the fix.
   run.offload.nvme_path = (dir / "missing").string();
   CHECK_THROWS_WITH_AS(offload_test::train(run), doctest::Contains("is not a directory"),

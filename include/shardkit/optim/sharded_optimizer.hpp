@@ -326,11 +326,12 @@ class ShardedOptimizer {
                                       ? state_views(*table_, rank_, buffers_[1].values)
                                       : std::vector<Tensor>{};
     const UpdateTensors tensors{copies_.masters(), g, a, b, copies_.low_copies()};
-    // (LARC's norms read the whole master first: on disk, read at the disk's pace.)
-    if (spill_ && copies_.separate() && rule_.config().kind == OptimizerKind::larc_sgd)
+    // (LARC's trust ratios, unless each chunk forms its own, read the whole master first: on
+    // disk, read at the disk's pace.)
+    if (spill_ && copies_.separate() && rule_.config().kind == OptimizerKind::larc_sgd &&
+        !rule_.larc_in_pass(c, gate))
       spill_->read_whole(0);
-    const auto prepared = rule_.prepare(c, tensors, lr, inv_grad_scale, steps_,
-                                        transport_.sends_up() || spill_ != nullptr, gate);
+    const auto prepared = rule_.prepare(c, tensors, lr, inv_grad_scale, steps_, gate);
     if (prepared.done) return;
     const std::size_t n = pieces().size();
     std::size_t end = transport_.chunk_end(0);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,19 +45,27 @@ class UpdateRule {
   const OptimizerConfig& config() const { return config_; }
 
   // What a step's chunks share: the options at this step's rate and count, and the per-piece
-  // coefficients of the SGD rule (LARC's trust ratios need every norm first). `done` when the
-  // whole update already ran (the pipelined LARC step, or nothing to update here).
+  // coefficients of the SGD rule (LARC's trust ratios need every norm first, unless each chunk
+  // can form its own: `larc_in_pass`). `done` when there is nothing to update here.
   struct Prepared {
     ops::SgdOptions sgd;
     ops::AdamOptions adam;
     Tensor coefficients;  // [n, 2] per-piece (grad, param) factors, or none
+    // LARC in one pass per chunk: each piece's norms, coefficients and update together
+    // (ops::larc_sgd_step_tree), with `decays` per piece when no_weight_decay names any.
+    bool larc_in_pass = false;
+    std::vector<double> decays;
     bool done = false;
   };
-  // `in_chunks`: the update will go chunk by chunk (offload sending each up, or streaming the
-  // state from disk), so it cannot be one pipelined pass.
+  // Whether LARC's chunks will each form their own norms (Prepared::larc_in_pass, below).
+  bool larc_in_pass(const Context& c, const Tensor& gate) const {
+    return config_.kind == OptimizerKind::larc_sgd && !gate.defined() && norms_->pieces_whole() &&
+           ops::has_larc_sgd_step_tree(c);
+  }
+
   // `gate`: the step gate (ops/step_gate.hpp) the passes read, or none.
   Prepared prepare(Context& c, const UpdateTensors& t, float lr, float inv_grad_scale,
-                   std::int64_t step, bool in_chunks, const Tensor& gate = Tensor()) {
+                   std::int64_t step, const Tensor& gate = Tensor()) {
     const auto& pieces = table_->pieces(rank_);
     Prepared out;
     if (pieces.empty()) {  // more ranks than parameters: nothing to update here, but the
@@ -74,19 +83,16 @@ class UpdateRule {
     out.adam.inv_grad_scale = inv_grad_scale;
     out.sgd.gate = gate;
     out.adam.gate = gate;
-    // Every piece whole here (DDP, or one rank) on a device that pipelines it (the CPU):
-    // norms, coefficients and update in one pass, with ParamNorms' bits. (Not gated: the
-    // pass would need the gate's factor before its norms; the composed path below reads it.)
-    if (config_.kind == OptimizerKind::larc_sgd && !in_chunks && !gate.defined() &&
-        norms_->pieces_whole() && ops::has_larc_sgd_step_tree(c)) {
-      std::vector<double> decays;  // per piece, when no_weight_decay names any
+    // Every piece whole here (DDP, or one rank) on a device that pipelines it (the CPU): each
+    // piece's norms need only the piece, so every chunk forms its own in the pass that updates
+    // it, with ParamNorms' bits -- the state is read once, and a chunk streamed from disk needs
+    // no other chunk in RAM. (Not gated: the pass would need the gate's factor before its norms;
+    // the composed path below reads it.)
+    if (larc_in_pass(c, gate)) {
+      out.larc_in_pass = true;
+      out.sgd.inv_grad_scale = inv_grad_scale;
       if (!decay_.empty())
-        for (const auto& piece : pieces) decays.push_back(decay_[piece.param]);
-      ops::SgdOptions scaled = out.sgd;
-      scaled.inv_grad_scale = inv_grad_scale;
-      ops::larc_sgd_step_tree(c, scaled, config_.larc, ops::SgdTensors{t.p, t.g, t.a, t.low},
-                              decays);
-      out.done = true;
+        for (const auto& piece : pieces) out.decays.push_back(decay_[piece.param]);
       return out;
     }
     if (config_.kind == OptimizerKind::larc_sgd) {
@@ -117,6 +123,12 @@ class UpdateRule {
                        : std::vector<Tensor>(v.begin() + static_cast<std::ptrdiff_t>(begin),
                                              v.begin() + static_cast<std::ptrdiff_t>(end));
     };
+    if (step.larc_in_pass) {
+      const auto decays = std::span<const double>(step.decays);
+      return ops::larc_sgd_step_tree(c, step.sgd, config_.larc,
+                                     ops::SgdTensors{part(t.p), part(t.g), part(t.a), part(t.low)},
+                                     decays.empty() ? decays : decays.subspan(begin, end - begin));
+    }
     if (is_adam(config_.kind))
       return ops::adam_step(
           c, step.adam, ops::AdamTensors{part(t.p), part(t.g), part(t.a), part(t.b), part(t.low)});

@@ -55,7 +55,8 @@ class Engine : public ParamGroups {
     }
     optimizer_ = std::make_unique<optim::ShardedOptimizer>(
         ctx, table_, comm.rank(), std::move(piece_params), std::move(optimizer), &comm,
-        optim::OptimizerOffload{host(), this->policy().offload.params, disk()});
+        optim::OptimizerOffload{host(), this->policy().offload.params, disk(),
+                                this->policy().offload.chunk_numel});
     check_same_everywhere();
   }
 

@@ -305,14 +305,13 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
     p.host_transfer += static_cast<double>(state_numel * bytes_of(param));
   }
   // Offload to NVMe: the master and state in files instead (RAM holds a few chunks of them at a
-  // step, which no column counts); each step reads and writes all of them, and LARC reads a
-  // separate master once more for its norms before the chunks.
+  // step, which no column counts); each step reads and writes all of them once. (LARC with its
+  // norms split over ranks, or loss-scaled, reads the whole master before the chunks, which
+  // then find it in RAM: read once still, unless the kernel had to drop it meanwhile.)
   if (policy.offload.on_disk()) {
     p.disk_optimizer_state = p.host_optimizer_state;
     p.host_optimizer_state = 0;
     p.disk_transfer = 2.0 * static_cast<double>(p.disk_optimizer_state);
-    if (o.optimizer.kind == optim::OptimizerKind::larc_sgd && (mixed || !params_on_host))
-      p.disk_transfer += 4.0 * static_cast<double>(state_numel);
   }
 }
 

@@ -21,6 +21,7 @@
 // of the same RAM, and an offloaded run computes the same bits as one without offload.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,10 @@ struct OffloadOptions {
   bool optimizer = false;   // master, optimizer state and step on the host
   bool params = false;      // fsdp: parameter shards on the host between uses (and `optimizer`)
   std::string nvme_path{};  // master and optimizer state in files there (and `optimizer`)
+  // The offloaded step updates chunks of whole pieces of at least this many elements, each
+  // chunk's parameters going up (and, under nvme_path, the next chunk read in) while the next
+  // is updated: under nvme_path, RAM holds about three chunks of the state.
+  std::int64_t chunk_numel = std::int64_t{1} << 22;
   bool enabled() const { return optimizer || params || !nvme_path.empty(); }
   bool on_disk() const { return !nvme_path.empty(); }
 };
