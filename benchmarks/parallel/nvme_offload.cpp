@@ -12,7 +12,9 @@
 //               that many bytes of a file in DIR (not in the page cache) while another writes
 //               as many to a second file and writes them back as the spill does -- reads and
 //               writes at once, as in the step: a disk that shares its bandwidth between them
-//               takes their sum, one that does not the longer; best of three
+//               takes their sum, one that does not the longer; measured once a round, after
+//               the round's steps (this VM's disk rate drifts within a minute), the best
+//               of the rounds
 //   of floor    floor / disk: the fraction of the disk's pace the step reaches
 //   in RAM      the state's bytes left in RAM after a step (mincore)
 //
@@ -99,10 +101,6 @@ int main(int argc, char** argv) {
   for (const auto kind : {sk::optim::OptimizerKind::adamw, sk::optim::OptimizerKind::larc_sgd}) {
     const bool larc = kind == sk::optim::OptimizerKind::larc_sgd;
     const double state_bytes = (larc ? 8.0 : 12.0) * params;
-    double floor = 1e30;
-    for (int r = 0; r < 3; ++r)
-      floor = std::min(floor, disk_floor(dir, static_cast<std::size_t>(state_bytes),
-                                         static_cast<std::size_t>(state_bytes)));
     os::Engine host(ctx, kind, sk::DType::f32, true);
     sk::parallel::OffloadOptions nvme;
     nvme.nvme_path = dir;
@@ -110,6 +108,7 @@ int main(int argc, char** argv) {
     host.step();
     disk.step();
     std::vector<double> host_s, disk_s;
+    double floor = 1e30;
     for (int r = 0; r < rounds; ++r) {
       auto start = std::chrono::steady_clock::now();
       host.step();
@@ -117,6 +116,8 @@ int main(int argc, char** argv) {
       start = std::chrono::steady_clock::now();
       disk.step();
       disk_s.push_back(seconds_since(start));
+      floor = std::min(floor, disk_floor(dir, static_cast<std::size_t>(state_bytes),
+                                         static_cast<std::size_t>(state_bytes)));
     }
     const auto& optimizer = *disk.dp->training_state().optimizer;
     const double resident = static_cast<double>(optimizer.state_spill()->resident_bytes());
