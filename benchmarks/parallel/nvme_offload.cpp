@@ -14,11 +14,12 @@
 //               writes at once, as in the step: a disk that shares its bandwidth between them
 //               takes their sum, one that does not the longer; measured once a round, after
 //               the round's steps (this VM's disk rate drifts within a minute), the best
-//               of the rounds
+//               of the rounds; the line under each row times the reads alone and the writes
+//               alone, once
 //   of floor    floor / disk: the fraction of the disk's pace the step reaches
 //   in RAM      the state's bytes left in RAM after a step (mincore)
 //
-// Usage: nvme_offload [DIR, default .] [rounds, default 3]
+// Usage: nvme_offload [DIR, default .] [rounds, default 3] [chunk_numel, default OffloadOptions's]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -58,8 +59,8 @@ int file_on_disk(const std::string& dir, std::size_t bytes) {
 
 // Seconds the disk takes to read `read_bytes` of one file and write `write_bytes` to another at
 // once (each on a thread of its own, in 8-MiB requests; the writes to the device as the spill
-// writes them, without fsync's cache flush).
-double disk_floor(const std::string& dir, std::size_t read_bytes, std::size_t write_bytes) {
+// writes them, without fsync's cache flush). Either may be 0.
+double disk_time(const std::string& dir, std::size_t read_bytes, std::size_t write_bytes) {
   const int source = file_on_disk(dir, read_bytes);
   const int target = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   sk::check(target >= 0, "nvme_offload: cannot create a file in '", dir, "'");
@@ -91,19 +92,25 @@ double disk_floor(const std::string& dir, std::size_t read_bytes, std::size_t wr
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : ".";
   const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 3;
+  const std::int64_t chunk_numel = argc > 3 ? std::max<std::int64_t>(1, std::atoll(argv[3]))
+                                            : sk::parallel::OffloadOptions{}.chunk_numel;
   sk::Context ctx;
   const double params = static_cast<double>(sk::workloads::kResNet50Params);
-  std::printf("ResNet-50 on one rank, f32, %d threads; state files in %s; medians of %d steps\n",
-              ctx.cpu_threads(), dir.c_str(), rounds);
+  std::printf(
+      "ResNet-50 on one rank, f32, %d threads; state files in %s, chunks of %lld elements; "
+      "medians of %d steps\n",
+      ctx.cpu_threads(), dir.c_str(), static_cast<long long>(chunk_numel), rounds);
   std::printf(
       "| optimizer | host ms | disk ms | disk / host | floor ms | of floor | in RAM after a step "
       "|\n|---|---|---|---|---|---|---|\n");
   for (const auto kind : {sk::optim::OptimizerKind::adamw, sk::optim::OptimizerKind::larc_sgd}) {
     const bool larc = kind == sk::optim::OptimizerKind::larc_sgd;
     const double state_bytes = (larc ? 8.0 : 12.0) * params;
+    const auto bytes = static_cast<std::size_t>(state_bytes);
     os::Engine host(ctx, kind, sk::DType::f32, true);
     sk::parallel::OffloadOptions nvme;
     nvme.nvme_path = dir;
+    nvme.chunk_numel = chunk_numel;
     os::Engine disk(ctx, kind, sk::DType::f32, nvme);
     host.step();
     disk.step();
@@ -116,8 +123,7 @@ int main(int argc, char** argv) {
       start = std::chrono::steady_clock::now();
       disk.step();
       disk_s.push_back(seconds_since(start));
-      floor = std::min(floor, disk_floor(dir, static_cast<std::size_t>(state_bytes),
-                                         static_cast<std::size_t>(state_bytes)));
+      floor = std::min(floor, disk_time(dir, bytes, bytes));
     }
     const auto& optimizer = *disk.dp->training_state().optimizer;
     const double resident = static_cast<double>(optimizer.state_spill()->resident_bytes());
@@ -125,6 +131,8 @@ int main(int argc, char** argv) {
                 sk::optim::is_adam(kind) ? "AdamW" : "LARC-SGD", median(host_s) * 1e3,
                 median(disk_s) * 1e3, median(disk_s) / median(host_s), floor * 1e3,
                 100.0 * floor / median(disk_s), resident / 1e6, state_bytes / 1e6);
+    std::printf("  (the same bytes one after the other, once: read %.0f ms, then write %.0f ms)\n",
+                disk_time(dir, bytes, 0) * 1e3, disk_time(dir, 0, bytes) * 1e3);
   }
   return 0;
 }
