@@ -336,6 +336,60 @@ TEST_CASE("a full save streams through bounded chunks, and its model file is a s
   CHECK(sk::checkpoint::load_optimizer_state((dir / "optimizer.safetensors").string()).steps == 1);
 }
 
+// This process's resident memory and its peak since the last reset_peak_rss(), in bytes
+// (Linux's /proc/self/status; clear_refs "5" resets the peak).
+std::int64_t status_bytes(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
+  return -1;
+}
+bool reset_peak_rss() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5"); }
+
+TEST_CASE("a sharded save in the foreground writes from the state: no copy of it in RAM") {
+  const auto dir = scratch("foreground");
+  // One rank, one wide layer: AdamW's f32 master and two moments are 24 MB.
+  const std::int64_t in = 1024, out = 2048;
+  std::vector<float> saved_master;
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(ctx, in, out));
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::oss;
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
+                                      options);
+    auto b = batch(ctx, {4, in}, out, 0, 0);
+    ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+    model.step(0.05f);
+    const auto state_bytes = static_cast<std::int64_t>(12 * (in * out + out));
+    sk::checkpoint::CheckpointOptions sharded;
+    sharded.layout = CheckpointLayout::sharded;
+    const std::int64_t before = status_bytes("VmRSS");
+    if (!reset_peak_rss() || before < 0) {
+      MESSAGE("no /proc/self/clear_refs here: the save's RAM not checked");
+    } else {
+      sk::checkpoint::save_checkpoint(dir.string(), model.training_state(), sharded);
+      // A snapshot of the state would have taken its 24 MB again.
+      CHECK(status_bytes("VmHWM") - before < state_bytes / 4);
+    }
+    sk::checkpoint::save_checkpoint(dir.string(), model.training_state(), sharded);
+    saved_master = sk::to_vector<float>(ctx, model.training_state().optimizer->master_params()[0]);
+  });
+  // And it loads back: the same master.
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(ctx, in, out));
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::oss;
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
+                                      options);
+    sk::checkpoint::load_checkpoint(dir.string(), model.training_state());
+    CHECK(sk::to_vector<float>(ctx, model.training_state().optimizer->master_params()[0]) ==
+          saved_master);
+  });
+}
+
 TEST_CASE("checkpoints that do not fit or do not belong together are refused by name") {
   const auto dir = scratch("bad");
   auto save = [&](Where where, CheckpointLayout layout, const std::string& to, int steps = 1) {

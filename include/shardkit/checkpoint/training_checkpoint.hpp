@@ -162,45 +162,39 @@ inline void save_full(const std::string& dir, parallel::TrainingState& state, co
   model_file->commit();
 }
 
-// One rank's file of a sharded checkpoint, in host memory. Taking it (snapshot_shard) is the
-// only part of a sharded save that reads the training state; writing it (write_shard) needs
-// neither the state nor the other ranks, so an async save (async_checkpoint.hpp) does that in
-// the background.
-struct ShardSnapshot {
+// One rank's file of a sharded checkpoint: its tensors, the metadata, and where each tensor's
+// values are in the training state (`sources`, in the order of `tensors`). Made from the
+// state's shapes alone; what reads the values is the save (save_sharded: straight into the
+// file) or a snapshot (snapshot_shard: into host memory, for a save in the background).
+struct ShardLayout {
   std::string path;
   std::vector<TensorInfo> tensors;
   std::map<std::string, std::string> metadata;
-  std::vector<NamedBytes> values;  // in the order of `tensors`
+  std::vector<Tensor> sources;
 };
 
-// `staging`: an earlier snapshot's values, whose buffers are reused in order.
-inline ShardSnapshot snapshot_shard(const std::string& dir, parallel::TrainingState& state,
-                                    const std::string& id, const CheckpointOptions& options,
-                                    std::vector<NamedBytes> staging = {}) {
+inline ShardLayout shard_layout(const std::string& dir, parallel::TrainingState& state,
+                                const std::string& id, const CheckpointOptions& options) {
   auto& optimizer = *state.optimizer;
   auto& comm = *state.comm;
-  Context& ctx = optimizer.context();
   const auto& table = optimizer.table();
   // Each element once: a replicated table (DDP) is saved by rank 0 alone.
   const bool saves_pieces = !table.replicated() || comm.rank() == 0;
   const auto& pieces = optimizer.pieces();
-  ShardSnapshot out;
-  out.values = std::move(staging);
-  std::size_t staged = 0;
+  ShardLayout out;
   nlohmann::json listed = nlohmann::json::array();
-  auto stage = [&](TensorInfo info, const Tensor& t) {
-    if (staged == out.values.size()) out.values.emplace_back();
-    host_bytes_into(ctx, out.values[staged++], info.name, t);
+  auto add = [&](TensorInfo info, const Tensor& t) {
     out.tensors.push_back(std::move(info));
+    out.sources.push_back(t);
   };
   auto add_piece = [&](const shard::StatePiece& piece, const std::string& buffer,
                        const Tensor& view) {
     const auto& param = table.params()[piece.param].name;
     listed.push_back(piece_entry(param, buffer, piece.param_begin, piece.param_end));
-    stage(TensorInfo{piece_tensor_name(param, buffer, piece.param_begin, piece.param_end),
-                     DType::f32,
-                     {piece.numel()}},
-          view);
+    add(TensorInfo{piece_tensor_name(param, buffer, piece.param_begin, piece.param_end),
+                   DType::f32,
+                   {piece.numel()}},
+        view);
   };
   if (saves_pieces) {
     for (std::size_t k = 0; k < pieces.size(); ++k) {
@@ -215,9 +209,8 @@ inline ShardSnapshot snapshot_shard(const std::string& dir, parallel::TrainingSt
   if (comm.rank() == 0)
     for (const auto& [name, t] : state.replicated) {
       listed.push_back({{"tensor", name}, {"whole", true}});
-      stage(TensorInfo{name, t.dtype(), t.shape()}, t);
+      add(TensorInfo{name, t.dtype(), t.shape()}, t);
     }
-  out.values.resize(staged);
   out.metadata = common_metadata(state, id, options);
   for (auto& [key, value] : optimizer_state_metadata(optimizer.config().kind, optimizer.steps(),
                                                      trainable_params(state)))
@@ -229,6 +222,31 @@ inline ShardSnapshot snapshot_shard(const std::string& dir, parallel::TrainingSt
   return out;
 }
 
+// One rank's file of a sharded checkpoint, in host memory. Taking it (snapshot_shard) is the
+// only part of a background save that reads the training state; writing it (write_shard)
+// needs neither the state nor the other ranks, so an async save (async_checkpoint.hpp) does
+// that in the background.
+struct ShardSnapshot {
+  std::string path;
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+  std::vector<NamedBytes> values;  // in the order of `tensors`
+};
+
+// `staging`: an earlier snapshot's values, whose buffers are reused in order.
+inline ShardSnapshot snapshot_shard(const std::string& dir, parallel::TrainingState& state,
+                                    const std::string& id, const CheckpointOptions& options,
+                                    std::vector<NamedBytes> staging = {}) {
+  ShardLayout layout = shard_layout(dir, state, id, options);
+  Context& ctx = state.optimizer->context();
+  ShardSnapshot out{std::move(layout.path), std::move(layout.tensors), std::move(layout.metadata),
+                    std::move(staging)};
+  out.values.resize(out.tensors.size());
+  for (std::size_t k = 0; k < out.tensors.size(); ++k)
+    host_bytes_into(ctx, out.values[k], out.tensors[k].name, layout.sources[k]);
+  return out;
+}
+
 // The snapshot as its file, written atomically (checksums, fsync, rename).
 inline void write_shard(const ShardSnapshot& snapshot) {
   SafetensorsWriter file(snapshot.path, snapshot.tensors, snapshot.metadata);
@@ -236,9 +254,27 @@ inline void write_shard(const ShardSnapshot& snapshot) {
   file.commit();
 }
 
+// A save in the foreground writes each tensor straight from the state where it is host memory
+// (the CPU path; offloaded state, in RAM or in files): no copy of the rank's state is made, so
+// the save needs no RAM beyond the state itself (the state's size again, with a snapshot). A
+// tensor elsewhere (a GPU) goes through one host buffer, reused: the largest piece's size.
 inline void save_sharded(const std::string& dir, parallel::TrainingState& state,
                          const std::string& id, const CheckpointOptions& options) {
-  write_shard(snapshot_shard(dir, state, id, options));
+  const ShardLayout layout = shard_layout(dir, state, id, options);
+  Context& ctx = state.optimizer->context();
+  SafetensorsWriter file(layout.path, layout.tensors, layout.metadata);
+  NamedBytes bounce;
+  ctx.synchronize();  // (what the device may still be writing into host memory)
+  for (std::size_t k = 0; k < layout.tensors.size(); ++k) {
+    const Tensor& t = layout.sources[k];
+    if (t.device().is_cpu() && t.is_contiguous()) {
+      file.write(layout.tensors[k].name, 0, t.data_ptr(), t.nbytes());
+    } else {
+      host_bytes_into(ctx, bounce, layout.tensors[k].name, t);
+      file.write(bounce);
+    }
+  }
+  file.commit();
 }
 
 // Hybrid sharding: every group holds the same states, so the first group saves and the others
