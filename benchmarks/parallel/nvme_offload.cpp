@@ -65,22 +65,23 @@ double disk_time(const std::string& dir, std::size_t read_bytes, std::size_t wri
   const int target = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   sk::check(target >= 0, "nvme_offload: cannot create a file in '", dir, "'");
   const auto start = std::chrono::steady_clock::now();
+  bool read_ok = true, write_ok = true;
   std::thread reader([&] {
     std::vector<char> buffer(kBlock);
-    for (std::size_t at = 0; at < read_bytes; at += kBlock)
-      sk::check(::pread(source, buffer.data(), std::min(kBlock, read_bytes - at),
-                        static_cast<off_t>(at)) > 0,
-                "nvme_offload: read failed");
+    for (std::size_t at = 0; at < read_bytes && read_ok; at += kBlock)
+      read_ok = ::pread(source, buffer.data(), std::min(kBlock, read_bytes - at),
+                        static_cast<off_t>(at)) > 0;
   });
   std::vector<char> buffer(kBlock, 2);
-  for (std::size_t at = 0; at < write_bytes; at += kBlock)
-    sk::check(::pwrite(target, buffer.data(), std::min(kBlock, write_bytes - at),
-                       static_cast<off_t>(at)) > 0,
-              "nvme_offload: write failed");
+  for (std::size_t at = 0; at < write_bytes && write_ok; at += kBlock)
+    write_ok = ::pwrite(target, buffer.data(), std::min(kBlock, write_bytes - at),
+                        static_cast<off_t>(at)) > 0;
   ::sync_file_range(
       target, 0, static_cast<off_t>(write_bytes),
       SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-  reader.join();
+  reader.join();  // (before any check throws: a joinable thread would terminate the program)
+  sk::check(read_ok && write_ok, "nvme_offload: ", read_ok ? "a write" : "a read", " in '", dir,
+            "' failed");
   const double seconds = seconds_since(start);
   ::close(source);
   ::close(target);

@@ -535,6 +535,21 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
       offload_test::check_offload_exact(chunked,
                                         OffloadOptions{.optimizer = true, .chunk_numel = 100});
     }
+  // Pieces split over two ranks (sdp): LARC's norms exchanged first, the master read whole
+  // before many chunks.
+  offload_test::Run split;
+  split.stage = Stage::sdp;
+  split.kind = OptimizerKind::larc_sgd;
+  split.steps = 3;
+  OffloadOptions small = nvme;
+  small.params = false;
+  small.chunk_numel = 100;
+  offload_test::check_offload_exact(split, small);
+  // A chunk size that is not one is refused by name.
+  small.chunk_numel = 0;
+  split.offload = small;
+  CHECK_THROWS_WITH_AS(offload_test::train(split), doctest::Contains("offload.chunk_numel is 0"),
+                       sk::InvalidArgument);
   // A directory that is not there is named, with the fix.
   run.offload.nvme_path = (dir / "missing").string();
   CHECK_THROWS_WITH_AS(offload_test::train(run), doctest::Contains("is not a directory"),

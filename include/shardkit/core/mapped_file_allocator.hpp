@@ -74,23 +74,31 @@ class MappedFileAllocator : public Allocator {
     void* const at = reinterpret_cast<void*>(begin);
     if (populate_.load(std::memory_order_relaxed)) {
       int error = 0;
-      do {  // (a signal may interrupt it part-way: the rest is done on the retry)
+      do {  // (EINTR: a fatal signal is pending; EAGAIN: a transient shortage -- both retried)
         error = ::madvise(at, end - begin, for_writing ? kPopulateWrite : kPopulateRead) == 0
                     ? 0
                     : errno;
       } while (error == EINTR || error == EAGAIN);
       if (error == 0) return;
-      check<IoError>(error == EINVAL, "offload to disk: reading ", end - begin,
+      // The file could not be read (the access would have raised SIGBUS): the state is lost.
+      check<IoError>(!read_failed(error), "offload to disk: reading ", end - begin,
                      " bytes back from a file in '", directory_, "' failed (", std::strerror(error),
-                     "); is the disk failing?");
-      populate_.store(false, std::memory_order_relaxed);  // (a kernel older than 5.14)
+                     "); the disk is failing");
+      // Anything else (a kernel older than 5.14, a sandbox that forbids the advice) is not the
+      // disk's fault: from now on the pages are faulted in as before.
+      populate_.store(false, std::memory_order_relaxed);
     }
     ::madvise(at, end - begin, MADV_WILLNEED);
 #else
     (void)data;
     (void)bytes;
+    (void)for_writing;
 #endif
   }
+
+  // Whether load() returns with the range in RAM (MADV_POPULATE_* works here: not known to be
+  // refused yet); otherwise it only starts the read-ahead.
+  bool loads_whole() const { return populate_.load(std::memory_order_relaxed); }
 
   // Writes [data, data + bytes) back to its file and drops it from RAM (the pages it touches: a
   // page it shares with a neighbouring range is dropped too, and read again when that range is
@@ -208,6 +216,14 @@ class MappedFileAllocator : public Allocator {
     std::size_t bytes = 0;
     std::uintptr_t base = 0;
   };
+
+  // Whether MADV_POPULATE_* failed because the file's data could not be read.
+  static bool read_failed(int error) {
+#if defined(EHWPOISON)
+    if (error == EHWPOISON) return true;
+#endif
+    return error == EFAULT;
+  }
 
   // The mapping that holds `address` (with its base filled in).
   Mapping mapping_of(const void* address) const {

@@ -314,9 +314,10 @@ class ShardedOptimizer {
   }
 
   // The update on context `c` (the parameters' context, or the host's when offloaded): what
-  // every chunk shares first (LARC's trust ratios need every norm), then the fused pass chunk by
-  // chunk; offloaded, each chunk's new parameters are queued for the device before the next
-  // chunk is updated, and the step waits for the last.
+  // every chunk shares first (LARC's trust ratios need every norm, unless each chunk's pass
+  // forms its own), then the fused pass chunk by chunk; offloaded, each chunk's new parameters
+  // are queued for the device before the next chunk is updated, and the step waits for the
+  // last. A step that throws part-way leaves the state partly updated.
   void update(Context& c, const std::vector<Tensor>& g, float lr, float inv_grad_scale,
               const Tensor& gate = Tensor()) {
     const std::vector<Tensor> a = buffers_.size() > 0
@@ -335,15 +336,21 @@ class ShardedOptimizer {
     if (prepared.done) return;
     const std::size_t n = pieces().size();
     std::size_t end = transport_.chunk_end(0);
-    if (spill_) spill_->prefetch(0, end);
-    for (std::size_t begin = 0, next = end; begin < n; begin = end, end = next) {
-      next = end < n ? transport_.chunk_end(end) : n;  // (the chunk after this one)
-      if (spill_) spill_->prefetch(end, next);         // ([begin, end) in RAM; [end, next) comes)
-      rule_.apply(c, prepared, tensors, begin, end);
-      if (transport_.sends_up()) transport_.send_up(copies_, begin, end);
-      if (spill_) spill_->done(begin, end);
+    try {
+      if (spill_) spill_->prefetch(0, end);
+      for (std::size_t begin = 0, next = end; begin < n; begin = end, end = next) {
+        next = end < n ? transport_.chunk_end(end) : n;  // (the chunk after this one)
+        if (spill_) spill_->prefetch(end, next);         // ([begin, end) in RAM; [end, next) comes)
+        rule_.apply(c, prepared, tensors, begin, end);
+        if (transport_.sends_up()) transport_.send_up(copies_, begin, end);
+        if (spill_) spill_->done(begin, end);
+      }
+      if (spill_) spill_->finish();
+    } catch (...) {  // (no read or copy left running into the next step)
+      if (spill_) spill_->abandon();
+      if (transport_.sends_up()) transport_.wait();
+      throw;
     }
-    if (spill_) spill_->finish();
     if (transport_.sends_up()) transport_.wait();
   }
 

@@ -6,9 +6,10 @@
 // on disk and dropped from RAM. So RAM holds about three chunks of the state at any time instead
 // of all of it; what the update computes does not change (the same memory, the same functors).
 //
-// Reads between steps (a checkpoint, consolidation, LARC's norms of the masters) fault the
-// pages in as ordinary memory; the kernel may drop those clean pages again whenever RAM is short,
-// and the next step's chunks spill them.
+// Reads between steps (a checkpoint, consolidation) fault the pages in as ordinary memory; the
+// kernel may drop those clean pages again whenever RAM is short, and the next step's chunks
+// spill them. LARC's norms, where they need the whole master before the first chunk, read it
+// whole first (read_whole).
 #pragma once
 
 #include <algorithm>
@@ -66,6 +67,13 @@ class StateSpill {
   void drop_all() {
     wait_for_read();
     if (pieces() > 0) drop(0, pieces());
+  }
+  // A step that failed part-way: waits for the read in flight (its error, if any, is dropped:
+  // the step's own is on its way) and forgets the chunk before, so the next step starts clean.
+  void abandon() noexcept {
+    if (reading_.valid()) reading_.wait();
+    reading_ = {};
+    previous_ = {0, 0};
   }
   // The state's bytes in RAM now.
   std::size_t resident_bytes() const {

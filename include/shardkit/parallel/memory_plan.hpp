@@ -306,8 +306,9 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
   }
   // Offload to NVMe: the master and state in files instead (RAM holds a few chunks of them at a
   // step, which no column counts); each step reads and writes all of them once. (LARC with its
-  // norms split over ranks, or loss-scaled, reads the whole master before the chunks, which
-  // then find it in RAM: read once still, unless the kernel had to drop it meanwhile.)
+  // pieces split over ranks reads the whole master before the chunks, which then find it in
+  // RAM -- read once still, unless the kernel had to drop it meanwhile -- so RAM holds the
+  // rank's master through that step.)
   if (policy.offload.on_disk()) {
     p.disk_optimizer_state = p.host_optimizer_state;
     p.host_optimizer_state = 0;

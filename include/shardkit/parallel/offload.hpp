@@ -35,15 +35,17 @@ struct OffloadOptions {
   bool optimizer = false;   // master, optimizer state and step on the host
   bool params = false;      // fsdp: parameter shards on the host between uses (and `optimizer`)
   std::string nvme_path{};  // master and optimizer state in files there (and `optimizer`)
-  // The offloaded step updates chunks of whole pieces of at least this many elements, each
-  // chunk's parameters going up (and, under nvme_path, the next chunk read in) while the next
-  // is updated: under nvme_path, RAM holds about three chunks of the state.
+  // The offloaded step updates chunks of whole pieces of at least this many elements: while
+  // one chunk is updated, the one before goes up (its parameters) and, under nvme_path, the
+  // one after is read in, so RAM holds about three chunks of the state there.
   std::int64_t chunk_numel = std::int64_t{1} << 22;
   bool enabled() const { return optimizer || params || !nvme_path.empty(); }
   bool on_disk() const { return !nvme_path.empty(); }
 };
 
 inline void validate(const OffloadOptions& o, Stage stage) {
+  check(o.chunk_numel > 0, "offload.chunk_numel is ", o.chunk_numel,
+        "; give a positive number of elements per chunk of the offloaded step (default 4 Mi)");
   check(!o.params || stage == Stage::fsdp, "offload.params keeps parameter shards on the host, ",
         "and under ", stage_name(stage),
         " every rank holds the whole parameters for its compute; use Stage::fsdp with "
