@@ -349,16 +349,21 @@ bool reset_peak_rss() { return static_cast<bool>(std::ofstream("/proc/self/clear
 
 TEST_CASE("a sharded save in the foreground writes from the state: no copy of it in RAM") {
   const auto dir = scratch("foreground");
-  // One rank, one wide layer: AdamW's f32 master and two moments are 24 MB.
+  // One rank, one wide layer under oss: AdamW's f32 master and two moments are 24 MB.
   const std::int64_t in = 1024, out = 2048;
+  auto with_wide_model = [&](auto&& body) {
+    sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = std::make_shared<nn::Sequential>();
+      net->push_back(std::make_shared<nn::Linear>(ctx, in, out));
+      sk::parallel::ParallelOptions options;
+      options.stage = Stage::oss;
+      sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
+                                        options);
+      body(ctx, model);
+    });
+  };
   std::vector<float> saved_master;
-  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    auto net = std::make_shared<nn::Sequential>();
-    net->push_back(std::make_shared<nn::Linear>(ctx, in, out));
-    sk::parallel::ParallelOptions options;
-    options.stage = Stage::oss;
-    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
-                                      options);
+  with_wide_model([&](sk::Context& ctx, sk::parallel::ShardedModule& model) {
     auto b = batch(ctx, {4, in}, out, 0, 0);
     ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
     model.step(0.05f);
@@ -366,24 +371,16 @@ TEST_CASE("a sharded save in the foreground writes from the state: no copy of it
     sk::checkpoint::CheckpointOptions sharded;
     sharded.layout = CheckpointLayout::sharded;
     const std::int64_t before = status_bytes("VmRSS");
-    if (!reset_peak_rss() || before < 0) {
-      MESSAGE("no /proc/self/clear_refs here: the save's RAM not checked");
-    } else {
-      sk::checkpoint::save_checkpoint(dir.string(), model.training_state(), sharded);
-      // A snapshot of the state would have taken its 24 MB again.
-      CHECK(status_bytes("VmHWM") - before < state_bytes / 4);
-    }
+    const bool measured = before >= 0 && reset_peak_rss();
     sk::checkpoint::save_checkpoint(dir.string(), model.training_state(), sharded);
+    if (measured)  // (a snapshot of the state would have taken its 24 MB again)
+      CHECK(status_bytes("VmHWM") - before < state_bytes / 4);
+    else
+      MESSAGE("no /proc/self/clear_refs here: the save's RAM not checked");
     saved_master = sk::to_vector<float>(ctx, model.training_state().optimizer->master_params()[0]);
   });
   // And it loads back: the same master.
-  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    auto net = std::make_shared<nn::Sequential>();
-    net->push_back(std::make_shared<nn::Linear>(ctx, in, out));
-    sk::parallel::ParallelOptions options;
-    options.stage = Stage::oss;
-    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::adamw),
-                                      options);
+  with_wide_model([&](sk::Context& ctx, sk::parallel::ShardedModule& model) {
     sk::checkpoint::load_checkpoint(dir.string(), model.training_state());
     CHECK(sk::to_vector<float>(ctx, model.training_state().optimizer->master_params()[0]) ==
           saved_master);
