@@ -280,9 +280,9 @@ int main(int argc, char** argv) {
     if (launch.rank == 0 && options.offload.on_disk())
       std::printf(
           "on disk in %s per rank (MB): optimizer state and f32 master %.2f; %.2f MB read and "
-          "written there per step\n",
+          "written there per step, at most %.2f MB of it in RAM at once\n",
           options.offload.nvme_path.c_str(), plan.disk_optimizer_state / 1e6,
-          plan.disk_transfer / 1e6);
+          plan.disk_transfer / 1e6, plan.disk_streaming / 1e6);
 
     // --- train: every rank runs train.hpp's loop on the chosen device -------------------------
     const custom_loop::Results results = custom_loop::train_on(device, setup);
@@ -370,7 +370,8 @@ int main(int argc, char** argv) {
                                 {"host_parameters", plan.host_parameters},
                                 {"host_gradients", plan.host_gradients},
                                 {"host_optimizer_state", plan.host_optimizer_state},
-                                {"disk_optimizer_state", plan.disk_optimizer_state}}}};
+                                {"disk_optimizer_state", plan.disk_optimizer_state},
+                                {"disk_streaming", plan.disk_streaming}}}};
     std::printf("%s\n", summary.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -6,12 +6,18 @@
 // host's holds exactly what the ZeRO formulas say; checkpoints move between offloaded and plain
 // runs; a bad request is named.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "dp_test_model.hpp"
@@ -54,11 +60,49 @@ struct Outcome {
   sk::MemorySnapshot device, host;   // rank 0 after the last step: the two ledgers
   sk::MemorySnapshot disk;           // and the disk's, under offload to NVMe
   std::size_t resident = 0;          // offload to NVMe, rank 0: its state's bytes in RAM then
+  std::size_t resident_peak = 0;     // and the most of them it had mapped during the steps
   sk::parallel::MemoryPlan plan;     // rank 0's plan
   std::int64_t state_numel = 0;      // rank 0: elements its optimizer updates
   std::int64_t max_state_numel = 0;  // the most any rank updates
   std::int64_t shard_bytes = 0;      // fsdp, rank 0: its parameter shards
 };
+
+// The bytes the views span, from the first element of one to the last of another.
+std::pair<const void*, std::size_t> spanned(const std::vector<sk::Tensor>& views) {
+  auto lo = UINTPTR_MAX, hi = std::uintptr_t{0};
+  for (const auto& v : views) {
+    if (v.numel() == 0) continue;
+    const auto at = reinterpret_cast<std::uintptr_t>(v.data_ptr());
+    lo = std::min(lo, at);
+    hi = std::max(hi, at + v.nbytes());
+  }
+  return lo < hi ? std::pair{reinterpret_cast<const void*>(lo), hi - lo}
+                 : std::pair{static_cast<const void*>(nullptr), std::size_t{0}};
+}
+
+// Bytes of the ranges that this process has mapped in RAM now (/proc/self/pagemap's present
+// bit, whole pages): what a step holds of a mapped file. Unlike mincore it leaves out what the
+// kernel read ahead into its page cache and has not mapped -- clean pages it may drop at will.
+std::size_t mapped_bytes(const std::vector<std::pair<const void*, std::size_t>>& ranges) {
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const std::size_t page = 4096;
+  std::size_t pages = 0;
+  std::vector<std::uint64_t> entries;
+  for (const auto& [data, bytes] : ranges) {
+    if (bytes == 0) continue;
+    const auto first = reinterpret_cast<std::uintptr_t>(data) / page;
+    const auto last = (reinterpret_cast<std::uintptr_t>(data) + bytes - 1) / page;
+    entries.resize(last - first + 1);
+    const auto want = static_cast<ssize_t>(entries.size() * sizeof(std::uint64_t));
+    if (::pread(fd, entries.data(), static_cast<std::size_t>(want),
+                static_cast<off_t>(first * sizeof(std::uint64_t))) != want)
+      continue;
+    for (const auto e : entries) pages += (e >> 63) & 1u;
+  }
+  ::close(fd);
+  return pages * page;
+}
 
 std::string describe(const Run& r) {
   return std::string(sk::parallel::stage_name(r.stage)) + " " +
@@ -140,6 +184,33 @@ Outcome train(const Run& run) {
     }
     const sk::Shape shape = run.resnet ? sk::Shape{3, 3, 8, 8} : sk::Shape{6, 12};
     const std::int64_t classes = run.resnet ? 5 : 7;
+    // Offload to NVMe, rank 0: a thread samples how much of the state the process has mapped
+    // in RAM while the steps after the first run (it can only miss the peak, never exceed it;
+    // until the first step ends, the masters' first values written by the wrap are mapped too).
+    std::atomic<bool> stepping{true}, sampling{false};
+    std::thread sampler;
+    const auto& trained = *model.training_state().optimizer;
+    if (comm.rank() == 0 && trained.state_spill() != nullptr) {
+      std::vector<std::pair<const void*, std::size_t>> ranges;
+      for (const auto& buffer : trained.state_buffers())
+        ranges.emplace_back(buffer.values.data_ptr(), buffer.values.nbytes());
+      if (trained.separate_master()) ranges.push_back(spanned(trained.master_params()));
+      sampler = std::thread([&, ranges] {
+        while (stepping.load()) {
+          if (sampling.load())
+            out.resident_peak = std::max(out.resident_peak, mapped_bytes(ranges));
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+      });
+    }
+    struct StopSampling {
+      std::atomic<bool>& stepping;
+      std::thread& sampler;
+      ~StopSampling() {
+        stepping.store(false);
+        if (sampler.joinable()) sampler.join();
+      }
+    } stop_sampling{stepping, sampler};
     for (int s = run.first_step; s < run.first_step + run.steps; ++s) {
       model.zero_grad();
       auto b = module_test::batch(ctx, shape, classes, comm.rank(), s);
@@ -159,7 +230,10 @@ Outcome train(const Run& run) {
         model.step(lr_at(run.kind, s), scaler);
       else
         model.step(lr_at(run.kind, s));
+      sampling.store(true);
     }
+    stepping.store(false);
+    if (sampler.joinable()) sampler.join();
     auto training = model.training_state();
     const auto& optimizer = *training.optimizer;
     state_numel[static_cast<std::size_t>(comm.rank())] =
@@ -545,6 +619,31 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
   small.params = false;
   small.chunk_numel = 100;
   offload_test::check_offload_exact(split, small);
+  const auto split_on_disk = [&] {
+    split.offload = small;
+    return offload_test::train(split);
+  }();
+  CHECK(split_on_disk.resident_peak <= static_cast<std::size_t>(split_on_disk.plan.disk_streaming));
+  // While a ResNet steps in chunks of 1 Ki elements, the process maps some of its state, never
+  // more than the planner's bound, which is under the whole (about half of this small ResNet's:
+  // three chunks around its largest pieces).
+  offload_test::Run streamed;
+  streamed.resnet = true;
+  streamed.world = 1;
+  streamed.steps = 3;
+  streamed.stage = Stage::fsdp;
+  streamed.kind = OptimizerKind::adamw;
+  OffloadOptions chunks = nvme;
+  chunks.params = false;
+  chunks.chunk_numel = 1024;
+  streamed.offload = chunks;
+  const auto on_disk_streamed = offload_test::train(streamed);
+  const auto bound = static_cast<std::size_t>(on_disk_streamed.plan.disk_streaming);
+  CHECK(bound < static_cast<std::size_t>(on_disk_streamed.plan.disk_optimizer_state));
+  if (!tmpfs && ::access("/proc/self/pagemap", R_OK) == 0) {
+    CHECK(on_disk_streamed.resident_peak > 0);
+    CHECK(on_disk_streamed.resident_peak <= bound);
+  }
   // A chunk size that is not one is refused by name.
   small.chunk_numel = 0;
   split.offload = small;

@@ -15,6 +15,17 @@
 
 namespace shardkit::optim {
 
+// The end of the chunk that starts at piece `begin` when an update goes in chunks: whole
+// pieces, at least `chunk_numel` elements of them (fewer at the end). What the offloaded step
+// sends up and streams from disk, and what the memory planner bounds RAM by.
+inline std::size_t offload_chunk_end(const std::vector<shard::StatePiece>& pieces,
+                                     std::size_t begin, std::int64_t chunk_numel) {
+  std::int64_t numel = 0;
+  std::size_t end = begin;
+  while (end < pieces.size() && numel < chunk_numel) numel += pieces[end++].numel();
+  return end;
+}
+
 // Where an optimizer keeps its master, state and step: on the parameters' context (host ==
 // nullptr), or offloaded to a CPU context.
 struct OptimizerOffload {
@@ -74,11 +85,7 @@ class OffloadTransport {
   std::size_t chunk_end(std::size_t begin) const {
     const auto& pieces = table_->pieces(rank_);
     const bool chunked = sends_up() || offload_.disk != nullptr;
-    std::int64_t numel = 0;
-    std::size_t end = begin;
-    while (end < pieces.size() && (!chunked || numel < offload_.chunk_numel))
-      numel += pieces[end++].numel();
-    return end;
+    return chunked ? offload_chunk_end(pieces, begin, offload_.chunk_numel) : pieces.size();
   }
   // Queues pieces [begin, end)'s updated values for the device.
   void send_up(const MasterCopies& copies, std::size_t begin, std::size_t end) {

@@ -124,10 +124,14 @@ struct MemoryPlan {
   std::int64_t host_gradients = 0;
   std::int64_t host_optimizer_state = 0;
   double host_transfer = 0;
-  // Offload to NVMe (offload.nvme_path): the f32 master and optimizer state in files, and the
-  // bytes read and written there per step.
+  // Offload to NVMe (offload.nvme_path): the f32 master and optimizer state in files, the
+  // bytes read and written there per step, and the RAM a step holds of them at once (a bound:
+  // the three chunks in flight -- the one being written back, the one updated, the one read
+  // in -- each rounded out to whole pages; under LARC with pieces split over ranks, the whole
+  // master besides, read before the chunks). Between steps none of it is held.
   std::int64_t disk_optimizer_state = 0;
   double disk_transfer = 0;
+  std::int64_t disk_streaming = 0;
   // The wrap's transient above the model states (a bound), besides the wrap's checks' few
   // scalars (kWrapScalarBytes) and, before the groups are filled, the table of rank 0's recipes
   // (kRecipeBytes a parameter). An eager build: the group being filled whole and broadcast
@@ -280,12 +284,16 @@ inline std::int64_t state_elements_bytes(const optim::OptimizerConfig& config, b
   return 4 * static_cast<std::int64_t>(optim::state_buffer_names(config).size() + (mixed ? 1 : 0));
 }
 
+// Pages of RAM hold mapped files (MappedFileAllocator): a range of them takes whole pages.
+inline constexpr std::int64_t kPageBytes = 4096;
+
 // CPU offload moves rank p's optimizer state (state_numel elements) to the host with an f32
 // master of its own unless the parameters already are that master (f32 shards on the host),
 // the gradients' staging, and the compute copy on its way up (mixed precision, parameters on
 // the device); offload.params moves fsdp's shards (`shard_bytes`) as well.
 inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolicy& policy,
-                         std::int64_t state_numel, std::int64_t shard_bytes) {
+                         const shard::PieceTable& table, int rank, std::int64_t shard_bytes) {
+  const std::int64_t state_numel = table.state_numel(rank);
   if (!policy.offload.enabled()) return;
   const DType param = policy.param_dtype, grad = policy.buckets.grad_dtype;
   const bool mixed = param != DType::f32;
@@ -313,6 +321,25 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
     p.disk_optimizer_state = p.host_optimizer_state;
     p.host_optimizer_state = 0;
     p.disk_transfer = 2.0 * static_cast<double>(p.disk_optimizer_state);
+    const bool master_on_disk = mixed || !params_on_host;
+    const std::int64_t files = buffers + (master_on_disk ? 1 : 0);  // f32 buffers, one a file
+    const auto& pieces = table.pieces(rank);
+    std::vector<std::int64_t> chunks;  // bytes of RAM each chunk takes, whole pages
+    for (std::size_t begin = 0, end = 0; begin < pieces.size(); begin = end) {
+      end = optim::offload_chunk_end(pieces, begin, policy.offload.chunk_numel);
+      std::int64_t numel = 0;
+      for (std::size_t k = begin; k < end; ++k) numel += pieces[k].numel();
+      chunks.push_back(files * (4 * numel + 2 * kPageBytes));  // (a range touches <= 2 more)
+    }
+    for (std::size_t k = 0; k < chunks.size(); ++k)
+      p.disk_streaming =
+          std::max(p.disk_streaming, chunks[k] + (k > 0 ? chunks[k - 1] : 0) +
+                                         (k + 1 < chunks.size() ? chunks[k + 1] : 0));
+    bool split = !table.replicated() && table.world_size() > 1;  // (LARC's norms exchanged)
+    for (const auto& piece : pieces)
+      split = split || piece.param_begin != 0 || piece.numel() != table.params()[piece.param].numel;
+    if (o.optimizer.kind == optim::OptimizerKind::larc_sgd && split && master_on_disk)
+      p.disk_streaming += 4 * state_numel + 2 * kPageBytes;
   }
 }
 
@@ -362,7 +389,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       p.communication = detail::bucket_transients(buckets, reduce_scatter, policy.buckets);
       if (policy.broadcast_fp16)
         p.communication = std::max(p.communication, plan.trainable_end() * 2);
-      detail::plan_offload(p, o, policy, table.state_numel(rank), 0);
+      detail::plan_offload(p, o, policy, table, rank, 0);
     } else {
       std::vector<std::vector<std::size_t>> units = o.fsdp_units;
       if (units.empty()) {
@@ -449,7 +476,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         p.eager_build += 4 * frozen;
       }
       p.optimizer_state = table.state_numel(rank) * state_bytes;
-      detail::plan_offload(p, o, policy, table.state_numel(rank), shard_bytes);
+      detail::plan_offload(p, o, policy, table, rank, shard_bytes);
       // Gathered at once: the root unit, and the unit in use with `prefetch` more ahead (every
       // unit without resharding after forward).
       std::int64_t root = 0;
