@@ -185,9 +185,8 @@ Outcome train(const Run& run) {
     const sk::Shape shape = run.resnet ? sk::Shape{3, 3, 8, 8} : sk::Shape{6, 12};
     const std::int64_t classes = run.resnet ? 5 : 7;
     // Offload to NVMe, rank 0: a thread samples how much of the state the process has mapped
-    // in RAM while the steps after the first run (it can only miss the peak, never exceed it;
-    // until the first step ends, the masters' first values written by the wrap are mapped too).
-    std::atomic<bool> stepping{true}, sampling{false};
+    // in RAM while the steps run (it can only miss the peak, never exceed it).
+    std::atomic<bool> stepping{true};
     std::thread sampler;
     const auto& trained = *model.training_state().optimizer;
     if (comm.rank() == 0 && trained.state_spill() != nullptr) {
@@ -197,8 +196,7 @@ Outcome train(const Run& run) {
       if (trained.separate_master()) ranges.push_back(spanned(trained.master_params()));
       sampler = std::thread([&, ranges] {
         while (stepping.load()) {
-          if (sampling.load())
-            out.resident_peak = std::max(out.resident_peak, mapped_bytes(ranges));
+          out.resident_peak = std::max(out.resident_peak, mapped_bytes(ranges));
           std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
       });
@@ -230,7 +228,6 @@ Outcome train(const Run& run) {
         model.step(lr_at(run.kind, s), scaler);
       else
         model.step(lr_at(run.kind, s));
-      sampling.store(true);
     }
     stepping.store(false);
     if (sampler.joinable()) sampler.join();

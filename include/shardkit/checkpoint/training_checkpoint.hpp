@@ -527,6 +527,7 @@ inline void apply_staged(StagedLoad& staged, parallel::TrainingState& state) {
   for (const auto& [t, saved] : staged.replicated) copy(ctx, t, saved);
   optimizer.set_steps(staged.loaded.steps);
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
+  optimizer.spill_state();             // (offload to NVMe: out of RAM until the next step)
   // The loss scaler's state, when both the checkpoint and this run have one (a run without
   // loss scaling has none to save; a run that gains one starts from its initial scale).
   if (state.scaler != nullptr && staged.loss_scale > 0)

@@ -191,6 +191,7 @@ inline void load_optimizer_state(ShardedOptimizer& optimizer, const OptimizerSta
     }
   }
   optimizer.set_steps(state.steps);
+  optimizer.spill_state();
 }
 
 }  // namespace shardkit::optim

@@ -229,6 +229,12 @@ class ShardedOptimizer {
   void copy_masters_to_params() { copies_.to_params(); }
   // After the parameters were written (e.g. broadcast): the masters take their values.
   void copy_params_to_masters() { copies_.from_params(); }
+  // Offload to NVMe: the state written back to its files and dropped from RAM now. For what
+  // writes it between steps -- the wrap's first values, a loaded checkpoint or state -- which
+  // would otherwise stay in RAM until the next step's end. Nothing without offload to disk.
+  void spill_state() {
+    if (spill_) spill_->drop_all();
+  }
   // The state buffers over this rank's state range, by PyTorch's names (momentum_buffer;
   // exp_avg and exp_avg_sq); none without state. The handles share the storage:
   // load_optimizer_state() writes through them.

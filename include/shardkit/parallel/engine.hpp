@@ -104,6 +104,7 @@ class Engine : public ParamGroups {
           group.pieces(), root);
       group.release();
     }
+    optimizer_->spill_state();  // (offload to NVMe: the masters' first values out of RAM)
   }
 
   // Makes every rank's parameters equal to `root`'s (after each rank initialised its own).
@@ -118,6 +119,7 @@ class Engine : public ParamGroups {
       broadcast_from(flat, flat.params().flat(), root);
     }
     optimizer_->copy_params_to_masters();
+    optimizer_->spill_state();
   }
 
   // Every unit gathered while the scope lives (FSDP's summon_full_params), to read or write
