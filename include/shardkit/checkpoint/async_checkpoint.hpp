@@ -78,6 +78,7 @@ class AsyncCheckpointer {
     const std::string id = detail::agree_on_checkpoint_id(*ctx_, comm);
     auto snapshot = std::make_shared<detail::ShardSnapshot>(
         detail::snapshot_shard(folder, state, id, options, std::move(staging_)));
+    state.optimizer->spill_state();  // (offload to NVMe: what the snapshot read, out of RAM)
     if (extra) extra(folder);
     std::promise<void> written;
     written_ = written.get_future();

@@ -268,6 +268,8 @@ inline void save_sharded(const std::string& dir, parallel::TrainingState& state,
   for (std::size_t k = 0; k < layout.tensors.size(); ++k) {
     const Tensor& t = layout.sources[k];
     if (t.device().is_cpu() && t.is_contiguous()) {
+      SK_ASSERT(t.dtype() == layout.tensors[k].dtype &&
+                t.numel() == shape_numel(layout.tensors[k].shape));
       file.write(layout.tensors[k].name, 0, t.data_ptr(), t.nbytes());
     } else {
       host_bytes_into(ctx, bounce, layout.tensors[k].name, t);
@@ -321,6 +323,7 @@ inline void save_checkpoint(const std::string& dir, parallel::TrainingState stat
   comm.barrier();  // every file of this checkpoint is in place
   if (comm.rank() == 0) detail::remove_stale_files(dir, options.layout, comm.size());
   comm.barrier();
+  state.optimizer->spill_state();  // (offload to NVMe: what the save read, out of RAM again)
 }
 
 namespace detail {
@@ -527,7 +530,6 @@ inline void apply_staged(StagedLoad& staged, parallel::TrainingState& state) {
   for (const auto& [t, saved] : staged.replicated) copy(ctx, t, saved);
   optimizer.set_steps(staged.loaded.steps);
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
-  optimizer.spill_state();             // (offload to NVMe: out of RAM until the next step)
   // The loss scaler's state, when both the checkpoint and this run have one (a run without
   // loss scaling has none to save; a run that gains one starts from its initial scale).
   if (state.scaler != nullptr && staged.loss_scale > 0)
@@ -551,6 +553,7 @@ inline LoadedCheckpoint load_checkpoint(const std::string& dir, parallel::Traini
   detail::apply_staged(staged, state);
   if (state.forget_trajectory) state.forget_trajectory();
   if (state.after_load) state.after_load();
+  state.optimizer->spill_state();  // (offload to NVMe: out of RAM; after every collective)
   return staged.loaded;
 }
 

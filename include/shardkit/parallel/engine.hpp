@@ -138,7 +138,12 @@ class Engine : public ParamGroups {
         if (writeback && flat.sharded()) flat.copy_range_to_shard();
         engine_->release(u);
       }
-      if (writeback) engine_->optimizer_->copy_params_to_masters();  // (offload's f32 master)
+      if (!writeback) return;
+      engine_->optimizer_->copy_params_to_masters();  // (offload's f32 master)
+      try {
+        engine_->optimizer_->spill_state();  // (offload to NVMe: out of RAM again)
+      } catch (...) {  // (a destructor: the next step's spill reports a failing disk)
+      }
     }
     FullParams(const FullParams&) = delete;
     FullParams& operator=(const FullParams&) = delete;

@@ -327,9 +327,15 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
     std::vector<std::int64_t> chunks;  // bytes of RAM each chunk takes, whole pages
     for (std::size_t begin = 0, end = 0; begin < pieces.size(); begin = end) {
       end = optim::offload_chunk_end(pieces, begin, policy.offload.chunk_numel);
-      std::int64_t numel = 0;
-      for (std::size_t k = begin; k < end; ++k) numel += pieces[k].numel();
-      chunks.push_back(files * (4 * numel + 2 * kPageBytes));  // (a range touches <= 2 more)
+      // (What a chunk loads and drops is the span of its pieces in each file, their alignment
+      // gaps included, rounded out to pages: at most two more.)
+      std::int64_t lo = INT64_MAX, hi = 0;
+      for (std::size_t k = begin; k < end; ++k)
+        if (pieces[k].numel() > 0) {
+          lo = std::min(lo, pieces[k].state_offset);
+          hi = std::max(hi, pieces[k].state_offset + pieces[k].numel());
+        }
+      chunks.push_back(lo < hi ? files * (4 * (hi - lo) + 2 * kPageBytes) : 0);
     }
     for (std::size_t k = 0; k < chunks.size(); ++k)
       p.disk_streaming =

@@ -98,6 +98,7 @@ inline void normalize_owned_rows(Context& ctx, optim::ShardedOptimizer& optimize
           where, optimizer.master_params()[k], pieces[k].param_begin, cols, leaves, eps,
           gate.defined() && gate.device() == where.device() ? gate : Tensor());
   optimizer.copy_masters_to_params();  // mixed precision: the compute copies follow
+  optimizer.spill_state();             // (offload to NVMe: the written rows out of RAM)
 }
 
 inline void normalize_rows(Context& ctx, TrainingState& state, const std::string& name,
