@@ -69,19 +69,6 @@ struct Outcome {
   std::int64_t shard_bytes = 0;      // fsdp, rank 0: its parameter shards
 };
 
-// The bytes the views span, from the first element of one to the last of another.
-std::pair<const void*, std::size_t> spanned(const std::vector<sk::Tensor>& views) {
-  auto lo = UINTPTR_MAX, hi = std::uintptr_t{0};
-  for (const auto& v : views) {
-    if (v.numel() == 0) continue;
-    const auto at = reinterpret_cast<std::uintptr_t>(v.data_ptr());
-    lo = std::min(lo, at);
-    hi = std::max(hi, at + v.nbytes());
-  }
-  return lo < hi ? std::pair{reinterpret_cast<const void*>(lo), hi - lo}
-                 : std::pair{static_cast<const void*>(nullptr), std::size_t{0}};
-}
-
 // Bytes of the ranges that this process has mapped in RAM now (/proc/self/pagemap's present
 // bit, whole pages): what a step holds of a mapped file. Unlike mincore it leaves out what the
 // kernel read ahead into its page cache and has not mapped -- clean pages it may drop at will.
@@ -196,7 +183,10 @@ Outcome train(const Run& run) {
       std::vector<std::pair<const void*, std::size_t>> ranges;
       for (const auto& buffer : trained.state_buffers())
         ranges.emplace_back(buffer.values.data_ptr(), buffer.values.nbytes());
-      if (trained.separate_master()) ranges.push_back(spanned(trained.master_params()));
+      if (trained.separate_master())
+        for (const auto& range : sk::optim::StateSpill::ranges_of(trained.master_params(), 0,
+                                                                  trained.master_params().size()))
+          ranges.push_back(range);
       sampler = std::thread([&, ranges] {
         while (stepping.load()) {
           out.resident_peak = std::max(out.resident_peak, mapped_bytes(ranges));

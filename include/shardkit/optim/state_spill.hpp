@@ -75,6 +75,19 @@ class StateSpill {
     reading_ = {};
     previous_ = {0, 0};
   }
+  // The bytes pieces [begin, end) of one buffer span (none when they are all empty).
+  static std::vector<std::pair<const void*, std::size_t>> ranges_of(
+      const std::vector<Tensor>& views, std::size_t begin, std::size_t end) {
+    std::uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (std::size_t k = begin; k < end; ++k) {
+      if (views[k].numel() == 0) continue;
+      const auto at = reinterpret_cast<std::uintptr_t>(views[k].data_ptr());
+      lo = std::min(lo, at);
+      hi = std::max(hi, at + views[k].nbytes());
+    }
+    if (lo >= hi) return {};
+    return {{reinterpret_cast<const void*>(lo), hi - lo}};
+  }
   // The state's bytes in RAM now.
   std::size_t resident_bytes() const {
     std::size_t total = 0;
@@ -104,19 +117,6 @@ class StateSpill {
       out.insert(out.end(), range.begin(), range.end());
     }
     return out;
-  }
-  // The bytes pieces [begin, end) of one buffer span (none when they are all empty).
-  static std::vector<std::pair<const void*, std::size_t>> ranges_of(
-      const std::vector<Tensor>& views, std::size_t begin, std::size_t end) {
-    std::uintptr_t lo = UINTPTR_MAX, hi = 0;
-    for (std::size_t k = begin; k < end; ++k) {
-      if (views[k].numel() == 0) continue;
-      const auto at = reinterpret_cast<std::uintptr_t>(views[k].data_ptr());
-      lo = std::min(lo, at);
-      hi = std::max(hi, at + views[k].nbytes());
-    }
-    if (lo >= hi) return {};
-    return {{reinterpret_cast<const void*>(lo), hi - lo}};
   }
 
   const MappedFileAllocator* disk_;
