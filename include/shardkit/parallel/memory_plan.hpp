@@ -313,7 +313,7 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
     p.host_transfer += static_cast<double>(state_numel * bytes_of(param));
   }
   // Offload to NVMe: the master and state in files instead (RAM holds a few chunks of them at a
-  // step, which no column counts); each step reads and writes all of them once. (LARC with its
+  // step: disk_streaming); each step reads and writes all of them once. (LARC with its
   // pieces split over ranks reads the whole master before the chunks, which then find it in
   // RAM -- read once still, unless the kernel had to drop it meanwhile -- so RAM holds the
   // rank's master through that step.)
