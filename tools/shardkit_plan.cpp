@@ -3,14 +3,16 @@
 //   shardkit-plan --model resnet50 --world-size 64 [--group-size 8] [--stage all|ddp|oss|sdp|fsdp]
 //                 [--optimizer larc_sgd|sgd|adamw] [--precision f32|bf16|f16]
 //                 [--batch 32] [--image-size 224] [--device-memory-gib 80]
-//                 [--offload none|optimizer|params]
+//                 [--offload none|optimizer|params|nvme] [--offload-chunk 4194304]
 //   shardkit-plan --model weights.safetensors ...   (every tensor a trainable parameter)
 //
 // Prints, per stage, the bytes of the most loaded rank by category (MiB), the bytes each rank
 // sends per step inside its shard group and across groups (MiB; without --group-size the group
 // is the world, and on more than one node all of it crosses nodes), with --offload what moves to
 // the host (MiB per rank) and the bytes between host and device per step (params: fsdp's shards
-// too; other stages offload the optimizer only), and with --device-memory-gib
+// too; other stages offload the optimizer only; nvme: the master and optimizer state in files,
+// the host column then the RAM a step streams them through, the disk columns their size and
+// the bytes read and written per step), and with --device-memory-gib
 // the largest batch per rank that fits. For a ResNet the activations are profiled on this CPU (a
 // forward and backward at batch 2, 4, 8, ... until the growth per sample settles, f32, with and
 // without activation checkpointing: an upper bound under mixed precision); FSDP wraps each
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
   std::string model, stage_name = "all", optimizer = "larc_sgd", precision = "f32";
   std::string offload = "none";
   int world = 1, group = 0, reshard_group = 0;
+  std::int64_t offload_chunk = par::OffloadOptions{}.chunk_numel;
   bool quantized_weights = false, quantized_grads = false, error_feedback = false;
   std::int64_t batch = 32, image_size = 224;
   double device_gib = 0;
@@ -90,8 +93,12 @@ int main(int argc, char** argv) {
   app.add_option("--device-memory-gib", device_gib, "print the largest batch that fits");
   app.add_option("--offload", offload,
                  "CPU offload: none, optimizer (master, state and step on the host), params "
-                 "(fsdp: the parameter shards too)")
-      ->check(CLI::IsMember({"none", "optimizer", "params"}));
+                 "(fsdp: the parameter shards too), nvme (the master and state in files, "
+                 "streamed through RAM in chunks at the step)")
+      ->check(CLI::IsMember({"none", "optimizer", "params", "nvme"}));
+  app.add_option("--offload-chunk", offload_chunk,
+                 "elements per chunk of the offloaded step (offload.chunk_numel)")
+      ->check(CLI::PositiveNumber);
   // DeepSpeed ZeRO++'s compression (fsdp rows only: the other stages do not gather or
   // reduce-scatter that way).
   app.add_flag("--quantized-weights", quantized_weights,
@@ -163,9 +170,10 @@ int main(int argc, char** argv) {
     std::printf("%s: %zu tensors, %lld parameters; N = %d, %s; %s, %s; batch %lld per rank\n",
                 model.c_str(), specs.size(), static_cast<long long>(psi), world, grouping,
                 optimizer.c_str(), precision.c_str(), static_cast<long long>(batch));
-    std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s", "stage",
-                "params", "grads", "optim", "comm", "gathered", "activations", "act (ckpt)",
-                "total MiB", "sent in grp", "across grps", "host MiB", "host<->dev");
+    std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s %10s %10s",
+                "stage", "params", "grads", "optim", "comm", "gathered", "activations",
+                "act (ckpt)", "total MiB", "sent in grp", "across grps", "host MiB", "host<->dev",
+                "disk MiB", "disk r+w");
     if (device_gib > 0) std::printf(" %10s %10s", "max batch", "(ckpt)");
     // The wrap's own peak (ShardedModule's construction), the model built eagerly or under
     // sk::DeferredParameters (every parameter initialised by a whole-tensor fill, so that each
@@ -176,6 +184,9 @@ int main(int argc, char** argv) {
       parallel.stage = stage;
       parallel.offload.optimizer = offload != "none";
       parallel.offload.params = offload == "params" && stage == par::Stage::fsdp;
+      // (The planner reads the files' place only as "on disk"; nothing is written there.)
+      parallel.offload.nvme_path = offload == "nvme" ? "planned" : "";
+      parallel.offload.chunk_numel = offload_chunk;
       const bool fsdp = stage == par::Stage::fsdp;
       parallel.fsdp.quantized_weights = fsdp && quantized_weights;
       parallel.fsdp.quantized_grads = fsdp && quantized_grads;
@@ -184,14 +195,15 @@ int main(int argc, char** argv) {
       const auto options = net ? par::module_planned_run(*net, o) : o;
       const auto plan = par::plan_memory(specs, options, plain, batch);
       const auto with_ckpt = par::plan_memory(specs, options, checkpointed, batch);
-      std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s",
+      std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s %10s %10s",
                   std::string(par::stage_name(stage)).c_str(), mib(plan.parameters).c_str(),
                   mib(plan.gradients).c_str(), mib(plan.optimizer_state).c_str(),
                   mib(plan.communication).c_str(), mib(plan.gathered).c_str(),
                   net ? mib(plan.activations).c_str() : "-",
                   net ? mib(with_ckpt.activations).c_str() : "-", mib(plan.total()).c_str(),
                   mib(plan.sent_in_group).c_str(), mib(plan.sent_across_groups).c_str(),
-                  mib(plan.host_total()).c_str(), mib(plan.host_transfer).c_str());
+                  mib(plan.host_total()).c_str(), mib(plan.host_transfer).c_str(),
+                  mib(plan.disk_optimizer_state).c_str(), mib(plan.disk_transfer).c_str());
       if (device_gib > 0) {
         const auto bytes = static_cast<std::int64_t>(device_gib * 1024 * 1024 * 1024);
         if (net)

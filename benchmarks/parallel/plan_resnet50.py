@@ -26,9 +26,9 @@ def plan(world, group=0, stage="all", offload="none"):
     rows = {}
     for line in out[2:]:
         cells = line.split()
-        # params grads optim comm gathered act act_ckpt total in_group across host pcie fits
-        # (fits_ckpt) wrap_eager wrap_deferred
-        rows[cells[0]] = [float(c) for c in cells[1:14]] + [float(c) for c in cells[-2:]]
+        # params grads optim comm gathered act act_ckpt total in_group across host pcie disk
+        # disk_rw fits (fits_ckpt) wrap_eager wrap_deferred
+        rows[cells[0]] = [float(c) for c in cells[1:16]] + [float(c) for c in cells[-2:]]
     return rows
 
 
@@ -43,6 +43,7 @@ for world in WORLDS:
     table.append((world, "ZeRO-2 + offload optimizer", plan(world, 0, "sdp", "optimizer")["sdp"]))
     table.append((world, "ZeRO-3 + offload optimizer", plan(world, 0, "fsdp", "optimizer")["fsdp"]))
     table.append((world, "ZeRO-3 + offload params", plan(world, 0, "fsdp", "params")["fsdp"]))
+    table.append((world, "ZeRO-3 + offload to NVMe", plan(world, 0, "fsdp", "nvme")["fsdp"]))
 
 lines = [
     "# Memory plan: ResNet-50 under every stage (computed by `shardkit-plan`)",
@@ -64,8 +65,15 @@ lines = [
     "gradients' staging; under offload params the FSDP shards too): the device columns fall by",
     "that, the host column holds it (exact: the tests compare both ledgers with the plan, rank",
     "by rank), and host<->device is what crosses PCIe per step (gradients down, parameters up;",
-    "the shards at every gather under offload params). The wrap is its own peak, before",
-    "training (`ShardedModule`'s construction): for a model built eagerly, the model states",
+    "the shards at every gather under offload params). Offload to NVMe keeps the master and",
+    "state in files instead (disk; read and written once per step: disk r+w), and the host",
+    "column is then the RAM a step streams them through (the planner's bound: three chunks of",
+    "4 Mi elements in flight, each the span its pieces take in the files; under LARC with its",
+    "parameters split over ranks, as here, the whole master and the other files' chunks) beside the",
+    "gradients' staging; between steps none of the files is held. (Here a rank's state is at most one",
+    "chunk -- 3.2 M elements at N = 8 -- so a step holds all of it, as much RAM as offload to",
+    "host memory: NVMe pays where a rank's state spans many chunks.) The wrap is its own peak,",
+    "before training (`ShardedModule`'s construction): for a model built eagerly, the model states",
     "so far plus the group being filled (under fsdp one unit's whole buffer) and the model's",
     "own f32 parameters, whole until bound; a model built under `sk::DeferredParameters` holds",
     "neither: each rank makes its own range from rank 0's recipes, in place (docs/design.md",
@@ -74,18 +82,19 @@ lines = [
     "batch-norm statistics included, which no column counts).",
     "",
     "| N | sharding | params | grads | optim | comm | gathered | model states + buffers |"
-    " activations (ckpt) | device total | host | host<->device / step | MiB sent / step |"
-    " of it across nodes | max batch in 80 GiB | wrap peak: eager / deferred |",
-    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    " activations (ckpt) | device total | host | host<->device / step | disk | disk r+w / step |"
+    " MiB sent / step | of it across nodes | max batch in 80 GiB | wrap peak: eager / deferred |",
+    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 for world, name, r in table:
     (params, grads, optim, comm, gathered, act, act_ckpt, total, in_group, across, host, pcie,
-     fits, wrap_eager, wrap_deferred) = r
+     disk, disk_rw, fits, wrap_eager, wrap_deferred) = r
     states = params + grads + optim + comm + gathered
     crossing = across if name.startswith("hybrid") else (in_group + across if world > GROUP else 0)
     lines.append(f"| {world} | {name} | {params:.1f} | {grads:.1f} | {optim:.1f} | {comm:.1f} | "
                  f"{gathered:.1f} | {states:.1f} | {act:.1f} ({act_ckpt:.1f}) | {total:.1f} | "
-                 f"{host:.1f} | {pcie:.1f} | {in_group + across:.1f} | {crossing:.1f} | "
+                 f"{host:.1f} | {pcie:.1f} | {disk:.1f} | {disk_rw:.1f} | "
+                 f"{in_group + across:.1f} | {crossing:.1f} | "
                  f"{int(fits)} | {wrap_eager:.1f} / {wrap_deferred:.1f} |")
 (docs / "memory_plan.md").write_text("\n".join(lines) + "\n")
 
@@ -95,14 +104,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
-labels = [name for _, name, _ in table[:8]]
-width = 0.1
+labels = [name for w, name, _ in table if w == WORLDS[0]]
+width = 0.9 / len(labels)
 for k, label in enumerate(labels):
     rows = [r for w, n, r in table if n == label]
     states = [r[0] + r[1] + r[2] + r[3] + r[4] for r in rows]
     crossing = [(r[9] if label.startswith("hybrid") else (r[8] + r[9] if w > GROUP else 0))
                 for (w, n, r) in [(w, n, r) for w, n, r in table if n == label]]
-    xs = [i + (k - 3.5) * width for i in range(len(WORLDS))]
+    xs = [i + (k - (len(labels) - 1) / 2) * width for i in range(len(WORLDS))]
     axes[0].bar(xs, states, width, label=label)
     axes[1].bar(xs, crossing, width, label=label)
 for ax, title in zip(axes, ["model states + buffers per rank on the device (MiB)",

@@ -567,6 +567,10 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
   CHECK(on_disk.plan.disk_optimizer_state == 12 * n);
   CHECK(on_disk.plan.host_optimizer_state == 0);
   CHECK(on_disk.plan.disk_transfer == 24.0 * static_cast<double>(n));
+  // The host's RAM at a step's peak: the offload ledgers and the chunks streamed from disk.
+  CHECK(on_disk.plan.disk_streaming > 0);
+  CHECK(on_disk.plan.host_total() ==
+        on_disk.plan.host_parameters + on_disk.plan.host_gradients + on_disk.plan.disk_streaming);
   if (!tmpfs)
     CHECK(on_disk.resident == 0);
   else

@@ -128,7 +128,8 @@ struct MemoryPlan {
   // bytes read and written there per step, and the RAM a step holds of them at once (a bound:
   // the three chunks in flight -- the one being written back, the one updated, the one read
   // in -- each rounded out to whole pages; under LARC with pieces split over ranks, the whole
-  // master besides, read before the chunks). Between steps none of it is held.
+  // master, read before the chunks, and the chunks of the other files). Between steps none of
+  // it is held.
   std::int64_t disk_optimizer_state = 0;
   double disk_transfer = 0;
   std::int64_t disk_streaming = 0;
@@ -149,8 +150,10 @@ struct MemoryPlan {
     return model_states() + (deferred ? deferred_transient : wrap_transient + eager_build);
   }
   std::int64_t total() const { return model_states() + communication + gathered + activations; }
+  // The host's RAM for model states at a step's peak: offload's ledgers, and under NVMe the
+  // chunks a step holds of the files (between steps it holds none of them).
   std::int64_t host_total() const {
-    return host_parameters + host_gradients + host_optimizer_state;
+    return host_parameters + host_gradients + host_optimizer_state + disk_streaming;
   }
 };
 
@@ -315,15 +318,23 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
   // Offload to NVMe: the master and state in files instead (RAM holds a few chunks of them at a
   // step: disk_streaming); each step reads and writes all of them once. (LARC with its
   // pieces split over ranks reads the whole master before the chunks, which then find it in
-  // RAM -- read once still, unless the kernel had to drop it meanwhile -- so RAM holds the
-  // rank's master through that step.)
+  // RAM -- read once still, unless the kernel had to drop it meanwhile -- and drop its pages
+  // with theirs.)
   if (policy.offload.on_disk()) {
     p.disk_optimizer_state = p.host_optimizer_state;
     p.host_optimizer_state = 0;
     p.disk_transfer = 2.0 * static_cast<double>(p.disk_optimizer_state);
     const bool master_on_disk = mixed || !params_on_host;
-    const std::int64_t files = buffers + (master_on_disk ? 1 : 0);  // f32 buffers, one a file
     const auto& pieces = table.pieces(rank);
+    // LARC whose pieces are split over ranks (its norms exchanged) reads the whole master
+    // before the chunks: RAM holds it all, and each chunk adds only the other files' spans.
+    bool split = !table.replicated() && table.world_size() > 1;
+    for (const auto& piece : pieces)
+      split = split || piece.param_begin != 0 || piece.numel() != table.params()[piece.param].numel;
+    const bool whole_master =
+        o.optimizer.kind == optim::OptimizerKind::larc_sgd && split && master_on_disk;
+    // (f32 buffers, one a file; the master among them where it is on disk)
+    const std::int64_t files = buffers + (master_on_disk && !whole_master ? 1 : 0);
     std::vector<std::int64_t> chunks;  // bytes of RAM each chunk takes, whole pages
     for (std::size_t begin = 0, end = 0; begin < pieces.size(); begin = end) {
       end = optim::offload_chunk_end(pieces, begin, policy.offload.chunk_numel);
@@ -341,11 +352,7 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
       p.disk_streaming =
           std::max(p.disk_streaming, chunks[k] + (k > 0 ? chunks[k - 1] : 0) +
                                          (k + 1 < chunks.size() ? chunks[k + 1] : 0));
-    bool split = !table.replicated() && table.world_size() > 1;  // (LARC's norms exchanged)
-    for (const auto& piece : pieces)
-      split = split || piece.param_begin != 0 || piece.numel() != table.params()[piece.param].numel;
-    if (o.optimizer.kind == optim::OptimizerKind::larc_sgd && split && master_on_disk)
-      p.disk_streaming += 4 * state_numel + 2 * kPageBytes;
+    if (whole_master) p.disk_streaming += 4 * state_numel + 2 * kPageBytes;
   }
 }
 
