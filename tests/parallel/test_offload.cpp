@@ -647,6 +647,64 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
     CHECK(on_disk_streamed.resident_peak > 0);
     CHECK(on_disk_streamed.resident_peak <= bound);
   }
+  // zero_grad() reads the next step's first chunk ahead, beside the forward and backward: after
+  // a step the process maps none of the state; after zero_grad() it maps that chunk, and only
+  // it (the kernel's own read-ahead into its page cache aside: /proc/self/pagemap, not mincore);
+  // a drop (spill_state) unmaps it again.
+  if (!tmpfs && ::access("/proc/self/pagemap", R_OK) == 0) {
+    std::vector<sk::shard::ParamSpec> trainable;
+    for (const auto& p : dp_test::model_specs())
+      if (p.trainable) trainable.push_back(p);
+    sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      sk::parallel::ParallelOptions options;
+      options.stage = Stage::ddp;
+      options.offload.nvme_path = dir.string();
+      options.offload.chunk_numel = 64;  // (the first chunk: embed.weight, 407 elements)
+      DataParallel dp(ctx, comm, trainable, dp_test::config_for(OptimizerKind::adamw), options);
+      const auto& optimizer = dp.optimizer();
+      if (!dynamic_cast<const sk::MappedFileAllocator&>(optimizer.disk_context()->allocator())
+               .loads_whole()) {
+        MESSAGE("MADV_POPULATE_* is refused here: the read ahead is not checked");
+        return;
+      }
+      std::vector<std::pair<const void*, std::size_t>> state;  // master, exp_avg, exp_avg_sq
+      for (const auto& buffer : optimizer.state_buffers())
+        state.emplace_back(buffer.values.data_ptr(), buffer.values.nbytes());
+      for (const auto& range : sk::optim::StateSpill::ranges_of(optimizer.master_params(), 0,
+                                                                optimizer.master_params().size()))
+        state.push_back(range);
+      REQUIRE(state.size() == 3);
+      const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+      const auto mapped_after = [&](std::size_t at_least) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        std::size_t bytes = offload_test::mapped_bytes(state);
+        while (bytes < at_least && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          bytes = offload_test::mapped_bytes(state);
+        }
+        return bytes;
+      };
+      for (int s = 0; s < 2; ++s) {
+        CHECK(offload_test::mapped_bytes(state) == 0);
+        dp.zero_grad();
+        // The first chunk's span in each file: its 1.6 kB on one page, or two.
+        const std::size_t ahead = mapped_after(3 * page);
+        CHECK(ahead >= 3 * page);
+        CHECK(ahead <= 6 * page);
+        for (std::size_t i = trainable.size(); i-- > 0;) {
+          sk::fill(ctx, dp.grad(i), 0.01 * static_cast<double>(i + 1));
+          dp.ready(i);
+        }
+        dp.finish();
+        dp.step(0.05f);
+      }
+      CHECK(offload_test::mapped_bytes(state) == 0);
+      dp.zero_grad();
+      CHECK(mapped_after(3 * page) >= 3 * page);
+      dp.optimizer().spill_state();
+      CHECK(offload_test::mapped_bytes(state) == 0);
+    });
+  }
   // A chunk size that is not one is refused by name.
   small.chunk_numel = 0;
   split.offload = small;

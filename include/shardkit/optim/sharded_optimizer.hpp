@@ -235,6 +235,14 @@ class ShardedOptimizer {
   void spill_state() {
     if (spill_) spill_->drop_all();
   }
+  // Offload to NVMe: starts reading the next step's first chunk of the master and state now, on
+  // the spill's thread, so that the step finds it in RAM instead of waiting for it (the
+  // engine's zero_grad() calls this: the read runs beside the forward and backward). RAM then
+  // holds that chunk until the step; a drop (spill_state) cancels it. Nothing without offload
+  // to disk.
+  void prefetch_state() {
+    if (spill_) spill_->read_ahead(0, transport_.chunk_end(0));
+  }
   // The state buffers over this rank's state range, by PyTorch's names (momentum_buffer;
   // exp_avg and exp_avg_sq); none without state. The handles share the storage:
   // load_optimizer_state() writes through them.

@@ -5,6 +5,8 @@
 // for the update to fault); after it, its write-back starts, and the chunk before it is finished
 // on disk and dropped from RAM. So RAM holds about three chunks of the state at any time instead
 // of all of it; what the update computes does not change (the same memory, the same functors).
+// The step's first chunk can be read ahead of it (read_ahead: the engine's zero_grad() starts
+// it), beside the forward and backward, instead of at the step's start.
 //
 // Reads between steps (a checkpoint, consolidation) fault the pages in as ordinary memory; the
 // kernel may drop those clean pages again whenever RAM is short, and the next step's chunks
@@ -31,14 +33,27 @@ class StateSpill {
       : disk_(&disk), per_piece_(std::move(per_piece)) {}
 
   // Waits until the pieces read before are in RAM (the chunk about to be updated), then starts
-  // reading pieces [begin, end) beside its update; an empty range only waits.
+  // reading pieces [begin, end) beside its update; an empty range only waits. A range that
+  // read_ahead() started is not read again.
   void prefetch(std::size_t begin, std::size_t end) {
+    if (ahead_ == std::pair{begin, end} && begin < end) {
+      ahead_ = {0, 0};
+      return;
+    }
     wait_for_read();
-    auto loading = ranges(begin, end);
-    if (loading.empty()) return;
-    reading_ = std::async(std::launch::async, [disk = disk_, loading = std::move(loading)] {
-      for (const auto& [data, bytes] : loading) disk->load(data, bytes);
-    });
+    start_reading(begin, end);
+  }
+  // Starts reading pieces [begin, end) before the step -- the next step's first chunk, beside
+  // the forward and backward -- so that the step's prefetch of that range finds it coming.
+  void read_ahead(std::size_t begin, std::size_t end) {
+    if (ahead_ == std::pair{begin, end} && begin < end) return;  // (already on its way)
+    wait_for_read();
+    ahead_ = {begin, end};
+    start_reading(begin, end);
+  }
+  // The read in flight finished (its error, if any, thrown here).
+  void wait_for_read() {
+    if (reading_.valid()) reading_.get();
   }
   // Buffer `buffer` read whole into RAM, for reading, before returning: what reads it before the
   // first chunk (LARC's norms of the master) then reads it at the disk's pace, not a fault a
@@ -63,9 +78,11 @@ class StateSpill {
     previous_ = {0, 0};
     drop_all();
   }
-  // Everything on disk and out of RAM (after the buffers were first written).
+  // Everything on disk and out of RAM (after the buffers were first written), a read ahead
+  // included.
   void drop_all() {
     wait_for_read();
+    ahead_ = {0, 0};
     if (pieces() > 0) drop(0, pieces());
   }
   // A step that failed part-way: waits for the read in flight (its error, if any, is dropped:
@@ -74,6 +91,7 @@ class StateSpill {
     if (reading_.valid()) reading_.wait();
     reading_ = {};
     previous_ = {0, 0};
+    ahead_ = {0, 0};
   }
   // The bytes pieces [begin, end) of one buffer span (none when they are all empty).
   static std::vector<std::pair<const void*, std::size_t>> ranges_of(
@@ -97,9 +115,12 @@ class StateSpill {
   }
 
  private:
-  // The read in flight finished (its error, if any, thrown here).
-  void wait_for_read() {
-    if (reading_.valid()) reading_.get();
+  void start_reading(std::size_t begin, std::size_t end) {
+    auto loading = ranges(begin, end);
+    if (loading.empty()) return;
+    reading_ = std::async(std::launch::async, [disk = disk_, loading = std::move(loading)] {
+      for (const auto& [data, bytes] : loading) disk->load(data, bytes);
+    });
   }
 
   std::size_t pieces() const { return per_piece_.empty() ? 0 : per_piece_[0].size(); }
@@ -122,6 +143,7 @@ class StateSpill {
   const MappedFileAllocator* disk_;
   std::vector<std::vector<Tensor>> per_piece_;
   std::pair<std::size_t, std::size_t> previous_{0, 0};
+  std::pair<std::size_t, std::size_t> ahead_{0, 0};  // what read_ahead() started, until used
   std::future<void> reading_;  // the next chunk's read, on a thread of its own
 };
 

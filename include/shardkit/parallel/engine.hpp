@@ -154,6 +154,13 @@ class Engine : public ParamGroups {
   [[nodiscard]] FullParams full_params() { return FullParams(*this); }
 
   // --- the step --------------------------------------------------------------------------------
+  // Gradients from zero for the next backward. Under offload to NVMe it also starts reading
+  // the step's first chunk of the master and state, beside the forward and backward
+  // (ShardedOptimizer::prefetch_state).
+  void zero_grad() {
+    ParamGroups::zero_grad();
+    optimizer_->prefetch_state();
+  }
   // The learning rate of the next steps (schedules live in the training loop): a step
   // captured by a StepGraph (core/step_graph.hpp) reads it on the device, so a loop that
   // captures sets it before each run, outside the step, and calls step() inside.
