@@ -662,11 +662,6 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
       options.offload.chunk_numel = 64;  // (the first chunk: embed.weight, 407 elements)
       DataParallel dp(ctx, comm, trainable, dp_test::config_for(OptimizerKind::adamw), options);
       const auto& optimizer = dp.optimizer();
-      if (!dynamic_cast<const sk::MappedFileAllocator&>(optimizer.disk_context()->allocator())
-               .loads_whole()) {
-        MESSAGE("MADV_POPULATE_* is refused here: the read ahead is not checked");
-        return;
-      }
       std::vector<std::pair<const void*, std::size_t>> state;  // master, exp_avg, exp_avg_sq
       for (const auto& buffer : optimizer.state_buffers())
         state.emplace_back(buffer.values.data_ptr(), buffer.values.nbytes());
@@ -684,11 +679,19 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
         }
         return bytes;
       };
+      const auto& files =
+          dynamic_cast<const sk::MappedFileAllocator&>(optimizer.disk_context()->allocator());
       for (int s = 0; s < 2; ++s) {
         CHECK(offload_test::mapped_bytes(state) == 0);
         dp.zero_grad();
         // The first chunk's span in each file: its 1.6 kB on one page, or two.
         const std::size_t ahead = mapped_after(3 * page);
+        // (Where the kernel refuses MADV_POPULATE_*, known once the read was tried, the read
+        // ahead only starts the kernel's own read-ahead and maps nothing.)
+        if (ahead == 0 && !files.loads_whole()) {
+          MESSAGE("MADV_POPULATE_* is refused here: the read ahead is not checked");
+          return;
+        }
         CHECK(ahead >= 3 * page);
         CHECK(ahead <= 6 * page);
         for (std::size_t i = trainable.size(); i-- > 0;) {

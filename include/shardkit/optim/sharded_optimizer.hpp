@@ -238,10 +238,16 @@ class ShardedOptimizer {
   // Offload to NVMe: starts reading the next step's first chunk of the master and state now, on
   // the spill's thread, so that the step finds it in RAM instead of waiting for it (the
   // engine's zero_grad() calls this: the read runs beside the forward and backward). RAM then
-  // holds that chunk until the step; a drop (spill_state) cancels it. Nothing without offload
-  // to disk.
-  void prefetch_state() {
-    if (spill_) spill_->read_ahead(0, transport_.chunk_end(0));
+  // holds that chunk until the step (or a skipped step's successor); a drop (spill_state)
+  // waits for the read and drops it. Nothing without offload to disk. Best effort, never
+  // throws: a read that fails here is made again by the step, which reports its error.
+  void prefetch_state() noexcept {
+    if (!spill_) return;
+    try {
+      spill_->read_ahead(0, transport_.chunk_end(0));
+    } catch (...) {
+      spill_->abandon();
+    }
   }
   // The state buffers over this rank's state range, by PyTorch's names (momentum_buffer;
   // exp_avg and exp_avg_sq); none without state. The handles share the storage:

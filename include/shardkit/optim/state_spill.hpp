@@ -6,7 +6,8 @@
 // on disk and dropped from RAM. So RAM holds about three chunks of the state at any time instead
 // of all of it; what the update computes does not change (the same memory, the same functors).
 // The step's first chunk can be read ahead of it (read_ahead: the engine's zero_grad() starts
-// it), beside the forward and backward, instead of at the step's start.
+// it), beside the forward and backward, instead of at the step's start; RAM then holds that
+// chunk from zero_grad() to the step.
 //
 // Reads between steps (a checkpoint, consolidation) fault the pages in as ordinary memory; the
 // kernel may drop those clean pages again whenever RAM is short, and the next step's chunks
@@ -48,12 +49,19 @@ class StateSpill {
   void read_ahead(std::size_t begin, std::size_t end) {
     if (ahead_ == std::pair{begin, end} && begin < end) return;  // (already on its way)
     wait_for_read();
-    ahead_ = {begin, end};
     start_reading(begin, end);
+    ahead_ = {begin, end};
   }
-  // The read in flight finished (its error, if any, thrown here).
+  // The read in flight finished (its error, if any, thrown here; a range read ahead is then
+  // read again by the step that needs it).
   void wait_for_read() {
-    if (reading_.valid()) reading_.get();
+    if (!reading_.valid()) return;
+    try {
+      reading_.get();
+    } catch (...) {
+      ahead_ = {0, 0};
+      throw;
+    }
   }
   // Buffer `buffer` read whole into RAM, for reading, before returning: what reads it before the
   // first chunk (LARC's norms of the master) then reads it at the disk's pace, not a fault a

@@ -128,8 +128,8 @@ struct MemoryPlan {
   // bytes read and written there per step, and the RAM a step holds of them at once (a bound:
   // the three chunks in flight -- the one being written back, the one updated, the one read
   // in -- each rounded out to whole pages; under LARC with pieces split over ranks, the whole
-  // master, read before the chunks, and the chunks of the other files). Between steps none of
-  // it is held.
+  // master, read before the chunks, and the chunks of the other files). Between a step and the
+  // next zero_grad() none of it is held; from zero_grad() on, the first chunk (read ahead).
   std::int64_t disk_optimizer_state = 0;
   double disk_transfer = 0;
   std::int64_t disk_streaming = 0;
@@ -151,7 +151,7 @@ struct MemoryPlan {
   }
   std::int64_t total() const { return model_states() + communication + gathered + activations; }
   // The host's RAM for model states at a step's peak: offload's ledgers, and under NVMe the
-  // chunks a step holds of the files (between steps it holds none of them).
+  // chunks a step holds of the files (after a step, until the next zero_grad(), none of them).
   std::int64_t host_total() const {
     return host_parameters + host_gradients + host_optimizer_state + disk_streaming;
   }
