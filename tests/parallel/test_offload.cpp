@@ -60,8 +60,10 @@ struct Outcome {
   sk::optim::OptimizerState state;   // consolidated on rank 0
   sk::MemorySnapshot device, host;   // rank 0 after the last step: the two ledgers
   sk::MemorySnapshot disk;           // and the disk's, under offload to NVMe
-  std::size_t resident = 0;          // offload to NVMe, rank 0: its state's bytes in RAM then
+  std::size_t resident = 0;          // offload to NVMe, rank 0: its state's bytes in RAM then,
+  std::size_t resident_dropped = 0;  // and after spill_state(),
   std::size_t resident_peak = 0;     // and the most of them it had mapped during the steps
+  std::size_t bytes_read = 0;        // and what its steps read of it from disk
   bool loads_whole = false;          // offload to NVMe: MADV_POPULATE_* works here
   sk::parallel::MemoryPlan plan;     // rank 0's plan
   std::int64_t state_numel = 0;      // rank 0: elements its optimizer updates
@@ -239,6 +241,9 @@ Outcome train(const Run& run) {
       if (optimizer.disk_context() != nullptr) {
         out.disk = optimizer.disk_context()->memory_stats().snapshot();
         out.resident = optimizer.state_spill()->resident_bytes();
+        out.bytes_read = optimizer.state_spill()->bytes_read();
+        training.optimizer->spill_state();
+        out.resident_dropped = optimizer.state_spill()->resident_bytes();
         out.loads_whole =
             dynamic_cast<const sk::MappedFileAllocator&>(optimizer.disk_context()->allocator())
                 .loads_whole();
@@ -566,15 +571,27 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
   CHECK(on_disk.host.current_of(MemoryCategory::optimizer_state) == 0);
   CHECK(on_disk.plan.disk_optimizer_state == 12 * n);
   CHECK(on_disk.plan.host_optimizer_state == 0);
-  CHECK(on_disk.plan.disk_transfer == 24.0 * static_cast<double>(n));
+  // (One chunk: kept in RAM from step to step, written back at each, not read.)
+  CHECK(on_disk.plan.disk_transfer == 12.0 * static_cast<double>(n));
   // The host's RAM at a step's peak: the offload ledgers and the chunks streamed from disk.
   CHECK(on_disk.plan.disk_streaming > 0);
   CHECK(on_disk.plan.host_total() ==
         on_disk.plan.host_parameters + on_disk.plan.host_gradients + on_disk.plan.disk_streaming);
-  if (!tmpfs)
-    CHECK(on_disk.resident == 0);
-  else
+  // A state of one chunk stays in RAM from step to step (written back at each): read from disk
+  // once in three steps, out of RAM after a drop (spill_state).
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto state_pages = [&](std::int64_t files, std::int64_t numel) {
+    return static_cast<std::size_t>(files) * (4 * static_cast<std::size_t>(numel) + 2 * page);
+  };
+  if (!tmpfs) {
+    CHECK(on_disk.resident > 0);
+    CHECK(on_disk.resident <= state_pages(3, n));
+    CHECK(on_disk.bytes_read > 0);
+    CHECK(on_disk.bytes_read <= state_pages(3, n));
+    CHECK(on_disk.resident_dropped == 0);
+  } else {
     MESSAGE("the temporary directory is tmpfs: RAM residency not checked");
+  }
   CHECK(std::filesystem::is_empty(dir));  // (unnamed files)
   // LARC's one-pass update (fsdp on one rank, the shards on the host: no norm exchange) is
   // streamed and dropped too.
@@ -588,7 +605,10 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
   const auto larc_on_disk = offload_test::train(larc);
   CHECK(larc_on_disk.disk.current_of(MemoryCategory::optimizer_state) ==
         4 * larc_on_disk.state_numel);  // (f32 with the shards on the host: they are the master)
-  if (!tmpfs) CHECK(larc_on_disk.resident == 0);
+  if (!tmpfs) {
+    CHECK(larc_on_disk.bytes_read <= state_pages(1, larc_on_disk.state_numel));
+    CHECK(larc_on_disk.resident_dropped == 0);
+  }
   // Many chunks (a few pieces each): LARC forming each chunk's norms in its pass (whole pieces:
   // one rank, or ddp), with per-parameter decays, and AdamW; to disk and to host memory.
   for (auto kind : {OptimizerKind::larc_sgd, OptimizerKind::adamw})
@@ -647,10 +667,14 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
     CHECK(on_disk_streamed.resident_peak > 0);
     CHECK(on_disk_streamed.resident_peak <= bound);
   }
-  // zero_grad() reads the next step's first chunk ahead, beside the forward and backward: after
-  // a step the process maps none of the state; after zero_grad() it maps that chunk, and only
-  // it (the kernel's own read-ahead into its page cache aside: /proc/self/pagemap, not mincore);
-  // a drop (spill_state) unmaps it again.
+  // zero_grad() reads the step's first chunk ahead, beside the forward and backward, and the
+  // chunk a step ends with stays in RAM: the next step walks the chunks the other way, starting
+  // with it. Checked through the pages this process maps (the kernel's own read-ahead into its
+  // page cache aside: /proc/self/pagemap, not mincore): after zero_grad() the first chunk
+  // (embed.weight), and only it; after the step its last chunk (head.bias and tiny), which the
+  // next zero_grad() does not read again and the next step does not read at all; after that
+  // step embed.weight's chunk again; a drop (spill_state) unmaps it and the next zero_grad()
+  // reads it back.
   if (!tmpfs && ::access("/proc/self/pagemap", R_OK) == 0) {
     std::vector<sk::shard::ParamSpec> trainable;
     for (const auto& p : dp_test::model_specs())
@@ -662,6 +686,7 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
       options.offload.chunk_numel = 64;  // (the first chunk: embed.weight, 407 elements)
       DataParallel dp(ctx, comm, trainable, dp_test::config_for(OptimizerKind::adamw), options);
       const auto& optimizer = dp.optimizer();
+      const auto& spill = *optimizer.state_spill();
       std::vector<std::pair<const void*, std::size_t>> state;  // master, exp_avg, exp_avg_sq
       for (const auto& buffer : optimizer.state_buffers())
         state.emplace_back(buffer.values.data_ptr(), buffer.values.nbytes());
@@ -669,7 +694,11 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
                                                                 optimizer.master_params().size()))
         state.push_back(range);
       REQUIRE(state.size() == 3);
-      const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+      std::size_t whole = 0;  // the pages the three files' state spans
+      for (const auto& [data, bytes] : state) {
+        const auto at = reinterpret_cast<std::uintptr_t>(data);
+        whole += (at + bytes + page - 1) / page * page - at / page * page;
+      }
       const auto mapped_after = [&](std::size_t at_least) {
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
         std::size_t bytes = offload_test::mapped_bytes(state);
@@ -679,33 +708,47 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
         }
         return bytes;
       };
-      const auto& files =
-          dynamic_cast<const sk::MappedFileAllocator&>(optimizer.disk_context()->allocator());
-      for (int s = 0; s < 2; ++s) {
-        CHECK(offload_test::mapped_bytes(state) == 0);
-        dp.zero_grad();
-        // The first chunk's span in each file: its 1.6 kB on one page, or two.
-        const std::size_t ahead = mapped_after(3 * page);
-        // (Where the kernel refuses MADV_POPULATE_*, known once the read was tried, the read
-        // ahead only starts the kernel's own read-ahead and maps nothing.)
-        if (ahead == 0 && !files.loads_whole()) {
-          MESSAGE("MADV_POPULATE_* is refused here: the read ahead is not checked");
-          return;
-        }
-        CHECK(ahead >= 3 * page);
-        CHECK(ahead <= 6 * page);
+      const auto step = [&] {
         for (std::size_t i = trainable.size(); i-- > 0;) {
           sk::fill(ctx, dp.grad(i), 0.01 * static_cast<double>(i + 1));
           dp.ready(i);
         }
         dp.finish();
         dp.step(0.05f);
-      }
+      };
+      const auto& files =
+          dynamic_cast<const sk::MappedFileAllocator&>(optimizer.disk_context()->allocator());
       CHECK(offload_test::mapped_bytes(state) == 0);
       dp.zero_grad();
-      CHECK(mapped_after(3 * page) >= 3 * page);
+      // The first chunk's span in each file: its 1.6 kB on one page, or two.
+      const std::size_t ahead = mapped_after(3 * page);
+      // (Where the kernel refuses MADV_POPULATE_*, known once the read was tried, the read
+      // ahead only starts the kernel's own read-ahead and maps nothing.)
+      if (ahead == 0 && !files.loads_whole()) {
+        MESSAGE("MADV_POPULATE_* is refused here: the read ahead is not checked");
+        return;
+      }
+      CHECK(ahead >= 3 * page);
+      CHECK(ahead <= 6 * page);
+      step();
+      // The last chunk's 16 bytes in each file: a page each, or two.
+      const std::size_t kept = offload_test::mapped_bytes(state);
+      CHECK(kept >= 3 * page);
+      CHECK(kept <= 6 * page);
+      const std::size_t read = spill.bytes_read();
+      dp.zero_grad();
+      CHECK(spill.bytes_read() == read);
+      CHECK(offload_test::mapped_bytes(state) == kept);
+      step();
+      const std::size_t first = offload_test::mapped_bytes(state);
+      CHECK(first >= 3 * page);
+      CHECK(first <= 6 * page);
       dp.optimizer().spill_state();
       CHECK(offload_test::mapped_bytes(state) == 0);
+      const std::size_t before = spill.bytes_read();
+      dp.zero_grad();
+      CHECK(mapped_after(3 * page) >= 3 * page);
+      CHECK(spill.bytes_read() > before);
     });
   }
   // A chunk size that is not one is refused by name.

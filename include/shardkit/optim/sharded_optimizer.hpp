@@ -237,14 +237,17 @@ class ShardedOptimizer {
   }
   // Offload to NVMe: starts reading the next step's first chunk of the master and state now, on
   // the spill's thread, so that the step finds it in RAM instead of waiting for it (the
-  // engine's zero_grad() calls this: the read runs beside the forward and backward). RAM then
-  // holds that chunk until the step (or a skipped step's successor); a drop (spill_state)
-  // waits for the read and drops it. Nothing without offload to disk. Best effort, never
-  // throws: a read that fails here is made again by the step, which reports its error.
+  // engine's zero_grad() calls this: the read runs beside the forward and backward). That
+  // chunk is the one the step before ended with, kept in RAM since: only what the kernel
+  // reclaimed of it is read. RAM holds that chunk until the step (or a skipped step's
+  // successor); a drop (spill_state) waits for the read and drops it. Nothing without offload
+  // to disk. Best effort, never throws: a read that fails here is made again by the step,
+  // which reports its error.
   void prefetch_state() noexcept {
     if (!spill_) return;
     try {
-      spill_->read_ahead(0, transport_.chunk_end(0));
+      const auto chunks = chunk_order();
+      if (!chunks.empty()) spill_->read_ahead(chunks[0].first, chunks[0].second);
     } catch (...) {
       spill_->abandon();
     }
@@ -354,24 +357,45 @@ class ShardedOptimizer {
       spill_->read_whole(0);
     const auto prepared = rule_.prepare(c, tensors, lr, inv_grad_scale, steps_, gate);
     if (prepared.done) return;
-    const std::size_t n = pieces().size();
-    std::size_t end = transport_.chunk_end(0);
+    const auto chunks = chunk_order();
     try {
-      if (spill_) spill_->prefetch(0, end);
-      for (std::size_t begin = 0, next = end; begin < n; begin = end, end = next) {
-        next = end < n ? transport_.chunk_end(end) : n;  // (the chunk after this one)
-        if (spill_) spill_->prefetch(end, next);         // ([begin, end) in RAM; [end, next) comes)
+      if (spill_ && !chunks.empty()) spill_->prefetch(chunks[0].first, chunks[0].second);
+      for (std::size_t i = 0; i < chunks.size(); ++i) {
+        const auto [begin, end] = chunks[i];
+        if (spill_) {  // ([begin, end) in RAM; the next chunk comes)
+          const auto next =
+              i + 1 < chunks.size() ? chunks[i + 1] : std::pair<std::size_t, std::size_t>{};
+          spill_->prefetch(next.first, next.second);
+        }
         rule_.apply(c, prepared, tensors, begin, end);
         if (transport_.sends_up()) transport_.send_up(copies_, begin, end);
-        if (spill_) spill_->done(begin, end);
+        if (spill_) spill_->done(begin, end, i + 1 == chunks.size());
       }
-      if (spill_) spill_->finish();
+      if (spill_) {  // (the last chunk stays in RAM: the next step starts with it)
+        spill_->finish();
+        reversed_ = !reversed_;
+      }
     } catch (...) {  // (no read or copy left running into the next step)
       if (spill_) spill_->abandon();
       if (transport_.sends_up()) transport_.wait();
       throw;
     }
     if (transport_.sends_up()) transport_.wait();
+  }
+
+  // The step's chunks [begin, end) of pieces, in the order it updates them: from the first
+  // piece on, but from the last back on disk every other step (each piece's update reads only
+  // its own piece and values formed before the chunks, so the order changes no bit), so that
+  // the chunk a step ends with, kept in RAM, is the one the next step starts with.
+  std::vector<std::pair<std::size_t, std::size_t>> chunk_order() const {
+    std::vector<std::pair<std::size_t, std::size_t>> chunks;
+    const std::size_t n = pieces().size();
+    for (std::size_t begin = 0, end = 0; begin < n; begin = end) {
+      end = transport_.chunk_end(begin);
+      chunks.emplace_back(begin, end);
+    }
+    if (spill_ && reversed_) std::reverse(chunks.begin(), chunks.end());
+    return chunks;
   }
 
   // Offload to disk: the buffers there, streamed through RAM at each step; written out and
@@ -406,6 +430,7 @@ class ShardedOptimizer {
   float clip_inv_grad_scale_ = 1.0f;
   std::vector<StateBuffer> buffers_;
   std::unique_ptr<StateSpill> spill_;  // the master and state on disk (offload to NVMe)
+  bool reversed_ = false;   // on disk: the next step updates its chunks from the last one back
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
   Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step
   float rate_ = 0;          // the learning rate (set_lr)

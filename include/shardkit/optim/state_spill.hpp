@@ -2,12 +2,19 @@
 // (core/mapped_file_allocator.hpp: DeepSpeed ZeRO-Infinity's offload to NVMe), streamed through RAM
 // chunk by chunk at the step. While a chunk is updated the next one is read in on a thread of
 // this spill's own (MappedFileAllocator::load: large reads, every page mapped at once, none left
-// for the update to fault); after it, its write-back starts, and the chunk before it is finished
-// on disk and dropped from RAM. So RAM holds about three chunks of the state at any time instead
-// of all of it; what the update computes does not change (the same memory, the same functors).
-// The step's first chunk can be read ahead of it (read_ahead: the engine's zero_grad() starts
-// it), beside the forward and backward, instead of at the step's start; RAM then holds that
-// chunk from zero_grad() to the step.
+// for the update to fault); after it, its pages are unmapped and their write-back starts, and
+// the chunk before it is finished on disk and dropped from RAM. So RAM holds about three chunks of
+// the state at any time instead of all of it; what the update computes does not change (the same
+// memory, the same functors).
+//
+// The step's last chunk stays in RAM (neither written back nor unmapped): the optimizer walks its
+// chunks in the opposite order at the next step, which starts with it, so it is neither written
+// back and dropped at the step's end nor read again at the next step's start (a state of one chunk
+// is then read from disk only after a drop). The chunk that a step starts with can also be read
+// ahead of it (read_ahead: the engine's zero_grad() starts it), beside the forward and backward; a
+// kept chunk is only made sure of there (its pages mapped again where the kernel reclaimed them).
+// RAM thus holds the next step's first chunk from the end of a step, or from zero_grad(), to the
+// next step.
 //
 // Reads between steps (a checkpoint, consolidation) fault the pages in as ordinary memory; the
 // kernel may drop those clean pages again whenever RAM is short, and the next step's chunks
@@ -35,22 +42,29 @@ class StateSpill {
 
   // Waits until the pieces read before are in RAM (the chunk about to be updated), then starts
   // reading pieces [begin, end) beside its update; an empty range only waits. A range that
-  // read_ahead() started is not read again.
+  // read_ahead() started, or that the step before kept, is not read again.
   void prefetch(std::size_t begin, std::size_t end) {
     if (ahead_ == std::pair{begin, end} && begin < end) {
       ahead_ = {0, 0};
+      kept_ = false;
       return;
     }
+    forget_kept();
     wait_for_read();
     start_reading(begin, end);
   }
   // Starts reading pieces [begin, end) before the step -- the next step's first chunk, beside
   // the forward and backward -- so that the step's prefetch of that range finds it coming.
+  // The chunk the step before kept is read too, cheaply: what of it is still mapped costs no
+  // disk read, what the kernel reclaimed comes back now instead of a fault a page.
   void read_ahead(std::size_t begin, std::size_t end) {
-    if (ahead_ == std::pair{begin, end} && begin < end) return;  // (already on its way)
+    const bool same = ahead_ == std::pair{begin, end} && begin < end;
+    if (same && !kept_) return;  // (already on its way)
+    if (!same) forget_kept();
     wait_for_read();
     start_reading(begin, end);
     ahead_ = {begin, end};
+    kept_ = false;
   }
   // The read in flight finished (its error, if any, thrown here; a range read ahead is then
   // read again by the step that needs it).
@@ -68,29 +82,42 @@ class StateSpill {
   // page. Its clean pages are dropped with the chunks.
   void read_whole(std::size_t buffer) {
     wait_for_read();
-    for (const auto& [data, bytes] : ranges_of(per_piece_.at(buffer), 0, pieces()))
+    for (const auto& [data, bytes] : ranges_of(per_piece_.at(buffer), 0, pieces())) {
+      bytes_read_ += disk_->missing_bytes(data, bytes);
       disk_->load(data, bytes, false);
+    }
   }
-  // Pieces [begin, end) were updated: start their write-back; finish the chunk before them on
-  // disk and drop it from RAM.
-  void done(std::size_t begin, std::size_t end) {
-    for (const auto& [data, bytes] : ranges(begin, end)) disk_->spill(data, bytes, false);
-    if (previous_.second > previous_.first) drop(previous_.first, previous_.second);
+  // Pieces [begin, end) were updated: start their write-back, unless they are the step's last
+  // chunk (`last`: kept in RAM for the next step, which updates them first; written back after
+  // that update, or by a drop); finish the chunk before them on disk and drop it from RAM.
+  void done(std::size_t begin, std::size_t end, bool last) {
+    if (!last)
+      for (const auto& [data, bytes] : ranges(begin, end)) disk_->spill(data, bytes, false);
+    if (previous_.second > previous_.first) drop(previous_.first, previous_.second, {begin, end});
     previous_ = {begin, end};
   }
-  // The step's last chunk done: finish it too, and drop whatever else of the state came back
-  // into RAM meanwhile (the kernel's read-around of faults near a chunk's edges, about 7% of
-  // ResNet-50's master here: cheap to drop where nothing is resident).
+  // The step's last chunk done: it stays in RAM as the next step's first chunk; whatever else
+  // of the state came back into RAM meanwhile is dropped (the kernel's read-around of faults
+  // near a chunk's edges, about 7% of ResNet-50's master here: cheap to drop where nothing is
+  // resident).
   void finish() {
     wait_for_read();
+    const auto [begin, end] = previous_;
     previous_ = {0, 0};
-    drop_all();
+    ahead_ = {0, 0};
+    kept_ = false;
+    if (begin >= end) return drop_all();
+    drop(0, begin, {begin, end});
+    drop(end, pieces(), {begin, end});
+    ahead_ = {begin, end};
+    kept_ = true;
   }
-  // Everything on disk and out of RAM (after the buffers were first written), a read ahead
-  // included.
+  // Everything on disk and out of RAM (after the buffers were first written), a chunk read
+  // ahead or kept included.
   void drop_all() {
     wait_for_read();
     ahead_ = {0, 0};
+    kept_ = false;
     if (pieces() > 0) drop(0, pieces());
   }
   // A step that failed part-way: waits for the read in flight (its error, if any, is dropped:
@@ -100,6 +127,7 @@ class StateSpill {
     reading_ = {};
     previous_ = {0, 0};
     ahead_ = {0, 0};
+    kept_ = false;
   }
   // The bytes pieces [begin, end) of one buffer span (none when they are all empty).
   static std::vector<std::pair<const void*, std::size_t>> ranges_of(
@@ -121,11 +149,24 @@ class StateSpill {
       total += disk_->resident_bytes(data, bytes);
     return total;
   }
+  // The bytes of the state that were not in RAM when a read of them started, since the spill
+  // was made (whole pages): what the steps and their reads ahead had to bring from disk.
+  std::size_t bytes_read() const { return bytes_read_; }
 
  private:
+  // A kept chunk that the next step will not start with (a read ahead of another range, a
+  // step that starts elsewhere) is dropped, so that RAM holds no more than it would without it.
+  void forget_kept() {
+    if (!kept_) return;
+    kept_ = false;
+    drop(ahead_.first, ahead_.second);
+    ahead_ = {0, 0};
+  }
+
   void start_reading(std::size_t begin, std::size_t end) {
     auto loading = ranges(begin, end);
     if (loading.empty()) return;
+    for (const auto& [data, bytes] : loading) bytes_read_ += disk_->missing_bytes(data, bytes);
     reading_ = std::async(std::launch::async, [disk = disk_, loading = std::move(loading)] {
       for (const auto& [data, bytes] : loading) disk->load(data, bytes);
     });
@@ -135,6 +176,27 @@ class StateSpill {
 
   void drop(std::size_t begin, std::size_t end) const {
     for (const auto& [data, bytes] : ranges(begin, end)) disk_->spill(data, bytes, true);
+  }
+  // Pieces [begin, end) out of RAM, short of the pages that pieces `keep` (a chunk beside
+  // them, staying in RAM) touch in each file: a page two chunks share stays with the one kept.
+  void drop(std::size_t begin, std::size_t end, std::pair<std::size_t, std::size_t> keep) const {
+    const auto page = static_cast<std::uintptr_t>(disk_->page_bytes());
+    for (const auto& views : per_piece_) {
+      const auto kept = ranges_of(views, keep.first, keep.second);
+      for (const auto& [data, bytes] : ranges_of(views, begin, end)) {
+        auto from = reinterpret_cast<std::uintptr_t>(data), to = from + bytes;
+        if (!kept.empty()) {
+          const auto at = reinterpret_cast<std::uintptr_t>(kept[0].first);
+          const auto first = at / page * page,
+                     last = (at + kept[0].second + page - 1) / page * page;
+          if (from < first)
+            to = std::min(to, first);
+          else
+            from = std::max(from, last);
+        }
+        if (from < to) disk_->spill(reinterpret_cast<const void*>(from), to - from, true);
+      }
+    }
   }
 
   // Per buffer, the bytes pieces [begin, end) span.
@@ -151,7 +213,10 @@ class StateSpill {
   const MappedFileAllocator* disk_;
   std::vector<std::vector<Tensor>> per_piece_;
   std::pair<std::size_t, std::size_t> previous_{0, 0};
-  std::pair<std::size_t, std::size_t> ahead_{0, 0};  // what read_ahead() started, until used
+  // What read_ahead() started, or the step before kept in RAM (kept_), until a step uses it.
+  std::pair<std::size_t, std::size_t> ahead_{0, 0};
+  bool kept_ = false;
+  std::size_t bytes_read_ = 0;
   std::future<void> reading_;  // the next chunk's read, on a thread of its own
 };
 

@@ -128,8 +128,10 @@ struct MemoryPlan {
   // bytes read and written there per step, and the RAM a step holds of them at once (a bound:
   // the three chunks in flight -- the one being written back, the one updated, the one read
   // in -- each rounded out to whole pages; under LARC with pieces split over ranks, the whole
-  // master, read before the chunks, and the chunks of the other files). Between a step and the
-  // next zero_grad() none of it is held; from zero_grad() on, the first chunk (read ahead).
+  // master, read before the chunks, and the chunks of the other files). Between steps RAM
+  // holds the chunk a step ended with, which the next step starts with (the chunks are walked
+  // in turn from either end), so a step reads all of the files but that chunk (a state of one
+  // chunk: none) and writes all of them; disk_transfer averages the two ends' chunks.
   std::int64_t disk_optimizer_state = 0;
   double disk_transfer = 0;
   std::int64_t disk_streaming = 0;
@@ -151,7 +153,8 @@ struct MemoryPlan {
   }
   std::int64_t total() const { return model_states() + communication + gathered + activations; }
   // The host's RAM for model states at a step's peak: offload's ledgers, and under NVMe the
-  // chunks a step holds of the files (after a step, until the next zero_grad(), none of them).
+  // chunks a step holds of the files (between steps one of them: the chunk the last step
+  // ended with, which the next starts with).
   std::int64_t host_total() const {
     return host_parameters + host_gradients + host_optimizer_state + disk_streaming;
   }
@@ -316,16 +319,29 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
     p.host_transfer += static_cast<double>(state_numel * bytes_of(param));
   }
   // Offload to NVMe: the master and state in files instead (RAM holds a few chunks of them at a
-  // step: disk_streaming); each step reads and writes all of them once. (LARC with its
-  // pieces split over ranks reads the whole master before the chunks, which then find it in
-  // RAM -- read once still, unless the kernel had to drop it meanwhile -- and drop its pages
-  // with theirs.)
+  // step: disk_streaming); each step writes all of them once and reads all but the chunk the
+  // step before kept in RAM. (LARC with its pieces split over ranks reads the whole master
+  // before the chunks, which then find it in RAM -- read once still, unless the kernel had to
+  // drop it meanwhile -- and drop its pages with theirs.)
   if (policy.offload.on_disk()) {
     p.disk_optimizer_state = p.host_optimizer_state;
     p.host_optimizer_state = 0;
-    p.disk_transfer = 2.0 * static_cast<double>(p.disk_optimizer_state);
     const bool master_on_disk = mixed || !params_on_host;
     const auto& pieces = table.pieces(rank);
+    {  // (the kept chunk: the first or the last, in turn)
+      std::int64_t first = 0, last = 0, total = 0;
+      for (std::size_t begin = 0, end = 0; begin < pieces.size(); begin = end) {
+        end = optim::offload_chunk_end(pieces, begin, policy.offload.chunk_numel);
+        std::int64_t numel = 0;
+        for (std::size_t k = begin; k < end; ++k) numel += pieces[k].numel();
+        if (begin == 0) first = numel;
+        last = numel;
+        total += numel;
+      }
+      const double kept =
+          total > 0 ? static_cast<double>(first + last) / (2.0 * static_cast<double>(total)) : 1.0;
+      p.disk_transfer = (2.0 - kept) * static_cast<double>(p.disk_optimizer_state);
+    }
     // LARC whose pieces are split over ranks (its norms exchanged) reads the whole master
     // before the chunks: RAM holds it all, and each chunk adds only the other files' spans.
     bool split = !table.replicated() && table.world_size() > 1;
