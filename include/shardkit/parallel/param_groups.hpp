@@ -117,9 +117,6 @@ class ParamGroups {
       if (!group->finished()) return false;
     return true;
   }
-  void zero_grad() {
-    for (auto& group : groups_) group->zero_grad();
-  }
   // qgZ's error feedback carried in loss-scaled units: follows the loss scale's update
   // (`state` on the device, ops/step_gate.hpp), or is dropped after a skipped step.
   void follow_loss_scale(const Tensor& state) {
@@ -147,6 +144,11 @@ class ParamGroups {
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
  protected:
+  // Every group's gradients from zero (Engine::zero_grad also starts the optimizer's read
+  // ahead: callers go through it).
+  void zero_grad() {
+    for (auto& group : groups_) group->zero_grad();
+  }
   // The offload host context (nullptr without offload): where the optimizer's state lives and,
   // under offload.params, the shards.
   Context* host() const { return host_.get(); }
