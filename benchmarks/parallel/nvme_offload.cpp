@@ -5,12 +5,12 @@
 //
 //   host ms     the step with the master and state in host memory (offload.optimizer)
 //   disk ms     the same step with them in files in DIR, streamed through RAM in chunks
-//   read MB     what a step reads from disk: the state but the chunk the step before ended
-//               with, kept in RAM (the spill's counter over the timed steps, per step)
+//   read MB     what a step must read from disk: the state but what of it is in RAM when
+//               the step starts (the chunk the step before ended with, kept there)
 //   floor ms    the disk's own time for the bytes that step must move: those reads, and the
 //               state written once (AdamW: master, m, v = 12 bytes a parameter; LARC-SGD:
-//               master and momentum, 8: its norms read the master before the first chunk,
-//               which then finds it in RAM), measured in the same run as one thread reading
+//               master and momentum, 8: on one rank its norms are formed chunk by chunk in
+//               the update's pass), measured in the same run as one thread reading
 //               that many bytes of a file in DIR (not in the page cache) while another writes
 //               as many to a second file and writes them back as the spill does -- reads and
 //               writes at once, as in the step: a disk that shares its bandwidth between them
@@ -125,11 +125,12 @@ int main(int argc, char** argv) {
       auto start = std::chrono::steady_clock::now();
       host.step();
       host_s.push_back(seconds_since(start));
-      const std::size_t read_before = spill.bytes_read();
+      // (Not the spill's bytes_read: the kernel's own read-ahead brings part of each chunk in
+      // with the one before, uncounted.)
+      step_reads.push_back(bytes - std::min(bytes, spill.resident_bytes()));
       start = std::chrono::steady_clock::now();
       disk.step();
       disk_s.push_back(seconds_since(start));
-      step_reads.push_back(spill.bytes_read() - read_before);
       floor_s.push_back(disk_time(dir, step_reads.back(), bytes));
     }
     // (The best round's disk time, for that round's reads.)

@@ -61,7 +61,8 @@ struct Outcome {
   sk::MemorySnapshot device, host;   // rank 0 after the last step: the two ledgers
   sk::MemorySnapshot disk;           // and the disk's, under offload to NVMe
   std::size_t resident = 0;          // offload to NVMe, rank 0: its state's bytes in RAM then,
-  std::size_t resident_dropped = 0;  // and after spill_state(),
+  std::size_t resident_spilled = 0;  // after spill_state() (the next step's chunk kept),
+  std::size_t resident_dropped = 0;  // after spill_state(true),
   std::size_t resident_peak = 0;     // and the most of them it had mapped during the steps
   std::size_t bytes_read = 0;        // and what its steps read of it from disk
   bool loads_whole = false;          // offload to NVMe: MADV_POPULATE_* works here
@@ -243,6 +244,8 @@ Outcome train(const Run& run) {
         out.resident = optimizer.state_spill()->resident_bytes();
         out.bytes_read = optimizer.state_spill()->bytes_read();
         training.optimizer->spill_state();
+        out.resident_spilled = optimizer.state_spill()->resident_bytes();
+        training.optimizer->spill_state(true);
         out.resident_dropped = optimizer.state_spill()->resident_bytes();
         out.loads_whole =
             dynamic_cast<const sk::MappedFileAllocator&>(optimizer.disk_context()->allocator())
@@ -533,7 +536,8 @@ TEST_CASE("offload requests that cannot hold are refused by name") {
 // Offload to NVMe (OffloadOptions::nvme_path): the master and state in files there, streamed
 // through RAM chunk by chunk at each step -- the same bits as the plain run, the disk's ledger
 // and the planner's figure equal, and after a step none of the state left in RAM.
-TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each step, same bits") {
+TEST_CASE(
+    "offload to NVMe: the master and state on disk, one chunk in RAM between steps, same bits") {
   const auto dir =
       std::filesystem::temp_directory_path() / ("shardkit_nvme_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -578,7 +582,8 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
   CHECK(on_disk.plan.host_total() ==
         on_disk.plan.host_parameters + on_disk.plan.host_gradients + on_disk.plan.disk_streaming);
   // A state of one chunk stays in RAM from step to step (written back at each): read from disk
-  // once in three steps, out of RAM after a drop (spill_state).
+  // once in three steps; a drop between steps keeps it (spill_state(): what a post-step hook or
+  // a save calls), a whole drop takes it out of RAM too (spill_state(true)).
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const auto state_pages = [&](std::int64_t files, std::int64_t numel) {
     return static_cast<std::size_t>(files) * (4 * static_cast<std::size_t>(numel) + 2 * page);
@@ -588,6 +593,8 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
     CHECK(on_disk.resident <= state_pages(3, n));
     CHECK(on_disk.bytes_read > 0);
     CHECK(on_disk.bytes_read <= state_pages(3, n));
+    CHECK(on_disk.resident_spilled > 0);
+    CHECK(on_disk.resident_spilled <= on_disk.resident);
     CHECK(on_disk.resident_dropped == 0);
   } else {
     MESSAGE("the temporary directory is tmpfs: RAM residency not checked");
@@ -672,9 +679,9 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
   // with it. Checked through the pages this process maps (the kernel's own read-ahead into its
   // page cache aside: /proc/self/pagemap, not mincore): after zero_grad() the first chunk
   // (embed.weight), and only it; after the step its last chunk (head.bias and tiny), which the
-  // next zero_grad() does not read again and the next step does not read at all; after that
-  // step embed.weight's chunk again; a drop (spill_state) unmaps it and the next zero_grad()
-  // reads it back.
+  // next zero_grad() does not read again (the spill's bytes_read); after the next step, which
+  // starts with it, embed.weight's chunk again, which a drop of the rest keeps (spill_state()); a
+  // whole drop (spill_state(true)) unmaps it and the next zero_grad() reads it back.
   if (!tmpfs && ::access("/proc/self/pagemap", R_OK) == 0) {
     std::vector<sk::shard::ParamSpec> trainable;
     for (const auto& p : dp_test::model_specs())
@@ -744,6 +751,8 @@ TEST_CASE("offload to NVMe: the master and state on disk, out of RAM after each 
       CHECK(first >= 3 * page);
       CHECK(first <= 6 * page);
       dp.optimizer().spill_state();
+      CHECK(offload_test::mapped_bytes(state) == first);
+      dp.optimizer().spill_state(true);
       CHECK(offload_test::mapped_bytes(state) == 0);
       const std::size_t before = spill.bytes_read();
       dp.zero_grad();

@@ -229,18 +229,24 @@ class ShardedOptimizer {
   void copy_masters_to_params() { copies_.to_params(); }
   // After the parameters were written (e.g. broadcast): the masters take their values.
   void copy_params_to_masters() { copies_.from_params(); }
-  // Offload to NVMe: the state written back to its files and dropped from RAM now. For what
-  // writes it between steps -- the wrap's first values, a loaded checkpoint or state -- which
-  // would otherwise stay in RAM until the next step's end. Nothing without offload to disk.
-  void spill_state() {
-    if (spill_) spill_->drop_all();
+  // Offload to NVMe: the state written back to its files and dropped from RAM now, but the
+  // chunk the next step starts with (kept since the last step, or read ahead), unless
+  // `including_next_chunk`. For what writes or reads it between steps -- the wrap's first
+  // values, a post-step hook, a saved or loaded checkpoint -- which would otherwise stay in RAM
+  // until the next step's end. Nothing without offload to disk.
+  void spill_state(bool including_next_chunk = false) {
+    if (!spill_) return;
+    if (including_next_chunk)
+      spill_->drop_all();
+    else
+      spill_->drop_all_but_next();
   }
   // Offload to NVMe: starts reading the next step's first chunk of the master and state now, on
   // the spill's thread, so that the step finds it in RAM instead of waiting for it (the
   // engine's zero_grad() calls this: the read runs beside the forward and backward). That
   // chunk is the one the step before ended with, kept in RAM since: only what the kernel
   // reclaimed of it is read. RAM holds that chunk until the step (or a skipped step's
-  // successor); a drop (spill_state) waits for the read and drops it. Nothing without offload
+  // successor); a drop (spill_state(true)) waits for the read and drops it. Nothing without offload
   // to disk. Best effort, never throws: a read that fails here is made again by the step,
   // which reports its error.
   void prefetch_state() noexcept {
@@ -376,7 +382,13 @@ class ShardedOptimizer {
         reversed_ = !reversed_;
       }
     } catch (...) {  // (no read or copy left running into the next step)
-      if (spill_) spill_->abandon();
+      if (spill_) {  // (nor the chunks it held in RAM; a failing disk is reported already)
+        spill_->abandon();
+        try {
+          spill_->drop_all();
+        } catch (...) {
+        }
+      }
       if (transport_.sends_up()) transport_.wait();
       throw;
     }

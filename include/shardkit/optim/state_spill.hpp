@@ -74,6 +74,7 @@ class StateSpill {
       reading_.get();
     } catch (...) {
       ahead_ = {0, 0};
+      kept_ = false;
       throw;
     }
   }
@@ -111,6 +112,16 @@ class StateSpill {
     drop(end, pieces(), {begin, end});
     ahead_ = {begin, end};
     kept_ = true;
+  }
+  // Everything on disk and out of RAM but the next step's first chunk, where one is kept or read
+  // ahead (what wrote or read the state between steps -- a post-step hook, a save -- leaves
+  // RAM as the step did).
+  void drop_all_but_next() {
+    wait_for_read();
+    const auto next = ahead_;
+    if (next.first >= next.second) return drop_all();
+    drop(0, next.first, next);
+    drop(next.second, pieces(), next);
   }
   // Everything on disk and out of RAM (after the buffers were first written), a chunk read
   // ahead or kept included.
@@ -150,7 +161,9 @@ class StateSpill {
     return total;
   }
   // The bytes of the state that were not in RAM when a read of them started, since the spill
-  // was made (whole pages): what the steps and their reads ahead had to bring from disk.
+  // was made (whole pages): what the steps and their reads ahead asked of the disk. Not all
+  // the disk read: the kernel's own read-ahead brings part of a chunk in with the one before
+  // it (up to the device's read_ahead_kb a file), and those pages are then found in RAM.
   std::size_t bytes_read() const { return bytes_read_; }
 
  private:

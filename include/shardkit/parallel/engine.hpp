@@ -154,9 +154,10 @@ class Engine : public ParamGroups {
   [[nodiscard]] FullParams full_params() { return FullParams(*this); }
 
   // --- the step --------------------------------------------------------------------------------
-  // Gradients from zero for the next backward. Under offload to NVMe it also starts reading
-  // the step's first chunk of the master and state, beside the forward and backward
-  // (ShardedOptimizer::prefetch_state).
+  // Gradients from zero for the next backward. Under offload to NVMe it also makes sure of the
+  // step's first chunk of the master and state, beside the forward and backward: the chunk the
+  // last step kept in RAM, what the kernel reclaimed of it read back, or read whole after a
+  // drop (ShardedOptimizer::prefetch_state).
   void zero_grad() {
     ParamGroups::zero_grad();
     optimizer_->prefetch_state();
