@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
 #include "shardkit/checkpoint/training_checkpoint.hpp"
+#include "shardkit/comm/hybrid_mesh.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 #include "shardkit/optim/consolidation.hpp"
 #include "shardkit/parallel/fsdp_engine.hpp"
@@ -52,6 +54,12 @@ struct Run {
   std::string load_from;  // a checkpoint before the steps ("": fresh)
   int first_step = 0;
   bool sample_residency = false;  // offload to NVMe: watch how much of the state is mapped
+  // Gradient accumulation: synchronised backwards per step (over 1: the later ones add their
+  // averages to those held), after one more under no_sync when `no_sync_first`.
+  int backwards = 1;
+  bool no_sync_first = false;
+  int group = 0;                 // hybrid sharding's group size (0: none)
+  bool quantized_grads = false;  // qgZ (sdp, fsdp)
 };
 
 struct Outcome {
@@ -103,7 +111,14 @@ std::string describe(const Run& r) {
          " offload optimizer=" + std::to_string(r.offload.optimizer) +
          " params=" + std::to_string(r.offload.params) + (r.resnet ? " resnet" : " mlp") +
          (r.scaled ? " scaled" : "") + (r.clip > 0 ? " clip" : "") +
-         (r.no_decay ? " no-decay" : "");
+         (r.no_decay ? " no-decay" : "") +
+         (r.precision.reduce_dtype != r.precision.param_dtype
+              ? " reduce " + std::string(sk::dtype_name(r.precision.reduce_dtype))
+              : "") +
+         (r.backwards > 1 ? " backwards=" + std::to_string(r.backwards) : "") +
+         (r.no_sync_first ? " no_sync" : "") +
+         (r.group > 0 ? " group=" + std::to_string(r.group) : "") +
+         (r.quantized_grads ? " qgZ" : "");
 }
 
 float lr_at(OptimizerKind kind, int step) {
@@ -148,6 +163,7 @@ Outcome train(const Run& run) {
     options.buckets.bucket_bytes = 4096;
     options.precision = run.precision;
     options.offload = run.offload;
+    options.fsdp.quantized_grads = run.quantized_grads;
     if (run.resnet) {
       for (int layer = 1; layer <= 4; ++layer)
         options.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer) + ".0");
@@ -168,7 +184,12 @@ Outcome train(const Run& run) {
       planned.optimizer = config;
       out.plan = sk::parallel::plan_module_memory(*net, planned);
     }
-    sk::parallel::ShardedModule model(ctx, comm, net, config, options);
+    std::unique_ptr<sk::comm::HybridMesh> mesh;
+    if (run.group > 0) mesh = std::make_unique<sk::comm::HybridMesh>(comm, run.group);
+    auto wrapped =
+        mesh ? std::make_unique<sk::parallel::ShardedModule>(ctx, *mesh, net, config, options)
+             : std::make_unique<sk::parallel::ShardedModule>(ctx, comm, net, config, options);
+    sk::parallel::ShardedModule& model = *wrapped;
     sk::optim::DynamicLossScaler scaler({.init_scale = 1024});
     if (!run.load_from.empty()) {
       auto state = model.training_state();
@@ -207,15 +228,23 @@ Outcome train(const Run& run) {
     } stop_sampling{stepping, sampler};
     for (int s = run.first_step; s < run.first_step + run.steps; ++s) {
       model.zero_grad();
-      auto b = module_test::batch(ctx, shape, classes, comm.rank(), s);
-      auto loss = module_test::ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
-      if (comm.rank() == 0) out.losses.push_back(sk::to_vector<float>(ctx, loss.data())[0]);
       // (Clipping reads the scale: its norm is formed on the host.)
       const float scale = run.scaled ? static_cast<float>(scaler.scale()) : 1.0f;
-      if (run.scaled)
-        module_test::ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
-      else
-        module_test::ag::backward(ctx, loss);
+      const int micro = run.backwards + (run.no_sync_first ? 1 : 0);
+      const auto forward_backward = [&](int m) {
+        auto b = module_test::batch(ctx, shape, classes, comm.rank(), s * micro + m);
+        auto loss = module_test::ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
+        if (comm.rank() == 0) out.losses.push_back(sk::to_vector<float>(ctx, loss.data())[0]);
+        if (run.scaled)
+          module_test::ag::backward(ctx, loss, scaler.seed(ctx, loss.data()));
+        else
+          module_test::ag::backward(ctx, loss);
+      };
+      if (run.no_sync_first) {
+        auto local = model.no_sync();
+        forward_backward(0);
+      }
+      for (int m = run.no_sync_first ? 1 : 0; m < micro; ++m) forward_backward(m);
       if (run.clip > 0) {
         const sk::Tensor norm = model.clip_grad_norm(run.clip, 1.0f / scale);
         if (comm.rank() == 0) out.norms.push_back(sk::to_vector<double>(ctx, norm)[0]);
@@ -308,6 +337,41 @@ TEST_CASE("an offloaded optimizer steps to the same bits under every stage and o
   }
 }
 
+// Under sdp and fsdp the reduced gradients are kept on the host, each bucket's part brought down
+// as it completes: accumulation (averages added to those held, after a no_sync backward),
+// gradients travelling in another dtype than they are kept in, hybrid sharding's exchange
+// across groups and fsdp's qgZ f32 sums all reach the host's copy as the device's.
+TEST_CASE("gradients kept on the host: accumulation, wire dtypes, hybrid groups, qgZ: same bits") {
+  for (auto stage : {Stage::sdp, Stage::fsdp}) {
+    offload_test::Run run;
+    run.stage = stage;
+    run.world = 4;
+    run.steps = 4;
+    run.backwards = 2;
+    run.no_sync_first = true;
+    offload_test::check_offload_exact(run, OffloadOptions{.optimizer = true});
+    run.backwards = 1;
+    run.no_sync_first = false;
+    run.kind = OptimizerKind::adamw;
+    for (const auto& precision :
+         {MixedPrecision{sk::DType::f32, sk::DType::bf16, sk::DType::f32},
+          MixedPrecision{sk::DType::bf16, sk::DType::f32, sk::DType::f32}}) {
+      run.precision = precision;
+      offload_test::check_offload_exact(run, OffloadOptions{.optimizer = true});
+    }
+    run.precision = {};
+    run.group = 2;
+    run.backwards = 2;
+    offload_test::check_offload_exact(run, OffloadOptions{.optimizer = true});
+    if (stage != Stage::fsdp) continue;
+    run.backwards = 1;
+    run.quantized_grads = true;
+    offload_test::check_offload_exact(run, OffloadOptions{.optimizer = true});
+    run.group = 0;
+    offload_test::check_offload_exact(run, OffloadOptions{.params = true});
+  }
+}
+
 TEST_CASE("offload under mixed precision, loss scaling, clipping and no-decay groups: same bits") {
   for (auto stage : sk::parallel::kAllStages)
     for (auto dtype : {sk::DType::bf16, sk::DType::f16}) {
@@ -354,17 +418,21 @@ TEST_CASE("offload moves the optimizer state (and fsdp's parameter shards) off t
       const std::int64_t n = plain.state_numel;
       const bool mixed = dtype != sk::DType::f32;
       const auto what = offload_test::describe(run);
-      // The device keeps its parameters and gradients as they were, and no optimizer state.
+      // The device keeps its parameters as they were and no optimizer state; its gradients as
+      // they were under ddp and oss (all-reduced whole), none under sdp and fsdp (the rank's
+      // reduced parts are kept on the host, brought down bucket by bucket in the backward).
+      const bool scattered = stage == Stage::sdp || stage == Stage::fsdp;
       CHECK_MESSAGE(offloaded.device.current_of(MemoryCategory::optimizer_state) == 0, what);
       CHECK_MESSAGE(offloaded.device.current_of(MemoryCategory::parameters) ==
                         plain.device.current_of(MemoryCategory::parameters),
                     what);
       CHECK_MESSAGE(offloaded.device.current_of(MemoryCategory::gradients) ==
-                        plain.device.current_of(MemoryCategory::gradients),
+                        (scattered ? 0 : plain.device.current_of(MemoryCategory::gradients)),
                     what);
+      if (scattered) CHECK_MESSAGE(plain.device.current_of(MemoryCategory::gradients) > 0, what);
       // The host holds the f32 master and momentum of the rank's pieces (the state the device
-      // held before, and the master even in f32 training), the gradients' staging, and under
-      // mixed precision the rounded copy on its way up.
+      // held before, and the master even in f32 training), the gradients (sdp, fsdp) or their
+      // staging (ddp, oss), and under mixed precision the rounded copy on its way up.
       CHECK_MESSAGE(offloaded.host.current_of(MemoryCategory::optimizer_state) == 8 * n, what);
       CHECK_MESSAGE(plain.device.current_of(MemoryCategory::optimizer_state) == (mixed ? 8 : 4) * n,
                     what);

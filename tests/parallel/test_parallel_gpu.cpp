@@ -250,6 +250,9 @@ TEST_CASE("on the GPU, CPU offload equals the device's own step to rounding, wit
                       " params ", params);
         CHECK(device.current_of(C::optimizer_state) == 0);
         CHECK(host.current_of(C::optimizer_state) > 0);
+        // (the reduced gradients kept on the host, brought down during the backward)
+        CHECK(device.current_of(C::gradients) == 0);
+        CHECK(host.current_of(C::gradients) > 0);
         if (params) CHECK(host.current_of(C::parameters) > 0);
       }
     }

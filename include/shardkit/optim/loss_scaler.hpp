@@ -86,11 +86,20 @@ class DynamicLossScaler {
   // Checks the gradients this rank holds (all of them under ddp, its pieces under a sharded
   // stage) into found_inf, agreed over `comm`'s ranks (nullptr: one rank), and sets the inverse
   // scale the step unscales by. Collective.
-  void check_grads(Context& ctx, comm::Communicator* comm, const std::vector<Tensor>& grads) {
+  // `grads_ctx`: where the gradients are when not on ctx's device (CPU offload keeps them on
+  // the host): they are checked there and the verdict goes up.
+  void check_grads(Context& ctx, comm::Communicator* comm, const std::vector<Tensor>& grads,
+                   Context* grads_ctx = nullptr) {
     const Tensor& s = state(ctx);
     ops::loss_scale_phase(ctx, ops::LossScaleFunctor::Phase::begin, rule(), s);
     const Tensor found = s.slice(0, ops::kLossFoundInf, ops::kLossFoundInf + 1);
-    if (!grads.empty()) ops::check_finite(ctx, grads, found);
+    if (!grads.empty() && grads_ctx != nullptr && grads_ctx != &ctx) {
+      const Tensor found_there = zeros(*grads_ctx, {1}, DType::f32, MemoryCategory::other);
+      ops::check_finite(*grads_ctx, grads, found_there);
+      copy(ctx, found, found_there);
+    } else if (!grads.empty()) {
+      ops::check_finite(ctx, grads, found);
+    }
     if (comm != nullptr && comm->size() > 1)
       comm->all_reduce(found, comm::ReduceOp::max).wait_on_stream();
   }

@@ -1,5 +1,6 @@
 // OffloadTransport: how an offloaded optimizer's data crosses between the device and the host
-// -- the gradients come down before the step in one batch of copies and one wait; the updated
+// -- the gradients come down before the step in one batch of copies and one wait (unless the
+// engine already kept them on the host, brought down bucket by bucket in the backward); the updated
 // parameters go up in chunks of whole pieces, each chunk's copies queued before the next chunk
 // is updated, and the step waits for the last (DeepSpeed's ZeRO-Offload, PyTorch FSDP's
 // CPUOffload). Without offload, or with FSDP's parameter shards offloaded too (they are
@@ -41,6 +42,10 @@ struct OptimizerOffload {
   // chunk's parameters are queued for the device before the next chunk is updated (and, on
   // disk, the next chunk read while this one is updated).
   std::int64_t chunk_numel = std::int64_t{1} << 22;
+  // The gradient views given to step() are in `host`'s memory already (sdp, fsdp: the engine
+  // keeps the reduced gradients there, each bucket's part brought down during the backward):
+  // nothing comes down at the step, and clipping's norms are formed on the host.
+  bool grads_on_host = false;
   bool enabled() const { return host != nullptr; }
   // Where the master and state live.
   Context& state_home() const { return disk != nullptr ? *disk : *host; }
@@ -58,6 +63,8 @@ class OffloadTransport {
           offload.chunk_numel);
     check(offload.disk == nullptr || offload.enabled(),
           "ShardedOptimizer: state on disk needs a host context as well (OptimizerOffload::host)");
+    check(!offload.grads_on_host || offload.enabled(),
+          "ShardedOptimizer: gradients on the host need a host context (OptimizerOffload::host)");
   }
 
   bool enabled() const { return offload_.enabled(); }
@@ -67,7 +74,7 @@ class OffloadTransport {
 
   // This step's gradients in host memory, laid out like the state.
   const std::vector<Tensor>& stage_grads(const std::vector<Tensor>& grads) {
-    if (grads.empty()) return grads;
+    if (grads.empty() || offload_.grads_on_host) return grads;
     if (!grad_buffer_.defined() || grad_buffer_.dtype() != grads[0].dtype()) {
       grad_buffer_ = Tensor();
       grad_buffer_ = empty(*offload_.host, {table_->state_numel(rank_)}, grads[0].dtype(),

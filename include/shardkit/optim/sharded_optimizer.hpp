@@ -14,8 +14,9 @@
 //                    FSDP's CPUOffload, FairScale's move_grads_to_cpu): the master, the state
 //                    and the step live on a host context and run on its threads with the same
 //                    fused functors, so an offloaded step computes the same bits as one on the
-//                    CPU without offload; gradients come down before the step, parameters go
-//                    up in chunks overlapping the update. Device memory then holds no state.
+//                    CPU without offload; gradients come down before the step (or were kept
+//                    on the host by the engine's backward), parameters go up in chunks
+//                    overlapping the update. Device memory then holds no state.
 #pragma once
 
 #include <algorithm>
@@ -165,7 +166,9 @@ class ShardedOptimizer {
       clip_sums_ = empty(*ctx_, {1, params}, DType::f64, MemoryCategory::other);
       clip_total_ = empty(*ctx_, {1}, DType::f64, MemoryCategory::other);
     }
-    norms_.roots(*ctx_, {grads}, ParamNorms::Layout::params, clip_sums_);
+    // (gradients kept on the host under offload: the leaf sums are formed there)
+    norms_.roots(transport_.offload().grads_on_host ? *host_ : *ctx_, {grads},
+                 ParamNorms::Layout::params, clip_sums_);
     ops::norm_roots(*ctx_, clip_sums_, clip_plan_, clip_total_);
     Tensor norm = empty(*ctx_, {1}, DType::f64, MemoryCategory::other);
     ops::clip_norm_and_factor(*ctx_, clip_total_, max_norm, inv_grad_scale, norm, Tensor());

@@ -56,7 +56,8 @@ class Engine : public ParamGroups {
     optimizer_ = std::make_unique<optim::ShardedOptimizer>(
         ctx, table_, comm.rank(), std::move(piece_params), std::move(optimizer), &comm,
         optim::OptimizerOffload{host(), this->policy().offload.params, disk(),
-                                this->policy().offload.chunk_numel});
+                                this->policy().offload.chunk_numel,
+                                host() != nullptr && &grads_context() == host()});
     check_same_everywhere();
   }
 
@@ -185,7 +186,7 @@ class Engine : public ParamGroups {
   // Collective.
   void step(optim::DynamicLossScaler& scaler) {
     check_finished("optimizer step");
-    scaler.check_grads(*ctx_, comm_, piece_grads_);
+    scaler.check_grads(*ctx_, comm_, piece_grads_, &grads_context());
     shards_will_change();
     optimizer_->step(piece_grads_, scaler);
     const bool needs_verdict = std::any_of(post_step_hooks_.begin(), post_step_hooks_.end(),
@@ -228,7 +229,8 @@ class Engine : public ParamGroups {
   const shard::PieceTable& table() const { return table_; }
   optim::ShardedOptimizer& optimizer() { return *optimizer_; }
   const optim::ShardedOptimizer& optimizer() const { return *optimizer_; }
-  // After finish(): the averaged gradient of each piece this rank updates (optimizer order).
+  // After finish(): the averaged gradient of each piece this rank updates (optimizer order), in
+  // grads_context()'s memory (the host's under offload with sdp or fsdp).
   const std::vector<Tensor>& piece_grads() const { return piece_grads_; }
   // Offload: the host context of the optimizer's state and step (its memory statistics are the
   // host's share); without offload, the engine's own context.

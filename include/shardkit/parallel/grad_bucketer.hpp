@@ -37,20 +37,25 @@ class GradBucketer {
   // sharding's other groups, `comm` being this rank's shard group.
   // `policy` (policy.hpp: resolve() checked it) sets the bucket capacity, the buckets in
   // flight and the gradients' dtypes: kept in grad_dtype, travelling in wire_dtype.
+  // `grads_home` (reduce_scatter only, optional): a host context that keeps the reduced
+  // gradients (CPU offload), each bucket's part brought down as it completes.
   GradBucketer(Context& ctx, comm::Communicator& comm, const shard::ShardPlan& plan, GradSync sync,
                const BucketPolicy& policy, ReduceScatterCoalescer* coalescer = nullptr,
-               comm::Communicator* replicas = nullptr)
+               comm::Communicator* replicas = nullptr, Context* grads_home = nullptr)
       : plan_(&plan),
         sync_(sync),
         buckets_(checked_plan(plan, comm), comm.rank(), policy.capacity),
         schedule_(buckets_.items_per_bucket(), policy.max_in_flight),
         states_(buckets_.buckets().size()) {
+    check(sync == GradSync::reduce_scatter || grads_home == nullptr,
+          "GradBucketer: all-reduced gradients are kept whole on the device (the all-reduce "
+          "works in place); only reduce-scattered ones can be kept in host memory");
     if (sync == GradSync::all_reduce)
       strategy_ = std::make_unique<AllReduceGrads>(ctx, comm, buckets_, policy.grad_dtype,
                                                    policy.wire_dtype, replicas);
     else
-      strategy_ =
-          std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, policy, coalescer, replicas);
+      strategy_ = std::make_unique<ReduceScatterGrads>(ctx, comm, buckets_, policy, coalescer,
+                                                       replicas, grads_home);
     ready_.assign(plan.layout().size(), false);
     for (const auto& slot : plan.layout().slots()) trainable_ += slot.trainable ? 1 : 0;
   }
@@ -137,6 +142,8 @@ class GradBucketer {
   // The averaged gradient of a piece this rank updates (after finish()). all_reduce: any
   // piece; reduce_scatter: only pieces this rank owns.
   Tensor piece_grad(const shard::ParamPiece& piece) const { return strategy_->piece_grad(piece); }
+  // The context whose memory keeps the reduced gradients (grads_home, or the device's).
+  Context& grads_context() const { return strategy_->home(); }
 
   const shard::BucketPlan& plan() const { return buckets_; }
   GradSync sync() const { return sync_; }

@@ -12,6 +12,12 @@
 //     travel together (reduce_scatter_coalescer.hpp). With qgZ (BucketPolicy::quantized_block)
 //     each bucket goes out alone as int8 blocks instead (quantized_reduce_scatter.hpp).
 //
+// Under CPU offload (sdp, fsdp) the kept gradients live in host memory (PyTorch FSDP's
+// CPUOffload, DeepSpeed's ZeRO-Offload): each bucket's reduction lands in a transient device
+// buffer and its part comes down as the bucket completes, during the backward, so the device
+// keeps no gradient between backwards and the offloaded step finds its gradients on the host.
+// The copies are queued on the stream; ParamGroups::finish() waits for them once.
+//
 // Accumulation over synchronised backwards (no zero_grad between them) adds the average of the
 // new local gradients to the averages already held: A + avg(g), exactly as a sharded
 // accumulation computes it, never avg(A + g) (which rounds differently). Once the buffers hold
@@ -46,16 +52,17 @@ struct BucketState {
 class GradSyncStrategy {
  public:
   // `kept` elements of gradients stay allocated (MemoryCategory::gradients): every one, or this
-  // rank's parts.
+  // rank's parts; in `home`'s memory (a host context under offload; nullptr: ctx's).
   GradSyncStrategy(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
                    DType grad_dtype, DType wire_dtype, comm::Communicator* replicas,
-                   std::int64_t kept)
+                   std::int64_t kept, Context* home = nullptr)
       : ctx_(&ctx),
+        home_(home != nullptr ? home : &ctx),
         comm_(&comm),
         plan_(&plan),
         grad_dtype_(grad_dtype),
         wire_dtype_(wire_dtype),
-        kept_(zeros(ctx, {kept}, grad_dtype, MemoryCategory::gradients)),
+        kept_(zeros(*home_, {kept}, grad_dtype, MemoryCategory::gradients)),
         replicas_(comm, replicas, plan.buckets().size()) {}
   virtual ~GradSyncStrategy() = default;
   GradSyncStrategy(const GradSyncStrategy&) = delete;
@@ -82,7 +89,7 @@ class GradSyncStrategy {
   }
   // Clears the gradients; afterwards a reduction lands in place again.
   void zero(std::vector<BucketState>& states) {
-    fill(*ctx_, kept_, 0.0);
+    fill(*home_, kept_, 0.0);
     for (auto& state : states) state.buffer = Tensor();
     replicas_.clear();
   }
@@ -103,6 +110,10 @@ class GradSyncStrategy {
   // reductions are added to them.
   void set_holds_averages(bool value) { holds_averages_ = value; }
   bool holds_averages() const { return holds_averages_; }
+  // Where the kept gradients live: the device's context, or the host's under offload (their
+  // last parts may still be on their way down until the device's stream is waited for).
+  Context& home() const { return *home_; }
+  bool kept_on_host() const { return home_ != ctx_; }
 
  protected:
   // Where bucket b's reduced part landed, and where in the kept gradients it belongs.
@@ -132,6 +143,7 @@ class GradSyncStrategy {
   comm::ReduceOp group_op(DType wire) const { return replicas_.group_op(wire); }
 
   Context* ctx_;
+  Context* home_;  // the kept gradients' context: ctx_, or the offload's host context
   comm::Communicator* comm_;
   const shard::BucketPlan* plan_;
   DType grad_dtype_;
@@ -145,10 +157,28 @@ class GradSyncStrategy {
     if (reduced.numel() == 0) return;
     const Tensor place = target(b);
     if (reduced.data_ptr() == place.data_ptr()) return;
+    if (kept_on_host()) return merge_down(place, reduced);
     if (holds_averages())
       add_(*ctx_, place, reduced);
     else
       copy(*ctx_, place, reduced);
+  }
+  // The kept gradients in host memory: the part comes down -- queued on the stream straight
+  // into its place (cast to the kept dtype on the device first: a transfer moves bytes), or,
+  // to be added to the averages held, as it is into a host buffer, which the host adds in once
+  // it is there (the same add as the device's, on the host's threads).
+  void merge_down(const Tensor& place, const Tensor& reduced) {
+    if (holds_averages()) {
+      const Tensor down =
+          empty(*home_, reduced.shape(), reduced.dtype(), MemoryCategory::communication);
+      copy_async(*ctx_, down, reduced);
+      ctx_->synchronize();
+      return add_(*home_, place, down);
+    }
+    if (reduced.dtype() == place.dtype()) return copy_async(*ctx_, place, reduced);
+    const Tensor part = empty(*ctx_, place.shape(), place.dtype(), MemoryCategory::communication);
+    copy(*ctx_, part, reduced);
+    copy_async(*ctx_, place, part);
   }
 
   ReplicaSync replicas_;
@@ -192,11 +222,12 @@ class AllReduceGrads final : public GradSyncStrategy {
 class ReduceScatterGrads final : public GradSyncStrategy {
  public:
   // `policy`: the gradients' dtypes and, with quantized_block, qgZ's wire of codes.
+  // `home`: the kept gradients' context (offload's host context; nullptr: ctx).
   ReduceScatterGrads(Context& ctx, comm::Communicator& comm, const shard::BucketPlan& plan,
                      const BucketPolicy& policy, ReduceScatterCoalescer* coalescer,
-                     comm::Communicator* replicas)
+                     comm::Communicator* replicas, Context* home = nullptr)
       : GradSyncStrategy(ctx, comm, plan, policy.grad_dtype, policy.wire_dtype, replicas,
-                         plan.owned_numel()),
+                         plan.owned_numel(), home),
         coalescer_(coalescer),
         quantized_block_(policy.quantized_block),
         quantized_format_(policy.quantized_format),
@@ -217,7 +248,7 @@ class ReduceScatterGrads final : public GradSyncStrategy {
       return;
     }
     const Tensor& send = wire_of(state);
-    if (wire_dtype_ != grad_dtype_ || holds_averages())
+    if (wire_dtype_ != grad_dtype_ || holds_averages() || kept_on_host())
       state.out = empty(*ctx_, {bucket.own_numel}, send.dtype(), MemoryCategory::communication);
     const Tensor recv = state.out.defined() ? state.out : target(b);
     if (coalescer_ != nullptr && send.nbytes() < coalescer_->capacity_bytes())

@@ -36,9 +36,11 @@
 //
 // Hybrid sharding plans with the group size in place of the world size. CPU offload
 // (offload.hpp) moves model states from the device's figures to the host's: the optimizer
-// state and f32 master (offload.optimizer), with the gradients' staging and, under mixed
-// precision, the rounded copy on its way up; under fsdp with offload.params the parameter
-// shards too.
+// state and f32 master (offload.optimizer), with the gradients -- under sdp and fsdp the
+// rank's reduced parts themselves, which the device then keeps none of (each bucket's part
+// lands in a transient buffer and comes down as the bucket completes); under ddp and oss a
+// staging copy of the rank's pieces -- and, under mixed precision, the rounded copy on its way
+// up; under fsdp with offload.params the parameter shards too.
 #pragma once
 
 #include <algorithm>
@@ -179,9 +181,11 @@ inline std::int64_t largest_bucket(const shard::BucketPlan& buckets) {
   return most;
 }
 
-// The bucketer's transient buffers for one plan on `rank`.
+// The bucketer's transient buffers for one plan on `rank`. `kept_on_host`: offload keeps the
+// reduced parts on the host, so every reduce-scatter lands in a transient buffer (cast to the
+// kept dtype, one bucket at a time, before it comes down).
 inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool reduce_scatter,
-                                      const BucketPolicy& policy) {
+                                      const BucketPolicy& policy, bool kept_on_host = false) {
   const DType grad = policy.grad_dtype, wire = policy.wire_dtype;
   const std::int64_t in_flight = policy.max_in_flight + 1;  // in flight, plus the one being filled
   const std::int64_t largest = largest_bucket(buckets);
@@ -202,15 +206,21 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
       own = std::max(own, b.own_numel);
     }
     return in_flight * (largest * bytes_of(grad) + sent + arrived + 4 * own) +
-           (policy.error_feedback ? 4 * largest : 0);
+           (policy.error_feedback ? 4 * largest : 0) +
+           (kept_on_host && grad != DType::f32 ? own * bytes_of(grad) : 0);
   }
   std::int64_t per_bucket = 0;
   if (reduce_scatter) per_bucket += largest * bytes_of(grad);  // the full-gradient bucket
   if (wire != grad) per_bucket += largest * bytes_of(wire);    // its copy on the wire
   std::int64_t own = 0;
   for (const auto& b : buckets.buckets()) own = std::max(own, b.own_numel);
-  if (reduce_scatter && wire != grad) per_bucket += own * bytes_of(wire);  // where it lands
-  return in_flight * per_bucket;
+  // Where a bucket's part lands, when not in place: one buffer per bucket in flight, each a
+  // different bucket's part of the rank's own range, so together at most that range.
+  std::int64_t landing = 0;
+  if (reduce_scatter && (wire != grad || kept_on_host))
+    landing = std::min(in_flight * own, buckets.owned_numel()) * bytes_of(wire);
+  const std::int64_t cast = kept_on_host && wire != grad ? own * bytes_of(grad) : 0;
+  return in_flight * per_bucket + landing + cast;
 }
 
 // Hybrid qgZ's exchange across groups (replica_sync.hpp), every bucket's at once: the replica's
@@ -295,10 +305,13 @@ inline constexpr std::int64_t kPageBytes = 4096;
 
 // CPU offload moves rank p's optimizer state (state_numel elements) to the host with an f32
 // master of its own unless the parameters already are that master (f32 shards on the host),
-// the gradients' staging, and the compute copy on its way up (mixed precision, parameters on
-// the device); offload.params moves fsdp's shards (`shard_bytes`) as well.
+// the gradients (sdp, fsdp: the rank's reduced parts, `kept_grad_bytes`, no longer on the
+// device; ddp, oss: a staging copy of its pieces), and the compute copy on its way up (mixed
+// precision, parameters on the device); offload.params moves fsdp's shards (`shard_bytes`) as
+// well.
 inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolicy& policy,
-                         const shard::PieceTable& table, int rank, std::int64_t shard_bytes) {
+                         const shard::PieceTable& table, int rank, std::int64_t shard_bytes,
+                         std::int64_t kept_grad_bytes) {
   const std::int64_t state_numel = table.state_numel(rank);
   if (!policy.offload.enabled()) return;
   const DType param = policy.param_dtype, grad = policy.buckets.grad_dtype;
@@ -307,8 +320,9 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
   const auto buffers = static_cast<std::int64_t>(optim::state_buffer_names(o.optimizer).size());
   p.optimizer_state = 0;
   p.host_optimizer_state = 4 * state_numel * (buffers + (mixed || !params_on_host ? 1 : 0));
-  p.host_gradients = state_numel * bytes_of(grad);
-  p.host_transfer = static_cast<double>(state_numel * bytes_of(grad));
+  const bool kept = policy.grad_sync == GradSync::reduce_scatter;
+  p.host_gradients = kept ? kept_grad_bytes : state_numel * bytes_of(grad);
+  p.host_transfer = static_cast<double>(p.host_gradients);
   if (params_on_host) {
     p.parameters -= shard_bytes;
     p.host_parameters = shard_bytes;
@@ -412,13 +426,21 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       p.wrap_transient = std::max(p.wrap_transient, recipes);
       p.deferred_transient = p.wrap_transient;  // (the whole buffer either way)
       for (const auto& s : specs) p.eager_build += 4 * shape_numel(s.shape);
-      p.gradients =
+      // (offload keeps reduce-scattered gradients on the host: plan_offload)
+      const bool grads_on_host = reduce_scatter && policy.offload.enabled();
+      const std::int64_t kept_grads =
           (reduce_scatter ? buckets.owned_numel() : buckets.total_numel()) * detail::bytes_of(grad);
+      p.gradients = grads_on_host ? 0 : kept_grads;
       p.optimizer_state = table.state_numel(rank) * state_bytes;
-      p.communication = detail::bucket_transients(buckets, reduce_scatter, policy.buckets);
+      p.communication =
+          detail::bucket_transients(buckets, reduce_scatter, policy.buckets, grads_on_host);
+      // Hybrid sdp kept on the host: every bucket's reduced part waits on the device for the
+      // exchange across groups (ReplicaSync) before it comes down.
+      if (grads_on_host && group < o.world_size && policy.buckets.quantized_block == 0)
+        p.communication += buckets.owned_numel() * detail::bytes_of(policy.buckets.wire_dtype);
       if (policy.broadcast_fp16)
         p.communication = std::max(p.communication, plan.trainable_end() * 2);
-      detail::plan_offload(p, o, policy, table, rank, 0);
+      detail::plan_offload(p, o, policy, table, rank, 0, kept_grads);
     } else {
       std::vector<std::vector<std::size_t>> units = o.fsdp_units;
       if (units.empty()) {
@@ -429,7 +451,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       shard::PieceTable table(group, false);
       std::int64_t shard_bytes = 0;
       std::vector<std::int64_t> unit_bytes;
-      std::int64_t transients = 0, node_slices = 0, held_sums = 0;
+      std::int64_t transients = 0, node_slices = 0, held_sums = 0, kept_grads = 0;
       // Per-tensor qwZ: every unit's tensors' maxima, kept between steps (tensor_scales.hpp).
       std::int64_t maxima = 0;
       for (const auto& unit : units) {
@@ -444,7 +466,9 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         const shard::BucketPlan buckets(plan, rank, policy.buckets.capacity);
         table.append_plan(plan, false);
         shard_bytes += plan.numel(rank) * detail::bytes_of(param);
-        p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
+        kept_grads += buckets.owned_numel() * detail::bytes_of(grad);
+        if (!policy.offload.enabled())  // (offload keeps them on the host: plan_offload)
+          p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
         if (policy.buckets.error_feedback) {  // qgZ's residual: f32 for every local gradient
           p.gradients += buckets.total_numel() * 4;
           // and, for hybrid qgZ's exchange across groups (replica_sync.hpp), f32 for every
@@ -481,9 +505,13 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         unit_bytes.push_back(held);
         if (policy.reshard_group > 0)  // hpZ: its slice over the node, from forward to backward
           node_slices += plan.trainable_end() / policy.reshard_group * detail::bytes_of(param);
-        transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets));
+        transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets,
+                                                                    policy.offload.enabled()));
         // Hybrid qgZ: each bucket's f32 group sum is held until the exchange across groups at
         // the end of the backward (ReplicaSync), every unit's at once.
+        // Hybrid fsdp kept on the host (offload): so are the wire's parts, every unit's.
+        if (policy.offload.enabled() && policy.buckets.quantized_block == 0 && group < o.world_size)
+          held_sums += buckets.owned_numel() * detail::bytes_of(policy.buckets.wire_dtype);
         if (policy.buckets.quantized_block > 0 && group < o.world_size) {
           held_sums += 4 * buckets.owned_numel();
           if (policy.buckets.quantized_across_groups)
@@ -505,7 +533,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         p.eager_build += 4 * frozen;
       }
       p.optimizer_state = table.state_numel(rank) * state_bytes;
-      detail::plan_offload(p, o, policy, table, rank, shard_bytes);
+      detail::plan_offload(p, o, policy, table, rank, shard_bytes, kept_grads);
       // Gathered at once: the root unit, and the unit in use with `prefetch` more ahead (every
       // unit without resharding after forward).
       std::int64_t root = 0;

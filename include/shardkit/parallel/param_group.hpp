@@ -42,15 +42,17 @@ class ParamGroup {
   // `shard_home`: FSDP's parameter offload keeps the shard in that (host) context. `coalescer`:
   // small buckets reduce-scattered together with other groups' (nullptr: each alone).
   // `node`: hpZ's group of consecutive ranks (comm split by rank / its size; nullptr: none).
+  // `grads_home`: offload keeps the reduced gradients in that (host) context (reduce_scatter).
   ParamGroup(Context& ctx, comm::Communicator& comm, ParamGroupSpec spec,
              const ResolvedPolicy& policy, comm::Communicator* replicas = nullptr,
              Context* shard_home = nullptr, ReduceScatterCoalescer* coalescer = nullptr,
-             comm::Communicator* node = nullptr)
+             comm::Communicator* node = nullptr, Context* grads_home = nullptr)
       : name_(std::move(spec.name)),
         node_(node),
         flat_(ctx, comm, spec.params, policy.partition, policy.residency, policy.param_dtype,
               replicas, shard_home),
-        bucketer_(ctx, comm, flat_.plan(), policy.grad_sync, policy.buckets, coalescer, replicas),
+        bucketer_(ctx, comm, flat_.plan(), policy.grad_sync, policy.buckets, coalescer, replicas,
+                  grads_home),
         pieces_(flat_.updated_pieces(policy.every_rank_updates)),
         piece_params_(flat_.piece_params(pieces_)),
         quantized_block_(policy.quantized_gather_block),

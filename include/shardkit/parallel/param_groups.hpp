@@ -22,6 +22,7 @@ class ParamGroups {
   ParamGroups(Context& ctx, comm::Communicator& comm, comm::Communicator* replicas,
               std::vector<ParamGroupSpec> groups, ResolvedPolicy policy)
       : policy_(std::move(policy)),
+        ctx_(&ctx),
         host_(offload_context(ctx, policy_.offload)),
         disk_(disk_context(ctx, policy_.offload)) {
     check<StateError>(!ctx.defers_parameters(),
@@ -30,6 +31,10 @@ class ParamGroups {
                       "after building the model, before wrapping it");
     check(!groups.empty(), "no parameter group to train; give at least one");
     Context* shard_home = policy_.offload.params ? host_.get() : nullptr;
+    // Offload with reduce-scattered gradients (sdp, fsdp): the rank's reduced gradients are
+    // kept on the host, where the offloaded step reads them (ddp and oss all-reduce whole
+    // buffers on the device, which the step's staging then brings down).
+    if (host_ && policy_.grad_sync == GradSync::reduce_scatter) grads_home_ = host_.get();
     if (policy_.coalesce_bytes > 0)
       coalescer_ = std::make_unique<ReduceScatterCoalescer>(ctx, comm, policy_.coalesce_bytes);
     if (policy_.reshard_group > 0) node_ = split_nodes(comm, replicas, policy_.reshard_group);
@@ -38,7 +43,8 @@ class ParamGroups {
       first_param_.push_back(index_.size());
       for (std::size_t i = 0; i < spec.params.size(); ++i) index_.push_back({groups_.size(), i});
       groups_.push_back(std::make_unique<ParamGroup>(ctx, comm, std::move(spec), policy_, replicas,
-                                                     shard_home, coalescer_.get(), node_.get()));
+                                                     shard_home, coalescer_.get(), node_.get(),
+                                                     grads_home_));
     }
     if (policy_.residency == Residency::sharded && policy_.quantized_gather_block > 0 &&
         policy_.quantized_gather_scale == ops::QuantScale::tensor) {
@@ -107,11 +113,21 @@ class ParamGroups {
   void poll_reductions() {
     for (auto& group : groups_) group->poll();
   }
-  // Waits for every reduction: the pieces' averaged gradients are in place. Throws if a
-  // trainable parameter was never marked ready.
+  // Waits for every reduction: the pieces' averaged gradients are in place (kept on the host:
+  // their copies down waited for, one wait for all). Throws if a trainable parameter was never
+  // marked ready.
   void finish() {
+    if (grads_home_ != nullptr)
+      ctx_->refuse_in_capture(
+          "a backward of an offloaded optimizer (its gradients go to the "
+          "host, which waits for them)",
+          "capture steps without CPU offload, or run them eagerly");
     for (auto& group : groups_) group->finish();
+    if (grads_home_ != nullptr) ctx_->synchronize();
   }
+  // Where the pieces' averaged gradients live: the engine's context, or under offload with
+  // reduce-scattered gradients (sdp, fsdp) the host context. Ops on them run there.
+  Context& grads_context() const { return grads_home_ != nullptr ? *grads_home_ : *ctx_; }
   bool finished() const {
     for (const auto& group : groups_)
       if (!group->finished()) return false;
@@ -218,7 +234,9 @@ class ParamGroups {
   }
 
   ResolvedPolicy policy_;
+  Context* ctx_;
   std::unique_ptr<Context> host_;                      // offload (else null); before the groups
+  Context* grads_home_ = nullptr;                      // host_ where it keeps the gradients
   std::unique_ptr<Context> disk_;                      // offload to NVMe (else null)
   std::unique_ptr<ReduceScatterCoalescer> coalescer_;  // before the groups' bucketers
   std::unique_ptr<comm::Communicator> node_;           // hpZ (else null); before the groups

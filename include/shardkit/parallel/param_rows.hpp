@@ -127,7 +127,7 @@ inline void zero_grad_of(Engine& engine, const std::string& name) {
   const std::size_t p = detail::table_param(optimizer.table(), name, "zero_grad_of");
   const auto& pieces = optimizer.pieces();
   for (std::size_t k = 0; k < pieces.size(); ++k)
-    if (pieces[k].param == p) fill(engine.context(), engine.piece_grads()[k], 0.0);
+    if (pieces[k].param == p) fill(engine.grads_context(), engine.piece_grads()[k], 0.0);
 }
 
 }  // namespace shardkit::parallel
