@@ -122,6 +122,27 @@ sk::optim::OptimizerConfig cross_arithmetic_config(OptimizerKind kind) {
   return c;
 }
 
+// The MLP's wrap: small buckets, under fsdp two units.
+sk::parallel::ParallelOptions mlp_options(Stage stage, sk::parallel::OffloadOptions offload,
+                                          bool quantized = false) {
+  sk::parallel::ParallelOptions o;
+  o.stage = stage;
+  o.buckets.bucket_bytes = 4096;
+  o.fsdp.wrap.unit_paths = {"0", "3"};
+  o.offload = offload;
+  o.fsdp.quantized_weights = quantized;  // qwZ and qgZ
+  o.fsdp.quantized_grads = quantized;
+  return o;
+}
+
+// The module's parameters and buffers (fsdp: gathered for the read).
+std::vector<float> trained_values(sk::Context& ctx, sk::parallel::ShardedModule& model,
+                                  const module_test::nn::Module& net) {
+  if (model.engine().stage() != Stage::fsdp) return module_test::module_values(ctx, net);
+  auto full = model.full_params();
+  return module_test::module_values(ctx, net);
+}
+
 std::vector<float> train_module(int world, Stage stage, const sk::optim::OptimizerConfig& config,
                                 int steps, sk::comm::RunRanksOptions options = {},
                                 const std::string& save_to = {}, const std::string& load_from = {},
@@ -133,14 +154,8 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
       world,
       [&](sk::Context& ctx, sk::comm::Communicator& comm) {
         auto net = module_test::mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
-        sk::parallel::ParallelOptions o;
-        o.stage = stage;
-        o.buckets.bucket_bytes = 4096;
-        o.fsdp.wrap.unit_paths = {"0", "3"};
-        o.offload = offload;
-        o.fsdp.quantized_weights = quantized;  // qwZ and qgZ
-        o.fsdp.quantized_grads = quantized;
-        sk::parallel::ShardedModule model(ctx, comm, net, config, o);
+        sk::parallel::ShardedModule model(ctx, comm, net, config,
+                                          mlp_options(stage, offload, quantized));
         if (!load_from.empty())
           (void)sk::checkpoint::load_checkpoint(load_from, model.training_state());
         for (int s = 0; s < steps; ++s) {
@@ -158,13 +173,7 @@ std::vector<float> train_module(int world, Stage stage, const sk::optim::Optimiz
           c.layout = sk::checkpoint::CheckpointLayout::sharded;
           sk::checkpoint::save_checkpoint(save_to, model.training_state(), c);
         }
-        std::vector<float> values;
-        if (stage == Stage::fsdp) {
-          auto full = model.full_params();
-          values = module_test::module_values(ctx, *net);
-        } else {
-          values = module_test::module_values(ctx, *net);
-        }
+        std::vector<float> values = trained_values(ctx, model, *net);
         if (comm.rank() == 0) out = std::move(values);
       },
       options);
@@ -257,6 +266,55 @@ TEST_CASE("on the GPU, CPU offload equals the device's own step to rounding, wit
       }
     }
   }
+}
+
+// Under sdp and fsdp an offloaded optimizer's gradients are kept in pinned host memory, brought
+// down bucket by bucket in the backward: the loss scaler's finite check and clipping's leaf sums
+// run on the host over them (their results going up to the device), with one rank -- nothing
+// exchanged -- and with two.
+TEST_CASE("on the GPU, gradients kept on the host serve loss scaling and clipping") {
+  const auto gpu = sk::comm::cuda_run_options(0);
+  const auto config = cross_arithmetic_config(OptimizerKind::adamw);
+  struct Outcome {
+    std::vector<float> values;
+    std::vector<double> norms;
+  };
+  for (auto stage : {Stage::sdp, Stage::fsdp})
+    for (int world : {1, 2}) {
+      const auto run = [&](bool offload) {
+        Outcome out;
+        sk::comm::run_ranks(
+            world,
+            [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+              auto net = module_test::mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
+              sk::parallel::ShardedModule model(ctx, comm, net, config,
+                                                mlp_options(stage, {.optimizer = offload}));
+              sk::optim::DynamicLossScaler scaler({.init_scale = 1024});
+              for (int s = 0; s < 6; ++s) {
+                model.zero_grad();
+                auto b = module_test::batch(ctx, {6, 12}, 7, comm.rank(), s);
+                auto loss = sk::autograd::cross_entropy(ctx, model(ctx, b.x), b.labels);
+                const auto scale = static_cast<float>(scaler.scale());
+                sk::autograd::backward(ctx, loss, scaler.seed(ctx, loss.data()));
+                const sk::Tensor norm = model.clip_grad_norm(0.5, 1.0f / scale);
+                if (comm.rank() == 0) out.norms.push_back(sk::to_vector<double>(ctx, norm)[0]);
+                model.step(lr_at(config.kind, s), scaler);
+              }
+              std::vector<float> values = trained_values(ctx, model, *net);
+              if (comm.rank() == 0) out.values = std::move(values);
+            },
+            gpu);
+        return out;
+      };
+      const Outcome plain = run(false), offloaded = run(true);
+      const auto what =
+          std::string(sk::parallel::stage_name(stage)) + " world " + std::to_string(world);
+      CHECK_MESSAGE(max_scaled_difference(offloaded.values, plain.values) <= 1e-5, what);
+      REQUIRE(offloaded.norms.size() == plain.norms.size());
+      for (std::size_t s = 0; s < plain.norms.size(); ++s)
+        CHECK_MESSAGE(std::abs(offloaded.norms[s] - plain.norms[s]) <= 1e-6 * plain.norms[s], what,
+                      " step ", s);
+    }
 }
 
 TEST_CASE("on the GPU, SyncBatchNorm equals the CPU's batch-norm over the group's whole batch") {

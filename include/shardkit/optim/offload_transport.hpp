@@ -72,7 +72,8 @@ class OffloadTransport {
   // Whether updated parameters go up to the device after the update.
   bool sends_up() const { return offload_.enabled() && !offload_.params_on_host; }
 
-  // This step's gradients in host memory, laid out like the state.
+  // This step's gradients in host memory: a staging buffer laid out like the state, or the
+  // views given when the engine kept them on the host (grads_on_host).
   const std::vector<Tensor>& stage_grads(const std::vector<Tensor>& grads) {
     if (grads.empty() || offload_.grads_on_host) return grads;
     if (!grad_buffer_.defined() || grad_buffer_.dtype() != grads[0].dtype()) {

@@ -138,7 +138,10 @@ class ParamNorms {
       if (everything > 0) comm_->all_gather_v(values, counts).wait_on_stream();
     }
     const ops::NormRootPlan& plan = plan_for(*where, n_ops, layout);
-    if (where->device() == compute.device()) return ops::norm_roots(compute, values, plan, out);
+    if (where->device() == compute.device() && out.device() == compute.device())
+      return ops::norm_roots(compute, values, plan, out);
+    // (`out` elsewhere: clipping's sums of gradients kept on the host go to the device)
+    if (out.device() == where->device()) return ops::norm_roots(*where, values, plan, out);
     Tensor finished = empty(*where, out.shape(), DType::f64, MemoryCategory::other);
     ops::norm_roots(*where, values, plan, finished);
     copy(*ctx_, out, finished);

@@ -144,6 +144,10 @@ class GradBucketer {
   Tensor piece_grad(const shard::ParamPiece& piece) const { return strategy_->piece_grad(piece); }
   // The context whose memory keeps the reduced gradients (grads_home, or the device's).
   Context& grads_context() const { return strategy_->home(); }
+  // Kept on the host: whether copies down await the host's wait for the stream; after it,
+  // land_copies() completes them (grad_sync.hpp).
+  bool copies_pending() const { return strategy_->copies_pending(); }
+  void land_copies() { strategy_->land_copies(); }
 
   const shard::BucketPlan& plan() const { return buckets_; }
   GradSync sync() const { return sync_; }

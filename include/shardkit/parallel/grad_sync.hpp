@@ -15,8 +15,9 @@
 // Under CPU offload (sdp, fsdp) the kept gradients live in host memory (PyTorch FSDP's
 // CPUOffload, DeepSpeed's ZeRO-Offload): each bucket's reduction lands in a transient device
 // buffer and its part comes down as the bucket completes, during the backward, so the device
-// keeps no gradient between backwards and the offloaded step finds its gradients on the host.
-// The copies are queued on the stream; ParamGroups::finish() waits for them once.
+// keeps no reduced gradient between backwards and the offloaded step finds its gradients on
+// the host. The copies are queued on the stream; ParamGroups::finish() waits for them once, and
+// only then are the parts of a second synchronised backward added to the averages held.
 //
 // Accumulation over synchronised backwards (no zero_grad between them) adds the average of the
 // new local gradients to the averages already held: A + avg(g), exactly as a sharded
@@ -27,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
@@ -64,7 +66,12 @@ class GradSyncStrategy {
         wire_dtype_(wire_dtype),
         kept_(zeros(*home_, {kept}, grad_dtype, MemoryCategory::gradients)),
         replicas_(comm, replicas, plan.buckets().size()) {}
-  virtual ~GradSyncStrategy() = default;
+  virtual ~GradSyncStrategy() {
+    try {  // (copies still on their way into host memory that is freed with this object)
+      if (copies_pending_) ctx_->synchronize();
+    } catch (...) {  // (a destructor: the device's error is the next call's to report)
+    }
+  }
   GradSyncStrategy(const GradSyncStrategy&) = delete;
   GradSyncStrategy& operator=(const GradSyncStrategy&) = delete;
 
@@ -87,8 +94,14 @@ class GradSyncStrategy {
   void exchange_replicas() {
     replicas_.exchange(*ctx_, [&](std::size_t b, const Tensor& part) { merge(b, part); });
   }
-  // Clears the gradients; afterwards a reduction lands in place again.
+  // Clears the gradients; afterwards a reduction lands in place again. (Copies down of a
+  // backward whose finish() never waited for them -- it threw -- are waited for and dropped.)
   void zero(std::vector<BucketState>& states) {
+    if (copies_pending_) {
+      ctx_->synchronize();
+      pending_adds_.clear();
+      copies_pending_ = false;
+    }
     fill(*home_, kept_, 0.0);
     for (auto& state : states) state.buffer = Tensor();
     replicas_.clear();
@@ -114,6 +127,15 @@ class GradSyncStrategy {
   // last parts may still be on their way down until the device's stream is waited for).
   Context& home() const { return *home_; }
   bool kept_on_host() const { return home_ != ctx_; }
+  // Kept on the host: copies down queued since the host last waited for the device's stream.
+  bool copies_pending() const { return copies_pending_; }
+  // After the host waited for the device's stream: the copies are there, and the parts of a
+  // second synchronised backward are added to the averages held, bucket by bucket.
+  void land_copies() {
+    for (const auto& [place, down] : pending_adds_) add_(*home_, place, down);
+    pending_adds_.clear();
+    copies_pending_ = false;
+  }
 
  protected:
   // Where bucket b's reduced part landed, and where in the kept gradients it belongs.
@@ -165,15 +187,17 @@ class GradSyncStrategy {
   }
   // The kept gradients in host memory: the part comes down -- queued on the stream straight
   // into its place (cast to the kept dtype on the device first: a transfer moves bytes), or,
-  // to be added to the averages held, as it is into a host buffer, which the host adds in once
-  // it is there (the same add as the device's, on the host's threads).
+  // to be added to the averages held, as it is into a host buffer, held until the host has
+  // waited for the stream and adds it in (land_copies: the same add as the device's, on the
+  // host's threads). Nothing waits here, in the middle of the backward.
   void merge_down(const Tensor& place, const Tensor& reduced) {
+    copies_pending_ = true;
     if (holds_averages()) {
       const Tensor down =
           empty(*home_, reduced.shape(), reduced.dtype(), MemoryCategory::communication);
       copy_async(*ctx_, down, reduced);
-      ctx_->synchronize();
-      return add_(*home_, place, down);
+      pending_adds_.emplace_back(place, down);
+      return;
     }
     if (reduced.dtype() == place.dtype()) return copy_async(*ctx_, place, reduced);
     const Tensor part = empty(*ctx_, place.shape(), place.dtype(), MemoryCategory::communication);
@@ -183,6 +207,10 @@ class GradSyncStrategy {
 
   ReplicaSync replicas_;
   bool holds_averages_ = false;
+  // Kept on the host: copies down queued and not yet waited for, and the parts on their way to
+  // be added to the averages held (place, host buffer), kept alive until then.
+  bool copies_pending_ = false;
+  std::vector<std::pair<Tensor, Tensor>> pending_adds_;
 };
 
 class AllReduceGrads final : public GradSyncStrategy {

@@ -4,13 +4,15 @@
 //   optimizer  the f32 master, the optimizer state and the step move to host memory (pinned
 //              on a GPU machine) and run on the host's threads with the same fused functors
 //              (optim::OptimizerOffload): the reduced gradients come down -- under sdp and fsdp
-//              bucket by bucket during the backward, kept on the host (the device keeps none);
-//              under ddp and oss before the step -- and the updated parameters go back up,
-//              chunk by chunk, overlapping the update. Any stage. Device memory keeps the
-//              parameters the stage keeps, ddp's and oss's gradients, and no optimizer state.
+//              bucket by bucket during the backward, kept on the host (the device keeps no
+//              reduced gradient); under ddp and oss before the step -- and the updated
+//              parameters go back up, chunk by chunk, overlapping the update. Any stage.
+//              Device memory keeps the parameters the stage keeps, ddp's and oss's
+//              gradients, and no optimizer state.
 //   params     fsdp only (PyTorch's offload_params): each unit's parameter shard lives in host
 //              memory too, and goes up into the gathered buffer at each gather. Device memory
-//              then keeps only the units in use. Implies `optimizer`.
+//              then keeps the units in use and no other model state of theirs (qgZ's
+//              residuals aside). Implies `optimizer`.
 //   nvme_path  the f32 master and the optimizer state in files in that directory on a fast
 //              disk instead of host memory (DeepSpeed ZeRO-Infinity's offload_optimizer device
 //              "nvme"): mapped into the address space (core/mapped_file_allocator.hpp) and

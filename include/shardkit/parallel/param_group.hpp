@@ -157,6 +157,9 @@ class ParamGroup {
     bucketer_.finish();
   }
   bool finished() const { return bucketer_.finished(); }
+  // Gradients kept on the host (offload): copies down await the host's wait; then land them.
+  bool copies_pending() const { return bucketer_.copies_pending(); }
+  void land_copies() { bucketer_.land_copies(); }
   void zero_grad() { bucketer_.zero_grad(); }
   void follow_loss_scale(const Tensor& state) { bucketer_.follow_loss_scale(state); }
   void reset_error_feedback() { bucketer_.reset_error_feedback(); }

@@ -5,6 +5,7 @@
 // adds the optimizer and the step.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -114,8 +115,8 @@ class ParamGroups {
     for (auto& group : groups_) group->poll();
   }
   // Waits for every reduction: the pieces' averaged gradients are in place (kept on the host:
-  // their copies down waited for, one wait for all). Throws if a trainable parameter was never
-  // marked ready.
+  // their copies down waited for, one wait for every group, none after a no_sync backward).
+  // Throws if a trainable parameter was never marked ready.
   void finish() {
     if (grads_home_ != nullptr)
       ctx_->refuse_in_capture(
@@ -123,7 +124,12 @@ class ParamGroups {
           "host, which waits for them)",
           "capture steps without CPU offload, or run them eagerly");
     for (auto& group : groups_) group->finish();
-    if (grads_home_ != nullptr) ctx_->synchronize();
+    if (grads_home_ == nullptr) return;
+    if (std::none_of(groups_.begin(), groups_.end(),
+                     [](const auto& group) { return group->copies_pending(); }))
+      return;
+    ctx_->synchronize();
+    for (auto& group : groups_) group->land_copies();
   }
   // Where the pieces' averaged gradients live: the engine's context, or under offload with
   // reduce-scattered gradients (sdp, fsdp) the host context. Ops on them run there.
