@@ -62,7 +62,7 @@ lines = [
     "crosses nodes; with it only the column all-reduce does (measured by",
     "`benchmarks/parallel/hybrid_traffic` at N = 8: equal to the formula). CPU offload",
     "(`parallel/offload.hpp`) moves the optimizer's f32 master and state to the host (with the",
-    "gradients: under FSDP the rank's reduced gradients themselves, brought down bucket by",
+    "gradients: under ZeRO-2 and -3 the rank's reduced gradients themselves, brought down bucket by",
     "bucket in the backward, so the device keeps none; under offload params the FSDP shards",
     "too): the device columns fall by",
     "that, the host column holds it (exact: the tests compare both ledgers with the plan, rank",

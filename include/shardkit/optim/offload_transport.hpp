@@ -1,8 +1,8 @@
 // OffloadTransport: how an offloaded optimizer's data crosses between the device and the host
 // -- the gradients come down before the step in one batch of copies and one wait (unless the
-// engine already kept them on the host, brought down bucket by bucket in the backward); the updated
-// parameters go up in chunks of whole pieces, each chunk's copies queued before the next chunk
-// is updated, and the step waits for the last (DeepSpeed's ZeRO-Offload, PyTorch FSDP's
+// engine already kept them on the host, brought down bucket by bucket in the backward); the
+// updated parameters go up in chunks of whole pieces, each chunk's copies queued before the
+// next chunk is updated, and the step waits for the last (DeepSpeed's ZeRO-Offload, PyTorch FSDP's
 // CPUOffload). Without offload, or with FSDP's parameter shards offloaded too (they are
 // updated in place on the host), nothing goes up and the update is one chunk.
 #pragma once

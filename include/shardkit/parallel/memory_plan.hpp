@@ -39,9 +39,9 @@
 // state and f32 master (offload.optimizer), with the gradients -- under sdp and fsdp the
 // rank's reduced parts themselves, which the device then keeps none of (each bucket's part
 // lands in a transient buffer and comes down as the bucket completes; qgZ's residuals stay
-// on the device); under ddp and oss a
-// staging copy of the rank's pieces -- and, under mixed precision, the rounded copy on its way
-// up; under fsdp with offload.params the parameter shards too.
+// on the device); under ddp and oss a staging copy of the rank's pieces -- and, under mixed
+// precision, the rounded copy on its way up; under fsdp with offload.params the parameter
+// shards too.
 #pragma once
 
 #include <algorithm>
