@@ -75,7 +75,14 @@ class OffloadTransport {
   // This step's gradients in host memory: a staging buffer laid out like the state, or the
   // views given when the engine kept them on the host (grads_on_host).
   const std::vector<Tensor>& stage_grads(const std::vector<Tensor>& grads) {
-    if (grads.empty() || offload_.grads_on_host) return grads;
+    if (grads.empty()) return grads;
+    if (offload_.grads_on_host) {
+      // (finish() waited for their copies; this wait orders the host's update after whatever
+      // else is queued -- a gather's upload of a shard it is about to update in place, after a
+      // no_sync backward that queued no copy -- and costs nothing on an idle device)
+      device_->synchronize();
+      return grads;
+    }
     if (!grad_buffer_.defined() || grad_buffer_.dtype() != grads[0].dtype()) {
       grad_buffer_ = Tensor();
       grad_buffer_ = empty(*offload_.host, {table_->state_numel(rank_)}, grads[0].dtype(),

@@ -69,7 +69,7 @@ class GradSyncStrategy {
   virtual ~GradSyncStrategy() {
     try {  // (copies still on their way into host memory that is freed with this object)
       if (copies_pending_) ctx_->synchronize();
-    } catch (...) {  // (a destructor: the device's error is the next call's to report)
+    } catch (...) {  // (a destructor cannot throw: an error found by this wait is dropped)
     }
   }
   GradSyncStrategy(const GradSyncStrategy&) = delete;

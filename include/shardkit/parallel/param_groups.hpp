@@ -128,7 +128,14 @@ class ParamGroups {
     if (std::none_of(groups_.begin(), groups_.end(),
                      [](const auto& group) { return group->copies_pending(); }))
       return;
-    ctx_->synchronize();
+    // (a deferred check may throw from the wait, after the stream drained: the copies are
+    // there, and the gradients are landed before the error goes on)
+    try {
+      ctx_->synchronize();
+    } catch (...) {
+      for (auto& group : groups_) group->land_copies();
+      throw;
+    }
     for (auto& group : groups_) group->land_copies();
   }
   // Where the pieces' averaged gradients live: the engine's context, or under offload with
