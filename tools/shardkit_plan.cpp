@@ -3,7 +3,7 @@
 //   shardkit-plan --model resnet50 --world-size 64 [--group-size 8] [--stage all|ddp|oss|sdp|fsdp]
 //                 [--optimizer larc_sgd|sgd|adamw] [--precision f32|bf16|f16]
 //                 [--batch 32] [--image-size 224] [--device-memory-gib 80]
-//                 [--offload none|optimizer|params|nvme] [--offload-chunk 4194304]
+//                 [--offload none|optimizer|params|nvme|nvme-params] [--offload-chunk 4194304]
 //   shardkit-plan --model weights.safetensors ...   (every tensor a trainable parameter)
 //
 // Prints, per stage, the bytes of the most loaded rank by category (MiB), the bytes each rank
@@ -11,8 +11,9 @@
 // is the world, and on more than one node all of it crosses nodes), with --offload what moves to
 // the host (MiB per rank) and the bytes between host and device per step (params: fsdp's shards
 // too; other stages offload the optimizer only; nvme: the master and optimizer state in files,
-// the host column then the RAM a step streams them through, the disk columns their size and
-// the bytes read and written per step), and with --device-memory-gib
+// nvme-params: fsdp's shards there too, the host column then the RAM a step streams them
+// through, the disk columns their size and the bytes read and written per step, the gathers'
+// reads included), and with --device-memory-gib
 // the largest batch per rank that fits. For a ResNet the activations are profiled on this CPU (a
 // forward and backward at batch 2, 4, 8, ... until the growth per sample settles, f32, with and
 // without activation checkpointing: an upper bound under mixed precision); FSDP wraps each
@@ -94,8 +95,9 @@ int main(int argc, char** argv) {
   app.add_option("--offload", offload,
                  "CPU offload: none, optimizer (master, state and step on the host), params "
                  "(fsdp: the parameter shards too), nvme (the master and state in files, "
-                 "streamed through RAM in chunks at the step)")
-      ->check(CLI::IsMember({"none", "optimizer", "params", "nvme"}));
+                 "streamed through RAM in chunks at the step), nvme-params (fsdp: the shards "
+                 "in files too, read at each gather)")
+      ->check(CLI::IsMember({"none", "optimizer", "params", "nvme", "nvme-params"}));
   app.add_option("--offload-chunk", offload_chunk,
                  "elements per chunk of the offloaded step (offload.chunk_numel)")
       ->check(CLI::PositiveNumber);
@@ -183,9 +185,10 @@ int main(int argc, char** argv) {
     for (auto stage : stages) {
       parallel.stage = stage;
       parallel.offload.optimizer = offload != "none";
-      parallel.offload.params = offload == "params" && stage == par::Stage::fsdp;
+      parallel.offload.params =
+          (offload == "params" || offload == "nvme-params") && stage == par::Stage::fsdp;
       // (The planner reads the files' place only as "on disk"; nothing is written there.)
-      parallel.offload.nvme_path = offload == "nvme" ? "planned" : "";
+      parallel.offload.nvme_path = offload.starts_with("nvme") ? "planned" : "";
       parallel.offload.chunk_numel = offload_chunk;
       const bool fsdp = stage == par::Stage::fsdp;
       parallel.fsdp.quantized_weights = fsdp && quantized_weights;
@@ -203,7 +206,8 @@ int main(int argc, char** argv) {
                   net ? mib(with_ckpt.activations).c_str() : "-", mib(plan.total()).c_str(),
                   mib(plan.sent_in_group).c_str(), mib(plan.sent_across_groups).c_str(),
                   mib(plan.host_total()).c_str(), mib(plan.host_transfer).c_str(),
-                  mib(plan.disk_optimizer_state).c_str(), mib(plan.disk_transfer).c_str());
+                  mib(plan.disk_optimizer_state + plan.disk_parameters).c_str(),
+                  mib(plan.disk_transfer).c_str());
       if (device_gib > 0) {
         const auto bytes = static_cast<std::int64_t>(device_gib * 1024 * 1024 * 1024);
         if (net)

@@ -44,6 +44,8 @@ for world in WORLDS:
     table.append((world, "ZeRO-3 + offload optimizer", plan(world, 0, "fsdp", "optimizer")["fsdp"]))
     table.append((world, "ZeRO-3 + offload params", plan(world, 0, "fsdp", "params")["fsdp"]))
     table.append((world, "ZeRO-3 + offload to NVMe", plan(world, 0, "fsdp", "nvme")["fsdp"]))
+    table.append((world, "ZeRO-3 + offload params to NVMe",
+                  plan(world, 0, "fsdp", "nvme-params")["fsdp"]))
 
 lines = [
     "# Memory plan: ResNet-50 under every stage (computed by `shardkit-plan`)",
@@ -76,7 +78,11 @@ lines = [
     "one a step ended with and the next starts with (the chunks are walked from either end in",
     "turn). (Here a rank's state is at most one chunk -- 3.2 M elements at N = 8 -- so it stays",
     "in RAM from step to step, written back at each and not read: as much RAM as offload to host",
-    "memory, half the disk traffic; NVMe pays where a rank's state spans many chunks.) The wrap",
+    "memory, half the disk traffic; NVMe pays where a rank's state spans many chunks.) Offload",
+    "params to NVMe puts the FSDP shards in those files too (disk; in f32 they are the master):",
+    "the step streams them with the state, and each gather, forward and backward, reads its",
+    "unit's shard and drops from RAM again what it read (disk r+w counts those reads; here none:",
+    "the one chunk kept in RAM holds all of them). The wrap",
     "is its own peak, before training (`ShardedModule`'s construction): for a model built eagerly, the model states",
     "so far plus the group being filled (under fsdp one unit's whole buffer) and the model's",
     "own f32 parameters, whole until bound; a model built under `sk::DeferredParameters` holds",

@@ -103,7 +103,9 @@ int main(int argc, char** argv) {
   app.add_option("--nvme-path", flags.nvme_path,
                  "offload to NVMe: the f32 master and optimizer state in files in this "
                  "directory on a fast disk, streamed through RAM at each step (DeepSpeed "
-                 "ZeRO-Infinity's offload_optimizer device nvme; implies --offload optimizer)")
+                 "ZeRO-Infinity's offload_optimizer device nvme; implies --offload optimizer; "
+                 "with --offload params, fsdp's parameter shards there too: offload_param "
+                 "device nvme)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--partition", flags.partition,
                  "oss/sdp: flat (even split, exactly 1/N per rank) or greedy (whole parameters, "
@@ -279,10 +281,11 @@ int main(int argc, char** argv) {
           plan.host_transfer / 1e6);
     if (launch.rank == 0 && options.offload.on_disk())
       std::printf(
-          "on disk in %s per rank (MB): optimizer state and f32 master %.2f; %.2f MB read and "
-          "written there per step, at most %.2f MB of it in RAM at once\n",
+          "on disk in %s per rank (MB): optimizer state (and a separate f32 master) %.2f, "
+          "parameter shards "
+          "%.2f; %.2f MB read and written there per step, at most %.2f MB of it in RAM at once\n",
           options.offload.nvme_path.c_str(), plan.disk_optimizer_state / 1e6,
-          plan.disk_transfer / 1e6, plan.disk_streaming / 1e6);
+          plan.disk_parameters / 1e6, plan.disk_transfer / 1e6, plan.disk_streaming / 1e6);
 
     // --- train: every rank runs train.hpp's loop on the chosen device -------------------------
     const custom_loop::Results results = custom_loop::train_on(device, setup);
@@ -371,6 +374,7 @@ int main(int argc, char** argv) {
                                 {"host_gradients", plan.host_gradients},
                                 {"host_optimizer_state", plan.host_optimizer_state},
                                 {"disk_optimizer_state", plan.disk_optimizer_state},
+                                {"disk_parameters", plan.disk_parameters},
                                 {"disk_streaming", plan.disk_streaming}}}};
     std::printf("%s\n", summary.dump().c_str());
     return 0;

@@ -60,6 +60,9 @@ struct Run {
   bool no_sync_first = false;
   int group = 0;                 // hybrid sharding's group size (0: none)
   bool quantized_grads = false;  // qgZ (sdp, fsdp)
+  // fsdp's shards on disk: after the steps, a forward and backward (no step), then everything
+  // dropped from RAM and another: what of the shards each one's gathers left in RAM.
+  bool probe_gathers = false;
 };
 
 struct Outcome {
@@ -78,6 +81,10 @@ struct Outcome {
   std::int64_t state_numel = 0;      // rank 0: elements its optimizer updates
   std::int64_t max_state_numel = 0;  // the most any rank updates
   std::int64_t shard_bytes = 0;      // fsdp, rank 0: its parameter shards
+  // probe_gathers, rank 0: the shards' bytes in RAM after the steps and after the first probe;
+  // after the drop and after the second.
+  std::size_t shards_kept = 0, shards_kept_gathered = 0;
+  std::size_t shards_dropped = 0, shards_dropped_gathered = 0;
 };
 
 // Bytes of the ranges that this process has mapped in RAM now (/proc/self/pagemap's present
@@ -211,6 +218,11 @@ Outcome train(const Run& run) {
         for (const auto& range : sk::optim::StateSpill::ranges_of(trained.master_params(), 0,
                                                                   trained.master_params().size()))
           ranges.push_back(range);
+      if (run.offload.params)  // (on disk too: each unit's shard, a file of its own)
+        for (std::size_t u = 0; u < model.engine().unit_count(); ++u) {
+          const auto& shard = model.engine().group(u).shard();
+          ranges.emplace_back(shard.data_ptr(), shard.nbytes());
+        }
       sampler = std::thread([&, ranges] {
         while (stepping.load()) {
           out.resident_peak = std::max(out.resident_peak, mapped_bytes(ranges));
@@ -256,6 +268,27 @@ Outcome train(const Run& run) {
     }
     stepping.store(false);
     if (sampler.joinable()) sampler.join();
+    // fsdp's shards on disk: a forward and backward (no step) and what of the shards is in RAM
+    // before and after it, rank 0.
+    const auto probe_gathers = [&](std::size_t& before, std::size_t& after) {
+      const auto& engine = model.engine();
+      const auto& files = dynamic_cast<const sk::MappedFileAllocator&>(
+          model.training_state().optimizer->disk_context()->allocator());
+      const auto shards_in_ram = [&] {
+        std::size_t bytes = 0;
+        for (std::size_t u = 0; u < engine.unit_count(); ++u) {
+          const auto& shard = engine.group(u).shard();
+          bytes += files.resident_bytes(shard.data_ptr(), shard.nbytes());
+        }
+        return bytes;
+      };
+      if (comm.rank() == 0) before = shards_in_ram();
+      auto b = module_test::batch(ctx, shape, classes, comm.rank(), 99);
+      auto loss = module_test::ag::cross_entropy(ctx, model(ctx, b.x), b.labels);
+      module_test::ag::backward(ctx, loss);
+      if (comm.rank() == 0) after = shards_in_ram();
+    };
+    if (run.probe_gathers) probe_gathers(out.shards_kept, out.shards_kept_gathered);
     auto training = model.training_state();
     const auto& optimizer = *training.optimizer;
     state_numel[static_cast<std::size_t>(comm.rank())] =
@@ -280,6 +313,10 @@ Outcome train(const Run& run) {
             dynamic_cast<const sk::MappedFileAllocator&>(optimizer.disk_context()->allocator())
                 .loads_whole();
       }
+    }
+    if (run.probe_gathers) {  // (the steps left the kept chunk in RAM; the checks above dropped it)
+      training.optimizer->spill_state(true);
+      probe_gathers(out.shards_dropped, out.shards_dropped_gathered);
     }
     auto state = sk::optim::consolidate_optimizer_state(optimizer, *training.comm, 0);
     if (!run.save_to.empty()) {
@@ -623,7 +660,7 @@ TEST_CASE(
       run.steps = 4;
       offload_test::check_offload_exact(run, nvme);
     }
-  // fsdp with the shards on the host and f16 compute, loss-scaled and clipped, on a ResNet.
+  // fsdp with the shards on disk too and f16 compute, loss-scaled and clipped, on a ResNet.
   offload_test::Run run;
   run.resnet = true;
   run.world = 2;
@@ -636,40 +673,56 @@ TEST_CASE(
   nvme.params = true;
   offload_test::check_offload_exact(run, nvme);
   run.offload = nvme;
+  run.probe_gathers = true;
   const auto on_disk = offload_test::train(run);
-  // The f32 master and Adam's two moments of the rank's pieces are on disk, none on the host.
+  // The f32 master and Adam's two moments of the rank's pieces are on disk, and the f16 shards;
+  // none of them on the host or the device.
   const std::int64_t n = on_disk.state_numel;
+  const std::int64_t shards = on_disk.shard_bytes;
+  CHECK(shards > 0);
   CHECK(on_disk.disk.current_of(MemoryCategory::optimizer_state) == 12 * n);
+  CHECK(on_disk.disk.current_of(MemoryCategory::parameters) == shards);
   CHECK(on_disk.host.current_of(MemoryCategory::optimizer_state) == 0);
+  CHECK(on_disk.host.current_of(MemoryCategory::parameters) == 0);
   CHECK(on_disk.plan.disk_optimizer_state == 12 * n);
+  CHECK(on_disk.plan.disk_parameters == shards);
   CHECK(on_disk.plan.host_optimizer_state == 0);
-  // (One chunk: kept in RAM from step to step, written back at each, not read.)
-  CHECK(on_disk.plan.disk_transfer == 12.0 * static_cast<double>(n));
+  CHECK(on_disk.plan.host_parameters == 0);
+  // (One chunk: kept in RAM from step to step, written back at each, not read; so the gathers
+  // find the shards in RAM too.)
+  CHECK(on_disk.plan.disk_transfer == static_cast<double>(12 * n + shards));
   // The host's RAM at a step's peak: the offload ledgers and the chunks streamed from disk.
   CHECK(on_disk.plan.disk_streaming > 0);
-  CHECK(on_disk.plan.host_total() ==
-        on_disk.plan.host_parameters + on_disk.plan.host_gradients + on_disk.plan.disk_streaming);
+  CHECK(on_disk.plan.host_total() == on_disk.plan.host_gradients + on_disk.plan.disk_streaming);
   // A state of one chunk stays in RAM from step to step (written back at each): read from disk
   // once in three steps; a drop between steps keeps it (spill_state(): what a post-step hook or
-  // a save calls), a whole drop takes it out of RAM too (spill_state(true)).
+  // a save calls), a whole drop takes it out of RAM too (spill_state(true)). The shards are
+  // streamed with it (one file a unit: two more pages each at most). Gathers leave RAM as they
+  // found it: a forward and backward after the steps keeps the chunk's shards in RAM, one after
+  // the whole drop reads them and leaves none of them there.
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const auto state_pages = [&](std::int64_t files, std::int64_t numel) {
     return static_cast<std::size_t>(files) * (4 * static_cast<std::size_t>(numel) + 2 * page);
   };
+  const std::size_t with_shards = state_pages(3, n) + static_cast<std::size_t>(shards) + 10 * page;
   if (!tmpfs) {
     CHECK(on_disk.resident > 0);
-    CHECK(on_disk.resident <= state_pages(3, n));
+    CHECK(on_disk.resident <= with_shards);
     CHECK(on_disk.bytes_read > 0);
-    CHECK(on_disk.bytes_read <= state_pages(3, n));
+    CHECK(on_disk.bytes_read <= with_shards);
     CHECK(on_disk.resident_spilled > 0);
     CHECK(on_disk.resident_spilled <= on_disk.resident);
     CHECK(on_disk.resident_dropped == 0);
+    CHECK(on_disk.shards_kept >= static_cast<std::size_t>(shards));
+    CHECK(on_disk.shards_kept_gathered == on_disk.shards_kept);
+    CHECK(on_disk.shards_dropped == 0);
+    CHECK(on_disk.shards_dropped_gathered == 0);
   } else {
     MESSAGE("the temporary directory is tmpfs: RAM residency not checked");
   }
   CHECK(std::filesystem::is_empty(dir));  // (unnamed files)
-  // LARC's one-pass update (fsdp on one rank, the shards on the host: no norm exchange) is
-  // streamed and dropped too.
+  // LARC's one-pass update (fsdp on one rank, the shards on disk: no norm exchange) is
+  // streamed and dropped too; the f32 shards are the master.
   offload_test::Run larc;
   larc.stage = Stage::fsdp;
   larc.kind = OptimizerKind::larc_sgd;
@@ -679,9 +732,12 @@ TEST_CASE(
   larc.offload = nvme;
   const auto larc_on_disk = offload_test::train(larc);
   CHECK(larc_on_disk.disk.current_of(MemoryCategory::optimizer_state) ==
-        4 * larc_on_disk.state_numel);  // (f32 with the shards on the host: they are the master)
+        4 * larc_on_disk.state_numel);  // (the momentum; the f32 shards are the master)
+  CHECK(larc_on_disk.disk.current_of(MemoryCategory::parameters) == larc_on_disk.shard_bytes);
+  CHECK(larc_on_disk.plan.disk_parameters == larc_on_disk.shard_bytes);
   if (!tmpfs) {
-    CHECK(larc_on_disk.bytes_read <= state_pages(1, larc_on_disk.state_numel));
+    CHECK(larc_on_disk.bytes_read <=
+          state_pages(2, larc_on_disk.state_numel) + 4 * page);  // (the MLP's three units)
     CHECK(larc_on_disk.resident_dropped == 0);
   }
   // Many chunks (a few pieces each): LARC forming each chunk's norms in its pass (whole pieces:
@@ -721,6 +777,23 @@ TEST_CASE(
   if (split_on_disk.loads_whole)
     CHECK(split_on_disk.resident_peak <=
           static_cast<std::size_t>(split_on_disk.plan.disk_streaming));
+  // fsdp's f32 shards on disk too, split over three ranks: they are the master, read whole for
+  // LARC's norms before the chunks, and each gather reads a unit's shard and drops it again: the
+  // process never maps more of them and the state than the planner's bound.
+  offload_test::Run split_shards;
+  split_shards.stage = Stage::fsdp;
+  split_shards.kind = OptimizerKind::larc_sgd;
+  split_shards.steps = 3;
+  OffloadOptions shards_small = nvme;
+  shards_small.chunk_numel = 100;
+  offload_test::check_offload_exact(split_shards, shards_small);
+  split_shards.offload = shards_small;
+  split_shards.sample_residency = true;
+  const auto split_shards_on_disk = offload_test::train(split_shards);
+  CHECK(split_shards_on_disk.plan.disk_parameters == split_shards_on_disk.shard_bytes);
+  if (split_shards_on_disk.loads_whole)
+    CHECK(split_shards_on_disk.resident_peak <=
+          static_cast<std::size_t>(split_shards_on_disk.plan.disk_streaming));
   // While a ResNet steps in chunks of 1 Ki elements, the process maps some of its state, never
   // more than the planner's bound, which is under the whole (about half of this small ResNet's:
   // three chunks around its largest pieces).

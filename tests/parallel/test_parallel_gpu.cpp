@@ -4,10 +4,11 @@
 // equals CPU DDP to rounding (on the scale of the values), memory per rank follows the stage, and
 // the optimizer state consolidates and resumes on the device. FSDP over modules (cuBLAS/cuDNN
 // autograd) equals DDP to 1e-6 and the CPU's FSDP to rounding, and its sharded checkpoint loads on
-// the CPU. CPU offload (the step on the host, pinned memory) equals the device's own step to
-// rounding. SyncBatchNorm over ranks sharing the GPU equals the CPU's batch-norm over the group's
-// concatenated batch.
+// the CPU. CPU offload (the step on the host, pinned memory; or files, offload to NVMe) equals the
+// device's own step to rounding. SyncBatchNorm over ranks sharing the GPU equals the CPU's
+// batch-norm over the group's concatenated batch.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -242,27 +243,41 @@ TEST_CASE("a sharded checkpoint written by FSDP on the GPU loads under DDP on th
 TEST_CASE("on the GPU, CPU offload equals the device's own step to rounding, with no state on it") {
   const auto gpu = sk::comm::cuda_run_options(0);
   using C = sk::MemoryCategory;
+  // (offload to NVMe: its files, unnamed, in a directory of the run's own)
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardkit_gpu_nvme_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct RemoveDir {
+    std::filesystem::path dir;
+    ~RemoveDir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_dir{dir};
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     for (auto stage : {Stage::sdp, Stage::fsdp}) {
       const auto config = cross_arithmetic_config(kind);
       const auto plain = train_module(2, stage, config, 10, gpu);
-      for (bool params : {false, true}) {
+      // The optimizer offloaded; fsdp's shards too; fsdp's shards, master and state in files.
+      for (int place = 0; place < 3; ++place) {
+        const bool params = place > 0, on_disk = place == 2;
         if (params && stage != Stage::fsdp) continue;
         sk::MemorySnapshot device, host;
-        const sk::parallel::OffloadOptions offload{.optimizer = true, .params = params};
+        sk::parallel::OffloadOptions offload{.optimizer = true, .params = params};
+        if (on_disk) offload.nvme_path = dir.string();
         const auto offloaded =
             train_module(2, stage, config, 10, gpu, {}, {}, offload, &device, &host);
         // The step ran on the host (CPU functors, pinned memory) instead of the fused kernels:
         // rounding, fed back through ten forward passes.
         CHECK_MESSAGE(max_scaled_difference(offloaded, plain) <= 1e-5,
                       sk::optim::optimizer_kind_name(kind), " ", sk::parallel::stage_name(stage),
-                      " params ", params);
+                      " params ", params, " on disk ", on_disk);
         CHECK(device.current_of(C::optimizer_state) == 0);
-        CHECK(host.current_of(C::optimizer_state) > 0);
+        CHECK((host.current_of(C::optimizer_state) > 0) == !on_disk);
         // (the reduced gradients kept on the host, brought down during the backward)
         CHECK(device.current_of(C::gradients) == 0);
         CHECK(host.current_of(C::gradients) > 0);
-        if (params) CHECK(host.current_of(C::parameters) > 0);
+        if (params) CHECK((host.current_of(C::parameters) > 0) == !on_disk);
       }
     }
   }

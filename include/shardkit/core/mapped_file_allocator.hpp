@@ -143,18 +143,30 @@ class MappedFileAllocator : public Allocator {
 
   // Bytes of [data, data + bytes) in RAM now (whole pages; mincore): what spill() bounds.
   std::size_t resident_bytes(const void* data, std::size_t bytes) const {
-#if defined(__linux__)
-    const auto [begin, end] = pages_around(data, bytes);
-    if (begin >= end) return 0;
-    std::vector<unsigned char> in_core((end - begin) / page_);
-    check(::mincore(reinterpret_cast<void*>(begin), end - begin, in_core.data()) == 0,
-          "mincore failed: ", std::strerror(errno));
     std::size_t pages = 0;
-    for (unsigned char c : in_core) pages += c & 1u;
+    for (unsigned char c : in_core(data, bytes)) pages += c & 1u;
     return pages * page_;
-#else
-    return 0;
-#endif
+  }
+
+  // The runs of whole pages around [data, data + bytes) not in RAM now: what a load() of the
+  // range reads, and what a user that only passes through the range (a gather's upload of a
+  // parameter shard) spills again after it, leaving RAM as it found it.
+  std::vector<std::pair<const void*, std::size_t>> missing_runs(const void* data,
+                                                                std::size_t bytes) const {
+    const auto pages = in_core(data, bytes);
+    const auto begin = pages_around(data, bytes).first;
+    std::vector<std::pair<const void*, std::size_t>> runs;
+    for (std::size_t i = 0; i < pages.size();) {
+      if ((pages[i] & 1u) != 0) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < pages.size() && (pages[j] & 1u) == 0) ++j;
+      runs.emplace_back(reinterpret_cast<const void*>(begin + i * page_), (j - i) * page_);
+      i = j;
+    }
+    return runs;
   }
 
  protected:
@@ -250,6 +262,21 @@ class MappedFileAllocator : public Allocator {
     Mapping m = it->second;
     m.base = it->first;
     return m;
+  }
+  // Per whole page around [data, data + bytes): whether it is in RAM (bit 0; mincore).
+  std::vector<unsigned char> in_core(const void* data, std::size_t bytes) const {
+#if defined(__linux__)
+    const auto [begin, end] = pages_around(data, bytes);
+    if (begin >= end) return {};
+    std::vector<unsigned char> pages((end - begin) / page_);
+    check(::mincore(reinterpret_cast<void*>(begin), end - begin, pages.data()) == 0,
+          "mincore failed: ", std::strerror(errno));
+    return pages;
+#else
+    (void)data;
+    (void)bytes;
+    return {};
+#endif
   }
   // [data, data + bytes) rounded out to whole pages (inside the mapping: it is whole pages).
   std::pair<std::uintptr_t, std::uintptr_t> pages_around(const void* data,

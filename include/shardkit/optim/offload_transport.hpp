@@ -46,7 +46,13 @@ struct OptimizerOffload {
   // keeps the reduced gradients there, each bucket's part brought down during the backward):
   // nothing comes down at the step, and clipping's norms are formed on the host.
   bool grads_on_host = false;
+  // FSDP's parameter shards offloaded to NVMe (with params_on_host): the tensors, in `disk`'s
+  // files, that the piece views given are views of. The step streams them through RAM with the
+  // master and state (in f32 they are the master); what of them no piece covers (padding) is
+  // dropped with the rest. Empty: the piece views are not on disk.
+  std::vector<Tensor> disk_shards{};
   bool enabled() const { return host != nullptr; }
+  bool params_on_disk() const { return !disk_shards.empty(); }
   // Where the master and state live.
   Context& state_home() const { return disk != nullptr ? *disk : *host; }
 };
@@ -63,6 +69,9 @@ class OffloadTransport {
           offload.chunk_numel);
     check(offload.disk == nullptr || offload.enabled(),
           "ShardedOptimizer: state on disk needs a host context as well (OptimizerOffload::host)");
+    check(offload.disk_shards.empty() || (offload.disk != nullptr && offload.params_on_host),
+          "ShardedOptimizer: parameters on disk need the disk context (OptimizerOffload::disk) "
+          "and params_on_host (they are updated in place there)");
     check(!offload.grads_on_host || offload.enabled(),
           "ShardedOptimizer: gradients on the host need a host context (OptimizerOffload::host)");
   }

@@ -62,7 +62,7 @@ class ShardedOptimizer {
     for (auto name : state_buffer_names(rule_.config()))
       buffers_.push_back(StateBuffer{name, zeros(state_home, {table.state_numel(rank)}, DType::f32,
                                                  MemoryCategory::optimizer_state)});
-    if (offload.disk != nullptr) make_spill(*offload.disk);
+    if (offload.disk != nullptr) make_spill(*offload.disk, offload.disk_shards);
   }
 
   // The learning rate of the steps from now on (schedules live in the training loop; before
@@ -361,9 +361,8 @@ class ShardedOptimizer {
     const UpdateTensors tensors{copies_.masters(), g, a, b, copies_.low_copies()};
     // (LARC's trust ratios, unless each chunk forms its own, read the whole master first: on
     // disk, read at the disk's pace.)
-    if (spill_ && copies_.separate() && rule_.config().kind == OptimizerKind::larc_sgd &&
-        !rule_.larc_in_pass(c, gate))
-      spill_->read_whole(0);
+    if (spill_ && rule_.config().kind == OptimizerKind::larc_sgd && !rule_.larc_in_pass(c, gate))
+      for (auto file : master_files_) spill_->read_whole(file);
     const auto prepared = rule_.prepare(c, tensors, lr, inv_grad_scale, steps_, gate);
     if (prepared.done) return;
     const auto chunks = chunk_order();
@@ -414,17 +413,46 @@ class ShardedOptimizer {
   }
 
   // Offload to disk: the buffers there, streamed through RAM at each step; written out and
-  // dropped from RAM now (their zeros, the master's first values).
-  void make_spill(Context& disk) {
+  // dropped from RAM now (their zeros, the master's first values). `shards`: FSDP's shards on
+  // disk, which the piece views are views of -- streamed with the buffers, one file a unit (the
+  // spill's ranges are spans of one allocation each); in f32 they are the master. What of a
+  // shard no piece spans (padding; a rank's range that is all padding) only goes with drops.
+  void make_spill(Context& disk, const std::vector<Tensor>& shards) {
     const auto* files = dynamic_cast<const MappedFileAllocator*>(&disk.allocator());
     check(files != nullptr,
           "ShardedOptimizer: OptimizerOffload::disk must be a context whose allocator is a "
           "MappedFileAllocator (parallel/offload.hpp makes one from nvme_path)");
     std::vector<std::vector<Tensor>> per_piece;
-    if (copies_.separate()) per_piece.push_back(copies_.masters());
+    std::vector<std::pair<const void*, std::size_t>> rest;
+    if (copies_.separate()) {
+      master_files_.push_back(per_piece.size());
+      per_piece.push_back(copies_.masters());
+    }
+    const auto& params = copies_.piece_params();
+    const auto page = static_cast<std::uintptr_t>(files->page_bytes());
+    for (const auto& shard : shards) {
+      if (shard.numel() == 0) continue;
+      std::vector<Tensor> views;  // (the pieces of other shards: empty)
+      for (const auto& p : params)
+        views.push_back(p.storage() == shard.storage() ? p : p.slice(0, 0, 0));
+      const auto lo = reinterpret_cast<std::uintptr_t>(shard.data_ptr());
+      const auto hi = lo + shard.nbytes();
+      const auto span = StateSpill::ranges_of(views, 0, views.size());
+      if (span.empty()) {
+        rest.emplace_back(shard.data_ptr(), shard.nbytes());
+        continue;
+      }
+      // (the pages before and after the pieces' span that it does not touch)
+      const auto at = reinterpret_cast<std::uintptr_t>(span[0].first);
+      const auto first = at / page * page, last = (at + span[0].second + page - 1) / page * page;
+      if (lo < first) rest.emplace_back(shard.data_ptr(), first - lo);
+      if (last < hi) rest.emplace_back(reinterpret_cast<const void*>(last), hi - last);
+      if (!copies_.separate()) master_files_.push_back(per_piece.size());
+      per_piece.push_back(std::move(views));
+    }
     for (const auto& buffer : buffers_)
       per_piece.push_back(state_views(*table_, rank_, buffer.values));
-    spill_ = std::make_unique<StateSpill>(*files, std::move(per_piece));
+    spill_ = std::make_unique<StateSpill>(*files, std::move(per_piece), std::move(rest));
     spill_->drop_all();
   }
 
@@ -444,7 +472,8 @@ class ShardedOptimizer {
   double clip_max_norm_ = 0;
   float clip_inv_grad_scale_ = 1.0f;
   std::vector<StateBuffer> buffers_;
-  std::unique_ptr<StateSpill> spill_;  // the master and state on disk (offload to NVMe)
+  std::unique_ptr<StateSpill> spill_;      // the master and state on disk (offload to NVMe)
+  std::vector<std::size_t> master_files_;  // the spill's buffers that hold the master
   bool reversed_ = false;   // on disk: the next step updates its chunks from the last one back
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
   Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step

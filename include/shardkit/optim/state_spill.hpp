@@ -36,17 +36,25 @@ namespace shardkit::optim {
 
 class StateSpill {
  public:
-  // `per_piece`: for each buffer on `disk`, its view of every piece, in pieces order.
-  StateSpill(const MappedFileAllocator& disk, std::vector<std::vector<Tensor>> per_piece)
-      : disk_(&disk), per_piece_(std::move(per_piece)) {}
+  // `per_piece`: for each buffer on `disk`, its view of every piece, in pieces order. `rest`:
+  // ranges on `disk` that no piece spans (a parameter shard's padding), which only the drops
+  // between steps take out of RAM (a step does not touch them).
+  StateSpill(const MappedFileAllocator& disk, std::vector<std::vector<Tensor>> per_piece,
+             std::vector<std::pair<const void*, std::size_t>> rest = {})
+      : disk_(&disk), per_piece_(std::move(per_piece)), rest_(std::move(rest)) {}
 
   // Waits until the pieces read before are in RAM (the chunk about to be updated), then starts
   // reading pieces [begin, end) beside its update; an empty range only waits. A range that
-  // read_ahead() started, or that the step before kept, is not read again.
+  // read_ahead() started, or that the step before kept, is made sure of the same way: a file's
+  // span still in RAM costs a look (mincore), what left RAM meanwhile comes back in large
+  // requests instead of a fault a page (reclaimed by the kernel, or dropped by a gather of FSDP's
+  // shards on disk that began before the read ahead had brought them in).
   void prefetch(std::size_t begin, std::size_t end) {
     if (ahead_ == std::pair{begin, end} && begin < end) {
       ahead_ = {0, 0};
       kept_ = false;
+      wait_for_read();
+      start_reading(begin, end);
       return;
     }
     forget_kept();
@@ -118,6 +126,7 @@ class StateSpill {
   // RAM as the step did).
   void drop_all_but_next() {
     wait_for_read();
+    drop_rest();
     const auto next = ahead_;
     if (next.first >= next.second) return drop_all();
     drop(0, next.first, next);
@@ -129,6 +138,7 @@ class StateSpill {
     wait_for_read();
     ahead_ = {0, 0};
     kept_ = false;
+    drop_rest();
     if (pieces() > 0) drop(0, pieces());
   }
   // A step that failed part-way: waits for the read in flight (its error, if any, is dropped:
@@ -158,6 +168,7 @@ class StateSpill {
     std::size_t total = 0;
     for (const auto& [data, bytes] : ranges(0, pieces()))
       total += disk_->resident_bytes(data, bytes);
+    for (const auto& [data, bytes] : rest_) total += disk_->resident_bytes(data, bytes);
     return total;
   }
   // The bytes of the state that were not in RAM when a read of them started, since the spill
@@ -176,16 +187,26 @@ class StateSpill {
     ahead_ = {0, 0};
   }
 
+  // (A range wholly in RAM is not loaded: walking its pages again costs more than the faults
+  // of those not mapped, and reads nothing.)
   void start_reading(std::size_t begin, std::size_t end) {
-    auto loading = ranges(begin, end);
+    std::vector<std::pair<const void*, std::size_t>> loading;
+    for (const auto& range : ranges(begin, end)) {
+      const auto missing = disk_->missing_bytes(range.first, range.second);
+      bytes_read_ += missing;
+      if (missing > 0) loading.push_back(range);
+    }
     if (loading.empty()) return;
-    for (const auto& [data, bytes] : loading) bytes_read_ += disk_->missing_bytes(data, bytes);
     reading_ = std::async(std::launch::async, [disk = disk_, loading = std::move(loading)] {
       for (const auto& [data, bytes] : loading) disk->load(data, bytes);
     });
   }
 
   std::size_t pieces() const { return per_piece_.empty() ? 0 : per_piece_[0].size(); }
+
+  void drop_rest() const {
+    for (const auto& [data, bytes] : rest_) disk_->spill(data, bytes, true);
+  }
 
   void drop(std::size_t begin, std::size_t end) const {
     for (const auto& [data, bytes] : ranges(begin, end)) disk_->spill(data, bytes, true);
@@ -225,6 +246,7 @@ class StateSpill {
 
   const MappedFileAllocator* disk_;
   std::vector<std::vector<Tensor>> per_piece_;
+  std::vector<std::pair<const void*, std::size_t>> rest_;  // on disk, in no piece's span
   std::pair<std::size_t, std::size_t> previous_{0, 0};
   // What read_ahead() started, or the step before kept in RAM (kept_), until a step uses it.
   std::pair<std::size_t, std::size_t> ahead_{0, 0};

@@ -185,10 +185,7 @@ namespace detail {
   if (quantized_block > 0) return detail::start_quantized_all_gather(flat, quantized_block, format);
   flat.materialize();
   const auto& plan = flat.plan();
-  const int rank = flat.communicator().rank();
-  // (Stream-ordered before the all-gather; an offloaded shard goes up without blocking.)
-  copy_async(flat.context(), flat.params().flat().slice(0, plan.begin(rank), plan.end(rank)),
-             flat.shard());
+  flat.upload_shard();
   return flat.communicator().all_gather_v(flat.params().flat().slice(0, 0, plan.trainable_end()),
                                           plan.counts());
 }

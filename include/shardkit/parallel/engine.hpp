@@ -56,8 +56,8 @@ class Engine : public ParamGroups {
     optimizer_ = std::make_unique<optim::ShardedOptimizer>(
         ctx, table_, comm.rank(), std::move(piece_params), std::move(optimizer), &comm,
         optim::OptimizerOffload{host(), this->policy().offload.params, disk(),
-                                this->policy().offload.chunk_numel,
-                                host() != nullptr && &grads_context() == host()});
+                                this->policy().offload.chunk_numel, &grads_context() == host(),
+                                shards_on_disk()});
     check_same_everywhere();
   }
 

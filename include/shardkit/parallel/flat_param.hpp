@@ -11,8 +11,8 @@
 // the whole buffer (communication) exists between materialize() and release(), and the
 // parameter views keep naming it while it is released (core/storage.hpp), so touching them then
 // fails with the reason given to release(). With a `shard_home` context (FSDP's parameter
-// offload) the shard lives in that context's (host) memory and goes up into the gathered
-// buffer at each gather.
+// offload) the shard lives in that context's memory -- the host's, or files on a fast disk under
+// offload to NVMe -- and goes up into the gathered buffer at each gather.
 #pragma once
 
 #include <string>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/core/mapped_file_allocator.hpp"
 #include "shardkit/ops/quantize.hpp"
 #include "shardkit/parallel/flat_buffer.hpp"
 #include "shardkit/parallel/policy.hpp"
@@ -90,6 +91,26 @@ class FlatParam {
       views.push_back(
           values.slice(0, piece.flat_begin - base, piece.flat_begin - base + piece.numel()));
     return views;
+  }
+
+  // Queues this rank's shard into its range of the gathered buffer (stream-ordered before the
+  // all-gather; a shard in host memory goes up without blocking). A shard in files (offload to
+  // NVMe) is read in first, in large requests, and what had to be read is dropped from RAM again
+  // once the copy has taken it (a copy from pageable memory returns once it has read its source):
+  // a gather leaves RAM as it found it, so between uses the shards cost disk, not RAM -- the
+  // optimizer's step streams them with its state, and the chunk it keeps for the next step stays.
+  void upload_shard() {
+    const int rank = comm_->rank();
+    const Tensor range = params_.flat().slice(0, plan_.begin(rank), plan_.end(rank));
+    const auto* files = dynamic_cast<const MappedFileAllocator*>(&shard_home_->allocator());
+    if (files == nullptr || shard_.numel() == 0) return copy_async(*ctx_, range, shard_);
+    ctx_->refuse_in_capture("a gather of a parameter shard on disk (offload to NVMe)",
+                            "the disk's reads and drops are the host's; train without capture "
+                            "under offload.params with nvme_path");
+    const auto missing = files->missing_runs(shard_.data_ptr(), shard_.nbytes());
+    if (!missing.empty()) files->load(shard_.data_ptr(), shard_.nbytes(), false);
+    copy_async(*ctx_, range, shard_);
+    for (const auto& [data, bytes] : missing) files->spill(data, bytes, true);
   }
 
   // The whole buffer's memory back, its values undefined (to be gathered, or written whole).

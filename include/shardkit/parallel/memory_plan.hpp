@@ -127,8 +127,9 @@ struct MemoryPlan {
   std::int64_t host_gradients = 0;
   std::int64_t host_optimizer_state = 0;
   double host_transfer = 0;
-  // Offload to NVMe (offload.nvme_path): the f32 master and optimizer state in files, the
-  // bytes read and written there per step, and the RAM a step holds of them at once (a bound:
+  // Offload to NVMe (offload.nvme_path): the f32 master and optimizer state in files (and with
+  // offload.params fsdp's shards: disk_parameters), the bytes read and written there per step
+  // (the gathers' reads of the shards included), and the RAM a step holds of them at once (a bound:
   // the three chunks in flight -- the one being written back, the one updated, the one read
   // in -- each rounded out to whole pages; under LARC with pieces split over ranks, the whole
   // master, read before the chunks, and the chunks of the other files). Between steps RAM
@@ -136,6 +137,7 @@ struct MemoryPlan {
   // in turn from either end), so a step reads all of the files but that chunk (a state of one
   // chunk: none) and writes all of them; disk_transfer averages the two ends' chunks.
   std::int64_t disk_optimizer_state = 0;
+  std::int64_t disk_parameters = 0;  // fsdp's shards there too (offload.params)
   double disk_transfer = 0;
   std::int64_t disk_streaming = 0;
   // The wrap's transient above the model states (a bound), besides the wrap's checks' few
@@ -308,16 +310,20 @@ inline constexpr std::int64_t kPageBytes = 4096;
 // master of its own unless the parameters already are that master (f32 shards on the host),
 // the gradients (sdp, fsdp: the rank's reduced parts, `kept_grad_bytes`, no longer on the
 // device; ddp, oss: a staging copy of its pieces), and the compute copy on its way up (mixed
-// precision, parameters on the device); offload.params moves fsdp's shards (`shard_bytes`) as
-// well.
+// precision, parameters on the device); offload.params moves fsdp's shards (`shard_numel`: the
+// rank's elements of each unit, one after the other in its state's layout) as well -- into files
+// under offload to NVMe.
 inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolicy& policy,
-                         const shard::PieceTable& table, int rank, std::int64_t shard_bytes,
+                         const shard::PieceTable& table, int rank,
+                         const std::vector<std::int64_t>& shard_numel,
                          std::int64_t kept_grad_bytes) {
   const std::int64_t state_numel = table.state_numel(rank);
   if (!policy.offload.enabled()) return;
   const DType param = policy.param_dtype, grad = policy.buckets.grad_dtype;
   const bool mixed = param != DType::f32;
   const bool params_on_host = policy.offload.params;
+  std::int64_t shard_bytes = 0;
+  for (auto numel : shard_numel) shard_bytes += numel * bytes_of(param);
   const auto buffers = static_cast<std::int64_t>(optim::state_buffer_names(o.optimizer).size());
   p.optimizer_state = 0;
   p.host_optimizer_state = 4 * state_numel * (buffers + (mixed || !params_on_host ? 1 : 0));
@@ -334,14 +340,21 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
     p.host_transfer += static_cast<double>(state_numel * bytes_of(param));
   }
   // Offload to NVMe: the master and state in files instead (RAM holds a few chunks of them at a
-  // step: disk_streaming); each step writes all of them once and reads all but the chunk the
-  // step before kept in RAM. (LARC with its pieces split over ranks reads the whole master
-  // before the chunks, which then find it in RAM -- read once still, unless the kernel had to
-  // drop it meanwhile -- and drop its pages with theirs.)
+  // step: disk_streaming), and under offload.params the shards too, one file a unit (in f32 they
+  // are the master); each step writes all of them once and reads all but the chunk the step
+  // before kept in RAM, and the gathers read the shards again (each gather drops what it read).
+  // (LARC with its pieces split over ranks reads the whole master before the chunks, which then
+  // find it in RAM -- read once still, unless the kernel had to drop it meanwhile -- and drop
+  // its pages with theirs.)
   if (policy.offload.on_disk()) {
     p.disk_optimizer_state = p.host_optimizer_state;
     p.host_optimizer_state = 0;
-    const bool master_on_disk = mixed || !params_on_host;
+    const bool params_on_disk = params_on_host;
+    if (params_on_disk) {
+      p.disk_parameters = p.host_parameters;
+      p.host_parameters = 0;
+    }
+    const bool separate_master = mixed || !params_on_host;  // (else the shards are the master)
     const auto& pieces = table.pieces(rank);
     {  // (the kept chunk: the first or the last, in turn)
       std::int64_t first = 0, last = 0, total = 0;
@@ -355,35 +368,72 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
       }
       const double kept =
           total > 0 ? static_cast<double>(first + last) / (2.0 * static_cast<double>(total)) : 1.0;
-      p.disk_transfer = (2.0 - kept) * static_cast<double>(p.disk_optimizer_state);
+      p.disk_transfer =
+          (2.0 - kept) * static_cast<double>(p.disk_optimizer_state + p.disk_parameters);
+      // The gathers read the shards again, but for the kept chunk's part (in RAM; they leave
+      // it there): twice a unit resharded after the forward -- forward and backward --, once
+      // the root unit (kept from its forward to its backward), or a unit whose backward gathers
+      // from hpZ's slice over the node or that is not resharded.
+      if (params_on_disk) {
+        double gathered = 0;
+        for (std::size_t u = 0; u < shard_numel.size(); ++u) {
+          const bool twice = policy.reshard_after_forward && policy.reshard_group == 0 &&
+                             static_cast<std::int64_t>(u) != o.root_unit;
+          gathered += (twice ? 2.0 : 1.0) * static_cast<double>(shard_numel[u] * bytes_of(param));
+        }
+        p.disk_transfer += (1.0 - kept) * gathered;
+      }
     }
     // LARC whose pieces are split over ranks (its norms exchanged) reads the whole master
     // before the chunks: RAM holds it all, and each chunk adds only the other files' spans.
     bool split = !table.replicated() && table.world_size() > 1;
     for (const auto& piece : pieces)
       split = split || piece.param_begin != 0 || piece.numel() != table.params()[piece.param].numel;
-    const bool whole_master =
-        o.optimizer.kind == optim::OptimizerKind::larc_sgd && split && master_on_disk;
-    // (f32 buffers, one a file; the master among them where it is on disk)
-    const std::int64_t files = buffers + (master_on_disk && !whole_master ? 1 : 0);
+    const bool whole_master = o.optimizer.kind == optim::OptimizerKind::larc_sgd && split;
+    // (f32 buffers, one a file: the state's, and a separate master's unless read whole)
+    const std::int64_t files = buffers + (separate_master && !whole_master ? 1 : 0);
+    // The shards streamed per chunk: f32 ones that are the master are read whole instead.
+    const bool shard_chunks = params_on_disk && !(whole_master && !separate_master);
+    // (The units' shards one after the other, in the state's coordinates: where each ends.)
+    std::vector<std::int64_t> unit_end;
+    for (auto numel : shard_numel)
+      unit_end.push_back((unit_end.empty() ? 0 : unit_end.back()) + numel);
     std::vector<std::int64_t> chunks;  // bytes of RAM each chunk takes, whole pages
     for (std::size_t begin = 0, end = 0; begin < pieces.size(); begin = end) {
       end = optim::offload_chunk_end(pieces, begin, policy.offload.chunk_numel);
       // (What a chunk loads and drops is the span of its pieces in each file, their alignment
-      // gaps included, rounded out to pages: at most two more.)
+      // gaps included, rounded out to pages: at most two more -- per shard it touches.)
       std::int64_t lo = INT64_MAX, hi = 0;
       for (std::size_t k = begin; k < end; ++k)
         if (pieces[k].numel() > 0) {
           lo = std::min(lo, pieces[k].state_offset);
           hi = std::max(hi, pieces[k].state_offset + pieces[k].numel());
         }
-      chunks.push_back(lo < hi ? files * (4 * (hi - lo) + 2 * kPageBytes) : 0);
+      std::int64_t bytes = lo < hi ? files * (4 * (hi - lo) + 2 * kPageBytes) : 0;
+      if (shard_chunks && lo < hi) {
+        bytes += bytes_of(param) * (hi - lo);
+        for (std::size_t u = 0; u < unit_end.size(); ++u)
+          if ((u == 0 ? 0 : unit_end[u - 1]) < hi && lo < unit_end[u]) bytes += 2 * kPageBytes;
+      }
+      chunks.push_back(bytes);
     }
     for (std::size_t k = 0; k < chunks.size(); ++k)
       p.disk_streaming =
           std::max(p.disk_streaming, chunks[k] + (k > 0 ? chunks[k - 1] : 0) +
                                          (k + 1 < chunks.size() ? chunks[k + 1] : 0));
-    if (whole_master) p.disk_streaming += 4 * state_numel + 2 * kPageBytes;
+    if (whole_master) {
+      const auto master_files =
+          separate_master ? std::int64_t{1} : static_cast<std::int64_t>(shard_numel.size());
+      p.disk_streaming += 4 * state_numel + 2 * kPageBytes * master_files;
+    }
+    // Between steps RAM holds the chunk kept for the next step, and a gather a unit's shard
+    // while it goes up (read in whole, dropped once sent).
+    if (params_on_disk && !chunks.empty()) {
+      std::int64_t largest = 0;
+      for (auto numel : shard_numel) largest = std::max(largest, numel * bytes_of(param));
+      p.disk_streaming = std::max(
+          p.disk_streaming, std::max(chunks.front(), chunks.back()) + largest + 2 * kPageBytes);
+    }
   }
 }
 
@@ -441,7 +491,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         p.communication += buckets.owned_numel() * detail::bytes_of(policy.buckets.wire_dtype);
       if (policy.broadcast_fp16)
         p.communication = std::max(p.communication, plan.trainable_end() * 2);
-      detail::plan_offload(p, o, policy, table, rank, 0, kept_grads);
+      detail::plan_offload(p, o, policy, table, rank, {}, kept_grads);
     } else {
       std::vector<std::vector<std::size_t>> units = o.fsdp_units;
       if (units.empty()) {
@@ -451,6 +501,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       }
       shard::PieceTable table(group, false);
       std::int64_t shard_bytes = 0;
+      std::vector<std::int64_t> shard_numel;  // the rank's elements of each unit
       std::vector<std::int64_t> unit_bytes;
       std::int64_t transients = 0, node_slices = 0, held_sums = 0, kept_grads = 0;
       // Per-tensor qwZ: every unit's tensors' maxima, kept between steps (tensor_scales.hpp).
@@ -467,6 +518,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         const shard::BucketPlan buckets(plan, rank, policy.buckets.capacity);
         table.append_plan(plan, false);
         shard_bytes += plan.numel(rank) * detail::bytes_of(param);
+        shard_numel.push_back(plan.numel(rank));
         kept_grads += buckets.owned_numel() * detail::bytes_of(grad);
         if (!policy.offload.enabled())  // (offload keeps them on the host: plan_offload)
           p.gradients += buckets.owned_numel() * detail::bytes_of(grad);
@@ -534,7 +586,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         p.eager_build += 4 * frozen;
       }
       p.optimizer_state = table.state_numel(rank) * state_bytes;
-      detail::plan_offload(p, o, policy, table, rank, shard_bytes, kept_grads);
+      detail::plan_offload(p, o, policy, table, rank, shard_numel, kept_grads);
       // Gathered at once: the root unit, and the unit in use with `prefetch` more ahead (every
       // unit without resharding after forward).
       std::int64_t root = 0;

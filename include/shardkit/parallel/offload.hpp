@@ -17,7 +17,10 @@
 //              disk instead of host memory (DeepSpeed ZeRO-Infinity's offload_optimizer device
 //              "nvme"): mapped into the address space (core/mapped_file_allocator.hpp) and
 //              streamed through RAM chunk by chunk at each step (optim/state_spill.hpp), so host
-//              memory holds a few chunks of them. Implies `optimizer`.
+//              memory holds a few chunks of them. With `params`, fsdp's parameter shards live
+//              there too (offload_param device "nvme"): each gather reads its unit's shard and
+//              drops it from RAM again, the step streams them with the state. Implies
+//              `optimizer`.
 //
 // The host side has a context of its own (make_host_context): its memory statistics are the
 // host's share, the engine's context's stay the device's. On the CPU path the two are ledgers
@@ -37,7 +40,8 @@ namespace shardkit::parallel {
 struct OffloadOptions {
   bool optimizer = false;   // master, optimizer state and step on the host
   bool params = false;      // fsdp: parameter shards on the host between uses (and `optimizer`)
-  std::string nvme_path{};  // master and optimizer state in files there (and `optimizer`)
+  std::string nvme_path{};  // master and optimizer state in files there (and `optimizer`);
+                            // with `params`, the shards too
   // The offloaded step updates chunks of whole pieces of at least this many elements: while
   // one chunk is updated, the one before goes up (its parameters) and, under nvme_path, the
   // one after is read in, so RAM holds about three chunks of the state there.

@@ -31,7 +31,9 @@ class ParamGroups {
                       "DeferredParameters scope: its flat buffers need memory; end the scope "
                       "after building the model, before wrapping it");
     check(!groups.empty(), "no parameter group to train; give at least one");
-    Context* shard_home = policy_.offload.params ? host_.get() : nullptr;
+    // (offload.params: the shards in host memory, or in files beside the optimizer's state
+    // under offload to NVMe -- ZeRO-Infinity's offload_param device "nvme")
+    Context* shard_home = !policy_.offload.params ? nullptr : disk_ ? disk_.get() : host_.get();
     // Offload with reduce-scattered gradients (sdp, fsdp): the rank's reduced gradients are
     // kept on the host, where the offloaded step reads them (ddp and oss all-reduce whole
     // buffers on the device, which the step's staging then brings down).
@@ -181,8 +183,16 @@ class ParamGroups {
   // The offload host context (nullptr without offload): where the optimizer's state lives and,
   // under offload.params, the shards.
   Context* host() const { return host_.get(); }
-  // Offload to NVMe's disk context (nullptr otherwise): where the master and state live then.
+  // Offload to NVMe's disk context (nullptr otherwise): where the master and state live then,
+  // and under offload.params the shards.
   Context* disk() const { return disk_.get(); }
+  // The units' shards when they live on disk (offload.params with nvme_path), else none.
+  std::vector<Tensor> shards_on_disk() const {
+    std::vector<Tensor> shards;
+    if (disk_ && policy_.offload.params)
+      for (const auto& group : groups_) shards.push_back(group->shard());
+    return shards;
+  }
   ParamGroup& mutable_group(std::size_t u) { return *groups_[u]; }
   std::size_t first_param(std::size_t u) const { return first_param_[u]; }
   // The shards are about to change (a step, a load, values written): hpZ's slices kept over
