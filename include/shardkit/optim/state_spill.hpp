@@ -45,16 +45,16 @@ class StateSpill {
 
   // Waits until the pieces read before are in RAM (the chunk about to be updated), then starts
   // reading pieces [begin, end) beside its update; an empty range only waits. A range that
-  // read_ahead() started, or that the step before kept, is made sure of the same way: a file's
-  // span still in RAM costs a look (mincore), what left RAM meanwhile comes back in large
-  // requests instead of a fault a page (reclaimed by the kernel, or dropped by a gather of FSDP's
-  // shards on disk that began before the read ahead had brought them in).
+  // read_ahead() started, or that the step before kept, was loaded for writing already: a
+  // file's span of it still in RAM costs a look (mincore), what left RAM meanwhile comes back in
+  // large requests instead of a fault a page (reclaimed by the kernel, or dropped by a gather of
+  // FSDP's shards on disk that began before the read ahead had brought them in).
   void prefetch(std::size_t begin, std::size_t end) {
     if (ahead_ == std::pair{begin, end} && begin < end) {
       ahead_ = {0, 0};
       kept_ = false;
       wait_for_read();
-      start_reading(begin, end);
+      start_reading(begin, end, true);
       return;
     }
     forget_kept();
@@ -63,14 +63,14 @@ class StateSpill {
   }
   // Starts reading pieces [begin, end) before the step -- the next step's first chunk, beside
   // the forward and backward -- so that the step's prefetch of that range finds it coming.
-  // The chunk the step before kept is read too, cheaply: what of it is still mapped costs no
-  // disk read, what the kernel reclaimed comes back now instead of a fault a page.
+  // The chunk the step before kept is made sure of, cheaply: what of it is still in RAM costs a
+  // look, what the kernel reclaimed comes back now instead of a fault a page.
   void read_ahead(std::size_t begin, std::size_t end) {
     const bool same = ahead_ == std::pair{begin, end} && begin < end;
     if (same && !kept_) return;  // (already on its way)
     if (!same) forget_kept();
     wait_for_read();
-    start_reading(begin, end);
+    start_reading(begin, end, same);
     ahead_ = {begin, end};
     kept_ = false;
   }
@@ -116,6 +116,7 @@ class StateSpill {
     ahead_ = {0, 0};
     kept_ = false;
     if (begin >= end) return drop_all();
+    drop_rest();  // (what the kernel read around the chunks' spans)
     drop(0, begin, {begin, end});
     drop(end, pieces(), {begin, end});
     ahead_ = {begin, end};
@@ -187,14 +188,17 @@ class StateSpill {
     ahead_ = {0, 0};
   }
 
-  // (A range wholly in RAM is not loaded: walking its pages again costs more than the faults
-  // of those not mapped, and reads nothing.)
-  void start_reading(std::size_t begin, std::size_t end) {
+  // `loaded`: the range was loaded for writing before (kept, or read ahead), so a file's span of
+  // it wholly in RAM is still mapped writable and is left alone -- walking its page tables again
+  // cost 1.5% of the custom loop's time. Otherwise every span is loaded: pages in RAM but mapped
+  // for reading only (a whole read of the master, the kernel's read-around) are mapped writable
+  // at once instead of a fault a page at the update's first write.
+  void start_reading(std::size_t begin, std::size_t end, bool loaded = false) {
     std::vector<std::pair<const void*, std::size_t>> loading;
     for (const auto& range : ranges(begin, end)) {
       const auto missing = disk_->missing_bytes(range.first, range.second);
       bytes_read_ += missing;
-      if (missing > 0) loading.push_back(range);
+      if (missing > 0 || !loaded) loading.push_back(range);
     }
     if (loading.empty()) return;
     reading_ = std::async(std::launch::async, [disk = disk_, loading = std::move(loading)] {

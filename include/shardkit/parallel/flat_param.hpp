@@ -96,7 +96,8 @@ class FlatParam {
   // Queues this rank's shard into its range of the gathered buffer (stream-ordered before the
   // all-gather; a shard in host memory goes up without blocking). A shard in files (offload to
   // NVMe) is read in first, in large requests, and what had to be read is dropped from RAM again
-  // once the copy has taken it (a copy from pageable memory returns once it has read its source):
+  // once the copy has taken it (a copy from pageable memory returns once it has staged its
+  // source; were it to read later, the pages -- clean, or written back -- come from the file):
   // a gather leaves RAM as it found it, so between uses the shards cost disk, not RAM -- the
   // optimizer's step streams them with its state, and the chunk it keeps for the next step stays.
   void upload_shard() {

@@ -371,9 +371,10 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
       p.disk_transfer =
           (2.0 - kept) * static_cast<double>(p.disk_optimizer_state + p.disk_parameters);
       // The gathers read the shards again, but for the kept chunk's part (in RAM; they leave
-      // it there): twice a unit resharded after the forward -- forward and backward --, once
-      // the root unit (kept from its forward to its backward), or a unit whose backward gathers
-      // from hpZ's slice over the node or that is not resharded.
+      // it there; spread evenly over the units here, an estimate): twice a unit resharded after the
+      // forward -- forward and backward --, once the root unit (kept from its forward to its
+      // backward), or a unit whose backward gathers from hpZ's slice over the node or that is not
+      // resharded.
       if (params_on_disk) {
         double gathered = 0;
         for (std::size_t u = 0; u < shard_numel.size(); ++u) {
