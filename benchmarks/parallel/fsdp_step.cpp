@@ -1,18 +1,15 @@
 // The FSDP / DDP step-time ratio on the CPU (fsdp_step.hpp): ranks as threads.
-// Usage: fsdp_step [ranks] [images per rank] [timed steps] [graph]
-#include <cstdlib>
-#include <string>
-
+// Usage: fsdp_step [ranks] [images per rank] [timed steps] [graph] [nvme=DIR] [only=TEXT]
+//   graph      each step replayed from a StepGraph
+//   nvme=DIR   add the offload rows (host memory; files in DIR, a directory on a fast disk)
+//   only=TEXT  only the configurations whose name contains TEXT (and ddp, the ratios' base)
 #include "fsdp_step.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
 
 int main(int argc, char** argv) {
   namespace fs = shardkit::bench::fsdp_step;
   fs::Workload w;
-  if (argc > 1) w.world = std::atoi(argv[1]);
-  if (argc > 2) w.batch = std::atoll(argv[2]);
-  if (argc > 3) w.steps = std::atoi(argv[3]);
-  w.graph = argc > 4 && std::string(argv[4]) == "graph";
+  if (!fs::parse_args(argc, argv, w)) return 2;
   fs::run_all("CPU", w, {}, [](shardkit::Context&) {});
   return 0;
 }

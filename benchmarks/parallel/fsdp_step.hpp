@@ -4,7 +4,11 @@
 // with DeepSpeed ZeRO++'s compression (qwZ: int8 parameter gathers; qgZ: int8 gradient
 // all-to-alls; hpZ: the backward's gathers inside nodes of half the ranks). In one process the
 // wire is memory, so the compressed rows show what compression costs in compute; what it saves
-// on a network is in bytes (hybrid_traffic).
+// on a network is in bytes (hybrid_traffic). Given a directory (`nvme`), two more rows: FSDP with
+// its parameter shards, master and optimizer state offloaded to host memory (offload.params),
+// and the same in files there (offload to NVMe: each gather reads its unit's shard from disk but
+// for what the step kept in RAM, and each step streams the state) -- on the CPU what the disk
+// adds over host memory, the shards' reads between compute included.
 // N ranks are threads of this process (local communicator; on a GPU they share it). Each
 // configuration: 2 warm-up steps, then `steps` timed ones; the median step is reported, with
 // the ratio to DDP's median in the same run. With `graph` each rank's step runs through a
@@ -18,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +41,7 @@ struct Config {
   bool reshard = true;
   bool quantized_weights = false, quantized_grads = false;
   bool node_halves = false;  // hpZ over nodes of world / 2 ranks
+  enum class Offload { none, host, disk } offload = Offload::none;  // offload.params (and nvme)
 };
 
 struct Workload {
@@ -43,8 +49,33 @@ struct Workload {
   std::int64_t batch = 8;  // per rank
   std::int64_t side = 32;
   int steps = 5;
-  bool graph = false;  // each step through a StepGraph (captured once, then replayed)
+  bool graph = false;     // each step through a StepGraph (captured once, then replayed)
+  std::string nvme_path;  // the offload rows' files ("": no offload rows)
+  std::string only;       // run the configurations whose name contains this (and ddp)
 };
+
+// [ranks] [images per rank] [timed steps], then any of graph, nvme=DIR, only=TEXT (the two
+// mains' usage); false, with a message, on an argument it does not know.
+inline bool parse_args(int argc, char** argv, Workload& w) {
+  if (argc > 1) w.world = std::atoi(argv[1]);
+  if (argc > 2) w.batch = std::atoll(argv[2]);
+  if (argc > 3) w.steps = std::atoi(argv[3]);
+  for (int i = 4; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "graph")
+      w.graph = true;
+    else if (arg.rfind("nvme=", 0) == 0)
+      w.nvme_path = arg.substr(5);
+    else if (arg.rfind("only=", 0) == 0)
+      w.only = arg.substr(5);
+    else {
+      std::fprintf(stderr, "%s: unknown argument '%s'; give graph, nvme=DIR or only=TEXT\n",
+                   argv[0], arg.c_str());
+      return false;
+    }
+  }
+  return true;
+}
 
 inline std::vector<Config> configs() {
   using parallel::Stage;
@@ -56,7 +87,9 @@ inline std::vector<Config> configs() {
           {"fsdp + qwZ", Stage::fsdp, 1, true, true},
           {"fsdp + qgZ", Stage::fsdp, 1, true, false, true},
           {"fsdp + qwZ+qgZ", Stage::fsdp, 1, true, true, true},
-          {"fsdp + hpZ", Stage::fsdp, 1, true, false, false, true}};
+          {"fsdp + hpZ", Stage::fsdp, 1, true, false, false, true},
+          {"fsdp offload host", Stage::fsdp, 1, true, false, false, false, Config::Offload::host},
+          {"fsdp offload nvme", Stage::fsdp, 1, true, false, false, false, Config::Offload::disk}};
 }
 
 // Median step time in seconds over `w.steps` steps (rank 0's clock; every rank steps alike).
@@ -82,6 +115,8 @@ double median_step(const Config& config, const Workload& w, comm::RunRanksOption
         s.fsdp.quantized_weights = config.quantized_weights;
         s.fsdp.quantized_grads = config.quantized_grads;
         s.fsdp.reshard_group_size = config.node_halves && w.world >= 4 ? w.world / 2 : 0;
+        s.offload.params = config.offload != Config::Offload::none;
+        if (config.offload == Config::Offload::disk) s.offload.nvme_path = w.nvme_path;
         for (int layer = 1; layer <= 4; ++layer)
           for (int b = 0; b < 2; ++b)
             s.fsdp.wrap.unit_paths.push_back("layer" + std::to_string(layer) + "." +
@@ -135,6 +170,9 @@ void run_all(const char* device, const Workload& w, comm::RunRanksOptions option
   double ddp = 0;
   for (const auto& config : configs()) {
     if (config.node_halves && w.world < 4) continue;  // (a node of half the ranks: 2 or more)
+    if (config.offload != Config::Offload::none && w.nvme_path.empty()) continue;
+    if (config.stage != parallel::Stage::ddp && config.name.find(w.only) == std::string::npos)
+      continue;
     double t = 0;
     try {
       t = median_step(config, w, options, synchronize);

@@ -1,9 +1,8 @@
 // The FSDP / DDP step-time ratio on a GPU (fsdp_step.hpp): ranks are threads sharing GPU 0
 // over the in-process communicator on device memory; the clock waits for the stream. Exits 0
-// with a note when no GPU is usable. Usage: fsdp_step_gpu [ranks] [images per rank] [steps] [graph]
+// with a note when no GPU is usable. Usage: fsdp_step_gpu [ranks] [images per rank] [steps]
+// [graph] [nvme=DIR] [only=TEXT] (as fsdp_step's)
 #include <cstdio>
-#include <cstdlib>
-#include <string>
 
 #include "fsdp_step.hpp"
 #include "shardkit/cuda.hpp"
@@ -19,10 +18,7 @@ int main(int argc, char** argv) {
   fs::Workload w;
   w.batch = 64;
   w.steps = 10;
-  if (argc > 1) w.world = std::atoi(argv[1]);
-  if (argc > 2) w.batch = std::atoll(argv[2]);
-  if (argc > 3) w.steps = std::atoi(argv[3]);
-  w.graph = argc > 4 && std::string(argv[4]) == "graph";
+  if (!fs::parse_args(argc, argv, w)) return 2;
   fs::run_all("GPU", w, sk::comm::cuda_run_options(0), [](sk::Context& ctx) { ctx.synchronize(); });
   return 0;
 }
