@@ -8,7 +8,9 @@
 // its parameter shards, master and optimizer state offloaded to host memory (offload.params),
 // and the same in files there (offload to NVMe: each gather reads its unit's shard from disk but
 // for what the step kept in RAM, and each step streams the state) -- on the CPU what the disk
-// adds over host memory, the shards' reads between compute included.
+// adds over host memory, the shards' reads between compute included; under the nvme row, rank
+// 0's gathers per timed step: the shards' bytes read ahead (beside compute), read by the gather
+// itself, and the time the gathers held the host for the disk.
 // N ranks are threads of this process (local communicator; on a GPU they share it). Each
 // configuration: 2 warm-up steps, then `steps` timed ones; the median step is reported, with
 // the ratio to DDP's median in the same run. With `graph` each rank's step runs through a
@@ -92,12 +94,18 @@ inline std::vector<Config> configs() {
           {"fsdp offload nvme", Stage::fsdp, 1, true, false, false, false, Config::Offload::disk}};
 }
 
+struct Timing {
+  double step = 0;                        // the median step, seconds
+  parallel::FlatParam::ShardReads reads;  // rank 0's shards on disk, over the timed steps
+};
+
 // Median step time in seconds over `w.steps` steps (rank 0's clock; every rank steps alike).
 // `synchronize(ctx)` waits for the device before the clock is read.
 template <class Synchronize>
-double median_step(const Config& config, const Workload& w, comm::RunRanksOptions options,
+Timing median_step(const Config& config, const Workload& w, comm::RunRanksOptions options,
                    Synchronize&& synchronize) {
   std::vector<double> times;
+  Timing timing;
   comm::run_ranks(
       w.world,
       [&](Context& ctx, comm::Communicator& comm) {
@@ -138,6 +146,7 @@ double median_step(const Config& config, const Workload& w, comm::RunRanksOption
         if (w.graph) graph.emplace(ctx, "fsdp_step " + config.name);
         const int untimed = w.graph ? 3 : 2;  // a graph's warm-up steps and its capture
         for (int step = 0; step < w.steps + untimed; ++step) {
+          if (step == untimed && comm.rank() == 0) timing.reads = model.engine().shard_reads();
           comm.barrier();
           synchronize(ctx);
           const auto start = std::chrono::steady_clock::now();
@@ -150,10 +159,15 @@ double median_step(const Config& config, const Workload& w, comm::RunRanksOption
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           if (comm.rank() == 0 && step >= untimed) times.push_back(seconds);
         }
+        if (comm.rank() != 0) return;
+        const auto reads = model.engine().shard_reads();
+        timing.reads = {reads.ahead - timing.reads.ahead, reads.at_gather - timing.reads.at_gather,
+                        reads.wait_seconds - timing.reads.wait_seconds};
       },
       options);
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  timing.step = times[times.size() / 2];
+  return timing;
 }
 
 template <class Synchronize>
@@ -173,15 +187,25 @@ void run_all(const char* device, const Workload& w, comm::RunRanksOptions option
     if (config.offload != Config::Offload::none && w.nvme_path.empty()) continue;
     if (config.stage != parallel::Stage::ddp && config.name.find(w.only) == std::string::npos)
       continue;
-    double t = 0;
+    Timing timing;
     try {
-      t = median_step(config, w, options, synchronize);
+      timing = median_step(config, w, options, synchronize);
     } catch (const CaptureRefused& e) {
       std::printf("%-17s refused: %s\n", config.name.c_str(), e.what());
       continue;
     }
+    const double t = timing.step;
     if (config.stage == parallel::Stage::ddp) ddp = t;
     std::printf("%-17s %12.2f %12.3f\n", config.name.c_str(), 1e3 * t, t / ddp);
+    if (config.offload == Config::Offload::disk) {
+      const double per_step = 1.0 / w.steps;
+      std::printf(
+          "  rank 0's gathers, per step: %.2f MB of shards read ahead, %.2f MB read by the "
+          "gather, %.2f ms holding the host for the disk\n",
+          1e-6 * per_step * static_cast<double>(timing.reads.ahead),
+          1e-6 * per_step * static_cast<double>(timing.reads.at_gather),
+          1e3 * per_step * timing.reads.wait_seconds);
+    }
     std::fflush(stdout);
   }
 }

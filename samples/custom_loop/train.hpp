@@ -106,7 +106,9 @@ inline void batch_images(const sk::data::ImageDataset& data,
 
 // How the MLP reaches the parameters (the MlpParams of mlp.hpp). Resident: every parameter is
 // whole (DataParallel; or FsdpEngine inside full_params()). Gathered: FSDP, one unit per layer,
-// gathered before the layer's use with the next layer's gather started ahead, freed after.
+// gathered before the layer's use with the next layer's gather started ahead, freed after; with
+// the shards on disk (--offload params --nvme-path) the layer after that has its shard read
+// ahead (a no-op otherwise).
 // Under mixed precision the parameters are an f16/bf16 compute copy; the hand-written MLP
 // computes in f32, so it reads an f32 copy of each (what its GEMMs would widen to anyway).
 inline sk::Tensor as_f32(sk::Context& ctx, const sk::Tensor& t) {
@@ -128,8 +130,10 @@ struct GatheredParams {
   sk::Tensor param(std::size_t i) const { return as_f32(*ctx, engine->param(i)); }
   void enter(std::size_t layer, Pass pass) {
     engine->gather(layer);
-    const std::size_t next = pass == Pass::forward ? layer + 1 : layer - 1;  // (wraps at 0)
+    const auto after = [&](std::size_t u) { return pass == Pass::forward ? u + 1 : u - 1; };
+    const std::size_t next = after(layer);  // (wraps at 0, past unit_count())
     if (next < engine->unit_count()) engine->start_gather(next);
+    if (after(next) < engine->unit_count()) engine->read_shard_ahead(after(next));
   }
   void leave(std::size_t layer, Pass) { engine->release(layer); }
 };

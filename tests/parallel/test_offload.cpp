@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -85,6 +86,32 @@ struct Outcome {
   // after the drop and after the second.
   std::size_t shards_kept = 0, shards_kept_gathered = 0;
   std::size_t shards_dropped = 0, shards_dropped_gathered = 0;
+  // The second probe's reads of each unit's shard (FlatParam::ShardReads), its whole pages and
+  // name, rank 0.
+  std::vector<sk::parallel::FlatParam::ShardReads> probe_reads;
+  std::vector<std::size_t> shard_pages;
+  std::vector<std::string> unit_names;
+};
+
+// A fresh directory for offload to NVMe's files, removed with this; whether it is on tmpfs
+// (whose pages are the files: never dropped from RAM, never read from a disk).
+struct NvmeDir {
+  explicit NvmeDir(const std::string& prefix)
+      : path(std::filesystem::temp_directory_path() / (prefix + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+    struct statfs fs {};
+    REQUIRE(::statfs(path.c_str(), &fs) == 0);
+    tmpfs = fs.f_type == 0x01021994;
+  }
+  ~NvmeDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  NvmeDir(const NvmeDir&) = delete;
+  NvmeDir& operator=(const NvmeDir&) = delete;
+  std::filesystem::path path;
+  bool tmpfs = false;
 };
 
 // Bytes of the ranges that this process has mapped in RAM now (/proc/self/pagemap's present
@@ -316,7 +343,20 @@ Outcome train(const Run& run) {
     }
     if (run.probe_gathers) {  // (the steps left the kept chunk in RAM; the checks above dropped it)
       training.optimizer->spill_state(true);
+      const auto& engine = model.engine();
+      std::vector<sk::parallel::FlatParam::ShardReads> before;
+      for (std::size_t u = 0; u < engine.unit_count(); ++u)
+        before.push_back(engine.group(u).flat().shard_reads());
       probe_gathers(out.shards_dropped, out.shards_dropped_gathered);
+      const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+      for (std::size_t u = 0; comm.rank() == 0 && u < engine.unit_count(); ++u) {
+        const auto& reads = engine.group(u).flat().shard_reads();
+        out.probe_reads.push_back({reads.ahead - before[u].ahead,
+                                   reads.at_gather - before[u].at_gather,
+                                   reads.wait_seconds - before[u].wait_seconds});
+        out.shard_pages.push_back((engine.group(u).shard().nbytes() + page - 1) / page * page);
+        out.unit_names.push_back(engine.unit_name(u));
+      }
     }
     auto state = sk::optim::consolidate_optimizer_state(optimizer, *training.comm, 0);
     if (!run.save_to.empty()) {
@@ -623,6 +663,118 @@ TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params an
   CHECK(dp_test::bitwise_equal(offloaded.second, plain.second));
 }
 
+TEST_CASE("offload to NVMe: a shard read ahead of its gather, and one nobody gathers, leave RAM") {
+  const offload_test::NvmeDir dir("shardkit_ahead_");
+  if (dir.tmpfs) {
+    MESSAGE("the temporary directory is tmpfs: reads ahead not checked");
+    return;
+  }
+  // Two units of a few pages a shard each, on two ranks, f32: the shards are the master.
+  std::vector<sk::parallel::FsdpUnitParams> units(2);
+  units[0] = {"first", {{"a", {300, 40}, true}, {"b", {40}, true}}};
+  units[1] = {"second", {{"c", {500, 30}, true}}};
+  auto fill = [](std::size_t i, const sk::Tensor& view) {
+    sk::Context host({.seed = 91 + i});
+    sk::uniform_(host, view, -0.5, 0.5);
+  };
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::fsdp;
+    options.offload.params = true;
+    options.offload.nvme_path = dir.path.string();
+    sk::parallel::FsdpEngine engine(ctx, comm, units, dp_test::config_for(OptimizerKind::adamw),
+                                    options);
+    engine.set_full_params(fill);
+    std::vector<std::vector<float>> full(2);
+    for (std::size_t u = 0; u < 2; ++u) {
+      engine.gather(u);
+      for (std::size_t i = 0; i < engine.param_count(); ++i)
+        if (engine.unit_of(i) == u) {
+          const auto v = sk::to_vector<float>(ctx, engine.param(i));
+          full[u].insert(full[u].end(), v.begin(), v.end());
+        }
+      engine.release(u);
+    }
+    auto training = engine.training_state();
+    const auto& files = dynamic_cast<const sk::MappedFileAllocator&>(
+        training.optimizer->disk_context()->allocator());
+    const auto page = files.page_bytes();
+    const auto in_ram = [&](std::size_t u) {
+      const auto& shard = engine.group(u).shard();
+      return files.resident_bytes(shard.data_ptr(), shard.nbytes());
+    };
+    const auto pages_of = [&](std::size_t u) {
+      return (engine.group(u).shard().nbytes() + page - 1) / page * page;
+    };
+    training.optimizer->spill_state(true);  // (every shard out of RAM)
+    REQUIRE(in_ram(0) == 0);
+    REQUIRE(in_ram(1) == 0);
+    // (What this test's reads added: the gathers above may have read the shards too.)
+    const sk::parallel::FlatParam::ShardReads base[2] = {engine.group(0).flat().shard_reads(),
+                                                         engine.group(1).flat().shard_reads()};
+    const auto reads = [&](std::size_t u) {
+      const auto& now = engine.group(u).flat().shard_reads();
+      return sk::parallel::FlatParam::ShardReads{now.ahead - base[u].ahead,
+                                                 now.at_gather - base[u].at_gather};
+    };
+    // Read ahead, then gathered: the gather reads nothing itself, holds the same values as one
+    // that read the shard, and leaves RAM as it was before the read ahead.
+    engine.read_shard_ahead(1);
+    engine.gather(1);
+    CHECK(reads(1).ahead == pages_of(1));
+    CHECK(reads(1).at_gather == 0);
+    CHECK(in_ram(1) == 0);
+    std::vector<float> gathered;
+    for (std::size_t i = 0; i < engine.param_count(); ++i)
+      if (engine.unit_of(i) == 1) {
+        const auto v = sk::to_vector<float>(ctx, engine.param(i));
+        gathered.insert(gathered.end(), v.begin(), v.end());
+      }
+    CHECK(dp_test::bitwise_equal(gathered, full[1]));
+    // A gathered unit reads nothing ahead (its next gather is after a release).
+    engine.read_shard_ahead(1);
+    CHECK(reads(1).ahead == pages_of(1));
+    engine.release(1);
+    // Read ahead and released without a gather: read once, dropped again.
+    engine.read_shard_ahead(0);
+    engine.release(0);
+    CHECK(reads(0).ahead == pages_of(0));
+    CHECK(in_ram(0) == 0);
+    // Without a read ahead the gather reads the shard itself, and drops it as well.
+    engine.gather(0);
+    CHECK(reads(0).at_gather == pages_of(0));
+    CHECK(in_ram(0) == 0);
+    engine.release(0);
+    // A read ahead nobody gathers before a step: the step's streaming takes the shards as
+    // usual (the read is dropped first), and the values go on as without it.
+    for (std::size_t u = 2; u-- > 0;) {
+      engine.gather(u);
+      for (std::size_t i = 0; i < engine.param_count(); ++i)
+        if (engine.unit_of(i) == u) sk::fill(ctx, engine.grad(i), 0.125);
+      for (std::size_t i = 0; i < engine.param_count(); ++i)
+        if (engine.unit_of(i) == u) engine.ready(i);
+      engine.release(u);
+    }
+    engine.finish();
+    engine.read_shard_ahead(0);
+    engine.step(0.01f);
+    auto after = engine.full_params();
+    std::vector<float> stepped;
+    for (std::size_t i = 0; i < engine.param_count(); ++i)
+      if (engine.unit_of(i) == 0) {
+        const auto v = sk::to_vector<float>(ctx, engine.param(i));
+        stepped.insert(stepped.end(), v.begin(), v.end());
+      }
+    // (AdamW's first step: w (1 - lr wd) - lr g / (|g| + eps), in float64 here.)
+    REQUIRE(stepped.size() == full[0].size());
+    const double lr = 0.01, decay = 1.0 - lr * 0.01, move = lr * 0.125 / (0.125 + 1e-8);
+    std::size_t off = 0;
+    for (std::size_t e = 0; e < stepped.size(); ++e)
+      off += std::abs(stepped[e] - (full[0][e] * decay - move)) > 1e-6 ? 1 : 0;
+    CHECK(off == 0);
+  });
+}
+
 TEST_CASE("offload requests that cannot hold are refused by name") {
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     sk::parallel::ParallelOptions options;
@@ -643,13 +795,9 @@ TEST_CASE("offload requests that cannot hold are refused by name") {
 // and the planner's figure equal, and after a step none of the state left in RAM.
 TEST_CASE(
     "offload to NVMe: the master and state on disk, one chunk in RAM between steps, same bits") {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("shardkit_nvme_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  struct statfs fs {};
-  REQUIRE(::statfs(dir.c_str(), &fs) == 0);
-  const bool tmpfs = fs.f_type == 0x01021994;  // (its pages are the files: never dropped)
+  const offload_test::NvmeDir scratch("shardkit_nvme_");
+  const std::filesystem::path& dir = scratch.path;
+  const bool tmpfs = scratch.tmpfs;  // (its pages are the files: never dropped)
   OffloadOptions nvme;
   nvme.nvme_path = dir.string();
   for (auto stage : sk::parallel::kAllStages)
@@ -716,7 +864,24 @@ TEST_CASE(
     CHECK(on_disk.shards_kept >= static_cast<std::size_t>(shards));
     CHECK(on_disk.shards_kept_gathered == on_disk.shards_kept);
     CHECK(on_disk.shards_dropped == 0);
+    CHECK(on_disk.shards_dropped == 0);
     CHECK(on_disk.shards_dropped_gathered == 0);
+    // That forward and backward read every shard from disk, the root's once, the others' twice
+    // (resharded after the forward), most of it ahead of the gathers, beside compute.
+    // Forward: the root's gather and layer1.0's (prefetched with it) read themselves, each
+    // later unit was read ahead while the one before it computed, and at the last unit the
+    // backward's second was (the first, this one, is gathered again at once). Backward: each
+    // unit read ahead but the first.
+    for (std::size_t u = 0; u < on_disk.unit_names.size(); ++u) {
+      const auto& name = on_disk.unit_names[u];
+      const auto& reads = on_disk.probe_reads[u];
+      const std::size_t pages = on_disk.shard_pages[u];
+      const bool root = name == "<root>", edge = name == "layer1.0" || name == "layer4.0";
+      CAPTURE(name);
+      CHECK(reads.ahead == (root ? 0 : edge ? 1 : 2) * pages);
+      CHECK(reads.at_gather == (root || edge ? 1 : 0) * pages);
+    }
+    CHECK(on_disk.unit_names.size() == 5);
   } else {
     MESSAGE("the temporary directory is tmpfs: RAM residency not checked");
   }
@@ -910,5 +1075,4 @@ TEST_CASE(
   run.offload.nvme_path = (dir / "missing").string();
   CHECK_THROWS_WITH_AS(offload_test::train(run), doctest::Contains("is not a directory"),
                        sk::InvalidArgument);
-  std::filesystem::remove_all(dir);
 }

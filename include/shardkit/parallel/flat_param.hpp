@@ -12,9 +12,13 @@
 // parameter views keep naming it while it is released (core/storage.hpp), so touching them then
 // fails with the reason given to release(). With a `shard_home` context (FSDP's parameter
 // offload) the shard lives in that context's memory -- the host's, or files on a fast disk under
-// offload to NVMe -- and goes up into the gathered buffer at each gather.
+// offload to NVMe -- and goes up into the gathered buffer at each gather; a shard in files can be
+// read in ahead of its gather (read_shard_ahead), beside the compute before it.
 #pragma once
 
+#include <chrono>
+#include <cstddef>
+#include <future>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,24 +99,71 @@ class FlatParam {
 
   // Queues this rank's shard into its range of the gathered buffer (stream-ordered before the
   // all-gather; a shard in host memory goes up without blocking). A shard in files (offload to
-  // NVMe) is read in first, in large requests, and what had to be read is dropped from RAM again
-  // once the copy has taken it (a copy from pageable memory returns once it has staged its
-  // source; were it to read later, the pages -- clean, or written back -- come from the file):
-  // a gather leaves RAM as it found it, so between uses the shards cost disk, not RAM -- the
-  // optimizer's step streams them with its state, and the chunk it keeps for the next step stays.
+  // NVMe) is read in first, in large requests -- or was, by a read ahead, which this waits for --
+  // and what had to be read is dropped from RAM again once the copy has taken it (a copy from
+  // pageable memory returns once it has staged its source; were it to read later, the pages --
+  // clean, or written back -- come from the file): a gather leaves RAM as it found it before
+  // the read ahead, so between uses the shards cost disk, not RAM -- the optimizer's step streams
+  // them with its state, and the chunk it keeps for the next step stays.
   void upload_shard() {
     const int rank = comm_->rank();
     const Tensor range = params_.flat().slice(0, plan_.begin(rank), plan_.end(rank));
-    const auto* files = dynamic_cast<const MappedFileAllocator*>(&shard_home_->allocator());
-    if (files == nullptr || shard_.numel() == 0) return copy_async(*ctx_, range, shard_);
+    const MappedFileAllocator* files = shard_files();
+    if (files == nullptr) return copy_async(*ctx_, range, shard_);
     ctx_->refuse_in_capture("a gather of a parameter shard on disk (offload to NVMe)",
                             "the disk's reads and drops are the host's; train without capture "
                             "under offload.params with nvme_path");
+    const auto start = std::chrono::steady_clock::now();
+    const auto read_ahead = finish_read_ahead();
+    // (What left RAM since the read ahead began -- reclaimed by the kernel -- or all of what is
+    // missing without one.)
     const auto missing = files->missing_runs(shard_.data_ptr(), shard_.nbytes());
     if (!missing.empty()) files->load(shard_.data_ptr(), shard_.nbytes(), false);
+    for (const auto& run : missing) shard_reads_.at_gather += run.second;
+    shard_reads_.wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     copy_async(*ctx_, range, shard_);
+    for (const auto& [data, bytes] : read_ahead) files->spill(data, bytes, true);
     for (const auto& [data, bytes] : missing) files->spill(data, bytes, true);
   }
+
+  // A shard in files (offload to NVMe): starts reading what of it is not in RAM on a thread of
+  // its own and returns, so the disk works beside the compute before the gather (FSDP's hooks
+  // read the unit after those gathered ahead; DeepSpeed's ZeRO-Infinity prefetches its
+  // parameter partitions from NVMe likewise). The next upload_shard() waits for it and drops
+  // what it read; a read nobody used is dropped by drop_read_ahead(). No-op for a shard
+  // elsewhere, a read already in flight, or during a capture (whose gathers refuse the disk).
+  void read_shard_ahead() {
+    const MappedFileAllocator* files = shard_files();
+    if (files == nullptr || reading_.valid() || ctx_->capturing()) return;
+    read_ahead_ = files->missing_runs(shard_.data_ptr(), shard_.nbytes());
+    if (read_ahead_.empty()) return;
+    for (const auto& run : read_ahead_) shard_reads_.ahead += run.second;
+    reading_ = std::async(std::launch::async, [files, runs = read_ahead_] {
+      for (const auto& [data, bytes] : runs) files->load(data, bytes, false);
+    });
+  }
+  // A read ahead that no gather used (the pass ended before it, a release): waited for, and
+  // what it brought into RAM dropped again. Never throws (releases run on error paths too): a
+  // read's failure loses nothing, and the gather that needs the shard reads it again and
+  // reports it.
+  void drop_read_ahead() noexcept {
+    try {
+      const MappedFileAllocator* files = shard_files();
+      for (const auto& [data, bytes] : finish_read_ahead()) files->spill(data, bytes, true);
+    } catch (...) {
+      read_ahead_.clear();
+    }
+  }
+  // A shard in files, since construction: the bytes read from disk by reads ahead and by
+  // gathers that found them missing (none read ahead, or reclaimed since), whole pages; and the
+  // seconds gathers held the host for the disk (waiting for a read ahead, or reading).
+  struct ShardReads {
+    std::size_t ahead = 0;
+    std::size_t at_gather = 0;
+    double wait_seconds = 0;
+  };
+  const ShardReads& shard_reads() const { return shard_reads_; }
 
   // The whole buffer's memory back, its values undefined (to be gathered, or written whole).
   void materialize() { params_.flat().storage()->materialize(); }
@@ -175,6 +226,20 @@ class FlatParam {
     return partition;
   }
 
+  // The file allocator holding the shard (offload to NVMe), else nullptr.
+  const MappedFileAllocator* shard_files() const {
+    if (shard_.numel() == 0) return nullptr;
+    return dynamic_cast<const MappedFileAllocator*>(&shard_home_->allocator());
+  }
+  // Waits for a read ahead in flight; the runs it was reading (none without one).
+  std::vector<std::pair<const void*, std::size_t>> finish_read_ahead() {
+    if (!reading_.valid()) return {};
+    auto runs = std::move(read_ahead_);
+    read_ahead_.clear();
+    reading_.get();  // (an IoError of the disk goes on from here; the future is then spent)
+    return runs;
+  }
+
   Context* ctx_;
   Context* shard_home_;
   comm::Communicator* comm_;
@@ -184,6 +249,11 @@ class FlatParam {
   FlatBuffer params_;
   Tensor shard_;            // sharded residency: this rank's range, the master copy
   SlotChunks slot_chunks_;  // per-tensor-scaled gathers' chunk tables (made at first use)
+  // A shard in files: the read ahead in flight (on a thread of its own) and the runs of pages
+  // it reads, which the gather that uses it drops again.
+  std::future<void> reading_;
+  std::vector<std::pair<const void*, std::size_t>> read_ahead_;
+  ShardReads shard_reads_;
 };
 
 }  // namespace shardkit::parallel

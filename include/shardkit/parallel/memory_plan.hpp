@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -135,7 +136,9 @@ struct MemoryPlan {
   // master, read before the chunks, and the chunks of the other files). Between steps RAM
   // holds the chunk a step ended with, which the next step starts with (the chunks are walked
   // in turn from either end), so a step reads all of the files but that chunk (a state of one
-  // chunk: none) and writes all of them; disk_transfer averages the two ends' chunks.
+  // chunk: none) and writes all of them; disk_transfer averages the two ends' chunks. With the
+  // shards on disk, the forward and backward add two units' shards to that chunk: one in a
+  // gather, the next read ahead.
   std::int64_t disk_optimizer_state = 0;
   std::int64_t disk_parameters = 0;  // fsdp's shards there too (offload.params)
   double disk_transfer = 0;
@@ -427,13 +430,16 @@ inline void plan_offload(MemoryPlan& p, const PlannedRun& o, const ResolvedPolic
           separate_master ? std::int64_t{1} : static_cast<std::int64_t>(shard_numel.size());
       p.disk_streaming += 4 * state_numel + 2 * kPageBytes * master_files;
     }
-    // Between steps RAM holds the chunk kept for the next step, and a gather a unit's shard
-    // while it goes up (read in whole, dropped once sent).
+    // Between steps RAM holds the chunk kept for the next step, a unit's shard while its gather
+    // sends it up (read in whole, dropped once sent) and the next unit's, read ahead: the two
+    // largest shards, whole pages.
     if (params_on_disk && !chunks.empty()) {
-      std::int64_t largest = 0;
-      for (auto numel : shard_numel) largest = std::max(largest, numel * bytes_of(param));
-      p.disk_streaming = std::max(
-          p.disk_streaming, std::max(chunks.front(), chunks.back()) + largest + 2 * kPageBytes);
+      std::vector<std::int64_t> bytes;
+      for (auto numel : shard_numel) bytes.push_back(numel * bytes_of(param) + 2 * kPageBytes);
+      std::sort(bytes.begin(), bytes.end(), std::greater<>());
+      const std::int64_t shards = bytes.empty() ? 0 : bytes[0] + (bytes.size() > 1 ? bytes[1] : 0);
+      p.disk_streaming =
+          std::max(p.disk_streaming, std::max(chunks.front(), chunks.back()) + shards);
     }
   }
 }

@@ -49,7 +49,9 @@ struct FsdpOptions {
   // inside the group. Costs Psi/G of the compute dtype per rank between forward and backward.
   // 0: off (the backward gathers over every rank). G must divide the world size.
   int reshard_group_size = 0;
-  int prefetch = 1;  // units gathered ahead, forward and backward (0: none)
+  // Units gathered ahead, forward and backward (0: none). With the shards on disk (offload to
+  // NVMe) the shard of the unit after them is read ahead too.
+  int prefetch = 1;
   // FairScale's bucket_cap_mb: gradient buckets smaller than this, of any unit, are
   // reduce-scattered together up to this size (one collective for many small units); 0 sends
   // each bucket alone.

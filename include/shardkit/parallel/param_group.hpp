@@ -7,11 +7,14 @@
 // Its hooks, in the order a training step calls them (engine.hpp and unit_hooks.hpp call them;
 // on a replicated group the gathers and releases are no-ops):
 //
+//   read_shard_ahead()  under offload to NVMe, start reading the shard from disk for a
+//                    gather to come (FSDP's hooks: the unit after those gathered ahead)
 //   start_gather()   begin the all-gather without waiting (prefetch)
 //   gather()         the whole buffer there (waits for a prefetch in flight)
 //   grad(i), ready(i)  the backward adds parameter i's gradient, then marks it final: complete
 //                    buckets are reduced (all-reduce, or reduce-scatter into the owners' parts)
-//   release()        frees the whole buffer (a prefetch nobody used is completed first)
+//   release()        frees the whole buffer (a prefetch nobody used is completed first, a
+//                    read ahead nobody used dropped)
 //   release_after_forward()  the same; with hpZ (a `node` communicator) this rank first keeps
 //                    its slice of the buffer over the node, and the next gather -- the
 //                    backward's -- is an all-gather inside the node from those slices
@@ -95,6 +98,13 @@ class ParamGroup {
     gathering_ = true;
     exact_ = quantized_block_ == 0;
   }
+  // The shard read in from disk for the next gather (offload to NVMe), beside the work before
+  // it; no-op where that gather will not read it -- the unit gathered or gathering, its next
+  // gather hpZ's from the node's slices -- or where the shard is not in files.
+  void read_shard_ahead() {
+    if (!flat_.sharded() || holds_full() || node_slice_.defined()) return;
+    flat_.read_shard_ahead();
+  }
   void gather() {
     start_gather();
     if (!gathering_) return;
@@ -116,6 +126,7 @@ class ParamGroup {
       pending_.wait_on_stream();
       gathering_ = false;
     }
+    flat_.drop_read_ahead();  // (one nobody used: out of RAM again)
     flat_.release(not_gathered_reason());
   }
   // After a training forward: under hpZ this rank keeps its slice of the values over the node

@@ -76,6 +76,9 @@ class ParamGroups {
   }
 
   // --- gather / release (no-ops on replicated groups) ------------------------------------------
+  // Under offload to NVMe with the shards on disk, starts reading unit u's shard for its next
+  // gather, beside the work before it; a no-op otherwise (param_group.hpp).
+  void read_shard_ahead(std::size_t u) { groups_[checked_unit(u)]->read_shard_ahead(); }
   // Starts unit u's all-gather without waiting (prefetch); no-op when gathered or gathering.
   void start_gather(std::size_t u) { groups_[checked_unit(u)]->start_gather(); }
   // Unit u's full parameters, gathered (waits for a prefetch in flight).
@@ -87,6 +90,18 @@ class ParamGroups {
   // The same after u's training forward: with hpZ (fsdp.reshard_group_size) this rank keeps its
   // slice over the node, and u's next gather (its backward's) stays inside the node.
   void release_after_forward(std::size_t u) { groups_[checked_unit(u)]->release_after_forward(); }
+  // The shards' reads from disk, summed over the units (offload.params with nvme_path; zeros
+  // otherwise): how much the reads ahead took off the gathers (FlatParam::ShardReads).
+  FlatParam::ShardReads shard_reads() const {
+    FlatParam::ShardReads sum;
+    for (const auto& group : groups_) {
+      const auto& reads = group->flat().shard_reads();
+      sum.ahead += reads.ahead;
+      sum.at_gather += reads.at_gather;
+      sum.wait_seconds += reads.wait_seconds;
+    }
+    return sum;
+  }
   // hpZ's node communicator (nullptr: none).
   comm::Communicator* node() const { return node_.get(); }
   bool holds_full(std::size_t u) const { return group(u).holds_full(); }
@@ -196,9 +211,13 @@ class ParamGroups {
   ParamGroup& mutable_group(std::size_t u) { return *groups_[u]; }
   std::size_t first_param(std::size_t u) const { return first_param_[u]; }
   // The shards are about to change (a step, a load, values written): hpZ's slices kept over
-  // the node since a forward, and per-tensor qwZ's maxima, would be stale.
+  // the node since a forward, and per-tensor qwZ's maxima, would be stale; a shard read ahead
+  // from disk and not gathered is dropped (the step streams the shards itself).
   void shards_will_change() {
-    for (auto& group : groups_) group->forget_node_slice();
+    for (auto& group : groups_) {
+      group->forget_node_slice();
+      group->flat().drop_read_ahead();  // (the step streams the shards: none read beside it)
+    }
     if (scales_) scales_->forget();
   }
 

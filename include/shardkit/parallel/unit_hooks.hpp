@@ -3,7 +3,10 @@
 // reshard_after_forward and prefetch depth 1 (docs/design.md has the picture):
 //
 //   forward   u's forward-pre hook waits for (or starts) u's all-gather and starts the next
-//             `prefetch` units' gathers in the recorded forward order; its forward hook frees
+//             `prefetch` units' gathers in the recorded forward order -- under offload to NVMe
+//             with the shards on disk, it also starts reading the shard of the unit after
+//             them, so its gather finds it in RAM (read_shard_ahead; the last unit's reads the
+//             backward's second unit); its forward hook frees
 //             u again when reshard_after_forward (the root unit stays: its backward comes
 //             first) -- with hpZ keeping this rank's slice over the node, from which the
 //             backward's gather is an all-gather inside the node.
@@ -93,12 +96,29 @@ class UnitHooks {
     start_gather(u);
     engine_->gather(u);
   }
-  void prefetch_after(std::size_t u, const std::vector<std::size_t>& order) {
-    const int prefetch = engine_->policy().prefetch;
-    if (prefetch == 0) return;
-    auto it = std::find(order.begin(), order.end(), u);
-    if (it == order.end()) return;
-    for (int k = 0; k < prefetch && ++it != order.end(); ++k) start_gather(*it);
+  // The `prefetch` units after u in `order` start their gathers; the one after them, its read
+  // from disk (offload to NVMe with the shards there; a no-op otherwise): that read then runs
+  // beside u's compute and the gathers in flight, where the gather would otherwise make the
+  // host wait for the disk. Returns whether `order` had a unit to read ahead.
+  bool prefetch_after(std::size_t u, const std::vector<std::size_t>& order) {
+    const auto at = std::find(order.begin(), order.end(), u);
+    if (at == order.end()) return true;
+    const auto next = static_cast<std::size_t>(at - order.begin()) + 1;
+    const auto ahead = next + static_cast<std::size_t>(engine_->policy().prefetch);
+    for (std::size_t k = next; k < ahead && k < order.size(); ++k) start_gather(order[k]);
+    if (ahead >= order.size()) return false;
+    engine_->read_shard_ahead(order[ahead]);
+    return true;
+  }
+  // The forward's last unit: the backward's gathers come next. Its first unit, this one, is
+  // gathered again right after the forward, with no compute to read beside; the next one not
+  // gathered now -- the largest shards of a network often end it -- is read ahead beside this
+  // unit's forward and the loss. (Only here, so that RAM holds no more than one shard read
+  // ahead and one in a gather.)
+  void read_backward_ahead(std::size_t u) {
+    if (forward_order_.empty() || u != forward_order_.back()) return;
+    for (auto it = forward_order_.rbegin() + 1; it != forward_order_.rend(); ++it)
+      if (!engine_->holds_full(*it)) return engine_->read_shard_ahead(*it);
   }
 
   void pre_forward(std::size_t u) {
@@ -107,7 +127,9 @@ class UnitHooks {
         std::find(forward_order_.begin(), forward_order_.end(), u) == forward_order_.end())
       forward_order_.push_back(u);
     ensure_gathered(u);
-    if (order_recorded_ && !tape.recomputing()) prefetch_after(u, forward_order_);
+    if (order_recorded_ && !tape.recomputing() && !prefetch_after(u, forward_order_) &&
+        tape.grad_enabled())
+      read_backward_ahead(u);
   }
   void post_forward(std::size_t u) {
     // (During checkpoint recomputation too: the recomputed graph's backward-pre hook gathers the
