@@ -131,6 +131,24 @@ class MappedFileAllocator : public Allocator {
 #endif
   }
 
+  // Drops [data, data + bytes) from RAM where its pages are clean -- read, not written, since
+  // they came in (a gather's read of a parameter shard): unmapped from this process and out of
+  // the page cache. A dirty page stays until its write-back (nothing is lost); nothing waits,
+  // and no write-back error of the file is taken here (the next spill() that waits reports it).
+  void drop_clean(const void* data, std::size_t bytes) const {
+#if defined(__linux__)
+    const auto [begin, end] = pages_around(data, bytes);
+    if (begin >= end) return;
+    const Mapping& m = mapping_of(reinterpret_cast<const void*>(begin));
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+    ::posix_fadvise(m.fd, static_cast<off_t>(begin - m.base), static_cast<off_t>(end - begin),
+                    POSIX_FADV_DONTNEED);
+#else
+    (void)data;
+    (void)bytes;
+#endif
+  }
+
   // The page size: what load(), spill() and the residency figures round ranges out to.
   std::size_t page_bytes() const { return page_; }
 

@@ -101,10 +101,11 @@ class FlatParam {
   // all-gather; a shard in host memory goes up without blocking). A shard in files (offload to
   // NVMe) is read in first, in large requests -- or was, by a read ahead, which this waits for --
   // and what had to be read is dropped from RAM again once the copy has taken it (a copy from
-  // pageable memory returns once it has staged its source; were it to read later, the pages --
-  // clean, or written back -- come from the file): a gather leaves RAM as it found it before
-  // the read ahead, so between uses the shards cost disk, not RAM -- the optimizer's step streams
-  // them with its state, and the chunk it keeps for the next step stays.
+  // pageable memory returns once it has staged its source; were it to read later, the pages
+  // come from the file): so between uses the shards cost disk, not RAM -- the optimizer's step
+  // streams them with its state, and the chunk it kept for the next step stays (its pages
+  // were in RAM when the reads began). Pages that another reader brought in meanwhile go too
+  // (the optimizer's read of its first chunk after a drop: its step loads them again).
   void upload_shard() {
     const int rank = comm_->rank();
     const Tensor range = params_.flat().slice(0, plan_.begin(rank), plan_.end(rank));
@@ -115,16 +116,16 @@ class FlatParam {
                             "under offload.params with nvme_path");
     const auto start = std::chrono::steady_clock::now();
     const auto read_ahead = finish_read_ahead();
-    // (What left RAM since the read ahead began -- reclaimed by the kernel -- or all of what is
-    // missing without one.)
+    // (What a read ahead did not bring -- reclaimed by the kernel since, or a failed read,
+    // which this read then reports -- or all of what is missing without one.)
     const auto missing = files->missing_runs(shard_.data_ptr(), shard_.nbytes());
     if (!missing.empty()) files->load(shard_.data_ptr(), shard_.nbytes(), false);
     for (const auto& run : missing) shard_reads_.at_gather += run.second;
     shard_reads_.wait_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     copy_async(*ctx_, range, shard_);
-    for (const auto& [data, bytes] : read_ahead) files->spill(data, bytes, true);
-    for (const auto& [data, bytes] : missing) files->spill(data, bytes, true);
+    for (const auto& [data, bytes] : read_ahead) files->drop_clean(data, bytes);
+    for (const auto& [data, bytes] : missing) files->drop_clean(data, bytes);
   }
 
   // A shard in files (offload to NVMe): starts reading what of it is not in RAM on a thread of
@@ -133,25 +134,32 @@ class FlatParam {
   // parameter partitions from NVMe likewise). The next upload_shard() waits for it and drops
   // what it read; a read nobody used is dropped by drop_read_ahead(). No-op for a shard
   // elsewhere, a read already in flight, or during a capture (whose gathers refuse the disk).
-  void read_shard_ahead() {
+  // Never throws: a read ahead that cannot start (no thread to be had) leaves the gather to
+  // read as it would without one.
+  void read_shard_ahead() noexcept {
     const MappedFileAllocator* files = shard_files();
     if (files == nullptr || reading_.valid() || ctx_->capturing()) return;
-    read_ahead_ = files->missing_runs(shard_.data_ptr(), shard_.nbytes());
-    if (read_ahead_.empty()) return;
-    for (const auto& run : read_ahead_) shard_reads_.ahead += run.second;
-    reading_ = std::async(std::launch::async, [files, runs = read_ahead_] {
-      for (const auto& [data, bytes] : runs) files->load(data, bytes, false);
-    });
+    try {
+      auto runs = files->missing_runs(shard_.data_ptr(), shard_.nbytes());
+      if (runs.empty()) return;
+      reading_ = std::async(std::launch::async, [files, runs] {
+        for (const auto& [data, bytes] : runs) files->load(data, bytes, false);
+      });
+      for (const auto& run : runs) shard_reads_.ahead += run.second;
+      read_ahead_ = std::move(runs);
+    } catch (...) {
+      reading_ = {};
+      read_ahead_.clear();
+    }
   }
-  // A read ahead that no gather used (the pass ended before it, a release): waited for, and
-  // what it brought into RAM dropped again. Never throws (releases run on error paths too): a
-  // read's failure loses nothing, and the gather that needs the shard reads it again and
-  // reports it.
+  // A read ahead that no gather used (the pass ended before it, a release, another unit's read
+  // ahead): waited for, and what it brought into RAM dropped again (clean pages: nothing to
+  // write back). Never throws (releases run on error paths too).
   void drop_read_ahead() noexcept {
     try {
       const MappedFileAllocator* files = shard_files();
-      for (const auto& [data, bytes] : finish_read_ahead()) files->spill(data, bytes, true);
-    } catch (...) {
+      for (const auto& [data, bytes] : finish_read_ahead()) files->drop_clean(data, bytes);
+    } catch (...) {  // (mapping_of's checks: the shard is the allocator's, they hold)
       read_ahead_.clear();
     }
   }
@@ -231,12 +239,18 @@ class FlatParam {
     if (shard_.numel() == 0) return nullptr;
     return dynamic_cast<const MappedFileAllocator*>(&shard_home_->allocator());
   }
-  // Waits for a read ahead in flight; the runs it was reading (none without one).
-  std::vector<std::pair<const void*, std::size_t>> finish_read_ahead() {
+  // Waits for a read ahead in flight; the runs it was reading (none without one), for the
+  // caller to drop. A failed read is not reported here: a read loses nothing, and the gather
+  // that needs the shard finds its pages missing and reads them itself, on the host's thread,
+  // where a failing disk then raises its IoError.
+  std::vector<std::pair<const void*, std::size_t>> finish_read_ahead() noexcept {
     if (!reading_.valid()) return {};
     auto runs = std::move(read_ahead_);
     read_ahead_.clear();
-    reading_.get();  // (an IoError of the disk goes on from here; the future is then spent)
+    try {
+      reading_.get();
+    } catch (...) {  // (see above)
+    }
     return runs;
   }
 

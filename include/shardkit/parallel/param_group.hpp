@@ -86,17 +86,15 @@ class ParamGroup {
   // The gathers of a training step: quantised under qwZ (the policy's quantized_gather_block).
   void start_gather() {
     if (!flat_.sharded() || flat_.gathered() || gathering_) return;
-    if (node_slice_.defined()) {
-      start_node_gather();
-      return;
+    try {
+      begin_gather();
+    } catch (...) {
+      // (The buffer was materialised for the gather, its values undefined: released again,
+      // the next gather starts over instead of finding the unit held -- after a refusal in a
+      // capture, a failing disk's read.)
+      if (!gathering_) flat_.release(not_gathered_reason());
+      throw;
     }
-    // (The scales first: computed for every unit when stale, a collective of its own.)
-    const Tensor amax = scales_ != nullptr ? scales_->scales(scales_unit_) : Tensor();
-    auto label = flat_.communicator().label(gather_label_);
-    comm::assign(pending_, start_all_gather(flat_, quantized_block_, quantized_format_,
-                                            quantized_scale_, amax));
-    gathering_ = true;
-    exact_ = quantized_block_ == 0;
   }
   // The shard read in from disk for the next gather (offload to NVMe), beside the work before
   // it; no-op where that gather will not read it -- the unit gathered or gathering, its next
@@ -177,6 +175,16 @@ class ParamGroup {
   void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
 
  private:
+  void begin_gather() {
+    if (node_slice_.defined()) return start_node_gather();
+    // (The scales first: computed for every unit when stale, a collective of its own.)
+    const Tensor amax = scales_ != nullptr ? scales_->scales(scales_unit_) : Tensor();
+    auto label = flat_.communicator().label(gather_label_);
+    comm::assign(pending_, start_all_gather(flat_, quantized_block_, quantized_format_,
+                                            quantized_scale_, amax));
+    gathering_ = true;
+    exact_ = quantized_block_ == 0;
+  }
   // hpZ: the whole buffer from the node's slices, by an all-gather inside the node (in place:
   // this rank's slice is copied into its segment first); the slice is used once.
   void start_node_gather() {

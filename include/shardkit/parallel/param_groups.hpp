@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -77,8 +78,17 @@ class ParamGroups {
 
   // --- gather / release (no-ops on replicated groups) ------------------------------------------
   // Under offload to NVMe with the shards on disk, starts reading unit u's shard for its next
-  // gather, beside the work before it; a no-op otherwise (param_group.hpp).
-  void read_shard_ahead(std::size_t u) { groups_[checked_unit(u)]->read_shard_ahead(); }
+  // gather, beside the work before it; a no-op otherwise (param_group.hpp). One read ahead at a
+  // time: another unit's that no gather has used yet is dropped first, so RAM holds at most
+  // one shard read ahead beside the one in a gather (the planner's disk_streaming), whatever
+  // order the calls come in.
+  void read_shard_ahead(std::size_t u) {
+    checked_unit(u);
+    if (read_ahead_unit_ < groups_.size() && read_ahead_unit_ != u)
+      groups_[read_ahead_unit_]->flat().drop_read_ahead();  // (a no-op once gathered)
+    groups_[u]->read_shard_ahead();
+    read_ahead_unit_ = u;
+  }
   // Starts unit u's all-gather without waiting (prefetch); no-op when gathered or gathering.
   void start_gather(std::size_t u) { groups_[checked_unit(u)]->start_gather(); }
   // Unit u's full parameters, gathered (waits for a prefetch in flight).
@@ -286,6 +296,7 @@ class ParamGroups {
   std::unique_ptr<TensorScales> scales_;  // per-tensor qwZ (else null); after the groups it reads
   std::vector<std::size_t> first_param_;  // per group
   std::vector<ParamIndex> index_;
+  std::size_t read_ahead_unit_ = SIZE_MAX;  // the unit read ahead last (SIZE_MAX: none)
 };
 
 }  // namespace shardkit::parallel

@@ -99,7 +99,8 @@ class UnitHooks {
   // The `prefetch` units after u in `order` start their gathers; the one after them, its read
   // from disk (offload to NVMe with the shards there; a no-op otherwise): that read then runs
   // beside u's compute and the gathers in flight, where the gather would otherwise make the
-  // host wait for the disk. Returns whether `order` had a unit to read ahead.
+  // host wait for the disk. Returns false where `order` ended before the unit to read ahead
+  // (true where u is not in it: nothing to do).
   bool prefetch_after(std::size_t u, const std::vector<std::size_t>& order) {
     const auto at = std::find(order.begin(), order.end(), u);
     if (at == order.end()) return true;
@@ -113,8 +114,8 @@ class UnitHooks {
   // The forward's last unit: the backward's gathers come next. Its first unit, this one, is
   // gathered again right after the forward, with no compute to read beside; the next one not
   // gathered now -- the largest shards of a network often end it -- is read ahead beside this
-  // unit's forward and the loss. (Only here, so that RAM holds no more than one shard read
-  // ahead and one in a gather.)
+  // unit's forward and the loss. (Only here: earlier, it would take the place of the forward's
+  // own next read -- one read ahead at a time, ParamGroups::read_shard_ahead.)
   void read_backward_ahead(std::size_t u) {
     if (forward_order_.empty() || u != forward_order_.back()) return;
     for (auto it = forward_order_.rbegin() + 1; it != forward_order_.rend(); ++it)
