@@ -21,16 +21,25 @@ using sk::checkpoint::NamedBytes;
 
 namespace {
 
-// A directory of this process's, emptied at its first use: the pid may be an earlier run's,
-// whose files would otherwise be found by the checks that nothing was written yet.
+// A directory of this process's, emptied at its first use (the pid may be an earlier run's,
+// whose files would otherwise be found by the checks that nothing was written yet) and removed
+// when the process ends.
+struct ScratchDir {
+  fs::path path =
+      fs::temp_directory_path() / ("shardkit_safetensors_" + std::to_string(::getpid()));
+  ScratchDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
 fs::path scratch(const std::string& name) {
-  static const fs::path dir = [] {
-    auto d = fs::temp_directory_path() / ("shardkit_safetensors_" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir / name;
+  static const ScratchDir dir;
+  return dir.path / name;
 }
 
 void write_raw(const fs::path& path, const std::string& header,

@@ -35,9 +35,17 @@ using sk::parallel::Stage;
 
 namespace {
 
+// A fresh directory `name` in this process's folder, which goes when the process ends.
 fs::path scratch(const std::string& name) {
-  auto dir =
-      fs::temp_directory_path() / ("shardkit_checkpoints_" + std::to_string(::getpid())) / name;
+  static const struct Root {
+    fs::path path =
+        fs::temp_directory_path() / ("shardkit_checkpoints_" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  } root;
+  auto dir = root.path / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
