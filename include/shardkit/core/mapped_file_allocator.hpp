@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <string>
@@ -94,6 +95,16 @@ class MappedFileAllocator : public Allocator {
     (void)bytes;
     (void)for_writing;
 #endif
+  }
+
+  // load() of each of `ranges` in turn, on a thread of its own: the future is ready once they
+  // are in RAM (or holds load()'s IoError). The allocator and the ranges' allocations must
+  // outlive it. What streaming users start beside their work on the range before.
+  std::future<void> start_loading(std::vector<std::pair<const void*, std::size_t>> ranges,
+                                  bool for_writing) const {
+    return std::async(std::launch::async, [this, ranges = std::move(ranges), for_writing] {
+      for (const auto& [data, bytes] : ranges) load(data, bytes, for_writing);
+    });
   }
 
   // Whether load() returns with the range in RAM (MADV_POPULATE_* works here: not known to be

@@ -201,9 +201,7 @@ class StateSpill {
       if (missing > 0 || !loaded) loading.push_back(range);
     }
     if (loading.empty()) return;
-    reading_ = std::async(std::launch::async, [disk = disk_, loading = std::move(loading)] {
-      for (const auto& [data, bytes] : loading) disk->load(data, bytes);
-    });
+    reading_ = disk_->start_loading(std::move(loading), true);
   }
 
   std::size_t pieces() const { return per_piece_.empty() ? 0 : per_piece_[0].size(); }

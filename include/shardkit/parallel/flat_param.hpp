@@ -56,6 +56,7 @@ class FlatParam {
     if (residency == Residency::sharded)
       shard_ = zeros(shard_home != nullptr ? *shard_home : ctx, {plan_.numel(comm.rank())}, dtype,
                      MemoryCategory::parameters);
+    shard_files_ = files_of(shard_, *shard_home_);
   }
 
   FlatParam(const FlatParam&) = delete;
@@ -142,9 +143,7 @@ class FlatParam {
     try {
       auto runs = files->missing_runs(shard_.data_ptr(), shard_.nbytes());
       if (runs.empty()) return;
-      reading_ = std::async(std::launch::async, [files, runs] {
-        for (const auto& [data, bytes] : runs) files->load(data, bytes, false);
-      });
+      reading_ = files->start_loading(runs, false);
       for (const auto& run : runs) shard_reads_.ahead += run.second;
       read_ahead_ = std::move(runs);
     } catch (...) {
@@ -234,10 +233,12 @@ class FlatParam {
     return partition;
   }
 
-  // The file allocator holding the shard (offload to NVMe), else nullptr.
-  const MappedFileAllocator* shard_files() const {
-    if (shard_.numel() == 0) return nullptr;
-    return dynamic_cast<const MappedFileAllocator*>(&shard_home_->allocator());
+  // The file allocator holding the shard (offload to NVMe), else nullptr (also for an empty
+  // shard: nothing to read). Found once: the gathers and every unit's hooks ask.
+  const MappedFileAllocator* shard_files() const { return shard_files_; }
+  static const MappedFileAllocator* files_of(const Tensor& shard, const Context& home) {
+    if (!shard.defined() || shard.numel() == 0) return nullptr;
+    return dynamic_cast<const MappedFileAllocator*>(&home.allocator());
   }
   // Waits for a read ahead in flight; the runs it was reading (none without one), for the
   // caller to drop. A failed read is not reported here: a read loses nothing, and the gather
@@ -263,6 +264,7 @@ class FlatParam {
   FlatBuffer params_;
   Tensor shard_;            // sharded residency: this rank's range, the master copy
   SlotChunks slot_chunks_;  // per-tensor-scaled gathers' chunk tables (made at first use)
+  const MappedFileAllocator* shard_files_ = nullptr;  // shard_files()
   // A shard in files: the read ahead in flight (on a thread of its own) and the runs of pages
   // it reads, which the gather that uses it drops again.
   std::future<void> reading_;
