@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -289,49 +290,120 @@ TEST_CASE("local collectives inside captured steps: replays equal eager calls bi
   }
 }
 
-TEST_CASE("a rank that stops replaying: the others' device waits time out, raised on the host") {
+namespace {
+
+// After replays together, two ranks' captured steps part: rank 0 runs `rank0`, which must end
+// in a TimeoutError (its message kept in errors[0]); rank 1 runs `rank1`, waits until rank 0 is
+// done however it leaves (another error must fail the case, not leave rank 1 waiting), then
+// makes an eager call, which the world aborted with the verdict refuses (errors[1]).
+void part_ranks(comm::Communicator& c, const sk::Tensor& grads, std::atomic<bool>& rank0_done,
+                std::vector<std::string>& errors, const std::function<void()>& rank0,
+                const std::function<void()>& rank1) {
+  const auto i = static_cast<std::size_t>(c.rank());
+  if (c.rank() == 0) {
+    struct Done {
+      std::atomic<bool>& flag;
+      ~Done() { flag = true; }
+    } done{rank0_done};
+    try {
+      rank0();
+    } catch (const sk::TimeoutError& e) {
+      errors[i] = e.what();
+    }
+    return;
+  }
+  rank1();
+  while (!rank0_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  try {
+    c.all_reduce(grads).wait_on_stream();
+  } catch (const comm::CommunicatorAborted& e) {
+    errors[i] = e.what();
+  }
+}
+
+}  // namespace
+
+// Two local ranks' captured steps part after replays together, and the verdict is raised on
+// the host, never a hung GPU:
+// - rank 0 goes on replaying, rank 1 does not: the ranks' host threads meet before each run of a
+//   graph with the world's collectives (LocalCommunicator::meet_around_graph_run), so rank 0's
+//   run is refused there, before its graph could wait on the device;
+// - both run a graph but not the same one (rank 0 a step of two all_reduces, rank 1 one of
+//   one): rank 0's graph waits on the device for arrivals that never come, gives up after the
+//   world's timeout, and the verdict is raised at rank 0's next host wait.
+// Either way the world is aborted with the verdict, which rank 1's next call reports.
+TEST_CASE("local ranks whose captured steps part: the verdict is raised on the host") {
+  bool stops = false;
+  std::vector<std::string> expected;
+  SUBCASE("a rank that stops replaying: the other's run is refused before its launch") {
+    stops = true;
+    expected = {"graph run meeting", "timed out after 400 ms: rank(s) 1 never called it"};
+  }
+  SUBCASE("ranks replaying different captured steps: the device's waits time out") {
+    expected = {"rank 0 waited more than 400 ms for the others on the device",
+                "replay its captured steps the same number of times"};
+  }
   comm::CommOptions options;
   options.timeout = std::chrono::milliseconds(400);
   std::vector<std::string> errors(2);
-  std::atomic<bool> rank0_reported{false};
+  std::atomic<bool> rank0_done{false};
   comm::run_ranks(
       2,
       [&](sk::Context& ctx, comm::Communicator& c) {
         auto grads = sk::full(ctx, {4096}, sk::DType::f32, c.rank() + 1.0);
         sk::StepGraph graph(ctx, "all_reduce");
-        auto step = [&] { c.all_reduce(grads).wait_on_stream(); };
-        for (int it = 0; it < 4; ++it) graph.run("step", step);
+        auto once = [&] { c.all_reduce(grads).wait_on_stream(); };
+        auto twice = [&] {
+          c.all_reduce(grads).wait_on_stream();
+          c.all_reduce(grads).wait_on_stream();
+        };
+        for (int it = 0; it < 4; ++it) graph.run("once", once);  // warm-up, capture, replay
         ctx.synchronize();  // both ranks met at every call so far
         CHECK(sk::to_vector<float>(ctx, grads)[4095] == 24.0f);  // 1 + 2, then doubled 3 times
-        const auto i = static_cast<std::size_t>(c.rank());
-        if (c.rank() == 0) {
-          // (rank 1 waits for this, however rank 0 leaves: another error must fail, not hang)
-          struct Reported {
-            std::atomic<bool>& flag;
-            ~Reported() { flag = true; }
-          } reported{rank0_reported};
-          try {
-            graph.run("step", step);  // a replay the other rank never joins
-            ctx.synchronize();        // the device gave up waiting; the verdict is raised here
-          } catch (const sk::TimeoutError& e) {
-            errors[i] = e.what();
-          }
+        if (stops) {
+          part_ranks(
+              c, grads, rank0_done, errors, [&] { graph.run("once", once); },  // never joined
+              [] {});
           return;
         }
-        while (!rank0_reported.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        try {  // the world was aborted with the verdict: the next call says why
-          c.all_reduce(grads).wait_on_stream();
-        } catch (const comm::CommunicatorAborted& e) {
-          errors[i] = e.what();
-        }
+        for (int it = 0; it < 4; ++it) graph.run("twice", twice);
+        part_ranks(
+            c, grads, rank0_done, errors,
+            [&] {
+              graph.run("twice", twice);  // its second all_reduce finds nobody on the device
+              ctx.synchronize();          // the device gave up waiting; the verdict is raised here
+            },
+            [&] { graph.run("once", once); });
       },
       comm::cuda_run_options(0, options));
-  for (const std::string& error : errors) {
-    CHECK_MESSAGE(error.find("rank 0 waited more than 400 ms for the others on the device") !=
-                      std::string::npos,
-                  error);
-    CHECK_MESSAGE(
-        error.find("replay its captured steps the same number of times") != std::string::npos,
-        error);
-  }
+  for (const std::string& error : errors)
+    for (const std::string& part : expected)
+      CHECK_MESSAGE(error.find(part) != std::string::npos, error);
+}
+
+// cudaFree waits for all of the device's work. Were the ranks not to meet around each run of
+// their graphs, rank 0's next replay would wait on the device for rank 1's, while rank 1's host
+// waited in cudaFree for rank 0's graph: stuck until the world's timeout.
+TEST_CASE("a rank's host call that waits for the whole device between replays: no deadlock") {
+  comm::CommOptions options;
+  options.timeout = std::chrono::seconds(10);
+  comm::run_ranks(
+      2,
+      [&](sk::Context& ctx, comm::Communicator& c) {
+        auto grads = sk::empty(ctx, {1000}, sk::DType::f32);
+        sk::StepGraph graph(ctx, "all_reduce");
+        for (int it = 0; it < 8; ++it) {
+          sk::fill(ctx, grads, c.rank() + it);
+          graph.run("step", [&] { c.all_reduce(grads).wait_on_stream(); });
+          if (c.rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));  // rank 0 goes ahead
+            void* block = nullptr;
+            REQUIRE(cudaMalloc(&block, 1 << 20) == cudaSuccess);
+            REQUIRE(cudaFree(block) == cudaSuccess);
+          }
+          CHECK(sk::to_vector<float>(ctx, grads)[999] == static_cast<float>(2 * it + 1));
+        }
+        CHECK(graph.stats().replays == 5);
+      },
+      comm::cuda_run_options(0, options));
 }

@@ -70,6 +70,34 @@ TEST_CASE("a step graph warms a key up eagerly, captures it once, replays it; a 
   CHECK(graph.run("a", step) == StepRun::eager);
 }
 
+// What a captured step registers to run around each of its graph's runs (a local world's ranks
+// meet there, comm/local_communicator.hpp): once per key, only while captured, then before and
+// after every replay -- in order, around the step's own work -- and never for eager steps.
+TEST_CASE("a captured step's host work around each run: registered once, run before and after") {
+  sk::Context ctx;
+  sk::StepGraph graph(ctx, "train", {.warmup_steps = 1, .max_graphs = 2});
+  std::vector<std::string> log;
+  const auto step = [&] {
+    log.push_back("step");
+    ctx.around_each_run("meet", [&] { log.push_back("meet"); });
+    ctx.around_each_run("meet", [&] { log.push_back("meet again"); });  // same key: kept once
+    ctx.around_each_run("other", [&] { log.push_back("other"); });
+  };
+  using sk::StepRun;
+  CHECK(graph.run("a", step) == StepRun::eager);
+  CHECK(graph.run("a", step) == StepRun::captured);  // (on the CPU the capture is the run)
+  CHECK(log == std::vector<std::string>{"step", "step"});
+  log.clear();
+  CHECK(graph.run("a", step) == StepRun::replayed);
+  CHECK(log == std::vector<std::string>{"meet", "other", "step", "meet", "other"});
+  log.clear();
+  CHECK(graph.run("b", step) == StepRun::eager);  // another key's graph has none of them yet
+  CHECK(log == std::vector<std::string>{"step"});
+  log.clear();
+  CHECK(graph.run("a", step) == StepRun::replayed);
+  CHECK(log == std::vector<std::string>{"meet", "other", "step", "meet", "other"});
+}
+
 TEST_CASE("what a CUDA graph cannot replay is refused by name, and the context recovers") {
   sk::Context ctx({.seed = 5});
   sk::StepGraph graph(ctx, "train", {.warmup_steps = 0});

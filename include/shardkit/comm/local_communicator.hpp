@@ -202,6 +202,20 @@ class LocalCommunicator final : public Communicator {
   }
 
 #if SK_WITH_CUDA
+  // The ranks' host threads meet just before and just after each run of a graph holding this
+  // world's captured collectives (Context::around_each_run). Their graphs wait for each other on
+  // the device, and a host call may wait for the whole device (a page-locked or device
+  // allocation, cudaFree, a module's load: CUDA's implicit synchronisations); one made on a
+  // rank while another rank's graph waits on the device for this rank's graph, not launched
+  // yet, would wait until the world's timeout. Meeting before the launches keeps every rank's
+  // other host work out of the time a graph of the world waits; meeting after them, until
+  // every rank's graph is launched. Not counted as a collective (no bytes, no HostWaits).
+  void meet_around_graph_run() {
+    auto op = world_->post(rank(), next_sequence_++, "graph run meeting",
+                           make_post(CollectiveKind::barrier, {}, {}), nullptr);
+    detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
+  }
+
   // Inside a captured step the world's stream cannot join this rank's graph: the host meets the
   // other ranks once (checks, their buffers), and this rank's stream carries its own share of
   // the call between two waits on the device (comm/device_rendezvous.hpp).
@@ -231,6 +245,7 @@ class LocalCommunicator final : public Communicator {
       run_plan_on_device(share.plan, stream, &kernels, op->name, size());
       kernels.flag_barrier(stream, barrier);  // every rank has read this rank's send buffer
     }
+    ctx_.around_each_run(rendezvous_key(), [this] { meet_around_graph_run(); });
     ctx_.defer_check(rendezvous_key(),
                      [rendezvous = op->rendezvous, weak = std::weak_ptr<LocalWorld>(world_),
                       rank = rank(), timeout = options().timeout] {

@@ -65,6 +65,10 @@ class [[nodiscard]] Work {
   }
   bool test() {
     if (!state_ || waited_) return true;
+    // Inside a CUDA capture nothing queued has run, and CUDA refuses to query an event recorded
+    // in a capturing stream (the local backend's world of one, NCCL): not complete, unasked.
+    if (counted_on_ != nullptr && counted_on_->capturing() && counted_on_->device().is_cuda())
+      return false;
     waited_ = state_->test();
     return waited_;
   }

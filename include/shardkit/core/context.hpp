@@ -69,10 +69,12 @@ struct CapturedScalar {
 };
 
 // What a step under capture does besides its device work, kept by its graph: the host values it
-// was built with, and the checks it deferred (defer_check), which a replay registers again.
+// was built with, the checks it deferred (defer_check), which a replay registers again, and the
+// host work each of the graph's runs needs just before and just after it (around_each_run).
 struct CaptureRecord {
   std::vector<CapturedScalar> scalars;
   std::vector<std::pair<std::string, std::function<void()>>> checks;
+  std::vector<std::pair<std::string, std::function<void()>>> around_each_run;
 };
 
 class Context {
@@ -163,6 +165,18 @@ class Context {
     if (capture_.record != nullptr && !capture_.replaying)
       capture_.record->checks.emplace_back(key, check);
     deferred_checks_.try_emplace(key, std::move(check));
+  }
+
+  // Host work a captured step needs just before and just after each run of its graph -- a
+  // CUDA graph's launches, the first one after the capture included, and a CPU replay's runs --
+  // registered once per `key` while the step is captured (ignored otherwise): the ranks of a
+  // local world meet there (comm/local_communicator.hpp).
+  void around_each_run(const std::string& key, std::function<void()> action) {
+    if (capture_.record == nullptr || capture_.replaying) return;
+    auto& actions = capture_.record->around_each_run;
+    for (const auto& [existing, _] : actions)
+      if (existing == key) return;
+    actions.emplace_back(key, std::move(action));
   }
 
   // Step capture (core/step_graph.hpp). Between begin_capture and end_capture the context's

@@ -207,6 +207,7 @@ class StepGraph {
     if (ctx_->device().is_cuda()) return launch(graph);
 #endif
     // The CPU's replay: the step again, under the capture's rules and host values.
+    run_around(graph);
     ctx_->begin_capture(described(key), graph.record, true);
     try {
       step();
@@ -216,6 +217,12 @@ class StepGraph {
       throw;
     }
     ctx_->end_capture();
+    run_around(graph);
+  }
+
+  // What the step registered to run around each of its graph's runs (Context::around_each_run).
+  static void run_around(const Graph& graph) {
+    for (const auto& [_, action] : graph.record.around_each_run) action();
   }
 
   static constexpr const char* kEndOfStep = "(the end of the step)";
@@ -270,7 +277,9 @@ class StepGraph {
   }
   void launch(Graph& graph) {
     CudaDeviceGuard guard(ctx_->device().index);
+    run_around(graph);
     graph.exec.launch(ctx_->stream());
+    run_around(graph);
     for (const auto& [key, check] : graph.record.checks) ctx_->defer_check(key, check);
   }
 #endif
