@@ -204,3 +204,19 @@ TEST_CASE("a call captured on one rank and eager on another is refused, naming b
   posts[1].in_capture = true;
   CHECK_NOTHROW(comm::validate_local_posts(posts, "all_reduce #4"));
 }
+
+// The ranks' meeting around a captured step's run (a barrier posted with in_capture, by
+// LocalCommunicator::meet_around_graph_run) pairs with no user's barrier.
+TEST_CASE("a graph run's meeting on one rank and a barrier on another are refused, naming both") {
+  std::vector<comm::LocalPost> posts(2);
+  posts[0].kind = posts[1].kind = comm::CollectiveKind::barrier;
+  CHECK_NOTHROW(comm::validate_local_posts(posts, "barrier #3"));
+  posts[1].in_capture = true;
+  CHECK_THROWS_WITH_AS(
+      comm::validate_local_posts(posts, "barrier #3"),
+      doctest::Contains("rank 1 is at the meeting around a captured step's run but rank 0 at a "
+                        "barrier; every rank of the world must run its captured steps together"),
+      sk::InvalidArgument);
+  posts[0].in_capture = true;
+  CHECK_NOTHROW(comm::validate_local_posts(posts, "graph run meeting #3"));
+}

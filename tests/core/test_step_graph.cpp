@@ -5,6 +5,7 @@
 // with the memory statistics as the eager step's.
 #include <doctest/doctest.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -72,16 +73,22 @@ TEST_CASE("a step graph warms a key up eagerly, captures it once, replays it; a 
 
 // What a captured step registers to run around each of its graph's runs (a local world's ranks
 // meet there, comm/local_communicator.hpp): once per key, only while captured, then before and
-// after every replay -- in order, around the step's own work -- and never for eager steps.
+// after every replay, around the step's own work, in the order of their keys (the same on every
+// rank); never for eager steps. A run that throws between them tells each why, and the actions
+// after it do not run.
 TEST_CASE("a captured step's host work around each run: registered once, run before and after") {
   sk::Context ctx;
   sk::StepGraph graph(ctx, "train", {.warmup_steps = 1, .max_graphs = 2});
   std::vector<std::string> log;
+  bool fail = false;
   const auto step = [&] {
     log.push_back("step");
-    ctx.around_each_run("meet", [&] { log.push_back("meet"); });
+    ctx.around_each_run(
+        "meet", [&] { log.push_back("meet"); },
+        [&](const std::string& why) { log.push_back("meet told: " + why); });
     ctx.around_each_run("meet", [&] { log.push_back("meet again"); });  // same key: kept once
-    ctx.around_each_run("other", [&] { log.push_back("other"); });
+    ctx.around_each_run("early", [&] { log.push_back("early"); });      // sorts first
+    if (fail) throw std::runtime_error("the step failed");
   };
   using sk::StepRun;
   CHECK(graph.run("a", step) == StepRun::eager);
@@ -89,13 +96,15 @@ TEST_CASE("a captured step's host work around each run: registered once, run bef
   CHECK(log == std::vector<std::string>{"step", "step"});
   log.clear();
   CHECK(graph.run("a", step) == StepRun::replayed);
-  CHECK(log == std::vector<std::string>{"meet", "other", "step", "meet", "other"});
+  CHECK(log == std::vector<std::string>{"early", "meet", "step", "early", "meet"});
   log.clear();
   CHECK(graph.run("b", step) == StepRun::eager);  // another key's graph has none of them yet
   CHECK(log == std::vector<std::string>{"step"});
   log.clear();
-  CHECK(graph.run("a", step) == StepRun::replayed);
-  CHECK(log == std::vector<std::string>{"meet", "other", "step", "meet", "other"});
+  fail = true;
+  CHECK_THROWS_WITH_AS(graph.run("a", step), "the step failed", std::runtime_error);
+  CHECK(log == std::vector<std::string>{"early", "meet", "step", "meet told: the step failed"});
+  CHECK_FALSE(ctx.in_step_graph());
 }
 
 TEST_CASE("what a CUDA graph cannot replay is refused by name, and the context recovers") {

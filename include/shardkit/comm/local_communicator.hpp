@@ -210,9 +210,12 @@ class LocalCommunicator final : public Communicator {
   // yet, would wait until the world's timeout. Meeting before the launches keeps every rank's
   // other host work out of the time a graph of the world waits; meeting after them, until
   // every rank's graph is launched. Not counted as a collective (no bytes, no HostWaits).
+  // (The graph holds this communicator as it holds its buffers' addresses: replaying it after
+  // the communicator is gone is an error either way.)
   void meet_around_graph_run() {
-    auto op = world_->post(rank(), next_sequence_++, "graph run meeting",
-                           make_post(CollectiveKind::barrier, {}, {}), nullptr);
+    LocalPost post = make_post(CollectiveKind::barrier, {}, {});
+    post.in_capture = true;  // tells the meeting from a user's barrier (local_validation.hpp)
+    auto op = world_->post(rank(), next_sequence_++, "graph run meeting", std::move(post), nullptr);
     detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
   }
 
@@ -245,7 +248,14 @@ class LocalCommunicator final : public Communicator {
       run_plan_on_device(share.plan, stream, &kernels, op->name, size());
       kernels.flag_barrier(stream, barrier);  // every rank has read this rank's send buffer
     }
-    ctx_.around_each_run(rendezvous_key(), [this] { meet_around_graph_run(); });
+    ctx_.around_each_run(
+        rendezvous_key(), [this] { meet_around_graph_run(); },
+        // A run that failed on this rank between the meetings: the others learn why at once.
+        [weak = std::weak_ptr<LocalWorld>(world_), rank = rank()](const std::string& reason) {
+          if (auto world = weak.lock())
+            world->abort(shardkit::detail::concat("rank ", rank,
+                                                  "'s run of a captured step failed: ", reason));
+        });
     ctx_.defer_check(rendezvous_key(),
                      [rendezvous = op->rendezvous, weak = std::weak_ptr<LocalWorld>(world_),
                       rank = rank(), timeout = options().timeout] {

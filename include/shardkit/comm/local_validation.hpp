@@ -42,7 +42,20 @@ inline void validate_local_posts(const std::vector<LocalPost>& posts, std::strin
     if (a.is_split != b.is_split || a.kind != b.kind)
       differ(r, "the call", detail::post_call_name(b), detail::post_call_name(a),
              "every rank must issue the same collectives in the same order");
-    if (a.is_split || a.kind == CollectiveKind::barrier) continue;
+    if (a.is_split) continue;
+    if (a.kind == CollectiveKind::barrier) {
+      // A barrier posted with in_capture is the ranks' meeting around a captured step's run
+      // (LocalCommunicator::meet_around_graph_run): it pairs with no user's barrier.
+      auto what = [](const LocalPost& post) {
+        return post.in_capture ? "the meeting around a captured step's run" : "a barrier";
+      };
+      if (a.in_capture != b.in_capture)
+        fail<InvalidArgument>("local ", name, " (world of ", n, "): rank ", r, " is at ", what(b),
+                              " but rank 0 at ", what(a),
+                              "; every rank of the world must run its captured steps together "
+                              "and issue the same barriers");
+      continue;
+    }
     if (a.send.dtype != b.send.dtype)
       differ(r, "dtype", dtype_name(b.send.dtype), dtype_name(a.send.dtype),
              "every rank must pass the same dtype");

@@ -2,6 +2,7 @@
 // random stream, and handles of later layers. No global mutable state: N ranks can be N threads.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -71,10 +72,18 @@ struct CapturedScalar {
 // What a step under capture does besides its device work, kept by its graph: the host values it
 // was built with, the checks it deferred (defer_check), which a replay registers again, and the
 // host work each of the graph's runs needs just before and just after it (around_each_run).
+// Host work a graph's every run needs just before and just after it (Context::around_each_run).
+struct AroundRun {
+  std::string key;
+  std::function<void()> action;
+  // Told why, when the run fails on this rank between the actions (others may be waiting).
+  std::function<void(const std::string&)> failed;
+};
+
 struct CaptureRecord {
   std::vector<CapturedScalar> scalars;
   std::vector<std::pair<std::string, std::function<void()>>> checks;
-  std::vector<std::pair<std::string, std::function<void()>>> around_each_run;
+  std::vector<AroundRun> around_each_run;  // in the order of their keys
 };
 
 class Context {
@@ -170,13 +179,19 @@ class Context {
   // Host work a captured step needs just before and just after each run of its graph -- a
   // CUDA graph's launches, the first one after the capture included, and a CPU replay's runs --
   // registered once per `key` while the step is captured (ignored otherwise): the ranks of a
-  // local world meet there (comm/local_communicator.hpp).
-  void around_each_run(const std::string& key, std::function<void()> action) {
+  // local world meet there (comm/local_communicator.hpp). Actions run in the order of their
+  // keys, the same on every rank whatever order each registered them in. `failed` is told why
+  // when the run fails between the actions, so that ranks waiting at a later action need not
+  // wait for their timeout.
+  void around_each_run(const std::string& key, std::function<void()> action,
+                       std::function<void(const std::string&)> failed = nullptr) {
     if (capture_.record == nullptr || capture_.replaying) return;
     auto& actions = capture_.record->around_each_run;
-    for (const auto& [existing, _] : actions)
-      if (existing == key) return;
-    actions.emplace_back(key, std::move(action));
+    const auto at =
+        std::lower_bound(actions.begin(), actions.end(), key,
+                         [](const AroundRun& a, const std::string& k) { return a.key < k; });
+    if (at != actions.end() && at->key == key) return;
+    actions.insert(at, AroundRun{key, std::move(action), std::move(failed)});
   }
 
   // Step capture (core/step_graph.hpp). Between begin_capture and end_capture the context's

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -207,22 +208,43 @@ class StepGraph {
     if (ctx_->device().is_cuda()) return launch(graph);
 #endif
     // The CPU's replay: the step again, under the capture's rules and host values.
-    run_around(graph);
-    ctx_->begin_capture(described(key), graph.record, true);
-    try {
-      step();
-      ctx_->capture_scalar(kEndOfStep, 0.0);
-    } catch (...) {
+    between_actions(graph, [&] {
+      ctx_->begin_capture(described(key), graph.record, true);
+      try {
+        step();
+        ctx_->capture_scalar(kEndOfStep, 0.0);
+      } catch (...) {
+        ctx_->end_capture();
+        throw;
+      }
       ctx_->end_capture();
-      throw;
-    }
-    ctx_->end_capture();
-    run_around(graph);
+    });
   }
 
-  // What the step registered to run around each of its graph's runs (Context::around_each_run).
-  static void run_around(const Graph& graph) {
-    for (const auto& [_, action] : graph.record.around_each_run) action();
+  // Runs `run` (a launch, a CPU replay) between the work its graph's step registered to run
+  // just before and just after each run (Context::around_each_run). When anything in between
+  // throws, each is told why before the error goes on: other ranks may be waiting at them.
+  template <class Run>
+  static void between_actions(const Graph& graph, Run&& run) {
+    const auto& around = graph.record.around_each_run;
+    if (around.empty()) return run();
+    auto tell = [&](const std::string& reason) noexcept {
+      for (const auto& a : around) try {
+          if (a.failed) a.failed(reason);
+        } catch (...) {  // telling is best effort; the error itself goes on
+        }
+    };
+    try {
+      for (const auto& a : around) a.action();
+      run();
+      for (const auto& a : around) a.action();
+    } catch (const std::exception& e) {
+      tell(e.what());
+      throw;
+    } catch (...) {
+      tell("an exception that is no std::exception");
+      throw;
+    }
   }
 
   static constexpr const char* kEndOfStep = "(the end of the step)";
@@ -277,10 +299,11 @@ class StepGraph {
   }
   void launch(Graph& graph) {
     CudaDeviceGuard guard(ctx_->device().index);
-    run_around(graph);
-    graph.exec.launch(ctx_->stream());
-    run_around(graph);
-    for (const auto& [key, check] : graph.record.checks) ctx_->defer_check(key, check);
+    between_actions(graph, [&] {
+      graph.exec.launch(ctx_->stream());
+      // At once: should what follows throw, the launched graph's verdict is still raised.
+      for (const auto& [key, check] : graph.record.checks) ctx_->defer_check(key, check);
+    });
   }
 #endif
 
