@@ -53,31 +53,42 @@ namespace ops_test {
 
 // The block formats give the same bytes on both devices (no contraction, IEEE division and
 // products, rintf; E4M3's fields by frexpf / ldexpf, exact), and the same values back.
-TEST_CASE("int8 and E4M3 blocks on the GPU: the CPU's payload bytes and values, every dtype") {
+// The default 256-value blocks take the warp kernels (a partial last block here: 5000 values),
+// a view one value off 16-byte alignment and 64-value blocks the thread-block ones.
+TEST_CASE(
+    "int8, E4M3 and int4 blocks on the GPU: the CPU's payload bytes and values, every dtype") {
   CpuBackend cpu;
   CudaBackend gpu;
-  const std::int64_t n = 5000, block = 256;
-  for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::f8_e4m3})
-    for (auto dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::f16}) {
-      CAPTURE(ops::quant_format_name(format));
-      CAPTURE(sk::dtype_name(dtype));
-      const sk::Tensor values =
-          sk::cast(cpu.ctx, sk::from_vector(cpu.ctx, quant_values(n, block, dtype, 5), {n}), dtype);
-      const std::int64_t bytes = ops::quant_payload_bytes(n, block);
-      const sk::Tensor on_cpu = cpu.zeros({bytes}, sk::DType::u8);
-      const sk::Tensor on_gpu = gpu.zeros({bytes}, sk::DType::u8);
-      ops::quantize_blocks(cpu.ctx, format, values, block, on_cpu);
-      ops::quantize_blocks(gpu.ctx, format, gpu.upload(values), block, on_gpu);
-      const sk::Tensor from_gpu = gpu.download(on_gpu);
-      CHECK(std::memcmp(on_cpu.data_ptr(), from_gpu.data_ptr(), static_cast<std::size_t>(bytes)) ==
-            0);
-      const sk::Tensor back_cpu = cpu.zeros({n}, dtype), back_gpu = gpu.zeros({n}, dtype);
-      ops::dequantize_blocks(cpu.ctx, format, on_cpu, block, back_cpu);
-      ops::dequantize_blocks(gpu.ctx, format, on_gpu, block, back_gpu);
-      const sk::Tensor back = gpu.download(back_gpu);
-      CHECK(std::memcmp(back_cpu.data_ptr(), back.data_ptr(),
-                        static_cast<std::size_t>(n) * sk::dtype_size(dtype)) == 0);
-    }
+  const std::int64_t n = 5000;
+  for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::f8_e4m3, ops::QuantFormat::int4})
+    for (auto dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::f16})
+      for (std::int64_t block : {256, 64})
+        for (std::int64_t offset : {0, 1}) {
+          CAPTURE(ops::quant_format_name(format));
+          CAPTURE(sk::dtype_name(dtype));
+          CAPTURE(block);
+          CAPTURE(offset);
+          const sk::Tensor all = sk::cast(
+              cpu.ctx, sk::from_vector(cpu.ctx, quant_values(n + 1, block, dtype, 5), {n + 1}),
+              dtype);
+          const sk::Tensor values = all.slice(0, offset, offset + n);
+          const std::int64_t bytes = ops::quant_payload_bytes(n, block, format);
+          const sk::Tensor on_cpu = cpu.zeros({bytes}, sk::DType::u8);
+          const sk::Tensor on_gpu = gpu.zeros({bytes}, sk::DType::u8);
+          ops::quantize_blocks(cpu.ctx, format, values, block, on_cpu);
+          ops::quantize_blocks(gpu.ctx, format, gpu.upload(all).slice(0, offset, offset + n), block,
+                               on_gpu);
+          const sk::Tensor from_gpu = gpu.download(on_gpu);
+          CHECK(std::memcmp(on_cpu.data_ptr(), from_gpu.data_ptr(),
+                            static_cast<std::size_t>(bytes)) == 0);
+          const sk::Tensor back_cpu = cpu.zeros({n + 1}, dtype).slice(0, offset, offset + n);
+          const sk::Tensor back_gpu = gpu.zeros({n + 1}, dtype).slice(0, offset, offset + n);
+          ops::dequantize_blocks(cpu.ctx, format, on_cpu, block, back_cpu);
+          ops::dequantize_blocks(gpu.ctx, format, on_gpu, block, back_gpu);
+          const sk::Tensor back = gpu.download(back_gpu);
+          CHECK(std::memcmp(back_cpu.data_ptr(), back.data_ptr(),
+                            static_cast<std::size_t>(n) * sk::dtype_size(dtype)) == 0);
+        }
 }
 
 }  // namespace ops_test
