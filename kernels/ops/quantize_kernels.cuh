@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(kThreads)
 inline constexpr std::int64_t kWarpQuantBlock = 256;
 inline constexpr int kValuesPerLane = static_cast<int>(kWarpQuantBlock / 32);
 
-// Lane `lane`'s 8 values of block `b` in registers (zeros past n: they change no maximum).
+// A lane's 8 values from `first` in registers (zeros from `hi` on: they change no maximum);
+// whether all 8 were there (read 128 bits at a time).
 template <class T>
 SK_DEVICE SK_INLINE bool load_lane_values(const T* x, std::int64_t first, std::int64_t hi,
                                           float (&v)[kValuesPerLane]) {

@@ -69,9 +69,6 @@ struct CapturedScalar {
   double value;
 };
 
-// What a step under capture does besides its device work, kept by its graph: the host values it
-// was built with, the checks it deferred (defer_check), which a replay registers again, and the
-// host work each of the graph's runs needs just before and just after it (around_each_run).
 // Host work a graph's every run needs just before and just after it (Context::around_each_run).
 struct AroundRun {
   std::string key;
@@ -80,6 +77,9 @@ struct AroundRun {
   std::function<void(const std::string&)> failed;
 };
 
+// What a step under capture does besides its device work, kept by its graph: the host values it
+// was built with, the checks it deferred (defer_check), which a replay registers again, and the
+// host work each of the graph's runs needs just before and just after it (around_each_run).
 struct CaptureRecord {
   std::vector<CapturedScalar> scalars;
   std::vector<std::pair<std::string, std::function<void()>>> checks;
