@@ -160,7 +160,11 @@ def ours_images_per_second(swav, steps, device, network, queue_length, overrides
     if out.returncode != 0:  # the trainer's own words: why it stopped (a refused capture, ...)
         sys.stderr.write(out.stdout[-2000:] + out.stderr[-4000:])
         out.check_returncode()
-    done = next(line for line in out.stdout.splitlines() if line.startswith("done:"))
+    lines = out.stdout.splitlines()
+    # Whether the step ran as a graph (MACHINE.CUDA_GRAPH auto decides), beside the figure.
+    print("  shardkit: " + next((line for line in lines if line.startswith("step graph")),
+                                "no step graph (eager steps)"), flush=True)
+    done = next(line for line in lines if line.startswith("done:"))
     return float(re.search(r"\(([0-9.]+) img/s", done).group(1))
 
 

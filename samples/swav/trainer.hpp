@@ -30,7 +30,6 @@
 #include "loader.hpp"
 #include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/checkpoint/step_folders.hpp"
-#include "shardkit/comm/local_communicator.hpp"
 #include "shardkit/core/step_graph.hpp"
 #include "shardkit/data/fashion_mnist.hpp"
 #include "shardkit/data/synthetic_images.hpp"
@@ -379,12 +378,11 @@ class SwavTrainer {
       return true;
     }
     if (!blocker.empty()) return false;
-    // Ranks sharing this GPU in one process meet on the device inside a captured step
-    // (comm/device_rendezvous.hpp), which has not yet run on a GPU, and SyncBatchNorm's captured
-    // exchanges have not either: auto leaves those steps eager until they have; true captures.
-    const bool local_ranks_on_gpu =
-        comm_->size() > 1 && dynamic_cast<const sk::comm::LocalCommunicator*>(comm_) != nullptr;
-    return ctx_->device().is_cuda() && !local_ranks_on_gpu && c_.sync_bn_group == 0;
+    // Ranks sharing this GPU in one process meet on the device inside a captured step, their
+    // host threads around each replay (comm/local_communicator.hpp): verified on an H200 at
+    // 466cc58. SyncBatchNorm's captured exchanges have not run on a GPU yet: auto leaves those
+    // steps eager until they have; true captures.
+    return ctx_->device().is_cuda() && c_.sync_bn_group == 0;
   }
 
   // One training step; returns this rank's loss when `read_loss` (else 0). Under

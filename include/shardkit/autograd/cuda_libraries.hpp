@@ -422,24 +422,9 @@ inline const BatchNormDescs& batch_norm_descs(Context& ctx, DType dtype, std::in
       [&] { return std::make_unique<BatchNormDescs>(dtype, outer, channels, inner); });
 }
 
-// Batch-norm over channels of x viewed as [outer, channels, inner, 1]. Statistics tensors
-// (weight, bias, running and saved) are f32 for half data, else x's dtype -- cuDNN's rule.
-inline void batch_norm_train_forward(Context& ctx, const Tensor& x, const Tensor& weight,
-                                     const Tensor& bias, const Tensor& running_mean,
-                                     const Tensor& running_var, double momentum, double eps,
-                                     const Tensor& y, const Tensor& save_mean,
-                                     const Tensor& save_invstd, std::int64_t outer,
-                                     std::int64_t channels, std::int64_t inner) {
-  CudaDeviceGuard guard(ctx.device().index);
-  const BatchNormDescs& d = batch_norm_descs(ctx, x.dtype(), outer, channels, inner);
-  SK_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.x.get(),
-      x.data_ptr(), d.x.get(), y.data_ptr(), d.stats.get(), weight.data_ptr(), bias.data_ptr(),
-      momentum, running_mean.defined() ? running_mean.data_ptr() : nullptr,
-      running_var.defined() ? running_var.data_ptr() : nullptr, eps, save_mean.data_ptr(),
-      save_invstd.data_ptr()));
-}
-
+// Evaluation-mode batch-norm over channels of x viewed as [outer, channels, inner, 1] (training
+// mode runs kernels of ours: kernels/autograd/autograd_kernels.cuh). Statistics tensors (weight,
+// bias, running) are f32 for half data, else x's dtype -- cuDNN's rule.
 inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor& weight,
                                     const Tensor& bias, const Tensor& mean, const Tensor& var,
                                     double eps, const Tensor& y, std::int64_t outer,
@@ -450,21 +435,6 @@ inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor&
       libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.x.get(),
       x.data_ptr(), d.x.get(), y.data_ptr(), d.stats.get(), weight.data_ptr(), bias.data_ptr(),
       mean.data_ptr(), var.data_ptr(), eps));
-}
-
-inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tensor& grad_y,
-                                      const Tensor& weight, const Tensor& save_mean,
-                                      const Tensor& save_invstd, double eps, const Tensor& grad_x,
-                                      const Tensor& grad_weight, const Tensor& grad_bias,
-                                      std::int64_t outer, std::int64_t channels,
-                                      std::int64_t inner) {
-  CudaDeviceGuard guard(ctx.device().index);
-  const BatchNormDescs& d = batch_norm_descs(ctx, x.dtype(), outer, channels, inner);
-  SK_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-      libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.blend.one(),
-      d.blend.zero(), d.x.get(), x.data_ptr(), d.x.get(), grad_y.data_ptr(), d.x.get(),
-      grad_x.data_ptr(), d.stats.get(), weight.data_ptr(), grad_weight.data_ptr(),
-      grad_bias.data_ptr(), eps, save_mean.data_ptr(), save_invstd.data_ptr()));
 }
 
 class PoolDesc : public CudnnDescriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor,

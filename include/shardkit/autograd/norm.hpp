@@ -1,8 +1,9 @@
 // Differentiable batch-norm over dim 1 of [N, C, ...] (BatchNorm1d and 2d): training mode with
 // batch statistics and running-statistics update, evaluation mode with the running statistics.
-// CPU loops accumulate in double; cuDNN on the GPU keeps statistics in f32 for half data. The
-// synchronised form (a group of ranks) runs the function table's steps on either device, with
-// double sums.
+// CPU loops accumulate in double. The synchronised form (a group of ranks) runs the function
+// table's steps on either device, with double sums; on the GPU training mode runs the same steps
+// for a group of one (kernels/autograd/autograd_kernels.cuh), and evaluation mode calls cuDNN,
+// whose statistics are f32 for half data.
 // Batch-norm always computes in f32 for f16/bf16 inputs (apex O1 and VISSL keep it so): the
 // running statistics must be f32, and f16/bf16 weight and bias (a mixed-precision compute
 // copy) are widened to f32 for the computation -- their gradients come back in f32 and are
@@ -30,7 +31,8 @@ struct BatchNormOptions {
   // A ReLU fused after the normalisation: y = max(batch_norm(x), 0), the same values and
   // gradients as batch_norm followed by relu. On the CPU it saves a pass over the activation
   // each way (the ReLU is applied as y is written; its mask is applied as the backward reads
-  // the gradient); on the GPU the two run one after the other.
+  // the gradient); on the GPU the forward applies it as y is written and the backward masks the
+  // gradient in a pass of its own first.
   bool relu = false;
   // Training mode with a group of more than one rank: the statistics are those of the group's
   // whole batch (SyncBatchNorm; parallel/sync_batch_norm.hpp). Forward gathers every member's
@@ -79,10 +81,7 @@ struct BatchNormNode final : Node {
     if (relu_out.defined() && !mask_in_loops)
       g = fn::pointwise(ctx, Pointwise::relu_backward, g, relu_out, 1, 0);
     const DType stat = weight.dtype();
-    // (cuDNN's backward writes an input gradient whether or not one is wanted)
-    const bool cudnn = g.device().is_cuda() && !(training && sync);
-    Tensor gx =
-        edges[0].valid() || cudnn ? empty_dense_like(ctx, g, g.shape(), g.dtype()) : Tensor();
+    Tensor gx = edges[0].valid() ? empty_dense_like(ctx, g, g.shape(), g.dtype()) : Tensor();
     // Parameter gradients count as gradients, not activations, while they wait to be accumulated.
     Tensor gw = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
     Tensor gb = fn::new_like(ctx, g, {s.channels}, stat, MemoryCategory::gradients);
