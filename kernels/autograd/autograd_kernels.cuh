@@ -33,12 +33,9 @@ inline void batch_norm_train_forward(Context& ctx, const Tensor& x, const Tensor
                                      const Tensor& y, const Tensor& save_mean,
                                      const Tensor& save_invstd, std::int64_t outer,
                                      std::int64_t channels, std::int64_t inner, bool relu) {
-  Tensor moments = empty(ctx, {1 + 2 * channels}, DType::f64, MemoryCategory::other);
   Tensor stats = empty(ctx, {2 * channels}, DType::f64, MemoryCategory::other);
-  Tensor count = empty(ctx, {1}, DType::f64, MemoryCategory::other);
-  batch_norm_moments(ctx, x, moments, outer, channels, inner);
-  batch_norm_group_stats(ctx, moments, 1, channels, momentum, eps, running_mean, running_var, stats,
-                         save_mean, save_invstd, count);
+  batch_norm_local_stats(ctx, x, momentum, eps, running_mean, running_var, stats, save_mean,
+                         save_invstd, outer, channels, inner);
   batch_norm_apply(ctx, x, weight, bias, stats, y, outer, channels, inner, relu);
 }
 
@@ -57,11 +54,11 @@ inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tenso
                                       const Tensor& grad_weight, const Tensor& grad_bias,
                                       std::int64_t outer, std::int64_t channels, std::int64_t inner,
                                       const Tensor& relu_out) {
+  check(!relu_out.defined(), "batch_norm_train_backward on the GPU takes the gradient masked by ",
+        "a fused ReLU already (relu_out must be undefined)");
   Tensor sums = empty(ctx, {2 * channels}, DType::f64, MemoryCategory::other);
-  batch_norm_grad_sums(ctx, x, grad_y, save_mean, save_invstd, relu_out, sums, outer, channels,
-                       inner);
-  copy(ctx, grad_bias, sums.slice(0, 0, channels));
-  copy(ctx, grad_weight, sums.slice(0, channels, 2 * channels));
+  batch_norm_local_grad_sums(ctx, x, grad_y, save_mean, save_invstd, sums, grad_weight, grad_bias,
+                             outer, channels, inner);
   if (grad_x.defined())
     batch_norm_input_grad(ctx, x, grad_y, weight, save_mean, save_invstd, relu_out, sums, Tensor(),
                           grad_x, outer, channels, inner);

@@ -6,12 +6,15 @@
 //
 // The moments and the gradient sums split each channel's [outer, inner] values into parts of
 // whole rows (about 4096 values), a block each: a part's count, mean and squared deviations (two
-// passes over the part, the second from cache), or its sums of g and g·(x - mean); a second
-// kernel folds the parts in order (Chan's update, or plain sums). One block per channel, as
-// these kernels first were, left a 64-channel layer of 256 x 32² images on 64 of an H200's 132
-// SMs; so does cuDNN's NCHW batch-norm, which took 383 us for the backward of that layer (67 MB
-// of x, of g and of the input gradient: 50 us of copy) and set the pace of the ResNet-18 step.
-// The element-wise maps take four values of a row a thread, their channel found once.
+// passes over the part, the second from cache), or its sums of g and g·(x - mean); a warp per
+// channel then folds its parts in a fixed order (Chan's update, or plain sums). One block per
+// channel, as these kernels first were, left a 64-channel layer of 256 x 32² images on 64 of an
+// H200's 132 SMs; so does cuDNN's NCHW batch-norm, which took 383 us for the backward of that
+// layer (67 MB of x, of g and of the input gradient: 50 us of copy). Every pass takes runs of 4
+// values of a row a thread (one 128-bit load for aligned f32), the parts' row and place
+// advanced without a division per value; the element-wise maps find a run's channel once.
+// A group of one (plain batch-norm) folds its parts straight into the statistics and writes its
+// weight and bias gradients in the gradient sums' fold: 3 launches each way.
 #pragma once
 
 #include "kernels/autograd/common.cuh"
@@ -35,44 +38,94 @@ inline ChannelParts channel_parts(std::int64_t outer, std::int64_t inner) {
   return p;
 }
 
-// Calls fn(k, offset) for this thread's values of block `part` of channel c (k: the value's
-// index within the part, offset: its element offset in x), threads striding over the part.
-template <class Fn>
-SK_DEVICE SK_INLINE std::int64_t for_part_values(std::int64_t c, std::int64_t part,
-                                                 const ChannelParts& parts, std::int64_t outer,
-                                                 std::int64_t channels, std::int64_t inner,
-                                                 Fn&& fn) {
+// Per values of a row a thread takes at once: 4 where they stay in one row and, for f32, every
+// operand is 16-byte aligned (one 128-bit load); else 1.
+template <class T>
+int run_length(std::int64_t inner, std::initializer_list<const void*> operands) {
+  if (inner % 4 != 0) return 1;
+  if constexpr (std::is_same_v<T, float>)
+    for (const void* p : operands)
+      if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return 1;
+  return 4;
+}
+
+// Per consecutive values at p + offset, as A (one 128-bit load for 4 f32).
+template <class A, int Per, class T>
+SK_DEVICE SK_INLINE void load_run(const T* p, std::int64_t offset, A (&v)[Per]) {
+  if constexpr (Per == 4 && std::is_same_v<T, float>) {
+    const float4 q = *reinterpret_cast<const float4*>(p + offset);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+    SK_UNROLL
+    for (int k = 0; k < Per; ++k) v[k] = load<A>(p, offset + k);
+  }
+}
+template <class A, int Per, class T>
+SK_DEVICE SK_INLINE void store_run(T* p, std::int64_t offset, const A (&v)[Per]) {
+  if constexpr (Per == 4 && std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p + offset) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    SK_UNROLL
+    for (int k = 0; k < Per; ++k) store(p, offset + k, v[k]);
+  }
+}
+
+// Calls fn(offset) for this thread's runs of Per values in block `part` of channel c (offset:
+// the run's first element), threads striding over the part's runs in order; returns the part's
+// count of values. The row and the place in it advance by the block's stride, so nothing is
+// divided per value (a 32-bit division per value held the moments at 0.8 TB/s on an H200).
+template <int Per, class Fn>
+SK_DEVICE SK_INLINE std::int64_t for_part_runs(std::int64_t c, std::int64_t part,
+                                               const ChannelParts& parts, std::int64_t outer,
+                                               std::int64_t channels, std::int64_t inner, Fn&& fn) {
   const std::int64_t row0 = part * parts.rows;
   const std::int64_t rows = row0 + parts.rows <= outer ? parts.rows : outer - row0;
-  const std::int64_t count = rows * inner;
-  if (count < (std::int64_t{1} << 31) && inner < (std::int64_t{1} << 31)) {
-    const auto in = static_cast<std::uint32_t>(inner);  // (32-bit division is the cheap one)
-    for (std::uint32_t k = threadIdx.x; k < static_cast<std::uint32_t>(count); k += blockDim.x) {
-      const std::uint32_t r = k / in;
-      fn(((row0 + r) * channels + c) * inner + (k - r * in));
+  const std::int64_t per_row = inner / Per;  // runs in a row
+  const std::int64_t runs = rows * per_row;
+  const std::int64_t stride = blockDim.x;
+  std::int64_t k = threadIdx.x, r = k / per_row, i = k % per_row;
+  std::int64_t offset = ((row0 + r) * channels + c) * inner + i * Per;
+  // (one stride: step_i more runs and step_r more rows; past the row's end, the next row)
+  const std::int64_t step_i = stride % per_row, step_r = stride / per_row;
+  const std::int64_t advance = step_i * Per + step_r * channels * inner;
+  const std::int64_t wrap = (channels - 1) * inner;  // -inner for the row, +channels·inner
+  for (; k < runs; k += stride) {
+    fn(offset);
+    offset += advance;
+    i += step_i;
+    if (i >= per_row) {
+      i -= per_row;
+      offset += wrap;
     }
-  } else {
-    for (std::int64_t k = threadIdx.x; k < count; k += blockDim.x)
-      fn(((row0 + k / inner) * channels + c) * inner + k % inner);
   }
-  return count;
+  return rows * inner;
 }
 
 // Per part: {count, mean, sum of squared deviations from that mean}, at partials[3·block].
-template <class T>
+template <class T, int Per>
 __global__ void moments_parts_kernel(const T* x, double* partials, ChannelParts parts,
                                      std::int64_t outer, std::int64_t channels,
                                      std::int64_t inner) {
+  using A = Acc<T>;
   const std::int64_t c = blockIdx.x / parts.parts, part = blockIdx.x % parts.parts;
   double sum = 0;
   const std::int64_t n =
-      for_part_values(c, part, parts, outer, channels, inner,
-                      [&](std::int64_t i) { sum += double(load<Acc<T>>(x, i)); });
+      for_part_runs<Per>(c, part, parts, outer, channels, inner, [&](std::int64_t offset) {
+        A v[Per];
+        load_run(x, offset, v);
+        SK_UNROLL
+        for (int k = 0; k < Per; ++k) sum += double(v[k]);
+      });
   const double mean = block_sum(sum) / double(n);
-  double m2 = 0;
-  for_part_values(c, part, parts, outer, channels, inner, [&](std::int64_t i) {
-    const double d = double(load<Acc<T>>(x, i)) - mean;
-    m2 += d * d;
+  double m2 = 0;  // (the part again: from cache)
+  for_part_runs<Per>(c, part, parts, outer, channels, inner, [&](std::int64_t offset) {
+    A v[Per];
+    load_run(x, offset, v);
+    SK_UNROLL
+    for (int k = 0; k < Per; ++k) {
+      const double d = double(v[k]) - mean;
+      m2 += d * d;
+    }
   });
   m2 = block_sum(m2);
   if (threadIdx.x == 0) {
@@ -82,21 +135,65 @@ __global__ void moments_parts_kernel(const T* x, double* partials, ChannelParts 
   }
 }
 
-// One thread per channel: its parts folded in order into moments = {count, means, m2s}.
+// Channel c's parts folded by one warp (warp-collective; the result in lane 0): lane l folds
+// parts l, l + 32, ... in order, then the lanes' moments pair up by halving distances -- a fixed
+// order, so the same bits every run. (A thread per channel folding 64 parts one after another,
+// a division each, took 34 us of the 64-channel layers.)
+SK_DEVICE SK_INLINE ChannelMoments fold_parts(const double* partials, std::int64_t parts,
+                                              std::int64_t c, int lane) {
+  ChannelMoments m;
+  for (std::int64_t p = lane; p < parts; p += 32) {
+    const double* part = partials + 3 * (c * parts + p);
+    fold_moments(m, part[0], part[1], part[2]);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const double n = __shfl_down_sync(0xffffffffu, m.count, offset);
+    const double mean = __shfl_down_sync(0xffffffffu, m.mean, offset);
+    const double m2 = __shfl_down_sync(0xffffffffu, m.m2, offset);
+    if (lane < offset) fold_moments(m, n, mean, m2);
+  }
+  return m;
+}
+
+// A warp per channel, the warps striding over the channels (whole warps: the loop's condition
+// is the same for a warp's lanes).
+template <class Fn>
+SK_DEVICE SK_INLINE void for_channel_warps(std::int64_t channels, Fn&& fn) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::int64_t warps = std::int64_t{gridDim.x} * blockDim.x / 32;
+  for (std::int64_t c = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; c < channels;
+       c += warps)
+    fn(c, lane);
+}
+inline unsigned channel_warps_grid(std::int64_t channels) { return grid_for(channels * 32); }
+
+// The parts folded into moments = {count, means, m2s} (what a group's members exchange).
 template <int = 0>
 __global__ void moments_fold_kernel(const double* partials, std::int64_t parts,
                                     std::int64_t channels, double count, double* moments) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < channels;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
-    ChannelMoments m;
-    for (std::int64_t p = 0; p < parts; ++p) {
-      const double* part = partials + 3 * (c * parts + p);
-      fold_moments(m, part[0], part[1], part[2]);
+  for_channel_warps(channels, [&](std::int64_t c, int lane) {
+    const ChannelMoments m = fold_parts(partials, parts, c, lane);
+    if (lane == 0) {
+      moments[1 + c] = m.mean;
+      moments[1 + channels + c] = m.m2;
+      if (c == 0) moments[0] = count;
     }
-    moments[1 + c] = m.mean;
-    moments[1 + channels + c] = m.m2;
-    if (c == 0) moments[0] = count;
-  }
+  });
+}
+
+// A group of one: the parts folded straight into the statistics (group_stats_kernel's
+// store_batch_stats, without the moments between).
+template <class S>
+__global__ void local_stats_kernel(const double* partials, std::int64_t parts,
+                                   std::int64_t channels, double momentum, double eps,
+                                   S* running_mean, S* running_var, double* stats, S* save_mean,
+                                   S* save_invstd) {
+  for_channel_warps(channels, [&](std::int64_t c, int lane) {
+    const ChannelMoments m = fold_parts(partials, parts, c, lane);
+    if (lane == 0)
+      store_batch_stats(m, momentum, eps, c, channels, stats, save_mean, save_invstd, running_mean,
+                        running_var);
+  });
 }
 
 template <class S>
@@ -145,28 +242,34 @@ __global__ void apply_kernel(const T* x, const S* weight, const S* bias, const d
     const double scale = double(weight[c]) * stats[channels + c];
     const double shift = double(bias[c]) - stats[c] * scale;
     A v[Per];
-    SK_UNROLL
-    for (int k = 0; k < Per; ++k) v[k] = load<A>(x, i + k);
+    load_run(x, i, v);
     SK_UNROLL
     for (int k = 0; k < Per; ++k) {
       const A out = A(double(v[k]) * scale + shift);
-      store(y, i + k, relu && !(out > A(0)) ? A(0) : out);
+      v[k] = relu && !(out > A(0)) ? A(0) : out;
     }
+    store_run(y, i, v);
   });
 }
 
 // Per part: {sum of g, sum of g·(x - mean)}, at partials[2·block].
-template <class T, class S>
+template <class T, class S, int Per>
 __global__ void grad_sums_parts_kernel(const T* x, const T* grad_y, const S* save_mean,
                                        double* partials, ChannelParts parts, std::int64_t outer,
                                        std::int64_t channels, std::int64_t inner) {
+  using A = Acc<T>;
   const std::int64_t c = blockIdx.x / parts.parts, part = blockIdx.x % parts.parts;
   const double mean = double(save_mean[c]);
   double sum_g = 0, sum_gx = 0;
-  for_part_values(c, part, parts, outer, channels, inner, [&](std::int64_t i) {
-    const double g = double(load<Acc<T>>(grad_y, i));
-    sum_g += g;
-    sum_gx += g * (double(load<Acc<T>>(x, i)) - mean);
+  for_part_runs<Per>(c, part, parts, outer, channels, inner, [&](std::int64_t offset) {
+    A g[Per], v[Per];
+    load_run(grad_y, offset, g);
+    load_run(x, offset, v);
+    SK_UNROLL
+    for (int k = 0; k < Per; ++k) {
+      sum_g += double(g[k]);
+      sum_gx += double(g[k]) * (double(v[k]) - mean);
+    }
   });
   sum_g = block_sum(sum_g);
   sum_gx = block_sum(sum_gx);
@@ -176,20 +279,33 @@ __global__ void grad_sums_parts_kernel(const T* x, const T* grad_y, const S* sav
   }
 }
 
-// One thread per channel: its parts' sums added in order; sums = {sum g, sum g·xhat}.
+// A warp per channel: its parts' sums added (lane l parts l, l + 32, ..., then the lanes by
+// halving distances: a fixed order); sums = {sum g, sum g·xhat}, and where given this rank's
+// weight and bias gradients (sum g·xhat, sum g) in the statistics dtype.
 template <class S>
 __global__ void grad_sums_fold_kernel(const double* partials, std::int64_t parts,
-                                      const S* save_invstd, std::int64_t channels, double* sums) {
-  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < channels;
-       c += std::int64_t{gridDim.x} * blockDim.x) {
+                                      const S* save_invstd, std::int64_t channels, double* sums,
+                                      S* grad_weight, S* grad_bias) {
+  for_channel_warps(channels, [&](std::int64_t c, int lane) {
     double sum_g = 0, sum_gx = 0;
-    for (std::int64_t p = 0; p < parts; ++p) {
+    for (std::int64_t p = lane; p < parts; p += 32) {
       sum_g += partials[2 * (c * parts + p)];
       sum_gx += partials[2 * (c * parts + p) + 1];
     }
-    sums[c] = sum_g;
-    sums[channels + c] = sum_gx * double(save_invstd[c]);
-  }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      sum_g += __shfl_down_sync(0xffffffffu, sum_g, offset);
+      sum_gx += __shfl_down_sync(0xffffffffu, sum_gx, offset);
+    }
+    if (lane == 0) {
+      const double g_xhat = sum_gx * double(save_invstd[c]);
+      sums[c] = sum_g;
+      sums[channels + c] = g_xhat;
+      if (grad_weight != nullptr) {
+        grad_weight[c] = static_cast<S>(g_xhat);
+        grad_bias[c] = static_cast<S>(sum_g);
+      }
+    }
+  });
 }
 
 template <class T, class S, int Per>
@@ -203,13 +319,14 @@ __global__ void input_grad_kernel(const T* x, const T* grad_y, const S* weight, 
     const double mean = double(save_mean[c]), invstd = double(save_invstd[c]);
     const double k = double(weight[c]) * invstd / total;
     A xs[Per], gs[Per];
-    SK_UNROLL
-    for (int j = 0; j < Per; ++j) xs[j] = load<A>(x, i + j), gs[j] = load<A>(grad_y, i + j);
+    load_run(x, i, xs);
+    load_run(grad_y, i, gs);
     SK_UNROLL
     for (int j = 0; j < Per; ++j) {
       const double xhat = (double(xs[j]) - mean) * invstd;
-      store(grad_x, i + j, A(k * (total * double(gs[j]) - sums[c] - xhat * sums[channels + c])));
+      xs[j] = A(k * (total * double(gs[j]) - sums[c] - xhat * sums[channels + c]));
     }
+    store_run(grad_x, i, xs);
   });
 }
 
@@ -233,6 +350,59 @@ S* stat_data(const Tensor& t) {
   return t.defined() ? static_cast<S*>(t.data_ptr()) : nullptr;
 }
 
+// Calls fn.template operator()<Per>() with the run length run_length chose.
+template <class Fn>
+void with_run_length(int per, Fn&& fn) {
+  if (per == 4) return fn.template operator()<4>();
+  fn.template operator()<1>();
+}
+
+// The parts' moments of x (f64 [3 · channels · parts], stream-ordered scratch).
+inline Tensor moments_parts(Context& ctx, const Tensor& x, const ChannelParts& parts,
+                            std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+  Tensor partials = empty(ctx, {3 * channels * parts.parts}, DType::f64, MemoryCategory::other);
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_floating(x.dtype(), "batch_norm_moments", [&](auto tag) {
+    using T = decltype(tag);
+    with_run_length(run_length<T>(inner, {x.data_ptr()}), [&]<int Per>() {
+      moments_parts_kernel<T, Per>
+          <<<row_grid(channels * parts.parts), kThreadsPerBlock, 0, ctx.stream()>>>(
+              static_cast<const T*>(x.data_ptr()), partials.data<double>(), parts, outer, channels,
+              inner);
+    });
+    SK_CUDA_CHECK_LAUNCH("batch_norm_sync::moments_parts_kernel");
+  });
+  return partials;
+}
+
+// The parts' gradient sums folded into sums (f64 [2 · channels]) and, where defined, this
+// rank's weight and bias gradients.
+inline void grad_sums(Context& ctx, const Tensor& x, const Tensor& grad_y, const Tensor& save_mean,
+                      const Tensor& save_invstd, double* sums, const Tensor& grad_weight,
+                      const Tensor& grad_bias, std::int64_t outer, std::int64_t channels,
+                      std::int64_t inner) {
+  const ChannelParts parts = channel_parts(outer, inner);
+  Tensor partials = empty(ctx, {2 * channels * parts.parts}, DType::f64, MemoryCategory::other);
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_floating(x.dtype(), "batch_norm_grad_sums", [&](auto tag) {
+    using T = decltype(tag);
+    visit_stat(save_mean.dtype(), "batch_norm_grad_sums", [&](auto stat_tag) {
+      using S = decltype(stat_tag);
+      with_run_length(run_length<T>(inner, {x.data_ptr(), grad_y.data_ptr()}), [&]<int Per>() {
+        grad_sums_parts_kernel<T, S, Per>
+            <<<row_grid(channels * parts.parts), kThreadsPerBlock, 0, ctx.stream()>>>(
+                static_cast<const T*>(x.data_ptr()), static_cast<const T*>(grad_y.data_ptr()),
+                stat_data<S>(save_mean), partials.data<double>(), parts, outer, channels, inner);
+      });
+      SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_parts_kernel");
+      grad_sums_fold_kernel<S><<<channel_warps_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
+          partials.data<double>(), parts.parts, stat_data<S>(save_invstd), channels, sums,
+          stat_data<S>(grad_weight), stat_data<S>(grad_bias));
+      SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_fold_kernel");
+    });
+  });
+}
+
 }  // namespace batch_norm_sync
 
 inline void batch_norm_moments(Context& ctx, const Tensor& x, const Tensor& moments,
@@ -241,20 +411,34 @@ inline void batch_norm_moments(Context& ctx, const Tensor& x, const Tensor& mome
   double* out = statistics_data(moments, 1 + 2 * channels, true, "batch_norm_moments");
   if (channels == 0) return;
   const b::ChannelParts parts = b::channel_parts(outer, inner);
-  // (Stream-ordered scratch, freed after the fold reads it.)
-  Tensor partials = empty(ctx, {3 * channels * parts.parts}, DType::f64, MemoryCategory::other);
-  CudaDeviceGuard guard(ctx.device().index);
-  visit_floating(x.dtype(), "batch_norm_moments", [&](auto tag) {
-    using T = decltype(tag);
-    b::moments_parts_kernel<T>
-        <<<row_grid(channels * parts.parts), kThreadsPerBlock, 0, ctx.stream()>>>(
-            static_cast<const T*>(x.data_ptr()), partials.data<double>(), parts, outer, channels,
-            inner);
-    SK_CUDA_CHECK_LAUNCH("batch_norm_sync::moments_parts_kernel");
-  });
-  b::moments_fold_kernel<><<<grid_for(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
+  const Tensor partials = b::moments_parts(ctx, x, parts, outer, channels, inner);
+  b::moments_fold_kernel<><<<b::channel_warps_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
       partials.data<double>(), parts.parts, channels, double(outer * inner), out);
   SK_CUDA_CHECK_LAUNCH("batch_norm_sync::moments_fold_kernel");
+}
+
+// A group of one's statistics from its own batch: batch_norm_moments then
+// batch_norm_group_stats with one member, in two launches instead of three.
+inline void batch_norm_local_stats(Context& ctx, const Tensor& x, double momentum, double eps,
+                                   const Tensor& running_mean, const Tensor& running_var,
+                                   const Tensor& stats, const Tensor& save_mean,
+                                   const Tensor& save_invstd, std::int64_t outer,
+                                   std::int64_t channels, std::int64_t inner) {
+  namespace b = batch_norm_sync;
+  double* out = statistics_data(stats, 2 * channels, true, "batch_norm_local_stats");
+  if (channels == 0) return;
+  const b::ChannelParts parts = b::channel_parts(outer, inner);
+  const Tensor partials = b::moments_parts(ctx, x, parts, outer, channels, inner);
+  b::visit_stat(save_mean.dtype(), "batch_norm_local_stats", [&](auto tag) {
+    using S = decltype(tag);
+    b::local_stats_kernel<S>
+        <<<b::channel_warps_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
+            partials.data<double>(), parts.parts, channels, momentum, eps,
+            b::stat_data<S>(running_mean),
+            running_mean.defined() ? b::stat_data<S>(running_var) : nullptr, out,
+            b::stat_data<S>(save_mean), b::stat_data<S>(save_invstd));
+    SK_CUDA_CHECK_LAUNCH("batch_norm_sync::local_stats_kernel");
+  });
 }
 
 inline void batch_norm_group_stats(Context& ctx, const Tensor& gathered, int members,
@@ -293,12 +477,11 @@ inline void batch_norm_apply(Context& ctx, const Tensor& x, const Tensor& weight
     using T = decltype(tag);
     b::visit_stat(weight.dtype(), "batch_norm_apply", [&](auto stat_tag) {
       using S = decltype(stat_tag);
-      auto launch = [&]<int Per>() {
+      b::with_run_length(b::run_length<T>(inner, {x.data_ptr(), y.data_ptr()}), [&]<int Per>() {
         b::apply_kernel<T, S, Per><<<grid_for(n / Per), kThreadsPerBlock, 0, ctx.stream()>>>(
             static_cast<const T*>(x.data_ptr()), b::stat_data<S>(weight), b::stat_data<S>(bias), s,
             static_cast<T*>(y.data_ptr()), n, channels, inner, relu);
-      };
-      inner % 4 == 0 ? launch.template operator()<4>() : launch.template operator()<1>();
+      });
       SK_CUDA_CHECK_LAUNCH("batch_norm_sync::apply_kernel");
     });
   });
@@ -314,23 +497,28 @@ inline void batch_norm_grad_sums(Context& ctx, const Tensor& x, const Tensor& gr
   double* out = statistics_data(sums, 2 * channels, true, "batch_norm_grad_sums");
   b::check_like_x(x, grad_y, "grad_y", "batch_norm_grad_sums");
   if (channels == 0) return;
-  const b::ChannelParts parts = b::channel_parts(outer, inner);
-  Tensor partials = empty(ctx, {2 * channels * parts.parts}, DType::f64, MemoryCategory::other);
-  CudaDeviceGuard guard(ctx.device().index);
-  visit_floating(x.dtype(), "batch_norm_grad_sums", [&](auto tag) {
-    using T = decltype(tag);
-    b::visit_stat(save_mean.dtype(), "batch_norm_grad_sums", [&](auto stat_tag) {
-      using S = decltype(stat_tag);
-      b::grad_sums_parts_kernel<T, S>
-          <<<row_grid(channels * parts.parts), kThreadsPerBlock, 0, ctx.stream()>>>(
-              static_cast<const T*>(x.data_ptr()), static_cast<const T*>(grad_y.data_ptr()),
-              b::stat_data<S>(save_mean), partials.data<double>(), parts, outer, channels, inner);
-      SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_parts_kernel");
-      b::grad_sums_fold_kernel<S><<<grid_for(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
-          partials.data<double>(), parts.parts, b::stat_data<S>(save_invstd), channels, out);
-      SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_fold_kernel");
-    });
-  });
+  b::grad_sums(ctx, x, grad_y, save_mean, save_invstd, out, Tensor(), Tensor(), outer, channels,
+               inner);
+}
+
+// A group of one's gradient sums, with its weight and bias gradients written by the same fold.
+inline void batch_norm_local_grad_sums(Context& ctx, const Tensor& x, const Tensor& grad_y,
+                                       const Tensor& save_mean, const Tensor& save_invstd,
+                                       const Tensor& sums, const Tensor& grad_weight,
+                                       const Tensor& grad_bias, std::int64_t outer,
+                                       std::int64_t channels, std::int64_t inner) {
+  namespace b = batch_norm_sync;
+  double* out = statistics_data(sums, 2 * channels, true, "batch_norm_local_grad_sums");
+  b::check_like_x(x, grad_y, "grad_y", "batch_norm_local_grad_sums");
+  check(grad_weight.defined() && grad_bias.defined() && grad_weight.is_contiguous() &&
+            grad_bias.is_contiguous() && grad_weight.dtype() == save_mean.dtype() &&
+            grad_bias.dtype() == save_mean.dtype() && grad_weight.numel() == channels &&
+            grad_bias.numel() == channels,
+        "batch_norm_local_grad_sums: grad_weight and grad_bias must be contiguous [", channels,
+        "] tensors of the statistics' dtype");
+  if (channels == 0) return;
+  b::grad_sums(ctx, x, grad_y, save_mean, save_invstd, out, grad_weight, grad_bias, outer, channels,
+               inner);
 }
 
 inline void batch_norm_input_grad(Context& ctx, const Tensor& x, const Tensor& grad_y,
@@ -354,13 +542,13 @@ inline void batch_norm_input_grad(Context& ctx, const Tensor& x, const Tensor& g
     using T = decltype(tag);
     b::visit_stat(weight.dtype(), "batch_norm_input_grad", [&](auto stat_tag) {
       using S = decltype(stat_tag);
-      auto launch = [&]<int Per>() {
+      const int per = b::run_length<T>(inner, {x.data_ptr(), grad_y.data_ptr(), grad_x.data_ptr()});
+      b::with_run_length(per, [&]<int Per>() {
         b::input_grad_kernel<T, S, Per><<<grid_for(n / Per), kThreadsPerBlock, 0, ctx.stream()>>>(
             static_cast<const T*>(x.data_ptr()), static_cast<const T*>(grad_y.data_ptr()),
             b::stat_data<S>(weight), b::stat_data<S>(save_mean), b::stat_data<S>(save_invstd), s,
             total, static_cast<T*>(grad_x.data_ptr()), n, channels, inner);
-      };
-      inner % 4 == 0 ? launch.template operator()<4>() : launch.template operator()<1>();
+      });
       SK_CUDA_CHECK_LAUNCH("batch_norm_sync::input_grad_kernel");
     });
   });

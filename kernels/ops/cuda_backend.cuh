@@ -74,44 +74,64 @@ static_assert(sizeof(LeafBatch) + 64 <= 4096, "kernel parameters over 4 KB");
 // warp read consecutive 16-byte groups (one float4 load for aligned f32), and leaf_sum_of_squares'
 // additions happen where the groups are -- each thread's (x0² + x1²) + (x2² + x3²), then
 // (g0 + g1) + (g2 + g3) across its leaf's four lanes by shuffles: the same bits as one thread
-// per leaf, which read 64 bytes a thread and reached 44% of copy on an H200 (26 of 56 us over
-// ResNet-50's parameters). `leaves` points at the batch's first leaf.
+// per leaf. Each thread takes kLeafGroups groups a grid apart, their loads issued together:
+// one thread per leaf (64 bytes a thread) reached 44% of copy on an H200, one 16-byte group a
+// thread 55%, its load waiting behind its span search. `leaves`: the batch's first leaf.
+constexpr int kLeafGroups = 4;
+
 template <class T>
 __global__ void leaf_sums_kernel(const LeafBatch batch, double* leaves) {
-  const std::int64_t quad = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  const std::int64_t leaf = quad >> 2;
-  const int part = static_cast<int>(quad & 3);
-  // No early return: every lane takes part in the shuffles (a leaf's four lanes are all in
-  // range or all out, since blocks are whole warps).
-  double g = 0;
-  if (leaf < batch.first_leaf[batch.count]) {
-    int lo = 0, hi = batch.count;  // the span holding this leaf: first_leaf[lo] <= leaf < [lo + 1]
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (batch.first_leaf[mid] <= leaf)
-        lo = mid;
-      else
-        hi = mid;
-    }
-    const std::int64_t first = (leaf - batch.first_leaf[lo]) * kNormLeaf + 4 * part;
-    const std::int64_t left = batch.size[lo] - first;
-    const T* x = static_cast<const T*>(batch.data[lo]) + first;
-    double q[4] = {0, 0, 0, 0};
-    if constexpr (std::is_same_v<T, float>) {
-      if (left >= 4 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
-        const float4 v = *reinterpret_cast<const float4*>(x);
-        q[0] = double(v.x), q[1] = double(v.y), q[2] = double(v.z), q[3] = double(v.w);
-      } else {
-        for (int i = 0; i < 4; ++i) q[i] = i < left ? double(x[i]) : 0.0;
+  const std::int64_t total = batch.first_leaf[batch.count];
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;  // (a multiple of 4)
+  const std::int64_t quad0 = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  const int part = static_cast<int>(quad0 & 3);
+  // Where each group's values are, then every group's loads, then the sums: no early return,
+  // every lane takes part in the shuffles (a leaf's four lanes are all in range or all out).
+  const T* where[kLeafGroups];
+  std::int64_t left[kLeafGroups];
+  int lo = 0;  // (the groups' leaves rise: each search starts at the last one's span)
+  SK_UNROLL
+  for (int j = 0; j < kLeafGroups; ++j) {
+    const std::int64_t leaf = (quad0 + j * stride) >> 2;
+    where[j] = nullptr;
+    left[j] = 0;
+    if (leaf < total) {
+      int hi = batch.count;  // the span holding the leaf: first_leaf[lo] <= leaf < [lo + 1]
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (batch.first_leaf[mid] <= leaf)
+          lo = mid;
+        else
+          hi = mid;
       }
-    } else {
-      for (int i = 0; i < 4; ++i) q[i] = i < left ? double(load_element(x + i)) : 0.0;
+      const std::int64_t first = (leaf - batch.first_leaf[lo]) * kNormLeaf + 4 * part;
+      left[j] = batch.size[lo] - first;
+      where[j] = static_cast<const T*>(batch.data[lo]) + first;
     }
-    g = (q[0] * q[0] + q[1] * q[1]) + (q[2] * q[2] + q[3] * q[3]);
   }
-  const double pair = g + __shfl_down_sync(0xffffffffu, g, 1);  // g0 + g1 at part 0, g2 + g3 at 2
-  const double whole = pair + __shfl_down_sync(0xffffffffu, pair, 2);  // (g0 + g1) + (g2 + g3)
-  if (part == 0 && leaf < batch.first_leaf[batch.count]) leaves[leaf] = whole;
+  double q[kLeafGroups][4];
+  SK_UNROLL
+  for (int j = 0; j < kLeafGroups; ++j) {
+    const T* x = where[j];
+    if constexpr (std::is_same_v<T, float>) {
+      if (left[j] >= 4 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+        const float4 v = *reinterpret_cast<const float4*>(x);
+        q[j][0] = double(v.x), q[j][1] = double(v.y), q[j][2] = double(v.z), q[j][3] = double(v.w);
+        continue;
+      }
+    }
+    SK_UNROLL
+    for (int i = 0; i < 4; ++i) q[j][i] = i < left[j] ? double(load_element(x + i)) : 0.0;
+  }
+  SK_UNROLL
+  for (int j = 0; j < kLeafGroups; ++j) {
+    const double g =
+        (q[j][0] * q[j][0] + q[j][1] * q[j][1]) + (q[j][2] * q[j][2] + q[j][3] * q[j][3]);
+    const double pair = g + __shfl_down_sync(0xffffffffu, g, 1);  // g0 + g1 at part 0, g2 + g3 at 2
+    const double whole = pair + __shfl_down_sync(0xffffffffu, pair, 2);  // (g0 + g1) + (g2 + g3)
+    const std::int64_t leaf = (quad0 + j * stride) >> 2;
+    if (part == 0 && leaf < total) leaves[leaf] = whole;
+  }
 }
 
 inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, DType dtype, double* leaves) {
@@ -120,7 +140,8 @@ inline void launch_leaf_sums(Context& ctx, const SpanList<1>& spans, DType dtype
   auto launch = [&] {
     const std::int64_t total = batch.first_leaf[batch.count];
     if (total > 0) {
-      const auto blocks = static_cast<unsigned>((4 * total + kThreads - 1) / kThreads);
+      const std::int64_t per_block = std::int64_t{kThreads} * kLeafGroups;
+      const auto blocks = static_cast<unsigned>((4 * total + per_block - 1) / per_block);
       visit_element_dtype(dtype, [&]<class T>() {
         leaf_sums_kernel<T><<<blocks, kThreads, 0, ctx.stream()>>>(batch, leaves);
       });
