@@ -5,7 +5,8 @@
 // the folding and the per-channel statistics are batch_norm_stats.hpp's functions, the CPU's own.
 //
 // The moments and the gradient sums split each channel's [outer, inner] values into parts of
-// whole rows (about 4096 values), a block each: a part's count, mean and squared deviations (two
+// about 4096 values (whole rows, or segments of a longer row: batch_norm_parts.hpp), a block
+// each: a part's count, mean and squared deviations (two
 // passes over the part, the second from cache), or its sums of g and g·(x - mean); a warp per
 // channel then folds its parts in a fixed order (Chan's update, or plain sums). One block per
 // channel, as these kernels first were, left a 64-channel layer of 256 x 32² images on 64 of an
@@ -18,25 +19,12 @@
 #pragma once
 
 #include "kernels/autograd/common.cuh"
+#include "shardkit/autograd/batch_norm_parts.hpp"
 #include "shardkit/autograd/batch_norm_stats.hpp"
 
 namespace shardkit::autograd::cuda_kernels {
 
 namespace batch_norm_sync {
-
-// Channel c's values split into parts of whole rows: part p is rows [p·rows, (p + 1)·rows) of
-// its [outer, inner] values (the last part may be short).
-struct ChannelParts {
-  std::int64_t rows = 1, parts = 1;
-};
-inline ChannelParts channel_parts(std::int64_t outer, std::int64_t inner) {
-  constexpr std::int64_t kPartValues = 4096;  // 16 a thread: enough in flight, many blocks
-  ChannelParts p;
-  p.rows = inner >= kPartValues ? 1 : std::min<std::int64_t>(outer, kPartValues / inner);
-  if (p.rows < 1) p.rows = 1;
-  p.parts = outer > 0 ? (outer + p.rows - 1) / p.rows : 1;
-  return p;
-}
 
 // Per values of a row a thread takes at once: 4 where they stay in one row and, for f32, every
 // operand is 16-byte aligned (one 128-bit load); else 1.
@@ -70,35 +58,13 @@ SK_DEVICE SK_INLINE void store_run(T* p, std::int64_t offset, const A (&v)[Per])
   }
 }
 
-// Calls fn(offset) for this thread's runs of Per values in block `part` of channel c (offset:
-// the run's first element), threads striding over the part's runs in order; returns the part's
-// count of values. The row and the place in it advance by the block's stride, so nothing is
-// divided per value (a 32-bit division per value held the moments at 0.8 TB/s on an H200).
+// This thread's runs of its block's part (batch_norm_parts.hpp: the walk the CPU tests check).
 template <int Per, class Fn>
 SK_DEVICE SK_INLINE std::int64_t for_part_runs(std::int64_t c, std::int64_t part,
                                                const ChannelParts& parts, std::int64_t outer,
                                                std::int64_t channels, std::int64_t inner, Fn&& fn) {
-  const std::int64_t row0 = part * parts.rows;
-  const std::int64_t rows = row0 + parts.rows <= outer ? parts.rows : outer - row0;
-  const std::int64_t per_row = inner / Per;  // runs in a row
-  const std::int64_t runs = rows * per_row;
-  const std::int64_t stride = blockDim.x;
-  std::int64_t k = threadIdx.x, r = k / per_row, i = k % per_row;
-  std::int64_t offset = ((row0 + r) * channels + c) * inner + i * Per;
-  // (one stride: step_i more runs and step_r more rows; past the row's end, the next row)
-  const std::int64_t step_i = stride % per_row, step_r = stride / per_row;
-  const std::int64_t advance = step_i * Per + step_r * channels * inner;
-  const std::int64_t wrap = (channels - 1) * inner;  // -inner for the row, +channels·inner
-  for (; k < runs; k += stride) {
-    fn(offset);
-    offset += advance;
-    i += step_i;
-    if (i >= per_row) {
-      i -= per_row;
-      offset += wrap;
-    }
-  }
-  return rows * inner;
+  return autograd::for_part_runs<Per>(threadIdx.x, blockDim.x, c, part, parts, outer, channels,
+                                      inner, static_cast<Fn&&>(fn));
 }
 
 // Per part: {count, mean, sum of squared deviations from that mean}, at partials[3·block].
@@ -410,7 +376,7 @@ inline void batch_norm_moments(Context& ctx, const Tensor& x, const Tensor& mome
   namespace b = batch_norm_sync;
   double* out = statistics_data(moments, 1 + 2 * channels, true, "batch_norm_moments");
   if (channels == 0) return;
-  const b::ChannelParts parts = b::channel_parts(outer, inner);
+  const ChannelParts parts = channel_parts(outer, inner);
   const Tensor partials = b::moments_parts(ctx, x, parts, outer, channels, inner);
   b::moments_fold_kernel<><<<b::channel_warps_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
       partials.data<double>(), parts.parts, channels, double(outer * inner), out);
@@ -427,7 +393,7 @@ inline void batch_norm_local_stats(Context& ctx, const Tensor& x, double momentu
   namespace b = batch_norm_sync;
   double* out = statistics_data(stats, 2 * channels, true, "batch_norm_local_stats");
   if (channels == 0) return;
-  const b::ChannelParts parts = b::channel_parts(outer, inner);
+  const ChannelParts parts = channel_parts(outer, inner);
   const Tensor partials = b::moments_parts(ctx, x, parts, outer, channels, inner);
   b::visit_stat(save_mean.dtype(), "batch_norm_local_stats", [&](auto tag) {
     using S = decltype(tag);

@@ -1,0 +1,92 @@
+// The GPU batch-norm steps' walk over a channel's values (autograd/batch_norm_parts.hpp), on the
+// CPU: for every part of every channel, the threads' runs cover the part's values exactly once
+// -- whole rows, the last part short, rows shorter and longer than a stride of threads, rows
+// longer than a part split into segments (the last one short), runs of 1 and of 4 -- and the
+// parts cover the channel. The kernels call the same function with
+// threadIdx.x and blockDim.x, so a GPU runs what this checks.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "shardkit/autograd/batch_norm_parts.hpp"
+
+namespace ag = shardkit::autograd;
+
+namespace {
+
+template <int Per>
+void check_walk(std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                std::int64_t threads) {
+  CAPTURE(outer);
+  CAPTURE(channels);
+  CAPTURE(inner);
+  CAPTURE(threads);
+  CAPTURE(Per);
+  const ag::ChannelParts parts = ag::channel_parts(outer, inner);
+  CHECK(parts.rows >= 1);
+  CHECK(parts.parts >= 1);
+  CHECK(parts.segment % Per == 0);
+  CHECK(parts.parts / parts.segments * parts.rows >= outer);
+  std::vector<int> seen(static_cast<std::size_t>(outer * channels * inner), 0);
+  std::int64_t outside = 0, unordered = 0, misplaced = 0;
+  for (std::int64_t c = 0; c < channels; ++c) {
+    std::int64_t values = 0;
+    for (std::int64_t part = 0; part < parts.parts; ++part) {
+      const std::int64_t first_row = part / parts.segments * parts.rows;
+      const std::int64_t first_col = part % parts.segments * parts.segment;
+      std::int64_t counted = -1;
+      for (std::int64_t t = 0; t < threads; ++t) {
+        std::int64_t previous = -1;
+        const std::int64_t n = ag::for_part_runs<Per>(
+            t, threads, c, part, parts, outer, channels, inner, [&](std::int64_t offset) {
+              // (counted, not CHECKed, per value: a million values are walked)
+              if (offset < 0 || offset + Per > static_cast<std::int64_t>(seen.size())) {
+                ++outside;
+                return;
+              }
+              if (offset <= previous) ++unordered;  // a thread's runs in order
+              previous = offset;
+              for (int k = 0; k < Per; ++k) {
+                const std::int64_t at = offset + k;
+                const std::int64_t row = at / (inner * channels), col = at % inner;
+                if ((at / inner) % channels != c || row < first_row ||
+                    row >= first_row + parts.rows || col < first_col ||
+                    col >= first_col + parts.segment)
+                  ++misplaced;  // another channel's value, or outside the part
+                ++seen[static_cast<std::size_t>(at)];
+              }
+            });
+        if (counted >= 0) CHECK(n == counted);
+        counted = n;
+      }
+      values += counted;
+    }
+    CHECK(values == outer * inner);
+  }
+  CHECK(outside == 0);
+  CHECK(unordered == 0);
+  CHECK(misplaced == 0);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i] != 1) {
+      FAIL_CHECK("element ", i, " was walked ", seen[i], " times");
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("batch-norm parts on the GPU: the threads' runs cover each channel's values once") {
+  // (outer, channels, inner): a ResNet's layers at 32² and 224² scaled down in outer, rows of one
+  // value (channels-last and [N, C]), rows longer than a part, odd sizes.
+  const std::int64_t shapes[][3] = {{8, 3, 1024},  {5, 2, 196},   {3, 4, 12544}, {7, 3, 16},
+                                    {300, 2, 1},   {2, 2, 4096},  {9, 3, 4100},  {1, 5, 4},
+                                    {33, 2, 64},   {4, 1, 6},     {1000, 1, 20}, {3, 2, 3},
+                                    {1, 2, 65536}, {2, 3, 10004}, {1, 1, 8193}};
+  for (const auto& s : shapes)
+    for (std::int64_t threads : {256, 32, 1000}) {
+      check_walk<1>(s[0], s[1], s[2], threads);
+      if (s[2] % 4 == 0) check_walk<4>(s[0], s[1], s[2], threads);
+    }
+}
