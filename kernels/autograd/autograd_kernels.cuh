@@ -43,8 +43,7 @@ inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor&
                                     const Tensor& bias, const Tensor& mean, const Tensor& var,
                                     double eps, const Tensor& y, std::int64_t outer,
                                     std::int64_t channels, std::int64_t inner, bool relu) {
-  cuda::batch_norm_eval_forward(ctx, x, weight, bias, mean, var, eps, y, outer, channels, inner);
-  if (relu) pointwise(ctx, Pointwise::relu, y, y, Tensor(), 1, 0);
+  batch_norm_eval_apply(ctx, x, weight, bias, mean, var, eps, y, outer, channels, inner, relu);
 }
 
 // grad_y arrives masked by a fused ReLU already (relu_out undefined).
@@ -107,7 +106,7 @@ inline const AutogradKernels* cuda_kernels_table() {
       .conv2d_forward = &cuda::conv2d_forward,
       .conv2d_backward = &cuda::conv2d_backward,
       .conv2d_output_block = [](Context&, const Tensor&, const ConvGeometry&) -> std::int64_t {
-        return 0;  // (cuDNN's tensors stay NCHW)
+        return 0;  // (no channel blocks on the GPU: cuDNN takes NCHW or NHWC)
       },
       .batch_norm_train_forward = &k::batch_norm_train_forward,
       .batch_norm_eval_forward = &k::batch_norm_eval_forward,

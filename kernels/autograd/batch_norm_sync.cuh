@@ -14,6 +14,10 @@
 // layer (67 MB of x, of g and of the input gradient: 50 us of copy). Every pass takes runs of 4
 // values of a row a thread (one 128-bit load for aligned f32), the parts' row and place
 // advanced without a division per value; the element-wise maps find a run's channel once.
+// Rows of channels (inner == 1: channels-last activations as [N·H·W, C], [N, C] inputs), whose
+// channel's values lie a row apart, take tiles of 32 channels over parts of rows instead, a
+// warp reading 32 channels of a row at once (batch_norm_parts.hpp's RowParts); their partials
+// fold the same way, and the element-wise maps take runs of 4 channels of a row.
 // A group of one (plain batch-norm) folds its parts straight into the statistics and writes its
 // weight and bias gradients in the gradient sums' fold: 3 launches each way.
 #pragma once
@@ -21,6 +25,7 @@
 #include "kernels/autograd/common.cuh"
 #include "shardkit/autograd/batch_norm_parts.hpp"
 #include "shardkit/autograd/batch_norm_stats.hpp"
+#include "shardkit/core/channels_last.hpp"
 
 namespace shardkit::autograd::cuda_kernels {
 
@@ -98,6 +103,65 @@ __global__ void moments_parts_kernel(const T* x, double* partials, ChannelParts 
     partials[3 * blockIdx.x] = double(n);
     partials[3 * blockIdx.x + 1] = mean;
     partials[3 * blockIdx.x + 2] = m2;
+  }
+}
+
+// Rows of channels: the block's tile and part (blockIdx.x = part · tiles + tile, so neighbouring
+// blocks read the same rows), the thread's channel lane and row lane.
+static_assert(kThreadsPerBlock == kTileChannels * kRowLanes, "a block is a tile's row lanes");
+struct RowThread {
+  std::int64_t part, c;
+  int row_lane;
+  bool active;  // c < channels (the last tile may be short)
+};
+SK_DEVICE SK_INLINE RowThread row_thread(const RowParts& parts, std::int64_t channels) {
+  RowThread t;
+  t.part = blockIdx.x / parts.tiles;
+  t.c = blockIdx.x % parts.tiles * kTileChannels + threadIdx.x % kTileChannels;
+  t.row_lane = static_cast<int>(threadIdx.x / kTileChannels);
+  t.active = t.c < channels;
+  return t;
+}
+
+// A channel's sum over the block's row lanes, in row-lane order; every thread gets its
+// channel's. (A template, as block_sum: a header's device function with its own shared array.)
+template <int = 0>
+SK_DEVICE double row_lanes_sum(double value) {
+  __shared__ double lanes[kRowLanes][kTileChannels];
+  const int lane = threadIdx.x % kTileChannels, row_lane = threadIdx.x / kTileChannels;
+  __syncthreads();  // (a previous call's reads)
+  lanes[row_lane][lane] = value;
+  __syncthreads();
+  double total = 0;
+  for (int r = 0; r < kRowLanes; ++r) total += lanes[r][lane];
+  return total;
+}
+
+// moments_parts_kernel's partials for rows of channels: partials[3 · (c · parts + part)].
+template <class T>
+__global__ void moments_rows_kernel(const T* x, double* partials, RowParts parts, std::int64_t rows,
+                                    std::int64_t channels) {
+  using A = Acc<T>;
+  const RowThread t = row_thread(parts, channels);
+  const std::int64_t n = part_rows_of(t.part, parts, rows);
+  double sum = 0;
+  if (t.active)
+    for_part_rows(t.row_lane, t.c, t.part, parts, rows, channels,
+                  [&](std::int64_t offset) { sum += double(load<A>(x, offset)); });
+  const double total = row_lanes_sum(sum);  // (every thread calls it: it synchronises)
+  const double mean = n > 0 ? total / double(n) : 0.0;
+  double m2 = 0;  // (the part again: from cache)
+  if (t.active)
+    for_part_rows(t.row_lane, t.c, t.part, parts, rows, channels, [&](std::int64_t offset) {
+      const double d = double(load<A>(x, offset)) - mean;
+      m2 += d * d;
+    });
+  m2 = row_lanes_sum(m2);
+  if (t.active && t.row_lane == 0) {
+    double* out = partials + 3 * (t.c * parts.parts + t.part);
+    out[0] = double(n);
+    out[1] = mean;
+    out[2] = m2;
   }
 }
 
@@ -180,8 +244,9 @@ __global__ void group_stats_kernel(const double* gathered, int members, std::int
   }
 }
 
-// Calls fn(i, c) for each run of Per consecutive elements i.. of one row (Per divides inner),
-// a thread each, c their channel: found once a run, by 32-bit division where the sizes allow.
+// Calls fn(i, c) for each run of Per consecutive elements i.. of one row (Per divides inner; or
+// inner == 1 and Per divides channels, c then the run's first channel), a thread each, c their
+// channel: found once a run, by 32-bit division where the sizes allow.
 template <int Per, class Fn>
 SK_DEVICE SK_INLINE void for_row_runs(std::int64_t n, std::int64_t channels, std::int64_t inner,
                                       Fn&& fn) {
@@ -198,24 +263,39 @@ SK_DEVICE SK_INLINE void for_row_runs(std::int64_t n, std::int64_t channels, std
   }
 }
 
-template <class T, class S, int Per>
+// Across: rows of channels (inner == 1), whose runs are Per channels of one row (channels % Per
+// == 0), value k of a run channel c + k; else a run's values share channel c.
+template <class T, class S, int Per, bool Across>
 __global__ void apply_kernel(const T* x, const S* weight, const S* bias, const double* stats, T* y,
                              std::int64_t n, std::int64_t channels, std::int64_t inner, bool relu) {
   using A = Acc<T>;
   for_row_runs<Per>(n, channels, inner, [&](std::int64_t i, std::int64_t c) {
-    // In double, rounded once, as the CPU's affine map (a float shift would lose the mean's
-    // low bits when |mean| is large against the spread).
-    const double scale = double(weight[c]) * stats[channels + c];
-    const double shift = double(bias[c]) - stats[c] * scale;
     A v[Per];
     load_run(x, i, v);
     SK_UNROLL
     for (int k = 0; k < Per; ++k) {
+      const std::int64_t ck = Across ? c + k : c;
+      // In double, rounded once, as the CPU's affine map (a float shift would lose the mean's
+      // low bits when |mean| is large against the spread).
+      const double scale = double(weight[ck]) * stats[channels + ck];
+      const double shift = double(bias[ck]) - stats[ck] * scale;
       const A out = A(double(v[k]) * scale + shift);
       v[k] = relu && !(out > A(0)) ? A(0) : out;
     }
     store_run(y, i, v);
   });
+}
+
+// Evaluation mode's statistics for apply_kernel: {running mean, 1 / sqrt(running var + eps)}
+// in double, a thread a channel.
+template <class S>
+__global__ void eval_stats_kernel(const S* running_mean, const S* running_var, double eps,
+                                  double* stats, std::int64_t channels) {
+  for (std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; c < channels;
+       c += std::int64_t{gridDim.x} * blockDim.x) {
+    stats[c] = double(running_mean[c]);
+    stats[channels + c] = 1.0 / sqrt(double(running_var[c]) + eps);
+  }
 }
 
 // Per part: {sum of g, sum of g·(x - mean)}, at partials[2·block].
@@ -242,6 +322,30 @@ __global__ void grad_sums_parts_kernel(const T* x, const T* grad_y, const S* sav
   if (threadIdx.x == 0) {
     partials[2 * blockIdx.x] = sum_g;
     partials[2 * blockIdx.x + 1] = sum_gx;
+  }
+}
+
+// grad_sums_parts_kernel's partials for rows of channels: partials[2 · (c · parts + part)].
+template <class T, class S>
+__global__ void grad_sums_rows_kernel(const T* x, const T* grad_y, const S* save_mean,
+                                      double* partials, RowParts parts, std::int64_t rows,
+                                      std::int64_t channels) {
+  using A = Acc<T>;
+  const RowThread t = row_thread(parts, channels);
+  double sum_g = 0, sum_gx = 0;
+  if (t.active) {
+    const double mean = double(save_mean[t.c]);
+    for_part_rows(t.row_lane, t.c, t.part, parts, rows, channels, [&](std::int64_t offset) {
+      const double g = double(load<A>(grad_y, offset));
+      sum_g += g;
+      sum_gx += g * (double(load<A>(x, offset)) - mean);
+    });
+  }
+  sum_g = row_lanes_sum(sum_g);
+  sum_gx = row_lanes_sum(sum_gx);
+  if (t.active && t.row_lane == 0) {
+    partials[2 * (t.c * parts.parts + t.part)] = sum_g;
+    partials[2 * (t.c * parts.parts + t.part) + 1] = sum_gx;
   }
 }
 
@@ -274,7 +378,7 @@ __global__ void grad_sums_fold_kernel(const double* partials, std::int64_t parts
   });
 }
 
-template <class T, class S, int Per>
+template <class T, class S, int Per, bool Across>
 __global__ void input_grad_kernel(const T* x, const T* grad_y, const S* weight, const S* save_mean,
                                   const S* save_invstd, const double* sums, const double* count,
                                   T* grad_x, std::int64_t n, std::int64_t channels,
@@ -282,15 +386,16 @@ __global__ void input_grad_kernel(const T* x, const T* grad_y, const S* weight, 
   using A = Acc<T>;
   const double total = count != nullptr ? *count : double(n / channels);  // (null: this batch's)
   for_row_runs<Per>(n, channels, inner, [&](std::int64_t i, std::int64_t c) {
-    const double mean = double(save_mean[c]), invstd = double(save_invstd[c]);
-    const double k = double(weight[c]) * invstd / total;
     A xs[Per], gs[Per];
     load_run(x, i, xs);
     load_run(grad_y, i, gs);
     SK_UNROLL
     for (int j = 0; j < Per; ++j) {
+      const std::int64_t cj = Across ? c + j : c;
+      const double mean = double(save_mean[cj]), invstd = double(save_invstd[cj]);
+      const double k = double(weight[cj]) * invstd / total;
       const double xhat = (double(xs[j]) - mean) * invstd;
-      xs[j] = A(k * (total * double(gs[j]) - sums[c] - xhat * sums[channels + c]));
+      xs[j] = A(k * (total * double(gs[j]) - sums[cj] - xhat * sums[channels + cj]));
     }
     store_run(grad_x, i, xs);
   });
@@ -304,11 +409,17 @@ void visit_stat(DType dtype, const char* op, Fn&& fn) {
   fail<InvalidArgument>(op, ": batch-norm statistics are f32 or f64, got ", dtype_name(dtype));
 }
 
-// The element-wise operands of a step: contiguous, on the GPU, of x's dtype.
+// The element-wise operands of a step: on the GPU, of x's dtype, shape and dense layout
+// (contiguous, or channels-last -- core/channels_last.hpp -- which the steps read as rows of
+// channels).
 inline void check_like_x(const Tensor& x, const Tensor& t, const char* what, const char* op) {
-  check(t.defined() && t.dtype() == x.dtype() && t.numel() == x.numel() && t.is_contiguous() &&
-            t.device().is_cuda() && x.is_contiguous() && x.device().is_cuda(),
-        op, ": ", what, " must be a contiguous GPU tensor of x's dtype and size, like x");
+  const bool same_layout =
+      t.defined() && ((x.is_contiguous() && t.is_contiguous()) ||
+                      (is_channels_last(x) && is_channels_last(t) && t.shape() == x.shape()));
+  check(same_layout && t.dtype() == x.dtype() && t.numel() == x.numel() && t.device().is_cuda() &&
+            x.device().is_cuda(),
+        op, ": ", what, " must be a GPU tensor of x's dtype, shape and layout (contiguous or ",
+        "channels-last), like x");
 }
 
 template <class S>
@@ -323,18 +434,59 @@ void with_run_length(int per, Fn&& fn) {
   fn.template operator()<1>();
 }
 
+// The element-wise maps' runs: Per values of a row of one channel, or for rows of channels
+// (inner == 1) Per channels of a row; calls fn.template operator()<Per, Across>().
+template <class T, class Fn>
+void with_map_runs(std::int64_t channels, std::int64_t inner,
+                   std::initializer_list<const void*> operands, Fn&& fn) {
+  const bool across = inner == 1;
+  if (run_length<T>(across ? channels : inner, operands) == 1)
+    return fn.template operator()<1, false>();
+  if (across) return fn.template operator()<4, true>();
+  fn.template operator()<4, false>();
+}
+
+// A channel's values split for the moments and gradient sums: the parts' form, or rows of
+// channels (inner == 1); `parts` of them a channel, whose partials the folds read.
+struct Split {
+  bool rows = false;
+  ChannelParts channel;
+  RowParts row;
+  std::int64_t parts = 1;
+  unsigned blocks = 1;
+};
+inline Split split(std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+  Split s;
+  s.rows = inner == 1;
+  if (s.rows) {
+    s.row = row_parts(outer, channels);
+    s.parts = s.row.parts;
+    s.blocks = row_grid(s.row.tiles * s.row.parts);
+  } else {
+    s.channel = channel_parts(outer, inner);
+    s.parts = s.channel.parts;
+    s.blocks = row_grid(channels * s.channel.parts);
+  }
+  return s;
+}
+
 // The parts' moments of x (f64 [3 · channels · parts], stream-ordered scratch).
-inline Tensor moments_parts(Context& ctx, const Tensor& x, const ChannelParts& parts,
-                            std::int64_t outer, std::int64_t channels, std::int64_t inner) {
-  Tensor partials = empty(ctx, {3 * channels * parts.parts}, DType::f64, MemoryCategory::other);
+inline Tensor moments_parts(Context& ctx, const Tensor& x, const Split& sp, std::int64_t outer,
+                            std::int64_t channels, std::int64_t inner) {
+  Tensor partials = empty(ctx, {3 * channels * sp.parts}, DType::f64, MemoryCategory::other);
   CudaDeviceGuard guard(ctx.device().index);
   visit_floating(x.dtype(), "batch_norm_moments", [&](auto tag) {
     using T = decltype(tag);
+    if (sp.rows) {
+      moments_rows_kernel<T><<<sp.blocks, kThreadsPerBlock, 0, ctx.stream()>>>(
+          static_cast<const T*>(x.data_ptr()), partials.data<double>(), sp.row, outer, channels);
+      SK_CUDA_CHECK_LAUNCH("batch_norm_sync::moments_rows_kernel");
+      return;
+    }
     with_run_length(run_length<T>(inner, {x.data_ptr()}), [&]<int Per>() {
-      moments_parts_kernel<T, Per>
-          <<<row_grid(channels * parts.parts), kThreadsPerBlock, 0, ctx.stream()>>>(
-              static_cast<const T*>(x.data_ptr()), partials.data<double>(), parts, outer, channels,
-              inner);
+      moments_parts_kernel<T, Per><<<sp.blocks, kThreadsPerBlock, 0, ctx.stream()>>>(
+          static_cast<const T*>(x.data_ptr()), partials.data<double>(), sp.channel, outer, channels,
+          inner);
     });
     SK_CUDA_CHECK_LAUNCH("batch_norm_sync::moments_parts_kernel");
   });
@@ -347,22 +499,29 @@ inline void grad_sums(Context& ctx, const Tensor& x, const Tensor& grad_y, const
                       const Tensor& save_invstd, double* sums, const Tensor& grad_weight,
                       const Tensor& grad_bias, std::int64_t outer, std::int64_t channels,
                       std::int64_t inner) {
-  const ChannelParts parts = channel_parts(outer, inner);
-  Tensor partials = empty(ctx, {2 * channels * parts.parts}, DType::f64, MemoryCategory::other);
+  const Split sp = split(outer, channels, inner);
+  Tensor partials = empty(ctx, {2 * channels * sp.parts}, DType::f64, MemoryCategory::other);
   CudaDeviceGuard guard(ctx.device().index);
   visit_floating(x.dtype(), "batch_norm_grad_sums", [&](auto tag) {
     using T = decltype(tag);
     visit_stat(save_mean.dtype(), "batch_norm_grad_sums", [&](auto stat_tag) {
       using S = decltype(stat_tag);
-      with_run_length(run_length<T>(inner, {x.data_ptr(), grad_y.data_ptr()}), [&]<int Per>() {
-        grad_sums_parts_kernel<T, S, Per>
-            <<<row_grid(channels * parts.parts), kThreadsPerBlock, 0, ctx.stream()>>>(
-                static_cast<const T*>(x.data_ptr()), static_cast<const T*>(grad_y.data_ptr()),
-                stat_data<S>(save_mean), partials.data<double>(), parts, outer, channels, inner);
-      });
-      SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_parts_kernel");
+      const auto* xp = static_cast<const T*>(x.data_ptr());
+      const auto* gp = static_cast<const T*>(grad_y.data_ptr());
+      if (sp.rows) {
+        grad_sums_rows_kernel<T, S><<<sp.blocks, kThreadsPerBlock, 0, ctx.stream()>>>(
+            xp, gp, stat_data<S>(save_mean), partials.data<double>(), sp.row, outer, channels);
+        SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_rows_kernel");
+      } else {
+        with_run_length(run_length<T>(inner, {x.data_ptr(), grad_y.data_ptr()}), [&]<int Per>() {
+          grad_sums_parts_kernel<T, S, Per><<<sp.blocks, kThreadsPerBlock, 0, ctx.stream()>>>(
+              xp, gp, stat_data<S>(save_mean), partials.data<double>(), sp.channel, outer, channels,
+              inner);
+        });
+        SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_parts_kernel");
+      }
       grad_sums_fold_kernel<S><<<channel_warps_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
-          partials.data<double>(), parts.parts, stat_data<S>(save_invstd), channels, sums,
+          partials.data<double>(), sp.parts, stat_data<S>(save_invstd), channels, sums,
           stat_data<S>(grad_weight), stat_data<S>(grad_bias));
       SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_fold_kernel");
     });
@@ -376,10 +535,10 @@ inline void batch_norm_moments(Context& ctx, const Tensor& x, const Tensor& mome
   namespace b = batch_norm_sync;
   double* out = statistics_data(moments, 1 + 2 * channels, true, "batch_norm_moments");
   if (channels == 0) return;
-  const ChannelParts parts = channel_parts(outer, inner);
-  const Tensor partials = b::moments_parts(ctx, x, parts, outer, channels, inner);
+  const b::Split sp = b::split(outer, channels, inner);
+  const Tensor partials = b::moments_parts(ctx, x, sp, outer, channels, inner);
   b::moments_fold_kernel<><<<b::channel_warps_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
-      partials.data<double>(), parts.parts, channels, double(outer * inner), out);
+      partials.data<double>(), sp.parts, channels, double(outer * inner), out);
   SK_CUDA_CHECK_LAUNCH("batch_norm_sync::moments_fold_kernel");
 }
 
@@ -393,13 +552,13 @@ inline void batch_norm_local_stats(Context& ctx, const Tensor& x, double momentu
   namespace b = batch_norm_sync;
   double* out = statistics_data(stats, 2 * channels, true, "batch_norm_local_stats");
   if (channels == 0) return;
-  const ChannelParts parts = channel_parts(outer, inner);
-  const Tensor partials = b::moments_parts(ctx, x, parts, outer, channels, inner);
+  const b::Split sp = b::split(outer, channels, inner);
+  const Tensor partials = b::moments_parts(ctx, x, sp, outer, channels, inner);
   b::visit_stat(save_mean.dtype(), "batch_norm_local_stats", [&](auto tag) {
     using S = decltype(tag);
     b::local_stats_kernel<S>
         <<<b::channel_warps_grid(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
-            partials.data<double>(), parts.parts, channels, momentum, eps,
+            partials.data<double>(), sp.parts, channels, momentum, eps,
             b::stat_data<S>(running_mean),
             running_mean.defined() ? b::stat_data<S>(running_var) : nullptr, out,
             b::stat_data<S>(save_mean), b::stat_data<S>(save_invstd));
@@ -443,14 +602,40 @@ inline void batch_norm_apply(Context& ctx, const Tensor& x, const Tensor& weight
     using T = decltype(tag);
     b::visit_stat(weight.dtype(), "batch_norm_apply", [&](auto stat_tag) {
       using S = decltype(stat_tag);
-      b::with_run_length(b::run_length<T>(inner, {x.data_ptr(), y.data_ptr()}), [&]<int Per>() {
-        b::apply_kernel<T, S, Per><<<grid_for(n / Per), kThreadsPerBlock, 0, ctx.stream()>>>(
-            static_cast<const T*>(x.data_ptr()), b::stat_data<S>(weight), b::stat_data<S>(bias), s,
-            static_cast<T*>(y.data_ptr()), n, channels, inner, relu);
-      });
+      b::with_map_runs<T>(channels, inner, {x.data_ptr(), y.data_ptr()},
+                          [&]<int Per, bool Across>() {
+                            b::apply_kernel<T, S, Per, Across>
+                                <<<grid_for(n / Per), kThreadsPerBlock, 0, ctx.stream()>>>(
+                                    static_cast<const T*>(x.data_ptr()), b::stat_data<S>(weight),
+                                    b::stat_data<S>(bias), s, static_cast<T*>(y.data_ptr()), n,
+                                    channels, inner, relu);
+                          });
       SK_CUDA_CHECK_LAUNCH("batch_norm_sync::apply_kernel");
     });
   });
+}
+
+// Evaluation mode: x normalised with the running statistics (any eps > 0, as PyTorch's own
+// kernels take; cuDNN's refuses eps below 1e-5), the ReLU applied as y is written.
+inline void batch_norm_eval_apply(Context& ctx, const Tensor& x, const Tensor& weight,
+                                  const Tensor& bias, const Tensor& running_mean,
+                                  const Tensor& running_var, double eps, const Tensor& y,
+                                  std::int64_t outer, std::int64_t channels, std::int64_t inner,
+                                  bool relu) {
+  namespace b = batch_norm_sync;
+  if (channels == 0) return;
+  Tensor stats = empty(ctx, {2 * channels}, DType::f64, MemoryCategory::other);
+  {
+    CudaDeviceGuard guard(ctx.device().index);
+    b::visit_stat(running_mean.dtype(), "batch_norm_eval_apply", [&](auto tag) {
+      using S = decltype(tag);
+      b::eval_stats_kernel<S><<<grid_for(channels), kThreadsPerBlock, 0, ctx.stream()>>>(
+          b::stat_data<S>(running_mean), b::stat_data<S>(running_var), eps, stats.data<double>(),
+          channels);
+      SK_CUDA_CHECK_LAUNCH("batch_norm_sync::eval_stats_kernel");
+    });
+  }
+  batch_norm_apply(ctx, x, weight, bias, stats, y, outer, channels, inner, relu);
 }
 
 inline void batch_norm_grad_sums(Context& ctx, const Tensor& x, const Tensor& grad_y,
@@ -508,12 +693,14 @@ inline void batch_norm_input_grad(Context& ctx, const Tensor& x, const Tensor& g
     using T = decltype(tag);
     b::visit_stat(weight.dtype(), "batch_norm_input_grad", [&](auto stat_tag) {
       using S = decltype(stat_tag);
-      const int per = b::run_length<T>(inner, {x.data_ptr(), grad_y.data_ptr(), grad_x.data_ptr()});
-      b::with_run_length(per, [&]<int Per>() {
-        b::input_grad_kernel<T, S, Per><<<grid_for(n / Per), kThreadsPerBlock, 0, ctx.stream()>>>(
-            static_cast<const T*>(x.data_ptr()), static_cast<const T*>(grad_y.data_ptr()),
-            b::stat_data<S>(weight), b::stat_data<S>(save_mean), b::stat_data<S>(save_invstd), s,
-            total, static_cast<T*>(grad_x.data_ptr()), n, channels, inner);
+      const std::initializer_list<const void*> operands = {x.data_ptr(), grad_y.data_ptr(),
+                                                           grad_x.data_ptr()};
+      b::with_map_runs<T>(channels, inner, operands, [&]<int Per, bool Across>() {
+        b::input_grad_kernel<T, S, Per, Across>
+            <<<grid_for(n / Per), kThreadsPerBlock, 0, ctx.stream()>>>(
+                static_cast<const T*>(x.data_ptr()), static_cast<const T*>(grad_y.data_ptr()),
+                b::stat_data<S>(weight), b::stat_data<S>(save_mean), b::stat_data<S>(save_invstd),
+                s, total, static_cast<T*>(grad_x.data_ptr()), n, channels, inner);
       });
       SK_CUDA_CHECK_LAUNCH("batch_norm_sync::input_grad_kernel");
     });

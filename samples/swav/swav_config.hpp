@@ -49,7 +49,7 @@ struct SwavConfig {
   std::int64_t base_channels = 16;
   std::int64_t in_channels = 1;  // the images' channels (load_datasets sets it from the data)
   bool small_image_stem = true, zero_init_residual = false;
-  bool channels_last = false;  // the trunk's activations stored NHWC on the CPU
+  bool channels_last = false;  // the trunk's activations stored NHWC (either device)
   bool channel_blocks = true;  // kept in oneDNN's channel blocks inside the stages (CPU)
   std::int64_t head_in = 128, head_hidden = 128, embedding_dim = 64, prototypes = 100;
   bool head_bn = true;

@@ -114,7 +114,7 @@ void compare_with_grads(const char* name, const std::vector<sk::Shape>& shapes, 
 }
 
 // Batch-norm statistics are f32 for half inputs: cast weight and bias inside the op. `relu`:
-// with the ReLU fused into it (on the GPU it runs after cuDNN's batch-norm).
+// with the ReLU fused into it (applied as y is written, on both devices).
 Variable bn(sk::Context& c, const std::vector<Variable>& v, bool training, bool relu = false) {
   const sk::DType stat = ag::accumulator_dtype(v[0].dtype());
   const std::int64_t channels = v[0].size(1);
@@ -185,6 +185,83 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
     sk::Tensor target = ag::softmax(c, v[1].detach()).data();
     return ag::cross_entropy(c, v[0], target);
   });
+}
+
+namespace {
+
+// A 3x3 convolution whose output is channels-last (Conv2dOptions::channels_last), checked to be
+// kept so on the GPU (in both dtypes) and on the CPU in f32: what the ops after it then read.
+Variable conv_cl(sk::Context& c, const Variable& x, const Variable& w) {
+  ag::Conv2dOptions o = ag::Conv2dOptions::make(1, 1);
+  o.channels_last = true;
+  Variable y = ag::conv2d(c, x, w, Variable(), o);
+  if (c.device().is_cuda() || y.dtype() == sk::DType::f32) CHECK(sk::keeps_channels_last(y.data()));
+  return y;
+}
+
+}  // namespace
+
+// Channels-last activations on the GPU: cuDNN's NHWC convolutions (the weight copied to KRSC,
+// its gradient back), batch-norm's rows of channels (tiles of 32 channels, the last one short
+// here: 40 channels; parts of 64 rows, the last one short: 324 rows), max-pooling in NHWC, and
+// the element-wise maps' runs of 4 channels -- against the CPU.
+TEST_CASE("channels-last on the GPU: convolution, batch-norm and max-pool match the CPU") {
+  const std::vector<sk::Shape> conv_shapes = {{4, 8, 9, 9}, {40, 8, 3, 3}};
+  compare_with_grads("conv3x3 channels-last", conv_shapes,
+                     [](sk::Context& c, const auto& v) { return conv_cl(c, v[0], v[1]); });
+  compare_with_grads(
+      "conv then conv1x1, channels-last", {{4, 8, 9, 9}, {40, 8, 3, 3}, {24, 40, 1, 1}},
+      [](sk::Context& c, const auto& v) {
+        Variable y =
+            ag::conv2d(c, conv_cl(c, v[0], v[1]), v[2], Variable(), ag::Conv2dOptions::make(2, 0));
+        if (c.device().is_cuda()) CHECK(sk::keeps_channels_last(y.data()));
+        return y;
+      });
+  for (const bool relu : {false, true}) {
+    CAPTURE(relu);
+    compare_with_grads("batch_norm train channels-last", {{4, 8, 9, 9}, {40, 8, 3, 3}, {40}, {40}},
+                       [relu](sk::Context& c, const auto& v) {
+                         Variable y = bn(c, {conv_cl(c, v[0], v[1]), v[2], v[3]}, true, relu);
+                         if (c.device().is_cuda()) CHECK(sk::keeps_channels_last(y.data()));
+                         return y;
+                       });
+    compare_with_grads("batch_norm eval channels-last", {{4, 8, 9, 9}, {40, 8, 3, 3}, {40}, {40}},
+                       [relu](sk::Context& c, const auto& v) {
+                         return bn(c, {conv_cl(c, v[0], v[1]), v[2], v[3]}, false, relu);
+                       });
+  }
+  // [N, C] inputs are rows of channels too: runs of 4 channels (64), and of 1 (70).
+  compare_with_grads("batch_norm train 1d, 64 channels", {{300, 64}, {64}, {64}},
+                     [](sk::Context& c, const auto& v) { return bn(c, v, true, true); });
+  compare_with_grads("batch_norm train 1d, 70 channels", {{300, 70}, {70}, {70}},
+                     [](sk::Context& c, const auto& v) { return bn(c, v, true); });
+  compare_with_grads("max_pool channels-last", {{2, 4, 11, 11}, {16, 4, 3, 3}},
+                     [](sk::Context& c, const auto& v) {
+                       Variable y = ag::max_pool2d(c, conv_cl(c, v[0], v[1]), 3, 2, 1);
+                       if (c.device().is_cuda()) CHECK(sk::keeps_channels_last(y.data()));
+                       return y;
+                     });
+}
+
+TEST_CASE("batch-norm on the GPU takes an eps below cuDNN's 1e-5, as PyTorch does") {
+  sk::Context cpu({.seed = 1});
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  for (const bool training : {true, false}) {
+    CAPTURE(training);
+    std::vector<std::vector<float>> outputs;
+    for (sk::Context* c : {&cpu, gpu.get()}) {
+      ag::BatchNormOptions o;
+      o.training = training;
+      o.eps = 1e-8;
+      const Variable x(sk::from_vector(*c, pattern(4 * 6 * 25, 3, sk::DType::f32), {4, 6, 5, 5}));
+      sk::Tensor mean = sk::full(*c, {6}, sk::DType::f32, 0.1);
+      sk::Tensor var = sk::full(*c, {6}, sk::DType::f32, 1e-7);  // (eps matters here)
+      const Variable w(sk::full(*c, {6}, sk::DType::f32, 1.0)),
+          b(sk::zeros(*c, {6}, sk::DType::f32));
+      outputs.push_back(as_floats(*c, ag::batch_norm(*c, x, w, b, mean, var, o).data()));
+    }
+    CHECK(relative_error(outputs[0], outputs[1]) <= 1e-4);
+  }
 }
 
 // The pointwise kernel moves whole 16-byte packs when out, a and b start on 16-byte boundaries
@@ -295,6 +372,37 @@ TEST_CASE("ResNet-18 training step: same seed, same parameters, matching loss an
     // oneDNN's direct convolutions round differently, through 20 layers whose batch-norm sees as
     // few as 16 values per channel: 2.3e-3 to 5.0e-3 on an H100 (2026-11-25). A wrong gradient
     // is off by O(1).
+    CHECK(relative_error(sk::to_vector<float>(cpu, cpu_params[i].second.grad()),
+                         sk::to_vector<float>(*gpu, gpu_params[i].second.grad())) <= 1e-2);
+  }
+}
+
+// The same step with channels-last activations on both devices (the GPU's cuDNN NHWC kernels,
+// batch-norm's rows of channels; the CPU's oneDNN NHWC primitives).
+TEST_CASE("ResNet-18 training step, channels-last: matching loss and gradients") {
+  sk::Context cpu({.seed = 5});
+  auto gpu = sk::make_cuda_context(0, 0, 5);
+  nn::ResNetOptions o;
+  o.num_classes = 10;
+  o.small_image_stem = true;
+  o.channels_last = true;
+  auto on_cpu = nn::resnet18(cpu, o);
+  auto on_gpu = nn::resnet18(*gpu, o);
+  auto images = pattern(8 * 3 * 16 * 16, 7, sk::DType::f32);
+  auto step = [&](sk::Context& c, nn::ResNet& net) {
+    auto logits = net(c, Variable(sk::from_vector(c, images, {8, 3, 16, 16})));
+    auto loss = ag::cross_entropy(c, logits,
+                                  sk::from_vector<std::int64_t>(c, {1, 2, 3, 4, 5, 6, 7, 8}, {8}));
+    ag::backward(c, loss);
+    return sk::to_vector<float>(c, loss.data())[0];
+  };
+  const float cpu_loss = step(cpu, *on_cpu), gpu_loss = step(*gpu, *on_gpu);
+  CHECK(std::abs(cpu_loss - gpu_loss) <= 1e-4 * std::abs(cpu_loss));
+  auto cpu_params = on_cpu->named_parameters();
+  auto gpu_params = on_gpu->named_parameters();
+  for (std::size_t i = 0; i < cpu_params.size(); ++i) {
+    CAPTURE(cpu_params[i].first);
+    // (as the NCHW case above: different convolution algorithms on each side)
     CHECK(relative_error(sk::to_vector<float>(cpu, cpu_params[i].second.grad()),
                          sk::to_vector<float>(*gpu, gpu_params[i].second.grad())) <= 1e-2);
   }

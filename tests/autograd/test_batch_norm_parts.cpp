@@ -6,6 +6,7 @@
 // threadIdx.x and blockDim.x, so a GPU runs what this checks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -89,4 +90,61 @@ TEST_CASE("batch-norm parts on the GPU: the threads' runs cover each channel's v
       check_walk<1>(s[0], s[1], s[2], threads);
       if (s[2] % 4 == 0) check_walk<4>(s[0], s[1], s[2], threads);
     }
+}
+
+TEST_CASE("batch-norm rows of channels on the GPU: the tiles' row lanes cover each value once") {
+  // (rows, channels): channels-last layers ([N·H·W, C]) of a ResNet at 32² scaled down, [N, C]
+  // inputs of a projection head, channels short of a tile, one row, rows short of a part.
+  const std::int64_t shapes[][2] = {{4096, 64}, {1000, 96}, {256, 2048}, {3, 5}, {1, 40},
+                                    {777, 33},  {65, 1},    {20000, 8},  {0, 4}, {513, 512}};
+  for (const auto& shape : shapes) {
+    const std::int64_t rows = shape[0], channels = shape[1];
+    CAPTURE(rows);
+    CAPTURE(channels);
+    const ag::RowParts parts = ag::row_parts(rows, channels);
+    CHECK(parts.part_rows % ag::kRowLanes == 0);
+    CHECK(parts.part_rows >= ag::kMinPartRows);
+    CHECK(parts.part_rows <= ag::kMaxPartRows);
+    CHECK(parts.tiles * ag::kTileChannels >= channels);
+    CHECK((parts.tiles - 1) * ag::kTileChannels < std::max<std::int64_t>(channels, 1));
+    CHECK(parts.parts >= 1);
+    CHECK(parts.parts * parts.part_rows >= rows);
+    if (rows > 0) CHECK((parts.parts - 1) * parts.part_rows < rows);
+    std::vector<int> seen(static_cast<std::size_t>(rows * channels), 0);
+    std::int64_t misplaced = 0, unordered = 0;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      std::int64_t values = 0;
+      for (std::int64_t part = 0; part < parts.parts; ++part) {
+        const std::int64_t n = ag::part_rows_of(part, parts, rows);
+        values += n;
+        for (int lane = 0; lane < ag::kRowLanes; ++lane) {
+          std::int64_t previous = -1, walked = 0;
+          ag::for_part_rows(lane, c, part, parts, rows, channels, [&](std::int64_t offset) {
+            const std::int64_t row = offset / channels;
+            if (offset % channels != c || row < part * parts.part_rows ||
+                row >= part * parts.part_rows + n || row % ag::kRowLanes != lane % ag::kRowLanes)
+              ++misplaced;
+            if (offset <= previous) ++unordered;
+            previous = offset;
+            ++walked;
+            if (offset >= 0 && offset < rows * channels) ++seen[static_cast<std::size_t>(offset)];
+          });
+          // (a lane takes every kRowLanes-th row of the part, from its own)
+          CHECK(walked == (n > lane ? (n - lane + ag::kRowLanes - 1) / ag::kRowLanes : 0));
+        }
+      }
+      CHECK(values == rows);
+    }
+    CHECK(misplaced == 0);
+    CHECK(unordered == 0);
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i] != 1) {
+        FAIL_CHECK("element ", i, " was walked ", seen[i], " times");
+        break;
+      }
+    }
+  }
+  // About kRowBlocks blocks where the rows allow: a 64-channel layer of 256 x 32² images.
+  const ag::RowParts layer = ag::row_parts(256 * 32 * 32, 64);
+  CHECK(layer.tiles * layer.parts == ag::kRowBlocks);
 }

@@ -1,8 +1,9 @@
 // How the GPU's training-mode batch-norm steps (kernels/autograd/batch_norm_sync.cuh) split a
 // channel's values over blocks and threads: parts of whole rows of x[outer, channels, inner], a
-// block each, and each thread's runs of Per consecutive values of a row in its part. Host and
-// device code, so that the CPU tests walk exactly the kernels' walk (test_batch_norm_parts.cpp):
-// the GPU runs it only when one is lent.
+// block each, and each thread's runs of Per consecutive values of a row in its part; or, where a
+// row holds one value of each channel (inner == 1: channels-last activations, [N, C] inputs),
+// tiles of channels over parts of rows. Host and device code, so that the CPU tests walk exactly
+// the kernels' walk (test_batch_norm_parts.cpp): the GPU runs it only when one is lent.
 #pragma once
 
 #include <algorithm>
@@ -74,6 +75,63 @@ SK_HOST_DEVICE SK_INLINE std::int64_t for_part_runs(std::int64_t thread, std::in
     }
   }
   return rows * cols;
+}
+
+// Rows of channels: x is [rows, channels] (inner == 1), so a channel's values lie a row apart
+// and the parts' form above would read one value of each 32-byte sector it fetches. Here a block
+// takes a tile of kTileChannels consecutive channels over a part of `part_rows` rows (the last
+// part short): lane l of each of its warps reads channel tile·kTileChannels + l, so a warp reads
+// a row's 32 channels at once, and the block's kRowLanes warps take every kRowLanes-th row of the
+// part. Parts are sized for about kRowBlocks blocks in all (enough to fill a GPU's SMs several
+// times), between kMinPartRows and kMaxPartRows rows; a channel's partials are then folded as
+// the parts' form's are.
+inline constexpr int kTileChannels = 32;
+inline constexpr int kRowLanes = 8;  // (kTileChannels · kRowLanes = 256 threads a block)
+inline constexpr std::int64_t kRowBlocks = 1024;
+inline constexpr std::int64_t kMinPartRows = 64, kMaxPartRows = 512;
+
+struct RowParts {
+  std::int64_t part_rows = 1;  // rows a part (the last one maybe short)
+  std::int64_t parts = 1;      // parts a channel
+  std::int64_t tiles = 1;      // tiles of kTileChannels channels (the last one maybe short)
+};
+
+inline RowParts row_parts(std::int64_t rows, std::int64_t channels) {
+  RowParts p;
+  p.tiles = std::max<std::int64_t>(1, (channels + kTileChannels - 1) / kTileChannels);
+  const std::int64_t wanted = (kRowBlocks + p.tiles - 1) / p.tiles;  // parts for kRowBlocks
+  const std::int64_t per = (rows + wanted - 1) / wanted;
+  p.part_rows = std::clamp<std::int64_t>((per + kRowLanes - 1) / kRowLanes * kRowLanes,
+                                         kMinPartRows, kMaxPartRows);
+  p.parts = rows > 0 ? (rows + p.part_rows - 1) / p.part_rows : 1;
+  return p;
+}
+
+// Rows [row0, end) of part `part` (end - row0 of them: a channel's values in the part).
+SK_HOST_DEVICE SK_INLINE std::int64_t part_rows_of(std::int64_t part, const RowParts& parts,
+                                                   std::int64_t rows) {
+  const std::int64_t row0 = part * parts.part_rows;
+  return row0 >= rows ? 0 : row0 + parts.part_rows <= rows ? parts.part_rows : rows - row0;
+}
+
+// Calls fn(offset) for row lane `row_lane`'s values of channel c in part `part`: rows part·
+// part_rows + row_lane, + kRowLanes, ... in order, offset = row · channels + c. Four rows a
+// round, so a thread has four loads in flight before it adds (the rows' order is kept).
+template <class Fn>
+SK_HOST_DEVICE SK_INLINE void for_part_rows(int row_lane, std::int64_t c, std::int64_t part,
+                                            const RowParts& parts, std::int64_t rows,
+                                            std::int64_t channels, Fn&& fn) {
+  const std::int64_t row0 = part * parts.part_rows;
+  const std::int64_t end = row0 + part_rows_of(part, parts, rows);
+  std::int64_t r = row0 + row_lane, offset = r * channels + c;
+  const std::int64_t step = kRowLanes * channels;
+  for (; r + 3 * kRowLanes < end; r += 4 * kRowLanes, offset += 4 * step) {
+    fn(offset);
+    fn(offset + step);
+    fn(offset + 2 * step);
+    fn(offset + 3 * step);
+  }
+  for (; r < end; r += kRowLanes, offset += step) fn(offset);
 }
 
 }  // namespace shardkit::autograd

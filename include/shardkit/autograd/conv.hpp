@@ -1,9 +1,11 @@
 // Differentiable 2-D convolution (NCHW, OIHW weights, stride/padding/dilation, optional bias):
 // on the CPU oneDNN's primitives for f32 (cpu_dnnl.hpp), im2col + Eigen for f64 or a build
 // without oneDNN (cpu_conv.hpp); cuDNN (forward, backward-data, backward-filter) on the GPU.
-// On the CPU an input stored channels-last (core/channels_last.hpp) is read as it is, and the
-// output is channels-last too -- or asked for (Conv2dOptions::channels_last) from any input,
-// which is how a network's first convolution turns its activations channels-last. Asked to
+// An input stored channels-last (core/channels_last.hpp) is read as it is, and the output is
+// channels-last too -- or asked for (Conv2dOptions::channels_last) from any input, which is how
+// a network's first convolution turns its activations channels-last. (cuDNN convolves in one
+// layout: there an NCHW input of a channels-last output is copied, and the weight is copied to
+// KRSC, cuda_libraries.hpp.) Asked to
 // (Conv2dOptions::channel_blocks), it reads a 5-D input as channel blocks and writes its output
 // in them where oneDNN's kernel computes in them (core/channel_blocks.hpp).
 #pragma once
@@ -15,7 +17,8 @@ namespace shardkit::autograd {
 
 struct Conv2dOptions {
   std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
-  // Write the output channels-last on the CPU (f32, f64); elsewhere it is contiguous.
+  // Write the output channels-last where channels_last_applies (the CPU in f32 and f64, a GPU in
+  // f32, f16 and bf16); elsewhere it is contiguous.
   bool channels_last = false;
   // Read a 5-D input [N, C/b, H, W, b] as channel blocks, and write the output in the channel
   // blocks oneDNN's kernel for this shape computes in (CPU, f32, no bias; the shape tells which:

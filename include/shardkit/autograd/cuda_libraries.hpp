@@ -1,6 +1,6 @@
 // cuBLAS and cuDNN for the heavy autograd ops on a CUDA context: per-context handles on the
 // context's stream, RAII descriptors, a growing workspace, and the calls themselves (GEMM,
-// convolution, batch-norm, max-pooling). What a cuDNN call describes -- its descriptors, and a
+// convolution, max-pooling). What a cuDNN call describes -- its descriptors, and a
 // convolution's algorithms (cuDNN's heuristic ranking, or with Libraries::benchmark the fastest
 // found by running them, as torch.backends.cudnn.benchmark) -- is made once per shape and kept
 // in a per-context cache: after the first step an op costs the host a map lookup, not the
@@ -25,6 +25,7 @@
 
 #include "shardkit/autograd/cpu_conv.hpp"
 #include "shardkit/autograd/cpu_norm_pool.hpp"
+#include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/cublas_check.hpp"
 #include "shardkit/core/cudnn_check.hpp"
 #include "shardkit/core/tensor_ops.hpp"
@@ -178,20 +179,26 @@ class CudnnDescriptor {
   Handle desc_ = nullptr;
 };
 
+// A 4-D tensor [n, c, h, w] stored NCHW, or NHWC (channels-last: core/channels_last.hpp).
 class TensorDesc : public CudnnDescriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor,
                                           cudnnDestroyTensorDescriptor> {
  public:
-  TensorDesc(DType dtype, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
-    SK_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, cudnn_type(dtype), int(n),
-                                              int(c), int(h), int(w)));
+  TensorDesc(DType dtype, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
+             bool nhwc = false) {
+    SK_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc_, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                              cudnn_type(dtype), int(n), int(c), int(h), int(w)));
   }
 };
 
+// A filter [k, c, h, w] stored KCRS, or KRSC beside NHWC tensors (cuDNN's NHWC kernels want
+// the filter's channels innermost too, as PyTorch's channels-last convolutions give it).
 class FilterDesc : public CudnnDescriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor,
                                           cudnnDestroyFilterDescriptor> {
  public:
-  FilterDesc(DType dtype, std::int64_t k, std::int64_t c, std::int64_t h, std::int64_t w) {
-    SK_CUDNN_CHECK(cudnnSetFilter4dDescriptor(desc_, cudnn_type(dtype), CUDNN_TENSOR_NCHW, int(k),
+  FilterDesc(DType dtype, std::int64_t k, std::int64_t c, std::int64_t h, std::int64_t w,
+             bool nhwc = false) {
+    SK_CUDNN_CHECK(cudnnSetFilter4dDescriptor(desc_, cudnn_type(dtype),
+                                              nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, int(k),
                                               int(c), int(h), int(w)));
   }
 };
@@ -228,17 +235,18 @@ auto first_within_limit(const Perf* ranked, int count, std::size_t limit, const 
                      " workspace bytes; raise workspace_limit");
 }
 
-// The descriptors of one convolution shape and its algorithms, made once (conv_plan).
+// The descriptors of one convolution shape and layout and its algorithms, made once
+// (conv_plan).
 struct ConvPlan {
   TensorDesc x, y;
   FilterDesc w;
   ConvDesc conv;
   ConvAlgorithms algorithms;
 
-  ConvPlan(Context& ctx, const ConvGeometry& g, DType dtype)
-      : x(dtype, g.batch, g.in_channels, g.height, g.width),
-        y(dtype, g.batch, g.out_channels, g.out_h, g.out_w),
-        w(dtype, g.out_channels, g.in_channels, g.kernel_h, g.kernel_w),
+  ConvPlan(Context& ctx, const ConvGeometry& g, DType dtype, bool nhwc)
+      : x(dtype, g.batch, g.in_channels, g.height, g.width, nhwc),
+        y(dtype, g.batch, g.out_channels, g.out_h, g.out_w, nhwc),
+        w(dtype, g.out_channels, g.in_channels, g.kernel_h, g.kernel_w, nhwc),
         conv(g, dtype, libraries(ctx).allow_tf32) {
     auto& libs = libraries(ctx);
     algorithms = libs.benchmark ? search(ctx, libs, g, dtype) : choose(libs);
@@ -309,10 +317,10 @@ struct ConvPlan {
   }
 };
 
-// The plan of convolution `g` over `dtype` on ctx, made at the shape's first call.
-inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype) {
+// The plan of convolution `g` over `dtype` in a layout on ctx, made at the shape's first call.
+inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype, bool nhwc) {
   auto& libs = libraries(ctx);
-  const PlanCache<ConvPlan, 16>::Key key{g.batch,
+  const PlanCache<ConvPlan, 17>::Key key{g.batch,
                                          g.in_channels,
                                          g.height,
                                          g.width,
@@ -327,44 +335,83 @@ inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype) {
                                          g.dilation_w,
                                          static_cast<std::int64_t>(dtype),
                                          libs.allow_tf32 ? 1 : 0,
-                                         libs.benchmark ? 1 : 0};
-  return plan_cache<ConvPlan, 16>(ctx).get(
-      key, [&] { return std::make_unique<ConvPlan>(ctx, g, dtype); });
+                                         libs.benchmark ? 1 : 0,
+                                         nhwc ? 1 : 0};
+  return plan_cache<ConvPlan, 17>(ctx).get(
+      key, [&] { return std::make_unique<ConvPlan>(ctx, g, dtype, nhwc); });
 }
 
+// Whether a convolution runs NHWC: where its output (or gradient) `y` is channels-last (core/
+// channels_last.hpp), or, where y's layout does not tell (one channel, 1 x 1 planes: both at
+// once), where its input is.
+inline bool runs_nhwc(const Tensor& x, const Tensor& y) {
+  if (y.is_contiguous() != is_channels_last(y)) return is_channels_last(y);
+  return is_channels_last(x) && !x.is_contiguous();
+}
+
+// `t` stored in the convolution's layout: itself where it is, else a copy (an NCHW input of a
+// network's first convolution; a weight, always KCRS, for an NHWC convolution: a few KiB).
+inline Tensor in_layout(Context& ctx, const Tensor& t, bool nhwc) {
+  return nhwc ? to_channels_last(ctx, t) : contiguous(ctx, t);
+}
+
+// An uninitialised tensor of `like`'s shape for a result in the convolution's layout: `like`
+// itself where it is stored so, else a temporary (copied into `like` after).
+inline Tensor result_in_layout(Context& ctx, const Tensor& like, bool nhwc) {
+  if (nhwc ? is_channels_last(like) : like.is_contiguous()) return like;
+  return nhwc ? empty_channels_last(ctx, like.device(), like.shape(), like.dtype(),
+                                    MemoryCategory::other)
+              : empty_on(ctx, like.device(), like.shape(), like.dtype(), MemoryCategory::other);
+}
+
+// In y's layout (runs_nhwc); the weight is copied to KRSC for an NHWC convolution.
 inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& y,
                            const ConvGeometry& g) {
   CudaDeviceGuard guard(ctx.device().index);
   auto& libs = libraries(ctx);
-  const ConvPlan& plan = conv_plan(ctx, g, x.dtype());
+  const bool nhwc = runs_nhwc(x, y);
+  const Tensor xl = in_layout(ctx, x, nhwc), wl = in_layout(ctx, weight, nhwc);
+  const Tensor yl = result_in_layout(ctx, y, nhwc);
+  const ConvPlan& plan = conv_plan(ctx, g, x.dtype(), nhwc);
   const Blend blend(x.dtype());
   void* ws = libs.workspace(ctx, plan.algorithms.forward_bytes);
-  SK_CUDNN_CHECK(cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), x.data_ptr(),
-                                         plan.w.get(), weight.data_ptr(), plan.conv.get(),
+  SK_CUDNN_CHECK(cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), xl.data_ptr(),
+                                         plan.w.get(), wl.data_ptr(), plan.conv.get(),
                                          plan.algorithms.forward, ws, plan.algorithms.forward_bytes,
-                                         blend.zero(), plan.y.get(), y.data_ptr()));
+                                         blend.zero(), plan.y.get(), yl.data_ptr()));
+  if (yl.data_ptr() != y.data_ptr()) copy(ctx, y, yl);
 }
 
+// In grad_y's layout (runs_nhwc); an NHWC convolution's weight gradient comes out KRSC and is
+// copied into grad_weight (KCRS).
 inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& weight,
                             const Tensor& grad_y, const Tensor& grad_x, const Tensor& grad_weight,
                             const ConvGeometry& g) {
   CudaDeviceGuard guard(ctx.device().index);
   auto& libs = libraries(ctx);
-  const ConvPlan& plan = conv_plan(ctx, g, x.dtype());
+  const bool nhwc = runs_nhwc(x, grad_y);
+  const Tensor gyl = in_layout(ctx, grad_y, nhwc);
+  const ConvPlan& plan = conv_plan(ctx, g, x.dtype(), nhwc);
   const Blend blend(x.dtype());
   if (grad_x.defined()) {
+    const Tensor wl = in_layout(ctx, weight, nhwc);
+    const Tensor gxl = result_in_layout(ctx, grad_x, nhwc);
     void* ws = libs.workspace(ctx, plan.algorithms.backward_data_bytes);
     SK_CUDNN_CHECK(cudnnConvolutionBackwardData(
-        libs.dnn(), blend.one(), plan.w.get(), weight.data_ptr(), plan.y.get(), grad_y.data_ptr(),
+        libs.dnn(), blend.one(), plan.w.get(), wl.data_ptr(), plan.y.get(), gyl.data_ptr(),
         plan.conv.get(), plan.algorithms.backward_data, ws, plan.algorithms.backward_data_bytes,
-        blend.zero(), plan.x.get(), grad_x.data_ptr()));
+        blend.zero(), plan.x.get(), gxl.data_ptr()));
+    if (gxl.data_ptr() != grad_x.data_ptr()) copy(ctx, grad_x, gxl);
   }
   if (grad_weight.defined()) {
+    const Tensor xl = in_layout(ctx, x, nhwc);
+    const Tensor gwl = result_in_layout(ctx, grad_weight, nhwc);
     void* ws = libs.workspace(ctx, plan.algorithms.backward_filter_bytes);
     SK_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        libs.dnn(), blend.one(), plan.x.get(), x.data_ptr(), plan.y.get(), grad_y.data_ptr(),
+        libs.dnn(), blend.one(), plan.x.get(), xl.data_ptr(), plan.y.get(), gyl.data_ptr(),
         plan.conv.get(), plan.algorithms.backward_filter, ws, plan.algorithms.backward_filter_bytes,
-        blend.zero(), plan.w.get(), grad_weight.data_ptr()));
+        blend.zero(), plan.w.get(), gwl.data_ptr()));
+    if (gwl.data_ptr() != grad_weight.data_ptr()) copy(ctx, grad_weight, gwl);
   }
 }
 
@@ -404,39 +451,6 @@ inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& 
       beta_p, c.data_ptr(), type, int(c.size(1)), compute, CUBLAS_GEMM_DEFAULT));
 }
 
-// What every cuDNN batch-norm call describes: x as [outer, channels, inner, 1], its per-channel
-// statistics, and the blend factors of x's dtype (batch_norm_descs: made once per shape).
-struct BatchNormDescs {
-  BatchNormDescs(DType dtype, std::int64_t outer, std::int64_t channels, std::int64_t inner)
-      : x(dtype, outer, channels, inner, 1),
-        stats(accumulator_dtype(dtype), 1, channels, 1, 1),
-        blend(dtype) {}
-  TensorDesc x, stats;
-  Blend blend;
-};
-
-inline const BatchNormDescs& batch_norm_descs(Context& ctx, DType dtype, std::int64_t outer,
-                                              std::int64_t channels, std::int64_t inner) {
-  return plan_cache<BatchNormDescs, 4>(ctx).get(
-      {static_cast<std::int64_t>(dtype), outer, channels, inner},
-      [&] { return std::make_unique<BatchNormDescs>(dtype, outer, channels, inner); });
-}
-
-// Evaluation-mode batch-norm over channels of x viewed as [outer, channels, inner, 1] (training
-// mode runs kernels of ours: kernels/autograd/autograd_kernels.cuh). Statistics tensors (weight,
-// bias, running) are f32 for half data, else x's dtype -- cuDNN's rule.
-inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor& weight,
-                                    const Tensor& bias, const Tensor& mean, const Tensor& var,
-                                    double eps, const Tensor& y, std::int64_t outer,
-                                    std::int64_t channels, std::int64_t inner) {
-  CudaDeviceGuard guard(ctx.device().index);
-  const BatchNormDescs& d = batch_norm_descs(ctx, x.dtype(), outer, channels, inner);
-  SK_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-      libraries(ctx).dnn(), CUDNN_BATCHNORM_SPATIAL, d.blend.one(), d.blend.zero(), d.x.get(),
-      x.data_ptr(), d.x.get(), y.data_ptr(), d.stats.get(), weight.data_ptr(), bias.data_ptr(),
-      mean.data_ptr(), var.data_ptr(), eps));
-}
-
 class PoolDesc : public CudnnDescriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor,
                                         cudnnDestroyPoolingDescriptor> {
  public:
@@ -447,13 +461,14 @@ class PoolDesc : public CudnnDescriptor<cudnnPoolingDescriptor_t, cudnnCreatePoo
   }
 };
 
-// What both cuDNN max-pool calls describe: the window, x, y and the blend factors (pool_descs:
+// What both cuDNN max-pool calls describe: the window, x, y (NHWC where x is kept channels-last,
+// core/channels_last.hpp: y and the gradients are then too) and the blend factors (pool_descs:
 // made once per shape).
 struct PoolDescs {
-  PoolDescs(const Tensor& in, const Tensor& out, const cpu::PoolGeometry& p)
+  PoolDescs(const Tensor& in, const Tensor& out, const cpu::PoolGeometry& p, bool nhwc)
       : pool(p),
-        x(in.dtype(), in.size(0), in.size(1), in.size(2), in.size(3)),
-        y(out.dtype(), out.size(0), out.size(1), out.size(2), out.size(3)),
+        x(in.dtype(), in.size(0), in.size(1), in.size(2), in.size(3), nhwc),
+        y(out.dtype(), out.size(0), out.size(1), out.size(2), out.size(3), nhwc),
         blend(in.dtype()) {}
   PoolDesc pool;
   TensorDesc x, y;
@@ -462,7 +477,8 @@ struct PoolDescs {
 
 inline const PoolDescs& pool_descs(Context& ctx, const Tensor& in, const Tensor& out,
                                    const cpu::PoolGeometry& p) {
-  const PlanCache<PoolDescs, 15>::Key key{static_cast<std::int64_t>(in.dtype()),
+  const bool nhwc = keeps_channels_last(in);
+  const PlanCache<PoolDescs, 16>::Key key{static_cast<std::int64_t>(in.dtype()),
                                           in.size(0),
                                           in.size(1),
                                           in.size(2),
@@ -476,9 +492,10 @@ inline const PoolDescs& pool_descs(Context& ctx, const Tensor& in, const Tensor&
                                           p.stride_h,
                                           p.stride_w,
                                           static_cast<std::int64_t>(out.dtype()),
-                                          out.size(1)};
-  return plan_cache<PoolDescs, 15>(ctx).get(
-      key, [&] { return std::make_unique<PoolDescs>(in, out, p); });
+                                          out.size(1),
+                                          nhwc ? 1 : 0};
+  return plan_cache<PoolDescs, 16>(ctx).get(
+      key, [&] { return std::make_unique<PoolDescs>(in, out, p, nhwc); });
 }
 
 inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y,

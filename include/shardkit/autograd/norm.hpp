@@ -2,14 +2,14 @@
 // batch statistics and running-statistics update, evaluation mode with the running statistics.
 // CPU loops accumulate in double. The synchronised form (a group of ranks) runs the function
 // table's steps on either device, with double sums; on the GPU training mode runs the same steps
-// for a group of one (kernels/autograd/autograd_kernels.cuh), and evaluation mode calls cuDNN,
-// whose statistics are f32 for half data.
+// for a group of one (kernels/autograd/autograd_kernels.cuh), and evaluation mode the same affine
+// map with the running statistics (statistics f32 for half data).
 // Batch-norm always computes in f32 for f16/bf16 inputs (apex O1 and VISSL keep it so): the
 // running statistics must be f32, and f16/bf16 weight and bias (a mixed-precision compute
 // copy) are widened to f32 for the computation -- their gradients come back in f32 and are
 // rounded where they are accumulated.
-// On the CPU a channels-last input (core/channels_last.hpp) is normalised as it is, as rows of
-// channels ([N*H*W, C, 1]), and its output and input gradient are channels-last too.
+// A channels-last input (core/channels_last.hpp) is normalised as it is, as rows of channels
+// ([N*H*W, C, 1]), and its output and input gradient are channels-last too.
 #pragma once
 
 #include <memory>
@@ -177,8 +177,8 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
     check(s.outer * s.inner > 1,
           "batch_norm: training needs more than one value per channel, got input ",
           shape_text(x.shape()), module_suffix(ctx), "; use a batch larger than 1 or eval()");
-  check(!x.device().is_cuda() || o.eps >= 1e-5, "batch_norm: eps ", o.eps,
-        " is below cuDNN's minimum 1e-5", module_suffix(ctx));
+  check(o.eps >= 0, "batch_norm: eps ", o.eps, " must be >= 0", module_suffix(ctx),
+        " (it is added to the variance; PyTorch's default is 1e-5)");
 
   // (f16/bf16 weight and bias are widened: the statistics and the affine map are f32.)
   Tensor wd =

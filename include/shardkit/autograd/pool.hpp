@@ -1,5 +1,6 @@
-// Differentiable pooling: max-pool (CPU loops with saved argmax; cuDNN on the GPU) and adaptive
-// average pool (PyTorch's windows; function-table kernels on both devices).
+// Differentiable pooling: max-pool (CPU loops with saved argmax; cuDNN on the GPU, which pools a
+// channels-last input as it is, core/channels_last.hpp) and adaptive average pool (PyTorch's
+// windows; function-table kernels on both devices).
 #pragma once
 
 #include "shardkit/autograd/basic.hpp"
@@ -16,8 +17,11 @@ struct MaxPoolNode final : Node {
   cpu::PoolGeometry p;
   const char* name() const override { return "max_pool2d"; }
   Gradients apply(Context& ctx, const Tensor& gy) override {
-    Tensor g = contiguous(ctx, gy);
-    Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
+    // (the GPU's gradients in its x's and y's layouts: cuDNN describes them alike)
+    const bool gpu = gy.device().is_cuda();
+    Tensor g = gpu ? dense_as(ctx, gy, y) : contiguous(ctx, gy);
+    Tensor gx = gpu ? empty_dense_like(ctx, x, input_shape, dtype)
+                    : fn::new_like(ctx, g, input_shape, dtype);
     kernels_for(ctx, g).max_pool_backward(ctx, x, y, argmax, g, gx, p);
     return {gx};
   }
@@ -61,8 +65,11 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
   Shape y_shape = x.shape();  // (H and W are dimensions 2 and 3 in both layouts)
   y_shape[2] = OH;
   y_shape[3] = OW;
-  Tensor xd = contiguous(ctx, x.data());
-  Tensor y = fn::new_like(ctx, xd, y_shape, x.dtype());
+  // (the CPU's loops take NCHW; cuDNN takes a channels-last x as it is, y then channels-last too)
+  const bool gpu = x.device().is_cuda();
+  Tensor xd = gpu ? dense(ctx, x.data()) : contiguous(ctx, x.data());
+  Tensor y = gpu ? empty_dense_like(ctx, xd, y_shape, x.dtype())
+                 : fn::new_like(ctx, xd, y_shape, x.dtype());
   // (the CPU's backward reads where each maximum was; cuDNN's reads x and y again)
   const Tensor argmax =
       xd.device().is_cpu() ? fn::new_like(ctx, xd, y.shape(), DType::i64) : Tensor();

@@ -6,9 +6,10 @@
 //
 // Element-wise kernels run over a tensor's memory as a flat array, so every operand of one must
 // share one dense layout. The autograd ops keep a channels-last tensor as it is where their
-// kernels take it (convolution, batch-norm, add, ReLU on the CPU, f32 and f64); every other op
-// makes its inputs contiguous first, as it always has, so a channels-last tensor is correct
-// everywhere and fast where it matters.
+// kernels take it (convolution, batch-norm, add, ReLU; on the CPU in f32 and f64, on the GPU in
+// f32, f16 and bf16, where cuDNN's NHWC convolutions also spare the layout transposes its
+// fastest kernels make around NCHW tensors); every other op makes its inputs contiguous first,
+// as it always has, so a channels-last tensor is correct everywhere and fast where it matters.
 #pragma once
 
 #include "shardkit/core/tensor_ops.hpp"
@@ -29,19 +30,21 @@ inline bool is_channels_last(const Tensor& t) {
   return true;
 }
 
-// Whether a tensor of `shape` on `device` in `dtype` may be kept channels-last: 4-D, on the
-// CPU, f32 or f64, and with more than one channel and more than one value per plane (else the
-// two layouts are the same memory and the contiguous path serves).
+// Whether a tensor of `shape` on `device` in `dtype` may be kept channels-last: 4-D, with more
+// than one channel and more than one value per plane (else the two layouts are the same memory
+// and the contiguous path serves), in f32 or f64 on the CPU (whose kernels widen half types
+// through contiguous f32 copies), in f32, f16 or bf16 on a GPU (cuDNN's NHWC convolutions; f64
+// stays NCHW there, where cuDNN's double kernels are).
 inline bool channels_last_applies(Device device, DType dtype, const Shape& shape) {
   // (cheapest tests first: every element-wise op asks, mostly of tensors that are not 4-D)
-  return shape.size() == 4 && (dtype == DType::f32 || dtype == DType::f64) && shape[1] > 1 &&
-         shape[2] * shape[3] > 1 && device.is_cpu();
+  if (shape.size() != 4 || shape[1] <= 1 || shape[2] * shape[3] <= 1) return false;
+  if (device.is_cpu()) return dtype == DType::f32 || dtype == DType::f64;
+  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
 }
 
 // Whether the autograd ops keep `t` channels-last rather than making it contiguous: a
 // channels-last tensor where channels_last_applies -- so not also contiguous, and of a dtype
-// the CPU's convolution and batch-norm kernels compute in as it is (half types are widened
-// through contiguous f32 copies).
+// the device's convolution and batch-norm kernels compute in as it is.
 inline bool keeps_channels_last(const Tensor& t) {
   return t.dim() == 4 && t.defined() && channels_last_applies(t.device(), t.dtype(), t.shape()) &&
          is_channels_last(t);
