@@ -27,13 +27,20 @@ struct Workload {
 };
 
 // conv2d fwd + bwd-data + bwd-filter: 3x the forward's 2*N*OC*OH*OW*C*K*K.
+// (channels_last: the input, the output and its gradient stored NHWC, core/channels_last.hpp)
 inline Workload conv_workload(Context& ctx, std::int64_t n, std::int64_t c, std::int64_t hw,
-                              std::int64_t oc, std::int64_t k, std::int64_t stride) {
+                              std::int64_t oc, std::int64_t k, std::int64_t stride,
+                              bool channels_last = false) {
   auto x = std::make_shared<ag::Variable>(random_variable(ctx, {n, c, hw, hw}, true));
   auto w = std::make_shared<ag::Variable>(random_variable(ctx, {oc, c, k, k}, true));
-  const auto o = ag::Conv2dOptions::make(stride, k / 2);
+  auto o = ag::Conv2dOptions::make(stride, k / 2);
   const std::int64_t out = (hw + 2 * (k / 2) - k) / stride + 1;
   auto grad = std::make_shared<Tensor>(full(ctx, {n, oc, out, out}, DType::f32, 1e-3));
+  if (channels_last) {
+    *x = ag::Variable(to_channels_last(ctx, x->data()), true);
+    *grad = to_channels_last(ctx, *grad);
+    o.channels_last = true;
+  }
   Workload wl;
   wl.run = [&ctx, x, w, o, grad] {
     x->clear_grad();
@@ -45,12 +52,17 @@ inline Workload conv_workload(Context& ctx, std::int64_t n, std::int64_t c, std:
 }
 
 // Batch-norm forward + backward on [n, c, hw, hw]: NCHW for block == 0, else held in channel
-// blocks of `block` (8 or 16: [n, c / block, hw, hw, block], core/channel_blocks.hpp).
+// blocks of `block` (8 or 16: [n, c / block, hw, hw, block], core/channel_blocks.hpp); or
+// channels-last (NHWC, core/channels_last.hpp).
 inline Workload batch_norm_workload(Context& ctx, std::int64_t n, std::int64_t c, std::int64_t hw,
-                                    std::int64_t block = 0) {
+                                    std::int64_t block = 0, bool channels_last = false) {
   auto x = std::make_shared<ag::Variable>(random_variable(ctx, {n, c, hw, hw}, true));
   auto bn = std::make_shared<nn::BatchNorm>(ctx, c);
   auto grad = std::make_shared<Tensor>(full(ctx, {n, c, hw, hw}, DType::f32, 1e-3));
+  if (channels_last) {
+    *x = ag::Variable(to_channels_last(ctx, x->data()), true);
+    *grad = to_channels_last(ctx, *grad);
+  }
   if (block > 0) {
     *x = ag::Variable(to_channel_blocks(ctx, x->data(), block), true);
     *grad = to_channel_blocks(ctx, *grad, block);
@@ -82,7 +94,7 @@ inline Workload linear_workload(Context& ctx, std::int64_t n, std::int64_t in, s
 
 // One ResNet-18 training step (forward, cross-entropy, backward; no optimizer) on `batch`
 // images of `hw` x `hw`: the small-image stem for hw <= 64, ImageNet's otherwise. The
-// activations' layout on the CPU:
+// activations' layout (channel blocks: the CPU only):
 enum class ActivationLayout {
   nchw,
   // NHWC (ResNetOptions::channels_last), the images too, as PyTorch's

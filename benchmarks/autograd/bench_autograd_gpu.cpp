@@ -49,30 +49,40 @@ std::unique_ptr<sk::Context> gpu_context(benchmark::State&) {
 
 void BM_conv_fwd_bwd_gpu(benchmark::State& state) {
   auto ctx = gpu_context(state);
-  time_workload(state, *ctx,
-                wl::conv_workload(*ctx, state.range(0), state.range(1), state.range(2),
-                                  state.range(3), state.range(4), state.range(5)),
-                0);
+  time_workload(
+      state, *ctx,
+      wl::conv_workload(*ctx, state.range(0), state.range(1), state.range(2), state.range(3),
+                        state.range(4), state.range(5), state.range(6) != 0),
+      0);
 }
+// CL: 1 for channels-last (NHWC) activations, which cuDNN convolves without the layout
+// transposes it makes around NCHW ones.
 BENCHMARK(BM_conv_fwd_bwd_gpu)
-    ->ArgNames({"N", "C", "HW", "OC", "K", "S"})
-    ->Args({64, 3, 224, 64, 7, 2})
-    ->Args({64, 64, 56, 64, 3, 1})
-    ->Args({64, 128, 56, 128, 3, 2})
-    ->Args({64, 256, 14, 256, 3, 1})
-    ->Args({64, 64, 56, 256, 1, 1})
+    ->ArgNames({"N", "C", "HW", "OC", "K", "S", "CL"})
+    ->Args({64, 3, 224, 64, 7, 2, 0})
+    ->Args({64, 64, 56, 64, 3, 1, 0})
+    ->Args({64, 64, 56, 64, 3, 1, 1})
+    ->Args({64, 128, 56, 128, 3, 2, 0})
+    ->Args({64, 256, 14, 256, 3, 1, 0})
+    ->Args({64, 256, 14, 256, 3, 1, 1})
+    ->Args({64, 64, 56, 256, 1, 1, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 void BM_batch_norm_fwd_bwd_gpu(benchmark::State& state) {
   auto ctx = gpu_context(state);
   time_workload(state, *ctx,
-                wl::batch_norm_workload(*ctx, state.range(0), state.range(1), state.range(2)), 0);
+                wl::batch_norm_workload(*ctx, state.range(0), state.range(1), state.range(2), 0,
+                                        state.range(3) != 0),
+                0);
 }
+// CL: 1 for channels-last activations (rows of channels: batch_norm_sync.cuh's tiles).
 BENCHMARK(BM_batch_norm_fwd_bwd_gpu)
-    ->ArgNames({"N", "C", "HW"})
-    ->Args({64, 64, 56})
-    ->Args({64, 256, 14})
+    ->ArgNames({"N", "C", "HW", "CL"})
+    ->Args({64, 64, 56, 0})
+    ->Args({64, 64, 56, 1})
+    ->Args({64, 256, 14, 0})
+    ->Args({64, 256, 14, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -88,18 +98,27 @@ BENCHMARK(BM_linear_fwd_bwd_gpu)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
+// The step's activations NCHW (CL: 0) or channels-last from the stem on (CL: 1, the images too,
+// as PyTorch's model.to(memory_format=torch.channels_last)).
+wl::ActivationLayout layout_arg(benchmark::State& state) {
+  return state.range(3) != 0 ? wl::ActivationLayout::channels_last : wl::ActivationLayout::nchw;
+}
+
 void BM_resnet18_train_step_gpu(benchmark::State& state) {
   auto ctx = gpu_context(state);
   const std::int64_t batch = state.range(0), hw = state.range(1);
-  time_workload(state, *ctx,
-                wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000, state.range(2)),
-                double(batch));
+  time_workload(
+      state, *ctx,
+      wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000, state.range(2), layout_arg(state)),
+      double(batch));
 }
 BENCHMARK(BM_resnet18_train_step_gpu)
-    ->ArgNames({"batch", "HW", "width"})
-    ->Args({256, 32, 64})
-    ->Args({64, 224, 64})
-    ->Args({2, 8, 4})  // host-bound: the step is its ops' host work (bench_autograd's too)
+    ->ArgNames({"batch", "HW", "width", "CL"})
+    ->Args({256, 32, 64, 0})
+    ->Args({256, 32, 64, 1})
+    ->Args({64, 224, 64, 0})
+    ->Args({64, 224, 64, 1})
+    ->Args({2, 8, 4, 0})  // host-bound: the step is its ops' host work (bench_autograd's too)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -109,7 +128,8 @@ BENCHMARK(BM_resnet18_train_step_gpu)
 void BM_resnet18_train_step_gpu_graph(benchmark::State& state) {
   auto ctx = gpu_context(state);
   const std::int64_t batch = state.range(0), hw = state.range(1);
-  const auto eager = wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000, state.range(2));
+  const auto eager =
+      wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000, state.range(2), layout_arg(state));
   auto graph = std::make_shared<sk::StepGraph>(*ctx, "resnet18 step");
   wl::Workload graphed;
   graphed.run = [graph, eager] { graph->run("resnet18", eager.run); };
@@ -117,10 +137,12 @@ void BM_resnet18_train_step_gpu_graph(benchmark::State& state) {
   state.counters["captures"] = static_cast<double>(graph->stats().captures);
 }
 BENCHMARK(BM_resnet18_train_step_gpu_graph)
-    ->ArgNames({"batch", "HW", "width"})
-    ->Args({256, 32, 64})
-    ->Args({64, 224, 64})
-    ->Args({2, 8, 4})  // host-bound: the step is its ops' host work (bench_autograd's too)
+    ->ArgNames({"batch", "HW", "width", "CL"})
+    ->Args({256, 32, 64, 0})
+    ->Args({256, 32, 64, 1})
+    ->Args({64, 224, 64, 0})
+    ->Args({64, 224, 64, 1})
+    ->Args({2, 8, 4, 0})  // host-bound: the step is its ops' host work (bench_autograd's too)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
