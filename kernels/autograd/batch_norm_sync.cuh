@@ -422,6 +422,14 @@ inline void check_like_x(const Tensor& x, const Tensor& t, const char* what, con
         "channels-last), like x");
 }
 
+// x's layout and the shape the steps are given agree: a channels-last x (core/channels_last.hpp)
+// is read as rows of channels, [N·H·W, C, 1], so inner must be 1 (norm.hpp passes it so).
+inline void check_layout(const Tensor& x, std::int64_t inner, const char* op) {
+  check(x.is_contiguous() || (is_channels_last(x) && inner == 1), op, ": x ", shape_text(x.shape()),
+        " must be contiguous, or channels-last and seen as rows of ", "channels (inner 1, got ",
+        inner, ")");
+}
+
 template <class S>
 S* stat_data(const Tensor& t) {
   return t.defined() ? static_cast<S*>(t.data_ptr()) : nullptr;
@@ -473,6 +481,7 @@ inline Split split(std::int64_t outer, std::int64_t channels, std::int64_t inner
 // The parts' moments of x (f64 [3 · channels · parts], stream-ordered scratch).
 inline Tensor moments_parts(Context& ctx, const Tensor& x, const Split& sp, std::int64_t outer,
                             std::int64_t channels, std::int64_t inner) {
+  check_layout(x, inner, "batch-norm moments");
   Tensor partials = empty(ctx, {3 * channels * sp.parts}, DType::f64, MemoryCategory::other);
   CudaDeviceGuard guard(ctx.device().index);
   visit_floating(x.dtype(), "batch_norm_moments", [&](auto tag) {
@@ -499,6 +508,7 @@ inline void grad_sums(Context& ctx, const Tensor& x, const Tensor& grad_y, const
                       const Tensor& save_invstd, double* sums, const Tensor& grad_weight,
                       const Tensor& grad_bias, std::int64_t outer, std::int64_t channels,
                       std::int64_t inner) {
+  check_layout(x, inner, "batch-norm gradient sums");
   const Split sp = split(outer, channels, inner);
   Tensor partials = empty(ctx, {2 * channels * sp.parts}, DType::f64, MemoryCategory::other);
   CudaDeviceGuard guard(ctx.device().index);
@@ -595,6 +605,7 @@ inline void batch_norm_apply(Context& ctx, const Tensor& x, const Tensor& weight
   namespace b = batch_norm_sync;
   const double* s = statistics_data(stats, 2 * channels, true, "batch_norm_apply");
   b::check_like_x(x, y, "y", "batch_norm_apply");
+  b::check_layout(x, inner, "batch_norm_apply");
   const std::int64_t n = outer * channels * inner;
   if (n == 0) return;
   CudaDeviceGuard guard(ctx.device().index);
@@ -686,6 +697,7 @@ inline void batch_norm_input_grad(Context& ctx, const Tensor& x, const Tensor& g
       count.defined() ? statistics_data(count, 1, true, "batch_norm_input_grad") : nullptr;
   b::check_like_x(x, grad_y, "grad_y", "batch_norm_input_grad");
   b::check_like_x(x, grad_x, "grad_x", "batch_norm_input_grad");
+  b::check_layout(x, inner, "batch_norm_input_grad");
   const std::int64_t n = outer * channels * inner;
   if (n == 0) return;
   CudaDeviceGuard guard(ctx.device().index);

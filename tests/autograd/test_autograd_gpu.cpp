@@ -235,12 +235,50 @@ TEST_CASE("channels-last on the GPU: convolution, batch-norm and max-pool match 
                      [](sk::Context& c, const auto& v) { return bn(c, v, true, true); });
   compare_with_grads("batch_norm train 1d, 70 channels", {{300, 70}, {70}, {70}},
                      [](sk::Context& c, const auto& v) { return bn(c, v, true); });
+  // A channels-last input into a 1 x 1 output, which is both layouts at once (runs_nhwc then
+  // follows the input).
+  compare_with_grads("conv to 1 x 1 from channels-last",
+                     {{2, 4, 9, 9}, {40, 4, 3, 3}, {8, 40, 9, 9}},
+                     [](sk::Context& c, const auto& v) {
+                       return ag::conv2d(c, conv_cl(c, v[0], v[1]), v[2], Variable(),
+                                         ag::Conv2dOptions::make(1, 0));
+                     });
   compare_with_grads("max_pool channels-last", {{2, 4, 11, 11}, {16, 4, 3, 3}},
                      [](sk::Context& c, const auto& v) {
                        Variable y = ag::max_pool2d(c, conv_cl(c, v[0], v[1]), 3, 2, 1);
                        if (c.device().is_cuda()) CHECK(sk::keeps_channels_last(y.data()));
                        return y;
                      });
+}
+
+// The convolutions above ran NHWC, not through NCHW copies: runs_nhwc says so for the stem (NCHW
+// images, channels-last output), a layer between channels-last tensors and a 1 x 1 output from a
+// channels-last input, and every plan made was an NHWC one.
+TEST_CASE("channels-last convolutions on the GPU run cuDNN's NHWC form") {
+  namespace cu = sk::autograd::cuda;
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  const auto make = [&](const sk::Shape& shape, std::uint32_t salt) {
+    return Variable(
+        sk::from_vector(*gpu, pattern(sk::shape_numel(shape), salt, sk::DType::f32), shape), true);
+  };
+  const Variable images = make({2, 3, 8, 8}, 1), w1 = make({16, 3, 3, 3}, 2),
+                 w2 = make({16, 16, 3, 3}, 3), w3 = make({8, 16, 8, 8}, 4);
+  ag::Conv2dOptions o = ag::Conv2dOptions::make(1, 1);
+  o.channels_last = true;
+  const Variable a = ag::conv2d(*gpu, images, w1, Variable(), o);
+  CHECK(cu::runs_nhwc(images.data(), a.data()));
+  const Variable b = ag::conv2d(*gpu, a, w2, Variable(), ag::Conv2dOptions::make(1, 1));
+  CHECK(sk::keeps_channels_last(b.data()));
+  CHECK(cu::runs_nhwc(a.data(), b.data()));
+  const Variable c = ag::conv2d(*gpu, b, w3, Variable(), ag::Conv2dOptions::make(1, 0));
+  CHECK(c.data().is_contiguous());  // ([2, 8, 1, 1]: both layouts)
+  CHECK(cu::runs_nhwc(b.data(), c.data()));
+  CHECK_FALSE(cu::runs_nhwc(images.data(), sk::contiguous(*gpu, a.data())));
+  ag::backward(*gpu, c, sk::full(*gpu, c.data().shape(), sk::DType::f32, 1.0));
+  CHECK(w1.grad().is_contiguous());  // (KCRS, copied back from cuDNN's KRSC gradient)
+  const auto keys = cu::conv_plans(*gpu).keys();
+  CHECK(keys.size() == 3);
+  for (const auto& key : keys) CHECK(key.back() == 1);
 }
 
 TEST_CASE("batch-norm on the GPU takes an eps below cuDNN's 1e-5, as PyTorch does") {
@@ -452,7 +490,7 @@ TEST_CASE("cuDNN plans are made once per shape; benchmark mode's algorithms agre
   };
   auto heuristic = sk::make_cuda_context(0, 0, 3);
   const auto first = convolve(*heuristic, 12);
-  auto& plans = cu::plan_cache<cu::ConvPlan, 16>(*heuristic);
+  auto& plans = cu::conv_plans(*heuristic);
   CHECK(plans.size() == 1);
   CHECK(convolve(*heuristic, 12) == first);  // the same plan, the same bits
   CHECK(plans.size() == 1);

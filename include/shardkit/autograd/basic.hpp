@@ -204,10 +204,13 @@ inline Variable cat(Context& ctx, const std::vector<Variable>& xs) {
 }
 
 // Converts to `dtype` (e.g. f16 activations into an f32 batch-norm); gradients convert back.
+// A channels-last input that stays so in `dtype` keeps its layout (core/channels_last.hpp).
 inline Variable cast(Context& ctx, const Variable& x, DType dtype) {
   check(x.defined(), "cast: the input is undefined", module_suffix(ctx));
   if (x.dtype() == dtype) return x;
-  Tensor y = fn::new_like(ctx, x.data(), x.shape(), dtype);
+  Tensor y = keeps_channels_last(x.data()) && channels_last_applies(x.device(), dtype, x.shape())
+                 ? empty_channels_last(ctx, x.device(), x.shape(), dtype)
+                 : fn::new_like(ctx, x.data(), x.shape(), dtype);
   copy(ctx, y, x.data());
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
   auto node = make_pooled<detail::CastNode>();

@@ -154,6 +154,11 @@ class PlanCache {
     return *found->second;
   }
   std::size_t size() const { return plans_.size(); }
+  std::vector<Key> keys() const {
+    std::vector<Key> out;
+    for (const auto& entry : plans_) out.push_back(entry.first);
+    return out;
+  }
 
  private:
   std::map<Key, std::unique_ptr<Plan>> plans_;
@@ -317,28 +322,31 @@ struct ConvPlan {
   }
 };
 
+// ctx's convolution plans, keyed by geometry, dtype, TF32, search and layout (NHWC last).
+using ConvPlanCache = PlanCache<ConvPlan, 17>;
+inline ConvPlanCache& conv_plans(Context& ctx) { return plan_cache<ConvPlan, 17>(ctx); }
+
 // The plan of convolution `g` over `dtype` in a layout on ctx, made at the shape's first call.
 inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype, bool nhwc) {
   auto& libs = libraries(ctx);
-  const PlanCache<ConvPlan, 17>::Key key{g.batch,
-                                         g.in_channels,
-                                         g.height,
-                                         g.width,
-                                         g.out_channels,
-                                         g.kernel_h,
-                                         g.kernel_w,
-                                         g.stride_h,
-                                         g.stride_w,
-                                         g.pad_h,
-                                         g.pad_w,
-                                         g.dilation_h,
-                                         g.dilation_w,
-                                         static_cast<std::int64_t>(dtype),
-                                         libs.allow_tf32 ? 1 : 0,
-                                         libs.benchmark ? 1 : 0,
-                                         nhwc ? 1 : 0};
-  return plan_cache<ConvPlan, 17>(ctx).get(
-      key, [&] { return std::make_unique<ConvPlan>(ctx, g, dtype, nhwc); });
+  const ConvPlanCache::Key key{g.batch,
+                               g.in_channels,
+                               g.height,
+                               g.width,
+                               g.out_channels,
+                               g.kernel_h,
+                               g.kernel_w,
+                               g.stride_h,
+                               g.stride_w,
+                               g.pad_h,
+                               g.pad_w,
+                               g.dilation_h,
+                               g.dilation_w,
+                               static_cast<std::int64_t>(dtype),
+                               libs.allow_tf32 ? 1 : 0,
+                               libs.benchmark ? 1 : 0,
+                               nhwc ? 1 : 0};
+  return conv_plans(ctx).get(key, [&] { return std::make_unique<ConvPlan>(ctx, g, dtype, nhwc); });
 }
 
 // Whether a convolution runs NHWC: where its output (or gradient) `y` is channels-last (core/
@@ -349,10 +357,16 @@ inline bool runs_nhwc(const Tensor& x, const Tensor& y) {
   return is_channels_last(x) && !x.is_contiguous();
 }
 
-// `t` stored in the convolution's layout: itself where it is, else a copy (an NCHW input of a
-// network's first convolution; a weight, always KCRS, for an NHWC convolution: a few KiB).
+// `t` stored in the convolution's layout: itself where it is, else a temporary copy (an NCHW
+// input of a network's first convolution; a weight, always KCRS, for an NHWC convolution: a few
+// KiB), counted as scratch, not as what t is.
 inline Tensor in_layout(Context& ctx, const Tensor& t, bool nhwc) {
-  return nhwc ? to_channels_last(ctx, t) : contiguous(ctx, t);
+  if (nhwc ? is_channels_last(t) : t.is_contiguous()) return t;
+  Tensor out =
+      nhwc ? empty_channels_last(ctx, t.device(), t.shape(), t.dtype(), MemoryCategory::other)
+           : empty_on(ctx, t.device(), t.shape(), t.dtype(), MemoryCategory::other);
+  copy(ctx, out, t);
+  return out;
 }
 
 // An uninitialised tensor of `like`'s shape for a result in the convolution's layout: `like`
