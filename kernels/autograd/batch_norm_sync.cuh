@@ -100,9 +100,10 @@ __global__ void moments_parts_kernel(const T* x, double* partials, ChannelParts 
   });
   m2 = block_sum(m2);
   if (threadIdx.x == 0) {
-    partials[3 * blockIdx.x] = double(n);
-    partials[3 * blockIdx.x + 1] = mean;
-    partials[3 * blockIdx.x + 2] = m2;
+    double* out = partials + 3 * std::int64_t{blockIdx.x};
+    out[0] = double(n);
+    out[1] = mean;
+    out[2] = m2;
   }
 }
 
@@ -320,8 +321,8 @@ __global__ void grad_sums_parts_kernel(const T* x, const T* grad_y, const S* sav
   sum_g = block_sum(sum_g);
   sum_gx = block_sum(sum_gx);
   if (threadIdx.x == 0) {
-    partials[2 * blockIdx.x] = sum_g;
-    partials[2 * blockIdx.x + 1] = sum_gx;
+    partials[2 * std::int64_t{blockIdx.x}] = sum_g;
+    partials[2 * std::int64_t{blockIdx.x} + 1] = sum_gx;
   }
 }
 
@@ -455,9 +456,11 @@ void with_map_runs(std::int64_t channels, std::int64_t inner,
 }
 
 // A channel's values split for the moments and gradient sums: the parts' form, or rows of
-// channels (inner == 1); `parts` of them a channel, whose partials the folds read.
+// channels (inner == 1, and an empty x: no rows, every part's count 0); `parts` of them a
+// channel, whose partials the folds read.
 struct Split {
-  bool rows = false;
+  bool by_rows = false;
+  std::int64_t rows = 0;  // (by_rows: x's rows, outer · inner)
   ChannelParts channel;
   RowParts row;
   std::int64_t parts = 1;
@@ -465,9 +468,10 @@ struct Split {
 };
 inline Split split(std::int64_t outer, std::int64_t channels, std::int64_t inner) {
   Split s;
-  s.rows = inner == 1;
-  if (s.rows) {
-    s.row = row_parts(outer, channels);
+  s.by_rows = inner == 1 || outer * inner == 0;
+  if (s.by_rows) {
+    s.rows = outer * inner;
+    s.row = row_parts(s.rows, channels);
     s.parts = s.row.parts;
     s.blocks = row_grid(s.row.tiles * s.row.parts);
   } else {
@@ -486,9 +490,9 @@ inline Tensor moments_parts(Context& ctx, const Tensor& x, const Split& sp, std:
   CudaDeviceGuard guard(ctx.device().index);
   visit_floating(x.dtype(), "batch_norm_moments", [&](auto tag) {
     using T = decltype(tag);
-    if (sp.rows) {
+    if (sp.by_rows) {
       moments_rows_kernel<T><<<sp.blocks, kThreadsPerBlock, 0, ctx.stream()>>>(
-          static_cast<const T*>(x.data_ptr()), partials.data<double>(), sp.row, outer, channels);
+          static_cast<const T*>(x.data_ptr()), partials.data<double>(), sp.row, sp.rows, channels);
       SK_CUDA_CHECK_LAUNCH("batch_norm_sync::moments_rows_kernel");
       return;
     }
@@ -518,9 +522,9 @@ inline void grad_sums(Context& ctx, const Tensor& x, const Tensor& grad_y, const
       using S = decltype(stat_tag);
       const auto* xp = static_cast<const T*>(x.data_ptr());
       const auto* gp = static_cast<const T*>(grad_y.data_ptr());
-      if (sp.rows) {
+      if (sp.by_rows) {
         grad_sums_rows_kernel<T, S><<<sp.blocks, kThreadsPerBlock, 0, ctx.stream()>>>(
-            xp, gp, stat_data<S>(save_mean), partials.data<double>(), sp.row, outer, channels);
+            xp, gp, stat_data<S>(save_mean), partials.data<double>(), sp.row, sp.rows, channels);
         SK_CUDA_CHECK_LAUNCH("batch_norm_sync::grad_sums_rows_kernel");
       } else {
         with_run_length(run_length<T>(inner, {x.data_ptr(), grad_y.data_ptr()}), [&]<int Per>() {

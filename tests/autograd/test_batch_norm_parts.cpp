@@ -29,8 +29,14 @@ void check_walk(std::int64_t outer, std::int64_t channels, std::int64_t inner,
   CHECK(parts.parts >= 1);
   CHECK(parts.segment % Per == 0);
   CHECK(parts.parts / parts.segments * parts.rows >= outer);
+  CHECK(parts.segment <= ag::kPartValues);
+  if (parts.segments > 1) {  // segments of about equal length: the last not a sliver
+    const std::int64_t last = inner - (parts.segments - 1) * parts.segment;
+    CHECK(last > 0);
+    CHECK(last + 4 * parts.segments >= parts.segment);
+  }
   std::vector<int> seen(static_cast<std::size_t>(outer * channels * inner), 0);
-  std::int64_t outside = 0, unordered = 0, misplaced = 0;
+  std::int64_t outside = 0, unordered = 0, misplaced = 0, unaligned = 0;
   for (std::int64_t c = 0; c < channels; ++c) {
     std::int64_t values = 0;
     for (std::int64_t part = 0; part < parts.parts; ++part) {
@@ -47,6 +53,8 @@ void check_walk(std::int64_t outer, std::int64_t channels, std::int64_t inner,
                 return;
               }
               if (offset <= previous) ++unordered;  // a thread's runs in order
+              // (runs of 4 start on multiples of 4 elements: x's base alignment is theirs)
+              if (offset % Per != 0) ++unaligned;
               previous = offset;
               for (int k = 0; k < Per; ++k) {
                 const std::int64_t at = offset + k;
@@ -68,6 +76,7 @@ void check_walk(std::int64_t outer, std::int64_t channels, std::int64_t inner,
   CHECK(outside == 0);
   CHECK(unordered == 0);
   CHECK(misplaced == 0);
+  CHECK(unaligned == 0);
   for (std::size_t i = 0; i < seen.size(); ++i) {
     if (seen[i] != 1) {
       FAIL_CHECK("element ", i, " was walked ", seen[i], " times");

@@ -214,8 +214,7 @@ void sums_case(B& b, std::int64_t gap) {
 }
 
 // Leaf sums (norm_tree.hpp) of every segment, leaf after leaf, against the host function
-// (bitwise on the CPU; on a GPU the device may round the squares' sums in the last bit) and
-// against float64.
+// (bitwise, on either device: Backend::leaf_tolerance) and against float64.
 template <class B>
 void leaf_sums_case(B& b, std::int64_t gap, double tolerance) {
   const Layout layout(edge_sizes(), gap);

@@ -336,9 +336,10 @@ TEST_CASE("on the GPU, SyncBatchNorm equals the CPU's batch-norm over the group'
   using sync_bn_test::check_against_concatenation;
   const auto gpu = sk::comm::cuda_run_options(0);
   for (int dims : {1, 2}) {
-    // f64 runs the synchronised path's own kernels end to end (cuDNN is not involved, but for
-    // rank 4 of the second case, alone in its group): the moments, their folding, the affine
-    // map and both gradient passes to 1e-12.
+    // f64 runs the synchronised path's own kernels end to end (rank 4 of the second case, alone
+    // in its group, runs the same steps for a group of one: the parts folded straight into its
+    // statistics, its weight and bias gradients written by the gradient sums' fold): the
+    // moments, their folding, the affine map and both gradient passes to 1e-12.
     check_against_concatenation(sk::DType::f64, dims, {3, 5, 2, 4}, 4, 1e-12, gpu);
     check_against_concatenation(sk::DType::f64, dims, {2, 3, 4, 2, 5}, 2, 1e-12, gpu);
     check_against_concatenation(sk::DType::f32, dims, {3, 5, 2, 4}, 4, 2e-5, gpu);

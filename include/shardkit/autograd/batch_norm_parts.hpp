@@ -16,8 +16,9 @@ namespace shardkit::autograd {
 // Channel c's values split into parts of about kPartValues: whole rows where a row is shorter
 // (part p is rows [p·rows, (p + 1)·rows) of its [outer, inner] values, the last part maybe
 // short), else a segment of one row (part p is row p / segments, values [s·segment, (s + 1)
-// ·segment) of it for s = p % segments, the last segment maybe short) -- so a channel of one
-// long row (one image of 512², or [N, C, L] with a long L) still spreads over many blocks.
+// ·segment) of it for s = p % segments, at most kPartValues values, the last segment maybe
+// shorter) -- so a channel of one long row (one image of 512², or [N, C, L] with a long L) still
+// spreads over many blocks.
 struct ChannelParts {
   std::int64_t rows = 1;      // rows a part (1 where rows are split)
   std::int64_t segment = 1;   // a part's values of each of its rows (inner where not split)
@@ -27,11 +28,16 @@ struct ChannelParts {
 
 inline constexpr std::int64_t kPartValues = 4096;  // 16 a thread of 256: enough in flight
 
+// (inner >= 1: the kernels take an x without values by rows, batch_norm_sync.cuh's split)
 inline ChannelParts channel_parts(std::int64_t outer, std::int64_t inner) {
   ChannelParts p;
-  if (inner > kPartValues) {  // (a multiple of 4, so runs of 4 stay whole)
-    p.segment = kPartValues;
-    p.segments = (inner + kPartValues - 1) / kPartValues;
+  if (inner < 1) return p;
+  if (inner > kPartValues) {
+    // Segments of about equal length (so the last one is not a sliver: 224² = 3 x 4096 + 256
+    // would leave a block nearly idle), a multiple of 4 so that runs of 4 stay whole.
+    const std::int64_t wanted = (inner + kPartValues - 1) / kPartValues;
+    p.segment = ((inner + wanted - 1) / wanted + 3) / 4 * 4;
+    p.segments = (inner + p.segment - 1) / p.segment;  // (the last one not empty)
     p.parts = std::max<std::int64_t>(outer, 1) * p.segments;
     return p;
   }
