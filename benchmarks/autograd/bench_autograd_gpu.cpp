@@ -104,6 +104,19 @@ wl::ActivationLayout layout_arg(benchmark::State& state) {
   return state.range(3) != 0 ? wl::ActivationLayout::channels_last : wl::ActivationLayout::nchw;
 }
 
+// Both ResNet-18 rows' configurations: the two sizes in each layout, and a host-bound
+// one (4 channels on 8 x 8 images: the step is its ops' host work, bench_autograd's too).
+void resnet_step_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"batch", "HW", "width", "CL"})
+      ->Args({256, 32, 64, 0})
+      ->Args({256, 32, 64, 1})
+      ->Args({64, 224, 64, 0})
+      ->Args({64, 224, 64, 1})
+      ->Args({2, 8, 4, 0})
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
 void BM_resnet18_train_step_gpu(benchmark::State& state) {
   auto ctx = gpu_context(state);
   const std::int64_t batch = state.range(0), hw = state.range(1);
@@ -112,15 +125,7 @@ void BM_resnet18_train_step_gpu(benchmark::State& state) {
       wl::resnet18_step(*ctx, batch, hw, hw <= 64 ? 10 : 1000, state.range(2), layout_arg(state)),
       double(batch));
 }
-BENCHMARK(BM_resnet18_train_step_gpu)
-    ->ArgNames({"batch", "HW", "width", "CL"})
-    ->Args({256, 32, 64, 0})
-    ->Args({256, 32, 64, 1})
-    ->Args({64, 224, 64, 0})
-    ->Args({64, 224, 64, 1})
-    ->Args({2, 8, 4, 0})  // host-bound: the step is its ops' host work (bench_autograd's too)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_resnet18_train_step_gpu)->Apply(resnet_step_args);
 
 // The same step through a StepGraph (core/step_graph.hpp): the warm-up's first two runs are
 // eager, the third captures it, every timed run is one CUDA graph launch -- what the host's
@@ -136,14 +141,6 @@ void BM_resnet18_train_step_gpu_graph(benchmark::State& state) {
   time_workload(state, *ctx, graphed, double(batch));
   state.counters["captures"] = static_cast<double>(graph->stats().captures);
 }
-BENCHMARK(BM_resnet18_train_step_gpu_graph)
-    ->ArgNames({"batch", "HW", "width", "CL"})
-    ->Args({256, 32, 64, 0})
-    ->Args({256, 32, 64, 1})
-    ->Args({64, 224, 64, 0})
-    ->Args({64, 224, 64, 1})
-    ->Args({2, 8, 4, 0})  // host-bound: the step is its ops' host work (bench_autograd's too)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_resnet18_train_step_gpu_graph)->Apply(resnet_step_args);
 
 }  // namespace autograd_gpu
