@@ -357,25 +357,22 @@ inline bool runs_nhwc(const Tensor& x, const Tensor& y) {
   return is_channels_last(x) && !x.is_contiguous();
 }
 
-// `t` stored in the convolution's layout: itself where it is, else a temporary copy (an NCHW
-// input of a network's first convolution; a weight, always KCRS, for an NHWC convolution: a few
-// KiB), counted as scratch, not as what t is.
-inline Tensor in_layout(Context& ctx, const Tensor& t, bool nhwc) {
-  if (nhwc ? is_channels_last(t) : t.is_contiguous()) return t;
-  Tensor out =
-      nhwc ? empty_channels_last(ctx, t.device(), t.shape(), t.dtype(), MemoryCategory::other)
-           : empty_on(ctx, t.device(), t.shape(), t.dtype(), MemoryCategory::other);
-  copy(ctx, out, t);
-  return out;
-}
-
 // An uninitialised tensor of `like`'s shape for a result in the convolution's layout: `like`
-// itself where it is stored so, else a temporary (copied into `like` after).
+// itself where it is stored so, else a temporary (copied into `like` after), counted as scratch.
 inline Tensor result_in_layout(Context& ctx, const Tensor& like, bool nhwc) {
   if (nhwc ? is_channels_last(like) : like.is_contiguous()) return like;
   return nhwc ? empty_channels_last(ctx, like.device(), like.shape(), like.dtype(),
                                     MemoryCategory::other)
               : empty_on(ctx, like.device(), like.shape(), like.dtype(), MemoryCategory::other);
+}
+
+// `t` stored in the convolution's layout: itself where it is, else a temporary copy (an NCHW
+// input of a network's first convolution; a weight, always KCRS, for an NHWC convolution: a few
+// KiB), counted as scratch, not as what t is.
+inline Tensor in_layout(Context& ctx, const Tensor& t, bool nhwc) {
+  Tensor out = result_in_layout(ctx, t, nhwc);
+  if (out.data_ptr() != t.data_ptr()) copy(ctx, out, t);
+  return out;
 }
 
 // In y's layout (runs_nhwc); the weight is copied to KRSC for an NHWC convolution.
