@@ -39,13 +39,6 @@ inline void batch_norm_train_forward(Context& ctx, const Tensor& x, const Tensor
   batch_norm_apply(ctx, x, weight, bias, stats, y, outer, channels, inner, relu);
 }
 
-inline void batch_norm_eval_forward(Context& ctx, const Tensor& x, const Tensor& weight,
-                                    const Tensor& bias, const Tensor& mean, const Tensor& var,
-                                    double eps, const Tensor& y, std::int64_t outer,
-                                    std::int64_t channels, std::int64_t inner, bool relu) {
-  batch_norm_eval_apply(ctx, x, weight, bias, mean, var, eps, y, outer, channels, inner, relu);
-}
-
 // grad_y arrives masked by a fused ReLU already (relu_out undefined).
 inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tensor& grad_y,
                                       const Tensor& weight, const Tensor& save_mean,
@@ -109,7 +102,7 @@ inline const AutogradKernels* cuda_kernels_table() {
         return 0;  // (no channel blocks on the GPU: cuDNN takes NCHW or NHWC)
       },
       .batch_norm_train_forward = &k::batch_norm_train_forward,
-      .batch_norm_eval_forward = &k::batch_norm_eval_forward,
+      .batch_norm_eval_forward = &k::batch_norm_eval_apply,  // (batch_norm_sync.cuh)
       .batch_norm_train_backward = &k::batch_norm_train_backward,
       .max_pool_forward = &k::max_pool_forward,
       .max_pool_backward = &k::max_pool_backward,
