@@ -356,6 +356,64 @@ inline void launch_norm_roots(Context& ctx, const double* values, const std::int
   SK_CUDA_CHECK_LAUNCH("ops::cuda::norm_roots_kernel");
 }
 
+// The squares of one operand of a (param, grad) pair, the other left unread: apply() lays a
+// span's elements over threads by its operands' common alignment, so walking the pair's spans
+// adds each value in the order SumOfSquaresFunctor<2> over the pair does, and the sums are the
+// pair pass's bit for bit -- whatever the other operand's alignment does to the layout.
+template <int K>
+struct PairOperandSquaresFunctor {
+  static_assert(K == 0 || K == 1, "operand 0 (params) or 1 (grads) of the pair");
+  static constexpr int kDepth = 2;
+  using Types = TypeList<float, float>;
+  static constexpr unsigned kReads = 1u << K;
+  static constexpr unsigned kWrites = 0;
+  static constexpr int kSums = 1;
+
+  struct Segment {};
+  SK_HOST_DEVICE SK_INLINE Segment segment(std::int64_t) const { return {}; }
+
+  SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment&,
+                                           double (&sums)[1]) const {
+    const double v = static_cast<double>(x[K]);
+    sums[0] = v * v;
+  }
+};
+
+// An update that also sums the squares of the params it writes (operand 0 after the rule, the
+// value stored): the next step's ||w||² from registers, without reading w again. For a span
+// that apply() walks as it walks the (param, grad) pair, the sum is PairOperandSquaresFunctor<0>'s
+// over the updated params, bit for bit. Not gated (a summing functor must run whole).
+template <class F>
+struct SquaringParamsFunctor {
+  static_assert(F::kSums == 0 && writes<F>(0), "an update that writes operand 0 and sums nothing");
+  static constexpr int kDepth = F::kDepth;
+  using Types = typename F::Types;
+  static constexpr unsigned kReads = F::kReads;
+  static constexpr unsigned kWrites = F::kWrites;
+  static constexpr int kSums = 1;
+  using Segment = typename F::Segment;
+
+  F update;
+  SK_HOST_DEVICE SK_INLINE Segment segment(std::int64_t index) const {
+    return update.segment(index);
+  }
+  SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[kDepth], const Segment& segment,
+                                           double (&sums)[1]) const {
+    update(x, segment, sums);
+    const double v = static_cast<double>(x[0]);
+    sums[0] = v * v;
+  }
+};
+
+// Per span, how apply() walks a (param, grad) pair: the key LarcParamSquares keeps beside the
+// sums (a change of it would change their bits).
+inline std::vector<std::int8_t> pair_walk(const SpanList<2>& pairs) {
+  std::vector<std::int8_t> walk(pairs.size());
+  for (std::size_t s = 0; s < pairs.size(); ++s)
+    walk[s] = static_cast<std::int8_t>(span_misalignment<PairOperandSquaresFunctor<0>>(pairs[s]));
+  return walk;
+}
+
 }  // namespace cuda
 
 struct Cuda {
@@ -451,40 +509,50 @@ struct Cuda {
 
   // One norms pass (params and grads together), one tiny coefficient kernel, one update pass.
   // The norms pass walks the tensors last to first, so the update's first reads find the L2
-  // holding what it needs. With param_squares the params' squares are kept (in that reversed
-  // order) for the next step, whose norms pass then reads only the grads. Here they come from a
-  // pass of their own after the update, so the bytes moved stay those of the plain step: squaring
-  // inside the update, as the CPU does, is a kernel that awaits a GPU to be tested on.
+  // holding what it needs. With param_squares the update also squares the params it writes
+  // (kept in that reversed order) and the next step's norms pass reads only the grads: 24 bytes
+  // a parameter instead of 28. Every sum of squares walks a span as the (param, grad) pass
+  // does, so the bits are the same with the kept sums or without; where the update's operands
+  // are aligned otherwise than the pair (it would walk the params differently), the squares
+  // take a pass of their own after it.
   template <class Sgd>
   static void larc_sgd(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
                        float lr, float inv_grad_scale, LarcParamSquares* param_squares) {
     const auto n = static_cast<std::int64_t>(spans.size());
     SpanList<2> reversed(spans.size());
-    SpanList<1> reversed_params(spans.size()), reversed_grads(spans.size());
     for (std::size_t s = 0; s < spans.size(); ++s) {
       const auto& span = spans[spans.size() - 1 - s];
       reversed[s].data = {span.data[0], span.data[1]};
       reversed[s].size = span.size;
-      reversed_params[s] = {{span.data[0]}, span.size};
-      reversed_grads[s] = {{span.data[1]}, span.size};
     }
     Tensor sums = empty(ctx, {2, n}, DType::f64);
     Tensor coefficients = empty(ctx, {n, 2}, DType::f32);
-    if (param_squares != nullptr && param_squares->describes(spans)) {
+    const std::vector<std::int8_t> walk =
+        param_squares != nullptr ? cuda::pair_walk(reversed) : std::vector<std::int8_t>{};
+    if (param_squares != nullptr && param_squares->describes(spans, walk)) {
       copy(ctx, sums.select(0, 0), param_squares->sums());
-      cuda::apply(ctx, SumOfSquaresFunctor<1>{}, reversed_grads, sums.data<double>() + n);
+      cuda::apply(ctx, cuda::PairOperandSquaresFunctor<1>{}, reversed, sums.data<double>() + n);
     } else {
       cuda::apply(ctx, SumOfSquaresFunctor<2>{}, reversed, sums.data<double>());
     }
     cuda::launch_larc_coefficients(ctx, sums.data<double>(), n, true, larc, lr, inv_grad_scale,
                                    static_cast<SgdCoefficients*>(coefficients.data_ptr()));
     op.per_segment = static_cast<const SgdCoefficients*>(coefficients.data_ptr());
-    cuda::apply(ctx, op, spans);
-    if (param_squares != nullptr) {
-      Tensor squares = empty(ctx, {n}, DType::f64, MemoryCategory::optimizer_state);
-      cuda::apply(ctx, SumOfSquaresFunctor<1>{}, reversed_params, squares.data<double>());
-      param_squares->record(spans, std::move(squares));
+    if (param_squares == nullptr) return cuda::apply(ctx, op, spans);
+    check(op.gate == nullptr, "internal: larc_sgd keeps the params' squares of ungated steps only");
+    Tensor squares = empty(ctx, {n}, DType::f64, MemoryCategory::optimizer_state);
+    const cuda::SquaringParamsFunctor<Sgd> squaring{op};
+    bool walked_alike = true;
+    for (std::size_t s = 0; s < spans.size(); ++s)
+      walked_alike = walked_alike && cuda::span_misalignment<decltype(squaring)>(spans[s]) ==
+                                         walk[spans.size() - 1 - s];
+    if (walked_alike) {
+      cuda::apply(ctx, squaring, spans, squares.data<double>(), nullptr, cuda::SumOrder::reversed);
+    } else {
+      cuda::apply(ctx, op, spans);
+      cuda::apply(ctx, cuda::PairOperandSquaresFunctor<0>{}, reversed, squares.data<double>());
     }
+    param_squares->record(spans, std::move(squares), walk);
   }
 };
 

@@ -213,12 +213,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// sums[k * n + span] = the span's chunk partials added in a fixed order; found_nonfinite (if
-// given) is set to 1 when a sum is inf or NaN. One block per span of the batch.
+// sums[k * n + span] = the span's chunk partials added in a fixed order (at n - 1 - span when
+// `reversed`); found_nonfinite (if given) is set to 1 when a sum is inf or NaN. One block per
+// span of the batch.
 template <int Depth>
 __global__ void __launch_bounds__(kThreads)
     finish_sums_kernel(SpanBatch<Depth> batch, int sum_count, const double* partials,
-                       std::int64_t stride, double* sums, std::int64_t n, float* found_nonfinite) {
+                       std::int64_t stride, double* sums, std::int64_t n, bool reversed,
+                       float* found_nonfinite) {
   __shared__ double shared[kWarps];
   const int s = static_cast<int>(blockIdx.x);
   const std::int64_t first = batch.first_chunk + batch.chunk_begin[s];
@@ -229,17 +231,20 @@ __global__ void __launch_bounds__(kThreads)
       value += partials[k * stride + c];
     const double total = block_sum(value, shared);
     if (threadIdx.x == 0) {
-      sums[k * n + batch.first_span + s] = total;
+      const std::int64_t span = batch.first_span + s;
+      sums[k * n + (reversed ? n - 1 - span : span)] = total;
       if (found_nonfinite != nullptr && !is_finite_sum(total)) *found_nonfinite = 1.0f;
     }
   }
 }
 
 // Applies `op` over `spans` on the context's stream. When F sums, sums (device, f64 [kSums, n])
-// receives each span's sums, and found_nonfinite (device f32, optional) is raised on inf/NaN.
+// receives each span's sums (in reverse span order with SumOrder::reversed), and
+// found_nonfinite (device f32, optional) is raised on inf/NaN.
+enum class SumOrder { spans, reversed };
 template <class F>
 void apply(Context& ctx, const F& op, const SpanList<F::kDepth>& spans, double* sums = nullptr,
-           float* found_nonfinite = nullptr) {
+           float* found_nonfinite = nullptr, SumOrder order = SumOrder::spans) {
   static_assert(check_functor<F>());
   using Batch = SpanBatch<F::kDepth>;
   static_assert(sizeof(Batch) + sizeof(F) + 64 <= 4096, "kernel parameters over 4 KB");
@@ -266,7 +271,7 @@ void apply(Context& ctx, const F& op, const SpanList<F::kDepth>& spans, double* 
     }
     if constexpr (F::kSums > 0) {
       finish_sums_kernel<F::kDepth><<<batch.count, kThreads, 0, ctx.stream()>>>(
-          batch, F::kSums, partials, stride, sums, n, found_nonfinite);
+          batch, F::kSums, partials, stride, sums, n, order == SumOrder::reversed, found_nonfinite);
       SK_CUDA_CHECK_LAUNCH("ops::cuda::finish_sums_kernel");
     }
     first_chunk += chunks;

@@ -115,16 +115,20 @@ void larc_case(B& b, ops::LarcOptions larc, bool composed, std::int64_t gap,
 
 // larc_sgd_step with LarcParamSquares kept between steps: the same bits as without, for the
 // same tensors; recomputed for other tensors and after forget(); and a write the step cannot see,
-// left unforgotten, changes the next step (so the kept sums are what the step uses).
+// left unforgotten, changes the next step (so the kept sums are what the step uses). The params,
+// grads and momentum buffers lie at their own offsets (`*_gap` elements before each segment):
+// on the GPU, equal gaps let the update square the params it writes, unequal ones walk the
+// update otherwise than the norms pass, which then takes the squares in a pass of their own.
 template <class B>
-void larc_param_squares_case(B& b, std::int64_t gap) {
-  const Layout layout(edge_sizes(), gap);
-  const auto n = static_cast<std::size_t>(layout.total);
+void larc_param_squares_case(B& b, std::int64_t param_gap, std::int64_t grad_gap,
+                             std::int64_t buf_gap) {
+  const Layout layout(edge_sizes(), param_gap), grad_layout(edge_sizes(), grad_gap),
+      buf_layout(edge_sizes(), buf_gap);
   const auto w0 = random_values(layout.total, -2.0, 2.0, 41);
-  const auto buf0 = random_values(layout.total, -0.1, 0.1, 42);
+  const auto buf0 = random_values(buf_layout.total, -0.1, 0.1, 42);
   // a: no sums kept; c, d: sums kept (d will be left stale).
   Flat<B> wa(b, w0, layout), wc(b, w0, layout), wd(b, w0, layout);
-  Flat<B> ma(b, buf0, layout), mc(b, buf0, layout), md(b, buf0, layout);
+  Flat<B> ma(b, buf0, buf_layout), mc(b, buf0, buf_layout), md(b, buf0, buf_layout);
   ops::LarcParamSquares squares_c, squares_d;
   ops::LarcOptions larc;
   larc.weight_decay = 1e-4f;
@@ -136,10 +140,10 @@ void larc_param_squares_case(B& b, std::int64_t gap) {
   o.inv_grad_scale = 0.5f;
   auto same_bits = [&](const Flat<B>& x, const Flat<B>& y) {
     const auto u = x.values(b), v = y.values(b);
-    return std::memcmp(u.data(), v.data(), n * sizeof(float)) == 0;
+    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0;
   };
   auto step = [&](std::uint32_t seed, bool forget_c) {
-    Flat<B> g(b, random_values(layout.total, -1.0, 1.0, seed), layout);
+    Flat<B> g(b, random_values(grad_layout.total, -1.0, 1.0, seed), grad_layout);
     if (forget_c) squares_c.forget();
     ops::larc_sgd_step(b.ctx, o, larc, {wa.views, g.views, ma.views, {}});
     ops::larc_sgd_step(b.ctx, o, larc, {wc.views, g.views, mc.views, {}}, &squares_c);
@@ -165,7 +169,7 @@ void larc_param_squares_case(B& b, std::int64_t gap) {
   // A write of the caller's own to every param (a plain SGD step on other grads): forgotten for
   // c, not for d.
   {
-    Flat<B> g(b, random_values(layout.total, -1.0, 1.0, 350), layout);
+    Flat<B> g(b, random_values(grad_layout.total, -1.0, 1.0, 350), grad_layout);
     ops::SgdOptions own;
     own.lr = 0.25f;
     for (auto* w : {&wa, &wc, &wd}) ops::sgd_step(b.ctx, own, {w->views, g.views, {}, {}});
@@ -176,7 +180,7 @@ void larc_param_squares_case(B& b, std::int64_t gap) {
   CHECK_FALSE(same_bits(wa, wd));  // d's stale sums went into its trust ratios
   // Sums kept for other tensors are not used: c's sums passed with a's params.
   {
-    Flat<B> g(b, random_values(layout.total, -1.0, 1.0, 352), layout);
+    Flat<B> g(b, random_values(grad_layout.total, -1.0, 1.0, 352), grad_layout);
     ops::larc_sgd_step(b.ctx, o, larc, {wa.views, g.views, ma.views, {}}, &squares_c);
     ops::larc_sgd_step(b.ctx, o, larc, {wc.views, g.views, mc.views, {}});
     CHECK(same_bits(wa, wc));

@@ -85,9 +85,14 @@ TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors
 
 TEST_CASE("LARC-SGD keeping the params' squares: the same bits, recomputed when not theirs") {
   Backend b;
-  for (std::int64_t gap : {0, 1}) {
-    CAPTURE(gap);
-    larc_param_squares_case(b, gap);
+  // (params, grads, momentum) gaps: aligned alike, unaligned alike, then grads or momentum
+  // aligned otherwise than the params.
+  const std::int64_t gaps[][3] = {{0, 0, 0}, {1, 1, 1}, {0, 1, 0}, {0, 0, 1}, {1, 0, 2}};
+  for (const auto& gap : gaps) {
+    CAPTURE(gap[0]);
+    CAPTURE(gap[1]);
+    CAPTURE(gap[2]);
+    larc_param_squares_case(b, gap[0], gap[1], gap[2]);
   }
 }
 

@@ -12,7 +12,9 @@
 // cannot see is a write of your own, so call forget() after loading a checkpoint, broadcasting
 // or averaging the params, or any other change to them between steps. With the sums or without
 // them a step computes the same bits: the CPU update squares each chunk in the norms pass's
-// lanes and order (cpu_apply.hpp).
+// lanes and order (cpu_apply.hpp); the GPU's sums depend on how its launcher lays a span's
+// elements over threads (by the operands' common alignment), so it also keeps that layout and
+// recomputes the sums when a step's params and grads would be walked otherwise.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@ class LarcParamSquares {
   void forget() {
     sums_ = Tensor();
     params_.clear();
+    walk_.clear();
   }
 
   // Whether sums are held (for whichever tensors the last step updated).
@@ -37,10 +40,12 @@ class LarcParamSquares {
 
   // -- For the backends --
 
-  // Whether the sums describe these spans' params (operand 0): the same tensors, in order.
+  // Whether the sums describe these spans' params (operand 0): the same tensors, in order, and
+  // summed in the way `walk` names (a backend's own key; empty where the sums do not depend on
+  // anything but the values).
   template <int Depth>
-  bool describes(const SpanList<Depth>& spans) const {
-    if (!sums_.defined() || params_.size() != spans.size()) return false;
+  bool describes(const SpanList<Depth>& spans, const std::vector<std::int8_t>& walk = {}) const {
+    if (!sums_.defined() || params_.size() != spans.size() || walk_ != walk) return false;
     for (std::size_t s = 0; s < spans.size(); ++s)
       if (params_[s] != std::pair<const void*, std::int64_t>{spans[s].data[0], spans[s].size})
         return false;
@@ -52,15 +57,17 @@ class LarcParamSquares {
 
   // Keeps `sums` as those of the spans' params after the step that is ending.
   template <int Depth>
-  void record(const SpanList<Depth>& spans, Tensor sums) {
+  void record(const SpanList<Depth>& spans, Tensor sums, std::vector<std::int8_t> walk = {}) {
     params_.resize(spans.size());
     for (std::size_t s = 0; s < spans.size(); ++s) params_[s] = {spans[s].data[0], spans[s].size};
     sums_ = std::move(sums);
+    walk_ = std::move(walk);
   }
 
  private:
   Tensor sums_;
   std::vector<std::pair<const void*, std::int64_t>> params_;
+  std::vector<std::int8_t> walk_;
 };
 
 }  // namespace shardkit::ops
