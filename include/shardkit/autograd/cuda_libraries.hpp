@@ -227,15 +227,23 @@ class ConvDesc
 
 // The first algorithm cuDNN ranked that ran and fits the workspace limit, with its workspace:
 // the first deterministic one when `deterministic` (Libraries::deterministic), else -- or when
-// none is -- the first.
-template <class Perf>
+// none is -- the first. A heuristic's entry is a prediction (for its own math type), so each
+// candidate's workspace is also asked of cuDNN for the descriptors the call will use
+// (`workspace(algo, &bytes)`, a cudnnGet*WorkspaceSize): a candidate those descriptors do not
+// support is passed over here rather than failing at the call, and the larger size is kept.
+template <class Perf, class Workspace>
 auto first_within_limit(const Perf* ranked, int count, std::size_t limit, const char* what,
-                        bool deterministic) {
+                        bool deterministic, Workspace&& workspace) {
   for (const bool only_deterministic : {deterministic, false})
-    for (int i = 0; i < count; ++i)
-      if (ranked[i].status == CUDNN_STATUS_SUCCESS && ranked[i].memory <= limit &&
-          (!only_deterministic || ranked[i].determinism == CUDNN_DETERMINISTIC))
-        return std::make_pair(ranked[i].algo, ranked[i].memory);
+    for (int i = 0; i < count; ++i) {
+      if (ranked[i].status != CUDNN_STATUS_SUCCESS ||
+          (only_deterministic && ranked[i].determinism != CUDNN_DETERMINISTIC))
+        continue;
+      std::size_t bytes = 0;
+      if (workspace(ranked[i].algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
+      bytes = std::max(bytes, ranked[i].memory);
+      if (bytes <= limit) return std::make_pair(ranked[i].algo, bytes);
+    }
   fail<NotAvailable>("cuDNN offers no ", what, " algorithm for this shape within ", limit,
                      " workspace bytes; raise workspace_limit");
 }
@@ -267,20 +275,42 @@ struct ConvPlan {
     cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(libs.dnn(), x.get(), w.get(), conv.get(),
                                                           y.get(), kMax, &count, fwd));
-    std::tie(a.forward, a.forward_bytes) = first_within_limit(
-        fwd, count, libs.workspace_limit, "forward convolution", libs.deterministic);
+    std::tie(a.forward, a.forward_bytes) =
+        first_within_limit(fwd, count, libs.workspace_limit, "forward convolution",
+                           libs.deterministic, workspace(libs));
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         libs.dnn(), w.get(), y.get(), conv.get(), x.get(), kMax, &count, data));
-    std::tie(a.backward_data, a.backward_data_bytes) =
-        first_within_limit(data, count, libs.workspace_limit, "backward-data", libs.deterministic);
+    std::tie(a.backward_data, a.backward_data_bytes) = first_within_limit(
+        data, count, libs.workspace_limit, "backward-data", libs.deterministic, workspace(libs));
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         libs.dnn(), x.get(), y.get(), conv.get(), w.get(), kMax, &count, filter));
-    std::tie(a.backward_filter, a.backward_filter_bytes) = first_within_limit(
-        filter, count, libs.workspace_limit, "backward-filter", libs.deterministic);
+    std::tie(a.backward_filter, a.backward_filter_bytes) =
+        first_within_limit(filter, count, libs.workspace_limit, "backward-filter",
+                           libs.deterministic, workspace(libs));
     return a;
   }
+
+  // first_within_limit's question: what an algorithm needs of the workspace with this plan's
+  // descriptors, or that they do not support it.
+  struct WorkspaceQuery {
+    cudnnHandle_t dnn;
+    const ConvPlan& plan;
+    cudnnStatus_t operator()(cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) const {
+      return cudnnGetConvolutionForwardWorkspaceSize(dnn, plan.x.get(), plan.w.get(),
+                                                     plan.conv.get(), plan.y.get(), algo, bytes);
+    }
+    cudnnStatus_t operator()(cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) const {
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(
+          dnn, plan.w.get(), plan.y.get(), plan.conv.get(), plan.x.get(), algo, bytes);
+    }
+    cudnnStatus_t operator()(cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) const {
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          dnn, plan.x.get(), plan.y.get(), plan.conv.get(), plan.w.get(), algo, bytes);
+    }
+  };
+  WorkspaceQuery workspace(Libraries& libs) const { return {libs.dnn(), *this}; }
 
   // Libraries::benchmark: every candidate run once on scratch buffers of the shape (their
   // contents do not matter to the timing), fastest first; the first that ran within the
@@ -304,20 +334,20 @@ struct ConvPlan {
     SK_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
         libs.dnn(), x.get(), xs.data_ptr(), w.get(), ws.data_ptr(), conv.get(), y.get(),
         ys.data_ptr(), kMax, &count, fwd, scratch.data_ptr(), space));
-    std::tie(a.forward, a.forward_bytes) =
-        first_within_limit(fwd, count, space, "forward convolution", libs.deterministic);
+    std::tie(a.forward, a.forward_bytes) = first_within_limit(
+        fwd, count, space, "forward convolution", libs.deterministic, workspace(libs));
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     SK_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
         libs.dnn(), w.get(), ws.data_ptr(), y.get(), ys.data_ptr(), conv.get(), x.get(),
         xs.data_ptr(), kMax, &count, data, scratch.data_ptr(), space));
-    std::tie(a.backward_data, a.backward_data_bytes) =
-        first_within_limit(data, count, space, "backward-data", libs.deterministic);
+    std::tie(a.backward_data, a.backward_data_bytes) = first_within_limit(
+        data, count, space, "backward-data", libs.deterministic, workspace(libs));
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     SK_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         libs.dnn(), x.get(), xs.data_ptr(), y.get(), ys.data_ptr(), conv.get(), w.get(),
         ws.data_ptr(), kMax, &count, filter, scratch.data_ptr(), space));
-    std::tie(a.backward_filter, a.backward_filter_bytes) =
-        first_within_limit(filter, count, space, "backward-filter", libs.deterministic);
+    std::tie(a.backward_filter, a.backward_filter_bytes) = first_within_limit(
+        filter, count, space, "backward-filter", libs.deterministic, workspace(libs));
     return a;
   }
 };
