@@ -156,8 +156,8 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
   compare_with_grads("batch_norm train 1d", {{16, 6}, {6}, {6}},
                      [](sk::Context& c, const auto& v) { return bn(c, v, true); });
   // The parts' form beyond one part a channel: two segments of a row of 4608 (runs of 4, a
-  // float4 each in f32), three of a row of 4097 (runs of 1), 40 parts of whole rows (lanes of
-  // the fold taking two parts), an odd channel count with a short last part.
+  // float4 each in f32), two of a row of 4097 (2052 + 2045, runs of 1), 40 parts of whole rows
+  // (lanes of the fold taking two parts), an odd channel count with a short last part.
   for (const sk::Shape& shape :
        std::vector<sk::Shape>{{2, 3, 72, 64}, {3, 2, 4097}, {40, 2, 64, 64}, {70, 5, 8, 8}}) {
     const sk::Shape c{shape[1]};

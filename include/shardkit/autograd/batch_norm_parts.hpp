@@ -33,8 +33,9 @@ inline ChannelParts channel_parts(std::int64_t outer, std::int64_t inner) {
   ChannelParts p;
   if (inner < 1) return p;
   if (inner > kPartValues) {
-    // Segments of about equal length (so the last one is not a sliver: 224² = 3 x 4096 + 256
-    // would leave a block nearly idle), a multiple of 4 so that runs of 4 stay whole.
+    // Segments of about equal length (so the last one is not a sliver: 112² = 3 x 4096 + 256
+    // would leave a block nearly idle; 4 x 3136 instead), a multiple of 4 so that runs of 4 stay
+    // whole.
     const std::int64_t wanted = (inner + kPartValues - 1) / kPartValues;
     p.segment = ((inner + wanted - 1) / wanted + 3) / 4 * 4;
     p.segments = (inner + p.segment - 1) / p.segment;  // (the last one not empty)
