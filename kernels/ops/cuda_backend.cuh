@@ -71,12 +71,12 @@ struct LeafBatch {
 static_assert(sizeof(LeafBatch) + 64 <= 4096, "kernel parameters over 4 KB");
 
 // Four threads per leaf of the batch's spans, a thread per group of four elements: lanes of a
-// warp read consecutive 16-byte groups (one float4 load for aligned f32), and leaf_sum_of_squares'
-// additions happen where the groups are -- each thread's (x0² + x1²) + (x2² + x3²), then
-// (g0 + g1) + (g2 + g3) across its leaf's four lanes by shuffles: the same bits as one thread
-// per leaf. Each thread takes kLeafGroups groups a grid apart, their loads issued together:
-// one thread per leaf (64 bytes a thread) reached 44% of copy on an H200, one 16-byte group a
-// thread 55%, its load waiting behind its span search. `leaves`: the batch's first leaf.
+// warp read consecutive groups (one float4 load for aligned f32, four scalar loads otherwise),
+// and leaf_sum_of_squares' additions happen where the groups are -- each thread's (x0² + x1²) +
+// (x2² + x3²), then (g0 + g1) + (g2 + g3) across its leaf's four lanes by shuffles: the same bits
+// as one thread per leaf. Each thread takes kLeafGroups groups a grid apart, their loads issued
+// together: one thread per leaf (64 bytes a thread) reached 44% of copy on an H200, one 16-byte
+// group a thread 55%, its load waiting behind its span search. `leaves`: the batch's first leaf.
 constexpr int kLeafGroups = 4;
 
 template <class T>
@@ -105,8 +105,8 @@ __global__ void leaf_sums_kernel(const LeafBatch batch, double* leaves) {
           hi = mid;
       }
       const std::int64_t first = (leaf - batch.first_leaf[lo]) * kNormLeaf + 4 * part;
-      left[j] = batch.size[lo] - first;
-      where[j] = static_cast<const T*>(batch.data[lo]) + first;
+      left[j] = batch.size[lo] - first;  // (<= 0 for the lanes past a short last leaf)
+      if (left[j] > 0) where[j] = static_cast<const T*>(batch.data[lo]) + first;
     }
   }
   double q[kLeafGroups][4];

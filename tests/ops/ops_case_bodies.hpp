@@ -257,32 +257,34 @@ void leaf_sums_case(B& b, std::int64_t gap, double tolerance) {
   const auto got_y = sk::to_vector<double>(host, b.download(y_leaves));
   CHECK(std::memcmp(both.data(), got.data(), got.size() * sizeof(double)) == 0);
   CHECK(std::memcmp(both.data() + total, got_y.data(), got_y.size() * sizeof(double)) == 0);
-  // The gradients' 16-bit dtypes (the host function over their values widened), and a list of
-  // 203 tensors: more spans than one GPU launch's table holds (160), so the leaves continue
-  // across launches.
+  // The gradients' 16-bit dtypes (the host function over their values widened), each also over
+  // a list of 203 tensors: more spans than one GPU launch's table holds (160), so the leaves
+  // continue across launches.
   std::vector<std::int64_t> many;
   for (int t = 0; t < 203; ++t) many.push_back(1 + (t * 37) % 300);
   const Layout many_layout(many, gap);
-  for (const sk::DType dtype : {sk::DType::bf16, sk::DType::f16, sk::DType::f32}) {
-    const Layout& l = dtype == sk::DType::f32 ? many_layout : layout;
-    CAPTURE(sk::dtype_name(dtype));
-    const Flat<B> z(b, random_values(l.total, 0.25, 1.5, 35), l, dtype);
-    const auto z0 = z.values(b);  // (the values as stored, widened exactly)
-    std::int64_t count = 0;
-    for (auto size : l.sizes) count += ops::norm_leaves(size);
-    auto z_leaves = b.zeros({count}, sk::DType::f64);
-    b.fill(z_leaves, -1.0);
-    ops::leaf_sums_of_squares(b.ctx, z.views, z_leaves);
-    const auto z_got = sk::to_vector<double>(host, b.download(z_leaves));
-    std::size_t k = 0;
-    for (std::size_t t = 0; t < l.count(); ++t)
-      for (std::int64_t lo = 0; lo < l.sizes[t]; lo += ops::kNormLeaf, ++k) {
-        const auto n = static_cast<int>(std::min(ops::kNormLeaf, l.sizes[t] - lo));
-        CHECK(rel_error(z_got[k], ops::leaf_sum_of_squares(z0.data() + l.offsets[t] + lo, n)) <=
-              tolerance);
-      }
-    CHECK(k == z_got.size());
-  }
+  for (const sk::DType dtype : {sk::DType::bf16, sk::DType::f16, sk::DType::f32})
+    for (const Layout* list : {&layout, &many_layout}) {
+      const Layout& l = *list;
+      CAPTURE(sk::dtype_name(dtype));
+      CAPTURE(l.count());
+      const Flat<B> z(b, random_values(l.total, 0.25, 1.5, 35), l, dtype);
+      const auto z0 = z.values(b);  // (the values as stored, widened exactly)
+      std::int64_t count = 0;
+      for (auto size : l.sizes) count += ops::norm_leaves(size);
+      auto z_leaves = b.zeros({count}, sk::DType::f64);
+      b.fill(z_leaves, -1.0);
+      ops::leaf_sums_of_squares(b.ctx, z.views, z_leaves);
+      const auto z_got = sk::to_vector<double>(host, b.download(z_leaves));
+      std::size_t k = 0;
+      for (std::size_t t = 0; t < l.count(); ++t)
+        for (std::int64_t lo = 0; lo < l.sizes[t]; lo += ops::kNormLeaf, ++k) {
+          const auto n = static_cast<int>(std::min(ops::kNormLeaf, l.sizes[t] - lo));
+          CHECK(rel_error(z_got[k], ops::leaf_sum_of_squares(z0.data() + l.offsets[t] + lo, n)) <=
+                tolerance);
+        }
+      CHECK(k == z_got.size());
+    }
 }
 
 // normalize_rows_by_leaves (SwAV's prototypes after a step): a [7, 48] parameter's pieces, cut
