@@ -380,8 +380,9 @@ class SwavTrainer {
     if (!blocker.empty()) return false;
     // Ranks sharing this GPU in one process meet on the device inside a captured step, their
     // host threads around each replay (comm/local_communicator.hpp): verified on an H200 at
-    // 466cc58. SyncBatchNorm's captured exchanges have not run on a GPU yet: auto leaves those
-    // steps eager until they have; true captures.
+    // 466cc58. SyncBatchNorm's captured exchanges have not run on a GPU yet (test_gpu's
+    // "captured ResNet-18 step with SyncBatchNorm" case checks them): auto leaves those steps
+    // eager until it has passed there; true captures.
     return ctx_->device().is_cuda() && c_.sync_bn_group == 0;
   }
 
