@@ -3,7 +3,7 @@
 same network and crops in the same run, on the CPU or on a CUDA GPU.
 
   swav_vs_torch.py path/to/swav [STEPS] [--device cpu|cuda] [--rounds R] [--network quick|gpu]
-                   [--queue N] [config.KEY=VALUE ...]
+                   [--queue N] [--only shardkit|pytorch] [config.KEY=VALUE ...]
 
 On the GPU both run one rank with the whole batch of 64 (ours: config.MACHINE.DEVICE=gpu);
 config overrides pass through to ours (e.g. the dataset's folder on a machine without the
@@ -29,7 +29,8 @@ appended to the batch's scores before Sinkhorn on both sides.
 Both are measured in R rounds (default 3), alternating which goes first, and each side's median
 is the figure: a lent GPU's host moved both sides' single runs by 30-40% between calls a minute
 apart, more than the difference measured. Prints every round, then both medians and their
-ratio (the last line)."""
+ratio (the last line). --only runs one side alone (for a profiler wrapped around this script)
+and prints its figures without a ratio."""
 import argparse
 import contextlib
 import statistics
@@ -176,12 +177,20 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--network", choices=tuple(NETWORKS), default="quick")
     parser.add_argument("--queue", type=int, default=0, metavar="N")
+    parser.add_argument("--only", choices=("shardkit", "pytorch"))
     args, overrides = parser.parse_known_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     batch = NETWORKS[args.network]["batch"]
     if args.queue < 0 or args.queue % batch:
         parser.error(f"--queue must be a non-negative multiple of the batch ({batch}), got {args.queue}")
+    if args.only:
+        for index in range(args.rounds):
+            rate = (ours_images_per_second(args.swav, args.steps, args.device, args.network, args.queue,
+                                           overrides) if args.only == "shardkit"
+                    else torch_images_per_second(args.steps, args.device, args.network, args.queue))
+            print(f"round {index + 1}: {args.only} {rate:.1f} img/s", flush=True)
+        return 0
     ours, theirs = [], []
     for index in range(args.rounds):
         measure = [lambda: ours.append(ours_images_per_second(args.swav, args.steps, args.device, args.network,
