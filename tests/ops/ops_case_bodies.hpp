@@ -1,6 +1,9 @@
 // Bodies of the fused-op test cases, templated over the backend (see ops_cases.hpp).
 #pragma once
 
+#include <algorithm>
+#include <optional>
+
 #include "ops_cases.hpp"
 
 namespace ops_test {
@@ -114,21 +117,32 @@ void larc_case(B& b, ops::LarcOptions larc, bool composed, std::int64_t gap,
 }
 
 // larc_sgd_step with LarcParamSquares kept between steps: the same bits as without, for the
-// same tensors; recomputed for other tensors and after forget(); and a write the step cannot see,
-// left unforgotten, changes the next step (so the kept sums are what the step uses). The params,
-// grads and momentum buffers lie at their own offsets (`*_gap` elements before each segment):
-// on the GPU, equal gaps let the update square the params it writes, unequal ones walk the
-// update otherwise than the norms pass, which then takes the squares in a pass of their own.
+// same tensors, and kept sums equal to a fresh norms pass's bit for bit; recomputed for other
+// tensors and after forget(); and a write the step cannot see, left unforgotten, changes the
+// next step (so the kept sums are what the step uses). The params, grads, momentum buffers and
+// bf16 copies (none when low_gap < 0) lie at their own offsets (`*_gap` elements before each
+// segment). On the GPU the update squares the params it writes where it walks them as the
+// (param, grad) pass does -- both aligned alike, or both unaligned with each other (then every
+// pass walks them scalar) --, and a momentum or copy list aligned otherwise than the pair sends
+// the squares to a pass of their own. `sizes`: the tensors (more than a GPU launch holds: the
+// sums continue across launches).
 template <class B>
 void larc_param_squares_case(B& b, std::int64_t param_gap, std::int64_t grad_gap,
-                             std::int64_t buf_gap) {
-  const Layout layout(edge_sizes(), param_gap), grad_layout(edge_sizes(), grad_gap),
-      buf_layout(edge_sizes(), buf_gap);
+                             std::int64_t buf_gap, std::int64_t low_gap,
+                             const std::vector<std::int64_t>& sizes = edge_sizes()) {
+  const Layout layout(sizes, param_gap), grad_layout(sizes, grad_gap), buf_layout(sizes, buf_gap),
+      low_layout(sizes, std::max<std::int64_t>(low_gap, 0));
   const auto w0 = random_values(layout.total, -2.0, 2.0, 41);
   const auto buf0 = random_values(buf_layout.total, -0.1, 0.1, 42);
+  const auto low0 = random_values(low_layout.total, -1.0, 1.0, 43);
   // a: no sums kept; c, d: sums kept (d will be left stale).
   Flat<B> wa(b, w0, layout), wc(b, w0, layout), wd(b, w0, layout);
   Flat<B> ma(b, buf0, buf_layout), mc(b, buf0, buf_layout), md(b, buf0, buf_layout);
+  Flat<B> la(b, low0, low_layout, sk::DType::bf16), lc(b, low0, low_layout, sk::DType::bf16),
+      ld(b, low0, low_layout, sk::DType::bf16);
+  const auto copies = [&](const Flat<B>& l) {
+    return low_gap < 0 ? std::vector<sk::Tensor>{} : l.views;
+  };
   ops::LarcParamSquares squares_c, squares_d;
   ops::LarcOptions larc;
   larc.weight_decay = 1e-4f;
@@ -142,12 +156,14 @@ void larc_param_squares_case(B& b, std::int64_t param_gap, std::int64_t grad_gap
     const auto u = x.values(b), v = y.values(b);
     return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0;
   };
+  std::optional<Flat<B>> last_grads;
   auto step = [&](std::uint32_t seed, bool forget_c) {
-    Flat<B> g(b, random_values(grad_layout.total, -1.0, 1.0, seed), grad_layout);
+    last_grads.emplace(b, random_values(grad_layout.total, -1.0, 1.0, seed), grad_layout);
+    const auto& g = last_grads->views;
     if (forget_c) squares_c.forget();
-    ops::larc_sgd_step(b.ctx, o, larc, {wa.views, g.views, ma.views, {}});
-    ops::larc_sgd_step(b.ctx, o, larc, {wc.views, g.views, mc.views, {}}, &squares_c);
-    ops::larc_sgd_step(b.ctx, o, larc, {wd.views, g.views, md.views, {}}, &squares_d);
+    ops::larc_sgd_step(b.ctx, o, larc, {wa.views, g, ma.views, copies(la)});
+    ops::larc_sgd_step(b.ctx, o, larc, {wc.views, g, mc.views, copies(lc)}, &squares_c);
+    ops::larc_sgd_step(b.ctx, o, larc, {wd.views, g, md.views, copies(ld)}, &squares_d);
   };
   for (std::uint32_t s = 0; s < 3; ++s) {
     CAPTURE(s);
@@ -156,15 +172,28 @@ void larc_param_squares_case(B& b, std::int64_t param_gap, std::int64_t grad_gap
     REQUIRE(same_bits(wa, wc));
     REQUIRE(same_bits(ma, mc));
     REQUIRE(same_bits(wa, wd));
+    if (low_gap >= 0) REQUIRE(same_bits(la, lc));
   }
-  if (b.ctx.device().is_cpu()) {  // (the GPU keeps them reversed)
-    // The kept sums are the norms pass's sums of the params now, bit for bit.
-    const auto count = static_cast<std::int64_t>(layout.count());
+  // The kept sums are the norms pass's sums of the params now, bit for bit -- a check the
+  // params' bits alone could miss: a sum a few ulps off seldom moves an f32 trust ratio.
+  const auto count = static_cast<std::int64_t>(layout.count());
+  REQUIRE(squares_c.sums().numel() == count);
+  sk::Context host;
+  const auto kept = sk::to_vector<double>(host, b.download(squares_c.sums()));
+  if (b.ctx.device().is_cpu()) {
     auto fresh = b.zeros({1, count}, sk::DType::f64);
     ops::segment_sums_of_squares(b.ctx, wc.views, std::span<const sk::Tensor>{}, fresh);
-    REQUIRE(squares_c.sums().numel() == count);
-    CHECK(std::memcmp(squares_c.sums().data_ptr(), fresh.data_ptr(),
-                      static_cast<std::size_t>(count) * sizeof(double)) == 0);
+    const auto pass = sk::to_vector<double>(host, b.download(fresh));
+    CHECK(std::memcmp(kept.data(), pass.data(), static_cast<std::size_t>(count) * 8) == 0);
+  } else {  // in reverse span order, summed as the (param, grad) pair is walked
+    auto fresh = b.zeros({2, count}, sk::DType::f64);
+    ops::segment_sums_of_squares(b.ctx, wc.views, last_grads->views, fresh);
+    const auto pass = sk::to_vector<double>(host, b.download(fresh));
+    for (std::int64_t t = 0; t < count; ++t) {
+      CAPTURE(t);
+      CHECK(std::memcmp(&kept[static_cast<std::size_t>(count - 1 - t)],
+                        &pass[static_cast<std::size_t>(t)], sizeof(double)) == 0);
+    }
   }
   // A write of the caller's own to every param (a plain SGD step on other grads): forgotten for
   // c, not for d.
@@ -181,8 +210,8 @@ void larc_param_squares_case(B& b, std::int64_t param_gap, std::int64_t grad_gap
   // Sums kept for other tensors are not used: c's sums passed with a's params.
   {
     Flat<B> g(b, random_values(grad_layout.total, -1.0, 1.0, 352), grad_layout);
-    ops::larc_sgd_step(b.ctx, o, larc, {wa.views, g.views, ma.views, {}}, &squares_c);
-    ops::larc_sgd_step(b.ctx, o, larc, {wc.views, g.views, mc.views, {}});
+    ops::larc_sgd_step(b.ctx, o, larc, {wa.views, g.views, ma.views, copies(la)}, &squares_c);
+    ops::larc_sgd_step(b.ctx, o, larc, {wc.views, g.views, mc.views, copies(lc)});
     CHECK(same_bits(wa, wc));
     CHECK(same_bits(ma, mc));
   }

@@ -85,15 +85,23 @@ TEST_CASE("LARC-SGD, fused and composed, scale and clip modes, zero-norm tensors
 
 TEST_CASE("LARC-SGD keeping the params' squares: the same bits, recomputed when not theirs") {
   Backend b;
-  // (params, grads, momentum) gaps: aligned alike, unaligned alike, then grads or momentum
-  // aligned otherwise than the params.
-  const std::int64_t gaps[][3] = {{0, 0, 0}, {1, 1, 1}, {0, 1, 0}, {0, 0, 1}, {1, 0, 2}};
+  // (params, grads, momentum, bf16 copies) gaps, -1: no copies. All aligned alike; unaligned
+  // alike; params and grads aligned otherwise than each other; momentum or copies aligned
+  // otherwise than the pair (on the GPU: the squares in a pass of their own).
+  const std::int64_t gaps[][4] = {{0, 0, 0, -1}, {1, 1, 1, 1}, {0, 1, 0, -1},
+                                  {0, 0, 1, -1}, {0, 0, 0, 1}, {1, 0, 2, 3}};
   for (const auto& gap : gaps) {
     CAPTURE(gap[0]);
     CAPTURE(gap[1]);
     CAPTURE(gap[2]);
-    larc_param_squares_case(b, gap[0], gap[1], gap[2]);
+    CAPTURE(gap[3]);
+    larc_param_squares_case(b, gap[0], gap[1], gap[2], gap[3]);
   }
+  // 130 tensors: more than one GPU launch's spans for the update (79) and the norms (123).
+  std::vector<std::int64_t> many;
+  for (int t = 0; t < 130; ++t) many.push_back(1 + (t * 37) % 300);
+  larc_param_squares_case(b, 0, 0, 0, -1, many);
+  larc_param_squares_case(b, 0, 0, 1, 0, many);
 }
 
 TEST_CASE("LARC-SGD over 300 small tensors: several launches per pass") {
