@@ -7,6 +7,7 @@
 #include "shardkit/core/error.hpp"
 
 #if SK_WITH_CUDA
+#include "shardkit/autograd/ranked_algorithms.hpp"
 #include "shardkit/core/cublas_check.hpp"
 #include "shardkit/core/cuda_check.hpp"
 #include "shardkit/core/cudnn_check.hpp"
@@ -86,6 +87,65 @@ TEST_CASE("SK_CUBLAS_CHECK, SK_CUDNN_CHECK and SK_NCCL_CHECK carry the library's
   const auto nccl = message_of<sk::NcclError>([] { SK_NCCL_CHECK(ncclInvalidArgument); });
   CHECK(contains(nccl, "invalid argument"));
   CHECK_NOTHROW(SK_NCCL_CHECK(ncclInProgress));  // non-blocking communicators answer this
+}
+
+// A convolution plan's algorithms (autograd/ranked_algorithms.hpp), over cuDNN's status codes
+// alone: the candidates drawn from a ranking, and a call that cuDNN refuses moving the plan on.
+TEST_CASE("a convolution plan takes cuDNN's ranked algorithms in order, the next where one fails") {
+  namespace cu = sk::autograd::cuda;
+  struct Perf {  // cudnnConvolutionFwdAlgoPerf_t's fields that the choice reads
+    int algo;
+    cudnnStatus_t status;
+    std::size_t memory;
+    cudnnDeterminism_t determinism;
+  };
+  const Perf ranking[] = {
+      {1, CUDNN_STATUS_SUCCESS, 64, CUDNN_NON_DETERMINISTIC},
+      {2, CUDNN_STATUS_NOT_SUPPORTED, 0, CUDNN_DETERMINISTIC},  // did not run: left out
+      {3, CUDNN_STATUS_SUCCESS, 32, CUDNN_DETERMINISTIC},
+      {4, CUDNN_STATUS_SUCCESS, 1 << 20, CUDNN_DETERMINISTIC},  // over the limit
+      {3, CUDNN_STATUS_SUCCESS, 16, CUDNN_DETERMINISTIC},       // again (another math type)
+      {5, CUDNN_STATUS_SUCCESS, 8, CUDNN_DETERMINISTIC},        // refused by the descriptors
+      {6, CUDNN_STATUS_SUCCESS, 8, CUDNN_DETERMINISTIC},
+  };
+  const auto workspace = [](int algo, std::size_t* bytes) {
+    *bytes = algo == 6 ? 128 : 0;  // cuDNN's answer for the plan's own descriptors
+    return algo == 5 ? CUDNN_STATUS_NOT_SUPPORTED : CUDNN_STATUS_SUCCESS;
+  };
+  using Pairs = std::vector<std::pair<int, std::size_t>>;
+  auto ranked = cu::ranked_within_limit(ranking, 7, 4096, "forward", true, workspace);
+  CHECK(ranked.candidates == Pairs{{3, 32}, {6, 128}, {1, 64}});  // deterministic ones first
+  CHECK(cu::ranked_within_limit(ranking, 7, 4096, "forward", false, workspace).candidates ==
+        Pairs{{1, 64}, {3, 32}, {6, 128}});
+  CHECK_THROWS_AS(cu::ranked_within_limit(ranking, 2, 16, "forward", true, workspace),
+                  sk::NotAvailable);
+
+  // Refused at the call: the next candidate, for good.
+  std::vector<int> tried;
+  const auto refuse_3 = [&](int algo, std::size_t bytes) {
+    tried.push_back(algo);
+    CHECK(bytes == (algo == 3 ? 32u : algo == 6 ? 128u : 64u));
+    return algo == 3 ? CUDNN_STATUS_NOT_SUPPORTED_SHAPE : CUDNN_STATUS_SUCCESS;
+  };
+  cu::run_ranked(ranked, "cudnnConvolutionForward", refuse_3);
+  CHECK(tried == std::vector<int>{3, 6});
+  cu::run_ranked(ranked, "cudnnConvolutionForward", refuse_3);
+  CHECK(tried == std::vector<int>{3, 6, 6});
+  // A bad parameter is the caller's: thrown at once, the plan kept.
+  CHECK_THROWS_AS(cu::run_ranked(ranked, "cudnnConvolutionForward",
+                                 [](int, std::size_t) { return CUDNN_STATUS_BAD_PARAM; }),
+                  sk::CudnnError);
+  CHECK(ranked.algo() == 6);
+  // Every candidate left refused: the first refusal is thrown, the last candidate kept.
+  const auto message = message_of<sk::CudnnError>([&] {
+    int calls = 0;
+    cu::run_ranked(ranked, "cudnnConvolutionForward", [&](int, std::size_t) {
+      return ++calls == 1 ? CUDNN_STATUS_EXECUTION_FAILED : CUDNN_STATUS_INTERNAL_ERROR;
+    });
+  });
+  CHECK(contains(message, "cudnnConvolutionForward"));
+  CHECK(contains(message, "EXECUTION_FAILED"));
+  CHECK(ranked.algo() == 1);
 }
 
 TEST_CASE("a CUDA build refuses a GPU the machine does not have, naming the count and the fix") {

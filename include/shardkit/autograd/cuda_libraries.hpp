@@ -25,6 +25,7 @@
 
 #include "shardkit/autograd/cpu_conv.hpp"
 #include "shardkit/autograd/cpu_norm_pool.hpp"
+#include "shardkit/autograd/ranked_algorithms.hpp"
 #include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/cublas_check.hpp"
 #include "shardkit/core/cudnn_check.hpp"
@@ -33,10 +34,9 @@
 namespace shardkit::autograd::cuda {
 
 struct ConvAlgorithms {
-  cudnnConvolutionFwdAlgo_t forward{};
-  cudnnConvolutionBwdDataAlgo_t backward_data{};
-  cudnnConvolutionBwdFilterAlgo_t backward_filter{};
-  std::size_t forward_bytes = 0, backward_data_bytes = 0, backward_filter_bytes = 0;
+  RankedAlgorithms<cudnnConvolutionFwdAlgo_t> forward;
+  RankedAlgorithms<cudnnConvolutionBwdDataAlgo_t> backward_data;
+  RankedAlgorithms<cudnnConvolutionBwdFilterAlgo_t> backward_filter;
 };
 
 // One per context (Context::resource): handles bound to the context's stream, the workspace,
@@ -225,29 +225,6 @@ class ConvDesc
   }
 };
 
-// The first algorithm cuDNN ranked that ran and fits the workspace limit, with its workspace:
-// the first deterministic one when `deterministic` (Libraries::deterministic), else -- or when
-// none is -- the first. A heuristic's entry is a prediction (for its own math type), so each
-// candidate's workspace is also asked of cuDNN for the descriptors the call will use
-// (`workspace(algo, &bytes)`, a cudnnGet*WorkspaceSize): a candidate those descriptors do not
-// support is passed over here rather than failing at the call, and the larger size is kept.
-template <class Perf, class Workspace>
-auto first_within_limit(const Perf* ranked, int count, std::size_t limit, const char* what,
-                        bool deterministic, Workspace&& workspace) {
-  for (const bool only_deterministic : {deterministic, false})
-    for (int i = 0; i < count; ++i) {
-      if (ranked[i].status != CUDNN_STATUS_SUCCESS ||
-          (only_deterministic && ranked[i].determinism != CUDNN_DETERMINISTIC))
-        continue;
-      std::size_t bytes = 0;
-      if (workspace(ranked[i].algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
-      bytes = std::max(bytes, ranked[i].memory);
-      if (bytes <= limit) return std::make_pair(ranked[i].algo, bytes);
-    }
-  fail<NotAvailable>("cuDNN offers no ", what, " algorithm for this shape within ", limit,
-                     " workspace bytes; raise workspace_limit");
-}
-
 // The descriptors of one convolution shape and layout and its algorithms, made once
 // (conv_plan).
 struct ConvPlan {
@@ -275,24 +252,22 @@ struct ConvPlan {
     cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(libs.dnn(), x.get(), w.get(), conv.get(),
                                                           y.get(), kMax, &count, fwd));
-    std::tie(a.forward, a.forward_bytes) =
-        first_within_limit(fwd, count, libs.workspace_limit, "forward convolution",
-                           libs.deterministic, workspace(libs));
+    a.forward = ranked_within_limit(fwd, count, libs.workspace_limit, "forward convolution",
+                                    libs.deterministic, workspace(libs));
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         libs.dnn(), w.get(), y.get(), conv.get(), x.get(), kMax, &count, data));
-    std::tie(a.backward_data, a.backward_data_bytes) = first_within_limit(
-        data, count, libs.workspace_limit, "backward-data", libs.deterministic, workspace(libs));
+    a.backward_data = ranked_within_limit(data, count, libs.workspace_limit, "backward-data",
+                                          libs.deterministic, workspace(libs));
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     SK_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         libs.dnn(), x.get(), y.get(), conv.get(), w.get(), kMax, &count, filter));
-    std::tie(a.backward_filter, a.backward_filter_bytes) =
-        first_within_limit(filter, count, libs.workspace_limit, "backward-filter",
-                           libs.deterministic, workspace(libs));
+    a.backward_filter = ranked_within_limit(filter, count, libs.workspace_limit, "backward-filter",
+                                            libs.deterministic, workspace(libs));
     return a;
   }
 
-  // first_within_limit's question: what an algorithm needs of the workspace with this plan's
+  // ranked_within_limit's question: what an algorithm needs of the workspace with this plan's
   // descriptors, or that they do not support it.
   struct WorkspaceQuery {
     cudnnHandle_t dnn;
@@ -334,20 +309,20 @@ struct ConvPlan {
     SK_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
         libs.dnn(), x.get(), xs.data_ptr(), w.get(), ws.data_ptr(), conv.get(), y.get(),
         ys.data_ptr(), kMax, &count, fwd, scratch.data_ptr(), space));
-    std::tie(a.forward, a.forward_bytes) = first_within_limit(
-        fwd, count, space, "forward convolution", libs.deterministic, workspace(libs));
+    a.forward = ranked_within_limit(fwd, count, space, "forward convolution", libs.deterministic,
+                                    workspace(libs));
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     SK_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
         libs.dnn(), w.get(), ws.data_ptr(), y.get(), ys.data_ptr(), conv.get(), x.get(),
         xs.data_ptr(), kMax, &count, data, scratch.data_ptr(), space));
-    std::tie(a.backward_data, a.backward_data_bytes) = first_within_limit(
-        data, count, space, "backward-data", libs.deterministic, workspace(libs));
+    a.backward_data = ranked_within_limit(data, count, space, "backward-data", libs.deterministic,
+                                          workspace(libs));
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     SK_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         libs.dnn(), x.get(), xs.data_ptr(), y.get(), ys.data_ptr(), conv.get(), w.get(),
         ws.data_ptr(), kMax, &count, filter, scratch.data_ptr(), space));
-    std::tie(a.backward_filter, a.backward_filter_bytes) = first_within_limit(
-        filter, count, space, "backward-filter", libs.deterministic, workspace(libs));
+    a.backward_filter = ranked_within_limit(filter, count, space, "backward-filter",
+                                            libs.deterministic, workspace(libs));
     return a;
   }
 };
@@ -413,13 +388,14 @@ inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& weight, 
   const bool nhwc = runs_nhwc(x, y);
   const Tensor xl = in_layout(ctx, x, nhwc), wl = in_layout(ctx, weight, nhwc);
   const Tensor yl = result_in_layout(ctx, y, nhwc);
-  const ConvPlan& plan = conv_plan(ctx, g, x.dtype(), nhwc);
+  ConvPlan& plan = conv_plan(ctx, g, x.dtype(), nhwc);
   const Blend blend(x.dtype());
-  void* ws = libs.workspace(ctx, plan.algorithms.forward_bytes);
-  SK_CUDNN_CHECK(cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), xl.data_ptr(),
-                                         plan.w.get(), wl.data_ptr(), plan.conv.get(),
-                                         plan.algorithms.forward, ws, plan.algorithms.forward_bytes,
-                                         blend.zero(), plan.y.get(), yl.data_ptr()));
+  run_ranked(plan.algorithms.forward, "cudnnConvolutionForward", [&](auto algo, std::size_t bytes) {
+    void* ws = libs.workspace(ctx, bytes);
+    return cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), xl.data_ptr(),
+                                   plan.w.get(), wl.data_ptr(), plan.conv.get(), algo, ws, bytes,
+                                   blend.zero(), plan.y.get(), yl.data_ptr());
+  });
   if (yl.data_ptr() != y.data_ptr()) copy(ctx, y, yl);
 }
 
@@ -432,26 +408,32 @@ inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& weight,
   auto& libs = libraries(ctx);
   const bool nhwc = runs_nhwc(x, grad_y);
   const Tensor gyl = in_layout(ctx, grad_y, nhwc);
-  const ConvPlan& plan = conv_plan(ctx, g, x.dtype(), nhwc);
+  ConvPlan& plan = conv_plan(ctx, g, x.dtype(), nhwc);
   const Blend blend(x.dtype());
   if (grad_x.defined()) {
     const Tensor wl = in_layout(ctx, weight, nhwc);
     const Tensor gxl = result_in_layout(ctx, grad_x, nhwc);
-    void* ws = libs.workspace(ctx, plan.algorithms.backward_data_bytes);
-    SK_CUDNN_CHECK(cudnnConvolutionBackwardData(
-        libs.dnn(), blend.one(), plan.w.get(), wl.data_ptr(), plan.y.get(), gyl.data_ptr(),
-        plan.conv.get(), plan.algorithms.backward_data, ws, plan.algorithms.backward_data_bytes,
-        blend.zero(), plan.x.get(), gxl.data_ptr()));
+    run_ranked(plan.algorithms.backward_data, "cudnnConvolutionBackwardData",
+               [&](auto algo, std::size_t bytes) {
+                 void* ws = libs.workspace(ctx, bytes);
+                 return cudnnConvolutionBackwardData(libs.dnn(), blend.one(), plan.w.get(),
+                                                     wl.data_ptr(), plan.y.get(), gyl.data_ptr(),
+                                                     plan.conv.get(), algo, ws, bytes, blend.zero(),
+                                                     plan.x.get(), gxl.data_ptr());
+               });
     if (gxl.data_ptr() != grad_x.data_ptr()) copy(ctx, grad_x, gxl);
   }
   if (grad_weight.defined()) {
     const Tensor xl = in_layout(ctx, x, nhwc);
     const Tensor gwl = result_in_layout(ctx, grad_weight, nhwc);
-    void* ws = libs.workspace(ctx, plan.algorithms.backward_filter_bytes);
-    SK_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        libs.dnn(), blend.one(), plan.x.get(), xl.data_ptr(), plan.y.get(), gyl.data_ptr(),
-        plan.conv.get(), plan.algorithms.backward_filter, ws, plan.algorithms.backward_filter_bytes,
-        blend.zero(), plan.w.get(), gwl.data_ptr()));
+    run_ranked(plan.algorithms.backward_filter, "cudnnConvolutionBackwardFilter",
+               [&](auto algo, std::size_t bytes) {
+                 void* ws = libs.workspace(ctx, bytes);
+                 return cudnnConvolutionBackwardFilter(libs.dnn(), blend.one(), plan.x.get(),
+                                                       xl.data_ptr(), plan.y.get(), gyl.data_ptr(),
+                                                       plan.conv.get(), algo, ws, bytes,
+                                                       blend.zero(), plan.w.get(), gwl.data_ptr());
+               });
     if (gwl.data_ptr() != grad_weight.data_ptr()) copy(ctx, grad_weight, gwl);
   }
 }
