@@ -113,39 +113,62 @@ TEST_CASE("a convolution plan takes cuDNN's ranked algorithms in order, the next
     return algo == 5 ? CUDNN_STATUS_NOT_SUPPORTED : CUDNN_STATUS_SUCCESS;
   };
   using Pairs = std::vector<std::pair<int, std::size_t>>;
-  auto ranked = cu::ranked_within_limit(ranking, 7, 4096, "forward", true, workspace);
-  CHECK(ranked.candidates == Pairs{{3, 32}, {6, 128}, {1, 64}});  // deterministic ones first
-  CHECK(cu::ranked_within_limit(ranking, 7, 4096, "forward", false, workspace).candidates ==
-        Pairs{{1, 64}, {3, 32}, {6, 128}});
+  // Deterministic ones only where asked (as torch.backends.cudnn.deterministic), unless the
+  // ranking has none; each algorithm once, the larger workspace, within the limit.
+  CHECK(cu::ranked_within_limit(ranking, 7, 4096, "forward", true, workspace).candidates ==
+        Pairs{{3, 32}, {6, 128}});
+  auto ranked = cu::ranked_within_limit(ranking, 7, 4096, "forward", false, workspace);
+  CHECK(ranked.candidates == Pairs{{1, 64}, {3, 32}, {6, 128}});
+  CHECK(cu::ranked_within_limit(ranking, 2, 4096, "forward", true, workspace).candidates ==
+        Pairs{{1, 64}});
   CHECK_THROWS_AS(cu::ranked_within_limit(ranking, 2, 16, "forward", true, workspace),
                   sk::NotAvailable);
 
-  // Refused at the call: the next candidate, for good.
+  // Refused at the call: the next candidate that the call takes, for good.
   std::vector<int> tried;
-  const auto refuse_3 = [&](int algo, std::size_t bytes) {
+  const auto refuse_1 = [&](int algo, std::size_t bytes) {
     tried.push_back(algo);
-    CHECK(bytes == (algo == 3 ? 32u : algo == 6 ? 128u : 64u));
-    return algo == 3 ? CUDNN_STATUS_NOT_SUPPORTED_SHAPE : CUDNN_STATUS_SUCCESS;
+    CHECK(bytes == (algo == 1 ? 64u : algo == 3 ? 32u : 128u));
+    return algo == 1 ? CUDNN_STATUS_NOT_SUPPORTED_SHAPE : CUDNN_STATUS_SUCCESS;
   };
-  cu::run_ranked(ranked, "cudnnConvolutionForward", refuse_3);
-  CHECK(tried == std::vector<int>{3, 6});
-  cu::run_ranked(ranked, "cudnnConvolutionForward", refuse_3);
-  CHECK(tried == std::vector<int>{3, 6, 6});
+  cu::run_ranked(ranked, "cudnnConvolutionForward", false, refuse_1);
+  CHECK(tried == std::vector<int>{1, 3});
+  cu::run_ranked(ranked, "cudnnConvolutionForward", false, refuse_1);
+  CHECK(tried == std::vector<int>{1, 3, 3});
   // A bad parameter is the caller's: thrown at once, the plan kept.
-  CHECK_THROWS_AS(cu::run_ranked(ranked, "cudnnConvolutionForward",
-                                 [](int, std::size_t) { return CUDNN_STATUS_BAD_PARAM; }),
-                  sk::CudnnError);
-  CHECK(ranked.algo() == 6);
-  // Every candidate left refused: the first refusal is thrown, the last candidate kept.
+  tried.clear();
+  const auto fail_with = [&](cudnnStatus_t status) {
+    return [&tried, status](int algo, std::size_t) {
+      tried.push_back(algo);
+      return status;
+    };
+  };
+  CHECK_THROWS_AS(
+      cu::run_ranked(ranked, "cudnnConvolutionForward", false, fail_with(CUDNN_STATUS_BAD_PARAM)),
+      sk::CudnnError);
+  CHECK(tried == std::vector<int>{3});
+  // Every candidate left failing: the first failure is thrown, the plan kept.
+  tried.clear();
   const auto message = message_of<sk::CudnnError>([&] {
-    int calls = 0;
-    cu::run_ranked(ranked, "cudnnConvolutionForward", [&](int, std::size_t) {
-      return ++calls == 1 ? CUDNN_STATUS_EXECUTION_FAILED : CUDNN_STATUS_INTERNAL_ERROR;
+    cu::run_ranked(ranked, "cudnnConvolutionForward", false, [&](int algo, std::size_t) {
+      tried.push_back(algo);
+      return algo == 3 ? CUDNN_STATUS_EXECUTION_FAILED : CUDNN_STATUS_INTERNAL_ERROR;
     });
   });
+  CHECK(tried == std::vector<int>{3, 6});
   CHECK(contains(message, "cudnnConvolutionForward"));
   CHECK(contains(message, "EXECUTION_FAILED"));
-  CHECK(ranked.algo() == 1);
+  CHECK(ranked.algo() == 3);
+  // Inside a capture a failed launch spoils the capture: only "not supported" moves on.
+  tried.clear();
+  CHECK_THROWS_AS(cu::run_ranked(ranked, "cudnnConvolutionForward", true,
+                                 fail_with(CUDNN_STATUS_EXECUTION_FAILED)),
+                  sk::CudnnError);
+  CHECK(tried == std::vector<int>{3});
+  cu::run_ranked(ranked, "cudnnConvolutionForward", true, [](int algo, std::size_t) {
+    return algo == 3 ? CUDNN_STATUS_NOT_SUPPORTED : CUDNN_STATUS_SUCCESS;
+  });
+  CHECK(ranked.algo() == 6);
 }
 
 TEST_CASE("a CUDA build refuses a GPU the machine does not have, naming the count and the fix") {

@@ -390,12 +390,13 @@ inline void conv2d_forward(Context& ctx, const Tensor& x, const Tensor& weight, 
   const Tensor yl = result_in_layout(ctx, y, nhwc);
   ConvPlan& plan = conv_plan(ctx, g, x.dtype(), nhwc);
   const Blend blend(x.dtype());
-  run_ranked(plan.algorithms.forward, "cudnnConvolutionForward", [&](auto algo, std::size_t bytes) {
-    void* ws = libs.workspace(ctx, bytes);
-    return cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), xl.data_ptr(),
-                                   plan.w.get(), wl.data_ptr(), plan.conv.get(), algo, ws, bytes,
-                                   blend.zero(), plan.y.get(), yl.data_ptr());
-  });
+  run_ranked(plan.algorithms.forward, "cudnnConvolutionForward", ctx.capturing(),
+             [&](auto algo, std::size_t bytes) {
+               void* ws = libs.workspace(ctx, bytes);
+               return cudnnConvolutionForward(libs.dnn(), blend.one(), plan.x.get(), xl.data_ptr(),
+                                              plan.w.get(), wl.data_ptr(), plan.conv.get(), algo,
+                                              ws, bytes, blend.zero(), plan.y.get(), yl.data_ptr());
+             });
   if (yl.data_ptr() != y.data_ptr()) copy(ctx, y, yl);
 }
 
@@ -413,7 +414,7 @@ inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& weight,
   if (grad_x.defined()) {
     const Tensor wl = in_layout(ctx, weight, nhwc);
     const Tensor gxl = result_in_layout(ctx, grad_x, nhwc);
-    run_ranked(plan.algorithms.backward_data, "cudnnConvolutionBackwardData",
+    run_ranked(plan.algorithms.backward_data, "cudnnConvolutionBackwardData", ctx.capturing(),
                [&](auto algo, std::size_t bytes) {
                  void* ws = libs.workspace(ctx, bytes);
                  return cudnnConvolutionBackwardData(libs.dnn(), blend.one(), plan.w.get(),
@@ -426,7 +427,7 @@ inline void conv2d_backward(Context& ctx, const Tensor& x, const Tensor& weight,
   if (grad_weight.defined()) {
     const Tensor xl = in_layout(ctx, x, nhwc);
     const Tensor gwl = result_in_layout(ctx, grad_weight, nhwc);
-    run_ranked(plan.algorithms.backward_filter, "cudnnConvolutionBackwardFilter",
+    run_ranked(plan.algorithms.backward_filter, "cudnnConvolutionBackwardFilter", ctx.capturing(),
                [&](auto algo, std::size_t bytes) {
                  void* ws = libs.workspace(ctx, bytes);
                  return cudnnConvolutionBackwardFilter(libs.dnn(), blend.one(), plan.x.get(),
