@@ -382,7 +382,8 @@ struct PairOperandSquaresFunctor {
 // An update that also sums the squares of the params it writes (operand 0 after the rule, the
 // value stored): the next step's ||w||² from registers, without reading w again. For a span
 // that apply() walks as it walks the (param, grad) pair, the sum is PairOperandSquaresFunctor<0>'s
-// over the updated params, bit for bit. Not gated (a summing functor must run whole).
+// over the updated params, bit for bit. Not gated (a summing functor must run whole; LARC's
+// fused step refuses a gate, fused_ops.hpp).
 template <class F>
 struct SquaringParamsFunctor {
   static_assert(F::kSums == 0 && writes<F>(0), "an update that writes operand 0 and sums nothing");
@@ -539,7 +540,6 @@ struct Cuda {
                                    static_cast<SgdCoefficients*>(coefficients.data_ptr()));
     op.per_segment = static_cast<const SgdCoefficients*>(coefficients.data_ptr());
     if (param_squares == nullptr) return cuda::apply(ctx, op, spans);
-    check(op.gate == nullptr, "internal: larc_sgd keeps the params' squares of ungated steps only");
     Tensor squares = empty(ctx, {n}, DType::f64, MemoryCategory::optimizer_state);
     const cuda::SquaringParamsFunctor<Sgd> squaring{op};
     bool walked_alike = true;
