@@ -451,9 +451,13 @@ void check_captured_resnet(int world, OptimizerKind kind, Stage stage, sk::DType
         std::vector<sk::StepGraphStats> stats;
         for (bool graphed : {false, true}) {
           auto net = module_test::small_resnet(ctx, 5);
-          if (sync_bn)
-            CHECK(sk::parallel::convert_sync_batch_norm(
-                      *net, sk::parallel::sync_batch_norm_group(comm, world)) > 0);
+          if (sync_bn) {
+            // (outside CHECK, which would swallow a failed split: this rank would then go on
+            // without SyncBatchNorm and the other time out at the first exchange)
+            const auto converted = sk::parallel::convert_sync_batch_norm(
+                *net, sk::parallel::sync_batch_norm_group(comm, world));
+            CHECK(converted > 0);
+          }
           sk::parallel::ParallelOptions options;
           options.stage = stage;
           options.buckets.bucket_bytes = 1 << 16;
