@@ -24,6 +24,7 @@ inline ag::Variable random_variable(Context& ctx, Shape shape, bool requires_gra
 struct Workload {
   std::function<void()> run;
   double flops = 0;
+  double bytes = 0;  // the floor: what its kernels must read and write, where counted
 };
 
 // conv2d fwd + bwd-data + bwd-filter: 3x the forward's 2*N*OC*OH*OW*C*K*K.
@@ -75,6 +76,36 @@ inline Workload batch_norm_workload(Context& ctx, std::int64_t n, std::int64_t c
     ag::backward(ctx, (*bn)(ctx, *x), *grad);
   };
   wl.flops = 10.0 * double(n * c * hw * hw);  // ~4 forward + ~6 backward per element
+  return wl;
+}
+
+// ImageNet's stem max-pool (3 x 3, stride 2, padding 1) forward and backward on [n, c, hw, hw]
+// f32, through the device's kernels alone (autograd's leaf would add a copy of x's gradient).
+// Its floor on the GPU: x read and y written, with a byte per output for where the maximum lies
+// (the u8 window offset), then that byte and y's gradient read and x's gradient written.
+inline Workload max_pool_workload(Context& ctx, std::int64_t n, std::int64_t c, std::int64_t hw,
+                                  bool channels_last = false) {
+  const ag::cpu::PoolGeometry p{3, 3, 2, 2, 1, 1};
+  const std::int64_t ohw = (hw + 2 - 3) / 2 + 1;
+  const auto make = [&](std::int64_t side, DType dtype) {
+    return channels_last ? empty_channels_last(ctx, ctx.device(), {n, c, side, side}, dtype)
+                         : empty(ctx, {n, c, side, side}, dtype);
+  };
+  auto x = std::make_shared<Tensor>(make(hw, DType::f32));
+  copy(ctx, *x, random_variable(ctx, {n, c, hw, hw}, false).data());
+  auto y = std::make_shared<Tensor>(make(ohw, DType::f32));
+  auto argmax = std::make_shared<Tensor>(make(ohw, ag::max_pool_argmax_dtype(ctx.device(), p)));
+  auto gy = std::make_shared<Tensor>(make(ohw, DType::f32));
+  fill(ctx, *gy, 1e-3);
+  auto gx = std::make_shared<Tensor>(make(hw, DType::f32));
+  Workload wl;
+  wl.run = [&ctx, p, x, y, argmax, gy, gx] {
+    const auto& kernels = ag::kernels_for(ctx, *x);
+    kernels.max_pool_forward(ctx, *x, *y, *argmax, p);
+    kernels.max_pool_backward(ctx, *argmax, *gy, *gx, p);
+  };
+  const double in = double(n * c * hw * hw), out = double(n * c * ohw * ohw);
+  wl.bytes = 2 * 4 * in + out * (4 + 1 + 1 + 4);
   return wl;
 }
 

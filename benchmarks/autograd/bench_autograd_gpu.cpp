@@ -36,6 +36,8 @@ void time_workload(benchmark::State& state, sk::Context& ctx, const wl::Workload
     state.counters["TFLOPs"] = Counter(w.flops / 1e12, Counter::kIsIterationInvariantRate);
   if (items > 0)
     state.counters["images_per_s"] = Counter(items, Counter::kIsIterationInvariantRate);
+  if (w.bytes > 0)  // the floor's bytes a second: compare with bench_gpu's copy rows
+    state.counters["floor_GBps"] = Counter(w.bytes / 1e9, Counter::kIsIterationInvariantRate);
   SK_CUDA_CHECK(cudaEventDestroy(start));
   SK_CUDA_CHECK(cudaEventDestroy(stop));
 }
@@ -83,6 +85,21 @@ BENCHMARK(BM_batch_norm_fwd_bwd_gpu)
     ->Args({64, 64, 56, 1})
     ->Args({64, 256, 14, 0})
     ->Args({64, 256, 14, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_max_pool_fwd_bwd_gpu(benchmark::State& state) {
+  auto ctx = gpu_context(state);
+  time_workload(state, *ctx,
+                wl::max_pool_workload(*ctx, state.range(0), state.range(1), state.range(2),
+                                      state.range(3) != 0),
+                0);
+}
+// ImageNet's stem pool at batch 64 (the ResNet-18 224² step's): our kernels, deterministic.
+BENCHMARK(BM_max_pool_fwd_bwd_gpu)
+    ->ArgNames({"N", "C", "HW", "CL"})
+    ->Args({64, 64, 112, 0})
+    ->Args({64, 64, 112, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

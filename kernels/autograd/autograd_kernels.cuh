@@ -56,17 +56,6 @@ inline void batch_norm_train_backward(Context& ctx, const Tensor& x, const Tenso
                           grad_x, outer, channels, inner);
 }
 
-// cuDNN's max-pool keeps no argmax: its backward reads x and y.
-inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor&,
-                             const cpu::PoolGeometry& p) {
-  cuda::max_pool_forward(ctx, x, y, p);
-}
-inline void max_pool_backward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor&,
-                              const Tensor& grad_y, const Tensor& grad_x,
-                              const cpu::PoolGeometry& p) {
-  cuda::max_pool_backward(ctx, x, y, grad_y, grad_x, p);
-}
-
 }  // namespace cuda_kernels
 
 // The CUDA table: constant, so no global mutable state.

@@ -365,6 +365,131 @@ TEST_CASE("pointwise kernels: 128-bit packs equal the element-by-element form bi
         }
 }
 
+namespace {
+
+// Max-pool inputs with many ties (integers in [-2, 2]) and, where asked, a NaN in about one of
+// 23 values: which of the equal values a window takes decides where its gradient goes.
+std::vector<double> tied_values(std::int64_t n, std::uint32_t salt, bool nans) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  std::uint32_t s = 2654435761u * (salt + 1);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    s = s * 1664525u + 1013904223u;
+    v[i] = nans && (s >> 8) % 23 == 0 ? std::numeric_limits<double>::quiet_NaN()
+                                      : static_cast<double>(static_cast<int>((s >> 12) % 5) - 2);
+  }
+  return v;
+}
+
+// Equal as stored: both NaN, or the same value with the same sign (+0 is not -0).
+std::int64_t values_differing(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  std::int64_t count = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const bool same = (std::isnan(a[i]) && std::isnan(b[i])) ||
+                      (a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i]));
+    count += same ? 0 : 1;
+  }
+  return count;
+}
+
+}  // namespace
+
+namespace {
+
+// One max-pool on both devices, from the same values, its y and input gradient compared bit for
+// bit, and a second backward on the GPU compared with the first. `channels_last`: the GPU's x
+// channels-last (kept so where the dtype and shape allow), and y and the gradient that leaves
+// the pool then too.
+void compare_max_pool(const sk::Shape& shape, std::int64_t kernel, std::int64_t stride,
+                      std::int64_t padding, sk::DType dtype, bool channels_last, bool nans) {
+  const std::string shape_text = sk::shape_str(shape);
+  CAPTURE(shape_text);
+  CAPTURE(kernel);
+  CAPTURE(stride);
+  CAPTURE(padding);
+  CAPTURE(sk::dtype_name(dtype));
+  CAPTURE(channels_last);
+  CAPTURE(nans);
+  sk::Context cpu({.seed = 1});
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  const auto exact = [](sk::Context& c, const sk::Tensor& t) {
+    return sk::to_vector<double>(c, sk::cast(c, sk::contiguous(c, t), sk::DType::f64));
+  };
+  const auto values = tied_values(sk::shape_numel(shape), 7, nans);
+  // (not f64, nor a shape whose two layouts are the same memory: one channel, 1 x 1 planes)
+  const bool kept = channels_last && sk::channels_last_applies(gpu->device(), dtype, shape);
+  const auto on = [&](sk::Context& c) {
+    sk::Tensor x = sk::cast(c, sk::from_vector(c, values, shape), dtype);
+    if (channels_last && c.device().is_cuda()) {
+      x = sk::to_channels_last(c, x);
+      REQUIRE(sk::keeps_channels_last(x) == kept);
+    }
+    return Variable(x, true);
+  };
+  // (the gradient leaving the pool, seen by a hook: a leaf's own grad is always contiguous)
+  const auto pool = [&](sk::Context& c, const Variable& x, bool* grad_channels_last) {
+    const Variable seen = ag::identity_with_hook(c, x, [grad_channels_last](const sk::Tensor& g) {
+      *grad_channels_last = sk::keeps_channels_last(g);
+    });
+    return ag::max_pool2d(c, seen, kernel, stride, padding);
+  };
+  bool cpu_cl = false, gpu_cl = false, again_cl = false;
+  const Variable x_cpu = on(cpu), x_gpu = on(*gpu);
+  const Variable y_cpu = pool(cpu, x_cpu, &cpu_cl), y_gpu = pool(*gpu, x_gpu, &gpu_cl);
+  const bool planes = y_cpu.size(2) * y_cpu.size(3) > 1;  // (1 x 1 outputs are both layouts)
+  CHECK(sk::keeps_channels_last(y_gpu.data()) == (kept && planes));
+  CHECK(values_differing(exact(cpu, y_cpu.data()), exact(*gpu, y_gpu.data())) == 0);
+  const auto grad = pattern(y_cpu.numel(), 5, dtype);
+  const auto upstream = [&](sk::Context& c) {
+    return sk::cast(c, sk::from_vector(c, grad, y_cpu.shape()), dtype);
+  };
+  ag::backward(cpu, y_cpu, upstream(cpu));
+  ag::backward(*gpu, y_gpu, upstream(*gpu));
+  const auto gx_gpu = exact(*gpu, x_gpu.grad());
+  CHECK(values_differing(exact(cpu, x_cpu.grad()), gx_gpu) == 0);
+  CHECK(gpu_cl == kept);
+  // Once more on the GPU: the same bits.
+  const Variable again = on(*gpu);
+  ag::backward(*gpu, pool(*gpu, again, &again_cl), upstream(*gpu));
+  CHECK(values_differing(gx_gpu, exact(*gpu, again.grad())) == 0);
+}
+
+}  // namespace
+
+// The GPU's max-pool takes the maximum the CPU takes (the first of equal values, the last NaN;
+// never the padding) and adds each input's gradients in the CPU's order: y and the input
+// gradient equal the CPU's bit for bit -- f32 and f64 themselves, f16 and bf16 as the CPU's f32
+// rounded once -- in NCHW and channels-last, for overlapping windows (3 x 3 / 1 takes up to nine
+// gradients an input), windows cut by the padding, inputs in no window, one channel, a 1 x 1
+// output and a window of over 256 values (i32 offsets). And the backward gives the same bits
+// again: no atomics.
+TEST_CASE("max-pooling on the GPU equals the CPU bit for bit, ties and NaNs included") {
+  struct Geometry {
+    sk::Shape shape;
+    std::int64_t kernel, stride, padding;
+  };
+  const Geometry geometries[] = {
+      {{2, 5, 11, 13}, 3, 2, 1},   // ImageNet's stem pool
+      {{2, 5, 11, 13}, 3, 1, 1},   // every input in up to 9 windows
+      {{2, 5, 12, 10}, 2, 2, 0},   // disjoint windows
+      {{3, 4, 13, 11}, 4, 3, 2},   // windows cut by the padding on both sides
+      {{2, 3, 9, 9}, 2, 3, 0},     // inputs in no window
+      {{2, 1, 9, 9}, 3, 2, 1},     // one channel (both layouts at once)
+      {{2, 6, 3, 3}, 3, 1, 0},     // a 1 x 1 output
+      {{1, 3, 20, 18}, 17, 1, 8},  // 289 values a window: i32 offsets
+  };
+  for (const Geometry& g : geometries)
+    for (auto dtype : {sk::DType::f32, sk::DType::f64, sk::DType::f16, sk::DType::bf16})
+      for (const bool channels_last : {false, true})
+        for (const bool nans : {false, true})
+          compare_max_pool(g.shape, g.kernel, g.stride, g.padding, dtype, channels_last, nans);
+  // The launch grid's strides: more NCHW planes than its 65 535 rows (a second pass over planes),
+  // and a channels-last image of more inputs than its 65 535 blocks of 256 threads cover (a
+  // second pass within the image, in the backward).
+  compare_max_pool({1, 70000, 2, 2}, 2, 2, 0, sk::DType::f32, false, true);
+  compare_max_pool({1, 64, 512, 520}, 2, 2, 0, sk::DType::f32, true, false);
+}
+
 // The labels are checked on the device and the error raised at the host's next wait (a read of
 // the loss here): the forward itself makes no host wait.
 TEST_CASE("cross_entropy on the GPU rejects class labels outside [0, classes), as on the CPU") {

@@ -339,8 +339,8 @@ SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
                 x, y);
           },
       .max_pool_backward =
-          [](Context& c, const Tensor&, const Tensor&, const Tensor& argmax, const Tensor& gy,
-             const Tensor& gx, const cpu::PoolGeometry&) {
+          [](Context& c, const Tensor& argmax, const Tensor& gy, const Tensor& gx,
+             const cpu::PoolGeometry&) {
             in_f32(
                 c,
                 [&](const Tensor& a, const Tensor& b) {

@@ -1,6 +1,6 @@
 // cuBLAS and cuDNN for the heavy autograd ops on a CUDA context: per-context handles on the
 // context's stream, RAII descriptors, a growing workspace, and the calls themselves (GEMM,
-// convolution, max-pooling). What a cuDNN call describes -- its descriptors, and a
+// convolution). What a cuDNN call describes -- its descriptors, and a
 // convolution's algorithms (cuDNN's heuristic ranking, or with Libraries::benchmark the fastest
 // found by running them, as torch.backends.cudnn.benchmark) -- is made once per shape and kept
 // in a per-context cache: after the first step an op costs the host a map lookup, not the
@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "shardkit/autograd/cpu_conv.hpp"
-#include "shardkit/autograd/cpu_norm_pool.hpp"
 #include "shardkit/autograd/ranked_algorithms.hpp"
 #include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/cublas_check.hpp"
@@ -473,70 +472,6 @@ inline void gemm(Context& ctx, const Tensor& a, bool transpose_a, const Tensor& 
       libs.blas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       m, n, k, alpha_p, b.data_ptr(), type, int(b.size(1)), a.data_ptr(), type, int(a.size(1)),
       beta_p, c.data_ptr(), type, int(c.size(1)), compute, CUBLAS_GEMM_DEFAULT));
-}
-
-class PoolDesc : public CudnnDescriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor,
-                                        cudnnDestroyPoolingDescriptor> {
- public:
-  explicit PoolDesc(const cpu::PoolGeometry& p) {
-    SK_CUDNN_CHECK(cudnnSetPooling2dDescriptor(desc_, CUDNN_POOLING_MAX, CUDNN_PROPAGATE_NAN,
-                                               int(p.kernel_h), int(p.kernel_w), int(p.pad_h),
-                                               int(p.pad_w), int(p.stride_h), int(p.stride_w)));
-  }
-};
-
-// What both cuDNN max-pool calls describe: the window, x, y (NHWC where x is kept channels-last,
-// core/channels_last.hpp: y and the gradients are then too) and the blend factors (pool_descs:
-// made once per shape).
-struct PoolDescs {
-  PoolDescs(const Tensor& in, const Tensor& out, const cpu::PoolGeometry& p, bool nhwc)
-      : pool(p),
-        x(in.dtype(), in.size(0), in.size(1), in.size(2), in.size(3), nhwc),
-        y(out.dtype(), out.size(0), out.size(1), out.size(2), out.size(3), nhwc),
-        blend(in.dtype()) {}
-  PoolDesc pool;
-  TensorDesc x, y;
-  Blend blend;
-};
-
-inline const PoolDescs& pool_descs(Context& ctx, const Tensor& in, const Tensor& out,
-                                   const cpu::PoolGeometry& p) {
-  const bool nhwc = keeps_channels_last(in);
-  const PlanCache<PoolDescs, 16>::Key key{static_cast<std::int64_t>(in.dtype()),
-                                          in.size(0),
-                                          in.size(1),
-                                          in.size(2),
-                                          in.size(3),
-                                          out.size(2),
-                                          out.size(3),
-                                          p.kernel_h,
-                                          p.kernel_w,
-                                          p.pad_h,
-                                          p.pad_w,
-                                          p.stride_h,
-                                          p.stride_w,
-                                          static_cast<std::int64_t>(out.dtype()),
-                                          out.size(1),
-                                          nhwc ? 1 : 0};
-  return plan_cache<PoolDescs, 16>(ctx).get(
-      key, [&] { return std::make_unique<PoolDescs>(in, out, p, nhwc); });
-}
-
-inline void max_pool_forward(Context& ctx, const Tensor& x, const Tensor& y,
-                             const cpu::PoolGeometry& p) {
-  CudaDeviceGuard guard(ctx.device().index);
-  const PoolDescs& d = pool_descs(ctx, x, y, p);
-  SK_CUDNN_CHECK(cudnnPoolingForward(libraries(ctx).dnn(), d.pool.get(), d.blend.one(), d.x.get(),
-                                     x.data_ptr(), d.blend.zero(), d.y.get(), y.data_ptr()));
-}
-
-inline void max_pool_backward(Context& ctx, const Tensor& x, const Tensor& y, const Tensor& grad_y,
-                              const Tensor& grad_x, const cpu::PoolGeometry& p) {
-  CudaDeviceGuard guard(ctx.device().index);
-  const PoolDescs& d = pool_descs(ctx, x, y, p);
-  SK_CUDNN_CHECK(cudnnPoolingBackward(libraries(ctx).dnn(), d.pool.get(), d.blend.one(), d.y.get(),
-                                      y.data_ptr(), d.y.get(), grad_y.data_ptr(), d.x.get(),
-                                      x.data_ptr(), d.blend.zero(), d.x.get(), grad_x.data_ptr()));
 }
 
 }  // namespace shardkit::autograd::cuda

@@ -156,12 +156,13 @@ struct AutogradKernels {
                                     const Tensor& grad_weight, const Tensor& grad_bias,
                                     std::int64_t outer, std::int64_t channels, std::int64_t inner,
                                     const Tensor& relu_out);
-  // Max-pool of x[N, C, H, W] into y. The CPU records each output's input index in argmax (i64,
-  // y's shape) and its backward reads only that; cuDNN's backward reads x and y instead.
+  // Max-pool of x[N, C, H, W] into y, recording where each output's maximum lies in argmax (y's
+  // shape; its dtype is the device's, pool.hpp's max_pool_argmax_dtype; the GPU's may be
+  // undefined where no gradient is wanted); the backward reads only that.
   void (*max_pool_forward)(Context&, const Tensor& x, const Tensor& y, const Tensor& argmax,
                            const cpu::PoolGeometry& p);
-  void (*max_pool_backward)(Context&, const Tensor& x, const Tensor& y, const Tensor& argmax,
-                            const Tensor& grad_y, const Tensor& grad_x, const cpu::PoolGeometry& p);
+  void (*max_pool_backward)(Context&, const Tensor& argmax, const Tensor& grad_y,
+                            const Tensor& grad_x, const cpu::PoolGeometry& p);
 };
 
 // The values of a batch-norm step's f64 statistics tensor (device_table's sums, moments, stats

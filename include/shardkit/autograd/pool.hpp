@@ -1,31 +1,54 @@
-// Differentiable pooling: max-pool (CPU loops with saved argmax; cuDNN on the GPU, which pools a
+// Differentiable pooling: max-pool (each window's maximum recorded where it lies, and the
+// backward gathering from those records: CPU loops, and our own kernels on the GPU, which pool a
 // channels-last input as it is, core/channels_last.hpp) and adaptive average pool (PyTorch's
 // windows; function-table kernels on both devices).
+//
+// Why not cuDNN's max-pool on the GPU: cuDNN promises run-to-run determinism only for
+// CUDNN_POOLING_MAX_DETERMINISTIC, not for the plain maximum (whose backward may add the
+// gradients of overlapping windows -- ImageNet's 3 x 3 / 2 stem -- into their shared inputs with
+// atomics), so a captured step could not promise the eager step's bits. Ours gathers them in
+// the CPU's order, to the CPU's bits.
 #pragma once
 
 #include "shardkit/autograd/basic.hpp"
+#include "shardkit/autograd/max_pool_windows.hpp"
 #include "shardkit/core/channel_blocks.hpp"
+#include "shardkit/core/channels_last.hpp"
 
 namespace shardkit::autograd {
+
+// What max_pool_forward records per output: on the CPU the input's index in its H x W plane
+// (i64); on the GPU the offset in the window, row-major over kernel_h x kernel_w (u8 where a
+// window has at most 256 values -- a quarter of an f32 y's bytes -- else i32).
+inline DType max_pool_argmax_dtype(Device device, const cpu::PoolGeometry& p) {
+  if (device.is_cpu()) return DType::i64;
+  return p.kernel_h * p.kernel_w <= 256 ? DType::u8 : DType::i32;
+}
 
 namespace detail {
 
 struct MaxPoolNode final : Node {
-  Tensor x, y, argmax;  // CPU keeps argmax only; cuDNN's backward wants x and y
+  Tensor argmax;  // (y's shape and layout)
   Shape input_shape;
   DType dtype = DType::f32;
+  bool channels_last = false;  // (the GPU's x, y and gradients channels-last)
   cpu::PoolGeometry p;
   const char* name() const override { return "max_pool2d"; }
   Gradients apply(Context& ctx, const Tensor& gy) override {
-    // (the GPU's gradients in its x's and y's layouts: cuDNN describes them alike)
-    const bool gpu = gy.device().is_cuda();
-    Tensor g = gpu ? dense_as(ctx, gy, y) : contiguous(ctx, gy);
-    Tensor gx = gpu ? empty_dense_like(ctx, x, input_shape, dtype)
-                    : fn::new_like(ctx, g, input_shape, dtype);
-    kernels_for(ctx, g).max_pool_backward(ctx, x, y, argmax, g, gx, p);
+    Tensor g, gx;
+    if (gy.device().is_cuda()) {
+      g = channels_last ? to_channels_last(ctx, gy) : contiguous(ctx, gy);
+      gx = channels_last
+               ? empty_channels_last(ctx, gy.device(), input_shape, dtype)
+               : empty_on(ctx, gy.device(), input_shape, dtype, MemoryCategory::activations);
+    } else {
+      g = contiguous(ctx, gy);
+      gx = fn::new_like(ctx, g, input_shape, dtype);
+    }
+    kernels_for(ctx, g).max_pool_backward(ctx, argmax, g, gx, p);
     return {gx};
   }
-  void release_saved() override { x = y = argmax = Tensor(); }
+  void release_saved() override { argmax = Tensor(); }
 };
 
 struct AdaptiveAvgPoolNode final : Node {
@@ -65,26 +88,29 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
   Shape y_shape = x.shape();  // (H and W are dimensions 2 and 3 in both layouts)
   y_shape[2] = OH;
   y_shape[3] = OW;
-  // (the CPU's loops take NCHW; cuDNN takes a channels-last x as it is, y then channels-last too)
+  // (the CPU's loops take NCHW; the GPU's take a channels-last x as it is, y then channels-last
+  // too)
   const bool gpu = x.device().is_cuda();
   Tensor xd = gpu ? dense(ctx, x.data()) : contiguous(ctx, x.data());
+  // (a channels-last image of more values than a GPU plane may hold is pooled plane by plane)
+  if (gpu && keeps_channels_last(xd) && xd.numel() / xd.size(0) > kMaxPoolPlaneValues)
+    xd = contiguous(ctx, xd);
   Tensor y = gpu ? empty_dense_like(ctx, xd, y_shape, x.dtype())
                  : fn::new_like(ctx, xd, y_shape, x.dtype());
-  // (the CPU's backward reads where each maximum was; cuDNN's reads x and y again)
-  const Tensor argmax =
-      xd.device().is_cpu() ? fn::new_like(ctx, xd, y.shape(), DType::i64) : Tensor();
+  // (the CPU's loops always record where the maxima are; the GPU's only for a backward)
+  const bool grad = needs_grad(ctx, {&x});
+  const DType at_dtype = max_pool_argmax_dtype(xd.device(), p);
+  const Tensor argmax = !gpu   ? fn::new_like(ctx, xd, y_shape, at_dtype)
+                        : grad ? empty_dense_like(ctx, xd, y_shape, at_dtype)
+                               : Tensor();
   kernels_for(ctx, xd).max_pool_forward(ctx, xd, y, argmax, p);
-  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  if (!grad) return Variable(std::move(y));
   auto node = make_pooled<detail::MaxPoolNode>();
   node->p = p;
   node->input_shape = x.shape();
   node->dtype = x.dtype();
-  if (xd.device().is_cpu()) {
-    node->argmax = argmax;
-  } else {
-    node->x = xd;
-    node->y = y;
-  }
+  node->channels_last = gpu && keeps_channels_last(xd);
+  node->argmax = argmax;
   return record(ctx, node, {&x}, std::move(y));
 }
 
