@@ -16,6 +16,7 @@
 #include "shardkit/shardkit.hpp"
 // SwAV's Sinkhorn driver (the sample's, over autograd's sinkhorn_* kernels)
 #include "../../samples/swav/sinkhorn.hpp"
+#include "max_pool_cases.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
@@ -367,35 +368,6 @@ TEST_CASE("pointwise kernels: 128-bit packs equal the element-by-element form bi
 
 namespace {
 
-// Max-pool inputs with many ties (integers in [-2, 2]) and, where asked, a NaN in about one of
-// 23 values: which of the equal values a window takes decides where its gradient goes.
-std::vector<double> tied_values(std::int64_t n, std::uint32_t salt, bool nans) {
-  std::vector<double> v(static_cast<std::size_t>(n));
-  std::uint32_t s = 2654435761u * (salt + 1);
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    s = s * 1664525u + 1013904223u;
-    v[i] = nans && (s >> 8) % 23 == 0 ? std::numeric_limits<double>::quiet_NaN()
-                                      : static_cast<double>(static_cast<int>((s >> 12) % 5) - 2);
-  }
-  return v;
-}
-
-// Equal as stored: both NaN, or the same value with the same sign (+0 is not -0).
-std::int64_t values_differing(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  std::int64_t count = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const bool same = (std::isnan(a[i]) && std::isnan(b[i])) ||
-                      (a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i]));
-    count += same ? 0 : 1;
-  }
-  return count;
-}
-
-}  // namespace
-
-namespace {
-
 // One max-pool on both devices, from the same values, its y and input gradient compared bit for
 // bit, and a second backward on the GPU compared with the first. `channels_last`: the GPU's x
 // channels-last (kept so where the dtype and shape allow), and y and the gradient that leaves
@@ -415,7 +387,7 @@ void compare_max_pool(const sk::Shape& shape, std::int64_t kernel, std::int64_t 
   const auto exact = [](sk::Context& c, const sk::Tensor& t) {
     return sk::to_vector<double>(c, sk::cast(c, sk::contiguous(c, t), sk::DType::f64));
   };
-  const auto values = tied_values(sk::shape_numel(shape), 7, nans);
+  const auto values = max_pool_cases::tied_values(sk::shape_numel(shape), 7, nans);
   // (not f64, nor a shape whose two layouts are the same memory: one channel, 1 x 1 planes)
   const bool kept = channels_last && sk::channels_last_applies(gpu->device(), dtype, shape);
   const auto on = [&](sk::Context& c) {
@@ -438,7 +410,7 @@ void compare_max_pool(const sk::Shape& shape, std::int64_t kernel, std::int64_t 
   const Variable y_cpu = pool(cpu, x_cpu, &cpu_cl), y_gpu = pool(*gpu, x_gpu, &gpu_cl);
   const bool planes = y_cpu.size(2) * y_cpu.size(3) > 1;  // (1 x 1 outputs are both layouts)
   CHECK(sk::keeps_channels_last(y_gpu.data()) == (kept && planes));
-  CHECK(values_differing(exact(cpu, y_cpu.data()), exact(*gpu, y_gpu.data())) == 0);
+  CHECK(max_pool_cases::values_differing(exact(cpu, y_cpu.data()), exact(*gpu, y_gpu.data())) == 0);
   const auto grad = pattern(y_cpu.numel(), 5, dtype);
   const auto upstream = [&](sk::Context& c) {
     return sk::cast(c, sk::from_vector(c, grad, y_cpu.shape()), dtype);
@@ -446,12 +418,12 @@ void compare_max_pool(const sk::Shape& shape, std::int64_t kernel, std::int64_t 
   ag::backward(cpu, y_cpu, upstream(cpu));
   ag::backward(*gpu, y_gpu, upstream(*gpu));
   const auto gx_gpu = exact(*gpu, x_gpu.grad());
-  CHECK(values_differing(exact(cpu, x_cpu.grad()), gx_gpu) == 0);
+  CHECK(max_pool_cases::values_differing(exact(cpu, x_cpu.grad()), gx_gpu) == 0);
   CHECK(gpu_cl == kept);
   // Once more on the GPU: the same bits.
   const Variable again = on(*gpu);
   ag::backward(*gpu, pool(*gpu, again, &again_cl), upstream(*gpu));
-  CHECK(values_differing(gx_gpu, exact(*gpu, again.grad())) == 0);
+  CHECK(max_pool_cases::values_differing(gx_gpu, exact(*gpu, again.grad())) == 0);
 }
 
 }  // namespace
@@ -464,21 +436,10 @@ void compare_max_pool(const sk::Shape& shape, std::int64_t kernel, std::int64_t 
 // output and a window of over 256 values (i32 offsets). And the backward gives the same bits
 // again: no atomics.
 TEST_CASE("max-pooling on the GPU equals the CPU bit for bit, ties and NaNs included") {
-  struct Geometry {
-    sk::Shape shape;
-    std::int64_t kernel, stride, padding;
-  };
-  const Geometry geometries[] = {
-      {{2, 5, 11, 13}, 3, 2, 1},   // ImageNet's stem pool
-      {{2, 5, 11, 13}, 3, 1, 1},   // every input in up to 9 windows
-      {{2, 5, 12, 10}, 2, 2, 0},   // disjoint windows
-      {{3, 4, 13, 11}, 4, 3, 2},   // windows cut by the padding on both sides
-      {{2, 3, 9, 9}, 2, 3, 0},     // inputs in no window
-      {{2, 1, 9, 9}, 3, 2, 1},     // one channel (both layouts at once)
-      {{2, 6, 3, 3}, 3, 1, 0},     // a 1 x 1 output
-      {{1, 3, 20, 18}, 17, 1, 8},  // 289 values a window: i32 offsets
-  };
-  for (const Geometry& g : geometries)
+  auto geometries = max_pool_cases::geometries();
+  geometries.push_back({{2, 1, 9, 9}, 3, 2, 1});  // one channel (both layouts at once)
+  geometries.push_back({{2, 6, 3, 3}, 3, 1, 0});  // a 1 x 1 output
+  for (const auto& g : geometries)
     for (auto dtype : {sk::DType::f32, sk::DType::f64, sk::DType::f16, sk::DType::bf16})
       for (const bool channels_last : {false, true})
         for (const bool nans : {false, true})

@@ -6,12 +6,11 @@
 // call the same functions per thread, so a GPU runs what this checks.
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <vector>
 
+#include "max_pool_cases.hpp"
 #include "shardkit/autograd/max_pool_windows.hpp"
 #include "shardkit/shardkit.hpp"
 
@@ -19,23 +18,6 @@ namespace sk = shardkit;
 namespace ag = shardkit::autograd;
 
 namespace {
-
-// Integers in [-2, 2], and where asked a NaN in about one of 23 values.
-std::vector<double> max_pool_tied_values(std::int64_t n, std::uint32_t salt, bool nans) {
-  std::vector<double> v(static_cast<std::size_t>(n));
-  std::uint32_t s = 2654435761u * (salt + 1);
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = nans && (s >> 8) % 23 == 0 ? std::numeric_limits<double>::quiet_NaN()
-                                   : static_cast<double>(static_cast<int>((s >> 12) % 5) - 2);
-  }
-  return v;
-}
-
-// Both NaN, or the same value with the same sign.
-bool same_value(double a, double b) {
-  return (std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b));
-}
 
 // [N, C, H, W] in NCHW order to the kernels' layout: NCHW itself, or [N, H, W, C].
 template <class T>
@@ -85,7 +67,7 @@ void check_against_cpu(const sk::Shape& shape, std::int64_t kernel, std::int64_t
   CAPTURE(sizeof(T));
   const sk::DType dtype = sizeof(T) == 4 ? sk::DType::f32 : sk::DType::f64;
   sk::Context cpu({.seed = 1});
-  const auto values = max_pool_tied_values(sk::shape_numel(shape), 7, nans);
+  const auto values = max_pool_cases::tied_values(sk::shape_numel(shape), 7, nans);
   const ag::Variable x(sk::cast(cpu, sk::from_vector(cpu, values, shape), dtype), true);
   const ag::Variable y = ag::max_pool2d(cpu, x, kernel, stride, padding);
   std::vector<double> grad(static_cast<std::size_t>(y.numel()));
@@ -114,11 +96,8 @@ void check_against_cpu(const sk::Shape& shape, std::int64_t kernel, std::int64_t
   const auto compare = [&](const auto& at) {
     const auto y_ref = in_layout(y_cpu, y.shape(), channels_last);
     const auto gx_ref = in_layout(gx_cpu, shape, channels_last);
-    std::int64_t y_differ = 0, gx_differ = 0;
-    for (std::size_t i = 0; i < y_ref.size(); ++i) y_differ += !same_value(y_ref[i], y_k[i]);
-    for (std::size_t i = 0; i < gx_ref.size(); ++i) gx_differ += !same_value(gx_ref[i], gx_k[i]);
-    CHECK(y_differ == 0);
-    CHECK(gx_differ == 0);
+    CHECK(max_pool_cases::values_differing(y_ref, y_k) == 0);
+    CHECK(max_pool_cases::values_differing(gx_ref, gx_k) == 0);
     CHECK(at.size() == y_ref.size());
   };
   const bool wide = kernel * kernel > 256;
@@ -142,19 +121,7 @@ void check_against_cpu(const sk::Shape& shape, std::int64_t kernel, std::int64_t
 }  // namespace
 
 TEST_CASE("the GPU max-pool's windows and gathers equal the CPU's max-pool bit for bit") {
-  struct Geometry {
-    sk::Shape shape;
-    std::int64_t kernel, stride, padding;
-  };
-  const Geometry geometries[] = {
-      {{2, 5, 11, 13}, 3, 2, 1},   // ImageNet's stem pool
-      {{2, 5, 11, 13}, 3, 1, 1},   // every input in up to 9 windows
-      {{2, 5, 12, 10}, 2, 2, 0},   // disjoint windows
-      {{3, 4, 13, 11}, 4, 3, 2},   // windows cut by the padding on both sides
-      {{2, 3, 9, 9}, 2, 3, 0},     // inputs in no window
-      {{1, 3, 20, 18}, 17, 1, 8},  // 289 values a window: i32 offsets
-  };
-  for (const Geometry& g : geometries)
+  for (const auto& g : max_pool_cases::geometries())
     for (const bool channels_last : {false, true})
       for (const bool nans : {false, true}) {
         check_against_cpu<float>(g.shape, g.kernel, g.stride, g.padding, channels_last, nans);
