@@ -1,9 +1,10 @@
 // Channels-last activations (core/channels_last.hpp) against the same computation in NCHW:
-// the layout helpers; convolution, batch-norm (training, fused ReLU, evaluation), add and ReLU
-// kept channels-last, with their gradients; gradients of mixed layouts summed; a ResNet with
-// ResNetOptions::channels_last against the plain one. Convolutions take other oneDNN kernels
-// in the two layouts (equal to rounding), the im2col path the same arithmetic (equal bits);
-// element-wise ops give the same bits in either layout.
+// the layout helpers; convolution, batch-norm (training, fused ReLU, evaluation), add, ReLU,
+// max-pool and adaptive average pool kept channels-last, with their gradients; gradients of
+// mixed layouts summed; a ResNet with ResNetOptions::channels_last against the plain one.
+// Convolutions take other oneDNN kernels in the two layouts (equal to rounding), the im2col
+// path the same arithmetic (equal bits); element-wise ops and pooling give the same bits in
+// either layout.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -230,6 +231,98 @@ TEST_CASE("add and relu keep channels-last operands; mixed layouts give the NCHW
   const auto expected = cl_values(ctx, ag::fn::add(ctx, a, half));
   CHECK(cl_values(ctx, ag::fn::add(ctx, ca.data(), half)) == expected);
   CHECK(cl_values(ctx, ag::fn::add(ctx, ca.data(), sk::to_channels_last(ctx, half))) == expected);
+}
+
+TEST_CASE("channels-last max-pool and adaptive average pool give the NCHW bits, kept so") {
+  sk::Context ctx({.seed = 4});
+  auto same = [](const std::vector<double>& a, const std::vector<double>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+    return true;
+  };
+  struct Pool {
+    std::int64_t kernel, stride, padding;
+  };
+  struct Adaptive {
+    std::int64_t h, w;
+  };
+  // 5 channels: no group of 16, each alone; 16: one group; 21: a group and 5 alone; 32: two.
+  for (sk::DType dtype : {sk::DType::f32, sk::DType::f64}) {
+    for (std::int64_t channels : {5, 16, 21, 32}) {
+      CAPTURE(dtype);
+      CAPTURE(channels);
+      // Values on a coarse grid (ties in most windows) and a NaN in a few planes.
+      sk::Tensor x = cl_random(ctx, {3, channels, 13, 11}, sk::DType::f64, -4, 4);
+      std::vector<double> v = sk::to_vector<double>(ctx, x);
+      for (double& e : v) e = std::round(e);
+      for (std::size_t i = 7; i < v.size(); i += 1543) v[i] = std::nan("");
+      x = sk::cast(ctx, sk::from_vector<double>(ctx, v, x.shape()), dtype);
+      for (const Pool& pool : {Pool{3, 2, 1}, Pool{2, 2, 0}, Pool{3, 1, 1}, Pool{5, 3, 2}}) {
+        CAPTURE(pool.kernel);
+        CAPTURE(pool.stride);
+        auto f = [&](const std::vector<Variable>& in) {
+          return ag::max_pool2d(ctx, in[0], pool.kernel, pool.stride, pool.padding);
+        };
+        const ClRun plain = cl_run(ctx, {x}, false, f, 11);
+        const ClRun last = cl_run(ctx, {x}, true, f, 11);
+        CHECK(last.y_channels_last);
+        CHECK(last.grad_channels_last);
+        CHECK(last.grads_contiguous);
+        CHECK(same(last.y, plain.y));
+        CHECK(same(last.grads[0], plain.grads[0]));
+      }
+      // (Without NaNs: an average over a NaN is a NaN wherever it is summed.)
+      const sk::Tensor smooth = cl_random(ctx, {3, channels, 13, 11}, dtype);
+      for (const Adaptive& a : {Adaptive{1, 1}, Adaptive{3, 2}, Adaptive{5, 4}, Adaptive{13, 11}}) {
+        CAPTURE(a.h);
+        CAPTURE(a.w);
+        auto f = [&](const std::vector<Variable>& in) {
+          return ag::adaptive_avg_pool2d(ctx, in[0], a.h, a.w);
+        };
+        const ClRun plain = cl_run(ctx, {smooth}, false, f, 12);
+        const ClRun last = cl_run(ctx, {smooth}, true, f, 12);
+        CHECK(last.y_channels_last == (a.h * a.w > 1));  // (1 x 1: both layouts, kept as NCHW)
+        CHECK(last.grad_channels_last);
+        CHECK(last.y == plain.y);
+        CHECK(last.grads[0] == plain.grads[0]);
+        CHECK(last.grads_contiguous);
+      }
+      // A 1 x 1 max-pool output (both layouts at once) from a channels-last x.
+      const sk::Tensor small = cl_random(ctx, {3, channels, 3, 3}, dtype);
+      auto f = [&](const std::vector<Variable>& in) { return ag::max_pool2d(ctx, in[0], 3, 2); };
+      const ClRun plain = cl_run(ctx, {small}, false, f, 13);
+      const ClRun last = cl_run(ctx, {small}, true, f, 13);
+      CHECK(last.grad_channels_last);
+      CHECK(last.y == plain.y);
+      CHECK(last.grads[0] == plain.grads[0]);
+    }
+  }
+  // The output gradient arriving channels-last, or in f16 for an f32 pool (cast before the
+  // kernels read it beside a channels-last grad_x): the NCHW bits still.
+  const sk::Tensor x = cl_random(ctx, {2, 21, 9, 9}, sk::DType::f32);
+  for (bool max_pool : {true, false}) {
+    for (bool half_gradient : {false, true}) {
+      CAPTURE(max_pool);
+      CAPTURE(half_gradient);
+      std::vector<double> y[2], gx[2];
+      for (int last = 0; last < 2; ++last) {
+        const Variable leaf(
+            last == 1 ? sk::to_channels_last(ctx, sk::clone(ctx, x)) : sk::clone(ctx, x), true);
+        const Variable out = max_pool ? ag::max_pool2d(ctx, leaf, 3, 2, 1)
+                                      : ag::adaptive_avg_pool2d(ctx, leaf, 4, 3);
+        sk::Context rctx({.seed = 14});
+        const sk::Tensor r = cl_random(rctx, out.shape(), sk::DType::f32);
+        ag::backward(
+            ctx, out,
+            half_gradient ? sk::cast(ctx, r, sk::DType::f16) : sk::to_channels_last(ctx, r));
+        y[last] = cl_values(ctx, out.data());
+        gx[last] = cl_values(ctx, leaf.grad());
+      }
+      CHECK(y[1] == y[0]);
+      CHECK(gx[1] == gx[0]);
+    }
+  }
 }
 
 TEST_CASE("a channels-last ResNet equals the NCHW one to rounding") {

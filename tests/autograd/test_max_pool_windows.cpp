@@ -1,9 +1,10 @@
 // The GPU max-pool's per-thread work (autograd/max_pool_windows.hpp), on the CPU: every output's
 // window maximum and every input's gathered gradient, with the planes laid out as the kernels
 // see them (NCHW planes, or channels-last images), equal the CPU max-pool's y and input
-// gradient bit for bit -- on values with many ties and NaNs, for overlapping windows, windows cut
-// by the padding, disjoint windows and a window of over 256 values (i32 offsets). The kernels
-// call the same functions per thread, so a GPU runs what this checks.
+// gradient bit for bit, and each recorded offset points where the CPU found the maximum -- on
+// values with many ties and NaNs, for overlapping windows, windows cut by the padding, disjoint
+// windows and a window of over 256 values (i32 offsets). The kernels call the same functions
+// per thread, so a GPU runs what this checks.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "max_pool_cases.hpp"
+#include "shardkit/autograd/cpu_norm_pool.hpp"  // the CPU's pooling loops, called directly
 #include "shardkit/autograd/max_pool_windows.hpp"
 #include "shardkit/shardkit.hpp"
 
@@ -93,12 +95,31 @@ void check_against_cpu(const sk::Shape& shape, std::int64_t kernel, std::int64_t
   std::vector<T> x_k = in_layout(sk::to_vector<T>(cpu, x.data()), shape, channels_last);
   std::vector<T> gy_k = in_layout(sk::to_vector<T>(cpu, gy), y.shape(), channels_last);
   std::vector<T> y_k(y_cpu.size()), gx_k(gx_cpu.size());
+  // Where the CPU found each maximum (its index in the H x W plane, from its loops called
+  // directly), as the offset in the window that the kernels record.
+  const sk::Tensor y_again = sk::empty(cpu, y.shape(), dtype);
+  const sk::Tensor plane_index = sk::empty(cpu, y.shape(), sk::DType::i64);
+  ag::cpu::max_pool_forward(cpu.cpu_pool(), x.data(), y_again, plane_index,
+                            {kernel, kernel, stride, stride, padding, padding});
+  const auto indices = sk::to_vector<std::int64_t>(cpu, plane_index);
+  std::vector<std::int64_t> offsets(indices.size());
+  const std::int64_t OH = y.size(2), OW = y.size(3), W = shape[3];
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    const std::int64_t oh = std::int64_t(i) / OW % OH, ow = std::int64_t(i) % OW;
+    const std::int64_t row = indices[i] / W, column = indices[i] % W;
+    offsets[i] = (row - (oh * stride - padding)) * kernel + (column - (ow * stride - padding));
+  }
   const auto compare = [&](const auto& at) {
     const auto y_ref = in_layout(y_cpu, y.shape(), channels_last);
     const auto gx_ref = in_layout(gx_cpu, shape, channels_last);
+    const auto offsets_ref = in_layout(offsets, y.shape(), channels_last);
     CHECK(max_pool_cases::values_differing(y_ref, y_k) == 0);
     CHECK(max_pool_cases::values_differing(gx_ref, gx_k) == 0);
-    CHECK(at.size() == y_ref.size());
+    REQUIRE(at.size() == offsets_ref.size());
+    std::size_t offsets_differing = 0;
+    for (std::size_t i = 0; i < at.size(); ++i)
+      offsets_differing += std::int64_t(at[i]) != offsets_ref[i];
+    CHECK(offsets_differing == 0);
   };
   const bool wide = kernel * kernel > 256;
   if (wide) {

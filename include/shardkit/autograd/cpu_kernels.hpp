@@ -7,10 +7,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "shardkit/autograd/cpu_widen.hpp"
 #include "shardkit/autograd/device_table.hpp"
 #include "shardkit/autograd/pointwise_math.hpp"
+#include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/host_scratch.hpp"
 
 namespace shardkit::autograd::cpu {
@@ -250,13 +252,39 @@ inline std::int64_t adaptive_end(std::int64_t i, std::int64_t in, std::int64_t o
   return ((i + 1) * in + out - 1) / out;
 }
 
-inline void adaptive_avg_pool_forward(Context&, const Tensor& x, const Tensor& y) {
+// A channels-last x gives a channels-last y (and a channels-last grad_y a channels-last
+// grad_x): an output's C windows are summed side by side, an image per task, each channel's
+// values in the order of the NCHW loops below, so the same bits.
+inline void adaptive_avg_pool_forward(Context& ctx, const Tensor& x, const Tensor& y) {
   visit_real(x.dtype(), "adaptive_avg_pool2d", [&](auto tag) {
     using T = decltype(tag);
     const std::int64_t planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3);
     const std::int64_t OH = y.size(2), OW = y.size(3);
     const T* in = static_cast<const T*>(x.data_ptr());
     T* out = static_cast<T*>(y.data_ptr());
+    if (keeps_channels_last(x)) {
+      SK_ASSERT(is_channels_last(y));
+      const std::int64_t C = x.size(1);
+      ctx.cpu_pool().parallel_for(x.size(0), [&](std::int64_t n) {
+        std::vector<double> sums(static_cast<std::size_t>(C));
+        for (std::int64_t oh = 0; oh < OH; ++oh)
+          for (std::int64_t ow = 0; ow < OW; ++ow) {
+            const auto h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+            const auto w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+            std::fill(sums.begin(), sums.end(), 0.0);
+            for (auto h = h0; h < h1; ++h)
+              for (auto w = w0; w < w1; ++w) {
+                const T* at = in + ((n * H + h) * W + w) * C;
+                for (std::int64_t c = 0; c < C; ++c) sums[static_cast<std::size_t>(c)] += at[c];
+              }
+            T* to = out + ((n * OH + oh) * OW + ow) * C;
+            const double count = double((h1 - h0) * (w1 - w0));
+            for (std::int64_t c = 0; c < C; ++c)
+              to[c] = static_cast<T>(sums[static_cast<std::size_t>(c)] / count);
+          }
+      });
+      return;
+    }
     for (std::int64_t p = 0; p < planes; ++p)
       for (std::int64_t oh = 0; oh < OH; ++oh)
         for (std::int64_t ow = 0; ow < OW; ++ow) {
@@ -270,7 +298,7 @@ inline void adaptive_avg_pool_forward(Context&, const Tensor& x, const Tensor& y
   });
 }
 
-inline void adaptive_avg_pool_backward(Context&, const Tensor& grad_y, const Tensor& grad_x) {
+inline void adaptive_avg_pool_backward(Context& ctx, const Tensor& grad_y, const Tensor& grad_x) {
   visit_real(grad_y.dtype(), "adaptive_avg_pool2d backward", [&](auto tag) {
     using T = decltype(tag);
     const std::int64_t planes = grad_x.size(0) * grad_x.size(1), H = grad_x.size(2),
@@ -279,6 +307,28 @@ inline void adaptive_avg_pool_backward(Context&, const Tensor& grad_y, const Ten
     const T* gy = static_cast<const T*>(grad_y.data_ptr());
     T* gx = static_cast<T*>(grad_x.data_ptr());
     std::fill(gx, gx + grad_x.numel(), T(0));
+    if (keeps_channels_last(grad_x)) {
+      SK_ASSERT(is_channels_last(grad_y));
+      const std::int64_t C = grad_x.size(1);
+      ctx.cpu_pool().parallel_for(grad_x.size(0), [&](std::int64_t n) {
+        std::vector<T> g(static_cast<std::size_t>(C));
+        for (std::int64_t oh = 0; oh < OH; ++oh)
+          for (std::int64_t ow = 0; ow < OW; ++ow) {
+            const auto h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+            const auto w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+            const T* from = gy + ((n * OH + oh) * OW + ow) * C;
+            const double count = double((h1 - h0) * (w1 - w0));
+            for (std::int64_t c = 0; c < C; ++c)
+              g[static_cast<std::size_t>(c)] = static_cast<T>(from[c] / count);
+            for (auto h = h0; h < h1; ++h)
+              for (auto w = w0; w < w1; ++w) {
+                T* at = gx + ((n * H + h) * W + w) * C;
+                for (std::int64_t c = 0; c < C; ++c) at[c] += g[static_cast<std::size_t>(c)];
+              }
+          }
+      });
+      return;
+    }
     for (std::int64_t p = 0; p < planes; ++p)
       for (std::int64_t oh = 0; oh < OH; ++oh)
         for (std::int64_t ow = 0; ow < OW; ++ow) {

@@ -12,6 +12,7 @@
 #include "shardkit/autograd/batch_norm_stats.hpp"
 #include "shardkit/autograd/cpu_kernels.hpp"
 #include "shardkit/autograd/geometry.hpp"
+#include "shardkit/core/channels_last.hpp"
 #include "shardkit/core/host_scratch.hpp"
 #include "shardkit/core/thread_pool.hpp"
 
@@ -660,22 +661,24 @@ inline void take_larger(T v, Index at, PoolBits<T>& best, Index& best_at) {
 
 // One max-pool window: the maximum of plane[ih * W + iw] over rows [h0, h1) and columns
 // [w0, w1) and where it lies, into *out and *at: the window's first value, then each later one
-// by take_larger. With B > 1 the plane holds B channels per position (channel blocks,
-// [H, W, B]) and the B windows are taken side by side, each channel's values in that same
-// order (the same maxima and indices as its own plane's), into out[0, B) and at[0, B).
+// by take_larger. With B > 1 the plane holds B channels side by side at each position, `step`
+// values apart from one position to the next (channel blocks [H, W, B]: step B; B channels of a
+// channels-last image [H, W, C]: step C), and the B windows are taken side by side, each
+// channel's values in that same order (the same maxima and indices as its own plane's), into
+// out[0, B) and at[0, B).
 template <class T, int B = 1>
 void max_window(const T* plane, std::int64_t W, std::int64_t h0, std::int64_t h1, std::int64_t w0,
-                std::int64_t w1, T* out, std::int64_t* at) {
+                std::int64_t w1, T* out, std::int64_t* at, std::int64_t step = B) {
   PoolBits<T> best[B];
   std::int64_t best_at[B];
   for (int k = 0; k < B; ++k) {
-    best[k] = std::bit_cast<PoolBits<T>>(plane[(h0 * W + w0) * B + k]);
+    best[k] = std::bit_cast<PoolBits<T>>(plane[(h0 * W + w0) * step + k]);
     best_at[k] = h0 * W + w0;
   }
   for (std::int64_t ih = h0; ih < h1; ++ih)
     for (std::int64_t iw = ih == h0 ? w0 + 1 : w0; iw < w1; ++iw)
       for (int k = 0; k < B; ++k)
-        take_larger(plane[(ih * W + iw) * B + k], ih * W + iw, best[k], best_at[k]);
+        take_larger(plane[(ih * W + iw) * step + k], ih * W + iw, best[k], best_at[k]);
   for (int k = 0; k < B; ++k) {
     out[k] = std::bit_cast<T>(best[k]);
     at[k] = best_at[k];
@@ -708,33 +711,58 @@ void max_pool_row_inside(const T* plane, std::int64_t W, std::int64_t top, std::
   }
 }
 
-// One (n, channel block) plane of a channel-blocked max-pool: x's plane [H, W, B] into y's
-// [OH, OW, B] and argmax's, window by window (max_window with the B channels side by side, which
-// GCC vectorises across them).
+// B channels' planes of a max-pool held side by side: x's [H, W] positions into y's and
+// argmax's [OH, OW], `step` values from one position to the next in all three (channel blocks:
+// B; B channels of a channels-last image: its C), window by window (max_window with the B
+// channels side by side, which GCC vectorises across them).
 template <class T, int B>
 void max_pool_blocked_plane(const T* plane, std::int64_t H, std::int64_t W, std::int64_t OH,
-                            std::int64_t OW, const PoolGeometry& p, T* out, std::int64_t* at) {
+                            std::int64_t OW, const PoolGeometry& p, T* out, std::int64_t* at,
+                            std::int64_t step = B) {
   for (std::int64_t oh = 0; oh < OH; ++oh) {
     const std::int64_t top = oh * p.stride_h - p.pad_h;
     const std::int64_t h0 = std::max<std::int64_t>(top, 0), h1 = std::min(top + p.kernel_h, H);
     for (std::int64_t ow = 0; ow < OW; ++ow) {
       const std::int64_t left = ow * p.stride_w - p.pad_w;
       const std::int64_t w0 = std::max<std::int64_t>(left, 0), w1 = std::min(left + p.kernel_w, W);
-      max_window<T, B>(plane, W, h0, h1, w0, w1, out + (oh * OW + ow) * B, at + (oh * OW + ow) * B);
+      max_window<T, B>(plane, W, h0, h1, w0, w1, out + (oh * OW + ow) * step,
+                       at + (oh * OW + ow) * step, step);
     }
   }
 }
 
-// The gradient of one plane of a max-pool ([H*W] positions of B channels each: B = 1 for NCHW,
-// the block width for channel blocks): zero, then each channel's outputs added where their
-// maxima were, in order.
+// The gradient of B channels' planes of a max-pool ([H*W] positions, `step` values apart as in
+// max_pool_blocked_plane: B = 1 and step 1 for NCHW): zero, then each channel's outputs added
+// where their maxima were, in order.
 template <class T, int B>
 void max_pool_backward_plane(const T* g, const std::int64_t* at, std::int64_t OHW, std::int64_t HW,
-                             T* plane) {
-  std::fill(plane, plane + HW * B, T(0));
-  for (std::int64_t o = 0; o < OHW * B; o += B)
+                             T* plane, std::int64_t step = B) {
+  if (step == B)
+    std::fill(plane, plane + HW * B, T(0));
+  else
+    for (std::int64_t i = 0; i < HW; ++i) std::fill(plane + i * step, plane + i * step + B, T(0));
+  for (std::int64_t o = 0; o < OHW * step; o += step)
     for (int k = 0; k < B; ++k)
-      if (at[o + k] >= 0) plane[at[o + k] * B + k] += g[o + k];
+      if (at[o + k] >= 0) plane[at[o + k] * step + k] += g[o + k];
+}
+
+// Channels-last pooling walks an image's C channels in groups of kPoolLanes side by side (the
+// plane functions above with step C), then the remaining C % kPoolLanes one at a time: a task
+// per (image, group) where the C % kPoolLanes singles belong to the last group of their image.
+inline constexpr int kPoolLanes = 16;
+
+template <class Group>
+inline void channels_last_groups(ThreadPool& pool, std::int64_t images, std::int64_t channels,
+                                 Group&& group) {
+  const std::int64_t full = channels / kPoolLanes;
+  const std::int64_t per_image = std::max<std::int64_t>(full, 1);
+  pool.parallel_for(images * per_image, [&](std::int64_t task) {
+    const std::int64_t n = task / per_image, k = task % per_image;
+    if (k < full) group(n, k * kPoolLanes, std::integral_constant<int, kPoolLanes>{});
+    if (k == per_image - 1)
+      for (std::int64_t c = full * kPoolLanes; c < channels; ++c)
+        group(n, c, std::integral_constant<int, 1>{});
+  });
 }
 
 }  // namespace detail
@@ -746,7 +774,9 @@ void max_pool_backward_plane(const T* g, const std::int64_t* at, std::int64_t OH
 // thread count. The square 3 x 3 / 2 and 2 x 2 / 2 pools take the windows wholly inside a
 // plane by max_pool_row_inside, the rest (the padded border, other kernels) window by window.
 // In channel blocks (x [N, C/b, H, W, b], core/channel_blocks.hpp) y and argmax are blocked as
-// x is, one plane of b channels per task (max_pool_blocked_plane): the same values.
+// x is, one plane of b channels per task (max_pool_blocked_plane): the same values. A
+// channels-last x (core/channels_last.hpp) gives a channels-last y and argmax, kPoolLanes
+// channels of an image per task, side by side as channel blocks are: the same values again.
 inline void max_pool_forward(ThreadPool& pool, const Tensor& x, const Tensor& y,
                              const Tensor& argmax, const PoolGeometry& p) {
   visit_real(x.dtype(), "max_pool2d", [&](auto tag) {
@@ -770,6 +800,16 @@ inline void max_pool_forward(ThreadPool& pool, const Tensor& x, const Tensor& y,
     const T* in = static_cast<const T*>(x.data_ptr());
     T* out = static_cast<T*>(y.data_ptr());
     auto* arg = static_cast<std::int64_t*>(argmax.data_ptr());
+    if (keeps_channels_last(x)) {
+      SK_ASSERT(is_channels_last(y) && is_channels_last(argmax));
+      const std::int64_t C = x.size(1);
+      detail::channels_last_groups(pool, x.size(0), C, [&](std::int64_t n, std::int64_t c, auto b) {
+        detail::max_pool_blocked_plane<T, decltype(b)::value>(in + n * H * W * C + c, H, W, OH, OW,
+                                                              p, out + n * OH * OW * C + c,
+                                                              arg + n * OH * OW * C + c, C);
+      });
+      return;
+    }
     using Row = void (*)(const T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                          std::int64_t, T*, std::int64_t*);
     Row inside_row = nullptr;
@@ -811,7 +851,8 @@ inline void max_pool_forward(ThreadPool& pool, const Tensor& x, const Tensor& y,
 }
 
 // One (n, c) plane per task, as forward: a plane's gradient sums only its own outputs, in order.
-// In channel blocks, one plane of b channels per task, each channel's outputs in that order.
+// In channel blocks, one plane of b channels per task, each channel's outputs in that order;
+// channels-last (grad_y, argmax and grad_x all so), kPoolLanes channels of an image per task.
 inline void max_pool_backward(ThreadPool& pool, const Tensor& grad_y, const Tensor& argmax,
                               const Tensor& grad_x) {
   visit_real(grad_y.dtype(), "max_pool2d backward", [&](auto tag) {
@@ -828,10 +869,19 @@ inline void max_pool_backward(ThreadPool& pool, const Tensor& grad_y, const Tens
                                               gx + q * HW * B);
       });
     };
-    if (grad_x.dim() == 5)
-      with_block_width(grad_x.size(4), planes);
-    else
-      planes(std::integral_constant<int, 1>{});
+    if (grad_x.dim() == 5) return with_block_width(grad_x.size(4), planes);
+    if (!keeps_channels_last(grad_x)) return planes(std::integral_constant<int, 1>{});
+    SK_ASSERT(is_channels_last(grad_y) && is_channels_last(argmax));
+    const std::int64_t C = grad_x.size(1), HW = grad_x.size(2) * grad_x.size(3);
+    const std::int64_t OHW = grad_y.size(2) * grad_y.size(3);
+    const T* gy = static_cast<const T*>(grad_y.data_ptr());
+    const auto* arg = static_cast<const std::int64_t*>(argmax.data_ptr());
+    T* gx = static_cast<T*>(grad_x.data_ptr());
+    detail::channels_last_groups(
+        pool, grad_x.size(0), C, [&](std::int64_t n, std::int64_t c, auto b) {
+          detail::max_pool_backward_plane<T, decltype(b)::value>(
+              gy + n * OHW * C + c, arg + n * OHW * C + c, OHW, HW, gx + n * HW * C + c, C);
+        });
   });
 }
 

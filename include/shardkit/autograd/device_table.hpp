@@ -48,7 +48,8 @@ struct AutogradKernels {
   void (*cross_entropy_backward)(Context&, const Tensor& log_probs, const Tensor& target,
                                  const Tensor& grad_loss, const Tensor& grad_x, std::int64_t rows,
                                  std::int64_t cols);
-  // x[N, C, H, W] -> y[N, C, OH, OW], PyTorch's adaptive windows.
+  // x[N, C, H, W] -> y[N, C, OH, OW], PyTorch's adaptive windows. The CPU's also take x, y
+  // (and grad_y, grad_x) all channels-last (core/channels_last.hpp); the GPU's take NCHW.
   void (*adaptive_avg_pool_forward)(Context&, const Tensor& x, const Tensor& y);
   void (*adaptive_avg_pool_backward)(Context&, const Tensor& grad_y, const Tensor& grad_x);
   // Batch-norm in evaluation mode, backward: grad_x = grad_y * weight * invstd and

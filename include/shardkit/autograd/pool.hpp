@@ -1,7 +1,7 @@
 // Differentiable pooling: max-pool (each window's maximum recorded where it lies, and the
-// backward gathering from those records: CPU loops, and our own kernels on the GPU, which pool a
-// channels-last input as it is, core/channels_last.hpp) and adaptive average pool (PyTorch's
-// windows; function-table kernels on both devices).
+// backward gathering from those records: CPU loops, and our own kernels on the GPU, both of which
+// pool a channels-last input as it is, core/channels_last.hpp) and adaptive average pool
+// (PyTorch's windows; function-table kernels on both devices, the CPU's channels-last too).
 //
 // Why not cuDNN's max-pool on the GPU: cuDNN promises run-to-run determinism only for
 // CUDNN_POOLING_MAX_DETERMINISTIC, not for the plain maximum (whose backward may add the
@@ -27,24 +27,32 @@ inline DType max_pool_argmax_dtype(Device device, const cpu::PoolGeometry& p) {
 
 namespace detail {
 
+// A pool's output gradient in the layout its kernels read: y's (channels-last where x and y
+// were kept so, else contiguous). A channels-last gradient of another dtype than x's (a root
+// gradient given in f16 for an f32 y) is cast first: the CPU widens half types through
+// contiguous copies, which would leave it NCHW beside a channels-last grad_x.
+inline Tensor pooled_gradient(Context& ctx, const Tensor& gy, DType dtype, bool channels_last) {
+  if (!channels_last) return contiguous(ctx, gy);
+  return to_channels_last(ctx, gy.dtype() == dtype ? gy : cast(ctx, gy, dtype));
+}
+
+// A pool's input gradient, uninitialised, in x's layout.
+inline Tensor pooled_input_gradient(Context& ctx, const Tensor& g, const Shape& input_shape,
+                                    DType dtype, bool channels_last) {
+  return channels_last ? empty_channels_last(ctx, g.device(), input_shape, dtype)
+                       : fn::new_like(ctx, g, input_shape, dtype);
+}
+
 struct MaxPoolNode final : Node {
   Tensor argmax;  // (y's shape and layout)
   Shape input_shape;
   DType dtype = DType::f32;
-  bool channels_last = false;  // (the GPU's x, y and gradients channels-last)
+  bool channels_last = false;  // (x, y and the gradients channels-last)
   cpu::PoolGeometry p;
   const char* name() const override { return "max_pool2d"; }
   Gradients apply(Context& ctx, const Tensor& gy) override {
-    Tensor g, gx;
-    if (gy.device().is_cuda()) {
-      g = channels_last ? to_channels_last(ctx, gy) : contiguous(ctx, gy);
-      gx = channels_last
-               ? empty_channels_last(ctx, gy.device(), input_shape, dtype)
-               : empty_on(ctx, gy.device(), input_shape, dtype, MemoryCategory::activations);
-    } else {
-      g = contiguous(ctx, gy);
-      gx = fn::new_like(ctx, g, input_shape, dtype);
-    }
+    const Tensor g = pooled_gradient(ctx, gy, dtype, channels_last);
+    Tensor gx = pooled_input_gradient(ctx, g, input_shape, dtype, channels_last);
     kernels_for(ctx, g).max_pool_backward(ctx, argmax, g, gx, p);
     return {gx};
   }
@@ -54,10 +62,11 @@ struct MaxPoolNode final : Node {
 struct AdaptiveAvgPoolNode final : Node {
   Shape input_shape;
   DType dtype = DType::f32;
+  bool channels_last = false;  // (x, y and the gradients channels-last: on the CPU)
   const char* name() const override { return "adaptive_avg_pool2d"; }
   Gradients apply(Context& ctx, const Tensor& gy) override {
-    Tensor g = contiguous(ctx, gy);
-    Tensor gx = fn::new_like(ctx, g, input_shape, dtype);
+    const Tensor g = pooled_gradient(ctx, gy, dtype, channels_last);
+    Tensor gx = pooled_input_gradient(ctx, g, input_shape, dtype, channels_last);
     kernels_for(ctx, g).adaptive_avg_pool_backward(ctx, g, gx);
     return {gx};
   }
@@ -88,28 +97,24 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
   Shape y_shape = x.shape();  // (H and W are dimensions 2 and 3 in both layouts)
   y_shape[2] = OH;
   y_shape[3] = OW;
-  // (the CPU's loops take NCHW; the GPU's take a channels-last x as it is, y then channels-last
-  // too)
+  // (both devices take a channels-last x as it is, y then channels-last too)
   const bool gpu = x.device().is_cuda();
-  Tensor xd = gpu ? dense(ctx, x.data()) : contiguous(ctx, x.data());
+  Tensor xd = dense(ctx, x.data());
   // (a channels-last image of more values than a GPU plane may hold is pooled plane by plane)
   if (gpu && keeps_channels_last(xd) && xd.numel() / xd.size(0) > kMaxPoolPlaneValues)
     xd = contiguous(ctx, xd);
-  Tensor y = gpu ? empty_dense_like(ctx, xd, y_shape, x.dtype())
-                 : fn::new_like(ctx, xd, y_shape, x.dtype());
+  Tensor y = empty_dense_like(ctx, xd, y_shape, x.dtype());
   // (the CPU's loops always record where the maxima are; the GPU's only for a backward)
   const bool grad = needs_grad(ctx, {&x});
   const DType at_dtype = max_pool_argmax_dtype(xd.device(), p);
-  const Tensor argmax = !gpu   ? fn::new_like(ctx, xd, y_shape, at_dtype)
-                        : grad ? empty_dense_like(ctx, xd, y_shape, at_dtype)
-                               : Tensor();
+  const Tensor argmax = !gpu || grad ? empty_dense_like(ctx, xd, y_shape, at_dtype) : Tensor();
   kernels_for(ctx, xd).max_pool_forward(ctx, xd, y, argmax, p);
   if (!grad) return Variable(std::move(y));
   auto node = make_pooled<detail::MaxPoolNode>();
   node->p = p;
   node->input_shape = x.shape();
   node->dtype = x.dtype();
-  node->channels_last = gpu && keeps_channels_last(xd);
+  node->channels_last = keeps_channels_last(xd);
   node->argmax = argmax;
   return record(ctx, node, {&x}, std::move(y));
 }
@@ -121,13 +126,16 @@ inline Variable adaptive_avg_pool2d(Context& ctx, const Variable& x, std::int64_
         module_suffix(ctx));
   check(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output size ", out_h, "x", out_w,
         " must be positive", module_suffix(ctx));
-  Tensor xd = contiguous(ctx, x.data());
-  Tensor y = fn::new_like(ctx, xd, {x.size(0), x.size(1), out_h, out_w}, x.dtype());
+  // (the CPU's loops take a channels-last x as it is, y then channels-last too; the GPU's
+  // kernels take NCHW)
+  Tensor xd = x.device().is_cpu() ? dense(ctx, x.data()) : contiguous(ctx, x.data());
+  Tensor y = empty_dense_like(ctx, xd, {x.size(0), x.size(1), out_h, out_w}, x.dtype());
   kernels_for(ctx, xd).adaptive_avg_pool_forward(ctx, xd, y);
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
   auto node = make_pooled<detail::AdaptiveAvgPoolNode>();
   node->input_shape = x.shape();
   node->dtype = x.dtype();
+  node->channels_last = keeps_channels_last(xd);
   return record(ctx, node, {&x}, std::move(y));
 }
 

@@ -6,10 +6,11 @@
 //
 // Element-wise kernels run over a tensor's memory as a flat array, so every operand of one must
 // share one dense layout. The autograd ops keep a channels-last tensor as it is where their
-// kernels take it (convolution, batch-norm, add, ReLU; on the CPU in f32 and f64, on the GPU in
-// f32, f16 and bf16, where cuDNN's NHWC convolutions also spare the layout transposes its
-// fastest kernels make around NCHW tensors); every other op makes its inputs contiguous first,
-// as it always has, so a channels-last tensor is correct everywhere and fast where it matters.
+// kernels take it (convolution, batch-norm, add, ReLU, max-pool, and on the CPU adaptive
+// average pool; on the CPU in f32 and f64, on the GPU in f32, f16 and bf16, where cuDNN's NHWC
+// convolutions also spare the layout transposes its fastest kernels make around NCHW tensors);
+// every other op makes its inputs contiguous first, as it always has, so a channels-last
+// tensor is correct everywhere and fast where it matters.
 #pragma once
 
 #include "shardkit/core/tensor_ops.hpp"
