@@ -31,6 +31,13 @@ COMMON = [
     " num_crops: [2], crop_scales: [[0.3, 1]]}, {name: RandomHorizontalFlip, p: 0.5},"
     " {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, {name: Normalize,"
     " mean: MEAN, std: STD}]",
+    # The network and optimizer of the shipped CPU configs (the defaults are VISSL's: a
+    # ResNet-50 with ImageNet's stem, plain SGD)
+    "config.MODEL.TRUNK.RESNETS.DEPTH=18",
+    "config.MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM=True",
+    "config.OPTIMIZER.use_larc=True",
+    "config.OPTIMIZER.weight_decay=0.000001",
+    "config.OPTIMIZER.regularize_bn=True",
     "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.125",
     'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [64, 32, 32], "use_bn": True, "num_clusters": [20]}]]',
     "config.OPTIMIZER.num_epochs=2",

@@ -34,6 +34,13 @@ TINY = [
     " {name: ImgPilColorDistortion, strength: 1.0}, {name: ImgPilGaussianBlur, p: 0.5,"
     " radius_min: 0.1, radius_max: 2.0}, {name: ToTensor}, {name: Normalize, mean: [0.286],"
     " std: [0.353]}]",
+    # The network and optimizer of the shipped CPU configs (the defaults are VISSL's: a
+    # ResNet-50 with ImageNet's stem, plain SGD)
+    "config.MODEL.TRUNK.RESNETS.DEPTH=18",
+    "config.MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM=True",
+    "config.OPTIMIZER.use_larc=True",
+    "config.OPTIMIZER.weight_decay=0.000001",
+    "config.OPTIMIZER.regularize_bn=True",
     "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.125",
     'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [64, 32, 32], "use_bn": True, "num_clusters": [20]}]]',
     "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight', 3]]",

@@ -1,7 +1,13 @@
 // The SwAV trainer's configuration keys and their defaults, in VISSL's names and structure
-// (vissl/config/defaults.yaml, the subset this trainer implements, sized for Fashion-MNIST on a
-// CPU). Every key a config file or override may set is here; config_tree.hpp refuses others.
-// Keys marked "ours" are not VISSL's; docs/swav.md lists them.
+// (vissl/config/defaults.yaml, the subset this trainer implements). Every key a config file or
+// override may set is here; config_tree.hpp refuses others. Keys marked "ours" are not VISSL's;
+// docs/swav.md lists them.
+//
+// What a VISSL config leaves out means here what it means in VISSL: the network (the trunk's
+// depth, width and ImageNet stem, a SwAV head on its features) and the optimizer (plain SGD
+// unless use_larc, VISSL's weight decay, batch-norm parameters without it) default to VISSL's
+// values. What every SwAV config sets anyway -- its data, crops, batch sizes, epochs, schedule,
+// ranks -- defaults to a small Fashion-MNIST run on a CPU; the shipped configs set all of it.
 #pragma once
 
 namespace swav {
@@ -60,16 +66,16 @@ MODEL:
   TRUNK:
     NAME: resnet
     RESNETS:
-      DEPTH: 18
-      WIDTH_MULTIPLIER: 0.25        # base channels = 64 x this (ours: fractions allowed)
+      DEPTH: 50
+      WIDTH_MULTIPLIER: 1.0         # base channels = 64 x this (ours: fractions allowed)
       ZERO_INIT_RESIDUAL: False
-      SMALL_IMAGE_STEM: True        # ours: 3x3 stride-1 stem without max-pool, for 28x28 images
+      SMALL_IMAGE_STEM: False       # ours: 3x3 stride-1 stem without max-pool, for 28x28 images
       CHANNELS_LAST: False          # ours: activations NHWC on the CPU (docs/swav.md)
       CHANNEL_BLOCKS: True          # ours: activations in oneDNN's channel blocks on the CPU:
                                     # NCHW's kernels without its reorders (off when
                                     # CHANNELS_LAST; docs/swav.md)
   HEAD:
-    PARAMS: [["swav_head", {"dims": [128, 128, 64], "use_bn": True, "num_clusters": [100]}]]
+    PARAMS: [["swav_head", {"dims": [2048, 2048, 128], "use_bn": True, "num_clusters": [3000]}]]
     BATCHNORM_EPS: 1.0e-5
     BATCHNORM_MOMENTUM: 0.1
   TEMP_FROZEN_PARAMS_ITER_MAP: []
@@ -137,22 +143,22 @@ LOSS:
 OPTIMIZER:
   name: sgd
   use_zero: False
-  use_larc: True
+  use_larc: False
   larc_config:
     clip: False
     eps: 1.0e-8
     trust_coefficient: 0.001
-  weight_decay: 1.0e-6
+  weight_decay: 1.0e-4
   momentum: 0.9
   nesterov: False
   num_epochs: 1
-  regularize_bn: True
+  regularize_bn: False
   regularize_bias: True
   base_optimizer:
     name: sgd
     use_larc: False
     larc_config: {clip: False, eps: 1.0e-8, trust_coefficient: 0.001}
-    weight_decay: 1.0e-6
+    weight_decay: 1.0e-4
     momentum: 0.9
     nesterov: False
   param_schedulers:

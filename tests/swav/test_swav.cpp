@@ -784,9 +784,16 @@ TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that n
   CHECK(config_of({"config.MACHINE.CUDA_GRAPH=off"}).cuda_graph == "false");
   CHECK_THROWS_WITH(config_of({"config.MACHINE.CUDA_GRAPH=sometimes"}),
                     doctest::Contains("use true, false or auto"));
-  CHECK(d.optimizer.kind == sk::optim::OptimizerKind::larc_sgd);
   CHECK(d.loss.num_crops == 6);
-  CHECK(d.base_channels == 16);
+  // What a VISSL config leaves out means what it means in VISSL: a ResNet-50 of 64 base
+  // channels with ImageNet's stem, plain SGD with VISSL's decay, none on batch-norm parameters.
+  CHECK(d.optimizer.kind == sk::optim::OptimizerKind::sgd);
+  CHECK(d.optimizer.sgd.weight_decay == doctest::Approx(1e-4));
+  CHECK_FALSE(d.regularize_bn);
+  CHECK(d.regularize_bias);
+  CHECK(d.base_channels == 64);
+  CHECK(d.depth == 50);
+  CHECK_FALSE(d.small_image_stem);
   // The ZeRO snippet (OPTIMIZER.name zero with a nested base optimizer), under `config:`.
   const auto zero = config_of({}, R"(config:
   OPTIMIZER:
@@ -890,7 +897,7 @@ OPTIMIZER:
                     doctest::Contains("O3 keeps no f32 masters"));
   CHECK_THROWS_WITH(config_of({"config.MODEL.HEAD.PARAMS=[[\"swav_head\", {\"dims\": [64, 128, "
                                "64], \"use_bn\": True, \"num_clusters\": [100]}]]"}),
-                    doctest::Contains("this trunk gives 128 features"));
+                    doctest::Contains("this trunk gives 2048 features"));
   CHECK_THROWS_WITH(config_of({"config.DATA.TRAIN.TRANSFORMS=[{name: RandomCrop}]"}),
                     doctest::Contains("not a transform this trainer implements"));
   CHECK_THROWS_WITH(config_of({"config.MODEL.SHARDED_DDP_SETUP.USE_SDP=True",
@@ -1005,6 +1012,8 @@ TEST_CASE(
         RESNETS:
           DEPTH: 34
           GROUPS: 1
+    HEAD:  # (VISSL's models/resnet34.yaml: a ResNet-34 gives 512 features)
+      PARAMS: [["swav_head", {"dims": [512, 2048, 128], "use_bn": True, "num_clusters": [3000]}]]
   DISTRIBUTED:
     NCCL_DEBUG: True
 )";
