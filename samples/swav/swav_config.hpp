@@ -33,6 +33,9 @@ struct DataSource {
   std::int64_t synthetic_side = 32;    // DEFAULT_GRAY_IMG_SIZE
 };
 
+// What one run reads from its config. read_swav_config sets every field from the merged config,
+// whose defaults are swav_defaults.hpp's (VISSL's for the network and optimizer); the
+// initialisers here only give a directly built SwavConfig the quick config's small network.
 struct SwavConfig {
   std::uint64_t seed = 0;
   int log_frequency = 10;

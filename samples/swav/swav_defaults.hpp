@@ -6,8 +6,9 @@
 // What a VISSL config leaves out means here what it means in VISSL: the network (the trunk's
 // depth, width and ImageNet stem, a SwAV head on its features) and the optimizer (plain SGD
 // unless use_larc, VISSL's weight decay, batch-norm parameters without it) default to VISSL's
-// values. What every SwAV config sets anyway -- its data, crops, batch sizes, epochs, schedule,
-// ranks -- defaults to a small Fashion-MNIST run on a CPU; the shipped configs set all of it.
+// values (base_optimizer, which VISSL's defaults do not have, to OPTIMIZER's). What every SwAV
+// config sets anyway -- crops, batch sizes, epochs, schedule -- defaults to a small run on a
+// CPU, and the data to Fashion-MNIST; the shipped configs set the network and the optimizer.
 #pragma once
 
 namespace swav {

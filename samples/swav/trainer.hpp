@@ -1,6 +1,6 @@
 // One rank of the SwAV trainer (docs/swav.md, "The trainer"): multi-crop batches from the
 // loader, the trunk once per crop size through the sharded module (ddp / oss / sdp / fsdp),
-// head and prototypes on all crops together, the SwAV loss, LARC-SGD under the schedule, the
+// head and prototypes on all crops together, the SwAV loss, SGD or LARC-SGD under the schedule, the
 // prototypes frozen for their first iterations and re-normalised after each step; progress
 // lines, a JSONL metrics file, step-folder checkpoints that resume mid-epoch on any stage and
 // world size, and weighted kNN evaluation beside the raw-pixel kNN.

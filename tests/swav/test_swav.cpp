@@ -794,6 +794,10 @@ TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that n
   CHECK(d.base_channels == 64);
   CHECK(d.depth == 50);
   CHECK_FALSE(d.small_image_stem);
+  CHECK(d.head_in == 2048);
+  CHECK(d.head_hidden == 2048);
+  CHECK(d.embedding_dim == 128);
+  CHECK(d.prototypes == 3000);
   // The ZeRO snippet (OPTIMIZER.name zero with a nested base optimizer), under `config:`.
   const auto zero = config_of({}, R"(config:
   OPTIMIZER:
@@ -864,10 +868,12 @@ OPTIMIZER:
   CHECK(sync_group("3") == 3);
   CHECK(config_of({}).sync_bn_group == 0);
   CHECK_THROWS_WITH(sync_group("-2"), doctest::Contains("GROUP_SIZE = -2"));
-  // Parameter groups without weight decay (VISSL's regularize_bn / regularize_bias).
-  const auto groups = config_of({"config.OPTIMIZER.regularize_bn=False"});
-  CHECK_FALSE(groups.regularize_bn);
-  CHECK(groups.regularize_bias);
+  // VISSL's regularize_bn / regularize_bias (parameter groups without weight decay), each
+  // overridden against its default.
+  const auto groups =
+      config_of({"config.OPTIMIZER.regularize_bn=True", "config.OPTIMIZER.regularize_bias=False"});
+  CHECK(groups.regularize_bn);
+  CHECK_FALSE(groups.regularize_bias);
   // Errors name the key, the value and the fix.
   CHECK_THROWS_WITH(config_of({"config.OPTIMIZER.num_epoch=2"}),
                     doctest::Contains("unknown config key config.OPTIMIZER.num_epoch (= 2); the "
