@@ -34,8 +34,8 @@ struct DataSource {
 };
 
 // What one run reads from its config. read_swav_config sets every field from the merged config,
-// whose defaults are swav_defaults.hpp's (VISSL's for the network and optimizer); the
-// initialisers here only give a directly built SwavConfig the quick config's small network.
+// whose defaults are swav_defaults.hpp's; the initialisers here are those defaults too (VISSL's
+// for the network and the optimizer), so that the two never tell different stories.
 struct SwavConfig {
   std::uint64_t seed = 0;
   int log_frequency = 10;
@@ -48,13 +48,13 @@ struct SwavConfig {
   MultiCropConfig crops;
   EvalTransform eval_images;  // DATA.TEST.TRANSFORMS: the kNN evaluation's images
   // Model
-  int depth = 18;
-  std::int64_t base_channels = 16;
+  int depth = 50;
+  std::int64_t base_channels = 64;
   std::int64_t in_channels = 1;  // the images' channels (load_datasets sets it from the data)
-  bool small_image_stem = true, zero_init_residual = false;
+  bool small_image_stem = false, zero_init_residual = false;
   bool channels_last = false;  // the trunk's activations stored NHWC (either device)
   bool channel_blocks = true;  // kept in oneDNN's channel blocks inside the stages (CPU)
-  std::int64_t head_in = 128, head_hidden = 128, embedding_dim = 64, prototypes = 100;
+  std::int64_t head_in = 2048, head_hidden = 2048, embedding_dim = 128, prototypes = 3000;
   bool head_bn = true;
   double bn_eps = 1e-5, bn_momentum = 0.1;
   std::vector<std::pair<std::string, std::int64_t>> frozen;  // parameter -> iterations
@@ -62,7 +62,7 @@ struct SwavConfig {
   int sync_bn_group = 0;  // SyncBatchNorm over groups of this many consecutive ranks; 0: off
   // VISSL's OPTIMIZER.regularize_bn / regularize_bias: False puts batch-norm parameters /
   // Linear and Conv biases in a group without weight decay.
-  bool regularize_bn = true, regularize_bias = true;
+  bool regularize_bn = false, regularize_bias = true;
   // Parallelism and precision
   int ranks = 2;
   // The stage, precision, buckets, resharding and CPU offload (FSDP's move_grads_to_cpu /
