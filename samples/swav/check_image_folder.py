@@ -11,7 +11,8 @@ the IDX files and from the folder:
     ones (above a floor); the quick config's full-size comparison is in docs/swav.md;
   - the same images as JPEG files (lossy) and as RGB PNGs (a three-channel trunk) run too, their
     figures within a point of the IDX run's at initialisation.
-Then the synthetic source trains an RGB trunk end to end.
+Configs with problems in their data are refused with every problem in one report. Then the
+synthetic source trains an RGB trunk end to end.
 Usage: check_image_folder.py path/to/swav path/to/write_image_folder"""
 import os
 import re
@@ -48,12 +49,15 @@ COMMON = [
 DONE = re.compile(r"kNN top-1 ([0-9.]+)% \(initial network ([0-9.]+)%, raw pixels ([0-9.]+)%\)")
 
 
-def run(swav, folder, sources, channels=1):
+def arguments(swav, folder, sources, channels):
     mean, std = ("[0.286]", "[0.353]") if channels == 1 else ("[0.286, 0.286, 0.286]",
                                                               "[0.353, 0.353, 0.353]")
     args = [swav] + [a.replace("MEAN", mean).replace("STD", std) for a in COMMON]
-    args += [f"config.CHECKPOINT.DIR={folder}"] + sources
-    out = subprocess.run(args, capture_output=True, text=True)
+    return args + [f"config.CHECKPOINT.DIR={folder}"] + sources
+
+
+def run(swav, folder, sources, channels=1):
+    out = subprocess.run(arguments(swav, folder, sources, channels), capture_output=True, text=True)
     if out.returncode != 0:
         print(out.stdout, out.stderr)
         raise SystemExit(f"FAIL: swav exited {out.returncode}: {' '.join(sources)}")
@@ -63,6 +67,16 @@ def run(swav, folder, sources, channels=1):
         raise SystemExit("FAIL: no final kNN line")
     shutil.rmtree(folder, ignore_errors=True)
     return out.stdout, tuple(float(x) for x in found.groups())
+
+
+def refused(swav, folder, sources, parts, channels=1):
+    """The run stops before training with one report that says every one of `parts`."""
+    out = subprocess.run(arguments(swav, folder, sources, channels), capture_output=True, text=True)
+    missing = [p for p in parts if p not in out.stderr]
+    if out.returncode != 1 or missing or "epoch 1/" in out.stdout:
+        print(out.stdout, out.stderr)
+        raise SystemExit(f"FAIL: exit {out.returncode}, the report lacks {missing}")
+    print(f"refused, in one report that says all of: {parts[0]} ...")
 
 
 def idx_sources():
@@ -115,12 +129,33 @@ def main():
             failures.append("raw pixels of the RGB copies differ from the grey images'")
         if abs(rgb[1] - idx[1]) > 1.0:
             failures.append("the RGB trunk at initialisation is more than a point from the grey's")
-        # The synthetic source: generated RGB images, 4 classes.
+        # Every problem of a config, its data's included, in the run's one report: a missing
+        # folder (by path), DATA.TEST left at Fashion-MNIST, a misspelt key; then what only the
+        # decoded images tell -- RGB training images against grey test images and a one-channel
+        # Normalize --; then a frozen parameter the network does not have.
+        missing = os.path.join(work, "no_such_folder")
+        refused(swav, ckpt, ["config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                             f"config.DATA.TRAIN.DATA_PATHS=[{missing}]", "config.OPTIMIZER.num_epoch=1"],
+                ["the config has 3 problems", f"config.DATA.TRAIN.DATA_PATHS = [{missing}]: image "
+                 f"folder '{missing}'", "config.DATA.TEST is left at its default (fashion_mnist)",
+                 "the nearest valid key is config.OPTIMIZER.num_epochs"])
+        refused(swav, ckpt, folder_sources(folders["rgb-png", "train"], folders["png", "t10k"]),
+                ["the config has 2 problems", "DATA.TRAIN's images have 3 channels and DATA.TEST's 1",
+                 "DATA.TRAIN.TRANSFORMS' Normalize has 1 mean/std entries but the images have 3"])
+        refused(swav, ckpt, idx_sources() + [
+            "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototype0.weight', 3]]"],
+                ["config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names 'module.heads.0.prototype0.weight' "
+                 "(the nearest is 'module.heads.0.prototypes0.weight')"])
+        # The synthetic source: generated RGB images, 4 classes; the prototypes frozen for the
+        # first steps, named as VISSL's SwAV configs name them (plain and FSDP-wrapped).
         out, syn = run(swav, ckpt, [
             "config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TRAIN.DATA_LIMIT=256",
             "config.DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE=20", "config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS=4",
             "config.DATA.TEST.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_LIMIT=64",
-            "config.DATA.TEST.DEFAULT_GRAY_IMG_SIZE=20", "config.MAX_ITERATIONS=10"], channels=3)
+            "config.DATA.TEST.DEFAULT_GRAY_IMG_SIZE=20", "config.MAX_ITERATIONS=10",
+            "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight', 4], "
+            "['_fsdp_wrapped_module.heads.0._fsdp_wrapped_module._fpw_module.prototypes0."
+            "_fsdp_wrapped_module.weight', 4]]"], channels=3)
         print(f"synthetic: final {syn[0]:.2f}%, initial {syn[1]:.2f}%, raw pixels {syn[2]:.2f}%")
         if "synthetic images (256, RGB, 20x20, 4 classes)" not in out:
             failures.append("the synthetic run does not describe its images")

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -128,13 +129,17 @@ class ConfigProblems {
   ConfigProblems() = default;
   explicit ConfigProblems(std::vector<std::string> first) : messages_(std::move(first)) {}
   // Runs read(); false (the problem kept) when it threw a ConfigError, another refusal of a
-  // value (sk::InvalidArgument) or yaml-cpp's refusal of a value's shape (unexpected_shape).
+  // value (sk::InvalidArgument), a refusal of a file or folder that the config names
+  // (sk::IoError: its data) or yaml-cpp's refusal of a value's shape (unexpected_shape).
   template <class Read>
   bool attempt(Read&& read) {
     try {
       read();
       return true;
     } catch (const sk::InvalidArgument& e) {  // ConfigError, or a setting's own validate()
+      messages_.emplace_back(e.what());
+      return false;
+    } catch (const sk::IoError& e) {  // a file or folder the config names (the data's)
       messages_.emplace_back(e.what());
       return false;
     } catch (const YAML::BadSubscript& e) {
@@ -227,6 +232,13 @@ class ConfigTree {
   const std::vector<std::string>& problems() const { return problems_; }
   // VISSL's keys that were given and are accepted without effect here, in the order met.
   const std::vector<std::string>& ignored() const { return ignored_; }
+  // Whether a file or an override gave `path` (a key, or a section holding a given key) -- where
+  // the default stands in for what the user left out, and that matters (DATA.TEST).
+  bool given(const std::string& path) const {
+    if (given_.count(path) != 0) return true;
+    const auto below = given_.lower_bound(path + ".");
+    return below != given_.end() && below->rfind(path + ".", 0) == 0;
+  }
 
   // The node at a dotted path ("OPTIMIZER.larc_config.clip"); it exists (the defaults have it).
   // A view of the tree, read-only: const, so a subscript of it is yaml-cpp's const one, which
@@ -313,6 +325,7 @@ class ConfigTree {
         continue;
       }
       target[key] = YAML::Clone(kv.second);
+      given_.insert(path);
     }
   }
 
@@ -401,6 +414,7 @@ class ConfigTree {
   YAML::Node root_;
   std::vector<std::string> problems_;  // every problem of the merges, for check()
   std::vector<std::string> ignored_;   // VISSL's keys accepted without effect
+  std::set<std::string> given_;        // the keys the files and overrides set
 };
 
 }  // namespace swav

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <numeric>
 #include <random>
 #include <string>
@@ -28,6 +29,38 @@ struct Datasets {
   std::string description;     // what the images are, for the run's first line
 };
 
+// The synthetic source's images are RGB.
+inline constexpr std::int64_t kSyntheticChannels = 3;
+
+// What load_split will meet, found without reading the images (read_swav_config's
+// Machine::probe_data): Fashion-MNIST's files are there, an image folder indexes (its class
+// subfolders hold image files), this build decodes images. Returns the images' channels where
+// the source fixes them -- Fashion-MNIST's 1, the synthetic source's 3 -- and 0 for an image
+// folder's, which its images tell once decoded (load_datasets checks them then).
+inline std::int64_t probe_split(const DataSource& source, const std::string& key) {
+  if (source.kind == "synthetic") return kSyntheticChannels;
+#if !SHARDKIT_WITH_IMAGES
+  if (source.kind == "disk_folder")
+    throw ConfigError("config." + key +
+                      ".DATA_SOURCES = [disk_folder]: this build has no image decoders; install "
+                      "libjpeg-dev and libpng-dev (scripts/setup does) and rebuild");
+#endif
+  try {
+    if (source.kind == "fashion_mnist") {
+      (void)sk::data::fashion_mnist_files(key == "DATA.TRAIN" ? "train" : "t10k", source.path);
+      return 1;
+    }
+#if SHARDKIT_WITH_IMAGES
+    (void)sk::data::index_image_folder(source.path);
+#endif
+    return 0;
+  } catch (const sk::IoError& e) {
+    throw ConfigError("config." + key + ".DATA_PATHS = [" + source.path + "]: " + e.what());
+  } catch (const std::filesystem::filesystem_error& e) {  // a folder it may not read, ...
+    throw ConfigError("config." + key + ".DATA_PATHS = [" + source.path + "]: " + e.what());
+  }
+}
+
 // One split's images from its source (docs/swav.md, "Data sources").
 inline sk::data::ImageDataset load_split(const DataSource& source, const char* split,
                                          [[maybe_unused]] const std::string& key,
@@ -37,7 +70,7 @@ inline sk::data::ImageDataset load_split(const DataSource& source, const char* s
   if (source.kind == "synthetic")
     return sk::data::make_synthetic_images({.count = source.limit,
                                             .side = source.synthetic_side,
-                                            .channels = 3,
+                                            .channels = kSyntheticChannels,
                                             .classes = source.synthetic_classes,
                                             .seed = seed});
 #if SHARDKIT_WITH_IMAGES
@@ -60,31 +93,29 @@ inline sk::data::ImageDataset load_split(const DataSource& source, const char* s
       picked, static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
 #else
   (void)seed;
-  sk::fail<sk::NotAvailable>(key,
-                             ".DATA_SOURCES = [disk_folder]: this build has no image "
-                             "decoders; install libjpeg-dev and libpng-dev (scripts/setup does) "
-                             "and rebuild");
+  (void)probe_split(source, key);  // refuses it: this build has no image decoders
+  return {};
 #endif
 }
 
+// Both splits' images, every problem with them reported together (each split's files, the
+// channels against each other and the Normalize steps) -- after read_swav_config's probe, what
+// only the decoded images tell.
 inline Datasets load_datasets(SwavConfig& c) {
   Datasets d;
-  d.train = load_split(c.train_data, "train", "DATA.TRAIN", c.seed);
+  ConfigProblems problems;
+  const bool train_ok =
+      problems.attempt([&] { d.train = load_split(c.train_data, "train", "DATA.TRAIN", c.seed); });
   // The synthetic test images are other images than the training ones (another seed).
-  d.test = load_split(c.test_data, "t10k", "DATA.TEST", c.seed + 0x5EED);
-  sk::check(d.train.channels == d.test.channels, "DATA.TRAIN's images have ", d.train.channels,
-            " channels and DATA.TEST's ", d.test.channels, "; the network reads one kind");
-  sk::check(static_cast<std::int64_t>(c.crops.mean.size()) == d.train.channels,
-            "DATA.TRAIN.TRANSFORMS' Normalize has ", c.crops.mean.size(),
-            " mean/std entries but the images have ", d.train.channels,
-            " channels; give one per channel (grey: Fashion-MNIST's [0.2860], [0.3530]; RGB: "
-            "ImageNet's [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])");
-  sk::check(c.eval_images.mean.empty() ||
-                static_cast<std::int64_t>(c.eval_images.mean.size()) == d.test.channels,
-            "DATA.TEST.TRANSFORMS' Normalize has ", c.eval_images.mean.size(),
-            " mean/std entries but the images have ", d.test.channels,
-            " channels; give one per channel");
-  sk::check(d.train.count >= 1 && d.test.count >= 1, "no images to train on or to test with");
+  const bool test_ok = problems.attempt(
+      [&] { d.test = load_split(c.test_data, "t10k", "DATA.TEST", c.seed + 0x5EED); });
+  detail::check_channels(problems, train_ok ? d.train.channels : 0, test_ok ? d.test.channels : 0,
+                         &c.crops, &c.eval_images);
+  problems.attempt([&] {
+    if ((train_ok && d.train.count < 1) || (test_ok && d.test.count < 1))
+      throw ConfigError("no images to train on or to test with");
+  });
+  problems.check();
   c.in_channels = d.train.channels;
   d.bank_size =
       c.memory_bank_limit < 0 ? d.train.count : std::min(c.memory_bank_limit, d.train.count);

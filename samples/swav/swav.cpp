@@ -77,20 +77,6 @@ void plot_metrics(const swav::SwavConfig& config) {
         "python3-matplotlib)\n");
 }
 
-// MACHINE.DEVICE: gpu needs a CUDA build and a GPU; auto takes the GPU when both are there.
-bool use_gpu(const swav::SwavConfig& config) {
-  const bool available = SK_WITH_CUDA && sk::cuda_available();
-  if (config.device == "gpu")
-    sk::check<sk::NotAvailable>(available, "config.MACHINE.DEVICE = gpu: ",
-                                SK_WITH_CUDA
-                                    ? "this machine has no CUDA GPU; use cpu or auto"
-                                    : "this trainer was built without CUDA (scripts/setup builds "
-                                      "the CPU trainer on a machine without a GPU); on a GPU "
-                                      "machine run `meson configure build -Dgpu_device_opt=full` "
-                                      "and rebuild, or use cpu or auto");
-  return config.device != "cpu" && available;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,8 +105,15 @@ int main(int argc, char** argv) {
         world = swav::configured_ranks(tree);
       } catch (const swav::ConfigError&) {
       }
-    auto config = swav::read_swav_config(tree, world);
-    const bool gpu = use_gpu(config);
+    // The config is read against this machine and its data, so that one run names every
+    // problem: MACHINE.DEVICE: gpu needs a CUDA build and a GPU (auto takes the GPU when both
+    // are there), the data's files and folders must be found.
+    const bool cuda_build = SK_WITH_CUDA;
+    const swav::Machine machine{.cuda_build = cuda_build,
+                                .gpu = cuda_build && sk::cuda_available(),
+                                .probe_data = swav::probe_split};
+    auto config = swav::read_swav_config(tree, world, &machine);
+    const bool gpu = config.device != "cpu" && machine.gpu;
     const bool lead = !launched || launch.rank == 0;
     if (lead)
       std::printf(

@@ -6,7 +6,9 @@
 // Combinations this trainer does not implement are errors that say so.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -435,11 +437,87 @@ inline int configured_ranks(const ConfigTree& c) {
   return nodes * per_node;
 }
 
+// What the machine that will run a config offers. read_swav_config checks the config against it
+// beside the config's own problems, so that one run names them all: MACHINE.DEVICE against the
+// build and the GPU, and each split's data against the files and folders there. `probe_data`
+// (the trainer's probe_split) refuses a split whose files or folder it cannot find, by path,
+// and returns the images' channels where the source fixes them (0 where only decoding the
+// images tells: an image folder's). Without a machine (a test reading configs) nothing outside
+// the config is looked at.
+struct Machine {
+  bool cuda_build = false;  // the trainer was built with CUDA
+  bool gpu = false;         // ... and a CUDA GPU answers
+  std::function<std::int64_t(const DataSource&, const std::string& key)> probe_data;
+};
+
+namespace detail {
+
+// The images' channels -- the two splits' and each Normalize's entries -- agree; a count of 0
+// is not known (yet), a null transform list not read. Checked with the config where the sources
+// fix the channels, and again once the images are loaded.
+inline void check_channels(ConfigProblems& problems, std::int64_t train, std::int64_t test,
+                           const MultiCropConfig* crops, const EvalTransform* eval) {
+  if (train > 0 && test > 0)
+    problems.attempt([&] {
+      if (train != test)
+        throw ConfigError("DATA.TRAIN's images have " + std::to_string(train) +
+                          " channels and DATA.TEST's " + std::to_string(test) +
+                          "; the network reads one kind (the kNN's memory bank is DATA.TRAIN's "
+                          "images, its queries DATA.TEST's)");
+    });
+  if (train > 0 && crops != nullptr)
+    problems.attempt([&] {
+      if (static_cast<std::int64_t>(crops->mean.size()) != train)
+        throw ConfigError(
+            "DATA.TRAIN.TRANSFORMS' Normalize has " + std::to_string(crops->mean.size()) +
+            " mean/std entries but the images have " + std::to_string(train) +
+            " channels; give one per channel (grey: Fashion-MNIST's [0.2860], "
+            "[0.3530]; RGB: ImageNet's [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])");
+    });
+  if (test > 0 && eval != nullptr)
+    problems.attempt([&] {
+      if (!eval->mean.empty() && static_cast<std::int64_t>(eval->mean.size()) != test)
+        throw ConfigError("DATA.TEST.TRANSFORMS' Normalize has " +
+                          std::to_string(eval->mean.size()) +
+                          " mean/std entries but the images have " + std::to_string(test) +
+                          " channels; give one per channel");
+    });
+}
+
+}  // namespace detail
+
+// MODEL.TEMP_FROZEN_PARAMS_ITER_MAP's names (as read_swav_config leaves them) against the
+// network's parameter names, all at once, when the network is built and before the run starts
+// (a name that matched none would otherwise stop the first step).
+inline void check_frozen_names(const std::vector<std::string>& parameters,
+                               const std::vector<std::pair<std::string, std::int64_t>>& frozen) {
+  std::string unknown;
+  for (const auto& [name, iterations] : frozen) {
+    if (std::find(parameters.begin(), parameters.end(), name) != parameters.end()) continue;
+    std::string nearest;
+    std::size_t best = detail::suggestion_bound(name) + 1;
+    for (const auto& candidate : parameters)
+      if (const std::size_t d = detail::edit_distance(name, candidate); d < best) {
+        best = d;
+        nearest = candidate;
+      }
+    unknown += (unknown.empty() ? "'module." : ", 'module.") + name + "'" +
+               (nearest.empty() ? "" : " (the nearest is 'module." + nearest + "')");
+  }
+  if (!unknown.empty())
+    throw ConfigError("config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP names " + unknown +
+                      ", which this network has no parameter of; the SwAV head's prototypes are "
+                      "'module.heads.0.prototypes0.weight', the trunk's parameters "
+                      "'module.trunk.layer1.0.conv1.weight' and the like");
+}
+
 // `world` is the number of ranks that will train (local ranks or the launcher's). Every part that
 // can be read on its own is read in attempt(): its ConfigError is kept and the reading goes on
 // (a part that needs another is read when that one was good), so that one run reports every
-// problem of the config -- the merge's first -- and one round of edits fixes it.
-inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
+// problem of the config -- the merge's first, then the reader's and, given a `machine`, what the
+// machine and the data refuse -- and one round of edits fixes it.
+inline SwavConfig read_swav_config(const ConfigTree& c, int world,
+                                   const Machine* machine = nullptr) {
   using shardkit::DType;
   using shardkit::parallel::Stage;
   ConfigProblems problems(c.problems());
@@ -450,9 +528,21 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
     if (s.log_frequency < 1)
       throw detail::bad("LOG_FREQUENCY", std::to_string(s.log_frequency),
                         "must be >= 1 (a line every that many iterations)");
+  });
+  problems.attempt([&] {
     s.device = c.get<std::string>("MACHINE.DEVICE");
     if (s.device != "cpu" && s.device != "gpu" && s.device != "auto")
       throw detail::bad("MACHINE.DEVICE", s.device, "use cpu, gpu or auto");
+    if (machine != nullptr && s.device == "gpu" && !(machine->cuda_build && machine->gpu))
+      throw detail::bad("MACHINE.DEVICE", s.device,
+                        machine->cuda_build
+                            ? "this machine has no CUDA GPU; use cpu or auto"
+                            : "this trainer was built without CUDA (scripts/setup builds the CPU "
+                              "trainer on a machine without a GPU); on a GPU machine run `meson "
+                              "configure build -Dgpu_device_opt=full` and rebuild, or use cpu or "
+                              "auto");
+  });
+  problems.attempt([&] {
     // A YAML boolean in any spelling (True, false, on...), or auto.
     const YAML::Node graph = c.at("MACHINE.CUDA_GRAPH");
     bool on = false;
@@ -462,11 +552,16 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
       throw detail::bad("MACHINE.CUDA_GRAPH", s.cuda_graph, "use true, false or auto");
   });
   // Data
+  std::int64_t channels[2] = {0, 0};  // TRAIN's, TEST's, where the machine's probe knows them
+  bool data_ok[2] = {false, false};
+  std::string train_kind;  // DATA.TRAIN's one source as given, refused or not ("": no one name)
   for (const char* split : {"TRAIN", "TEST"}) {
-    problems.attempt([&] {
+    const int i = split == std::string("TRAIN") ? 0 : 1;
+    data_ok[i] = problems.attempt([&] {
       const std::string k = std::string("DATA.") + split;
       DataSource& source = split == std::string("TRAIN") ? s.train_data : s.test_data;
       const auto sources = c.get<std::vector<std::string>>(k + ".DATA_SOURCES");
+      if (i == 0 && sources.size() == 1) train_kind = sources[0];
       if (sources.size() != 1 || (sources[0] != "fashion_mnist" && sources[0] != "disk_folder" &&
                                   sources[0] != "synthetic"))
         throw detail::bad(k + ".DATA_SOURCES", detail::text_of(c.at(k + ".DATA_SOURCES")),
@@ -498,6 +593,38 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
                           "0 (every label 0) .. 256 labels");
     });
   }
+  // The kNN evaluation's memory bank is DATA.TRAIN's images and its queries DATA.TEST's: a
+  // config that trains on other images than the default's (Fashion-MNIST) and leaves DATA.TEST
+  // out -- as VISSL's pretraining configs do, VISSL testing in runs of their own -- would be
+  // evaluated on another dataset's classes. Said also when DATA.TRAIN's source is refused above
+  // (the edit is owed either way); the default test split is then not probed: its files and
+  // channels are beside the point.
+  const bool test_left_out = data_ok[1] && !train_kind.empty() &&
+                             !c.given("DATA.TEST.DATA_SOURCES") && train_kind != s.test_data.kind;
+  if (test_left_out)
+    problems.attempt([&] {
+      const bool known = train_kind == "disk_folder" || train_kind == "synthetic";
+      throw ConfigError(
+          "config.DATA.TEST is left at its default (" + s.test_data.kind +
+          ") while DATA.TRAIN reads [" + train_kind +
+          "]: the kNN evaluation queries DATA.TEST's images against a memory bank of "
+          "DATA.TRAIN's, so both must be the same kind of images with the same classes; " +
+          (!known ? std::string("give DATA.TEST the held-out images of DATA.TRAIN's kind")
+           : train_kind == "disk_folder"
+               ? std::string("set config.DATA.TEST.DATA_SOURCES=[disk_folder] and "
+                             "config.DATA.TEST.DATA_PATHS=[a folder of held-out images in the "
+                             "same class subfolders]")
+               : "set config.DATA.TEST.DATA_SOURCES=[" + train_kind +
+                     "] and config.DATA.TEST.DATA_LIMIT=<images to test with>"));
+    });
+  // What the machine says of each split's data (its files and folders, its channels).
+  if (machine != nullptr && machine->probe_data)
+    for (int i = 0; i < 2; ++i)
+      if (data_ok[i] && !(i == 1 && test_left_out))
+        problems.attempt([&] {
+          channels[i] = machine->probe_data(i == 0 ? s.train_data : s.test_data,
+                                            i == 0 ? "DATA.TRAIN" : "DATA.TEST");
+        });
   const bool batch_ok = problems.attempt([&] {
     s.batch_size = c.get<std::int64_t>("DATA.TRAIN.BATCHSIZE_PER_REPLICA");
     if (s.batch_size < 1)
@@ -515,8 +642,10 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
                         "SwAV uses multicrop_collator");
     s.workers = c.get<int>("DATA.NUM_DATALOADER_WORKERS");
   });
-  problems.attempt([&] { s.crops = detail::read_transforms(c); });
-  problems.attempt([&] { s.eval_images = detail::read_test_transforms(c); });
+  const bool crops_ok = problems.attempt([&] { s.crops = detail::read_transforms(c); });
+  const bool eval_ok = problems.attempt([&] { s.eval_images = detail::read_test_transforms(c); });
+  detail::check_channels(problems, channels[0], channels[1], crops_ok ? &s.crops : nullptr,
+                         eval_ok ? &s.eval_images : nullptr);
   // Model
   std::int64_t trunk_out = 0;
   const bool trunk_ok = problems.attempt([&] {
@@ -578,16 +707,40 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
       s.bn_momentum = c.get<double>("MODEL.HEAD.BATCHNORM_MOMENTUM");
     });
   problems.attempt([&] {
+    // VISSL's FreezeParametersHook matches `module.` + the model's parameter names with
+    // FairScale FSDP's wrapper parts taken out, against the map's keys read into a dict. So
+    // only a key written `module.NAME` can match there; here NAME alone names the parameter
+    // too, and so does FSDP's wrapped form (`_fsdp_wrapped_module.heads.0._fsdp_wrapped_module.
+    // _fpw_module.prototypes0...`, which VISSL's own SwAV configs list beside the plain one and
+    // which never matches in VISSL). Where one parameter is named in several forms the count of
+    // the form VISSL matches holds -- `module.NAME`, else NAME, else the wrapped form -- and of
+    // one form the later (the dict's rule).
+    std::vector<int> rank;  // per s.frozen entry: 2 `module.NAME`, 1 NAME, 0 wrapped
     for (const auto& entry : c.at("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP")) {
       if (!entry.IsSequence() || entry.size() != 2)
         throw detail::bad("MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", detail::text_of(entry),
                           "each entry is ['module.heads.0.prototypes0.weight', iterations]");
-      std::string name = detail::value_as<std::string>(
+      const std::string given = detail::value_as<std::string>(
           entry[0], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", "[parameter name, iterations]");
-      if (name.rfind("module.", 0) == 0) name = name.substr(7);  // VISSL's DDP prefix
-      s.frozen.emplace_back(
-          name, detail::value_as<std::int64_t>(entry[1], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP",
-                                               "[parameter name, iterations]"));
+      const std::int64_t iterations = detail::value_as<std::int64_t>(
+          entry[1], "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP", "[parameter name, iterations]");
+      std::string name = given;
+      for (const std::string part : {"_fsdp_wrapped_module.", "_fpw_module."})
+        for (auto at = name.find(part); at != std::string::npos; at = name.find(part))
+          name.erase(at, part.size());
+      const bool wrapped = name != given;
+      const bool prefixed = name.rfind("module.", 0) == 0;
+      if (prefixed) name = name.substr(7);  // VISSL's DDP prefix
+      const int form = wrapped ? 0 : prefixed ? 2 : 1;
+      std::size_t i = 0;
+      while (i < s.frozen.size() && s.frozen[i].first != name) ++i;
+      if (i == s.frozen.size()) {
+        s.frozen.emplace_back(name, iterations);
+        rank.push_back(form);
+      } else if (form >= rank[i]) {
+        s.frozen[i].second = iterations;
+        rank[i] = form;
+      }
     }
   });
   problems.attempt([&] {
@@ -642,6 +795,11 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world) {
       throw detail::bad("MODEL.FSDP_CONFIG.flatten_parameters", "False",
                         "shardkit's FSDP units are always flat parameters; set True");
     s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
+    if (s.parallel.stage == Stage::fsdp && s.fsdp_wrap_threshold != 0)
+      throw detail::bad("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD",
+                        std::to_string(s.fsdp_wrap_threshold),
+                        "this trainer makes every residual block of the trunk an FSDP unit (the "
+                        "head and prototypes stay in the root unit); set 0");
     s.parallel.fsdp.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
     s.parallel.fsdp.reshard_group_size = c.get<int>("MODEL.FSDP_CONFIG.reshard_group_size");
     if (const double mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb"); mb > 0)

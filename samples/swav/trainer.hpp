@@ -96,12 +96,13 @@ class SwavTrainer {
         live_(log_ != nullptr && ::isatty(::fileno(log_)) != 0),
         model_(build_model(ctx, c)),
         loss_(ctx, c.loss, c.embedding_dim, c.prototypes, comm.rank(), c.seed) {
+    {
+      std::vector<std::string> names;
+      for (const auto& [name, parameter] : model_->named_parameters()) names.push_back(name);
+      check_frozen_names(names, c.frozen);
+    }
     sk::parallel::ParallelOptions o = c.parallel;
     if (o.stage == sk::parallel::Stage::fsdp) {
-      sk::check(c.fsdp_wrap_threshold == 0,
-                "config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD = ", c.fsdp_wrap_threshold,
-                ": this trainer makes every residual block of the trunk an FSDP unit (the head "
-                "and prototypes stay in the root unit); set 0");
       for (const auto& [path, module] : model_->trunk->named_modules())
         if (path.rfind("layer", 0) == 0 && std::count(path.begin(), path.end(), '.') == 1)
           o.fsdp.wrap.unit_paths.push_back("trunk." + path);

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <vector>
 
+#include "datasets.hpp"
 #include "knn.hpp"
 #include "loader.hpp"
 #include "multicrop.hpp"
@@ -669,6 +670,7 @@ TEST_CASE("config: data sources -- fashion_mnist, disk_folder, synthetic -- and 
   CHECK(d.test_data.path == "/usr/share/datasets/fashion-mnist");
   const auto folder = config_of(
       {"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", "config.DATA.TRAIN.DATA_PATHS=[/data/train]",
+       "config.DATA.TEST.DATA_SOURCES=[disk_folder]", "config.DATA.TEST.DATA_PATHS=[/data/test]",
        "config.DATA.TRAIN.DATA_LIMIT=500", "config.DATA.TRAIN.DATA_LIMIT_SAMPLING.SEED=3",
        "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 2, "
        "size_crops: [32], num_crops: [2], crop_scales: [[0.14, 1]]}, {name: Normalize, "
@@ -698,6 +700,247 @@ TEST_CASE("config: data sources -- fashion_mnist, disk_folder, synthetic -- and 
                   "config.DATA.TEST.DATA_PATHS = [/a, /b]: give one folder holding a subfolder of "
                   "images per class",
                   "give one mean and one std per channel"});
+}
+
+TEST_CASE("config: given keys; DATA.TEST left out; the machine's and the data's problems join") {
+  // What a file or an override gave, by key or by section (the old trunk schema's keys under
+  // their new place).
+  const auto given = tree_of({"config.DATA.TEST.DATA_LIMIT=5"},
+                             "config:\n  MODEL:\n    TRUNK:\n      TRUNK_PARAMS:\n"
+                             "        RESNETS:\n          DEPTH: 18\n");
+  CHECK(given.given("DATA.TEST.DATA_LIMIT"));
+  CHECK(given.given("DATA.TEST"));
+  CHECK(given.given("DATA"));
+  CHECK(given.given("MODEL.TRUNK.RESNETS.DEPTH"));
+  CHECK(given.given("MODEL.TRUNK"));
+  CHECK_FALSE(given.given("DATA.TEST.DATA_SOURCES"));
+  CHECK_FALSE(given.given("DATA.TES"));
+  CHECK_FALSE(given.given("DATA.TRAIN"));
+  CHECK_FALSE(given.given("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER"));
+
+  // Training on other images than the default's while DATA.TEST stays Fashion-MNIST: the kNN
+  // would query one dataset against another's memory bank.
+  const std::string left_out = config_problems(
+      tree_of({"config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TRAIN.DATA_LIMIT=64"}));
+  CHECK(left_out.find("config.DATA.TEST is left at its default (fashion_mnist) while DATA.TRAIN "
+                      "reads [synthetic]") == 0);
+  CHECK(left_out.find("set config.DATA.TEST.DATA_SOURCES=[synthetic] and "
+                      "config.DATA.TEST.DATA_LIMIT") != std::string::npos);
+  CHECK(config_problems(tree_of({"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                                 "config.DATA.TRAIN.DATA_PATHS=[/data/train]"}))
+            .find("config.DATA.TEST.DATA_PATHS=[a folder of held-out images") != std::string::npos);
+  CHECK(
+      config_problems(
+          tree_of({"config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TRAIN.DATA_LIMIT=64",
+                   "config.DATA.TEST.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_LIMIT=16"}))
+          .empty());
+  // The same kind given in other folders needs no DATA.TEST.
+  CHECK(config_problems(tree_of({"config.DATA.TRAIN.DATA_SOURCES=[fashion_mnist]",
+                                 "config.DATA.TRAIN.DATA_PATHS=[/elsewhere]"}))
+            .empty());
+
+  // A machine without CUDA, whose probe of the data refuses one folder by its path and knows
+  // the channels of the sources that fix them.
+  std::vector<std::string> probed;
+  bool cuda_build = false, gpu = false;
+  const auto machine = [&] {
+    return swav::Machine{
+        .cuda_build = cuda_build,
+        .gpu = gpu,
+        .probe_data = [&](const swav::DataSource& source, const std::string& key) -> std::int64_t {
+          probed.push_back(key + " " + source.kind);
+          if (source.path == "/missing")
+            throw sk::IoError("config." + key +
+                              ".DATA_PATHS = [/missing]: image folder "
+                              "'/missing' is not a folder");
+          return source.kind == "fashion_mnist" ? 1 : source.kind == "synthetic" ? 3 : 0;
+        }};
+  };
+  const auto read_on = [&](const std::vector<std::string>& overrides) {
+    const swav::Machine m = machine();
+    try {
+      swav::read_swav_config(tree_of(overrides), 2, &m);
+    } catch (const swav::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // The device, a misspelt key and both splits' folders: one report.
+  check_problems(
+      read_on({"config.MACHINE.DEVICE=gpu", "config.OPTIMIZER.num_epoch=2",
+               "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+               "config.DATA.TRAIN.DATA_PATHS=[/missing]",
+               "config.DATA.TEST.DATA_SOURCES=[disk_folder]",
+               "config.DATA.TEST.DATA_PATHS=[/missing]"}),
+      4,
+      {"1. unknown config key config.OPTIMIZER.num_epoch",
+       "2. config.MACHINE.DEVICE = gpu: this trainer was built without CUDA",
+       "3. config.DATA.TRAIN.DATA_PATHS = [/missing]: image folder '/missing' is not a folder",
+       "4. config.DATA.TEST.DATA_PATHS = [/missing]"});
+  CHECK(probed == std::vector<std::string>{"DATA.TRAIN disk_folder", "DATA.TEST disk_folder"});
+  cuda_build = true;
+  CHECK(read_on({"config.MACHINE.DEVICE=gpu"}).find("this machine has no CUDA GPU") !=
+        std::string::npos);
+  CHECK(read_on({"config.MACHINE.DEVICE=auto"}).empty());
+  gpu = true;
+  CHECK(read_on({"config.MACHINE.DEVICE=gpu"}).empty());
+  // A refused source is not probed; the other split still is -- but not the default test split
+  // left beside other training images (its files and channels are beside the point then).
+  probed.clear();
+  (void)read_on({"config.DATA.TRAIN.DATA_SOURCES=[disk_filelist]",
+                 "config.DATA.TEST.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_LIMIT=8"});
+  CHECK(probed == std::vector<std::string>{"DATA.TEST synthetic"});
+  probed.clear();
+  check_problems(read_on({"config.DATA.TRAIN.DATA_SOURCES=[synthetic]",
+                          "config.DATA.TRAIN.DATA_LIMIT=64", "config.OPTIMIZER.num_epochs=0"}),
+                 3,
+                 {"config.DATA.TEST is left at its default", "Normalize has 1 mean/std entries",
+                  "config.OPTIMIZER.num_epochs"});
+  CHECK(probed == std::vector<std::string>{"DATA.TRAIN synthetic"});
+  // A DATA_SOURCES of the wrong shape is said once.
+  CHECK(config_problems(tree_of({"config.DATA.TRAIN.DATA_SOURCES=[[a]]"})).find("problems") ==
+        std::string::npos);
+  // The device's check stands apart from the other machine settings.
+  check_problems(read_on({"config.MACHINE.DEVICE=tpu", "config.LOG_FREQUENCY=0",
+                          "config.MACHINE.CUDA_GRAPH=maybe"}),
+                 3,
+                 {"config.LOG_FREQUENCY = 0", "config.MACHINE.DEVICE = tpu",
+                  "config.MACHINE.CUDA_GRAPH = maybe"});
+  // Channels the sources fix are checked with the config: synthetic RGB training images against
+  // Fashion-MNIST's grey test images and a one-channel Normalize.
+  check_problems(
+      read_on({"config.OPTIMIZER.num_epochs=0", "config.DATA.TRAIN.DATA_SOURCES=[synthetic]",
+               "config.DATA.TRAIN.DATA_LIMIT=64", "config.DATA.TEST.DATA_SOURCES=[fashion_mnist]"}),
+      3,
+      {"DATA.TRAIN's images have 3 channels and DATA.TEST's 1",
+       "DATA.TRAIN.TRANSFORMS' Normalize has 1 mean/std entries but the images have "
+       "3 channels",
+       "config.OPTIMIZER.num_epochs = 0"});
+  // An image folder's channels are known once its images are decoded: nothing said yet.
+  CHECK(read_on({"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                 "config.DATA.TRAIN.DATA_PATHS=[/data/train]",
+                 "config.DATA.TEST.DATA_SOURCES=[disk_folder]",
+                 "config.DATA.TEST.DATA_PATHS=[/data/test]"})
+            .empty());
+}
+
+TEST_CASE("config: VISSL's frozen-parameter names, FSDP's wrapped form included") {
+  const std::string plain = "'module.heads.0.prototypes0.weight'";
+  const std::string wrapped =
+      "'_fsdp_wrapped_module.heads.0._fsdp_wrapped_module._fpw_module.prototypes0."
+      "_fsdp_wrapped_module.weight'";
+  const auto frozen = [](const std::string& map) {
+    return config_of({"config.OPTIMIZER.use_larc=True",
+                      "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=" + map})
+        .frozen;
+  };
+  using Frozen = std::vector<std::pair<std::string, std::int64_t>>;
+  const Frozen prototypes_313{{"heads.0.prototypes0.weight", 313}};
+  // VISSL's own SwAV configs list both forms; the plain one's count holds, in either order.
+  CHECK(frozen("[[" + plain + ", 313], [" + wrapped + ", 100]]") == prototypes_313);
+  CHECK(frozen("[[" + wrapped + ", 100], [" + plain + ", 313]]") == prototypes_313);
+  // The wrapped form alone names the parameter; a name given twice takes the later count.
+  CHECK(frozen("[[" + wrapped + ", 100]]") == Frozen{{"heads.0.prototypes0.weight", 100}});
+  CHECK(frozen("[[" + plain + ", 100], [" + plain + ", 313]]") == prototypes_313);
+  CHECK(frozen("[['trunk.conv1.weight', 5], [" + plain + ", 313]]") ==
+        Frozen{{"trunk.conv1.weight", 5}, {"heads.0.prototypes0.weight", 313}});
+  // Of the forms, the one VISSL matches holds: module.NAME, then NAME, then the wrapped one.
+  CHECK(frozen("[[" + plain + ", 313], ['heads.0.prototypes0.weight', 100]]") == prototypes_313);
+  CHECK(frozen("[['heads.0.prototypes0.weight', 313], [" + wrapped + ", 100]]") == prototypes_313);
+
+  // The names against the network's, all of them in one refusal, with the nearest when close.
+  const std::vector<std::string> parameters{"trunk.conv1.weight", "heads.0.prototypes0.weight"};
+  CHECK_NOTHROW(swav::check_frozen_names(parameters, prototypes_313));
+  CHECK_THROWS_WITH_AS(
+      swav::check_frozen_names(parameters, {{"heads.0.prototype0.weight", 3},
+                                            {"heads.0.prototypes0.weight", 3},
+                                            {"trunk.fc.bias", 3}}),
+      doctest::Contains("names 'module.heads.0.prototype0.weight' (the nearest is "
+                        "'module.heads.0.prototypes0.weight'), 'module.trunk.fc.bias', which "
+                        "this network has no parameter of"),
+      swav::ConfigError);
+}
+
+TEST_CASE("the data's problems: probed with the config, and all of them once loaded") {
+  namespace fs = std::filesystem;
+  const fs::path root =
+      fs::temp_directory_path() / ("shardkit_swav_datasets_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  // Two classes of three 8 x 8 images: RGB (PPM) or grey (PGM); one file that is no image.
+  const auto folder = [&](const std::string& name, bool rgb) {
+    for (int c = 0; c < 2; ++c) {
+      const fs::path dir = root / name / ("class" + std::to_string(c));
+      fs::create_directories(dir);
+      for (int i = 0; i < 3; ++i) {
+        std::ofstream out(dir / (std::to_string(i) + (rgb ? ".ppm" : ".pgm")), std::ios::binary);
+        out << (rgb ? "P6" : "P5") << "\n8 8\n255\n";
+        for (int b = 0; b < 64 * (rgb ? 3 : 1); ++b)
+          out.put(static_cast<char>(37 * b + 11 * i + c));
+      }
+    }
+    return (root / name).string();
+  };
+  const std::string rgb = folder("rgb", true), grey = folder("grey", false);
+  const std::string corrupt = folder("corrupt", false);
+  std::ofstream(root / "corrupt" / "class0" / "bad.png") << "not a PNG";
+  fs::create_directories(root / "empty");
+  const std::string empty = (root / "empty").string(), missing = (root / "missing").string();
+
+  swav::DataSource source;
+  source.kind = "synthetic";
+  CHECK(swav::probe_split(source, "DATA.TRAIN") == 3);
+  source.kind = "fashion_mnist";
+  source.path = empty;  // no .gz files: the test split's file is named
+  const std::string no_gz = "config.DATA.TEST.DATA_PATHS = [" + empty + "]: Fashion-MNIST file '" +
+                            empty + "/t10k-images-idx3-ubyte.gz' is missing";
+  CHECK_THROWS_WITH_AS(swav::probe_split(source, "DATA.TEST"), doctest::Contains(no_gz.c_str()),
+                       swav::ConfigError);
+  source.kind = "disk_folder";
+  source.path = missing;
+#if SHARDKIT_WITH_IMAGES
+  const std::string no_folder =
+      "config.DATA.TRAIN.DATA_PATHS = [" + missing + "]: image folder '" + missing + "'";
+  CHECK_THROWS_WITH_AS(swav::probe_split(source, "DATA.TRAIN"),
+                       doctest::Contains(no_folder.c_str()), swav::ConfigError);
+  source.path = empty;
+  CHECK_THROWS_AS(swav::probe_split(source, "DATA.TRAIN"), swav::ConfigError);
+  source.path = rgb;
+  CHECK(swav::probe_split(source, "DATA.TRAIN") == 0);  // known once decoded
+
+  const auto folders = [&](const std::string& train, const std::string& test) {
+    return config_of({"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                      "config.DATA.TRAIN.DATA_PATHS=[" + train + "]",
+                      "config.DATA.TEST.DATA_SOURCES=[disk_folder]",
+                      "config.DATA.TEST.DATA_PATHS=[" + test + "]"});
+  };
+  // RGB training images against grey test images and the default one-channel Normalize.
+  auto mixed = folders(rgb, grey);
+  try {
+    (void)swav::load_datasets(mixed);
+    FAIL("RGB against grey images was not refused");
+  } catch (const swav::ConfigError& e) {
+    check_problems(e.what(), 2,
+                   {"DATA.TRAIN's images have 3 channels and DATA.TEST's 1",
+                    "DATA.TRAIN.TRANSFORMS' Normalize has 1 mean/std entries but the images "
+                    "have 3 channels"});
+  }
+  // A file that does not decode, and a test folder without images: both said.
+  auto broken = folders(corrupt, empty);
+  try {
+    (void)swav::load_datasets(broken);
+    FAIL("a corrupt image and an empty folder were not refused");
+  } catch (const swav::ConfigError& e) {
+    check_problems(e.what(), 2, {"bad.png", "image folder '" + empty + "'"});
+  }
+  auto good = folders(grey, grey);
+  const auto data = swav::load_datasets(good);
+  CHECK(data.train.count == 6);
+  CHECK(good.in_channels == 1);
+#else
+  CHECK_THROWS_WITH_AS(swav::probe_split(source, "DATA.TRAIN"),
+                       doctest::Contains("this build has no image decoders"), swav::ConfigError);
+#endif
+  fs::remove_all(root);
 }
 
 TEST_CASE("kNN evaluation images: DATA.TEST.TRANSFORMS' Resize, CenterCrop and Normalize") {
@@ -898,6 +1141,14 @@ OPTIMIZER:
   CHECK_THROWS_WITH_AS(config_of({"config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[[a, b]]"}),
                        doctest::Contains("config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP = b"),
                        swav::ConfigError);
+  // FSDP's units are the trunk's residual blocks: a size threshold is refused with the config
+  // (not when the network is built), and means nothing under another stage.
+  CHECK_THROWS_WITH_AS(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                                  "config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=1000000"}),
+                       doctest::Contains("config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD = 1000000: "
+                                         "this trainer makes every residual block"),
+                       swav::ConfigError);
+  CHECK_NOTHROW(config_of({"config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=1000000"}));
   CHECK_THROWS_WITH(config_of({"config.MODEL.AMP_PARAMS.AMP_ARGS={\"opt_level\": \"O3\"}",
                                "config.MODEL.AMP_PARAMS.USE_AMP=True"}),
                     doctest::Contains("O3 keeps no f32 masters"));
@@ -1081,12 +1332,14 @@ TEST_CASE(
   const std::string both = config_problems(
       tree_of({"config.DATA.TRAIN.DATA_SOURCES=[disk_filelist]",
                "config.LOSS.swav_loss.temperatur=0.1", "config.OPTIMIZER.num_epochs=0"}));
-  check_problems(both, 3,
+  check_problems(both, 4,
                  {"1. unknown config key config.LOSS.swav_loss.temperatur (= 0.1); the nearest "
                   "valid key is config.LOSS.swav_loss.temperature",
                   "2. config.DATA.TRAIN.DATA_SOURCES = [disk_filelist]: give one source: "
                   "[fashion_mnist]",
-                  "3. config.OPTIMIZER.num_epochs = 0: must be >= 1"});
+                  "3. config.DATA.TEST is left at its default (fashion_mnist) while DATA.TRAIN "
+                  "reads [disk_filelist]",
+                  "4. config.OPTIMIZER.num_epochs = 0: must be >= 1"});
   // A misspelt key inside a section whose other VISSL keys are ignorable is still a misspelling;
   // a refused rank count and a crop-scale refusal join the report instead of ending it.
   CHECK(config_problems(tree_of({"config.DATA.TEST.BATCHSIZE_PER_REPLCIA=64"}))

@@ -16,18 +16,27 @@ inline constexpr const char* kFashionMnistClasses[10] = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
     "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
 
-// split: "train" (60 000 images) or "t10k" (10 000). Missing files get an error that says
-// how to install them.
-inline ImageDataset load_fashion_mnist(const std::string& split,
-                                       const std::string& dir = kFashionMnistDir) {
+// A split's two files in `dir`: images, then labels. split: "train" (60 000 images) or "t10k"
+// (10 000). Missing files get an error that says how to install them.
+struct FashionMnistFiles {
+  std::string images, labels;
+};
+inline FashionMnistFiles fashion_mnist_files(const std::string& split,
+                                             const std::string& dir = kFashionMnistDir) {
   check(split == "train" || split == "t10k", "Fashion-MNIST split must be 'train' or 't10k', got '",
         split, "'");
-  const std::string images_path = dir + "/" + split + "-images-idx3-ubyte.gz";
-  const std::string labels_path = dir + "/" + split + "-labels-idx1-ubyte.gz";
-  for (const auto& path : {images_path, labels_path})
+  FashionMnistFiles files{dir + "/" + split + "-images-idx3-ubyte.gz",
+                          dir + "/" + split + "-labels-idx1-ubyte.gz"};
+  for (const auto& path : {files.images, files.labels})
     check<IoError>(std::filesystem::exists(path), "Fashion-MNIST file '", path,
                    "' is missing; install it with: apt-get install dataset-fashion-mnist "
                    "(or pass the folder that holds the .gz files)");
+  return files;
+}
+
+inline ImageDataset load_fashion_mnist(const std::string& split,
+                                       const std::string& dir = kFashionMnistDir) {
+  const auto [images_path, labels_path] = fashion_mnist_files(split, dir);
   IdxArray images = read_idx(images_path);
   IdxArray labels = read_idx(labels_path);
   check<IoError>(images.dims.size() == 3, "'", images_path,
