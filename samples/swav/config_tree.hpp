@@ -232,6 +232,8 @@ class ConfigTree {
   const std::vector<std::string>& problems() const { return problems_; }
   // VISSL's keys that were given and are accepted without effect here, in the order met.
   const std::vector<std::string>& ignored() const { return ignored_; }
+  // Lists a setting of the command line that has no effect here (Hydra's own) with the ignored.
+  void ignore(const std::string& setting) { ignored_.push_back(setting); }
   // Whether a file or an override gave `path` (a key, or a section holding a given key) -- where
   // the default stands in for what the user left out, and that matters (DATA.TEST).
   bool given(const std::string& path) const {

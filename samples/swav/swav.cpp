@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "command_line.hpp"
 #include "ranks.hpp"
 #include "shardkit/comm/recorder_dump.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
@@ -26,19 +27,14 @@ namespace sk = shardkit;
 
 namespace {
 
-// config=FILE arguments merge in order (a later file overrides an earlier one), then the
-// config.KEY=VALUE overrides.
+// VISSL's command line (command_line.hpp): the config files merge in order (a later one
+// overrides an earlier one), then the config.KEY=VALUE overrides.
 void merge_arguments(int argc, char** argv, swav::ConfigTree& tree) {
-  std::vector<std::string> files, overrides;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind("config=", 0) == 0)
-      files.push_back(arg.substr(7));
-    else
-      overrides.push_back(arg);
-  }
-  for (const auto& file : files) tree.merge_file(file);
-  for (const auto& o : overrides) tree.apply_override(o);
+  const auto line = swav::read_command_line(std::vector<std::string>(argv + 1, argv + argc),
+                                            swav::config_roots(SWAV_SOURCE_DIR "/configs"));
+  for (const auto& file : line.files) tree.merge_file(file);
+  for (const auto& o : line.overrides) tree.apply_override(o);
+  for (const auto& setting : line.hydra) tree.ignore(setting);
 }
 
 // The run's kNN figures as a small table: a row per evaluation (the initial network, the
@@ -82,8 +78,10 @@ void plot_metrics(const swav::SwavConfig& config) {
 int main(int argc, char** argv) {
   if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::printf(
-        "usage: swav config=FILE [config=FILE ...] [config.KEY.PATH=VALUE ...]\n"
+        "usage: swav config=FILE [+config/GROUP=NAME ...] [config.KEY.PATH=VALUE ...]\n"
         "  e.g. swav config=samples/swav/configs/quick_cpu.yaml config.OPTIMIZER.num_epochs=2\n"
+        "  or, from a VISSL checkout, swav config=pretrain/swav/swav_8node_resnet\n"
+        "  +config/pretrain/swav/models=resnet18 config.DATA.TRAIN.DATA_PATHS=[/data/train]\n"
         "  VISSL's keys and overrides; docs/swav.md lists them and the defaults.\n");
     return 0;
   }

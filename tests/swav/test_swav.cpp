@@ -14,6 +14,7 @@
 #include <mutex>
 #include <vector>
 
+#include "command_line.hpp"
 #include "datasets.hpp"
 #include "knn.hpp"
 #include "loader.hpp"
@@ -940,6 +941,64 @@ TEST_CASE("the data's problems: probed with the config, and all of them once loa
   CHECK_THROWS_WITH_AS(swav::probe_split(source, "DATA.TRAIN"),
                        doctest::Contains("this build has no image decoders"), swav::ConfigError);
 #endif
+  fs::remove_all(root);
+}
+
+TEST_CASE("VISSL's command line: config names, +config/GROUP=NAME, +config.KEY, hydra.*") {
+  namespace fs = std::filesystem;
+  const fs::path root =
+      fs::temp_directory_path() / ("shardkit_swav_command_line_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const auto write = [&](const fs::path& relative, const std::string& yaml) {
+    fs::create_directories((root / relative).parent_path());
+    std::ofstream(root / relative) << yaml;
+  };
+  // A VISSL checkout's layout (configs/config/...) and a folder of shipped configs.
+  write("configs/config/pretrain/swav/main.yaml",
+        "# @package _global_\nconfig:\n  MODEL:\n    TRUNK:\n      RESNETS:\n        DEPTH: 50\n"
+        "  OPTIMIZER:\n    num_epochs: 7\n");
+  write("configs/config/pretrain/swav/models/small.yaml",
+        "# @package _global_\nconfig:\n  MODEL:\n    TRUNK:\n      RESNETS:\n        DEPTH: 18\n");
+  write("shipped/quick.yaml", "config:\n  LOG_FREQUENCY: 3\n");
+  const std::vector<fs::path> roots{root, root / "configs/config", root / "shipped"};
+  const std::string main = (root / "configs/config/pretrain/swav/main.yaml").string();
+  const std::string small = (root / "configs/config/pretrain/swav/models/small.yaml").string();
+
+  CHECK(swav::find_config("pretrain/swav/main", roots) == main);
+  CHECK(swav::find_config("pretrain/swav/main.yaml", roots) == main);
+  CHECK(swav::find_config("configs/config/pretrain/swav/main", roots) == main);
+  CHECK(swav::find_config("quick", roots) == (root / "shipped/quick.yaml").string());
+  CHECK(swav::find_config(main, roots) == main);
+  const std::string looked = "config file 'pretrain/swav/nothing' not found (looked for " +
+                             (root / "pretrain/swav/nothing").string() + "[.yaml], " +
+                             (root / "configs/config/pretrain/swav/nothing").string();
+  CHECK_THROWS_WITH_AS(swav::find_config("pretrain/swav/nothing", roots),
+                       doctest::Contains(looked.c_str()), swav::ConfigError);
+
+  // The group's file composes after the config, wherever it stands on the line.
+  const auto line = swav::read_command_line(
+      {"+config/pretrain/swav/models=small", "config=pretrain/swav/main",
+       "config.OPTIMIZER.num_epochs=2", "+config.LOG_FREQUENCY=5", "hydra.verbose=true"},
+      roots);
+  CHECK(line.files == std::vector<std::string>{main, small});
+  CHECK(line.overrides ==
+        std::vector<std::string>{"config.OPTIMIZER.num_epochs=2", "config.LOG_FREQUENCY=5"});
+  CHECK(line.hydra == std::vector<std::string>{"hydra.verbose"});
+  CHECK_THROWS_WITH_AS(swav::read_command_line({"+config/pretrain/swav/models"}, roots),
+                       doctest::Contains("is not a config group override"), swav::ConfigError);
+  CHECK_THROWS_WITH_AS(swav::read_command_line({"+config/pretrain/swav/models=big"}, roots),
+                       doctest::Contains("'pretrain/swav/models/big' not found"),
+                       swav::ConfigError);
+
+  swav::ConfigTree tree(swav::kDefaultsYaml);
+  for (const auto& file : line.files) tree.merge_file(file);
+  for (const auto& o : line.overrides) tree.apply_override(o);
+  for (const auto& setting : line.hydra) tree.ignore(setting);
+  CHECK(tree.get<int>("MODEL.TRUNK.RESNETS.DEPTH") == 18);
+  CHECK(tree.get<int>("OPTIMIZER.num_epochs") == 2);
+  CHECK(tree.get<int>("LOG_FREQUENCY") == 5);
+  CHECK(std::find(tree.ignored().begin(), tree.ignored().end(), "hydra.verbose") !=
+        tree.ignored().end());
   fs::remove_all(root);
 }
 
