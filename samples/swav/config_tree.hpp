@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -142,6 +143,9 @@ class ConfigProblems {
     } catch (const sk::IoError& e) {  // a file or folder the config names (the data's)
       messages_.emplace_back(e.what());
       return false;
+    } catch (const std::filesystem::filesystem_error& e) {  // ... that may not be read
+      messages_.emplace_back(e.what());
+      return false;
     } catch (const YAML::BadSubscript& e) {
       messages_.emplace_back(unexpected_shape(e));
       return false;
@@ -203,16 +207,19 @@ class ConfigTree {
   void apply_override(const std::string& arg) {
     const auto eq = arg.find('=');
     const std::string prefix = "config.";
-    if (eq == std::string::npos || arg.rfind(prefix, 0) != 0)
-      throw ConfigError("argument '" + arg +
-                        "' is not an override; write config.KEY.PATH=VALUE (e.g. "
-                        "config.OPTIMIZER.num_epochs=2) or config=FILE");
+    if (eq == std::string::npos || arg.rfind(prefix, 0) != 0) {
+      problems_.push_back("argument '" + arg +
+                          "' is not an override; write config.KEY.PATH=VALUE (e.g. "
+                          "config.OPTIMIZER.num_epochs=2) or config=FILE");
+      return;
+    }
     const std::string path = arg.substr(prefix.size(), eq - prefix.size());
     YAML::Node value;
     try {
       value = YAML::Load(arg.substr(eq + 1));
     } catch (const YAML::Exception& e) {
-      throw ConfigError("override '" + arg + "': the value is not valid YAML: " + e.what());
+      problems_.push_back("override '" + arg + "': the value is not valid YAML: " + e.what());
+      return;
     }
     // Build {A: {B: value}} and merge it like a file.
     YAML::Node doc = value;
@@ -234,13 +241,14 @@ class ConfigTree {
   const std::vector<std::string>& ignored() const { return ignored_; }
   // Lists a setting of the command line that has no effect here (Hydra's own) with the ignored.
   void ignore(const std::string& setting) { ignored_.push_back(setting); }
+  // A problem of the command line (a config name found nowhere), reported with the merge's.
+  void add_problem(const std::string& problem) { problems_.push_back(problem); }
   // Whether a file or an override gave `path` (a key, or a section holding a given key) -- where
   // the default stands in for what the user left out, and that matters (DATA.TEST).
-  bool given(const std::string& path) const {
-    if (given_.count(path) != 0) return true;
-    const auto below = given_.lower_bound(path + ".");
-    return below != given_.end() && below->rfind(path + ".", 0) == 0;
-  }
+  bool given(const std::string& path) const { return holds(given_, path); }
+  // Whether a file or an override gave `path` (or a key in that section) a value of the wrong
+  // type, which the default then stands in for: what reads it reads the default.
+  bool refused(const std::string& path) const { return holds(refused_, path); }
 
   // The node at a dotted path ("OPTIMIZER.larc_config.clip"); it exists (the defaults have it).
   // A view of the tree, read-only: const, so a subscript of it is yaml-cpp's const one, which
@@ -319,16 +327,24 @@ class ConfigTree {
         merge(current, kv.second, path);
         continue;
       }
+      given_.insert(path);
       if (!detail::fits(wanted, given)) {
         problems_.push_back("config." + path + " = " + detail::text_of(kv.second) + " is " +
                             std::string(detail::kind_name(given)) + "; it must be " +
                             std::string(detail::kind_name(wanted)) +
                             " (default: " + detail::text_of(current) + ")");
+        refused_.insert(path);
         continue;
       }
       target[key] = YAML::Clone(kv.second);
-      given_.insert(path);
     }
+  }
+
+  // Whether `keys` holds `path` or a key in the section `path`.
+  static bool holds(const std::set<std::string>& keys, const std::string& path) {
+    if (keys.count(path) != 0) return true;
+    const auto below = keys.lower_bound(path + ".");
+    return below != keys.end() && below->rfind(path + ".", 0) == 0;
   }
 
   // The valid key among `siblings` (null: none) nearest to the last part of `path`, when it is
@@ -417,6 +433,7 @@ class ConfigTree {
   std::vector<std::string> problems_;  // every problem of the merges, for check()
   std::vector<std::string> ignored_;   // VISSL's keys accepted without effect
   std::set<std::string> given_;        // the keys the files and overrides set
+  std::set<std::string> refused_;      // ... with a value of the wrong type
 };
 
 }  // namespace swav

@@ -32,6 +32,7 @@ namespace {
 void merge_arguments(int argc, char** argv, swav::ConfigTree& tree) {
   const auto line = swav::read_command_line(std::vector<std::string>(argv + 1, argv + argc),
                                             swav::config_roots(SWAV_SOURCE_DIR "/configs"));
+  for (const auto& problem : line.problems) tree.add_problem(problem);
   for (const auto& file : line.files) tree.merge_file(file);
   for (const auto& o : line.overrides) tree.apply_override(o);
   for (const auto& setting : line.hydra) tree.ignore(setting);
@@ -76,7 +77,9 @@ void plot_metrics(const swav::SwavConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+  if (std::any_of(argv + 1, argv + argc, [](const char* a) {
+        return std::string(a) == "--help" || std::string(a) == "-h";
+      })) {
     std::printf(
         "usage: swav config=FILE [+config/GROUP=NAME ...] [config.KEY.PATH=VALUE ...]\n"
         "  e.g. swav config=samples/swav/configs/quick_cpu.yaml config.OPTIMIZER.num_epochs=2\n"

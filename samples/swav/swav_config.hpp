@@ -575,6 +575,11 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
                           source.kind == "disk_folder"
                               ? "give one folder holding a subfolder of images per class"
                               : "give one folder holding the Fashion-MNIST .gz files");
+      if (source.kind == "disk_folder" && !c.given(k + ".DATA_PATHS"))
+        throw detail::bad(k + ".DATA_PATHS", "(not given: the default is Fashion-MNIST's folder)",
+                          "give the folder holding a subfolder of images per class (VISSL finds "
+                          "DATASET_NAMES' folders in its dataset catalog; this trainer reads "
+                          "DATA_PATHS)");
       if (!paths.empty()) source.path = paths[0];
       source.limit = c.get<std::int64_t>(k + ".DATA_LIMIT");
       source.sampling_seed = c.get<std::uint64_t>(k + ".DATA_LIMIT_SAMPLING.SEED");
@@ -587,12 +592,14 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       if (source.kind == "synthetic" && (source.synthetic_side < 4 || source.synthetic_side > 1024))
         throw detail::bad(k + ".DEFAULT_GRAY_IMG_SIZE", std::to_string(source.synthetic_side),
                           "the synthetic images' side: 4 .. 1024");
-      if (source.synthetic_classes < 0 || source.synthetic_classes > 256)
-        throw detail::bad("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS",
-                          std::to_string(source.synthetic_classes),
-                          "0 (every label 0) .. 256 labels");
     });
   }
+  problems.attempt([&] {  // (both splits read it: said once)
+    const auto labels = c.get<std::int64_t>("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS");
+    if (labels < 0 || labels > 256)
+      throw detail::bad("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS", std::to_string(labels),
+                        "0 (every label 0) .. 256 labels");
+  });
   // The kNN evaluation's memory bank is DATA.TRAIN's images and its queries DATA.TEST's: a
   // config that trains on other images than the default's (Fashion-MNIST) and leaves DATA.TEST
   // out -- as VISSL's pretraining configs do, VISSL testing in runs of their own -- would be
@@ -617,10 +624,12 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
                : "set config.DATA.TEST.DATA_SOURCES=[" + train_kind +
                      "] and config.DATA.TEST.DATA_LIMIT=<images to test with>"));
     });
-  // What the machine says of each split's data (its files and folders, its channels).
+  // What the machine says of each split's data (its files and folders, its channels) -- not
+  // of a split with a refused key, which would be the default's data in its place.
   if (machine != nullptr && machine->probe_data)
     for (int i = 0; i < 2; ++i)
-      if (data_ok[i] && !(i == 1 && test_left_out))
+      if (data_ok[i] && !(i == 1 && test_left_out) &&
+          !c.refused(i == 0 ? "DATA.TRAIN" : "DATA.TEST"))
         problems.attempt([&] {
           channels[i] = machine->probe_data(i == 0 ? s.train_data : s.test_data,
                                             i == 0 ? "DATA.TRAIN" : "DATA.TEST");

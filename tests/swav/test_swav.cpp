@@ -646,6 +646,37 @@ swav::SwavConfig config_of(const std::vector<std::string>& overrides, const std:
   return swav::read_swav_config(tree_of(overrides, yaml), world);
 }
 
+// A folder of its own under the temporary directory, removed when the test leaves it (a failed
+// REQUIRE or an exception included).
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix) {
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// The working directory moved to `path` while this lives.
+struct WorkingDirectory {
+  std::filesystem::path previous = std::filesystem::current_path();
+  explicit WorkingDirectory(const std::filesystem::path& path) {
+    std::filesystem::current_path(path);
+  }
+  WorkingDirectory(const WorkingDirectory&) = delete;
+  WorkingDirectory& operator=(const WorkingDirectory&) = delete;
+  ~WorkingDirectory() {
+    std::error_code ec;
+    std::filesystem::current_path(previous, ec);
+  }
+};
+
 // The message of the ConfigError that reading `tree` throws ("" when none).
 std::string config_problems(const swav::ConfigTree& tree) {
   try {
@@ -730,6 +761,12 @@ TEST_CASE("config: given keys; DATA.TEST left out; the machine's and the data's 
   CHECK(config_problems(tree_of({"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
                                  "config.DATA.TRAIN.DATA_PATHS=[/data/train]"}))
             .find("config.DATA.TEST.DATA_PATHS=[a folder of held-out images") != std::string::npos);
+  // An image folder's path is the user's to give (VISSL's configs name a dataset instead).
+  CHECK(config_problems(tree_of({"config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                                 "config.DATA.TEST.DATA_SOURCES=[disk_folder]",
+                                 "config.DATA.TEST.DATA_PATHS=[/data/test]"}))
+            .find("config.DATA.TRAIN.DATA_PATHS = (not given: the default is Fashion-MNIST's "
+                  "folder): give the folder") == 0);
   CHECK(
       config_problems(
           tree_of({"config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TRAIN.DATA_LIMIT=64",
@@ -798,9 +835,26 @@ TEST_CASE("config: given keys; DATA.TEST left out; the machine's and the data's 
                  {"config.DATA.TEST is left at its default", "Normalize has 1 mean/std entries",
                   "config.OPTIMIZER.num_epochs"});
   CHECK(probed == std::vector<std::string>{"DATA.TRAIN synthetic"});
-  // A DATA_SOURCES of the wrong shape is said once.
-  CHECK(config_problems(tree_of({"config.DATA.TRAIN.DATA_SOURCES=[[a]]"})).find("problems") ==
+  // A DATA_SOURCES of the wrong shape or type is said once, and its split is not probed (the
+  // default's data would stand in): no word of Fashion-MNIST's files or of DATA.TEST.
+  probed.clear();
+  for (const std::string value : {"[[a]]", "disk_folder"}) {
+    const std::string once = read_on({"config.DATA.TRAIN.DATA_SOURCES=" + value});
+    CHECK(once.find("DATA.TRAIN.DATA_SOURCES") != std::string::npos);
+    CHECK(once.find("the config has") == std::string::npos);
+  }
+  CHECK(probed == std::vector<std::string>{"DATA.TEST fashion_mnist", "DATA.TEST fashion_mnist"});
+  probed.clear();
+  const std::string test_once =
+      read_on({"config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TRAIN.DATA_LIMIT=64",
+               "config.DATA.TEST.DATA_SOURCES=disk_folder"});
+  CHECK(test_once.find("config.DATA.TEST.DATA_SOURCES = disk_folder is a string") !=
         std::string::npos);
+  CHECK(test_once.find("left at its default") == std::string::npos);
+  CHECK(probed == std::vector<std::string>{"DATA.TRAIN synthetic"});
+  // RANDOM_SYNTHETIC_LABELS, which both splits read, is said once.
+  CHECK(read_on({"config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS=300"})
+            .find("config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS = 300") == 0);
   // The device's check stands apart from the other machine settings.
   check_problems(read_on({"config.MACHINE.DEVICE=tpu", "config.LOG_FREQUENCY=0",
                           "config.MACHINE.CUDA_GRAPH=maybe"}),
@@ -864,9 +918,8 @@ TEST_CASE("config: VISSL's frozen-parameter names, FSDP's wrapped form included"
 
 TEST_CASE("the data's problems: probed with the config, and all of them once loaded") {
   namespace fs = std::filesystem;
-  const fs::path root =
-      fs::temp_directory_path() / ("shardkit_swav_datasets_" + std::to_string(::getpid()));
-  fs::remove_all(root);
+  const TempDir temp("shardkit_swav_datasets_");
+  const fs::path& root = temp.path;
   // Two classes of three 8 x 8 images: RGB (PPM) or grey (PGM); one file that is no image.
   const auto folder = [&](const std::string& name, bool rgb) {
     for (int c = 0; c < 2; ++c) {
@@ -941,24 +994,24 @@ TEST_CASE("the data's problems: probed with the config, and all of them once loa
   CHECK_THROWS_WITH_AS(swav::probe_split(source, "DATA.TRAIN"),
                        doctest::Contains("this build has no image decoders"), swav::ConfigError);
 #endif
-  fs::remove_all(root);
 }
 
 TEST_CASE("VISSL's command line: config names, +config/GROUP=NAME, +config.KEY, hydra.*") {
   namespace fs = std::filesystem;
-  const fs::path root =
-      fs::temp_directory_path() / ("shardkit_swav_command_line_" + std::to_string(::getpid()));
-  fs::remove_all(root);
+  const TempDir temp("shardkit_swav_command_line_");
+  const fs::path& root = temp.path;
   const auto write = [&](const fs::path& relative, const std::string& yaml) {
     fs::create_directories((root / relative).parent_path());
     std::ofstream(root / relative) << yaml;
   };
-  // A VISSL checkout's layout (configs/config/...) and a folder of shipped configs.
+  // A VISSL checkout's layout (configs/config/...) and a folder of shipped configs; a decoy
+  // group file in the working directory, which a group's lookup must not take.
   write("configs/config/pretrain/swav/main.yaml",
         "# @package _global_\nconfig:\n  MODEL:\n    TRUNK:\n      RESNETS:\n        DEPTH: 50\n"
         "  OPTIMIZER:\n    num_epochs: 7\n");
   write("configs/config/pretrain/swav/models/small.yaml",
         "# @package _global_\nconfig:\n  MODEL:\n    TRUNK:\n      RESNETS:\n        DEPTH: 18\n");
+  write("pretrain/swav/models/small.yaml", "config:\n  LOG_FREQUENCY: 99\n");
   write("shipped/quick.yaml", "config:\n  LOG_FREQUENCY: 3\n");
   const std::vector<fs::path> roots{root, root / "configs/config", root / "shipped"};
   const std::string main = (root / "configs/config/pretrain/swav/main.yaml").string();
@@ -974,21 +1027,39 @@ TEST_CASE("VISSL's command line: config names, +config/GROUP=NAME, +config.KEY, 
                              (root / "configs/config/pretrain/swav/nothing").string();
   CHECK_THROWS_WITH_AS(swav::find_config("pretrain/swav/nothing", roots),
                        doctest::Contains(looked.c_str()), swav::ConfigError);
+  const std::string absent = (root / "absent.yaml").string();
+  const std::string looked_once = "(looked for " + absent + "[.yaml]); pass";
+  CHECK_THROWS_WITH_AS(swav::find_config(absent, roots), doctest::Contains(looked_once.c_str()),
+                       swav::ConfigError);
 
-  // The group's file composes after the config, wherever it stands on the line.
+  // The group's file composes after the config, wherever it stands on the line; Hydra's + and
+  // ++ forms are overrides; Hydra's own settings are listed.
   const auto line = swav::read_command_line(
       {"+config/pretrain/swav/models=small", "config=pretrain/swav/main",
-       "config.OPTIMIZER.num_epochs=2", "+config.LOG_FREQUENCY=5", "hydra.verbose=true"},
+       "config.OPTIMIZER.num_epochs=2", "+config.LOG_FREQUENCY=5", "++config.SEED_VALUE=4",
+       "hydra.verbose=true", "+hydra.run.dir=/tmp/x", "hydra/job_logging=disabled"},
       roots);
+  CHECK(line.problems.empty());
   CHECK(line.files == std::vector<std::string>{main, small});
-  CHECK(line.overrides ==
-        std::vector<std::string>{"config.OPTIMIZER.num_epochs=2", "config.LOG_FREQUENCY=5"});
-  CHECK(line.hydra == std::vector<std::string>{"hydra.verbose"});
-  CHECK_THROWS_WITH_AS(swav::read_command_line({"+config/pretrain/swav/models"}, roots),
-                       doctest::Contains("is not a config group override"), swav::ConfigError);
-  CHECK_THROWS_WITH_AS(swav::read_command_line({"+config/pretrain/swav/models=big"}, roots),
-                       doctest::Contains("'pretrain/swav/models/big' not found"),
-                       swav::ConfigError);
+  CHECK(line.overrides == std::vector<std::string>{"config.OPTIMIZER.num_epochs=2",
+                                                   "config.LOG_FREQUENCY=5",
+                                                   "config.SEED_VALUE=4"});
+  CHECK(line.hydra ==
+        std::vector<std::string>{"hydra.verbose", "hydra.run.dir", "hydra/job_logging"});
+  // The line's problems, all of them, for the config's report.
+  const auto bad =
+      swav::read_command_line({"+config/pretrain/swav/models", "+config/=small",
+                               "+config/pretrain/swav/models=", "+config/pretrain/swav/models=big",
+                               "config=", "config=pretrain/swav/main"},
+                              roots);
+  REQUIRE(bad.problems.size() == 5);
+  CHECK(bad.problems[0].find("is not a config group override") != std::string::npos);
+  CHECK(bad.problems[1].find("'+config/=small' is not a config group override") !=
+        std::string::npos);
+  CHECK(bad.problems[2].find("is not a config group override") != std::string::npos);
+  CHECK(bad.problems[3].find("'pretrain/swav/models/big' not found") != std::string::npos);
+  CHECK(bad.problems[4] == "'config=' names no file; pass config=PATH to a YAML file");
+  CHECK(bad.files == std::vector<std::string>{main});
 
   swav::ConfigTree tree(swav::kDefaultsYaml);
   for (const auto& file : line.files) tree.merge_file(file);
@@ -999,7 +1070,22 @@ TEST_CASE("VISSL's command line: config names, +config/GROUP=NAME, +config.KEY, 
   CHECK(tree.get<int>("LOG_FREQUENCY") == 5);
   CHECK(std::find(tree.ignored().begin(), tree.ignored().end(), "hydra.verbose") !=
         tree.ignored().end());
-  fs::remove_all(root);
+  // A line's problem and an override that is none join the config's report.
+  swav::ConfigTree reported(swav::kDefaultsYaml);
+  for (const auto& problem : bad.problems) reported.add_problem(problem);
+  reported.apply_override("OPTIMIZER.num_epochs=2");
+  check_problems(config_problems(reported), 6,
+                 {"'config=' names no file",
+                  "6. argument 'OPTIMIZER.num_epochs=2' is not an "
+                  "override"});
+
+  // The real roots, relative to the working directory (a VISSL checkout's).
+  const WorkingDirectory in_root(root);
+  const auto real = swav::config_roots(root / "shipped");
+  CHECK(swav::find_config("pretrain/swav/main", real) == "configs/config/pretrain/swav/main.yaml");
+  CHECK(swav::find_config("quick", real) == (root / "shipped/quick.yaml").string());
+  CHECK(swav::read_command_line({"+config/pretrain/swav/models=small"}, real).files ==
+        std::vector<std::string>{"configs/config/pretrain/swav/models/small.yaml"});
 }
 
 TEST_CASE("kNN evaluation images: DATA.TEST.TRANSFORMS' Resize, CenterCrop and Normalize") {
