@@ -101,6 +101,20 @@ inline std::size_t suggestion_bound(const std::string& key) {
   return std::clamp<std::size_t>(key.size() / 4, 1, 3);
 }
 
+// The name among `candidates` nearest to `name` (the first of equals), when it is within the
+// suggestion bound; else empty.
+inline std::string nearest_name(const std::string& name,
+                                const std::vector<std::string>& candidates) {
+  std::string nearest;
+  std::size_t best = suggestion_bound(name) + 1;
+  for (const auto& candidate : candidates)
+    if (const std::size_t d = edit_distance(name, candidate); d < best) {
+      best = d;
+      nearest = candidate;
+    }
+  return nearest;
+}
+
 // Whether a user's scalar is the one value an ignored key may have (booleans by meaning).
 inline bool same_scalar(const YAML::Node& n, std::string_view wanted) {
   if (!n.IsScalar()) return n.IsNull() && wanted.empty();
@@ -354,17 +368,10 @@ class ConfigTree {
     const auto dot = path.rfind('.');
     const std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
     const std::string where = dot == std::string::npos ? "" : path.substr(0, dot + 1);
-    std::string nearest;
-    std::size_t best = detail::suggestion_bound(key) + 1;
-    for (const auto& t : *siblings) {
-      const std::string candidate = t.first.as<std::string>();
-      const std::size_t d = detail::edit_distance(key, candidate);
-      if (d < best) {
-        best = d;
-        nearest = where + candidate;
-      }
-    }
-    return nearest;
+    std::vector<std::string> keys;
+    for (const auto& t : *siblings) keys.push_back(t.first.as<std::string>());
+    const std::string nearest = detail::nearest_name(key, keys);
+    return nearest.empty() ? nearest : where + nearest;
   }
 
   // A key the defaults do not have: ignored when it is VISSL's and has no effect here, else a

@@ -29,6 +29,11 @@ struct Datasets {
   std::string description;     // what the images are, for the run's first line
 };
 
+// Fashion-MNIST's file set of a split (`key`: DATA.TRAIN or DATA.TEST).
+inline const char* fashion_mnist_split(const std::string& key) {
+  return key == "DATA.TRAIN" ? "train" : "t10k";
+}
+
 // The synthetic source's images are RGB.
 inline constexpr std::int64_t kSyntheticChannels = 3;
 
@@ -45,9 +50,12 @@ inline std::int64_t probe_split(const DataSource& source, const std::string& key
                       ".DATA_SOURCES = [disk_folder]: this build has no image decoders; install "
                       "libjpeg-dev and libpng-dev (scripts/setup does) and rebuild");
 #endif
+  const auto at_paths = [&](const std::exception& e) {
+    return ConfigError("config." + key + ".DATA_PATHS = [" + source.path + "]: " + e.what());
+  };
   try {
     if (source.kind == "fashion_mnist") {
-      (void)sk::data::fashion_mnist_files(key == "DATA.TRAIN" ? "train" : "t10k", source.path);
+      (void)sk::data::fashion_mnist_files(fashion_mnist_split(key), source.path);
       return 1;
     }
 #if SHARDKIT_WITH_IMAGES
@@ -55,18 +63,18 @@ inline std::int64_t probe_split(const DataSource& source, const std::string& key
 #endif
     return 0;
   } catch (const sk::IoError& e) {
-    throw ConfigError("config." + key + ".DATA_PATHS = [" + source.path + "]: " + e.what());
+    throw at_paths(e);
   } catch (const std::filesystem::filesystem_error& e) {  // a folder it may not read, ...
-    throw ConfigError("config." + key + ".DATA_PATHS = [" + source.path + "]: " + e.what());
+    throw at_paths(e);
   }
 }
 
 // One split's images from its source (docs/swav.md, "Data sources").
-inline sk::data::ImageDataset load_split(const DataSource& source, const char* split,
-                                         [[maybe_unused]] const std::string& key,
+inline sk::data::ImageDataset load_split(const DataSource& source, const std::string& key,
                                          std::uint64_t seed) {
   if (source.kind == "fashion_mnist")
-    return first_images(sk::data::load_fashion_mnist(split, source.path), source.limit);
+    return first_images(sk::data::load_fashion_mnist(fashion_mnist_split(key), source.path),
+                        source.limit);
   if (source.kind == "synthetic")
     return sk::data::make_synthetic_images({.count = source.limit,
                                             .side = source.synthetic_side,
@@ -105,10 +113,10 @@ inline Datasets load_datasets(SwavConfig& c) {
   Datasets d;
   ConfigProblems problems;
   const bool train_ok =
-      problems.attempt([&] { d.train = load_split(c.train_data, "train", "DATA.TRAIN", c.seed); });
+      problems.attempt([&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed); });
   // The synthetic test images are other images than the training ones (another seed).
-  const bool test_ok = problems.attempt(
-      [&] { d.test = load_split(c.test_data, "t10k", "DATA.TEST", c.seed + 0x5EED); });
+  const bool test_ok =
+      problems.attempt([&] { d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED); });
   detail::check_channels(problems, train_ok ? d.train.channels : 0, test_ok ? d.test.channels : 0,
                          &c.crops, &c.eval_images);
   problems.attempt([&] {

@@ -494,13 +494,7 @@ inline void check_frozen_names(const std::vector<std::string>& parameters,
   std::string unknown;
   for (const auto& [name, iterations] : frozen) {
     if (std::find(parameters.begin(), parameters.end(), name) != parameters.end()) continue;
-    std::string nearest;
-    std::size_t best = detail::suggestion_bound(name) + 1;
-    for (const auto& candidate : parameters)
-      if (const std::size_t d = detail::edit_distance(name, candidate); d < best) {
-        best = d;
-        nearest = candidate;
-      }
+    const std::string nearest = detail::nearest_name(name, parameters);
     unknown += (unknown.empty() ? "'module." : ", 'module.") + name + "'" +
                (nearest.empty() ? "" : " (the nearest is 'module." + nearest + "')");
   }
