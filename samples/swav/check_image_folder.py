@@ -12,7 +12,8 @@ the IDX files and from the folder:
   - the same images as JPEG files (lossy) and as RGB PNGs (a three-channel trunk) run too, their
     figures within a point of the IDX run's at initialisation.
 Configs with problems in their data are refused with every problem in one report. Then the
-synthetic source trains an RGB trunk end to end.
+synthetic source trains an RGB trunk end to end, and again under TEST_MODEL: False (no test
+split, no kNN evaluation): the same parameters.
 Usage: check_image_folder.py path/to/swav path/to/write_image_folder"""
 import os
 import re
@@ -47,6 +48,11 @@ COMMON = [
     "config.CHECKPOINT.CHECKPOINT_FREQUENCY=100",
 ]
 DONE = re.compile(r"kNN top-1 ([0-9.]+)% \(initial network ([0-9.]+)%, raw pixels ([0-9.]+)%\)")
+
+
+def fingerprint(stdout):
+    found = re.search(r"fingerprint ([0-9a-f]{16})", stdout)
+    return found.group(1) if found else None
 
 
 def arguments(swav, folder, sources, channels):
@@ -148,19 +154,35 @@ def main():
                  "(the nearest is 'module.heads.0.prototypes0.weight')"])
         # The synthetic source: generated RGB images, 4 classes; the prototypes frozen for the
         # first steps, named as VISSL's SwAV configs name them (plain and FSDP-wrapped).
-        out, syn = run(swav, ckpt, [
+        training = [
             "config.DATA.TRAIN.DATA_SOURCES=[synthetic]", "config.DATA.TRAIN.DATA_LIMIT=256",
             "config.DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE=20", "config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS=4",
-            "config.DATA.TEST.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_LIMIT=64",
-            "config.DATA.TEST.DEFAULT_GRAY_IMG_SIZE=20", "config.MAX_ITERATIONS=10",
+            "config.MAX_ITERATIONS=10",
             "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight', 4], "
             "['_fsdp_wrapped_module.heads.0._fsdp_wrapped_module._fpw_module.prototypes0."
-            "_fsdp_wrapped_module.weight', 4]]"], channels=3)
+            "_fsdp_wrapped_module.weight', 4]]"]
+        out, syn = run(swav, ckpt, training + [
+            "config.DATA.TEST.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_LIMIT=64",
+            "config.DATA.TEST.DEFAULT_GRAY_IMG_SIZE=20"], channels=3)
         print(f"synthetic: final {syn[0]:.2f}%, initial {syn[1]:.2f}%, raw pixels {syn[2]:.2f}%")
         if "synthetic images (256, RGB, 20x20, 4 classes)" not in out:
             failures.append("the synthetic run does not describe its images")
         if syn[2] < 50:
             failures.append("raw-pixel kNN on the synthetic images is near chance (25%)")
+        # TEST_MODEL: False (VISSL's pretraining configs say it, and give no DATA.TEST): the same
+        # training without any kNN evaluation -- the same parameters bit for bit, which also
+        # shows that the evaluations leave the training alone.
+        untested = subprocess.run(arguments(swav, ckpt, training + ["config.TEST_MODEL=False"], 3),
+                                  capture_output=True, text=True)
+        shutil.rmtree(ckpt, ignore_errors=True)
+        print("TEST_MODEL False: " + next((line for line in untested.stdout.splitlines()
+                                           if line.startswith("done:")), "no done line"))
+        if (untested.returncode != 0 or "no kNN evaluation (TEST_MODEL: False)" not in untested.stdout
+                or "kNN top-1" in untested.stdout or "raw-pixel" in untested.stdout):
+            print(untested.stdout, untested.stderr)
+            failures.append("TEST_MODEL False did not train without the kNN evaluations")
+        elif fingerprint(untested.stdout) != fingerprint(out):
+            failures.append("TEST_MODEL False trained other parameters than the tested run")
         if failures:
             raise SystemExit("FAIL: " + "; ".join(failures))
         print("OK: image folders (PNG, JPEG, RGB) and the synthetic source")

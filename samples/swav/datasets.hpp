@@ -106,17 +106,18 @@ inline sk::data::ImageDataset load_split(const DataSource& source, const std::st
 #endif
 }
 
-// Both splits' images, every problem with them reported together (each split's files, the
-// channels against each other and the Normalize steps) -- after read_swav_config's probe, what
-// only the decoded images tell.
+// Both splits' images (DATA.TRAIN's alone under TEST_MODEL: False), every problem with them
+// reported together (each split's files, the channels against each other and the Normalize
+// steps) -- after read_swav_config's probe, what only the decoded images tell.
 inline Datasets load_datasets(SwavConfig& c) {
   Datasets d;
   ConfigProblems problems;
   const bool train_ok =
       problems.attempt([&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed); });
   // The synthetic test images are other images than the training ones (another seed).
-  const bool test_ok =
-      problems.attempt([&] { d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED); });
+  const bool test_ok = c.test_model && problems.attempt([&] {
+    d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED);
+  });
   detail::check_channels(problems, train_ok ? d.train.channels : 0, test_ok ? d.test.channels : 0,
                          &c.crops, &c.eval_images);
   problems.attempt([&] {
@@ -138,7 +139,9 @@ inline Datasets load_datasets(SwavConfig& c) {
            (images.channels == 1 ? "grey" : "RGB") + ", " + size + ", " +
            std::to_string(images.num_classes()) + " classes)";
   };
-  d.description = describe(c.train_data, d.train) + "; tested on " + describe(c.test_data, d.test);
+  d.description = describe(c.train_data, d.train) +
+                  (c.test_model ? "; tested on " + describe(c.test_data, d.test)
+                                : "; not tested (TEST_MODEL: False, no kNN evaluation)");
   return d;
 }
 

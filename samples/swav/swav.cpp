@@ -150,16 +150,21 @@ int main(int argc, char** argv) {
       report = swav::train_ranks(config, data, launch, world, {},
                                  sk::ContextOptions{.seed = config.seed});
     if (!lead) return 0;
+    char knn[128] = "no kNN evaluation (TEST_MODEL: False)";
+    if (config.test_model)
+      std::snprintf(knn, sizeof knn, "kNN top-1 %.2f%% (initial network %s, raw pixels %.2f%%)",
+                    100 * report.knn,
+                    report.knn_init < 0
+                        ? "n/a (resumed)"
+                        : (std::to_string(100 * report.knn_init).substr(0, 5) + "%").c_str(),
+                    100 * report.raw_knn);
     std::printf(
         "done: %lld iterations in %.1f s, %.1f of them evaluating and checkpointing (%.1f img/s "
-        "while stepping, data wait %.1f%%); kNN top-1 %.2f%% (initial network %s, raw pixels "
-        "%.2f%%); fingerprint %016llx\n",
+        "while stepping, data wait %.1f%%); %s; fingerprint %016llx\n",
         static_cast<long long>(report.iterations), report.train_seconds, report.paused_seconds,
         report.images_per_second,
-        100 * report.data_wait_seconds / std::max(report.train_seconds, 1e-9), 100 * report.knn,
-        report.knn_init < 0 ? "n/a (resumed)"
-                            : (std::to_string(100 * report.knn_init).substr(0, 5) + "%").c_str(),
-        100 * report.raw_knn, static_cast<unsigned long long>(report.fingerprint));
+        100 * report.data_wait_seconds / std::max(report.train_seconds, 1e-9), knn,
+        static_cast<unsigned long long>(report.fingerprint));
     print_knn_table(report);
     if (config.plot_metrics) plot_metrics(config);
     return 0;

@@ -41,6 +41,11 @@ struct DataSource {
 struct SwavConfig {
   std::uint64_t seed = 0;
   int log_frequency = 10;
+  // TEST_MODEL, VISSL's test phases on DATA.TEST: here the kNN evaluations (raw pixels, the
+  // initial network, every NEAREST_NEIGHBOR.FREQUENCY epochs, the end). False trains without
+  // them and leaves DATA.TEST unread, as VISSL's pretraining configs (which all say False and
+  // have no test split) ask.
+  bool test_model = true;
   std::string device = "auto";
   std::string cuda_graph = "auto";  // true | false | auto (on a GPU where every part captures)
   // Data
@@ -523,6 +528,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad("LOG_FREQUENCY", std::to_string(s.log_frequency),
                         "must be >= 1 (a line every that many iterations)");
   });
+  problems.attempt([&] { s.test_model = c.get<bool>("TEST_MODEL"); });
   problems.attempt([&] {
     s.device = c.get<std::string>("MACHINE.DEVICE");
     if (s.device != "cpu" && s.device != "gpu" && s.device != "auto")
@@ -551,6 +557,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   std::string train_kind;  // DATA.TRAIN's one source as given, refused or not ("": no one name)
   for (const char* split : {"TRAIN", "TEST"}) {
     const int i = split == std::string("TRAIN") ? 0 : 1;
+    if (i == 1 && !s.test_model) continue;  // (not read, as in VISSL: not refused either)
     data_ok[i] = problems.attempt([&] {
       const std::string k = std::string("DATA.") + split;
       DataSource& source = split == std::string("TRAIN") ? s.train_data : s.test_data;
@@ -596,10 +603,9 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   });
   // The kNN evaluation's memory bank is DATA.TRAIN's images and its queries DATA.TEST's: a
   // config that trains on other images than the default's (Fashion-MNIST) and leaves DATA.TEST
-  // out -- as VISSL's pretraining configs do, VISSL testing in runs of their own -- would be
-  // evaluated on another dataset's classes. Said also when DATA.TRAIN's source is refused above
-  // (the edit is owed either way); the default test split is then not probed: its files and
-  // channels are beside the point.
+  // out while it tests (TEST_MODEL: True) would be evaluated on another dataset's classes. Said
+  // also when DATA.TRAIN's source is refused above (the edit is owed either way); the default
+  // test split is then not probed: its files and channels are beside the point.
   const bool test_left_out = data_ok[1] && !train_kind.empty() &&
                              !c.given("DATA.TEST.DATA_SOURCES") && train_kind != s.test_data.kind;
   if (test_left_out)
@@ -616,7 +622,8 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
                              "config.DATA.TEST.DATA_PATHS=[a folder of held-out images in the "
                              "same class subfolders]")
                : "set config.DATA.TEST.DATA_SOURCES=[" + train_kind +
-                     "] and config.DATA.TEST.DATA_LIMIT=<images to test with>"));
+                     "] and config.DATA.TEST.DATA_LIMIT=<images to test with>") +
+          ", or config.TEST_MODEL=False to train without the kNN evaluation");
     });
   // What the machine says of each split's data (its files and folders, its channels) -- not
   // of a split with a refused key, which would be the default's data in its place.
@@ -634,8 +641,10 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad("DATA.TRAIN.BATCHSIZE_PER_REPLICA", std::to_string(s.batch_size),
                         "must be >= 1");
   });
+  if (s.test_model)
+    problems.attempt(
+        [&] { s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA"); });
   problems.attempt([&] {
-    s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA");
     if (!c.get<bool>("DATA.TRAIN.DROP_LAST"))
       throw detail::bad("DATA.TRAIN.DROP_LAST", "False",
                         "SwAV needs equal batches on every rank (distributed Sinkhorn); set True");
@@ -646,7 +655,8 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
     s.workers = c.get<int>("DATA.NUM_DATALOADER_WORKERS");
   });
   const bool crops_ok = problems.attempt([&] { s.crops = detail::read_transforms(c); });
-  const bool eval_ok = problems.attempt([&] { s.eval_images = detail::read_test_transforms(c); });
+  const bool eval_ok =
+      s.test_model && problems.attempt([&] { s.eval_images = detail::read_test_transforms(c); });
   detail::check_channels(problems, channels[0], channels[1], crops_ok ? &s.crops : nullptr,
                          eval_ok ? &s.eval_images : nullptr);
   // Model
@@ -967,6 +977,22 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
     s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
     s.export_dir = c.get<std::string>("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS");
   });
+  // What asks for a kNN evaluation when TEST_MODEL turns them off.
+  if (!s.test_model) {
+    const std::string off =
+        "asks for kNN evaluations on DATA.TEST, which config.TEST_MODEL = "
+        "False turns off; set TEST_MODEL True (with DATA.TEST's images) or ";
+    problems.attempt([&] {
+      if (s.knn_every_epochs > 0)
+        throw detail::bad("NEAREST_NEIGHBOR.FREQUENCY", std::to_string(s.knn_every_epochs),
+                          off + "FREQUENCY 0");
+    });
+    problems.attempt([&] {
+      if (!s.export_dir.empty())
+        throw detail::bad("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS", s.export_dir,
+                          off + "EXPORT_EMBEDDINGS \"\"");
+    });
+  }
   problems.attempt([&] {
     s.metrics_path = c.get<std::string>("METRICS.JSONL");
     if (s.metrics_path.empty()) s.metrics_path = s.checkpoint_dir + "/metrics.jsonl";

@@ -16,6 +16,7 @@ namespace swav {
 inline constexpr const char* kDefaultsYaml = R"yaml(
 SEED_VALUE: 0
 LOG_FREQUENCY: 10
+TEST_MODEL: True                    # the kNN evaluations on DATA.TEST; False: none, DATA.TEST unread
 MACHINE:
   DEVICE: auto                      # cpu | gpu | auto (ours: the GPU when built with CUDA and present)
   CUDA_GRAPH: auto                  # ours: capture the step once, replay it (auto: on a GPU where safe)

@@ -143,7 +143,7 @@ class SwavTrainer {
       epoch = state.epoch;
       batch_in_epoch = state.batch;
       report.resumed = true;
-    } else {
+    } else if (c_.test_model) {
       nlohmann::json by_layer;  // the network at initialisation
       report.knn_init = evaluate(report, Evaluation::initial, by_layer, "initial network");
       log_metrics(knn_metrics(
@@ -226,7 +226,7 @@ class SwavTrainer {
         pause([&] { save(epoch + 1, 0); });
       // (the final evaluation below covers the run's last epoch, and one that MAX_ITERATIONS
       // ended)
-      if (c_.knn_every_epochs > 0 && (epoch + 1) % c_.knn_every_epochs == 0 &&
+      if (c_.test_model && c_.knn_every_epochs > 0 && (epoch + 1) % c_.knn_every_epochs == 0 &&
           epoch + 1 < c_.num_epochs && iteration_ < last) {
         nlohmann::json by_layer;
         double knn = 0;
@@ -264,13 +264,15 @@ class SwavTrainer {
         plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
         memory.peak_of(MemoryCategory::communication) / 1e6,
         memory.peak_of(MemoryCategory::activations) / 1e6, memory.peak_total / 1e6);
-    nlohmann::json by_layer;
-    const bool at_epoch_end = per_epoch > 0 && iteration_ > 0 && iteration_ % per_epoch == 0;
-    report.knn = evaluate(report, Evaluation::final, by_layer,
-                          at_epoch_end ? "epoch " + std::to_string(iteration_ / per_epoch)
-                                       : "iteration " + std::to_string(iteration_));
-    log_metrics(knn_metrics(
-        {{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}}, by_layer));
+    if (c_.test_model) {
+      nlohmann::json by_layer;
+      const bool at_epoch_end = per_epoch > 0 && iteration_ > 0 && iteration_ % per_epoch == 0;
+      report.knn = evaluate(report, Evaluation::final, by_layer,
+                            at_epoch_end ? "epoch " + std::to_string(iteration_ / per_epoch)
+                                         : "iteration " + std::to_string(iteration_));
+      log_metrics(knn_metrics(
+          {{"iteration", iteration_}, {"knn", report.knn}, {"raw_knn", report.raw_knn}}, by_layer));
+    }
     report.fingerprint = fingerprint();
     return report;
   }
@@ -733,8 +735,8 @@ class SwavTrainer {
     const double done = double(iteration_ - first_iteration);
     const double left_steps = elapsed / std::max(done, 1.0) * double(last - iteration_);
     // Evaluations to come: every FREQUENCY epochs before the last, and the final one.
-    std::int64_t evaluations = 1;
-    if (c_.knn_every_epochs > 0)
+    std::int64_t evaluations = c_.test_model ? 1 : 0;
+    if (c_.test_model && c_.knn_every_epochs > 0)
       for (std::int64_t e = epoch + 1; e < c_.num_epochs && e * per_epoch < last; ++e)
         evaluations += e % c_.knn_every_epochs == 0;
     const double eta = left_steps + double(evaluations) * evaluation_seconds_;

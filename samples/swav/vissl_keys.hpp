@@ -28,7 +28,7 @@ struct IgnoredVisslKey {
 // clang-format off
 inline constexpr IgnoredVisslKey kIgnoredVisslKeys[] = {
     // workflow switches and logging
-    {"VERBOSE"}, {"TEST_ONLY", "False"}, {"TEST_MODEL", "False"}, {"TEST_EVERY_NUM_EPOCH"},
+    {"VERBOSE"}, {"TEST_ONLY", "False"}, {"TEST_EVERY_NUM_EPOCH"},
     {"MULTI_PROCESSING_METHOD"}, {"REPRODUCIBILITY.*"}, {"MONITORING.*"}, {"PROFILING.*"},
     {"HOOKS.CHECK_NAN"}, {"HOOKS.PERF_STATS.*"}, {"HOOKS.MEMORY_SUMMARY.*"}, {"HOOKS.LOG_GPU_STATS"},
     {"HOOKS.MODEL_COMPLEXITY.*"}, {"HOOKS.TENSORBOARD_SETUP.*"},

@@ -879,6 +879,59 @@ TEST_CASE("config: given keys; DATA.TEST left out; the machine's and the data's 
             .empty());
 }
 
+TEST_CASE("config: TEST_MODEL False trains without the kNN; DATA.TEST unread, a kNN key refused") {
+  CHECK(config_of({}).test_model);
+  CHECK_FALSE(config_of({"config.TEST_MODEL=False"}).test_model);
+  // VISSL's pretraining configs: other training images, TEST_MODEL False and no test split --
+  // nothing to edit about DATA.TEST; with TEST_MODEL True (the default) the left-out split is a
+  // problem whose fix names both ways.
+  const std::vector<std::string> synthetic = {"config.DATA.TRAIN.DATA_SOURCES=[synthetic]",
+                                              "config.DATA.TRAIN.DATA_LIMIT=64"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), synthetic.begin(), synthetic.end());
+    return tree_of(more);
+  };
+  CHECK(config_problems(with({"config.TEST_MODEL=False"})).empty());
+  CHECK(config_problems(with({})).find("or config.TEST_MODEL=False to train without the kNN "
+                                       "evaluation") != std::string::npos);
+  // DATA.TEST's keys are not read, so not refused: a source and transforms this trainer lacks.
+  const std::vector<std::string> odd_test = {"config.DATA.TEST.DATA_SOURCES=[disk_filelist]",
+                                             "config.DATA.TEST.TRANSFORMS=[{name: RandAugment}]"};
+  std::vector<std::string> untested = odd_test;
+  untested.push_back("config.TEST_MODEL=False");
+  CHECK(config_problems(with(untested)).empty());
+  check_problems(config_problems(with(odd_test)), 2,
+                 {"config.DATA.TEST.DATA_SOURCES = [disk_filelist]", "RandAugment"});
+  // Nor probed on the machine.
+  std::vector<std::string> probed;
+  const swav::Machine machine{
+      .probe_data = [&](const swav::DataSource& source, const std::string& key) -> std::int64_t {
+        probed.push_back(key + " " + source.kind);
+        return source.kind == "synthetic" ? 3 : 1;
+      }};
+  (void)swav::read_swav_config(
+      with({"config.TEST_MODEL=False",
+            "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, "
+            "total_num_crops: 2, size_crops: [8], num_crops: [2], crop_scales: [[0.5, 1]]}, "
+            "{name: ToTensor}, {name: Normalize, mean: [0.5, 0.5, 0.5], "
+            "std: [0.2, 0.2, 0.2]}]"}),
+      2, &machine);
+  CHECK(probed == std::vector<std::string>{"DATA.TRAIN synthetic"});
+  // What asks for a kNN evaluation is refused beside TEST_MODEL False, all in one report; a
+  // TEST_MODEL that is no boolean too.
+  check_problems(
+      config_problems(tree_of({"config.TEST_MODEL=False", "config.NEAREST_NEIGHBOR.FREQUENCY=2",
+                               "config.NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS=/tmp/e"})),
+      2,
+      {"config.NEAREST_NEIGHBOR.FREQUENCY = 2: asks for kNN evaluations on DATA.TEST, "
+       "which config.TEST_MODEL = False turns off; set TEST_MODEL True (with "
+       "DATA.TEST's images) or FREQUENCY 0",
+       "config.NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS = /tmp/e: asks for kNN evaluations"});
+  CHECK(config_problems(tree_of({"config.TEST_MODEL=maybe"}))
+            .find("config.TEST_MODEL = maybe is a string; it must be a boolean") !=
+        std::string::npos);
+}
+
 TEST_CASE("config: VISSL's frozen-parameter names, FSDP's wrapped form included") {
   const std::string plain = "'module.heads.0.prototypes0.weight'";
   const std::string wrapped =
@@ -990,6 +1043,21 @@ TEST_CASE("the data's problems: probed with the config, and all of them once loa
   const auto data = swav::load_datasets(good);
   CHECK(data.train.count == 6);
   CHECK(good.in_channels == 1);
+  // Under TEST_MODEL: False DATA.TEST is not read: a missing test folder is no problem.
+  auto untested =
+      config_of({"config.TEST_MODEL=False", "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                 "config.DATA.TRAIN.DATA_PATHS=[" + rgb + "]",
+                 "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, "
+                 "total_num_crops: 2, size_crops: [8], num_crops: [2], crop_scales: [[0.5, 1]]}, "
+                 "{name: ToTensor}, {name: Normalize, mean: [0.5, 0.5, 0.5], "
+                 "std: [0.2, 0.2, 0.2]}]",
+                 "config.DATA.TEST.DATA_SOURCES=[disk_folder]",
+                 "config.DATA.TEST.DATA_PATHS=[" + missing + "]"});
+  const auto train_only = swav::load_datasets(untested);
+  CHECK(train_only.train.count == 6);
+  CHECK(untested.in_channels == 3);
+  CHECK(train_only.test.count == 0);
+  CHECK(train_only.description.find("; not tested (TEST_MODEL: False") != std::string::npos);
 #else
   CHECK_THROWS_WITH_AS(swav::probe_split(source, "DATA.TRAIN"),
                        doctest::Contains("this build has no image decoders"), swav::ConfigError);
@@ -1386,7 +1454,8 @@ TEST_CASE(
     "config: a VISSL user's file -- its no-op keys ignored, both trunk schemas, every "
     "problem in one report") {
   // The keys every VISSL SwAV config carries (swav_8node_resnet.yaml's) that change nothing
-  // here are accepted and listed; the old trunk schema reads as today's.
+  // here are accepted and listed (TEST_MODEL is read: it turns the kNN off); the old trunk
+  // schema reads as today's.
   const std::string vissl = R"(config:
   VERBOSE: False
   TEST_ONLY: False
@@ -1424,7 +1493,6 @@ TEST_CASE(
   CHECK(tree.get<int>("MODEL.TRUNK.RESNETS.DEPTH") == 34);
   const std::vector<std::string> expected = {"VERBOSE",
                                              "TEST_ONLY",
-                                             "TEST_MODEL",
                                              "MULTI_PROCESSING_METHOD",
                                              "HOOKS.PERF_STATS.MONITOR_PERF_STATS",
                                              "HOOKS.PERF_STATS.ROLLING_BTIME_FREQ",
