@@ -72,7 +72,11 @@ def main():
         if unit:
             ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_lines():
+            ax.legend(fontsize=7)
+        elif ax is knn_ax:  # runs under TEST_MODEL: False evaluate nothing
+            ax.text(0.5, 0.5, "no kNN evaluation (TEST_MODEL: False)", ha="center",
+                    va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")

@@ -105,6 +105,11 @@ inline ConfigError bad(const std::string& key, const std::string& value, const s
   return ConfigError("config." + key + " = " + value + ": " + fix);
 }
 
+// The start of the refusal of a kNN setting that TEST_MODEL: False makes moot.
+inline constexpr const char* kEvaluationOff =
+    "asks for kNN evaluations on DATA.TEST, which config.TEST_MODEL = False turns off; set "
+    "TEST_MODEL True (with DATA.TEST's images) or ";
+
 // A value in a free-form part of the config (a transform, a schedule, the head's parameters,
 // the frozen-parameter map: the defaults cannot type-check those) as T, or a ConfigError
 // naming its key and what it must be.
@@ -557,7 +562,9 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   std::string train_kind;  // DATA.TRAIN's one source as given, refused or not ("": no one name)
   for (const char* split : {"TRAIN", "TEST"}) {
     const int i = split == std::string("TRAIN") ? 0 : 1;
-    if (i == 1 && !s.test_model) continue;  // (not read, as in VISSL: not refused either)
+    // (not read, as in VISSL: nor refused; nor where TEST_MODEL itself is refused, whose
+    // default would otherwise add DATA.TEST's problems to a config that means False)
+    if (i == 1 && (!s.test_model || c.refused("TEST_MODEL"))) continue;
     data_ok[i] = problems.attempt([&] {
       const std::string k = std::string("DATA.") + split;
       DataSource& source = split == std::string("TRAIN") ? s.train_data : s.test_data;
@@ -642,8 +649,12 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
                         "must be >= 1");
   });
   if (s.test_model)
-    problems.attempt(
-        [&] { s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA"); });
+    problems.attempt([&] {
+      s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA");
+      if (s.test_batch_size < 1)
+        throw detail::bad("DATA.TEST.BATCHSIZE_PER_REPLICA", std::to_string(s.test_batch_size),
+                          "must be >= 1 (the kNN evaluation's images per forward)");
+    });
   problems.attempt([&] {
     if (!c.get<bool>("DATA.TRAIN.DROP_LAST"))
       throw detail::bad("DATA.TRAIN.DROP_LAST", "False",
@@ -967,32 +978,29 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad("CHECKPOINT.LAYOUT", layout, "use sharded or consolidated");
     s.consolidated = layout == "consolidated";
   });
+  // The kNN evaluation's settings, read where it runs; under TEST_MODEL: False what asks for an
+  // evaluation is refused (each on its own, so that one report says both).
   problems.attempt([&] {
-    s.knn_topk = c.get<int>("NEAREST_NEIGHBOR.TOPK");
-    s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");
     s.knn_every_epochs = c.get<int>("NEAREST_NEIGHBOR.FREQUENCY");
-    s.knn_features = detail::read_feature_pools(
-        c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
-        "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
-    s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
-    s.export_dir = c.get<std::string>("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS");
+    if (!s.test_model && s.knn_every_epochs > 0)
+      throw detail::bad("NEAREST_NEIGHBOR.FREQUENCY", std::to_string(s.knn_every_epochs),
+                        std::string(detail::kEvaluationOff) + "FREQUENCY 0");
   });
-  // What asks for a kNN evaluation when TEST_MODEL turns them off.
-  if (!s.test_model) {
-    const std::string off =
-        "asks for kNN evaluations on DATA.TEST, which config.TEST_MODEL = "
-        "False turns off; set TEST_MODEL True (with DATA.TEST's images) or ";
+  problems.attempt([&] {
+    s.export_dir = c.get<std::string>("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS");
+    if (!s.test_model && !s.export_dir.empty())
+      throw detail::bad("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS", s.export_dir,
+                        std::string(detail::kEvaluationOff) + "EXPORT_EMBEDDINGS \"\"");
+  });
+  if (s.test_model)
     problems.attempt([&] {
-      if (s.knn_every_epochs > 0)
-        throw detail::bad("NEAREST_NEIGHBOR.FREQUENCY", std::to_string(s.knn_every_epochs),
-                          off + "FREQUENCY 0");
+      s.knn_topk = c.get<int>("NEAREST_NEIGHBOR.TOPK");
+      s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");
+      s.knn_features = detail::read_feature_pools(
+          c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
+          "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
+      s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
     });
-    problems.attempt([&] {
-      if (!s.export_dir.empty())
-        throw detail::bad("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS", s.export_dir,
-                          off + "EXPORT_EMBEDDINGS \"\"");
-    });
-  }
   problems.attempt([&] {
     s.metrics_path = c.get<std::string>("METRICS.JSONL");
     if (s.metrics_path.empty()) s.metrics_path = s.checkpoint_dir + "/metrics.jsonl";

@@ -909,13 +909,17 @@ TEST_CASE("config: TEST_MODEL False trains without the kNN; DATA.TEST unread, a 
         probed.push_back(key + " " + source.kind);
         return source.kind == "synthetic" ? 3 : 1;
       }};
-  (void)swav::read_swav_config(
-      with({"config.TEST_MODEL=False",
-            "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, "
-            "total_num_crops: 2, size_crops: [8], num_crops: [2], crop_scales: [[0.5, 1]]}, "
-            "{name: ToTensor}, {name: Normalize, mean: [0.5, 0.5, 0.5], "
-            "std: [0.2, 0.2, 0.2]}]"}),
-      2, &machine);
+  const std::vector<std::string> rgb_test = {
+      "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 2, size_crops: "
+      "[8], num_crops: [2], crop_scales: [[0.5, 1]]}, {name: ToTensor}, {name: Normalize, mean: "
+      "[0.5, 0.5, 0.5], std: [0.2, 0.2, 0.2]}]",
+      "config.DATA.TEST.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_LIMIT=8"};
+  (void)swav::read_swav_config(with(rgb_test), 2, &machine);
+  CHECK(probed == std::vector<std::string>{"DATA.TRAIN synthetic", "DATA.TEST synthetic"});
+  probed.clear();
+  std::vector<std::string> rgb_untested = rgb_test;
+  rgb_untested.push_back("config.TEST_MODEL=False");
+  (void)swav::read_swav_config(with(rgb_untested), 2, &machine);
   CHECK(probed == std::vector<std::string>{"DATA.TRAIN synthetic"});
   // What asks for a kNN evaluation is refused beside TEST_MODEL False, all in one report; a
   // TEST_MODEL that is no boolean too.
@@ -927,9 +931,22 @@ TEST_CASE("config: TEST_MODEL False trains without the kNN; DATA.TEST unread, a 
        "which config.TEST_MODEL = False turns off; set TEST_MODEL True (with "
        "DATA.TEST's images) or FREQUENCY 0",
        "config.NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS = /tmp/e: asks for kNN evaluations"});
-  CHECK(config_problems(tree_of({"config.TEST_MODEL=maybe"}))
-            .find("config.TEST_MODEL = maybe is a string; it must be a boolean") !=
+  // A TEST_MODEL that is no boolean is the one problem (its default does not bring DATA.TEST's
+  // in); the kNN's own settings are not read without an evaluation.
+  check_problems(
+      config_problems(with({"config.TEST_MODEL=maybe", "config.OPTIMIZER.num_epochs=0"})), 2,
+      {"config.TEST_MODEL = maybe is a string; it must be a boolean",
+       "config.OPTIMIZER.num_epochs = 0"});
+  const std::string bad_pools =
+      "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res9, [Identity, []]]]";
+  CHECK(config_problems(tree_of({"config.TEST_MODEL=False", bad_pools})).empty());
+  CHECK(config_problems(tree_of({bad_pools})).find("LINEAR_EVAL_FEAT_POOL_OPS_MAP") !=
         std::string::npos);
+  CHECK(config_problems(tree_of({"config.DATA.TEST.BATCHSIZE_PER_REPLICA=0"}))
+            .find("config.DATA.TEST.BATCHSIZE_PER_REPLICA = 0: must be >= 1") != std::string::npos);
+  CHECK(config_problems(
+            tree_of({"config.TEST_MODEL=False", "config.DATA.TEST.BATCHSIZE_PER_REPLICA=0"}))
+            .empty());
 }
 
 TEST_CASE("config: VISSL's frozen-parameter names, FSDP's wrapped form included") {
