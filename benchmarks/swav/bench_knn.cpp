@@ -29,7 +29,7 @@ constexpr std::int64_t kBank = 60000, kQueries = 2048;
 
 struct Features {
   std::vector<float> bank, queries;
-  std::vector<std::uint8_t> bank_labels, query_labels;
+  std::vector<std::int32_t> bank_labels, query_labels;
 };
 
 // Random unit rows and labels (never zeros: the vote's time depends on how often a similarity
@@ -46,9 +46,9 @@ Features features(std::int64_t dim) {
   swav::l2_normalize_rows(f.bank, dim);
   swav::l2_normalize_rows(f.queries, dim);
   for (std::int64_t i = 0; i < kBank; ++i)
-    f.bank_labels.push_back(static_cast<std::uint8_t>(label(rng)));
+    f.bank_labels.push_back(static_cast<std::int32_t>(label(rng)));
   for (std::int64_t i = 0; i < kQueries; ++i)
-    f.query_labels.push_back(static_cast<std::uint8_t>(label(rng)));
+    f.query_labels.push_back(static_cast<std::int32_t>(label(rng)));
   return f;
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
@@ -69,9 +70,25 @@ inline std::int64_t probe_split(const DataSource& source, const std::string& key
   }
 }
 
-// One split's images from its source (docs/swav.md, "Data sources").
+// What the images of a split may take in memory: most of what the kernel says is available
+// (/proc/meminfo's MemAvailable, less a fifth for the run itself); -1 (no limit) where it does
+// not say. The process's ranks share one copy of the data; processes launched side by side
+// (mpirun) each read their own and each see the same figure.
+inline std::int64_t image_memory_budget() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::int64_t kilobytes = 0;
+  while (meminfo >> key >> kilobytes) {
+    if (key == "MemAvailable:") return kilobytes * 1024 / 5 * 4;
+    meminfo.ignore(64, '\n');
+  }
+  return -1;
+}
+
+// One split's images from its source (docs/swav.md, "Data sources"). An image folder that would
+// not fit in `memory_budget` bytes (-1: no limit) is refused with the DATA_LIMIT that would.
 inline sk::data::ImageDataset load_split(const DataSource& source, const std::string& key,
-                                         std::uint64_t seed) {
+                                         std::uint64_t seed, std::int64_t memory_budget = -1) {
   if (source.kind == "fashion_mnist")
     return first_images(sk::data::load_fashion_mnist(fashion_mnist_split(key), source.path),
                         source.limit);
@@ -92,13 +109,22 @@ inline sk::data::ImageDataset load_split(const DataSource& source, const std::st
   std::shuffle(order.begin(), order.end(), shuffle);
   if (source.limit >= 0 && static_cast<std::size_t>(source.limit) < order.size())
     order.resize(static_cast<std::size_t>(source.limit));
-  sk::data::ImageFolderIndex picked{index.classes, {}, {}};
+  sk::data::ImageFolderIndex picked{index.classes, {}, {}, index.root};
   for (std::size_t i : order) {
     picked.paths.push_back(index.paths[i]);
     picked.labels.push_back(index.labels[i]);
   }
-  return sk::data::load_image_folder(
-      picked, static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
+  try {
+    return sk::data::load_image_folder(
+        picked, static_cast<int>(std::max(2u, std::thread::hardware_concurrency())), memory_budget);
+  } catch (const sk::data::ImageFolderTooLarge& e) {
+    throw ConfigError(
+        "config." + key + ".DATA_LIMIT = " + std::to_string(source.limit) + ": " + e.what() + "; " +
+        (e.images_that_fit < 1 ? std::string("use a machine with more memory")
+                               : "set DATA_LIMIT to at most " + std::to_string(e.images_that_fit) +
+                                     " (a random subset of every class), or use a machine with "
+                                     "more memory"));
+  }
 #else
   (void)seed;
   (void)probe_split(source, key);  // refuses it: this build has no image decoders
@@ -112,11 +138,11 @@ inline sk::data::ImageDataset load_split(const DataSource& source, const std::st
 inline Datasets load_datasets(SwavConfig& c) {
   Datasets d;
   ConfigProblems problems;
-  const bool train_ok =
-      problems.attempt([&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed); });
+  const bool train_ok = problems.attempt(
+      [&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed, image_memory_budget()); });
   // The synthetic test images are other images than the training ones (another seed).
   const bool test_ok = c.test_model && problems.attempt([&] {
-    d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED);
+    d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED, image_memory_budget());
   });
   detail::check_channels(problems, train_ok ? d.train.channels : 0, test_ok ? d.test.channels : 0,
                          &c.crops, &c.eval_images);

@@ -77,9 +77,9 @@ struct TopK {
 }  // namespace
 
 std::int64_t knn_correct(const std::vector<float>& bank,
-                         const std::vector<std::uint8_t>& bank_labels,
+                         const std::vector<std::int32_t>& bank_labels,
                          const std::vector<float>& queries,
-                         const std::vector<std::uint8_t>& query_labels, std::int64_t dim,
+                         const std::vector<std::int32_t>& query_labels, std::int64_t dim,
                          std::int64_t first, std::int64_t last, int k, double sigma,
                          shardkit::ThreadPool& pool, int classes) {
   const std::int64_t n = static_cast<std::int64_t>(bank_labels.size());

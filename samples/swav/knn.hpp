@@ -30,9 +30,9 @@ inline void l2_normalize_rows(std::vector<float>& features, std::int64_t dim) {
 // and each product runs on one thread, so the count is the same on any number of threads and
 // any split of the queries.
 std::int64_t knn_correct(const std::vector<float>& bank,
-                         const std::vector<std::uint8_t>& bank_labels,
+                         const std::vector<std::int32_t>& bank_labels,
                          const std::vector<float>& queries,
-                         const std::vector<std::uint8_t>& query_labels, std::int64_t dim,
+                         const std::vector<std::int32_t>& query_labels, std::int64_t dim,
                          std::int64_t first, std::int64_t last, int k, double sigma,
                          shardkit::ThreadPool& pool, int classes = 10);
 

@@ -510,7 +510,7 @@ class SwavTrainer {
     clear_status();
     const bool final_eval = when == Evaluation::final;
     const auto& d = *data_;
-    const std::vector<std::uint8_t> bank_labels(d.train.labels.begin(),
+    const std::vector<std::int32_t> bank_labels(d.train.labels.begin(),
                                                 d.train.labels.begin() + d.bank_size);
     // The raw pixels' figure first: it is ready in a fraction of a second, the network's
     // features of the bank and test images take a forward pass over them all.
@@ -573,7 +573,7 @@ class SwavTrainer {
     if (final_eval && !c_.export_dir.empty() && comm_->rank() == 0) {
       std::filesystem::create_directories(c_.export_dir);
       sk::Context host;
-      auto labels = [&](const std::vector<std::uint8_t>& l) {
+      auto labels = [&](const std::vector<std::int32_t>& l) {
         return sk::from_vector(host, std::vector<std::int64_t>(l.begin(), l.end()),
                                {static_cast<std::int64_t>(l.size())});
       };
@@ -597,7 +597,7 @@ class SwavTrainer {
     return knn[0];
   }
 
-  double knn_accuracy(const std::vector<float>& bank, const std::vector<std::uint8_t>& labels,
+  double knn_accuracy(const std::vector<float>& bank, const std::vector<std::int32_t>& labels,
                       const std::vector<float>& queries, std::int64_t dim) {
     const std::int64_t n = data_->test.count, world = comm_->size();
     const std::int64_t share = (n + world - 1) / world;

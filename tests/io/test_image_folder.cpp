@@ -172,7 +172,7 @@ TEST_CASE("an image folder: classes sorted, files sorted per class, grey stays g
   CHECK(fs::path(index.paths[0]).filename() == "c.pgm");
   CHECK(fs::path(index.paths[1]).filename() == "x.png");  // "deep/x.png" sorts after "c.pgm"
   CHECK(fs::path(index.paths[2]).filename() == "a.PNG");
-  CHECK(index.labels == std::vector<std::uint8_t>{0, 0, 1, 1});
+  CHECK(index.labels == std::vector<std::int32_t>{0, 0, 1, 1});
 
   const auto d = sk::data::load_image_folder(index, 3);
   CHECK(d.count == 4);
@@ -212,6 +212,71 @@ TEST_CASE("an image folder: classes sorted, files sorted per class, grey stays g
   }
 }
 
+TEST_CASE("an image folder of more classes than a byte counts; a memory budget, judged early") {
+  TempFolder dir("classes");
+  // ImageNet has 1000 classes: labels are not bytes. 300 classes of one 4 x 4 grey image each
+  // (16 bytes decoded), and a last class holding a file that does not decode.
+  char name[16];
+  for (int c = 0; c < 300; ++c) {
+    std::snprintf(name, sizeof name, "c%03d/0.pgm", c);
+    image_files::write_netpbm(dir / name, random_pixels(4, 4, 1, std::uint64_t(c) + 1));
+  }
+  image_files::write_bytes(dir / "zzz/broken.png",
+                           {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n', 0});
+  auto index = sk::data::index_image_folder(dir.path.string());
+  REQUIRE(index.classes.size() == 301);
+  CHECK(index.labels[299] == 299);
+  CHECK(index.labels[300] == 300);
+  CHECK(index.root == dir.path.string());
+
+  // 301 images of 16 bytes take twice that while they are packed (9632 bytes). Read on one
+  // thread (in order), a budget of 9000 bytes is refused once the first 256 are decoded (their
+  // 8192 bytes would fit), before the broken file is reached, with the number that would fit
+  // (9000 / 32); a budget of 5000 already by what the first 157 hold.
+  const auto refusal = [&](std::int64_t budget) {
+    try {
+      (void)sk::data::load_image_folder(index, 1, budget);
+      FAIL("a folder over its memory budget was read");
+    } catch (const sk::data::ImageFolderTooLarge& e) {
+      return std::make_pair(std::string(e.what()), e.images_that_fit);
+    }
+    return std::make_pair(std::string(), std::int64_t{0});
+  };
+  const std::string start = "image folder '" + dir.path.string() +
+                            "': its 301 images would take about 0.00 GB decoded and packed (0.0 "
+                            "kB an image on average over the ";
+  const auto [by_average, fit] = refusal(9000);
+  CHECK(by_average.find(start + "256 decoded first)") == 0);
+  CHECK(by_average.find("about 281 of them would fit") != std::string::npos);
+  CHECK(fit == 281);
+  const auto [by_held, fit_held] = refusal(5000);
+  CHECK(by_held.find(start + "157 decoded first)") == 0);
+  CHECK(fit_held == 156);
+  // Without the broken file, and within the budget: every label.
+  index.paths.pop_back();
+  index.labels.pop_back();
+  index.classes.pop_back();
+  const auto d = sk::data::load_image_folder(index, 2, 2 * 300 * 16);
+  CHECK(d.count == 300);
+  CHECK(d.num_classes() == 300);
+  CHECK(d.labels[299] == 299);
+  CHECK(std::vector<std::uint8_t>(d.image(299).pixels, d.image(299).pixels + 16) ==
+        random_pixels(4, 4, 1, 300).data);
+  CHECK_THROWS_AS(sk::data::load_image_folder(index, 2, 2 * 300 * 16 - 1),
+                  sk::data::ImageFolderTooLarge);
+
+  // The exact total before the copy: grey images packed among RGB ones take three times their
+  // bytes, which the average of the decoded sizes does not show (two grey 16-byte images and
+  // one RGB 48-byte one: 80 bytes decoded, 144 packed).
+  TempFolder mixed("mixed_budget");
+  image_files::write_netpbm(mixed / "a/0.pgm", random_pixels(4, 4, 1, 1));
+  image_files::write_netpbm(mixed / "a/1.pgm", random_pixels(4, 4, 1, 2));
+  image_files::write_netpbm(mixed / "b/0.ppm", random_pixels(4, 4, 3, 3));
+  const auto three = sk::data::index_image_folder(mixed.path.string());
+  CHECK(sk::data::load_image_folder(three, 1, 80 + 144).channels == 3);
+  CHECK_THROWS_AS(sk::data::load_image_folder(three, 1, 80 + 143), sk::data::ImageFolderTooLarge);
+}
+
 TEST_CASE("image folder layouts that cannot be read are refused with the fix") {
   TempFolder dir("layout");
   auto message = [](const std::string& root) {
@@ -244,7 +309,7 @@ TEST_CASE("synthetic images: deterministic, labelled i % classes, channels as as
   const auto grey = sk::data::make_synthetic_images(
       {.count = 3, .side = 8, .channels = 1, .classes = 0, .seed = 1});
   CHECK(grey.pixels_per_image() == 64);
-  CHECK(grey.labels == std::vector<std::uint8_t>{0, 0, 0});
+  CHECK(grey.labels == std::vector<std::int32_t>{0, 0, 0});
   CHECK_THROWS_AS(sk::data::make_synthetic_images({.count = 3, .side = 8, .channels = 2}),
                   sk::InvalidArgument);
 }

@@ -1060,6 +1060,21 @@ TEST_CASE("the data's problems: probed with the config, and all of them once loa
   const auto data = swav::load_datasets(good);
   CHECK(data.train.count == 6);
   CHECK(good.in_channels == 1);
+  // A folder beyond the memory its images may take: refused with the DATA_LIMIT that fits (six
+  // RGB 8 x 8 images, 192 bytes each, twice that while packed: two fit in 1000 bytes).
+  source.path = rgb;
+  CHECK_THROWS_WITH_AS(swav::load_split(source, "DATA.TRAIN", 0, 1000),
+                       doctest::Contains(("config.DATA.TRAIN.DATA_LIMIT = -1: image folder '" +
+                                          rgb + "': its 6 images would take")
+                                             .c_str()),
+                       swav::ConfigError);
+  CHECK_THROWS_WITH_AS(swav::load_split(source, "DATA.TRAIN", 0, 1000),
+                       doctest::Contains("; set DATA_LIMIT to at most 2 (a random subset"),
+                       swav::ConfigError);
+  CHECK_THROWS_WITH_AS(swav::load_split(source, "DATA.TRAIN", 0, 100),
+                       doctest::Contains("; use a machine with more memory"), swav::ConfigError);
+  source.limit = 2;
+  CHECK(swav::load_split(source, "DATA.TRAIN", 0, 1000).count == 2);
   // Under TEST_MODEL: False DATA.TEST is not read: a missing test folder is no problem.
   auto untested =
       config_of({"config.TEST_MODEL=False", "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
@@ -1657,7 +1672,7 @@ TEST_CASE("kNN features: VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP, and errors that 
 // The weighted kNN vote in float64 by brute force: the k most similar bank rows (ties to the
 // lower index), each voting exp(similarity / sigma) for its label; the first largest class wins.
 std::vector<int> reference_knn(const std::vector<double>& bank,
-                               const std::vector<std::uint8_t>& labels,
+                               const std::vector<std::int32_t>& labels,
                                const std::vector<double>& queries, std::int64_t dim, int k,
                                double sigma) {
   const std::int64_t n = static_cast<std::int64_t>(labels.size());
@@ -1690,18 +1705,18 @@ TEST_CASE(
   const auto bank64 = unit_rows(71, n, dim), queries64 = unit_rows(72, count, dim);
   const std::vector<float> bank(bank64.begin(), bank64.end()),
       queries(queries64.begin(), queries64.end());
-  std::vector<std::uint8_t> bank_labels;
+  std::vector<std::int32_t> bank_labels;
   for (const double v : random_values(73, static_cast<std::size_t>(n), 0, 10))
-    bank_labels.push_back(static_cast<std::uint8_t>(std::min(9.0, std::floor(v))));
+    bank_labels.push_back(static_cast<std::int32_t>(std::min(9.0, std::floor(v))));
   const auto expected = reference_knn(bank64, bank_labels, queries64, dim, k, sigma);
   // Every query labelled as the reference predicts, but every third one a class off: the count
   // is then exact only if each prediction is the reference's.
-  std::vector<std::uint8_t> query_labels;
+  std::vector<std::int32_t> query_labels;
   std::int64_t right = 0;
   for (std::int64_t q = 0; q < count; ++q) {
     const bool flip = q % 3 == 0;
     query_labels.push_back(
-        static_cast<std::uint8_t>((expected[static_cast<std::size_t>(q)] + flip) % 10));
+        static_cast<std::int32_t>((expected[static_cast<std::size_t>(q)] + flip) % 10));
     right += !flip;
   }
   sk::ThreadPool one(1), two(2);
@@ -1716,12 +1731,12 @@ TEST_CASE(
         right);
   // k larger than the bank: every row votes.
   const std::vector<float> small_bank(bank.begin(), bank.begin() + 5 * dim);
-  const std::vector<std::uint8_t> small_labels(bank_labels.begin(), bank_labels.begin() + 5);
+  const std::vector<std::int32_t> small_labels(bank_labels.begin(), bank_labels.begin() + 5);
   const auto small_expected =
       reference_knn(std::vector<double>(bank64.begin(), bank64.begin() + 5 * dim), small_labels,
                     queries64, dim, k, sigma);
-  std::vector<std::uint8_t> small_query_labels;
-  for (const int c : small_expected) small_query_labels.push_back(static_cast<std::uint8_t>(c));
+  std::vector<std::int32_t> small_query_labels;
+  for (const int c : small_expected) small_query_labels.push_back(static_cast<std::int32_t>(c));
   CHECK(swav::knn_correct(small_bank, small_labels, queries, small_query_labels, dim, 0, count, k,
                           sigma, two) == count);
 }

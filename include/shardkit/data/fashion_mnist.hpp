@@ -52,7 +52,7 @@ inline ImageDataset load_fashion_mnist(const std::string& split,
   dataset.rows = images.dims[1];
   dataset.cols = images.dims[2];
   dataset.pixels = std::move(images.data);
-  dataset.labels = std::move(labels.data);
+  dataset.labels.assign(labels.data.begin(), labels.data.end());
   dataset.classes.assign(std::begin(kFashionMnistClasses), std::end(kFashionMnistClasses));
   return dataset;
 }

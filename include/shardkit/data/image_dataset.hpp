@@ -23,7 +23,7 @@ struct ImageDataset {
   std::int64_t channels = 1;        // 1 (grey) or 3 (RGB), the same for every image
   std::int64_t rows = 0, cols = 0;  // every image's size; 0 when the sizes vary (extents)
   std::vector<std::uint8_t> pixels;
-  std::vector<std::uint8_t> labels;  // 0 .. classes.size() - 1
+  std::vector<std::int32_t> labels;  // 0 .. classes.size() - 1 (ImageNet's 1000 classes and more)
   std::vector<std::string> classes;  // label -> name
   // Where each image lies, only when the sizes vary.
   struct Extent {

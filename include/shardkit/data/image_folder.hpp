@@ -1,5 +1,6 @@
 // A folder of class subfolders of image files -- torchvision's ImageFolder layout, which VISSL
-// reads as its `disk_folder` data source -- decoded into an ImageDataset held in memory.
+// reads as its `disk_folder` data source -- decoded into an ImageDataset held in memory (within
+// a memory budget, when one is given).
 //
 // As ImageFolder: the classes are the subfolders of the root, sorted by name (label = position);
 // each class holds the files below its folder (subfolders too) whose extension, in lower case,
@@ -16,6 +17,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -36,7 +38,8 @@ inline constexpr const char* kImageExtensions[] = {".jpg", ".jpeg", ".png",  ".p
 struct ImageFolderIndex {
   std::vector<std::string> classes;  // label -> subfolder name
   std::vector<std::string> paths;    // every sample, class by class
-  std::vector<std::uint8_t> labels;  // per sample
+  std::vector<std::int32_t> labels;  // per sample
+  std::string root;                  // the folder indexed (for messages)
 };
 
 inline bool has_image_extension(const std::filesystem::path& path) {
@@ -60,8 +63,6 @@ inline ImageFolderIndex index_image_folder(const std::string& root) {
   check<IoError>(!index.classes.empty(), "image folder '", root,
                  "' has no class subfolders; put the images of each class in a subfolder of "
                  "its own (root/<class>/<image>.png)");
-  check<IoError>(index.classes.size() <= 256, "image folder '", root, "' has ",
-                 index.classes.size(), " class subfolders; at most 256 classes are read");
   for (std::size_t label = 0; label < index.classes.size(); ++label) {
     const fs::path folder = fs::path(root) / index.classes[label];
     std::vector<std::string> files;
@@ -72,28 +73,72 @@ inline ImageFolderIndex index_image_folder(const std::string& root) {
     std::sort(files.begin(), files.end());
     for (auto& f : files) {
       index.paths.push_back(std::move(f));
-      index.labels.push_back(static_cast<std::uint8_t>(label));
+      index.labels.push_back(static_cast<std::int32_t>(label));
     }
   }
   check<IoError>(!index.paths.empty(), "image folder '", root, "' has ", index.classes.size(),
                  " class subfolders but no image files in them (extensions read: .jpg .jpeg .png "
                  ".ppm .bmp .pgm .tif .tiff .webp)");
+  index.root = root;
   return index;
 }
 
+// The images decoded before load_image_folder judges a memory budget by their average size.
+inline constexpr std::int64_t kBudgetSampleImages = 256;
+
+// A folder whose images would take more memory than load_image_folder's budget allows.
+class ImageFolderTooLarge : public OutOfMemory {
+ public:
+  ImageFolderTooLarge(const std::string& message, std::int64_t images_that_fit)
+      : OutOfMemory(message), images_that_fit(images_that_fit) {}
+  std::int64_t images_that_fit;  // how many would fit, at the average size measured
+};
+
 // Decodes every file of the index on `threads` threads. The first file that cannot be read
 // stops the load with an IoError naming it.
-inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads) {
+//
+// Held in memory, a folder's images take their decoded size twice while they are packed into
+// one buffer (the decoded images, then the dataset's copy; each decoded image is freed once
+// copied). With `memory_budget` >= 0 bytes, a folder that would take more is refused with an
+// ImageFolderTooLarge naming the images, their average size and how many would fit -- judged
+// from the first
+// kBudgetSampleImages decoded, so that a folder the size of ImageNet's is refused in a second,
+// not after an hour of decoding -- and again by the exact total before the copy.
+inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads,
+                                      std::int64_t memory_budget = -1) {
   const auto count = static_cast<std::int64_t>(index.paths.size());
   std::vector<DecodedImage> images(static_cast<std::size_t>(count));
-  std::atomic<std::int64_t> next{0};
+  std::atomic<std::int64_t> next{0}, decoded{0}, decoded_bytes{0};
   std::exception_ptr error;
   std::mutex error_mutex;
+  const auto over_budget = [&](std::int64_t images_seen, std::int64_t bytes_seen,
+                               std::int64_t estimate) {
+    const double average = double(bytes_seen) / double(images_seen);
+    const auto fit = static_cast<std::int64_t>(double(memory_budget) / (2 * average));
+    char figures[256];
+    std::snprintf(figures, sizeof figures,
+                  "about %.2f GB decoded and packed (%.1f kB an image on average over the %lld "
+                  "decoded first), more than the %.2f GB of memory they may use; about %lld of "
+                  "them would fit",
+                  double(estimate) / 1e9, average / 1e3, static_cast<long long>(images_seen),
+                  double(memory_budget) / 1e9, static_cast<long long>(fit));
+    return ImageFolderTooLarge("image folder '" + index.root + "': its " + std::to_string(count) +
+                                   " images would take " + figures,
+                               fit);
+  };
   auto work = [&] {
     for (std::int64_t i; (i = next++) < count;) {
       try {
-        images[static_cast<std::size_t>(i)] =
-            decode_image_file(index.paths[static_cast<std::size_t>(i)]);
+        auto& image = images[static_cast<std::size_t>(i)];
+        image = decode_image_file(index.paths[static_cast<std::size_t>(i)]);
+        if (memory_budget < 0) continue;
+        const auto bytes = static_cast<std::int64_t>(image.pixels.size());
+        const std::int64_t seen = ++decoded, held = decoded_bytes += bytes;
+        // Twice the bytes while they are packed: once kBudgetSampleImages are in, the average
+        // so far times the images; before that, what is held already.
+        const std::int64_t estimate =
+            seen >= std::min(count, kBudgetSampleImages) ? 2 * (held / seen) * count : 2 * held;
+        if (estimate > memory_budget) throw over_budget(seen, held, estimate);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -120,11 +165,17 @@ inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads
     d.rows = images[0].rows;
     d.cols = images[0].cols;
   }
-  std::int64_t total = 0;
-  for (const auto& im : images) total += im.rows * im.cols * d.channels;
+  std::int64_t total = 0, held = 0;
+  for (const auto& im : images) {
+    total += im.rows * im.cols * d.channels;
+    held += static_cast<std::int64_t>(im.pixels.size());
+  }
+  // (grey images in an RGB folder take three times their decoded bytes once packed)
+  if (memory_budget >= 0 && held + total > memory_budget)
+    throw over_budget(count, held, held + total);
   d.pixels.resize(static_cast<std::size_t>(total));
   std::int64_t offset = 0;
-  for (const auto& im : images) {
+  for (auto& im : images) {
     if (!uniform) d.extents.push_back({offset, im.rows, im.cols});
     std::uint8_t* out = d.pixels.data() + offset;
     if (im.channels == d.channels) {
@@ -134,6 +185,7 @@ inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads
         out[3 * p] = out[3 * p + 1] = out[3 * p + 2] = im.pixels[p];
     }
     offset += im.rows * im.cols * d.channels;
+    std::vector<std::uint8_t>().swap(im.pixels);  // (freed as it goes)
   }
   return d;
 }

@@ -42,7 +42,7 @@ inline ImageDataset make_synthetic_images(const SyntheticImages& o) {
   d.pixels.resize(static_cast<std::size_t>(o.count * d.pixels_per_image()));
   for (std::int64_t i = 0; i < o.count; ++i) {
     const std::int64_t label = o.classes == 0 ? 0 : i % o.classes;
-    d.labels[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(label);
+    d.labels[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(label);
     const double angle = std::numbers::pi * double(label) / double(label_count);
     const double frequency = 2 * std::numbers::pi * (1.5 + double(label % 3)) / double(o.side);
     // Image i draws from blocks [i * 2^32, ...) of the seed's stream: its own, whatever the count.
