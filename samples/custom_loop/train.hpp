@@ -100,7 +100,10 @@ inline void batch_images(const sk::data::ImageDataset& data,
     const std::uint8_t* image = data.image(index).pixels;
     float* row = batch.pixels.data() + r * static_cast<std::size_t>(pixels);
     for (std::int64_t p = 0; p < pixels; ++p) row[p] = (image[p] / 255.0f - 0.2860f) / 0.3530f;
-    batch.labels[r] = static_cast<std::uint8_t>(data.labels[static_cast<std::size_t>(index)]);
+    const std::int32_t label = data.labels[static_cast<std::size_t>(index)];
+    sk::check(label >= 0 && label < 256, "image ", index, " has label ", label,
+              "; the MLP's batches hold labels 0..255 (one byte a row)");
+    batch.labels[r] = static_cast<std::uint8_t>(label);
   }
 }
 

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -70,19 +72,75 @@ inline std::int64_t probe_split(const DataSource& source, const std::string& key
   }
 }
 
-// What the images of a split may take in memory: most of what the kernel says is available
-// (/proc/meminfo's MemAvailable, less a fifth for the run itself); -1 (no limit) where it does
-// not say. The process's ranks share one copy of the data; processes launched side by side
-// (mpirun) each read their own and each see the same figure.
-inline std::int64_t image_memory_budget() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::int64_t kilobytes = 0;
-  while (meminfo >> key >> kilobytes) {
-    if (key == "MemAvailable:") return kilobytes * 1024 / 5 * 4;
-    meminfo.ignore(64, '\n');
+// The host memory this process may still take, in bytes: what the kernel says is available
+// (/proc/meminfo's MemAvailable), or what the process's memory cgroup leaves where that is less
+// (a container's limit -- cgroup v2's memory.max, v1's memory.limit_in_bytes -- less what the
+// group holds that it could not drop, its inactive file pages aside); -1 where neither says.
+inline std::int64_t available_host_memory() {
+  std::int64_t available = -1;
+  {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    std::int64_t kilobytes = 0;
+    while (meminfo >> key >> kilobytes) {
+      if (key == "MemAvailable:") {
+        available = kilobytes * 1024;
+        break;
+      }
+      meminfo.ignore(256, '\n');
+    }
   }
-  return -1;
+  // The group's limit, usage and inactive file pages, from its folder and the files' names.
+  const auto group_left = [](const std::string& folder, const char* limit_file,
+                             const char* usage_file, const char* inactive_key) -> std::int64_t {
+    std::ifstream limit_in(folder + limit_file), usage_in(folder + usage_file),
+        stat(folder + "/memory.stat");
+    std::string limit;
+    std::int64_t usage = 0, inactive = 0;
+    if (!(limit_in >> limit) || limit == "max" || !(usage_in >> usage)) return -1;
+    const long double bytes = std::stold(limit);
+    if (bytes >= 0x1p62L) return -1;  // (v1 writes "no limit" as a page-rounded 2^63 - 1)
+    std::string key;
+    for (std::int64_t value = 0; stat >> key >> value;)
+      if (key == inactive_key) inactive = value;
+    return std::max<std::int64_t>(0, static_cast<std::int64_t>(bytes) - usage + inactive);
+  };
+  std::ifstream self("/proc/self/cgroup");
+  for (std::string line; std::getline(self, line);) {
+    // "0::/path" (v2's one hierarchy) or "N:controllers:/path" (v1), one of them "memory".
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    std::int64_t left = -1;
+    if (controllers.empty())
+      left = group_left("/sys/fs/cgroup" + path, "/memory.max", "/memory.current", "inactive_file");
+    else if (("," + controllers + ",").find(",memory,") != std::string::npos)
+      left = group_left("/sys/fs/cgroup/memory" + path, "/memory.limit_in_bytes",
+                        "/memory.usage_in_bytes", "total_inactive_file");
+    if (left >= 0) available = available < 0 ? left : std::min(available, left);
+  }
+  return available;
+}
+
+// What the data of a run may take in memory: four fifths of what is available (the rest for
+// the run itself); -1 (no limit) where nothing says. The process's ranks share one copy of the
+// data; processes launched side by side (mpirun) each read their own and each see the same
+// figure.
+inline std::int64_t data_memory_budget() {
+  const std::int64_t available = available_host_memory();
+  return available < 0 ? -1 : available / 5 * 4;
+}
+
+// The raw-pixel kNN's features of an image: its stored pixels when every image of both splits
+// has one size, else the image resized to the large crops' side (`crop_side`).
+inline bool raw_pixels_as_stored(const Datasets& d) {
+  return d.train.uniform() && d.test.uniform() && d.train.rows == d.test.rows &&
+         d.train.cols == d.test.cols;
+}
+inline std::int64_t raw_pixel_features(const Datasets& d, std::int64_t crop_side) {
+  return raw_pixels_as_stored(d) ? d.train.pixels_per_image()
+                                 : d.train.channels * crop_side * crop_side;
 }
 
 // One split's images from its source (docs/swav.md, "Data sources"). An image folder that would
@@ -135,14 +193,16 @@ inline sk::data::ImageDataset load_split(const DataSource& source, const std::st
 // Both splits' images (DATA.TRAIN's alone under TEST_MODEL: False), every problem with them
 // reported together (each split's files, the channels against each other and the Normalize
 // steps) -- after read_swav_config's probe, what only the decoded images tell.
-inline Datasets load_datasets(SwavConfig& c) {
+// `memory_budget` says what the data may take at each point (data_memory_budget; -1: no limit).
+inline Datasets load_datasets(
+    SwavConfig& c, const std::function<std::int64_t()>& memory_budget = data_memory_budget) {
   Datasets d;
   ConfigProblems problems;
   const bool train_ok = problems.attempt(
-      [&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed, image_memory_budget()); });
+      [&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed, memory_budget()); });
   // The synthetic test images are other images than the training ones (another seed).
   const bool test_ok = c.test_model && problems.attempt([&] {
-    d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED, image_memory_budget());
+    d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED, memory_budget());
   });
   detail::check_channels(problems, train_ok ? d.train.channels : 0, test_ok ? d.test.channels : 0,
                          &c.crops, &c.eval_images);
@@ -154,6 +214,29 @@ inline Datasets load_datasets(SwavConfig& c) {
   c.in_channels = d.train.channels;
   d.bank_size =
       c.memory_bank_limit < 0 ? d.train.count : std::min(c.memory_bank_limit, d.train.count);
+  // The raw-pixel kNN holds the memory bank's and the test images' pixels as floats (four bytes
+  // a value, beside the images): what the first evaluation takes, checked before the run rather
+  // than found out of memory there.
+  if (c.test_model) {
+    const std::int64_t row = raw_pixel_features(d, c.crops.size_crops[0]) * 4;
+    const std::int64_t bytes = (d.bank_size + d.test.count) * row, budget = memory_budget();
+    if (budget >= 0 && bytes > budget) {
+      const std::int64_t bank_fits = budget / row - d.test.count;
+      char figures[192];
+      std::snprintf(figures, sizeof figures,
+                    "%lld training and %lld test images as %lld floats each (%.2f GB), more than "
+                    "the %.2f GB the data may take here; ",
+                    static_cast<long long>(d.bank_size), static_cast<long long>(d.test.count),
+                    static_cast<long long>(row / 4), double(bytes) / 1e9, double(budget) / 1e9);
+      throw ConfigError(
+          "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = " + std::to_string(c.memory_bank_limit) +
+          ": the raw-pixel kNN would hold its memory bank's " + figures +
+          (bank_fits >= 1 ? "set MEMORY_BANK_LIMIT to at most " + std::to_string(bank_fits)
+                          : std::string("set DATA.TEST.DATA_LIMIT and "
+                                        "MEMORY_BANK_LIMIT lower")) +
+          ", or TEST_MODEL to False");
+    }
+  }
   auto describe = [](const DataSource& s, const sk::data::ImageDataset& images) {
     const std::string kind = s.kind == "fashion_mnist" ? "Fashion-MNIST"
                              : s.kind == "synthetic"   ? "synthetic images"

@@ -534,6 +534,10 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
                         "must be >= 1 (a line every that many iterations)");
   });
   problems.attempt([&] { s.test_model = c.get<bool>("TEST_MODEL"); });
+  // DATA.TEST and the kNN's own settings are read where the run tests -- not where TEST_MODEL
+  // itself is refused either, whose default would add their problems to a config that may
+  // mean False.
+  const bool reads_test = s.test_model && !c.refused("TEST_MODEL");
   problems.attempt([&] {
     s.device = c.get<std::string>("MACHINE.DEVICE");
     if (s.device != "cpu" && s.device != "gpu" && s.device != "auto")
@@ -562,9 +566,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   std::string train_kind;  // DATA.TRAIN's one source as given, refused or not ("": no one name)
   for (const char* split : {"TRAIN", "TEST"}) {
     const int i = split == std::string("TRAIN") ? 0 : 1;
-    // (not read, as in VISSL: nor refused; nor where TEST_MODEL itself is refused, whose
-    // default would otherwise add DATA.TEST's problems to a config that means False)
-    if (i == 1 && (!s.test_model || c.refused("TEST_MODEL"))) continue;
+    if (i == 1 && !reads_test) continue;  // (not read, as in VISSL: nor refused)
     data_ok[i] = problems.attempt([&] {
       const std::string k = std::string("DATA.") + split;
       DataSource& source = split == std::string("TRAIN") ? s.train_data : s.test_data;
@@ -604,9 +606,9 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   }
   problems.attempt([&] {  // (both splits read it: said once)
     const auto labels = c.get<std::int64_t>("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS");
-    if (labels < 0 || labels > 256)
+    if (labels < 0 || labels > 65536)
       throw detail::bad("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS", std::to_string(labels),
-                        "0 (every label 0) .. 256 labels");
+                        "0 (every label 0) .. 65536 labels");
   });
   // The kNN evaluation's memory bank is DATA.TRAIN's images and its queries DATA.TEST's: a
   // config that trains on other images than the default's (Fashion-MNIST) and leaves DATA.TEST
@@ -648,7 +650,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad("DATA.TRAIN.BATCHSIZE_PER_REPLICA", std::to_string(s.batch_size),
                         "must be >= 1");
   });
-  if (s.test_model)
+  if (reads_test)
     problems.attempt([&] {
       s.test_batch_size = c.get<std::int64_t>("DATA.TEST.BATCHSIZE_PER_REPLICA");
       if (s.test_batch_size < 1)
@@ -667,7 +669,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   });
   const bool crops_ok = problems.attempt([&] { s.crops = detail::read_transforms(c); });
   const bool eval_ok =
-      s.test_model && problems.attempt([&] { s.eval_images = detail::read_test_transforms(c); });
+      reads_test && problems.attempt([&] { s.eval_images = detail::read_test_transforms(c); });
   detail::check_channels(problems, channels[0], channels[1], crops_ok ? &s.crops : nullptr,
                          eval_ok ? &s.eval_images : nullptr);
   // Model
@@ -992,7 +994,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad("NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS", s.export_dir,
                         std::string(detail::kEvaluationOff) + "EXPORT_EMBEDDINGS \"\"");
   });
-  if (s.test_model)
+  if (reads_test)
     problems.attempt([&] {
       s.knn_topk = c.get<int>("NEAREST_NEIGHBOR.TOPK");
       s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");

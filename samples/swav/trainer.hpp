@@ -517,11 +517,8 @@ class SwavTrainer {
     if (report.raw_knn < 0) {
       // The pixels as they are, normalised; images of varying sizes (and a test set of another
       // size) are all resized to the large crop size first.
-      const bool as_stored = d.train.uniform() && d.test.uniform() && d.train.rows == d.test.rows &&
-                             d.train.cols == d.test.cols;
-      const std::int64_t dim =
-          as_stored ? d.train.pixels_per_image()
-                    : d.train.channels * c_.crops.size_crops[0] * c_.crops.size_crops[0];
+      const bool as_stored = raw_pixels_as_stored(d);
+      const std::int64_t dim = raw_pixel_features(d, c_.crops.size_crops[0]);
       auto raw = [&](const sk::data::ImageDataset& set, std::int64_t count) {
         std::vector<float> f(static_cast<std::size_t>(count * dim));
         for (std::int64_t i = 0; i < count; ++i) {

@@ -229,7 +229,7 @@ TEST_CASE("an image folder of more classes than a byte counts; a memory budget, 
   CHECK(index.labels[300] == 300);
   CHECK(index.root == dir.path.string());
 
-  // 301 images of 16 bytes take twice that while they are packed (9632 bytes). Read on one
+  // 301 grey images of 16 bytes take twice that while they are packed (9632 bytes). Read on one
   // thread (in order), a budget of 9000 bytes is refused once the first 256 are decoded (their
   // 8192 bytes would fit), before the broken file is reached, with the number that would fit
   // (9000 / 32); a budget of 5000 already by what the first 157 hold.
@@ -244,13 +244,13 @@ TEST_CASE("an image folder of more classes than a byte counts; a memory budget, 
   };
   const std::string start = "image folder '" + dir.path.string() +
                             "': its 301 images would take about 0.00 GB decoded and packed (0.0 "
-                            "kB an image on average over the ";
+                            "kB an image, measured over the first ";
   const auto [by_average, fit] = refusal(9000);
-  CHECK(by_average.find(start + "256 decoded first)") == 0);
+  CHECK(by_average.find(start + "256), more than the 0.00 GB") == 0);
   CHECK(by_average.find("about 281 of them would fit") != std::string::npos);
   CHECK(fit == 281);
   const auto [by_held, fit_held] = refusal(5000);
-  CHECK(by_held.find(start + "157 decoded first)") == 0);
+  CHECK(by_held.find(start + "157), more than") == 0);
   CHECK(fit_held == 156);
   // Without the broken file, and within the budget: every label.
   index.paths.pop_back();
@@ -265,16 +265,30 @@ TEST_CASE("an image folder of more classes than a byte counts; a memory budget, 
   CHECK_THROWS_AS(sk::data::load_image_folder(index, 2, 2 * 300 * 16 - 1),
                   sk::data::ImageFolderTooLarge);
 
-  // The exact total before the copy: grey images packed among RGB ones take three times their
-  // bytes, which the average of the decoded sizes does not show (two grey 16-byte images and
-  // one RGB 48-byte one: 80 bytes decoded, 144 packed).
+  // Grey images packed among RGB ones take three times their bytes, which the decoded sizes
+  // alone do not show (two grey 16-byte images and one RGB 48-byte one: 80 bytes decoded, 144
+  // packed): 223 bytes are refused, with the two images that would fit (74.7 bytes each).
   TempFolder mixed("mixed_budget");
   image_files::write_netpbm(mixed / "a/0.pgm", random_pixels(4, 4, 1, 1));
   image_files::write_netpbm(mixed / "a/1.pgm", random_pixels(4, 4, 1, 2));
   image_files::write_netpbm(mixed / "b/0.ppm", random_pixels(4, 4, 3, 3));
   const auto three = sk::data::index_image_folder(mixed.path.string());
   CHECK(sk::data::load_image_folder(three, 1, 80 + 144).channels == 3);
-  CHECK_THROWS_AS(sk::data::load_image_folder(three, 1, 80 + 143), sk::data::ImageFolderTooLarge);
+  try {
+    (void)sk::data::load_image_folder(three, 1, 80 + 143);
+    FAIL("a mixed folder over its budget was read");
+  } catch (const sk::data::ImageFolderTooLarge& e) {
+    CHECK(std::string(e.what()).find("measured over all 3") != std::string::npos);
+    CHECK(e.images_that_fit == 2);
+  }
+  // Nothing fits: said so. No images (a limit of 0): an empty dataset, not a read past the end.
+  CHECK_THROWS_WITH_AS(sk::data::load_image_folder(three, 1, 10),
+                       doctest::Contains("not even one of them fits"),
+                       sk::data::ImageFolderTooLarge);
+  const auto none = sk::data::load_image_folder(
+      sk::data::ImageFolderIndex{three.classes, {}, {}, three.root}, 2, 0);
+  CHECK(none.count == 0);
+  CHECK(none.num_classes() == 2);
 }
 
 TEST_CASE("image folder layouts that cannot be read are refused with the fix") {

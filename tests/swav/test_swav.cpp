@@ -853,8 +853,8 @@ TEST_CASE("config: given keys; DATA.TEST left out; the machine's and the data's 
   CHECK(test_once.find("left at its default") == std::string::npos);
   CHECK(probed == std::vector<std::string>{"DATA.TRAIN synthetic"});
   // RANDOM_SYNTHETIC_LABELS, which both splits read, is said once.
-  CHECK(read_on({"config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS=300"})
-            .find("config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS = 300") == 0);
+  CHECK(read_on({"config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS=70000"})
+            .find("config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS = 70000") == 0);
   // The device's check stands apart from the other machine settings.
   check_problems(read_on({"config.MACHINE.DEVICE=tpu", "config.LOG_FREQUENCY=0",
                           "config.MACHINE.CUDA_GRAPH=maybe"}),
@@ -933,10 +933,11 @@ TEST_CASE("config: TEST_MODEL False trains without the kNN; DATA.TEST unread, a 
        "config.NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS = /tmp/e: asks for kNN evaluations"});
   // A TEST_MODEL that is no boolean is the one problem (its default does not bring DATA.TEST's
   // in); the kNN's own settings are not read without an evaluation.
-  check_problems(
-      config_problems(with({"config.TEST_MODEL=maybe", "config.OPTIMIZER.num_epochs=0"})), 2,
-      {"config.TEST_MODEL = maybe is a string; it must be a boolean",
-       "config.OPTIMIZER.num_epochs = 0"});
+  check_problems(config_problems(with({"config.TEST_MODEL=maybe", "config.OPTIMIZER.num_epochs=0",
+                                       "config.DATA.TEST.BATCHSIZE_PER_REPLICA=0"})),
+                 2,
+                 {"config.TEST_MODEL = maybe is a string; it must be a boolean",
+                  "config.OPTIMIZER.num_epochs = 0"});
   const std::string bad_pools =
       "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res9, [Identity, []]]]";
   CHECK(config_problems(tree_of({"config.TEST_MODEL=False", bad_pools})).empty());
@@ -1075,6 +1076,19 @@ TEST_CASE("the data's problems: probed with the config, and all of them once loa
                        doctest::Contains("; use a machine with more memory"), swav::ConfigError);
   source.limit = 2;
   CHECK(swav::load_split(source, "DATA.TRAIN", 0, 1000).count == 2);
+  // The raw-pixel kNN's floats, checked with the data: six grey 8 x 8 images in each split take
+  // 12 x 64 x 4 = 3072 bytes as floats; within 2000 bytes a bank of one image fits beside the
+  // six test images.
+  auto grey_folders = folders(grey, grey);
+  CHECK_THROWS_WITH_AS(
+      swav::load_datasets(grey_folders, [] { return std::int64_t{2000}; }),
+      doctest::Contains("config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = -1: the raw-pixel kNN would "
+                        "hold its memory bank's 6 training and 6 test images as 64 floats each "
+                        "(0.00 GB), more than the 0.00 GB the data may take here; set "
+                        "MEMORY_BANK_LIMIT to at most 1"),
+      swav::ConfigError);
+  grey_folders.memory_bank_limit = 1;
+  CHECK(swav::load_datasets(grey_folders, [] { return std::int64_t{2000}; }).bank_size == 1);
   // Under TEST_MODEL: False DATA.TEST is not read: a missing test folder is no problem.
   auto untested =
       config_of({"config.TEST_MODEL=False", "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",

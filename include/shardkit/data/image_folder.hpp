@@ -91,40 +91,51 @@ class ImageFolderTooLarge : public OutOfMemory {
  public:
   ImageFolderTooLarge(const std::string& message, std::int64_t images_that_fit)
       : OutOfMemory(message), images_that_fit(images_that_fit) {}
-  std::int64_t images_that_fit;  // how many would fit, at the average size measured
+  std::int64_t images_that_fit;  // how many would fit, at the average size measured (< all)
 };
 
 // Decodes every file of the index on `threads` threads. The first file that cannot be read
 // stops the load with an IoError naming it.
 //
-// Held in memory, a folder's images take their decoded size twice while they are packed into
-// one buffer (the decoded images, then the dataset's copy; each decoded image is freed once
-// copied). With `memory_budget` >= 0 bytes, a folder that would take more is refused with an
-// ImageFolderTooLarge naming the images, their average size and how many would fit -- judged
-// from the first
-// kBudgetSampleImages decoded, so that a folder the size of ImageNet's is refused in a second,
-// not after an hour of decoding -- and again by the exact total before the copy.
+// Held in memory, a folder's images take their decoded bytes and their packed copy at once
+// while they are packed into one buffer (each decoded image is freed once copied; a grey image
+// in an RGB folder takes three times its bytes packed). With `memory_budget` >= 0 bytes, a
+// folder that would take more is refused with an ImageFolderTooLarge naming the images, their
+// average cost and how many would fit: judged once from the first kBudgetSampleImages decoded
+// (so that a folder the size of ImageNet's is refused in a second, not after an hour of
+// decoding; give the files in a shuffled order, not class by class, for a fair sample), at any
+// time by what the images decoded so far will take, and exactly before the copy.
 inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads,
                                       std::int64_t memory_budget = -1) {
   const auto count = static_cast<std::int64_t>(index.paths.size());
   std::vector<DecodedImage> images(static_cast<std::size_t>(count));
-  std::atomic<std::int64_t> next{0}, decoded{0}, decoded_bytes{0};
+  std::atomic<std::int64_t> next{0};
   std::exception_ptr error;
   std::mutex error_mutex;
-  const auto over_budget = [&](std::int64_t images_seen, std::int64_t bytes_seen,
-                               std::int64_t estimate) {
-    const double average = double(bytes_seen) / double(images_seen);
-    const auto fit = static_cast<std::int64_t>(double(memory_budget) / (2 * average));
+  // What the images decoded so far will take: their bytes, and their pixels at the most
+  // channels seen (the packed copy's).
+  struct Cost {
+    std::int64_t images = 0, bytes = 0, pixels = 0, channels = 1;
+    std::int64_t total() const { return bytes + pixels * channels; }
+  };
+  Cost seen;
+  std::mutex seen_mutex;
+  const auto over_budget = [&](const Cost& measured) {
+    const double each = double(measured.total()) / double(measured.images);
+    const auto fit = std::min(count - 1, static_cast<std::int64_t>(double(memory_budget) / each));
     char figures[256];
     std::snprintf(figures, sizeof figures,
-                  "about %.2f GB decoded and packed (%.1f kB an image on average over the %lld "
-                  "decoded first), more than the %.2f GB of memory they may use; about %lld of "
-                  "them would fit",
-                  double(estimate) / 1e9, average / 1e3, static_cast<long long>(images_seen),
-                  double(memory_budget) / 1e9, static_cast<long long>(fit));
-    return ImageFolderTooLarge("image folder '" + index.root + "': its " + std::to_string(count) +
-                                   " images would take " + figures,
-                               fit);
+                  "about %.2f GB decoded and packed (%.1f kB an image, measured over %s%lld), "
+                  "more than the %.2f GB of memory they may use; ",
+                  each * double(count) / 1e9, each / 1e3,
+                  measured.images == count ? "all " : "the first ",
+                  static_cast<long long>(measured.images), double(memory_budget) / 1e9);
+    return ImageFolderTooLarge(
+        "image folder '" + index.root + "': its " + std::to_string(count) + " images would take " +
+            figures +
+            (fit < 1 ? std::string("not even one of them fits")
+                     : "about " + std::to_string(fit) + " of them would fit"),
+        fit);
   };
   auto work = [&] {
     for (std::int64_t i; (i = next++) < count;) {
@@ -132,13 +143,18 @@ inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads
         auto& image = images[static_cast<std::size_t>(i)];
         image = decode_image_file(index.paths[static_cast<std::size_t>(i)]);
         if (memory_budget < 0) continue;
-        const auto bytes = static_cast<std::int64_t>(image.pixels.size());
-        const std::int64_t seen = ++decoded, held = decoded_bytes += bytes;
-        // Twice the bytes while they are packed: once kBudgetSampleImages are in, the average
-        // so far times the images; before that, what is held already.
-        const std::int64_t estimate =
-            seen >= std::min(count, kBudgetSampleImages) ? 2 * (held / seen) * count : 2 * held;
-        if (estimate > memory_budget) throw over_budget(seen, held, estimate);
+        std::lock_guard lock(seen_mutex);
+        seen.images += 1;
+        seen.bytes += static_cast<std::int64_t>(image.pixels.size());
+        seen.pixels += image.rows * image.cols;
+        seen.channels = std::max(seen.channels, image.channels);
+        // What these images will take already; and, once, what all of them would at the
+        // sample's average.
+        const bool sampled = seen.images == std::min(count, kBudgetSampleImages);
+        if (seen.total() > memory_budget ||
+            (sampled &&
+             double(seen.total()) / double(seen.images) * double(count) > double(memory_budget)))
+          throw over_budget(seen);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -151,6 +167,11 @@ inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads
   work();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  if (count == 0) {  // (a limit of 0 images)
+    ImageDataset none;
+    none.classes = index.classes;
+    return none;
+  }
 
   ImageDataset d;
   d.count = count;
@@ -165,14 +186,15 @@ inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads
     d.rows = images[0].rows;
     d.cols = images[0].cols;
   }
-  std::int64_t total = 0, held = 0;
+  Cost all;
+  all.images = count;
+  all.channels = d.channels;
   for (const auto& im : images) {
-    total += im.rows * im.cols * d.channels;
-    held += static_cast<std::int64_t>(im.pixels.size());
+    all.bytes += static_cast<std::int64_t>(im.pixels.size());
+    all.pixels += im.rows * im.cols;
   }
-  // (grey images in an RGB folder take three times their decoded bytes once packed)
-  if (memory_budget >= 0 && held + total > memory_budget)
-    throw over_budget(count, held, held + total);
+  if (memory_budget >= 0 && all.total() > memory_budget) throw over_budget(all);
+  const std::int64_t total = all.pixels * d.channels;
   d.pixels.resize(static_cast<std::size_t>(total));
   std::int64_t offset = 0;
   for (auto& im : images) {

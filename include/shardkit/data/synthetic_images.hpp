@@ -28,10 +28,10 @@ struct SyntheticImages {
 
 inline ImageDataset make_synthetic_images(const SyntheticImages& o) {
   check(o.count >= 1 && o.side >= 4 && (o.channels == 1 || o.channels == 3) && o.classes >= 0 &&
-            o.classes <= 256,
+            o.classes <= 65536,
         "synthetic images: count ", o.count, ", side ", o.side, ", channels ", o.channels,
         " and classes ", o.classes,
-        " must satisfy count >= 1, side >= 4, channels 1 or 3, 0 <= classes <= 256");
+        " must satisfy count >= 1, side >= 4, channels 1 or 3, 0 <= classes <= 65536");
   ImageDataset d;
   d.count = o.count;
   d.rows = d.cols = o.side;
