@@ -29,6 +29,7 @@
 #include "datasets.hpp"
 #include "knn.hpp"
 #include "loader.hpp"
+#include "rank_setup.hpp"
 #include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/checkpoint/step_folders.hpp"
 #include "shardkit/core/step_graph.hpp"
@@ -65,25 +66,6 @@ struct RunReport {
   bool resumed = false;
 };
 
-// VISSL's parameter groups: the trainable parameters that get no weight decay -- those of
-// batch-norm layers unless regularize_bn, the biases of Linear and Conv layers unless
-// regularize_bias.
-inline std::vector<std::string> unregularized_params(sk::nn::Module& model, bool regularize_bn,
-                                                     bool regularize_bias) {
-  std::vector<std::string> out;
-  for (const auto& [path, module] : model.named_modules()) {
-    const bool bn = dynamic_cast<sk::nn::BatchNorm*>(module) != nullptr;
-    const bool has_bias = dynamic_cast<sk::nn::Linear*>(module) != nullptr ||
-                          dynamic_cast<sk::nn::Conv2d*>(module) != nullptr;
-    for (const auto& [name, p] : module->named_parameters()) {
-      if (name.find('.') != std::string::npos || !p.requires_grad()) continue;  // own ones only
-      if ((bn && !regularize_bn) || (has_bias && name == "bias" && !regularize_bias))
-        out.push_back(path.empty() ? name : path + "." + name);
-    }
-  }
-  return out;
-}
-
 class SwavTrainer {
  public:
   SwavTrainer(const SwavConfig& c, sk::Context& ctx, sk::comm::Communicator& comm,
@@ -101,33 +83,19 @@ class SwavTrainer {
       for (const auto& [name, parameter] : model_->named_parameters()) names.push_back(name);
       check_frozen_names(names, c.frozen);
     }
-    sk::parallel::ParallelOptions o = c.parallel;
-    if (o.stage == sk::parallel::Stage::fsdp) {
-      for (const auto& [path, module] : model_->trunk->named_modules())
-        if (path.rfind("layer", 0) == 0 && std::count(path.begin(), path.end(), '.') == 1)
-          o.fsdp.wrap.unit_paths.push_back("trunk." + path);
-    }
     if (c.sync_bn_group > 0)  // before wrapping: every rank splits the world (collective)
       sk::parallel::convert_sync_batch_norm(
           *model_, sk::parallel::sync_batch_norm_group(comm, c.sync_bn_group));
-    sk::optim::OptimizerConfig optimizer = c.optimizer;
-    optimizer.no_weight_decay = unregularized_params(*model_, c.regularize_bn, c.regularize_bias);
-    // What each rank will hold, planned before the states exist (parallel/memory_plan.hpp);
-    // printed at the start beside what the run measures at the end.
-    sk::parallel::PlannedRun run;
-    run.parallel = o;
-    run.world_size = comm.size();
-    run.optimizer = optimizer;
-    plan_ = sk::parallel::plan_module_memory(*model_, run);
-    sharded_ = std::make_unique<sk::parallel::ShardedModule>(ctx, comm, model_, optimizer, o);
+    // (the plan is printed at the start beside what the run measures at the end)
+    const RankSetup setup = rank_setup(*model_, c, comm.size());
+    plan_ = setup.memory;
+    sharded_ = std::make_unique<sk::parallel::ShardedModule>(ctx, comm, model_, setup.optimizer,
+                                                             setup.parallel);
     // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.
     sk::parallel::normalize_rows_after_step(sharded_->engine(), SwavModel::kPrototypes);
     sampler_ = std::make_unique<sk::data::StatefulDistributedSampler>(
         data.train.count, comm.size(), comm.rank(), c.batch_size, c.seed);
-    sk::check(sampler_->samples_per_rank() >= c.batch_size,
-              "DATA.TRAIN.BATCHSIZE_PER_REPLICA = ", c.batch_size, " exceeds the ",
-              sampler_->samples_per_rank(),
-              " training images per rank; use a smaller batch or more data");
+    check_batch_fits(c, sampler_->samples_per_rank());
     loader_ = std::make_unique<MultiCropLoader>(data.train, c.crops, c.seed, c.workers, 2);
     if (wants_step_graph()) graph_.emplace(ctx, "the SwAV training step");
   }

@@ -19,6 +19,7 @@
 #include "knn.hpp"
 #include "loader.hpp"
 #include "multicrop.hpp"
+#include "rank_setup.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/data/stateful_sampler.hpp"
 #include "sinkhorn.hpp"
@@ -948,6 +949,45 @@ TEST_CASE("config: TEST_MODEL False trains without the kNN; DATA.TEST unread, a 
   CHECK(config_problems(
             tree_of({"config.TEST_MODEL=False", "config.DATA.TEST.BATCHSIZE_PER_REPLICA=0"}))
             .empty());
+}
+
+TEST_CASE("before the ranks start: the images per rank, the ranks' model states in memory") {
+  // VISSL's SwAV configs ask for 8 nodes of 8 GPUs and 64 images a rank: as threads of one
+  // process, 64 ResNet-50s (VISSL's default trunk) with their gradients and momentum take
+  // about 22 GB before any activation, and 100 images give each rank one.
+  const auto c =
+      config_of({"config.DISTRIBUTED.NUM_NODES=8", "config.DISTRIBUTED.NUM_PROC_PER_NODE=8",
+                 "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64"},
+                "", 64);
+  swav::Datasets data;
+  data.train = random_images(100, 8);
+  std::string report;
+  try {
+    swav::check_ranks_fit(c, data, 64, 64, true, std::int64_t{4} << 30);
+  } catch (const swav::ConfigError& e) {
+    report = e.what();
+  }
+  check_problems(report, 2,
+                 {"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA = 64 exceeds the 1 training images per "
+                  "rank",
+                  "config.DISTRIBUTED: 64 ranks as threads of this process would hold at least "
+                  "21.77 GB -- each rank's parameters, gradients and optimizer state under ddp, "
+                  "340.2 MB, before its activations -- and this machine has 4.29 GB available; "
+                  "run at most 12 here (NUM_NODES=1, NUM_PROC_PER_NODE=12), shard the states",
+                  "or launch the ranks as processes on several machines (mpirun)"});
+  // Fewer ranks than images; a GPU run's states are not the host's; an unknown figure refuses
+  // nothing.
+  CHECK_THROWS_WITH_AS(swav::check_ranks_fit(c, data, 128, 1, true, -1),
+                       doctest::Contains("config.DISTRIBUTED: 128 ranks, but 100 training images"),
+                       swav::ConfigError);
+  const auto two = config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32"});
+  // (Linux says what is available: /proc/meminfo, and the memory cgroup's files where they are)
+  CHECK(swav::available_host_memory() > 0);
+  CHECK_NOTHROW(swav::check_ranks_fit(two, data, 2, 2, true, std::int64_t{4} << 30));
+  CHECK_NOTHROW(swav::check_ranks_fit(two, data, 2, 64, false, 1));
+  CHECK_THROWS_WITH_AS(swav::check_ranks_fit(two, data, 2, 2, true, std::int64_t{100} << 20),
+                       doctest::Contains("; shard the states (OPTIMIZER.use_zero"),
+                       swav::ConfigError);
 }
 
 TEST_CASE("config: VISSL's frozen-parameter names, FSDP's wrapped form included") {
