@@ -4,11 +4,12 @@
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -73,37 +74,49 @@ inline std::int64_t probe_split(const DataSource& source, const std::string& key
 }
 
 // The host memory this process may still take, in bytes: what the kernel says is available
-// (/proc/meminfo's MemAvailable), or what the process's memory cgroup leaves where that is less
+// (/proc/meminfo's MemAvailable), or what the process's memory cgroups leave where that is less
 // (a container's limit -- cgroup v2's memory.max, v1's memory.limit_in_bytes -- less what the
-// group holds that it could not drop, its inactive file pages aside); -1 where neither says.
+// group holds that it could not drop, its inactive file pages aside); -1 where nothing says.
+// The process's group and each group above it are read (a limit may sit on a parent: a slice,
+// a pod), and where the group's own folder is not there -- a container that sees its own group
+// at the hierarchy's mount point, under its host-side name -- the mount point's.
 inline std::int64_t available_host_memory() {
+  const auto number = [](const std::string& text) -> std::int64_t {
+    errno = 0;
+    char* end = nullptr;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    return !text.empty() && end != nullptr && *end == '\0' && errno == 0 && value >= 0 ? value : -1;
+  };
   std::int64_t available = -1;
   {
     std::ifstream meminfo("/proc/meminfo");
-    std::string key;
-    std::int64_t kilobytes = 0;
-    while (meminfo >> key >> kilobytes) {
-      if (key == "MemAvailable:") {
-        available = kilobytes * 1024;
+    std::string key, value;
+    while (meminfo >> key >> value) {
+      if (key == "MemAvailable:" && number(value) >= 0) {
+        available = number(value) * 1024;
         break;
       }
       meminfo.ignore(256, '\n');
     }
   }
-  // The group's limit, usage and inactive file pages, from its folder and the files' names.
-  const auto group_left = [](const std::string& folder, const char* limit_file,
-                             const char* usage_file, const char* inactive_key) -> std::int64_t {
+  // What one group leaves: its limit, less its usage, plus its inactive file pages; -1 where
+  // it has no limit (v2's "max", v1's page-rounded 2^63 - 1) or its files are not there.
+  const auto group_left = [&](const std::string& folder, const char* limit_file,
+                              const char* usage_file, const char* inactive_key) -> std::int64_t {
     std::ifstream limit_in(folder + limit_file), usage_in(folder + usage_file),
         stat(folder + "/memory.stat");
-    std::string limit;
-    std::int64_t usage = 0, inactive = 0;
-    if (!(limit_in >> limit) || limit == "max" || !(usage_in >> usage)) return -1;
-    const long double bytes = std::stold(limit);
-    if (bytes >= 0x1p62L) return -1;  // (v1 writes "no limit" as a page-rounded 2^63 - 1)
-    std::string key;
-    for (std::int64_t value = 0; stat >> key >> value;)
-      if (key == inactive_key) inactive = value;
-    return std::max<std::int64_t>(0, static_cast<std::int64_t>(bytes) - usage + inactive);
+    std::string limit_text, usage_text;
+    if (!(limit_in >> limit_text) || !(usage_in >> usage_text)) return -1;
+    const std::int64_t limit = number(limit_text), usage = number(usage_text);
+    if (limit < 0 || usage < 0 || limit >= (std::int64_t{1} << 62)) return -1;
+    std::int64_t inactive = 0;
+    std::string key, value;
+    while (stat >> key >> value)
+      if (key == inactive_key) inactive = std::max<std::int64_t>(0, number(value));
+    return std::max<std::int64_t>(0, limit - usage + inactive);
+  };
+  const auto take = [&](std::int64_t left) {
+    if (left >= 0) available = available < 0 ? left : std::min(available, left);
   };
   std::ifstream self("/proc/self/cgroup");
   for (std::string line; std::getline(self, line);) {
@@ -111,14 +124,19 @@ inline std::int64_t available_host_memory() {
     const auto first = line.find(':'), second = line.find(':', first + 1);
     if (first == std::string::npos || second == std::string::npos) continue;
     const std::string controllers = line.substr(first + 1, second - first - 1);
-    const std::string path = line.substr(second + 1);
-    std::int64_t left = -1;
-    if (controllers.empty())
-      left = group_left("/sys/fs/cgroup" + path, "/memory.max", "/memory.current", "inactive_file");
-    else if (("," + controllers + ",").find(",memory,") != std::string::npos)
-      left = group_left("/sys/fs/cgroup/memory" + path, "/memory.limit_in_bytes",
-                        "/memory.usage_in_bytes", "total_inactive_file");
-    if (left >= 0) available = available < 0 ? left : std::min(available, left);
+    const bool v2 = controllers.empty();
+    if (!v2 && ("," + controllers + ",").find(",memory,") == std::string::npos) continue;
+    const std::string mount = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    const char* limit_file = v2 ? "/memory.max" : "/memory.limit_in_bytes";
+    const char* usage_file = v2 ? "/memory.current" : "/memory.usage_in_bytes";
+    const char* inactive_key = v2 ? "inactive_file" : "total_inactive_file";
+    bool own_found = false;
+    for (std::string path = line.substr(second + 1); !path.empty() && path != "/";
+         path = path.substr(0, path.rfind('/'))) {
+      own_found = own_found || std::filesystem::exists(mount + path);
+      take(group_left(mount + path, limit_file, usage_file, inactive_key));
+    }
+    if (!own_found) take(group_left(mount, limit_file, usage_file, inactive_key));
   }
   return available;
 }
@@ -193,16 +211,14 @@ inline sk::data::ImageDataset load_split(const DataSource& source, const std::st
 // Both splits' images (DATA.TRAIN's alone under TEST_MODEL: False), every problem with them
 // reported together (each split's files, the channels against each other and the Normalize
 // steps) -- after read_swav_config's probe, what only the decoded images tell.
-// `memory_budget` says what the data may take at each point (data_memory_budget; -1: no limit).
-inline Datasets load_datasets(
-    SwavConfig& c, const std::function<std::int64_t()>& memory_budget = data_memory_budget) {
+inline Datasets load_datasets(SwavConfig& c) {
   Datasets d;
   ConfigProblems problems;
   const bool train_ok = problems.attempt(
-      [&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed, memory_budget()); });
+      [&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed, data_memory_budget()); });
   // The synthetic test images are other images than the training ones (another seed).
   const bool test_ok = c.test_model && problems.attempt([&] {
-    d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED, memory_budget());
+    d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED, data_memory_budget());
   });
   detail::check_channels(problems, train_ok ? d.train.channels : 0, test_ok ? d.test.channels : 0,
                          &c.crops, &c.eval_images);
@@ -214,29 +230,6 @@ inline Datasets load_datasets(
   c.in_channels = d.train.channels;
   d.bank_size =
       c.memory_bank_limit < 0 ? d.train.count : std::min(c.memory_bank_limit, d.train.count);
-  // The raw-pixel kNN holds the memory bank's and the test images' pixels as floats (four bytes
-  // a value, beside the images): what the first evaluation takes, checked before the run rather
-  // than found out of memory there.
-  if (c.test_model) {
-    const std::int64_t row = raw_pixel_features(d, c.crops.size_crops[0]) * 4;
-    const std::int64_t bytes = (d.bank_size + d.test.count) * row, budget = memory_budget();
-    if (budget >= 0 && bytes > budget) {
-      const std::int64_t bank_fits = budget / row - d.test.count;
-      char figures[192];
-      std::snprintf(figures, sizeof figures,
-                    "%lld training and %lld test images as %lld floats each (%.2f GB), more than "
-                    "the %.2f GB the data may take here; ",
-                    static_cast<long long>(d.bank_size), static_cast<long long>(d.test.count),
-                    static_cast<long long>(row / 4), double(bytes) / 1e9, double(budget) / 1e9);
-      throw ConfigError(
-          "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = " + std::to_string(c.memory_bank_limit) +
-          ": the raw-pixel kNN would hold its memory bank's " + figures +
-          (bank_fits >= 1 ? "set MEMORY_BANK_LIMIT to at most " + std::to_string(bank_fits)
-                          : std::string("set DATA.TEST.DATA_LIMIT and "
-                                        "MEMORY_BANK_LIMIT lower")) +
-          ", or TEST_MODEL to False");
-    }
-  }
   auto describe = [](const DataSource& s, const sk::data::ImageDataset& images) {
     const std::string kind = s.kind == "fashion_mnist" ? "Fashion-MNIST"
                              : s.kind == "synthetic"   ? "synthetic images"

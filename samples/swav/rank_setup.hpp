@@ -69,17 +69,65 @@ inline void check_batch_fits(const SwavConfig& c, std::int64_t samples_per_rank)
                       " training images per rank; use a smaller batch, fewer ranks or more data");
 }
 
+// What the ranks on this machine will hold of the host's memory at least, before their
+// activations: the model states of ranks on the CPU, summed over the ranks' own plans (under
+// oss and sdp the shards differ in size), and the raw-pixel kNN's floats -- every rank
+// evaluating builds the memory bank's and the test images' pixels as floats, four bytes a value
+// (trainer.hpp's evaluate).
+struct HostMemoryNeed {
+  std::int64_t states_per_rank_max = 0;  // the most loaded rank's model states
+  std::int64_t states = 0;               // the local ranks' model states (0 on a GPU)
+  std::int64_t knn_per_rank = 0;         // one rank's raw-pixel kNN floats (0 untested)
+};
+
+// A rank's model states in host memory when it runs on the CPU, at the larger of two peaks:
+// while the ranks wrap their models (all at once: the module's own f32 parameters beside the
+// flat buffers, unless built deferred as under fsdp) and while they step (parameters,
+// gradients and optimizer state, communication buffers and gathered units) -- with what
+// offload moves to the "host", which on the CPU is the same memory.
+inline std::int64_t cpu_rank_states(const sk::parallel::MemoryPlan& p, const SwavConfig& c) {
+  const bool deferred = c.parallel.stage == sk::parallel::Stage::fsdp;
+  return std::max(p.model_states() + p.communication + p.gathered, p.wrap_peak(deferred)) +
+         p.host_total();
+}
+
+// The ranks of `world` whose states this machine holds: `local_ranks` of them (threads of this
+// process when they are the world; processes launched side by side otherwise, their plans
+// averaged over the world's ranks). `model`: built without parameter memory.
+inline HostMemoryNeed host_memory_need(SwavModel& model, const SwavConfig& c, const Datasets& data,
+                                       int world, int local_ranks, bool cpu) {
+  HostMemoryNeed need;
+  if (c.test_model)
+    need.knn_per_rank =
+        (data.bank_size + data.test.count) * raw_pixel_features(data, c.crops.size_crops[0]) * 4;
+  if (!cpu) return need;
+  const RankSetup setup = rank_setup(model, c, world);
+  need.states_per_rank_max = cpu_rank_states(setup.memory, c);
+  sk::parallel::PlannedRun run;
+  run.parallel = setup.parallel;
+  run.world_size = world;
+  run.optimizer = setup.optimizer;
+  long double sum = 0;
+  for (int r = 0; r < world; ++r) {
+    run.rank = r;
+    sum += cpu_rank_states(sk::parallel::plan_module_memory(model, run), c);
+  }
+  need.states = static_cast<std::int64_t>(sum * local_ranks / world);
+  return need;
+}
+
 // Before the ranks start, what would stop them later or take the machine down, reported
 // together: a world of more ranks than training images, each rank's share of the images (the
-// sampler's) against its batch, and -- for ranks on the CPU -- the model states of the ranks
-// this process runs (`local_ranks`: threads sharing its memory) against the host memory
-// available (`available`: available_host_memory(), -1: unknown). The states are planned on a model
-// built without parameter memory, as the ranks will hold them (rank_setup); activations come on
-// top, so the check is a lower bound: it refuses only what cannot fit. A VISSL config written for 8
-// nodes of 8 GPUs would otherwise start 64 threads here, each building its model, and end out of
-// memory with no word.
+// sampler's) against its batch, and the host memory the ranks on this machine will hold
+// (host_memory_need) against what it has (`available`: available_host_memory(), -1: unknown).
+// Activations come on top, so the memory check is a lower bound: it refuses only what cannot
+// fit, and says how many ranks (re-planned at that world size: a sharded rank holds more in a
+// smaller world) or which memory bank would. A VISSL config written for 8 nodes of 8 GPUs would
+// otherwise start 64 threads here, each building its model, and end out of memory with no word.
+// `launched`: the ranks are processes (mpirun, torchrun), `local_ranks` of them on this machine.
 inline void check_ranks_fit(const SwavConfig& c, const Datasets& data, int world, int local_ranks,
-                            bool cpu, std::int64_t available = available_host_memory()) {
+                            bool cpu, bool launched,
+                            std::int64_t available = available_host_memory()) {
   ConfigProblems problems;
   problems.attempt([&] {
     if (data.train.count < world)
@@ -91,34 +139,60 @@ inline void check_ranks_fit(const SwavConfig& c, const Datasets& data, int world
                      sk::data::StatefulDistributedSampler(data.train.count, world, 0, c.batch_size)
                          .samples_per_rank());
   });
-  if (cpu && available >= 0)
+  if (available >= 0)
     problems.attempt([&] {
       sk::Context ctx;
       const auto model = [&] {
         sk::DeferredParameters deferred(ctx);
         return std::make_shared<SwavModel>(ctx, c);
       }();
-      const sk::parallel::MemoryPlan plan = rank_setup(*model, c, world).memory;
-      const std::int64_t per_rank = plan.parameters + plan.gradients + plan.optimizer_state +
-                                    plan.communication + plan.gathered;
-      if (per_rank * local_ranks <= available) return;
-      char figures[256];
-      std::snprintf(figures, sizeof figures,
-                    " ranks as threads of this process would hold at least %.2f GB -- each "
-                    "rank's parameters, gradients and optimizer state under %s, %.1f MB, before "
-                    "its activations -- and this machine has %.2f GB available; ",
-                    double(per_rank * local_ranks) / 1e9,
-                    std::string(sk::parallel::stage_name(c.parallel.stage)).c_str(),
-                    double(per_rank) / 1e6, double(available) / 1e9);
-      const std::int64_t fit = available / std::max<std::int64_t>(per_rank, 1);
-      throw ConfigError(
-          "config.DISTRIBUTED: " + std::to_string(local_ranks) + figures +
-          (fit >= 1 ? "run at most " + std::to_string(fit) +
-                          " here (NUM_NODES=1, NUM_PROC_PER_NODE=" + std::to_string(fit) + "), "
-                    : std::string()) +
-          "shard the states (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP, "
-          "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), or launch the ranks as processes on several "
-          "machines (mpirun)");
+      const HostMemoryNeed need = host_memory_need(*model, c, data, world, local_ranks, cpu);
+      const std::string ranks =
+          std::to_string(local_ranks) +
+          (launched ? " ranks launched on this machine" : " ranks as threads of this process");
+      char figures[320];
+      if (need.states > available) {
+        std::snprintf(figures, sizeof figures,
+                      " would hold at least %.2f GB of model states -- under %s up to %.1f MB a "
+                      "rank as they build their modules or step, before activations -- and this "
+                      "machine has %.2f GB available; ",
+                      double(need.states) / 1e9,
+                      std::string(sk::parallel::stage_name(c.parallel.stage)).c_str(),
+                      double(need.states_per_rank_max) / 1e6, double(available) / 1e9);
+        // The most ranks whose most loaded one, planned at that world, fits that many times.
+        int fit = 0;
+        if (!launched)
+          for (int k = local_ranks - 1; k >= 1 && fit == 0; --k)
+            if (cpu_rank_states(rank_setup(*model, c, k).memory, c) * k <= available) fit = k;
+        throw ConfigError(
+            "config.DISTRIBUTED: " + ranks + figures +
+            (fit >= 1 ? "run at most " + std::to_string(fit) +
+                            " here (NUM_NODES=1, NUM_PROC_PER_NODE=" + std::to_string(fit) + "), "
+             : launched ? std::string("start fewer processes on this machine, ")
+                        : std::string()) +
+            "shard the states (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP, "
+            "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), or spread the ranks over several machines");
+      }
+      const std::int64_t knn = need.knn_per_rank * local_ranks;
+      if (need.states + knn > available) {
+        const std::int64_t row = raw_pixel_features(data, c.crops.size_crops[0]) * 4;
+        const std::int64_t bank_fits =
+            (available - need.states) / local_ranks / row - data.test.count;
+        std::snprintf(figures, sizeof figures,
+                      " would each hold, for the raw-pixel kNN, the memory bank's %lld and the "
+                      "%lld test images as %lld floats each: %.2f GB with the model states, and "
+                      "this machine has %.2f GB available; ",
+                      static_cast<long long>(data.bank_size),
+                      static_cast<long long>(data.test.count), static_cast<long long>(row / 4),
+                      double(need.states + knn) / 1e9, double(available) / 1e9);
+        throw ConfigError(
+            "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = " + std::to_string(c.memory_bank_limit) +
+            ": " + ranks + figures +
+            (bank_fits >= 1 ? "set MEMORY_BANK_LIMIT to at most " + std::to_string(bank_fits)
+                            : std::string("set DATA.TEST.DATA_LIMIT and "
+                                          "MEMORY_BANK_LIMIT lower")) +
+            ", or TEST_MODEL to False");
+      }
     });
   problems.check();
 }

@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
       std::printf(
           "data: %s; read in %.1f s\n", data.description.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
-    swav::check_ranks_fit(config, data, world, launched ? 1 : world, !gpu);
+    swav::check_ranks_fit(config, data, world, launched ? launch.local_size : world, !gpu,
+                          launched);
     swav::RunReport report;
 #if SK_WITH_CUDA
     if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);

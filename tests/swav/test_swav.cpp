@@ -951,43 +951,110 @@ TEST_CASE("config: TEST_MODEL False trains without the kNN; DATA.TEST unread, a 
             .empty());
 }
 
-TEST_CASE("before the ranks start: the images per rank, the ranks' model states in memory") {
+TEST_CASE("before the ranks start: the images per rank, the ranks' host memory") {
   // VISSL's SwAV configs ask for 8 nodes of 8 GPUs and 64 images a rank: as threads of one
   // process, 64 ResNet-50s (VISSL's default trunk) with their gradients and momentum take
-  // about 22 GB before any activation, and 100 images give each rank one.
+  // about 29 GB before any activation (their own f32 parameters beside DDP's buffers while they
+  // wrap), and 100 images give each rank one.
   const auto c =
       config_of({"config.DISTRIBUTED.NUM_NODES=8", "config.DISTRIBUTED.NUM_PROC_PER_NODE=8",
-                 "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64"},
+                 "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64", "config.TEST_MODEL=False"},
                 "", 64);
   swav::Datasets data;
   data.train = random_images(100, 8);
-  std::string report;
-  try {
-    swav::check_ranks_fit(c, data, 64, 64, true, std::int64_t{4} << 30);
-  } catch (const swav::ConfigError& e) {
-    report = e.what();
-  }
-  check_problems(report, 2,
+  const auto report_of = [&](const swav::SwavConfig& config, int world, int local, bool cpu,
+                             bool launched, std::int64_t available) {
+    try {
+      swav::check_ranks_fit(config, data, world, local, cpu, launched, available);
+    } catch (const swav::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  constexpr std::int64_t k4GiB = std::int64_t{4} << 30;
+  check_problems(report_of(c, 64, 64, true, false, k4GiB), 2,
                  {"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA = 64 exceeds the 1 training images per "
                   "rank",
                   "config.DISTRIBUTED: 64 ranks as threads of this process would hold at least "
-                  "21.77 GB -- each rank's parameters, gradients and optimizer state under ddp, "
-                  "340.2 MB, before its activations -- and this machine has 4.29 GB available; "
-                  "run at most 12 here (NUM_NODES=1, NUM_PROC_PER_NODE=12), shard the states",
-                  "or launch the ranks as processes on several machines (mpirun)"});
+                  "29.03 GB of model states -- under ddp up to 453.6 MB a rank as they build "
+                  "their modules or step, before activations -- and this machine has 4.29 GB "
+                  "available; run at most 9 here (NUM_NODES=1, NUM_PROC_PER_NODE=9), shard the "
+                  "states",
+                  "or spread the ranks over several machines"});
+  // Launched side by side (8 processes on this machine): their share of the world's plans, and
+  // no NUM_PROC_PER_NODE to suggest.
+  const std::string launched = report_of(c, 64, 8, true, true, std::int64_t{1} << 30);
+  CHECK(launched.find("config.DISTRIBUTED: 8 ranks launched on this machine would hold at least "
+                      "3.63 GB") != std::string::npos);
+  CHECK(launched.find("start fewer processes on this machine") != std::string::npos);
   // Fewer ranks than images; a GPU run's states are not the host's; an unknown figure refuses
   // nothing.
-  CHECK_THROWS_WITH_AS(swav::check_ranks_fit(c, data, 128, 1, true, -1),
-                       doctest::Contains("config.DISTRIBUTED: 128 ranks, but 100 training images"),
-                       swav::ConfigError);
-  const auto two = config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32"});
-  // (Linux says what is available: /proc/meminfo, and the memory cgroup's files where they are)
-  CHECK(swav::available_host_memory() > 0);
-  CHECK_NOTHROW(swav::check_ranks_fit(two, data, 2, 2, true, std::int64_t{4} << 30));
-  CHECK_NOTHROW(swav::check_ranks_fit(two, data, 2, 64, false, 1));
-  CHECK_THROWS_WITH_AS(swav::check_ranks_fit(two, data, 2, 2, true, std::int64_t{100} << 20),
-                       doctest::Contains("; shard the states (OPTIMIZER.use_zero"),
-                       swav::ConfigError);
+  CHECK(report_of(c, 128, 1, true, false, -1)
+            .find("config.DISTRIBUTED: 128 ranks, but 100 training images") == 0);
+  const auto two =
+      config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32", "config.TEST_MODEL=False"});
+  CHECK(report_of(two, 2, 2, true, false, k4GiB).empty());
+  CHECK(report_of(two, 2, 64, false, false, 1).empty());
+  CHECK(report_of(two, 2, 2, true, false, std::int64_t{100} << 20)
+            .find("; shard the states (OPTIMIZER.use_zero") != std::string::npos);
+  // (Linux says what is available: /proc/meminfo, and the memory cgroups' files where they are)
+  CHECK(swav::available_host_memory() >= 0);
+
+  // Each rank's own plan, summed: under oss the optimizer state is sharded (the shards near
+  // equal in size); CPU offload's "host" share counts.
+  sk::Context ctx;
+  const auto planned = [&](const swav::SwavConfig& config) {
+    sk::DeferredParameters deferred(ctx);
+    return std::make_shared<swav::SwavModel>(ctx, config);
+  };
+  const auto oss = config_of({"config.OPTIMIZER.use_zero=True", "config.TEST_MODEL=False"}, "", 8);
+  const auto oss_need = swav::host_memory_need(*planned(oss), oss, data, 8, 8, true);
+  CHECK(oss_need.states <= 8 * oss_need.states_per_rank_max);
+  CHECK(oss_need.states > 7 * oss_need.states_per_rank_max);  // (its shards are near equal)
+  const auto ddp = config_of({"config.TEST_MODEL=False"}, "", 8);
+  CHECK(oss_need.states < swav::host_memory_need(*planned(ddp), ddp, data, 8, 8, true).states);
+  const auto fsdp = config_of(
+      {"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "config.TEST_MODEL=False"}, "", 8);
+  const auto offload =
+      config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                 "config.MODEL.FSDP_CONFIG.move_params_to_cpu=True", "config.TEST_MODEL=False"},
+                "", 8);
+  const auto fsdp_need = swav::host_memory_need(*planned(fsdp), fsdp, data, 8, 8, true);
+  const auto offload_need = swav::host_memory_need(*planned(offload), offload, data, 8, 8, true);
+  CHECK(offload_need.states >= fsdp_need.states * 9 / 10);  // moved, not gone
+  // Under fsdp a rank holds more in a smaller world: the ranks suggested are re-planned there.
+  const std::int64_t available = fsdp_need.states / 2;
+  const std::string sharded = report_of(fsdp, 8, 8, true, false, available);
+  const auto at = sharded.find("run at most ");
+  REQUIRE(at != std::string::npos);
+  const int fit = std::stoi(sharded.substr(at + 12));
+  const auto states_at = [&](int world) {
+    return swav::cpu_rank_states(swav::rank_setup(*planned(fsdp), fsdp, world).memory, fsdp) *
+           world;
+  };
+  CHECK(states_at(fit) <= available);
+  CHECK(states_at(fit + 1) > available);
+
+  // The raw-pixel kNN: every rank builds the bank's and the test images' pixels as floats. Six
+  // grey 8 x 8 images in each split, 12 x 64 x 4 = 3072 bytes a rank, two ranks: within 5000
+  // bytes a bank of three images fits beside the six test images.
+  const auto tested = config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=2"});
+  swav::Datasets small;
+  small.train = random_images(6, 8);
+  small.test = random_images(6, 8);
+  small.bank_size = 6;
+  try {
+    swav::check_ranks_fit(tested, small, 2, 2, false, false, 5000);
+    FAIL("the raw-pixel kNN's floats were not checked");
+  } catch (const swav::ConfigError& e) {
+    CHECK(std::string(e.what()) ==
+          "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = -1: 2 ranks as threads of this process "
+          "would each hold, for the raw-pixel kNN, the memory bank's 6 and the 6 test images as "
+          "64 floats each: 0.00 GB with the model states, and this machine has 0.00 GB "
+          "available; set MEMORY_BANK_LIMIT to at most 3, or TEST_MODEL to False");
+  }
+  small.bank_size = 3;
+  CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, false, 5000));
 }
 
 TEST_CASE("config: VISSL's frozen-parameter names, FSDP's wrapped form included") {
@@ -1116,19 +1183,6 @@ TEST_CASE("the data's problems: probed with the config, and all of them once loa
                        doctest::Contains("; use a machine with more memory"), swav::ConfigError);
   source.limit = 2;
   CHECK(swav::load_split(source, "DATA.TRAIN", 0, 1000).count == 2);
-  // The raw-pixel kNN's floats, checked with the data: six grey 8 x 8 images in each split take
-  // 12 x 64 x 4 = 3072 bytes as floats; within 2000 bytes a bank of one image fits beside the
-  // six test images.
-  auto grey_folders = folders(grey, grey);
-  CHECK_THROWS_WITH_AS(
-      swav::load_datasets(grey_folders, [] { return std::int64_t{2000}; }),
-      doctest::Contains("config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = -1: the raw-pixel kNN would "
-                        "hold its memory bank's 6 training and 6 test images as 64 floats each "
-                        "(0.00 GB), more than the 0.00 GB the data may take here; set "
-                        "MEMORY_BANK_LIMIT to at most 1"),
-      swav::ConfigError);
-  grey_folders.memory_bank_limit = 1;
-  CHECK(swav::load_datasets(grey_folders, [] { return std::int64_t{2000}; }).bank_size == 1);
   // Under TEST_MODEL: False DATA.TEST is not read: a missing test folder is no problem.
   auto untested =
       config_of({"config.TEST_MODEL=False", "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",

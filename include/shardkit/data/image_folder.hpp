@@ -103,8 +103,8 @@ class ImageFolderTooLarge : public OutOfMemory {
 // folder that would take more is refused with an ImageFolderTooLarge naming the images, their
 // average cost and how many would fit: judged once from the first kBudgetSampleImages decoded
 // (so that a folder the size of ImageNet's is refused in a second, not after an hour of
-// decoding; give the files in a shuffled order, not class by class, for a fair sample), at any
-// time by what the images decoded so far will take, and exactly before the copy.
+// decoding; give the files in a shuffled order, not class by class, for a fair sample), and at
+// any time by what the images decoded so far will take (after the last one: exactly).
 inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads,
                                       std::int64_t memory_budget = -1) {
   const auto count = static_cast<std::int64_t>(index.paths.size());
@@ -186,15 +186,9 @@ inline ImageDataset load_image_folder(const ImageFolderIndex& index, int threads
     d.rows = images[0].rows;
     d.cols = images[0].cols;
   }
-  Cost all;
-  all.images = count;
-  all.channels = d.channels;
-  for (const auto& im : images) {
-    all.bytes += static_cast<std::int64_t>(im.pixels.size());
-    all.pixels += im.rows * im.cols;
-  }
-  if (memory_budget >= 0 && all.total() > memory_budget) throw over_budget(all);
-  const std::int64_t total = all.pixels * d.channels;
+  // (within the budget: the check after the last image decoded counted all of them exactly)
+  std::int64_t total = 0;
+  for (const auto& im : images) total += im.rows * im.cols * d.channels;
   d.pixels.resize(static_cast<std::size_t>(total));
   std::int64_t offset = 0;
   for (auto& im : images) {
