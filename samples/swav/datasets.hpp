@@ -1,15 +1,12 @@
 // The SwAV trainer's images: each split from its source (DATA.TRAIN / DATA.TEST: Fashion-MNIST's
-// IDX files, a folder of class subfolders of image files, or generated images), and the kNN
-// memory bank's size (docs/swav.md, "Data sources").
+// IDX files, a folder of class subfolders of image files, or generated images) within the
+// memory the machine has (host_memory.hpp), the kNN memory bank's size and the raw-pixel kNN's
+// features (docs/swav.md, "Data sources").
 #pragma once
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
@@ -22,6 +19,7 @@
 #if SHARDKIT_WITH_IMAGES
 #include "shardkit/data/image_folder.hpp"
 #endif
+#include "host_memory.hpp"
 #include "swav_config.hpp"
 
 namespace swav {
@@ -73,90 +71,13 @@ inline std::int64_t probe_split(const DataSource& source, const std::string& key
   }
 }
 
-// The host memory this process may still take, in bytes: what the kernel says is available
-// (/proc/meminfo's MemAvailable), or what the process's memory cgroups leave where that is less
-// (a container's limit -- cgroup v2's memory.max, v1's memory.limit_in_bytes -- less what the
-// group holds that it could not drop, its inactive file pages aside); -1 where nothing says.
-// The process's group and each group above it are read (a limit may sit on a parent: a slice,
-// a pod), and where the group's own folder is not there -- a container that sees its own group
-// at the hierarchy's mount point, under its host-side name -- the mount point's.
-inline std::int64_t available_host_memory() {
-  const auto number = [](const std::string& text) -> std::int64_t {
-    errno = 0;
-    char* end = nullptr;
-    const long long value = std::strtoll(text.c_str(), &end, 10);
-    return !text.empty() && end != nullptr && *end == '\0' && errno == 0 && value >= 0 ? value : -1;
-  };
-  std::int64_t available = -1;
-  {
-    std::ifstream meminfo("/proc/meminfo");
-    std::string key, value;
-    while (meminfo >> key >> value) {
-      if (key == "MemAvailable:" && number(value) >= 0) {
-        available = number(value) * 1024;
-        break;
-      }
-      meminfo.ignore(256, '\n');
-    }
-  }
-  // What one group leaves: its limit, less its usage, plus its inactive file pages; -1 where
-  // it has no limit (v2's "max", v1's page-rounded 2^63 - 1) or its files are not there.
-  const auto group_left = [&](const std::string& folder, const char* limit_file,
-                              const char* usage_file, const char* inactive_key) -> std::int64_t {
-    std::ifstream limit_in(folder + limit_file), usage_in(folder + usage_file),
-        stat(folder + "/memory.stat");
-    std::string limit_text, usage_text;
-    if (!(limit_in >> limit_text) || !(usage_in >> usage_text)) return -1;
-    const std::int64_t limit = number(limit_text), usage = number(usage_text);
-    if (limit < 0 || usage < 0 || limit >= (std::int64_t{1} << 62)) return -1;
-    std::int64_t inactive = 0;
-    std::string key, value;
-    while (stat >> key >> value)
-      if (key == inactive_key) inactive = std::max<std::int64_t>(0, number(value));
-    return std::max<std::int64_t>(0, limit - usage + inactive);
-  };
-  const auto take = [&](std::int64_t left) {
-    if (left >= 0) available = available < 0 ? left : std::min(available, left);
-  };
-  std::ifstream self("/proc/self/cgroup");
-  for (std::string line; std::getline(self, line);) {
-    // "0::/path" (v2's one hierarchy) or "N:controllers:/path" (v1), one of them "memory".
-    const auto first = line.find(':'), second = line.find(':', first + 1);
-    if (first == std::string::npos || second == std::string::npos) continue;
-    const std::string controllers = line.substr(first + 1, second - first - 1);
-    const bool v2 = controllers.empty();
-    if (!v2 && ("," + controllers + ",").find(",memory,") == std::string::npos) continue;
-    const std::string mount = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
-    const char* limit_file = v2 ? "/memory.max" : "/memory.limit_in_bytes";
-    const char* usage_file = v2 ? "/memory.current" : "/memory.usage_in_bytes";
-    const char* inactive_key = v2 ? "inactive_file" : "total_inactive_file";
-    bool own_found = false;
-    for (std::string path = line.substr(second + 1); !path.empty() && path != "/";
-         path = path.substr(0, path.rfind('/'))) {
-      own_found = own_found || std::filesystem::exists(mount + path);
-      take(group_left(mount + path, limit_file, usage_file, inactive_key));
-    }
-    if (!own_found) take(group_left(mount, limit_file, usage_file, inactive_key));
-  }
-  return available;
-}
-
-// What the data of a run may take in memory: four fifths of what is available (the rest for
-// the run itself); -1 (no limit) where nothing says. The process's ranks share one copy of the
-// data; processes launched side by side (mpirun) each read their own and each see the same
-// figure.
-inline std::int64_t data_memory_budget() {
-  const std::int64_t available = available_host_memory();
-  return available < 0 ? -1 : available / 5 * 4;
-}
-
-// The raw-pixel kNN's features of an image: its stored pixels when every image of both splits
-// has one size, else the image resized to the large crops' side (`crop_side`).
+// The raw-pixel kNN's features of an image (raw_pixel_dim values): its stored pixels when every
+// image of both splits has one size, else the image resized to the large crops' side.
 inline bool raw_pixels_as_stored(const Datasets& d) {
   return d.train.uniform() && d.test.uniform() && d.train.rows == d.test.rows &&
          d.train.cols == d.test.cols;
 }
-inline std::int64_t raw_pixel_features(const Datasets& d, std::int64_t crop_side) {
+inline std::int64_t raw_pixel_dim(const Datasets& d, std::int64_t crop_side) {
   return raw_pixels_as_stored(d) ? d.train.pixels_per_image()
                                  : d.train.channels * crop_side * crop_side;
 }
@@ -211,14 +132,17 @@ inline sk::data::ImageDataset load_split(const DataSource& source, const std::st
 // Both splits' images (DATA.TRAIN's alone under TEST_MODEL: False), every problem with them
 // reported together (each split's files, the channels against each other and the Normalize
 // steps) -- after read_swav_config's probe, what only the decoded images tell.
-inline Datasets load_datasets(SwavConfig& c) {
+// `local_processes`: the processes launched side by side on this machine (data_memory_budget).
+inline Datasets load_datasets(SwavConfig& c, int local_processes = 1) {
   Datasets d;
   ConfigProblems problems;
-  const bool train_ok = problems.attempt(
-      [&] { d.train = load_split(c.train_data, "DATA.TRAIN", c.seed, data_memory_budget()); });
+  const bool train_ok = problems.attempt([&] {
+    d.train = load_split(c.train_data, "DATA.TRAIN", c.seed, data_memory_budget(local_processes));
+  });
   // The synthetic test images are other images than the training ones (another seed).
   const bool test_ok = c.test_model && problems.attempt([&] {
-    d.test = load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED, data_memory_budget());
+    d.test =
+        load_split(c.test_data, "DATA.TEST", c.seed + 0x5EED, data_memory_budget(local_processes));
   });
   detail::check_channels(problems, train_ok ? d.train.channels : 0, test_ok ? d.test.channels : 0,
                          &c.crops, &c.eval_images);

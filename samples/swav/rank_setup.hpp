@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "datasets.hpp"
+#include "host_memory.hpp"
 #include "shardkit/data/stateful_sampler.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
 #include "swav_config.hpp"
@@ -46,7 +47,8 @@ struct RankSetup {
   sk::optim::OptimizerConfig optimizer;
   sk::parallel::MemoryPlan memory;
 };
-inline RankSetup rank_setup(SwavModel& model, const SwavConfig& c, int world) {
+// (`rank`: the shard rank to plan; -1 the most loaded)
+inline RankSetup rank_setup(SwavModel& model, const SwavConfig& c, int world, int rank = -1) {
   RankSetup setup{c.parallel, c.optimizer, {}};
   if (setup.parallel.stage == sk::parallel::Stage::fsdp)
     for (const auto& [path, module] : model.trunk->named_modules())
@@ -57,8 +59,16 @@ inline RankSetup rank_setup(SwavModel& model, const SwavConfig& c, int world) {
   run.parallel = setup.parallel;
   run.world_size = world;
   run.optimizer = setup.optimizer;
+  run.rank = rank;
   setup.memory = sk::parallel::plan_module_memory(model, run);
   return setup;
+}
+
+// Whether a rank builds its model without parameter memory (sk::DeferredParameters): under
+// fsdp, where the wrap makes each rank's shards only, from rank 0's recorded initialisation --
+// a rank never holds the whole model -- with the eager build's values bit for bit.
+inline bool builds_deferred(const SwavConfig& c) {
+  return c.parallel.stage == sk::parallel::Stage::fsdp;
 }
 
 // Each rank's share of the training images (the sampler's) holds a batch.
@@ -76,7 +86,7 @@ inline void check_batch_fits(const SwavConfig& c, std::int64_t samples_per_rank)
 // (trainer.hpp's evaluate).
 struct HostMemoryNeed {
   std::int64_t states_per_rank_max = 0;  // the most loaded rank's model states
-  std::int64_t states = 0;               // the local ranks' model states (0 on a GPU)
+  std::int64_t local_states = 0;         // the local ranks' model states (0 on a GPU)
   std::int64_t knn_per_rank = 0;         // one rank's raw-pixel kNN floats (0 untested)
 };
 
@@ -86,8 +96,8 @@ struct HostMemoryNeed {
 // gradients and optimizer state, communication buffers and gathered units) -- with what
 // offload moves to the "host", which on the CPU is the same memory.
 inline std::int64_t cpu_rank_states(const sk::parallel::MemoryPlan& p, const SwavConfig& c) {
-  const bool deferred = c.parallel.stage == sk::parallel::Stage::fsdp;
-  return std::max(p.model_states() + p.communication + p.gathered, p.wrap_peak(deferred)) +
+  return std::max(p.model_states() + p.communication + p.gathered,
+                  p.wrap_peak(builds_deferred(c))) +
          p.host_total();
 }
 
@@ -99,20 +109,15 @@ inline HostMemoryNeed host_memory_need(SwavModel& model, const SwavConfig& c, co
   HostMemoryNeed need;
   if (c.test_model)
     need.knn_per_rank =
-        (data.bank_size + data.test.count) * raw_pixel_features(data, c.crops.size_crops[0]) * 4;
+        (data.bank_size + data.test.count) * raw_pixel_dim(data, c.crops.size_crops[0]) * 4;
   if (!cpu) return need;
-  const RankSetup setup = rank_setup(model, c, world);
-  need.states_per_rank_max = cpu_rank_states(setup.memory, c);
-  sk::parallel::PlannedRun run;
-  run.parallel = setup.parallel;
-  run.world_size = world;
-  run.optimizer = setup.optimizer;
   long double sum = 0;
   for (int r = 0; r < world; ++r) {
-    run.rank = r;
-    sum += cpu_rank_states(sk::parallel::plan_module_memory(model, run), c);
+    const std::int64_t states = cpu_rank_states(rank_setup(model, c, world, r).memory, c);
+    need.states_per_rank_max = std::max(need.states_per_rank_max, states);
+    sum += states;
   }
-  need.states = static_cast<std::int64_t>(sum * local_ranks / world);
+  need.local_states = static_cast<std::int64_t>(sum * local_ranks / world);
   return need;
 }
 
@@ -151,12 +156,12 @@ inline void check_ranks_fit(const SwavConfig& c, const Datasets& data, int world
           std::to_string(local_ranks) +
           (launched ? " ranks launched on this machine" : " ranks as threads of this process");
       char figures[320];
-      if (need.states > available) {
+      if (need.local_states > available) {
         std::snprintf(figures, sizeof figures,
                       " would hold at least %.2f GB of model states -- under %s up to %.1f MB a "
                       "rank as they build their modules or step, before activations -- and this "
                       "machine has %.2f GB available; ",
-                      double(need.states) / 1e9,
+                      double(need.local_states) / 1e9,
                       std::string(sk::parallel::stage_name(c.parallel.stage)).c_str(),
                       double(need.states_per_rank_max) / 1e6, double(available) / 1e9);
         // The most ranks whose most loaded one, planned at that world, fits that many times.
@@ -174,17 +179,17 @@ inline void check_ranks_fit(const SwavConfig& c, const Datasets& data, int world
             "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), or spread the ranks over several machines");
       }
       const std::int64_t knn = need.knn_per_rank * local_ranks;
-      if (need.states + knn > available) {
-        const std::int64_t row = raw_pixel_features(data, c.crops.size_crops[0]) * 4;
+      if (need.local_states + knn > available) {
+        const std::int64_t row = raw_pixel_dim(data, c.crops.size_crops[0]) * 4;
         const std::int64_t bank_fits =
-            (available - need.states) / local_ranks / row - data.test.count;
+            (available - need.local_states) / local_ranks / row - data.test.count;
         std::snprintf(figures, sizeof figures,
                       " would each hold, for the raw-pixel kNN, the memory bank's %lld and the "
                       "%lld test images as %lld floats each: %.2f GB with the model states, and "
                       "this machine has %.2f GB available; ",
                       static_cast<long long>(data.bank_size),
                       static_cast<long long>(data.test.count), static_cast<long long>(row / 4),
-                      double(need.states + knn) / 1e9, double(available) / 1e9);
+                      double(need.local_states + knn) / 1e9, double(available) / 1e9);
         throw ConfigError(
             "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = " + std::to_string(c.memory_bank_limit) +
             ": " + ranks + figures +

@@ -137,13 +137,14 @@ int main(int argc, char** argv) {
       std::printf("config: VISSL keys without effect in this trainer, ignored: %s\n", keys.c_str());
     }
     const auto load_start = std::chrono::steady_clock::now();
-    const auto data = swav::load_datasets(config);  // sets the network's input channels
+    // Processes launched side by side on this machine each read the data and hold their ranks.
+    const int local_processes = launched ? sk::launcher_local_processes() : 1;
+    const auto data = swav::load_datasets(config, local_processes);  // sets the input channels
     if (lead)
       std::printf(
           "data: %s; read in %.1f s\n", data.description.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
-    swav::check_ranks_fit(config, data, world, launched ? launch.local_size : world, !gpu,
-                          launched);
+    swav::check_ranks_fit(config, data, world, launched ? local_processes : world, !gpu, launched);
     swav::RunReport report;
 #if SK_WITH_CUDA
     if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);

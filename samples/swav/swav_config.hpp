@@ -17,6 +17,7 @@
 #include "feature_eval.hpp"
 #include "lr_schedule.hpp"
 #include "multicrop.hpp"
+#include "shardkit/data/synthetic_images.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/options.hpp"
 #include "swav_defaults.hpp"
@@ -606,9 +607,10 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   }
   problems.attempt([&] {  // (both splits read it: said once)
     const auto labels = c.get<std::int64_t>("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS");
-    if (labels < 0 || labels > 65536)
-      throw detail::bad("DATA.TRAIN.RANDOM_SYNTHETIC_LABELS", std::to_string(labels),
-                        "0 (every label 0) .. 65536 labels");
+    if (labels < 0 || labels > sk::data::kMaxSyntheticClasses)
+      throw detail::bad(
+          "DATA.TRAIN.RANDOM_SYNTHETIC_LABELS", std::to_string(labels),
+          "0 (every label 0) .. " + std::to_string(sk::data::kMaxSyntheticClasses) + " labels");
   });
   // The kNN evaluation's memory bank is DATA.TRAIN's images and its queries DATA.TEST's: a
   // config that trains on other images than the default's (Fashion-MNIST) and leaves DATA.TEST

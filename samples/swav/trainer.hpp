@@ -86,7 +86,6 @@ class SwavTrainer {
     if (c.sync_bn_group > 0)  // before wrapping: every rank splits the world (collective)
       sk::parallel::convert_sync_batch_norm(
           *model_, sk::parallel::sync_batch_norm_group(comm, c.sync_bn_group));
-    // (the plan is printed at the start beside what the run measures at the end)
     const RankSetup setup = rank_setup(*model_, c, comm.size());
     plan_ = setup.memory;
     sharded_ = std::make_unique<sk::parallel::ShardedModule>(ctx, comm, model_, setup.optimizer,
@@ -486,7 +485,7 @@ class SwavTrainer {
       // The pixels as they are, normalised; images of varying sizes (and a test set of another
       // size) are all resized to the large crop size first.
       const bool as_stored = raw_pixels_as_stored(d);
-      const std::int64_t dim = raw_pixel_features(d, c_.crops.size_crops[0]);
+      const std::int64_t dim = raw_pixel_dim(d, c_.crops.size_crops[0]);
       auto raw = [&](const sk::data::ImageDataset& set, std::int64_t count) {
         std::vector<float> f(static_cast<std::size_t>(count * dim));
         for (std::int64_t i = 0; i < count; ++i) {
@@ -762,7 +761,7 @@ class SwavTrainer {
   // values bit for bit.
   static std::shared_ptr<SwavModel> build_model(sk::Context& ctx, const SwavConfig& c) {
     std::optional<sk::DeferredParameters> deferred;
-    if (c.parallel.stage == sk::parallel::Stage::fsdp) deferred.emplace(ctx);
+    if (builds_deferred(c)) deferred.emplace(ctx);
     return std::make_shared<SwavModel>(ctx, c);
   }
 

@@ -1009,10 +1009,11 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   };
   const auto oss = config_of({"config.OPTIMIZER.use_zero=True", "config.TEST_MODEL=False"}, "", 8);
   const auto oss_need = swav::host_memory_need(*planned(oss), oss, data, 8, 8, true);
-  CHECK(oss_need.states <= 8 * oss_need.states_per_rank_max);
-  CHECK(oss_need.states > 7 * oss_need.states_per_rank_max);  // (its shards are near equal)
+  CHECK(oss_need.local_states <= 8 * oss_need.states_per_rank_max);
+  CHECK(oss_need.local_states > 7 * oss_need.states_per_rank_max);  // (its shards are near equal)
   const auto ddp = config_of({"config.TEST_MODEL=False"}, "", 8);
-  CHECK(oss_need.states < swav::host_memory_need(*planned(ddp), ddp, data, 8, 8, true).states);
+  CHECK(oss_need.local_states <
+        swav::host_memory_need(*planned(ddp), ddp, data, 8, 8, true).local_states);
   const auto fsdp = config_of(
       {"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "config.TEST_MODEL=False"}, "", 8);
   const auto offload =
@@ -1021,9 +1022,9 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
                 "", 8);
   const auto fsdp_need = swav::host_memory_need(*planned(fsdp), fsdp, data, 8, 8, true);
   const auto offload_need = swav::host_memory_need(*planned(offload), offload, data, 8, 8, true);
-  CHECK(offload_need.states >= fsdp_need.states * 9 / 10);  // moved, not gone
+  CHECK(offload_need.local_states >= fsdp_need.local_states * 9 / 10);  // moved, not gone
   // Under fsdp a rank holds more in a smaller world: the ranks suggested are re-planned there.
-  const std::int64_t available = fsdp_need.states / 2;
+  const std::int64_t available = fsdp_need.local_states / 2;
   const std::string sharded = report_of(fsdp, 8, 8, true, false, available);
   const auto at = sharded.find("run at most ");
   REQUIRE(at != std::string::npos);

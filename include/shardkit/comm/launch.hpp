@@ -22,7 +22,6 @@ struct LaunchInfo {
   int size = 1;
   int local_rank = 0;  // rank among the processes of this machine: the GPU to use
   std::string source;  // the variables that decided, for messages
-  int local_size = 1;  // processes of this job on this machine (1 where the launcher does not say)
 };
 
 // Reads one environment variable; tests pass their own.
@@ -50,11 +49,10 @@ inline std::optional<int> env_int(const EnvLookup& env, const char* name) {
 }
 
 inline LaunchInfo checked_launch(LaunchKind kind, int rank, int size, int local_rank,
-                                 std::string source, std::optional<int> local_size) {
+                                 std::string source) {
   check(size >= 1 && rank < size, source, " say rank ", rank, " of ", size,
         " ranks; the rank must be below the world size");
-  return LaunchInfo{
-      kind, rank, size, local_rank, std::move(source), std::max(1, local_size.value_or(1))};
+  return LaunchInfo{kind, rank, size, local_rank, std::move(source)};
 }
 
 }  // namespace detail
@@ -66,16 +64,16 @@ inline LaunchInfo detect_launch(const EnvLookup& env = process_env) {
     check(rank.has_value(),
           "OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not; "
           "launch with OpenMPI's mpirun");
-    return detail::checked_launch(
-        LaunchKind::mpi, *rank, *size, env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK").value_or(0),
-        "OMPI_COMM_WORLD_RANK/SIZE", env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"));
+    return detail::checked_launch(LaunchKind::mpi, *rank, *size,
+                                  env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK").value_or(0),
+                                  "OMPI_COMM_WORLD_RANK/SIZE");
   }
   if (const auto size = env_int(env, "PMI_SIZE")) {
     const auto rank = env_int(env, "PMI_RANK");
     check(rank.has_value(), "PMI_SIZE is set but PMI_RANK is not; launch with mpirun / srun");
     const auto local = env_int(env, "MPI_LOCALRANKID");
     return detail::checked_launch(LaunchKind::mpi, *rank, *size, local.value_or(0),
-                                  "PMI_RANK/PMI_SIZE", env_int(env, "MPI_LOCALNRANKS"));
+                                  "PMI_RANK/PMI_SIZE");
   }
   const auto rank = env_int(env, "RANK");
   const auto size = env_int(env, "WORLD_SIZE");
@@ -84,8 +82,7 @@ inline LaunchInfo detect_launch(const EnvLookup& env = process_env) {
           "only one of RANK and WORLD_SIZE is set; set both (torchrun / SLURM "
           "convention) or neither");
     return detail::checked_launch(LaunchKind::env, *rank, *size,
-                                  env_int(env, "LOCAL_RANK").value_or(0), "RANK/WORLD_SIZE",
-                                  env_int(env, "LOCAL_WORLD_SIZE"));
+                                  env_int(env, "LOCAL_RANK").value_or(0), "RANK/WORLD_SIZE");
   }
   return LaunchInfo{};
 }

@@ -26,12 +26,16 @@ struct SyntheticImages {
   std::uint64_t seed = 0;
 };
 
+// The most label classes a synthetic set draws (a smoke test's data, not a catalog's).
+inline constexpr std::int64_t kMaxSyntheticClasses = 65536;
+
 inline ImageDataset make_synthetic_images(const SyntheticImages& o) {
   check(o.count >= 1 && o.side >= 4 && (o.channels == 1 || o.channels == 3) && o.classes >= 0 &&
-            o.classes <= 65536,
+            o.classes <= kMaxSyntheticClasses,
         "synthetic images: count ", o.count, ", side ", o.side, ", channels ", o.channels,
         " and classes ", o.classes,
-        " must satisfy count >= 1, side >= 4, channels 1 or 3, 0 <= classes <= 65536");
+        " must satisfy count >= 1, side >= 4, channels 1 or 3, 0 <= classes <= ",
+        kMaxSyntheticClasses);
   ImageDataset d;
   d.count = o.count;
   d.rows = d.cols = o.side;
