@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,35 +133,141 @@ TEST_CASE("released storage gives its bytes back, refuses access with the reason
   CHECK_THROWS_AS(borrowed->release("x"), sk::StateError);
 }
 
-TEST_CASE("the host allocator caches freed blocks for their next use, within its bound") {
-  sk::HostAllocator allocator(std::size_t{8} << 20);
+TEST_CASE("the host allocator caches freed small blocks for their next use, within its bound") {
+  sk::HostAllocator allocator(std::size_t{64} << 10);
   using C = sk::MemoryCategory;
-  void* first = allocator.allocate(3 << 20, C::communication);
-  allocator.deallocate(first, 3 << 20, C::communication);
+  void* first = allocator.allocate(30000, C::communication);
+  allocator.deallocate(first, 30000, C::communication);
   CHECK(allocator.stats().current(C::communication) == 0);  // cached is not in use
-  CHECK(allocator.cached_bytes() == (3u << 20));
-  void* again = allocator.allocate((3 << 20) - 100, C::gradients);  // the same rounded size
+  CHECK(allocator.cached_bytes() == 32768);                 // (4 KiB granules)
+  void* again = allocator.allocate(29000, C::gradients);    // the same rounded size
   CHECK(again == first);
   CHECK(allocator.cached_bytes() == 0);
-  allocator.deallocate(again, (3 << 20) - 100, C::gradients);
-  // Small blocks too, by their size rounded up to 64 bytes (a tiny op's output every step).
+  allocator.deallocate(again, 29000, C::gradients);
+  // Below 4 KiB by their size rounded up to 64 bytes (a tiny op's output every step).
   void* small = allocator.allocate(1000, C::other);
   CHECK(reinterpret_cast<std::uintptr_t>(small) % sk::HostAllocator::kAlignment == 0);
   allocator.deallocate(small, 1000, C::other);
-  CHECK(allocator.cached_bytes() == (3u << 20) + 1024);
+  CHECK(allocator.cached_bytes() == 32768 + 1024);
   CHECK(allocator.allocate(1010, C::activations) == small);  // the same 64-byte class
   void* other_class = allocator.allocate(1030, C::activations);
   CHECK(other_class != small);
   allocator.deallocate(other_class, 1030, C::activations);
   allocator.deallocate(small, 1010, C::activations);
-  CHECK(allocator.cached_bytes() == (3u << 20) + 1024 + 1088);
+  CHECK(allocator.cached_bytes() == 32768 + 1024 + 1088);
   CHECK(allocator.stats().current_total() == 0);
+  CHECK(allocator.segment_bytes_held() == 0);  // (all below the segments' 64 KiB)
   // Beyond the bound, frees go to the system.
-  void* big = allocator.allocate(6 << 20, C::other);
-  allocator.deallocate(big, 6 << 20, C::other);
-  CHECK(allocator.cached_bytes() == (3u << 20) + 2112);  // + 6 MiB would pass the 8 MiB bound
+  void* more = allocator.allocate(40000, C::other);
+  allocator.deallocate(more, 40000, C::other);
+  CHECK(allocator.cached_bytes() == 32768 + 2112);  // + 40 KiB would pass the 64 KiB bound
   allocator.release_cached();
   CHECK(allocator.cached_bytes() == 0);
+}
+
+TEST_CASE("the host allocator carves large blocks out of segments: best fit, split, merged") {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  using C = sk::MemoryCategory;
+  sk::HostAllocator allocator(std::size_t{1} << 30);
+  char* a = static_cast<char*>(allocator.allocate(3 * MiB, C::activations));
+  CHECK(allocator.segment_bytes_held() == sk::HostAllocator::kSegmentBytes);
+  CHECK(allocator.cached_bytes() == sk::HostAllocator::kSegmentBytes - 3 * MiB);
+  CHECK(allocator.stats().current_total() == std::int64_t(3 * MiB));
+  char* b = static_cast<char*>(allocator.allocate(5 * MiB - 100, C::activations));
+  CHECK(b == a + 3 * MiB);  // the rest of the segment, split again
+  allocator.deallocate(a, 3 * MiB, C::activations);
+  // The smallest free block that holds 2 MiB is a's 3 MiB, not the segment's tail.
+  char* c = static_cast<char*>(allocator.allocate(2 * MiB, C::gradients));
+  CHECK(c == a);
+  char* d = static_cast<char*>(allocator.allocate(MiB, C::gradients));
+  CHECK(d == a + 2 * MiB);  // what c left of a's block
+  allocator.deallocate(c, 2 * MiB, C::gradients);
+  allocator.deallocate(b, 5 * MiB - 100, C::activations);
+  allocator.deallocate(d, MiB, C::gradients);
+  // Merged back into one free block, the whole segment: a request of its size takes it.
+  CHECK(allocator.cached_bytes() == sk::HostAllocator::kSegmentBytes);
+  CHECK(allocator.allocate(sk::HostAllocator::kSegmentBytes, C::other) == a);
+  CHECK(allocator.segment_bytes_held() == sk::HostAllocator::kSegmentBytes);
+  allocator.deallocate(a, sk::HostAllocator::kSegmentBytes, C::other);
+
+  // A step's forward frees blocks of some sizes, its backward asks for others: the freed blocks
+  // serve them (a cache by exact size would hold both sets). 8 blocks of 3, 5, ..., 17 MiB,
+  // freed, then 8 of 10 MiB: no segment more.
+  std::vector<void*> forward, backward;
+  for (std::size_t i = 0; i < 8; ++i)
+    forward.push_back(allocator.allocate((3 + 2 * i) * MiB, C::activations));
+  const std::size_t held = allocator.segment_bytes_held();
+  for (std::size_t i = 0; i < 8; ++i)
+    allocator.deallocate(forward[i], (3 + 2 * i) * MiB, C::activations);
+  for (std::size_t i = 0; i < 8; ++i)
+    backward.push_back(allocator.allocate(10 * MiB, C::gradients));
+  CHECK(allocator.segment_bytes_held() == held);
+  CHECK(held <= 2 * sk::HostAllocator::kSegmentBytes);
+  for (void* p : backward) allocator.deallocate(p, 10 * MiB, C::gradients);
+  // A block beyond the segment size is a segment of its own; release_cached() gives back every
+  // wholly free segment.
+  void* huge = allocator.allocate(100 * MiB, C::other);
+  CHECK(allocator.segment_bytes_held() == held + 100 * MiB);
+  allocator.deallocate(huge, 100 * MiB, C::other);
+  allocator.release_cached();
+  CHECK(allocator.segment_bytes_held() == 0);
+  CHECK(allocator.cached_bytes() == 0);
+
+  // Within the bound: a segment wholly free once more than max_cached could go back goes back.
+  // The free blocks of a segment still in use do not count against it (they cannot go back):
+  // small blocks are still cached beside them.
+  sk::HostAllocator bounded(8 * MiB);
+  void* e = bounded.allocate(3 * MiB, C::other);
+  void* small = bounded.allocate(1000, C::other);
+  bounded.deallocate(small, 1000, C::other);
+  CHECK(bounded.cached_bytes() == sk::HostAllocator::kSegmentBytes - 3 * MiB + 1024);
+  CHECK(bounded.allocate(1000, C::other) == small);
+  bounded.deallocate(small, 1000, C::other);
+  bounded.deallocate(e, 3 * MiB, C::other);
+  CHECK(bounded.segment_bytes_held() == 0);
+  CHECK(bounded.cached_bytes() == 1024);
+}
+
+TEST_CASE("the host allocator's blocks never overlap, under random sizes and frees") {
+  using C = sk::MemoryCategory;
+  sk::HostAllocator allocator;
+  std::mt19937 random(7);
+  struct Held {
+    unsigned char* data;
+    std::size_t bytes;
+    unsigned char mark;
+  };
+  std::vector<Held> live;
+  std::int64_t peak = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const std::uint32_t r = random();
+    if (live.empty() || r % 2 != 0) {  // (a random walk: some tens of blocks live at a time)
+      const std::size_t bytes = r % 2 ? 1 + random() % (6 << 20)  // segments' blocks
+                                      : 1 + random() % 70000;     // both kinds
+      auto* data = static_cast<unsigned char*>(allocator.allocate(bytes, C::other));
+      REQUIRE(reinterpret_cast<std::uintptr_t>(data) % sk::HostAllocator::kAlignment == 0);
+      const auto mark = static_cast<unsigned char>(i);
+      std::memset(data, mark, bytes);
+      live.push_back({data, bytes, mark});
+      peak = std::max(peak, allocator.stats().current_total());
+    } else {
+      const std::size_t k = random() % live.size();
+      const Held h = live[k];
+      // Every byte still as written: no other block was handed out over it.
+      CHECK(std::count(h.data, h.data + h.bytes, h.mark) == std::int64_t(h.bytes));
+      allocator.deallocate(h.data, h.bytes, C::other);
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  for (const Held& h : live) {
+    CHECK(std::count(h.data, h.data + h.bytes, h.mark) == std::int64_t(h.bytes));
+    allocator.deallocate(h.data, h.bytes, C::other);
+  }
+  CHECK(allocator.stats().current_total() == 0);
+  CHECK(allocator.segment_bytes_held() <= std::size_t(2 * peak) + sk::HostAllocator::kSegmentBytes);
+  allocator.release_cached();
+  CHECK(allocator.segment_bytes_held() == 0);
 }
 
 TEST_CASE("make_pooled objects reuse the blocks their thread's earlier ones gave back") {

@@ -4,16 +4,34 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "shardkit/core/capture_pool.hpp"
 #include "shardkit/core/device.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/memory_stats.hpp"
+
+// AddressSanitizer builds (GCC's macro, Clang's feature test): the host allocator poisons the
+// free parts of its segments.
+#if defined(__SANITIZE_ADDRESS__)
+#define SK_ALLOCATOR_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SK_ALLOCATOR_ASAN 1
+#endif
+#endif
+#if defined(SK_ALLOCATOR_ASAN)
+#include <sanitizer/asan_interface.h>
+#endif
 
 namespace shardkit {
 
@@ -47,6 +65,10 @@ class Allocator {
 
   MemoryStats& stats() { return stats_; }
   const MemoryStats& stats() const { return stats_; }
+  // Freed memory this allocator keeps for reuse rather than giving it back: held by the process
+  // beside what the statistics count as in use. The host allocators' cache (0 elsewhere: a CUDA
+  // device's stream-ordered pool is the driver's, shared by every context on the device).
+  virtual std::size_t cached_bytes() const { return 0; }
 
   // Step capture (capture_pool.hpp, step_graph.hpp): until end_capture(), allocations come from
   // `pool` and frees of other memory are held in it. The pool stays registered -- its blocks
@@ -142,15 +164,30 @@ class Allocator {
 // giving them back to the system each time costs a page fault per 4 KiB page when they return
 // (about 10% of a ResNet-18 FSDP step on the CPU) -- or, for pinned memory, a cudaMallocHost of
 // a millisecond or more -- and for the small tensors of a host-bound step, an aligned malloc
-// and free per op (a fifth of a tiny op's host time). Blocks of at least `cached_from` bytes
-// are cached when freed, by their size rounded up (to 64 bytes below 4 KiB, 4 KiB below 1 MiB,
-// 64 KiB above), and handed out again for the same rounded size; at most `max_cached` bytes
-// stay cached (beyond that, frees go to the system), and release_cached() gives them all back.
-// Each rounded size keeps its free blocks in a vector that keeps its capacity (and its entry,
-// release_cached() included: a few words per size the process has used), so a step that frees
-// and allocates the same sizes inserts nothing anywhere. The memory statistics count what
-// is in use, not what is cached. Subclasses provide the raw memory and call release_cached() in
-// their destructor.
+// and free per op (a fifth of a tiny op's host time).
+//
+// Blocks below `large_from` bytes (and of at least `cached_from`) are cached when freed by their
+// size rounded up (to 64 bytes below 4 KiB, 4 KiB below 1 MiB, 64 KiB above) and handed out
+// again for the same rounded size. Each rounded size keeps its free blocks in a vector that
+// keeps its capacity (and its entry, release_cached() included: a few words per size the
+// process has used), so a step that frees and allocates the same sizes inserts nothing.
+//
+// Larger blocks are carved out of segments of at least `segment_bytes` (PyTorch's CUDA caching
+// allocator's scheme): a request takes the smallest free block that holds it (4 KiB granules),
+// split when more is left over, and a freed block merges with its free neighbours in its
+// segment. A cache by exact size would hold each size's blocks apart: a training step's sizes
+// differ between its forward and its backward, and a multi-crop ResNet step at 224 pixels left
+// 3x its peak in use cached that way, where these segments hold 1.2x (a trace of that step,
+// docs/design.md, "The host allocator's segments").
+//
+// Of what could go back to the system -- the cached small blocks and the wholly free segments
+// -- at most `max_cached` bytes are kept: beyond that a small block goes back when freed, and so
+// does a segment once it is wholly free (the free blocks of a segment still in use stay where
+// they are). When the system has no memory for a new segment, the cache is given back and a
+// segment of just the request's size is tried. release_cached() gives back every cached small
+// block and every wholly free segment. The memory statistics count what is in use,
+// cached_bytes() what is kept besides. Subclasses provide the raw memory and call
+// release_cached() in their destructor.
 class CachingHostAllocator : public Allocator {
  public:
   CachingHostAllocator(const CachingHostAllocator&) = delete;
@@ -158,28 +195,37 @@ class CachingHostAllocator : public Allocator {
 
   Device device() const override { return Device::cpu(); }
 
-  // Returns every cached block to the system.
+  // Returns every cached small block and every wholly free segment to the system.
   void release_cached() noexcept {
     std::lock_guard lock(mutex_);
-    for (auto& [size, blocks] : cache_) {
-      for (void* pointer : blocks) raw_free(pointer);
-      blocks.clear();
-    }
-    cached_ = 0;
+    release_cached_locked();
   }
-  std::size_t cached_bytes() const {
+  // The cached small blocks and the segments' free blocks.
+  std::size_t cached_bytes() const override {
     std::lock_guard lock(mutex_);
-    return cached_;
+    return small_cached_ + segment_free_;
+  }
+  // The segments' bytes (in use and free), for tests and reports.
+  std::size_t segment_bytes_held() const {
+    std::lock_guard lock(mutex_);
+    std::size_t total = 0;
+    for (const auto& [address, size] : segments_) total += size;
+    return total;
   }
 
  protected:
-  CachingHostAllocator(std::size_t cached_from, std::size_t max_cached)
-      : cached_from_(cached_from), max_cached_(max_cached) {}
+  CachingHostAllocator(std::size_t cached_from, std::size_t max_cached,
+                       std::size_t large_from = SIZE_MAX, std::size_t segment_bytes = 0)
+      : cached_from_(cached_from),
+        max_cached_(max_cached),
+        large_from_(large_from),
+        segment_bytes_(segment_bytes) {}
 
   virtual void* raw_allocate(std::size_t bytes) noexcept = 0;  // nullptr when out of memory
   virtual void raw_free(void* pointer) noexcept = 0;
 
   void* do_allocate(std::size_t bytes) override {
+    if (bytes >= large_from_) return allocate_large(bytes);
     if (bytes < cached_from_) return raw_allocate(bytes);
     const std::size_t size = rounded(bytes);
     {
@@ -188,20 +234,21 @@ class CachingHostAllocator : public Allocator {
       if (found != cache_.end() && !found->second.empty()) {
         void* pointer = found->second.back();
         found->second.pop_back();
-        cached_ -= size;
+        small_cached_ -= size;
         return pointer;
       }
     }
     return raw_allocate(size);
   }
   void do_deallocate(void* pointer, std::size_t bytes) noexcept override {
+    if (bytes >= large_from_) return free_large(static_cast<char*>(pointer));
     if (bytes >= cached_from_) {
       const std::size_t size = rounded(bytes);
       std::lock_guard lock(mutex_);
-      if (cached_ + size <= max_cached_) {
+      if (small_cached_ + whole_free_ + size <= max_cached_) {
         try {
           cache_[size].push_back(pointer);
-          cached_ += size;
+          small_cached_ += size;
           return;
         } catch (...) {  // no room for the bookkeeping: free it instead
         }
@@ -211,6 +258,8 @@ class CachingHostAllocator : public Allocator {
   }
 
  private:
+  static constexpr std::size_t kPage = 4096;
+
   static std::size_t rounded(std::size_t bytes) {
     const std::size_t granule = bytes >= (std::size_t{1} << 20) ? std::size_t{64} << 10
                                 : bytes >= 4096                 ? 4096
@@ -218,11 +267,166 @@ class CachingHostAllocator : public Allocator {
     return (bytes + granule - 1) / granule * granule;
   }
 
+  // A block of a segment: its bytes, the segment it is part of, and whether it is free.
+  struct Block {
+    std::size_t size;
+    char* segment;
+    bool free;
+  };
+
+  void* allocate_large(std::size_t bytes) {
+    const std::size_t size = (bytes + kPage - 1) / kPage * kPage;
+    std::lock_guard lock(mutex_);
+    auto fit = free_blocks_.lower_bound({size, nullptr});  // the smallest that holds it
+    if (fit == free_blocks_.end()) {
+      fit = add_segment(size);
+      if (fit == free_blocks_.end()) return nullptr;
+    }
+    char* address = fit->second;
+    Block& block = blocks_.at(address);
+    if (segment_is_free(address, block.size)) whole_free_ -= block.size;
+    free_blocks_.erase(fit);
+    block.free = false;
+    segment_free_ -= block.size;
+    const std::size_t left = block.size - size;
+    if (left >= kPage) {  // the rest stays free, a block of its own
+      try {
+        blocks_.emplace(address + size, Block{left, block.segment, true});
+        try {
+          free_blocks_.emplace(left, address + size);
+        } catch (...) {
+          blocks_.erase(address + size);
+          throw;
+        }
+        block.size = size;
+        segment_free_ += left;
+      } catch (...) {  // no room for the bookkeeping: the block is handed out whole
+      }
+    }
+    unpoison(address, block.size);
+    return address;
+  }
+
+  // A new segment for a request of `size` bytes, listed as one free block: at least
+  // segment_bytes, or just the request's size where that much is not to be had once the cache
+  // has been given back. Returns free_blocks_.end() when the system has no memory for it.
+  std::set<std::pair<std::size_t, char*>>::iterator add_segment(std::size_t size) {
+    std::size_t bytes = std::max(size, segment_bytes_);
+    char* base = static_cast<char*>(raw_allocate(bytes));
+    if (base == nullptr) {
+      release_cached_locked();
+      base = static_cast<char*>(raw_allocate(bytes));
+      if (base == nullptr && bytes > size) {
+        bytes = size;
+        base = static_cast<char*>(raw_allocate(bytes));
+      }
+      if (base == nullptr) return free_blocks_.end();
+    }
+    try {
+      segments_.emplace(base, bytes);
+      blocks_.emplace(base, Block{bytes, base, true});
+      const auto listed = free_blocks_.emplace(bytes, base).first;
+      segment_free_ += bytes;
+      whole_free_ += bytes;
+      poison(base, bytes);
+      return listed;
+    } catch (...) {  // no room for the bookkeeping
+      segments_.erase(base);
+      blocks_.erase(base);
+      raw_free(base);
+      return free_blocks_.end();
+    }
+  }
+
+  void free_large(char* address) noexcept {
+    std::lock_guard lock(mutex_);
+    auto it = blocks_.find(address);
+    if (it == blocks_.end()) return;  // (not ours: cannot happen through allocate())
+    poison(address, it->second.size);
+    it->second.free = true;
+    segment_free_ += it->second.size;
+    // Merge with the free neighbours of the same segment (blocks_ is ordered by address).
+    const auto next = std::next(it);
+    if (next != blocks_.end() && next->second.free && next->second.segment == it->second.segment &&
+        next->first == address + it->second.size) {
+      free_blocks_.erase({next->second.size, next->first});
+      it->second.size += next->second.size;
+      blocks_.erase(next);
+    }
+    if (it != blocks_.begin()) {
+      const auto previous = std::prev(it);
+      if (previous->second.free && previous->second.segment == it->second.segment &&
+          previous->first + previous->second.size == address) {
+        free_blocks_.erase({previous->second.size, previous->first});
+        previous->second.size += it->second.size;
+        blocks_.erase(it);
+        it = previous;
+      }
+    }
+    try {
+      free_blocks_.emplace(it->second.size, it->first);
+    } catch (...) {  // (std::set's node: only under memory exhaustion) the block stays unlisted
+    }
+    if (segment_is_free(it->first, it->second.size)) {
+      whole_free_ += it->second.size;
+      // Past the bound, what can go back does: this segment.
+      if (small_cached_ + whole_free_ > max_cached_) release_segment(it->first, it->second.size);
+    }
+  }
+
+  // Whether the free block at `address` of `size` bytes is a whole segment.
+  bool segment_is_free(char* address, std::size_t size) const {
+    const auto found = segments_.find(address);
+    return found != segments_.end() && found->second == size;
+  }
+  // A wholly free segment back to the system.
+  void release_segment(char* address, std::size_t size) noexcept {
+    free_blocks_.erase({size, address});
+    blocks_.erase(address);
+    segments_.erase(address);
+    segment_free_ -= size;
+    whole_free_ -= size;
+    unpoison(address, size);
+    raw_free(address);
+  }
+  void release_cached_locked() noexcept {
+    for (auto& [size, blocks] : cache_) {
+      for (void* pointer : blocks) raw_free(pointer);
+      small_cached_ -= size * blocks.size();
+      blocks.clear();
+    }
+    for (auto it = free_blocks_.begin(); it != free_blocks_.end();) {
+      const auto [size, address] = *it;
+      ++it;
+      if (segment_is_free(address, size)) release_segment(address, size);
+    }
+  }
+
+  // Under AddressSanitizer a segment's free blocks are poisoned: a read or write of a freed
+  // block, or past the end of one into a free neighbour, is reported as it is for malloc's.
+  static void poison([[maybe_unused]] char* address, [[maybe_unused]] std::size_t bytes) {
+#if defined(SK_ALLOCATOR_ASAN)
+    ASAN_POISON_MEMORY_REGION(address, bytes);
+#endif
+  }
+  static void unpoison([[maybe_unused]] char* address, [[maybe_unused]] std::size_t bytes) {
+#if defined(SK_ALLOCATOR_ASAN)
+    ASAN_UNPOISON_MEMORY_REGION(address, bytes);
+#endif
+  }
+
   std::size_t cached_from_;
   std::size_t max_cached_;
+  std::size_t large_from_;
+  std::size_t segment_bytes_;
   mutable std::mutex mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> cache_;  // rounded size -> free blocks
-  std::size_t cached_ = 0;
+  std::map<char*, Block> blocks_;                              // segments' blocks by address
+  std::set<std::pair<std::size_t, char*>> free_blocks_;        // (size, address): best fit
+  std::unordered_map<char*, std::size_t> segments_;            // segment -> its bytes
+  std::size_t small_cached_ = 0;                               // the small blocks cached
+  std::size_t segment_free_ = 0;                               // the segments' free blocks
+  std::size_t whole_free_ = 0;  // of those, the wholly free segments (what could go back)
 };
 
 // Host memory aligned to 64 bytes (a cache line, and enough for any SIMD load width); blocks
@@ -231,9 +435,14 @@ class HostAllocator final : public CachingHostAllocator {
  public:
   static constexpr std::size_t kAlignment = 64;
   static constexpr std::size_t kCachedFrom = 1;
+  // Blocks from 64 KiB on are carved out of segments of at least 64 MiB (a segment of glibc's
+  // size for mmap, 32 MiB and more, is its own mapping: given back whole, not kept in a heap;
+  // its untouched pages are not resident).
+  static constexpr std::size_t kLargeFrom = std::size_t{64} << 10;
+  static constexpr std::size_t kSegmentBytes = std::size_t{64} << 20;
 
   explicit HostAllocator(std::size_t max_cached_bytes = std::size_t{2} << 30)
-      : CachingHostAllocator(kCachedFrom, max_cached_bytes) {}
+      : CachingHostAllocator(kCachedFrom, max_cached_bytes, kLargeFrom, kSegmentBytes) {}
   ~HostAllocator() override { release_cached(); }
 
  protected:
