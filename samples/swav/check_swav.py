@@ -9,7 +9,8 @@ equals the run that never stopped; MACHINE.CUDA_GRAPH=true (the step captured an
 the capture's rules) equals the eager run, f32 and f16; and a run checkpointing every iteration, SIGKILLed again and
 again at random moments and while a save is in progress, resumes each time from the newest
 complete checkpoint and ends with the uninterrupted run's parameters (8 kills here, half of
-them during a save; SHARDKIT_KILLS=200 for a long run). Usage: check_swav.py path/to/swav"""
+them during a save; SHARDKIT_KILLS=200 for a long run). And the host memory the trainer estimates
+before its ranks start, against what the process then holds. Usage: check_swav.py path/to/swav"""
 import os
 import re
 import shutil
@@ -109,10 +110,45 @@ def check_kill_chains(swav, work, kills):
         raise SystemExit("FAIL: a killed and resumed run diverged, or no kill hit a save")
 
 
+def check_memory_estimate(swav, work):
+    """The host memory the trainer estimates before its ranks start (their model states and each
+    rank's step, measured on one rank at a few images) against what the process then holds: its
+    peak resident set, from the kernel. Two ranks of the quick config's width whose 96-pixel crops
+    make their steps most of it (about 1 GB each)."""
+    args = [swav] + TINY + [
+        f"config.CHECKPOINT.DIR={os.path.join(work, 'memory')}", "config.MAX_ITERATIONS=2",
+        "config.TEST_MODEL=False", "config.NEAREST_NEIGHBOR.FREQUENCY=0",
+        "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32",
+        "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.25",
+        'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [128, 64, 32], "use_bn": True,'
+        ' "num_clusters": [20]}]]',
+        "config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 6, size_crops:"
+        " [96, 48], num_crops: [2, 4], crop_scales: [[0.3, 1], [0.1, 0.3]]}, {name: ToTensor},"
+        " {name: Normalize, mean: [0.286], std: [0.353]}]"]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    estimate = re.search(r"host memory: about .* -- 2 ranks on this machine, about ([0-9.]+) of",
+                         output)
+    if status != 0 or not estimate:
+        raise SystemExit(f"FAIL: the memory run failed or gave no estimate:\n{output}")
+    resident = usage.ru_maxrss * 1024 / 1e9  # (Linux: kilobytes)
+    ratio = float(estimate.group(1)) / resident
+    print(f"host memory: estimated {estimate.group(1)} GB before the ranks started, the process "
+          f"held at most {resident:.2f} GB ({ratio:.2f}x)")
+    # Not above what the process holds (a refusal would turn away runs that fit), and not far
+    # below: the libraries, the data and the loaders' buffers are the process's own, and the
+    # allocator keeps a few percent more than the steps' peak in use (0.89x on the Xeon; 0.82x
+    # under meson test, whose MALLOC_PERTURB_ has glibc write the blocks it hands out).
+    if not 0.75 <= ratio <= 1.1:
+        raise SystemExit("FAIL: the estimate is off by more than the bounds (0.75x-1.1x)")
+
+
 def main():
     swav = sys.argv[1]
     work = tempfile.mkdtemp(prefix="shardkit_check_swav_")
     try:
+        check_memory_estimate(swav, work)
         steps = ["config.MAX_ITERATIONS=6"]
         prints = {}
         for stage, flags in STAGES.items():

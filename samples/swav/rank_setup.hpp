@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,15 +80,20 @@ inline void check_batch_fits(const SwavConfig& c, std::int64_t samples_per_rank)
                       " training images per rank; use a smaller batch, fewer ranks or more data");
 }
 
-// What the ranks on this machine will hold of the host's memory at least, before their
-// activations: the model states of ranks on the CPU, summed over the ranks' own plans (under
-// oss and sdp the shards differ in size), and the raw-pixel kNN's floats -- every rank
-// evaluating builds the memory bank's and the test images' pixels as floats, four bytes a value
-// (trainer.hpp's evaluate).
+// What the ranks on this machine will hold of the host's memory: the model states of ranks on
+// the CPU, summed over the ranks' own plans (under oss and sdp the shards differ in size), each
+// CPU rank's step beyond them (measured: step_memory.hpp), and the raw-pixel kNN's floats --
+// every rank evaluating builds the memory bank's and the test images' pixels as floats, four
+// bytes a value (trainer.hpp's evaluate).
 struct HostMemoryNeed {
   std::int64_t states_per_rank_max = 0;  // the most loaded rank's model states
   std::int64_t local_states = 0;         // the local ranks' model states (0 on a GPU)
   std::int64_t knn_per_rank = 0;         // one rank's raw-pixel kNN floats (0 untested)
+  // A CPU rank's step beyond its states at the config's batch, and the line it is read from
+  // (0 and empty where not measured: a GPU run, no measurement given, the images or the states
+  // not fitting)
+  std::int64_t step_per_rank = 0;
+  sk::parallel::ActivationProfile step;
 };
 
 // A rank's model states in host memory when it runs on the CPU, at the larger of two peaks:
@@ -121,20 +127,29 @@ inline HostMemoryNeed host_memory_need(SwavModel& model, const SwavConfig& c, co
   return need;
 }
 
+// A rank's step beyond its model states, as a line in the batch (step_memory.hpp measures it).
+using StepMeasure = std::function<sk::parallel::ActivationProfile()>;
+
 // Before the ranks start, what would stop them later or take the machine down, reported
 // together: a world of more ranks than training images, each rank's share of the images (the
 // sampler's) against its batch, and the host memory the ranks on this machine will hold
-// (host_memory_need) against what it has (`available`: available_host_memory(), -1: unknown).
-// Activations come on top, so the memory check is a lower bound: it refuses only what cannot
-// fit, and says how many ranks (re-planned at that world size: a sharded rank holds more in a
-// smaller world) or which memory bank would. A VISSL config written for 8 nodes of 8 GPUs would
-// otherwise start 64 threads here, each building its model, and end out of memory with no word.
-// `launched`: the ranks are processes (mpirun, torchrun), `local_ranks` of them on this machine.
-inline void check_ranks_fit(const SwavConfig& c, const Datasets& data, int world, int local_ranks,
-                            bool cpu, bool launched,
-                            std::int64_t available = available_host_memory()) {
+// (host_memory_need) against what it has (`available`: available_host_memory(), -1: unknown) --
+// their model states first, then, on the CPU, with each rank's step at its batch
+// (`measure_step`, called only when the states fit; none given: the states alone, a lower
+// bound), then with the raw-pixel kNN's floats (which a rank holds outside its steps). Each
+// refusal says how many ranks (re-planned at that world size: a sharded rank holds more in a
+// smaller world), which batch or which memory bank would fit. A VISSL config written for 8
+// nodes of 8 GPUs would otherwise start 64 threads here, each building its model, and end out
+// of memory with no word. `launched`: the ranks are processes (mpirun, torchrun),
+// `local_ranks` of them on this machine.
+// Returns what the ranks will hold (empty where `available` is unknown).
+inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data, int world,
+                                      int local_ranks, bool cpu, bool launched,
+                                      std::int64_t available = available_host_memory(),
+                                      const StepMeasure& measure_step = {}) {
+  HostMemoryNeed need;
   ConfigProblems problems;
-  problems.attempt([&] {
+  const bool shape_fits = problems.attempt([&] {
     if (data.train.count < world)
       throw ConfigError("config.DISTRIBUTED: " + std::to_string(world) + " ranks, but " +
                         std::to_string(data.train.count) +
@@ -151,11 +166,21 @@ inline void check_ranks_fit(const SwavConfig& c, const Datasets& data, int world
         sk::DeferredParameters deferred(ctx);
         return std::make_shared<SwavModel>(ctx, c);
       }();
-      const HostMemoryNeed need = host_memory_need(*model, c, data, world, local_ranks, cpu);
+      need = host_memory_need(*model, c, data, world, local_ranks, cpu);
       const std::string ranks =
           std::to_string(local_ranks) +
           (launched ? " ranks launched on this machine" : " ranks as threads of this process");
-      char figures[320];
+      char figures[400];
+      // "run at most k here", k the most ranks whose most loaded one, planned at that world,
+      // fits that many times in `room` with `step` bytes of its step beside it.
+      const auto fewer_ranks = [&](std::int64_t step, std::int64_t room) {
+        if (launched) return std::string("start fewer processes on this machine, ");
+        for (int k = local_ranks - 1; k >= 1; --k)
+          if ((cpu_rank_states(rank_setup(*model, c, k).memory, c) + step) * k <= room)
+            return "run at most " + std::to_string(k) +
+                   " here (NUM_NODES=1, NUM_PROC_PER_NODE=" + std::to_string(k) + "), ";
+        return std::string();
+      };
       if (need.local_states > available) {
         std::snprintf(figures, sizeof figures,
                       " would hold at least %.2f GB of model states -- under %s up to %.1f MB a "
@@ -164,19 +189,46 @@ inline void check_ranks_fit(const SwavConfig& c, const Datasets& data, int world
                       double(need.local_states) / 1e9,
                       std::string(sk::parallel::stage_name(c.parallel.stage)).c_str(),
                       double(need.states_per_rank_max) / 1e6, double(available) / 1e9);
-        // The most ranks whose most loaded one, planned at that world, fits that many times.
-        int fit = 0;
-        if (!launched)
-          for (int k = local_ranks - 1; k >= 1 && fit == 0; --k)
-            if (cpu_rank_states(rank_setup(*model, c, k).memory, c) * k <= available) fit = k;
-        throw ConfigError(
-            "config.DISTRIBUTED: " + ranks + figures +
-            (fit >= 1 ? "run at most " + std::to_string(fit) +
-                            " here (NUM_NODES=1, NUM_PROC_PER_NODE=" + std::to_string(fit) + "), "
-             : launched ? std::string("start fewer processes on this machine, ")
-                        : std::string()) +
-            "shard the states (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP, "
-            "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), or spread the ranks over several machines");
+        throw ConfigError("config.DISTRIBUTED: " + ranks + figures + fewer_ranks(0, available) +
+                          "shard the states (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP, "
+                          "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), or spread the ranks over several "
+                          "machines");
+      }
+      // Each rank's step on top of its states (measured only once the images and the states
+      // fit: the measurement builds the model and steps it). This is an estimate, not a bound:
+      // the ranks may take nine tenths of what is available, the rest is left to the process's
+      // own memory and the system.
+      if (cpu && measure_step && shape_fits) {
+        need.step = measure_step();
+        need.step_per_rank = need.step.at(c.batch_size);
+        const sk::parallel::ActivationProfile& step = need.step;
+        const std::int64_t per_rank = need.step_per_rank;
+        const std::int64_t room = available - available / 10;
+        if (need.local_states + per_rank * local_ranks > room) {
+          std::int64_t batch_fits = c.batch_size - 1;
+          while (batch_fits >= 1 && need.local_states + step.at(batch_fits) * local_ranks > room)
+            --batch_fits;
+          std::snprintf(figures, sizeof figures,
+                        " would hold about %.2f GB in their steps -- %.2f GB of model states "
+                        "and, a rank, %.1f MB of activations and scratch at %lld images "
+                        "(measured here on a step of a few: %.1f MB + %.1f MB an image) -- and "
+                        "this machine has %.2f GB available, %.2f GB for the ranks; ",
+                        double(need.local_states + per_rank * local_ranks) / 1e9,
+                        double(need.local_states) / 1e9, double(per_rank) / 1e6,
+                        static_cast<long long>(c.batch_size), step.fixed_bytes / 1e6,
+                        step.bytes_per_sample / 1e6, double(available) / 1e9, double(room) / 1e9);
+          throw ConfigError(
+              "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA = " + std::to_string(c.batch_size) + ": " +
+              ranks + figures +
+              (batch_fits >= 1 ? "use a batch of at most " + std::to_string(batch_fits) + ", "
+                               : std::string()) +
+              fewer_ranks(per_rank, room) +
+              (c.checkpoint_splits == 0
+                   ? "checkpoint the activations "
+                     "(MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING), "
+                   : std::string()) +
+              "or spread the ranks over several machines");
+        }
       }
       const std::int64_t knn = need.knn_per_rank * local_ranks;
       if (need.local_states + knn > available) {
@@ -200,6 +252,7 @@ inline void check_ranks_fit(const SwavConfig& c, const Datasets& data, int world
       }
     });
   problems.check();
+  return need;
 }
 
 }  // namespace swav

@@ -22,6 +22,7 @@
 #include "ranks.hpp"
 #include "shardkit/comm/recorder_dump.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
+#include "step_memory.hpp"
 
 namespace sk = shardkit;
 
@@ -144,7 +145,27 @@ int main(int argc, char** argv) {
       std::printf(
           "data: %s; read in %.1f s\n", data.description.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
-    swav::check_ranks_fit(config, data, world, launched ? local_processes : world, !gpu, launched);
+    // Ranks as threads: a CPU rank's step is measured on this machine (one rank's first step at
+    // a few batches). Launched processes are not measured: each would measure at once, and
+    // read what is available at its own moment, and one refusing alone would leave the others
+    // waiting for it at their rendezvous.
+    const int local_ranks = launched ? local_processes : world;
+    const std::int64_t available = swav::available_host_memory();
+    swav::StepMeasure measure;
+    if (!launched) measure = [&] { return swav::measure_step_memory(config, data, world); };
+    const auto need =
+        swav::check_ranks_fit(config, data, world, local_ranks, !gpu, launched, available, measure);
+    if (lead && need.step_per_rank > 0)
+      std::printf(
+          "host memory: about %.1f MB a rank as it steps -- model states %.1f MB (the most loaded "
+          "rank), activations and scratch %.1f MB at %lld images (measured here: %.1f MB + %.1f "
+          "MB an image) -- %d ranks on this machine, about %.2f of %.2f GB available\n",
+          double(need.states_per_rank_max + need.step_per_rank) / 1e6,
+          double(need.states_per_rank_max) / 1e6, double(need.step_per_rank) / 1e6,
+          static_cast<long long>(config.batch_size), need.step.fixed_bytes / 1e6,
+          need.step.bytes_per_sample / 1e6, local_ranks,
+          double(need.local_states + need.step_per_rank * local_ranks) / 1e9,
+          double(available) / 1e9);
     swav::RunReport report;
 #if SK_WITH_CUDA
     if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);

@@ -224,13 +224,14 @@ class SwavTrainer {
     using sk::MemoryCategory;
     say("memory measured on rank 0: parameters %.2f MB, gradients %.2f MB, optimizer state "
         "%.2f MB (planned %.2f / %.2f / %.2f); peaks: communication %.2f MB, activations "
-        "%.2f MB, total %.2f MB\n",
+        "%.2f MB, total %.2f MB%s\n",
         memory.current_of(MemoryCategory::parameters) / 1e6,
         memory.current_of(MemoryCategory::gradients) / 1e6,
         memory.current_of(MemoryCategory::optimizer_state) / 1e6, plan_.parameters / 1e6,
         plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
         memory.peak_of(MemoryCategory::communication) / 1e6,
-        memory.peak_of(MemoryCategory::activations) / 1e6, memory.peak_total / 1e6);
+        memory.peak_of(MemoryCategory::activations) / 1e6, memory.peak_total / 1e6,
+        kept_for_reuse().c_str());
     if (c_.test_model) {
       nlohmann::json by_layer;
       const bool at_epoch_end = per_epoch > 0 && iteration_ > 0 && iteration_ % per_epoch == 0;
@@ -244,7 +245,32 @@ class SwavTrainer {
     return report;
   }
 
+  // Takes the run's first training step (epoch 0's first batch) and returns the host memory it
+  // held at its peak beyond what it keeps in use after it: activations, the loss's and the
+  // kernels' scratch. What step_memory.hpp measures before the ranks start.
+  std::int64_t step_transient_bytes() {
+    const std::int64_t per_epoch = sampler_->samples_per_rank() / c_.batch_size;
+    sampler_->set_epoch(0);
+    loader_->start_epoch(0, sampler_->indices(), c_.batch_size, 0);
+    const auto batch = loader_->next();
+    sk::check(batch.has_value(), "swav: the loader gave no first batch (", data_->train.count,
+              " training images, a batch of ", c_.batch_size, ")");
+    auto& memory = ctx_->memory_stats();
+    memory.reset_peak();
+    step(*batch, c_.lr.rate(0, per_epoch * c_.num_epochs, per_epoch), false);
+    return memory.peak_total() - memory.current_total();
+  }
+
  private:
+  // What the host allocator keeps besides the memory in use (a GPU's pool is the driver's).
+  std::string kept_for_reuse() const {
+    if (ctx_->device().is_cuda()) return "";
+    char text[80];
+    std::snprintf(text, sizeof text, "; freed and kept for reuse by its allocator %.2f MB",
+                  double(ctx_->allocator().cached_bytes()) / 1e6);
+    return text;
+  }
+
   // MACHINE.CUDA_GRAPH. auto: on a GPU when every part of the step can be captured and has run
   // captured on a GPU; true: also on the CPU, where a replay runs the step's code again under
   // the capture's rules (a check that it would replay, at the cost of those checks).

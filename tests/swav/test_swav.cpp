@@ -1058,6 +1058,70 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, false, 5000));
 }
 
+TEST_CASE("before the ranks start: each CPU rank's step, measured, against the host memory") {
+  // Two ranks of 32 images each; the step as measured: 10 MB + 2 MB an image (74 MB a rank).
+  const auto c =
+      config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32", "config.TEST_MODEL=False"});
+  swav::Datasets data;
+  data.train = random_images(100, 8);
+  int measured = 0;
+  const swav::StepMeasure measure = [&] {
+    ++measured;
+    return sk::parallel::ActivationProfile{.fixed_bytes = 10e6, .bytes_per_sample = 2e6};
+  };
+  const swav::HostMemoryNeed enough =
+      swav::check_ranks_fit(c, data, 2, 2, true, false, std::int64_t{4} << 30, measure);
+  CHECK(measured == 1);
+  CHECK(enough.step_per_rank == 74'000'000);
+  CHECK(enough.states_per_rank_max > 0);
+  const std::int64_t states = enough.local_states;
+
+  // The ranks may take nine tenths of what is available: room for the states and 100 MB, one
+  // rank's step and not two. A batch of (100 MB / 2 - 10 MB) / 2 MB fits.
+  const std::int64_t available = (states + 100'000'000) * 10 / 9 + 1;
+  try {
+    swav::check_ranks_fit(c, data, 2, 2, true, false, available, measure);
+    FAIL("the ranks' steps were not checked");
+  } catch (const swav::ConfigError& e) {
+    const std::string text = e.what();
+    CHECK(text.find("config.DATA.TRAIN.BATCHSIZE_PER_REPLICA = 32: 2 ranks as threads of this "
+                    "process would hold about") == 0);
+    CHECK(text.find("74.0 MB of activations and scratch at 32 images (measured here on a step of "
+                    "a few: 10.0 MB + 2.0 MB an image)") != std::string::npos);
+    CHECK(text.find("use a batch of at most 20, ") != std::string::npos);
+    CHECK(text.find("run at most 1 here (NUM_NODES=1, NUM_PROC_PER_NODE=1), checkpoint the "
+                    "activations (MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING), "
+                    "or spread the ranks") != std::string::npos);
+  }
+  CHECK(measured == 2);
+  // Under activation checkpointing that is not suggested again; launched processes are told to
+  // start fewer.
+  const auto checkpointed =
+      config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32", "config.TEST_MODEL=False",
+                 "config.MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"});
+  try {
+    swav::check_ranks_fit(checkpointed, data, 2, 2, true, true, available, measure);
+    FAIL("the ranks' steps were not checked");
+  } catch (const swav::ConfigError& e) {
+    const std::string text = e.what();
+    CHECK(text.find("2 ranks launched on this machine") != std::string::npos);
+    CHECK(text.find("start fewer processes on this machine, or spread") != std::string::npos);
+    CHECK(text.find("USE_ACTIVATION_CHECKPOINTING") == std::string::npos);
+  }
+  // Not measured where it would tell nothing: a GPU's ranks, states that do not fit already,
+  // a batch the images cannot give, an unknown figure.
+  measured = 0;
+  CHECK(swav::check_ranks_fit(c, data, 2, 2, false, false, available, measure).step_per_rank == 0);
+  CHECK_THROWS_AS(swav::check_ranks_fit(c, data, 2, 2, true, false, states / 2, measure),
+                  swav::ConfigError);
+  const auto big =
+      config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=64", "config.TEST_MODEL=False"});
+  CHECK_THROWS_AS(swav::check_ranks_fit(big, data, 2, 2, true, false, available, measure),
+                  swav::ConfigError);
+  CHECK(swav::check_ranks_fit(c, data, 2, 2, true, false, -1, measure).step_per_rank == 0);
+  CHECK(measured == 0);
+}
+
 TEST_CASE("config: VISSL's frozen-parameter names, FSDP's wrapped form included") {
   const std::string plain = "'module.heads.0.prototypes0.weight'";
   const std::string wrapped =
