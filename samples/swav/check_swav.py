@@ -136,8 +136,8 @@ def check_memory_estimate(swav, work):
     ratio = float(estimate.group(1)) / resident
     print(f"host memory: estimated {estimate.group(1)} GB before the ranks started, the process "
           f"held at most {resident:.2f} GB ({ratio:.2f}x)")
-    # Not above what the process holds (a refusal would turn away runs that fit), and not far
-    # below: the libraries, the data and the loaders' buffers are the process's own, and the
+    # Not much above what the process holds (a refusal would turn away runs that fit), and not
+    # far below: the libraries, the data and the loaders' buffers are the process's own, and the
     # allocator keeps a few percent more than the steps' peak in use (0.89x on the Xeon; 0.82x
     # under meson test, whose MALLOC_PERTURB_ has glibc write the blocks it hands out).
     if not 0.75 <= ratio <= 1.1:

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <string>
 
 #include "datasets.hpp"
@@ -49,9 +51,9 @@ inline std::int64_t step_transient_bytes(const SwavConfig& c, const Datasets& da
 }
 
 // The step's bytes as a line in the batch, for a rank of `world` ranks as threads of this
-// process: measured at 2 and 4 images, and at 8 where the config's batch is larger
-// (profile_activations keeps the last two when the growth has not settled); an empty profile
-// where the training set holds fewer than 4 images. That is 14 images' forward and backward on
+// process: measured at 2 and 4 images, and at 8 where the config's batch is 8 or more (the line
+// through the last two; profile_activations); an empty profile where the training set holds
+// fewer than 4 images. That is 14 images' forward and backward on
 // one rank: on the 2-core Xeon about 20 s for VISSL's ResNet-50 with 2 x 224 + 6 x 96 crops on 2
 // threads, 7 s for its ResNet-18 on 1, under 0.1 s for the quick config. A step that does not fit
 // in memory even there is refused as the config's problem.
@@ -64,7 +66,10 @@ inline sk::parallel::ActivationProfile measure_step_memory(const SwavConfig& c,
   try {
     return sk::parallel::profile_activations(
         [&](std::int64_t batch) { return step_transient_bytes(c, data, batch, threads); }, 2, most);
-  } catch (const sk::OutOfMemory& e) {
+  } catch (const std::exception& e) {  // sk::OutOfMemory, std::bad_alloc: the config's problem
+    if (dynamic_cast<const sk::OutOfMemory*>(&e) == nullptr &&
+        dynamic_cast<const std::bad_alloc*>(&e) == nullptr)
+      throw;
     throw ConfigError("config.DATA.TRAIN.BATCHSIZE_PER_REPLICA = " + std::to_string(c.batch_size) +
                       ": one rank's step of a few images, measured before the ranks start, ran "
                       "out of memory (" +

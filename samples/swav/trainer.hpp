@@ -262,11 +262,12 @@ class SwavTrainer {
   }
 
  private:
-  // What the host allocator keeps besides the memory in use (a GPU's pool is the driver's).
+  // What the host allocator keeps besides the memory in use: freed blocks and its segments'
+  // free space (a GPU's pool is the driver's).
   std::string kept_for_reuse() const {
     if (ctx_->device().is_cuda()) return "";
     char text[80];
-    std::snprintf(text, sizeof text, "; freed and kept for reuse by its allocator %.2f MB",
+    std::snprintf(text, sizeof text, "; kept for reuse by its allocator %.2f MB",
                   double(ctx_->allocator().cached_bytes()) / 1e6);
     return text;
   }

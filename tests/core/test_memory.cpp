@@ -242,8 +242,8 @@ TEST_CASE("the host allocator's blocks never overlap, under random sizes and fre
   for (int i = 0; i < 4000; ++i) {
     const std::uint32_t r = random();
     if (live.empty() || r % 2 != 0) {  // (a random walk: some tens of blocks live at a time)
-      const std::size_t bytes = r % 2 ? 1 + random() % (6 << 20)  // segments' blocks
-                                      : 1 + random() % 70000;     // both kinds
+      const std::size_t bytes = random() % 2 ? 1 + random() % (6 << 20)  // segments' blocks
+                                             : 1 + random() % 70000;     // both kinds
       auto* data = static_cast<unsigned char*>(allocator.allocate(bytes, C::other));
       REQUIRE(reinterpret_cast<std::uintptr_t>(data) % sk::HostAllocator::kAlignment == 0);
       const auto mark = static_cast<unsigned char>(i);

@@ -275,6 +275,7 @@ class CachingHostAllocator : public Allocator {
   };
 
   void* allocate_large(std::size_t bytes) {
+    if (bytes > SIZE_MAX - kPage) return nullptr;  // (no such memory; the rounding would wrap)
     const std::size_t size = (bytes + kPage - 1) / kPage * kPage;
     std::lock_guard lock(mutex_);
     auto fit = free_blocks_.lower_bound({size, nullptr});  // the smallest that holds it
@@ -303,7 +304,7 @@ class CachingHostAllocator : public Allocator {
       } catch (...) {  // no room for the bookkeeping: the block is handed out whole
       }
     }
-    unpoison(address, block.size);
+    unpoison(address, bytes);  // (the rest of its last page stays poisoned)
     return address;
   }
 
@@ -341,7 +342,8 @@ class CachingHostAllocator : public Allocator {
   void free_large(char* address) noexcept {
     std::lock_guard lock(mutex_);
     auto it = blocks_.find(address);
-    if (it == blocks_.end()) return;  // (not ours: cannot happen through allocate())
+    // (not ours, or freed twice: cannot happen through Storage; left alone rather than counted)
+    if (it == blocks_.end() || it->second.free) return;
     poison(address, it->second.size);
     it->second.free = true;
     segment_free_ += it->second.size;
@@ -402,8 +404,9 @@ class CachingHostAllocator : public Allocator {
     }
   }
 
-  // Under AddressSanitizer a segment's free blocks are poisoned: a read or write of a freed
-  // block, or past the end of one into a free neighbour, is reported as it is for malloc's.
+  // Under AddressSanitizer a segment's free blocks are poisoned, and a block's bytes past the
+  // request: a read or write of a freed block, or past the end of one into its last page or a
+  // free neighbour, is reported (one into a neighbour in use is not, as with malloc's arenas).
   static void poison([[maybe_unused]] char* address, [[maybe_unused]] std::size_t bytes) {
 #if defined(SK_ALLOCATOR_ASAN)
     ASAN_POISON_MEMORY_REGION(address, bytes);
