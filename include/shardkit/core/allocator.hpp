@@ -177,8 +177,9 @@ class Allocator {
 // split when more is left over, and a freed block merges with its free neighbours in its
 // segment. A cache by exact size would hold each size's blocks apart: a training step's sizes
 // differ between its forward and its backward, and a multi-crop ResNet step at 224 pixels left
-// 3x its peak in use cached that way, where these segments hold 1.2x (a trace of that step,
-// docs/design.md, "The host allocator's segments").
+// 1.5-3x its peak in use cached that way, where these segments hold 1.1-1.2x
+// (benchmarks/core/bench_host_allocator replays such a step; docs/design.md, "The host
+// allocator's segments").
 //
 // Of what could go back to the system -- the cached small blocks and the wholly free segments
 // -- at most `max_cached` bytes are kept: beyond that a small block goes back when freed, and so
