@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
@@ -24,12 +26,38 @@
 
 namespace swav {
 
+// The raw-pixel kNN's memory bank as floats, made once per process: the first of its ranks (as
+// threads) to evaluate makes it, the others take the same, and it goes when the last lets go
+// (trainer.hpp's evaluate holds it only while it counts).
+struct SharedRawBank {
+  std::mutex mutex;
+  std::weak_ptr<const std::vector<float>> values;
+
+  template <class Make>
+  std::shared_ptr<const std::vector<float>> get(Make&& make) {
+    std::lock_guard lock(mutex);
+    auto held = values.lock();
+    if (!held) {
+      held = std::make_shared<const std::vector<float>>(make());
+      values = held;
+    }
+    return held;
+  }
+};
+
 // The data every rank reads (shared by the local ranks of one process).
 struct Datasets {
   sk::data::ImageDataset train, test;
   std::int64_t bank_size = 0;  // the kNN memory bank: the first bank_size training images
   std::string description;     // what the images are, for the run's first line
+  std::shared_ptr<SharedRawBank> raw_bank = std::make_shared<SharedRawBank>();
 };
+
+// How many of the test images each of `world` ranks queries in a kNN evaluation (the last
+// rank's share may be short): rank r takes [r * share, min((r + 1) * share, count)).
+inline std::int64_t query_share(std::int64_t count, int world) {
+  return (count + world - 1) / world;
+}
 
 // Fashion-MNIST's file set of a split (`key`: DATA.TRAIN or DATA.TEST).
 inline const char* fashion_mnist_split(const std::string& key) {

@@ -81,7 +81,7 @@ std::int64_t knn_correct(const std::vector<float>& bank,
                          const std::vector<float>& queries,
                          const std::vector<std::int32_t>& query_labels, std::int64_t dim,
                          std::int64_t first, std::int64_t last, int k, double sigma,
-                         shardkit::ThreadPool& pool, int classes) {
+                         shardkit::ThreadPool& pool, int classes, std::int64_t queries_first) {
   const std::int64_t n = static_cast<std::int64_t>(bank_labels.size());
   const std::int64_t kk = std::min<std::int64_t>(k, n);
   const std::int64_t blocks = last > first ? (last - first + kQueryBlock - 1) / kQueryBlock : 0;
@@ -94,7 +94,8 @@ std::int64_t knn_correct(const std::vector<float>& bank,
     std::vector<float> sim(static_cast<std::size_t>(rows * std::min(kBankChunk, n)));
     for (std::int64_t c0 = 0; c0 < n; c0 += kBankChunk) {
       const std::int64_t cols = std::min(kBankChunk, n - c0);
-      similarities(queries.data() + q0 * dim, rows, bank.data() + c0 * dim, cols, dim, sim.data());
+      similarities(queries.data() + (q0 - queries_first) * dim, rows, bank.data() + c0 * dim, cols,
+                   dim, sim.data());
       for (std::int64_t r = 0; r < rows; ++r) {
         const float* s = sim.data() + r * cols;
         auto& t = top[static_cast<std::size_t>(r)];

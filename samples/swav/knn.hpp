@@ -28,12 +28,14 @@ inline void l2_normalize_rows(std::vector<float>& features, std::int64_t dim) {
 // over `pool`'s threads (knn.cpp: compiled by the host compiler in every build; the products
 // run on oneDNN's sgemm where the build has it, else on Eigen). Each query's vote is its own
 // and each product runs on one thread, so the count is the same on any number of threads and
-// any split of the queries.
+// any split of the queries. `queries` holds the queries from `queries_first` on (a rank's share
+// alone: queries_first == first); `query_labels` every query's.
 std::int64_t knn_correct(const std::vector<float>& bank,
                          const std::vector<std::int32_t>& bank_labels,
                          const std::vector<float>& queries,
                          const std::vector<std::int32_t>& query_labels, std::int64_t dim,
                          std::int64_t first, std::int64_t last, int k, double sigma,
-                         shardkit::ThreadPool& pool, int classes = 10);
+                         shardkit::ThreadPool& pool, int classes = 10,
+                         std::int64_t queries_first = 0);
 
 }  // namespace swav

@@ -83,12 +83,15 @@ inline void check_batch_fits(const SwavConfig& c, std::int64_t samples_per_rank)
 // What the ranks on this machine will hold of the host's memory: the model states of ranks on
 // the CPU, summed over the ranks' own plans (under oss and sdp the shards differ in size), each
 // CPU rank's step beyond them (measured: step_memory.hpp), and the raw-pixel kNN's floats --
-// every rank evaluating builds the memory bank's and the test images' pixels as floats, four
-// bytes a value (trainer.hpp's evaluate).
+// the memory bank's pixels once per process, each rank's share of the test images' (four bytes
+// a value; trainer.hpp's evaluate).
 struct HostMemoryNeed {
   std::int64_t states_per_rank_max = 0;  // the most loaded rank's model states
   std::int64_t local_states = 0;         // the local ranks' model states (0 on a GPU)
-  std::int64_t knn_per_rank = 0;         // one rank's raw-pixel kNN floats (0 untested)
+  // The raw-pixel kNN's floats on this machine (0 untested): the memory bank's once per process
+  // (its ranks as threads share it), each rank's share of the test images (the queries are split
+  // over the ranks)
+  std::int64_t knn_local = 0;
   // A CPU rank's step beyond its states at the config's batch, and the line it is read from
   // (0 and empty where not measured: a GPU run, no measurement given, the images or the states
   // not fitting)
@@ -111,11 +114,14 @@ inline std::int64_t cpu_rank_states(const sk::parallel::MemoryPlan& p, const Swa
 // process when they are the world; processes launched side by side otherwise, their plans
 // averaged over the world's ranks). `model`: built without parameter memory.
 inline HostMemoryNeed host_memory_need(SwavModel& model, const SwavConfig& c, const Datasets& data,
-                                       int world, int local_ranks, bool cpu) {
+                                       int world, int local_ranks, bool cpu, bool launched) {
   HostMemoryNeed need;
-  if (c.test_model)
-    need.knn_per_rank =
-        (data.bank_size + data.test.count) * raw_pixel_dim(data, c.crops.size_crops[0]) * 4;
+  if (c.test_model) {
+    const std::int64_t row = raw_pixel_dim(data, c.crops.size_crops[0]) * 4;
+    const std::int64_t processes = launched ? local_ranks : 1;
+    need.knn_local =
+        (data.bank_size * processes + query_share(data.test.count, world) * local_ranks) * row;
+  }
   if (!cpu) return need;
   long double sum = 0;
   for (int r = 0; r < world; ++r) {
@@ -166,7 +172,7 @@ inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data,
         sk::DeferredParameters deferred(ctx);
         return std::make_shared<SwavModel>(ctx, c);
       }();
-      need = host_memory_need(*model, c, data, world, local_ranks, cpu);
+      need = host_memory_need(*model, c, data, world, local_ranks, cpu, launched);
       const std::string ranks =
           std::to_string(local_ranks) +
           (launched ? " ranks launched on this machine" : " ranks as threads of this process");
@@ -230,18 +236,19 @@ inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data,
               "or spread the ranks over several machines");
         }
       }
-      const std::int64_t knn = need.knn_per_rank * local_ranks;
-      if (need.local_states + knn > available) {
+      if (need.local_states + need.knn_local > available) {
         const std::int64_t row = raw_pixel_dim(data, c.crops.size_crops[0]) * 4;
-        const std::int64_t bank_fits =
-            (available - need.local_states) / local_ranks / row - data.test.count;
+        const std::int64_t processes = launched ? local_ranks : 1;
+        const std::int64_t queries = query_share(data.test.count, world) * local_ranks * row;
+        const std::int64_t bank_fits = (available - need.local_states - queries) / processes / row;
         std::snprintf(figures, sizeof figures,
-                      " would each hold, for the raw-pixel kNN, the memory bank's %lld and the "
-                      "%lld test images as %lld floats each: %.2f GB with the model states, and "
-                      "this machine has %.2f GB available; ",
+                      " would hold, for the raw-pixel kNN, the memory bank's %lld images (%s) and "
+                      "their shares of the %lld test images, as %lld floats an image: %.2f GB "
+                      "with the model states, and this machine has %.2f GB available; ",
                       static_cast<long long>(data.bank_size),
+                      launched ? "a copy a process" : "one copy, shared",
                       static_cast<long long>(data.test.count), static_cast<long long>(row / 4),
-                      double(need.local_states + knn) / 1e9, double(available) / 1e9);
+                      double(need.local_states + need.knn_local) / 1e9, double(available) / 1e9);
         throw ConfigError(
             "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = " + std::to_string(c.memory_bank_limit) +
             ": " + ranks + figures +

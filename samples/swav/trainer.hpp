@@ -513,10 +513,11 @@ class SwavTrainer {
       // size) are all resized to the large crop size first.
       const bool as_stored = raw_pixels_as_stored(d);
       const std::int64_t dim = raw_pixel_dim(d, c_.crops.size_crops[0]);
-      auto raw = [&](const sk::data::ImageDataset& set, std::int64_t count) {
-        std::vector<float> f(static_cast<std::size_t>(count * dim));
-        for (std::int64_t i = 0; i < count; ++i) {
-          float* out = f.data() + i * dim;
+      // Images [first, last) of a split as normalised rows of floats.
+      auto raw = [&](const sk::data::ImageDataset& set, std::int64_t first, std::int64_t last) {
+        std::vector<float> f(static_cast<std::size_t>((last - first) * dim));
+        for (std::int64_t i = first; i < last; ++i) {
+          float* out = f.data() + (i - first) * dim;
           if (!as_stored) {
             whole_image(c_.crops, set.image(i), c_.crops.size_crops[0], out);
             continue;
@@ -530,8 +531,11 @@ class SwavTrainer {
         l2_normalize_rows(f, dim);
         return f;
       };
+      // The bank once per process (its ranks share it), this rank's queries alone.
+      const auto bank_pixels = d.raw_bank->get([&] { return raw(d.train, 0, d.bank_size); });
+      const auto [first, last] = query_range();
       report.raw_knn =
-          knn_accuracy(raw(d.train, d.bank_size), bank_labels, raw(d.test, d.test.count), dim);
+          knn_accuracy(*bank_pixels, bank_labels, raw(d.test, first, last), dim, first);
       say("raw-pixel kNN (k %d, sigma %g, memory bank %lld images): %.2f%%\n", c_.knn_topk,
           c_.knn_sigma, static_cast<long long>(d.bank_size), 100 * report.raw_knn);
     }
@@ -588,16 +592,26 @@ class SwavTrainer {
     return knn[0];
   }
 
+  // The test images this rank queries: [first, last).
+  std::pair<std::int64_t, std::int64_t> query_range() const {
+    const std::int64_t n = data_->test.count;
+    const std::int64_t share = query_share(n, comm_->size());
+    const std::int64_t first = std::min(n, comm_->rank() * share);
+    return {first, std::min(n, first + share)};
+  }
+
+  // The share of the test set's queries this rank answers, summed over the ranks: the accuracy.
+  // `queries` holds the queries from `queries_first` on.
   double knn_accuracy(const std::vector<float>& bank, const std::vector<std::int32_t>& labels,
-                      const std::vector<float>& queries, std::int64_t dim) {
-    const std::int64_t n = data_->test.count, world = comm_->size();
-    const std::int64_t share = (n + world - 1) / world;
-    const std::int64_t first = std::min(n, comm_->rank() * share),
-                       last = std::min(n, first + share);
+                      const std::vector<float>& queries, std::int64_t dim,
+                      std::int64_t queries_first = 0) {
+    const std::int64_t n = data_->test.count;
+    const auto [first, last] = query_range();
     std::vector<double> correct{double(knn_correct(
         bank, labels, queries, data_->test.labels, dim, first, last, c_.knn_topk, c_.knn_sigma,
         ctx_->cpu_pool(),
-        static_cast<int>(std::max(data_->train.num_classes(), data_->test.num_classes()))))};
+        static_cast<int>(std::max(data_->train.num_classes(), data_->test.num_classes())),
+        queries_first))};
     all_reduce_host(*ctx_, *comm_, std::span<double>(correct), sk::comm::ReduceOp::sum);
     return correct[0] / double(n);
   }

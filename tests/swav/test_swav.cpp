@@ -1008,20 +1008,21 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
     return std::make_shared<swav::SwavModel>(ctx, config);
   };
   const auto oss = config_of({"config.OPTIMIZER.use_zero=True", "config.TEST_MODEL=False"}, "", 8);
-  const auto oss_need = swav::host_memory_need(*planned(oss), oss, data, 8, 8, true);
+  const auto oss_need = swav::host_memory_need(*planned(oss), oss, data, 8, 8, true, false);
   CHECK(oss_need.local_states <= 8 * oss_need.states_per_rank_max);
   CHECK(oss_need.local_states > 7 * oss_need.states_per_rank_max);  // (its shards are near equal)
   const auto ddp = config_of({"config.TEST_MODEL=False"}, "", 8);
   CHECK(oss_need.local_states <
-        swav::host_memory_need(*planned(ddp), ddp, data, 8, 8, true).local_states);
+        swav::host_memory_need(*planned(ddp), ddp, data, 8, 8, true, false).local_states);
   const auto fsdp = config_of(
       {"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "config.TEST_MODEL=False"}, "", 8);
   const auto offload =
       config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
                  "config.MODEL.FSDP_CONFIG.move_params_to_cpu=True", "config.TEST_MODEL=False"},
                 "", 8);
-  const auto fsdp_need = swav::host_memory_need(*planned(fsdp), fsdp, data, 8, 8, true);
-  const auto offload_need = swav::host_memory_need(*planned(offload), offload, data, 8, 8, true);
+  const auto fsdp_need = swav::host_memory_need(*planned(fsdp), fsdp, data, 8, 8, true, false);
+  const auto offload_need =
+      swav::host_memory_need(*planned(offload), offload, data, 8, 8, true, false);
   CHECK(offload_need.local_states >= fsdp_need.local_states * 9 / 10);  // moved, not gone
   // Under fsdp a rank holds more in a smaller world: the ranks suggested are re-planned there.
   const std::int64_t available = fsdp_need.local_states / 2;
@@ -1036,26 +1037,61 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   CHECK(states_at(fit) <= available);
   CHECK(states_at(fit + 1) > available);
 
-  // The raw-pixel kNN: every rank builds the bank's and the test images' pixels as floats. Six
-  // grey 8 x 8 images in each split, 12 x 64 x 4 = 3072 bytes a rank, two ranks: within 5000
-  // bytes a bank of three images fits beside the six test images.
+  // The raw-pixel kNN: the bank's pixels as floats once per process, each rank's share of the
+  // test images'. Six grey 8 x 8 images in each split, 64 floats (256 bytes) an image; two ranks
+  // as threads hold the bank once and three test images each: 12 x 256 = 3072 bytes. Within
+  // 2500 bytes a bank of three images fits beside the six test images.
   const auto tested = config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=2"});
   swav::Datasets small;
   small.train = random_images(6, 8);
   small.test = random_images(6, 8);
   small.bank_size = 6;
+  CHECK(swav::check_ranks_fit(tested, small, 2, 2, false, false, 3072).knn_local == 3072);
   try {
-    swav::check_ranks_fit(tested, small, 2, 2, false, false, 5000);
+    swav::check_ranks_fit(tested, small, 2, 2, false, false, 2500);
     FAIL("the raw-pixel kNN's floats were not checked");
   } catch (const swav::ConfigError& e) {
     CHECK(std::string(e.what()) ==
           "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = -1: 2 ranks as threads of this process "
-          "would each hold, for the raw-pixel kNN, the memory bank's 6 and the 6 test images as "
-          "64 floats each: 0.00 GB with the model states, and this machine has 0.00 GB "
-          "available; set MEMORY_BANK_LIMIT to at most 3, or TEST_MODEL to False");
+          "would hold, for the raw-pixel kNN, the memory bank's 6 images (one copy, shared) and "
+          "their shares of the 6 test images, as 64 floats an image: 0.00 GB with the model "
+          "states, and this machine has 0.00 GB available; set MEMORY_BANK_LIMIT to at most 3, "
+          "or TEST_MODEL to False");
   }
+  // Two processes launched side by side hold a bank each: 4608 bytes.
+  try {
+    swav::check_ranks_fit(tested, small, 2, 2, false, true, 4000);
+    FAIL("the launched processes' banks were not checked");
+  } catch (const swav::ConfigError& e) {
+    CHECK(std::string(e.what()).find("2 ranks launched on this machine would hold, for the "
+                                     "raw-pixel kNN, the memory bank's 6 images (a copy a "
+                                     "process)") != std::string::npos);
+    CHECK(std::string(e.what()).find("set MEMORY_BANK_LIMIT to at most 4,") != std::string::npos);
+  }
+  CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, true, 4608));
   small.bank_size = 3;
-  CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, false, 5000));
+  CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, false, 2500));
+}
+
+TEST_CASE("the raw-pixel kNN's memory bank is made once per process and goes with its last user") {
+  swav::Datasets data;
+  int made = 0;
+  const auto make = [&] {
+    ++made;
+    return std::vector<float>(16, 1.0f);
+  };
+  auto first = data.raw_bank->get(make);
+  swav::Datasets copy = data;  // (the ranks' view of the same data)
+  auto second = copy.raw_bank->get(make);
+  CHECK(made == 1);
+  CHECK(first.get() == second.get());
+  first.reset();
+  CHECK(data.raw_bank->get(make).get() == second.get());
+  second.reset();
+  CHECK(made == 1);
+  CHECK(data.raw_bank->values.expired());  // the last user let go: the floats are freed
+  CHECK(data.raw_bank->get(make)->size() == 16);
+  CHECK(made == 2);
 }
 
 TEST_CASE("before the ranks start: each CPU rank's step, measured, against the host memory") {
@@ -1902,6 +1938,11 @@ TEST_CASE(
             swav::knn_correct(bank, bank_labels, queries, query_labels, dim, 77, count, k, sigma,
                               one) ==
         right);
+  // A rank's share alone, held from its first query on: the same count.
+  const std::vector<float> share(queries.begin() + 77 * dim, queries.end());
+  CHECK(swav::knn_correct(bank, bank_labels, share, query_labels, dim, 77, count, k, sigma, two, 10,
+                          77) ==
+        swav::knn_correct(bank, bank_labels, queries, query_labels, dim, 77, count, k, sigma, one));
   // k larger than the bank: every row votes.
   const std::vector<float> small_bank(bank.begin(), bank.begin() + 5 * dim);
   const std::vector<std::int32_t> small_labels(bank_labels.begin(), bank_labels.begin() + 5);
