@@ -16,6 +16,14 @@
 
 namespace swav {
 
+// One rank: this process's, on a context and communicator it made before (a launched CPU
+// process checks the config with them first: launched_checks.hpp).
+inline RunReport train_rank(const SwavConfig& config, const Datasets& data, sk::Context& ctx,
+                            sk::comm::Communicator& comm) {
+  SwavTrainer trainer(config, ctx, comm, data, stdout);
+  return trainer.run();
+}
+
 inline RunReport train_ranks(const SwavConfig& config, const Datasets& data,
                              const sk::comm::LaunchInfo& launch, int world,
                              const sk::comm::RunRanksOptions& local_ranks,
@@ -23,8 +31,7 @@ inline RunReport train_ranks(const SwavConfig& config, const Datasets& data,
   RunReport report;
   std::mutex lock;
   auto body = [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    SwavTrainer trainer(config, ctx, comm, data, stdout);
-    auto r = trainer.run();
+    auto r = train_rank(config, data, ctx, comm);
     std::lock_guard guard(lock);
     if (comm.rank() == 0) report = std::move(r);
   };

@@ -10,9 +10,12 @@
 #include <cstdint>
 #include <exception>
 #include <new>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "datasets.hpp"
+#include "launched_checks.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
@@ -50,19 +53,19 @@ inline std::int64_t step_transient_bytes(const SwavConfig& c, const Datasets& da
   return bytes;
 }
 
-// The step's bytes as a line in the batch, for a rank of `world` ranks as threads of this
-// process: measured at 2 and 4 images, and at 8 where the config's batch is 8 or more (the line
-// through the last two; profile_activations); an empty profile where the training set holds
-// fewer than 4 images. That is 14 images' forward and backward on
-// one rank: on the 2-core Xeon about 20 s for VISSL's ResNet-50 with 2 x 224 + 6 x 96 crops on 2
-// threads, 7 s for its ResNet-18 on 1, under 0.1 s for the quick config. A step that does not fit
-// in memory even there is refused as the config's problem.
+// The step's bytes as a line in the batch, for a rank of `threads` CPU threads (a rank's share
+// of the cores: sk::comm::cpu_threads_per_rank for ranks as threads, sk::default_cpu_threads
+// for a launched process): measured at 2 and 4 images, and at 8 where the config's batch is 8 or
+// more (the line through the last two; profile_activations); an empty profile where the
+// training set holds fewer than 4 images. That is 14 images' forward and backward on one rank:
+// on the 2-core Xeon about 20 s for VISSL's ResNet-50 with 2 x 224 + 6 x 96 crops on 2 threads,
+// 7 s for its ResNet-18 on 1, under 0.1 s for the quick config. A step that does not fit in
+// memory even there is refused as the config's problem.
 inline sk::parallel::ActivationProfile measure_step_memory(const SwavConfig& c,
-                                                           const Datasets& data, int world) {
+                                                           const Datasets& data, int threads) {
   const std::int64_t most =
       std::min<std::int64_t>(std::clamp<std::int64_t>(c.batch_size, 4, 8), data.train.count);
   if (most < 4) return {};
-  const int threads = sk::comm::cpu_threads_per_rank(world);
   try {
     return sk::parallel::profile_activations(
         [&](std::int64_t batch) { return step_transient_bytes(c, data, batch, threads); }, 2, most);
@@ -75,6 +78,32 @@ inline sk::parallel::ActivationProfile measure_step_memory(const SwavConfig& c,
                       "out of memory (" +
                       e.what() + "); use a smaller model or crops, or a machine with more memory");
   }
+}
+
+// measure_step_memory on rank 0 of `comm` (processes launched side by side), on `threads` CPU
+// threads (a process's), its line given to every rank: measured by every process at once, the
+// steps would compete for the cores and the memory they are measured in. Rank 0's refusal (the
+// step did not fit in memory) is rethrown there and is a RefusedElsewhere on the others.
+inline sk::parallel::ActivationProfile measure_step_memory_once(const SwavConfig& c,
+                                                                const Datasets& data, int threads,
+                                                                sk::Context& ctx,
+                                                                sk::comm::Communicator& comm) {
+  // [state, fixed bytes, bytes an image]: state 1 measured, 2 refused; the other ranks add 0.
+  std::vector<double> line(3, 0.0);
+  std::exception_ptr refused;
+  if (comm.rank() == 0) {
+    try {
+      const auto profile = measure_step_memory(c, data, threads);
+      line = {1, profile.fixed_bytes, profile.bytes_per_sample};
+    } catch (const ConfigError&) {
+      refused = std::current_exception();
+      line = {2, 0, 0};
+    }
+  }
+  all_reduce_host(ctx, comm, std::span<double>(line), sk::comm::ReduceOp::sum);
+  if (refused) std::rethrow_exception(refused);
+  if (line[0] == 2) throw RefusedElsewhere(0);
+  return {.fixed_bytes = line[1], .bytes_per_sample = line[2]};
 }
 
 }  // namespace swav

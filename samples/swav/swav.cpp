@@ -15,10 +15,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "command_line.hpp"
+#include "launched_checks.hpp"
 #include "ranks.hpp"
 #include "shardkit/comm/recorder_dump.hpp"
 #include "shardkit/ops/cpu_backend.hpp"
@@ -145,16 +147,33 @@ int main(int argc, char** argv) {
       std::printf(
           "data: %s; read in %.1f s\n", data.description.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
-    // Ranks as threads: a CPU rank's step is measured on this machine (one rank's first step at
-    // a few batches). Launched processes are not measured: each would measure at once, and
-    // read what is available at its own moment, and one refusing alone would leave the others
-    // waiting for it at their rendezvous.
+    // A CPU rank's step is measured on this machine (one rank's first step at a few batches)
+    // before the ranks start. CPU processes launched side by side (mpirun) make their context
+    // and communicator first: rank 0 measures while the others wait, each process checks its
+    // own machine with rank 0's figures, and a refusal by one is the refusal of all
+    // (launched_checks.hpp). (GPU ranks' steps are in device memory: not measured.)
     const int local_ranks = launched ? local_processes : world;
     const std::int64_t available = swav::available_host_memory();
+    std::unique_ptr<sk::Context> process_ctx;
+    std::unique_ptr<sk::comm::Communicator> process_comm;
     swav::StepMeasure measure;
-    if (!launched) measure = [&] { return swav::measure_step_memory(config, data, world); };
+    if (!launched && !gpu) {
+      measure = [&] {
+        return swav::measure_step_memory(config, data, sk::comm::cpu_threads_per_rank(world));
+      };
+    } else if (launched && !gpu) {
+      process_ctx = std::make_unique<sk::Context>(sk::ContextOptions{.seed = config.seed});
+      process_comm = sk::comm::make_communicator(*process_ctx);
+      const auto step = swav::measure_step_memory_once(config, data, sk::default_cpu_threads(),
+                                                       *process_ctx, *process_comm);
+      measure = [step] { return step; };
+    }
+    const auto check = [&] {
+      return swav::check_ranks_fit(config, data, world, local_ranks, !gpu, launched, available,
+                                   measure);
+    };
     const auto need =
-        swav::check_ranks_fit(config, data, world, local_ranks, !gpu, launched, available, measure);
+        process_comm ? swav::agreed_check(*process_ctx, *process_comm, check) : check();
     if (lead && need.step_per_rank > 0)
       std::printf(
           "host memory: about %.1f MB a rank as it steps -- model states %.1f MB (the most loaded "
@@ -170,7 +189,9 @@ int main(int argc, char** argv) {
 #if SK_WITH_CUDA
     if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);
 #endif
-    if (!gpu)
+    if (process_comm)
+      report = swav::train_rank(config, data, *process_ctx, *process_comm);
+    else if (!gpu)
       report = swav::train_ranks(config, data, launch, world, {},
                                  sk::ContextOptions{.seed = config.seed});
     if (!lead) return 0;
@@ -192,6 +213,9 @@ int main(int argc, char** argv) {
     print_knn_table(report);
     if (config.plot_metrics) plot_metrics(config);
     return 0;
+  } catch (const swav::RefusedElsewhere& e) {  // (said by the refusing rank; once more by 0)
+    if (sk::comm::detect_launch().rank == 0) std::fprintf(stderr, "swav: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "swav: %s\n", e.what());
     return 1;

@@ -17,6 +17,7 @@
 #include "command_line.hpp"
 #include "datasets.hpp"
 #include "knn.hpp"
+#include "launched_checks.hpp"
 #include "loader.hpp"
 #include "multicrop.hpp"
 #include "rank_setup.hpp"
@@ -1071,6 +1072,40 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, true, 4608));
   small.bank_size = 3;
   CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, false, 2500));
+}
+
+TEST_CASE(
+    "processes launched side by side agree on the config's verdict: one refusal refuses all") {
+  // Ranks 1 and 2 of 4 refuse: rank 1 says why, every other rank names it; none goes on.
+  std::mutex lock;
+  std::vector<std::string> said(4);
+  sk::comm::run_ranks(4, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    std::string what;
+    try {
+      swav::agreed_check(ctx, comm, [&] {
+        if (comm.rank() == 1 || comm.rank() == 2)
+          throw swav::ConfigError("rank " + std::to_string(comm.rank()) + "'s own refusal");
+        return 7;
+      });
+      what = "went on";
+    } catch (const swav::RefusedElsewhere& e) {
+      what = std::string("elsewhere: ") + e.what() + " / " + std::to_string(e.refusing_rank);
+    } catch (const swav::ConfigError& e) {
+      what = e.what();
+    }
+    std::lock_guard guard(lock);
+    said[static_cast<std::size_t>(comm.rank())] = what;
+  });
+  const std::string elsewhere =
+      "elsewhere: rank 1 refused the config (its message above); no rank started / 1";
+  CHECK(said[0] == elsewhere);
+  CHECK(said[1] == "rank 1's own refusal");
+  CHECK(said[2] == elsewhere);
+  CHECK(said[3] == elsewhere);
+  // No refusal: each rank's own result.
+  sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    CHECK(swav::agreed_check(ctx, comm, [&] { return comm.rank() * 10; }) == comm.rank() * 10);
+  });
 }
 
 TEST_CASE("the raw-pixel kNN's memory bank is made once per process and goes with its last user") {
