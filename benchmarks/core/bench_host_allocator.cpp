@@ -10,12 +10,15 @@
 //   segments:   HostAllocator, the library's: blocks under 64 KiB cached by size, larger ones
 //               carved out of 64 MiB segments (best fit, split, merged when freed);
 //   size_lists: the same cache for every size (what HostAllocator was until 2026-12-05, and what
-//               PinnedHostAllocator still is), with the same 2 GiB bound;
+//               PinnedHostAllocator still is), with HostAllocator's 2 GiB bound;
 //   glibc:      64-byte-aligned operator new and delete, nothing cached (the peer: what a
-//               library without a cache of its own gets).
+//               library without a cache of its own gets), with glibc's thresholds for mapping
+//               blocks and trimming its heap at their start (glibc_at_start: 128 KiB) and at
+//               the ceiling a process's frees raise them to (glibc_at_ceiling: 32 / 64 MiB).
 // Each allocated block has one byte written per 4 KiB page, as the step writes its outputs: a
 // page given back to the system costs a fault (and a zeroed page) when it is touched again
-// (touch:1); touch:0 times the allocator's own work alone.
+// (touch:1); touch:0 times the allocator's own work and the replay's bookkeeping (a hash map's
+// find, insert and erase per event), which BM_bookkeeping times alone (no allocator at all).
 // Each allocator's replay runs in a process forked for it, from the same state. The model's
 // creation and the first two steps are replayed untimed; then the last step -- the same sizes
 // in the same order as the one before it, which the recording checks -- is replayed again and
@@ -177,9 +180,31 @@ class SizeListsAllocator final : public sk::CachingHostAllocator {
   }
 };
 
-// glibc's own: nothing kept beside what malloc keeps.
+// No memory at all, every block the same few bytes (never touched): the replay's own cost.
+class NullAllocator final : public sk::Allocator {
+ public:
+  sk::Device device() const override { return sk::Device::cpu(); }
+
+ protected:
+  void* do_allocate(std::size_t) override { return &nothing_; }
+  void do_deallocate(void*, std::size_t) noexcept override {}
+
+ private:
+  alignas(64) char nothing_ = 0;
+};
+
+// glibc's own: nothing kept beside what malloc keeps. glibc maps a block of `mmap_from` bytes
+// or more on its own and unmaps it when freed, and gives the top of its heap back past
+// `trim_from` free bytes. By default both start at 128 KiB and rise as the process frees mapped
+// blocks (to at most 32 and 64 MiB): glibc's behaviour depends on what the process did before,
+// so the replay sets them, at glibc's start and at its ceiling.
+template <std::size_t mmap_from, std::size_t trim_from>
 class GlibcAllocator final : public sk::Allocator {
  public:
+  GlibcAllocator() {
+    mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_from));
+    mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim_from));
+  }
   sk::Device device() const override { return sk::Device::cpu(); }
 
  protected:
@@ -190,6 +215,8 @@ class GlibcAllocator final : public sk::Allocator {
     ::operator delete (pointer, std::align_val_t{64});
   }
 };
+using GlibcAtStart = GlibcAllocator<std::size_t{128} << 10, std::size_t{128} << 10>;
+using GlibcAtCeiling = GlibcAllocator<std::size_t{32} << 20, std::size_t{64} << 20>;
 
 // The resident set of the process that made it, from /proc/self/statm (kept open: read after
 // every allocation).
@@ -231,6 +258,11 @@ void replay(const Trace& trace, std::size_t begin, std::size_t end, std::size_t 
     const Event& e = trace.events[i];
     if (!e.allocate) {
       const auto found = blocks.find(e.block + shift);
+      if (found == blocks.end()) {
+        std::fprintf(stderr, "bench_host_allocator: the trace frees block %zu, not live here\n",
+                     e.block + shift);
+        std::exit(1);
+      }
       allocator.deallocate(found->second.first, e.bytes, sk::MemoryCategory::other);
       blocks.erase(found);
       continue;
@@ -268,8 +300,9 @@ Measured replay_steps(const Trace& trace, bool touch, int steps) {
   replay(trace, 0, last_end, 0, allocator, blocks, touch, &resident, held_peak);
   std::size_t shift = trace.period;
   replay(trace, last_begin, last_end, shift, allocator, blocks, touch, &resident, held_peak);
-  const long faults_before = minor_faults();
   std::vector<double> seconds;
+  seconds.reserve(static_cast<std::size_t>(steps));
+  const long faults_before = minor_faults();
   for (int i = 0; i < steps; ++i) {
     shift += trace.period;
     const auto start = std::chrono::steady_clock::now();
@@ -341,26 +374,20 @@ void BM_replay(benchmark::State& state) {
 
 void BM_segments(benchmark::State& state) { BM_replay<sk::HostAllocator>(state); }
 void BM_size_lists(benchmark::State& state) { BM_replay<SizeListsAllocator>(state); }
-void BM_glibc(benchmark::State& state) { BM_replay<GlibcAllocator>(state); }
+void BM_glibc_at_start(benchmark::State& state) { BM_replay<GlibcAtStart>(state); }
+void BM_glibc_at_ceiling(benchmark::State& state) { BM_replay<GlibcAtCeiling>(state); }
+void BM_bookkeeping(benchmark::State& state) { BM_replay<NullAllocator>(state); }
 
 }  // namespace
 
 // touch:1 writes a byte per page of each block (the step as it is); touch:0 leaves the pages
-// alone: the allocator's own work.
-BENCHMARK(BM_segments)
-    ->ArgName("touch")
-    ->Arg(1)
-    ->Arg(0)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_size_lists)
-    ->ArgName("touch")
-    ->Arg(1)
-    ->Arg(0)
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_glibc)->ArgName("touch")->Arg(1)->Arg(0)->Iterations(1)->UseManualTime()->Unit(
-    benchmark::kMillisecond);
+// alone: the allocator's own work and the replay's bookkeeping, which BM_bookkeeping times alone.
+void each_allocator(benchmark::internal::Benchmark* b) {
+  b->ArgName("touch")->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_segments)->Apply(each_allocator)->Arg(1)->Arg(0);
+BENCHMARK(BM_size_lists)->Apply(each_allocator)->Arg(1)->Arg(0);
+BENCHMARK(BM_glibc_at_start)->Apply(each_allocator)->Arg(1)->Arg(0);
+BENCHMARK(BM_glibc_at_ceiling)->Apply(each_allocator)->Arg(1)->Arg(0);
+BENCHMARK(BM_bookkeeping)->Apply(each_allocator)->Arg(0);
 BENCHMARK_MAIN();

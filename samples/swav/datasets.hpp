@@ -53,8 +53,9 @@ struct Datasets {
   std::shared_ptr<SharedRawBank> raw_bank = std::make_shared<SharedRawBank>();
 };
 
-// How many of the test images each of `world` ranks queries in a kNN evaluation (the last
-// rank's share may be short): rank r takes [r * share, min((r + 1) * share, count)).
+// How many of the test images each of `world` ranks queries in a kNN evaluation at most: rank
+// r takes [min(r * share, count), min((r + 1) * share, count)), so the last ranks' shares may be
+// short or empty (5 images on 4 ranks: 2, 2, 1, 0).
 inline std::int64_t query_share(std::int64_t count, int world) {
   return (count + world - 1) / world;
 }

@@ -1,8 +1,8 @@
 // Processes launched side by side on the CPU (mpirun): one verdict on the config. Each process
 // checks its own machine (check_ranks_fit) -- with a rank's step measured once, by rank 0 while
-// the others wait (step_memory.hpp's measure_step_memory_once) -- and a refusal by any process is
-// the refusal of all: a process refusing alone would leave the others waiting for it in their
-// first collective.
+// the others wait (step_memory.hpp's measure_step_memory_once) -- and a refusal or failure of
+// any process stops all: a process stopping alone would leave the others waiting for it in their
+// next collective.
 #pragma once
 
 #include <exception>
@@ -17,34 +17,44 @@
 
 namespace swav {
 
-// Another rank refused the config; its message is that rank's (said once, by that rank).
+// Another rank stopped before training: it refused the config (a ConfigError) or failed; its
+// message is its own (said once, by that rank).
 struct RefusedElsewhere : ConfigError {
-  explicit RefusedElsewhere(int rank)
+  RefusedElsewhere(int rank, bool refused)
       : ConfigError("rank " + std::to_string(rank) +
-                    " refused the config (its message above); no rank started"),
+                    (refused ? " refused the config" : " failed before training") +
+                    " (its message is in the job's output); no rank started"),
         refusing_rank(rank) {}
   int refusing_rank;
 };
 
-// Runs `check` (which refuses with a ConfigError) on every rank of `comm` and agrees on the
-// verdict: the lowest refusing rank rethrows its refusal, the others throw RefusedElsewhere.
-// What `check` returns where no rank refused.
-template <class Check>
-auto agreed_check(sk::Context& ctx, sk::comm::Communicator& comm, Check&& check) {
-  decltype(check()) result{};
-  std::exception_ptr refused;
+// Runs `fn` on every rank of `comm` and agrees on how it ended: where any rank threw, the
+// lowest such rank rethrows its exception and the others throw RefusedElsewhere naming it, so
+// that no rank goes on to a collective the others will not make. What `fn` returns where none
+// threw.
+template <class Fn>
+auto agreed(sk::Context& ctx, sk::comm::Communicator& comm, Fn&& fn) {
+  decltype(fn()) result{};
+  std::exception_ptr stopped;
+  bool refused = false;
   try {
-    result = check();
+    result = fn();
   } catch (const ConfigError&) {
-    refused = std::current_exception();
+    stopped = std::current_exception();
+    refused = true;
+  } catch (...) {
+    stopped = std::current_exception();
   }
-  // The lowest refusing rank r as the largest size - r (0 from the ranks that did not refuse).
-  std::vector<double> lowest{refused ? double(comm.size() - comm.rank()) : 0.0};
-  all_reduce_host(ctx, comm, std::span<double>(lowest), sk::comm::ReduceOp::max);
-  const int first = comm.size() - static_cast<int>(lowest[0]);
-  if (first == comm.rank()) std::rethrow_exception(refused);
-  if (first < comm.size()) throw RefusedElsewhere(first);
-  return result;
+  // The lowest stopping rank r as the largest 2 (size - r) + (1 where it refused the config); 0
+  // from the ranks that went through.
+  std::vector<double> code{stopped ? 2.0 * (comm.size() - comm.rank()) + (refused ? 1.0 : 0.0)
+                                   : 0.0};
+  all_reduce_host(ctx, comm, std::span<double>(code), sk::comm::ReduceOp::max);
+  if (code[0] == 0) return result;
+  const int coded = static_cast<int>(code[0]);
+  const int first = comm.size() - coded / 2;
+  if (first == comm.rank()) std::rethrow_exception(stopped);
+  throw RefusedElsewhere(first, coded % 2 == 1);
 }
 
 }  // namespace swav

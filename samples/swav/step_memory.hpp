@@ -83,27 +83,22 @@ inline sk::parallel::ActivationProfile measure_step_memory(const SwavConfig& c,
 // measure_step_memory on rank 0 of `comm` (processes launched side by side), on `threads` CPU
 // threads (a process's), its line given to every rank: measured by every process at once, the
 // steps would compete for the cores and the memory they are measured in. Rank 0's refusal (the
-// step did not fit in memory) is rethrown there and is a RefusedElsewhere on the others.
+// step did not fit in memory) or failure is rethrown there and is a RefusedElsewhere on the
+// others (launched_checks.hpp's agreed).
 inline sk::parallel::ActivationProfile measure_step_memory_once(const SwavConfig& c,
                                                                 const Datasets& data, int threads,
                                                                 sk::Context& ctx,
                                                                 sk::comm::Communicator& comm) {
-  // [state, fixed bytes, bytes an image]: state 1 measured, 2 refused; the other ranks add 0.
-  std::vector<double> line(3, 0.0);
-  std::exception_ptr refused;
-  if (comm.rank() == 0) {
-    try {
-      const auto profile = measure_step_memory(c, data, threads);
-      line = {1, profile.fixed_bytes, profile.bytes_per_sample};
-    } catch (const ConfigError&) {
-      refused = std::current_exception();
-      line = {2, 0, 0};
+  std::vector<double> line = agreed(ctx, comm, [&] {
+    std::vector<double> measured(3, 0.0);  // (0 from the other ranks)
+    if (comm.rank() == 0) {
+      const auto p = measure_step_memory(c, data, threads);
+      measured = {p.fixed_bytes, p.bytes_per_sample, p.floor_bytes};
     }
-  }
-  all_reduce_host(ctx, comm, std::span<double>(line), sk::comm::ReduceOp::sum);
-  if (refused) std::rethrow_exception(refused);
-  if (line[0] == 2) throw RefusedElsewhere(0);
-  return {.fixed_bytes = line[1], .bytes_per_sample = line[2]};
+    return measured;
+  });
+  all_reduce_host(ctx, comm, std::span<double>(line), sk::comm::ReduceOp::sum);  // rank 0's
+  return {.fixed_bytes = line[0], .bytes_per_sample = line[1], .floor_bytes = line[2]};
 }
 
 }  // namespace swav

@@ -148,32 +148,36 @@ int main(int argc, char** argv) {
           "data: %s; read in %.1f s\n", data.description.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
     // A CPU rank's step is measured on this machine (one rank's first step at a few batches)
-    // before the ranks start. CPU processes launched side by side (mpirun) make their context
-    // and communicator first: rank 0 measures while the others wait, each process checks its
-    // own machine with rank 0's figures, and a refusal by one is the refusal of all
-    // (launched_checks.hpp). (GPU ranks' steps are in device memory: not measured.)
+    // before the ranks start, once their states and shapes fit. CPU processes launched side by
+    // side (mpirun) make their context and communicator first and agree on each verdict: the
+    // states, shapes and kNN checked by every process, then the step measured by rank 0 while
+    // the others wait, then each process's machine checked with rank 0's figures; a refusal by
+    // one is the refusal of all (launched_checks.hpp). (GPU ranks' steps are in device memory:
+    // not measured.)
     const int local_ranks = launched ? local_processes : world;
     const std::int64_t available = swav::available_host_memory();
-    std::unique_ptr<sk::Context> process_ctx;
-    std::unique_ptr<sk::comm::Communicator> process_comm;
-    swav::StepMeasure measure;
-    if (!launched && !gpu) {
-      measure = [&] {
-        return swav::measure_step_memory(config, data, sk::comm::cpu_threads_per_rank(world));
-      };
-    } else if (launched && !gpu) {
-      process_ctx = std::make_unique<sk::Context>(sk::ContextOptions{.seed = config.seed});
-      process_comm = sk::comm::make_communicator(*process_ctx);
-      const auto step = swav::measure_step_memory_once(config, data, sk::default_cpu_threads(),
-                                                       *process_ctx, *process_comm);
-      measure = [step] { return step; };
-    }
-    const auto check = [&] {
+    const auto check = [&](const swav::StepMeasure& measure) {
       return swav::check_ranks_fit(config, data, world, local_ranks, !gpu, launched, available,
                                    measure);
     };
-    const auto need =
-        process_comm ? swav::agreed_check(*process_ctx, *process_comm, check) : check();
+    std::unique_ptr<sk::Context> process_ctx;
+    std::unique_ptr<sk::comm::Communicator> process_comm;
+    swav::HostMemoryNeed need;
+    if (!launched) {
+      need = check([&] {
+        return swav::measure_step_memory(config, data, sk::comm::cpu_threads_per_rank(world));
+      });
+    } else if (!gpu) {
+      process_ctx = std::make_unique<sk::Context>(sk::ContextOptions{.seed = config.seed});
+      process_comm = sk::comm::make_communicator(*process_ctx);
+      need = swav::agreed(*process_ctx, *process_comm, [&] { return check({}); });
+      const auto step = swav::measure_step_memory_once(config, data, sk::default_cpu_threads(),
+                                                       *process_ctx, *process_comm);
+      need =
+          swav::agreed(*process_ctx, *process_comm, [&] { return check([step] { return step; }); });
+    } else {
+      need = check({});
+    }
     if (lead && need.step_per_rank > 0)
       std::printf(
           "host memory: about %.1f MB a rank as it steps -- model states %.1f MB (the most loaded "
@@ -189,9 +193,12 @@ int main(int argc, char** argv) {
 #if SK_WITH_CUDA
     if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);
 #endif
-    if (process_comm)
+    if (process_comm) {
       report = swav::train_rank(config, data, *process_ctx, *process_comm);
-    else if (!gpu)
+      // (MPI finalised now, as the ranks end, not after rank 0's report and plot)
+      process_comm.reset();
+      process_ctx.reset();
+    } else if (!gpu)
       report = swav::train_ranks(config, data, launch, world, {},
                                  sk::ContextOptions{.seed = config.seed});
     if (!lead) return 0;
@@ -213,7 +220,7 @@ int main(int argc, char** argv) {
     print_knn_table(report);
     if (config.plot_metrics) plot_metrics(config);
     return 0;
-  } catch (const swav::RefusedElsewhere& e) {  // (said by the refusing rank; once more by 0)
+  } catch (const swav::RefusedElsewhere& e) {  // (said by the stopping rank; named by rank 0)
     if (sk::comm::detect_launch().rank == 0) std::fprintf(stderr, "swav: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {

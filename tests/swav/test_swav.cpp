@@ -1074,38 +1074,50 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, false, 2500));
 }
 
-TEST_CASE(
-    "processes launched side by side agree on the config's verdict: one refusal refuses all") {
-  // Ranks 1 and 2 of 4 refuse: rank 1 says why, every other rank names it; none goes on.
+TEST_CASE("processes launched side by side agree on how the checks ended: one stops all") {
+  // Ranks 2 and 3 of 4 refuse, rank 1 fails otherwise: rank 1's exception is rethrown there,
+  // every other rank names it; none goes on.
   std::mutex lock;
   std::vector<std::string> said(4);
-  sk::comm::run_ranks(4, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    std::string what;
-    try {
-      swav::agreed_check(ctx, comm, [&] {
-        if (comm.rank() == 1 || comm.rank() == 2)
-          throw swav::ConfigError("rank " + std::to_string(comm.rank()) + "'s own refusal");
-        return 7;
-      });
-      what = "went on";
-    } catch (const swav::RefusedElsewhere& e) {
-      what = std::string("elsewhere: ") + e.what() + " / " + std::to_string(e.refusing_rank);
-    } catch (const swav::ConfigError& e) {
-      what = e.what();
-    }
-    std::lock_guard guard(lock);
-    said[static_cast<std::size_t>(comm.rank())] = what;
-  });
-  const std::string elsewhere =
-      "elsewhere: rank 1 refused the config (its message above); no rank started / 1";
-  CHECK(said[0] == elsewhere);
-  CHECK(said[1] == "rank 1's own refusal");
-  CHECK(said[2] == elsewhere);
-  CHECK(said[3] == elsewhere);
-  // No refusal: each rank's own result.
+  const auto run = [&](int failing, int refusing_from) {
+    sk::comm::run_ranks(4, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      std::string what;
+      try {
+        swav::agreed(ctx, comm, [&] {
+          if (comm.rank() == failing)
+            throw sk::IoError("rank " + std::to_string(failing) + " failed");
+          if (comm.rank() >= refusing_from)
+            throw swav::ConfigError("rank " + std::to_string(comm.rank()) + "'s own refusal");
+          return 7;
+        });
+        what = "went on";
+      } catch (const swav::RefusedElsewhere& e) {
+        what = std::string("elsewhere: ") + e.what() + " / " + std::to_string(e.refusing_rank);
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      std::lock_guard guard(lock);
+      said[static_cast<std::size_t>(comm.rank())] = what;
+    });
+  };
+  run(1, 2);
+  const std::string failed =
+      "elsewhere: rank 1 failed before training (its message is in the job's output); no rank "
+      "started / 1";
+  CHECK(said == std::vector<std::string>{failed, "rank 1 failed", failed, failed});
+  run(-1, 2);
+  const std::string refused =
+      "elsewhere: rank 2 refused the config (its message is in the job's output); no rank "
+      "started / 2";
+  CHECK(said == std::vector<std::string>{refused, refused, "rank 2's own refusal", refused});
+  // None stops: each rank's own result.
+  std::vector<int> results(3);
   sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    CHECK(swav::agreed_check(ctx, comm, [&] { return comm.rank() * 10; }) == comm.rank() * 10);
+    const int r = swav::agreed(ctx, comm, [&] { return comm.rank() * 10; });
+    std::lock_guard guard(lock);
+    results[static_cast<std::size_t>(comm.rank())] = r;
   });
+  CHECK(results == std::vector<int>{0, 10, 20});
 }
 
 TEST_CASE("the raw-pixel kNN's memory bank is made once per process and goes with its last user") {
