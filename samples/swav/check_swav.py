@@ -211,7 +211,9 @@ def main():
         if layers != [("res5", "256"), ("res5avg", "64")] * 2 or knn["ddp"] != knn["fsdp"]:
             raise SystemExit(f"FAIL: kNN feature sets: ddp {knn['ddp']}, fsdp {knn['fsdp']}")
         # The network at initialisation on 1, 2 and 3 ranks (61 test images in batches of 8:
-        # padded shares, a short last batch): the same figures, so every rank's rows land in place.
+        # padded shares, a short last batch): the same figures, so every rank's rows land in place;
+        # and the raw pixels' beside them (each rank's share of the queries made alone, the
+        # bank's floats shared by the ranks).
         uneven = ['config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP='
                   '[["res5", ["Identity", []]], ["res4", ["AvgPool2d", [[2, 2], 2, 0]]]]',
                   "config.DATA.TEST.DATA_LIMIT=61", "config.DATA.TEST.BATCHSIZE_PER_REPLICA=8",
@@ -221,8 +223,8 @@ def main():
         for world in (1, 2, 3):
             _, output = run(swav, os.path.join(work, f"knn_world{world}"),
                             uneven + [f"config.DISTRIBUTED.NUM_PROC_PER_NODE={world}"])
-            by_world[world] = re.findall(r"kNN top-1 on 61 test images, (res\S*) [^:]*: ([0-9.]+)%",
-                                         output)
+            by_world[world] = re.findall(r"kNN top-1 on 61 test images, (res\S*) [^:]*: ([0-9.]+)% "
+                                         r"\(raw pixels ([0-9.]+)%\)", output)
         print(f"kNN at initialisation on 1, 2, 3 ranks: {by_world[1]}")
         if len(by_world[1]) != 4 or not by_world[1] == by_world[2] == by_world[3]:
             raise SystemExit(f"FAIL: kNN differs between world sizes: {by_world}")
