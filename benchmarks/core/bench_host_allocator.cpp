@@ -13,12 +13,14 @@
 //               PinnedHostAllocator still is), with HostAllocator's 2 GiB bound;
 //   glibc:      64-byte-aligned operator new and delete, nothing cached (the peer: what a
 //               library without a cache of its own gets), with glibc's thresholds for mapping
-//               blocks and trimming its heap at their start (glibc_at_start: 128 KiB) and at
-//               the ceiling a process's frees raise them to (glibc_at_ceiling: 32 / 64 MiB).
+//               blocks and trimming its heap fixed (mallopt, which stops their rise) at their
+//               defaults (glibc_fixed_default: 128 KiB) and at the ceiling a process's frees can
+//               raise them to (glibc_fixed_ceiling: 32 / 64 MiB).
 // Each allocated block has one byte written per 4 KiB page, as the step writes its outputs: a
 // page given back to the system costs a fault (and a zeroed page) when it is touched again
 // (touch:1); touch:0 times the allocator's own work and the replay's bookkeeping (a hash map's
-// find, insert and erase per event), which BM_bookkeeping times alone (no allocator at all).
+// insert per allocation, find and erase per free), which BM_bookkeeping times alone (no
+// allocator at all).
 // Each allocator's replay runs in a process forked for it, from the same state. The model's
 // creation and the first two steps are replayed untimed; then the last step -- the same sizes
 // in the same order as the one before it, which the recording checks -- is replayed again and
@@ -180,7 +182,8 @@ class SizeListsAllocator final : public sk::CachingHostAllocator {
   }
 };
 
-// No memory at all, every block the same few bytes (never touched): the replay's own cost.
+// No memory at all, every block the same byte (never touched: touch:0 only): the replay's own
+// cost.
 class NullAllocator final : public sk::Allocator {
  public:
   sk::Device device() const override { return sk::Device::cpu(); }
@@ -197,13 +200,17 @@ class NullAllocator final : public sk::Allocator {
 // or more on its own and unmaps it when freed, and gives the top of its heap back past
 // `trim_from` free bytes. By default both start at 128 KiB and rise as the process frees mapped
 // blocks (to at most 32 and 64 MiB): glibc's behaviour depends on what the process did before,
-// so the replay sets them, at glibc's start and at its ceiling.
+// so the replay fixes them (mallopt, which also stops their rise), at their defaults and at
+// that ceiling. A process's own settle in between, at about its largest block freed.
 template <std::size_t mmap_from, std::size_t trim_from>
 class GlibcAllocator final : public sk::Allocator {
  public:
-  GlibcAllocator() {
-    mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_from));
-    mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim_from));
+  GlibcAllocator() {  // (in the replay's process)
+    if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_from)) != 1 ||
+        mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim_from)) != 1) {
+      std::fprintf(stderr, "bench_host_allocator: glibc refused the thresholds\n");
+      _exit(1);
+    }
   }
   sk::Device device() const override { return sk::Device::cpu(); }
 
@@ -215,8 +222,8 @@ class GlibcAllocator final : public sk::Allocator {
     ::operator delete (pointer, std::align_val_t{64});
   }
 };
-using GlibcAtStart = GlibcAllocator<std::size_t{128} << 10, std::size_t{128} << 10>;
-using GlibcAtCeiling = GlibcAllocator<std::size_t{32} << 20, std::size_t{64} << 20>;
+using GlibcFixedDefault = GlibcAllocator<std::size_t{128} << 10, std::size_t{128} << 10>;
+using GlibcFixedCeiling = GlibcAllocator<std::size_t{32} << 20, std::size_t{64} << 20>;
 
 // The resident set of the process that made it, from /proc/self/statm (kept open: read after
 // every allocation).
@@ -261,7 +268,7 @@ void replay(const Trace& trace, std::size_t begin, std::size_t end, std::size_t 
       if (found == blocks.end()) {
         std::fprintf(stderr, "bench_host_allocator: the trace frees block %zu, not live here\n",
                      e.block + shift);
-        std::exit(1);
+        _exit(1);  // (in the replay's process: the parent's buffered output is not its to flush)
       }
       allocator.deallocate(found->second.first, e.bytes, sk::MemoryCategory::other);
       blocks.erase(found);
@@ -365,6 +372,10 @@ void BM_replay(benchmark::State& state) {
     state.counters["held_x"] = measured.held / in_use;
     state.counters["faults_per_step"] = measured.faults_per_step;
   }
+  std::size_t pages = 0;  // what the step's touches write: a page of each 4 KiB of its blocks
+  for (std::size_t i = trace.step_begins[kSteps - 1]; i < trace.step_begins[kSteps]; ++i)
+    if (trace.events[i].allocate) pages += (trace.events[i].bytes + kPage - 1) / kPage;
+  if (touch) state.counters["pages_per_step"] = static_cast<double>(pages);
   state.counters["events_per_step"] =
       static_cast<double>(trace.step_begins[kSteps] - trace.step_begins[kSteps - 1]);
   // The replay's time against the real step's, recorded in this run (every hardware thread).
@@ -374,8 +385,8 @@ void BM_replay(benchmark::State& state) {
 
 void BM_segments(benchmark::State& state) { BM_replay<sk::HostAllocator>(state); }
 void BM_size_lists(benchmark::State& state) { BM_replay<SizeListsAllocator>(state); }
-void BM_glibc_at_start(benchmark::State& state) { BM_replay<GlibcAtStart>(state); }
-void BM_glibc_at_ceiling(benchmark::State& state) { BM_replay<GlibcAtCeiling>(state); }
+void BM_glibc_fixed_default(benchmark::State& state) { BM_replay<GlibcFixedDefault>(state); }
+void BM_glibc_fixed_ceiling(benchmark::State& state) { BM_replay<GlibcFixedCeiling>(state); }
 void BM_bookkeeping(benchmark::State& state) { BM_replay<NullAllocator>(state); }
 
 }  // namespace
@@ -387,7 +398,7 @@ void each_allocator(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_segments)->Apply(each_allocator)->Arg(1)->Arg(0);
 BENCHMARK(BM_size_lists)->Apply(each_allocator)->Arg(1)->Arg(0);
-BENCHMARK(BM_glibc_at_start)->Apply(each_allocator)->Arg(1)->Arg(0);
-BENCHMARK(BM_glibc_at_ceiling)->Apply(each_allocator)->Arg(1)->Arg(0);
+BENCHMARK(BM_glibc_fixed_default)->Apply(each_allocator)->Arg(1)->Arg(0);
+BENCHMARK(BM_glibc_fixed_ceiling)->Apply(each_allocator)->Arg(1)->Arg(0);
 BENCHMARK(BM_bookkeeping)->Apply(each_allocator)->Arg(0);
 BENCHMARK_MAIN();

@@ -10,12 +10,9 @@
 #include <cstdint>
 #include <exception>
 #include <new>
-#include <span>
 #include <string>
-#include <vector>
 
 #include "datasets.hpp"
-#include "launched_checks.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
@@ -78,27 +75,6 @@ inline sk::parallel::ActivationProfile measure_step_memory(const SwavConfig& c,
                       "out of memory (" +
                       e.what() + "); use a smaller model or crops, or a machine with more memory");
   }
-}
-
-// measure_step_memory on rank 0 of `comm` (processes launched side by side), on `threads` CPU
-// threads (a process's), its line given to every rank: measured by every process at once, the
-// steps would compete for the cores and the memory they are measured in. Rank 0's refusal (the
-// step did not fit in memory) or failure is rethrown there and is a RefusedElsewhere on the
-// others (launched_checks.hpp's agreed).
-inline sk::parallel::ActivationProfile measure_step_memory_once(const SwavConfig& c,
-                                                                const Datasets& data, int threads,
-                                                                sk::Context& ctx,
-                                                                sk::comm::Communicator& comm) {
-  std::vector<double> line = agreed(ctx, comm, [&] {
-    std::vector<double> measured(3, 0.0);  // (0 from the other ranks)
-    if (comm.rank() == 0) {
-      const auto p = measure_step_memory(c, data, threads);
-      measured = {p.fixed_bytes, p.bytes_per_sample, p.floor_bytes};
-    }
-    return measured;
-  });
-  all_reduce_host(ctx, comm, std::span<double>(line), sk::comm::ReduceOp::sum);  // rank 0's
-  return {.fixed_bytes = line[0], .bytes_per_sample = line[1], .floor_bytes = line[2]};
 }
 
 }  // namespace swav

@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -148,12 +149,8 @@ int main(int argc, char** argv) {
           "data: %s; read in %.1f s\n", data.description.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
     // A CPU rank's step is measured on this machine (one rank's first step at a few batches)
-    // before the ranks start, once their states and shapes fit. CPU processes launched side by
-    // side (mpirun) make their context and communicator first and agree on each verdict: the
-    // states, shapes and kNN checked by every process, then the step measured by rank 0 while
-    // the others wait, then each process's machine checked with rank 0's figures; a refusal by
-    // one is the refusal of all (launched_checks.hpp). (GPU ranks' steps are in device memory:
-    // not measured.)
+    // before the ranks start, once their states and shapes fit. (GPU ranks' steps are in device
+    // memory: not measured.)
     const int local_ranks = launched ? local_processes : world;
     const std::int64_t available = swav::available_host_memory();
     const auto check = [&](const swav::StepMeasure& measure) {
@@ -168,14 +165,42 @@ int main(int argc, char** argv) {
         return swav::measure_step_memory(config, data, sk::comm::cpu_threads_per_rank(world));
       });
     } else if (!gpu) {
+      // CPU processes launched side by side (mpirun): each checks the states, shapes and kNN on
+      // its machine, and rank 0, where they fit (and its memory is known), measures the step on
+      // a process's threads -- measured by every process at once, the steps would compete for
+      // the cores and the memory they are measured in -- before the processes meet: the others
+      // wait for it in MPI's start, which the communicator's timeout does not bound, not in a
+      // collective. Then the processes agree on each outcome (launched_checks.hpp), and each
+      // checks its machine with rank 0's figures; a refusal or failure of one stops all.
+      std::exception_ptr first_check, measuring;
+      std::vector<double> step(3, 0.0);
+      try {
+        check({});
+      } catch (...) {
+        first_check = std::current_exception();
+      }
+      if (launch.rank == 0 && !first_check && available >= 0) {
+        try {
+          const auto p = swav::measure_step_memory(config, data, sk::default_cpu_threads());
+          step = {p.fixed_bytes, p.bytes_per_sample, p.floor_bytes};
+        } catch (...) {
+          measuring = std::current_exception();
+        }
+      }
       process_ctx = std::make_unique<sk::Context>(sk::ContextOptions{.seed = config.seed});
       process_comm = sk::comm::make_communicator(*process_ctx);
-      need = swav::agreed(*process_ctx, *process_comm, [&] { return check({}); });
-      const auto step = swav::measure_step_memory_once(config, data, sk::default_cpu_threads(),
-                                                       *process_ctx, *process_comm);
-      need =
-          swav::agreed(*process_ctx, *process_comm, [&] { return check([step] { return step; }); });
+      swav::agreed(*process_ctx, *process_comm, [&] {
+        if (first_check) std::rethrow_exception(first_check);
+        return 0;
+      });
+      step = swav::from_rank0(*process_ctx, *process_comm, step, measuring);
+      const sk::parallel::ActivationProfile line{step[0], step[1], step[2]};
+      need = swav::agreed(*process_ctx, *process_comm, [&] {
+        return check(line.bytes_per_sample > 0 ? swav::StepMeasure([line] { return line; })
+                                               : swav::StepMeasure());
+      });
     } else {
+      // (launched GPU processes: each refuses alone, and the launcher ends the job)
       need = check({});
     }
     if (lead && need.step_per_rank > 0)
@@ -220,7 +245,7 @@ int main(int argc, char** argv) {
     print_knn_table(report);
     if (config.plot_metrics) plot_metrics(config);
     return 0;
-  } catch (const swav::RefusedElsewhere& e) {  // (said by the stopping rank; named by rank 0)
+  } catch (const swav::StoppedElsewhere& e) {  // (said by the stopping rank; named by rank 0)
     if (sk::comm::detect_launch().rank == 0) std::fprintf(stderr, "swav: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {

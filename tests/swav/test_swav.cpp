@@ -1091,8 +1091,8 @@ TEST_CASE("processes launched side by side agree on how the checks ended: one st
           return 7;
         });
         what = "went on";
-      } catch (const swav::RefusedElsewhere& e) {
-        what = std::string("elsewhere: ") + e.what() + " / " + std::to_string(e.refusing_rank);
+      } catch (const swav::StoppedElsewhere& e) {
+        what = std::string("elsewhere: ") + e.what() + " / " + std::to_string(e.stopped_rank);
       } catch (const std::exception& e) {
         what = e.what();
       }
@@ -1118,6 +1118,31 @@ TEST_CASE("processes launched side by side agree on how the checks ended: one st
     results[static_cast<std::size_t>(comm.rank())] = r;
   });
   CHECK(results == std::vector<int>{0, 10, 20});
+  // Rank 0's values given to every rank (the others pass zeros, or anything); or its failure.
+  std::vector<std::vector<double>> shared(3);
+  sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    const std::vector<double> mine{1.5 + comm.rank(), -2.25, 1e9};
+    auto got = swav::from_rank0(ctx, comm, mine, nullptr);
+    std::lock_guard guard(lock);
+    shared[static_cast<std::size_t>(comm.rank())] = got;
+  });
+  for (const auto& values : shared) CHECK(values == std::vector<double>{1.5, -2.25, 1e9});
+  std::vector<std::string> outcome(3);
+  sk::comm::run_ranks(3, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    std::string what = "shared";
+    try {
+      const auto failed = comm.rank() == 0 ? std::make_exception_ptr(swav::ConfigError("too big"))
+                                           : std::exception_ptr();
+      swav::from_rank0(ctx, comm, {1, 2, 3}, failed);
+    } catch (const swav::StoppedElsewhere& e) {
+      what = "elsewhere " + std::to_string(e.stopped_rank);
+    } catch (const swav::ConfigError& e) {
+      what = e.what();
+    }
+    std::lock_guard guard(lock);
+    outcome[static_cast<std::size_t>(comm.rank())] = what;
+  });
+  CHECK(outcome == std::vector<std::string>{"too big", "elsewhere 0", "elsewhere 0"});
 }
 
 TEST_CASE("the raw-pixel kNN's memory bank is made once per process and goes with its last user") {
