@@ -195,10 +195,9 @@ int main(int argc, char** argv) {
       });
       step = swav::from_rank0(*process_ctx, *process_comm, step, measuring);
       const sk::parallel::ActivationProfile line{step[0], step[1], step[2]};
-      need = swav::agreed(*process_ctx, *process_comm, [&] {
-        return check(line.bytes_per_sample > 0 ? swav::StepMeasure([line] { return line; })
-                                               : swav::StepMeasure());
-      });
+      // (all zeros where rank 0 did not measure: then no step is counted, as with no measure)
+      need =
+          swav::agreed(*process_ctx, *process_comm, [&] { return check([line] { return line; }); });
     } else {
       // (launched GPU processes: each refuses alone, and the launcher ends the job)
       need = check({});
