@@ -92,6 +92,9 @@ struct HostMemoryNeed {
   // (its ranks as threads share it), each rank's share of the test images (the queries are split
   // over the ranks)
   std::int64_t knn_local = 0;
+  std::int64_t knn_row = 0;      // of those, an image's floats (bytes)
+  std::int64_t knn_copies = 0;   // the bank's copies on this machine (its processes)
+  std::int64_t knn_queries = 0;  // the local ranks' shares of the test images (bytes)
   // A CPU rank's step beyond its states at the config's batch, and the line it is read from
   // (0 and empty where not measured: a GPU run, no measurement given, the images or the states
   // not fitting)
@@ -117,10 +120,10 @@ inline HostMemoryNeed host_memory_need(SwavModel& model, const SwavConfig& c, co
                                        int world, int local_ranks, bool cpu, bool launched) {
   HostMemoryNeed need;
   if (c.test_model) {
-    const std::int64_t row = raw_pixel_dim(data, c.crops.size_crops[0]) * 4;
-    const std::int64_t processes = launched ? local_ranks : 1;
-    need.knn_local =
-        (data.bank_size * processes + query_share(data.test.count, world) * local_ranks) * row;
+    need.knn_row = raw_pixel_dim(data, c.crops.size_crops[0]) * 4;
+    need.knn_copies = launched ? local_ranks : 1;
+    need.knn_queries = query_share(data.test.count, world) * local_ranks * need.knn_row;
+    need.knn_local = data.bank_size * need.knn_copies * need.knn_row + need.knn_queries;
   }
   if (!cpu) return need;
   long double sum = 0;
@@ -237,17 +240,16 @@ inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data,
         }
       }
       if (need.local_states + need.knn_local > available) {
-        const std::int64_t row = raw_pixel_dim(data, c.crops.size_crops[0]) * 4;
-        const std::int64_t processes = launched ? local_ranks : 1;
-        const std::int64_t queries = query_share(data.test.count, world) * local_ranks * row;
-        const std::int64_t bank_fits = (available - need.local_states - queries) / processes / row;
+        const std::int64_t bank_fits =
+            (available - need.local_states - need.knn_queries) / need.knn_copies / need.knn_row;
         std::snprintf(figures, sizeof figures,
                       " would hold, for the raw-pixel kNN, the memory bank's %lld images (%s) and "
                       "their shares of the %lld test images, as %lld floats an image: %.2f GB "
                       "with the model states, and this machine has %.2f GB available; ",
                       static_cast<long long>(data.bank_size),
                       launched ? "a copy a process" : "one copy, shared",
-                      static_cast<long long>(data.test.count), static_cast<long long>(row / 4),
+                      static_cast<long long>(data.test.count),
+                      static_cast<long long>(need.knn_row / 4),
                       double(need.local_states + need.knn_local) / 1e9, double(available) / 1e9);
         throw ConfigError(
             "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = " + std::to_string(c.memory_bank_limit) +
