@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -1978,7 +1979,7 @@ std::vector<int> reference_knn(const std::vector<double>& bank,
 
 TEST_CASE(
     "kNN: the weighted vote equals a float64 brute force, on any split of the queries and pool") {
-  // A bank of more rows than one product's chunk (4096) and more queries than one task's block
+  // A bank of more rows than one product's chunk (4080) and more queries than one task's block
   // (128), neither a multiple of it; random unit rows and labels.
   const std::int64_t n = 9001, count = 300, dim = 37;
   const int k = 20;
@@ -2025,6 +2026,55 @@ TEST_CASE(
   for (const int c : small_expected) small_query_labels.push_back(static_cast<std::int32_t>(c));
   CHECK(swav::knn_correct(small_bank, small_labels, queries, small_query_labels, dim, 0, count, k,
                           sigma, two) == count);
+}
+
+TEST_CASE("kNN: a bank's shards' lists merge into the whole bank's, bit for bit, ties included") {
+  // A bank of 9001 random unit rows (two products' chunks of 4080 and a part), a tenth of them
+  // copies of earlier rows (equal similarities: the lists order them by index), 150 queries.
+  const std::int64_t n = 9001, count = 150, dim = 29;
+  const int k = 20;
+  const auto bank64 = unit_rows(81, n, dim), queries64 = unit_rows(82, count, dim);
+  std::vector<float> bank(bank64.begin(), bank64.end());
+  const std::vector<float> queries(queries64.begin(), queries64.end());
+  for (std::int64_t r = 10; r < n; r += 10)  // row r a copy of row r / 10
+    std::copy_n(bank.begin() + r / 10 * dim, dim, bank.begin() + r * dim);
+  sk::ThreadPool pool(2);
+  const auto whole = swav::knn_nearest(bank, 0, queries.data(), count, dim, k, pool);
+  // The whole bank's lists: the k best by similarity, then index, best first.
+  std::int64_t ties = 0;
+  for (std::int64_t q = 0; q < count; ++q)
+    for (int i = 1; i < k; ++i) {
+      const auto at = static_cast<std::size_t>(q * k + i);
+      const float s0 = whole.similarity[at - 1], s1 = whole.similarity[at];
+      CHECK((s0 > s1 || (s0 == s1 && whole.index[at - 1] < whole.index[at])));
+      ties += s0 == s1;
+    }
+  CHECK(ties > 0);  // the copies do tie
+  for (const auto& cuts :
+       {std::vector<std::int64_t>{0, 4000, 9001}, std::vector<std::int64_t>{0, 7, 5000, 9001},
+        std::vector<std::int64_t>{0, 3001, 3001, 6002, 9001}}) {
+    const std::int64_t parts = static_cast<std::int64_t>(cuts.size()) - 1;
+    std::vector<float> similarity;
+    std::vector<std::int64_t> index;
+    for (std::int64_t p = 0; p < parts; ++p) {
+      const std::vector<float> shard(bank.begin() + cuts[p] * dim,
+                                     bank.begin() + cuts[p + 1] * dim);
+      const auto lists = swav::knn_nearest(shard, cuts[p], queries.data(), count, dim, k, pool);
+      similarity.insert(similarity.end(), lists.similarity.begin(), lists.similarity.end());
+      index.insert(index.end(), lists.index.begin(), lists.index.end());
+    }
+    const auto merged = swav::knn_merge(similarity, index, parts, count, k, k);
+    CHECK(merged.index == whole.index);
+    CHECK(std::memcmp(merged.similarity.data(), whole.similarity.data(),
+                      whole.similarity.size() * sizeof(float)) == 0);
+  }
+  // A shard of fewer rows than k pads its lists with -1; the merge skips them.
+  const std::vector<float> three(bank.begin(), bank.begin() + 3 * dim);
+  const auto short_lists = swav::knn_nearest(three, 0, queries.data(), count, dim, k, pool);
+  CHECK(short_lists.index[3] == -1);
+  CHECK(short_lists.index[2] >= 0);
+  const auto merged = swav::knn_merge(short_lists.similarity, short_lists.index, 1, count, k, k);
+  CHECK(merged.index == short_lists.index);
 }
 
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {
