@@ -11,6 +11,7 @@ again at random moments and while a save is in progress, resumes each time from 
 complete checkpoint and ends with the uninterrupted run's parameters (8 kills here, half of
 them during a save; SHARDKIT_KILLS=200 for a long run). And the host memory the trainer estimates
 before its ranks start, against what the process then holds. Usage: check_swav.py path/to/swav"""
+import json
 import os
 import re
 import shutil
@@ -211,23 +212,35 @@ def main():
         if layers != [("res5", "256"), ("res5avg", "64")] * 2 or knn["ddp"] != knn["fsdp"]:
             raise SystemExit(f"FAIL: kNN feature sets: ddp {knn['ddp']}, fsdp {knn['fsdp']}")
         # The network at initialisation on 1, 2 and 3 ranks (61 test images in batches of 8:
-        # padded shares, a short last batch): the same figures, so every rank's rows land in place;
-        # and the raw pixels' beside them (each rank's share of the queries made alone, the
-        # bank's floats shared by the ranks).
+        # padded shares, a short last batch; a bank of 101 images sharded 101 / 51 + 50 /
+        # 34 + 34 + 33, each query's 5 nearest merged from the shards): the same figures, so
+        # every rank's rows land in place; and the raw pixels' beside them (each rank's share of
+        # the queries made alone, the bank's floats shared by the ranks). The exported
+        # embeddings (the bank's shards gathered) are the same bytes.
         uneven = ['config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP='
                   '[["res5", ["Identity", []]], ["res4", ["AvgPool2d", [[2, 2], 2, 0]]]]',
                   "config.DATA.TEST.DATA_LIMIT=61", "config.DATA.TEST.BATCHSIZE_PER_REPLICA=8",
                   "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT=101", "config.MAX_ITERATIONS=0",
-                  "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"]
-        by_world = {}
+                  "config.NEAREST_NEIGHBOR.TOPK=5", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4"]
+        by_world, exported = {}, {}
         for world in (1, 2, 3):
-            _, output = run(swav, os.path.join(work, f"knn_world{world}"),
-                            uneven + [f"config.DISTRIBUTED.NUM_PROC_PER_NODE={world}"])
+            folder = os.path.join(work, f"knn_world{world}")
+            _, output = run(swav, folder,
+                            uneven + [f"config.DISTRIBUTED.NUM_PROC_PER_NODE={world}",
+                                      f"config.NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS={folder}/emb"])
             by_world[world] = re.findall(r"kNN top-1 on 61 test images, (res\S*) [^:]*: ([0-9.]+)% "
                                          r"\(raw pixels ([0-9.]+)%\)", output)
+            with open(os.path.join(folder, "emb", "embeddings.safetensors"), "rb") as f:
+                exported[world] = f.read()
         print(f"kNN at initialisation on 1, 2, 3 ranks: {by_world[1]}")
         if len(by_world[1]) != 4 or not by_world[1] == by_world[2] == by_world[3]:
             raise SystemExit(f"FAIL: kNN differs between world sizes: {by_world}")
+        header = json.loads(exported[1][8:8 + int.from_bytes(exported[1][:8], "little")])
+        shapes = {name: header[name]["shape"] for name in header if name != "__metadata__"}
+        print(f"exported embeddings: {shapes}")
+        if shapes.get("train_features") != [101, 256] or shapes.get("test_features") != [61, 256] \
+                or not exported[1] == exported[2] == exported[3]:
+            raise SystemExit(f"FAIL: exported embeddings differ between world sizes: {shapes}")
         # CPU offload through FairScale's FSDP keys: the same bits as FSDP on the device.
         for key in ("move_grads_to_cpu", "move_params_to_cpu"):
             offloaded, output = run(swav, os.path.join(work, key),

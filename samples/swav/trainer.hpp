@@ -386,19 +386,26 @@ class SwavTrainer {
 
   // --- evaluation ------------------------------------------------------------------------
   // The kNN's features of the first `count` images of `d`, one set per entry of
-  // c_.knn_features (feature_eval.hpp: a trunk layer's output, pooled), on every rank: each
-  // rank runs an equal share (padded) and each batch's rows are all-gathered. Forward hooks on the
-  // trunk's children copy the layers' outputs out, so the forward is the sharded module's own.
-  // Collective (under fsdp every forward is).
+  // c_.knn_features (feature_eval.hpp: a trunk layer's output, pooled): each rank runs an equal
+  // share (padded) and keeps its own rows (Rows::own: the memory bank, sharded over the ranks),
+  // or each batch's rows are all-gathered so that every rank has them all (Rows::all: the
+  // queries). Forward hooks on the trunk's children copy the layers' outputs out, so the forward
+  // is the sharded module's own. Collective (under fsdp every forward is).
   struct FeatureSet {
     std::vector<float> values;  // rows of `dim`
     std::int64_t dim = 0;
+    std::int64_t first = 0;  // the image of the first row
   };
-  std::vector<FeatureSet> features(const sk::data::ImageDataset& d, std::int64_t count) {
+  enum class Rows { own, all };
+  std::vector<FeatureSet> features(const sk::data::ImageDataset& d, std::int64_t count, Rows rows) {
     auto& ctx = *ctx_;
     const int world = comm_->size();
     const std::int64_t share = (count + world - 1) / world;
     const std::int64_t first = comm_->rank() * share;
+    // The rows this rank keeps: [kept_first, kept_first + kept).
+    const std::int64_t kept_first = rows == Rows::all ? 0 : std::min(first, count);
+    const std::int64_t kept =
+        rows == Rows::all ? count : std::min(first + share, count) - kept_first;
     const auto& pools = c_.knn_features;
     std::vector<sk::Tensor> outputs(pools.size());
     HookGuard hooks;
@@ -440,12 +447,18 @@ class SwavTrainer {
                   " gave ", sk::tensor_text(y, "no output"), "; expected [", n, ", C, H, W]");
         const auto host = sk::to_vector<float>(ctx, sk::cast(ctx, y, sk::DType::f32));
         const std::int64_t dim = pools[k].features(y.size(1), y.size(2), y.size(3));
-        if (sets[k].values.empty()) {
+        if (sets[k].dim == 0) {
           sets[k].dim = dim;
-          sets[k].values.resize(static_cast<std::size_t>(world * share * dim));
+          sets[k].first = kept_first;
+          sets[k].values.resize(static_cast<std::size_t>(
+              (rows == Rows::all ? world * share : std::max(kept, share)) * dim));
         }
         pooled.resize(static_cast<std::size_t>(n * dim));
         pools[k].apply(host.data(), n, y.size(1), y.size(2), y.size(3), pooled.data());
+        if (rows == Rows::own) {
+          std::copy(pooled.begin(), pooled.end(), sets[k].values.begin() + b0 * dim);
+          continue;
+        }
         // Every rank's rows of this batch, gathered now: the buffers stay a batch in size
         // (all of a set at once would be the run's peak with spatial features).
         const sk::Tensor local = sk::from_vector(ctx, pooled, {n * dim});
@@ -457,8 +470,31 @@ class SwavTrainer {
                     sets[k].values.begin() + (r * share + b0) * dim);
       }
     }
-    for (auto& set : sets) set.values.resize(static_cast<std::size_t>(count * set.dim));
+    for (auto& set : sets) {
+      set.values.resize(static_cast<std::size_t>(kept * set.dim));
+      set.values.shrink_to_fit();  // (a padded share's rows: the bank's memory is what is kept)
+    }
     return sets;
+  }
+
+  // Every rank's rows of a Rows::own set of `count` images, on every rank, in image order.
+  FeatureSet gathered(const FeatureSet& own, std::int64_t count) {
+    const int world = comm_->size();
+    const std::int64_t share = (count + world - 1) / world;
+    std::vector<std::size_t> counts;
+    for (int r = 0; r < world; ++r) {
+      const std::int64_t first = std::min(r * share, count);
+      counts.push_back(
+          static_cast<std::size_t>((std::min(first + share, count) - first) * own.dim));
+    }
+    FeatureSet all{std::vector<float>(static_cast<std::size_t>(count * own.dim)), own.dim, 0};
+    std::copy(own.values.begin(), own.values.end(), all.values.begin() + own.first * own.dim);
+    if (world > 1) {
+      const sk::Tensor data = sk::from_vector(*ctx_, all.values, {count * own.dim});
+      comm_->all_gather_v(data, counts).wait();
+      all.values = sk::to_vector<float>(*ctx_, data);
+    }
+    return all;
   }
 
   // Removes the hooks it registered when it goes (an exception included).
@@ -541,14 +577,15 @@ class SwavTrainer {
     }
     model_->eval();
     sk::parallel::broadcast_module_buffers(*ctx_, *model_, *comm_);  // rank 0's statistics
-    auto bank = features(d.train, d.bank_size);
-    auto test = features(d.test, d.test.count);
+    // The bank's features sharded over the ranks, the test images' whole on each.
+    auto bank = features(d.train, d.bank_size, Rows::own);
+    auto test = features(d.test, d.test.count, Rows::all);
     model_->train();
     std::vector<double> knn(bank.size());
     for (std::size_t k = 0; k < bank.size(); ++k) {
       l2_normalize_rows(bank[k].values, bank[k].dim);
       l2_normalize_rows(test[k].values, test[k].dim);
-      knn[k] = knn_accuracy(bank[k].values, bank_labels, test[k].values, bank[k].dim);
+      knn[k] = sharded_knn_accuracy(bank[k], bank_labels, test[k]);
       say("%s kNN top-1 on %lld test images, %s (%lld features): %.2f%% (raw pixels %.2f%%)\n",
           when == Evaluation::initial ? "initial network:" : "trunk features:",
           static_cast<long long>(d.test.count), c_.knn_features[k].text().c_str(),
@@ -565,8 +602,9 @@ class SwavTrainer {
       for (const auto& f : c_.knn_features)
         report.knn_features.push_back(by_name ? f.layer : f.text());
     }
-    if (final_eval && !c_.export_dir.empty() && comm_->rank() == 0) {
-      std::filesystem::create_directories(c_.export_dir);
+    if (final_eval && !c_.export_dir.empty()) {
+      // Rank 0 writes; every rank takes part in gathering the bank's shards.
+      const bool writes = comm_->rank() == 0;
       sk::Context host;
       auto labels = [&](const std::vector<std::int32_t>& l) {
         return sk::from_vector(host, std::vector<std::int64_t>(l.begin(), l.end()),
@@ -574,20 +612,26 @@ class SwavTrainer {
       };
       // The headline set as train_features / test_features; any further set with its layer's
       // name appended (train_features_res5, ...).
-      std::vector<sk::checkpoint::NamedBytes> tensors{
-          sk::checkpoint::host_bytes(host, "train_labels", labels(bank_labels)),
-          sk::checkpoint::host_bytes(host, "test_labels", labels(d.test.labels))};
+      std::vector<sk::checkpoint::NamedBytes> tensors;
+      if (writes)
+        tensors = {sk::checkpoint::host_bytes(host, "train_labels", labels(bank_labels)),
+                   sk::checkpoint::host_bytes(host, "test_labels", labels(d.test.labels))};
       for (std::size_t k = 0; k < bank.size(); ++k) {
+        FeatureSet whole = gathered(bank[k], d.bank_size);
+        if (!writes) continue;
         const std::string suffix = k == 0 ? "" : "_" + c_.knn_features[k].layer;
         tensors.push_back(sk::checkpoint::host_bytes(
             host, "train_features" + suffix,
-            sk::from_vector(host, bank[k].values, {d.bank_size, bank[k].dim})));
+            sk::from_vector(host, whole.values, {d.bank_size, whole.dim})));
         tensors.push_back(sk::checkpoint::host_bytes(
             host, "test_features" + suffix,
             sk::from_vector(host, test[k].values, {d.test.count, test[k].dim})));
       }
-      sk::checkpoint::save_safetensors(c_.export_dir + "/embeddings.safetensors", tensors);
-      say("embeddings written to %s/embeddings.safetensors\n", c_.export_dir.c_str());
+      if (writes) {
+        std::filesystem::create_directories(c_.export_dir);
+        sk::checkpoint::save_safetensors(c_.export_dir + "/embeddings.safetensors", tensors);
+        say("embeddings written to %s/embeddings.safetensors\n", c_.export_dir.c_str());
+      }
     }
     return knn[0];
   }
@@ -612,6 +656,60 @@ class SwavTrainer {
         ctx_->cpu_pool(),
         static_cast<int>(std::max(data_->train.num_classes(), data_->test.num_classes())),
         queries_first))};
+    all_reduce_host(*ctx_, *comm_, std::span<double>(correct), sk::comm::ReduceOp::sum);
+    return correct[0] / double(n);
+  }
+
+  // kNN accuracy over a memory bank sharded over the ranks (each holds `bank`'s rows, from
+  // image bank.first on) for the test images' features (each rank holds them all): every rank
+  // lists each query's k nearest among its own rows, an all-to-all hands each rank the lists of
+  // the queries it answers from every shard, and the merged lists vote. The merged lists are the
+  // whole bank's (knn.hpp), so the figure does not depend on the number of ranks; a rank holds a
+  // share of the bank and every query instead of the whole bank.
+  double sharded_knn_accuracy(const FeatureSet& bank, const std::vector<std::int32_t>& labels,
+                              const FeatureSet& queries) {
+    const std::int64_t n = data_->test.count;
+    const int world = comm_->size();
+    const int k = c_.knn_topk;
+    const Neighbours mine = knn_nearest(bank.values, bank.first, queries.values.data(), n,
+                                        queries.dim, k, ctx_->cpu_pool());
+    const auto [first, last] = query_range();
+    const std::int64_t rows = last - first;
+    Neighbours merged;
+    if (world == 1) {
+      merged = mine;
+    } else {
+      // Every shard's lists of this rank's queries: world blocks of rows x k entries, moved as
+      // bytes (the collectives move floating point and bytes, no integers).
+      const std::int64_t share = query_share(n, world);
+      auto exchange = [&]<class T>(const std::vector<T>& lists) {
+        std::vector<std::size_t> counts;
+        for (int r = 0; r < world; ++r) {
+          const std::int64_t q0 = std::min(n, r * share);
+          counts.push_back(static_cast<std::size_t>((std::min(n, q0 + share) - q0) * k) *
+                           sizeof(T));
+        }
+        std::vector<std::uint8_t> bytes(lists.size() * sizeof(T));
+        std::memcpy(bytes.data(), lists.data(), bytes.size());
+        const sk::Tensor send =
+            sk::from_vector(*ctx_, bytes, {static_cast<std::int64_t>(bytes.size())});
+        const std::int64_t received = world * rows * k * static_cast<std::int64_t>(sizeof(T));
+        const sk::Tensor recv =
+            sk::empty(*ctx_, {std::max<std::int64_t>(1, received)}, sk::DType::u8);
+        comm_->all_to_all_v(send, recv, counts).wait();
+        bytes = sk::to_vector<std::uint8_t>(*ctx_, recv);
+        std::vector<T> back(static_cast<std::size_t>(world * rows * k));
+        std::memcpy(back.data(), bytes.data(), back.size() * sizeof(T));
+        return back;
+      };
+      merged = knn_merge(exchange(mine.similarity), exchange(mine.index), world, rows, k, k);
+    }
+    const int classes =
+        static_cast<int>(std::max(data_->train.num_classes(), data_->test.num_classes()));
+    std::vector<double> correct{0.0};
+    for (std::int64_t q = first; q < last; ++q)
+      correct[0] += knn_vote(merged, q - first, labels, c_.knn_sigma, classes) ==
+                    data_->test.labels[static_cast<std::size_t>(q)];
     all_reduce_host(*ctx_, *comm_, std::span<double>(correct), sk::comm::ReduceOp::sum);
     return correct[0] / double(n);
   }
