@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The SwAV trainer as CPU processes launched by mpirun, two on this machine: a short run gives
 the parameters of the same run as two ranks in threads, bit for bit, and the host memory line
-(rank 0's measurement of a rank's step); and a batch whose steps would not fit in this machine's
+(rank 0's measurement of a rank's step); the kNN figures are the threads'; and a batch whose steps would not fit in this machine's
 memory is refused by every process together -- the refusal said once, the job ended, no process
 left waiting. Skipped (exit 77) on a machine with more than 1 TB available, which might hold
 that batch. Usage: check_swav_mpi.py path/to/mpirun path/to/swav"""
@@ -53,6 +53,23 @@ def main():
             raise SystemExit("FAIL: the processes' parameters differ from the threads'")
         if len(memory) != 1:
             raise SystemExit(f"FAIL: expected one host memory line (rank 0's):\n{processes}")
+
+        # The kNN at initialisation (each process keeps its shard of the memory bank's features,
+        # an all-to-all over MPI brings each query's lists to the process that votes): the
+        # threads' figures, network and raw pixels.
+        knn = ["config.TEST_MODEL=True", "config.MAX_ITERATIONS=0",
+               "config.DATA.TEST.DATA_LIMIT=61", "config.DATA.TEST.BATCHSIZE_PER_REPLICA=8",
+               "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT=101", "config.NEAREST_NEIGHBOR.TOPK=5"]
+        figures = []
+        for name, launcher in (("knn_threads", []), ("knn_processes", launch)):
+            code, out = run(launcher + args(name, knn))
+            if code != 0:
+                raise SystemExit(f"FAIL: the kNN run {name} exited {code}:\n{out}")
+            figures.append(re.findall(r"kNN top-1 on 61 test images, (res\S*) [^:]*: ([0-9.]+)% "
+                                      r"\(raw pixels ([0-9.]+)%\)", out))
+        print(f"kNN at initialisation: threads {figures[0]}, processes {figures[1]}")
+        if len(figures[0]) != 8 or figures[0] != figures[1]:
+            raise SystemExit("FAIL: the processes' kNN figures differ from the threads'")
 
         # 30 000 images a rank of Fashion-MNIST's 60 000: the batch fits the sampler's share,
         # its steps of 112-pixel crops (29 MB an image: 1.7 TB for the two) not this machine.
