@@ -152,6 +152,15 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
                      [](sk::Context& c, const auto& v) {
                        return ag::conv2d(c, v[0], v[1], Variable(), ag::Conv2dOptions::make(2, 0));
                      });
+  // Grouped (cuDNN's group count): ResNeXt's 3 x 3 of 4 groups, strided, and a depthwise one.
+  compare_with_grads(
+      "conv3x3 4 groups s2", {{2, 16, 9, 9}, {16, 4, 3, 3}}, [](sk::Context& c, const auto& v) {
+        return ag::conv2d(c, v[0], v[1], Variable(), ag::Conv2dOptions::make(2, 1, 1, 4));
+      });
+  compare_with_grads(
+      "conv3x3 depthwise", {{2, 8, 9, 9}, {8, 1, 3, 3}}, [](sk::Context& c, const auto& v) {
+        return ag::conv2d(c, v[0], v[1], Variable(), ag::Conv2dOptions::make(1, 1, 1, 8));
+      });
   compare_with_grads("batch_norm train 2d", {{4, 6, 5, 5}, {6}, {6}},
                      [](sk::Context& c, const auto& v) { return bn(c, v, true); });
   compare_with_grads("batch_norm train 1d", {{16, 6}, {6}, {6}},
@@ -221,6 +230,12 @@ TEST_CASE("channels-last on the GPU: convolution, batch-norm and max-pool match 
   const std::vector<sk::Shape> conv_shapes = {{4, 8, 9, 9}, {40, 8, 3, 3}};
   compare_with_grads("conv3x3 channels-last", conv_shapes,
                      [](sk::Context& c, const auto& v) { return conv_cl(c, v[0], v[1]); });
+  compare_with_grads("conv3x3 8 groups channels-last", {{4, 32, 9, 9}, {32, 4, 3, 3}},
+                     [](sk::Context& c, const auto& v) {
+                       ag::Conv2dOptions o = ag::Conv2dOptions::make(1, 1, 1, 8);
+                       o.channels_last = true;
+                       return ag::conv2d(c, v[0], v[1], Variable(), o);
+                     });
   compare_with_grads(
       "conv then conv1x1, channels-last", {{4, 8, 9, 9}, {40, 8, 3, 3}, {24, 40, 1, 1}},
       [](sk::Context& c, const auto& v) {

@@ -107,6 +107,7 @@ TEST_CASE("a channels-last convolution equals the NCHW one, and keeps the layout
       {{3, 8, 13, 11}, {16, 8, 3, 3}, ag::Conv2dOptions::make(2, 1)},
       {{4, 16, 9, 9}, {32, 16, 1, 1}, ag::Conv2dOptions::make(2, 0)},
       {{2, 3, 20, 20}, {8, 3, 7, 7}, ag::Conv2dOptions::make(2, 3)},
+      {{4, 16, 10, 10}, {16, 4, 3, 3}, ag::Conv2dOptions::make(1, 1, 1, 4)},  // grouped
   };
   for (sk::DType dtype : {sk::DType::f32, sk::DType::f64}) {
     for (const auto& c : cases) {

@@ -50,6 +50,8 @@ TEST_CASE("oneDNN f32 convolutions equal the f64 reference on 1, 2 and 3 threads
       {{4, 16, 9, 9}, {32, 16, 1, 1}, ag::Conv2dOptions::make(2, 0)},    // strided downsample
       {{2, 4, 11, 11}, {6, 4, 3, 3}, ag::Conv2dOptions::make(1, 2, 2)},  // dilated
       {{2, 5, 9, 7}, {6, 5, 2, 3}, {2, 1, 0, 1, 1, 1}},                  // asymmetric
+      {{4, 32, 10, 10}, {32, 4, 3, 3}, ag::Conv2dOptions::make(1, 1, 1, 8)},  // ResNeXt's 3 x 3
+      {{2, 16, 9, 9}, {16, 1, 3, 3}, ag::Conv2dOptions::make(2, 1, 1, 16)},   // depthwise
   };
   for (int threads : {1, 2, 3}) {
     sk::Context ctx({.seed = 7, .cpu_threads = threads});

@@ -82,6 +82,9 @@ TEST_CASE("conv2d: padded, strided, dilated, pointwise, with bias") {
       {{2, 4, 5, 5}, {3, 4, 1, 1}, ag::Conv2dOptions::make(2, 0), false},     // strided downsample
       {{1, 2, 7, 7}, {2, 2, 3, 3}, ag::Conv2dOptions::make(1, 2, 2), false},  // dilated
       {{1, 2, 6, 5}, {2, 2, 2, 3}, {2, 1, 0, 1, 1, 1}, true},                 // asymmetric
+      {{2, 4, 5, 5}, {6, 2, 3, 3}, ag::Conv2dOptions::make(1, 1, 1, 2), true},   // 2 groups
+      {{2, 6, 5, 5}, {6, 1, 3, 3}, ag::Conv2dOptions::make(2, 1, 1, 6), false},  // depthwise
+      {{2, 6, 4, 4}, {9, 2, 1, 1}, ag::Conv2dOptions::make(1, 0, 1, 3), false},  // pointwise, 3
   };
   for (const auto& c : cases) {
     CAPTURE(sk::shape_str(c.x));
@@ -95,6 +98,98 @@ TEST_CASE("conv2d: padded, strided, dilated, pointwise, with bias") {
       expect_gradients(ctx, {x, w},
                        [&](const auto& v) { return ag::conv2d(ctx, v[0], v[1], Variable(), c.o); });
   }
+}
+
+TEST_CASE("conv2d with groups: each group's output is its own convolution of its channels") {
+  // ResNeXt's 3 x 3 (4 groups of 3 channels, strided), a depthwise one, a grouped pointwise one:
+  // forward and gradients against each group's ungrouped convolution on copies of its slices,
+  // in f64 (the same arithmetic: the same bits) and f32 (oneDNN's grouped kernels where the
+  // build has them: to rounding).
+  struct Case {
+    sk::Shape x, w;
+    ag::Conv2dOptions o;
+  };
+  const Case cases[] = {
+      {{3, 12, 9, 9}, {8, 3, 3, 3}, ag::Conv2dOptions::make(2, 1, 1, 4)},
+      {{2, 8, 7, 7}, {8, 1, 3, 3}, ag::Conv2dOptions::make(1, 1, 1, 8)},
+      {{2, 6, 5, 5}, {9, 2, 1, 1}, ag::Conv2dOptions::make(1, 0, 1, 3)},
+  };
+  for (const sk::DType dtype : {sk::DType::f64, sk::DType::f32}) {
+    sk::Context ctx({.seed = 9});
+    for (const auto& c : cases) {
+      CAPTURE(dtype);
+      CAPTURE(sk::shape_str(c.w));
+      const std::int64_t groups = c.o.groups, ci = c.x[1] / groups, co = c.w[0] / groups;
+      Variable x(sk::cast(ctx, random_variable(ctx, c.x, -1, 1).data(), dtype), true);
+      Variable w(sk::cast(ctx, random_variable(ctx, c.w, -1, 1).data(), dtype), true);
+      const Variable y = ag::conv2d(ctx, x, w, Variable(), c.o);
+      const sk::Tensor r = sk::cast(ctx, random_variable(ctx, y.shape(), -1, 1).data(), dtype);
+      ag::backward(ctx, y, r);
+      const auto y_all = sk::to_vector<double>(ctx, sk::cast(ctx, y.data(), sk::DType::f64));
+      const auto gx_all = sk::to_vector<double>(ctx, sk::cast(ctx, x.grad(), sk::DType::f64));
+      const auto gw_all = sk::to_vector<double>(ctx, sk::cast(ctx, w.grad(), sk::DType::f64));
+      const std::int64_t batch = c.x[0], plane_in = c.x[2] * c.x[3];
+      const std::int64_t plane_out = y.size(2) * y.size(3), patch = c.w[1] * c.w[2] * c.w[3];
+      std::vector<double> y_ref(y_all.size()), gx_ref(gx_all.size()), gw_ref(gw_all.size());
+      for (std::int64_t g = 0; g < groups; ++g) {
+        // The group's channels as tensors of their own (`rows` runs of `channels` planes, the
+        // first `count` from `first` of each), and its run of r.
+        auto slice = [&](const sk::Tensor& t, std::int64_t rows, std::int64_t channels,
+                         std::int64_t first, std::int64_t count, std::int64_t plane,
+                         sk::Shape shape) {
+          const auto all = sk::to_vector<double>(ctx, sk::cast(ctx, t, sk::DType::f64));
+          std::vector<double> part;
+          for (std::int64_t n = 0; n < rows; ++n)
+            part.insert(part.end(), all.begin() + (n * channels + first) * plane,
+                        all.begin() + (n * channels + first + count) * plane);
+          return sk::cast(ctx, sk::from_vector(ctx, part, shape), dtype);
+        };
+        Variable xg(
+            slice(x.data(), batch, c.x[1], g * ci, ci, plane_in, {batch, ci, c.x[2], c.x[3]}),
+            true);
+        Variable wg(slice(w.data(), 1, c.w[0], g * co, co, patch, {co, c.w[1], c.w[2], c.w[3]}),
+                    true);
+        ag::Conv2dOptions one = c.o;
+        one.groups = 1;
+        const Variable yg = ag::conv2d(ctx, xg, wg, Variable(), one);
+        ag::backward(
+            ctx, yg,
+            slice(r, batch, c.w[0], g * co, co, plane_out, {batch, co, y.size(2), y.size(3)}));
+        auto place = [&](const sk::Tensor& part, std::vector<double>& whole, std::int64_t channels,
+                         std::int64_t first, std::int64_t count, std::int64_t plane,
+                         std::int64_t rows) {
+          const auto values = sk::to_vector<double>(ctx, sk::cast(ctx, part, sk::DType::f64));
+          for (std::int64_t n = 0; n < rows; ++n)
+            std::copy(values.begin() + n * count * plane, values.begin() + (n + 1) * count * plane,
+                      whole.begin() + (n * channels + first) * plane);
+        };
+        place(yg.data(), y_ref, c.w[0], g * co, co, plane_out, batch);
+        place(xg.grad(), gx_ref, c.x[1], g * ci, ci, plane_in, batch);
+        place(wg.grad(), gw_ref, c.w[0], g * co, co, patch, 1);
+      }
+      if (dtype == sk::DType::f64) {
+        CHECK(y_all == y_ref);
+        CHECK(gx_all == gx_ref);
+        CHECK(gw_all == gw_ref);
+      } else {
+        CHECK(ag::testing::scaled_error(y_all, y_ref) < 2e-6);
+        CHECK(ag::testing::scaled_error(gx_all, gx_ref) < 2e-6);
+        CHECK(ag::testing::scaled_error(gw_all, gw_ref) < 2e-6);
+      }
+    }
+  }
+  // What does not fit is refused by name.
+  sk::Context ctx({.seed = 1});
+  const Variable x = random_variable(ctx, {1, 6, 5, 5}, -1, 1);
+  CHECK_THROWS_WITH(ag::conv2d(ctx, x, random_variable(ctx, {4, 3, 3, 3}, -1, 1), Variable(),
+                               ag::Conv2dOptions::make(1, 1, 1, 4)),
+                    doctest::Contains("groups 4 does not divide the input's 6 channels"));
+  CHECK_THROWS_WITH(ag::conv2d(ctx, x, random_variable(ctx, {4, 6, 3, 3}, -1, 1), Variable(),
+                               ag::Conv2dOptions::make(1, 1, 1, 2)),
+                    doctest::Contains("the weight must be [out, 3, kh, kw]"));
+  CHECK_THROWS_WITH(ag::conv2d(ctx, x, random_variable(ctx, {5, 3, 3, 3}, -1, 1), Variable(),
+                               ag::Conv2dOptions::make(1, 1, 1, 2)),
+                    doctest::Contains("does not divide weight"));
 }
 
 TEST_CASE("batch_norm in training and evaluation mode, 2d and 1d") {

@@ -1,4 +1,5 @@
-// Differentiable 2-D convolution (NCHW, OIHW weights, stride/padding/dilation, optional bias):
+// Differentiable 2-D convolution (NCHW, OIHW weights, stride/padding/dilation, groups, optional
+// bias):
 // on the CPU oneDNN's primitives for f32 (cpu_dnnl.hpp), im2col + Eigen for f64 or a build
 // without oneDNN (cpu_conv.hpp); cuDNN (forward, backward-data, backward-filter) on the GPU.
 // An input stored channels-last (core/channels_last.hpp) is read as it is, and the output is
@@ -17,6 +18,8 @@ namespace shardkit::autograd {
 
 struct Conv2dOptions {
   std::int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+  // Grouped convolution (ConvGeometry): the weight is [out, in / groups, kh, kw].
+  std::int64_t groups = 1;
   // Write the output channels-last where channels_last_applies (the CPU in f32 and f64, a GPU in
   // f32, f16 and bf16); elsewhere it is contiguous.
   bool channels_last = false;
@@ -25,8 +28,9 @@ struct Conv2dOptions {
   // [N, C_out/b, H_out, W_out, b]), or [N, C_out, H_out, W_out] where it computes in none.
   bool channel_blocks = false;
 
-  static Conv2dOptions make(std::int64_t stride, std::int64_t padding, std::int64_t dilation = 1) {
-    return {stride, stride, padding, padding, dilation, dilation};
+  static Conv2dOptions make(std::int64_t stride, std::int64_t padding, std::int64_t dilation = 1,
+                            std::int64_t groups = 1) {
+    return {stride, stride, padding, padding, dilation, dilation, groups};
   }
 };
 
@@ -69,9 +73,17 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
   check(x.dim() == 4 || x_blocked, "conv2d: input ", shape_text(x.shape()), " is not [N, C, H, W]",
         o.channel_blocks ? " or channel blocks [N, C/b, H, W, b]" : "", module_suffix(ctx));
   const Shape x_shape = x_blocked ? channel_unblocked_shape(x.shape()) : x.shape();
-  check(weight.dim() == 4 && weight.size(1) == x_shape[1], "conv2d: input ", shape_text(x.shape()),
+  check(o.groups > 0 && x_shape[1] % o.groups == 0, "conv2d: groups ", o.groups,
+        " does not divide the input's ", x_shape[1], " channels", module_suffix(ctx),
+        "; pass groups that divide in_channels and out_channels");
+  const std::int64_t group_in = x_shape[1] / o.groups;
+  check(weight.dim() == 4 && weight.size(1) == group_in, "conv2d: input ", shape_text(x.shape()),
         " does not match weight ", shape_text(weight.shape()), module_suffix(ctx),
-        "; the weight must be [out, ", x_shape[1], ", kh, kw] (check in_channels)");
+        "; the weight must be [out, ", group_in, ", kh, kw] (check in_channels",
+        o.groups > 1 ? " / groups)" : ")");
+  check(weight.size(0) % o.groups == 0, "conv2d: groups ", o.groups, " does not divide weight ",
+        shape_text(weight.shape()), "'s ", weight.size(0), " output channels", module_suffix(ctx),
+        "; pass groups that divide in_channels and out_channels");
   check(x.dtype() == weight.dtype(), "conv2d: input dtype ", dtype_name(x.dtype()),
         " differs from weight dtype ", dtype_name(weight.dtype()), module_suffix(ctx));
   check(o.stride_h > 0 && o.stride_w > 0 && o.dilation_h > 0 && o.dilation_w > 0 && o.pad_h >= 0 &&
@@ -91,6 +103,7 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
   g.pad_w = o.pad_w;
   g.dilation_h = o.dilation_h;
   g.dilation_w = o.dilation_w;
+  g.groups = o.groups;
   g.out_h = (g.height + 2 * g.pad_h - g.dilation_h * (g.kernel_h - 1) - 1) / g.stride_h + 1;
   g.out_w = (g.width + 2 * g.pad_w - g.dilation_w * (g.kernel_w - 1) - 1) / g.stride_w + 1;
   check(g.out_h > 0 && g.out_w > 0, "conv2d: input ", shape_text(x.shape()),

@@ -94,25 +94,32 @@ void col2im(const T* col, const ConvGeometry& g, T* image) {
       }
 }
 
+// A grouped convolution (g.groups > 1) runs as one convolution per group (ConvGeometry::
+// per_group): a group's input channels, weight rows and output channels are each a contiguous
+// run of an image's.
 inline void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& y,
                            const ConvGeometry& g) {
   visit_real(x.dtype(), "conv2d", [&](auto tag) {
     using T = decltype(tag);
+    const ConvGeometry s = g.per_group();
     const T* in = static_cast<const T*>(x.data_ptr());
+    const T* w = static_cast<const T*>(weight.data_ptr());
     T* out = static_cast<T*>(y.data_ptr());
-    ConstMatrixMap<T> W(static_cast<const T*>(weight.data_ptr()), g.out_channels, g.patch());
-    std::vector<T> col(g.is_pointwise() ? 0 : static_cast<std::size_t>(g.patch() * g.out_plane()));
-    for (std::int64_t n = 0; n < g.batch; ++n) {
-      const T* image = in + n * g.in_channels * g.height * g.width;
-      const T* columns = image;
-      if (!g.is_pointwise()) {
-        im2col(image, g, col.data());
-        columns = col.data();
+    std::vector<T> col(s.is_pointwise() ? 0 : static_cast<std::size_t>(s.patch() * s.out_plane()));
+    for (std::int64_t n = 0; n < g.batch; ++n)
+      for (std::int64_t group = 0; group < g.groups; ++group) {
+        const T* image = in + (n * g.in_channels + group * s.in_channels) * g.height * g.width;
+        const T* columns = image;
+        if (!s.is_pointwise()) {
+          im2col(image, s, col.data());
+          columns = col.data();
+        }
+        ConstMatrixMap<T> W(w + group * s.out_channels * s.patch(), s.out_channels, s.patch());
+        ConstMatrixMap<T> C(columns, s.patch(), s.out_plane());
+        MatrixMap<T> Y(out + (n * g.out_channels + group * s.out_channels) * s.out_plane(),
+                       s.out_channels, s.out_plane());
+        Y.noalias() = W * C;
       }
-      ConstMatrixMap<T> C(columns, g.patch(), g.out_plane());
-      MatrixMap<T> Y(out + n * g.out_channels * g.out_plane(), g.out_channels, g.out_plane());
-      Y.noalias() = W * C;
-    }
   });
 }
 
@@ -122,42 +129,50 @@ inline void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor&
                             const ConvGeometry& g) {
   visit_real(x.dtype(), "conv2d backward", [&](auto tag) {
     using T = decltype(tag);
+    const ConvGeometry s = g.per_group();
     const T* in = static_cast<const T*>(x.data_ptr());
     const T* gy = static_cast<const T*>(grad_y.data_ptr());
-    ConstMatrixMap<T> W(static_cast<const T*>(weight.data_ptr()), g.out_channels, g.patch());
-    const std::size_t col_size = static_cast<std::size_t>(g.patch() * g.out_plane());
-    std::vector<T> col(g.is_pointwise() ? 0 : col_size);
-    std::vector<T> grad_col(grad_x.defined() && !g.is_pointwise() ? col_size : 0);
+    const T* w = static_cast<const T*>(weight.data_ptr());
+    const std::size_t col_size = static_cast<std::size_t>(s.patch() * s.out_plane());
+    std::vector<T> col(s.is_pointwise() ? 0 : col_size);
+    std::vector<T> grad_col(grad_x.defined() && !s.is_pointwise() ? col_size : 0);
     const std::int64_t image_size = g.in_channels * g.height * g.width;
+    const std::int64_t group_size = s.in_channels * g.height * g.width;
     if (grad_weight.defined()) {
-      MatrixMap<T> GW(static_cast<T*>(grad_weight.data_ptr()), g.out_channels, g.patch());
+      MatrixMap<T> GW(static_cast<T*>(grad_weight.data_ptr()), g.out_channels, s.patch());
       GW.setZero();
     }
-    for (std::int64_t n = 0; n < g.batch; ++n) {
-      ConstMatrixMap<T> GY(gy + n * g.out_channels * g.out_plane(), g.out_channels, g.out_plane());
-      if (grad_weight.defined()) {
-        const T* columns = in + n * image_size;
-        if (!g.is_pointwise()) {
-          im2col(in + n * image_size, g, col.data());
-          columns = col.data();
+    for (std::int64_t n = 0; n < g.batch; ++n)
+      for (std::int64_t group = 0; group < g.groups; ++group) {
+        ConstMatrixMap<T> GY(gy + (n * g.out_channels + group * s.out_channels) * s.out_plane(),
+                             s.out_channels, s.out_plane());
+        const T* image = in + n * image_size + group * group_size;
+        if (grad_weight.defined()) {
+          const T* columns = image;
+          if (!s.is_pointwise()) {
+            im2col(image, s, col.data());
+            columns = col.data();
+          }
+          ConstMatrixMap<T> C(columns, s.patch(), s.out_plane());
+          MatrixMap<T> GW(
+              static_cast<T*>(grad_weight.data_ptr()) + group * s.out_channels * s.patch(),
+              s.out_channels, s.patch());
+          GW.noalias() += GY * C.transpose();
         }
-        ConstMatrixMap<T> C(columns, g.patch(), g.out_plane());
-        MatrixMap<T> GW(static_cast<T*>(grad_weight.data_ptr()), g.out_channels, g.patch());
-        GW.noalias() += GY * C.transpose();
-      }
-      if (grad_x.defined()) {
-        T* gx = static_cast<T*>(grad_x.data_ptr()) + n * image_size;
-        if (g.is_pointwise()) {
-          MatrixMap<T> GX(gx, g.patch(), g.out_plane());
-          GX.noalias() = W.transpose() * GY;
-        } else {
-          MatrixMap<T> GC(grad_col.data(), g.patch(), g.out_plane());
-          GC.noalias() = W.transpose() * GY;
-          std::fill(gx, gx + image_size, T(0));
-          col2im(grad_col.data(), g, gx);
+        if (grad_x.defined()) {
+          ConstMatrixMap<T> W(w + group * s.out_channels * s.patch(), s.out_channels, s.patch());
+          T* gx = static_cast<T*>(grad_x.data_ptr()) + n * image_size + group * group_size;
+          if (s.is_pointwise()) {
+            MatrixMap<T> GX(gx, s.patch(), s.out_plane());
+            GX.noalias() = W.transpose() * GY;
+          } else {
+            MatrixMap<T> GC(grad_col.data(), s.patch(), s.out_plane());
+            GC.noalias() = W.transpose() * GY;
+            std::fill(gx, gx + group_size, T(0));
+            col2im(grad_col.data(), s, gx);
+          }
         }
       }
-    }
   });
 }
 

@@ -78,7 +78,8 @@ inline dnnl_memory_desc_t plain_desc(std::initializer_list<std::int64_t> dims,
   dnnl_dims_t d{};
   int n = 0;
   for (std::int64_t v : dims) d[n++] = v;
-  const dnnl_format_tag_t tag = n != 4                    ? dnnl_ab
+  const dnnl_format_tag_t tag = n == 5                    ? dnnl_abcde  // grouped weights: goihw
+                                : n != 4                  ? dnnl_ab
                                 : layout == kChannelsLast ? dnnl_acdb
                                 : layout == 8             ? dnnl_aBcd8b
                                 : layout == 16            ? dnnl_aBcd16b
@@ -337,7 +338,11 @@ class Convolutions {
   static Descs descs(const ConvGeometry& g, Layouts l) {
     Descs d;
     d.src = plain_desc({g.batch, g.in_channels, g.height, g.width}, l.src);
-    d.weights = plain_desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w});
+    // A grouped weight [out, in / groups, kh, kw] is oneDNN's [groups, out / groups, in / groups,
+    // kh, kw] (goihw): the same memory.
+    d.weights = g.groups == 1 ? plain_desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w})
+                              : plain_desc({g.groups, g.out_channels / g.groups,
+                                            g.in_channels / g.groups, g.kernel_h, g.kernel_w});
     d.dst = plain_desc({g.batch, g.out_channels, g.out_h, g.out_w}, l.dst);
     d.strides[0] = g.stride_h, d.strides[1] = g.stride_w;
     d.dilates[0] = g.dilation_h - 1, d.dilates[1] = g.dilation_w - 1;  // oneDNN counts from 0
@@ -370,10 +375,10 @@ class Convolutions {
   ConvPlan& plan_for(Context& ctx, const ConvGeometry& g, Layouts l) {
     const int threads = ctx.cpu_threads();
     omp_set_num_threads(threads);  // this thread's OpenMP teams: for making and for running
-    const std::array<std::int64_t, 15> key{
-        g.batch,    g.in_channels, g.height,     g.width,    g.out_channels,
-        g.kernel_h, g.kernel_w,    g.stride_h,   g.stride_w, g.pad_h,
-        g.pad_w,    g.dilation_h,  g.dilation_w, threads,    l.src + 32 * l.dst};
+    const std::array<std::int64_t, 16> key{
+        g.batch,      g.in_channels, g.height,           g.width, g.out_channels, g.kernel_h,
+        g.kernel_w,   g.stride_h,    g.stride_w,         g.pad_h, g.pad_w,        g.dilation_h,
+        g.dilation_w, threads,       l.src + 32 * l.dst, g.groups};
     auto& slot = plans_[key];
     if (!slot) {
       auto plan = std::make_unique<ConvPlan>();
@@ -433,7 +438,7 @@ class Convolutions {
   dnnl_stream_t stream_ = nullptr;
   dnnl_primitive_attr_t attr_ = nullptr;
   std::mutex mutex_;
-  std::map<std::array<std::int64_t, 15>, std::unique_ptr<ConvPlan>> plans_;
+  std::map<std::array<std::int64_t, 16>, std::unique_ptr<ConvPlan>> plans_;
 };
 
 inline Convolutions& convolutions(Context& ctx) {

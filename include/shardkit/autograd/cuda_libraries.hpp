@@ -221,6 +221,8 @@ class ConvDesc
     if (dtype == DType::f32) math = allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     if (dtype == DType::f64) math = CUDNN_DEFAULT_MATH;
     SK_CUDNN_CHECK(cudnnSetConvolutionMathType(desc_, math));
+    // A grouped convolution: the filter descriptor holds a group's input channels.
+    if (g.groups > 1) SK_CUDNN_CHECK(cudnnSetConvolutionGroupCount(desc_, int(g.groups)));
   }
 };
 
@@ -235,7 +237,7 @@ struct ConvPlan {
   ConvPlan(Context& ctx, const ConvGeometry& g, DType dtype, bool nhwc)
       : x(dtype, g.batch, g.in_channels, g.height, g.width, nhwc),
         y(dtype, g.batch, g.out_channels, g.out_h, g.out_w, nhwc),
-        w(dtype, g.out_channels, g.in_channels, g.kernel_h, g.kernel_w, nhwc),
+        w(dtype, g.out_channels, g.in_channels / g.groups, g.kernel_h, g.kernel_w, nhwc),
         conv(g, dtype, libraries(ctx).allow_tf32) {
     auto& libs = libraries(ctx);
     algorithms = libs.benchmark ? search(ctx, libs, g, dtype) : choose(libs);
@@ -298,7 +300,8 @@ struct ConvPlan {
         "(StepGraphOptions::warmup_steps)");
     const Tensor xs = empty(ctx, {g.batch, g.in_channels, g.height, g.width}, dtype);
     const Tensor ys = empty(ctx, {g.batch, g.out_channels, g.out_h, g.out_w}, dtype);
-    const Tensor ws = empty(ctx, {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, dtype);
+    const Tensor ws =
+        empty(ctx, {g.out_channels, g.in_channels / g.groups, g.kernel_h, g.kernel_w}, dtype);
     const std::size_t space = std::min(libs.workspace_limit, std::size_t{256} << 20);
     const Tensor scratch = empty(ctx, {static_cast<std::int64_t>(space)}, DType::u8);
     ConvAlgorithms a;
@@ -327,8 +330,8 @@ struct ConvPlan {
 };
 
 // ctx's convolution plans, keyed by geometry, dtype, TF32, search and layout (NHWC last).
-using ConvPlanCache = PlanCache<ConvPlan, 17>;
-inline ConvPlanCache& conv_plans(Context& ctx) { return plan_cache<ConvPlan, 17>(ctx); }
+using ConvPlanCache = PlanCache<ConvPlan, 18>;
+inline ConvPlanCache& conv_plans(Context& ctx) { return plan_cache<ConvPlan, 18>(ctx); }
 
 // The plan of convolution `g` over `dtype` in a layout on ctx, made at the shape's first call.
 inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype, bool nhwc) {
@@ -349,6 +352,7 @@ inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype, boo
                                static_cast<std::int64_t>(dtype),
                                libs.allow_tf32 ? 1 : 0,
                                libs.benchmark ? 1 : 0,
+                               g.groups,
                                nhwc ? 1 : 0};
   return conv_plans(ctx).get(key, [&] { return std::make_unique<ConvPlan>(ctx, g, dtype, nhwc); });
 }
