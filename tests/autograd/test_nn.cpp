@@ -53,6 +53,27 @@ TEST_CASE("ResNet parameter counts and state-dict layout match torchvision") {
   CHECK(r50->named_parameters().size() == 161);
   CHECK(r50->state_dict().size() == 320);
   CHECK(has_name(r50->state_dict(), "layer4.2.conv3.weight"));
+  // The deeper ResNets, and ResNeXt (grouped 3 x 3 convolutions in wider bottlenecks):
+  // torchvision's resnet101, resnet152, resnext50_32x4d and resnext101_32x8d (their parameters
+  // deferred: shapes without memory).
+  const sk::DeferredParameters shapes_only(ctx);
+  CHECK(nn::resnet101(ctx)->parameter_count() == 44'549'160);
+  CHECK(nn::resnet152(ctx)->parameter_count() == 60'192'808);
+  nn::ResNetOptions resnext;
+  resnext.groups = 32;
+  resnext.width_per_group = 4;
+  auto x50 = nn::resnet50(ctx, resnext);
+  CHECK(x50->parameter_count() == 25'028'904);
+  CHECK(x50->named_parameters().size() == 161);
+  const auto grouped = x50->state_dict();
+  for (const auto& [name, t] : grouped)
+    if (name == "layer1.0.conv2.weight") CHECK(t.shape() == sk::Shape{128, 4, 3, 3});
+  resnext.width_per_group = 8;
+  CHECK(nn::resnet101(ctx, resnext)->parameter_count() == 88'791'336);
+  nn::ResNetOptions basic_grouped;
+  basic_grouped.groups = 32;
+  CHECK_THROWS_WITH(nn::resnet18(ctx, basic_grouped),
+                    doctest::Contains("which only bottleneck networks have"));
 
   nn::ResNetOptions small;
   small.num_classes = 10;

@@ -32,14 +32,19 @@ class Linear : public Module {
 
 class Conv2d : public Module {
  public:
+  // groups > 1: a grouped convolution (ConvGeometry), weight [out, in / groups, k, k].
   Conv2d(Context& ctx, std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
          std::int64_t stride = 1, std::int64_t padding = 0, bool bias = true,
-         DType dtype = DType::f32)
-      : options(autograd::Conv2dOptions::make(stride, padding)) {
+         DType dtype = DType::f32, std::int64_t groups = 1)
+      : options(autograd::Conv2dOptions::make(stride, padding, 1, groups)) {
     check(in_channels > 0 && out_channels > 0 && kernel > 0, "Conv2d(", in_channels, ", ",
           out_channels, ", kernel ", kernel, "): sizes must be positive");
-    weight = register_parameter("weight", empty(ctx, {out_channels, in_channels, kernel, kernel},
-                                                dtype, MemoryCategory::parameters));
+    check(groups > 0 && in_channels % groups == 0 && out_channels % groups == 0, "Conv2d(",
+          in_channels, ", ", out_channels, ", groups ", groups,
+          "): groups must divide both channel counts");
+    weight = register_parameter(
+        "weight", empty(ctx, {out_channels, in_channels / groups, kernel, kernel}, dtype,
+                        MemoryCategory::parameters));
     init::default_weight_(ctx, weight.data());
     if (bias) {
       this->bias =

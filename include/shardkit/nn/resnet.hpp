@@ -53,14 +53,20 @@ struct ResNetOptions {
   // differ). Forward hooks on the modules in between see 5-D [N, C/b, H, W, b] tensors
   // (from_channel_blocks gives [N, C, H, W]). No effect on the GPU or for other dtypes.
   bool channel_blocks = false;
+  // ResNeXt (torchvision's resnext50_32x4d: groups 32, width_per_group 4): a bottleneck's 3 x 3
+  // convolution is grouped, `groups` groups of planes * width_per_group / 64 channels each (64:
+  // the plain ResNet). Bottleneck networks only, as in torchvision.
+  std::int64_t groups = 1;
+  std::int64_t width_per_group = 64;
 };
 
 namespace detail {
 
 inline std::shared_ptr<Conv2d> conv(Context& ctx, std::int64_t in, std::int64_t out,
                                     std::int64_t kernel, std::int64_t stride,
-                                    const ResNetOptions& o) {
-  auto c = std::make_shared<Conv2d>(ctx, in, out, kernel, stride, kernel / 2, false, o.dtype);
+                                    const ResNetOptions& o, std::int64_t groups = 1) {
+  auto c =
+      std::make_shared<Conv2d>(ctx, in, out, kernel, stride, kernel / 2, false, o.dtype, groups);
   c->options.channels_last = o.channels_last;
   if (o.init == ResNetInit::torchvision) init::kaiming_normal_fan_out_(ctx, c->weight.data());
   return c;
@@ -73,8 +79,8 @@ inline std::shared_ptr<BatchNorm> bn(Context& ctx, std::int64_t channels, const 
 // A residual block's convolution and batch-norm: in channel blocks when the network keeps them.
 inline std::shared_ptr<Conv2d> block_conv(Context& ctx, std::int64_t in, std::int64_t out,
                                           std::int64_t kernel, std::int64_t stride,
-                                          const ResNetOptions& o) {
-  auto c = conv(ctx, in, out, kernel, stride, o);
+                                          const ResNetOptions& o, std::int64_t groups = 1) {
+  auto c = conv(ctx, in, out, kernel, stride, o, groups);
   c->options.channel_blocks = o.channel_blocks;
   return c;
 }
@@ -107,6 +113,10 @@ class BasicBlock : public Module {
   static constexpr std::int64_t kExpansion = 1;
   BasicBlock(Context& ctx, std::int64_t in, std::int64_t planes, std::int64_t stride,
              const ResNetOptions& o) {
+    check(o.groups == 1 && o.width_per_group == 64, "ResNet: groups ", o.groups,
+          " and width_per_group ", o.width_per_group,
+          " ask for ResNeXt blocks, which only bottleneck networks have (depth 50 and more); use "
+          "groups 1 and width_per_group 64 with basic blocks");
     conv1 = register_module("conv1", detail::block_conv(ctx, in, planes, 3, stride, o));
     bn1 = register_module("bn1", detail::block_bn(ctx, planes, o));
     bn1->options.relu = o.fuse_bn_relu;  // the ReLU after bn1, inside it
@@ -141,12 +151,18 @@ class Bottleneck : public Module {
   Bottleneck(Context& ctx, std::int64_t in, std::int64_t planes, std::int64_t stride,
              const ResNetOptions& o) {
     const std::int64_t out = planes * kExpansion;
-    conv1 = register_module("conv1", detail::block_conv(ctx, in, planes, 1, 1, o));
-    bn1 = register_module("bn1", detail::block_bn(ctx, planes, o));
-    conv2 =
-        register_module("conv2", detail::block_conv(ctx, planes, planes, 3, stride, o));  // v1.5
-    bn2 = register_module("bn2", detail::block_bn(ctx, planes, o));
-    conv3 = register_module("conv3", detail::block_conv(ctx, planes, out, 1, 1, o));
+    // torchvision's: int(planes * (width_per_group / 64.)) * groups
+    const std::int64_t width = planes * o.width_per_group / 64 * o.groups;
+    check(o.groups > 0 && width > 0, "ResNet: groups ", o.groups, " and width_per_group ",
+          o.width_per_group, " leave a bottleneck of ", planes,
+          " planes no channels; use "
+          "positive values");
+    conv1 = register_module("conv1", detail::block_conv(ctx, in, width, 1, 1, o));
+    bn1 = register_module("bn1", detail::block_bn(ctx, width, o));
+    conv2 = register_module("conv2",  // v1.5: the stride here; ResNeXt's groups here
+                            detail::block_conv(ctx, width, width, 3, stride, o, o.groups));
+    bn2 = register_module("bn2", detail::block_bn(ctx, width, o));
+    conv3 = register_module("conv3", detail::block_conv(ctx, width, out, 1, 1, o));
     bn3 = register_module("bn3", detail::block_bn(ctx, out, o));
     bn1->options.relu = bn2->options.relu = o.fuse_bn_relu;  // the ReLUs after them, inside
     relu = register_module("relu", std::make_shared<ReLU>());
@@ -238,6 +254,12 @@ inline std::shared_ptr<ResNet> resnet34(Context& ctx, const ResNetOptions& o = {
 }
 inline std::shared_ptr<ResNet> resnet50(Context& ctx, const ResNetOptions& o = {}) {
   return detail::build_resnet<Bottleneck>(ctx, {3, 4, 6, 3}, o);
+}
+inline std::shared_ptr<ResNet> resnet101(Context& ctx, const ResNetOptions& o = {}) {
+  return detail::build_resnet<Bottleneck>(ctx, {3, 4, 23, 3}, o);
+}
+inline std::shared_ptr<ResNet> resnet152(Context& ctx, const ResNetOptions& o = {}) {
+  return detail::build_resnet<Bottleneck>(ctx, {3, 8, 36, 3}, o);
 }
 
 }  // namespace shardkit::nn
