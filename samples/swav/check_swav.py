@@ -196,6 +196,22 @@ def main():
         if (not nchw_losses or len(losses["ddp"]) != len(nchw_losses) or
                 any(abs(a - b) > 2e-3 * max(1.0, abs(b)) for a, b in zip(losses["ddp"], nchw_losses))):
             raise SystemExit("FAIL: channels-last losses differ from NCHW's beyond rounding")
+        # A ResNeXt trunk (VISSL's GROUPS and WIDTH_PER_GROUP: bottlenecks whose 3 x 3
+        # convolutions are grouped, here 4 groups of 2 channels in the first stage): ddp, oss and
+        # fsdp end with the same parameters, bit for bit, with channel blocks and NCHW.
+        resnext = ["config.MODEL.TRUNK.RESNETS.DEPTH=50", "config.MODEL.TRUNK.RESNETS.GROUPS=4",
+                   "config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP=16",
+                   'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [256, 32, 32], "use_bn": '
+                   'True, "num_clusters": [20]}]]', "config.MAX_ITERATIONS=3"]
+        grouped = {}
+        for stage in ("ddp", "oss", "fsdp"):
+            grouped[stage], output = run(swav, os.path.join(work, f"resnext_{stage}"),
+                                         resnext + STAGES[stage])
+        grouped["nchw"], _ = run(swav, os.path.join(work, "resnext_nchw"),
+                                 resnext + ["config.MODEL.TRUNK.RESNETS.CHANNEL_BLOCKS=False"])
+        print(f"ResNeXt-50 4x16d, ddp / oss / fsdp / NCHW: {grouped}; {output.splitlines()[0]}")
+        if len(set(grouped.values())) != 1 or "ResNeXt-50 4x16d" not in output:
+            raise SystemExit(f"FAIL: the ResNeXt trunk's stages differ: {grouped}")
         # kNN on two feature sets (VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP: res5 unpooled, then
         # the trunk output): both reported, at initialisation and at the end, and the same
         # figures under ddp and under fsdp (whose forward gathers each block's shards).

@@ -122,12 +122,13 @@ int main(int argc, char** argv) {
     const bool lead = !launched || launch.rank == 0;
     if (lead)
       std::printf(
-          "SwAV: ResNet-%d (%lld base channels), %d x crops, %d ranks (%s, "
+          "SwAV: %s (%lld base channels), %d x crops, %d ranks (%s, "
           "%s, CPU threads per rank: %d, SHARDKIT_NUM_THREADS or the cores split between local "
           "ranks), "
           "stage %s, %s%s, %d epochs\n",
-          config.depth, static_cast<long long>(config.base_channels), config.crops.total_crops(),
-          world, launched ? "processes" : "threads", gpu ? "GPU" : "CPU",
+          trunk_name(config).c_str(), static_cast<long long>(config.base_channels),
+          config.crops.total_crops(), world, launched ? "processes" : "threads",
+          gpu ? "GPU" : "CPU",
           launched ? sk::default_cpu_threads() : sk::comm::cpu_threads_per_rank(world),
           std::string(sk::parallel::stage_name(config.parallel.stage)).c_str(),
           std::string(sk::dtype_name(config.parallel.precision.param_dtype)).c_str(),

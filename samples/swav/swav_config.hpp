@@ -58,6 +58,7 @@ struct SwavConfig {
   // Model
   int depth = 50;
   std::int64_t base_channels = 64;
+  std::int64_t groups = 1, width_per_group = 64;  // ResNeXt's (64: the plain ResNet)
   std::int64_t in_channels = 1;  // the images' channels (load_datasets sets it from the data)
   bool small_image_stem = false, zero_init_residual = false;
   bool channels_last = false;  // the trunk's activations stored NHWC (either device)
@@ -99,6 +100,13 @@ struct SwavConfig {
   bool plot_metrics = true;  // METRICS.PLOT: the curves as a PNG at the end
   std::int64_t max_iterations = -1;
 };
+
+// "ResNet-50", or a ResNeXt's torchvision name: "ResNeXt-50 32x4d".
+inline std::string trunk_name(const SwavConfig& c) {
+  if (c.groups == 1 && c.width_per_group == 64) return "ResNet-" + std::to_string(c.depth);
+  return "ResNeXt-" + std::to_string(c.depth) + " " + std::to_string(c.groups) + "x" +
+         std::to_string(c.width_per_group) + "d";
+}
 
 namespace detail {
 
@@ -681,8 +689,27 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad("MODEL.TRUNK.NAME", c.get<std::string>("MODEL.TRUNK.NAME"),
                         "this trainer builds resnet trunks");
     s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
-    if (s.depth != 18 && s.depth != 34 && s.depth != 50)
-      throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth), "use 18, 34 or 50");
+    if (s.depth != 18 && s.depth != 34 && s.depth != 50 && s.depth != 101 && s.depth != 152)
+      throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth),
+                        "use 18, 34, 50, 101 or 152");
+    // ResNeXt: VISSL's GROUPS and WIDTH_PER_GROUP, torchvision's bottlenecks (a 3 x 3
+    // convolution of GROUPS groups, planes x WIDTH_PER_GROUP / 64 channels each).
+    s.groups = c.get<std::int64_t>("MODEL.TRUNK.RESNETS.GROUPS");
+    if (s.groups < 1)
+      throw detail::bad("MODEL.TRUNK.RESNETS.GROUPS", std::to_string(s.groups),
+                        "use 1 (ResNet) or more (ResNeXt, e.g. 32)");
+    s.width_per_group = c.get<std::int64_t>("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP");
+    if (s.width_per_group < 1)
+      throw detail::bad("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP", std::to_string(s.width_per_group),
+                        "use 64 (ResNet) or a ResNeXt's width, e.g. 4 for resnext50_32x4d");
+    if (s.depth < 50 && (s.groups != 1 || s.width_per_group != 64))
+      throw detail::bad("MODEL.TRUNK.RESNETS.GROUPS",
+                        std::to_string(s.groups) + " (WIDTH_PER_GROUP " +
+                            std::to_string(s.width_per_group) + ", DEPTH " +
+                            std::to_string(s.depth) + ")",
+                        "ResNeXt's grouped blocks are bottlenecks: use DEPTH 50, 101 or 152, or "
+                        "GROUPS 1 and WIDTH_PER_GROUP 64 (torchvision's basic blocks have no "
+                        "groups)");
     const double width = c.get<double>("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
     s.base_channels = static_cast<std::int64_t>(std::lround(64 * width));
     if (s.base_channels < 1 || std::abs(64 * width - double(s.base_channels)) > 1e-9)
@@ -693,7 +720,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
     s.zero_init_residual = c.get<bool>("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
     s.channels_last = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST");
     s.channel_blocks = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNEL_BLOCKS");
-    trunk_out = (s.depth == 50 ? 32 : 8) * s.base_channels;
+    trunk_out = (s.depth >= 50 ? 32 : 8) * s.base_channels;  // (a bottleneck's 4 x 8 x base)
   });
   if (trunk_ok)
     problems.attempt([&] {

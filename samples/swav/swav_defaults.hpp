@@ -68,8 +68,10 @@ MODEL:
   TRUNK:
     NAME: resnet
     RESNETS:
-      DEPTH: 50
+      DEPTH: 50                     # 18, 34, 50, 101, 152
       WIDTH_MULTIPLIER: 1.0         # base channels = 64 x this (ours: fractions allowed)
+      GROUPS: 1                     # ResNeXt (depth 50+): the 3 x 3 convolutions' groups
+      WIDTH_PER_GROUP: 64           #   and their channels a group per 64 planes (32, 4: 32x4d)
       ZERO_INIT_RESIDUAL: False
       SMALL_IMAGE_STEM: False       # ours: 3x3 stride-1 stem without max-pool, for 28x28 images
       CHANNELS_LAST: False          # ours: activations NHWC on the CPU (docs/swav.md)

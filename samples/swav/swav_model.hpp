@@ -63,9 +63,13 @@ class SwavModel : public nn::Module {
     o.channels_last = c.channels_last;
     o.channel_blocks = c.channel_blocks && !c.channels_last;
     o.init = nn::ResNetInit::torchvision;  // kaiming_normal fan_out, as SwAV's resnet50.py
-    trunk = register_module("trunk", c.depth == 50   ? nn::resnet50(ctx, o)
-                                     : c.depth == 34 ? nn::resnet34(ctx, o)
-                                                     : nn::resnet18(ctx, o));
+    o.groups = c.groups;
+    o.width_per_group = c.width_per_group;
+    trunk = register_module("trunk", c.depth == 152   ? nn::resnet152(ctx, o)
+                                     : c.depth == 101 ? nn::resnet101(ctx, o)
+                                     : c.depth == 50  ? nn::resnet50(ctx, o)
+                                     : c.depth == 34  ? nn::resnet34(ctx, o)
+                                                      : nn::resnet18(ctx, o));
     heads = register_module("heads", std::make_shared<SwavHeads>(ctx, c));
     if (c.checkpoint_splits > 0) trunk->set_checkpoint_segments(c.checkpoint_splits);
   }

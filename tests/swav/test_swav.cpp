@@ -1817,7 +1817,6 @@ TEST_CASE(
                                              "DATA.TRAIN.COPY_DESTINATION_DIR",
                                              "TRAINER.TRAIN_STEP_NAME",
                                              "METERS.name",
-                                             "MODEL.TRUNK.RESNETS.GROUPS",
                                              "DISTRIBUTED.NCCL_DEBUG"};
   CHECK(tree.ignored() == expected);
   // Today's schema too.
@@ -1836,7 +1835,7 @@ TEST_CASE(
   MODEL:
     TRUNK:
       RESNETS:
-        WIDTH_PER_GROUP: 4
+        LAYER4_STRIDE: 1
   DATA:
     TRAIN:
       FANCY_KEY: 3
@@ -1847,8 +1846,8 @@ TEST_CASE(
       problems, 6,
       {"1. unknown config key config.OPTIMIZER.num_epoch (= 2); the nearest valid key is "
        "config.OPTIMIZER.num_epochs",
-       "2. config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP (= 4): this trainer has no such setting and "
-       "can follow VISSL's config only where it is 64 (VISSL's meaning: Channels per group",
+       "2. config.MODEL.TRUNK.RESNETS.LAYER4_STRIDE (= 1): this trainer has no such setting and "
+       "can follow VISSL's config only where it is 2 (VISSL's meaning: ",
        "3. unknown config key config.DATA.TRAIN.FANCY_KEY (= 3): neither this trainer nor VISSL "
        "has it; the keys under config.DATA.TRAIN are DATA_SOURCES, ",
        "4. unknown config key config.OPTIMISER (= {momentum: 0.8}); the nearest valid key is "
@@ -2075,6 +2074,37 @@ TEST_CASE("kNN: a bank's shards' lists merge into the whole bank's, bit for bit,
   CHECK(short_lists.index[2] >= 0);
   const auto merged = swav::knn_merge(short_lists.similarity, short_lists.index, 1, count, k, k);
   CHECK(merged.index == short_lists.index);
+}
+
+TEST_CASE("ResNeXt and the deeper ResNets: VISSL's GROUPS, WIDTH_PER_GROUP and DEPTH") {
+  const auto x50 = config_of(
+      {"config.MODEL.TRUNK.RESNETS.GROUPS=32", "config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP=4"});
+  CHECK(x50.groups == 32);
+  CHECK(x50.width_per_group == 4);
+  CHECK(swav::trunk_name(x50) == "ResNeXt-50 32x4d");
+  CHECK(swav::trunk_name(config_of({})) == "ResNet-50");
+  // The trunks are torchvision's resnext50_32x4d, resnet101 and resnext101_32x8d without their
+  // fc (2048 x 1000 + 1000), their stems reading one channel (the default data is Fashion-MNIST's
+  // grey images: 64 x 2 x 7 x 7 weights fewer); shapes only.
+  sk::Context ctx;
+  const sk::DeferredParameters shapes_only(ctx);
+  const std::int64_t fc = 2048 * 1000 + 1000 + 64 * 2 * 7 * 7;
+  CHECK(swav::SwavModel(ctx, x50).trunk->parameter_count() == 25'028'904 - fc);
+  const auto r101 = config_of({"config.MODEL.TRUNK.RESNETS.DEPTH=101"});
+  CHECK(swav::SwavModel(ctx, r101).trunk->parameter_count() == 44'549'160 - fc);
+  const auto x101 =
+      config_of({"config.MODEL.TRUNK.RESNETS.DEPTH=101", "config.MODEL.TRUNK.RESNETS.GROUPS=32",
+                 "config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP=8"});
+  CHECK(swav::SwavModel(ctx, x101).trunk->parameter_count() == 88'791'336 - fc);
+  CHECK(swav::trunk_name(x101) == "ResNeXt-101 32x8d");
+  // Basic blocks have no groups; nonsense values are refused by name.
+  CHECK_THROWS_WITH(
+      config_of({"config.MODEL.TRUNK.RESNETS.DEPTH=18", "config.MODEL.TRUNK.RESNETS.GROUPS=32"}),
+      doctest::Contains("ResNeXt's grouped blocks are bottlenecks"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.TRUNK.RESNETS.GROUPS=0"}),
+                    doctest::Contains("config.MODEL.TRUNK.RESNETS.GROUPS = 0"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.TRUNK.RESNETS.DEPTH=200"}),
+                    doctest::Contains("use 18, 34, 50, 101 or 152"));
 }
 
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {
