@@ -8,7 +8,12 @@
 // evaluation re-packing it), and a chunk's 2 MB of similarities stays in cache for the vote.
 // Each task's product runs on its own thread (oneDNN's sgemm with one OpenMP thread, or Eigen
 // built without its own threading), so the bits of a similarity do not depend on how many
-// threads the pool has or on how the queries are split between tasks or ranks.
+// threads the pool has. They may depend on the query's place in its block (oneDNN's kernels
+// differ there in the last bits): the blocks start at the run's first query, so a split of the
+// queries between ranks (the raw-pixel figure) can move a similarity's last bit -- the vote has
+// not been seen to change with it (check_swav.py compares 1, 2 and 3 ranks) -- while the
+// network's sharded bank asks every shard all the queries in the same blocks, and there the
+// merged lists are the whole bank's bit for bit.
 #define EIGEN_DONT_PARALLELIZE
 #include "knn.hpp"
 

@@ -39,7 +39,8 @@ struct Neighbours {
 // blocks of queries spread over `pool`'s threads (knn.cpp: compiled by the host compiler in
 // every build; the products run on oneDNN's sgemm where the build has it, else on Eigen). Each
 // product runs on one thread, over chunks of the bank on one grid counted from the whole bank's
-// first row, so the lists do not depend on the threads or on how the queries are split.
+// first row, in blocks of queries from the first: the lists do not depend on the threads, nor on
+// how the bank is split into shards (knn.cpp says what a split of the queries may change).
 Neighbours knn_nearest(const std::vector<float>& bank, std::int64_t bank_first,
                        const float* queries, std::int64_t rows, std::int64_t dim, int k,
                        shardkit::ThreadPool& pool);
@@ -56,7 +57,7 @@ int knn_vote(const Neighbours& nearest, std::int64_t row,
 // How many of queries [first, last) the whole bank classifies correctly (knn_nearest and
 // knn_vote). `queries` holds the queries from `queries_first` on (a rank's share alone:
 // queries_first == first); `query_labels` every query's. The count is the same on any number of
-// threads and any split of the queries.
+// threads; a split of the queries may move a similarity's last bit (knn.cpp).
 std::int64_t knn_correct(const std::vector<float>& bank,
                          const std::vector<std::int32_t>& bank_labels,
                          const std::vector<float>& queries,

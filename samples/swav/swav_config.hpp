@@ -716,6 +716,14 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad(
           "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER", std::to_string(width),
           "64 x WIDTH_MULTIPLIER must be a whole number of channels (e.g. 0.125, 0.25, 1)");
+    if (s.base_channels * s.width_per_group < 64)
+      throw detail::bad("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP", std::to_string(s.width_per_group),
+                        "the first stage's bottleneck would have no channels a group (" +
+                            std::to_string(s.base_channels) +
+                            " planes x WIDTH_PER_GROUP / 64 "
+                            "rounds to 0); use WIDTH_PER_GROUP >= " +
+                            std::to_string((64 + s.base_channels - 1) / s.base_channels) +
+                            " or a larger WIDTH_MULTIPLIER");
     s.small_image_stem = c.get<bool>("MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM");
     s.zero_init_residual = c.get<bool>("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
     s.channels_last = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST");
@@ -1026,7 +1034,13 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   if (reads_test)
     problems.attempt([&] {
       s.knn_topk = c.get<int>("NEAREST_NEIGHBOR.TOPK");
+      if (s.knn_topk < 1)
+        throw detail::bad("NEAREST_NEIGHBOR.TOPK", std::to_string(s.knn_topk),
+                          "use 1 or more neighbours (VISSL's benchmarks: 200; 20 is common)");
       s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");
+      if (!(s.knn_sigma > 0))
+        throw detail::bad("NEAREST_NEIGHBOR.SIGMA", std::to_string(s.knn_sigma),
+                          "the vote's temperature must be > 0 (VISSL's default: 0.07)");
       s.knn_features = detail::read_feature_pools(
           c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
           "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");

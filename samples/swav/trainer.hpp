@@ -477,22 +477,32 @@ class SwavTrainer {
     return sets;
   }
 
-  // Every rank's rows of a Rows::own set of `count` images, on every rank, in image order.
-  FeatureSet gathered(const FeatureSet& own, std::int64_t count) {
-    const int world = comm_->size();
-    const std::int64_t share = (count + world - 1) / world;
-    std::vector<std::size_t> counts;
+  // Every rank's rows of a Rows::own set of `count` images on rank 0, in image order (empty on
+  // the other ranks): each rank's rows are broadcast from it a batch at a time, so that no rank
+  // holds more than a batch of another's, nor the whole set on a device.
+  std::vector<float> on_rank0(const FeatureSet& own, std::int64_t count) {
+    const int world = comm_->size(), rank = comm_->rank();
+    const std::int64_t share = (count + world - 1) / world, dim = own.dim;
+    std::vector<float> all;
+    if (rank == 0) all.reserve(static_cast<std::size_t>(count * dim));
     for (int r = 0; r < world; ++r) {
       const std::int64_t first = std::min(r * share, count);
-      counts.push_back(
-          static_cast<std::size_t>((std::min(first + share, count) - first) * own.dim));
-    }
-    FeatureSet all{std::vector<float>(static_cast<std::size_t>(count * own.dim)), own.dim, 0};
-    std::copy(own.values.begin(), own.values.end(), all.values.begin() + own.first * own.dim);
-    if (world > 1) {
-      const sk::Tensor data = sk::from_vector(*ctx_, all.values, {count * own.dim});
-      comm_->all_gather_v(data, counts).wait();
-      all.values = sk::to_vector<float>(*ctx_, data);
+      const std::int64_t rows = std::min(first + share, count) - first;
+      for (std::int64_t b0 = 0; b0 < rows; b0 += c_.test_batch_size) {
+        const std::int64_t n = std::min(c_.test_batch_size, rows - b0);
+        const auto begin = own.values.begin() + b0 * dim;
+        if (r == 0) {  // rank 0's own rows: nothing to move
+          if (rank == 0) all.insert(all.end(), begin, begin + n * dim);
+          continue;
+        }
+        std::vector<float> piece(static_cast<std::size_t>(n * dim));
+        if (rank == r) std::copy(begin, begin + n * dim, piece.begin());
+        const sk::Tensor t = sk::from_vector(*ctx_, piece, {n * dim});
+        comm_->broadcast(t, r).wait();
+        if (rank != 0) continue;
+        piece = sk::to_vector<float>(*ctx_, t);
+        all.insert(all.end(), piece.begin(), piece.end());
+      }
     }
     return all;
   }
@@ -603,7 +613,7 @@ class SwavTrainer {
         report.knn_features.push_back(by_name ? f.layer : f.text());
     }
     if (final_eval && !c_.export_dir.empty()) {
-      // Rank 0 writes; every rank takes part in gathering the bank's shards.
+      // Rank 0 writes; every rank sends it its share of the bank.
       const bool writes = comm_->rank() == 0;
       sk::Context host;
       auto labels = [&](const std::vector<std::int32_t>& l) {
@@ -617,12 +627,12 @@ class SwavTrainer {
         tensors = {sk::checkpoint::host_bytes(host, "train_labels", labels(bank_labels)),
                    sk::checkpoint::host_bytes(host, "test_labels", labels(d.test.labels))};
       for (std::size_t k = 0; k < bank.size(); ++k) {
-        FeatureSet whole = gathered(bank[k], d.bank_size);
+        const std::vector<float> whole = on_rank0(bank[k], d.bank_size);
         if (!writes) continue;
         const std::string suffix = k == 0 ? "" : "_" + c_.knn_features[k].layer;
-        tensors.push_back(sk::checkpoint::host_bytes(
-            host, "train_features" + suffix,
-            sk::from_vector(host, whole.values, {d.bank_size, whole.dim})));
+        tensors.push_back(
+            sk::checkpoint::host_bytes(host, "train_features" + suffix,
+                                       sk::from_vector(host, whole, {d.bank_size, bank[k].dim})));
         tensors.push_back(sk::checkpoint::host_bytes(
             host, "test_features" + suffix,
             sk::from_vector(host, test[k].values, {d.test.count, test[k].dim})));
@@ -702,7 +712,10 @@ class SwavTrainer {
         std::memcpy(back.data(), bytes.data(), back.size() * sizeof(T));
         return back;
       };
-      merged = knn_merge(exchange(mine.similarity), exchange(mine.index), world, rows, k, k);
+      // (one after the other, in the same order on every rank: they are collectives)
+      const auto similarity = exchange(mine.similarity);
+      const auto index = exchange(mine.index);
+      merged = knn_merge(similarity, index, world, rows, k, k);
     }
     const int classes =
         static_cast<int>(std::max(data_->train.num_classes(), data_->test.num_classes()));

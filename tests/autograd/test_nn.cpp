@@ -66,8 +66,10 @@ TEST_CASE("ResNet parameter counts and state-dict layout match torchvision") {
   CHECK(x50->parameter_count() == 25'028'904);
   CHECK(x50->named_parameters().size() == 161);
   const auto grouped = x50->state_dict();
-  for (const auto& [name, t] : grouped)
-    if (name == "layer1.0.conv2.weight") CHECK(t.shape() == sk::Shape{128, 4, 3, 3});
+  const auto conv2 = std::find_if(grouped.begin(), grouped.end(),
+                                  [](const auto& e) { return e.first == "layer1.0.conv2.weight"; });
+  REQUIRE(conv2 != grouped.end());
+  CHECK(conv2->second.shape() == sk::Shape{128, 4, 3, 3});  // 32 groups of 4 channels
   resnext.width_per_group = 8;
   CHECK(nn::resnet101(ctx, resnext)->parameter_count() == 88'791'336);
   nn::ResNetOptions basic_grouped;

@@ -2029,44 +2029,55 @@ TEST_CASE(
 
 TEST_CASE("kNN: a bank's shards' lists merge into the whole bank's, bit for bit, ties included") {
   // A bank of 9001 random unit rows (two products' chunks of 4080 and a part), a tenth of them
-  // copies of earlier rows (equal similarities: the lists order them by index), 150 queries.
+  // copies of earlier rows (equal similarities: the lists order them by index), 150 queries; at
+  // a narrow width and at the long config's res3 width (GEMM libraries pick other kernels by
+  // shape and width: shards' products of 7, 912 or 3001 rows against the whole bank's 4080).
+  for (const std::int64_t dim : {29, 1152}) {
+    CAPTURE(dim);
+    const std::int64_t n = 9001, count = 150;
+    const int k = 20;
+    const auto bank64 = unit_rows(81, n, dim), queries64 = unit_rows(82, count, dim);
+    std::vector<float> bank(bank64.begin(), bank64.end());
+    const std::vector<float> queries(queries64.begin(), queries64.end());
+    for (std::int64_t r = 10; r < n; r += 10)  // row r a copy of row r / 10
+      std::copy_n(bank.begin() + r / 10 * dim, dim, bank.begin() + r * dim);
+    sk::ThreadPool pool(2);
+    const auto whole = swav::knn_nearest(bank, 0, queries.data(), count, dim, k, pool);
+    // The whole bank's lists: the k best by similarity, then index, best first.
+    std::int64_t ties = 0;
+    for (std::int64_t q = 0; q < count; ++q)
+      for (int i = 1; i < k; ++i) {
+        const auto at = static_cast<std::size_t>(q * k + i);
+        const float s0 = whole.similarity[at - 1], s1 = whole.similarity[at];
+        CHECK((s0 > s1 || (s0 == s1 && whole.index[at - 1] < whole.index[at])));
+        ties += s0 == s1;
+      }
+    CHECK(ties > 0);  // the copies do tie
+    for (const auto& cuts :
+         {std::vector<std::int64_t>{0, 4000, 9001}, std::vector<std::int64_t>{0, 7, 5000, 9001},
+          std::vector<std::int64_t>{0, 3001, 3001, 6002, 9001}}) {
+      const std::int64_t parts = static_cast<std::int64_t>(cuts.size()) - 1;
+      std::vector<float> similarity;
+      std::vector<std::int64_t> index;
+      for (std::int64_t p = 0; p < parts; ++p) {
+        const std::vector<float> shard(bank.begin() + cuts[p] * dim,
+                                       bank.begin() + cuts[p + 1] * dim);
+        const auto lists = swav::knn_nearest(shard, cuts[p], queries.data(), count, dim, k, pool);
+        similarity.insert(similarity.end(), lists.similarity.begin(), lists.similarity.end());
+        index.insert(index.end(), lists.index.begin(), lists.index.end());
+      }
+      const auto merged = swav::knn_merge(similarity, index, parts, count, k, k);
+      CHECK(merged.index == whole.index);
+      CHECK(std::memcmp(merged.similarity.data(), whole.similarity.data(),
+                        whole.similarity.size() * sizeof(float)) == 0);
+    }
+  }
   const std::int64_t n = 9001, count = 150, dim = 29;
   const int k = 20;
   const auto bank64 = unit_rows(81, n, dim), queries64 = unit_rows(82, count, dim);
-  std::vector<float> bank(bank64.begin(), bank64.end());
+  const std::vector<float> bank(bank64.begin(), bank64.end());
   const std::vector<float> queries(queries64.begin(), queries64.end());
-  for (std::int64_t r = 10; r < n; r += 10)  // row r a copy of row r / 10
-    std::copy_n(bank.begin() + r / 10 * dim, dim, bank.begin() + r * dim);
   sk::ThreadPool pool(2);
-  const auto whole = swav::knn_nearest(bank, 0, queries.data(), count, dim, k, pool);
-  // The whole bank's lists: the k best by similarity, then index, best first.
-  std::int64_t ties = 0;
-  for (std::int64_t q = 0; q < count; ++q)
-    for (int i = 1; i < k; ++i) {
-      const auto at = static_cast<std::size_t>(q * k + i);
-      const float s0 = whole.similarity[at - 1], s1 = whole.similarity[at];
-      CHECK((s0 > s1 || (s0 == s1 && whole.index[at - 1] < whole.index[at])));
-      ties += s0 == s1;
-    }
-  CHECK(ties > 0);  // the copies do tie
-  for (const auto& cuts :
-       {std::vector<std::int64_t>{0, 4000, 9001}, std::vector<std::int64_t>{0, 7, 5000, 9001},
-        std::vector<std::int64_t>{0, 3001, 3001, 6002, 9001}}) {
-    const std::int64_t parts = static_cast<std::int64_t>(cuts.size()) - 1;
-    std::vector<float> similarity;
-    std::vector<std::int64_t> index;
-    for (std::int64_t p = 0; p < parts; ++p) {
-      const std::vector<float> shard(bank.begin() + cuts[p] * dim,
-                                     bank.begin() + cuts[p + 1] * dim);
-      const auto lists = swav::knn_nearest(shard, cuts[p], queries.data(), count, dim, k, pool);
-      similarity.insert(similarity.end(), lists.similarity.begin(), lists.similarity.end());
-      index.insert(index.end(), lists.index.begin(), lists.index.end());
-    }
-    const auto merged = swav::knn_merge(similarity, index, parts, count, k, k);
-    CHECK(merged.index == whole.index);
-    CHECK(std::memcmp(merged.similarity.data(), whole.similarity.data(),
-                      whole.similarity.size() * sizeof(float)) == 0);
-  }
   // A shard of fewer rows than k pads its lists with -1; the merge skips them.
   const std::vector<float> three(bank.begin(), bank.begin() + 3 * dim);
   const auto short_lists = swav::knn_nearest(three, 0, queries.data(), count, dim, k, pool);
@@ -2105,6 +2116,14 @@ TEST_CASE("ResNeXt and the deeper ResNets: VISSL's GROUPS, WIDTH_PER_GROUP and D
                     doctest::Contains("config.MODEL.TRUNK.RESNETS.GROUPS = 0"));
   CHECK_THROWS_WITH(config_of({"config.MODEL.TRUNK.RESNETS.DEPTH=200"}),
                     doctest::Contains("use 18, 34, 50, 101 or 152"));
+  CHECK_THROWS_WITH(config_of({"config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.25",
+                               "config.MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP=2"}),
+                    doctest::Contains("use WIDTH_PER_GROUP >= 4"));
+  // The kNN's settings too (k nearest, their vote's temperature).
+  CHECK_THROWS_WITH(config_of({"config.NEAREST_NEIGHBOR.TOPK=0"}),
+                    doctest::Contains("config.NEAREST_NEIGHBOR.TOPK = 0"));
+  CHECK_THROWS_WITH(config_of({"config.NEAREST_NEIGHBOR.SIGMA=0"}),
+                    doctest::Contains("config.NEAREST_NEIGHBOR.SIGMA = 0"));
 }
 
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {

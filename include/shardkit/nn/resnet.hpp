@@ -155,8 +155,9 @@ class Bottleneck : public Module {
     const std::int64_t width = planes * o.width_per_group / 64 * o.groups;
     check(o.groups > 0 && width > 0, "ResNet: groups ", o.groups, " and width_per_group ",
           o.width_per_group, " leave a bottleneck of ", planes,
-          " planes no channels; use "
-          "positive values");
+          " planes no channels (planes x width_per_group / 64 rounds to 0); use width_per_group "
+          ">= ",
+          (64 + planes - 1) / planes, " or more base channels");
     conv1 = register_module("conv1", detail::block_conv(ctx, in, width, 1, 1, o));
     bn1 = register_module("bn1", detail::block_bn(ctx, width, o));
     conv2 = register_module("conv2",  // v1.5: the stride here; ResNeXt's groups here
