@@ -42,13 +42,13 @@ std::string mib(double bytes) {
   return text;
 }
 
-bool is_resnet(const std::string& model) { return model == "resnet18" || model == "resnet50"; }
-
+// The network torchvision names `model` (resnet18 ... resnet152, resnext50_32x4d, ...), or
+// nullptr when `model` is not such a name (then it is a file).
 std::shared_ptr<sk::nn::ResNet> build_resnet(sk::Context& ctx, const std::string& model,
                                              std::int64_t image_size) {
   sk::nn::ResNetOptions o;
   o.small_image_stem = image_size <= 64;  // CIFAR-style stem for small images
-  return model == "resnet18" ? sk::nn::resnet18(ctx, o) : sk::nn::resnet50(ctx, o);
+  return sk::nn::resnet_named(ctx, model, o);
 }
 
 // Peak activation bytes of one f32 forward + backward of the ResNet at `batch`.
@@ -80,7 +80,9 @@ int main(int argc, char** argv) {
   bool quantized_weights = false, quantized_grads = false, error_feedback = false;
   std::int64_t batch = 32, image_size = 224;
   double device_gib = 0;
-  app.add_option("--model", model, "resnet18, resnet50, or a .safetensors file of parameters")
+  app.add_option("--model", model,
+                 "a torchvision name (resnet18 ... resnet152, resnext50_32x4d, "
+                 "resnext101_32x8d, ...), or a .safetensors file of parameters")
       ->required();
   app.add_option("--world-size", world, "ranks")->check(CLI::PositiveNumber);
   app.add_option("--group-size", group, "hybrid sharding: ranks per shard group (a node)")
@@ -146,8 +148,8 @@ int main(int argc, char** argv) {
     std::shared_ptr<sk::nn::ResNet> net;
     std::vector<sk::shard::ParamSpec> specs;
     par::ActivationProfile plain, checkpointed;
-    if (is_resnet(model)) {
-      net = build_resnet(ctx, model, image_size);
+    net = build_resnet(ctx, model, image_size);
+    if (net) {
       specs = par::module_param_specs(*net);
       for (const auto& [name, child] : net->named_modules())
         if (name.rfind("layer", 0) == 0 && std::count(name.begin(), name.end(), '.') == 1)

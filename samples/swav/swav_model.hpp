@@ -65,11 +65,7 @@ class SwavModel : public nn::Module {
     o.init = nn::ResNetInit::torchvision;  // kaiming_normal fan_out, as SwAV's resnet50.py
     o.groups = c.groups;
     o.width_per_group = c.width_per_group;
-    trunk = register_module("trunk", c.depth == 152   ? nn::resnet152(ctx, o)
-                                     : c.depth == 101 ? nn::resnet101(ctx, o)
-                                     : c.depth == 50  ? nn::resnet50(ctx, o)
-                                     : c.depth == 34  ? nn::resnet34(ctx, o)
-                                                      : nn::resnet18(ctx, o));
+    trunk = register_module("trunk", nn::resnet(ctx, c.depth, o));
     heads = register_module("heads", std::make_shared<SwavHeads>(ctx, c));
     if (c.checkpoint_splits > 0) trunk->set_checkpoint_segments(c.checkpoint_splits);
   }

@@ -72,6 +72,13 @@ TEST_CASE("ResNet parameter counts and state-dict layout match torchvision") {
   CHECK(conv2->second.shape() == sk::Shape{128, 4, 3, 3});  // 32 groups of 4 channels
   resnext.width_per_group = 8;
   CHECK(nn::resnet101(ctx, resnext)->parameter_count() == 88'791'336);
+  // By torchvision's names (the planner's --model), and by depth.
+  CHECK(nn::resnet_named(ctx, "resnext50_32x4d")->parameter_count() == 25'028'904);
+  CHECK(nn::resnet_named(ctx, "resnet34")->parameter_count() ==
+        nn::resnet(ctx, 34)->parameter_count());
+  CHECK(nn::resnet_named(ctx, "resnext50") == nullptr);
+  CHECK(nn::resnet_named(ctx, "model.safetensors") == nullptr);
+  CHECK_THROWS_WITH(nn::resnet(ctx, 200), doctest::Contains("use 18, 34, 50, 101 or 152"));
   nn::ResNetOptions basic_grouped;
   basic_grouped.groups = 32;
   CHECK_THROWS_WITH(nn::resnet18(ctx, basic_grouped),

@@ -1,9 +1,11 @@
-// ResNet-18/34/50 in torchvision's layout (state-dict names conv1.weight, layer1.0.bn2.bias,
-// layer2.0.downsample.0.weight, fc.weight...), with a small-image stem option (3x3 stride-1
-// conv, no max-pool) for 28x28 and 32x32 inputs. The network is a Sequential of its top-level
-// children, so it can be split into checkpointed segments.
+// ResNet-18/34/50/101/152 and ResNeXt in torchvision's layout (state-dict names conv1.weight,
+// layer1.0.bn2.bias, layer2.0.downsample.0.weight, fc.weight...), with a small-image stem option
+// (3x3 stride-1 conv, no max-pool) for 28x28 and 32x32 inputs. The network is a Sequential of its
+// top-level children, so it can be split into checkpointed segments.
 #pragma once
 
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "shardkit/nn/sequential.hpp"
@@ -261,6 +263,45 @@ inline std::shared_ptr<ResNet> resnet101(Context& ctx, const ResNetOptions& o = 
 }
 inline std::shared_ptr<ResNet> resnet152(Context& ctx, const ResNetOptions& o = {}) {
   return detail::build_resnet<Bottleneck>(ctx, {3, 8, 36, 3}, o);
+}
+
+// The ResNet of `depth` (18, 34, 50, 101 or 152) with `o`; another depth is refused by name.
+inline std::shared_ptr<ResNet> resnet(Context& ctx, int depth, const ResNetOptions& o = {}) {
+  switch (depth) {
+    case 18:
+      return resnet18(ctx, o);
+    case 34:
+      return resnet34(ctx, o);
+    case 50:
+      return resnet50(ctx, o);
+    case 101:
+      return resnet101(ctx, o);
+    case 152:
+      return resnet152(ctx, o);
+    default:
+      fail<InvalidArgument>("ResNet: depth ", depth,
+                            " is not one of torchvision's; use 18, 34, 50, ", "101 or 152");
+  }
+}
+
+// A network named as torchvision names it: "resnet<depth>" or "resnext<depth>_<groups>x<width
+// per group>d" (resnext50_32x4d, resnext101_32x8d); `o` gives the other options. Returns
+// nullptr for a name of neither form.
+inline std::shared_ptr<ResNet> resnet_named(Context& ctx, const std::string& name,
+                                            ResNetOptions o = {}) {
+  int depth = 0, consumed = 0;
+  long long groups = 0, width = 0;
+  if (std::sscanf(name.c_str(), "resnet%d%n", &depth, &consumed) == 1 &&
+      consumed == static_cast<int>(name.size()))
+    return resnet(ctx, depth, o);
+  if (std::sscanf(name.c_str(), "resnext%d_%lldx%lldd%n", &depth, &groups, &width, &consumed) ==
+          3 &&
+      consumed == static_cast<int>(name.size())) {
+    o.groups = groups;
+    o.width_per_group = width;
+    return resnet(ctx, depth, o);
+  }
+  return nullptr;
 }
 
 }  // namespace shardkit::nn
