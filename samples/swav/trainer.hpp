@@ -674,8 +674,8 @@ class SwavTrainer {
   // image bank.first on) for the test images' features (each rank holds them all): every rank
   // lists each query's k nearest among its own rows, an all-to-all hands each rank the lists of
   // the queries it answers from every shard, and the merged lists vote. The merged lists are the
-  // whole bank's (knn.hpp), so the figure does not depend on the number of ranks; a rank holds a
-  // share of the bank and every query instead of the whole bank.
+  // whole bank's (knn.hpp), so the figure does not depend on how the bank is split; a rank holds
+  // a share of the bank and every query instead of the whole bank.
   double sharded_knn_accuracy(const FeatureSet& bank, const std::vector<std::int32_t>& labels,
                               const FeatureSet& queries) {
     const std::int64_t n = data_->test.count;
