@@ -60,7 +60,8 @@ void product(const float* queries, std::int64_t rows, const float* bank, std::in
 }
 
 // out[rows x cols] = queries[rows x dim] * bank[cols x dim]^T, row-major, on the calling thread,
-// in products of whole panels of kPanel bank rows (the last one's rows past `cols` zeros).
+// in products of whole panels of kPanel bank rows (the last rows as the end of a panel that
+// overlaps the one before, or, fewer than a panel, followed by zero rows).
 // GEMM kernels compute the last few rows of a panel by other code than the rest (Eigen sums a
 // 1-packet tail's products in two interleaved halves), so a similarity computed as one of a
 // product's last rows can differ in its last bits from the same one computed inside a bigger
@@ -75,9 +76,17 @@ void similarities(const float* queries, std::int64_t rows, const float* bank, st
   if (whole > 0) product(queries, rows, bank, whole, dim, out, cols);
   if (whole == cols) return;
   const std::int64_t tail = cols - whole;
-  std::vector<float> panel(static_cast<std::size_t>(kPanel * dim), 0.0f);
-  std::copy(bank + whole * dim, bank + cols * dim, panel.begin());
   std::vector<float> scores(static_cast<std::size_t>(rows * kPanel));
+  if (cols >= kPanel) {
+    // The last rows as the end of a whole panel read in place (its first rows, computed again,
+    // are dropped): no copy of the bank's rows, which can be wide (raw pixels: 600 kB a row).
+    product(queries, rows, bank + (cols - kPanel) * dim, kPanel, dim, scores.data(), kPanel);
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::copy_n(scores.data() + r * kPanel + (kPanel - tail), tail, out + r * cols + whole);
+    return;
+  }
+  std::vector<float> panel(static_cast<std::size_t>(kPanel * dim), 0.0f);  // (fewer rows than
+  std::copy(bank, bank + cols * dim, panel.begin());                       // a panel: padded)
   product(queries, rows, panel.data(), kPanel, dim, scores.data(), kPanel);
   for (std::int64_t r = 0; r < rows; ++r)
     std::copy_n(scores.data() + r * kPanel, tail, out + r * cols + whole);
