@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "shardkit/core/error.hpp"
@@ -58,6 +59,13 @@ struct Datasets {
 // short or empty (5 images on 4 ranks: 2, 2, 1, 0).
 inline std::int64_t query_share(std::int64_t count, int world) {
   return (count + world - 1) / world;
+}
+// Rank `rank`'s images [first, last) of `count` split so over `world` ranks (the kNN's queries,
+// and the memory bank's features that each rank keeps).
+inline std::pair<std::int64_t, std::int64_t> share_range(std::int64_t count, int world, int rank) {
+  const std::int64_t share = query_share(count, world);
+  const std::int64_t first = std::min(count, rank * share);
+  return {first, std::min(count, first + share)};
 }
 
 // Fashion-MNIST's file set of a split (`key`: DATA.TRAIN or DATA.TEST).

@@ -18,6 +18,7 @@
 #include "lr_schedule.hpp"
 #include "multicrop.hpp"
 #include "shardkit/data/synthetic_images.hpp"
+#include "shardkit/nn/resnet.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/options.hpp"
 #include "swav_defaults.hpp"
@@ -689,7 +690,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad("MODEL.TRUNK.NAME", c.get<std::string>("MODEL.TRUNK.NAME"),
                         "this trainer builds resnet trunks");
     s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
-    if (s.depth != 18 && s.depth != 34 && s.depth != 50 && s.depth != 101 && s.depth != 152)
+    if (!sk::nn::is_resnet_depth(s.depth))
       throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth),
                         "use 18, 34, 50, 101 or 152");
     // ResNeXt: VISSL's GROUPS and WIDTH_PER_GROUP, torchvision's bottlenecks (a 3 x 3

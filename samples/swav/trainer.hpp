@@ -400,12 +400,12 @@ class SwavTrainer {
   std::vector<FeatureSet> features(const sk::data::ImageDataset& d, std::int64_t count, Rows rows) {
     auto& ctx = *ctx_;
     const int world = comm_->size();
-    const std::int64_t share = (count + world - 1) / world;
-    const std::int64_t first = comm_->rank() * share;
+    const std::int64_t share = query_share(count, world);
+    const std::int64_t first = comm_->rank() * share;  // (past the end on a padded share)
     // The rows this rank keeps: [kept_first, kept_first + kept).
-    const std::int64_t kept_first = rows == Rows::all ? 0 : std::min(first, count);
-    const std::int64_t kept =
-        rows == Rows::all ? count : std::min(first + share, count) - kept_first;
+    const auto [own_first, own_last] = share_range(count, world, comm_->rank());
+    const std::int64_t kept_first = rows == Rows::all ? 0 : own_first;
+    const std::int64_t kept = rows == Rows::all ? count : own_last - own_first;
     const auto& pools = c_.knn_features;
     std::vector<sk::Tensor> outputs(pools.size());
     HookGuard hooks;
@@ -482,12 +482,12 @@ class SwavTrainer {
   // holds more than a batch of another's, nor the whole set on a device.
   std::vector<float> on_rank0(const FeatureSet& own, std::int64_t count) {
     const int world = comm_->size(), rank = comm_->rank();
-    const std::int64_t share = (count + world - 1) / world, dim = own.dim;
+    const std::int64_t dim = own.dim;
     std::vector<float> all;
     if (rank == 0) all.reserve(static_cast<std::size_t>(count * dim));
     for (int r = 0; r < world; ++r) {
-      const std::int64_t first = std::min(r * share, count);
-      const std::int64_t rows = std::min(first + share, count) - first;
+      const auto [first, last] = share_range(count, world, r);
+      const std::int64_t rows = last - first;
       for (std::int64_t b0 = 0; b0 < rows; b0 += c_.test_batch_size) {
         const std::int64_t n = std::min(c_.test_batch_size, rows - b0);
         const auto begin = own.values.begin() + b0 * dim;
@@ -648,10 +648,7 @@ class SwavTrainer {
 
   // The test images this rank queries: [first, last).
   std::pair<std::int64_t, std::int64_t> query_range() const {
-    const std::int64_t n = data_->test.count;
-    const std::int64_t share = query_share(n, comm_->size());
-    const std::int64_t first = std::min(n, comm_->rank() * share);
-    return {first, std::min(n, first + share)};
+    return share_range(data_->test.count, comm_->size(), comm_->rank());
   }
 
   // The share of the test set's queries this rank answers, summed over the ranks: the accuracy.
@@ -681,23 +678,21 @@ class SwavTrainer {
     const std::int64_t n = data_->test.count;
     const int world = comm_->size();
     const int k = c_.knn_topk;
-    const Neighbours mine = knn_nearest(bank.values, bank.first, queries.values.data(), n,
-                                        queries.dim, k, ctx_->cpu_pool());
+    Neighbours mine = knn_nearest(bank.values, bank.first, queries.values.data(), n, queries.dim, k,
+                                  ctx_->cpu_pool());
     const auto [first, last] = query_range();
     const std::int64_t rows = last - first;
     Neighbours merged;
     if (world == 1) {
-      merged = mine;
+      merged = std::move(mine);
     } else {
       // Every shard's lists of this rank's queries: world blocks of rows x k entries, moved as
       // bytes (the collectives move floating point and bytes, no integers).
-      const std::int64_t share = query_share(n, world);
       auto exchange = [&]<class T>(const std::vector<T>& lists) {
         std::vector<std::size_t> counts;
         for (int r = 0; r < world; ++r) {
-          const std::int64_t q0 = std::min(n, r * share);
-          counts.push_back(static_cast<std::size_t>((std::min(n, q0 + share) - q0) * k) *
-                           sizeof(T));
+          const auto [q0, q1] = share_range(n, world, r);
+          counts.push_back(static_cast<std::size_t>((q1 - q0) * k) * sizeof(T));
         }
         std::vector<std::uint8_t> bytes(lists.size() * sizeof(T));
         std::memcpy(bytes.data(), lists.data(), bytes.size());

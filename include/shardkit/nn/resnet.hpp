@@ -265,7 +265,12 @@ inline std::shared_ptr<ResNet> resnet152(Context& ctx, const ResNetOptions& o = 
   return detail::build_resnet<Bottleneck>(ctx, {3, 8, 36, 3}, o);
 }
 
-// The ResNet of `depth` (18, 34, 50, 101 or 152) with `o`; another depth is refused by name.
+// Whether torchvision has a ResNet of `depth`: 18, 34, 50, 101 or 152.
+inline bool is_resnet_depth(int depth) {
+  return depth == 18 || depth == 34 || depth == 50 || depth == 101 || depth == 152;
+}
+
+// The ResNet of `depth` (is_resnet_depth) with `o`; another depth is refused by name.
 inline std::shared_ptr<ResNet> resnet(Context& ctx, int depth, const ResNetOptions& o = {}) {
   switch (depth) {
     case 18:
