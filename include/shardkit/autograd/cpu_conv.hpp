@@ -12,6 +12,7 @@
 
 #include "shardkit/autograd/cpu_kernels.hpp"
 #include "shardkit/autograd/geometry.hpp"
+#include "shardkit/core/channel_blocks.hpp"
 #include "shardkit/core/tensor_ops.hpp"
 
 namespace shardkit::autograd {
@@ -105,14 +106,16 @@ inline void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
     const T* in = static_cast<const T*>(x.data_ptr());
     const T* w = static_cast<const T*>(weight.data_ptr());
     T* out = static_cast<T*>(y.data_ptr());
-    std::vector<T> col(s.is_pointwise() ? 0 : static_cast<std::size_t>(s.patch() * s.out_plane()));
+    HostScratch scratch;
+    T* col = s.is_pointwise() ? nullptr
+                              : scratch.uninitialised<T>(std::size_t(s.patch() * s.out_plane()));
     for (std::int64_t n = 0; n < g.batch; ++n)
       for (std::int64_t group = 0; group < g.groups; ++group) {
         const T* image = in + (n * g.in_channels + group * s.in_channels) * g.height * g.width;
         const T* columns = image;
         if (!s.is_pointwise()) {
-          im2col(image, s, col.data());
-          columns = col.data();
+          im2col(image, s, col);
+          columns = col;
         }
         ConstMatrixMap<T> W(w + group * s.out_channels * s.patch(), s.out_channels, s.patch());
         ConstMatrixMap<T> C(columns, s.patch(), s.out_plane());
@@ -134,8 +137,10 @@ inline void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor&
     const T* gy = static_cast<const T*>(grad_y.data_ptr());
     const T* w = static_cast<const T*>(weight.data_ptr());
     const std::size_t col_size = static_cast<std::size_t>(s.patch() * s.out_plane());
-    std::vector<T> col(s.is_pointwise() ? 0 : col_size);
-    std::vector<T> grad_col(grad_x.defined() && !s.is_pointwise() ? col_size : 0);
+    HostScratch scratch;
+    T* col = s.is_pointwise() ? nullptr : scratch.uninitialised<T>(col_size);
+    T* grad_col =
+        grad_x.defined() && !s.is_pointwise() ? scratch.uninitialised<T>(col_size) : nullptr;
     const std::int64_t image_size = g.in_channels * g.height * g.width;
     const std::int64_t group_size = s.in_channels * g.height * g.width;
     if (grad_weight.defined()) {
@@ -150,8 +155,8 @@ inline void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor&
         if (grad_weight.defined()) {
           const T* columns = image;
           if (!s.is_pointwise()) {
-            im2col(image, s, col.data());
-            columns = col.data();
+            im2col(image, s, col);
+            columns = col;
           }
           ConstMatrixMap<T> C(columns, s.patch(), s.out_plane());
           MatrixMap<T> GW(
@@ -166,37 +171,45 @@ inline void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor&
             MatrixMap<T> GX(gx, s.patch(), s.out_plane());
             GX.noalias() = W.transpose() * GY;
           } else {
-            MatrixMap<T> GC(grad_col.data(), s.patch(), s.out_plane());
+            MatrixMap<T> GC(grad_col, s.patch(), s.out_plane());
             GC.noalias() = W.transpose() * GY;
             std::fill(gx, gx + group_size, T(0));
-            col2im(grad_col.data(), s, gx);
+            col2im(grad_col, s, gx);
           }
         }
       }
   });
 }
 
-// The same on tensors in either dense layout (core/channels_last.hpp): im2col reads and writes
-// NCHW, so channels-last operands go through contiguous copies.
+// The same on tensors in any layout the convolutions take: channels-last (core/channels_last.hpp)
+// and channel blocks [N, C/b, H, W, b] (core/channel_blocks.hpp: what a convolution asked for
+// them reads; oneDNN reads them as they are) -- im2col reads and writes NCHW, so those operands go
+// through NCHW copies, which move values without changing them: the NCHW call's bits.
+inline Tensor nchw_operand(Context& ctx, const Tensor& t) {
+  return has_channel_block_form(t) ? from_channel_blocks(ctx, t) : contiguous(ctx, t);
+}
+
 inline void conv2d_forward_any_layout(Context& ctx, const Tensor& x, const Tensor& weight,
                                       const Tensor& y, const ConvGeometry& g) {
-  const Tensor xc = contiguous(ctx, x);
-  if (y.is_contiguous()) return conv2d_forward(xc, weight, y, g);
-  const Tensor yc = empty_on(ctx, y.device(), y.shape(), y.dtype(), MemoryCategory::activations);
+  const Tensor xc = nchw_operand(ctx, x);
+  if (y.is_contiguous() && y.dim() == 4) return conv2d_forward(xc, weight, y, g);
+  const Tensor yc = empty_on(ctx, y.device(), {g.batch, g.out_channels, g.out_h, g.out_w},
+                             y.dtype(), MemoryCategory::activations);
   conv2d_forward(xc, weight, yc, g);
-  copy(ctx, y, yc);
+  copy(ctx, y, has_channel_block_form(y) ? to_channel_blocks(ctx, yc, y.size(4)) : yc);
 }
 
 inline void conv2d_backward_any_layout(Context& ctx, const Tensor& x, const Tensor& weight,
                                        const Tensor& grad_y, const Tensor& grad_x,
                                        const Tensor& grad_weight, const ConvGeometry& g) {
-  const Tensor xc = contiguous(ctx, x), gyc = contiguous(ctx, grad_y);
-  if (!grad_x.defined() || grad_x.is_contiguous())
+  const Tensor xc = nchw_operand(ctx, x), gyc = nchw_operand(ctx, grad_y);
+  if (!grad_x.defined() || (grad_x.is_contiguous() && grad_x.dim() == 4))
     return conv2d_backward(xc, weight, gyc, grad_x, grad_weight, g);
-  const Tensor gxc =
-      empty_on(ctx, grad_x.device(), grad_x.shape(), grad_x.dtype(), MemoryCategory::activations);
+  const Tensor gxc = empty_on(ctx, grad_x.device(), {g.batch, g.in_channels, g.height, g.width},
+                              grad_x.dtype(), MemoryCategory::activations);
   conv2d_backward(xc, weight, gyc, gxc, grad_weight, g);
-  copy(ctx, grad_x, gxc);
+  copy(ctx, grad_x,
+       has_channel_block_form(grad_x) ? to_channel_blocks(ctx, gxc, grad_x.size(4)) : gxc);
 }
 
 }  // namespace cpu
