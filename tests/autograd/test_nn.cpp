@@ -160,6 +160,57 @@ TEST_CASE("ResNet forward and backward shapes (small images)") {
   }
 }
 
+TEST_CASE("ResNet::child_output_shape: each child's [C, H, W] as a forward gives it") {
+  // Both stems, basic and bottleneck blocks, unfused ReLUs (a `relu` child), and sides that
+  // each halving rounds (odd, even, 1).
+  sk::Context ctx({.seed = 34});
+  struct Case {
+    const char* name;
+    int depth;
+    bool small_stem, fuse;
+    std::int64_t h, w;
+  };
+  for (const Case& k : {Case{"resnet18 small stem", 18, true, true, 28, 28},
+                        Case{"resnet18 ImageNet stem, unfused", 18, false, false, 33, 47},
+                        Case{"resnet50 ImageNet stem", 50, false, true, 64, 17},
+                        Case{"resnet50 small stem, 1 x 5", 50, true, true, 1, 5}}) {
+    CAPTURE(k.name);
+    nn::ResNetOptions o;
+    o.num_classes = 3;
+    o.base_channels = 4;
+    o.small_image_stem = k.small_stem;
+    o.fuse_bn_relu = k.fuse;
+    auto net = nn::resnet(ctx, k.depth, o);
+    net->eval();  // (a batch of one)
+    std::vector<std::pair<std::string, sk::Shape>> seen;
+    for (const auto& [name, child] : net->children())
+      child->register_forward_hook(
+          [&seen, name = name](nn::Module&, const Variable&, const Variable& y) {
+            seen.emplace_back(name, y.shape());
+          });
+    (void)(*net)(ctx, random_input(ctx, {1, 3, k.h, k.w}));
+    int compared = 0;
+    for (const auto& [name, shape] : seen) {
+      CAPTURE(name);
+      if (name == "flatten" || name == "fc") {
+        CHECK_THROWS_WITH(
+            net->child_output_shape(name, k.h, k.w),
+            doctest::Contains(("no child \"" + name + "\" with a [C, H, W] output").c_str()));
+        continue;
+      }
+      const auto c = net->child_output_shape(name, k.h, k.w);
+      CHECK(shape == sk::Shape{1, c[0], c[1], c[2]});
+      ++compared;
+    }
+    CHECK(compared == (k.small_stem ? 7 : 8) + (k.fuse ? 0 : 1));  // (conv1 ... avgpool)
+  }
+  auto net = nn::resnet18(ctx);
+  CHECK_THROWS_WITH(net->child_output_shape("layer5", 32, 32),
+                    doctest::Contains("the children that have one: conv1, bn1, maxpool, layer1"));
+  CHECK_THROWS_WITH(net->child_output_shape("layer1", 0, 32),
+                    doctest::Contains("images of 0 x 32 pixels"));
+}
+
 TEST_CASE(
     "ResNet blocks with batch-norm + ReLU fused or not: the same bits; unfused, torchvision's "
     "module calls") {

@@ -4,8 +4,10 @@
 // top-level children, so it can be split into checkpointed segments.
 #pragma once
 
+#include <array>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardkit/nn/sequential.hpp"
@@ -196,7 +198,44 @@ class Bottleneck : public Module {
 class ResNet : public Sequential {
  public:
   const char* type_name() const override { return "ResNet"; }
+
+  // The [C, H, W] that child `name` (conv1, bn1, relu, maxpool, layer1 ... layer4, avgpool)
+  // returns for images of h x w pixels, known without a forward: what an estimate made before
+  // the run needs of a layer's features (the SwAV trainer's kNN memory). Every window that
+  // shrinks the images here halves them as floor((n - 1) / 2) + 1: the 7 x 7 stem convolution
+  // (padding 3), the max-pool's 3 x 3 (padding 1) and each later stage's first 3 x 3 (padding 1)
+  // and 1 x 1 convolutions, all at stride 2.
+  std::array<std::int64_t, 3> child_output_shape(std::string_view name, std::int64_t h,
+                                                 std::int64_t w) const {
+    check(h >= 1 && w >= 1, "ResNet::child_output_shape: images of ", h, " x ", w,
+          " pixels; both sides must be >= 1");
+    const auto halve = [](std::array<std::int64_t, 3> s) {
+      return std::array<std::int64_t, 3>{s[0], (s[1] - 1) / 2 + 1, (s[2] - 1) / 2 + 1};
+    };
+    std::array<std::int64_t, 3> shape{stage_channels[0], h, w};  // (the stem's channels)
+    std::string names;
+    for (const auto& [child, module] : children()) {
+      if (child == "flatten" || child == "fc") break;  // (no [C, H, W] past here)
+      if ((child == "conv1" && !small_image_stem) || child == "maxpool") shape = halve(shape);
+      if (child.starts_with("layer")) {
+        const int stage = child[5] - '1';
+        if (stage > 0) shape = halve(shape);
+        shape[0] = stage_channels[static_cast<std::size_t>(stage)] * expansion;
+      }
+      if (child == "avgpool") shape = {shape[0], 1, 1};
+      if (child == name) return shape;
+      names += (names.empty() ? "" : ", ") + child;
+    }
+    throw InvalidArgument("ResNet::child_output_shape: no child \"" + std::string(name) +
+                          "\" with a [C, H, W] output; the children that have one: " + names);
+  }
+
   std::int64_t feature_dim = 0;  // channels entering avgpool/fc
+  // The architecture child_output_shape reads (set by the builder): the stem's kind, each
+  // stage's planes (the stem has the first's) and the blocks' channel expansion.
+  bool small_image_stem = false;
+  std::array<std::int64_t, 4> stage_channels{};
+  std::int64_t expansion = 1;
 };
 
 namespace detail {
@@ -228,6 +267,9 @@ std::shared_ptr<ResNet> build_resnet(Context& ctx, const std::vector<int>& block
   }
   std::int64_t in = c;
   const std::int64_t planes[] = {c, 2 * c, 4 * c, 8 * c};
+  net->small_image_stem = o.small_image_stem;
+  net->stage_channels = {planes[0], planes[1], planes[2], planes[3]};
+  net->expansion = Block::kExpansion;
   for (std::size_t stage = 0; stage < 4; ++stage) {
     auto layer = std::make_shared<Sequential>();
     for (int b = 0; b < blocks[stage]; ++b) {
