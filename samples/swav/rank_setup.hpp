@@ -82,9 +82,10 @@ inline void check_batch_fits(const SwavConfig& c, std::int64_t samples_per_rank)
 
 // What the ranks on this machine will hold of the host's memory: the model states of ranks on
 // the CPU, summed over the ranks' own plans (under oss and sdp the shards differ in size), each
-// CPU rank's step beyond them (measured: step_memory.hpp), and the raw-pixel kNN's floats --
-// the memory bank's pixels once per process, each rank's share of the test images' (four bytes
-// a value; trainer.hpp's evaluate).
+// CPU rank's step beyond them (measured: step_memory.hpp), and the two kNN figures' floats
+// (four bytes a value; trainer.hpp's evaluate), each held on its own: the raw pixels' -- the
+// memory bank's once per process, each rank's share of the test images' -- and then the
+// network's -- each rank's share of the bank's features and every test image's.
 struct HostMemoryNeed {
   std::int64_t states_per_rank_max = 0;  // the most loaded rank's model states
   std::int64_t local_states = 0;         // the local ranks' model states (0 on a GPU)
@@ -95,6 +96,11 @@ struct HostMemoryNeed {
   std::int64_t knn_row = 0;      // of those, an image's floats (bytes)
   std::int64_t knn_copies = 0;   // the bank's copies on this machine (its processes)
   std::int64_t knn_queries = 0;  // the local ranks' shares of the test images (bytes)
+  // The network kNN's on this machine at an evaluation (0 untested): network_knn_per_rank's,
+  // each local rank's; and an image's features over the feature sets (bytes), read at the
+  // evaluation's side of a bank image and of a test image
+  std::int64_t network_knn_local = 0;
+  std::int64_t network_bank_row = 0, network_test_row = 0;
   // A CPU rank's step beyond its states at the config's batch, and the line it is read from
   // (0 and empty where not measured: a GPU run, no measurement given, the images or the states
   // not fitting)
@@ -113,6 +119,34 @@ inline std::int64_t cpu_rank_states(const sk::parallel::MemoryPlan& p, const Swa
          p.host_total();
 }
 
+// What a rank holds for the network's kNN figure with a memory bank of `bank` images (trainer.hpp's
+// features and sharded_knn_accuracy): its share of the bank's features (a padded share while
+// it makes them), every test image's (each batch all-gathered into a buffer of the padded
+// shares), and the lists of k neighbours (a similarity and an index: 12 bytes an entry) that it
+// makes for every query and exchanges -- its own, the bytes it sends and those it receives.
+inline std::int64_t network_knn_per_rank(const HostMemoryNeed& need, const SwavConfig& c,
+                                         const Datasets& data, std::int64_t bank, int world) {
+  const std::int64_t queries = data.test.count;
+  return query_share(bank, world) * need.network_bank_row +
+         world * query_share(queries, world) * need.network_test_row +
+         3 * queries * c.knn_topk * std::int64_t{12};
+}
+
+// An image's features over the kNN's feature sets (bytes) in the evaluation's images of `set`:
+// DATA.TEST.TRANSFORMS' side (the large crops' by default), each trunk layer's [C, H, W] there
+// (nn::ResNet::child_output_shape) pooled as the set says.
+inline std::int64_t network_knn_row(SwavModel& model, const SwavConfig& c,
+                                    const sk::data::ImageDataset& set) {
+  const sk::data::ImageView image = set.image(0);
+  const std::int64_t side = c.eval_images.side(image.rows, image.cols, c.crops.size_crops[0]);
+  std::int64_t floats = 0;
+  for (const FeaturePool& pool : c.knn_features) {
+    const auto [channels, h, w] = model.trunk->child_output_shape(pool.module(), side, side);
+    floats += pool.features(channels, h, w);
+  }
+  return floats * 4;
+}
+
 // The ranks of `world` whose states this machine holds: `local_ranks` of them (threads of this
 // process when they are the world; processes launched side by side otherwise, their plans
 // averaged over the world's ranks). `model`: built without parameter memory.
@@ -124,6 +158,10 @@ inline HostMemoryNeed host_memory_need(SwavModel& model, const SwavConfig& c, co
     need.knn_copies = launched ? local_ranks : 1;
     need.knn_queries = query_share(data.test.count, world) * local_ranks * need.knn_row;
     need.knn_local = data.bank_size * need.knn_copies * need.knn_row + need.knn_queries;
+    need.network_bank_row = network_knn_row(model, c, data.train);
+    need.network_test_row = network_knn_row(model, c, data.test);
+    need.network_knn_local =
+        network_knn_per_rank(need, c, data, data.bank_size, world) * local_ranks;
   }
   if (!cpu) return need;
   long double sum = 0;
@@ -145,7 +183,7 @@ using StepMeasure = std::function<sk::parallel::ActivationProfile()>;
 // (host_memory_need) against what it has (`available`: available_host_memory(), -1: unknown) --
 // their model states first, then, on the CPU, with each rank's step at its batch
 // (`measure_step`, called only when the states fit; none given: the states alone, a lower
-// bound), then with the raw-pixel kNN's floats (which a rank holds outside its steps). Each
+// bound), then with each kNN figure's floats (which a rank holds outside its steps). Each
 // refusal says how many ranks (re-planned at that world size: a sharded rank holds more in a
 // smaller world), which batch or which memory bank would fit. A VISSL config written for 8
 // nodes of 8 GPUs would otherwise start 64 threads here, each building its model, and end out
@@ -179,7 +217,7 @@ inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data,
       const std::string ranks =
           std::to_string(local_ranks) +
           (launched ? " ranks launched on this machine" : " ranks as threads of this process");
-      char figures[400];
+      char figures[512];
       // "run at most k here", k the most ranks whose most loaded one, planned at that world,
       // fits that many times in `room` with `step` bytes of its step beside it.
       const auto fewer_ranks = [&](std::int64_t step, std::int64_t room) {
@@ -258,6 +296,35 @@ inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data,
                             : std::string("set DATA.TEST.DATA_LIMIT and "
                                           "MEMORY_BANK_LIMIT lower")) +
             ", or TEST_MODEL to False");
+      }
+      if (need.local_states + need.network_knn_local > available) {
+        // The largest bank whose features fit beside the states (none where the test images'
+        // alone do not).
+        std::int64_t bank_fits = data.bank_size - 1;
+        while (bank_fits >= 1 &&
+               need.local_states +
+                       network_knn_per_rank(need, c, data, bank_fits, world) * local_ranks >
+                   available)
+          --bank_fits;
+        std::snprintf(
+            figures, sizeof figures,
+            " would hold, for the network's kNN, each its share of the memory bank's "
+            "%lld images and all the %lld test images, as %lld and %lld floats an "
+            "image (the feature sets of MODEL.FEATURE_EVAL_SETTINGS."
+            "LINEAR_EVAL_FEAT_POOL_OPS_MAP), with their lists of %d neighbours: %.2f GB "
+            "with the model states, and this machine has %.2f GB available; ",
+            static_cast<long long>(data.bank_size), static_cast<long long>(data.test.count),
+            static_cast<long long>(need.network_bank_row / 4),
+            static_cast<long long>(need.network_test_row / 4), c.knn_topk,
+            double(need.local_states + need.network_knn_local) / 1e9, double(available) / 1e9);
+        throw ConfigError(
+            "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = " + std::to_string(c.memory_bank_limit) +
+            ": " + ranks + figures +
+            (bank_fits >= 1 ? "set MEMORY_BANK_LIMIT to at most " + std::to_string(bank_fits) +
+                                  ", pool the features smaller"
+                            : std::string("pool the features smaller, set DATA.TEST.DATA_LIMIT "
+                                          "and MEMORY_BANK_LIMIT lower")) +
+            ", run fewer ranks here, or set TEST_MODEL to False");
       }
     });
   problems.check();

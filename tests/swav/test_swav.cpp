@@ -1042,8 +1042,16 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   // The raw-pixel kNN: the bank's pixels as floats once per process, each rank's share of the
   // test images'. Six grey 8 x 8 images in each split, 64 floats (256 bytes) an image; two ranks
   // as threads hold the bank once and three test images each: 12 x 256 = 3072 bytes. Within
-  // 2500 bytes a bank of three images fits beside the six test images.
-  const auto tested = config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=2"});
+  // 2500 bytes a bank of three images fits beside the six test images. (The network's features
+  // here: a ResNet-18 of one base channel, res5avg's 8 floats an image, one neighbour.)
+  const std::vector<std::string> narrow{
+      "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=2",
+      "config.MODEL.TRUNK.RESNETS.DEPTH=18",
+      "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.015625",
+      "config.NEAREST_NEIGHBOR.TOPK=1",
+      R"(config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [8, 16, 4], "num_clusters": [3]}]])",
+      "config.DATA.TEST.TRANSFORMS=[{name: ToTensor}]"};
+  const auto tested = config_of(narrow);
   swav::Datasets small;
   small.train = random_images(6, 8);
   small.test = random_images(6, 8);
@@ -1073,6 +1081,53 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, true, 4608));
   small.bank_size = 3;
   CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, false, 2500));
+
+  // The network's kNN: each rank its share of the bank's features and every test image's, with
+  // k neighbours a query three times over (12 bytes each). A ResNet-18 of 64 base channels with
+  // the small stem, at 8 pixels: res4 (layer3: 256 channels of 2 x 2) and res5avg (512), 1536
+  // floats (6144 bytes) an image. Two threads, three bank images each, the six test images each,
+  // 2 neighbours: 2 x (3 x 6144 + 6 x 6144 + 3 x 6 x 2 x 12) = 111456 bytes. Within 100000 a
+  // bank of four fits (2 x (2 x 6144 + 36864 + 432) = 99168), one of five is three a rank.
+  std::vector<std::string> features = narrow;
+  for (const char* key :
+       {"config.NEAREST_NEIGHBOR.TOPK=2", "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=1",
+        R"(config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [512, 16, 4], "num_clusters": [3]}]])",
+        "config.MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM=True",
+        "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res4, [Identity, "
+        "[]]], [res5avg, [Identity, []]]]"})
+    features.emplace_back(key);
+  const auto network = config_of(features);
+  small.bank_size = 6;
+  const auto network_need = swav::check_ranks_fit(network, small, 2, 2, false, false, 111456);
+  CHECK(network_need.network_bank_row == 6144);
+  CHECK(network_need.network_test_row == 6144);
+  CHECK(network_need.network_knn_local == 111456);
+  CHECK(network_need.knn_local == 3072);  // (the raw pixels', held before)
+  try {
+    swav::check_ranks_fit(network, small, 2, 2, false, false, 100000);
+    FAIL("the network kNN's features were not checked");
+  } catch (const swav::ConfigError& e) {
+    CHECK(std::string(e.what()) ==
+          "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = -1: 2 ranks as threads of this process "
+          "would hold, for the network's kNN, each its share of the memory bank's 6 images and "
+          "all the 6 test images, as 1536 and 1536 floats an image (the feature sets of "
+          "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP), with their lists of 2 "
+          "neighbours: 0.00 GB with the model states, and this machine has 0.00 GB available; set "
+          "MEMORY_BANK_LIMIT to at most 4, pool the features smaller, run fewer ranks here, or "
+          "set TEST_MODEL to False");
+  }
+  // A layer that the evaluation's images leave too small for the pooling is refused before the
+  // ranks start, as the evaluation would refuse it.
+  features.back() =
+      "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res5, [AvgPool2d, "
+      "[[6, 6], 1, 0]]]]";
+  try {
+    swav::check_ranks_fit(config_of(features), small, 2, 2, false, false, 1 << 30);
+    FAIL("a pooling window larger than its layer went through");
+  } catch (const swav::ConfigError& e) {
+    CHECK(std::string(e.what()).find("feature pooling: res5 is 1x1, smaller than AvgPool2d's 6x6 "
+                                     "window") != std::string::npos);
+  }
 }
 
 TEST_CASE("processes launched side by side agree on how the checks ended: one stops all") {
