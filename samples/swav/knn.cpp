@@ -213,10 +213,19 @@ std::int64_t knn_correct(const std::vector<float>& bank,
   if (last <= first) return 0;
   const Neighbours nearest = knn_nearest(bank, 0, queries.data() + (first - queries_first) * dim,
                                          last - first, dim, k, pool);
+  return knn_votes_correct(nearest, bank_labels, query_labels, first, sigma, classes);
+}
+
+std::int64_t knn_votes_correct(const Neighbours& nearest,
+                               const std::vector<std::int32_t>& bank_labels,
+                               const std::vector<std::int32_t>& query_labels, std::int64_t first,
+                               double sigma, int classes) {
+  const auto rows =
+      static_cast<std::int64_t>(nearest.index.size()) / std::max<std::int64_t>(nearest.k, 1);
   std::int64_t correct = 0;
-  for (std::int64_t q = first; q < last; ++q)
-    correct += knn_vote(nearest, q - first, bank_labels, sigma, classes) ==
-               query_labels[static_cast<std::size_t>(q)];
+  for (std::int64_t r = 0; r < rows; ++r)
+    correct += knn_vote(nearest, r, bank_labels, sigma, classes) ==
+               query_labels[static_cast<std::size_t>(first + r)];
   return correct;
 }
 

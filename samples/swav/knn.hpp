@@ -54,6 +54,13 @@ Neighbours knn_merge(const std::vector<float>& similarity, const std::vector<std
 int knn_vote(const Neighbours& nearest, std::int64_t row,
              const std::vector<std::int32_t>& bank_labels, double sigma, int classes);
 
+// How many of the queries whose lists are `nearest`'s rows the lists' votes classify as their
+// labels say: row r is query first + r, its label query_labels[first + r].
+std::int64_t knn_votes_correct(const Neighbours& nearest,
+                               const std::vector<std::int32_t>& bank_labels,
+                               const std::vector<std::int32_t>& query_labels, std::int64_t first,
+                               double sigma, int classes);
+
 // How many of queries [first, last) the whole bank classifies correctly (knn_nearest and
 // knn_vote). `queries` holds the queries from `queries_first` on (a rank's share alone:
 // queries_first == first); `query_labels` every query's. The count is the same on any number of

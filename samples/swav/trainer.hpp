@@ -714,10 +714,8 @@ class SwavTrainer {
     }
     const int classes =
         static_cast<int>(std::max(data_->train.num_classes(), data_->test.num_classes()));
-    std::vector<double> correct{0.0};
-    for (std::int64_t q = first; q < last; ++q)
-      correct[0] += knn_vote(merged, q - first, labels, c_.knn_sigma, classes) ==
-                    data_->test.labels[static_cast<std::size_t>(q)];
+    std::vector<double> correct{double(
+        knn_votes_correct(merged, labels, data_->test.labels, first, c_.knn_sigma, classes))};
     all_reduce_host(*ctx_, *comm_, std::span<double>(correct), sk::comm::ReduceOp::sum);
     return correct[0] / double(n);
   }
