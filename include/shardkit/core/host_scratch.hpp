@@ -41,6 +41,7 @@ class HostScratch {
     const std::size_t bytes = std::max<std::size_t>(count * sizeof(T), 1);
     if (buffer.bytes < bytes) {
       buffer.data.reset();  // (the old one first: a growing buffer is not held twice)
+      buffer.bytes = 0;     // (and none if the allocation throws)
       buffer.data.reset(::operator new (bytes, std::align_val_t{kAlignment}));
       buffer.bytes = bytes;
     }
