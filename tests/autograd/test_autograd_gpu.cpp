@@ -278,6 +278,25 @@ TEST_CASE("channels-last on the GPU: convolution, batch-norm and max-pool match 
                      });
 }
 
+// A convolution asked to read channel blocks (Conv2dOptions::channel_blocks, as the CPU's
+// ResNets keep them) takes them on the GPU too, through an NCHW copy, the gradient handed back
+// in blocks -- against the CPU, where oneDNN reads them as they are.
+TEST_CASE("a channel-blocked input into a convolution on the GPU matches the CPU") {
+  for (const std::int64_t block : {8, 16}) {
+    CAPTURE(block);
+    compare_with_grads(
+        "conv3x3 from channel blocks", {{4, 16, 9, 9}, {24, 16, 3, 3}},
+        [block](sk::Context& c, const auto& v) {
+          ag::Conv2dOptions o = ag::Conv2dOptions::make(1, 1);
+          o.channel_blocks = true;
+          const Variable y =
+              ag::conv2d(c, ag::to_channel_blocks(c, v[0], block), v[1], Variable(), o);
+          if (c.device().is_cuda()) CHECK(y.dim() == 4);
+          return sk::has_channel_block_form(y.data()) ? ag::from_channel_blocks(c, y) : y;
+        });
+  }
+}
+
 // The convolutions above ran NHWC, not through NCHW copies: runs_nhwc says so for the stem (NCHW
 // images, channels-last output), a layer between channels-last tensors and a 1 x 1 output from a
 // channels-last input, and every plan made was an NHWC one.

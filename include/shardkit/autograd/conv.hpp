@@ -12,6 +12,7 @@
 #pragma once
 
 #include "shardkit/autograd/basic.hpp"
+#include "shardkit/autograd/channel_blocks.hpp"
 #include "shardkit/core/channel_blocks.hpp"
 
 namespace shardkit::autograd {
@@ -23,9 +24,10 @@ struct Conv2dOptions {
   // Write the output channels-last where channels_last_applies (the CPU in f32 and f64, a GPU in
   // f32, f16 and bf16); elsewhere it is contiguous.
   bool channels_last = false;
-  // Read a 5-D input [N, C/b, H, W, b] as channel blocks, and write the output in the channel
-  // blocks oneDNN's kernel for this shape computes in (CPU, f32, no bias; the shape tells which:
-  // [N, C_out/b, H_out, W_out, b]), or [N, C_out, H_out, W_out] where it computes in none.
+  // Read a 5-D input [N, C/b, H, W, b] as channel blocks (on a GPU, through an NCHW copy), and
+  // write the output in the channel blocks oneDNN's kernel for this shape computes in (CPU, f32,
+  // no bias; the shape tells which: [N, C_out/b, H_out, W_out, b]), or [N, C_out, H_out, W_out]
+  // where it computes in none.
   bool channel_blocks = false;
 
   static Conv2dOptions make(std::int64_t stride, std::int64_t padding, std::int64_t dilation = 1,
@@ -70,6 +72,11 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
                        const Variable& bias = Variable(), Conv2dOptions o = {}) {
   check(x.defined() && weight.defined(), "conv2d: input or weight undefined", module_suffix(ctx));
   const bool x_blocked = o.channel_blocks && has_channel_block_form(x.data());
+  if (x_blocked && !x.device().is_cpu()) {  // (cuDNN reads no channel blocks: NCHW, as batch-norm)
+    Conv2dOptions nchw = o;
+    nchw.channel_blocks = false;
+    return conv2d(ctx, from_channel_blocks(ctx, x), weight, bias, nchw);
+  }
   check(x.dim() == 4 || x_blocked, "conv2d: input ", shape_text(x.shape()), " is not [N, C, H, W]",
         o.channel_blocks ? " or channel blocks [N, C/b, H, W, b]" : "", module_suffix(ctx));
   const Shape x_shape = x_blocked ? channel_unblocked_shape(x.shape()) : x.shape();
