@@ -97,8 +97,8 @@ struct HostMemoryNeed {
   std::int64_t knn_copies = 0;   // the bank's copies on this machine (its processes)
   std::int64_t knn_queries = 0;  // the local ranks' shares of the test images (bytes)
   // The network kNN's on this machine at an evaluation (0 untested): network_knn_per_rank's,
-  // each local rank's; and an image's features over the feature sets (bytes), read at the
-  // evaluation's side of a bank image and of a test image
+  // each local rank's, and rank 0's export (network_knn_export); and an image's features over the
+  // feature sets (bytes), read at the evaluation's side of a bank image and of a test image
   std::int64_t network_knn_local = 0;
   std::int64_t network_bank_row = 0, network_test_row = 0;
   // A CPU rank's step beyond its states at the config's batch, and the line it is read from
@@ -122,14 +122,26 @@ inline std::int64_t cpu_rank_states(const sk::parallel::MemoryPlan& p, const Swa
 // What a rank holds for the network's kNN figure with a memory bank of `bank` images (trainer.hpp's
 // features and sharded_knn_accuracy): its share of the bank's features (a padded share while
 // it makes them), every test image's (each batch all-gathered into a buffer of the padded
-// shares), and the lists of k neighbours (a similarity and an index: 12 bytes an entry) that it
-// makes for every query and exchanges -- its own, the bytes it sends and those it receives.
+// shares), and the lists of k neighbours that it makes for every query and exchanges -- at the
+// exchange of the indices its own lists (a similarity and an index, 12 bytes an entry), the
+// similarities received (4) and four copies of the indices (32: the bytes sent, as a vector and
+// as a tensor, and received, as a tensor and as a vector): 48 bytes an entry.
 inline std::int64_t network_knn_per_rank(const HostMemoryNeed& need, const SwavConfig& c,
                                          const Datasets& data, std::int64_t bank, int world) {
   const std::int64_t queries = data.test.count;
   return query_share(bank, world) * need.network_bank_row +
          world * query_share(queries, world) * need.network_test_row +
-         3 * queries * c.knn_topk * std::int64_t{12};
+         queries * c.knn_topk * std::int64_t{48};
+}
+
+// What rank 0 holds beyond that at the last evaluation when it exports the features
+// (NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS): the tensors it writes -- the whole bank's features and
+// every test image's, over the sets -- and the whole bank of the set it is gathering. (Counted on
+// every machine: a machine does not know whether it holds rank 0.)
+inline std::int64_t network_knn_export(const HostMemoryNeed& need, const SwavConfig& c,
+                                       const Datasets& data, std::int64_t bank) {
+  if (c.export_dir.empty()) return 0;
+  return 2 * bank * need.network_bank_row + data.test.count * need.network_test_row;
 }
 
 // An image's features over the kNN's feature sets (bytes) in the evaluation's images of `set`:
@@ -137,6 +149,7 @@ inline std::int64_t network_knn_per_rank(const HostMemoryNeed& need, const SwavC
 // (nn::ResNet::child_output_shape) pooled as the set says.
 inline std::int64_t network_knn_row(SwavModel& model, const SwavConfig& c,
                                     const sk::data::ImageDataset& set) {
+  if (set.count == 0) return 0;
   const sk::data::ImageView image = set.image(0);
   const std::int64_t side = c.eval_images.side(image.rows, image.cols, c.crops.size_crops[0]);
   std::int64_t floats = 0;
@@ -161,7 +174,8 @@ inline HostMemoryNeed host_memory_need(SwavModel& model, const SwavConfig& c, co
     need.network_bank_row = network_knn_row(model, c, data.train);
     need.network_test_row = network_knn_row(model, c, data.test);
     need.network_knn_local =
-        network_knn_per_rank(need, c, data, data.bank_size, world) * local_ranks;
+        network_knn_per_rank(need, c, data, data.bank_size, world) * local_ranks +
+        network_knn_export(need, c, data, data.bank_size);
   }
   if (!cpu) return need;
   long double sum = 0;
@@ -303,7 +317,8 @@ inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data,
         std::int64_t bank_fits = data.bank_size - 1;
         while (bank_fits >= 1 &&
                need.local_states +
-                       network_knn_per_rank(need, c, data, bank_fits, world) * local_ranks >
+                       network_knn_per_rank(need, c, data, bank_fits, world) * local_ranks +
+                       network_knn_export(need, c, data, bank_fits) >
                    available)
           --bank_fits;
         std::snprintf(

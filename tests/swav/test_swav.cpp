@@ -1083,11 +1083,11 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   CHECK_NOTHROW(swav::check_ranks_fit(tested, small, 2, 2, false, false, 2500));
 
   // The network's kNN: each rank its share of the bank's features and every test image's, with
-  // k neighbours a query three times over (12 bytes each). A ResNet-18 of 64 base channels with
+  // the k neighbours of every query at 48 bytes an entry. A ResNet-18 of 64 base channels with
   // the small stem, at 8 pixels: res4 (layer3: 256 channels of 2 x 2) and res5avg (512), 1536
   // floats (6144 bytes) an image. Two threads, three bank images each, the six test images each,
-  // 2 neighbours: 2 x (3 x 6144 + 6 x 6144 + 3 x 6 x 2 x 12) = 111456 bytes. Within 100000 a
-  // bank of four fits (2 x (2 x 6144 + 36864 + 432) = 99168), one of five is three a rank.
+  // 2 neighbours: 2 x (3 x 6144 + 6 x 6144 + 6 x 2 x 48) = 111744 bytes. Within 100000 a bank
+  // of four fits (2 x (2 x 6144 + 36864 + 576) = 99456), one of five is three a rank.
   std::vector<std::string> features = narrow;
   for (const char* key :
        {"config.NEAREST_NEIGHBOR.TOPK=2", "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=1",
@@ -1098,10 +1098,10 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
     features.emplace_back(key);
   const auto network = config_of(features);
   small.bank_size = 6;
-  const auto network_need = swav::check_ranks_fit(network, small, 2, 2, false, false, 111456);
+  const auto network_need = swav::check_ranks_fit(network, small, 2, 2, false, false, 111744);
   CHECK(network_need.network_bank_row == 6144);
   CHECK(network_need.network_test_row == 6144);
-  CHECK(network_need.network_knn_local == 111456);
+  CHECK(network_need.network_knn_local == 111744);
   CHECK(network_need.knn_local == 3072);  // (the raw pixels', held before)
   try {
     swav::check_ranks_fit(network, small, 2, 2, false, false, 100000);
@@ -1116,6 +1116,12 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
           "MEMORY_BANK_LIMIT to at most 4, pool the features smaller, run fewer ranks here, or "
           "set TEST_MODEL to False");
   }
+  // Exporting the features, rank 0 also holds what it writes, the whole bank's features and every
+  // test image's (6 x 6144 + 6 x 6144), and the whole bank of the set it gathers (6 x 6144).
+  std::vector<std::string> exported = features;
+  exported.emplace_back("config.NEAREST_NEIGHBOR.EXPORT_EMBEDDINGS=/tmp/unused");
+  CHECK(swav::check_ranks_fit(config_of(exported), small, 2, 2, false, false, 1 << 20)
+            .network_knn_local == 111744 + 3 * 6 * 6144);
   // A layer that the evaluation's images leave too small for the pooling is refused before the
   // ranks start, as the evaluation would refuse it.
   features.back() =
