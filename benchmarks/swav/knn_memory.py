@@ -17,6 +17,9 @@ at the figure (the training itself is not measured). Reported: the process's pea
                     image's on each rank (each shard is asked every query); every rank holding
                     the whole bank would take 8 times the bank. The rise of the peak from the
                     raw-pixel figure to this one is set beside the floor.
+  Beside each, the trainer's own estimate of the larger kNN figure's floats with the model states
+  (its host-memory line), which its check holds against the available memory before the ranks
+  start (samples/swav/rank_setup.hpp).
 
   benchmarks/swav/knn_memory.py [build/samples/swav/swav] [--figure raw|network] [--runs 2]"""
 import argparse
@@ -67,11 +70,14 @@ def run(swav, work, figure):
     start = time.monotonic()
     process = subprocess.Popen(arguments(swav, work, figure), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
-    output, raw_peak = [], None
+    output, raw_peak, estimate = [], None, None
     wanted = r"raw-pixel kNN .*: ([0-9.]+)%" if figure == "raw" else \
         r"initial network: kNN .*: ([0-9.]+)% \(raw"
     for line in process.stdout:
         output.append(line)
+        said = re.search(r"at a kNN evaluation about ([0-9.]+) GB with the states", line)
+        if said:
+            estimate = float(said.group(1)) * 1e9
         if raw_peak is None and re.search(r"raw-pixel kNN", line):
             raw_peak = peak_of(process.pid)
         found = re.search(wanted, line)
@@ -80,7 +86,7 @@ def run(swav, work, figure):
             seconds = time.monotonic() - start
             process.kill()
             process.wait()
-            return raw_peak, peak, seconds, found.group(1)
+            return raw_peak, peak, seconds, found.group(1), estimate
     process.wait()
     raise SystemExit(f"no {figure} kNN figure:\n" + "".join(output))
 
@@ -105,16 +111,19 @@ def main():
               f"rank holding both whole: {RANKS * (bank + test) * row / 1e9:.2f} GB")
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="shardkit_knn_memory_") as work:
-            raw_peak, peak, seconds, figure = run(args.swav, work, args.figure)
+            raw_peak, peak, seconds, figure, estimate = run(args.swav, work, args.figure)
+        said = (f"; the trainer's estimate before the ranks start: {estimate / 1e9:.2f} GB with the "
+                f"model states" if estimate else "")
         if args.figure == "raw":
             print(f"peak resident set at the raw-pixel figure: {peak / 1e9:.2f} GB "
-                  f"({peak / floor:.2f}x the floats' floor), after {seconds:.1f} s; figure {figure}%")
+                  f"({peak / floor:.2f}x the floats' floor), after {seconds:.1f} s; figure {figure}%"
+                  f"{said}")
         else:
             rise = peak - raw_peak
             print(f"peak resident set at the raw-pixel figure {raw_peak / 1e9:.2f} GB, at the "
                   f"network's first figure {peak / 1e9:.2f} GB: a rise of {rise / 1e9:.2f} GB "
                   f"({rise / floor:.2f}x the features' floor), after {seconds:.1f} s; "
-                  f"figure {figure}%")
+                  f"figure {figure}%{said}")
 
 
 if __name__ == "__main__":

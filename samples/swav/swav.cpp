@@ -203,17 +203,24 @@ int main(int argc, char** argv) {
       // (launched GPU processes: each refuses alone, and the launcher ends the job)
       need = check({});
     }
-    if (lead && need.step_per_rank > 0)
+    if (lead && need.step_per_rank > 0) {
+      // (the kNN's figures are held outside the steps, beside the states: the larger of the two)
+      char knn[160] = "";
+      const std::int64_t knn_bytes = std::max(need.knn_local, need.network_knn_local);
+      if (knn_bytes > 0)
+        std::snprintf(knn, sizeof knn, "; at a kNN evaluation about %.2f GB with the states",
+                      double(need.local_states + knn_bytes) / 1e9);
       std::printf(
           "host memory: about %.1f MB a rank as it steps -- model states %.1f MB (the most loaded "
           "rank), activations and scratch %.1f MB at %lld images (measured here: %.1f MB + %.1f "
-          "MB an image) -- %d ranks on this machine, about %.2f of %.2f GB available\n",
+          "MB an image) -- %d ranks on this machine, about %.2f of %.2f GB available%s\n",
           double(need.states_per_rank_max + need.step_per_rank) / 1e6,
           double(need.states_per_rank_max) / 1e6, double(need.step_per_rank) / 1e6,
           static_cast<long long>(config.batch_size), need.step.fixed_bytes / 1e6,
           need.step.bytes_per_sample / 1e6, local_ranks,
           double(need.local_states + need.step_per_rank * local_ranks) / 1e9,
-          double(available) / 1e9);
+          double(available) / 1e9, knn);
+    }
     swav::RunReport report;
 #if SK_WITH_CUDA
     if (gpu) report = swav::train_ranks_gpu(config, data, launch, world);
