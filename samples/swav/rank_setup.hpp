@@ -96,9 +96,9 @@ struct HostMemoryNeed {
   std::int64_t knn_row = 0;      // of those, an image's floats (bytes)
   std::int64_t knn_copies = 0;   // the bank's copies on this machine (its processes)
   std::int64_t knn_queries = 0;  // the local ranks' shares of the test images (bytes)
-  // The network kNN's on this machine at an evaluation (0 untested): network_knn_per_rank's,
-  // each local rank's, and rank 0's export (network_knn_export); and an image's features over the
-  // feature sets (bytes), read at the evaluation's side of a bank image and of a test image
+  // The network kNN's on this machine at an evaluation (0 untested: network_knn_on_machine);
+  // and an image's features over the feature sets (bytes), read at the evaluation's side of a
+  // bank image and of a test image
   std::int64_t network_knn_local = 0;
   std::int64_t network_bank_row = 0, network_test_row = 0;
   // A CPU rank's step beyond its states at the config's batch, and the line it is read from
@@ -144,6 +144,15 @@ inline std::int64_t network_knn_export(const HostMemoryNeed& need, const SwavCon
   return 2 * bank * need.network_bank_row + data.test.count * need.network_test_row;
 }
 
+// What the ranks on this machine hold for the network's kNN figure with a bank of `bank` images:
+// each local rank's, and rank 0's export.
+inline std::int64_t network_knn_on_machine(const HostMemoryNeed& need, const SwavConfig& c,
+                                           const Datasets& data, std::int64_t bank, int world,
+                                           int local_ranks) {
+  return network_knn_per_rank(need, c, data, bank, world) * local_ranks +
+         network_knn_export(need, c, data, bank);
+}
+
 // An image's features over the kNN's feature sets (bytes) in the evaluation's images of `set`:
 // DATA.TEST.TRANSFORMS' side (the large crops' by default), each trunk layer's [C, H, W] there
 // (nn::ResNet::child_output_shape) pooled as the set says.
@@ -174,8 +183,7 @@ inline HostMemoryNeed host_memory_need(SwavModel& model, const SwavConfig& c, co
     need.network_bank_row = network_knn_row(model, c, data.train);
     need.network_test_row = network_knn_row(model, c, data.test);
     need.network_knn_local =
-        network_knn_per_rank(need, c, data, data.bank_size, world) * local_ranks +
-        network_knn_export(need, c, data, data.bank_size);
+        network_knn_on_machine(need, c, data, data.bank_size, world, local_ranks);
   }
   if (!cpu) return need;
   long double sum = 0;
@@ -317,8 +325,7 @@ inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data,
         std::int64_t bank_fits = data.bank_size - 1;
         while (bank_fits >= 1 &&
                need.local_states +
-                       network_knn_per_rank(need, c, data, bank_fits, world) * local_ranks +
-                       network_knn_export(need, c, data, bank_fits) >
+                       network_knn_on_machine(need, c, data, bank_fits, world, local_ranks) >
                    available)
           --bank_fits;
         std::snprintf(
