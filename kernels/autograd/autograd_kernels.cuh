@@ -65,6 +65,7 @@ inline const AutogradKernels* cuda_kernels_table() {
       .pointwise = &k::pointwise,
       .channel_sum = &k::channel_sum,
       .channel_bias_add = &k::channel_bias_add,
+      .channel_scale = &k::channel_scale,
       .softmax_forward = &k::softmax_forward,
       .softmax_backward = &k::softmax_backward,
       .l2_normalize_forward = &k::l2_normalize_forward,

@@ -1,5 +1,5 @@
-// Element-wise and per-channel autograd kernels: pointwise ops (axpby, mul, relu and its
-// backward), per-channel sums and bias add, and batch-norm's eval-mode backward.
+// Element-wise and per-channel autograd kernels: pointwise ops (axpby, mul, relu, sigmoid and
+// their backwards), per-channel sums, bias add and scale, and batch-norm's eval-mode backward.
 #pragma once
 
 #include "kernels/autograd/common.cuh"
@@ -72,6 +72,16 @@ __global__ void channel_bias_add_kernel(T* y, const T* bias, std::int64_t n, std
                                         std::int64_t inner) {
   using A = Acc<T>;
   SK_GRID_LOOP(i, n) { store(y, i, load<A>(y, i) + load<A>(bias, (i / inner) % channels)); }
+}
+
+// out = x * scale[channel], in the accumulator type as the CPU's (ScaleMath: the same bits).
+template <class T>
+__global__ void channel_scale_kernel(const T* x, const T* scale, T* out, std::int64_t n,
+                                     std::int64_t channels, std::int64_t inner) {
+  using A = Acc<T>;
+  SK_GRID_LOOP(i, n) {
+    store(out, i, ScaleMath{}(load<A>(x, i), A(0), load<A>(scale, (i / inner) % channels), A(0)));
+  }
 }
 
 template <class T, class S>
@@ -150,6 +160,20 @@ inline void channel_bias_add(Context& ctx, const Tensor& y, const Tensor& bias, 
     channel_bias_add_kernel<T><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
         static_cast<T*>(y.data_ptr()), static_cast<const T*>(bias.data_ptr()), n, channels, inner);
     SK_CUDA_CHECK_LAUNCH("channel_bias_add_kernel");
+  });
+}
+
+inline void channel_scale(Context& ctx, const Tensor& x, const Tensor& scale, const Tensor& out,
+                          std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+  const std::int64_t n = outer * channels * inner;
+  if (n == 0) return;
+  CudaDeviceGuard guard(ctx.device().index);
+  visit_floating(x.dtype(), "channel_scale", [&](auto tag) {
+    using T = decltype(tag);
+    channel_scale_kernel<T><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
+        static_cast<const T*>(x.data_ptr()), static_cast<const T*>(scale.data_ptr()),
+        static_cast<T*>(out.data_ptr()), n, channels, inner);
+    SK_CUDA_CHECK_LAUNCH("channel_scale_kernel");
   });
 }
 

@@ -137,6 +137,15 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
                      [](sk::Context& c, const auto& v) { return ag::relu(c, v[0]); });
   compare_with_grads("add_relu", {{5, 300}, {5, 300}},
                      [](sk::Context& c, const auto& v) { return ag::add_relu(c, v[0], v[1]); });
+  compare_with_grads("sigmoid", {{5, 300}},
+                     [](sk::Context& c, const auto& v) { return ag::sigmoid(c, v[0]); });
+  // Squeeze-and-excitation's gate: 7 x 7 planes, and 1 x 1 ones.
+  compare_with_grads(
+      "channel_scale", {{3, 10, 7, 7}, {3, 10, 1, 1}},
+      [](sk::Context& c, const auto& v) { return ag::channel_scale(c, v[0], v[1]); });
+  compare_with_grads(
+      "channel_scale 1x1", {{4, 6, 1, 1}, {4, 6, 1, 1}},
+      [](sk::Context& c, const auto& v) { return ag::channel_scale(c, v[0], v[1]); });
   compare_with_grads("linear", {{8, 32}, {16, 32}, {16}},
                      [](sk::Context& c, const auto& v) { return ag::linear(c, v[0], v[1], v[2]); });
   compare_with_grads("matmul", {{8, 32}, {32, 12}},
@@ -361,7 +370,8 @@ TEST_CASE("pointwise kernels: 128-bit packs equal the element-by-element form bi
   for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16, sk::DType::f64})
     for (std::int64_t n : {1, 3, 7, 8, 9, 33, 1000, 100003})
       for (auto op : {ag::Pointwise::axpby, ag::Pointwise::mul, ag::Pointwise::relu,
-                      ag::Pointwise::relu_backward, ag::Pointwise::add_relu})
+                      ag::Pointwise::relu_backward, ag::Pointwise::add_relu, ag::Pointwise::sigmoid,
+                      ag::Pointwise::sigmoid_backward})
         for (double beta : {0.75, 0.0}) {  // axpby with beta 0 reads no b (scale)
           if (op != ag::Pointwise::axpby && beta == 0) continue;
           CAPTURE(sk::dtype_name(dtype));

@@ -50,6 +50,31 @@ TEST_CASE("element-wise and shape ops") {
   expect_gradients(ctx, {a}, [&](const auto& v) {
     return ag::mul(ctx, ag::flatten(ctx, v[0]), ag::flatten(ctx, v[0]));
   });
+  auto wide = random_variable(ctx, {2, 3, 4}, -6, 6);  // (both tails of the sigmoid)
+  expect_gradients(ctx, {wide}, [&](const auto& v) { return ag::sigmoid(ctx, v[0]); });
+}
+
+TEST_CASE("channel_scale: each plane times its gate, as a squeeze-and-excitation layer") {
+  sk::Context ctx({.seed = 21});
+  auto x = random_variable(ctx, {2, 3, 4, 5}, -1, 1),
+       gate = random_variable(ctx, {2, 3, 1, 1}, -1, 1);
+  expect_gradients(ctx, {x, gate},
+                   [&](const auto& v) { return ag::channel_scale(ctx, v[0], v[1]); });
+  // A gate that is not a leaf, and 1 x 1 planes (a last stage at small images).
+  auto y = random_variable(ctx, {3, 4, 1, 1}, -1, 1), w = random_variable(ctx, {3, 4, 1, 1}, -1, 1);
+  expect_gradients(ctx, {y, w}, [&](const auto& v) {
+    return ag::channel_scale(ctx, v[0], ag::sigmoid(ctx, v[1]));
+  });
+  // The values: x[n, c, h, w] * gate[n, c] exactly.
+  ag::NoGradGuard no_grad(ctx);
+  const Variable out = ag::channel_scale(ctx, x, gate);
+  const auto xv = sk::to_vector<double>(ctx, x.data()),
+             gv = sk::to_vector<double>(ctx, gate.data());
+  const auto ov = sk::to_vector<double>(ctx, out.data());
+  for (std::size_t i = 0; i < ov.size(); ++i) CHECK(ov[i] == xv[i] * gv[i / 20]);
+  CHECK_THROWS_WITH_AS(ag::channel_scale(ctx, x, random_variable(ctx, {2, 3}, -1, 1)),
+                       doctest::Contains("give x as [N, C, H, W] and the gate as [N, C, 1, 1]"),
+                       sk::InvalidArgument);
 }
 
 TEST_CASE("linear and matmul") {

@@ -1,5 +1,5 @@
-// Differentiable element-wise and shape ops: add, mul, scale, relu, flatten, reshape, cat, cast,
-// identity.
+// Differentiable element-wise and shape ops: add, mul, scale, relu, sigmoid, channel_scale,
+// flatten, reshape, cat, cast, identity.
 #pragma once
 
 #include <cmath>
@@ -61,6 +61,37 @@ struct AddReluNode final : Node {
     return {masked, masked};
   }
   void release_saved() override { y = Tensor(); }
+};
+
+struct SigmoidNode final : Node {
+  Tensor y;
+  const char* name() const override { return "sigmoid"; }
+  Gradients apply(Context& ctx, const Tensor& g) override {
+    return {fn::pointwise(ctx, Pointwise::sigmoid_backward, g, y, 1, 0)};
+  }
+  void release_saved() override { y = Tensor(); }
+};
+
+// x [N, C, H, W] * gate [N, C, 1, 1]: each plane (n, c) scaled by gate[n, c].
+struct ChannelScaleNode final : Node {
+  Tensor x, gate;  // (contiguous)
+  const char* name() const override { return "channel_scale"; }
+  Gradients apply(Context& ctx, const Tensor& g) override {
+    const Tensor gd = contiguous(ctx, g);
+    const std::int64_t planes = gate.numel(), inner = x.numel() / std::max<std::int64_t>(planes, 1);
+    Tensor grad_x, grad_gate;
+    if (edges[0].valid()) {
+      grad_x = fn::new_like(ctx, x);
+      kernels_for(ctx, x).channel_scale(ctx, gd, gate, grad_x, 1, planes, inner);
+    }
+    if (edges[1].valid()) {  // each plane's sum of g * x (summed in f64 on the CPU)
+      const Tensor products = fn::mul(ctx, gd, x);
+      grad_gate = fn::new_like(ctx, gate);
+      kernels_for(ctx, x).channel_sum(ctx, products, grad_gate, 1, planes, inner);
+    }
+    return {grad_x, grad_gate};
+  }
+  void release_saved() override { x = gate = Tensor(); }
 };
 
 struct ViewNode final : Node {
@@ -152,6 +183,39 @@ inline Variable add_relu(Context& ctx, const Variable& a, const Variable& b) {
   auto node = make_pooled<detail::AddReluNode>();
   node->y = y;
   return record(ctx, node, {&a, &b}, std::move(y));
+}
+
+// 1 / (1 + exp(-x)) element by element (torch.sigmoid).
+inline Variable sigmoid(Context& ctx, const Variable& x) {
+  check(x.defined(), "sigmoid: the input is undefined", module_suffix(ctx));
+  Tensor y = fn::pointwise(ctx, Pointwise::sigmoid, x.data(), Tensor(), 1, 0);
+  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  auto node = make_pooled<detail::SigmoidNode>();
+  node->y = y;
+  return record(ctx, node, {&x}, std::move(y));
+}
+
+// x [N, C, H, W] times gate [N, C, 1, 1], the gate broadcast over each plane: PyTorch's
+// `x * gate` in a squeeze-and-excitation layer. The result is contiguous [N, C, H, W]; a
+// channels-last x is read through an NCHW copy.
+inline Variable channel_scale(Context& ctx, const Variable& x, const Variable& gate) {
+  check(x.defined() && gate.defined(), "channel_scale: an input is undefined", module_suffix(ctx));
+  const Shape& xs = x.shape();
+  check(xs.size() == 4 && gate.shape() == Shape{xs[0], xs[1], 1, 1}, "channel_scale: x ",
+        shape_text(xs), " and gate ", shape_text(gate.shape()), module_suffix(ctx),
+        "; give x as [N, C, H, W] and the gate as [N, C, 1, 1]");
+  check(x.dtype() == gate.dtype(), "channel_scale: dtypes ", dtype_name(x.dtype()), " and ",
+        dtype_name(gate.dtype()), " differ", module_suffix(ctx), "; cast one first");
+  check(x.device() == gate.device(), "channel_scale: operands on ", x.device(), " and ",
+        gate.device(), module_suffix(ctx));
+  Tensor xd = detail::contiguous_data(ctx, x), gd = detail::contiguous_data(ctx, gate);
+  Tensor y = fn::new_like(ctx, xd);
+  kernels_for(ctx, xd).channel_scale(ctx, xd, gd, y, 1, xs[0] * xs[1], xs[2] * xs[3]);
+  if (!needs_grad(ctx, {&x, &gate})) return Variable(std::move(y));
+  auto node = make_pooled<detail::ChannelScaleNode>();
+  node->x = xd;
+  node->gate = gd;
+  return record(ctx, node, {&x, &gate}, std::move(y));
 }
 
 // Same elements, new shape (one entry may be -1).

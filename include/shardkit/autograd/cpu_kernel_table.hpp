@@ -59,6 +59,16 @@ SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
                 },
                 y, bias);
           },
+      .channel_scale =
+          [](Context& c, const Tensor& x, const Tensor& scale, const Tensor& out,
+             std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+            in_f32(
+                c,
+                [&](const auto& a, const auto& s, const auto& o) {
+                  cpu::channel_scale(c, a, s, o, outer, channels, inner);
+                },
+                x, scale, out);
+          },
       .softmax_forward =
           [](Context& c, const Tensor& x, const Tensor& y, std::int64_t rows, std::int64_t cols,
              bool log) {

@@ -118,6 +118,24 @@ inline void channel_bias_add(Context&, const Tensor& y, const Tensor& bias, std:
   });
 }
 
+// (rows of `inner` elements on the thread pool, each row's product alone: the bits do not depend
+// on the thread count)
+inline void channel_scale(Context& ctx, const Tensor& x, const Tensor& scale, const Tensor& out,
+                          std::int64_t outer, std::int64_t channels, std::int64_t inner) {
+  visit_real(x.dtype(), "channel_scale", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data_ptr());
+    const T* s = static_cast<const T*>(scale.data_ptr());
+    T* o = static_cast<T*>(out.data_ptr());
+    const std::int64_t rows_per_task = std::max<std::int64_t>(1, kPointwiseBlock / inner);
+    const std::int64_t rows = outer * channels;
+    ctx.cpu_pool().parallel_for((rows + rows_per_task - 1) / rows_per_task, [=](std::int64_t t) {
+      for (std::int64_t r = t * rows_per_task; r < std::min(rows, (t + 1) * rows_per_task); ++r)
+        unary_loop(ScaleMath{}, o + r * inner, in + r * inner, s[r % channels], 0, inner);
+    });
+  });
+}
+
 inline void softmax_forward(Context&, const Tensor& x, const Tensor& y, std::int64_t rows,
                             std::int64_t cols, bool log) {
   visit_real(x.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {

@@ -28,6 +28,10 @@ struct AutogradKernels {
   // y[o, c, i] += bias[c]
   void (*channel_bias_add)(Context&, const Tensor& y, const Tensor& bias, std::int64_t outer,
                            std::int64_t channels, std::int64_t inner);
+  // out[o, c, i] = x[o, c, i] * scale[c] (a squeeze-and-excitation gate: x viewed as
+  // [1, N * C, H * W] and scale as [N * C]); x, scale and out have one dtype.
+  void (*channel_scale)(Context&, const Tensor& x, const Tensor& scale, const Tensor& out,
+                        std::int64_t outer, std::int64_t channels, std::int64_t inner);
   // Row-wise (log-)softmax of x[rows, cols].
   void (*softmax_forward)(Context&, const Tensor& x, const Tensor& y, std::int64_t rows,
                           std::int64_t cols, bool log);

@@ -5,6 +5,7 @@
 // the compiler selects instead of branching (see cpu_kernels.hpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "shardkit/core/config.hpp"
@@ -12,11 +13,13 @@
 namespace shardkit::autograd {
 
 enum class Pointwise : std::uint8_t {
-  axpby,          // out = alpha*a + beta*b (b may be undefined when beta == 0)
-  mul,            // out = alpha*a*b
-  relu,           // out = max(a, 0)
-  relu_backward,  // out = a * (b > 0)   (a: gradient, b: the relu's output)
-  add_relu,       // out = max(alpha*a + beta*b, 0): a residual block's end in one pass
+  axpby,             // out = alpha*a + beta*b (b may be undefined when beta == 0)
+  mul,               // out = alpha*a*b
+  relu,              // out = max(a, 0)
+  relu_backward,     // out = a * (b > 0)   (a: gradient, b: the relu's output)
+  add_relu,          // out = max(alpha*a + beta*b, 0): a residual block's end in one pass
+  sigmoid,           // out = 1 / (1 + exp(-a))
+  sigmoid_backward,  // out = a * b * (1 - b)   (a: gradient, b: the sigmoid's output)
 };
 
 // Each functor says whether it reads b: a loop over a unary one passes 0 for b and never loads it.
@@ -73,6 +76,26 @@ struct AddReluMath {
   }
 };
 
+// out = 1 / (1 + exp(-a)): torch.sigmoid's formula (squeeze-and-excitation's gate). For a below
+// about -88 (f32) exp overflows to inf and the result is 0, as PyTorch's.
+struct SigmoidMath {
+  static constexpr bool kReadsB = false;
+  template <class T>
+  SK_HOST_DEVICE SK_INLINE T operator()(T a, T, T, T) const {
+    using std::exp;  // (the host's; CUDA's overloads for float and double on the device)
+    return T(1) / (T(1) + exp(-a));
+  }
+};
+// out = a * b * (1 - b) (a: the gradient, b: the sigmoid's output), as PyTorch's
+// sigmoid_backward.
+struct SigmoidBackwardMath {
+  static constexpr bool kReadsB = true;
+  template <class T>
+  SK_HOST_DEVICE SK_INLINE T operator()(T a, T b, T, T) const {
+    return a * (T(1) - b) * b;
+  }
+};
+
 // Calls fn with op's functor, chosen once on the host (axpby without a b scales a alone), so a
 // loop or kernel is instantiated per functor instead of switching per element.
 template <class Fn>
@@ -95,6 +118,12 @@ void with_pointwise_math(Pointwise op, bool reads_b, Fn&& fn) {
       return;
     case Pointwise::add_relu:
       fn(AddReluMath{});
+      return;
+    case Pointwise::sigmoid:
+      fn(SigmoidMath{});
+      return;
+    case Pointwise::sigmoid_backward:
+      fn(SigmoidBackwardMath{});
       return;
   }
 }

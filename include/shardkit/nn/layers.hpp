@@ -135,6 +135,12 @@ class ReLU : public Module {
   Variable forward(Context& ctx, const Variable& x) override { return autograd::relu(ctx, x); }
 };
 
+class Sigmoid : public Module {
+ public:
+  const char* type_name() const override { return "Sigmoid"; }
+  Variable forward(Context& ctx, const Variable& x) override { return autograd::sigmoid(ctx, x); }
+};
+
 class MaxPool2d : public Module {
  public:
   MaxPool2d(std::int64_t kernel, std::int64_t stride, std::int64_t padding = 0)
