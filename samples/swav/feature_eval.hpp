@@ -1,9 +1,9 @@
 // Which trunk features the kNN evaluation reads, as VISSL's
 // MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP names them: a list of
-// [layer, [pool op, args]]. The layers are VISSL's ResNet feature names -- res2 ... res5 (the
-// outputs of layer1 ... layer4) and res5avg (the globally average-pooled trunk output, the
-// default) -- and each output [N, C, H, W] is pooled by the op and flattened per image as
-// torch.flatten(x, 1) does:
+// [layer, [pool op, args]]. The layers are VISSL's feature names -- res2 ... res5 (the outputs
+// of the trunk's stages: ResNet's layer1 ... layer4, RegNet's res2 ... res5) and res5avg (the
+// globally average-pooled trunk output, the default) -- and each output [N, C, H, W] is pooled by
+// the op and flattened per image as torch.flatten(x, 1) does:
 //   ["Identity", []]                         the output as it is (C·H·W features)
 //   ["AvgPool2d", [[kh, kw], stride, pad]]   nn.AvgPool2d (padding counts as zeros in the mean)
 //   ["AdaptiveAvgPool2d", [[oh, ow]]]        nn.AdaptiveAvgPool2d (windows floor(i·H/oh) to
@@ -32,10 +32,16 @@ struct FeaturePool {
   std::int64_t stride = 1, padding = 0;      // AvgPool2d
   std::array<std::int64_t, 2> output{1, 1};  // AdaptiveAvgPool2d
 
-  // The trunk child whose output the layer is.
-  std::string module() const {
+  // The trunk child whose output the layer is, of a trunk whose stages are `stages`
+  // (nn::Trunk::stage_names: res2 -> ResNet's layer1, ... res5 -> layer4).
+  std::string module(const std::vector<std::string>& stages) const {
     if (layer == "res5avg") return "avgpool";
-    return "layer" + std::to_string(layer[3] - '1');  // res2 -> layer1 ... res5 -> layer4
+    const auto stage = static_cast<std::size_t>(layer[3] - '2');
+    shardkit::check(stage < stages.size(), "feature ", layer, ": the trunk has ", stages.size(),
+                    " stages (res2 to res", stages.size() + 1,
+                    "); choose one of those in "
+                    "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
+    return stages[stage];
   }
 
   // The pooled [H', W'] of an [H, W] output.

@@ -52,9 +52,8 @@ struct RankSetup {
 inline RankSetup rank_setup(SwavModel& model, const SwavConfig& c, int world, int rank = -1) {
   RankSetup setup{c.parallel, c.optimizer, {}};
   if (setup.parallel.stage == sk::parallel::Stage::fsdp)
-    for (const auto& [path, module] : model.trunk->named_modules())
-      if (path.rfind("layer", 0) == 0 && std::count(path.begin(), path.end(), '.') == 1)
-        setup.parallel.fsdp.wrap.unit_paths.push_back("trunk." + path);
+    for (const std::string& block : model.trunk->block_paths())
+      setup.parallel.fsdp.wrap.unit_paths.push_back("trunk." + block);
   setup.optimizer.no_weight_decay = unregularized_params(model, c.regularize_bn, c.regularize_bias);
   sk::parallel::PlannedRun run;
   run.parallel = setup.parallel;
@@ -155,7 +154,7 @@ inline std::int64_t network_knn_on_machine(const HostMemoryNeed& need, const Swa
 
 // An image's features over the kNN's feature sets (bytes) in the evaluation's images of `set`:
 // DATA.TEST.TRANSFORMS' side (the large crops' by default), each trunk layer's [C, H, W] there
-// (nn::ResNet::child_output_shape) pooled as the set says.
+// (nn::Trunk::child_output_shape) pooled as the set says.
 inline std::int64_t network_knn_row(SwavModel& model, const SwavConfig& c,
                                     const sk::data::ImageDataset& set) {
   if (set.count == 0) return 0;
@@ -163,7 +162,8 @@ inline std::int64_t network_knn_row(SwavModel& model, const SwavConfig& c,
   const std::int64_t side = c.eval_images.side(image.rows, image.cols, c.crops.size_crops[0]);
   std::int64_t floats = 0;
   for (const FeaturePool& pool : c.knn_features) {
-    const auto [channels, h, w] = model.trunk->child_output_shape(pool.module(), side, side);
+    const auto [channels, h, w] =
+        model.trunk->child_output_shape(pool.module(model.trunk->stage_names()), side, side);
     floats += pool.features(channels, h, w);
   }
   return floats * 4;

@@ -76,7 +76,7 @@ class SwavModel : public nn::Module {
   }
   SwavHead& head() { return *heads->head; }
 
-  std::shared_ptr<nn::ResNet> trunk;
+  std::shared_ptr<nn::Trunk> trunk;
   std::shared_ptr<SwavHeads> heads;
 };
 

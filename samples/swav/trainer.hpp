@@ -410,7 +410,7 @@ class SwavTrainer {
     std::vector<sk::Tensor> outputs(pools.size());
     HookGuard hooks;
     for (std::size_t k = 0; k < pools.size(); ++k)
-      hooks.add(trunk_child(pools[k].module()),
+      hooks.add(trunk_child(pools[k].module(model_->trunk->stage_names())),
                 [&outputs, &ctx, k](sk::nn::Module&, const ag::Variable&, const ag::Variable& y) {
                   // (a trunk kept in channel blocks: the layer's [N, C, H, W] values)
                   outputs[k] = sk::has_channel_block_form(y.data())

@@ -1950,24 +1950,25 @@ TEST_CASE(
 
 TEST_CASE("kNN features: VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP, and errors that name the fix") {
   using Op = swav::FeaturePool::Op;
+  const std::vector<std::string> kResNetStages{"layer1", "layer2", "layer3", "layer4"};
   const std::string key = "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=";
   // Default: the trunk's output (res5avg, the avgpool child's output as it is).
   const auto d = config_of({});
   REQUIRE(d.knn_features.size() == 1);
   CHECK(d.knn_features[0].layer == "res5avg");
-  CHECK(d.knn_features[0].module() == "avgpool");
+  CHECK(d.knn_features[0].module(kResNetStages) == "avgpool");
   CHECK(d.knn_features[0].op == Op::identity);
   CHECK(d.knn_features[0].features(128, 1, 1) == 128);
   // VISSL's ImageNet res5 setting, then the trunk output: both evaluated, the first headline.
   const auto two = config_of(
       {key + R"([["res5", ["AvgPool2d", [[6, 6], 1, 0]]], ["res5avg", ["Identity", []]]])"});
   REQUIRE(two.knn_features.size() == 2);
-  CHECK(two.knn_features[0].module() == "layer4");
+  CHECK(two.knn_features[0].module(kResNetStages) == "layer4");
   CHECK(two.knn_features[0].op == Op::avg_pool);
   CHECK(two.knn_features[0].features(2048, 7, 7) == 2048 * 4);  // 7x7 -> 2x2
   CHECK(two.knn_features[0].text() == "res5 AvgPool2d [6, 6] stride 1 padding 0");
   const auto adaptive = config_of({key + R"([["res3", ["AdaptiveAvgPool2d", [[2, 3]]]]])"});
-  CHECK(adaptive.knn_features[0].module() == "layer2");
+  CHECK(adaptive.knn_features[0].module(kResNetStages) == "layer2");
   CHECK(adaptive.knn_features[0].features(32, 12, 12) == 32 * 6);
   // An empty map is the default.
   CHECK(config_of({key + "[]"}).knn_features[0].layer == "res5avg");

@@ -1,4 +1,5 @@
-// The module layer: Module, layers, Sequential with checkpointed segments, the MLP head, ResNet.
+// The module layer: Module, layers, Sequential with checkpointed segments, the MLP head, the
+// trunks (ResNet).
 #pragma once
 
 #include "shardkit/nn/activation_checkpoint.hpp"
@@ -8,3 +9,4 @@
 #include "shardkit/nn/module.hpp"
 #include "shardkit/nn/resnet.hpp"
 #include "shardkit/nn/sequential.hpp"
+#include "shardkit/nn/trunk.hpp"

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "shardkit/nn/sequential.hpp"
+#include "shardkit/nn/trunk.hpp"
 
 namespace shardkit::nn {
 
@@ -195,9 +195,12 @@ class Bottleneck : public Module {
   std::shared_ptr<Sequential> downsample;
 };
 
-class ResNet : public Sequential {
+class ResNet : public Trunk {
  public:
   const char* type_name() const override { return "ResNet"; }
+  std::vector<std::string> stage_names() const override {
+    return {"layer1", "layer2", "layer3", "layer4"};
+  }
 
   // The [C, H, W] that child `name` (conv1, bn1, relu, maxpool, layer1 ... layer4, avgpool)
   // returns for images of h x w pixels, known without a forward: what an estimate made before
@@ -206,7 +209,7 @@ class ResNet : public Sequential {
   // (padding 3), the max-pool's 3 x 3 (padding 1) and each later stage's first 3 x 3 (padding 1)
   // and 1 x 1 convolutions, all at stride 2.
   std::array<std::int64_t, 3> child_output_shape(std::string_view name, std::int64_t h,
-                                                 std::int64_t w) const {
+                                                 std::int64_t w) const override {
     check(h >= 1 && w >= 1, "ResNet::child_output_shape: images of ", h, " x ", w,
           " pixels; both sides must be >= 1");
     const auto halve = [](std::array<std::int64_t, 3> s) {
@@ -230,7 +233,6 @@ class ResNet : public Sequential {
                           "\" with a [C, H, W] output; the children that have one: " + names);
   }
 
-  std::int64_t feature_dim = 0;  // channels entering avgpool/fc
   // The architecture child_output_shape reads (set by the builder): the stem's kind, each
   // stage's planes (the stem has the first's) and the blocks' channel expansion.
   bool small_image_stem = false;

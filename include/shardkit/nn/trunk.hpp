@@ -1,0 +1,41 @@
+// A convolutional trunk: a Sequential of a stem, stages of residual blocks and the pooling,
+// described enough for what is planned before a run (a layer's feature size, the blocks that
+// become FSDP units, the stage a feature name means) without a forward. ResNet and RegNet are
+// trunks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardkit/nn/sequential.hpp"
+
+namespace shardkit::nn {
+
+class Trunk : public Sequential {
+ public:
+  // The [C, H, W] that child `name` returns for images of h x w pixels.
+  virtual std::array<std::int64_t, 3> child_output_shape(std::string_view name, std::int64_t h,
+                                                         std::int64_t w) const = 0;
+  // The children that are stages of residual blocks, in order (ResNet's layer1 ... layer4,
+  // RegNet's res2 ...): VISSL's feature name res<k> is the output of stage k - 2.
+  virtual std::vector<std::string> stage_names() const = 0;
+
+  // The residual blocks' paths below the trunk ("layer1.0", "res2.block1-0", ...): each
+  // stage child's own children.
+  std::vector<std::string> block_paths() const {
+    std::vector<std::string> paths;
+    for (const std::string& stage : stage_names())
+      for (const auto& [name, module] : children())
+        if (name == stage)
+          for (const auto& [block, unused] : module->children())
+            paths.push_back(stage + "." + block);
+    return paths;
+  }
+
+  std::int64_t feature_dim = 0;  // channels entering the global pooling
+};
+
+}  // namespace shardkit::nn
