@@ -335,3 +335,127 @@ TEST_CASE("errors name the op, both shapes and the module path") {
   CHECK_THROWS_WITH_AS((*nn::mlp_head(ctx, 6, 8, 3))(ctx, random_input(ctx, {1, 6})),
                        doctest::Contains("more than one value per channel"), sk::InvalidArgument);
 }
+
+namespace {
+
+std::vector<std::int64_t> stage_widths(const std::vector<nn::RegNetStage>& stages) {
+  std::vector<std::int64_t> w;
+  for (const auto& s : stages) w.push_back(s.width);
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("RegNet stages: ClassyVision's widths from depth, w_0, w_a, w_m and group_width") {
+  // The output widths ClassyVision's regnet.py gives each registered model, and those of the
+  // head dims in VISSL's SwAV RegNet configs (regnet128Gf: 7392, regnet256Gf_1: 10444).
+  struct Case {
+    const char* name;
+    std::int64_t out;
+  };
+  for (const Case& k :
+       {Case{"regnet_y_400mf", 440}, Case{"regnet_y_800mf", 768}, Case{"regnet_y_1.6gf", 888},
+        Case{"regnet_y_3.2gf", 1512}, Case{"regnet_y_8gf", 2016}, Case{"regnet_y_16gf", 3024},
+        Case{"regnet_y_32gf", 3712}, Case{"regnet_y_128gf", 7392}}) {
+    CAPTURE(k.name);
+    nn::RegNetParams p;
+    bool se = false;
+    REQUIRE(nn::regnet_named_params(k.name, p, se));
+    CHECK(se);
+    CHECK(nn::regnet_stages(p).back().width == k.out);
+  }
+  // regnet_y_16gf is the AnyNet of VISSL's swav_regnet_fsdp test config.
+  nn::RegNetParams p;
+  bool se = false;
+  REQUIRE(nn::regnet_named_params("regnet_y_16gf", p, se));
+  const auto stages = nn::regnet_stages(p);
+  CHECK(stage_widths(stages) == std::vector<std::int64_t>{224, 448, 1232, 3024});
+  std::vector<std::int64_t> depths;
+  for (const auto& s : stages) {
+    depths.push_back(s.depth);
+    CHECK(s.group_width == 112);
+    CHECK(s.stride == 2);
+  }
+  CHECK(depths == std::vector<std::int64_t>{2, 4, 11, 1});
+  CHECK(nn::regnet_stages({27, 640, 230.83, 2.53, 373, 1.0}).back().width == 10444);
+  // regnet_y_400mf's first stage: 48 channels in groups of 8; the group width never exceeds
+  // the bottleneck (ClassyVision's compatibility step): a stage of 8 channels, groups of 8.
+  CHECK(stage_widths(nn::regnet_stages({16, 48, 27.89, 2.09, 8, 1.0})) ==
+        std::vector<std::int64_t>{48, 104, 208, 440});
+  CHECK(nn::regnet_stages({2, 8, 0, 2, 16, 1.0}).front().group_width == 8);
+  CHECK_FALSE(nn::regnet_named_params("regnet_z_500mf", p, se));
+  CHECK_THROWS_WITH(nn::regnet_stages({16, 44, 27.89, 2.09, 8, 1.0}),
+                    doctest::Contains("w_0 > 0 and a multiple of 8"));
+}
+
+TEST_CASE("RegNet: ClassyVision's module names and parameter count; each child's [C, H, W]") {
+  sk::Context ctx({.seed = 35});
+  {
+    // regnet_y_400mf without a classifier: torchvision's regnet_y_400mf (the same network)
+    // has 4,344,144 parameters with its 1000-class fc (440 x 1000 + 1000).
+    nn::RegNetParams p;
+    bool se = false;
+    REQUIRE(nn::regnet_named_params("regnet_y_400mf", p, se));
+    nn::RegNetOptions o;
+    o.use_se = se;
+    auto net = nn::regnet(ctx, p, o);
+    std::int64_t count = 0;
+    for (const auto& [name, t] : net->named_parameters()) count += t.numel();
+    CHECK(count == 4344144 - 441000);
+    CHECK(net->feature_dim == 440);
+    const auto names = [&] {
+      std::vector<std::string> n;
+      for (const auto& [name, t] : net->state_dict()) n.push_back(name);
+      return n;
+    }();
+    for (const char* expected :
+         {"conv1.stem.0.weight", "conv1.stem.1.running_var", "res2.block1-0.proj.weight",
+          "res2.block1-0.bn.bias", "res2.block1-0.f.a.0.weight", "res2.block1-0.f.b.1.weight",
+          "res2.block1-0.f.se.excitation.0.bias", "res2.block1-0.f.se.excitation.2.weight",
+          "res2.block1-0.f.c.weight", "res2.block1-0.f.final_bn.weight",
+          "res5.block4-5.f.final_bn.num_batches_tracked"}) {
+      CAPTURE(expected);
+      CHECK(std::find(names.begin(), names.end(), expected) != names.end());
+    }
+    CHECK(net->block_paths().size() == 1 + 3 + 6 + 6);  // (depths 1, 3, 6, 6)
+    CHECK(net->block_paths()[1] == "res3.block2-0");
+  }
+  // A narrow AnyNet through every stem, strides 2 and 1, with and without SE: the shapes a
+  // forward gives against child_output_shape.
+  for (const nn::RegNetStem stem : {nn::RegNetStem::simple_stem_in, nn::RegNetStem::res_stem_in,
+                                    nn::RegNetStem::res_stem_cifar}) {
+    for (const bool se : {true, false}) {
+      CAPTURE(static_cast<int>(stem));
+      CAPTURE(se);
+      nn::RegNetOptions o;
+      o.stem = stem;
+      o.stem_width = 8;
+      o.use_se = se;
+      o.in_channels = 1;
+      auto net = nn::anynet(ctx, {{8, 2, 1, 4, 1.0}, {16, 1, 2, 8, 1.0}, {24, 2, 1, 8, 1.0}}, o);
+      net->eval();
+      std::vector<std::pair<std::string, sk::Shape>> seen;
+      for (const auto& [name, child] : net->children())
+        child->register_forward_hook(
+            [&seen, name = name](nn::Module&, const Variable&, const Variable& y) {
+              seen.emplace_back(name, y.shape());
+            });
+      (void)(*net)(ctx, random_input(ctx, {1, 1, 33, 20}));
+      int compared = 0;
+      for (const auto& [name, shape] : seen) {
+        CAPTURE(name);
+        if (name == "flatten") continue;
+        const auto c = net->child_output_shape(name, 33, 20);
+        CHECK(shape == sk::Shape{1, c[0], c[1], c[2]});
+        ++compared;
+      }
+      CHECK(compared == 5);  // conv1, res2, res3, res4, avgpool
+      CHECK(net->stage_names() == std::vector<std::string>{"res2", "res3", "res4"});
+    }
+  }
+  auto net = nn::anynet(ctx, {{8, 2, 1, 8, 1.0}});
+  CHECK_THROWS_WITH(net->child_output_shape("res3", 32, 32),
+                    doctest::Contains("the children that have one: conv1, res2, avgpool"));
+  CHECK_THROWS_WITH(nn::anynet(ctx, {{12, 2, 1, 8, 1.0}}),
+                    doctest::Contains("the group width must divide the bottleneck width"));
+}

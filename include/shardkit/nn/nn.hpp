@@ -1,5 +1,5 @@
 // The module layer: Module, layers, Sequential with checkpointed segments, the MLP head, the
-// trunks (ResNet).
+// trunks (ResNet, RegNet).
 #pragma once
 
 #include "shardkit/nn/activation_checkpoint.hpp"
@@ -7,6 +7,7 @@
 #include "shardkit/nn/init.hpp"
 #include "shardkit/nn/layers.hpp"
 #include "shardkit/nn/module.hpp"
+#include "shardkit/nn/regnet.hpp"
 #include "shardkit/nn/resnet.hpp"
 #include "shardkit/nn/sequential.hpp"
 #include "shardkit/nn/trunk.hpp"
