@@ -456,6 +456,10 @@ TEST_CASE("RegNet: ClassyVision's module names and parameter count; each child's
   auto net = nn::anynet(ctx, {{8, 2, 1, 8, 1.0}});
   CHECK_THROWS_WITH(net->child_output_shape("res3", 32, 32),
                     doctest::Contains("the children that have one: conv1, res2, avgpool"));
-  CHECK_THROWS_WITH(nn::anynet(ctx, {{12, 2, 1, 8, 1.0}}),
-                    doctest::Contains("the group width must divide the bottleneck width"));
+  // ClassyVision's groups, bottleneck // group_width: 12 // 8 is one group; 28 // 8 = 3 groups
+  // do not split 28 channels, nor does a group width above the bottleneck (0 groups).
+  CHECK(nn::anynet(ctx, {{12, 2, 1, 8, 1.0}})->block_paths().size() == 1);
+  for (const std::int64_t group_width : {8, 16})
+    CHECK_THROWS_WITH(nn::anynet(ctx, {{group_width == 8 ? 28 : 12, 2, 1, group_width, 1.0}}),
+                      doctest::Contains("which do not split it evenly"));
 }

@@ -7,6 +7,9 @@
 //    precision (ShardedModule, DDP at world size 1, SGD with momentum and weight decay).
 //    PyTorch repeats the steps in f32 and under bf16 autocast from the same weights. The
 //    trained parameters (f32 masters) are the full checkpoints ours_f32/ and ours_bf16/.
+//  - regnet.safetensors, regnet_io.safetensors: a RegNetY AnyNet in ClassyVision's names, an
+//    input, our eval-mode logits and the input's gradient for an upstream one; PyTorch builds
+//    ClassyVision's network, loads ours strictly and must agree on both.
 //  - ours_sharded/, sharded_io.safetensors: the narrow ResNet-18 after a few SGD steps under
 //    FSDP on two ranks, as a sharded checkpoint, and its eval-mode logits for the first batch
 //    (for the checkpoint tool's round trip through PyTorch, tests/io/check_ckpt_tool.py).
@@ -159,6 +162,34 @@ void write_mixed_fixture(const std::string& dir) {
   sk::checkpoint::save_safetensors(dir + "/mixed.safetensors", out);
 }
 
+// regnet.safetensors, regnet_io.safetensors: an AnyNet of RegNetY blocks (every stem-to-head
+// part: projections, grouped 3 x 3 convolutions, squeeze-and-excitation, a 10-class fc) whose
+// batch-norm statistics were moved by one training forward, an input batch, our eval-mode
+// logits for it, an upstream gradient and the input's gradient through the network.
+void write_regnet_fixture(const std::string& dir) {
+  sk::Context ctx({.seed = 12});
+  sk::nn::RegNetOptions o;
+  o.stem_width = 8;
+  o.num_classes = 10;
+  auto net = sk::nn::anynet(ctx, {{8, 2, 1, 4, 1.0}, {16, 2, 2, 8, 1.0}, {24, 1, 1, 8, 1.0}}, o);
+  auto images = sk::empty(ctx, {4, 3, 20, 20}, sk::DType::f32);
+  sk::normal_(ctx, images, 0, 1);
+  net->train();
+  (void)(*net)(ctx, ag::Variable(images));
+  net->eval();
+  ag::Variable x(images, true);
+  const ag::Variable logits = (*net)(ctx, x);
+  auto upstream = sk::empty(ctx, logits.shape(), sk::DType::f32);
+  sk::normal_(ctx, upstream, 0, 1);
+  ag::backward(ctx, logits, upstream);
+  sk::checkpoint::save_module(dir + "/regnet.safetensors", ctx, *net);
+  sk::checkpoint::save_safetensors(dir + "/regnet_io.safetensors",
+                                   {sk::checkpoint::host_bytes(ctx, "images", images),
+                                    sk::checkpoint::host_bytes(ctx, "logits", logits.data()),
+                                    sk::checkpoint::host_bytes(ctx, "upstream", upstream),
+                                    sk::checkpoint::host_bytes(ctx, "grad_images", x.grad())});
+}
+
 }  // namespace
 
 int fixture_main(int argc, char** argv) {
@@ -188,8 +219,11 @@ int fixture_main(int argc, char** argv) {
                                      {sk::checkpoint::host_bytes(ctx, "images", images),
                                       sk::checkpoint::host_bytes(ctx, "logits", logits)});
     write_mixed_fixture(dir);
-    std::printf("wrote %s/model.safetensors (%zu tensors), io.safetensors, mixed.safetensors\n",
-                dir.c_str(), net->state_dict().size());
+    write_regnet_fixture(dir);
+    std::printf(
+        "wrote %s/model.safetensors (%zu tensors), io.safetensors, mixed.safetensors, "
+        "regnet.safetensors, regnet_io.safetensors\n",
+        dir.c_str(), net->state_dict().size());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch fixture: %s\n", e.what());

@@ -6,7 +6,9 @@ names, shapes, weight layouts and batch-norm buffers map onto torchvision. The f
 with tests/torch_support.py's reader (no safetensors package).
 
 Then our f32 and bf16 mixed-precision SGD steps of a narrower ResNet-18 against PyTorch's f32
-and bf16-autocast steps from the same weights on the same batches (compare_mixed_precision).
+and bf16-autocast steps from the same weights on the same batches (compare_mixed_precision); and
+a RegNetY in ClassyVision's layout, loaded strictly, its logits and input gradient against ours
+(compare_regnet).
 
 Exit 77 (skipped) when no python3 at hand has PyTorch (Debian: apt-get install python3-torch)."""
 import os
@@ -107,6 +109,102 @@ def compare_mixed_precision(fixture, ours_f32_params, ours_bf16_params):
     return ok
 
 
+def regnet_in_torch(stages, stem_width, classes, se_ratio=0.25):
+    """ClassyVision's AnyNet of ResBottleneckBlocks with squeeze-and-excitation (RegNetY) and a
+    simple_stem_in stem, in VISSL's feature-block names (conv1, res2, ...) with ClassyVision's
+    inside: written from ClassyVision's anynet.py, as the reference our nn::RegNet follows.
+    stages: (width, stride, depth, group_width, bottleneck_multiplier)."""
+    nn = torch.nn
+
+    class SqueezeExcitation(nn.Module):
+        def __init__(self, width, reduced):
+            super().__init__()
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.excitation = nn.Sequential(nn.Conv2d(width, reduced, 1, bias=True), nn.ReLU(),
+                                            nn.Conv2d(reduced, width, 1, bias=True), nn.Sigmoid())
+
+        def forward(self, x):
+            return x * self.excitation(self.avgpool(x))
+
+    class BottleneckTransform(nn.Module):
+        def __init__(self, width_in, width_out, stride, group_width, multiplier):
+            super().__init__()
+            w_b = int(round(width_out * multiplier))
+            self.a = nn.Sequential(nn.Conv2d(width_in, w_b, 1, bias=False), nn.BatchNorm2d(w_b),
+                                   nn.ReLU())
+            self.b = nn.Sequential(nn.Conv2d(w_b, w_b, 3, stride=stride, padding=1,
+                                             groups=w_b // group_width, bias=False),
+                                   nn.BatchNorm2d(w_b), nn.ReLU())
+            self.se = SqueezeExcitation(w_b, int(round(se_ratio * width_in)))
+            self.c = nn.Conv2d(w_b, width_out, 1, bias=False)
+            self.final_bn = nn.BatchNorm2d(width_out)
+
+        def forward(self, x):
+            return self.final_bn(self.c(self.se(self.b(self.a(x)))))
+
+    class ResBottleneckBlock(nn.Module):
+        def __init__(self, width_in, width_out, stride, group_width, multiplier):
+            super().__init__()
+            self.proj_block = width_in != width_out or stride != 1
+            if self.proj_block:
+                self.proj = nn.Conv2d(width_in, width_out, 1, stride=stride, bias=False)
+                self.bn = nn.BatchNorm2d(width_out)
+            self.f = BottleneckTransform(width_in, width_out, stride, group_width, multiplier)
+
+        def forward(self, x):
+            skip = self.bn(self.proj(x)) if self.proj_block else x
+            return torch.relu(skip + self.f(x))
+
+    class Stem(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, stem_width, 3, stride=2, padding=1, bias=False),
+                                      nn.BatchNorm2d(stem_width), nn.ReLU())
+
+        def forward(self, x):
+            return self.stem(x)
+
+    blocks = [("conv1", Stem())]
+    width_in = stem_width
+    for i, (width, stride, depth, group_width, multiplier) in enumerate(stages):
+        stage = nn.Sequential()
+        for j in range(depth):
+            stage.add_module(f"block{i + 1}-{j}", ResBottleneckBlock(
+                width_in, width, stride if j == 0 else 1, group_width, multiplier))
+            width_in = width
+        blocks.append((f"res{i + 2}", stage))
+    blocks += [("avgpool", nn.AdaptiveAvgPool2d((1, 1))), ("flatten", nn.Flatten(1)),
+               ("fc", nn.Linear(width_in, classes))]
+    from collections import OrderedDict
+    return nn.Sequential(OrderedDict(blocks))
+
+
+def compare_regnet(state, io):
+    """Our RegNetY in PyTorch: names, shapes, eval-mode logits and the input's gradient."""
+    model = regnet_in_torch([(8, 2, 1, 4, 1.0), (16, 2, 2, 8, 1.0), (24, 1, 1, 8, 1.0)], 8, 10)
+    ours, theirs = set(state), set(model.state_dict())
+    if ours != theirs:
+        print("RegNet state-dict names differ; only ours:", sorted(ours - theirs)[:8],
+              "only torch's:", sorted(theirs - ours)[:8])
+        return False
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    images = io["images"].clone().requires_grad_(True)
+    logits = model(images)
+    logits.backward(io["upstream"])
+    diff = (logits.detach() - io["logits"]).abs().max().item()
+    scale = io["logits"].abs().max().item()
+    grad_diff = (images.grad - io["grad_images"]).abs().max().item()
+    grad_scale = io["grad_images"].abs().max().item()
+    print(f"RegNetY (AnyNet, ClassyVision's names): {len(state)} tensors loaded strictly; max "
+          f"|torch - shardkit| logits {diff:.3g} (up to {scale:.3g}), input gradient "
+          f"{grad_diff:.3g} (up to {grad_scale:.3g})")
+    if not (diff <= 1e-4 * scale + 1e-7 and grad_diff <= 1e-4 * grad_scale + 1e-7):
+        print("FAIL: PyTorch's RegNet differs from ours")
+        return False
+    return True
+
+
 def main():
     fixture = sys.argv[1:]  # the fixture command: test_autograd --fixture torch
     folder = tempfile.mkdtemp(prefix="shardkit_torch_interop_")
@@ -117,6 +215,8 @@ def main():
         mixed = load_safetensors(os.path.join(folder, "mixed.safetensors"))
         ours_f32 = load_safetensors(os.path.join(folder, "ours_f32", "model.safetensors"))
         ours_bf16 = load_safetensors(os.path.join(folder, "ours_bf16", "model.safetensors"))
+        regnet_state = load_safetensors(os.path.join(folder, "regnet.safetensors"))
+        regnet_io = load_safetensors(os.path.join(folder, "regnet_io.safetensors"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     model = ResNet18(10, small_image_stem=True)
@@ -137,7 +237,8 @@ def main():
     if not diff <= 1e-4 * scale + 1e-7:
         print("FAIL: PyTorch's logits differ from ours")
         return 1
-    return 0 if compare_mixed_precision(mixed, ours_f32, ours_bf16) else 1
+    regnet_ok = compare_regnet(regnet_state, regnet_io)
+    return 0 if compare_mixed_precision(mixed, ours_f32, ours_bf16) and regnet_ok else 1
 
 
 if __name__ == "__main__":

@@ -212,11 +212,13 @@ class BottleneckTransform : public Module {
                       const RegNetOptions& o) {
     const auto width =
         static_cast<std::int64_t>(detail::round_half_even(double(out) * bottleneck_multiplier));
-    check(group_width >= 1 && width % group_width == 0, "RegNet: a bottleneck of ", width,
-          " channels in groups of ", group_width,
-          " channels: the group width must divide the bottleneck width");
+    // (ClassyVision's groups: bottleneck // group_width, which nn.Conv2d needs to divide it)
+    const std::int64_t groups = group_width >= 1 ? width / group_width : 0;
+    check(groups >= 1 && width % groups == 0, "RegNet: a bottleneck of ", width,
+          " channels with a group width of ", group_width, " makes ", groups,
+          " groups, which do not split it evenly; use a group width that divides it");
     a = register_module("a", detail::conv_bn(ctx, in, width, 1, 1, o));
-    b = register_module("b", detail::conv_bn(ctx, width, width, 3, stride, o, width / group_width));
+    b = register_module("b", detail::conv_bn(ctx, width, width, 3, stride, o, groups));
     if (o.use_se) {  // (the reduction counted from the block's input width)
       const auto reduced =
           static_cast<std::int64_t>(detail::round_half_even(o.se_ratio * double(in)));
