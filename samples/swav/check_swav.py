@@ -2,7 +2,8 @@
 """Short SwAV runs that must agree bit for bit (the parameters' FNV-1a fingerprint the trainer
 prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, with
 SyncBatchNorm, with batch-norm parameters and biases out of the weight decay, channels-last
-activations (ddp and fsdp alike; losses equal to NCHW's to rounding), and with the
+activations (ddp and fsdp alike; losses equal to NCHW's to rounding), ResNeXt and RegNet trunks,
+and with the
 optimizer (and the parameter shards) offloaded to the host; bf16 and f16 fsdp equal to ddp; a run killed with
 SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
 equals the run that never stopped; MACHINE.CUDA_GRAPH=true (the step captured and replayed under
@@ -212,6 +213,26 @@ def main():
         print(f"ResNeXt-50 4x16d, ddp / oss / fsdp / NCHW: {grouped}; {output.splitlines()[0]}")
         if len(set(grouped.values())) != 1 or "ResNeXt-50 4x16d" not in output:
             raise SystemExit(f"FAIL: the ResNeXt trunk's stages differ: {grouped}")
+        # A RegNetY trunk (MODEL.TRUNK.REGNET as an AnyNet: grouped 3 x 3 convolutions and
+        # squeeze-and-excitation in every block): ddp, oss, sdp and fsdp with activation
+        # checkpointing end with the same parameters, bit for bit.
+        regnet = ["config.MODEL.TRUNK.NAME=regnet", "config.MODEL.TRUNK.REGNET.name=anynet",
+                  "config.MODEL.TRUNK.REGNET.depths=[1, 1, 2, 1]",
+                  "config.MODEL.TRUNK.REGNET.widths=[8, 16, 24, 32]",
+                  "config.MODEL.TRUNK.REGNET.group_widths=[8, 8, 8, 8]",
+                  "config.MODEL.TRUNK.REGNET.bottleneck_multipliers=[1.0, 1.0, 1.0, 1.0]",
+                  "config.MODEL.TRUNK.REGNET.strides=[2, 2, 2, 2]",
+                  "config.MODEL.TRUNK.REGNET.stem_width=8",
+                  'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [32, 32, 32], "use_bn": '
+                  'True, "num_clusters": [20]}]]', "config.MAX_ITERATIONS=4"]
+        regnets = {}
+        for stage in STAGES:
+            regnets[stage], output = run(swav, os.path.join(work, f"regnet_{stage}"),
+                                         regnet + STAGES[stage] +
+                                         (CHECKPOINTING if stage == "fsdp" else []))
+        print(f"AnyNet of RegNetY blocks, ddp / oss / sdp / fsdp + checkpointing: {regnets}")
+        if len(set(regnets.values())) != 1 or "AnyNet of RegNetY blocks" not in output:
+            raise SystemExit(f"FAIL: the RegNet trunk's stages differ: {regnets}")
         # kNN on two feature sets (VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP: res5 unpooled, then
         # the trunk output): both reported, at initialisation and at the end, and the same
         # figures under ddp and under fsdp (whose forward gathers each block's shards).

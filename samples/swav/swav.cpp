@@ -2,7 +2,7 @@
 //
 //   swav config=samples/swav/configs/quick_cpu.yaml [config.KEY.PATH=VALUE ...]
 //
-// Self-supervised SwAV on Fashion-MNIST (a ResNet trunk on shardkit's autograd layer, every
+// Self-supervised SwAV on Fashion-MNIST (a ResNet or RegNet trunk on shardkit's autograd layer, every
 // ZeRO stage through ShardedModule, LARC-SGD, mixed precision, activation checkpointing,
 // SyncBatchNorm, the stateful sampler, step-folder checkpoints with AUTO_RESUME), evaluated by
 // weighted kNN beside the raw-pixel kNN. Ranks are threads of this process
@@ -122,11 +122,14 @@ int main(int argc, char** argv) {
     const bool lead = !launched || launch.rank == 0;
     if (lead)
       std::printf(
-          "SwAV: %s (%lld base channels), %d x crops, %d ranks (%s, "
+          "SwAV: %s%s, %d x crops, %d ranks (%s, "
           "%s, CPU threads per rank: %d, SHARDKIT_NUM_THREADS or the cores split between local "
           "ranks), "
           "stage %s, %s%s, %d epochs\n",
-          trunk_name(config).c_str(), static_cast<long long>(config.base_channels),
+          trunk_name(config).c_str(),
+          config.trunk == "regnet"
+              ? ""
+              : (" (" + std::to_string(config.base_channels) + " base channels)").c_str(),
           config.crops.total_crops(), world, launched ? "processes" : "threads",
           gpu ? "GPU" : "CPU",
           launched ? sk::default_cpu_threads() : sk::comm::cpu_threads_per_rank(world),

@@ -18,6 +18,7 @@
 #include "lr_schedule.hpp"
 #include "multicrop.hpp"
 #include "shardkit/data/synthetic_images.hpp"
+#include "shardkit/nn/regnet.hpp"
 #include "shardkit/nn/resnet.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
 #include "shardkit/parallel/options.hpp"
@@ -57,6 +58,7 @@ struct SwavConfig {
   MultiCropConfig crops;
   EvalTransform eval_images;  // DATA.TEST.TRANSFORMS: the kNN evaluation's images
   // Model
+  std::string trunk = "resnet";  // MODEL.TRUNK.NAME: resnet, or regnet (the RegNet fields below)
   int depth = 50;
   std::int64_t base_channels = 64;
   std::int64_t groups = 1, width_per_group = 64;  // ResNeXt's (64: the plain ResNet)
@@ -64,6 +66,11 @@ struct SwavConfig {
   bool small_image_stem = false, zero_init_residual = false;
   bool channels_last = false;  // the trunk's activations stored NHWC (either device)
   bool channel_blocks = true;  // kept in oneDNN's channel blocks inside the stages (CPU)
+  // MODEL.TRUNK.REGNET: a registered model's name, "anynet", or "" (built from its numbers);
+  // the stages; the stem, squeeze-and-excitation and batch-norm settings (in_channels aside).
+  std::string regnet_name;
+  std::vector<shardkit::nn::RegNetStage> regnet_stages;
+  shardkit::nn::RegNetOptions regnet;
   std::int64_t head_in = 2048, head_hidden = 2048, embedding_dim = 128, prototypes = 3000;
   bool head_bn = true;
   double bn_eps = 1e-5, bn_momentum = 0.1;
@@ -102,8 +109,18 @@ struct SwavConfig {
   std::int64_t max_iterations = -1;
 };
 
-// "ResNet-50", or a ResNeXt's torchvision name: "ResNeXt-50 32x4d".
+// "ResNet-50", a ResNeXt's torchvision name ("ResNeXt-50 32x4d"), or a RegNet's: "RegNetY
+// regnet_y_400mf (4 stages, 440 features)", "AnyNet of RegNetY blocks (...)".
 inline std::string trunk_name(const SwavConfig& c) {
+  if (c.trunk == "regnet") {
+    const std::string blocks = c.regnet.use_se ? "RegNetY" : "RegNetX";
+    const std::string name = c.regnet_name == "anynet" ? "AnyNet of " + blocks + " blocks"
+                             : c.regnet_name.empty()   ? blocks + " from its numbers"
+                                                       : blocks + " " + c.regnet_name;
+    return name + " (" + std::to_string(c.regnet_stages.size()) + " stages, " +
+           std::to_string(c.regnet_stages.empty() ? 0 : c.regnet_stages.back().width) +
+           " features)";
+  }
   if (c.groups == 1 && c.width_per_group == 64) return "ResNet-" + std::to_string(c.depth);
   return "ResNeXt-" + std::to_string(c.depth) + " " + std::to_string(c.groups) + "x" +
          std::to_string(c.width_per_group) + "d";
@@ -444,6 +461,155 @@ inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
   return o;
 }
 
+// MODEL.TRUNK.REGNET (NAME: regnet), as VISSL's regnet trunk reads it: a registered model's
+// `name` (VISSL then builds it from the name alone), `name: anynet` with per-stage lists
+// (ClassyVision's AnyNetParams), or RegNet's numbers (RegNetParams). Each problem is reported;
+// false when there was one.
+inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& problems) {
+  const std::string k = "MODEL.TRUNK.REGNET.";
+  namespace nn = shardkit::nn;
+  // (each setting its own attempt: every bad one reported)
+  bool options_ok = problems.attempt([&] {
+    const std::string stem = c.get<std::string>(k + "stem_type");
+    if (stem == "simple_stem_in")
+      s.regnet.stem = nn::RegNetStem::simple_stem_in;
+    else if (stem == "res_stem_in")
+      s.regnet.stem = nn::RegNetStem::res_stem_in;
+    else if (stem == "res_stem_cifar")
+      s.regnet.stem = nn::RegNetStem::res_stem_cifar;
+    else
+      throw bad(k + "stem_type", stem,
+                "use simple_stem_in (RegNet's 3 x 3 stride 2), res_stem_in (ResNet's 7 x 7 and "
+                "max-pool) or res_stem_cifar (3 x 3 stride 1, for small images)");
+    s.regnet.stem_width = c.get<std::int64_t>(k + "stem_width");
+    if (s.regnet.stem_width < 1)
+      throw bad(k + "stem_width", std::to_string(s.regnet.stem_width), "must be >= 1 (RegNet: 32)");
+  });
+  options_ok &= problems.attempt([&] {
+    const std::string block = c.get<std::string>(k + "block_type");
+    if (block != "res_bottleneck_block")
+      throw bad(k + "block_type", block,
+                "this trainer builds res_bottleneck_block, every RegNetX's and RegNetY's; "
+                "vanilla_block, res_basic_block and RegNetZ's res_bottleneck_linear_block it "
+                "does not");
+  });
+  options_ok &= problems.attempt([&] {
+    const std::string activation = c.get<std::string>(k + "activation");
+    if (activation != "relu")
+      throw bad(k + "activation", activation,
+                "this trainer's RegNets use relu (RegNetZ's silu "
+                "is not built here)");
+  });
+  options_ok &= problems.attempt([&] {
+    s.regnet.use_se = c.get<bool>(k + "use_se");
+    s.regnet.se_ratio = c.get<double>(k + "se_ratio");
+    if (s.regnet.use_se && !(s.regnet.se_ratio > 0 && s.regnet.se_ratio <= 1))
+      throw bad(k + "se_ratio", std::to_string(s.regnet.se_ratio),
+                "the squeeze width's share of a block's input, in (0, 1] (RegNetY: 0.25)");
+  });
+  options_ok &= problems.attempt([&] {
+    s.regnet.bn_epsilon = c.get<double>(k + "bn_epsilon");
+    s.regnet.bn_momentum = c.get<double>(k + "bn_momentum");
+    if (!(s.regnet.bn_epsilon > 0) || !(s.regnet.bn_momentum >= 0 && s.regnet.bn_momentum <= 1))
+      throw bad(k + "bn_epsilon",
+                std::to_string(s.regnet.bn_epsilon) + " (bn_momentum " +
+                    std::to_string(s.regnet.bn_momentum) + ")",
+                "eps must be > 0 and momentum in [0, 1] (ClassyVision: 1e-05 and 0.1)");
+  });
+  const std::vector<std::string> numbers{"depth", "w_0",         "w_a",
+                                         "w_m",   "group_width", "bottleneck_multiplier"};
+  const std::vector<std::string> lists{"depths", "widths", "group_widths", "bottleneck_multipliers",
+                                       "strides"};
+  const auto given_of = [&](const std::vector<std::string>& keys) {
+    std::string given;
+    for (const std::string& key : keys)
+      if (c.given(k + key)) given += (given.empty() ? "" : ", ") + key;
+    return given;
+  };
+  s.regnet_name = c.get<std::string>(k + "name");
+  const bool stages_ok = problems.attempt([&] {
+    if (s.regnet_name == "anynet") {
+      if (const std::string extra = given_of(numbers); !extra.empty())
+        throw bad(k + "name", "anynet",
+                  "an AnyNet takes per-stage lists (depths, widths, group_widths, "
+                  "bottleneck_multipliers, strides); remove " +
+                      extra + ", RegNet's numbers, or name a RegNet");
+      std::vector<std::vector<double>> values;
+      for (const std::string& key : lists) values.push_back(c.get<std::vector<double>>(k + key));
+      const std::size_t count = values[0].size();
+      for (std::size_t i = 0; i < lists.size(); ++i)
+        if (values[i].empty() || values[i].size() != count)
+          throw bad(k + lists[i], std::to_string(values[i].size()) + " entries",
+                    "an AnyNet gives one entry a stage in each of depths, widths, group_widths, "
+                    "bottleneck_multipliers and strides (depths has " +
+                        std::to_string(count) + ")");
+      s.regnet_stages.clear();
+      for (std::size_t i = 0; i < count; ++i) {
+        nn::RegNetStage stage{static_cast<std::int64_t>(values[1][i]),
+                              static_cast<std::int64_t>(values[4][i]),
+                              static_cast<std::int64_t>(values[0][i]),
+                              static_cast<std::int64_t>(values[2][i]), values[3][i]};
+        if (stage.width < 1 || stage.stride < 1 || stage.depth < 1 || stage.group_width < 1 ||
+            !(stage.bottleneck_multiplier > 0))
+          throw bad(k + "depths", "stage " + std::to_string(i + 1),
+                    "each stage's depth, width, group width, stride and bottleneck multiplier "
+                    "must be positive");
+        s.regnet_stages.push_back(stage);
+      }
+      return;
+    }
+    if (!s.regnet_name.empty()) {
+      nn::RegNetParams params;
+      bool se = true;
+      if (!nn::regnet_named_params(s.regnet_name, params, se))
+        throw bad(k + "name", s.regnet_name,
+                  "not a RegNet this trainer knows; use one of ClassyVision's registered models (" +
+                      nn::regnet_names() +
+                      "), anynet with per-stage lists, or no name and RegNet's numbers (depth, "
+                      "w_0, w_a, w_m, group_width)");
+      if (const std::string extra = given_of(numbers) + given_of(lists); !extra.empty())
+        throw bad(k + "name", s.regnet_name,
+                  "VISSL builds a registered RegNet from its name alone and does not read " +
+                      extra + "; remove them, or the name");
+      s.regnet.use_se = se;  // (ClassyVision's registered model sets it)
+      s.regnet_stages = nn::regnet_stages(params);
+      return;
+    }
+    nn::RegNetParams params;
+    params.depth = c.get<int>(k + "depth");
+    params.w_0 = c.get<double>(k + "w_0");
+    params.w_a = c.get<double>(k + "w_a");
+    params.w_m = c.get<double>(k + "w_m");
+    params.group_width = c.get<std::int64_t>(k + "group_width");
+    params.bottleneck_multiplier = c.get<double>(k + "bottleneck_multiplier");
+    if (given_of({"depth", "w_0", "w_a", "w_m", "group_width"}).empty())
+      throw bad("MODEL.TRUNK.REGNET", "{}",
+                "name a registered RegNet (e.g. name: regnet_y_400mf), or give depth, w_0, w_a, "
+                "w_m and group_width (e.g. 16, 48, 27.89, 2.09, 8), or name: anynet with "
+                "per-stage lists");
+    try {
+      s.regnet_stages = nn::regnet_stages(params);
+    } catch (const shardkit::InvalidArgument& e) {
+      throw ConfigError("config.MODEL.TRUNK.REGNET: " + std::string(e.what()));
+    }
+  });
+  if (!stages_ok || !options_ok) return false;
+  return problems.attempt([&] {  // (each block's grouped convolution, as ClassyVision makes it)
+    for (std::size_t i = 0; i < s.regnet_stages.size(); ++i) {
+      const nn::RegNetStage& stage = s.regnet_stages[i];
+      const auto width = static_cast<std::int64_t>(
+          std::nearbyint(double(stage.width) * stage.bottleneck_multiplier));
+      const std::int64_t groups = width / stage.group_width;
+      if (groups < 1 || width % groups != 0)
+        throw bad(k + "group_widths",
+                  "stage " + std::to_string(i + 1) + " (bottleneck " + std::to_string(width) +
+                      ", group width " + std::to_string(stage.group_width) + ")",
+                  "the bottleneck's channels must split into bottleneck / group_width groups "
+                  "of equal size; use a group width that divides it");
+    }
+  });
+}
+
 }  // namespace detail
 
 // The ranks the config asks for: DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE (a launcher's world
@@ -685,52 +851,63 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
                          eval_ok ? &s.eval_images : nullptr);
   // Model
   std::int64_t trunk_out = 0;
-  const bool trunk_ok = problems.attempt([&] {
-    if (c.get<std::string>("MODEL.TRUNK.NAME") != "resnet")
-      throw detail::bad("MODEL.TRUNK.NAME", c.get<std::string>("MODEL.TRUNK.NAME"),
-                        "this trainer builds resnet trunks");
-    s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
-    if (!sk::nn::is_resnet_depth(s.depth))
-      throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth),
-                        "use 18, 34, 50, 101 or 152");
-    // ResNeXt: VISSL's GROUPS and WIDTH_PER_GROUP, torchvision's bottlenecks (a 3 x 3
-    // convolution of GROUPS groups, planes x WIDTH_PER_GROUP / 64 channels each).
-    s.groups = c.get<std::int64_t>("MODEL.TRUNK.RESNETS.GROUPS");
-    if (s.groups < 1)
-      throw detail::bad("MODEL.TRUNK.RESNETS.GROUPS", std::to_string(s.groups),
-                        "use 1 (ResNet) or more (ResNeXt, e.g. 32)");
-    s.width_per_group = c.get<std::int64_t>("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP");
-    if (s.width_per_group < 1)
-      throw detail::bad("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP", std::to_string(s.width_per_group),
-                        "use 64 (ResNet) or a ResNeXt's width, e.g. 4 for resnext50_32x4d");
-    if (s.depth < 50 && (s.groups != 1 || s.width_per_group != 64))
-      throw detail::bad("MODEL.TRUNK.RESNETS.GROUPS",
-                        std::to_string(s.groups) + " (WIDTH_PER_GROUP " +
-                            std::to_string(s.width_per_group) + ", DEPTH " +
-                            std::to_string(s.depth) + ")",
-                        "ResNeXt's grouped blocks are bottlenecks: use DEPTH 50, 101 or 152, or "
-                        "GROUPS 1 and WIDTH_PER_GROUP 64 (torchvision's basic blocks have no "
-                        "groups)");
-    const double width = c.get<double>("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
-    s.base_channels = static_cast<std::int64_t>(std::lround(64 * width));
-    if (s.base_channels < 1 || std::abs(64 * width - double(s.base_channels)) > 1e-9)
-      throw detail::bad(
-          "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER", std::to_string(width),
-          "64 x WIDTH_MULTIPLIER must be a whole number of channels (e.g. 0.125, 0.25, 1)");
-    if (s.base_channels * s.width_per_group < 64)
-      throw detail::bad("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP", std::to_string(s.width_per_group),
-                        "the first stage's bottleneck would have no channels a group (" +
-                            std::to_string(s.base_channels) +
-                            " planes x WIDTH_PER_GROUP / 64 "
-                            "rounds to 0); use WIDTH_PER_GROUP >= " +
-                            std::to_string((64 + s.base_channels - 1) / s.base_channels) +
-                            " or a larger WIDTH_MULTIPLIER");
-    s.small_image_stem = c.get<bool>("MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM");
-    s.zero_init_residual = c.get<bool>("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
-    s.channels_last = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST");
-    s.channel_blocks = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNEL_BLOCKS");
-    trunk_out = (s.depth >= 50 ? 32 : 8) * s.base_channels;  // (a bottleneck's 4 x 8 x base)
-  });
+  const std::string trunk_kind = c.get<std::string>("MODEL.TRUNK.NAME");
+  const bool regnet_ok = trunk_kind == "regnet" && detail::read_regnet(c, s, problems);
+  if (regnet_ok) {
+    s.trunk = "regnet";
+    trunk_out = s.regnet_stages.back().width;
+  }
+  const bool trunk_ok =
+      regnet_ok || (trunk_kind != "regnet" && problems.attempt([&] {
+        if (trunk_kind != "resnet")
+          throw detail::bad(
+              "MODEL.TRUNK.NAME", trunk_kind,
+              "this trainer builds resnet and regnet trunks (ClassyVision's RegNet and "
+              "AnyNet: MODEL.TRUNK.REGNET)");
+        s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
+        if (!sk::nn::is_resnet_depth(s.depth))
+          throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth),
+                            "use 18, 34, 50, 101 or 152");
+        // ResNeXt: VISSL's GROUPS and WIDTH_PER_GROUP, torchvision's bottlenecks (a 3 x 3
+        // convolution of GROUPS groups, planes x WIDTH_PER_GROUP / 64 channels each).
+        s.groups = c.get<std::int64_t>("MODEL.TRUNK.RESNETS.GROUPS");
+        if (s.groups < 1)
+          throw detail::bad("MODEL.TRUNK.RESNETS.GROUPS", std::to_string(s.groups),
+                            "use 1 (ResNet) or more (ResNeXt, e.g. 32)");
+        s.width_per_group = c.get<std::int64_t>("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP");
+        if (s.width_per_group < 1)
+          throw detail::bad("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP",
+                            std::to_string(s.width_per_group),
+                            "use 64 (ResNet) or a ResNeXt's width, e.g. 4 for resnext50_32x4d");
+        if (s.depth < 50 && (s.groups != 1 || s.width_per_group != 64))
+          throw detail::bad(
+              "MODEL.TRUNK.RESNETS.GROUPS",
+              std::to_string(s.groups) + " (WIDTH_PER_GROUP " + std::to_string(s.width_per_group) +
+                  ", DEPTH " + std::to_string(s.depth) + ")",
+              "ResNeXt's grouped blocks are bottlenecks: use DEPTH 50, 101 or 152, or "
+              "GROUPS 1 and WIDTH_PER_GROUP 64 (torchvision's basic blocks have no "
+              "groups)");
+        const double width = c.get<double>("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
+        s.base_channels = static_cast<std::int64_t>(std::lround(64 * width));
+        if (s.base_channels < 1 || std::abs(64 * width - double(s.base_channels)) > 1e-9)
+          throw detail::bad(
+              "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER", std::to_string(width),
+              "64 x WIDTH_MULTIPLIER must be a whole number of channels (e.g. 0.125, 0.25, 1)");
+        if (s.base_channels * s.width_per_group < 64)
+          throw detail::bad("MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP",
+                            std::to_string(s.width_per_group),
+                            "the first stage's bottleneck would have no channels a group (" +
+                                std::to_string(s.base_channels) +
+                                " planes x WIDTH_PER_GROUP / 64 "
+                                "rounds to 0); use WIDTH_PER_GROUP >= " +
+                                std::to_string((64 + s.base_channels - 1) / s.base_channels) +
+                                " or a larger WIDTH_MULTIPLIER");
+        s.small_image_stem = c.get<bool>("MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM");
+        s.zero_init_residual = c.get<bool>("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
+        s.channels_last = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST");
+        s.channel_blocks = c.get<bool>("MODEL.TRUNK.RESNETS.CHANNEL_BLOCKS");
+        trunk_out = (s.depth >= 50 ? 32 : 8) * s.base_channels;  // (a bottleneck's 4 x 8 x base)
+      }));
   if (trunk_ok)
     problems.attempt([&] {
       const YAML::Node heads = c.at("MODEL.HEAD.PARAMS");

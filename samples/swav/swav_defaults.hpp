@@ -66,7 +66,7 @@ DATA:
     TRANSFORMS: []
 MODEL:
   TRUNK:
-    NAME: resnet
+    NAME: resnet                    # resnet, or regnet (ClassyVision's RegNet/AnyNet: REGNET)
     RESNETS:
       DEPTH: 50                     # 18, 34, 50, 101, 152
       WIDTH_MULTIPLIER: 1.0         # base channels = 64 x this (ours: fractions allowed)
@@ -78,6 +78,31 @@ MODEL:
       CHANNEL_BLOCKS: True          # ours: activations in oneDNN's channel blocks on the CPU:
                                     # NCHW's kernels without its reorders (off when
                                     # CHANNELS_LAST; docs/swav.md)
+    # NAME: regnet -- a registered model by name (regnet_y_400mf ... regnet_y_256gf,
+    # regnet_x_400mf ... regnet_x_32gf); or RegNet's numbers (depth, w_0, w_a, w_m,
+    # group_width, bottleneck_multiplier); or name: anynet with per-stage lists. The rest as
+    # ClassyVision's RegNetParams/AnyNetParams.
+    REGNET:
+      name: ""
+      depth: 0
+      w_0: 0
+      w_a: 0.0
+      w_m: 0.0
+      group_width: 0
+      bottleneck_multiplier: 1.0
+      depths: []
+      widths: []
+      group_widths: []
+      bottleneck_multipliers: []
+      strides: []
+      stem_type: simple_stem_in     # simple_stem_in, res_stem_in, res_stem_cifar (small images)
+      stem_width: 32
+      block_type: res_bottleneck_block
+      activation: relu
+      use_se: True                  # RegNetY's squeeze-and-excitation (False: RegNetX)
+      se_ratio: 0.25
+      bn_epsilon: 1.0e-5
+      bn_momentum: 0.1
   HEAD:
     PARAMS: [["swav_head", {"dims": [2048, 2048, 128], "use_bn": True, "num_clusters": [3000]}]]
     BATCHNORM_EPS: 1.0e-5

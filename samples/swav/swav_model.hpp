@@ -1,4 +1,4 @@
-// SwAV's network (docs/swav.md, "Scores"): a ResNet trunk without its classifier, VISSL's
+// SwAV's network (docs/swav.md, "Scores"): a ResNet or RegNet trunk without its classifier, VISSL's
 // swav_head -- a projection head Linear -> BatchNorm1d -> ReLU -> Linear whose output is
 // L2-normalised -- and the prototypes, a bias-free Linear. State-dict names follow VISSL's
 // (trunk.*, heads.0.projection_head.*, heads.0.prototypes0.weight) with torchvision's inside
@@ -65,7 +65,13 @@ class SwavModel : public nn::Module {
     o.init = nn::ResNetInit::torchvision;  // kaiming_normal fan_out, as SwAV's resnet50.py
     o.groups = c.groups;
     o.width_per_group = c.width_per_group;
-    trunk = register_module("trunk", nn::resnet(ctx, c.depth, o));
+    if (c.trunk == "regnet") {
+      nn::RegNetOptions r = c.regnet;
+      r.in_channels = c.in_channels;
+      trunk = register_module("trunk", nn::anynet(ctx, c.regnet_stages, r));
+    } else {
+      trunk = register_module("trunk", nn::resnet(ctx, c.depth, o));
+    }
     heads = register_module("heads", std::make_shared<SwavHeads>(ctx, c));
     if (c.checkpoint_splits > 0) trunk->set_checkpoint_segments(c.checkpoint_splits);
   }

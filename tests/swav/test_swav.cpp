@@ -2188,6 +2188,97 @@ TEST_CASE("ResNeXt and the deeper ResNets: VISSL's GROUPS, WIDTH_PER_GROUP and D
                     doctest::Contains("config.NEAREST_NEIGHBOR.SIGMA = 0"));
 }
 
+TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as an AnyNet") {
+  const std::string regnet = "config.MODEL.TRUNK.NAME=regnet";
+  const auto head = [](int features) {
+    return "config.MODEL.HEAD.PARAMS=[[\"swav_head\", {\"dims\": [" + std::to_string(features) +
+           ", 64, 32], \"use_bn\": False, \"num_clusters\": [30]}]]";
+  };
+  // VISSL's models/regnet400mf.yaml: a registered model by name.
+  const auto named =
+      config_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440)});
+  CHECK(named.trunk == "regnet");
+  CHECK(swav::trunk_name(named) == "RegNetY regnet_y_400mf (4 stages, 440 features)");
+  CHECK(named.regnet.use_se);
+  // regnet16Gf.yaml's numbers and swav_regnet_fsdp.yaml's AnyNet: the same stages.
+  const auto numbers =
+      config_of({regnet, "config.MODEL.TRUNK.REGNET.depth=18", "config.MODEL.TRUNK.REGNET.w_0=200",
+                 "config.MODEL.TRUNK.REGNET.w_a=106.23", "config.MODEL.TRUNK.REGNET.w_m=2.48",
+                 "config.MODEL.TRUNK.REGNET.group_width=112", head(3024)});
+  const auto anynet = config_of({regnet, "config.MODEL.TRUNK.REGNET.name=anynet",
+                                 "config.MODEL.TRUNK.REGNET.depths=[2, 4, 11, 1]",
+                                 "config.MODEL.TRUNK.REGNET.widths=[224, 448, 1232, 3024]",
+                                 "config.MODEL.TRUNK.REGNET.group_widths=[112, 112, 112, 112]",
+                                 "config.MODEL.TRUNK.REGNET.bottleneck_multipliers=[1.0, 1.0, 1.0, "
+                                 "1.0]",
+                                 "config.MODEL.TRUNK.REGNET.strides=[2, 2, 2, 2]", head(3024)});
+  REQUIRE(numbers.regnet_stages.size() == 4);
+  REQUIRE(anynet.regnet_stages.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(numbers.regnet_stages[i].width == anynet.regnet_stages[i].width);
+    CHECK(numbers.regnet_stages[i].depth == anynet.regnet_stages[i].depth);
+    CHECK(numbers.regnet_stages[i].group_width == anynet.regnet_stages[i].group_width);
+  }
+  CHECK(swav::trunk_name(anynet) == "AnyNet of RegNetY blocks (4 stages, 3024 features)");
+  // The trunk: regnet_y_400mf's 3,903,144 parameters (torchvision's count less its fc), less
+  // the stem's two channels that grey images do not have (32 x 2 x 3 x 3).
+  sk::Context ctx;
+  const sk::DeferredParameters shapes_only(ctx);
+  CHECK(swav::SwavModel(ctx, named).trunk->parameter_count() == 3'903'144 - 32 * 2 * 9);
+  // Its blocks are the FSDP units.
+  const auto fsdp = config_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440),
+                               "config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"});
+  swav::SwavModel model(ctx, fsdp);
+  const auto units = swav::rank_setup(model, fsdp, 2).parallel.fsdp.wrap.unit_paths;
+  REQUIRE(units.size() == 16);
+  CHECK(units[0] == "trunk.res2.block1-0");
+  CHECK(units[15] == "trunk.res5.block4-5");
+  // A feature of a stage the trunk does not have.
+  swav::FeaturePool res5;
+  res5.layer = "res5";
+  CHECK(res5.module(model.trunk->stage_names()) == "res5");
+  CHECK_THROWS_WITH(res5.module({"res2", "res3", "res4"}),
+                    doctest::Contains("the trunk has 3 stages (res2 to res4)"));
+  // VISSL's regnet_fsdp keys for activation checkpoints are accepted and listed as ignored.
+  const auto tree =
+      tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440),
+               "config.MODEL.TRUNK.REGNET.stage_checkpoints=[[2], [4], [6, 11], []]"});
+  CHECK(std::find(tree.ignored().begin(), tree.ignored().end(),
+                  "MODEL.TRUNK.REGNET.stage_checkpoints") != tree.ignored().end());
+  // Every problem at once, each naming its fix.
+  check_problems(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_z_500mf",
+                                          "config.MODEL.TRUNK.REGNET.block_type=vanilla_block",
+                                          "config.MODEL.TRUNK.REGNET.activation=silu"})),
+                 3,
+                 {"config.MODEL.TRUNK.REGNET.name = regnet_z_500mf: not a RegNet this trainer "
+                  "knows; use one of ClassyVision's registered models (regnet_y_400mf",
+                  "config.MODEL.TRUNK.REGNET.block_type = vanilla_block: this trainer builds "
+                  "res_bottleneck_block",
+                  "config.MODEL.TRUNK.REGNET.activation = silu: this trainer's RegNets use relu"});
+  CHECK(config_problems(tree_of({regnet}))
+            .find("name a registered RegNet (e.g. name: "
+                  "regnet_y_400mf)") != std::string::npos);
+  CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf",
+                                 "config.MODEL.TRUNK.REGNET.depth=18"}))
+            .find("from its name alone and does not read depth; remove them") != std::string::npos);
+  CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=anynet",
+                                 "config.MODEL.TRUNK.REGNET.depths=[1, 2]",
+                                 "config.MODEL.TRUNK.REGNET.widths=[8]"}))
+            .find("one entry a stage in each of depths, widths") != std::string::npos);
+  CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=anynet",
+                                 "config.MODEL.TRUNK.REGNET.depths=[1]",
+                                 "config.MODEL.TRUNK.REGNET.widths=[28]",
+                                 "config.MODEL.TRUNK.REGNET.group_widths=[8]",
+                                 "config.MODEL.TRUNK.REGNET.bottleneck_multipliers=[1.0]",
+                                 "config.MODEL.TRUNK.REGNET.strides=[2]"}))
+            .find("stage 1 (bottleneck 28, group width 8): the bottleneck's channels must split") !=
+        std::string::npos);
+  CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf"}))
+            .find("this trunk gives 440 features") != std::string::npos);
+  CHECK(config_problems(tree_of({"config.MODEL.TRUNK.NAME=efficientnet"}))
+            .find("this trainer builds resnet and regnet trunks") != std::string::npos);
+}
+
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {
   // Defaults: linear 0.03 -> 0.3 over the first 10%, then cosine 0.3 -> 0.0003 (fixed: at the
   // global position).
