@@ -2,8 +2,8 @@
 //
 //   swav config=samples/swav/configs/quick_cpu.yaml [config.KEY.PATH=VALUE ...]
 //
-// Self-supervised SwAV on Fashion-MNIST (a ResNet or RegNet trunk on shardkit's autograd layer, every
-// ZeRO stage through ShardedModule, LARC-SGD, mixed precision, activation checkpointing,
+// Self-supervised SwAV on Fashion-MNIST (a ResNet or RegNet trunk on shardkit's autograd layer,
+// every ZeRO stage through ShardedModule, LARC-SGD, mixed precision, activation checkpointing,
 // SyncBatchNorm, the stateful sampler, step-folder checkpoints with AUTO_RESUME), evaluated by
 // weighted kNN beside the raw-pixel kNN. Ranks are threads of this process
 // (DISTRIBUTED.NUM_PROC_PER_NODE); under mpirun or with torchrun's variables each process is one
