@@ -462,14 +462,64 @@ inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
 }
 
 // MODEL.TRUNK.REGNET (NAME: regnet), as VISSL's regnet trunk reads it: a registered model's
-// `name` (VISSL then builds it from the name alone), `name: anynet` with per-stage lists
-// (ClassyVision's AnyNetParams), or RegNet's numbers (RegNetParams). Each problem is reported;
-// false when there was one.
-inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& problems) {
+// `name` (VISSL then builds it from the name alone: the other keys are refused as unread),
+// `name: anynet` with per-stage lists (ClassyVision's AnyNetParams), or RegNet's numbers
+// (RegNetParams). `fsdp`: NAME regnet_fsdp, VISSL's FSDP form of the same network, which
+// takes no registered name. Each problem is reported once (not again for a key the merge
+// refused); false when there was one.
+inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& problems, bool fsdp) {
   const std::string k = "MODEL.TRUNK.REGNET.";
   namespace nn = shardkit::nn;
+  const std::vector<std::string> numbers{"depth", "w_0",         "w_a",
+                                         "w_m",   "group_width", "bottleneck_multiplier"};
+  const std::vector<std::string> lists{"depths", "widths", "group_widths", "bottleneck_multipliers",
+                                       "strides"};
+  const std::vector<std::string> options{"stem_type", "stem_width", "block_type", "activation",
+                                         "use_se",    "se_ratio",   "bn_epsilon", "bn_momentum"};
+  const auto join_given = [&](const std::vector<std::vector<std::string>>& groups) {
+    std::string given;
+    for (const auto& keys : groups)
+      for (const std::string& key : keys)
+        if (c.given(k + key)) given += (given.empty() ? "" : ", ") + key;
+    return given;
+  };
+  const auto any_refused = [&](const std::vector<std::string>& keys) {
+    return std::any_of(keys.begin(), keys.end(),
+                       [&](const std::string& key) { return c.refused(k + key); });
+  };
+  if (c.refused(k + "name")) return false;
+  s.regnet_name = c.get<std::string>(k + "name");
+  const bool named = !s.regnet_name.empty() && s.regnet_name != "anynet";
+  if (named) {
+    // (a registered model: ClassyVision's defaults for everything but its stages and SE; the
+    // name and the keys given beside it are two problems, both reported)
+    const bool alone = problems.attempt([&] {
+      if (const std::string extra = join_given({numbers, lists, options}); !extra.empty())
+        throw bad(k + "name", s.regnet_name,
+                  "VISSL builds a registered RegNet from its name alone and does not read " +
+                      extra + "; remove them, or the name");
+    });
+    return problems.attempt([&] {
+      nn::RegNetParams params;
+      bool se = true;
+      if (fsdp)
+        throw bad(k + "name", s.regnet_name,
+                  "VISSL's regnet_fsdp builds no registered model (it asserts name: anynet); "
+                  "give RegNet's numbers (depth, w_0, w_a, w_m, group_width) or name: anynet "
+                  "with per-stage lists, or use NAME regnet");
+      if (!nn::regnet_named_params(s.regnet_name, params, se))
+        throw bad(k + "name", s.regnet_name,
+                  "not a RegNet this trainer knows; use one of ClassyVision's registered models (" +
+                      nn::regnet_names() +
+                      "), anynet with per-stage lists, or no name and RegNet's numbers (depth, "
+                      "w_0, w_a, w_m, group_width)");
+      s.regnet = nn::RegNetOptions{};
+      s.regnet.use_se = se;
+      s.regnet_stages = nn::regnet_stages(params);
+    }) && alone;
+  }
   // (each setting its own attempt: every bad one reported)
-  bool options_ok = problems.attempt([&] {
+  bool ok = problems.attempt([&] {
     const std::string stem = c.get<std::string>(k + "stem_type");
     if (stem == "simple_stem_in")
       s.regnet.stem = nn::RegNetStem::simple_stem_in;
@@ -481,11 +531,13 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
       throw bad(k + "stem_type", stem,
                 "use simple_stem_in (RegNet's 3 x 3 stride 2), res_stem_in (ResNet's 7 x 7 and "
                 "max-pool) or res_stem_cifar (3 x 3 stride 1, for small images)");
+  });
+  ok &= problems.attempt([&] {
     s.regnet.stem_width = c.get<std::int64_t>(k + "stem_width");
     if (s.regnet.stem_width < 1)
       throw bad(k + "stem_width", std::to_string(s.regnet.stem_width), "must be >= 1 (RegNet: 32)");
   });
-  options_ok &= problems.attempt([&] {
+  ok &= problems.attempt([&] {
     const std::string block = c.get<std::string>(k + "block_type");
     if (block != "res_bottleneck_block")
       throw bad(k + "block_type", block,
@@ -493,43 +545,39 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
                 "vanilla_block, res_basic_block and RegNetZ's res_bottleneck_linear_block it "
                 "does not");
   });
-  options_ok &= problems.attempt([&] {
+  ok &= problems.attempt([&] {
     const std::string activation = c.get<std::string>(k + "activation");
     if (activation != "relu")
       throw bad(k + "activation", activation,
-                "this trainer's RegNets use relu (RegNetZ's silu "
-                "is not built here)");
+                "this trainer's RegNets use relu (RegNetZ's silu is not built here)");
   });
-  options_ok &= problems.attempt([&] {
-    s.regnet.use_se = c.get<bool>(k + "use_se");
+  ok &= problems.attempt([&] {
+    // (ClassyVision: a se_ratio of 0 means no squeeze-and-excitation, as use_se False)
     s.regnet.se_ratio = c.get<double>(k + "se_ratio");
-    if (s.regnet.use_se && !(s.regnet.se_ratio > 0 && s.regnet.se_ratio <= 1))
+    s.regnet.use_se = c.get<bool>(k + "use_se") && s.regnet.se_ratio != 0;
+    if (s.regnet.se_ratio < 0)
       throw bad(k + "se_ratio", std::to_string(s.regnet.se_ratio),
-                "the squeeze width's share of a block's input, in (0, 1] (RegNetY: 0.25)");
+                "the squeeze width's share of a block's input width must be >= 0 (RegNetY: "
+                "0.25; 0: no squeeze-and-excitation)");
   });
-  options_ok &= problems.attempt([&] {
+  ok &= problems.attempt([&] {
     s.regnet.bn_epsilon = c.get<double>(k + "bn_epsilon");
-    s.regnet.bn_momentum = c.get<double>(k + "bn_momentum");
-    if (!(s.regnet.bn_epsilon > 0) || !(s.regnet.bn_momentum >= 0 && s.regnet.bn_momentum <= 1))
-      throw bad(k + "bn_epsilon",
-                std::to_string(s.regnet.bn_epsilon) + " (bn_momentum " +
-                    std::to_string(s.regnet.bn_momentum) + ")",
-                "eps must be > 0 and momentum in [0, 1] (ClassyVision: 1e-05 and 0.1)");
+    if (!(s.regnet.bn_epsilon > 0))
+      throw bad(k + "bn_epsilon", std::to_string(s.regnet.bn_epsilon),
+                "must be > 0 (ClassyVision: 1e-05)");
   });
-  const std::vector<std::string> numbers{"depth", "w_0",         "w_a",
-                                         "w_m",   "group_width", "bottleneck_multiplier"};
-  const std::vector<std::string> lists{"depths", "widths", "group_widths", "bottleneck_multipliers",
-                                       "strides"};
-  const auto given_of = [&](const std::vector<std::string>& keys) {
-    std::string given;
-    for (const std::string& key : keys)
-      if (c.given(k + key)) given += (given.empty() ? "" : ", ") + key;
-    return given;
-  };
-  s.regnet_name = c.get<std::string>(k + "name");
-  const bool stages_ok = problems.attempt([&] {
-    if (s.regnet_name == "anynet") {
-      if (const std::string extra = given_of(numbers); !extra.empty())
+  ok &= problems.attempt([&] {
+    s.regnet.bn_momentum = c.get<double>(k + "bn_momentum");
+    if (!(s.regnet.bn_momentum >= 0 && s.regnet.bn_momentum <= 1))
+      throw bad(k + "bn_momentum", std::to_string(s.regnet.bn_momentum),
+                "must be in [0, 1] (ClassyVision: 0.1)");
+  });
+  const bool anynet = s.regnet_name == "anynet";
+  // (a key of the form in use that the merge refused has its report already)
+  if (any_refused(anynet ? lists : numbers)) return false;
+  ok &= problems.attempt([&] {
+    if (anynet) {
+      if (const std::string extra = join_given({numbers}); !extra.empty())
         throw bad(k + "name", "anynet",
                   "an AnyNet takes per-stage lists (depths, widths, group_widths, "
                   "bottleneck_multipliers, strides); remove " +
@@ -545,36 +593,22 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
                         std::to_string(count) + ")");
       s.regnet_stages.clear();
       for (std::size_t i = 0; i < count; ++i) {
-        nn::RegNetStage stage{static_cast<std::int64_t>(values[1][i]),
-                              static_cast<std::int64_t>(values[4][i]),
-                              static_cast<std::int64_t>(values[0][i]),
-                              static_cast<std::int64_t>(values[2][i]), values[3][i]};
-        if (stage.width < 1 || stage.stride < 1 || stage.depth < 1 || stage.group_width < 1 ||
-            !(stage.bottleneck_multiplier > 0))
-          throw bad(k + "depths", "stage " + std::to_string(i + 1),
-                    "each stage's depth, width, group width, stride and bottleneck multiplier "
-                    "must be positive");
-        s.regnet_stages.push_back(stage);
+        for (std::size_t j = 0; j < lists.size(); ++j)
+          if (!(values[j][i] > 0) || (j != 3 && values[j][i] != std::floor(values[j][i])))
+            throw bad(k + lists[j], text_of(c.at(k + lists[j])),
+                      "stage " + std::to_string(i + 1) + "'s entry must be a positive " +
+                          (j == 3 ? "number" : "whole number"));
+        s.regnet_stages.push_back({static_cast<std::int64_t>(values[1][i]),
+                                   static_cast<std::int64_t>(values[4][i]),
+                                   static_cast<std::int64_t>(values[0][i]),
+                                   static_cast<std::int64_t>(values[2][i]), values[3][i]});
       }
       return;
     }
-    if (!s.regnet_name.empty()) {
-      nn::RegNetParams params;
-      bool se = true;
-      if (!nn::regnet_named_params(s.regnet_name, params, se))
-        throw bad(k + "name", s.regnet_name,
-                  "not a RegNet this trainer knows; use one of ClassyVision's registered models (" +
-                      nn::regnet_names() +
-                      "), anynet with per-stage lists, or no name and RegNet's numbers (depth, "
-                      "w_0, w_a, w_m, group_width)");
-      if (const std::string extra = given_of(numbers) + given_of(lists); !extra.empty())
-        throw bad(k + "name", s.regnet_name,
-                  "VISSL builds a registered RegNet from its name alone and does not read " +
-                      extra + "; remove them, or the name");
-      s.regnet.use_se = se;  // (ClassyVision's registered model sets it)
-      s.regnet_stages = nn::regnet_stages(params);
-      return;
-    }
+    if (const std::string extra = join_given({lists}); !extra.empty())
+      throw bad(k + "name", "\"\"",
+                "per-stage lists (" + extra +
+                    ") are an AnyNet's; add name: anynet, or give RegNet's numbers alone");
     nn::RegNetParams params;
     params.depth = c.get<int>(k + "depth");
     params.w_0 = c.get<double>(k + "w_0");
@@ -582,7 +616,7 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
     params.w_m = c.get<double>(k + "w_m");
     params.group_width = c.get<std::int64_t>(k + "group_width");
     params.bottleneck_multiplier = c.get<double>(k + "bottleneck_multiplier");
-    if (given_of({"depth", "w_0", "w_a", "w_m", "group_width"}).empty())
+    if (join_given({{"depth", "w_0", "w_a", "w_m", "group_width"}}).empty())
       throw bad("MODEL.TRUNK.REGNET", "{}",
                 "name a registered RegNet (e.g. name: regnet_y_400mf), or give depth, w_0, w_a, "
                 "w_m and group_width (e.g. 16, 48, 27.89, 2.09, 8), or name: anynet with "
@@ -593,7 +627,7 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
       throw ConfigError("config.MODEL.TRUNK.REGNET: " + std::string(e.what()));
     }
   });
-  if (!stages_ok || !options_ok) return false;
+  if (!ok) return false;
   return problems.attempt([&] {  // (each block's grouped convolution, as ClassyVision makes it)
     for (std::size_t i = 0; i < s.regnet_stages.size(); ++i) {
       const nn::RegNetStage& stage = s.regnet_stages[i];
@@ -601,7 +635,7 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
           std::nearbyint(double(stage.width) * stage.bottleneck_multiplier));
       const std::int64_t groups = width / stage.group_width;
       if (groups < 1 || width % groups != 0)
-        throw bad(k + "group_widths",
+        throw bad(k + (anynet ? "group_widths" : "group_width"),
                   "stage " + std::to_string(i + 1) + " (bottleneck " + std::to_string(width) +
                       ", group width " + std::to_string(stage.group_width) + ")",
                   "the bottleneck's channels must split into bottleneck / group_width groups "
@@ -852,18 +886,27 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   // Model
   std::int64_t trunk_out = 0;
   const std::string trunk_kind = c.get<std::string>("MODEL.TRUNK.NAME");
-  const bool regnet_ok = trunk_kind == "regnet" && detail::read_regnet(c, s, problems);
+  // (regnet_fsdp: the network VISSL's FSDP set-up names so; this trainer wraps it alike)
+  const bool regnet = trunk_kind == "regnet" || trunk_kind == "regnet_fsdp";
+  const bool regnet_ok =
+      regnet && detail::read_regnet(c, s, problems, trunk_kind == "regnet_fsdp") &&
+      problems.attempt([&] {
+        if (c.given("MODEL.TRUNK.RESNETS.CHANNELS_LAST") &&
+            c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST"))
+          throw detail::bad("MODEL.TRUNK.RESNETS.CHANNELS_LAST", "True",
+                            "channels-last activations are this trainer's ResNets' (a RegNet "
+                            "runs NCHW); remove it");
+      });
   if (regnet_ok) {
     s.trunk = "regnet";
     trunk_out = s.regnet_stages.back().width;
   }
   const bool trunk_ok =
-      regnet_ok || (trunk_kind != "regnet" && problems.attempt([&] {
+      regnet_ok || (!regnet && problems.attempt([&] {
         if (trunk_kind != "resnet")
-          throw detail::bad(
-              "MODEL.TRUNK.NAME", trunk_kind,
-              "this trainer builds resnet and regnet trunks (ClassyVision's RegNet and "
-              "AnyNet: MODEL.TRUNK.REGNET)");
+          throw detail::bad("MODEL.TRUNK.NAME", trunk_kind,
+                            "this trainer builds resnet and regnet (or regnet_fsdp) trunks "
+                            "(ClassyVision's RegNet and AnyNet: MODEL.TRUNK.REGNET)");
         s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
         if (!sk::nn::is_resnet_depth(s.depth))
           throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth),
@@ -911,8 +954,11 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   if (trunk_ok)
     problems.attempt([&] {
       const YAML::Node heads = c.at("MODEL.HEAD.PARAMS");
+      // (swav_head_fsdp: the name VISSL's FSDP set-up gives the same head)
       if (heads.size() != 1 || !heads[0].IsSequence() || heads[0].size() != 2 ||
-          !heads[0][0].IsScalar() || heads[0][0].Scalar() != "swav_head" || !heads[0][1].IsMap())
+          !heads[0][0].IsScalar() ||
+          (heads[0][0].Scalar() != "swav_head" && heads[0][0].Scalar() != "swav_head_fsdp") ||
+          !heads[0][1].IsMap())
         throw detail::bad("MODEL.HEAD.PARAMS", detail::text_of(heads),
                           "give one head: [[\"swav_head\", {\"dims\": [...], \"use_bn\": True, "
                           "\"num_clusters\": [K]}]]");
@@ -1223,6 +1269,16 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
           c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
           "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
       s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
+      // (a ResNet has every stage res2 ... res5 names; a RegNet or AnyNet may have fewer)
+      if (s.trunk == "regnet")
+        for (const FeaturePool& pool : s.knn_features)
+          if (pool.layer != "res5avg" &&
+              static_cast<std::size_t>(pool.layer[3] - '2') >= s.regnet_stages.size())
+            throw detail::bad(
+                "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP", pool.layer,
+                "the trunk has " + std::to_string(s.regnet_stages.size()) + " stages, res2 to res" +
+                    std::to_string(s.regnet_stages.size() + 1) +
+                    "; name one of those, or res5avg (the pooled output)");
     });
   problems.attempt([&] {
     s.metrics_path = c.get<std::string>("METRICS.JSONL");

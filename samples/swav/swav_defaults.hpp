@@ -85,7 +85,7 @@ MODEL:
     REGNET:
       name: ""
       depth: 0
-      w_0: 0
+      w_0: 0.0
       w_a: 0.0
       w_m: 0.0
       group_width: 0

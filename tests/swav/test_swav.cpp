@@ -2248,19 +2248,74 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
   // Every problem at once, each naming its fix.
   check_problems(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_z_500mf",
                                           "config.MODEL.TRUNK.REGNET.block_type=vanilla_block",
-                                          "config.MODEL.TRUNK.REGNET.activation=silu"})),
+                                          "config.MODEL.TRUNK.REGNET.activation=silu",
+                                          "config.OPTIMIZER.num_epochs=0"})),
                  3,
                  {"config.MODEL.TRUNK.REGNET.name = regnet_z_500mf: not a RegNet this trainer "
                   "knows; use one of ClassyVision's registered models (regnet_y_400mf",
-                  "config.MODEL.TRUNK.REGNET.block_type = vanilla_block: this trainer builds "
-                  "res_bottleneck_block",
-                  "config.MODEL.TRUNK.REGNET.activation = silu: this trainer's RegNets use relu"});
+                  "config.MODEL.TRUNK.REGNET.name = regnet_z_500mf: VISSL builds a registered "
+                  "RegNet from its name alone and does not read block_type, activation",
+                  "config.OPTIMIZER.num_epochs = 0"});
+  check_problems(
+      config_problems(
+          tree_of({regnet, "config.MODEL.TRUNK.REGNET.depth=16", "config.MODEL.TRUNK.REGNET.w_0=48",
+                   "config.MODEL.TRUNK.REGNET.w_a=27.89", "config.MODEL.TRUNK.REGNET.w_m=2.09",
+                   "config.MODEL.TRUNK.REGNET.group_width=8",
+                   "config.MODEL.TRUNK.REGNET.block_type=vanilla_block",
+                   "config.MODEL.TRUNK.REGNET.activation=silu"})),
+      2,
+      {"config.MODEL.TRUNK.REGNET.block_type = vanilla_block: this trainer builds "
+       "res_bottleneck_block",
+       "config.MODEL.TRUNK.REGNET.activation = silu: this trainer's RegNets use relu"});
   CHECK(config_problems(tree_of({regnet}))
             .find("name a registered RegNet (e.g. name: "
                   "regnet_y_400mf)") != std::string::npos);
   CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf",
-                                 "config.MODEL.TRUNK.REGNET.depth=18"}))
-            .find("from its name alone and does not read depth; remove them") != std::string::npos);
+                                 "config.MODEL.TRUNK.REGNET.depth=18",
+                                 "config.MODEL.TRUNK.REGNET.stem_width=64"}))
+            .find("from its name alone and does not read depth, stem_width; remove them") !=
+        std::string::npos);
+  // A value of the wrong type is reported once, by the merge (not again as a missing RegNet).
+  check_problems(
+      config_problems(tree_of(
+          {regnet, "config.MODEL.TRUNK.REGNET.depth=16.5", "config.MODEL.TRUNK.REGNET.w_0=48",
+           "config.MODEL.TRUNK.REGNET.w_a=27.89", "config.MODEL.TRUNK.REGNET.w_m=2.09",
+           "config.MODEL.TRUNK.REGNET.group_width=8", head(440), "config.OPTIMIZER.num_epochs=0"})),
+      2, {"config.MODEL.TRUNK.REGNET.depth = 16.5 is a number; it must be an integer"});
+  // VISSL's FSDP names for the same network and head (its AUTO_SETUP_FSDP renames them);
+  // regnet_fsdp builds no registered model, as VISSL asserts.
+  const auto fsdp_names = config_of(
+      {"config.MODEL.TRUNK.NAME=regnet_fsdp", "config.MODEL.TRUNK.REGNET.depth=16",
+       "config.MODEL.TRUNK.REGNET.w_0=48.0", "config.MODEL.TRUNK.REGNET.w_a=27.89",
+       "config.MODEL.TRUNK.REGNET.w_m=2.09", "config.MODEL.TRUNK.REGNET.group_width=8",
+       "config.MODEL.HEAD.PARAMS=[[\"swav_head_fsdp\", {\"dims\": [440, 64, 32], \"use_bn\": "
+       "False, \"num_clusters\": [30]}]]"});
+  CHECK(fsdp_names.trunk == "regnet");
+  CHECK(fsdp_names.regnet_stages.back().width == 440);
+  CHECK(config_problems(tree_of({"config.MODEL.TRUNK.NAME=regnet_fsdp",
+                                 "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440)}))
+            .find("regnet_fsdp builds no registered model") != std::string::npos);
+  // A kNN feature of a stage the trunk lacks, and NHWC activations: refused with the config.
+  CHECK(config_problems(
+            tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=anynet",
+                     "config.MODEL.TRUNK.REGNET.depths=[1, 1]",
+                     "config.MODEL.TRUNK.REGNET.widths=[8, 16]",
+                     "config.MODEL.TRUNK.REGNET.group_widths=[8, 8]",
+                     "config.MODEL.TRUNK.REGNET.bottleneck_multipliers=[1.0, 1.0]",
+                     "config.MODEL.TRUNK.REGNET.strides=[2, 2]", head(16),
+                     "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[\"res4\", "
+                     "[\"Identity\", []]]]"}))
+            .find("= res4: the trunk has 2 stages, res2 to res3") != std::string::npos);
+  CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440),
+                                 "config.MODEL.TRUNK.RESNETS.CHANNELS_LAST=True"}))
+            .find("channels-last activations are this trainer's ResNets'") != std::string::npos);
+  // se_ratio 0 is ClassyVision's "no squeeze-and-excitation".
+  CHECK_FALSE(
+      config_of({regnet, "config.MODEL.TRUNK.REGNET.depth=16", "config.MODEL.TRUNK.REGNET.w_0=48",
+                 "config.MODEL.TRUNK.REGNET.w_a=27.89", "config.MODEL.TRUNK.REGNET.w_m=2.09",
+                 "config.MODEL.TRUNK.REGNET.group_width=8", "config.MODEL.TRUNK.REGNET.se_ratio=0",
+                 head(440)})
+          .regnet.use_se);
   CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=anynet",
                                  "config.MODEL.TRUNK.REGNET.depths=[1, 2]",
                                  "config.MODEL.TRUNK.REGNET.widths=[8]"}))
@@ -2271,12 +2326,13 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
                                  "config.MODEL.TRUNK.REGNET.group_widths=[8]",
                                  "config.MODEL.TRUNK.REGNET.bottleneck_multipliers=[1.0]",
                                  "config.MODEL.TRUNK.REGNET.strides=[2]"}))
-            .find("stage 1 (bottleneck 28, group width 8): the bottleneck's channels must split") !=
-        std::string::npos);
+            .find("group_widths = stage 1 (bottleneck 28, group width 8): the bottleneck's "
+                  "channels must split") != std::string::npos);
   CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf"}))
             .find("this trunk gives 440 features") != std::string::npos);
   CHECK(config_problems(tree_of({"config.MODEL.TRUNK.NAME=efficientnet"}))
-            .find("this trainer builds resnet and regnet trunks") != std::string::npos);
+            .find("this trainer builds resnet and regnet (or regnet_fsdp) trunks") !=
+        std::string::npos);
 }
 
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {

@@ -78,7 +78,7 @@ struct ChannelScaleNode final : Node {
   const char* name() const override { return "channel_scale"; }
   Gradients apply(Context& ctx, const Tensor& g) override {
     const Tensor gd = contiguous(ctx, g);
-    const std::int64_t planes = gate.numel(), inner = x.numel() / std::max<std::int64_t>(planes, 1);
+    const std::int64_t planes = gate.numel(), inner = x.size(2) * x.size(3);
     Tensor grad_x, grad_gate;
     if (edges[0].valid()) {
       grad_x = fn::new_like(ctx, x);

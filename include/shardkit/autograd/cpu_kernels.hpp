@@ -127,8 +127,9 @@ inline void channel_scale(Context& ctx, const Tensor& x, const Tensor& scale, co
     const T* in = static_cast<const T*>(x.data_ptr());
     const T* s = static_cast<const T*>(scale.data_ptr());
     T* o = static_cast<T*>(out.data_ptr());
-    const std::int64_t rows_per_task = std::max<std::int64_t>(1, kPointwiseBlock / inner);
     const std::int64_t rows = outer * channels;
+    if (rows == 0 || inner == 0) return;
+    const std::int64_t rows_per_task = std::max<std::int64_t>(1, kPointwiseBlock / inner);
     ctx.cpu_pool().parallel_for((rows + rows_per_task - 1) / rows_per_task, [=](std::int64_t t) {
       for (std::int64_t r = t * rows_per_task; r < std::min(rows, (t + 1) * rows_per_task); ++r)
         unary_loop(ScaleMath{}, o + r * inner, in + r * inner, s[r % channels], 0, inner);

@@ -57,7 +57,7 @@ struct RegNetOptions {
   double se_ratio = 0.25;
   double bn_epsilon = 1e-5, bn_momentum = 0.1;
   std::int64_t in_channels = 3;
-  std::int64_t num_classes = 0;  // > 0: a classifier (fc) after the pooling
+  std::int64_t num_classes = 0;  // > 0: a classifier (fc) after the pooling and flatten
   DType dtype = DType::f32;
 };
 
@@ -94,6 +94,8 @@ inline std::vector<RegNetStage> regnet_stages(const RegNetParams& p) {
   }
   for (RegNetStage& s : stages) {  // (_adjust_widths_groups_compatibilty)
     const auto bottleneck = static_cast<std::int64_t>(double(s.width) * s.bottleneck_multiplier);
+    check(bottleneck >= 1, "RegNet: a stage of ", s.width, " channels with bottleneck_multiplier ",
+          s.bottleneck_multiplier, " has no bottleneck channel; use a larger multiplier");
     s.group_width = std::min(s.group_width, bottleneck);
     const auto quantised = static_cast<std::int64_t>(
         detail::round_half_even(double(bottleneck) / double(s.group_width)) *
@@ -346,8 +348,12 @@ inline std::shared_ptr<RegNet> anynet(Context& ctx, const std::vector<RegNetStag
   }
   net->add("avgpool", std::make_shared<AdaptiveAvgPool2d>(1, 1));
   net->add("flatten", std::make_shared<Flatten>());
-  if (o.num_classes > 0)
-    net->add("fc", std::make_shared<Linear>(ctx, in, o.num_classes, true, o.dtype));
+  if (o.num_classes > 0) {  // (ClassyVision's init: N(0, 0.01) weights, zero biases)
+    auto fc = std::make_shared<Linear>(ctx, in, o.num_classes, true, o.dtype);
+    normal_(ctx, fc->weight.data(), 0.0, 0.01);
+    fill(ctx, fc->bias.data(), 0.0);
+    net->add("fc", fc);
+  }
   net->feature_dim = in;
   return net;
 }
