@@ -14,9 +14,9 @@
 // nvme-params: fsdp's shards there too, the host column then the RAM a step streams them
 // through, the disk columns their size and the bytes read and written per step, the gathers'
 // reads included), and with --device-memory-gib
-// the largest batch per rank that fits. For a ResNet the activations are profiled on this CPU (a
-// forward and backward at batch 2, 4, 8, ... until the growth per sample settles, f32, with and
-// without activation checkpointing: an upper bound under mixed precision); FSDP wraps each
+// the largest batch per rank that fits. For a named network the activations are profiled on this
+// CPU (a forward and backward at batch 2, 4, 8, ... until the growth per sample settles, f32, with
+// and without activation checkpointing: an upper bound under mixed precision); FSDP wraps each
 // residual block as a unit. Errors are one line on
 // stderr and exit status 1 (2 for bad arguments).
 #include <algorithm>
@@ -42,20 +42,30 @@ std::string mib(double bytes) {
   return text;
 }
 
-// The network torchvision names `model` (resnet18 ... resnet152, resnext50_32x4d, ...), or
-// nullptr when `model` is not such a name (then it is a file).
-std::shared_ptr<sk::nn::ResNet> build_resnet(sk::Context& ctx, const std::string& model,
+// The 1000-class network `model` names: torchvision's ResNet and ResNeXt names (resnet18 ...
+// resnet152, resnext50_32x4d, ...) or ClassyVision's RegNets (regnet_y_400mf ...
+// regnet_y_256gf, SEER's trunks; regnet_x_400mf ...); nullptr when `model` is no such name
+// (then it is a file). Images of at most 64 pixels get the CIFAR-style stem (stride 1, no
+// max-pool).
+std::shared_ptr<sk::nn::Trunk> build_network(sk::Context& ctx, const std::string& model,
                                              std::int64_t image_size) {
   sk::nn::ResNetOptions o;
-  o.small_image_stem = image_size <= 64;  // CIFAR-style stem for small images
-  return sk::nn::resnet_named(ctx, model, o);
+  o.small_image_stem = image_size <= 64;
+  if (auto resnet = sk::nn::resnet_named(ctx, model, o)) return resnet;
+  sk::nn::RegNetParams params;
+  sk::nn::RegNetOptions r;
+  if (!sk::nn::regnet_named_params(model, params, r.use_se)) return nullptr;
+  r.num_classes = 1000;
+  r.stem =
+      image_size <= 64 ? sk::nn::RegNetStem::res_stem_cifar : sk::nn::RegNetStem::simple_stem_in;
+  return sk::nn::regnet(ctx, params, r);
 }
 
-// Peak activation bytes of one f32 forward + backward of the ResNet at `batch`.
-std::int64_t resnet_activation_peak(const std::string& model, std::int64_t image_size, int segments,
-                                    std::int64_t batch) {
+// Peak activation bytes of one f32 forward + backward of the network at `batch`.
+std::int64_t activation_peak(const std::string& model, std::int64_t image_size, int segments,
+                             std::int64_t batch) {
   sk::Context ctx({.seed = 1, .cpu_threads = 0});
-  auto net = build_resnet(ctx, model, image_size);
+  auto net = build_network(ctx, model, image_size);
   net->set_checkpoint_segments(segments);
   auto x = sk::empty(ctx, {batch, 3, image_size, image_size}, sk::DType::f32,
                      sk::MemoryCategory::activations);
@@ -82,7 +92,8 @@ int main(int argc, char** argv) {
   double device_gib = 0;
   app.add_option("--model", model,
                  "a torchvision name (resnet18 ... resnet152, resnext50_32x4d, "
-                 "resnext101_32x8d, ...), or a .safetensors file of parameters")
+                 "resnext101_32x8d, ...), a ClassyVision RegNet (regnet_y_400mf ... "
+                 "regnet_y_256gf, regnet_x_400mf ...), or a .safetensors file of parameters")
       ->required();
   app.add_option("--world-size", world, "ranks")->check(CLI::PositiveNumber);
   app.add_option("--group-size", group, "hybrid sharding: ranks per shard group (a node)")
@@ -91,7 +102,7 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer, "sgd, larc_sgd or adamw (SGD with momentum 0.9)");
   app.add_option("--precision", precision, "f32, bf16 or f16 (f32 masters, f32 reduction)");
   app.add_option("--batch", batch, "samples per rank")->check(CLI::PositiveNumber);
-  app.add_option("--image-size", image_size, "ResNet input side (<= 64: small-image stem)")
+  app.add_option("--image-size", image_size, "the network's input side (<= 64: small-image stem)")
       ->check(CLI::PositiveNumber);
   app.add_option("--device-memory-gib", device_gib, "print the largest batch that fits");
   app.add_option("--offload", offload,
@@ -145,23 +156,21 @@ int main(int argc, char** argv) {
       stages.push_back(par::parse_stage(stage_name));
 
     sk::Context ctx({.cpu_threads = 1});
-    std::shared_ptr<sk::nn::ResNet> net;
+    std::shared_ptr<sk::nn::Trunk> net;
     std::vector<sk::shard::ParamSpec> specs;
     par::ActivationProfile plain, checkpointed;
-    net = build_resnet(ctx, model, image_size);
+    net = build_network(ctx, model, image_size);
     if (net) {
       specs = par::module_param_specs(*net);
-      for (const auto& [name, child] : net->named_modules())
-        if (name.rfind("layer", 0) == 0 && std::count(name.begin(), name.end(), '.') == 1)
-          parallel.fsdp.wrap.unit_paths.push_back(name);
+      parallel.fsdp.wrap.unit_paths = net->block_paths();
       std::fprintf(stderr, "profiling activations of %s at %lldx%lld on this CPU...\n",
                    model.c_str(), static_cast<long long>(image_size),
                    static_cast<long long>(image_size));
       const std::int64_t most = std::max<std::int64_t>(8, std::min<std::int64_t>(batch, 64));
       plain = par::profile_activations(
-          [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 0, b); }, 2, most);
+          [&](std::int64_t b) { return activation_peak(model, image_size, 0, b); }, 2, most);
       checkpointed = par::profile_activations(
-          [&](std::int64_t b) { return resnet_activation_peak(model, image_size, 4, b); }, 2, most);
+          [&](std::int64_t b) { return activation_peak(model, image_size, 4, b); }, 2, most);
     } else {
       const sk::checkpoint::SafetensorsReader file(model);
       for (const auto& t : file.tensors()) specs.push_back({t.name, t.shape, true});
