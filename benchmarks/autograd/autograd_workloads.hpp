@@ -158,4 +158,25 @@ inline Workload resnet18_step(Context& ctx, std::int64_t batch, std::int64_t hw,
   return wl;
 }
 
+// ClassyVision's regnet_y_400mf training step, as resnet18_step's: zero_grad, a training-mode
+// forward, cross-entropy against label 0, backward. Images of 64 pixels or less get the
+// CIFAR-style stem (res_stem_cifar: 3 x 3 stride 1) and `classes` as given.
+inline Workload regnet_y_400mf_step(Context& ctx, std::int64_t batch, std::int64_t hw,
+                                    std::int64_t classes) {
+  nn::RegNetParams params;
+  nn::RegNetOptions o;
+  check(nn::regnet_named_params("regnet_y_400mf", params, o.use_se), "regnet_y_400mf unknown");
+  o.num_classes = classes;
+  o.stem = hw <= 64 ? nn::RegNetStem::res_stem_cifar : nn::RegNetStem::simple_stem_in;
+  std::shared_ptr<nn::RegNet> net = nn::regnet(ctx, params, o);
+  auto images = std::make_shared<ag::Variable>(random_variable(ctx, {batch, 3, hw, hw}, false));
+  auto labels = std::make_shared<Tensor>(zeros(ctx, {batch}, DType::i64));
+  Workload wl;
+  wl.run = [&ctx, net, images, labels] {
+    net->zero_grad();
+    ag::backward(ctx, ag::cross_entropy(ctx, (*net)(ctx, *images), *labels));
+  };
+  return wl;
+}
+
 }  // namespace shardkit::bench::autograd_workloads

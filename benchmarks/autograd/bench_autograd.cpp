@@ -147,6 +147,24 @@ BENCHMARK(BM_resnet18_train_step)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0);
 
+// ClassyVision's RegNetY-400MF (grouped 3 x 3 convolutions of 8 channels a group,
+// squeeze-and-excitation in every block): its step against PyTorch's in compare_regnet_cpu.py.
+void BM_regnet_y_400mf_train_step(benchmark::State& state) {
+  sk::Context ctx({.seed = 4});
+  auto w = wl::regnet_y_400mf_step(ctx, state.range(0), state.range(1),
+                                   state.range(1) <= 64 ? 10 : 1000);
+  w.run();
+  bench::LoopClock clock;
+  for (auto _ : state) w.run();
+  state.counters["images_per_s"] = double(state.range(0)) / clock.seconds_per_iteration(state);
+}
+BENCHMARK(BM_regnet_y_400mf_train_step)
+    ->ArgNames({"batch", "HW"})
+    ->Args({32, 32})  // CIFAR-sized, res_stem_cifar
+    ->Args({8, 224})  // ImageNet-sized
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -165,7 +165,8 @@ void write_mixed_fixture(const std::string& dir) {
 // regnet.safetensors, regnet_io.safetensors: an AnyNet of RegNetY blocks (every stem-to-head
 // part: projections, grouped 3 x 3 convolutions, squeeze-and-excitation, a 10-class fc) whose
 // batch-norm statistics were moved by one training forward, an input batch, our eval-mode
-// logits for it, an upstream gradient and the input's gradient through the network.
+// logits for it, an upstream gradient and the gradients it gives the input and every parameter
+// ("grad.<name>").
 void write_regnet_fixture(const std::string& dir) {
   sk::Context ctx({.seed = 12});
   sk::nn::RegNetOptions o;
@@ -183,11 +184,14 @@ void write_regnet_fixture(const std::string& dir) {
   sk::normal_(ctx, upstream, 0, 1);
   ag::backward(ctx, logits, upstream);
   sk::checkpoint::save_module(dir + "/regnet.safetensors", ctx, *net);
-  sk::checkpoint::save_safetensors(dir + "/regnet_io.safetensors",
-                                   {sk::checkpoint::host_bytes(ctx, "images", images),
-                                    sk::checkpoint::host_bytes(ctx, "logits", logits.data()),
-                                    sk::checkpoint::host_bytes(ctx, "upstream", upstream),
-                                    sk::checkpoint::host_bytes(ctx, "grad_images", x.grad())});
+  std::vector<sk::checkpoint::NamedBytes> io{
+      sk::checkpoint::host_bytes(ctx, "images", images),
+      sk::checkpoint::host_bytes(ctx, "logits", logits.data()),
+      sk::checkpoint::host_bytes(ctx, "upstream", upstream),
+      sk::checkpoint::host_bytes(ctx, "grad_images", x.grad())};
+  for (const auto& [name, p] : net->named_parameters())
+    io.push_back(sk::checkpoint::host_bytes(ctx, "grad." + name, p.grad()));
+  sk::checkpoint::save_safetensors(dir + "/regnet_io.safetensors", io);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ torch = require_torch("torch_interop", __file__)
 # The same torchvision-layout ResNet-18 the benchmark peer measures.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "autograd"))
 from torch_resnet18 import ResNet18  # noqa: E402
+from torch_regnet import regnet_in_torch  # noqa: E402
 
 
 def torch_losses(fixture, autocast):
@@ -109,79 +110,11 @@ def compare_mixed_precision(fixture, ours_f32_params, ours_bf16_params):
     return ok
 
 
-def regnet_in_torch(stages, stem_width, classes, se_ratio=0.25):
-    """ClassyVision's AnyNet of ResBottleneckBlocks with squeeze-and-excitation (RegNetY) and a
-    simple_stem_in stem, in VISSL's feature-block names (conv1, res2, ...) with ClassyVision's
-    inside: written from ClassyVision's anynet.py, as the reference our nn::RegNet follows.
-    stages: (width, stride, depth, group_width, bottleneck_multiplier)."""
-    nn = torch.nn
-
-    class SqueezeExcitation(nn.Module):
-        def __init__(self, width, reduced):
-            super().__init__()
-            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-            self.excitation = nn.Sequential(nn.Conv2d(width, reduced, 1, bias=True), nn.ReLU(),
-                                            nn.Conv2d(reduced, width, 1, bias=True), nn.Sigmoid())
-
-        def forward(self, x):
-            return x * self.excitation(self.avgpool(x))
-
-    class BottleneckTransform(nn.Module):
-        def __init__(self, width_in, width_out, stride, group_width, multiplier):
-            super().__init__()
-            w_b = int(round(width_out * multiplier))
-            self.a = nn.Sequential(nn.Conv2d(width_in, w_b, 1, bias=False), nn.BatchNorm2d(w_b),
-                                   nn.ReLU())
-            self.b = nn.Sequential(nn.Conv2d(w_b, w_b, 3, stride=stride, padding=1,
-                                             groups=w_b // group_width, bias=False),
-                                   nn.BatchNorm2d(w_b), nn.ReLU())
-            self.se = SqueezeExcitation(w_b, int(round(se_ratio * width_in)))
-            self.c = nn.Conv2d(w_b, width_out, 1, bias=False)
-            self.final_bn = nn.BatchNorm2d(width_out)
-
-        def forward(self, x):
-            return self.final_bn(self.c(self.se(self.b(self.a(x)))))
-
-    class ResBottleneckBlock(nn.Module):
-        def __init__(self, width_in, width_out, stride, group_width, multiplier):
-            super().__init__()
-            self.proj_block = width_in != width_out or stride != 1
-            if self.proj_block:
-                self.proj = nn.Conv2d(width_in, width_out, 1, stride=stride, bias=False)
-                self.bn = nn.BatchNorm2d(width_out)
-            self.f = BottleneckTransform(width_in, width_out, stride, group_width, multiplier)
-
-        def forward(self, x):
-            skip = self.bn(self.proj(x)) if self.proj_block else x
-            return torch.relu(skip + self.f(x))
-
-    class Stem(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, stem_width, 3, stride=2, padding=1, bias=False),
-                                      nn.BatchNorm2d(stem_width), nn.ReLU())
-
-        def forward(self, x):
-            return self.stem(x)
-
-    blocks = [("conv1", Stem())]
-    width_in = stem_width
-    for i, (width, stride, depth, group_width, multiplier) in enumerate(stages):
-        stage = nn.Sequential()
-        for j in range(depth):
-            stage.add_module(f"block{i + 1}-{j}", ResBottleneckBlock(
-                width_in, width, stride if j == 0 else 1, group_width, multiplier))
-            width_in = width
-        blocks.append((f"res{i + 2}", stage))
-    blocks += [("avgpool", nn.AdaptiveAvgPool2d((1, 1))), ("flatten", nn.Flatten(1)),
-               ("fc", nn.Linear(width_in, classes))]
-    from collections import OrderedDict
-    return nn.Sequential(OrderedDict(blocks))
-
-
 def compare_regnet(state, io):
-    """Our RegNetY in PyTorch: names, shapes, eval-mode logits and the input's gradient."""
-    model = regnet_in_torch([(8, 2, 1, 4, 1.0), (16, 2, 2, 8, 1.0), (24, 1, 1, 8, 1.0)], 8, 10)
+    """Our RegNetY in PyTorch: names, shapes, eval-mode logits, the input's and every
+    parameter's gradient."""
+    model = regnet_in_torch(torch, [(8, 2, 1, 4, 1.0), (16, 2, 2, 8, 1.0), (24, 1, 1, 8, 1.0)], 8,
+                            10)
     ours, theirs = set(state), set(model.state_dict())
     if ours != theirs:
         print("RegNet state-dict names differ; only ours:", sorted(ours - theirs)[:8],
@@ -196,10 +129,19 @@ def compare_regnet(state, io):
     scale = io["logits"].abs().max().item()
     grad_diff = (images.grad - io["grad_images"]).abs().max().item()
     grad_scale = io["grad_images"].abs().max().item()
+    # Every parameter's gradient, relative to its own size (the worst one reported).
+    worst, worst_name = 0.0, ""
+    for name, p in model.named_parameters():
+        ours = io["grad." + name]
+        rel = ((p.grad - ours).norm() / max(ours.norm().item(), 1e-30)).item()
+        if rel > worst:
+            worst, worst_name = rel, name
     print(f"RegNetY (AnyNet, ClassyVision's names): {len(state)} tensors loaded strictly; max "
           f"|torch - shardkit| logits {diff:.3g} (up to {scale:.3g}), input gradient "
-          f"{grad_diff:.3g} (up to {grad_scale:.3g})")
-    if not (diff <= 1e-4 * scale + 1e-7 and grad_diff <= 1e-4 * grad_scale + 1e-7):
+          f"{grad_diff:.3g} (up to {grad_scale:.3g}); parameter gradients within {worst:.2g} "
+          f"(relative L2, worst {worst_name})")
+    if not (diff <= 1e-4 * scale + 1e-7 and grad_diff <= 1e-4 * grad_scale + 1e-7 and
+            worst <= 1e-4):
         print("FAIL: PyTorch's RegNet differs from ours")
         return False
     return True
