@@ -44,7 +44,7 @@ std::string mib(double bytes) {
 
 // The 1000-class network `model` names: torchvision's ResNet and ResNeXt names (resnet18 ...
 // resnet152, resnext50_32x4d, ...) or ClassyVision's RegNets (regnet_y_400mf ...
-// regnet_y_256gf, SEER's trunks; regnet_x_400mf ...); nullptr when `model` is no such name
+// regnet_y_256gf, regnet_x_400mf ...); nullptr when `model` is no such name
 // (then it is a file). Images of at most 64 pixels get the CIFAR-style stem (stride 1, no
 // max-pool).
 std::shared_ptr<sk::nn::Trunk> build_network(sk::Context& ctx, const std::string& model,

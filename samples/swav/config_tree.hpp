@@ -263,6 +263,8 @@ class ConfigTree {
   // Whether a file or an override gave `path` (or a key in that section) a value of the wrong
   // type, which the default then stands in for: what reads it reads the default.
   bool refused(const std::string& path) const { return holds(refused_, path); }
+  // Whether the merge refused the value of `path` itself (not only one below it).
+  bool refused_exactly(const std::string& path) const { return refused_.count(path) != 0; }
 
   // The node at a dotted path ("OPTIMIZER.larc_config.clip"); it exists (the defaults have it).
   // A view of the tree, read-only: const, so a subscript of it is yaml-cpp's const one, which

@@ -2,7 +2,8 @@
 // MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP names them: a list of
 // [layer, [pool op, args]]. The layers are VISSL's feature names -- res2 ... res5 (the outputs
 // of the trunk's stages: ResNet's layer1 ... layer4, RegNet's res2 ... res5) and res5avg (the
-// globally average-pooled trunk output, the default) -- and each output [N, C, H, W] is pooled by
+// globally average-pooled trunk output, the default; avgpool, VISSL's RegNet name for it) -- and
+// each output [N, C, H, W] is pooled by
 // the op and flattened per image as torch.flatten(x, 1) does:
 //   ["Identity", []]                         the output as it is (C·H·W features)
 //   ["AvgPool2d", [[kh, kw], stride, pad]]   nn.AvgPool2d (padding counts as zeros in the mean)
@@ -26,7 +27,7 @@ namespace swav {
 
 struct FeaturePool {
   enum class Op { identity, avg_pool, adaptive_avg_pool };
-  std::string layer = "res5avg";  // res2 .. res5, res5avg
+  std::string layer = "res5avg";  // res2 .. res5, res5avg (or avgpool)
   Op op = Op::identity;
   std::array<std::int64_t, 2> kernel{1, 1};  // AvgPool2d
   std::int64_t stride = 1, padding = 0;      // AvgPool2d
@@ -35,7 +36,7 @@ struct FeaturePool {
   // The trunk child whose output the layer is, of a trunk whose stages are `stages`
   // (nn::Trunk::stage_names: res2 -> ResNet's layer1, ... res5 -> layer4).
   std::string module(const std::vector<std::string>& stages) const {
-    if (layer == "res5avg") return "avgpool";
+    if (layer == "res5avg" || layer == "avgpool") return "avgpool";
     const auto stage = static_cast<std::size_t>(layer[3] - '2');
     shardkit::check(stage < stages.size(), "feature ", layer, ": the trunk has ", stages.size(),
                     " stages (res2 to res", stages.size() + 1,

@@ -295,10 +295,11 @@ inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
 }
 
 // MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP (feature_eval.hpp); an empty list
-// is the trunk's output, res5avg.
+// is the trunk's output, res5avg (VISSL's RegNet calls it avgpool: both names read).
 inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const std::string& key) {
   const std::string form =
-      "each entry is [layer, [op, args]]: a layer of res2, res3, res4, res5, res5avg and an op "
+      "each entry is [layer, [op, args]]: a layer of res2, res3, res4, res5, res5avg (or "
+      "avgpool) and an op "
       "of [\"Identity\", []], [\"AvgPool2d\", [[kh, kw], stride, padding]], "
       "[\"AdaptiveAvgPool2d\", [[oh, ow]]]";
   std::vector<FeaturePool> pools;
@@ -310,12 +311,14 @@ inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const
       throw bad(where, ::swav::detail::text_of(e), form);
     FeaturePool p;
     p.layer = value_as<std::string>(e[0], where + "[0]", "a layer name");
-    const std::vector<std::string> layers{"res2", "res3", "res4", "res5", "res5avg"};
+    const std::vector<std::string> layers{"res2", "res3", "res4", "res5", "res5avg", "avgpool"};
     if (std::find(layers.begin(), layers.end(), p.layer) == layers.end())
       throw bad(where + "[0]", p.layer,
-                "not a trunk feature this trainer extracts; use res2, res3, res4, res5 or res5avg");
+                "not a trunk feature this trainer extracts; use res2, res3, res4, res5 or res5avg "
+                "(avgpool: VISSL's RegNet name for res5avg)");
     for (const auto& other : pools)
-      if (other.layer == p.layer)
+      if (other.module({"res2", "res3", "res4", "res5"}) ==
+          p.module({"res2", "res3", "res4", "res5"}))
         throw bad(where + "[0]", p.layer, "given twice; give each layer once");
     const std::string op = value_as<std::string>(e[1][0], where + "[1][0]", "an op name");
     const YAML::Node args = e[1].size() == 2 ? e[1][1] : YAML::Node(YAML::NodeType::Sequence);
@@ -461,15 +464,16 @@ inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
   return o;
 }
 
-// MODEL.TRUNK.REGNET (NAME: regnet), as VISSL's regnet trunk reads it: a registered model's
-// `name` (VISSL then builds it from the name alone: the other keys are refused as unread),
-// `name: anynet` with per-stage lists (ClassyVision's AnyNetParams), or RegNet's numbers
-// (RegNetParams). `fsdp`: NAME regnet_fsdp, VISSL's FSDP form of the same network, which
-// takes no registered name. Each problem is reported once (not again for a key the merge
-// refused); false when there was one.
-inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& problems, bool fsdp) {
+// MODEL.TRUNK.REGNET (NAME: regnet, or regnet_fsdp: VISSL's FSDP name for the same network), as
+// VISSL's regnet trunk reads it: a registered model's `name` (VISSL then builds it from the name
+// alone: the other keys are refused as unread), `name: anynet` with per-stage lists
+// (ClassyVision's AnyNetParams), or RegNet's numbers (RegNetParams). Each problem is reported
+// once: a key whose value the merge refused (it has its report) counts as not given, and the
+// stages are not built from it. False when there was a problem.
+inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& problems) {
   const std::string k = "MODEL.TRUNK.REGNET.";
   namespace nn = shardkit::nn;
+  if (c.refused_exactly("MODEL.TRUNK.REGNET")) return false;  // (not a map: reported)
   const std::vector<std::string> numbers{"depth", "w_0",         "w_a",
                                          "w_m",   "group_width", "bottleneck_multiplier"};
   const std::vector<std::string> lists{"depths", "widths", "group_widths", "bottleneck_multipliers",
@@ -480,19 +484,18 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
     std::string given;
     for (const auto& keys : groups)
       for (const std::string& key : keys)
-        if (c.given(k + key)) given += (given.empty() ? "" : ", ") + key;
+        if (c.given(k + key) && !c.refused(k + key)) given += (given.empty() ? "" : ", ") + key;
     return given;
   };
   const auto any_refused = [&](const std::vector<std::string>& keys) {
     return std::any_of(keys.begin(), keys.end(),
                        [&](const std::string& key) { return c.refused(k + key); });
   };
-  if (c.refused(k + "name")) return false;
-  s.regnet_name = c.get<std::string>(k + "name");
-  const bool named = !s.regnet_name.empty() && s.regnet_name != "anynet";
-  if (named) {
-    // (a registered model: ClassyVision's defaults for everything but its stages and SE; the
-    // name and the keys given beside it are two problems, both reported)
+  const bool name_ok = !c.refused(k + "name");
+  s.regnet_name = name_ok ? c.get<std::string>(k + "name") : std::string();
+  if (name_ok && !s.regnet_name.empty() && s.regnet_name != "anynet") {
+    // A registered model: ClassyVision's defaults for everything but its stages and SE. The
+    // name and the keys given beside it are two problems, both reported.
     const bool alone = problems.attempt([&] {
       if (const std::string extra = join_given({numbers, lists, options}); !extra.empty())
         throw bad(k + "name", s.regnet_name,
@@ -502,11 +505,6 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
     return problems.attempt([&] {
       nn::RegNetParams params;
       bool se = true;
-      if (fsdp)
-        throw bad(k + "name", s.regnet_name,
-                  "VISSL's regnet_fsdp builds no registered model (it asserts name: anynet); "
-                  "give RegNet's numbers (depth, w_0, w_a, w_m, group_width) or name: anynet "
-                  "with per-stage lists, or use NAME regnet");
       if (!nn::regnet_named_params(s.regnet_name, params, se))
         throw bad(k + "name", s.regnet_name,
                   "not a RegNet this trainer knows; use one of ClassyVision's registered models (" +
@@ -552,10 +550,11 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
                 "this trainer's RegNets use relu (RegNetZ's silu is not built here)");
   });
   ok &= problems.attempt([&] {
-    // (ClassyVision: a se_ratio of 0 means no squeeze-and-excitation, as use_se False)
+    // (ClassyVision: a se_ratio of 0 means no squeeze-and-excitation, as use_se False, which
+    // leaves the ratio unread)
     s.regnet.se_ratio = c.get<double>(k + "se_ratio");
     s.regnet.use_se = c.get<bool>(k + "use_se") && s.regnet.se_ratio != 0;
-    if (s.regnet.se_ratio < 0)
+    if (s.regnet.use_se && s.regnet.se_ratio < 0)
       throw bad(k + "se_ratio", std::to_string(s.regnet.se_ratio),
                 "the squeeze width's share of a block's input width must be >= 0 (RegNetY: "
                 "0.25; 0: no squeeze-and-excitation)");
@@ -572,9 +571,9 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
       throw bad(k + "bn_momentum", std::to_string(s.regnet.bn_momentum),
                 "must be in [0, 1] (ClassyVision: 0.1)");
   });
+  if (!name_ok) return false;
   const bool anynet = s.regnet_name == "anynet";
-  // (a key of the form in use that the merge refused has its report already)
-  if (any_refused(anynet ? lists : numbers)) return false;
+  // The form's own problems: another form's keys beside it.
   ok &= problems.attempt([&] {
     if (anynet) {
       if (const std::string extra = join_given({numbers}); !extra.empty())
@@ -582,6 +581,16 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
                   "an AnyNet takes per-stage lists (depths, widths, group_widths, "
                   "bottleneck_multipliers, strides); remove " +
                       extra + ", RegNet's numbers, or name a RegNet");
+    } else if (const std::string extra = join_given({lists}); !extra.empty()) {
+      throw bad(k + "name", "\"\"",
+                "per-stage lists (" + extra +
+                    ") are an AnyNet's; add name: anynet, or give RegNet's numbers alone");
+    }
+  });
+  // The stages, unless a value they are made of was refused (its report stands).
+  if (any_refused(anynet ? lists : numbers)) return false;
+  ok &= problems.attempt([&] {
+    if (anynet) {
       std::vector<std::vector<double>> values;
       for (const std::string& key : lists) values.push_back(c.get<std::vector<double>>(k + key));
       const std::size_t count = values[0].size();
@@ -605,10 +614,6 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
       }
       return;
     }
-    if (const std::string extra = join_given({lists}); !extra.empty())
-      throw bad(k + "name", "\"\"",
-                "per-stage lists (" + extra +
-                    ") are an AnyNet's; add name: anynet, or give RegNet's numbers alone");
     nn::RegNetParams params;
     params.depth = c.get<int>(k + "depth");
     params.w_0 = c.get<double>(k + "w_0");
@@ -628,7 +633,9 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
     }
   });
   if (!ok) return false;
-  return problems.attempt([&] {  // (each block's grouped convolution, as ClassyVision makes it)
+  // Each block as ClassyVision makes it: its grouped convolution, and its squeeze width.
+  return problems.attempt([&] {
+    std::int64_t in = s.regnet.stem_width;
     for (std::size_t i = 0; i < s.regnet_stages.size(); ++i) {
       const nn::RegNetStage& stage = s.regnet_stages[i];
       const auto width = static_cast<std::int64_t>(
@@ -640,6 +647,13 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
                       ", group width " + std::to_string(stage.group_width) + ")",
                   "the bottleneck's channels must split into bottleneck / group_width groups "
                   "of equal size; use a group width that divides it");
+      for (const std::int64_t block_in : {in, stage.width})  // (the first block's, the rest's)
+        if (s.regnet.use_se && std::nearbyint(s.regnet.se_ratio * double(block_in)) < 1)
+          throw bad(k + "se_ratio", std::to_string(s.regnet.se_ratio),
+                    "a block of " + std::to_string(block_in) +
+                        " input channels would squeeze to none (se_ratio x input width rounds "
+                        "to 0); use a larger se_ratio, or 0 for no squeeze-and-excitation");
+      in = stage.width;
     }
   });
 }
@@ -888,15 +902,15 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   const std::string trunk_kind = c.get<std::string>("MODEL.TRUNK.NAME");
   // (regnet_fsdp: the network VISSL's FSDP set-up names so; this trainer wraps it alike)
   const bool regnet = trunk_kind == "regnet" || trunk_kind == "regnet_fsdp";
-  const bool regnet_ok =
-      regnet && detail::read_regnet(c, s, problems, trunk_kind == "regnet_fsdp") &&
-      problems.attempt([&] {
-        if (c.given("MODEL.TRUNK.RESNETS.CHANNELS_LAST") &&
-            c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST"))
-          throw detail::bad("MODEL.TRUNK.RESNETS.CHANNELS_LAST", "True",
-                            "channels-last activations are this trainer's ResNets' (a RegNet "
-                            "runs NCHW); remove it");
-      });
+  bool regnet_ok = regnet && detail::read_regnet(c, s, problems);
+  if (regnet)
+    regnet_ok &= problems.attempt([&] {
+      if (c.given("MODEL.TRUNK.RESNETS.CHANNELS_LAST") &&
+          c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST"))
+        throw detail::bad("MODEL.TRUNK.RESNETS.CHANNELS_LAST", "True",
+                          "channels-last activations are this trainer's ResNets' (a RegNet "
+                          "runs NCHW); remove it");
+    });
   if (regnet_ok) {
     s.trunk = "regnet";
     trunk_out = s.regnet_stages.back().width;
@@ -1272,13 +1286,13 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       // (a ResNet has every stage res2 ... res5 names; a RegNet or AnyNet may have fewer)
       if (s.trunk == "regnet")
         for (const FeaturePool& pool : s.knn_features)
-          if (pool.layer != "res5avg" &&
+          if (pool.module({"res2", "res3", "res4", "res5"}) != "avgpool" &&
               static_cast<std::size_t>(pool.layer[3] - '2') >= s.regnet_stages.size())
             throw detail::bad(
                 "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP", pool.layer,
                 "the trunk has " + std::to_string(s.regnet_stages.size()) + " stages, res2 to res" +
                     std::to_string(s.regnet_stages.size() + 1) +
-                    "; name one of those, or res5avg (the pooled output)");
+                    "; name one of those, or avgpool (res5avg: the pooled output)");
     });
   problems.attempt([&] {
     s.metrics_path = c.get<std::string>("METRICS.JSONL");

@@ -77,6 +77,20 @@ TEST_CASE("channel_scale: each plane times its gate, as a squeeze-and-excitation
                        sk::InvalidArgument);
 }
 
+TEST_CASE("channel_scale of an empty batch: an empty result and empty gradients") {
+  sk::Context ctx({.seed = 22});
+  for (const sk::Shape& shape : {sk::Shape{0, 3, 4, 5}, sk::Shape{2, 3, 0, 5}}) {
+    Variable x(sk::empty(ctx, shape, sk::DType::f64), true);
+    Variable gate(sk::empty(ctx, {shape[0], 3, 1, 1}, sk::DType::f64), true);
+    const Variable y = ag::channel_scale(ctx, x, ag::sigmoid(ctx, gate));
+    CHECK(y.shape() == shape);
+    ag::backward(ctx, y, sk::empty(ctx, shape, sk::DType::f64));
+    CHECK(x.grad().shape() == shape);
+    const auto gate_grad = sk::to_vector<double>(ctx, gate.grad());
+    CHECK(std::all_of(gate_grad.begin(), gate_grad.end(), [](double g) { return g == 0; }));
+  }
+}
+
 TEST_CASE("linear and matmul") {
   sk::Context ctx({.seed = 3});
   auto x = random_variable(ctx, {5, 4}, -1, 1), w = random_variable(ctx, {3, 4}, -1, 1);

@@ -384,6 +384,8 @@ TEST_CASE("RegNet stages: ClassyVision's widths from depth, w_0, w_a, w_m and gr
         std::vector<std::int64_t>{48, 104, 208, 440});
   CHECK(nn::regnet_stages({2, 8, 0, 2, 16, 1.0}).front().group_width == 8);
   CHECK_FALSE(nn::regnet_named_params("regnet_z_500mf", p, se));
+  CHECK_THROWS_WITH(nn::regnet_stages({16, 48, 27.89, 2.09, 8, 0.01}),
+                    doctest::Contains("has no bottleneck channel"));
   CHECK_THROWS_WITH(nn::regnet_stages({16, 44, 27.89, 2.09, 8, 1.0}),
                     doctest::Contains("w_0 > 0 and a multiple of 8"));
 }
@@ -451,6 +453,25 @@ TEST_CASE("RegNet: ClassyVision's module names and parameter count; each child's
       }
       CHECK(compared == 5);  // conv1, res2, res3, res4, avgpool
       CHECK(net->stage_names() == std::vector<std::string>{"res2", "res3", "res4"});
+    }
+  }
+  // The classifier's init is ClassyVision's: N(0, 0.01) weights, zero biases.
+  {
+    nn::RegNetOptions o;
+    o.num_classes = 1000;
+    auto classifier = nn::anynet(ctx, {{64, 2, 1, 8, 1.0}}, o);
+    for (const auto& [name, p] : classifier->named_parameters()) {
+      if (name.rfind("fc.", 0) != 0) continue;
+      const auto v = sk::to_vector<float>(ctx, p.data());
+      double sum = 0, squares = 0;
+      for (const float x : v) sum += x, squares += double(x) * x;
+      const double mean = sum / double(v.size());
+      if (name == "fc.bias") CHECK(squares == 0);
+      if (name == "fc.weight") {  // (64 000 draws: the standard deviation within 2%)
+        CHECK(std::abs(mean) < 3e-4);
+        CHECK(std::sqrt(squares / double(v.size()) - mean * mean) ==
+              doctest::Approx(0.01).epsilon(0.02));
+      }
     }
   }
   auto net = nn::anynet(ctx, {{8, 2, 1, 8, 1.0}});

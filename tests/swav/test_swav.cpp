@@ -2282,8 +2282,7 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
            "config.MODEL.TRUNK.REGNET.w_a=27.89", "config.MODEL.TRUNK.REGNET.w_m=2.09",
            "config.MODEL.TRUNK.REGNET.group_width=8", head(440), "config.OPTIMIZER.num_epochs=0"})),
       2, {"config.MODEL.TRUNK.REGNET.depth = 16.5 is a number; it must be an integer"});
-  // VISSL's FSDP names for the same network and head (its AUTO_SETUP_FSDP renames them);
-  // regnet_fsdp builds no registered model, as VISSL asserts.
+  // VISSL's FSDP names for the same network and head (its AUTO_SETUP_FSDP renames them).
   const auto fsdp_names = config_of(
       {"config.MODEL.TRUNK.NAME=regnet_fsdp", "config.MODEL.TRUNK.REGNET.depth=16",
        "config.MODEL.TRUNK.REGNET.w_0=48.0", "config.MODEL.TRUNK.REGNET.w_a=27.89",
@@ -2292,9 +2291,36 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
        "False, \"num_clusters\": [30]}]]"});
   CHECK(fsdp_names.trunk == "regnet");
   CHECK(fsdp_names.regnet_stages.back().width == 440);
-  CHECK(config_problems(tree_of({"config.MODEL.TRUNK.NAME=regnet_fsdp",
-                                 "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440)}))
-            .find("regnet_fsdp builds no registered model") != std::string::npos);
+  // (VISSL's regnet_fsdp asserts an AnyNet or RegNet's numbers; this trainer builds a
+  // registered model under either name)
+  CHECK(config_of({"config.MODEL.TRUNK.NAME=regnet_fsdp",
+                   "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440)})
+            .regnet_stages.size() == 4);
+  // Each problem once: a value the merge refused is not reported again, the section as a
+  // whole included, and the form's own problems stand beside it.
+  check_problems(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf",
+                                          "config.MODEL.TRUNK.REGNET.depth=16.5", head(440),
+                                          "config.OPTIMIZER.num_epochs=0"})),
+                 2, {"config.MODEL.TRUNK.REGNET.depth = 16.5 is a number"});
+  check_problems(
+      config_problems(tree_of({"config.MODEL.TRUNK.NAME=regnet", "config.MODEL.TRUNK.REGNET=foo",
+                               head(440), "config.OPTIMIZER.num_epochs=0"})),
+      2, {"config.MODEL.TRUNK.REGNET = foo is a string; it must be a map"});
+  check_problems(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=anynet",
+                                          "config.MODEL.TRUNK.REGNET.depths=3",
+                                          "config.MODEL.TRUNK.REGNET.depth=16"})),
+                 2,
+                 {"config.MODEL.TRUNK.REGNET.depths = 3 is an integer; it must be a list",
+                  "an AnyNet takes per-stage lists (depths, widths, group_widths, "
+                  "bottleneck_multipliers, strides); remove depth"});
+  // A squeeze that rounds to no channel: refused with the config, not at the build.
+  CHECK(
+      config_problems(
+          tree_of({regnet, "config.MODEL.TRUNK.REGNET.depth=16", "config.MODEL.TRUNK.REGNET.w_0=48",
+                   "config.MODEL.TRUNK.REGNET.w_a=27.89", "config.MODEL.TRUNK.REGNET.w_m=2.09",
+                   "config.MODEL.TRUNK.REGNET.group_width=8",
+                   "config.MODEL.TRUNK.REGNET.se_ratio=0.01", head(440)}))
+          .find("a block of 32 input channels would squeeze to none") != std::string::npos);
   // A kNN feature of a stage the trunk lacks, and NHWC activations: refused with the config.
   CHECK(config_problems(
             tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=anynet",
@@ -2306,6 +2332,14 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
                      "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[\"res4\", "
                      "[\"Identity\", []]]]"}))
             .find("= res4: the trunk has 2 stages, res2 to res3") != std::string::npos);
+  // VISSL's RegNet calls the pooled output avgpool: the same feature as res5avg.
+  const std::string pools = "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=";
+  const auto avgpool = config_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf",
+                                  head(440), pools + R"([["avgpool", ["Identity", []]]])"});
+  CHECK(avgpool.knn_features[0].module(model.trunk->stage_names()) == "avgpool");
+  CHECK(config_problems(tree_of({pools + R"([["res5avg", ["Identity", []]], )"
+                                         R"(["avgpool", ["Identity", []]]])"}))
+            .find("given twice") != std::string::npos);
   CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440),
                                  "config.MODEL.TRUNK.RESNETS.CHANNELS_LAST=True"}))
             .find("channels-last activations are this trainer's ResNets'") != std::string::npos);
