@@ -135,6 +135,20 @@ enum class ActivationLayout {
   // NCHW step's bits without its reorders
   channel_blocks,
 };
+// A classifier's training step on `images`: zero_grad, a training-mode forward, cross-entropy
+// against label 0, backward.
+inline Workload classifier_step(Context& ctx, std::shared_ptr<nn::Module> net,
+                                const ag::Variable& images) {
+  auto held = std::make_shared<ag::Variable>(images);
+  auto labels = std::make_shared<Tensor>(zeros(ctx, {images.size(0)}, DType::i64));
+  Workload wl;
+  wl.run = [&ctx, net, held, labels] {
+    net->zero_grad();
+    ag::backward(ctx, ag::cross_entropy(ctx, (*net)(ctx, *held), *labels));
+  };
+  return wl;
+}
+
 inline Workload resnet18_step(Context& ctx, std::int64_t batch, std::int64_t hw,
                               std::int64_t classes, std::int64_t width = 64,
                               ActivationLayout layout = ActivationLayout::nchw) {
@@ -145,17 +159,9 @@ inline Workload resnet18_step(Context& ctx, std::int64_t batch, std::int64_t hw,
   o.base_channels = width;
   o.channels_last = channels_last;
   o.channel_blocks = layout == ActivationLayout::channel_blocks;
-  std::shared_ptr<nn::ResNet> net = nn::resnet18(ctx, o);
   ag::Variable pixels = random_variable(ctx, {batch, 3, hw, hw}, false);
   if (channels_last) pixels = ag::Variable(to_channels_last(ctx, pixels.data()));
-  auto images = std::make_shared<ag::Variable>(pixels);
-  auto labels = std::make_shared<Tensor>(zeros(ctx, {batch}, DType::i64));
-  Workload wl;
-  wl.run = [&ctx, net, images, labels] {
-    net->zero_grad();
-    ag::backward(ctx, ag::cross_entropy(ctx, (*net)(ctx, *images), *labels));
-  };
-  return wl;
+  return classifier_step(ctx, nn::resnet18(ctx, o), pixels);
 }
 
 // ClassyVision's regnet_y_400mf training step, as resnet18_step's: zero_grad, a training-mode
@@ -168,15 +174,8 @@ inline Workload regnet_y_400mf_step(Context& ctx, std::int64_t batch, std::int64
   check(nn::regnet_named_params("regnet_y_400mf", params, o.use_se), "regnet_y_400mf unknown");
   o.num_classes = classes;
   o.stem = hw <= 64 ? nn::RegNetStem::res_stem_cifar : nn::RegNetStem::simple_stem_in;
-  std::shared_ptr<nn::RegNet> net = nn::regnet(ctx, params, o);
-  auto images = std::make_shared<ag::Variable>(random_variable(ctx, {batch, 3, hw, hw}, false));
-  auto labels = std::make_shared<Tensor>(zeros(ctx, {batch}, DType::i64));
-  Workload wl;
-  wl.run = [&ctx, net, images, labels] {
-    net->zero_grad();
-    ag::backward(ctx, ag::cross_entropy(ctx, (*net)(ctx, *images), *labels));
-  };
-  return wl;
+  return classifier_step(ctx, nn::regnet(ctx, params, o),
+                         random_variable(ctx, {batch, 3, hw, hw}, false));
 }
 
 }  // namespace shardkit::bench::autograd_workloads

@@ -526,18 +526,18 @@ TEST_CASE("cross_entropy on the GPU rejects class labels outside [0, classes), a
 
 namespace {
 
-// One ResNet-18 training step built from the same seed on both devices (`o` on both: NCHW, or
-// channels-last -- the GPU's cuDNN NHWC kernels and batch-norm's tiles against the CPU's oneDNN
-// NHWC primitives): the same parameters, the loss to 1e-4 and every gradient to 1e-2.
-void compare_resnet_step(const nn::ResNetOptions& o, std::int64_t batch) {
+// One training step of the network `build` makes, built from the same seed on both devices:
+// the same parameters, the loss to 1e-4 and every gradient to 1e-2.
+void compare_training_step(const std::function<std::shared_ptr<nn::Module>(sk::Context&)>& build,
+                           std::int64_t batch) {
   sk::Context cpu({.seed = 5});
   auto gpu = sk::make_cuda_context(0, 0, 5);
-  auto on_cpu = nn::resnet18(cpu, o);
-  auto on_gpu = nn::resnet18(*gpu, o);
+  auto on_cpu = build(cpu);
+  auto on_gpu = build(*gpu);
   auto images = pattern(batch * 3 * 16 * 16, 7, sk::DType::f32);
   std::vector<std::int64_t> labels;
   for (std::int64_t i = 0; i < batch; ++i) labels.push_back(1 + i % 9);
-  auto step = [&](sk::Context& c, nn::ResNet& net) {
+  auto step = [&](sk::Context& c, nn::Module& net) {
     auto logits = net(c, Variable(sk::from_vector(c, images, {batch, 3, 16, 16})));
     auto loss = ag::cross_entropy(c, logits, sk::from_vector<std::int64_t>(c, labels, {batch}));
     ag::backward(c, loss);
@@ -547,17 +547,24 @@ void compare_resnet_step(const nn::ResNetOptions& o, std::int64_t batch) {
   CHECK(std::abs(cpu_loss - gpu_loss) <= 1e-4 * std::abs(cpu_loss));
   auto cpu_params = on_cpu->named_parameters();
   auto gpu_params = on_gpu->named_parameters();
+  REQUIRE(cpu_params.size() == gpu_params.size());
   for (std::size_t i = 0; i < cpu_params.size(); ++i) {
     CAPTURE(cpu_params[i].first);
     CHECK(sk::to_vector<float>(cpu, cpu_params[i].second.data()) ==
           sk::to_vector<float>(*gpu, gpu_params[i].second.data()));
     // f32 throughout (no TF32), but cuDNN's heuristic algorithms (transform-based for 3x3) and
     // oneDNN's direct convolutions round differently, through 20 layers whose batch-norm sees as
-    // few as 16 values per channel: 2.3e-3 to 5.0e-3 on an H100 (2026-11-25). A wrong gradient
-    // is off by O(1).
+    // few as 16 values per channel: 2.3e-3 to 5.0e-3 on an H100 for ResNet-18 (2026-11-25). A
+    // wrong gradient is off by O(1).
     CHECK(relative_error(sk::to_vector<float>(cpu, cpu_params[i].second.grad()),
                          sk::to_vector<float>(*gpu, gpu_params[i].second.grad())) <= 1e-2);
   }
+}
+
+// The ResNet-18 step (`o` on both devices: NCHW, or channels-last -- the GPU's cuDNN NHWC
+// kernels and batch-norm's tiles against the CPU's oneDNN NHWC primitives).
+void compare_resnet_step(const nn::ResNetOptions& o, std::int64_t batch) {
+  compare_training_step([&](sk::Context& c) { return nn::resnet18(c, o); }, batch);
 }
 
 }  // namespace
@@ -578,39 +585,16 @@ TEST_CASE("ResNet-18 training step, channels-last: matching loss and gradients")
 }
 
 // A RegNetY (an AnyNet: projections, grouped 3 x 3 convolutions, squeeze-and-excitation's
-// sigmoid and channel_scale) built from the same seed on both devices: the same parameters, the
-// loss to 1e-4 and every gradient to 1e-2, as the ResNet-18 step above.
+// sigmoid and channel_scale), as the ResNet-18 step above.
 TEST_CASE("RegNetY training step: same seed, same parameters, matching loss and gradients") {
-  sk::Context cpu({.seed = 6});
-  auto gpu = sk::make_cuda_context(0, 0, 6);
   nn::RegNetOptions o;
   o.stem_width = 8;
   o.num_classes = 10;
-  const std::vector<nn::RegNetStage> stages{{8, 2, 1, 4, 1.0}, {16, 2, 2, 8, 1.0}};
-  auto on_cpu = nn::anynet(cpu, stages, o);
-  auto on_gpu = nn::anynet(*gpu, stages, o);
-  const std::int64_t batch = 4;
-  auto images = pattern(batch * 3 * 16 * 16, 8, sk::DType::f32);
-  std::vector<std::int64_t> labels;
-  for (std::int64_t i = 0; i < batch; ++i) labels.push_back(2 + i % 7);
-  auto step = [&](sk::Context& c, nn::RegNet& net) {
-    auto logits = net(c, Variable(sk::from_vector(c, images, {batch, 3, 16, 16})));
-    auto loss = ag::cross_entropy(c, logits, sk::from_vector<std::int64_t>(c, labels, {batch}));
-    ag::backward(c, loss);
-    return sk::to_vector<float>(c, loss.data())[0];
-  };
-  const float cpu_loss = step(cpu, *on_cpu), gpu_loss = step(*gpu, *on_gpu);
-  CHECK(std::abs(cpu_loss - gpu_loss) <= 1e-4 * std::abs(cpu_loss));
-  auto cpu_params = on_cpu->named_parameters();
-  auto gpu_params = on_gpu->named_parameters();
-  REQUIRE(cpu_params.size() == gpu_params.size());
-  for (std::size_t i = 0; i < cpu_params.size(); ++i) {
-    CAPTURE(cpu_params[i].first);
-    CHECK(sk::to_vector<float>(cpu, cpu_params[i].second.data()) ==
-          sk::to_vector<float>(*gpu, gpu_params[i].second.data()));
-    CHECK(relative_error(sk::to_vector<float>(cpu, cpu_params[i].second.grad()),
-                         sk::to_vector<float>(*gpu, gpu_params[i].second.grad())) <= 1e-2);
-  }
+  compare_training_step(
+      [&](sk::Context& c) {
+        return nn::anynet(c, {{8, 2, 1, 4, 1.0}, {16, 2, 2, 8, 1.0}}, o);
+      },
+      4);
 }
 
 TEST_CASE("checkpointing on the GPU gives the same gradients") {
