@@ -3,8 +3,8 @@
 // [layer, [pool op, args]]. The layers are VISSL's feature names -- res2 ... res5 (the outputs
 // of the trunk's stages: ResNet's layer1 ... layer4, RegNet's res2 ... res5) and res5avg (the
 // globally average-pooled trunk output, the default; avgpool, VISSL's RegNet name for it) -- and
-// each output [N, C, H, W] is pooled by
-// the op and flattened per image as torch.flatten(x, 1) does:
+// each output [N, C, H, W] is pooled by the op and flattened per image as torch.flatten(x, 1)
+// does:
 //   ["Identity", []]                         the output as it is (C·H·W features)
 //   ["AvgPool2d", [[kh, kw], stride, pad]]   nn.AvgPool2d (padding counts as zeros in the mean)
 //   ["AdaptiveAvgPool2d", [[oh, ow]]]        nn.AdaptiveAvgPool2d (windows floor(i·H/oh) to
@@ -33,11 +33,14 @@ struct FeaturePool {
   std::int64_t stride = 1, padding = 0;      // AvgPool2d
   std::array<std::int64_t, 2> output{1, 1};  // AdaptiveAvgPool2d
 
+  // The stage whose output the layer is (res2: 0 ... res5: 3), or -1 for the pooled output.
+  int stage() const { return layer == "res5avg" || layer == "avgpool" ? -1 : layer[3] - '2'; }
+
   // The trunk child whose output the layer is, of a trunk whose stages are `stages`
   // (nn::Trunk::stage_names: res2 -> ResNet's layer1, ... res5 -> layer4).
   std::string module(const std::vector<std::string>& stages) const {
-    if (layer == "res5avg" || layer == "avgpool") return "avgpool";
-    const auto stage = static_cast<std::size_t>(layer[3] - '2');
+    if (stage() < 0) return "avgpool";
+    const auto stage = static_cast<std::size_t>(this->stage());
     shardkit::check(stage < stages.size(), "feature ", layer, ": the trunk has ", stages.size(),
                     " stages (res2 to res", stages.size() + 1,
                     "); choose one of those in "

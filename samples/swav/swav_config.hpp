@@ -317,8 +317,7 @@ inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const
                 "not a trunk feature this trainer extracts; use res2, res3, res4, res5 or res5avg "
                 "(avgpool: VISSL's RegNet name for res5avg)");
     for (const auto& other : pools)
-      if (other.module({"res2", "res3", "res4", "res5"}) ==
-          p.module({"res2", "res3", "res4", "res5"}))
+      if (other.stage() == p.stage())
         throw bad(where + "[0]", p.layer, "given twice; give each layer once");
     const std::string op = value_as<std::string>(e[1][0], where + "[1][0]", "an op name");
     const YAML::Node args = e[1].size() == 2 ? e[1][1] : YAML::Node(YAML::NodeType::Sequence);
@@ -638,9 +637,8 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
     std::int64_t in = s.regnet.stem_width;
     for (std::size_t i = 0; i < s.regnet_stages.size(); ++i) {
       const nn::RegNetStage& stage = s.regnet_stages[i];
-      const auto width = static_cast<std::int64_t>(
-          std::nearbyint(double(stage.width) * stage.bottleneck_multiplier));
-      const std::int64_t groups = width / stage.group_width;
+      const std::int64_t width = nn::block_bottleneck(stage.width, stage.bottleneck_multiplier);
+      const std::int64_t groups = nn::block_groups(width, stage.group_width);
       if (groups < 1 || width % groups != 0)
         throw bad(k + (anynet ? "group_widths" : "group_width"),
                   "stage " + std::to_string(i + 1) + " (bottleneck " + std::to_string(width) +
@@ -648,7 +646,7 @@ inline bool read_regnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& prob
                   "the bottleneck's channels must split into bottleneck / group_width groups "
                   "of equal size; use a group width that divides it");
       for (const std::int64_t block_in : {in, stage.width})  // (the first block's, the rest's)
-        if (s.regnet.use_se && std::nearbyint(s.regnet.se_ratio * double(block_in)) < 1)
+        if (s.regnet.use_se && nn::block_se_width(s.regnet.se_ratio, block_in) < 1)
           throw bad(k + "se_ratio", std::to_string(s.regnet.se_ratio),
                     "a block of " + std::to_string(block_in) +
                         " input channels would squeeze to none (se_ratio x input width rounds "
@@ -1286,8 +1284,7 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       // (a ResNet has every stage res2 ... res5 names; a RegNet or AnyNet may have fewer)
       if (s.trunk == "regnet")
         for (const FeaturePool& pool : s.knn_features)
-          if (pool.module({"res2", "res3", "res4", "res5"}) != "avgpool" &&
-              static_cast<std::size_t>(pool.layer[3] - '2') >= s.regnet_stages.size())
+          if (pool.stage() >= static_cast<int>(s.regnet_stages.size()))
             throw detail::bad(
                 "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP", pool.layer,
                 "the trunk has " + std::to_string(s.regnet_stages.size()) + " stages, res2 to res" +

@@ -144,6 +144,21 @@ inline bool regnet_named_params(const std::string& name, RegNetParams& p, bool& 
   return false;
 }
 
+// A block's widths as ClassyVision's BottleneckTransform makes them (each a whole number;
+// `block_groups` 0 where the group width exceeds the bottleneck): the bottleneck's channels
+// (the block's output width x the multiplier), the grouped 3 x 3's groups (bottleneck //
+// group_width, which must then split the bottleneck evenly) and the squeeze-and-excitation's
+// reduced width (se_ratio x the block's input width).
+inline std::int64_t block_bottleneck(std::int64_t out, double bottleneck_multiplier) {
+  return static_cast<std::int64_t>(detail::round_half_even(double(out) * bottleneck_multiplier));
+}
+inline std::int64_t block_groups(std::int64_t bottleneck, std::int64_t group_width) {
+  return group_width >= 1 ? bottleneck / group_width : 0;
+}
+inline std::int64_t block_se_width(double se_ratio, std::int64_t in) {
+  return static_cast<std::int64_t>(detail::round_half_even(se_ratio * double(in)));
+}
+
 // The names regnet_named_params knows, for messages.
 inline std::string regnet_names() {
   return "regnet_y_400mf, regnet_y_800mf, regnet_y_1.6gf, regnet_y_3.2gf, regnet_y_8gf, "
@@ -212,18 +227,15 @@ class BottleneckTransform : public Module {
   BottleneckTransform(Context& ctx, std::int64_t in, std::int64_t out, std::int64_t stride,
                       std::int64_t group_width, double bottleneck_multiplier,
                       const RegNetOptions& o) {
-    const auto width =
-        static_cast<std::int64_t>(detail::round_half_even(double(out) * bottleneck_multiplier));
-    // (ClassyVision's groups: bottleneck // group_width, which nn.Conv2d needs to divide it)
-    const std::int64_t groups = group_width >= 1 ? width / group_width : 0;
+    const std::int64_t width = block_bottleneck(out, bottleneck_multiplier);
+    const std::int64_t groups = block_groups(width, group_width);
     check(groups >= 1 && width % groups == 0, "RegNet: a bottleneck of ", width,
           " channels with a group width of ", group_width, " makes ", groups,
           " groups, which do not split it evenly; use a group width that divides it");
     a = register_module("a", detail::conv_bn(ctx, in, width, 1, 1, o));
     b = register_module("b", detail::conv_bn(ctx, width, width, 3, stride, o, groups));
     if (o.use_se) {  // (the reduction counted from the block's input width)
-      const auto reduced =
-          static_cast<std::int64_t>(detail::round_half_even(o.se_ratio * double(in)));
+      const std::int64_t reduced = block_se_width(o.se_ratio, in);
       check(reduced >= 1, "RegNet: se_ratio ", o.se_ratio, " of ", in,
             " channels leaves squeeze-and-excitation no channel; use a larger se_ratio");
       se = register_module("se", std::make_shared<SqueezeExcitation>(ctx, width, reduced, o));
