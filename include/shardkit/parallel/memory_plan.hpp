@@ -80,7 +80,14 @@ struct PlannedRun {
   // exactly one unit, frozen ones in none). Empty: one unit of every trainable parameter.
   std::vector<std::vector<std::size_t>> fsdp_units;
   int root_unit = -1;  // the unit gathered through the whole forward and backward (-1: none)
-  int rank = -1;       // the shard rank to plan; -1: the most loaded (device, then host memory)
+  // fsdp: the most units of one family below the root -- a unit, the units nested in it and
+  // those it is nested in -- which may be gathered at once: a nested unit is gathered inside
+  // the forward and backward of the units around it, and in the backward a unit's pre-hook
+  // fires before its nested units' while the prefetch follows the forward order reversed, in
+  // which the unit comes after them: its prefetch already reaches past its own family, which
+  // stays gathered until its nested units are done. 1 when no unit holds another.
+  int unit_family = 1;
+  int rank = -1;  // the shard rank to plan; -1: the most loaded (device, then host memory)
 };
 
 // Peak activation bytes of one training step as fixed + per_sample x batch, and never below
@@ -594,8 +601,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       }
       p.optimizer_state = table.state_numel(rank) * state_bytes;
       detail::plan_offload(p, o, policy, table, rank, shard_numel, kept_grads);
-      // Gathered at once: the root unit, and the unit in use with `prefetch` more ahead (every
-      // unit without resharding after forward).
+      // Gathered at once: the root unit, and the unit in use -- with its family of nested units
+      // -- with `prefetch` more ahead (every unit without resharding after forward).
       std::int64_t root = 0;
       if (o.root_unit >= 0 && static_cast<std::size_t>(o.root_unit) < unit_bytes.size()) {
         root = unit_bytes[static_cast<std::size_t>(o.root_unit)];
@@ -604,7 +611,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       std::sort(unit_bytes.rbegin(), unit_bytes.rend());
       const std::size_t held =
           policy.reshard_after_forward
-              ? std::min(unit_bytes.size(), static_cast<std::size_t>(policy.prefetch + 1))
+              ? std::min(unit_bytes.size(),
+                         static_cast<std::size_t>(policy.prefetch + std::max(1, o.unit_family)))
               : unit_bytes.size();
       p.gathered = root + node_slices;  // (every unit's slice: the bound after a forward)
       for (std::size_t k = 0; k < held; ++k) p.gathered += unit_bytes[k];
@@ -630,7 +638,18 @@ inline PlannedRun module_planned_run(nn::Module& module, PlannedRun o) {
   for (std::size_t i = 0; i < specs.size(); ++i) index.emplace(specs[i].name, i);
   o.fsdp_units.clear();
   o.root_unit = -1;
-  for (const auto& unit : plan_fsdp_units(module, o.parallel.fsdp.wrap)) {
+  o.unit_family = 1;
+  const auto units = plan_fsdp_units(module, o.parallel.fsdp.wrap);
+  for (const auto& unit : units) {
+    if (unit.path.empty()) continue;
+    int family = 1;  // (itself, the units around it and the units inside it)
+    for (const auto& other : units)
+      if (!other.path.empty() &&
+          (detail::is_below(unit.path, other.path) || detail::is_below(other.path, unit.path)))
+        ++family;
+    o.unit_family = std::max(o.unit_family, family);
+  }
+  for (const auto& unit : units) {
     std::vector<std::size_t> members;
     for (const auto& name : unit.params)
       if (specs[index.at(name)].trainable) members.push_back(index.at(name));
