@@ -223,15 +223,20 @@ def main():
                   "config.MODEL.TRUNK.REGNET.bottleneck_multipliers=[1.0, 1.0, 1.0, 1.0]",
                   "config.MODEL.TRUNK.REGNET.strides=[2, 2, 2, 2]",
                   "config.MODEL.TRUNK.REGNET.stem_width=8",
-                  'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [32, 32, 32], "use_bn": '
+                  'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [32, 48, 32, 32], "use_bn": '
                   'True, "num_clusters": [20]}]]', "config.MAX_ITERATIONS=4"]
+        # (fsdp also with VISSL's AUTO_WRAP_THRESHOLD: the blocks' convolutions of >= 700
+        # parameters -- the 3 x 3 ones past the first stage, the widest 1 x 1 -- nested units)
+        wrap = ["config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=700"]
         regnets = {}
         for stage in STAGES:
             regnets[stage], output = run(swav, os.path.join(work, f"regnet_{stage}"),
                                          regnet + STAGES[stage] +
-                                         (CHECKPOINTING if stage == "fsdp" else []))
-        print(f"AnyNet of RegNetY blocks, ddp / oss / sdp / fsdp + checkpointing: {regnets}")
-        if len(set(regnets.values())) != 1 or "AnyNet of RegNetY blocks" not in output:
+                                         (CHECKPOINTING + wrap if stage == "fsdp" else []))
+        print(f"AnyNet of RegNetY blocks, a head of two hidden widths, ddp / oss / sdp / fsdp + "
+              f"checkpointing + nested units: {regnets}")
+        if (len(set(regnets.values())) != 1 or "AnyNet of RegNetY blocks" not in output or
+                "convolutions of >= 700 parameters nested" not in output):
             raise SystemExit(f"FAIL: the RegNet trunk's stages differ: {regnets}")
         # kNN on two feature sets (VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP: res5 unpooled, then
         # the trunk output): both reported, at initialisation and at the end, and the same
@@ -342,13 +347,24 @@ def main():
         decay = sync + ["config.OPTIMIZER.weight_decay=0.05"]
         groups = decay + ["config.OPTIMIZER.regularize_bn=False",
                           "config.OPTIMIZER.regularize_bias=False"]
+        # (fsdp as VISSL's FSDP task: its AUTO_SETUP_FSDP also makes the optimizer one group,
+        # construct_single_param_group_only, which decays everything -- checked last)
         everything, _ = run(swav, os.path.join(work, "decay_all"), steps + decay)
         grouped = {}
         for stage, flags in STAGES.items():
+            if stage == "fsdp":  # (with LARC as VISSL's set-up writes it)
+                flags = ["config.TRAINER.TASK_NAME=self_supervision_fsdp_task",
+                         "config.OPTIMIZER.name=sgd_fsdp",
+                         "config.MODEL.FSDP_CONFIG.flatten_parameters=False"]
             grouped[stage], _ = run(swav, os.path.join(work, f"groups_{stage}"), steps + groups + flags)
-        print(f"no decay on batch-norm and biases: {grouped} (decay on all: {everything})")
+        one_group, _ = run(swav, os.path.join(work, "groups_auto_fsdp"),
+                           steps + groups + STAGES["fsdp"])
+        print(f"no decay on batch-norm and biases: {grouped} (decay on all: {everything}; "
+              f"AUTO_SETUP_FSDP's one group: {one_group})")
         if len(set(grouped.values())) != 1 or grouped["ddp"] == everything:
             raise SystemExit("FAIL: the no-decay group differs between stages (or has no effect)")
+        if one_group != everything:
+            raise SystemExit("FAIL: AUTO_SETUP_FSDP's one parameter group does not decay all")
 
         # Kill mid-epoch (20 iterations per epoch here), resume, compare.
         longer = ["config.MAX_ITERATIONS=12", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"]

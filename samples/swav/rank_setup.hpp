@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -39,10 +40,33 @@ inline std::vector<std::string> unregularized_params(sk::nn::Module& model, bool
   return out;
 }
 
+// The FSDP units of `model` below the root: every residual block of the trunk, and with VISSL's
+// AUTO_WRAP_THRESHOLD > 0 each convolution inside a block that holds at least that many
+// parameters, a unit nested in its block's (VISSL's big-convolution policy, which it applies to
+// each block of regnet_fsdp; here to ResNet blocks too). Nesting changes when parameters are
+// gathered and freed -- the peak a unit needs -- never the values.
+inline std::vector<std::string> fsdp_unit_paths(SwavModel& model, std::int64_t threshold) {
+  std::vector<std::string> paths;
+  const auto modules = model.trunk->named_modules();
+  for (const std::string& block : model.trunk->block_paths()) {
+    paths.push_back("trunk." + block);
+    if (threshold <= 0) continue;
+    for (const auto& [path, module] : modules) {
+      if (path.rfind(block + ".", 0) != 0 || dynamic_cast<sk::nn::Conv2d*>(module) == nullptr)
+        continue;
+      std::int64_t count = 0;
+      for (const auto& [name, p] : module->named_parameters()) count += p.numel();
+      if (count >= threshold) paths.push_back("trunk." + path);
+    }
+  }
+  return paths;
+}
+
 // How each rank runs `model` under `c` in a world of `world` ranks: the parallel options (under
-// fsdp every residual block of the trunk a unit of its own), the optimizer with VISSL's
-// parameter groups, and what each rank will hold, planned before the states exist
-// (parallel/memory_plan.hpp): the trainer's set-up, and the check before the ranks start.
+// fsdp the units of fsdp_unit_paths), the optimizer with VISSL's
+// parameter groups (one, every parameter decayed, under construct_single_param_group_only), and
+// what each rank will hold, planned before the states exist (parallel/memory_plan.hpp): the
+// trainer's set-up, and the check before the ranks start.
 struct RankSetup {
   sk::parallel::ParallelOptions parallel;
   sk::optim::OptimizerConfig optimizer;
@@ -52,9 +76,10 @@ struct RankSetup {
 inline RankSetup rank_setup(SwavModel& model, const SwavConfig& c, int world, int rank = -1) {
   RankSetup setup{c.parallel, c.optimizer, {}};
   if (setup.parallel.stage == sk::parallel::Stage::fsdp)
-    for (const std::string& block : model.trunk->block_paths())
-      setup.parallel.fsdp.wrap.unit_paths.push_back("trunk." + block);
-  setup.optimizer.no_weight_decay = unregularized_params(model, c.regularize_bn, c.regularize_bias);
+    setup.parallel.fsdp.wrap.unit_paths = fsdp_unit_paths(model, c.fsdp_wrap_threshold);
+  if (!c.single_param_group)
+    setup.optimizer.no_weight_decay =
+        unregularized_params(model, c.regularize_bn, c.regularize_bias);
   sk::parallel::PlannedRun run;
   run.parallel = setup.parallel;
   run.world_size = world;
@@ -116,6 +141,40 @@ inline std::int64_t cpu_rank_states(const sk::parallel::MemoryPlan& p, const Swa
   return std::max(p.model_states() + p.communication + p.gathered,
                   p.wrap_peak(builds_deferred(c))) +
          p.host_total();
+}
+
+// Under fsdp every state is sharded already, and a rank's share shrinks as the world grows: the
+// fix for states that do not fit is a world whose most loaded rank's states (planned at that
+// world) fit a machine like this one, spread over as many machines as it takes.
+inline std::string larger_world(SwavModel& model, const SwavConfig& c, int world,
+                                std::int64_t available) {
+  const auto per_rank = [&](int w) { return cpu_rank_states(rank_setup(model, c, w).memory, c); };
+  const auto gb = [](double bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f", bytes / 1e9);
+    return std::string(text);
+  };
+  // From the share's estimate up (the shares are near equal), checked by planning the world.
+  const std::int64_t now = per_rank(world);
+  int w = static_cast<int>(std::min<double>(
+      1 << 20, std::max(double(world), std::ceil(double(now) * world / double(available)))));
+  std::int64_t held = per_rank(w);
+  for (int tries = 0; held > available && tries < 32 && w < (1 << 20); ++tries) {
+    w += std::max(1, w / 16);
+    held = per_rank(w);
+  }
+  if (held > available)
+    return "the states are sharded already (fsdp), and even at a world of " + std::to_string(w) +
+           " ranks a rank would hold " + gb(double(held)) +
+           " GB of them: use machines with more memory";
+  const std::int64_t per_machine = std::max<std::int64_t>(1, available / held);
+  const std::int64_t machines = (w + per_machine - 1) / per_machine;
+  return "the states are sharded already (fsdp) and a rank's share shrinks as the world grows: "
+         "at a world of " +
+         std::to_string(w) + " ranks a rank holds " + gb(double(held)) + " GB of them, so run " +
+         std::to_string(w) + " ranks on " + std::to_string(machines) +
+         " machines of this memory, " + std::to_string(std::min<std::int64_t>(per_machine, w)) +
+         " a machine (DISTRIBUTED.NUM_NODES, NUM_PROC_PER_NODE; under mpirun or torchrun)";
 }
 
 // What a rank holds for the network's kNN figure with a memory bank of `bank` images (trainer.hpp's
@@ -258,10 +317,14 @@ inline HostMemoryNeed check_ranks_fit(const SwavConfig& c, const Datasets& data,
                       double(need.local_states) / 1e9,
                       std::string(sk::parallel::stage_name(c.parallel.stage)).c_str(),
                       double(need.states_per_rank_max) / 1e6, double(available) / 1e9);
+        std::string fix =
+            "shard the states (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP, "
+            "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), or spread the ranks over several "
+            "machines";
+        if (c.parallel.stage == sk::parallel::Stage::fsdp && available > 0)
+          fix = larger_world(*model, c, world, available);
         throw ConfigError("config.DISTRIBUTED: " + ranks + figures + fewer_ranks(0, available) +
-                          "shard the states (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP, "
-                          "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), or spread the ranks over several "
-                          "machines");
+                          fix);
       }
       // Each rank's step on top of its states (measured only once the images and the states
       // fit: the measurement builds the model and steps it). This is an estimate, not a bound:

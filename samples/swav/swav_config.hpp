@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -71,8 +72,12 @@ struct SwavConfig {
   std::string regnet_name;
   std::vector<shardkit::nn::RegNetStage> regnet_stages;
   shardkit::nn::RegNetOptions regnet;
-  std::int64_t head_in = 2048, head_hidden = 2048, embedding_dim = 128, prototypes = 3000;
-  bool head_bn = true;
+  // VISSL's swav_head: dims = [head_in, head_hidden..., embedding_dim] (Linear, BatchNorm1d when
+  // head_bn, ReLU per hidden width; the last Linear, then its BatchNorm1d and ReLU unless
+  // skip_last_bn), then the L2-normalised embedding's prototypes.
+  std::int64_t head_in = 2048, embedding_dim = 128, prototypes = 3000;
+  std::vector<std::int64_t> head_hidden = {2048};
+  bool head_bn = true, head_bias = true, head_skip_last_bn = true;
   double bn_eps = 1e-5, bn_momentum = 0.1;
   std::vector<std::pair<std::string, std::int64_t>> frozen;  // parameter -> iterations
   int checkpoint_splits = 0;                                 // 0: no activation checkpointing
@@ -80,13 +85,16 @@ struct SwavConfig {
   // VISSL's OPTIMIZER.regularize_bn / regularize_bias: False puts batch-norm parameters /
   // Linear and Conv biases in a group without weight decay.
   bool regularize_bn = false, regularize_bias = true;
+  // VISSL's OPTIMIZER.construct_single_param_group_only (which its AUTO_SETUP_FSDP turns on):
+  // every parameter in one group with the weight decay, the regularize_* keys unread.
+  bool single_param_group = false;
   // Parallelism and precision
   int ranks = 2;
   // The stage, precision, buckets, resharding and CPU offload (FSDP's move_grads_to_cpu /
   // move_params_to_cpu), given as they are to the memory planner and the sharded module.
   shardkit::parallel::ParallelOptions parallel;
-  bool loss_scaling = false;  // f16: dynamic loss scaling
-  std::int64_t fsdp_wrap_threshold = 0;
+  bool loss_scaling = false;             // f16: dynamic loss scaling
+  std::int64_t fsdp_wrap_threshold = 0;  // VISSL's AUTO_WRAP_THRESHOLD (0: off; rank_setup.hpp)
   // Loss
   SwavLossConfig loss;
   std::int64_t queue_length = 0;  // global, after VISSL's rounding
@@ -445,12 +453,23 @@ inline LrSchedule read_lr(const ConfigTree& c, int world, std::int64_t batch, in
   return lr;
 }
 
+// The name of MODEL.HEAD.PARAMS's first head ("" when the list has another form).
+inline std::string first_head_name(const ConfigTree& c) {
+  const YAML::Node heads = c.at("MODEL.HEAD.PARAMS");
+  if (!heads.IsSequence() || heads.size() == 0 || !heads[0].IsSequence() || heads[0].size() == 0 ||
+      !heads[0][0].IsScalar())
+    return "";
+  return heads[0][0].Scalar();
+}
+
 inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
                                                        const std::string& base) {
   shardkit::optim::OptimizerConfig o;
   const std::string name = c.get<std::string>(base + ".name");
-  if (name != "sgd")
-    throw bad(base + ".name", name, "the SwAV trainer implements sgd (with use_larc for LARC)");
+  // (sgd_fsdp: VISSL's SGD for FSDP; read_swav_config checks its stage)
+  if (name != "sgd" && name != "sgd_fsdp")
+    throw bad(base + ".name", name,
+              "the SwAV trainer implements sgd (with use_larc for LARC) and VISSL's sgd_fsdp");
   o.sgd.momentum = c.get<float>(base + ".momentum");
   o.sgd.nesterov = c.get<bool>(base + ".nesterov");
   o.sgd.weight_decay = c.get<float>(base + ".weight_decay");
@@ -978,30 +997,42 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       for (const auto& kv : head) {
         const std::string key = detail::value_as<std::string>(kv.first, "MODEL.HEAD.PARAMS[0][1]",
                                                               "a map with string keys");
-        if (key != "dims" && key != "use_bn" && key != "num_clusters")
+        if (key != "dims" && key != "use_bn" && key != "num_clusters" && key != "use_bias" &&
+            key != "skip_last_bn")
           throw detail::bad("MODEL.HEAD.PARAMS[0][1]." + key, detail::text_of(kv.second),
-                            "swav_head takes dims, use_bn and num_clusters");
+                            "swav_head takes dims, use_bn, num_clusters, use_bias and "
+                            "skip_last_bn here");
       }
       const auto dims = detail::value_as<std::vector<std::int64_t>>(
-          head["dims"], "MODEL.HEAD.PARAMS[0][1].dims", "a list of three integers");
+          head["dims"], "MODEL.HEAD.PARAMS[0][1].dims", "a list of integers");
       const auto clusters = detail::value_as<std::vector<std::int64_t>>(
           head["num_clusters"], "MODEL.HEAD.PARAMS[0][1].num_clusters", "a list of one integer");
-      if (dims.size() != 3 || dims[0] != trunk_out)
+      if (dims.size() < 2 || dims[0] != trunk_out)
         throw detail::bad("MODEL.HEAD.PARAMS[0][1].dims", detail::text_of(head["dims"]),
-                          "give [trunk features, hidden, embedding]; this trunk gives " +
+                          "give [trunk features, hidden widths (any number), embedding]; this "
+                          "trunk gives " +
                               std::to_string(trunk_out) + " features");
+      for (std::size_t i = 1; i < dims.size(); ++i)
+        if (dims[i] < 1)
+          throw detail::bad("MODEL.HEAD.PARAMS[0][1].dims", detail::text_of(head["dims"]),
+                            "every width must be >= 1");
       if (clusters.size() != 1 || clusters[0] < 2)
         throw detail::bad("MODEL.HEAD.PARAMS[0][1].num_clusters",
                           detail::text_of(head["num_clusters"]),
                           "give one prototype count >= 2 (one set of prototypes)");
-      s.head_in = dims[0];
-      s.head_hidden = dims[1];
-      s.embedding_dim = dims[2];
+      s.head_in = dims.front();
+      s.head_hidden.assign(dims.begin() + 1, dims.end() - 1);
+      s.embedding_dim = dims.back();
       s.prototypes = clusters[0];
-      s.head_bn = head["use_bn"]
-                      ? detail::value_as<bool>(head["use_bn"], "MODEL.HEAD.PARAMS[0][1].use_bn",
-                                               "True or False")
-                      : true;
+      const auto flag = [&](const char* key, bool otherwise) {
+        return head[key]
+                   ? detail::value_as<bool>(
+                         head[key], std::string("MODEL.HEAD.PARAMS[0][1].") + key, "True or False")
+                   : otherwise;
+      };
+      s.head_bn = flag("use_bn", true);
+      s.head_bias = flag("use_bias", true);
+      s.head_skip_last_bn = flag("skip_last_bn", true);
       s.bn_eps = c.get<double>("MODEL.HEAD.BATCHNORM_EPS");
       s.bn_momentum = c.get<double>("MODEL.HEAD.BATCHNORM_MOMENTUM");
     });
@@ -1064,23 +1095,60 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
           c.get<int>("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS");
   });
   const bool stage_ok = problems.attempt([&] {
-    // Stage (VISSL: OPTIMIZER.name zero or use_zero -> ZeRO-1; USE_SDP -> ZeRO-2; AUTO_SETUP_FSDP
-    // -> ZeRO-3).
+    // Stage, as VISSL picks its task: OPTIMIZER.name zero or use_zero -> ZeRO-1; USE_SDP (which
+    // sets the SDP task) -> ZeRO-2; AUTO_SETUP_FSDP (which sets the FSDP task) or
+    // TRAINER.TASK_NAME self_supervision_fsdp_task -> ZeRO-3.
     const std::string opt_name = c.get<std::string>("OPTIMIZER.name");
     const bool zero = opt_name == "zero" || c.get<bool>("OPTIMIZER.use_zero");
-    const bool sdp = c.get<bool>("MODEL.SHARDED_DDP_SETUP.USE_SDP");
-    const bool fsdp = c.get<bool>("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP");
-    if (sdp && fsdp)
+    const bool auto_sdp = c.get<bool>("MODEL.SHARDED_DDP_SETUP.USE_SDP");
+    const bool auto_fsdp = c.get<bool>("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP");
+    if (auto_sdp && auto_fsdp)
       throw detail::bad("MODEL.SHARDED_DDP_SETUP.USE_SDP", "True",
                         "choose SDP or FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP), not both");
-    s.parallel.stage = fsdp ? Stage::fsdp : sdp ? Stage::sdp : zero ? Stage::oss : Stage::ddp;
+    const std::string task = auto_fsdp  ? "self_supervision_fsdp_task"
+                             : auto_sdp ? "self_supervision_sdp_task"
+                                        : c.get<std::string>("TRAINER.TASK_NAME");
+    if (task != "self_supervision_task" && task != "self_supervision_fsdp_task" &&
+        task != "self_supervision_sdp_task")
+      throw detail::bad("TRAINER.TASK_NAME", task,
+                        "use self_supervision_task, self_supervision_fsdp_task (FSDP) or "
+                        "self_supervision_sdp_task (ShardedDDP, with OPTIMIZER.use_zero True)");
+    // (VISSL's SDP task wraps only a ZeRO optimizer, past one rank; USE_SDP turns use_zero on)
+    if (task == "self_supervision_sdp_task" && !zero && !auto_sdp && world > 1)
+      throw detail::bad("TRAINER.TASK_NAME", task,
+                        "ShardedDDP needs the ZeRO optimizer: set OPTIMIZER.use_zero True (or "
+                        "MODEL.SHARDED_DDP_SETUP.USE_SDP True, which sets both)");
+    s.parallel.stage = task == "self_supervision_fsdp_task"  ? Stage::fsdp
+                       : task == "self_supervision_sdp_task" ? Stage::sdp
+                       : zero                                ? Stage::oss
+                                                             : Stage::ddp;
   });
-  problems.attempt([&] {
+  // VISSL's DDP task refuses a model that holds FSDP units (regnet_fsdp's blocks,
+  // swav_head_fsdp) when it runs more than one rank; its SDP task cannot shard their optimizer.
+  if (stage_ok && s.parallel.stage != Stage::fsdp && world > 1)
+    for (const auto& [key, fsdp_name] :
+         {std::pair<std::string, std::string>{"MODEL.TRUNK.NAME", "regnet_fsdp"},
+          std::pair<std::string, std::string>{"MODEL.HEAD.PARAMS[0][0]", "swav_head_fsdp"}})
+      problems.attempt([&] {
+        const std::string given =
+            key == "MODEL.TRUNK.NAME" ? c.get<std::string>(key) : detail::first_head_name(c);
+        if (given == fsdp_name)
+          throw detail::bad(key, fsdp_name,
+                            "VISSL's " + fsdp_name +
+                                " wraps itself in FSDP units, which VISSL trains only under the "
+                                "FSDP task: set TRAINER.TASK_NAME self_supervision_fsdp_task (or "
+                                "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP True), or use the name " +
+                                fsdp_name.substr(0, fsdp_name.size() - 5));
+      });
+  const bool optimizer_ok = problems.attempt([&] {
     const std::string opt_name = c.get<std::string>("OPTIMIZER.name");
     s.optimizer =
         detail::read_optimizer(c, opt_name == "zero" ? "OPTIMIZER.base_optimizer" : "OPTIMIZER");
     s.regularize_bn = c.get<bool>("OPTIMIZER.regularize_bn");
     s.regularize_bias = c.get<bool>("OPTIMIZER.regularize_bias");
+    // (VISSL's FSDP set-up turns construct_single_param_group_only on)
+    s.single_param_group = c.get<bool>("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP") ||
+                           c.get<bool>("OPTIMIZER.construct_single_param_group_only");
     for (const auto& [name, iters] : s.frozen)
       if (iters > 0 && s.optimizer.kind != shardkit::optim::OptimizerKind::larc_sgd &&
           s.optimizer.sgd.weight_decay != 0)
@@ -1089,16 +1157,52 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
                           "(no decay for a zero gradient) or without weight decay; set "
                           "OPTIMIZER.use_larc True or weight_decay 0");
   });
+  if (stage_ok && optimizer_ok)
+    problems.attempt([&] {
+      const std::string opt_name = c.get<std::string>("OPTIMIZER.name");
+      // LARC's norms as VISSL takes them. Its sgd_fsdp sums each parameter's squares over the
+      // ranks: under fsdp (with flatten_parameters False) the norm of each sharded parameter --
+      // this trainer's LARC; under ddp, where every rank holds the same parameters and gradients,
+      // both norms sqrt(world) too large, which leaves only eps's weight changed (eps / sqrt(world)
+      // here, so the arithmetic is VISSL's); under ZeRO the ranks' optimizers hold different
+      // parameters, whose sums VISSL's all-reduce mixes. Apex's LARC (sgd) under FSDP takes the
+      // norms of each rank's shard, and with flatten_parameters True either takes one norm per
+      // flat unit: VISSL's AUTO_SETUP_FSDP sets sgd_fsdp and flatten_parameters False under LARC.
+      const std::string name_key =
+          opt_name == "zero" ? "OPTIMIZER.base_optimizer.name" : "OPTIMIZER.name";
+      const std::string name = c.get<std::string>(name_key);
+      const bool larc = s.optimizer.kind == shardkit::optim::OptimizerKind::larc_sgd;
+      if (larc && name == "sgd_fsdp" && world > 1) {
+        if (s.parallel.stage == Stage::oss || s.parallel.stage == Stage::sdp)
+          throw detail::bad(name_key, "sgd_fsdp",
+                            "VISSL's sgd_fsdp all-reduces the norms of the parameters each rank's "
+                            "optimizer holds, which under ZeRO (stage " +
+                                std::string(shardkit::parallel::stage_name(s.parallel.stage)) +
+                                ") differ between ranks; use sgd");
+        if (s.parallel.stage == Stage::ddp)
+          s.optimizer.larc.eps /= static_cast<float>(std::sqrt(double(world)));
+      }
+      if (larc && s.parallel.stage == Stage::fsdp &&
+          !c.get<bool>("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP")) {
+        const std::string fix =
+            "this trainer's LARC takes each whole parameter's norms, as VISSL's sgd_fsdp with "
+            "flatten_parameters False, which VISSL's AUTO_SETUP_FSDP sets under LARC: set "
+            "OPTIMIZER.name sgd_fsdp and MODEL.FSDP_CONFIG.flatten_parameters False";
+        if (c.get<bool>("MODEL.FSDP_CONFIG.flatten_parameters"))
+          throw detail::bad("MODEL.FSDP_CONFIG.flatten_parameters", "True",
+                            "under FSDP VISSL's LARC would take one norm per flat unit; " + fix);
+        if (name == "sgd" && world > 1)
+          throw detail::bad(
+              name_key, "sgd",
+              "under FSDP apex's LARC would take the norms of each rank's shard; " + fix);
+      }
+    });
   problems.attempt([&] {
-    if (!c.get<bool>("MODEL.FSDP_CONFIG.flatten_parameters"))
-      throw detail::bad("MODEL.FSDP_CONFIG.flatten_parameters", "False",
-                        "shardkit's FSDP units are always flat parameters; set True");
-    s.fsdp_wrap_threshold = c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD");
-    if (s.parallel.stage == Stage::fsdp && s.fsdp_wrap_threshold != 0)
-      throw detail::bad("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD",
-                        std::to_string(s.fsdp_wrap_threshold),
-                        "this trainer makes every residual block of the trunk an FSDP unit (the "
-                        "head and prototypes stay in the root unit); set 0");
+    // (MODEL.FSDP_CONFIG.flatten_parameters changes nothing computed here -- a unit is always
+    // one flat buffer -- but VISSL's LARC: checked with the optimizer)
+    // (VISSL: > 0 wraps a block's convolutions of at least that many parameters; rank_setup.hpp)
+    s.fsdp_wrap_threshold =
+        std::max<std::int64_t>(0, c.get<std::int64_t>("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"));
     s.parallel.fsdp.reshard_after_forward = c.get<bool>("MODEL.FSDP_CONFIG.reshard_after_forward");
     s.parallel.fsdp.reshard_group_size = c.get<int>("MODEL.FSDP_CONFIG.reshard_group_size");
     if (const double mb = c.get<double>("MODEL.FSDP_CONFIG.bucket_cap_mb"); mb > 0)

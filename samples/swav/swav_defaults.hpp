@@ -183,6 +183,7 @@ OPTIMIZER:
   num_epochs: 1
   regularize_bn: False
   regularize_bias: True
+  construct_single_param_group_only: False  # True: one group, every parameter decayed
   base_optimizer:
     name: sgd
     use_larc: False
@@ -211,6 +212,8 @@ OPTIMIZER:
       start_value: 0.3
       end_value: 0.0003
       value: 0.3
+TRAINER:
+  TASK_NAME: self_supervision_task  # _fsdp_task: FSDP (as AUTO_SETUP_FSDP); _sdp_task: SDP with ZeRO
 DISTRIBUTED:
   BACKEND: nccl
   NUM_NODES: 1

@@ -1,8 +1,8 @@
 // SwAV's network (docs/swav.md, "Scores"): a ResNet or RegNet trunk without its classifier, VISSL's
-// swav_head -- a projection head Linear -> BatchNorm1d -> ReLU -> Linear whose output is
-// L2-normalised -- and the prototypes, a bias-free Linear. State-dict names follow VISSL's
-// (trunk.*, heads.0.projection_head.*, heads.0.prototypes0.weight) with torchvision's inside
-// the trunk.
+// swav_head -- a projection head of Linear -> BatchNorm1d -> ReLU per hidden width, then a
+// Linear, whose output is L2-normalised -- and the prototypes, a bias-free Linear. State-dict names
+// follow VISSL's (trunk.*, heads.0.projection_head.*, heads.0.prototypes0.weight) with
+// torchvision's inside the trunk.
 #pragma once
 
 #include <memory>
@@ -19,12 +19,18 @@ class SwavHead : public nn::Module {
  public:
   SwavHead(sk::Context& ctx, const SwavConfig& c) {
     projection_head = register_module("projection_head", std::make_shared<nn::Sequential>());
-    projection_head->push_back(std::make_shared<nn::Linear>(ctx, c.head_in, c.head_hidden));
-    if (c.head_bn)
-      projection_head->push_back(std::make_shared<nn::BatchNorm>(
-          ctx, c.head_hidden, 1, sk::DType::f32, c.bn_eps, c.bn_momentum));
-    projection_head->push_back(std::make_shared<nn::ReLU>());
-    projection_head->push_back(std::make_shared<nn::Linear>(ctx, c.head_hidden, c.embedding_dim));
+    std::vector<std::int64_t> widths = c.head_hidden;
+    widths.push_back(c.embedding_dim);
+    std::int64_t in = c.head_in;
+    for (std::size_t i = 0; i < widths.size(); ++i) {
+      projection_head->push_back(std::make_shared<nn::Linear>(ctx, in, widths[i], c.head_bias));
+      if (i + 1 == widths.size() && c.head_skip_last_bn) break;
+      if (c.head_bn)
+        projection_head->push_back(std::make_shared<nn::BatchNorm>(
+            ctx, widths[i], 1, sk::DType::f32, c.bn_eps, c.bn_momentum));
+      projection_head->push_back(std::make_shared<nn::ReLU>());
+      in = widths[i];
+    }
     prototypes0 = register_module(
         "prototypes0", std::make_shared<nn::Linear>(ctx, c.embedding_dim, c.prototypes, false));
   }

@@ -88,6 +88,11 @@ class SwavTrainer {
           *model_, sk::parallel::sync_batch_norm_group(comm, c.sync_bn_group));
     const RankSetup setup = rank_setup(*model_, c, comm.size());
     plan_ = setup.memory;
+    if (c.parallel.stage == sk::parallel::Stage::fsdp) {
+      blocks_ = static_cast<std::int64_t>(model_->trunk->block_paths().size());
+      nested_units_ =
+          static_cast<std::int64_t>(setup.parallel.fsdp.wrap.unit_paths.size()) - blocks_;
+    }
     sharded_ = std::make_unique<sk::parallel::ShardedModule>(ctx, comm, model_, setup.optimizer,
                                                              setup.parallel);
     // VISSL's NormalizePrototypesHook: the prototypes' rows after every update, inside the step.
@@ -122,6 +127,15 @@ class SwavTrainer {
         "communication and gathered units <= %.2f MB (activations: measured below)\n",
         plan_.parameters / 1e6, plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
         double(plan_.communication + plan_.gathered) / 1e6);
+    if (c_.parallel.stage == sk::parallel::Stage::fsdp)
+      say("FSDP units: the trunk's %lld residual blocks%s, and the root (the rest)\n",
+          static_cast<long long>(blocks_),
+          nested_units_ == 0 ? ""
+                             : (", " + std::to_string(nested_units_) +
+                                (nested_units_ == 1 ? " convolution" : " convolutions") +
+                                " of >= " + std::to_string(c_.fsdp_wrap_threshold) +
+                                " parameters nested in them (AUTO_WRAP_THRESHOLD)")
+                                   .c_str());
     if (c_.parallel.offload.enabled())
       say("offloaded to the host per rank: parameters %.2f MB, gradients %.2f MB, optimizer "
           "state %.2f MB\n",
@@ -911,7 +925,8 @@ class SwavTrainer {
   }
 
   std::shared_ptr<SwavModel> model_;
-  sk::parallel::MemoryPlan plan_;  // planned before the states existed
+  sk::parallel::MemoryPlan plan_;               // planned before the states existed
+  std::int64_t blocks_ = 0, nested_units_ = 0;  // fsdp: the units below the root
   std::unique_ptr<sk::parallel::ShardedModule> sharded_;
   SwavLoss loss_;
   sk::optim::DynamicLossScaler scaler_;

@@ -41,7 +41,7 @@ inline constexpr IgnoredVisslKey kIgnoredVisslKeys[] = {
     {"DATA.TRAIN.COPY_DESTINATION_DIR"}, {"DATA.TRAIN.REMOVE_IMG_PATH_PREFIX"},
     {"DATA.TRAIN.NEW_IMG_PATH_PREFIX"}, {"DATA.TRAIN.BASE_DATASET"}, {"DATA.TRAIN.INPUT_KEY_NAMES"},
     {"DATA.TRAIN.TARGET_KEY_NAMES"}, {"DATA.TRAIN.ENABLE_QUEUE_DATASET"},
-    {"DATA.TRAIN.COLLATE_FUNCTION_PARAMS"},
+    {"DATA.TRAIN.COLLATE_FUNCTION_PARAMS.*"},  // multicrop_collator's tensor packing only
     {"DATA.TRAIN.RANDOM_SYNTHETIC_IMAGES"},  // ours are always patterned noise (synthetic_images.hpp)
     {"DATA.TEST.*"},
     // evaluation meters and tasks (the trainer's own kNN is NEAREST_NEIGHBOR's)
@@ -67,13 +67,13 @@ inline constexpr IgnoredVisslKey kIgnoredVisslKeys[] = {
     {"LOSS.dino_distillation_loss.*"}, {"LOSS.ibot_distillation_loss.*"},
     {"LOSS.msn_distillation_loss.*"}, {"LOSS.swav_distillation_loss.*"},
     // optimizer plumbing that SGD with one parameter-group rule does not read
-    {"OPTIMIZER.construct_single_param_group_only"}, {"OPTIMIZER.param_group_constructor"},
+    {"OPTIMIZER.param_group_constructor"},
     {"OPTIMIZER.layer_wise_lr_decay.*"}, {"OPTIMIZER.betas"},
     {"OPTIMIZER.head_optimizer_params.use_different_lr", "False"},
     {"OPTIMIZER.head_optimizer_params.use_different_wd", "False"},
     {"OPTIMIZER.head_optimizer_params.*"}, {"OPTIMIZER.param_schedulers.lr_head.*"},
     // the train step, checkpoint and launcher plumbing
-    {"TRAINER.TRAIN_STEP_NAME", "standard_train_step"}, {"TRAINER.TASK_NAME"},
+    {"TRAINER.TRAIN_STEP_NAME", "standard_train_step"},
     {"CHECKPOINT.APPEND_DISTR_RUN_ID"}, {"CHECKPOINT.BACKEND"},
     {"CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM"}, {"CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME"},
     {"DISTRIBUTED.NCCL_DEBUG"}, {"DISTRIBUTED.NCCL_SOCKET_NTHREADS"},

@@ -999,6 +999,20 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
   CHECK(report_of(two, 2, 64, false, false, 1).empty());
   CHECK(report_of(two, 2, 2, true, false, std::int64_t{100} << 20)
             .find("; shard the states (OPTIMIZER.use_zero") != std::string::npos);
+  // Under fsdp the states are sharded already: machines, each with its share, are the fix.
+  const auto sharded_two =
+      config_of({"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32", "config.TEST_MODEL=False",
+                 "config.TRAINER.TASK_NAME=self_supervision_fsdp_task"});
+  const std::string machines = report_of(sharded_two, 2, 2, true, false, std::int64_t{400} << 20);
+  INFO(machines);
+  CHECK(machines.find("the states are sharded already (fsdp) and a rank's share shrinks as the "
+                      "world grows: at a world of 2 ranks a rank holds 0.31 GB of them, so run 2 "
+                      "ranks on 2 machines of this memory, 1 a machine") != std::string::npos);
+  // (a floor no world goes below: the root unit and the gathered units, whole on every rank)
+  CHECK(report_of(sharded_two, 2, 2, true, false, std::int64_t{100} << 20)
+            .find("the states are sharded already (fsdp), and even at a world of ") !=
+        std::string::npos);
+  CHECK(machines.find("shard the states (") == std::string::npos);
   // (Linux says what is available: /proc/meminfo, and the memory cgroups' files where they are)
   CHECK(swav::available_host_memory() >= 0);
 
@@ -1626,7 +1640,7 @@ TEST_CASE("config: VISSL keys, the seeds' snippets, overrides, and errors that n
   CHECK(d.depth == 50);
   CHECK_FALSE(d.small_image_stem);
   CHECK(d.head_in == 2048);
-  CHECK(d.head_hidden == 2048);
+  CHECK(d.head_hidden == std::vector<std::int64_t>{2048});
   CHECK(d.embedding_dim == 128);
   CHECK(d.prototypes == 3000);
   // The ZeRO snippet (OPTIMIZER.name zero with a nested base optimizer), under `config:`.
@@ -1729,14 +1743,6 @@ OPTIMIZER:
   CHECK_THROWS_WITH_AS(config_of({"config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[[a, b]]"}),
                        doctest::Contains("config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP = b"),
                        swav::ConfigError);
-  // FSDP's units are the trunk's residual blocks: a size threshold is refused with the config
-  // (not when the network is built), and means nothing under another stage.
-  CHECK_THROWS_WITH_AS(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
-                                  "config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=1000000"}),
-                       doctest::Contains("config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD = 1000000: "
-                                         "this trainer makes every residual block"),
-                       swav::ConfigError);
-  CHECK_NOTHROW(config_of({"config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=1000000"}));
   CHECK_THROWS_WITH(config_of({"config.MODEL.AMP_PARAMS.AMP_ARGS={\"opt_level\": \"O3\"}",
                                "config.MODEL.AMP_PARAMS.USE_AMP=True"}),
                     doctest::Contains("O3 keeps no f32 masters"));
@@ -2282,11 +2288,13 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
            "config.MODEL.TRUNK.REGNET.w_a=27.89", "config.MODEL.TRUNK.REGNET.w_m=2.09",
            "config.MODEL.TRUNK.REGNET.group_width=8", head(440), "config.OPTIMIZER.num_epochs=0"})),
       2, {"config.MODEL.TRUNK.REGNET.depth = 16.5 is a number; it must be an integer"});
-  // VISSL's FSDP names for the same network and head (its AUTO_SETUP_FSDP renames them).
+  // VISSL's FSDP names for the same network and head (its AUTO_SETUP_FSDP renames them), under
+  // its FSDP task.
   const auto fsdp_names = config_of(
-      {"config.MODEL.TRUNK.NAME=regnet_fsdp", "config.MODEL.TRUNK.REGNET.depth=16",
-       "config.MODEL.TRUNK.REGNET.w_0=48.0", "config.MODEL.TRUNK.REGNET.w_a=27.89",
-       "config.MODEL.TRUNK.REGNET.w_m=2.09", "config.MODEL.TRUNK.REGNET.group_width=8",
+      {"config.TRAINER.TASK_NAME=self_supervision_fsdp_task", "config.MODEL.TRUNK.NAME=regnet_fsdp",
+       "config.MODEL.TRUNK.REGNET.depth=16", "config.MODEL.TRUNK.REGNET.w_0=48.0",
+       "config.MODEL.TRUNK.REGNET.w_a=27.89", "config.MODEL.TRUNK.REGNET.w_m=2.09",
+       "config.MODEL.TRUNK.REGNET.group_width=8",
        "config.MODEL.HEAD.PARAMS=[[\"swav_head_fsdp\", {\"dims\": [440, 64, 32], \"use_bn\": "
        "False, \"num_clusters\": [30]}]]"});
   CHECK(fsdp_names.trunk == "regnet");
@@ -2294,7 +2302,8 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
   // (VISSL's regnet_fsdp asserts an AnyNet or RegNet's numbers; this trainer builds a
   // registered model under either name)
   CHECK(config_of({"config.MODEL.TRUNK.NAME=regnet_fsdp",
-                   "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440)})
+                   "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf", head(440)},
+                  "", 1)
             .regnet_stages.size() == 4);
   // Each problem once: a value the merge refused is not reported again, the section as a
   // whole included, and the form's own problems stand beside it.
@@ -2367,6 +2376,221 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
   CHECK(config_problems(tree_of({"config.MODEL.TRUNK.NAME=efficientnet"}))
             .find("this trainer builds resnet and regnet (or regnet_fsdp) trunks") !=
         std::string::npos);
+}
+
+// VISSL's FSDP task, its one-group optimizer, sgd_fsdp, flatten_parameters, the big-convolution
+// wrap threshold and a projection head of any depth: SEER's RegNet-10B model config reads.
+TEST_CASE("config: VISSL's FSDP task and SEER's keys -- one parameter group, sgd_fsdp, wraps") {
+  using sk::parallel::Stage;
+  // The task: self_supervision_fsdp_task is FSDP, as AUTO_SETUP_FSDP (which also makes the
+  // optimizer one group); the SDP task needs the ZeRO optimizer; other names are refused.
+  const auto task = config_of({"config.TRAINER.TASK_NAME=self_supervision_fsdp_task"});
+  CHECK(task.parallel.stage == Stage::fsdp);
+  CHECK_FALSE(task.single_param_group);
+  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}).single_param_group);
+  CHECK(config_of({"config.TRAINER.TASK_NAME=self_supervision_sdp_task",
+                   "config.OPTIMIZER.use_zero=True"})
+            .parallel.stage == Stage::sdp);
+  CHECK_THROWS_WITH_AS(config_of({"config.TRAINER.TASK_NAME=self_supervision_sdp_task"}),
+                       doctest::Contains("config.TRAINER.TASK_NAME = self_supervision_sdp_task: "
+                                         "ShardedDDP needs the ZeRO optimizer"),
+                       swav::ConfigError);
+  CHECK_THROWS_WITH(config_of({"config.TRAINER.TASK_NAME=classification_task"}),
+                    doctest::Contains("use self_supervision_task, self_supervision_fsdp_task"));
+  // FSDP-wrapped trunk or head under another task: VISSL's DDP task refuses them past one rank.
+  const std::string fsdp_head =
+      R"(config.MODEL.HEAD.PARAMS=[["swav_head_fsdp", {"dims": [2048, 64, 32], "num_clusters": [30]}]])";
+  CHECK_THROWS_WITH(config_of({fsdp_head}),
+                    doctest::Contains("config.MODEL.HEAD.PARAMS[0][0] = swav_head_fsdp: VISSL's "
+                                      "swav_head_fsdp wraps itself in FSDP units"));
+  CHECK(config_of({fsdp_head}, "", 1).parallel.stage == Stage::ddp);
+  // (both named at once)
+  check_problems(config_problems(tree_of({fsdp_head, "config.MODEL.TRUNK.NAME=regnet_fsdp",
+                                          "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf"})),
+                 3,
+                 {"config.MODEL.TRUNK.NAME = regnet_fsdp: VISSL's regnet_fsdp wraps itself",
+                  "config.MODEL.HEAD.PARAMS[0][0] = swav_head_fsdp"});
+  CHECK(config_of({fsdp_head, "config.TRAINER.TASK_NAME=self_supervision_fsdp_task"})
+            .parallel.stage == Stage::fsdp);
+
+  // One parameter group (construct_single_param_group_only): every parameter decayed, batch-norm
+  // parameters and biases too, whatever regularize_bn and regularize_bias say.
+  const auto groups = config_of({"config.OPTIMIZER.regularize_bias=False"});
+  const auto single = config_of({"config.OPTIMIZER.regularize_bias=False",
+                                 "config.OPTIMIZER.construct_single_param_group_only=True"});
+  CHECK(single.parallel.stage == Stage::ddp);
+  {
+    sk::Context ctx;
+    const sk::DeferredParameters shapes_only(ctx);
+    swav::SwavModel grouped_model(ctx, groups), single_model(ctx, single);
+    const auto excluded = swav::rank_setup(grouped_model, groups, 2).optimizer.no_weight_decay;
+    CHECK(std::find(excluded.begin(), excluded.end(), "trunk.bn1.weight") != excluded.end());
+    CHECK(std::find(excluded.begin(), excluded.end(), "heads.0.projection_head.0.bias") !=
+          excluded.end());
+    CHECK(swav::rank_setup(single_model, single, 2).optimizer.no_weight_decay.empty());
+  }
+
+  // sgd_fsdp: SGD, its LARC's sums of squares all-reduced. Under fsdp with flatten_parameters
+  // False, each whole parameter's norms: this trainer's LARC.
+  const std::vector<std::string> fsdp_larc = {
+      "config.TRAINER.TASK_NAME=self_supervision_fsdp_task", "config.OPTIMIZER.name=sgd_fsdp",
+      "config.OPTIMIZER.use_larc=True", "config.MODEL.FSDP_CONFIG.flatten_parameters=False"};
+  const auto sgd_fsdp = config_of(fsdp_larc);
+  CHECK(sgd_fsdp.optimizer.kind == sk::optim::OptimizerKind::larc_sgd);
+  CHECK(sgd_fsdp.optimizer.larc.eps == 1e-8f);
+  CHECK(config_of({"config.OPTIMIZER.name=sgd_fsdp"}).optimizer.kind ==
+        sk::optim::OptimizerKind::sgd);
+  // Under ddp both of VISSL's norms are sqrt(world) too large (every rank's copy summed): only
+  // eps weighs less, by sqrt(world), here as there.
+  const std::vector<std::string> ddp_larc = {"config.OPTIMIZER.name=sgd_fsdp",
+                                             "config.OPTIMIZER.use_larc=True"};
+  CHECK(config_of(ddp_larc, "", 4).optimizer.larc.eps == doctest::Approx(0.5e-8));
+  CHECK(config_of(ddp_larc, "", 1).optimizer.larc.eps == 1e-8f);
+  // Under ZeRO the ranks' optimizers hold different parameters: VISSL's sums would mix them.
+  CHECK_THROWS_WITH(
+      config_of({"config.OPTIMIZER.name=sgd_fsdp", "config.OPTIMIZER.use_larc=True",
+                 "config.OPTIMIZER.use_zero=True"}),
+      doctest::Contains("config.OPTIMIZER.name = sgd_fsdp: VISSL's sgd_fsdp all-reduces the "
+                        "norms of the parameters each rank's optimizer holds, which under ZeRO "
+                        "(stage oss) differ"));
+  // VISSL's FSDP task with LARC on flat units (one norm a unit) or apex's LARC (a shard's
+  // norms) is refused with AUTO_SETUP_FSDP's settings as the fix; AUTO_SETUP_FSDP sets them.
+  CHECK_THROWS_WITH(config_of({fsdp_larc[0], fsdp_larc[1], fsdp_larc[2]}),
+                    doctest::Contains("config.MODEL.FSDP_CONFIG.flatten_parameters = True: under "
+                                      "FSDP VISSL's LARC would take one norm per flat unit"));
+  CHECK_THROWS_WITH(config_of({fsdp_larc[0], "config.OPTIMIZER.use_larc=True", fsdp_larc[3]}),
+                    doctest::Contains("config.OPTIMIZER.name = sgd: under FSDP apex's LARC would "
+                                      "take the norms of each rank's shard"));
+  CHECK(
+      config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "config.OPTIMIZER.use_larc=True"})
+          .optimizer.kind == sk::optim::OptimizerKind::larc_sgd);
+  CHECK_THROWS_WITH(
+      config_of({"config.OPTIMIZER.name=adam"}),
+      doctest::Contains("implements sgd (with use_larc for LARC) and VISSL's sgd_fsdp"));
+  // flatten_parameters either way; the collator's tensor packing ignored.
+  CHECK_NOTHROW(config_of({"config.MODEL.FSDP_CONFIG.flatten_parameters=False"}));
+  const auto collate =
+      tree_of({"config.DATA.TRAIN.COLLATE_FUNCTION_PARAMS.create_multidimensional_tensor=True"});
+  CHECK(std::find(collate.ignored().begin(), collate.ignored().end(),
+                  "DATA.TRAIN.COLLATE_FUNCTION_PARAMS.create_multidimensional_tensor") !=
+        collate.ignored().end());
+
+  // AUTO_WRAP_THRESHOLD: under fsdp each convolution of a block with at least that many
+  // parameters is a unit nested in the block's (ResNet-50: layer4's 3 x 3 convolutions, 2 359 296
+  // each, and its first block's projection, 2 097 152); <= 0 is off.
+  const auto wrap = config_of({"config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                               "config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=2000000"});
+  CHECK(config_of({"config.MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=-1"}).fsdp_wrap_threshold == 0);
+  {
+    sk::Context ctx;
+    const sk::DeferredParameters shapes_only(ctx);
+    swav::SwavModel model(ctx, wrap);
+    const auto paths = swav::rank_setup(model, wrap, 2).parallel.fsdp.wrap.unit_paths;
+    CHECK(paths.size() == 16 + 4);  // (the 16 blocks and 4 convolutions)
+    for (const char* nested : {"trunk.layer4.0.conv2", "trunk.layer4.0.downsample.0",
+                               "trunk.layer4.1.conv2", "trunk.layer4.2.conv2"})
+      CHECK_MESSAGE(std::find(paths.begin(), paths.end(), nested) != paths.end(), nested);
+    CHECK(swav::fsdp_unit_paths(model, 0).size() == 16);
+    // (layer4.0 with its convolution and projection: three units gathered at once)
+    sk::parallel::PlannedRun planned;
+    planned.parallel = swav::rank_setup(model, wrap, 2).parallel;
+    planned.world_size = 2;
+    CHECK(sk::parallel::module_planned_run(model, planned).unit_family == 3);
+    // Smaller units, a smaller peak of gathered parameters: the plan holds a block, the unit
+    // nested in it and the prefetched one, each at most a 3 x 3 convolution's size here.
+    auto flat = wrap;
+    flat.fsdp_wrap_threshold = 0;
+    CHECK(swav::rank_setup(model, wrap, 2).memory.gathered <
+          swav::rank_setup(model, flat, 2).memory.gathered);
+  }
+
+  // The projection head: any number of hidden widths (VISSL's dims), biases and the last
+  // BatchNorm1d + ReLU as VISSL's use_bias and skip_last_bn say.
+  const auto deep = config_of(
+      {R"(config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [2048, 64, 48, 32], "use_bn": True, "use_bias": False, "skip_last_bn": False, "num_clusters": [30]}]])"});
+  CHECK(deep.head_hidden == std::vector<std::int64_t>{64, 48});
+  CHECK(deep.embedding_dim == 32);
+  CHECK(
+      config_of(
+          {R"(config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [2048, 32], "num_clusters": [30]}]])"})
+          .head_hidden.empty());
+  CHECK_THROWS_WITH(
+      config_of(
+          {R"(config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [2048], "num_clusters": [30]}]])"}),
+      doctest::Contains("give [trunk features, hidden widths (any number), embedding]"));
+  {
+    sk::Context ctx;
+    const sk::DeferredParameters shapes_only(ctx);
+    swav::SwavModel model(ctx, deep);
+    std::vector<std::string> head;
+    for (const auto& [name, p] : model.named_parameters())
+      if (name.rfind("heads.", 0) == 0) head.push_back(name + " " + std::to_string(p.numel()));
+    // Linear, BN, ReLU per width, the last BN and ReLU kept: VISSL's Sequential indices.
+    CHECK(head ==
+          std::vector<std::string>{
+              "heads.0.projection_head.0.weight 131072", "heads.0.projection_head.1.weight 64",
+              "heads.0.projection_head.1.bias 64", "heads.0.projection_head.3.weight 3072",
+              "heads.0.projection_head.4.weight 48", "heads.0.projection_head.4.bias 48",
+              "heads.0.projection_head.6.weight 1536", "heads.0.projection_head.7.weight 32",
+              "heads.0.projection_head.7.bias 32", "heads.0.prototypes0.weight 960"});
+  }
+
+  // SEER's RegNet-10B model config (VISSL's pretrain/seer/models/regnet10B.yaml, its model,
+  // optimizer and FSDP keys) reads as VISSL trains it.
+  const auto seer = config_of({}, R"(config:
+  TRAINER:
+    TASK_NAME: self_supervision_fsdp_task
+  DATA:
+    TRAIN:
+      COLLATE_FUNCTION_PARAMS:
+        create_multidimensional_tensor: True
+  MODEL:
+    TRUNK:
+      NAME: regnet_fsdp
+      REGNET:
+        block_type: res_bottleneck_block
+        depth: 27
+        group_width: 1010
+        w_0: 1744
+        w_a: 620.83
+        w_m: 2.52
+        stage_checkpoints: [[2], [7], [9, 17], []]
+    HEAD:
+      PARAMS: [
+        ["swav_head_fsdp", {
+          "dims": [28280, 8192, 8192, 256],
+          "use_bn": False,
+          "num_clusters": [16000]
+        }],
+      ]
+    FSDP_CONFIG:
+      AUTO_WRAP_THRESHOLD: 100000000
+      flatten_parameters: False
+      mixed_precision: True
+      fp32_reduce_scatter: False
+      compute_dtype: float16
+    AMP_PARAMS:
+      USE_AMP: True
+      AMP_TYPE: "pytorch"
+    ACTIVATION_CHECKPOINTING:
+      USE_ACTIVATION_CHECKPOINTING: True
+  LOSS:
+    swav_loss:
+      num_prototypes: [16000]
+  OPTIMIZER:
+    name: "sgd_fsdp"
+    use_larc: True
+    construct_single_param_group_only: True
+    weight_decay: 0.00001
+)",
+                              16);
+  CHECK(seer.parallel.stage == Stage::fsdp);
+  CHECK(seer.single_param_group);
+  CHECK(seer.optimizer.kind == sk::optim::OptimizerKind::larc_sgd);
+  CHECK(seer.regnet_stages.back().width == 28280);
+  CHECK(seer.head_hidden == std::vector<std::int64_t>{8192, 8192});
+  CHECK(seer.fsdp_wrap_threshold == 100000000);
+  CHECK(seer.parallel.precision.param_dtype == sk::DType::f16);
 }
 
 TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-scaling") {
