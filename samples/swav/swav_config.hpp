@@ -294,11 +294,33 @@ inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
     throw bad(where, ::swav::detail::text_of(n),
               "each scheduler is a map: {name: cosine, start_value: ..., end_value: ...}");
   s.name = value_as<std::string>(n["name"], where + ".name", "a scheduler name");
-  if (s.name != "constant" && s.name != "linear" && s.name != "cosine")
-    throw bad(where + ".name", s.name, "use constant, linear or cosine (or composite above them)");
-  for (auto [key, value] : {std::pair{"start_value", &s.start_value},
-                            std::pair{"end_value", &s.end_value}, std::pair{"value", &s.value}})
+  if (s.name != "constant" && s.name != "linear" && s.name != "cosine" &&
+      s.name != "cosine_warm_restart")
+    throw bad(where + ".name", s.name,
+              "use constant, linear, cosine or cosine_warm_restart (or composite above them)");
+  for (auto [key, value] :
+       {std::pair{"start_value", &s.start_value}, std::pair{"end_value", &s.end_value},
+        std::pair{"value", &s.value}, std::pair{"lr_multiplier", &s.lr_multiplier}})
     if (n[key]) *value = value_as<double>(n[key], where + "." + key, "a number");
+  if (s.name == "cosine_warm_restart") {
+    // (VISSL asserts both are given)
+    if (!n["restart_interval_length"] || !n["wave_type"])
+      throw bad(where, ::swav::detail::text_of(n),
+                "cosine_warm_restart needs restart_interval_length (a fraction of its part) and "
+                "wave_type (half or full)");
+    s.restart_interval_length = value_as<double>(n["restart_interval_length"],
+                                                 where + ".restart_interval_length", "a number");
+    if (!(s.restart_interval_length > 0))
+      throw bad(where + ".restart_interval_length", std::to_string(s.restart_interval_length),
+                "must be > 0 (a fraction of the scheduler's part: 0.5 restarts once)");
+    const auto wave = value_as<std::string>(n["wave_type"], where + ".wave_type", "half or full");
+    if (wave != "half" && wave != "full") throw bad(where + ".wave_type", wave, "use half or full");
+    s.full_wave = wave == "full";
+    if (n["is_adaptive"])
+      s.is_adaptive = value_as<bool>(n["is_adaptive"], where + ".is_adaptive", "True or False");
+    if (s.is_adaptive && s.start_value == 0)
+      throw bad(where + ".start_value", "0", "is_adaptive scales the peaks by start_value");
+  }
   return s;
 }
 
@@ -373,7 +395,7 @@ inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const
 
 // VISSL's get_scaled_lr_scheduler on one scheduler.
 inline void scale_schedule(Schedule& s, double scaled) {
-  if (s.name == "cosine") {
+  if (s.name == "cosine" || s.name == "cosine_warm_restart") {  // (VISSL: "cosine" in the name)
     const double decay = s.end_value / s.start_value;
     s.start_value = scaled;
     s.end_value = scaled * decay;

@@ -2621,6 +2621,81 @@ TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-
   REQUIRE(n.lr.parts.size() == 2);
   CHECK(n.lr.rate(0, 1000, 100) == doctest::Approx(0.3 * 64 / 256));
   CHECK(n.lr.parts[0].end_value == doctest::Approx(0.3 * 256 / 256));
+  // VISSL's cosine_warm_restart, against VISSL's CosineWarmRestartScheduler itself (its file
+  // run with numpy.arange and ClassyVision's base class stubbed) at 0, 0.2, 0.334, 0.5, 0.7,
+  // 0.9 and 0.999: a full wave restarting at 0.334 with adaptive peaks (SwAV's
+  // bs64_8node_cos_1restart_full_adaptive), a half wave restarting at 0.5, adaptive, and a half
+  // wave every 0.3 whose peaks halve.
+  const double points[] = {0.0, 0.2, 0.334, 0.5, 0.7, 0.9, 0.999};
+  const struct {
+    double start, end, interval;
+    bool full, adaptive;
+    double multiplier;
+    double expected[7];
+  } waves[] = {
+      {4.8,
+       0.0048,
+       0.334,
+       true,
+       true,
+       1.0,
+       {3.5968486085619626, 1.2522527947633688, 0.0048, 0.594259507130235, 1.1681611667209206,
+        0.25829144794430803, 0.005036891084353718}},
+      {4.8,
+       0.0048,
+       0.5,
+       false,
+       true,
+       1.0,
+       {4.8, 3.1432991457133737, 1.1949130117580997, 2.4023999999999996, 1.574049572856687,
+        0.2337504271433131, 0.004823663285662826}},
+      {1.0,
+       0.01,
+       0.3,
+       false,
+       false,
+       0.5,
+       {1.0, 0.2574999999999999, 0.4846340874255134, 0.13249999999999995, 0.19000000000000006,
+        0.125, 0.09676988140564632}},
+  };
+  for (const auto& w : waves) {
+    swav::Schedule wave;
+    wave.name = "cosine_warm_restart";
+    wave.start_value = w.start;
+    wave.end_value = w.end;
+    wave.restart_interval_length = w.interval;
+    wave.full_wave = w.full;
+    wave.is_adaptive = w.adaptive;
+    wave.lr_multiplier = w.multiplier;
+    for (int i = 0; i < 7; ++i)
+      CHECK_MESSAGE(wave.at(points[i]) == doctest::Approx(w.expected[i]).epsilon(1e-12),
+                    "interval ", w.interval, " at ", points[i]);
+  }
+  // Read as VISSL's optimization file writes it, and auto-scaled as a cosine (VISSL: "cosine"
+  // in the name): base 0.3 at 256 images, here 8 ranks x 32.
+  const auto restart = config_of(
+      {"config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.auto_scale=True",
+       "config.DISTRIBUTED.NUM_NODES=4", "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32",
+       "config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: 0.6, "
+       "end_value: 4.8}, {name: cosine_warm_restart, start_value: 4.8, end_value: 0.0048, "
+       "restart_interval_length: 0.334, wave_type: full, is_adaptive: True}]",
+       "config.OPTIMIZER.param_schedulers.lr.interval_scaling=[rescaled, rescaled]"},
+      "", 8);
+  REQUIRE(restart.lr.parts.size() == 2);
+  CHECK(restart.lr.parts[1].start_value == doctest::Approx(0.3));
+  CHECK(restart.lr.parts[1].end_value == doctest::Approx(0.0003));
+  // (at 10% + 0.9 x 0.5 the part's own 0.5: the first wave's 0.594... scaled by 0.3 / 4.8)
+  CHECK(restart.lr.at(0.1 + 0.9 * 0.5) == doctest::Approx(0.594259507130235 / 16).epsilon(1e-9));
+  CHECK_THROWS_WITH(
+      config_of({"config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: cosine_warm_restart, "
+                 "start_value: 1.0, end_value: 0.1}, {name: cosine, start_value: 1.0, "
+                 "end_value: 0.1}]"}),
+      doctest::Contains("cosine_warm_restart needs restart_interval_length"));
+  CHECK_THROWS_WITH(
+      config_of({"config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: "
+                 "0.1, end_value: 1.0}, {name: cosine_warm_restart, start_value: 1.0, end_value: "
+                 "0.1, restart_interval_length: 0.5, wave_type: triangle}]"}),
+      doctest::Contains("wave_type = triangle: use half or full"));
   // A part that is not a map is refused by its place, not by yaml-cpp's BadSubscript (found by
   // fuzz_swav_config).
   CHECK_THROWS_WITH_AS(
