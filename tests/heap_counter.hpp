@@ -7,6 +7,7 @@
 
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -38,10 +39,28 @@ inline bool made_by_onednn() {
   return false;
 }
 
+// SK_HEAP_TRACE=1 in the environment: each counted allocation of ours prints its call stack to
+// stderr (addresses; `addr2line -f -C -e EXECUTABLE` names them), to find what allocates.
+inline bool tracing_heap() {
+  static const bool on = [] {
+    const char* value = std::getenv("SK_HEAP_TRACE");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  return on;
+}
+
 inline void* counted_new(std::size_t bytes, std::size_t alignment) {
   if (counting_heap.load(std::memory_order_relaxed) && !inside_count) {
     inside_count = true;
-    (made_by_onednn() ? heap_onednn : heap_ours).fetch_add(1, std::memory_order_relaxed);
+    const bool onednn = made_by_onednn();
+    (onednn ? heap_onednn : heap_ours).fetch_add(1, std::memory_order_relaxed);
+    if (!onednn && tracing_heap()) {
+      void* frames[24];
+      const int depth = backtrace(frames, 24);
+      backtrace_symbols_fd(frames, depth, 2);
+      static constexpr char kEnd[] = "--\n";
+      [[maybe_unused]] const auto written = ::write(2, kEnd, sizeof kEnd - 1);
+    }
     inside_count = false;
   }
   void* p = alignment <= alignof(std::max_align_t)

@@ -44,6 +44,24 @@ TEST_CASE("a chain of small autograd ops and its backward allocate nothing on th
   CHECK(x.grad().defined());
 }
 
+// Blocks of 64 KiB and more are carved out of segments, split and merged as they come and go
+// (an AVX2 machine's oneDNN asks for such scratch in every convolution of the step below): the
+// allocator's indexes reuse the nodes of the entries that left.
+TEST_CASE("large host blocks split from and merged into segments allocate no bookkeeping") {
+  if (!sk::detail::kPoolSmallObjects) return;
+  sk::Context ctx({.seed = 1, .cpu_threads = 1});
+  const auto allocations = allocations_of([&] {
+    sk::Tensor a = sk::empty(ctx, {std::int64_t{1} << 15}, sk::DType::f32);  // 128 KiB
+    sk::Tensor b = sk::empty(ctx, {std::int64_t{1} << 16}, sk::DType::f32);  // 256 KiB
+    sk::Tensor c = sk::empty(ctx, {std::int64_t{3} << 14}, sk::DType::f32);  // 192 KiB
+    b = sk::Tensor();  // (a hole between two blocks in use)
+    sk::Tensor d = sk::empty(ctx, {std::int64_t{1} << 14}, sk::DType::f32);  // into the hole
+    a = sk::Tensor();
+    c = sk::Tensor();  // (merges with its free neighbours)
+  });
+  CHECK(allocations.ours == 0);
+}
+
 TEST_CASE("a ResNet-18 training step's host side allocates nothing on the heap") {
   if (!sk::detail::kPoolSmallObjects) return;
   // The host-bound configuration of bench_autograd: batch 2, 8 x 8 images, base width 4, where

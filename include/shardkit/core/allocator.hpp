@@ -287,17 +287,17 @@ class CachingHostAllocator : public Allocator {
     char* address = fit->second;
     Block& block = blocks_.at(address);
     if (segment_is_free(address, block.size)) whole_free_ -= block.size;
-    free_blocks_.erase(fit);
+    unlist_free(fit);
     block.free = false;
     segment_free_ -= block.size;
     const std::size_t left = block.size - size;
     if (left >= kPage) {  // the rest stays free, a block of its own
       try {
-        blocks_.emplace(address + size, Block{left, block.segment, true});
+        const auto rest = add_block(address + size, Block{left, block.segment, true});
         try {
-          free_blocks_.emplace(left, address + size);
+          list_free(left, address + size);
         } catch (...) {
-          blocks_.erase(address + size);
+          remove_block(rest);
           throw;
         }
         block.size = size;
@@ -326,8 +326,8 @@ class CachingHostAllocator : public Allocator {
     }
     try {
       segments_.emplace(base, bytes);
-      blocks_.emplace(base, Block{bytes, base, true});
-      const auto listed = free_blocks_.emplace(bytes, base).first;
+      add_block(base, Block{bytes, base, true});
+      const auto listed = list_free(bytes, base);
       segment_free_ += bytes;
       whole_free_ += bytes;
       poison(base, bytes);
@@ -352,23 +352,23 @@ class CachingHostAllocator : public Allocator {
     const auto next = std::next(it);
     if (next != blocks_.end() && next->second.free && next->second.segment == it->second.segment &&
         next->first == address + it->second.size) {
-      free_blocks_.erase({next->second.size, next->first});
+      unlist_free(free_blocks_.find({next->second.size, next->first}));
       it->second.size += next->second.size;
-      blocks_.erase(next);
+      remove_block(next);
     }
     if (it != blocks_.begin()) {
       const auto previous = std::prev(it);
       if (previous->second.free && previous->second.segment == it->second.segment &&
           previous->first + previous->second.size == address) {
-        free_blocks_.erase({previous->second.size, previous->first});
+        unlist_free(free_blocks_.find({previous->second.size, previous->first}));
         previous->second.size += it->second.size;
-        blocks_.erase(it);
+        remove_block(it);
         it = previous;
       }
     }
     try {
-      free_blocks_.emplace(it->second.size, it->first);
-    } catch (...) {  // (std::set's node: only under memory exhaustion) the block stays unlisted
+      list_free(it->second.size, it->first);
+    } catch (...) {  // (a new node: only under memory exhaustion) the block stays unlisted
     }
     if (segment_is_free(it->first, it->second.size)) {
       whole_free_ += it->second.size;
@@ -384,15 +384,52 @@ class CachingHostAllocator : public Allocator {
   }
   // A wholly free segment back to the system.
   void release_segment(char* address, std::size_t size) noexcept {
-    free_blocks_.erase({size, address});
-    blocks_.erase(address);
+    unlist_free(free_blocks_.find({size, address}));
+    remove_block(blocks_.find(address));
     segments_.erase(address);
     segment_free_ -= size;
     whole_free_ -= size;
     unpoison(address, size);
     raw_free(address);
   }
+  // The two indexes' entries come and go as blocks split and merge; the nodes of those that
+  // leave are kept (C++17 node handles) and take the next ones that come, so a step that splits
+  // and merges the same blocks every time allocates nothing for its bookkeeping.
+  using BlockIndex = std::map<char*, Block>;
+  using FreeIndex = std::set<std::pair<std::size_t, char*>>;
+  template <class Node>
+  static void keep(std::vector<Node>& spares, Node&& node) noexcept {
+    if (node.empty()) return;
+    try {
+      spares.push_back(std::move(node));
+    } catch (...) {  // (no room for another spare: the node is freed with its handle)
+    }
+  }
+  FreeIndex::iterator list_free(std::size_t size, char* address) {  // (throws without memory)
+    if (spare_free_.empty()) return free_blocks_.emplace(size, address).first;
+    auto node = std::move(spare_free_.back());
+    spare_free_.pop_back();
+    node.value() = {size, address};
+    return free_blocks_.insert(std::move(node)).position;
+  }
+  void unlist_free(FreeIndex::iterator it) noexcept {
+    if (it != free_blocks_.end()) keep(spare_free_, free_blocks_.extract(it));
+  }
+  BlockIndex::iterator add_block(char* address, Block block) {  // (throws without memory)
+    if (spare_blocks_.empty()) return blocks_.emplace(address, block).first;
+    auto node = std::move(spare_blocks_.back());
+    spare_blocks_.pop_back();
+    node.key() = address;
+    node.mapped() = block;
+    return blocks_.insert(std::move(node)).position;
+  }
+  void remove_block(BlockIndex::iterator it) noexcept {
+    if (it != blocks_.end()) keep(spare_blocks_, blocks_.extract(it));
+  }
+
   void release_cached_locked() noexcept {
+    spare_blocks_.clear();
+    spare_free_.clear();
     for (auto& [size, blocks] : cache_) {
       for (void* pointer : blocks) raw_free(pointer);
       small_cached_ -= size * blocks.size();
@@ -425,11 +462,13 @@ class CachingHostAllocator : public Allocator {
   std::size_t segment_bytes_;
   mutable std::mutex mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> cache_;  // rounded size -> free blocks
-  std::map<char*, Block> blocks_;                              // segments' blocks by address
-  std::set<std::pair<std::size_t, char*>> free_blocks_;        // (size, address): best fit
-  std::unordered_map<char*, std::size_t> segments_;            // segment -> its bytes
-  std::size_t small_cached_ = 0;                               // the small blocks cached
-  std::size_t segment_free_ = 0;                               // the segments' free blocks
+  BlockIndex blocks_;                                          // segments' blocks by address
+  FreeIndex free_blocks_;                                      // (size, address): best fit
+  std::vector<BlockIndex::node_type> spare_blocks_;            // nodes to reuse (list_free ...)
+  std::vector<FreeIndex::node_type> spare_free_;
+  std::unordered_map<char*, std::size_t> segments_;  // segment -> its bytes
+  std::size_t small_cached_ = 0;                     // the small blocks cached
+  std::size_t segment_free_ = 0;                     // the segments' free blocks
   std::size_t whole_free_ = 0;  // of those, the wholly free segments (what could go back)
 };
 
