@@ -4,6 +4,7 @@
 //                 [--optimizer larc_sgd|sgd|adamw] [--precision f32|bf16|f16]
 //                 [--batch 32] [--image-size 224] [--device-memory-gib 80]
 //                 [--offload none|optimizer|params|nvme|nvme-params] [--offload-chunk 4194304]
+//                 [--wrap-threshold 1000000]
 //   shardkit-plan --model weights.safetensors ...   (every tensor a trainable parameter)
 //
 // Prints, per stage, the bytes of the most loaded rank by category (MiB), the bytes each rank
@@ -17,7 +18,9 @@
 // the largest batch per rank that fits. For a named network the activations are profiled on this
 // CPU (a forward and backward at batch 2, 4, 8, ... until the growth per sample settles, f32, with
 // and without activation checkpointing: an upper bound under mixed precision); FSDP wraps each
-// residual block as a unit. Errors are one line on
+// residual block as a unit, and with --wrap-threshold N each convolution of at least N parameters
+// inside a block as a unit nested in the block's (VISSL's AUTO_WRAP_THRESHOLD). Errors are one
+// line on
 // stderr and exit status 1 (2 for bad arguments).
 #include <algorithm>
 #include <cstdio>
@@ -87,6 +90,7 @@ int main(int argc, char** argv) {
   std::string offload = "none";
   int world = 1, group = 0, reshard_group = 0;
   std::int64_t offload_chunk = par::OffloadOptions{}.chunk_numel;
+  std::int64_t wrap_threshold = 0;
   bool quantized_weights = false, quantized_grads = false, error_feedback = false;
   std::int64_t batch = 32, image_size = 224;
   double device_gib = 0;
@@ -124,6 +128,10 @@ int main(int argc, char** argv) {
                "--quantized-grads: an f32 residual of every local gradient");
   app.add_option("--reshard-group", reshard_group,
                  "fsdp: after the forward, units stay sharded over nodes of this many ranks (hpZ)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--wrap-threshold", wrap_threshold,
+                 "fsdp, a named network: each convolution inside a block with at least this many "
+                 "parameters a unit nested in the block's (VISSL's AUTO_WRAP_THRESHOLD)")
       ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
@@ -163,6 +171,8 @@ int main(int argc, char** argv) {
     if (net) {
       specs = par::module_param_specs(*net);
       parallel.fsdp.wrap.unit_paths = net->block_paths();
+      for (const std::string& conv : net->large_block_convolutions(wrap_threshold))
+        parallel.fsdp.wrap.unit_paths.push_back(conv);
       std::fprintf(stderr, "profiling activations of %s at %lldx%lld on this CPU...\n",
                    model.c_str(), static_cast<long long>(image_size),
                    static_cast<long long>(image_size));
@@ -172,6 +182,9 @@ int main(int argc, char** argv) {
       checkpointed = par::profile_activations(
           [&](std::int64_t b) { return activation_peak(model, image_size, 4, b); }, 2, most);
     } else {
+      sk::check(wrap_threshold == 0, "--wrap-threshold ", wrap_threshold,
+                " needs a named network (its blocks' convolutions); '", model,
+                "' is a file: leave the option out");
       const sk::checkpoint::SafetensorsReader file(model);
       for (const auto& t : file.tensors()) specs.push_back({t.name, t.shape, true});
     }
@@ -183,6 +196,10 @@ int main(int argc, char** argv) {
     std::printf("%s: %zu tensors, %lld parameters; N = %d, %s; %s, %s; batch %lld per rank\n",
                 model.c_str(), specs.size(), static_cast<long long>(psi), world, grouping,
                 optimizer.c_str(), precision.c_str(), static_cast<long long>(batch));
+    if (net && wrap_threshold > 0)
+      std::printf("fsdp units: %zu blocks, %zu convolutions of >= %lld parameters nested in them\n",
+                  net->block_paths().size(), net->large_block_convolutions(wrap_threshold).size(),
+                  static_cast<long long>(wrap_threshold));
     std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s %10s %10s",
                 "stage", "params", "grads", "optim", "comm", "gathered", "activations",
                 "act (ckpt)", "total MiB", "sent in grp", "across grps", "host MiB", "host<->dev",

@@ -47,18 +47,9 @@ inline std::vector<std::string> unregularized_params(sk::nn::Module& model, bool
 // gathered and freed -- the peak a unit needs -- never the values.
 inline std::vector<std::string> fsdp_unit_paths(SwavModel& model, std::int64_t threshold) {
   std::vector<std::string> paths;
-  const auto modules = model.trunk->named_modules();
-  for (const std::string& block : model.trunk->block_paths()) {
-    paths.push_back("trunk." + block);
-    if (threshold <= 0) continue;
-    for (const auto& [path, module] : modules) {
-      if (path.rfind(block + ".", 0) != 0 || dynamic_cast<sk::nn::Conv2d*>(module) == nullptr)
-        continue;
-      std::int64_t count = 0;
-      for (const auto& [name, p] : module->named_parameters()) count += p.numel();
-      if (count >= threshold) paths.push_back("trunk." + path);
-    }
-  }
+  for (const std::string& block : model.trunk->block_paths()) paths.push_back("trunk." + block);
+  for (const std::string& conv : model.trunk->large_block_convolutions(threshold))
+    paths.push_back("trunk." + conv);
   return paths;
 }
 

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardkit/nn/layers.hpp"
 #include "shardkit/nn/sequential.hpp"
 
 namespace shardkit::nn {
@@ -32,6 +33,23 @@ class Trunk : public Sequential {
         if (name == stage)
           for (const auto& [block, unused] : module->children())
             paths.push_back(stage + "." + block);
+    return paths;
+  }
+
+  // The convolutions inside the residual blocks holding at least `min_params` parameters
+  // (weight and bias), their paths below the trunk, block by block: what VISSL's
+  // AUTO_WRAP_THRESHOLD makes FSDP units of their own inside each block's.
+  std::vector<std::string> large_block_convolutions(std::int64_t min_params) {
+    std::vector<std::string> paths;
+    if (min_params <= 0) return paths;
+    const auto modules = named_modules();
+    for (const std::string& block : block_paths())
+      for (const auto& [path, module] : modules) {
+        if (path.rfind(block + ".", 0) != 0 || dynamic_cast<Conv2d*>(module) == nullptr) continue;
+        std::int64_t count = 0;
+        for (const auto& [name, p] : module->named_parameters()) count += p.numel();
+        if (count >= min_params) paths.push_back(path);
+      }
     return paths;
   }
 
