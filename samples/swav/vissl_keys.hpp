@@ -66,6 +66,8 @@ inline constexpr IgnoredVisslKey kIgnoredVisslKeys[] = {
     {"LOSS.dino_loss.*"}, {"LOSS.swav_momentum_loss.*"}, {"LOSS.msn_loss.*"}, {"LOSS.ibot_loss.*"},
     {"LOSS.dino_distillation_loss.*"}, {"LOSS.ibot_distillation_loss.*"},
     {"LOSS.msn_distillation_loss.*"}, {"LOSS.swav_distillation_loss.*"},
+    // in VISSL's SwAV ablation configs (swav_8node_resnet_powerlaw*), read by no VISSL code
+    {"LOSS.swav_loss.shk_powerlaw"},
     // optimizer plumbing that SGD with one parameter-group rule does not read
     {"OPTIMIZER.param_group_constructor"},
     {"OPTIMIZER.layer_wise_lr_decay.*"}, {"OPTIMIZER.betas"},
