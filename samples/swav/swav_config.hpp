@@ -1148,10 +1148,13 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   // VISSL's DDP task refuses a model that holds FSDP units (regnet_fsdp's blocks,
   // swav_head_fsdp) when it runs more than one rank; its SDP task cannot shard their optimizer.
   if (stage_ok && s.parallel.stage != Stage::fsdp && world > 1)
-    for (const auto& [key, fsdp_name] :
+    for (const auto& named :
          {std::pair<std::string, std::string>{"MODEL.TRUNK.NAME", "regnet_fsdp"},
           std::pair<std::string, std::string>{"MODEL.HEAD.PARAMS[0][0]", "swav_head_fsdp"}})
       problems.attempt([&] {
+        // (named's parts, not a structured binding: clang 14's lambdas cannot capture one)
+        const std::string& key = named.first;
+        const std::string& fsdp_name = named.second;
         const std::string given =
             key == "MODEL.TRUNK.NAME" ? c.get<std::string>(key) : detail::first_head_name(c);
         if (given == fsdp_name)
