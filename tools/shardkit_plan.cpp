@@ -46,15 +46,23 @@ std::string mib(double bytes) {
 }
 
 // The 1000-class network `model` names: torchvision's ResNet and ResNeXt names (resnet18 ...
-// resnet152, resnext50_32x4d, ...) or ClassyVision's RegNets (regnet_y_400mf ...
-// regnet_y_256gf, regnet_x_400mf ...); nullptr when `model` is no such name
-// (then it is a file). Images of at most 64 pixels get the CIFAR-style stem (stride 1, no
-// max-pool).
+// resnet152, resnext50_32x4d, ...), ClassyVision's RegNets (regnet_y_400mf ... regnet_y_256gf,
+// regnet_x_400mf ...) or its EfficientNets (efficientnet_b0 ... efficientnet_b7); nullptr when
+// `model` is no such name (then it is a file). Images of at most 64 pixels get a ResNet's and a
+// RegNet's CIFAR-style stem (stride 1, no max-pool).
 std::shared_ptr<sk::nn::Trunk> build_network(sk::Context& ctx, const std::string& model,
                                              std::int64_t image_size) {
   sk::nn::ResNetOptions o;
   o.small_image_stem = image_size <= 64;
   if (auto resnet = sk::nn::resnet_named(ctx, model, o)) return resnet;
+  if (model.rfind("efficientnet_b", 0) == 0) {  // (with its classifier, as torchvision's)
+    sk::nn::EfficientNetOptions e;
+    std::string version = "B" + model.substr(14);
+    if (!sk::nn::efficientnet_named_params(version, e.params)) return nullptr;
+    auto net = sk::nn::efficientnet(ctx, e);
+    net->add("fc", std::make_shared<sk::nn::Linear>(ctx, net->feature_dim, 1000));
+    return net;
+  }
   sk::nn::RegNetParams params;
   sk::nn::RegNetOptions r;
   if (!sk::nn::regnet_named_params(model, params, r.use_se)) return nullptr;
@@ -97,7 +105,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", model,
                  "a torchvision name (resnet18 ... resnet152, resnext50_32x4d, "
                  "resnext101_32x8d, ...), a ClassyVision RegNet (regnet_y_400mf ... "
-                 "regnet_y_256gf, regnet_x_400mf ...), or a .safetensors file of parameters")
+                 "regnet_y_256gf, regnet_x_400mf ...) or EfficientNet (efficientnet_b0 ... "
+                 "efficientnet_b7), or a .safetensors file of parameters")
       ->required();
   app.add_option("--world-size", world, "ranks")->check(CLI::PositiveNumber);
   app.add_option("--group-size", group, "hybrid sharding: ranks per shard group (a node)")

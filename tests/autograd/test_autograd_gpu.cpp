@@ -139,6 +139,8 @@ TEST_CASE("CUDA ops and their gradients match the CPU (f32 1e-4, f16 1e-2)") {
                      [](sk::Context& c, const auto& v) { return ag::add_relu(c, v[0], v[1]); });
   compare_with_grads("sigmoid", {{5, 300}},
                      [](sk::Context& c, const auto& v) { return ag::sigmoid(c, v[0]); });
+  compare_with_grads("silu", {{5, 300}},
+                     [](sk::Context& c, const auto& v) { return ag::silu(c, v[0]); });
   // Squeeze-and-excitation's gate: 7 x 7 planes, and 1 x 1 ones.
   compare_with_grads(
       "channel_scale", {{3, 10, 7, 7}, {3, 10, 1, 1}},
@@ -357,6 +359,28 @@ TEST_CASE("batch-norm on the GPU takes an eps below cuDNN's 1e-5, as PyTorch doe
   }
 }
 
+// Dropout's and drop connect's masks come from the tape's counter-based stream: the GPU draws
+// the CPU's masks, so the outputs and gradients are the same bits (a product by 0 or 1 / (1 - p)).
+TEST_CASE("dropout and drop connect on the GPU: the CPU's masks, outputs and gradients") {
+  sk::Context cpu({.seed = 1});
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  const auto values = pattern(2 * 3 * 5 * 7, 3, sk::DType::f32);
+  for (const bool per_sample : {false, true}) {
+    CAPTURE(per_sample);
+    std::vector<std::vector<float>> results;
+    for (sk::Context* ctx : {&cpu, gpu.get()}) {
+      const Variable x(sk::from_vector(*ctx, values, {2 * 3, 5, 7}), true);
+      ag::tape(*ctx).set_random_stream({77, 3});
+      const Variable y = per_sample ? ag::drop_connect(*ctx, x, 0.4) : ag::dropout(*ctx, x, 0.4);
+      ag::backward(*ctx, y, sk::full(*ctx, y.shape(), sk::DType::f32, 1.0));
+      results.push_back(sk::to_vector<float>(*ctx, y.data()));
+      const auto grad = sk::to_vector<float>(*ctx, x.grad());
+      results.back().insert(results.back().end(), grad.begin(), grad.end());
+    }
+    CHECK(results[0] == results[1]);
+  }
+}
+
 // The pointwise kernel moves whole 16-byte packs when out, a and b start on 16-byte boundaries
 // (the elements after the last whole pack one by one), else goes element by element: both forms
 // run the same element functor, so they must give the same bits, and the CPU's values within
@@ -369,9 +393,10 @@ TEST_CASE("pointwise kernels: 128-bit packs equal the element-by-element form bi
   };
   for (auto dtype : {sk::DType::f32, sk::DType::f16, sk::DType::bf16, sk::DType::f64})
     for (std::int64_t n : {1, 3, 7, 8, 9, 33, 1000, 100003})
-      for (auto op : {ag::Pointwise::axpby, ag::Pointwise::mul, ag::Pointwise::relu,
-                      ag::Pointwise::relu_backward, ag::Pointwise::add_relu, ag::Pointwise::sigmoid,
-                      ag::Pointwise::sigmoid_backward})
+      for (auto op :
+           {ag::Pointwise::axpby, ag::Pointwise::mul, ag::Pointwise::relu,
+            ag::Pointwise::relu_backward, ag::Pointwise::add_relu, ag::Pointwise::sigmoid,
+            ag::Pointwise::sigmoid_backward, ag::Pointwise::silu, ag::Pointwise::silu_backward})
         for (double beta : {0.75, 0.0}) {  // axpby with beta 0 reads no b (scale)
           if (op != ag::Pointwise::axpby && beta == 0) continue;
           CAPTURE(sk::dtype_name(dtype));

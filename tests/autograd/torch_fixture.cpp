@@ -10,6 +10,9 @@
 //  - regnet.safetensors, regnet_io.safetensors: a RegNetY AnyNet in ClassyVision's names, an
 //    input, our eval-mode logits and the input's gradient for an upstream one; PyTorch builds
 //    ClassyVision's network, loads ours strictly and must agree on both.
+//  - efficientnet.safetensors, efficientnet_io.safetensors: a narrow EfficientNet in
+//    ClassyVision's names (VISSL's feature blocks), an input, our eval-mode features and the
+//    gradients for an upstream one; PyTorch builds the network, loads ours strictly, must agree.
 //  - ours_sharded/, sharded_io.safetensors: the narrow ResNet-18 after a few SGD steps under
 //    FSDP on two ranks, as a sharded checkpoint, and its eval-mode logits for the first batch
 //    (for the checkpoint tool's round trip through PyTorch, tests/io/check_ckpt_tool.py).
@@ -194,6 +197,39 @@ void write_regnet_fixture(const std::string& dir) {
   sk::checkpoint::save_safetensors(dir + "/regnet_io.safetensors", io);
 }
 
+// efficientnet.safetensors, efficientnet_io.safetensors: a narrow EfficientNet (B0's blocks at
+// width 0.25 and depth 0.5: expansions, 3 x 3 and 5 x 5 depthwise convolutions, strides,
+// squeeze-and-excitation, skips) whose batch-norm statistics were moved by one training forward
+// (drop connect and dropout drawing), an input batch, our eval-mode features for it, an upstream
+// gradient and the gradients it gives the input and every parameter ("grad.<name>").
+void write_efficientnet_fixture(const std::string& dir) {
+  sk::Context ctx({.seed = 13});
+  sk::nn::EfficientNetOptions o;
+  o.params = {0.25, 0.5, 224, 0.2};
+  o.bn_momentum = 1.0;  // (the running statistics are the training batch's: eval-mode values of
+                        // the batch's scale, not shrunk by statistics that barely moved)
+  auto net = sk::nn::efficientnet(ctx, o);
+  auto images = sk::empty(ctx, {4, 3, 20, 20}, sk::DType::f32);
+  sk::normal_(ctx, images, 0, 1);
+  net->train();
+  (void)(*net)(ctx, ag::Variable(images));
+  net->eval();
+  ag::Variable x(images, true);
+  const ag::Variable features = (*net)(ctx, x);
+  auto upstream = sk::empty(ctx, features.shape(), sk::DType::f32);
+  sk::normal_(ctx, upstream, 0, 1);
+  ag::backward(ctx, features, upstream);
+  sk::checkpoint::save_module(dir + "/efficientnet.safetensors", ctx, *net);
+  std::vector<sk::checkpoint::NamedBytes> io{
+      sk::checkpoint::host_bytes(ctx, "images", images),
+      sk::checkpoint::host_bytes(ctx, "features", features.data()),
+      sk::checkpoint::host_bytes(ctx, "upstream", upstream),
+      sk::checkpoint::host_bytes(ctx, "grad_images", x.grad())};
+  for (const auto& [name, p] : net->named_parameters())
+    io.push_back(sk::checkpoint::host_bytes(ctx, "grad." + name, p.grad()));
+  sk::checkpoint::save_safetensors(dir + "/efficientnet_io.safetensors", io);
+}
+
 }  // namespace
 
 int fixture_main(int argc, char** argv) {
@@ -224,9 +260,11 @@ int fixture_main(int argc, char** argv) {
                                       sk::checkpoint::host_bytes(ctx, "logits", logits)});
     write_mixed_fixture(dir);
     write_regnet_fixture(dir);
+    write_efficientnet_fixture(dir);
     std::printf(
         "wrote %s/model.safetensors (%zu tensors), io.safetensors, mixed.safetensors, "
-        "regnet.safetensors, regnet_io.safetensors\n",
+        "regnet.safetensors, regnet_io.safetensors, efficientnet.safetensors, "
+        "efficientnet_io.safetensors\n",
         dir.c_str(), net->state_dict().size());
     return 0;
   } catch (const std::exception& e) {

@@ -8,7 +8,7 @@ with tests/torch_support.py's reader (no safetensors package).
 Then our f32 and bf16 mixed-precision SGD steps of a narrower ResNet-18 against PyTorch's f32
 and bf16-autocast steps from the same weights on the same batches (compare_mixed_precision); and
 a RegNetY in ClassyVision's layout, loaded strictly, its logits and input gradient against ours
-(compare_regnet).
+(compare_regnet); and an EfficientNet the same way (compare_efficientnet).
 
 Exit 77 (skipped) when no python3 at hand has PyTorch (Debian: apt-get install python3-torch)."""
 import os
@@ -26,6 +26,7 @@ torch = require_torch("torch_interop", __file__)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "autograd"))
 from torch_resnet18 import ResNet18  # noqa: E402
 from torch_regnet import regnet_in_torch  # noqa: E402
+from torch_efficientnet import efficientnet_in_torch  # noqa: E402
 
 
 def torch_losses(fixture, autocast):
@@ -147,6 +148,41 @@ def compare_regnet(state, io):
     return True
 
 
+def compare_efficientnet(state, io):
+    """Our EfficientNet in PyTorch: names, shapes, eval-mode features, the input's and every
+    parameter's gradient."""
+    model = efficientnet_in_torch(torch, 0.25, 0.5)
+    ours, theirs = set(state), set(model.state_dict())
+    if ours != theirs:
+        print("EfficientNet state-dict names differ; only ours:", sorted(ours - theirs)[:8],
+              "only torch's:", sorted(theirs - ours)[:8])
+        return False
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    images = io["images"].clone().requires_grad_(True)
+    features = model(images)
+    features.backward(io["upstream"])
+    diff = (features.detach() - io["features"]).abs().max().item()
+    scale = io["features"].abs().max().item()
+    grad_diff = (images.grad - io["grad_images"]).abs().max().item()
+    grad_scale = io["grad_images"].abs().max().item()
+    worst, worst_name = 0.0, ""
+    for name, p in model.named_parameters():
+        ours = io["grad." + name]
+        rel = ((p.grad - ours).norm() / max(ours.norm().item(), 1e-30)).item()
+        if rel > worst:
+            worst, worst_name = rel, name
+    print(f"EfficientNet (B0's blocks at width 0.25, depth 0.5, VISSL's names): {len(state)} "
+          f"tensors loaded strictly; max |torch - shardkit| features {diff:.3g} (up to "
+          f"{scale:.3g}), input gradient {grad_diff:.3g} (up to {grad_scale:.3g}); parameter "
+          f"gradients within {worst:.2g} (relative L2, worst {worst_name})")
+    if not (diff <= 1e-4 * scale + 1e-7 and grad_diff <= 1e-4 * grad_scale + 1e-7 and
+            worst <= 1e-4):
+        print("FAIL: PyTorch's EfficientNet differs from ours")
+        return False
+    return True
+
+
 def main():
     fixture = sys.argv[1:]  # the fixture command: test_autograd --fixture torch
     folder = tempfile.mkdtemp(prefix="shardkit_torch_interop_")
@@ -159,6 +195,8 @@ def main():
         ours_bf16 = load_safetensors(os.path.join(folder, "ours_bf16", "model.safetensors"))
         regnet_state = load_safetensors(os.path.join(folder, "regnet.safetensors"))
         regnet_io = load_safetensors(os.path.join(folder, "regnet_io.safetensors"))
+        efficientnet_state = load_safetensors(os.path.join(folder, "efficientnet.safetensors"))
+        efficientnet_io = load_safetensors(os.path.join(folder, "efficientnet_io.safetensors"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     model = ResNet18(10, small_image_stem=True)
@@ -180,7 +218,9 @@ def main():
         print("FAIL: PyTorch's logits differ from ours")
         return 1
     regnet_ok = compare_regnet(regnet_state, regnet_io)
-    return 0 if compare_mixed_precision(mixed, ours_f32, ours_bf16) and regnet_ok else 1
+    efficientnet_ok = compare_efficientnet(efficientnet_state, efficientnet_io)
+    return (0 if compare_mixed_precision(mixed, ours_f32, ours_bf16) and regnet_ok and
+            efficientnet_ok else 1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #include "shardkit/autograd/backward.hpp"
 #include "shardkit/autograd/basic.hpp"
 #include "shardkit/autograd/conv.hpp"
+#include "shardkit/autograd/dropout.hpp"
 #include "shardkit/autograd/linear.hpp"
 #include "shardkit/autograd/norm.hpp"
 #include "shardkit/autograd/pool.hpp"

@@ -1,4 +1,4 @@
-// Differentiable element-wise and shape ops: add, mul, scale, relu, sigmoid, channel_scale,
+// Differentiable element-wise and shape ops: add, mul, scale, relu, sigmoid, silu, channel_scale,
 // flatten, reshape, cat, cast, identity.
 #pragma once
 
@@ -70,6 +70,15 @@ struct SigmoidNode final : Node {
     return {fn::pointwise(ctx, Pointwise::sigmoid_backward, g, y, 1, 0)};
   }
   void release_saved() override { y = Tensor(); }
+};
+
+struct SiluNode final : Node {
+  Tensor x;
+  const char* name() const override { return "silu"; }
+  Gradients apply(Context& ctx, const Tensor& g) override {
+    return {fn::pointwise(ctx, Pointwise::silu_backward, g, x, 1, 0)};
+  }
+  void release_saved() override { x = Tensor(); }
 };
 
 // x [N, C, H, W] * gate [N, C, 1, 1]: each plane (n, c) scaled by gate[n, c].
@@ -192,6 +201,16 @@ inline Variable sigmoid(Context& ctx, const Variable& x) {
   if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
   auto node = make_pooled<detail::SigmoidNode>();
   node->y = y;
+  return record(ctx, node, {&x}, std::move(y));
+}
+
+// x / (1 + exp(-x)) element by element (torch.nn.SiLU, swish).
+inline Variable silu(Context& ctx, const Variable& x) {
+  check(x.defined(), "silu: the input is undefined", module_suffix(ctx));
+  Tensor y = fn::pointwise(ctx, Pointwise::silu, x.data(), Tensor(), 1, 0);
+  if (!needs_grad(ctx, {&x})) return Variable(std::move(y));
+  auto node = make_pooled<detail::SiluNode>();
+  node->x = x.data();
   return record(ctx, node, {&x}, std::move(y));
 }
 

@@ -20,6 +20,8 @@ enum class Pointwise : std::uint8_t {
   add_relu,          // out = max(alpha*a + beta*b, 0): a residual block's end in one pass
   sigmoid,           // out = 1 / (1 + exp(-a))
   sigmoid_backward,  // out = a * b * (1 - b)   (a: gradient, b: the sigmoid's output)
+  silu,              // out = a / (1 + exp(-a))
+  silu_backward,     // out = a * s * (1 + b * (1 - s)), s = sigmoid(b)   (b: the SiLU's input)
 };
 
 // Each functor says whether it reads b: a loop over a unary one passes 0 for b and never loads it.
@@ -96,6 +98,27 @@ struct SigmoidBackwardMath {
   }
 };
 
+// out = a / (1 + exp(-a)): torch.nn.SiLU's formula (swish: EfficientNet's activation).
+struct SiluMath {
+  static constexpr bool kReadsB = false;
+  template <class T>
+  SK_HOST_DEVICE SK_INLINE T operator()(T a, T, T, T) const {
+    using std::exp;
+    return a / (T(1) + exp(-a));
+  }
+};
+// out = a * s * (1 + b * (1 - s)) with s = sigmoid(b) (a: the gradient, b: the SiLU's input),
+// as PyTorch's silu_backward.
+struct SiluBackwardMath {
+  static constexpr bool kReadsB = true;
+  template <class T>
+  SK_HOST_DEVICE SK_INLINE T operator()(T a, T b, T, T) const {
+    using std::exp;
+    const T s = T(1) / (T(1) + exp(-b));
+    return a * s * (T(1) + b * (T(1) - s));
+  }
+};
+
 // Calls fn with op's functor, chosen once on the host (axpby without a b scales a alone), so a
 // loop or kernel is instantiated per functor instead of switching per element.
 template <class Fn>
@@ -124,6 +147,12 @@ void with_pointwise_math(Pointwise op, bool reads_b, Fn&& fn) {
       return;
     case Pointwise::sigmoid_backward:
       fn(SigmoidBackwardMath{});
+      return;
+    case Pointwise::silu:
+      fn(SiluMath{});
+      return;
+    case Pointwise::silu_backward:
+      fn(SiluBackwardMath{});
       return;
   }
 }

@@ -57,6 +57,22 @@ class Tape {
   bool recomputing() const { return recomputing_; }
   void set_recomputing(bool value) { recomputing_ = value; }
 
+  // The training forward's random stream (dropout's masks, dropout.hpp): a Philox seed and the
+  // next 128-bit block. A trainer keys it per step (set_random_stream), so a run resumed at step
+  // s draws the masks one that never stopped drew there; activation checkpointing puts it back
+  // for a recomputation, so a segment recomputes with the masks its forward drew. Apart from
+  // the context's stream (Context::take_random_blocks), which initialisation draws from.
+  struct RandomStream {
+    std::uint64_t seed = 0, next_block = 0;
+  };
+  const RandomStream& random_stream() const { return random_stream_; }
+  void set_random_stream(RandomStream stream) { random_stream_ = stream; }
+  std::uint64_t take_random_blocks(std::uint64_t blocks) {
+    const std::uint64_t first = random_stream_.next_block;
+    random_stream_.next_block += blocks;
+    return first;
+  }
+
   // Backward passes running now (checkpoint recomputation nests one inside another).
   int backward_depth() const { return backward_depth_; }
   // Runs `callback` when the outermost backward pass now running ends (PyTorch's
@@ -137,6 +153,7 @@ class Tape {
   std::uint64_t next_sequence_nr_ = 0;
   std::vector<std::shared_ptr<const std::string>> module_paths_;
   int backward_depth_ = 0;
+  RandomStream random_stream_;
   std::vector<std::function<void()>> callbacks_;
   std::vector<std::uint64_t> active_passes_;
   std::vector<std::unique_ptr<BackwardTables>> tables_;  // by nesting depth

@@ -288,6 +288,9 @@ inline void random_on_host(Context& ctx, const Tensor& t, const RandomSpec& spec
               if (whole.kind == RandomKind::uniform) {  // word j is element begin + j
                 for (std::uint64_t j = 0; j < end - begin; ++j)
                   out[j] = convert_value<T>(rule.uniform_value(words[j]));
+              } else if (whole.kind == RandomKind::keep_mask) {  // (the same)
+                for (std::uint64_t j = 0; j < end - begin; ++j)
+                  out[j] = convert_value<T>(rule.mask_value(words[j]));
               } else {  // words 2j, 2j + 1 are element begin + j's
                 for (std::uint64_t j = 0; j < end - begin; ++j)
                   out[j] = convert_value<T>(rule.normal_value(words[2 * j], words[2 * j + 1]));

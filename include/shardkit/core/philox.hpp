@@ -55,11 +55,13 @@ SK_HOST_DEVICE SK_INLINE double word_to_unit(std::uint32_t word) {
   return (static_cast<double>(word) + 0.5) * (1.0 / 4294967296.0);
 }
 
-enum class RandomKind : std::uint8_t { uniform, normal };
+enum class RandomKind : std::uint8_t { uniform, normal, keep_mask };
 
-// What a random fill draws: uniform on [a, b) or normal with mean a and standard deviation b,
-// from the stream `seed`, starting at 128-bit block `counter_base` (after its first `skip`
-// elements: a fill of the part of a larger one from an element inside a block, from_element).
+// What a random fill draws: uniform on [a, b), normal with mean a and standard deviation b, or a
+// keep mask (dropout's: b where the word's unit value is at least a, else 0 -- each element kept
+// with probability 1 - a and scaled by b), from the stream `seed`, starting at 128-bit block
+// `counter_base` (after its first `skip` elements: a fill of the part of a larger one from an
+// element inside a block, from_element).
 struct RandomSpec {
   RandomKind kind = RandomKind::uniform;
   double a = 0.0;
@@ -68,9 +70,9 @@ struct RandomSpec {
   std::uint64_t counter_base = 0;
   std::uint64_t skip = 0;  // below elements_per_block()
 
-  // Elements one 128-bit block gives: 4 uniforms or 2 normals.
+  // Elements one 128-bit block gives: 4 uniforms or mask values (a word each), or 2 normals.
   SK_HOST_DEVICE std::uint64_t elements_per_block() const {
-    return kind == RandomKind::uniform ? 4 : 2;
+    return kind == RandomKind::normal ? 2 : 4;
   }
 
   // Blocks a fill of `count` elements consumes.
@@ -102,12 +104,18 @@ struct RandomSpec {
   // consecutive elements draws each block once this way instead of once per element.
   SK_HOST_DEVICE double value_in_block(const PhiloxBlock& block, unsigned position) const {
     if (kind == RandomKind::uniform) return uniform_value(block.v[position]);
+    if (kind == RandomKind::keep_mask) return mask_value(block.v[position]);
     return normal_value(block.v[2u * position], block.v[2u * position + 1u]);
   }
 
   // The uniform value one word gives.
   SK_HOST_DEVICE double uniform_value(std::uint32_t word) const {
     return fma(b - a, word_to_unit(word), a);
+  }
+
+  // The keep mask's value one word gives: b (kept) or 0 (dropped).
+  SK_HOST_DEVICE double mask_value(std::uint32_t word) const {
+    return word_to_unit(word) >= a ? b : 0.0;
   }
 
   // The normal value a pair of words gives (Box-Muller's cosine branch).

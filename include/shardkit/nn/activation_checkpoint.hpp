@@ -1,6 +1,7 @@
 // Activation checkpointing: run a function without keeping its activations, keep only its
 // input, and recompute it in backward (with the tape's recompute flag set, so batch-norm does
-// not fold the batch into its running statistics a second time).
+// not fold the batch into its running statistics a second time, and the tape's random stream
+// where the forward found it, so dropout draws the same masks: PyTorch's preserve_rng_state).
 #pragma once
 
 #include <functional>
@@ -19,6 +20,7 @@ struct CheckpointNode final : autograd::Node {
   SegmentFunction function;
   Tensor input;
   bool input_requires_grad = false;
+  autograd::Tape::RandomStream random;  // where the forward began drawing
   // Edges 1..: the segment's parameters. The recomputed backward accumulates straight into
   // their gradients (no second copy of the segment's parameter gradients is held); the edges
   // let the outer pass count them and fire their grad-ready hooks when they are complete.
@@ -33,6 +35,12 @@ struct CheckpointNode final : autograd::Node {
     Variable y;
     {
       autograd::RecomputeGuard recompute(ctx);
+      struct PutBack {  // the stream where the backward had it, however the recompute ends
+        autograd::Tape& tape;
+        autograd::Tape::RandomStream stream;
+        ~PutBack() { tape.set_random_stream(stream); }
+      } put_back{autograd::tape(ctx), autograd::tape(ctx).random_stream()};
+      put_back.tape.set_random_stream(random);
       y = function(ctx, x);
     }
     autograd::Gradients grads(edges.size());
@@ -54,12 +62,14 @@ inline Variable checkpoint(Context& ctx, const SegmentFunction& function, const 
   bool wants_grad = x.requires_grad();
   for (const auto& p : parameters) wants_grad = wants_grad || p.requires_grad();
   if (!autograd::tape(ctx).grad_enabled() || !wants_grad) return function(ctx, x);
+  const autograd::Tape::RandomStream random = autograd::tape(ctx).random_stream();
   Variable y;
   {
     autograd::NoGradGuard no_grad(ctx);
     y = function(ctx, x);
   }
   auto node = make_pooled<detail::CheckpointNode>();
+  node->random = random;
   node->function = function;
   node->input = x.data();
   node->input_requires_grad = x.requires_grad();

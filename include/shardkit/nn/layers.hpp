@@ -1,6 +1,6 @@
-// The basic layers: Linear, Conv2d, BatchNorm (1d/2d), ReLU, MaxPool2d, AdaptiveAvgPool2d,
-// Flatten, Identity. Parameters live on the context's device in the given dtype; batch-norm
-// keeps its parameters and running statistics in f32 for f16/bf16 models (cuDNN's rule).
+// The basic layers: Linear, Conv2d, BatchNorm (1d/2d), ReLU, Sigmoid, SiLU, Dropout, MaxPool2d,
+// AdaptiveAvgPool2d, Flatten. Parameters live on the context's device in the given dtype;
+// batch-norm keeps its parameters and running statistics in f32 for f16/bf16 models (cuDNN's rule).
 #pragma once
 
 #include "shardkit/nn/init.hpp"
@@ -139,6 +139,29 @@ class Sigmoid : public Module {
  public:
   const char* type_name() const override { return "Sigmoid"; }
   Variable forward(Context& ctx, const Variable& x) override { return autograd::sigmoid(ctx, x); }
+};
+
+class SiLU : public Module {
+ public:
+  const char* type_name() const override { return "SiLU"; }
+  Variable forward(Context& ctx, const Variable& x) override { return autograd::silu(ctx, x); }
+};
+
+// nn.Dropout: while training, each element zeroed with probability p and the rest scaled by
+// 1 / (1 - p) (autograd/dropout.hpp); evaluation passes x through.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p) : p_(p) {
+    check(p >= 0 && p < 1, "Dropout(", p, "): the probability must be in [0, 1), e.g. 0.2");
+  }
+  const char* type_name() const override { return "Dropout"; }
+  Variable forward(Context& ctx, const Variable& x) override {
+    return is_training() ? autograd::dropout(ctx, x, p_) : x;
+  }
+  double p() const { return p_; }
+
+ private:
+  double p_;
 };
 
 class MaxPool2d : public Module {

@@ -1,7 +1,7 @@
 // A convolutional trunk: a Sequential of a stem, stages of residual blocks and the pooling,
 // described enough for what is planned before a run (a layer's feature size, the blocks that
-// become FSDP units, the stage a feature name means) without a forward. ResNet and RegNet are
-// trunks.
+// become FSDP units, the stage a feature name means) without a forward. ResNet, RegNet and
+// EfficientNet are trunks.
 #pragma once
 
 #include <array>
@@ -25,8 +25,8 @@ class Trunk : public Sequential {
   virtual std::vector<std::string> stage_names() const = 0;
 
   // The residual blocks' paths below the trunk ("layer1.0", "res2.block1-0", ...): each
-  // stage child's own children.
-  std::vector<std::string> block_paths() const {
+  // stage child's own children (a trunk whose blocks are its own children says so itself).
+  virtual std::vector<std::string> block_paths() const {
     std::vector<std::string> paths;
     for (const std::string& stage : stage_names())
       for (const auto& [name, module] : children())
