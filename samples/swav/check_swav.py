@@ -2,8 +2,8 @@
 """Short SwAV runs that must agree bit for bit (the parameters' FNV-1a fingerprint the trainer
 prints): ddp, oss, sdp and fsdp, without and with activation checkpointing, with
 SyncBatchNorm, with batch-norm parameters and biases out of the weight decay, channels-last
-activations (ddp and fsdp alike; losses equal to NCHW's to rounding), ResNeXt and RegNet trunks,
-and with the
+activations (ddp and fsdp alike; losses equal to NCHW's to rounding), ResNeXt, RegNet and
+EfficientNet trunks (the last with its dropout masks, also across a resume), and with the
 optimizer (and the parameter shards) offloaded to the host; bf16 and f16 fsdp equal to ddp; a run killed with
 SIGKILL mid-epoch and resumed with AUTO_RESUME (under the same stage, and under another one)
 equals the run that never stopped; MACHINE.CUDA_GRAPH=true (the step captured and replayed under
@@ -238,6 +238,34 @@ def main():
         if (len(set(regnets.values())) != 1 or "AnyNet of RegNetY blocks" not in output or
                 "convolutions of >= 700 parameters nested" not in output):
             raise SystemExit(f"FAIL: the RegNet trunk's stages differ: {regnets}")
+        # An EfficientNet-B0 trunk (VISSL's efficientnet, ClassyVision's blocks: depthwise
+        # convolutions, squeeze-and-excitation, SiLU, drop connect on the blocks' branches and
+        # dropout on the features, both drawing masks while training): ddp, oss, sdp and fsdp
+        # with activation checkpointing (the recomputed blocks draw their forward's masks) end
+        # with the same parameters, bit for bit, and so does a run resumed half-way (the masks
+        # are keyed by the iteration); kNN on VISSL's conv_final feature block beside res5avg.
+        efficientnet = ["config.MODEL.TRUNK.NAME=efficientnet",
+                        "config.MODEL.TRUNK.EFFICIENT_NETS.model_version=B0",
+                        'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [1280, 32, 32], '
+                        '"use_bn": True, "num_clusters": [20]}]]',
+                        'config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP='
+                        '[["conv_final", ["Identity", []]], ["res5avg", ["Identity", []]]]',
+                        "config.MAX_ITERATIONS=4"]
+        efficientnets = {}
+        for stage in STAGES:
+            efficientnets[stage], output = run(swav, os.path.join(work, f"efficientnet_{stage}"),
+                                               efficientnet + STAGES[stage] +
+                                               (CHECKPOINTING if stage == "fsdp" else []))
+        resumed = os.path.join(work, "efficientnet_resumed")
+        every_2 = ["config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2"]
+        run(swav, resumed, efficientnet + every_2 + ["config.MAX_ITERATIONS=2"])
+        efficientnets["resumed at 2"], resumed_output = run(swav, resumed, efficientnet + every_2)
+        print(f"EfficientNet-B0, ddp / oss / sdp / fsdp + checkpointing / resumed: {efficientnets}")
+        if (len(set(efficientnets.values())) != 1 or
+                "EfficientNet-B0 (16 blocks, 1280 features)" not in output or
+                "resumed from" not in resumed_output or
+                "conv_final (1280 features)" not in output):
+            raise SystemExit(f"FAIL: the EfficientNet runs differ: {efficientnets}")
         # kNN on two feature sets (VISSL's LINEAR_EVAL_FEAT_POOL_OPS_MAP: res5 unpooled, then
         # the trunk output): both reported, at initialisation and at the end, and the same
         # figures under ddp and under fsdp (whose forward gathers each block's shards).

@@ -1,8 +1,9 @@
 // Which trunk features the kNN evaluation reads, as VISSL's
 // MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP names them: a list of
 // [layer, [pool op, args]]. The layers are VISSL's feature names -- res2 ... res5 (the outputs
-// of the trunk's stages: ResNet's layer1 ... layer4, RegNet's res2 ... res5) and res5avg (the
-// globally average-pooled trunk output, the default; avgpool, VISSL's RegNet name for it) -- and
+// of the trunk's stages: ResNet's layer1 ... layer4, RegNet's res2 ... res5), res5avg (the
+// globally average-pooled trunk output, the default; avgpool, VISSL's RegNet name for it), and
+// an EfficientNet's feature blocks by their names (conv1, block0 ..., conv_final) -- and
 // each output [N, C, H, W] is pooled by the op and flattened per image as torch.flatten(x, 1)
 // does:
 //   ["Identity", []]                         the output as it is (C·H·W features)
@@ -27,19 +28,28 @@ namespace swav {
 
 struct FeaturePool {
   enum class Op { identity, avg_pool, adaptive_avg_pool };
-  std::string layer = "res5avg";  // res2 .. res5, res5avg (or avgpool)
+  std::string layer = "res5avg";  // res2 .. res5, res5avg (or avgpool), conv1, block<i>, conv_final
   Op op = Op::identity;
   std::array<std::int64_t, 2> kernel{1, 1};  // AvgPool2d
   std::int64_t stride = 1, padding = 0;      // AvgPool2d
   std::array<std::int64_t, 2> output{1, 1};  // AdaptiveAvgPool2d
 
-  // The stage whose output the layer is (res2: 0 ... res5: 3), or -1 for the pooled output.
-  int stage() const { return layer == "res5avg" || layer == "avgpool" ? -1 : layer[3] - '2'; }
+  // The stage whose output the layer is (res2: 0 ... res5: 3), -1 for the pooled output, -2 for
+  // a trunk child named as it is (an EfficientNet's conv1, block<i>, conv_final).
+  int stage() const {
+    if (layer == "res5avg" || layer == "avgpool") return -1;
+    return layer.size() == 4 && layer.rfind("res", 0) == 0 ? layer[3] - '2' : -2;
+  }
+  // Whether two pools read the same layer (res5avg and avgpool are one).
+  bool same_layer(const FeaturePool& other) const {
+    return stage() == other.stage() && (stage() != -2 || layer == other.layer);
+  }
 
   // The trunk child whose output the layer is, of a trunk whose stages are `stages`
   // (nn::Trunk::stage_names: res2 -> ResNet's layer1, ... res5 -> layer4).
   std::string module(const std::vector<std::string>& stages) const {
-    if (stage() < 0) return "avgpool";
+    if (stage() == -1) return "avgpool";
+    if (stage() == -2) return layer;
     const auto stage = static_cast<std::size_t>(this->stage());
     shardkit::check(stage < stages.size(), "feature ", layer, ": the trunk has ", stages.size(),
                     " stages (res2 to res", stages.size() + 1,

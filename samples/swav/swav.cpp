@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
           "ranks), "
           "stage %s, %s%s, %d epochs\n",
           trunk_name(config).c_str(),
-          config.trunk == "regnet"
+          config.trunk != "resnet"
               ? ""
               : (" (" + std::to_string(config.base_channels) + " base channels)").c_str(),
           config.crops.total_crops(), world, launched ? "processes" : "threads",

@@ -19,6 +19,7 @@
 #include "lr_schedule.hpp"
 #include "multicrop.hpp"
 #include "shardkit/data/synthetic_images.hpp"
+#include "shardkit/nn/efficientnet.hpp"
 #include "shardkit/nn/regnet.hpp"
 #include "shardkit/nn/resnet.hpp"
 #include "shardkit/optim/sharded_optimizer.hpp"
@@ -59,7 +60,7 @@ struct SwavConfig {
   MultiCropConfig crops;
   EvalTransform eval_images;  // DATA.TEST.TRANSFORMS: the kNN evaluation's images
   // Model
-  std::string trunk = "resnet";  // MODEL.TRUNK.NAME: resnet, or regnet (the RegNet fields below)
+  std::string trunk = "resnet";  // MODEL.TRUNK.NAME: resnet, regnet or efficientnet (fields below)
   int depth = 50;
   std::int64_t base_channels = 64;
   std::int64_t groups = 1, width_per_group = 64;  // ResNeXt's (64: the plain ResNet)
@@ -72,6 +73,10 @@ struct SwavConfig {
   std::string regnet_name;
   std::vector<shardkit::nn::RegNetStage> regnet_stages;
   shardkit::nn::RegNetOptions regnet;
+  // MODEL.TRUNK.EFFICIENT_NETS: model_version (B0 ... B7) and the options it and the rest give
+  // (in_channels aside).
+  std::string efficientnet_version;
+  shardkit::nn::EfficientNetOptions efficientnet;
   // VISSL's swav_head: dims = [head_in, head_hidden..., embedding_dim] (Linear, BatchNorm1d when
   // head_bn, ReLU per hidden width; the last Linear, then its BatchNorm1d and ReLU unless
   // skip_last_bn), then the L2-normalised embedding's prototypes.
@@ -117,9 +122,14 @@ struct SwavConfig {
   std::int64_t max_iterations = -1;
 };
 
-// "ResNet-50", a ResNeXt's torchvision name ("ResNeXt-50 32x4d"), or a RegNet's: "RegNetY
-// regnet_y_400mf (4 stages, 440 features)", "AnyNet of RegNetY blocks (...)".
+// "ResNet-50", a ResNeXt's torchvision name ("ResNeXt-50 32x4d"), a RegNet's: "RegNetY
+// regnet_y_400mf (4 stages, 440 features)", "AnyNet of RegNetY blocks (...)", or
+// "EfficientNet-B0 (16 blocks, 1280 features)".
 inline std::string trunk_name(const SwavConfig& c) {
+  if (c.trunk == "efficientnet")
+    return "EfficientNet-" + c.efficientnet_version + " (" +
+           std::to_string(shardkit::nn::efficientnet_blocks(c.efficientnet).size()) + " blocks, " +
+           std::to_string(shardkit::nn::efficientnet_width(1280, c.efficientnet)) + " features)";
   if (c.trunk == "regnet") {
     const std::string blocks = c.regnet.use_se ? "RegNetY" : "RegNetX";
     const std::string name = c.regnet_name == "anynet" ? "AnyNet of " + blocks + " blocks"
@@ -329,7 +339,7 @@ inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
 inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const std::string& key) {
   const std::string form =
       "each entry is [layer, [op, args]]: a layer of res2, res3, res4, res5, res5avg (or "
-      "avgpool) and an op "
+      "avgpool; an EfficientNet's conv1, block<i>, conv_final) and an op "
       "of [\"Identity\", []], [\"AvgPool2d\", [[kh, kw], stride, padding]], "
       "[\"AdaptiveAvgPool2d\", [[oh, ow]]]";
   std::vector<FeaturePool> pools;
@@ -341,13 +351,17 @@ inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const
       throw bad(where, ::swav::detail::text_of(e), form);
     FeaturePool p;
     p.layer = value_as<std::string>(e[0], where + "[0]", "a layer name");
-    const std::vector<std::string> layers{"res2", "res3", "res4", "res5", "res5avg", "avgpool"};
-    if (std::find(layers.begin(), layers.end(), p.layer) == layers.end())
+    const std::vector<std::string> layers{"res2",    "res3",  "res4",       "res5",
+                                          "res5avg", "conv1", "conv_final", "avgpool"};
+    const bool block = p.layer.size() > 5 && p.layer.rfind("block", 0) == 0 &&
+                       p.layer.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (!block && std::find(layers.begin(), layers.end(), p.layer) == layers.end())
       throw bad(where + "[0]", p.layer,
                 "not a trunk feature this trainer extracts; use res2, res3, res4, res5 or res5avg "
-                "(avgpool: VISSL's RegNet name for res5avg)");
+                "(avgpool: VISSL's RegNet name for res5avg), or an EfficientNet's conv1, "
+                "block<i> or conv_final");
     for (const auto& other : pools)
-      if (other.stage() == p.stage())
+      if (other.same_layer(p))
         throw bad(where + "[0]", p.layer, "given twice; give each layer once");
     const std::string op = value_as<std::string>(e[1][0], where + "[1][0]", "an op name");
     const YAML::Node args = e[1].size() == 2 ? e[1][1] : YAML::Node(YAML::NodeType::Sequence);
@@ -502,6 +516,54 @@ inline shardkit::optim::OptimizerConfig read_optimizer(const ConfigTree& c,
     o.larc.trust_coefficient = c.get<float>(base + ".larc_config.trust_coefficient");
   }
   return o;
+}
+
+// MODEL.TRUNK.EFFICIENT_NETS (NAME: efficientnet), as VISSL's efficientnet trunk reads it:
+// ClassyVision's EfficientNet arguments, model_version naming B0 ... B7 (its widths, depths and
+// dropout rate). Every problem is reported; false when there was one.
+inline bool read_efficientnet(const ConfigTree& c, SwavConfig& s, ConfigProblems& problems) {
+  const std::string k = "MODEL.TRUNK.EFFICIENT_NETS.";
+  namespace nn = shardkit::nn;
+  if (c.refused_exactly("MODEL.TRUNK.EFFICIENT_NETS")) return false;  // (not a map: reported)
+  nn::EfficientNetOptions& o = s.efficientnet;
+  bool ok = problems.attempt([&] {
+    s.efficientnet_version = c.get<std::string>(k + "model_version");
+    if (!nn::efficientnet_named_params(s.efficientnet_version, o.params))
+      throw bad(k + "model_version",
+                s.efficientnet_version.empty() ? "\"\"" : s.efficientnet_version,
+                "name one of B0 ... B7 (VISSL's efficientnet configs: B0, B1, B2)");
+  });
+  ok &= problems.attempt([&] {
+    o.bn_momentum = c.get<double>(k + "bn_momentum");
+    if (!(o.bn_momentum >= 0 && o.bn_momentum <= 1))
+      throw bad(k + "bn_momentum", std::to_string(o.bn_momentum),
+                "must be in [0, 1] (VISSL's configs: 0.01)");
+  });
+  ok &= problems.attempt([&] {
+    o.bn_epsilon = c.get<double>(k + "bn_epsilon");
+    if (!(o.bn_epsilon > 0))
+      throw bad(k + "bn_epsilon", std::to_string(o.bn_epsilon), "must be > 0 (VISSL's: 0.001)");
+  });
+  ok &= problems.attempt([&] {
+    o.drop_connect_rate = c.get<double>(k + "drop_connect_rate");
+    if (!(o.drop_connect_rate >= 0 && o.drop_connect_rate < 1))
+      throw bad(k + "drop_connect_rate", std::to_string(o.drop_connect_rate),
+                "must be in [0, 1): block i drops the branch of rate x i / blocks of the "
+                "samples (VISSL's: 0.2; 0: no drop connect)");
+  });
+  ok &= problems.attempt([&] {
+    o.width_divisor = c.get<std::int64_t>(k + "width_divisor");
+    if (o.width_divisor < 1)
+      throw bad(k + "width_divisor", std::to_string(o.width_divisor), "must be >= 1 (VISSL's: 8)");
+  });
+  ok &= problems.attempt([&] {
+    o.min_width = c.at(k + "min_width").IsNull() ? 0 : c.get<std::int64_t>(k + "min_width");
+    if (o.min_width < 0 || (o.min_width == 0 && !c.at(k + "min_width").IsNull()))
+      throw bad(k + "min_width", std::to_string(o.min_width),
+                "must be >= 1, or null for the width divisor (VISSL's: null)");
+  });
+  ok &= problems.attempt([&] { o.use_se = c.get<bool>(k + "use_se"); });
+  return ok;
 }
 
 // MODEL.TRUNK.REGNET (NAME: regnet, or regnet_fsdp: VISSL's FSDP name for the same network), as
@@ -954,12 +1016,27 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
     s.trunk = "regnet";
     trunk_out = s.regnet_stages.back().width;
   }
+  const bool efficientnet = trunk_kind == "efficientnet";
+  bool efficientnet_ok = efficientnet && detail::read_efficientnet(c, s, problems);
+  if (efficientnet)
+    efficientnet_ok &= problems.attempt([&] {
+      if (c.given("MODEL.TRUNK.RESNETS.CHANNELS_LAST") &&
+          c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST"))
+        throw detail::bad("MODEL.TRUNK.RESNETS.CHANNELS_LAST", "True",
+                          "channels-last activations are this trainer's ResNets' (an "
+                          "EfficientNet runs NCHW); remove it");
+    });
+  if (efficientnet_ok) {
+    s.trunk = "efficientnet";
+    trunk_out = sk::nn::efficientnet_width(1280, s.efficientnet);
+  }
   const bool trunk_ok =
-      regnet_ok || (!regnet && problems.attempt([&] {
+      regnet_ok || efficientnet_ok || (!regnet && !efficientnet && problems.attempt([&] {
         if (trunk_kind != "resnet")
           throw detail::bad("MODEL.TRUNK.NAME", trunk_kind,
-                            "this trainer builds resnet and regnet (or regnet_fsdp) trunks "
-                            "(ClassyVision's RegNet and AnyNet: MODEL.TRUNK.REGNET)");
+                            "this trainer builds resnet, regnet (or regnet_fsdp) and efficientnet "
+                            "trunks (ClassyVision's RegNet and AnyNet: MODEL.TRUNK.REGNET; its "
+                            "EfficientNet: MODEL.TRUNK.EFFICIENT_NETS)");
         s.depth = c.get<int>("MODEL.TRUNK.RESNETS.DEPTH");
         if (!sk::nn::is_resnet_depth(s.depth))
           throw detail::bad("MODEL.TRUNK.RESNETS.DEPTH", std::to_string(s.depth),
@@ -1410,6 +1487,30 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
           c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
           "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
       s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
+      // (an EfficientNet's features are its children's; the others' have none of those names)
+      const std::int64_t blocks =
+          s.trunk == "efficientnet"
+              ? std::int64_t(sk::nn::efficientnet_blocks(s.efficientnet).size())
+              : 0;
+      for (const FeaturePool& pool : s.knn_features) {
+        if (s.trunk == "efficientnet" && pool.stage() >= 0)
+          throw detail::bad("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP", pool.layer,
+                            "an EfficientNet has no stages res2 ... res5; name conv1, block0 ... "
+                            "block" +
+                                std::to_string(blocks - 1) +
+                                ", conv_final or avgpool (res5avg), as VISSL's efficientnet trunk");
+        if (pool.stage() == -2 &&
+            (s.trunk != "efficientnet" ||
+             (pool.layer.rfind("block", 0) == 0 && std::stoll(pool.layer.substr(5)) >= blocks)))
+          throw detail::bad("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP", pool.layer,
+                            s.trunk == "efficientnet"
+                                ? "EfficientNet-" + s.efficientnet_version +
+                                      " has blocks block0 "
+                                      "... block" +
+                                      std::to_string(blocks - 1)
+                                : "a feature block of VISSL's EfficientNet; this " + s.trunk +
+                                      " trunk's are res2 ... res5 and res5avg");
+      }
       // (a ResNet has every stage res2 ... res5 names; a RegNet or AnyNet may have fewer)
       if (s.trunk == "regnet")
         for (const FeaturePool& pool : s.knn_features)

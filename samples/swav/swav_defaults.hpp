@@ -66,7 +66,8 @@ DATA:
     TRANSFORMS: []
 MODEL:
   TRUNK:
-    NAME: resnet                    # resnet, or regnet (ClassyVision's RegNet/AnyNet: REGNET)
+    NAME: resnet                    # resnet, regnet (ClassyVision's RegNet/AnyNet: REGNET) or
+                                    # efficientnet (ClassyVision's EfficientNet: EFFICIENT_NETS)
     RESNETS:
       DEPTH: 50                     # 18, 34, 50, 101, 152
       WIDTH_MULTIPLIER: 1.0         # base channels = 64 x this (ours: fractions allowed)
@@ -103,6 +104,16 @@ MODEL:
       se_ratio: 0.25
       bn_epsilon: 1.0e-5
       bn_momentum: 0.1
+    # NAME: efficientnet -- ClassyVision's EfficientNet B0 ... B7 (model_version), as VISSL's
+    # efficientnet trunk builds it; features: conv1, block0 ..., conv_final, avgpool (res5avg).
+    EFFICIENT_NETS:
+      model_version: ""             # B0 ... B7: widths, depths and the features' dropout rate
+      bn_momentum: 0.01
+      bn_epsilon: 0.001
+      drop_connect_rate: 0.2        # block i's branch dropped for rate x i / blocks of samples
+      width_divisor: 8
+      min_width: null               # null: the width divisor
+      use_se: True
   HEAD:
     PARAMS: [["swav_head", {"dims": [2048, 2048, 128], "use_bn": True, "num_clusters": [3000]}]]
     BATCHNORM_EPS: 1.0e-5
@@ -110,8 +121,9 @@ MODEL:
   TEMP_FROZEN_PARAMS_ITER_MAP: []
   FEATURE_EVAL_SETTINGS:
     # The kNN's features: [] the trunk's output (res5avg); else [[layer, [op, args]], ...] with
-    # layers res2-res5, res5avg and ops Identity, AvgPool2d, AdaptiveAvgPool2d, each evaluated
-    # (the first is the headline figure).
+    # layers res2-res5, res5avg (an EfficientNet's: conv1, block<i>, conv_final, avgpool) and
+    # ops Identity, AvgPool2d, AdaptiveAvgPool2d, each evaluated (the first is the headline
+    # figure).
     LINEAR_EVAL_FEAT_POOL_OPS_MAP: []
   SYNC_BN_CONFIG:
     CONVERT_BN_TO_SYNC_BN: False

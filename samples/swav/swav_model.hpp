@@ -1,8 +1,8 @@
-// SwAV's network (docs/swav.md, "Scores"): a ResNet or RegNet trunk without its classifier, VISSL's
-// swav_head -- a projection head of Linear -> BatchNorm1d -> ReLU per hidden width, then a
-// Linear, whose output is L2-normalised -- and the prototypes, a bias-free Linear. State-dict names
-// follow VISSL's (trunk.*, heads.0.projection_head.*, heads.0.prototypes0.weight) with
-// torchvision's inside the trunk.
+// SwAV's network (docs/swav.md, "Scores"): a ResNet, RegNet or EfficientNet trunk without its
+// classifier, VISSL's swav_head -- a projection head of Linear -> BatchNorm1d -> ReLU per hidden
+// width, then a Linear, whose output is L2-normalised -- and the prototypes, a bias-free Linear.
+// State-dict names follow VISSL's (trunk.*, heads.0.projection_head.*,
+// heads.0.prototypes0.weight) with torchvision's or ClassyVision's inside the trunk.
 #pragma once
 
 #include <memory>
@@ -71,7 +71,11 @@ class SwavModel : public nn::Module {
     o.init = nn::ResNetInit::torchvision;  // kaiming_normal fan_out, as SwAV's resnet50.py
     o.groups = c.groups;
     o.width_per_group = c.width_per_group;
-    if (c.trunk == "regnet") {
+    if (c.trunk == "efficientnet") {
+      nn::EfficientNetOptions e = c.efficientnet;
+      e.in_channels = c.in_channels;
+      trunk = register_module("trunk", nn::efficientnet(ctx, e));
+    } else if (c.trunk == "regnet") {
       nn::RegNetOptions r = c.regnet;
       r.in_channels = c.in_channels;
       trunk = register_module("trunk", nn::anynet(ctx, c.regnet_stages, r));

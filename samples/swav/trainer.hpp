@@ -128,7 +128,7 @@ class SwavTrainer {
         plan_.parameters / 1e6, plan_.gradients / 1e6, plan_.optimizer_state / 1e6,
         double(plan_.communication + plan_.gathered) / 1e6);
     if (c_.parallel.stage == sk::parallel::Stage::fsdp)
-      say("FSDP units: the trunk's %lld residual blocks%s, and the root (the rest)\n",
+      say("FSDP units: the trunk's %lld blocks%s, and the root (the rest)\n",
           static_cast<long long>(blocks_),
           nested_units_ == 0 ? ""
                              : (", " + std::to_string(nested_units_) +
@@ -292,11 +292,17 @@ class SwavTrainer {
   bool wants_step_graph() const {
     if (c_.cuda_graph == "false") return false;
     // What a captured step cannot hold (it would be refused by name inside the capture):
+    const bool draws_masks =
+        c_.trunk == "efficientnet" &&
+        (c_.efficientnet.drop_connect_rate > 0 || c_.efficientnet.params.dropout_rate > 0);
     const std::string blocker =
         c_.parallel.offload.enabled()
             ? "an offloaded step (MODEL.FSDP_CONFIG.move_params_to_cpu / move_grads_to_cpu) "
               "waits for its host-side update"
-            : "";
+        : draws_masks ? "an EfficientNet's drop connect and dropout draw new masks each step "
+                        "(MODEL.TRUNK.EFFICIENT_NETS.drop_connect_rate and its model_version's "
+                        "dropout rate)"
+                      : "";
     if (c_.cuda_graph == "true") {
       sk::check<ConfigError>(blocker.empty(), "config.MACHINE.CUDA_GRAPH = true, but ", blocker,
                              "; set MACHINE.CUDA_GRAPH to auto (captures where it can) or false");
@@ -317,6 +323,12 @@ class SwavTrainer {
   // per key it is captured once and replayed (on a GPU one graph launch per step).
   double step(const MultiCropBatch& batch, double lr, bool read_loss) {
     auto& ctx = *ctx_;
+    // Dropout's and drop connect's masks (an EfficientNet's) from a stream keyed by the seed,
+    // the rank and the iteration: a run resumed at this step draws what one that never stopped
+    // drew, under any stage (2^32 Philox blocks a step, past any step's draws).
+    ag::tape(ctx).set_random_stream(
+        {static_cast<std::uint64_t>(c_.seed) * 1000003u + static_cast<std::uint64_t>(comm_->rank()),
+         static_cast<std::uint64_t>(iteration_) << 32});
     if (!graph_) {
       forward_backward(
           [&](std::size_t g) { return sk::from_vector(ctx, batch.groups[g], group_shape(g)); });

@@ -2373,9 +2373,82 @@ TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as
                   "channels must split") != std::string::npos);
   CHECK(config_problems(tree_of({regnet, "config.MODEL.TRUNK.REGNET.name=regnet_y_400mf"}))
             .find("this trunk gives 440 features") != std::string::npos);
-  CHECK(config_problems(tree_of({"config.MODEL.TRUNK.NAME=efficientnet"}))
-            .find("this trainer builds resnet and regnet (or regnet_fsdp) trunks") !=
+  CHECK(config_problems(tree_of({"config.MODEL.TRUNK.NAME=vision_transformer"}))
+            .find("this trainer builds resnet, regnet (or regnet_fsdp) and efficientnet trunks") !=
         std::string::npos);
+}
+
+TEST_CASE("EfficientNet trunks: VISSL's MODEL.TRUNK.EFFICIENT_NETS, its feature names") {
+  const std::string efficientnet = "config.MODEL.TRUNK.NAME=efficientnet";
+  const auto head = [](int features) {
+    return "config.MODEL.HEAD.PARAMS=[[\"swav_head\", {\"dims\": [" + std::to_string(features) +
+           ", 64, 32], \"use_bn\": True, \"num_clusters\": [30]}]]";
+  };
+  // VISSL's models/efficientnet_B2.yaml: its keys as they are (min_width null).
+  const std::string k = "config.MODEL.TRUNK.EFFICIENT_NETS.";
+  const auto b2 =
+      config_of({efficientnet, k + "model_version=B2", k + "bn_momentum=0.01",
+                 k + "bn_epsilon=0.001", k + "drop_connect_rate=0.2", k + "width_divisor=8",
+                 k + "min_width=null", k + "use_se=True", head(1408)});
+  CHECK(b2.trunk == "efficientnet");
+  CHECK(swav::trunk_name(b2) == "EfficientNet-B2 (23 blocks, 1408 features)");
+  CHECK(b2.efficientnet.params.dropout_rate == 0.3);
+  CHECK(b2.efficientnet.min_width == 0);
+  // The trunk: torchvision's efficientnet_b2 less its classifier (1408 x 1000 + 1000) and the
+  // stem's two channels grey images do not have (32 x 2 x 3 x 3).
+  sk::Context ctx;
+  const sk::DeferredParameters shapes_only(ctx);
+  swav::SwavModel model(ctx, b2);
+  CHECK(model.trunk->parameter_count() == 9'109'994 - 1'409'000 - 32 * 2 * 9);
+  // Its blocks are the FSDP units.
+  const auto fsdp = config_of({efficientnet, k + "model_version=B0", head(1280),
+                               "config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"});
+  swav::SwavModel b0(ctx, fsdp);
+  const auto units = swav::rank_setup(b0, fsdp, 2).parallel.fsdp.wrap.unit_paths;
+  REQUIRE(units.size() == 16);
+  CHECK(units[15] == "trunk.block15");
+  // VISSL's benchmark feature: conv_final through AvgPool2d; block<i> and avgpool also read.
+  const std::string pools = "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=";
+  const auto conv_final = config_of(
+      {efficientnet, k + "model_version=B0", head(1280),
+       pools + R"([["conv_final", ["AvgPool2d", [[5, 5], 1, 0]]], ["block3", ["Identity", []]], )"
+               R"(["avgpool", ["Identity", []]]])"});
+  REQUIRE(conv_final.knn_features.size() == 3);
+  CHECK(conv_final.knn_features[0].module(b0.trunk->stage_names()) == "conv_final");
+  CHECK(conv_final.knn_features[1].module(b0.trunk->stage_names()) == "block3");
+  CHECK(conv_final.knn_features[2].module(b0.trunk->stage_names()) == "avgpool");
+  CHECK(b0.trunk->child_output_shape("block3", 224, 224) ==
+        std::array<std::int64_t, 3>{40, 28, 28});
+  // Every problem at once, each naming its fix.
+  check_problems(
+      config_problems(tree_of({efficientnet, k + "model_version=B9", k + "drop_connect_rate=1.5",
+                               k + "width_divisor=0", k + "bn_epsilon=0", head(1280)})),
+      4,
+      {"config.MODEL.TRUNK.EFFICIENT_NETS.model_version = B9: name one of B0 ... B7",
+       "config.MODEL.TRUNK.EFFICIENT_NETS.drop_connect_rate = 1.5",
+       "config.MODEL.TRUNK.EFFICIENT_NETS.width_divisor = 0: must be >= 1",
+       "config.MODEL.TRUNK.EFFICIENT_NETS.bn_epsilon = 0.000000: must be > 0"});
+  CHECK(config_problems(tree_of({efficientnet, head(1280)}))
+            .find("model_version = \"\": name one of B0 ... B7") != std::string::npos);
+  CHECK(config_problems(tree_of({efficientnet, k + "model_version=B0", head(2048)}))
+            .find("this trunk gives 1280 features") != std::string::npos);
+  // An EfficientNet has no res2 ... res5; the other trunks have no conv_final or blocks.
+  CHECK(config_problems(tree_of({efficientnet, k + "model_version=B0", head(1280),
+                                 pools + R"([["res4", ["Identity", []]]])"}))
+            .find("an EfficientNet has no stages res2 ... res5; name conv1, block0 ... block15, "
+                  "conv_final or avgpool") != std::string::npos);
+  CHECK(config_problems(tree_of({efficientnet, k + "model_version=B0", head(1280),
+                                 pools + R"([["block16", ["Identity", []]]])"}))
+            .find("EfficientNet-B0 has blocks block0 ... block15") != std::string::npos);
+  CHECK(config_problems(tree_of({pools + R"([["conv_final", ["Identity", []]]])"}))
+            .find("a feature block of VISSL's EfficientNet; this resnet trunk's are res2") !=
+        std::string::npos);
+  CHECK(config_problems(tree_of({pools + R"([["block1x", ["Identity", []]]])"}))
+            .find("not a trunk feature this trainer extracts") != std::string::npos);
+  // An unknown key under EFFICIENT_NETS is refused, not ignored.
+  CHECK(config_problems(
+            tree_of({efficientnet, k + "model_version=B0", head(1280), k + "drop_rate=0.1"}))
+            .find("EFFICIENT_NETS.drop_rate") != std::string::npos);
 }
 
 // VISSL's FSDP task, its one-group optimizer, sgd_fsdp, flatten_parameters, the big-convolution
