@@ -57,8 +57,9 @@ std::shared_ptr<sk::nn::Trunk> build_network(sk::Context& ctx, const std::string
   if (auto resnet = sk::nn::resnet_named(ctx, model, o)) return resnet;
   if (model.rfind("efficientnet_b", 0) == 0) {  // (with its classifier, as torchvision's)
     sk::nn::EfficientNetOptions e;
-    std::string version = "B" + model.substr(14);
-    if (!sk::nn::efficientnet_named_params(version, e.params)) return nullptr;
+    const std::string version = "B" + model.substr(14);
+    sk::check(sk::nn::efficientnet_named_params(version, e.params), "--model ", model,
+              ": not an EfficientNet this tool knows; use efficientnet_b0 ... efficientnet_b7");
     auto net = sk::nn::efficientnet(ctx, e);
     net->add("fc", std::make_shared<sk::nn::Linear>(ctx, net->feature_dim, 1000));
     return net;

@@ -243,7 +243,8 @@ def main():
         # dropout on the features, both drawing masks while training): ddp, oss, sdp and fsdp
         # with activation checkpointing (the recomputed blocks draw their forward's masks) end
         # with the same parameters, bit for bit, and so does a run resumed half-way (the masks
-        # are keyed by the iteration); kNN on VISSL's conv_final feature block beside res5avg.
+        # are keyed by the iteration; test_efficientnet counts that they are drawn at all); kNN
+        # on VISSL's conv_final feature block beside res5avg.
         efficientnet = ["config.MODEL.TRUNK.NAME=efficientnet",
                         "config.MODEL.TRUNK.EFFICIENT_NETS.model_version=B0",
                         'config.MODEL.HEAD.PARAMS=[["swav_head", {"dims": [1280, 32, 32], '

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -334,6 +336,20 @@ inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
   return s;
 }
 
+// i for an EfficientNet's feature block "block<i>" (decimal, no leading zero; past the int64
+// range: its maximum), else -1.
+inline std::int64_t feature_block_index(const std::string& layer) {
+  if (layer.size() <= 5 || layer.rfind("block", 0) != 0 || (layer[5] == '0' && layer.size() > 6))
+    return -1;
+  std::uint64_t index = 0;
+  const auto [end, error] = std::from_chars(layer.data() + 5, layer.data() + layer.size(), index);
+  if (end != layer.data() + layer.size() || error == std::errc::invalid_argument) return -1;
+  return error == std::errc::result_out_of_range ||
+                 index > std::uint64_t(std::numeric_limits<std::int64_t>::max())
+             ? std::numeric_limits<std::int64_t>::max()
+             : static_cast<std::int64_t>(index);
+}
+
 // MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP (feature_eval.hpp); an empty list
 // is the trunk's output, res5avg (VISSL's RegNet calls it avgpool: both names read).
 inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const std::string& key) {
@@ -353,8 +369,7 @@ inline std::vector<FeaturePool> read_feature_pools(const YAML::Node& list, const
     p.layer = value_as<std::string>(e[0], where + "[0]", "a layer name");
     const std::vector<std::string> layers{"res2",    "res3",  "res4",       "res5",
                                           "res5avg", "conv1", "conv_final", "avgpool"};
-    const bool block = p.layer.size() > 5 && p.layer.rfind("block", 0) == 0 &&
-                       p.layer.find_first_not_of("0123456789", 5) == std::string::npos;
+    const bool block = feature_block_index(p.layer) >= 0;
     if (!block && std::find(layers.begin(), layers.end(), p.layer) == layers.end())
       throw bad(where + "[0]", p.layer,
                 "not a trunk feature this trainer extracts; use res2, res3, res4, res5 or res5avg "
@@ -536,31 +551,33 @@ inline bool read_efficientnet(const ConfigTree& c, SwavConfig& s, ConfigProblems
   ok &= problems.attempt([&] {
     o.bn_momentum = c.get<double>(k + "bn_momentum");
     if (!(o.bn_momentum >= 0 && o.bn_momentum <= 1))
-      throw bad(k + "bn_momentum", std::to_string(o.bn_momentum),
+      throw bad(k + "bn_momentum", text_of(c.at(k + "bn_momentum")),
                 "must be in [0, 1] (VISSL's configs: 0.01)");
   });
   ok &= problems.attempt([&] {
     o.bn_epsilon = c.get<double>(k + "bn_epsilon");
     if (!(o.bn_epsilon > 0))
-      throw bad(k + "bn_epsilon", std::to_string(o.bn_epsilon), "must be > 0 (VISSL's: 0.001)");
+      throw bad(k + "bn_epsilon", text_of(c.at(k + "bn_epsilon")), "must be > 0 (VISSL's: 0.001)");
   });
   ok &= problems.attempt([&] {
     o.drop_connect_rate = c.get<double>(k + "drop_connect_rate");
     if (!(o.drop_connect_rate >= 0 && o.drop_connect_rate < 1))
-      throw bad(k + "drop_connect_rate", std::to_string(o.drop_connect_rate),
+      throw bad(k + "drop_connect_rate", text_of(c.at(k + "drop_connect_rate")),
                 "must be in [0, 1): block i drops the branch of rate x i / blocks of the "
                 "samples (VISSL's: 0.2; 0: no drop connect)");
   });
   ok &= problems.attempt([&] {
     o.width_divisor = c.get<std::int64_t>(k + "width_divisor");
     if (o.width_divisor < 1)
-      throw bad(k + "width_divisor", std::to_string(o.width_divisor), "must be >= 1 (VISSL's: 8)");
+      throw bad(k + "width_divisor", text_of(c.at(k + "width_divisor")),
+                "must be >= 1 (VISSL's: 8)");
   });
   ok &= problems.attempt([&] {
+    // (null or 0: the width divisor, as ClassyVision's `min_width or width_divisor`)
     o.min_width = c.at(k + "min_width").IsNull() ? 0 : c.get<std::int64_t>(k + "min_width");
-    if (o.min_width < 0 || (o.min_width == 0 && !c.at(k + "min_width").IsNull()))
-      throw bad(k + "min_width", std::to_string(o.min_width),
-                "must be >= 1, or null for the width divisor (VISSL's: null)");
+    if (o.min_width < 0)
+      throw bad(k + "min_width", text_of(c.at(k + "min_width")),
+                "must be >= 0, or null (0 and null: the width divisor; VISSL's: null)");
   });
   ok &= problems.attempt([&] { o.use_se = c.get<bool>(k + "use_se"); });
   return ok;
@@ -1487,29 +1504,31 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
           c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
           "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
       s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
-      // (an EfficientNet's features are its children's; the others' have none of those names)
-      const std::int64_t blocks =
-          s.trunk == "efficientnet"
-              ? std::int64_t(sk::nn::efficientnet_blocks(s.efficientnet).size())
-              : 0;
-      for (const FeaturePool& pool : s.knn_features) {
-        if (s.trunk == "efficientnet" && pool.stage() >= 0)
-          throw detail::bad("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP", pool.layer,
-                            "an EfficientNet has no stages res2 ... res5; name conv1, block0 ... "
-                            "block" +
-                                std::to_string(blocks - 1) +
-                                ", conv_final or avgpool (res5avg), as VISSL's efficientnet trunk");
-        if (pool.stage() == -2 &&
-            (s.trunk != "efficientnet" ||
-             (pool.layer.rfind("block", 0) == 0 && std::stoll(pool.layer.substr(5)) >= blocks)))
-          throw detail::bad("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP", pool.layer,
-                            s.trunk == "efficientnet"
-                                ? "EfficientNet-" + s.efficientnet_version +
-                                      " has blocks block0 "
-                                      "... block" +
-                                      std::to_string(blocks - 1)
-                                : "a feature block of VISSL's EfficientNet; this " + s.trunk +
-                                      " trunk's are res2 ... res5 and res5avg");
+      // (an EfficientNet's features are its children's, the others' have none of those names;
+      // an EfficientNet that failed to read has its report, and its features are not judged)
+      const bool efficientnet_kind = trunk_kind == "efficientnet";
+      if (efficientnet_kind == (s.trunk == "efficientnet")) {
+        const auto blocks = efficientnet_kind
+                                ? std::int64_t(sk::nn::efficientnet_blocks(s.efficientnet).size())
+                                : 0;
+        const std::string names = "conv1, block0 ... block" + std::to_string(blocks - 1) +
+                                  ", conv_final or avgpool (res5avg)";
+        for (const FeaturePool& pool : s.knn_features) {
+          if (efficientnet_kind && pool.stage() >= 0)
+            throw detail::bad("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP",
+                              pool.layer,
+                              "an EfficientNet has no stages res2 ... res5; name " + names +
+                                  ", as VISSL's efficientnet trunk");
+          if (pool.stage() == -2 && !efficientnet_kind)
+            throw detail::bad("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP",
+                              pool.layer,
+                              "a feature block of VISSL's EfficientNet; this " + trunk_kind +
+                                  " trunk's are res2 ... res5 and res5avg");
+          if (pool.stage() == -2 && detail::feature_block_index(pool.layer) >= blocks)
+            throw detail::bad("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP",
+                              pool.layer,
+                              "EfficientNet-" + s.efficientnet_version + " has " + names);
+        }
       }
       // (a ResNet has every stage res2 ... res5 names; a RegNet or AnyNet may have fewer)
       if (s.trunk == "regnet")

@@ -323,12 +323,14 @@ class SwavTrainer {
   // per key it is captured once and replayed (on a GPU one graph launch per step).
   double step(const MultiCropBatch& batch, double lr, bool read_loss) {
     auto& ctx = *ctx_;
-    // Dropout's and drop connect's masks (an EfficientNet's) from a stream keyed by the seed,
-    // the rank and the iteration: a run resumed at this step draws what one that never stopped
-    // drew, under any stage (2^32 Philox blocks a step, past any step's draws).
+    // Dropout's and drop connect's masks (an EfficientNet's) from a stream keyed by the seed and
+    // the rank, this step's range of it by the iteration: a run resumed at this step draws what
+    // one that never stopped drew, under any stage. (2^32 Philox blocks a step: B7's dropout at
+    // a batch of 4 096 draws 655 360; a step past its range is refused, not overlapped.)
+    const auto first_block = static_cast<std::uint64_t>(iteration_) << 32;
     ag::tape(ctx).set_random_stream(
-        {static_cast<std::uint64_t>(c_.seed) * 1000003u + static_cast<std::uint64_t>(comm_->rank()),
-         static_cast<std::uint64_t>(iteration_) << 32});
+        {ag::random_stream_key(c_.seed, static_cast<std::uint64_t>(comm_->rank())), first_block,
+         first_block + (std::uint64_t{1} << 32)});
     if (!graph_) {
       forward_backward(
           [&](std::size_t g) { return sk::from_vector(ctx, batch.groups[g], group_shape(g)); });

@@ -60,6 +60,46 @@ TEST_CASE("dropout keeps x / (1 - p) where the stream's word is >= p, zero elsew
   CHECK_THROWS_WITH_AS(nn::Dropout(-0.1), doctest::Contains("in [0, 1)"), sk::InvalidArgument);
 }
 
+TEST_CASE(
+    "bf16 and f16 dropout: the kept values x / (1 - p) rounded once, not by a rounded scale") {
+  sk::Context ctx({.seed = 8});
+  for (const sk::DType dtype : {sk::DType::bf16, sk::DType::f16}) {
+    CAPTURE(sk::dtype_name(dtype));
+    const sk::Tensor x = sk::cast(ctx, random_f64(ctx, {4000}, 0.5, 2).data(), dtype);
+    for (const bool per_sample : {false, true}) {
+      CAPTURE(per_sample);
+      ag::tape(ctx).set_random_stream({13, 0});
+      const Variable in(per_sample ? x.view({4000, 1}) : x);
+      const double p = 0.025;  // (1 / 0.975 is 1.0234 in bf16: 0.2% off)
+      const auto as_f32 = [&](const sk::Tensor& t) {
+        return sk::to_vector<float>(ctx, sk::cast(ctx, t, sk::DType::f32));
+      };
+      const auto y =
+          as_f32((per_sample ? ag::drop_connect(ctx, in, p) : ag::dropout(ctx, in, p)).data());
+      const auto exact = as_f32(sk::cast(
+          ctx, ag::fn::scale(ctx, sk::cast(ctx, x, sk::DType::f32), 1.0 / (1.0 - p)), dtype));
+      std::int64_t kept = 0, equal = 0;
+      for (std::size_t i = 0; i < y.size(); ++i)
+        if (y[i] != 0) ++kept, equal += y[i] == exact[i];
+      CHECK(kept > 3800);
+      CHECK(equal == kept);
+    }
+  }
+}
+
+TEST_CASE("a step's range of the random stream is not overrun") {
+  sk::Context ctx({.seed = 9});
+  const auto x = random_f64(ctx, {100}, -1, 1);
+  ag::tape(ctx).set_random_stream({14, 0, 20});  // 25 blocks needed
+  CHECK_THROWS_WITH_AS(ag::dropout(ctx, x, 0.5), doctest::Contains("pass its end, block 20"),
+                       sk::StateError);
+  // An unkeyed tape draws from the context's seed, apart from the context's own stream.
+  sk::Context other({.seed = 9});
+  CHECK(ag::tape(other).random_stream().key == ag::random_stream_key(9, 0));
+  CHECK(ag::random_stream_key(9, 0) != 9);
+  CHECK(ag::random_stream_key(9, 0) != ag::random_stream_key(9, 1));
+}
+
 TEST_CASE("drop connect zeroes whole samples, each kept with probability 1 - p") {
   sk::Context ctx({.seed = 4});
   const auto x = random_f64(ctx, {400, 3, 2, 2}, 0.5, 2);

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,20 @@ TEST_CASE("EfficientNet B0-B2: torchvision's parameter counts without the classi
       const auto v = sk::to_vector<float>(ctx, t.data());
       CHECK(std::all_of(v.begin(), v.end(), [](float b) { return b == 0; }));
     }
+  // Convolutions N(0, sqrt(2 / fan_out)), fan_out = k x k x out (a depthwise one's too): the
+  // head's 409 600 draws and the last stage's 5 x 5 depthwise weights (1 152 x 25).
+  for (const auto& [name, t] : b0->named_parameters()) {
+    if (name != "conv_final.0.weight" && name != "block15.depthwise_conv.weight") continue;
+    CAPTURE(name);
+    const auto v = sk::to_vector<float>(ctx, t.data());
+    double sum = 0, squares = 0;
+    for (const float w : v) sum += w, squares += double(w) * w;
+    const double n = double(v.size()), mean = sum / n;
+    const double fan_out = double(t.size(0) * t.size(2) * t.size(3));
+    CHECK(std::abs(mean) < 4 * std::sqrt(2 / fan_out / n));
+    CHECK(std::sqrt(squares / n - mean * mean) ==
+          doctest::Approx(std::sqrt(2 / fan_out)).epsilon(0.02));
+  }
   CHECK(b0->children().back().first == "dropout");
   nn::EfficientNetOptions bad = options_of("B0");
   bad.drop_connect_rate = 1.0;
@@ -141,4 +156,9 @@ TEST_CASE(
   CHECK(drawn == 9 + 4 * net->feature_dim / 4);
   CHECK(run(4, 41).first == plain);
   CHECK(run(0, 42).first != plain);  // (another key: other masks)
+  // Evaluation drops nothing and draws nothing.
+  net->eval();
+  ag::tape(ctx).set_random_stream({43, 0});
+  (void)(*net)(ctx, images);
+  CHECK(ag::tape(ctx).random_stream().next_block == 0);
 }

@@ -2427,7 +2427,17 @@ TEST_CASE("EfficientNet trunks: VISSL's MODEL.TRUNK.EFFICIENT_NETS, its feature 
       {"config.MODEL.TRUNK.EFFICIENT_NETS.model_version = B9: name one of B0 ... B7",
        "config.MODEL.TRUNK.EFFICIENT_NETS.drop_connect_rate = 1.5",
        "config.MODEL.TRUNK.EFFICIENT_NETS.width_divisor = 0: must be >= 1",
-       "config.MODEL.TRUNK.EFFICIENT_NETS.bn_epsilon = 0.000000: must be > 0"});
+       "config.MODEL.TRUNK.EFFICIENT_NETS.bn_epsilon = 0: must be > 0"});
+  // A trunk that failed to read has its report; its feature names are not judged against
+  // another trunk's.
+  const std::string failed =
+      config_problems(tree_of({efficientnet, k + "model_version=B9", head(1280),
+                               pools + R"([["conv_final", ["Identity", []]]])"}));
+  CHECK(failed.find("model_version = B9") != std::string::npos);
+  CHECK(failed.find("conv_final") == std::string::npos);
+  // ClassyVision's `min_width or width_divisor`: 0 is the divisor too.
+  CHECK(config_of({efficientnet, k + "model_version=B0", k + "min_width=0", head(1280)})
+            .efficientnet.min_width == 0);
   CHECK(config_problems(tree_of({efficientnet, head(1280)}))
             .find("model_version = \"\": name one of B0 ... B7") != std::string::npos);
   CHECK(config_problems(tree_of({efficientnet, k + "model_version=B0", head(2048)}))
@@ -2439,12 +2449,22 @@ TEST_CASE("EfficientNet trunks: VISSL's MODEL.TRUNK.EFFICIENT_NETS, its feature 
                   "conv_final or avgpool") != std::string::npos);
   CHECK(config_problems(tree_of({efficientnet, k + "model_version=B0", head(1280),
                                  pools + R"([["block16", ["Identity", []]]])"}))
-            .find("EfficientNet-B0 has blocks block0 ... block15") != std::string::npos);
+            .find("EfficientNet-B0 has conv1, block0 ... block15, conv_final or avgpool") !=
+        std::string::npos);
   CHECK(config_problems(tree_of({pools + R"([["conv_final", ["Identity", []]]])"}))
             .find("a feature block of VISSL's EfficientNet; this resnet trunk's are res2") !=
         std::string::npos);
-  CHECK(config_problems(tree_of({pools + R"([["block1x", ["Identity", []]]])"}))
-            .find("not a trunk feature this trainer extracts") != std::string::npos);
+  for (const char* name : {"block1x", "block03", "block"}) {
+    CAPTURE(name);
+    CHECK(config_problems(tree_of({pools + "[[\"" + name + "\", [\"Identity\", []]]]"}))
+              .find("not a trunk feature this trainer extracts") != std::string::npos);
+  }
+  // A block number past any integer: refused as past the last block, not a crash.
+  CHECK(
+      config_problems(tree_of({efficientnet, k + "model_version=B0", head(1280),
+                               pools + R"([["block99999999999999999999999", ["Identity", []]]])"}))
+          .find("EfficientNet-B0 has conv1, block0 ... block15, conv_final or avgpool") !=
+      std::string::npos);
   // An unknown key under EFFICIENT_NETS is refused, not ignored.
   CHECK(config_problems(
             tree_of({efficientnet, k + "model_version=B0", head(1280), k + "drop_rate=0.1"}))

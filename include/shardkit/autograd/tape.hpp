@@ -57,18 +57,26 @@ class Tape {
   bool recomputing() const { return recomputing_; }
   void set_recomputing(bool value) { recomputing_ = value; }
 
-  // The training forward's random stream (dropout's masks, dropout.hpp): a Philox seed and the
-  // next 128-bit block. A trainer keys it per step (set_random_stream), so a run resumed at step
-  // s draws the masks one that never stopped drew there; activation checkpointing puts it back
-  // for a recomputation, so a segment recomputes with the masks its forward drew. Apart from
-  // the context's stream (Context::take_random_blocks), which initialisation draws from.
+  // The training forward's random stream (dropout's masks, dropout.hpp): a Philox key, the next
+  // 128-bit block and the block it must not reach. A trainer keys it per step
+  // (set_random_stream, with random_stream_key), so a run resumed at step s draws the masks one
+  // that never stopped drew there; activation checkpointing puts it back for a recomputation,
+  // so a segment recomputes with the masks its forward drew. Its key is derived apart from the
+  // other streams' (the context's, which initialisation draws from, is keyed by the seed
+  // itself), so masks never repeat their numbers. Until keyed: the context's seed, rank 0.
   struct RandomStream {
-    std::uint64_t seed = 0, next_block = 0;
+    std::uint64_t key = 0, next_block = 0, end_block = ~std::uint64_t{0};
   };
   const RandomStream& random_stream() const { return random_stream_; }
   void set_random_stream(RandomStream stream) { random_stream_ = stream; }
+  // The first of `blocks` blocks; refused where they would pass the stream's end (a step drawing
+  // into the next step's range would repeat its masks).
   std::uint64_t take_random_blocks(std::uint64_t blocks) {
     const std::uint64_t first = random_stream_.next_block;
+    check<StateError>(blocks <= random_stream_.end_block - first,
+                      "the tape's random stream: ", blocks, " blocks from block ", first,
+                      " pass its end, block ", random_stream_.end_block,
+                      "; key a longer range for the step (Tape::set_random_stream)");
     random_stream_.next_block += blocks;
     return first;
   }
@@ -159,8 +167,24 @@ class Tape {
   std::vector<std::unique_ptr<BackwardTables>> tables_;  // by nesting depth
 };
 
+// The Philox key of the masks a training forward draws with `seed` on `rank`: the two mixed
+// with a tag through SplitMix64's finaliser, so the key is none of the streams keyed by a seed
+// or a seed plus a small number (initialisation, the samplers' epochs, the loss's queue).
+inline std::uint64_t random_stream_key(std::uint64_t seed, std::uint64_t rank) {
+  const auto mix = [](std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(seed ^ 0x64726F706F757421ull) + rank);  // (the tag: "dropout!")
+}
+
 inline Tape& tape(Context& ctx) {
-  return ctx.resource<Tape>([] { return std::make_shared<Tape>(); });
+  return ctx.resource<Tape>([&ctx] {
+    auto made = std::make_shared<Tape>();
+    made->set_random_stream({random_stream_key(ctx.seed(), 0), 0});
+    return made;
+  });
 }
 
 // Records nothing while alive (evaluation, optimizer steps, the forward of a checkpoint).

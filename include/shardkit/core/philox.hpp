@@ -59,7 +59,7 @@ enum class RandomKind : std::uint8_t { uniform, normal, keep_mask };
 
 // What a random fill draws: uniform on [a, b), normal with mean a and standard deviation b, or a
 // keep mask (dropout's: b where the word's unit value is at least a, else 0 -- each element kept
-// with probability 1 - a and scaled by b), from the stream `seed`, starting at 128-bit block
+// with probability 1 - a), from the stream `seed`, starting at 128-bit block
 // `counter_base` (after its first `skip` elements: a fill of the part of a larger one from an
 // element inside a block, from_element).
 struct RandomSpec {
