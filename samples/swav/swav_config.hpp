@@ -1021,28 +1021,24 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
   // (regnet_fsdp: the network VISSL's FSDP set-up names so; this trainer wraps it alike)
   const bool regnet = trunk_kind == "regnet" || trunk_kind == "regnet_fsdp";
   bool regnet_ok = regnet && detail::read_regnet(c, s, problems);
-  if (regnet)
-    regnet_ok &= problems.attempt([&] {
+  // (channels-last activations are the ResNets' alone)
+  const auto refuse_channels_last = [&](const char* trunk) {
+    return problems.attempt([&] {
       if (c.given("MODEL.TRUNK.RESNETS.CHANNELS_LAST") &&
           c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST"))
         throw detail::bad("MODEL.TRUNK.RESNETS.CHANNELS_LAST", "True",
-                          "channels-last activations are this trainer's ResNets' (a RegNet "
-                          "runs NCHW); remove it");
+                          std::string("channels-last activations are this trainer's ResNets' (") +
+                              trunk + " runs NCHW); remove it");
     });
+  };
+  if (regnet) regnet_ok &= refuse_channels_last("a RegNet");
   if (regnet_ok) {
     s.trunk = "regnet";
     trunk_out = s.regnet_stages.back().width;
   }
   const bool efficientnet = trunk_kind == "efficientnet";
   bool efficientnet_ok = efficientnet && detail::read_efficientnet(c, s, problems);
-  if (efficientnet)
-    efficientnet_ok &= problems.attempt([&] {
-      if (c.given("MODEL.TRUNK.RESNETS.CHANNELS_LAST") &&
-          c.get<bool>("MODEL.TRUNK.RESNETS.CHANNELS_LAST"))
-        throw detail::bad("MODEL.TRUNK.RESNETS.CHANNELS_LAST", "True",
-                          "channels-last activations are this trainer's ResNets' (an "
-                          "EfficientNet runs NCHW); remove it");
-    });
+  if (efficientnet) efficientnet_ok &= refuse_channels_last("an EfficientNet");
   if (efficientnet_ok) {
     s.trunk = "efficientnet";
     trunk_out = sk::nn::efficientnet_width(1280, s.efficientnet);

@@ -165,43 +165,47 @@ void write_mixed_fixture(const std::string& dir) {
   sk::checkpoint::save_safetensors(dir + "/mixed.safetensors", out);
 }
 
-// regnet.safetensors, regnet_io.safetensors: an AnyNet of RegNetY blocks (every stem-to-head
-// part: projections, grouped 3 x 3 convolutions, squeeze-and-excitation, a 10-class fc) whose
-// batch-norm statistics were moved by one training forward, an input batch, our eval-mode
-// logits for it, an upstream gradient and the gradients it gives the input and every parameter
+// <name>.safetensors, <name>_io.safetensors: `net` after one training forward of a batch of
+// 4 x 3 x 20 x 20 images moved its batch-norm statistics, the batch, our eval-mode output for it
+// (`output`), an upstream gradient and the gradients it gives the input and every parameter
 // ("grad.<name>").
+void write_network_fixture(const std::string& dir, const std::string& name, sk::Context& ctx,
+                           sk::nn::Module& net, const char* output) {
+  auto images = sk::empty(ctx, {4, 3, 20, 20}, sk::DType::f32);
+  sk::normal_(ctx, images, 0, 1);
+  net.train();
+  (void)net(ctx, ag::Variable(images));
+  net.eval();
+  ag::Variable x(images, true);
+  const ag::Variable y = net(ctx, x);
+  auto upstream = sk::empty(ctx, y.shape(), sk::DType::f32);
+  sk::normal_(ctx, upstream, 0, 1);
+  ag::backward(ctx, y, upstream);
+  sk::checkpoint::save_module(dir + "/" + name + ".safetensors", ctx, net);
+  std::vector<sk::checkpoint::NamedBytes> io{
+      sk::checkpoint::host_bytes(ctx, "images", images),
+      sk::checkpoint::host_bytes(ctx, output, y.data()),
+      sk::checkpoint::host_bytes(ctx, "upstream", upstream),
+      sk::checkpoint::host_bytes(ctx, "grad_images", x.grad())};
+  for (const auto& [parameter, p] : net.named_parameters())
+    io.push_back(sk::checkpoint::host_bytes(ctx, "grad." + parameter, p.grad()));
+  sk::checkpoint::save_safetensors(dir + "/" + name + "_io.safetensors", io);
+}
+
+// An AnyNet of RegNetY blocks (every stem-to-head part: projections, grouped 3 x 3
+// convolutions, squeeze-and-excitation, a 10-class fc): its logits.
 void write_regnet_fixture(const std::string& dir) {
   sk::Context ctx({.seed = 12});
   sk::nn::RegNetOptions o;
   o.stem_width = 8;
   o.num_classes = 10;
   auto net = sk::nn::anynet(ctx, {{8, 2, 1, 4, 1.0}, {16, 2, 2, 8, 1.0}, {24, 1, 1, 8, 1.0}}, o);
-  auto images = sk::empty(ctx, {4, 3, 20, 20}, sk::DType::f32);
-  sk::normal_(ctx, images, 0, 1);
-  net->train();
-  (void)(*net)(ctx, ag::Variable(images));
-  net->eval();
-  ag::Variable x(images, true);
-  const ag::Variable logits = (*net)(ctx, x);
-  auto upstream = sk::empty(ctx, logits.shape(), sk::DType::f32);
-  sk::normal_(ctx, upstream, 0, 1);
-  ag::backward(ctx, logits, upstream);
-  sk::checkpoint::save_module(dir + "/regnet.safetensors", ctx, *net);
-  std::vector<sk::checkpoint::NamedBytes> io{
-      sk::checkpoint::host_bytes(ctx, "images", images),
-      sk::checkpoint::host_bytes(ctx, "logits", logits.data()),
-      sk::checkpoint::host_bytes(ctx, "upstream", upstream),
-      sk::checkpoint::host_bytes(ctx, "grad_images", x.grad())};
-  for (const auto& [name, p] : net->named_parameters())
-    io.push_back(sk::checkpoint::host_bytes(ctx, "grad." + name, p.grad()));
-  sk::checkpoint::save_safetensors(dir + "/regnet_io.safetensors", io);
+  write_network_fixture(dir, "regnet", ctx, *net, "logits");
 }
 
-// efficientnet.safetensors, efficientnet_io.safetensors: a narrow EfficientNet (B0's blocks at
-// width 0.25 and depth 0.5: expansions, 3 x 3 and 5 x 5 depthwise convolutions, strides,
-// squeeze-and-excitation, skips) whose batch-norm statistics were moved by one training forward
-// (drop connect and dropout drawing), an input batch, our eval-mode features for it, an upstream
-// gradient and the gradients it gives the input and every parameter ("grad.<name>").
+// A narrow EfficientNet (B0's blocks at width 0.25 and depth 0.5: expansions, 3 x 3 and 5 x 5
+// depthwise convolutions, strides, squeeze-and-excitation, skips; its training forward draws
+// drop connect's and dropout's masks): its features.
 void write_efficientnet_fixture(const std::string& dir) {
   sk::Context ctx({.seed = 13});
   sk::nn::EfficientNetOptions o;
@@ -209,25 +213,7 @@ void write_efficientnet_fixture(const std::string& dir) {
   o.bn_momentum = 1.0;  // (the running statistics are the training batch's: eval-mode values of
                         // the batch's scale, not shrunk by statistics that barely moved)
   auto net = sk::nn::efficientnet(ctx, o);
-  auto images = sk::empty(ctx, {4, 3, 20, 20}, sk::DType::f32);
-  sk::normal_(ctx, images, 0, 1);
-  net->train();
-  (void)(*net)(ctx, ag::Variable(images));
-  net->eval();
-  ag::Variable x(images, true);
-  const ag::Variable features = (*net)(ctx, x);
-  auto upstream = sk::empty(ctx, features.shape(), sk::DType::f32);
-  sk::normal_(ctx, upstream, 0, 1);
-  ag::backward(ctx, features, upstream);
-  sk::checkpoint::save_module(dir + "/efficientnet.safetensors", ctx, *net);
-  std::vector<sk::checkpoint::NamedBytes> io{
-      sk::checkpoint::host_bytes(ctx, "images", images),
-      sk::checkpoint::host_bytes(ctx, "features", features.data()),
-      sk::checkpoint::host_bytes(ctx, "upstream", upstream),
-      sk::checkpoint::host_bytes(ctx, "grad_images", x.grad())};
-  for (const auto& [name, p] : net->named_parameters())
-    io.push_back(sk::checkpoint::host_bytes(ctx, "grad." + name, p.grad()));
-  sk::checkpoint::save_safetensors(dir + "/efficientnet_io.safetensors", io);
+  write_network_fixture(dir, "efficientnet", ctx, *net, "features");
 }
 
 }  // namespace

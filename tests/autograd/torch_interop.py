@@ -111,23 +111,22 @@ def compare_mixed_precision(fixture, ours_f32_params, ours_bf16_params):
     return ok
 
 
-def compare_regnet(state, io):
-    """Our RegNetY in PyTorch: names, shapes, eval-mode logits, the input's and every
-    parameter's gradient."""
-    model = regnet_in_torch(torch, [(8, 2, 1, 4, 1.0), (16, 2, 2, 8, 1.0), (24, 1, 1, 8, 1.0)], 8,
-                            10)
+def compare_network(what, model, state, io, output):
+    """A network of ours rebuilt in PyTorch: the state dict's names and shapes (loaded strictly),
+    the eval-mode `output` for io's images, the input's and every parameter's gradient for io's
+    upstream gradient, each within 1e-4 of its size."""
     ours, theirs = set(state), set(model.state_dict())
     if ours != theirs:
-        print("RegNet state-dict names differ; only ours:", sorted(ours - theirs)[:8],
+        print(f"{what}: state-dict names differ; only ours:", sorted(ours - theirs)[:8],
               "only torch's:", sorted(theirs - ours)[:8])
         return False
     model.load_state_dict(state, strict=True)
     model.eval()
     images = io["images"].clone().requires_grad_(True)
-    logits = model(images)
-    logits.backward(io["upstream"])
-    diff = (logits.detach() - io["logits"]).abs().max().item()
-    scale = io["logits"].abs().max().item()
+    result = model(images)
+    result.backward(io["upstream"])
+    diff = (result.detach() - io[output]).abs().max().item()
+    scale = io[output].abs().max().item()
     grad_diff = (images.grad - io["grad_images"]).abs().max().item()
     grad_scale = io["grad_images"].abs().max().item()
     # Every parameter's gradient, relative to its own size (the worst one reported).
@@ -137,50 +136,29 @@ def compare_regnet(state, io):
         rel = ((p.grad - ours).norm() / max(ours.norm().item(), 1e-30)).item()
         if rel > worst:
             worst, worst_name = rel, name
-    print(f"RegNetY (AnyNet, ClassyVision's names): {len(state)} tensors loaded strictly; max "
-          f"|torch - shardkit| logits {diff:.3g} (up to {scale:.3g}), input gradient "
-          f"{grad_diff:.3g} (up to {grad_scale:.3g}); parameter gradients within {worst:.2g} "
-          f"(relative L2, worst {worst_name})")
+    print(f"{what}: {len(state)} tensors loaded strictly; max |torch - shardkit| {output} "
+          f"{diff:.3g} (up to {scale:.3g}), input gradient {grad_diff:.3g} (up to "
+          f"{grad_scale:.3g}); parameter gradients within {worst:.2g} (relative L2, worst "
+          f"{worst_name})")
     if not (diff <= 1e-4 * scale + 1e-7 and grad_diff <= 1e-4 * grad_scale + 1e-7 and
             worst <= 1e-4):
-        print("FAIL: PyTorch's RegNet differs from ours")
+        print(f"FAIL: PyTorch's {what} differs from ours")
         return False
     return True
+
+
+def compare_regnet(state, io):
+    """Our RegNetY (an AnyNet in ClassyVision's names) in PyTorch."""
+    model = regnet_in_torch(torch, [(8, 2, 1, 4, 1.0), (16, 2, 2, 8, 1.0), (24, 1, 1, 8, 1.0)], 8,
+                            10)
+    return compare_network("RegNetY (AnyNet, ClassyVision's names)", model, state, io, "logits")
 
 
 def compare_efficientnet(state, io):
-    """Our EfficientNet in PyTorch: names, shapes, eval-mode features, the input's and every
-    parameter's gradient."""
+    """Our EfficientNet (B0's blocks at width 0.25, depth 0.5) in PyTorch."""
     model = efficientnet_in_torch(torch, 0.25, 0.5)
-    ours, theirs = set(state), set(model.state_dict())
-    if ours != theirs:
-        print("EfficientNet state-dict names differ; only ours:", sorted(ours - theirs)[:8],
-              "only torch's:", sorted(theirs - ours)[:8])
-        return False
-    model.load_state_dict(state, strict=True)
-    model.eval()
-    images = io["images"].clone().requires_grad_(True)
-    features = model(images)
-    features.backward(io["upstream"])
-    diff = (features.detach() - io["features"]).abs().max().item()
-    scale = io["features"].abs().max().item()
-    grad_diff = (images.grad - io["grad_images"]).abs().max().item()
-    grad_scale = io["grad_images"].abs().max().item()
-    worst, worst_name = 0.0, ""
-    for name, p in model.named_parameters():
-        ours = io["grad." + name]
-        rel = ((p.grad - ours).norm() / max(ours.norm().item(), 1e-30)).item()
-        if rel > worst:
-            worst, worst_name = rel, name
-    print(f"EfficientNet (B0's blocks at width 0.25, depth 0.5, VISSL's names): {len(state)} "
-          f"tensors loaded strictly; max |torch - shardkit| features {diff:.3g} (up to "
-          f"{scale:.3g}), input gradient {grad_diff:.3g} (up to {grad_scale:.3g}); parameter "
-          f"gradients within {worst:.2g} (relative L2, worst {worst_name})")
-    if not (diff <= 1e-4 * scale + 1e-7 and grad_diff <= 1e-4 * grad_scale + 1e-7 and
-            worst <= 1e-4):
-        print("FAIL: PyTorch's EfficientNet differs from ours")
-        return False
-    return True
+    return compare_network("EfficientNet (B0's blocks at width 0.25, depth 0.5, VISSL's names)",
+                           model, state, io, "features")
 
 
 def main():
