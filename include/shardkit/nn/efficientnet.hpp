@@ -224,13 +224,10 @@ class EfficientNet : public Trunk {
                                                  std::int64_t w) const override {
     check(h >= 1 && w >= 1, "EfficientNet::child_output_shape: images of ", h, " x ", w,
           " pixels; both sides must be >= 1");
-    const auto shrink = [](std::array<std::int64_t, 3> s, std::int64_t stride) {
-      return std::array<std::int64_t, 3>{s[0], (s[1] - 1) / stride + 1, (s[2] - 1) / stride + 1};
-    };
-    std::array<std::int64_t, 3> shape = shrink({stem_width, h, w}, 2);
+    std::array<std::int64_t, 3> shape = shrink_by_stride({stem_width, h, w}, 2);
     if (name == "conv1") return shape;
     for (std::size_t i = 0; i < blocks.size(); ++i) {
-      shape = shrink(shape, blocks[i].stride);
+      shape = shrink_by_stride(shape, blocks[i].stride);
       shape[0] = blocks[i].out;
       if (name == "block" + std::to_string(i)) return shape;
     }

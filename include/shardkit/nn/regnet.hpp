@@ -295,15 +295,12 @@ class RegNet : public Trunk {
                                                  std::int64_t w) const override {
     check(h >= 1 && w >= 1, "RegNet::child_output_shape: images of ", h, " x ", w,
           " pixels; both sides must be >= 1");
-    const auto shrink = [](std::array<std::int64_t, 3> s, std::int64_t stride) {
-      return std::array<std::int64_t, 3>{s[0], (s[1] - 1) / stride + 1, (s[2] - 1) / stride + 1};
-    };
     std::array<std::int64_t, 3> shape{stem_width, h, w};
-    if (stem == RegNetStem::simple_stem_in) shape = shrink(shape, 2);
-    if (stem == RegNetStem::res_stem_in) shape = shrink(shrink(shape, 2), 2);
+    if (stem == RegNetStem::simple_stem_in) shape = shrink_by_stride(shape, 2);
+    if (stem == RegNetStem::res_stem_in) shape = shrink_by_stride(shrink_by_stride(shape, 2), 2);
     if (name == "conv1") return shape;
     for (std::size_t s = 0; s < stages.size(); ++s) {
-      shape = shrink(shape, stages[s].stride);
+      shape = shrink_by_stride(shape, stages[s].stride);
       shape[0] = stages[s].width;
       if (name == "res" + std::to_string(s + 2)) return shape;
     }

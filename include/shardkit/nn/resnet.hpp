@@ -212,17 +212,15 @@ class ResNet : public Trunk {
                                                  std::int64_t w) const override {
     check(h >= 1 && w >= 1, "ResNet::child_output_shape: images of ", h, " x ", w,
           " pixels; both sides must be >= 1");
-    const auto halve = [](std::array<std::int64_t, 3> s) {
-      return std::array<std::int64_t, 3>{s[0], (s[1] - 1) / 2 + 1, (s[2] - 1) / 2 + 1};
-    };
     std::array<std::int64_t, 3> shape{stage_channels[0], h, w};  // (the stem's channels)
     std::string names;
     for (const auto& [child, module] : children()) {
       if (child == "flatten" || child == "fc") break;  // (no [C, H, W] past here)
-      if ((child == "conv1" && !small_image_stem) || child == "maxpool") shape = halve(shape);
+      if ((child == "conv1" && !small_image_stem) || child == "maxpool")
+        shape = shrink_by_stride(shape, 2);
       if (child.starts_with("layer")) {
         const int stage = child[5] - '1';
-        if (stage > 0) shape = halve(shape);
+        if (stage > 0) shape = shrink_by_stride(shape, 2);
         shape[0] = stage_channels[static_cast<std::size_t>(stage)] * expansion;
       }
       if (child == "avgpool") shape = {shape[0], 1, 1};

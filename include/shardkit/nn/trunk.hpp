@@ -54,6 +54,15 @@ class Trunk : public Sequential {
   }
 
   std::int64_t feature_dim = 0;  // channels entering the global pooling
+
+ protected:
+  // A [C, H, W] after a window that maps n pixels to floor((n - 1) / stride) + 1: a k x k
+  // convolution or pooling with padding (k - 1) / 2 (odd k), or an unpadded 1 x 1, at that
+  // stride -- every window that shrinks the images in these trunks.
+  static std::array<std::int64_t, 3> shrink_by_stride(const std::array<std::int64_t, 3>& shape,
+                                                      std::int64_t stride) {
+    return {shape[0], (shape[1] - 1) / stride + 1, (shape[2] - 1) / stride + 1};
+  }
 };
 
 }  // namespace shardkit::nn
