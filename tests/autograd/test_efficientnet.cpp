@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shardkit/nn/nn.hpp"
+#include "trunk_shapes.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
@@ -99,21 +100,8 @@ TEST_CASE("EfficientNet: each child's [C, H, W] as a forward gives it; drop conn
   o.in_channels = 1;
   auto net = nn::efficientnet(ctx, o);
   net->eval();
-  std::vector<std::pair<std::string, sk::Shape>> seen;
-  for (const auto& [name, child] : net->children())
-    child->register_forward_hook(
-        [&seen, name = name](nn::Module&, const Variable&, const Variable& y) {
-          seen.emplace_back(name, y.shape());
-        });
-  (void)(*net)(ctx, random_images(ctx, {1, 1, 37, 20}));
-  int compared = 0;
-  for (const auto& [name, shape] : seen) {
-    CAPTURE(name);
-    if (name == "flatten" || name == "dropout") continue;
-    const auto c = net->child_output_shape(name, 37, 20);
-    CHECK(shape == sk::Shape{1, c[0], c[1], c[2]});
-    ++compared;
-  }
+  const int compared = sk::testing::check_child_output_shapes(
+      ctx, *net, random_images(ctx, {1, 1, 37, 20}), {"flatten", "dropout"});
   CHECK(compared == 1 + 16 + 2);  // conv1, block0 ... block15, conv_final, avgpool
   CHECK(net->child_output_shape("conv_final", 224, 224) == std::array<std::int64_t, 3>{1280, 7, 7});
   CHECK(net->stage_names().empty());

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "shardkit/nn/nn.hpp"
+#include "trunk_shapes.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
@@ -182,26 +183,8 @@ TEST_CASE("ResNet::child_output_shape: each child's [C, H, W] as a forward gives
     o.fuse_bn_relu = k.fuse;
     auto net = nn::resnet(ctx, k.depth, o);
     net->eval();  // (a batch of one)
-    std::vector<std::pair<std::string, sk::Shape>> seen;
-    for (const auto& [name, child] : net->children())
-      child->register_forward_hook(
-          [&seen, name = name](nn::Module&, const Variable&, const Variable& y) {
-            seen.emplace_back(name, y.shape());
-          });
-    (void)(*net)(ctx, random_input(ctx, {1, 3, k.h, k.w}));
-    int compared = 0;
-    for (const auto& [name, shape] : seen) {
-      CAPTURE(name);
-      if (name == "flatten" || name == "fc") {
-        CHECK_THROWS_WITH(
-            net->child_output_shape(name, k.h, k.w),
-            doctest::Contains(("no child \"" + name + "\" with a [C, H, W] output").c_str()));
-        continue;
-      }
-      const auto c = net->child_output_shape(name, k.h, k.w);
-      CHECK(shape == sk::Shape{1, c[0], c[1], c[2]});
-      ++compared;
-    }
+    const int compared = sk::testing::check_child_output_shapes(
+        ctx, *net, random_input(ctx, {1, 3, k.h, k.w}), {"flatten", "fc"});
     CHECK(compared == (k.small_stem ? 7 : 8) + (k.fuse ? 0 : 1));  // (conv1 ... avgpool)
   }
   auto net = nn::resnet18(ctx);
@@ -436,21 +419,8 @@ TEST_CASE("RegNet: ClassyVision's module names and parameter count; each child's
       o.in_channels = 1;
       auto net = nn::anynet(ctx, {{8, 2, 1, 4, 1.0}, {16, 1, 2, 8, 1.0}, {24, 2, 1, 8, 1.0}}, o);
       net->eval();
-      std::vector<std::pair<std::string, sk::Shape>> seen;
-      for (const auto& [name, child] : net->children())
-        child->register_forward_hook(
-            [&seen, name = name](nn::Module&, const Variable&, const Variable& y) {
-              seen.emplace_back(name, y.shape());
-            });
-      (void)(*net)(ctx, random_input(ctx, {1, 1, 33, 20}));
-      int compared = 0;
-      for (const auto& [name, shape] : seen) {
-        CAPTURE(name);
-        if (name == "flatten") continue;
-        const auto c = net->child_output_shape(name, 33, 20);
-        CHECK(shape == sk::Shape{1, c[0], c[1], c[2]});
-        ++compared;
-      }
+      const int compared = sk::testing::check_child_output_shapes(
+          ctx, *net, random_input(ctx, {1, 1, 33, 20}), {"flatten"});
       CHECK(compared == 5);  // conv1, res2, res3, res4, avgpool
       CHECK(net->stage_names() == std::vector<std::string>{"res2", "res3", "res4"});
     }
