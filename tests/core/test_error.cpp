@@ -1,7 +1,11 @@
 // Errors: the hierarchy, messages that name the thing and the fix, and the library check macros.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <iomanip>
+#include <sstream>
 #include <string>
+#include <string_view>
 
 #include "shardkit/core/config.hpp"
 #include "shardkit/core/error.hpp"
@@ -50,6 +54,35 @@ TEST_CASE("check() concatenates the message parts and throws the requested type"
       [] { sk::check(false, "bucket size is ", 0, "; pass a positive number of bytes"); });
   CHECK(text == "bucket size is 0; pass a positive number of bytes");
   CHECK_THROWS_AS(sk::check<sk::StateError>(false, "late"), sk::StateError);
+}
+
+namespace {
+struct Named {  // a type printed through an operator<< found by argument-dependent lookup
+  int id;
+  friend std::ostream& operator<<(std::ostream& out, const Named& n) { return out << "#" << n.id; }
+};
+enum class Colour { red = 2 };
+std::ostream& operator<<(std::ostream& out, Colour) { return out << "red"; }
+}  // namespace
+
+TEST_CASE("a message prints its parts exactly as an ostream fold of them would") {
+  // concat hands its parts to one out-of-line loop (error.hpp): the text must be the fold's, for
+  // literals of every length, strings, characters, numbers, manipulators and user types.
+  const std::string text = "str";
+  const std::string_view view = "view";
+  char buffer[8] = "buf";
+  const char* pointer = "ptr";
+  const std::int8_t small = 65;
+  std::ostringstream fold;
+  fold << "a" << text << view << buffer << pointer << 'c' << small << true << -7 << 3000000000LL
+       << 1.5f << 2.0 / 3 << std::fixed << std::setprecision(2) << 2.0 / 3 << std::hex << 255
+       << std::setw(6) << Named{4} << Colour::red << "";
+  CHECK(sk::detail::concat("a", text, view, buffer, pointer, 'c', small, true, -7, 3000000000LL,
+                           1.5f, 2.0 / 3, std::fixed, std::setprecision(2), 2.0 / 3, std::hex, 255,
+                           std::setw(6), Named{4}, Colour::red, "") == fold.str());
+  CHECK(sk::detail::concat() == "");
+  const auto thrown = message_of<sk::IoError>([&] { sk::fail<sk::IoError>(view, ": ", Named{9}); });
+  CHECK(thrown == "view: #9");
 }
 
 #ifndef NDEBUG

@@ -98,8 +98,8 @@ class ThreadPool {
   //
   // Only the loop over a block is compiled per fn: the locking, the OpenMP region and the
   // exception handling are run_blocks', compiled once. (With all of it a template, every kernel
-  // was compiled twice over, once for the serial path and once for the blocks: a third of the
-  // CPU kernel tables' machine code, for one indirect call per block saved.)
+  // was compiled twice over, once for the serial path and once for the blocks: about a third of
+  // the fused-op table's machine code, for one indirect call per block saved.)
   template <class Fn>
   void parallel_for(std::int64_t tasks, Fn&& fn) {
     if (tasks <= 0) return;
