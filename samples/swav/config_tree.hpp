@@ -27,6 +27,7 @@
 
 #include "shardkit/core/enum_names.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/function_ref.hpp"
 #include "vissl_keys.hpp"
 
 namespace swav {
@@ -148,13 +149,28 @@ class ConfigProblems {
   // Runs read(); false (the problem kept) when it threw a ConfigError, another refusal of a
   // value (sk::InvalidArgument), a refusal of a file or folder that the config names
   // (sk::IoError: its data) or yaml-cpp's refusal of a value's shape (unexpected_shape).
-  // (The catching is attempt_call's, compiled once rather than for each of the readers'
-  // ~60 lambdas.)
-  template <class Read>
-  bool attempt(Read&& read) {
-    using R = std::remove_reference_t<Read>;
-    return attempt_call([](void* r) { (*static_cast<R*>(r))(); },
-                        const_cast<void*>(static_cast<const void*>(std::addressof(read))));
+  // (read is a FunctionRef, so that the catching is compiled once rather than for each of the
+  // readers' ~60 lambdas.)
+  [[gnu::noinline]] bool attempt(sk::detail::FunctionRef<void()> read) {
+    try {
+      read();
+      return true;
+    } catch (const sk::InvalidArgument& e) {  // ConfigError, or a setting's own validate()
+      messages_.emplace_back(e.what());
+      return false;
+    } catch (const sk::IoError& e) {  // a file or folder the config names (the data's)
+      messages_.emplace_back(e.what());
+      return false;
+    } catch (const std::filesystem::filesystem_error& e) {  // ... that may not be read
+      messages_.emplace_back(e.what());
+      return false;
+    } catch (const YAML::BadSubscript& e) {
+      messages_.emplace_back(unexpected_shape(e));
+      return false;
+    } catch (const YAML::BadConversion& e) {
+      messages_.emplace_back(unexpected_shape(e));
+      return false;
+    }
   }
   // A value of a shape the reading did not foresee (a subscript of a scalar, a list read as a
   // number): still a refusal with yaml-cpp's account of it, never an escaped exception. The
@@ -177,28 +193,6 @@ class ConfigProblems {
   }
 
  private:
-  [[gnu::noinline]] bool attempt_call(void (*call)(void*), void* read) {
-    try {
-      call(read);
-      return true;
-    } catch (const sk::InvalidArgument& e) {  // ConfigError, or a setting's own validate()
-      messages_.emplace_back(e.what());
-      return false;
-    } catch (const sk::IoError& e) {  // a file or folder the config names (the data's)
-      messages_.emplace_back(e.what());
-      return false;
-    } catch (const std::filesystem::filesystem_error& e) {  // ... that may not be read
-      messages_.emplace_back(e.what());
-      return false;
-    } catch (const YAML::BadSubscript& e) {
-      messages_.emplace_back(unexpected_shape(e));
-      return false;
-    } catch (const YAML::BadConversion& e) {
-      messages_.emplace_back(unexpected_shape(e));
-      return false;
-    }
-  }
-
   std::vector<std::string> messages_;
 };
 

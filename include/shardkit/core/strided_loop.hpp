@@ -63,21 +63,6 @@ void for_each_element(const Shape& shape, const Shape& strides_a, const Shape& s
 // thread (waking the pool costs microseconds; 64 Ki elements take tens).
 inline constexpr std::int64_t kElementsPerTask = std::int64_t{1} << 16;
 
-// A task body passed by reference without its type: the pool's parallel_for (and its OpenMP
-// region) is compiled once per translation unit, not once per element loop -- copies between
-// every pair of dtypes would otherwise instantiate it dozens of times.
-class TaskBody {
- public:
-  template <class F>
-  explicit TaskBody(F& body)
-      : object_(&body), call_([](void* o, std::int64_t task) { (*static_cast<F*>(o))(task); }) {}
-  void operator()(std::int64_t task) const { call_(object_, task); }
-
- private:
-  void* object_;
-  void (*call_)(void*, std::int64_t);
-};
-
 // The one task driver of the host loops: cuts units [0, units) into chunks of `per_task` and
 // calls chunk(first, end) for each on `pool` -- or once for all of them on the calling thread
 // when the pool has one thread or there are fewer than two chunks' worth of units (a task too
@@ -92,7 +77,7 @@ void for_each_chunk(ThreadPool& pool, std::int64_t units, std::int64_t per_task,
     const std::int64_t first = task * per_task;
     chunk(first, std::min(units, first + per_task));
   };
-  pool.parallel_for(tasks, TaskBody(task_body));
+  pool.parallel_for(tasks, task_body);
 }
 
 // Side of the square tiles a transposing loop walks (32 x 32 f32: 4 KiB each way).

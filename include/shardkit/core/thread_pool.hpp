@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/function_ref.hpp"
 
 namespace shardkit {
 
@@ -103,23 +104,18 @@ class ThreadPool {
   template <class Fn>
   void parallel_for(std::int64_t tasks, Fn&& fn) {
     if (tasks <= 0) return;
-    using F = std::remove_reference_t<Fn>;
-    run_blocks(
-        tasks,
-        [](void* f, std::int64_t lo, std::int64_t hi) {
-          for (std::int64_t i = lo; i < hi; ++i) (*static_cast<F*>(f))(i);
-        },
-        const_cast<void*>(static_cast<const void*>(std::addressof(fn))));
+    run_blocks(tasks, [&fn](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) fn(i);
+    });
   }
 
  private:
-  // fn's tasks [lo, hi), run by parallel_for's instantiation for its fn.
-  using BlockRunner = void (*)(void* fn, std::int64_t lo, std::int64_t hi);
-
-  [[gnu::noinline]] void run_blocks(std::int64_t tasks, BlockRunner run, void* fn) {
+  // Runs run(lo, hi) over blocks of [0, tasks): parallel_for's loop over fn's tasks.
+  [[gnu::noinline]] void run_blocks(std::int64_t tasks,
+                                    detail::FunctionRef<void(std::int64_t, std::int64_t)> run) {
     std::unique_lock run_lock(run_mutex_, std::try_to_lock);
     if (threads_ == 1 || tasks == 1 || inside_task() || !run_lock.owns_lock()) {
-      run(fn, 0, tasks);
+      run(0, tasks);
       return;
     }
     const int used = static_cast<int>(std::min<std::int64_t>(threads_, tasks));
@@ -127,7 +123,7 @@ class ThreadPool {
     auto block = [&](int t) {
       const std::int64_t lo = tasks * t / used, hi = tasks * (t + 1) / used;
       try {
-        run(fn, lo, hi);
+        run(lo, hi);
       } catch (...) {
         errors[static_cast<std::size_t>(t)] = std::current_exception();
       }
