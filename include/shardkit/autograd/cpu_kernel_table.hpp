@@ -11,8 +11,10 @@
 // only declared here, and the loops' headers are not read.
 #if SK_CPU_TABLE_ELSEWHERE(SK_CPU_AUTOGRAD_TABLE)
 namespace shardkit::autograd {
+inline namespace SK_CPU_KERNELS_ABI {  // (core/config.hpp)
 const AutogradKernels& cpu_kernels();
 }
+}  // namespace shardkit::autograd
 #else
 #include <vector>
 
@@ -24,6 +26,8 @@ const AutogradKernels& cpu_kernels();
 #include "shardkit/autograd/cpu_sinkhorn.hpp"
 
 namespace shardkit::autograd {
+
+inline namespace SK_CPU_KERNELS_ABI {
 
 // Each entry computes f16/bf16 tensors in f32 (cpu::in_f32), the others as they are.
 SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
@@ -361,6 +365,7 @@ SK_CPU_KERNELS_LINKAGE const AutogradKernels& cpu_kernels() {
   return kTable;
 }
 
+}  // namespace SK_CPU_KERNELS_ABI
 }  // namespace shardkit::autograd
 #endif
 

@@ -49,6 +49,23 @@
 #endif
 #define SK_CPU_TABLE_ELSEWHERE(table) \
   (SK_CPU_KERNELS_UNIT_BUILD && !(SK_CPU_TABLES_DEFINED_HERE & (table)))
+// The tables' accessors are declared and defined in an inline namespace named by the flags that
+// change their code -- SHARDKIT_WITH_CUDA, SHARDKIT_WITH_DNNL, and OpenMP, which picks
+// ThreadPool's implementation: a unit compiled with other flags than the tables' units refers to
+// another name, and the program fails to link with an undefined reference that says which
+// (shardkit::ops::built_with_cuda0_dnnl1_openmp1::cpu_fused_ops(), say) instead of pairing two
+// builds' inline functions in silence. (Meson's build passes the same flags to every unit; a
+// build of one's own that compiles kernels/*.cpp apart must too.)
+#if defined(_OPENMP)
+#define SK_WITH_OPENMP 1
+#else
+#define SK_WITH_OPENMP 0
+#endif
+#define SK_CPU_KERNELS_ABI_NAME(cuda, dnnl, openmp) \
+  SK_CPU_KERNELS_ABI_NAME_(cuda, dnnl, openmp)  // (expands the flags first)
+#define SK_CPU_KERNELS_ABI_NAME_(cuda, dnnl, openmp) \
+  built_with_cuda##cuda##_dnnl##dnnl##_openmp##openmp
+#define SK_CPU_KERNELS_ABI SK_CPU_KERNELS_ABI_NAME(SK_WITH_CUDA, SK_WITH_DNNL, SK_WITH_OPENMP)
 // How the tables' functions are defined: inline in headers, ordinary in their own unit.
 #if defined(SK_DEFINING_CPU_KERNELS)
 #define SK_CPU_KERNELS_LINKAGE

@@ -10,12 +10,15 @@
 
 #if SK_CPU_TABLE_ELSEWHERE(SK_CPU_TENSOR_TABLE)
 namespace shardkit {
+inline namespace SK_CPU_KERNELS_ABI {  // (core/config.hpp)
 const DeviceKernels& cpu_tensor_kernels();
 }
+}  // namespace shardkit
 #else
 #include "shardkit/core/cpu_tensor_kernels.hpp"
 
 namespace shardkit {
+inline namespace SK_CPU_KERNELS_ABI {
 
 SK_CPU_KERNELS_LINKAGE const DeviceKernels& cpu_tensor_kernels() {
   static constexpr DeviceKernels kTable{.fill = &detail::fill_on_host,
@@ -26,5 +29,6 @@ SK_CPU_KERNELS_LINKAGE const DeviceKernels& cpu_tensor_kernels() {
   return kTable;
 }
 
+}  // namespace SK_CPU_KERNELS_ABI
 }  // namespace shardkit
 #endif

@@ -108,6 +108,7 @@ constexpr FusedOps fused_ops_table() {
 
 // The CPU's table (core/config.hpp, SK_CPU_TABLE_ELSEWHERE: defined here, or only declared
 // here and compiled once in kernels/ops/cpu_fused_ops.cpp).
+inline namespace SK_CPU_KERNELS_ABI {  // (core/config.hpp)
 #if SK_CPU_TABLE_ELSEWHERE(SK_CPU_FUSED_OPS_TABLE)
 const FusedOps& cpu_fused_ops();
 #else
@@ -116,6 +117,7 @@ SK_CPU_KERNELS_LINKAGE const FusedOps& cpu_fused_ops() {
   return kTable;
 }
 #endif
+}  // namespace SK_CPU_KERNELS_ABI
 
 // The fused ops of ctx's device.
 inline const FusedOps& fused_ops(const Context& ctx) {
