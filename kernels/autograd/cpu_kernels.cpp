@@ -9,7 +9,8 @@
 // them (plain header-only use). With them, the build passes -DSHARDKIT_CPU_KERNELS_UNIT=1 to
 // every unit of the program, these included, and compiles each exactly once into the program
 // (core/config.hpp); the flags that change code (SHARDKIT_WITH_CUDA, SHARDKIT_WITH_DNNL,
-// SHARDKIT_WITH_MPI) must be the same here as in the rest of the program.
+// SHARDKIT_WITH_MPI, OpenMP) must be the same here as in the rest of the program -- a unit that
+// differs in the first, second or last fails to link (core/config.hpp, SK_CPU_KERNELS_ABI).
 #define SK_DEFINING_CPU_KERNELS (SK_CPU_TENSOR_TABLE | SK_CPU_AUTOGRAD_TABLE)
 
 #include "shardkit/autograd/cpu_kernel_table.hpp"

@@ -1,12 +1,13 @@
-// detail::FunctionRef: calls the very object it was made from (never a copy), with the
-// signature's arguments and result, lets the object's exceptions through, and binds to a
-// temporary where a parameter takes it -- how ThreadPool::parallel_for and the SwAV config
-// reader use it.
+// detail::FunctionRef: calls the very object it was made from (never a copy), or a function by
+// value, with the signature's arguments and result; refuses the forms that would dangle; lets the
+// object's exceptions through, and binds to a temporary where a parameter takes it -- how
+// ThreadPool::parallel_for and the SwAV config reader use it.
 #include <doctest/doctest.h>
 
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <shardkit/core/function_ref.hpp>
@@ -56,11 +57,42 @@ TEST_CASE("FunctionRef passes the signature's arguments and returns its result")
   CHECK(taking(std::make_unique<int>(21)) == 42);
 
   const auto twice = [](int x) { return 2 * x; };  // a const callable
-  auto* pointer = &square;                         // a function pointer held in a variable
   FunctionRef<int(int)> by_const = twice;
-  FunctionRef<long(int)> by_pointer = pointer;  // the result converted to the signature's
   CHECK(by_const(7) == 14);
-  CHECK(by_pointer(7) == 49L);
+}
+
+TEST_CASE("FunctionRef holds a function, or a pointer to one, by value") {
+  FunctionRef<int(int)> by_name = square;
+  FunctionRef<long(int)> by_pointer = &square;  // a temporary pointer, copied in
+  CHECK(by_name(7) == 49);
+  CHECK(by_pointer(8) == 64L);  // the result converted to the signature's
+  int (*pointer)(int) = &square;
+  FunctionRef<int(int)> from_variable = pointer;
+  pointer = nullptr;  // the FunctionRef kept the pointer's value
+  CHECK(from_variable(9) == 81);
+}
+
+TEST_CASE("FunctionRef refuses what would leave it referring to a dead object") {
+  using Ref = FunctionRef<int(int)>;
+  // Copies use the copy constructor, never the converting one (which would refer to the copied
+  // FunctionRef instead of its callable).
+  static_assert(!shardkit::detail::FunctionRefTarget<Ref&, int, int>);
+  static_assert(!shardkit::detail::FunctionRefTarget<const Ref&, int, int>);
+  static_assert(!shardkit::detail::FunctionRefTarget<Ref&&, int, int>);
+  // `ref = [] { ... };` would refer to a lambda dead at the semicolon; a FunctionRef is assigned
+  // only from another.
+  auto add_one = [](int x) { return x + 1; };
+  static_assert(!std::is_assignable_v<Ref&, decltype(add_one)>);
+  static_assert(!std::is_assignable_v<Ref&, decltype(add_one)&>);
+  static_assert(std::is_assignable_v<Ref&, const Ref&>);
+  // A reference result bound to a returned value would dangle; to a returned reference it is fine.
+  auto by_value = [] { return 1; };
+  static int stored = 2;
+  auto by_reference = []() -> const int& { return stored; };
+  static_assert(!std::is_constructible_v<FunctionRef<const int&()>, decltype(by_value)&>);
+  static_assert(std::is_constructible_v<FunctionRef<const int&()>, decltype(by_reference)&>);
+  FunctionRef<const int&()> ref = by_reference;
+  CHECK(&ref() == &stored);
 }
 
 TEST_CASE("FunctionRef with a void signature calls the object and drops its result") {

@@ -51,11 +51,13 @@
   (SK_CPU_KERNELS_UNIT_BUILD && !(SK_CPU_TABLES_DEFINED_HERE & (table)))
 // The tables' accessors are declared and defined in an inline namespace named by the flags that
 // change their code -- SHARDKIT_WITH_CUDA, SHARDKIT_WITH_DNNL, and OpenMP, which picks
-// ThreadPool's implementation: a unit compiled with other flags than the tables' units refers to
-// another name, and the program fails to link with an undefined reference that says which
-// (shardkit::ops::built_with_cuda0_dnnl1_openmp1::cpu_fused_ops(), say) instead of pairing two
-// builds' inline functions in silence. (Meson's build passes the same flags to every unit; a
-// build of one's own that compiles kernels/*.cpp apart must too.)
+// ThreadPool's implementation: a unit compiled with other flags than the tables' units that
+// reaches a table (every tensor operation does) refers to another name, and the program fails to
+// link with an undefined reference that says which
+// (shardkit::ops::built_with_cuda0_dnnl1_openmp0::cpu_fused_ops(), say) instead of pairing two
+// builds' inline functions in silence. A unit that reaches no table is not caught. (Meson's build
+// passes the same flags to every unit; a build of one's own that compiles kernels/*.cpp apart
+// must too.)
 #if defined(_OPENMP)
 #define SK_WITH_OPENMP 1
 #else
