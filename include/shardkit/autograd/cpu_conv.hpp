@@ -1,5 +1,6 @@
-// CPU convolution and GEMM: im2col + Eigen matrix products (f32 and f64), one image at a time
-// so the column buffer stays small; 1x1 stride-1 unpadded convolutions skip im2col entirely.
+// CPU convolution and GEMM: im2col + Eigen matrix products (f64; f32 too in a build without
+// oneDNN), one image at a time so the column buffer stays small; 1x1 stride-1 unpadded
+// convolutions skip im2col entirely.
 #pragma once
 
 // Eigen must be a system include for nvcc (its nvcc-only pragmas would warn in g++ under
@@ -26,10 +27,25 @@ using MatrixMap = Eigen::Map<RowMatrix<T>>;
 template <class T>
 using ConstMatrixMap = Eigen::Map<const RowMatrix<T>>;
 
+// The types the Eigen path computes: f64 always; f32 only in a build without oneDNN, since with
+// it the table sends every f32 GEMM and convolution to oneDNN (cpu_kernel_table.hpp) and an f32
+// instantiation here would be dead code -- Eigen's matrix products are a large part of the
+// kernel table's compile time.
+template <class Fn>
+void visit_eigen_real(DType dtype, const char* op, Fn&& fn) {
+#if SK_WITH_DNNL
+  if (dtype == DType::f64) return fn(double{});
+  fail<StateError>(op, " on the CPU: the Eigen path computes f64 only in a build with oneDNN, got ",
+                   dtype_name(dtype), "; f32 runs in oneDNN (autograd/cpu_kernel_table.hpp)");
+#else
+  visit_real(dtype, op, std::forward<Fn>(fn));
+#endif
+}
+
 // C = alpha * op(A) op(B) + beta * C on contiguous row-major matrices.
 inline void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b,
                  const Tensor& c, double alpha, double beta) {
-  visit_real(c.dtype(), "gemm", [&](auto tag) {
+  visit_eigen_real(c.dtype(), "gemm", [&](auto tag) {
     using T = decltype(tag);
     ConstMatrixMap<T> A(static_cast<const T*>(a.data_ptr()), a.size(0), a.size(1));
     ConstMatrixMap<T> B(static_cast<const T*>(b.data_ptr()), b.size(0), b.size(1));
@@ -100,7 +116,7 @@ void col2im(const T* col, const ConvGeometry& g, T* image) {
 // run of an image's.
 inline void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& y,
                            const ConvGeometry& g) {
-  visit_real(x.dtype(), "conv2d", [&](auto tag) {
+  visit_eigen_real(x.dtype(), "conv2d", [&](auto tag) {
     using T = decltype(tag);
     const ConvGeometry s = g.per_group();
     const T* in = static_cast<const T*>(x.data_ptr());
@@ -130,7 +146,7 @@ inline void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
 inline void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& grad_y,
                             const Tensor& grad_x, const Tensor& grad_weight,
                             const ConvGeometry& g) {
-  visit_real(x.dtype(), "conv2d backward", [&](auto tag) {
+  visit_eigen_real(x.dtype(), "conv2d backward", [&](auto tag) {
     using T = decltype(tag);
     const ConvGeometry s = g.per_group();
     const T* in = static_cast<const T*>(x.data_ptr());
