@@ -7,7 +7,7 @@
 #include "shardkit/autograd/device_table.hpp"
 #include "shardkit/core/config.hpp"
 
-// Where the table is compiled once, in kernels/autograd/cpu_kernels.cpp (core/config.hpp), it is
+// Where the table is compiled once, in kernels/shardkit_cpu.cpp (core/config.hpp), it is
 // only declared here, and the loops' headers are not read.
 #if SK_CPU_TABLE_ELSEWHERE(SK_CPU_AUTOGRAD_TABLE)
 namespace shardkit::autograd {

@@ -24,10 +24,9 @@
 // once per program instead of in each translation unit that reaches them -- about 45 s of -O3
 // per unit on one core, the largest single cost of a program's build. A build that does so
 // defines SHARDKIT_CPU_KERNELS_UNIT=1 for every unit of the program alike (Meson's shardkit_dep
-// and shardkit_cpu_dep do) and compiles the two units that define them, so that they compile side
-// by side: kernels/autograd/cpu_kernels.cpp (the tensor and autograd tables) and
-// kernels/ops/cpu_fused_ops.cpp. Such a unit sets SK_DEFINING_CPU_KERNELS to the tables it
-// defines, a sum of the SK_CPU_*_TABLE bits below; SK_CPU_TABLE_ELSEWHERE(table) is 1 where the
+// and shardkit_cpu_dep do) and compiles the unit that defines them, kernels/shardkit_cpu.cpp.
+// A unit that defines tables sets SK_DEFINING_CPU_KERNELS to those it defines, a sum of the
+// SK_CPU_*_TABLE bits below (that one: all three); SK_CPU_TABLE_ELSEWHERE(table) is 1 where the
 // table's header only declares it. Without SHARDKIT_CPU_KERNELS_UNIT (plain g++ use) the headers
 // define every table inline, as everything else.
 #define SK_CPU_TENSOR_TABLE 1

@@ -107,7 +107,7 @@ constexpr FusedOps fused_ops_table() {
 }
 
 // The CPU's table (core/config.hpp, SK_CPU_TABLE_ELSEWHERE: defined here, or only declared
-// here and compiled once in kernels/ops/cpu_fused_ops.cpp).
+// here and compiled once in kernels/shardkit_cpu.cpp).
 inline namespace SK_CPU_KERNELS_ABI {  // (core/config.hpp)
 #if SK_CPU_TABLE_ELSEWHERE(SK_CPU_FUSED_OPS_TABLE)
 const FusedOps& cpu_fused_ops();
