@@ -56,9 +56,8 @@ class FunctionRef<R(Args...)> {
   }
   // (Copies are fine: they refer to the same callable. Assigning a callable is not: in
   // `ref = [&] { ... };` the lambda dies at the semicolon.)
-  template <class F>
-  requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef>) FunctionRef& operator=(F&&) =
-      delete;
+  template <FunctionRefTarget<R, Args...> F>
+  FunctionRef& operator=(F&&) = delete;
 
   R operator()(Args... args) const { return call_(callee_, std::forward<Args>(args)...); }
 
