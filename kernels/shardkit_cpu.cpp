@@ -6,8 +6,9 @@
 //
 // One unit: a program's first build on two cores (where ninja 1.11 runs three jobs) then
 // compiles it, the program's own units and nothing else at once, none waiting for a slot; as two
-// units of about half its cost, ninja started both first and the README's trainer ran third,
-// behind them, then alone for its last 20 s (docs/performance.md: 55-64 s against 68-70 s).
+// units of about half its cost, ninja started both first and the README's trainer took the third
+// slot only when knn.cpp ended, then ran alone for its last 20-27 s (docs/performance.md: the
+// build in 55-64 s against 68-70 s).
 //
 // Optional: without this unit the headers define the tables inline in each unit that reaches
 // them (plain header-only use). With it, the build passes -DSHARDKIT_CPU_KERNELS_UNIT=1 to every

@@ -149,3 +149,18 @@ TEST_CASE("oneDNN: not in this build (Eigen serves the CPU convolutions)") {
 }
 
 #endif
+
+// With or without oneDNN, a GEMM or convolution of integer tensors is the caller's mistake, named
+// as one (the Eigen path is compiled for f64 only where oneDNN takes f32: the refusal must not
+// turn into an internal error there).
+TEST_CASE("CPU GEMMs and convolutions of integer tensors are refused as invalid arguments") {
+  sk::Context ctx({.seed = 11, .cpu_threads = 1});
+  for (sk::DType dtype : {sk::DType::i32, sk::DType::i64}) {
+    CAPTURE(sk::dtype_name(dtype));
+    Variable a(sk::full(ctx, {3, 4}, dtype, 2)), b(sk::full(ctx, {4, 5}, dtype, 3));
+    CHECK_THROWS_AS(ag::matmul(ctx, a, b), sk::InvalidArgument);
+    Variable x(sk::full(ctx, {1, 2, 5, 5}, dtype, 2)), w(sk::full(ctx, {3, 2, 3, 3}, dtype, 3));
+    CHECK_THROWS_AS(ag::conv2d(ctx, x, w, Variable(), ag::Conv2dOptions::make(1, 1)),
+                    sk::InvalidArgument);
+  }
+}

@@ -85,6 +85,8 @@ TEST_CASE("FunctionRef refuses what would leave it referring to a dead object") 
   static_assert(!std::is_assignable_v<Ref&, decltype(add_one)>);
   static_assert(!std::is_assignable_v<Ref&, decltype(add_one)&>);
   static_assert(std::is_assignable_v<Ref&, const Ref&>);
+  static_assert(std::is_assignable_v<Ref&, Ref&>);
+  static_assert(std::is_assignable_v<Ref&, Ref&&>);
   // A reference result bound to a returned value would dangle; to a returned reference it is fine.
   auto by_value = [] { return 1; };
   static int stored = 2;

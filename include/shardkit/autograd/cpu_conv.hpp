@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "shardkit/autograd/cpu_kernels.hpp"
@@ -30,16 +31,18 @@ using ConstMatrixMap = Eigen::Map<const RowMatrix<T>>;
 // The types the Eigen path computes: f64 always; f32 only in a build without oneDNN, since with
 // it the table sends every f32 GEMM and convolution to oneDNN (cpu_kernel_table.hpp) and an f32
 // instantiation here would be dead code -- Eigen's matrix products are a large part of the
-// kernel table's compile time.
+// kernel table's compile time. Other dtypes get visit_real's refusal either way.
 template <class Fn>
 void visit_eigen_real(DType dtype, const char* op, Fn&& fn) {
-#if SK_WITH_DNNL
-  if (dtype == DType::f64) return fn(double{});
-  fail<StateError>(op, " on the CPU: the Eigen path computes f64 only in a build with oneDNN, got ",
-                   dtype_name(dtype), "; f32 runs in oneDNN (autograd/cpu_kernel_table.hpp)");
-#else
-  visit_real(dtype, op, std::forward<Fn>(fn));
-#endif
+  visit_real(dtype, op, [&](auto tag) {
+    if constexpr (!SK_WITH_DNNL || std::is_same_v<decltype(tag), double>)
+      fn(tag);
+    else
+      fail<StateError>(op,
+                       " reached the CPU's Eigen path in f32 in a build with oneDNN, which "
+                       "runs every f32 ",
+                       op, " (autograd/cpu_kernel_table.hpp)");
+  });
 }
 
 // C = alpha * op(A) op(B) + beta * C on contiguous row-major matrices.

@@ -44,13 +44,13 @@
 #endif
 #if defined(SK_DEFINING_CPU_KERNELS) && !SK_CPU_KERNELS_UNIT_BUILD
 #error \
-    "a unit that defines a CPU kernel table (kernels/*/cpu_*.cpp): compile it, and every other unit of the program, with -DSHARDKIT_CPU_KERNELS_UNIT=1 (without it the headers define the tables inline and this unit would define them twice)"
+    "a unit that defines the CPU kernel tables (kernels/shardkit_cpu.cpp): compile it, and every other unit of the program, with -DSHARDKIT_CPU_KERNELS_UNIT=1 (without it the headers define the tables inline and this unit would define them twice)"
 #endif
 #define SK_CPU_TABLE_ELSEWHERE(table) \
   (SK_CPU_KERNELS_UNIT_BUILD && !(SK_CPU_TABLES_DEFINED_HERE & (table)))
 // The tables' accessors are declared and defined in an inline namespace named by the flags that
 // change their code -- SHARDKIT_WITH_CUDA, SHARDKIT_WITH_DNNL, and OpenMP, which picks
-// ThreadPool's implementation: a unit compiled with other flags than the tables' units that
+// ThreadPool's implementation: a unit compiled with other flags than the tables' unit that
 // reaches a table (every tensor operation does) refers to another name, and the program fails to
 // link with an undefined reference that says which
 // (shardkit::ops::built_with_cuda0_dnnl1_openmp0::cpu_fused_ops(), say) instead of pairing two
