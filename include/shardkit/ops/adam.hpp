@@ -60,17 +60,8 @@ SK_HOST_DEVICE SK_INLINE AdamStepScalars adam_step_scalars(float lr, float beta1
 #endif
 }
 
-// Operands: 0 param, 1 grad (Grad: f32, or the copy's dtype under mixed precision), 2 exp_avg,
-// 3 exp_avg_sq (f32; the moments start at 0, as PyTorch's state does), 4 low-precision copy
-// (Low).
-template <class Low = void, class Grad = float>
-struct AdamFunctor {
-  static constexpr int kDepth = 5;
-  using Types = TypeList<float, Grad, float, float, low_storage_t<Low>>;
-  static constexpr unsigned kReads = 0b01111u;
-  static constexpr unsigned kWrites = 0b01101u | (std::is_void_v<Low> ? 0u : 0b10000u);
-  static constexpr int kSums = 0;
-
+// What the Adam rule reads besides its operands, whatever their storage (AdamFunctor).
+struct AdamRule {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float l2_decay = 0;         // Adam: g += l2_decay · w
   float decoupled_decay = 0;  // AdamW: w *= param_keep = 1 - lr · decoupled_decay (one rounding)
@@ -78,6 +69,28 @@ struct AdamFunctor {
   AdamStepScalars at{0.0f, 1.0f};
   float inv_grad_scale = 1;
   const float* gate = nullptr;  // the step gate (step_gate.hpp), or none
+};
+
+// Operands: 0 param, 1 grad (Grad: f32, or the copy's dtype under mixed precision), 2 exp_avg,
+// 3 exp_avg_sq (f32; the moments start at 0, as PyTorch's state does), 4 low-precision copy
+// (Low).
+template <class Low = void, class Grad = float>
+struct AdamFunctor : AdamRule {
+  static constexpr int kDepth = 5;
+  using Types = TypeList<float, Grad, float, float, low_storage_t<Low>>;
+  static constexpr unsigned kReads = 0b01111u;
+  static constexpr unsigned kWrites = 0b01101u | (std::is_void_v<Low> ? 0u : 0b10000u);
+  static constexpr int kSums = 0;
+
+  // The rule without the copy: the CPU writes the copy from the updated parameters itself
+  // (cpu_apply.hpp, ParamCopy).
+  using CopyStorage = Low;
+  using WithoutCopy = AdamFunctor<void, Grad>;
+  WithoutCopy without_copy() const {
+    WithoutCopy f;
+    static_cast<AdamRule&>(f) = *this;
+    return f;
+  }
 
   // The step's scalars: the host's, or on a gated step formed from the gate where it runs
   // (with the host's formulas: the same bits).

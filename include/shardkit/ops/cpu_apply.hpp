@@ -300,6 +300,42 @@ inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b
   return sums_of_squares<2>({a, b}, lo, hi, readable);
 }
 
+// The f16/bf16 copy of the updated parameters that an optimizer functor may write (SgdFunctor,
+// AdamFunctor: its last operand, x[last] = x[0]). On the CPU the functor runs without it
+// (F::WithoutCopy) and the copy is converted from the parameters each chunk or block has just
+// updated, while they are in cache: the same bits (half_runs.hpp's runs round as store_element
+// does), one update loop per rule instead of one per copy dtype -- the f16 and bf16 copies of
+// f32-gradient steps had been a tenth of the kernel tables' compile (docs/performance.md).
+struct ParamCopy {
+  DType dtype = DType::f32;  // f32: no copy
+  int operand = 0;           // the copy's operand
+
+  // Writes the copy of elements [lo, hi) of the f32 parameters (operand 0).
+  void write(void* const* operands, std::int64_t lo, std::int64_t hi) const {
+    const float* params = static_cast<const float*>(operands[0]) + lo;
+    if (dtype == DType::f16)
+      ::shardkit::detail::convert_run(params, static_cast<Half*>(operands[operand]) + lo, hi - lo);
+    else if (dtype == DType::bf16)
+      ::shardkit::detail::convert_run(params, static_cast<BFloat16*>(operands[operand]) + lo,
+                                      hi - lo);
+  }
+};
+
+// Whether F writes such a copy; then F::WithoutCopy is the rule the CPU runs, with
+// param_copy<F>() written after it.
+template <class F>
+constexpr bool writes_param_copy() {
+  if constexpr (requires { typename F::CopyStorage; })
+    return !std::is_void_v<typename F::CopyStorage>;
+  else
+    return false;
+}
+template <class F>
+ParamCopy param_copy() {
+  using Low = typename F::CopyStorage;
+  return ParamCopy{std::is_same_v<Low, Half> ? DType::f16 : DType::bf16, F::kDepth - 1};
+}
+
 // Elements per block of update_in_blocks: a block's operands (params, grads and momentum, 3 KiB
 // of f32 at 256) are still in L1 when its params are squared.
 inline constexpr std::int64_t kUpdateBlock = 256;
@@ -310,11 +346,11 @@ inline constexpr std::int64_t kUpdateBlock = 256;
 // of the params it wrote over [lo, hi) with sums_of_squares's arithmetic (SquareLanes counted
 // from lo): the bits the next norms pass would find, taken from L1 right after each block is
 // written instead of read from memory again. The blocks run through apply_range itself, the
-// very loop of the update without the squares.
+// very loop of the update without the squares; `copy` is written after each.
 template <bool kSquare, class F, class AfterBlock>
 double update_in_blocks(const F& op, const typename F::Segment& segment, void* const* operands,
                         std::int64_t lo, std::int64_t hi, std::int64_t readable,
-                        AfterBlock&& after_block) {
+                        AfterBlock&& after_block, const ParamCopy& copy = {}) {
   static_assert(F::kSums == 0, "an update sums nothing; its squares are taken separately");
   static_assert(kUpdateBlock % kSumLanes == 0, "blocks keep the lanes counted from lo");
   const float* params = static_cast<const float*>(operands[0]);
@@ -323,6 +359,7 @@ double update_in_blocks(const F& op, const typename F::Segment& segment, void* c
   for (std::int64_t block = lo; block < hi; block += kUpdateBlock) {
     const std::int64_t end = std::min(hi, block + kUpdateBlock);
     apply_range(op, segment, operands, block, end, readable);
+    copy.write(operands, block, end);
     if constexpr (kSquare)
       for (; squared + kSumLanes <= end; squared += kSumLanes) lanes.add8(params + squared);
     after_block(end - block);
@@ -421,9 +458,10 @@ std::array<double, kSumSlots<F>> chunk_sums(const F& op, const Span<Depth>& span
 }
 
 // Applies `op` over all spans, chunks spread over the pool's threads; when it sums, writes span
-// s's k-th sum to sums[k * n + s].
+// s's k-th sum to sums[k * n + s]. An update writes `copy` after each chunk.
 template <class F, int Depth>
-void apply(ThreadPool& pool, const F& op, const SpanList<Depth>& spans, double* sums) {
+void apply(ThreadPool& pool, const F& op, const SpanList<Depth>& spans, double* sums,
+           const ParamCopy& copy = {}) {
   static_assert(check_functor<F>() && Depth == F::kDepth, "span depth must match the functor");
   if (gate_skips(op)) return;  // (on the CPU the gate is read here, in the stream's order)
   const auto n = spans.size();
@@ -434,8 +472,10 @@ void apply(ThreadPool& pool, const F& op, const SpanList<Depth>& spans, double* 
   if constexpr (F::kSums == 0) {
     pool.parallel_for(tasks, [&](std::int64_t i) {
       const Chunk& c = chunks[static_cast<std::size_t>(i)];
-      apply_range(op, op.segment(static_cast<std::int64_t>(c.span)), spans[c.span].data.data(),
-                  c.lo, c.hi, spans[c.span].size);
+      void* const* operands = spans[c.span].data.data();
+      apply_range(op, op.segment(static_cast<std::int64_t>(c.span)), operands, c.lo, c.hi,
+                  spans[c.span].size);
+      copy.write(operands, c.lo, c.hi);
     });
   } else {
     std::vector<std::array<double, F::kSums>> partials(chunks.size());

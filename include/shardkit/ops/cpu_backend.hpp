@@ -32,10 +32,15 @@ struct Cpu {
           "; use sk::ops::Cuda from <kernels/ops/cuda_backend.cuh>");
   }
 
+  // An optimizer's f16/bf16 parameter copy is written after each chunk's update, by the rule
+  // without the copy (cpu_apply.hpp, ParamCopy).
   template <class F>
   static void apply(Context& ctx, const F& op, const SpanList<F::kDepth>& spans) {
     static_assert(F::kSums == 0, "summing functors go through apply_sums");
-    cpu::apply(ctx.cpu_pool(), op, spans, nullptr);
+    if constexpr (cpu::writes_param_copy<F>())
+      cpu::apply(ctx.cpu_pool(), op.without_copy(), spans, nullptr, cpu::param_copy<F>());
+    else
+      cpu::apply(ctx.cpu_pool(), op, spans, nullptr);
   }
 
   template <class F>
@@ -111,28 +116,35 @@ struct Cpu {
 
   // Norms, coefficients and update, pipelined over batches of whole tensors (cpu_larc.hpp).
   // With param_squares the update also squares the params it writes, and when the squares
-  // describe these params the norms read only the grads.
+  // describe these params the norms read only the grads. A parameter copy is written after
+  // each block of the update (as apply's).
   template <class Sgd>
   static void larc_sgd(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
                        float lr, float inv_grad_scale, LarcParamSquares* param_squares) {
-    ThreadPool& pool = ctx.cpu_pool();
-    if (param_squares == nullptr) {
-      cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, false>(pool, op, spans, larc, lr, inv_grad_scale,
-                                                        nullptr);
-      return;
-    }
-    // The kept squares are read (before a span's update) and rewritten (after it) in place.
-    const bool known = param_squares->describes(spans);
-    Tensor squares = known ? param_squares->sums()
-                           : empty(ctx, {static_cast<std::int64_t>(spans.size())}, DType::f64,
-                                   MemoryCategory::optimizer_state);
-    if (known)
-      cpu::larc_sgd_pipelined<cpu::ChunkSums<1>, true>(pool, op, spans, larc, lr, inv_grad_scale,
-                                                       squares.data<double>());
+    auto run = [&](const auto& rule, const cpu::ParamCopy& copy) {
+      ThreadPool& pool = ctx.cpu_pool();
+      if (param_squares == nullptr) {
+        cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, false>(pool, rule, copy, spans, larc, lr,
+                                                          inv_grad_scale, nullptr);
+        return;
+      }
+      // The kept squares are read (before a span's update) and rewritten (after it) in place.
+      const bool known = param_squares->describes(spans);
+      Tensor squares = known ? param_squares->sums()
+                             : empty(ctx, {static_cast<std::int64_t>(spans.size())}, DType::f64,
+                                     MemoryCategory::optimizer_state);
+      if (known)
+        cpu::larc_sgd_pipelined<cpu::ChunkSums<1>, true>(pool, rule, copy, spans, larc, lr,
+                                                         inv_grad_scale, squares.data<double>());
+      else
+        cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, true>(pool, rule, copy, spans, larc, lr,
+                                                         inv_grad_scale, squares.data<double>());
+      param_squares->record(spans, squares);
+    };
+    if constexpr (cpu::writes_param_copy<Sgd>())
+      run(op.without_copy(), cpu::param_copy<Sgd>());
     else
-      cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, true>(pool, op, spans, larc, lr, inv_grad_scale,
-                                                       squares.data<double>());
-    param_squares->record(spans, squares);
+      run(op, cpu::ParamCopy{});
   }
 
   // LARC-SGD with the norm tree's norms (cpu::TreeSums), pipelined as larc_sgd is: the bits
@@ -141,8 +153,14 @@ struct Cpu {
   template <class Sgd>
   static void larc_sgd_tree(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
                             float lr, float inv_grad_scale, const double* decays) {
-    cpu::larc_sgd_pipelined<cpu::TreeSums<operand_t<Sgd, 1>>, false>(
-        ctx.cpu_pool(), op, spans, larc, lr, inv_grad_scale, nullptr, decays);
+    if constexpr (cpu::writes_param_copy<Sgd>()) {
+      cpu::larc_sgd_pipelined<cpu::TreeSums<operand_t<Sgd, 1>>, false>(
+          ctx.cpu_pool(), op.without_copy(), cpu::param_copy<Sgd>(), spans, larc, lr,
+          inv_grad_scale, nullptr, decays);
+    } else {
+      cpu::larc_sgd_pipelined<cpu::TreeSums<operand_t<Sgd, 1>>, false>(
+          ctx.cpu_pool(), op, cpu::ParamCopy{}, spans, larc, lr, inv_grad_scale, nullptr, decays);
+    }
   }
 
   // The codes' loops work through runs of this many values (even: int4 runs start on a byte).

@@ -219,10 +219,12 @@ void read_run_squares(const SpanList<4>& spans, std::span<const Chunk> run,
 
 // Updates the chunks of `run` (coefficients per span; with kSquare, writing the sum of squares
 // of the params each chunk wrote into param_squares[i]), and reads `ahead` between the blocks,
-// in proportion to the elements updated, so both streams stay in flight to the end.
+// in proportion to the elements updated, so both streams stay in flight to the end. `copy` is
+// written after each block.
 template <bool kSquare, class Sgd, class Ahead>
-void update_run(const Sgd& op, const SpanList<4>& spans, std::span<const Chunk> run,
-                const SgdCoefficients* coefficients, double* param_squares, Ahead& ahead) {
+void update_run(const Sgd& op, const ParamCopy& copy, const SpanList<4>& spans,
+                std::span<const Chunk> run, const SgdCoefficients* coefficients,
+                double* param_squares, Ahead& ahead) {
   std::int64_t total = 0;
   for (const Chunk& c : run) total += c.hi - c.lo;
   const std::int64_t ahead_total = ahead.elements();
@@ -239,7 +241,7 @@ void update_run(const Sgd& op, const SpanList<4>& spans, std::span<const Chunk> 
     const Chunk& c = run[i];
     const double squares = update_in_blocks<kSquare>(op, op.segment_of(coefficients[c.span]),
                                                      spans[c.span].data.data(), c.lo, c.hi,
-                                                     spans[c.span].size, read_ahead);
+                                                     spans[c.span].size, read_ahead, copy);
     if constexpr (kSquare) param_squares[i] = squares;
   }
   ahead.advance_to(ahead_total);
@@ -249,11 +251,13 @@ void update_run(const Sgd& op, const SpanList<4>& spans, std::span<const Chunk> 
 // formed by the Norms policy. When it reads no params (ChunkSums<1>), the params' sums of squares
 // are given in param_squares[s] (kept from the last step). With kSquare, the update writes the
 // sums of squares of the params it wrote into param_squares[s]. `decays` holds each span's
-// weight decay (nullptr: larc.weight_decay for all).
+// weight decay (nullptr: larc.weight_decay for all). `copy`: the params' f16/bf16 copy, written
+// after each block of the update (cpu_apply.hpp).
 template <class Norms, bool kSquare, class Sgd>
-void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& spans,
-                        const LarcOptions& larc, float lr, float inv_grad_scale,
-                        double* param_squares, const double* decays = nullptr) {
+void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const ParamCopy& copy,
+                        const SpanList<4>& spans, const LarcOptions& larc, float lr,
+                        float inv_grad_scale, double* param_squares,
+                        const double* decays = nullptr) {
   static_assert(Norms::kReadsParams || kSquare, "kept squares are rewritten by the update");
   using Partial = typename Norms::Partial;
   const int threads = pool.size();
@@ -307,7 +311,7 @@ void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const SpanList<4>& span
       const auto [ahead_run, ahead_lo] = run_of(t, ahead_bounds, next_chunks);
       ChunkRunSquares<Norms> ahead(spans, ahead_run, next_partials.data() + ahead_lo);
       const auto [update, update_lo] = run_of(t, update_bounds, chunks);
-      update_run<kSquare>(op, spans, update, coefficients.data(),
+      update_run<kSquare>(op, copy, spans, update, coefficients.data(),
                           kSquare ? param_partials.data() + update_lo : nullptr, ahead);
     });
     if constexpr (kSquare) {

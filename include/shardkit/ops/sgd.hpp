@@ -57,17 +57,8 @@ inline MomentumMode momentum_mode(const SgdOptions& o) {
   return o.first_step && !o.gate.defined() ? MomentumMode::first_step : MomentumMode::running;
 }
 
-// Operands: 0 param (f32), 1 grad (Grad: f32, or the copy's dtype under mixed precision),
-// 2 momentum buffer (f32), 3 low-precision copy (Low).
-template <MomentumMode Mode, class Low = void, class Grad = float>
-struct SgdFunctor {
-  static constexpr int kDepth = 4;
-  using Types = TypeList<float, Grad, float, low_storage_t<Low>>;
-  static constexpr unsigned kReads = 0b0011u | (Mode == MomentumMode::running ? 0b0100u : 0u);
-  static constexpr unsigned kWrites =
-      0b0001u | (Mode != MomentumMode::none ? 0b0100u : 0u) | (std::is_void_v<Low> ? 0u : 0b1000u);
-  static constexpr int kSums = 0;
-
+// What the SGD rule reads besides its operands, whatever their storage (SgdFunctor).
+struct SgdRule {
   float lr = 0;
   float momentum = 0;
   float dampening_complement = 1;  // 1 - dampening
@@ -77,6 +68,28 @@ struct SgdFunctor {
   SgdCoefficients uniform{};
   const SgdCoefficients* per_segment = nullptr;  // when set, overrides `uniform` per span
   const float* gate = nullptr;                   // the step gate (step_gate.hpp), or none
+};
+
+// Operands: 0 param (f32), 1 grad (Grad: f32, or the copy's dtype under mixed precision),
+// 2 momentum buffer (f32), 3 low-precision copy (Low).
+template <MomentumMode Mode, class Low = void, class Grad = float>
+struct SgdFunctor : SgdRule {
+  static constexpr int kDepth = 4;
+  using Types = TypeList<float, Grad, float, low_storage_t<Low>>;
+  static constexpr unsigned kReads = 0b0011u | (Mode == MomentumMode::running ? 0b0100u : 0u);
+  static constexpr unsigned kWrites =
+      0b0001u | (Mode != MomentumMode::none ? 0b0100u : 0u) | (std::is_void_v<Low> ? 0u : 0b1000u);
+  static constexpr int kSums = 0;
+
+  // The rule without the copy: the CPU writes the copy from the updated parameters itself
+  // (cpu_apply.hpp, ParamCopy).
+  using CopyStorage = Low;
+  using WithoutCopy = SgdFunctor<Mode, void, Grad>;
+  WithoutCopy without_copy() const {
+    WithoutCopy f;
+    static_cast<SgdRule&>(f) = *this;
+    return f;
+  }
 
   // Per span: the gradient's coefficients, the running rule's buf = g_weight·g +
   // buf_keep·buf -- (1 - dampening, momentum), or (1, 0) on a gated first step, which makes
