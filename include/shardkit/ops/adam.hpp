@@ -1,6 +1,7 @@
 // Fused Adam and AdamW (PyTorch semantics): bias correction, eps added to sqrt(v_hat), L2
 // weight decay (Adam) or decoupled decay (AdamW), unscale folded in, and an optional f16/bf16
-// copy of the updated parameter written in the same pass.
+// copy of the updated parameter written in the same call (on the CPU converted from each chunk's
+// new parameters right after the rule: cpu_apply.hpp, LowCopy).
 #pragma once
 
 #include <cmath>
@@ -60,7 +61,8 @@ SK_HOST_DEVICE SK_INLINE AdamStepScalars adam_step_scalars(float lr, float beta1
 #endif
 }
 
-// What the Adam rule reads besides its operands, whatever their storage (AdamFunctor).
+// What the Adam rule reads besides its operands, whatever their storage (AdamFunctor). Every
+// field belongs here, not in AdamFunctor: without_copy() carries these alone.
 struct AdamRule {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float l2_decay = 0;         // Adam: g += l2_decay · w
@@ -83,8 +85,8 @@ struct AdamFunctor : AdamRule {
   static constexpr int kSums = 0;
 
   // The rule without the copy: the CPU writes the copy from the updated parameters itself
-  // (cpu_apply.hpp, ParamCopy).
-  using CopyStorage = Low;
+  // (cpu_apply.hpp, LowCopy).
+  using LowStorage = Low;
   using WithoutCopy = AdamFunctor<void, Grad>;
   WithoutCopy without_copy() const {
     WithoutCopy f;
@@ -128,6 +130,9 @@ struct AdamFunctor : AdamRule {
     if constexpr (!std::is_void_v<Low>) x[4] = w;
   }
 };
+
+static_assert(sizeof(AdamFunctor<Half>) == sizeof(AdamRule),
+              "AdamFunctor's fields belong in AdamRule (without_copy() copies AdamRule alone)");
 
 template <class Low, class Grad>
 AdamFunctor<Low, Grad> make_adam_functor(const AdamOptions& o) {

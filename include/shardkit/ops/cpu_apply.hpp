@@ -68,7 +68,8 @@ void prefetch_operands(void* const* data, std::int64_t i, std::index_sequence<K.
 // momentum, 8192 a call, 21.5 and 21.0 ms (bench_ops BM_larc_sgd_fused_kept and
 // BM_sgd_momentum, flat:0). The group's fixed-count loop vectorises for every functor as long
 // as the functors choose by selects on floats (sgd.hpp); it measured 2-6% faster than a strip
-// of prefetches followed by a loop of variable length (SGD with a bf16 copy, LARC-SGD).
+// of prefetches followed by a loop of variable length (SGD with a bf16 copy, then written by the
+// loop itself, and LARC-SGD).
 inline constexpr int kUpdateGroup = 16;
 inline constexpr std::int64_t kUpdatePrefetchAhead = 512;
 
@@ -301,12 +302,14 @@ inline std::array<double, 2> sums_of_squares_pair(const float* a, const float* b
 }
 
 // The f16/bf16 copy of the updated parameters that an optimizer functor may write (SgdFunctor,
-// AdamFunctor: its last operand, x[last] = x[0]). On the CPU the functor runs without it
-// (F::WithoutCopy) and the copy is converted from the parameters each chunk or block has just
-// updated, while they are in cache: the same bits (half_runs.hpp's runs round as store_element
-// does), one update loop per rule instead of one per copy dtype -- the f16 and bf16 copies of
+// AdamFunctor: its last operand, x[last] = x[0], the copy a mixed-precision forward reads). On
+// the CPU the functor runs without it (F::WithoutCopy) and the copy is converted from the
+// parameters each chunk (8192 elements, cpu::apply) or LARC block (256, update_in_blocks) has
+// just updated, while they are in cache: the same bits (half_runs.hpp's runs round as
+// store_element does; their F16C body raises the floating-point flags, as that header says),
+// and one update loop per rule instead of one per copy dtype -- the f16 and bf16 copies of
 // f32-gradient steps had been a tenth of the kernel tables' compile (docs/performance.md).
-struct ParamCopy {
+struct LowCopy {
   DType dtype = DType::f32;  // f32: no copy
   int operand = 0;           // the copy's operand
 
@@ -322,18 +325,26 @@ struct ParamCopy {
 };
 
 // Whether F writes such a copy; then F::WithoutCopy is the rule the CPU runs, with
-// param_copy<F>() written after it.
+// low_copy<F>() written after it.
 template <class F>
-constexpr bool writes_param_copy() {
-  if constexpr (requires { typename F::CopyStorage; })
-    return !std::is_void_v<typename F::CopyStorage>;
+constexpr bool writes_low_copy() {
+  if constexpr (requires { typename F::LowStorage; })
+    return !std::is_void_v<typename F::LowStorage>;
   else
     return false;
 }
 template <class F>
-ParamCopy param_copy() {
-  using Low = typename F::CopyStorage;
-  return ParamCopy{std::is_same_v<Low, Half> ? DType::f16 : DType::bf16, F::kDepth - 1};
+LowCopy low_copy() {
+  using Low = typename F::LowStorage;
+  using Rule = typename F::WithoutCopy;
+  static_assert(std::is_same_v<Low, Half> || std::is_same_v<Low, BFloat16>,
+                "a low-precision copy is f16 or bf16");
+  static_assert(std::is_same_v<operand_t<F, 0>, float> && Rule::kDepth == F::kDepth &&
+                    writes<F>(F::kDepth - 1) && !writes<Rule>(F::kDepth - 1) &&
+                    Rule::kWrites == (F::kWrites & ~(1u << (F::kDepth - 1))),
+                "the copy is the last operand, of f32 params (operand 0), and all the rule "
+                "without it does not write");
+  return LowCopy{std::is_same_v<Low, Half> ? DType::f16 : DType::bf16, F::kDepth - 1};
 }
 
 // Elements per block of update_in_blocks: a block's operands (params, grads and momentum, 3 KiB
@@ -350,7 +361,7 @@ inline constexpr std::int64_t kUpdateBlock = 256;
 template <bool kSquare, class F, class AfterBlock>
 double update_in_blocks(const F& op, const typename F::Segment& segment, void* const* operands,
                         std::int64_t lo, std::int64_t hi, std::int64_t readable,
-                        AfterBlock&& after_block, const ParamCopy& copy = {}) {
+                        AfterBlock&& after_block, const LowCopy& copy = {}) {
   static_assert(F::kSums == 0, "an update sums nothing; its squares are taken separately");
   static_assert(kUpdateBlock % kSumLanes == 0, "blocks keep the lanes counted from lo");
   const float* params = static_cast<const float*>(operands[0]);
@@ -461,7 +472,7 @@ std::array<double, kSumSlots<F>> chunk_sums(const F& op, const Span<Depth>& span
 // s's k-th sum to sums[k * n + s]. An update writes `copy` after each chunk.
 template <class F, int Depth>
 void apply(ThreadPool& pool, const F& op, const SpanList<Depth>& spans, double* sums,
-           const ParamCopy& copy = {}) {
+           const LowCopy& copy = {}) {
   static_assert(check_functor<F>() && Depth == F::kDepth, "span depth must match the functor");
   if (gate_skips(op)) return;  // (on the CPU the gate is read here, in the stream's order)
   const auto n = spans.size();
@@ -478,6 +489,7 @@ void apply(ThreadPool& pool, const F& op, const SpanList<Depth>& spans, double* 
       copy.write(operands, c.lo, c.hi);
     });
   } else {
+    SK_ASSERT(copy.dtype == DType::f32);  // (a summing functor writes no parameter copy)
     std::vector<std::array<double, F::kSums>> partials(chunks.size());
     pool.parallel_for(tasks, [&](std::int64_t i) {
       const Chunk& c = chunks[static_cast<std::size_t>(i)];

@@ -32,13 +32,13 @@ struct Cpu {
           "; use sk::ops::Cuda from <kernels/ops/cuda_backend.cuh>");
   }
 
-  // An optimizer's f16/bf16 parameter copy is written after each chunk's update, by the rule
-  // without the copy (cpu_apply.hpp, ParamCopy).
+  // An optimizer functor that writes an f16/bf16 parameter copy runs without it
+  // (F::WithoutCopy), and cpu::LowCopy converts each chunk's updated params after it.
   template <class F>
   static void apply(Context& ctx, const F& op, const SpanList<F::kDepth>& spans) {
     static_assert(F::kSums == 0, "summing functors go through apply_sums");
-    if constexpr (cpu::writes_param_copy<F>())
-      cpu::apply(ctx.cpu_pool(), op.without_copy(), spans, nullptr, cpu::param_copy<F>());
+    if constexpr (cpu::writes_low_copy<F>())
+      cpu::apply(ctx.cpu_pool(), op.without_copy(), spans, nullptr, cpu::low_copy<F>());
     else
       cpu::apply(ctx.cpu_pool(), op, spans, nullptr);
   }
@@ -116,12 +116,12 @@ struct Cpu {
 
   // Norms, coefficients and update, pipelined over batches of whole tensors (cpu_larc.hpp).
   // With param_squares the update also squares the params it writes, and when the squares
-  // describe these params the norms read only the grads. A parameter copy is written after
-  // each block of the update (as apply's).
+  // describe these params the norms read only the grads. A parameter copy is converted after
+  // each 256-element block of the update (cpu::LowCopy).
   template <class Sgd>
   static void larc_sgd(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
                        float lr, float inv_grad_scale, LarcParamSquares* param_squares) {
-    auto run = [&](const auto& rule, const cpu::ParamCopy& copy) {
+    auto run = [&](const auto& rule, const cpu::LowCopy& copy) {
       ThreadPool& pool = ctx.cpu_pool();
       if (param_squares == nullptr) {
         cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, false>(pool, rule, copy, spans, larc, lr,
@@ -141,10 +141,10 @@ struct Cpu {
                                                          inv_grad_scale, squares.data<double>());
       param_squares->record(spans, squares);
     };
-    if constexpr (cpu::writes_param_copy<Sgd>())
-      run(op.without_copy(), cpu::param_copy<Sgd>());
+    if constexpr (cpu::writes_low_copy<Sgd>())
+      run(op.without_copy(), cpu::low_copy<Sgd>());
     else
-      run(op, cpu::ParamCopy{});
+      run(op, cpu::LowCopy{});
   }
 
   // LARC-SGD with the norm tree's norms (cpu::TreeSums), pipelined as larc_sgd is: the bits
@@ -153,13 +153,13 @@ struct Cpu {
   template <class Sgd>
   static void larc_sgd_tree(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
                             float lr, float inv_grad_scale, const double* decays) {
-    if constexpr (cpu::writes_param_copy<Sgd>()) {
+    if constexpr (cpu::writes_low_copy<Sgd>()) {
       cpu::larc_sgd_pipelined<cpu::TreeSums<operand_t<Sgd, 1>>, false>(
-          ctx.cpu_pool(), op.without_copy(), cpu::param_copy<Sgd>(), spans, larc, lr,
-          inv_grad_scale, nullptr, decays);
+          ctx.cpu_pool(), op.without_copy(), cpu::low_copy<Sgd>(), spans, larc, lr, inv_grad_scale,
+          nullptr, decays);
     } else {
       cpu::larc_sgd_pipelined<cpu::TreeSums<operand_t<Sgd, 1>>, false>(
-          ctx.cpu_pool(), op, cpu::ParamCopy{}, spans, larc, lr, inv_grad_scale, nullptr, decays);
+          ctx.cpu_pool(), op, cpu::LowCopy{}, spans, larc, lr, inv_grad_scale, nullptr, decays);
     }
   }
 

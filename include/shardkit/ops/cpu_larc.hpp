@@ -222,7 +222,7 @@ void read_run_squares(const SpanList<4>& spans, std::span<const Chunk> run,
 // in proportion to the elements updated, so both streams stay in flight to the end. `copy` is
 // written after each block.
 template <bool kSquare, class Sgd, class Ahead>
-void update_run(const Sgd& op, const ParamCopy& copy, const SpanList<4>& spans,
+void update_run(const Sgd& op, const LowCopy& copy, const SpanList<4>& spans,
                 std::span<const Chunk> run, const SgdCoefficients* coefficients,
                 double* param_squares, Ahead& ahead) {
   std::int64_t total = 0;
@@ -254,7 +254,7 @@ void update_run(const Sgd& op, const ParamCopy& copy, const SpanList<4>& spans,
 // weight decay (nullptr: larc.weight_decay for all). `copy`: the params' f16/bf16 copy, written
 // after each block of the update (cpu_apply.hpp).
 template <class Norms, bool kSquare, class Sgd>
-void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const ParamCopy& copy,
+void larc_sgd_pipelined(ThreadPool& pool, const Sgd& op, const LowCopy& copy,
                         const SpanList<4>& spans, const LarcOptions& larc, float lr,
                         float inv_grad_scale, double* param_squares,
                         const double* decays = nullptr) {

@@ -12,7 +12,11 @@
 //   void operator()(float (&x)[kDepth], const Segment&, double (&sums)[kSumSlots<F>]) const;
 // The rule reads and rewrites x in place and writes this element's contributions to `sums`.
 // Optionally, a non-summing functor has a member `const float* gate` (step_gate.hpp): where it
-// is set and says skip, the launcher runs nothing.
+// is set and says skip, the launcher runs nothing. An optimizer functor may write an f16/bf16
+// copy of the updated f32 parameter (operand 0) as its last operand; it then names the copy's
+// storage (`using LowStorage`, void for none) and its rule without the copy (`using
+// WithoutCopy`, `without_copy()`), which the CPU launcher runs before converting the copy a
+// chunk at a time (cpu_apply.hpp, LowCopy); the CUDA launcher runs the functor as it is.
 #pragma once
 
 #include <cstdint>

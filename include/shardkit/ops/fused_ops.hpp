@@ -2,7 +2,7 @@
 // checked and turned into spans here, once; the backend only launches.
 //
 //   sgd_step<B>                 SGD over many tensors (weight decay, momentum, unscale, and an
-//                               optional f16/bf16 copy of the result, in one pass)
+//                               optional f16/bf16 copy of the result, in one call)
 //   sgd_step<B>(..., coefficients)   the same with per-tensor (grad, param) factors (LARC)
 //   segment_sums_of_squares<B>  per-span sums of squares (pieces of L2 norms)
 //   leaf_sums_of_squares<B>     per-leaf sums of squares: the split-invariant norms of

@@ -1,6 +1,7 @@
 // Fused SGD (PyTorch semantics, docs/semantics.md): weight decay, momentum with PyTorch's
 // first-step rule, dampening, nesterov, an unscale of the gradient folded in, and an optional
-// f16/bf16 copy of the updated parameter written in the same pass.
+// f16/bf16 copy of the updated parameter written in the same call (on the CPU converted from
+// each chunk's new parameters right after the rule: cpu_apply.hpp, LowCopy).
 #pragma once
 
 #include <cstdint>
@@ -57,7 +58,8 @@ inline MomentumMode momentum_mode(const SgdOptions& o) {
   return o.first_step && !o.gate.defined() ? MomentumMode::first_step : MomentumMode::running;
 }
 
-// What the SGD rule reads besides its operands, whatever their storage (SgdFunctor).
+// What the SGD rule reads besides its operands, whatever their storage (SgdFunctor). Every
+// field belongs here, not in SgdFunctor: without_copy() carries these alone.
 struct SgdRule {
   float lr = 0;
   float momentum = 0;
@@ -82,8 +84,8 @@ struct SgdFunctor : SgdRule {
   static constexpr int kSums = 0;
 
   // The rule without the copy: the CPU writes the copy from the updated parameters itself
-  // (cpu_apply.hpp, ParamCopy).
-  using CopyStorage = Low;
+  // (cpu_apply.hpp, LowCopy).
+  using LowStorage = Low;
   using WithoutCopy = SgdFunctor<Mode, void, Grad>;
   WithoutCopy without_copy() const {
     WithoutCopy f;
@@ -142,6 +144,9 @@ struct SgdFunctor : SgdRule {
     if constexpr (!std::is_void_v<Low>) x[3] = x[0];
   }
 };
+
+static_assert(sizeof(SgdFunctor<MomentumMode::running, Half>) == sizeof(SgdRule),
+              "SgdFunctor's fields belong in SgdRule (without_copy() copies SgdRule alone)");
 
 template <MomentumMode Mode, class Low, class Grad>
 SgdFunctor<Mode, Low, Grad> make_sgd_functor(const SgdOptions& o,
