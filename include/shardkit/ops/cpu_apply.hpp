@@ -347,6 +347,16 @@ LowCopy low_copy() {
   return LowCopy{std::is_same_v<Low, Half> ? DType::f16 : DType::bf16, F::kDepth - 1};
 }
 
+// Calls fn(rule, copy) with what the CPU runs for `op`: F::WithoutCopy and its LowCopy when F
+// writes a copy, else `op` itself and no copy.
+template <class F, class Fn>
+void with_low_copy(const F& op, Fn&& fn) {
+  if constexpr (writes_low_copy<F>())
+    fn(op.without_copy(), low_copy<F>());
+  else
+    fn(op, LowCopy{});
+}
+
 // Elements per block of update_in_blocks: a block's operands (params, grads and momentum, 3 KiB
 // of f32 at 256) are still in L1 when its params are squared.
 inline constexpr std::int64_t kUpdateBlock = 256;

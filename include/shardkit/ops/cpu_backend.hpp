@@ -37,10 +37,9 @@ struct Cpu {
   template <class F>
   static void apply(Context& ctx, const F& op, const SpanList<F::kDepth>& spans) {
     static_assert(F::kSums == 0, "summing functors go through apply_sums");
-    if constexpr (cpu::writes_low_copy<F>())
-      cpu::apply(ctx.cpu_pool(), op.without_copy(), spans, nullptr, cpu::low_copy<F>());
-    else
-      cpu::apply(ctx.cpu_pool(), op, spans, nullptr);
+    cpu::with_low_copy(op, [&](const auto& rule, const cpu::LowCopy& copy) {
+      cpu::apply(ctx.cpu_pool(), rule, spans, nullptr, copy);
+    });
   }
 
   template <class F>
@@ -121,7 +120,7 @@ struct Cpu {
   template <class Sgd>
   static void larc_sgd(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
                        float lr, float inv_grad_scale, LarcParamSquares* param_squares) {
-    auto run = [&](const auto& rule, const cpu::LowCopy& copy) {
+    cpu::with_low_copy(op, [&](const auto& rule, const cpu::LowCopy& copy) {
       ThreadPool& pool = ctx.cpu_pool();
       if (param_squares == nullptr) {
         cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, false>(pool, rule, copy, spans, larc, lr,
@@ -140,11 +139,7 @@ struct Cpu {
         cpu::larc_sgd_pipelined<cpu::ChunkSums<2>, true>(pool, rule, copy, spans, larc, lr,
                                                          inv_grad_scale, squares.data<double>());
       param_squares->record(spans, squares);
-    };
-    if constexpr (cpu::writes_low_copy<Sgd>())
-      run(op.without_copy(), cpu::low_copy<Sgd>());
-    else
-      run(op, cpu::LowCopy{});
+    });
   }
 
   // LARC-SGD with the norm tree's norms (cpu::TreeSums), pipelined as larc_sgd is: the bits
@@ -153,14 +148,10 @@ struct Cpu {
   template <class Sgd>
   static void larc_sgd_tree(Context& ctx, Sgd op, const SpanList<4>& spans, const LarcOptions& larc,
                             float lr, float inv_grad_scale, const double* decays) {
-    if constexpr (cpu::writes_low_copy<Sgd>()) {
+    cpu::with_low_copy(op, [&](const auto& rule, const cpu::LowCopy& copy) {
       cpu::larc_sgd_pipelined<cpu::TreeSums<operand_t<Sgd, 1>>, false>(
-          ctx.cpu_pool(), op.without_copy(), cpu::low_copy<Sgd>(), spans, larc, lr, inv_grad_scale,
-          nullptr, decays);
-    } else {
-      cpu::larc_sgd_pipelined<cpu::TreeSums<operand_t<Sgd, 1>>, false>(
-          ctx.cpu_pool(), op, cpu::LowCopy{}, spans, larc, lr, inv_grad_scale, nullptr, decays);
-    }
+          ctx.cpu_pool(), rule, copy, spans, larc, lr, inv_grad_scale, nullptr, decays);
+    });
   }
 
   // The codes' loops work through runs of this many values (even: int4 runs start on a byte).
