@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "gradcheck.hpp"
 #include "shardkit/autograd/autograd.hpp"
+#include "shardkit/autograd/cpu_conv.hpp"
 
 namespace sk = shardkit;
 namespace ag = shardkit::autograd;
@@ -162,5 +164,30 @@ TEST_CASE("CPU GEMMs and convolutions of integer tensors are refused as invalid 
     Variable x(sk::full(ctx, {1, 2, 5, 5}, dtype, 2)), w(sk::full(ctx, {3, 2, 3, 3}, dtype, 3));
     CHECK_THROWS_AS(ag::conv2d(ctx, x, w, Variable(), ag::Conv2dOptions::make(1, 1)),
                     sk::InvalidArgument);
+  }
+}
+
+// A build configured with cpu_f64_products=false (the README's main job) refuses an f64 GEMM or
+// convolution by name, saying which option brings them back; this build's own choice stands for
+// the other dtypes (visit_eigen_real's F64 parameter reaches both verdicts in any build).
+TEST_CASE("CPU f64 products left out of a build are refused with the option that restores them") {
+  namespace cpu = shardkit::autograd::cpu;
+  int reached = 0;
+  auto count = [&](auto) { ++reached; };
+  try {
+    cpu::visit_eigen_real<false>(sk::DType::f64, "conv2d", count);
+    FAIL("an f64 convolution without f64 products was not refused");
+  } catch (const sk::NotAvailable& e) {
+    const std::string what = e.what();
+    CHECK(what.find("conv2d in f64 on the CPU") != std::string::npos);
+    CHECK(what.find("-Dcpu_f64_products=true") != std::string::npos);
+  }
+  CHECK(reached == 0);
+  cpu::visit_eigen_real<true>(sk::DType::f64, "gemm", count);
+  CHECK(reached == 1);
+  CHECK_THROWS_AS(cpu::visit_eigen_real<false>(sk::DType::i32, "gemm", count), sk::InvalidArgument);
+  if (!SK_WITH_DNNL) {  // Eigen serves f32 too: leaving f64 out does not touch it
+    cpu::visit_eigen_real<false>(sk::DType::f32, "gemm", count);
+    CHECK(reached == 2);
   }
 }

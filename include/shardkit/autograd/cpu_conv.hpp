@@ -28,20 +28,40 @@ using MatrixMap = Eigen::Map<RowMatrix<T>>;
 template <class T>
 using ConstMatrixMap = Eigen::Map<const RowMatrix<T>>;
 
-// The types the Eigen path computes: f64 always; f32 only in a build without oneDNN, since with
-// it the table sends every f32 GEMM and convolution to oneDNN (cpu_kernel_table.hpp) and an f32
-// instantiation here would be dead code -- Eigen's matrix products are a large part of the
-// kernel table's compile time. Other dtypes get visit_real's refusal either way.
-template <class Fn>
+// Whether the CPU computes GEMMs and convolutions in f64 (Eigen's products). A build can leave
+// them out with SHARDKIT_CPU_F64_PRODUCTS=0 (Meson's cpu_f64_products=false, which
+// `scripts/setup --main-job` sets): the tests' float64 references need them, a program that
+// trains in f32 does not -- the SwAV trainer's f64 option (use_double_precision) covers its loss
+// and Sinkhorn, which are no products -- and they are a sixth of the CPU kernel unit's compile
+// (43 -> 36.5 s on a 2-core EPYC), the first build's longest pole beside the trainer's own unit.
+// Like SHARDKIT_WITH_DNNL, a build defines it for every unit alike.
+#if defined(SHARDKIT_CPU_F64_PRODUCTS) && !SHARDKIT_CPU_F64_PRODUCTS
+inline constexpr bool kCpuF64Products = false;
+#else
+inline constexpr bool kCpuF64Products = true;
+#endif
+
+// The types the Eigen path computes: f64 (unless the build left it out, above); f32 only in a
+// build without oneDNN, since with it the table sends every f32 GEMM and convolution to oneDNN
+// (cpu_kernel_table.hpp) and an f32 instantiation here would be dead code -- Eigen's matrix
+// products are a large part of the kernel table's compile time. Other dtypes get visit_real's
+// refusal either way. (F64 is a parameter so that the tests reach the refusal in any build.)
+template <bool F64 = kCpuF64Products, class Fn>
 void visit_eigen_real(DType dtype, const char* op, Fn&& fn) {
   visit_real(dtype, op, [&](auto tag) {
-    if constexpr (!SK_WITH_DNNL || std::is_same_v<decltype(tag), double>)
+    constexpr bool is_f64 = std::is_same_v<decltype(tag), double>;
+    if constexpr (is_f64 ? F64 : !SK_WITH_DNNL)
       fn(tag);
+    else if constexpr (is_f64)
+      fail<NotAvailable>(op,
+                         " in f64 on the CPU: this build left the CPU's f64 GEMMs and "
+                         "convolutions out (Meson option cpu_f64_products=false, which "
+                         "scripts/setup --main-job sets); configure the build with "
+                         "-Dcpu_f64_products=true to compute in f64");
     else
       fail<StateError>(op,
                        " reached the CPU's Eigen path in f32 in a build with oneDNN, which "
-                       "runs every f32 ",
-                       op, " (autograd/cpu_kernel_table.hpp)");
+                       "runs every f32 GEMM and convolution (autograd/cpu_kernel_table.hpp)");
   });
 }
 
