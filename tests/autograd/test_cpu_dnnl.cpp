@@ -168,8 +168,8 @@ TEST_CASE("CPU GEMMs and convolutions of integer tensors are refused as invalid 
 }
 
 // A build configured with cpu_f64_products=false (the README's main job) refuses an f64 GEMM or
-// convolution by name, saying which option brings them back; this build's own choice stands for
-// the other dtypes (visit_eigen_real's F64 parameter reaches both verdicts in any build).
+// convolution by name, saying which option brings them back, and leaves the other dtypes' verdicts
+// as they were (visit_eigen_real's F64 parameter reaches both choices in any build).
 TEST_CASE("CPU f64 products left out of a build are refused with the option that restores them") {
   namespace cpu = shardkit::autograd::cpu;
   int reached = 0;
