@@ -186,7 +186,10 @@ TEST_CASE("CPU f64 products left out of a build are refused with the option that
   cpu::visit_eigen_real<true>(sk::DType::f64, "gemm", count);
   CHECK(reached == 1);
   CHECK_THROWS_AS(cpu::visit_eigen_real<false>(sk::DType::i32, "gemm", count), sk::InvalidArgument);
-  if (!SK_WITH_DNNL) {  // Eigen serves f32 too: leaving f64 out does not touch it
+  if (SK_WITH_DNNL) {  // oneDNN serves f32: the Eigen path refuses it as an internal error
+    CHECK_THROWS_AS(cpu::visit_eigen_real<false>(sk::DType::f32, "gemm", count), sk::StateError);
+    CHECK(reached == 1);
+  } else {  // Eigen serves f32 too: leaving f64 out does not touch it
     cpu::visit_eigen_real<false>(sk::DType::f32, "gemm", count);
     CHECK(reached == 2);
   }

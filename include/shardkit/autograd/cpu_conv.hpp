@@ -1,6 +1,6 @@
-// CPU convolution and GEMM: im2col + Eigen matrix products (f64; f32 too in a build without
-// oneDNN), one image at a time so the column buffer stays small; 1x1 stride-1 unpadded
-// convolutions skip im2col entirely.
+// CPU convolution and GEMM: im2col + Eigen matrix products (f64 unless the build leaves it out;
+// f32 too in a build without oneDNN), one image at a time so the column buffer stays small; 1x1
+// stride-1 unpadded convolutions skip im2col entirely.
 #pragma once
 
 // Eigen must be a system include for nvcc (its nvcc-only pragmas would warn in g++ under
@@ -33,8 +33,9 @@ using ConstMatrixMap = Eigen::Map<const RowMatrix<T>>;
 // `scripts/setup --main-job` sets): the tests' float64 references need them, a program that
 // trains in f32 does not -- the SwAV trainer's f64 option (use_double_precision) covers its loss
 // and Sinkhorn, which are no products -- and they are a sixth of the CPU kernel unit's compile
-// (43 -> 36.5 s on a 2-core EPYC), the first build's longest pole beside the trainer's own unit.
-// Like SHARDKIT_WITH_DNNL, a build defines it for every unit alike.
+// (41-43 -> 35 s of one core on a 2-core EPYC), the first build's longest pole. A build defines
+// it for every unit alike (Meson's shardkit_cpu_dep does); unlike SHARDKIT_WITH_DNNL it is not
+// in the tables' ABI name, since only the unit that defines the tables compiles the products.
 #if defined(SHARDKIT_CPU_F64_PRODUCTS) && !SHARDKIT_CPU_F64_PRODUCTS
 inline constexpr bool kCpuF64Products = false;
 #else
