@@ -16,8 +16,7 @@
 // (core/config.hpp); the flags that change code (SHARDKIT_WITH_CUDA, SHARDKIT_WITH_DNNL,
 // SHARDKIT_WITH_MPI, OpenMP) must be the same here as in the rest of the program -- a unit that
 // differs in the first, second or last fails to link (core/config.hpp, SK_CPU_KERNELS_ABI).
-#define SK_DEFINING_CPU_KERNELS \
-  (SK_CPU_TENSOR_TABLE | SK_CPU_AUTOGRAD_TABLE | SK_CPU_FUSED_OPS_TABLE)
+#define SK_DEFINING_CPU_KERNELS 1  // (all three tables: core/config.hpp)
 
 #include "shardkit/autograd/cpu_kernel_table.hpp"
 #include "shardkit/core/cpu_kernel_table.hpp"

@@ -9,7 +9,7 @@
 
 // Where the table is compiled once, in kernels/shardkit_cpu.cpp (core/config.hpp), it is
 // only declared here, and the loops' headers are not read.
-#if SK_CPU_TABLE_ELSEWHERE(SK_CPU_AUTOGRAD_TABLE)
+#if SK_CPU_TABLES_ELSEWHERE
 namespace shardkit::autograd {
 inline namespace SK_CPU_KERNELS_ABI {  // (core/config.hpp)
 const AutogradKernels& cpu_kernels();

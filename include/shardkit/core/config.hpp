@@ -25,29 +25,24 @@
 // per unit on one core, the largest single cost of a program's build. A build that does so
 // defines SHARDKIT_CPU_KERNELS_UNIT=1 for every unit of the program alike (Meson's shardkit_dep
 // and shardkit_cpu_dep do) and compiles the unit that defines them, kernels/shardkit_cpu.cpp.
-// A unit that defines tables sets SK_DEFINING_CPU_KERNELS to those it defines, a sum of the
-// SK_CPU_*_TABLE bits below (that one: all three); SK_CPU_TABLE_ELSEWHERE(table) is 1 where the
-// table's header only declares it. Without SHARDKIT_CPU_KERNELS_UNIT (plain g++ use) the headers
-// define every table inline, as everything else.
-#define SK_CPU_TENSOR_TABLE 1
-#define SK_CPU_AUTOGRAD_TABLE 2
-#define SK_CPU_FUSED_OPS_TABLE 4
+// That unit defines SK_DEFINING_CPU_KERNELS before it includes the tables' headers;
+// SK_CPU_TABLES_ELSEWHERE is 1 in every other unit of such a build, where the tables' headers
+// only declare them. Without SHARDKIT_CPU_KERNELS_UNIT (plain g++ use) the headers define every
+// table inline, as everything else.
 #if defined(SHARDKIT_CPU_KERNELS_UNIT) && SHARDKIT_CPU_KERNELS_UNIT
 #define SK_CPU_KERNELS_UNIT_BUILD 1
 #else
 #define SK_CPU_KERNELS_UNIT_BUILD 0
 #endif
-#if defined(SK_DEFINING_CPU_KERNELS)
-#define SK_CPU_TABLES_DEFINED_HERE (SK_DEFINING_CPU_KERNELS)
-#else
-#define SK_CPU_TABLES_DEFINED_HERE 0
-#endif
 #if defined(SK_DEFINING_CPU_KERNELS) && !SK_CPU_KERNELS_UNIT_BUILD
 #error \
     "a unit that defines the CPU kernel tables (kernels/shardkit_cpu.cpp): compile it, and every other unit of the program, with -DSHARDKIT_CPU_KERNELS_UNIT=1 (without it the headers define the tables inline and this unit would define them twice)"
 #endif
-#define SK_CPU_TABLE_ELSEWHERE(table) \
-  (SK_CPU_KERNELS_UNIT_BUILD && !(SK_CPU_TABLES_DEFINED_HERE & (table)))
+#if SK_CPU_KERNELS_UNIT_BUILD && !defined(SK_DEFINING_CPU_KERNELS)
+#define SK_CPU_TABLES_ELSEWHERE 1
+#else
+#define SK_CPU_TABLES_ELSEWHERE 0
+#endif
 // The tables' accessors are declared and defined in an inline namespace named by the flags that
 // change their code -- SHARDKIT_WITH_CUDA, SHARDKIT_WITH_DNNL, and OpenMP, which picks
 // ThreadPool's implementation: a unit compiled with other flags than the tables' unit that

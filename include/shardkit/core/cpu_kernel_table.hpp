@@ -1,14 +1,14 @@
 // The CPU's DeviceKernels (device_kernels.hpp): the loops of cpu_tensor_kernels.hpp behind the
 // same five entries a CUDA Context's table has, so tensor_ops.hpp calls either by the tensor's
 // device. Where the CPU's tables are compiled once, this one in
-// kernels/shardkit_cpu.cpp (core/config.hpp, SK_CPU_TABLE_ELSEWHERE), the table is only
+// kernels/shardkit_cpu.cpp (core/config.hpp, SK_CPU_TABLES_ELSEWHERE), the table is only
 // declared here and the loops' header is not read.
 #pragma once
 
 #include "shardkit/core/config.hpp"
 #include "shardkit/core/device_kernels.hpp"
 
-#if SK_CPU_TABLE_ELSEWHERE(SK_CPU_TENSOR_TABLE)
+#if SK_CPU_TABLES_ELSEWHERE
 namespace shardkit {
 inline namespace SK_CPU_KERNELS_ABI {  // (core/config.hpp)
 const DeviceKernels& cpu_tensor_kernels();

@@ -106,10 +106,10 @@ constexpr FusedOps fused_ops_table() {
   return table;
 }
 
-// The CPU's table (core/config.hpp, SK_CPU_TABLE_ELSEWHERE: defined here, or only declared
+// The CPU's table (core/config.hpp, SK_CPU_TABLES_ELSEWHERE: defined here, or only declared
 // here and compiled once in kernels/shardkit_cpu.cpp).
 inline namespace SK_CPU_KERNELS_ABI {  // (core/config.hpp)
-#if SK_CPU_TABLE_ELSEWHERE(SK_CPU_FUSED_OPS_TABLE)
+#if SK_CPU_TABLES_ELSEWHERE
 const FusedOps& cpu_fused_ops();
 #else
 SK_CPU_KERNELS_LINKAGE const FusedOps& cpu_fused_ops() {
