@@ -83,11 +83,24 @@ __global__ void divide_kernel(T* data, StridedIndexer indexer, std::int64_t n, A
   }
 }
 
+// One thread per Philox block: it draws the block once (ten rounds) and writes the two or four
+// elements the block gives, where one thread per element drew each block two or four times.
+// Block b of the fill gives the stream's positions b * per .. b * per + per - 1, position
+// `skip` being element 0 (RandomSpec::value_at's mapping, so the bits are the CPU's).
 template <class T>
-__global__ void random_kernel(T* data, StridedIndexer indexer, std::int64_t n, RandomSpec spec) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    data[indexer.offset(i)] = convert_value<T>(spec.value_at(static_cast<std::uint64_t>(i)));
+__global__ void random_kernel(T* data, StridedIndexer indexer, std::int64_t n, RandomSpec spec,
+                              std::int64_t blocks) {
+  const auto per = static_cast<unsigned>(spec.elements_per_block());
+  for (std::int64_t b = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; b < blocks;
+       b += std::int64_t{gridDim.x} * blockDim.x) {
+    const PhiloxBlock block = philox_block(spec.seed, spec.counter_base + b);
+    const auto first = static_cast<std::int64_t>(b * per) - static_cast<std::int64_t>(spec.skip);
+    for (unsigned position = 0; position < per; ++position) {
+      const std::int64_t i = first + position;
+      if (i >= 0 && i < n)
+        data[indexer.offset(i)] = convert_value<T>(spec.value_in_block(block, position));
+    }
+  }
 }
 
 inline void fill(Context& ctx, const Tensor& t, double value) {
@@ -160,8 +173,9 @@ inline void random(Context& ctx, const Tensor& t, const RandomSpec& spec) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BFloat16>) {
-      random_kernel<T><<<grid_for(n), kThreadsPerBlock, 0, ctx.stream()>>>(
-          static_cast<T*>(t.data_ptr()), make_indexer(t), n, spec);
+      const auto blocks = static_cast<std::int64_t>(spec.blocks_for(spec.skip + n));
+      random_kernel<T><<<grid_for(blocks), kThreadsPerBlock, 0, ctx.stream()>>>(
+          static_cast<T*>(t.data_ptr()), make_indexer(t), n, spec, blocks);
       SK_CUDA_CHECK_LAUNCH("random_kernel");
     }
   });
