@@ -13,10 +13,11 @@ import time
 
 
 def latest_step(folder):
-    """The step DIR/latest names (step_000000012 -> 12), or 0 when there is none."""
+    """The step DIR/latest names (step_000000012 -> 12, and a step saved again,
+    step_000000012.resaved, -> 12), or 0 when there is none."""
     try:
         with open(os.path.join(folder, "latest")) as f:
-            return int(os.path.basename(f.read().strip()).split("_")[1])
+            return int(os.path.basename(f.read().strip()).split("_")[1].split(".")[0])
     except (OSError, IndexError, ValueError):
         return 0
 

@@ -333,11 +333,7 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
         // A step folder behind an atomic `latest`: a kill at any moment leaves a complete one.
         std::string folder;
         if (saver) {
-          saver->save(step + 1, state, options);
-          folder =
-              (std::filesystem::path(s.checkpoint_dir) / sk::checkpoint::step_folder_name(step + 1))
-                  .string() +
-              ", in the background";
+          folder = saver->save(step + 1, state, options) + ", in the background";
         } else {
           folder = sk::checkpoint::save_step_checkpoint(s.checkpoint_dir, step + 1, state, options);
         }

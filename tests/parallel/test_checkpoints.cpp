@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -314,6 +315,156 @@ TEST_CASE("async step checkpoints: a failed write leaves the previous latest and
   CHECK(errors[0].find("failed to write on rank(s) 1") != std::string::npos);
   CHECK(errors[1].find("shard-00001-of-00002") != std::string::npos);
   CHECK(latest_name(dir) == "step_000000001");
+}
+
+namespace {
+
+// Each rank's error from `save` ("PeerFailed: " before a peer's), or "" where it succeeded.
+std::vector<std::string> save_errors(
+    int world, Stage stage,
+    const std::function<void(sk::parallel::ShardedModule&, sk::comm::Communicator&)>& save) {
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options_for(stage));
+    try {
+      save(model, comm);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(comm.rank())] =
+          std::string(dynamic_cast<const sk::comm::PeerFailed*>(&e) ? "PeerFailed: " : "") +
+          e.what();
+    }
+  });
+  return errors;
+}
+
+}  // namespace
+
+// Before the write began (here `extra`; also the copy into staging, or rank 0 preparing the
+// folder): the rank that failed used to leave save() alone, and the others' finish() believed
+// the save while rank 0's thread waited for the missing marker -- a hang.
+TEST_CASE("async step checkpoints: a rank failing before its write fails the save everywhere") {
+  const auto dir = scratch("async_early_failure");
+  const auto errors = save_errors(2, Stage::fsdp, [&](auto& model, auto& comm) {
+    sk::checkpoint::AsyncCheckpointer saver(dir.string());
+    sk::checkpoint::CheckpointOptions options;
+    options.layout = CheckpointLayout::sharded;
+    saver.save(1, model.training_state(), options);
+    saver.save(2, model.training_state(), options, [&](const std::string&) {
+      if (comm.rank() == 1) throw sk::IoError("rank 1's own file: no space left on device");
+    });
+    std::string second_error;
+    try {
+      saver.finish();
+    } catch (const std::exception& e) {
+      second_error = e.what();
+    }
+    CHECK(!second_error.empty());
+    CHECK(latest_name(dir) == "step_000000001");
+    CHECK(fs::exists(dir / "step_000000001"));
+    saver.save(3, model.training_state(), options);  // the saver goes on after a failed save
+    saver.finish();
+    throw sk::IoError(second_error);  // (reported through save_errors)
+  });
+  CHECK(errors[0].find("the checkpoint of step 2") == 0);
+  CHECK(errors[0].find("failed to write on rank(s) 1") != std::string::npos);
+  CHECK(errors[1] == "rank 1's own file: no space left on device");
+  CHECK(latest_name(dir) == "step_000000003");
+  CHECK(leftovers(dir).empty());
+}
+
+// A foreground save (step folders, either layout) that fails on one rank throws on every rank
+// -- its own error there, PeerFailed naming it elsewhere -- where the others used to wait in a
+// barrier for the rank that had left; `latest` stays.
+TEST_CASE("a foreground save failing on one rank fails on every rank; latest stays") {
+  for (const auto layout : {CheckpointLayout::sharded, CheckpointLayout::full}) {
+    CAPTURE(static_cast<int>(layout));
+    const auto dir = scratch("foreground_failure");
+    sk::checkpoint::CheckpointOptions options;
+    options.layout = layout;
+    options.chunk_numel = 16;  // (the full layout's stream in many chunks)
+    // The failing rank's file cannot be renamed into place: a folder stands where it goes
+    // (rank 1's shard; the full layout's writer, rank 0, its model file).
+    const int failing = layout == CheckpointLayout::sharded ? 1 : 0;
+    const auto blocked = layout == CheckpointLayout::sharded
+                             ? sk::checkpoint::shard_file_name(1, 2)
+                             : std::string(sk::checkpoint::kFullModelFile);
+    const auto errors = save_errors(2, Stage::sdp, [&](auto& model, auto& comm) {
+      auto state = model.training_state();
+      (void)sk::checkpoint::save_step_checkpoint(dir.string(), 1, state, options);
+      comm.barrier();
+      if (comm.rank() == 0) fs::create_directories(dir / "step_000000002" / blocked / "x");
+      comm.barrier();
+      // (a plain save into a folder of its own: save_step_checkpoint would empty it first)
+      sk::checkpoint::save_checkpoint((dir / "step_000000002").string(), state, options);
+    });
+    const auto& own = errors[static_cast<std::size_t>(failing)];
+    const auto& peer = errors[static_cast<std::size_t>(1 - failing)];
+    CHECK(own.find(blocked) != std::string::npos);
+    CHECK(peer.find("PeerFailed: save_checkpoint into") == 0);
+    CHECK(peer.find("failed to write its files on rank(s) " + std::to_string(failing)) !=
+          std::string::npos);
+    CHECK(latest_name(dir) == "step_000000001");
+  }
+  // `extra` failing on one rank: the step is not published.
+  const auto dir = scratch("foreground_extra_failure");
+  const auto errors = save_errors(2, Stage::fsdp, [&](auto& model, auto& comm) {
+    auto state = model.training_state();
+    (void)sk::checkpoint::save_step_checkpoint(dir.string(), 1, state);
+    (void)sk::checkpoint::save_step_checkpoint(dir.string(), 2, state, {}, [&](const auto&) {
+      if (comm.rank() == 0) throw sk::IoError("rank 0's queue file: disk full");
+    });
+  });
+  CHECK(errors[0] == "rank 0's queue file: disk full");
+  CHECK(errors[1].find("PeerFailed: the checkpoint of step 2") == 0);
+  CHECK(errors[1].find("failed to write the caller's files on rank(s) 0") != std::string::npos);
+  CHECK(latest_name(dir) == "step_000000001");
+}
+
+// A trainer saves the same step twice (an epoch's end right after that iteration's save): the
+// folder `latest` names must stand until the switch, so the second save goes to the step's
+// other folder, and a third back to the first. Each loads as the state it saved.
+TEST_CASE("saving the step latest names again never touches the checkpoint in force") {
+  for (const bool background : {false, true}) {
+    CAPTURE(background);
+    const auto dir = scratch(background ? "resave_async" : "resave");
+    std::vector<std::string> folders;
+    const auto errors = save_errors(2, Stage::fsdp, [&](auto& model, auto& comm) {
+      sk::checkpoint::AsyncCheckpointer saver(dir.string());
+      for (int k = 0; k < 3; ++k) {
+        sk::checkpoint::CheckpointOptions options;
+        options.layout = CheckpointLayout::sharded;
+        options.metadata = {{"save", std::to_string(k)}};
+        auto state = model.training_state();
+        // While the save runs (up to its switch), `latest` names a complete checkpoint.
+        auto check_in_force = [&](const std::string& folder) {
+          if (k == 0) return;
+          const auto in_force = sk::checkpoint::latest_checkpoint(dir.string());
+          REQUIRE(in_force.has_value());
+          CHECK(fs::path(*in_force).filename() != fs::path(folder).filename());
+          CHECK(fs::exists(fs::path(*in_force) / sk::checkpoint::shard_file_name(comm.rank(), 2)));
+        };
+        std::string folder;
+        if (background) {
+          folder = saver.save(5, state, options, check_in_force);
+          saver.finish();
+        } else {
+          folder =
+              sk::checkpoint::save_step_checkpoint(dir.string(), 5, state, options, check_in_force);
+        }
+        if (comm.rank() == 0) folders.push_back(fs::path(folder).filename().string());
+        CHECK(sk::checkpoint::latest_checkpoint(dir.string()) == folder);
+        const auto loaded = sk::checkpoint::load_checkpoint(folder, model.training_state());
+        CHECK(loaded.metadata.at("save") == std::to_string(k));
+      }
+    });
+    CHECK(errors == std::vector<std::string>(2));
+    CHECK(folders ==
+          std::vector<std::string>{"step_000000005", "step_000000005.resaved", "step_000000005"});
+    CHECK_FALSE(fs::exists(dir / "step_000000005.resaved"));  // removed by the third's switch
+    CHECK(leftovers(dir).empty());
+  }
 }
 
 TEST_CASE("a full save streams through bounded chunks, and its model file is a state dict") {

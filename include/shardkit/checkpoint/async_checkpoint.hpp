@@ -9,28 +9,35 @@
 // A save copies this rank's pieces of the parameters and optimizer state (and rank 0 the
 // replicated tensors) into host buffers kept between saves, so the blocking part is one copy of
 // the rank's state; a background thread then writes the rank's file of the sharded layout
-// (checksums, fsync, atomic rename) into DIR/step_<step>/ and leaves an empty marker
+// (checksums, fsync, atomic rename) into the step's folder (DIR/step_<step>/, or its second
+// folder when `latest` names that one: step_folders.hpp) and leaves an empty marker
 // `.written.<rank>` beside it. Rank 0's thread waits for every rank's marker and then makes the
-// step the latest, exactly as save_step_checkpoint does (step_folders.hpp). No collective runs in
-// the background, so the training's collectives never interleave with a save's; the markers are
-// how the ranks agree that the files are down.
+// step the latest, exactly as save_step_checkpoint does. No collective runs in the background,
+// so the training's collectives never interleave with a save's; the markers are how the ranks
+// agree that the files are down before finish(), which tells rank 0's thread so directly.
 //
 // What holds at every moment: `latest` names a complete checkpoint -- the previous one until
 // every rank's file of the new one is committed, the new one after. A crash or a failed write
 // (disk full) leaves the previous one in force. The next save, and finish(), first wait for the
-// save in flight and make every rank learn its outcome: a rank whose write failed throws its
-// error, the others a PeerFailed naming it, so no rank trains on believing a save that was lost.
-// A second save therefore never overlaps the first. The destructor waits for this rank's write
-// and publishes only a step every rank has finished; call finish() to be sure the newest save is
-// published.
+// save in flight and make every rank learn its outcome: a rank whose save failed -- its copy
+// into staging, `extra`, or the write -- throws its error, the others a PeerFailed naming it,
+// so no rank trains on believing a save that was lost (save() itself throws only for bad
+// options, on every rank alike). A second save therefore never
+// overlaps the first. The destructor waits for this rank's write and publishes only a step every
+// rank has finished; call finish() to be sure the newest save is published.
 //
 // Only the sharded layout is written in the background: the full layout streams every piece to
 // rank 0, which needs collectives (convert a sharded checkpoint with `shardkit-ckpt consolidate`).
 // The staging costs one copy of the rank's state in host memory while a save is in flight.
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -51,11 +58,14 @@ class AsyncCheckpointer {
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
-  // Saves `state` as DIR/step_<step>/ in the background (see above); `extra(folder)` runs on
-  // every saving rank before this returns (per-rank files of the caller's own, written
-  // synchronously). Under hybrid sharding the first group saves. Collective.
-  void save(std::int64_t step, parallel::TrainingState state, const CheckpointOptions& options = {},
-            const std::function<void(const std::string&)>& extra = {}) {
+  // Saves `state` as the step's folder in the background (see above) and returns the folder;
+  // `extra(folder)` runs on every saving rank before this returns (per-rank files of the
+  // caller's own, written synchronously). Under hybrid sharding the first group saves (the
+  // other groups' ranks get an empty folder name: the first group prepares it meanwhile).
+  // Collective.
+  std::string save(std::int64_t step, parallel::TrainingState state,
+                   const CheckpointOptions& options = {},
+                   const std::function<void(const std::string&)>& extra = {}) {
     detail::check_state(state, "AsyncCheckpointer::save");
     check(options.layout == CheckpointLayout::sharded,
           "AsyncCheckpointer::save: the full layout streams every piece to rank 0 through "
@@ -69,21 +79,32 @@ class AsyncCheckpointer {
     step_ = step;
     in_flight_ = true;
     written_ = {};
-    if (replicas_ != nullptr && replicas_->rank() != 0) return;  // the first group saves
+    if (replicas_ != nullptr && replicas_->rank() != 0) return {};  // the first group saves
     state.replicas = nullptr;
     auto& comm = *comm_;
-    if (comm.rank() == 0) detail::prepare_step_folder(dir_, step);
-    comm.barrier();
-    const auto folder = (std::filesystem::path(dir_) / step_folder_name(step)).string();
-    const std::string id = detail::agree_on_checkpoint_id(*ctx_, comm);
-    auto snapshot = std::make_shared<detail::ShardSnapshot>(
-        detail::snapshot_shard(folder, state, id, options, std::move(staging_)));
-    state.optimizer->spill_state();  // (offload to NVMe: what the snapshot read, out of RAM)
-    if (extra) extra(folder);
     std::promise<void> written;
     written_ = written.get_future();
     abandoned_ = false;
-    worker_ = std::thread([this, snapshot, folder, step, rank = comm.rank(), world = comm.size(),
+    all_written_ = false;
+    std::string folder;
+    std::shared_ptr<detail::ShardSnapshot> snapshot;
+    try {
+      folder = detail::begin_step_folder(*ctx_, comm, dir_, step);  // (agreed: all or none)
+      const std::string id = detail::agree_on_checkpoint_id(*ctx_, comm);
+      snapshot = std::make_shared<detail::ShardSnapshot>(
+          detail::snapshot_shard(folder, state, id, options, std::move(staging_)));
+      state.optimizer->spill_state();  // (offload to NVMe: what the snapshot read, out of RAM)
+      if (extra) extra(folder);
+    } catch (...) {
+      // This rank's part failed before its write began (rank 0 could not prepare the folder,
+      // no host memory for the staging, a full disk under `extra`): its outcome, which finish()
+      // makes every rank learn, the other replica groups too -- thrown here, it would leave the
+      // other ranks' finish() believing the save and rank 0's thread waiting for this rank's
+      // marker.
+      written.set_exception(std::current_exception());
+      return folder;
+    }
+    worker_ = std::thread([this, snapshot, folder, rank = comm.rank(), world = comm.size(),
                            written = std::move(written)]() mutable {
       std::exception_ptr error;
       try {
@@ -98,8 +119,9 @@ class AsyncCheckpointer {
         return;
       }
       written.set_value();
-      if (rank == 0) publish_when_written(folder, step, world);
+      if (rank == 0) publish_when_written(folder, world);
     });
+    return folder;
   }
 
   // Waits for the save in flight: every rank's file written, the step published, and every
@@ -125,7 +147,9 @@ class AsyncCheckpointer {
       }
       try {
         detail::agree_on_outcome(*ctx_, *comm_, error, failed_on("write"));
-        // Every file and marker is down: rank 0's thread publishes the step and ends.
+        // Every file and marker is down: rank 0's thread publishes the step and ends (without
+        // looking for the markers again: a network file system may be slow to show them).
+        all_written_ = true;
         std::exception_ptr publish_error;
         try {
           join();
@@ -153,33 +177,40 @@ class AsyncCheckpointer {
     return (std::filesystem::path(folder) / (".written." + std::to_string(rank))).string();
   }
 
+  // The marker: an empty file whose existence is the signal (the shard it follows was synced
+  // and renamed into place before it), so it needs no fsync of its own.
   static void touch(const std::string& path) {
-    detail::PosixFile file(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
-    file.sync_and_close();
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    check<IoError>(fd >= 0, "cannot create the marker '", path, "': ", std::strerror(errno));
+    ::close(fd);
   }
 
-  // Rank 0's thread: once every rank's marker is there, the step becomes the latest and the
-  // markers go; given up when abandon() says so (a rank failed, or the object is destroyed --
-  // then only a step that is already complete is published).
-  void publish_when_written(const std::string& folder, std::int64_t step, int world) {
-    auto all_written = [&] {
-      for (int r = 0; r < world; ++r)
-        if (!std::filesystem::exists(marker(folder, r))) return false;
-      return true;
-    };
-    while (!all_written()) {
-      if (abandoned_.load()) {
-        if (!all_written()) return;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+  // Rank 0's thread: once every rank's marker is there (or finish() has learnt that every rank
+  // wrote), the step becomes the latest and the markers go; given up when abandon() says so (a
+  // rank failed, or the object is destroyed -- then only a step that is already complete is
+  // published). Its errors are finish()'s to report: none leaves the thread.
+  void publish_when_written(const std::string& folder, int world) {
     try {
-      detail::publish_step_folder(dir_, step);
-      for (int r = 0; r < world; ++r) std::filesystem::remove(marker(folder, r));
+      auto all_written = [&] {
+        if (all_written_.load()) return true;
+        for (int r = 0; r < world; ++r)
+          if (!std::filesystem::exists(marker(folder, r))) return false;
+        return true;
+      };
+      while (!all_written()) {
+        if (abandoned_.load()) {
+          if (!all_written()) return;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      detail::publish_step_folder(dir_, folder);
     } catch (...) {
       publish_error_ = std::current_exception();
+      return;
     }
+    std::error_code ignored;  // (the step is in force: a marker left is removed with its folder)
+    for (int r = 0; r < world; ++r) std::filesystem::remove(marker(folder, r), ignored);
   }
 
   void join() {
@@ -211,6 +242,7 @@ class AsyncCheckpointer {
   std::future<void> written_;
   std::thread worker_;
   std::atomic<bool> abandoned_{false};
+  std::atomic<bool> all_written_{false};  // finish() learnt that every rank's file is down
   std::exception_ptr publish_error_;
   std::vector<NamedBytes> staging_;  // the last snapshot's buffers, reused by the next
 };

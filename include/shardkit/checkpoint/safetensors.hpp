@@ -210,6 +210,22 @@ class PosixFile {
   int fd_;
 };
 
+// Makes a rename into `folder` durable (fsync of the folder). A file system that cannot sync a
+// folder (EINVAL, ENOTSUP: some network and FUSE file systems) or one mounted read-only says so
+// without losing anything; an I/O error, a full disk or quota is an IoError, as the file's own
+// fsync's would be: the rename may not outlive a crash.
+inline void sync_folder(const std::filesystem::path& folder) {
+  const std::filesystem::path path = folder.empty() ? std::filesystem::path(".") : folder;
+  const int dir = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;  // (not openable for reading: nothing to sync through)
+  const int result = ::fsync(dir);
+  const int error = errno;
+  ::close(dir);
+  check<IoError>(result == 0 || error == EINVAL || error == ENOTSUP || error == EROFS,
+                 "flushing the folder '", path.string(), "' to disk failed: ", std::strerror(error),
+                 " (a file just renamed into it may not survive a crash)");
+}
+
 }  // namespace detail
 
 // One tensor as a file's header describes it: dtype, shape and the byte range of its data
@@ -369,14 +385,7 @@ class SafetensorsWriter {
     check<IoError>(!error, "replacing '", path_, "' with the new file failed: ", error.message());
     committed_ = true;
     // Make the rename itself durable: sync the directory that holds the file.
-    const std::filesystem::path target(path_);
-    const auto folder =
-        target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-    const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-      (void)::fsync(dir);
-      ::close(dir);
-    }
+    detail::sync_folder(std::filesystem::path(path_).parent_path());
   }
 
  private:

@@ -4,7 +4,12 @@
 // rank has finished it does rank 0 replace `latest` (temporary file, fsync, rename, folder
 // fsync) and then remove the older folders. A crash at any moment leaves `latest` naming a
 // complete checkpoint -- the previous one until the switch, the new one after it -- so a run
-// killed mid-save resumes from the last good save instead of refusing a torn pair.
+// killed mid-save resumes from the last good save instead of refusing a torn pair. The folder
+// `latest` names is never removed or rewritten before the switch: a second save of the same
+// step (a trainer's epoch-end save right after that iteration's) goes to the step's other
+// folder, step_000000123.resaved, and the two alternate. A failure on any rank (a full disk)
+// is refused on every rank -- its own error there, a PeerFailed naming it elsewhere -- and
+// leaves `latest` as it was.
 #pragma once
 
 #include <cstdio>
@@ -35,21 +40,27 @@ inline void write_text_atomically(const std::string& path, const std::string& te
   std::error_code error;
   std::filesystem::rename(temporary, path, error);
   check<IoError>(!error, "replacing '", path, "' failed: ", error.message());
-  const auto folder = std::filesystem::path(path).parent_path();
-  const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    (void)::fsync(dir);
-    ::close(dir);
-  }
+  detail::sync_folder(std::filesystem::path(path).parent_path());
 }
 
-// The folder `DIR/latest` names, or nothing when there is no complete checkpoint in `dir`.
-inline std::optional<std::string> latest_checkpoint(const std::string& dir) {
+namespace detail {
+
+// The folder name DIR/latest holds, or nothing when there is none.
+inline std::optional<std::string> latest_folder_name(const std::string& dir) {
   std::ifstream in(std::filesystem::path(dir) / "latest");
   std::string name;
   if (!in || !std::getline(in, name) || name.empty()) return std::nullopt;
-  const auto folder = std::filesystem::path(dir) / name;
-  check<IoError>(std::filesystem::is_directory(folder), "'", dir, "/latest' names '", name,
+  return name;
+}
+
+}  // namespace detail
+
+// The folder `DIR/latest` names, or nothing when there is no complete checkpoint in `dir`.
+inline std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  const auto name = detail::latest_folder_name(dir);
+  if (!name) return std::nullopt;
+  const auto folder = std::filesystem::path(dir) / *name;
+  check<IoError>(std::filesystem::is_directory(folder), "'", dir, "/latest' names '", *name,
                  "', which is missing; the checkpoint folder was changed by hand -- restore it "
                  "or remove '",
                  dir, "/latest' to start afresh");
@@ -58,10 +69,15 @@ inline std::optional<std::string> latest_checkpoint(const std::string& dir) {
 
 namespace detail {
 
-// Rank 0, before a save of `step`: an empty DIR/step_<step>/ (a save of this step that a crash
+// A step's second folder, for a save of the step `latest` names already.
+inline std::string resaved_folder_name(std::int64_t step) {
+  return step_folder_name(step) + ".resaved";
+}
+
+// Rank 0, before a save of `step` into DIR/`name`: an empty folder (a save of it that a crash
 // left unfinished is removed), and no temporary of an interrupted pointer update.
-inline void prepare_step_folder(const std::string& dir, std::int64_t step) {
-  const auto folder = std::filesystem::path(dir) / step_folder_name(step);
+inline void prepare_step_folder(const std::string& dir, const std::string& name) {
+  const auto folder = std::filesystem::path(dir) / name;
   std::filesystem::create_directories(dir);
   std::filesystem::remove_all(folder);
   std::filesystem::create_directories(folder);
@@ -70,46 +86,104 @@ inline void prepare_step_folder(const std::string& dir, std::int64_t step) {
       std::filesystem::remove(entry.path());
 }
 
-// Rank 0, once every rank's files of `step` are committed: `latest` names it (replaced
-// atomically), then every other step folder goes.
-inline void publish_step_folder(const std::string& dir, std::int64_t step) {
-  write_text_atomically((std::filesystem::path(dir) / "latest").string(),
-                        step_folder_name(step) + "\n");
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name != step_folder_name(step))
-      std::filesystem::remove_all(entry.path());
+// Collective: rank 0 picks the folder a save of `step` writes -- the step's name, or its second
+// name where `latest` names the first, so that the checkpoint in force is never touched -- and
+// prepares it; every rank learns the folder, or rank 0's failure (its error there, PeerFailed
+// elsewhere). Returns the folder's path.
+inline std::string begin_step_folder(Context& ctx, comm::Communicator& comm, const std::string& dir,
+                                     std::int64_t step) {
+  std::exception_ptr error;
+  float choice = 0;  // 0: the step's name; 1: its second name; -1: rank 0 failed
+  if (comm.rank() == 0) try {
+      choice = latest_folder_name(dir) == step_folder_name(step) ? 1.0f : 0.0f;
+      prepare_step_folder(dir, choice > 0 ? resaved_folder_name(step) : step_folder_name(step));
+    } catch (...) {
+      error = std::current_exception();
+      choice = -1;
+    }
+  Tensor t = from_vector(ctx, std::vector<float>{choice}, {1});
+  comm.broadcast(t, 0).wait();
+  choice = to_vector<float>(ctx, t)[0];
+  if (error) std::rethrow_exception(error);
+  if (choice < 0)
+    throw comm::PeerFailed(shardkit::detail::concat(
+        "rank 0 could not prepare the folder of step ", step, "'s checkpoint in '", dir,
+        "' (its error says why); '", dir, "/latest' still names the one before"));
+  const std::string name = choice > 0 ? resaved_folder_name(step) : step_folder_name(step);
+  return (std::filesystem::path(dir) / name).string();
+}
+
+// Rank 0, once every rank's files in `folder` (a path begin_step_folder returned) are committed:
+// `latest` names it (replaced atomically), then every other step folder goes. What cannot be
+// removed stays for the next publish to remove: the save itself is in force by then.
+inline void publish_step_folder(const std::string& dir, const std::string& folder) {
+  const std::string name = std::filesystem::path(folder).filename().string();
+  write_text_atomically((std::filesystem::path(dir) / "latest").string(), name + "\n");
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
+    const std::string other = entry.path().filename().string();
+    if (entry.is_directory(ignored) && other.rfind("step_", 0) == 0 && other != name)
+      std::filesystem::remove_all(entry.path(), ignored);
   }
 }
 
 }  // namespace detail
 
-// Saves `state` as DIR/step_<step>/ and makes it the latest. `extra(folder)` runs on every rank
-// after the collective save and before the switch (per-rank files of the caller's own); under
-// hybrid sharding only the first group saves, `extra` included.
+// Saves `state` as DIR/step_<step>/ (or, saving the step `latest` names again, as its second
+// folder: see above) and makes it the latest; returns the folder. `extra(folder)` runs on every
+// rank after the collective save and before the switch (per-rank files of the caller's own);
+// under hybrid sharding only the first group saves, `extra` included. A failure on any rank
+// (the save's files, `extra`, the switch) throws on every rank and leaves `latest` as it was.
 // Collective.
 inline std::string save_step_checkpoint(const std::string& dir, std::int64_t step,
                                         parallel::TrainingState& state,
                                         const CheckpointOptions& options = {},
                                         const std::function<void(const std::string&)>& extra = {}) {
+  Context& ctx = state.optimizer->context();
   if (state.replicas != nullptr && state.replicas->size() > 1) {  // the first group saves
     parallel::TrainingState group_state = state;
     group_state.replicas = nullptr;
-    detail::save_in_first_group(state.optimizer->context(), state.replicas, [&] {
-      (void)save_step_checkpoint(dir, step, group_state, options, extra);
+    std::string folder;
+    detail::save_in_first_group(ctx, state.replicas, [&] {
+      folder = save_step_checkpoint(dir, step, group_state, options, extra);
     });
-    return (std::filesystem::path(dir) / step_folder_name(step)).string();
+    // The other groups learn which of the step's two folders the first group wrote.
+    const bool second = !folder.empty() && std::filesystem::path(folder).filename().string() ==
+                                               detail::resaved_folder_name(step);
+    Tensor flag = from_vector(ctx, std::vector<float>{second ? 1.0f : 0.0f}, {1});
+    state.replicas->all_reduce(flag, comm::ReduceOp::max).wait();
+    const bool resaved = to_vector<float>(ctx, flag)[0] > 0.0f;
+    return (std::filesystem::path(dir) /
+            (resaved ? detail::resaved_folder_name(step) : step_folder_name(step)))
+        .string();
   }
   auto& comm = *state.comm;
-  const auto folder = std::filesystem::path(dir) / step_folder_name(step);
-  if (comm.rank() == 0) detail::prepare_step_folder(dir, step);
-  comm.barrier();
-  save_checkpoint(folder.string(), state, options);
-  if (extra) extra(folder.string());
-  comm.barrier();  // every rank's files are committed
-  if (comm.rank() == 0) detail::publish_step_folder(dir, step);
-  comm.barrier();
-  return folder.string();
+  const std::string folder = detail::begin_step_folder(ctx, comm, dir, step);
+  save_checkpoint(folder, state, options);  // (the ranks agree on its outcome)
+  std::exception_ptr error;
+  if (extra) try {
+      extra(folder);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  auto failed_on = [&](const char* what, const char* latest) {
+    return [&, what, latest](const std::string& ranks) {
+      return shardkit::detail::concat("the checkpoint of step ", step, " in '", dir, "' failed to ",
+                                      what, " on rank(s) ", ranks, " (their errors say why); '",
+                                      dir, "/latest' ", latest);
+    };
+  };
+  detail::agree_on_outcome(ctx, comm, error,
+                           failed_on("write the caller's files", "still names the one before"));
+  if (comm.rank() == 0) try {
+      detail::publish_step_folder(dir, folder);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  detail::agree_on_outcome(
+      ctx, comm, error,
+      failed_on("publish", "names the one before, or this one where its switch was not flushed"));
+  return folder;
 }
 
 }  // namespace shardkit::checkpoint

@@ -78,6 +78,34 @@ inline std::string agree_on_checkpoint_id(Context& ctx, comm::Communicator& comm
   return id;
 }
 
+// Which ranks of `comm` failed (this one if `failed`): one all-reduce of a flag per rank.
+inline std::vector<float> failed_ranks(Context& ctx, comm::Communicator& comm, bool failed) {
+  std::vector<float> flags(static_cast<std::size_t>(comm.size()), 0.0f);
+  flags[static_cast<std::size_t>(comm.rank())] = failed ? 1.0f : 0.0f;
+  Tensor t = from_vector(ctx, flags, {comm.size()});
+  comm.all_reduce(t).wait();
+  return to_vector<float>(ctx, t);
+}
+
+// "0, 2": the indices whose flag is set.
+inline std::string listed(const std::vector<float>& flags) {
+  std::string out;
+  for (std::size_t r = 0; r < flags.size(); ++r)
+    if (flags[r] != 0.0f) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// After each rank's part of a collective piece of work: every rank learns which ranks failed,
+// so no rank trains on while another lost its part. A rank that failed rethrows its own error;
+// the others throw PeerFailed with failed_on(ranks).
+template <class Message>
+void agree_on_outcome(Context& ctx, comm::Communicator& comm, const std::exception_ptr& error,
+                      Message&& failed_on) {
+  const std::string ranks = listed(failed_ranks(ctx, comm, error != nullptr));
+  if (error) std::rethrow_exception(error);
+  if (!ranks.empty()) throw comm::PeerFailed(failed_on(ranks));
+}
+
 inline ParamShapes trainable_params(const parallel::TrainingState& state) {
   ParamShapes out;
   for (const auto& p : state.optimizer->table().params()) out.emplace_back(p.name, p.shape);
@@ -121,33 +149,44 @@ inline void save_full(const std::string& dir, parallel::TrainingState& state, co
   const bool writer = comm.rank() == 0;
   const auto& buffers = optimizer.state_buffers();
   std::unique_ptr<SafetensorsWriter> model_file, optimizer_file;
-  if (writer) {
-    std::vector<TensorInfo> model_tensors, optimizer_tensors;
-    for (const auto& p : table.params()) {
-      model_tensors.push_back(TensorInfo{p.name, DType::f32, p.shape});
-      for (const auto& buffer : buffers)
-        optimizer_tensors.push_back(
-            TensorInfo{p.name + "." + std::string(buffer.name), DType::f32, p.shape});
+  // Rank 0's first error (its files cannot be made, a write fails: a full disk). The streams
+  // go on without writing, so every rank's collectives complete and the ranks then agree on the
+  // outcome (save_checkpoint) instead of waiting for a writer that left.
+  std::exception_ptr error;
+  if (writer) try {
+      std::vector<TensorInfo> model_tensors, optimizer_tensors;
+      for (const auto& p : table.params()) {
+        model_tensors.push_back(TensorInfo{p.name, DType::f32, p.shape});
+        for (const auto& buffer : buffers)
+          optimizer_tensors.push_back(
+              TensorInfo{p.name + "." + std::string(buffer.name), DType::f32, p.shape});
+      }
+      for (const auto& [name, t] : state.replicated)
+        model_tensors.push_back(TensorInfo{name, t.dtype(), t.shape()});
+      auto model_meta = common_metadata(state, id, options);
+      model_meta["format"] = "pt";  // what safetensors.torch expects of a state dict
+      auto optimizer_meta = optimizer_state_metadata(optimizer.config().kind, optimizer.steps(),
+                                                     trainable_params(state));
+      optimizer_meta["shardkit.checkpoint"] = id;
+      const std::filesystem::path folder(dir);
+      model_file = std::make_unique<SafetensorsWriter>((folder / kFullModelFile).string(),
+                                                       std::move(model_tensors), model_meta);
+      optimizer_file = std::make_unique<SafetensorsWriter>(
+          (folder / kFullOptimizerFile).string(), std::move(optimizer_tensors), optimizer_meta);
+    } catch (...) {
+      error = std::current_exception();
     }
-    for (const auto& [name, t] : state.replicated)
-      model_tensors.push_back(TensorInfo{name, t.dtype(), t.shape()});
-    auto model_meta = common_metadata(state, id, options);
-    model_meta["format"] = "pt";  // what safetensors.torch expects of a state dict
-    auto optimizer_meta = optimizer_state_metadata(optimizer.config().kind, optimizer.steps(),
-                                                   trainable_params(state));
-    optimizer_meta["shardkit.checkpoint"] = id;
-    const std::filesystem::path folder(dir);
-    model_file = std::make_unique<SafetensorsWriter>((folder / kFullModelFile).string(),
-                                                     std::move(model_tensors), model_meta);
-    optimizer_file = std::make_unique<SafetensorsWriter>(
-        (folder / kFullOptimizerFile).string(), std::move(optimizer_tensors), optimizer_meta);
-  }
   auto sink_into = [&](SafetensorsWriter* file, const std::string& suffix) {
-    return [&table, file, suffix](const shard::StatePiece& piece, std::int64_t offset,
-                                  const float* values, std::int64_t count) {
-      file->write(table.params()[piece.param].name + suffix,
-                  static_cast<std::uint64_t>(piece.param_begin + offset) * sizeof(float), values,
-                  static_cast<std::size_t>(count) * sizeof(float));
+    return [&table, &error, file, suffix](const shard::StatePiece& piece, std::int64_t offset,
+                                          const float* values, std::int64_t count) {
+      if (error) return;
+      try {
+        file->write(table.params()[piece.param].name + suffix,
+                    static_cast<std::uint64_t>(piece.param_begin + offset) * sizeof(float), values,
+                    static_cast<std::size_t>(count) * sizeof(float));
+      } catch (...) {
+        error = std::current_exception();
+      }
     };
   };
   optim::stream_pieces(ctx, comm, table, optimizer.master_params(), 0,
@@ -157,6 +196,7 @@ inline void save_full(const std::string& dir, parallel::TrainingState& state, co
                          sink_into(optimizer_file.get(), "." + std::string(buffer.name)),
                          options.chunk_numel);
   if (!writer) return;
+  if (error) std::rethrow_exception(error);
   for (const auto& [name, t] : state.replicated) model_file->write(host_bytes(ctx, name, t));
   optimizer_file->commit();
   model_file->commit();
@@ -314,47 +354,43 @@ inline void save_checkpoint(const std::string& dir, parallel::TrainingState stat
   }
   auto& comm = *state.comm;
   Context& ctx = state.optimizer->context();
-  if (comm.rank() == 0) std::filesystem::create_directories(dir);
+  // A rank's error is kept until every rank has done its part, and the ranks then agree on the
+  // outcome: a rank that failed (a full disk) throws its error and every other rank a
+  // PeerFailed naming it, where a barrier would wait forever for the rank that left.
+  std::exception_ptr error;
+  if (comm.rank() == 0) try {
+      std::filesystem::create_directories(dir);
+    } catch (...) {
+      error = std::current_exception();
+    }
   const std::string id = detail::agree_on_checkpoint_id(ctx, comm);  // (after the folder exists)
-  if (options.layout == CheckpointLayout::full)
-    detail::save_full(dir, state, id, options);
-  else
-    detail::save_sharded(dir, state, id, options);
-  comm.barrier();  // every file of this checkpoint is in place
-  if (comm.rank() == 0) detail::remove_stale_files(dir, options.layout, comm.size());
-  comm.barrier();
+  if (!error) try {
+      if (options.layout == CheckpointLayout::full)
+        detail::save_full(dir, state, id, options);
+      else
+        detail::save_sharded(dir, state, id, options);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  auto failed_on = [&](const char* what) {
+    return [&dir, what](const std::string& ranks) {
+      return shardkit::detail::concat("save_checkpoint into '", dir, "' failed to ", what,
+                                      " on rank(s) ", ranks,
+                                      " (their errors say why); the files of this save that "
+                                      "were committed do not load without theirs");
+    };
+  };
+  detail::agree_on_outcome(ctx, comm, error, failed_on("write its files"));
+  if (comm.rank() == 0) try {
+      detail::remove_stale_files(dir, options.layout, comm.size());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  detail::agree_on_outcome(ctx, comm, error, failed_on("remove an earlier save's files"));
   state.optimizer->spill_state();  // (offload to NVMe: what the save read, out of RAM again)
 }
 
 namespace detail {
-
-// Which ranks of `comm` failed (this one if `failed`): one all-reduce of a flag per rank.
-inline std::vector<float> failed_ranks(Context& ctx, comm::Communicator& comm, bool failed) {
-  std::vector<float> flags(static_cast<std::size_t>(comm.size()), 0.0f);
-  flags[static_cast<std::size_t>(comm.rank())] = failed ? 1.0f : 0.0f;
-  Tensor t = from_vector(ctx, flags, {comm.size()});
-  comm.all_reduce(t).wait();
-  return to_vector<float>(ctx, t);
-}
-
-// "0, 2": the indices whose flag is set.
-inline std::string listed(const std::vector<float>& flags) {
-  std::string out;
-  for (std::size_t r = 0; r < flags.size(); ++r)
-    if (flags[r] != 0.0f) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  return out;
-}
-
-// After each rank's part of a collective piece of work: every rank learns which ranks failed,
-// so no rank trains on while another lost its part. A rank that failed rethrows its own error;
-// the others throw PeerFailed with failed_on(ranks).
-template <class Message>
-void agree_on_outcome(Context& ctx, comm::Communicator& comm, const std::exception_ptr& error,
-                      Message&& failed_on) {
-  const std::string ranks = listed(failed_ranks(ctx, comm, error != nullptr));
-  if (error) std::rethrow_exception(error);
-  if (!ranks.empty()) throw comm::PeerFailed(failed_on(ranks));
-}
 
 // A load's agreement, before any rank writes: over the rank's group and, under hybrid sharding
 // (`replicas`: the ranks of the other groups that load the same pieces), over the groups, so a
