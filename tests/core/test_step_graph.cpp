@@ -5,6 +5,7 @@
 // with the memory statistics as the eager step's.
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -232,4 +233,36 @@ TEST_CASE("a captured step's output outlives its graph: its block goes back when
   CHECK(ctx.memory_stats().current_total() == 2400);
   out = sk::Tensor();
   CHECK(ctx.memory_stats().current_total() == 0);
+}
+
+// A block of another graph's pool freed inside a capture (the step replaces a tensor the other
+// graph made): the new graph may read it before the free, so it must outlive the new graph even
+// when the other one is gone -- here evicted just before the capture (max_graphs 1). Were it
+// given back to its retired pool, the end of the capture would free it, and the next allocation
+// of its size would take the memory the new graph's replays read.
+TEST_CASE("another graph's block freed inside a capture stays until the capture's graph goes") {
+  sk::Context ctx;
+  sk::Tensor out;
+  sk::StepGraph graph(ctx, "train", {.warmup_steps = 0, .max_graphs = 1});
+  graph.run("a", [&] { out = sk::full(ctx, {300}, sk::DType::f64, 0.25); });
+  const void* a_block = out.data_ptr();
+  sk::Tensor first;  // what graph b read of the block
+  REQUIRE(graph.run("b", [&] {
+    first = sk::clone(ctx, out.slice(0, 0, 1));
+    out = sk::full(ctx, {100}, sk::DType::f64, 0.5);  // frees graph a's block
+  }) == sk::StepRun::captured);
+  CHECK(sk::to_vector<double>(ctx, first)[0] == 0.25);
+  CHECK(graph.graphs() == 1);
+  CHECK(graph.holds("b"));
+  std::vector<sk::Tensor> probes;  // every allocation of the block's size while b lives
+  for (int k = 0; k < 4; ++k) {
+    probes.push_back(sk::empty(ctx, {300}, sk::DType::f64));
+    CHECK(probes.back().data_ptr() != a_block);
+  }
+  probes.clear();
+  graph.clear();  // b goes: the block goes back with it, and the allocator works as before
+  out = sk::Tensor();
+  first = sk::Tensor();
+  CHECK(ctx.memory_stats().current_total() == 0);
+  CHECK(sk::to_vector<double>(ctx, sk::full(ctx, {300}, sk::DType::f64, 1.0))[299] == 1.0);
 }

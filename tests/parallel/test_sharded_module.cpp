@@ -415,6 +415,43 @@ TEST_CASE("a captured ShardedModule step refuses offload and a drifting learning
   }
 }
 
+// clip_grad_norm's max_norm and inv_grad_scale are kernel arguments of the captured step (the
+// norm's coefficient and the step's fold): a GPU replay would use the captured ones, so a CPU
+// replay with another refuses it by name -- a loss scale read on the host into a captured
+// clip is caught here rather than clipping by a stale scale on the GPU.
+TEST_CASE("a captured step refuses a clip_grad_norm scale that drifted, by name") {
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::fsdp;
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options);
+    const auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
+    float inv_scale = 1.0f;
+    const auto step = [&] {
+      model.zero_grad();
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      (void)model.clip_grad_norm(0.5, inv_scale);
+      model.step();
+    };
+    model.set_lr(0.05f);
+    sk::StepGraph graph(ctx, "mlp", {.warmup_steps = 1});
+    graph.run("k", step);
+    CHECK(graph.run("k", step) == sk::StepRun::captured);
+    CHECK(graph.run("k", step) == sk::StepRun::replayed);
+    inv_scale = 0.5f;
+    std::string message;
+    try {
+      graph.run("k", step);
+    } catch (const sk::CaptureRefused& e) {
+      message = e.what();
+    }
+    CHECK(message.find("was built with clip_grad_norm's inv_grad_scale = 1 but this replay has "
+                       "0.5") != std::string::npos);
+    CHECK_FALSE(ctx.capturing());
+  });
+}
+
 // The prototypes' normalisation inside a loss-scaled step (normalize_rows_after_step registers
 // a gated hook: it reads the step gate on the device, not the verdict on the host): no host
 // wait in a step, so the step can be captured; and after a step the gate skipped (an overflow:

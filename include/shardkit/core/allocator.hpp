@@ -85,9 +85,11 @@ class Allocator {
   void end_capture() noexcept {
     std::lock_guard lock(pool_mutex_);
     capturing_ = nullptr;
-    // Blocks of retired pools freed during the capture go back now (see release_retired).
+    // Blocks of retired pools freed during the capture go back now (see release_retired). A
+    // release may forget a lender below `i` too, shifting the rest down: `i` then revisits a
+    // pool already released (a no-op), and none is skipped.
     for (std::size_t i = registered_.size(); i-- > 0;)
-      if (registered_[i]->retired_) release_retired(registered_[i]);
+      if (i < registered_.size() && registered_[i]->retired_) release_retired(registered_[i]);
   }
   // The pool's graph is gone: its free blocks and held memory go back to the device, the blocks
   // still in use as their tensors are freed.
@@ -121,7 +123,16 @@ class Allocator {
   bool deallocate_with_pools(void* pointer, std::size_t bytes) noexcept {
     std::lock_guard lock(pool_mutex_);
     for (const auto& pool : registered_) {
-      if (!pool->give_back(pointer)) continue;
+      if (!pool->owns(pointer)) continue;
+      if (capturing_ != nullptr && pool != capturing_) {
+        // Another graph's block, which the graph under capture may have read: lent to it.
+        try {
+          capturing_->borrow(pointer, pool);
+          return true;
+        } catch (...) {  // no room to note it: back to its pool, as before borrowing
+        }
+      }
+      pool->give_back(pointer);
       if (pool->retired_) release_retired(std::shared_ptr<CapturePool>(pool));
       return true;
     }
@@ -138,6 +149,11 @@ class Allocator {
   // synchronise inside the captured stream (end_capture comes back for them).
   void release_retired(std::shared_ptr<CapturePool> pool) noexcept {
     if (capturing_ != nullptr) return;
+    // What it borrowed goes back to the lenders (and with a retired lender, to the device).
+    for (auto& [pointer, lender] : std::exchange(pool->borrowed_, {})) {
+      lender->give_back(pointer);
+      if (lender->retired_) release_retired(lender);
+    }
     for (auto& [bytes, pointer] : pool->free_) {
       pool->blocks_.erase(pointer);
       pool->reserved_ -= bytes;

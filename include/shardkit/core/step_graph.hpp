@@ -26,6 +26,11 @@
 // runs no host code: tensors the step returns or replaces (the loss, gradients) are the same
 // memory at every replay, and host-side state the step's code would have advanced does not
 // move (what the step needs across steps lives on the device: the step gate, the loss scale).
+// Those tensors are the memory of the key captured last, though: with several keys, a host
+// handle that a step replaced (`loss_ = loss.data()`) keeps pointing at the last capture's
+// memory while an older key's replay writes its own. A step that several keys share writes
+// what the host reads after it into tensors the caller made before the graph (copy the loss
+// into them at the end of the step), as the custom loop keeps its loss.
 #pragma once
 
 #include <cstdint>
@@ -167,14 +172,22 @@ class StepGraph {
     ctx_->begin_capture(what, graph.record, false, graph.pool);
 #if SK_WITH_CUDA
     const bool on_gpu = ctx_->device().is_cuda();
-    if (on_gpu) begin_stream_capture();
+    bool stream_capturing = false;
 #endif
     try {
+#if SK_WITH_CUDA
+      // (inside the try: a stream that cannot begin capturing -- a sticky error, a capture of
+      // the caller's own -- must not leave the context capturing into this frame's record)
+      if (on_gpu) {
+        begin_stream_capture();
+        stream_capturing = true;
+      }
+#endif
       step();
       ctx_->capture_scalar(kEndOfStep, 0.0);  // a replay that does more or less is refused
     } catch (...) {
 #if SK_WITH_CUDA
-      if (on_gpu) abandon_stream_capture();
+      if (stream_capturing) abandon_stream_capture();
 #endif
       ctx_->end_capture();
       allocator_->retire(graph.pool);
@@ -193,7 +206,15 @@ class StepGraph {
 #endif
     ctx_->end_capture();
     graph.last_run = ++clock_;
-    auto& kept = graphs_.emplace(key, std::move(graph)).first->second;
+    const std::shared_ptr<CapturePool> pool = graph.pool;
+    Graph* kept_graph = nullptr;
+    try {
+      kept_graph = &graphs_.emplace(key, std::move(graph)).first->second;
+    } catch (...) {  // (no memory for the map's node: the pool goes, as a failed capture's)
+      allocator_->retire(pool);
+      throw;
+    }
+    auto& kept = *kept_graph;
 #if SK_WITH_CUDA
     // The capture ran nothing: this step runs as the graph's first launch.
     if (on_gpu) launch(kept);
@@ -269,11 +290,16 @@ class StepGraph {
     SK_CUDA_CHECK(cudaStreamBeginCapture(ctx_->stream(), cudaStreamCaptureModeRelaxed));
   }
   void abandon_stream_capture() noexcept {
-    CudaDeviceGuard guard(ctx_->device().index);
+    // (the device switched by hand: a CudaDeviceGuard throws when it cannot switch, and this
+    // runs while an exception unwinds)
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess &&
+                          cudaSetDevice(ctx_->device().index) == cudaSuccess;
     cudaGraph_t graph = nullptr;
     if (cudaStreamEndCapture(ctx_->stream(), &graph) == cudaSuccess && graph != nullptr)
       (void)cudaGraphDestroy(graph);
     (void)cudaGetLastError();
+    if (switched) (void)cudaSetDevice(previous);
   }
   CudaGraphExec end_stream_capture(const std::string& what) {
     CudaDeviceGuard guard(ctx_->device().index);
@@ -287,6 +313,7 @@ class StepGraph {
           "): the step made a call a capture does not allow (a synchronous copy, work on "
           "another stream not joined back, a blocking library call); run it eagerly");
     }
+    if (status != cudaSuccess && graph != nullptr) (void)cudaGraphDestroy(graph);
     SK_CUDA_CHECK(status);
     try {
       CudaGraphExec exec(graph);

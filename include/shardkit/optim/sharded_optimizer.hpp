@@ -153,6 +153,9 @@ class ShardedOptimizer {
   Tensor clip_grad_norm(const std::vector<Tensor>& grads, double max_norm,
                         float inv_grad_scale = 1.0f) {  // (1 / the loss scale, if any)
     check(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+    // (kernel arguments here and again at the step's fold: a captured step replays them)
+    ctx_->capture_scalar("clip_grad_norm's max_norm", max_norm);
+    ctx_->capture_scalar("clip_grad_norm's inv_grad_scale", inv_grad_scale);
     if (!clip_total_.defined()) {  // (set up once: the sum's program uploaded)
       const auto params = static_cast<std::int64_t>(table_->params().size());
       std::vector<std::int64_t> by_name(static_cast<std::size_t>(params));
