@@ -374,30 +374,27 @@ TEST_CASE("async step checkpoints: a rank failing before its write fails the sav
   CHECK(leftovers(dir).empty());
 }
 
-// A foreground save (step folders, either layout) that fails on one rank throws on every rank
-// -- its own error there, PeerFailed naming it elsewhere -- where the others used to wait in a
-// barrier for the rank that had left; `latest` stays.
-TEST_CASE("a foreground save failing on one rank fails on every rank; latest stays") {
+// A foreground save that fails on one rank throws on every rank -- its own error there,
+// PeerFailed naming it elsewhere -- where the others used to wait in a barrier for the rank that
+// had left. Sharded: rank 1's file cannot be renamed into place (a folder stands where it
+// goes). Full: rank 0's writer cannot open its model file (a folder stands at its temporary's
+// name), so the collective stream of the pieces goes on without writing and no file of the
+// save is committed.
+TEST_CASE("a foreground save failing on one rank fails on every rank") {
   for (const auto layout : {CheckpointLayout::sharded, CheckpointLayout::full}) {
     CAPTURE(static_cast<int>(layout));
     const auto dir = scratch("foreground_failure");
     sk::checkpoint::CheckpointOptions options;
     options.layout = layout;
-    options.chunk_numel = 16;  // (the full layout's stream in many chunks)
-    // The failing rank's file cannot be renamed into place: a folder stands where it goes
-    // (rank 1's shard; the full layout's writer, rank 0, its model file).
+    options.chunk_numel = 16;  // (the full layout's stream in many chunks, none written)
     const int failing = layout == CheckpointLayout::sharded ? 1 : 0;
-    const auto blocked = layout == CheckpointLayout::sharded
-                             ? sk::checkpoint::shard_file_name(1, 2)
-                             : std::string(sk::checkpoint::kFullModelFile);
-    const auto errors = save_errors(2, Stage::sdp, [&](auto& model, auto& comm) {
-      auto state = model.training_state();
-      (void)sk::checkpoint::save_step_checkpoint(dir.string(), 1, state, options);
-      comm.barrier();
-      if (comm.rank() == 0) fs::create_directories(dir / "step_000000002" / blocked / "x");
-      comm.barrier();
-      // (a plain save into a folder of its own: save_step_checkpoint would empty it first)
-      sk::checkpoint::save_checkpoint((dir / "step_000000002").string(), state, options);
+    const std::string blocked =
+        layout == CheckpointLayout::sharded
+            ? sk::checkpoint::shard_file_name(1, 2)
+            : std::string(sk::checkpoint::kFullModelFile) + ".tmp." + std::to_string(::getpid());
+    fs::create_directories(dir / blocked / "x");
+    const auto errors = save_errors(2, Stage::sdp, [&](auto& model, auto&) {
+      sk::checkpoint::save_checkpoint(dir.string(), model.training_state(), options);
     });
     const auto& own = errors[static_cast<std::size_t>(failing)];
     const auto& peer = errors[static_cast<std::size_t>(1 - failing)];
@@ -405,7 +402,10 @@ TEST_CASE("a foreground save failing on one rank fails on every rank; latest sta
     CHECK(peer.find("PeerFailed: save_checkpoint into") == 0);
     CHECK(peer.find("failed to write its files on rank(s) " + std::to_string(failing)) !=
           std::string::npos);
-    CHECK(latest_name(dir) == "step_000000001");
+    if (layout == CheckpointLayout::full) {
+      CHECK_FALSE(fs::exists(dir / sk::checkpoint::kFullModelFile));
+      CHECK_FALSE(fs::exists(dir / sk::checkpoint::kFullOptimizerFile));
+    }
   }
   // `extra` failing on one rank: the step is not published.
   const auto dir = scratch("foreground_extra_failure");

@@ -132,11 +132,11 @@ class AsyncCheckpointer {
     in_flight_ = false;
     std::exception_ptr failure;
     if (replicas_ == nullptr || replicas_->rank() == 0) {
-      auto failed_on = [&](const char* what) {
-        return [this, what](const std::string& ranks) {
-          return shardkit::detail::concat(
-              "the checkpoint of step ", step_, " in '", dir_, "' failed to ", what, " on rank(s) ",
-              ranks, " (their errors say why); '", dir_, "/latest' still names the one before");
+      auto failed_on = [&](const char* what, const char* latest) {
+        return [this, what, latest](const std::string& ranks) {
+          return shardkit::detail::concat("the checkpoint of step ", step_, " in '", dir_,
+                                          "' failed to ", what, " on rank(s) ", ranks,
+                                          " (their errors say why); '", dir_, "/latest' ", latest);
         };
       };
       std::exception_ptr error;
@@ -146,7 +146,8 @@ class AsyncCheckpointer {
         error = std::current_exception();
       }
       try {
-        detail::agree_on_outcome(*ctx_, *comm_, error, failed_on("write"));
+        detail::agree_on_outcome(*ctx_, *comm_, error,
+                                 failed_on("write", "still names the one before"));
         // Every file and marker is down: rank 0's thread publishes the step and ends (without
         // looking for the markers again: a network file system may be slow to show them).
         all_written_ = true;
@@ -156,7 +157,10 @@ class AsyncCheckpointer {
         } catch (...) {
           publish_error = std::current_exception();
         }
-        detail::agree_on_outcome(*ctx_, *comm_, publish_error, failed_on("publish"));
+        detail::agree_on_outcome(
+            *ctx_, *comm_, publish_error,
+            failed_on("publish",
+                      "names the one before, or this one where its switch was not flushed"));
       } catch (...) {
         failure = std::current_exception();
         abandon();  // rank 0's thread stops waiting for markers that will not come

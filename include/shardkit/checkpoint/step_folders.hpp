@@ -139,6 +139,7 @@ inline std::string save_step_checkpoint(const std::string& dir, std::int64_t ste
                                         parallel::TrainingState& state,
                                         const CheckpointOptions& options = {},
                                         const std::function<void(const std::string&)>& extra = {}) {
+  detail::check_state(state, "save_step_checkpoint");
   Context& ctx = state.optimizer->context();
   if (state.replicas != nullptr && state.replicas->size() > 1) {  // the first group saves
     parallel::TrainingState group_state = state;

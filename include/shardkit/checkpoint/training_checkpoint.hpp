@@ -364,14 +364,16 @@ inline void save_checkpoint(const std::string& dir, parallel::TrainingState stat
       error = std::current_exception();
     }
   const std::string id = detail::agree_on_checkpoint_id(ctx, comm);  // (after the folder exists)
-  if (!error) try {
-      if (options.layout == CheckpointLayout::full)
-        detail::save_full(dir, state, id, options);
-      else
-        detail::save_sharded(dir, state, id, options);
-    } catch (...) {
-      error = std::current_exception();
-    }
+  // (every rank saves even after an error: the full layout's stream is collective, and its
+  // writer, failing to open its files, lets it go on without writing)
+  try {
+    if (options.layout == CheckpointLayout::full)
+      detail::save_full(dir, state, id, options);
+    else
+      detail::save_sharded(dir, state, id, options);
+  } catch (...) {
+    if (!error) error = std::current_exception();
+  }
   auto failed_on = [&](const char* what) {
     return [&dir, what](const std::string& ranks) {
       return shardkit::detail::concat("save_checkpoint into '", dir, "' failed to ", what,
@@ -381,13 +383,15 @@ inline void save_checkpoint(const std::string& dir, parallel::TrainingState stat
     };
   };
   detail::agree_on_outcome(ctx, comm, error, failed_on("write its files"));
-  if (comm.rank() == 0) try {
-      detail::remove_stale_files(dir, options.layout, comm.size());
-    } catch (...) {
-      error = std::current_exception();
-    }
-  detail::agree_on_outcome(ctx, comm, error, failed_on("remove an earlier save's files"));
-  state.optimizer->spill_state();  // (offload to NVMe: what the save read, out of RAM again)
+  try {
+    if (comm.rank() == 0) detail::remove_stale_files(dir, options.layout, comm.size());
+    state.optimizer->spill_state();  // (offload to NVMe: what the save read, out of RAM again)
+  } catch (...) {
+    error = std::current_exception();
+  }
+  detail::agree_on_outcome(
+      ctx, comm, error,
+      failed_on("finish (remove an earlier save's files, or put offloaded state back out of RAM)"));
 }
 
 namespace detail {
