@@ -103,6 +103,43 @@ TEST_CASE("mismatched counts, dtypes, roots, ops and calls between ranks fail on
   }
 }
 
+// Two FSDP units of the same size gather in the same shape: only what issued the calls (the
+// communicator's label) tells one rank's unit 1 from another's unit 2. With the order check on,
+// the local backend compares the labels too, as MPI's fingerprint does; without it the calls
+// meet (nothing in their shapes differs).
+TEST_CASE("with the order check, a same-shape call issued for another unit fails on every rank") {
+  for (const bool check : {true, false}) {
+    CAPTURE(check);
+    comm::RunRanksOptions options;
+    options.comm.validate_order = check;
+    std::vector<std::string> messages(2);
+    comm::run_ranks(
+        2,
+        [&](sk::Context&, comm::Communicator& c) {
+          std::vector<float> f(10, 1.0f);
+          try {
+            auto label = c.label(c.rank() == 0 ? "unit 1's gather" : "unit 2's gather");
+            c.all_reduce(f).wait();
+          } catch (const sk::InvalidArgument& e) {
+            messages[static_cast<std::size_t>(c.rank())] = e.what();
+          }
+          auto label = c.label("unit 3's gather");  // the same label on both: met
+          std::vector<float> one{1.0f};
+          c.all_reduce(one).wait();
+          CHECK(one[0] == 2.0f);
+        },
+        options);
+    for (const auto& e : messages) {
+      CAPTURE(e);
+      if (check)
+        CHECK(
+            contains(e, "rank 1 issued it for 'unit 2's gather' but rank 0 for 'unit 1's gather'"));
+      else
+        CHECK(e.empty());
+    }
+  }
+}
+
 TEST_CASE("what one rank can check is rejected at the call, naming the rank and sizes") {
   SUBCASE("root out of range") {
     const auto errors = errors_of(4, [](sk::Context&, comm::Communicator& c) {

@@ -207,6 +207,25 @@ std::string first_error(const std::function<void()>& call) {
   return "";
 }
 
+// A rank whose order check is off (an environment variable the launcher did not pass to its
+// host) would pair its real calls with the others' exchanges: refused where the communicator is
+// made, on every rank, naming the setting.
+TEST_CASE("ranks that disagree on the order check are refused when the communicator is made") {
+  sk::Context ctx;
+  auto session = std::make_shared<comm::MpiSession>();
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  comm::CommOptions options = validated(30s);
+  options.validate_order = world_rank != 2;
+  const std::string error =
+      first_error([&] { comm::MpiCommunicator refused(ctx, session, MPI_COMM_WORLD, options); });
+  CHECK(error.find(world_rank == 2 ? "is off on rank 2 but on on another rank"
+                                   : "but off on another rank") != std::string::npos);
+  CHECK(error.find("mpirun -x SHARDKIT_VALIDATE_COLLECTIVES") != std::string::npos);
+  comm::MpiCommunicator agreed(ctx, session, MPI_COMM_WORLD, validated(30s));  // still usable
+  agreed.barrier();
+}
+
 TEST_CASE("the order check refuses a rank's different call on every rank, naming both calls") {
   sk::Context ctx;
   auto session = std::make_shared<comm::MpiSession>();

@@ -315,7 +315,8 @@ class Communicator {
   virtual void do_group_end() {}
   // With CommOptions::validate_order: compare `call`'s fingerprint with every rank's and throw
   // InvalidArgument naming both calls on a mismatch (NCCL: at a later call or wait, once the GPU
-  // ran the exchange). The local backend, which checks every call anyway, keeps this no-op.
+  // ran the exchange). The local backend, whose posts meet and are compared anyway, only adds
+  // the call's label to its post.
   virtual void do_validate(const CallRecord& call) { (void)call; }
 
   std::shared_ptr<const FlightRecorder> recorder() const { return recorder_; }

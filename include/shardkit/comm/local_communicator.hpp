@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/local_world.hpp"
@@ -138,9 +139,23 @@ class LocalCommunicator final : public Communicator {
                        std::span<const std::size_t> counts) override {
     return submit(make_post(CollectiveKind::all_to_all_v, send, recv, ReduceOp::sum, 0, counts));
   }
+  // The order check: the posts of a call meet in one operation and are compared there
+  // (local_validation.hpp); what the shapes cannot tell, the label, goes with the next post.
+  void do_validate(const CallRecord& call) override {
+    next_label_ = call.label;
+    next_labelled_ = true;
+  }
+  LocalPost labelled(LocalPost post) {
+    if (std::exchange(next_labelled_, false)) {
+      post.labelled = true;
+      post.label = std::move(next_label_);
+    }
+    return post;
+  }
+
   void do_barrier() override {
     auto op = world_->post(rank(), next_sequence_++, "barrier",
-                           make_post(CollectiveKind::barrier, {}, {}), nullptr);
+                           labelled(make_post(CollectiveKind::barrier, {}, {})), nullptr);
     detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
   }
   std::unique_ptr<Communicator> do_split(int color, int key) override {
@@ -148,7 +163,7 @@ class LocalCommunicator final : public Communicator {
     post.is_split = true;
     post.color = color;
     post.key = key;
-    auto op = world_->post(rank(), next_sequence_++, "split", std::move(post), nullptr);
+    auto op = world_->post(rank(), next_sequence_++, "split", labelled(std::move(post)), nullptr);
     detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
     const auto index = static_cast<std::size_t>(rank());
     if (!op->split_worlds[index]) return nullptr;
@@ -175,7 +190,8 @@ class LocalCommunicator final : public Communicator {
     return post;
   }
 
-  Work submit(LocalPost post) {
+  Work submit(LocalPost unlabelled) {
+    LocalPost post = labelled(std::move(unlabelled));
     const std::string call(collective_name(post.kind));
     if (post.send.device.is_cuda()) {
 #if SK_WITH_CUDA
@@ -273,6 +289,8 @@ class LocalCommunicator final : public Communicator {
   Context& ctx_;
   std::shared_ptr<LocalWorld> world_;
   std::uint64_t next_sequence_ = 0;
+  std::string next_label_;  // the order check's label for the next post (do_validate)
+  bool next_labelled_ = false;
 #if SK_WITH_CUDA
   // The key of the rendezvous check a device call defers: the same for every call of the
   // world, made once instead of formatted at each call.

@@ -42,6 +42,11 @@ inline void validate_local_posts(const std::vector<LocalPost>& posts, std::strin
     if (a.is_split != b.is_split || a.kind != b.kind)
       differ(r, "the call", detail::post_call_name(b), detail::post_call_name(a),
              "every rank must issue the same collectives in the same order");
+    if (a.labelled && b.labelled && a.label != b.label)  // (CommOptions::validate_order)
+      fail<InvalidArgument>("local ", name, " (world of ", n, "): rank ", r, " issued it for '",
+                            b.label, "' but rank 0 for '", a.label,
+                            "'; every rank must issue the same collectives in the same order "
+                            "(the same units, micro-batches and branches on every rank)");
     if (a.is_split) continue;
     if (a.kind == CollectiveKind::barrier) {
       // A barrier posted with in_capture is the ranks' meeting around a captured step's run

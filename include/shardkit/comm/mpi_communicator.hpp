@@ -59,6 +59,10 @@ class MpiWorkState final : public WorkState, public std::enable_shared_from_this
   std::vector<std::shared_ptr<Storage>> staging;     // f32 copies, temporary outputs
   std::vector<int> counts, displacements;            // the v-collectives' arrays, alive until done
   std::vector<int> recv_counts, recv_displacements;  // all_to_all_v's receiving side
+  // The order check's fingerprints, this rank's and every rank's: owned here because a request
+  // that times out stays in MPI's hands (orphaned) and is completed later, when a late rank
+  // joins it -- into buffers that must still be alive then.
+  std::vector<std::uint64_t> fingerprint, fingerprints;
 
   bool test() override {
     if (done_) return true;
@@ -278,16 +282,19 @@ class MpiCommunicator final : public Communicator {
   // The order check: every rank's fingerprint of this call, gathered under the timeout.
   void do_validate(const CallRecord& call) override {
     const auto mine = call.fingerprint();
-    std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size()));
     auto work = std::make_shared<detail::MpiWorkState>(
         state_,
         shardkit::detail::concat("the order check of ", call.describe(), " on rank ", rank(),
                                  " of ", size()),
         options().timeout, recorder());
-    SK_MPI_CHECK(MPI_Iallgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T,
-                                all.data(), static_cast<int>(mine.size()), MPI_UINT64_T,
-                                state_->comm, &work->request));
+    work->fingerprint.assign(mine.begin(), mine.end());
+    work->fingerprints.resize(mine.size() * static_cast<std::size_t>(size()));
+    SK_MPI_CHECK(MPI_Iallgather(work->fingerprint.data(), static_cast<int>(mine.size()),
+                                MPI_UINT64_T, work->fingerprints.data(),
+                                static_cast<int>(mine.size()), MPI_UINT64_T, state_->comm,
+                                &work->request));
     work->wait();
+    const auto& all = work->fingerprints;
     const int rank = first_mismatch(all, mine);
     if (rank >= 0)
       throw InvalidArgument(
@@ -318,6 +325,29 @@ class MpiCommunicator final : public Communicator {
         state_(std::make_shared<detail::MpiCommState>()) {
     state_->comm = adopted;
     SK_MPI_CHECK(MPI_Comm_set_errhandler(adopted, MPI_ERRORS_RETURN));
+    agree_on_order_check();
+  }
+
+  // The ranks agree that they all check the order or none does: a rank that checks issues an
+  // all-gather before each call, which would pair with another rank's real call -- the check
+  // would cause the failure it is there to name. (The environment variable reaches another
+  // host only where the launcher passes it: Open MPI's `mpirun -x`.) One all-reduce, here
+  // where the communicator is made, collectively, anyway.
+  void agree_on_order_check() {
+    const int mine = options().validate_order ? 1 : 0;
+    int extremes[2] = {mine, -mine};  // max of mine, and -min of mine
+    int agreed[2] = {0, 0};
+    SK_MPI_CHECK(MPI_Allreduce(extremes, agreed, 2, MPI_INT, MPI_MAX, state_->comm));
+    if (agreed[0] == -agreed[1]) return;
+    (void)MPI_Comm_free(&state_->comm);
+    fail<InvalidArgument>(
+        "MpiCommunicator of ", size(),
+        " ranks: the order check (CommOptions::validate_order, "
+        "SHARDKIT_VALIDATE_COLLECTIVES) is ",
+        mine ? "on" : "off", " on rank ", rank(), " but ", mine ? "off" : "on",
+        " on another rank; its exchange before each call would "
+        "pair with that rank's real calls. Set it alike on every rank (pass the variable to "
+        "every host: Open MPI's `mpirun -x SHARDKIT_VALIDATE_COLLECTIVES`)");
   }
 
   static MPI_Comm duplicate(MPI_Comm comm) {

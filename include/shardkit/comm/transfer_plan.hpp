@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "shardkit/comm/buffer.hpp"
@@ -31,6 +32,10 @@ struct LocalPost {
   // Issued inside a captured step (device memory only): each rank's graph carries out its own
   // share (comm/rank_share.hpp) instead of the world's stream carrying out the whole plan.
   bool in_capture = false;
+  // With CommOptions::validate_order, what issued it (Communicator::label): the calls of two
+  // FSDP units of the same size meet in the same shape, and only their labels tell them apart.
+  bool labelled = false;
+  std::string label;
 };
 
 struct CopyStep {
