@@ -1,8 +1,10 @@
 // Allocators and memory statistics: alignment, current/peak per category, reset, failures; the
 // mapped-file allocator (offload to NVMe).
 #include <doctest/doctest.h>
+
 #include <sys/vfs.h>
 #include <unistd.h>
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdint>
@@ -345,6 +347,30 @@ TEST_CASE("a mapped-file allocator's memory is unnamed files, spilled out of RAM
     CHECK(sk::to_vector<float>(ctx, t) == before);
     // Unnamed: nothing to clean up in the directory, even after a crash.
     CHECK(std::filesystem::is_empty(dir));
+  }
+  CHECK(ctx.memory_stats().snapshot().current_total == 0);
+  {
+    // A failed write-back (injected: EIO) is the file's for good. Linux reports it once and may
+    // leave the pages that failed clean, so a later spill would succeed and drop them, and the
+    // state would read back as what the disk held before: every later spill() and load() of the
+    // file fails instead, and drop_clean() keeps its pages. Another file is unaffected.
+    const sk::Tensor t = sk::empty(ctx, {1 << 18}, sk::DType::f32);
+    const sk::Tensor other = sk::empty(ctx, {1 << 18}, sk::DType::f32);
+    sk::uniform_(ctx, t, -1.0, 1.0);
+    sk::uniform_(ctx, other, -1.0, 1.0);
+    const auto before = sk::to_vector<float>(ctx, t);
+    files->inject_write_back_error(EIO);
+    CHECK_THROWS_WITH_AS(files->spill(t.data_ptr(), t.nbytes(), true),
+                         doctest::Contains("failed (Input/output error)"), sk::IoError);
+    CHECK_THROWS_WITH_AS(files->spill(t.data_ptr(), t.nbytes(), true),
+                         doctest::Contains("failed earlier (Input/output error)"), sk::IoError);
+    CHECK_THROWS_WITH_AS(files->load(t.data_ptr(), 4096), doctest::Contains("failed earlier"),
+                         sk::IoError);
+    files->drop_clean(t.data_ptr(), t.nbytes());
+    CHECK(files->resident_bytes(t.data_ptr(), t.nbytes()) >= t.nbytes());
+    CHECK(sk::to_vector<float>(ctx, t) == before);
+    files->spill(other.data_ptr(), other.nbytes(), true);  // (its own file: no error)
+    files->load(other.data_ptr(), other.nbytes());
   }
   CHECK(ctx.memory_stats().snapshot().current_total == 0);
   CHECK_THROWS_WITH_AS(sk::MappedFileAllocator((dir / "missing").string()),

@@ -72,6 +72,7 @@ class MappedFileAllocator : public Allocator {
 #if defined(__linux__)
     const auto [begin, end] = pages_around(data, bytes);
     if (begin >= end) return;
+    check_not_failed(failure_at(begin));
     void* const at = reinterpret_cast<void*>(begin);
     if (populate_.load(std::memory_order_relaxed)) {
       int error = 0;
@@ -85,9 +86,11 @@ class MappedFileAllocator : public Allocator {
       check<IoError>(!read_failed(error), "offload to disk: reading ", end - begin,
                      " bytes back from a file in '", directory_, "' failed (", std::strerror(error),
                      "); the disk is failing");
-      // Anything else (a kernel older than 5.14, a sandbox that forbids the advice) is not the
-      // disk's fault: from now on the pages are faulted in as before.
-      populate_.store(false, std::memory_order_relaxed);
+      // Anything else is not the disk's fault. A kernel older than 5.14 or a sandbox that forbids
+      // the advice (EINVAL, EPERM): from now on the pages are faulted in as before. A shortage
+      // of memory (ENOMEM, likely where RAM is tight -- why state is offloaded to disk): this
+      // range only, so that a later failing read still raises IoError rather than SIGBUS.
+      if (error == EINVAL || error == EPERM) populate_.store(false, std::memory_order_relaxed);
     }
     ::madvise(at, end - begin, MADV_WILLNEED);
 #else
@@ -121,6 +124,7 @@ class MappedFileAllocator : public Allocator {
     const auto [begin, end] = pages_around(data, bytes);
     if (begin >= end) return;
     const Mapping& m = mapping_of(reinterpret_cast<const void*>(begin));
+    check_not_failed(m.failed);
     const auto offset = static_cast<off_t>(begin - m.base);
     const auto length = static_cast<off_t>(end - begin);
     // Unmap the pages from this process first (their dirty state goes to the page cache): at
@@ -133,11 +137,21 @@ class MappedFileAllocator : public Allocator {
       ::sync_file_range(m.fd, offset, length, SYNC_FILE_RANGE_WRITE);
       return;
     }
-    check(::sync_file_range(m.fd, offset, length,
-                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                                SYNC_FILE_RANGE_WAIT_AFTER) == 0,
-          "offload to disk: writing back ", length, " bytes to a file in '", directory_,
-          "' failed (", std::strerror(errno), "); is the disk full?");
+    int error = injected_write_back_error_.exchange(0);
+    if (error == 0 && ::sync_file_range(m.fd, offset, length,
+                                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                            SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+      error = errno;
+    if (error != 0) {
+      // Linux reports a file's failed write-back once, and may leave the pages that failed
+      // clean: dropped later, they would read back as what the disk held before -- training on
+      // silently. So the file is marked: every later spill() and load() of it fails too, and
+      // nothing of it is dropped from the page cache.
+      mark_failed(m.base, error);
+      fail<IoError>("offload to disk: writing back ", length, " bytes to a file in '", directory_,
+                    "' failed (", std::strerror(error),
+                    "); the state in that file is lost -- resume from the last checkpoint");
+    }
     ::posix_fadvise(m.fd, offset, length, POSIX_FADV_DONTNEED);
 #endif
   }
@@ -151,6 +165,7 @@ class MappedFileAllocator : public Allocator {
     const auto [begin, end] = pages_around(data, bytes);
     if (begin >= end) return;
     const Mapping& m = mapping_of(reinterpret_cast<const void*>(begin));
+    if (m.failed != 0) return;  // (kept: its pages may be the only copy; spill() reports it)
     ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
     ::posix_fadvise(m.fd, static_cast<off_t>(begin - m.base), static_cast<off_t>(end - begin),
                     POSIX_FADV_DONTNEED);
@@ -159,6 +174,10 @@ class MappedFileAllocator : public Allocator {
     (void)bytes;
 #endif
   }
+
+  // Fault injection for tests: the next spill() that waits fails with `error` (EIO, say) as if
+  // the file's write-back had -- a disk failure no test machine can produce on demand.
+  void inject_write_back_error(int error) const { injected_write_back_error_.store(error); }
 
   // The page size: what load(), spill() and the residency figures round ranges out to.
   std::size_t page_bytes() const { return page_; }
@@ -269,7 +288,31 @@ class MappedFileAllocator : public Allocator {
     int fd = -1;
     std::size_t bytes = 0;
     std::uintptr_t base = 0;
+    // errno of the file's first failed write-back (sticky: see spill()); set under mutex_ by
+    // the const spill(), as the allocator's own bookkeeping
+    mutable int failed = 0;
   };
+
+  void mark_failed(std::uintptr_t base, int error) const {
+    std::lock_guard lock(mutex_);
+    const auto it = mappings_.find(base);
+    if (it != mappings_.end() && it->second.failed == 0) it->second.failed = error;
+  }
+  // The failure marked on the file that holds `address` (0: none, or not one of its files).
+  int failure_at(std::uintptr_t address) const {
+    std::lock_guard lock(mutex_);
+    auto it = mappings_.upper_bound(address);
+    if (it == mappings_.begin()) return 0;
+    --it;
+    return address < it->first + it->second.bytes ? it->second.failed : 0;
+  }
+  void check_not_failed(int failed) const {
+    if (failed == 0) return;
+    fail<IoError>("offload to disk: a write-back to a file in '", directory_, "' failed earlier (",
+                  std::strerror(failed),
+                  "); the kernel may since have dropped pages that never reached the disk, so the "
+                  "state in that file is lost -- resume from the last checkpoint");
+  }
 
   // Whether MADV_POPULATE_* failed because the file's data could not be read.
   static bool read_failed(int error) {
@@ -326,6 +369,7 @@ class MappedFileAllocator : public Allocator {
   std::size_t page_ = 4096;
   mutable std::atomic<bool> populate_{true};  // MADV_POPULATE_* known to the kernel
   mutable std::mutex mutex_;
+  mutable std::atomic<int> injected_write_back_error_{0};
   std::map<std::uintptr_t, Mapping> mappings_;  // by base address
 };
 
