@@ -247,8 +247,8 @@ inline void launch_dequantize_blocks(Context& ctx, QuantFormat format, DType dty
 
 // Per-tensor scales (quantize.hpp's slot chunks): a thread block per chunk. The chunk's |x|
 // maximum (block_abs_max) is folded into its slot's with an integer atomicMax on the
-// f32 bits -- the order of non-negative floats, +inf and a NaN (fabsf clears its sign, and its
-// bits lie above +inf's) included -- so any order of the chunks gives the same maxima.
+// f32 bits -- the order of non-negative floats and +inf, which a NaN is clamped to -- so any
+// order of the chunks gives the same maxima.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     slot_abs_max_kernel(const T* x, const std::int64_t* chunks, float* amax) {
@@ -258,7 +258,11 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t i = lo + threadIdx.x; i < hi; i += kThreads)
     m = abs_max(m, load_element(x + i));
   m = block_abs_max(m);
-  if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(amax + row[2]), __float_as_int(m));
+  // (a NaN's maximum as +inf, as the CPU's: the maxima's all-reduce keeps an inf on every
+  // backend, and may drop a NaN)
+  if (threadIdx.x == 0)
+    atomicMax(reinterpret_cast<int*>(amax + row[2]),
+              static_cast<int>(min(__float_as_uint(m), 0x7f800000u)));
 }
 
 template <class Code, class T>

@@ -272,7 +272,10 @@ struct Cpu {
         std::uint32_t m = 0;
         for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i)
           m = std::max(m, abs_bits(load_element(x + i)));
-        maxima[static_cast<std::size_t>(c)] = bits_to_float(m);
+        // (a NaN's maximum as +inf: an all-reduce of the maxima by NCCL's fmaxf or an MPI's
+        // `a > b ? a : b` may drop a NaN, never an inf -- and an inf scale decodes the whole
+        // tensor as NaN, as a NaN one did)
+        maxima[static_cast<std::size_t>(c)] = bits_to_float(std::min(m, 0x7f800000u));
       });
       for (std::int64_t c = 0; c < count; ++c)
         amax[chunks[3 * c + 2]] =
