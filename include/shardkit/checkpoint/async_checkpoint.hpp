@@ -133,11 +133,7 @@ class AsyncCheckpointer {
     std::exception_ptr failure;
     if (replicas_ == nullptr || replicas_->rank() == 0) {
       auto failed_on = [&](const char* what, const char* latest) {
-        return [this, what, latest](const std::string& ranks) {
-          return shardkit::detail::concat("the checkpoint of step ", step_, " in '", dir_,
-                                          "' failed to ", what, " on rank(s) ", ranks,
-                                          " (their errors say why); '", dir_, "/latest' ", latest);
-        };
+        return detail::step_failure(dir_, step_, what, latest);
       };
       std::exception_ptr error;
       try {

@@ -113,6 +113,18 @@ inline std::string begin_step_folder(Context& ctx, comm::Communicator& comm, con
   return (std::filesystem::path(dir) / name).string();
 }
 
+// What the ranks that did their part of a save of `step` throw (PeerFailed) when rank(s)
+// `ranks` failed to do `what`: agree_on_outcome's message, for the foreground and background
+// saves alike. `latest` says what DIR/latest names then.
+inline auto step_failure(const std::string& dir, std::int64_t step, const char* what,
+                         const char* latest) {
+  return [dir, step, what, latest](const std::string& ranks) {
+    return shardkit::detail::concat("the checkpoint of step ", step, " in '", dir, "' failed to ",
+                                    what, " on rank(s) ", ranks, " (their errors say why); '", dir,
+                                    "/latest' ", latest);
+  };
+}
+
 // Rank 0, once every rank's files in `folder` (a path begin_step_folder returned) are committed:
 // `latest` names it (replaced atomically), then every other step folder goes. What cannot be
 // removed stays for the next publish to remove: the save itself is in force by then.
@@ -168,11 +180,7 @@ inline std::string save_step_checkpoint(const std::string& dir, std::int64_t ste
       error = std::current_exception();
     }
   auto failed_on = [&](const char* what, const char* latest) {
-    return [&, what, latest](const std::string& ranks) {
-      return shardkit::detail::concat("the checkpoint of step ", step, " in '", dir, "' failed to ",
-                                      what, " on rank(s) ", ranks, " (their errors say why); '",
-                                      dir, "/latest' ", latest);
-    };
+    return detail::step_failure(dir, step, what, latest);
   };
   detail::agree_on_outcome(ctx, comm, error,
                            failed_on("write the caller's files", "still names the one before"));
