@@ -8,6 +8,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <functional>
+#include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <thread>
@@ -327,6 +329,75 @@ TEST_CASE("a rank blocked on a peer that never comes names the call and its last
                          "barrier #2") != std::string::npos);
     }
   }  // the survivors' destructors complete the orphaned check once the late rank joined
+  comm::MpiCommunicator after(ctx, session, MPI_COMM_WORLD, short_timeout(30s));
+  after.barrier();
+}
+
+// A call the backend refuses on one rank (its memory is not the host's) is refused before its
+// fingerprint is exchanged: the others wait in the check, and the rank's corrected call meets
+// them there, numbered as theirs. (Exchanged first, the refused call's fingerprint paired with
+// the others' and they went on into the real call, with which the rank's next exchange then
+// paired: a mismatch of MPI calls that timed out instead of a sum.)
+TEST_CASE(
+    "with the order check, a call the MPI backend refuses on one rank keeps the ranks in "
+    "step") {
+  sk::Context ctx;
+  auto session = std::make_shared<comm::MpiSession>();
+  comm::MpiCommunicator c(ctx, session, MPI_COMM_WORLD, validated(20s));
+  std::vector<float> data(6, 1.0f);
+  if (c.rank() == 1) {
+    comm::Buffer device(data.data(), data.size(), sk::DType::f32, sk::Device::cuda(0));
+    CHECK_THROWS_WITH_AS(c.all_reduce(device).wait(), doctest::Contains("moves host memory"),
+                         sk::InvalidArgument);
+  }
+  c.all_reduce(data).wait();
+  CHECK(data[0] == static_cast<float>(c.size()));
+  CHECK(c.recent_calls() == "this rank's last calls, oldest first: all_reduce #0 of 6 f32 (sum)");
+  c.barrier();
+}
+
+// Host memory that runs out on request: the f16 reduction's f32 staging then fails after the
+// call began.
+class RunningOutAllocator final : public sk::Allocator {
+ public:
+  bool exhausted = false;
+  sk::Device device() const override { return sk::Device::cpu(); }
+
+ protected:
+  void* do_allocate(std::size_t bytes) override {
+    return exhausted ? nullptr : ::operator new(bytes, std::nothrow);
+  }
+  void do_deallocate(void* pointer, std::size_t) noexcept override { ::operator delete(pointer); }
+};
+
+// Past its checks a call has begun on every rank (and been exchanged by the order check): a
+// rank whose backend then fails cannot take part in it, and its next call would pair with it.
+// So every later call on that rank refuses, naming the call that failed; the others time out
+// in the call it skipped.
+TEST_CASE(
+    "a call that fails on one rank after it began puts that rank's communicator out of "
+    "step") {
+  auto allocator = std::make_shared<RunningOutAllocator>();
+  sk::ContextOptions options;
+  options.allocator = allocator;
+  sk::Context ctx(options);
+  auto session = std::make_shared<comm::MpiSession>();
+  std::vector<sk::Half> data(8, sk::Half(1.0f));
+  {
+    comm::MpiCommunicator c(ctx, session, MPI_COMM_WORLD, validated(1500ms));
+    if (c.rank() == 1) {
+      allocator->exhausted = true;
+      CHECK_THROWS_AS(c.all_reduce(data).wait(), sk::OutOfMemory);
+      allocator->exhausted = false;
+      CHECK_THROWS_WITH_AS(c.all_reduce(data).wait(),
+                           doctest::Contains("the ranks are out of step (all_reduce #0 of 8 f16 "
+                                             "(sum) failed on rank 1 after it began (out of "
+                                             "memory"),
+                           comm::CommunicatorAborted);
+    } else {
+      CHECK_THROWS_AS(c.all_reduce(data).wait(), sk::TimeoutError);
+    }
+  }
   comm::MpiCommunicator after(ctx, session, MPI_COMM_WORLD, short_timeout(30s));
   after.barrier();
 }

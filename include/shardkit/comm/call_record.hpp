@@ -132,6 +132,14 @@ class FlightRecorder {
       calls_[call.seq % kCapacity] = call;
   }
 
+  // Call `seq` described, while it is among the kept ones ("call #seq" after that).
+  std::string describe(std::uint64_t seq) const {
+    std::lock_guard lock(mutex_);
+    for (const auto& c : calls_)
+      if (c.seq == seq) return c.describe();
+    return shardkit::detail::concat("call #", seq);
+  }
+
   // "this rank's last calls: all_reduce #10 of ..., all_gather #11 of ... (oldest first)"
   std::string recent() const {
     std::lock_guard lock(mutex_);

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -114,9 +115,10 @@ class Communicator {
     const std::string_view call = "all_reduce";
     check_call(call, send, Reduces::yes);
     check_pair(call, send, recv, send.count, "send.count");
-    check_same_or_disjoint(call, send, recv.first(send.count));
-    return counted(record(CollectiveKind::all_reduce, send, send.count, -1, op), send.nbytes(),
-                   [&] { return do_all_reduce(send, recv.first(send.count), op); });
+    const Buffer out = recv.first(send.count);
+    check_same_or_disjoint(call, send, out);
+    return counted(call, record(CollectiveKind::all_reduce, send, send.count, -1, op),
+                   send.nbytes(), {send, out}, [&] { return do_all_reduce(send, out, op); });
   }
   // At `root`, recv <- reduction of every rank's send; other ranks may pass an empty recv.
   Work reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op = ReduceOp::sum) {
@@ -133,16 +135,16 @@ class Communicator {
       out.dtype = send.dtype;
       out.device = send.device;
     }
-    return counted(record(CollectiveKind::reduce, send, send.count, root, op), send.nbytes(),
-                   [&] { return do_reduce(send, out, root, op); });
+    return counted(call, record(CollectiveKind::reduce, send, send.count, root, op), send.nbytes(),
+                   {send, out}, [&] { return do_reduce(send, out, root, op); });
   }
   // data <- root's data, on every rank.
   Work broadcast(const Buffer& data, int root) {
     const std::string_view call = "broadcast";
     check_call(call, data, Reduces::no);
     check_root(call, root);
-    return counted(record(CollectiveKind::broadcast, data, data.count, root), data.nbytes(),
-                   [&] { return do_broadcast(data, root); });
+    return counted(call, record(CollectiveKind::broadcast, data, data.count, root), data.nbytes(),
+                   {data}, [&] { return do_broadcast(data, root); });
   }
   // recv[r*count, (r+1)*count) <- rank r's send (count = send.count). In place when
   // send is exactly recv's segment of this rank (NCCL's form).
@@ -153,7 +155,7 @@ class Communicator {
     check_pair(call, send, recv, total, "size() x send.count");
     const Buffer out = recv.first(total);
     check_in_place_or_disjoint(call, send, out, send.count, "send", "recv");
-    return counted(record(CollectiveKind::all_gather, send, total), out.nbytes(),
+    return counted(call, record(CollectiveKind::all_gather, send, total), out.nbytes(), {send, out},
                    [&] { return do_all_gather(send, out); });
   }
   // recv (count = recv.count) <- reduction over ranks of their send[rank*count, (rank+1)*count).
@@ -165,8 +167,8 @@ class Communicator {
     check_pair(call, recv, send, total, "size() x recv.count", "send");
     const Buffer in = send.first(total);
     check_in_place_or_disjoint(call, recv, in, recv.count, "recv", "send");
-    return counted(record(CollectiveKind::reduce_scatter, recv, total, -1, op), in.nbytes(),
-                   [&] { return do_reduce_scatter(in, recv, op); });
+    return counted(call, record(CollectiveKind::reduce_scatter, recv, total, -1, op), in.nbytes(),
+                   {in, recv}, [&] { return do_reduce_scatter(in, recv, op); });
   }
   // Per-owner broadcast of an unevenly partitioned buffer: data holds sum(counts) elements,
   // rank r owns the segment of counts[r] elements after counts[0..r); afterwards every rank
@@ -177,7 +179,7 @@ class Communicator {
     const Buffer whole = data.first(total);
     auto uneven = record(CollectiveKind::all_gather_v, data, total);
     uneven.counts_hash = comm::counts_hash(counts);
-    return counted(std::move(uneven), whole.nbytes(),
+    return counted(call, std::move(uneven), whole.nbytes(), {whole},
                    [&] { return do_all_gather_v(whole, counts); });
   }
   // Per-owner reduce of an unevenly partitioned buffer: send holds sum(counts) elements; rank r
@@ -198,7 +200,7 @@ class Communicator {
             " of send); pass disjoint buffers, or recv = send + offset for the in-place form");
     auto uneven = record(CollectiveKind::reduce_scatter_v, send, total, -1, op);
     uneven.counts_hash = comm::counts_hash(counts);
-    return counted(std::move(uneven), in.nbytes(),
+    return counted(call, std::move(uneven), in.nbytes(), {in, out},
                    [&] { return do_reduce_scatter_v(in, out, counts, op); });
   }
   // Per-owner segments moved to their owner, not reduced (the all-to-all of a quantised
@@ -215,7 +217,7 @@ class Communicator {
     check(!overlaps(in, out), where(call), ": send and recv overlap; pass disjoint buffers");
     auto uneven = record(CollectiveKind::all_to_all_v, send, total);
     uneven.counts_hash = comm::counts_hash(counts);
-    return counted(std::move(uneven), in.nbytes(),
+    return counted(call, std::move(uneven), in.nbytes(), {in, out},
                    [&] { return do_all_to_all_v(in, out, counts); });
   }
   // Returns when every rank has reached the barrier (throws TimeoutError otherwise).
@@ -225,7 +227,7 @@ class Communicator {
         group_depth_ == 0, where("barrier"),
         ": a barrier inside a group scope would wait for itself; end the group first");
     begin_call(record(CollectiveKind::barrier, Buffer(), 0));
-    do_barrier();
+    in_step([&] { do_barrier(); });
     stats_.record(CollectiveKind::barrier, 0, size_);
   }
 
@@ -241,7 +243,7 @@ class Communicator {
     auto split_call = record(CollectiveKind::barrier, Buffer(), 0);
     split_call.is_split = true;
     begin_call(std::move(split_call));
-    return do_split(color, key);
+    return in_step([&] { return do_split(color, key); });
   }
 
   // What issues the calls while it lives ("fsdp unit 3: gather for forward"): part of each
@@ -299,6 +301,19 @@ class Communicator {
   // Non-empty when the communicator was aborted; calls then throw CommunicatorAborted.
   virtual std::string aborted_reason() const { return {}; }
 
+  // The backend's own refusals of a call's buffers (the memory it moves, its count limits),
+  // asked before the call is numbered, recorded and exchanged by the order check: a call
+  // refused here never began, on this rank or any other, so the ranks stay in step. A
+  // backend's failure after that point puts the communicator out of step (see in_step).
+  virtual void do_check_buffers(std::string_view call, std::span<const Buffer> buffers) const {
+    (void)call;
+    (void)buffers;
+  }
+
+  // The number of the call being issued (CallRecord::seq): what the backends' messages name
+  // it by, as the flight recorder and the order check do.
+  std::uint64_t call_number() const { return calls_ - 1; }
+
   virtual Work do_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) = 0;
   virtual Work do_reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op) = 0;
   virtual Work do_broadcast(const Buffer& data, int root) = 0;
@@ -344,14 +359,34 @@ class Communicator {
     if (options_.validate_order && size_ > 1) do_validate(call);
   }
 
-  // Counts a call once the backend accepted it (a rejected call moved nothing).
+  // Checks `buffers` with the backend, begins the call and counts it once the backend accepted
+  // it (a rejected call moved nothing).
   template <class Issue>
-  Work counted(CallRecord call, std::size_t payload_bytes, Issue&& issue) {
+  Work counted(std::string_view name, CallRecord call, std::size_t payload_bytes,
+               std::initializer_list<Buffer> buffers, Issue&& issue) {
+    do_check_buffers(name, std::span<const Buffer>(buffers.begin(), buffers.size()));
     const CollectiveKind kind = call.kind;
     begin_call(std::move(call));
-    Work work = issue();
+    Work work = in_step(std::forward<Issue>(issue));
     stats_.record(kind, payload_bytes, size_);
     return work;
+  }
+
+  // Issues a begun call. Once begun, the other ranks count on this rank's part of it (and with
+  // the order check they have exchanged its fingerprint): a backend that fails to issue it
+  // leaves them in a call this rank skipped, and this rank's next call would pair with it -- a
+  // wrong pairing, not a refusal. So such a failure makes every later call refuse.
+  template <class Issue>
+  auto in_step(Issue&& issue) -> decltype(issue()) {
+    try {
+      return issue();
+    } catch (const std::exception& e) {
+      if (size_ > 1 && out_of_step_.empty())
+        out_of_step_ =
+            shardkit::detail::concat(recorder_->describe(call_number()), " failed on rank ", rank_,
+                                     " after it began (", e.what(), ")");
+      throw;
+    }
   }
 
   friend class GroupScope;
@@ -361,6 +396,10 @@ class Communicator {
     if (!reason.empty())
       fail<CommunicatorAborted>(where(call), ": the communicator was aborted (", reason,
                                 "); create a new one");
+    if (!out_of_step_.empty())
+      fail<CommunicatorAborted>(where(call), ": the ranks are out of step (", out_of_step_,
+                                "; the others wait in it or will time out); create a new "
+                                "communicator");
   }
 
   // Whether a call combines values (and so needs a dtype it can add) or only moves them.
@@ -432,7 +471,8 @@ class Communicator {
   CommStats stats_;
   int group_depth_ = 0;
   std::uint64_t calls_ = 0;
-  std::string_view label_;  // the innermost Label's text
+  std::string_view label_;   // the innermost Label's text
+  std::string out_of_step_;  // why the ranks' calls no longer pair (in_step); empty while they do
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   std::vector<std::shared_ptr<void>> attached_;
 };

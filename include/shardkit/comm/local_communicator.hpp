@@ -139,6 +139,20 @@ class LocalCommunicator final : public Communicator {
                        std::span<const std::size_t> counts) override {
     return submit(make_post(CollectiveKind::all_to_all_v, send, recv, ReduceOp::sum, 0, counts));
   }
+  // Host memory, or (in a build with CUDA) memory of this rank's GPU, whose stream the call
+  // runs on.
+  void do_check_buffers(std::string_view call, std::span<const Buffer> buffers) const override {
+    const Device device = buffers.front().device;
+    if (!device.is_cuda()) return;
+#if SK_WITH_CUDA
+    check(device == ctx_.device(), where(call), ": buffers on ", device,
+          " but this rank's context is on ", ctx_.device(),
+          "; device collectives run on the context's stream: use that GPU's memory");
+#else
+    fail<NotAvailable>(where(call), ": buffers on ", device,
+                       " in a build without CUDA; pass host memory");
+#endif
+  }
   // The order check: the posts of a call meet in one operation and are compared there
   // (local_validation.hpp); what the shapes cannot tell, the label, goes with the next post.
   void do_validate(const CallRecord& call) override {
@@ -154,7 +168,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   void do_barrier() override {
-    auto op = world_->post(rank(), next_sequence_++, "barrier",
+    auto op = world_->post(rank(), next_sequence_++, "barrier", call_number(),
                            labelled(make_post(CollectiveKind::barrier, {}, {})), nullptr);
     detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
   }
@@ -163,7 +177,8 @@ class LocalCommunicator final : public Communicator {
     post.is_split = true;
     post.color = color;
     post.key = key;
-    auto op = world_->post(rank(), next_sequence_++, "split", labelled(std::move(post)), nullptr);
+    auto op = world_->post(rank(), next_sequence_++, "split", call_number(),
+                           labelled(std::move(post)), nullptr);
     detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
     const auto index = static_cast<std::size_t>(rank());
     if (!op->split_worlds[index]) return nullptr;
@@ -192,26 +207,20 @@ class LocalCommunicator final : public Communicator {
 
   Work submit(LocalPost unlabelled) {
     LocalPost post = labelled(std::move(unlabelled));
-    const std::string call(collective_name(post.kind));
+    const std::string_view call = collective_name(post.kind);
     if (post.send.device.is_cuda()) {
 #if SK_WITH_CUDA
-      check(post.send.device == ctx_.device(), where(call), ": buffers on ", post.send.device,
-            " but this rank's context is on ", ctx_.device(),
-            "; device collectives run on the context's stream: use that GPU's memory");
       if (size() > 1 && ctx_.capturing()) return submit_captured(call, std::move(post));
       auto ready = std::make_shared<CudaEvent>(ctx_.device().index);
       ready->record(ctx_.stream());
-      auto op = world_->post(rank(), next_sequence_++, call, std::move(post), ready);
+      auto op = world_->post(rank(), next_sequence_++, call, call_number(), std::move(post), ready);
       detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
       CudaDeviceGuard guard(ctx_.device().index);
       SK_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), op->done->get(), 0));
       return Work(std::make_shared<detail::EventWorkState>(op->done), ctx_);
-#else
-      fail<NotAvailable>(where(call), ": buffers on ", post.send.device,
-                         " in a build without CUDA; pass host memory");
 #endif
     }
-    auto op = world_->post(rank(), next_sequence_++, call, std::move(post), nullptr);
+    auto op = world_->post(rank(), next_sequence_++, call, call_number(), std::move(post), nullptr);
     return Work(std::make_shared<detail::LocalWorkState>(world_, std::move(op), rank(),
                                                          options().timeout, recorder()),
                 ctx_);
@@ -231,16 +240,17 @@ class LocalCommunicator final : public Communicator {
   void meet_around_graph_run() {
     LocalPost post = make_post(CollectiveKind::barrier, {}, {});
     post.in_capture = true;  // tells the meeting from a user's barrier (local_validation.hpp)
-    auto op = world_->post(rank(), next_sequence_++, "graph run meeting", std::move(post), nullptr);
+    auto op = world_->post(rank(), next_sequence_++, "graph run meeting", LocalWorld::kNotACall,
+                           std::move(post), nullptr);
     detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
   }
 
   // Inside a captured step the world's stream cannot join this rank's graph: the host meets the
   // other ranks once (checks, their buffers), and this rank's stream carries its own share of
   // the call between two waits on the device (comm/device_rendezvous.hpp).
-  Work submit_captured(const std::string& call, LocalPost post) {
+  Work submit_captured(std::string_view call, LocalPost post) {
     post.in_capture = true;
-    auto op = world_->post(rank(), next_sequence_++, call, std::move(post), nullptr);
+    auto op = world_->post(rank(), next_sequence_++, call, call_number(), std::move(post), nullptr);
     detail::wait_for(*world_, *op, rank(), options().timeout, *recorder());
     const Buffer& recv = op->posts[static_cast<std::size_t>(rank())].recv;
     const RankShare share = rank_share(plan_transfers(op->posts), op->posts, rank());

@@ -135,17 +135,23 @@ class LocalWorld {
     return aborted_;
   }
 
-  // Adds rank's part of call `sequence`. `ready` (device calls) is recorded on the rank's stream.
+  // A post that is not one of the communicator's calls (a meeting around a graph's run).
+  static constexpr std::uint64_t kNotACall = ~std::uint64_t{0};
+
+  // Adds rank's part of the world's `sequence`-th operation: the communicator's call `number`
+  // (what messages name it by, as the flight recorder does), or kNotACall. `ready` (device calls)
+  // is recorded on the rank's stream.
   std::shared_ptr<LocalOp> post(int rank, std::uint64_t sequence, std::string_view call,
-                                LocalPost post, [[maybe_unused]] std::shared_ptr<void> ready) {
+                                std::uint64_t number, LocalPost post,
+                                [[maybe_unused]] std::shared_ptr<void> ready) {
     std::unique_lock lock(mutex_);
     if (!aborted_.empty())
-      fail<CommunicatorAborted>(call, " #", sequence, " on rank ", rank,
+      fail<CommunicatorAborted>(op_name(call, number), " on rank ", rank,
                                 " (local): the world was aborted (", aborted_, ")");
     auto& slot = ops_[sequence];
     if (!slot) {
       slot = std::make_shared<LocalOp>();
-      slot->name = shardkit::detail::concat(call, " #", sequence);
+      slot->name = op_name(call, number);
       slot->posts.resize(static_cast<std::size_t>(size_));
       slot->arrived.assign(static_cast<std::size_t>(size_), 0);
 #if SK_WITH_CUDA
@@ -232,6 +238,12 @@ class LocalWorld {
   }
 
  private:
+  // "all_reduce #12", or the post's name alone when it is not a call.
+  static std::string op_name(std::string_view call, std::uint64_t number) {
+    if (number == kNotACall) return std::string(call);
+    return shardkit::detail::concat(call, " #", number);
+  }
+
   std::vector<std::shared_ptr<LocalWorld>> abort_locked(const std::string& reason) {
     aborted_ = reason;
     for (auto& [sequence, op] : ops_) {

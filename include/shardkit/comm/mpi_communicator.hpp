@@ -180,7 +180,7 @@ class MpiCommunicator final : public Communicator {
   std::string aborted_reason() const override { return state_->aborted; }
 
   Work do_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    auto work = begin("all_reduce", send);
+    auto work = begin("all_reduce");
     auto [in, out, type] = stage_reduction(*work, send, recv, op, true);
     const void* in_arg = in == out ? MPI_IN_PLACE : in;
     SK_MPI_CHECK(MPI_Iallreduce(in_arg, out, int_count("all_reduce", send.count), type,
@@ -189,7 +189,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Work do_reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op) override {
-    auto work = begin("reduce", send);
+    auto work = begin("reduce");
     const bool at_root = rank() == root;
     auto [in, out, type] = stage_reduction(*work, send, recv, op, at_root);
     const void* in_arg = at_root && in == out ? MPI_IN_PLACE : in;
@@ -199,16 +199,15 @@ class MpiCommunicator final : public Communicator {
   }
 
   Work do_broadcast(const Buffer& data, int root) override {
-    auto work = begin("broadcast", data);
+    auto work = begin("broadcast");
     SK_MPI_CHECK(MPI_Ibcast(data.data, int_count("broadcast", data.count),
                             detail::mpi_wire_type(data.dtype), root, state_->comm, &work->request));
     return Work(std::move(work), ctx_);
   }
 
   Work do_all_gather(const Buffer& send, const Buffer& recv) override {
-    auto work = begin("all_gather", send);
+    auto work = begin("all_gather");
     const int count = int_count("all_gather", send.count);
-    (void)int_count("all_gather", recv.count);
     const MPI_Datatype type = detail::mpi_wire_type(send.dtype);
     const bool in_place =
         !send.empty() &&
@@ -223,8 +222,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Work do_reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    auto work = begin("reduce_scatter", send);
-    (void)int_count("reduce_scatter", send.count);
+    auto work = begin("reduce_scatter");
     auto [in, out, type] = stage_reduction(*work, send, recv, op, true, overlaps(send, recv));
     SK_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, int_count("reduce_scatter", recv.count), type,
                                            detail::mpi_op(op), state_->comm, &work->request));
@@ -232,8 +230,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Work do_all_gather_v(const Buffer& data, std::span<const std::size_t> counts) override {
-    auto work = begin("all_gather_v", data);
-    (void)int_count("all_gather_v", data.count);
+    auto work = begin("all_gather_v");
     set_counts(*work, "all_gather_v", counts);
     SK_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data, work->counts.data(),
                                  work->displacements.data(), detail::mpi_wire_type(data.dtype),
@@ -243,8 +240,7 @@ class MpiCommunicator final : public Communicator {
 
   Work do_reduce_scatter_v(const Buffer& send, const Buffer& recv,
                            std::span<const std::size_t> counts, ReduceOp op) override {
-    auto work = begin("reduce_scatter_v", send);
-    (void)int_count("reduce_scatter_v", send.count);
+    auto work = begin("reduce_scatter_v");
     set_counts(*work, "reduce_scatter_v", counts);
     auto [in, out, type] = stage_reduction(*work, send, recv, op, true, overlaps(send, recv));
     SK_MPI_CHECK(MPI_Ireduce_scatter(in, out, work->counts.data(), type, detail::mpi_op(op),
@@ -256,9 +252,7 @@ class MpiCommunicator final : public Communicator {
   // segment for it, counts[rank] each, in rank order.
   Work do_all_to_all_v(const Buffer& send, const Buffer& recv,
                        std::span<const std::size_t> counts) override {
-    auto work = begin("all_to_all_v", send);
-    (void)int_count("all_to_all_v", send.count);
-    (void)int_count("all_to_all_v", recv.count);
+    auto work = begin("all_to_all_v");
     set_counts(*work, "all_to_all_v", counts);
     const int own = work->counts[static_cast<std::size_t>(rank())];
     work->recv_counts.assign(static_cast<std::size_t>(size()), own);
@@ -274,9 +268,19 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_barrier() override {
-    auto work = begin("barrier", Buffer());
+    auto work = begin("barrier");
     SK_MPI_CHECK(MPI_Ibarrier(state_->comm, &work->request));
     work->wait();
+  }
+
+  // Host memory, in MPI's int counts (every offset lies inside a buffer, so it fits too).
+  void do_check_buffers(std::string_view call, std::span<const Buffer> buffers) const override {
+    for (const Buffer& b : buffers) {
+      check(b.device.is_cpu(), where(call), ": buffers on ", b.device,
+            "; the MPI backend moves host memory -- use NCCL for device memory "
+            "(make_communicator on a CUDA context picks it)");
+      (void)int_count(call, b.count);
+    }
   }
 
   // The order check: every rank's fingerprint of this call, gathered under the timeout.
@@ -304,7 +308,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> do_split(int color, int key) override {
     // MPI_Comm_split blocks without a timeout: meet in a timed barrier first, so a missing rank
     // becomes a TimeoutError here instead of a hang there.
-    auto work = begin("split", Buffer());
+    auto work = begin("split");
     SK_MPI_CHECK(MPI_Ibarrier(state_->comm, &work->request));
     work->wait();
     MPI_Comm child = MPI_COMM_NULL;
@@ -368,13 +372,10 @@ class MpiCommunicator final : public Communicator {
     return size;
   }
 
-  std::shared_ptr<detail::MpiWorkState> begin(std::string_view call, const Buffer& data) {
-    check(data.device.is_cpu(), where(call), ": buffers on ", data.device,
-          "; the MPI backend moves host memory -- use NCCL for device memory (make_communicator "
-          "on a CUDA context picks it)");
+  std::shared_ptr<detail::MpiWorkState> begin(std::string_view call) {
     return std::make_shared<detail::MpiWorkState>(
         state_,
-        shardkit::detail::concat(call, " #", next_call_++, " on rank ", rank(), " of ", size()),
+        shardkit::detail::concat(call, " #", call_number(), " on rank ", rank(), " of ", size()),
         options().timeout, recorder());
   }
 
@@ -459,7 +460,6 @@ class MpiCommunicator final : public Communicator {
   Context& ctx_;
   std::shared_ptr<MpiSession> session_;
   std::shared_ptr<detail::MpiCommState> state_;
-  std::uint64_t next_call_ = 0;
 };
 
 }  // namespace shardkit::comm

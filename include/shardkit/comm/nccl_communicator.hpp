@@ -233,38 +233,38 @@ class NcclCommunicator final : public Communicator {
   std::string aborted_reason() const override { return handle_->aborted(); }
 
   Work do_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    return launch("all_reduce", {send, recv}, [&] {
+    return launch("all_reduce", [&] {
       return ncclAllReduce(send.data, recv.data, send.count, detail::nccl_type(send.dtype),
                            detail::nccl_op(op), handle(), ctx_.stream());
     });
   }
   Work do_reduce(const Buffer& send, const Buffer& recv, int root, ReduceOp op) override {
-    return launch("reduce", {send, recv}, [&] {
+    return launch("reduce", [&] {
       return ncclReduce(send.data, recv.data, send.count, detail::nccl_type(send.dtype),
                         detail::nccl_op(op), root, handle(), ctx_.stream());
     });
   }
   Work do_broadcast(const Buffer& data, int root) override {
-    return launch("broadcast", {data}, [&] {
+    return launch("broadcast", [&] {
       return ncclBroadcast(data.data, data.data, data.count, detail::nccl_type(data.dtype), root,
                            handle(), ctx_.stream());
     });
   }
   Work do_all_gather(const Buffer& send, const Buffer& recv) override {
-    return launch("all_gather", {send, recv}, [&] {
+    return launch("all_gather", [&] {
       return ncclAllGather(send.data, recv.data, send.count, detail::nccl_type(send.dtype),
                            handle(), ctx_.stream());
     });
   }
   Work do_reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op) override {
-    return launch("reduce_scatter", {send, recv}, [&] {
+    return launch("reduce_scatter", [&] {
       return ncclReduceScatter(send.data, recv.data, recv.count, detail::nccl_type(send.dtype),
                                detail::nccl_op(op), handle(), ctx_.stream());
     });
   }
   // One broadcast per owner, batched in one NCCL group.
   Work do_all_gather_v(const Buffer& data, std::span<const std::size_t> counts) override {
-    return launch("all_gather_v", {data}, [&] {
+    return launch("all_gather_v", [&] {
       detail::nccl_status(ncclGroupStart(), "ncclGroupStart");
       std::size_t offset = 0;
       for (std::size_t r = 0; r < counts.size(); ++r) {
@@ -282,7 +282,7 @@ class NcclCommunicator final : public Communicator {
   // One reduce per owner (to that owner), batched in one NCCL group.
   Work do_reduce_scatter_v(const Buffer& send, const Buffer& recv,
                            std::span<const std::size_t> counts, ReduceOp op) override {
-    return launch("reduce_scatter_v", {send, recv}, [&] {
+    return launch("reduce_scatter_v", [&] {
       detail::nccl_status(ncclGroupStart(), "ncclGroupStart");
       std::size_t offset = 0;
       for (std::size_t r = 0; r < counts.size(); ++r) {
@@ -302,7 +302,7 @@ class NcclCommunicator final : public Communicator {
   // rank into recv at q x counts[rank] (this rank's own is copied by NCCL like any other).
   Work do_all_to_all_v(const Buffer& send, const Buffer& recv,
                        std::span<const std::size_t> counts) override {
-    return launch("all_to_all_v", {send, recv}, [&] {
+    return launch("all_to_all_v", [&] {
       const std::size_t own = counts[static_cast<std::size_t>(rank())];
       const ncclDataType_t type = detail::nccl_type(send.dtype);
       detail::nccl_status(ncclGroupStart(), "ncclGroupStart");
@@ -325,7 +325,7 @@ class NcclCommunicator final : public Communicator {
   // NCCL has no barrier: a one-element all-reduce, waited for on the host.
   void do_barrier() override {
     const Buffer flag(scratch_->data(), 1, DType::f32, ctx_.device());
-    launch("barrier", {flag}, [&] {
+    launch("barrier", [&] {
       return ncclAllReduce(flag.data, flag.data, 1, ncclFloat32, ncclSum, handle(), ctx_.stream());
     }).wait();
   }
@@ -343,6 +343,13 @@ class NcclCommunicator final : public Communicator {
     child_handle->poll(name, [&] { return !child_handle->in_progress(name); });
     return std::unique_ptr<Communicator>(
         new NcclCommunicator(ctx_, std::move(child_handle), options(), Adopt{}));
+  }
+  // Memory of the context's GPU.
+  void do_check_buffers(std::string_view call, std::span<const Buffer> buffers) const override {
+    for (const Buffer& b : buffers)
+      check(b.empty() || b.device == ctx_.device(), where(call), ": a buffer is on ", b.device,
+            " but this communicator's GPU is ", ctx_.device(),
+            "; NCCL moves device memory of the context's GPU (copy host data there first)");
   }
   // CommOptions::validate_order: first the verdicts of earlier exchanges the GPU has finished,
   // then this call's fingerprint exchange, queued ahead of it (nccl_order_check.hpp).
@@ -412,8 +419,8 @@ class NcclCommunicator final : public Communicator {
     return size;
   }
 
-  std::string call_name(std::string_view call) {
-    return shardkit::detail::concat(call, " #", next_call_++, " on rank ", rank(), " of ", size());
+  std::string call_name(std::string_view call) const {
+    return shardkit::detail::concat(call, " #", call_number(), " on rank ", rank(), " of ", size());
   }
 
   std::shared_ptr<CudaEvent> record() {
@@ -423,11 +430,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   template <class Issue>
-  Work launch(std::string_view call, std::initializer_list<Buffer> buffers, Issue&& issue) {
-    for (const Buffer& b : buffers)
-      check(b.empty() || b.device == ctx_.device(), where(call), ": a buffer is on ", b.device,
-            " but this communicator's GPU is ", ctx_.device(),
-            "; NCCL moves device memory of the context's GPU (copy host data there first)");
+  Work launch(std::string_view call, Issue&& issue) {
     const std::string name = call_name(call);
     handle_->check_alive(name);
     CudaDeviceGuard guard(ctx_.device().index);
@@ -444,7 +447,6 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<detail::NcclHandle> handle_;
   std::shared_ptr<Storage> scratch_;  // the barrier's one float
   std::vector<std::shared_ptr<detail::NcclWorkState>> pending_;
-  std::uint64_t next_call_ = 0;
 };
 
 }  // namespace shardkit::comm
