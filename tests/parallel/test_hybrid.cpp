@@ -556,6 +556,25 @@ TEST_CASE("hybrid sharding: a bad group size is named; the launcher's node size 
       sk::comm::run_ranks(
           6, [&](sk::Context&, sk::comm::Communicator& world) { HybridMesh mesh(world, 4); }),
       doctest::Contains("a shard group of 4 ranks does not divide the world of 6"));
+  // Sizes that differ between ranks (a launch variable set differently on some node): refused
+  // on every rank, never a wait in the splits or rows of another size.
+  for (int odd : {2, 3}) {
+    std::vector<std::string> errors(4);
+    sk::comm::run_ranks(4, [&](sk::Context&, sk::comm::Communicator& world) {
+      try {
+        HybridMesh mesh(world, world.rank() < 2 ? 4 : odd);
+      } catch (const sk::InvalidArgument& e) {
+        errors[static_cast<std::size_t>(world.rank())] = e.what();
+      }
+    });
+    for (int r = 0; r < 4; ++r) {
+      CAPTURE(errors[static_cast<std::size_t>(r)]);
+      CHECK(errors[static_cast<std::size_t>(r)].find(
+                r >= 2 && odd == 3
+                    ? "a shard group of 3 ranks does not divide the world of 4"
+                    : "pass the same group size on every rank") != std::string::npos);
+    }
+  }
   CHECK(sk::comm::hybrid_group_size_from_launch(8) == 8);  // no launcher: one node
   ::setenv("LOCAL_WORLD_SIZE", "4", 1);
   CHECK(sk::comm::hybrid_group_size_from_launch(8) == 4);

@@ -40,10 +40,22 @@ class HybridMesh {
   // Collective over `world`: every rank passes the same group_size, a divisor of the world
   // size. `world` must outlive the mesh.
   HybridMesh(Communicator& world, int group_size) : world_(&world), group_size_(group_size) {
-    check(group_size >= 1 && group_size <= world.size() && world.size() % group_size == 0,
-          "hybrid sharding: a shard group of ", group_size, " ranks does not divide the world of ",
-          world.size(), " ranks; pass a divisor of ", world.size(),
-          " (the ranks of one node, e.g. ", hybrid_group_size_from_launch(world.size()), ")");
+    const bool valid =
+        group_size >= 1 && group_size <= world.size() && world.size() % group_size == 0;
+    // The ranks first agree on the size, so that every rank refuses a size that is wrong on
+    // one of them (a launch variable that differs between nodes) instead of some refusing while
+    // the others wait in the splits below, or build rows of other sizes: a split by the size
+    // itself holds the whole world only if every rank passed the same valid one.
+    const auto agreed = world.split(valid ? group_size : 0, world.rank());
+    check(valid, "hybrid sharding: a shard group of ", group_size,
+          " ranks does not divide the world of ", world.size(), " ranks; pass a divisor of ",
+          world.size(), " (the ranks of one node, e.g. ",
+          hybrid_group_size_from_launch(world.size()), ")");
+    check(agreed->size() == world.size(), "hybrid sharding: rank ", world.rank(),
+          " passed a shard group of ", group_size, " ranks but only ", agreed->size(), " of the ",
+          world.size(),
+          " ranks did (or another rank's size is not a divisor); pass the same "
+          "group size on every rank");
     const int row = world.rank() / group_size, column = world.rank() % group_size;
     shard_ = world.split(row, world.rank());
     replicate_ = world.split(column, world.rank());
