@@ -38,6 +38,34 @@ TEST_CASE("SyncBatchNorm over a group equals batch-norm over the group's concate
   check_against_concatenation(sk::DType::f32, 1, {300, 260}, 2, 2e-5, {}, {300, 1, 1});
 }
 
+// The group's batch is what must hold more than one value per channel: a member with one
+// sample, or none, takes part (PyTorch's rule). Refused on that member alone, it left the others
+// waiting in the exchange.
+TEST_CASE("SyncBatchNorm takes members with one sample or none") {
+  for (int dims : {1, 2}) {
+    check_against_concatenation(sk::DType::f64, dims, {3, 1}, 2, 1e-12);
+    check_against_concatenation(sk::DType::f64, dims, {1, 1, 1, 1}, 4, 1e-12);
+    check_against_concatenation(sk::DType::f64, dims, {4, 0, 2, 3}, 2, 1e-12);
+  }
+}
+
+// A group's batch of one value per channel has no unbiased variance: the output is the bias and
+// the running statistics stay as they were (PyTorch's become infinite).
+TEST_CASE("SyncBatchNorm over a group's single value keeps the running statistics") {
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    const std::int64_t rows = comm.rank() == 0 ? 1 : 0;
+    const auto x = values_for(comm.rank(), rows * 3, 1), g = values_for(comm.rank(), rows * 3, 2);
+    const auto got = run_bn(ctx, sk::DType::f64, 1, {rows, 3}, x, g,
+                            sk::parallel::sync_batch_norm_group(comm, 2));
+    CHECK(got.running_mean == std::vector<double>{0.0, 0.0, 0.0});
+    CHECK(got.running_var == std::vector<double>{1.0, 1.0, 1.0});
+    if (rows == 1) {
+      check_close(got.y, {-0.3, -0.2, -0.1}, 1e-12, "output (run_bn's bias)");
+      for (double v : got.grad_x) CHECK(std::isfinite(v));
+    }
+  });
+}
+
 TEST_CASE("SyncBatchNorm with a group of one rank is plain batch-norm, bit for bit") {
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     const std::int64_t n = 6 * 3 * 20;

@@ -33,7 +33,9 @@ SK_HOST_DEVICE SK_INLINE void fold_moments(ChannelMoments& acc, double n, double
 // gets {mean, invstd} for the affine map, with invstd = 1 / sqrt(var + eps) of the biased
 // variance; save_mean / save_invstd (the statistics dtype S) the same for backward; and, when
 // running_mean is not null, PyTorch's running statistics: running = (1 - momentum) running +
-// momentum batch, with the unbiased variance.
+// momentum batch, with the unbiased variance. A SyncBatchNorm group's batch of one value per
+// channel, or none, has no unbiased variance: the running statistics stay as they are (PyTorch's
+// would take an infinite or NaN variance), the output is the bias, and nothing is normalised.
 template <class S>
 SK_HOST_DEVICE SK_INLINE void store_batch_stats(const ChannelMoments& m, double momentum,
                                                 double eps, std::int64_t c, std::int64_t channels,
@@ -45,8 +47,8 @@ SK_HOST_DEVICE SK_INLINE void store_batch_stats(const ChannelMoments& m, double 
   stats[channels + c] = invstd;
   save_mean[c] = static_cast<S>(m.mean);
   save_invstd[c] = static_cast<S>(invstd);
-  if (running_mean != nullptr) {
-    const double unbiased = m.count > 1 ? m.m2 / (m.count - 1) : var;
+  if (running_mean != nullptr && m.count > 1) {
+    const double unbiased = m.m2 / (m.count - 1);
     running_mean[c] = static_cast<S>((1 - momentum) * running_mean[c] + momentum * m.mean);
     running_var[c] = static_cast<S>((1 - momentum) * running_var[c] + momentum * unbiased);
   }

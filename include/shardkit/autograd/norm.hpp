@@ -173,7 +173,11 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
   detail::BatchNormShape s{x.size(0), channels,
                            x.numel() / std::max<std::int64_t>(1, x.size(0) * channels)};
   if (keeps_channels_last(xd)) s = {s.outer * s.inner, channels, 1};  // rows of channels
-  if (o.training)
+  const bool synced = o.training && o.sync && o.sync->size() > 1;
+  // (A group's member may hold one value per channel, or none: the group's batch is what the
+  // statistics come from. A refusal here, on one member, would leave the others in the exchange;
+  // a group of at most one value keeps its running statistics: batch_norm_stats.hpp.)
+  if (o.training && !synced)
     check(s.outer * s.inner > 1,
           "batch_norm: training needs more than one value per channel, got input ",
           shape_text(x.shape()), module_suffix(ctx), "; use a batch larger than 1 or eval()");
@@ -186,7 +190,6 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
   Tensor bd = bias.dtype() == stat ? contiguous(ctx, bias.data()) : cast(ctx, bias.data(), stat);
   Tensor y = empty_dense_like(ctx, xd, xd.shape(), xd.dtype());
   Tensor saved_a, saved_b;
-  const bool synced = o.training && o.sync && o.sync->size() > 1;
   Tensor group_count;
   if (synced) {
     // The group's statistics: each member's moments gathered, folded in rank order on every
