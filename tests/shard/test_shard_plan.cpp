@@ -53,3 +53,18 @@ TEST_CASE("the flat plan straddles parameters and pads the last range") {
   CHECK(plan.rank_of_element(plan.trainable_end() - 1) == 2);
   CHECK_THROWS_AS(plan.rank_of_element(plan.trainable_end()), sk::InvalidArgument);
 }
+
+// An empty parameter starts where the next one does; a negative dimension is refused by name.
+TEST_CASE("plans take empty parameters and refuse negative sizes") {
+  for (auto kind : {PartitionKind::greedy, PartitionKind::flat})
+    for (int world : {1, 2}) {
+      CAPTURE(world);
+      const ShardPlan plan({{"a", {16}}, {"b", {16}}, {"z", {0}}}, world, kind);
+      CHECK(plan.layout()[2].numel == 0);
+      const ShardPlan frozen({{"w", {16}}, {"f", {5}, false}, {"z", {0}}}, world, kind);
+      CHECK(frozen.layout()[1].offset >= frozen.trainable_end());
+      CHECK_THROWS_WITH_AS(ShardPlan({{"a", {-2, -3}}}, world, kind),
+                           "parameter 'a' has a negative size in shape [-2, -3]",
+                           sk::InvalidArgument);
+    }
+}

@@ -36,10 +36,7 @@ class ParamLayout {
     slots_.reserve(specs.size());
     std::int64_t offset = 0;
     for (const auto& spec : specs) {
-      check(!spec.name.empty(), "parameter #", slots_.size(), " has an empty name");
-      for (auto d : spec.shape)
-        check(d >= 0, "parameter '", spec.name, "' has a negative size in shape ",
-              shape_text(spec.shape));
+      check_spec(spec, slots_.size());
       const auto [it, inserted] = index_.emplace(spec.name, slots_.size());
       check(inserted, "parameter name '", spec.name, "' appears twice (#", it->second, " and #",
             slots_.size(), "); names must be unique");
@@ -61,7 +58,7 @@ class ParamLayout {
           offsets.size(), " offsets");
     for (std::size_t i = 0; i < specs.size(); ++i) {
       const auto& spec = specs[i];
-      check(!spec.name.empty(), "parameter #", i, " has an empty name");
+      check_spec(spec, i);
       const auto [it, inserted] = index_.emplace(spec.name, i);
       check(inserted, "parameter name '", spec.name, "' appears twice (#", it->second, " and #", i,
             "); names must be unique");
@@ -72,8 +69,10 @@ class ParamLayout {
     }
     std::vector<const ParamSlot*> by_offset;
     for (const auto& slot : slots_) by_offset.push_back(&slot);
-    std::sort(by_offset.begin(), by_offset.end(),
-              [](auto* a, auto* b) { return a->offset < b->offset; });
+    // (An empty parameter shares its offset with the next one: it sorts first there.)
+    std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) {
+      return a->offset != b->offset ? a->offset < b->offset : a->numel < b->numel;
+    });
     std::int64_t end = 0;
     for (const auto* slot : by_offset) {
       check(slot->offset >= end, "ParamLayout: parameter '", slot->name, "' at offset ",
@@ -124,6 +123,14 @@ class ParamLayout {
     }
     mix(static_cast<std::uint64_t>(alignment_));
     return hash;
+  }
+
+  // Parameter #i's name is set and no dimension of its shape is negative.
+  static void check_spec(const ParamSpec& spec, std::size_t i) {
+    check(!spec.name.empty(), "parameter #", i, " has an empty name");
+    for (auto d : spec.shape)
+      check(d >= 0, "parameter '", spec.name, "' has a negative size in shape ",
+            shape_text(spec.shape));
   }
 
  private:

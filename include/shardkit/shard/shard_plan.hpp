@@ -53,8 +53,10 @@ class ShardPlan {
 
     // Registration order of the trainable parameters, then of the frozen ones.
     std::vector<std::size_t> trainable, frozen;
-    for (std::size_t i = 0; i < specs.size(); ++i)
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      ParamLayout::check_spec(specs[i], i);  // (before its size is partitioned)
       (specs[i].trainable ? trainable : frozen).push_back(i);
+    }
     std::vector<std::int64_t> sizes;
     for (auto i : trainable) sizes.push_back(shape_numel(specs[i].shape));
 
