@@ -77,14 +77,15 @@ void two_steps(sk::Context& ctx, sk::parallel::Engine& engine, float lr, bool as
 
 // The engines over dp_test's model (uneven sizes, a frozen parameter), two steps; per world rank
 // the device's ledger, and in `host` (when given) the offload host context's.
-std::vector<sk::MemorySnapshot> run_engine(const PlannedRun& o,
-                                           std::vector<sk::MemorySnapshot>* host = nullptr) {
+std::vector<sk::MemorySnapshot> run_engine(
+    const PlannedRun& o, std::vector<sk::MemorySnapshot>* host = nullptr,
+    const std::vector<sk::shard::ParamSpec>& model = model_specs()) {
   std::vector<sk::MemorySnapshot> out(static_cast<std::size_t>(o.world_size));
   if (host != nullptr) host->assign(static_cast<std::size_t>(o.world_size), {});
   sk::comm::run_ranks(o.world_size, [&](sk::Context& ctx, sk::comm::Communicator& world) {
     std::unique_ptr<sk::comm::HybridMesh> mesh;
     if (o.group_size > 0) mesh = std::make_unique<sk::comm::HybridMesh>(world, o.group_size);
-    const auto specs = model_specs();
+    const auto& specs = model;
     const sk::parallel::ParallelOptions& options = o.parallel;
     auto record = [&](const sk::parallel::Engine& engine) {
       out[static_cast<std::size_t>(world.rank())] = ctx.memory_stats().snapshot();
@@ -146,9 +147,10 @@ std::string describe(const PlannedRun& o) {
   return out.str();
 }
 
-void check_plan(const PlannedRun& o) {
-  const MemoryPlan plan = sk::parallel::plan_memory(model_specs(), o);
-  const Measured m = max_over(run_engine(o));
+void check_plan(const PlannedRun& o,
+                const std::vector<sk::shard::ParamSpec>& model = model_specs()) {
+  const MemoryPlan plan = sk::parallel::plan_memory(model, o);
+  const Measured m = max_over(run_engine(o, nullptr, model));
   INFO(describe(o));
   CHECK(plan.parameters == m.parameters);
   CHECK(plan.gradients == m.gradients);
@@ -249,6 +251,41 @@ TEST_CASE("planned model states equal the allocator's after a step, for every st
   }
 }
 
+// Hybrid sharding holds every bucket's reduced part until the exchange across groups at the
+// backward's end; with a wire dtype other than the gradients' each part is a buffer of its own
+// (the planner once counted only the buckets in flight). Many buckets of one size, so that
+// the held parts, not the largest bucket, set the peak.
+TEST_CASE("hybrid with a wire dtype of its own: the plan holds every bucket's part") {
+  std::vector<sk::shard::ParamSpec> many;
+  for (int i = 0; i < 64; ++i) many.push_back({"p" + std::to_string(i), {1024}});
+  sk::parallel::MixedPrecision bf16;
+  bf16.param_dtype = sk::DType::bf16;
+  bf16.reduce_dtype = sk::DType::f32;
+  for (auto stage : {Stage::ddp, Stage::sdp}) {
+    PlannedRun o = small_buckets_run(stage, 4, 2, OptimizerKind::sgd, bf16, PartitionKind::flat);
+    o.parallel.buckets.bucket_bytes = 4096;
+    check_plan(o, many);
+  }
+}
+
+// Inside an FSDP unit the gradients may come in any order (the harness gives them first
+// parameter first: every bucket of the unit touched before the first can go); with many buckets
+// a unit's transients are then all of its buckets, not the ones in flight.
+TEST_CASE("fsdp: the plan holds a unit's buckets whatever order its gradients come in") {
+  std::vector<sk::shard::ParamSpec> many;
+  for (int i = 0; i < 64; ++i) many.push_back({"p" + std::to_string(i), {1024}});
+  for (const auto& [world, group] : {std::pair{4, 0}, std::pair{4, 2}}) {
+    PlannedRun o =
+        small_buckets_run(Stage::fsdp, world, group, OptimizerKind::sgd, {}, PartitionKind::flat);
+    o.parallel.buckets.bucket_bytes = 4096;
+    o.fsdp_units = {{}};
+    for (std::size_t i = 0; i < 48; ++i) o.fsdp_units[0].push_back(i);
+    o.fsdp_units.push_back({});
+    for (std::size_t i = 48; i < 64; ++i) o.fsdp_units[1].push_back(i);
+    check_plan(o, many);
+  }
+}
+
 // Per block (int8, a scale per 16 values) and per tensor (E4M3 codes alone, each parameter's
 // maximum all-reduced beside them).
 TEST_CASE("qwZ: the plan's bounds hold the wires, and its gather traffic is a quarter") {
@@ -322,6 +359,17 @@ TEST_CASE("qgZ: the plan's bounds hold the int8 and int4 runs and the residual; 
           const double code = format == sk::ops::QuantFormat::int4 ? 0.5 : 1.0;
           CHECK(exact.sent_in_group - quantized.sent_in_group ==
                 doctest::Approx(psi * ring * (wire - code - 0.25)));
+          if (group > 0) {
+            // Across groups: a reduce-scatter and an all-gather of the group's share -- in codes,
+            // or without quantized_grads_across_groups in the f32 sums it holds.
+            const double r = double(world) / g, across = (r - 1) / r;
+            CHECK(quantized.sent_across_groups ==
+                  doctest::Approx(2 * psi / g * (code + 0.25) * across));
+            o.parallel.fsdp.quantized_grads = true;
+            o.parallel.fsdp.quantized_grads_across_groups = false;
+            CHECK(sk::parallel::plan_memory(model_specs(), o).sent_across_groups ==
+                  doctest::Approx(2 * psi / g * 4 * across));
+          }
         }
 }
 
@@ -444,4 +492,10 @@ TEST_CASE("largest_batch and bad plans") {
   o.group_size = 0;
   CHECK_THROWS_WITH(sk::parallel::largest_batch(specs, o, {}, 1 << 30),
                     doctest::Contains("no per-sample bytes"));
+  // An empty FSDP unit, which the engine refuses, would shift root_unit onto another unit.
+  o.parallel.stage = Stage::fsdp;
+  o.fsdp_units = {{}, {0, 1, 2}, {4, 5}, {6, 7, 8}};
+  o.root_unit = 1;
+  CHECK_THROWS_WITH(sk::parallel::plan_memory(specs, o),
+                    doctest::Contains("FSDP unit #0 has no parameter"));
 }

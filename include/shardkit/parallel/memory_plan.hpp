@@ -196,12 +196,21 @@ inline std::int64_t largest_bucket(const shard::BucketPlan& buckets) {
 
 // The bucketer's transient buffers for one plan on `rank`. `kept_on_host`: offload keeps the
 // reduced parts on the host, so every reduce-scatter lands in a transient buffer (cast to the
-// kept dtype, one bucket at a time, before it comes down).
+// kept dtype, one bucket at a time, before it comes down). `any_order` (an FSDP unit's
+// reduce-scatter, whose bucket buffers are made at a gradient's first touch): the gradients may
+// come in any order, so every bucket of the plan may be touched before the first can go; in
+// backward order (DDP's assumption, and the replicated stages') one is filled at a time.
 inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool reduce_scatter,
-                                      const BucketPolicy& policy, bool kept_on_host = false) {
+                                      const BucketPolicy& policy, bool kept_on_host = false,
+                                      bool any_order = false) {
   const DType grad = policy.grad_dtype, wire = policy.wire_dtype;
   const std::int64_t in_flight = policy.max_in_flight + 1;  // in flight, plus the one being filled
   const std::int64_t largest = largest_bucket(buckets);
+  // The buckets touched beyond those in flight, waiting for their turn.
+  const std::int64_t waiting =
+      any_order
+          ? std::max<std::int64_t>(0, buckets.total_numel() - in_flight * largest) * bytes_of(grad)
+          : 0;
   if (reduce_scatter && policy.quantized_block > 0) {
     // qgZ: the full-gradient bucket, its runs of codes out and the owners' runs in, the f32 sum
     // (each run dequantised and added into it in place: ops::dequantize_add_blocks); under
@@ -218,7 +227,7 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
                                                                policy.quantized_format));
       own = std::max(own, b.own_numel);
     }
-    return in_flight * (largest * bytes_of(grad) + sent + arrived + 4 * own) +
+    return waiting + in_flight * (largest * bytes_of(grad) + sent + arrived + 4 * own) +
            (policy.error_feedback ? 4 * largest : 0) +
            (kept_on_host && grad != DType::f32 ? own * bytes_of(grad) : 0);
   }
@@ -233,7 +242,7 @@ inline std::int64_t bucket_transients(const shard::BucketPlan& buckets, bool red
   if (reduce_scatter && (wire != grad || kept_on_host))
     landing = std::min(in_flight * own, buckets.owned_numel()) * bytes_of(wire);
   const std::int64_t cast = kept_on_host && wire != grad ? own * bytes_of(grad) : 0;
-  return in_flight * per_bucket + landing + cast;
+  return waiting + in_flight * per_bucket + landing + cast;
 }
 
 // Hybrid qgZ's exchange across groups (replica_sync.hpp), every bucket's at once: the replica's
@@ -301,9 +310,12 @@ inline void plan_traffic(MemoryPlan& p, const std::vector<shard::ParamSpec>& spe
       const double backward =
           policy.reshard_after_forward ? psi * (node > 0 ? param : gathered) * backward_ring : 0;
       p.sent_in_group = psi * reduced * ring + psi * gathered * ring + backward;
-      // Hybrid qgZ: the exchange across groups in codes too (a reduce-scatter and an all-gather).
-      p.sent_across_groups =
-          2 * psi / g * (policy.buckets.quantized_across_groups ? reduced : grad) * across;
+      // Hybrid qgZ: the exchange across groups in codes too (a reduce-scatter and an
+      // all-gather), or, without quantized_grads_across_groups, the f32 group sums it holds.
+      const double exchanged = policy.buckets.quantized_block == 0      ? grad
+                               : policy.buckets.quantized_across_groups ? reduced
+                                                                        : 4.0;
+      p.sent_across_groups = 2 * psi / g * exchanged * across;
       break;
     }
   }
@@ -499,10 +511,14 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       p.optimizer_state = table.state_numel(rank) * state_bytes;
       p.communication =
           detail::bucket_transients(buckets, reduce_scatter, policy.buckets, grads_on_host);
-      // Hybrid sdp kept on the host: every bucket's reduced part waits on the device for the
-      // exchange across groups (ReplicaSync) before it comes down.
-      if (grads_on_host && group < o.world_size && policy.buckets.quantized_block == 0)
-        p.communication += buckets.owned_numel() * detail::bytes_of(policy.buckets.wire_dtype);
+      // Hybrid: every bucket's reduced part waits on the device for the exchange across groups
+      // (ReplicaSync) at the backward's end -- in a buffer of its own when it is kept on the
+      // host (sdp) or travels in a dtype of its own: the rank's part of each bucket under a
+      // reduce-scatter, each whole bucket under an all-reduce. (Otherwise it landed in place.)
+      if (group < o.world_size && policy.buckets.quantized_block == 0 &&
+          (grads_on_host || policy.buckets.wire_dtype != grad))
+        p.communication += (reduce_scatter ? buckets.owned_numel() : buckets.total_numel()) *
+                           detail::bytes_of(policy.buckets.wire_dtype);
       if (policy.broadcast_fp16)
         p.communication = std::max(p.communication, plan.trainable_end() * 2);
       detail::plan_offload(p, o, policy, table, rank, {}, kept_grads);
@@ -527,7 +543,12 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
                 " is not a trainable parameter of the ", specs.size(), " given");
           unit_specs.push_back(specs[i]);
         }
-        if (unit_specs.empty()) continue;
+        if (unit_specs.empty()) {  // (a model without trainable parameters: no unit)
+          check(o.fsdp_units.empty(), "memory plan: FSDP unit #", &unit - units.data(),
+                " has no parameter; FsdpEngine refuses empty units (leave it out, and count "
+                "root_unit without it)");
+          continue;
+        }
         const shard::ShardPlan plan(unit_specs, group, policy.partition);
         const shard::BucketPlan buckets(plan, rank, policy.buckets.capacity);
         table.append_plan(plan, false);
@@ -572,12 +593,15 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
         unit_bytes.push_back(held);
         if (policy.reshard_group > 0)  // hpZ: its slice over the node, from forward to backward
           node_slices += plan.trainable_end() / policy.reshard_group * detail::bytes_of(param);
-        transients = std::max(transients, detail::bucket_transients(buckets, true, policy.buckets,
-                                                                    policy.offload.enabled()));
+        transients =
+            std::max(transients, detail::bucket_transients(buckets, true, policy.buckets,
+                                                           policy.offload.enabled(), true));
         // Hybrid qgZ: each bucket's f32 group sum is held until the exchange across groups at
         // the end of the backward (ReplicaSync), every unit's at once.
-        // Hybrid fsdp kept on the host (offload): so are the wire's parts, every unit's.
-        if (policy.offload.enabled() && policy.buckets.quantized_block == 0 && group < o.world_size)
+        // Hybrid fsdp kept on the host (offload), or with a wire dtype of its own: so are the
+        // wire's parts, every unit's.
+        if ((policy.offload.enabled() || policy.buckets.wire_dtype != grad) &&
+            policy.buckets.quantized_block == 0 && group < o.world_size)
           held_sums += buckets.owned_numel() * detail::bytes_of(policy.buckets.wire_dtype);
         if (policy.buckets.quantized_block > 0 && group < o.world_size) {
           held_sums += 4 * buckets.owned_numel();
