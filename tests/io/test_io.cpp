@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <string>
@@ -149,6 +150,8 @@ TEST_CASE("stateful sampler: VISSL's contiguous blocks, shared permutation, drop
   sampler.set_start_iter(2);  // resume after two batches of 5
   CHECK(sampler.indices() == std::vector<std::int64_t>(full.begin() + 10, full.end()));
   sampler.set_start_iter(9);
+  CHECK(sampler.indices().empty());
+  sampler.set_start_iter(std::numeric_limits<std::int64_t>::max() / 2);  // a corrupt resume point
   CHECK(sampler.indices().empty());
   CHECK_THROWS_AS(sk::data::StatefulDistributedSampler(3, 4, 0, 1), sk::InvalidArgument);
   CHECK_THROWS_AS(sk::data::StatefulDistributedSampler(10, 2, 2, 1), sk::InvalidArgument);

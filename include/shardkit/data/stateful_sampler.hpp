@@ -59,7 +59,10 @@ class StatefulDistributedSampler {
       const auto j = static_cast<std::int64_t>(wide % static_cast<std::uint64_t>(i + 1));
       std::swap(block[static_cast<std::size_t>(i)], block[static_cast<std::size_t>(j)]);
     }
-    const std::int64_t skip = std::min(n, start_iter_ * batch_size_);
+    // (start_iter comes from a checkpoint: past the epoch's end it skips every index, without
+    // the product overflowing.)
+    const std::int64_t skip =
+        start_iter_ >= n / batch_size_ + 1 ? n : std::min(n, start_iter_ * batch_size_);
     return std::vector<std::int64_t>(block.begin() + skip, block.end());
   }
 
