@@ -359,6 +359,20 @@ def main():
             raise SystemExit("FAIL: CUDA_GRAPH=true with CPU offload was not refused by name:\n"
                              + refused.stdout + refused.stderr)
 
+        # A diverged run (plain SGD at a rate of 1e30) stops at its first logged non-finite
+        # loss, as VISSL's CheckNanLossHook does, instead of training NaN weights to the end.
+        diverged_dir = os.path.join(work, "diverged")
+        diverged = subprocess.run([swav] + TINY + nine + [
+            f"config.CHECKPOINT.DIR={diverged_dir}", "config.OPTIMIZER.use_larc=False",
+            "config.OPTIMIZER.weight_decay=0",
+            "config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: 1e30, "
+            "end_value: 1e30}, {name: cosine, start_value: 1e30, end_value: 1e30}]"],
+            capture_output=True, text=True)
+        said = diverged.stdout + diverged.stderr
+        if diverged.returncode == 0 or "the run stops before a checkpoint keeps diverged" not in said:
+            raise SystemExit("FAIL: a diverged run did not stop at its non-finite loss:\n" + said)
+        print("diverged run stopped: " + re.search(r"iteration \d+: the loss[^;]*", said).group(0))
+
         # SyncBatchNorm over all ranks (GROUP_SIZE 0): every stage alike, and not per-rank BN.
         sync = ["config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",
                 "config.MODEL.SYNC_BN_CONFIG.GROUP_SIZE=0"]
@@ -409,6 +423,19 @@ def main():
             if resumed != reference:
                 raise SystemExit(f"FAIL: resumed {resumed} != uninterrupted {reference}")
         print(f"resumed runs equal the uninterrupted one ({reference})")
+
+        # Resumed on twice the ranks (the queue off: it is per rank): the checkpoint's 10 steps
+        # of 2 x 8 images are this run's 5 of 4 x 8, in the same epoch, and the run ends with
+        # its schedule, at its own 10th step.
+        no_queue = ["config.LOSS.swav_loss.queue.queue_length=0"]
+        folder = os.path.join(work, "resized")
+        run(swav, folder, no_queue + ["config.MAX_ITERATIONS=10",
+                                      "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=5"])
+        _, output = run(swav, folder, no_queue + ["config.DISTRIBUTED.NUM_PROC_PER_NODE=4"])
+        moved = "the checkpoint's iteration 10 at 16 images a step is iteration 5 at this run's 32"
+        if moved not in output or "resumed from" not in output or "step 10/10" not in output:
+            raise SystemExit(f"FAIL: a resume on 4 ranks did not continue at step 5 of 10:\n{output}")
+        print("resumed on 4 ranks from 2: " + moved)
         check_kill_chains(swav, work, int(os.environ.get("SHARDKIT_KILLS", "8")))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -58,6 +58,7 @@ class MultiCropLoader {
     batches_ = static_cast<std::int64_t>(indices_.size()) / batch_size;
     next_to_make_ = next_to_take_ = 0;
     ready_.clear();
+    error_ = nullptr;  // an earlier epoch's failure, already reported
     stopping_ = false;
     for (int w = 0; w < workers_; ++w) threads_.emplace_back([this] { work(); });
   }

@@ -22,8 +22,8 @@
 namespace swav {
 
 // VISSL's parameter groups: the trainable parameters that get no weight decay -- those of
-// batch-norm layers unless regularize_bn, the biases of Linear and Conv layers unless
-// regularize_bias.
+// batch-norm layers unless regularize_bn (and their biases unless regularize_bias too), the
+// biases of Linear and Conv layers unless regularize_bias.
 inline std::vector<std::string> unregularized_params(sk::nn::Module& model, bool regularize_bn,
                                                      bool regularize_bias) {
   std::vector<std::string> out;
@@ -33,7 +33,8 @@ inline std::vector<std::string> unregularized_params(sk::nn::Module& model, bool
                           dynamic_cast<sk::nn::Conv2d*>(module) != nullptr;
     for (const auto& [name, p] : module->named_parameters()) {
       if (name.find('.') != std::string::npos || !p.requires_grad()) continue;  // own ones only
-      if ((bn && !regularize_bn) || (has_bias && name == "bias" && !regularize_bias))
+      const bool bias = name == "bias";
+      if ((bn && !regularize_bn) || ((bn || has_bias) && bias && !regularize_bias))
         out.push_back(path.empty() ? name : path + "." + name);
     }
   }

@@ -310,6 +310,17 @@ inline Schedule read_schedule(const YAML::Node& n, const std::string& where) {
       s.name != "cosine_warm_restart")
     throw bad(where + ".name", s.name,
               "use constant, linear, cosine or cosine_warm_restart (or composite above them)");
+  // ClassyVision's schedulers assert their values are given: one left out (or misspelt) would
+  // otherwise run the schedule from or to 0.
+  const std::vector<const char*> needed =
+      s.name == "constant" ? std::vector<const char*>{"value"}
+                           : std::vector<const char*>{"start_value", "end_value"};
+  for (const char* key : needed)
+    if (!n[key])
+      throw bad(where, ::swav::detail::text_of(n),
+                std::string("a ") + s.name + " scheduler needs " +
+                    (s.name == "constant" ? "value" : "start_value and end_value") +
+                    " (ClassyVision's); " + key + " is missing");
   for (auto [key, value] :
        {std::pair{"start_value", &s.start_value}, std::pair{"end_value", &s.end_value},
         std::pair{"value", &s.value}, std::pair{"lr_multiplier", &s.lr_multiplier}})

@@ -30,6 +30,7 @@
 #include "knn.hpp"
 #include "loader.hpp"
 #include "rank_setup.hpp"
+#include "resume_position.hpp"
 #include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/checkpoint/step_folders.hpp"
 #include "shardkit/core/step_graph.hpp"
@@ -110,7 +111,7 @@ class SwavTrainer {
     const std::int64_t total = per_epoch * c_.num_epochs;
     std::int64_t epoch = 0, batch_in_epoch = 0;
     if (auto found = resume_point()) {
-      const auto state = load(*found);
+      const auto state = load(*found, per_epoch);
       iteration_ = state.iteration;
       epoch = state.epoch;
       batch_in_epoch = state.batch;
@@ -194,6 +195,15 @@ class SwavTrainer {
                        {"images_per_second", images / seconds},
                        {"peak_bytes_per_rank", peak},
                        {"stage", std::string(sk::parallel::stage_name(c_.parallel.stage))}});
+          // VISSL's CheckNanLossHook: a loss no longer finite ends the run here, logged, before
+          // a checkpoint of diverged weights could take the last good one's place. (Every rank
+          // holds the same mean.)
+          sk::check<sk::StateError>(
+              std::isfinite(mean_loss), "iteration ", iteration_,
+              ": the loss averaged over the ranks is ", mean_loss,
+              "; the run stops before a checkpoint keeps diverged weights (VISSL's "
+              "CheckNanLossHook) -- lower the learning rate, or turn LARC or loss scaling on, "
+              "and resume from the last checkpoint");
           last_log = now;
           last_log_iteration = iteration_;
           paused_at_last_log = paused;
@@ -749,9 +759,7 @@ class SwavTrainer {
   }
 
   // --- checkpoints -----------------------------------------------------------------------
-  struct Position {
-    std::int64_t iteration = 0, epoch = 0, batch = 0;
-  };
+  using Position = TrainingPosition;
 
   std::optional<std::string> resume_point() {
     const auto latest = sk::checkpoint::latest_checkpoint(c_.checkpoint_dir);
@@ -785,6 +793,7 @@ class SwavTrainer {
     o.metadata = {{"swav.iteration", std::to_string(iteration_)},
                   {"swav.epoch", std::to_string(epoch)},
                   {"swav.batch_in_epoch", std::to_string(batch)},
+                  {"swav.images_per_step", std::to_string(images_per_step())},
                   {"swav.loss_iteration", std::to_string(loss_.iteration())}};
     auto s = state();
     const auto folder = sk::checkpoint::save_step_checkpoint(
@@ -796,7 +805,9 @@ class SwavTrainer {
     say("checkpoint: %s (iteration %lld)\n", folder.c_str(), static_cast<long long>(iteration_));
   }
 
-  Position load(const std::string& folder) {
+  std::int64_t images_per_step() const { return c_.batch_size * comm_->size(); }
+
+  Position load(const std::string& folder, std::int64_t per_epoch) {
     auto s = state();
     const auto loaded = sk::checkpoint::load_checkpoint(folder, s);
     auto number = [&](const char* key) {
@@ -806,8 +817,20 @@ class SwavTrainer {
                              "' entry; it was not written by this trainer");
       return std::stoll(it->second);
     };
-    Position p{number("swav.iteration"), number("swav.epoch"), number("swav.batch_in_epoch")};
-    loss_.set_iteration(number("swav.loss_iteration"));
+    const Position written{number("swav.iteration"), number("swav.epoch"),
+                           number("swav.batch_in_epoch")};
+    // (Checkpoints from before the entry: the batch per rank taken as this run's.)
+    const std::int64_t written_images =
+        loaded.metadata.count("swav.images_per_step") != 0
+            ? number("swav.images_per_step")
+            : c_.batch_size * static_cast<std::int64_t>(loaded.world_size);
+    const Position p = converted_position(written, written_images, images_per_step(), per_epoch);
+    loss_.set_iteration(number("swav.loss_iteration") - written.iteration + p.iteration);
+    if (written_images != images_per_step())
+      say("the checkpoint's iteration %lld at %lld images a step is iteration %lld at this run's "
+          "%lld (the same epoch, and the images it took so far)\n",
+          static_cast<long long>(written.iteration), static_cast<long long>(written_images),
+          static_cast<long long>(p.iteration), static_cast<long long>(images_per_step()));
     if (c_.loss.local_queue_length > 0) {
       const std::string file = queue_file(folder);
       if (std::filesystem::exists(file)) {

@@ -22,6 +22,7 @@
 #include "loader.hpp"
 #include "multicrop.hpp"
 #include "rank_setup.hpp"
+#include "resume_position.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/data/stateful_sampler.hpp"
 #include "sinkhorn.hpp"
@@ -572,6 +573,40 @@ TEST_CASE(
   // A Normalize of one entry on RGB images is refused, naming the fix.
   CHECK_THROWS_WITH(swav::make_crop(grey_config, 1, 0, 0, 0, colour.image(0), j.data()),
                     doctest::Contains("give one per channel"));
+}
+
+// A worker's failure ends its epoch (next() rethrows it); a caller that handles it and starts
+// another epoch gets that epoch's batches, not the old error again.
+// A checkpoint of another global batch resumes at the same epoch and images, in this run's steps:
+// the schedule's iteration / total and the epoch's data stay where the writer was.
+TEST_CASE("a resumed position travels in images between global batches") {
+  const swav::TrainingPosition written{30, 1, 10};  // 20 steps an epoch of 16 images a step
+  const auto same = swav::converted_position(written, 16, 16, 20);
+  CHECK(same.iteration == 30);
+  const auto doubled = swav::converted_position(written, 16, 32, 10);  // twice the ranks
+  CHECK(doubled.epoch == 1);
+  CHECK(doubled.batch == 5);
+  CHECK(doubled.iteration == 15);  // 1.5 epochs of 10 steps: the schedule's 1.5 / epochs
+  const auto halved = swav::converted_position(written, 16, 8, 40);
+  CHECK(halved.batch == 20);
+  CHECK(halved.iteration == 60);
+  // A partial step's images are seen again: 10 x 16 = 160 images are 3 steps of 48.
+  CHECK(swav::converted_position(written, 16, 48, 6).batch == 3);
+  CHECK_THROWS_AS(swav::converted_position({0, 0, INT64_MAX / 2}, 16, 8, 40), sk::InvalidArgument);
+}
+
+TEST_CASE("the loader reports a worker's failure once, for its own epoch") {
+  auto data = random_images(6, 16);
+  data.channels = 3;  // RGB images under a one-entry Normalize: every crop refused
+  data.pixels.resize(6 * 16 * 16 * 3, 7);
+  swav::MultiCropLoader loader(data, swav::MultiCropConfig{}, 5, 2, 2);
+  sk::data::StatefulDistributedSampler sampler(6, 1, 0, 3, 5);
+  CHECK_THROWS_WITH(all_batches(loader, 0, sampler.indices(), 3),
+                    doctest::Contains("give one per channel"));
+  data.channels = 1;  // the same loader, images it can crop
+  const auto batches = all_batches(loader, 1, sampler.indices(), 3);
+  REQUIRE(batches.size() == 2);
+  CHECK(batches[1].number == 1);
 }
 
 TEST_CASE("multi-crop transforms: whole-image crop, flip, blur, boxes, bad settings") {
@@ -2521,6 +2556,14 @@ TEST_CASE("config: VISSL's FSDP task and SEER's keys -- one parameter group, sgd
     CHECK(std::find(excluded.begin(), excluded.end(), "heads.0.projection_head.0.bias") !=
           excluded.end());
     CHECK(swav::rank_setup(single_model, single, 2).optimizer.no_weight_decay.empty());
+    // regularize_bn with regularize_bias False: batch-norm weights decayed, their biases not.
+    const auto bn_decayed = config_of(
+        {"config.OPTIMIZER.regularize_bn=True", "config.OPTIMIZER.regularize_bias=False"});
+    swav::SwavModel bn_model(ctx, bn_decayed);
+    const auto kept = swav::rank_setup(bn_model, bn_decayed, 2).optimizer.no_weight_decay;
+    CHECK(std::find(kept.begin(), kept.end(), "trunk.bn1.weight") == kept.end());
+    CHECK(std::find(kept.begin(), kept.end(), "trunk.bn1.bias") != kept.end());
+    CHECK(std::find(kept.begin(), kept.end(), "heads.0.projection_head.1.bias") != kept.end());
   }
 
   // sgd_fsdp: SGD, its LARC's sums of squares all-reduced. Under fsdp with flatten_parameters
@@ -2789,6 +2832,16 @@ TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-
                  "0.1, end_value: 1.0}, {name: cosine_warm_restart, start_value: 1.0, end_value: "
                  "0.1, restart_interval_length: 0.5, wave_type: triangle}]"}),
       doctest::Contains("wave_type = triangle: use half or full"));
+  // A value left out or misspelt is refused (ClassyVision asserts them), not taken as 0.
+  CHECK_THROWS_WITH(
+      config_of({"config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: "
+                 "0.03, end_value: 0.3}, {name: cosine, end_value: 0.0003}]"}),
+      doctest::Contains("a cosine scheduler needs start_value and end_value (ClassyVision's); "
+                        "start_value is missing"));
+  CHECK_THROWS_WITH(
+      config_of({"config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: "
+                 "0.03, end_value: 0.3}, {name: cosine, start_value: 0.3, end_valeu: 0.0003}]"}),
+      doctest::Contains("end_value is missing"));
   // A part that is not a map is refused by its place, not by yaml-cpp's BadSubscript (found by
   // fuzz_swav_config).
   CHECK_THROWS_WITH_AS(
