@@ -256,11 +256,34 @@ TEST_CASE("hpZ: FSDP with the backward's gathers inside a node equals DDP bitwis
       const auto everywhere = train(Stage::fsdp, plain);
       const auto in_node = train(Stage::fsdp, run);
       CHECK(in_node.gather_bytes < everywhere.gather_bytes);  // the backward's left the world
+      if (segments > 0) {
+        // A segment's first forward (without grad) keeps the slices too: its recomputation and
+        // its backward gather inside the node, so the world sees the forward's gathers alone,
+        // as without checkpointing.
+        Run whole = run;
+        whole.checkpoint_segments = 0;
+        CHECK(in_node.gather_bytes == train(Stage::fsdp, whole).gather_bytes);
+      }
       run.fsdp.quantized_weights = true;
       plain.fsdp.quantized_weights = true;
       CHECK(
           dp_test::bitwise_equal(train(Stage::fsdp, run).values, train(Stage::fsdp, plain).values));
     }
+  // Prefetching changes when units are gathered, never which: the backward's prefetch skips a
+  // unit whose backward is over (the root unit, once the head's gradients are in), which it
+  // used to gather again over the world for nothing.
+  for (int node : {0, 2}) {
+    Run eager;
+    eager.world = 4;
+    eager.steps = 3;
+    eager.fsdp = mlp_units();
+    eager.fsdp.reshard_group_size = node;
+    eager.fsdp.prefetch = 0;
+    Run ahead = eager;
+    ahead.fsdp.prefetch = 2;
+    CAPTURE(node);
+    CHECK(train(Stage::fsdp, ahead).gather_bytes == train(Stage::fsdp, eager).gather_bytes);
+  }
   Run accumulate;
   accumulate.world = 4;
   accumulate.steps = 4;

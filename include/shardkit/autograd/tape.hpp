@@ -57,6 +57,13 @@ class Tape {
   bool recomputing() const { return recomputing_; }
   void set_recomputing(bool value) { recomputing_ = value; }
 
+  // True during a checkpoint segment's first forward: it runs without grad, but a backward
+  // follows (the segment's recomputation), so what a forward keeps for its backward -- FSDP's
+  // slice of a unit over the node under hpZ -- is kept as after a forward with grad.
+  bool backward_follows() const { return grad_enabled_ || before_recompute_; }
+  bool before_recompute() const { return before_recompute_; }
+  void set_before_recompute(bool value) { before_recompute_ = value; }
+
   // The training forward's random stream (dropout's masks, dropout.hpp): a Philox key, the next
   // 128-bit block and the block it must not reach. A trainer keys it per step
   // (set_random_stream, with random_stream_key), so a run resumed at step s draws the masks one
@@ -158,6 +165,7 @@ class Tape {
  private:
   bool grad_enabled_ = true;
   bool recomputing_ = false;
+  bool before_recompute_ = false;
   std::uint64_t next_sequence_nr_ = 0;
   std::vector<std::shared_ptr<const std::string>> module_paths_;
   int backward_depth_ = 0;
@@ -198,6 +206,23 @@ class NoGradGuard {
   NoGradGuard& operator=(const NoGradGuard&) = delete;
 
  private:
+  Tape& tape_;
+  bool previous_;
+};
+
+// A checkpoint segment's first forward: no grad, its recomputation to come (backward_follows).
+class CheckpointForwardGuard {
+ public:
+  explicit CheckpointForwardGuard(Context& ctx)
+      : no_grad_(ctx), tape_(tape(ctx)), previous_(tape_.before_recompute()) {
+    tape_.set_before_recompute(true);
+  }
+  ~CheckpointForwardGuard() { tape_.set_before_recompute(previous_); }
+  CheckpointForwardGuard(const CheckpointForwardGuard&) = delete;
+  CheckpointForwardGuard& operator=(const CheckpointForwardGuard&) = delete;
+
+ private:
+  NoGradGuard no_grad_;
   Tape& tape_;
   bool previous_;
 };

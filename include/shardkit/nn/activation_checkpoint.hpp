@@ -65,7 +65,7 @@ inline Variable checkpoint(Context& ctx, const SegmentFunction& function, const 
   const autograd::Tape::RandomStream random = autograd::tape(ctx).random_stream();
   Variable y;
   {
-    autograd::NoGradGuard no_grad(ctx);
+    autograd::CheckpointForwardGuard no_grad(ctx);  // (the recomputation in backward follows)
     y = function(ctx, x);
   }
   auto node = make_pooled<detail::CheckpointNode>();

@@ -143,17 +143,26 @@ class UnitHooks {
         for (std::size_t k = 0; k < engine_->unit_count(); ++k) engine_->release(k);
       return;
     }
-    if (!tape.grad_enabled())
+    if (!tape.backward_follows())
       engine_->release(u);  // no backward follows: nothing to keep for it
     else if (engine_->policy().reshard_after_forward)
-      engine_->release_after_forward(u);  // with hpZ, keeps this rank's slice over the node
+      // With hpZ, keeps this rank's slice over the node -- also after a checkpoint segment's
+      // forward without grad, for the recomputation's gather and the backward's.
+      engine_->release_after_forward(u);
+    else if (!tape.grad_enabled())
+      engine_->release(u);  // (a checkpointed segment's units are gathered again to recompute)
   }
   void pre_backward(std::size_t u) {
     binding_->begin_backward();
     engine_->poll_reductions();
     ensure_gathered(u);
     if (order_recorded_) {
-      std::vector<std::size_t> reverse(forward_order_.rbegin(), forward_order_.rend());
+      // Ahead in the backward: the units whose backward has not finished. One that has -- the
+      // root unit once its gradients (often the head's, the first) are all in -- was released
+      // and is not needed again; a prefetch gathered it anew for nothing.
+      std::vector<std::size_t> reverse;
+      for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it)
+        if (*it == u || !engine_->unit_ready(*it)) reverse.push_back(*it);
       prefetch_after(u, reverse);
     }
   }
