@@ -99,8 +99,10 @@ class MultiCropLoader {
         std::lock_guard lock(mutex_);
         ready_.emplace(n, std::move(batch));
       } catch (...) {
+        // The first failure is the epoch's: a later one from another worker is dropped here,
+        // not swapped in while next() may be rethrowing the first.
         std::lock_guard lock(mutex_);
-        error_ = std::current_exception();
+        if (!error_) error_ = std::current_exception();
       }
       made_.notify_all();
     }

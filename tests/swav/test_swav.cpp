@@ -603,7 +603,8 @@ TEST_CASE("the loader reports a worker's failure once, for its own epoch") {
   sk::data::StatefulDistributedSampler sampler(6, 1, 0, 3, 5);
   CHECK_THROWS_WITH(all_batches(loader, 0, sampler.indices(), 3),
                     doctest::Contains("give one per channel"));
-  data.channels = 1;  // the same loader, images it can crop
+  loader.start_epoch(0, {}, 3);  // (stops the failed epoch's workers, which read the images)
+  data.channels = 1;             // the same loader, images it can crop
   const auto batches = all_batches(loader, 1, sampler.indices(), 3);
   REQUIRE(batches.size() == 2);
   CHECK(batches[1].number == 1);
