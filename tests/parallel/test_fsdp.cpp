@@ -394,6 +394,48 @@ TEST_CASE("clip_grad_norm: the same norm and the same clipped steps under every 
   });
 }
 
+// A clip waits for the step: a second clip_grad_norm keeps the smaller max_norm (PyTorch's second
+// clip of clipped gradients, within its 1e-6), and zero_grad forgets it with the gradients --
+// before, the second call replaced the first (a log of the norm at max_norm = inf unclipped the
+// step), and a clip of a skipped batch carried into the next one's step.
+TEST_CASE("clip_grad_norm: a second call keeps the tighter clip; zero_grad forgets a clip") {
+  for (const bool skip_batch : {false, true}) {
+    sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = mlp(ctx, 5);
+      sk::optim::OptimizerConfig config;  // SGD without momentum or decay
+      sk::parallel::ShardedModule model(ctx, comm, net, config, sk::parallel::ParallelOptions{});
+      auto b = batch(ctx, {6, 12}, 7, 0, 0);
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      const double norm = sk::to_vector<double>(ctx, model.clip_grad_norm(0.25))[0];
+      REQUIRE(norm > 0.5);
+      double coefficient = 0.25 / (norm + 1e-6);
+      if (skip_batch) {  // the batch dropped after its clip; the same batch again, unclipped
+        model.zero_grad();
+        ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+        coefficient = 1.0;
+      } else {
+        CHECK(sk::to_vector<double>(ctx, model.clip_grad_norm(1e9))[0] == norm);
+      }
+      std::vector<std::vector<float>> grads, before;
+      for (const auto& g : model.engine().piece_grads())
+        grads.push_back(sk::to_vector<float>(ctx, g));
+      for (const auto& p : model.engine().optimizer().piece_params())
+        before.push_back(sk::to_vector<float>(ctx, p));
+      model.step(0.1f);
+      double worst = 0;
+      for (std::size_t k = 0; k < grads.size(); ++k) {
+        const auto after = sk::to_vector<float>(ctx, model.engine().optimizer().piece_params()[k]);
+        for (std::size_t i = 0; i < after.size(); ++i) {
+          const double want = before[k][i] - 0.1 * coefficient * grads[k][i];
+          worst = std::max(worst, std::abs(after[i] - want) / (std::abs(want) + 1e-3));
+        }
+      }
+      CAPTURE(skip_batch);
+      CHECK(worst <= 1e-6);
+    });
+  }
+}
+
 TEST_CASE("FSDP equals DDP bitwise on a small ResNet-18 with batch-norm, one unit per block") {
   sk::parallel::FsdpOptions blocks;
   for (int layer = 1; layer <= 4; ++layer)

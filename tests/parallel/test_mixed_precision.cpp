@@ -507,6 +507,15 @@ TEST_CASE("the loss scaler follows GradScaler's rules and refuses bad settings")
   CHECK_THROWS_WITH(sk::optim::DynamicLossScaler({.backoff_factor = 1.5}),
                     doctest::Contains("backoff_factor must be in (0, 1)"));
   CHECK_THROWS_WITH(scaler.load(4, 7), doctest::Contains("growth tracker of 7 is outside [0, 2)"));
+  // At f32's top the scale stays, as GradScaler's does: grown to inf it would skip every later
+  // step (bf16 rarely overflows: 2^16 reaches 2^127 in about 222 000 clean steps).
+  sk::optim::DynamicLossScaler top({.init_scale = 0x1p127, .growth_interval = 1});
+  top.check_grads(ctx, nullptr, {finite});
+  top.update(ctx);
+  CHECK(top.scale() == 0x1p127f);
+  CHECK(top.growth_tracker() == 0);
+  CHECK_THROWS_WITH(sk::optim::DynamicLossScaler({.growth_factor = INFINITY}),
+                    doctest::Contains("growth_factor must be a finite f32 number > 1"));
 }
 
 TEST_CASE("the loss scaler's state travels with the checkpoint") {

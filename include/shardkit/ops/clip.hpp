@@ -14,8 +14,8 @@ struct ClipResult {
   float coefficient;  // max_norm / (norm + 1e-6) where that is below 1 (or NaN), else 1
 };
 
-// In double from the exact sum; a NaN or inf norm gives a NaN coefficient, as PyTorch's does (the
-// step then shows it).
+// In double from the exact sum; a NaN norm gives a NaN coefficient, an infinite one 0, as
+// PyTorch's do (the step then shows it).
 SK_HOST_DEVICE SK_INLINE ClipResult clip_result(double total, double max_norm,
                                                 float inv_grad_scale) {
 #if SK_DEVICE_CODE

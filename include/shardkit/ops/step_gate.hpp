@@ -101,7 +101,10 @@ struct LossScaleFunctor {
       x[kLossScale] *= rule.backoff_factor;
       x[kLossGrowthTracker] = 0.0f;
     } else if (x[kLossGrowthTracker] + 1.0f == rule.growth_interval) {
-      x[kLossScale] *= rule.growth_factor;
+      // (GradScaler keeps the scale where growing it would leave f32: an infinite scale would
+      // skip every later step, backed off or not)
+      const float grown = x[kLossScale] * rule.growth_factor;
+      if (grown <= 3.40282347e38f) x[kLossScale] = grown;
       x[kLossGrowthTracker] = 0.0f;
     } else {
       x[kLossGrowthTracker] += 1.0f;

@@ -38,7 +38,8 @@ class DynamicLossScaler {
     check(
         options.init_scale > 0 && std::isfinite(options.init_scale) && options.init_scale <= 3.0e38,
         "loss scaler: init_scale must be a positive finite f32 number, got ", options.init_scale);
-    check(options.growth_factor > 1, "loss scaler: growth_factor must be > 1, got ",
+    check(options.growth_factor > 1 && options.growth_factor <= 3.0e38,
+          "loss scaler: growth_factor must be a finite f32 number > 1, got ",
           options.growth_factor);
     check(options.backoff_factor > 0 && options.backoff_factor < 1,
           "loss scaler: backoff_factor must be in (0, 1), got ", options.backoff_factor);

@@ -149,10 +149,14 @@ class ShardedOptimizer {
   // -- returned as f64 [1] on the device (read it to log it); when it exceeds max_norm, the
   // next step() scales the gradients by max_norm / (norm + 1e-6) in its fused pass. Nothing is
   // read back: the coefficient reaches the pass through the step gate. Collective when the
-  // table is sharded.
+  // table is sharded. A second call before the step keeps the smaller max_norm: PyTorch's
+  // second clip of gradients already clipped (to within its 1e-6), though the norm returned is
+  // still that of the gradients as they are, the clip not yet applied to them. zero_grad
+  // forgets a pending clip.
   Tensor clip_grad_norm(const std::vector<Tensor>& grads, double max_norm,
                         float inv_grad_scale = 1.0f) {  // (1 / the loss scale, if any)
     check(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+    if (clip_pending_) max_norm = std::min(max_norm, clip_max_norm_);
     // (kernel arguments here and again at the step's fold: a captured step replays them)
     ctx_->capture_scalar("clip_grad_norm's max_norm", max_norm);
     ctx_->capture_scalar("clip_grad_norm's inv_grad_scale", inv_grad_scale);

@@ -155,12 +155,14 @@ class Engine : public ParamGroups {
   [[nodiscard]] FullParams full_params() { return FullParams(*this); }
 
   // --- the step --------------------------------------------------------------------------------
-  // Gradients from zero for the next backward. Under offload to NVMe it also makes sure of the
+  // Gradients from zero for the next backward, and a clip_grad_norm of the old ones forgotten.
+  // Under offload to NVMe it also makes sure of the
   // step's first chunk of the master and state, beside the forward and backward: the chunk the
   // last step kept in RAM, what the kernel reclaimed of it read back, or read whole after a
   // drop (ShardedOptimizer::prefetch_state).
   void zero_grad() {
     ParamGroups::zero_grad();
+    optimizer_->discard_clip();  // (a clip of the gradients zeroed here: PyTorch's go with them)
     optimizer_->prefetch_state();
   }
   // The learning rate of the next steps (schedules live in the training loop): a step
