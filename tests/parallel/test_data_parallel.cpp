@@ -108,6 +108,38 @@ TEST_CASE("bad use gets clear errors") {
       "the parameter list differs between ranks");
 }
 
+// no_sync scopes nest as PyTorch's do (the setting before a scope comes back at its end), and a
+// backward cut short inside one leaves its own exception -- the scope's end used to switch sync
+// back on regardless, and to throw from its destructor mid-unwinding (std::terminate).
+TEST_CASE("no_sync: nested scopes keep sync off; an exception inside one propagates") {
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::sgd), {});
+    dp.zero_grad();
+    {
+      auto outer = dp.no_sync();
+      { auto inner = dp.no_sync(); }
+      CHECK_FALSE(dp.sync_enabled());
+      const auto before = comm.stats().of(sk::comm::CollectiveKind::all_reduce).calls;
+      fake_backward(dp, ctx, comm.rank(), 0);
+      dp.finish();
+      CHECK(comm.stats().of(sk::comm::CollectiveKind::all_reduce).calls == before);
+    }
+    CHECK(dp.sync_enabled());
+    const auto first = [&] {
+      for (std::size_t i = 0; i < dp.params().size(); ++i)
+        if (dp.plan().layout()[i].trainable) return i;
+      return std::size_t{0};
+    }();
+    CHECK_THROWS_WITH(
+        [&] {
+          auto scope = dp.no_sync();
+          dp.ready(first);  // a backward under way
+          throw sk::StateError("the backward failed");
+        }(),
+        "the backward failed");
+  });
+}
+
 TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backward") {
   // Two micro-batches accumulated under no_sync + one synced equals three summed gradients:
   // compare with a run whose single backward adds the same three contributions.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -184,18 +185,38 @@ class ParamGroups {
   }
   void set_sync(bool enabled) {
     for (auto& group : groups_) group->set_sync(enabled);
+    sync_enabled_ = enabled;
   }
+  bool sync_enabled() const { return sync_enabled_; }
   // Gradient accumulation: while the scope lives, backwards accumulate locally (no traffic);
-  // the next synchronised backward reduces the sums.
+  // the next synchronised backward reduces the sums. Scopes nest: the setting before the scope
+  // comes back when it ends (PyTorch's no_sync), and an exception leaving the scope mid-backward
+  // leaves its error, not one of the switch's.
   class NoSync {
    public:
-    explicit NoSync(ParamGroups& groups) : groups_(&groups) { groups_->set_sync(false); }
-    ~NoSync() { groups_->set_sync(true); }
+    explicit NoSync(ParamGroups& groups)
+        : groups_(&groups),
+          previous_(groups.sync_enabled()),
+          uncaught_at_start_(std::uncaught_exceptions()) {
+      groups_->set_sync(false);
+    }
+    ~NoSync() noexcept(false) {
+      if (std::uncaught_exceptions() > uncaught_at_start_) {
+        try {
+          groups_->set_sync(previous_);
+        } catch (...) {  // (a backward cut short: the exception already propagating says more)
+        }
+        return;
+      }
+      groups_->set_sync(previous_);
+    }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
 
    private:
     ParamGroups* groups_;
+    bool previous_;
+    int uncaught_at_start_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
@@ -293,6 +314,7 @@ class ParamGroups {
   std::unique_ptr<ReduceScatterCoalescer> coalescer_;  // before the groups' bucketers
   std::unique_ptr<comm::Communicator> node_;           // hpZ (else null); before the groups
   std::vector<std::unique_ptr<ParamGroup>> groups_;
+  bool sync_enabled_ = true;              // (every group's: set_sync)
   std::unique_ptr<TensorScales> scales_;  // per-tensor qwZ (else null); after the groups it reads
   std::vector<std::size_t> first_param_;  // per group
   std::vector<ParamIndex> index_;
