@@ -592,6 +592,71 @@ TEST_CASE(
                     doctest::Contains("module tree or its FSDP units differ between ranks"));
 }
 
+// A parameter some ranks use and others do not: unreached, it counts as a zero gradient marked
+// at the backward's start (DDP's find_unused_parameters), so its unit's reduction comes in the
+// same place on every rank. Marked at the backward's end, the root unit (`second` and `extra`)
+// reduced before unit `first` on rank 0 and after it on rank 1, and the coalesced reduce-scatter
+// summed one unit's gradients into the other's: parameters unlike DDP's, without an error.
+TEST_CASE("FSDP: a parameter unused on some ranks trains as under DDP") {
+  struct Branchy : nn::Module {
+    std::shared_ptr<nn::Linear> first, second;
+    ag::Variable extra;
+    bool use_extra = false;
+    explicit Branchy(sk::Context& c) {
+      first = register_module("first", std::make_shared<nn::Linear>(c, 12, 16));
+      second = register_module("second", std::make_shared<nn::Linear>(c, 16, 7));
+      extra = register_parameter("extra", sk::empty(c, {7, 7}, sk::DType::f32));
+      sk::Context host({.seed = 77});
+      for (auto& p : parameters()) {
+        auto values = sk::empty(host, p.shape(), sk::DType::f32);
+        sk::uniform_(host, values, -0.4, 0.4);
+        sk::copy(c, p.data(), values);
+      }
+    }
+    const char* type_name() const override { return "Branchy"; }
+    ag::Variable forward(sk::Context& c, const ag::Variable& x) override {
+      ag::Variable y = (*second)(c, (*first)(c, x));
+      return use_extra ? ag::linear(c, y, extra) : y;
+    }
+  };
+  auto train_on = [](Stage stage, std::size_t coalesce_bytes) {
+    std::vector<float> out;
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = std::make_shared<Branchy>(ctx);
+      net->use_extra = comm.rank() == 0;
+      sk::parallel::ParallelOptions options;
+      options.stage = stage;
+      options.fsdp.wrap.unit_paths = {"first"};
+      options.fsdp.coalesce_bytes = coalesce_bytes;
+      sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                        options);
+      for (int s = 0; s < 3; ++s) {
+        model.zero_grad();
+        auto b = batch(ctx, {6, 12}, 7, comm.rank(), s);
+        ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+        model.step(0.1f);
+      }
+      auto full = model.full_params();
+      if (comm.rank() == 1)
+        for (auto& p : net->parameters()) {
+          const auto v = sk::to_vector<float>(ctx, p.data());
+          out.insert(out.end(), v.begin(), v.end());
+        }
+    });
+    return out;
+  };
+  const auto ddp = train_on(Stage::ddp, 0);
+  for (std::size_t coalesce : {std::size_t{1} << 22, std::size_t{0}}) {
+    CAPTURE(coalesce);
+    const auto fsdp = train_on(Stage::fsdp, coalesce);
+    REQUIRE(fsdp.size() == ddp.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < ddp.size(); ++i)
+      worst = std::max(worst, double(std::abs(fsdp[i] - ddp[i])));
+    CHECK(worst <= 1e-6);
+  }
+}
+
 // qwZ: the parameters' gathers carry int8 (or E4M3, or int4) blocks. Training follows exact FSDP
 // closely (the shards and the optimizer stay exact; only what a forward and backward compute with
 // is quantised) on about a quarter of the gather bytes.

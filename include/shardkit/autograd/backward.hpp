@@ -243,6 +243,15 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
   }
 }
 
+// Whether the backward running now reaches `leaf` (its graph, found before any node ran, has an
+// edge to it): one called from a hook of that backward can tell, at its start, the leaves that
+// will get no gradient in it (PyTorch DDP's find_unused_parameters).
+inline bool reached_by_running_backward(Context& ctx, const Variable& leaf) {
+  const VariableImpl* impl = leaf.impl();
+  return impl != nullptr && impl->backward_pass != 0 &&
+         tape(ctx).backward_pass_running(impl->backward_pass);
+}
+
 // loss.backward(): gradients of every leaf that requires grad, accumulated into leaf.grad().
 inline void backward(Context& ctx, const Variable& root, const Tensor& grad = Tensor(),
                      BackwardOptions options = {}) {

@@ -2,8 +2,12 @@
 // parameter becomes a view of its group's buffer (so names, state_dict(), hooks, train()/eval()
 // and activation checkpointing work unchanged: FairScale's FlattenParamsWrapper idea), its
 // gradient goes straight into the engine's bucket storage (a grad provider: no copy), and its
-// grad-ready hook marks it ready. When the outermost backward ends, parameters the loss did not
-// reach count as zero gradients and the engine's reductions are waited for.
+// grad-ready hook marks it ready. Parameters the loss does not reach count as zero gradients,
+// marked ready when the backward starts (PyTorch DDP's find_unused_parameters does the same):
+// marked at its end instead, a parameter unused on some ranks only made its unit's reduction
+// come later there than on the others, and FSDP's units, each a group of its own on one
+// communicator, then issued their collectives in different orders on different ranks. When the
+// outermost backward ends the engine's reductions are waited for.
 #pragma once
 
 #include <functional>
@@ -48,11 +52,16 @@ class ModuleBinding {
   ModuleBinding& operator=(const ModuleBinding&) = delete;
 
   // The first event of a backward (a grad-ready hook, or FSDP's backward-pre hook) queues the
-  // end-of-backward work on the tape, once.
+  // end-of-backward work on the tape, once, and marks ready the parameters the backward does
+  // not reach (its graph was found before any node ran).
   void begin_backward() {
     if (in_backward_) return;
     in_backward_ = true;
     autograd::tape(*ctx_).queue_callback([this] { end_backward(); });
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].requires_grad() && !engine_->is_ready(i) &&
+          !autograd::reached_by_running_backward(*ctx_, params_[i]))
+        mark_ready(i);
   }
   // Drops every parameter's gradient held on the Variable side (the engine clears its own).
   void clear_grads() {
@@ -62,10 +71,14 @@ class ModuleBinding {
  private:
   void on_grad_ready(std::size_t i) {
     begin_backward();
+    mark_ready(i);
+  }
+  void mark_ready(std::size_t i) {
     engine_->ready(i);
     if (after_ready_) after_ready_(i);
   }
   void end_backward() {
+    // (what is left: a leaf reached whose hook did not fire -- none in a pass that ran whole)
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (params_[i].requires_grad() && !engine_->is_ready(i)) engine_->ready(i);
     engine_->finish();
