@@ -140,6 +140,21 @@ TEST_CASE("no_sync: nested scopes keep sync off; an exception inside one propaga
   });
 }
 
+// An optimizer setting the rule refuses is refused when the engine is made, on every rank: at
+// the first step it was refused only where a rank held pieces, after the step count moved.
+TEST_CASE("the optimizer's options are refused when the engine is made") {
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto nesterov = config_for(OptimizerKind::sgd);
+    nesterov.sgd.nesterov = true;  // with config_for's dampening 0.1
+    CHECK_THROWS_WITH(DataParallel(ctx, comm, model_specs(), nesterov, {}),
+                      doctest::Contains("nesterov needs momentum > 0 and dampening 0"));
+    auto adam = config_for(OptimizerKind::adamw);
+    adam.adam.beta1 = 1.0f;
+    CHECK_THROWS_WITH(DataParallel(ctx, comm, model_specs(), adam, {}),
+                      doctest::Contains("Adam beta1 must be in [0, 1)"));
+  });
+}
+
 TEST_CASE("gradient accumulation: no_sync backwards, then one synchronised backward") {
   // Two micro-batches accumulated under no_sync + one synced equals three summed gradients:
   // compare with a run whose single backward adds the same three contributions.

@@ -39,6 +39,16 @@ class UpdateRule {
       ops::validate(config_.larc);
     }
     if (config_.kind == OptimizerKind::adamw) config_.adam.decoupled_weight_decay = true;
+    // The rule's own options are refused here, on every rank -- not at the first step, and
+    // only on the ranks holding pieces (one holding none would go on into the step's
+    // collectives while the others threw).
+    if (config_.kind == OptimizerKind::sgd || config_.kind == OptimizerKind::larc_sgd) {
+      ops::validate(config_.sgd);
+    } else {
+      ops::AdamOptions adam = config_.adam;
+      adam.step = 1;  // (set at each step)
+      ops::validate(adam);
+    }
     set_decay_groups();
   }
 
