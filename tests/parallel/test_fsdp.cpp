@@ -332,6 +332,30 @@ TEST_CASE("small units' reduce-scatters travel together: the same bits, fewer co
   check_matches_ddp(run);
 }
 
+namespace {
+
+// One plain-SGD step of `model` at `lr` (no momentum, no decay): the largest relative distance
+// of a parameter from before - lr * coefficient * g (its gradient before the step).
+double sgd_step_error(sk::Context& ctx, sk::parallel::ShardedModule& model, float lr,
+                      double coefficient) {
+  std::vector<std::vector<float>> grads, before;
+  for (const auto& g : model.engine().piece_grads()) grads.push_back(sk::to_vector<float>(ctx, g));
+  for (const auto& p : model.engine().optimizer().piece_params())
+    before.push_back(sk::to_vector<float>(ctx, p));
+  model.step(lr);
+  double worst = 0;
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    const auto after = sk::to_vector<float>(ctx, model.engine().optimizer().piece_params()[k]);
+    for (std::size_t i = 0; i < after.size(); ++i) {
+      const double want = before[k][i] - lr * coefficient * grads[k][i];
+      worst = std::max(worst, std::abs(after[i] - want) / (std::abs(want) + 1e-3));
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
 TEST_CASE("clip_grad_norm: the same norm and the same clipped steps under every stage") {
   for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd}) {
     Run run;
@@ -371,26 +395,11 @@ TEST_CASE("clip_grad_norm: the same norm and the same clipped steps under every 
     sk::parallel::ShardedModule model(ctx, comm, net, config, sk::parallel::ParallelOptions{});
     auto b = batch(ctx, {6, 12}, 7, 0, 0);
     ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
-    std::vector<std::vector<float>> grads, before;
-    for (const auto& g : model.engine().piece_grads())
-      grads.push_back(sk::to_vector<float>(ctx, g));
-    for (const auto& p : model.engine().optimizer().piece_params())
-      before.push_back(sk::to_vector<float>(ctx, p));
     const double max_norm = 0.25;
     const double norm = sk::to_vector<double>(ctx, model.clip_grad_norm(max_norm))[0];
     REQUIRE(norm > 2 * max_norm);
     const double coefficient = max_norm / (norm + 1e-6);
-    const float lr = 0.1f;
-    model.step(lr);
-    double worst = 0;
-    for (std::size_t k = 0; k < grads.size(); ++k) {
-      const auto after = sk::to_vector<float>(ctx, model.engine().optimizer().piece_params()[k]);
-      for (std::size_t i = 0; i < after.size(); ++i) {
-        const double want = before[k][i] - lr * coefficient * grads[k][i];
-        worst = std::max(worst, std::abs(after[i] - want) / (std::abs(want) + 1e-3));
-      }
-    }
-    CHECK(worst <= 1e-6);
+    CHECK(sgd_step_error(ctx, model, 0.1f, coefficient) <= 1e-6);
   });
 }
 
@@ -416,22 +425,8 @@ TEST_CASE("clip_grad_norm: a second call keeps the tighter clip; zero_grad forge
       } else {
         CHECK(sk::to_vector<double>(ctx, model.clip_grad_norm(1e9))[0] == norm);
       }
-      std::vector<std::vector<float>> grads, before;
-      for (const auto& g : model.engine().piece_grads())
-        grads.push_back(sk::to_vector<float>(ctx, g));
-      for (const auto& p : model.engine().optimizer().piece_params())
-        before.push_back(sk::to_vector<float>(ctx, p));
-      model.step(0.1f);
-      double worst = 0;
-      for (std::size_t k = 0; k < grads.size(); ++k) {
-        const auto after = sk::to_vector<float>(ctx, model.engine().optimizer().piece_params()[k]);
-        for (std::size_t i = 0; i < after.size(); ++i) {
-          const double want = before[k][i] - 0.1 * coefficient * grads[k][i];
-          worst = std::max(worst, std::abs(after[i] - want) / (std::abs(want) + 1e-3));
-        }
-      }
       CAPTURE(skip_batch);
-      CHECK(worst <= 1e-6);
+      CHECK(sgd_step_error(ctx, model, 0.1f, coefficient) <= 1e-6);
     });
   }
 }

@@ -173,6 +173,7 @@ class ParamGroup {
   void follow_loss_scale(const Tensor& state) { bucketer_.follow_loss_scale(state); }
   void reset_error_feedback() { bucketer_.reset_error_feedback(); }
   void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
+  bool sync_enabled() const { return bucketer_.sync_enabled(); }
 
  private:
   void begin_gather() {

@@ -185,9 +185,8 @@ class ParamGroups {
   }
   void set_sync(bool enabled) {
     for (auto& group : groups_) group->set_sync(enabled);
-    sync_enabled_ = enabled;
   }
-  bool sync_enabled() const { return sync_enabled_; }
+  bool sync_enabled() const { return groups_.front()->sync_enabled(); }  // (every group's)
   // Gradient accumulation: while the scope lives, backwards accumulate locally (no traffic);
   // the next synchronised backward reduces the sums. Scopes nest: the setting before the scope
   // comes back when it ends (PyTorch's no_sync), and an exception leaving the scope mid-backward
@@ -314,7 +313,6 @@ class ParamGroups {
   std::unique_ptr<ReduceScatterCoalescer> coalescer_;  // before the groups' bucketers
   std::unique_ptr<comm::Communicator> node_;           // hpZ (else null); before the groups
   std::vector<std::unique_ptr<ParamGroup>> groups_;
-  bool sync_enabled_ = true;              // (every group's: set_sync)
   std::unique_ptr<TensorScales> scales_;  // per-tensor qwZ (else null); after the groups it reads
   std::vector<std::size_t> first_param_;  // per group
   std::vector<ParamIndex> index_;
