@@ -235,3 +235,38 @@ TEST_CASE("shape errors name the op and both shapes") {
                        doctest::Contains("logits [0, 3] hold no rows or no classes"),
                        sk::InvalidArgument);
 }
+
+// A callback's if_cut_short runs instead of it when the backward ends by an exception -- in a
+// node or hook, or in an earlier callback -- and never after a backward that ran whole: the
+// sharded wrappers learn there that the end they queued will not come.
+TEST_CASE("queue_callback: if_cut_short runs when the backward ends by an exception") {
+  sk::Context ctx({.seed = 3});
+  auto x = random_variable(ctx, {3, 4}, -1, 1, false);
+  auto w1 = random_variable(ctx, {5, 4}, -1, 1), w2 = random_variable(ctx, {3, 5}, -1, 1);
+  std::vector<std::string> events;
+  int fail_at = 0;  // 0: nothing fails; 1: w2's hook after queuing; 2: the first callback
+  w2.register_grad_ready_hook([&](Variable&) {
+    ag::tape(ctx).queue_callback(
+        [&] {
+          events.push_back("first end");
+          if (fail_at == 2) throw sk::StateError("the first callback failed");
+        },
+        [&] { events.push_back("first cut short"); });
+    ag::tape(ctx).queue_callback([&] { events.push_back("second end"); },
+                                 [&] { events.push_back("second cut short"); });
+  });
+  w1.register_grad_ready_hook([&](Variable&) {
+    if (fail_at == 1) throw sk::StateError("the hook failed");
+  });
+  ag::backward(ctx, two_layer_loss(ctx, x, w1, w2));
+  CHECK(events == std::vector<std::string>{"first end", "second end"});
+  events.clear();
+  fail_at = 1;
+  CHECK_THROWS_WITH(ag::backward(ctx, two_layer_loss(ctx, x, w1, w2)), "the hook failed");
+  CHECK(events == std::vector<std::string>{"first cut short", "second cut short"});
+  events.clear();
+  fail_at = 2;
+  CHECK_THROWS_WITH(ag::backward(ctx, two_layer_loss(ctx, x, w1, w2)), "the first callback failed");
+  CHECK(events == std::vector<std::string>{"first end", "second cut short"});
+  CHECK(ag::tape(ctx).backward_depth() == 0);
+}

@@ -84,6 +84,8 @@ TEST_CASE("bad use gets clear errors") {
     dp.ready(0);
     expect([&] { dp.ready(0); }, "marked ready twice in one backward");
     expect([&] { dp.finish(); }, "'block.0.weight' was never marked ready");
+    expect([&] { dp.step(0.1f); }, "optimizer step while a backward is open");
+    dp.zero_grad();  // (closes the backward left open)
     expect([&] { dp.step(0.1f); }, "optimizer step before the gradients are finished");
     expect([&] { (void)dp.grad(3); }, "'frozen.scale'): the parameter is frozen");
     sk::parallel::ParallelOptions zero;

@@ -91,30 +91,30 @@ class Tape {
   // Backward passes running now (checkpoint recomputation nests one inside another).
   int backward_depth() const { return backward_depth_; }
   // Runs `callback` when the outermost backward pass now running ends (PyTorch's
-  // queue_callback): the sharded wrappers wait for their last reductions there.
-  void queue_callback(std::function<void()> callback) {
+  // queue_callback): the sharded wrappers wait for their last reductions there. If the pass
+  // ends by an exception instead -- in a node, a hook or an earlier callback -- the callbacks
+  // do not run, and `if_cut_short` does (it must not throw: an exception is on its way), so
+  // that whoever queued one knows its end will not come.
+  void queue_callback(std::function<void()> callback, std::function<void()> if_cut_short = {}) {
     check<StateError>(backward_depth_ > 0,
                       "queue_callback outside a backward pass: callbacks "
                       "run when the running backward ends; call it from a hook");
-    callbacks_.push_back(std::move(callback));
+    callbacks_.push_back({std::move(callback), std::move(if_cut_short)});
   }
   void enter_backward() { ++backward_depth_; }
   // Leaves a backward pass; the outermost one runs the queued callbacks (those queued while
-  // they run included), or drops them when it ends by an exception.
+  // they run included), or, when it ends by an exception, their if_cut_short instead.
   void exit_backward(bool failed) {
     if (--backward_depth_ > 0) return;
-    if (failed) {
-      callbacks_.clear();
-      return;
-    }
+    if (failed) return cut_short(0);
     ++backward_depth_;  // callbacks may queue more, and run as part of this backward
     for (std::size_t i = 0; i < callbacks_.size(); ++i) {
-      auto callback = std::move(callbacks_[i]);
+      auto callback = std::move(callbacks_[i].run);
       try {
         callback();
       } catch (...) {
-        callbacks_.clear();
         --backward_depth_;
+        cut_short(i + 1);  // (the one that threw knows)
         throw;
       }
     }
@@ -170,7 +170,22 @@ class Tape {
   std::vector<std::shared_ptr<const std::string>> module_paths_;
   int backward_depth_ = 0;
   RandomStream random_stream_;
-  std::vector<std::function<void()>> callbacks_;
+  struct Callback {
+    std::function<void()> run, if_cut_short;
+  };
+  // The backward ended by an exception: callbacks from `first` on will not run.
+  void cut_short(std::size_t first) noexcept {
+    for (std::size_t i = first; i < callbacks_.size(); ++i)
+      if (callbacks_[i].if_cut_short) {
+        try {
+          callbacks_[i].if_cut_short();
+        } catch (...) {  // (the backward's own exception says more)
+        }
+      }
+    callbacks_.clear();
+  }
+
+  std::vector<Callback> callbacks_;
   std::vector<std::uint64_t> active_passes_;
   std::vector<std::unique_ptr<BackwardTables>> tables_;  // by nesting depth
 };

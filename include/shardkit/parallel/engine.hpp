@@ -296,6 +296,13 @@ class Engine : public ParamGroups {
   }
 
   void check_finished(const char* what) const {
+    // (a sharded accumulation's second backward cut short would otherwise leave the first's
+    // averages with some of its buckets added in, and look finished)
+    if (backward_open())
+      fail<StateError>(what,
+                       " while a backward is open: it has not finished, or an exception cut it "
+                       "short and its gradients are partial; call zero_grad() and run the "
+                       "backward again");
     for (std::size_t u = 0; u < unit_count(); ++u)
       if (!group(u).finished())
         fail<StateError>(what, " before the gradients are finished",

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,7 +76,8 @@ class GradBucketer {
   void ready(std::size_t i) {
     const auto& slot = slot_of(i, "ready");
     check(!ready_[i], "the gradient of '", slot.name,
-          "' was marked ready twice in one backward; mark each parameter once, then finish()");
+          "' was marked ready twice in one backward; mark each parameter once, then finish() "
+          "(a backward cut short by an exception leaves its marks: zero_grad() clears them)");
     ready_[i] = true;
     ++ready_count_;
     schedule_.ready(buckets_.bucket_of(i));
@@ -85,6 +87,9 @@ class GradBucketer {
   // Whether parameter i's gradient is final in this backward; whether every one is.
   bool is_ready(std::size_t i) const { return i < ready_.size() && ready_[i]; }
   bool all_ready() const { return ready_count_ == trainable_; }
+  // A backward is under way: a gradient was marked ready and finish() has not completed (a
+  // backward cut short by an exception stays open until zero_grad()).
+  bool backward_open() const { return ready_count_ > 0; }
 
   // Completes the launched buckets whose reductions are done, in order, freeing their
   // transient buffers (never blocks). FSDP calls it as the backward moves through other units,
@@ -128,11 +133,41 @@ class GradBucketer {
   }
   bool sync_enabled() const { return sync_enabled_; }
 
-  // Clears the gradients for the next accumulation window.
+  // The setting before a no_sync scope, back at its end while an exception unwinds a backward
+  // in it: that backward is abandoned (zero_grad() clears it), so the check between backwards
+  // does not apply.
+  void restore_sync(bool enabled) { sync_enabled_ = enabled; }
+
   // qgZ's error feedback after a loss-scaled step (grad_sync.hpp): rescaled, or dropped.
   void follow_loss_scale(const Tensor& state) { strategy_->follow_loss_scale(state); }
   // qgZ's error feedback from zero again (a checkpoint's load).
   void reset_error_feedback() { strategy_->reset_error_feedback(); }
+
+  // Closes a backward that was cut short (backward_open() without finish()): the reductions it
+  // launched are waited for -- their buffers may not go while a collective uses them -- and
+  // their results dropped with every gradient of it; marks and the launch schedule start again.
+  // Calls held in a coalescer must be dropped before (ReduceScatterCoalescer::drop_held), or a
+  // wait would launch them. The first error of a wait is thrown once everything is reset.
+  void abandon_backward() {
+    std::exception_ptr first_error;
+    for (auto& state : states_) {
+      if (state.launched) {
+        state.launched = false;
+        try {
+          state.work.wait_on_stream();
+        } catch (...) {
+          if (!first_error) first_error = std::current_exception();
+        }
+      }
+      state = BucketState{};
+    }
+    std::fill(ready_.begin(), ready_.end(), false);
+    ready_count_ = 0;
+    schedule_.reset();
+    if (first_error) std::rethrow_exception(first_error);
+  }
+
+  // Clears the gradients for the next accumulation window.
   void zero_grad() {
     strategy_->zero(states_);
     strategy_->set_holds_averages(false);

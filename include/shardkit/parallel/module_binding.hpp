@@ -7,7 +7,9 @@
 // marked at its end instead, a parameter unused on some ranks only made its unit's reduction
 // come later there than on the others, and FSDP's units, each a group of its own on one
 // communicator, then issued their collectives in different orders on different ranks. When the
-// outermost backward ends the engine's reductions are waited for.
+// outermost backward ends the engine's reductions are waited for; when an exception cuts it
+// short, the backward stays open in the engine until zero_grad() closes it, and the next one
+// is refused until then (docs/design.md, "A backward cut short").
 #pragma once
 
 #include <functional>
@@ -56,8 +58,14 @@ class ModuleBinding {
   // not reach (its graph was found before any node ran).
   void begin_backward() {
     if (in_backward_) return;
+    check<StateError>(!engine_->backward_open(),
+                      "a backward started while the last one is still open: an exception cut it "
+                      "short, and its gradients are partial; call zero_grad() (it waits for the "
+                      "reductions that backward launched and drops them), then run the backward "
+                      "again");
     in_backward_ = true;
-    autograd::tape(*ctx_).queue_callback([this] { end_backward(); });
+    autograd::tape(*ctx_).queue_callback([this] { end_backward(); },
+                                         [this] { in_backward_ = false; });
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (params_[i].requires_grad() && !engine_->is_ready(i) &&
           !autograd::reached_by_running_backward(*ctx_, params_[i]))
@@ -78,12 +86,12 @@ class ModuleBinding {
     if (after_ready_) after_ready_(i);
   }
   void end_backward() {
+    in_backward_ = false;  // (first: an exception from the finish leaves the backward open)
     // (what is left: a leaf reached whose hook did not fire -- none in a pass that ran whole)
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (params_[i].requires_grad() && !engine_->is_ready(i)) engine_->ready(i);
     engine_->finish();
     if (after_backward_) after_backward_();
-    in_backward_ = false;
   }
 
   Context* ctx_;

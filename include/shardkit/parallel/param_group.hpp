@@ -170,9 +170,12 @@ class ParamGroup {
   bool copies_pending() const { return bucketer_.copies_pending(); }
   void land_copies() { bucketer_.land_copies(); }
   void zero_grad() { bucketer_.zero_grad(); }
+  bool backward_open() const { return bucketer_.backward_open(); }
+  void abandon_backward() { bucketer_.abandon_backward(); }
   void follow_loss_scale(const Tensor& state) { bucketer_.follow_loss_scale(state); }
   void reset_error_feedback() { bucketer_.reset_error_feedback(); }
   void set_sync(bool enabled) { bucketer_.set_sync(enabled); }
+  void restore_sync(bool enabled) { bucketer_.restore_sync(enabled); }
   bool sync_enabled() const { return bucketer_.sync_enabled(); }
 
  private:

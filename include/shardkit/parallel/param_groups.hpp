@@ -174,6 +174,12 @@ class ParamGroups {
       if (!group->finished()) return false;
     return true;
   }
+  // A backward is under way in some group -- or was cut short by an exception, until
+  // zero_grad() closes it.
+  bool backward_open() const {
+    return std::any_of(groups_.begin(), groups_.end(),
+                       [](const auto& group) { return group->backward_open(); });
+  }
   // qgZ's error feedback carried in loss-scaled units: follows the loss scale's update
   // (`state` on the device, ops/step_gate.hpp), or is dropped after a skipped step.
   void follow_loss_scale(const Tensor& state) {
@@ -201,10 +207,9 @@ class ParamGroups {
     }
     ~NoSync() noexcept(false) {
       if (std::uncaught_exceptions() > uncaught_at_start_) {
-        try {
-          groups_->set_sync(previous_);
-        } catch (...) {  // (a backward cut short: the exception already propagating says more)
-        }
+        // (a backward cut short in the scope stays open until zero_grad() abandons it: the
+        // setting comes back without the check between backwards, and without throwing)
+        for (auto& group : groups_->groups_) group->restore_sync(previous_);
         return;
       }
       groups_->set_sync(previous_);
@@ -221,9 +226,32 @@ class ParamGroups {
 
  protected:
   // Every group's gradients from zero (Engine::zero_grad also starts the optimizer's read
-  // ahead: callers go through it).
+  // ahead: callers go through it). A backward cut short by an exception is closed first
+  // (abandon_backward).
   void zero_grad() {
+    if (backward_open()) abandon_backward();
     for (auto& group : groups_) group->zero_grad();
+  }
+  // Closes a backward cut short by an exception (in a node, a hook, a gather, a reduction):
+  // the calls a coalescer held back are dropped unlaunched, the reductions launched are waited
+  // for and their results dropped, the ready marks cleared, and the units gathered for it
+  // freed. qgZ's error feedback starts from zero again (its residuals took in gradients that
+  // are now dropped). Ranks cut short at the same point -- every rank's same failure, or one
+  // rank training alone -- then train on as if the backward had never run; a rank cut short
+  // alone leaves the others waiting in collectives it never issues, which their timeout names.
+  void abandon_backward() {
+    if (coalescer_) coalescer_->drop_held();
+    std::exception_ptr first_error;
+    for (auto& group : groups_) {
+      try {
+        group->abandon_backward();
+        group->release();
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+    reset_error_feedback();
+    if (first_error) std::rethrow_exception(first_error);
   }
   // The offload host context (nullptr without offload): where the optimizer's state lives and,
   // under offload.params, the shards.

@@ -64,6 +64,15 @@ class ReduceScatterCoalescer {
     batch_.reset();
     batch->launch(*comm_);
   }
+  // Drops what is held, unlaunched (a backward cut short: its gradients are discarded, and
+  // every rank cut short at the same point holds the same calls): their Works complete at once
+  // without a result.
+  void drop_held() {
+    if (!batch_) return;
+    batch_->calls.clear();
+    batch_->launched = batch_->done = true;
+    batch_.reset();
+  }
 
  private:
   struct Call {
