@@ -122,3 +122,34 @@ TEST_CASE("checkpoint of a range keeps only its input and recomputes once per ba
   CHECK(sk::to_vector<float>(ctx, input.grad()) == expected_x);
   CHECK_THROWS_AS(ag::backward(ctx, loss), sk::StateError);
 }
+
+// A checkpointed function that captures a value of the graph around it (a skip connection, a
+// mask: checkpoint takes one input) reaches that value's node from its recomputation. That
+// backward used to walk the outer node itself and free its saved values; the outer pass then
+// ran it again on nothing (a null read). Its gradient now goes into the outer pass's sum for
+// the node, which runs once with both contributions: d(out)/d(w) = 2a. Against the same graph
+// without the checkpoint, in float64.
+TEST_CASE("a checkpointed function capturing a value of the graph around it") {
+  for (bool checkpointed : {false, true}) {
+    sk::Context ctx({.seed = 1});
+    Variable a(sk::from_vector<double>(ctx, {2.0, -0.5, 1.25}, {3}));
+    Variable w(sk::from_vector<double>(ctx, {3.0, 0.75, -1.5}, {3}), true);
+    Variable x(sk::from_vector<double>(ctx, {1.0, 0.25, -2.0}, {3}), true);
+    int hooks = 0;
+    w.register_grad_ready_hook([&](Variable&) { ++hooks; });
+    const Variable skip = ag::mul(ctx, a, w);  // saves a for its backward
+    auto segment = [&](sk::Context& c, const Variable& in) {
+      return ag::mul(c, ag::add(c, in, skip), in);
+    };
+    const Variable y = checkpointed ? nn::checkpoint(ctx, segment, x, {}) : segment(ctx, x);
+    const Variable out = ag::add(ctx, y, skip);
+    ag::backward(ctx, out, sk::from_vector<double>(ctx, {1.0, 2.0, -1.0}, {3}));
+    CAPTURE(checkpointed);
+    // out = (x + a w) x + a w: d/dw = a (x + 1) g, d/dx = (2x + a w) g
+    CHECK(sk::to_vector<double>(ctx, w.grad()) ==
+          std::vector<double>{2.0 * 2.0 * 1.0, -0.5 * 1.25 * 2.0, 1.25 * -1.0 * -1.0});
+    CHECK(sk::to_vector<double>(ctx, x.grad()) ==
+          std::vector<double>{(2.0 + 6.0) * 1.0, (0.5 - 0.375) * 2.0, (-4.0 - 1.875) * -1.0});
+    CHECK(hooks == 1);
+  }
+}

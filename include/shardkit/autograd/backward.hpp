@@ -112,6 +112,32 @@ class PassRows {
 
   BackwardTables& tables() { return *tables_; }
   bool numbered(const Node* node) const { return node->backward_pass == pass_; }
+  // A node an outer pass still running numbered (a checkpoint's recomputation reaching, through
+  // a value its function captured, a node of the graph around it): that pass's, not this one's.
+  bool outer_node(const Node* node) const {
+    return node->backward_pass != pass_ && node->backward_pass != 0 &&
+           tape_.backward_pass_running(node->backward_pass);
+  }
+  // This pass's gradient for an outer pass's node goes into that pass's sum for it, which runs
+  // the node once, with every contribution, when its own count says so. (Walked and freed here
+  // instead, the node's saved values were gone when the outer pass ran it.)
+  void add_to_outer(Context& ctx, Node* node, const Tensor& grad) {
+    BackwardTables* outer = tape_.running_pass_tables(node->backward_pass);
+    SK_ASSERT(outer != nullptr && node->backward_row < outer->nodes.size() &&
+              outer->nodes[node->backward_row].node == node);
+    BackwardTables::NodeRow& row = outer->nodes[node->backward_row];
+    const bool pending = row.dependencies > 0 || std::find(outer->ready.begin(), outer->ready.end(),
+                                                           node) != outer->ready.end();
+    check<StateError>(pending && !node->released,
+                      "backward: a checkpoint's recomputation reached '", node->name(),
+                      "' of the graph around it after that node ran; pass the "
+                      "value to the checkpointed function as its input instead of capturing it");
+    Tensor& sum = row.gradient;
+    if (!sum.defined())
+      sum = grad;
+    else
+      sum = fn::add(ctx, sum, grad);
+  }
   std::uint32_t row_of(Node* node) {
     if (node->backward_pass != pass_) {
       take_number(node->backward_pass, node->backward_row, tables_->nodes.size());
@@ -186,6 +212,7 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
                        " were freed by the first backward; pass retain_graph = true to the "
                        "first backward, or run the forward again");
     for (const Edge& edge : node->edges) {
+      if (edge.node && rows.outer_node(edge.node.get())) continue;  // (add_to_outer)
       if (edge.node) {
         const bool first_visit = !rows.numbered(edge.node.get());
         ++tables.nodes[rows.row_of(edge.node.get())].dependencies;
@@ -218,7 +245,9 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
     }
     for (std::size_t i = 0; i < node->edges.size(); ++i) {
       const Edge& edge = node->edges[i];
-      if (edge.node) {
+      if (edge.node && rows.outer_node(edge.node.get())) {
+        if (grads[i].defined()) rows.add_to_outer(ctx, edge.node.get(), grads[i]);
+      } else if (edge.node) {
         Node* next = edge.node.get();
         BackwardTables::NodeRow& row = tables.nodes[next->backward_row];
         if (grads[i].defined()) {

@@ -140,6 +140,12 @@ class Tape {
       if (running == pass) return true;
     return false;
   }
+  // The tables of running pass `pass` (nullptr: not running).
+  BackwardTables* running_pass_tables(std::uint64_t pass) {
+    for (std::size_t depth = 0; depth < active_passes_.size(); ++depth)
+      if (active_passes_[depth] == pass) return tables_[depth].get();
+    return nullptr;
+  }
 
   std::uint64_t next_sequence_nr() { return next_sequence_nr_++; }
   std::uint64_t nodes_recorded() const { return next_sequence_nr_; }
