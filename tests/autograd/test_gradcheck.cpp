@@ -270,6 +270,24 @@ TEST_CASE("pooling") {
                    [&](const auto& v) { return ag::adaptive_avg_pool2d(ctx, v[0], 1, 1); });
   expect_gradients(ctx, {x},
                    [&](const auto& v) { return ag::adaptive_avg_pool2d(ctx, v[0], 3, 4); });
+  // An input narrower than the kernel is refused, as PyTorch's floor of a negative size does:
+  // C++'s truncation gave width 1 there, and the CPU's windows read (and their backward wrote)
+  // past each row into the next plane. A width of exactly the kernel's is one window.
+  auto narrow = random_variable(ctx, {1, 2, 3, 2}, -1, 1);
+  CHECK_THROWS_WITH(
+      ag::max_pool2d(ctx, narrow, 3, 2, 0),
+      doctest::Contains("max_pool2d: input [1, 2, 3, 2] is smaller than the kernel 3"));
+  CHECK_THROWS_WITH(ag::max_pool2d(ctx, random_variable(ctx, {1, 2, 2, 1}, -1, 1), 2, 2, 0),
+                    doctest::Contains("is smaller than the kernel 2"));
+  CHECK(ag::max_pool2d(ctx, random_variable(ctx, {1, 2, 3, 3}, -1, 1), 3, 2, 0).shape() ==
+        sk::Shape{1, 2, 1, 1});
+  expect_gradients(ctx, {narrow},
+                   [&](const auto& v) { return ag::max_pool2d(ctx, v[0], 3, 2, 1); });
+  // The same floor for a convolution: a dilated 3 x 3 spans 7 of a 5-wide input.
+  CHECK_THROWS_WITH(ag::conv2d(ctx, random_variable(ctx, {1, 2, 5, 5}, -1, 1),
+                               random_variable(ctx, {4, 2, 3, 3}, -1, 1), Variable(),
+                               ag::Conv2dOptions::make(4, 0, 3)),
+                    doctest::Contains("is smaller than the kernel [4, 2, 3, 3]"));
 }
 
 TEST_CASE("softmax, log_softmax, l2_normalize, cross_entropy") {

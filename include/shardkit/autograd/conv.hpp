@@ -111,11 +111,13 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
   g.dilation_h = o.dilation_h;
   g.dilation_w = o.dilation_w;
   g.groups = o.groups;
+  // (checked before dividing: C++ truncates toward zero where PyTorch floors)
+  check(g.height + 2 * g.pad_h >= g.dilation_h * (g.kernel_h - 1) + 1 &&
+            g.width + 2 * g.pad_w >= g.dilation_w * (g.kernel_w - 1) + 1,
+        "conv2d: input ", shape_text(x.shape()), " is smaller than the kernel ",
+        shape_text(weight.shape()), " with this padding and dilation", module_suffix(ctx));
   g.out_h = (g.height + 2 * g.pad_h - g.dilation_h * (g.kernel_h - 1) - 1) / g.stride_h + 1;
   g.out_w = (g.width + 2 * g.pad_w - g.dilation_w * (g.kernel_w - 1) - 1) / g.stride_w + 1;
-  check(g.out_h > 0 && g.out_w > 0, "conv2d: input ", shape_text(x.shape()),
-        " is smaller than the kernel ", shape_text(weight.shape()), " with this padding",
-        module_suffix(ctx));
   const bool has_bias = bias.defined();
   if (has_bias)
     check(bias.shape() == Shape{g.out_channels} && bias.dtype() == x.dtype(), "conv2d: bias ",

@@ -90,10 +90,13 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
         kernel, ", stride ", stride, ", padding ", padding,
         " invalid (need kernel, stride > 0 and padding <= kernel / 2)", module_suffix(ctx));
   cpu::PoolGeometry p{kernel, kernel, stride, stride, padding, padding};
+  // (checked before dividing: C++ truncates toward zero, so a padded size 1 short of the
+  // kernel gave 1 output where PyTorch's floor gives 0, and the CPU's windows read past a row)
+  check(x.size(2) + 2 * padding >= kernel && x.size(3) + 2 * padding >= kernel,
+        "max_pool2d: input ", shape_text(x.shape()), " is smaller than the kernel ", kernel,
+        " with padding ", padding, module_suffix(ctx));
   const std::int64_t OH = (x.size(2) + 2 * padding - kernel) / stride + 1;
   const std::int64_t OW = (x.size(3) + 2 * padding - kernel) / stride + 1;
-  check(OH > 0 && OW > 0, "max_pool2d: input ", shape_text(x.shape()),
-        " is smaller than the kernel ", kernel, module_suffix(ctx));
   Shape y_shape = x.shape();  // (H and W are dimensions 2 and 3 in both layouts)
   y_shape[2] = OH;
   y_shape[3] = OW;
