@@ -270,3 +270,21 @@ TEST_CASE("queue_callback: if_cut_short runs when the backward ends by an except
   CHECK(events == std::vector<std::string>{"first end", "second cut short"});
   CHECK(ag::tape(ctx).backward_depth() == 0);
 }
+
+// A gradient given for the root in another dtype is converted to the root's, as PyTorch's engine
+// converts it: the nodes read their gradient in their output's dtype, and an f32 gradient of an
+// f64 softmax was read as doubles past its end (and its result written past gx's).
+TEST_CASE("backward converts a root gradient of another dtype; a scale seeds scalars only") {
+  sk::Context ctx({.seed = 1});
+  auto run = [&](sk::DType seed_dtype) {
+    Variable x(sk::from_vector<double>(ctx, {1, 2, 3, -4, 5, 0.5}, {2, 3}), true);
+    const Variable y = ag::softmax(ctx, x);
+    const auto seed = sk::from_vector<double>(ctx, {0.5, -1, 2, 0.25, 1.5, -0.75}, {2, 3});
+    ag::backward(ctx, y, seed_dtype == sk::DType::f64 ? seed : sk::cast(ctx, seed, seed_dtype));
+    return sk::to_vector<double>(ctx, x.grad());
+  };
+  CHECK(run(sk::DType::f32) == run(sk::DType::f64));  // (the seed's values are exact in f32)
+  Variable v(sk::from_vector<double>(ctx, {1, 2}, {2}), true);
+  CHECK_THROWS_WITH(ag::backward(ctx, ag::mul(ctx, v, v), 2.0),
+                    doctest::Contains("seeds a scalar loss; the root [2] is not one"));
+}

@@ -186,6 +186,11 @@ inline void run_backward(Context& ctx, const Variable& root, Tensor grad_root,
   }
   check(grad_root.shape() == root.shape(), "backward: gradient shape ",
         shape_text(grad_root.shape()), " differs from the output shape ", shape_text(root.shape()));
+  // The nodes read their gradient in their output's dtype, on its device (PyTorch's engine
+  // converts a given gradient the same way): an f32 gradient for an f64 root was read as
+  // doubles, past its end.
+  if (grad_root.device() != root.device()) grad_root = to_device(ctx, grad_root, root.device());
+  if (grad_root.dtype() != root.dtype()) grad_root = cast(ctx, grad_root, root.dtype());
   detail::BackwardScope scope(ctx);
 
   if (root.is_leaf()) {
@@ -291,6 +296,9 @@ inline void backward(Context& ctx, const Variable& root, const Tensor& grad = Te
 // (torch.cuda.amp.GradScaler.scale(loss).backward(); scale from optim::DynamicLossScaler).
 inline void backward(Context& ctx, const Variable& root, double scale,
                      BackwardOptions options = {}) {
+  check(root.defined() && root.numel() == 1, "backward(root, scale) seeds a scalar loss; the root ",
+        root.defined() ? shape_text(root.shape()) : ShapeText::undefined(),
+        " is not one: pass its gradient as a tensor of its shape");
   run_backward(ctx, root, full(ctx, root.shape(), root.dtype(), scale), options);
 }
 
