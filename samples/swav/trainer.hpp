@@ -30,11 +30,11 @@
 #include "knn.hpp"
 #include "loader.hpp"
 #include "rank_setup.hpp"
-#include "resume_position.hpp"
 #include "shardkit/checkpoint/safetensors.hpp"
 #include "shardkit/checkpoint/step_folders.hpp"
 #include "shardkit/core/step_graph.hpp"
 #include "shardkit/data/stateful_sampler.hpp"
+#include "shardkit/data/training_position.hpp"
 #include "shardkit/optim/loss_scaler.hpp"
 #include "shardkit/parallel/memory_plan.hpp"
 #include "shardkit/parallel/param_rows.hpp"
@@ -759,7 +759,7 @@ class SwavTrainer {
   }
 
   // --- checkpoints -----------------------------------------------------------------------
-  using Position = TrainingPosition;
+  using Position = sk::data::TrainingPosition;
 
   std::optional<std::string> resume_point() {
     const auto latest = sk::checkpoint::latest_checkpoint(c_.checkpoint_dir);
@@ -824,7 +824,8 @@ class SwavTrainer {
         loaded.metadata.count("swav.images_per_step") != 0
             ? number("swav.images_per_step")
             : c_.batch_size * static_cast<std::int64_t>(loaded.world_size);
-    const Position p = converted_position(written, written_images, images_per_step(), per_epoch);
+    const Position p =
+        sk::data::converted_position(written, written_images, images_per_step(), per_epoch);
     loss_.set_iteration(number("swav.loss_iteration") - written.iteration + p.iteration);
     if (written_images != images_per_step())
       say("the checkpoint's iteration %lld at %lld images a step is iteration %lld at this run's "

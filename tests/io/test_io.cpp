@@ -156,3 +156,22 @@ TEST_CASE("stateful sampler: VISSL's contiguous blocks, shared permutation, drop
   CHECK_THROWS_AS(sk::data::StatefulDistributedSampler(3, 4, 0, 1), sk::InvalidArgument);
   CHECK_THROWS_AS(sk::data::StatefulDistributedSampler(10, 2, 2, 1), sk::InvalidArgument);
 }
+
+// A checkpoint of another global batch resumes at the same epoch and images, in this run's steps:
+// the schedule's iteration / total and the epoch's data stay where the writer was.
+TEST_CASE("a resumed position travels in images between global batches") {
+  const sk::data::TrainingPosition written{30, 1, 10};  // 20 steps an epoch of 16 images a step
+  const auto same = sk::data::converted_position(written, 16, 16, 20);
+  CHECK(same.iteration == 30);
+  const auto doubled = sk::data::converted_position(written, 16, 32, 10);  // twice the ranks
+  CHECK(doubled.epoch == 1);
+  CHECK(doubled.batch == 5);
+  CHECK(doubled.iteration == 15);  // 1.5 epochs of 10 steps: the schedule's 1.5 / epochs
+  const auto halved = sk::data::converted_position(written, 16, 8, 40);
+  CHECK(halved.batch == 20);
+  CHECK(halved.iteration == 60);
+  // A partial step's images are seen again: 10 x 16 = 160 images are 3 steps of 48.
+  CHECK(sk::data::converted_position(written, 16, 48, 6).batch == 3);
+  CHECK_THROWS_AS(sk::data::converted_position({0, 0, INT64_MAX / 2}, 16, 8, 40),
+                  sk::InvalidArgument);
+}

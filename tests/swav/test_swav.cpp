@@ -22,7 +22,6 @@
 #include "loader.hpp"
 #include "multicrop.hpp"
 #include "rank_setup.hpp"
-#include "resume_position.hpp"
 #include "shardkit/comm/run_ranks.hpp"
 #include "shardkit/data/stateful_sampler.hpp"
 #include "sinkhorn.hpp"
@@ -577,24 +576,6 @@ TEST_CASE(
 
 // A worker's failure ends its epoch (next() rethrows it); a caller that handles it and starts
 // another epoch gets that epoch's batches, not the old error again.
-// A checkpoint of another global batch resumes at the same epoch and images, in this run's steps:
-// the schedule's iteration / total and the epoch's data stay where the writer was.
-TEST_CASE("a resumed position travels in images between global batches") {
-  const swav::TrainingPosition written{30, 1, 10};  // 20 steps an epoch of 16 images a step
-  const auto same = swav::converted_position(written, 16, 16, 20);
-  CHECK(same.iteration == 30);
-  const auto doubled = swav::converted_position(written, 16, 32, 10);  // twice the ranks
-  CHECK(doubled.epoch == 1);
-  CHECK(doubled.batch == 5);
-  CHECK(doubled.iteration == 15);  // 1.5 epochs of 10 steps: the schedule's 1.5 / epochs
-  const auto halved = swav::converted_position(written, 16, 8, 40);
-  CHECK(halved.batch == 20);
-  CHECK(halved.iteration == 60);
-  // A partial step's images are seen again: 10 x 16 = 160 images are 3 steps of 48.
-  CHECK(swav::converted_position(written, 16, 48, 6).batch == 3);
-  CHECK_THROWS_AS(swav::converted_position({0, 0, INT64_MAX / 2}, 16, 8, 40), sk::InvalidArgument);
-}
-
 TEST_CASE("the loader reports a worker's failure once, for its own epoch") {
   auto data = random_images(6, 16);
   data.channels = 3;  // RGB images under a one-entry Normalize: every crop refused
