@@ -10,7 +10,8 @@ the foreground and written in the background (--async-checkpoint). First, the fo
 stages trained straight through end with the same parameters, bit for bit (with --graph too: the
 step captured and replayed), DDP and FSDP agree in
 bf16 and f16 mixed precision too, and so do runs with the optimizer (and FSDP's shards) offloaded
-to the host.
+to the host. Last, f16's loss scaling resumes exactly, and another rank count resumes at the same
+images.
 Usage: check_resume.py PATH/TO/custom_loop"""
 import json
 import os
@@ -26,12 +27,50 @@ BASE = ["--ranks", "3", "--max-steps", "30", "--hidden", "128", "--device", "cpu
         "--optimizer", "adamw"]
 
 
-def run(binary, *extra):
-    out = subprocess.run([binary, *BASE, *extra], capture_output=True, text=True)
+def run(binary, *extra, base=BASE, output=None):
+    out = subprocess.run([binary, *base, *extra], capture_output=True, text=True)
     if out.returncode != 0:
         print(out.stdout, out.stderr)
         raise SystemExit(f"custom_loop {' '.join(extra)} exited {out.returncode}")
+    if output is not None:
+        output.append(out.stdout)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def f16_and_rank_count_test(binary, folder):
+    """f16 with loss scaling, stopped and resumed, equals the straight run: the checkpoint keeps
+    the loss scale and its count of finite steps, and the loop's own step (the optimizer counts
+    applied steps only: this start, 2^24 with growth every 3 steps, skips 7 of the first 13).
+    A checkpoint of 3 ranks resumed on 2 continues at the same images (13 x 192 = 19 x 128 +
+    64): step 19. A --batch larger than a rank's share of an epoch is refused by name."""
+    f16 = ["--precision", "f16", "--loss-scale-init", "16777216", "--loss-scale-growth-interval",
+           "3"]
+    straight = run(binary, "--stage", "sdp", *f16)
+    checkpoints = os.path.join(folder, "f16")
+    run(binary, "--stage", "fsdp", *f16, "--stop-after", "13", "--checkpoint", checkpoints)
+    resumed = run(binary, "--stage", "sdp", *f16, "--resume", checkpoints)
+    print(f"f16: straight {straight['params_fnv1a']}, stopped at 13 and resumed "
+          f"{resumed['params_fnv1a']}")
+    ok = resumed["params_fnv1a"] == straight["params_fnv1a"] and resumed["steps"] == 30
+    two_ranks = [arg if arg != "3" or BASE[i - 1] != "--ranks" else "2"
+                 for i, arg in enumerate(BASE)]
+    output = []
+    moved = run(binary, "--stage", "sdp", "--resume", checkpoints, *f16, base=two_ranks,
+                output=output)
+    resumed_line = [line for line in output[0].splitlines() if line.startswith("resumed")]
+    at_19 = len(resumed_line) == 1 and " at step 19 " in resumed_line[0]
+    print("3 ranks' checkpoint resumed on 2:", resumed_line, moved["steps"])
+    too_big = subprocess.run([binary, "--ranks", "15", "--batch", "4096", "--hidden", "16",
+                              "--device", "cpu"], capture_output=True, text=True)
+    refused = (too_big.returncode == 1 and
+               "--batch 4096 is more than the 4000 training images each of the 15 ranks"
+               in too_big.stderr)
+    print("--batch 4096 on 15 ranks:", too_big.stderr.strip())
+    for lr in ("nan", "-0.1", "0"):  # (a NaN used to train at the default rate, unnoticed)
+        bad = subprocess.run([binary, "--lr", lr, "--device", "cpu"], capture_output=True,
+                             text=True)
+        refused = refused and bad.returncode != 0 and "--lr" in bad.stderr + bad.stdout
+    return ok and at_19 and moved["steps"] == 30 and refused
 
 
 def latest_folder(checkpoints):
@@ -131,7 +170,8 @@ def main():
         # the step before in force, as it does in the foreground.
         killed_ok = kill_test(binary, folder, straight["params_fnv1a"], kills,
                               ("--checkpoint-layout", "sharded", "--async-checkpoint")) and killed_ok
-        return 0 if ok and refused and killed_ok else 1
+        f16_ok = f16_and_rank_count_test(binary, folder)
+        return 0 if ok and refused and killed_ok and f16_ok else 1
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -31,8 +31,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -118,11 +120,29 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", setup.max_steps, "stop after this many steps (0: whole epochs)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--batch", setup.batch, "images per rank per step")->check(CLI::Range(1, 4096));
-  app.add_option("--lr", flags.lr, "learning rate (default: 0.05 sgd, 2 larc_sgd, 1e-3 adam)");
+  // (CLI11's PositiveNumber and Range let a NaN through: every comparison with it is false)
+  const CLI::Validator positive_finite(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !std::isfinite(value) || value <= 0)
+          return "'" + text + "' is not a positive finite number";
+        return {};
+      },
+      "POSITIVE");
+  app.add_option("--lr", flags.lr, "learning rate (default: 0.05 sgd, 2 larc_sgd, 1e-3 adam)")
+      ->check(positive_finite);
+  app.add_option("--loss-scale-init", setup.loss_scaler.init_scale,
+                 "--precision f16: the loss scale to start from (GradScaler's init_scale)")
+      ->check(positive_finite & CLI::Range(0.0, 3.0e38));
+  app.add_option("--loss-scale-growth-interval", setup.loss_scaler.growth_interval,
+                 "--precision f16: finite steps in a row before the scale doubles "
+                 "(GradScaler's growth_interval)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
   app.add_option("--hidden", flags.hidden, "width of the two hidden layers")
       ->check(CLI::Range(1, 16384));
   app.add_option("--bucket-mb", flags.bucket_mb, "gradient bucket size in MiB")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_finite & CLI::Range(0.0, 65536.0));
   app.add_flag("--broadcast-fp16", flags.broadcast_fp16, "oss/sdp: send parameters as f16");
   app.add_flag("--quantized-weights", setup.parallel.fsdp.quantized_weights,
                "fsdp: gather the parameters as int8 blocks with an f32 scale each (DeepSpeed's "

@@ -29,6 +29,7 @@
 #include <shardkit/comm/comm.hpp>
 #include <shardkit/comm/hybrid_mesh.hpp>
 #include <shardkit/data/data.hpp>
+#include <shardkit/optim/loss_scaler.hpp>
 #include <shardkit/parallel/data_parallel.hpp>
 #include <shardkit/parallel/fsdp_engine.hpp>
 
@@ -57,8 +58,10 @@ struct Setup {
   sk::checkpoint::CheckpointLayout checkpoint_layout = sk::checkpoint::CheckpointLayout::full;
   bool async_checkpoint = false;  // written in the background (sharded layout only)
   std::string resume_dir;         // continue from the checkpoint here
-  std::int64_t stop_after = 0;    // end this run after so many steps (0: run to the end)
-  bool graph = false;             // capture the step once and replay it (sk::StepGraph)
+  // f16's dynamic loss scaling (PyTorch GradScaler's init_scale and growth_interval).
+  sk::optim::LossScalerOptions loss_scaler;
+  std::int64_t stop_after = 0;  // end this run after so many steps (0: run to the end)
+  bool graph = false;           // capture the step once and replay it (sk::StepGraph)
 };
 
 struct RankReport {
@@ -249,22 +252,59 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
   GradientSink<Engine> gradients(ctx, *engine, 2 * (s.widths.size() - 1));
   // f16 needs loss scaling (GradScaler's defaults); bf16 has f32's range.
   const bool scaled = s.parallel.precision.param_dtype == sk::DType::f16;
-  sk::optim::DynamicLossScaler scaler;
+  sk::optim::DynamicLossScaler scaler(s.loss_scaler);
+  // What checkpoints save and load: the engine's state, and the loss scaler's scale and count
+  // of finite steps under f16 (a resumed run scales its gradients as one that never stopped).
+  const auto training_state = [&] {
+    auto state = engine->training_state();
+    if (scaled) state.scaler = &scaler;
+    return state;
+  };
 
   sk::data::StatefulDistributedSampler sampler(s.train->count, comm.size(), rank, s.batch, s.seed);
   const std::int64_t steps_per_epoch = sampler.samples_per_rank() / s.batch;
+  sk::check(steps_per_epoch > 0, "--batch ", s.batch, " is more than the ",
+            sampler.samples_per_rank(), " training images each of the ", comm.size(),
+            " ranks takes an epoch; pass a smaller --batch or fewer --ranks");
   const std::int64_t total_steps = s.max_steps > 0
                                        ? std::min(s.max_steps, steps_per_epoch * s.epochs)
                                        : steps_per_epoch * s.epochs;
+  const std::int64_t images_per_step = s.batch * comm.size();
   Batch batch;
   std::int64_t step = 0;
-  if (!s.resume_dir.empty()) {  // the sampler position follows from the step count
+  if (!s.resume_dir.empty()) {  // the sampler position follows from the step
     // A folder of step folders resumes from the one `latest` names (the newest complete save);
     // any other folder is one checkpoint itself.
     const auto latest = sk::checkpoint::latest_checkpoint(s.resume_dir);
     const std::string from = latest ? *latest : s.resume_dir;
-    const auto loaded = sk::checkpoint::load_checkpoint(from, engine->training_state());
+    const auto loaded = sk::checkpoint::load_checkpoint(from, training_state());
+    // The loop's own position, in images (an optimizer counts the steps it applied: f16's
+    // skipped steps are not among them); a checkpoint from another --ranks or --batch resumes
+    // at the same epoch and images, where the schedule's progress is too.
     step = loaded.steps;
+    if (loaded.metadata.count("custom_loop.step") != 0) {  // (earlier checkpoints: steps)
+      const auto number = [&](const char* key) {
+        const auto it = loaded.metadata.find(key);
+        std::size_t used = 0;
+        std::int64_t value = -1;
+        try {
+          value = it == loaded.metadata.end() ? -1 : std::stoll(it->second, &used);
+        } catch (const std::exception&) {
+        }
+        sk::check<sk::IoError>(value >= 0 && used == it->second.size(), "checkpoint '", from,
+                               "': its entry '", key,
+                               "' is missing or not a count; resume "
+                               "from a checkpoint this program wrote");
+        return value;
+      };
+      const std::int64_t written = number("custom_loop.step");
+      const std::int64_t written_per_epoch =
+          std::max<std::int64_t>(1, number("custom_loop.steps_per_epoch"));
+      step = sk::data::converted_position(
+                 {written, written / written_per_epoch, written % written_per_epoch},
+                 number("custom_loop.images_per_step"), images_per_step, steps_per_epoch)
+                 .iteration;
+    }
     if (rank == 0)
       std::printf("resumed from %s at step %lld (%s checkpoint of a %d-rank %s run)\n",
                   from.c_str(), static_cast<long long>(step),
@@ -329,7 +369,10 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
         const auto before = bus_bytes_moved();  // not counted as training traffic
         sk::checkpoint::CheckpointOptions options;
         options.layout = s.checkpoint_layout;
-        auto state = engine->training_state();
+        options.metadata["custom_loop.step"] = std::to_string(step + 1);
+        options.metadata["custom_loop.steps_per_epoch"] = std::to_string(steps_per_epoch);
+        options.metadata["custom_loop.images_per_step"] = std::to_string(images_per_step);
+        auto state = training_state();
         // A step folder behind an atomic `latest`: a kill at any moment leaves a complete one.
         std::string folder;
         if (saver) {
