@@ -187,6 +187,29 @@ inline Datasets load_datasets(SwavConfig& c, int local_processes = 1) {
     if ((train_ok && d.train.count < 1) || (test_ok && d.test.count < 1))
       throw ConfigError("no images to train on or to test with");
   });
+  // kNN compares the bank's labels with the test images': a label is a class's place in its
+  // split's list, so a folder's split must name the same classes in the same order (a class
+  // missing from the test folder shifted every later label, and the accuracy meant nothing).
+  problems.attempt([&] {
+    const bool folder = c.train_data.kind == "disk_folder" || c.test_data.kind == "disk_folder";
+    if (!train_ok || !test_ok || !folder || d.train.classes.empty() || d.test.classes.empty() ||
+        d.train.classes == d.test.classes)
+      return;
+    std::size_t at = 0;
+    while (at < d.train.classes.size() && at < d.test.classes.size() &&
+           d.train.classes[at] == d.test.classes[at])
+      ++at;
+    auto name = [&](const std::vector<std::string>& classes) {
+      return at < classes.size() ? "'" + classes[at] + "'" : std::string("none");
+    };
+    throw ConfigError("the splits' classes differ: DATA.TRAIN has " +
+                      std::to_string(d.train.classes.size()) + ", DATA.TEST " +
+                      std::to_string(d.test.classes.size()) + ", and their class " +
+                      std::to_string(at + 1) + " is " + name(d.train.classes) + " in DATA.TRAIN, " +
+                      name(d.test.classes) +
+                      " in DATA.TEST; give the test folder a subfolder for each training class, "
+                      "named alike (kNN compares the labels, which are the classes' places)");
+  });
   problems.check();
   c.in_channels = d.train.channels;
   d.bank_size =

@@ -1511,6 +1511,10 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
           c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
           "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");
       s.memory_bank_limit = c.get<std::int64_t>("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT");
+      if (s.memory_bank_limit == 0 || s.memory_bank_limit < -1)
+        throw detail::bad("NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT", std::to_string(s.memory_bank_limit),
+                          "give the number of training images in the kNN bank (1 or more), or -1 "
+                          "for all of them");
       // (an EfficientNet's features are its children's, the others' have none of those names;
       // an EfficientNet that failed to read has its report, and its features are not judged)
       const bool efficientnet_kind = trunk_kind == "efficientnet";

@@ -306,6 +306,14 @@ TEST_CASE("image folder layouts that cannot be read are refused with the fix") {
   CHECK(message(dir.path.string()).find("no class subfolders") != std::string::npos);
   fs::create_directories(dir.path / "empty_class");
   CHECK(message(dir.path.string()).find("no image files") != std::string::npos);
+  // A class folder with no images among others (a class missing from this split, a hidden
+  // .ipynb_checkpoints): its label would shift every later class's, as torchvision refuses.
+  fs::create_directories(dir.path / "a_class");
+  image_files::write_png(dir / "a_class/0.png", random_pixels(4, 4, 1, 2));
+  fs::create_directories(dir.path / ".ipynb_checkpoints");
+  CHECK(message(dir.path.string())
+            .find("has class subfolders with no image files: '.ipynb_checkpoints', "
+                  "'empty_class'") != std::string::npos);
 }
 
 TEST_CASE("synthetic images: deterministic, labelled i % classes, channels as asked") {

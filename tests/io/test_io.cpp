@@ -94,11 +94,26 @@ TEST_CASE("corrupt IDX files get errors that name the file and the problem") {
   write_gz(dir / "claim.gz", {0, 0, 8, 2, 0, 0, 0, 2, 255, 255, 255, 255, 1, 2, 3});
   CHECK(io_error(dir / "claim.gz").find("ends early or is corrupt while reading the data") !=
         std::string::npos);
+  // A gzip file cut in its trailer (CRC-32 and length): zlib's read gives 0 as at a clean end,
+  // and says the stream is incomplete through gzerror only -- the file was taken whole.
+  write_gz(dir / "trailer.gz", idx_bytes({2, 3, 4}, std::vector<unsigned char>(24, 9)));
+  fs::resize_file(dir / "trailer.gz", fs::file_size(dir / "trailer.gz") - 8);
+  CHECK(io_error(dir / "trailer.gz").find("ends early or is corrupt at its end") !=
+        std::string::npos);
   try {
     sk::data::load_fashion_mnist("train", dir.string());
     FAIL("no throw");
   } catch (const sk::IoError& e) {
     CHECK(std::string(e.what()).find("apt-get install dataset-fashion-mnist") != std::string::npos);
+  }
+  // Images of no columns: every crop of them would be empty (the SwAV loader read before row 0).
+  write_gz(dir / "train-images-idx3-ubyte.gz", idx_bytes({2, 28, 0}, {}));
+  write_gz(dir / "train-labels-idx1-ubyte.gz", idx_bytes({2}, {0, 1}));
+  try {
+    sk::data::load_fashion_mnist("train", dir.string());
+    FAIL("no throw");
+  } catch (const sk::IoError& e) {
+    CHECK(std::string(e.what()).find("holds images of 28 x 0 pixels") != std::string::npos);
   }
   fs::remove_all(dir);
 }

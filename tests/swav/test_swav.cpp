@@ -1430,6 +1430,21 @@ TEST_CASE("the data's problems: probed with the config, and all of them once loa
   } catch (const swav::ConfigError& e) {
     check_problems(e.what(), 2, {"bad.png", "image folder '" + empty + "'"});
   }
+  // A test folder whose classes are not the training folder's: kNN compares labels, which are
+  // the classes' places, so the test images of "class2" carried class1's label.
+  const auto other_classes = [&] {
+    for (const std::string name : {"class0", "class2"}) {
+      fs::create_directories(root / "other" / name);
+      fs::copy_file(root / "grey" / "class0" / "0.pgm", root / "other" / name / "0.pgm");
+    }
+    return (root / "other").string();
+  }();
+  auto shifted = folders(grey, other_classes);
+  CHECK_THROWS_WITH_AS(swav::load_datasets(shifted),
+                       doctest::Contains("the splits' classes differ: DATA.TRAIN has 2, DATA.TEST "
+                                         "2, and their class 2 is 'class1' in DATA.TRAIN, "
+                                         "'class2' in DATA.TEST"),
+                       swav::ConfigError);
   auto good = folders(grey, grey);
   const auto data = swav::load_datasets(good);
   CHECK(data.train.count == 6);
@@ -2209,6 +2224,13 @@ TEST_CASE("ResNeXt and the deeper ResNets: VISSL's GROUPS, WIDTH_PER_GROUP and D
                     doctest::Contains("config.NEAREST_NEIGHBOR.TOPK = 0"));
   CHECK_THROWS_WITH(config_of({"config.NEAREST_NEIGHBOR.SIGMA=0"}),
                     doctest::Contains("config.NEAREST_NEIGHBOR.SIGMA = 0"));
+  // A bank of no images voted class 0 for every query, then divided by its zero width; -7 was
+  // taken as "all".
+  for (const std::string limit : {"0", "-7"})
+    CHECK_THROWS_WITH(config_of({"config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT=" + limit}),
+                      doctest::Contains(("config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT = " + limit +
+                                         ": give the number of training images")
+                                            .c_str()));
 }
 
 TEST_CASE("RegNet trunks: VISSL's MODEL.TRUNK.REGNET by name, by its numbers, as an AnyNet") {

@@ -42,6 +42,9 @@ inline ImageDataset load_fashion_mnist(const std::string& split,
   check<IoError>(images.dims.size() == 3, "'", images_path,
                  "' should hold [count, rows, cols] images, has ", images.dims.size(),
                  " dimensions");
+  check<IoError>(images.dims[1] >= 1 && images.dims[2] >= 1, "'", images_path, "' holds images of ",
+                 images.dims[1], " x ", images.dims[2],
+                 " pixels; an image needs at least one row and one column");
   check<IoError>(labels.dims.size() == 1 && labels.dims[0] == images.dims[0], "'", labels_path,
                  "' has ", labels.dims.empty() ? 0 : labels.dims[0], " labels for ", images.dims[0],
                  " images");

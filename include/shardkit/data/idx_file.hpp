@@ -48,9 +48,18 @@ class GzFile {
     }
   }
 
-  bool at_end() {
+  // No byte is left, and a gzip stream ended whole: zlib reports a stream cut short in its
+  // trailer (its CRC-32 and length) only through gzerror, as Z_BUF_ERROR, with a read of 0.
+  bool at_end(const std::string& path) {
     unsigned char probe;
-    return gzread(file_, &probe, 1) == 0;
+    if (gzread(file_, &probe, 1) != 0) return false;
+    int code = Z_OK;
+    const char* message = gzerror(file_, &code);
+    check<IoError>(code == Z_OK || code == Z_STREAM_END, "'", path,
+                   "' ends early or is corrupt at its end (zlib: ",
+                   code == Z_BUF_ERROR ? "the gzip stream is cut short" : message,
+                   "); download it again");
+    return true;
   }
 
  private:
@@ -100,7 +109,7 @@ inline IdxArray read_idx(const std::string& path) {
     array.data.resize(static_cast<std::size_t>(at + n));
     file.read(array.data.data() + at, static_cast<std::size_t>(n), path, "the data");
   }
-  check<IoError>(file.at_end(), "'", path, "' has bytes after its ", total, " data elements");
+  check<IoError>(file.at_end(path), "'", path, "' has bytes after its ", total, " data elements");
   return array;
 }
 

@@ -63,6 +63,7 @@ inline ImageFolderIndex index_image_folder(const std::string& root) {
   check<IoError>(!index.classes.empty(), "image folder '", root,
                  "' has no class subfolders; put the images of each class in a subfolder of "
                  "its own (root/<class>/<image>.png)");
+  std::string empty_classes;
   for (std::size_t label = 0; label < index.classes.size(); ++label) {
     const fs::path folder = fs::path(root) / index.classes[label];
     std::vector<std::string> files;
@@ -71,6 +72,10 @@ inline ImageFolderIndex index_image_folder(const std::string& root) {
       if (entry.is_regular_file() && has_image_extension(entry.path()))
         files.push_back(entry.path().string());
     std::sort(files.begin(), files.end());
+    // (a class of no images still takes a label: every label after it would differ from the
+    // other split's where that one has the images, as torchvision refuses it too)
+    if (files.empty() && empty_classes.size() < 200)
+      empty_classes += (empty_classes.empty() ? "'" : ", '") + index.classes[label] + "'";
     for (auto& f : files) {
       index.paths.push_back(std::move(f));
       index.labels.push_back(static_cast<std::int32_t>(label));
@@ -79,6 +84,11 @@ inline ImageFolderIndex index_image_folder(const std::string& root) {
   check<IoError>(!index.paths.empty(), "image folder '", root, "' has ", index.classes.size(),
                  " class subfolders but no image files in them (extensions read: .jpg .jpeg .png "
                  ".ppm .bmp .pgm .tif .tiff .webp)");
+  check<IoError>(empty_classes.empty(), "image folder '", root,
+                 "' has class subfolders with no image files: ", empty_classes,
+                 " (extensions read: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp); remove "
+                 "them or add their images: each subfolder is a class, and its label is its "
+                 "place among them");
   index.root = root;
   return index;
 }
