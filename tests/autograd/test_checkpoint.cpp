@@ -153,3 +153,22 @@ TEST_CASE("a checkpointed function capturing a value of the graph around it") {
     CHECK(hooks == 1);
   }
 }
+
+// A leaf the segment uses but its parameters do not list (a weight tied from another module,
+// not registered on the segment's): the recomputation gave it its gradient after its
+// grad-ready hook had fired -- under a sharded wrapper, after its bucket had gone out. Refused
+// by name now; listed, the gradients equal the segment run without a checkpoint.
+TEST_CASE("a checkpointed segment using a parameter it does not list is refused by name") {
+  sk::Context ctx({.seed = 2});
+  Variable w(sk::from_vector<double>(ctx, {0.5, -2.0, 1.5}, {3}), true, "tied.weight");
+  Variable x(sk::from_vector<double>(ctx, {1.0, 3.0, -1.0}, {3}), true);
+  auto segment = [&](sk::Context& c, const Variable& in) { return ag::mul(c, in, w); };
+  const auto seed = sk::from_vector<double>(ctx, {1.0, -1.0, 2.0}, {3});
+  ag::backward(ctx, nn::checkpoint(ctx, segment, x, {w}), seed);
+  CHECK(sk::to_vector<double>(ctx, w.grad()) == std::vector<double>{1.0, -3.0, -2.0});
+  CHECK(sk::to_vector<double>(ctx, x.grad()) == std::vector<double>{0.5, 2.0, 3.0});
+  CHECK_THROWS_WITH_AS(ag::backward(ctx, nn::checkpoint(ctx, segment, x, {}), seed),
+                       doctest::Contains("the recomputed segment uses 'tied.weight' ([3]), which "
+                                         "is neither its input nor among its parameters"),
+                       sk::StateError);
+}

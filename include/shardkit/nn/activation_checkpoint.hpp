@@ -5,6 +5,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "shardkit/autograd/autograd.hpp"
@@ -45,11 +47,43 @@ struct CheckpointNode final : autograd::Node {
     }
     autograd::Gradients grads(edges.size());
     if (!y.requires_grad()) return grads;
+    check_leaves(ctx, x, y);
     autograd::run_backward(ctx, y, grad_output, {}, /*fire_hooks=*/false);
     grads[0] = x.grad();
     return grads;
   }
   void release_saved() override { input = Tensor(); }
+
+  // Every leaf the recomputation reaches that needs a gradient is the segment's input or one of
+  // its parameters: the outer pass counts only those, and fires their grad-ready hooks once it
+  // is done with them. A leaf used inside but not listed -- a weight tied from another module,
+  // not registered on the segment's -- got its gradient here after its hook had fired (or with
+  // none firing), and under a sharded wrapper after its bucket had gone out. (Nodes an outer
+  // pass numbered are that pass's: a value the function captured, nodes/leaves not walked.)
+  void check_leaves(Context& ctx, const Variable& x, const Variable& y) const {
+    if (!y.grad_fn()) return;
+    std::unordered_set<const autograd::VariableImpl*> known{x.impl()};
+    for (const auto& p : parameters) known.insert(p.impl());
+    const autograd::Tape& tape = autograd::tape(ctx);
+    std::vector<const autograd::Node*> stack{y.grad_fn().get()};
+    std::unordered_set<const autograd::Node*> seen{y.grad_fn().get()};
+    while (!stack.empty()) {
+      const autograd::Node* node = stack.back();
+      stack.pop_back();
+      for (const autograd::Edge& edge : node->edges) {
+        if (edge.node) {
+          const autograd::Node* next = edge.node.get();
+          if (next->backward_pass != 0 && tape.backward_pass_running(next->backward_pass)) continue;
+          if (seen.insert(next).second) stack.push_back(next);
+        } else if (edge.leaf && edge.leaf->requires_grad && known.count(edge.leaf.get()) == 0) {
+          fail<StateError>("checkpoint: the recomputed segment uses '", edge.leaf->name, "' (",
+                           shape_text(edge.leaf->data.shape()),
+                           "), which is neither its input nor among its parameters; pass it in "
+                           "the segment's parameters (a weight shared with another module too)");
+        }
+      }
+    }
+  }
 };
 
 }  // namespace detail
