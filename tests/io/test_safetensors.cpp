@@ -426,3 +426,30 @@ TEST_CASE("the writer owns the checksum keys and needs each byte written exactly
                                          "missing or written twice"),
                        sk::StateError);
 }
+
+// What the writer cannot write a valid file of is refused before a byte is written, by name:
+// a negative dimension (its reader refused the file it wrote; -1 wrapped every offset after
+// it), bytes past 64 bits, and text that is not UTF-8 (a JSON library's error before, which
+// named neither the entry nor the file). Nothing is left behind.
+TEST_CASE("the writer refuses shapes and text it cannot write, naming them") {
+  const auto path = scratch("refused.safetensors");
+  using sk::checkpoint::SafetensorsWriter;
+  CHECK_THROWS_WITH_AS(SafetensorsWriter(path.string(), {{"x", sk::DType::f32, {-2, -3}}}),
+                       doctest::Contains("tensor 'x' has shape [-2, -3]; dimensions must be >= 0"),
+                       sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      sk::checkpoint::save_safetensors(path.string(), {sk::checkpoint::NamedBytes::of<float>(
+                                                          "x", {-2, -3}, std::vector<float>(6))}),
+      doctest::Contains("dimensions must be >= 0"), sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      SafetensorsWriter(path.string(), {{"big", sk::DType::f64, {INT64_MAX / 4, 3}}}),
+      doctest::Contains("their bytes fit in 64 bits"), sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      SafetensorsWriter(path.string(), {{"a", sk::DType::f32, {2}}}, {{"note", "caf\xe9"}}),
+      doctest::Contains("the value of metadata key 'note' is not UTF-8 text"), sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(SafetensorsWriter(path.string(), {{"w\xff", sk::DType::f32, {2}}}),
+                       doctest::Contains("the tensor name is not UTF-8 text"), sk::InvalidArgument);
+  CHECK_FALSE(std::filesystem::exists(path));
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path()))
+    CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
+}

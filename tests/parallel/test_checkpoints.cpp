@@ -799,6 +799,15 @@ TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the
   CHECK(sk::checkpoint::CheckpointSource(three).files().size() == 3);
   CHECK_THROWS_WITH(sk::checkpoint::reshard_checkpoint(original, original, 2),
                     doctest::Contains("into the same folder would overwrite what it reads"));
+  // An export into the checkpoint's own files replaced its model file with one that is no
+  // checkpoint's (and it loaded no more).
+  for (const std::string& inside : {full + "/model.safetensors", full + "/optimizer.safetensors"})
+    CHECK_THROWS_WITH(sk::checkpoint::export_torch_state(full, inside, (dir / "o").string()),
+                      doctest::Contains("would overwrite one of its own files"));
+  CHECK_THROWS_WITH(sk::checkpoint::export_torch_state(full, (dir / "m").string(),
+                                                       full + "/optimizer.safetensors"),
+                    doctest::Contains("would overwrite one of its own files"));
+  CHECK(sk::checkpoint::CheckpointSource(full).steps() == 3);
 }
 
 TEST_CASE("state_dict(): the full state dict under every stage, gathered one unit at a time") {
@@ -845,4 +854,70 @@ TEST_CASE("state_dict(): the full state dict under every stage, gathered one uni
   REQUIRE(per_stage.size() == 3);
   CHECK(dp_test::bitwise_equal(per_stage[1], per_stage[0]));
   CHECK(dp_test::bitwise_equal(per_stage[2], per_stage[0]));
+}
+
+// An empty parameter (a [0] bias, a layer of no outputs): ddp's sharded save wrote a piece of
+// no elements that every later load refused ("does not hold elements [0, 0)"), and its state
+// buffers, empty at any step, were refused after the first step ("has 0 values; expected 0").
+TEST_CASE("a checkpoint of a model with an empty parameter loads, in every layout and stage") {
+  auto specs = dp_test::model_specs();
+  specs.insert(specs.begin() + 3, sk::shard::ParamSpec{"empty.bias", {0}});
+  for (auto stage : {Stage::ddp, Stage::sdp}) {
+    for (auto layout : {CheckpointLayout::full, CheckpointLayout::sharded}) {
+      const auto dir = scratch("empty_param");
+      std::vector<sk::optim::OptimizerState> states(2);
+      for (int load = 0; load < 2; ++load) {
+        sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+          sk::parallel::ParallelOptions options;
+          options.stage = stage;
+          sk::parallel::DataParallel dp(ctx, comm, specs, dp_test::config_for(OptimizerKind::adamw),
+                                        options);
+          if (load == 0) {
+            for (int s = 0; s < 2; ++s) {
+              dp.zero_grad();
+              dp_test::fake_backward(dp, ctx, comm.rank(), s);
+              dp.finish();
+              dp.step(0.05f);
+            }
+            sk::checkpoint::CheckpointOptions save;
+            save.layout = layout;
+            sk::checkpoint::save_checkpoint(dir.string(), dp.training_state(), save);
+          } else {
+            sk::checkpoint::load_checkpoint(dir.string(), dp.training_state());
+          }
+          auto state = dp.consolidate_optimizer_state(0);
+          if (comm.rank() != 0) return;
+          states[static_cast<std::size_t>(load)] = state;
+          dp.load_optimizer_state(state);  // (a whole state after steps, into rank 0's share)
+        });
+      }
+      CAPTURE(sk::parallel::stage_name(stage));
+      CAPTURE(sk::checkpoint::checkpoint_layout_name(layout));
+      CHECK(states[1].steps == 2);
+      CHECK(same_state(states[1], states[0]));
+    }
+  }
+}
+
+// A folder holding both layouts -- a save into it under the other layout cut short after its
+// files were in place, before it removed the older ones -- loaded the shard files whatever
+// they were. Now it is refused, naming both.
+TEST_CASE("a checkpoint folder holding both layouts is refused by name") {
+  const auto dir = scratch("both_layouts"), aside = scratch("both_layouts_aside");
+  CheckpointJob job;
+  job.where = {Stage::sdp, 2};
+  job.save_to = dir.string();
+  job.save.layout = CheckpointLayout::sharded;
+  (void)run(job);
+  for (const auto& entry : fs::directory_iterator(dir))
+    fs::copy_file(entry.path(), aside / entry.path().filename());
+  job.save.layout = CheckpointLayout::full;
+  job.first_step = 3;
+  (void)run(job);  // (removes the shard files once its own are in place)
+  for (const auto& entry : fs::directory_iterator(aside))
+    fs::copy_file(entry.path(), dir / entry.path().filename());
+  CHECK_THROWS_WITH_AS(sk::checkpoint::CheckpointSource(dir.string()),
+                       doctest::Contains("holds both a full checkpoint (model.safetensors) and "
+                                         "shard files of a sharded one"),
+                       sk::IoError);
 }

@@ -205,6 +205,16 @@ inline void reshard_checkpoint(const std::string& from, const std::string& to, i
 inline void export_torch_state(const std::string& from, const std::string& model_path,
                                const std::string& optimizer_path = {}) {
   const CheckpointSource source(from);
+  // (an export into one of the checkpoint's own files replaced it with a file that is no
+  // checkpoint's: the checkpoint could not be loaded again)
+  namespace fs = std::filesystem;
+  for (const auto& out : {model_path, optimizer_path})
+    for (const auto& file : source.files()) {
+      std::error_code ignored;
+      check(out.empty() || !fs::exists(out) || !fs::equivalent(out, file->path(), ignored),
+            "exporting the checkpoint in '", from, "' to '", out,
+            "' would overwrite one of its own files; give a path outside it");
+    }
   detail::write_full_files(source, model_path, {{"format", "pt"}}, optimizer_path,
                            detail::optimizer_file_metadata(source));
 }

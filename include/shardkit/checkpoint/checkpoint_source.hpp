@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -88,6 +89,11 @@ inline void remove_stale_files(const std::string& dir, CheckpointLayout kept, in
     }
   }
   for (const auto& path : stale) remove_quietly(path);
+  if (stale.empty()) return;
+  try {  // (the removals made durable: files back after a crash would mix two saves)
+    sync_folder(dir);
+  } catch (const IoError&) {  // (quietly, as the removals: the save itself is complete)
+  }
 }
 
 }  // namespace detail
@@ -131,6 +137,14 @@ class CheckpointSource {
       const auto name = entry.path().filename().string();
       if (parse_shard_file_name(name, rank, world)) shards[world].emplace_back(rank, name);
     }
+    // (a save into this folder under the other layout removes these files after its own are
+    // in place: both there means it was cut short in between, and which one is in force is
+    // not for a load to guess -- the older one was taken before)
+    check<IoError>(shards.empty() || !fs::exists(fs::path(dir_) / kFullModelFile), "'", dir_,
+                   "' holds both a full checkpoint (", kFullModelFile,
+                   ") and shard files of a sharded one: a save into this folder in the other "
+                   "layout was cut short before it removed the older files; remove the older "
+                   "save's files (step folders of save_step_checkpoint never mix)");
     if (!shards.empty()) {
       check<IoError>(shards.size() == 1, "'", dir_, "' holds sharded checkpoints of ",
                      shards.size(), " world sizes (", shards.begin()->first, " and ",
@@ -259,12 +273,16 @@ class CheckpointSource {
   void read_scaler(const SafetensorsReader& file) {
     const auto scale = file.metadata().find("shardkit.loss_scale");
     if (scale == file.metadata().end()) return;
+    std::size_t used = 0;
     try {
-      loss_scale_ = std::stod(scale->second);
+      loss_scale_ = std::stod(scale->second, &used);
     } catch (const std::exception&) {
-      fail<IoError>("'", file.path(), "': metadata 'shardkit.loss_scale' is '", scale->second,
-                    "', not a number");
+      used = 0;
     }
+    // (a scale that is no positive finite number was taken as "no scaler", silently)
+    check<IoError>(used == scale->second.size() && std::isfinite(loss_scale_) && loss_scale_ > 0,
+                   "'", file.path(), "': metadata 'shardkit.loss_scale' is '", scale->second,
+                   "', not a positive finite number");
     growth_tracker_ = parse_count(file, "shardkit.growth_tracker");
   }
 
@@ -326,7 +344,7 @@ class CheckpointSource {
         const auto shape = shapes.find(param);
         check<IoError>(shape != shapes.end(), "'", file.path(), "': piece '", tensor,
                        "' belongs to '", param, "', which the parameter list lacks");
-        check<IoError>(t->dtype == DType::f32 && 0 <= begin && begin < end &&
+        check<IoError>(t->dtype == DType::f32 && 0 <= begin && begin <= end &&
                            end <= shape_numel(shape->second) &&
                            shape_numel(t->shape) == end - begin,
                        "'", file.path(), "': piece '", tensor, "' (", dtype_name(t->dtype),

@@ -5,6 +5,7 @@
 // the recipient is what save_optimizer_state() writes.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -62,8 +63,23 @@ inline OptimizerFileInfo parse_optimizer_metadata(const SafetensorsReader& file)
   info.steps = parse_count(file, "steps");
   try {
     for (const auto& entry :
-         nlohmann::json::parse(file.meta("parameters", "it was not written by shardkit")))
-      info.params.emplace_back(entry.at("name").get<std::string>(), entry.at("shape").get<Shape>());
+         nlohmann::json::parse(file.meta("parameters", "it was not written by shardkit"))) {
+      // (each dimension a non-negative integer and the product within 64 bits: a shape of
+      // [-4] covered no elements and a rewrite dropped the parameter, silently)
+      Shape shape;
+      std::int64_t numel = 1;
+      for (const auto& dim : entry.at("shape")) {
+        check<IoError>(dim.is_number_unsigned() &&
+                           dim.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX) &&
+                           !__builtin_mul_overflow(numel, dim.get<std::int64_t>(), &numel),
+                       "'", file.path(), "': metadata 'parameters' gives '",
+                       entry.at("name").get<std::string>(), "' the shape ",
+                       entry.at("shape").dump(),
+                       "; dimensions are non-negative integers of at most 2^63 elements in all");
+        shape.push_back(dim.get<std::int64_t>());
+      }
+      info.params.emplace_back(entry.at("name").get<std::string>(), std::move(shape));
+    }
   } catch (const nlohmann::json::exception& e) {
     fail<IoError>("'", file.path(), "': metadata 'parameters' is malformed: ", e.what());
   }

@@ -278,10 +278,13 @@ class SafetensorsWriter {
       : path_(std::move(path)),
         temporary_(path_ + ".tmp." + std::to_string(::getpid())),
         tensors_(std::move(tensors)) {
-    for (const auto& [key, value] : metadata)
+    for (const auto& [key, value] : metadata) {
       check(key.rfind(kCrc32Prefix, 0) != 0 && key != kHeaderCrc32Key, "safetensors '", path_,
             "': metadata key '", key,
             "' is reserved for the checksums the writer records itself; rename it");
+      check_utf8("metadata key", key);
+      check_utf8("the value of metadata key '" + key + "'", value);
+    }
     header_ = nlohmann::json::object();
     auto& header = header_;
     std::uint64_t offset = 0;
@@ -291,8 +294,17 @@ class SafetensorsWriter {
             "': a tensor name may be neither empty nor '__metadata__'");
       check(!header.contains(t.name), "safetensors '", path_, "': tensor name '", t.name,
             "' appears twice; names must be unique");
+      check_utf8("tensor name", t.name);
+      // (checked before any product: a negative dimension wrapped every offset after it, and
+      // the file was written with a shape its reader refuses)
+      std::uint64_t bytes = dtype_size(t.dtype);
+      for (const auto dim : t.shape)
+        check(dim >= 0 && !__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(dim), &bytes),
+              "safetensors '", path_, "': tensor '", t.name, "' has shape ", shape_text(t.shape),
+              "; dimensions must be >= 0 and their bytes fit in 64 bits");
+      check(!__builtin_add_overflow(offset, bytes, &t.end), "safetensors '", path_,
+            "': the tensors' bytes exceed 64 bits at '", t.name, "'");
       t.begin = offset;
-      t.end = offset + static_cast<std::uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype);
       offset = t.end;
       header[t.name] = {{"dtype", std::string(detail::safetensors_dtype(t.dtype))},
                         {"shape", t.shape},
@@ -311,8 +323,15 @@ class SafetensorsWriter {
     chunks_.resize(tensors_.size());
     file_ =
         std::make_unique<detail::PosixFile>(temporary_, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
-    file_->write_at(0, length_bytes, 8);
-    file_->write_at(8, text.data(), text.size());
+    try {  // (a constructor that throws runs no destructor: the file would stay behind)
+      file_->write_at(0, length_bytes, 8);
+      file_->write_at(8, text.data(), text.size());
+    } catch (...) {
+      file_.reset();
+      std::error_code ignored;
+      std::filesystem::remove(temporary_, ignored);
+      throw;
+    }
   }
   ~SafetensorsWriter() {
     if (committed_) return;
@@ -405,6 +424,17 @@ class SafetensorsWriter {
     std::string text = header_.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
     return text;
+  }
+
+  // JSON holds UTF-8 text only: anything else was refused by the header's dump, as a JSON
+  // library's error that named neither the entry nor the file.
+  void check_utf8(const std::string& what, const std::string& text) const {
+    try {
+      (void)nlohmann::json(text).dump();
+    } catch (const nlohmann::json::exception&) {
+      fail<InvalidArgument>("safetensors '", path_, "': the ", what, " is not UTF-8 text (",
+                            text.size(), " bytes); give it in UTF-8");
+    }
   }
 
   std::string path_;

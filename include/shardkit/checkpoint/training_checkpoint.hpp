@@ -229,6 +229,7 @@ inline ShardLayout shard_layout(const std::string& dir, parallel::TrainingState&
   };
   auto add_piece = [&](const shard::StatePiece& piece, const std::string& buffer,
                        const Tensor& view) {
+    if (piece.numel() == 0) return;  // (ddp's piece of an empty parameter: nothing to hold)
     const auto& param = table.params()[piece.param].name;
     listed.push_back(piece_entry(param, buffer, piece.param_begin, piece.param_end));
     add(TensorInfo{piece_tensor_name(param, buffer, piece.param_begin, piece.param_end),
@@ -446,6 +447,7 @@ inline void stage_this_rank(const std::string& dir, parallel::TrainingState& sta
                  optim::optimizer_kind_name(source.optimizer_kind()), " but this optimizer is ",
                  optim::optimizer_kind_name(config.kind),
                  "; build the optimizer the checkpoint was written with");
+  optimizer.check_steps(source.steps());  // (set_steps comes after the agreement)
 
   // Names and shapes: the trainable parameters, then the replicated tensors.
   auto joined = [](const std::vector<std::string>& names) {
