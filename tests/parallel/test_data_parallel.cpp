@@ -139,6 +139,15 @@ TEST_CASE("no_sync: nested scopes keep sync off; an exception inside one propaga
           throw sk::StateError("the backward failed");
         }(),
         "the backward failed");
+    // The scope's setting came back (switching refused mid-backward, it stayed off for good)
+    // and zero_grad() closed the backward cut short: the next one synchronises as before.
+    CHECK(dp.sync_enabled());
+    dp.zero_grad();
+    const auto calls = comm.stats().of(sk::comm::CollectiveKind::all_reduce).calls;
+    fake_backward(dp, ctx, comm.rank(), 1);
+    dp.finish();
+    CHECK(comm.stats().of(sk::comm::CollectiveKind::all_reduce).calls > calls);
+    dp.step(0.1f);
   });
 }
 

@@ -1113,3 +1113,42 @@ TEST_CASE(
   CHECK_THROWS_WITH_AS(offload_test::train(run), doctest::Contains("is not a directory"),
                        sk::InvalidArgument);
 }
+
+// A state of one chunk stays in RAM from step to step, and no step's drop ever waits for its
+// write-back: the kernel's flusher writes it, and a failure there went unchecked -- its pages
+// could be left clean and evicted, the state read back as the disk's old bytes. Each step now
+// checks the kept chunk's write-back (here a failure injected as the file's), as the steps of
+// a state of many chunks do through their drops.
+TEST_CASE("offload to NVMe: a state of one chunk has its write-back checked every step") {
+  const offload_test::NvmeDir dir("shardkit_one_chunk_");
+  std::vector<sk::shard::ParamSpec> trainable;
+  for (const auto& p : dp_test::model_specs())
+    if (p.trainable) trainable.push_back(p);
+  for (const bool one_chunk : {false, true}) {
+    sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      sk::parallel::ParallelOptions options;
+      options.stage = Stage::ddp;
+      options.offload.nvme_path = dir.path.string();
+      options.offload.chunk_numel = one_chunk ? std::int64_t{1} << 22 : 64;
+      sk::parallel::DataParallel dp(ctx, comm, trainable, dp_test::config_for(OptimizerKind::adamw),
+                                    options);
+      int steps = 0;
+      auto step = [&] {
+        dp.zero_grad();
+        dp_test::fake_backward(dp, ctx, comm.rank(), steps++);
+        dp.finish();
+        dp.step(0.05f);
+      };
+      step();
+      step();
+      dynamic_cast<const sk::MappedFileAllocator&>(dp.optimizer().disk_context()->allocator())
+          .inject_write_back_error(EIO);
+      CAPTURE(one_chunk);
+      CHECK_THROWS_WITH_AS(([&] {
+                             step();
+                             step();
+                           }()),
+                           doctest::Contains("failed (Input/output error)"), sk::IoError);
+    });
+  }
+}

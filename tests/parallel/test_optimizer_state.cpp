@@ -173,3 +173,75 @@ TEST_CASE("the consolidated state survives a safetensors file, and a job resumes
   });
   std::filesystem::remove(path);
 }
+
+// A step refused before it updates anything (here a gradient of the wrong size) moved the step
+// count regardless: the next step then took Adam's bias correction of step 2 and SGD's
+// momentum as after a first step. The count stays; the step after it is the first.
+TEST_CASE("a step refused before it updates anything leaves the step count") {
+  sk::Context ctx({.seed = 4});
+  auto host = sk::make_host_context(ctx);
+  const sk::shard::ShardPlan plan({{"w", {32}, true}}, 1, sk::shard::PartitionKind::flat);
+  const auto table = sk::shard::PieceTable::of_plan(plan, true);
+  for (const bool offload : {false, true}) {
+    std::vector<std::vector<float>> after;
+    for (const bool refused_first : {false, true}) {
+      const sk::Tensor w = sk::full(ctx, {32}, sk::DType::f32, 0.5);
+      sk::optim::ShardedOptimizer opt(
+          ctx, table, 0, {w}, dp_test::config_for(OptimizerKind::adamw), nullptr,
+          offload ? sk::optim::OptimizerOffload{host.get()} : sk::optim::OptimizerOffload{});
+      if (refused_first) {
+        CHECK_THROWS_AS(opt.step({sk::zeros(ctx, {31}, sk::DType::f32)}, 0.1f), sk::Error);
+        CHECK(opt.steps() == 0);
+      }
+      opt.step({sk::full(ctx, {32}, sk::DType::f32, 0.25)}, 0.1f);
+      CHECK(opt.steps() == 1);
+      after.push_back(sk::to_vector<float>(ctx, w));
+    }
+    CAPTURE(offload);
+    CHECK(after[0] == after[1]);
+  }
+}
+
+// An optimizer-state file's parameter list is checked as its tensors are: a shape of [-4]
+// covered no elements (a rewrite then dropped the parameter without a word) and [2.7] read as
+// [2]; each is refused naming the file, the parameter and the shape.
+TEST_CASE("an optimizer-state file whose parameter list claims a shape no tensor has is refused") {
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("shardkit_bad_shapes_" + std::to_string(::getpid()) + ".safetensors"))
+                        .string();
+  for (const std::string shape : {"[-4]", "[2.7]", "[4294967296, 4294967296, 4]"}) {
+    sk::checkpoint::save_safetensors(
+        path, {},
+        {{"format", std::string(sk::checkpoint::kOptimizerStateFormat)},
+         {"optimizer", "sgd"},
+         {"steps", "0"},
+         {"parameters", "[{\"name\": \"b\", \"shape\": " + shape + "}]"}});
+    CAPTURE(shape);
+    CHECK_THROWS_WITH_AS(sk::checkpoint::load_optimizer_state(path),
+                         doctest::Contains("metadata 'parameters' gives 'b' the shape"),
+                         sk::IoError);
+  }
+  std::filesystem::remove(path);
+}
+
+// A state whose step count the device cannot hold (past 2^24, once the count lives there: a
+// clipped or loss-scaled step made the gate) was refused only after every buffer had been
+// overwritten with it. Refused first now: the optimizer's state stays as it was.
+TEST_CASE("a state refused for its step count leaves the optimizer's state as it was") {
+  sk::comm::run_ranks(1, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    DataParallel dp(ctx, comm, model_specs(), config_for(OptimizerKind::adamw));
+    dp.zero_grad();
+    dp_test::fake_backward(dp, ctx, comm.rank(), 0);
+    dp.finish();
+    (void)dp.clip_grad_norm(1.0);  // (the step gate: the count lives on the device now)
+    dp.step(0.05f);
+    const auto before = dp.consolidate_optimizer_state(0);
+    auto bad = before;
+    bad.steps = (std::int64_t{1} << 24) + 1;
+    for (auto& p : bad.params)
+      for (auto& [name, values] : p.buffers)
+        for (auto& v : values) v += 1.0f;
+    CHECK_THROWS_WITH(dp.load_optimizer_state(bad), doctest::Contains("is past 2^24"));
+    CHECK(states_equal(dp.consolidate_optimizer_state(0), before, 0));
+  });
+}

@@ -156,6 +156,33 @@ class MappedFileAllocator : public Allocator {
 #endif
   }
 
+  // Raises a write-back of [data, data + bytes)'s file that failed since the last check (the
+  // kernel's own flusher writes dirty pages back after a while), marking the file failed as
+  // spill() does; waits for a write-back of the range in flight, starts none, and leaves the
+  // pages mapped and in RAM. What a range kept in RAM from step to step (a state of one chunk:
+  // optim/state_spill.hpp) is checked with, where no spill of it ever waits.
+  void check_write_back(const void* data, std::size_t bytes) const {
+#if defined(__linux__)
+    const auto [begin, end] = pages_around(data, bytes);
+    if (begin >= end) return;
+    const Mapping& m = mapping_of(reinterpret_cast<const void*>(begin));
+    check_not_failed(m.failed);
+    const auto offset = static_cast<off_t>(begin - m.base);
+    const auto length = static_cast<off_t>(end - begin);
+    int error = injected_write_back_error_.exchange(0);
+    if (error == 0 && ::sync_file_range(m.fd, offset, length, SYNC_FILE_RANGE_WAIT_BEFORE) != 0)
+      error = errno;
+    if (error == 0) return;
+    mark_failed(m.base, error);
+    fail<IoError>("offload to disk: a write-back of ", length, " bytes to a file in '", directory_,
+                  "' failed (", std::strerror(error),
+                  "); the state in that file is lost -- resume from the last checkpoint");
+#else
+    (void)data;
+    (void)bytes;
+#endif
+  }
+
   // Drops [data, data + bytes) from RAM where its pages are clean -- read, not written, since
   // they came in (a gather's read of a parameter shard): unmapped from this process and out of
   // the page cache. A dirty page stays until its write-back (nothing is lost); nothing waits,
@@ -175,8 +202,9 @@ class MappedFileAllocator : public Allocator {
 #endif
   }
 
-  // Fault injection for tests: the next spill() that waits fails with `error` (EIO, say) as if
-  // the file's write-back had -- a disk failure no test machine can produce on demand.
+  // Fault injection for tests: the next spill() that waits, or check_write_back(), fails with
+  // `error` (EIO, say) as if the file's write-back had -- a disk failure no test machine can
+  // produce on demand.
   void inject_write_back_error(int error) const { injected_write_back_error_.store(error); }
 
   // The page size: what load(), spill() and the residency figures round ranges out to.
@@ -232,7 +260,10 @@ class MappedFileAllocator : public Allocator {
     // The disk space is reserved now: a sparse file would take its blocks at the first write
     // through the mapping, and a full disk would then kill the process (SIGBUS) instead of
     // failing here by name.
-    int error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    int error = 0;
+    do {  // (EINTR: a signal arrived while tmpfs reserved -- not a full disk; tried again)
+      error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    } while (error == EINTR);
     if (error == EOPNOTSUPP || error == EINVAL)  // (a file system that cannot reserve)
       error = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
     if (error != 0) {

@@ -145,6 +145,7 @@ inline void load_optimizer_state(ShardedOptimizer& optimizer, const OptimizerSta
         optimizer_kind_name(state.kind), " but this optimizer is ",
         optimizer_kind_name(config.kind), "; build the optimizer the checkpoint was written with");
   check(state.steps >= 0, "load_optimizer_state: steps is ", state.steps, "; it must be >= 0");
+  optimizer.check_steps(state.steps);  // (before anything is written: set_steps comes last)
   const auto& table = optimizer.table();
   std::unordered_map<std::string_view, const ParamOptimizerState*> by_name;
   for (const auto& entry : state.params) by_name.emplace(entry.name, &entry);
@@ -168,9 +169,11 @@ inline void load_optimizer_state(ShardedOptimizer& optimizer, const OptimizerSta
     }
     for (const auto& buffer : buffers) {
       const auto& src = entry.buffer(buffer.name);
-      check(src.empty() ? state.steps == 0 : src.size() == static_cast<std::size_t>(param.numel),
-            "load_optimizer_state: '", entry.name, "' has ", src.size(), " ", buffer.name,
-            " values; expected ", param.numel, " (or none before the first step)");
+      // (an empty parameter's buffers are empty at any step)
+      check(
+          src.size() == static_cast<std::size_t>(param.numel) || (src.empty() && state.steps == 0),
+          "load_optimizer_state: '", entry.name, "' has ", src.size(), " ", buffer.name,
+          " values; expected ", param.numel, " (or none before the first step)");
     }
     entry_of[i] = &entry;
   }

@@ -92,8 +92,8 @@ class ShardedOptimizer {
     clip_pending_ = false;
     if (offloaded()) {  // (offload steps on the host: the clip coefficient is read)
       if (clipping) inv_grad_scale *= read_clip_coefficient();
-      ++steps_;
-      return update(*host_, transport_.stage_grads(grads), lr, inv_grad_scale);
+      const auto staged = transport_.stage_grads(grads);
+      return counted_update(*host_, staged, lr, inv_grad_scale);
     }
     // The gate carries clip_grad_norm's coefficient to the pass on the device, and once a step
     // was gated the count lives there: open the gate (factor 1, no skip), fold the coefficient in.
@@ -104,8 +104,7 @@ class ShardedOptimizer {
       if (clipping) fold_clip_coefficient();
       return gated_update(grads, lr, inv_grad_scale);
     }
-    ++steps_;
-    update(*ctx_, grads, lr, inv_grad_scale);
+    counted_update(*ctx_, grads, lr, inv_grad_scale);
   }
   // set_lr(lr), then step_unscaling_by(grads, inv_grad_scale).
   void step(const std::vector<Tensor>& grads, float lr, float inv_grad_scale = 1.0f) {
@@ -197,12 +196,20 @@ class ShardedOptimizer {
   // Resuming from a checkpoint: the step count drives SGD's first-step rule and Adam's bias
   // correction, so it travels with the state (OptimizerState::steps).
   void set_steps(std::int64_t steps) {
-    check(steps >= 0, "ShardedOptimizer::set_steps: steps must be >= 0, got ", steps);
+    check_steps(steps);
     steps_ = steps;
     if (!gate_.defined()) return;
-    check_device_count();
     fill(*ctx_, gate_.slice(0, ops::kGateStepsBefore, ops::kGateStepsBefore + 1),
          static_cast<double>(steps));
+  }
+  // Refuses a count set_steps() would refuse -- negative, or past 2^24 once the count lives on
+  // the device -- so a load can ask before it writes anything.
+  void check_steps(std::int64_t steps) const {
+    check(steps >= 0, "ShardedOptimizer::set_steps: steps must be >= 0, got ", steps);
+    check(!gate_.defined() || steps <= (std::int64_t{1} << 24),
+          "ShardedOptimizer: a step count of ", steps,
+          " is past 2^24, the most the device's f32 count holds exactly; steps through the "
+          "step gate (loss scaling, clipping) cannot continue this run");
   }
   Context& context() const { return *ctx_; }
   int rank() const { return rank_; }
@@ -352,6 +359,20 @@ class ShardedOptimizer {
     ops::count_applied_step(*ctx_, gate_);
   }
 
+  // The update with the host's step count moved to this step's; a step that throws before it
+  // updates anything (a gradient that does not fit, a failing read of the state) leaves the
+  // count where it was -- Adam's bias correction and SGD's first-step momentum follow it.
+  void counted_update(Context& c, const std::vector<Tensor>& g, float lr, float inv_grad_scale) {
+    ++steps_;
+    applied_ = false;
+    try {
+      update(c, g, lr, inv_grad_scale);
+    } catch (...) {
+      if (!applied_) --steps_;
+      throw;
+    }
+  }
+
   // The update on context `c` (the parameters' context, or the host's when offloaded): what
   // every chunk shares first (LARC's trust ratios need every norm, unless each chunk's pass
   // forms its own), then the fused pass chunk by chunk; offloaded, each chunk's new parameters
@@ -371,7 +392,10 @@ class ShardedOptimizer {
     if (spill_ && rule_.config().kind == OptimizerKind::larc_sgd && !rule_.larc_in_pass(c, gate))
       for (auto file : master_files_) spill_->read_whole(file);
     const auto prepared = rule_.prepare(c, tensors, lr, inv_grad_scale, steps_, gate);
-    if (prepared.done) return;
+    if (prepared.done) {
+      applied_ = true;
+      return;
+    }
     const auto chunks = chunk_order();
     try {
       if (spill_ && !chunks.empty()) spill_->prefetch(chunks[0].first, chunks[0].second);
@@ -383,6 +407,7 @@ class ShardedOptimizer {
           spill_->prefetch(next.first, next.second);
         }
         rule_.apply(c, prepared, tensors, begin, end);
+        applied_ = true;
         if (transport_.sends_up()) transport_.send_up(copies_, begin, end);
         if (spill_) spill_->done(begin, end, i + 1 == chunks.size());
       }
@@ -483,6 +508,7 @@ class ShardedOptimizer {
   std::vector<std::size_t> master_files_;  // the spill's buffers that hold the master
   bool reversed_ = false;   // on disk: the next step updates its chunks from the last one back
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
+  bool applied_ = false;    // the update under way changed some state (counted_update)
   Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step
   float rate_ = 0;          // the learning rate (set_lr)
   float gate_rate_ = 0;     // the rate the gate holds

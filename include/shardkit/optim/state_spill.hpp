@@ -121,6 +121,11 @@ class StateSpill {
     drop(end, pieces(), {begin, end});
     ahead_ = {begin, end};
     kept_ = true;
+    // The kept chunk is written back after the next step's update of it, where a drop waits
+    // for it -- but a state of one chunk is never dropped by a step: the kernel's flusher
+    // writes it back, and a failure there, unchecked, could leave its pages clean and then
+    // evicted (the state read back as the disk's old bytes). Checked here, once a step.
+    for (const auto& [data, bytes] : ranges(begin, end)) disk_->check_write_back(data, bytes);
   }
   // Everything on disk and out of RAM but the next step's first chunk, where one is kept or read
   // ahead (what wrote or read the state between steps -- a post-step hook, a save -- leaves
