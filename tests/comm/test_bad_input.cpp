@@ -203,6 +203,16 @@ TEST_CASE("what one rank can check is rejected at the call, naming the rank and 
     for (const auto& e : errors)
       CHECK(contains(e, "send holds 10 f32 elements but the counts add up to 12"));
   }
+  SUBCASE("per-owner counts whose sum wraps past 2^64") {
+    // (the sum wrapped to 2, which a buffer of 4 passed; the gather then copied ~2^64 bytes)
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> data(4, 1.0f);
+      const std::vector<std::size_t> counts{SIZE_MAX, 3};
+      c.all_gather_v(data, counts).wait();
+    });
+    for (const auto& e : errors)
+      CHECK(contains(e, "data holds 4 f32 elements but the counts add up to more than 2^64"));
+  }
   SUBCASE("overlapping buffers other than the in-place forms") {
     const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
       std::vector<float> data(40, 1.0f);

@@ -193,6 +193,28 @@ TEST_CASE("dropping a Work before every rank called cancels the call instead of 
   CHECK(rank1_error.find("rank 0 dropped its Work") != std::string::npos);
 }
 
+// A rank that fails with a Work in flight drops it as it unwinds (a backward's buckets): the
+// ranks waiting on that call get the drop as a consequence of its failure, and run_ranks reports
+// the failing rank's own error -- it reported the lowest waiting rank's "dropped its Work".
+TEST_CASE("run_ranks reports the failing rank's error when it dropped a Work in flight") {
+  std::string message;
+  try {
+    comm::run_ranks(3, [](sk::Context&, comm::Communicator& c) {
+      std::vector<float> x(8, 1.0f);
+      if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      if (c.rank() == 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const comm::Work in_flight = c.all_reduce(x);
+        sk::fail<sk::InvalidArgument>("rank 2's own error");
+      }
+      c.all_reduce(x).wait();
+    });
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  CHECK(message.find("rank 2's own error") != std::string::npos);
+}
+
 TEST_CASE("group scopes batch calls; barrier and split refuse to run inside one") {
   std::vector<char> ok(4);
   comm::run_ranks(4, [&](sk::Context&, comm::Communicator& c) {

@@ -211,7 +211,10 @@ class Communicator {
     const std::string_view call = "all_to_all_v";
     const std::size_t total = check_segments(call, send, "send", counts, Reduces::no);
     const std::size_t own = counts[static_cast<std::size_t>(rank_)];
-    const std::size_t gathered = own * static_cast<std::size_t>(size_);
+    std::size_t gathered = 0;
+    check(!__builtin_mul_overflow(own, static_cast<std::size_t>(size_), &gathered), where(call),
+          ": counts[", rank_, "] = ", own, " times ", size_,
+          " ranks overflows; pass counts that fit");
     check_pair(call, send, recv, gathered, "size() x counts[rank]");
     const Buffer in = send.first(total), out = recv.first(gathered);
     check(!overlaps(in, out), where(call), ": send and recv overlap; pass disjoint buffers");
@@ -458,9 +461,15 @@ class Communicator {
     check_call(call, buffer, reduces);
     check(counts.size() == static_cast<std::size_t>(size_), where(call), ": ", counts.size(),
           " counts given for ", size_, " ranks; pass one count per rank");
-    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    check(buffer.count >= total, where(call), ": ", name, " holds ", buffer.count, " ",
-          dtype_name(buffer.dtype), " elements but the counts add up to ", total,
+    // (a count near SIZE_MAX wrapped the sum into a small one, which the buffer passed, and
+    // the copies then ran off its end)
+    std::size_t total = 0;
+    bool wraps = false;
+    for (const std::size_t count : counts)
+      wraps = wraps || __builtin_add_overflow(total, count, &total);
+    check(!wraps && buffer.count >= total, where(call), ": ", name, " holds ", buffer.count, " ",
+          dtype_name(buffer.dtype), " elements but the counts add up to ",
+          wraps ? std::string("more than 2^64") : std::to_string(total),
           "; pass a buffer covering every owner's segment");
     return total;
   }

@@ -218,7 +218,9 @@ class LocalWorld {
     std::unique_lock lock(mutex_);
     if (op.phase == LocalOp::Phase::posting) {
       op.phase = LocalOp::Phase::failed;
-      op.error = std::make_exception_ptr(StateError(shardkit::detail::concat(
+      // (a consequence of that rank's failure, as an abort's error is: run_ranks then reports
+      // the failing rank's own error, not this one from a rank that waited)
+      op.error = std::make_exception_ptr(PeerFailed(shardkit::detail::concat(
           op.name, " (local): rank ", rank,
           " dropped its Work before every rank had called it, "
           "so the call was cancelled; keep each Work until wait() returns")));
