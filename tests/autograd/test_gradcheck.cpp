@@ -259,6 +259,13 @@ TEST_CASE("batch_norm in training and evaluation mode, 2d and 1d") {
   expect_gradients(ctx, {x4, w, b}, [&](const auto& v) {
     return ag::batch_norm(ctx, v[0], v[1], v[2], mean.data(), var.data(), eval);
   });
+  // Running statistics that are strided views (a column of a [3, 2] buffer): the kernels wrote
+  // them as dense rows, the update landing on the other column. Refused by name.
+  ag::BatchNormOptions tracking;
+  const sk::Tensor columns = sk::zeros(ctx, {3, 2}, sk::DType::f64);
+  CHECK_THROWS_WITH(
+      ag::batch_norm(ctx, x4, w, b, columns.select(1, 0), columns.select(1, 1), tracking),
+      doctest::Contains("must be dense tensors on the input's device"));
 }
 
 TEST_CASE("pooling") {
@@ -283,6 +290,28 @@ TEST_CASE("pooling") {
         sk::Shape{1, 2, 1, 1});
   expect_gradients(ctx, {narrow},
                    [&](const auto& v) { return ag::max_pool2d(ctx, v[0], 3, 2, 1); });
+  // Channel blocks in and channels-last out: oneDNN was told the blocked input was NCHW and
+  // read it scrambled. One layout at a time.
+  {
+    auto blocked_in = ag::to_channel_blocks(
+        ctx,
+        Variable(sk::cast(ctx, random_variable(ctx, {2, 16, 5, 5}, -1, 1).data(), sk::DType::f32)),
+        8);
+    ag::Conv2dOptions both = ag::Conv2dOptions::make(1, 1);
+    both.channel_blocks = both.channels_last = true;
+    CHECK_THROWS_WITH(
+        ag::conv2d(ctx, blocked_in, Variable(sk::zeros(ctx, {12, 16, 3, 3}, sk::DType::f32)),
+                   Variable(sk::zeros(ctx, {12}, sk::DType::f32)), both),
+        doctest::Contains("channel blocks and channels_last together"));
+  }
+  // No pixels in a row or column: a padded window found none to take its maximum from, and
+  // the backward added its gradient past the end of grad_x's plane; no average either.
+  for (const sk::Shape& empty : {sk::Shape{1, 1, 3, 0}, sk::Shape{1, 1, 0, 3}}) {
+    const Variable none(sk::zeros(ctx, empty, sk::DType::f64), true);
+    CHECK_THROWS_WITH(ag::max_pool2d(ctx, none, 2, 1, 1), doctest::Contains("max_pool2d: input"));
+    CHECK_THROWS_WITH(ag::adaptive_avg_pool2d(ctx, none, 1, 1),
+                      doctest::Contains("has no pixels to average"));
+  }
   // The same floor for a convolution: a dilated 3 x 3 spans 7 of a 5-wide input.
   CHECK_THROWS_WITH(ag::conv2d(ctx, random_variable(ctx, {1, 2, 5, 5}, -1, 1),
                                random_variable(ctx, {4, 2, 3, 3}, -1, 1), Variable(),

@@ -79,6 +79,13 @@ inline Variable conv2d(Context& ctx, const Variable& x, const Variable& weight,
   }
   check(x.dim() == 4 || x_blocked, "conv2d: input ", shape_text(x.shape()), " is not [N, C, H, W]",
         o.channel_blocks ? " or channel blocks [N, C/b, H, W, b]" : "", module_suffix(ctx));
+  // (a blocked input with a channels-last output was described to oneDNN as NCHW and read
+  // scrambled; one layout at a time, as ResNetOptions asks)
+  check(!(x_blocked && o.channels_last), "conv2d: channel blocks and channels_last together",
+        module_suffix(ctx), "; pass one of the two");
+  check(weight.device() == x.device() && (!bias.defined() || bias.device() == x.device()),
+        "conv2d: the weight", bias.defined() ? " and bias" : "", " must be on the input's device",
+        module_suffix(ctx), "; move them there");
   const Shape x_shape = x_blocked ? channel_unblocked_shape(x.shape()) : x.shape();
   check(o.groups > 0 && x_shape[1] % o.groups == 0, "conv2d: groups ", o.groups,
         " does not divide the input's ", x_shape[1], " channels", module_suffix(ctx),

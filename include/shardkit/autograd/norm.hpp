@@ -168,6 +168,15 @@ inline Variable batch_norm(Context& ctx, const Variable& x, const Variable& weig
               running_mean.dtype() == stat && running_var.dtype() == stat,
           "batch_norm: running statistics must be two ", dtype_name(stat), " tensors of shape [",
           channels, "]", module_suffix(ctx));
+  // (the kernels index the parameters and statistics as dense [C] rows on x's device: a strided
+  // view's update landed on its neighbours, another device's pointers were read as this one's)
+  check(weight.device() == x.device() && bias.device() == x.device() &&
+            (!running_mean.defined() ||
+             (running_mean.device() == x.device() && running_var.device() == x.device() &&
+              running_mean.is_contiguous() && running_var.is_contiguous())),
+        "batch_norm: weight, bias and running statistics must be dense tensors on the input's "
+        "device",
+        module_suffix(ctx), "; move them there (or pass contiguous statistics)");
   Tensor xd = dense(ctx, x.data());
   // (channel blocks: [N, C, H * W], the kernels read the blocks' order from x's shape)
   detail::BatchNormShape s{x.size(0), channels,

@@ -92,7 +92,8 @@ inline Variable max_pool2d(Context& ctx, const Variable& x, std::int64_t kernel,
   cpu::PoolGeometry p{kernel, kernel, stride, stride, padding, padding};
   // (checked before dividing: C++ truncates toward zero, so a padded size 1 short of the
   // kernel gave 1 output where PyTorch's floor gives 0, and the CPU's windows read past a row)
-  check(x.size(2) + 2 * padding >= kernel && x.size(3) + 2 * padding >= kernel,
+  check(x.size(2) >= 1 && x.size(3) >= 1 && x.size(2) + 2 * padding >= kernel &&
+            x.size(3) + 2 * padding >= kernel,
         "max_pool2d: input ", shape_text(x.shape()), " is smaller than the kernel ", kernel,
         " with padding ", padding, module_suffix(ctx));
   const std::int64_t OH = (x.size(2) + 2 * padding - kernel) / stride + 1;
@@ -129,6 +130,8 @@ inline Variable adaptive_avg_pool2d(Context& ctx, const Variable& x, std::int64_
         module_suffix(ctx));
   check(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output size ", out_h, "x", out_w,
         " must be positive", module_suffix(ctx));
+  check(x.size(2) >= 1 && x.size(3) >= 1, "adaptive_avg_pool2d: input ", shape_text(x.shape()),
+        " has no pixels to average (PyTorch refuses it too)", module_suffix(ctx));
   // (the CPU's loops take a channels-last x as it is, y then channels-last too; the GPU's
   // kernels take NCHW)
   Tensor xd = x.device().is_cpu() ? dense(ctx, x.data()) : contiguous(ctx, x.data());
