@@ -213,7 +213,16 @@ class ConfigTree {
     } catch (const YAML::Exception& e) {
       throw ConfigError("config file '" + path + "' is not valid YAML: " + e.what());
     }
-    if (doc.IsMap() && doc["config"]) doc = doc["config"];
+    if (doc.IsMap() && doc["config"]) {
+      // (VISSL's files hold everything under config:; a key beside it -- an indentation slip --
+      // was dropped without a word)
+      for (const auto& kv : doc)
+        if (!kv.first.IsScalar() || kv.first.Scalar() != "config")
+          problems_.push_back("config file '" + path + "': the key " + detail::text_of(kv.first) +
+                              " stands beside config: at the top, where it is not read; indent "
+                              "it under config:");
+      doc = doc["config"];
+    }
     if (doc.IsNull()) return;
     if (!doc.IsMap())
       throw ConfigError("config file '" + path + "' must hold a map of keys (e.g. OPTIMIZER: ...)");
@@ -356,7 +365,12 @@ class ConfigTree {
         refused_.insert(path);
         continue;
       }
-      target[key] = YAML::Clone(kv.second);
+      // An empty value for a text key (`config.METRICS.JSONL=`, `KEY: ~`) is the empty text, as
+      // Hydra reads `key=`: read as YAML's null it became the text "null" (a file ./null).
+      if (wanted == detail::Kind::string && given == detail::Kind::null)
+        target[key] = std::string();
+      else
+        target[key] = YAML::Clone(kv.second);
     }
   }
 

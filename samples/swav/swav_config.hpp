@@ -473,9 +473,11 @@ inline LrSchedule read_lr(const ConfigTree& c, int world, std::int64_t batch, in
                 "a composite needs as many lengths and interval_scaling entries as schedulers");
     double total = 0;
     for (double l : lr.lengths) total += l;
-    if (std::abs(total - 1.0) > 1e-6)
+    // (ClassyVision's tolerance, and its last length made up from the others)
+    if (std::abs(total - 1.0) >= 1e-3)
       throw bad(base + ".lengths", ::swav::detail::text_of(c.at(base + ".lengths")),
                 "the lengths must sum to 1");
+    lr.lengths.back() = 1.0 - (total - lr.lengths.back());
   } else {
     const YAML::Node single = c.at(base);
     lr.parts.push_back(read_schedule(single, base));
@@ -489,28 +491,52 @@ inline LrSchedule read_lr(const ConfigTree& c, int world, std::int64_t batch, in
     double factor = double(batch * world) / base_batch;
     if (type == "sqrt") factor = std::sqrt(factor);
     const double scaled = base_value * factor;
+    for (const auto& p : lr.parts)
+      if ((p.name == "cosine" || p.name == "cosine_warm_restart") && !(p.start_value > 0))
+        throw bad(base + ".auto_lr_scaling.auto_scale", "True",
+                  "a cosine part keeps its end / start ratio when scaled, and its start_value is " +
+                      std::to_string(p.start_value) + "; give a start_value > 0");
     for (auto& p : lr.parts) scale_schedule(p, scaled);
     if (name == "composite") {
-      // resolve_linear_schedule: a linear part is a warm-up from the per-node scaled rate; on
-      // one node a warm-up that does not rise is dropped.
-      const double start = base_value * double(batch * procs_per_node) / base_batch;
+      // resolve_linear_schedule: every linear part is a warm-up from the per-node scaled rate
+      // (computed as VISSL does, base x (batch / base batch): on one node it is then the scaled
+      // rate itself, bit for bit); on one node the last that does not rise is dropped.
+      const double start = base_value * (double(batch * procs_per_node) / base_batch);
+      std::size_t drop = lr.parts.size();
       for (std::size_t i = 0; i < lr.parts.size(); ++i) {
         if (lr.parts[i].name != "linear") continue;
         lr.parts[i].start_value = start;
-        if (nodes == 1 && start <= lr.parts[i].end_value && lr.parts.size() > 1) {
-          const double freed = lr.lengths[i];
-          lr.parts.erase(lr.parts.begin() + static_cast<std::ptrdiff_t>(i));
-          lr.lengths.erase(lr.lengths.begin() + static_cast<std::ptrdiff_t>(i));
-          lr.rescaled.erase(lr.rescaled.begin() + static_cast<std::ptrdiff_t>(i));
-          for (auto& l : lr.lengths) l /= (1.0 - freed);
-          break;
-        }
+        if (nodes == 1 && start <= lr.parts[i].end_value) drop = i;
+      }
+      if (drop < lr.parts.size() && lr.parts.size() > 1) {
+        const double freed = lr.lengths[drop];
+        lr.parts.erase(lr.parts.begin() + static_cast<std::ptrdiff_t>(drop));
+        lr.lengths.erase(lr.lengths.begin() + static_cast<std::ptrdiff_t>(drop));
+        lr.rescaled.erase(lr.rescaled.begin() + static_cast<std::ptrdiff_t>(drop));
+        for (auto& l : lr.lengths) l /= (1.0 - freed);
       }
       if (lr.parts.size() == 1) {
         lr.lengths = {1.0};
         lr.rescaled = {true};
       }
     }
+  }
+  // Every rate the schedule can give is finite and >= 0: checked here, by key, instead of by
+  // the optimizer at the step that first reached a bad one, partway through the run.
+  for (std::size_t i = 0; i < lr.parts.size(); ++i) {
+    const Schedule& p = lr.parts[i];
+    const std::string where =
+        name == "composite" ? base + ".schedulers[" + std::to_string(i) + "]" : base;
+    const auto ok = [](double v) { return std::isfinite(v) && v >= 0; };
+    if (p.name == "constant" ? !ok(p.value) : !ok(p.start_value) || !ok(p.end_value))
+      throw bad(where,
+                p.name == "constant"
+                    ? std::to_string(p.value)
+                    : std::to_string(p.start_value) + " -> " + std::to_string(p.end_value),
+                "learning rates must be finite and >= 0" +
+                    std::string(c.get<bool>(base + ".auto_lr_scaling.auto_scale")
+                                    ? " (after auto_lr_scaling)"
+                                    : ""));
   }
   return lr;
 }
@@ -1506,7 +1532,12 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       s.knn_sigma = c.get<double>("NEAREST_NEIGHBOR.SIGMA");
       if (!(s.knn_sigma > 0))
         throw detail::bad("NEAREST_NEIGHBOR.SIGMA", std::to_string(s.knn_sigma),
-                          "the vote's temperature must be > 0 (VISSL's default: 0.07)");
+                          "the vote's temperature must be > 0 (ours: 0.07, InstDisc's; "
+                          "VISSL's default: 0.1)");
+      if (!c.get<bool>("NEAREST_NEIGHBOR.L2_NORM_FEATS"))
+        throw detail::bad("NEAREST_NEIGHBOR.L2_NORM_FEATS", "False",
+                          "this trainer's kNN always compares L2-normalised features (cosine "
+                          "similarity, as InstDisc's and SwAV's evaluations do); leave it True");
       s.knn_features = detail::read_feature_pools(
           c.at("MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"),
           "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP");

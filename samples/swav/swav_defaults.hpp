@@ -242,8 +242,8 @@ CHECKPOINT:
   LAYOUT: sharded                   # ours: sharded (a file per rank) | consolidated (one model file)
 NEAREST_NEIGHBOR:
   TOPK: 200
-  SIGMA: 0.07
-  L2_NORM_FEATS: True
+  SIGMA: 0.07                       # ours: InstDisc's temperature (VISSL's default: 0.1)
+  L2_NORM_FEATS: True               # ours: always (cosine similarity; VISSL's default False)
   FREQUENCY: 0                      # ours: every N epochs (0: at the end only)
   MEMORY_BANK_LIMIT: -1             # ours: first N training images as the memory bank (-1: all)
   EXPORT_EMBEDDINGS: ""             # ours: a folder for train/test embeddings as safetensors

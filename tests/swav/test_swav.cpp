@@ -769,6 +769,18 @@ TEST_CASE("config: given keys; DATA.TEST left out; the machine's and the data's 
   CHECK_FALSE(given.given("DATA.TES"));
   CHECK_FALSE(given.given("DATA.TRAIN"));
   CHECK_FALSE(given.given("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER"));
+  // A key beside config: at a file's top (an indentation slip) was dropped without a word.
+  CHECK(config_problems(tree_of({},
+                                "config:\n  OPTIMIZER:\n    num_epochs: 2\n"
+                                "DATA:\n  TRAIN:\n    BATCHSIZE_PER_REPLICA: 8\n"))
+            .find("the key DATA stands beside config: at the top, where it is not read") !=
+        std::string::npos);
+  // An empty value for a text key is the empty text, as Hydra reads `key=` (it was "null": the
+  // metrics went to ./null); and the kNN's features are L2-normalised always (False refused).
+  CHECK(config_of({"config.METRICS.JSONL="}).metrics_path ==
+        config_of({}).checkpoint_dir + "/metrics.jsonl");
+  CHECK(config_problems(tree_of({"config.NEAREST_NEIGHBOR.L2_NORM_FEATS=False"}))
+            .find("always compares L2-normalised features") != std::string::npos);
 
   // Training on other images than the default's while DATA.TEST stays Fashion-MNIST: the kNN
   // would query one dataset against another's memory bank.
@@ -2836,6 +2848,32 @@ TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-
                  "0.1, end_value: 1.0}, {name: cosine_warm_restart, start_value: 1.0, end_value: "
                  "0.1, restart_interval_length: 0.5, wave_type: triangle}]"}),
       doctest::Contains("wave_type = triangle: use half or full"));
+  // A rate below 0 (a cosine ending at -0.01) or not a number (a cosine from 0 auto-scaled:
+  // 0 / 0) is refused by key when the config is read -- it stopped the run at the step that
+  // first reached it, with the optimizer's message and no key.
+  CHECK_THROWS_WITH(
+      config_of({"config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: "
+                 "0.03, end_value: 0.3}, {name: cosine, start_value: 0.3, end_value: -0.01}]"}),
+      doctest::Contains("config.OPTIMIZER.param_schedulers.lr.schedulers[1] = 0.300000 -> "
+                        "-0.010000: learning rates must be finite and >= 0"));
+  CHECK_THROWS_WITH(
+      config_of({"config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.auto_scale=True",
+                 "config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: "
+                 "0.0, end_value: 0.3}, {name: cosine, start_value: 0.0, end_value: 0.0}]"}),
+      doctest::Contains("give a start_value > 0"));
+  // One node: the warm-up's start (the per-node scaled rate) is the scaled rate itself, so the
+  // warm-up goes, as VISSL computes both: base x (batch / base batch). Formed in another order,
+  // 0.1 x 96 / 384 came out one ulp above 0.1 x (96 / 384) and the warm-up stayed.
+  const auto ulp =
+      config_of({"config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.auto_scale=True",
+                 "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling.base_value=0.1",
+                 "config.OPTIMIZER.param_schedulers.lr.auto_lr_scaling."
+                 "base_lr_batch_size=384",
+                 "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=48"});
+  CHECK(ulp.lr.parts.size() == 1);
+  // ClassyVision's tolerance for lengths that do not quite sum to 1 (1e-3), the last made up.
+  const auto near = config_of({"config.OPTIMIZER.param_schedulers.lr.lengths=[0.1, 0.8995]"});
+  CHECK(near.lr.lengths[1] == doctest::Approx(0.9).epsilon(1e-15));
   // A value left out or misspelt is refused (ClassyVision asserts them), not taken as 0.
   CHECK_THROWS_WITH(
       config_of({"config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: "
