@@ -801,13 +801,21 @@ TEST_CASE("a checkpoint rewritten offline (consolidated, resharded) loads as the
                     doctest::Contains("into the same folder would overwrite what it reads"));
   // An export into the checkpoint's own files replaced its model file with one that is no
   // checkpoint's (and it loaded no more).
-  for (const std::string& inside : {full + "/model.safetensors", full + "/optimizer.safetensors"})
-    CHECK_THROWS_WITH(sk::checkpoint::export_torch_state(full, inside, (dir / "o").string()),
-                      doctest::Contains("would overwrite one of its own files"));
+  // A model file written into a sharded checkpoint's folder made it hold both layouts; both
+  // outputs one file lost the optimizer state.
+  for (const std::string& inside :
+       {full + "/model.safetensors", full + "/optimizer.safetensors", three + "/model.safetensors"})
+    CHECK_THROWS_WITH(sk::checkpoint::export_torch_state(inside.substr(0, inside.rfind('/')),
+                                                         inside, (dir / "o").string()),
+                      doctest::Contains("would write into the checkpoint's own folder"));
   CHECK_THROWS_WITH(sk::checkpoint::export_torch_state(full, (dir / "m").string(),
                                                        full + "/optimizer.safetensors"),
-                    doctest::Contains("would overwrite one of its own files"));
+                    doctest::Contains("would write into the checkpoint's own folder"));
+  CHECK_THROWS_WITH(
+      sk::checkpoint::export_torch_state(full, (dir / "same").string(), (dir / "same").string()),
+      doctest::Contains("would both go to"));
   CHECK(sk::checkpoint::CheckpointSource(full).steps() == 3);
+  CHECK(sk::checkpoint::CheckpointSource(three).world_size() == 3);
 }
 
 TEST_CASE("state_dict(): the full state dict under every stage, gathered one unit at a time") {

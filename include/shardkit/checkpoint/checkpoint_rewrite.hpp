@@ -207,14 +207,21 @@ inline void export_torch_state(const std::string& from, const std::string& model
   const CheckpointSource source(from);
   // (an export into one of the checkpoint's own files replaced it with a file that is no
   // checkpoint's: the checkpoint could not be loaded again)
+  // (nor into its folder: a model file beside shard files made the folder hold both layouts,
+  // which every later load refuses; nor both outputs one file, the model renamed over the
+  // optimizer's)
   namespace fs = std::filesystem;
-  for (const auto& out : {model_path, optimizer_path})
-    for (const auto& file : source.files()) {
-      std::error_code ignored;
-      check(out.empty() || !fs::exists(out) || !fs::equivalent(out, file->path(), ignored),
-            "exporting the checkpoint in '", from, "' to '", out,
-            "' would overwrite one of its own files; give a path outside it");
-    }
+  std::error_code ignored;
+  for (const auto& out : {model_path, optimizer_path}) {
+    if (out.empty()) continue;
+    const fs::path folder = fs::weakly_canonical(fs::absolute(out)).parent_path();
+    check(!fs::equivalent(folder, from, ignored), "exporting the checkpoint in '", from, "' to '",
+          out, "' would write into the checkpoint's own folder; give a path outside it");
+  }
+  check(optimizer_path.empty() || fs::weakly_canonical(fs::absolute(model_path)) !=
+                                      fs::weakly_canonical(fs::absolute(optimizer_path)),
+        "export_torch_state: the model and the optimizer state would both go to '", model_path,
+        "'; give two paths");
   detail::write_full_files(source, model_path, {{"format", "pt"}}, optimizer_path,
                            detail::optimizer_file_metadata(source));
 }
