@@ -24,6 +24,7 @@
 // stderr and exit status 1 (2 for bad arguments).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -118,7 +119,18 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "samples per rank")->check(CLI::PositiveNumber);
   app.add_option("--image-size", image_size, "the network's input side (<= 64: small-image stem)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--device-memory-gib", device_gib, "print the largest batch that fits");
+  // (a NaN or a negative figure printed no column and exited 0; an infinite one overflowed the
+  // byte count)
+  app.add_option("--device-memory-gib", device_gib, "print the largest batch that fits")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double gib = std::strtod(text.c_str(), &end);
+            if (end == text.c_str() || *end != '\0' || !(gib > 0 && gib <= 1 << 20))
+              return "'" + text + "' is not a memory size in GiB (a number in (0, 1048576])";
+            return {};
+          },
+          "GIB"));
   app.add_option("--offload", offload,
                  "CPU offload: none, optimizer (master, state and step on the host), params "
                  "(fsdp: the parameter shards too), nvme (the master and state in files, "
@@ -132,10 +144,12 @@ int main(int argc, char** argv) {
   // reduce-scatter that way).
   app.add_flag("--quantized-weights", quantized_weights,
                "fsdp: parameters gathered as int8 blocks (qwZ)");
-  app.add_flag("--quantized-grads", quantized_grads,
-               "fsdp: gradients reduced by an all-to-all of int8 blocks (qgZ)");
+  auto* quantized_grads_flag =
+      app.add_flag("--quantized-grads", quantized_grads,
+                   "fsdp: gradients reduced by an all-to-all of int8 blocks (qgZ)");
   app.add_flag("--grad-error-feedback", error_feedback,
-               "--quantized-grads: an f32 residual of every local gradient");
+               "--quantized-grads: an f32 residual of every local gradient")
+      ->needs(quantized_grads_flag);  // (alone, it was dropped without a word)
   app.add_option("--reshard-group", reshard_group,
                  "fsdp: after the forward, units stay sharded over nodes of this many ranks (hpZ)")
       ->check(CLI::NonNegativeNumber);

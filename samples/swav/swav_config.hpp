@@ -477,7 +477,7 @@ inline LrSchedule read_lr(const ConfigTree& c, int world, std::int64_t batch, in
     if (std::abs(total - 1.0) >= 1e-3)
       throw bad(base + ".lengths", ::swav::detail::text_of(c.at(base + ".lengths")),
                 "the lengths must sum to 1");
-    lr.lengths.back() = 1.0 - (total - lr.lengths.back());
+    if (total != 1.0) lr.lengths.back() = 1.0 - (total - lr.lengths.back());
   } else {
     const YAML::Node single = c.at(base);
     lr.parts.push_back(read_schedule(single, base));
