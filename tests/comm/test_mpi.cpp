@@ -140,6 +140,33 @@ TEST_CASE("a rank that arrives after the timeout turns the MPI barrier into a Ti
   after.barrier();
 }
 
+// Calls in flight when another call's timeout aborted the communicator fail at once, waited
+// for or dropped: each waited its own full timeout, and as much again when its Work was dropped
+// (a backward's buckets against a dead rank: minutes each).
+TEST_CASE("after an MPI timeout the other calls in flight fail at once, waited for or dropped") {
+  sk::Context ctx;
+  auto session = std::make_shared<comm::MpiSession>();
+  std::vector<std::vector<float>> buffers(3, std::vector<float>(4, 1.0f));  // (outlive c)
+  {
+    comm::MpiCommunicator c(ctx, session, MPI_COMM_WORLD, short_timeout(200ms));
+    if (c.rank() == c.size() - 1) {
+      std::this_thread::sleep_for(900ms);
+      for (auto& b : buffers) c.all_reduce(b).wait();  // (the others posted long ago)
+    } else {
+      std::vector<comm::Work> works;
+      for (auto& b : buffers) works.push_back(c.all_reduce(b));
+      CHECK_THROWS_AS(works[0].wait(), sk::TimeoutError);
+      const auto start = std::chrono::steady_clock::now();
+      CHECK_THROWS_AS(works[1].wait(), comm::CommunicatorAborted);
+      works.clear();
+      CHECK(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count() < 150.0);
+    }
+  }  // (the destructor completes the orphaned calls once the late rank joined them)
+  comm::MpiCommunicator after(ctx, session, MPI_COMM_WORLD, short_timeout(30s));
+  after.barrier();
+}
+
 TEST_CASE(
     "every MPI collective: a survivor waiting on a missing rank gets a TimeoutError within "
     "timeout + 1 s naming the call") {

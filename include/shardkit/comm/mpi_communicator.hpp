@@ -77,6 +77,16 @@ class MpiWorkState final : public WorkState, public std::enable_shared_from_this
   void wait() override {
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0; !test(); ++polls) {
+      // Another call's timeout aborted the communicator: a call issued before it fails now,
+      // its request left in MPI's hands as that one's -- it waited its own full timeout, and
+      // then as much again when its Work was dropped (the buckets of a whole backward did so,
+      // one after another, against a dead rank).
+      if (!comm_->aborted.empty()) {
+        orphan();
+        throw CommunicatorAborted(shardkit::detail::concat(
+            name_, " (mpi): the communicator was aborted while this call was in flight (",
+            comm_->aborted, "); create a new communicator"));
+      }
       if (std::chrono::steady_clock::now() - start >= timeout_) {
         const std::string message = shardkit::detail::concat(
             name_, " (mpi) timed out after ", timeout_.count(),
@@ -84,7 +94,7 @@ class MpiWorkState final : public WorkState, public std::enable_shared_from_this
             "communicator is aborted and this call's buffers stay in MPI's hands",
             recorder_ ? "; " + recorder_->recent() : std::string());
         comm_->aborted = message;
-        comm_->orphans.push_back(shared_from_this());
+        orphan();
         throw TimeoutError(message);
       }
       // MPI progresses inside MPI_Test; yield first (latency), then sleep (oversubscribed CPUs).
@@ -104,6 +114,14 @@ class MpiWorkState final : public WorkState, public std::enable_shared_from_this
   }
 
  private:
+  // The request stays in MPI's hands, completed when the communicator goes (once).
+  void orphan() {
+    if (orphaned_) return;
+    orphaned_ = true;
+    comm_->orphans.push_back(shared_from_this());
+  }
+
+  bool orphaned_ = false;
   std::shared_ptr<MpiCommState> comm_;
   std::string name_;
   std::chrono::milliseconds timeout_;
