@@ -485,3 +485,28 @@ TEST_CASE(
   CHECK(comm::mismatch_message("w", mine, 1, all, "").find("under another label") !=
         std::string::npos);
 }
+
+// A barrier met by another rank's all_reduce is refused on both ranks, and both calls are used
+// up by the meeting: the ranks are still in step. The rank that waited inside its barrier
+// marked its communicator out of step, so its next call was refused while its peer waited for
+// it until the timeout.
+TEST_CASE("a call refused on every rank alike leaves the ranks in step and usable") {
+  comm::RunRanksOptions options;
+  options.comm.timeout = std::chrono::milliseconds(2000);
+  const auto start = std::chrono::steady_clock::now();
+  comm::run_ranks(
+      2,
+      [](sk::Context&, comm::Communicator& c) {
+        std::vector<float> f(4, 1.0f);
+        CHECK_THROWS_WITH_AS(c.rank() == 0 ? c.barrier() : c.all_reduce(f).wait(),
+                             doctest::Contains("every rank must issue the same collectives"),
+                             sk::InvalidArgument);
+        std::vector<float> one{1.0f};
+        c.all_reduce(one).wait();
+        CHECK(one[0] == 2.0f);
+      },
+      options);
+  CHECK(
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() <
+      1500.0);
+}

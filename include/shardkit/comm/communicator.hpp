@@ -27,6 +27,7 @@
 
 #include "shardkit/comm/buffer.hpp"
 #include "shardkit/comm/call_record.hpp"
+#include "shardkit/comm/calls_differ.hpp"
 #include "shardkit/comm/comm_stats.hpp"
 #include "shardkit/comm/reduction.hpp"
 #include "shardkit/comm/work.hpp"
@@ -383,6 +384,8 @@ class Communicator {
   auto in_step(Issue&& issue) -> decltype(issue()) {
     try {
       return issue();
+    } catch (const CallsDiffer&) {  // (refused on every rank alike: still in step)
+      throw;
     } catch (const std::exception& e) {
       if (size_ > 1 && out_of_step_.empty())
         out_of_step_ =

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardkit/comm/calls_differ.hpp"
 #include "shardkit/comm/device_comm_kernels.hpp"
 #include "shardkit/comm/transfer_plan.hpp"
 #include "shardkit/core/error.hpp"
@@ -27,15 +28,15 @@ inline std::string counts_str(const std::vector<std::size_t>& counts) {
 
 }  // namespace detail
 
-// Throws InvalidArgument naming the call, both ranks and the values that differ. `name` is the
+// Throws CallsDiffer naming the call, both ranks and the values that differ. `name` is the
 // call as "all_reduce #12".
 inline void validate_local_posts(const std::vector<LocalPost>& posts, std::string_view name) {
   const LocalPost& a = posts[0];
   const auto n = posts.size();
   auto differ = [&](std::size_t r, std::string_view what, const auto& value_r, const auto& value_0,
                     std::string_view fix) {
-    fail<InvalidArgument>("local ", name, " (world of ", n, "): rank ", r, " passed ", what, " ",
-                          value_r, " but rank 0 passed ", value_0, "; ", fix);
+    fail<CallsDiffer>("local ", name, " (world of ", n, "): rank ", r, " passed ", what, " ",
+                      value_r, " but rank 0 passed ", value_0, "; ", fix);
   };
   for (std::size_t r = 1; r < n; ++r) {
     const LocalPost& b = posts[r];
@@ -43,10 +44,10 @@ inline void validate_local_posts(const std::vector<LocalPost>& posts, std::strin
       differ(r, "the call", detail::post_call_name(b), detail::post_call_name(a),
              "every rank must issue the same collectives in the same order");
     if (a.labelled && b.labelled && a.label != b.label)  // (CommOptions::validate_order)
-      fail<InvalidArgument>("local ", name, " (world of ", n, "): rank ", r, " issued it for '",
-                            b.label, "' but rank 0 for '", a.label,
-                            "'; every rank must issue the same collectives in the same order "
-                            "(the same units, micro-batches and branches on every rank)");
+      fail<CallsDiffer>("local ", name, " (world of ", n, "): rank ", r, " issued it for '",
+                        b.label, "' but rank 0 for '", a.label,
+                        "'; every rank must issue the same collectives in the same order "
+                        "(the same units, micro-batches and branches on every rank)");
     if (a.is_split) continue;
     if (a.kind == CollectiveKind::barrier) {
       // A barrier posted with in_capture is the ranks' meeting around a captured step's run
@@ -55,10 +56,10 @@ inline void validate_local_posts(const std::vector<LocalPost>& posts, std::strin
         return post.in_capture ? "the meeting around a captured step's run" : "a barrier";
       };
       if (a.in_capture != b.in_capture)
-        fail<InvalidArgument>("local ", name, " (world of ", n, "): rank ", r, " is at ", what(b),
-                              " but rank 0 at ", what(a),
-                              "; every rank of the world must run its captured steps together "
-                              "and issue the same barriers");
+        fail<CallsDiffer>("local ", name, " (world of ", n, "): rank ", r, " is at ", what(b),
+                          " but rank 0 at ", what(a),
+                          "; every rank of the world must run its captured steps together "
+                          "and issue the same barriers");
       continue;
     }
     if (a.send.dtype != b.send.dtype)
@@ -85,10 +86,10 @@ inline void validate_local_posts(const std::vector<LocalPost>& posts, std::strin
       auto how = [](const LocalPost& post) {
         return post.in_capture ? "inside a captured step" : "eagerly";
       };
-      fail<InvalidArgument>("local ", name, " (world of ", n, "): rank ", r, " issued it ", how(b),
-                            " but rank 0 ", how(a),
-                            "; capture the step on every rank of the world together (each "
-                            "rank's StepGraph with the same key and warm-up steps), or on none");
+      fail<CallsDiffer>("local ", name, " (world of ", n, "): rank ", r, " issued it ", how(b),
+                        " but rank 0 ", how(a),
+                        "; capture the step on every rank of the world together (each "
+                        "rank's StepGraph with the same key and warm-up steps), or on none");
     }
     if (a.send.device != b.send.device)
       differ(r, "buffers on", b.send.device.str(), a.send.device.str(),

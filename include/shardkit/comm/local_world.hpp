@@ -59,6 +59,8 @@ namespace detail {
     throw CommunicatorAborted(e.what());
   } catch (const TimeoutError& e) {
     throw TimeoutError(e.what());
+  } catch (const CallsDiffer& e) {
+    throw CallsDiffer(e.what());
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(e.what());
   } catch (const StateError& e) {
