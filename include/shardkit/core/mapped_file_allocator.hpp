@@ -121,38 +121,20 @@ class MappedFileAllocator : public Allocator {
   // their write-back (a later spill with wait finishes it and drops them from the page cache).
   void spill(const void* data, std::size_t bytes, bool wait) const {
 #if defined(__linux__)
-    const auto [begin, end] = pages_around(data, bytes);
-    if (begin >= end) return;
-    const Mapping& m = mapping_of(reinterpret_cast<const void*>(begin));
-    check_not_failed(m.failed);
-    const auto offset = static_cast<off_t>(begin - m.base);
-    const auto length = static_cast<off_t>(end - begin);
+    const FileRange r = usable_range(data, bytes);
+    if (r.empty()) return;
     // Unmap the pages from this process first (their dirty state goes to the page cache): at
     // once, with one TLB flush for the range, and so the write-back finds them unmapped. A
     // write-back of pages still mapped write-protects them one at a time -- on a process whose
     // threads run on other cores, a TLB flush on each of them per page: it took a third of a
     // small model's training time here -- and the next write to each page faults.
-    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+    ::madvise(reinterpret_cast<void*>(r.begin), r.end - r.begin, MADV_DONTNEED);
     if (!wait) {
-      ::sync_file_range(m.fd, offset, length, SYNC_FILE_RANGE_WRITE);
+      ::sync_file_range(r.mapping.fd, r.offset(), r.length(), SYNC_FILE_RANGE_WRITE);
       return;
     }
-    int error = injected_write_back_error_.exchange(0);
-    if (error == 0 && ::sync_file_range(m.fd, offset, length,
-                                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                                            SYNC_FILE_RANGE_WAIT_AFTER) != 0)
-      error = errno;
-    if (error != 0) {
-      // Linux reports a file's failed write-back once, and may leave the pages that failed
-      // clean: dropped later, they would read back as what the disk held before -- training on
-      // silently. So the file is marked: every later spill() and load() of it fails too, and
-      // nothing of it is dropped from the page cache.
-      mark_failed(m.base, error);
-      fail<IoError>("offload to disk: writing back ", length, " bytes to a file in '", directory_,
-                    "' failed (", std::strerror(error),
-                    "); the state in that file is lost -- resume from the last checkpoint");
-    }
-    ::posix_fadvise(m.fd, offset, length, POSIX_FADV_DONTNEED);
+    sync_range(r, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    ::posix_fadvise(r.mapping.fd, r.offset(), r.length(), POSIX_FADV_DONTNEED);
 #endif
   }
 
@@ -163,20 +145,8 @@ class MappedFileAllocator : public Allocator {
   // optim/state_spill.hpp) is checked with, where no spill of it ever waits.
   void check_write_back(const void* data, std::size_t bytes) const {
 #if defined(__linux__)
-    const auto [begin, end] = pages_around(data, bytes);
-    if (begin >= end) return;
-    const Mapping& m = mapping_of(reinterpret_cast<const void*>(begin));
-    check_not_failed(m.failed);
-    const auto offset = static_cast<off_t>(begin - m.base);
-    const auto length = static_cast<off_t>(end - begin);
-    int error = injected_write_back_error_.exchange(0);
-    if (error == 0 && ::sync_file_range(m.fd, offset, length, SYNC_FILE_RANGE_WAIT_BEFORE) != 0)
-      error = errno;
-    if (error == 0) return;
-    mark_failed(m.base, error);
-    fail<IoError>("offload to disk: a write-back of ", length, " bytes to a file in '", directory_,
-                  "' failed (", std::strerror(error),
-                  "); the state in that file is lost -- resume from the last checkpoint");
+    const FileRange r = usable_range(data, bytes);
+    if (!r.empty()) sync_range(r, SYNC_FILE_RANGE_WAIT_BEFORE);
 #else
     (void)data;
     (void)bytes;
@@ -323,6 +293,41 @@ class MappedFileAllocator : public Allocator {
     // the const spill(), as the allocator's own bookkeeping
     mutable int failed = 0;
   };
+
+  // The whole pages around [data, data + bytes) in their file (empty: no page), whose
+  // write-back must not have failed before; its mapping as it was then (a copy).
+  struct FileRange {
+    Mapping mapping;
+    std::uintptr_t begin = 0, end = 0;
+    bool empty() const { return begin >= end; }
+    off_t offset() const { return static_cast<off_t>(begin - mapping.base); }
+    off_t length() const { return static_cast<off_t>(end - begin); }
+  };
+  FileRange usable_range(const void* data, std::size_t bytes) const {
+    const auto [begin, end] = pages_around(data, bytes);
+    if (begin >= end) return {};
+    const Mapping m = mapping_of(reinterpret_cast<const void*>(begin));
+    check_not_failed(m.failed);
+    return {m, begin, end};
+  }
+
+#if defined(__linux__)
+  // sync_file_range over a file's range with `flags`; its error -- or one injected -- is the
+  // file's for good. Linux reports a file's failed write-back once, and may leave the pages
+  // that failed clean: dropped later, they would read back as what the disk held before --
+  // training on silently. So the file is marked: every later spill() and load() of it fails
+  // too, and nothing of it is dropped from the page cache.
+  void sync_range(const FileRange& r, unsigned flags) const {
+    int error = injected_write_back_error_.exchange(0);
+    if (error == 0 && ::sync_file_range(r.mapping.fd, r.offset(), r.length(), flags) != 0)
+      error = errno;
+    if (error == 0) return;
+    mark_failed(r.mapping.base, error);
+    fail<IoError>("offload to disk: writing back ", r.length(), " bytes to a file in '", directory_,
+                  "' failed (", std::strerror(error),
+                  "); the state in that file is lost -- resume from the last checkpoint");
+  }
+#endif
 
   void mark_failed(std::uintptr_t base, int error) const {
     std::lock_guard lock(mutex_);
