@@ -206,10 +206,7 @@ class ShardedOptimizer {
   // the device -- so a load can ask before it writes anything.
   void check_steps(std::int64_t steps) const {
     check(steps >= 0, "ShardedOptimizer::set_steps: steps must be >= 0, got ", steps);
-    check(!gate_.defined() || steps <= (std::int64_t{1} << 24),
-          "ShardedOptimizer: a step count of ", steps,
-          " is past 2^24, the most the device's f32 count holds exactly; steps through the "
-          "step gate (loss scaling, clipping) cannot continue this run");
+    if (gate_.defined()) check_device_count(steps);
   }
   Context& context() const { return *ctx_; }
   int rank() const { return rank_; }
@@ -295,8 +292,8 @@ class ShardedOptimizer {
   }
 
   // The device counts steps in f32 (as PyTorch's fused optimizers): exactly up to 2^24.
-  void check_device_count() const {
-    check(steps_ <= (std::int64_t{1} << 24), "ShardedOptimizer: a step count of ", steps_,
+  static void check_device_count(std::int64_t steps) {
+    check(steps <= (std::int64_t{1} << 24), "ShardedOptimizer: a step count of ", steps,
           " is past 2^24, the most the device's f32 count holds exactly; steps through the step "
           "gate (loss scaling, clipping) cannot continue this run");
   }
@@ -305,7 +302,7 @@ class ShardedOptimizer {
   // taken from the host's. Whether it was made now. Not in a captured step: a replay would
   // make it afresh at every step (a StepGraph's warm-up steps make it).
   bool make_gate() {
-    check_device_count();
+    check_device_count(steps_);
     if (gate_.defined()) return false;
     ctx_->refuse_in_capture("making the optimizer's step gate",
                             "its first value would come back at every replay; warm the step up "
