@@ -556,6 +556,68 @@ TEST_CASE("the loss scaler's state travels with the checkpoint") {
   std::filesystem::remove_all(dir);
 }
 
+// Rewrites `key` in every file of the checkpoint folder that holds it, as another writer could:
+// the checksums are recomputed, so only the value itself is left to refuse.
+void rewrite_metadata(const std::filesystem::path& folder, const std::string& key,
+                      const std::string& value) {
+  int rewritten = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    auto contents = sk::checkpoint::load_safetensors(entry.path().string());
+    if (contents.metadata.count(key) == 0) continue;
+    contents.metadata[key] = value;
+    std::erase_if(contents.metadata, [](const auto& item) {
+      return item.first.starts_with(sk::checkpoint::kCrc32Prefix) ||
+             item.first == sk::checkpoint::kHeaderCrc32Key;
+    });
+    sk::checkpoint::save_safetensors(entry.path().string(), contents.tensors, contents.metadata);
+    ++rewritten;
+  }
+  REQUIRE(rewritten > 0);
+}
+
+TEST_CASE("a saved loss scale that is no positive finite number is refused by name on load") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardkit_bad_scale_" + std::to_string(::getpid()));
+  for (const auto layout :
+       {sk::checkpoint::CheckpointLayout::full, sk::checkpoint::CheckpointLayout::sharded})
+    for (const std::string bad : {"0", "-512", "inf", "nan", "1e400", "512x", ""}) {
+      CAPTURE(layout);
+      CAPTURE(bad);
+      std::filesystem::remove_all(dir);
+      std::string error;
+      sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        sk::parallel::ParallelOptions options;
+        options.stage = sk::parallel::Stage::sdp;
+        options.precision = MixedPrecision::of(sk::DType::f16);
+        DataParallel dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
+        sk::optim::DynamicLossScaler scaler;
+        scaler.load(512, 3);
+        auto state = dp.training_state();
+        state.scaler = &scaler;
+        sk::checkpoint::CheckpointOptions save;
+        save.layout = layout;
+        sk::checkpoint::save_checkpoint(dir.string(), state, save);
+        comm.barrier();
+        if (comm.rank() == 0) rewrite_metadata(dir, "shardkit.loss_scale", bad);
+        comm.barrier();
+        // Taken as "no scaler saved" before, the fresh scaler kept its 65536 silently.
+        sk::optim::DynamicLossScaler fresh;
+        auto again = dp.training_state();
+        again.scaler = &fresh;
+        try {
+          (void)sk::checkpoint::load_checkpoint(dir.string(), again);
+        } catch (const std::exception& e) {
+          if (comm.rank() == 0) error = e.what();
+        }
+      });
+      CHECK_MESSAGE(error.find("metadata 'shardkit.loss_scale' is '" + bad +
+                               "', not a positive finite number") != std::string::npos,
+                    error);
+    }
+  std::filesystem::remove_all(dir);
+}
+
 namespace {
 
 // A module trained under `stage` in `precision` (rank 0's masters and compute copies after),
