@@ -92,6 +92,17 @@ TEST_CASE("EfficientNet B0-B2: torchvision's parameter counts without the classi
   CHECK_THROWS_WITH_AS(nn::efficientnet(ctx, bad), doctest::Contains("the rates in [0, 1)"),
                        sk::InvalidArgument);
   CHECK_FALSE(nn::efficientnet_named_params("B8", bad.params));
+  // A block's squeeze-and-excitation ratio in (0, 1], as ClassyVision asserts (it built a
+  // one-channel squeeze before), and its drop-connect rate when it is built, not at forward.
+  const nn::EfficientNetOptions o = options_of("B0");
+  for (const double ratio : {0.0, -0.25, 1.5})
+    CHECK_THROWS_WITH_AS(nn::MBConvBlock(ctx, {16, 16, 1, 3, 1, ratio}, o),
+                         doctest::Contains("se_ratio in (0, 1]"), sk::InvalidArgument);
+  nn::EfficientNetOptions no_se = o;
+  no_se.use_se = false;
+  CHECK(nn::MBConvBlock(ctx, {16, 16, 1, 3, 1, 0.0}, no_se).se_reduce == nullptr);
+  CHECK_THROWS_WITH_AS(nn::MBConvBlock(ctx, {16, 16, 1, 3, 1, 0.25, true, 1.0}, o),
+                       doctest::Contains("drop_connect_rate 1;"), sk::InvalidArgument);
 }
 
 TEST_CASE("EfficientNet: each child's [C, H, W] as a forward gives it; drop connect's rates") {

@@ -79,6 +79,17 @@ TEST_CASE("ResNet parameter counts and state-dict layout match torchvision") {
         nn::resnet(ctx, 34)->parameter_count());
   CHECK(nn::resnet_named(ctx, "resnext50") == nullptr);
   CHECK(nn::resnet_named(ctx, "model.safetensors") == nullptr);
+  // Only the names torchvision uses: no space, sign, leading zero or separator in the numbers.
+  for (const char* other : {"resnet 50", "resnet+50", "resnet050", "resnet-18", "resnet50 ",
+                            "resnext50_+32x4d", "resnext50_32x04d", "resnet99999"})
+    CHECK_MESSAGE(nn::resnet_named(ctx, other) == nullptr, other);
+  nn::ResNetOptions no_groups;
+  for (const std::int64_t groups : {0, -32}) {
+    no_groups.groups = groups;
+    const std::string message =
+        "groups " + std::to_string(groups) + " is no number of groups for the bottleneck's";
+    CHECK_THROWS_WITH(nn::resnet50(ctx, no_groups), doctest::Contains(message.c_str()));
+  }
   CHECK_THROWS_WITH(nn::resnet(ctx, 200), doctest::Contains("use 18, 34, 50, 101 or 152"));
   nn::ResNetOptions basic_grouped;
   basic_grouped.groups = 32;
@@ -371,6 +382,11 @@ TEST_CASE("RegNet stages: ClassyVision's widths from depth, w_0, w_a, w_m and gr
                     doctest::Contains("has no bottleneck channel"));
   CHECK_THROWS_WITH(nn::regnet_stages({16, 44, 27.89, 2.09, 8, 1.0}),
                     doctest::Contains("w_0 > 0 and a multiple of 8"));
+  // The rule a bad multiplier breaks is named, with its value.
+  CHECK_THROWS_WITH(nn::regnet_stages({16, 48, 27.89, 2.09, 8, 0.0}),
+                    doctest::Contains("bottleneck_multiplier 0 are not a RegNet's"));
+  CHECK_THROWS_WITH(nn::regnet_stages({16, 48, 27.89, 2.09, 8, 0.0}),
+                    doctest::Contains("bottleneck_multiplier > 0"));
 }
 
 TEST_CASE("RegNet: ClassyVision's module names and parameter count; each child's [C, H, W]") {
@@ -453,4 +469,27 @@ TEST_CASE("RegNet: ClassyVision's module names and parameter count; each child's
   for (const std::int64_t group_width : {8, 16})
     CHECK_THROWS_WITH(nn::anynet(ctx, {{group_width == 8 ? 28 : 12, 2, 1, group_width, 1.0}}),
                       doctest::Contains("which do not split it evenly"));
+  // A stage's own group width or multiplier is checked where the stage is read, not blamed on
+  // the group width inside a block.
+  for (const double multiplier : {0.0, -1.0}) {
+    const std::string message = "bottleneck_multiplier " + std::to_string(int(multiplier)) +
+                                "; the first four must be >= 1, the multiplier > 0";
+    CHECK_THROWS_WITH(nn::anynet(ctx, {{64, 2, 1, 8, multiplier}}),
+                      doctest::Contains(message.c_str()));
+  }
+  CHECK_THROWS_WITH(nn::anynet(ctx, {{8, 2, 1, 8, 1.0}, {64, 2, 1, 0, 1.0}}),
+                    doctest::Contains("stage 2 has width 64, depth 1, stride 2, group_width 0"));
+  // se_ratio 0 is "no squeeze-and-excitation", as ClassyVision's `if se_ratio:`.
+  nn::RegNetOptions no_ratio, no_se;
+  no_ratio.se_ratio = 0;
+  no_se.use_se = false;
+  const auto without_ratio = nn::anynet(ctx, {{8, 2, 1, 8, 1.0}}, no_ratio)->state_dict();
+  const auto without_se = nn::anynet(ctx, {{8, 2, 1, 8, 1.0}}, no_se)->state_dict();
+  REQUIRE(without_ratio.size() == without_se.size());
+  for (std::size_t i = 0; i < without_se.size(); ++i)
+    CHECK(without_ratio[i].first == without_se[i].first);
+  nn::RegNetOptions tiny_ratio;
+  tiny_ratio.se_ratio = 0.01;  // 0.01 x 32 rounds to 0 channels
+  CHECK_THROWS_WITH(nn::anynet(ctx, {{8, 2, 1, 8, 1.0}}, tiny_ratio),
+                    doctest::Contains("or se_ratio 0, for no squeeze-and-excitation"));
 }

@@ -155,10 +155,14 @@ class MBConvBlock : public Module {
  public:
   MBConvBlock(Context& ctx, const MBConvSpec& spec, const EfficientNetOptions& o) : spec(spec) {
     check(spec.in >= 1 && spec.out >= 1 && spec.expand_ratio >= 1 && spec.kernel % 2 == 1 &&
-              spec.stride >= 1,
+              spec.stride >= 1 && (!o.use_se || (spec.se_ratio > 0 && spec.se_ratio <= 1)) &&
+              spec.drop_connect_rate >= 0 && spec.drop_connect_rate < 1,
           "MBConvBlock: in ", spec.in, ", out ", spec.out, ", expand_ratio ", spec.expand_ratio,
-          ", kernel ", spec.kernel, ", stride ", spec.stride,
-          "; widths, ratio and stride must be >= 1 and the kernel odd");
+          ", kernel ", spec.kernel, ", stride ", spec.stride, ", se_ratio ", spec.se_ratio,
+          ", drop_connect_rate ", spec.drop_connect_rate,
+          "; widths, ratio and stride must be >= 1, the kernel odd, se_ratio in (0, 1] (as "
+          "ClassyVision asserts; use_se = false for no squeeze-and-excitation) and "
+          "drop_connect_rate in [0, 1)");
     const std::int64_t expanded = spec.in * spec.expand_ratio;
     if (spec.expand_ratio != 1) {
       expand_conv = register_module("expand_conv",

@@ -75,9 +75,10 @@ inline std::vector<RegNetStage> regnet_stages(const RegNetParams& p) {
   check(p.depth >= 1 && p.w_a >= 0 && p.w_0 > 0 && p.w_m > 1 && std::fmod(p.w_0, 8.0) == 0 &&
             p.group_width >= 1 && p.bottleneck_multiplier > 0,
         "RegNet: depth ", p.depth, ", w_0 ", p.w_0, ", w_a ", p.w_a, ", w_m ", p.w_m,
-        ", group_width ", p.group_width,
+        ", group_width ", p.group_width, ", bottleneck_multiplier ", p.bottleneck_multiplier,
         " are not a RegNet's; depth >= 1, w_a >= 0, w_0 > 0 and a multiple of 8, w_m > 1, "
-        "group_width >= 1 (e.g. regnet_y_400mf: 16, 48, 27.89, 2.09, 8)");
+        "group_width >= 1, bottleneck_multiplier > 0 (e.g. regnet_y_400mf: 16, 48, 27.89, 2.09, "
+        "8, 1.0)");
   constexpr double kQuantum = 8;
   std::vector<std::int64_t> widths;
   for (int j = 0; j < p.depth; ++j) {
@@ -234,10 +235,13 @@ class BottleneckTransform : public Module {
           " groups, which do not split it evenly; use a group width that divides it");
     a = register_module("a", detail::conv_bn(ctx, in, width, 1, 1, o));
     b = register_module("b", detail::conv_bn(ctx, width, width, 3, stride, o, groups));
-    if (o.use_se) {  // (the reduction counted from the block's input width)
+    // (the reduction counted from the block's input width; se_ratio 0 means no SE, as
+    // ClassyVision's `if se_ratio:`)
+    if (o.use_se && o.se_ratio != 0) {
       const std::int64_t reduced = block_se_width(o.se_ratio, in);
       check(reduced >= 1, "RegNet: se_ratio ", o.se_ratio, " of ", in,
-            " channels leaves squeeze-and-excitation no channel; use a larger se_ratio");
+            " channels leaves squeeze-and-excitation no channel; use a larger se_ratio (or "
+            "use_se = false, or se_ratio 0, for no squeeze-and-excitation)");
       se = register_module("se", std::make_shared<SqueezeExcitation>(ctx, width, reduced, o));
     }
     c = register_module("c", detail::regnet_conv(ctx, width, out, 1, 1, o));
@@ -325,9 +329,12 @@ inline std::shared_ptr<RegNet> anynet(Context& ctx, const std::vector<RegNetStag
         o.stem_width, ", in_channels ", o.in_channels, ", num_classes ", o.num_classes,
         "; the first two must be >= 1, the last >= 0");
   for (std::size_t s = 0; s < stages.size(); ++s)
-    check(stages[s].width >= 1 && stages[s].depth >= 1 && stages[s].stride >= 1, "RegNet: stage ",
-          s + 1, " has width ", stages[s].width, ", depth ", stages[s].depth, ", stride ",
-          stages[s].stride, "; each must be >= 1");
+    check(stages[s].width >= 1 && stages[s].depth >= 1 && stages[s].stride >= 1 &&
+              stages[s].group_width >= 1 && stages[s].bottleneck_multiplier > 0,
+          "RegNet: stage ", s + 1, " has width ", stages[s].width, ", depth ", stages[s].depth,
+          ", stride ", stages[s].stride, ", group_width ", stages[s].group_width,
+          ", bottleneck_multiplier ", stages[s].bottleneck_multiplier,
+          "; the first four must be >= 1, the multiplier > 0");
   auto net = std::make_shared<RegNet>();
   net->stem = o.stem;
   net->stem_width = o.stem_width;

@@ -5,7 +5,7 @@
 #pragma once
 
 #include <array>
-#include <cstdio>
+#include <regex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -156,9 +156,12 @@ class Bottleneck : public Module {
              const ResNetOptions& o) {
     const std::int64_t out = planes * kExpansion;
     // torchvision's: int(planes * (width_per_group / 64.)) * groups
+    check(o.groups >= 1, "ResNet: groups ", o.groups,
+          " is no number of groups for the bottleneck's 3 x 3 convolutions; use groups >= 1 (1 "
+          "for ResNet, e.g. 32 for ResNeXt)");
     const std::int64_t width = planes * o.width_per_group / 64 * o.groups;
-    check(o.groups > 0 && width > 0, "ResNet: groups ", o.groups, " and width_per_group ",
-          o.width_per_group, " leave a bottleneck of ", planes,
+    check(width > 0, "ResNet: groups ", o.groups, " and width_per_group ", o.width_per_group,
+          " leave a bottleneck of ", planes,
           " planes no channels (planes x width_per_group / 64 rounds to 0); use width_per_group "
           ">= ",
           (64 + planes - 1) / planes, " or more base channels");
@@ -336,17 +339,15 @@ inline std::shared_ptr<ResNet> resnet(Context& ctx, int depth, const ResNetOptio
 // nullptr for a name of neither form.
 inline std::shared_ptr<ResNet> resnet_named(Context& ctx, const std::string& name,
                                             ResNetOptions o = {}) {
-  int depth = 0, consumed = 0;
-  long long groups = 0, width = 0;
-  if (std::sscanf(name.c_str(), "resnet%d%n", &depth, &consumed) == 1 &&
-      consumed == static_cast<int>(name.size()))
-    return resnet(ctx, depth, o);
-  if (std::sscanf(name.c_str(), "resnext%d_%lldx%lldd%n", &depth, &groups, &width, &consumed) ==
-          3 &&
-      consumed == static_cast<int>(name.size())) {
-    o.groups = groups;
-    o.width_per_group = width;
-    return resnet(ctx, depth, o);
+  // Digits only, no sign, space or leading zero: "resnet 50" or "resnet050" is no such name.
+  static const std::regex plain("resnet([1-9][0-9]{0,3})");
+  static const std::regex grouped("resnext([1-9][0-9]{0,3})_([1-9][0-9]{0,3})x([1-9][0-9]{0,3})d");
+  std::smatch m;
+  if (std::regex_match(name, m, plain)) return resnet(ctx, std::stoi(m[1].str()), o);
+  if (std::regex_match(name, m, grouped)) {
+    o.groups = std::stoi(m[2].str());
+    o.width_per_group = std::stoi(m[3].str());
+    return resnet(ctx, std::stoi(m[1].str()), o);
   }
   return nullptr;
 }
