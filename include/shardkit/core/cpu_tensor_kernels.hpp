@@ -20,16 +20,6 @@
 
 namespace shardkit::detail {
 
-// The bytes a tensor's elements can touch, [first, last).
-inline std::pair<const char*, const char*> byte_span(const Tensor& t) {
-  std::int64_t low = 0, high = 0;
-  for (std::size_t d = 0; d < t.shape().size(); ++d)
-    (t.strides()[d] < 0 ? low : high) += (t.shape()[d] - 1) * t.strides()[d];
-  const auto* base = static_cast<const char*>(t.data_ptr());
-  const auto size = static_cast<std::int64_t>(t.element_size());
-  return {base + low * size, base + (high + 1) * size};
-}
-
 // Whether an element-wise host loop writing `dst` may run on the rank's CPU threads: each call
 // writes one element of a contiguous tensor (no element is written twice), and reads `src`
 // (if defined) only where no other call writes. Otherwise the loop runs on one thread, in

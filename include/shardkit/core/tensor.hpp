@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardkit/core/dtype.hpp"
@@ -261,5 +262,19 @@ class TensorText {
 inline TensorText tensor_text(const Tensor& t, const char* otherwise = "an undefined tensor") {
   return TensorText(&t, otherwise);
 }
+
+namespace detail {
+
+// The bytes a tensor's elements can touch, [first, last); `t` holds at least one element.
+inline std::pair<const char*, const char*> byte_span(const Tensor& t) {
+  std::int64_t low = 0, high = 0;
+  for (std::size_t d = 0; d < t.shape().size(); ++d)
+    (t.strides()[d] < 0 ? low : high) += (t.shape()[d] - 1) * t.strides()[d];
+  const auto* base = static_cast<const char*>(t.data_ptr());
+  const auto size = static_cast<std::int64_t>(t.element_size());
+  return {base + low * size, base + (high + 1) * size};
+}
+
+}  // namespace detail
 
 }  // namespace shardkit
