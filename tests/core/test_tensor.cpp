@@ -341,6 +341,38 @@ TEST_CASE("a copy between overlapping views of one buffer moves the bytes as mem
   CHECK(sk::to_vector<float>(ctx, buffer) == expected);
 }
 
+TEST_CASE("copy and add_ between overlapping strided views read the source as it was") {
+  sk::Context ctx({.seed = 6, .cpu_threads = 2});
+  const std::int64_t n = 4096;
+  // Rows of two; column 0 of rows [1, n] from column 0 of rows [0, n): the destination runs one
+  // row ahead of its source, through the same bytes (an in-order loop would smear row 0 down).
+  auto table = sk::empty(ctx, {n + 1, 2}, sk::DType::f32);
+  sk::uniform_(ctx, table, -1, 1);
+  const auto before = sk::to_vector<float>(ctx, table);
+  auto ahead = table.slice(0, 1, n + 1).select(1, 0);
+  auto behind = table.slice(0, 0, n).select(1, 0);
+  REQUIRE_FALSE(ahead.is_contiguous());
+  sk::copy(ctx, ahead, behind);
+  auto expected = before;
+  for (std::int64_t r = 1; r <= n; ++r)
+    expected[static_cast<std::size_t>(2 * r)] = before[static_cast<std::size_t>(2 * (r - 1))];
+  CHECK(sk::to_vector<float>(ctx, table) == expected);
+  // add_ likewise: each row adds the row before it as it was, not as the call left it.
+  auto flat = sk::empty(ctx, {n + 1}, sk::DType::f32);
+  sk::uniform_(ctx, flat, -1, 1);
+  const auto values = sk::to_vector<float>(ctx, flat);
+  sk::add_(ctx, flat.slice(0, 1, n + 1), flat.slice(0, 0, n));
+  auto sums = values;
+  for (std::size_t i = 1; i < sums.size(); ++i) sums[i] = values[i] + values[i - 1];
+  CHECK(sk::to_vector<float>(ctx, flat) == sums);
+  // The very same view is no overlap to stage: x += x doubles, x = x keeps.
+  sk::add_(ctx, flat, flat);
+  for (auto& v : sums) v += v;
+  CHECK(sk::to_vector<float>(ctx, flat) == sums);
+  sk::copy(ctx, flat, flat);
+  CHECK(sk::to_vector<float>(ctx, flat) == sums);
+}
+
 TEST_CASE("bad tensor use gets errors that name the shapes and the fix") {
   sk::Context ctx;
   auto t = sk::empty(ctx, {4, 6}, sk::DType::f32);

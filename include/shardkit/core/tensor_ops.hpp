@@ -109,9 +109,29 @@ inline Tensor zeros(Context& ctx, Shape shape, DType dtype,
 }
 
 inline Tensor contiguous(Context& ctx, const Tensor& t);
+inline Tensor clone(Context& ctx, const Tensor& t);
 
-// dst = src, elementwise. Same shape; any strides. Dtypes may differ on one device (the values
-// are converted); between host and device they must match. Copies between host and device
+namespace detail {
+
+// Whether `src` shares bytes with `dst` without being the very same view (first element,
+// strides, dtype). copy and add_ between such views read `src` as it was before the call --
+// memmove's semantics -- on every device, by staging `src` first: the CUDA kernels visit the
+// elements in no order, cudaMemcpy of overlapping ranges is undefined, and the host's in-order
+// loop let a strided destination ahead of its source read values the call had already written.
+inline bool overlaps_another_view(const Tensor& dst, const Tensor& src) {
+  if (dst.data_ptr() == src.data_ptr() && dst.strides() == src.strides() &&
+      dst.dtype() == src.dtype())
+    return false;  // element i reads and writes element i only
+  const auto [dst_first, dst_last] = byte_span(dst);
+  const auto [src_first, src_last] = byte_span(src);
+  return dst_first < src_last && src_first < dst_last;
+}
+
+}  // namespace detail
+
+// dst = src, elementwise. Same shape; any strides; views of one buffer may overlap (src is read
+// as it was, as memmove reads). Dtypes may differ on one device (the values are converted);
+// between host and device they must match. Copies between host and device
 // return when the data has arrived.
 inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
   detail::check_on_context(ctx, dst, "copy (destination)");
@@ -120,7 +140,11 @@ inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
         " differs from source shape ", shape_text(src.shape()));
   if (dst.numel() == 0) return;
   const bool dst_cuda = dst.device().is_cuda(), src_cuda = src.device().is_cuda();
-  if (dst_cuda == src_cuda) return detail::tensor_kernels_for(ctx, dst).copy(ctx, dst, src);
+  if (dst_cuda == src_cuda) {
+    if (detail::overlaps_another_view(dst, src)) [[unlikely]]
+      return detail::tensor_kernels_for(ctx, dst).copy(ctx, dst, clone(ctx, src));
+    return detail::tensor_kernels_for(ctx, dst).copy(ctx, dst, src);
+  }
 #if SK_WITH_CUDA
   check(dst.dtype() == src.dtype(), "copy between host and device needs equal dtypes, got ",
         dtype_name(src.dtype()), " -> ", dtype_name(dst.dtype()),
@@ -161,10 +185,11 @@ inline void copy_async(Context& ctx, const Tensor& dst, const Tensor& src) {
   copy(ctx, dst, src);
 }
 
-// dst += src, elementwise, on one device. Same shape, any strides; src is converted to dst's
-// dtype, the sum is formed as add_value does (floats in f32, f64 for f64 tensors, rounded once;
-// integers exactly). How gradients that arrive in pieces (accumulation, reductions landing
-// beside their target) are added, and batch-norm's counter counts.
+// dst += src, elementwise, on one device. Same shape, any strides (overlapping views: src as it
+// was before the call, as in copy); src is converted to dst's dtype, the sum is formed as
+// add_value does (floats in f32, f64 for f64 tensors, rounded once; integers exactly). How
+// gradients that arrive in pieces (accumulation, reductions landing beside their target) are added,
+// and batch-norm's counter counts.
 inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
   detail::check_on_context(ctx, dst, "add_ (destination)");
   detail::check_on_context(ctx, src, "add_ (source)");
@@ -173,6 +198,8 @@ inline void add_(Context& ctx, const Tensor& dst, const Tensor& src) {
   check(dst.device() == src.device(), "add_: destination on ", dst.device(), " but source on ",
         src.device(), "; copy one side over first");
   if (dst.numel() == 0) return;
+  if (detail::overlaps_another_view(dst, src)) [[unlikely]]
+    return detail::tensor_kernels_for(ctx, dst).add(ctx, dst, clone(ctx, src));
   detail::tensor_kernels_for(ctx, dst).add(ctx, dst, src);
 }
 
