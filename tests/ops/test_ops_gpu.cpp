@@ -46,6 +46,43 @@ TEST_CASE("LARC-SGD on the GPU equals the CPU run of the same steps") {
   }
 }
 
+// AdamW's decoupled decay rounds w * (1 - lr * decay) before the update is subtracted, as
+// PyTorch's mul_ then addcdiv_ and the host do; nvcc fused the two into one fma before, so the
+// device's parameters left the host's in their last bits whenever the decay was on.
+TEST_CASE("AdamW with decoupled decay on the GPU gives the CPU's bits") {
+  CpuBackend cpu;
+  CudaBackend gpu;
+  const Layout layout(edge_sizes(), 1);
+  const auto n = static_cast<std::size_t>(layout.total);
+  const auto w0 = random_values(layout.total, 1.0, 2.0, 93);
+  Flat<CpuBackend> wc(cpu, w0, layout), mc(cpu, std::vector<float>(n, 0.0f), layout),
+      vc(cpu, std::vector<float>(n, 0.0f), layout);
+  Flat<CudaBackend> wg(gpu, w0, layout), mg(gpu, std::vector<float>(n, 0.0f), layout),
+      vg(gpu, std::vector<float>(n, 0.0f), layout);
+  ops::AdamOptions o;
+  o.lr = 3e-2f;
+  o.weight_decay = 0.1f;
+  o.decoupled_weight_decay = true;
+  for (int step = 1; step <= 3; ++step) {
+    o.step = step;
+    const auto g0 = random_values(layout.total, -1.0, 1.0, 94 + static_cast<std::uint32_t>(step));
+    Flat<CpuBackend> gc(cpu, g0, layout);
+    Flat<CudaBackend> gg(gpu, g0, layout);
+    ops::adam_step(cpu.ctx, o, ops::AdamTensors{wc.views, gc.views, mc.views, vc.views, {}});
+    ops::adam_step(gpu.ctx, o, ops::AdamTensors{wg.views, gg.views, mg.views, vg.views, {}});
+    auto bits_differ = [](const std::vector<float>& a, const std::vector<float>& b) {
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        differ += sk::float_to_bits(a[i]) != sk::float_to_bits(b[i]);
+      return differ;
+    };
+    CAPTURE(step);
+    CHECK(bits_differ(wc.values(cpu), wg.values(gpu)) == 0);
+    CHECK(bits_differ(mc.values(cpu), mg.values(gpu)) == 0);
+    CHECK(bits_differ(vc.values(cpu), vg.values(gpu)) == 0);
+  }
+}
+
 }  // namespace ops_test
 
 #include "ops_test_list.hpp"

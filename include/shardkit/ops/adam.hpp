@@ -118,7 +118,9 @@ struct AdamFunctor : AdamRule {
     // skipped, not multiplied by 0, when there is none (an inf parameter must not make the
     // gradient NaN, and -0 must stay -0), and w * 1 is w exactly.
     g = l2_decay != 0.0f ? mul_add(l2_decay, w, g) : g;
-    w *= s.param_keep;
+    // Rounded before the update is subtracted (mul_rn), as PyTorch's mul_ then addcdiv_: nvcc
+    // would fuse the two into one fma and the device's bits would leave the host's.
+    w = mul_rn(w, s.param_keep);
     // One rounding per multiply-add (mul_add, element.hpp), as PyTorch's add(..., alpha=).
     const float m = mul_add(1.0f - beta1, g, beta1 * x[2]);
     const float v = mul_add((1.0f - beta2) * g, g, beta2 * x[3]);

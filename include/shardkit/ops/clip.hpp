@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "shardkit/core/config.hpp"
+#include "shardkit/ops/element.hpp"
 
 namespace shardkit::ops {
 
@@ -18,12 +19,8 @@ struct ClipResult {
 // PyTorch's do (the step then shows it).
 SK_HOST_DEVICE SK_INLINE ClipResult clip_result(double total, double max_norm,
                                                 float inv_grad_scale) {
-#if SK_DEVICE_CODE
   // (Not contracted with the addition below into a fused multiply-add: the host's bits.)
-  const double norm = __dmul_rn(sqrt(total), static_cast<double>(inv_grad_scale));
-#else
-  const double norm = sqrt(total) * static_cast<double>(inv_grad_scale);
-#endif
+  const double norm = mul_rn(sqrt(total), static_cast<double>(inv_grad_scale));
   const double coefficient = max_norm / (norm + 1e-6);
   const bool clips = coefficient < 1.0 || coefficient != coefficient;
   return {norm, clips ? static_cast<float>(coefficient) : 1.0f};

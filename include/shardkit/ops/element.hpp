@@ -44,6 +44,13 @@ SK_HOST_DEVICE SK_INLINE float mul_rn(float a, float b) {
   return a * b;
 #endif
 }
+SK_HOST_DEVICE SK_INLINE double mul_rn(double a, double b) {
+#if SK_DEVICE_CODE
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
 
 // Operand storage types fused ops accept.
 template <class T>

@@ -31,12 +31,14 @@ SK_HOST_DEVICE SK_INLINE SgdCoefficients larc_coefficients(double param_sumsq, d
                                                            const LarcOptions& o, float lr,
                                                            float inv_grad_scale, double decay) {
   const double param_norm = sqrt(param_sumsq);
-  const double grad_norm = sqrt(grad_sumsq) * static_cast<double>(inv_grad_scale);
+  // Each product rounded on its own (mul_rn): nvcc would otherwise fuse one into the sum below
+  // and the device's rate could differ from the host's in its last bit.
+  const double grad_norm = mul_rn(sqrt(grad_sumsq), static_cast<double>(inv_grad_scale));
   // The zero-norm rule: the gradient is left alone and gets no weight decay this step.
   // (A NaN norm compares unequal to 0 and flows on, as in apex.)
   if (!(param_norm != 0.0 && grad_norm != 0.0)) return SgdCoefficients{inv_grad_scale, 0.0f};
   double rate = static_cast<double>(o.trust_coefficient) * param_norm /
-                (grad_norm + param_norm * decay + static_cast<double>(o.eps));
+                (grad_norm + mul_rn(param_norm, decay) + static_cast<double>(o.eps));
   if (o.clip) {
     rate /= static_cast<double>(lr);
     rate = 1.0 < rate ? 1.0 : rate;  // Python's min(rate, 1): a NaN rate stays NaN
