@@ -42,36 +42,38 @@ __global__ void softmax_backward_kernel(const T* y, const T* gy, T* gx, std::int
   }
 }
 
+// In double, as the host's kernel (cpu_kernels.hpp): squares of f32 values above ~1.8e19 would
+// overflow an f32 sum, and the quotient rounds once to T from the exact double.
 template <class T>
 __global__ void l2_normalize_forward_kernel(const T* x, T* y, Acc<T>* norms, std::int64_t cols,
-                                            Acc<T> eps) {
-  using A = Acc<T>;
+                                            double eps) {
   const std::int64_t at = blockIdx.x * cols;
-  A sq = 0;
+  double sq = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const A v = load<A>(x, at + c);
+    const double v = load<double>(x, at + c);
     sq += v * v;
   }
-  const A norm = sqrt(block_sum(sq));
-  if (threadIdx.x == 0) norms[blockIdx.x] = norm;
-  const A denom = norm > eps ? norm : eps;
+  const double norm = sqrt(block_sum(sq));
+  if (threadIdx.x == 0) norms[blockIdx.x] = static_cast<Acc<T>>(norm);
+  // std::max(norm, eps) as the host's: a NaN norm stays NaN and so does its row (PyTorch's
+  // clamp_min too), where `norm > eps ? norm : eps` divided it by eps.
+  const double denom = norm < eps ? eps : norm;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    store(y, at + c, load<A>(x, at + c) / denom);
+    store(y, at + c, load<double>(x, at + c) / denom);
 }
 
 template <class T>
 __global__ void l2_normalize_backward_kernel(const T* y, const Acc<T>* norms, const T* gy, T* gx,
-                                             std::int64_t cols, Acc<T> eps) {
-  using A = Acc<T>;
+                                             std::int64_t cols, double eps) {
   const std::int64_t at = blockIdx.x * cols;
-  const A norm = norms[blockIdx.x];
-  A dot = 0;
+  const double norm = norms[blockIdx.x];
+  double dot = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    dot += load<A>(gy, at + c) * load<A>(y, at + c);
+    dot += load<double>(gy, at + c) * load<double>(y, at + c);
   dot = block_sum(dot);
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const A g = load<A>(gy, at + c);
-    store(gx, at + c, norm <= eps ? g / eps : (g - load<A>(y, at + c) * dot) / norm);
+    const double g = load<double>(gy, at + c);
+    store(gx, at + c, norm <= eps ? g / eps : (g - load<double>(y, at + c) * dot) / norm);
   }
 }
 
@@ -109,7 +111,7 @@ inline void l2_normalize_forward(Context& ctx, const Tensor& x, const Tensor& y,
     using T = decltype(tag);
     l2_normalize_forward_kernel<T><<<row_grid(rows), kThreadsPerBlock, 0, ctx.stream()>>>(
         static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()),
-        static_cast<Acc<T>*>(norms.data_ptr()), cols, Acc<T>(eps));
+        static_cast<Acc<T>*>(norms.data_ptr()), cols, eps);
     SK_CUDA_CHECK_LAUNCH("l2_normalize_forward_kernel");
   });
 }
@@ -123,8 +125,7 @@ inline void l2_normalize_backward(Context& ctx, const Tensor& y, const Tensor& n
     using T = decltype(tag);
     l2_normalize_backward_kernel<T><<<row_grid(rows), kThreadsPerBlock, 0, ctx.stream()>>>(
         static_cast<const T*>(y.data_ptr()), static_cast<const Acc<T>*>(norms.data_ptr()),
-        static_cast<const T*>(grad_y.data_ptr()), static_cast<T*>(grad_x.data_ptr()), cols,
-        Acc<T>(eps));
+        static_cast<const T*>(grad_y.data_ptr()), static_cast<T*>(grad_x.data_ptr()), cols, eps);
     SK_CUDA_CHECK_LAUNCH("l2_normalize_backward_kernel");
   });
 }

@@ -232,6 +232,7 @@ inline void sinkhorn_exp(Context& ctx, const Tensor& q, const Tensor& shift, con
 inline void sinkhorn_column_sums(Context& ctx, const Tensor& q, const Tensor& divisor,
                                  const Tensor& zero_in, const Tensor& u, std::int64_t rows,
                                  std::int64_t cols) {
+  if (cols == 0) return;  // (no grid of 0 blocks; no column, no sum)
   CudaDeviceGuard guard(ctx.device().index);
   visit_sinkhorn(q, "sinkhorn_column_sums", [&](auto tag) {
     using T = decltype(tag);

@@ -237,6 +237,34 @@ Variable conv_cl(sk::Context& c, const Variable& x, const Variable& w) {
 // its gradient back), batch-norm's rows of channels (tiles of 32 channels, the last one short
 // here: 40 channels; parts of 64 rows, the last one short: 324 rows), max-pooling in NHWC, and
 // the element-wise maps' runs of 4 channels -- against the CPU.
+// Both devices sum the squares in double and keep a NaN norm NaN (std::max(norm, eps), as
+// PyTorch's clamp_min): the GPU used to divide a NaN row by eps, and to overflow an f32 sum of
+// squares of 1e20s into an inf norm and a row of zeros.
+TEST_CASE(
+    "l2_normalize on the GPU: a row with a NaN is NaN, a row of 1e20s normalises, as on "
+    "the CPU") {
+  sk::Context cpu({.seed = 1});
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  std::vector<float> rows(3 * 64);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = float(i % 7) - 2.5f;
+  rows[5] = NAN;                                            // row 0
+  for (std::size_t i = 64; i < 128; ++i) rows[i] *= 1e20f;  // row 1: f32 squares overflow
+  const sk::Tensor x = sk::from_vector(cpu, rows, {3, 64});
+  const auto on_cpu = sk::to_vector<float>(cpu, ag::l2_normalize(cpu, Variable(x)).data());
+  const sk::Tensor y =
+      ag::l2_normalize(*gpu, Variable(sk::to_device(*gpu, x, gpu->device()))).data();
+  const auto on_gpu = sk::to_vector<float>(cpu, sk::to_device(*gpu, y, sk::Device::cpu()));
+  for (std::size_t i = 0; i < 64; ++i) {
+    CHECK(std::isnan(on_cpu[i]));
+    CHECK(std::isnan(on_gpu[i]));
+  }
+  for (std::size_t i = 64; i < rows.size(); ++i) {
+    CAPTURE(i);
+    CHECK(on_cpu[i] != 0.0f);
+    CHECK(on_gpu[i] == doctest::Approx(on_cpu[i]).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("channels-last on the GPU: convolution, batch-norm and max-pool match the CPU") {
   const std::vector<sk::Shape> conv_shapes = {{4, 8, 9, 9}, {40, 8, 3, 3}};
   compare_with_grads("conv3x3 channels-last", conv_shapes,
