@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads)
   float amax = 0.0f;
   for (std::int64_t i = lo + t; i < hi; i += kThreads) amax = abs_max(amax, load_element(x + i));
   amax = block_abs_max(amax);
-  if (t == 0) scales[blockIdx.x] = amax / Code::kMax;
+  if (t == 0) scales[blockIdx.x] = block_scale<Code>(amax);
   const float inverse = inverse_step<Code>(amax);
   if constexpr (Code::kPerByte == 1) {
     for (std::int64_t i = lo + t; i < hi; i += kThreads)
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads)
   SK_UNROLL
   for (int offset = 16; offset > 0; offset /= 2)
     amax = abs_max(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  if (lane == 0) scales[b] = amax / Code::kMax;
+  if (lane == 0) scales[b] = block_scale<Code>(amax);
   const float inverse = inverse_step<Code>(amax);
   if constexpr (Code::kPerByte == 1) {
     if (whole) {
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kThreads)
     dequantize_by_slots_kernel(const std::uint8_t* q, const std::int64_t* chunks, const float* amax,
                                T* x) {
   const std::int64_t* row = chunks + 3 * std::int64_t{blockIdx.x};
-  const float scale = amax[row[2]] / Code::kMax;
+  const float scale = block_scale<Code>(amax[row[2]]);
   for (std::int64_t i = row[0] + threadIdx.x; i < row[0] + row[1]; i += kThreads)
     store_element(x + i, Code::decode(q[i], scale));
 }

@@ -156,12 +156,19 @@ TEST_CASE(
   const std::int64_t n = 1024, block = 256;
   auto x = quant_values(n, block, sk::DType::f32, 7);
   x[300] = std::numeric_limits<float>::infinity();
-  x[700] = std::numeric_limits<float>::quiet_NaN();
+  x[700] = sk::bits_to_float(0xffc12345u);  // a NaN with a sign and a payload of its own
   const sk::Tensor values = b.upload(sk::from_vector(host, x, {n}));
   for (auto format : {ops::QuantFormat::int8, ops::QuantFormat::int4}) {
     CAPTURE(ops::quant_format_name(format));
     const sk::Tensor payload = b.zeros({ops::quant_payload_bytes(n, block, format)}, sk::DType::u8);
     ops::quantize_blocks(b.ctx, format, values, block, payload);
+    // The NaN block's scale is the one quiet NaN on every device (x86 passed the payload on
+    // through the division, the GPU its own NaN: the wire's bytes differed between them).
+    const sk::Tensor bytes = b.download(payload);
+    std::uint32_t scale_bits[4];
+    std::memcpy(scale_bits, bytes.data_ptr(), sizeof scale_bits);
+    CHECK(scale_bits[2] == 0x7fc00000u);
+    CHECK(sk::bits_to_float(scale_bits[1]) == std::numeric_limits<float>::infinity());
     const sk::Tensor back = b.zeros({n}, sk::DType::f32);
     ops::dequantize_blocks(b.ctx, format, payload, block, back);
     const auto y = sk::to_vector<float>(host, b.download(back));

@@ -189,7 +189,7 @@ struct Cpu {
           for (std::int64_t i = lo; i < hi; ++i)
             amax_bits = std::max(amax_bits, abs_bits(load_element(x + i)));
           const float amax = bits_to_float(amax_bits);
-          const float scale = amax / Code::kMax;
+          const float scale = block_scale<Code>(amax);
           std::memcpy(payload + 4 * b, &scale, sizeof scale);
           const float inverse = inverse_step<Code>(amax);
           if constexpr (Code::kPerByte == 1) {
@@ -312,7 +312,7 @@ struct Cpu {
           T* x = static_cast<T*>(values);
           ctx.cpu_pool().parallel_for(count, [&](std::int64_t c) {
             const std::int64_t* row = chunks + 3 * c;
-            const float scale = amax[row[2]] / Code::kMax;
+            const float scale = block_scale<Code>(amax[row[2]]);
             for (std::int64_t i = row[0]; i < row[0] + row[1]; ++i)
               store_element(x + i, Code::decode(codes[i], scale));
           });

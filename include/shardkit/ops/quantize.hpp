@@ -257,6 +257,15 @@ SK_HOST_DEVICE SK_INLINE std::uint8_t code_at(const std::uint8_t* q, std::int64_
     return static_cast<std::uint8_t>(q[i >> 1] >> ((i & 1) * 4)) & 0xf;
 }
 
+// The stored scale, amax / kMax; a NaN amax gives the one quiet NaN 0x7fc00000 on both devices
+// (x86's division passes the input NaN's payload on, the GPU's gives its own NaN: the payload's
+// scale bytes would differ). A non-finite block's decoded values are NaN on both devices, their
+// payloads each device's own.
+template <class Code>
+SK_HOST_DEVICE SK_INLINE float block_scale(float amax) {
+  return amax == amax ? amax / Code::kMax : bits_to_float(0x7fc00000u);
+}
+
 // kMax / amax for a finite, non-zero amax; else 0 (every q of the block is then 0, and the scale
 // -- 0, inf or NaN -- decides what comes back: zeros, or NaN for a non-finite block).
 template <class Code>
