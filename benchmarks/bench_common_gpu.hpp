@@ -20,6 +20,9 @@ double time_on_stream(benchmark::State& state, Context& ctx, Op&& op) {
   SK_CUDA_CHECK(cudaEventCreate(&start));
   SK_CUDA_CHECK(cudaEventCreate(&stop));
   op();
+  // Every timed iteration starts on an idle stream: left running, the warm-up would hide the
+  // first iteration's host launches behind its kernels (launch-bound rows read faster).
+  ctx.synchronize();
   double total_seconds = 0;
   for (auto _ : state) {
     SK_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));

@@ -47,18 +47,26 @@ fi
 "$python" -c "import torch" 2>/dev/null ||
   { echo "compare_torch_cpu: $python has no torch (Debian: apt-get install python3-torch)" >&2; exit 1; }
 
-filter="BM_resnet18_train_step/.*/layout:$layout/"
 peer_configs=()
 ((layout == 1)) && peer_configs+=(--channels-last)
-if ((${#configs[@]})); then
-  parts=()
-  for c in "${configs[@]}"; do
-    IFS=x read -r batch hw width <<<"$c"
-    parts+=("BM_resnet18_train_step/batch:$batch/HW:$hw/width:${width:-64}/layout:$layout/")
-    peer_configs+=(--config "$c")
-  done
-  filter=$(IFS='|'; echo "${parts[*]}")
+# Without --config: every configuration ours registers in this layout, and the same for the
+# peer, so the two sides always run one set (a row missing on either side fails below).
+if ((${#configs[@]} == 0)); then
+  while read -r name; do
+    [[ $name =~ batch:([0-9]+)/HW:([0-9]+)/width:([0-9]+)/ ]] &&
+      configs+=("${BASH_REMATCH[1]}x${BASH_REMATCH[2]}x${BASH_REMATCH[3]}")
+  done < <("$bench" --benchmark_list_tests=true \
+             --benchmark_filter="BM_resnet18_train_step/.*/layout:$layout/")
+  ((${#configs[@]})) ||
+    { echo "compare_torch_cpu: $bench registers no ResNet-18 step in layout $layout" >&2; exit 1; }
 fi
+parts=()
+for c in "${configs[@]}"; do
+  IFS=x read -r batch hw width <<<"$c"
+  parts+=("BM_resnet18_train_step/batch:$batch/HW:$hw/width:${width:-64}/layout:$layout/")
+  peer_configs+=(--config "$c")
+done
+filter=$(IFS='|'; echo "${parts[*]}")
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -74,9 +82,10 @@ for ((round = 1; round <= rounds; ++round)); do
 done
 echo "== load after:$(uptime | sed 's/.*load average://')"
 
-"$python" - "$tmp" "$rounds" "$threads" "$layout" <<'PY'
+"$python" - "$tmp" "$rounds" "$threads" "$layout" "${configs[@]}" <<'PY'
 import json, os, re, statistics, sys
 tmp, rounds, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+requested = [tuple(int(v) for v in (c.split("x") + ["64"])[:3]) for c in sys.argv[5:]]
 # (the row says which layout ours ran in when it is not NCHW)
 layout = {"0": "", "1": ", channels-last", "2": ", ours in channel blocks"}[sys.argv[4]]
 
@@ -84,7 +93,11 @@ layout = {"0": "", "1": ", channels-last", "2": ", ours in channel blocks"}[sys.
 def ours_ms(path):
     """Each configuration's median step time in one round (with --reps 1, its single run)."""
     medians, runs = {}, {}
-    for b in json.load(open(path))["benchmarks"]:
+    try:  # (no benchmark matched the filter: Google Benchmark leaves the file empty)
+        benchmarks = json.load(open(path))["benchmarks"]
+    except (OSError, ValueError, KeyError):
+        benchmarks = []
+    for b in benchmarks:
         m = re.search(r"batch:(\d+)/HW:(\d+)/width:(\d+)", b["name"])
         if not m:
             continue
@@ -108,10 +121,16 @@ def peer_ms(path):
 
 rounds_data = [(ours_ms(os.path.join(tmp, f"ours.{r}.json")),
                 peer_ms(os.path.join(tmp, f"peer.{r}.txt"))) for r in range(1, rounds + 1)]
-keys = sorted({k for ours, peer in rounds_data for k in ours if k in peer},
-              key=lambda k: (-k[2], -k[0]))
+# Every requested configuration in every round on both sides, or no table: a row that silently
+# dropped out (not registered in this layout, a peer run that failed to print) read as a pass.
+missing = [f"{'x'.join(map(str, k))} (round {r}, {side})" for k in requested
+           for r, (ours, peer) in enumerate(rounds_data, 1)
+           for side, got in (("ours", ours), ("PyTorch", peer)) if k not in got]
+if missing:
+    sys.exit("compare_torch_cpu: no time for " + ", ".join(missing))
+keys = sorted(set(requested), key=lambda k: (-k[2], -k[0]))
 print("| ResNet-18 step | threads | ours ms | ours img/s | PyTorch ms | PyTorch img/s | "
-      "ours / PyTorch | rounds' range |")
+      "ours / PyTorch speed | rounds' range |")
 print("|---|---|---|---|---|---|---|---|")
 for key in keys:
     pairs = [(ours[key], peer[key]) for ours, peer in rounds_data if key in ours and key in peer]

@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "bench_common_gpu.hpp"
 #include "comm_bench.hpp"
 #include "shardkit/cuda.hpp"
 #include "shardkit/shardkit.hpp"
@@ -32,32 +33,36 @@ NcclRank& nccl_rank() {
 bool register_benchmarks() {
   for (comm::CollectiveKind kind : sk::bench::kBenchKinds) {
     for (std::int64_t bytes : sk::bench::message_sizes()) {
-      benchmark::RegisterBenchmark(sk::bench::bench_name("local_gpu", kind, 2).c_str(),
-                                   [=](benchmark::State& state) {
-                                     double seconds = 0;
-                                     comm::run_ranks(
-                                         2,
-                                         [&](sk::Context& ctx, comm::Communicator& c) {
-                                           const double s = sk::bench::seconds_per_call(
-                                               ctx, c, kind, bytes,
-                                               sk::bench::iterations_for(bytes));
-                                           if (c.rank() == 0) seconds = s;
-                                         },
-                                         comm::cuda_run_options(0));
-                                     sk::bench::report_collective(state, kind, bytes, 2, seconds);
-                                   })
+      benchmark::RegisterBenchmark(
+          sk::bench::bench_name("local_gpu", kind, 2).c_str(),
+          [=](benchmark::State& state) {
+            double seconds = 0;
+            comm::run_ranks(
+                2,
+                [&](sk::Context& ctx, comm::Communicator& c) {
+                  const double s = sk::bench::seconds_per_call(ctx, c, kind, bytes,
+                                                               sk::bench::iterations_for(bytes));
+                  if (c.rank() == 0) seconds = s;
+                },
+                comm::cuda_run_options(0));
+            sk::bench::report_collective(state, kind, bytes, 2, seconds,
+                                         sk::bench::device_copy_bytes_per_second(
+                                             *nccl_rank().ctx, static_cast<std::size_t>(bytes)));
+          })
           ->Arg(bytes)
           ->Iterations(1)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(sk::bench::bench_name("nccl", kind, 1).c_str(),
-                                   [=](benchmark::State& state) {
-                                     auto& rank = nccl_rank();
-                                     const double seconds = sk::bench::seconds_per_call(
-                                         *rank.ctx, rank.nccl, kind, bytes,
-                                         sk::bench::iterations_for(bytes));
-                                     sk::bench::report_collective(state, kind, bytes, 1, seconds);
-                                   })
+      benchmark::RegisterBenchmark(
+          sk::bench::bench_name("nccl", kind, 1).c_str(),
+          [=](benchmark::State& state) {
+            auto& rank = nccl_rank();
+            const double seconds = sk::bench::seconds_per_call(*rank.ctx, rank.nccl, kind, bytes,
+                                                               sk::bench::iterations_for(bytes));
+            sk::bench::report_collective(state, kind, bytes, 1, seconds,
+                                         sk::bench::device_copy_bytes_per_second(
+                                             *rank.ctx, static_cast<std::size_t>(bytes)));
+          })
           ->Arg(bytes)
           ->Iterations(1)
           ->UseManualTime()

@@ -3,7 +3,8 @@
 // divided by the batch size), and the counters: algbw = S / t and busbw = algbw x nccl-tests'
 // factor (2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter), S being the
 // message size as comm_stats.hpp defines it (all_gather: the gathered output; reduce_scatter:
-// the input). GBps / pct_of_copy (bench_common.hpp) report the bus bytes against memcpy.
+// the input). GBps / pct_of_copy (bench_common.hpp) report the bus bytes against a copy of the
+// memory the ranks use (host memcpy; device-to-device for the GPU rows).
 #pragma once
 
 #include <algorithm>
@@ -67,9 +68,11 @@ inline double seconds_per_call(Context& ctx, comm::Communicator& c, comm::Collec
          iterations;
 }
 
-// Feeds the measured time to Google Benchmark (manual time) and adds the counters.
+// Feeds the measured time to Google Benchmark (manual time) and adds the counters; pct_of_copy
+// is the bus bytes' rate against `copy_ceiling` (bytes read + written per second) of the memory
+// the collective moves: a host memcpy for the host backends, a device copy for the GPU's.
 inline void report_collective(benchmark::State& state, comm::CollectiveKind kind,
-                              std::int64_t bytes, int ranks, double seconds) {
+                              std::int64_t bytes, int ranks, double seconds, double copy_ceiling) {
   for (auto _ : state) state.SetIterationTime(seconds);
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
   state.counters["ranks"] = ranks;
@@ -79,7 +82,7 @@ inline void report_collective(benchmark::State& state, comm::CollectiveKind kind
   report_bandwidth(
       state, seconds,
       static_cast<double>(bytes) * std::max(comm::bus_factor(kind, ranks).value(), 1e-9),
-      host_copy_bytes_per_second(static_cast<std::size_t>(bytes)));
+      copy_ceiling);
 }
 
 inline std::string bench_name(std::string_view backend, comm::CollectiveKind kind, int ranks) {
@@ -94,11 +97,12 @@ template <class SecondsPer>
 void register_collectives(std::string_view backend, int ranks, SecondsPer seconds_per) {
   for (comm::CollectiveKind kind : kBenchKinds)
     for (std::int64_t bytes : message_sizes())
-      benchmark::RegisterBenchmark(bench_name(backend, kind, ranks).c_str(),
-                                   [=](benchmark::State& state) {
-                                     report_collective(state, kind, bytes, ranks,
-                                                       seconds_per(kind, bytes));
-                                   })
+      benchmark::RegisterBenchmark(
+          bench_name(backend, kind, ranks).c_str(),
+          [=](benchmark::State& state) {
+            report_collective(state, kind, bytes, ranks, seconds_per(kind, bytes),
+                              host_copy_bytes_per_second(static_cast<std::size_t>(bytes)));
+          })
           ->Arg(bytes)
           ->Iterations(1)
           ->UseManualTime()

@@ -32,7 +32,8 @@
 // held_MB (the most the replay added to the process's resident set: the blocks in use, what the
 // allocator keeps, and what glibc keeps beneath it), held_x (held over in use),
 // faults_per_step (minor page faults per steady step), events_per_step, real_step_ms (the step
-// itself as recorded in this run, arithmetic included, on every hardware thread) and pct_of_step
+// itself in this run, arithmetic included, on every hardware thread: the median of 5 steps with
+// the context's own allocator, not the recording one) and pct_of_step
 // (the replay's time over it: what the allocator's choices cost the step). The benchmark's time
 // is the replayed step's: the allocator's work and the touches, no arithmetic.
 // benchmarks/core/meson.build builds it; docs/performance.md has its figures.
@@ -79,7 +80,7 @@ struct Trace {
   std::size_t peak_in_use = 0;
   // The last step's allocations: its n-th repetition numbers its blocks `period` x n higher.
   std::size_t period = 0;
-  double step_seconds = 0;  // the recorded step itself, its arithmetic included (the last one)
+  double step_seconds = 0;  // the step itself, arithmetic included (median, plain allocator)
 };
 
 // Records every allocation of a context, served by the library's HostAllocator (so the recorded
@@ -114,6 +115,34 @@ class RecordingAllocator final : public sk::Allocator {
   std::unordered_map<void*, std::size_t> live_;
 };
 
+// `steps` of the multi-crop ResNet-18 step on `ctx` (model built first); `at_step(i)` runs
+// before step i, and `at_step(steps)` after the last, before the model is freed. Returns each
+// step's seconds.
+template <class AtStep>
+std::vector<double> run_steps(sk::Context& ctx, int steps, AtStep&& at_step) {
+  nn::ResNetOptions o;
+  o.num_classes = 128;  // SwAV's projection width
+  o.channel_blocks = true;
+  std::shared_ptr<nn::ResNet> net = nn::resnet18(ctx, o);
+  namespace wl = shardkit::bench::autograd_workloads;
+  constexpr std::int64_t kImages = 4;
+  const ag::Variable large = wl::random_variable(ctx, {2 * kImages, 3, 224, 224}, false);
+  const ag::Variable small = wl::random_variable(ctx, {6 * kImages, 3, 96, 96}, false);
+  const sk::Tensor labels = sk::zeros(ctx, {8 * kImages}, sk::DType::i64);
+  std::vector<double> seconds;
+  for (int step = 0; step < steps; ++step) {
+    at_step(step);
+    const auto start = std::chrono::steady_clock::now();
+    net->zero_grad();
+    const ag::Variable out = ag::cat(ctx, {(*net)(ctx, large), (*net)(ctx, small)});
+    ag::backward(ctx, ag::cross_entropy(ctx, out, labels));
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  at_step(steps);
+  return seconds;
+}
+
 // The step's allocations, recorded once per process (a few seconds on two cores).
 const Trace& step_trace() {
   static const Trace trace = [] {
@@ -121,26 +150,19 @@ const Trace& step_trace() {
     auto recorder = std::make_shared<RecordingAllocator>(t);
     {
       sk::Context ctx(sk::ContextOptions{.seed = 1, .allocator = recorder});
-      nn::ResNetOptions o;
-      o.num_classes = 128;  // SwAV's projection width
-      o.channel_blocks = true;
-      std::shared_ptr<nn::ResNet> net = nn::resnet18(ctx, o);
-      namespace wl = shardkit::bench::autograd_workloads;
-      constexpr std::int64_t kImages = 4;
-      const ag::Variable large = wl::random_variable(ctx, {2 * kImages, 3, 224, 224}, false);
-      const ag::Variable small = wl::random_variable(ctx, {6 * kImages, 3, 96, 96}, false);
-      const sk::Tensor labels = sk::zeros(ctx, {8 * kImages}, sk::DType::i64);
-      for (int step = 0; step < kSteps; ++step) {
-        t.step_begins.push_back(t.events.size());
-        const auto start = std::chrono::steady_clock::now();
-        net->zero_grad();
-        const ag::Variable out = ag::cat(ctx, {(*net)(ctx, large), (*net)(ctx, small)});
-        ag::backward(ctx, ag::cross_entropy(ctx, out, labels));
-        t.step_seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      }
-      t.step_begins.push_back(t.events.size());  // (the end of the last step)
-    }                                            // (the context's frees close the trace)
+      // (step_begins' last entry: the end of the last step)
+      (void)run_steps(ctx, kSteps, [&](int) { t.step_begins.push_back(t.events.size()); });
+    }  // (the context's frees close the trace)
+    {
+      // The step's own time, with the context's usual allocator (the recording one's lock and
+      // map would inflate it): the median of 5 steps after 2 that allocate the gradients and
+      // fill the caches.
+      sk::Context ctx(sk::ContextOptions{.seed = 1});
+      auto seconds = run_steps(ctx, 7, [](int) {});
+      seconds.erase(seconds.begin(), seconds.begin() + 2);
+      std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
+      t.step_seconds = seconds[2];
+    }
     std::size_t in_use = 0;
     for (const Event& e : t.events) {
       in_use = e.allocate ? in_use + e.bytes : in_use - e.bytes;

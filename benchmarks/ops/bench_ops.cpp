@@ -85,7 +85,7 @@ void BM_larc_sgd_fused(benchmark::State& state) {
   auto& ctx = context(threads_of(state));
   const auto o = sgd_options();
   const auto l = larc_options();
-  run(state, bench::kLarcSgdBytes, w.params, [&] {
+  run(state, bench::larc_sgd_floor_bytes(state.range(0) != 0), w.params, [&] {
     ops::larc_sgd_step(ctx, o, l, {w.w, w.g, w.buf, {}});
   });
 }
@@ -99,7 +99,7 @@ void BM_larc_sgd_fused_kept(benchmark::State& state) {
   const auto o = sgd_options();
   const auto l = larc_options();
   ops::LarcParamSquares squares;
-  run(state, bench::kLarcSgdBytes, w.params, [&] {
+  run(state, bench::larc_sgd_floor_bytes(state.range(0) != 0, true), w.params, [&] {
     ops::larc_sgd_step(ctx, o, l, {w.w, w.g, w.buf, {}}, &squares);
   });
 }
@@ -113,7 +113,7 @@ void BM_larc_sgd_composed(benchmark::State& state) {
   const auto n = static_cast<std::int64_t>(w.w.size());
   auto sums = sk::empty(ctx, {2, n}, sk::DType::f64);
   auto coefficients = sk::empty(ctx, {n, 2}, sk::DType::f32);
-  run(state, bench::kLarcSgdBytes, w.params, [&] {
+  run(state, bench::larc_sgd_floor_bytes(state.range(0) != 0), w.params, [&] {
     ops::segment_sums_of_squares(ctx, w.w, w.g, sums);
     ops::larc_coefficients(ctx, l, o.lr, 1.0f, sums, coefficients);
     ops::sgd_step(ctx, o, {w.w, w.g, w.buf, {}}, coefficients);
@@ -137,7 +137,7 @@ void BM_larc_sgd_unfused(benchmark::State& state) {
   auto& w = workload(state.range(0) != 0);
   const auto o = sgd_options();
   const auto l = larc_options();
-  run(state, bench::kLarcSgdBytes, w.params, [&] {
+  run(state, bench::larc_sgd_floor_bytes(state.range(0) != 0), w.params, [&] {
     for (std::size_t t = 0; t < w.w.size(); ++t) {
       float* p = w.w[t].data<float>();
       float* g = w.g[t].data<float>();

@@ -60,12 +60,22 @@ inline ops::LarcOptions bench_larc_options() {
 
 // Minimum bytes per parameter of each step (f32 = 4 bytes, bf16 = 2).
 inline constexpr double kSgdMomentumBytes = 20;  // read w, g, buf; write w, buf
-inline constexpr double kLarcSgdBytes = 20;      // the same: norms re-read w, g from cache
 inline constexpr double kSgdBf16CopyBytes = 22;  // + write the bf16 copy
 inline constexpr double kAdamBytes = 28;         // read w, g, m, v; write w, m, v
 inline constexpr double kCastBytes = 6;          // read f32, write bf16 or f16 (or back)
 inline constexpr double kUnscaleBytes = 8;       // read and write g
 inline constexpr double kNormsPairBytes = 8;     // read w, g (LARC's norms pass alone)
+
+// LARC-SGD's floor per parameter. Over ResNet-50's tensors the norms pass's reads of w and g can
+// be served from cache by the update that follows (SGD's 20 bytes). Over one tensor larger than
+// the caches (the flat workloads) no element can be updated before the whole tensor's norms are
+// known, so w and g come from memory twice: 28 bytes, or 24 with the params' squares kept from
+// the step before (LarcParamSquares: only g is read twice). Scoring the flat rows against 20
+// capped them at 71% (83% kept) of copy however good the kernels were.
+inline double larc_sgd_floor_bytes(bool one_large_tensor, bool squares_kept = false) {
+  if (!one_large_tensor) return kSgdMomentumBytes;
+  return squares_kept ? 24 : 28;
+}
 
 // The block-quantised gather's codes (ops/quantize.hpp; qwZ's format, int8 / E4M3 / int4), in
 // blocks of kDefaultQuantBlock, of a flat f32 buffer: quantising reads the values and writes a

@@ -84,7 +84,7 @@ void BM_gpu_larc_sgd_fused(benchmark::State& state) {
   const double seconds = time_on_stream(state, [&] {
     ops::larc_sgd_step(context(), o, l, {w.w, w.g, w.buf, {}});
   });
-  report(state, seconds, bench::kLarcSgdBytes, w.params);
+  report(state, seconds, bench::larc_sgd_floor_bytes(state.range(0) != 0), w.params);
 }
 
 // Fused, with each param's sum of squares kept from the step before (LarcParamSquares): the
@@ -99,7 +99,7 @@ void BM_gpu_larc_sgd_fused_kept(benchmark::State& state) {
   const double seconds = time_on_stream(state, [&] {
     ops::larc_sgd_step(context(), o, l, {w.w, w.g, w.buf, {}}, &squares);
   });
-  report(state, seconds, bench::kLarcSgdBytes, w.params);
+  report(state, seconds, bench::larc_sgd_floor_bytes(state.range(0) != 0, true), w.params);
 }
 
 // The LARC scaling as its own pass, as apex does it eagerly: g <- a·g + b·w, rewriting g.
@@ -149,7 +149,7 @@ void BM_gpu_larc_sgd_unfused(benchmark::State& state) {
       ops::sgd_step(ctx, o, {wt, gt, bt, {}});
     }
   });
-  report(state, seconds, bench::kLarcSgdBytes, w.params);
+  report(state, seconds, bench::larc_sgd_floor_bytes(state.range(0) != 0), w.params);
 }
 
 void BM_gpu_adamw(benchmark::State& state) {

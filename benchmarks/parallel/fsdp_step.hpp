@@ -196,7 +196,10 @@ void run_all(const char* device, const Workload& w, comm::RunRanksOptions option
     }
     const double t = timing.step;
     if (config.stage == parallel::Stage::ddp) ddp = t;
-    std::printf("%-17s %12.2f %12.3f\n", config.name.c_str(), 1e3 * t, t / ddp);
+    if (ddp > 0)
+      std::printf("%-17s %12.2f %12.3f\n", config.name.c_str(), 1e3 * t, t / ddp);
+    else  // (DDP's own step was refused: no ratio rather than an infinite one)
+      std::printf("%-17s %12.2f %12s\n", config.name.c_str(), 1e3 * t, "no ddp");
     if (config.offload == Config::Offload::disk) {
       const double per_step = 1.0 / w.steps;
       std::printf(

@@ -88,7 +88,7 @@ lines = [
     "own f32 parameters, whole until bound; a model built under `sk::DeferredParameters` holds",
     "neither: each rank makes its own range from rank 0's recipes, in place (docs/design.md",
     "\"Deferred parameters\"; `benchmarks/parallel/deferred_wrap` measured the fsdp row at",
-    "N = 8: 164.9 MB eager, 38.5 MB deferred -- what the wrapped model keeps -- the module's",
+    "N = 8: 164.9 MB (157.3 MiB) eager, 38.5 MB (36.7 MiB) deferred -- what the wrapped model keeps -- the module's",
     "batch-norm statistics included, which no column counts).",
     "",
     "| N | sharding | params | grads | optim | comm | gathered | model states + buffers |"

@@ -12,8 +12,9 @@ CUDA libraries, which must not shadow PyTorch's own).
 
 Ours: `swav` with the quick CPU config's network at this benchmark's batch of 64 (2 local ranks
 of 32 images; the quick config itself takes 256), 2 x 20-pixel crops,
-ResNet-18 a quarter wide with one input channel, swav_head 128-128-64, 100 prototypes,
-LARC-SGD), its own reported training images/s over STEPS steps. PyTorch: one process with 2
+ResNet-18 a quarter wide with one input channel, swav_head 128-128-64, 100 prototypes learning
+from the first step as PyTorch's, LARC-SGD), its own reported training images/s over the STEPS
+steps after 5 warm-up steps (PyTorch's too). PyTorch: one process with 2
 threads and a batch of 64 (the same global batch and FLOPs), the same network in torch.nn,
 the same crop sizes, Sinkhorn-Knopp and the swapped-prediction loss, SGD with momentum (LARC's
 per-tensor norms add little). Ours also makes its crops on worker threads on the same two
@@ -90,6 +91,11 @@ def sinkhorn(scores, eps=0.05, iters=3):
         return (q * b).t()
 
 
+# Steps both sides run before the timed ones (the first steps make cuDNN plans, capture a step
+# graph, fill caches); the figures are over the STEPS after them on both sides.
+WARM_UP_STEPS = 5
+
+
 def torch_images_per_second(steps, device, network, queue_length):
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -125,7 +131,7 @@ def torch_images_per_second(steps, device, network, queue_length):
         opt.step()
         with torch.no_grad():
             model.prototypes.weight.copy_(F.normalize(model.prototypes.weight, dim=1))
-    for _ in range(5):
+    for _ in range(WARM_UP_STEPS):
         step()
     sync()
     begin = time.perf_counter()
@@ -145,11 +151,15 @@ def ours_images_per_second(swav, steps, device, network, queue_length, overrides
     env = dict(os.environ)
     if "SWAV_LD_LIBRARY_PATH" in env:
         env["LD_LIBRARY_PATH"] = env["SWAV_LD_LIBRARY_PATH"]
+    # The prototypes learn from the first step, as PyTorch's do (the configs freeze them for the
+    # first epoch, which would leave ours their update and gradient less to do).
     out = subprocess.run([swav, f"config={config}", f"config.CHECKPOINT.DIR={folder}",
-                          f"config.MAX_ITERATIONS={steps}", "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=-1",
+                          f"config.MAX_ITERATIONS={WARM_UP_STEPS + steps}",
+                          "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=-1",
                           "config.CHECKPOINT.CHECKPOINT_FREQUENCY=0",
+                          "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[]",
                           "config.NEAREST_NEIGHBOR.MEMORY_BANK_LIMIT=200", "config.DATA.TEST.DATA_LIMIT=100",
-                          f"config.LOG_FREQUENCY={steps}"]
+                          f"config.LOG_FREQUENCY={WARM_UP_STEPS}"]
                          + (["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.NUM_PROC_PER_NODE=1",
                              f"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA={NETWORKS[network]['batch']}"]
                             if device == "cuda"
@@ -165,8 +175,20 @@ def ours_images_per_second(swav, steps, device, network, queue_length, overrides
     # Whether the step ran as a graph (MACHINE.CUDA_GRAPH auto decides), beside the figure.
     print("  shardkit: " + next((line for line in lines if line.startswith("step graph")),
                                 "no step graph (eager steps)"), flush=True)
-    done = next(line for line in lines if line.startswith("done:"))
-    return float(re.search(r"\(([0-9.]+) img/s", done).group(1))
+    # Each progress line's img/s covers the steps since the line before (evaluations left out):
+    # the rate over the steps after the warm-up is their steps over their summed seconds.
+    windows, before = [], 0
+    for line in lines:
+        m = re.search(r"step (\d+)/\d+ .* ([0-9.]+) img/s", line)
+        if m:
+            at, rate = int(m[1]), float(m[2])
+            if before >= WARM_UP_STEPS:
+                windows.append((at - before, rate))
+            before = at
+    timed = sum(n for n, _ in windows)
+    if timed != steps:
+        sys.exit(f"swav_vs_torch: ours logged {timed} of the {steps} steps after its warm-up")
+    return timed / sum(n / rate for n, rate in windows)
 
 
 def main():
