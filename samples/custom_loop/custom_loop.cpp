@@ -189,8 +189,8 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-without-gpu", flags.skip_without_gpu,
                "for test harnesses: with --device gpu, exit 77 (skipped) when no GPU can be used");
   app.add_option("--checkpoint", setup.checkpoint_dir,
-                 "folder to save model.safetensors and optimizer.safetensors in (at the end, and "
-                 "every --checkpoint-every steps)");
+                 "folder of the checkpoints: step folders, the newest behind DIR/latest (at the "
+                 "end, and every --checkpoint-every steps)");
   app.add_option("--checkpoint-every", setup.checkpoint_every,
                  "steps between checkpoints (0: at the end only)")
       ->check(CLI::NonNegativeNumber);

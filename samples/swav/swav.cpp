@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
         "  e.g. swav config=samples/swav/configs/quick_cpu.yaml config.OPTIMIZER.num_epochs=2\n"
         "  or, from a VISSL checkout, swav config=pretrain/swav/swav_8node_resnet\n"
         "  +config/pretrain/swav/models=resnet18 config.DATA.TRAIN.DATA_PATHS=[/data/train]\n"
-        "  VISSL's keys and overrides; docs/swav.md lists them and the defaults.\n");
+        "  VISSL's keys and overrides: samples/swav/swav_defaults.hpp holds every key with its\n"
+        "  default, docs/swav.md the semantics.\n");
     return 0;
   }
   try {

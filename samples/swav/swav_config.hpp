@@ -926,9 +926,10 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
                         machine->cuda_build
                             ? "this machine has no CUDA GPU; use cpu or auto"
                             : "this trainer was built without CUDA (scripts/setup builds the CPU "
-                              "trainer on a machine without a GPU); on a GPU machine run `meson "
-                              "configure build -Dgpu_device_opt=full` and rebuild, or use cpu or "
-                              "auto");
+                              "trainer on a machine without a GPU); on a GPU machine build one "
+                              "with it (`meson setup build-gpu -Dcuda=enabled "
+                              "-Dgpu_device_opt=full`, then `ninja -C build-gpu "
+                              "samples/swav/swav`), or use cpu or auto");
   });
   problems.attempt([&] {
     // A YAML boolean in any spelling (True, false, on...), or auto.

@@ -1,7 +1,8 @@
 // The SwAV trainer's configuration keys and their defaults, in VISSL's names and structure
 // (vissl/config/defaults.yaml, the subset this trainer implements). Every key a config file or
-// override may set is here; config_tree.hpp refuses others. Keys marked "ours" are not VISSL's;
-// docs/swav.md lists them.
+// override may set is here; config_tree.hpp refuses others (VISSL keys without effect here are
+// accepted and listed: vissl_keys.hpp). Keys marked "ours" are not VISSL's; docs/swav.md
+// describes them.
 //
 // What a VISSL config leaves out means here what it means in VISSL: the network (the trunk's
 // depth, width and ImageNet stem, a SwAV head on its features) and the optimizer (plain SGD
@@ -32,7 +33,6 @@ DATA:
     DEFAULT_GRAY_IMG_SIZE: 224      # synthetic: the images' side
     BATCHSIZE_PER_REPLICA: 32
     DROP_LAST: True
-    USE_STATEFUL_DISTRIBUTED_SAMPLER: True
     COLLATE_FUNCTION: multicrop_collator
     TRANSFORMS:
       - name: ImgPilToMultiCrop
@@ -60,7 +60,6 @@ DATA:
       SEED: 0
     DEFAULT_GRAY_IMG_SIZE: 224
     BATCHSIZE_PER_REPLICA: 256
-    USE_STATEFUL_DISTRIBUTED_SAMPLER: True
     # The kNN evaluation's images: [] the whole image resized to the large crops' side and
     # normalised like them; else Resize (shorter side), CenterCrop and Normalize, torchvision's.
     TRANSFORMS: []

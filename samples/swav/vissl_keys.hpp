@@ -43,6 +43,9 @@ inline constexpr IgnoredVisslKey kIgnoredVisslKeys[] = {
     {"DATA.TRAIN.TARGET_KEY_NAMES"}, {"DATA.TRAIN.ENABLE_QUEUE_DATASET"},
     {"DATA.TRAIN.COLLATE_FUNCTION_PARAMS.*"},  // multicrop_collator's tensor packing only
     {"DATA.TRAIN.RANDOM_SYNTHETIC_IMAGES"},  // ours are always patterned noise (synthetic_images.hpp)
+    // our sampler always resumes mid-epoch from the checkpoint's position, VISSL's stateful one;
+    // False (start the epoch over) is refused rather than ignored
+    {"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER", "True"},
     {"DATA.TEST.*"},
     // evaluation meters and tasks (the trainer's own kNN is NEAREST_NEIGHBOR's)
     {"METERS.*"}, {"EXTRACT_FEATURES.*"}, {"CLUSTERFIT.*"}, {"RANKING.*"}, {"SVM.*"},

@@ -1897,6 +1897,7 @@ TEST_CASE(
       MMAP_MODE: True
       COPY_TO_LOCAL_DISK: False
       COPY_DESTINATION_DIR: /tmp/imagenet1k/
+      USE_STATEFUL_DISTRIBUTED_SAMPLER: True
   TRAINER:
     TRAIN_STEP_NAME: standard_train_step
   METERS:
@@ -1926,10 +1927,19 @@ TEST_CASE(
                                              "DATA.TRAIN.MMAP_MODE",
                                              "DATA.TRAIN.COPY_TO_LOCAL_DISK",
                                              "DATA.TRAIN.COPY_DESTINATION_DIR",
+                                             "DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER",
                                              "TRAINER.TRAIN_STEP_NAME",
                                              "METERS.name",
                                              "DISTRIBUTED.NCCL_DEBUG"};
   CHECK(tree.ignored() == expected);
+  // Our sampler always resumes mid-epoch (VISSL's stateful one): asking for VISSL's other
+  // sampler, which starts a resumed epoch over, is refused rather than quietly not followed.
+  CHECK(config_problems(tree_of({"config.DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=False"}))
+            .find("config.DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER (= False): this trainer "
+                  "has no such setting and can follow VISSL's config only where it is True") !=
+        std::string::npos);
+  CHECK(config_problems(tree_of({"config.DATA.TEST.USE_STATEFUL_DISTRIBUTED_SAMPLER=False"}))
+            .empty());
   // Today's schema too.
   CHECK(tree_of({"config.MODEL.TRUNK.RESNETS.DEPTH=50"}).get<int>("MODEL.TRUNK.RESNETS.DEPTH") ==
         50);
