@@ -700,6 +700,14 @@ TEST_CASE("cuDNN plans are made once per shape; benchmark mode's algorithms agre
   CHECK(plans.size() == 1);
   (void)convolve(*heuristic, 10);
   CHECK(plans.size() == 2);
+  // Limits on the algorithms are part of the key: a plan chosen under a larger workspace bound,
+  // or among non-deterministic algorithms, is not reused once the limits tighten.
+  cu::libraries(*heuristic).workspace_limit = std::size_t{1} << 20;
+  (void)convolve(*heuristic, 12);
+  CHECK(plans.size() == 3);
+  cu::libraries(*heuristic).deterministic = false;
+  (void)convolve(*heuristic, 12);
+  CHECK(plans.size() == 4);
 
   auto searched = sk::make_cuda_context(0, 0, 3);
   cu::libraries(*searched).benchmark = true;

@@ -518,6 +518,51 @@ TEST_CASE("on the GPU, a captured ResNet-18 step replays the eager steps bit for
             check_captured_resnet(world, kind, stage, compute, scaled, false);
 }
 
+// The header's own pattern: the rate passed to step() inside the step, each rate its key. Two
+// keys captured at different rates, then each replayed after the other: every replay steps at
+// its own key's rate (the fill of the gate's rate slot was left out of a capture whose rate the
+// slot already held, so a replay read whichever rate was written last), equal to the eager
+// steps bit for bit.
+TEST_CASE("on the GPU, step graphs keyed by learning rate each replay their own rate") {
+  namespace ag = sk::autograd;
+  const std::vector<float> rates = {0.1f, 0.1f,  0.1f, 0.05f, 0.05f, 0.05f,
+                                    0.1f, 0.05f, 0.1f, 0.1f,  0.05f};
+  sk::comm::run_ranks(
+      1,
+      [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+        std::vector<std::vector<unsigned char>> finals;
+        for (bool graphed : {false, true}) {
+          auto net = module_test::small_resnet(ctx, 5);
+          sk::parallel::ParallelOptions options;
+          options.stage = Stage::sdp;
+          sk::parallel::ShardedModule model(ctx, comm, net, config_for(OptimizerKind::sgd),
+                                            options);
+          const auto x = sk::empty(ctx, {4, 3, 8, 8}, sk::DType::f32);
+          const auto labels = sk::empty(ctx, {4}, sk::DType::i64);
+          sk::StepGraph graph(ctx, "resnet18 by rate");
+          for (std::size_t s = 0; s < rates.size(); ++s) {
+            const auto b = module_test::batch(ctx, {4, 3, 8, 8}, 5, 0, static_cast<int>(s));
+            sk::copy(ctx, x, b.x.data());
+            sk::copy(ctx, labels, b.labels);
+            const float lr = rates[s];
+            const auto step = [&] {
+              model.zero_grad();
+              ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, ag::Variable(x)), labels));
+              model.step(lr);
+            };
+            graphed ? (void)graph.run("lr " + std::to_string(lr), step) : step();
+          }
+          if (graphed) {
+            CHECK(graph.stats().captures == 2);
+            CHECK(graph.stats().replays == 5);
+          }
+          finals.push_back(state_bytes(model));
+        }
+        CHECK(finals[0] == finals[1]);
+      },
+      sk::comm::cuda_run_options(0));
+}
+
 // SyncBatchNorm's exchanges captured with the rest of the step (what the SwAV trainer's
 // MACHINE.CUDA_GRAPH: auto still leaves eager until this has run on a GPU).
 TEST_CASE("on the GPU, a captured ResNet-18 step with SyncBatchNorm over two ranks replays it") {

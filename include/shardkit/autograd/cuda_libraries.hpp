@@ -67,7 +67,7 @@ class Libraries {
   // not (some backward-data and backward-filter algorithms add with atomics, so their last bits
   // vary from run to run), as torch.backends.cudnn.deterministic = True: a captured step then
   // replays the eager step's bits, and a run repeats its own. False takes cuDNN's first choice
-  // (PyTorch's default). Set it before the first convolution of a shape: plans are kept.
+  // (PyTorch's default). Plans are kept per setting (conv_plan's key).
   bool deterministic = true;
   // Largest workspace an algorithm may ask for.
   std::size_t workspace_limit = std::size_t{1} << 30;
@@ -329,9 +329,11 @@ struct ConvPlan {
   }
 };
 
-// ctx's convolution plans, keyed by geometry, dtype, TF32, search and layout (NHWC last).
-using ConvPlanCache = PlanCache<ConvPlan, 18>;
-inline ConvPlanCache& conv_plans(Context& ctx) { return plan_cache<ConvPlan, 18>(ctx); }
+// ctx's convolution plans, keyed by geometry, dtype, TF32, search, the algorithms' limits
+// (deterministic ones only, the workspace's bound: a plan made under other limits may break
+// them) and layout (NHWC last).
+using ConvPlanCache = PlanCache<ConvPlan, 20>;
+inline ConvPlanCache& conv_plans(Context& ctx) { return plan_cache<ConvPlan, 20>(ctx); }
 
 // The plan of convolution `g` over `dtype` in a layout on ctx, made at the shape's first call.
 inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype, bool nhwc) {
@@ -353,6 +355,8 @@ inline ConvPlan& conv_plan(Context& ctx, const ConvGeometry& g, DType dtype, boo
                                libs.allow_tf32 ? 1 : 0,
                                libs.benchmark ? 1 : 0,
                                g.groups,
+                               libs.deterministic ? 1 : 0,
+                               static_cast<std::int64_t>(libs.workspace_limit),
                                nhwc ? 1 : 0};
   return conv_plans(ctx).get(key, [&] { return std::make_unique<ConvPlan>(ctx, g, dtype, nhwc); });
 }

@@ -69,6 +69,11 @@ class Allocator {
   // beside what the statistics count as in use. The host allocators' cache (0 elsewhere: a CUDA
   // device's stream-ordered pool is the driver's, shared by every context on the device).
   virtual std::size_t cached_bytes() const { return 0; }
+  // Gives back to the device what its stream-ordered pool keeps unused, once the allocator's
+  // stream has finished with it (a CUDA device's; nothing elsewhere). Before a step is captured:
+  // the capture's blocks are cudaMalloc's, which cannot reuse what the pool keeps, so the
+  // eager steps' cached working set would sit beside the graph's copy of it.
+  virtual void trim_device_pool() {}
 
   // Step capture (capture_pool.hpp, step_graph.hpp): until end_capture(), allocations come from
   // `pool` and frees of other memory are held in it. The pool stays registered -- its blocks

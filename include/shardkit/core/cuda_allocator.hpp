@@ -31,6 +31,14 @@ class CudaAllocator final : public Allocator {
   Device device() const override { return Device::cuda(device_); }
   cudaStream_t stream() const { return stream_->get(); }
 
+  void trim_device_pool() override {
+    CudaDeviceGuard guard(device_);
+    SK_CUDA_CHECK(cudaStreamSynchronize(stream_->get()));  // (its frees reached)
+    cudaMemPool_t pool;
+    SK_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    SK_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  }
+
  protected:
   void* do_allocate(std::size_t bytes) override {
     CudaDeviceGuard guard(device_);

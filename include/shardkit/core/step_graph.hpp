@@ -169,6 +169,7 @@ class StepGraph {
     Graph graph;
     graph.pool = std::make_shared<CapturePool>();
     const std::string what = described(key);
+    allocator_->trim_device_pool();  // (outside the capture: it waits for the stream)
     ctx_->begin_capture(what, graph.record, false, graph.pool);
 #if SK_WITH_CUDA
     const bool on_gpu = ctx_->device().is_cuda();

@@ -149,6 +149,10 @@ inline void copy(Context& ctx, const Tensor& dst, const Tensor& src) {
   check(dst.dtype() == src.dtype(), "copy between host and device needs equal dtypes, got ",
         dtype_name(src.dtype()), " -> ", dtype_name(dst.dtype()),
         "; convert on one side first (sk::copy into a tensor of the wanted dtype)");
+  // (refused before anything is queued: the synchronisation below would be, after a copy the
+  // capture may already have failed on)
+  ctx.refuse_in_capture("a copy between host and device (copy)",
+                        "move the data before or after the step, or keep it on one device");
   // Transfers move contiguous bytes: stage non-contiguous sides through contiguous temporaries.
   const Tensor packed_src = contiguous(ctx, src);
   const Tensor packed_dst =

@@ -67,9 +67,10 @@ class ShardedOptimizer {
 
   // The learning rate of the steps from now on (schedules live in the training loop; before
   // the first call, the configured one). Kept on the host, and once there is a step gate in its
-  // rate slot, which the gated passes read on the device (a fill queued when it changes). A
-  // step captured by a StepGraph reads it there: set it before each run, outside the step, and
-  // call step() without a rate inside it.
+  // rate slot, which the gated passes read on the device (a fill queued at every call). A step
+  // captured by a StepGraph reads it there: set it before each run, outside the step, and call
+  // step() without a rate inside it -- or pass the rate inside the step, each rate its own key:
+  // the captured fill then sets the slot at every replay.
   void set_lr(float lr) {
     check(lr >= 0 && std::isfinite(lr), "ShardedOptimizer: lr must be finite and >= 0, got ", lr);
     ctx_->capture_scalar("the optimizer's lr (set_lr, step(lr, ...))", lr);
@@ -310,15 +311,16 @@ class ShardedOptimizer {
     static_assert(ops::kGateSlots == 4 && ops::kGateRate == 3);
     gate_ = from_vector(*ctx_, std::vector<float>{1.0f, 0.0f, static_cast<float>(steps_), rate_},
                         {ops::kGateSlots}, MemoryCategory::other);
-    gate_rate_ = rate_;
     return true;
   }
 
-  // The gate's rate slot takes the host's rate when it changed (the gated passes read it).
+  // The gate's rate slot takes the host's rate (the gated passes read it). At every call, not
+  // only when the host's rate changed: a replayed graph that captured its own rate's fill sets
+  // the slot with no host code running, so the host cannot know what the slot holds (a key
+  // captured at 0.1, another at 0.05, the first replayed: it read 0.05).
   void write_gate_rate() {
-    if (!gate_.defined() || gate_rate_ == rate_) return;
+    if (!gate_.defined()) return;
     fill(*ctx_, gate_.slice(0, ops::kGateRate, ops::kGateRate + 1), static_cast<double>(rate_));
-    gate_rate_ = rate_;
   }
 
   void refuse_offload_in_capture() const {
@@ -508,7 +510,6 @@ class ShardedOptimizer {
   bool applied_ = false;    // the update under way changed some state (counted_update)
   Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step
   float rate_ = 0;          // the learning rate (set_lr)
-  float gate_rate_ = 0;     // the rate the gate holds
 };
 
 }  // namespace shardkit::optim
