@@ -518,15 +518,24 @@ TEST_CASE("the loss scaler follows GradScaler's rules and refuses bad settings")
                     doctest::Contains("growth_factor must be a finite f32 number > 1"));
 }
 
+namespace {
+
+// The loss-scaled checkpoints' engine: sdp with f16 compute.
+sk::parallel::ParallelOptions f16_sdp() {
+  sk::parallel::ParallelOptions options;
+  options.stage = sk::parallel::Stage::sdp;
+  options.precision = MixedPrecision::of(sk::DType::f16);
+  return options;
+}
+
+}  // namespace
+
 TEST_CASE("the loss scaler's state travels with the checkpoint") {
   const auto dir =
       std::filesystem::temp_directory_path() / ("shardkit_scaler_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-    sk::parallel::ParallelOptions options;
-    options.stage = sk::parallel::Stage::sdp;
-    options.precision = MixedPrecision::of(sk::DType::f16);
-    DataParallel dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
+    DataParallel dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), f16_sdp());
     sk::optim::DynamicLossScaler scaler;
     scaler.load(512, 7);
     auto state = dp.training_state();
@@ -556,6 +565,8 @@ TEST_CASE("the loss scaler's state travels with the checkpoint") {
   std::filesystem::remove_all(dir);
 }
 
+namespace {
+
 // Rewrites `key` in every file of the checkpoint folder that holds it, as another writer could:
 // the checksums are recomputed, so only the value itself is left to refuse.
 void rewrite_metadata(const std::filesystem::path& folder, const std::string& key,
@@ -576,6 +587,8 @@ void rewrite_metadata(const std::filesystem::path& folder, const std::string& ke
   REQUIRE(rewritten > 0);
 }
 
+}  // namespace
+
 TEST_CASE("a saved loss scale that is no positive finite number is refused by name on load") {
   const auto dir =
       std::filesystem::temp_directory_path() / ("shardkit_bad_scale_" + std::to_string(::getpid()));
@@ -587,10 +600,7 @@ TEST_CASE("a saved loss scale that is no positive finite number is refused by na
       std::filesystem::remove_all(dir);
       std::string error;
       sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
-        sk::parallel::ParallelOptions options;
-        options.stage = sk::parallel::Stage::sdp;
-        options.precision = MixedPrecision::of(sk::DType::f16);
-        DataParallel dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), options);
+        DataParallel dp(ctx, comm, trainable_specs(), config_for(OptimizerKind::sgd), f16_sdp());
         sk::optim::DynamicLossScaler scaler;
         scaler.load(512, 3);
         auto state = dp.training_state();
