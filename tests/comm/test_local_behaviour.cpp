@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -69,13 +70,21 @@ TEST_CASE("a local all_reduce returns at once and completes while the rank compu
 TEST_CASE("several outstanding local calls can be waited for in any order") {
   std::vector<char> ok(3);
   comm::run_ranks(3, [&](sk::Context&, comm::Communicator& c) {
-    std::vector<std::vector<double>> buckets(4, std::vector<double>(999, c.rank() + 1.0));
+    // Each bucket and element its own values, the largest on a rank that depends on both: a
+    // result delivered to the wrong call, or a call that never ran, shows.
+    const auto value = [](int rank, std::size_t bucket, std::size_t i) {
+      return double((rank + int(bucket) + int(i)) % 3) + 10.0 * double(bucket) + 0.001 * double(i);
+    };
+    std::vector<std::vector<double>> buckets(4, std::vector<double>(999));
+    for (std::size_t k = 0; k < buckets.size(); ++k)
+      for (std::size_t i = 0; i < buckets[k].size(); ++i) buckets[k][i] = value(c.rank(), k, i);
     std::vector<comm::Work> works;
     for (auto& b : buckets) works.push_back(c.all_reduce(b, comm::ReduceOp::max));
     for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
     bool good = true;
-    for (auto& b : buckets)
-      good &= std::all_of(b.begin(), b.end(), [](double v) { return v == 3.0; });
+    for (std::size_t k = 0; k < buckets.size(); ++k)
+      for (std::size_t i = 0; i < buckets[k].size(); ++i)
+        good &= buckets[k][i] == std::max({value(0, k, i), value(1, k, i), value(2, k, i)});
     ok[static_cast<std::size_t>(c.rank())] = good;
   });
   CHECK(ok == std::vector<char>{1, 1, 1});
@@ -218,7 +227,9 @@ TEST_CASE("run_ranks reports the failing rank's error when it dropped a Work in 
 TEST_CASE("group scopes batch calls; barrier and split refuse to run inside one") {
   std::vector<char> ok(4);
   comm::run_ranks(4, [&](sk::Context&, comm::Communicator& c) {
-    std::vector<float> a(33, 1.0f), b(17, 2.0f), gathered(4 * 5);
+    // (b differs by rank and element: its average is no rank's input)
+    std::vector<float> a(33, 1.0f), b(17), gathered(4 * 5);
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(c.rank()) * 2.0f + float(i);
     std::vector<float> piece(5, static_cast<float>(c.rank()));
     std::vector<comm::Work> works;
     {
@@ -230,8 +241,11 @@ TEST_CASE("group scopes batch calls; barrier and split refuse to run inside one"
       CHECK_THROWS_AS((void)c.split(0, 0), sk::StateError);
     }
     for (auto& w : works) w.wait();
-    bool good = std::all_of(a.begin(), a.end(), [](float v) { return v == 4.0f; }) &&
-                std::all_of(b.begin(), b.end(), [](float v) { return v == 2.0f; });
+    bool good = std::all_of(a.begin(), a.end(), [](float v) { return v == 4.0f; }) && [&] {
+      for (std::size_t i = 0; i < b.size(); ++i)  // (0 + 2 + 4 + 6) / 4 + i
+        if (b[i] != 3.0f + float(i)) return false;
+      return true;
+    }();
     for (int i = 0; i < 20; ++i)
       good &= gathered[static_cast<std::size_t>(i)] == static_cast<float>(i / 5);
     ok[static_cast<std::size_t>(c.rank())] = good;

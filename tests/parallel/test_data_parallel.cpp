@@ -232,7 +232,8 @@ TEST_CASE("synchronised accumulation adds each backward's average: A + avg(g), e
   std::vector<std::vector<float>> per_stage;
   for (auto stage : {Stage::ddp, Stage::oss, Stage::sdp}) {
     for (auto partition : {PartitionKind::greedy, PartitionKind::flat}) {
-      std::vector<float> rank0;
+      // Every rank's parameters: oss and sdp rebuild them from each owner's update.
+      std::vector<std::vector<float>> per_rank(world);
       sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
         sk::parallel::ParallelOptions options;
         options.stage = stage;
@@ -246,9 +247,11 @@ TEST_CASE("synchronised accumulation adds each backward's average: A + avg(g), e
           dp.finish();
         }
         dp.step(0.1f);
-        if (comm.rank() == 0) rank0 = all_params(dp, ctx);
+        per_rank[static_cast<std::size_t>(comm.rank())] = all_params(dp, ctx);
       });
-      per_stage.push_back(rank0);
+      for (std::size_t r = 1; r < per_rank.size(); ++r)
+        CHECK(bitwise_equal(per_rank[r], per_rank[0]));
+      per_stage.push_back(per_rank[0]);
     }
   }
   for (std::size_t k = 1; k < per_stage.size(); ++k)

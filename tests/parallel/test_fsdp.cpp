@@ -818,6 +818,27 @@ TEST_CASE("qwZ: a gathered unit holds every shard through its blocks; full_param
         CAPTURE(r);
         CHECK(std::memcmp(want.data(), gathered.data() + plan.begin(r),
                           want.size() * sizeof(float)) == 0);
+        // And within the format's bound of the exact values, block by block, independently of
+        // the ops above: int8 steps by amax / 127 (half a step), E4M3 keeps 3 mantissa bits
+        // (1/16 of |x|) down to its subnormals' step (amax / 448 / 512, half of it).
+        std::int64_t outside = 0;
+        for (std::int64_t lo = 0; lo < plan.numel(r); lo += block) {
+          const std::int64_t hi = std::min(plan.numel(r), lo + block);
+          const auto at = [&](std::int64_t i) {
+            return static_cast<std::size_t>(plan.begin(r) + i);
+          };
+          double amax = 0;
+          for (std::int64_t i = lo; i < hi; ++i)
+            amax = std::max(amax, std::fabs(double(exact[at(i)])));
+          for (std::int64_t i = lo; i < hi; ++i) {
+            const double x = exact[at(i)], g = gathered[at(i)];
+            const double bound = format == sk::ops::QuantFormat::int8
+                                     ? amax / 254
+                                     : std::max(std::fabs(x) / 16, amax / 448 / 1024);
+            outside += !(std::fabs(g - x) <= bound * (1 + 1e-5));
+          }
+        }
+        CHECK(outside == 0);
       }
       CHECK(gathered != exact);
       {

@@ -651,6 +651,8 @@ TEST_CASE("custom loops: DataParallel and FsdpEngine offload, set_full_params an
                                    master.insert(master.end(), values, values + count);
                                });
       if (comm.rank() == 0) {
+        // (all of it: a stream that delivered no piece of it passed the loop below)
+        REQUIRE(static_cast<std::int64_t>(master.size()) == fsdp.param(0).numel());
         for (float v : master) CHECK(v == 0.25f);
         dp_values = d;
         fsdp_values = f;

@@ -66,8 +66,10 @@ std::vector<float> hand_written(int world, Stage stage, OptimizerKind kind) {
 
 std::vector<float> wrapped(int world, Stage stage, OptimizerKind kind, int checkpoint_segments) {
   std::vector<std::vector<float>> per_rank(static_cast<std::size_t>(world));
+  std::int64_t parameter_count = 0;
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+    if (comm.rank() == 0) parameter_count = net->parameter_count();
     net->set_checkpoint_segments(checkpoint_segments);
     sk::parallel::ParallelOptions options;
     options.stage = stage;
@@ -82,8 +84,16 @@ std::vector<float> wrapped(int world, Stage stage, OptimizerKind kind, int check
     // The module's own parameters are views of the flat buffer: reading them reads the result.
     per_rank[static_cast<std::size_t>(comm.rank())] = module_values(ctx, *net);
   });
-  // Parameters agree on every rank; buffers too (broadcast before each forward, updated by the
-  // last forward from each rank's own batch: compare parameters only across ranks).
+  // Parameters agree on every rank, bit for bit (buffers are broadcast before each forward but
+  // updated by the last forward from each rank's own batch: parameters only, the values'
+  // first `parameter_count` entries, as module_values lists parameters first).
+  const auto parameter_bytes = static_cast<std::size_t>(parameter_count) * sizeof(float);
+  for (std::size_t r = 1; r < per_rank.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(per_rank[r].size() == per_rank[0].size());
+    REQUIRE(parameter_bytes <= per_rank[0].size() * sizeof(float));
+    CHECK(std::memcmp(per_rank[0].data(), per_rank[r].data(), parameter_bytes) == 0);
+  }
   return per_rank[0];
 }
 
