@@ -400,14 +400,16 @@ void check_offload_exact(Run run, OffloadOptions how) {
 TEST_CASE("an offloaded optimizer steps to the same bits under every stage and optimizer") {
   const OffloadOptions optimizer_only{.optimizer = true};
   for (auto stage : sk::parallel::kAllStages)
-    for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+    for (auto kind :
+         {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adam, OptimizerKind::adamw}) {
       offload_test::Run run;
       run.stage = stage;
       run.kind = kind;
       offload_test::check_offload_exact(run, optimizer_only);
     }
   // FSDP with the parameter shards on the host too (PyTorch's offload_params).
-  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+  for (auto kind :
+       {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adam, OptimizerKind::adamw}) {
     offload_test::Run run;
     run.stage = Stage::fsdp;
     run.kind = kind;
@@ -841,7 +843,7 @@ TEST_CASE(
   OffloadOptions nvme;
   nvme.nvme_path = dir.string();
   for (auto stage : sk::parallel::kAllStages)
-    for (auto kind : {OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
+    for (auto kind : {OptimizerKind::larc_sgd, OptimizerKind::adam, OptimizerKind::adamw}) {
       offload_test::Run run;
       run.stage = stage;
       run.kind = kind;
