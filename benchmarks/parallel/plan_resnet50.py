@@ -89,7 +89,7 @@ lines = [
     "neither: each rank makes its own range from rank 0's recipes, in place (docs/design.md",
     "\"Deferred parameters\"; `benchmarks/parallel/deferred_wrap` measured the fsdp row at",
     "N = 8: 164.9 MB (157.3 MiB) eager, 38.5 MB (36.7 MiB) deferred -- what the wrapped model keeps -- the module's",
-    "batch-norm statistics included, which no column counts).",
+    "batch-norm statistics included, which the params column counts too: about 0.2 MiB).",
     "",
     "| N | sharding | params | grads | optim | comm | gathered | model states + buffers |"
     " activations (ckpt) | device total | host | host<->device / step | disk | disk r+w / step |"

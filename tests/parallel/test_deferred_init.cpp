@@ -60,8 +60,8 @@ struct Outcome {
   std::int64_t largest_unit_bytes = 0;     // rank 0: the largest group's whole f32 buffer
   sk::parallel::MemoryPlan plan;           // the planner's figures for the run
   std::int64_t wrap_peak = 0;              // rank 0: its memory's peak, build to wrap
-  // What the module holds that no plan column counts: its buffers and small tensors of its own
-  // (batch-norm's increment).
+  // What the module holds that no plan column counts: small tensors of its own (batch-norm's
+  // increment).
   std::int64_t module_other_bytes = 0;
   std::uint64_t wrap_bus_bytes = 0;  // rank 0: what the wrap sent (the communicator's counters)
   std::int64_t buffer_bytes = 0;     // the module's buffers (broadcast at the wrap either way)
@@ -80,9 +80,9 @@ Outcome train(Stage stage, bool deferred, sk::DType param_dtype, int world, bool
     if (!deferred)
       for (const auto& [name, p] : net->named_parameters())
         other -= static_cast<std::int64_t>(p.data().nbytes());
-    if (deferred)
+    if (!deferred)  // (the plan counts the buffers: made at the wrap when deferred)
       for (const auto& [name, b] : net->named_buffers())
-        other += static_cast<std::int64_t>(b.nbytes());  // (made at the wrap)
+        other -= static_cast<std::int64_t>(b.nbytes());
     if (fc_frozen)  // (outside fsdp's units, whole on every rank: f32, then the compute dtype)
       for (const char* name : {"fc.weight", "fc.bias"}) param(*net, name).set_requires_grad(false);
     sk::parallel::ParallelOptions options;

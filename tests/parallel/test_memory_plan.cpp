@@ -470,7 +470,7 @@ TEST_CASE("ShardedModule: the module plan matches a ResNet's model states under 
     });
     const Measured m = max_over(snapshots);
     INFO(sk::parallel::stage_name(stage));
-    CHECK(plan.parameters == doctest::Approx(m.parameters).epsilon(0.05));
+    CHECK(plan.parameters == m.parameters);  // (the batch-norm buffers, whole, among them)
     CHECK(plan.gradients == m.gradients);
     CHECK(plan.optimizer_state == m.optimizer_state);
   }
@@ -483,6 +483,7 @@ TEST_CASE("largest_batch and bad plans") {
   o.world_size = 4;
   const sk::parallel::ActivationProfile profile{1000, 500};
   const auto fixed = sk::parallel::plan_memory(specs, o).total();
+  const auto fixed_parameters = sk::parallel::plan_memory(specs, o).parameters;
   const auto batch = sk::parallel::largest_batch(specs, o, profile, fixed + 1000 + 500 * 10 + 499);
   CHECK(batch == 10);
   CHECK(sk::parallel::largest_batch(specs, o, profile, fixed) == 0);
@@ -490,6 +491,12 @@ TEST_CASE("largest_batch and bad plans") {
   CHECK_THROWS_WITH(sk::parallel::plan_memory(specs, o),
                     doctest::Contains("a shard group of 3 ranks does not divide the world of 4"));
   o.group_size = 0;
+  o.buffer_bytes = -4;
+  CHECK_THROWS_WITH(sk::parallel::plan_memory(specs, o),
+                    doctest::Contains("memory plan: buffer_bytes -4 is negative"));
+  o.buffer_bytes = 4000;  // (on every rank's device, counted under parameters)
+  CHECK(sk::parallel::plan_memory(specs, o).parameters == fixed_parameters + 4000);
+  o.buffer_bytes = 0;
   CHECK_THROWS_WITH(sk::parallel::largest_batch(specs, o, {}, 1 << 30),
                     doctest::Contains("no per-sample bytes"));
   // An empty FSDP unit, which the engine refuses, would shift root_unit onto another unit.

@@ -1007,7 +1007,7 @@ TEST_CASE("before the ranks start: the images per rank, the ranks' host memory")
                  {"config.DATA.TRAIN.BATCHSIZE_PER_REPLICA = 64 exceeds the 1 training images per "
                   "rank",
                   "config.DISTRIBUTED: 64 ranks as threads of this process would hold at least "
-                  "29.03 GB of model states -- under ddp up to 453.6 MB a rank as they build "
+                  "29.04 GB of model states -- under ddp up to 453.8 MB a rank as they build "
                   "their modules or step, before activations -- and this machine has 4.29 GB "
                   "available; run at most 9 here (NUM_NODES=1, NUM_PROC_PER_NODE=9), shard the "
                   "states",

@@ -6,7 +6,8 @@
 // so they are the bytes the allocator will count, padding included, for the most loaded rank:
 //
 //   parameters       ddp/oss/sdp: the whole flat buffer in the compute dtype; fsdp: the rank's
-//                    shard of every unit, plus frozen parameters whole
+//                    shard of every unit, plus frozen parameters whole; and the module's
+//                    buffers whole (PlannedRun::buffer_bytes)
 //   gradients        ddp/oss: every bucket; sdp/fsdp: the rank's parts (compute dtype); with
 //                    qgZ's error feedback an f32 residual of every local gradient as well
 //                    (and, across hybrid groups, of every reduced one and of the segment of
@@ -88,6 +89,9 @@ struct PlannedRun {
   // stays gathered until its nested units are done. 1 when no unit holds another.
   int unit_family = 1;
   int rank = -1;  // the shard rank to plan; -1: the most loaded (device, then host memory)
+  // The module's buffers (batch-norm statistics and counts), whole on every rank's device in
+  // their own dtypes, which the allocator counts under parameters (module_planned_run fills it).
+  std::int64_t buffer_bytes = 0;
 };
 
 // Peak activation bytes of one training step as fixed + per_sample x batch, and never below
@@ -486,6 +490,8 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
   check(o.rank >= -1 && o.rank < group, "memory plan: rank ", o.rank,
         " is not a rank of the shard group of ", group, "; pass 0..", group - 1,
         " or -1 for the most loaded");
+  check(o.buffer_bytes >= 0, "memory plan: buffer_bytes ", o.buffer_bytes,
+        " is negative; pass the module's buffer bytes (module_planned_run counts them) or 0");
   // The wrap's table of rank 0's recipes (parallel/root_recipes.hpp), sent either way.
   const std::int64_t recipes = MemoryPlan::kWrapScalarBytes +
                                MemoryPlan::kRecipeBytes * static_cast<std::int64_t>(specs.size());
@@ -643,6 +649,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
       p.communication =
           transients + held_sums + maxima + 2 * static_cast<std::int64_t>(policy.coalesce_bytes);
     }
+    p.parameters += o.buffer_bytes;
     p.activations = activations.at(batch);
     detail::plan_traffic(p, specs, o, policy, group);
     const bool more = p.total() > best.total() ||
@@ -652,10 +659,13 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
   return best;
 }
 
-// `o` for an nn::Module trained by ShardedModule: under fsdp, the units o.parallel.fsdp.wrap
-// makes of its parameters (registration order, module_param_specs), the root unit gathered
-// throughout.
+// `o` for an nn::Module trained by ShardedModule: its buffers' bytes, and under fsdp the units
+// o.parallel.fsdp.wrap makes of its parameters (registration order, module_param_specs), the
+// root unit gathered throughout.
 inline PlannedRun module_planned_run(nn::Module& module, PlannedRun o) {
+  o.buffer_bytes = 0;
+  for (const auto& [name, buffer] : module.named_buffers())
+    o.buffer_bytes += static_cast<std::int64_t>(buffer.nbytes());
   if (o.parallel.stage != Stage::fsdp) return o;
   const auto specs = module_param_specs(module);
   std::map<std::string, std::size_t> index;
