@@ -5,7 +5,12 @@
 
 #include <Eigen/Core>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #if SK_WITH_CUDA || defined(__CUDA_RUNTIME_H__) || defined(CUDART_VERSION)
@@ -22,7 +27,45 @@ namespace sk = shardkit;
     }                                                                         \
   } while (0)
 
+// A pool whose threads cannot all start throws, after joining those that did: before, the error
+// left the constructor with joinable threads, which terminates the process. A child process
+// whose address space is capped a little above what it maps already cannot give 256 threads
+// their stacks. (Here, without OpenMP, the pool starts threads of its own. Not under the
+// sanitizers: their shadow memory needs the address space.) 0 when it holds.
+int thread_start_failure_is_an_error() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return 0;
+#else
+  const pid_t child = ::fork();
+  if (child < 0) return 1;
+  if (child == 0) {
+    long pages = 0;
+    if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(statm, "%ld", &pages) != 1) pages = 0;
+      std::fclose(statm);
+    }
+    const auto mapped = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE));
+    const rlimit cap{mapped + (64u << 20), mapped + (64u << 20)};
+    if (pages == 0 || ::setrlimit(RLIMIT_AS, &cap) != 0) ::_exit(5);
+    try {
+      sk::ThreadPool pool(256);
+      ::_exit(2);  // (every thread started: the cap did not bite)
+    } catch (const sk::StateError& e) {
+      ::_exit(std::string(e.what()).find("of a pool of 256") != std::string::npos ? 0 : 3);
+    } catch (...) {
+      ::_exit(4);
+    }
+  }
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child) return 1;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+  std::fprintf(stderr, "the capped child's wait status: %d\n", status);
+  return 1;
+#endif
+}
+
 int main() {
+  EXPECT(thread_start_failure_is_an_error() == 0);
   sk::Context ctx({.seed = 2024});
   std::vector<float> values(4 * 5);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) - 2.0f;

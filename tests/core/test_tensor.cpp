@@ -385,6 +385,26 @@ TEST_CASE("bad tensor use gets errors that name the shapes and the fix") {
     }
   };
   check_message([&] { (void)t.view({5, 5}); }, "has 25 elements but the tensor [4, 6] has 24");
+  // A count that overflows (it wrapped to 0: a tensor of 2^64 elements without memory), bytes
+  // that do, and a negative size (it became a huge allocation, refused as out of memory).
+  const std::int64_t big = std::int64_t{1} << 32;
+  check_message(
+      [&] {
+        (void)sk::empty(ctx, {big, big}, sk::DType::f32);
+      },
+      "Tensor shape [4294967296, 4294967296] of f32 holds more bytes than a size_t counts");
+  check_message([&] { (void)sk::empty(ctx, {std::int64_t{1} << 62}, sk::DType::f32); },
+                "holds more bytes than a size_t counts");
+  check_message(
+      [&] {
+        (void)sk::empty(ctx, {3, -2}, sk::DType::f32);
+      },
+      "Tensor shape [3, -2] has a negative size at dim 1");
+  check_message(
+      [&] {
+        (void)sk::empty_on(ctx, sk::Device::cpu(), {big, big}, sk::DType::f32);
+      },
+      "holds more bytes than a size_t counts");
   check_message([&] { (void)t.transpose(0, 1).view({24}); }, "make it contiguous first");
   check_message([&] { (void)t.slice(1, 2, 7); }, "slice [2, 7) of dim 1 is outside the size 6");
   check_message([&] { (void)t.select(3, 0); }, "dimension 3 out of range for a tensor of rank 2");

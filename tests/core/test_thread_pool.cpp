@@ -96,6 +96,11 @@ TEST_CASE("ThreadPool and the CPU thread count: bad values are refused naming th
   CHECK_THROWS_WITH_AS(sk::ThreadPool(0), "a ThreadPool needs 1 to 4096 threads, got 0", sk::Error);
   CHECK_THROWS_WITH_AS(sk::Context(sk::ContextOptions{.cpu_threads = -2}),
                        doctest::Contains("ContextOptions::cpu_threads is -2"), sk::Error);
+  // (Refused where the option is given, not at the first host op's pool.)
+  CHECK_THROWS_WITH_AS(sk::Context(sk::ContextOptions{.cpu_threads = 5000}),
+                       doctest::Contains("ContextOptions::cpu_threads is 5000; use a thread "
+                                         "count from 1 to 4096"),
+                       sk::Error);
   sk::Context three(sk::ContextOptions{.cpu_threads = 3});
   CHECK(three.cpu_threads() == 3);
   CHECK(three.cpu_pool().size() == 3);

@@ -121,7 +121,13 @@ class Allocator {
     if (capturing_ == nullptr) return do_allocate(bytes);
     if (void* pointer = capturing_->take(bytes)) return pointer;
     void* pointer = do_allocate_reserved(bytes);
-    if (pointer != nullptr) capturing_->add(pointer, bytes);
+    if (pointer == nullptr) return nullptr;
+    try {
+      capturing_->add(pointer, bytes);
+    } catch (...) {  // (the pool's table could not grow: the block would be neither held nor freed)
+      do_deallocate_reserved(pointer, bytes);
+      return nullptr;  // (out of memory, as allocate reports it)
+    }
     return pointer;
   }
   // Whether a pool took `pointer` (its block, or memory held for the capture under way).

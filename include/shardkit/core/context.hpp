@@ -94,8 +94,9 @@ class Context {
         seed_(options.seed),
         cpu_threads_(options.cpu_threads == 0 ? default_cpu_threads() : options.cpu_threads),
         kernels_(options.kernels) {
-    check(options.cpu_threads >= 0, "ContextOptions::cpu_threads is ", options.cpu_threads,
-          "; use a positive thread count, or 0 for the default");
+    check(options.cpu_threads >= 0 && options.cpu_threads <= 4096,
+          "ContextOptions::cpu_threads is ", options.cpu_threads,
+          "; use a thread count from 1 to 4096, or 0 for the default");
     check_device_usable(device_);
     check(
         options.allocator == nullptr || (device_.is_cpu() && options.allocator->device().is_cpu()),

@@ -71,10 +71,16 @@ class MemoryStats {
     allocations_.fetch_sub(1);
   }
 
-  // Starts a new measurement window: peaks drop to the current usage.
+  // Starts a new measurement window: peaks drop to the current usage. (Raised again after the
+  // store: an allocation of another thread between the load and the store would otherwise
+  // leave the peak below what is in use.)
   void reset_peak() {
-    for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) peak_[i].store(current_[i].load());
+    for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {
+      peak_[i].store(current_[i].load());
+      raise_peak(peak_[i], current_[i].load());
+    }
     peak_total_.store(current_total_.load());
+    raise_peak(peak_total_, current_total_.load());
   }
 
   std::int64_t current(MemoryCategory c) const {

@@ -64,6 +64,23 @@ inline void record_deferred_init(const Tensor& t, const InitRecipe& recipe, cons
   t.storage()->record_init(recipe);
 }
 
+// The bytes of a new tensor of `shape` in `dtype`, refused by name where a size is negative or
+// the count overflows (a wrapped product, 0 for [2^32, 2^32], gave a tensor without memory).
+inline std::size_t storage_bytes(const Shape& shape, DType dtype) {
+  std::int64_t count = 1;
+  bool overflow = false;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    check(shape[i] >= 0, "Tensor shape ", shape_text(shape), " has a negative size at dim ", i);
+    overflow = overflow || __builtin_mul_overflow(count, shape[i], &count);
+  }
+  std::size_t bytes = 0;
+  overflow = overflow ||
+             __builtin_mul_overflow(static_cast<std::size_t>(count), dtype_size(dtype), &bytes);
+  check(!overflow, "Tensor shape ", shape_text(shape), " of ", dtype_name(dtype),
+        " holds more bytes than a size_t counts; a dimension is wrong");
+  return bytes;
+}
+
 }  // namespace detail
 
 // Built under DeferredParameters without memory and not materialized since (deferred_init.hpp).
@@ -73,7 +90,7 @@ inline bool is_deferred(const Tensor& t) { return t.defined() && t.storage()->de
 // parameter's under DeferredParameters gets no memory (deferred_init.hpp).
 inline Tensor empty(Context& ctx, Shape shape, DType dtype,
                     MemoryCategory category = MemoryCategory::other) {
-  const auto bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  const auto bytes = detail::storage_bytes(shape, dtype);
   if (category == MemoryCategory::parameters && ctx.defers_parameters()) [[unlikely]]
     return Tensor(make_pooled<Storage>(Storage::Deferred{}, ctx.allocator_ptr(), bytes, category,
                                        detail::kDeferredReason),
@@ -84,7 +101,7 @@ inline Tensor empty(Context& ctx, Shape shape, DType dtype,
 
 inline Tensor empty_on(Context& ctx, Device device, Shape shape, DType dtype,
                        MemoryCategory category = MemoryCategory::other) {
-  const auto bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  const auto bytes = detail::storage_bytes(shape, dtype);
   return Tensor(make_pooled<Storage>(detail::allocator_ptr_for(ctx, device), bytes, category),
                 std::move(shape), dtype);
 }

@@ -28,7 +28,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -76,17 +78,19 @@ class ThreadPool {
     check(threads >= 1 && threads <= 4096, "a ThreadPool needs 1 to 4096 threads, got ", threads);
 #if !defined(_OPENMP)
     workers_.reserve(static_cast<std::size_t>(threads - 1));
-    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { work(t); });
+    try {
+      for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { work(t); });
+    } catch (const std::system_error& e) {
+      // (A destructor is not run for a constructor that throws: the threads started would be
+      // destroyed joinable, which terminates the process.)
+      stop_workers();
+      fail<StateError>("could not start thread ", workers_.size() + 1, " of a pool of ", threads,
+                       " (", e.what(), "); ask for fewer with ContextOptions::cpu_threads or ",
+                       "SHARDKIT_NUM_THREADS, or raise the process limit");
+    }
 #endif
   }
-  ~ThreadPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
+  ~ThreadPool() { stop_workers(); }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
@@ -110,6 +114,15 @@ class ThreadPool {
   }
 
  private:
+  void stop_workers() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+
   // Runs run(lo, hi) over blocks of [0, tasks): parallel_for's loop over fn's tasks.
   [[gnu::noinline]] void run_blocks(std::int64_t tasks,
                                     detail::FunctionRef<void(std::int64_t, std::int64_t)> run) {
@@ -141,7 +154,7 @@ class ThreadPool {
 #else
     {
       std::lock_guard lock(mutex_);
-      job_ = block;
+      job_.emplace(block);  // (refers to `block`: every worker is done with it before we return)
       used_ = used;
       pending_.store(used - 1, std::memory_order_relaxed);
       generation_.fetch_add(1, std::memory_order_release);
@@ -157,7 +170,7 @@ class ThreadPool {
     }
     {
       std::lock_guard lock(mutex_);
-      job_ = nullptr;
+      job_.reset();
     }
 #endif
     for (auto& e : errors)
@@ -187,7 +200,7 @@ class ThreadPool {
     std::uint64_t seen = 0;
     for (;;) {
       spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
-      std::function<void(int)> job;
+      std::optional<detail::FunctionRef<void(int)>> job;
       {
         std::unique_lock lock(mutex_);
         wake_.wait(
@@ -197,7 +210,7 @@ class ThreadPool {
         if (t >= used_) continue;  // this call needs fewer threads
         job = job_;
       }
-      job(t);
+      (*job)(t);
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard lock(mutex_);  // so the caller cannot miss the notification
         done_.notify_one();
@@ -210,7 +223,9 @@ class ThreadPool {
   std::mutex run_mutex_;  // one parallel_for at a time
   std::mutex mutex_;      // guards job_, used_, stopping_; orders the sleeps and wake-ups
   std::condition_variable wake_, done_;
-  std::function<void(int)> job_;
+  // The call's blocks, as a reference (copying a std::function of them allocated on every call
+  // and in every worker).
+  std::optional<detail::FunctionRef<void(int)>> job_;
   int used_ = 0;
   std::atomic<int> pending_{0};               // workers still running this call's job
   std::atomic<std::uint64_t> generation_{0};  // bumped once per call
