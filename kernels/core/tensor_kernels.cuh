@@ -91,6 +91,7 @@ template <class T>
 __global__ void random_kernel(T* data, StridedIndexer indexer, std::int64_t n, RandomSpec spec,
                               std::int64_t blocks) {
   const auto per = static_cast<unsigned>(spec.elements_per_block());
+  const T ceiling = spec.uniform_ceiling<T>();
   for (std::int64_t b = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; b < blocks;
        b += std::int64_t{gridDim.x} * blockDim.x) {
     const PhiloxBlock block = philox_block(spec.seed, spec.counter_base + b);
@@ -98,7 +99,7 @@ __global__ void random_kernel(T* data, StridedIndexer indexer, std::int64_t n, R
     for (unsigned position = 0; position < per; ++position) {
       const std::int64_t i = first + position;
       if (i >= 0 && i < n)
-        data[indexer.offset(i)] = convert_value<T>(spec.value_in_block(block, position));
+        data[indexer.offset(i)] = spec.stored_as<T>(spec.value_in_block(block, position), ceiling);
     }
   }
 }

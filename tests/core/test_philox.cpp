@@ -240,6 +240,39 @@ TEST_CASE("a fill's range made alone equals the whole fill's elements, from any 
   }
 }
 
+// A uniform value is below `high` in double, but rounding it to the tensor's dtype may reach
+// `high` (bf16 on [0, 1): about 0.2% of the elements): those take the dtype's largest value
+// below it, so every fill keeps to [low, high).
+TEST_CASE("uniform_ keeps below high in every floating dtype") {
+  sk::Context ctx({.seed = 99});
+  for (auto dtype : {sk::DType::f32, sk::DType::bf16, sk::DType::f16}) {
+    auto t = sk::empty(ctx, {1 << 20}, dtype);
+    sk::uniform_(ctx, t, 0.0, 1.0);
+    const auto values = sk::to_vector<float>(ctx, sk::cast(ctx, t, sk::DType::f32));
+    INFO(sk::dtype_name(dtype));
+    CHECK(*std::max_element(values.begin(), values.end()) < 1.0f);
+    CHECK(*std::min_element(values.begin(), values.end()) >= 0.0f);
+  }
+  // The largest word, which rounds to `high` in f32 too; ceilings at and around zero.
+  const sk::RandomSpec unit{sk::RandomKind::uniform, 0.0, 1.0, 0, 0};
+  const double top = unit.uniform_value(0xFFFFFFFFu);
+  REQUIRE(static_cast<float>(top) == 1.0f);
+  CHECK(unit.stored_as<float>(top, unit.uniform_ceiling<float>()) == std::nextafter(1.0f, 0.0f));
+  CHECK(unit.stored_as<double>(top, unit.uniform_ceiling<double>()) == top);
+  CHECK(unit.uniform_ceiling<sk::BFloat16>().bits == 0x3f7f);  // 1 - 2^-8
+  CHECK(unit.uniform_ceiling<sk::Half>().bits == 0x3bff);      // 1 - 2^-11
+  const sk::RandomSpec below_zero{sk::RandomKind::uniform, -1.0, 0.0, 0, 0};
+  CHECK(below_zero.uniform_ceiling<sk::Half>().bits == 0x8001);  // the smallest negative
+  const sk::RandomSpec below_minus_one{sk::RandomKind::uniform, -2.0, -1.0, 0, 0};
+  CHECK(below_minus_one.uniform_ceiling<sk::BFloat16>().bits == 0xbf81);  // -(1 + 2^-7)
+  // Normal values and a [low, low] fill are left as they round.
+  const sk::RandomSpec normal{sk::RandomKind::normal, 0.0, 1.0, 0, 0};
+  CHECK(normal.stored_as<float>(1.0, normal.uniform_ceiling<float>()) == 1.0f);
+  auto flat = sk::empty(ctx, {64}, sk::DType::bf16);
+  sk::uniform_(ctx, flat, 0.5, 0.5);
+  for (auto v : sk::to_vector<sk::BFloat16>(ctx, flat)) CHECK(v.to_float() == 0.5f);
+}
+
 TEST_CASE("random fills refuse integer tensors") {
   sk::Context ctx;
   auto t = sk::empty(ctx, {4}, sk::DType::i32);

@@ -237,11 +237,12 @@ inline void random_on_host(Context& ctx, const Tensor& t, const RandomSpec& spec
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BFloat16>) {
       T* data = static_cast<T*>(t.data_ptr());
+      const T ceiling = spec.uniform_ceiling<T>();
       if (!t.is_contiguous()) {  // (rare) one Philox block per element, in order
         for_each_element(t.shape(), t.strides(), t.strides(),
                          [&](std::int64_t index, std::int64_t at, std::int64_t) {
-                           data[at] =
-                               convert_value<T>(spec.value_at(static_cast<std::uint64_t>(index)));
+                           data[at] = spec.stored_as<T>(
+                               spec.value_at(static_cast<std::uint64_t>(index)), ceiling);
                          });
         return;
       }
@@ -250,7 +251,8 @@ inline void random_on_host(Context& ctx, const Tensor& t, const RandomSpec& spec
       RandomSpec whole = spec;
       if (whole.skip != 0) {  // (a range from inside a block) its first elements one by one
         const std::uint64_t head = std::min(count, per_block - whole.skip);
-        for (std::uint64_t j = 0; j < head; ++j) data[j] = convert_value<T>(whole.value_at(j));
+        for (std::uint64_t j = 0; j < head; ++j)
+          data[j] = whole.stored_as<T>(whole.value_at(j), ceiling);
         whole = whole.from_element(head);
         data += head;
         count -= head;
@@ -277,13 +279,14 @@ inline void random_on_host(Context& ctx, const Tensor& t, const RandomSpec& spec
               T* out = data + begin;
               if (whole.kind == RandomKind::uniform) {  // word j is element begin + j
                 for (std::uint64_t j = 0; j < end - begin; ++j)
-                  out[j] = convert_value<T>(rule.uniform_value(words[j]));
+                  out[j] = rule.stored_as<T>(rule.uniform_value(words[j]), ceiling);
               } else if (whole.kind == RandomKind::keep_mask) {  // (the same)
                 for (std::uint64_t j = 0; j < end - begin; ++j)
-                  out[j] = convert_value<T>(rule.mask_value(words[j]));
+                  out[j] = rule.stored_as<T>(rule.mask_value(words[j]), ceiling);
               } else {  // words 2j, 2j + 1 are element begin + j's
                 for (std::uint64_t j = 0; j < end - begin; ++j)
-                  out[j] = convert_value<T>(rule.normal_value(words[2 * j], words[2 * j + 1]));
+                  out[j] =
+                      rule.stored_as<T>(rule.normal_value(words[2 * j], words[2 * j + 1]), ceiling);
               }
             }
           });

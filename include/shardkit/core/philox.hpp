@@ -8,6 +8,7 @@
 
 #include "shardkit/core/box_muller.hpp"
 #include "shardkit/core/config.hpp"
+#include "shardkit/core/dtype.hpp"
 
 namespace shardkit {
 
@@ -106,6 +107,31 @@ struct RandomSpec {
     if (kind == RandomKind::uniform) return uniform_value(block.v[position]);
     if (kind == RandomKind::keep_mask) return mask_value(block.v[position]);
     return normal_value(block.v[2u * position], block.v[2u * position + 1u]);
+  }
+
+  // Element value `value` (value_at's, value_in_block's) stored as T. A uniform value is below
+  // b in double, but rounding it to a narrower T can reach b (bf16 on [0, 1): about 0.2% of
+  // the elements; f32: one in 2^25): those take `ceiling`, T's largest value below b
+  // (uniform_ceiling), so a fill keeps to [a, b) in every dtype, on every device alike.
+  template <class T>
+  SK_HOST_DEVICE T stored_as(double value, T ceiling) const {
+    const T out = convert_value<T>(value);
+    if (kind != RandomKind::uniform || !(a < b)) return out;
+    return convert_value<double>(out) < b ? out : ceiling;
+  }
+  template <class T>
+  SK_HOST_DEVICE T uniform_ceiling() const {
+    const T rounded = convert_value<T>(b);
+    if (convert_value<double>(rounded) < b) return rounded;
+    if constexpr (std::is_same_v<T, double>) {
+      return nextafter(rounded, -HUGE_VAL);
+    } else if constexpr (std::is_same_v<T, float>) {
+      return nextafterf(rounded, -HUGE_VALF);
+    } else {  // Half, BFloat16: one step down in sign-magnitude bits (+0: the smallest negative)
+      const std::uint16_t raw = rounded.bits;
+      return T::from_bits(static_cast<std::uint16_t>(
+          (raw & 0x8000u) != 0 ? raw + 1u : (raw == 0 ? 0x8001u : raw - 1u)));
+    }
   }
 
   // The uniform value one word gives.
