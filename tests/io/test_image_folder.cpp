@@ -3,6 +3,7 @@
 // truncated and unsupported files refused by path; the synthetic source.
 #include <doctest/doctest.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <string>
@@ -57,6 +58,46 @@ std::string error_of(const std::string& path) {
   return "";
 }
 
+// A PNG made byte by byte (zlib for the data, CRCs): forms that write_png does not make --
+// 16-bit samples, a gAMA chunk, a palette, 2-bit grey, interlacing. `samples`: the rows packed,
+// without their filter bytes (none is used), each pass's rows in turn when interlaced.
+using Chunks = std::vector<std::pair<std::string, std::vector<std::uint8_t>>>;
+std::vector<std::uint8_t> png_file(std::uint32_t width, std::uint32_t height, int depth, int type,
+                                   const std::vector<std::vector<std::uint8_t>>& rows,
+                                   const Chunks& chunks = {}, bool interlaced = false) {
+  std::vector<std::uint8_t> out{0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  auto put32 = [](std::vector<std::uint8_t>& v, std::uint32_t x) {
+    for (int shift : {24, 16, 8, 0}) v.push_back(static_cast<std::uint8_t>(x >> shift));
+  };
+  auto chunk = [&](const std::string& kind, const std::vector<std::uint8_t>& data) {
+    put32(out, static_cast<std::uint32_t>(data.size()));
+    const std::size_t start = out.size();
+    out.insert(out.end(), kind.begin(), kind.end());
+    out.insert(out.end(), data.begin(), data.end());
+    put32(out, static_cast<std::uint32_t>(
+                   ::crc32(0, out.data() + start, static_cast<uInt>(out.size() - start))));
+  };
+  std::vector<std::uint8_t> header;
+  put32(header, width);
+  put32(header, height);
+  header.insert(header.end(), {static_cast<std::uint8_t>(depth), static_cast<std::uint8_t>(type), 0,
+                               0, static_cast<std::uint8_t>(interlaced ? 1 : 0)});
+  chunk("IHDR", header);
+  for (const auto& [kind, data] : chunks) chunk(kind, data);
+  std::vector<std::uint8_t> raw;
+  for (const auto& row : rows) {
+    raw.push_back(0);  // filter: none
+    raw.insert(raw.end(), row.begin(), row.end());
+  }
+  uLongf size = ::compressBound(static_cast<uLong>(raw.size()));
+  std::vector<std::uint8_t> packed(size);
+  REQUIRE(::compress(packed.data(), &size, raw.data(), static_cast<uLong>(raw.size())) == Z_OK);
+  packed.resize(size);
+  chunk("IDAT", packed);
+  chunk("IEND", {});
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("PNG and PGM/PPM decode exactly, grey and RGB, and alpha is dropped") {
@@ -92,6 +133,47 @@ TEST_CASE("PNG and PGM/PPM decode exactly, grey and RGB, and alpha is dropped") 
         std::vector<std::uint8_t>{0, 85, 170, 255});
 }
 
+// PIL's values (torchvision's loader): 16-bit samples cut to their high byte, no gamma
+// correction, palettes expanded (a transparency ignored), low-bit grey scaled to 8 bits. libpng's
+// simplified API, read before, took 16-bit samples without a gAMA chunk as linear light (0x8080
+// gave 188) and applied a file's gAMA.
+TEST_CASE("PNG samples are PIL's: 16 bits cut to their high byte, no gamma, palettes, 2-bit grey") {
+  TempFolder dir("png_forms");
+  auto decoded = [&](const std::string& name, const std::vector<std::uint8_t>& bytes) {
+    image_files::write_bytes(dir / name, bytes);
+    return sk::data::decode_image_file(dir / name);
+  };
+  using Bytes = std::vector<std::uint8_t>;
+  const auto wide = decoded(
+      "rgb16.png",
+      png_file(2, 1, 16, 2, {{0x80, 0x80, 0, 0, 0xFF, 0xFF, 0x12, 0x34, 0xAB, 0xCD, 0x00, 0xFF}}));
+  CHECK(wide.channels == 3);
+  CHECK(wide.pixels == Bytes{0x80, 0, 0xFF, 0x12, 0xAB, 0});
+  const auto wide_alpha =
+      decoded("rgba16.png", png_file(1, 1, 16, 6, {{0x10, 0x01, 0x20, 0x02, 0x30, 0x03, 0, 0}}));
+  CHECK(wide_alpha.pixels == Bytes{0x10, 0x20, 0x30});
+  const Chunks linear_gamma{{"gAMA", {0, 1, 0x86, 0xA0}}};  // 1.0: linear light
+  const auto grey = decoded("gamma.png", png_file(3, 1, 8, 0, {{0, 100, 200}}, linear_gamma));
+  CHECK(grey.channels == 1);
+  CHECK(grey.pixels == Bytes{0, 100, 200});
+  const auto rgb = decoded("gamma_rgb.png", png_file(1, 1, 8, 2, {{30, 60, 90}}, linear_gamma));
+  CHECK(rgb.pixels == Bytes{30, 60, 90});
+  const auto palette =
+      decoded("palette.png",
+              png_file(3, 1, 8, 3, {{2, 0, 1}},
+                       {{"PLTE", {10, 20, 30, 40, 50, 60, 70, 80, 90}}, {"tRNS", {0, 128}}}));
+  CHECK(palette.channels == 3);
+  CHECK(palette.pixels == Bytes{70, 80, 90, 10, 20, 30, 40, 50, 60});
+  const auto low = decoded("grey2.png", png_file(4, 1, 2, 0, {{0x1B}}));  // 0, 1, 2, 3
+  CHECK(low.pixels == Bytes{0, 85, 170, 255});
+  // Interlaced (Adam7), 2 x 2: pass 1 holds (0, 0), pass 6 (0, 1), pass 7 row 1.
+  const auto laced = decoded("laced.png", png_file(2, 2, 8, 0, {{11}, {12}, {21, 22}}, {}, true));
+  CHECK(laced.pixels == Bytes{11, 12, 21, 22});
+  image_files::write_bytes(dir / "grey16.png", png_file(1, 1, 16, 0, {{1, 2}}));
+  CHECK(error_of(dir / "grey16.png").find("is a 16-bit grey PNG, which is not read") !=
+        std::string::npos);
+}
+
 TEST_CASE("JPEG decodes within its compression loss, grey and RGB") {
   TempFolder dir("jpeg");
   for (std::int64_t channels : {1, 3}) {
@@ -106,6 +188,37 @@ TEST_CASE("JPEG decodes within its compression loss, grey and RGB") {
       err += std::abs(int(d.pixels[i]) - int(p.data[i]));
     CHECK(err / double(p.data.size()) < 4.0);  // mean absolute error in grey levels
     CHECK(err > 0);                            // and it is a JPEG: lossy
+  }
+}
+
+// libjpeg's warnings about the metadata or about bytes around the image data leave the
+// pixels whole: PIL decodes such files (ImageNet holds some), and so do we. Those that mean
+// pixels were lost still refuse (the garbled and cut files below).
+TEST_CASE("JPEG warnings that lose no pixel are let pass, with the pixels of the file") {
+  TempFolder dir("jpeg_warnings");
+  const Pixels rgb = random_pixels(24, 32, 3, 7, /*noise=*/8);
+  image_files::write_jpeg(dir / "good.jpg", rgb, 95);
+  const auto good = sk::data::decode_image_file(dir / "good.jpg");
+  const auto jpg = image_files::read_bytes(dir / "good.jpg");
+  REQUIRE(jpg.size() > 20);
+  REQUIRE(jpg[jpg.size() - 2] == 0xFF);
+  REQUIRE(jpg[jpg.size() - 1] == 0xD9);
+  // "Corrupt JPEG data: 5 extraneous bytes before marker 0xd9".
+  auto extraneous = jpg;
+  extraneous.insert(extraneous.end() - 2, {0x12, 0x34, 0x56, 0x78, 0x9A});
+  image_files::write_bytes(dir / "extraneous.jpg", extraneous);
+  // "unknown JFIF revision number 0.01": the APP0 segment's major version.
+  auto revision = jpg;
+  REQUIRE(revision[3] == 0xE0);
+  REQUIRE(std::string(revision.begin() + 6, revision.begin() + 10) == "JFIF");
+  revision[11] = 0;
+  image_files::write_bytes(dir / "revision.jpg", revision);
+  for (const char* name : {"extraneous.jpg", "revision.jpg"}) {
+    INFO(name);
+    const auto d = sk::data::decode_image_file(dir / name);
+    CHECK(d.rows == good.rows);
+    CHECK(d.cols == good.cols);
+    CHECK(d.pixels == good.pixels);
   }
 }
 
@@ -142,11 +255,19 @@ TEST_CASE("corrupt, truncated and unsupported files are refused by path") {
           {'P', '5', ' ', '9', '9', '9', '9', '9', ' ', '9', '9', '9', '9', '9', ' ', '2', '5', '5',
            '\n'},
           "decompression bomb");
-  // A header that claims far more pixels than the file could hold is refused before allocating.
+  // A header that claims far more pixels than the file could hold is refused before allocating
+  // (IHDR's CRC made again, so that libpng reads the header and our check is what refuses).
+  // 10 000 x 10 000: under PIL's bomb limit and libpng's million a side, far above what a 40 x 40
+  // file's bytes can encode.
   auto claims_huge = png;
-  for (int i : {16, 17, 18, 19, 20, 21, 22, 23})
-    claims_huge[std::size_t(i)] = i % 4 == 0 ? 0 : 0x7F;
-  refused("claims.png", claims_huge, "PNG");
+  for (int i : {16, 20}) {
+    claims_huge[std::size_t(i + 2)] = 0x27;
+    claims_huge[std::size_t(i + 3)] = 0x10;
+  }
+  const auto ihdr_crc = ::crc32(0, claims_huge.data() + 12, 17);  // chunk type and data
+  for (int k = 0; k < 4; ++k)
+    claims_huge[std::size_t(29 + k)] = static_cast<std::uint8_t>(ihdr_crc >> (24 - 8 * k));
+  refused("claims.png", claims_huge, "more than the format can compress");
   refused("wide.pgm", {'P', '5', ' ', '2', ' ', '2', ' ', '6', '5', '5', '3', '5', '\n'}, "16-bit");
   refused("short.ppm", {'P', '6', ' ', '4', ' ', '4', ' ', '2', '5', '5', '\n', 1, 2, 3},
           "truncated");
@@ -164,22 +285,27 @@ TEST_CASE("an image folder: classes sorted, files sorted per class, grey stays g
   image_files::write_png(dir / "zebra/a.PNG", random_pixels(8, 8, 1, 2));
   image_files::write_png(dir / "apple/deep/x.png", random_pixels(8, 8, 1, 3));
   image_files::write_netpbm(dir / "apple/c.pgm", random_pixels(8, 8, 1, 4));
+  // ImageFolder's order within a class: the class folder's own files, then each subfolder's
+  // (os.walk's folders sorted), whatever the whole paths' order ("apple/a_sub/y.png" sorts
+  // before "apple/c.pgm" as a path).
+  image_files::write_png(dir / "apple/a_sub/y.png", random_pixels(8, 8, 1, 5));
   image_files::write_bytes(dir / "apple/notes.txt", {'h', 'i'});
   image_files::write_bytes(dir / "README", {'h', 'i'});
   const auto index = sk::data::index_image_folder(dir.path.string());
   CHECK(index.classes == std::vector<std::string>{"apple", "zebra"});
-  REQUIRE(index.paths.size() == 4);
+  REQUIRE(index.paths.size() == 5);
   CHECK(fs::path(index.paths[0]).filename() == "c.pgm");
-  CHECK(fs::path(index.paths[1]).filename() == "x.png");  // "deep/x.png" sorts after "c.pgm"
-  CHECK(fs::path(index.paths[2]).filename() == "a.PNG");
-  CHECK(index.labels == std::vector<std::int32_t>{0, 0, 1, 1});
+  CHECK(fs::path(index.paths[1]).filename() == "y.png");  // apple/a_sub
+  CHECK(fs::path(index.paths[2]).filename() == "x.png");  // apple/deep
+  CHECK(fs::path(index.paths[3]).filename() == "a.PNG");
+  CHECK(index.labels == std::vector<std::int32_t>{0, 0, 0, 1, 1});
 
   const auto d = sk::data::load_image_folder(index, 3);
-  CHECK(d.count == 4);
+  CHECK(d.count == 5);
   CHECK(d.channels == 1);
   CHECK(d.uniform());
   CHECK(d.rows == 8);
-  CHECK(std::vector<std::uint8_t>(d.image(2).pixels, d.image(2).pixels + 64) ==
+  CHECK(std::vector<std::uint8_t>(d.image(3).pixels, d.image(3).pixels + 64) ==
         random_pixels(8, 8, 1, 2).data);
 
   // One colour image of another size: the dataset becomes RGB (grey repeated) and per-image.
@@ -192,7 +318,7 @@ TEST_CASE("an image folder: classes sorted, files sorted per class, grey stays g
   CHECK(first.rows == 8);
   for (int p = 0; p < 64; ++p)
     for (int c = 0; c < 3; ++c) CHECK(first.pixels[p * 3 + c] == grey[std::size_t(p)]);
-  const auto last = mixed.image(4);
+  const auto last = mixed.image(5);
   CHECK(last.rows == 5);
   CHECK(last.cols == 7);
   CHECK(std::vector<std::uint8_t>(last.pixels, last.pixels + last.bytes()) ==

@@ -80,7 +80,8 @@ TEST_CASE("corrupt IDX files get errors that name the file and the problem") {
   write_gz(dir / "magic.gz", {1, 2, 8, 1, 0, 0, 0, 1, 5});
   CHECK(io_error(dir / "magic.gz").find("is not an IDX file") != std::string::npos);
   write_gz(dir / "type.gz", {0, 0, 0x0d, 1, 0, 0, 0, 1, 5, 5, 5, 5});
-  CHECK(io_error(dir / "type.gz").find("only unsigned bytes") != std::string::npos);
+  CHECK(io_error(dir / "type.gz").find("holds IDX type 0x0D; only unsigned bytes") !=
+        std::string::npos);  // (f32's type, in hex: it printed "0x13")
   write_gz(dir / "long.gz", idx_bytes({2}, {1, 2, 3}));
   CHECK(io_error(dir / "long.gz").find("bytes after its 2 data elements") != std::string::npos);
   CHECK(io_error(dir / "absent.gz").find("cannot open") != std::string::npos);
@@ -189,4 +190,8 @@ TEST_CASE("a resumed position travels in images between global batches") {
   CHECK(sk::data::converted_position(written, 16, 48, 6).batch == 3);
   CHECK_THROWS_AS(sk::data::converted_position({0, 0, INT64_MAX / 2}, 16, 8, 40),
                   sk::InvalidArgument);
+  // An epoch whose iteration would overflow (a damaged checkpoint's metadata).
+  CHECK_THROWS_WITH_AS(sk::data::converted_position({0, std::int64_t{1} << 40, 0}, 16, 8, 1 << 24),
+                       doctest::Contains("is not one a run reaches"), sk::InvalidArgument);
+  CHECK(sk::data::converted_position({0, 1000, 0}, 16, 8, 1 << 24).iteration == 1000ll << 24);
 }

@@ -82,7 +82,9 @@ inline IdxArray read_idx(const std::string& path) {
   check<IoError>(header[0] == 0 && header[1] == 0, "'", path,
                  "' is not an IDX file: its magic number starts with ", int{header[0]}, ", ",
                  int{header[1]}, " instead of 0, 0");
-  check<IoError>(header[2] == 0x08, "'", path, "' holds IDX type 0x", std::to_string(header[2]),
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  const char type_text[] = {kHex[header[2] >> 4], kHex[header[2] & 15], '\0'};
+  check<IoError>(header[2] == 0x08, "'", path, "' holds IDX type 0x", type_text,
                  "; only unsigned bytes (0x08) are supported");
   const int rank = header[3];
   check<IoError>(rank >= 1 && rank <= 4, "'", path, "' claims ", rank,

@@ -1,10 +1,11 @@
-// Decoding image files into u8 pixels: JPEG (libjpeg-turbo), PNG (libpng's simplified API) and
+// Decoding image files into u8 pixels: JPEG (libjpeg-turbo), PNG (libpng) and
 // binary netpbm (PGM P5 / PPM P6, read here: the format is a text header and raw bytes).
 // The format is told by the file's first bytes, not its name, as PIL does. Grey images stay one
 // channel and colour ones become RGB (an alpha channel is dropped, as PIL's convert("RGB")).
 // Anything else is refused with an IoError naming the file: a corrupt or truncated file
-// (libjpeg's warnings count as errors, so a JPEG cut short is not silently padded with grey), a
-// CMYK JPEG, a format other than these, an image larger than PIL's decompression-bomb limit.
+// (libjpeg's warnings that pixels were lost count as errors, so a JPEG cut short is not
+// silently padded with grey; those about metadata do not), a CMYK JPEG, a format other than
+// these, an image larger than PIL's decompression-bomb limit.
 //
 // Needs libjpeg and libpng at link time (Debian: libjpeg-dev libpng-dev); shardkit.hpp does not
 // include this header, so programs that read no image files do not need them.
@@ -15,6 +16,8 @@
 #include <cstdio>
 
 #include <jpeglib.h>
+// (after jpeglib.h, which it needs: the warnings' codes)
+#include <jerror.h>
 #include <png.h>
 
 #include <algorithm>
@@ -77,8 +80,11 @@ inline constexpr std::int64_t kJpegPixelsPerByte = 4096;
 inline constexpr std::int64_t kPngPixelsPerByte = 8 * 1032 + 64;
 
 // libjpeg reports errors through a callback that must not return: it jumps back to
-// decode_jpeg's setjmp with the library's message. Warnings (corrupt data, a premature end of
-// the file) are errors here too.
+// decode_jpeg's setjmp with the library's message. Warnings that pixels were lost (corrupt
+// entropy-coded data, a premature end of the file) are errors here too; those about the
+// metadata or the bytes around the image data leave the pixels whole and are let pass, as PIL
+// does (ImageNet's training set holds such files: "Corrupt JPEG data: N extraneous bytes
+// before marker 0xd9", an unknown JFIF revision).
 struct JpegErrors {
   jpeg_error_mgr manager;
   std::jmp_buf jump;
@@ -91,8 +97,24 @@ inline void jpeg_error_exit(j_common_ptr info) {
   std::longjmp(errors->jump, 1);
 }
 
+inline bool jpeg_warning_loses_pixels(const jpeg_error_mgr& err) {
+  switch (err.msg_code) {
+    case JWRN_EXTRANEOUS_DATA: {  // bytes skipped before a marker: harmful only inside the scan
+      const int marker = err.msg_parm.i[1];
+      return marker >= 0xD0 && marker <= 0xD7;  // (before a restart marker: data lost)
+    }
+    case JWRN_JFIF_MAJOR:  // metadata the decoder does not need
+    case JWRN_ADOBE_XFORM:
+    case JWRN_BOGUS_ICC:
+    case JWRN_BOGUS_PROGRESSION:  // a progressive scan script out of order: all data still read
+      return false;
+    default:  // premature end of file, corrupt data, bad Huffman codes, resynchronisation
+      return true;
+  }
+}
+
 inline void jpeg_message(j_common_ptr info, int level) {
-  if (level < 0) jpeg_error_exit(info);  // a warning: the data is damaged
+  if (level < 0 && jpeg_warning_loses_pixels(*info->err)) jpeg_error_exit(info);
 }
 
 // No object with a destructor may be created between the setjmp and the end of the
@@ -127,7 +149,12 @@ inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, DecodedImage& 
   out.rows = rows;
   out.cols = cols;
   out.channels = grey ? 1 : 3;
-  out.pixels.resize(static_cast<std::size_t>(rows * cols * out.channels));
+  try {
+    out.pixels.resize(static_cast<std::size_t>(rows * cols * out.channels));
+  } catch (...) {  // (libjpeg's state would leak)
+    jpeg_destroy_decompress(&info);
+    throw;
+  }
   jpeg_start_decompress(&info);
   while (info.output_scanline < info.output_height) {
     JSAMPROW row = out.pixels.data() + std::size_t{info.output_scanline} *
@@ -150,47 +177,96 @@ inline DecodedImage decode_jpeg(std::span<const std::uint8_t> bytes, const std::
   return out;
 }
 
+// libpng's low-level reader, set to give the values PIL gives: palettes expanded to their
+// colours (a tRNS transparency ignored, as convert("RGB") does), 1-, 2- and 4-bit grey scaled to
+// 8 bits, 16-bit samples cut to their high byte (PIL's "RGB;16B" unpacking), alpha dropped, and
+// no gamma correction (PIL ignores gAMA; libpng's simplified API applied it, and read 16-bit
+// files without one as linear light: a sample of 0x8080 gave 188 where PIL gives 128).
+// 16-bit grey is refused: PIL opens it as 32-bit integers, which its convert("RGB") clips
+// to 255, so there is no value to match. Errors longjmp back to the setjmp below, as in
+// decode_jpeg; warnings (ancillary chunks) leave the pixels whole and pass, as in PIL.
+struct PngSource {
+  std::span<const std::uint8_t> bytes;
+  std::size_t at = 0;
+  char message[256] = {};
+};
+
+inline void png_read_from_memory(png_structp png, png_bytep out, png_size_t count) {
+  auto* source = static_cast<PngSource*>(png_get_io_ptr(png));
+  if (count > source->bytes.size() - source->at) png_error(png, "the file ends early");
+  std::memcpy(out, source->bytes.data() + source->at, count);
+  source->at += count;
+}
+
+inline void png_error_exit(png_structp png, png_const_charp message) {
+  auto* source = static_cast<PngSource*>(png_get_error_ptr(png));
+  std::snprintf(source->message, sizeof source->message, "%s", message);
+  png_longjmp(png, 1);
+}
+
+inline void png_warning_ignored(png_structp, png_const_charp) {}
+
+// No object with a destructor may be created between the setjmp and the end of the reading:
+// the jump would skip it. The output lives in the caller.
+inline bool decode_png_into(PngSource& source, png_structp png, png_infop info, DecodedImage& out,
+                            std::string& refusal) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  png_set_read_fn(png, &source, png_read_from_memory);
+  png_read_info(png, info);
+  const auto rows = static_cast<std::int64_t>(png_get_image_height(png, info));
+  const auto cols = static_cast<std::int64_t>(png_get_image_width(png, info));
+  refusal = image_size_problem(rows, cols, source.bytes.size(), kPngPixelsPerByte);
+  if (!refusal.empty()) return false;
+  const int type = png_get_color_type(png, info);
+  const int depth = png_get_bit_depth(png, info);
+  if (depth == 16 && type == PNG_COLOR_TYPE_GRAY) {
+    refusal =
+        "is a 16-bit grey PNG, which is not read (PIL's convert(\"RGB\") clips its values to "
+        "255); convert it to 8 bits, e.g. `convert in.png -depth 8 out.png`";
+    return false;
+  }
+  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (type == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+  if (depth == 16) png_set_strip_16(png);
+  png_set_strip_alpha(png);  // (an alpha channel, or a palette's tRNS that palette_to_rgb expands)
+  const int passes = png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  out.rows = rows;
+  out.cols = cols;
+  out.channels = png_get_channels(png, info);
+  const auto row_bytes = static_cast<std::size_t>(cols * out.channels);
+  if (png_get_rowbytes(png, info) != row_bytes) png_error(png, "unexpected row size");
+  out.pixels.resize(static_cast<std::size_t>(rows) * row_bytes);
+  for (int pass = 0; pass < passes; ++pass)  // (an interlaced image: each pass adds its pixels)
+    for (std::int64_t r = 0; r < rows; ++r)
+      png_read_row(png, out.pixels.data() + static_cast<std::size_t>(r) * row_bytes, nullptr);
+  png_read_end(png, nullptr);
+  return true;
+}
+
 inline DecodedImage decode_png(std::span<const std::uint8_t> bytes, const std::string& name) {
-  png_image image;
-  std::memset(&image, 0, sizeof image);
-  image.version = PNG_IMAGE_VERSION;
-  auto refuse = [&](const char* stage) {
-    const std::string message = image.message;
-    png_image_free(&image);
-    fail<IoError>("image '", name, "' is not a readable PNG (", stage, "): ", message);
-  };
-  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) refuse("header");
-  if (const auto problem =
-          image_size_problem(image.height, image.width, bytes.size(), kPngPixelsPerByte);
-      !problem.empty()) {
-    png_image_free(&image);
-    fail<IoError>("image '", name, "' ", problem);
+  PngSource source{bytes};
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &source, png_error_exit, png_warning_ignored);
+  png_infop info = png != nullptr ? png_create_info_struct(png) : nullptr;
+  if (info == nullptr) {
+    png_destroy_read_struct(&png, nullptr, nullptr);
+    fail<OutOfMemory>("image '", name, "': libpng could not allocate its reader");
   }
-  const bool colour = (image.format & PNG_FORMAT_FLAG_COLOR) != 0;
-  const bool alpha = (image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
-  // 8-bit sRGB output, alpha kept (not premultiplied) so that it can be dropped as PIL does
-  // instead of being composited onto the buffer.
-  image.format = colour ? (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB)
-                        : (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY);
-  const std::int64_t stored = colour ? (alpha ? 4 : 3) : (alpha ? 2 : 1);
-  std::vector<std::uint8_t> buffer(PNG_IMAGE_SIZE(image));
-  // Missing or damaged image data fails here; libpng's warnings are about ancillary chunks
-  // (a colour profile, a text field) and leave the pixels whole, as PIL takes them.
-  if (!png_image_finish_read(&image, nullptr, buffer.data(), 0, nullptr)) refuse("pixels");
   DecodedImage out;
-  out.rows = image.height;
-  out.cols = image.width;
-  out.channels = colour ? 3 : 1;
-  if (!alpha) {
-    out.pixels = std::move(buffer);
-  } else {
-    out.pixels.resize(static_cast<std::size_t>(out.rows * out.cols * out.channels));
-    for (std::int64_t p = 0; p < out.rows * out.cols; ++p)
-      for (std::int64_t c = 0; c < out.channels; ++c)
-        out.pixels[static_cast<std::size_t>(p * out.channels + c)] =
-            buffer[static_cast<std::size_t>(p * stored + c)];
+  std::string refusal;
+  bool read = false;
+  try {
+    read = decode_png_into(source, png, info, out, refusal);
+  } catch (...) {  // (the pixels' allocation)
+    png_destroy_read_struct(&png, &info, nullptr);
+    throw;
   }
-  png_image_free(&image);
+  png_destroy_read_struct(&png, &info, nullptr);
+  if (!read)
+    fail<IoError>(
+        "image '", name, "' ",
+        refusal.empty() ? std::string("is not a readable PNG: ") + source.message : refusal);
   return out;
 }
 

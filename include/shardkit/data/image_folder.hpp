@@ -5,10 +5,12 @@
 // As ImageFolder: the classes are the subfolders of the root, sorted by name (label = position);
 // each class holds the files below its folder (subfolders too) whose extension, in lower case,
 // is an image one (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp); other files are passed over.
-// The samples are sorted by path within a class. Unlike ImageFolder, whose loader converts
-// every image to RGB, a folder of grey images stays one channel (a grey folder trains a
-// one-channel network, as the IDX reader gives); a folder that mixes them is read as RGB, grey
-// images repeated over the three channels. Images keep their own size.
+// Within a class the samples are in ImageFolder's order: by folder (its path; os.walk's folders
+// sorted), then by file name in each folder -- a class's own files before those of its
+// subfolders, where sorting whole paths put "cat/a/x.jpg" before "cat/b.jpg". Unlike ImageFolder,
+// whose loader converts every image to RGB, a folder of grey images stays one channel (a grey
+// folder trains a one-channel network, as the IDX reader gives); a folder that mixes them is read
+// as RGB, grey images repeated over the three channels. Images keep their own size.
 //
 // Needs libjpeg and libpng at link time (image_decode.hpp).
 #pragma once
@@ -71,7 +73,11 @@ inline ImageFolderIndex index_image_folder(const std::string& root) {
          fs::recursive_directory_iterator(folder, fs::directory_options::follow_directory_symlink))
       if (entry.is_regular_file() && has_image_extension(entry.path()))
         files.push_back(entry.path().string());
-    std::sort(files.begin(), files.end());
+    std::sort(files.begin(), files.end(), [](const std::string& a, const std::string& b) {
+      const fs::path pa(a), pb(b);
+      const std::string fa = pa.parent_path().string(), fb = pb.parent_path().string();
+      return fa != fb ? fa < fb : pa.filename().string() < pb.filename().string();
+    });
     // (a class of no images still takes a label: every label after it would differ from the
     // other split's where that one has the images, as torchvision refuses it too)
     if (files.empty() && empty_classes.size() < 200)

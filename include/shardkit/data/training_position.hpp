@@ -30,7 +30,9 @@ inline TrainingPosition converted_position(const TrainingPosition& p, std::int64
   check(written_images >= 1 && images >= 1 && per_epoch >= 0, "converted_position: images a step ",
         written_images, " -> ", images, " and steps an epoch ", per_epoch, " must be positive");
   if (written_images == images) return p;
-  check(p.epoch >= 0 && p.batch >= 0 && p.batch <= INT64_MAX / written_images,
+  check(p.epoch >= 0 && p.batch >= 0 && p.batch <= INT64_MAX / written_images &&
+            (per_epoch == 0 ||
+             p.epoch <= (INT64_MAX - p.batch * written_images / images) / per_epoch),
         "a checkpoint's position (epoch ", p.epoch, ", batch ", p.batch,
         ") is not one a run reaches; resume from another checkpoint");
   TrainingPosition out;
