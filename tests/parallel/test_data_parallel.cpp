@@ -47,6 +47,48 @@ TEST_CASE(
   check_sharded_equal_ddp({2, 3, 8}, PartitionKind::flat);
 }
 
+// The rules' options that the cases above leave at config_for's: LARC's clip mode, SGD without
+// momentum (no state at all) and with Nesterov's, Adam's coupled (L2) decay. Every stage's
+// parameters equal DDP's on every rank, with pieces straddling ranks (the flat split); and each
+// option changes the run (so it reached the update).
+TEST_CASE("LARC's clip mode, plain and Nesterov SGD, Adam's L2 decay: every stage equals DDP") {
+  using Config = sk::optim::OptimizerConfig;
+  auto with = [](OptimizerKind kind, auto&& change) {
+    Config c = config_for(kind);
+    change(c);
+    return c;
+  };
+  const std::vector<std::pair<std::string, Config>> variants = {
+      {"larc clip", with(OptimizerKind::larc_sgd, [](Config& c) { c.larc.clip = true; })},
+      {"sgd without momentum", with(OptimizerKind::sgd,
+                                    [](Config& c) {
+                                      c.sgd.momentum = 0;
+                                      c.sgd.dampening = 0;
+                                    })},
+      {"sgd nesterov", with(OptimizerKind::sgd,
+                            [](Config& c) {
+                              c.sgd.nesterov = true;
+                              c.sgd.dampening = 0;
+                            })},
+      {"adam", config_for(OptimizerKind::adam)},
+  };
+  const std::vector<Config> defaults = {
+      config_for(OptimizerKind::larc_sgd), config_for(OptimizerKind::sgd),
+      config_for(OptimizerKind::sgd), config_for(OptimizerKind::adamw)};
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    const auto& [what, config] = variants[v];
+    const auto ddp = train_with(3, Stage::ddp, config, PartitionKind::flat, 8);
+    const auto plain = train_with(3, Stage::ddp, defaults[v], PartitionKind::flat, 8);
+    CHECK_MESSAGE(!bitwise_equal(ddp.params[0], plain.params[0]), what);
+    for (auto stage : {Stage::oss, Stage::sdp}) {
+      const auto sharded = train_with(3, stage, config, PartitionKind::flat, 8);
+      for (int r = 0; r < 3; ++r)
+        CHECK_MESSAGE(bitwise_equal(sharded.params[static_cast<std::size_t>(r)], ddp.params[0]),
+                      what, " ", sk::parallel::stage_name(stage), " rank ", r);
+    }
+  }
+}
+
 TEST_CASE("memory per rank follows the stage: state and gradients shrink to the owned share") {
   const int world = 4;
   const auto plan = sk::shard::ShardPlan(model_specs(), world, PartitionKind::greedy);

@@ -418,7 +418,8 @@ TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, u
   using sk::parallel::Stage;
   const Scaling scaling = overflow_at_step_2();
   const auto f16 = MixedPrecision::of(sk::DType::f16);
-  for (auto kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+  // (LARC's gated coefficients take the gate's factor: a skipped step must leave them unused.)
+  for (auto kind : {OptimizerKind::sgd, OptimizerKind::larc_sgd, OptimizerKind::adamw}) {
     const auto ddp = run_mixed(Stage::ddp, kind, 3, f16, 7, scaling);
     // Steps 0, 1 taken; 2 skipped (scale 1024 -> 512); 3, 4, 5 taken (-> 1024 after three);
     // 6 taken.

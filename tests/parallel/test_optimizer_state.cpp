@@ -3,6 +3,7 @@
 // stage, partition or world size -- continues exactly as if it had never stopped.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -182,10 +183,17 @@ TEST_CASE("a step refused before it updates anything leaves the step count") {
   auto host = sk::make_host_context(ctx);
   const sk::shard::ShardPlan plan({{"w", {32}, true}}, 1, sk::shard::PartitionKind::flat);
   const auto table = sk::shard::PieceTable::of_plan(plan, true);
+  auto random_values = [](std::uint64_t seed) {
+    sk::Context c({.seed = seed});
+    const sk::Tensor t = sk::empty(c, {32}, sk::DType::f32);
+    sk::uniform_(c, t, -1.0, 1.0);
+    return sk::to_vector<float>(c, t);
+  };
+  const auto w0 = random_values(11), g0 = random_values(12);
   for (const bool offload : {false, true}) {
     std::vector<std::vector<float>> after;
     for (const bool refused_first : {false, true}) {
-      const sk::Tensor w = sk::full(ctx, {32}, sk::DType::f32, 0.5);
+      const sk::Tensor w = sk::from_vector(ctx, w0, {32});
       sk::optim::ShardedOptimizer opt(
           ctx, table, 0, {w}, dp_test::config_for(OptimizerKind::adamw), nullptr,
           offload ? sk::optim::OptimizerOffload{host.get()} : sk::optim::OptimizerOffload{});
@@ -193,13 +201,100 @@ TEST_CASE("a step refused before it updates anything leaves the step count") {
         CHECK_THROWS_AS(opt.step({sk::zeros(ctx, {31}, sk::DType::f32)}, 0.1f), sk::Error);
         CHECK(opt.steps() == 0);
       }
-      opt.step({sk::full(ctx, {32}, sk::DType::f32, 0.25)}, 0.1f);
+      opt.step({sk::from_vector(ctx, g0, {32})}, 0.1f);
       CHECK(opt.steps() == 1);
       after.push_back(sk::to_vector<float>(ctx, w));
+      CHECK(after.back() != w0);
     }
     CAPTURE(offload);
     CHECK(after[0] == after[1]);
   }
+}
+
+// What no rule's own validation sees is refused by name when the optimizer is built: kind adam
+// with AdamW's flag (it ran AdamW and said "adam" in its checkpoints), LARC with two different
+// decays (one was silently dropped), a negative SGD decay under LARC (moved before it was
+// checked), the per-step fields (ignored on one path, refused at the first step on another), an
+// infinite rate, and a table sharded over ranks without the communicator its norms need.
+TEST_CASE("an optimizer's config and norms are refused by name where no rule can see them") {
+  sk::Context ctx({.seed = 4});
+  const sk::shard::ShardPlan plan({{"w", {32}, true}}, 1, sk::shard::PartitionKind::flat);
+  const auto table = sk::shard::PieceTable::of_plan(plan, true);
+  auto error_of = [&](const sk::optim::OptimizerConfig& config) -> std::string {
+    try {
+      sk::optim::ShardedOptimizer opt(ctx, table, 0, {sk::full(ctx, {32}, sk::DType::f32, 0.5)},
+                                      config, nullptr);
+    } catch (const sk::InvalidArgument& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto config = [](OptimizerKind kind, auto&& change) {
+    auto c = config_for(kind);
+    change(c);
+    return c;
+  };
+  using Config = sk::optim::OptimizerConfig;
+  const std::vector<std::pair<Config, std::string>> refused = {
+      {config(OptimizerKind::adam, [](Config& c) { c.adam.decoupled_weight_decay = true; }),
+       "kind adam with adam.decoupled_weight_decay set is AdamW; set kind adamw"},
+      {config(OptimizerKind::larc_sgd, [](Config& c) { c.larc.weight_decay = 5e-4f; }),
+       "are both set; LARC takes one decay"},
+      {config(OptimizerKind::larc_sgd, [](Config& c) { c.sgd.weight_decay = -1e-4f; }),
+       "SGD weight_decay must be >= 0"},
+      {config(OptimizerKind::larc_sgd, [](Config& c) { c.sgd.inv_grad_scale = 0.5f; }),
+       "are the optimizer's own, set at each step"},
+      {config(OptimizerKind::sgd, [](Config& c) { c.sgd.first_step = false; }),
+       "are the optimizer's own, set at each step"},
+      {config(OptimizerKind::adamw, [](Config& c) { c.adam.step = 3; }),
+       "are the optimizer's own, set at each step"},
+      {config(OptimizerKind::sgd, [](Config& c) { c.sgd.lr = INFINITY; }), "the sgd lr is inf"},
+      {config(OptimizerKind::adam, [](Config& c) { c.adam.lr = NAN; }), "the adam lr is nan"},
+  };
+  for (const auto& [c, says] : refused) {
+    const std::string message = error_of(c);
+    INFO(message);
+    CHECK(message.find(says) != std::string::npos);
+  }
+  // LARC's own decay alone, or both equal: taken.
+  CHECK(error_of(config(OptimizerKind::larc_sgd, [](Config& c) {
+          c.larc.weight_decay = c.sgd.weight_decay;
+        })) == "no error");
+  CHECK(error_of(config(OptimizerKind::larc_sgd, [](Config& c) {
+          c.larc.weight_decay = 5e-4f;
+          c.sgd.weight_decay = 0;
+        })) == "no error");
+  // Sharded over two ranks, without a communicator (or with one of another size).
+  const sk::shard::ShardPlan halves({{"w", {32}, true}}, 2, sk::shard::PartitionKind::flat);
+  const auto sharded = sk::shard::PieceTable::of_plan(halves, false);
+  CHECK_THROWS_WITH_AS(sk::optim::ShardedOptimizer(ctx, sharded, 0, {},
+                                                   config_for(OptimizerKind::larc_sgd), nullptr),
+                       doctest::Contains("a table sharded over 2 ranks needs the communicator"),
+                       sk::InvalidArgument);
+  sk::comm::run_ranks(3, [&](sk::Context& rank_ctx, sk::comm::Communicator& comm) {
+    CHECK_THROWS_WITH_AS(sk::optim::ShardedOptimizer(rank_ctx, sharded, 0, {},
+                                                     config_for(OptimizerKind::larc_sgd), &comm),
+                         doctest::Contains("with a communicator of 3"), sk::InvalidArgument);
+  });
+}
+
+// Once a clip (or loss scaling) has moved the step count to the device, it is an f32 there: a
+// step past 2^24 is refused on the host's bound. (It went on, and the count stalled at 2^24.)
+TEST_CASE("a step count on the device is refused past 2^24 instead of stalling there") {
+  sk::Context ctx({.seed = 4});
+  const sk::shard::ShardPlan plan({{"w", {32}, true}}, 1, sk::shard::PartitionKind::flat);
+  const auto table = sk::shard::PieceTable::of_plan(plan, true);
+  const sk::Tensor w = sk::full(ctx, {32}, sk::DType::f32, 0.5);
+  sk::optim::ShardedOptimizer opt(ctx, table, 0, {w}, config_for(OptimizerKind::sgd), nullptr);
+  const sk::Tensor g = sk::full(ctx, {32}, sk::DType::f32, 0.25);
+  (void)opt.clip_grad_norm({g}, 1.0);
+  opt.step({g}, 0.1f);
+  CHECK(opt.steps() == 1);
+  opt.set_steps((std::int64_t{1} << 24) - 1);
+  opt.step({g}, 0.1f);
+  CHECK(opt.steps() == std::int64_t{1} << 24);
+  CHECK_THROWS_WITH_AS(opt.step({g}, 0.1f), doctest::Contains("is past 2^24"), sk::InvalidArgument);
+  CHECK(opt.steps() == std::int64_t{1} << 24);
 }
 
 // An optimizer-state file's parameter list is checked as its tensors are: a shape of [-4]

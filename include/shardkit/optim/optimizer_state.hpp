@@ -22,7 +22,9 @@ struct ParamOptimizerState {
   std::string name;
   Shape shape;
   // By PyTorch's names: momentum_buffer (SGD), exp_avg and exp_avg_sq (Adam). None when the
-  // optimizer keeps no state, or before its first step.
+  // optimizer keeps no state (SGD without momentum); zeros before its first step, where the
+  // state's `steps` of 0 says that the first-step rule is still ahead (PyTorch keeps no buffer
+  // until then). The hyperparameters are not here: a resume takes them from its own config.
   std::map<std::string, std::vector<float>, std::less<>> buffers;
 
   // The buffer `name`, or an empty vector when there is none.

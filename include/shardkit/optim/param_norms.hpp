@@ -31,6 +31,15 @@ class ParamNorms {
   // `comm` joins the ranks of a sharded table (nullptr: one rank, or a replicated table).
   ParamNorms(Context& ctx, const shard::PieceTable& table, int rank, comm::Communicator* comm)
       : ctx_(&ctx), table_(&table), rank_(rank) {
+    // (Without it every rank would clip by the norm of its own parameters: each its own
+    // coefficient, and the replicas drift apart.)
+    check(comm != nullptr || table.replicated() || table.world_size() == 1,
+          "ParamNorms: a table sharded over ", table.world_size(),
+          " ranks needs the communicator that joins them, got none; pass the shard group's");
+    check(comm == nullptr || table.replicated() || comm->size() == table.world_size(),
+          "ParamNorms: a table sharded over ", table.world_size(),
+          " ranks, with a communicator of ", comm == nullptr ? 0 : comm->size(),
+          "; pass the shard group's communicator");
     const bool exchange = comm != nullptr && !table.replicated() && table.world_size() > 1;
     comm_ = exchange ? comm : nullptr;
     covers_.resize(static_cast<std::size_t>(table.world_size()));

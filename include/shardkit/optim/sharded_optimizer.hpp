@@ -199,6 +199,7 @@ class ShardedOptimizer {
   void set_steps(std::int64_t steps) {
     check_steps(steps);
     steps_ = steps;
+    gated_bound_ = steps;
     if (!gate_.defined()) return;
     fill(*ctx_, gate_.slice(0, ops::kGateStepsBefore, ops::kGateStepsBefore + 1),
          static_cast<double>(steps));
@@ -311,6 +312,7 @@ class ShardedOptimizer {
     static_assert(ops::kGateSlots == 4 && ops::kGateRate == 3);
     gate_ = from_vector(*ctx_, std::vector<float>{1.0f, 0.0f, static_cast<float>(steps_), rate_},
                         {ops::kGateSlots}, MemoryCategory::other);
+    gated_bound_ = steps_;
     return true;
   }
 
@@ -354,6 +356,10 @@ class ShardedOptimizer {
   // gradients (times `inv_grad_scale`), its skip flag may void the pass, its count numbers the
   // step and advances unless skipped.
   void gated_update(const std::vector<Tensor>& grads, float lr, float inv_grad_scale) {
+    // (The device's count would stall at 2^24 in f32 with nothing said: refused on a bound the
+    // host keeps, as it cannot read the count without waiting.)
+    check_device_count(gated_bound_ + 1);
+    ++gated_bound_;
     update(*ctx_, grads, lr, inv_grad_scale, gate_);
     ops::count_applied_step(*ctx_, gate_);
   }
@@ -507,9 +513,12 @@ class ShardedOptimizer {
   std::vector<std::size_t> master_files_;  // the spill's buffers that hold the master
   bool reversed_ = false;   // on disk: the next step updates its chunks from the last one back
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
-  bool applied_ = false;    // the update under way changed some state (counted_update)
-  Tensor gate_;             // the step gate (ops/step_gate.hpp) since a loss-scaled step
-  float rate_ = 0;          // the learning rate (set_lr)
+  // Once the count is on the device: its most, the count when the gate was made (or set) plus
+  // the gated steps queued since (skipped ones included; a replay's are not seen).
+  std::int64_t gated_bound_ = 0;
+  bool applied_ = false;  // the update under way changed some state (counted_update)
+  Tensor gate_;           // the step gate (ops/step_gate.hpp) since a loss-scaled step
+  float rate_ = 0;        // the learning rate (set_lr)
 };
 
 }  // namespace shardkit::optim

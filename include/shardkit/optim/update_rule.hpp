@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -32,8 +33,10 @@ class UpdateRule {
  public:
   UpdateRule(OptimizerConfig config, const shard::PieceTable& table, int rank, ParamNorms& norms)
       : config_(std::move(config)), table_(&table), rank_(rank), norms_(&norms) {
+    check_whole_config();
     if (config_.kind == OptimizerKind::larc_sgd) {
       // LARC takes the weight decay over (docs/semantics.md): the wrapped SGD runs without it.
+      ops::validate(config_.sgd);  // (before its decay is moved: a negative one is named)
       if (config_.larc.weight_decay == 0) config_.larc.weight_decay = config_.sgd.weight_decay;
       config_.sgd.weight_decay = 0;
       ops::validate(config_.larc);
@@ -152,6 +155,29 @@ class UpdateRule {
   }
 
  private:
+  // What no rule's validate can see: fields of one rule that another one's take over or that
+  // the optimizer sets at each step.
+  void check_whole_config() const {
+    const float lr = is_adam(config_.kind) ? config_.adam.lr : config_.sgd.lr;
+    check(std::isfinite(lr), "OptimizerConfig: the ", optimizer_kind_name(config_.kind), " lr is ",
+          lr, "; give a finite rate (the first step would take it)");
+    check(config_.kind != OptimizerKind::adam || !config_.adam.decoupled_weight_decay,
+          "OptimizerConfig: kind adam with adam.decoupled_weight_decay set is AdamW; set kind "
+          "adamw (its state and checkpoints are named by the kind)");
+    check(config_.kind != OptimizerKind::larc_sgd || config_.larc.weight_decay == 0 ||
+              config_.sgd.weight_decay == 0 ||
+              config_.larc.weight_decay == config_.sgd.weight_decay,
+          "OptimizerConfig: larc.weight_decay ", config_.larc.weight_decay,
+          " and sgd.weight_decay ", config_.sgd.weight_decay,
+          " are both set; LARC takes one decay over from the SGD it wraps: set one of them");
+    check(config_.sgd.first_step && config_.sgd.inv_grad_scale == 1.0f &&
+              !config_.sgd.gate.defined() && config_.adam.step == 1 &&
+              config_.adam.inv_grad_scale == 1.0f && !config_.adam.gate.defined(),
+          "OptimizerConfig: sgd.first_step, sgd.inv_grad_scale, sgd.gate, adam.step, "
+          "adam.inv_grad_scale and adam.gate are the optimizer's own, set at each step; leave "
+          "them at their defaults (unscale gradients with step_unscaling_by or a loss scaler)");
+  }
+
   // Per-piece [n, 2] coefficients from whole-parameter sums of squares, formed on context `c`
   // (where p and g live) without the host: the sums land in rows 0 and 1 of sums_, whose row 2
   // holds the per-parameter decays (uploaded once). `gate`: its factor is read on the device.
