@@ -169,6 +169,9 @@ TEST_CASE("PNG samples are PIL's: 16 bits cut to their high byte, no gamma, pale
   // Interlaced (Adam7), 2 x 2: pass 1 holds (0, 0), pass 6 (0, 1), pass 7 row 1.
   const auto laced = decoded("laced.png", png_file(2, 2, 8, 0, {{11}, {12}, {21, 22}}, {}, true));
   CHECK(laced.pixels == Bytes{11, 12, 21, 22});
+  // A file cut after its image data (no IEND): the pixels are whole, as PIL reads them.
+  const auto whole = png_file(3, 1, 8, 0, {{7, 8, 9}});
+  CHECK(decoded("no_end.png", {whole.begin(), whole.end() - 12}).pixels == Bytes{7, 8, 9});
   image_files::write_bytes(dir / "grey16.png", png_file(1, 1, 16, 0, {{1, 2}}));
   CHECK(error_of(dir / "grey16.png").find("is a 16-bit grey PNG, which is not read") !=
         std::string::npos);
@@ -213,7 +216,9 @@ TEST_CASE("JPEG warnings that lose no pixel are let pass, with the pixels of the
   REQUIRE(std::string(revision.begin() + 6, revision.begin() + 10) == "JFIF");
   revision[11] = 0;
   image_files::write_bytes(dir / "revision.jpg", revision);
-  for (const char* name : {"extraneous.jpg", "revision.jpg"}) {
+  // No end marker at all (the data whole): PIL loads it.
+  image_files::write_bytes(dir / "no_end.jpg", {jpg.begin(), jpg.end() - 2});
+  for (const char* name : {"extraneous.jpg", "revision.jpg", "no_end.jpg"}) {
     INFO(name);
     const auto d = sk::data::decode_image_file(dir / name);
     CHECK(d.rows == good.rows);

@@ -30,7 +30,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -80,9 +79,10 @@ class ThreadPool {
     workers_.reserve(static_cast<std::size_t>(threads - 1));
     try {
       for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { work(t); });
-    } catch (const std::system_error& e) {
+    } catch (const std::exception& e) {
       // (A destructor is not run for a constructor that throws: the threads started would be
-      // destroyed joinable, which terminates the process.)
+      // destroyed joinable, which terminates the process. std::thread may fail in
+      // pthread_create, std::system_error, or allocating its state, std::bad_alloc.)
       stop_workers();
       fail<StateError>("could not start thread ", workers_.size() + 1, " of a pool of ", threads,
                        " (", e.what(), "); ask for fewer with ContextOptions::cpu_threads or ",

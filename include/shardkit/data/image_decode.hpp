@@ -106,7 +106,6 @@ inline bool jpeg_warning_loses_pixels(const jpeg_error_mgr& err) {
     case JWRN_JFIF_MAJOR:  // metadata the decoder does not need
     case JWRN_ADOBE_XFORM:
     case JWRN_BOGUS_ICC:
-    case JWRN_BOGUS_PROGRESSION:  // a progressive scan script out of order: all data still read
       return false;
     default:  // premature end of file, corrupt data, bad Huffman codes, resynchronisation
       return true;
@@ -167,6 +166,16 @@ inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, DecodedImage& 
 }
 
 inline DecodedImage decode_jpeg(std::span<const std::uint8_t> bytes, const std::string& name) {
+  // A file without its end marker (PIL loads one that lacks only that) is read from a copy with
+  // the marker added: complete data then decodes as it is, and a scan cut short meets the
+  // marker early, which libjpeg reports as lost data (refused), instead of the end of the file.
+  std::vector<std::uint8_t> ended;
+  if (bytes.size() < 2 || bytes[bytes.size() - 2] != 0xFF || bytes.back() != 0xD9) {
+    ended.reserve(bytes.size() + 2);
+    ended.assign(bytes.begin(), bytes.end());
+    ended.insert(ended.end(), {0xFF, 0xD9});
+    bytes = ended;
+  }
   DecodedImage out;
   JpegErrors errors;
   std::string refusal;
@@ -240,7 +249,8 @@ inline bool decode_png_into(PngSource& source, png_structp png, png_infop info, 
   for (int pass = 0; pass < passes; ++pass)  // (an interlaced image: each pass adds its pixels)
     for (std::int64_t r = 0; r < rows; ++r)
       png_read_row(png, out.pixels.data() + static_cast<std::size_t>(r) * row_bytes, nullptr);
-  png_read_end(png, nullptr);
+  // (No png_read_end: the image data is whole and checked once the last row is read; what
+  // follows -- text chunks, IEND, or nothing in a file cut there -- PIL does not need either.)
   return true;
 }
 

@@ -356,12 +356,32 @@ class ShardedOptimizer {
   // gradients (times `inv_grad_scale`), its skip flag may void the pass, its count numbers the
   // step and advances unless skipped.
   void gated_update(const std::vector<Tensor>& grads, float lr, float inv_grad_scale) {
-    // (The device's count would stall at 2^24 in f32 with nothing said: refused on a bound the
-    // host keeps, as it cannot read the count without waiting.)
+    // The device's count would stall at 2^24 in f32 with nothing said: refused on a bound the
+    // host keeps, as it cannot read the count without waiting. A CUDA graph's runs execute no
+    // host code, so under a GPU capture the bound moves around each of the graph's launches
+    // (the first, just after the capture, included); elsewhere -- eager steps, a CPU capture and
+    // its replays, which run this code again -- here.
+    const bool by_launches = ctx_->capturing() && ctx_->device().is_cuda();
+    if (by_launches) {
+      auto before = std::make_shared<bool>(true);  // (its actions run before and after a launch)
+      ctx_->around_each_run(
+          "the optimizer's step-count bound",
+          [this, before] {
+            if (*before) count_gated_step();
+            *before = !*before;
+          },
+          [before](const std::string&) { *before = true; });
+    } else {
+      check_device_count(gated_bound_ + 1);
+    }
+    update(*ctx_, grads, lr, inv_grad_scale, gate_);
+    if (!by_launches) ++gated_bound_;
+    ops::count_applied_step(*ctx_, gate_);
+  }
+
+  void count_gated_step() {
     check_device_count(gated_bound_ + 1);
     ++gated_bound_;
-    update(*ctx_, grads, lr, inv_grad_scale, gate_);
-    ops::count_applied_step(*ctx_, gate_);
   }
 
   // The update with the host's step count moved to this step's; a step that throws before it
@@ -514,7 +534,8 @@ class ShardedOptimizer {
   bool reversed_ = false;   // on disk: the next step updates its chunks from the last one back
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
   // Once the count is on the device: its most, the count when the gate was made (or set) plus
-  // the gated steps queued since (skipped ones included; a replay's are not seen).
+  // the gated steps queued since (skipped ones included), a CUDA graph's launches counted by
+  // an action around each.
   std::int64_t gated_bound_ = 0;
   bool applied_ = false;  // the update under way changed some state (counted_update)
   Tensor gate_;           // the step gate (ops/step_gate.hpp) since a loss-scaled step
