@@ -38,9 +38,10 @@ inline void write_png(const std::string& path, const Pixels& p) {
     throw std::runtime_error("cannot write " + path + ": " + image.message);
 }
 
-// channels 1 or 3; `cmyk` writes four channels marked as CMYK (the data repeated) instead.
+// channels 1 or 3; `cmyk` writes four channels marked as CMYK (the data repeated) instead;
+// `progressive`: libjpeg's progressive script (several scans).
 inline void write_jpeg(const std::string& path, const Pixels& p, int quality = 95,
-                       bool cmyk = false) {
+                       bool cmyk = false, bool progressive = false) {
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (!file) throw std::runtime_error("cannot open " + path);
   jpeg_compress_struct info;
@@ -54,6 +55,7 @@ inline void write_jpeg(const std::string& path, const Pixels& p, int quality = 9
   info.in_color_space = cmyk ? JCS_CMYK : p.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_set_defaults(&info);
   jpeg_set_quality(&info, quality, TRUE);
+  if (progressive) jpeg_simple_progression(&info);
   jpeg_start_compress(&info, TRUE);
   std::vector<std::uint8_t> row(static_cast<std::size_t>(p.cols * info.input_components));
   while (info.next_scanline < info.image_height) {

@@ -218,6 +218,10 @@ TEST_CASE("JPEG warnings that lose no pixel are let pass, with the pixels of the
   image_files::write_bytes(dir / "revision.jpg", revision);
   // No end marker at all (the data whole): PIL loads it.
   image_files::write_bytes(dir / "no_end.jpg", {jpg.begin(), jpg.end() - 2});
+  // Progressive, whole: every scan read.
+  image_files::write_jpeg(dir / "progressive.jpg", rgb, 95, false, /*progressive=*/true);
+  const auto progressive = image_files::read_bytes(dir / "progressive.jpg");
+  CHECK(sk::data::decode_image_file(dir / "progressive.jpg").pixels.size() == good.pixels.size());
   for (const char* name : {"extraneous.jpg", "revision.jpg", "no_end.jpg"}) {
     INFO(name);
     const auto d = sk::data::decode_image_file(dir / name);
@@ -225,6 +229,17 @@ TEST_CASE("JPEG warnings that lose no pixel are let pass, with the pixels of the
     CHECK(d.cols == good.cols);
     CHECK(d.pixels == good.pixels);
   }
+  // A progressive file cut where a scan ends (its next SOS marker's place) would decode with no
+  // warning, its later scans grey: refused as a cut file. Its last scan's start is found from
+  // the end (0xFF 0xDA).
+  std::size_t last_scan = 0;
+  for (std::size_t i = 2; i + 1 < progressive.size(); ++i)
+    if (progressive[i] == 0xFF && progressive[i + 1] == 0xDA) last_scan = i;
+  REQUIRE(last_scan > 0);
+  image_files::write_bytes(dir / "scans_cut.jpg",
+                           {progressive.begin(), progressive.begin() + std::ptrdiff_t(last_scan)});
+  const std::string cut = error_of(dir / "scans_cut.jpg");
+  CHECK(cut.find("is not a readable JPEG: Premature end of JPEG file") != std::string::npos);
 }
 
 TEST_CASE("corrupt, truncated and unsupported files are refused by path") {

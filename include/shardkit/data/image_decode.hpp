@@ -116,10 +116,48 @@ inline void jpeg_message(j_common_ptr info, int level) {
   if (level < 0 && jpeg_warning_loses_pixels(*info->err)) jpeg_error_exit(info);
 }
 
+// The file's bytes as libjpeg's source (jpeg_mem_src's, but for its end). Where the bytes run
+// out, an end marker follows. Silently when the file is one scan of Huffman data and its
+// header was read: a file that lacks only its end marker (PIL loads it) then decodes as it is,
+// and one cut inside its scan meets the marker early, which libjpeg reports as lost data
+// (refused). Otherwise with libjpeg's "premature end" warning (refused): a progressive or
+// arithmetic-coded file cut where a scan ends would meet the marker with no warning at all,
+// its missing scans silently grey.
+struct JpegSource {
+  jpeg_source_mgr manager;
+  bool ends_whole = false;  // set once the header is read
+
+  void read_from(jpeg_decompress_struct& info, std::span<const std::uint8_t> bytes) {
+    manager.next_input_byte = bytes.data();
+    manager.bytes_in_buffer = bytes.size();
+    manager.init_source = [](j_decompress_ptr) {};
+    manager.fill_input_buffer = [](j_decompress_ptr info) -> boolean {
+      static const JOCTET kEndMarker[2] = {0xFF, 0xD9};
+      if (!reinterpret_cast<JpegSource*>(info->src)->ends_whole) WARNMS(info, JWRN_JPEG_EOF);
+      info->src->next_input_byte = kEndMarker;
+      info->src->bytes_in_buffer = 2;
+      return TRUE;
+    };
+    manager.skip_input_data = [](j_decompress_ptr info, long count) {
+      jpeg_source_mgr* src = info->src;
+      if (count <= 0) return;
+      while (count > static_cast<long>(src->bytes_in_buffer)) {
+        count -= static_cast<long>(src->bytes_in_buffer);
+        (void)src->fill_input_buffer(info);
+      }
+      src->next_input_byte += count;
+      src->bytes_in_buffer -= static_cast<std::size_t>(count);
+    };
+    manager.resync_to_restart = jpeg_resync_to_restart;
+    manager.term_source = [](j_decompress_ptr) {};
+    info.src = &manager;
+  }
+};
+
 // No object with a destructor may be created between the setjmp and the end of the
 // decompression: the jump would skip it. The output vector lives in the caller.
-inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, DecodedImage& out,
-                             JpegErrors& errors, std::string& refusal) {
+inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, JpegSource& source,
+                             DecodedImage& out, JpegErrors& errors, std::string& refusal) {
   jpeg_decompress_struct info;
   info.err = jpeg_std_error(&errors.manager);
   errors.manager.error_exit = jpeg_error_exit;
@@ -130,8 +168,9 @@ inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, DecodedImage& 
     return false;
   }
   jpeg_create_decompress(&info);
-  jpeg_mem_src(&info, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  source.read_from(info, bytes);
   jpeg_read_header(&info, TRUE);
+  source.ends_whole = !jpeg_has_multiple_scans(&info) && !info.arith_code;
   if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
     refusal = "is a CMYK JPEG; convert it to RGB (e.g. `convert in.jpg -colorspace sRGB out.jpg`)";
     jpeg_destroy_decompress(&info);
@@ -166,20 +205,11 @@ inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, DecodedImage& 
 }
 
 inline DecodedImage decode_jpeg(std::span<const std::uint8_t> bytes, const std::string& name) {
-  // A file without its end marker (PIL loads one that lacks only that) is read from a copy with
-  // the marker added: complete data then decodes as it is, and a scan cut short meets the
-  // marker early, which libjpeg reports as lost data (refused), instead of the end of the file.
-  std::vector<std::uint8_t> ended;
-  if (bytes.size() < 2 || bytes[bytes.size() - 2] != 0xFF || bytes.back() != 0xD9) {
-    ended.reserve(bytes.size() + 2);
-    ended.assign(bytes.begin(), bytes.end());
-    ended.insert(ended.end(), {0xFF, 0xD9});
-    bytes = ended;
-  }
   DecodedImage out;
   JpegErrors errors;
+  JpegSource source;
   std::string refusal;
-  if (!decode_jpeg_into(bytes, out, errors, refusal))
+  if (!decode_jpeg_into(bytes, source, out, errors, refusal))
     fail<IoError>(
         "image '", name, "' ",
         refusal.empty() ? std::string("is not a readable JPEG: ") + errors.message : refusal);

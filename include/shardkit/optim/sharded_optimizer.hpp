@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
@@ -363,14 +364,7 @@ class ShardedOptimizer {
     // its replays, which run this code again -- here.
     const bool by_launches = ctx_->capturing() && ctx_->device().is_cuda();
     if (by_launches) {
-      auto before = std::make_shared<bool>(true);  // (its actions run before and after a launch)
-      ctx_->around_each_run(
-          "the optimizer's step-count bound",
-          [this, before] {
-            if (*before) count_gated_step();
-            *before = !*before;
-          },
-          [before](const std::string&) { *before = true; });
+      count_in_launches();
     } else {
       check_device_count(gated_bound_ + 1);
     }
@@ -379,9 +373,34 @@ class ShardedOptimizer {
     ops::count_applied_step(*ctx_, gate_);
   }
 
-  void count_gated_step() {
-    check_device_count(gated_bound_ + 1);
-    ++gated_bound_;
+  // Under a GPU capture: one action per capture (its key this optimizer's, so that two
+  // optimizers in one step each keep theirs) adds the gated updates the captured step makes
+  // (`per_run`: a step may make several) before each launch; `before` tells its two calls
+  // around a launch apart, and is reset when a launch fails between them.
+  struct LaunchCount {
+    std::int64_t per_run = 0;
+    bool before = true;
+  };
+  void count_in_launches() {
+    if (launch_count_ == nullptr || launch_count_capture_ != ctx_->capture_serial()) {
+      auto counted = std::make_shared<LaunchCount>();
+      launch_count_ = counted;
+      launch_count_capture_ = ctx_->capture_serial();
+      char key[64];
+      std::snprintf(key, sizeof key, "the step-count bound of optimizer %p",
+                    static_cast<const void*>(this));
+      ctx_->around_each_run(
+          key,
+          [this, counted] {
+            if (counted->before) {
+              check_device_count(gated_bound_ + counted->per_run);
+              gated_bound_ += counted->per_run;
+            }
+            counted->before = !counted->before;
+          },
+          [counted](const std::string&) { counted->before = true; });
+    }
+    ++launch_count_->per_run;
   }
 
   // The update with the host's step count moved to this step's; a step that throws before it
@@ -535,8 +554,10 @@ class ShardedOptimizer {
   std::int64_t steps_ = 0;  // the count while it is on the host (until a loss-scaled step)
   // Once the count is on the device: its most, the count when the gate was made (or set) plus
   // the gated steps queued since (skipped ones included), a CUDA graph's launches counted by
-  // an action around each.
+  // an action around each (count_in_launches: the current capture's, and the capture's serial).
   std::int64_t gated_bound_ = 0;
+  std::shared_ptr<LaunchCount> launch_count_;
+  std::uint64_t launch_count_capture_ = 0;
   bool applied_ = false;  // the update under way changed some state (counted_update)
   Tensor gate_;           // the step gate (ops/step_gate.hpp) since a loss-scaled step
   float rate_ = 0;        // the learning rate (set_lr)
