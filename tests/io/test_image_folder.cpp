@@ -291,11 +291,27 @@ TEST_CASE("corrupt, truncated and unsupported files are refused by path") {
   refused("wide.pgm", {'P', '5', ' ', '2', ' ', '2', ' ', '6', '5', '5', '3', '5', '\n'}, "16-bit");
   refused("short.ppm", {'P', '6', ' ', '4', ' ', '4', ' ', '2', '5', '5', '\n', 1, 2, 3},
           "truncated");
-  // A CMYK JPEG: a mode this reader does not convert, refused with the fix.
-  image_files::write_jpeg(dir / "cmyk.jpg", rgb, 90, /*cmyk=*/true);
-  const std::string message = error_of(dir / "cmyk.jpg");
-  CHECK(message.find("CMYK") != std::string::npos);
-  CHECK(message.find("cmyk.jpg") != std::string::npos);
+}
+
+// A CMYK JPEG (ImageNet's training set has 22) read as PIL's convert("RGB") reads it: PIL takes
+// a four-component JPEG's samples as Adobe's inverted CMYK and makes r = k' - c'k'/255 of them
+// (k' = 255 - k). A flat patch, whose samples come back as written within the DCT's rounding:
+// c, m, y, k = 200, 100, 50, 200 give 157, 78, 39. (Refused before, naming a conversion.)
+TEST_CASE("a CMYK JPEG is converted to RGB as PIL converts it") {
+  TempFolder dir("cmyk");
+  Pixels flat = random_pixels(16, 16, 3, 1);
+  for (std::size_t i = 0; i < flat.data.size(); i += 3) {
+    flat.data[i] = 200;  // c, and k (write_jpeg repeats channel 0 as the fourth)
+    flat.data[i + 1] = 100;
+    flat.data[i + 2] = 50;
+  }
+  image_files::write_jpeg(dir / "cmyk.jpg", flat, 100, /*cmyk=*/true);
+  const auto d = sk::data::decode_image_file(dir / "cmyk.jpg");
+  REQUIRE(d.channels == 3);
+  REQUIRE(d.pixels.size() == 16 * 16 * 3);
+  const int expected[3] = {157, 78, 39};
+  for (std::size_t i = 0; i < d.pixels.size(); ++i)
+    CHECK(std::abs(int(d.pixels[i]) - expected[i % 3]) <= 2);
 }
 
 TEST_CASE("an image folder: classes sorted, files sorted per class, grey stays grey") {

@@ -1,10 +1,11 @@
 // Decoding image files into u8 pixels: JPEG (libjpeg-turbo), PNG (libpng) and
 // binary netpbm (PGM P5 / PPM P6, read here: the format is a text header and raw bytes).
 // The format is told by the file's first bytes, not its name, as PIL does. Grey images stay one
-// channel and colour ones become RGB (an alpha channel is dropped, as PIL's convert("RGB")).
+// channel and colour ones become RGB (an alpha channel is dropped, and a CMYK JPEG converted,
+// as PIL's convert("RGB") does).
 // Anything else is refused with an IoError naming the file: a corrupt or truncated file
 // (libjpeg's warnings that pixels were lost count as errors, so a JPEG cut short is not
-// silently padded with grey; those about metadata do not), a CMYK JPEG, a format other than
+// silently padded with grey; those about metadata do not), a format other than
 // these, an image larger than PIL's decompression-bomb limit.
 //
 // Needs libjpeg and libpng at link time (Debian: libjpeg-dev libpng-dev); shardkit.hpp does not
@@ -154,6 +155,28 @@ struct JpegSource {
   }
 };
 
+// A CMYK (or YCCK, which libjpeg gives as CMYK) JPEG's pixels as PIL's convert("RGB") gives
+// them: PIL takes every four-component JPEG's samples as Adobe's inverted CMYK ("CMYK;I"),
+// then r = k' - c'·k'/255 with k' = 255 - k (its cmyk2rgb: integer rounding as MULDIV255), so
+// r = k - (255 - c)·k/255 in the file's samples. In place: pixel i's 4 bytes are read before
+// its 3 are written, which lie at or before them.
+inline void cmyk_to_rgb_in_place(std::vector<std::uint8_t>& pixels, std::int64_t count) {
+  auto muldiv255 = [](int a, int b) {
+    const int t = a * b + 128;
+    return ((t >> 8) + t) >> 8;
+  };
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::uint8_t* cmyk = pixels.data() + 4 * i;
+    const int k = cmyk[3];  // (255 - PIL's inverted k)
+    const int rgb[3] = {k - muldiv255(255 - cmyk[0], k), k - muldiv255(255 - cmyk[1], k),
+                        k - muldiv255(255 - cmyk[2], k)};
+    for (int c = 0; c < 3; ++c)
+      pixels[static_cast<std::size_t>(3 * i + c)] =
+          static_cast<std::uint8_t>(std::clamp(rgb[c], 0, 255));
+  }
+  pixels.resize(static_cast<std::size_t>(3 * count));
+}
+
 // No object with a destructor may be created between the setjmp and the end of the
 // decompression: the jump would skip it. The output vector lives in the caller.
 inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, JpegSource& source,
@@ -171,13 +194,9 @@ inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, JpegSource& so
   source.read_from(info, bytes);
   jpeg_read_header(&info, TRUE);
   source.ends_whole = !jpeg_has_multiple_scans(&info) && !info.arith_code;
-  if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
-    refusal = "is a CMYK JPEG; convert it to RGB (e.g. `convert in.jpg -colorspace sRGB out.jpg`)";
-    jpeg_destroy_decompress(&info);
-    return false;
-  }
+  const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
   const bool grey = info.jpeg_color_space == JCS_GRAYSCALE;
-  info.out_color_space = grey ? JCS_GRAYSCALE : JCS_RGB;
+  info.out_color_space = grey ? JCS_GRAYSCALE : cmyk ? JCS_CMYK : JCS_RGB;
   const std::int64_t rows = info.image_height, cols = info.image_width;
   refusal = image_size_problem(rows, cols, bytes.size(), kJpegPixelsPerByte);
   if (!refusal.empty()) {
@@ -187,20 +206,22 @@ inline bool decode_jpeg_into(std::span<const std::uint8_t> bytes, JpegSource& so
   out.rows = rows;
   out.cols = cols;
   out.channels = grey ? 1 : 3;
+  const std::int64_t decoded = cmyk ? 4 : out.channels;  // (CMYK: 4 a pixel, made RGB below)
   try {
-    out.pixels.resize(static_cast<std::size_t>(rows * cols * out.channels));
+    out.pixels.resize(static_cast<std::size_t>(rows * cols * decoded));
   } catch (...) {  // (libjpeg's state would leak)
     jpeg_destroy_decompress(&info);
     throw;
   }
   jpeg_start_decompress(&info);
   while (info.output_scanline < info.output_height) {
-    JSAMPROW row = out.pixels.data() + std::size_t{info.output_scanline} *
-                                           static_cast<std::size_t>(cols * out.channels);
+    JSAMPROW row = out.pixels.data() +
+                   std::size_t{info.output_scanline} * static_cast<std::size_t>(cols * decoded);
     jpeg_read_scanlines(&info, &row, 1);
   }
   jpeg_finish_decompress(&info);
   jpeg_destroy_decompress(&info);
+  if (cmyk) cmyk_to_rgb_in_place(out.pixels, rows * cols);
   return true;
 }
 
