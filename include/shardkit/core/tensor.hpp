@@ -54,6 +54,14 @@ inline std::string shape_str(const Shape& shape) {
   return out.str();
 }
 
+// Refuses a shape with a negative size, naming the shape and the dimension: every tensor's
+// constructor checks it, and so does the allocation that precedes one (tensor_ops.hpp), so that
+// a wrong size is refused before memory is taken.
+inline void check_sizes(const Shape& shape) {
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    check(shape[i] >= 0, "Tensor shape ", shape_text(shape), " has a negative size at dim ", i);
+}
+
 // Row-major (C order) strides of a shape, in elements.
 inline Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
@@ -84,8 +92,7 @@ class Tensor {
     check(shape_.size() == strides_.size(), "Tensor shape ", shape_text(shape_), " and strides ",
           shape_text(strides_), " differ in rank");
     check(offset_ >= 0, "Tensor offset must be >= 0, got ", offset_);
-    for (std::size_t i = 0; i < shape_.size(); ++i)
-      check(shape_[i] >= 0, "Tensor shape ", shape_text(shape_), " has a negative size at dim ", i);
+    check_sizes(shape_);
     check_fits_storage();
   }
 

@@ -67,12 +67,11 @@ inline void record_deferred_init(const Tensor& t, const InitRecipe& recipe, cons
 // The bytes of a new tensor of `shape` in `dtype`, refused by name where a size is negative or
 // the count overflows (a wrapped product, 0 for [2^32, 2^32], gave a tensor without memory).
 inline std::size_t storage_bytes(const Shape& shape, DType dtype) {
+  check_sizes(shape);
   std::int64_t count = 1;
   bool overflow = false;
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    check(shape[i] >= 0, "Tensor shape ", shape_text(shape), " has a negative size at dim ", i);
-    overflow = overflow || __builtin_mul_overflow(count, shape[i], &count);
-  }
+  for (const std::int64_t size : shape)
+    overflow = overflow || __builtin_mul_overflow(count, size, &count);
   std::size_t bytes = 0;
   overflow = overflow ||
              __builtin_mul_overflow(static_cast<std::size_t>(count), dtype_size(dtype), &bytes);
