@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "shardkit/core/allocator.hpp"
+#include "shardkit/core/host_scratch.hpp"
 #include "shardkit/core/mapped_file_allocator.hpp"
 #include "shardkit/core/small_object_pool.hpp"
 #include "shardkit/core/storage.hpp"
@@ -376,4 +378,33 @@ TEST_CASE("a mapped-file allocator's memory is unnamed files, spilled out of RAM
   CHECK_THROWS_WITH_AS(sk::MappedFileAllocator((dir / "missing").string()),
                        doctest::Contains("is not a directory"), sk::InvalidArgument);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("HostScratch frames hand out distinct arrays and take them back when they end") {
+  double* outer_array = nullptr;
+  {
+    sk::HostScratch outer;
+    outer_array = outer.doubles(100);
+    CHECK(std::all_of(outer_array, outer_array + 100, [](double v) { return v == 0.0; }));
+    std::fill_n(outer_array, 100, 7.0);
+    {
+      sk::HostScratch inner;  // a kernel called from a kernel: the next buffers, not the outer's
+      float* inner_array = inner.uninitialised<float>(1000);
+      CHECK(reinterpret_cast<std::uintptr_t>(inner_array) % 64 == 0);
+      std::fill_n(inner_array, 1000, -1.0f);
+      CHECK(static_cast<void*>(inner_array) != static_cast<void*>(outer_array));
+    }
+    CHECK(std::all_of(outer_array, outer_array + 100, [](double v) { return v == 7.0; }));
+  }
+  sk::HostScratch next;  // the frame ended: its buffer serves the next frame's first array
+  CHECK(next.doubles(50) == outer_array);
+}
+
+TEST_CASE("HostScratch refuses a count whose bytes wrap, and the frame stays usable") {
+  sk::HostScratch scratch;
+  const std::size_t wrapping = std::numeric_limits<std::size_t>::max() / sizeof(double) + 2;
+  CHECK_THROWS_AS(scratch.uninitialised<double>(wrapping), std::bad_array_new_length);
+  double* values = scratch.doubles(8);
+  values[7] = 1.5;
+  CHECK(values[7] == 1.5);
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <new>
 #include <type_traits>
@@ -35,6 +36,9 @@ class HostScratch {
   template <class T>
   T* uninitialised(std::size_t count) {
     static_assert(std::is_trivial_v<T> && alignof(T) <= kAlignment);
+    // (as new T[count] refuses a count whose bytes wrap, rather than hand back a short buffer)
+    if (count > std::numeric_limits<std::size_t>::max() / sizeof(T))
+      throw std::bad_array_new_length();
     Stack& s = stack();
     if (s.buffers.size() == s.depth) s.buffers.emplace_back();
     Buffer& buffer = s.buffers[s.depth++];
