@@ -83,8 +83,11 @@ struct Scaling {
 };
 
 struct PrecisionOutcome {
-  std::vector<bool> stepped;  // per step: taken (true) or skipped
-  double final_scale = 0;
+  std::vector<bool> stepped;  // per step: taken (true) or skipped, on rank 0
+  double final_scale = 0;     // rank 0's
+  // Every rank took and skipped the same steps and ended at rank 0's scale (a rank that stepped
+  // alone would diverge from the others' replicas).
+  bool ranks_agree = false;
   std::vector<float> masters;  // rank 0: every parameter's f32 master, table order by name
   std::vector<float> compute;  // rank 0: the compute copies (as f32), parameter order
   sk::optim::OptimizerState state;
@@ -126,8 +129,11 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
                            int group = 0) {
   PrecisionOutcome out;
   const auto specs = trainable_specs();
+  std::vector<std::vector<bool>> stepped_by_rank(static_cast<std::size_t>(world));
+  std::vector<double> scale_by_rank(static_cast<std::size_t>(world));
   sk::comm::run_ranks(world, [&](sk::Context& ctx, sk::comm::Communicator& world_comm) {
     const int rank = world_comm.rank();
+    auto& stepped_here = stepped_by_rank[static_cast<std::size_t>(rank)];
     // The optimizer's state is read over the engine's shard group (the world without a mesh).
     sk::comm::Communicator* state_comm = &world_comm;
     sk::optim::DynamicLossScaler scaler(scaling.options);
@@ -136,7 +142,7 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       // The scale backs off as after an overflow (a non-finite value checked, then the update).
       scaler.check_grads(ctx, nullptr, {sk::full(ctx, {1}, sk::DType::f32, INFINITY)});
       scaler.update(ctx);
-      if (rank == 0) out.stepped.push_back(false);
+      stepped_here.push_back(false);
       return true;
     };
     auto scale_of = [&] { return scaling.enabled ? scaler.scale() : 1.0; };
@@ -149,12 +155,13 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
       else
         engine.step(lr_at(kind, s));
       const bool stepped = !scaling.enabled || !scaler.found_inf();  // (a host read: tests only)
-      if (rank == 0) out.stepped.push_back(stepped);
+      stepped_here.push_back(stepped);
     };
     auto record = [&](auto& engine, auto&& compute_values) {
       auto masters = gather_masters(ctx, *state_comm, engine.optimizer());
       auto state = sk::optim::consolidate_optimizer_state(engine.optimizer(), *state_comm, 0);
       auto compute = compute_values();
+      scale_by_rank[static_cast<std::size_t>(rank)] = scaler.scale();
       if (rank != 0) return;
       out.masters = std::move(masters);
       out.state = std::move(state);
@@ -234,6 +241,11 @@ PrecisionOutcome run_mixed(sk::parallel::Stage stage, OptimizerKind kind, int wo
     });
     if (rank == 0) out.memory = memory;
   });
+  out.stepped = stepped_by_rank[0];
+  out.ranks_agree = true;
+  for (std::size_t r = 0; r < stepped_by_rank.size(); ++r)
+    out.ranks_agree = out.ranks_agree && stepped_by_rank[r] == out.stepped &&
+                      scale_by_rank[r] == scale_by_rank[0];
   return out;
 }
 
@@ -424,12 +436,14 @@ TEST_CASE("loss scaling: an overflow on one rank skips the step on every rank, u
     // Steps 0, 1 taken; 2 skipped (scale 1024 -> 512); 3, 4, 5 taken (-> 1024 after three);
     // 6 taken.
     CHECK(ddp.stepped == std::vector<bool>{true, true, false, true, true, true, true});
+    CHECK(ddp.ranks_agree);
     CHECK(ddp.final_scale == 1024);
     CHECK(ddp.state.steps == 6);  // the skipped step does not count
     for (auto stage : {Stage::oss, Stage::sdp, Stage::fsdp}) {
       const auto other = run_mixed(stage, kind, 3, f16, 7, scaling);
       CAPTURE(sk::parallel::stage_name(stage));
       CHECK(other.stepped == ddp.stepped);
+      CHECK(other.ranks_agree);
       CHECK(bitwise_equal(other.masters, ddp.masters));
       CHECK(states_equal(other.state, ddp.state, 0));
     }
@@ -467,6 +481,7 @@ TEST_CASE("loss scaling with qgZ: an overflow on one rank still skips the step o
         const auto quantized = run_mixed(sk::parallel::Stage::fsdp, OptimizerKind::adamw, world,
                                          precision, 7, scaling, true, feedback, group);
         CHECK(quantized.stepped == std::vector<bool>{true, true, false, true, true, true, true});
+        CHECK(quantized.ranks_agree);
         CHECK(quantized.state.steps == 6);
         for (const float m : quantized.masters) REQUIRE(std::isfinite(m));
       }
