@@ -30,8 +30,10 @@ def safetensors(tensors, metadata=None, checksums=True):
             meta["shardkit.crc32." + name] = "%08x" % zlib.crc32(raw)
     if meta or checksums:
         header["__metadata__"] = meta
-    if checksums:  # the header's own CRC32, over its canonical JSON without this key
-        canonical = json.dumps(header, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    if checksums:  # the header's own CRC32, over its canonical JSON without this key or offsets
+        covered = {k: (v if k == "__metadata__" else {f: x for f, x in v.items() if f != "data_offsets"})
+                   for k, v in header.items()}
+        canonical = json.dumps(covered, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
         header["__metadata__"]["shardkit.header_crc32"] = "%08x" % zlib.crc32(canonical.encode())
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((8 - len(text) % 8) % 8)

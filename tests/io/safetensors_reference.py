@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """shardkit's safetensors reader against the reference one (the `safetensors` package): the same
 accept/reject verdict on every generated case -- 60 valid files as the reference writer lays
-them out, 52 malformed classes written by hand (a case per field of the schema among them), 160
+them out, 58 malformed classes written by hand (a case per field of the schema among them), 160
 random damages to valid files (a header byte, the length field, truncation, trailing bytes) --
 and the same tensors
 (dtype, shape, bytes) and metadata where both accept. The only verdicts allowed to differ are
@@ -77,6 +77,17 @@ def malformed_cases():
         "overflow to zero": file_of({"a": {"dtype": "F32", "shape": [2**62, 4, 4], "data_offsets": [0, 0]}}),
         "overflow": file_of({"a": {"dtype": "F64", "shape": [2**61, 3], "data_offsets": [0, 8]}}, data),
         "zero times huge": file_of({"a": {"dtype": "F32", "shape": [0, 2**62, 2**62], "data_offsets": [0, 0]}}),
+        "huge times zero": file_of({"a": {"dtype": "F32", "shape": [2**62, 2, 0], "data_offsets": [0, 0]}}),
+        # A field named twice: refused inside a tensor's entry and for __metadata__ (the schema's
+        # struct fields), the last one kept for a tensor name and a metadata key (its maps).
+        "duplicate shape": file_of(b'{"a":{"dtype":"F32","shape":[1],"shape":[2],"data_offsets":[0,8]}}', data),
+        "duplicate dtype": file_of(b'{"a":{"dtype":"F32","dtype":"I32","shape":[2],"data_offsets":[0,8]}}', data),
+        "duplicate metadata": file_of(b'{"__metadata__":{"a":"1"},"__metadata__":{"a":"2"},'
+                                      b'"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', data),
+        "duplicate metadata key": file_of(b'{"__metadata__":{"a":"1","a":"2"},'
+                                          b'"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', data),
+        "duplicate tensor": file_of(b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                                    b'"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', data),
         "metadata number": file_of(dict(base, __metadata__={"step": 1}), data),
         "metadata list": file_of(dict(base, __metadata__=["a"]), data),
         "metadata nested": file_of(dict(base, __metadata__={"a": {"b": "c"}}), data),

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "shardkit/checkpoint/safetensors.hpp"
 
 namespace sk = shardkit;
@@ -192,7 +194,10 @@ TEST_CASE("corrupt or foreign files get errors that name the file and the proble
   write_raw(path, R"({"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", bytes_of({1, 2}));
   CHECK(load_error(path).find("dtype 'C64'") != std::string::npos);
   write_raw(path, R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", bytes_of({1}));
-  CHECK(load_error(path).find("malformed header entry") != std::string::npos);
+  CHECK(load_error(path).find("the header's entry 'a' is malformed: ") != std::string::npos);
+  CHECK(load_error(path).find("'shape' not found") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":null,"shape":[1],"data_offsets":[0,4]}})", bytes_of({1}));
+  CHECK(load_error(path).find("tensor 'a' has dtype null, not a string") != std::string::npos);
   {
     std::ofstream out(path, std::ios::binary);
     out << "\xff\xff\xff\xff\xff\xff\xff\x7f{}";
@@ -213,7 +218,36 @@ TEST_CASE("corrupt or foreign files get errors that name the file and the proble
   CHECK(load_error(path).find("data_offsets entry 10.0") != std::string::npos);
   write_raw(path, R"({"a":{"dtype":"F32","shape":[4611686018427387904,4,4],"data_offsets":[0,0]}})",
             {});
+  CHECK(load_error(path).find("element count overflows 64 bits") != std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F64","shape":[2305843009213693952,2],"data_offsets":[0,0]}})",
+            {});
   CHECK(load_error(path).find("byte count overflows 64 bits") != std::string::npos);
+  // The element count first, as the reference: huge sizes before a 0 hold no bytes.
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[4611686018427387904,2,0],"data_offsets":[0,0]}})",
+            {});
+  CHECK(load_error(path) == "no error");
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})", {});
+  CHECK(load_error(path).find("shape entry -0, which is not") != std::string::npos);
+  // A field named twice inside a tensor's entry, or a second __metadata__: refused (two readers
+  // would see two files); a tensor or a metadata key named twice is the last, as there.
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[1],"shape":[2],"data_offsets":[0,8]}})",
+            bytes_of({1, 2}));
+  CHECK(load_error(path).find("names 'shape' twice in one tensor's entry") != std::string::npos);
+  write_raw(path,
+            R"({"__metadata__":{"a":"1"},"__metadata__":{"a":"2"},)"
+            R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+            bytes_of({1, 2}));
+  CHECK(load_error(path).find("names '__metadata__' twice, which") != std::string::npos);
+  write_raw(path,
+            R"({"__metadata__":{"a":"1","a":"2"},"w":{"dtype":"F32","shape":[1],)"
+            R"("data_offsets":[0,4]},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+            bytes_of({1, 2}));
+  {
+    const auto file = sk::checkpoint::load_safetensors(path.string());
+    CHECK(file.metadata.at("a") == "2");
+    REQUIRE(file.tensors.size() == 1);
+    CHECK(file.tensors[0].values<float>() == std::vector<float>{1, 2});
+  }
   write_raw(path, R"({"__metadata__":{"step":1}})", {});
   CHECK(load_error(path).find("__metadata__ 'step' is 1, not a string") != std::string::npos);
 }
@@ -407,6 +441,67 @@ TEST_CASE("every tensor's CRC32 is recorded; a flipped bit anywhere in the data 
             bytes_of({1, 2}));
   CHECK_THROWS_WITH_AS(sk::checkpoint::SafetensorsReader(path.string()),
                        doctest::Contains("the checksum of tensor 'a' is 'ABCDEF01'"), sk::IoError);
+}
+
+// The reference writer orders tensors its own way (by dtype, then name): a shardkit file loaded
+// in Python and saved again with its metadata kept has new offsets under the same checksums.
+TEST_CASE("a file re-serialised by another writer with shardkit's checksums kept still loads") {
+  const auto path = scratch("reserialised.safetensors");
+  sk::checkpoint::save_safetensors(
+      path.string(),
+      {NamedBytes::of<float>("b", {2}, {1.5f, -2.0f}), NamedBytes::of<float>("a", {1}, {0.25f})},
+      {{"step", "3"}});
+  const std::string original = read_file(path);
+  std::uint64_t length = 0;
+  for (int i = 0; i < 8; ++i)
+    length |= std::uint64_t(static_cast<unsigned char>(original[static_cast<std::size_t>(i)]))
+              << (8 * i);
+  const auto header = nlohmann::json::parse(original.substr(8, length));
+  const std::string data = original.substr(8 + length);
+  REQUIRE(header["b"]["data_offsets"] == nlohmann::json::array({0, 8}));
+  // "a" first: its bytes, then "b"'s, every other key as it was.
+  auto reordered = header;
+  reordered["a"]["data_offsets"] = {0, 4};
+  reordered["b"]["data_offsets"] = {4, 12};
+  const std::string moved = data.substr(8, 4) + data.substr(0, 8);
+  const std::vector<unsigned char> moved_bytes(moved.begin(), moved.end());
+  write_raw(path, reordered.dump(), moved_bytes);
+  {
+    const sk::checkpoint::SafetensorsReader reader(path.string());
+    CHECK(reader.verify_all() == 2);
+    CHECK(reader.read(*reader.find("b")).values<float>() == std::vector<float>{1.5f, -2.0f});
+    CHECK(reader.metadata().at("step") == "3");
+  }
+  // The header still checked: a changed metadata value, or dtype, is refused with the fix.
+  auto changed = reordered;
+  changed["__metadata__"]["step"] = "4";
+  write_raw(path, changed.dump(), moved_bytes);
+  CHECK(load_error(path).find("the header is corrupt") != std::string::npos);
+  CHECK(load_error(path).find("remove the 'shardkit.crc32.*' and 'shardkit.header_crc32' "
+                              "metadata") != std::string::npos);
+  changed = reordered;
+  changed["a"]["dtype"] = "I32";
+  write_raw(path, changed.dump(), moved_bytes);
+  CHECK(load_error(path).find("the header is corrupt") != std::string::npos);
+  // And the values: a tensor rewritten with the old checksum kept is named, with the fix.
+  std::vector<unsigned char> new_values = moved_bytes;
+  new_values[0] ^= 1;
+  write_raw(path, reordered.dump(), new_values);
+  CHECK(load_error(path).find("tensor 'a' is corrupt") != std::string::npos);
+  CHECK(load_error(path).find("remove the 'shardkit.crc32.*'") != std::string::npos);
+  // A file whose header checksum covers the offsets too (shardkit's before 2026-12) loads.
+  auto older = header;
+  older["__metadata__"]["shardkit.header_crc32"] =
+      sk::checkpoint::detail::crc32_hex(sk::checkpoint::detail::header_crc32(
+          header, sk::checkpoint::detail::HeaderCrcForm::with_offsets));
+  CHECK(older != header);
+  const std::vector<unsigned char> data_bytes(data.begin(), data.end());
+  write_raw(path, older.dump(), data_bytes);
+  CHECK(load_error(path) == "no error");
+  older["a"]["data_offsets"] = {0, 4};  // (then its offsets are checked by it, as they were)
+  older["b"]["data_offsets"] = {4, 12};
+  write_raw(path, older.dump(), moved_bytes);
+  CHECK(load_error(path).find("the header is corrupt") != std::string::npos);
 }
 
 TEST_CASE("the writer owns the checksum keys and needs each byte written exactly once") {

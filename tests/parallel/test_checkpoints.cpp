@@ -9,9 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <random>
 #include <string>
@@ -251,12 +254,12 @@ TEST_CASE("async step checkpoints: step 3's state while training goes on; one sa
       model.step(dp_test::lr_at(reference.kind, s));
       // Saves after steps 3 and 5; the steps between change the state while step 3 is written.
       if (s == 2) saver.save(3, model.training_state(), options);
-      if (s == 4) {
-        saver.save(5, model.training_state(), options);
-        // The save of step 3 was published before this one began.
-        latest_after_second_save[static_cast<std::size_t>(comm.rank())] = latest_name(dir);
-        CHECK(fs::exists(dir / "step_000000003"));
-      }
+      if (s == 4)  // (read in `extra`: before this rank's write, so before step 5's switch)
+        saver.save(5, model.training_state(), options, [&](const std::string&) {
+          // The save of step 3 was published before this one began.
+          latest_after_second_save[static_cast<std::size_t>(comm.rank())] = latest_name(dir);
+          CHECK(fs::exists(dir / "step_000000003"));
+        });
     }
     saver.finish();
     CHECK_FALSE(saver.in_flight());
@@ -315,6 +318,70 @@ TEST_CASE("async step checkpoints: a failed write leaves the previous latest and
   CHECK(errors[0].find("failed to write on rank(s) 1") != std::string::npos);
   CHECK(errors[1].find("shard-00001-of-00002") != std::string::npos);
   CHECK(latest_name(dir) == "step_000000001");
+}
+
+// A saver destroyed without finish() cannot throw: a lost save is said on stderr -- the rank
+// whose write failed names its error, and rank 0 that it did not publish the step.
+TEST_CASE("async step checkpoints: a saver destroyed with a failed save says so on stderr") {
+  const auto dir = scratch("async_destroyed");
+  char path[] = "/tmp/shardkit_saver_XXXXXX";
+  const int file = ::mkstemp(path);
+  REQUIRE(file >= 0);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(file, 2);
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options_for(Stage::sdp));
+    sk::checkpoint::CheckpointOptions options;
+    options.layout = CheckpointLayout::sharded;
+    {
+      sk::checkpoint::AsyncCheckpointer saver(dir.string());
+      saver.save(1, model.training_state(), options);
+      saver.finish();
+    }  // (finished: nothing to say)
+    sk::checkpoint::AsyncCheckpointer saver(dir.string());
+    saver.save(2, model.training_state(), options, [&](const std::string& folder) {
+      if (comm.rank() == 1)  // rank 1's file cannot be renamed into place
+        fs::create_directories(fs::path(folder) / sk::checkpoint::shard_file_name(1, 2) / "x");
+    });
+  });
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(file);
+  std::ifstream in(path);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::remove(path);
+  CHECK(text.find("step 1") == std::string::npos);
+  CHECK(text.find("the background checkpoint of step 2 in '" + dir.string() + "' failed: ") !=
+        std::string::npos);
+  CHECK(text.find("shard-00001-of-00002") != std::string::npos);
+  CHECK(text.find("the background checkpoint of step 2 in '" + dir.string() +
+                  "' was not published") != std::string::npos);
+  CHECK(latest_name(dir) == "step_000000001");
+}
+
+// Only a missing `latest` means "no checkpoint": one that cannot be read, taken for none, would
+// start the run afresh, and its first save would remove the checkpoint in force.
+TEST_CASE("latest_checkpoint: none only where `latest` is missing; anything else is refused") {
+  const auto dir = scratch("latest_pointer");
+  CHECK_FALSE(sk::checkpoint::latest_checkpoint((dir / "absent").string()).has_value());
+  CHECK_FALSE(sk::checkpoint::latest_checkpoint(dir.string()).has_value());
+  fs::create_directories(dir / "step_000000004");
+  std::ofstream(dir / "latest") << "step_000000004\n";
+  CHECK(sk::checkpoint::latest_checkpoint(dir.string()) == (dir / "step_000000004").string());
+  std::ofstream(dir / "latest") << "step_000000009\n";
+  CHECK_THROWS_WITH_AS(sk::checkpoint::latest_checkpoint(dir.string()),
+                       doctest::Contains("names 'step_000000009', which is missing"), sk::IoError);
+  std::ofstream(dir / "latest", std::ios::trunc).flush();
+  CHECK_THROWS_WITH_AS(sk::checkpoint::latest_checkpoint(dir.string()),
+                       doctest::Contains("latest' names no folder"), sk::IoError);
+  fs::remove(dir / "latest");
+  fs::create_directories(dir / "latest");
+  CHECK_THROWS_WITH_AS(sk::checkpoint::latest_checkpoint(dir.string()),
+                       doctest::Contains("latest' is not a file"), sk::IoError);
 }
 
 namespace {

@@ -24,7 +24,8 @@
 // so no rank trains on believing a save that was lost (save() itself throws only for bad
 // options, on every rank alike). A second save therefore never
 // overlaps the first. The destructor waits for this rank's write and publishes only a step every
-// rank has finished; call finish() to be sure the newest save is published.
+// rank has finished; call finish() to be sure the newest save is published (a save the
+// destructor finds failed or unpublished is said on stderr: it cannot throw).
 //
 // Only the sharded layout is written in the background: the full layout streams every piece to
 // rank 0, which needs collectives (convert a sharded checkpoint with `shardkit-ckpt consolidate`).
@@ -37,11 +38,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -54,7 +57,33 @@ namespace shardkit::checkpoint {
 class AsyncCheckpointer {
  public:
   explicit AsyncCheckpointer(std::string dir) : dir_(std::move(dir)) {}
-  ~AsyncCheckpointer() { abandon(); }
+  // Waits for this rank's write; a save that failed, or that rank 0 could not publish because
+  // not every rank's file was down, is reported on stderr (a destructor cannot throw it, and
+  // lost without a word the run would believe a checkpoint that is not there).
+  ~AsyncCheckpointer() {
+    abandoned_ = true;
+    if (worker_.joinable()) worker_.join();
+    if (!in_flight_ || !written_.valid()) return;
+    std::string outcome;
+    try {
+      written_.get();
+      if (publish_error_) std::rethrow_exception(publish_error_);
+      if (publisher_ && !published_.load())
+        outcome =
+            "was not published: the saver was destroyed before every rank's file was "
+            "down (call finish() before it goes)";
+    } catch (const std::exception& e) {
+      outcome = shardkit::detail::concat("failed: ", e.what());
+    } catch (...) {
+      outcome = "failed";
+    }
+    if (outcome.empty()) return;
+    const std::string text = shardkit::detail::concat(
+        "shardkit: the background checkpoint of step ", step_, " in '", dir_, "' ", outcome, "; '",
+        dir_, "/latest' still names the one before\n");
+    std::fwrite(text.data(), 1, text.size(), stderr);
+    std::fflush(stderr);
+  }
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
@@ -82,10 +111,13 @@ class AsyncCheckpointer {
     if (replicas_ != nullptr && replicas_->rank() != 0) return {};  // the first group saves
     state.replicas = nullptr;
     auto& comm = *comm_;
-    std::promise<void> written;
-    written_ = written.get_future();
+    // (shared: a thread that fails to start must not take the promise down with it)
+    auto written = std::make_shared<std::promise<void>>();
+    written_ = written->get_future();
     abandoned_ = false;
     all_written_ = false;
+    published_ = false;
+    publisher_ = comm.rank() == 0;
     std::string folder;
     std::shared_ptr<detail::ShardSnapshot> snapshot;
     try {
@@ -101,29 +133,44 @@ class AsyncCheckpointer {
       // makes every rank learn, the other replica groups too -- thrown here, it would leave the
       // other ranks' finish() believing the save and rank 0's thread waiting for this rank's
       // marker.
-      written.set_exception(std::current_exception());
+      written->set_exception(std::current_exception());
       return folder;
     }
-    worker_ = std::thread([this, snapshot, folder, rank = comm.rank(), world = comm.size(),
-                           written = std::move(written)]() mutable {
-      std::exception_ptr error;
-      try {
-        detail::write_shard(*snapshot);
-        touch(marker(folder, rank));
-      } catch (...) {
-        error = std::current_exception();
-      }
-      staging_ = std::move(snapshot->values);  // kept for the next save
-      if (error) {
-        written.set_exception(error);
-        return;
-      }
-      written.set_value();
-      if (rank == 0) publish_when_written(folder, world);
-    });
+    try {
+      worker_ =
+          std::thread([this, snapshot, folder, rank = comm.rank(), world = comm.size(), written] {
+            write_and_publish(*snapshot, folder, rank, world, *written);
+          });
+    } catch (...) {
+      // No thread (the process's thread limit): this rank's write failed, which finish() makes
+      // every rank learn -- thrown here, on this rank alone, the others would train on.
+      staging_ = std::move(snapshot->values);
+      written->set_exception(std::current_exception());
+    }
     return folder;
   }
 
+ private:
+  // The background thread's work: this rank's file and marker, then (rank 0) the switch.
+  void write_and_publish(detail::ShardSnapshot& snapshot, const std::string& folder, int rank,
+                         int world, std::promise<void>& written) {
+    std::exception_ptr error;
+    try {
+      detail::write_shard(snapshot);
+      touch(marker(folder, rank));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    staging_ = std::move(snapshot.values);  // kept for the next save
+    if (error) {
+      written.set_exception(error);
+      return;
+    }
+    written.set_value();
+    if (rank == 0) publish_when_written(folder, world);
+  }
+
+ public:
   // Waits for the save in flight: every rank's file written, the step published, and every
   // rank told the outcome (throws as described above). No-op without a save in flight.
   // Collective.
@@ -205,6 +252,7 @@ class AsyncCheckpointer {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
       detail::publish_step_folder(dir_, folder);
+      published_ = true;
     } catch (...) {
       publish_error_ = std::current_exception();
       return;
@@ -243,6 +291,8 @@ class AsyncCheckpointer {
   std::thread worker_;
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> all_written_{false};  // finish() learnt that every rank's file is down
+  std::atomic<bool> published_{false};    // rank 0's thread made the save in flight the latest
+  bool publisher_ = false;                // this rank's thread publishes (rank 0 of the savers)
   std::exception_ptr publish_error_;
   std::vector<NamedBytes> staging_;  // the last snapshot's buffers, reused by the next
 };

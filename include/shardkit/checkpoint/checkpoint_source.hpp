@@ -326,9 +326,11 @@ class CheckpointSource {
   // and [{"tensor", "whole": true}] for replicated tensors.
   void add_pieces(const SafetensorsReader& file) {
     std::map<std::string, Shape> shapes(params_.begin(), params_.end());
+    std::size_t at = 0;  // the entry being read, for a message
     try {
       for (const auto& entry : nlohmann::json::parse(
                file.meta("pieces", "it was not written by checkpoint::save_checkpoint"))) {
+        ++at;
         const auto tensor = entry.at("tensor").get<std::string>();
         const TensorInfo* t = file.find(tensor);
         check<IoError>(t != nullptr, "'", file.path(), "' lists piece '", tensor,
@@ -339,8 +341,18 @@ class CheckpointSource {
         }
         const auto param = entry.at("param").get<std::string>();
         const auto buffer = entry.at("buffer").get<std::string>();
-        const auto begin = entry.at("begin").get<std::int64_t>();
-        const auto end = entry.at("end").get<std::int64_t>();
+        // (integers only: get<int64_t> would truncate 2.7 and make 1e300 undefined)
+        auto element = [&](const char* field) {
+          const auto& value = entry.at(field);
+          check<IoError>(value.is_number_unsigned() &&
+                             value.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX),
+                         "'", file.path(), "': piece '", tensor, "' has ", field, " ", value.dump(),
+                         ", not an element index (the file was damaged or not written by "
+                         "checkpoint::save_checkpoint)");
+          return static_cast<std::int64_t>(value.get<std::uint64_t>());
+        };
+        const auto begin = element("begin");
+        const auto end = element("end");
         const auto shape = shapes.find(param);
         check<IoError>(shape != shapes.end(), "'", file.path(), "': piece '", tensor,
                        "' belongs to '", param, "', which the parameter list lacks");
@@ -353,7 +365,9 @@ class CheckpointSource {
         pieces_[{param, buffer}].push_back(PieceSource{&file, t, begin, end});
       }
     } catch (const nlohmann::json::exception& e) {
-      fail<IoError>("'", file.path(), "': metadata 'pieces' is malformed: ", e.what());
+      fail<IoError>("'", file.path(), "': metadata 'pieces' is malformed",
+                    at == 0 ? std::string() : shardkit::detail::concat(" at its entry ", at), ": ",
+                    e.what());
     }
   }
 

@@ -17,11 +17,15 @@
 // Integrity: the writer records every tensor's CRC32 (zlib's) in the metadata as
 // "shardkit.crc32.<tensor>" = 8 hex digits, so any other reader still loads the file, and the
 // reader checks it the first time it reads any part of that tensor: a flipped bit is an error
-// naming the tensor, never a silently wrong value. The header itself -- names, shapes, offsets
+// naming the tensor, never a silently wrong value. The header itself -- names, dtypes, shapes
 // and every metadata string -- is covered by "shardkit.header_crc32", the CRC32 of the header's
-// canonical JSON (keys sorted, no spaces) without that one key, checked when the file is opened:
-// a flipped digit in a step count is an error too. Files from other writers have no checksums
-// and load unchecked.
+// canonical JSON (keys sorted, no spaces) without that one key and without the data offsets,
+// checked when the file is opened: a flipped digit in a step count is an error too. The offsets
+// are left out so that a file another writer re-serialised with its metadata kept (the reference
+// writer orders tensors its own way) still loads; a damaged offset breaks the exact tiling of
+// the data section, or reads another tensor's bytes against its recorded CRC32. (Files written
+// before this rule cover the offsets too, and are accepted as such.) Files from other writers
+// have no checksums and load unchecked.
 #pragma once
 
 #include <fcntl.h>
@@ -42,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -217,7 +222,12 @@ class PosixFile {
 inline void sync_folder(const std::filesystem::path& folder) {
   const std::filesystem::path path = folder.empty() ? std::filesystem::path(".") : folder;
   const int dir = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) return;  // (not openable for reading: nothing to sync through)
+  // A folder we may write but not read (EACCES) gives nothing to sync through; running out of
+  // descriptors or memory is an error, for the rename would then go unflushed in silence.
+  if (dir < 0 && (errno == EACCES || errno == EPERM)) return;
+  check<IoError>(dir >= 0, "opening the folder '", path.string(),
+                 "' to flush it to disk failed: ", std::strerror(errno),
+                 " (a file just renamed into it may not survive a crash)");
   const int result = ::fsync(dir);
   const int error = errno;
   ::close(dir);
@@ -253,13 +263,21 @@ inline bool is_crc32_hex(const std::string& text) {
   return text.size() == 8 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
+// What the header checksum covers: the tensors' places in the data section (as the current
+// writer records it), or those too (as files written before 2026-12 recorded it).
+enum class HeaderCrcForm { without_offsets, with_offsets };
+
 // The CRC32 the header records of itself: over its canonical JSON (nlohmann's dump of the parsed
 // object: keys sorted, no whitespace) with the header checksum key left out, so it does not
 // depend on how a writer spaced or ordered the header.
-inline std::uint32_t header_crc32(nlohmann::json header) {
-  if (auto metadata = header.find("__metadata__");
-      metadata != header.end() && metadata->is_object())
-    metadata->erase(std::string(kHeaderCrc32Key));
+inline std::uint32_t header_crc32(nlohmann::json header,
+                                  HeaderCrcForm form = HeaderCrcForm::without_offsets) {
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__" && entry.is_object())
+      entry.erase(std::string(kHeaderCrc32Key));
+    else if (name != "__metadata__" && entry.is_object() && form == HeaderCrcForm::without_offsets)
+      entry.erase("data_offsets");
+  }
   const std::string canonical = header.dump();
   return crc32_of(canonical.data(), canonical.size());
 }
@@ -524,10 +542,46 @@ class SafetensorsReader {
  private:
   // A JSON number that is a non-negative integer (the reference reads usize: no fractions,
   // no exponents, no signs), or a clear error naming the tensor and the field.
+  // A parser callback refusing what the reference reader's schema refuses and a JSON parser
+  // keeps the last of: a second "__metadata__", or a field named twice inside one tensor's
+  // entry (two "shape"s would make two readers see two tensors). A tensor named twice is the
+  // last one, as there.
+  nlohmann::json::parser_callback_t refuse_duplicate_fields() const {
+    struct Object {
+      bool tensor_entry;  // a top-level entry other than __metadata__
+      std::set<std::string> keys;
+    };
+    auto objects = std::make_shared<std::vector<Object>>();
+    auto last_key = std::make_shared<std::string>();
+    return [this, objects, last_key](int, nlohmann::json::parse_event_t event,
+                                     nlohmann::json& parsed) {
+      using Event = nlohmann::json::parse_event_t;
+      if (event == Event::object_start) {
+        objects->push_back({objects->size() == 1 && *last_key != "__metadata__", {}});
+      } else if (event == Event::object_end) {
+        objects->pop_back();
+      } else if (event == Event::key && !objects->empty()) {
+        *last_key = parsed.get<std::string>();
+        Object& object = objects->back();
+        const bool checked = (objects->size() == 1 && *last_key == "__metadata__") ||
+                             (objects->size() == 2 && object.tensor_entry);
+        check<IoError>(!checked || object.keys.insert(*last_key).second, "'", path_,
+                       "': the header names '", *last_key, "' twice",
+                       objects->size() == 1 ? "" : " in one tensor's entry",
+                       ", which the safetensors format forbids (a damaged or hand-made header)");
+      }
+      return true;
+    };
+  }
+
   std::uint64_t unsigned_field(const nlohmann::json& value, const std::string& tensor,
                                const char* field) const {
+    // (-0 parses as a signed integer that prints as 0: said as written)
+    const bool negative_zero =
+        value.is_number_integer() && !value.is_number_unsigned() && value.get<std::int64_t>() == 0;
     check<IoError>(value.is_number_unsigned(), "'", path_, "': tensor '", tensor, "' has ", field,
-                   " entry ", value.dump(), ", which is not a non-negative integer");
+                   " entry ", negative_zero ? std::string("-0") : value.dump(),
+                   ", which is not a non-negative integer");
     return value.get<std::uint64_t>();
   }
 
@@ -543,7 +597,10 @@ class SafetensorsReader {
     check<IoError>(!t.crc32 || *t.crc32 == crc, "'", path_, "': tensor '", t.name,
                    "' is corrupt: its data's CRC32 is ", detail::crc32_hex(crc),
                    " but the file records ", detail::crc32_hex(t.crc32.value_or(0)),
-                   " (a damaged copy or a failing disk; load another checkpoint)");
+                   " (a damaged copy or a failing disk: load another checkpoint; or the file was "
+                   "rewritten with changed values by a tool that kept shardkit's checksum keys: "
+                   "remove the '",
+                   kCrc32Prefix, "*' and '", kHeaderCrc32Key, "' metadata from it)");
   }
   // Reads tensor i whole in bounded chunks and checks its checksum (once per reader).
   void verify(std::size_t i) const {
@@ -572,15 +629,15 @@ class SafetensorsReader {
                    " (pad a header with spaces)");
     nlohmann::json header;
     try {
-      header = nlohmann::json::parse(text);
+      header = nlohmann::json::parse(text, refuse_duplicate_fields());
     } catch (const nlohmann::json::exception& e) {
       fail<IoError>("'", path_, "' has a header that is not valid JSON: ", e.what());
     }
     check<IoError>(header.is_object(), "'", path_, "': the header is not a JSON object");
     std::map<std::string, std::string> checksums;  // tensor -> recorded CRC32 (hex)
     std::optional<std::string> header_checksum;    // the header's own recorded CRC32 (hex)
-    try {
-      for (const auto& [name, entry] : header.items()) {
+    for (const auto& [name, entry] : header.items()) {
+      try {
         if (name == "__metadata__") {
           // The schema's one optional field: absent or null both mean "no metadata".
           if (entry.is_null()) continue;
@@ -602,20 +659,30 @@ class SafetensorsReader {
                        "' is not described by an object");
         TensorInfo t;
         t.name = name;
-        t.dtype = detail::dtype_from_safetensors(entry.at("dtype").get<std::string>(), path_, name);
+        const auto& dtype = entry.at("dtype");
+        check<IoError>(dtype.is_string(), "'", path_, "': tensor '", name, "' has dtype ",
+                       dtype.dump(), ", not a string such as \"F32\"");
+        t.dtype = detail::dtype_from_safetensors(dtype.get<std::string>(), path_, name);
         const auto& shape = entry.at("shape");
         check<IoError>(shape.is_array(), "'", path_, "': tensor '", name,
                        "' has a shape that is not a list");
-        // The byte count, checked before any arithmetic can wrap.
-        std::uint64_t bytes = dtype_size(t.dtype);
+        // The element count, then the bytes, each checked before it can wrap: in the reference
+        // reader's order, so a shape with a 0 after huge sizes holds no bytes rather than
+        // overflowing.
+        std::uint64_t count = 1;
         for (const auto& d : shape) {
           const std::uint64_t dim = unsigned_field(d, name, "shape");
           check<IoError>(dim <= static_cast<std::uint64_t>(INT64_MAX), "'", path_, "': tensor '",
                          name, "' has dimension ", dim, ", beyond what shardkit's shapes hold");
           t.shape.push_back(static_cast<std::int64_t>(dim));
-          check<IoError>(!__builtin_mul_overflow(bytes, dim, &bytes), "'", path_, "': tensor '",
-                         name, "' has shape ", shape.dump(), " whose byte count overflows 64 bits");
+          check<IoError>(!__builtin_mul_overflow(count, dim, &count), "'", path_, "': tensor '",
+                         name, "' has shape ", shape.dump(),
+                         " whose element count overflows 64 bits");
         }
+        std::uint64_t bytes = 0;
+        check<IoError>(!__builtin_mul_overflow(count, dtype_size(t.dtype), &bytes), "'", path_,
+                       "': tensor '", name, "' has shape ", shape.dump(),
+                       " whose byte count overflows 64 bits");
         const auto& offsets = entry.at("data_offsets");
         check<IoError>(offsets.is_array() && offsets.size() == 2, "'", path_, "': tensor '", name,
                        "' has data_offsets ", offsets.dump(), "; expected [begin, end]");
@@ -628,9 +695,9 @@ class SafetensorsReader {
                        " bytes but its shape ", shape_text(t.shape), " of ", dtype_name(t.dtype),
                        " needs ", bytes);
         tensors_.push_back(std::move(t));
+      } catch (const nlohmann::json::exception& e) {  // (a missing field: at() names it)
+        fail<IoError>("'", path_, "': the header's entry '", name, "' is malformed: ", e.what());
       }
-    } catch (const nlohmann::json::exception& e) {
-      fail<IoError>("'", path_, "' has a malformed header entry: ", e.what());
     }
     // The format forbids overlaps and holes: the ranges must tile the data section exactly.
     // (Zero-size tensors sort before a neighbour at the same offset.)
@@ -667,11 +734,16 @@ class SafetensorsReader {
       check<IoError>(detail::is_crc32_hex(*header_checksum), "'", path_, "': the header checksum '",
                      kHeaderCrc32Key, "' is '", *header_checksum, "', not 8 lowercase hex digits");
       const std::uint32_t crc = detail::header_crc32(header);
-      check<IoError>(detail::crc32_hex(crc) == *header_checksum, "'", path_,
-                     "': the header is corrupt: its CRC32 is ", detail::crc32_hex(crc),
-                     " but the file records ", *header_checksum,
-                     " (a changed tensor name, shape, offset or metadata value; a damaged copy or "
-                     "a failing disk: load another checkpoint)");
+      check<IoError>(
+          detail::crc32_hex(crc) == *header_checksum ||
+              detail::crc32_hex(detail::header_crc32(
+                  header, detail::HeaderCrcForm::with_offsets)) == *header_checksum,
+          "'", path_, "': the header is corrupt: its CRC32 is ", detail::crc32_hex(crc),
+          " but the file records ", *header_checksum,
+          " (a changed tensor name, dtype, shape or metadata value: a damaged copy or a failing "
+          "disk: load another checkpoint; or a tool that kept shardkit's checksum keys changed "
+          "the header: remove the '",
+          kCrc32Prefix, "*' and '", kHeaderCrc32Key, "' metadata from it)");
     }
   }
 

@@ -32,24 +32,48 @@ inline std::string step_folder_name(std::int64_t step) {
 // `text` as the file `path`, replacing it atomically.
 inline void write_text_atomically(const std::string& path, const std::string& text) {
   const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  {
+  try {  // (a full disk fails here: the temporary does not stay behind to fill it further)
     detail::PosixFile file(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
     file.write_at(0, text.data(), text.size());
     file.sync_and_close();
+    std::error_code error;
+    std::filesystem::rename(temporary, path, error);
+    check<IoError>(!error, "replacing '", path, "' failed: ", error.message());
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw;
   }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  check<IoError>(!error, "replacing '", path, "' failed: ", error.message());
   detail::sync_folder(std::filesystem::path(path).parent_path());
 }
 
 namespace detail {
 
-// The folder name DIR/latest holds, or nothing when there is none.
+// The folder name DIR/latest holds, or nothing when there is none. Only a missing file means
+// none: a `latest` that cannot be read (no file descriptors left, an I/O error, a stale network
+// handle) is refused, for taken as none it would start the run afresh, and its first save would
+// then remove the checkpoint that `latest` names.
 inline std::optional<std::string> latest_folder_name(const std::string& dir) {
-  std::ifstream in(std::filesystem::path(dir) / "latest");
-  std::string name;
-  if (!in || !std::getline(in, name) || name.empty()) return std::nullopt;
+  const std::string path = (std::filesystem::path(dir) / "latest").string();
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (status.type() == std::filesystem::file_type::not_found) return std::nullopt;
+  check<IoError>(!error, "could not look at '", path, "' (", error.message(),
+                 "), which names the checkpoint in force; fix the cause and run again");
+  check<IoError>(status.type() == std::filesystem::file_type::regular, "'", path,
+                 "' is not a file: it is not the pointer a save writes; restore it, or remove it "
+                 "to start afresh");
+  PosixFile file(path, O_RDONLY | O_CLOEXEC);  // (refuses, naming errno, what it cannot open)
+  const std::uint64_t size = file.size();
+  check<IoError>(size <= 4096, "'", path, "' holds ", size,
+                 " bytes: it is not the one-line pointer a save writes; restore it, or remove it "
+                 "to start afresh");
+  std::string text(static_cast<std::size_t>(size), '\0');
+  file.read_at(0, text.data(), text.size(), "the checkpoint's name");
+  const std::string name = text.substr(0, text.find('\n'));
+  check<IoError>(!name.empty(), "'", path,
+                 "' names no folder (a save writes it whole: it was changed by hand); restore it, "
+                 "or remove it to start afresh");
   return name;
 }
 
