@@ -3,6 +3,7 @@
 // the call, the rank and the sizes; never memory corruption.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -152,6 +153,28 @@ TEST_CASE("what one rank can check is rejected at the call, naming the rank and 
           e, "broadcast on rank " + std::to_string(r) + " of 4 (local): root 4 is out of range"));
       CHECK(contains(e, "[0, 4)"));
     }
+  }
+  SUBCASE("a count whose total over the ranks wraps") {
+    const auto errors = errors_of(2, [](sk::Context&, comm::Communicator& c) {
+      std::vector<std::uint8_t> bytes(16);
+      // (never touched: the calls are refused before they move anything)
+      const comm::Buffer huge(bytes.data(), std::size_t{1} << 63, sk::DType::u8);
+      const comm::Buffer small(bytes);
+      bool gather_refused = false;
+      try {
+        c.all_gather(huge, small).wait();
+      } catch (const sk::InvalidArgument& e) {
+        gather_refused = contains(e.what(),
+                                  "send.count = 9223372036854775808 times 2 ranks "
+                                  "overflows");
+      }
+      CHECK(gather_refused);
+      std::vector<float> floats(4);
+      const comm::Buffer huge_floats(floats.data(), std::size_t{1} << 63, sk::DType::f32);
+      c.reduce_scatter(comm::Buffer(floats), huge_floats).wait();
+    });
+    for (const auto& e : errors)
+      CHECK(contains(e, "recv.count = 9223372036854775808 times 2 ranks overflows"));
   }
   SUBCASE("all_gather output too small") {
     const auto errors = errors_of(3, [](sk::Context&, comm::Communicator& c) {

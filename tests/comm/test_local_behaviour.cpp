@@ -108,6 +108,21 @@ TEST_CASE("then(): what follows a call runs once, after it completed, on the wai
   CHECK(saw_result == std::vector<int>{1, 1});
 }
 
+TEST_CASE("then(): a continuation that failed fails every later wait() and test() too") {
+  comm::run_ranks(2, [&](sk::Context&, comm::Communicator& c) {
+    std::vector<float> data(8, 1.0f);
+    int runs = 0;
+    comm::Work work = comm::then(c.all_reduce(data), [&] {
+      ++runs;
+      throw sk::StateError("dequantising failed");
+    });
+    CHECK_THROWS_WITH(work.wait(), "dequantising failed");
+    CHECK_THROWS_WITH(work.wait(), "dequantising failed");  // not passed off as done
+    CHECK_THROWS_WITH((void)work.test(), "dequantising failed");
+    CHECK(runs == 1);
+  });
+}
+
 TEST_CASE("host waits: wait() counts as a collective wait; wait_on_stream() completes uncounted") {
   comm::run_ranks(2, [&](sk::Context& ctx, comm::Communicator& c) {
     std::vector<float> data(64, static_cast<float>(c.rank() + 1));
@@ -222,6 +237,64 @@ TEST_CASE("run_ranks reports the failing rank's error when it dropped a Work in 
     message = e.what();
   }
   CHECK(message.find("rank 2's own error") != std::string::npos);
+}
+
+// A rank that ends on a communicator error of its own making (here the cancelled call of a Work
+// its peer dropped) aborts the world like any failing rank: the peer, already in its next call,
+// fails at once naming the cause, where it waited for its timeout and then blamed rank 1 for
+// never calling.
+TEST_CASE("a rank ending on a communicator error aborts the world; its peers do not wait") {
+  comm::CommOptions slow;
+  slow.timeout = 60s;
+  comm::RunRanksOptions options;
+  options.comm = slow;
+  std::string message;
+  const auto start = Clock::now();
+  try {
+    comm::run_ranks(
+        2,
+        [](sk::Context&, comm::Communicator& c) {
+          std::vector<float> x(8, 1.0f), y(8, 1.0f);
+          if (c.rank() == 0) {
+            { comm::Work dropped = c.all_reduce(x); }  // cancels all_reduce #0
+            c.all_reduce(y).wait();                    // rank 1 never gets here
+          } else {
+            std::this_thread::sleep_for(50ms);
+            c.all_reduce(x).wait();  // the cancelled call: PeerFailed, and rank 1 ends
+          }
+        },
+        options);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  CHECK(Clock::now() - start < 30s);
+  CHECK(message.find("rank 0 dropped its Work") != std::string::npos);
+  CHECK(message.find("timed out") == std::string::npos);
+}
+
+TEST_CASE("a timeout of milliseconds::max() waits without end instead of expiring at once") {
+  comm::RunRanksOptions options;
+  options.comm.timeout = std::chrono::milliseconds::max();
+  std::vector<float> results(2);
+  comm::run_ranks(
+      2,
+      [&](sk::Context&, comm::Communicator& c) {
+        if (c.rank() == 1) std::this_thread::sleep_for(50ms);
+        std::vector<float> x(4, 1.0f);
+        c.all_reduce(x).wait();
+        results[static_cast<std::size_t>(c.rank())] = x[3];
+      },
+      options);
+  CHECK(results == std::vector<float>{2.0f, 2.0f});
+}
+
+TEST_CASE("aborting with an empty reason still aborts: later calls fail") {
+  comm::run_ranks(2, [&](sk::Context&, comm::Communicator& c) {
+    auto& local = dynamic_cast<comm::LocalCommunicator&>(c);
+    local.abort("");
+    std::vector<float> x(4, 1.0f);
+    CHECK_THROWS_AS(c.all_reduce(x).wait(), comm::CommunicatorAborted);
+  });
 }
 
 TEST_CASE("group scopes batch calls; barrier and split refuse to run inside one") {

@@ -11,6 +11,7 @@
 // for timeouts' messages.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
@@ -64,8 +65,11 @@ inline bool validate_order_default() {
 
 struct CommOptions {
   // How long a call may wait for the other ranks before it throws sk::TimeoutError and the
-  // communicator is aborted. Covers the wait for peers, not the local data movement.
+  // communicator is aborted. Covers the wait for peers, not the local data movement. One over
+  // kLongestTimeout (milliseconds::max() for "never") counts as that: the deadlines are
+  // reckoned in nanoseconds, where a longer one would wrap and expire at once.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  static constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 365 * 100);
   // Before each call, the ranks compare its fingerprint (call_record.hpp) and refuse a
   // mismatch with both calls named, before it can hang or move the wrong bytes: one all-gather
   // of 48 bytes per rank per call, which also makes each call wait until every rank has issued
@@ -152,7 +156,7 @@ class Communicator {
   Work all_gather(const Buffer& send, const Buffer& recv) {
     const std::string_view call = "all_gather";
     check_call(call, send, Reduces::no);
-    const std::size_t total = send.count * static_cast<std::size_t>(size_);
+    const std::size_t total = times_ranks(call, send.count, "send.count");
     check_pair(call, send, recv, total, "size() x send.count");
     const Buffer out = recv.first(total);
     check_in_place_or_disjoint(call, send, out, send.count, "send", "recv");
@@ -164,7 +168,7 @@ class Communicator {
   Work reduce_scatter(const Buffer& send, const Buffer& recv, ReduceOp op = ReduceOp::sum) {
     const std::string_view call = "reduce_scatter";
     check_call(call, recv, Reduces::yes);
-    const std::size_t total = recv.count * static_cast<std::size_t>(size_);
+    const std::size_t total = times_ranks(call, recv.count, "recv.count");
     check_pair(call, recv, send, total, "size() x recv.count", "send");
     const Buffer in = send.first(total);
     check_in_place_or_disjoint(call, recv, in, recv.count, "recv", "send");
@@ -211,11 +215,8 @@ class Communicator {
   Work all_to_all_v(const Buffer& send, const Buffer& recv, std::span<const std::size_t> counts) {
     const std::string_view call = "all_to_all_v";
     const std::size_t total = check_segments(call, send, "send", counts, Reduces::no);
-    const std::size_t own = counts[static_cast<std::size_t>(rank_)];
-    std::size_t gathered = 0;
-    check(!__builtin_mul_overflow(own, static_cast<std::size_t>(size_), &gathered), where(call),
-          ": counts[", rank_, "] = ", own, " times ", size_,
-          " ranks overflows; pass counts that fit");
+    const std::size_t gathered =
+        times_ranks(call, counts[static_cast<std::size_t>(rank_)], "counts[rank]");
     check_pair(call, send, recv, gathered, "size() x counts[rank]");
     const Buffer in = send.first(total), out = recv.first(gathered);
     check(!overlaps(in, out), where(call), ": send and recv overlap; pass disjoint buffers");
@@ -281,6 +282,7 @@ class Communicator {
           " is outside a world of ", size, " ranks");
     check(options.timeout.count() > 0, "communicator timeout must be positive, got ",
           options.timeout.count(), " ms");
+    options_.timeout = std::min(options_.timeout, CommOptions::kLongestTimeout);
     RecorderRegistry::instance().add(recorder_,
                                      shardkit::detail::concat("rank ", rank, " of ", size));
   }
@@ -301,6 +303,15 @@ class Communicator {
     std::string_view call_;
   };
   CallSite where(std::string_view call) const { return CallSite(*this, call); }
+
+  // count x size(), refused where it wraps: a wrapped total would pass the buffers' size checks
+  // and the call would move `count` elements per rank.
+  std::size_t times_ranks(std::string_view call, std::size_t count, const char* what) const {
+    std::size_t total = 0;
+    check(!__builtin_mul_overflow(count, static_cast<std::size_t>(size_), &total), where(call),
+          ": ", what, " = ", count, " times ", size_, " ranks overflows; pass counts that fit");
+    return total;
+  }
 
   // Non-empty when the communicator was aborted; calls then throw CommunicatorAborted.
   virtual std::string aborted_reason() const { return {}; }

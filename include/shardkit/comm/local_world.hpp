@@ -234,11 +234,13 @@ class LocalWorld {
 
   // Fails every pending call and every later one, here and in the worlds split from this one.
   void abort(const std::string& reason) {
+    // (an empty reason would read as "not aborted": later calls would go ahead, out of step)
+    const std::string why = reason.empty() ? std::string("aborted without a reason") : reason;
     std::unique_lock lock(mutex_);
     if (!aborted_.empty()) return;
-    auto children = abort_locked(reason);
+    auto children = abort_locked(why);
     lock.unlock();
-    abort_children(children, reason);
+    abort_children(children, why);
   }
 
  private:
@@ -285,9 +287,11 @@ class LocalWorld {
         run_on_device(*op);
         op->phase = LocalOp::Phase::done;
       } else {
+        // (the worker first: an op queued without one, failed here, would run when a later
+        // op starts the worker -- after its ranks were told it failed and freed its buffers)
+        if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
         op->phase = LocalOp::Phase::queued;
         queue_.push_back(op);
-        if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
       }
     } catch (...) {
       op->phase = LocalOp::Phase::failed;

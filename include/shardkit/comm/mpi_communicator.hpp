@@ -200,8 +200,12 @@ class MpiCommunicator final : public Communicator {
   Work do_all_reduce(const Buffer& send, const Buffer& recv, ReduceOp op) override {
     auto work = begin("all_reduce");
     auto [in, out, type] = stage_reduction(*work, send, recv, op, true);
-    const void* in_arg = in == out ? MPI_IN_PLACE : in;
-    SK_MPI_CHECK(MPI_Iallreduce(in_arg, out, int_count("all_reduce", send.count), type,
+    // Always the in-place form: MPI requires MPI_IN_PLACE at all processes or at none, and our
+    // API lets each rank choose (NCCL's does); a rank that did not is copied into place here.
+    if (in != out)  // (16-bit data travels as f32 copies)
+      std::memcpy(out, in,
+                  detail::is_16bit(send.dtype) ? send.count * sizeof(float) : send.nbytes());
+    SK_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, out, int_count("all_reduce", send.count), type,
                                 detail::mpi_op(op), state_->comm, &work->request));
     return Work(std::move(work), ctx_);
   }
@@ -227,15 +231,12 @@ class MpiCommunicator final : public Communicator {
     auto work = begin("all_gather");
     const int count = int_count("all_gather", send.count);
     const MPI_Datatype type = detail::mpi_wire_type(send.dtype);
-    const bool in_place =
-        !send.empty() &&
-        send.data == recv.slice(send.count * static_cast<std::size_t>(rank()), send.count).data;
-    if (in_place)
-      SK_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv.data, count, type,
-                                  state_->comm, &work->request));
-    else
-      SK_MPI_CHECK(MPI_Iallgather(send.data, count, type, recv.data, count, type, state_->comm,
-                                  &work->request));
+    // Always the in-place form, as all_reduce: a rank whose send is not its own segment of
+    // recv (the two are disjoint then) is copied into it first.
+    const Buffer own = recv.slice(send.count * static_cast<std::size_t>(rank()), send.count);
+    if (!send.empty() && send.data != own.data) std::memcpy(own.data, send.data, send.nbytes());
+    SK_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv.data, count, type,
+                                state_->comm, &work->request));
     return Work(std::move(work), ctx_);
   }
 

@@ -53,9 +53,13 @@ void run_ranks(int n, Fn&& fn, const RunRanksOptions& options = {}) {
                                    options.kernels, cpu_threads});
         LocalCommunicator comm(ctx, world, r, options.comm);
         fn(ctx, static_cast<Communicator&>(comm));
-      } catch (const CommunicatorAborted&) {
+      } catch (const CommunicatorAborted& e) {
+        // A consequence of another rank's failure (reported after the first cause), or of this
+        // rank's own -- a Work it dropped, a call out of step: the world is aborted either way,
+        // for the others would otherwise wait for this rank until their timeout.
         errors[index] = std::current_exception();
         secondary[index] = 1;
+        world->abort(shardkit::detail::concat("rank ", r, " ended: ", e.what()));
       } catch (const std::exception& e) {
         errors[index] = std::current_exception();
         world->abort(shardkit::detail::concat("rank ", r, " failed: ", e.what()));

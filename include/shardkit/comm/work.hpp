@@ -5,6 +5,7 @@
 // that its host runs ahead of the GPU.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -127,15 +128,24 @@ class ContinuedWork final : public WorkState {
   void on_drop() noexcept override { assign(call_, Work()); }
 
  private:
+  // Runs `after` once; a failure of it is the Work's outcome, thrown again by a later wait() or
+  // test() (a retried wait that returned would pass off a half-finished result as done).
   void run_after() {
+    if (failure_) std::rethrow_exception(failure_);
     if (!after_) return;
     auto after = std::move(after_);
     after_ = nullptr;
-    after();
+    try {
+      after();
+    } catch (...) {
+      failure_ = std::current_exception();
+      throw;
+    }
   }
 
   Work call_;
   std::function<void()> after_;
+  std::exception_ptr failure_;
 };
 
 }  // namespace detail

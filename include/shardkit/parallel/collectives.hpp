@@ -87,8 +87,9 @@ inline std::vector<std::size_t> quantized_run_bytes(
 // A quantised all-gather: this rank's `own` values (counts[rank] of them) travel as one run of
 // `format` blocks of `block` values (ops/quantize.hpp), the runs laid end to end as bytes; once
 // they are here, every run -- this rank's too, so that all ranks hold the same values -- is
-// dequantised into `out` (counts laid end to end, any float dtype). `own` stays exact and may
-// alias its place in `out`; the returned work completes the gather.
+// dequantised into `out` (counts laid end to end, any float dtype). `own` stays exact, so it
+// must not lie in `out` (its run dequantised there would overwrite it with the rounded values);
+// the returned work completes the gather.
 [[nodiscard]] inline comm::Work start_quantized_all_gather_v(Context& ctx, comm::Communicator& comm,
                                                              const Tensor& own, const Tensor& out,
                                                              const std::vector<std::size_t>& counts,
@@ -108,6 +109,10 @@ inline std::vector<std::size_t> quantized_run_bytes(
         "quantized all-gather: ", ranks, " counts for ", comm.size(), " ranks, own ", own,
         " for counts[", mine, "] = ", counts[mine], ", out ", out, " for ", from[ranks],
         " values; pass a count per rank, this rank's values, and room for them all");
+  check(own.storage() != out.storage() || own.offset() + own.numel() <= out.offset() ||
+            out.offset() + out.numel() <= own.offset(),
+        "quantized all-gather: own ", own, " lies in out ", out,
+        ", where its dequantised run would overwrite it; pass this rank's values separately");
   const Tensor wire = empty(ctx, {at[ranks]}, DType::u8, MemoryCategory::communication);
   ops::quantize_blocks(ctx, format, own, block, wire.slice(0, at[mine], at[mine + 1]));
   const Tensor flat_out = out.view({out.numel()});
