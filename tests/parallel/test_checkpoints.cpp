@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
 #include "shardkit/checkpoint/async_checkpoint.hpp"
@@ -765,6 +767,52 @@ TEST_CASE("a flipped bit in any tensor of a checkpoint is refused on load, namin
   }
   CHECK(caught > 20);
   CHECK(only_one_rank_read_it > 0);  // (the sharded optimizer state is read by its owner only)
+}
+
+// The "pieces" metadata's element indices are integers: a float was truncated (2.7 read as 2)
+// and one beyond int64 was undefined behaviour. (Rewritten here with fresh checksums, as a
+// tool would write it: the header checksum would otherwise refuse the change first.)
+TEST_CASE("a shard file whose pieces name a non-integer element index is refused, naming it") {
+  const auto folder = scratch("pieces_indices").string();
+  CheckpointJob job;
+  job.where = {Stage::fsdp, 2};
+  job.save_to = folder;
+  job.save.layout = CheckpointLayout::sharded;
+  (void)run(job);
+  const auto path = fs::path(folder) / sk::checkpoint::shard_file_name(0, 2);
+  const auto pristine = sk::checkpoint::load_safetensors(path.string());
+  for (const char* index : {"2.7", "1e300", "-1", "\"3\""}) {
+    CAPTURE(index);
+    auto pieces = nlohmann::json::parse(pristine.metadata.at("pieces"));
+    bool changed = false;
+    for (auto& entry : pieces)
+      if (!changed && entry.contains("begin")) {
+        entry["begin"] = nlohmann::json::parse(index);
+        changed = true;
+      }
+    REQUIRE(changed);
+    auto metadata = pristine.metadata;
+    metadata["pieces"] = pieces.dump();
+    sk::checkpoint::save_safetensors(path.string(), pristine.tensors, metadata);
+    std::vector<std::string> errors(2);
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = mlp(ctx, job.seed + static_cast<std::uint64_t>(comm.rank()));
+      sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(job.kind),
+                                        options_for(job.where.stage));
+      try {
+        (void)sk::checkpoint::load_checkpoint(folder, model.training_state());
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    const std::string shown = nlohmann::json::parse(index).dump();
+    for (const auto& e : errors) {  // (the ranks that read the file name it, the others it)
+      CAPTURE(e);
+      CHECK((e.find("has begin " + shown + ", not an element index") != std::string::npos ||
+             e.find("failed on rank(s)") != std::string::npos));
+    }
+    CHECK(errors[0].find("has begin " + shown) != std::string::npos);
+  }
 }
 
 TEST_CASE("a load refused on any rank writes on none: every rank's state stays as it was") {
