@@ -622,3 +622,140 @@ TEST_CASE("a backward cut short: refused until zero_grad, then the bits of a run
     }
   }
 }
+
+namespace {
+
+// Rank 0's values after three fsdp steps, each with one forward more than its backward (a
+// probe, as an evaluation that forgot no_grad): with grad mode on (`probe_with_grad`) the root
+// unit -- every unit without resharding -- stays gathered into the step; without, every unit
+// is freed at the end of the forward. The batch-norm statistics move alike either way.
+std::vector<float> run_with_probe(bool reshard, bool probe_with_grad) {
+  std::vector<float> rank0;
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::fsdp;
+    options.buckets.bucket_bytes = 1024;
+    options.fsdp.wrap.unit_paths = {"0", "5"};
+    options.fsdp.reshard_after_forward = reshard;
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options);
+    for (int s = 0; s < 3; ++s) {
+      model.zero_grad();
+      auto b = batch(ctx, {6, 12}, 7, comm.rank(), s);
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      auto probe = batch(ctx, {6, 12}, 7, comm.rank(), 100 + s);
+      if (probe_with_grad) {
+        (void)model(ctx, probe.x);
+      } else {
+        ag::NoGradGuard no_grad(ctx);
+        (void)model(ctx, probe.x);
+      }
+      model.step(lr_at(s));
+    }
+    auto full = model.full_params();
+    if (comm.rank() == 0) rank0 = module_values(ctx, *net);
+  });
+  return rank0;
+}
+
+}  // namespace
+
+// A unit still gathered at the step held the values from before it: the next forward computed
+// with them, and a full_params() scope wrote them back over the step.
+TEST_CASE("fsdp: a forward without its backward before a step leaves no unit with old values") {
+  for (const bool reshard : {true, false}) {
+    CAPTURE(reshard);
+    CHECK(dp_test::bitwise_equal(run_with_probe(reshard, true), run_with_probe(reshard, false)));
+  }
+}
+
+// no_sync switched the groups one by one and threw at the first with a backward open, leaving
+// the ones before it switched off for good: every later step was refused. Now it is refused
+// before any switches, naming zero_grad(), and training goes on after it.
+TEST_CASE("no_sync with a backward open is refused whole, and training goes on after zero_grad") {
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::fsdp;
+    options.buckets.bucket_bytes = 1024;
+    options.fsdp.wrap.unit_paths = {"0", "5"};
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options);
+    bool fail = true;
+    const auto hook = net->at(3).register_backward_hook([&](nn::Module&, const sk::Tensor&) {
+      if (fail) throw sk::InvalidArgument("the hook failed");
+    });
+    auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
+    model.zero_grad();
+    CHECK_THROWS_WITH(ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels)),
+                      "the hook failed");
+    fail = false;
+    CHECK_THROWS_WITH_AS((void)model.no_sync(), doctest::Contains("call zero_grad() first"),
+                         sk::StateError);
+    model.zero_grad();
+    CHECK(model.engine().sync_enabled());
+    {
+      auto accumulate = model.no_sync();
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+    }
+    ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+    CHECK_NOTHROW(model.step(lr_at(0)));
+    net->at(3).remove_hook(hook);
+  });
+}
+
+// A post-step hook that throws used to leave oss/sdp's replicas out of step -- each rank's own
+// range updated, the others' ranges not gathered -- in silence. The step's gathers now run
+// first, and the hook's error after them.
+TEST_CASE("a post-step hook's error leaves the replicas alike under oss and sdp") {
+  for (const auto stage : {Stage::oss, Stage::sdp}) {
+    CAPTURE(sk::parallel::stage_name(stage));
+    std::vector<std::vector<float>> values(2);
+    sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+      auto net = mlp(ctx, 100);  // (every rank the same model: replicas)
+      sk::parallel::ParallelOptions options;
+      options.stage = stage;
+      options.buckets.bucket_bytes = 1024;
+      sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                        options);
+      model.register_post_step_hook(
+          [](sk::parallel::Engine&) { throw sk::InvalidArgument("the post-step hook failed"); });
+      model.zero_grad();
+      auto b = batch(ctx, {6, 12}, 7, 0, 0);  // (one batch: the batch-norm statistics alike)
+      ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+      const auto before = module_values(ctx, *net);
+      CHECK_THROWS_WITH(model.step(lr_at(0)), "the post-step hook failed");
+      values[static_cast<std::size_t>(comm.rank())] = module_values(ctx, *net);
+      CHECK_FALSE(dp_test::bitwise_equal(values[static_cast<std::size_t>(comm.rank())], before));
+    });
+    CHECK(dp_test::bitwise_equal(values[0], values[1]));
+  }
+}
+
+// PyTorch's clip_grad_norm_ scales the gradients there and then; ours is applied at the step,
+// so a backward between the two would have its gradients scaled by a coefficient measured
+// without them. Refused by name; zero_grad() drops the clip.
+TEST_CASE("a step after clip_grad_norm and another backward is refused, naming the fix") {
+  sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+    auto net = mlp(ctx, 100 + static_cast<std::uint64_t>(comm.rank()));
+    sk::parallel::ParallelOptions options;
+    options.stage = Stage::sdp;
+    sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
+                                      options);
+    auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
+    auto backward = [&] { ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels)); };
+    model.zero_grad();
+    backward();
+    (void)model.clip_grad_norm(1.0);
+    backward();
+    CHECK_THROWS_WITH_AS(model.step(lr_at(0)),
+                         doctest::Contains("after clip_grad_norm and another backward"),
+                         sk::StateError);
+    model.zero_grad();
+    backward();
+    backward();
+    (void)model.clip_grad_norm(1.0);  // after the last backward: fine
+    CHECK_NOTHROW(model.step(lr_at(0)));
+  });
+}

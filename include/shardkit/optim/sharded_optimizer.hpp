@@ -187,6 +187,8 @@ class ShardedOptimizer {
   }
 
   // A skipped step (loss scaling found an overflow): forget clip_grad_norm's coefficient.
+  // A clip_grad_norm waits for the next step (its coefficient applied there).
+  bool clip_pending() const { return clip_pending_; }
   void discard_clip() { clip_pending_ = false; }
 
   // The steps applied so far (skipped ones do not count). After a loss-scaled step the count

@@ -193,11 +193,12 @@ class Engine : public ParamGroups {
     optimizer_->step(piece_grads_, scaler);
     const bool needs_verdict = std::any_of(post_step_hooks_.begin(), post_step_hooks_.end(),
                                            [](const PostStepHook& h) { return !h.gated; });
-    after_update(!needs_verdict || !scaler.found_inf());
+    const std::exception_ptr hook_error = after_update(!needs_verdict || !scaler.found_inf());
     scaler.update(*ctx_);
     // qgZ's error feedback is in the scaled units: it follows the new scale, and a skipped
     // step's residuals (which may hold an inf) are dropped.
     follow_loss_scale(scaler.state(*ctx_));
+    if (hook_error) std::rethrow_exception(hook_error);
   }
   void step(float lr, optim::DynamicLossScaler& scaler) {
     set_lr(lr);
@@ -211,6 +212,7 @@ class Engine : public ParamGroups {
   // the norm is of the unscaled gradients. Collective.
   Tensor clip_grad_norm(double max_norm, float inv_grad_scale = 1.0f) {
     check_finished("clip_grad_norm");
+    clip_measured_ = finished_backwards();
     return optimizer_->clip_grad_norm(piece_grads_, max_norm, inv_grad_scale);
   }
 
@@ -282,17 +284,33 @@ class Engine : public ParamGroups {
     check_finished("optimizer step");
     shards_will_change();
     optimizer_->step_unscaling_by(piece_grads_, inv_grad_scale);
-    after_update(true);
+    if (const std::exception_ptr hook_error = after_update(true))
+      std::rethrow_exception(hook_error);
   }
 
   // After the fused update: the post-step hooks on this rank's pieces (after an applied step),
-  // then (oss, sdp) the owners' ranges all-gathered.
-  void after_update(bool applied) {
-    for (auto& hook : post_step_hooks_)
-      if (applied || hook.gated) hook.run(*this);
+  // then (oss, sdp) the owners' ranges all-gathered, and (fsdp) units still gathered released.
+  // A hook's error is returned for the caller to throw once the step's bookkeeping is done:
+  // thrown here, it would leave the replicas out of step (each rank's own range new, the others
+  // old) and a peer waiting in the gather.
+  [[nodiscard]] std::exception_ptr after_update(bool applied) {
+    std::exception_ptr hook_error;
+    try {
+      for (auto& hook : post_step_hooks_)
+        if (applied || hook.gated) hook.run(*this);
+    } catch (...) {
+      hook_error = std::current_exception();
+    }
     if (policy().gather_after_step)
       for (std::size_t u = 0; u < unit_count(); ++u)
         all_gather_owned(mutable_group(u).flat(), policy().broadcast_fp16);
+    // A unit still gathered (a forward without its backward, with grad mode on, or with
+    // reshard_after_forward off) holds the values from before the step: freed, the next use
+    // gathers the new ones -- kept, the next forward would compute with the old, and a
+    // full_params() scope write them back over the step.
+    for (std::size_t u = 0; u < unit_count(); ++u)
+      if (group(u).flat().sharded() && holds_full(u)) release(u);
+    return hook_error;
   }
 
   void check_finished(const char* what) const {
@@ -308,6 +326,14 @@ class Engine : public ParamGroups {
         fail<StateError>(what, " before the gradients are finished",
                          unit_count() > 1 ? " (unit '" + unit_name(u) + "')" : std::string(),
                          ": run the (synchronised, outside no_sync) backward, then finish()");
+    // (PyTorch clips the gradients there and then: a backward after it adds unclipped ones,
+    // which a coefficient applied at the step would scale too)
+    if (optimizer_->clip_pending() && clip_measured_ != finished_backwards())
+      fail<StateError>(what,
+                       " after clip_grad_norm and another backward: the clip measured the "
+                       "gradients before that backward, and would scale the ones it added "
+                       "too; call clip_grad_norm after the last backward (zero_grad() "
+                       "drops it)");
   }
 
   Context* ctx_;
@@ -317,6 +343,7 @@ class Engine : public ParamGroups {
   std::vector<std::size_t> first_piece_;  // per group: its first piece in the optimizer's list
   std::vector<Tensor> piece_grads_;
   std::unique_ptr<optim::ShardedOptimizer> optimizer_;
+  std::uint64_t clip_measured_ = 0;  // the backward clip_grad_norm measured (finished_backwards)
   struct PostStepHook {
     StepHook run;
     bool gated = false;  // leaves a skipped step alone on the device (register_post_step_hook)

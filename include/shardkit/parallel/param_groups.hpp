@@ -146,6 +146,7 @@ class ParamGroups {
   // their copies down waited for, one wait for every group, none after a no_sync backward).
   // Throws if a trainable parameter was never marked ready.
   void finish() {
+    ++finished_backwards_;
     if (grads_home_ != nullptr)
       ctx_->refuse_in_capture(
           "a backward of an offloaded optimizer (its gradients go to the "
@@ -189,7 +190,12 @@ class ParamGroups {
   void reset_error_feedback() {
     for (auto& group : groups_) group->reset_error_feedback();
   }
+  // Every group or none: refused before any switches while a backward is open (a group left
+  // switched alone would never reduce again, and every later step be refused).
   void set_sync(bool enabled) {
+    check<StateError>(!backward_open(),
+                      "no_sync: gradient sync switches only between backwards, and one is open "
+                      "(unfinished, or cut short by an exception); call zero_grad() first");
     for (auto& group : groups_) group->set_sync(enabled);
   }
   bool sync_enabled() const { return groups_.front()->sync_enabled(); }  // (every group's)
@@ -225,6 +231,9 @@ class ParamGroups {
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
  protected:
+  // How many backwards finish() has closed (clip_grad_norm notes which one it measured).
+  std::uint64_t finished_backwards() const { return finished_backwards_; }
+
   // Every group's gradients from zero (Engine::zero_grad also starts the optimizer's read
   // ahead: callers go through it). A backward cut short by an exception is closed first
   // (abandon_backward).
@@ -345,6 +354,7 @@ class ParamGroups {
   std::vector<std::size_t> first_param_;  // per group
   std::vector<ParamIndex> index_;
   std::size_t read_ahead_unit_ = SIZE_MAX;  // the unit read ahead last (SIZE_MAX: none)
+  std::uint64_t finished_backwards_ = 0;
 };
 
 }  // namespace shardkit::parallel
