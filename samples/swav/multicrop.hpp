@@ -41,12 +41,13 @@ struct MultiCropConfig {
   double color_p = 0.8;         // probability of the jitter (VISSL: 0.8)
   double blur_p = 0.5;          // ImgPilGaussianBlur
   double blur_radius_min = 0.1, blur_radius_max = 2.0;
-  // Normalize: one mean and std per channel (Fashion-MNIST's pixel statistics in [0, 1]).
+  // Normalize: one mean and std per channel (Fashion-MNIST's pixel statistics in [0, 1]);
+  // none (a transform list without Normalize) leaves the values in [0, 1], as VISSL does.
   std::vector<double> mean{0.2860}, std{0.3530};
 
   // Normalize of `channels` planes of `area` values in [0, 1], in place (CHW).
   void normalize(float* planes, std::int64_t channels, std::int64_t area) const {
-    normalize_planes(planes, channels, area, mean, std);
+    if (!mean.empty()) normalize_planes(planes, channels, area, mean, std);
   }
   int total_crops() const {
     int n = 0;
@@ -76,8 +77,8 @@ struct MultiCropConfig {
           "ImgPilToMultiCrop: crop_scales[", g, "] = [", crop_scales[g][0], ", ", crop_scales[g][1],
           "] must satisfy 0 < min <= max <= 1");
     }
-    sk::check(!mean.empty() && mean.size() == std.size(), "Normalize: mean has ", mean.size(),
-              " entries and std ", std.size(), "; give one of each per channel");
+    sk::check(mean.size() == std.size(), "Normalize: mean has ", mean.size(), " entries and std ",
+              std.size(), "; give one of each per channel");
     for (double s : std) sk::check(s > 0, "Normalize: std ", s, " must be positive");
     sk::check(blur_radius_min > 0 && blur_radius_min <= blur_radius_max,
               "ImgPilGaussianBlur: radius_min ", blur_radius_min, " and radius_max ",
@@ -372,7 +373,7 @@ inline void make_crop(const MultiCropConfig& config, std::uint64_t seed, std::in
                       float* out) {
   sk::check(image.channels == 1 || image.channels == 3, "multi-crop: images have ", image.channels,
             " channels; grey (1) or RGB (3) are read");
-  sk::check(static_cast<std::int64_t>(config.mean.size()) == image.channels,
+  sk::check(config.mean.empty() || static_cast<std::int64_t>(config.mean.size()) == image.channels,
             "Normalize: mean and std have ", config.mean.size(), " entries but the images have ",
             image.channels, " channels; give one per channel");
   CropRandom rng(seed, epoch, image_index, crop);

@@ -246,11 +246,17 @@ int main(int argc, char** argv) {
                         ? "n/a (resumed)"
                         : (std::to_string(100 * report.knn_init).substr(0, 5) + "%").c_str(),
                     100 * report.raw_knn);
+    // (after a resume, the iterations this process ran: the seconds are theirs)
+    char resumed_from[64] = "";
+    if (report.resumed)
+      std::snprintf(resumed_from, sizeof resumed_from, " (%lld to %lld, resumed)",
+                    static_cast<long long>(report.start_iteration),
+                    static_cast<long long>(report.iterations));
     std::printf(
-        "done: %lld iterations in %.1f s, %.1f of them evaluating and checkpointing (%.1f img/s "
+        "done: %lld iterations%s in %.1f s, %.1f of them evaluating and checkpointing (%.1f img/s "
         "while stepping, data wait %.1f%%); %s; fingerprint %016llx\n",
-        static_cast<long long>(report.iterations), report.train_seconds, report.paused_seconds,
-        report.images_per_second,
+        static_cast<long long>(report.iterations - report.start_iteration), resumed_from,
+        report.train_seconds, report.paused_seconds, report.images_per_second,
         100 * report.data_wait_seconds / std::max(report.train_seconds, 1e-9), knn,
         static_cast<unsigned long long>(report.fingerprint));
     print_knn_table(report);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -210,6 +211,8 @@ inline MultiCropConfig read_transforms(const ConfigTree& c) {
   m.flip_p = 0;
   m.color_strength = 0;
   m.blur_p = 0;
+  m.mean.clear();  // (as the augmentations: only what the list names -- VISSL's [0, 1] without)
+  m.std.clear();
   for (std::size_t i = 0; i < list.size(); ++i) {
     const YAML::Node t = list[i];
     const std::string where = "DATA.TRAIN.TRANSFORMS[" + std::to_string(i) + "]";
@@ -856,7 +859,7 @@ inline void check_channels(ConfigProblems& problems, std::int64_t train, std::in
     });
   if (train > 0 && crops != nullptr)
     problems.attempt([&] {
-      if (static_cast<std::int64_t>(crops->mean.size()) != train)
+      if (!crops->mean.empty() && static_cast<std::int64_t>(crops->mean.size()) != train)
         throw ConfigError(
             "DATA.TRAIN.TRANSFORMS' Normalize has " + std::to_string(crops->mean.size()) +
             " mean/std entries but the images have " + std::to_string(train) +
@@ -1046,7 +1049,12 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
       throw detail::bad("DATA.TRAIN.COLLATE_FUNCTION",
                         c.get<std::string>("DATA.TRAIN.COLLATE_FUNCTION"),
                         "SwAV uses multicrop_collator");
+    // VISSL's 0 loads in the main process; here one loader thread beside the training.
     s.workers = c.get<int>("DATA.NUM_DATALOADER_WORKERS");
+    if (s.workers < 0)
+      throw detail::bad("DATA.NUM_DATALOADER_WORKERS", std::to_string(s.workers),
+                        "0 or more loader threads");
+    s.workers = std::max(s.workers, 1);
   });
   const bool crops_ok = problems.attempt([&] { s.crops = detail::read_transforms(c); });
   const bool eval_ok =
@@ -1240,9 +1248,17 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
     }
   });
   problems.attempt([&] {
-    if (c.get<bool>("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"))
-      s.checkpoint_splits =
+    if (c.get<bool>("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING")) {
+      const int splits =
           c.get<int>("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS");
+      // (0 or fewer would checkpoint nothing without a word, with the option asked for)
+      if (splits < 1)
+        throw detail::bad("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS",
+                          std::to_string(splits),
+                          "USE_ACTIVATION_CHECKPOINTING is True: split the trunk into at least "
+                          "1 segment (VISSL's default is 2)");
+      s.checkpoint_splits = splits;
+    }
   });
   const bool stage_ok = problems.attempt([&] {
     // Stage, as VISSL picks its task: OPTIMIZER.name zero or use_zero -> ZeRO-1; USE_SDP (which
@@ -1478,6 +1494,32 @@ inline SwavConfig read_swav_config(const ConfigTree& c, int world,
     s.loss.num_iters = c.get<int>("LOSS.swav_loss.num_iters");
     s.loss.use_double_precision = c.get<bool>("LOSS.swav_loss.use_double_precision");
     s.loss.temp_hard_assignment_iters = c.get<int>("LOSS.swav_loss.temp_hard_assignment_iters");
+    // (refused here, by key and with the others, not at the first step after the data loaded)
+    const auto number = [](double v) {
+      std::ostringstream out;
+      out << v;
+      return out.str();
+    };
+    if (s.loss.crops_for_assign.empty())
+      throw detail::bad("LOSS.swav_loss.crops_for_assign", "[]",
+                        "name the crops that assign codes, e.g. [0, 1] (the large crops)");
+    for (const int crop : s.loss.crops_for_assign)
+      if (crop < 0 || crop >= s.loss.num_crops)
+        throw detail::bad("LOSS.swav_loss.crops_for_assign", std::to_string(crop),
+                          "a crop index in [0, " + std::to_string(s.loss.num_crops) +
+                              ") (DATA.TRAIN.TRANSFORMS' crops)");
+    if (!(s.loss.temperature > 0) || !std::isfinite(s.loss.temperature))
+      throw detail::bad("LOSS.swav_loss.temperature", number(s.loss.temperature),
+                        "a positive number (VISSL's default is 0.1)");
+    if (!(s.loss.epsilon > 0) || !std::isfinite(s.loss.epsilon))
+      throw detail::bad("LOSS.swav_loss.epsilon", number(s.loss.epsilon),
+                        "a positive number (VISSL's default is 0.05)");
+    if (s.loss.num_iters < 1)
+      throw detail::bad("LOSS.swav_loss.num_iters", std::to_string(s.loss.num_iters),
+                        "at least 1 Sinkhorn iteration (VISSL's default is 3)");
+    if (s.loss.temp_hard_assignment_iters < 0)
+      throw detail::bad("LOSS.swav_loss.temp_hard_assignment_iters",
+                        std::to_string(s.loss.temp_hard_assignment_iters), "0 or more");
   });
   if (batch_ok)
     problems.attempt([&] {

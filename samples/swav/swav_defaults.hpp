@@ -220,9 +220,10 @@ OPTIMIZER:
       interval_scaling: [rescaled, fixed]
       update_interval: step
       lengths: [0.1, 0.9]
-      start_value: 0.3
-      end_value: 0.0003
-      value: 0.3
+      # VISSL's: what a single scheduler (lr: {name: cosine, ...}) leaves out
+      start_value: 0.1
+      end_value: 0.0
+      value: 0.1
 TRAINER:
   TASK_NAME: self_supervision_task  # _fsdp_task: FSDP (as AUTO_SETUP_FSDP); _sdp_task: SDP with ZeRO
 DISTRIBUTED:

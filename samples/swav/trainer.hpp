@@ -116,7 +116,15 @@ class SwavTrainer {
       epoch = state.epoch;
       batch_in_epoch = state.batch;
       report.resumed = true;
-    } else if (c_.test_model) {
+    } else {
+      // A fresh run's metrics start a fresh file: appended to an earlier run's (OVERWRITE_
+      // EXISTING over a folder), its curves would jump back to iteration 0 in the plot.
+      if (comm_->rank() == 0 && !c_.metrics_path.empty()) {
+        std::error_code ignored;
+        std::filesystem::remove(c_.metrics_path, ignored);
+      }
+    }
+    if (!report.resumed && c_.test_model) {
       nlohmann::json by_layer;  // the network at initialisation
       report.knn_init = evaluate(report, Evaluation::initial, by_layer, "initial network");
       log_metrics(knn_metrics(
@@ -212,8 +220,18 @@ class SwavTrainer {
           pause([&] { save(epoch, batch_in_epoch); });
       }
       const bool epoch_done = batch_in_epoch >= per_epoch;
-      if (!epoch_done) break;  // stopped by MAX_ITERATIONS inside the epoch
-      if (c_.checkpoint_every_epochs > 0 && (epoch + 1) % c_.checkpoint_every_epochs == 0)
+      if (!epoch_done) {  // stopped by MAX_ITERATIONS inside the epoch: saved where it stopped
+        const bool saving = c_.checkpoint_every_epochs > 0 || c_.checkpoint_every_iters > 0;
+        const bool saved_here =
+            c_.checkpoint_every_iters > 0 && iteration_ % c_.checkpoint_every_iters == 0;
+        if (saving && !saved_here && iteration_ > report.start_iteration)
+          pause([&] { save(epoch, batch_in_epoch); });
+        break;
+      }
+      // (the run's last epoch always, as VISSL's is_checkpoint_phase: else the epochs after the
+      // last multiple of CHECKPOINT_FREQUENCY were trained and then lost)
+      if (c_.checkpoint_every_epochs > 0 &&
+          ((epoch + 1) % c_.checkpoint_every_epochs == 0 || epoch + 1 == c_.num_epochs))
         pause([&] { save(epoch + 1, 0); });
       // (the final evaluation below covers the run's last epoch, and one that MAX_ITERATIONS
       // ended)
@@ -609,7 +627,10 @@ class SwavTrainer {
           const std::uint8_t* in = set.image(i).pixels;
           for (std::int64_t k = 0; k < dim; ++k) {
             const auto ch = static_cast<std::size_t>(k % set.channels);
-            out[k] = static_cast<float>((in[k] / 255.0 - c_.crops.mean[ch]) / c_.crops.std[ch]);
+            out[k] =
+                c_.crops.mean.empty()  // (no Normalize: the values in [0, 1])
+                    ? static_cast<float>(in[k] / 255.0)
+                    : static_cast<float>((in[k] / 255.0 - c_.crops.mean[ch]) / c_.crops.std[ch]);
           }
         }
         l2_normalize_rows(f, dim);

@@ -733,6 +733,15 @@ TEST_CASE("config: data sources -- fashion_mnist, disk_folder, synthetic -- and 
   CHECK(folder.train_data.sampling_seed == 3);
   CHECK(folder.crops.mean.size() == 3);
   CHECK(folder.crops.std[2] == doctest::Approx(0.225));
+  // A list without Normalize normalises nothing (VISSL's values in [0, 1]); it used to keep
+  // Fashion-MNIST's statistics, and refuse RGB images for a Normalize nobody wrote.
+  const auto unnormalised =
+      config_of({"config.DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 2, "
+                 "size_crops: [32], num_crops: [2], crop_scales: [[0.14, 1]]}, {name: ToTensor}]"});
+  CHECK(unnormalised.crops.mean.empty());
+  std::vector<float> planes{0.0f, 0.25f, 1.0f};
+  unnormalised.crops.normalize(planes.data(), 1, 3);
+  CHECK(planes == std::vector<float>{0.0f, 0.25f, 1.0f});
   const auto synthetic =
       config_of({"config.DATA.TEST.DATA_SOURCES=[synthetic]", "config.DATA.TEST.DATA_PATHS=[]",
                  "config.DATA.TEST.DATA_LIMIT=64", "config.DATA.TEST.DEFAULT_GRAY_IMG_SIZE=16",
@@ -1757,6 +1766,33 @@ OPTIMIZER:
   CHECK(sync_group("3") == 3);
   CHECK(config_of({}).sync_bn_group == 0);
   CHECK_THROWS_WITH(sync_group("-2"), doctest::Contains("GROUP_SIZE = -2"));
+  // Checkpointing asked for with no segment, and the loss's settings: refused while the config
+  // is read, by key, not at the first step (or, for 0 splits, never).
+  CHECK_THROWS_WITH(
+      config_of({"config.MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+                 "config.MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=0"}),
+      doctest::Contains("NUM_ACTIVATION_CHECKPOINTING_SPLITS = 0: USE_ACTIVATION_CHECKPOINTING "
+                        "is True"));
+  CHECK(config_of({"config.MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=0"})
+            .checkpoint_splits == 0);  // (checkpointing off: the count is not used)
+  for (const auto& [key, message] : std::vector<std::pair<std::string, std::string>>{
+           {"epsilon=0", "config.LOSS.swav_loss.epsilon = 0: a positive number"},
+           {"epsilon=.nan", "config.LOSS.swav_loss.epsilon = nan: a positive number"},
+           {"temperature=-0.1", "config.LOSS.swav_loss.temperature = -0.1: a positive number"},
+           {"num_iters=0", "config.LOSS.swav_loss.num_iters = 0: at least 1"},
+           {"crops_for_assign=[0,6]",
+            "config.LOSS.swav_loss.crops_for_assign = 6: a crop index "
+            "in [0, 6)"},
+           {"crops_for_assign=[]", "config.LOSS.swav_loss.crops_for_assign = []"},
+           {"temp_hard_assignment_iters=-1", "temp_hard_assignment_iters = -1: 0 or more"}}) {
+    CAPTURE(key);
+    CHECK_THROWS_WITH(config_of({"config.LOSS.swav_loss." + key}),
+                      doctest::Contains(message.c_str()));
+  }
+  // VISSL's 0 workers (load in the main process): one loader thread here.
+  CHECK(config_of({"config.DATA.NUM_DATALOADER_WORKERS=0"}).workers == 1);
+  CHECK_THROWS_WITH(config_of({"config.DATA.NUM_DATALOADER_WORKERS=-1"}),
+                    doctest::Contains("NUM_DATALOADER_WORKERS = -1: 0 or more"));
   // VISSL's regularize_bn / regularize_bias (parameter groups without weight decay), each
   // overridden against its default.
   const auto groups =
@@ -2884,6 +2920,16 @@ TEST_CASE("learning-rate schedules: VISSL's composite warm-up + cosine and auto-
   // ClassyVision's tolerance for lengths that do not quite sum to 1 (1e-3), the last made up.
   const auto near = config_of({"config.OPTIMIZER.param_schedulers.lr.lengths=[0.1, 0.8995]"});
   CHECK(near.lr.lengths[1] == doctest::Approx(0.9).epsilon(1e-15));
+  // A single scheduler takes what it leaves out from VISSL's defaults (start 0.1, end 0.0,
+  // value 0.1), not from the composite's parts: a cosine ended at 0.0003, a constant ran at 0.3.
+  const auto cosine = config_of({"config.OPTIMIZER.param_schedulers.lr.name=cosine",
+                                 "config.OPTIMIZER.param_schedulers.lr.start_value=0.6"});
+  REQUIRE(cosine.lr.parts.size() == 1);
+  CHECK(cosine.lr.parts[0].start_value == doctest::Approx(0.6));
+  CHECK(cosine.lr.parts[0].end_value == 0.0);
+  const auto constant = config_of({"config.OPTIMIZER.param_schedulers.lr.name=constant"});
+  REQUIRE(constant.lr.parts.size() == 1);
+  CHECK(constant.lr.parts[0].value == doctest::Approx(0.1));
   // A value left out or misspelt is refused (ClassyVision asserts them), not taken as 0.
   CHECK_THROWS_WITH(
       config_of({"config.OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: "
