@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -206,6 +207,13 @@ int main(int argc, char** argv) {
       checkpointed = par::profile_activations(
           [&](std::int64_t b) { return activation_peak(model, image_size, 4, b); }, 2, most);
     } else {
+      // (a name no network answers to and no file has: said so, not "cannot open" it)
+      std::error_code missing;
+      sk::check(std::filesystem::is_regular_file(model, missing), "--model ", model,
+                ": not a network this tool knows, nor a file; name a torchvision ResNet "
+                "(resnet18 ... resnet152, resnext50_32x4d, ...), a ClassyVision RegNet "
+                "(regnet_y_400mf ...) or an EfficientNet (efficientnet_b0 ... efficientnet_b7), "
+                "or give a .safetensors file's path");
       sk::check(wrap_threshold == 0, "--wrap-threshold ", wrap_threshold,
                 " needs a named network (its blocks' convolutions); '", model,
                 "' is a file: leave the option out");

@@ -274,7 +274,8 @@ int main(int argc, char** argv) {
     const auto launch = sk::comm::detect_launch();
     sk::parallel::PlannedRun run;
     run.parallel = options;
-    run.world_size = launch.size > 1 ? launch.size : setup.ranks;
+    // (under a launcher, its ranks: mpirun -np 1 is one rank, not --ranks' default of 2)
+    run.world_size = launch.kind != sk::comm::LaunchKind::single ? launch.size : setup.ranks;
     run.group_size = setup.hybrid_group;
     sk::check(setup.hybrid_group == 0 || run.world_size % setup.hybrid_group == 0,
               "--hybrid-group ", setup.hybrid_group, " does not divide the ", run.world_size,
@@ -313,7 +314,7 @@ int main(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     // --- report (rank 0 of the job) ----------------------------------------------------------
-    const bool under_mpi = results.backend == "mpi";
+    const bool under_mpi = results.backend != "local";  // (a process per rank)
     if (under_mpi && sk::comm::detect_launch().rank != 0) return 0;
     const std::string groups = setup.hybrid_group > 0
                                    ? " as " + std::to_string(results.world / setup.hybrid_group) +

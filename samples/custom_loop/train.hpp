@@ -430,8 +430,8 @@ void train_rank_with(const Setup& s, sk::Context& ctx, sk::comm::Communicator& c
     fingerprint = fnv1a(values);
   });
   std::lock_guard lock(results_mutex);
-  // Under mpirun this process only knows its own rank: it reports that one (rank 0 prints).
-  const auto slot = static_cast<std::size_t>(results.backend == "mpi" ? 0 : rank);
+  // Under a launcher this process only knows its own rank: it reports that one (rank 0 prints).
+  const auto slot = static_cast<std::size_t>(results.backend != "local" ? 0 : rank);
   if (results.ranks.size() <= slot) results.ranks.resize(slot + 1);
   results.ranks[slot] = RankReport{memory, host_memory, bus_bytes, loss};
   results.world = comm.size();
@@ -456,8 +456,11 @@ Results train(const Setup& s) {
   std::mutex results_mutex;
   results.device = Device::name;
   const auto launch = sk::comm::detect_launch();
-  if (launch.kind == sk::comm::LaunchKind::mpi) {
-    results.backend = "mpi";
+  // A process per rank under mpirun, or under RANK/WORLD_SIZE (NCCL on GPUs; on the CPU
+  // make_communicator says to launch with mpirun) -- not its own --ranks threads, which would
+  // train each process's world alone into the same checkpoint folder.
+  if (launch.kind != sk::comm::LaunchKind::single) {
+    results.backend = launch.kind == sk::comm::LaunchKind::mpi ? "mpi" : "env";
     sk::Context ctx(Device::mpi_context(launch, s.seed));
     auto comm = sk::comm::make_communicator(ctx);  // MPI on the CPU, NCCL on GPUs
     train_rank<Device>(s, ctx, *comm, results, results_mutex);
