@@ -652,6 +652,71 @@ TEST_CASE("FSDP: a parameter unused on some ranks trains as under DDP") {
   }
 }
 
+// A whole unit whose output reaches the loss on some ranks only: where it is not reached, its
+// gradients (zeros) are marked at the backward's start and its reduction goes out before the
+// units the backward reaches first; elsewhere in its turn. Coalesced, the two ranks' batches held
+// the same bytes from the units in another order, and the reduction summed one unit's gradients
+// into the other's without a word. The coalesced launch now carries its units' labels, so the
+// order check refuses it naming both (as it refuses separate launches by their labels).
+TEST_CASE("FSDP: a unit the loss reaches on some ranks only is refused by the order check") {
+  struct TwoHeads : nn::Module {
+    std::shared_ptr<nn::Linear> first, aux, second;
+    bool use_aux = false;
+    explicit TwoHeads(sk::Context& c) {
+      first = register_module("first", std::make_shared<nn::Linear>(c, 12, 16));
+      aux = register_module("aux", std::make_shared<nn::Linear>(c, 16, 7));
+      second = register_module("second", std::make_shared<nn::Linear>(c, 16, 7));
+      sk::Context host({.seed = 78});
+      for (auto& p : parameters()) {
+        auto values = sk::empty(host, p.shape(), sk::DType::f32);
+        sk::uniform_(host, values, -0.4, 0.4);
+        sk::copy(c, p.data(), values);
+      }
+    }
+    const char* type_name() const override { return "TwoHeads"; }
+    ag::Variable forward(sk::Context& c, const ag::Variable& x) override {
+      const ag::Variable h = (*first)(c, x);
+      // (every rank runs it, so the gathers agree; first, so that where it is reached its
+      // gradients come after the root's)
+      const ag::Variable a = (*aux)(c, h);
+      const ag::Variable y = (*second)(c, h);
+      return use_aux ? ag::add(c, y, a) : y;
+    }
+  };
+  for (const std::size_t coalesce : {std::size_t{1} << 22, std::size_t{0}}) {
+    CAPTURE(coalesce);
+    sk::comm::RunRanksOptions run;
+    run.comm.validate_order = true;
+    std::string message;
+    try {
+      sk::comm::run_ranks(
+          2,
+          [&](sk::Context& ctx, sk::comm::Communicator& comm) {
+            auto net = std::make_shared<TwoHeads>(ctx);
+            net->use_aux = comm.rank() == 0;
+            sk::parallel::ParallelOptions options;
+            options.stage = Stage::fsdp;
+            options.fsdp.wrap.unit_paths = {"first", "aux"};
+            options.fsdp.reshard_after_forward = false;  // (no gather in the backward to differ)
+            options.fsdp.coalesce_bytes = coalesce;
+            sk::parallel::ShardedModule model(ctx, comm, net,
+                                              dp_test::config_for(OptimizerKind::sgd), options);
+            model.zero_grad();
+            auto b = batch(ctx, {6, 12}, 7, comm.rank(), 0);
+            ag::backward(ctx, ag::cross_entropy(ctx, model(ctx, b.x), b.labels));
+            model.step(0.1f);
+          },
+          run);
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    CAPTURE(message);
+    CHECK(message.find("unit 'aux': gradient reduction") != std::string::npos);
+    CHECK(message.find("every rank must issue the same collectives in the same order") !=
+          std::string::npos);
+  }
+}
+
 // qwZ: the parameters' gathers carry int8 (or E4M3, or int4) blocks. Training follows exact FSDP
 // closely (the shards and the optimizer stay exact; only what a forward and backward compute with
 // is quantised) on about a quarter of the gather bytes.

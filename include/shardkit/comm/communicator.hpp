@@ -268,6 +268,8 @@ class Communicator {
     std::string_view previous_;
   };
   Label label(std::string_view text) { return Label(*this, text); }
+  // The innermost Label's text (empty outside every scope).
+  std::string_view current_label() const { return label_; }
 
   // This rank's last calls, oldest first (what a timeout's message lists).
   std::string recent_calls() const { return recorder_->recent(); }

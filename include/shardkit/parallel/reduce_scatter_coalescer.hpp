@@ -12,11 +12,17 @@
 // at the same points. test() on a held call says false (it does not launch), so a caller that
 // polls leaves the batch to fill. The send and recv tensors must live until the Work completes
 // (as with any collective). Results equal the separate calls bit for bit: a reduction sums the
-// ranks' values element by element, whatever the layout.
+// ranks' values element by element, whatever the layout. The launch is labelled with its calls'
+// labels in order (each unit's "unit 'NAME': gradient reduction"), so the order check refuses
+// ranks whose batches hold the same bytes from other units or in another order -- a unit
+// reached by the loss on some ranks only -- instead of summing one unit's gradients into
+// another's.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,7 +56,8 @@ class ReduceScatterCoalescer {
       batch_->op = op;
       batch_->dtype = send.dtype();
     }
-    batch_->calls.push_back(Call{send, recv, std::move(counts)});
+    batch_->calls.push_back(
+        Call{send, recv, std::move(counts), std::string(comm_->current_label())});
     batch_->bytes += send.nbytes();
     auto state = std::make_shared<HeldWork>(this, batch_);
     if (batch_->bytes >= capacity_bytes_) flush();
@@ -78,6 +85,7 @@ class ReduceScatterCoalescer {
   struct Call {
     Tensor send, recv;
     std::vector<std::size_t> counts;
+    std::string label;  // the communicator's label when it was submitted
   };
   struct Batch {
     Context* ctx = nullptr;
@@ -89,6 +97,7 @@ class ReduceScatterCoalescer {
     bool done = false;
     Tensor staging, result;
     comm::Work work;
+    std::string label;  // the launch's: its calls' labels in order (kept while it runs)
 
     // Rank-major staging, one reduce_scatter_v.
     void launch(comm::Communicator& comm) {
@@ -112,6 +121,10 @@ class ReduceScatterCoalescer {
       }
       const auto own = static_cast<std::int64_t>(counts[static_cast<std::size_t>(comm.rank())]);
       result = empty(*ctx, {own}, dtype, MemoryCategory::communication);
+      for (const auto& call : calls)
+        if (!call.label.empty()) label += (label.empty() ? "" : "; ") + call.label;
+      std::optional<comm::Communicator::Label> scope;  // (none: the caller's label stays)
+      if (!label.empty()) scope.emplace(comm, label);
       comm::assign(work, comm.reduce_scatter_v(staging, result, counts, op));
       launched = true;
     }
