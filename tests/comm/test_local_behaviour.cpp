@@ -3,16 +3,11 @@
 // missing or failing rank, for every collective).
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
-#include <cstdio>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <latch>
 #include <mutex>
 #include <span>
@@ -20,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "captured_stderr.hpp"
 #include "one_of_each_call.hpp"
 #include "shardkit/comm/recorder_dump.hpp"
 #include "shardkit/comm/run_ranks.hpp"
@@ -155,13 +151,7 @@ TEST_CASE("host waits: wait() counts as a collective wait; wait_on_stream() comp
 
 TEST_CASE("SIGUSR1 prints every live communicator's last calls to stderr, and the job goes on") {
   comm::install_recorder_dump(SIGUSR1);
-  // stderr into a file for the length of the case.
-  char path[] = "/tmp/shardkit_dump_XXXXXX";
-  const int file = ::mkstemp(path);
-  REQUIRE(file >= 0);
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  ::dup2(file, 2);
+  sk::testing::CapturedStderr captured;  // (for the length of the case)
   std::string text;
   comm::run_ranks(2, [&](sk::Context&, comm::Communicator& c) {
     std::vector<float> data(10, 1.0f);
@@ -176,18 +166,13 @@ TEST_CASE("SIGUSR1 prints every live communicator's last calls to stderr, and th
       std::raise(SIGUSR1);
       for (int i = 0; i < 500 && text.find("rank 1 of 2") == std::string::npos; ++i) {
         std::this_thread::sleep_for(10ms);
-        std::ifstream in(path);
-        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        text = captured.text();
       }
     }
     c.barrier();
     c.all_reduce(data).wait();  // still working
   });
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  ::close(file);
-  std::remove(path);
+  captured.restore();
   CHECK(text.find("shardkit flight recorder, pid ") != std::string::npos);
   CHECK(text.find("communicator (rank 0 of 2)") != std::string::npos);
   CHECK(text.find("communicator (rank 1 of 2)") != std::string::npos);

@@ -17,8 +17,18 @@ namespace sk = shardkit;
 namespace nn = shardkit::nn;
 namespace ag = shardkit::autograd;
 
-// Every parameter from a seeded stream (so every rank can build the same or a different model)
-// and a frozen bias in the middle.
+// Every parameter of `module` uniform in [-bound, bound] from a stream seeded with `seed` (so
+// every rank can build the same or a different model).
+inline void fill_uniform(sk::Context& ctx, nn::Module& module, std::uint64_t seed, double bound) {
+  sk::Context host({.seed = seed});
+  for (auto& p : module.parameters()) {
+    auto values = sk::empty(host, p.shape(), sk::DType::f32);
+    sk::uniform_(host, values, -bound, bound);
+    sk::copy(ctx, p.data(), values);
+  }
+}
+
+// Every parameter from a seeded stream and a frozen bias in the middle.
 inline std::shared_ptr<nn::Sequential> mlp(sk::Context& ctx, std::uint64_t seed,
                                            bool with_frozen = true) {
   auto net = std::make_shared<nn::Sequential>();
@@ -28,12 +38,7 @@ inline std::shared_ptr<nn::Sequential> mlp(sk::Context& ctx, std::uint64_t seed,
   net->push_back(std::make_shared<nn::Linear>(ctx, 40, 23));
   net->push_back(std::make_shared<nn::ReLU>());
   net->push_back(std::make_shared<nn::Linear>(ctx, 23, 7));
-  sk::Context host({.seed = seed});
-  for (auto& p : net->parameters()) {
-    auto values = sk::empty(host, p.shape(), sk::DType::f32);
-    sk::uniform_(host, values, -0.4, 0.4);
-    sk::copy(ctx, p.data(), values);
-  }
+  fill_uniform(ctx, *net, seed, 0.4);
   if (with_frozen) dynamic_cast<nn::Linear&>(net->at(3)).bias.set_requires_grad(false);
   return net;
 }
@@ -45,13 +50,8 @@ inline std::shared_ptr<nn::ResNet> small_resnet(sk::Context& ctx, std::uint64_t 
   o.num_classes = 5;
   o.small_image_stem = true;
   o.base_channels = 8;
-  sk::Context host({.seed = seed});
   auto net = nn::resnet18(ctx, o);
-  for (auto& p : net->parameters()) {
-    auto values = sk::empty(host, p.shape(), sk::DType::f32);
-    sk::uniform_(host, values, -0.1, 0.1);
-    sk::copy(ctx, p.data(), values);
-  }
+  fill_uniform(ctx, *net, seed, 0.1);
   return net;
 }
 

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "captured_stderr.hpp"
 #include "dp_test_model.hpp"
 #include "module_test_model.hpp"
 #include "shardkit/checkpoint/async_checkpoint.hpp"
@@ -326,12 +327,7 @@ TEST_CASE("async step checkpoints: a failed write leaves the previous latest and
 // whose write failed names its error, and rank 0 that it did not publish the step.
 TEST_CASE("async step checkpoints: a saver destroyed with a failed save says so on stderr") {
   const auto dir = scratch("async_destroyed");
-  char path[] = "/tmp/shardkit_saver_XXXXXX";
-  const int file = ::mkstemp(path);
-  REQUIRE(file >= 0);
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  ::dup2(file, 2);
+  sk::testing::CapturedStderr captured;
   sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, 300 + static_cast<std::uint64_t>(comm.rank()));
     sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(OptimizerKind::sgd),
@@ -349,13 +345,8 @@ TEST_CASE("async step checkpoints: a saver destroyed with a failed save says so 
         fs::create_directories(fs::path(folder) / sk::checkpoint::shard_file_name(1, 2) / "x");
     });
   });
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  ::close(file);
-  std::ifstream in(path);
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  std::remove(path);
+  captured.restore();
+  const std::string text = captured.text();
   CHECK(text.find("step 1") == std::string::npos);
   CHECK(text.find("the background checkpoint of step 2 in '" + dir.string() + "' failed: ") !=
         std::string::npos);

@@ -601,12 +601,7 @@ TEST_CASE("FSDP: a parameter unused on some ranks trains as under DDP") {
       first = register_module("first", std::make_shared<nn::Linear>(c, 12, 16));
       second = register_module("second", std::make_shared<nn::Linear>(c, 16, 7));
       extra = register_parameter("extra", sk::empty(c, {7, 7}, sk::DType::f32));
-      sk::Context host({.seed = 77});
-      for (auto& p : parameters()) {
-        auto values = sk::empty(host, p.shape(), sk::DType::f32);
-        sk::uniform_(host, values, -0.4, 0.4);
-        sk::copy(c, p.data(), values);
-      }
+      fill_uniform(c, *this, 77, 0.4);
     }
     const char* type_name() const override { return "Branchy"; }
     ag::Variable forward(sk::Context& c, const ag::Variable& x) override {
@@ -666,12 +661,7 @@ TEST_CASE("FSDP: a unit the loss reaches on some ranks only is refused by the or
       first = register_module("first", std::make_shared<nn::Linear>(c, 12, 16));
       aux = register_module("aux", std::make_shared<nn::Linear>(c, 16, 7));
       second = register_module("second", std::make_shared<nn::Linear>(c, 16, 7));
-      sk::Context host({.seed = 78});
-      for (auto& p : parameters()) {
-        auto values = sk::empty(host, p.shape(), sk::DType::f32);
-        sk::uniform_(host, values, -0.4, 0.4);
-        sk::copy(c, p.data(), values);
-      }
+      fill_uniform(c, *this, 78, 0.4);
     }
     const char* type_name() const override { return "TwoHeads"; }
     ag::Variable forward(sk::Context& c, const ag::Variable& x) override {
