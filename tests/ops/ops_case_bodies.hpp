@@ -602,6 +602,36 @@ void unscale_case(B& b, std::int64_t gap) {
     sk::Context host;
     CHECK(sk::to_vector<float>(host, b.download(found))[0] == (std::isfinite(bad) ? 0.0f : 1.0f));
   }
+  // 16-bit gradients under a loss scale backed off below 1 (GradScaler has no floor): unscaling
+  // multiplies, and a value finite in f32 can store as inf (f16 past 65504, bf16 past ~3.39e38).
+  // The flag rises; without such a value it stays down and the sums are of the stored values.
+  for (auto dtype : {sk::DType::f16, sk::DType::bf16}) {
+    const std::string name(sk::dtype_name(dtype));
+    CAPTURE(name);
+    // f16: 40000 x 2 = 80000; bf16: its largest value below 2^127 x 2.005 = 3.398e38, over bf16's
+    // largest finite value by more than half its last place, under f32's.
+    const bool f16 = dtype == sk::DType::f16;
+    const float big = f16 ? 40000.0f : 0x1.fep126f, inv_up = f16 ? 2.0f : 2.005f;
+    for (bool overflow : {false, true}) {
+      auto values = g0;
+      if (overflow) values[static_cast<std::size_t>(layout.offsets[10] + 5)] = big;
+      Flat<B> g(b, values, layout, dtype);
+      auto found = b.zeros({1}, sk::DType::f32);
+      auto sums = b.zeros({1, count}, sk::DType::f64);
+      ops::unscale_and_check(b.ctx, inv_up, g.views, found, sums);
+      sk::Context host;
+      CHECK(sk::to_vector<float>(host, b.download(found))[0] == (overflow ? 1.0f : 0.0f));
+      const auto got = g.values(b);
+      if (overflow) {
+        CHECK(std::isinf(got[static_cast<std::size_t>(layout.offsets[10] + 5)]));
+        continue;
+      }
+      std::vector<double> want;
+      sums_reference(got, layout, want);  // (of the values as stored)
+      const auto s = sk::to_vector<double>(host, b.download(sums));
+      for (std::size_t t = 0; t < layout.count(); ++t) CHECK(rel_error(s[t], want[t]) <= 1e-13);
+    }
+  }
 }
 
 // Casts f32 <-> f16/bf16, bit-exact against core/float16.hpp, including NaN payloads, infinities,

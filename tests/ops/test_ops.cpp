@@ -5,7 +5,10 @@ namespace ops_test {
 using Backend = CpuBackend;
 }  // namespace ops_test
 
+#include <cmath>
 #include <string>
+
+#include "contraction_probe.hpp"
 #include "ops_test_list.hpp"
 
 // The CPU backend spreads chunks over the context's threads; which thread sums a chunk never
@@ -325,4 +328,23 @@ TEST_CASE("the vectorised sums of squares have apply_range's bits, from any star
       if (hi > lo) CHECK(squared != generic[0]);  // the params it squared are the new ones
     }
   }
+}
+
+// mul_rn is the product rounded on its own: GCC contracts a product into the add it feeds (an
+// FMA, one rounding) from -O2 on wherever the host has FMA, as nvcc does on the device unless
+// told apart (__fmul_rn). Operands whose exact product needs more bits than the format keeps
+// tell them apart: rounded, the product equals -c and the sum is 0; fused, the sum is what
+// rounding dropped. (The sums in contraction_probe.cpp, compiled at -O2 as the kernels are.)
+TEST_CASE("mul_rn rounds the product on its own, never fused into the add it feeds") {
+  const double a = 1.0 + 0x1p-27, c = -(1.0 + 0x1p-26);
+  CHECK(ops::mul_rn(a, a) == 1.0 + 0x1p-26);
+  CHECK(ops_test::mul_rn_then_add(a, a, c) == 0.0);  // fused: 2^-54
+  const float fa = 1.0f + 0x1p-12f, fc = -(1.0f + 0x1p-11f);
+  CHECK(ops::mul_rn(fa, fa) == 1.0f + 0x1p-11f);
+  CHECK(ops_test::mul_rn_then_add(fa, fa, fc) == 0.0f);  // fused: 2^-24
+  // Signed zeros and an underflow keep the product's sign.
+  volatile double tiny = 1e-200;
+  CHECK(std::signbit(ops::mul_rn(-tiny, tiny)));
+  CHECK_FALSE(std::signbit(ops::mul_rn(tiny, tiny)));
+  CHECK(std::signbit(ops::mul_rn(-0.0f, fa)));
 }

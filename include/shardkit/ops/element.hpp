@@ -33,13 +33,17 @@ SK_HOST_DEVICE SK_INLINE float mul_add(float a, float b, float c) {
 #endif
 }
 
-// a * b rounded to float on the device, never fused into a neighbouring add (nvcc contracts
-// a * b + c into an fma by default). On the host it is a plain product, which GCC contracts with
-// an add it feeds just as readily (-ffp-contract=fast): a host caller that needs the product
-// rounded apart from a sum keeps them apart (the product stored first).
+// a * b rounded on its own, never fused into a neighbouring add: nvcc contracts a * b + c into
+// an fma by default, and so does GCC on a host with FMA (-ffp-contract=fast, in ISO C++ modes
+// too, whether or not the product is stored in a variable first). On the device __fmul_rn; on
+// such a host an fma with a -0 addend, which is the product rounded once (-0 leaves every
+// product, +0 and -0 included, as it is) and which the compiler does not contract further
+// (it still vectorises). Without FMA instructions there is nothing to contract.
 SK_HOST_DEVICE SK_INLINE float mul_rn(float a, float b) {
 #if SK_DEVICE_CODE
   return __fmul_rn(a, b);
+#elif defined(__FMA__)
+  return __builtin_fmaf(a, b, -0.0f);
 #else
   return a * b;
 #endif
@@ -47,6 +51,8 @@ SK_HOST_DEVICE SK_INLINE float mul_rn(float a, float b) {
 SK_HOST_DEVICE SK_INLINE double mul_rn(double a, double b) {
 #if SK_DEVICE_CODE
   return __dmul_rn(a, b);
+#elif defined(__FMA__)
+  return __builtin_fma(a, b, -0.0);
 #else
   return a * b;
 #endif

@@ -40,7 +40,9 @@ struct SumOfSquaresFunctor {
 
 // g <- g · inv_scale, summing the squares of the unscaled values. The sum is finite exactly
 // when every unscaled gradient is, so one pass gives the finite check and the norm. Gradients
-// in f32, or f16/bf16 under mixed precision (scaled, unscaled and stored in that dtype).
+// in f32, or f16/bf16 under mixed precision (scaled, unscaled and stored in that dtype). The
+// squares are of the values as stored: a loss scale backed off below 1 multiplies, and an f16
+// gradient of 40000 unscaled by 2 is finite in f32 but stores as inf -- the check must see it.
 template <class Grad = float>
 struct UnscaleFunctor {
   static constexpr int kDepth = 1;
@@ -56,6 +58,11 @@ struct UnscaleFunctor {
 
   SK_HOST_DEVICE SK_INLINE void operator()(float (&x)[1], const Segment&, double (&sums)[1]) const {
     x[0] *= inv_scale;
+    if constexpr (!std::is_same_v<Grad, float>) {  // (rounded as stored: what is summed)
+      Grad stored;
+      store_element(&stored, x[0]);
+      x[0] = load_element(&stored);
+    }
     const double v = static_cast<double>(x[0]);
     sums[0] = v * v;
   }
