@@ -826,3 +826,37 @@ TEST_CASE("Sinkhorn-Knopp on the GPU matches the CPU: f32, f64, hard, empty prot
   CHECK(got == want);
   for (std::int64_t r = 0; r < 40; ++r) CHECK(want[static_cast<std::size_t>(r * 9)] == 1.0f);
 }
+
+// linear and matmul on operands of two devices: refused by name, as conv2d and batch_norm
+// refuse them (the GEMM ran on the input's device and read the other's pointers as its own).
+TEST_CASE("linear and matmul refuse a weight or operand on another device") {
+  sk::Context cpu({.seed = 1});
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  const auto f32 = sk::DType::f32;
+  const Variable x(sk::from_vector(*gpu, pattern(8, 1, f32), {2, 4}));
+  const Variable weight(sk::from_vector(*gpu, pattern(12, 2, f32), {3, 4}));
+  const Variable weight_on_host(sk::from_vector(cpu, pattern(12, 2, f32), {3, 4}));
+  const Variable bias_on_host(sk::from_vector(cpu, pattern(3, 3, f32), {3}));
+  CHECK_THROWS_WITH_AS(ag::linear(*gpu, x, weight_on_host),
+                       doctest::Contains("linear: the weight must be on the input's device"),
+                       sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(ag::linear(*gpu, x, weight, bias_on_host),
+                       doctest::Contains("linear: the weight and bias must be on the input's"),
+                       sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      ag::matmul(*gpu, x, Variable(sk::from_vector(cpu, pattern(12, 4, f32), {4, 3}))),
+      doctest::Contains("matmul: the inputs are on different devices"), sk::InvalidArgument);
+}
+
+// Two gradients of one value in different dtypes (batch-norm's f32 weight gradient beside a
+// 16-bit one) are summed in the first's: the kernel once read the f16 operand's bytes as f32.
+TEST_CASE("a pointwise sum of an f32 and an f16 operand converts the second on the GPU") {
+  sk::Context cpu({.seed = 1});
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  const auto a = pattern(1000, 5, sk::DType::f32), b = pattern(1000, 6, sk::DType::f16);
+  const sk::Tensor b16 = sk::cast(*gpu, sk::from_vector(*gpu, b, {1000}), sk::DType::f16);
+  const sk::Tensor sum = ag::fn::add(*gpu, sk::from_vector(*gpu, a, {1000}), b16);
+  CHECK(sum.dtype() == sk::DType::f32);
+  const auto got = sk::to_vector<float>(*gpu, sum);
+  for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(got[i] == a[i] + b[i]);
+}

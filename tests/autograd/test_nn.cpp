@@ -276,7 +276,7 @@ TEST_CASE("module hooks: forward pre/post, backward pre/post") {
     events.push_back("bwd-pre" + sk::shape_str(g.shape()));
   });
   linear.register_backward_hook([&](nn::Module&, const sk::Tensor& g) {
-    events.push_back("bwd-post" + sk::shape_str(g.shape()));
+    events.push_back("bwd-post" + (g.defined() ? sk::shape_str(g.shape()) : " (none)"));
   });
   dynamic_cast<nn::Linear&>(head->at(3)).weight.register_grad_ready_hook([&](Variable&) {
     events.push_back("ready:3.weight");
@@ -284,9 +284,29 @@ TEST_CASE("module hooks: forward pre/post, backward pre/post") {
   auto y = (*head)(ctx, random_input(ctx, {4, 6}));
   ag::backward(ctx,
                ag::cross_entropy(ctx, y, sk::from_vector<std::int64_t>(ctx, {0, 1, 2, 0}, {4})));
+  // The input needs no gradient, so none is made for it: the backward hook runs where the
+  // output's gradient arrives, without one (PyTorch's full backward hook: grad_input None).
   const std::vector<std::string> expected{"pre:0[4, 6]", "post[4, 8]", "ready:3.weight",
-                                          "bwd-pre[4, 8]", "bwd-post[4, 6]"};
+                                          "bwd-pre[4, 8]", "bwd-post (none)"};
   CHECK(events == expected);
+
+  // An input that needs a gradient: the hook sees it leave, once the module's backward is done.
+  events.clear();
+  Variable x(random_input(ctx, {4, 6}).data(), true);
+  y = (*head)(ctx, x);
+  ag::backward(ctx,
+               ag::cross_entropy(ctx, y, sk::from_vector<std::int64_t>(ctx, {0, 1, 2, 0}, {4})));
+  const std::vector<std::string> with_input_grad{"pre:0[4, 6]", "post[4, 8]", "ready:3.weight",
+                                                 "bwd-pre[4, 8]", "bwd-post[4, 6]"};
+  CHECK(events == with_input_grad);
+  CHECK(x.grad().defined());
+
+  // The hooks do not make a gradient where none was needed: a frozen module fed plain data
+  // (its hooks' pass-through once made the output need one, and the first layer compute a
+  // gradient for its input).
+  for (auto& p : head->parameters()) p.set_requires_grad(false);
+  CHECK_FALSE((*head)(ctx, random_input(ctx, {4, 6})).requires_grad());
+  for (auto& p : head->parameters()) p.set_requires_grad(true);
 
   // Removing hooks by id: only the named one goes.
   events.clear();

@@ -302,9 +302,11 @@ inline Variable cast(Context& ctx, const Variable& x, DType dtype) {
 }
 
 // Passes x through; `on_grad` sees the gradient flowing back through this point (module
-// backward hooks are built on it).
+// backward hooks are built on it). Where no gradient will flow (x needs none, or grad mode is
+// off), x itself, and `on_grad` never runs.
 inline Variable identity_with_hook(Context& ctx, const Variable& x,
                                    std::function<void(const Tensor&)> on_grad) {
+  if (!needs_grad(ctx, {&x})) return x;
   auto node = make_pooled<detail::IdentityNode>();
   node->on_grad = std::move(on_grad);
   return record(ctx, node, {&x}, x.data());

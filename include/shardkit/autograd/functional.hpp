@@ -18,8 +18,10 @@ inline Tensor new_like(Context& ctx, const Tensor& like) {
   return new_like(ctx, like, like.shape(), like.dtype());
 }
 
-// The kernel runs over the operands' memory as flat arrays: b is brought to a's dense layout
-// (a no-op when it has it), and the result takes it too.
+// The kernel runs over the operands' memory as flat arrays of a's element type: b is brought to
+// a's dense layout and dtype (a no-op when it has them), and the result takes them too. (Two
+// gradients of one value may differ in dtype -- batch-norm's weight gradient is f32 for a 16-bit
+// weight -- and the CUDA kernel would read b's bytes as a's type.)
 inline Tensor pointwise(Context& ctx, Pointwise op, const Tensor& a, const Tensor& b,
                         double alpha = 1, double beta = 1) {
   // (Every small op runs this: the operands are copied -- a reference count each -- only when
@@ -29,13 +31,16 @@ inline Tensor pointwise(Context& ctx, Pointwise op, const Tensor& a, const Tenso
   const Tensor& ad = channels_last || a.is_contiguous() ? a : (a_moved = contiguous(ctx, a));
   const bool b_in_place =
       !b.defined() ||
-      (channels_last ? is_channels_last(b) && b.dtype() == a.dtype() : b.is_contiguous());
-  if (!b_in_place && channels_last) {
-    // (in a's dtype too: the CPU table widens a half-precision operand into a contiguous copy)
-    b_moved = empty_channels_last(ctx, a.device(), a.shape(), a.dtype());
+      (b.dtype() == a.dtype() && (channels_last ? is_channels_last(b) : b.is_contiguous()));
+  if (!b_in_place && (channels_last || b.dtype() != a.dtype())) {
+    // (channels-last in a's dtype too: the CPU table widens a half-precision operand into a
+    // contiguous copy)
+    b_moved = channels_last
+                  ? empty_channels_last(ctx, a.device(), a.shape(), a.dtype())
+                  : empty_on(ctx, b.device(), b.shape(), a.dtype(), b.storage()->category());
     copy(ctx, b_moved, b);
   }
-  const Tensor& bd = b_in_place ? b : channels_last ? b_moved : (b_moved = contiguous(ctx, b));
+  const Tensor& bd = b_in_place ? b : b_moved.defined() ? b_moved : (b_moved = contiguous(ctx, b));
   Tensor out = channels_last ? empty_channels_last(ctx, ad.device(), ad.shape(), ad.dtype())
                              : new_like(ctx, ad);
   kernels_for(ctx, ad).pointwise(ctx, op, out, ad, bd, alpha, beta);

@@ -67,6 +67,10 @@ inline Variable linear(Context& ctx, const Variable& x, const Variable& weight,
     check(bias.shape() == Shape{weight.size(0)} && bias.dtype() == x.dtype(), "linear: bias ",
           shape_text(bias.shape()), " does not match weight ", shape_text(weight.shape()),
           module_suffix(ctx));
+  // (the GEMM runs on the input's device and would read another device's pointers as its own)
+  check(weight.device() == x.device() && (!has_bias || bias.device() == x.device()),
+        "linear: the weight", has_bias ? " and bias" : "", " must be on the input's device",
+        module_suffix(ctx), "; move them there");
   Tensor xd = contiguous(ctx, x.data()), wd = contiguous(ctx, weight.data());
   Tensor y = fn::new_like(ctx, xd, {x.size(0), weight.size(0)}, x.dtype());
   double beta = 0;
@@ -93,6 +97,8 @@ inline Variable matmul(Context& ctx, const Variable& a, const Variable& b) {
         module_suffix(ctx), "; need [M, K] x [K, N]");
   check(a.dtype() == b.dtype(), "matmul: dtypes ", dtype_name(a.dtype()), " and ",
         dtype_name(b.dtype()), " differ", module_suffix(ctx));
+  check(a.device() == b.device(), "matmul: the inputs are on different devices", module_suffix(ctx),
+        "; move them to one");
   Tensor ad = contiguous(ctx, a.data()), bd = contiguous(ctx, b.data());
   Tensor y = fn::new_like(ctx, ad, {a.size(0), b.size(1)}, a.dtype());
   fn::gemm(ctx, ad, false, bd, false, y);

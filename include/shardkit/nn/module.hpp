@@ -24,7 +24,10 @@ using ForwardPreHook = std::function<void(Module&, const Variable& input)>;
 using ForwardHook = std::function<void(Module&, const Variable& input, const Variable& output)>;
 // grad_output: the gradient arriving at the module's output (before its backward runs).
 using BackwardPreHook = std::function<void(Module&, const Tensor& grad_output)>;
-// grad_input: the gradient leaving through the module's input (its backward is done).
+// grad_input: the gradient leaving through the module's input (its backward is done). For an
+// input that needs no gradient (images), none is computed for it: the hook runs when the
+// gradient reaches the module's output, with an undefined grad_input (PyTorch's full backward
+// hook then gets None), and the module's backward has not run yet.
 using BackwardHook = std::function<void(Module&, const Tensor& grad_input)>;
 // Names one registered hook of one module, for remove_hook (PyTorch's RemovableHandle).
 using HookId = std::uint64_t;
@@ -45,15 +48,22 @@ class Module {
     autograd::ModuleScope scope(ctx, scope_path());
     for (auto& [id, hook] : forward_pre_hooks_) hook(*this, input);
     const bool grad = autograd::tape(ctx).grad_enabled();
+    // Backward hooks see the gradient leaving through the input; an input that needs none gets
+    // none (a pass-through that needed a gradient would make the first layer compute one for
+    // the images), and its hooks run where the output's arrives.
+    const bool hooks_at_input = grad && !backward_hooks_.empty() && input.requires_grad();
+    const bool hooks_at_output = grad && !backward_hooks_.empty() && !hooks_at_input;
     Variable x = input;
-    if (grad && !backward_hooks_.empty())
+    if (hooks_at_input)
       x = autograd::identity_with_hook(ctx, x, [this](const Tensor& g) {
         for (auto& [id, hook] : backward_hooks_) hook(*this, g);
       });
     Variable y = forward(ctx, x);
-    if (grad && !backward_pre_hooks_.empty() && y.requires_grad())
-      y = autograd::identity_with_hook(ctx, y, [this](const Tensor& g) {
+    if (grad && (!backward_pre_hooks_.empty() || hooks_at_output) && y.requires_grad())
+      y = autograd::identity_with_hook(ctx, y, [this, hooks_at_output](const Tensor& g) {
         for (auto& [id, hook] : backward_pre_hooks_) hook(*this, g);
+        if (hooks_at_output)
+          for (auto& [id, hook] : backward_hooks_) hook(*this, Tensor());
       });
     for (auto& [id, hook] : forward_hooks_) hook(*this, input, y);
     return y;

@@ -80,9 +80,11 @@ class UnitHooks {
         m.register_backward_pre_hook([this, u](nn::Module&, const Tensor&) { pre_backward(u); }));
     // Post-backward: the gradient leaving through the unit's input means its backward is done
     // (also inside a checkpoint's recomputed backward, where grad-ready hooks wait for the
-    // outer pass). Units whose input needs no gradient free at their last grad-ready instead.
-    ids.push_back(
-        m.register_backward_hook([this, u](nn::Module&, const Tensor&) { engine_->release(u); }));
+    // outer pass). Units whose input needs no gradient free at their last grad-ready instead:
+    // their hook runs before their backward, with no gradient, and does nothing.
+    ids.push_back(m.register_backward_hook([this, u](nn::Module&, const Tensor& grad_input) {
+      if (grad_input.defined()) engine_->release(u);
+    }));
   }
 
   void start_gather(std::size_t u) {
