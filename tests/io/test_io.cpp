@@ -169,8 +169,10 @@ TEST_CASE("stateful sampler: VISSL's contiguous blocks, shared permutation, drop
   CHECK(sampler.indices().empty());
   sampler.set_start_iter(std::numeric_limits<std::int64_t>::max() / 2);  // a corrupt resume point
   CHECK(sampler.indices().empty());
-  CHECK_THROWS_AS(sk::data::StatefulDistributedSampler(3, 4, 0, 1), sk::InvalidArgument);
-  CHECK_THROWS_AS(sk::data::StatefulDistributedSampler(10, 2, 2, 1), sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(sk::data::StatefulDistributedSampler(3, 4, 0, 1),
+                       doctest::Contains("3 samples cannot feed 4 ranks"), sk::InvalidArgument);
+  CHECK_THROWS_WITH_AS(sk::data::StatefulDistributedSampler(10, 2, 2, 1),
+                       doctest::Contains("rank 2 outside [0, 2)"), sk::InvalidArgument);
 }
 
 // A checkpoint of another global batch resumes at the same epoch and images, in this run's steps:

@@ -243,6 +243,10 @@ TEST_CASE("async step checkpoints: step 3's state while training goes on; one sa
   (void)run(reference);
 
   std::vector<std::string> latest_after_second_save(3);
+  // Step 3's checkpoint is kept aside before step 5's replaces it, to compare with the
+  // reference: save() copies the state (detail::snapshot_shard) before it returns, and the
+  // steps after it change the state while the copy is written.
+  const auto kept3_dir = scratch("async_kept3");
   sk::comm::run_ranks(where.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     auto net = mlp(ctx, reference.seed + static_cast<std::uint64_t>(comm.rank()));
     sk::parallel::ShardedModule model(ctx, comm, net, dp_test::config_for(reference.kind),
@@ -262,6 +266,8 @@ TEST_CASE("async step checkpoints: step 3's state while training goes on; one sa
           // The save of step 3 was published before this one began.
           latest_after_second_save[static_cast<std::size_t>(comm.rank())] = latest_name(dir);
           CHECK(fs::exists(dir / "step_000000003"));
+          if (comm.rank() == 0)
+            fs::copy(dir / "step_000000003", kept3_dir, fs::copy_options::recursive);
         });
     }
     saver.finish();
@@ -288,6 +294,14 @@ TEST_CASE("async step checkpoints: step 3's state while training goes on; one sa
   CHECK(dp_test::bitwise_equal(from_async.values, from_reference.values));
   CHECK(same_state(from_async.state, from_reference.state));
   CHECK(from_async.state.steps == 5);
+  // And step 3's, written while the next steps changed the state, holds step 3's.
+  CheckpointJob load_kept3 = load_async, load_reference3 = load_async;
+  load_kept3.load_from = kept3_dir.string();
+  load_reference3.load_from = reference_dir.string();
+  const auto from_kept3 = run(load_kept3), from_reference3 = run(load_reference3);
+  CHECK(dp_test::bitwise_equal(from_kept3.values, from_reference3.values));
+  CHECK(same_state(from_kept3.state, from_reference3.state));
+  CHECK(from_kept3.state.steps == 3);
 }
 
 TEST_CASE("async step checkpoints: a failed write leaves the previous latest and names the rank") {
@@ -544,6 +558,7 @@ TEST_CASE("a full save streams through bounded chunks, and its model file is a s
     sk::checkpoint::save_checkpoint(dir.string(), model.training_state(), options);
     // Beyond its shards a rank held at most one chunk, never a unit or the model.
     const auto peak = ctx.memory_stats().snapshot().peak_of(sk::MemoryCategory::communication);
+    CHECK(peak > 0);  // (the chunks are counted: a save that gathered elsewhere would show 0)
     CHECK(peak <= 7 * 4);
     auto full = model.full_params();
     if (comm.rank() == 0) reference = module_values(ctx, *net);
@@ -947,21 +962,43 @@ TEST_CASE("state_dict(): the full state dict under every stage, gathered one uni
         CHECK(peak > 0);
         CHECK(peak <= largest * 4);
       }
+      const auto names = net->state_dict();
+      const auto values_of = [&](const auto& entries) {
+        std::vector<float> values;
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+          const auto& [name, t] = entries[i];
+          CHECK(name == names[i].first);  // the module's state-dict order
+          CHECK(t.device().is_cpu());
+          if (t.dtype() != sk::DType::f32) continue;
+          const auto v = sk::to_vector<float>(ctx, t);
+          values.insert(values.end(), v.begin(), v.end());
+        }
+        return values;
+      };
+      // Every rank's full dict: its parameters the same on every rank (gathered; each rank's
+      // batch-norm statistics are its own batches', as under PyTorch's DDP), and on rank 0 all
+      // of it the rank-0 dict's.
+      const auto everywhere_values = values_of(everywhere);
+      std::vector<float> params;
+      for (const auto& [name, p] : net->named_parameters())
+        for (const auto& [entry, t] : everywhere)
+          if (entry == name) {
+            const auto v = sk::to_vector<float>(ctx, t);
+            params.insert(params.end(), v.begin(), v.end());
+          }
+      REQUIRE(params.size() > 0);
+      std::vector<float> all(params.size() * 3);
+      comm.all_gather(std::span<const float>(params), std::span<float>(all)).wait();
+      for (int r = 0; r < 3; ++r)
+        CHECK(std::equal(params.begin(), params.end(),
+                         all.begin() + r * static_cast<std::ptrdiff_t>(params.size())));
       if (comm.rank() != 0) {
         CHECK(dict.empty());
         return;
       }
-      const auto names = net->state_dict();
       REQUIRE(dict.size() == names.size());
-      std::vector<float> values;
-      for (std::size_t i = 0; i < dict.size(); ++i) {
-        const auto& [name, t] = dict[i];
-        CHECK(name == names[i].first);  // the module's state-dict order
-        CHECK(t.device().is_cpu());
-        if (t.dtype() != sk::DType::f32) continue;
-        const auto v = sk::to_vector<float>(ctx, t);
-        values.insert(values.end(), v.begin(), v.end());
-      }
+      const auto values = values_of(dict);
+      CHECK(dp_test::bitwise_equal(everywhere_values, values));
       per_stage.push_back(values);
     });
   }
@@ -982,6 +1019,7 @@ TEST_CASE("a checkpoint of a model with an empty parameter loads, in every layou
     for (auto layout : {CheckpointLayout::full, CheckpointLayout::sharded}) {
       const auto dir = scratch("empty_param");
       std::vector<sk::optim::OptimizerState> states(2);
+      std::vector<std::vector<float>> params(2);  // rank 0's: saved, then loaded
       for (int load = 0; load < 2; ++load) {
         sk::comm::run_ranks(2, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
           sk::parallel::ParallelOptions options;
@@ -1003,6 +1041,7 @@ TEST_CASE("a checkpoint of a model with an empty parameter loads, in every layou
           }
           auto state = dp.consolidate_optimizer_state(0);
           if (comm.rank() != 0) return;
+          params[static_cast<std::size_t>(load)] = dp_test::all_params(dp, ctx);
           states[static_cast<std::size_t>(load)] = state;
           dp.load_optimizer_state(state);  // (a whole state after steps, into rank 0's share)
         });
@@ -1011,6 +1050,7 @@ TEST_CASE("a checkpoint of a model with an empty parameter loads, in every layou
       CAPTURE(sk::checkpoint::checkpoint_layout_name(layout));
       CHECK(states[1].steps == 2);
       CHECK(same_state(states[1], states[0]));
+      CHECK(dp_test::bitwise_equal(params[1], params[0]));
     }
   }
 }

@@ -49,16 +49,18 @@ float lr_at(OptimizerKind kind, int step) {
 struct Outcome {
   std::vector<float> values;  // rank 0: parameters then f32 buffers
   int max_gathered = 0;
-  sk::MemorySnapshot memory;          // rank 0 after the last step
-  std::vector<double> norms;          // rank 0: clip_grad_norm's result per step
-  std::uint64_t reduce_scatters = 0;  // rank 0: reduce_scatter_v collectives over the run
-  std::uint64_t gather_bytes = 0;     // rank 0: all_gather_v payload bytes over the run
-  std::uint64_t grad_bytes = 0;       // rank 0: reduce_scatter_v + all_to_all_v (qgZ) payload bytes
-  double final_loss = 0;              // rank 0: the trained model's loss on a batch of its own
+  sk::MemorySnapshot memory;                 // rank 0 after the last step
+  std::vector<sk::MemorySnapshot> memories;  // every rank's after the last step
+  std::vector<double> norms;                 // rank 0: clip_grad_norm's result per step
+  std::uint64_t reduce_scatters = 0;         // rank 0: reduce_scatter_v collectives over the run
+  std::uint64_t gather_bytes = 0;            // rank 0: all_gather_v payload bytes over the run
+  std::uint64_t grad_bytes = 0;  // rank 0: reduce_scatter_v + all_to_all_v (qgZ) payload bytes
+  double final_loss = 0;         // rank 0: the trained model's loss on a batch of its own
 };
 
 Outcome train(Stage stage, const Run& run) {
   Outcome out;
+  out.memories.resize(static_cast<std::size_t>(run.world));
   sk::comm::run_ranks(run.world, [&](sk::Context& ctx, sk::comm::Communicator& comm) {
     const auto seed = 300 + static_cast<std::uint64_t>(comm.rank());
     std::shared_ptr<nn::Sequential> net;
@@ -93,7 +95,8 @@ Outcome train(Stage stage, const Run& run) {
       }
       model.step(lr_at(run.kind, s));
     }
-    if (comm.rank() == 0) out.memory = ctx.memory_stats().snapshot();
+    out.memories[static_cast<std::size_t>(comm.rank())] = ctx.memory_stats().snapshot();
+    if (comm.rank() == 0) out.memory = out.memories[0];
     if (comm.rank() == 0)
       out.reduce_scatters = comm.stats().of(sk::comm::CollectiveKind::reduce_scatter_v).calls;
     if (comm.rank() == 0)
@@ -231,6 +234,20 @@ TEST_CASE("FSDP equals DDP bitwise: checkpointing, resharding, prefetch, accumul
     run.fsdp = mlp_units();
     check_matches_ddp(run);
   }
+  // Inside no_sync nothing is reduced: a step of two micro-batches reduce-scatters as often as
+  // a step of one backward, and accumulating sharded (every backward synchronised) twice as often.
+  Run once;
+  once.world = 4;
+  once.steps = 3;
+  once.kind = OptimizerKind::adamw;
+  once.fsdp = mlp_units();
+  Run local = once, sharded = once;
+  local.accumulation = Accumulation::no_sync;
+  sharded.accumulation = Accumulation::sharded;
+  const auto plain = train(Stage::fsdp, once).reduce_scatters;
+  CHECK(plain > 0);
+  CHECK(train(Stage::fsdp, local).reduce_scatters == plain);
+  CHECK(train(Stage::fsdp, sharded).reduce_scatters == 2 * plain);
 }
 
 // hpZ: after a training forward each rank keeps its slice of a unit over its node, and the
@@ -502,19 +519,23 @@ TEST_CASE("FSDP model state per rank follows the ZeRO-3 formula (plus padding)")
     for (auto& p : net->parameters())
       (p.requires_grad() ? psi : frozen) += static_cast<double>(p.numel());
     const double formula = sk::parallel::zero_model_state_bytes(Stage::fsdp, psi, 8, world);
-    const auto& m = fsdp.memory;
-    const double model_state =
-        static_cast<double>(m.current_of(sk::MemoryCategory::parameters) +
-                            m.current_of(sk::MemoryCategory::gradients) +
-                            m.current_of(sk::MemoryCategory::optimizer_state)) -
-        4 * frozen;
     // The module's own buffers (batch-norm statistics) count as parameters too.
     double buffers = 0;
     for (auto& [name, b] : net->named_buffers()) buffers += static_cast<double>(b.nbytes());
     const double padding = 3.0 /*units*/ * 16 * world * (4 + 4 + 8);
-    CHECK(model_state - buffers >= formula);
-    CHECK(model_state - buffers <= formula + padding);
-    CHECK(m.current_of(sk::MemoryCategory::communication) == 0);  // nothing left gathered
+    REQUIRE(fsdp.memories.size() == static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) {  // (every rank: the last holds the padding)
+      CAPTURE(r);
+      const auto& m = fsdp.memories[static_cast<std::size_t>(r)];
+      const double model_state =
+          static_cast<double>(m.current_of(sk::MemoryCategory::parameters) +
+                              m.current_of(sk::MemoryCategory::gradients) +
+                              m.current_of(sk::MemoryCategory::optimizer_state)) -
+          4 * frozen;
+      CHECK(model_state - buffers >= formula);
+      CHECK(model_state - buffers <= formula + padding);
+      CHECK(m.current_of(sk::MemoryCategory::communication) == 0);  // nothing left gathered
+    }
   }
 }
 

@@ -189,7 +189,15 @@ TEST_CASE("Sinkhorn-Knopp: hard assignment, VISSL's safeguards, and bad argument
   std::vector<float> wide(f);
   for (auto& x : wide) x *= 40;
   const auto w = run(wide, b, k, soft);
-  for (float x : w) CHECK(std::isfinite(x));
+  for (std::int64_t r = 0; r < b; ++r) {
+    double sum = 0;
+    for (std::int64_t j = 0; j < k; ++j) {
+      CHECK(std::isfinite(w[r * k + j]));
+      CHECK(w[r * k + j] >= 0.0f);
+      sum += w[r * k + j];
+    }
+    CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));  // (underflowed codes would sum to 0)
+  }
   // A prototype no sample can reach (every score -inf in f32 after the scaling): VISSL's
   // guard adds 1e-12 everywhere and the column sums again; the codes stay finite and sum to 1.
   std::vector<float> empty_column(f);
@@ -561,7 +569,8 @@ TEST_CASE(
       greyed += std::equal(j.begin(), j.begin() + area, j.begin() + area) &&
                 std::equal(j.begin(), j.begin() + area, j.begin() + 2 * area);
     }
-  CHECK(greyed < 12);  // RandomGrayscale takes about one crop in five, not all
+  CHECK(greyed < 12);  // RandomGrayscale takes about one crop in five, not all, nor none
+  CHECK(greyed > 0);   // (these seeds' draws: a grayscale that never fires fails here)
   // The loader's crops carry the channels: [crops x B, 3, side, side].
   swav::MultiCropLoader loader(colour, jitter, 5, 2, 2);
   sk::data::StatefulDistributedSampler sampler(6, 1, 0, 3, 5);
@@ -637,6 +646,7 @@ TEST_CASE("multi-crop transforms: whole-image crop, flip, blur, boxes, bad setti
     CHECK(box.left + box.width <= 28);
     const double area = double(box.height * box.width) / (28.0 * 28.0);
     CHECK(area <= 0.14 + 0.05);  // rounding of the sides
+    CHECK(area >= 0.04);         // (0.05 of the image, its sides rounded: 5 x 7 at the least)
   }
   swav::MultiCropConfig bad;
   bad.size_crops = {24};
