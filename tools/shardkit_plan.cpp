@@ -7,7 +7,9 @@
 //                 [--wrap-threshold 1000000]
 //   shardkit-plan --model weights.safetensors ...   (every tensor a trainable parameter)
 //
-// Prints, per stage, the bytes of the most loaded rank by category (MiB), the bytes each rank
+// Prints, per stage, the bytes of the most loaded rank by category (MiB; "layer grads": the
+// largest layer's parameter gradients, whole in the backward before they reach the buckets),
+// the bytes each rank
 // sends per step inside its shard group and across groups (MiB; without --group-size the group
 // is the world, and on more than one node all of it crosses nodes), with --offload what moves to
 // the host (MiB per rank) and the bytes between host and device per step (params: fsdp's shards
@@ -232,10 +234,10 @@ int main(int argc, char** argv) {
       std::printf("fsdp units: %zu blocks, %zu convolutions of >= %lld parameters nested in them\n",
                   net->block_paths().size(), net->large_block_convolutions(wrap_threshold).size(),
                   static_cast<long long>(wrap_threshold));
-    std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s %10s %10s",
-                "stage", "params", "grads", "optim", "comm", "gathered", "activations",
-                "act (ckpt)", "total MiB", "sent in grp", "across grps", "host MiB", "host<->dev",
-                "disk MiB", "disk r+w");
+    std::printf("%-5s %10s %10s %10s %10s %10s %11s %12s %12s %12s %12s %12s %10s %10s %10s %10s",
+                "stage", "params", "grads", "optim", "comm", "gathered", "layer grads",
+                "activations", "act (ckpt)", "total MiB", "sent in grp", "across grps", "host MiB",
+                "host<->dev", "disk MiB", "disk r+w");
     if (device_gib > 0) std::printf(" %10s %10s", "max batch", "(ckpt)");
     // The wrap's own peak (ShardedModule's construction), the model built eagerly or under
     // sk::DeferredParameters (every parameter initialised by a whole-tensor fill, so that each
@@ -258,11 +260,11 @@ int main(int argc, char** argv) {
       const auto options = net ? par::module_planned_run(*net, o) : o;
       const auto plan = par::plan_memory(specs, options, plain, batch);
       const auto with_ckpt = par::plan_memory(specs, options, checkpointed, batch);
-      std::printf("%-5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s %10s %10s %10s %10s",
+      std::printf("%-5s %10s %10s %10s %10s %10s %11s %12s %12s %12s %12s %12s %10s %10s %10s %10s",
                   std::string(par::stage_name(stage)).c_str(), mib(plan.parameters).c_str(),
                   mib(plan.gradients).c_str(), mib(plan.optimizer_state).c_str(),
                   mib(plan.communication).c_str(), mib(plan.gathered).c_str(),
-                  net ? mib(plan.activations).c_str() : "-",
+                  mib(plan.layer_gradients).c_str(), net ? mib(plan.activations).c_str() : "-",
                   net ? mib(with_ckpt.activations).c_str() : "-", mib(plan.total()).c_str(),
                   mib(plan.sent_in_group).c_str(), mib(plan.sent_across_groups).c_str(),
                   mib(plan.host_total()).c_str(), mib(plan.host_transfer).c_str(),

@@ -26,9 +26,9 @@ def plan(world, group=0, stage="all", offload="none"):
     rows = {}
     for line in out[2:]:
         cells = line.split()
-        # params grads optim comm gathered act act_ckpt total in_group across host pcie disk
-        # disk_rw fits (fits_ckpt) wrap_eager wrap_deferred
-        rows[cells[0]] = [float(c) for c in cells[1:16]] + [float(c) for c in cells[-2:]]
+        # params grads optim comm gathered layer_grads act act_ckpt total in_group across host
+        # pcie disk disk_rw fits (fits_ckpt) wrap_eager wrap_deferred
+        rows[cells[0]] = [float(c) for c in cells[1:17]] + [float(c) for c in cells[-2:]]
     return rows
 
 
@@ -56,8 +56,10 @@ lines = [
     f"per residual block; hybrid sharding in groups of {GROUP} ranks (a node). MiB per rank, the",
     "most loaded rank. Model states are exact (the planner builds the engines' own plans; the",
     "tests compare them with the allocator after real steps on the CPU, every stage, equal to the",
-    "byte); communication and gathered units are upper bounds (the measured peaks stay under",
-    "them); activations come from a profile measured on the CPU (batch 2, 4, 8, ... until the",
+    "byte); communication, gathered units and layer grads are upper bounds (the measured peaks",
+    "stay under them; layer grads: the largest layer's parameter gradients, whole in the",
+    "backward before they are added into the buckets -- here layer4's 3x3 convolution, 9 MiB);",
+    "activations come from a profile measured on the CPU (batch 2, 4, 8, ... until the",
     "growth per sample settles, f32; within 5% of measured batches in the tests) and do not",
     "depend on the stage. Traffic: bus bytes each rank sends per step; without hybrid sharding",
     f"every collective spans all N ranks, so on more than one node (N > {GROUP}) all of it",
@@ -91,18 +93,20 @@ lines = [
     "N = 8: 164.9 MB (157.3 MiB) eager, 38.5 MB (36.7 MiB) deferred -- what the wrapped model keeps -- the module's",
     "batch-norm statistics included, which the params column counts too: about 0.2 MiB).",
     "",
-    "| N | sharding | params | grads | optim | comm | gathered | model states + buffers |"
-    " activations (ckpt) | device total | host | host<->device / step | disk | disk r+w / step |"
-    " MiB sent / step | of it across nodes | max batch in 80 GiB | wrap peak: eager / deferred |",
-    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "| N | sharding | params | grads | optim | model states + buffers | comm | gathered |"
+    " layer grads | activations (ckpt) | device total | host | host<->device / step | disk |"
+    " disk r+w / step | MiB sent / step | of it across nodes | max batch in 80 GiB |"
+    " wrap peak: eager / deferred |",
+    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 for world, name, r in table:
-    (params, grads, optim, comm, gathered, act, act_ckpt, total, in_group, across, host, pcie,
-     disk, disk_rw, fits, wrap_eager, wrap_deferred) = r
-    states = params + grads + optim + comm + gathered
+    (params, grads, optim, comm, gathered, layer_grads, act, act_ckpt, total, in_group, across,
+     host, pcie, disk, disk_rw, fits, wrap_eager, wrap_deferred) = r
+    states = params + grads + optim
     crossing = across if name.startswith("hybrid") else (in_group + across if world > GROUP else 0)
-    lines.append(f"| {world} | {name} | {params:.1f} | {grads:.1f} | {optim:.1f} | {comm:.1f} | "
-                 f"{gathered:.1f} | {states:.1f} | {act:.1f} ({act_ckpt:.1f}) | {total:.1f} | "
+    lines.append(f"| {world} | {name} | {params:.1f} | {grads:.1f} | {optim:.1f} | {states:.1f} | "
+                 f"{comm:.1f} | {gathered:.1f} | {layer_grads:.1f} | "
+                 f"{act:.1f} ({act_ckpt:.1f}) | {total:.1f} | "
                  f"{host:.1f} | {pcie:.1f} | {disk:.1f} | {disk_rw:.1f} | "
                  f"{in_group + across:.1f} | {crossing:.1f} | "
                  f"{int(fits)} | {wrap_eager:.1f} / {wrap_deferred:.1f} |")
@@ -118,8 +122,8 @@ labels = [name for w, name, _ in table if w == WORLDS[0]]
 width = 0.9 / len(labels)
 for k, label in enumerate(labels):
     rows = [r for w, n, r in table if n == label]
-    states = [r[0] + r[1] + r[2] + r[3] + r[4] for r in rows]
-    crossing = [(r[9] if label.startswith("hybrid") else (r[8] + r[9] if w > GROUP else 0))
+    states = [r[0] + r[1] + r[2] for r in rows]
+    crossing = [(r[10] if label.startswith("hybrid") else (r[9] + r[10] if w > GROUP else 0))
                 for (w, n, r) in [(w, n, r) for w, n, r in table if n == label]]
     xs = [i + (k - (len(labels) - 1) / 2) * width for i in range(len(WORLDS))]
     axes[0].bar(xs, states, width, label=label)

@@ -1,8 +1,10 @@
 // The memory planner against the allocator: for every stage (and hybrid sharding, mixed
 // precision, both partitions, FSDP units) the planned parameters, gradients and optimizer state
 // equal what the engines hold after a step (the same plans build both); the measured peaks of
-// communication and gathered units stay within the planned bounds; activations measured on a
-// ResNet step match the profile fitted from two smaller batches within 5%.
+// communication and gathered units stay within the planned bounds, and so does the gradients'
+// peak in a ResNet's backward (its layers' gradients, whole before they reach the buckets);
+// activations measured on a ResNet step match the profile fitted from two smaller batches within
+// 5%.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@ namespace memory_plan_test {
 
 struct Measured {
   std::int64_t parameters = 0, gradients = 0, optimizer_state = 0, communication_peak = 0;
+  std::int64_t gradients_peak = 0;
 };
 
 // The most any rank holds of each category after `steps` steps (peaks: over the run).
@@ -40,6 +43,7 @@ Measured max_over(const std::vector<sk::MemorySnapshot>& snapshots) {
     m.gradients = std::max(m.gradients, s.current_of(MemoryCategory::gradients));
     m.optimizer_state = std::max(m.optimizer_state, s.current_of(MemoryCategory::optimizer_state));
     m.communication_peak = std::max(m.communication_peak, s.peak_of(MemoryCategory::communication));
+    m.gradients_peak = std::max(m.gradients_peak, s.peak_of(MemoryCategory::gradients));
   }
   return m;
 }
@@ -473,6 +477,11 @@ TEST_CASE("ShardedModule: the module plan matches a ResNet's model states under 
     CHECK(plan.parameters == m.parameters);  // (the batch-norm buffers, whole, among them)
     CHECK(plan.gradients == m.gradients);
     CHECK(plan.optimizer_state == m.optimizer_state);
+    // In the backward each layer's parameter gradients are made whole before they reach the
+    // engine: above the kept gradients, within the plan's bound (layer4's 3x3 convolution).
+    CHECK(m.gradients_peak > m.gradients);
+    CHECK(m.gradients_peak <= plan.gradients + plan.layer_gradients);
+    CHECK(plan.layer_gradients == 4 * 64 * 64 * 9);
   }
 }
 

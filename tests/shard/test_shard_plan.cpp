@@ -61,6 +61,10 @@ TEST_CASE("plans take empty parameters and refuse negative sizes") {
       CAPTURE(world);
       const ShardPlan plan({{"a", {16}}, {"b", {16}}, {"z", {0}}}, world, kind);
       CHECK(plan.layout()[2].numel == 0);
+      // (an empty parameter has no piece: it neither hides nor fakes one split over ranks)
+      CHECK_FALSE(plan.any_parameter_spans_ranks());  // (a, b: 16 elements each, a rank each)
+      const ShardPlan split({{"z", {0}}, {"a", {100}}}, world, kind);
+      CHECK(split.any_parameter_spans_ranks() == (kind == PartitionKind::flat && world == 2));
       const ShardPlan frozen({{"w", {16}}, {"f", {5}, false}, {"z", {0}}}, world, kind);
       CHECK(frozen.layout()[1].offset >= frozen.trainable_end());
       CHECK_THROWS_WITH_AS(ShardPlan({{"a", {-2, -3}}}, world, kind),

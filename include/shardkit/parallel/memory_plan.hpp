@@ -20,6 +20,13 @@
 //   communication    bucket buffers being filled and in flight (sdp, fsdp), wire copies (qgZ:
 //                    the int8 runs out and in, and the f32 sum), the reduce-scatter
 //                    coalescer's staging, f16 parameter broadcasts
+//   layer gradients  the backward's gradients of one layer's parameters (a convolution's,
+//                    linear's or norm's weight and bias), made whole in the gradients category
+//                    before they are added into the engine's buckets or parts and dropped: the
+//                    largest layer's (parameters whose names differ in the last part only), in
+//                    the compute dtype, 1-D ones at 4 bytes (norms' gradients are in their
+//                    statistics' f32) -- for a model with one huge tensor (an embedding) as
+//                    large as that tensor
 //   gathered         fsdp: the full units held at once -- the root unit, and with resharding
 //                    after forward the unit in use plus `prefetch` ahead, each with its
 //                    int8 wire under qwZ, and under hpZ every unit's slice over the node
@@ -51,6 +58,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardkit/optim/sharded_optimizer.hpp"
@@ -124,9 +132,10 @@ struct MemoryPlan {
   std::int64_t parameters = 0;
   std::int64_t gradients = 0;
   std::int64_t optimizer_state = 0;
-  std::int64_t communication = 0;  // bound
-  std::int64_t gathered = 0;       // fsdp bound
-  std::int64_t activations = 0;    // for the planned batch
+  std::int64_t communication = 0;    // bound
+  std::int64_t gathered = 0;         // fsdp bound
+  std::int64_t layer_gradients = 0;  // bound: one layer's gradients, whole, in the backward
+  std::int64_t activations = 0;      // for the planned batch
   // Bytes this rank sends per step (bus bytes of bandwidth-optimal rings, comm_stats.hpp)
   // inside its shard group and across groups (hybrid sharding's replicate all-reduce). Without
   // hybrid sharding the group is the world: on more than one node, all of it crosses nodes.
@@ -170,7 +179,9 @@ struct MemoryPlan {
   std::int64_t wrap_peak(bool deferred) const {
     return model_states() + (deferred ? deferred_transient : wrap_transient + eager_build);
   }
-  std::int64_t total() const { return model_states() + communication + gathered + activations; }
+  std::int64_t total() const {
+    return model_states() + communication + gathered + layer_gradients + activations;
+  }
   // The host's RAM for model states at a step's peak: offload's ledgers, and under NVMe the
   // chunks a step holds of the files (between steps one of them: the chunk the last step
   // ended with, which the next starts with).
@@ -195,6 +206,24 @@ inline std::int64_t bytes_of(DType dtype) { return static_cast<std::int64_t>(dty
 inline std::int64_t largest_bucket(const shard::BucketPlan& buckets) {
   std::int64_t most = 0;
   for (const auto& b : buckets.buckets()) most = std::max(most, b.numel);
+  return most;
+}
+
+// The largest layer's parameter gradients as the backward makes them (MemoryPlan::layer_gradients):
+// a layer's parameters share their name but for its last part ("layer4.1.conv2.weight").
+inline std::int64_t layer_gradient_bytes(const std::vector<shard::ParamSpec>& specs,
+                                         DType compute) {
+  std::map<std::string_view, std::int64_t> layers;
+  std::int64_t most = 0;
+  for (const auto& s : specs) {
+    if (!s.trainable) continue;
+    const auto dot = s.name.rfind('.');
+    const std::string_view layer =
+        dot == std::string::npos ? std::string_view() : std::string_view(s.name).substr(0, dot);
+    const std::int64_t each =
+        s.shape.size() <= 1 ? std::max<std::int64_t>(4, bytes_of(compute)) : bytes_of(compute);
+    most = std::max(most, layers[layer] += shape_numel(s.shape) * each);
+  }
   return most;
 }
 
@@ -650,6 +679,7 @@ inline MemoryPlan plan_memory(const std::vector<shard::ParamSpec>& specs, const 
           transients + held_sums + maxima + 2 * static_cast<std::int64_t>(policy.coalesce_bytes);
     }
     p.parameters += o.buffer_bytes;
+    p.layer_gradients = detail::layer_gradient_bytes(specs, param);
     p.activations = activations.at(batch);
     detail::plan_traffic(p, specs, o, policy, group);
     const bool more = p.total() > best.total() ||

@@ -140,10 +140,16 @@ class ShardPlan {
 
   // True when some parameter has pieces on more than one rank (flat plans): per-parameter
   // quantities (LARC norms) then need an all-reduce of partial sums.
+  // (By holder, not by counting pieces: an empty parameter has none.)
   bool any_parameter_spans_ranks() const {
-    std::size_t pieces = 0;
-    for (const auto& list : pieces_) pieces += list.size();
-    return pieces > spec_order_.size();
+    std::vector<int> holder(layout_.size(), -1);
+    for (int r = 0; r < world_size_; ++r)
+      for (const auto& piece : pieces(r)) {
+        int& h = holder[piece.param];
+        if (h >= 0 && h != r) return true;
+        h = r;
+      }
+    return false;
   }
 
   // Parameter elements (not padding) owned per rank, and max / mean - 1 over them.
