@@ -7,9 +7,10 @@
 #                                            [--channels-last | --channel-blocks]
 #
 # BUILD_DIR (default build) holds benchmarks/autograd/bench_autograd. Each side times N steps
-# (default 5) after a warm-up step: ours as N repetitions of BM_resnet18_train_step (MinTime 2 s
-# gives one timed step per repetition at these sizes), the peer as N single-step timings; each
-# takes the median. That pair runs R times (default 3), ours then PyTorch's each round: the
+# (default 5) after a warm-up step: ours as N repetitions of BM_resnet18_train_step (MinTime 2 s:
+# a repetition is one step at 32x32 and 8x224, the mean of thousands at the host-bound 2x8x4),
+# the peer as N timings of one step each, or of as many as fill 0.2 s where a step is shorter
+# (resnet18_torch_peer.py); each takes the median. That pair runs R times (default 3), ours then PyTorch's each round: the
 # speed of a shared VM drifts by tens of percent within minutes, so each round's ratio compares
 # two measurements taken a few seconds apart, and the table gives the median of the rounds'
 # ratios with their range (and the median of each side's round medians). --config picks one

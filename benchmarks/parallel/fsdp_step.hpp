@@ -76,6 +76,13 @@ inline bool parse_args(int argc, char** argv, Workload& w) {
       return false;
     }
   }
+  if (w.world < 1 || w.batch < 1 || w.steps < 1) {  // (atoi: 0 for what is not a number)
+    std::fprintf(stderr,
+                 "%s: ranks, images per rank and timed steps must be whole numbers >= 1; got "
+                 "%d, %lld, %d\n",
+                 argv[0], w.world, static_cast<long long>(w.batch), w.steps);
+    return false;
+  }
   return true;
 }
 
@@ -122,7 +129,7 @@ Timing median_step(const Config& config, const Workload& w, comm::RunRanksOption
         s.fsdp.reshard_after_forward = config.reshard;
         s.fsdp.quantized_weights = config.quantized_weights;
         s.fsdp.quantized_grads = config.quantized_grads;
-        s.fsdp.reshard_group_size = config.node_halves && w.world >= 4 ? w.world / 2 : 0;
+        s.fsdp.reshard_group_size = config.node_halves ? w.world / 2 : 0;
         s.offload.params = config.offload != Config::Offload::none;
         if (config.offload == Config::Offload::disk) s.offload.nvme_path = w.nvme_path;
         for (int layer = 1; layer <= 4; ++layer)
@@ -183,7 +190,8 @@ void run_all(const char* device, const Workload& w, comm::RunRanksOptions option
   std::printf("%-17s %12s %12s\n", "configuration", "step ms", "/ ddp");
   double ddp = 0;
   for (const auto& config : configs()) {
-    if (config.node_halves && w.world < 4) continue;  // (a node of half the ranks: 2 or more)
+    // (a node of half the ranks: 2 or more, dividing the world)
+    if (config.node_halves && (w.world < 4 || w.world % 2 != 0)) continue;
     if (config.offload != Config::Offload::none && w.nvme_path.empty()) continue;
     if (config.stage != parallel::Stage::ddp && config.name.find(w.only) == std::string::npos)
       continue;

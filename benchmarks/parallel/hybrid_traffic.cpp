@@ -160,13 +160,16 @@ int main(int argc, char** argv) {
   row("fsdp + qwZ", measure(world, 0, {true, false}), (2 * int8 + 1) * psi * ring);
   row("fsdp + qgZ", measure(world, 0, {false, true}), (2 + int8) * psi * ring);
   row("fsdp + qwZ + qgZ", measure(world, 0, {true, true}), 3 * int8 * psi * ring);
-  // hpZ over nodes of N/2: the backward's gather leaves the world's count for the node's.
+  // hpZ over nodes of N/2: the backward's gather leaves the world's count for the node's (a
+  // node of 2 ranks or more that divides the world: an even world of 4 or more).
   const int node = world / 2;
   char name[48];
-  std::snprintf(name, sizeof name, "fsdp + hpZ(%d)", node);
-  row(name, measure(world, 0, {}, node), 2 * psi * ring);
-  std::snprintf(name, sizeof name, "fsdp + qwZ+qgZ+hpZ(%d)", node);
-  row(name, measure(world, 0, {true, true}, node), 2 * int8 * psi * ring);
+  if (node >= 2 && world % node == 0) {
+    std::snprintf(name, sizeof name, "fsdp + hpZ(%d)", node);
+    row(name, measure(world, 0, {}, node), 2 * psi * ring);
+    std::snprintf(name, sizeof name, "fsdp + qwZ+qgZ+hpZ(%d)", node);
+    row(name, measure(world, 0, {true, true}, node), 2 * int8 * psi * ring);
+  }
   // Small groups hold 3 Psi / G each: at N = 64 the groups under 8 would need tens of GB in
   // this one process (its ranks are threads), so large worlds stop at G = N / 8.
   const int smallest = world > 16 ? world / 8 : 1;
