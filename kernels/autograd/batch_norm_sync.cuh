@@ -281,7 +281,7 @@ __global__ void apply_kernel(const T* x, const S* weight, const S* bias, const d
       const double scale = double(weight[ck]) * stats[channels + ck];
       const double shift = double(bias[ck]) - stats[ck] * scale;
       const A out = A(double(v[k]) * scale + shift);
-      v[k] = relu && !(out > A(0)) ? A(0) : out;
+      v[k] = relu && out <= A(0) ? A(0) : out;  // (the ReLU's rule: a NaN stays)
     }
     store_run(y, i, v);
   });

@@ -860,3 +860,27 @@ TEST_CASE("a pointwise sum of an f32 and an f16 operand converts the second on t
   const auto got = sk::to_vector<float>(*gpu, sum);
   for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(got[i] == a[i] + b[i]);
 }
+
+// A NaN stays NaN through the GPU's ReLU, plain and fused into batch-norm, as on the CPU.
+TEST_CASE("a NaN stays NaN through the ReLU on the GPU") {
+  auto gpu = sk::make_cuda_context(0, 0, 1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(2 * 3 * 4, 0.5f);
+  v[1] = -1.0f;
+  v[5] = nan;
+  const Variable x(sk::from_vector(*gpu, v, {2, 3, 2, 2}));
+  const auto plain = sk::to_vector<float>(*gpu, ag::relu(*gpu, x).data());
+  CHECK(std::isnan(plain[5]));
+  CHECK(plain[1] == 0.0f);
+  const Variable w(sk::from_vector(*gpu, std::vector<float>(3, 1.0f), {3}));
+  const Variable b(sk::from_vector(*gpu, std::vector<float>(3, 0.0f), {3}));
+  sk::Tensor mean = sk::from_vector(*gpu, std::vector<float>(3, 0.0f), {3});
+  sk::Tensor var = sk::from_vector(*gpu, std::vector<float>(3, 1.0f), {3});
+  ag::BatchNormOptions o;
+  o.training = false;
+  o.relu = true;
+  const auto fused = sk::to_vector<float>(*gpu, ag::batch_norm(*gpu, x, w, b, mean, var, o).data());
+  CHECK(std::isnan(fused[5]));
+  CHECK(fused[1] == 0.0f);
+  CHECK(fused[0] > 0.0f);
+}

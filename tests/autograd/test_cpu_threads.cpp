@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "shardkit/autograd/autograd.hpp"
 #include "shardkit/autograd/cpu_norm_pool.hpp"  // the pooling loops, called directly
@@ -134,6 +136,48 @@ TEST_CASE("batch-norm with a fused ReLU equals batch-norm then ReLU, bit for bit
         CHECK(zeros < static_cast<std::ptrdiff_t>(fused.y.size()));
         check_same_bits(fused, separate);  // (eval_y: empty in both)
       }
+}
+
+// A NaN activation stays NaN through the ReLU -- plain, after an add, fused into batch-norm
+// over planes and over rows of channels -- as PyTorch's relu keeps it: an f16 inf - inf then
+// reaches the loss, and the loss scaler skips the step instead of training on a zero. -0 still
+// gives +0.
+TEST_CASE("a NaN stays NaN through the ReLU: plain, after an add, fused into batch-norm") {
+  sk::Context ctx;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> v{1.5f, -2.0f, nan, -0.0f, 0.25f, -nan};
+  const auto check_relu = [&](const std::vector<float>& got, const std::vector<float>& in) {
+    REQUIRE(got.size() == in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      CAPTURE(i);
+      if (std::isnan(in[i])) {
+        CHECK(std::isnan(got[i]));
+      } else {
+        CHECK(got[i] == (in[i] > 0 ? in[i] : 0.0f));
+        CHECK_FALSE(std::signbit(got[i]));
+      }
+    }
+  };
+  const Variable x(sk::from_vector(ctx, v, {6}));
+  check_relu(sk::to_vector<float>(ctx, ag::relu(ctx, x).data()), v);
+  const Variable zero(sk::from_vector(ctx, std::vector<float>(6, 0.0f), {6}));
+  check_relu(sk::to_vector<float>(ctx, ag::add_relu(ctx, x, zero).data()), v);
+  // Evaluation with statistics 0 and 1, weight 1, bias 0: y = x / sqrt(1 + eps), NaN where x is.
+  for (const sk::Shape& shape : {sk::Shape{2, 3, 2, 2}, sk::Shape{8, 3}}) {
+    CAPTURE(sk::shape_str(shape));
+    std::vector<float> in(static_cast<std::size_t>(sk::shape_numel(shape)));
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = v[i % v.size()] * (1.0f + 0.1f * i);
+    const Variable bx(sk::from_vector(ctx, in, shape));
+    const Variable w(sk::from_vector(ctx, std::vector<float>(3, 1.0f), {3}));
+    const Variable b(sk::from_vector(ctx, std::vector<float>(3, 0.0f), {3}));
+    sk::Tensor mean = sk::from_vector(ctx, std::vector<float>(3, 0.0f), {3});
+    sk::Tensor var = sk::from_vector(ctx, std::vector<float>(3, 1.0f), {3});
+    ag::BatchNormOptions o;
+    o.training = false;
+    o.relu = true;
+    o.eps = 0;
+    check_relu(sk::to_vector<float>(ctx, ag::batch_norm(ctx, bx, w, b, mean, var, o).data()), in);
+  }
 }
 
 // Max-pool runs one (n, c) plane per task: the same output, indices and input gradient on any

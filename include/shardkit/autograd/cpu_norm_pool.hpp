@@ -226,7 +226,7 @@ inline void channel_moments(ThreadPool& pool, const Tensor& x, std::int64_t oute
 }
 
 // y[o, c, i] = x[o, c, i] * scale[c] + shift[c]; with `relu`, then max(y, 0) in the same pass
-// (the ReLU's own rule: y > 0 ? y : 0, on the rounded value).
+// (the ReLU's own rule: y <= 0 ? 0 : y, on the rounded value; a NaN stays).
 inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, const double* scale,
                            const double* shift, std::int64_t outer, std::int64_t channels,
                            std::int64_t inner, bool relu = false) {
@@ -248,7 +248,7 @@ inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, c
             for (std::int64_t i = 0; i < inner * B; i += B)
               for (int k = 0; k < B; ++k) {
                 const T v = static_cast<T>(src[i + k] * a[k] + b[k]);
-                dst[i + k] = v > T(0) ? v : T(0);
+                dst[i + k] = v <= T(0) ? T(0) : v;
               }
           } else {
             for (std::int64_t i = 0; i < inner * B; i += B)
@@ -265,7 +265,7 @@ inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, c
         if (relu) {
           for (std::int64_t c = 0; c < channels; ++c) {
             const T v = static_cast<T>(src[c] * scale[c] + shift[c]);
-            dst[c] = v > T(0) ? v : T(0);
+            dst[c] = v <= T(0) ? T(0) : v;
           }
         } else {
           for (std::int64_t c = 0; c < channels; ++c)
@@ -282,7 +282,7 @@ inline void channel_affine(ThreadPool& pool, const Tensor& x, const Tensor& y, c
       if (relu) {
         for (std::int64_t i = 0; i < inner; ++i) {
           const T v = static_cast<T>(src[i] * a + b);
-          dst[i] = v > T(0) ? v : T(0);
+          dst[i] = v <= T(0) ? T(0) : v;
         }
       } else {
         for (std::int64_t i = 0; i < inner; ++i) dst[i] = static_cast<T>(src[i] * a + b);

@@ -50,12 +50,13 @@ struct MulMath {
     return alpha * a * b;
   }
 };
-// out = max(a, 0)
+// out = max(a, 0), a NaN kept (PyTorch's relu: a NaN activation -- an f16 inf - inf -- reaches
+// the loss and the loss scaler skips the step, instead of training on a zero); -0 gives +0.
 struct ReluMath {
   static constexpr bool kReadsB = false;
   template <class T>
   SK_HOST_DEVICE SK_INLINE T operator()(T a, T, T, T) const {
-    return a > T(0) ? a : T(0);
+    return a <= T(0) ? T(0) : a;
   }
 };
 // out = a where b > 0, else 0 (a: the gradient, b: the ReLU's output)
