@@ -39,7 +39,7 @@ __global__ void bias_relu(float* z, const float* b, std::int64_t rows, std::int6
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const float v = z[i] + b[i % cols];
-    z[i] = relu ? fmaxf(v, 0.0f) : v;
+    z[i] = relu && v <= 0.0f ? 0.0f : v;  // (a NaN stays, as Eigen's cwiseMax keeps it)
   }
 }
 

@@ -141,7 +141,7 @@ TEST_CASE("batch-norm with a fused ReLU equals batch-norm then ReLU, bit for bit
 // A NaN activation stays NaN through the ReLU -- plain, after an add, fused into batch-norm
 // over planes and over rows of channels -- as PyTorch's relu keeps it: an f16 inf - inf then
 // reaches the loss, and the loss scaler skips the step instead of training on a zero. -0 still
-// gives +0.
+// gives +0, and the backward passes the gradient where the output is NaN, as PyTorch's does.
 TEST_CASE("a NaN stays NaN through the ReLU: plain, after an add, fused into batch-norm") {
   sk::Context ctx;
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -158,10 +158,31 @@ TEST_CASE("a NaN stays NaN through the ReLU: plain, after an add, fused into bat
       }
     }
   };
-  const Variable x(sk::from_vector(ctx, v, {6}));
-  check_relu(sk::to_vector<float>(ctx, ag::relu(ctx, x).data()), v);
-  const Variable zero(sk::from_vector(ctx, std::vector<float>(6, 0.0f), {6}));
-  check_relu(sk::to_vector<float>(ctx, ag::add_relu(ctx, x, zero).data()), v);
+  // The backward passes the gradient where the output is NaN (PyTorch's threshold_backward:
+  // zero where the output is <= 0).
+  const auto check_grad = [&](const std::vector<float>& got, const std::vector<float>& in) {
+    REQUIRE(got.size() == in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      CAPTURE(i);
+      CHECK(got[i] == (std::isnan(in[i]) || in[i] > 0 ? 1.0f : 0.0f));
+    }
+  };
+  const sk::Tensor ones = sk::from_vector(ctx, std::vector<float>(6, 1.0f), {6});
+  {
+    const Variable x(sk::from_vector(ctx, v, {6}), true);
+    const Variable y = ag::relu(ctx, x);
+    check_relu(sk::to_vector<float>(ctx, y.data()), v);
+    ag::backward(ctx, y, ones);
+    check_grad(sk::to_vector<float>(ctx, x.grad()), v);
+  }
+  {
+    const Variable x(sk::from_vector(ctx, v, {6}), true);
+    const Variable zero(sk::from_vector(ctx, std::vector<float>(6, 0.0f), {6}));
+    const Variable y = ag::add_relu(ctx, x, zero);
+    check_relu(sk::to_vector<float>(ctx, y.data()), v);
+    ag::backward(ctx, y, ones);
+    check_grad(sk::to_vector<float>(ctx, x.grad()), v);
+  }
   // Evaluation with statistics 0 and 1, weight 1, bias 0: y = x / sqrt(1 + eps), NaN where x is.
   for (const sk::Shape& shape : {sk::Shape{2, 3, 2, 2}, sk::Shape{8, 3}}) {
     CAPTURE(sk::shape_str(shape));

@@ -374,14 +374,15 @@ inline void batch_norm_eval_forward(ThreadPool& pool, const Tensor& x, const Ten
   channel_affine(pool, x, y, scale, shift, outer, channels, inner, relu);
 }
 
-// The gradient a fused ReLU passes back, element i of a plane: g where the ReLU's output y is
-// positive, else +0 (the ReLU backward's own rule, also for an infinite or NaN g). A select by
+// The gradient a fused ReLU passes back, element i of a plane: +0 where the ReLU's output y is
+// <= 0, else g -- a NaN y passes it, as PyTorch's threshold_backward does (the ReLU backward's
+// own rule, also for an infinite or NaN g). A select by
 // bit mask, not `?:`: GCC 12 at -O3 -march=x86-64-v3 vectorised the conditional form wrongly
 // in batch_norm_grad_sums' f64 lane sums (per-channel sums off by up to 85%; right at -O1 or
 // without -march), which the fused-ReLU tests caught.
 template <class T>
 inline double relu_masked(const T* g, const T* y, std::int64_t i) {
-  const std::uint64_t keep = y[i] > T(0) ? ~std::uint64_t{0} : std::uint64_t{0};
+  const std::uint64_t keep = y[i] <= T(0) ? std::uint64_t{0} : ~std::uint64_t{0};
   return std::bit_cast<double>(std::bit_cast<std::uint64_t>(double(g[i])) & keep);
 }
 

@@ -16,7 +16,7 @@ enum class Pointwise : std::uint8_t {
   axpby,             // out = alpha*a + beta*b (b may be undefined when beta == 0)
   mul,               // out = alpha*a*b
   relu,              // out = max(a, 0)
-  relu_backward,     // out = a * (b > 0)   (a: gradient, b: the relu's output)
+  relu_backward,     // out = b <= 0 ? 0 : a   (a: gradient, b: the relu's output)
   add_relu,          // out = max(alpha*a + beta*b, 0): a residual block's end in one pass
   sigmoid,           // out = 1 / (1 + exp(-a))
   sigmoid_backward,  // out = a * b * (1 - b)   (a: gradient, b: the sigmoid's output)
@@ -59,12 +59,13 @@ struct ReluMath {
     return a <= T(0) ? T(0) : a;
   }
 };
-// out = a where b > 0, else 0 (a: the gradient, b: the ReLU's output)
+// out = 0 where b <= 0, else a (a: the gradient, b: the ReLU's output): PyTorch's
+// threshold_backward, which passes the gradient where the output is NaN
 struct ReluBackwardMath {
   static constexpr bool kReadsB = true;
   template <class T>
   SK_HOST_DEVICE SK_INLINE T operator()(T a, T b, T, T) const {
-    return b > T(0) ? a : T(0);
+    return b <= T(0) ? T(0) : a;
   }
 };
 

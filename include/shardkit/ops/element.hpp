@@ -18,15 +18,16 @@
 
 namespace shardkit::ops {
 
-// a * b + c, rounded once wherever the target has a fused multiply-add (CUDA; x86 with FMA, as
-// -march=x86-64-v3 builds), else twice. The element functors spell every multiply-add this
+// a * b + c, rounded once wherever the target has a fused multiply-add (CUDA; a host compiler
+// with a fast fma, __FP_FAST_FMAF: x86 with FMA as -march=x86-64-v3 builds, aarch64), else
+// twice. The element functors spell every multiply-add this
 // way: left to contract a * b + c * d itself, GCC may fuse either product, and it chose
 // differently for a loop's vector body and its scalar tail, so an element's bits depended on
 // where its chunk started. Written out, there is one rounding per call on every path.
 SK_HOST_DEVICE SK_INLINE float mul_add(float a, float b, float c) {
 #if SK_DEVICE_CODE
   return fmaf(a, b, c);
-#elif defined(__FMA__)
+#elif defined(__FP_FAST_FMAF)
   return __builtin_fmaf(a, b, c);
 #else
   return a * b + c;  // no FMA instruction: nothing for the compiler to contract
@@ -36,13 +37,14 @@ SK_HOST_DEVICE SK_INLINE float mul_add(float a, float b, float c) {
 // a * b rounded on its own, never fused into a neighbouring add: nvcc contracts a * b + c into
 // an fma by default, and so does GCC on a host with FMA (-ffp-contract=fast, in ISO C++ modes
 // too, whether or not the product is stored in a variable first). On the device __fmul_rn; on
-// such a host an fma with a -0 addend, which is the product rounded once (-0 leaves every
-// product, +0 and -0 included, as it is) and which the compiler does not contract further
-// (it still vectorises). Without FMA instructions there is nothing to contract.
+// such a host (__FP_FAST_FMA: x86 with FMA, aarch64) an fma with a -0 addend, which is the
+// product rounded once (-0 leaves every product, +0 and -0 included, as it is) and which the
+// compiler does not contract further (it still vectorises). Without a fast fma the compiler
+// does not contract either.
 SK_HOST_DEVICE SK_INLINE float mul_rn(float a, float b) {
 #if SK_DEVICE_CODE
   return __fmul_rn(a, b);
-#elif defined(__FMA__)
+#elif defined(__FP_FAST_FMAF)
   return __builtin_fmaf(a, b, -0.0f);
 #else
   return a * b;
@@ -51,7 +53,7 @@ SK_HOST_DEVICE SK_INLINE float mul_rn(float a, float b) {
 SK_HOST_DEVICE SK_INLINE double mul_rn(double a, double b) {
 #if SK_DEVICE_CODE
   return __dmul_rn(a, b);
-#elif defined(__FMA__)
+#elif defined(__FP_FAST_FMA)
   return __builtin_fma(a, b, -0.0);
 #else
   return a * b;
